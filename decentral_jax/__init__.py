@@ -1,0 +1,19 @@
+"""decentral_jax: decentralized data-parallel training in JAX.
+
+Topologies (:mod:`decentral_jax.topology`), gossip over ``ppermute``
+(:mod:`decentral_jax.gossip`), and decentralized Adam / AccumAdam as optax
+transforms (:mod:`decentral_jax.optim`), after Wang et al., "From Promise to
+Practice: Realizing High-performance Decentralized Training", ICLR 2025.
+"""
+
+from decentral_jax import gossip
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax import topology
+from decentral_jax.optim import all_reduce_gradients
+from decentral_jax.optim import decentralized
+from decentral_jax.optim import decentralized_adamw
+from decentral_jax.optim import gossip_mixing
+from decentral_jax.optim import scale_by_accum_adam
+
+__version__ = "0.1.0"

@@ -1,0 +1,152 @@
+"""Worker meshes, stacked per-worker state, and per-worker ``shard_map``.
+
+Conventions: per-worker state is a pytree whose leaves have a leading worker
+axis of size ``n_workers`` (``[n, ...]``), sharded over the mesh's worker
+axis (or axes) with one worker per device. :func:`per_worker` turns a
+function written for *one* worker (no leading axis; collectives over
+``axis_name``) into a function of stacked state.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+PyTree = Any
+
+WORKERS = "workers"
+NODES = "nodes"
+LOCAL = "local"
+
+
+def device_hint(n: int) -> str:
+  return (f"on CPU, simulate devices by setting XLA_FLAGS="
+          f"--xla_force_host_platform_device_count={n} (or "
+          f"jax.config.update('jax_num_cpu_devices', {n})) before JAX starts")
+
+
+def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A mesh with one worker per device.
+
+  Args:
+    n_workers: number of workers ``n`` (uses the first ``n`` devices).
+    local_size: workers per node ``L``; must divide ``n``.
+    node_aware: if True the mesh is 2-D ``("nodes", "local")`` of shape
+      ``(n/L, L)`` (worker ``i = node*L + local``), otherwise 1-D
+      ``("workers",)``.
+    devices: devices to use (default ``jax.devices()``), in worker order.
+
+  Returns:
+    A ``jax.sharding.Mesh`` with explicit axis types.
+
+  Raises:
+    ValueError: fewer devices than workers (the message says how to simulate
+      CPU devices), or ``local_size`` not dividing ``n_workers``.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if n_workers < 1:
+    raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
+  if len(devices) < n_workers:
+    raise ValueError(
+        f"{n_workers} workers need {n_workers} devices but only "
+        f"{len(devices)} are available; {device_hint(n_workers)}.")
+  if local_size < 1 or n_workers % local_size:
+    raise ValueError(f"local_size={local_size} must divide n_workers="
+                     f"{n_workers}.")
+  devs = np.array(devices[:n_workers], dtype=object)
+  if node_aware:
+    return Mesh(devs.reshape(n_workers // local_size, local_size),
+                (NODES, LOCAL), axis_types=(AxisType.Explicit,) * 2)
+  return Mesh(devs, (WORKERS,), axis_types=(AxisType.Explicit,))
+
+
+def worker_axis(mesh: Mesh) -> str | tuple[str, ...]:
+  """The worker axis name(s) of ``mesh``: ``"workers"`` or ``("nodes","local")``."""
+  names = tuple(mesh.axis_names)
+  return names[0] if len(names) == 1 else names
+
+
+def worker_spec(mesh: Mesh) -> P:
+  """``PartitionSpec`` sharding a leading worker axis over all mesh axes."""
+  return P(worker_axis(mesh))
+
+
+def worker_sharding(mesh: Mesh) -> NamedSharding:
+  """``NamedSharding`` for arrays with a leading worker axis."""
+  return NamedSharding(mesh, worker_spec(mesh))
+
+
+def n_workers_of(mesh: Mesh) -> int:
+  return int(np.prod(list(mesh.shape.values())))
+
+
+def shard(tree: PyTree, mesh: Mesh) -> PyTree:
+  """Places stacked ``[n, ...]`` arrays with the worker sharding."""
+  sharding = worker_sharding(mesh)
+  return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+
+
+def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
+  """Stacks ``n`` copies of ``tree`` along a new leading worker axis, sharded.
+
+  Every worker starts from the same values (as after ``decent-dp``'s initial
+  broadcast). Leaves become ``[n, *leaf.shape]`` with the leaf dtype.
+  """
+  n = n_workers_of(mesh)
+  sharding = worker_sharding(mesh)
+
+  def put(x):
+    x = jnp.asarray(x)
+    return jax.jit(lambda a: jnp.broadcast_to(a[None], (n,) + a.shape),
+                   out_shardings=sharding)(x)
+
+  return jax.tree.map(put, tree)
+
+
+def unstack(tree: PyTree, worker: int) -> PyTree:
+  """Worker ``worker``'s slice of stacked state (host NumPy arrays)."""
+  return jax.tree.map(lambda x: np.asarray(x[worker]), tree)
+
+
+def per_worker(fn: Callable, mesh: Mesh, *, n_stacked: int | None = None,
+               replicated_argnums: Sequence[int] = ()) -> Callable:
+  """Wraps a one-worker function to act on stacked per-worker arguments.
+
+  Inside, each device sees its worker's slice with the leading axis removed;
+  outputs get the leading axis back. Arguments listed in
+  ``replicated_argnums`` are passed unchanged (``P()``, same on all workers;
+  e.g. a step counter).
+
+  Args:
+    fn: ``fn(*args) -> outputs`` for one worker; may use collectives over
+      ``worker_axis(mesh)``.
+    mesh: mesh from :func:`make_mesh`.
+    n_stacked: unused, kept for symmetry.
+    replicated_argnums: positions of replicated arguments.
+
+  Returns:
+    A function of stacked ``[n, ...]`` arguments (not jitted).
+  """
+  del n_stacked
+  spec = worker_spec(mesh)
+  replicated = set(replicated_argnums)
+
+  def body(*args):
+    args = [a if k in replicated else jax.tree.map(lambda x: x[0], a)
+            for k, a in enumerate(args)]
+    out = fn(*args)
+    return jax.tree.map(lambda x: jnp.asarray(x)[None], out)
+
+  def wrapped(*args):
+    in_specs = tuple(P() if k in replicated else spec
+                     for k in range(len(args)))
+    return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                         out_specs=spec)(*args)
+
+  return wrapped
