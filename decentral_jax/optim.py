@@ -29,6 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -96,8 +97,10 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     Wang et al. 2025 (arXiv 2410.11998), App. C; ``decent-dp`` 0.2.3
     ``AccumAdamW`` (beta2 in the second moment, eps outside the sqrt).
   """
-  if isinstance(accum_steps, bool) or not isinstance(accum_steps, int) \
-      or accum_steps < 1:
+  static_t = not isinstance(accum_steps, jax.Array)
+  if static_t and (isinstance(accum_steps, bool) or
+                   not isinstance(accum_steps, (int, np.integer)) or
+                   accum_steps < 1):
     raise ValueError(f"accum_steps must be an integer >= 1, got "
                      f"{accum_steps!r}.")
   for name, b in (("b1", b1), ("b2", b2)):
@@ -105,7 +108,8 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
       raise ValueError(f"{name} must be in [0, 1), got {b!r}.")
   if not isinstance(eps, jax.Array) and float(eps) < 0:
     raise ValueError(f"eps must be >= 0, got {eps!r}.")
-  big_t = accum_steps
+  # A traced accum_steps (e.g. under optax.inject_hyperparams) is allowed.
+  plain_adam = static_t and int(accum_steps) == 1
 
   def init_fn(params):
     mu = optax.tree.zeros_like(params, dtype=mu_dtype)
@@ -116,6 +120,8 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
   def update_fn(updates, state, params=None):
     del params
     count = _safe_increment(state.count)
+    big_t = (int(accum_steps) if static_t
+             else jnp.asarray(accum_steps).astype(jnp.int32))
     window = (count + big_t - 1) // big_t  # c = ceil(t / T)
     commit = count % big_t == 0
 
@@ -127,12 +133,12 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
       m_hat = (b1 * m.astype(dt) + (1 - b1) * g) / bc1
       v_hat = (b2 * v.astype(dt) + (1 - b2) * jnp.square(g)) / bc2
       direction = m_hat / (jnp.sqrt(v_hat) + eps)
-      if big_t == 1:
+      if plain_adam:
         # A == g: identical to Adam, no accumulator arithmetic.
         new_m = b1 * m + (1 - b1) * g.astype(m.dtype)
         new_v = b2 * v + (1 - b2) * jnp.square(g)
         return direction, new_m, new_v, a
-      a = a + (g / big_t).astype(a.dtype)
+      a = a + (g / jnp.asarray(big_t, g.dtype)).astype(a.dtype)
       new_m = jnp.where(commit, b1 * m + (1 - b1) * a, m)
       new_v = jnp.where(commit, b2 * v + (1 - b2) * jnp.square(a.astype(v.dtype)),
                         v)
@@ -281,11 +287,20 @@ def default_weight_decay_mask(params: PyTree) -> PyTree:
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 
+def _resolve_mask(mask):
+  if isinstance(mask, str):
+    if mask.replace(" ", "") != "ndim>=2":
+      raise ValueError(f"mask={mask!r}: the only string mask is 'ndim>=2'; "
+                       "pass None (decay all), a pytree of bools or a callable.")
+    return default_weight_decay_mask
+  return mask
+
+
 def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
                         topology: topology_lib.Topology, *,
                         b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                         weight_decay: float = 0.0,
-                        mask: Any = default_weight_decay_mask,
+                        mask: Any = "ndim>=2",
                         accum_steps: int = 1,
                         axis_name: gossip.AxisName = "workers",
                         mix_after_update: bool = False,
@@ -305,8 +320,11 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     topology: mixing schedule (:mod:`decentral_jax.topology`).
     b1, b2, eps: Adam hyperparameters (eps outside the square root).
     weight_decay: decoupled weight decay ``lambda`` on the mixed parameters.
-    mask: pytree of bools or callable ``params -> bools`` selecting decayed
-      leaves; default decays only leaves with ``ndim >= 2``.
+    mask: which leaves are decayed: ``"ndim>=2"`` (default: matrices and
+      kernels, never biases or norm scales), ``None`` (all leaves), a pytree
+      of bools, or a callable ``params -> bools``. The default is a string so
+      that ``optax.inject_hyperparams`` keeps it static (it would treat a
+      callable as a schedule).
     accum_steps: AccumAdam window ``T`` (1 = DAdam).
     axis_name: worker mesh axis (or ``(nodes, local)``).
     mix_after_update: adapt-then-combine instead of the paper's order.
@@ -323,7 +341,7 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   """
   inner = optax.chain(
       scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps),
-      optax.add_decayed_weights(weight_decay, mask),
+      optax.add_decayed_weights(weight_decay, _resolve_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),
   )
   return decentralized(inner, topology, axis_name,

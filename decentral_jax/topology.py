@@ -210,7 +210,7 @@ def _validate_matrix(w, index: int, n: int | None) -> np.ndarray:
     raise ValueError(f"{where} has non-finite entries.")
   if np.any(w < 0):
     i, j = np.argwhere(w < 0)[0]
-    raise ValueError(f"{where} has a negative entry W[{i}, {j}] = {w[i, j]}; "
+    raise ValueError(f"{where} has a negative entry W[{i}, {j}] = {float(w[i, j]):.6g}; "
                      "mixing weights must be >= 0.")
   for axis, label in ((1, "row"), (0, "column")):
     sums = w.sum(axis=axis)
@@ -219,7 +219,7 @@ def _validate_matrix(w, index: int, n: int | None) -> np.ndarray:
       k = int(bad[0])
       raise ValueError(
           f"{where} is not doubly stochastic: {label} {k} sums to "
-          f"{sums[k]!r}, expected 1 (every row and column of W must sum "
+          f"{float(sums[k]):.6g}, expected 1 (every row and column of W must sum "
           "to 1).")
   return w
 

@@ -1,0 +1,170 @@
+"""Gossip inside shard_map equals the dense matrix product W @ x."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import require_devices
+from decentral_jax import gossip, parallel, topology
+from test_topology import _all_valid, _local
+
+
+def _mix_fn(topo, mesh, traced=True, comm_dtype=None):
+  axis = parallel.worker_axis(mesh)
+
+  def one(tree, step):
+    return gossip.mix(tree, topo, step, axis, comm_dtype=comm_dtype)
+
+  if traced:
+    return jax.jit(parallel.per_worker(one, mesh, replicated_argnums=(1,)))
+  return {r: jax.jit(parallel.per_worker(lambda t, r=r: one(t, r), mesh))
+          for r in range(topo.period)}
+
+
+def _data(n, seed=0):
+  rng = np.random.default_rng(seed)
+  return {"a": rng.normal(size=(n, 3, 2)).astype(np.float32),
+          "b": rng.normal(size=(n,)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("name,n", [c for c in _all_valid() if c[1] >= 3])
+def test_mix_equals_dense_product(name, n):
+  require_devices(n)
+  topo = topology.make(name, n, _local(name, n))
+  mesh = parallel.make_mesh(n)
+  x = _data(n)
+  xs = parallel.shard(x, mesh)
+  mix = _mix_fn(topo, mesh)
+  for step in range(topo.period + 1):
+    out = mix(xs, jnp.int32(step))
+    w = topo.mixing_matrix(step)
+    for k in x:
+      ref = np.einsum("ij,j...->i...", w, x[k].astype(np.float64))
+      np.testing.assert_allclose(np.asarray(out[k]), ref, rtol=1e-5, atol=1e-5)
+      assert out[k].dtype == x[k].dtype and out[k].shape == x[k].shape
+
+
+def test_static_step_compiles_only_that_round():
+  require_devices(8)
+  topo = topology.make("one_peer_exp", 8)
+  mesh = parallel.make_mesh(8)
+  x = _data(8)
+  xs = parallel.shard(x, mesh)
+  fns = _mix_fn(topo, mesh, traced=False)
+  for r, fn in fns.items():
+    np.testing.assert_allclose(np.asarray(fn(xs)["a"]),
+                               np.einsum("ij,j...->i...", topo.mixing_matrix(r),
+                                         x["a"]), rtol=1e-6, atol=1e-6)
+    hlo = fn.lower(xs).compile().as_text()
+    assert "conditional" not in hlo
+    assert hlo.count("collective-permute") >= 1
+
+
+def test_direction_matters_for_exponential():
+  # On n >= 3 the receive direction is observable: compare with W and W^T.
+  require_devices(5)
+  topo = topology.make("exponential", 5)
+  mesh = parallel.make_mesh(5)
+  x = {"a": np.arange(5, dtype=np.float32) ** 2}
+  out = np.asarray(_mix_fn(topo, mesh)(parallel.shard(x, mesh), jnp.int32(0))["a"])
+  w = topo.mixing_matrix(0)
+  np.testing.assert_allclose(out, w @ x["a"], rtol=1e-6)
+  assert not np.allclose(out, w.T @ x["a"])
+
+
+def test_one_peer_exp_exact_average_sequence():
+  require_devices(8)
+  topo = topology.make("one_peer_exp", 8)
+  mesh = parallel.make_mesh(8)
+  mix = _mix_fn(topo, mesh)
+  x = parallel.shard({"v": jnp.array([0, 0, 0, 0, 0, 0, 0, 8], jnp.float32)}, mesh)
+  expected = [[0, 0, 0, 0, 0, 0, 4, 4], [0, 0, 0, 0, 2, 2, 2, 2], [1.0] * 8]
+  for step, exp in enumerate(expected):
+    x = mix(x, jnp.int32(step))
+    np.testing.assert_array_equal(np.asarray(x["v"]), np.array(exp, np.float32))
+
+
+@pytest.mark.parametrize("node_aware", [False, True])
+def test_aer_exact_mean_after_one_period(node_aware):
+  require_devices(16)
+  topo = topology.make("alternating_exp_ring", 16, 4)
+  mesh = parallel.make_mesh(16, 4, node_aware=node_aware)
+  x0 = np.random.default_rng(1).normal(size=(16, 5)).astype(np.float32)
+  mix = _mix_fn(topo, mesh)
+  x = parallel.shard({"v": x0}, mesh)
+  for step in range(topo.period):
+    x = mix(x, jnp.int32(step))
+    ref = np.einsum("ij,jk->ik", topo.mixing_matrix(step), x0.astype(np.float64))
+    x0 = ref
+    np.testing.assert_allclose(np.asarray(x["v"]), ref, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(x["v"]),
+                             np.broadcast_to(x0.mean(0), (16, 5)), atol=1e-5)
+
+
+def test_node_aware_rounds_use_local_pmean_and_one_node_permute():
+  require_devices(16)
+  topo = topology.make("aer", 16, 4)  # 4 nodes x 4
+  mesh = parallel.make_mesh(16, 4, node_aware=True)
+  xs = parallel.shard(_data(16), mesh)
+  hlo = _mix_fn(topo, mesh, traced=False)[0].lower(xs).compile().as_text()
+  # Round 0: nodes 0, 1 intra-node means; nodes 2, 3 one two-node mean.
+  assert hlo.count("all-reduce(") + hlo.count("all-reduce-start(") >= 1
+  permutes = [l for l in hlo.splitlines() if "collective-permute" in l
+              and "source_target_pairs" in l]
+  pairs = ("source_target_pairs={{8,12},{12,8},{9,13},{13,9},{10,14},{14,10},"
+           "{11,15},{15,11}}")
+  assert permutes and all(pairs in l for l in permutes), permutes
+  # Flat realisation of the same round needs 7 ppermutes (group of 8).
+  flat = parallel.make_mesh(16)
+  hlo_flat = _mix_fn(topo, flat, traced=False)[0].lower(
+      parallel.shard(_data(16), flat)).compile().as_text()
+  assert "all-reduce" not in hlo_flat
+
+
+def test_bfloat16_communication():
+  require_devices(8)
+  topo = topology.make("one_peer_exp", 8)
+  mesh = parallel.make_mesh(8)
+  x = _data(8, seed=3)
+  fn = _mix_fn(topo, mesh, traced=False, comm_dtype=jnp.bfloat16)[0]
+  out = np.asarray(fn(parallel.shard(x, mesh))["a"])
+  assert out.dtype == np.float32
+  # Own half exact, received half rounded to bfloat16.
+  recv = x["a"][np.arange(8) ^ 1]
+  recv_bf16 = np.asarray(jnp.asarray(recv).astype(jnp.bfloat16).astype(jnp.float32))
+  np.testing.assert_allclose(out, 0.5 * x["a"] + 0.5 * recv_bf16, rtol=1e-6)
+  assert not np.allclose(out, 0.5 * (x["a"] + recv), rtol=1e-7, atol=0)
+  assert "bf16" in fn.lower(parallel.shard(x, mesh)).compile().as_text()
+
+
+def test_mean_and_consensus_distance():
+  require_devices(6)
+  mesh = parallel.make_mesh(6)
+  x = _data(6, seed=4)
+
+  def one(tree):
+    return gossip.mean(tree, "workers"), gossip.consensus_distance(tree, "workers")
+
+  avg, dist = jax.jit(parallel.per_worker(one, mesh))(parallel.shard(x, mesh))
+  for k in x:
+    np.testing.assert_allclose(np.asarray(avg[k]),
+                               np.broadcast_to(x[k].mean(0), x[k].shape), atol=1e-6)
+  ref = sum(np.sum((v - v.mean(0)) ** 2) for v in x.values()) / 6
+  np.testing.assert_allclose(np.asarray(dist), np.full(6, ref), rtol=1e-5)
+
+
+def test_axis_size_mismatch_is_a_clear_error():
+  require_devices(8)
+  topo = topology.make("one_peer_exp", 4)
+  mesh = parallel.make_mesh(8)
+  fn = jax.jit(parallel.per_worker(lambda t: gossip.mix(t, topo, 0, "workers"), mesh))
+  with pytest.raises(ValueError, match=r"n_workers=4 but the mesh axis 'workers' has 8"):
+    fn(parallel.shard(_data(8), mesh))
+
+
+def test_too_many_workers_for_devices():
+  with pytest.raises(ValueError, match=r"xla_force_host_platform_device_count"):
+    parallel.make_mesh(len(jax.devices()) + 1)

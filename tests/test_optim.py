@@ -1,0 +1,329 @@
+"""Optimizers: reference trajectories of decent-dp, AccumAdam, compositions."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import FIXTURES, require_devices
+from decentral_jax import optim, parallel, topology
+
+
+# --------------------------------------------------------------------------
+# Golden trajectories recorded from the authors' library (float64).
+# --------------------------------------------------------------------------
+
+
+def _least_squares(p, x, y):
+  pred = x @ p["weight"].T + p["bias"]
+  return 0.5 * jnp.mean(jnp.sum((pred - y) ** 2, axis=-1))
+
+
+def _run_reference(ref, topo, axis_mesh=None):
+  n = int(ref["n_workers"])
+  mesh = axis_mesh or parallel.make_mesh(n)
+  axis = parallel.worker_axis(mesh)
+  tx = optim.decentralized_adamw(
+      float(ref["lr"]), topo, b1=float(ref["b1"]), b2=float(ref["b2"]),
+      eps=float(ref["eps"]), weight_decay=float(ref["weight_decay"]),
+      accum_steps=int(ref["accum_steps"]), axis_name=axis)
+
+  def step(p, s, x, y):
+    g = jax.grad(_least_squares)(p, x, y)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  step = jax.jit(parallel.per_worker(step, mesh))
+  p = parallel.replicate({"weight": jnp.asarray(ref["init_weight"]),
+                          "bias": jnp.asarray(ref["init_bias"])}, mesh)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+  first = int(ref["first_step"])
+  n_rec = ref["weight_after_step"].shape[0]
+  worst = 0.0
+  for k in range(ref["inputs"].shape[0]):
+    p, s = step(p, s, parallel.shard(jnp.asarray(ref["inputs"][k]), mesh),
+                parallel.shard(jnp.asarray(ref["targets"][k]), mesh))
+    j = k - first
+    if 0 <= j < n_rec:
+      w, b = np.asarray(p["weight"]), np.asarray(p["bias"])
+      assert w.dtype == np.float64
+      worst = max(worst, np.abs(w - ref["weight_after_step"][j]).max(),
+                  np.abs(b - ref["bias_after_step"][j]).max())
+  return worst
+
+
+REFERENCE_FILES = sorted(glob.glob(os.path.join(FIXTURES, "*.npz")))
+
+
+def test_reference_files_present():
+  assert len(REFERENCE_FILES) == 5, REFERENCE_FILES
+
+
+@pytest.mark.parametrize("path", REFERENCE_FILES, ids=os.path.basename)
+def test_reproduces_decent_dp_trajectory(path, x64):
+  del x64
+  ref = np.load(path)
+  require_devices(int(ref["n_workers"]))
+  # The recorded schedule, step by step (mixing[0] = I, then the library's
+  # round order), as a custom topology.
+  topo = topology.from_matrices(list(ref["mixing"]))
+  assert _run_reference(ref, topo) <= 1e-10
+
+
+def test_aer_reference_on_node_aware_mesh(x64):
+  """The hierarchical (nodes, local) realisation matches the reference too."""
+  del x64
+  ref = np.load(os.path.join(FIXTURES, "n8_alternating-exp-ring_lws2_accumadamw.npz"))
+  require_devices(8)
+  topo = topology.from_matrices(list(ref["mixing"]), local_size=2)
+  mesh = parallel.make_mesh(8, 2, node_aware=True)
+  assert _run_reference(ref, topo, mesh) <= 1e-10
+
+
+# --------------------------------------------------------------------------
+# AccumAdam.
+# --------------------------------------------------------------------------
+
+
+def _run_scalar(tx, grads, x0=0.0):
+  params = jnp.array(x0, jnp.float32)
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  out = []
+  for g in grads:
+    u, state = update(jnp.array(g, jnp.float32), state, params)
+    params = optax.apply_updates(params, u)
+    out.append(float(params))
+  return out
+
+
+def test_accum_adam_worked_example():
+  grads = [1.0, -2.0, 0.5, 3.0]
+  lr = 0.1
+  accum = optax.chain(optim.scale_by_accum_adam(accum_steps=2),
+                      optax.scale_by_learning_rate(lr))
+  np.testing.assert_allclose(_run_scalar(accum, grads),
+                             [-0.1, 0.0, -0.005263, -0.067655], atol=1e-6)
+  one = optax.chain(optim.scale_by_accum_adam(accum_steps=1),
+                    optax.scale_by_learning_rate(lr))
+  np.testing.assert_allclose(_run_scalar(one, grads),
+                             _run_scalar(optax.adam(lr), grads), atol=1e-7)
+
+
+def test_accum_steps_1_equals_optax_scale_by_adam():
+  rng = np.random.default_rng(0)
+  params = {"w": jnp.zeros((4, 3)), "b": jnp.zeros((3,))}
+  ours, theirs = optim.scale_by_accum_adam(0.8, 0.95, 1e-6), optax.scale_by_adam(0.8, 0.95, 1e-6)
+  s1, s2 = ours.init(params), theirs.init(params)
+  u1f, u2f = jax.jit(ours.update), jax.jit(theirs.update)
+  for _ in range(6):
+    g = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    u1, s1 = u1f(g, s1)
+    u2, s2 = u2f(g, s2)
+    for k in params:
+      np.testing.assert_allclose(np.asarray(u1[k]), np.asarray(u2[k]), rtol=1e-7, atol=1e-7)
+
+
+def _np_accum_adam(grads, b1, b2, eps, big_t):
+  """Independent NumPy AccumAdam (unscaled form of the reference README)."""
+  m = v = a = 0.0
+  dirs = []
+  for t, g in enumerate(grads, start=1):
+    c = -(-t // big_t)
+    a = a + g / big_t
+    mh = (b1 * m + (1 - b1) * g) / (1 - b1**c)
+    vh = (b2 * v + (1 - b2) * g * g) / (1 - b2**c)
+    dirs.append(mh / (np.sqrt(vh) + eps))
+    if t % big_t == 0:
+      m, v, a = b1 * m + (1 - b1) * a, b2 * v + (1 - b2) * a * a, 0.0
+  return np.array(dirs)
+
+
+def test_accum_adam_against_numpy(x64):
+  del x64
+  rng = np.random.default_rng(1)
+  grads = rng.normal(size=(11, 5))
+  tx = optim.scale_by_accum_adam(0.9, 0.98, 1e-8, accum_steps=3)
+  state = tx.init(jnp.zeros(5, jnp.float64))
+  out = []
+  for g in grads:
+    d, state = tx.update(jnp.asarray(g), state)
+    out.append(np.asarray(d))
+  np.testing.assert_allclose(np.array(out), _np_accum_adam(grads, 0.9, 0.98, 1e-8, 3),
+                             rtol=1e-12, atol=1e-14)
+  assert int(state.count) == 11
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"accum_steps": 0}, "accum_steps"), ({"accum_steps": 2.0}, "accum_steps"),
+    ({"b1": 1.0}, "b1"), ({"b2": -0.1}, "b2"), ({"eps": -1.0}, "eps")])
+def test_accum_adam_bad_hyperparameters(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    optim.scale_by_accum_adam(**kwargs)
+
+
+# --------------------------------------------------------------------------
+# Decentralized compositions vs dense NumPy oracles.
+# --------------------------------------------------------------------------
+
+
+def _quadratic_setup(n, seed=0):
+  rng = np.random.default_rng(seed)
+  targets = rng.normal(size=(n, 4)).astype(np.float32)
+  x0 = rng.normal(size=(4,)).astype(np.float32)
+  return targets, x0
+
+
+def _grad(x, c):  # loss_i = 0.5 ||x - c_i||^2 (+ a matrix leaf for decay)
+  return x - c
+
+
+def _run_chain(tx, n, steps, targets, x0, mesh=None):
+  mesh = mesh or parallel.make_mesh(n)
+
+  def step(p, s, c):
+    g = jax.tree.map(lambda x: _grad(x, c), p)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  traces = []
+
+  def counted(*a):
+    traces.append(1)
+    return step(*a)
+
+  stepf = jax.jit(parallel.per_worker(counted, mesh), donate_argnums=(0, 1))
+  p = parallel.replicate({"x": jnp.asarray(x0)}, mesh)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+  c = parallel.shard(jnp.asarray(targets), mesh)
+  hist = []
+  for _ in range(steps):
+    p, s = stepf(p, s, c)
+    hist.append(np.asarray(p["x"]))
+  return np.array(hist), len(traces), s
+
+
+def test_dsgd_chain_equals_dense_oracle():
+  n = 8
+  require_devices(n)
+  topo = topology.make("ring", n)
+  targets, x0 = _quadratic_setup(n)
+  lr, mom = 0.1, 0.9
+  tx = optax.chain(optax.sgd(lr, momentum=mom), optim.gossip_mixing(topo))
+  hist, n_traces, _ = _run_chain(tx, n, 6, targets, x0)
+  assert n_traces == 1
+  x = np.broadcast_to(x0, (n, 4)).astype(np.float64)
+  m = np.zeros_like(x)
+  for k in range(6):
+    g = x - targets
+    m = g + mom * m
+    x = topo.mixing_matrix(k) @ x - lr * m
+    np.testing.assert_allclose(hist[k], x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mix_after_update", [False, True])
+def test_dadam_equals_dense_oracle(mix_after_update):
+  n = 6
+  require_devices(n)
+  topo = topology.make("ring", n)
+  targets, x0 = _quadratic_setup(n, seed=2)
+  lr, wd = 0.05, 0.1
+  tx = optim.decentralized_adamw(lr, topo, b1=0.9, b2=0.99, weight_decay=wd,
+                                 mask=lambda p: jax.tree.map(lambda _: True, p),
+                                 accum_steps=2, mix_after_update=mix_after_update)
+  hist, n_traces, state = _run_chain(tx, n, 6, targets, x0)
+  assert n_traces == 1  # period-2 schedule, 6 steps, one trace
+  np.testing.assert_array_equal(np.asarray(optim.round_count(state)), np.full(n, 6))
+  x = np.broadcast_to(x0, (n, 4)).astype(np.float64)
+  grads = []
+  for k in range(6):
+    grads.append(x - targets)
+    d = np.stack([_np_accum_adam(np.array(grads)[:, i], 0.9, 0.99, 1e-8, 2)[-1]
+                  for i in range(n)])
+    w = topo.mixing_matrix(k)
+    if mix_after_update:
+      x = w @ ((1 - lr * wd) * x - lr * d)
+    else:
+      x = (1 - lr * wd) * (w @ x) - lr * d
+    np.testing.assert_allclose(hist[k], x, rtol=2e-5, atol=2e-5)
+
+
+def test_single_worker_dadam_is_adamw():
+  require_devices(1)
+  targets, x0 = _quadratic_setup(1, seed=5)
+  lr = 0.01
+  ours = optim.decentralized_adamw(lr, topology.make("one_peer_exp", 1),
+                                   weight_decay=0.1, mask=None, b2=0.95)
+  hist, _, _ = _run_chain(ours, 1, 5, targets, x0)
+  ref_tx = optax.adamw(lr, b2=0.95, weight_decay=0.1)
+  x = jnp.asarray(x0)
+  s = ref_tx.init(x)
+  for k in range(5):
+    u, s = ref_tx.update(x - targets[0], s, x)
+    x = optax.apply_updates(x, u)
+    np.testing.assert_allclose(hist[k][0], np.asarray(x), rtol=1e-6, atol=1e-7)
+
+
+def test_all_reduce_baseline_keeps_replicas_identical():
+  n = 4
+  require_devices(n)
+  targets, x0 = _quadratic_setup(n, seed=6)
+  tx = optax.chain(optim.all_reduce_gradients("workers"), optax.adam(0.1))
+  hist, _, _ = _run_chain(tx, n, 4, targets, x0)
+  ref = optax.adam(0.1)
+  x = jnp.asarray(x0)
+  s = ref.init(x)
+  for k in range(4):
+    u, s = ref.update(jnp.asarray((x - targets).mean(0)), s)
+    x = optax.apply_updates(x, u)
+    np.testing.assert_allclose(hist[k], np.broadcast_to(np.asarray(x), (n, 4)),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_composes_with_schedule_clip_and_inject_hyperparams():
+  n = 4
+  require_devices(n)
+  topo = topology.make("one_peer_exp", n)
+  targets, x0 = _quadratic_setup(n, seed=7)
+  schedule = optax.linear_schedule(0.1, 0.0, 4)
+  tx = optax.chain(
+      optax.clip_by_global_norm(0.5),
+      optax.inject_hyperparams(optim.decentralized_adamw)(
+          learning_rate=schedule, topology=topo, weight_decay=0.0))
+  hist, n_traces, state = _run_chain(tx, n, 4, targets, x0)
+  assert n_traces == 1
+  lrs = np.asarray(state[1].hyperparams["learning_rate"])
+  # The injected value is the one the 4th step used: schedule(3) = 0.025.
+  np.testing.assert_allclose(lrs, np.full(n, 0.025), atol=1e-7)
+  # Oracle: clipping applies to each worker's own gradient.
+  x = np.broadcast_to(x0, (n, 4)).astype(np.float64)
+  grads = []
+  for k in range(4):
+    g = x - targets
+    norm = np.linalg.norm(g, axis=1, keepdims=True)
+    g = g * np.minimum(1.0, 0.5 / norm)
+    grads.append(g)
+    d = np.stack([_np_accum_adam(np.array(grads)[:, i], 0.9, 0.999, 1e-8, 1)[-1]
+                  for i in range(n)])
+    x = topo.mixing_matrix(k) @ x - (0.1 - 0.025 * k) * d
+    np.testing.assert_allclose(hist[k], x, rtol=1e-5, atol=1e-5)
+
+
+def test_missing_params_is_a_clear_error():
+  topo = topology.make("ring", 4)
+  for tx in (optim.decentralized_adamw(0.1, topo), optim.gossip_mixing(topo)):
+    params = {"x": jnp.zeros(3)}
+    with pytest.raises(ValueError, match="needs the current parameters"):
+      tx.update(params, tx.init(params))
+
+
+def test_default_mask_decays_only_matrices():
+  mask = optim.default_weight_decay_mask({"w": jnp.zeros((2, 2)), "b": jnp.zeros(2),
+                                          "s": jnp.zeros(())})
+  assert mask == {"w": True, "b": False, "s": False}

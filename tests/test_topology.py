@@ -1,0 +1,255 @@
+"""Topology schedules: matrices, reference rounds, invariants and errors."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES
+from decentral_jax import topology
+
+NS = (2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def _valid(name, n):
+  """Independent statement of each topology's constraint."""
+  if name == "ring":
+    return n % 2 == 0
+  if name == "one_peer_exp":
+    return n in (1, 2, 4, 8, 16, 32)
+  if name == "alternating_exp_ring":  # built here with local_size 1 or 2
+    nodes = n // _local(name, n)
+    return nodes in (1, 2, 4, 8, 16)
+  return True
+
+
+def _local(name, n):
+  return 2 if name == "alternating_exp_ring" and n % 2 == 0 else 1
+
+
+def _all_valid():
+  for name in topology.NAMES:
+    for n in NS:
+      if _valid(name, n):
+        yield name, n
+
+
+def _oracle(name, n, r):
+  """Dense reference matrices written from the definitions (not the code)."""
+  w = np.zeros((n, n))
+  if name == "complete":
+    return np.full((n, n), 1.0 / n)
+  if name == "ring":
+    for j in range(n // 2):
+      a, b = (2 * j, 2 * j + 1) if r == 0 else (2 * j, (2 * j - 1) % n)
+      w[a, a] = w[a, b] = w[b, a] = w[b, b] = 0.5
+    return w
+  if name == "one_peer_exp":
+    for j in range(n):
+      w[j, j] += 0.5
+      w[j, j ^ (1 << r)] += 0.5
+    return w
+  if name == "exponential":
+    tau = int(np.ceil(np.log2(n)))
+    for i in range(n):
+      w[i, i] += 1 / (tau + 1)
+      for k in range(tau):
+        w[(i + 2**k) % n, i] += 1 / (tau + 1)  # i sends to i + 2^k
+    return w
+  if name == "static_ring":
+    for i in range(n):
+      for d in (-1, 0, 1):
+        w[i, (i + d) % n] += 1 / 3
+    return w
+  return None
+
+
+@pytest.mark.parametrize("name,n", list(_all_valid()))
+def test_rounds_doubly_stochastic_and_match_definition(name, n):
+  topo = topology.make(name, n, _local(name, n))
+  assert topo.n_workers == n
+  for r in range(topo.period):
+    w = topo.mixing_matrix(r)
+    assert w.shape == (n, n) and w.dtype == np.float64
+    assert np.all(w >= 0)
+    np.testing.assert_allclose(w.sum(0), 1.0, atol=1e-12)
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-12)
+    if name != "exponential":
+      np.testing.assert_array_equal(w, w.T)
+    ref = _oracle(name, n, r)
+    if ref is not None:
+      np.testing.assert_allclose(w, ref, atol=1e-15)
+    # The ppermute plan reproduces the matrix exactly.
+    rebuilt = np.diag(topo.rounds[r].self_weights)
+    for term in topo.rounds[r].terms:
+      srcs = [s for s, _ in term.perm]
+      dsts = [d for _, d in term.perm]
+      assert len(set(srcs)) == len(srcs) and len(set(dsts)) == len(dsts)
+      for s, d in term.perm:
+        assert s != d
+        rebuilt[d, s] += term.weights[d]
+    np.testing.assert_allclose(rebuilt, w, atol=1e-15)
+  # Step t uses round t % period.
+  np.testing.assert_array_equal(topo.mixing_matrix(topo.period + 1),
+                                topo.mixing_matrix(1))
+
+
+def test_periods():
+  assert topology.make("complete", 8).period == 1
+  assert topology.make("ring", 8).period == 2
+  assert topology.make("one_peer_exp", 16).period == 4
+  assert topology.make("alternating_exp_ring", 16, 4).period == 4  # 2 * log2(4)
+  assert topology.make("alternating_exp_ring", 8, 2).period == 4
+  assert topology.make("exponential", 12).period == 1
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(FIXTURES, "*.npz"))))
+def test_builtin_rounds_equal_reference(path):
+  ref = np.load(path)
+  local = 2 if "lws2" in os.path.basename(path) else 1
+  topo = topology.make(str(ref["topology"]), int(ref["n_workers"]), local)
+  assert topo.period == ref["rounds"].shape[0]
+  for r in range(topo.period):
+    np.testing.assert_array_equal(topo.mixing_matrix(r), ref["rounds"][r])
+
+
+def test_aer_16_workers_4_per_node_matches_paper_example():
+  # PAPER.md, Sec. 3: N = 4, L = 4.
+  topo = topology.make("aer", 16, 4)
+  blocks = lambda *nodes: [w for v in nodes for w in range(4 * v, 4 * v + 4)]
+  expected = [
+      [blocks(0), blocks(1), blocks(2, 3)],
+      [blocks(0, 1), blocks(2), blocks(3)],
+      [blocks(0), blocks(2), blocks(1, 3)],
+      [blocks(0, 2), blocks(1), blocks(3)],
+  ]
+  for r, groups in enumerate(expected):
+    w = np.zeros((16, 16))
+    for g in groups:
+      w[np.ix_(g, g)] = 1.0 / len(g)
+    np.testing.assert_array_equal(topo.mixing_matrix(r), w)
+
+
+@pytest.mark.parametrize("name,n,local,expected", [
+    ("one_peer_exp", 8, 1, True), ("one_peer_exp", 16, 1, True),
+    ("alternating_exp_ring", 8, 2, True), ("alternating_exp_ring", 16, 4, True),
+    ("complete", 6, 1, True), ("ring", 8, 1, False), ("torus", 16, 1, False),
+    ("static_ring", 8, 1, False), ("exponential", 8, 1, False),
+])
+def test_finite_time_consensus(name, n, local, expected):
+  topo = topology.make(name, n, local)
+  assert topo.has_finite_time_consensus() is expected
+  prod = np.eye(n)
+  for r in range(topo.period):
+    prod = topo.mixing_matrix(r) @ prod
+  assert np.allclose(prod, 1.0 / n, atol=1e-12) is expected
+
+
+def test_spectral_gap_against_eigenvalues():
+  for name, n in [("static_ring", 8), ("torus", 12), ("exponential", 8)]:
+    topo = topology.make(name, n)
+    w = topo.mixing_matrix(0)
+    if name != "exponential":
+      lam = np.sort(np.abs(np.linalg.eigvalsh(w)))[::-1]
+      assert topo.spectral_gap() == pytest.approx(1 - lam[1], abs=1e-12)
+    else:  # non-symmetric: 1 - second singular value of W
+      sv = np.linalg.svd(w, compute_uv=False)
+      assert topo.spectral_gap() == pytest.approx(1 - sv[1], abs=1e-12)
+  assert topology.make("one_peer_exp", 8).spectral_gap() == pytest.approx(1.0)
+  # Ring over 8: ||W1 W0 - J|| = 1/sqrt(2) (PAPER.md Sec. 3).
+  assert topology.make("ring", 8).spectral_gap() == pytest.approx(
+      1 - np.sqrt(0.5), abs=1e-12)
+
+
+def test_torus_side_two_is_doubly_stochastic():
+  for shape in [(2, 2), (2, 3), (2, 4), (1, 2), (4, 4)]:
+    n = shape[0] * shape[1]
+    w = topology.torus(n, shape=shape).mixing_matrix(0)
+    np.testing.assert_allclose(w.sum(0), 1, atol=1e-12)
+    np.testing.assert_allclose(w.sum(1), 1, atol=1e-12)
+    np.testing.assert_array_equal(w, w.T)
+  w = topology.torus(4, shape=(2, 2)).mixing_matrix(0)
+  # self 1/5; the right=left neighbour 2/5; the up=down neighbour 2/5.
+  np.testing.assert_allclose(w[0], [0.2, 0.4, 0.4, 0.0], atol=1e-15)
+
+
+def test_single_worker_is_identity_without_communication():
+  for name in topology.NAMES:
+    topo = topology.make(name, 1)
+    assert topo.period == 1
+    np.testing.assert_array_equal(topo.mixing_matrix(0), np.eye(1))
+    assert all(r.is_identity for r in topo.rounds)
+
+
+@pytest.mark.parametrize("args,match", [
+    (("nope", 8), r"unknown topology 'nope'.*one_peer_exp"),
+    (("one_peer_exp", 6), r"power of two.*4 and 8"),
+    (("one_peer_exp", 12), r"power of two"),
+    (("ring", 5), r"even number of workers"),
+    (("complete", 8, 3), r"not divisible by local_size=3"),
+    (("alternating_exp_ring", 12, 2), r"power of two"),
+    (("complete", 0), r"positive integer"),
+])
+def test_make_errors(args, match):
+  with pytest.raises(ValueError, match=match):
+    topology.make(*args)
+
+
+def test_power_of_two_check_uses_integers():
+  # 2**40 + 2 is not a power of two, but float log2 rounds it to 40.0.
+  assert float(np.log2(2**53 + 2)).is_integer()
+  assert topology._log2_exact(2**53 + 2) is None  # pylint: disable=protected-access
+  assert topology._log2_exact(2**53) == 53  # pylint: disable=protected-access
+
+
+def test_names_normalised():
+  assert topology.make("one-peer-exp", 4).name == "one_peer_exp"
+  assert topology.make("AER", 8, 2).name == "alternating_exp_ring"
+
+
+def test_from_matrices_custom_weights():
+  # Non-uniform, non-group-mean doubly stochastic matrix with given support.
+  w = np.array([[0.5, 0.3, 0.2, 0.0],
+                [0.2, 0.5, 0.0, 0.3],
+                [0.3, 0.0, 0.5, 0.2],
+                [0.0, 0.2, 0.3, 0.5]])
+  topo = topology.from_matrices([w, np.eye(4)])
+  assert topo.period == 2
+  np.testing.assert_array_equal(topo.mixing_matrix(0), w)
+  rnd = topo.rounds[0]
+  assert rnd.groups is None
+  # Every off-diagonal non-zero covered exactly once.
+  covered = np.zeros((4, 4))
+  for term in rnd.terms:
+    for s, d in term.perm:
+      covered[d, s] += 1
+  np.testing.assert_array_equal(covered, (w > 0) & ~np.eye(4, dtype=bool))
+  assert topo.rounds[1].is_identity
+
+
+def test_from_matrices_errors():
+  with pytest.raises(ValueError, match=r"row 0 sums to 0.9"):
+    topology.from_matrices([[[0.5, 0.4], [0.5, 0.6]]])
+  with pytest.raises(ValueError, match=r"column 0 sums to 0.7"):
+    topology.from_matrices([[[0.5, 0.5], [0.2, 0.8]]])
+  with pytest.raises(ValueError, match=r"negative entry W\[0, 1\]"):
+    topology.from_matrices([[[1.5, -0.5], [-0.5, 1.5]]])
+  with pytest.raises(ValueError, match=r"square"):
+    topology.from_matrices([np.ones((2, 3)) / 3])
+  with pytest.raises(ValueError, match=r"same number of workers"):
+    topology.from_matrices([np.eye(2), np.eye(3)])
+  with pytest.raises(ValueError, match=r"at least one"):
+    topology.from_matrices([])
+
+
+def test_from_permutations():
+  topo = topology.from_permutations([[([0, 1, 2], 0.5), ([1, 2, 0], 0.5)]])
+  np.testing.assert_allclose(topo.mixing_matrix(0),
+                             [[0.5, 0.5, 0], [0, 0.5, 0.5], [0.5, 0, 0.5]])
+  with pytest.raises(ValueError, match=r"not a bijection.*repeated: \[1\]"):
+    topology.from_permutations([[([0, 1, 1], 1.0)]])
+  with pytest.raises(ValueError, match=r"not a bijection"):
+    topology.from_permutations([[([0, 1, 3], 1.0)]])
