@@ -196,16 +196,28 @@ def gossip_mixing(topology: topology_lib.Topology,
     del params
     return GossipMixingState(jnp.zeros([], jnp.int32))
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, *, round_index=None, **unused):
+    del unused
     if params is None:
       raise ValueError(_NO_PARAMS.format("gossip_mixing"))
-    mixed = gossip.mix(params, topology, state.count, axis_name,
+    mixed = gossip.mix(params, topology, _round(state, round_index), axis_name,
                        comm_dtype=comm_dtype)
     updates = jax.tree.map(lambda u, m, p: (u + (m - p)).astype(u.dtype),
                            updates, mixed, params)
     return updates, GossipMixingState(_safe_increment(state.count))
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _round(state, round_index):
+  """The step that picks the round: a static Python int if given, else count."""
+  if round_index is None:
+    return state.count
+  if isinstance(round_index, bool) or not isinstance(round_index, int):
+    raise ValueError(
+        f"round_index must be a Python int (static; jit it with "
+        f"static_argnames), got {type(round_index).__name__}.")
+  return round_index
 
 
 class DecentralizedState(NamedTuple):
@@ -234,6 +246,14 @@ def decentralized(inner: optax.GradientTransformation,
   ``mix_after_update=True`` ("adapt-then-combine"):
   ``x_{k+1} = W_k (x_k + inner(g(x_k); x_k))``.
 
+  Round selection: by default round ``count % period`` is chosen in-graph
+  with ``lax.switch`` (one compile for the whole schedule). Passing the extra
+  argument ``round_index=r`` (a Python int, e.g. a ``static_argnames`` of the
+  jitted step, usually ``step % period``) compiles that round alone, without
+  a conditional, which lets XLA's scheduler overlap the collective with the
+  forward/backward pass on accelerators (one compile per distinct round).
+  ``optax.chain`` forwards ``round_index`` to every element.
+
   The returned update is ``x_{k+1} - x_k``, so ``optax.apply_updates`` stays
   the only place where parameters change and the wrapper composes with
   ``optax.chain`` (e.g. after ``optax.clip_by_global_norm``).
@@ -256,18 +276,20 @@ def decentralized(inner: optax.GradientTransformation,
   def init_fn(params):
     return DecentralizedState(jnp.zeros([], jnp.int32), inner.init(params))
 
-  def update_fn(updates, state, params=None, **extra_args):
+  def update_fn(updates, state, params=None, *, round_index=None,
+                **extra_args):
     if params is None:
       raise ValueError(_NO_PARAMS.format("decentralized"))
     extra = extra_args if extra_args else {}
+    step = _round(state, round_index)
     if mix_after_update:
       local, inner_state = inner.update(updates, state.inner_state, params,
                                         **extra)
       stepped = optax.apply_updates(params, local)
-      target = gossip.mix(stepped, topology, state.count, axis_name,
+      target = gossip.mix(stepped, topology, step, axis_name,
                           comm_dtype=comm_dtype)
     else:
-      mixed = gossip.mix(params, topology, state.count, axis_name,
+      mixed = gossip.mix(params, topology, step, axis_name,
                          comm_dtype=comm_dtype)
       local, inner_state = inner.update(updates, state.inner_state, mixed,
                                         **extra)
@@ -277,9 +299,7 @@ def decentralized(inner: optax.GradientTransformation,
     return new_updates, DecentralizedState(_safe_increment(state.count),
                                            inner_state)
 
-  if hasattr(optax, "GradientTransformationExtraArgs"):
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def default_weight_decay_mask(params: PyTree) -> PyTree:

@@ -327,3 +327,35 @@ def test_default_mask_decays_only_matrices():
   mask = optim.default_weight_decay_mask({"w": jnp.zeros((2, 2)), "b": jnp.zeros(2),
                                           "s": jnp.zeros(())})
   assert mask == {"w": True, "b": False, "s": False}
+
+
+def test_static_round_index_matches_switch_and_has_no_conditional():
+  n = 8
+  require_devices(n)
+  topo = topology.make("one_peer_exp", n)
+  mesh = parallel.make_mesh(n)
+  targets, x0 = _quadratic_setup(n, seed=8)
+  tx = optim.decentralized_adamw(0.05, topo, accum_steps=2)
+
+  def step(p, s, c, round_index=None):
+    g = jax.tree.map(lambda x: _grad(x, c), p)
+    u, s = tx.update(g, s, p, round_index=round_index)
+    return optax.apply_updates(p, u), s
+
+  switch = jax.jit(parallel.per_worker(step, mesh))
+  static = {r: jax.jit(parallel.per_worker(
+      lambda p, s, c, r=r: step(p, s, c, round_index=r), mesh))
+            for r in range(topo.period)}
+  p0 = parallel.replicate({"x": jnp.asarray(x0)}, mesh)
+  s0 = jax.jit(parallel.per_worker(tx.init, mesh))(p0)
+  c = parallel.shard(jnp.asarray(targets), mesh)
+  assert " conditional(" in switch.lower(p0, s0, c).compile().as_text()
+  assert " conditional(" not in static[1].lower(p0, s0, c).compile().as_text()
+  pa, sa, pb, sb = p0, s0, p0, s0
+  for k in range(5):
+    pa, sa = switch(pa, sa, c)
+    pb, sb = static[k % topo.period](pb, sb, c)
+    np.testing.assert_array_equal(np.asarray(pa["x"]), np.asarray(pb["x"]))
+  with pytest.raises(ValueError, match="round_index must be a Python int"):
+    jax.jit(parallel.per_worker(lambda p, s, c: step(p, s, c, jnp.int32(1)),
+                                mesh))(p0, s0, c)
