@@ -1,0 +1,108 @@
+"""Metric output: JSON lines, optional TensorBoard, and a progress bar.
+
+Every log point is one JSON object per line in ``<workdir>/metrics.jsonl``
+(appended, so a resumed run continues the same file), e.g.::
+
+  {"step": 100, "train/loss": 2.31, "lr": 0.0029, "consensus_distance":
+   0.0012, "step_time_ms": 310.2, "tokens_per_sec": 13200.5}
+
+Non-finite floats are written as ``null`` (strict JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable
+
+import numpy as np
+import tqdm
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _plain(value: Any) -> Any:
+  """Converts NumPy / JAX scalars to JSON values (non-finite -> None)."""
+  if isinstance(value, (str, bool)) or value is None:
+    return value
+  if isinstance(value, (int, np.integer)):
+    return int(value)
+  value = float(np.asarray(value))
+  return value if math.isfinite(value) else None
+
+
+class MetricsWriter:
+  """Writes scalar metrics to ``metrics.jsonl`` (and TensorBoard if asked).
+
+  Attributes:
+    path: the JSON-lines file.
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = False):
+    """Opens ``<workdir>/metrics.jsonl`` for appending.
+
+    Args:
+      workdir: run directory (created if missing).
+      tensorboard: also write event files to ``<workdir>/tensorboard``.
+
+    Raises:
+      ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self._file = open(self.path, "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      except ImportError:
+        raise ValueError(
+            "config.tensorboard=True needs the tensorboardX package: "
+            "`pip install tensorboardX`, or set --config.tensorboard=False "
+            "(metrics.jsonl is always written).") from None
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, record: dict) -> None:
+    """Appends one record; it must contain an integer ``"step"``."""
+    record = {k: _plain(v) for k, v in record.items()}
+    self._file.write(json.dumps(record) + "\n")
+    self._file.flush()
+    if self._tb is not None:
+      for key, value in record.items():
+        if key != "step" and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+          self._tb.add_scalar(key, value, record["step"])
+
+  def close(self) -> None:
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """Reads a ``metrics.jsonl`` file into a list of dicts (one per line)."""
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def series(records: Iterable[dict], key: str,
+           x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+  """The ``(x, y)`` points of records that have a non-null ``key``.
+
+  Returns:
+    Two float64 arrays of equal length.
+  """
+  pts = [(r[x], r[key]) for r in records
+         if r.get(key) is not None and r.get(x) is not None]
+  if not pts:
+    return np.zeros(0), np.zeros(0)
+  xs, ys = zip(*pts)
+  return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+
+
+def progress_bar(total: int, initial: int = 0, desc: str = "train",
+                 disable: bool | None = None) -> tqdm.tqdm:
+  """A ``tqdm`` bar over training steps (hidden when stderr is not a TTY)."""
+  return tqdm.tqdm(total=total, initial=initial, desc=desc, unit="step",
+                   dynamic_ncols=True, disable=disable, leave=True)

@@ -1,0 +1,806 @@
+"""Experiment runner: configs -> mesh, model, data, optimizer, train loop.
+
+:class:`Experiment` turns an ``ml_collections`` config (see ``configs/``) into
+the pieces of a run, without touching the file system: a device mesh with one
+worker per device, the topology, the model and its loss, deterministic
+per-worker data samplers, the optax transform and the jitted per-device train
+and eval steps. :func:`train_and_evaluate` runs the loop in a work directory
+with metrics, checkpoints, resumption and a non-finite-loss guard.
+
+State layout (``TrainState``): every leaf has a leading worker axis
+``[n_workers, ...]`` sharded over the mesh's worker axis (``"workers"``, or
+``("nodes", "local")`` for node-aware topologies), so each device holds one
+worker's parameters, optimizer state, step and RNG key. All workers start
+from the same parameters. One train step, per device (``jax.shard_map``):
+
+1. forward/backward of the worker's own batch at ``x_k``;
+2. the optax update: All-Reduce (``pmean`` of gradients, then AdamW /
+   AccumAdamW) or decentralized (``clip`` then DAdam / AccumAdamW, whose
+   gossip ``W_k x_k`` happens inside the transform, paper Alg. 1 and 4);
+3. optionally an exact global parameter average every
+   ``global_avg_interval`` steps; the consensus distance
+   ``(1/n) sum_i ||x_i - x_bar||^2`` on logged steps.
+
+References:
+  Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
+  High-performance Decentralized Training <https://arxiv.org/abs/2410.11998>`_,
+  ICLR 2025 (Sec. 5 and App. D for the experiment settings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_dict
+
+from decentral_jax import checkpoint as checkpoint_lib
+from decentral_jax import gossip
+from decentral_jax import metrics as metrics_lib
+from decentral_jax import models
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax import topology as topology_lib
+from decentral_jax.data import fashion_mnist
+from decentral_jax.data import text
+
+PyTree = Any
+Batch = tuple[jax.Array, ...]
+
+ALGORITHMS = ("all_reduce", "decentralized")
+OPTIMIZERS = ("adamw", "accum_adamw")
+SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
+DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
+                "cnn": ("fashion_mnist",)}
+COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
+               "float32": jnp.float32}
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Per-worker training state; every leaf is stacked ``[n_workers, ...]``.
+
+  Attributes:
+    step: int32 [n]: completed steps (equal on all workers).
+    params: model parameters, float32 [n, ...] per leaf.
+    opt_state: the optax state (moments, accumulators, gossip round
+      counter), [n, ...] per leaf.
+    rng: uint32 [n, 2]: raw data of the base dropout key (equal on all
+      workers; per-step, per-worker keys are derived from it).
+  """
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+  rng: jax.Array
+
+
+# ----------------------------------------------------------------------------
+# Config checks and builders.
+# ----------------------------------------------------------------------------
+
+
+def _int_field(config, name: str, minimum: int) -> int:
+  value = config
+  for part in name.split("."):
+    value = value[part]
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+      or value < minimum:
+    raise ValueError(f"config.{name} must be an integer >= {minimum}, got "
+                     f"{value!r}; set --config.{name}=<int>.")
+  return int(value)
+
+
+def _choice(value, name: str, allowed) -> str:
+  if value not in allowed:
+    raise ValueError(f"unknown config.{name}={value!r}; use one of "
+                     f"{', '.join(map(str, allowed))} (--config.{name}=...).")
+  return value
+
+
+def check_config(config: config_dict.ConfigDict) -> None:
+  """Validates a run config; raises a one-line ``ValueError`` naming the field.
+
+  Checks the choices (algorithm, topology, optimizer, schedule, model, data
+  source), integer ranges, that ``global_batch`` is divisible by
+  ``n_workers``, that ``workers_per_node`` divides ``n_workers`` and that
+  ``optimizer.accum_steps`` is 1 for ``adamw``. Device counts, data files
+  and corpus lengths are checked when :class:`Experiment` is built.
+
+  Raises:
+    ValueError: the first problem found; the message names the config field
+      and how to fix it.
+  """
+  c = config
+  _choice(c.algorithm, "algorithm", ALGORITHMS)
+  try:
+    topology_lib.canonical_name(c.topology)
+  except ValueError as e:
+    raise ValueError(f"config.topology: {e}") from None
+  n = _int_field(c, "n_workers", 1)
+  local = _int_field(c, "workers_per_node", 1)
+  if n % local:
+    raise ValueError(f"config.workers_per_node={local} must divide "
+                     f"config.n_workers={n}; use one of "
+                     f"{[d for d in range(1, n + 1) if n % d == 0]}.")
+  _int_field(c, "steps", 1)
+  batch = _int_field(c, "global_batch", 1)
+  if batch % n:
+    lo = max(n, batch // n * n)
+    raise ValueError(
+        f"config.global_batch={batch} is not divisible by config.n_workers="
+        f"{n} (the global batch is split evenly across workers); use e.g. "
+        f"--config.global_batch={lo} or {lo + n}.")
+  _int_field(c, "seed", 0)
+  for name in ("global_avg_interval", "eval_interval", "checkpoint_interval"):
+    _int_field(c, name, 0)
+  _int_field(c, "log_interval", 1)
+  _int_field(c, "eval_batches", 1)
+  _int_field(c, "keep_checkpoints", 1)
+  if not float(c.grad_clip) >= 0:
+    raise ValueError(f"config.grad_clip must be >= 0 (0 disables clipping), "
+                     f"got {c.grad_clip!r}.")
+  _choice(c.comm_dtype, "comm_dtype", tuple(COMM_DTYPES))
+  o = c.optimizer
+  _choice(o.name, "optimizer.name", OPTIMIZERS)
+  accum = _int_field(c, "optimizer.accum_steps", 1)
+  if o.name == "adamw" and accum != 1:
+    raise ValueError(
+        f"config.optimizer.accum_steps={accum} only applies to accum_adamw; "
+        "set --config.optimizer.name=accum_adamw or "
+        "--config.optimizer.accum_steps=1.")
+  for name in ("b1", "b2"):
+    if not 0.0 <= float(o[name]) < 1.0:
+      raise ValueError(f"config.optimizer.{name} must be in [0, 1), got "
+                       f"{o[name]!r}.")
+  s = c.schedule
+  _choice(s.name, "schedule.name", SCHEDULES)
+  if not float(s.peak_lr) > 0:
+    raise ValueError(f"config.schedule.peak_lr must be > 0, got {s.peak_lr!r}.")
+  _int_field(c, "schedule.warmup_steps", 0)
+  _choice(c.model.name, "model.name", tuple(DATA_SOURCES))
+  _choice(c.data.source, "data.source", DATA_SOURCES[c.model.name])
+  if c.model.name == "gpt":
+    _choice(c.model.dtype, "model.dtype", tuple(COMPUTE_DTYPES))
+  if c.distributed.enabled:
+    raise ValueError("config.distributed.enabled=True is not supported yet; "
+                     "run on one host with --config.distributed.enabled=False.")
+
+
+def make_schedule(config: config_dict.ConfigDict) -> optax.Schedule:
+  """The learning-rate schedule ``step -> lr`` of ``config.schedule``.
+
+  * ``warmup_cosine``: linear from ``peak_lr / warmup_steps`` to ``peak_lr``
+    over ``warmup_steps`` (PyTorch ``LinearLR(start_factor=1/warmup)``, as in
+    the paper's GPT-2 run), then cosine to ``final_lr`` at ``config.steps``.
+  * ``inverse_sqrt``: ``peak_lr * (0.99 (k+1)/W + 0.01)`` for ``k < W``, then
+    ``peak_lr * sqrt(W) / sqrt(k+1)`` (paper Sec. 2.3, Transformer runs).
+  * ``constant``: ``peak_lr``.
+
+  Returns:
+    An optax schedule (float32 learning rate for an integer step).
+  """
+  s = config.schedule
+  peak, warmup = float(s.peak_lr), int(s.warmup_steps)
+  if s.name == "constant":
+    return optax.constant_schedule(peak)
+  if s.name == "inverse_sqrt":
+    w = max(warmup, 1)
+
+    def inverse_sqrt(count):
+      k = jnp.asarray(count, jnp.float32)
+      warm = 0.99 * (k + 1.0) / w + 0.01
+      return peak * jnp.where(k < w, warm, jnp.sqrt(float(w)) / jnp.sqrt(k + 1.0))
+
+    return inverse_sqrt
+  init = peak / warmup if warmup > 0 else peak
+  return optax.warmup_cosine_decay_schedule(
+      init_value=init, peak_value=peak, warmup_steps=warmup,
+      decay_steps=max(int(config.steps), warmup + 1),
+      end_value=float(s.final_lr))
+
+
+def make_optimizer(config: config_dict.ConfigDict, schedule: optax.Schedule,
+                   topology: topology_lib.Topology | None,
+                   axis_name: gossip.AxisName) -> optax.GradientTransformation:
+  """The optax transform of one worker (to be updated inside ``shard_map``).
+
+  * ``decentralized``: ``chain(clip_by_global_norm(c), decentralized_adamw)``:
+    each worker clips its own gradient, then DAdam (``adamw``) or AccumAdamW
+    (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``.
+  * ``all_reduce``: ``chain(all_reduce_gradients, clip_by_global_norm(c),
+    adamw)`` (clip acts on the averaged gradient), or AccumAdamW after the
+    all-reduce.
+
+  Weight decay applies to leaves with ``ndim >= 2``. ``c = 0`` drops the clip.
+  """
+  o = config.optimizer
+  mask = models.decay_mask
+  clip = float(config.grad_clip)
+  accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
+  if config.algorithm == "decentralized":
+    tx = optim.decentralized_adamw(
+        schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
+        weight_decay=o.weight_decay, mask=mask, accum_steps=accum,
+        axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype])
+    return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
+  parts = [optim.all_reduce_gradients(axis_name)]
+  if clip:
+    parts.append(optax.clip_by_global_norm(clip))
+  if o.name == "adamw":
+    parts.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
+                             weight_decay=o.weight_decay, mask=mask))
+  else:
+    parts += [optim.scale_by_accum_adam(o.b1, o.b2, o.eps, accum_steps=accum),
+              optax.add_decayed_weights(o.weight_decay, mask),
+              optax.scale_by_learning_rate(schedule)]
+  return optax.chain(*parts)
+
+
+def _node_aware(topo: topology_lib.Topology, local_size: int) -> bool:
+  """True if every communicating round is a set of node-aligned group means."""
+  if local_size <= 1:
+    return False
+  rounds = [r for r in topo.distinct_rounds
+            if not r.is_identity and not r.is_global_mean]
+  return bool(rounds) and all(r.node_partners(local_size) is not None
+                              for r in rounds)
+
+
+class _Task(NamedTuple):
+  """Model, loss and data of one experiment (host side)."""
+  init_params: Callable[[jax.Array], PyTree]
+  # loss(params, batch, dropout_key or None) -> (scalar loss, dict of aux)
+  loss: Callable[..., tuple[jax.Array, dict]]
+  host_batch: Callable[[int], tuple[np.ndarray, ...]]  # arrays [n, B, ...]
+  eval_set: tuple[np.ndarray, ...]  # arrays [eval_batches, global_batch, ...]
+  unit: str  # "tokens" or "samples"
+  units_per_step: int
+
+
+def _lm_task(config, n: int, local_batch: int) -> _Task:
+  c, m, d = config, config.model, config.data
+  t = int(m.block_size)
+  if d.source == "pydoc":
+    train_tokens, val_tokens = text.byte_splits(text.pydoc_corpus(),
+                                                float(d.val_fraction))
+  elif d.source == "text_file":
+    if not d.path:
+      raise ValueError("config.data.path is not set; data.source=text_file "
+                       "needs --config.data.path=FILE.")
+    train_tokens, val_tokens = text.byte_splits(text.load_text_file(d.path),
+                                                float(d.val_fraction))
+  else:
+    if not d.path:
+      raise ValueError(
+          "config.data.path is not set; data.source=token_bins needs "
+          "--config.data.path=DIR holding nanoGPT's train.bin and val.bin "
+          "(made by nanoGPT's data/openwebtext/prepare.py).")
+    train_tokens, val_tokens = text.load_token_bins(d.path)
+  vocab_needed = 256 if d.source != "token_bins" else GPT2_VOCAB
+  if int(m.vocab_size) < vocab_needed:
+    raise ValueError(f"config.model.vocab_size={m.vocab_size} is smaller than "
+                     f"the {vocab_needed} token ids of data.source="
+                     f"{d.source}; set --config.model.vocab_size="
+                     f"{vocab_needed} or more.")
+  for split, tokens, need in (
+      ("training", train_tokens, n * local_batch * t + 1),
+      ("validation", val_tokens, t + 1)):
+    if len(tokens) < need:
+      raise ValueError(
+          f"the {split} split of data.source={d.source} has {len(tokens)} "
+          f"tokens, fewer than the {need} needed with config.model."
+          f"block_size={t} (and global_batch={c.global_batch}); lower "
+          "--config.model.block_size or --config.global_batch, or use a "
+          "longer corpus.")
+  sampler = text.LMSampler(train_tokens, t, n, local_batch, int(c.seed))
+  evals = text.eval_batches(val_tokens, t, int(c.global_batch),
+                            int(c.eval_batches))
+  eval_set = tuple(np.stack([b[i] for b in evals]) for i in range(2))
+  gpt_cfg = models.GPTConfig(
+      vocab_size=int(m.vocab_size), block_size=t, n_layer=int(m.n_layer),
+      n_head=int(m.n_head), n_embd=int(m.n_embd), bias=bool(m.bias),
+      dropout=float(m.dropout), dtype=COMPUTE_DTYPES[m.dtype])
+  model = models.GPT(gpt_cfg)
+
+  def loss(params, batch, key):
+    inputs, targets = batch
+    rngs = {"dropout": key} if key is not None else None
+    logits = model.apply({"params": params}, inputs,
+                         deterministic=key is None, rngs=rngs)
+    return models.lm_loss(logits, targets), {}
+
+  return _Task(lambda key: models.gpt.init_params(gpt_cfg, key), loss,
+               sampler.batch, eval_set, "tokens", int(c.global_batch) * t)
+
+
+def _image_task(config, n: int, local_batch: int) -> _Task:
+  c, m = config, config.model
+  data = fashion_mnist.load(config.data.path or fashion_mnist.DEFAULT_DIR)
+  images, labels = data["train_images"], data["train_labels"].astype(np.int32)
+  sampler = fashion_mnist.ArraySampler(len(images), n, local_batch,
+                                       int(c.seed))
+  n_eval = int(c.eval_batches) * int(c.global_batch)
+  if n_eval > len(data["test_images"]):
+    raise ValueError(
+        f"config.eval_batches * config.global_batch = {n_eval} exceeds the "
+        f"{len(data['test_images'])} Fashion-MNIST test images; lower "
+        "--config.eval_batches.")
+  shape = (int(c.eval_batches), int(c.global_batch))
+  eval_set = (data["test_images"][:n_eval].reshape(shape + (28, 28)),
+              data["test_labels"][:n_eval].astype(np.int32).reshape(shape))
+  model = models.CNN(num_classes=int(m.num_classes),
+                     features=tuple(int(f) for f in m.features),
+                     dense=int(m.dense))
+
+  def host_batch(step):
+    idx = sampler.batch_indices(step)
+    return images[idx], labels[idx]
+
+  def loss(params, batch, key):
+    del key  # the CNN has no dropout
+    pixels, y = batch
+    x = pixels.astype(jnp.float32)[..., None] / 255.0
+    value, accuracy = models.classification_loss(
+        model.apply({"params": params}, x), y)
+    return value, {"accuracy": accuracy}
+
+  return _Task(lambda key: models.cnn.init_params(model, key), loss,
+               host_batch, eval_set, "samples", int(c.global_batch))
+
+
+# ----------------------------------------------------------------------------
+# The experiment.
+# ----------------------------------------------------------------------------
+
+
+class Experiment:
+  """Everything a run needs except the file system, built from a config.
+
+  Attributes:
+    config: the (validated) config.
+    mesh: ``jax.sharding.Mesh`` with one worker per device.
+    axis_name: the worker axis (``"workers"`` or ``("nodes", "local")``).
+    topology: the gossip :class:`~decentral_jax.topology.Topology`, or None
+      for ``all_reduce``.
+    schedule: learning-rate schedule ``step -> lr``.
+    tx: the per-worker optax transform.
+    n_workers: number of workers ``n``.
+    local_batch: sequences (or images) per worker per step.
+    param_count: parameters of one worker's model.
+    unit: ``"tokens"`` or ``"samples"``.
+    tokens_per_step: tokens (LM) or samples (images) per step, all workers.
+  """
+
+  def __init__(self, config: config_dict.ConfigDict, *,
+               devices: list | None = None):
+    """Builds mesh, topology, model, data, optimizer and the jitted steps.
+
+    Args:
+      config: a run config (see ``configs/gpt_tiny.py``).
+      devices: devices to place workers on (default ``jax.devices()``).
+
+    Raises:
+      ValueError: an invalid config field, more workers than devices (the
+        message says how to simulate CPU devices), missing data files, or a
+        corpus too short for the context length.
+    """
+    check_config(config)
+    c = self.config = config
+    self.n_workers = n = int(c.n_workers)
+    self.local_batch = int(c.global_batch) // n
+    local_size = int(c.workers_per_node)
+    self.topology = None
+    node_aware = False
+    if c.algorithm == "decentralized":
+      self.topology = topology_lib.make(c.topology, n, local_size)
+      node_aware = _node_aware(self.topology, local_size)
+    try:
+      self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
+                                     devices=devices)
+    except ValueError as e:
+      raise ValueError(f"config.n_workers={n}: {e} Or lower "
+                       "--config.n_workers.") from None
+    self.axis_name = parallel.worker_axis(self.mesh)
+    self._sharding = parallel.worker_sharding(self.mesh)
+    if c.model.name == "gpt":
+      self._task = _lm_task(c, n, self.local_batch)
+    else:
+      self._task = _image_task(c, n, self.local_batch)
+    self.unit = self._task.unit
+    self.tokens_per_step = self._task.units_per_step
+    self.schedule = make_schedule(c)
+    self.tx = make_optimizer(c, self.schedule, self.topology, self.axis_name)
+    root = jax.random.key(int(c.seed))
+    self._init_key, self._dropout_key = jax.random.split(root)
+    self._params0 = None
+    self.param_count = sum(
+        int(np.prod(x.shape)) for x in
+        jax.tree.leaves(jax.eval_shape(self._task.init_params,
+                                       self._init_key)))
+    self._eval_rows, self._eval_common = self._place_eval_set()
+    self._init_fn = jax.jit(parallel.per_worker(self._init_worker, self.mesh))
+    self._train_step = jax.jit(
+        parallel.per_worker(self._step_worker, self.mesh), donate_argnums=(0,))
+    self._eval_step = jax.jit(
+        parallel.per_worker(self._eval_worker, self.mesh,
+                            replicated_argnums=(2,)))
+
+  # -- state and data --------------------------------------------------------
+
+  def init_state(self) -> TrainState:
+    """Initial state: identical parameters on every worker, zero moments.
+
+    Returns:
+      A :class:`TrainState` whose leaves are ``[n_workers, ...]`` arrays
+      sharded over the worker axis (``step`` is 0).
+    """
+    if self._params0 is None:
+      self._params0 = jax.device_get(self._task.init_params(self._init_key))
+    params = parallel.replicate(self._params0, self.mesh)
+    rng = parallel.replicate(jax.random.key_data(self._dropout_key), self.mesh)
+    return self._init_fn(params, rng)
+
+  def _init_worker(self, params, rng):
+    return TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                      opt_state=self.tx.init(params), rng=rng)
+
+  def get_batch(self, step: int) -> Batch:
+    """The training batch of ``step`` (0-based) for all workers, on device.
+
+    Returns:
+      A tuple of arrays ``[n_workers, local_batch, ...]`` (LM: int32 inputs
+      and targets ``[n, B, T]``; images: uint8 ``[n, B, 28, 28]`` and int32
+      labels ``[n, B]``) sharded over the worker axis. Deterministic in
+      ``(seed, step)``; worker ``w`` gets its own shard of the data.
+    """
+    return jax.device_put(tuple(self._task.host_batch(int(step))),
+                          self._sharding)
+
+  def _place_eval_set(self):
+    """Eval rows per worker ``[n, E, B, ...]`` and a common subset ``[E, B, ...]``.
+
+    Worker ``w`` holds rows ``w*B .. w*B+B-1`` of every eval batch (for the
+    averaged model); the common subset is every ``n``-th row (spread over the
+    whole validation set), the same for all workers.
+    """
+    n, b = self.n_workers, self.local_batch
+    rows, common = [], []
+    for x in self._task.eval_set:
+      e = x.shape[0]
+      per = x.reshape((e, n, b) + x.shape[2:]).swapaxes(0, 1)
+      rows.append(np.ascontiguousarray(per))
+      common.append(np.ascontiguousarray(x[:, ::n]))
+    return (jax.device_put(tuple(rows), self._sharding),
+            jax.device_put(tuple(common), NamedSharding(self.mesh, P())))
+
+  # -- steps -------------------------------------------------------------------
+
+  def _is_log_step(self, step):
+    c = self.config
+    return (step % int(c.log_interval) == 0) | (step == int(c.steps))
+
+  def _step_worker(self, state: TrainState, batch: Batch):
+    """One training step of one worker (inside ``shard_map``)."""
+    c, axis = self.config, self.axis_name
+    key = None
+    if c.model.name == "gpt" and float(c.model.dropout) > 0:
+      key = jax.random.wrap_key_data(state.rng)
+      key = jax.random.fold_in(jax.random.fold_in(key, state.step),
+                               lax.axis_index(axis))
+    grad_fn = jax.value_and_grad(self._task.loss, has_aux=True)
+    (loss, aux), grads = grad_fn(state.params, batch, key)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    step = state.step + 1
+    interval = int(c.global_avg_interval)
+    if interval:
+      params = lax.cond(step % interval == 0, self._exact_mean,
+                        lambda p: p, params)
+    consensus = lax.cond(
+        self._is_log_step(step),
+        lambda p: gossip.consensus_distance(p, axis).astype(jnp.float32),
+        lambda p: jnp.full([], jnp.nan, jnp.float32), params)
+    finite = jnp.isfinite(loss)
+    for leaf in jax.tree.leaves(params):
+      finite = finite & jnp.all(jnp.isfinite(leaf))
+    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+               "finite": finite, "consensus_distance": consensus, **aux}
+    new_state = state.replace(step=step, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+  def _exact_mean(self, params):
+    return jax.tree.map(
+        lambda x: gossip._match_varying(lax.pmean(x, self.axis_name), x),  # pylint: disable=protected-access
+        params)
+
+  def train_step(self, state: TrainState, batch: Batch
+                 ) -> tuple[TrainState, dict]:
+    """One step on every worker. ``state`` is donated (do not reuse it).
+
+    Args:
+      state: stacked state from :meth:`init_state` or a previous step.
+      batch: from :meth:`get_batch`.
+
+    Returns:
+      ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``:
+      ``loss`` (each worker's training loss before the update, nats),
+      ``grad_norm`` (its local gradient's global norm before clipping),
+      ``finite`` (bool: loss and updated parameters finite),
+      ``consensus_distance`` (``(1/n) sum_i ||x_i - x_bar||^2`` after the
+      update; computed on log steps only, NaN otherwise), and ``accuracy``
+      for classifiers. The step is compiled once.
+    """
+    return self._train_step(state, batch)
+
+  def _eval_worker(self, params, rows: Batch, common: Batch):
+    """Eval of one worker: averaged model on its rows, own model on common."""
+    axis, loss_fn = self.axis_name, self._task.loss
+    avg = jax.tree.map(lambda x: lax.pmean(x, axis), params)
+
+    def run(p, data):
+      def one(batch):
+        value, aux = loss_fn(p, batch, None)
+        return value, aux.get("accuracy", jnp.zeros([], jnp.float32))
+      losses, accs = lax.map(one, data)
+      return jnp.mean(losses), jnp.mean(accs)
+
+    avg_loss, avg_acc = run(avg, rows)
+    own_loss, _ = run(params, common)
+    return {"avg_loss": lax.pmean(avg_loss, axis),
+            "avg_accuracy": lax.pmean(avg_acc, axis),
+            "own_loss": own_loss,
+            "consensus_distance": gossip.consensus_distance(params, axis)}
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """Validation metrics; ``state`` is read only (training is unaffected).
+
+    The averaged model is ``x_bar = (1/n) sum_i x_i`` (exact ``pmean``,
+    computed on the fly, never written back); it is evaluated on all
+    ``eval_batches * global_batch`` validation sequences (images), split
+    over the workers. Each worker's own parameters are evaluated on the same
+    common subset (every ``n_workers``-th row of every eval batch, i.e.
+    ``1/n`` of the validation set spread over all of it).
+
+    Returns:
+      ``eval/loss`` (averaged model, nats), ``eval/worker_loss_mean``,
+      ``_min``, ``_max``, ``_std`` (over workers' own models),
+      ``consensus_distance``, and ``eval/accuracy`` for classifiers (floats).
+    """
+    out = jax.device_get(self._eval_step(state.params, self._eval_rows,
+                                         self._eval_common))
+    own = np.asarray(out["own_loss"], np.float64)
+    result = {
+        "eval/loss": float(out["avg_loss"][0]),
+        "eval/worker_loss_mean": float(own.mean()),
+        "eval/worker_loss_min": float(own.min()),
+        "eval/worker_loss_max": float(own.max()),
+        "eval/worker_loss_std": float(own.std()),
+        "consensus_distance": float(out["consensus_distance"][0]),
+    }
+    if self.unit == "samples":
+      result["eval/accuracy"] = float(out["avg_accuracy"][0])
+    return result
+
+  def learning_rate(self, step: int) -> float:
+    """Learning rate used by the update of step ``step`` (1-based)."""
+    return float(self.schedule(max(int(step) - 1, 0)))
+
+  def checkpoint_meta(self, step: int) -> dict:
+    """JSON facts stored with a checkpoint taken after ``step`` steps."""
+    c = self.config
+    return {
+        "step": int(step),
+        "data_position": int(step),  # the next batch is get_batch(step)
+        "seed": int(c.seed),
+        "n_workers": self.n_workers,
+        "workers_per_node": int(c.workers_per_node),
+        "algorithm": c.algorithm,
+        "topology": self.topology.name if self.topology else "",
+        "topology_round": (int(step) % self.topology.period
+                           if self.topology else 0),
+        "optimizer": c.optimizer.name,
+        "accum_steps": int(c.optimizer.accum_steps),
+        "model": json.loads(c.model.to_json()),
+    }
+
+  def check_resumable(self, meta: dict, directory: str) -> None:
+    """Raises ValueError if a checkpoint was written by an incompatible run."""
+    mine = self.checkpoint_meta(meta.get("step", 0))
+    fields = {"n_workers": "n_workers", "workers_per_node": "workers_per_node",
+              "algorithm": "algorithm", "topology": "topology",
+              "optimizer": "optimizer.name",
+              "accum_steps": "optimizer.accum_steps", "model": "model"}
+    for key, field in fields.items():
+      if key in meta and meta[key] != mine[key]:
+        raise ValueError(
+            f"the checkpoint in {directory} was written with config.{field}="
+            f"{meta[key]!r} but this run has {mine[key]!r}; resume with the "
+            "same value or use a fresh --workdir.")
+
+
+# ----------------------------------------------------------------------------
+# The training loop.
+# ----------------------------------------------------------------------------
+
+
+class _Window:
+  """Accumulates host-side training metrics between two log records."""
+
+  def __init__(self):
+    self.losses, self.times, self.accs = [], [], []
+    self.consensus = None
+
+  def add(self, metrics: dict, seconds: float | None) -> None:
+    self.losses.append(float(np.mean(metrics["loss"])))
+    if "accuracy" in metrics:
+      self.accs.append(float(np.mean(metrics["accuracy"])))
+    if seconds is not None:
+      self.times.append(seconds)
+    cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
+    if np.isfinite(cd):
+      self.consensus = cd
+
+  def summary(self, units_per_step: int, unit: str) -> dict:
+    out = {}
+    if self.losses:
+      out["train/loss"] = float(np.mean(self.losses))
+    if self.accs:
+      out["train/accuracy"] = float(np.mean(self.accs))
+    if self.consensus is not None:
+      out["consensus_distance"] = self.consensus
+    if self.times:
+      sec = float(np.mean(self.times))
+      out["step_time_ms"] = 1e3 * sec
+      out[f"{unit}_per_sec"] = units_per_step / sec
+    return out
+
+
+def _non_finite_error(step: int, metrics: dict, last_good: int | None,
+                      directory: str) -> FloatingPointError:
+  loss = np.asarray(metrics["loss"], np.float64)
+  bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
+  where = (f"the last good checkpoint (step {last_good}) is kept in "
+           f"{directory}" if last_good is not None else
+           "no checkpoint had been written yet")
+  return FloatingPointError(
+      f"non-finite training loss or parameters at step {step} on worker(s) "
+      f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
+      f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
+
+
+def train_and_evaluate(config: config_dict.ConfigDict, workdir: str) -> dict:
+  """Trains ``config`` in ``workdir``, resuming from its last checkpoint.
+
+  Writes ``metrics.jsonl`` (one record per log or eval point), ``config.json``
+  and ``checkpoints/<step>/`` (every worker's parameters and optimizer state,
+  the step, the data position and RNG keys; every ``checkpoint_interval``
+  steps and at the end). A resumed run continues bit-exactly: same batches,
+  same dropout keys, same gossip round.
+
+  Args:
+    config: a run config (``configs/*.py``).
+    workdir: output directory (created if missing).
+
+  Returns:
+    Final metrics (floats): ``step``, ``train/loss``, ``eval/loss``,
+    ``eval/worker_loss_*``, ``consensus_distance``, ``step_time_ms`` (mean
+    over the timed steps of this invocation; the first step, which compiles,
+    and steps around evaluation and checkpoints are not timed),
+    ``tokens_per_sec`` (or ``samples_per_sec``), ``train_time_s`` and
+    ``param_count``.
+
+  Raises:
+    ValueError: bad config or data (see :class:`Experiment`), or a
+      checkpoint in ``workdir`` from an incompatible config.
+    FloatingPointError: a non-finite loss or parameter; names the step and
+      workers; the last good checkpoint stays in place.
+  """
+  c = config
+  exp = Experiment(c)
+  total = int(c.steps)
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(c.to_json(indent=2))
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  ckpt = checkpoint_lib.Checkpointer(ckpt_dir,
+                                     max_to_keep=int(c.keep_checkpoints))
+  writer = metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
+  state = exp.init_state()
+  start = last_saved = ckpt.latest_step()
+  if start is not None:
+    exp.check_resumable(ckpt.restore_meta(start), ckpt_dir)
+    state, meta = ckpt.restore(start, state)
+    start = int(meta["data_position"])
+    logging.info("resumed from %s at step %d", ckpt_dir, start)
+  else:
+    start = 0
+  logging.info("%s: %d workers, %s params/worker, %d %s/step, mesh %s",
+               c.algorithm, exp.n_workers, f"{exp.param_count:,}",
+               exp.tokens_per_step, exp.unit, dict(exp.mesh.shape))
+
+  unit_key = f"{exp.unit}_per_sec"
+  eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
+  log_every = int(c.log_interval)
+  window, timed = _Window(), []
+  last = {"step": start}
+  t_prev = None
+  bar = metrics_lib.progress_bar(total, initial=start)
+
+  def handle(done: int, device_metrics: dict) -> None:
+    nonlocal t_prev
+    m = jax.device_get(device_metrics)  # waits for step `done`
+    now = time.perf_counter()
+    seconds = None if t_prev is None else now - t_prev
+    t_prev = now
+    if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
+      raise _non_finite_error(done, m, last_saved, ckpt_dir)
+    if seconds is not None:
+      timed.append(seconds)
+    window.add(m, seconds)
+    bar.update(1)
+
+  def record(done: int, extra: dict | None = None) -> None:
+    nonlocal window
+    rec = {"step": done, "lr": exp.learning_rate(done),
+           **window.summary(exp.tokens_per_step, exp.unit), **(extra or {})}
+    rec["train_time_s"] = float(np.sum(timed))
+    writer.write(rec)
+    last.update(rec)
+    window = _Window()
+    bar.set_postfix({k: f"{rec[k]:.4g}" for k in
+                     ("train/loss", "eval/loss", "consensus_distance")
+                     if k in rec})
+    logging.info("step %d: %s", done, ", ".join(
+        f"{k}={v:.5g}" for k, v in rec.items()
+        if k != "step" and isinstance(v, float)))
+
+  try:
+    pending = None
+    batch = exp.get_batch(start) if start < total else None
+    for s in range(start, total):
+      state, device_metrics = exp.train_step(state, batch)
+      done = s + 1
+      if pending is not None:  # read step s-1 while step s runs
+        handle(*pending)
+        if pending[0] % log_every == 0:
+          record(pending[0])
+      pending = (done, device_metrics)
+      if done < total:
+        batch = exp.get_batch(done)  # host prepares the next batch
+      do_eval = done == total or (eval_every and done % eval_every == 0)
+      do_ckpt = done == total or (ckpt_every and done % ckpt_every == 0)
+      if do_eval or do_ckpt:
+        handle(*pending)
+        pending = None
+        if do_eval:
+          record(done, exp.evaluate(state))
+        elif done % log_every == 0:
+          record(done)
+        if do_ckpt:
+          ckpt.save(done, state, exp.checkpoint_meta(done))
+          last_saved = done
+        t_prev = time.perf_counter()
+    if start >= total:  # nothing left to train: report the final evaluation
+      last.update(exp.evaluate(state))
+  finally:
+    bar.close()
+    writer.close()
+    ckpt.close()
+  if timed:
+    sec = float(np.mean(timed))
+    last["step_time_ms"] = 1e3 * sec
+    last[unit_key] = exp.tokens_per_step / sec
+  last["param_count"] = exp.param_count
+  return last
