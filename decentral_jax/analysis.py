@@ -689,30 +689,42 @@ def is_async_overlapped(compiled_or_lowered: Any) -> dict[str, Any]:
 
   Looks, in every computation of the optimized HLO, for
   ``collective-permute-start`` ... ``collective-permute-done`` pairs (the
-  GPU backend's async form) and counts the non-trivial instructions
-  scheduled between each start and its done (fusions, dots, convolutions,
-  custom calls), i.e. compute that may overlap with the transfer.
+  GPU backend's async form) and counts the compute instructions scheduled
+  between each start and its done (fusions, dots, convolutions, custom
+  calls), i.e. compute that may run while the data moves. A start inside a
+  ``conditional`` branch (the ``lax.switch`` over rounds) can only overlap
+  with compute of that branch, not with the forward/backward outside it.
 
   Args:
     compiled_or_lowered: as for :func:`communication`.
 
   Returns:
-    ``{"starts": int, "dones": int, "sync": int (plain
-    collective-permute), "overlapped": int (starts with compute before their
-    done), "compute_between": [int per start]}``.
+    A dict: ``starts``, ``dones`` (async permute halves), ``sync`` (plain
+    ``collective-permute``), ``overlapped`` (starts with compute before their
+    done), ``compute_between`` (list, one count per start),
+    ``in_branches`` (starts inside conditional branch computations).
   """
   text = hlo_text(compiled_or_lowered, "optimized")
   comps, _, _ = _parse_module(text)
-  out = {"starts": 0, "dones": 0, "sync": 0, "overlapped": 0,
-         "compute_between": []}
-  compute = ("fusion", "dot", "convolution", "custom-call")
+  branch_comps = set()
   for instrs in comps.values():
+    for ins in instrs:
+      if ins.opcode == "conditional":
+        called = _called(ins)
+        for key in ("branch_computations", "true_computation",
+                    "false_computation"):
+          branch_comps.update(called.get(key, []))
+  out = {"starts": 0, "dones": 0, "sync": 0, "overlapped": 0,
+         "compute_between": [], "in_branches": 0}
+  compute = ("fusion", "dot", "convolution", "custom-call")
+  for comp, instrs in comps.items():
     open_starts: dict[str, int] = {}
     for ins in instrs:
       if ins.opcode == "collective-permute":
         out["sync"] += 1
       elif ins.opcode == "collective-permute-start":
         out["starts"] += 1
+        out["in_branches"] += int(comp in branch_comps)
         open_starts[ins.name] = 0
       elif ins.opcode == "collective-permute-done":
         out["dones"] += 1

@@ -139,6 +139,7 @@ def test_async_forms_counted_once_and_overlap_detected():
   assert ov["starts"] == 2 and ov["dones"] == 2 and ov["sync"] == 0
   assert ov["compute_between"] == [1, 0]
   assert ov["overlapped"] == 1
+  assert ov["in_branches"] == 0
 
 
 def test_iota_replica_groups_with_transpose():

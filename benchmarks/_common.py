@@ -1,0 +1,127 @@
+"""Shared helpers of the benchmark scripts: machine facts, GPT train steps.
+
+Nothing here is imported by the library; the scripts in ``benchmarks/`` use
+it to describe the machine in their output and to build the same
+decentralized GPT train step in every benchmark.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Any, Callable
+
+PyTree = Any
+
+
+def set_cpu_devices(n: int) -> None:
+  """Asks XLA for ``n`` simulated CPU devices; call before importing jax.
+
+  Raises:
+    RuntimeError: jax was already imported (the flag would be ignored).
+  """
+  import sys
+  if "jax" in sys.modules:
+    raise RuntimeError("set_cpu_devices must run before jax is imported.")
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    os.environ["XLA_FLAGS"] = (
+        f"{flags} --xla_force_host_platform_device_count={n}").strip()
+
+
+def machine_info() -> dict[str, Any]:
+  """Date, CPU model, core count, memory, Python/JAX versions, devices."""
+  import jax
+  info: dict[str, Any] = {
+      "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime(
+          "%Y-%m-%d %H:%M"),
+      "python": platform.python_version(),
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+      "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
+      "cpu_cores": os.cpu_count(),
+  }
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          info["cpu"] = line.split(":", 1)[1].strip()
+          break
+    with open("/proc/meminfo") as f:
+      kb = int(f.readline().split()[1])
+      info["mem_gib"] = round(kb / 2**20, 1)
+  except OSError:
+    pass
+  try:
+    info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+  except OSError:
+    pass
+  return info
+
+
+def git_revision() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__))
+                          ).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def median(xs):
+  return statistics.median(xs)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+  """Seconds taken by ``fn()`` (which must block until its work is done)."""
+  t0 = time.perf_counter()
+  fn()
+  return time.perf_counter() - t0
+
+
+def gpt_step(cfg, tx, mesh, *, clip: float = 0.0):
+  """Jitted decentralized GPT train step over ``mesh`` (one worker/device).
+
+  Args:
+    cfg: ``decentral_jax.models.gpt.GPTConfig``.
+    tx: optax transform whose ``update`` runs per worker (may gossip).
+    mesh: mesh from ``decentral_jax.parallel.make_mesh``.
+    clip: global-norm clip of each worker's gradient (0 = none).
+
+  Returns:
+    ``step(params, opt_state, tokens) -> (params, opt_state, loss)`` with
+    stacked per-worker ``params``/``opt_state`` (donated) and ``tokens`` int32
+    [n, B, T+1]; ``loss`` is float32 [n] (each worker's mean loss, nats).
+  """
+  import jax
+  import optax
+  from decentral_jax import models
+  from decentral_jax import parallel
+
+  model = models.GPT(cfg)
+
+  def loss_fn(p, tokens):
+    logits = model.apply({"params": p}, tokens[:, :-1])
+    return models.lm_loss(logits, tokens[:, 1:])
+
+  def step(p, s, tokens):
+    loss, g = jax.value_and_grad(loss_fn)(p, tokens)
+    if clip:
+      g, _ = optax.clip_by_global_norm(clip).update(g, optax.EmptyState())
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s, loss
+
+  return jax.jit(parallel.per_worker(step, mesh), donate_argnums=(0, 1))
+
+
+def format_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+  """A Markdown table of ``rows`` restricted to ``cols``."""
+  out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for r in rows:
+    out.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+  return "\n".join(out)
