@@ -16,6 +16,7 @@ checkpoints are deleted only after a newer one has been committed.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -23,6 +24,21 @@ import jax
 import orbax.checkpoint as ocp
 
 PyTree = Any
+
+
+class _BelowWarningFromOrbax(logging.Filter):
+  """Drops Orbax's INFO/DEBUG records (it logs every save phase)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return (record.levelno >= logging.WARNING
+            or f"{os.sep}orbax{os.sep}" not in record.pathname)
+
+
+def quiet_orbax_logs() -> None:
+  """Hides Orbax's INFO messages on the ``absl`` logger (warnings stay)."""
+  logger = logging.getLogger("absl")
+  if not any(isinstance(f, _BelowWarningFromOrbax) for f in logger.filters):
+    logger.addFilter(_BelowWarningFromOrbax())
 
 
 def abstract_like(tree: PyTree) -> PyTree:

@@ -430,7 +430,8 @@ class Experiment:
         jax.tree.leaves(jax.eval_shape(self._task.init_params,
                                        self._init_key)))
     self._eval_rows, self._eval_common = self._place_eval_set()
-    self._init_fn = jax.jit(parallel.per_worker(self._init_worker, self.mesh))
+    self._init_fn = jax.jit(parallel.per_worker(
+        self._init_worker, self.mesh, replicated_argnums=(0, 1)))
     self._train_step = jax.jit(
         parallel.per_worker(self._step_worker, self.mesh), donate_argnums=(0,))
     self._eval_step = jax.jit(
@@ -447,9 +448,10 @@ class Experiment:
       sharded over the worker axis (``step`` is 0).
     """
     if self._params0 is None:
-      self._params0 = jax.device_get(self._task.init_params(self._init_key))
-    params = parallel.replicate(self._params0, self.mesh)
-    rng = parallel.replicate(jax.random.key_data(self._dropout_key), self.mesh)
+      self._params0 = self._task.init_params(self._init_key)
+    everywhere = NamedSharding(self.mesh, P())
+    params, rng = jax.device_put(
+        (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
     return self._init_fn(params, rng)
 
   def _init_worker(self, params, rng):

@@ -24,6 +24,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from decentral_jax import checkpoint
 from decentral_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -53,6 +54,7 @@ def main(argv):
   workdir = _WORKDIR.value or config.workdir
   if not workdir:
     raise app.UsageError("--workdir is required (or set config.workdir).")
+  checkpoint.quiet_orbax_logs()
   simulate_cpu_devices(_CPU_DEVICES.value or max(int(config.n_workers), 1))
   logging.info("JAX %s, devices: %s", jax.__version__, jax.devices())
   try:
