@@ -25,10 +25,13 @@ rounds in :func:`decentral_jax.gossip.mix`) runs one branch per step, so the
 per-step bytes are reported *per branch* ("scenario"), together with the max
 and the mean over branches (the mean weighs branches equally; it equals the
 mean over the schedule when every distinct round occurs once per period, as
-for ``ring``, ``one_peer_exp`` and ``alternating_exp_ring``). Consecutive
-conditionals with the same number of branches are assumed to share the
-selector (as two ``gossip.mix`` calls of one topology do) and are zipped
-branch by branch; otherwise every combination is a scenario. A ``while``
+for ``ring``, ``one_peer_exp`` and ``alternating_exp_ring``). Several
+conditionals in one step give one scenario per combination of branches (a
+train loop's ``lax.cond`` for a logging-step diagnostic doubles the
+scenarios); with ``align_conditionals=True``, conditionals with the same
+number of branches are instead taken to share their selector (as two
+``gossip.mix`` calls of one topology do) and are zipped branch by branch. A
+``while``
 body counts ``known_trip_count`` times (once, flagged, if XLA does not know
 the trip count).
 
@@ -453,9 +456,9 @@ def _kind(opcode: str) -> str | None:
 class _Walker:
   """Evaluates computations into scenarios of collective counts."""
 
-  def __init__(self, comps, n_devices):
+  def __init__(self, comps, align: bool):
     self.comps = comps
-    self.n = n_devices
+    self.align = align
     self.collectives: list[Collective] = []
     self.index: dict[tuple[str, str], int] = {}
     self.unknown_trip = False
@@ -516,7 +519,7 @@ class _Walker:
             sub = f"{ins.name}={b}" + (f"/{label}" if label else "")
             alts.append((sub, counts))
         if any(c for _, c in alts):
-          scen = _combine(scen, alts)
+          scen = _combine(scen, alts, self.align)
       elif ins.opcode == "while":
         body = self.evaluate(called["body"][0], stack)
         cond = self.evaluate(called["condition"][0], stack)
@@ -527,14 +530,15 @@ class _Walker:
           self.unknown_trip = self.unknown_trip or has_comm
         if has_comm:
           inner = _combine([(lab, _scale(c, trips)) for lab, c in body],
-                           [(lab, _scale(c, trips + 1)) for lab, c in cond])
-          scen = _combine(scen, inner)
+                           [(lab, _scale(c, trips + 1)) for lab, c in cond],
+                           False)
+          scen = _combine(scen, inner, self.align)
       elif ins.opcode in ("call", "fusion", "async-start", "custom-call"):
         for key in ("calls", "to_apply"):
           for sub in called.get(key, []):
             inner = self.evaluate(sub, stack)
             if any(c for _, c in inner):
-              scen = _combine(scen, inner)
+              scen = _combine(scen, inner, self.align)
     scen = [(lab, dict(c)) for lab, c in scen]
     self.cache[comp] = scen
     return scen
@@ -555,9 +559,9 @@ def _join(a: str, b: str) -> str:
   return "/".join(x for x in (a, b) if x)
 
 
-def _combine(first, second, cap: int = 4096):
+def _combine(first, second, align: bool, cap: int = 4096):
   """Sequential composition of two scenario lists (see module docstring)."""
-  if len(first) == len(second) and len(first) > 1:
+  if align and len(first) == len(second) and len(first) > 1:
     return [(_join(la, lb), _merge(ca, cb))
             for (la, ca), (lb, cb) in zip(first, second)]
   if len(first) * len(second) > cap:
@@ -608,7 +612,8 @@ def hlo_text(compiled_or_lowered: Any, stage: str = "optimized") -> str:
 
 
 def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
-                  n_devices: int | None = None) -> CommunicationReport:
+                  n_devices: int | None = None,
+                  align_conditionals: bool = False) -> CommunicationReport:
   """Lists the collectives of a compiled step and the bytes each worker sends.
 
   Args:
@@ -619,6 +624,8 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
       (the HLO handed to XLA; see the module docstring).
     n_devices: number of devices; default read from the module header
       (``num_partitions x replica_count``) or the largest device id + 1.
+    align_conditionals: zip conditionals with equal branch counts instead
+      of combining every branch of one with every branch of the other.
 
   Returns:
     A :class:`CommunicationReport`. ``report.bytes_per_step`` holds the
@@ -632,7 +639,7 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
   """
   text = hlo_text(compiled_or_lowered, stage)
   comps, entry, header_n = _parse_module(text)
-  walker = _Walker(comps, 0)
+  walker = _Walker(comps, align_conditionals)
   scen = walker.evaluate(entry)
   n = n_devices or header_n or 1
   ids = [d for c in walker.collectives

@@ -142,6 +142,38 @@ def test_async_forms_counted_once_and_overlap_detected():
   assert ov["in_branches"] == 0
 
 
+def test_two_conditionals_cross_product_or_aligned():
+  # A second 2-branch conditional after the first: branch a sends 4 B
+  # (f32[1]) around a ring, branch b sends nothing.
+  extra = """
+%c0 (q0: f32[1]) -> f32[1] {
+  %q0 = f32[1]{0} parameter(0)
+  ROOT %cq = f32[1]{0} collective-permute(%q0), channel_id=7, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+}
+
+%c1 (q1: f32[1]) -> f32[1] {
+  ROOT %q1 = f32[1]{0} parameter(0)
+}
+"""
+  hlo = _HLO_BRANCHES.replace("ENTRY", extra + "\nENTRY").replace(
+      "  ROOT %r = f32[10]{0} conditional(%k, %x2, %x2), "
+      "branch_computations={%b0, %b1}",
+      "  %r = f32[10]{0} conditional(%k, %x2, %x2), "
+      "branch_computations={%b0, %b1}\n"
+      "  %one = f32[1]{0} slice(%r), slice={[0:1]}\n"
+      "  ROOT %r2 = f32[1]{0} conditional(%k, %one, %one), "
+      "branch_computations={%c0, %c1}")
+  fixed = 2 * 3 / 4 * 136 + 3 * 12
+  rep = analysis.communication(hlo)
+  # Every combination: (40 | 80) + (4 | 0).
+  np.testing.assert_allclose(sorted(rep.bytes_per_step),
+                             sorted([fixed + 44, fixed + 40, fixed + 84,
+                                     fixed + 80]))
+  aligned = analysis.communication(hlo, align_conditionals=True)
+  np.testing.assert_allclose(aligned.bytes_per_step,
+                             [fixed + 44, fixed + 80])
+
+
 def test_iota_replica_groups_with_transpose():
   hlo = """\
 HloModule m3, replica_count=1, num_partitions=8
