@@ -414,10 +414,14 @@ class Experiment:
                        "--config.n_workers.") from None
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
-    if c.model.name == "gpt":
-      self._task = _lm_task(c, n, self.local_batch)
-    else:
-      self._task = _image_task(c, n, self.local_batch)
+    try:
+      if c.model.name == "gpt":
+        self._task = _lm_task(c, n, self.local_batch)
+      else:
+        self._task = _image_task(c, n, self.local_batch)
+    except FileNotFoundError as e:  # includes data.DataNotFoundError
+      raise ValueError(f"config.data.path={c.data.path!r} "
+                       f"(data.source={c.data.source}): {e}") from None
     self.unit = self._task.unit
     self.tokens_per_step = self._task.units_per_step
     self.schedule = make_schedule(c)
@@ -517,7 +521,7 @@ class Experiment:
     finite = jnp.isfinite(loss)
     for leaf in jax.tree.leaves(params):
       finite = finite & jnp.all(jnp.isfinite(leaf))
-    metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                "finite": finite, "consensus_distance": consensus, **aux}
     new_state = state.replace(step=step, params=params, opt_state=opt_state)
     return new_state, metrics
@@ -682,7 +686,8 @@ def _non_finite_error(step: int, metrics: dict, last_good: int | None,
       f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
 
 
-def train_and_evaluate(config: config_dict.ConfigDict, workdir: str) -> dict:
+def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
+                       experiment: Experiment | None = None) -> dict:
   """Trains ``config`` in ``workdir``, resuming from its last checkpoint.
 
   Writes ``metrics.jsonl`` (one record per log or eval point), ``config.json``
@@ -694,6 +699,8 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str) -> dict:
   Args:
     config: a run config (``configs/*.py``).
     workdir: output directory (created if missing).
+    experiment: an :class:`Experiment` already built from ``config`` to
+      reuse (its compiled steps); built here if None.
 
   Returns:
     Final metrics (floats): ``step``, ``train/loss``, ``eval/loss``,
@@ -710,7 +717,10 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str) -> dict:
       workers; the last good checkpoint stays in place.
   """
   c = config
-  exp = Experiment(c)
+  exp = experiment if experiment is not None else Experiment(c)
+  if exp.config is not c and exp.config.to_dict() != c.to_dict():
+    raise ValueError("train_and_evaluate: `experiment` was built from a "
+                     "different config; pass experiment=None.")
   total = int(c.steps)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
