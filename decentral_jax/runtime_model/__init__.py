@@ -1,0 +1,21 @@
+"""Runtime model: when, how and by how much decentralized training beats All-Reduce.
+
+See :mod:`decentral_jax.runtime_model.core` for the model, ``paper`` for the
+Figure 6 reproduction, ``calibrate`` for measuring a config on this machine and
+``python -m decentral_jax.runtime_model --help`` for the command line.
+"""
+
+from decentral_jax.runtime_model.core import Cluster
+from decentral_jax.runtime_model.core import Estimate
+from decentral_jax.runtime_model.core import Method
+from decentral_jax.runtime_model.core import RoundCost
+from decentral_jax.runtime_model.core import Workload
+from decentral_jax.runtime_model.core import all_reduce_cost
+from decentral_jax.runtime_model.core import closed_form
+from decentral_jax.runtime_model.core import expected_max_normal
+from decentral_jax.runtime_model.core import make_method
+from decentral_jax.runtime_model.core import pair_exchange_time
+from decentral_jax.runtime_model.core import ring_all_reduce_time
+from decentral_jax.runtime_model.core import round_cost
+from decentral_jax.runtime_model.core import simulate
+from decentral_jax.runtime_model.core import sgp_topology

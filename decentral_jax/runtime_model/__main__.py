@@ -1,0 +1,304 @@
+"""Command line: ``python -m decentral_jax.runtime_model {predict,fig6,calibrate}``.
+
+Examples::
+
+  # A40-like cluster (Figure 6 preset), 8/16/32 GPUs, table + bar chart:
+  python -m decentral_jax.runtime_model predict --preset A40 \\
+      --n-workers 8,16,32 --png /tmp/a40.png
+  # Your own cluster and model (units in the flag names):
+  python -m decentral_jax.runtime_model predict --n-workers 32 \\
+      --local-size 8 --intra-GBps 300 --nic-Gbps 200 --params 1.3e9 \\
+      --param-dtype bfloat16 --grad-dtype float32 --forward-ms 60 \\
+      --backward-ms 120 --compute-cv 0.05
+  # Figure 6 of the paper: measured vs predicted, and the chart:
+  python -m decentral_jax.runtime_model fig6 --png docs/figures/runtime_fig6.png
+  # Measure a config's compute and collectives here and compare:
+  python -m decentral_jax.runtime_model calibrate --config configs/gpt_tiny.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import paper
+
+DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
+
+
+def _ints(text: str) -> list[int]:
+  try:
+    return [int(t) for t in text.split(",") if t.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str) -> list[float]:
+  try:
+    return [float(t) for t in text.split(",") if t.strip()]
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected comma-separated numbers, got {text!r}") from None
+
+
+def label(method: str) -> str:
+  return paper.LABELS.get(method, method)
+
+
+def recommend(table: dict[str, tuple[float, ...]], margin: float = 0.05,
+              exclude=()) -> str:
+  """One line: the fastest method and its speedup over All-Reduce.
+
+  Args:
+    table: ``{method: (iteration_s, ...)}`` with an ``"all_reduce"`` entry.
+    margin: decentralized methods must be this much faster (relative) to be
+      recommended over All-Reduce.
+    exclude: methods not to recommend (e.g. topologies without exact
+      averaging over a period, which mix slowly).
+  """
+  best = min((m for m in table if m not in exclude or m == "all_reduce"),
+             key=lambda m: table[m][0])
+  ar = table.get("all_reduce", (float("nan"),))[0]
+  if best == "all_reduce" or ar / table[best][0] < 1 + margin:
+    return "All-Reduce (no decentralized method is >5% faster)"
+  return (f"{label(best)}: {1e3 * table[best][0]:.1f} ms/iteration, "
+          f"{ar / table[best][0]:.2f}x faster than All-Reduce")
+
+
+def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
+  """Grouped bar chart like the paper's Figure 6.
+
+  Args:
+    panels: list of ``(title, [(group_label, {method: ms}, {method: ms} or
+      None)])``; the first dict is drawn as solid bars, the optional second
+      (measured values) as hatched bars beside them.
+    path: PNG file to write.
+  """
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8),
+                           squeeze=False)
+  colors = plt.get_cmap("tab10").colors
+  for ax, (title, groups) in zip(axes[0], panels):
+    methods = list(groups[0][1])
+    both = groups[0][2] is not None
+    width = 0.8 / (len(methods) * (2 if both else 1))
+    for k, meth in enumerate(methods):
+      for g, (_, pred, meas) in enumerate(groups):
+        x0 = g + (k * (2 if both else 1)) * width - 0.4 + width / 2
+        ax.bar(x0, pred[meth], width, color=colors[k],
+               label=label(meth) + (" (model)" if both else "") if g == 0
+               else None)
+        if both:
+          ax.bar(x0 + width, meas[meth], width, color="white",
+                 edgecolor=colors[k], hatch="///",
+                 label=label(meth) + " (measured)" if g == 0 else None)
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", fontsize=8,
+             ncol=min(len(labels), 4), frameon=False)
+  fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 3) // 4) + 0.02, 1, 1))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _predict(args) -> int:
+  methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  groups = []
+  for n in args.n_workers:
+    if args.preset:
+      c, w = paper.setup(args.preset, n)
+    else:
+      c = core.Cluster(
+          n_workers=n, local_size=args.local_size,
+          intra_latency_s=args.intra_latency_us * 1e-6,
+          intra_bandwidth_Bps=args.intra_GBps * 1e9,
+          inter_latency_s=args.inter_latency_us * 1e-6,
+          nic_bandwidth_Bps=args.nic_Gbps * 1e9 / 8,
+          flow_bandwidth_Bps=args.flow_Gbps * 1e9 / 8 if args.flow_Gbps
+          else None, multi_node=args.multi_node)
+      samples = (tuple(x * 1e-3 for x in args.compute_samples_ms)
+                 if args.compute_samples_ms else None)
+      w = core.Workload(
+          param_count=args.params, forward_s=args.forward_ms * 1e-3,
+          backward_s=args.backward_ms * 1e-3,
+          optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
+          compute_samples_s=samples, grad_dtype=args.grad_dtype,
+          param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
+    table, slow_mixing = {}, []
+    for meth in methods:
+      m = core.make_method(meth, c)
+      if m.topology is not None and not m.topology.has_finite_time_consensus():
+        slow_mixing.append(meth)
+      est = core.closed_form(m, c, w)
+      sim = core.simulate(m, c, w, steps=args.steps, warmup=args.steps // 5,
+                          seed=args.seed)
+      table[meth] = (sim, est)
+    ar = table.get("all_reduce", (None,))[0]
+    print(f"n={n} workers ({c.n_nodes} nodes x {c.local_size}), "
+          f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
+          f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
+    print(f"  {'method':<22}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
+          f"{'comm ms':>9}{'var ms':>8}")
+    for meth, (sim, est) in table.items():
+      speed = f"{ar / sim:.2f}x" if ar else "-"
+      star = "*" if meth in slow_mixing else ""
+      print(f"  {label(meth) + star:<22}{1e3 * sim:9.1f}{1e3 * est.iteration_s:10.1f}"
+            f"{speed:>7}{1e3 * est.exposed_comm_s:9.1f}"
+            f"{1e3 * est.variability_s:8.1f}")
+    if slow_mixing:
+      print("  * no exact averaging within one period (slower mixing); not "
+            "recommended")
+    print("  recommendation: " + recommend(table, exclude=slow_mixing))
+    groups.append((f"{n} GPUs", {k: 1e3 * v[0] for k, v in table.items()},
+                   None))
+  if args.png:
+    bar_chart([(args.preset or "predicted", groups)], args.png)
+    print(f"wrote {args.png}")
+  return 0
+
+
+def _fig6(args) -> int:
+  params = None
+  if args.refit:
+    t4 = paper.fit_fig6("T4")
+    params = {"T4": t4, "A40": paper.fit_fig6("A40", t4["compute_cv"])}
+    for name, p in params.items():
+      print(f"fitted {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()))
+  table = paper.rows(params)
+  print(f"{'cluster':<8}{'GPUs':>5}  {'method':<14}{'measured':>9}{'sim':>8}"
+        f"{'closed':>8}{'error':>8}")
+  for r in table:
+    print(f"{r['cluster']:<8}{r['n']:>5}  {label(r['method']):<14}"
+          f"{r['measured_ms']:9.1f}{r['simulated_ms']:8.1f}"
+          f"{r['closed_form_ms']:8.1f}{100 * r['error']:+7.1f}%")
+  bad = paper.failures(table)
+  print("acceptance (All-Reduce, Exp, AER within 20%, ordering): " +
+        ("PASS" if not bad else "FAIL\n  " + "\n  ".join(bad)))
+  if args.png:
+    panels = []
+    for name, spec in paper.FIG6_MS.items():
+      groups = []
+      for n in spec["n"]:
+        sel = [r for r in table if r["cluster"] == name and r["n"] == n]
+        groups.append((f"{n} GPUs", {r["method"]: r["simulated_ms"] for r in sel},
+                       {r["method"]: r["measured_ms"] for r in sel}))
+      panels.append((f"{name} cluster ({paper.PUBLISHED[name]['local_size']}"
+                     " GPUs/node)", groups))
+    bar_chart(panels, args.png)
+    print(f"wrote {args.png}")
+  return 1 if bad else 0
+
+
+def _calibrate(args) -> int:
+  from decentral_jax.runtime_model import calibrate  # pylint: disable=import-outside-toplevel
+  report = calibrate.calibrate(args.config, overrides=args.set,
+                               steps=args.steps, repeats=args.repeats)
+  print(calibrate.format_report(report))
+  return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The argument parser (all units are in the flag names)."""
+  p = argparse.ArgumentParser(
+      prog="python -m decentral_jax.runtime_model",
+      description="Runtime model of decentralized vs All-Reduce training "
+      "(Wang et al., ICLR 2025, Sec. 4): predicted ms/iteration per method "
+      "and topology, speedup over All-Reduce and a recommendation.",
+      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  sub = p.add_subparsers(dest="command", required=True)
+  q = sub.add_parser("predict", help="predict ms/iteration for a cluster "
+                     "and model")
+  q.add_argument("--n-workers", type=_ints, default=[16],
+                 help="comma-separated worker counts n (default 16)")
+  q.add_argument("--methods", default=DEFAULT_METHODS,
+                 help="comma-separated: all_reduce, sgp or topology names "
+                 f"(complete, ring, one_peer_exp, aer, ...); default "
+                 f"{DEFAULT_METHODS}")
+  q.add_argument("--preset", choices=sorted(paper.PUBLISHED),
+                 help="use Figure 6's cluster, model and fitted compute "
+                 "(ignores the cluster and workload flags)")
+  g = q.add_argument_group("cluster")
+  g.add_argument("--local-size", type=int, default=8,
+                 help="workers per node L (default 8)")
+  g.add_argument("--intra-GBps", type=float, default=15.75,
+                 help="intra-node bandwidth per worker and direction, GB/s "
+                 "(default 15.75, PCIe 3.0 x16)")
+  g.add_argument("--intra-latency-us", type=float, default=5.0,
+                 help="intra-node latency per message, microseconds")
+  g.add_argument("--nic-Gbps", type=float, default=100.0,
+                 help="NIC bandwidth per node and direction, Gbit/s, shared "
+                 "by the node's workers (default 100)")
+  g.add_argument("--flow-Gbps", type=float, default=0.0,
+                 help="cap on one inter-node connection, Gbit/s (0: none)")
+  g.add_argument("--inter-latency-us", type=float, default=10.0,
+                 help="inter-node latency per message, microseconds")
+  g.add_argument("--multi-node", choices=core.MULTI_NODE_ALGORITHMS,
+                 default="tree", help="algorithm of multi-node group means")
+  g = q.add_argument_group("workload")
+  g.add_argument("--params", type=float, default=65e6,
+                 help="parameter count (default 65e6)")
+  g.add_argument("--grad-dtype", default="float32",
+                 help="dtype of All-Reduced gradients")
+  g.add_argument("--param-dtype", default="float32",
+                 help="dtype of gossiped parameters")
+  g.add_argument("--forward-ms", type=float, default=30.0,
+                 help="mean forward time per iteration, ms")
+  g.add_argument("--backward-ms", type=float, default=60.0,
+                 help="mean backward time per iteration, ms")
+  g.add_argument("--optimizer-ms", type=float, default=0.0,
+                 help="optimizer step time, ms")
+  g.add_argument("--compute-cv", type=float, default=0.0,
+                 help="coefficient of variation of forward+backward")
+  g.add_argument("--compute-samples-ms", type=_floats, default=None,
+                 help="comma-separated samples of forward+backward, ms "
+                 "(replace the mean and CV)")
+  g.add_argument("--bucket-MiB", type=float, default=25.0,
+                 help="bucket size, MiB (default 25)")
+  g = q.add_argument_group("simulation")
+  g.add_argument("--steps", type=int, default=300,
+                 help="simulated iterations (the first fifth is warm-up)")
+  g.add_argument("--seed", type=int, default=0, help="seed of compute draws")
+  q.add_argument("--png", help="write a grouped bar chart to this PNG")
+  q.set_defaults(run=_predict)
+  f = sub.add_parser("fig6", help="reproduce the paper's Figure 6")
+  f.add_argument("--refit", action="store_true",
+                 help="re-run the 3-parameter fits instead of the stored "
+                 "constants")
+  f.add_argument("--png", help="write the Figure 6 style chart to this PNG")
+  f.set_defaults(run=_fig6)
+  c = sub.add_parser("calibrate", help="measure a config's compute and "
+                     "collectives on this machine; compare with train steps")
+  c.add_argument("--config", required=True,
+                 help="config file with get_config(), e.g. configs/gpt_tiny.py")
+  c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config field (repeatable), e.g. "
+                 "--set n_workers=8")
+  c.add_argument("--steps", type=int, default=12,
+                 help="timed steps per measurement (default 12)")
+  c.add_argument("--repeats", type=int, default=5,
+                 help="timed repeats of each collective (default 5)")
+  c.set_defaults(run=_calibrate)
+  return p
+
+
+def main(argv=None) -> int:
+  args = build_parser().parse_args(argv)
+  if getattr(args, "steps", 2) < 2:
+    print("error: --steps must be >= 2", file=sys.stderr)
+    return 2
+  try:
+    return args.run(args)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

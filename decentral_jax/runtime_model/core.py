@@ -1,0 +1,715 @@
+"""Alpha-beta collective costs, closed forms and a max-plus simulator.
+
+The model predicts the mean per-iteration time (seconds) of data-parallel
+training with All-Reduce of gradients (PyTorch-DDP style: bucketed, overlapped
+with the backward only) and with decentralized gossip of parameters
+(Decent-DP style: per-bucket, overlapped with the whole next forward and
+backward), from three factors (Wang et al. 2025, Sec. 4 / App. A.5):
+
+1. overlap: gossip hides behind forward + backward, All-Reduce only behind the
+   rest of the backward;
+2. heterogeneous links: fast intra-node links, one slow NIC per node shared by
+   every flow that leaves the node in the same round;
+3. compute variability: All-Reduce waits for the slowest of n workers every
+   step, gossip only for the members of the current group.
+
+Units everywhere: seconds (``_s``), bytes, bytes per second (``_Bps``).
+
+References:
+  Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
+  High-performance Decentralized Training <https://arxiv.org/abs/2410.11998>`_,
+  ICLR 2025. Thakur, Rabenseifner, Gropp, `Optimization of Collective
+  Communication Operations in MPICH`, IJHPCA 2005 (alpha-beta ring costs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
+import numpy as np
+from scipy import special
+
+from decentral_jax import topology as topology_lib
+
+MULTI_NODE_ALGORITHMS = ("ring", "tree")
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+  ok = value >= 0 if allow_zero else value > 0
+  if not isinstance(value, (int, float, np.integer, np.floating)) or \
+      not math.isfinite(value) or not ok:
+    bound = ">= 0" if allow_zero else "> 0"
+    raise ValueError(f"{name} must be a finite number {bound}, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """Hardware of a data-parallel job (one worker per accelerator).
+
+  Attributes:
+    n_workers: number of workers ``n``.
+    local_size: workers per node ``L`` (divides ``n``); workers
+      ``v*L .. v*L+L-1`` share node ``v``.
+    intra_latency_s: per-message latency of an intra-node hop (seconds).
+    intra_bandwidth_Bps: per-worker, per-direction intra-node bandwidth
+      (bytes/s), e.g. PCIe Gen3 x16 = 15.75e9.
+    inter_latency_s: per-message latency of an inter-node hop (seconds).
+    nic_bandwidth_Bps: per-node, per-direction NIC bandwidth (bytes/s),
+      shared by all flows that leave (enter) the node at the same time.
+    flow_bandwidth_Bps: optional cap on one inter-node flow (one connection
+      of one collective, bytes/s); ``None`` means the NIC rate.
+    multi_node: how a group mean over several whole nodes runs: ``"ring"``
+      (flat ring over all ranks, each node's NIC carries ``2(p-1)/p M`` per
+      direction) or ``"tree"`` (two levels, like NCCL's tree: reduce in the
+      node, one flow per node carries ``2(q-1)/q M`` across ``q`` nodes,
+      broadcast in the node; stages pipelined, so the slower one sets the
+      time).
+  """
+
+  n_workers: int
+  local_size: int = 1
+  intra_latency_s: float = 5e-6
+  intra_bandwidth_Bps: float = 15.75e9
+  inter_latency_s: float = 10e-6
+  nic_bandwidth_Bps: float = 12.5e9
+  flow_bandwidth_Bps: float | None = None
+  multi_node: str = "ring"
+
+  def __post_init__(self):
+    n, big_l = self.n_workers, self.local_size
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+      raise ValueError(f"n_workers must be a positive integer, got {n!r}.")
+    if not isinstance(big_l, (int, np.integer)) or big_l < 1 or n % big_l:
+      raise ValueError(f"local_size={big_l!r} must be a positive integer "
+                       f"dividing n_workers={n} (workers per node).")
+    for name in ("intra_latency_s", "inter_latency_s"):
+      _positive(name, getattr(self, name), allow_zero=True)
+    for name in ("intra_bandwidth_Bps", "nic_bandwidth_Bps"):
+      _positive(name, getattr(self, name))
+    if self.flow_bandwidth_Bps is not None:
+      _positive("flow_bandwidth_Bps", self.flow_bandwidth_Bps)
+    if self.multi_node not in MULTI_NODE_ALGORITHMS:
+      raise ValueError(f"multi_node must be one of {MULTI_NODE_ALGORITHMS}, "
+                       f"got {self.multi_node!r}.")
+
+  @property
+  def n_nodes(self) -> int:
+    return self.n_workers // self.local_size
+
+  def inter_flow_Bps(self, sharing: int) -> float:
+    """Bandwidth (bytes/s) of one inter-node flow when ``sharing`` flows use the NIC."""
+    flow = self.flow_bandwidth_Bps or self.nic_bandwidth_Bps
+    return min(flow, self.nic_bandwidth_Bps / max(1, sharing))
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """Model size and per-worker compute time of one training iteration.
+
+  Attributes:
+    param_count: number of parameters (the message is ``param_count`` times
+      the dtype size: gradients for All-Reduce, parameters for gossip).
+    forward_s: mean forward time per iteration and worker (seconds).
+    backward_s: mean backward time (seconds).
+    optimizer_s: optimizer step time (seconds), spread over buckets.
+    compute_cv: coefficient of variation of forward + backward (Gaussian,
+      independent per worker and step; truncated at 5% of the mean).
+    compute_samples_s: optional samples of forward + backward time (seconds);
+      when given they replace ``forward_s + backward_s`` and ``compute_cv``,
+      and ``forward_s : backward_s`` only sets the split.
+    grad_dtype: dtype of communicated gradients (numpy name, e.g. "float32").
+    param_dtype: dtype of communicated parameters.
+    bucket_bytes: bucket capacity (bytes) used when ``bucket_shares`` is None;
+      25 MiB is the PyTorch DDP and Decent-DP default.
+    bucket_shares: optional fraction of the message in each bucket, in the
+      order buckets become ready (sums to 1).
+    bucket_ready: optional fraction of the backward after which each bucket
+      is ready (non-decreasing, last = 1); default: cumulative shares.
+  """
+
+  param_count: float
+  forward_s: float
+  backward_s: float
+  optimizer_s: float = 0.0
+  compute_cv: float = 0.0
+  compute_samples_s: tuple[float, ...] | None = None
+  grad_dtype: str = "float32"
+  param_dtype: str = "float32"
+  bucket_bytes: float = 25 * 2**20
+  bucket_shares: tuple[float, ...] | None = None
+  bucket_ready: tuple[float, ...] | None = None
+
+  def __post_init__(self):
+    _positive("param_count", self.param_count, allow_zero=True)
+    _positive("forward_s", self.forward_s, allow_zero=True)
+    _positive("backward_s", self.backward_s, allow_zero=True)
+    _positive("optimizer_s", self.optimizer_s, allow_zero=True)
+    _positive("compute_cv", self.compute_cv, allow_zero=True)
+    _positive("bucket_bytes", self.bucket_bytes)
+    for name in ("grad_dtype", "param_dtype"):
+      try:
+        np.dtype(getattr(self, name))
+      except TypeError:
+        raise ValueError(f"{name}={getattr(self, name)!r} is not a dtype "
+                         "name; use e.g. 'float32' or 'bfloat16'.") from None
+    if self.compute_samples_s is not None:
+      s = np.asarray(self.compute_samples_s, float)
+      if s.ndim != 1 or s.size < 2 or np.any(~np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("compute_samples_s must be >= 2 finite non-negative "
+                         "times in seconds.")
+    if self.bucket_shares is not None:
+      sh = np.asarray(self.bucket_shares, float)
+      if sh.ndim != 1 or sh.size < 1 or np.any(sh <= 0) or \
+          abs(sh.sum() - 1) > 1e-6:
+        raise ValueError("bucket_shares must be positive fractions summing to 1.")
+    if self.bucket_ready is not None:
+      rd = np.asarray(self.bucket_ready, float)
+      n_b = len(self.bucket_shares) if self.bucket_shares else rd.size
+      if rd.size != n_b or np.any(np.diff(rd) < 0) or rd[0] < 0 or \
+          abs(rd[-1] - 1) > 1e-9:
+        raise ValueError("bucket_ready must be non-decreasing fractions of the "
+                         "backward in [0, 1], one per bucket, ending at 1.")
+
+  @property
+  def grad_bytes(self) -> float:
+    return float(self.param_count) * np.dtype(self.grad_dtype).itemsize
+
+  @property
+  def param_bytes(self) -> float:
+    return float(self.param_count) * np.dtype(self.param_dtype).itemsize
+
+  @property
+  def compute_mean_s(self) -> float:
+    """Mean forward + backward time (seconds)."""
+    if self.compute_samples_s is not None:
+      return float(np.mean(self.compute_samples_s))
+    return self.forward_s + self.backward_s
+
+  @property
+  def compute_std_s(self) -> float:
+    """Standard deviation of forward + backward (seconds)."""
+    if self.compute_samples_s is not None:
+      return float(np.std(self.compute_samples_s))
+    return self.compute_cv * self.compute_mean_s
+
+  def buckets(self, message_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket sizes (bytes, float64 [nb]) and ready fractions (float64 [nb])."""
+    if self.bucket_shares is not None:
+      shares = np.asarray(self.bucket_shares, float)
+    else:
+      nb = max(1, math.ceil(message_bytes / self.bucket_bytes))
+      shares = np.full(nb, 1.0 / nb)
+    ready = (np.asarray(self.bucket_ready, float) if self.bucket_ready
+             is not None else np.cumsum(shares))
+    ready[-1] = 1.0
+    return shares * message_bytes, ready
+
+  def compute_factors(self, steps: int, n: int, seed: int) -> np.ndarray:
+    """Per-step, per-worker multipliers of the mean compute, float64 [steps, n]."""
+    rng = np.random.default_rng(seed)
+    if self.compute_samples_s is not None:
+      s = np.asarray(self.compute_samples_s, float)
+      return rng.choice(s, size=(steps, n)) / s.mean()
+    z = rng.standard_normal((steps, n))
+    return np.maximum(1.0 + self.compute_cv * z, 0.05)
+
+  def expected_max_excess(self, m: int) -> float:
+    """``E[max of m compute draws] - mean`` (seconds) for one iteration."""
+    if m <= 1:
+      return 0.0
+    if self.compute_samples_s is not None:
+      x = np.sort(np.asarray(self.compute_samples_s, float))
+      j = np.arange(1, x.size + 1) / x.size
+      w = j**m - (j - 1.0 / x.size)**m
+      return float(np.sum(w * x) - x.mean())
+    return self.compute_cv * self.compute_mean_s * expected_max_normal(m)
+
+
+def expected_max_normal(m: int) -> float:
+  """``E[max(Z_1..Z_m)]`` for i.i.d. standard normals (numerical integral)."""
+  if m <= 1:
+    return 0.0
+  x = np.linspace(-9.0, 9.0, 8001)
+  cdf = special.ndtr(x)
+  pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+  return float(np.trapezoid(x * m * pdf * cdf**(m - 1), x))
+
+
+# ---------------------------------------------------------------------------
+# Collective costs (alpha-beta). Each returns seconds.
+# ---------------------------------------------------------------------------
+
+
+def ring_all_reduce_time(p: int, nbytes: float, latency_s: float,
+                         bandwidth_Bps: float) -> float:
+  """Ring all-reduce over ``p`` ranks: ``2(p-1) a + 2(p-1)/p * M / b``.
+
+  Args:
+    p: ranks in the ring.
+    nbytes: message size M (bytes) held by every rank.
+    latency_s: per-step latency a (seconds) of the slowest hop.
+    bandwidth_Bps: per-direction bandwidth b (bytes/s) of the slowest hop.
+
+  Returns:
+    Seconds; 0.0 for ``p <= 1``.
+  """
+  if p <= 1:
+    return 0.0
+  return 2 * (p - 1) * latency_s + 2 * (p - 1) / p * nbytes / bandwidth_Bps
+
+
+def pair_exchange_time(nbytes: float, latency_s: float,
+                       bandwidth_Bps: float) -> float:
+  """Two ranks swap M bytes at once (full duplex): ``a + M / b`` seconds."""
+  return latency_s + nbytes / bandwidth_Bps
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCost:
+  """Per-worker cost of one collective round: ``latency_s + bytes * s_per_byte``.
+
+  Attributes:
+    latency_s: float64 [n], seconds paid per message (per bucket).
+    s_per_byte: float64 [n], seconds per byte of the full message.
+    members: int [n, m], workers whose data worker ``i`` waits for (padded
+      with ``i``).
+    crosses: bool [n], whether worker ``i``'s traffic uses its node's NIC.
+  """
+
+  latency_s: np.ndarray
+  s_per_byte: np.ndarray
+  members: np.ndarray
+  crosses: np.ndarray
+
+  def time(self, nbytes: float, n_messages: int = 1) -> np.ndarray:
+    """Seconds per worker to move ``nbytes`` in ``n_messages`` messages."""
+    return n_messages * self.latency_s + nbytes * self.s_per_byte
+
+
+def _members(matrix: np.ndarray) -> np.ndarray:
+  n = matrix.shape[0]
+  rows = [sorted(set(np.flatnonzero(matrix[i] > 0).tolist()) | {i})
+          for i in range(n)]
+  width = max(len(r) for r in rows)
+  return np.array([r + [i] * (width - len(r)) for i, r in enumerate(rows)])
+
+
+def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
+  """(latency, seconds/byte) of an all-reduce (group mean) over ``group``."""
+  p = len(group)
+  nodes = {w // c.local_size for w in group}
+  if p == 1:
+    return 0.0, 0.0
+  if len(nodes) == 1:
+    if p == 2:
+      return c.intra_latency_s, 1.0 / c.intra_bandwidth_Bps
+    return 2 * (p - 1) * c.intra_latency_s, 2 * (p - 1) / p / c.intra_bandwidth_Bps
+  q = len(nodes)
+  if p == 2:
+    return c.inter_latency_s, 1.0 / c.inter_flow_Bps(sharing)
+  per_node = p // q
+  if c.multi_node == "tree" and per_node * q == p and per_node > 1:
+    lat = 2 * (per_node - 1) * c.intra_latency_s + 2 * (q - 1) * c.inter_latency_s
+    spb = max(2 * (per_node - 1) / per_node / c.intra_bandwidth_Bps,
+              2 * (q - 1) / q / c.inter_flow_Bps(sharing))
+    return lat, spb
+  bw = min(c.intra_bandwidth_Bps, c.inter_flow_Bps(sharing))
+  return 2 * (p - 1) * c.inter_latency_s, 2 * (p - 1) / p / bw
+
+
+def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
+  """Cost of a round of simultaneous group means (a partition of workers).
+
+  Every group that spans several nodes puts one flow per direction on the NIC
+  of each node it touches; flows of one round share the NIC
+  (:meth:`Cluster.inter_flow_Bps`). One-node groups use the intra link.
+
+  Returns:
+    A :class:`RoundCost` over ``c.n_workers`` workers.
+  """
+  n, big_l = c.n_workers, c.local_size
+  flows = np.zeros(c.n_nodes, int)
+  for g in groups:
+    nodes = {w // big_l for w in g}
+    if len(nodes) > 1:
+      flows[list(nodes)] += 1
+  lat, spb = np.zeros(n), np.zeros(n)
+  crosses = np.zeros(n, bool)
+  matrix = np.zeros((n, n))
+  for g in groups:
+    g = list(g)
+    sharing = int(max(flows[w // big_l] for w in g))
+    lat[g], spb[g] = _group_cost(c, g, sharing)
+    crosses[g] = len({w // big_l for w in g}) > 1
+    matrix[np.ix_(g, g)] = 1.0
+  return RoundCost(lat, spb, _members(matrix), crosses)
+
+
+def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
+  """Cost of a round realised as sequential point-to-point ``ppermute`` terms.
+
+  In each term, every worker sends one full message and receives one; flows
+  leaving (entering) the same node share its NIC. A worker's round time is
+  the sum over terms of its slower direction.
+  """
+  n, big_l = c.n_workers, c.local_size
+  lat, spb = np.zeros(n), np.zeros(n)
+  crosses = np.zeros(n, bool)
+  for term in rnd.terms:
+    out_f = np.zeros(c.n_nodes, int)
+    in_f = np.zeros(c.n_nodes, int)
+    for s, d in term.perm:
+      if s // big_l != d // big_l:
+        out_f[s // big_l] += 1
+        in_f[d // big_l] += 1
+    t_lat, t_spb = np.zeros(n), np.zeros(n)
+    for s, d in term.perm:
+      if s // big_l == d // big_l:
+        a, b = c.intra_latency_s, 1.0 / c.intra_bandwidth_Bps
+      else:
+        share = max(out_f[s // big_l], in_f[d // big_l])
+        a, b = c.inter_latency_s, 1.0 / c.inter_flow_Bps(share)
+        crosses[[s, d]] = True
+      for w in (s, d):
+        t_lat[w], t_spb[w] = max(t_lat[w], a), max(t_spb[w], b)
+    lat, spb = lat + t_lat, spb + t_spb
+  return RoundCost(lat, spb, _members(rnd.matrix), crosses)
+
+
+def round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
+  """Cost of one topology round: group means if it is a partition, else ppermutes."""
+  if rnd.n_workers != c.n_workers:
+    raise ValueError(f"topology has {rnd.n_workers} workers but the cluster "
+                     f"has n_workers={c.n_workers}; build both for the same n.")
+  if rnd.groups is not None:
+    return group_round_cost(c, rnd.groups)
+  return permute_round_cost(c, rnd)
+
+
+def all_reduce_cost(c: Cluster) -> RoundCost:
+  """Cost of one All-Reduce over all ``n`` workers (one group, ring/hierarchical)."""
+  return group_round_cost(c, [tuple(range(c.n_workers))])
+
+
+# ---------------------------------------------------------------------------
+# Methods.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Method:
+  """A training method to cost.
+
+  Attributes:
+    name: label used in tables ("all_reduce", "sgp", or the topology name).
+    kind: "all_reduce" (All-Reduce of gradients, bucketed; the PyTorch DDP
+      schedule) or "gossip" (mixing of parameters over ``topology``; the
+      Decent-DP schedule).
+    topology: the gossip topology (``None`` for all_reduce).
+    overlap: True: communication overlaps compute (All-Reduce: bucket by
+      bucket with the rest of the backward; gossip: with the next forward and
+      backward). False: it runs after the step and is waited for (e.g. SGP,
+      Assran et al. 2019, or a runtime without async collectives).
+    measured_s: optional measured seconds, overriding the formulas: for
+      all_reduce one value (the whole gradient), for gossip one per round
+      (the whole parameter message).
+  """
+
+  name: str
+  kind: str
+  topology: topology_lib.Topology | None = None
+  overlap: bool = True
+  measured_s: tuple[float, ...] | None = None
+
+  def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
+    """One :class:`RoundCost` per topology round (measured times if given)."""
+    rounds = [round_cost(c, r) for r in self.topology.rounds]
+    if self.measured_s is not None:
+      if len(self.measured_s) != len(rounds):
+        raise ValueError(f"measured_s has {len(self.measured_s)} entries, "
+                         f"topology {self.name!r} has {len(rounds)} rounds.")
+      rounds = [RoundCost(np.zeros(c.n_workers),
+                          np.full(c.n_workers, t / max(w.param_bytes, 1.0)),
+                          r.members, r.crosses)
+                for t, r in zip(self.measured_s, rounds)]
+    return rounds
+
+
+def sgp_topology(n: int, local_size: int = 1) -> topology_lib.Topology:
+  """Directed one-peer exponential graph: round k receives from ``i - 2^k``."""
+  if n == 1:
+    return topology_lib.make("complete", 1)
+  rounds = []
+  for k in range(max(1, (n - 1).bit_length())):
+    perm = [(i - (1 << k)) % n for i in range(n)]
+    rounds.append([(list(range(n)), 0.5), (perm, 0.5)])
+  topo = topology_lib.from_permutations(rounds, name="sgp")
+  return topology_lib.Topology("sgp", topo.rounds, local_size)
+
+
+def make_method(spec, c: Cluster) -> Method:
+  """A :class:`Method` from a name, a ``Topology`` or a ``Method``.
+
+  Args:
+    spec: "all_reduce", "sgp" (non-overlapped gossip on :func:`sgp_topology`),
+      a topology name accepted by :func:`decentral_jax.topology.make` (e.g.
+      "one_peer_exp", "aer"; overlapped gossip), a ``Topology`` or a
+      ``Method`` (returned as is after a size check).
+    c: the cluster; topologies are built for ``c.n_workers``, ``c.local_size``.
+
+  Raises:
+    ValueError: unknown name, or a topology built for another ``n``.
+  """
+  if isinstance(spec, Method):
+    topo = spec.topology
+  elif isinstance(spec, topology_lib.Topology):
+    topo, spec = spec, Method(spec.name, "gossip", spec)
+  else:
+    key = str(spec).strip().lower().replace("-", "_")
+    if key in ("all_reduce", "allreduce", "ar"):
+      return Method("all_reduce", "all_reduce")
+    if key == "sgp":
+      return Method("sgp", "gossip", sgp_topology(c.n_workers, c.local_size),
+                    overlap=False)
+    topo = topology_lib.make(key, c.n_workers, c.local_size)
+    spec = Method(topology_lib.canonical_name(key), "gossip", topo)
+  if spec.kind not in ("all_reduce", "gossip"):
+    raise ValueError(f"Method.kind must be 'all_reduce' or 'gossip', got "
+                     f"{spec.kind!r}.")
+  if topo is not None and topo.n_workers != c.n_workers:
+    raise ValueError(f"topology {topo.name!r} has n_workers={topo.n_workers}"
+                     f" but the cluster has n_workers={c.n_workers}; build "
+                     "both for the same n.")
+  if spec.kind == "gossip" and topo is None:
+    raise ValueError("a gossip Method needs a topology.")
+  return spec
+
+
+# ---------------------------------------------------------------------------
+# Estimators.
+# ---------------------------------------------------------------------------
+
+
+def _split(w: Workload) -> tuple[float, float]:
+  """Mean forward and backward seconds (samples rescale the pair)."""
+  total = w.forward_s + w.backward_s
+  mean = w.compute_mean_s
+  if total <= 0:
+    return 0.0, mean
+  return mean * w.forward_s / total, mean * w.backward_s / total
+
+
+def _all_reduce_taus(m: Method, c: Cluster, w: Workload):
+  """Per-bucket All-Reduce seconds [nb] and ready fractions [nb]."""
+  sizes, ready = w.buckets(w.grad_bytes)
+  if m.measured_s is not None:
+    taus = m.measured_s[0] * sizes / max(sizes.sum(), 1.0)
+  else:
+    rc = all_reduce_cost(c)
+    taus = rc.latency_s[0] + sizes * rc.s_per_byte[0]
+  if not m.overlap:
+    return np.array([taus.sum()]), np.array([1.0])
+  return taus, ready
+
+
+def _all_reduce_iteration(fwd, bwd, opt_s, taus, ready) -> np.ndarray:
+  """DDP iteration time(s): buckets reduce in order once all workers have them.
+
+  ``fwd``, ``bwd``: float arrays [..., n] (seconds); returns [...] seconds:
+  ``e_b = max(e_{b-1}, max_i(F_i + ready_b B_i)) + tau_b``,
+  ``T = max(e_nb, max_i(F_i + B_i)) + O``.
+  """
+  arrive = (fwd[..., None] + bwd[..., None] * ready).max(axis=-2)
+  d = np.cumsum(taus)
+  e_last = (arrive - (d - taus)).max(axis=-1) + d[-1]
+  return np.maximum(e_last, (fwd + bwd).max(axis=-1)) + opt_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """Predicted mean per-iteration time and its parts (all seconds).
+
+  Attributes:
+    method: method label.
+    iteration_s: predicted mean seconds per iteration.
+    compute_s: mean forward + backward + optimizer seconds.
+    exposed_comm_s: deterministic iteration time minus ``compute_s``
+      (communication not hidden by overlap; factors 1 and 2).
+    variability_s: ``iteration_s`` minus the deterministic time (factor 3).
+  """
+
+  method: str
+  iteration_s: float
+  compute_s: float
+  exposed_comm_s: float
+  variability_s: float
+
+
+@functools.lru_cache(maxsize=4096)
+def coupling_excess(m: int, slack_sigmas: float) -> float:
+  """``E[(max(Z_1..Z_{m-1}) - Z_0 - s)^+]`` for i.i.d. standard normals.
+
+  The expected wait (in units of the compute standard deviation) of a worker
+  for the slowest of the ``m - 1`` other members of its group when its
+  communication has ``s`` standard deviations of slack. ``m = n``, ``s = 0``
+  is All-Reduce's barrier minus the worker's own time.
+  """
+  if m <= 1:
+    return 0.0
+  s = max(0.0, round(float(slack_sigmas), 3))
+  x = np.linspace(-8.0, 8.0, 321)
+  pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+  y = np.linspace(s, s + 12.0, 241)
+  cdf_y = np.trapezoid(pdf * special.ndtr(x[None, :] + y[:, None])**(m - 1),
+                       x, axis=1)
+  return float(np.trapezoid(1.0 - cdf_y, y))
+
+
+def closed_form(method, c: Cluster, w: Workload) -> Estimate:
+  """Closed-form per-iteration time of ``method`` (no simulation).
+
+  * All-Reduce: the DDP bucket pipeline (``_all_reduce_iteration``) with
+    forward and backward inflated by ``E[max of n] - mean`` of the compute
+    distribution (``sigma E[max of n N(0,1)]``, about ``sigma sqrt(2 ln n)``).
+  * Gossip: per worker, ``mean_r [max(C, tau_r - slack_r) + d_r + O]`` over
+    the period, the slowest worker setting the pace. ``tau_r`` is the
+    worker's round time for the full parameter message (one latency per
+    bucket); ``slack_r = (1 - ready_1) B`` is the part of the backward the
+    bucket pipeline adds to the window when the previous round left the
+    worker's stream and NIC free (0 otherwise); ``d_r = sigma *
+    coupling_excess(|G|, |C - tau_eff| / sigma)`` is the expected wait caused
+    by the slowest group member once the gap between compute and
+    communication is used up. Exact for one bucket and no variance; with
+    buckets and variance an approximation of :func:`simulate`.
+  * Gossip without overlap (SGP): ``mean_r [C + O + tau_r + sigma *
+    coupling_excess(|G|, 0)]``.
+
+  Returns:
+    An :class:`Estimate`.
+  """
+  m = make_method(method, c)
+  fwd, bwd = _split(w)
+  comp = fwd + bwd
+  base = comp + w.optimizer_s
+  sigma = w.compute_std_s
+  if m.kind == "all_reduce":
+    taus, ready = _all_reduce_taus(m, c, w)
+    det = float(_all_reduce_iteration(np.array([fwd]), np.array([bwd]),
+                                      w.optimizer_s, taus, ready))
+    scale = 1.0 + w.expected_max_excess(c.n_workers) / max(comp, 1e-300)
+    tot = float(_all_reduce_iteration(np.array([fwd * scale]),
+                                      np.array([bwd * scale]),
+                                      w.optimizer_s, taus, ready))
+    return Estimate(m.name, tot, base, det - base, tot - det)
+  costs = m.round_costs(c, w)
+  sizes, ready = w.buckets(w.param_bytes)
+  rid = m.topology.round_to_distinct
+  det = np.zeros(c.n_workers)
+  tot = np.zeros(c.n_workers)
+  for r, rc in enumerate(costs):
+    size = np.array([len(set(row)) for row in rc.members.tolist()])
+    if not m.overlap:
+      tau = rc.time(w.param_bytes)
+      d = np.array([sigma * coupling_excess(int(s), 0.0) for s in size])
+      det += base + tau
+      tot += base + tau + d
+      continue
+    prev = costs[r - 1]
+    busy = (prev.crosses & rc.crosses) | (rid[r - 1] == rid[r])
+    slack = np.where(busy, 0.0, (1.0 - ready[0]) * bwd)
+    tau = np.maximum(rc.time(w.param_bytes, len(sizes)) - slack, 0.0)
+    hidden = np.abs(comp - tau) / max(sigma, 1e-300)
+    d = np.array([sigma * coupling_excess(int(s), h) if sigma > 0 else 0.0
+                  for s, h in zip(size, hidden)])
+    det += np.maximum(comp, tau) + w.optimizer_s
+    tot += np.maximum(comp, tau) + d + w.optimizer_s
+  det_s, tot_s = det.max() / len(costs), tot.max() / len(costs)
+  return Estimate(m.name, float(tot_s), base, float(det_s - base),
+                  float(tot_s - det_s))
+
+
+def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
+             warmup: int = 60, seed: int = 0) -> float:
+  """Mean per-iteration time (seconds) from a max-plus simulation.
+
+  Per worker and step, forward and backward are drawn from the workload's
+  distribution (same draws for every method with the same seed). Recursions:
+
+  * All-Reduce: global barrier each step; see ``_all_reduce_iteration``.
+  * Gossip (Decent-DP): for bucket b of worker i in step k, gradients are
+    ready at ``t + B_i dphi_b``; the worker waits for the bucket's gossip
+    launched in step k-1, mixes and updates (``o_b``) and posts the bucket for
+    the next round; that collective starts when every member of its group has
+    posted and the previous bucket on the same stream is done, and takes the
+    round cost. Step k+1 starts when the last bucket is posted.
+  * SGP: post after the step, next step after receiving the peer's message.
+
+  Args:
+    method: anything :func:`make_method` accepts.
+    c: cluster.
+    w: workload.
+    steps: simulated iterations (> warmup).
+    warmup: iterations discarded before averaging.
+    seed: seed of the compute draws.
+
+  Returns:
+    Mean seconds per iteration over steps ``warmup .. steps``.
+
+  Raises:
+    ValueError: ``steps <= warmup`` or ``warmup < 0``.
+  """
+  if warmup < 0 or steps <= warmup:
+    raise ValueError(f"need 0 <= warmup < steps, got warmup={warmup}, "
+                     f"steps={steps}.")
+  m = make_method(method, c)
+  n = c.n_workers
+  fwd_m, bwd_m = _split(w)
+  fac = w.compute_factors(steps, n, seed)
+  fwd, bwd, opt = fwd_m * fac, bwd_m * fac, w.optimizer_s
+  if m.kind == "all_reduce":
+    taus, ready = _all_reduce_taus(m, c, w)
+    return float(_all_reduce_iteration(fwd, bwd, opt, taus, ready)[warmup:].mean())
+  costs = m.round_costs(c, w)
+  period = len(costs)
+  sizes, ready = w.buckets(w.param_bytes)
+  s = np.zeros(n)
+  marks = {}
+  if not m.overlap:
+    taus = [rc.time(w.param_bytes) for rc in costs]
+    for k in range(steps):
+      if k == warmup:
+        marks["start"] = s.copy()
+      post = s + fwd[k] + bwd[k] + opt
+      rc = costs[(k + 1) % period]
+      s = post[rc.members].max(axis=1) + taus[(k + 1) % period]
+    return float(np.mean(s - marks["start"]) / (steps - warmup))
+  d_ready = np.diff(ready, prepend=0.0)
+  opt_b = opt * sizes / max(sizes.sum(), 1e-300)
+  taus = [rc.latency_s[:, None] + rc.s_per_byte[:, None] * sizes for rc in costs]
+  cums = [np.cumsum(t, axis=1) for t in taus]
+  rid = m.topology.round_to_distinct
+  wait = np.full((n, len(sizes)), -np.inf)
+  tail = np.full(n, -np.inf)
+  nic_free = np.full(n, -np.inf)
+  for k in range(steps):
+    if k == warmup:
+      marks["start"] = s.copy()
+    cum = np.cumsum(bwd[k][:, None] * d_ready + opt_b, axis=1)
+    v = np.maximum.accumulate(wait + opt_b - cum, axis=1)
+    post = np.maximum((s + fwd[k])[:, None], v) + cum
+    s = post[:, -1]
+    r = (k + 1) % period
+    ready_all = post[costs[r].members].max(axis=1)
+    lead = ready_all - (cums[r] - taus[r])
+    if rid[r] == rid[k % period]:
+      lead[:, 0] = np.maximum(lead[:, 0], tail)
+    nic = costs[r].crosses
+    lead[:, 0] = np.where(nic, np.maximum(lead[:, 0], nic_free), lead[:, 0])
+    wait = np.maximum.accumulate(lead, axis=1) + cums[r]
+    tail = wait[:, -1]
+    nic_free = np.where(nic, tail, nic_free)
+  return float(np.mean(s - marks["start"]) / (steps - warmup))

@@ -1,0 +1,300 @@
+"""Tests of decentral_jax.runtime_model: costs, estimators, Figure 6, CLI."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from decentral_jax import topology
+from decentral_jax.runtime_model import __main__ as cli
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import paper
+
+M = 100e6  # bytes
+
+
+def _no_comm_cluster(n, local_size=1):
+  return core.Cluster(n, local_size, 0.0, 1e18, 0.0, 1e18)
+
+
+# -- alpha-beta costs ---------------------------------------------------------
+
+
+def test_ring_units_100MB_at_10GBps_over_8_workers():
+  assert core.ring_all_reduce_time(8, 100e6, 0.0, 10e9) == pytest.approx(
+      2 * 7 / 8 * 0.01, rel=1e-12)
+  assert core.ring_all_reduce_time(8, 100e6, 3e-6, 10e9) == pytest.approx(
+      0.0175 + 14 * 3e-6, rel=1e-12)
+  c = core.Cluster(8, 8, intra_latency_s=3e-6, intra_bandwidth_Bps=10e9)
+  t = core.all_reduce_cost(c).time(100e6)
+  np.testing.assert_allclose(t, 0.0175 + 14 * 3e-6, rtol=1e-12)
+  assert core.pair_exchange_time(100e6, 1e-6, 10e9) == pytest.approx(0.010001)
+
+
+def test_zero_communication_for_one_worker():
+  c = core.Cluster(1)
+  w = core.Workload(65e6, 0.01, 0.02, optimizer_s=0.003, compute_cv=0.0)
+  assert core.all_reduce_cost(c).time(M)[0] == 0.0
+  for meth in ("all_reduce", "one_peer_exp", "aer", "complete", "sgp"):
+    assert core.simulate(meth, c, w, steps=20, warmup=5) == pytest.approx(0.033)
+    est = core.closed_form(meth, c, w)
+    assert est.iteration_s == pytest.approx(0.033)
+    assert est.exposed_comm_s == pytest.approx(0.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("multi_node", ["ring", "tree"])
+@pytest.mark.parametrize("local_size", [1, 4, 8])
+def test_costs_never_decrease_with_size_or_workers(multi_node, local_size):
+  prev_n = 0.0
+  for n in (8, 16, 32, 64):
+    c = core.Cluster(n, local_size, 5e-6, 15e9, 20e-6, 3e9,
+                     multi_node=multi_node)
+    t = core.all_reduce_cost(c).time(M)[0]
+    assert t >= prev_n
+    prev_n = t
+    sizes = [core.all_reduce_cost(c).time(b)[0] for b in (1e3, 1e6, 1e8, 1e9)]
+    assert np.all(np.diff(sizes) >= 0)
+    for name in ("one_peer_exp", "aer", "ring"):
+      if name == "aer" and local_size == 1:
+        continue
+      rounds = [core.round_cost(c, r) for r in topology.make(
+          name, n, local_size).rounds]
+      per_size = [max(r.time(b).max() for r in rounds) for b in (1e3, 1e6, 1e9)]
+      assert np.all(np.diff(per_size) >= 0)
+  for p in range(1, 40):
+    assert (core.ring_all_reduce_time(p + 1, M, 1e-6, 1e10)
+            >= core.ring_all_reduce_time(p, M, 1e-6, 1e10))
+
+
+def test_simulated_time_never_decreases_with_message_size():
+  c = core.Cluster(16, 4, 5e-6, 30e9, 30e-6, 3e9)
+  for meth in ("all_reduce", "one_peer_exp", "aer", "complete", "sgp"):
+    times = [core.simulate(meth, c, core.Workload(p, 0.02, 0.04),
+                           steps=30, warmup=10) for p in (1e5, 1e7, 1e8, 5e8)]
+    assert np.all(np.diff(times) >= -1e-12), (meth, times)
+
+
+def test_round_costs_match_hand_formulas():
+  a_in, b_in, a_out, nic = 2e-6, 20e9, 30e-6, 3e9
+  c = core.Cluster(16, 4, a_in, b_in, a_out, nic, multi_node="ring")
+  exp = topology.make("one_peer_exp", 16, 4)
+  # XOR 1: on-node pairs; XOR 4: all 4 workers of a node cross its NIC.
+  np.testing.assert_allclose(core.round_cost(c, exp.rounds[0]).time(M),
+                             a_in + M / b_in)
+  np.testing.assert_allclose(core.round_cost(c, exp.rounds[2]).time(M),
+                             a_out + 4 * M / nic)
+  aer = topology.make("aer", 16, 4)
+  rc = core.round_cost(c, aer.rounds[0])  # nodes 0,1 alone; 2,3 together
+  intra = 6 * a_in + 1.5 * M / b_in
+  ring8 = 14 * a_out + 2 * 7 / 8 * M / nic
+  np.testing.assert_allclose(rc.time(M), [intra] * 8 + [ring8] * 8)
+  assert rc.crosses.tolist() == [False] * 8 + [True] * 8
+  tree = core.Cluster(16, 4, a_in, b_in, a_out, nic, multi_node="tree")
+  t = core.round_cost(tree, aer.rounds[0]).time(M)[8]
+  assert t == pytest.approx(6 * a_in + 2 * a_out
+                            + max(1.5 * M / b_in, M / nic))
+  # A per-connection cap limits a lone flow; sharing splits the NIC.
+  capped = core.Cluster(16, 4, a_in, b_in, a_out, 8e9, flow_bandwidth_Bps=3e9)
+  assert capped.inter_flow_Bps(1) == 3e9 and capped.inter_flow_Bps(4) == 2e9
+
+
+def test_measured_times_override_formulas():
+  c = core.Cluster(8, 4)
+  w = core.Workload(10e6, 0.0, 0.0, bucket_shares=(1.0,))
+  ar = core.Method("all_reduce", "all_reduce", measured_s=(0.123,))
+  assert core.simulate(ar, c, w, steps=10, warmup=2) == pytest.approx(0.123)
+  topo = topology.make("one_peer_exp", 8, 4)
+  gossip = core.Method("exp", "gossip", topo, measured_s=(0.01, 0.02, 0.09))
+  assert core.simulate(gossip, c, w, steps=30, warmup=3) == pytest.approx(0.04)
+
+
+# -- estimators ---------------------------------------------------------------
+
+
+def _reference_simulation(method, c, w, steps, warmup, seed):
+  """Plain-loop max-plus recursion, written independently of ``simulate``."""
+  n = c.n_workers
+  fwd_m, bwd_m = core._split(w)  # pylint: disable=protected-access
+  fac = w.compute_factors(steps, n, seed)
+  sizes, ready = w.buckets(w.param_bytes)
+  nb = len(sizes)
+  opt_b = [w.optimizer_s * s / sum(sizes) for s in sizes]
+  if method.kind == "all_reduce":
+    taus, rdy = core._all_reduce_taus(method, c, w)  # pylint: disable=protected-access
+    total = 0.0
+    for k in range(warmup, steps):
+      f, b = fwd_m * fac[k], bwd_m * fac[k]
+      e = 0.0
+      for j in range(len(taus)):
+        e = max(e, max(f[i] + rdy[j] * b[i] for i in range(n))) + taus[j]
+      total += max(e, max(f + b)) + w.optimizer_s
+    return total / (steps - warmup)
+  rounds = method.topology.rounds
+  costs = method.round_costs(c, w)
+  period = len(rounds)
+  s = [0.0] * n
+  wait = [[-math.inf] * nb for _ in range(n)]
+  tail = [-math.inf] * n
+  nic_free = [-math.inf] * n
+  start = None
+  for k in range(steps):
+    if k == warmup:
+      start = list(s)
+    post = [[0.0] * nb for _ in range(n)]
+    for i in range(n):
+      t = s[i] + fwd_m * fac[k, i]
+      for j in range(nb):
+        t += bwd_m * fac[k, i] * (ready[j] - (ready[j - 1] if j else 0.0))
+        t = max(t, wait[i][j]) + opt_b[j]
+        post[i][j] = t
+    s = [post[i][-1] for i in range(n)]
+    r = (k + 1) % period
+    same = (method.topology.round_to_distinct[r]
+            == method.topology.round_to_distinct[k % period])
+    new = [[0.0] * nb for _ in range(n)]
+    for i in range(n):
+      group = [j for j in range(n) if rounds[r].matrix[i, j] > 0] + [i]
+      prev = tail[i] if same else -math.inf
+      if costs[r].crosses[i]:
+        prev = max(prev, nic_free[i])
+      for j in range(nb):
+        go = max(max(post[g][j] for g in group), prev)
+        prev = go + costs[r].latency_s[i] + costs[r].s_per_byte[i] * sizes[j]
+        new[i][j] = prev
+    wait = new
+    tail = [wait[i][-1] for i in range(n)]
+    nic_free = [tail[i] if costs[r].crosses[i] else nic_free[i]
+                for i in range(n)]
+  return float(np.mean(np.subtract(s, start)) / (steps - warmup))
+
+
+@pytest.mark.parametrize("name", ["all_reduce", "one_peer_exp", "aer",
+                                  "complete", "ring"])
+def test_vectorized_simulator_matches_plain_loops(name):
+  c = core.Cluster(8, 2, 5e-6, 20e9, 20e-6, 2e9)
+  w = core.Workload(20e6, 0.01, 0.02, optimizer_s=0.002, compute_cv=0.2,
+                    bucket_bytes=20e6)
+  m = core.make_method(name, c)
+  ref = _reference_simulation(m, c, w, steps=40, warmup=8, seed=3)
+  assert core.simulate(m, c, w, steps=40, warmup=8, seed=3) == pytest.approx(
+      ref, rel=1e-12)
+
+
+@pytest.mark.parametrize("compute_ms", [20.0, 200.0])  # comm- / compute-bound
+@pytest.mark.parametrize("name", ["all_reduce", "one_peer_exp", "aer",
+                                  "complete", "sgp"])
+def test_simulator_without_variance_matches_closed_form(name, compute_ms):
+  c = core.Cluster(32, 4, 5e-6, 30e9, 30e-6, 3.125e9, multi_node="tree")
+  buckets = (1.0,) if name != "all_reduce" else None
+  w = core.Workload(65e6, compute_ms / 3e3, 2 * compute_ms / 3e3,
+                    optimizer_s=0.002, bucket_shares=buckets)
+  sim = core.simulate(name, c, w, steps=60, warmup=20)
+  assert sim == pytest.approx(core.closed_form(name, c, w).iteration_s,
+                              rel=0.01)
+
+
+def test_bucket_pipelining_closed_form_close_to_simulator():
+  c = core.Cluster(64, 8, multi_node="tree")
+  w = core.Workload(65e6, 0.04, 0.08, compute_cv=0.1)
+  for name in ("all_reduce", "one_peer_exp", "aer", "complete"):
+    assert core.simulate(name, c, w) == pytest.approx(
+        core.closed_form(name, c, w).iteration_s, rel=0.05)
+
+
+def test_all_reduce_straggler_excess_sqrt_2_ln_n():
+  n, cv, comp = 64, 0.1, 0.3
+  c = _no_comm_cluster(n)
+  w = core.Workload(1e3, comp / 3, 2 * comp / 3, compute_cv=cv)
+  sigma = cv * comp
+  ar = core.simulate("all_reduce", c, w, steps=600, warmup=100, seed=1)
+  exp = core.simulate("one_peer_exp", c, w, steps=600, warmup=100, seed=1)
+  excess_ar = ar - comp
+  assert excess_ar == pytest.approx(sigma * math.sqrt(2 * math.log(n)),
+                                    rel=0.25)
+  assert 0 <= exp - comp < 0.5 * excess_ar
+  # The closed form uses the exact Gaussian maximum (Monte Carlo reference).
+  mc = np.random.default_rng(0).standard_normal((50_000, 64)).max(1).mean()
+  assert core.expected_max_normal(64) == pytest.approx(mc, abs=0.01)
+  assert core.closed_form("all_reduce", c, w).iteration_s == pytest.approx(
+      ar, rel=0.01)
+
+
+# -- Figure 6 -------------------------------------------------------------------
+
+
+def test_figure6_reproduction_within_20_percent_and_ordered():
+  table = paper.rows()
+  assert paper.failures(table) == []
+  assert len(table) == 24
+  # The check itself rejects a wrong prediction and a wrong order.
+  broken = [dict(r) for r in table]
+  for r in broken:
+    if (r["cluster"], r["n"], r["method"]) == ("A40", 32, "aer"):
+      r["simulated_ms"] = 0.75 * r["measured_ms"]
+      r["error"] = -0.25
+    if (r["cluster"], r["n"], r["method"]) == ("T4", 64, "one_peer_exp"):
+      r["simulated_ms"] = 170.0
+  msgs = paper.failures(broken)
+  assert any("A40 n=32 aer" in s for s in msgs)
+  assert any("T4 n=64: order" in s for s in msgs)
+
+
+def test_figure6_fit_reproduces_stored_constants():
+  t4 = paper.fit_fig6("T4")
+  a40 = paper.fit_fig6("A40", compute_cv=t4["compute_cv"])
+  for name, got in (("T4", t4), ("A40", a40)):
+    for key, want in paper.FITTED[name].items():
+      assert got[key] == pytest.approx(want, rel=0.03), (name, key)
+  assert 0 < t4["compute_cv"] < 0.5
+  # A40's aggregate NIC rate is at least one 25 Gbit/s connection.
+  assert a40["nic_bandwidth_Bps"] >= 25e9 / 8
+
+
+# -- validation and CLI -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make, field", [
+    (lambda: core.Cluster(6, 4), "local_size"),
+    (lambda: core.Cluster(0), "n_workers"),
+    (lambda: core.Cluster(8, nic_bandwidth_Bps=0.0), "nic_bandwidth_Bps"),
+    (lambda: core.Cluster(8, multi_node="star"), "multi_node"),
+    (lambda: core.Workload(1e6, -0.1, 0.1), "forward_s"),
+    (lambda: core.Workload(1e6, 0.1, 0.1, bucket_shares=(0.5, 0.2)),
+     "bucket_shares"),
+    (lambda: core.make_method("hypercube", core.Cluster(8)), "topology"),
+    (lambda: core.make_method(topology.make("ring", 4), core.Cluster(8)),
+     "n_workers"),
+    (lambda: core.simulate("ring", core.Cluster(4),
+                           core.Workload(1, 1, 1), steps=5, warmup=5),
+     "warmup"),
+])
+def test_bad_input_raises_value_error_naming_the_field(make, field):
+  with pytest.raises(ValueError, match=field):
+    make()
+
+
+def test_cli_predict_prints_table_and_recommendation(capsys, tmp_path):
+  png = tmp_path / "bars.png"
+  rc = cli.main(["predict", "--n-workers", "8,16", "--local-size", "4",
+                 "--nic-Gbps", "25", "--intra-GBps", "31.5", "--params",
+                 "65e6", "--forward-ms", "20", "--backward-ms", "40",
+                 "--methods", "all_reduce,one_peer_exp,aer,ring", "--steps",
+                 "40", "--png", str(png)])
+  out = capsys.readouterr().out
+  assert rc == 0 and png.stat().st_size > 1000
+  assert out.count("recommendation: Decent (AER)") == 2
+  assert "ring*" in out and "All-Reduce" in out
+
+
+def test_cli_help_and_fig6(capsys, tmp_path):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["--help"])
+  assert e.value.code == 0
+  assert "predict" in capsys.readouterr().out
+  png = tmp_path / "fig6.png"
+  assert cli.main(["fig6", "--png", str(png)]) == 0
+  out = capsys.readouterr().out
+  assert "PASS" in out and png.exists()
+  assert cli.main(["predict", "--n-workers", "6", "--local-size", "4"]) == 2
