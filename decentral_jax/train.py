@@ -272,15 +272,21 @@ class _Task(NamedTuple):
 def _lm_task(config, n: int, local_batch: int) -> _Task:
   c, m, d = config, config.model, config.data
   t = int(m.block_size)
-  if d.source == "pydoc":
-    train_tokens, val_tokens = text.byte_splits(text.pydoc_corpus(),
-                                                float(d.val_fraction))
-  elif d.source == "text_file":
-    if not d.path:
+  if d.source in ("pydoc", "text_file"):
+    if d.source == "pydoc":
+      corpus = text.pydoc_corpus()
+    elif not d.path:
       raise ValueError("config.data.path is not set; data.source=text_file "
                        "needs --config.data.path=FILE.")
-    train_tokens, val_tokens = text.byte_splits(text.load_text_file(d.path),
-                                                float(d.val_fraction))
+    else:
+      corpus = text.load_text_file(d.path)
+    try:
+      train_tokens, val_tokens = text.byte_splits(corpus,
+                                                  float(d.val_fraction))
+    except ValueError as e:
+      raise ValueError(f"data.source={d.source}, config.data.path={d.path!r}"
+                       f", config.data.val_fraction={d.val_fraction}: {e}"
+                       ) from None
   else:
     if not d.path:
       raise ValueError(
@@ -410,7 +416,8 @@ class Experiment:
       self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
                                      devices=devices)
     except ValueError as e:
-      raise ValueError(f"config.n_workers={n}: {e} Or lower "
+      raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
+                       "sets this by itself on CPU; otherwise lower "
                        "--config.n_workers.") from None
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
