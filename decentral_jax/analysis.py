@@ -83,6 +83,7 @@ KINDS = ("collective-permute", "all-reduce", "all-gather", "reduce-scatter",
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
+_COMMENT = re.compile(r"/\*.*?\*/")
 _CALLED = ("calls", "to_apply", "branch_computations", "true_computation",
            "false_computation", "body", "condition")
 
@@ -268,6 +269,7 @@ def _matching(text: str, start: int, open_c: str, close_c: str) -> int:
 
 
 def _parse_instr(line: str) -> _Instr | None:
+  line = _COMMENT.sub("", line)  # e.g. "/*index=5*/" inside long tuples
   m = _INSTR.match(line)
   if not m:
     return None

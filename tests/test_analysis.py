@@ -174,6 +174,22 @@ def test_two_conditionals_cross_product_or_aligned():
                              [fixed + 44, fixed + 80])
 
 
+def test_operands_after_index_comments_are_counted():
+  # XLA prints /*index=5*/ before the 6th element of long operand lists.
+  ops = ", ".join(("/*index=5*/" if i == 5 else "") + f"%p{i}"
+                  for i in range(7))
+  params = "\n".join(f"  %p{i} = f32[{i + 1}]{{0}} parameter({i})"
+                      for i in range(7))
+  shape = ", ".join(("/*index=5*/" if i == 5 else "") + f"f32[{i + 1}]{{0}}"
+                    for i in range(7))
+  hlo = (f"HloModule m4, num_partitions=2\n\nENTRY %e () -> f32[] {{\n"
+         f"{params}\n  ROOT %ar = ({shape}) all-reduce({ops}), "
+         "replica_groups={{0,1}}, to_apply=%e\n}\n")
+  (c,) = analysis.communication(hlo).collectives
+  assert len(c.operand_shapes) == 7
+  assert c.operand_bytes == 4 * sum(range(1, 8))
+
+
 def test_iota_replica_groups_with_transpose():
   hlo = """\
 HloModule m3, replica_count=1, num_partitions=8
