@@ -84,7 +84,8 @@ def timed(fn: Callable[[], Any]) -> float:
   return time.perf_counter() - t0
 
 
-def gpt_step(cfg, tx, mesh, *, clip: float = 0.0):
+def gpt_step(cfg, tx, mesh, *, clip: float = 0.0,
+             round_index: int | None = None):
   """Jitted decentralized GPT train step over ``mesh`` (one worker/device).
 
   Args:
@@ -92,6 +93,8 @@ def gpt_step(cfg, tx, mesh, *, clip: float = 0.0):
     tx: optax transform whose ``update`` runs per worker (may gossip).
     mesh: mesh from ``decentral_jax.parallel.make_mesh``.
     clip: global-norm clip of each worker's gradient (0 = none).
+    round_index: if given, passed to ``tx.update`` so that only that gossip
+      round is compiled (no ``lax.switch``).
 
   Returns:
     ``step(params, opt_state, tokens) -> (params, opt_state, loss)`` with
@@ -113,7 +116,10 @@ def gpt_step(cfg, tx, mesh, *, clip: float = 0.0):
     loss, g = jax.value_and_grad(loss_fn)(p, tokens)
     if clip:
       g, _ = optax.clip_by_global_norm(clip).update(g, optax.EmptyState())
-    u, s = tx.update(g, s, p)
+    if round_index is None:
+      u, s = tx.update(g, s, p)
+    else:
+      u, s = tx.update(g, s, p, round_index=round_index)
     return optax.apply_updates(p, u), s, loss
 
   return jax.jit(parallel.per_worker(step, mesh), donate_argnums=(0, 1))

@@ -38,14 +38,52 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
 
+def _bucketed_mix(mix):
+  """``gossip.mix`` that sends each dtype's leaves as ONE buffer per round.
+
+  A prototype of a proposed change (not the shipped library): leaves of a
+  dtype are concatenated, mixed with one collective per permute term, and
+  split again, like decent-dp's contiguous buckets.
+  """
+  import jax
+  import jax.numpy as jnp
+
+  def bucketed(tree, topology, step, axis_name="workers", *, comm_dtype=None):
+    leaves, treedef = jax.tree.flatten(tree)
+    groups = {}
+    for i, x in enumerate(leaves):
+      groups.setdefault(jnp.dtype(x.dtype), []).append(i)
+    out = list(leaves)
+    for idx in groups.values():
+      flat = jnp.concatenate([leaves[i].ravel() for i in idx])
+      mixed = mix(flat, topology, step, axis_name, comm_dtype=comm_dtype)
+      offset = 0
+      for i in idx:
+        size = leaves[i].size
+        out[i] = mixed[offset:offset + size].reshape(leaves[i].shape)
+        offset += size
+    return treedef.unflatten(out)
+
+  return bucketed
+
+
 def jax_side(args) -> dict:
-  """Runs the decentral_jax side in this process; returns its measurements."""
+  """Runs the decentral_jax side in this process; returns its measurements.
+
+  Layouts: ``tree`` (parameters as the model's pytree: the plain library
+  usage), ``flat`` (one float32 vector of all parameters, made with
+  ``jax.flatten_util.ravel_pytree``, unravelled inside the loss; same
+  optimizer, weight decay masked per element), ``bucketed`` (pytree, with
+  the gossip prototype :func:`_bucketed_mix`).
+  """
   from benchmarks import _common
   _common.set_cpu_devices(args.workers)
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from decentral_jax import optim, parallel, topology
+  import optax
+  from jax.flatten_util import ravel_pytree
+  from decentral_jax import gossip, models, optim, parallel, topology
   from decentral_jax.data import text
   from decentral_jax.models import gpt
 
@@ -53,11 +91,36 @@ def jax_side(args) -> dict:
   cfg = gpt.GPTConfig(vocab_size=256, block_size=t, n_layer=2, n_head=4,
                       n_embd=128, bias=False, dropout=0.0, dtype=jnp.float32)
   mesh = parallel.make_mesh(n)
-  tx = optim.decentralized_adamw(
-      args.lr, topology.make("one_peer_exp", n), b1=0.9, b2=0.95,
-      weight_decay=0.1, accum_steps=args.accum_steps)
-  step = _common.gpt_step(cfg, tx, mesh)
-  params = parallel.replicate(gpt.init_params(cfg, jax.random.key(0)), mesh)
+  topo = topology.make("one_peer_exp", n)
+  p0 = gpt.init_params(cfg, jax.random.key(0))
+  if args.layout == "bucketed":
+    gossip.mix = _bucketed_mix(gossip.mix)
+  if args.layout == "flat":
+    flat0, unravel = ravel_pytree(p0)
+    decay = ravel_pytree(jax.tree.map(
+        lambda x: jnp.full(x.shape, float(x.ndim >= 2)), p0))[0]
+    tx = optim.decentralized_adamw(
+        args.lr, topo, b1=0.9, b2=0.95, weight_decay=0.1 * decay, mask=None,
+        accum_steps=args.accum_steps)
+    model = models.GPT(cfg)
+
+    def loss_fn(flat, tokens):
+      logits = model.apply({"params": unravel(flat)}, tokens[:, :-1])
+      return models.lm_loss(logits, tokens[:, 1:])
+
+    def one(flat, s, tokens):
+      loss, g = jax.value_and_grad(loss_fn)(flat, tokens)
+      u, s = tx.update(g, s, flat)
+      return optax.apply_updates(flat, u), s, loss
+
+    step = jax.jit(parallel.per_worker(one, mesh), donate_argnums=(0, 1))
+    params = parallel.replicate(flat0, mesh)
+  else:
+    tx = optim.decentralized_adamw(
+        args.lr, topo, b1=0.9, b2=0.95, weight_decay=0.1,
+        accum_steps=args.accum_steps)
+    step = _common.gpt_step(cfg, tx, mesh)
+    params = parallel.replicate(p0, mesh)
   state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
   data = np.frombuffer(text.pydoc_corpus(), np.uint8).astype(np.int32)
   rng = np.random.default_rng(1234)
@@ -84,13 +147,12 @@ def jax_side(args) -> dict:
     prev = loss
   loss.block_until_ready()
   elapsed = time.perf_counter() - t0
-  return {"side": "decentral_jax",
+  return {"side": f"decentral_jax-{args.layout}",
           "tokens_per_s": n * b * t * args.steps / elapsed,
           "ms_per_step": 1e3 * elapsed / args.steps, "steps": args.steps,
           "world_size": n, "final_loss_worker0": float(np.asarray(loss)[0]),
           "compile_plus_first_step_s": round(t_compile, 2),
-          "jax": jax.__version__, "params": gpt.num_params(
-              gpt.init_params(cfg, jax.random.key(0)))}
+          "jax": jax.__version__, "params": gpt.num_params(p0)}
 
 
 def _last_json(stdout: str) -> dict:
@@ -106,9 +168,10 @@ def run_side(side: str, args) -> dict:
             "--local_batch", str(args.local_batch), "--context",
             str(args.context), "--accum_steps", str(args.accum_steps),
             "--lr", str(args.lr)]
-  if side == "jax":
+  if side.startswith("jax"):
     cmd = [sys.executable, os.path.abspath(__file__), "--child_jax",
-           "--workers", str(args.workers)] + common
+           "--workers", str(args.workers), "--layout", side.split(":")[1]
+           ] + common
     env = dict(os.environ)
   else:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -124,6 +187,14 @@ def run_side(side: str, args) -> dict:
   return _last_json(r.stdout)
 
 
+NAMES = {
+    "torch": "decent-dp 0.2.3 (PyTorch CPU, 8 gloo processes)",
+    "jax:tree": "decentral_jax, pytree parameters (8 simulated devices)",
+    "jax:flat": "decentral_jax, flat parameter vector (8 simulated devices)",
+    "jax:bucketed": "decentral_jax, pytree + bucketed-gossip prototype",
+}
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--repeats", type=int, default=5)
@@ -134,6 +205,10 @@ def main():
   ap.add_argument("--context", type=int, default=64)
   ap.add_argument("--accum_steps", type=int, default=4)
   ap.add_argument("--lr", type=float, default=3e-3)
+  ap.add_argument("--layouts", nargs="+", default=["tree", "flat"],
+                  choices=("tree", "flat", "bucketed"),
+                  help="decentral_jax variants to run (see jax_side)")
+  ap.add_argument("--layout", default="tree", help=argparse.SUPPRESS)
   ap.add_argument("--timeout", type=int, default=600)
   ap.add_argument("--out", default=os.path.join(_ROOT, "benchmarks", "results",
                                                 "vs_decentdp.jsonl"))
@@ -151,37 +226,37 @@ def main():
   except ImportError:
     sys.exit("decent-dp is not installed: pip install torch==2.13.0 "
              "decent-dp loguru")
-  info = _common.machine_info()
-  print("machine:", json.dumps(info), flush=True)
-  results = {"jax": [], "torch": []}
+  print("machine:", json.dumps(_common.machine_info()), flush=True)
+  sides = ["torch"] + [f"jax:{layout}" for layout in args.layouts]
+  results = {side: [] for side in sides}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   for rep in range(args.repeats):
-    order = ("torch", "jax") if rep % 2 == 0 else ("jax", "torch")
-    for side in order:
+    k = rep % len(sides)
+    for side in sides[k:] + sides[:k]:  # rotate the order every repeat
       res = run_side(side, args)
-      res.update(repeat=rep, date_utc=_common.machine_info()["date_utc"],
-                 load_avg_1m=_common.machine_info().get("load_avg_1m"))
+      info = _common.machine_info()
+      res.update(repeat=rep, date_utc=info["date_utc"],
+                 load_avg_1m=info.get("load_avg_1m"))
       results[side].append(res)
       with open(args.out, "a") as f:
         f.write(json.dumps(res) + "\n")
-      print(f"repeat {rep} {res['side']:<14} {res['tokens_per_s']:>10,.0f} "
-            f"tokens/s  {res['ms_per_step']:.1f} ms/step", flush=True)
+      print(f"repeat {rep} {side:<13} {res['tokens_per_s']:>10,.0f} "
+            f"tokens/s  {res['ms_per_step']:.1f} ms/step  (load "
+            f"{res['load_avg_1m']})", flush=True)
   med = {k: statistics.median(r["tokens_per_s"] for r in v)
          for k, v in results.items()}
-  rows = [
-      {"library": "decent-dp 0.2.3 (PyTorch CPU, 8 gloo procs)",
-       "tokens/s (median)": f"{med['torch']:,.0f}",
-       "ms/step (median)": f"{statistics.median(r['ms_per_step'] for r in results['torch']):.1f}",
-       "runs": ", ".join(f"{r['tokens_per_s']:,.0f}" for r in results["torch"])},
-      {"library": "decentral_jax (8 simulated CPU devices)",
-       "tokens/s (median)": f"{med['jax']:,.0f}",
-       "ms/step (median)": f"{statistics.median(r['ms_per_step'] for r in results['jax']):.1f}",
-       "runs": ", ".join(f"{r['tokens_per_s']:,.0f}" for r in results["jax"])},
-  ]
+  rows = []
+  for side in sides:
+    rows.append({
+        "library": NAMES[side],
+        "tokens/s (median)": f"{med[side]:,.0f}",
+        "ms/step (median)": f"{statistics.median(r['ms_per_step'] for r in results[side]):.1f}",
+        "vs decent-dp": f"{med[side] / med['torch']:.2f}x",
+        "runs (tokens/s)": ", ".join(f"{r['tokens_per_s']:,.0f}"
+                                     for r in results[side]),
+    })
   print()
   print(_common.format_table(rows, list(rows[0])))
-  print(f"\nratio decentral_jax / decent-dp (medians): "
-        f"{med['jax'] / med['torch']:.2f}x (target >= 2x)")
 
 
 if __name__ == "__main__":

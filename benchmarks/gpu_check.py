@@ -19,7 +19,9 @@ overrides).
 
 Part ``async``: compiles (does not run) a one-peer-exponential
 decentralized AccumAdamW step of a GPT with the same width/heads/context (but
-``--async_layers`` layers, to keep compiles short) over 8 workers and reports,
+``--async_layers`` layers, to keep compiles short) over 8 workers, both with
+the round chosen in-graph (``lax.switch``) and with one round compiled alone
+(``round_index=0``), and reports,
 from the optimized HLO, whether the gossip ``collective-permute`` is
 asynchronous (``collective-permute-start`` / ``-done``) with compute between
 start and done, whether the starts sit inside the ``lax.switch`` branches,
@@ -198,12 +200,15 @@ def part_async(args) -> dict:
   out["model"] = (f"GPT n_layer={cfg.n_layer} n_embd={cfg.n_embd} "
                   f"n_head={cfg.n_head} T={cfg.block_size} "
                   f"V={cfg.vocab_size} batch={batch}/worker")
-  variants = [("one_peer_exp", None), ("one_peer_exp", jnp.bfloat16),
-              ("exponential", None)]
+  # (topology, comm dtype, round_index): None = lax.switch over rounds,
+  # an int = that round compiled alone (no conditional).
+  variants = [("one_peer_exp", None, None), ("one_peer_exp", None, 0),
+              ("one_peer_exp", jnp.bfloat16, None), ("exponential", None, None)]
   rows = []
-  for name, comm in variants:
+  for name, comm, round_index in variants:
     tx = _tx(c, topology.make(name, n), c.optimizer.accum_steps, comm)
-    step = _common.gpt_step(cfg, tx, mesh, clip=c.grad_clip)
+    step = _common.gpt_step(cfg, tx, mesh, clip=c.grad_clip,
+                            round_index=round_index)
     p1, params, state, tokens = _abstract_inputs(cfg, tx, mesh, batch)
     t0 = time.perf_counter()
     compiled = step.lower(params, state, tokens).compile()
@@ -211,8 +216,10 @@ def part_async(args) -> dict:
     ov = analysis.is_async_overlapped(compiled)
     pb = analysis.tree_bytes(p1)
     rows.append({
-        "topology": name, "comm_dtype": str(jnp.dtype(comm)) if comm else
-        "float32", "compile_s": round(time.perf_counter() - t0, 1),
+        "topology": name,
+        "comm_dtype": str(jnp.dtype(comm)) if comm else "float32",
+        "round_index": round_index,
+        "compile_s": round(time.perf_counter() - t0, 1),
         "bytes_ratio_per_branch": [round(r, 4) for r in rep.ratios(pb)],
         "permute_start": ov["starts"], "permute_done": ov["dones"],
         "permute_sync": ov["sync"], "starts_with_compute_before_done":
@@ -299,7 +306,8 @@ def _summary(result):
     if "variants" not in a:
       print(f"ASYNC {a.get('result')}")
     for v in a.get("variants", []):
-      print(f"ASYNC {v['topology']:<13} {v['comm_dtype']:<8} async="
+      rnd = "switch" if v["round_index"] is None else f"round={v['round_index']}"
+      print(f"ASYNC {v['topology']:<13} {v['comm_dtype']:<8} {rnd:<7} async="
             f"{v['async']} start/done={v['permute_start']}/"
             f"{v['permute_done']} sync={v['permute_sync']} "
             f"overlapped={v['starts_with_compute_before_done']} "

@@ -1,0 +1,136 @@
+"""Step time of the gpt_tiny train step: decentralized vs All-Reduce, on CPU.
+
+``configs/gpt_tiny.py`` (byte-level GPT, 2 layers, width 128, 4 heads,
+context 64; global batch 64 sequences = 4,096 tokens per step, 8 per worker)
+on 8 simulated CPU devices, one process. Methods: All-Reduce AdamW; DAdam and
+AccumAdamW (accum_steps 4) on one_peer_exp, ring, alternating_exp_ring (2
+workers per node, node-aware mesh) and complete. The step is
+``decentral_jax.train.Experiment.train_step`` (forward, backward, clip,
+optimizer with gossip or all-reduce, finiteness check), with logging-step
+diagnostics off (``log_interval`` beyond the run).
+
+Protocol: every method is built and compiled first (compile excluded), then
+``--warmup`` steps each; then ``--repeats`` rounds, each timing ``--steps``
+consecutive steps of every method in a rotated order (interleaved, so load
+drift hits all methods alike), at most two steps in flight. Reported: the
+median over rounds of ms/step, tokens/s, and the ratio to All-Reduce AdamW's
+median (target <= 1.05 on CPU, where communication is memory copies).
+
+  python benchmarks/bench_step_time.py [--repeats 7 --steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+from benchmarks import _common  # noqa: E402
+
+_common.set_cpu_devices(8)
+
+import jax  # noqa: E402
+
+METHODS = [  # label, algorithm, optimizer, accum, topology, workers per node
+    ("All-Reduce AdamW", "all_reduce", "adamw", 1, "-", 1),
+    ("DAdam", "decentralized", "adamw", 1, "one_peer_exp", 1),
+    ("DAdam", "decentralized", "adamw", 1, "ring", 1),
+    ("DAdam", "decentralized", "adamw", 1, "alternating_exp_ring", 2),
+    ("DAdam", "decentralized", "adamw", 1, "complete", 1),
+    ("AccumAdamW", "decentralized", "accum_adamw", 4, "one_peer_exp", 1),
+    ("AccumAdamW", "decentralized", "accum_adamw", 4, "ring", 1),
+    ("AccumAdamW", "decentralized", "accum_adamw", 4,
+     "alternating_exp_ring", 2),
+    ("AccumAdamW", "decentralized", "accum_adamw", 4, "complete", 1),
+]
+
+
+def make(method, args):
+  sys.path.insert(0, os.path.join(_ROOT, "configs"))
+  import gpt_tiny  # pylint: disable=import-outside-toplevel
+  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  _, algorithm, opt, accum, topo, local = method
+  c = gpt_tiny.get_config()
+  c.algorithm = algorithm
+  c.topology = topo if topo != "-" else "one_peer_exp"
+  c.workers_per_node = local
+  c.optimizer.name = opt
+  c.optimizer.accum_steps = accum
+  c.global_batch = args.global_batch
+  c.steps = 10**6
+  c.log_interval = 10**7
+  exp = train.Experiment(c)
+  return exp
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--repeats", type=int, default=7)
+  ap.add_argument("--steps", type=int, default=10)
+  ap.add_argument("--warmup", type=int, default=3)
+  ap.add_argument("--global_batch", type=int, default=64)
+  ap.add_argument("--json", default=os.path.join(
+      _ROOT, "benchmarks", "results", "step_time.json"))
+  args = ap.parse_args()
+  info = _common.machine_info()
+  print("machine:", json.dumps(info), flush=True)
+  runs = []
+  for m in METHODS:
+    exp = make(m, args)
+    state = exp.init_state()
+    batches = [exp.get_batch(s) for s in range(4)]
+    t0 = time.perf_counter()
+    for i in range(args.warmup):
+      state, metrics = exp.train_step(state, batches[i % 4])
+      jax.block_until_ready(metrics)
+    print(f"built {m[0]} {m[4]}: first {args.warmup} steps (compile "
+          f"included) {time.perf_counter() - t0:.1f} s", flush=True)
+    runs.append({"method": m, "exp": exp, "state": state, "batches": batches,
+                 "times": []})
+  for rep in range(args.repeats):
+    k = rep % len(runs)
+    for r in runs[k:] + runs[:k]:
+      exp, state = r["exp"], r["state"]
+      prev = None
+      t0 = time.perf_counter()
+      for s in range(args.steps):
+        state, metrics = exp.train_step(state, r["batches"][s % 4])
+        if prev is not None:
+          jax.block_until_ready(prev)
+        prev = metrics
+      jax.block_until_ready(prev)
+      r["times"].append((time.perf_counter() - t0) / args.steps)
+      r["state"] = state
+    print(f"round {rep}: " + ", ".join(
+        f"{r['method'][0]}/{r['method'][4]} {1e3 * r['times'][-1]:.0f}"
+        for r in runs) + f" ms (load {os.getloadavg()[0]:.1f})", flush=True)
+  base = statistics.median(runs[0]["times"])
+  rows, records = [], []
+  for r in runs:
+    label, _, _, _, topo, local = r["method"]
+    med = statistics.median(r["times"])
+    tps = r["exp"].tokens_per_step / med
+    rows.append({
+        "method": label,
+        "topology": topo + (f" (L={local})" if local > 1 else ""),
+        "ms/step (median)": f"{1e3 * med:.1f}",
+        "min..max over rounds": f"{1e3 * min(r['times']):.0f}..{1e3 * max(r['times']):.0f}",
+        "tokens/s": f"{tps:,.0f}",
+        "ratio to All-Reduce": f"{med / base:.3f}",
+    })
+    records.append({**rows[-1], "times_s": r["times"]})
+  print()
+  print(_common.format_table(rows, list(rows[0])))
+  os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  with open(args.json, "w") as f:
+    json.dump({"machine": info, "args": vars(args), "rows": records}, f,
+              indent=1)
+
+
+if __name__ == "__main__":
+  main()
