@@ -199,9 +199,35 @@ def _fig6(args) -> int:
 def _calibrate(args) -> int:
   from decentral_jax.runtime_model import calibrate  # pylint: disable=import-outside-toplevel
   report = calibrate.calibrate(args.config, overrides=args.set,
-                               steps=args.steps, repeats=args.repeats)
+                               steps=args.steps)
   print(calibrate.format_report(report))
   return 0
+
+
+# (flag, type, default, help); units are in the flag names.
+_CLUSTER_FLAGS = (
+    ("--local-size", int, 8, "workers per node L"),
+    ("--intra-GBps", float, 15.75, "intra-node bandwidth per worker and "
+     "direction, GB/s (15.75 = PCIe 3.0 x16)"),
+    ("--intra-latency-us", float, 5.0, "intra-node latency per message, us"),
+    ("--nic-Gbps", float, 100.0, "NIC bandwidth per node and direction, "
+     "Gbit/s, shared by the node's workers"),
+    ("--flow-Gbps", float, 0.0, "cap on one inter-node connection, Gbit/s "
+     "(0: none)"),
+    ("--inter-latency-us", float, 10.0, "inter-node latency per message, us"),
+)
+_WORKLOAD_FLAGS = (
+    ("--params", float, 65e6, "parameter count"),
+    ("--grad-dtype", str, "float32", "dtype of All-Reduced gradients"),
+    ("--param-dtype", str, "float32", "dtype of gossiped parameters"),
+    ("--forward-ms", float, 30.0, "mean forward time per iteration, ms"),
+    ("--backward-ms", float, 60.0, "mean backward time per iteration, ms"),
+    ("--optimizer-ms", float, 0.0, "optimizer step time, ms"),
+    ("--compute-cv", float, 0.0, "coefficient of variation of fwd+bwd"),
+    ("--compute-samples-ms", _floats, None, "comma-separated samples of "
+     "fwd+bwd, ms (replace the mean and CV)"),
+    ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,55 +248,26 @@ def build_parser() -> argparse.ArgumentParser:
                  f"(complete, ring, one_peer_exp, aer, ...); default "
                  f"{DEFAULT_METHODS}")
   q.add_argument("--preset", choices=sorted(paper.PUBLISHED),
-                 help="use Figure 6's cluster, model and fitted compute "
+                 help="Figure 6's cluster, model and fitted compute "
                  "(ignores the cluster and workload flags)")
-  g = q.add_argument_group("cluster")
-  g.add_argument("--local-size", type=int, default=8,
-                 help="workers per node L (default 8)")
-  g.add_argument("--intra-GBps", type=float, default=15.75,
-                 help="intra-node bandwidth per worker and direction, GB/s "
-                 "(default 15.75, PCIe 3.0 x16)")
-  g.add_argument("--intra-latency-us", type=float, default=5.0,
-                 help="intra-node latency per message, microseconds")
-  g.add_argument("--nic-Gbps", type=float, default=100.0,
-                 help="NIC bandwidth per node and direction, Gbit/s, shared "
-                 "by the node's workers (default 100)")
-  g.add_argument("--flow-Gbps", type=float, default=0.0,
-                 help="cap on one inter-node connection, Gbit/s (0: none)")
-  g.add_argument("--inter-latency-us", type=float, default=10.0,
-                 help="inter-node latency per message, microseconds")
-  g.add_argument("--multi-node", choices=core.MULTI_NODE_ALGORITHMS,
-                 default="tree", help="algorithm of multi-node group means")
-  g = q.add_argument_group("workload")
-  g.add_argument("--params", type=float, default=65e6,
-                 help="parameter count (default 65e6)")
-  g.add_argument("--grad-dtype", default="float32",
-                 help="dtype of All-Reduced gradients")
-  g.add_argument("--param-dtype", default="float32",
-                 help="dtype of gossiped parameters")
-  g.add_argument("--forward-ms", type=float, default=30.0,
-                 help="mean forward time per iteration, ms")
-  g.add_argument("--backward-ms", type=float, default=60.0,
-                 help="mean backward time per iteration, ms")
-  g.add_argument("--optimizer-ms", type=float, default=0.0,
-                 help="optimizer step time, ms")
-  g.add_argument("--compute-cv", type=float, default=0.0,
-                 help="coefficient of variation of forward+backward")
-  g.add_argument("--compute-samples-ms", type=_floats, default=None,
-                 help="comma-separated samples of forward+backward, ms "
-                 "(replace the mean and CV)")
-  g.add_argument("--bucket-MiB", type=float, default=25.0,
-                 help="bucket size, MiB (default 25)")
-  g = q.add_argument_group("simulation")
-  g.add_argument("--steps", type=int, default=300,
-                 help="simulated iterations (the first fifth is warm-up)")
-  g.add_argument("--seed", type=int, default=0, help="seed of compute draws")
+  for title, flags in (("cluster", _CLUSTER_FLAGS),
+                       ("workload", _WORKLOAD_FLAGS)):
+    g = q.add_argument_group(title)
+    for flag, typ, default, text in flags:
+      g.add_argument(flag, type=typ, default=default,
+                     help=f"{text} (default {default})")
+    if title == "cluster":
+      g.add_argument("--multi-node", choices=core.MULTI_NODE_ALGORITHMS,
+                     default="tree", help="algorithm of group means over "
+                     "several nodes (default tree)")
+  q.add_argument("--steps", type=int, default=300,
+                 help="simulated iterations, the first fifth is warm-up")
+  q.add_argument("--seed", type=int, default=0, help="seed of compute draws")
   q.add_argument("--png", help="write a grouped bar chart to this PNG")
   q.set_defaults(run=_predict)
   f = sub.add_parser("fig6", help="reproduce the paper's Figure 6")
   f.add_argument("--refit", action="store_true",
-                 help="re-run the 3-parameter fits instead of the stored "
-                 "constants")
+                 help="re-run the fits instead of using the stored constants")
   f.add_argument("--png", help="write the Figure 6 style chart to this PNG")
   f.set_defaults(run=_fig6)
   c = sub.add_parser("calibrate", help="measure a config's compute and "
@@ -281,9 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
                  help="override a config field (repeatable), e.g. "
                  "--set n_workers=8")
   c.add_argument("--steps", type=int, default=12,
-                 help="timed steps per measurement (default 12)")
-  c.add_argument("--repeats", type=int, default=5,
-                 help="timed repeats of each collective (default 5)")
+                 help="measured rounds; each times every run, the compute-only "
+                 "step and every collective once (default 12)")
   c.set_defaults(run=_calibrate)
   return p
 
