@@ -5,6 +5,8 @@ Figure 6 reproduction, ``calibrate`` for measuring a config on this machine and
 ``python -m decentral_jax.runtime_model --help`` for the command line.
 """
 
+from __future__ import annotations
+
 from decentral_jax.runtime_model.core import Cluster
 from decentral_jax.runtime_model.core import Estimate
 from decentral_jax.runtime_model.core import Method
@@ -12,6 +14,7 @@ from decentral_jax.runtime_model.core import RoundCost
 from decentral_jax.runtime_model.core import Workload
 from decentral_jax.runtime_model.core import all_reduce_cost
 from decentral_jax.runtime_model.core import closed_form
+from decentral_jax.runtime_model.core import coupling_excess
 from decentral_jax.runtime_model.core import expected_max_normal
 from decentral_jax.runtime_model.core import make_method
 from decentral_jax.runtime_model.core import pair_exchange_time

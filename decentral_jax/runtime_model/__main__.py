@@ -27,20 +27,16 @@ from decentral_jax.runtime_model import paper
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
 
 
-def _ints(text: str) -> list[int]:
-  try:
-    return [int(t) for t in text.split(",") if t.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(
-        f"expected comma-separated integers, got {text!r}") from None
-
-
-def _floats(text: str) -> list[float]:
-  try:
-    return [float(t) for t in text.split(",") if t.strip()]
-  except ValueError:
-    raise argparse.ArgumentTypeError(
-        f"expected comma-separated numbers, got {text!r}") from None
+def _list(typ):
+  """argparse type: a comma-separated list of ``typ``."""
+  def parse(text: str) -> list:
+    try:
+      return [typ(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f"expected comma-separated {typ.__name__} values, got {text!r}"
+      ) from None
+  return parse
 
 
 def label(method: str) -> str:
@@ -224,7 +220,7 @@ _WORKLOAD_FLAGS = (
     ("--backward-ms", float, 60.0, "mean backward time per iteration, ms"),
     ("--optimizer-ms", float, 0.0, "optimizer step time, ms"),
     ("--compute-cv", float, 0.0, "coefficient of variation of fwd+bwd"),
-    ("--compute-samples-ms", _floats, None, "comma-separated samples of "
+    ("--compute-samples-ms", _list(float), None, "comma-separated samples of "
      "fwd+bwd, ms (replace the mean and CV)"),
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
 )
@@ -241,7 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True)
   q = sub.add_parser("predict", help="predict ms/iteration for a cluster "
                      "and model")
-  q.add_argument("--n-workers", type=_ints, default=[16],
+  q.add_argument("--n-workers", type=_list(int), default=[16],
                  help="comma-separated worker counts n (default 16)")
   q.add_argument("--methods", default=DEFAULT_METHODS,
                  help="comma-separated: all_reduce, sgp or topology names "

@@ -128,7 +128,8 @@ class Workload:
     bucket_shares: optional fraction of the message in each bucket, in the
       order buckets become ready (sums to 1).
     bucket_ready: optional fraction of the backward after which each bucket
-      is ready (non-decreasing, last = 1); default: cumulative shares.
+      is ready (non-decreasing, last = 1; without ``bucket_shares`` the
+      buckets are equal); default: cumulative shares.
   """
 
   param_count: float
@@ -144,11 +145,9 @@ class Workload:
   bucket_ready: tuple[float, ...] | None = None
 
   def __post_init__(self):
-    _positive("param_count", self.param_count, allow_zero=True)
-    _positive("forward_s", self.forward_s, allow_zero=True)
-    _positive("backward_s", self.backward_s, allow_zero=True)
-    _positive("optimizer_s", self.optimizer_s, allow_zero=True)
-    _positive("compute_cv", self.compute_cv, allow_zero=True)
+    for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
+                 "compute_cv"):
+      _positive(name, getattr(self, name), allow_zero=True)
     _positive("bucket_bytes", self.bucket_bytes)
     for name in ("grad_dtype", "param_dtype"):
       try:
@@ -156,21 +155,19 @@ class Workload:
       except TypeError:
         raise ValueError(f"{name}={getattr(self, name)!r} is not a dtype "
                          "name; use e.g. 'float32' or 'bfloat16'.") from None
-    if self.compute_samples_s is not None:
-      s = np.asarray(self.compute_samples_s, float)
-      if s.ndim != 1 or s.size < 2 or np.any(~np.isfinite(s)) or np.any(s < 0):
-        raise ValueError("compute_samples_s must be >= 2 finite non-negative "
-                         "times in seconds.")
-    if self.bucket_shares is not None:
-      sh = np.asarray(self.bucket_shares, float)
-      if sh.ndim != 1 or sh.size < 1 or np.any(sh <= 0) or \
-          abs(sh.sum() - 1) > 1e-6:
-        raise ValueError("bucket_shares must be positive fractions summing to 1.")
+    s = np.asarray([1.0, 1.0] if self.compute_samples_s is None
+                   else self.compute_samples_s, float)
+    if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s >= 0)):
+      raise ValueError("compute_samples_s must be >= 2 finite non-negative "
+                       "times in seconds.")
+    sh = np.asarray([1.0] if self.bucket_shares is None
+                    else self.bucket_shares, float)
+    if sh.ndim != 1 or sh.size < 1 or np.any(sh <= 0) or abs(sh.sum() - 1) > 1e-6:
+      raise ValueError("bucket_shares must be positive fractions summing to 1.")
     if self.bucket_ready is not None:
       rd = np.asarray(self.bucket_ready, float)
-      n_b = len(self.bucket_shares) if self.bucket_shares else rd.size
-      if rd.size != n_b or np.any(np.diff(rd) < 0) or rd[0] < 0 or \
-          abs(rd[-1] - 1) > 1e-9:
+      if (rd.size != (rd.size if self.bucket_shares is None else sh.size)
+          or np.any(np.diff(rd) < 0) or rd[0] < 0 or abs(rd[-1] - 1) > 1e-9):
         raise ValueError("bucket_ready must be non-decreasing fractions of the "
                          "backward in [0, 1], one per bucket, ending at 1.")
 
@@ -201,7 +198,8 @@ class Workload:
     if self.bucket_shares is not None:
       shares = np.asarray(self.bucket_shares, float)
     else:
-      nb = max(1, math.ceil(message_bytes / self.bucket_bytes))
+      nb = (len(self.bucket_ready) if self.bucket_ready is not None
+            else max(1, math.ceil(message_bytes / self.bucket_bytes)))
       shares = np.full(nb, 1.0 / nb)
     ready = (np.asarray(self.bucket_ready, float) if self.bucket_ready
              is not None else np.cumsum(shares))
@@ -391,7 +389,7 @@ def round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
 
 
 def all_reduce_cost(c: Cluster) -> RoundCost:
-  """Cost of one All-Reduce over all ``n`` workers (one group, ring/hierarchical)."""
+  """Cost of one All-Reduce over all ``n`` workers (one group; ring or tree)."""
   return group_round_cost(c, [tuple(range(c.n_workers))])
 
 
