@@ -103,16 +103,35 @@ def _pmean(x, axis, comm_dtype):
 
 
 def _mix_leaf_nodes(x, partners: Sequence[int], axes, comm_dtype):
-  """Node-aware round on a (nodes, local) mesh: local mean, then pair mean."""
+  """Node-aware round on a (nodes, local) mesh: node mean, then pair mean.
+
+  Intra-node rounds are one ``pmean`` over the local axis. For two-node
+  means the node mean is reduce-scattered over the ``L`` local devices, each
+  device exchanges only its ``1/L`` shard with the same device of the
+  partner node (so each node sends the parameters across its NIC once, not
+  ``L`` times), and the averaged shards are all-gathered within the node.
+  """
   node_axis, local_axis = axes
-  x_node = _pmean(x, local_axis, comm_dtype)
   pairs = [(v, p) for v, p in enumerate(partners) if p >= 0]
   if not pairs:
-    return x_node
-  send = x_node if comm_dtype is None else x_node.astype(comm_dtype)
-  recv = lax.ppermute(send, node_axis, pairs).astype(x.dtype)
+    return _pmean(x, local_axis, comm_dtype)
   paired = jnp.asarray([p >= 0 for p in partners])[lax.axis_index(node_axis)]
-  return jnp.where(paired, 0.5 * (x_node + recv), x_node)
+  big_l = lax.axis_size(local_axis)
+  wire = x.dtype if comm_dtype is None else comm_dtype
+  if x.size < big_l:  # too small to shard: exchange the whole node mean.
+    x_node = _pmean(x, local_axis, comm_dtype)
+    recv = lax.ppermute(x_node.astype(wire), node_axis, pairs).astype(x.dtype)
+    return jnp.where(paired, 0.5 * (x_node + recv), x_node)
+  flat = x.reshape(-1)
+  pad = (-flat.size) % big_l
+  if pad:
+    flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
+  shard = lax.psum_scatter(flat.astype(wire), local_axis, tiled=True)
+  shard = shard.astype(x.dtype) / big_l  # this device's slice of the node mean
+  recv = lax.ppermute(shard.astype(wire), node_axis, pairs).astype(x.dtype)
+  shard = jnp.where(paired, 0.5 * (shard + recv), shard)
+  full = lax.all_gather(shard.astype(wire), local_axis, tiled=True)
+  return full[:x.size].astype(x.dtype).reshape(x.shape)
 
 
 def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,

@@ -110,13 +110,17 @@ def test_node_aware_rounds_use_local_pmean_and_one_node_permute():
   mesh = parallel.make_mesh(16, 4, node_aware=True)
   xs = parallel.shard(_data(16), mesh)
   hlo = _mix_fn(topo, mesh, traced=False)[0].lower(xs).compile().as_text()
-  # Round 0: nodes 0, 1 intra-node means; nodes 2, 3 one two-node mean.
-  assert hlo.count("all-reduce(") + hlo.count("all-reduce-start(") >= 1
+  # Round 0: nodes 0, 1 intra-node means; nodes 2, 3 one two-node mean. The
+  # [3, 2] leaf is reduce-scattered over the 4 local devices (padded to 8),
+  # each sends a 2-element shard to the same device of the partner node, then
+  # all-gathers; the scalar leaf is small and goes whole.
+  assert "reduce-scatter(" in hlo and "all-gather(" in hlo
   permutes = [l for l in hlo.splitlines() if "collective-permute" in l
               and "source_target_pairs" in l]
   pairs = ("source_target_pairs={{8,12},{12,8},{9,13},{13,9},{10,14},{14,10},"
            "{11,15},{15,11}}")
-  assert permutes and all(pairs in l for l in permutes), permutes
+  assert len(permutes) == 2 and all(pairs in l for l in permutes), permutes
+  assert sorted(l.split("=")[1].split()[0] for l in permutes) == ["f32[2]{0}", "f32[]"]
   # Flat realisation of the same round needs 7 ppermutes (group of 8).
   flat = parallel.make_mesh(16)
   hlo_flat = _mix_fn(topo, flat, traced=False)[0].lower(
