@@ -248,7 +248,7 @@ def main():
   ap.add_argument("--global_batch", type=int, default=32)
   ap.add_argument("--eval_batches", type=int, default=8)
   ap.add_argument("--lr_grid", type=float, nargs="+",
-                  default=[1.5e-3, 3e-3, 6e-3])
+                  default=[7.5e-4, 1.5e-3, 3e-3, 6e-3])
   ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   ap.add_argument("--topologies", nargs="+",
                   default=["one_peer_exp", "alternating_exp_ring", "complete"])

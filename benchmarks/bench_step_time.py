@@ -50,6 +50,12 @@ METHODS = [  # label, algorithm, optimizer, accum, topology, workers per node
 ]
 
 
+PROTOTYPE = [  # rows re-run with the bucketed-gossip prototype
+    ("DAdam", "decentralized", "adamw", 1, "one_peer_exp", 1),
+    ("AccumAdamW", "decentralized", "accum_adamw", 4, "one_peer_exp", 1),
+]
+
+
 def make(method, args):
   sys.path.insert(0, os.path.join(_ROOT, "configs"))
   import gpt_tiny  # pylint: disable=import-outside-toplevel
@@ -74,13 +80,26 @@ def main():
   ap.add_argument("--steps", type=int, default=10)
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--global_batch", type=int, default=64)
+  ap.add_argument("--no_prototype", action="store_true",
+                  help="skip the rows with the bucketed-gossip prototype "
+                       "(benchmarks/bench_vs_decentdp.py:_bucketed_mix)")
   ap.add_argument("--json", default=os.path.join(
       _ROOT, "benchmarks", "results", "step_time.json"))
   args = ap.parse_args()
   info = _common.machine_info()
   print("machine:", json.dumps(info), flush=True)
+  from benchmarks import bench_vs_decentdp  # pylint: disable=import-outside-toplevel
+  from decentral_jax import gossip  # pylint: disable=import-outside-toplevel
+  original_mix = gossip.mix
+  todo = [(m, False) for m in METHODS]
+  if not args.no_prototype:
+    todo += [(m, True) for m in PROTOTYPE]
   runs = []
-  for m in METHODS:
+  for m, proto in todo:
+    # Steps are traced on their first call below, so the patch only reaches
+    # the prototype rows.
+    gossip.mix = (bench_vs_decentdp._bucketed_mix(original_mix) if proto  # pylint: disable=protected-access
+                  else original_mix)
     exp = make(m, args)
     state = exp.init_state()
     batches = [exp.get_batch(s) for s in range(4)]
@@ -91,7 +110,8 @@ def main():
     print(f"built {m[0]} {m[4]}: first {args.warmup} steps (compile "
           f"included) {time.perf_counter() - t0:.1f} s", flush=True)
     runs.append({"method": m, "exp": exp, "state": state, "batches": batches,
-                 "times": []})
+                 "times": [], "prototype": proto})
+  gossip.mix = original_mix
   for rep in range(args.repeats):
     k = rep % len(runs)
     for r in runs[k:] + runs[:k]:
@@ -116,7 +136,8 @@ def main():
     med = statistics.median(r["times"])
     tps = r["exp"].tokens_per_step / med
     rows.append({
-        "method": label,
+        "method": label + (" + bucketed gossip (prototype)"
+                           if r["prototype"] else ""),
         "topology": topo + (f" (L={local})" if local > 1 else ""),
         "ms/step (median)": f"{1e3 * med:.1f}",
         "min..max over rounds": f"{1e3 * min(r['times']):.0f}..{1e3 * max(r['times']):.0f}",
