@@ -62,7 +62,7 @@ def get_config() -> config_dict.ConfigDict:
   # --- Evaluation, logging, checkpoints ------------------------------------
   # Evaluate the averaged model every this many steps (and at the end);
   # 0 = only at the end.
-  c.eval_interval = 50
+  c.eval_interval = 30
   # Validation batches per evaluation, each of global_batch sequences.
   c.eval_batches = 4
   # Write a metrics line every this many steps (and at the last step).

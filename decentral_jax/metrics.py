@@ -3,8 +3,27 @@
 Every log point is one JSON object per line in ``<workdir>/metrics.jsonl``
 (appended, so a resumed run continues the same file), e.g.::
 
-  {"step": 100, "train/loss": 2.31, "lr": 0.0029, "consensus_distance":
-   0.0012, "step_time_ms": 310.2, "tokens_per_sec": 13200.5}
+  {"step": 100, "lr": 0.0029, "train/loss": 2.31, "consensus_distance":
+   0.0012, "step_time_ms": 310.2, "tokens_per_sec": 13200.5,
+   "train_time_s": 30.7, "eval/loss": 2.25, "eval/worker_loss_mean": 2.27,
+   "eval/worker_loss_min": 2.26, "eval/worker_loss_max": 2.29,
+   "eval/worker_loss_std": 0.008}
+
+Keys written by :func:`decentral_jax.train.train_and_evaluate`:
+
+* ``step``: completed optimizer steps (0 = the initial evaluation);
+* ``lr``: learning rate of the last update;
+* ``train/loss`` (and ``train/accuracy``): mean over workers and over the
+  steps since the previous record (nats);
+* ``consensus_distance``: ``(1/n) sum_i ||x_i - x_bar||^2`` at that step;
+* ``step_time_ms``, ``tokens_per_sec`` (or ``samples_per_sec``): mean over
+  the timed steps since the previous record (wall time between consecutive
+  step completions, after ``block_until_ready``; the first step of a run,
+  which compiles, is not timed, and evaluation / checkpoint time is
+  excluded);
+* ``train_time_s``: cumulative timed training seconds (continues across a
+  resume);
+* ``eval/*`` at evaluation points (see ``Experiment.evaluate``).
 
 Non-finite floats are written as ``null`` (strict JSON).
 """

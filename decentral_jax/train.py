@@ -410,7 +410,12 @@ class Experiment:
     self.topology = None
     node_aware = False
     if c.algorithm == "decentralized":
-      self.topology = topology_lib.make(c.topology, n, local_size)
+      try:
+        self.topology = topology_lib.make(c.topology, n, local_size)
+      except ValueError as e:
+        raise ValueError(f"config.topology={c.topology!r} with config."
+                         f"n_workers={n}, workers_per_node={local_size}: {e}"
+                         ) from None
       node_aware = _node_aware(self.topology, local_size)
     try:
       self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
@@ -713,7 +718,7 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     Final metrics (floats): ``step``, ``train/loss``, ``eval/loss``,
     ``eval/worker_loss_*``, ``consensus_distance``, ``step_time_ms`` (mean
     over the timed steps of this invocation; the first step, which compiles,
-    and steps around evaluation and checkpoints are not timed),
+    is not timed, and evaluation and checkpoint time is excluded),
     ``tokens_per_sec`` (or ``samples_per_sec``), ``train_time_s`` and
     ``param_count``.
 
@@ -738,10 +743,12 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   writer = metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
   state = exp.init_state()
   start = last_saved = ckpt.latest_step()
+  time_offset = 0.0  # training seconds of earlier invocations
   if start is not None:
     exp.check_resumable(ckpt.restore_meta(start), ckpt_dir)
     state, meta = ckpt.restore(start, state)
     start = int(meta["data_position"])
+    time_offset = float(meta.get("train_time_s", 0.0))
     logging.info("resumed from %s at step %d", ckpt_dir, start)
   else:
     start = 0
@@ -772,9 +779,9 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
 
   def record(done: int, extra: dict | None = None) -> None:
     nonlocal window
-    rec = {"step": done, "lr": exp.learning_rate(done),
+    rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
            **window.summary(exp.tokens_per_step, exp.unit), **(extra or {})}
-    rec["train_time_s"] = float(np.sum(timed))
+    rec["train_time_s"] = time_offset + float(np.sum(timed))
     writer.write(rec)
     last.update(rec)
     window = _Window()
@@ -786,6 +793,8 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
         if k != "step" and isinstance(v, float)))
 
   try:
+    if start == 0 and eval_every:  # the common starting point of all runs
+      record(0, exp.evaluate(state))
     pending = None
     batch = exp.get_batch(start) if start < total else None
     for s in range(start, total):
@@ -808,7 +817,9 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
         elif done % log_every == 0:
           record(done)
         if do_ckpt:
-          ckpt.save(done, state, exp.checkpoint_meta(done))
+          meta = exp.checkpoint_meta(done)
+          meta["train_time_s"] = time_offset + float(np.sum(timed))
+          ckpt.save(done, state, meta)
           last_saved = done
         t_prev = time.perf_counter()
     if start >= total:  # nothing left to train: report the final evaluation
@@ -821,5 +832,6 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     sec = float(np.mean(timed))
     last["step_time_ms"] = 1e3 * sec
     last[unit_key] = exp.tokens_per_step / sec
+  last["train_time_s"] = time_offset + float(np.sum(timed))
   last["param_count"] = exp.param_count
   return last

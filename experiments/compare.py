@@ -143,6 +143,7 @@ def main(argv):
            else max(int(base.n_workers) // 2, 2))
   finals, logs = [], []
   start = time.perf_counter()
+  load_before = os.getloadavg()[0]
   for run in RUNS:
     workdir = os.path.join(outdir, run.name)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -175,7 +176,11 @@ def main(argv):
         "memory copy, so they show compute overheads, not network savings); "
         "the first (compiling) step and evaluation are not timed.\n\n")
     f.write(table)
-    f.write(f"\nTotal time for the four runs: {total:.0f} s.\n")
+    f.write(f"\nTotal time for the four runs: {total:.0f} s on "
+            f"{os.cpu_count()} CPU cores (1-minute load average "
+            f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
+            "end; other processes on the machine slow the runs and add noise "
+            "to the timings).\n")
   pngs = plot(logs, outdir)
   print(table)
   print(f"table: {os.path.join(outdir, 'results.md')}")

@@ -118,6 +118,8 @@ def test_unknown_choices():
          match=("config.topology", "one_peer_exp"))
   _error("gpt_tiny.py", "--config.optimizer.name=sgd",
          match=("config.optimizer.name='sgd'", "accum_adamw"))
+  _error("gpt_tiny.py", "--config.n_workers=6", "--config.global_batch=12",
+         match=("config.topology='one_peer_exp'", "power of two"))
   _error("gpt_tiny.py", "--config.algorithm=gossip",
          match=("config.algorithm", "all_reduce"))
   _error("gpt_tiny.py", "--config.schedule.name=step",
