@@ -23,6 +23,7 @@ from decentral_jax import checkpoint
 from decentral_jax import metrics
 from decentral_jax import models
 from decentral_jax import optim
+from decentral_jax import parallel
 from decentral_jax import train
 from decentral_jax.data import text
 
@@ -45,9 +46,10 @@ def load_config(name: str, *overrides: str):
 
 
 def gpt_config(*extra: str):
-  """gpt_tiny, tiny sizes, n=8, one_peer_exp, AccumAdamW with T=2, 20 steps."""
+  """gpt_tiny, tiny sizes, n=8, one_peer_exp, AccumAdamW T=2, dropout, 20 steps."""
   return load_config(
       "gpt_tiny.py", *TINY_GPT, "--config.topology=one_peer_exp",
+      "--config.model.dropout=0.1",
       "--config.optimizer.accum_steps=2", "--config.steps=20",
       "--config.schedule.warmup_steps=3", "--config.log_interval=5",
       "--config.eval_interval=10", "--config.checkpoint_interval=10", *extra)
@@ -114,6 +116,24 @@ def test_resume_is_bit_exact(gpt_exp, gpt_exp_fresh, tmp_path):
   assert not np.array_equal(wte[0], wte[1])
   start = np.asarray(gpt_exp.init_state().params["wte"]["embedding"])
   assert not np.array_equal(wte[0], start[0])
+
+
+def test_dropout_keys_differ_per_worker_and_per_step(gpt_exp):
+  """Same parameters and batch on every worker: only dropout tells them apart."""
+  sharding = parallel.worker_sharding(gpt_exp.mesh)
+  same = tuple(jax.device_put(np.repeat(np.asarray(a)[:1], N, axis=0),
+                              sharding) for a in gpt_exp.get_batch(0))
+
+  def losses(step):
+    state = gpt_exp.init_state()
+    state = state.replace(step=state.step + step)
+    _, m = gpt_exp.train_step(state, same)
+    return np.asarray(m["loss"])
+
+  first = losses(0)
+  assert len(set(first.tolist())) == N  # a different key on every worker
+  np.testing.assert_array_equal(losses(0), first)  # deterministic
+  assert not np.any(losses(1) == first)  # and a different key every step
 
 
 def _reference_eval(exp, state):
@@ -273,6 +293,7 @@ def test_all_reduce_matches_single_model_adamw():
   """All-Reduce on 8 workers == one AdamW model on the global batch."""
   require_devices(N)
   exp = train.Experiment(gpt_config(
+      "--config.model.dropout=0.0",
       "--config.algorithm=all_reduce", "--config.optimizer.name=adamw",
       "--config.optimizer.accum_steps=1", "--config.grad_clip=0.5"))
   c = exp.config
