@@ -576,9 +576,11 @@ class Experiment:
 
     avg_loss, avg_acc = run(avg, rows)
     own_loss, _ = run(params, common)
+    subset_loss, _ = run(avg, common)
     return {"avg_loss": lax.pmean(avg_loss, axis),
             "avg_accuracy": lax.pmean(avg_acc, axis),
             "own_loss": own_loss,
+            "avg_subset_loss": subset_loss,
             "consensus_distance": gossip.consensus_distance(params, axis)}
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
@@ -587,24 +589,32 @@ class Experiment:
     The averaged model is ``x_bar = (1/n) sum_i x_i`` (exact ``pmean``,
     computed on the fly, never written back); it is evaluated on all
     ``eval_batches * global_batch`` validation sequences (images), split
-    over the workers. Each worker's own parameters are evaluated on the same
-    common subset (every ``n_workers``-th row of every eval batch, i.e.
-    ``1/n`` of the validation set spread over all of it).
+    over the workers. Each worker's own parameters, and the averaged model
+    again, are evaluated on a common subset (every ``n_workers``-th row of
+    every eval batch, i.e. ``1/n`` of the validation set spread over all of
+    it), so own-model and averaged-model losses compare on the same data.
 
     Returns:
-      ``eval/loss`` (averaged model, nats), ``eval/worker_loss_mean``,
-      ``_min``, ``_max``, ``_std`` (over workers' own models),
-      ``consensus_distance``, and ``eval/accuracy`` for classifiers (floats).
+      Floats: ``eval/loss`` (averaged model, whole eval set, nats);
+      ``eval/worker_loss_mean``, ``_min``, ``_max``, ``_std`` (the workers'
+      own models on the subset); ``eval/loss_subset`` (averaged model on the
+      subset); ``eval/worker_excess_mean`` and ``_max`` (own-model loss minus
+      ``eval/loss_subset``: what the workers lose by not being averaged);
+      ``consensus_distance``; and ``eval/accuracy`` for classifiers.
     """
     out = jax.device_get(self._eval_step(state.params, self._eval_rows,
                                          self._eval_common))
     own = np.asarray(out["own_loss"], np.float64)
+    subset = float(out["avg_subset_loss"][0])
     result = {
         "eval/loss": float(out["avg_loss"][0]),
         "eval/worker_loss_mean": float(own.mean()),
         "eval/worker_loss_min": float(own.min()),
         "eval/worker_loss_max": float(own.max()),
         "eval/worker_loss_std": float(own.std()),
+        "eval/loss_subset": subset,
+        "eval/worker_excess_mean": float(own.mean() - subset),
+        "eval/worker_excess_max": float(own.max() - subset),
         "consensus_distance": float(out["consensus_distance"][0]),
     }
     if self.unit == "samples":

@@ -88,15 +88,17 @@ def run_config(base, run: Run, accum_steps: int):
 
 def results_table(rows: list[tuple[Run, dict]], unit: str) -> str:
   """Markdown table of final metrics, one row per run."""
-  head = ("| run | val loss (averaged model) | val loss, workers' own "
-          "(mean ± std) | consensus distance | ms/step | "
+  head = ("| run | val loss, averaged model | workers' own models: extra "
+          "loss, mean / max | consensus distance | ms/step | "
           f"{unit}/s |\n|---|---|---|---|---|---|\n")
   lines = []
   for run, m in rows:
     lines.append(
         f"| {run.label} | {m['eval/loss']:.4f} | "
-        f"{m['eval/worker_loss_mean']:.4f} ± {m['eval/worker_loss_std']:.4f} | "
-        f"{m['consensus_distance']:.3g} | {m.get('step_time_ms', float('nan')):.1f} | "
+        f"{m['eval/worker_excess_mean']:+.4f} / "
+        f"{m['eval/worker_excess_max']:+.4f} | "
+        f"{m['consensus_distance']:.3g} | "
+        f"{m.get('step_time_ms', float('nan')):.1f} | "
         f"{m.get(f'{unit}_per_sec', float('nan')):,.0f} |")
   return head + "\n".join(lines) + "\n"
 
@@ -168,9 +170,12 @@ def main(argv):
         f"{int(base.steps)} steps\n\n"
         f"Same initial parameters and data order (seed {int(base.seed)}); "
         f"global batch {int(base.global_batch)}; AccumAdamW accum_steps "
-        f"{accum}. Validation loss of the exact average of the workers' "
-        "parameters, and of each worker's own parameters, at the last step. "
-        "Consensus distance: (1/n) sum_i ||x_i - x_bar||^2. Timings on "
+        f"{accum}. At the last step: validation loss (nats per "
+        f"{unit[:-1]}) of "
+        "the exact average x_bar of the workers' parameters; the extra loss "
+        "of each worker's own parameters over x_bar on the same validation "
+        "subset (1/n of it); consensus distance (1/n) sum_i ||x_i - "
+        "x_bar||^2. Timings on "
         f"{jax.devices()[0].platform.upper()} devices "
         f"({len(jax.devices())} simulated on one host: communication is a "
         "memory copy, so they show compute overheads, not network savings); "

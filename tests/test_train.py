@@ -154,9 +154,10 @@ def _reference_eval(exp, state):
   own = [np.mean([float(apply(jax.tree.map(lambda a, w=w: a[w], params),
                                x[::n], y[::n])) for x, y in batches])
          for w in range(n)]
+  subset = np.mean([float(apply(avg, x[::n], y[::n])) for x, y in batches])
   leaves = [x.astype(np.float64) for x in jax.tree.leaves(params)]
   consensus = sum(np.sum((x - x.mean(0)) ** 2) for x in leaves) / n
-  return avg_loss, np.asarray(own), consensus
+  return avg_loss, np.asarray(own), subset, consensus
 
 
 def test_evaluate_matches_oracle_and_does_not_change_training(gpt_exp):
@@ -172,8 +173,11 @@ def test_evaluate_matches_oracle_and_does_not_change_training(gpt_exp):
     jax.block_until_ready(without)
   assert_trees_equal(with_eval, without)
 
-  avg_loss, own, consensus = _reference_eval(gpt_exp, with_eval)
+  avg_loss, own, subset, consensus = _reference_eval(gpt_exp, with_eval)
   np.testing.assert_allclose(result["eval/loss"], avg_loss, rtol=2e-5)
+  np.testing.assert_allclose(result["eval/loss_subset"], subset, rtol=2e-5)
+  np.testing.assert_allclose(result["eval/worker_excess_max"],
+                             own.max() - subset, rtol=1e-3, atol=2e-5)
   np.testing.assert_allclose(result["eval/worker_loss_mean"], own.mean(),
                              rtol=2e-5)
   np.testing.assert_allclose(result["eval/worker_loss_min"], own.min(),
