@@ -62,6 +62,9 @@ def main(argv):
   except ValueError as e:  # bad config or data: one line, no traceback
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except FloatingPointError as e:  # diverged; the last good checkpoint stays
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(3)
   summary = ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in final.items())
   print(f"finished: {summary}")
