@@ -108,14 +108,18 @@ def get_config() -> config_dict.ConfigDict:
   # Unused (the validation split is the test set).
   c.data.val_fraction = 0.0
 
-  # --- Multi-host (not implemented yet; must stay disabled) -----------------
+  # --- Multi-host (see README, "Running on a cluster") ----------------------
   c.distributed = config_dict.ConfigDict()
-  # Whether to call jax.distributed.initialize.
+  # Join a multi-process job with jax.distributed.initialize (one process per
+  # host). Jobs started by `srun` with several tasks join even when False.
   c.distributed.enabled = False
-  # "host:port" of process 0.
+  # "host:port" of process 0's coordinator; "" to detect it on SLURM.
   c.distributed.coordinator_address = ""
-  # Total number of processes.
+  # Total number of processes; 0 to detect it on SLURM.
   c.distributed.num_processes = 0
-  # This process's id (-1 = from the environment).
+  # This process's id in [0, num_processes); -1 to detect it on SLURM.
   c.distributed.process_id = -1
+  # Seconds without a heartbeat after which a process counts as dead and the
+  # others stop with an error instead of hanging.
+  c.distributed.heartbeat_timeout_seconds = 100
   return c

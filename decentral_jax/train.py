@@ -41,10 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax import lax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_dict
 
 from decentral_jax import checkpoint as checkpoint_lib
+from decentral_jax import distributed as distributed_lib
 from decentral_jax import gossip
 from decentral_jax import metrics as metrics_lib
 from decentral_jax import models
@@ -173,9 +175,71 @@ def check_config(config: config_dict.ConfigDict) -> None:
   _choice(c.data.source, "data.source", DATA_SOURCES[c.model.name])
   if c.model.name == "gpt":
     _choice(c.model.dtype, "model.dtype", tuple(COMPUTE_DTYPES))
-  if c.distributed.enabled:
-    raise ValueError("config.distributed.enabled=True is not supported yet; "
-                     "run on one host with --config.distributed.enabled=False.")
+  _check_distributed(c)
+
+
+def _check_distributed(c: config_dict.ConfigDict) -> None:
+  """Checks the ``config.distributed`` group (types and ranges only)."""
+  d = c.distributed
+  if not isinstance(d.enabled, bool):
+    raise ValueError(f"config.distributed.enabled must be True or False, got "
+                     f"{d.enabled!r}.")
+  if not isinstance(d.coordinator_address, str):
+    raise ValueError("config.distributed.coordinator_address must be a "
+                     f"'host:port' string, got {d.coordinator_address!r}.")
+  _int_field(c, "distributed.num_processes", 0)
+  if isinstance(d.process_id, bool) or not isinstance(
+      d.process_id, (int, np.integer)) or d.process_id < -1:
+    raise ValueError(f"config.distributed.process_id must be an integer >= -1 "
+                     f"(-1: auto-detect), got {d.process_id!r}.")
+  _int_field(c, "distributed.heartbeat_timeout_seconds", 1)
+
+
+def initialize_distributed(config: config_dict.ConfigDict) -> bool:
+  """Joins a multi-process job as ``config.distributed`` asks, if it asks.
+
+  Must run before anything touches JAX devices (``experiments/train.py``
+  calls it first). With ``config.distributed.enabled`` and
+  ``coordinator_address``, ``num_processes`` and ``process_id`` set, this
+  process joins that job; with the three left empty (``""``, 0, -1) they
+  are detected from SLURM (``srun``, one task per node). A job step started
+  by ``srun`` with more than one task also joins automatically when
+  ``enabled`` is False (every task would otherwise train alone). On CPU
+  (``JAX_PLATFORMS=cpu``) JAX's gloo collectives are used, so several
+  processes on one machine form one job.
+
+  Args:
+    config: a run config; reads ``config.distributed``.
+
+  Returns:
+    True if this process joined a multi-process job, False for a
+    single-process run.
+
+  Raises:
+    ValueError: a bad ``config.distributed`` field, an incomplete explicit
+      set-up, or ``enabled`` without coordinator fields outside SLURM.
+  """
+  _check_distributed(config)
+  d = config.distributed
+  explicit = bool(d.coordinator_address) or int(d.num_processes) > 0 or \
+      int(d.process_id) >= 0
+  auto = distributed_lib.cluster_env_detected() and \
+      int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+  if not (d.enabled or auto):
+    return False
+  if d.enabled and not explicit and not distributed_lib.cluster_env_detected():
+    raise ValueError(
+        "config.distributed.enabled=True but no SLURM job with several tasks "
+        "was found to detect the set-up from; set --config.distributed."
+        "coordinator_address=HOST:PORT, --config.distributed.num_processes=N "
+        "and --config.distributed.process_id=I (0 on the coordinator's host).")
+  try:
+    return distributed_lib.initialize(
+        coordinator_address=str(d.coordinator_address),
+        num_processes=int(d.num_processes), process_id=int(d.process_id),
+        heartbeat_timeout_seconds=int(d.heartbeat_timeout_seconds))
+  except ValueError as e:
+    raise ValueError(f"config.distributed: {e}") from None
 
 
 def make_schedule(config: config_dict.ConfigDict) -> optax.Schedule:
@@ -258,12 +322,75 @@ def _node_aware(topo: topology_lib.Topology, local_size: int) -> bool:
                               for r in rounds)
 
 
+def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
+  """Layout checks of a multi-process job (one worker on every device)."""
+  procs = jax.process_count()
+  if n != jax.device_count() or n_devices != n:
+    total = jax.device_count()
+    raise ValueError(
+        f"config.n_workers={n} but this {procs}-process job has {total} "
+        f"devices ({jax.local_device_count()} per process); a multi-process "
+        f"run puts one worker on every device: set --config.n_workers={total}"
+        " (and a config.global_batch divisible by it).")
+  if node_aware:
+    try:
+      distributed_lib.check_node_layout(n, int(c.workers_per_node))
+    except ValueError as e:
+      raise ValueError(f"config.topology={c.topology!r} is node-aware: "
+                       f"config.{e}") from None
+
+
+def _local_workers(mesh) -> np.ndarray:
+  """This process's workers (int64 [k]); contiguous in a multi-process job."""
+  me = jax.process_index()
+  workers = np.array([i for i, d in enumerate(mesh.devices.flat)
+                      if d.process_index == me], np.int64)
+  if jax.process_count() > 1 and (
+      workers.size == 0 or
+      np.any(workers != np.arange(workers[0], workers[0] + workers.size))):
+    raise ValueError(
+        "each process's workers must be consecutive (worker i on process "
+        "i // local_device_count); pass devices=None to use "
+        "decentral_jax.distributed.ordered_devices().")
+  return workers
+
+
+def _put_global(tree: PyTree, sharding: NamedSharding) -> PyTree:
+  """Places host values that are equal on every process with ``sharding``.
+
+  Single process: ``jax.device_put``. Multi-process: each process fills its
+  own devices' shards from its copy (no cross-process traffic, no equality
+  check).
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def one(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda i: x[i])
+
+  return jax.tree.map(one, tree)
+
+
+def _to_host(tree: PyTree) -> PyTree:
+  """NumPy values of (possibly multi-process) arrays; every process calls it.
+
+  In a multi-process job the arrays are not fully addressable; they are
+  gathered with ``multihost_utils.process_allgather`` (a collective, so all
+  processes must call this in the same order).
+  """
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
 class _Task(NamedTuple):
   """Model, loss and data of one experiment (host side)."""
   init_params: Callable[[jax.Array], PyTree]
   # loss(params, batch, dropout_key or None) -> (scalar loss, dict of aux)
   loss: Callable[..., tuple[jax.Array, dict]]
-  host_batch: Callable[[int], tuple[np.ndarray, ...]]  # arrays [n, B, ...]
+  # host_batch(step, workers or None) -> arrays [len(workers), B, ...]
+  host_batch: Callable[..., tuple[np.ndarray, ...]]
   eval_set: tuple[np.ndarray, ...]  # arrays [eval_batches, global_batch, ...]
   unit: str  # "tokens" or "samples"
   units_per_step: int
@@ -350,8 +477,8 @@ def _image_task(config, n: int, local_batch: int) -> _Task:
                      features=tuple(int(f) for f in m.features),
                      dense=int(m.dense))
 
-  def host_batch(step):
-    idx = sampler.batch_indices(step)
+  def host_batch(step, workers=None):
+    idx = sampler.batch_indices(step, workers)
     return images[idx], labels[idx]
 
   def loss(params, batch, key):
@@ -387,6 +514,10 @@ class Experiment:
     param_count: parameters of one worker's model.
     unit: ``"tokens"`` or ``"samples"``.
     tokens_per_step: tokens (LM) or samples (images) per step, all workers.
+    local_workers: int64 [k]: the workers whose devices belong to this
+      process (all workers in a single-process run). In a multi-process job
+      (:func:`initialize_distributed`) worker ``i`` lives on process
+      ``i // k``, and each process reads only its own workers' data.
   """
 
   def __init__(self, config: config_dict.ConfigDict, *,
@@ -395,15 +526,27 @@ class Experiment:
 
     Args:
       config: a run config (see ``configs/gpt_tiny.py``).
-      devices: devices to place workers on (default ``jax.devices()``).
+      devices: devices to place workers on, in worker order (default: every
+        device of the job ordered by process, then device id).
 
     Raises:
       ValueError: an invalid config field, more workers than devices (the
         message says how to simulate CPU devices), missing data files, or a
-        corpus too short for the context length.
+        corpus too short for the context length; in a multi-process job,
+        ``n_workers`` differing from the job's device count, or a
+        node-aware topology whose ``workers_per_node`` is not the number
+        of devices per process.
     """
     check_config(config)
     c = self.config = config
+    if c.distributed.enabled and not jax.distributed.is_initialized():
+      raise ValueError(
+          "config.distributed.enabled=True but this process has not joined "
+          "a multi-process job; call decentral_jax.train.initialize_"
+          "distributed(config) before JAX touches devices (experiments/"
+          "train.py does), or set --config.distributed.enabled=False.")
+    if devices is None:
+      devices = distributed_lib.ordered_devices()
     self.n_workers = n = int(c.n_workers)
     self.local_batch = int(c.global_batch) // n
     local_size = int(c.workers_per_node)
@@ -417,6 +560,8 @@ class Experiment:
                          f"n_workers={n}, workers_per_node={local_size}: {e}"
                          ) from None
       node_aware = _node_aware(self.topology, local_size)
+    if jax.process_count() > 1:
+      _check_multi_process(c, n, len(devices), node_aware)
     try:
       self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
                                      devices=devices)
@@ -424,6 +569,7 @@ class Experiment:
       raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
                        "sets this by itself on CPU; otherwise lower "
                        "--config.n_workers.") from None
+    self.local_workers = _local_workers(self.mesh)
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
     try:
@@ -438,6 +584,8 @@ class Experiment:
     self.tokens_per_step = self._task.units_per_step
     self.schedule = make_schedule(c)
     self.tx = make_optimizer(c, self.schedule, self.topology, self.axis_name)
+    self._batch_workers = (None if jax.process_count() == 1
+                           else self.local_workers)
     root = jax.random.key(int(c.seed))
     self._init_key, self._dropout_key = jax.random.split(root)
     self._params0 = None
@@ -466,7 +614,7 @@ class Experiment:
     if self._params0 is None:
       self._params0 = self._task.init_params(self._init_key)
     everywhere = NamedSharding(self.mesh, P())
-    params, rng = jax.device_put(
+    params, rng = _put_global(
         (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
     return self._init_fn(params, rng)
 
@@ -481,10 +629,18 @@ class Experiment:
       A tuple of arrays ``[n_workers, local_batch, ...]`` (LM: int32 inputs
       and targets ``[n, B, T]``; images: uint8 ``[n, B, 28, 28]`` and int32
       labels ``[n, B]``) sharded over the worker axis. Deterministic in
-      ``(seed, step)``; worker ``w`` gets its own shard of the data.
+      ``(seed, step)``; worker ``w`` gets its own shard of the data. In a
+      multi-process job each process reads only the rows of its
+      :attr:`local_workers` and the global array is assembled from them
+      (``jax.make_array_from_process_local_data``).
     """
-    return jax.device_put(tuple(self._task.host_batch(int(step))),
-                          self._sharding)
+    rows = self._task.host_batch(int(step), self._batch_workers)
+    if self._batch_workers is None:
+      return jax.device_put(tuple(rows), self._sharding)
+    return tuple(
+        jax.make_array_from_process_local_data(
+            self._sharding, x, (self.n_workers,) + x.shape[1:])
+        for x in rows)
 
   def _place_eval_set(self):
     """Eval rows per worker ``[n, E, B, ...]`` and a common subset ``[E, B, ...]``.
@@ -500,8 +656,8 @@ class Experiment:
       per = x.reshape((e, n, b) + x.shape[2:]).swapaxes(0, 1)
       rows.append(np.ascontiguousarray(per))
       common.append(np.ascontiguousarray(x[:, ::n]))
-    return (jax.device_put(tuple(rows), self._sharding),
-            jax.device_put(tuple(common), NamedSharding(self.mesh, P())))
+    return (_put_global(tuple(rows), self._sharding),
+            _put_global(tuple(common), NamedSharding(self.mesh, P())))
 
   # -- steps -------------------------------------------------------------------
 
@@ -602,8 +758,8 @@ class Experiment:
       ``eval/loss_subset``: what the workers lose by not being averaged);
       ``consensus_distance``; and ``eval/accuracy`` for classifiers.
     """
-    out = jax.device_get(self._eval_step(state.params, self._eval_rows,
-                                         self._eval_common))
+    out = _to_host(self._eval_step(state.params, self._eval_rows,
+                                   self._eval_common))
     own = np.asarray(out["own_loss"], np.float64)
     subset = float(out["avg_subset_loss"][0])
     result = {
@@ -718,6 +874,13 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   steps and at the end). A resumed run continues bit-exactly: same batches,
   same dropout keys, same gossip round.
 
+  In a multi-process job (:func:`initialize_distributed`) every process
+  calls this with the same config and work directory (shared by all hosts):
+  all processes train, evaluate and write their shards of each checkpoint
+  (Orbax), while ``metrics.jsonl``, ``config.json``, logging and the
+  progress bar come from process 0 only. A checkpoint is restored by a job
+  with the same number of processes and devices per process.
+
   Args:
     config: a run config (``configs/*.py``).
     workdir: output directory (created if missing).
@@ -744,13 +907,17 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     raise ValueError("train_and_evaluate: `experiment` was built from a "
                      "different config; pass experiment=None.")
   total = int(c.steps)
+  main = distributed_lib.is_main_process()
   os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(c.to_json(indent=2))
+  if main:
+    with open(os.path.join(workdir, "config.json"), "w",
+              encoding="utf-8") as f:
+      f.write(c.to_json(indent=2))
   ckpt_dir = os.path.join(workdir, "checkpoints")
   ckpt = checkpoint_lib.Checkpointer(ckpt_dir,
                                      max_to_keep=int(c.keep_checkpoints))
-  writer = metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
+  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
+            if main else None)
   state = exp.init_state()
   start = last_saved = ckpt.latest_step()
   time_offset = 0.0  # training seconds of earlier invocations
@@ -759,12 +926,15 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     state, meta = ckpt.restore(start, state)
     start = int(meta["data_position"])
     time_offset = float(meta.get("train_time_s", 0.0))
-    logging.info("resumed from %s at step %d", ckpt_dir, start)
+    if main:
+      logging.info("resumed from %s at step %d", ckpt_dir, start)
   else:
     start = 0
-  logging.info("%s: %d workers, %s params/worker, %d %s/step, mesh %s",
-               c.algorithm, exp.n_workers, f"{exp.param_count:,}",
-               exp.tokens_per_step, exp.unit, dict(exp.mesh.shape))
+  if main:
+    logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
+                 "%s/step, mesh %s", c.algorithm, exp.n_workers,
+                 jax.process_count(), f"{exp.param_count:,}",
+                 exp.tokens_per_step, exp.unit, dict(exp.mesh.shape))
 
   unit_key = f"{exp.unit}_per_sec"
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
@@ -772,11 +942,12 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   window, timed = _Window(), []
   last = {"step": start}
   t_prev = None
-  bar = metrics_lib.progress_bar(total, initial=start)
+  bar = metrics_lib.progress_bar(total, initial=start,
+                                 disable=None if main else True)
 
   def handle(done: int, device_metrics: dict) -> None:
     nonlocal t_prev
-    m = jax.device_get(device_metrics)  # waits for step `done`
+    m = _to_host(device_metrics)  # waits for step `done`
     now = time.perf_counter()
     seconds = None if t_prev is None else now - t_prev
     t_prev = now
@@ -792,9 +963,11 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
            **window.summary(exp.tokens_per_step, exp.unit), **(extra or {})}
     rec["train_time_s"] = time_offset + float(np.sum(timed))
-    writer.write(rec)
     last.update(rec)
     window = _Window()
+    if not main:
+      return
+    writer.write(rec)
     bar.set_postfix({k: f"{rec[k]:.4g}" for k in
                      ("train/loss", "eval/loss", "consensus_distance")
                      if k in rec})
@@ -836,7 +1009,8 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
       last.update(exp.evaluate(state))
   finally:
     bar.close()
-    writer.close()
+    if writer is not None:
+      writer.close()
     ckpt.close()
   if timed:
     sec = float(np.mean(timed))

@@ -11,6 +11,16 @@ simulates them (``jax_num_cpu_devices``) before JAX starts its CPU backend,
 so the default 8-worker configs work out of the box. ``--cpu_devices=N``
 sets the number explicitly. Re-running with the same ``--workdir`` resumes
 from the last checkpoint.
+
+Multi-host: run the same command once per host (``srun`` does it on SLURM)
+with ``--config.distributed.enabled=True``; on SLURM the coordinator and
+process ids are detected, elsewhere also pass
+``--config.distributed.coordinator_address=HOST:PORT``,
+``--config.distributed.num_processes=N`` and
+``--config.distributed.process_id=I``. Every process uses all of its local
+devices (``n_workers / N`` simulated CPU devices per process on CPU); only
+process 0 prints, logs and writes ``metrics.jsonl``. See
+``experiments/slurm_example.sbatch``.
 """
 
 from __future__ import annotations
@@ -33,8 +43,8 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Output directory (metrics.jsonl, checkpoints); defaults "
     "to config.workdir.")
 _CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", 0, "Number of simulated CPU devices; 0 = config.n_workers "
-    "(only used when JAX runs on CPU).")
+    "cpu_devices", 0, "Number of simulated CPU devices per process; 0 = "
+    "config.n_workers / processes (only used when JAX runs on CPU).")
 
 
 def simulate_cpu_devices(n: int) -> None:
@@ -42,6 +52,17 @@ def simulate_cpu_devices(n: int) -> None:
   if os.environ.get("JAX_NUM_CPU_DEVICES"):
     return
   jax.config.update("jax_num_cpu_devices", int(n))
+
+
+def expected_processes(config) -> int:
+  """Processes of the job about to start (1 unless it is multi-process)."""
+  d = config.distributed
+  if int(d.num_processes) > 0:
+    return int(d.num_processes)
+  srun_tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
+  if d.enabled or srun_tasks > 1:  # as train.initialize_distributed decides
+    return max(int(os.environ.get("SLURM_NTASKS", "1") or 1), 1)
+  return 1
 
 
 def main(argv):
@@ -55,9 +76,14 @@ def main(argv):
   if not workdir:
     raise app.UsageError("--workdir is required (or set config.workdir).")
   checkpoint.quiet_orbax_logs()
-  simulate_cpu_devices(_CPU_DEVICES.value or max(int(config.n_workers), 1))
-  logging.info("JAX %s, devices: %s", jax.__version__, jax.devices())
   try:
+    procs = expected_processes(config)
+    simulate_cpu_devices(_CPU_DEVICES.value or
+                         max(int(config.n_workers) // procs, 1))
+    if train.initialize_distributed(config) and jax.process_index() > 0:
+      logging.set_verbosity(logging.WARNING)  # process 0 reports
+    logging.info("JAX %s, %d process(es), devices: %s", jax.__version__,
+                 jax.process_count(), jax.devices())
     final = train.train_and_evaluate(config, workdir)
   except ValueError as e:  # bad config or data: one line, no traceback
     print(f"error: {e}", file=sys.stderr)
@@ -65,6 +91,8 @@ def main(argv):
   except FloatingPointError as e:  # diverged; the last good checkpoint stays
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
+  if jax.process_index() > 0:
+    return
   summary = ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in final.items())
   print(f"finished: {summary}")
