@@ -18,19 +18,29 @@ from typing import Any, Callable
 PyTree = Any
 
 
-def set_cpu_devices(n: int) -> None:
+def set_cpu_devices(n: int, single_thread_eigen: bool = False) -> None:
   """Asks XLA for ``n`` simulated CPU devices; call before importing jax.
 
+  Args:
+    n: number of simulated CPU devices.
+    single_thread_eigen: also pass ``--xla_cpu_multi_thread_eigen=false``,
+      so that each device's matmuls and convolutions run on one thread (the
+      devices themselves still run concurrently). With many simulated
+      devices on few cores this avoids oversubscribing the cores, the
+      analogue of ``OMP_NUM_THREADS=1`` for one PyTorch process per worker.
+
   Raises:
-    RuntimeError: jax was already imported (the flag would be ignored).
+    RuntimeError: jax was already imported (the flags would be ignored).
   """
   import sys
   if "jax" in sys.modules:
     raise RuntimeError("set_cpu_devices must run before jax is imported.")
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
-    os.environ["XLA_FLAGS"] = (
-        f"{flags} --xla_force_host_platform_device_count={n}").strip()
+    flags = f"{flags} --xla_force_host_platform_device_count={n}"
+  if single_thread_eigen and "xla_cpu_multi_thread_eigen" not in flags:
+    flags = f"{flags} --xla_cpu_multi_thread_eigen=false"
+  os.environ["XLA_FLAGS"] = flags.strip()
 
 
 def machine_info() -> dict[str, Any]:

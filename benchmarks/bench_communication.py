@@ -8,7 +8,10 @@ and topology and lists, with :func:`decentral_jax.analysis.communication`,
 every collective of the optimized HLO and the bytes the busiest worker sends
 per step, divided by the parameter bytes. Steps whose topology has several
 rounds compile a ``lax.switch``; each branch (round) is one scenario, and
-the table gives the ratio of every branch. Nothing is executed.
+the table gives the ratio of every branch. The column "leaving the node"
+counts only the bytes a worker sends to another node when workers ``2v,
+2v+1`` share node ``v`` (group collectives counted as rings in device
+order). Nothing is executed.
 
   python benchmarks/bench_communication.py [--n_workers 8] [--json FILE]
 """
@@ -108,6 +111,8 @@ def main():
         "bytes sent / param bytes, per round": " / ".join(
             f"{r:.2f}" for r in ratios),
         "max": f"{max(ratios):.2f}",
+        "leaving the node, 2 workers/node": " / ".join(
+            f"{b / pb:.2f}" for b in rep.inter_node_bytes_per_step(2)),
         "expected": expected,
     }
     if comm:

@@ -11,13 +11,18 @@ documentation text:
 * decentral_jax: one process, 8 simulated CPU devices
   (``--xla_force_host_platform_device_count=8``), the step
   ``jit(shard_map(grad -> decentralized_adamw(accum_steps=4)))`` with
-  parameters and optimizer state donated.
+  parameters and optimizer state donated; with XLA's default flags, and with
+  ``--xla_cpu_multi_thread_eigen=false`` (each device's matmuls on one
+  thread, the counterpart of the PyTorch side's ``OMP_NUM_THREADS=1``).
 
 Each side runs ``--warmup`` steps (compilation and decent-dp's first two
 special iterations included there) and then ``--steps`` timed steps; tokens/s
 counts all workers' tokens. Runs alternate between the sides (A B, B A, ...)
 ``--repeats`` times, each in a fresh process; the table reports medians and
-the ratio decentral_jax / decent-dp of the medians.
+the ratio decentral_jax / decent-dp of the medians. Because the machine may
+be shared, each side also reports tokens per CPU-second (user + system time
+of all its processes and threads during the timed steps), which does not
+depend on how many cores other programs leave free.
 
 Optional dependency, not used by CI: ``pip install torch==2.13.0 decent-dp
 loguru``.
@@ -77,7 +82,7 @@ def jax_side(args) -> dict:
   the gossip prototype :func:`_bucketed_mix`).
   """
   from benchmarks import _common
-  _common.set_cpu_devices(args.workers)
+  _common.set_cpu_devices(args.workers, single_thread_eigen=args.one_thread)
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -139,6 +144,7 @@ def jax_side(args) -> dict:
     if i == 0:
       t_compile = time.perf_counter() - t_compile
   t0 = time.perf_counter()
+  c0 = time.process_time()  # all threads of this process
   prev = None
   for _ in range(args.steps):
     params, state, loss = step(params, state, batch())
@@ -147,9 +153,14 @@ def jax_side(args) -> dict:
     prev = loss
   loss.block_until_ready()
   elapsed = time.perf_counter() - t0
-  return {"side": f"decentral_jax-{args.layout}",
+  cpu = time.process_time() - c0
+  return {"side": f"decentral_jax-{args.layout}"
+                  + ("-1thread" if args.one_thread else ""),
+          "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "tokens_per_s": n * b * t * args.steps / elapsed,
           "ms_per_step": 1e3 * elapsed / args.steps, "steps": args.steps,
+          "cpu_s_per_step": cpu / args.steps,
+          "tokens_per_cpu_s": n * b * t * args.steps / cpu,
           "world_size": n, "final_loss_worker0": float(np.asarray(loss)[0]),
           "compile_plus_first_step_s": round(t_compile, 2),
           "jax": jax.__version__, "params": gpt.num_params(p0)}
@@ -171,7 +182,7 @@ def run_side(side: str, args) -> dict:
   if side.startswith("jax"):
     cmd = [sys.executable, os.path.abspath(__file__), "--child_jax",
            "--workers", str(args.workers), "--layout", side.split(":")[1]
-           ] + common
+           ] + common + (["--one_thread"] if side.endswith(":1t") else [])
     env = dict(os.environ)
   else:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -188,11 +199,16 @@ def run_side(side: str, args) -> dict:
 
 
 NAMES = {
-    "torch": "decent-dp 0.2.3 (PyTorch CPU, 8 gloo processes)",
-    "jax:tree": "decentral_jax, pytree parameters (8 simulated devices)",
-    "jax:flat": "decentral_jax, flat parameter vector (8 simulated devices)",
+    "torch": "decent-dp 0.2.3 (PyTorch CPU, 8 gloo processes, 1 thread each)",
+    "jax:tree": "decentral_jax, pytree parameters, default XLA flags",
+    "jax:flat": "decentral_jax, flat parameter vector, default XLA flags",
     "jax:bucketed": "decentral_jax, pytree + bucketed-gossip prototype",
 }
+for _k in list(NAMES):
+  if _k.startswith("jax:"):
+    NAMES[_k + ":1t"] = NAMES[_k].replace(
+        "default XLA flags", "single-threaded Eigen").replace(
+            "prototype", "prototype, single-threaded Eigen")
 
 
 def main():
@@ -205,9 +221,12 @@ def main():
   ap.add_argument("--context", type=int, default=64)
   ap.add_argument("--accum_steps", type=int, default=4)
   ap.add_argument("--lr", type=float, default=3e-3)
-  ap.add_argument("--layouts", nargs="+", default=["tree", "flat"],
-                  choices=("tree", "flat", "bucketed"),
-                  help="decentral_jax variants to run (see jax_side)")
+  ap.add_argument("--jax_sides", nargs="+",
+                  default=["tree", "tree:1t", "flat:1t"],
+                  help="decentral_jax variants: LAYOUT or LAYOUT:1t with "
+                       "LAYOUT in tree, flat, bucketed (see jax_side); ':1t' "
+                       "adds --xla_cpu_multi_thread_eigen=false")
+  ap.add_argument("--one_thread", action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--layout", default="tree", help=argparse.SUPPRESS)
   ap.add_argument("--timeout", type=int, default=600)
   ap.add_argument("--out", default=os.path.join(_ROOT, "benchmarks", "results",
@@ -227,7 +246,7 @@ def main():
     sys.exit("decent-dp is not installed: pip install torch==2.13.0 "
              "decent-dp loguru")
   print("machine:", json.dumps(_common.machine_info()), flush=True)
-  sides = ["torch"] + [f"jax:{layout}" for layout in args.layouts]
+  sides = ["torch"] + [f"jax:{v}" for v in args.jax_sides]
   results = {side: [] for side in sides}
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   for rep in range(args.repeats):
@@ -252,6 +271,8 @@ def main():
         "tokens/s (median)": f"{med[side]:,.0f}",
         "ms/step (median)": f"{statistics.median(r['ms_per_step'] for r in results[side]):.1f}",
         "vs decent-dp": f"{med[side] / med['torch']:.2f}x",
+        "tokens per CPU-second (median)": f"{statistics.median(r['tokens_per_cpu_s'] for r in results[side]):,.0f}",
+        "CPU-s/step (median)": f"{statistics.median(r['cpu_s_per_step'] for r in results[side]):.3f}",
         "runs (tokens/s)": ", ".join(f"{r['tokens_per_s']:,.0f}"
                                      for r in results[side]),
     })

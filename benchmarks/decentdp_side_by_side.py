@@ -20,7 +20,8 @@ Rank 0 prints one JSON line: ``{"side": "decent-dp", "tokens_per_s": ...,
 "ms_per_step": ..., "steps": ..., "world_size": ...}``; tokens/s counts the
 tokens of all ranks (world_size x local_batch x context per step) over the
 wall time of the timed steps (after ``--warmup`` steps; a barrier before
-and after).
+and after); ``tokens_per_cpu_s`` divides by the CPU time (user + system) of
+all ranks over the same steps.
 """
 
 from __future__ import annotations
@@ -135,16 +136,21 @@ def main():
     loss = step()
   dist.barrier()
   t0 = time.perf_counter()
+  c0 = time.process_time()
   for _ in range(args.steps):
     loss = step()
+  cpu = torch.tensor([time.process_time() - c0], dtype=torch.float64)
   dist.barrier()
   elapsed = time.perf_counter() - t0
+  dist.all_reduce(cpu)  # CPU seconds of all ranks during the timed steps
   if rank == 0:
     tokens = world * args.local_batch * t * args.steps
     print(json.dumps({
         "side": "decent-dp", "tokens_per_s": tokens / elapsed,
         "ms_per_step": 1e3 * elapsed / args.steps, "steps": args.steps,
-        "world_size": world, "final_loss_rank0": float(loss),
+        "cpu_s_per_step": float(cpu) / args.steps,
+        "tokens_per_cpu_s": tokens / float(cpu),
+        "world_size": world, "final_loss_rank0": float(loss.detach()),
         "torch": torch.__version__,
         "params": sum(p.numel() for p in model.parameters()),
     }), flush=True)

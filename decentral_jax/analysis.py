@@ -122,20 +122,37 @@ class Collective:
     return tuple(sorted({m.group(1) for s in self.operand_shapes
                          for m in _ARRAY.finditer(s)}))
 
-  def sent_bytes(self, n_devices: int) -> np.ndarray:
+  def sent_bytes(self, n_devices: int,
+                 local_size: int | None = None) -> np.ndarray:
     """Bytes each device sends when this collective runs once.
 
     Args:
       n_devices: number of devices of the program (ids ``0..n-1``).
+      local_size: if given, count only bytes that leave the sender's node,
+        with devices ``v*L .. v*L+L-1`` forming node ``v`` (``L =
+        local_size``). Group collectives are taken to run as a ring over
+        the group in its listed order, each device sending to the next one,
+        so a device's bytes cross nodes iff its ring successor is on
+        another node.
 
     Returns:
       ``np.ndarray`` [n_devices] float64, bytes (conventions in the module
       docstring).
+
+    Raises:
+      ValueError: ``local_size`` not a positive divisor of ``n_devices``.
     """
+    if local_size is not None and (local_size < 1 or n_devices % local_size):
+      raise ValueError(f"local_size={local_size} must divide n_devices="
+                       f"{n_devices}.")
+
+    def crosses(a, b):
+      return local_size is None or a // local_size != b // local_size
+
     sent = np.zeros(n_devices)
     if self.kind == "collective-permute":
       for src, dst in self.source_target_pairs or ():
-        if src != dst:
+        if src != dst and crosses(src, dst):
           sent[src] += self.operand_bytes
       return sent
     groups = self.replica_groups or (tuple(range(n_devices)),)
@@ -146,8 +163,9 @@ class Collective:
       factor = {"all-reduce": 2 * (p - 1) / p, "all-gather": p - 1,
                 "reduce-scatter": (p - 1) / p,
                 "all-to-all": (p - 1) / p}[self.kind]
-      for d in group:
-        sent[d] += factor * self.operand_bytes
+      for k, d in enumerate(group):
+        if crosses(d, group[(k + 1) % p]):
+          sent[d] += factor * self.operand_bytes
     return sent
 
 
@@ -202,6 +220,26 @@ class CommunicationReport:
   @property
   def mean_bytes_per_step(self) -> float:
     return float(np.mean(self.bytes_per_step))
+
+  def inter_node_bytes_per_step(self, local_size: int) -> tuple[float, ...]:
+    """Busiest worker's bytes per step that leave its node, per scenario.
+
+    Args:
+      local_size: devices per node ``L`` (node ``v`` = devices ``v*L ..
+        v*L+L-1``); see :meth:`Collective.sent_bytes` for the ring
+        convention of group collectives.
+
+    Returns:
+      One float (bytes) per scenario.
+    """
+    out = []
+    for s in self.scenarios:
+      sent = np.zeros(self.n_devices)
+      for k, times in s.counts:
+        sent += times * self.collectives[k].sent_bytes(self.n_devices,
+                                                       local_size)
+      out.append(float(sent.max()) if sent.size else 0.0)
+    return tuple(out)
 
   def ratios(self, param_bytes: float) -> tuple[float, ...]:
     """Bytes per step / ``param_bytes`` for every scenario.

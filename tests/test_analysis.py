@@ -101,6 +101,15 @@ def test_hand_written_module_bytes_per_branch():
   assert rep.mean_bytes_per_step == pytest.approx(fixed + 60)
   assert not rep.unknown_trip_count
   np.testing.assert_allclose(rep.ratios(fixed + 40)[0], 1.0)
+  # Two devices per node ({0,1}, {2,3}): branch 0's pairs stay in a node,
+  # branch 1's ring sends 0->1, 1->2, 2->3, 3->0 then 0->2, 1->3, ... The
+  # all-reduce ring 0->1->2->3->0 leaves the node from devices 1 and 3; the
+  # all-gather groups {0,1}, {2,3} stay inside nodes.
+  inter = rep.inter_node_bytes_per_step(2)
+  np.testing.assert_allclose(inter, [2 * 3 / 4 * 136,
+                                     2 * 3 / 4 * 136 + 40 + 40])
+  with pytest.raises(ValueError, match="local_size"):
+    rep.inter_node_bytes_per_step(3)
 
 
 _HLO_ASYNC = """\
