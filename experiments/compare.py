@@ -91,12 +91,15 @@ def results_table(rows: list[tuple[Run, dict]], unit: str) -> str:
   head = ("| run | val loss, averaged model | workers' own models: extra "
           "loss, mean / max | consensus distance | ms/step | "
           f"{unit}/s |\n|---|---|---|---|---|---|\n")
+  def signed(x: float) -> str:
+    return f"{round(x, 4) + 0.0:+.4f}"  # no "-0.0000"
+
   lines = []
   for run, m in rows:
     lines.append(
         f"| {run.label} | {m['eval/loss']:.4f} | "
-        f"{m['eval/worker_excess_mean']:+.4f} / "
-        f"{m['eval/worker_excess_max']:+.4f} | "
+        f"{signed(m['eval/worker_excess_mean'])} / "
+        f"{signed(m['eval/worker_excess_max'])} | "
         f"{m['consensus_distance']:.3g} | "
         f"{m.get('step_time_ms', float('nan')):.1f} | "
         f"{m.get(f'{unit}_per_sec', float('nan')):,.0f} |")
