@@ -28,7 +28,7 @@ from decentral_jax.data import sharding
 _BINS_HINT = (
     "produce it with nanoGPT's data/openwebtext/prepare.py (a flat array of "
     "uint16 GPT-2 token ids written with np.memmap / ndarray.tofile), or use "
-    "the bundled byte-level corpus (config.data.name='pydoc')")
+    "the bundled byte-level corpus (--config.data.source=pydoc)")
 
 
 def pydoc_corpus() -> bytes:
@@ -78,8 +78,8 @@ def load_text_file(path: str | os.PathLike) -> bytes:
   if not os.path.isfile(path):
     raise sharding.DataNotFoundError(
         f"text file {path!r} does not exist; pass an existing file as "
-        "config.data.path or use the bundled corpus (config.data.name="
-        "'pydoc').")
+        "--config.data.path or use the bundled corpus "
+        "(--config.data.source=pydoc).")
   with open(path, "rb") as f:
     return f.read()
 
