@@ -1,0 +1,177 @@
+"""One process of the multi-process test jobs of ``tests/test_multihost.py``.
+
+Run as ``python tests/multihost_worker.py --out DIR --port P --process_id I
+--case NAME [--case NAME ...] [--die_at STEP]``, once per process, with
+``JAX_PLATFORMS=cpu`` and ``XLA_FLAGS=--xla_force_host_platform_device_count=4``
+in the environment. The process joins a 2-process job on ``127.0.0.1:P``
+through :func:`decentral_jax.train.initialize_distributed` and, for every
+case, trains it with :func:`decentral_jax.train.train_and_evaluate` in
+``DIR/<case>``, then runs it again on the same directory (which restores the
+final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
+its workers' final parameters, every worker's per-step losses and the
+evaluations. With ``--die_at STEP`` process ``--die_process`` (default 1)
+kills itself (``os._exit(17)``) when asked for that step, after writing
+``DIR/died_at``.
+
+The module also holds what the single-process reference run in the test
+shares with the workers: the case configs and :func:`run_case`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+from absl import flags
+from jax.experimental import multihost_utils
+from ml_collections import config_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N_PROCESSES = 2
+DEVICES_PER_PROCESS = 4
+STEPS = 10
+
+TINY = ("--config.model.n_layer=1", "--config.model.n_embd=32",
+        "--config.model.n_head=2", "--config.model.block_size=16",
+        "--config.global_batch=16", "--config.eval_batches=1",
+        "--config.n_workers=8", "--config.eval_interval=0",
+        "--config.checkpoint_interval=0", "--config.log_interval=5",
+        "--config.schedule.warmup_steps=3", "--config.schedule.peak_lr=1e-2")
+
+CASES = {
+    # AccumAdamW (T=2) with gossip on the one-peer exponential graph.
+    "one_peer_exp": ("--config.algorithm=decentralized",
+                     "--config.topology=one_peer_exp",
+                     "--config.optimizer.name=accum_adamw",
+                     "--config.optimizer.accum_steps=2"),
+    # All-Reduce: pmean of the gradients over all 8 workers, then AdamW.
+    "all_reduce": ("--config.algorithm=all_reduce",
+                   "--config.optimizer.name=adamw",
+                   "--config.optimizer.accum_steps=1"),
+    # AER, 2 nodes x 4 workers: node-aware 2-D mesh, each process a node.
+    "aer": ("--config.algorithm=decentralized",
+            "--config.topology=alternating_exp_ring",
+            "--config.workers_per_node=4",
+            "--config.optimizer.name=accum_adamw",
+            "--config.optimizer.accum_steps=2"),
+}
+
+
+def case_config(case: str, *extra: str, steps: int = STEPS):
+  """The gpt_tiny config of ``case`` (tiny sizes, 8 workers, ``steps`` steps)."""
+  argv = ["worker", f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
+          *TINY, f"--config.steps={steps}", *CASES[case], *extra]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  return fv.config
+
+
+def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+  """This process's rows of a worker-stacked array: (worker ids, values)."""
+  shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+  workers = np.array([s.index[0].start or 0 for s in shards], np.int64)
+  return workers, np.concatenate([np.asarray(s.data) for s in shards])
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+  """The whole of a worker-stacked array on every process (a collective)."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def run_case(config, workdir: str, experiment, *,
+             die_at: int | None = None) -> dict[str, np.ndarray]:
+  """Trains ``config``, then restores and evaluates its final checkpoint.
+
+  Args:
+    config: the case config; experiment: a ``train.Experiment`` built from it.
+    workdir: the run directory (shared by the processes of a job).
+    die_at: if set, the process exits (``os._exit(17)``) instead of running
+      that step.
+
+  Returns:
+    Arrays to compare: ``workers`` (this process's worker ids), ``losses``
+    [steps, n_workers] (every worker), ``param/<leaf>`` [k, ...] (this
+    process's workers after the last step), ``restored/<leaf>`` (the same
+    read back from the checkpoint), ``eval_loss`` and ``eval_loss_restored``.
+  """
+  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  steps, last = [], {}
+  step_fn = experiment.train_step
+
+  def recording_step(state, batch):
+    if die_at is not None and len(steps) == die_at:
+      with open(os.path.join(os.path.dirname(workdir), "died_at"), "w",
+                encoding="utf-8") as f:
+        f.write(repr(time.time()))
+      os._exit(17)  # pylint: disable=protected-access
+    new_state, metrics = step_fn(state, batch)
+    steps.append(metrics["loss"])
+    last["state"] = new_state
+    return new_state, metrics
+
+  experiment.train_step = recording_step
+  final = train.train_and_evaluate(config, workdir, experiment=experiment)
+  evaluate_fn = experiment.evaluate
+
+  def recording_eval(state):
+    last["restored"] = state
+    return evaluate_fn(state)
+
+  experiment.evaluate = recording_eval
+  again = train.train_and_evaluate(config, workdir, experiment=experiment)
+  out = {"losses": np.stack([to_host(x) for x in steps]),
+         "eval_loss": np.float64(final["eval/loss"]),
+         "eval_loss_restored": np.float64(again["eval/loss"])}
+  for key, state in (("param", last["state"]), ("restored", last["restored"])):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
+      workers, rows = local_rows(leaf)
+      out[f"{key}/{jax.tree_util.keystr(path)}"] = rows
+  out["workers"] = workers
+  return out
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--port", type=int, required=True)
+  parser.add_argument("--process_id", type=int, required=True)
+  parser.add_argument("--case", action="append", required=True)
+  parser.add_argument("--steps", type=int, default=STEPS)
+  parser.add_argument("--die_at", type=int, default=None)
+  parser.add_argument("--die_process", type=int, default=1)
+  parser.add_argument("--heartbeat", type=int, default=10)
+  args = parser.parse_args()
+  sys.path.insert(0, ROOT)
+  from decentral_jax import checkpoint  # pylint: disable=import-outside-toplevel
+  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  checkpoint.quiet_orbax_logs()
+  dist = ("--config.distributed.enabled=True",
+          f"--config.distributed.coordinator_address=127.0.0.1:{args.port}",
+          f"--config.distributed.num_processes={N_PROCESSES}",
+          f"--config.distributed.process_id={args.process_id}",
+          f"--config.distributed.heartbeat_timeout_seconds={args.heartbeat}")
+  first = case_config(args.case[0], *dist, steps=args.steps)
+  assert train.initialize_distributed(first)
+  assert jax.process_count() == N_PROCESSES
+  assert jax.local_device_count() == DEVICES_PER_PROCESS
+  die_at = args.die_at if args.process_id == args.die_process else None
+  for case in args.case:
+    config = case_config(case, *dist, steps=args.steps)
+    exp = train.Experiment(config)
+    result = run_case(config, os.path.join(args.out, case), exp,
+                      die_at=die_at)
+    np.savez(os.path.join(args.out, f"{case}_p{args.process_id}.npz"),
+             **result)
+  print(f"process {args.process_id}: done", flush=True)
+
+
+if __name__ == "__main__":
+  main()
