@@ -202,9 +202,10 @@ def initialize_distributed(config: config_dict.ConfigDict) -> bool:
   calls it first). With ``config.distributed.enabled`` and
   ``coordinator_address``, ``num_processes`` and ``process_id`` set, this
   process joins that job; with the three left empty (``""``, 0, -1) they
-  are detected from SLURM (``srun``, one task per node). A job step started
-  by ``srun`` with more than one task also joins automatically when
-  ``enabled`` is False (every task would otherwise train alone). On CPU
+  are detected from SLURM (``srun``; with one task per node each process
+  uses all GPUs of its node, otherwise JAX gives each task one GPU). A job
+  step started by ``srun`` with more than one task also joins automatically
+  when ``enabled`` is False (every task would otherwise train alone). On CPU
   (``JAX_PLATFORMS=cpu``) JAX's gloo collectives are used, so several
   processes on one machine form one job.
 
@@ -234,12 +235,27 @@ def initialize_distributed(config: config_dict.ConfigDict) -> bool:
         "coordinator_address=HOST:PORT, --config.distributed.num_processes=N "
         "and --config.distributed.process_id=I (0 on the coordinator's host).")
   try:
-    return distributed_lib.initialize(
+    joined = distributed_lib.initialize(
         coordinator_address=str(d.coordinator_address),
         num_processes=int(d.num_processes), process_id=int(d.process_id),
         heartbeat_timeout_seconds=int(d.heartbeat_timeout_seconds))
   except ValueError as e:
     raise ValueError(f"config.distributed: {e}") from None
+  if joined and not explicit and _slurm_one_task_per_node():
+    # JAX's SLURM detection shows each process only the GPU numbered
+    # SLURM_LOCALID (its one-process-per-GPU convention); with one task per
+    # node the process drives every GPU of its node.
+    jax.config.update("jax_cuda_visible_devices", "all")
+    jax.config.update("jax_rocm_visible_devices", "all")
+  return joined
+
+
+def _slurm_one_task_per_node() -> bool:
+  """True if SLURM runs one task on every node of this step (or job)."""
+  spec = (os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+          or os.environ.get("SLURM_TASKS_PER_NODE") or "")
+  counts = [part.split("(")[0] for part in spec.split(",") if part]
+  return bool(counts) and all(c.strip() == "1" for c in counts)
 
 
 def make_schedule(config: config_dict.ConfigDict) -> optax.Schedule:

@@ -11,7 +11,9 @@ final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
 its workers' final parameters, every worker's per-step losses and the
 evaluations. With ``--die_at STEP`` process ``--die_process`` (default 1)
 kills itself (``os._exit(17)``) when asked for that step, after writing
-``DIR/died_at``.
+``DIR/died_at``. With ``--check_errors`` it first builds configs that do not
+fit the job's layout and writes their error messages to
+``DIR/errors_p<I>.json``.
 
 The module also holds what the single-process reference run in the test
 shares with the workers: the case configs and :func:`run_case`.
@@ -20,6 +22,7 @@ shares with the workers: the case configs and :func:`run_case`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -148,6 +151,7 @@ def main() -> None:
   parser.add_argument("--die_at", type=int, default=None)
   parser.add_argument("--die_process", type=int, default=1)
   parser.add_argument("--heartbeat", type=int, default=10)
+  parser.add_argument("--check_errors", action="store_true")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   from decentral_jax import checkpoint  # pylint: disable=import-outside-toplevel
@@ -162,6 +166,19 @@ def main() -> None:
   assert train.initialize_distributed(first)
   assert jax.process_count() == N_PROCESSES
   assert jax.local_device_count() == DEVICES_PER_PROCESS
+  if args.check_errors:
+    errors = {}
+    for name, case, extra in (
+        ("aer_workers_per_node_2", "aer", ("--config.workers_per_node=2",)),
+        ("n_workers_4", "one_peer_exp", ("--config.n_workers=4",))):
+      try:
+        train.Experiment(case_config(case, *dist, *extra))
+        errors[name] = ""
+      except ValueError as e:
+        errors[name] = str(e)
+    with open(os.path.join(args.out, f"errors_p{args.process_id}.json"), "w",
+              encoding="utf-8") as f:
+      json.dump(errors, f)
   die_at = args.die_at if args.process_id == args.die_process else None
   for case in args.case:
     config = case_config(case, *dist, steps=args.steps)

@@ -15,6 +15,7 @@ when the test ends, passes or fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -28,6 +29,7 @@ import pytest
 
 import multihost_worker as worker
 from conftest import require_devices
+from decentral_jax import distributed
 from decentral_jax import metrics
 from decentral_jax import train
 
@@ -43,12 +45,27 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def worker_env() -> dict[str, str]:
-  env = dict(os.environ)
+def free_slurm_port() -> int:
+  """A free port that JAX's SLURM detection derives from a job id."""
+  first = 65535 - 2**12 + 1  # JAX: port = job_id % 4096 + first
+  for port in np.random.default_rng().permutation(2**12) + first:
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", int(port)))
+      except OSError:
+        continue
+      return int(port)
+  raise RuntimeError("no free port in the SLURM range")
+
+
+def clean_env(devices_per_process: int | None = None) -> dict[str, str]:
+  """This environment without SLURM variables or the 16-device flag."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
   flags_ = [f for f in env.get("XLA_FLAGS", "").split()
             if "xla_force_host_platform_device_count" not in f]
-  flags_.append("--xla_force_host_platform_device_count="
-                f"{worker.DEVICES_PER_PROCESS}")
+  if devices_per_process:
+    flags_.append("--xla_force_host_platform_device_count="
+                  f"{devices_per_process}")
   env.update(XLA_FLAGS=" ".join(flags_), JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join(
                  [worker.ROOT, HERE, env.get("PYTHONPATH", "")]).rstrip(
@@ -57,18 +74,16 @@ def worker_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def launch(out, *args: str):
-  """Starts the 2 processes of one job; kills what is left on exit."""
-  port, procs = free_port(), []
+def launch_processes(out, argv, env):
+  """Starts ``argv(pid)`` with ``env(pid)`` for every process id, each in
+  its own session; kills the process groups left on exit."""
+  procs = []
   try:
     for pid in range(worker.N_PROCESSES):
-      log = open(os.path.join(out, f"p{pid}.log"), "wb")
-      procs.append(subprocess.Popen(
-          [sys.executable, os.path.join(HERE, "multihost_worker.py"),
-           "--out", str(out), "--port", str(port), "--process_id", str(pid),
-           *args], env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
-          start_new_session=True))
-      log.close()
+      with open(os.path.join(out, f"p{pid}.log"), "wb") as log:
+        procs.append(subprocess.Popen(
+            argv(pid), env=env(pid), stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True))
     yield procs
   finally:
     for p in procs:
@@ -76,6 +91,17 @@ def launch(out, *args: str):
         with contextlib.suppress(ProcessLookupError):
           os.killpg(p.pid, signal.SIGKILL)
       p.wait()
+
+
+def launch(out, *args: str):
+  """The 2 processes of a ``multihost_worker.py`` job on a free port."""
+  port = free_port()
+  env = clean_env(worker.DEVICES_PER_PROCESS)
+  script = os.path.join(HERE, "multihost_worker.py")
+  return launch_processes(
+      out, lambda pid: [sys.executable, script, "--out", str(out), "--port",
+                        str(port), "--process_id", str(pid), *args],
+      lambda pid: env)
 
 
 def wait_all(procs, out, timeout_s: float) -> list[int]:
@@ -110,7 +136,7 @@ def job(tmp_path_factory):
   devices = require_devices(N)
   out = tmp_path_factory.mktemp("multihost")
   ref_dir = tmp_path_factory.mktemp("reference")
-  args = [a for case in CASES for a in ("--case", case)]
+  args = ["--check_errors"] + [a for case in CASES for a in ("--case", case)]
   with launch(out, *args) as procs:
     t0 = time.monotonic()
     reference = {}
@@ -193,3 +219,127 @@ def test_a_dying_process_stops_the_job(tmp_path, dying):
   # Bounded: within a few heartbeat timeouts (5 s), far from a hang.
   assert ended - died < 60, (ended - died, logs(tmp_path))
   assert not os.path.exists(tmp_path / f"one_peer_exp_p{other}.npz")
+
+
+def test_layout_mismatch_is_a_clear_error(job):
+  """AER with 2 workers per node on 4-device hosts; 4 workers on 8 devices."""
+  out, _, _ = job
+  for pid in range(worker.N_PROCESSES):
+    with open(out / f"errors_p{pid}.json", encoding="utf-8") as f:
+      errors = json.load(f)
+    aer = errors["aer_workers_per_node_2"]
+    for part in ("config.topology='alternating_exp_ring'",
+                 "config.workers_per_node=2", "4 devices",
+                 "--config.workers_per_node=4"):
+      assert part in aer, aer
+    n = errors["n_workers_4"]
+    for part in ("config.n_workers=4", "2-process job has 8 devices",
+                 "--config.n_workers=8"):
+      assert part in n, n
+    assert "\n" not in aer + n
+
+
+def test_cli_under_slurm_detects_the_job(job, tmp_path):
+  """``srun``-style start of experiments/train.py: SLURM variables only.
+
+  Process 0 runs with ``--config.distributed.enabled=True`` and empty
+  fields, process 1 without it (a multi-task srun step joins by itself);
+  the CLI simulates 8 / 2 CPU devices per process. AER's nodes are the two
+  processes; the training losses must match the 1-process reference and
+  only process 0 reports.
+  """
+  _, _, reference = job
+  port = free_slurm_port()
+  workdir = tmp_path / "run"
+  base = [sys.executable, os.path.join(worker.ROOT, "experiments", "train.py"),
+          f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
+          f"--workdir={workdir}", *worker.TINY,
+          f"--config.steps={worker.STEPS}", *worker.CASES["aer"],
+          "--config.distributed.heartbeat_timeout_seconds=10"]
+
+  def env(pid):
+    e = clean_env()
+    e.update(SLURM_JOB_ID=str(port - (65535 - 2**12 + 1)),
+             SLURM_STEP_NODELIST="127.0.0.1", SLURM_NTASKS="2",
+             SLURM_STEP_NUM_TASKS="2", SLURM_PROCID=str(pid),
+             SLURM_LOCALID=str(pid))
+    return e
+
+  argv = lambda pid: base + (["--config.distributed.enabled=True"]
+                             if pid == 0 else [])
+  with launch_processes(tmp_path, argv, env) as procs:
+    codes = wait_all(procs, tmp_path, JOB_TIMEOUT_S)
+  assert codes == [0, 0], logs(tmp_path)
+  with open(tmp_path / "p0.log", encoding="utf-8") as f:
+    log0 = f.read()
+  with open(tmp_path / "p1.log", encoding="utf-8") as f:
+    log1 = f.read()
+  assert "2 process(es)" in log0 and "mesh {'nodes': 2, 'local': 4}" in log0
+  assert "finished: step=10" in log0 and "finished" not in log1
+  assert "step 10:" not in log1
+  records = metrics.read_jsonl(str(workdir / "metrics.jsonl"))
+  assert [r["step"] for r in records] == [5, 10]
+  losses = reference["aer"]["losses"]
+  for r, window in zip(records, (slice(0, 5), slice(5, 10))):
+    assert r["train/loss"] == pytest.approx(float(np.mean(losses[window])),
+                                            rel=1e-5)
+  assert r["eval/loss"] == pytest.approx(float(reference["aer"]["eval_loss"]),
+                                         rel=1e-5)
+
+
+def _dist_config(**fields):
+  config = worker.case_config("one_peer_exp")
+  with config.unlocked():
+    for k, v in fields.items():
+      config.distributed[k] = v
+  return config
+
+
+def test_initialize_distributed_decides_and_validates(monkeypatch):
+  """Which set-up ``initialize_distributed`` asks for (JAX call stubbed)."""
+  calls = []
+  monkeypatch.setattr(distributed, "initialize",
+                      lambda **kw: calls.append(kw) or True)
+  for var in [v for v in os.environ if v.startswith("SLURM_")]:
+    monkeypatch.delenv(var)
+  assert train.initialize_distributed(_dist_config()) is False
+  with pytest.raises(ValueError, match="no SLURM job"):
+    train.initialize_distributed(_dist_config(enabled=True))
+  assert train.initialize_distributed(_dist_config(
+      enabled=True, coordinator_address="10.0.0.1:1234", num_processes=4,
+      process_id=3, heartbeat_timeout_seconds=7))
+  assert calls.pop() == dict(coordinator_address="10.0.0.1:1234",
+                             num_processes=4, process_id=3,
+                             heartbeat_timeout_seconds=7)
+  for bad, match in (({"num_processes": -1}, "distributed.num_processes"),
+                     ({"process_id": -2}, "distributed.process_id"),
+                     ({"heartbeat_timeout_seconds": 0},
+                      "distributed.heartbeat_timeout_seconds")):
+    with pytest.raises(ValueError, match=match):
+      train.initialize_distributed(_dist_config(**bad))
+  # A batch script's own step (no srun step with several tasks) stays alone.
+  monkeypatch.setenv("SLURM_JOB_ID", "5")
+  monkeypatch.setenv("SLURM_NTASKS", "2")
+  monkeypatch.setenv("SLURM_PROCID", "0")
+  assert train.initialize_distributed(_dist_config()) is False
+  assert not calls
+  # enabled=True with empty fields on SLURM: JAX detects the set-up.
+  assert train.initialize_distributed(_dist_config(enabled=True))
+  assert calls.pop() == dict(coordinator_address="", num_processes=0,
+                             process_id=-1, heartbeat_timeout_seconds=100)
+  # Inside `srun` with 2 tasks the job is joined even when not enabled.
+  monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+  assert train.initialize_distributed(_dist_config())
+  assert calls.pop()["num_processes"] == 0
+  # JAX's SLURM rule gives each task the one GPU numbered SLURM_LOCALID;
+  # with one task per node the process gets all GPUs of its node back.
+  visible = lambda: jax.config.values["jax_cuda_visible_devices"]
+  try:
+    for tasks_per_node, expected in (("2", "0"), ("1(x2)", "all")):
+      monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
+      jax.config.update("jax_cuda_visible_devices", "0")  # as JAX does
+      assert train.initialize_distributed(_dist_config(enabled=True))
+      assert visible() == expected, tasks_per_node
+  finally:
+    jax.config.update("jax_cuda_visible_devices", "all")
+    jax.config.update("jax_rocm_visible_devices", "all")
