@@ -8,8 +8,8 @@ through :func:`decentral_jax.train.initialize_distributed` and, for every
 case, trains it with :func:`decentral_jax.train.train_and_evaluate` in
 ``DIR/<case>``, then runs it again on the same directory (which restores the
 final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
-its workers' final parameters, every worker's per-step losses and the
-evaluations. With ``--die_at STEP`` process ``--die_process`` (default 1)
+its workers' final parameters, every worker's per-step losses, the
+evaluations and the workers whose training rows it read. With ``--die_at STEP`` process ``--die_process`` (default 1)
 kills itself (``os._exit(17)``) when asked for that step, after writing
 ``DIR/died_at``. With ``--check_errors`` it first builds configs that do not
 fit the job's layout and writes their error messages to
@@ -156,7 +156,17 @@ def main() -> None:
   sys.path.insert(0, ROOT)
   from decentral_jax import checkpoint  # pylint: disable=import-outside-toplevel
   from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  from decentral_jax.data import text  # pylint: disable=import-outside-toplevel
   checkpoint.quiet_orbax_logs()
+  # Records which workers' training rows this process reads.
+  read_rows_of, sampler_batch = set(), text.LMSampler.batch
+
+  def batch(self, step, workers=None):
+    read_rows_of.update(range(self.n_workers) if workers is None
+                        else (int(w) for w in workers))
+    return sampler_batch(self, step, workers)
+
+  text.LMSampler.batch = batch
   dist = ("--config.distributed.enabled=True",
           f"--config.distributed.coordinator_address=127.0.0.1:{args.port}",
           f"--config.distributed.num_processes={N_PROCESSES}",
@@ -183,8 +193,10 @@ def main() -> None:
   for case in args.case:
     config = case_config(case, *dist, steps=args.steps)
     exp = train.Experiment(config)
+    read_rows_of.clear()
     result = run_case(config, os.path.join(args.out, case), exp,
                       die_at=die_at)
+    result["data_workers"] = np.array(sorted(read_rows_of), np.int64)
     np.savez(os.path.join(args.out, f"{case}_p{args.process_id}.npz"),
              **result)
   print(f"process {args.process_id}: done", flush=True)

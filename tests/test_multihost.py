@@ -175,6 +175,8 @@ def test_two_processes_match_one_process(job, case):
   for pid, part in enumerate(results[case]):
     workers = np.arange(pid * 4, pid * 4 + 4)
     np.testing.assert_array_equal(part["workers"], workers)
+    # Each process read the training rows of its own workers only.
+    np.testing.assert_array_equal(part["data_workers"], workers)
     # Both processes see every worker's loss (gathered), equal to the ref.
     assert_close(part["losses"], ref["losses"], f"{case} losses, p{pid}")
     assert sorted(k for k in part if k.startswith("param/")) == keys
