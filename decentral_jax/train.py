@@ -7,6 +7,13 @@ per-worker data samplers, the optax transform and the jitted per-device train
 and eval steps. :func:`train_and_evaluate` runs the loop in a work directory
 with metrics, checkpoints, resumption and a non-finite-loss guard.
 
+Multi-host: after :func:`initialize_distributed` (JAX's multi-controller
+runtime, one process per host) the mesh spans every process's devices in
+the order of ``decentral_jax.distributed.ordered_devices`` (worker ``i`` on
+process ``i // local_device_count``; for node-aware topologies a node is a
+process), each process feeds only its own workers' data, and only process 0
+writes metrics and logs.
+
 State layout (``TrainState``): every leaf has a leading worker axis
 ``[n_workers, ...]`` sharded over the mesh's worker axis (``"workers"``, or
 ``("nodes", "local")`` for node-aware topologies), so each device holds one
