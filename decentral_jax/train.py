@@ -398,13 +398,20 @@ def _put_global(tree: PyTree, sharding: NamedSharding) -> PyTree:
 def _to_host(tree: PyTree) -> PyTree:
   """NumPy values of (possibly multi-process) arrays; every process calls it.
 
-  In a multi-process job the arrays are not fully addressable; they are
-  gathered with ``multihost_utils.process_allgather`` (a collective, so all
-  processes must call this in the same order).
+  In a multi-process job the arrays are not fully addressable: replicated
+  ones are read from a local device, others are gathered with
+  ``multihost_utils.process_allgather`` (a collective, so all processes must
+  call this in the same order).
   """
   if jax.process_count() == 1:
     return jax.device_get(tree)
-  return multihost_utils.process_allgather(tree, tiled=True)
+
+  def one(x):
+    if x.sharding.is_fully_replicated:  # e.g. the train step's metrics
+      return np.asarray(x.addressable_data(0))
+    return multihost_utils.process_allgather(x, tiled=True)
+
+  return jax.tree.map(one, tree)
 
 
 class _Task(NamedTuple):
@@ -619,8 +626,11 @@ class Experiment:
     self._eval_rows, self._eval_common = self._place_eval_set()
     self._init_fn = jax.jit(parallel.per_worker(
         self._init_worker, self.mesh, replicated_argnums=(0, 1)))
-    self._train_step = jax.jit(
-        parallel.per_worker(self._step_worker, self.mesh), donate_argnums=(0,))
+    if jax.process_count() == 1:
+      step_fn = parallel.per_worker(self._step_worker, self.mesh)
+    else:
+      step_fn = self._gathering_step()
+    self._train_step = jax.jit(step_fn, donate_argnums=(0,))
     self._eval_step = jax.jit(
         parallel.per_worker(self._eval_worker, self.mesh,
                             replicated_argnums=(2,)))
@@ -717,6 +727,26 @@ class Experiment:
     new_state = state.replace(step=step, params=params, opt_state=opt_state)
     return new_state, metrics
 
+  def _gathering_step(self):
+    """The multi-process step: metrics all-gathered in the step, replicated.
+
+    Every process can then read all workers' metrics from its own devices
+    without another collective, so the host still reads step ``t-1`` while
+    step ``t`` runs (a separate gather would queue behind step ``t``).
+    """
+    spec = parallel.worker_spec(self.mesh)
+
+    def body(state, batch):
+      state, batch = jax.tree.map(lambda x: x[0], (state, batch))
+      state, metrics = self._step_worker(state, batch)
+      metrics = jax.tree.map(
+          lambda x: lax.all_gather(gossip._match_varying(x, state.step),  # pylint: disable=protected-access
+                                   self.axis_name, to="invarying"), metrics)
+      return jax.tree.map(lambda x: x[None], state), metrics
+
+    return jax.shard_map(body, mesh=self.mesh, in_specs=(spec, spec),
+                         out_specs=(spec, P()))
+
   def _exact_mean(self, params):
     return jax.tree.map(
         lambda x: gossip._match_varying(lax.pmean(x, self.axis_name), x),  # pylint: disable=protected-access
@@ -737,7 +767,9 @@ class Experiment:
       ``finite`` (bool: loss and updated parameters finite),
       ``consensus_distance`` (``(1/n) sum_i ||x_i - x_bar||^2`` after the
       update; computed on log steps only, NaN otherwise), and ``accuracy``
-      for classifiers. The step is compiled once.
+      for classifiers. The step is compiled once. In a multi-process job
+      the metrics are gathered inside the step and replicated on every
+      device, so each process reads all ``n_workers`` values locally.
     """
     return self._train_step(state, batch)
 

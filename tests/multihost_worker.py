@@ -1,19 +1,18 @@
 """One process of the multi-process test jobs of ``tests/test_multihost.py``.
 
 Run as ``python tests/multihost_worker.py --out DIR --port P --process_id I
---case NAME [--case NAME ...] [--die_at STEP]``, once per process, with
-``JAX_PLATFORMS=cpu`` and ``XLA_FLAGS=--xla_force_host_platform_device_count=4``
-in the environment. The process joins a 2-process job on ``127.0.0.1:P``
-through :func:`decentral_jax.train.initialize_distributed` and, for every
-case, trains it with :func:`decentral_jax.train.train_and_evaluate` in
+--case NAME [--case NAME ...] [--steps N] [--check_errors]``, once per
+process, with ``JAX_PLATFORMS=cpu`` and
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the environment.
+The process joins a 2-process job on ``127.0.0.1:P`` through
+:func:`decentral_jax.train.initialize_distributed` and, for every case,
+trains it with :func:`decentral_jax.train.train_and_evaluate` in
 ``DIR/<case>``, then runs it again on the same directory (which restores the
 final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
 its workers' final parameters, every worker's per-step losses, the
-evaluations and the workers whose training rows it read. With ``--die_at STEP`` process ``--die_process`` (default 1)
-kills itself (``os._exit(17)``) when asked for that step, after writing
-``DIR/died_at``. With ``--check_errors`` it first builds configs that do not
-fit the job's layout and writes their error messages to
-``DIR/errors_p<I>.json``.
+evaluations and the workers whose training rows it read. With
+``--check_errors`` it first builds configs that do not fit the job's layout
+and writes their error messages to ``DIR/errors_p<I>.json``.
 
 The module also holds what the single-process reference run in the test
 shares with the workers: the case configs and :func:`run_case`.
@@ -25,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -89,15 +87,12 @@ def to_host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def run_case(config, workdir: str, experiment, *,
-             die_at: int | None = None) -> dict[str, np.ndarray]:
+def run_case(config, workdir: str, experiment) -> dict[str, np.ndarray]:
   """Trains ``config``, then restores and evaluates its final checkpoint.
 
   Args:
     config: the case config; experiment: a ``train.Experiment`` built from it.
     workdir: the run directory (shared by the processes of a job).
-    die_at: if set, the process exits (``os._exit(17)``) instead of running
-      that step.
 
   Returns:
     Arrays to compare: ``workers`` (this process's worker ids), ``losses``
@@ -110,11 +105,6 @@ def run_case(config, workdir: str, experiment, *,
   step_fn = experiment.train_step
 
   def recording_step(state, batch):
-    if die_at is not None and len(steps) == die_at:
-      with open(os.path.join(os.path.dirname(workdir), "died_at"), "w",
-                encoding="utf-8") as f:
-        f.write(repr(time.time()))
-      os._exit(17)  # pylint: disable=protected-access
     new_state, metrics = step_fn(state, batch)
     steps.append(metrics["loss"])
     last["state"] = new_state
@@ -148,9 +138,8 @@ def main() -> None:
   parser.add_argument("--process_id", type=int, required=True)
   parser.add_argument("--case", action="append", required=True)
   parser.add_argument("--steps", type=int, default=STEPS)
-  parser.add_argument("--die_at", type=int, default=None)
-  parser.add_argument("--die_process", type=int, default=1)
   parser.add_argument("--heartbeat", type=int, default=10)
+  parser.add_argument("--log_interval", type=int, default=5)
   parser.add_argument("--check_errors", action="store_true")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
@@ -167,7 +156,8 @@ def main() -> None:
     return sampler_batch(self, step, workers)
 
   text.LMSampler.batch = batch
-  dist = ("--config.distributed.enabled=True",
+  dist = (f"--config.log_interval={args.log_interval}",
+          "--config.distributed.enabled=True",
           f"--config.distributed.coordinator_address=127.0.0.1:{args.port}",
           f"--config.distributed.num_processes={N_PROCESSES}",
           f"--config.distributed.process_id={args.process_id}",
@@ -189,13 +179,11 @@ def main() -> None:
     with open(os.path.join(args.out, f"errors_p{args.process_id}.json"), "w",
               encoding="utf-8") as f:
       json.dump(errors, f)
-  die_at = args.die_at if args.process_id == args.die_process else None
   for case in args.case:
     config = case_config(case, *dist, steps=args.steps)
     exp = train.Experiment(config)
     read_rows_of.clear()
-    result = run_case(config, os.path.join(args.out, case), exp,
-                      die_at=die_at)
+    result = run_case(config, os.path.join(args.out, case), exp)
     result["data_workers"] = np.array(sorted(read_rows_of), np.int64)
     np.savez(os.path.join(args.out, f"{case}_p{args.process_id}.npz"),
              **result)
