@@ -63,7 +63,7 @@ CASES = {
 
 
 def case_config(case: str, *extra: str, steps: int = STEPS):
-  """The gpt_tiny config of ``case`` (tiny sizes, 8 workers, ``steps`` steps)."""
+  """The gpt_tiny config of ``case``: tiny sizes, 8 workers, ``steps`` steps."""
   argv = ["worker", f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
           *TINY, f"--config.steps={steps}", *CASES[case], *extra]
   fv = flags.FlagValues()
@@ -143,9 +143,11 @@ def main() -> None:
   parser.add_argument("--check_errors", action="store_true")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
-  from decentral_jax import checkpoint  # pylint: disable=import-outside-toplevel
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
-  from decentral_jax.data import text  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from decentral_jax import checkpoint
+  from decentral_jax import train
+  from decentral_jax.data import text
+  # pylint: enable=import-outside-toplevel
   checkpoint.quiet_orbax_logs()
   # Records which workers' training rows this process reads.
   read_rows_of, sampler_batch = set(), text.LMSampler.batch
