@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmark scripts: machine facts, GPT train steps.
+"""Shared code of the benchmark scripts: machine facts, GPT train steps.
 
 Nothing here is imported by the library; the scripts in ``benchmarks/`` use
 it to describe the machine in their output and to build the same

@@ -786,7 +786,7 @@ def is_async_overlapped(compiled_or_lowered: Any) -> dict[str, Any]:
   return out
 
 
-def _json_default(o):  # pragma: no cover - helper for scripts
+def _json_default(o):  # pragma: no cover - used by scripts
   if isinstance(o, np.ndarray):
     return o.tolist()
   raise TypeError(type(o))
