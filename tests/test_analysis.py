@@ -10,6 +10,8 @@ Two kinds of checks:
 
 from __future__ import annotations
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,6 +112,10 @@ def test_hand_written_module_bytes_per_branch():
                                      2 * 3 / 4 * 136 + 40 + 40])
   with pytest.raises(ValueError, match="local_size"):
     rep.inter_node_bytes_per_step(3)
+  d = json.loads(analysis.report_to_json(rep, fixed + 40))
+  np.testing.assert_allclose(d["ratios"], [1.0, (fixed + 80) / (fixed + 40)])
+  assert len(d["collectives"]) == 5
+  assert "conditional" in rep.summary(fixed + 40)
 
 
 _HLO_ASYNC = """\
