@@ -50,6 +50,11 @@ def get_config(variant: str = "decentralized") -> config_dict.ConfigDict:
   c.workers_per_node = 4
   # dtype in which gossiped parameters are sent: "" or "bfloat16".
   c.comm_dtype = ""
+  # How the gossip round is chosen: "static" compiles one step per distinct
+  # round (chosen on the host), leaving no conditional around the
+  # collectives so XLA can overlap the gossip with the forward/backward pass
+  # (the paper's overlap); "switch" compiles once and picks it in-graph.
+  c.gossip_rounds = "static"
   # Exact global parameter average every this many steps (the paper's
   # decentralized run averages at every evaluation, 1000 steps); 0 = never.
   c.global_avg_interval = 1000 if decentralized else 0

@@ -44,6 +44,11 @@ def get_config() -> config_dict.ConfigDict:
   # dtype in which gossiped parameters are sent: "" (their own dtype) or
   # "bfloat16".
   c.comm_dtype = ""
+  # How the gossip round is chosen: "switch" (one compile; lax.switch on
+  # step % period inside the step) or "static" (one compile per distinct
+  # round, chosen on the host: no conditional around the collectives, so
+  # XLA can overlap them with the forward/backward on GPUs).
+  c.gossip_rounds = "switch"
   # Exact global parameter average (pmean) every this many steps; 0 = never.
   c.global_avg_interval = 0
 

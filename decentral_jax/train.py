@@ -36,6 +36,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -68,6 +69,7 @@ Batch = tuple[jax.Array, ...]
 
 ALGORITHMS = ("all_reduce", "decentralized")
 OPTIMIZERS = ("adamw", "accum_adamw")
+GOSSIP_ROUNDS = ("switch", "static")
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
@@ -161,6 +163,7 @@ def check_config(config: config_dict.ConfigDict) -> None:
     raise ValueError(f"config.grad_clip must be >= 0 (0 disables clipping), "
                      f"got {c.grad_clip!r}.")
   _choice(c.comm_dtype, "comm_dtype", tuple(COMM_DTYPES))
+  _choice(c.get("gossip_rounds", "switch"), "gossip_rounds", GOSSIP_ROUNDS)
   o = c.optimizer
   _choice(o.name, "optimizer.name", OPTIMIZERS)
   accum = _int_field(c, "optimizer.accum_steps", 1)
@@ -626,11 +629,26 @@ class Experiment:
     self._eval_rows, self._eval_common = self._place_eval_set()
     self._init_fn = jax.jit(parallel.per_worker(
         self._init_worker, self.mesh, replicated_argnums=(0, 1)))
-    if jax.process_count() == 1:
-      step_fn = parallel.per_worker(self._step_worker, self.mesh)
+    # Gossip round dispatch: "switch" compiles the whole schedule once (the
+    # round is picked in-graph with lax.switch); "static" compiles one step
+    # per distinct round (the host picks it from the step number), so the
+    # collective sits outside any conditional and XLA can overlap it with
+    # the forward/backward pass on accelerators.
+    self.gossip_rounds = c.get("gossip_rounds", "switch")
+    distinct = (self.topology.distinct_rounds if self.topology is not None
+                else ())
+    self._static_rounds = (self.gossip_rounds == "static" and
+                           len(distinct) > 1)
+    if self._static_rounds:
+      first = {}
+      for r, d in enumerate(self.topology.round_to_distinct):
+        first.setdefault(d, r)
+      self._round_steps = {
+          d: jax.jit(self._step_fn(r), donate_argnums=(0,))
+          for d, r in first.items()}
+      self._train_step = None
     else:
-      step_fn = self._gathering_step()
-    self._train_step = jax.jit(step_fn, donate_argnums=(0,))
+      self._train_step = jax.jit(self._step_fn(None), donate_argnums=(0,))
     self._eval_step = jax.jit(
         parallel.per_worker(self._eval_worker, self.mesh,
                             replicated_argnums=(2,)))
@@ -698,7 +716,15 @@ class Experiment:
     c = self.config
     return (step % int(c.log_interval) == 0) | (step == int(c.steps))
 
-  def _step_worker(self, state: TrainState, batch: Batch):
+  def _step_fn(self, round_index):
+    """The (unjitted) step over all workers; ``round_index`` static or None."""
+    worker = functools.partial(self._step_worker, round_index=round_index)
+    if jax.process_count() == 1:
+      return parallel.per_worker(worker, self.mesh)
+    return self._gathering_step(worker)
+
+  def _step_worker(self, state: TrainState, batch: Batch,
+                   round_index: int | None = None):
     """One training step of one worker (inside ``shard_map``)."""
     c, axis = self.config, self.axis_name
     key = None
@@ -708,7 +734,9 @@ class Experiment:
                                lax.axis_index(axis))
     grad_fn = jax.value_and_grad(self._task.loss, has_aux=True)
     (loss, aux), grads = grad_fn(state.params, batch, key)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    extra = {} if round_index is None else {"round_index": round_index}
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params,
+                                        **extra)
     params = optax.apply_updates(state.params, updates)
     step = state.step + 1
     interval = int(c.global_avg_interval)
@@ -727,7 +755,7 @@ class Experiment:
     new_state = state.replace(step=step, params=params, opt_state=opt_state)
     return new_state, metrics
 
-  def _gathering_step(self):
+  def _gathering_step(self, worker):
     """The multi-process step: metrics all-gathered in the step, replicated.
 
     Every process can then read all workers' metrics from its own devices
@@ -738,7 +766,7 @@ class Experiment:
 
     def body(state, batch):
       state, batch = jax.tree.map(lambda x: x[0], (state, batch))
-      state, metrics = self._step_worker(state, batch)
+      state, metrics = worker(state, batch)
       metrics = jax.tree.map(
           lambda x: lax.all_gather(gossip._match_varying(x, state.step),  # pylint: disable=protected-access
                                    self.axis_name, to="invarying"), metrics)
@@ -752,13 +780,17 @@ class Experiment:
         lambda x: gossip._match_varying(lax.pmean(x, self.axis_name), x),  # pylint: disable=protected-access
         params)
 
-  def train_step(self, state: TrainState, batch: Batch
-                 ) -> tuple[TrainState, dict]:
+  def train_step(self, state: TrainState, batch: Batch,
+                 step: int | None = None) -> tuple[TrainState, dict]:
     """One step on every worker. ``state`` is donated (do not reuse it).
 
     Args:
       state: stacked state from :meth:`init_state` or a previous step.
       batch: from :meth:`get_batch`.
+      step: the number of completed steps in ``state`` (host int). Only
+        used with ``config.gossip_rounds="static"``, to pick the compiled
+        round without reading ``state.step`` from the device (which would
+        wait for the previous step); read from the device if omitted.
 
     Returns:
       ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``:
@@ -771,7 +803,14 @@ class Experiment:
       the metrics are gathered inside the step and replicated on every
       device, so each process reads all ``n_workers`` values locally.
     """
-    return self._train_step(state, batch)
+    if not self._static_rounds:
+      return self._train_step(state, batch)
+    if step is None:
+      step = int(np.asarray(jax.device_get(
+          state.step.addressable_shards[0].data)).reshape(-1)[0])
+    topo = self.topology
+    fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
+    return fn(state, batch)
 
   def _eval_worker(self, params, rows: Batch, common: Batch):
     """Eval of one worker: averaged model on its rows, own model on common."""
@@ -1036,7 +1075,7 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     pending = None
     batch = exp.get_batch(start) if start < total else None
     for s in range(start, total):
-      state, device_metrics = exp.train_step(state, batch)
+      state, device_metrics = exp.train_step(state, batch, s)
       done = s + 1
       if pending is not None:  # read step s-1 while step s runs
         handle(*pending)
