@@ -9,7 +9,6 @@ function written for *one* worker (no leading axis; collectives over
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -114,7 +113,7 @@ def unstack(tree: PyTree, worker: int) -> PyTree:
   return jax.tree.map(lambda x: np.asarray(x[worker]), tree)
 
 
-def per_worker(fn: Callable, mesh: Mesh, *, n_stacked: int | None = None,
+def per_worker(fn: Callable, mesh: Mesh, *,
                replicated_argnums: Sequence[int] = ()) -> Callable:
   """Wraps a one-worker function to act on stacked per-worker arguments.
 
@@ -127,15 +126,18 @@ def per_worker(fn: Callable, mesh: Mesh, *, n_stacked: int | None = None,
     fn: ``fn(*args) -> outputs`` for one worker; may use collectives over
       ``worker_axis(mesh)``.
     mesh: mesh from :func:`make_mesh`.
-    n_stacked: unused, kept for symmetry.
     replicated_argnums: positions of replicated arguments.
 
   Returns:
     A function of stacked ``[n, ...]`` arguments (not jitted).
+
+  Raises:
+    ValueError (when called): a stacked argument whose leaves do not have a
+      leading worker axis of size ``n`` (the message names the argument).
   """
-  del n_stacked
   spec = worker_spec(mesh)
   replicated = set(replicated_argnums)
+  n = n_workers_of(mesh)
 
   def body(*args):
     args = [a if k in replicated else jax.tree.map(lambda x: x[0], a)
@@ -144,6 +146,17 @@ def per_worker(fn: Callable, mesh: Mesh, *, n_stacked: int | None = None,
     return jax.tree.map(lambda x: jnp.asarray(x)[None], out)
 
   def wrapped(*args):
+    for k, a in enumerate(args):
+      if k in replicated:
+        continue
+      for path, x in jax.tree_util.tree_leaves_with_path(a):
+        shape = jnp.shape(x)
+        if not shape or shape[0] != n:
+          raise ValueError(
+              f"per_worker: argument {k} leaf {jax.tree_util.keystr(path)!r} "
+              f"has shape {tuple(shape)}; stacked per-worker arguments need "
+              f"a leading worker axis of size {n} (use parallel.replicate or "
+              "parallel.shard), or list the argument in replicated_argnums.")
     in_specs = tuple(P() if k in replicated else spec
                      for k in range(len(args)))
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs,

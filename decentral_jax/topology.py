@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import functools
 from typing import Callable, Sequence
 
 import numpy as np

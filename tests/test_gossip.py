@@ -172,3 +172,11 @@ def test_axis_size_mismatch_is_a_clear_error():
 def test_too_many_workers_for_devices():
   with pytest.raises(ValueError, match=r"xla_force_host_platform_device_count"):
     parallel.make_mesh(len(jax.devices()) + 1)
+
+
+def test_per_worker_rejects_unstacked_arguments():
+  require_devices(4)
+  mesh = parallel.make_mesh(4)
+  fn = parallel.per_worker(lambda t: t, mesh)
+  with pytest.raises(ValueError, match=r"argument 0 leaf .*'w'.* shape \(3, 2\).*size 4"):
+    fn({"w": jnp.zeros((3, 2))})
