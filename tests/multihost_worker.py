@@ -104,8 +104,8 @@ def run_case(config, workdir: str, experiment) -> dict[str, np.ndarray]:
   steps, last = [], {}
   step_fn = experiment.train_step
 
-  def recording_step(state, batch):
-    new_state, metrics = step_fn(state, batch)
+  def recording_step(state, batch, step=None):
+    new_state, metrics = step_fn(state, batch, step)
     steps.append(metrics["loss"])
     last["state"] = new_state
     return new_state, metrics
