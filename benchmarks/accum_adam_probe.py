@@ -189,8 +189,10 @@ def summarize(res, spans=((1, 30), (31, 100), (101, 200))) -> str:
   lines.append("")
   for s in ("global", "local"):
     a = np.array([r[f"{s}/adam/rms"] for r in rows])
-    parts = [f"{p} / adam {np.sum(w * np.array([r[f'{s}/{p}/rms'] for r in rows])) / np.sum(w * a):.3f}"
-             for p in PROBES[1:]]
+    parts = []
+    for p in PROBES[1:]:
+      b = np.array([r[f"{s}/{p}/rms"] for r in rows])
+      parts.append(f"{p} / adam {np.sum(w * b) / np.sum(w * a):.3f}")
     lines.append(f"{s} stream, lr-weighted sum of RMS d over all steps: "
                  + ", ".join(parts))
   return "\n".join(lines)
@@ -252,7 +254,8 @@ def main():
           "20000 coordinates:")
     print(toy())
     return
-  jax.config.update("jax_compilation_cache_dir", "/tmp/decentral_jax_bench_cache")
+  jax.config.update("jax_compilation_cache_dir",
+                    "/tmp/decentral_jax_bench_cache")
   res = run_probe(args)
   with open(args.out, "a") as f:
     f.write(json.dumps(res) + "\n")
