@@ -46,6 +46,10 @@ _CONFIG = config_flags.DEFINE_config_file(
 _OUTDIR = flags.DEFINE_string("outdir", "results/compare",
                               "Output directory (existing run subdirectories "
                               "are replaced).")
+_PER_METHOD_LR = flags.DEFINE_bool(
+    "per_method_lr", True,
+    "Use each optimizer's tuned peak lr for gpt_tiny (AdamW 3e-3, AccumAdamW "
+    "1.5e-3; BENCHMARKS.md section 3) instead of config.schedule.peak_lr.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers.")
 
@@ -72,11 +76,20 @@ RUNS = (
         "decentralized", "accum_adamw", "alternating_exp_ring", 2),
 )
 
+# Peak learning rates per optimizer for gpt_tiny, each the best of the same
+# grid {7.5e-4, 1.5e-3, 3e-3, 6e-3} (BENCHMARKS.md, section 3): AccumAdamW's
+# steps are ~1.3x larger than Adam's at equal lr, so its best lr is half.
+# The final lr is peak / 10. --per_method_lr=false uses the config's lr.
+TUNED_PEAK_LR = {"adamw": 3e-3, "accum_adamw": 1.5e-3}
 
-def run_config(base, run: Run, accum_steps: int):
+
+def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   """A copy of ``base`` set up for ``run``."""
   config = base.copy_and_resolve_references()
   with config.unlocked():
+    if per_method_lr:
+      config.schedule.peak_lr = TUNED_PEAK_LR[run.optimizer]
+      config.schedule.final_lr = TUNED_PEAK_LR[run.optimizer] / 10
     config.algorithm = run.algorithm
     config.topology = run.topology
     config.workers_per_node = run.workers_per_node
@@ -155,7 +168,8 @@ def main(argv):
     print(f"== {run.label} -> {workdir}", flush=True)
     t0 = time.perf_counter()
     try:
-      final = train.train_and_evaluate(run_config(base, run, accum), workdir)
+      final = train.train_and_evaluate(
+          run_config(base, run, accum, _PER_METHOD_LR.value), workdir)
     except ValueError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
@@ -173,7 +187,13 @@ def main(argv):
         f"{int(base.steps)} steps\n\n"
         f"Same initial parameters and data order (seed {int(base.seed)}); "
         f"global batch {int(base.global_batch)}; AccumAdamW accum_steps "
-        f"{accum}. At the last step: validation loss (nats per "
+        f"{accum}; peak learning rates "
+        + (", ".join(f"{k} {v:g}" for k, v in TUNED_PEAK_LR.items())
+           + " (each the best of the same grid, BENCHMARKS.md section 3)"
+           if _PER_METHOD_LR.value else
+           f"{float(base.schedule.peak_lr):g} for all runs")
+        + ", cosine to a tenth of the peak. At the last step: validation loss "
+        "(nats per "
         f"{unit[:-1]}) of "
         "the exact average x_bar of the workers' parameters; the extra loss "
         "of each worker's own parameters over x_bar on the same validation "

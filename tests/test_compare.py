@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 from ml_collections import config_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +41,21 @@ def test_runs_cover_the_four_arms():
                                            "alternating_exp_ring"]
   assert got[3].workers_per_node == 2 and got[2].workers_per_node == 1
   assert base.algorithm == "decentralized"  # the base config is not changed
+
+
+def test_per_method_learning_rates():
+  base = config_dict.ConfigDict({
+      "algorithm": "decentralized", "topology": "ring", "workers_per_node": 1,
+      "optimizer": {"name": "adamw", "accum_steps": 1},
+      "schedule": {"peak_lr": 1.0, "final_lr": 0.5}})
+  base.lock()
+  tuned = [compare.run_config(base, run, 4, per_method_lr=True)
+           for run in compare.RUNS]
+  got = [(c.schedule.peak_lr, c.schedule.final_lr) for c in tuned]
+  want = [(3e-3, 3e-4), (3e-3, 3e-4), (1.5e-3, 1.5e-4), (1.5e-3, 1.5e-4)]
+  np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-12)
+  same = [compare.run_config(base, run, 4) for run in compare.RUNS]
+  assert {(c.schedule.peak_lr, c.schedule.final_lr) for c in same} == {(1.0, 0.5)}
 
 
 def test_table_and_plots(tmp_path):
