@@ -86,6 +86,18 @@ def check_axis(topology: topology_lib.Topology, axis_name: AxisName) -> None:
         "devices; make the (nodes, local) mesh match workers per node.")
 
 
+def _check_leaves(tree, comm_dtype) -> None:
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+      raise ValueError(
+          f"gossip.mix: leaf {jax.tree_util.keystr(path)!r} has dtype "
+          f"{jnp.result_type(x)}; only floating-point leaves can be averaged "
+          "(keep integer/bool state out of the mixed pytree).")
+  if comm_dtype is not None and not jnp.issubdtype(comm_dtype, jnp.floating):
+    raise ValueError(f"comm_dtype={comm_dtype!r} must be a floating-point "
+                     "dtype such as jnp.bfloat16 (or None).")
+
+
 def _mix_leaf_terms(x, rnd: topology_lib.Round, axes, me, comm_dtype):
   send = x if comm_dtype is None else x.astype(comm_dtype)
   axis = axes[0] if len(axes) == 1 else axes
@@ -97,9 +109,14 @@ def _mix_leaf_terms(x, rnd: topology_lib.Round, axes, me, comm_dtype):
 
 
 def _pmean(x, axis, comm_dtype):
+  """Group mean; with ``comm_dtype`` the own term is kept in ``x.dtype``."""
   if comm_dtype is None:
     return lax.pmean(x, axis)
-  return lax.pmean(x.astype(comm_dtype), axis).astype(x.dtype)
+  sent = x.astype(comm_dtype)
+  size = _axis_size(axis)
+  # Replace this worker's rounded contribution by its exact value.
+  return (lax.pmean(sent, axis).astype(x.dtype) +
+          (x - sent.astype(x.dtype)) / size)
 
 
 def _mix_leaf_nodes(x, partners: Sequence[int], axes, comm_dtype):
@@ -175,17 +192,29 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
       among the distinct rounds, so a time-varying schedule compiles once).
       A traced ``step`` must be equal on all workers.
     axis_name: worker mesh axis name, or ``(node_axis, local_axis)``.
-    comm_dtype: optional dtype (e.g. ``jnp.bfloat16``) in which values are
-      sent; the weighted sum is formed in each leaf's own dtype.
+    comm_dtype: optional floating dtype (e.g. ``jnp.bfloat16``) in which
+      values are sent; the weighted sum is formed in each leaf's own dtype and
+      each worker's own term stays exact (for ``pmean`` rounds the mean is
+      reduced in ``comm_dtype`` and the own term corrected afterwards; in
+      node-aware two-node rounds the node mean is exchanged in
+      ``comm_dtype``).
 
   Returns:
     A pytree with the structure, shapes and dtypes of ``tree``.
 
   Raises:
-    ValueError: called outside ``shard_map`` over ``axis_name``, or the axis
-      size differs from ``topology.n_workers``.
+    ValueError: called outside ``shard_map`` over ``axis_name``, the axis
+      size differs from ``topology.n_workers``, a non-floating leaf, or a
+      non-floating ``comm_dtype``.
   """
+  _check_leaves(tree, comm_dtype)
   if topology.n_workers == 1:
+    try:  # a one-worker topology on a larger mesh would silently not mix
+      size = _axis_size(axis_name)
+    except NameError:
+      return tree  # not inside shard_map: nothing to communicate
+    if size != 1:
+      check_axis(topology, axis_name)
     return tree
   check_axis(topology, axis_name)
   if isinstance(step, (int, np.integer)):

@@ -105,6 +105,30 @@ def read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def truncate_after(workdir: str, step: int) -> int:
+  """Drops records of ``<workdir>/metrics.jsonl`` that a resumed run redoes.
+
+  A run resumed from a checkpoint after ``step`` steps logs every later step
+  again, so records with a larger step (or, for ``step == 0``, all records)
+  are removed; the file is rewritten atomically. Returns how many were
+  removed (0 if the file does not exist).
+  """
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return 0
+  records = read_jsonl(path)
+  keep = [r for r in records
+          if r.get("step", 0) < step or (step > 0 and r.get("step") == step)]
+  if len(keep) == len(records):
+    return 0
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for r in keep:
+      f.write(json.dumps(r) + "\n")
+  os.replace(tmp, path)
+  return len(records) - len(keep)
+
+
 def series(records: Iterable[dict], key: str,
            x: str = "step") -> tuple[np.ndarray, np.ndarray]:
   """The ``(x, y)`` points of records that have a non-null ``key``.

@@ -137,7 +137,7 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
         # A == g: identical to Adam, no accumulator arithmetic.
         new_m = b1 * m + (1 - b1) * g.astype(m.dtype)
         new_v = b2 * v + (1 - b2) * jnp.square(g)
-        return direction, new_m, new_v, a
+        return direction, new_m.astype(m.dtype), new_v.astype(v.dtype), a
       a = a + (g / jnp.asarray(big_t, g.dtype)).astype(a.dtype)
       new_m = jnp.where(commit, b1 * m + (1 - b1) * a, m)
       new_v = jnp.where(commit, b2 * v + (1 - b2) * jnp.square(a.astype(v.dtype)),

@@ -85,10 +85,20 @@ def n_workers_of(mesh: Mesh) -> int:
   return int(np.prod(list(mesh.shape.values())))
 
 
+def _full_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """Worker sharding with the spec padded to ``ndim`` (as shard_map outputs).
+
+  Equal specs keep jitted steps from compiling twice when their outputs are
+  fed back as inputs.
+  """
+  return NamedSharding(mesh, P(worker_axis(mesh), *([None] * (ndim - 1))))
+
+
 def shard(tree: PyTree, mesh: Mesh) -> PyTree:
   """Places stacked ``[n, ...]`` arrays with the worker sharding."""
-  sharding = worker_sharding(mesh)
-  return jax.tree.map(lambda x: jax.device_put(x, sharding), tree)
+  return jax.tree.map(
+      lambda x: jax.device_put(x, _full_sharding(mesh, max(jnp.ndim(x), 1))),
+      tree)
 
 
 def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
@@ -98,12 +108,11 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
   broadcast). Leaves become ``[n, *leaf.shape]`` with the leaf dtype.
   """
   n = n_workers_of(mesh)
-  sharding = worker_sharding(mesh)
 
   def put(x):
     x = jnp.asarray(x)
     return jax.jit(lambda a: jnp.broadcast_to(a[None], (n,) + a.shape),
-                   out_shardings=sharding)(x)
+                   out_shardings=_full_sharding(mesh, x.ndim + 1))(x)
 
   return jax.tree.map(put, tree)
 

@@ -890,6 +890,7 @@ class Experiment:
                            if self.topology else 0),
         "optimizer": c.optimizer.name,
         "accum_steps": int(c.optimizer.accum_steps),
+        "global_batch": int(c.global_batch),
         "model": json.loads(c.model.to_json()),
     }
 
@@ -899,7 +900,8 @@ class Experiment:
     fields = {"n_workers": "n_workers", "workers_per_node": "workers_per_node",
               "algorithm": "algorithm", "topology": "topology",
               "optimizer": "optimizer.name",
-              "accum_steps": "optimizer.accum_steps", "model": "model"}
+              "accum_steps": "optimizer.accum_steps", "model": "model",
+              "seed": "seed", "global_batch": "global_batch"}
     for key, field in fields.items():
       if key in meta and meta[key] != mine[key]:
         raise ValueError(
@@ -1003,27 +1005,38 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   total = int(c.steps)
   main = distributed_lib.is_main_process()
   os.makedirs(workdir, exist_ok=True)
-  if main:
-    with open(os.path.join(workdir, "config.json"), "w",
-              encoding="utf-8") as f:
-      f.write(c.to_json(indent=2))
   ckpt_dir = os.path.join(workdir, "checkpoints")
   ckpt = checkpoint_lib.Checkpointer(ckpt_dir,
                                      max_to_keep=int(c.keep_checkpoints))
-  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
-            if main else None)
   state = exp.init_state()
   start = last_saved = ckpt.latest_step()
   time_offset = 0.0  # training seconds of earlier invocations
   if start is not None:
     exp.check_resumable(ckpt.restore_meta(start), ckpt_dir)
-    state, meta = ckpt.restore(start, state)
+    try:
+      state, meta = ckpt.restore(start, state)
+    except ValueError as e:  # e.g. a different optimizer-state structure
+      raise ValueError(
+          f"cannot resume from {ckpt_dir} (step {start}): its state does not "
+          f"match this config (a changed grad_clip, optimizer or model "
+          f"field?); resume with the original config or use a fresh "
+          f"--workdir. Orbax: {str(e).splitlines()[0]}") from None
     start = int(meta["data_position"])
     time_offset = float(meta.get("train_time_s", 0.0))
     if main:
       logging.info("resumed from %s at step %d", ckpt_dir, start)
   else:
     start = 0
+  if main:
+    # Written only once the run is known to be valid (a rejected resume must
+    # not overwrite the record of the original run).
+    with open(os.path.join(workdir, "config.json"), "w",
+              encoding="utf-8") as f:
+      f.write(c.to_json(indent=2))
+    # Records logged after the restored checkpoint are about to be redone.
+    metrics_lib.truncate_after(workdir, start)
+  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
+            if main else None)
   if main:
     logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
                  "%s/step, mesh %s", c.algorithm, exp.n_workers,

@@ -180,3 +180,52 @@ def test_per_worker_rejects_unstacked_arguments():
   fn = parallel.per_worker(lambda t: t, mesh)
   with pytest.raises(ValueError, match=r"argument 0 leaf .*'w'.* shape \(3, 2\).*size 4"):
     fn({"w": jnp.zeros((3, 2))})
+
+
+def test_non_float_leaves_and_comm_dtype_are_rejected():
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  topo = topology.make("ring", 8)
+  ints = parallel.shard({"i": jnp.arange(8, dtype=jnp.int32)}, mesh)
+  fn = jax.jit(parallel.per_worker(lambda t: gossip.mix(t, topo, 0, "workers"), mesh))
+  with pytest.raises(ValueError, match=r"leaf .*'i'.* int32.*floating-point"):
+    fn(ints)
+  bad = jax.jit(parallel.per_worker(
+      lambda t: gossip.mix(t, topo, 0, "workers", comm_dtype=jnp.int8), mesh))
+  with pytest.raises(ValueError, match=r"comm_dtype.*floating"):
+    bad(parallel.shard(_data(8), mesh))
+
+
+def test_one_worker_topology_on_a_larger_mesh_is_an_error():
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  fn = jax.jit(parallel.per_worker(
+      lambda t: gossip.mix(t, topology.make("ring", 1), 0, "workers"), mesh))
+  with pytest.raises(ValueError, match=r"n_workers=1 but the mesh axis"):
+    fn(parallel.shard(_data(8), mesh))
+
+
+def test_pmean_with_comm_dtype_keeps_own_term_exact():
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  x = {"v": (np.arange(8) + 1000.3).astype(np.float32)}
+  fn = jax.jit(parallel.per_worker(lambda t: gossip.mix(
+      t, topology.make("complete", 8), 0, "workers", comm_dtype=jnp.bfloat16), mesh))
+  out = np.asarray(fn(parallel.shard(x, mesh))["v"])
+  sent = np.asarray(jnp.asarray(x["v"]).astype(jnp.bfloat16).astype(jnp.float32))
+  # Others' values arrive rounded to bfloat16, each worker's own is exact.
+  ref = (sent.sum() - sent + x["v"]) / 8
+  np.testing.assert_allclose(out, ref, rtol=0, atol=0.02)
+  assert np.abs(out - ref).max() < np.abs(sent.mean() - ref).max()
+
+
+def test_shard_outputs_feed_back_without_recompiling():
+  require_devices(4)
+  mesh = parallel.make_mesh(4)
+  topo = topology.make("ring", 4)
+  step = jax.jit(parallel.per_worker(lambda t: gossip.mix(t, topo, 0, "workers"), mesh))
+  x = parallel.replicate({"w": jnp.ones((3, 2)), "b": jnp.ones(())}, mesh)
+  y = step(step(parallel.shard(_data(4), mesh)))
+  x = step(step(x))
+  assert step._cache_size() == 2  # one per input structure, none for reuse  # pylint: disable=protected-access
+  del x, y

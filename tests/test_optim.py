@@ -359,3 +359,13 @@ def test_static_round_index_matches_switch_and_has_no_conditional():
   with pytest.raises(ValueError, match="round_index must be a Python int"):
     jax.jit(parallel.per_worker(lambda p, s, c: step(p, s, c, jnp.int32(1)),
                                 mesh))(p0, s0, c)
+
+
+def test_state_dtypes_survive_bf16_params_with_f32_grads():
+  params = {"w": jnp.zeros((3, 2), jnp.bfloat16)}
+  for tx in (optim.scale_by_accum_adam(), optim.scale_by_accum_adam(accum_steps=3)):
+    state = tx.init(params)
+    grads = {"w": jnp.ones((3, 2), jnp.float32)}
+    _, new_state = tx.update(grads, state, params)
+    assert jax.tree.map(lambda a: a.dtype, new_state) == jax.tree.map(
+        lambda a: a.dtype, state)
