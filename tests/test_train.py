@@ -230,9 +230,11 @@ def test_loop_end_to_end_resume_and_no_retrace(gpt_exp, gpt_exp_fresh,
   assert_trees_equal(done20, resumed)
   assert again["eval/loss"] == final["eval/loss"]
   records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  assert [r["step"] for r in records] == [0, 5, 10, 15, 20, 15, 20]
+  # The records after the checkpoint (15, 20) were redone, not duplicated.
+  assert [r["step"] for r in records] == [0, 5, 10, 15, 20]
   # Training time continues from the checkpoint instead of restarting.
-  assert records[5]["train_time_s"] >= records[2]["train_time_s"] > 0
+  assert records[3]["train_time_s"] >= records[2]["train_time_s"] > 0
+  assert records[4]["eval/loss"] == final["eval/loss"]
 
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(gpt_exp, tmp_path,
@@ -405,3 +407,20 @@ def test_static_gossip_rounds_match_switch(tmp_path):
   for a, b in zip(jax.tree.leaves(runs["switch"][1]),
                   jax.tree.leaves(runs["static"][1])):
     np.testing.assert_array_equal(a, b)
+
+
+def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
+  require_devices(N)
+  exp = train.Experiment(load_config("gpt_tiny.py", *TINY_GPT))
+  meta = exp.checkpoint_meta(5)
+  exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
+  for key, value, field in (("seed", meta["seed"] + 1, "config.seed"),
+                            ("global_batch", meta["global_batch"] * 2,
+                             "config.global_batch")):
+    with pytest.raises(ValueError, match=field):
+      exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 5, 10, 15)))
+  assert metrics.truncate_after(str(tmp_path), 10) == 1
+  assert [r["step"] for r in metrics.read_jsonl(str(path))] == [0, 5, 10]
+  assert metrics.truncate_after(str(tmp_path), 0) == 3
