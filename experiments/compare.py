@@ -49,7 +49,8 @@ _OUTDIR = flags.DEFINE_string("outdir", "results/compare",
 _PER_METHOD_LR = flags.DEFINE_bool(
     "per_method_lr", True,
     "Use each optimizer's tuned peak lr for gpt_tiny (AdamW 3e-3, AccumAdamW "
-    "1.5e-3; BENCHMARKS.md section 3) instead of config.schedule.peak_lr.")
+    "1.5e-3; BENCHMARKS.md section 3) instead of config.schedule.peak_lr; "
+    "an explicit --config.schedule.peak_lr or final_lr turns this off.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers.")
 
@@ -155,6 +156,14 @@ def main(argv):
   if not os.environ.get("JAX_NUM_CPU_DEVICES"):
     jax.config.update("jax_num_cpu_devices",
                       _CPU_DEVICES.value or int(base.n_workers))
+  per_method_lr = _PER_METHOD_LR.value
+  explicit_lr = [a for a in sys.argv[1:] if a.startswith(
+      ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
+  if per_method_lr and explicit_lr:
+    # An explicit learning rate wins over the tuned per-method table.
+    print(f"note: {explicit_lr[0]} given, so every run uses the config's "
+          "learning rates (--per_method_lr ignored)", flush=True)
+    per_method_lr = False
   outdir = _OUTDIR.value
   os.makedirs(outdir, exist_ok=True)
   accum = (int(base.optimizer.accum_steps) if base.optimizer.accum_steps > 1
@@ -169,7 +178,7 @@ def main(argv):
     t0 = time.perf_counter()
     try:
       final = train.train_and_evaluate(
-          run_config(base, run, accum, _PER_METHOD_LR.value), workdir)
+          run_config(base, run, accum, per_method_lr), workdir)
     except ValueError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
@@ -190,7 +199,7 @@ def main(argv):
         f"{accum}; peak learning rates "
         + (", ".join(f"{k} {v:g}" for k, v in TUNED_PEAK_LR.items())
            + " (each the best of the same grid, BENCHMARKS.md section 3)"
-           if _PER_METHOD_LR.value else
+           if per_method_lr else
            f"{float(base.schedule.peak_lr):g} for all runs")
         + ", cosine to a tenth of the peak. At the last step: validation loss "
         "(nats per "
