@@ -106,6 +106,13 @@ def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
 
 def _predict(args) -> int:
   methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  if not methods:
+    raise ValueError("--methods is empty; give e.g. "
+                     "--methods all_reduce,one_peer_exp,aer.")
+  if "all_reduce" not in methods:
+    methods.insert(0, "all_reduce")  # the baseline every speedup refers to
+  if not args.n_workers:
+    raise ValueError("--n-workers is empty; give e.g. --n-workers 16,32.")
   groups = []
   for n in args.n_workers:
     if args.preset:
