@@ -118,8 +118,13 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
 
 
 def unstack(tree: PyTree, worker: int) -> PyTree:
-  """Worker ``worker``'s slice of stacked state (host NumPy arrays)."""
-  return jax.tree.map(lambda x: np.asarray(x[worker]), tree)
+  """Worker ``worker``'s slice of stacked state, as host NumPy arrays.
+
+  The arrays are fetched to the host first (indexing an explicitly sharded
+  array on device would need an ``out_sharding``). Single-process only: in a
+  multi-process job use ``multihost_utils.process_allgather``.
+  """
+  return jax.tree.map(lambda x: np.asarray(jax.device_get(x))[worker], tree)
 
 
 def per_worker(fn: Callable, mesh: Mesh, *,

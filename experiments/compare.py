@@ -15,7 +15,7 @@ validation losses, final consensus distance, ms/step, tokens/s),
 ``loss_vs_time.png``. On simulated CPU devices "communication" is a memory
 copy, so the timings show compute overheads only, not network savings.
 
-  python experiments/compare.py                       # ~10 min on 2 CPU cores
+  python experiments/compare.py       # 6-8 min on an idle 2-core CPU, more under load
   python experiments/compare.py --config.steps=100 --outdir /tmp/cmp
 
 ``--config.<field>=value`` overrides apply to all four runs (the algorithm,
