@@ -51,7 +51,9 @@ import optax
 from jax import lax
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
+from absl import flags
 from ml_collections import config_dict
+from ml_collections import config_flags
 
 from decentral_jax import checkpoint as checkpoint_lib
 from decentral_jax import distributed as distributed_lib
@@ -266,6 +268,57 @@ def _slurm_one_task_per_node() -> bool:
           or os.environ.get("SLURM_TASKS_PER_NODE") or "")
   counts = [part.split("(")[0] for part in spec.split(",") if part]
   return bool(counts) and all(c.strip() == "1" for c in counts)
+
+
+def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
+  """Loads a config file with overrides, parsed exactly as on the command line.
+
+  Args:
+    path: a config file with ``get_config()``, optionally with its argument
+      (``"configs/gpt2_small_owt.py:all_reduce"``).
+    overrides: strings ``"field=value"`` or ``"--config.field=value"``
+      (``"optimizer.accum_steps=8"``), typed and checked by
+      ``ml_collections.config_flags`` as ``experiments/train.py`` does.
+
+  Returns:
+    The locked ``ConfigDict``.
+
+  Raises:
+    ValueError: a missing file, an unknown field (named, with the closest
+      valid one) or a value of the wrong type.
+  """
+  file_part = path.split(":", 1)[0]
+  if not os.path.isfile(file_part):
+    raise ValueError(f"config file {file_part!r} does not exist.")
+  args = [o if o.startswith("--") else f"--config.{o}" for o in overrides]
+
+  def parse(argv):
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=fv,
+                                    lock_config=True, sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+  try:
+    return parse(["load_config", f"--config={path}", *args])
+  except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:
+    error = e
+  base = parse(["load_config", f"--config={path}"])
+  for arg in args:  # name the override whose field does not exist
+    key = arg[len("--config."):].split("=", 1)[0]
+    node = base
+    for part in key.split("."):
+      if not isinstance(node, config_dict.ConfigDict) or part not in node:
+        raise ValueError(f"{arg}: unknown config field {key!r} in {path}.")
+      node = node[part]
+  raise ValueError(f"{path}: {config_error_message(error)}")
+
+
+def config_error_message(error: BaseException) -> str:
+  """One line from an ml_collections / absl flag-parsing exception."""
+  msg = str(error.args[0] if error.args else error)
+  msg = msg.replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
+  return " ".join(msg.split()).strip("'\" ")
 
 
 def make_schedule(config: config_dict.ConfigDict) -> optax.Schedule:

@@ -226,18 +226,5 @@ def main(argv):
   print(f"total: {total:.0f} s")
 
 
-def _parse_or_exit(argv):
-  """Parses flags; a bad --config.<field> override is a one-line error."""
-  try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError, TypeError, ValueError,
-          flags.Error) as e:
-    msg = str(e.args[0] if e.args else e)
-    msg = msg.replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
-    msg = " ".join(msg.split()).strip("'\" ")
-    print(f"error: bad --config override: {msg}", file=sys.stderr)
-    sys.exit(2)
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_or_exit)
+  app.run(main)

@@ -105,10 +105,8 @@ def _parse_or_exit(argv):
     return flags.FLAGS(argv)
   except (AttributeError, KeyError, TypeError, ValueError,
           flags.Error) as e:
-    msg = str(e.args[0] if e.args else e)
-    msg = msg.replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
-    msg = " ".join(msg.split()).strip("'\" ")
-    print(f"error: bad --config override: {msg}", file=sys.stderr)
+    print(f"error: bad --config override: {train.config_error_message(e)}",
+          file=sys.stderr)
     sys.exit(2)
 
 

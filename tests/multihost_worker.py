@@ -27,9 +27,7 @@ import sys
 
 import jax
 import numpy as np
-from absl import flags
 from jax.experimental import multihost_utils
-from ml_collections import config_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N_PROCESSES = 2
@@ -64,13 +62,10 @@ CASES = {
 
 def case_config(case: str, *extra: str, steps: int = STEPS):
   """The gpt_tiny config of ``case``: tiny sizes, 8 workers, ``steps`` steps."""
-  argv = ["worker", f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
-          *TINY, f"--config.steps={steps}", *CASES[case], *extra]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  return train.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      (*TINY, f"--config.steps={steps}", *CASES[case], *extra))
 
 
 def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,6 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from conftest import N_DEVICES
 from decentral_jax import topology
@@ -20,13 +18,8 @@ SHIPPED = ("gpt_tiny.py", "gpt2_small_owt.py", "gpt2_small_owt.py:all_reduce",
 
 
 def load_config(name: str, *overrides: str):
-  argv = ["test", f"--config={os.path.join(ROOT, 'configs', name)}",
-          *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  """Loads ``configs/<name>`` with command-line style overrides."""
+  return train.load_config(os.path.join(ROOT, "configs", name), overrides)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -15,8 +15,6 @@ import jax
 import numpy as np
 import optax
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 from conftest import require_devices
 from decentral_jax import checkpoint
@@ -36,13 +34,7 @@ TINY_GPT = ("--config.model.n_layer=1", "--config.model.n_embd=32",
 
 def load_config(name: str, *overrides: str):
   """Loads ``configs/<name>`` with command-line style overrides."""
-  argv = ["test", f"--config={os.path.join(ROOT, 'configs', name)}",
-          *overrides]
-  fv = flags.FlagValues()
-  config_flags.DEFINE_config_file("config", flag_values=fv, lock_config=True,
-                                  sys_argv=argv)
-  fv(argv)
-  return fv.config
+  return train.load_config(os.path.join(ROOT, "configs", name), overrides)
 
 
 def gpt_config(*extra: str):

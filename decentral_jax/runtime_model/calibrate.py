@@ -13,7 +13,6 @@ those runs with :class:`decentral_jax.train.Experiment`.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 
 import numpy as np
@@ -24,37 +23,13 @@ from decentral_jax.runtime_model import core
 def load_config(path: str, overrides=()):
   """``get_config()`` of the file ``path`` with ``KEY=VALUE`` overrides.
 
+  The same parser as ``experiments/train.py`` (``decentral_jax.train.load_config``).
+
   Raises:
     ValueError: missing file or ``get_config``, malformed or unknown key.
   """
-  spec = importlib.util.spec_from_file_location("_runtime_model_config", path)
-  if spec is None or spec.loader is None:
-    raise ValueError(f"--config {path!r} is not a Python file.")
-  module = importlib.util.module_from_spec(spec)
-  try:
-    spec.loader.exec_module(module)
-  except FileNotFoundError:
-    raise ValueError(f"--config {path!r} does not exist.") from None
-  if not hasattr(module, "get_config"):
-    raise ValueError(f"--config {path!r} has no get_config().")
-  config = module.get_config()
-  for item in overrides:
-    key, sep, value = item.partition("=")
-    *parents, leaf = key.split(".")
-    node = config
-    try:
-      for p in parents:
-        node = node[p]
-      old = node[leaf]
-    except (KeyError, AttributeError):
-      raise ValueError(f"--set {item!r}: unknown config field {key!r}.") from None
-    if not sep:
-      raise ValueError(f"--set {item!r}: expected KEY=VALUE.")
-    if isinstance(old, bool):
-      node[leaf] = value.lower() in ("1", "true", "yes")
-    else:
-      node[leaf] = value if old is None else type(old)(value)
-  return config
+  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  return train.load_config(path, overrides)
 
 
 def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
