@@ -1,19 +1,23 @@
 """Tests for decentral_jax.data: corpora, token bins, samplers, Fashion-MNIST.
 
-All inputs are small arrays or files written to ``tmp_path``; expected values
-come from slicing the raw arrays or from a NumPy statement of the sharding
-rule, never from the code under test.
+All inputs are small arrays, files written to ``tmp_path`` or the committed
+Fashion-MNIST subset (``tests/fixtures/fashion_mnist``); expected values come
+from slicing the raw arrays or from a NumPy statement of the sharding rule,
+never from the code under test.
 """
 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import itertools
+import os
 import struct
 
 import numpy as np
 import pytest
 
+from conftest import FIXTURES
 from decentral_jax import data
 from decentral_jax.data import fashion_mnist
 from decentral_jax.data import text
@@ -284,6 +288,35 @@ def test_fashion_mnist_missing_and_corrupt(tmp_path):
     f.write(_idx_bytes(np.zeros(3))[:-1])
   with pytest.raises(ValueError, match="truncated"):
     fashion_mnist.load(tmp_path)
+
+
+def test_fashion_mnist_committed_subset(tmp_path):
+  """The committed subset: its README's counts, balanced, real pixels."""
+  fixture = os.path.join(FIXTURES, "fashion_mnist")
+  got = fashion_mnist.load(fixture)
+  for split, n in (("train", 1280), ("test", 320)):
+    images, labels = got[f"{split}_images"], got[f"{split}_labels"]
+    assert images.shape == (n, 28, 28) and labels.shape == (n,)
+    assert images.dtype == np.uint8 and labels.dtype == np.uint8
+    assert labels.max() <= 9
+    np.testing.assert_array_equal(np.bincount(labels), [n // 10] * 10)
+    assert images.min() == 0 and images.max() == 255
+  # Evaluation reads the first test images: they mix all classes.
+  assert len(np.unique(got["test_labels"][:128])) == 10
+  # The script run on the subset itself keeps every image in order (same
+  # arrays) and writes gzip streams with mtime 0.
+  spec = importlib.util.spec_from_file_location(
+      "make_subset", os.path.join(fixture, "make_subset.py"))
+  make_subset = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(make_subset)
+  assert make_subset.main(["--source", fixture, "--out", str(tmp_path),
+                           "--train", "1280", "--test", "320"]) == 0
+  for name in make_subset.FILES.values():
+    ours = (tmp_path / name).read_bytes()
+    with open(os.path.join(fixture, name), "rb") as f:
+      committed = f.read()
+    assert ours[4:8] == committed[4:8] == bytes(4)
+    assert gzip.decompress(ours) == gzip.decompress(committed)
 
 
 def test_package_reexports():

@@ -328,9 +328,12 @@ def test_all_reduce_matches_single_model_adamw():
 
 
 def test_cnn_fashion_mnist_end_to_end(tmp_path):
+  """Learns on real images: the committed subset in tests/fixtures."""
   require_devices(N)
+  fixture = os.path.join(ROOT, "tests", "fixtures", "fashion_mnist")
   config = load_config(
-      "cnn_fashion_mnist.py", "--config.model.features=(8, 16)",
+      "cnn_fashion_mnist.py", f"--config.data.path={fixture}",
+      "--config.model.features=(8, 16)",
       "--config.model.dense=32", "--config.global_batch=64",
       "--config.steps=20", "--config.eval_batches=2",
       "--config.eval_interval=10", "--config.log_interval=5",
