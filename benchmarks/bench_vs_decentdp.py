@@ -186,7 +186,7 @@ def jax_side(args) -> dict:
                       n_embd=128, bias=False, dropout=0.0, dtype=jnp.float32)
   mesh = parallel.make_mesh(n, devices=distributed.ordered_devices())
   sharding = parallel.worker_sharding(mesh)
-  mine = distributed.local_workers(n)  # this process's workers
+  mine = distributed.process_workers(mesh)  # this process's workers
   topo = (topology.from_matrices([np.eye(n)], name="identity")
           if args.no_comm else topology.make("one_peer_exp", n))
   p0 = jax.tree.map(np.asarray, gpt.init_params(cfg, jax.random.key(0)))

@@ -5,8 +5,13 @@ Topologies (:mod:`decentral_jax.topology`), gossip over ``ppermute``
 transforms (:mod:`decentral_jax.optim`), after Wang et al., "From Promise to
 Practice: Realizing High-performance Decentralized Training", ICLR 2025.
 
-The experiment runner (Flax models, data, Orbax checkpoints) lives in
-:mod:`decentral_jax.train` and is imported on demand.
+The experiment runner is imported on demand, one concept per module:
+:mod:`~decentral_jax.config` (the config schema, checks and loading),
+:mod:`~decentral_jax.builders` (schedule and optimizer from a config),
+:mod:`~decentral_jax.tasks` (model, loss and data),
+:mod:`~decentral_jax.step` (``TrainState`` and the per-worker steps),
+:mod:`~decentral_jax.experiment` (mesh, jitted steps, evaluation) and
+:mod:`~decentral_jax.train` (the loop: metrics, checkpoints, resumption).
 """
 
 from decentral_jax import analysis

@@ -10,15 +10,27 @@ several processes on one machine form one job (used by the tests).
 Node-aware topologies follow the physical layout: worker ``i`` lives on
 process ``i // local_device_count``; :func:`host_local_size` gives the
 number of workers per process so that AER's nodes are the hosts.
+
+Arrays of a multi-process job are not fully addressable from one process:
+:func:`put_global` places host values that every process holds,
+:func:`to_host` reads (possibly remote) results back, and
+:func:`process_workers` says which workers this process feeds.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from ml_collections import config_dict
+
+from decentral_jax import config as config_lib
+
+PyTree = Any
 
 _SLURM_VARS = ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID")
 
@@ -111,14 +123,6 @@ def host_local_size() -> int:
   return sizes.pop()
 
 
-def local_workers(n_workers: int) -> np.ndarray:
-  """Indices of the workers whose devices belong to this process (int64 [k])."""
-  devices = ordered_devices()[:n_workers]
-  me = jax.process_index()
-  return np.array([i for i, d in enumerate(devices) if d.process_index == me],
-                  dtype=np.int64)
-
-
 def check_node_layout(n_workers: int, workers_per_node: int) -> None:
   """Checks that nodes of ``workers_per_node`` workers coincide with processes.
 
@@ -137,15 +141,131 @@ def check_node_layout(n_workers: int, workers_per_node: int) -> None:
         f"--config.workers_per_node={per_host}.")
 
 
-def global_batch_from_local(local: np.ndarray, mesh, spec,
-                            global_shape: Sequence[int]) -> jax.Array:
-  """Assembles a global ``[n_workers, ...]`` array from this process's rows.
+def initialize_from_config(config: config_dict.ConfigDict) -> bool:
+  """Joins a multi-process job as ``config.distributed`` asks, if it asks.
+
+  Must run before anything touches JAX devices (``experiments/train.py``
+  calls it first). With ``config.distributed.enabled`` and
+  ``coordinator_address``, ``num_processes`` and ``process_id`` set, this
+  process joins that job; with the three left empty (``""``, 0, -1) they
+  are detected from SLURM (``srun``; with one task per node each process
+  uses all GPUs of its node, otherwise JAX gives each task one GPU). A job
+  step started by ``srun`` with more than one task also joins automatically
+  when ``enabled`` is False (every task would otherwise train alone). On CPU
+  (``JAX_PLATFORMS=cpu``) JAX's gloo collectives are used, so several
+  processes on one machine form one job.
 
   Args:
-    local: this process's rows (its workers, in worker order), NumPy.
-    mesh: the worker mesh; spec: its ``PartitionSpec``.
-    global_shape: the global shape ``[n_workers, ...]``.
+    config: a run config; reads ``config.distributed``.
+
+  Returns:
+    True if this process joined a multi-process job, False for a
+    single-process run.
+
+  Raises:
+    ValueError: a bad ``config.distributed`` field, an incomplete explicit
+      set-up, or ``enabled`` without coordinator fields outside SLURM.
   """
-  sharding = jax.sharding.NamedSharding(mesh, spec)
-  return jax.make_array_from_process_local_data(sharding, local,
-                                                tuple(global_shape))
+  config_lib.check_distributed(config)
+  d = config.distributed
+  explicit = bool(d.coordinator_address) or int(d.num_processes) > 0 or \
+      int(d.process_id) >= 0
+  auto = cluster_env_detected() and \
+      int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+  if not (d.enabled or auto):
+    return False
+  if d.enabled and not explicit and not cluster_env_detected():
+    raise ValueError(
+        "config.distributed.enabled=True but no SLURM job with several tasks "
+        "was found to detect the set-up from; set --config.distributed."
+        "coordinator_address=HOST:PORT, --config.distributed.num_processes=N "
+        "and --config.distributed.process_id=I (0 on the coordinator's host).")
+  try:
+    joined = initialize(
+        coordinator_address=str(d.coordinator_address),
+        num_processes=int(d.num_processes), process_id=int(d.process_id),
+        heartbeat_timeout_seconds=int(d.heartbeat_timeout_seconds))
+  except ValueError as e:
+    raise ValueError(f"config.distributed: {e}") from None
+  if joined and not explicit and _slurm_one_task_per_node():
+    # JAX's SLURM detection shows each process only the GPU numbered
+    # SLURM_LOCALID (its one-process-per-GPU convention); with one task per
+    # node the process drives every GPU of its node.
+    jax.config.update("jax_cuda_visible_devices", "all")
+    jax.config.update("jax_rocm_visible_devices", "all")
+  return joined
+
+
+def _slurm_one_task_per_node() -> bool:
+  """True if SLURM runs one task on every node of this step (or job)."""
+  spec = (os.environ.get("SLURM_STEP_TASKS_PER_NODE")
+          or os.environ.get("SLURM_TASKS_PER_NODE") or "")
+  counts = [part.split("(")[0] for part in spec.split(",") if part]
+  return bool(counts) and all(c.strip() == "1" for c in counts)
+
+
+def process_workers(mesh: jax.sharding.Mesh) -> np.ndarray:
+  """This process's workers (int64 [k]) on a one-worker-per-device mesh.
+
+  All workers in a single-process run. In a multi-process job they must be
+  consecutive (worker ``i`` on process ``i // local_device_count``), which
+  :func:`ordered_devices` guarantees.
+
+  Raises:
+    ValueError: a multi-process mesh whose workers on this process are not
+      consecutive.
+  """
+  me = jax.process_index()
+  workers = np.array([i for i, d in enumerate(mesh.devices.flat)
+                      if d.process_index == me], np.int64)
+  if jax.process_count() > 1 and (
+      workers.size == 0 or
+      np.any(workers != np.arange(workers[0], workers[0] + workers.size))):
+    raise ValueError(
+        "each process's workers must be consecutive (worker i on process "
+        "i // local_device_count); pass devices=None to use "
+        "decentral_jax.distributed.ordered_devices().")
+  return workers
+
+
+def put_global(tree: PyTree, sharding: NamedSharding) -> PyTree:
+  """Places host values that are equal on every process with ``sharding``.
+
+  Single process: ``jax.device_put``. Multi-process: each process fills its
+  own devices' shards from its copy (no cross-process traffic, no equality
+  check).
+
+  Args:
+    tree: pytree of host arrays, the same on every process.
+    sharding: the target sharding (of the job-wide mesh).
+
+  Returns:
+    A pytree of global ``jax.Array`` with the shapes and dtypes of ``tree``.
+  """
+  if jax.process_count() == 1:
+    return jax.device_put(tree, sharding)
+
+  def one(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda i: x[i])
+
+  return jax.tree.map(one, tree)
+
+
+def to_host(tree: PyTree) -> PyTree:
+  """NumPy values of (possibly multi-process) arrays; every process calls it.
+
+  In a multi-process job the arrays are not fully addressable: replicated
+  ones are read from a local device, others are gathered with
+  ``multihost_utils.process_allgather`` (a collective, so all processes must
+  call this in the same order).
+  """
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+
+  def one(x):
+    if x.sharding.is_fully_replicated:  # e.g. the train step's metrics
+      return np.asarray(x.addressable_data(0))
+    return multihost_utils.process_allgather(x, tiled=True)
+
+  return jax.tree.map(one, tree)

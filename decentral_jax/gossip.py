@@ -42,11 +42,20 @@ def _varying_axes(x) -> frozenset:
   return frozenset(getattr(aval, "vma", ()))
 
 
-def _match_varying(out, like):
+def match_varying(out, like):
   """Marks ``out`` as varying over the same mesh axes as ``like``.
 
-  ``pmean`` results are invariant across the axis; branches of ``lax.switch``
-  must agree in type, and the output of a mixing step is per-worker state.
+  Inside ``jax.shard_map`` a ``pmean`` result is typed invariant across the
+  axis; branches of ``lax.switch`` must agree in type, and the output of a
+  mixing step is per-worker state. This is a type-level cast
+  (``lax.pcast``); values are unchanged.
+
+  Args:
+    out: an array traced inside ``shard_map``.
+    like: an array whose varying mesh axes ``out`` should get.
+
+  Returns:
+    ``out``, varying over at least the axes ``like`` varies over.
   """
   missing = tuple(sorted(_varying_axes(like) - _varying_axes(out)))
   if missing:
@@ -111,7 +120,7 @@ def _mix_leaf_terms(x, rnd: topology_lib.Round, axes, me, comm_dtype):
 def _pmean(x, axis, comm_dtype):
   """Group mean; with ``comm_dtype`` the own term is kept in ``x.dtype``."""
   if comm_dtype is None:
-    return lax.pmean(x, axis)
+    return mean(x, axis)
   sent = x.astype(comm_dtype)
   size = _axis_size(axis)
   # Replace this worker's rounded contribution by its exact value.
@@ -158,17 +167,17 @@ def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,
     return tree
   if rnd.is_global_mean:
     return jax.tree.map(
-        lambda x: _match_varying(_pmean(x, axes if len(axes) > 1 else axes[0],
+        lambda x: match_varying(_pmean(x, axes if len(axes) > 1 else axes[0],
                                         comm_dtype), x), tree)
   if len(axes) == 2:
     partners = rnd.node_partners(topology.local_size)
     if partners is not None and topology.local_size > 1:
       return jax.tree.map(
-          lambda x: _match_varying(_mix_leaf_nodes(x, partners, axes,
+          lambda x: match_varying(_mix_leaf_nodes(x, partners, axes,
                                                    comm_dtype), x), tree)
   me = lax.axis_index(axes[0] if len(axes) == 1 else axes)
   return jax.tree.map(
-      lambda x: _match_varying(_mix_leaf_terms(x, rnd, axes, me, comm_dtype), x),
+      lambda x: match_varying(_mix_leaf_terms(x, rnd, axes, me, comm_dtype), x),
       tree)
 
 
@@ -236,12 +245,30 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
   return lax.switch(index, branches, tree)
 
 
-def mean(tree: PyTree, axis_name: AxisName = "workers") -> PyTree:
-  """Exact average over all workers (``pmean``), e.g. for evaluation.
+def mean(tree: PyTree, axis_name: AxisName = "workers", *,
+         varying: bool = True) -> PyTree:
+  """Exact average over all workers: ``x_bar = (1/n) sum_i x_i`` (``pmean``).
 
-  Returns a pytree of the same shapes/dtypes, identical on every worker.
+  The one place the library forms an exact worker mean (All-Reduce of
+  gradients, periodic global averaging, evaluation of the averaged model,
+  consensus distance, ``W = J`` rounds without ``comm_dtype``). Must be
+  traced inside ``jax.shard_map`` over ``axis_name``.
+
+  Args:
+    tree: pytree of worker-local arrays (any shape and dtype).
+    axis_name: worker mesh axis, or ``("nodes", "local")``.
+    varying: keep each leaf's varying-axes type (see :func:`match_varying`),
+      so the mean can replace per-worker state (parameters, gradients);
+      False gives ``pmean``'s invariant type (a metric equal everywhere).
+
+  Returns:
+    A pytree of the same structure, shapes and dtypes, equal on every
+    worker.
   """
-  return jax.tree.map(lambda x: lax.pmean(x, axis_name), tree)
+  if not varying:
+    return jax.tree.map(lambda x: lax.pmean(x, axis_name), tree)
+  return jax.tree.map(lambda x: match_varying(lax.pmean(x, axis_name), x),
+                      tree)
 
 
 def consensus_distance(tree: PyTree, axis_name: AxisName = "workers"):
@@ -261,5 +288,5 @@ def consensus_distance(tree: PyTree, axis_name: AxisName = "workers"):
   total = jnp.zeros((), dtype)
   for x in leaves:
     x = x.astype(dtype)
-    total = total + jnp.sum(jnp.square(x - lax.pmean(x, axis_name)))
-  return lax.pmean(total, axis_name)
+    total = total + jnp.sum(jnp.square(x - mean(x, axis_name)))
+  return mean(total, axis_name, varying=False)

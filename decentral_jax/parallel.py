@@ -14,7 +14,11 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from decentral_jax import gossip
+from decentral_jax import topology as topology_lib
 
 PyTree = Any
 
@@ -63,6 +67,21 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
     return Mesh(devs.reshape(n_workers // local_size, local_size),
                 (NODES, LOCAL), axis_types=(AxisType.Explicit,) * 2)
   return Mesh(devs, (WORKERS,), axis_types=(AxisType.Explicit,))
+
+
+def is_node_aware(topology: topology_lib.Topology, local_size: int) -> bool:
+  """True if every communicating round is a set of node-aligned group means.
+
+  Such topologies (AER, or ``complete`` within and across nodes) run on a
+  2-D ``("nodes", "local")`` mesh (``make_mesh(..., node_aware=True)``),
+  where gossip uses intra-node means and one exchange per node pair.
+  """
+  if local_size <= 1:
+    return False
+  rounds = [r for r in topology.distinct_rounds
+            if not r.is_identity and not r.is_global_mean]
+  return bool(rounds) and all(r.node_partners(local_size) is not None
+                              for r in rounds)
 
 
 def worker_axis(mesh: Mesh) -> str | tuple[str, ...]:
@@ -128,7 +147,8 @@ def unstack(tree: PyTree, worker: int) -> PyTree:
 
 
 def per_worker(fn: Callable, mesh: Mesh, *,
-               replicated_argnums: Sequence[int] = ()) -> Callable:
+               replicated_argnums: Sequence[int] = (),
+               gathered_outputs: Sequence[int] = ()) -> Callable:
   """Wraps a one-worker function to act on stacked per-worker arguments.
 
   Inside, each device sees its worker's slice with the leading axis removed;
@@ -136,11 +156,20 @@ def per_worker(fn: Callable, mesh: Mesh, *,
   ``replicated_argnums`` are passed unchanged (``P()``, same on all workers;
   e.g. a step counter).
 
+  Outputs listed in ``gathered_outputs`` (``fn`` then returns a tuple) are
+  all-gathered over the workers inside the step and come back replicated on
+  every device, still ``[n, ...]``: in a multi-process job each process can
+  then read every worker's values (e.g. metrics) from its own devices,
+  without another collective queued behind the next step.
+
   Args:
     fn: ``fn(*args) -> outputs`` for one worker; may use collectives over
       ``worker_axis(mesh)``.
     mesh: mesh from :func:`make_mesh`.
     replicated_argnums: positions of replicated arguments.
+    gathered_outputs: positions of outputs to gather (replicated ``P()``);
+      ``fn`` must then return a tuple of ``max(gathered_outputs) + 1``
+      outputs.
 
   Returns:
     A function of stacked ``[n, ...]`` arguments (not jitted).
@@ -150,14 +179,30 @@ def per_worker(fn: Callable, mesh: Mesh, *,
       leading worker axis of size ``n`` (the message names the argument).
   """
   spec = worker_spec(mesh)
+  axis = worker_axis(mesh)
   replicated = set(replicated_argnums)
+  gathered = set(gathered_outputs)
   n = n_workers_of(mesh)
+
+  def stack(x):
+    return jnp.asarray(x)[None]
+
+  def gather(x):  # [n, ...], equal on every device
+    x = gossip.match_varying(jnp.asarray(x), lax.axis_index(axis))
+    return lax.all_gather(x, axis, to="invarying")
 
   def body(*args):
     args = [a if k in replicated else jax.tree.map(lambda x: x[0], a)
             for k, a in enumerate(args)]
     out = fn(*args)
-    return jax.tree.map(lambda x: jnp.asarray(x)[None], out)
+    if not gathered:
+      return jax.tree.map(stack, out)
+    if not isinstance(out, tuple) or len(out) != max(gathered) + 1:
+      raise ValueError(
+          f"per_worker: gathered_outputs={sorted(gathered)} needs fn to "
+          f"return a tuple of {max(gathered) + 1} outputs.")
+    return tuple(jax.tree.map(gather if k in gathered else stack, o)
+                 for k, o in enumerate(out))
 
   def wrapped(*args):
     for k, a in enumerate(args):
@@ -173,7 +218,11 @@ def per_worker(fn: Callable, mesh: Mesh, *,
               "parallel.shard), or list the argument in replicated_argnums.")
     in_specs = tuple(P() if k in replicated else spec
                      for k in range(len(args)))
+    out_specs = spec
+    if gathered:
+      out_specs = tuple(P() if k in gathered else spec
+                        for k in range(max(gathered) + 1))
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
-                         out_specs=spec)(*args)
+                         out_specs=out_specs)(*args)
 
   return wrapped

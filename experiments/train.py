@@ -35,6 +35,8 @@ import jax
 from ml_collections import config_flags
 
 from decentral_jax import checkpoint
+from decentral_jax import config as config_lib
+from decentral_jax import distributed
 from decentral_jax import train
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -60,7 +62,7 @@ def expected_processes(config) -> int:
   if int(d.num_processes) > 0:
     return int(d.num_processes)
   srun_tasks = int(os.environ.get("SLURM_STEP_NUM_TASKS", "1") or 1)
-  if d.enabled or srun_tasks > 1:  # as train.initialize_distributed decides
+  if d.enabled or srun_tasks > 1:  # as initialize_from_config decides
     return max(int(os.environ.get("SLURM_NTASKS", "1") or 1), 1)
   return 1
 
@@ -80,7 +82,7 @@ def main(argv):
     procs = expected_processes(config)
     simulate_cpu_devices(_CPU_DEVICES.value or
                          max(int(config.n_workers) // procs, 1))
-    if train.initialize_distributed(config) and jax.process_index() > 0:
+    if distributed.initialize_from_config(config) and jax.process_index() > 0:
       logging.set_verbosity(logging.WARNING)  # process 0 reports
     logging.info("JAX %s, %d process(es), devices: %s", jax.__version__,
                  jax.process_count(), jax.devices())
@@ -105,8 +107,8 @@ def _parse_or_exit(argv):
     return flags.FLAGS(argv)
   except (AttributeError, KeyError, TypeError, ValueError,
           flags.Error) as e:
-    print(f"error: bad --config override: {train.config_error_message(e)}",
-          file=sys.stderr)
+    message = config_lib.config_error_message(e)
+    print(f"error: bad --config override: {message}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -5,7 +5,7 @@ Run as ``python tests/multihost_worker.py --out DIR --port P --process_id I
 process, with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the environment.
 The process joins a 2-process job on ``127.0.0.1:P`` through
-:func:`decentral_jax.train.initialize_distributed` and, for every case,
+:func:`decentral_jax.distributed.initialize_from_config` and, for every case,
 trains it with :func:`decentral_jax.train.train_and_evaluate` in
 ``DIR/<case>``, then runs it again on the same directory (which restores the
 final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
@@ -62,8 +62,8 @@ CASES = {
 
 def case_config(case: str, *extra: str, steps: int = STEPS):
   """The gpt_tiny config of ``case``: tiny sizes, 8 workers, ``steps`` steps."""
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
-  return train.load_config(
+  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  return config_lib.load_config(
       os.path.join(ROOT, "configs", "gpt_tiny.py"),
       (*TINY, f"--config.steps={steps}", *CASES[case], *extra))
 
@@ -86,7 +86,7 @@ def run_case(config, workdir: str, experiment) -> dict[str, np.ndarray]:
   """Trains ``config``, then restores and evaluates its final checkpoint.
 
   Args:
-    config: the case config; experiment: a ``train.Experiment`` built from it.
+    config: the case config; experiment: a ``Experiment`` built from it.
     workdir: the run directory (shared by the processes of a job).
 
   Returns:
@@ -140,7 +140,8 @@ def main() -> None:
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
   from decentral_jax import checkpoint
-  from decentral_jax import train
+  from decentral_jax import distributed
+  from decentral_jax import experiment as experiment_lib
   from decentral_jax.data import text
   # pylint: enable=import-outside-toplevel
   checkpoint.quiet_orbax_logs()
@@ -160,7 +161,7 @@ def main() -> None:
           f"--config.distributed.process_id={args.process_id}",
           f"--config.distributed.heartbeat_timeout_seconds={args.heartbeat}")
   first = case_config(args.case[0], *dist, steps=args.steps)
-  assert train.initialize_distributed(first)
+  assert distributed.initialize_from_config(first)
   assert jax.process_count() == N_PROCESSES
   assert jax.local_device_count() == DEVICES_PER_PROCESS
   if args.check_errors:
@@ -169,7 +170,7 @@ def main() -> None:
         ("aer_workers_per_node_2", "aer", ("--config.workers_per_node=2",)),
         ("n_workers_4", "one_peer_exp", ("--config.n_workers=4",))):
       try:
-        train.Experiment(case_config(case, *dist, *extra))
+        experiment_lib.Experiment(case_config(case, *dist, *extra))
         errors[name] = ""
       except ValueError as e:
         errors[name] = str(e)
@@ -178,7 +179,7 @@ def main() -> None:
       json.dump(errors, f)
   for case in args.case:
     config = case_config(case, *dist, steps=args.steps)
-    exp = train.Experiment(config)
+    exp = experiment_lib.Experiment(config)
     read_rows_of.clear()
     result = run_case(config, os.path.join(args.out, case), exp)
     result["data_workers"] = np.array(sorted(read_rows_of), np.int64)

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from conftest import N_DEVICES
+from decentral_jax import builders
+from decentral_jax import config as config_lib
+from decentral_jax import experiment as experiment_lib
 from decentral_jax import topology
-from decentral_jax import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = ("gpt_tiny.py", "gpt2_small_owt.py", "gpt2_small_owt.py:all_reduce",
@@ -19,27 +21,59 @@ SHIPPED = ("gpt_tiny.py", "gpt2_small_owt.py", "gpt2_small_owt.py:all_reduce",
 
 def load_config(name: str, *overrides: str):
   """Loads ``configs/<name>`` with command-line style overrides."""
-  return train.load_config(os.path.join(ROOT, "configs", name), overrides)
+  return config_lib.load_config(os.path.join(ROOT, "configs", name), overrides)
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_are_valid_and_documented(name):
   config = load_config(name)
-  train.check_config(config)
+  config_lib.check_config(config)
   assert topology.canonical_name(config.topology) in topology.NAMES
   with open(os.path.join(ROOT, "configs", name.split(":")[0]),
             encoding="utf-8") as f:
     source = f.read()
   assert source.lstrip().startswith('"""') and "Data:" in source
-  # Every field assignment sits under a comment (a run of related fields
-  # may share one).
+  _assert_assignments_commented(source, name, ("  c.",))
+
+
+def _assert_assignments_commented(source: str, name: str, prefixes) -> None:
+  """Every field assignment sits under a comment (a run may share one)."""
   lines = source.splitlines()
+
+  def field(line):
+    return line.startswith(prefixes) and "ConfigDict()" not in line
+
   for i, line in enumerate(lines):
-    if line.startswith("  c.") and "ConfigDict()" not in line:
+    if field(line):
       j = i - 1
-      while lines[j].startswith("  c.") and "ConfigDict()" not in lines[j]:
+      while field(lines[j]):
         j -= 1
       assert lines[j].strip().startswith("#"), f"{name}:{i + 1} {line!r}"
+
+
+def test_schema_defines_every_field_once_with_a_comment():
+  """base_config() holds every field; the variants only override."""
+  path = os.path.join(ROOT, "decentral_jax", "config.py")
+  with open(path, encoding="utf-8") as f:
+    source = f.read()
+  _assert_assignments_commented(source, "config.py", ("  c.", "  m."))
+  for name in SHIPPED:
+    config = load_config(name)
+    base = config_lib.base_config(config.model.name)
+    # Same fields (and nested groups) as the schema: nothing added or lost.
+    assert _keys(config) == _keys(base), name
+  with open(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+            encoding="utf-8") as f:
+    assert " c." not in f.read()  # the defaults are gpt_tiny
+
+
+def _keys(config, prefix=""):
+  out = set()
+  for k, v in config.items():
+    out.add(prefix + k)
+    if hasattr(v, "items"):
+      out |= _keys(v, prefix + k + ".")
+  return out
 
 
 def test_overrides_and_lock():
@@ -84,21 +118,21 @@ def test_schedules_match_formulas():
                   "--config.schedule.peak_lr=1.0",
                   "--config.schedule.warmup_steps=10",
                   "--config.schedule.final_lr=0.1")
-  lr = train.make_schedule(c)
+  lr = builders.make_schedule(c)
   assert float(lr(0)) == pytest.approx(0.1)  # peak / warmup
   assert float(lr(10)) == pytest.approx(1.0)
   assert float(lr(55)) == pytest.approx(0.1 + 0.9 * 0.5, rel=1e-5)
   assert float(lr(100)) == pytest.approx(0.1)
   with c.unlocked():
     c.schedule.name = "inverse_sqrt"
-  lr = train.make_schedule(c)
+  lr = builders.make_schedule(c)
   assert float(lr(4)) == pytest.approx(0.99 * 5 / 10 + 0.01)
   assert float(lr(39)) == pytest.approx((10 / 40) ** 0.5)
 
 
 def _error(name, *overrides, match):
   with pytest.raises(ValueError) as info:
-    train.Experiment(load_config(name, *overrides))
+    experiment_lib.Experiment(load_config(name, *overrides))
   message = str(info.value)
   assert "\n" not in message
   for m in (match if isinstance(match, tuple) else (match,)):

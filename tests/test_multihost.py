@@ -32,8 +32,8 @@ import pytest
 import multihost_worker as worker
 from conftest import require_devices
 from decentral_jax import distributed
+from decentral_jax import experiment as experiment_lib
 from decentral_jax import metrics
-from decentral_jax import train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = worker.N_PROCESSES * worker.DEVICES_PER_PROCESS
@@ -144,7 +144,7 @@ def job(tmp_path_factory):
     reference = {}
     for case in CASES:
       config = worker.case_config(case)
-      exp = train.Experiment(config, devices=devices)
+      exp = experiment_lib.Experiment(config, devices=devices)
       reference[case] = worker.run_case(config, str(ref_dir / case), exp)
     codes = wait_all(procs, out, JOB_TIMEOUT_S - (time.monotonic() - t0))
   assert codes == [0, 0], logs(out)
@@ -335,10 +335,10 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
                       lambda **kw: calls.append(kw) or True)
   for var in [v for v in os.environ if v.startswith("SLURM_")]:
     monkeypatch.delenv(var)
-  assert train.initialize_distributed(_dist_config()) is False
+  assert distributed.initialize_from_config(_dist_config()) is False
   with pytest.raises(ValueError, match="no SLURM job"):
-    train.initialize_distributed(_dist_config(enabled=True))
-  assert train.initialize_distributed(_dist_config(
+    distributed.initialize_from_config(_dist_config(enabled=True))
+  assert distributed.initialize_from_config(_dist_config(
       enabled=True, coordinator_address="10.0.0.1:1234", num_processes=4,
       process_id=3, heartbeat_timeout_seconds=7))
   assert calls.pop() == dict(coordinator_address="10.0.0.1:1234",
@@ -349,20 +349,20 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
                      ({"heartbeat_timeout_seconds": 0},
                       "distributed.heartbeat_timeout_seconds")):
     with pytest.raises(ValueError, match=match):
-      train.initialize_distributed(_dist_config(**bad))
+      distributed.initialize_from_config(_dist_config(**bad))
   # A batch script's own step (no srun step with several tasks) stays alone.
   monkeypatch.setenv("SLURM_JOB_ID", "5")
   monkeypatch.setenv("SLURM_NTASKS", "2")
   monkeypatch.setenv("SLURM_PROCID", "0")
-  assert train.initialize_distributed(_dist_config()) is False
+  assert distributed.initialize_from_config(_dist_config()) is False
   assert not calls
   # enabled=True with empty fields on SLURM: JAX detects the set-up.
-  assert train.initialize_distributed(_dist_config(enabled=True))
+  assert distributed.initialize_from_config(_dist_config(enabled=True))
   assert calls.pop() == dict(coordinator_address="", num_processes=0,
                              process_id=-1, heartbeat_timeout_seconds=100)
   # Inside `srun` with 2 tasks the job is joined even when not enabled.
   monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
-  assert train.initialize_distributed(_dist_config())
+  assert distributed.initialize_from_config(_dist_config())
   assert calls.pop()["num_processes"] == 0
   # JAX's SLURM rule gives each task the one GPU numbered SLURM_LOCALID;
   # with one task per node the process gets all GPUs of its node back.
@@ -371,7 +371,7 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
     for tasks_per_node, expected in (("2", "0"), ("1(x2)", "all")):
       monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
       jax.config.update("jax_cuda_visible_devices", "0")  # as JAX does
-      assert train.initialize_distributed(_dist_config(enabled=True))
+      assert distributed.initialize_from_config(_dist_config(enabled=True))
       assert visible() == expected, tasks_per_node
   finally:
     jax.config.update("jax_cuda_visible_devices", "all")

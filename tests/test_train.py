@@ -18,6 +18,8 @@ import pytest
 
 from conftest import require_devices
 from decentral_jax import checkpoint
+from decentral_jax import config as config_lib
+from decentral_jax import experiment as experiment_lib
 from decentral_jax import metrics
 from decentral_jax import models
 from decentral_jax import optim
@@ -34,7 +36,7 @@ TINY_GPT = ("--config.model.n_layer=1", "--config.model.n_embd=32",
 
 def load_config(name: str, *overrides: str):
   """Loads ``configs/<name>`` with command-line style overrides."""
-  return train.load_config(os.path.join(ROOT, "configs", name), overrides)
+  return config_lib.load_config(os.path.join(ROOT, "configs", name), overrides)
 
 
 def gpt_config(*extra: str):
@@ -50,14 +52,14 @@ def gpt_config(*extra: str):
 @pytest.fixture(scope="module")
 def gpt_exp():
   require_devices(N)
-  return train.Experiment(gpt_config())
+  return experiment_lib.Experiment(gpt_config())
 
 
 @pytest.fixture(scope="module")
 def gpt_exp_fresh():
   """A second, independently built experiment with the same config."""
   require_devices(N)
-  return train.Experiment(gpt_config())
+  return experiment_lib.Experiment(gpt_config())
 
 
 def run_steps(exp, state, start: int, stop: int):
@@ -204,7 +206,7 @@ def test_loop_end_to_end_resume_and_no_retrace(gpt_exp, gpt_exp_fresh,
   np.testing.assert_allclose(final["tokens_per_sec"],
                              16 * 16 / (final["step_time_ms"] / 1e3))
   # The step compiled once, whatever called it.
-  assert gpt_exp._train_step._cache_size() == 1  # pylint: disable=protected-access
+  assert gpt_exp.train_step_traces == 1  # compiled once
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
   assert ckpt.all_steps() == [10, 20]
@@ -290,7 +292,7 @@ def test_interrupted_save_never_replaces_last_good(tmp_path, monkeypatch):
 def test_all_reduce_matches_single_model_adamw():
   """All-Reduce on 8 workers == one AdamW model on the global batch."""
   require_devices(N)
-  exp = train.Experiment(gpt_config(
+  exp = experiment_lib.Experiment(gpt_config(
       "--config.model.dropout=0.0",
       "--config.algorithm=all_reduce", "--config.optimizer.name=adamw",
       "--config.optimizer.accum_steps=1", "--config.grad_clip=0.5"))
@@ -364,7 +366,7 @@ def test_gpt2_small_owt_end_to_end_on_token_bins(tmp_path):
       "--config.steps=20", "--config.global_avg_interval=10",
       "--config.eval_interval=10", "--config.log_interval=5",
       "--config.schedule.warmup_steps=2", "--config.schedule.peak_lr=3e-3")
-  exp = train.Experiment(config)
+  exp = experiment_lib.Experiment(config)
   assert dict(exp.mesh.shape) == {"nodes": 4, "local": 2}
   assert exp.topology.name == "alternating_exp_ring"
   final = train.train_and_evaluate(config, str(tmp_path / "run"),
@@ -390,15 +392,15 @@ def test_static_gossip_rounds_match_switch(tmp_path):
           "--config.topology=ring", "--config.optimizer.accum_steps=2")
   runs = {}
   for mode in ("switch", "static"):
-    exp = train.Experiment(load_config("gpt_tiny.py", *base,
-                                       f"--config.gossip_rounds={mode}"))
+    exp = experiment_lib.Experiment(load_config(
+        "gpt_tiny.py", *base, f"--config.gossip_rounds={mode}"))
     state = exp.init_state()
     for s in range(5):
       # Without the host step for the last one: read from the device.
       state, _ = exp.train_step(state, exp.get_batch(s), s if s < 4 else None)
     runs[mode] = (exp, jax.device_get(state.params))
-  assert runs["static"][0]._static_rounds  # pylint: disable=protected-access
-  assert len(runs["static"][0]._round_steps) == 2  # pylint: disable=protected-access
+  assert runs["static"][0].train_step_traces == 2  # one per distinct round
+  assert runs["switch"][0].train_step_traces == 1
   for a, b in zip(jax.tree.leaves(runs["switch"][1]),
                   jax.tree.leaves(runs["static"][1])):
     np.testing.assert_array_equal(a, b)
@@ -406,7 +408,7 @@ def test_static_gossip_rounds_match_switch(tmp_path):
 
 def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
   require_devices(N)
-  exp = train.Experiment(load_config("gpt_tiny.py", *TINY_GPT))
+  exp = experiment_lib.Experiment(load_config("gpt_tiny.py", *TINY_GPT))
   meta = exp.checkpoint_meta(5)
   exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
   for key, value, field in (("seed", meta["seed"] + 1, "config.seed"),

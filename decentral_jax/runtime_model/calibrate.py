@@ -7,7 +7,7 @@ distinct gossip round of ``one_peer_exp`` (:func:`decentral_jax.gossip.mix`)
 and a flat ``pmean`` at two sizes (fitting the mesh's alpha and beta). It
 then predicts the per-iteration time of the config's All-Reduce and
 one_peer_exp runs, with and without compute/communication overlap, and times
-those runs with :class:`decentral_jax.train.Experiment`.
+those runs with :class:`decentral_jax.experiment.Experiment`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from decentral_jax.runtime_model import core
 def load_config(path: str, overrides=()):
   """``get_config()`` of the file ``path`` with ``KEY=VALUE`` overrides.
 
-  The same parser as ``experiments/train.py`` (``decentral_jax.train.load_config``).
+  The same parser as ``experiments/train.py``
+  (``decentral_jax.config.load_config``).
 
   Raises:
     ValueError: missing file or ``get_config``, malformed or unknown key.
   """
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
-  return train.load_config(path, overrides)
+  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  return config_lib.load_config(path, overrides)
 
 
 def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
@@ -69,14 +70,13 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
 
   Raises:
     ValueError: bad config or override (see :func:`load_config`), or from
-      :class:`decentral_jax.train.Experiment`.
+      :class:`decentral_jax.experiment.Experiment`.
   """
   config = load_config(config_path, overrides)
   n = int(config.n_workers)
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
-  from jax import lax  # pylint: disable=import-outside-toplevel
-  from decentral_jax import gossip, parallel, train  # pylint: disable=import-outside-toplevel
+  from decentral_jax import experiment, gossip, parallel  # pylint: disable=import-outside-toplevel
   try:
     jax.config.update("jax_num_cpu_devices", max(n, 1))
   except RuntimeError:  # backend already started; use the devices it has
@@ -85,7 +85,7 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
   for algo in ("all_reduce", "decentralized"):
     cfg = copy.deepcopy(config)
     cfg.algorithm, cfg.topology = algo, "one_peer_exp"
-    exp = train.Experiment(cfg)
+    exp = experiment.Experiment(cfg)
     box = {"state": exp.init_state(), "k": 0}
 
     def run(exp=exp, box=box):
@@ -99,7 +99,7 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
     timers[algo] = run
   mesh, axis, topo = exp.mesh, exp.axis_name, exp.topology
   params = jax.tree.map(lambda x: x.copy(), box["state"].params)
-  loss = getattr(exp, "loss", None) or exp._task.loss  # pylint: disable=protected-access
+  loss = exp.task.loss
   adamw = optax.adamw(1e-3)
 
   def compute_only(p, batch):
@@ -117,7 +117,7 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
     return run
 
   timers["compute"] = timed(compute_only, params, exp.get_batch(0))
-  pmean = lambda p: jax.tree.map(lambda x: lax.pmean(x, axis), p)  # noqa: E731
+  pmean = lambda p: gossip.mean(p, axis)  # noqa: E731
   timers["all_reduce_op"] = timed(pmean, params)
   for r in range(len(topo.distinct_rounds)):
     step = topo.round_to_distinct.index(r)

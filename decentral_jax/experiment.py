@@ -1,0 +1,372 @@
+"""Wiring of one run: config -> mesh, topology, task, optimizer, jitted steps.
+
+:class:`Experiment` turns a validated ``ml_collections`` config (see
+:mod:`decentral_jax.config`) into the pieces of a run, without touching the
+file system: a device mesh with one worker per device, the topology, the
+:class:`~decentral_jax.tasks.Task`, the per-worker optax transform, the
+jitted train and eval steps of :mod:`decentral_jax.step` over all workers,
+evaluation of the averaged model and the checkpoint metadata. The loop that
+drives it is :func:`decentral_jax.train.train_and_evaluate`.
+
+State layout: every leaf of the :class:`~decentral_jax.step.TrainState` has
+a leading worker axis ``[n_workers, ...]`` sharded over the mesh's worker
+axis (``"workers"``, or ``("nodes", "local")`` for node-aware topologies),
+so each device holds one worker's parameters, optimizer state, step and RNG
+key. All workers start from the same parameters.
+
+Multi-host: after :func:`decentral_jax.distributed.initialize_from_config`
+the mesh spans every process's devices in the order of
+:func:`~decentral_jax.distributed.ordered_devices` (worker ``i`` on process
+``i // local_device_count``; for node-aware topologies a node is a
+process), and each process feeds only its own workers' data.
+
+References:
+  Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
+  High-performance Decentralized Training <https://arxiv.org/abs/2410.11998>`_,
+  ICLR 2025 (Sec. 5 and App. D for the experiment settings).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_dict
+
+from decentral_jax import builders
+from decentral_jax import config as config_lib
+from decentral_jax import distributed
+from decentral_jax import parallel
+from decentral_jax import step as step_lib
+from decentral_jax import tasks
+from decentral_jax import topology as topology_lib
+
+Batch = step_lib.Batch
+TrainState = step_lib.TrainState
+
+# checkpoint_meta key -> the config field a resumed run must keep.
+_RESUME_FIELDS = {"n_workers": "n_workers",
+                  "workers_per_node": "workers_per_node",
+                  "algorithm": "algorithm", "topology": "topology",
+                  "optimizer": "optimizer.name",
+                  "accum_steps": "optimizer.accum_steps", "model": "model",
+                  "seed": "seed", "global_batch": "global_batch"}
+
+
+def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
+  """Layout checks of a multi-process job (one worker on every device)."""
+  procs = jax.process_count()
+  if n != jax.device_count() or n_devices != n:
+    total = jax.device_count()
+    raise ValueError(
+        f"config.n_workers={n} but this {procs}-process job has {total} "
+        f"devices ({jax.local_device_count()} per process); a multi-process "
+        f"run puts one worker on every device: set --config.n_workers={total}"
+        " (and a config.global_batch divisible by it).")
+  if node_aware:
+    try:
+      distributed.check_node_layout(n, int(c.workers_per_node))
+    except ValueError as e:
+      raise ValueError(f"config.topology={c.topology!r} is node-aware: "
+                       f"config.{e}") from None
+
+
+class Experiment:
+  """Everything a run needs except the file system, built from a config.
+
+  Attributes:
+    config: the (validated) config.
+    mesh: ``jax.sharding.Mesh`` with one worker per device.
+    axis_name: the worker axis (``"workers"`` or ``("nodes", "local")``).
+    topology: the gossip :class:`~decentral_jax.topology.Topology`, or None
+      for ``all_reduce``.
+    task: the :class:`~decentral_jax.tasks.Task` (model, loss, data).
+    schedule: learning-rate schedule ``step -> lr``.
+    tx: the per-worker optax transform.
+    n_workers: number of workers ``n``.
+    local_batch: sequences (or images) per worker per step.
+    param_count: parameters of one worker's model.
+    unit: ``"tokens"`` or ``"samples"``.
+    tokens_per_step: tokens (LM) or samples (images) per step, all workers.
+    local_workers: int64 [k]: the workers whose devices belong to this
+      process (all workers in a single-process run); each process reads
+      only its own workers' data.
+    gossip_rounds: ``config.gossip_rounds``.
+    train_step_traces: how many times a train step was traced (compiled);
+      one per distinct gossip round with ``gossip_rounds="static"``, else 1.
+  """
+
+  def __init__(self, config: config_dict.ConfigDict, *,
+               devices: list | None = None):
+    """Builds mesh, topology, task, optimizer and the jitted steps.
+
+    Args:
+      config: a run config (see ``configs/gpt_tiny.py``).
+      devices: devices to place workers on, in worker order (default: every
+        device of the job ordered by process, then device id).
+
+    Raises:
+      ValueError: an invalid config field, more workers than devices (the
+        message says how to simulate CPU devices), missing data files, or a
+        corpus too short for the context length; in a multi-process job,
+        ``n_workers`` differing from the job's device count, or a
+        node-aware topology whose ``workers_per_node`` is not the number
+        of devices per process.
+    """
+    config_lib.check_config(config)
+    c = self.config = config
+    if c.distributed.enabled and not jax.distributed.is_initialized():
+      raise ValueError(
+          "config.distributed.enabled=True but this process has not joined "
+          "a multi-process job; call decentral_jax.distributed."
+          "initialize_from_config(config) before JAX touches devices "
+          "(experiments/train.py does), or set "
+          "--config.distributed.enabled=False.")
+    if devices is None:
+      devices = distributed.ordered_devices()
+    self.n_workers = n = int(c.n_workers)
+    self.local_batch = int(c.global_batch) // n
+    local_size = int(c.workers_per_node)
+    self.topology = None
+    node_aware = False
+    if builders.ALGORITHMS[c.algorithm].uses_topology:
+      try:
+        self.topology = topology_lib.make(c.topology, n, local_size)
+      except ValueError as e:
+        raise ValueError(f"config.topology={c.topology!r} with config."
+                         f"n_workers={n}, workers_per_node={local_size}: {e}"
+                         ) from None
+      node_aware = parallel.is_node_aware(self.topology, local_size)
+    multi_process = jax.process_count() > 1
+    if multi_process:
+      _check_multi_process(c, n, len(devices), node_aware)
+    try:
+      self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
+                                     devices=devices)
+    except ValueError as e:
+      raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
+                       "sets this by itself on CPU; otherwise lower "
+                       "--config.n_workers.") from None
+    self.local_workers = distributed.process_workers(self.mesh)
+    self.axis_name = parallel.worker_axis(self.mesh)
+    self._sharding = parallel.worker_sharding(self.mesh)
+    self.task = tasks.make_task(c, n, self.local_batch)
+    self.unit = self.task.unit
+    self.tokens_per_step = self.task.units_per_step
+    self.schedule = builders.make_schedule(c)
+    self.tx = builders.make_optimizer(c, self.schedule, self.topology,
+                                      self.axis_name)
+    self._batch_workers = self.local_workers if multi_process else None
+    root = jax.random.key(int(c.seed))
+    self._init_key, self._dropout_key = jax.random.split(root)
+    self._params0 = None
+    self.param_count = sum(
+        int(np.prod(x.shape)) for x in
+        jax.tree.leaves(jax.eval_shape(self.task.init_params,
+                                       self._init_key)))
+    self._eval_rows, self._eval_common = self._place_eval_set()
+    self._init_fn = jax.jit(parallel.per_worker(
+        functools.partial(step_lib.init_state, tx=self.tx), self.mesh,
+        replicated_argnums=(0, 1)))
+    # Gossip round dispatch: "switch" compiles the whole schedule once (the
+    # round is picked in-graph with lax.switch); "static" compiles one step
+    # per distinct round (the host picks it from the step number), so the
+    # collective sits outside any conditional and XLA can overlap it with
+    # the forward/backward pass on accelerators.
+    self.gossip_rounds = c.gossip_rounds
+    self.train_step_traces = 0
+    # Multi-process: metrics are gathered inside the step, so every process
+    # reads step t-1's metrics locally while step t runs.
+    self._gathered = (1,) if multi_process else ()
+    distinct = (self.topology.distinct_rounds if self.topology is not None
+                else ())
+    self._round_steps = {}
+    if self.gossip_rounds == "static" and len(distinct) > 1:
+      for r, d in enumerate(self.topology.round_to_distinct):
+        if d not in self._round_steps:
+          self._round_steps[d] = self._jit_step(r)
+    else:
+      self._round_steps[None] = self._jit_step(None)
+    self._eval_step = jax.jit(parallel.per_worker(
+        functools.partial(step_lib.eval_step, loss_fn=self.task.loss,
+                          axis_name=self.axis_name),
+        self.mesh, replicated_argnums=(2,)))
+
+  # -- state and data --------------------------------------------------------
+
+  def init_state(self) -> TrainState:
+    """Initial state: identical parameters on every worker, zero moments.
+
+    Returns:
+      A :class:`~decentral_jax.step.TrainState` whose leaves are
+      ``[n_workers, ...]`` arrays sharded over the worker axis (``step`` 0).
+    """
+    if self._params0 is None:
+      self._params0 = self.task.init_params(self._init_key)
+    everywhere = NamedSharding(self.mesh, P())
+    params, rng = distributed.put_global(
+        (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
+    return self._init_fn(params, rng)
+
+  def get_batch(self, step: int) -> Batch:
+    """The training batch of ``step`` (0-based) for all workers, on device.
+
+    Returns:
+      A tuple of arrays ``[n_workers, local_batch, ...]`` (LM: int32 inputs
+      and targets ``[n, B, T]``; images: uint8 ``[n, B, 28, 28]`` and int32
+      labels ``[n, B]``) sharded over the worker axis. Deterministic in
+      ``(seed, step)``; worker ``w`` gets its own shard of the data. In a
+      multi-process job each process reads only the rows of its
+      :attr:`local_workers` and the global array is assembled from them
+      (``jax.make_array_from_process_local_data``).
+    """
+    rows = self.task.host_batch(int(step), self._batch_workers)
+    if self._batch_workers is None:
+      return jax.device_put(tuple(rows), self._sharding)
+    return tuple(
+        jax.make_array_from_process_local_data(
+            self._sharding, x, (self.n_workers,) + x.shape[1:])
+        for x in rows)
+
+  def _place_eval_set(self):
+    """Eval rows per worker ``[n, E, B, ...]`` and a common subset ``[E, B, ...]``.
+
+    Worker ``w`` holds rows ``w*B .. w*B+B-1`` of every eval batch (for the
+    averaged model); the common subset is every ``n``-th row (spread over the
+    whole validation set), the same for all workers.
+    """
+    n, b = self.n_workers, self.local_batch
+    rows, common = [], []
+    for x in self.task.eval_set:
+      e = x.shape[0]
+      per = x.reshape((e, n, b) + x.shape[2:]).swapaxes(0, 1)
+      rows.append(np.ascontiguousarray(per))
+      common.append(np.ascontiguousarray(x[:, ::n]))
+    return (distributed.put_global(tuple(rows), self._sharding),
+            distributed.put_global(tuple(common),
+                                   NamedSharding(self.mesh, P())))
+
+  # -- steps -------------------------------------------------------------------
+
+  def _jit_step(self, round_index: int | None):
+    """The jitted step over all workers for a static round (or None)."""
+    c = self.config
+    worker = functools.partial(
+        step_lib.train_step, loss_fn=self.task.loss, tx=self.tx,
+        axis_name=self.axis_name, dropout=tasks.uses_dropout(c),
+        global_avg_interval=int(c.global_avg_interval),
+        log_interval=int(c.log_interval), total_steps=int(c.steps),
+        round_index=round_index)
+
+    def counted(state, batch):
+      self.train_step_traces += 1  # runs once per trace
+      return worker(state, batch)
+
+    return jax.jit(parallel.per_worker(counted, self.mesh,
+                                       gathered_outputs=self._gathered),
+                   donate_argnums=(0,))
+
+  def train_step(self, state: TrainState, batch: Batch,
+                 step: int | None = None) -> tuple[TrainState, dict]:
+    """One step on every worker. ``state`` is donated (do not reuse it).
+
+    Args:
+      state: stacked state from :meth:`init_state` or a previous step.
+      batch: from :meth:`get_batch`.
+      step: the number of completed steps in ``state`` (host int). Only
+        used with ``config.gossip_rounds="static"``, to pick the compiled
+        round without reading ``state.step`` from the device (which would
+        wait for the previous step); read from the device if omitted.
+
+    Returns:
+      ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``
+      (see :func:`decentral_jax.step.train_step`): ``loss``, ``grad_norm``,
+      ``finite``, ``consensus_distance`` (on log steps, NaN otherwise) and
+      ``accuracy`` for classifiers. In a multi-process job the metrics are
+      gathered inside the step and replicated on every device, so each
+      process reads all ``n_workers`` values locally.
+    """
+    if None in self._round_steps:
+      return self._round_steps[None](state, batch)
+    if step is None:
+      step = int(np.asarray(jax.device_get(
+          state.step.addressable_shards[0].data)).reshape(-1)[0])
+    topo = self.topology
+    fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
+    return fn(state, batch)
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """Validation metrics; ``state`` is read only (training is unaffected).
+
+    The averaged model is ``x_bar = (1/n) sum_i x_i`` (exact mean, computed
+    on the fly, never written back); it is evaluated on all
+    ``eval_batches * global_batch`` validation sequences (images), split
+    over the workers. Each worker's own parameters, and the averaged model
+    again, are evaluated on a common subset (every ``n_workers``-th row of
+    every eval batch, i.e. ``1/n`` of the validation set spread over all of
+    it), so own-model and averaged-model losses compare on the same data.
+
+    Returns:
+      Floats: ``eval/loss`` (averaged model, whole eval set, nats);
+      ``eval/worker_loss_mean``, ``_min``, ``_max``, ``_std`` (the workers'
+      own models on the subset); ``eval/loss_subset`` (averaged model on the
+      subset); ``eval/worker_excess_mean`` and ``_max`` (own-model loss minus
+      ``eval/loss_subset``: what the workers lose by not being averaged);
+      ``consensus_distance``; and ``eval/accuracy`` for classifiers.
+    """
+    out = distributed.to_host(self._eval_step(state.params, self._eval_rows,
+                                              self._eval_common))
+    own = np.asarray(out["own_loss"], np.float64)
+    subset = float(out["avg_subset_loss"][0])
+    result = {
+        "eval/loss": float(out["avg_loss"][0]),
+        "eval/worker_loss_mean": float(own.mean()),
+        "eval/worker_loss_min": float(own.min()),
+        "eval/worker_loss_max": float(own.max()),
+        "eval/worker_loss_std": float(own.std()),
+        "eval/loss_subset": subset,
+        "eval/worker_excess_mean": float(own.mean() - subset),
+        "eval/worker_excess_max": float(own.max() - subset),
+        "consensus_distance": float(out["consensus_distance"][0]),
+    }
+    if self.unit == "samples":
+      result["eval/accuracy"] = float(out["avg_accuracy"][0])
+    return result
+
+  def learning_rate(self, step: int) -> float:
+    """Learning rate used by the update of step ``step`` (1-based)."""
+    return float(self.schedule(max(int(step) - 1, 0)))
+
+  # -- checkpoint metadata -----------------------------------------------------
+
+  def checkpoint_meta(self, step: int) -> dict:
+    """JSON facts stored with a checkpoint taken after ``step`` steps."""
+    c = self.config
+    return {
+        "step": int(step),
+        "data_position": int(step),  # the next batch is get_batch(step)
+        "seed": int(c.seed),
+        "n_workers": self.n_workers,
+        "workers_per_node": int(c.workers_per_node),
+        "algorithm": c.algorithm,
+        "topology": self.topology.name if self.topology else "",
+        "topology_round": (int(step) % self.topology.period
+                           if self.topology else 0),
+        "optimizer": c.optimizer.name,
+        "accum_steps": int(c.optimizer.accum_steps),
+        "global_batch": int(c.global_batch),
+        "model": json.loads(c.model.to_json()),
+    }
+
+  def check_resumable(self, meta: dict, directory: str) -> None:
+    """Raises ValueError if a checkpoint was written by an incompatible run."""
+    mine = self.checkpoint_meta(meta.get("step", 0))
+    for key, field in _RESUME_FIELDS.items():
+      if key in meta and meta[key] != mine[key]:
+        raise ValueError(
+            f"the checkpoint in {directory} was written with config.{field}="
+            f"{meta[key]!r} but this run has {mine[key]!r}; resume with the "
+            "same value or use a fresh --workdir.")
