@@ -107,25 +107,42 @@ def _check_leaves(tree, comm_dtype) -> None:
                      "dtype such as jnp.bfloat16 (or None).")
 
 
+def _acc_dtype(x):
+  """Dtype of weights and sums: float32 for 16-bit leaves, else the leaf's.
+
+  In bfloat16, 1/3 rounds to 0.333984 and a row of three such weights sums
+  to 1.00195, so the network average would drift every round; weights and
+  the weighted sum are kept in float32 and rounded to the leaf dtype once.
+  """
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
 def _mix_leaf_terms(x, rnd: topology_lib.Round, axes, me, comm_dtype):
+  acc = _acc_dtype(x)
   send = x if comm_dtype is None else x.astype(comm_dtype)
   axis = axes[0] if len(axes) == 1 else axes
-  out = jnp.asarray(rnd.self_weights, x.dtype)[me] * x
+  out = jnp.asarray(rnd.self_weights, acc)[me] * x.astype(acc)
   for term in rnd.terms:
-    recv = lax.ppermute(send, axis, list(term.perm)).astype(x.dtype)
-    out = out + jnp.asarray(term.weights, x.dtype)[me] * recv
-  return out
+    recv = lax.ppermute(send, axis, list(term.perm)).astype(acc)
+    out = out + jnp.asarray(term.weights, acc)[me] * recv
+  return out.astype(x.dtype)
 
 
 def _pmean(x, axis, comm_dtype):
-  """Group mean; with ``comm_dtype`` the own term is kept in ``x.dtype``."""
+  """Group mean; with ``comm_dtype`` the own term is kept in ``x.dtype``.
+
+  Without ``comm_dtype`` the reduction runs in the leaf dtype (sending
+  16-bit leaves as float32 would double the bytes).
+  """
   if comm_dtype is None:
     return mean(x, axis)
+  acc = _acc_dtype(x)
   sent = x.astype(comm_dtype)
   size = _axis_size(axis)
   # Replace this worker's rounded contribution by its exact value.
-  return (lax.pmean(sent, axis).astype(x.dtype) +
-          (x - sent.astype(x.dtype)) / size)
+  out = (lax.pmean(sent, axis).astype(acc) +
+         (x.astype(acc) - sent.astype(acc)) / size)
+  return out.astype(x.dtype)
 
 
 def _mix_leaf_nodes(x, partners: Sequence[int], axes, comm_dtype):
@@ -144,17 +161,19 @@ def _mix_leaf_nodes(x, partners: Sequence[int], axes, comm_dtype):
   paired = jnp.asarray([p >= 0 for p in partners])[lax.axis_index(node_axis)]
   big_l = lax.axis_size(local_axis)
   wire = x.dtype if comm_dtype is None else comm_dtype
+  acc = _acc_dtype(x)
   if x.size < big_l:  # too small to shard: exchange the whole node mean.
     x_node = _pmean(x, local_axis, comm_dtype)
-    recv = lax.ppermute(x_node.astype(wire), node_axis, pairs).astype(x.dtype)
-    return jnp.where(paired, 0.5 * (x_node + recv), x_node)
+    recv = lax.ppermute(x_node.astype(wire), node_axis, pairs).astype(acc)
+    x_node = x_node.astype(acc)
+    return jnp.where(paired, 0.5 * (x_node + recv), x_node).astype(x.dtype)
   flat = x.reshape(-1)
   pad = (-flat.size) % big_l
   if pad:
     flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
   shard = lax.psum_scatter(flat.astype(wire), local_axis, tiled=True)
-  shard = shard.astype(x.dtype) / big_l  # this device's slice of the node mean
-  recv = lax.ppermute(shard.astype(wire), node_axis, pairs).astype(x.dtype)
+  shard = shard.astype(acc) / big_l  # this device's slice of the node mean
+  recv = lax.ppermute(shard.astype(wire), node_axis, pairs).astype(acc)
   shard = jnp.where(paired, 0.5 * (shard + recv), shard)
   full = lax.all_gather(shard.astype(wire), local_axis, tiled=True)
   return full[:x.size].astype(x.dtype).reshape(x.shape)
@@ -202,11 +221,13 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
       A traced ``step`` must be equal on all workers.
     axis_name: worker mesh axis name, or ``(node_axis, local_axis)``.
     comm_dtype: optional floating dtype (e.g. ``jnp.bfloat16``) in which
-      values are sent; the weighted sum is formed in each leaf's own dtype and
-      each worker's own term stays exact (for ``pmean`` rounds the mean is
-      reduced in ``comm_dtype`` and the own term corrected afterwards; in
-      node-aware two-node rounds the node mean is exchanged in
-      ``comm_dtype``).
+      values are sent; each worker's own term stays exact (for ``pmean``
+      rounds the mean is reduced in ``comm_dtype`` and the own term
+      corrected afterwards; in node-aware two-node rounds the node mean is
+      exchanged in ``comm_dtype``). Weights and weighted sums are formed in
+      the leaf dtype, or float32 for 16-bit leaves, so that weights such as
+      1/3 stay exact and the network average is preserved; the result is
+      rounded to the leaf dtype once per round.
 
   Returns:
     A pytree with the structure, shapes and dtypes of ``tree``.
