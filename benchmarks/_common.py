@@ -1,8 +1,9 @@
 """Shared code of the benchmark scripts: machine facts, GPT train steps.
 
-Nothing here is imported by the library; the scripts in ``benchmarks/`` use
-it to describe the machine in their output and to build the same
-decentralized GPT train step in every benchmark.
+Nothing here is imported by the library; the scripts in ``benchmarks/``
+(``import _common``: a script's own folder is on ``sys.path``) and
+``benchmarks/studies/`` use it to describe the machine in their output and
+to build the same decentralized GPT train step in every benchmark.
 """
 
 from __future__ import annotations
@@ -71,6 +72,25 @@ def machine_info() -> dict[str, Any]:
   except OSError:
     pass
   return info
+
+
+def require_decent_dp(note: str = "") -> None:
+  """Exits with an install hint unless torch and decent-dp are importable.
+
+  Both are optional (not in requirements.txt, not used by CI); only the
+  PyTorch side of the comparison with decent-dp needs them.
+
+  Args:
+    note: ends the message (e.g. how to run without them); default ".".
+  """
+  import importlib.util
+  missing = [m for m in ("torch", "decent_dp")
+             if importlib.util.find_spec(m) is None]
+  if missing:
+    raise SystemExit(
+        f"missing optional package(s) {', '.join(missing)}: the decent-dp "
+        "side needs pip install torch==2.13.0 decent-dp loguru"
+        + (note or "."))
 
 
 def git_revision() -> str:

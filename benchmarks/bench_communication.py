@@ -21,12 +21,8 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
-import sys
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
-from benchmarks import _common  # noqa: E402
+import _common  # benchmarks/_common.py, next to this script
 
 
 def cases(n):

@@ -2,11 +2,11 @@
 
 Model and data: ``configs/gpt_tiny.py`` (byte-level GPT, 2 layers, width
 128, 4 heads, context 64) on the bundled CPython documentation corpus (last
-10% held out), trained by ``decentral_jax.train.Experiment`` on simulated CPU
-devices, one worker per device. Every run has the same budget (``--steps``
-optimizer steps of ``--global_batch`` sequences, warmup 30 steps then cosine
-to peak/10, clip 1.0, weight decay 0.1, b1 0.9, b2 0.95). The reported
-number is the validation loss (nats/token) of the *averaged* model
+10% held out), trained by ``decentral_jax.experiment.Experiment`` on
+simulated CPU devices, one worker per device. Every run has the same budget
+(``--steps`` optimizer steps of ``--global_batch`` sequences, warmup 30
+steps then cosine to peak/10, clip 1.0, weight decay 0.1, b1 0.9, b2 0.95).
+The reported number is the validation loss (nats/token) of the *averaged* model
 ``x_bar = mean_i x_i`` after the last step (``Experiment.evaluate``, key
 ``eval/loss``), over ``--eval_batches x global_batch`` held-out sequences.
 
@@ -35,17 +35,17 @@ import argparse
 import collections
 import json
 import os
-import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
-from benchmarks import _common  # noqa: E402
+import _common  # benchmarks/_common.py, next to this script
 
 _common.set_cpu_devices(16)
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
 
 FAMILIES = {  # family -> (algorithm, optimizer name, accum_steps)
     "allreduce_adamw": ("all_reduce", "adamw", 1),
@@ -58,35 +58,30 @@ TUNE_TOPOLOGY = "one_peer_exp"
 
 
 def _config(family, topology, n_workers, lr, seed, args):
-  sys.path.insert(0, os.path.join(_ROOT, "configs"))
-  import gpt_tiny  # pylint: disable=import-outside-toplevel
+  """``configs/gpt_tiny.py`` with one run's overrides."""
+  from decentral_jax import config  # pylint: disable=import-outside-toplevel
   algorithm, opt, accum = FAMILIES[family]
-  c = gpt_tiny.get_config()
-  c.algorithm = algorithm
-  c.topology = topology if algorithm == "decentralized" else "one_peer_exp"
-  c.n_workers = n_workers
   # AER is node-aware: 2 workers per node with 8 workers, 4 with 16.
-  c.workers_per_node = ((2 if n_workers <= 8 else 4)
-                        if topology == "alternating_exp_ring" else 1)
-  c.optimizer.name = opt
-  c.optimizer.accum_steps = accum
-  c.schedule.peak_lr = lr
-  c.schedule.final_lr = lr / 10
-  c.steps = args.steps
-  c.global_batch = args.global_batch
-  c.seed = seed
-  c.eval_interval = 0
-  c.eval_batches = args.eval_batches
-  c.log_interval = 10**9  # no consensus pmean inside the timed loop
-  return c
+  local = ((2 if n_workers <= 8 else 4)
+           if topology == "alternating_exp_ring" else 1)
+  return config.load_config(GPT_TINY, [
+      f"algorithm={algorithm}",
+      "topology=" + (topology if algorithm == "decentralized"
+                     else "one_peer_exp"),
+      f"n_workers={n_workers}", f"workers_per_node={local}",
+      f"optimizer.name={opt}", f"optimizer.accum_steps={accum}",
+      f"schedule.peak_lr={lr!r}", f"schedule.final_lr={lr / 10!r}",
+      f"steps={args.steps}", f"global_batch={args.global_batch}",
+      f"seed={seed}", "eval_interval=0", f"eval_batches={args.eval_batches}",
+      f"log_interval={10**9}"])  # no consensus pmean inside the timed loop
 
 
 def run_one(family, topology, n_workers, lr, seed, args) -> dict:
   """Trains one configuration; returns its final metrics."""
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  from decentral_jax import experiment  # pylint: disable=import-outside-toplevel
   c = _config(family, topology, n_workers, lr, seed, args)
   t0 = time.perf_counter()
-  exp = train.Experiment(c)
+  exp = experiment.Experiment(c)
   state = exp.init_state()
   pending = None
   losses = []

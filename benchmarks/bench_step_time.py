@@ -5,7 +5,7 @@ context 64; global batch 64 sequences = 4,096 tokens per step, 8 per worker)
 on 8 simulated CPU devices, one process. Methods: All-Reduce AdamW; DAdam and
 AccumAdamW (accum_steps 4) on one_peer_exp, ring, alternating_exp_ring (2
 workers per node, node-aware mesh) and complete. The step is
-``decentral_jax.train.Experiment.train_step`` (forward, backward, clip,
+``decentral_jax.experiment.Experiment.train_step`` (forward, backward, clip,
 optimizer with gossip or all-reduce, finiteness check), with logging-step
 diagnostics off (``log_interval`` beyond the run).
 
@@ -17,7 +17,9 @@ median over rounds of ms/step, tokens/s, and the ratio to All-Reduce AdamW's
 median (target <= 1.05 on CPU, where communication is memory copies), and
 the ratio of the fastest rounds (interference from other jobs on a shared
 machine only adds time, so the minimum is the least disturbed estimate).
-``--report FILE`` prints the table of a saved run again.
+``--report FILE`` prints the table of a saved run again. The recorded runs
+are ``benchmarks/results/step_time.{json,log}`` and
+``step_time_run2.{json,log}`` (the logs hold each round's load average).
 
   python benchmarks/bench_step_time.py [--repeats 7 --steps 10]
 """
@@ -28,16 +30,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
-from benchmarks import _common  # noqa: E402
+import _common  # benchmarks/_common.py, next to this script
 
 _common.set_cpu_devices(8)
 
 import jax  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
 
 METHODS = [  # label, algorithm, optimizer, accum, topology, workers per node
     ("All-Reduce AdamW", "all_reduce", "adamw", 1, "-", 1),
@@ -89,21 +91,16 @@ def _table(records):
 
 
 def make(method, args):
-  sys.path.insert(0, os.path.join(_ROOT, "configs"))
-  import gpt_tiny  # pylint: disable=import-outside-toplevel
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  """The ``Experiment`` of one row of ``METHODS`` on ``configs/gpt_tiny.py``."""
+  from decentral_jax import config, experiment  # pylint: disable=import-outside-toplevel
   _, algorithm, opt, accum, topo, local = method
-  c = gpt_tiny.get_config()
-  c.algorithm = algorithm
-  c.topology = topo if topo != "-" else "one_peer_exp"
-  c.workers_per_node = local
-  c.optimizer.name = opt
-  c.optimizer.accum_steps = accum
-  c.global_batch = args.global_batch
-  c.steps = 10**6
-  c.log_interval = 10**7
-  exp = train.Experiment(c)
-  return exp
+  c = config.load_config(GPT_TINY, [
+      f"algorithm={algorithm}",
+      f"topology={topo if topo != '-' else 'one_peer_exp'}",
+      f"workers_per_node={local}", f"optimizer.name={opt}",
+      f"optimizer.accum_steps={accum}", f"global_batch={args.global_batch}",
+      f"steps={10**6}", f"log_interval={10**7}"])
+  return experiment.Experiment(c)
 
 
 def main():
@@ -130,7 +127,7 @@ def main():
     return
   info = _common.machine_info()
   print("machine:", json.dumps(info), flush=True)
-  from benchmarks import bench_vs_decentdp  # pylint: disable=import-outside-toplevel
+  import bench_vs_decentdp  # pylint: disable=import-outside-toplevel
   from decentral_jax import gossip  # pylint: disable=import-outside-toplevel
   original_mix = gossip.mix
   todo = [(m, False) for m in METHODS]

@@ -61,8 +61,8 @@ import sys
 import tempfile
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
 
 
 def _bucketed_mix(mix):
@@ -176,7 +176,7 @@ def jax_side(args) -> dict:
   import optax
   from jax.experimental import multihost_utils
   from jax.flatten_util import ravel_pytree
-  from benchmarks import _common
+  import _common
   from decentral_jax import gossip, models, optim, parallel, topology
   from decentral_jax.data import text
   from decentral_jax.models import gpt
@@ -380,7 +380,7 @@ def run_side(side: str, args) -> dict:
             "--lr", str(args.lr)]
   cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
          "--nproc_per_node", str(args.workers),
-         os.path.join(_ROOT, "benchmarks", "decentdp_side_by_side.py")
+         os.path.join(_HERE, "decentdp_side_by_side.py")
          ] + common
   env = dict(os.environ, OMP_NUM_THREADS="1")
   r = subprocess.run(cmd, env=env, capture_output=True, text=True,
@@ -432,8 +432,8 @@ def main():
                        "tree, flat, bucketed; options 1t "
                        "(--xla_cpu_multi_thread_eigen=false), PxD (P gloo "
                        "processes x D devices), sync (synchronous CPU "
-                       "dispatch), local (no communication); see "
-                       "parse_jax_side")
+                       "dispatch), local (no communication), pool1 (1-thread "
+                       "XLA pool); see parse_jax_side")
   ap.add_argument("--no_torch", action="store_true",
                   help="leave out the decent-dp side (exploration runs)")
   ap.add_argument("--timeout", type=int, default=600)
@@ -459,13 +459,10 @@ def main():
       ap.error(str(e))
 
   import statistics
-  from benchmarks import _common
-  try:
-    import decent_dp  # noqa: F401
-    import torch  # noqa: F401
-  except ImportError:
-    sys.exit("decent-dp is not installed: pip install torch==2.13.0 "
-             "decent-dp loguru")
+  import _common
+  if not args.no_torch:
+    _common.require_decent_dp("; --no_torch runs the decentral_jax sides "
+                              "only.")
   print("machine:", json.dumps(_common.machine_info()), flush=True)
   sides = ["torch"] * (not args.no_torch) + [f"jax:{v}"
                                               for v in args.jax_sides]

@@ -31,13 +31,19 @@ import functools
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
+
+try:
+  import torch
+  import torch.distributed as dist
+  import torch.nn.functional as F
+  from torch import nn
+except ImportError as e:  # optional, not in requirements.txt
+  sys.exit(f"{e}: this script needs the optional packages torch and "
+           "decent-dp (pip install torch==2.13.0 decent-dp loguru).")
 
 
 class Block(nn.Module):
@@ -94,7 +100,7 @@ def corpus() -> np.ndarray:
 
 
 def main():
-  ap = argparse.ArgumentParser()
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--steps", type=int, default=30)
   ap.add_argument("--warmup", type=int, default=5)
   ap.add_argument("--local_batch", type=int, default=8)

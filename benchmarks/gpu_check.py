@@ -44,7 +44,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # benchmarks/_common.py, next to this script
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT2_SMALL = os.path.join(_ROOT, "configs", "gpt2_small_owt.py")
 
 # Dense (no sparsity) bfloat16 tensor-core peak FLOP/s by device-kind
 # substring, first match wins (vendor data sheets).
@@ -72,10 +75,11 @@ def peak_flops(device_kind: str) -> float | None:
 
 
 def _gpt_cfg(args, n_layer=None):
-  from configs import gpt2_small_owt
+  """(GPTConfig, run config, sequences per step) of the decentralized run."""
+  from decentral_jax import config
   from decentral_jax.models import gpt
   import jax.numpy as jnp
-  c = gpt2_small_owt.get_config("decentralized")
+  c = config.load_config(GPT2_SMALL + ":decentralized")
   m = c.model
   if args.smoke:
     return gpt.GPTConfig(vocab_size=256, block_size=64, n_layer=n_layer or 2,
@@ -101,7 +105,6 @@ def part_timing(args) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from benchmarks import _common
   from decentral_jax import parallel, topology
   from decentral_jax.models import gpt
 
@@ -180,7 +183,6 @@ def _abstract_inputs(cfg, tx, mesh, batch):
 
 def part_async(args) -> dict:
   import jax
-  from benchmarks import _common
   from decentral_jax import analysis, parallel, topology
   import jax.numpy as jnp
 
@@ -268,7 +270,6 @@ def main():
   args = ap.parse_args()
 
   import jax
-  from benchmarks import _common
   result = {}
   if not args.json_only:
     result["machine"] = _common.machine_info()

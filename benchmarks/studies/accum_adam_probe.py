@@ -1,6 +1,6 @@
 """Step size of AccumAdam vs Adam on the same gradient stream (gpt_tiny).
 
-Trains one run with the runner (``decentral_jax.train.Experiment``; 8
+Trains one run with the runner (``decentral_jax.experiment.Experiment``; 8
 workers, 32 sequences x 64 tokens per step, ``--follow`` selects the
 optimizer that moves the parameters) and, at every step, feeds the *same*
 gradients to side copies ("probes") of Adam (``optax.scale_by_adam``) and
@@ -19,15 +19,16 @@ coordinates of sqrt(V_hat_accum / nu_hat_adam), the ratio of the two
 second-moment denominators (bias-corrected; V from completed windows).
 The final validation loss printed is that of the followed run on the
 gpt_tiny default of 4 validation batches (``bench_convergence.py`` uses 8).
+Results are appended to ``benchmarks/studies/results/accum_adam_probe.jsonl``.
 
 ``--toy`` instead evaluates the same recursions on i.i.d. synthetic
 gradients g = mu + sigma * xi per coordinate, at several signal-to-noise
 ratios, in NumPy.
 
-  python benchmarks/accum_adam_probe.py --follow adamw --lr 3e-3
-  python benchmarks/accum_adam_probe.py --follow accum4 --lr 1.5e-3
-  python benchmarks/accum_adam_probe.py --toy
-  python benchmarks/accum_adam_probe.py --report   # summaries from --out
+  python benchmarks/studies/accum_adam_probe.py --follow adamw --lr 3e-3
+  python benchmarks/studies/accum_adam_probe.py --follow accum4 --lr 1.5e-3
+  python benchmarks/studies/accum_adam_probe.py --toy
+  python benchmarks/studies/accum_adam_probe.py --report   # summaries
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import os
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
-from benchmarks import _common  # noqa: E402
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+sys.path.insert(0, os.path.dirname(_HERE))  # benchmarks/, for _common
+import _common  # noqa: E402
 
 _common.set_cpu_devices(16)  # as bench_convergence.py
 
@@ -70,19 +73,17 @@ def _cos(a, b):
 
 def run_probe(args) -> dict:
   """Follows one run and returns per-step probe metrics (worker means)."""
-  from decentral_jax import optim, parallel, train  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, os.path.join(_ROOT, "configs"))
-  import gpt_tiny  # pylint: disable=import-outside-toplevel
-  c = gpt_tiny.get_config()
-  c.algorithm = "all_reduce"
-  c.n_workers = 8
-  c.optimizer.name = "adamw" if args.follow == "adamw" else "accum_adamw"
-  c.optimizer.accum_steps = 1 if args.follow == "adamw" else 4
-  c.optimizer.b1, c.optimizer.b2, c.optimizer.eps = B1, B2, EPS
-  c.schedule.peak_lr, c.schedule.final_lr = args.lr, args.lr / 10
-  c.steps, c.global_batch, c.seed = args.steps, 32, 0
-  c.eval_interval, c.log_interval = 0, 10**9
-  exp = train.Experiment(c)
+  from decentral_jax import config, experiment, optim, parallel  # pylint: disable=import-outside-toplevel
+  adamw = args.follow == "adamw"
+  c = config.load_config(GPT_TINY, [
+      "algorithm=all_reduce", "n_workers=8",
+      f"optimizer.name={'adamw' if adamw else 'accum_adamw'}",
+      f"optimizer.accum_steps={1 if adamw else 4}",
+      f"optimizer.b1={B1!r}", f"optimizer.b2={B2!r}", f"optimizer.eps={EPS!r}",
+      f"schedule.peak_lr={args.lr!r}", f"schedule.final_lr={args.lr / 10!r}",
+      f"steps={args.steps}", "global_batch=32", "seed=0", "eval_interval=0",
+      f"log_interval={10**9}"])
+  exp = experiment.Experiment(c)
   axis, mesh = exp.axis_name, exp.mesh
   clip = optax.clip_by_global_norm(float(c.grad_clip))
   mean = optim.all_reduce_gradients(axis)
@@ -96,7 +97,7 @@ def run_probe(args) -> dict:
     return params, opt_state, probes, prev
 
   def step(params, opt_state, probes, prev, batch):
-    (loss, _), g = jax.value_and_grad(exp._task.loss, has_aux=True)(  # pylint: disable=protected-access
+    (loss, _), g = jax.value_and_grad(exp.task.loss, has_aux=True)(
         params, batch, None)
     upd, opt_state = exp.tx.update(g, opt_state, params)
     new_params = optax.apply_updates(params, upd)
@@ -179,12 +180,11 @@ def summarize(res, spans=((1, 30), (31, 100), (101, 200))) -> str:
           f"{avg(f'{s}/accum4/denom_ratio', a, b):.3f} |")
   # Path length: sum_t lr_t * RMS(d_t), as a ratio to Adam's (schedule of
   # the followed run; the peak lr cancels).
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
-  sys.path.insert(0, os.path.join(_ROOT, "configs"))
-  import gpt_tiny  # pylint: disable=import-outside-toplevel
-  c = gpt_tiny.get_config()
-  c.steps, c.schedule.peak_lr, c.schedule.final_lr = res["steps"], 1.0, 0.1
-  sched = train.make_schedule(c)
+  from decentral_jax import builders, config  # pylint: disable=import-outside-toplevel
+  c = config.load_config(GPT_TINY, [f"steps={res['steps']}",
+                                    "schedule.peak_lr=1.0",
+                                    "schedule.final_lr=0.1"])
+  sched = builders.make_schedule(c)
   w = np.array([float(sched(t)) for t in range(len(rows))])
   lines.append("")
   for s in ("global", "local"):
@@ -239,7 +239,7 @@ def main():
   ap.add_argument("--steps", type=int, default=200)
   ap.add_argument("--toy", action="store_true")
   ap.add_argument("--out", default=os.path.join(
-      _ROOT, "benchmarks", "results", "accum_adam_probe.jsonl"))
+      _HERE, "results", "accum_adam_probe.jsonl"))
   ap.add_argument("--report", action="store_true",
                   help="print the summaries of every run in --out")
   args = ap.parse_args()

@@ -22,12 +22,13 @@ b1 0.9, b2 0.95). Two parts:
   ``benchmarks/results/convergence.jsonl`` and from this script's own
   results), plus AccumAdamW T = 4 at 3e-3 as a sensitivity check.
 
-Each finished run is appended to ``--out`` (JSON lines) and skipped when the
+Each finished run is appended to ``--out`` (JSON lines,
+``benchmarks/studies/results/accum_budget.jsonl``) and skipped when the
 script runs again. ``--report`` prints the tables from ``--out``.
 
-  python benchmarks/bench_accum_budget.py --part isolate
-  python benchmarks/bench_accum_budget.py --part long
-  python benchmarks/bench_accum_budget.py --report
+  python benchmarks/studies/bench_accum_budget.py --part isolate
+  python benchmarks/studies/bench_accum_budget.py --part long
+  python benchmarks/studies/bench_accum_budget.py --report
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ import os
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
-from benchmarks import _common  # noqa: E402
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+sys.path.insert(0, os.path.dirname(_HERE))  # benchmarks/, for _common
+import _common  # noqa: E402
 
 _common.set_cpu_devices(16)  # as bench_convergence.py
 
@@ -61,35 +64,28 @@ def _spec(name, algorithm, opt, accum, lr, steps, topology="one_peer_exp",
 
 
 def _config(spec, seed, global_batch, eval_batches):
-  sys.path.insert(0, os.path.join(_ROOT, "configs"))
-  import gpt_tiny  # pylint: disable=import-outside-toplevel
-  c = gpt_tiny.get_config()
-  c.algorithm = spec["algorithm"]
-  c.topology = (spec["topology"] if spec["algorithm"] == "decentralized"
-                else "one_peer_exp")
-  c.n_workers = 8
-  c.optimizer.name = spec["optimizer"]
-  c.optimizer.accum_steps = spec["accum_steps"]
-  c.optimizer.b1 = spec["b1"]
-  c.optimizer.b2 = spec["b2"]
-  c.schedule.peak_lr = spec["lr"]
-  c.schedule.final_lr = spec["lr"] / 10
-  c.steps = spec["steps"]
-  c.global_batch = global_batch
-  c.seed = seed
-  c.eval_interval = 0
-  c.eval_batches = eval_batches
-  c.log_interval = 10**9
-  return c
+  """``configs/gpt_tiny.py`` with the overrides of one run."""
+  from decentral_jax import config  # pylint: disable=import-outside-toplevel
+  return config.load_config(GPT_TINY, [
+      f"algorithm={spec['algorithm']}",
+      "topology=" + (spec["topology"] if spec["algorithm"] == "decentralized"
+                     else "one_peer_exp"),
+      "n_workers=8", f"optimizer.name={spec['optimizer']}",
+      f"optimizer.accum_steps={spec['accum_steps']}",
+      f"optimizer.b1={spec['b1']!r}", f"optimizer.b2={spec['b2']!r}",
+      f"schedule.peak_lr={spec['lr']!r}",
+      f"schedule.final_lr={spec['lr'] / 10!r}", f"steps={spec['steps']}",
+      f"global_batch={global_batch}", f"seed={seed}", "eval_interval=0",
+      f"eval_batches={eval_batches}", f"log_interval={10**9}"])
 
 
 def run_one(spec, seed, args, eval_every=0) -> dict:
   """Trains one run; evaluates the averaged model every ``eval_every``."""
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  from decentral_jax import experiment  # pylint: disable=import-outside-toplevel
   c = _config(spec, seed, args.global_batch, args.eval_batches)
   t0 = time.perf_counter()
   load0 = os.getloadavg()[0]
-  exp = train.Experiment(c)
+  exp = experiment.Experiment(c)
   state = exp.init_state()
   pending, losses, evals = None, [], []
   for s in range(c.steps):
@@ -244,10 +240,10 @@ def main():
   ap.add_argument("--eval_every", type=int, default=200)
   ap.add_argument("--global_batch", type=int, default=32)
   ap.add_argument("--eval_batches", type=int, default=8)
-  res = os.path.join(_ROOT, "benchmarks", "results")
-  ap.add_argument("--out", default=os.path.join(res, "accum_budget.jsonl"))
-  ap.add_argument("--convergence",
-                  default=os.path.join(res, "convergence.jsonl"))
+  ap.add_argument("--out", default=os.path.join(_HERE, "results",
+                                                "accum_budget.jsonl"))
+  ap.add_argument("--convergence", default=os.path.join(
+      _ROOT, "benchmarks", "results", "convergence.jsonl"))
   ap.add_argument("--report", action="store_true")
   ap.add_argument("--cache_dir", default="/tmp/decentral_jax_bench_cache")
   args = ap.parse_args()

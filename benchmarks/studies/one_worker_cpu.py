@@ -1,17 +1,18 @@
 """CPU time of ONE worker's step, decentral_jax vs PyTorch, on a shared machine.
 
-The bound on the side-by-side benchmark (``bench_vs_decentdp.py``): when
-both libraries run 8 single-threaded workers on the same cores, their
-tokens/s ratio cannot exceed the ratio of the CPU time one worker's step
-takes. This script measures that ratio directly, with the two libraries
-alternating in the same process so that both see the same machine load:
+The bound on the side-by-side benchmark
+(``benchmarks/bench_vs_decentdp.py``): when both libraries run 8
+single-threaded workers on the same cores, their tokens/s ratio cannot
+exceed the ratio of the CPU time one worker's step takes. This script
+measures that ratio directly, with the two libraries alternating in the
+same process so that both see the same machine load:
 
 * decentral_jax on one CPU device, ``--xla_cpu_multi_thread_eigen=false``:
   the jitted per-worker step (value_and_grad of the side-by-side GPT, then
   AccumAdamW with ``accum_steps`` 4; no communication);
 * PyTorch with one thread (``torch.set_num_threads(1)``): forward, backward
   and decent-dp's ``AccumAdamW.step`` on the same model
-  (``decentdp_side_by_side.TinyGPT``).
+  (``benchmarks/decentdp_side_by_side.TinyGPT``).
 
 Each round times ``--calls`` steps of each library (JAX first in even
 rounds, PyTorch first in odd ones) and records wall ms and CPU ms (this
@@ -22,7 +23,7 @@ of one per core (XLA takes the size from the CPU affinity when its backend
 starts; the process is pinned to one core for that moment only). Prints one JSON line per round and a summary with medians and the
 1-minute load average. Needs ``pip install torch==2.13.0 decent-dp loguru``.
 
-  python benchmarks/one_worker_cpu.py --rounds 5 [--pool1]
+  python benchmarks/studies/one_worker_cpu.py --rounds 5 [--pool1]
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ import statistics
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
-sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))
+# benchmarks/, for _common and decentdp_side_by_side
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: E402
 
 
 def thread_cpu_ms() -> dict[str, float]:
@@ -136,6 +137,7 @@ def main():
                   help="jax_cpu_enable_async_dispatch=False (the JAX step "
                        "runs on the calling thread)")
   args = ap.parse_args()
+  _common.require_decent_dp()
   flags = os.environ.get("XLA_FLAGS", "")
   os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false"
                              " --xla_force_host_platform_device_count=1"

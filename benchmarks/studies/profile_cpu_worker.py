@@ -16,11 +16,12 @@ Best of 5 repeats of 20 calls (8-device rows: median of 4 repeats of 10
 steps), in ms. PyTorch rows need ``pip install torch==2.13.0 decent-dp
 loguru``; they are skipped with a note otherwise.
 
-  python benchmarks/profile_cpu_worker.py
+  python benchmarks/studies/profile_cpu_worker.py
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -28,8 +29,8 @@ import subprocess
 import sys
 import time
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, _ROOT)
+# benchmarks/, for _common and decentdp_side_by_side
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _best(fn, reps=5, calls=20):
@@ -94,7 +95,6 @@ def torch_one_process() -> dict:
     from decent_dp.optim import AccumAdamW
   except ImportError:
     return {"torch": "not installed"}
-  sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))
   from decentdp_side_by_side import TinyGPT
   torch.set_num_threads(1)
   m = TinyGPT()
@@ -122,7 +122,7 @@ def torch_one_process() -> dict:
 
 
 def jax_eight_devices(mode: str) -> dict:
-  from benchmarks import _common
+  import _common
   _common.set_cpu_devices(8)
   import jax
   import jax.numpy as jnp
@@ -163,10 +163,14 @@ def jax_eight_devices(mode: str) -> dict:
 
 
 def main():
-  if len(sys.argv) > 2 and sys.argv[1] == "--eight":
-    print(json.dumps(jax_eight_devices(sys.argv[2])))
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--eight", choices=("local", "all-reduce", "gossip"),
+                  help=argparse.SUPPRESS)  # the 8-device child
+  args = ap.parse_args()
+  if args.eight:
+    print(json.dumps(jax_eight_devices(args.eight)))
     return
-  from benchmarks import _common
+  import _common
   _common.set_cpu_devices(1)
   print("machine:", json.dumps(_common.machine_info()), flush=True)
   rows = {}
