@@ -21,17 +21,35 @@ References:
   ``decent_dp/optim.py`` and ``ddp.py``).
   Lian et al., `Can Decentralized Algorithms Outperform Centralized
   Algorithms? <https://arxiv.org/abs/1705.09056>`_, NeurIPS 2017 (D-PSGD).
+
+Precision: parameters and gradients may be float64, float32, bfloat16 or
+float16. Hyperparameters, bias corrections, the learning rate and the
+arithmetic of the moments are in float32 (float64 when the inputs are
+float64); moments are stored in ``mu_dtype``/``nu_dtype`` (default: the
+parameter dtype) and updates come back in the gradient dtype, so
+``optax.apply_updates`` keeps the parameter dtype. Under
+``optax.inject_hyperparams`` with low-precision parameters pass
+``hyperparam_dtype=jnp.float32`` (optax casts hyperparameters to the
+parameter dtype otherwise, and ``b2=0.999`` is 1.0 in bfloat16; this module
+rejects such hyperparameters), and list callable or dtype arguments
+(a callable ``mask``; ``mu_dtype``, ``nu_dtype``, ``comm_dtype`` given as
+dtype classes such as ``jnp.bfloat16``) in ``static_args``: optax takes
+callables for schedules (this module rejects what it makes of them)::
+
+  optax.inject_hyperparams(decentralized_adamw, static_args=("mask",),
+                           hyperparam_dtype=jnp.float32)(
+      learning_rate=schedule, topology=topo, mask=my_mask, accum_steps=4)
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
 from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
@@ -41,8 +59,84 @@ _NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
               "params) with params.")
 
 
-def _safe_increment(count):
-  return jnp.where(count < jnp.iinfo(jnp.int32).max, count + 1, count)
+def _compute_dtype(*dtypes) -> jnp.dtype:
+  """float32, or the widest of ``dtypes`` when wider (float64 stays float64)."""
+  return jnp.result_type(jnp.float32, *dtypes)
+
+
+def _as_dtype(x, dtype):
+  """A hyperparameter for arithmetic in ``dtype``.
+
+  Python numbers stay weakly typed (rounded to the dtype they meet, with
+  ``1 - b`` formed exactly in Python first), so float32 arithmetic is the
+  same as with a literal; arrays (e.g. from ``optax.inject_hyperparams``) are
+  cast to ``dtype``.
+  """
+  if isinstance(x, (int, float)) and not isinstance(x, bool):
+    return x
+  return jnp.asarray(x, dtype)
+
+
+def _concrete_float(x) -> float | None:
+  """``float(x)``, or None if ``x`` is traced (checked when it is known)."""
+  try:
+    return float(x)
+  except TypeError:  # includes jax.errors.ConcretizationTypeError
+    return None
+
+
+def _check_hyperparameter(name: str, value, *, below_one: bool) -> None:
+  """Raises ValueError unless ``value`` is finite, >= 0 (and < 1 if asked).
+
+  Traced values are only checked for their dtype: a floating array with
+  fewer than 32 bits is rejected, since ``b2 = 0.999`` rounds to 1.0 in
+  bfloat16 (a zero bias correction) and ``eps = 1e-8`` to 0 in float16.
+  """
+  dtype = getattr(value, "dtype", None)
+  if (dtype is not None and jnp.issubdtype(dtype, jnp.floating) and
+      jnp.finfo(dtype).bits < 32):
+    raise ValueError(
+        f"{name} is a {jnp.dtype(dtype).name} array; hyperparameters must be "
+        "Python floats or float32/float64 arrays (under "
+        "optax.inject_hyperparams with low-precision params pass "
+        "hyperparam_dtype=jnp.float32).")
+  v = _concrete_float(value)
+  if v is None:
+    return
+  if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
+    interval = "[0, 1)" if below_one else "finite and >= 0"
+    raise ValueError(f"{name} must be {interval}, got {value!r}.")
+
+
+_INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
+                "(optax takes callables, dtype classes included, for "
+                "schedules)")
+
+
+def _check_float_dtype(name: str, dtype) -> None:
+  """Raises ValueError unless ``dtype`` is None or a floating dtype.
+
+  An array here is what ``optax.inject_hyperparams`` makes of a dtype class
+  or callable it took for a schedule.
+  """
+  if dtype is None:
+    return
+  if isinstance(dtype, (jax.Array, np.ndarray)):
+    raise ValueError(f"{name} must be a floating dtype or None, got an "
+                     f"array; {_INJECT_HINT.format(name)}.")
+  try:
+    ok = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+  except TypeError:
+    ok = False
+  if not ok:
+    raise ValueError(f"{name} must be a floating dtype or None, got "
+                     f"{dtype!r}.")
+
+
+def _moment_dtype(name: str, dtype):
+  """Canonical ``dtype`` (float64 -> float32 without x64), or None."""
+  _check_float_dtype(name, dtype)
+  return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
 
 
 # --------------------------------------------------------------------------
@@ -60,7 +154,8 @@ class ScaleByAccumAdamState(NamedTuple):
 
 def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                         accum_steps: int = 1, *,
-                        mu_dtype=None) -> optax.GradientTransformation:
+                        mu_dtype=None, nu_dtype=None
+                        ) -> optax.GradientTransformation:
   r"""Rescales updates by the AccumAdam direction (paper Alg. 4, App. C).
 
   With ``t`` the 1-based step, ``T = accum_steps``, ``c = ceil(t / T)``:
@@ -78,20 +173,33 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
   gradient. This is not ``optax.MultiSteps``, which freezes parameters for
   ``T - 1`` steps. With ``accum_steps=1`` it equals ``optax.scale_by_adam``.
 
+  Precision: per leaf, all of the above is computed in float32, or in the
+  widest of the gradient/moment dtypes when that is wider (float64 stays
+  float64), including the bias corrections (in bfloat16 ``0.999`` rounds to
+  1 and ``1 - b2**c`` to 0). ``M``, ``V`` and ``A`` are then stored in their
+  own dtypes and ``d`` is returned in the gradient dtype.
+
   Args:
     b1: first-moment decay, in [0, 1).
     b2: second-moment decay, in [0, 1).
-    eps: added to the denominator outside the square root.
-    accum_steps: window length ``T >= 1`` (``accum_iter`` in ``decent-dp``).
-    mu_dtype: optional dtype of ``M`` and ``A`` (default: the param dtype).
+    eps: added to the denominator outside the square root; finite, >= 0.
+    accum_steps: window length ``T >= 1`` (``accum_iter`` in ``decent-dp``);
+      may be a traced integer (``optax.inject_hyperparams``).
+    mu_dtype: optional floating dtype of ``M`` and ``A`` (default: the param
+      dtype).
+    nu_dtype: optional floating dtype of ``V`` (default: the param dtype).
 
   Returns:
     An ``optax.GradientTransformation`` with state
-    :class:`ScaleByAccumAdamState`. Updates have the grads' shapes/dtypes.
+    :class:`ScaleByAccumAdamState` (leaves shaped like params, dtypes fixed
+    at ``init``). Applied leaf-wise over any pytree; updates have the grads'
+    shapes and dtypes.
 
   Raises:
-    ValueError: ``accum_steps`` not a positive integer, or ``b1``/``b2``
-      outside [0, 1), or ``eps`` negative.
+    ValueError: ``accum_steps`` not a positive integer; ``b1``/``b2`` not in
+      [0, 1) or ``eps`` negative, NaN or infinite (checked when the values
+      are known); ``b1``/``b2``/``eps`` given as arrays of fewer than 32
+      bits; ``mu_dtype``/``nu_dtype`` not floating.
 
   References:
     Wang et al. 2025 (arXiv 2410.11998), App. C; ``decent-dp`` 0.2.3
@@ -103,47 +211,57 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                    accum_steps < 1):
     raise ValueError(f"accum_steps must be an integer >= 1, got "
                      f"{accum_steps!r}.")
-  for name, b in (("b1", b1), ("b2", b2)):
-    if not isinstance(b, jax.Array) and not 0.0 <= float(b) < 1.0:
-      raise ValueError(f"{name} must be in [0, 1), got {b!r}.")
-  if not isinstance(eps, jax.Array) and float(eps) < 0:
-    raise ValueError(f"eps must be >= 0, got {eps!r}.")
+  known_t = None if static_t else _concrete_float(accum_steps)
+  if not static_t and (not jnp.issubdtype(accum_steps.dtype, jnp.integer) or
+                       (known_t is not None and known_t < 1)):
+    raise ValueError(f"accum_steps must be an integer >= 1, got "
+                     f"{accum_steps!r}.")
+  _check_hyperparameter("b1", b1, below_one=True)
+  _check_hyperparameter("b2", b2, below_one=True)
+  _check_hyperparameter("eps", eps, below_one=False)
+  mu_dtype = _moment_dtype("mu_dtype", mu_dtype)
+  nu_dtype = _moment_dtype("nu_dtype", nu_dtype)
   # A traced accum_steps (e.g. under optax.inject_hyperparams) is allowed.
   plain_adam = static_t and int(accum_steps) == 1
 
   def init_fn(params):
     mu = optax.tree.zeros_like(params, dtype=mu_dtype)
-    nu = optax.tree.zeros_like(params)
+    nu = optax.tree.zeros_like(params, dtype=nu_dtype)
     acc = optax.tree.zeros_like(params, dtype=mu_dtype)
     return ScaleByAccumAdamState(jnp.zeros([], jnp.int32), mu, nu, acc)
 
   def update_fn(updates, state, params=None):
     del params
-    count = _safe_increment(state.count)
+    count = optax.safe_increment(state.count)
     big_t = (int(accum_steps) if static_t
              else jnp.asarray(accum_steps).astype(jnp.int32))
     window = (count + big_t - 1) // big_t  # c = ceil(t / T)
     commit = count % big_t == 0
 
     def leaf(g, m, v, a):
-      dt = g.dtype
-      # Bias corrections in the gradient dtype (float64 stays float64).
-      bc1 = 1 - jnp.asarray(b1, dt) ** window.astype(dt)
-      bc2 = 1 - jnp.asarray(b2, dt) ** window.astype(dt)
-      m_hat = (b1 * m.astype(dt) + (1 - b1) * g) / bc1
-      v_hat = (b2 * v.astype(dt) + (1 - b2) * jnp.square(g)) / bc2
-      direction = m_hat / (jnp.sqrt(v_hat) + eps)
+      # One compute dtype per leaf; in float32/float64 the operations below
+      # are exactly the plain-dtype ones (the casts are no-ops).
+      dt = _compute_dtype(g.dtype, m.dtype, v.dtype)
+      beta1, beta2, epsilon = (_as_dtype(b1, dt), _as_dtype(b2, dt),
+                               _as_dtype(eps, dt))
+      gc, mc, vc = g.astype(dt), m.astype(dt), v.astype(dt)
+      bc1 = 1 - jnp.asarray(beta1, dt) ** window.astype(dt)
+      bc2 = 1 - jnp.asarray(beta2, dt) ** window.astype(dt)
+      m_num = beta1 * mc + (1 - beta1) * gc
+      v_num = beta2 * vc + (1 - beta2) * jnp.square(gc)
+      direction = ((m_num / bc1) / (jnp.sqrt(v_num / bc2) + epsilon)
+                   ).astype(g.dtype)
       if plain_adam:
         # A == g: identical to Adam, no accumulator arithmetic.
-        new_m = b1 * m + (1 - b1) * g.astype(m.dtype)
-        new_v = b2 * v + (1 - b2) * jnp.square(g)
-        return direction, new_m.astype(m.dtype), new_v.astype(v.dtype), a
-      a = a + (g / jnp.asarray(big_t, g.dtype)).astype(a.dtype)
-      new_m = jnp.where(commit, b1 * m + (1 - b1) * a, m)
-      new_v = jnp.where(commit, b2 * v + (1 - b2) * jnp.square(a.astype(v.dtype)),
-                        v)
-      new_a = jnp.where(commit, jnp.zeros_like(a), a)
-      return direction, new_m.astype(m.dtype), new_v.astype(v.dtype), new_a
+        return direction, m_num.astype(m.dtype), v_num.astype(v.dtype), a
+      ac = a.astype(dt) + gc / jnp.asarray(big_t, dt)
+      new_m = jnp.where(commit, (beta1 * mc + (1 - beta1) * ac).astype(m.dtype),
+                        m)
+      new_v = jnp.where(commit,
+                        (beta2 * vc + (1 - beta2) * jnp.square(ac)
+                         ).astype(v.dtype), v)
+      new_a = jnp.where(commit, jnp.zeros_like(a), ac.astype(a.dtype))
+      return direction, new_m, new_v, new_a
 
     out = jax.tree.map(leaf, updates, state.mu, state.nu, state.acc)
     treedef = jax.tree.structure(updates)
@@ -185,12 +303,18 @@ def gossip_mixing(topology: topology_lib.Topology,
     comm_dtype: optional dtype in which parameters are sent.
 
   Returns:
-    An ``optax.GradientTransformation``; must be updated inside
-    ``jax.shard_map`` over ``axis_name`` with ``params`` given.
+    An ``optax.GradientTransformationExtraArgs`` with
+    :class:`GossipMixingState`; must be updated inside ``jax.shard_map`` over
+    ``axis_name`` with ``params`` given. Applied leaf-wise over any pytree of
+    floating leaves: ``u + (W x - x)`` is formed in float32 (float64 stays
+    float64) and returned with the shapes and dtypes of ``updates``.
 
   Raises:
-    ValueError: ``params`` not passed to ``update``.
+    ValueError: ``comm_dtype`` not None or a floating dtype (at
+      construction); ``params`` not passed to ``update``; errors of
+      :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
   """
+  _check_float_dtype("comm_dtype", comm_dtype)
 
   def init_fn(params):
     del params
@@ -202,11 +326,20 @@ def gossip_mixing(topology: topology_lib.Topology,
       raise ValueError(_NO_PARAMS.format("gossip_mixing"))
     mixed = gossip.mix(params, topology, _round(state, round_index), axis_name,
                        comm_dtype=comm_dtype)
-    updates = jax.tree.map(lambda u, m, p: (u + (m - p)).astype(u.dtype),
-                           updates, mixed, params)
-    return updates, GossipMixingState(_safe_increment(state.count))
+    updates = jax.tree.map(_add_correction, updates, mixed, params)
+    return updates, GossipMixingState(optax.safe_increment(state.count))
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _add_correction(u, m, p):
+  """``u + (m - p)`` in float32 (or wider), returned in ``u``'s dtype.
+
+  For float32/float64 leaves these are the plain-dtype operations; for
+  bfloat16/float16 the sum is rounded once instead of twice.
+  """
+  dt = _compute_dtype(u.dtype, m.dtype, p.dtype)
+  return (u.astype(dt) + (m.astype(dt) - p.astype(dt))).astype(u.dtype)
 
 
 def _round(state, round_index):
@@ -256,7 +389,12 @@ def decentralized(inner: optax.GradientTransformation,
 
   The returned update is ``x_{k+1} - x_k``, so ``optax.apply_updates`` stays
   the only place where parameters change and the wrapper composes with
-  ``optax.chain`` (e.g. after ``optax.clip_by_global_norm``).
+  ``optax.chain`` (e.g. after ``optax.clip_by_global_norm``). It is formed in
+  the parameter dtype from ``x_{k+1}`` rounded to that dtype, so with
+  bfloat16/float16 parameters ``apply_updates`` gives back that rounded
+  ``x_{k+1}`` exactly wherever ``x_k`` and ``x_{k+1}`` are within a factor 2
+  of each other (same sign), and to half an ulp of ``x_{k+1} - x_k``
+  elsewhere.
 
   Args:
     inner: worker-local optax transform producing the local update.
@@ -266,12 +404,17 @@ def decentralized(inner: optax.GradientTransformation,
     comm_dtype: optional dtype in which parameters are sent (e.g. bfloat16).
 
   Returns:
-    An ``optax.GradientTransformation`` with :class:`DecentralizedState`;
-    ``update`` must run inside ``jax.shard_map`` over ``axis_name``.
+    An ``optax.GradientTransformationExtraArgs`` with
+    :class:`DecentralizedState`; ``update`` must run inside
+    ``jax.shard_map`` over ``axis_name``. Applied leaf-wise over any pytree
+    of floating leaves; updates have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: ``params`` not passed to ``update``.
+    ValueError: ``comm_dtype`` not None or a floating dtype (at
+      construction); ``params`` not passed to ``update``; errors of
+      :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
   """
+  _check_float_dtype("comm_dtype", comm_dtype)
 
   def init_fn(params):
     return DecentralizedState(jnp.zeros([], jnp.int32), inner.init(params))
@@ -294,9 +437,15 @@ def decentralized(inner: optax.GradientTransformation,
       local, inner_state = inner.update(updates, state.inner_state, mixed,
                                         **extra)
       target = optax.apply_updates(mixed, local)
+    # target has the param dtype (apply_updates casts to it). The difference
+    # of two values of one dtype is correctly rounded in that dtype (forming
+    # it in float32 and casting gives the same bits), and exact when
+    # t/2 <= p <= 2t (Sterbenz), so apply_updates(params, new_updates)
+    # returns target there; elsewhere (a sign change, |t - p| ~ |p|) it is
+    # off by at most half an ulp of the difference.
     new_updates = jax.tree.map(lambda t, p: (t - p).astype(p.dtype),
                                target, params)
-    return new_updates, DecentralizedState(_safe_increment(state.count),
+    return new_updates, DecentralizedState(optax.safe_increment(state.count),
                                            inner_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -313,6 +462,14 @@ def _resolve_mask(mask):
       raise ValueError(f"mask={mask!r}: the only string mask is 'ndim>=2'; "
                        "pass None (decay all), a pytree of bools or a callable.")
     return default_weight_decay_mask
+  if isinstance(mask, (bool, np.bool_, jax.Array)):
+    # What optax.inject_hyperparams passes for a callable mask it took for a
+    # schedule (the mask of the step count: False), which would silently
+    # turn decay off. A bare bool is never needed: True is None, and False
+    # is weight_decay=0.
+    raise ValueError(f"mask={mask!r}: pass None (decay all), 'ndim>=2', a "
+                     "pytree of bools or a callable (not a bare bool or "
+                     "array); " + _INJECT_HINT.format("mask") + ".")
   return mask
 
 
@@ -324,7 +481,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
                         accum_steps: int = 1,
                         axis_name: gossip.AxisName = "workers",
                         mix_after_update: bool = False,
-                        comm_dtype=None) -> optax.GradientTransformation:
+                        comm_dtype=None, mu_dtype=None,
+                        nu_dtype=None) -> optax.GradientTransformation:
   r"""DAdam (``accum_steps=1``) / AccumAdamW (``accum_steps>1``).
 
   .. math::
@@ -335,6 +493,11 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   direction of :func:`scale_by_accum_adam`, computed from each worker's own
   gradient and moments. Reproduces ``decent-dp`` 0.2.3 to float64 precision.
 
+  The local step (direction, weight decay, learning rate) is computed in
+  float32 for bfloat16/float16 parameters (float64 stays float64) and
+  rounded once, when added to ``W_k x_k``; moments are stored in
+  ``mu_dtype``/``nu_dtype`` (default: the parameter dtype).
+
   Args:
     learning_rate: float or optax schedule ``step -> lr`` (``gamma_k``).
     topology: mixing schedule (:mod:`decentral_jax.topology`).
@@ -344,28 +507,59 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
       kernels, never biases or norm scales), ``None`` (all leaves), a pytree
       of bools, or a callable ``params -> bools``. The default is a string so
       that ``optax.inject_hyperparams`` keeps it static (it would treat a
-      callable as a schedule).
+      callable as a schedule: list a callable mask in ``static_args``).
     accum_steps: AccumAdam window ``T`` (1 = DAdam).
     axis_name: worker mesh axis (or ``(nodes, local)``).
     mix_after_update: adapt-then-combine instead of the paper's order.
     comm_dtype: optional dtype in which parameters are sent.
+    mu_dtype: optional floating dtype of the first moment and accumulator.
+    nu_dtype: optional floating dtype of the second moment.
 
   Returns:
-    An ``optax.GradientTransformation`` to update inside ``jax.shard_map``.
+    An ``optax.GradientTransformationExtraArgs`` with
+    :class:`DecentralizedState` to update inside ``jax.shard_map``; updates
+    have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: invalid ``accum_steps``, ``b1``, ``b2`` or ``eps``.
+    ValueError: invalid ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
+      (including a bare bool or array: what ``optax.inject_hyperparams``
+      passes for a callable mask without ``static_args``), ``mu_dtype``,
+      ``nu_dtype`` or ``comm_dtype`` (see :func:`scale_by_accum_adam`,
+      :func:`decentralized`).
 
   References:
     Wang et al. 2025 (arXiv 2410.11998), Alg. 1 and Alg. 4.
   """
   inner = optax.chain(
-      scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps),
+      scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps,
+                          mu_dtype=mu_dtype, nu_dtype=nu_dtype),
       optax.add_decayed_weights(weight_decay, _resolve_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),
   )
-  return decentralized(inner, topology, axis_name,
+  return decentralized(_in_compute_dtype(inner), topology, axis_name,
                        mix_after_update=mix_after_update, comm_dtype=comm_dtype)
+
+
+def _in_compute_dtype(inner: optax.GradientTransformation
+                      ) -> optax.GradientTransformationExtraArgs:
+  """Runs ``inner`` on float32 copies of low-precision updates and params.
+
+  Leaves of float32 or wider are passed unchanged (no-op casts), so float32
+  and float64 results are those of ``inner`` itself. ``inner``'s state must
+  keep its own dtypes (as :func:`scale_by_accum_adam` and optax's stateless
+  transforms do); its outputs are float32 for low-precision inputs.
+  """
+
+  def cast(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, _compute_dtype(x.dtype)),
+                        tree)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    return optax.with_extra_args_support(inner).update(
+        cast(updates), state, None if params is None else cast(params),
+        **extra_args)
+
+  return optax.GradientTransformationExtraArgs(inner.init, update_fn)
 
 
 def all_reduce_gradients(axis_name: gossip.AxisName = "workers"
@@ -374,7 +568,9 @@ def all_reduce_gradients(axis_name: gossip.AxisName = "workers"
 
   ``optax.chain(all_reduce_gradients("workers"), optax.adamw(lr))`` is the
   All-Reduce data-parallel baseline (paper Alg. 2). Must be updated inside
-  ``jax.shard_map`` over ``axis_name``; output shapes/dtypes = input.
+  ``jax.shard_map`` over ``axis_name``; output shapes/dtypes = input (the
+  mean of bfloat16/float16 gradients is reduced by the backend in that
+  dtype).
   """
 
   def init_fn(params):
@@ -383,9 +579,7 @@ def all_reduce_gradients(axis_name: gossip.AxisName = "workers"
 
   def update_fn(updates, state, params=None):
     del params
-    return jax.tree.map(
-        lambda g: gossip._match_varying(lax.pmean(g, axis_name), g),  # pylint: disable=protected-access
-        updates), state
+    return gossip.mean(updates, axis_name), state
 
   return optax.GradientTransformation(init_fn, update_fn)
 
