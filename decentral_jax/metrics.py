@@ -25,18 +25,25 @@ Keys written by :func:`decentral_jax.train.train_and_evaluate`:
   resume);
 * ``eval/*`` at evaluation points (see ``Experiment.evaluate``).
 
-Non-finite floats are written as ``null`` (strict JSON).
+Non-finite floats are written as ``null`` (strict JSON). Every record is
+one ``write`` of a line ending in a newline, so a run that dies while
+writing leaves at most an incomplete last line; :func:`truncate_after`
+(called when a run resumes) drops it with a warning, since it belongs to a
+step after the checkpoint, which the resumed run logs again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any, Iterable
 
 import numpy as np
 import tqdm
+
+from decentral_jax import workdir as workdir_lib
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -67,10 +74,14 @@ class MetricsWriter:
 
     Raises:
       ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing.
+      workdir.PathError: the file cannot be created or opened for writing.
     """
-    os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
-    self._file = open(self.path, "a", encoding="utf-8")
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      self._file = open(self.path, "a", encoding="utf-8")
+    except OSError as e:
+      raise workdir_lib.path_error("write", self.path, e) from None
     self._tb = None
     if tensorboard:
       try:
@@ -83,10 +94,17 @@ class MetricsWriter:
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, record: dict) -> None:
-    """Appends one record; it must contain an integer ``"step"``."""
+    """Appends one record; it must contain an integer ``"step"``.
+
+    Raises:
+      workdir.PathError: the write failed (e.g. the disk is full).
+    """
     record = {k: _plain(v) for k, v in record.items()}
-    self._file.write(json.dumps(record) + "\n")
-    self._file.flush()
+    try:
+      self._file.write(json.dumps(record) + "\n")
+      self._file.flush()
+    except OSError as e:
+      raise workdir_lib.path_error("write", self.path, e) from None
     if self._tb is not None:
       for key, value in record.items():
         if key != "step" and isinstance(value, (int, float)) \
@@ -94,15 +112,55 @@ class MetricsWriter:
           self._tb.add_scalar(key, value, record["step"])
 
   def close(self) -> None:
-    self._file.close()
+    try:
+      self._file.close()
+    except OSError:
+      pass  # a failed flush was reported by write()
     if self._tb is not None:
       self._tb.close()
 
 
+def _parse(path: str) -> tuple[list[dict], int | None, bool]:
+  """Records of a JSON-lines file, the line number of a torn last line, and
+  whether the file needs rewriting (torn or unterminated last line).
+
+  Raises:
+    ValueError: a line other than the last is not a JSON object; names the
+      file, the line and the fix.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  lines = data.split(b"\n")
+  tail = lines.pop()  # after the last newline: b"" unless a write was torn
+  records, torn = [], None
+  for number, raw in enumerate(lines + [tail], start=1):
+    if not raw.strip(b" \t\r\0"):
+      continue
+    try:
+      record = json.loads(raw.decode("utf-8"))
+      if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError too
+      if number == len(lines) + 1:  # no newline: the write was cut short
+        torn = number
+        break
+      raise ValueError(
+          f"{path}, line {number}: not a JSON record ({e}); the file is "
+          "corrupt: fix or delete that line (one JSON object per line), or "
+          "move the file away, and run again.") from None
+    records.append(record)
+  return records, torn, bool(tail)
+
+
 def read_jsonl(path: str) -> list[dict]:
-  """Reads a ``metrics.jsonl`` file into a list of dicts (one per line)."""
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """Reads a ``metrics.jsonl`` file into a list of dicts (one per line).
+
+  An incomplete last line (a run died while writing it) is ignored.
+
+  Raises:
+    ValueError: another line is not a JSON object (names file and line).
+  """
+  return _parse(path)[0]
 
 
 def truncate_after(workdir: str, step: int) -> int:
@@ -110,23 +168,42 @@ def truncate_after(workdir: str, step: int) -> int:
 
   A run resumed from a checkpoint after ``step`` steps logs every later step
   again, so records with a larger step (or, for ``step == 0``, all records)
-  are removed; the file is rewritten atomically. Returns how many were
-  removed (0 if the file does not exist).
+  are removed. An incomplete last line is dropped with a warning naming the
+  file and line. The file is rewritten atomically.
+
+  Returns:
+    How many complete records were removed (0 if the file does not exist).
+
+  Raises:
+    ValueError: a line before the last is corrupt (names file, line, fix).
+    workdir.PathError: the file cannot be rewritten.
   """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return 0
-  records = read_jsonl(path)
-  keep = [r for r in records
-          if r.get("step", 0) < step or (step > 0 and r.get("step") == step)]
-  if len(keep) == len(records):
+  if step == 0:  # everything is redone: no need to parse
+    with open(path, "rb") as f:
+      removed = sum(1 for line in f if line.strip(b" \t\r\n\0"))
+    keep, torn, dirty = [], None, removed > 0
+  else:
+    records, torn, dirty = _parse(path)
+    keep = [r for r in records if r.get("step", 0) <= step]
+    removed = len(records) - len(keep)
+  if torn is not None:
+    logging.warning("%s: line %d is incomplete (the run stopped while writing "
+                    "it); dropped it, the resumed run logs that step again.",
+                    path, torn)
+  if not removed and not dirty:
     return 0
   tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for r in keep:
-      f.write(json.dumps(r) + "\n")
-  os.replace(tmp, path)
-  return len(records) - len(keep)
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      for r in keep:
+        f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+  except OSError as e:
+    raise workdir_lib.path_error("rewrite", path, e) from None
+  return removed
 
 
 def series(records: Iterable[dict], key: str,

@@ -11,22 +11,110 @@ Multi-host: every process calls :func:`train_and_evaluate` with the same
 config and work directory; all processes train, evaluate and write their
 shards of each checkpoint, while metrics, logging and the progress bar come
 from process 0 only.
+
+Faults: the work directory is locked for the run
+(:mod:`decentral_jax.workdir`); the newest checkpoint is verified before it
+is restored (:mod:`decentral_jax.checkpoint`; a corrupt one falls back to
+the previous one); a failed background save stops the run at the next step
+with one line naming the checkpoint step, the directory and the OS error.
+SIGTERM or SIGINT stops the run after the current step with a checkpoint
+(:class:`Preempted`); in a multi-process job JAX's preemption service
+(which receives SIGTERM there) picks one step at which every process saves.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
 from decentral_jax import checkpoint as checkpoint_lib
 from decentral_jax import distributed as distributed_lib
 from decentral_jax import metrics as metrics_lib
+from decentral_jax import workdir as workdir_lib
 from decentral_jax.experiment import Experiment
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+  """The run stopped on a signal after saving a checkpoint.
+
+  Attributes:
+    step: completed steps; the checkpoint of this step is committed.
+    signum: the signal (``signal.SIGTERM`` in a multi-process job, where
+      JAX's preemption service receives it).
+    directory: the checkpoint directory.
+    exit_code: ``128 + signum`` (143 for SIGTERM, 130 for SIGINT), the
+      status a shell reports for a process killed by that signal.
+  """
+
+  def __init__(self, step: int, signum: int, directory: str):
+    self.step, self.signum, self.directory = step, signum, directory
+    self.exit_code = 128 + int(signum)
+    super().__init__(
+        f"stopped by {signal.Signals(signum).name} after step {step}; "
+        f"checkpoint {step} is saved in {directory}: run the same command "
+        "again to resume.")
+
+
+class _StopRequest:
+  """SIGTERM/SIGINT during a run, as a per-step question to the loop.
+
+  Single process: handlers set a flag (a second SIGINT interrupts at once).
+  Multi-process: JAX's preemption service owns SIGTERM (a Python handler
+  would replace its own), and
+  ``multihost_utils.reached_preemption_sync_point`` is true at the same
+  step on every process after any of them received it.
+  """
+
+  def __init__(self):
+    self.signum = None
+    self._old = {}
+    self._multi = jax.process_count() > 1
+
+  def __enter__(self) -> "_StopRequest":
+    if not self._multi and \
+        threading.current_thread() is threading.main_thread():
+      for sig in _STOP_SIGNALS:
+        self._old[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def begin(self, step: int) -> None:
+    """Registers the first step (multi-process: before the first step, so
+    a notice received during start-up still finds a sync point)."""
+    if not self._multi:
+      return
+    try:
+      self.requested(step)
+    except RuntimeError:  # jax_enable_preemption_service=False
+      logging.warning("JAX's preemption service is disabled: SIGTERM stops "
+                      "this job without a checkpoint.")
+      self._multi = False
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.signum = signum
+    if signum == signal.SIGINT:  # Ctrl-C twice: stop at once
+      signal.signal(signum, self._old[signum])
+
+  def __exit__(self, *exc) -> None:
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+  def requested(self, step: int) -> bool:
+    """True if the run must stop after ``step`` (call it at every step)."""
+    if self._multi:
+      if multihost_utils.reached_preemption_sync_point(step):
+        self.signum = signal.SIGTERM
+    return self.signum is not None
 
 
 class _Window:
@@ -46,6 +134,20 @@ class _Window:
     if np.isfinite(cd):
       self.consensus = cd
 
+  def state(self) -> dict:
+    """What a checkpoint keeps, so a resumed run logs the same losses."""
+    return {"losses": self.losses, "accs": self.accs,
+            "consensus": self.consensus}
+
+  @classmethod
+  def from_state(cls, state: dict | None) -> "_Window":
+    window = cls()
+    if state:
+      window.losses = [float(x) for x in state.get("losses", [])]
+      window.accs = [float(x) for x in state.get("accs", [])]
+      window.consensus = state.get("consensus")
+    return window
+
   def summary(self, units_per_step: int, unit: str) -> dict:
     out = {}
     if self.losses:
@@ -61,17 +163,55 @@ class _Window:
     return out
 
 
-def _non_finite_error(step: int, metrics: dict, last_good: int | None,
-                      directory: str) -> FloatingPointError:
+def _non_finite_error(step: int, metrics: dict,
+                      ckpt: checkpoint_lib.Checkpointer) -> FloatingPointError:
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
-  where = (f"the last good checkpoint (step {last_good}) is kept in "
-           f"{directory}" if last_good is not None else
-           "no checkpoint had been written yet")
+  good, verified = ckpt.last_good_step()
+  if good is None:
+    where = "no intact checkpoint had been written yet"
+  elif verified:
+    where = (f"the last good checkpoint (step {good}) is kept in "
+             f"{ckpt.directory}")
+  else:
+    where = (f"checkpoint {good} (unverified: no checksums) is kept in "
+             f"{ckpt.directory}")
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
       f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
+
+
+def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
+  """(state, start step, earlier training seconds, metrics window state)."""
+  state = exp.init_state()
+  step = ckpt.select_restore_step()
+  if step is None:
+    return state, 0, 0.0, None
+  exp.check_resumable(ckpt.restore_meta(step), ckpt.directory)
+  try:
+    state, meta = ckpt.restore(step, state)
+  except checkpoint_lib.CheckpointError:
+    raise
+  except ValueError as e:  # e.g. a different optimizer-state structure
+    raise ValueError(
+        f"cannot resume from {ckpt.directory} (step {step}): its state does "
+        f"not match this config (a changed grad_clip, optimizer or model "
+        f"field?); resume with the original config or use a fresh "
+        f"--workdir. Orbax: {str(e).splitlines()[0]}") from None
+  if main:
+    logging.info("resumed from %s at step %d", ckpt.step_dir(step), step)
+  return (state, int(meta["data_position"]),
+          float(meta.get("train_time_s", 0.0)), meta.get("metrics_window"))
+
+
+def _write_config(workdir: str, c: config_dict.ConfigDict) -> None:
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(c.to_json(indent=2))
+  except OSError as e:
+    raise workdir_lib.path_error("write", path, e) from None
 
 
 def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
@@ -80,9 +220,19 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
 
   Writes ``metrics.jsonl`` (one record per log or eval point), ``config.json``
   and ``checkpoints/<step>/`` (every worker's parameters and optimizer state,
-  the step, the data position and RNG keys; every ``checkpoint_interval``
-  steps and at the end). A resumed run continues bit-exactly: same batches,
-  same dropout keys, same gossip round.
+  the step, the data position, RNG keys and the losses since the last log
+  record; every ``checkpoint_interval`` steps, at the end, and on SIGTERM).
+  A resumed run continues bit-exactly: same batches, same dropout keys, same
+  gossip round, same logged losses.
+
+  The work directory is locked for the duration (``run.lock``, see
+  :mod:`decentral_jax.workdir`); the newest checkpoint is verified before it
+  is restored and a corrupt one falls back to the previous one (see
+  :mod:`decentral_jax.checkpoint`). On SIGTERM or SIGINT the run finishes
+  the current step, saves a checkpoint of it, waits until it is committed,
+  releases the lock and raises :class:`Preempted`. In a multi-process job
+  SIGTERM reaches JAX's preemption service, and every process stops after
+  the same step (the first step after the fastest process's current one).
 
   In a multi-process job
   (:func:`decentral_jax.distributed.initialize_from_config`) every process
@@ -111,45 +261,50 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     ValueError: bad config or data (see
       :class:`~decentral_jax.experiment.Experiment`), or a
       checkpoint in ``workdir`` from an incompatible config.
+    workdir.WorkdirInUse: another run holds ``workdir`` (names it).
+    workdir.PathError: ``workdir`` or a file in it cannot be written (a
+      read-only file system, a full disk); names the path.
+    checkpoint.CheckpointError: no intact checkpoint, or one that cannot
+      be read; :class:`~decentral_jax.checkpoint.CheckpointWriteError`: a
+      save failed (names the step, directory and OS error). Both are
+      ``ValueError`` subclasses.
     FloatingPointError: a non-finite loss or parameter; names the step and
       workers; the last good checkpoint stays in place.
+    Preempted: stopped by SIGTERM / SIGINT; the checkpoint of
+      ``Preempted.step`` is committed.
   """
   c = config
-  exp = experiment if experiment is not None else Experiment(c)
-  if exp.config is not c and exp.config.to_dict() != c.to_dict():
+  if experiment is not None and experiment.config is not c and \
+      experiment.config.to_dict() != c.to_dict():
     raise ValueError("train_and_evaluate: `experiment` was built from a "
                      "different config; pass experiment=None.")
+  with workdir_lib.hold(workdir), _StopRequest() as stop:
+    exp = experiment if experiment is not None else Experiment(c)
+    ckpt = checkpoint_lib.Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        max_to_keep=int(c.keep_checkpoints))
+    try:
+      last = _loop(c, workdir, exp, ckpt, stop)
+    except BaseException:
+      try:
+        ckpt.close()
+      except checkpoint_lib.CheckpointWriteError as e:  # behind the first
+        logging.error("%s", e)
+      raise
+    ckpt.close()  # raises if the last save failed
+    return last
+
+
+def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
+          stop: _StopRequest) -> dict:
+  """The body of :func:`train_and_evaluate` (lock held, ``ckpt`` open)."""
   total = int(c.steps)
   main = distributed_lib.is_main_process()
-  os.makedirs(workdir, exist_ok=True)
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  ckpt = checkpoint_lib.Checkpointer(ckpt_dir,
-                                     max_to_keep=int(c.keep_checkpoints))
-  state = exp.init_state()
-  start = last_saved = ckpt.latest_step()
-  time_offset = 0.0  # training seconds of earlier invocations
-  if start is not None:
-    exp.check_resumable(ckpt.restore_meta(start), ckpt_dir)
-    try:
-      state, meta = ckpt.restore(start, state)
-    except ValueError as e:  # e.g. a different optimizer-state structure
-      raise ValueError(
-          f"cannot resume from {ckpt_dir} (step {start}): its state does not "
-          f"match this config (a changed grad_clip, optimizer or model "
-          f"field?); resume with the original config or use a fresh "
-          f"--workdir. Orbax: {str(e).splitlines()[0]}") from None
-    start = int(meta["data_position"])
-    time_offset = float(meta.get("train_time_s", 0.0))
-    if main:
-      logging.info("resumed from %s at step %d", ckpt_dir, start)
-  else:
-    start = 0
+  state, start, time_offset, window_state = _resume(exp, ckpt, main)
   if main:
     # Written only once the run is known to be valid (a rejected resume must
     # not overwrite the record of the original run).
-    with open(os.path.join(workdir, "config.json"), "w",
-              encoding="utf-8") as f:
-      f.write(c.to_json(indent=2))
+    _write_config(workdir, c)
     # Records logged after the restored checkpoint are about to be redone.
     metrics_lib.truncate_after(workdir, start)
   writer = (metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
@@ -163,7 +318,7 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   unit_key = f"{exp.unit}_per_sec"
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
   log_every = int(c.log_interval)
-  window, timed = _Window(), []
+  window, timed = _Window.from_state(window_state), []
   last = {"step": start}
   t_prev = None
   bar = metrics_lib.progress_bar(total, initial=start,
@@ -176,7 +331,7 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     seconds = None if t_prev is None else now - t_prev
     t_prev = now
     if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
-      raise _non_finite_error(done, m, last_saved, ckpt_dir)
+      raise _non_finite_error(done, m, ckpt)
     if seconds is not None:
       timed.append(seconds)
     window.add(m, seconds)
@@ -204,7 +359,9 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
       record(0, exp.evaluate(state))
     pending = None
     batch = exp.get_batch(start) if start < total else None
+    stop.begin(start)
     for s in range(start, total):
+      ckpt.poll()  # a failed background save stops the run here
       state, device_metrics = exp.train_step(state, batch, s)
       done = s + 1
       if pending is not None:  # read step s-1 while step s runs
@@ -212,10 +369,12 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
         if pending[0] % log_every == 0:
           record(pending[0])
       pending = (done, device_metrics)
-      if done < total:
+      stopping = done < total and stop.requested(done)
+      if done < total and not stopping:
         batch = exp.get_batch(done)  # host prepares the next batch
       do_eval = done == total or (eval_every and done % eval_every == 0)
-      do_ckpt = done == total or (ckpt_every and done % ckpt_every == 0)
+      do_ckpt = stopping or done == total or (ckpt_every and
+                                              done % ckpt_every == 0)
       if do_eval or do_ckpt:
         handle(*pending)
         pending = None
@@ -226,16 +385,18 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
         if do_ckpt:
           meta = exp.checkpoint_meta(done)
           meta["train_time_s"] = time_offset + float(np.sum(timed))
+          meta["metrics_window"] = window.state()
           ckpt.save(done, state, meta)
-          last_saved = done
         t_prev = time.perf_counter()
+      if stopping:
+        ckpt.wait()
+        raise Preempted(done, stop.signum, ckpt.directory)
     if start >= total:  # nothing left to train: report the final evaluation
       last.update(exp.evaluate(state))
   finally:
     bar.close()
     if writer is not None:
       writer.close()
-    ckpt.close()
   if timed:
     sec = float(np.mean(timed))
     last["step_time_ms"] = 1e3 * sec

@@ -93,6 +93,9 @@ def main(argv):
   except FloatingPointError as e:  # diverged; the last good checkpoint stays
     print(f"error: {e}", file=sys.stderr)
     sys.exit(3)
+  except train.Preempted as e:  # SIGTERM/SIGINT: checkpoint saved, 143/130
+    print(f"preempted: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
   if jax.process_index() > 0:
     return
   summary = ", ".join(f"{k}={v:.5g}" if isinstance(v, float) else f"{k}={v}"
