@@ -199,6 +199,9 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # Seconds without a heartbeat after which a process counts as dead and the
   # others stop with an error instead of hanging.
   c.distributed.heartbeat_timeout_seconds = 100
+  # Seconds every process waits at start-up for all num_processes to join;
+  # then it exits with an error naming the coordinator address.
+  c.distributed.initialization_timeout_seconds = 120
   return c
 
 
@@ -333,6 +336,7 @@ def check_distributed(c: config_dict.ConfigDict) -> None:
     raise ValueError(f"config.distributed.process_id must be an integer >= -1 "
                      f"(-1: auto-detect), got {d.process_id!r}.")
   _int_field(c, "distributed.heartbeat_timeout_seconds", 1)
+  _int_field(c, "distributed.initialization_timeout_seconds", 1)
 
 
 # ----------------------------------------------------------------------------

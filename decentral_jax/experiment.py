@@ -103,6 +103,12 @@ class Experiment:
                devices: list | None = None):
     """Builds mesh, topology, task, optimizer and the jitted steps.
 
+    In a multi-process job every process also checks, with the others,
+    that all processes were given the same config (except
+    ``config.distributed`` and ``config.workdir``), that all of them built
+    the task and that they computed the same initial parameters; if not,
+    every process raises (none is left waiting in a collective).
+
     Args:
       config: a run config (see ``configs/gpt_tiny.py``).
       devices: devices to place workers on, in worker order (default: every
@@ -112,10 +118,17 @@ class Experiment:
       ValueError: an invalid config field, more workers than devices (the
         message says how to simulate CPU devices), missing data files, or a
         corpus too short for the context length; in a multi-process job,
-        ``n_workers`` differing from the job's device count, or a
-        node-aware topology whose ``workers_per_node`` is not the number
-        of devices per process.
+        configs that differ between processes (the fields are named),
+        ``n_workers`` differing from the job's device count, a node-aware
+        topology whose ``workers_per_node`` is not the number of devices
+        per process, another process failing to build its task, or initial
+        parameters that differ between processes.
     """
+    multi_process = jax.process_count() > 1
+    if multi_process:
+      # First, so that a field that differs is reported on every process
+      # before any check that could fail on some processes only.
+      distributed.check_same_config(config)
     config_lib.check_config(config)
     c = self.config = config
     if c.distributed.enabled and not jax.distributed.is_initialized():
@@ -140,7 +153,6 @@ class Experiment:
                          f"n_workers={n}, workers_per_node={local_size}: {e}"
                          ) from None
       node_aware = parallel.is_node_aware(self.topology, local_size)
-    multi_process = jax.process_count() > 1
     if multi_process:
       _check_multi_process(c, n, len(devices), node_aware)
     try:
@@ -153,16 +165,19 @@ class Experiment:
     self.local_workers = distributed.process_workers(self.mesh)
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
-    self.task = tasks.make_task(c, n, self.local_batch)
+    root = jax.random.key(int(c.seed))
+    self._init_key, self._dropout_key = jax.random.split(root)
+    self._params0 = None
+    if multi_process:
+      self.task = self._agreed_task()
+    else:
+      self.task = tasks.make_task(c, n, self.local_batch)
     self.unit = self.task.unit
     self.tokens_per_step = self.task.units_per_step
     self.schedule = builders.make_schedule(c)
     self.tx = builders.make_optimizer(c, self.schedule, self.topology,
                                       self.axis_name)
     self._batch_workers = self.local_workers if multi_process else None
-    root = jax.random.key(int(c.seed))
-    self._init_key, self._dropout_key = jax.random.split(root)
-    self._params0 = None
     self.param_count = sum(
         int(np.prod(x.shape)) for x in
         jax.tree.leaves(jax.eval_shape(self.task.init_params,
@@ -194,6 +209,23 @@ class Experiment:
         functools.partial(step_lib.eval_step, loss_fn=self.task.loss,
                           axis_name=self.axis_name),
         self.mesh, replicated_argnums=(2,)))
+
+  def _agreed_task(self) -> tasks.Task:
+    """The task, once every process has built it with equal initial params.
+
+    Multi-process only: a failure on one host (e.g. its copy of the data is
+    missing) is exchanged instead of leaving the others waiting, and the
+    host copy of the initial parameters is kept for :meth:`init_state`.
+    """
+    task = params = error = None
+    try:
+      task = tasks.make_task(self.config, self.n_workers, self.local_batch)
+      params = jax.device_get(task.init_params(self._init_key))
+    except Exception as e:  # pylint: disable=broad-except
+      error = e  # re-raised below on this process, after the exchange
+    distributed.check_same_start(params, error)
+    self._params0 = params
+    return task
 
   # -- state and data --------------------------------------------------------
 

@@ -12,7 +12,9 @@ final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
 its workers' final parameters, every worker's per-step losses, the
 evaluations and the workers whose training rows it read. With
 ``--check_errors`` it first builds configs that do not fit the job's layout
-and writes their error messages to ``DIR/errors_p<I>.json``.
+and writes their error messages to ``DIR/errors_p<I>.json``. With
+``--startup_checks`` it only builds experiments that the processes must
+refuse together (:func:`startup_checks`).
 
 The module also holds what the single-process reference run in the test
 shares with the workers: the case configs and :func:`run_case`.
@@ -136,6 +138,7 @@ def main() -> None:
   parser.add_argument("--heartbeat", type=int, default=10)
   parser.add_argument("--log_interval", type=int, default=5)
   parser.add_argument("--check_errors", action="store_true")
+  parser.add_argument("--startup_checks", action="store_true")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
@@ -164,6 +167,9 @@ def main() -> None:
   assert distributed.initialize_from_config(first)
   assert jax.process_count() == N_PROCESSES
   assert jax.local_device_count() == DEVICES_PER_PROCESS
+  if args.startup_checks:
+    startup_checks(args.out, args.process_id, dist)
+    return
   if args.check_errors:
     errors = {}
     for name, case, extra in (
@@ -186,6 +192,56 @@ def main() -> None:
     np.savez(os.path.join(args.out, f"{case}_p{args.process_id}.npz"),
              **result)
   print(f"process {args.process_id}: done", flush=True)
+
+
+def startup_checks(out: str, process_id: int, dist) -> None:
+  """Builds experiments that the processes must refuse together.
+
+  Writes ``DIR/startup_p<I>.json``: for each check, the ValueError message
+  this process got ("" if none). Each check runs on every process in the
+  same order, so the job stays in step after a refusal.
+  """
+  # pylint: disable=import-outside-toplevel
+  from decentral_jax import experiment as experiment_lib
+  from decentral_jax import tasks
+  # pylint: enable=import-outside-toplevel
+  errors = {}
+
+  def attempt(name, config):
+    try:
+      experiment_lib.Experiment(config)
+      errors[name] = ""
+    except ValueError as e:
+      errors[name] = str(e)
+
+  # config.steps differs (10 on process 0, 20 on process 1).
+  attempt("steps", case_config("one_peer_exp", *dist,
+                               steps=STEPS * (1 + process_id)))
+  # Same config, but process 1 draws its initial parameters with another
+  # PRNG implementation.
+  impl = jax.config.jax_default_prng_impl
+  if process_id == 1:
+    jax.config.update("jax_default_prng_impl", "rbg")
+  attempt("init", case_config("one_peer_exp", *dist))
+  jax.config.update("jax_default_prng_impl", impl)
+  # Building the task fails on process 1 only (its data is missing).
+  make_task = tasks.make_task
+
+  def missing_data(*args, **kwargs):
+    raise ValueError("config.data.path='/data/x' does not exist")
+
+  if process_id == 1:
+    tasks.make_task = missing_data
+  attempt("task", case_config("one_peer_exp", *dist))
+  tasks.make_task = make_task
+  # Equal configs (but for config.distributed and workdir) still start.
+  attempt("same", case_config(
+      "one_peer_exp", *dist, f"--config.workdir=/tmp/p{process_id}",
+      f"--config.distributed.initialization_timeout_seconds={60 + process_id}"))
+  with open(os.path.join(out, f"startup_p{process_id}.json"), "w",
+            encoding="utf-8") as f:
+    json.dump(errors, f)
+  print(f"process {process_id}: done", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ parameters and losses must agree to float32 rounding (one_peer_exp and
 All-Reduce on a 1-D mesh, AER with each process one node), checkpoints
 written by both processes must restore, layout mismatches must be clear
 errors, and a process killed mid-run must make the other one exit with an
-error within a bounded time.
+error within a bounded time. Start-up refusals (configs or initial
+parameters that differ between processes, a process that never starts, a
+coordinator port already taken) must reach every process as one-line errors.
 
 Every launched process runs in its own session and is killed (process group)
 when the test ends, passes or fails.
@@ -76,12 +78,13 @@ def clean_env(devices_per_process: int | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def launch_processes(out, argv, env):
-  """Starts ``argv(pid)`` with ``env(pid)`` for every process id, each in
-  its own session; kills the process groups left on exit."""
+def launch_processes(out, argv, env, pids=range(worker.N_PROCESSES)):
+  """Starts ``argv(pid)`` with ``env(pid)`` for every process id (or those
+  of ``pids``), each in its own session; kills the process groups left on
+  exit."""
   procs = []
   try:
-    for pid in range(worker.N_PROCESSES):
+    for pid in pids:
       with open(os.path.join(out, f"p{pid}.log"), "wb") as log:
         procs.append(subprocess.Popen(
             argv(pid), env=env(pid), stdout=log, stderr=subprocess.STDOUT,
@@ -340,14 +343,18 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
     distributed.initialize_from_config(_dist_config(enabled=True))
   assert distributed.initialize_from_config(_dist_config(
       enabled=True, coordinator_address="10.0.0.1:1234", num_processes=4,
-      process_id=3, heartbeat_timeout_seconds=7))
+      process_id=3, heartbeat_timeout_seconds=7,
+      initialization_timeout_seconds=9))
   assert calls.pop() == dict(coordinator_address="10.0.0.1:1234",
                              num_processes=4, process_id=3,
-                             heartbeat_timeout_seconds=7)
+                             heartbeat_timeout_seconds=7,
+                             initialization_timeout_seconds=9)
   for bad, match in (({"num_processes": -1}, "distributed.num_processes"),
                      ({"process_id": -2}, "distributed.process_id"),
                      ({"heartbeat_timeout_seconds": 0},
-                      "distributed.heartbeat_timeout_seconds")):
+                      "distributed.heartbeat_timeout_seconds"),
+                     ({"initialization_timeout_seconds": 0},
+                      "distributed.initialization_timeout_seconds")):
     with pytest.raises(ValueError, match=match):
       distributed.initialize_from_config(_dist_config(**bad))
   # A batch script's own step (no srun step with several tasks) stays alone.
@@ -359,7 +366,8 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
   # enabled=True with empty fields on SLURM: JAX detects the set-up.
   assert distributed.initialize_from_config(_dist_config(enabled=True))
   assert calls.pop() == dict(coordinator_address="", num_processes=0,
-                             process_id=-1, heartbeat_timeout_seconds=100)
+                             process_id=-1, heartbeat_timeout_seconds=100,
+                             initialization_timeout_seconds=120)
   # Inside `srun` with 2 tasks the job is joined even when not enabled.
   monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
   assert distributed.initialize_from_config(_dist_config())
@@ -376,3 +384,178 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
   finally:
     jax.config.update("jax_cuda_visible_devices", "all")
     jax.config.update("jax_rocm_visible_devices", "all")
+
+
+# ----------------------------------------------------------------------------
+# Start-up checks: configs and initial parameters that differ between the
+# processes, a process that never starts, a coordinator port already taken.
+# ----------------------------------------------------------------------------
+
+STARTUP_TIMEOUT_S = 60  # a refused start-up takes ~10 s on a loaded machine
+JOIN_TIMEOUT_S = 5  # config.distributed.initialization_timeout_seconds
+
+
+def cli_argv(out, port: int, *extra: str):
+  """``argv(pid)`` of experiments/train.py in a 2-process job on ``port``."""
+  base = [sys.executable, os.path.join(worker.ROOT, "experiments", "train.py"),
+          f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
+          f"--workdir={out / 'run'}", *worker.TINY,
+          *worker.CASES["one_peer_exp"], "--config.steps=5",
+          "--config.distributed.enabled=True",
+          f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+          f"--config.distributed.num_processes={worker.N_PROCESSES}",
+          "--config.distributed.initialization_timeout_seconds="
+          f"{JOIN_TIMEOUT_S}", *extra]
+  return lambda pid: base + [f"--config.distributed.process_id={pid}"]
+
+
+def error_line(out, pid: int) -> str:
+  """The one ``error: ...`` line of process ``pid``'s log."""
+  with open(out / f"p{pid}.log", encoding="utf-8", errors="replace") as f:
+    lines = [l for l in f.read().splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1, logs(out)
+  return lines[0]
+
+
+def test_config_differences_name_the_fields():
+  """Only fields outside config.distributed and workdir are compared."""
+  base = distributed.config_fields(worker.case_config("one_peer_exp"))
+  other = distributed.config_fields(worker.case_config(
+      "one_peer_exp", "--config.seed=1", "--config.schedule.peak_lr=0.02",
+      "--config.workdir=/elsewhere", "--config.distributed.process_id=1",
+      "--config.distributed.heartbeat_timeout_seconds=7"))
+  assert base["seed"] == "0" and base["schedule.peak_lr"] == "0.01"
+  assert not [k for k in base if k.startswith("distributed") or
+              k == "workdir"], base
+  expected = ("schedule.peak_lr (process 0: 0.01, process 1: 0.02), "
+              "seed (process 0: 0, process 1: 1)")
+  assert distributed.config_differences([base, other]) == expected
+  assert distributed.config_differences([base, dict(base), dict(base)]) == ""
+  # Processes 2 and 3 differ; a field missing on one process is named.
+  missing = {k: v for k, v in base.items() if k != "model.bias"}
+  diff = distributed.config_differences([base, base, other, missing])
+  assert diff.startswith("model.bias (process 0: false, process 3: <missing>"
+                         "), schedule.peak_lr (process 0: 0.01, process 2: "
+                         "0.02)"), diff
+  assert "seed (process 0: 0, process 2: 1)" in diff
+  assert "seed (process 0: 0, process 1: 1; 2 processes differ from " \
+         "process 0)" in distributed.config_differences([base, other, other])
+
+
+def test_init_differences_tolerate_rounding_only():
+  """Initial parameters that differ by rounding agree, another draw not."""
+  rng = np.random.default_rng(0)
+  params = {"w": rng.normal(size=(64, 32)).astype(np.float32),
+            "b": np.zeros(32, np.float32)}
+  rounded = {"w": np.nextafter(params["w"], np.inf), "b": params["b"]}
+  redrawn = {"w": rng.normal(size=(64, 32)).astype(np.float32),
+             "b": params["b"]}
+  reshaped = {"w": params["w"].reshape(32, 64), "b": params["b"]}
+  fp = distributed.init_fingerprint
+  assert distributed.init_differences([fp(params), fp(rounded)]) == ""
+  for bad in (redrawn, reshaped):
+    assert distributed.init_differences(
+        [fp(params), fp(rounded), fp(bad)]) == (
+            "process 2 differs from process 0 in 1 of 2 leaves: ['w']")
+
+
+def test_startup_refusals_reach_every_process(tmp_path):
+  """Different steps, initial params or a task failing on one host: every
+  process raises (in step, so the job goes on to the next check)."""
+  require_devices(1)
+  with launch(tmp_path, "--case", "one_peer_exp", "--startup_checks") as procs:
+    assert wait_all(procs, tmp_path, STARTUP_TIMEOUT_S) == [0, 0], \
+        logs(tmp_path)
+  errors = []
+  for pid in range(worker.N_PROCESSES):
+    with open(tmp_path / f"startup_p{pid}.json", encoding="utf-8") as f:
+      errors.append(json.load(f))
+  for e in errors:
+    assert "steps (process 0: 10, process 1: 20)" in e["steps"], e
+    assert "different initial parameters" in e["init"], e
+    assert "['wte']['embedding']" in e["init"], e
+    assert e["same"] == "", e
+    assert "\n" not in "".join(e.values())
+  assert errors[0]["steps"] == errors[1]["steps"]
+  assert errors[0]["init"] == errors[1]["init"]
+  missing = "config.data.path='/data/x' does not exist"
+  assert errors[1]["task"] == missing
+  assert errors[0]["task"].startswith(
+      f"process 1 of this job could not start (ValueError: {missing})")
+
+
+def test_cli_with_different_configs_stops_both_processes(tmp_path):
+  """Process 1 with another seed and peak_lr: both exit with one line."""
+  require_devices(1)
+  argv = cli_argv(tmp_path, free_port())
+  differ = ["--config.seed=1", "--config.schedule.peak_lr=0.02"]
+  with launch_processes(tmp_path, lambda pid: argv(pid) + differ * pid,
+                        lambda pid: clean_env()) as procs:
+    codes = wait_all(procs, tmp_path, STARTUP_TIMEOUT_S)
+  assert codes == [2, 2], logs(tmp_path)
+  for pid in range(worker.N_PROCESSES):
+    line = error_line(tmp_path, pid)
+    assert "have different configs: schedule.peak_lr (process 0: 0.01, " \
+           "process 1: 0.02), seed (process 0: 0, process 1: 1);" in line, line
+  assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")
+
+
+def test_a_process_that_never_starts_ends_the_job_in_time(tmp_path):
+  """Only process 0 runs: it exits after initialization_timeout_seconds."""
+  require_devices(1)
+  port = free_port()
+  start = time.monotonic()
+  with launch_processes(tmp_path, cli_argv(tmp_path, port),
+                        lambda pid: clean_env(), pids=[0]) as procs:
+    codes = wait_all(procs, tmp_path, JOIN_TIMEOUT_S + 30)
+  elapsed = time.monotonic() - start
+  assert codes == [2], logs(tmp_path)  # not a C++ abort (-6)
+  assert elapsed >= JOIN_TIMEOUT_S
+  assert error_line(tmp_path, 0) == (
+      f"error: the job at 127.0.0.1:{port} expected 2 processes, but not all "
+      f"of them joined within initialization_timeout_seconds={JOIN_TIMEOUT_S}"
+      " (this is process 0); start the same command on every host with "
+      "process_id 0..1, make sure process 0 runs and its address is reachable"
+      " from every host, or raise "
+      "--config.distributed.initialization_timeout_seconds.")
+
+
+def test_a_taken_coordinator_port_is_a_clear_error(tmp_path):
+  """Another program listens on the port: process 0 refuses to start (it
+  used to crash), process 1 ends after its initialization timeout."""
+  require_devices(1)
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    with launch_processes(tmp_path, cli_argv(tmp_path, port),
+                          lambda pid: clean_env()) as procs:
+      codes = wait_all(procs, tmp_path, JOIN_TIMEOUT_S + 30)
+  assert codes == [2, 2], logs(tmp_path)
+  line = error_line(tmp_path, 0)
+  assert line.startswith(
+      f"error: config.distributed: coordinator_address='127.0.0.1:{port}': "
+      f"port {port} on this host (process 0 runs the coordinator) is already "
+      "in use by another program; pick a free port"), line
+  line = error_line(tmp_path, 1)
+  assert f"the job at 127.0.0.1:{port} expected 2 processes" in line, line
+  assert "(this is process 1)" in line, line
+
+
+def test_port_check_runs_before_jax(monkeypatch):
+  """Process 0 tests the port before jax.distributed.initialize."""
+  monkeypatch.setattr(jax.distributed, "initialize",
+                      lambda **kw: pytest.fail("initialize was called"))
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    with pytest.raises(ValueError, match=f"port {port} .* already in use"):
+      distributed.initialize_from_config(_dist_config(
+          enabled=True, coordinator_address=f"127.0.0.1:{port}",
+          num_processes=2, process_id=0))
+  for bad in ("127.0.0.1", "127.0.0.1:0", "host:port"):
+    with pytest.raises(ValueError, match="must be 'host:port'"):
+      distributed.initialize_from_config(_dist_config(
+          enabled=True, coordinator_address=bad, num_processes=2,
+          process_id=1))
