@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
@@ -310,11 +311,32 @@ def gossip_mixing(topology: topology_lib.Topology,
     float64) and returned with the shapes and dtypes of ``updates``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype (at
-      construction); ``params`` not passed to ``update``; errors of
-      :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
+    ValueError: ``comm_dtype`` not None or a floating dtype, or
+      ``gossip_every`` not an integer >= 1 (at construction); ``params`` not
+      passed to ``update``; ``round_index`` with ``gossip_every > 1``; errors
+      of :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating
+      leaves).
   """
   _check_float_dtype("comm_dtype", comm_dtype)
+  if isinstance(gossip_every, bool) or not isinstance(
+      gossip_every, (int, np.integer)) or gossip_every < 1:
+    raise ValueError(f"gossip_every must be an integer >= 1 (the gossip "
+                     f"period in steps), got {gossip_every!r}.")
+  tau = int(gossip_every)
+
+  def mix(tree, state, round_index):
+    if tau == 1:
+      return gossip.mix(tree, topology, _round(state, round_index), axis_name,
+                        comm_dtype=comm_dtype)
+    if round_index is not None:
+      raise ValueError("decentralized(gossip_every>1) picks its round "
+                       "in-graph; do not pass round_index (use "
+                       "config.gossip_rounds='switch').")
+    return lax.cond(
+        state.count % tau == 0,
+        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
+                             comm_dtype=comm_dtype),
+        lambda t: t, tree)
 
   def init_fn(params):
     del params
@@ -363,7 +385,8 @@ def decentralized(inner: optax.GradientTransformation,
                   topology: topology_lib.Topology,
                   axis_name: gossip.AxisName = "workers", *,
                   mix_after_update: bool = False,
-                  comm_dtype=None) -> optax.GradientTransformation:
+                  comm_dtype=None,
+                  gossip_every: int = 1) -> optax.GradientTransformation:
   r"""Wraps a local optimizer so that it steps from the gossip-mixed point.
 
   Default ("adapt-while-combine", the paper's overlapped form):
@@ -378,6 +401,13 @@ def decentralized(inner: optax.GradientTransformation,
   concurrently with the forward/backward pass. With
   ``mix_after_update=True`` ("adapt-then-combine"):
   ``x_{k+1} = W_k (x_k + inner(g(x_k); x_k))``.
+
+  Local steps (local D-SGD / DAdam): with ``gossip_every = tau > 1`` the
+  workers mix only at steps ``k`` with ``k % tau == 0``, using round
+  ``k // tau`` of the schedule, and take plain local steps in between
+  (``W = I``); ``tau = 1`` is the recursion above, bit for bit. The mixing
+  then sits in a ``lax.cond`` and the round is chosen in-graph
+  (``round_index`` is not supported).
 
   Round selection: by default round ``count % period`` is chosen in-graph
   with ``lax.switch`` (one compile for the whole schedule). Passing the extra
@@ -402,6 +432,7 @@ def decentralized(inner: optax.GradientTransformation,
     axis_name: worker mesh axis (or ``(nodes, local)``).
     mix_after_update: mix after the local update instead of before.
     comm_dtype: optional dtype in which parameters are sent (e.g. bfloat16).
+    gossip_every: the communication period ``tau >= 1`` in steps.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -410,11 +441,32 @@ def decentralized(inner: optax.GradientTransformation,
     of floating leaves; updates have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype (at
-      construction); ``params`` not passed to ``update``; errors of
-      :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
+    ValueError: ``comm_dtype`` not None or a floating dtype, or
+      ``gossip_every`` not an integer >= 1 (at construction); ``params`` not
+      passed to ``update``; ``round_index`` with ``gossip_every > 1``; errors
+      of :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating
+      leaves).
   """
   _check_float_dtype("comm_dtype", comm_dtype)
+  if isinstance(gossip_every, bool) or not isinstance(
+      gossip_every, (int, np.integer)) or gossip_every < 1:
+    raise ValueError(f"gossip_every must be an integer >= 1 (the gossip "
+                     f"period in steps), got {gossip_every!r}.")
+  tau = int(gossip_every)
+
+  def mix(tree, state, round_index):
+    if tau == 1:
+      return gossip.mix(tree, topology, _round(state, round_index), axis_name,
+                        comm_dtype=comm_dtype)
+    if round_index is not None:
+      raise ValueError("decentralized(gossip_every>1) picks its round "
+                       "in-graph; do not pass round_index (use "
+                       "config.gossip_rounds='switch').")
+    return lax.cond(
+        state.count % tau == 0,
+        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
+                             comm_dtype=comm_dtype),
+        lambda t: t, tree)
 
   def init_fn(params):
     return DecentralizedState(jnp.zeros([], jnp.int32), inner.init(params))
@@ -424,16 +476,13 @@ def decentralized(inner: optax.GradientTransformation,
     if params is None:
       raise ValueError(_NO_PARAMS.format("decentralized"))
     extra = extra_args if extra_args else {}
-    step = _round(state, round_index)
     if mix_after_update:
       local, inner_state = inner.update(updates, state.inner_state, params,
                                         **extra)
       stepped = optax.apply_updates(params, local)
-      target = gossip.mix(stepped, topology, step, axis_name,
-                          comm_dtype=comm_dtype)
+      target = mix(stepped, state, round_index)
     else:
-      mixed = gossip.mix(params, topology, step, axis_name,
-                         comm_dtype=comm_dtype)
+      mixed = mix(params, state, round_index)
       local, inner_state = inner.update(updates, state.inner_state, mixed,
                                         **extra)
       target = optax.apply_updates(mixed, local)
@@ -482,7 +531,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
                         axis_name: gossip.AxisName = "workers",
                         mix_after_update: bool = False,
                         comm_dtype=None, mu_dtype=None,
-                        nu_dtype=None) -> optax.GradientTransformation:
+                        nu_dtype=None,
+                        gossip_every: int = 1) -> optax.GradientTransformation:
   r"""DAdam (``accum_steps=1``) / AccumAdamW (``accum_steps>1``).
 
   .. math::
@@ -514,6 +564,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     comm_dtype: optional dtype in which parameters are sent.
     mu_dtype: optional floating dtype of the first moment and accumulator.
     nu_dtype: optional floating dtype of the second moment.
+    gossip_every: mix every this many steps (local steps in between; see
+      :func:`decentralized`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -537,7 +589,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
       optax.scale_by_learning_rate(learning_rate),
   )
   return decentralized(_in_compute_dtype(inner), topology, axis_name,
-                       mix_after_update=mix_after_update, comm_dtype=comm_dtype)
+                       mix_after_update=mix_after_update, comm_dtype=comm_dtype,
+                       gossip_every=gossip_every)
 
 
 def _in_compute_dtype(inner: optax.GradientTransformation

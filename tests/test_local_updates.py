@@ -245,3 +245,41 @@ def test_bad_fragments_and_missing_params():
   tx = lu.diloco(optax.sgd(1.0), 2)
   with pytest.raises(ValueError, match="needs the current parameters"):
     tx.update(params, tx.init(params))
+
+
+def _local_dsgd_oracle(x0, b, tau, steps, w):
+  """x <- W_{k/tau} x at steps k % tau == 0 (else I), then a local SGD step."""
+  x = {k: v.copy() for k, v in x0.items()}
+  out = []
+  for k in range(steps):
+    for name in x:
+      grad = x[name] - b[name]
+      if k % tau == 0:
+        x[name] = np.einsum("ij,j...->i...", w(k // tau), x[name])
+      x[name] = x[name] - LR * grad
+    out.append({name: v.copy() for name, v in x.items()})
+  return out
+
+
+@pytest.mark.parametrize("tau", [1, 3])
+def test_decentralized_with_gossip_every_matches_oracle(tau, x64):
+  """Local D-SGD: gossip every tau steps; tau = 1 is today's D-SGD."""
+  del x64
+  from decentral_jax import optim  # pylint: disable=import-outside-toplevel
+  require_devices(8)
+  topo = topology.make("one_peer_exp", 8)
+  x0, b = _problem(8, seed=5)
+  x0 = {k: v + np.random.default_rng(6).normal(size=v.shape)
+        for k, v in x0.items()}  # workers start apart
+  got, _ = _run(optim.decentralized(optax.sgd(LR), topo, gossip_every=tau),
+                x0, b, 8)
+  want = _local_dsgd_oracle(x0, b, tau, 8, topo.mixing_matrix)
+  for g, w in zip(got, want):
+    for k in w:
+      np.testing.assert_allclose(g[k], w[k], rtol=1e-12, atol=1e-12)
+  if tau == 1:  # bit for bit the transform without the argument
+    plain, _ = _run(optim.decentralized(optax.sgd(LR), topo), x0, b, 8)
+    for k in x0:
+      np.testing.assert_array_equal(got[-1][k], plain[-1][k])
+  with pytest.raises(ValueError, match="gossip_every"):
+    optim.decentralized(optax.sgd(LR), topo, gossip_every=0)
