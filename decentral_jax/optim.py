@@ -311,32 +311,11 @@ def gossip_mixing(topology: topology_lib.Topology,
     float64) and returned with the shapes and dtypes of ``updates``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype, or
-      ``gossip_every`` not an integer >= 1 (at construction); ``params`` not
-      passed to ``update``; ``round_index`` with ``gossip_every > 1``; errors
-      of :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating
-      leaves).
+    ValueError: ``comm_dtype`` not None or a floating dtype (at
+      construction); ``params`` not passed to ``update``; errors of
+      :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
   """
   _check_float_dtype("comm_dtype", comm_dtype)
-  if isinstance(gossip_every, bool) or not isinstance(
-      gossip_every, (int, np.integer)) or gossip_every < 1:
-    raise ValueError(f"gossip_every must be an integer >= 1 (the gossip "
-                     f"period in steps), got {gossip_every!r}.")
-  tau = int(gossip_every)
-
-  def mix(tree, state, round_index):
-    if tau == 1:
-      return gossip.mix(tree, topology, _round(state, round_index), axis_name,
-                        comm_dtype=comm_dtype)
-    if round_index is not None:
-      raise ValueError("decentralized(gossip_every>1) picks its round "
-                       "in-graph; do not pass round_index (use "
-                       "config.gossip_rounds='switch').")
-    return lax.cond(
-        state.count % tau == 0,
-        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
-                             comm_dtype=comm_dtype),
-        lambda t: t, tree)
 
   def init_fn(params):
     del params
@@ -448,14 +427,18 @@ def decentralized(inner: optax.GradientTransformation,
       leaves).
   """
   _check_float_dtype("comm_dtype", comm_dtype)
-  if isinstance(gossip_every, bool) or not isinstance(
-      gossip_every, (int, np.integer)) or gossip_every < 1:
+  # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
+  # takes the conditional path.
+  static_tau = not isinstance(gossip_every, jax.Array)
+  if static_tau and (isinstance(gossip_every, bool) or not isinstance(
+      gossip_every, (int, np.integer)) or gossip_every < 1):
     raise ValueError(f"gossip_every must be an integer >= 1 (the gossip "
                      f"period in steps), got {gossip_every!r}.")
-  tau = int(gossip_every)
+  tau = (int(gossip_every) if static_tau
+         else jnp.asarray(gossip_every).astype(jnp.int32))
 
   def mix(tree, state, round_index):
-    if tau == 1:
+    if static_tau and tau == 1:
       return gossip.mix(tree, topology, _round(state, round_index), axis_name,
                         comm_dtype=comm_dtype)
     if round_index is not None:
