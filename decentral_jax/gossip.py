@@ -201,7 +201,8 @@ def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,
 
 
 def mix(tree: PyTree, topology: topology_lib.Topology, step,
-        axis_name: AxisName = "workers", *, comm_dtype=None) -> PyTree:
+        axis_name: AxisName = "workers", *, comm_dtype=None,
+        column_stochastic: bool = False) -> PyTree:
   """Applies ``W_step`` of ``topology`` to a pytree of per-worker arrays.
 
   Computes ``x_i <- sum_j W_step[i, j] x_j`` for every leaf, where ``x_j`` is
@@ -228,15 +229,27 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
       the leaf dtype, or float32 for 16-bit leaves, so that weights such as
       1/3 stay exact and the network average is preserved; the result is
       rounded to the leaf dtype once per round.
+    column_stochastic: accept a topology that is only column stochastic
+      (``topology.doubly_stochastic`` False), as push-sum does
+      (:mod:`decentral_jax.push_sum`); plain gossip with one does not
+      converge to the average, so it is refused otherwise.
 
   Returns:
     A pytree with the structure, shapes and dtypes of ``tree``.
 
   Raises:
     ValueError: called outside ``shard_map`` over ``axis_name``, the axis
-      size differs from ``topology.n_workers``, a non-floating leaf, or a
-      non-floating ``comm_dtype``.
+      size differs from ``topology.n_workers``, a non-floating leaf, a
+      non-floating ``comm_dtype``, or a topology that is not doubly
+      stochastic without ``column_stochastic=True``.
   """
+  if not column_stochastic and not getattr(topology, "doubly_stochastic", True):
+    raise ValueError(
+        f"topology {topology.name!r} is column stochastic but not doubly "
+        "stochastic: plain gossip with it drives the workers to unequal "
+        "multiples of the average (its Perron vector), not to the average; "
+        "use it with decentral_jax.push_sum.push_sum (SGP), whose weights "
+        "correct this.")
   _check_leaves(tree, comm_dtype)
   if topology.n_workers == 1:
     try:  # a one-worker topology on a larger mesh would silently not mix

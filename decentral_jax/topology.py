@@ -28,6 +28,10 @@ Built-in topologies (``make(name, n_workers, local_size)``):
 * ``static_ring``: self + both ring neighbours, 1/3 each.
 
 Custom schedules: :func:`from_matrices` and :func:`from_permutations`.
+``from_matrices(..., column_stochastic=True)`` accepts matrices whose columns
+alone sum to 1 (directed graphs, for push-sum in
+:mod:`decentral_jax.push_sum`); such a topology has ``doubly_stochastic ==
+False`` and plain gossip (:func:`decentral_jax.gossip.mix`) refuses it.
 
 References:
   Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
@@ -68,7 +72,8 @@ class Round:
   """One mixing round: its matrix and how it is realised with collectives.
 
   Attributes:
-    matrix: ``np.ndarray`` [n, n] float64, doubly stochastic, rows = receiver.
+    matrix: ``np.ndarray`` [n, n] float64, doubly stochastic (only column
+      stochastic in push-sum topologies), rows = receiver.
     self_weights: ``np.ndarray`` [n] float64, the diagonal of ``matrix``.
     terms: ppermute terms; ``matrix = diag(self_weights) + sum_s diag(w_s)
       P_s`` where ``P_s`` is the (partial) permutation of term ``s``.
@@ -193,7 +198,8 @@ def _general_terms(w: np.ndarray) -> tuple[PermuteTerm, ...]:
   return tuple(terms)
 
 
-def _validate_matrix(w, index: int, n: int | None) -> np.ndarray:
+def _validate_matrix(w, index: int, n: int | None,
+                     column_stochastic: bool = False) -> np.ndarray:
   where = f"mixing matrix {index}"
   try:
     w = np.array(w, dtype=np.float64)
@@ -211,6 +217,16 @@ def _validate_matrix(w, index: int, n: int | None) -> np.ndarray:
     i, j = np.argwhere(w < 0)[0]
     raise ValueError(f"{where} has a negative entry W[{i}, {j}] = {float(w[i, j]):.6g}; "
                      "mixing weights must be >= 0.")
+  if column_stochastic:
+    sums = w.sum(axis=0)
+    bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
+    if bad.size:
+      k = int(bad[0])
+      raise ValueError(
+          f"{where} is not column stochastic: column {k} sums to "
+          f"{float(sums[k]):.6g}, expected 1 (column j holds what worker j "
+          "keeps and sends; together it must be all of its mass).")
+    return w
   for axis, label in ((1, "row"), (0, "column")):
     sums = w.sum(axis=axis)
     bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
@@ -255,6 +271,8 @@ class Topology:
     local_size: workers per node ``L`` (used by node-aware topologies and by
       the 2-D ``(nodes, local)`` realisation in :mod:`decentral_jax.gossip`).
     rounds: tuple of :class:`Round`, length ``period``.
+    doubly_stochastic: True if every round's rows sum to 1 too (all but
+      ``from_matrices(..., column_stochastic=True)`` topologies).
   """
 
   def __init__(self, name: str, rounds: Sequence[Round], local_size: int = 1):
@@ -264,6 +282,9 @@ class Topology:
     self.rounds = tuple(rounds)
     self.n_workers = self.rounds[0].n_workers
     self.local_size = int(local_size)
+    self.doubly_stochastic = all(
+        np.all(np.abs(r.matrix.sum(axis=1) - 1.0) <= _TOL) and
+        np.all(np.abs(r.matrix.sum(axis=0) - 1.0) <= _TOL) for r in self.rounds)
     # Distinct rounds, and the map round index -> distinct index; the gossip
     # module compiles one branch per distinct round.
     distinct: list[Round] = []
@@ -346,7 +367,8 @@ class Topology:
 
 
 def from_matrices(matrices: Sequence, *, name: str = "custom",
-                  local_size: int = 1) -> Topology:
+                  local_size: int = 1,
+                  column_stochastic: bool = False) -> Topology:
   """Builds a periodic topology from explicit mixing matrices.
 
   Each matrix is validated (square, same size, finite, non-negative, every
@@ -360,6 +382,9 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
       ``t``. Rows are receiving workers: ``x_new[i] = sum_j W[i, j] x[j]``.
     name: name reported by the topology.
     local_size: workers per node, for node-aware realisation on 2-D meshes.
+    column_stochastic: only require every column to sum to 1 (a directed
+      graph for push-sum, :mod:`decentral_jax.push_sum`); doubly stochastic
+      matrices pass too.
 
   Returns:
     A :class:`Topology` with ``period == len(matrices)``.
@@ -374,7 +399,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
   n = None
   rounds = []
   for k, w in enumerate(matrices):
-    w = _validate_matrix(w, k, n)
+    w = _validate_matrix(w, k, n, column_stochastic)
     n = w.shape[0]
     rounds.append(_round_from_matrix(w))
   _check_local_size(n, local_size)
