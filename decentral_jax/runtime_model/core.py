@@ -567,22 +567,63 @@ def coupling_excess(m: int, slack_sigmas: float) -> float:
   return float(np.trapezoid(1.0 - cdf_y, y))
 
 
+def _stream_windows(costs: Sequence[RoundCost], w: Workload) -> list[np.ndarray]:
+  """Per round ``r``, seconds from the start of step ``r`` to its gossip's end.
+
+  Deterministic (mean compute) steady state of the simulator's recursion with
+  one in-order stream per worker. Round ``r`` is posted during step ``r-1``
+  and waited for in step ``r``. Its first bucket starts ``slack_r`` before
+  step ``r`` does, at the latest of: bucket 1 posted (``F + phi_1 B + o_1``
+  into step ``r-1``), bucket 1 of round ``r-1`` received and mixed, and the
+  end of round ``r-1`` on the worker's stream. With the stream busy through
+  the round, the round ends ``tau_r - slack_r`` after step ``r`` starts, and
+  step ``r`` takes ``T_r = max(C + O, tau_r - slack_r + o_nb)``. The
+  recursion over the period is iterated to its fixed point.
+
+  Returns:
+    One float64 [n] array per round: ``tau_r - slack_r`` (seconds).
+  """
+  fwd, bwd = _split(w)
+  sizes, ready = w.buckets(w.param_bytes)
+  o_b = w.optimizer_s * sizes / max(sizes.sum(), 1e-300)
+  base = fwd + bwd + w.optimizer_s
+  taus = [rc.time(w.param_bytes, len(sizes)) for rc in costs]
+  firsts = [rc.time(sizes[0]) for rc in costs]
+  slack = [np.zeros_like(t) for t in taus]
+  for _ in range(100):
+    before = [x.copy() for x in slack]
+    for r in range(len(costs)):
+      p = r - 1
+      step = np.maximum(base, taus[p] - slack[p] + o_b[-1])  # T_{r-1}
+      slack[r] = np.maximum(0.0, np.minimum.reduce([
+          step - fwd - ready[0] * bwd - o_b[0],
+          step + slack[p] - firsts[p] - o_b[0],
+          step + slack[p] - taus[p]]))
+    if all(np.allclose(x, y, rtol=0.0, atol=1e-15) for x, y in
+           zip(slack, before)):
+      break
+  return [t - x for t, x in zip(taus, slack)]
+
+
 def closed_form(method, c: Cluster, w: Workload) -> Estimate:
   """Closed-form per-iteration time of ``method`` (no simulation).
 
   * All-Reduce: the DDP bucket pipeline (``_all_reduce_iteration``) with
     forward and backward inflated by ``E[max of n] - mean`` of the compute
     distribution (``sigma E[max of n N(0,1)]``, about ``sigma sqrt(2 ln n)``).
-  * Gossip: per worker, ``mean_r [max(C, tau_r - slack_r) + d_r + O]`` over
-    the period, the slowest worker setting the pace. ``tau_r`` is the
-    worker's round time for the full parameter message (one latency per
-    bucket); ``slack_r = (1 - ready_1) B`` is the part of the backward the
-    bucket pipeline adds to the window when the previous round left the
-    worker's stream and NIC free (0 otherwise); ``d_r = sigma *
-    coupling_excess(|G|, |C - tau_eff| / sigma)`` is the expected wait caused
-    by the slowest group member once the gap between compute and
-    communication is used up. Exact for one bucket and no variance; with
-    buckets and variance an approximation of :func:`simulate`.
+  * Gossip: per worker, ``mean_r [max(C + O, tau_r - slack_r + o_nb) +
+    d_r]`` over the period, the slowest worker setting the pace. ``tau_r``
+    is the worker's round time for the full parameter message (one latency
+    per bucket), and ``o_nb`` the optimizer time of the last bucket. Each
+    worker's collectives run in order on one stream, so ``slack_r`` (how
+    long before step ``r`` the round's first bucket got onto the stream) is
+    at most ``(1 - ready_1) B`` and is cut to the time the stream was idle
+    after round ``r-1`` (:func:`_stream_windows`). ``d_r = sigma *
+    coupling_excess(|G|, |C + O - tau_eff| / sigma)`` is the expected wait
+    caused by the slowest group member once the gap between compute and
+    communication is used up. Without variance it is the simulator's
+    steady state (equal to rounding for one bucket or equal buckets); with
+    variance an approximation of :func:`simulate`.
   * Gossip without overlap (SGP): ``mean_r [C + O + tau_r + sigma *
     coupling_excess(|G|, 0)]``.
 
@@ -604,29 +645,28 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
                                       w.optimizer_s, taus, ready))
     return Estimate(m.name, tot, base, det - base, tot - det)
   costs = m.round_costs(c, w)
-  sizes, ready = w.buckets(w.param_bytes)
-  rid = m.topology.round_to_distinct
   det = np.zeros(c.n_workers)
   tot = np.zeros(c.n_workers)
-  for r, rc in enumerate(costs):
-    size = np.array([len(set(row)) for row in rc.members.tolist()])
-    if not m.overlap:
+  if not m.overlap:
+    for rc in costs:
+      size = np.array([len(set(row)) for row in rc.members.tolist()])
       tau = rc.time(w.param_bytes)
       d = np.array([sigma * coupling_excess(int(s), 0.0) for s in size])
       det += base + tau
       tot += base + tau + d
-      continue
-    prev = costs[r - 1]
-    busy = (prev.crosses & rc.crosses) | (rid[r - 1] == rid[r])
-    slack = np.where(busy, 0.0, (1.0 - ready[0]) * bwd)
-    tau = np.maximum(rc.time(w.param_bytes, len(sizes)) - slack, 0.0)
-    hidden = np.abs(comp - tau) / max(sigma, 1e-300)
-    d = np.array([sigma * coupling_excess(int(s), h) if sigma > 0 else 0.0
-                  for s, h in zip(size, hidden)])
-    det += np.maximum(comp, tau) + w.optimizer_s
-    tot += np.maximum(comp, tau) + d + w.optimizer_s
+  else:
+    sizes, _ = w.buckets(w.param_bytes)
+    o_last = w.optimizer_s * sizes[-1] / max(sizes.sum(), 1e-300)
+    for rc, eff in zip(costs, _stream_windows(costs, w)):
+      size = np.array([len(set(row)) for row in rc.members.tolist()])
+      step = np.maximum(base, eff + o_last)
+      hidden = np.abs(base - eff - o_last) / max(sigma, 1e-300)
+      d = np.array([sigma * coupling_excess(int(s), h) if sigma > 0 else 0.0
+                    for s, h in zip(size, hidden)])
+      det += step
+      tot += step + d
   det_s, tot_s = det.max() / len(costs), tot.max() / len(costs)
-  return Estimate(m.name, float(tot_s), base, float(det_s - base),
+  return Estimate(m.name, float(tot_s), base, float(max(det_s - base, 0.0)),
                   float(tot_s - det_s))
 
 
@@ -641,9 +681,13 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
   * Gossip (Decent-DP): for bucket b of worker i in step k, gradients are
     ready at ``t + B_i dphi_b``; the worker waits for the bucket's gossip
     launched in step k-1, mixes and updates (``o_b``) and posts the bucket for
-    the next round; that collective starts when every member of its group has
-    posted and the previous bucket on the same stream is done, and takes the
-    round cost. Step k+1 starts when the last bucket is posted.
+    the next round. A worker's collectives share its links and run one at a
+    time in issue order (one stream per worker), so worker j can start its
+    part of bucket b once it has posted b and finished its previous
+    collective: bucket b-1, or for b = 1 the previous round's last bucket,
+    whatever round that was.
+    The collective ends ``tau_r,i(M_b)`` after every member could start.
+    Step k+1 starts when the last bucket is posted.
   * SGP: post after the step, next step after receiving the peer's message.
 
   Args:
@@ -688,11 +732,7 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
   d_ready = np.diff(ready, prepend=0.0)
   opt_b = opt * sizes / max(sizes.sum(), 1e-300)
   taus = [rc.latency_s[:, None] + rc.s_per_byte[:, None] * sizes for rc in costs]
-  cums = [np.cumsum(t, axis=1) for t in taus]
-  rid = m.topology.round_to_distinct
   wait = np.full((n, len(sizes)), -np.inf)
-  tail = np.full(n, -np.inf)
-  nic_free = np.full(n, -np.inf)
   for k in range(steps):
     if k == warmup:
       marks["start"] = s.copy()
@@ -701,13 +741,13 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     post = np.maximum((s + fwd[k])[:, None], v) + cum
     s = post[:, -1]
     r = (k + 1) % period
-    ready_all = post[costs[r].members].max(axis=1)
-    lead = ready_all - (cums[r] - taus[r])
-    if rid[r] == rid[k % period]:
-      lead[:, 0] = np.maximum(lead[:, 0], tail)
-    nic = costs[r].crosses
-    lead[:, 0] = np.where(nic, np.maximum(lead[:, 0], nic_free), lead[:, 0])
-    wait = np.maximum.accumulate(lead, axis=1) + cums[r]
-    tail = wait[:, -1]
-    nic_free = np.where(nic, tail, nic_free)
+    members, tau = costs[r].members, taus[r]
+    # One in-order stream per worker: a member's part of bucket b starts once
+    # it posted b and its stream finished its previous collective (bucket
+    # b-1, or the previous round's last bucket); the collective then needs
+    # every member.
+    free = wait[:, -1].copy()
+    for b in range(len(sizes)):
+      free = np.maximum(post[:, b], free)[members].max(axis=1) + tau[:, b]
+      wait[:, b] = free
   return float(np.mean(s - marks["start"]) / (steps - warmup))
