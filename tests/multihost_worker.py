@@ -14,7 +14,10 @@ evaluations and the workers whose training rows it read. With
 ``--check_errors`` it first builds configs that do not fit the job's layout
 and writes their error messages to ``DIR/errors_p<I>.json``. With
 ``--startup_checks`` it only builds experiments that the processes must
-refuse together (:func:`startup_checks`).
+refuse together (:func:`startup_checks`). With ``--step_delay S`` every
+step sleeps ``S`` seconds first; a run stopped by SIGTERM writes
+``DIR/preempted_p<I>.json`` (the step of the checkpoint saved) and exits
+with status 143.
 
 The module also holds what the single-process reference run in the test
 shares with the workers: the case configs and :func:`run_case`.
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import jax
 import numpy as np
@@ -128,6 +132,16 @@ def run_case(config, workdir: str, experiment) -> dict[str, np.ndarray]:
   return out
 
 
+def delayed(step_fn, seconds: float):
+  """``step_fn`` after a sleep (the numbers do not change)."""
+
+  def step(state, batch, step=None):
+    time.sleep(seconds)
+    return step_fn(state, batch, step)
+
+  return step
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
@@ -139,12 +153,14 @@ def main() -> None:
   parser.add_argument("--log_interval", type=int, default=5)
   parser.add_argument("--check_errors", action="store_true")
   parser.add_argument("--startup_checks", action="store_true")
+  parser.add_argument("--step_delay", type=float, default=0.0)
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
   from decentral_jax import checkpoint
   from decentral_jax import distributed
   from decentral_jax import experiment as experiment_lib
+  from decentral_jax import train
   from decentral_jax.data import text
   # pylint: enable=import-outside-toplevel
   checkpoint.quiet_orbax_logs()
@@ -187,7 +203,16 @@ def main() -> None:
     config = case_config(case, *dist, steps=args.steps)
     exp = experiment_lib.Experiment(config)
     read_rows_of.clear()
-    result = run_case(config, os.path.join(args.out, case), exp)
+    if args.step_delay:  # time for a signal to arrive mid-run
+      exp.train_step = delayed(exp.train_step, args.step_delay)
+    try:
+      result = run_case(config, os.path.join(args.out, case), exp)
+    except train.Preempted as e:  # every process saved checkpoint e.step
+      with open(os.path.join(args.out, f"preempted_p{args.process_id}.json"),
+                "w", encoding="utf-8") as f:
+        json.dump({"step": e.step}, f)
+      print(f"process {args.process_id}: {e}", flush=True)
+      sys.exit(e.exit_code)
     result["data_workers"] = np.array(sorted(read_rows_of), np.int64)
     np.savez(os.path.join(args.out, f"{case}_p{args.process_id}.npz"),
              **result)

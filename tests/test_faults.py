@@ -4,9 +4,9 @@ Every run uses the same tiny gpt_tiny config (20 steps, a checkpoint every
 5) as an uninterrupted in-process reference run, so each recovery is
 checked bit for bit: the final checkpoint's arrays and every metrics record
 except the timings. Three command-line runs (a kill -9 during a save, a
-SIGTERM, a save that hits the file size limit) start together in the
-background when the first test needs them, and compile while this process
-does.
+SIGTERM, a save that hits the file size limit) run in the background
+while this process compiles and trains; the first fills a JAX compilation
+cache that the other two read.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import contextlib
 import errno
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -124,23 +123,23 @@ def holds_lock(workdir, pid: int) -> bool:
 class Cli:
   """``experiments/train.py`` in a subprocess with its output collected."""
 
-  def __init__(self, workdir, *extra, limit_file_bytes=None):
+  def __init__(self, workdir, *extra, cache: str, limit_file_bytes=None):
     self.workdir = str(workdir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
+    env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache,
+               XLA_FLAGS=" ".join(
         f for f in env.get("XLA_FLAGS", "").split()
         if "xla_force_host_platform_device_count" not in f))
 
-    def limits():
-      if limit_file_bytes:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_file_bytes,) * 2)
-
+    argv = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+            f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
+            f"--workdir={self.workdir}", *RUN, *extra]
+    if limit_file_bytes:  # no file may grow past this: EFBIG
+      argv = ["sh", "-c", f"ulimit -f {limit_file_bytes // 1024} && "
+              'exec "$@"', "sh", *argv]
     self.proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
-         f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
-         f"--workdir={self.workdir}", *RUN, *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=limits)
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
     self.lines = []
     self.notes = {}
     self._reader = threading.Thread(target=self._read, daemon=True)
@@ -154,14 +153,15 @@ class Cli:
   def output(self) -> str:
     return "\n".join(self.lines)
 
-  def wait_until(self, predicate, what: str, timeout_s=CLI_TIMEOUT_S):
+  def wait_until(self, predicate, what: str, timeout_s=CLI_TIMEOUT_S,
+                 poll_s=0.05):
     deadline = time.monotonic() + timeout_s
     while not predicate():
       if self.proc.poll() is not None:
         raise AssertionError(f"the run ended before {what}:\n{self.output}")
       if time.monotonic() > deadline:
         raise AssertionError(f"no {what} in {timeout_s} s:\n{self.output}")
-      time.sleep(0.002)
+      time.sleep(poll_s)
 
   def wait(self, timeout_s=CLI_TIMEOUT_S) -> int:
     code = self.proc.wait(timeout=timeout_s)
@@ -199,9 +199,9 @@ def refuse_then_kill_during_save(run: Cli) -> None:
             and int(n.split(".")[0]) >= 10]
 
   while True:
-    run.wait_until(in_flight, "save of step >= 10")
+    run.wait_until(in_flight, "save of step >= 10", poll_s=0.002)
     os.kill(pid, signal.SIGSTOP)
-    run.wait_until(lambda: stopped(pid), "stop")
+    run.wait_until(lambda: stopped(pid), "stop", poll_s=0.001)
     if names := in_flight():  # frozen with the save still in flight
       run.notes["killed_during"] = names[0]
       os.kill(pid, signal.SIGKILL)
@@ -212,29 +212,46 @@ def refuse_then_kill_during_save(run: Cli) -> None:
 def sigterm_before_first_step(run: Cli) -> None:
   """SIGTERM once the run has announced its layout (handlers installed)."""
   run.wait_until(lambda: any("workers on 1 process(es)" in l
-                             for l in run.lines), "start-up")
+                             for l in run.lines), "start-up", poll_s=0.002)
   os.kill(run.proc.pid, signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
 def cli_runs(tmp_path_factory):
+  """The three runs; the first fills a compilation cache the others read."""
   root = tmp_path_factory.mktemp("cli")
-  runs = {"kill9": Cli(root / "kill9"), "sigterm": Cli(root / "sigterm"),
-          "full": Cli(root / "full", limit_file_bytes=256 << 10)}
-  watchers = [threading.Thread(target=fn, args=(runs[name],), daemon=True)
-              for name, fn in (("kill9", refuse_then_kill_during_save),
-                               ("sigterm", sigterm_before_first_step))]
-  for w in watchers:
-    w.start()
-  yield runs, dict(zip(("kill9", "sigterm"), watchers))
+  cache = str(root / "jax_cache")
+  runs = {"kill9": Cli(root / "kill9", cache=cache)}
+  watchers = {"kill9": threading.Thread(
+      target=refuse_then_kill_during_save, args=(runs["kill9"],), daemon=True)}
+
+  def start_the_others():
+    with contextlib.suppress(AssertionError):  # it ended: start them anyway
+      runs["kill9"].wait_until(lambda: any(
+          "step 5:" in l for l in runs["kill9"].lines), "step 5")
+    runs["sigterm"] = Cli(root / "sigterm", cache=cache)
+    runs["full"] = Cli(root / "full", cache=cache,
+                       limit_file_bytes=256 << 10)
+    watchers["sigterm"] = threading.Thread(
+        target=sigterm_before_first_step, args=(runs["sigterm"],),
+        daemon=True)
+    watchers["sigterm"].start()
+
+  watchers["kill9"].start()
+  starter = threading.Thread(target=start_the_others, daemon=True)
+  starter.start()
+  yield runs, watchers, starter
+  starter.join(timeout=CLI_TIMEOUT_S)
   for run in runs.values():
     run.kill()
 
 
 def finish_watcher(cli_runs, name: str) -> Cli:
-  runs, watchers = cli_runs
-  watchers[name].join(timeout=CLI_TIMEOUT_S)
-  assert not watchers[name].is_alive(), runs[name].output
+  runs, watchers, starter = cli_runs
+  starter.join(timeout=CLI_TIMEOUT_S)
+  if name in watchers:
+    watchers[name].join(timeout=CLI_TIMEOUT_S)
+    assert not watchers[name].is_alive(), runs[name].output
   return runs[name]
 
 
@@ -267,15 +284,19 @@ def test_kill_9_during_save_resumes_bit_exactly(cli_runs, exp, reference,
 
 
 def test_sigterm_cli_saves_exits_143_and_resumes(cli_runs, exp, reference):
+  """SIGTERM before the first step: stop after it (or soon after)."""
   run = finish_watcher(cli_runs, "sigterm")
   assert run.wait() == 128 + signal.SIGTERM, run.output
   directory = ckpt_dir(run.workdir)
   said = [l for l in run.lines if l.startswith("preempted: ")]
-  assert said == [f"preempted: stopped by SIGTERM after step 1; checkpoint 1 "
-                  f"is saved in {directory}: run the same command again to "
-                  "resume."], run.output
+  assert len(said) == 1, run.output
+  step = int(said[0].split(" after step ")[1].split(";")[0])
+  assert 1 <= step < STEPS
+  assert said[0] == (f"preempted: stopped by SIGTERM after step {step}; "
+                     f"checkpoint {step} is saved in {directory}: run the "
+                     "same command again to resume.")
   ckpt = checkpoint.Checkpointer(directory)
-  assert ckpt.all_steps() == [1] and ckpt.verify(1) == ("ok", "")
+  assert ckpt.latest_step() == step and ckpt.verify(step) == ("ok", "")
   ckpt.close()
   assert lock_holder(run.workdir) == {}
   train.train_and_evaluate(load(), run.workdir, experiment=exp)
@@ -284,8 +305,7 @@ def test_sigterm_cli_saves_exits_143_and_resumes(cli_runs, exp, reference):
 
 def test_full_file_system_on_a_save_is_one_line(cli_runs):
   """A real write error inside TensorStore (RLIMIT_FSIZE: EFBIG)."""
-  runs, _ = cli_runs
-  run = runs["full"]
+  run = finish_watcher(cli_runs, "full")
   assert run.wait() == 2, run.output
   directory = ckpt_dir(run.workdir)
   errors = [l for l in run.lines if "error" in l.lower()]

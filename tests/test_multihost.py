@@ -11,6 +11,8 @@ errors, and a process killed mid-run must make the other one exit with an
 error within a bounded time. Start-up refusals (configs or initial
 parameters that differ between processes, a process that never starts, a
 coordinator port already taken) must reach every process as one-line errors.
+SIGTERM to both processes must save one checkpoint at the same step, and the
+job started again must end exactly like the uninterrupted one.
 
 Every launched process runs in its own session and is killed (process group)
 when the test ends, passes or fails.
@@ -33,6 +35,7 @@ import pytest
 
 import multihost_worker as worker
 from conftest import require_devices
+from decentral_jax import checkpoint
 from decentral_jax import distributed
 from decentral_jax import experiment as experiment_lib
 from decentral_jax import metrics
@@ -559,3 +562,59 @@ def test_port_check_runs_before_jax(monkeypatch):
       distributed.initialize_from_config(_dist_config(
           enabled=True, coordinator_address=bad, num_processes=2,
           process_id=1))
+
+
+def test_sigterm_to_both_processes_saves_one_step_and_resumes(job, tmp_path):
+  """SIGTERM to both processes (what ``timeout``, ``kill`` and SLURM send).
+
+  JAX's preemption service receives it in each process; both must stop
+  after the same step with a committed checkpoint of it and exit with 143.
+  The job started again (a requeue) resumes from that checkpoint and ends
+  with the parameters of the uninterrupted job of ``job``, bit for bit.
+  """
+  _, results, _ = job
+  env = clean_env(worker.DEVICES_PER_PROCESS)
+  env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # re-run
+  script = os.path.join(HERE, "multihost_worker.py")
+
+  def argv(*extra):
+    port = free_port()
+    return lambda pid: [sys.executable, script, "--out", str(tmp_path),
+                        "--port", str(port), "--process_id", str(pid),
+                        "--case", "one_peer_exp", *extra]
+
+  workdir = tmp_path / "one_peer_exp"
+  with launch_processes(tmp_path, argv("--log_interval", "1",
+                                       "--step_delay", "0.3"),
+                        lambda pid: env) as procs:
+    wait_for_records(workdir / "metrics.jsonl", 2, procs, tmp_path,
+                     JOB_TIMEOUT_S)
+    for p in procs:
+      os.killpg(p.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    codes = wait_all(procs, tmp_path, 60)
+  assert codes == [128 + signal.SIGTERM] * 2, logs(tmp_path)
+  assert time.monotonic() - sent < 30
+  steps = set()
+  for pid in range(worker.N_PROCESSES):
+    with open(tmp_path / f"preempted_p{pid}.json", encoding="utf-8") as f:
+      steps.add(json.load(f)["step"])
+  assert len(steps) == 1, steps  # the same step on both processes
+  step = steps.pop()
+  assert 2 <= step < worker.STEPS
+  directory = workdir / "checkpoints"
+  assert sorted(os.listdir(directory)) == [str(step)]
+  assert checkpoint.check_sums(str(directory / str(step))) == ("ok", "")
+  assert (workdir / "run.lock").read_text() == ""  # released
+  with launch_processes(tmp_path, argv(), lambda pid: env) as procs:
+    codes = wait_all(procs, tmp_path, JOB_TIMEOUT_S)
+  assert codes == [0, 0], logs(tmp_path)
+  for pid in range(worker.N_PROCESSES):
+    part = dict(np.load(tmp_path / f"one_peer_exp_p{pid}.npz"))
+    ref = results["one_peer_exp"][pid]
+    assert part["losses"].shape[0] == worker.STEPS - step  # resumed
+    keys = sorted(k for k in ref if k.startswith("param/"))
+    assert keys and keys == sorted(k for k in part if k.startswith("param/"))
+    for k in keys:
+      np.testing.assert_array_equal(part[k], ref[k], err_msg=k)
+    assert part["eval_loss"] == ref["eval_loss"]
