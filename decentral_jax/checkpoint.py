@@ -3,41 +3,34 @@
 A checkpoint holds the whole pytree it is given (every worker's parameters
 and optimizer state, stacked ``[n_workers, ...]`` and sharded over the worker
 axis, plus step and RNG leaves) and a small JSON document (step, data
-position, run facts such as the number of workers) under
-``<directory>/<step>/``.
+position, run facts) under ``<directory>/<step>/``.
 
-Atomicity: Orbax writes a checkpoint into ``<step>.orbax-checkpoint-tmp``
-and renames it to ``<step>`` only after every file has been written, so an
-interrupted save (crash, kill, full disk) leaves at most a temporary
-directory; :class:`Checkpointer` removes those when it opens a directory and
-after a failed save. Old checkpoints are deleted only after a newer one has
-been committed.
+Atomicity: Orbax writes into ``<step>.orbax-checkpoint-tmp`` and renames it
+to ``<step>`` once every file is written, so an interrupted save leaves at
+most a temporary directory, which :class:`Checkpointer` removes when it
+opens the directory and after a failed save. Old checkpoints are deleted
+only after a newer one is committed.
 
-Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``,
-the SHA-256 of every file of the checkpoint (``sha256sum`` format: check
-by hand with ``cd <step> && sha256sum -c SHA256SUMS``); it is computed in
-Orbax's background thread, so saves stay asynchronous. Only Orbax's
-``_CHECKPOINT_METADATA`` and ``commit_success.txt`` at the top level are
-written after it; they are checked to exist and parse.
-:meth:`Checkpointer.select_restore_step` verifies the newest checkpoint
-before it is restored; a corrupt or incomplete one is moved to
-``<step>.corrupt`` and the previous one is used, with a one-line warning
-naming both. A checkpoint without ``SHA256SUMS`` (written by an older
-version) is restored unverified, with a warning.
+Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
+(every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
+hand) in Orbax's background thread, so saves stay asynchronous. Only
+Orbax's top-level ``_CHECKPOINT_METADATA`` and ``commit_success.txt`` come
+later (the first must parse). :meth:`Checkpointer.select_restore_step`
+verifies before a restore: a corrupt newest checkpoint is moved to
+``<step>.corrupt`` and the previous one used, with one warning naming both;
+one without ``SHA256SUMS`` (an older version's) is used unverified.
 
-Errors: a failed save raises :class:`CheckpointWriteError` (one line: the
-step, the directory and the OS error) from the first :meth:`~Checkpointer.poll`,
-:meth:`~Checkpointer.wait` or :meth:`~Checkpointer.save` after the failure;
-an unreadable checkpoint raises :class:`CheckpointError`. Both are
-``ValueError`` subclasses. Orbax's own tracebacks of the same failure are
-dropped from the logs.
+Errors: a failed save raises :class:`CheckpointWriteError` (the step, the
+directory and the OS error, in one line) from the first
+:meth:`~Checkpointer.poll`, :meth:`~Checkpointer.wait` or
+:meth:`~Checkpointer.save` after it; an unreadable checkpoint raises
+:class:`CheckpointError`; both are ``ValueError`` subclasses. Orbax's own
+tracebacks of the same failure are dropped from the logs.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -53,11 +46,10 @@ import orbax.checkpoint as ocp
 from decentral_jax import workdir as workdir_lib
 
 PyTree = Any
-SUMS_FILE = "SHA256SUMS"
+SUMS_FILE = workdir_lib.SUMS_FILE
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 # Top-level files Orbax writes after SUMS_FILE (commit time, commit marker).
 _UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
-_CHUNK = 1 << 20
 
 
 class CheckpointError(ValueError):
@@ -95,9 +87,8 @@ def _raised_in_orbax(exc_info) -> bool:
 
 
 def _orbax_unraisable(unraisable) -> bool:
-  """True for the echoes of a failed Orbax save or read that Python prints
-  as "ignored" exceptions: TensorStore callbacks reaching Orbax's closed
-  event loop, and Orbax coroutines collected after the error."""
+  """Echoes of a failed Orbax save or read printed as "ignored" exceptions
+  (TensorStore callbacks into Orbax's closed event loop, its coroutines)."""
   exc, tb = unraisable.exc_value, unraisable.exc_traceback
   if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
     while tb is not None and tb.tb_frame.f_code.co_name != \
@@ -138,43 +129,7 @@ def abstract_like(tree: PyTree) -> PyTree:
       tree)
 
 
-def _sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      h.update(chunk)  # releases the GIL: files are hashed in parallel
-  return h.hexdigest()
-
-
-def _files(root: str) -> list[str]:
-  out = []
-  for here, _, names in os.walk(root):
-    for name in names:
-      rel = os.path.relpath(os.path.join(here, name), root)
-      if rel != SUMS_FILE and rel not in _UNSUMMED:
-        out.append(rel)
-  return sorted(out)
-
-
-def _hash_all(root: str, rels: list[str]) -> list[str]:
-  workers = max(1, min(8, os.cpu_count() or 1, len(rels)))
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return list(pool.map(lambda r: _sha256(os.path.join(root, r)), rels))
-
-
-def write_sums(root: str) -> None:
-  """Writes ``<root>/SHA256SUMS`` for every file under ``root``."""
-  rels = _files(root)
-  lines = "".join(f"{h}  {r}\n" for h, r in zip(_hash_all(root, rels), rels))
-  tmp = os.path.join(root, SUMS_FILE + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(lines)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(root, SUMS_FILE))
-
-
-def check_sums(root: str) -> tuple[str, str]:
+def check_checkpoint(root: str) -> tuple[str, str]:
   """Checks a committed checkpoint directory against its ``SHA256SUMS``.
 
   Returns:
@@ -182,17 +137,9 @@ def check_sums(root: str) -> tuple[str, str]:
     ``("corrupt", why)`` naming the first bad file (missing, changed, or
     Orbax's step metadata unreadable).
   """
-  try:
-    with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
-      entries = [line.rstrip("\n").split("  ", 1) for line in f if line.strip()]
-  except FileNotFoundError:
-    if not os.path.isdir(root):
-      return "corrupt", "the directory is missing"
-    return "unverified", f"no {SUMS_FILE} (written by an older version?)"
-  except (OSError, UnicodeDecodeError) as e:
-    return "corrupt", f"{SUMS_FILE} unreadable: {e}"
-  if not entries or any(len(e) != 2 for e in entries):
-    return "corrupt", f"{SUMS_FILE} is malformed"
+  status, why = workdir_lib.check_sums(root)
+  if status != "ok":
+    return status, why
   try:
     with open(os.path.join(root, _UNSUMMED[0]), encoding="utf-8") as f:
       json.load(f)
@@ -200,30 +147,7 @@ def check_sums(root: str) -> tuple[str, str]:
     pass  # not every Orbax version writes it
   except (OSError, ValueError) as e:
     return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
-  missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
-  if missing:
-    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return "corrupt", f"missing {missing[0]}{more}"
-  for (want, rel), got in zip(entries, _hash_all(root, [r for _, r in entries])):
-    if got != want:
-      return "corrupt", f"{rel} does not match its checksum"
   return "ok", ""
-
-
-def _os_error(e: BaseException) -> tuple[int | None, str]:
-  """(errno, first line) of an Orbax / TensorStore / OS error."""
-  seen, cur = set(), e
-  while cur is not None and id(cur) not in seen:
-    seen.add(id(cur))
-    if isinstance(cur, OSError) and cur.errno:
-      return cur.errno, f"{cur.strerror or cur} ({errno.errorcode.get(cur.errno, cur.errno)})"
-    m = re.search(r"os_error_code='(\d+)'", str(cur))
-    if m:
-      code = int(m.group(1))
-      return code, f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
-    cur = cur.__cause__ or cur.__context__
-  line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-  return None, line[:300]
 
 
 class Checkpointer:
@@ -283,7 +207,7 @@ class Checkpointer:
 
   # -- listing and verification ---------------------------------------------
 
-  def _remove_tmp_dirs(self) -> None:
+  def _remove_tmp_dirs(self) -> None:  # the directory is ours (locked)
     for name in sorted(os.listdir(self.directory)):
       path = os.path.join(self.directory, name)
       if TMP_SUFFIX in name and os.path.isdir(path):
@@ -312,7 +236,7 @@ class Checkpointer:
       ``(status, why)``: ``"ok"``, ``"unverified"`` (no checksums) or
       ``"corrupt"``; ``why`` says what is wrong.
     """
-    return check_sums(self.step_dir(step))
+    return check_checkpoint(self.step_dir(step))
 
   def _quarantine(self, step: int) -> str:
     src = self.step_dir(step)
@@ -326,10 +250,10 @@ class Checkpointer:
   def select_restore_step(self) -> int | None:
     """The newest intact checkpoint's step, moving corrupt newer ones away.
 
-    Process 0 verifies the checkpoints from the newest down; corrupt ones
-    are renamed ``<step>.corrupt`` when an older intact one exists, with one
-    warning naming the corrupt and the chosen checkpoint. Every process of
-    a multi-process job must call this together; all get the same answer.
+    Process 0 verifies from the newest down; corrupt ones are renamed
+    ``<step>.corrupt`` if an older intact one exists, with one warning
+    naming both. All processes of a job call this together and get the
+    same answer.
 
     Returns:
       The step to restore, or None if the directory has no checkpoint.
@@ -401,11 +325,11 @@ class Checkpointer:
       raise FileNotFoundError(errno.ENOENT, "temporary checkpoint missing",
                               tmp)
     t0 = time.perf_counter()
-    write_sums(tmp)
+    workdir_lib.write_sums(tmp, skip=_UNSUMMED)
     self.sums_seconds.append(time.perf_counter() - t0)
 
   def _save_error(self, step, e: BaseException) -> CheckpointWriteError:
-    code, reason = _os_error(e)
+    code, reason = workdir_lib.os_error_text(e)
     err = CheckpointWriteError(
         f"checkpoint {step} could not be saved in {self.directory}: {reason}")
     err.errno = code
@@ -485,16 +409,15 @@ class Checkpointer:
   # -- restoring -------------------------------------------------------------
 
   def _read_error(self, step: int, e: BaseException) -> CheckpointError:
-    _, reason = _os_error(e)
+    _, reason = workdir_lib.os_error_text(e)
     return CheckpointError(
         f"checkpoint {step} in {self.step_dir(step)} cannot be read: "
         f"{reason}; move that directory away to resume from an older "
         "checkpoint.")
 
   def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict]:
-    """Restores checkpoint ``step`` into the structure and shardings of ``like``.
-
-    Does not verify checksums (see :meth:`select_restore_step`).
+    """Restores checkpoint ``step`` with the structure and shardings of
+    ``like`` (not verified: see :meth:`select_restore_step`).
 
     Args:
       step: a step listed by :meth:`all_steps`.

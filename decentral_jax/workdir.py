@@ -29,25 +29,35 @@ without ``exec`` would keep the lock for as long as it lives.
 Multi-process jobs: process 0 takes the lock for the whole job (all
 processes share the directory) and tells the others the outcome, so every
 process stops with the same one-line error when the directory is in use.
+
+Also here, for the files a run keeps in its work directory: one-line OS
+errors (:class:`PathError`, :func:`os_error_text`) and ``SHA256SUMS``
+checksum manifests of directories (:func:`write_sums`, :func:`check_sums`;
+``sha256sum -c`` reads them too), which
+:mod:`decentral_jax.checkpoint` writes into every checkpoint.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import errno
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import sys
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import jax
 import numpy as np
 
 LOCK_FILE = "run.lock"
+SUMS_FILE = "SHA256SUMS"
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
 _MESSAGE_BYTES = 4096
 
@@ -193,6 +203,84 @@ class WorkdirLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+def os_error_text(e: BaseException) -> tuple[int | None, str]:
+  """``(errno, "strerror (ENAME)")`` of an OS error, also one reported
+  inside TensorStore's message (``os_error_code='28'``) or chained; else
+  ``(None, first line of the message)``."""
+  seen, cur = set(), e
+  while cur is not None and id(cur) not in seen:
+    seen.add(id(cur))
+    code = cur.errno if isinstance(cur, OSError) else None
+    if not code and (m := re.search(r"os_error_code='(\d+)'", str(cur))):
+      code = int(m.group(1))
+    if code:
+      return code, f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    cur = cur.__cause__ or cur.__context__
+  line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+  return None, line[:300]
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)  # releases the GIL: files are hashed in parallel
+  return h.hexdigest()
+
+
+def _hash_all(root: str, rels: list[str]) -> list[str]:
+  workers = max(1, min(8, os.cpu_count() or 1, len(rels)))
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    return list(pool.map(lambda r: _sha256(os.path.join(root, r)), rels))
+
+
+def write_sums(root: str, skip: Iterable[str] = ()) -> None:
+  """Writes ``<root>/SHA256SUMS``: every file under ``root`` but ``skip``.
+
+  Files are hashed in parallel threads; the manifest is written to a
+  temporary name, flushed to disk and renamed.
+  """
+  skip = {SUMS_FILE, *skip}
+  rels = sorted(os.path.relpath(os.path.join(here, name), root)
+                for here, _, names in os.walk(root) for name in names)
+  rels = [r for r in rels if r not in skip]
+  lines = "".join(f"{h}  {r}\n" for h, r in zip(_hash_all(root, rels), rels))
+  tmp = os.path.join(root, SUMS_FILE + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(lines)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(root, SUMS_FILE))
+
+
+def check_sums(root: str) -> tuple[str, str]:
+  """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
+
+  Returns:
+    ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
+    or ``("corrupt", why)`` naming the first missing or changed file.
+  """
+  try:
+    with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
+      entries = [line.rstrip("\n").split("  ", 1) for line in f if line.strip()]
+  except FileNotFoundError:
+    if not os.path.isdir(root):
+      return "corrupt", "the directory is missing"
+    return "unverified", f"no {SUMS_FILE} (written by an older version?)"
+  except (OSError, UnicodeDecodeError) as e:
+    return "corrupt", f"{SUMS_FILE} unreadable: {e}"
+  if not entries or any(len(e) != 2 for e in entries):
+    return "corrupt", f"{SUMS_FILE} is malformed"
+  missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
+  if missing:
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return "corrupt", f"missing {missing[0]}{more}"
+  for (want, rel), got in zip(entries, _hash_all(root, [r for _, r in entries])):
+    if got != want:
+      return "corrupt", f"{rel} does not match its checksum"
+  return "ok", ""
 
 
 def broadcast_from_main(text: str) -> str:

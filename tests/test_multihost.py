@@ -604,7 +604,7 @@ def test_sigterm_to_both_processes_saves_one_step_and_resumes(job, tmp_path):
   assert 2 <= step < worker.STEPS
   directory = workdir / "checkpoints"
   assert sorted(os.listdir(directory)) == [str(step)]
-  assert checkpoint.check_sums(str(directory / str(step))) == ("ok", "")
+  assert checkpoint.check_checkpoint(str(directory / str(step))) == ("ok", "")
   assert (workdir / "run.lock").read_text() == ""  # released
   with launch_processes(tmp_path, argv(), lambda pid: env) as procs:
     codes = wait_all(procs, tmp_path, JOB_TIMEOUT_S)
