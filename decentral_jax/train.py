@@ -84,7 +84,9 @@ class _StopRequest:
     if not self._multi and \
         threading.current_thread() is threading.main_thread():
       for sig in _STOP_SIGNALS:
-        self._old[sig] = signal.signal(sig, self._handle)
+        if signal.getsignal(sig) != signal.SIG_IGN:  # e.g. SIGINT under nohup
+          old = signal.signal(sig, self._handle)
+          self._old[sig] = signal.SIG_DFL if old is None else old
     return self
 
   def begin(self, step: int) -> None:
@@ -389,6 +391,10 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
           ckpt.save(done, state, meta)
         t_prev = time.perf_counter()
       if stopping:
+        if main:
+          logging.warning("%s received: waiting for checkpoint %d to be "
+                          "committed, then stopping.",
+                          signal.Signals(stop.signum).name, done)
         ckpt.wait()
         raise Preempted(done, stop.signum, ckpt.directory)
     if start >= total:  # nothing left to train: report the final evaluation
