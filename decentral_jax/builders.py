@@ -8,16 +8,20 @@ inside ``jax.shard_map`` over the worker axis.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax.numpy as jnp
 import optax
 from ml_collections import config_dict
 
 from decentral_jax import gossip
+from decentral_jax import local_updates
 from decentral_jax import models
 from decentral_jax import optim
+from decentral_jax import push_sum
 from decentral_jax import topology as topology_lib
+
+PyTree = Any
 
 # config.comm_dtype -> the dtype gossiped parameters are sent in.
 COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
@@ -57,20 +61,41 @@ def make_schedule(config: config_dict.ConfigDict) -> optax.Schedule:
       end_value=float(s.final_lr))
 
 
+def _adam(config, schedule) -> list[optax.GradientTransformation]:
+  """AdamW (``adamw``) or AccumAdamW (``accum_adamw``) of ``config.optimizer``.
+
+  Weight decay on leaves with ``ndim >= 2``; the learning rate ``schedule``.
+  """
+  o = config.optimizer
+  mask = models.decay_mask
+  if o.name == "adamw":
+    return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
+                        weight_decay=o.weight_decay, mask=mask)]
+  return [optim.scale_by_accum_adam(o.b1, o.b2, o.eps,
+                                    accum_steps=int(o.accum_steps)),
+          optax.add_decayed_weights(o.weight_decay, mask),
+          optax.scale_by_learning_rate(schedule)]
+
+
+def _clipped(config, tx: optax.GradientTransformation):
+  clip = float(config.grad_clip)
+  return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
+
+
 def _decentralized(config, schedule, topology, axis_name):
   """``chain(clip_by_global_norm(c), decentralized_adamw)``.
 
   Each worker clips its own gradient, then DAdam (``adamw``) or AccumAdamW
-  (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``.
+  (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
+  every ``config.gossip_every`` steps.
   """
   o = config.optimizer
-  clip = float(config.grad_clip)
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
-  tx = optim.decentralized_adamw(
+  return _clipped(config, optim.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
       weight_decay=o.weight_decay, mask=models.decay_mask, accum_steps=accum,
-      axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype])
-  return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
+      axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype],
+      gossip_every=int(config.gossip_every)))
 
 
 def _all_reduce(config, schedule, topology, axis_name):
@@ -80,21 +105,69 @@ def _all_reduce(config, schedule, topology, axis_name):
   AccumAdamW after the all-reduce.
   """
   del topology
-  o = config.optimizer
-  mask = models.decay_mask
   clip = float(config.grad_clip)
   parts = [optim.all_reduce_gradients(axis_name)]
   if clip:
     parts.append(optax.clip_by_global_norm(clip))
-  if o.name == "adamw":
-    parts.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
-                             weight_decay=o.weight_decay, mask=mask))
-  else:
-    parts += [optim.scale_by_accum_adam(o.b1, o.b2, o.eps,
-                                        accum_steps=int(o.accum_steps)),
-              optax.add_decayed_weights(o.weight_decay, mask),
-              optax.scale_by_learning_rate(schedule)]
-  return optax.chain(*parts)
+  return optax.chain(*parts, *_adam(config, schedule))
+
+
+def _inner(config, schedule) -> optax.GradientTransformation:
+  """The worker-local inner optimizer of the local-update methods.
+
+  ``chain(clip_by_global_norm(c), adamw)`` on each worker's own gradient.
+  """
+  return _clipped(config, optax.chain(*_adam(config, schedule)))
+
+
+def _outer(config) -> optax.GradientTransformation:
+  """``config.outer_optimizer``: SGD (momentum, Nesterov) or Adam."""
+  o = config.outer_optimizer
+  if o.name == "adam":
+    return optax.adam(float(o.lr))
+  return optax.sgd(float(o.lr), momentum=float(o.momentum) or None,
+                   nesterov=bool(o.nesterov))
+
+
+def _local_sgd(config, schedule, topology, axis_name):
+  """Local SGD (inner AdamW; exact average every ``sync_every`` steps)."""
+  del topology
+  return local_updates.local_sgd(_inner(config, schedule),
+                                 int(config.sync_every), axis_name)
+
+
+def _diloco(config, schedule, topology, axis_name):
+  """DiLoCo, or decentralized DiLoCo when ``topology`` is given."""
+  return local_updates.diloco(_inner(config, schedule),
+                              int(config.sync_every), outer=_outer(config),
+                              topology=topology, axis_name=axis_name)
+
+
+def _streaming_diloco(config, schedule, topology, axis_name):
+  """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype)."""
+  del topology
+  return local_updates.streaming_diloco(
+      _inner(config, schedule), int(config.sync_every),
+      num_fragments=int(config.num_fragments),
+      overlap_steps=int(config.overlap_steps),
+      merge_alpha=float(config.merge_alpha), outer=_outer(config),
+      comm_dtype=COMM_DTYPES[config.comm_dtype], axis_name=axis_name)
+
+
+def _sgp(config, schedule, topology, axis_name):
+  """SGP: the inner AdamW on the numerators, push-sum mixing over topology."""
+  return push_sum.push_sum(_inner(config, schedule), topology, axis_name,
+                           comm_dtype=COMM_DTYPES[config.comm_dtype])
+
+
+def _theta(params, opt_state):
+  del params
+  return local_updates.global_params(opt_state)
+
+
+def _numerators(params, opt_state):
+  del opt_state
+  return params
 
 
 class Algorithm(NamedTuple):
@@ -103,12 +176,32 @@ class Algorithm(NamedTuple):
   build: Callable[..., optax.GradientTransformation]
   # True if it communicates over config.topology (the runner builds it).
   uses_topology: bool
+  # eval_params(params, opt_state) -> this worker's parameters of "the
+  # averaged model" (the evaluation averages them over the workers); None:
+  # the worker's model (below).
+  eval_params: Callable[..., PyTree] | None = None
+  # model_params(params, opt_state) -> the worker's own model, where its
+  # gradient is taken and its consensus distance measured (None: params).
+  model_params: Callable[..., PyTree] | None = None
+  # global_average(params, opt_state, axis_name) -> (params, opt_state) for
+  # config.global_avg_interval (None: the exact mean of the parameters).
+  global_average: Callable[..., tuple] | None = None
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     "all_reduce": Algorithm(_all_reduce, uses_topology=False),
     "decentralized": Algorithm(_decentralized, uses_topology=True),
+    "local_sgd": Algorithm(_local_sgd, uses_topology=False),
+    "diloco": Algorithm(_diloco, uses_topology=False, eval_params=_theta),
+    "decentralized_diloco": Algorithm(_diloco, uses_topology=True,
+                                      eval_params=_theta),
+    "streaming_diloco": Algorithm(_streaming_diloco, uses_topology=False,
+                                  eval_params=_theta),
+    "sgp": Algorithm(_sgp, uses_topology=True, eval_params=_numerators,
+                     model_params=push_sum.debiased,
+                     global_average=push_sum.global_average),
 }
+OUTER_OPTIMIZERS = ("sgd", "adam")
 
 
 def make_optimizer(config: config_dict.ConfigDict, schedule: optax.Schedule,

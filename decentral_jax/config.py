@@ -8,12 +8,18 @@ differs (``configs/gpt_tiny.py``, ``configs/cnn_fashion_mnist.py``,
 between the user's config and the runner: past it every field has a valid
 type, range and choice, so the runner reads fields without fallbacks.
 :func:`load_config` parses a config file with command-line style overrides
-exactly as ``experiments/train.py`` does.
+exactly as ``experiments/train.py`` does (the entry points take them out of
+their command line with :func:`split_overrides`); :func:`config_warnings`
+lists accepted but suspicious settings and :func:`check_simulated_devices`
+bounds the CPU devices an entry point simulates.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
+from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +37,14 @@ DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
+# Largest integer field value: step counters and sizes are int32 on device.
+INT_MAX = 2**31 - 1
+# Largest seed: jax.random.key keeps 32 bits (2**32 would be seed 0).
+SEED_MAX = 2**32 - 1
+# Most CPU devices the entry points simulate in one process. Start-up grows
+# with the count (on 2 cores: 1024 devices about a minute to the first
+# gossip step; 65536 not started after 2 minutes; 10**6 killed for memory).
+MAX_SIMULATED_CPU_DEVICES = 1024
 
 
 def gpt_model() -> config_dict.ConfigDict:
@@ -113,6 +127,29 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.gossip_rounds = "switch"
   # Exact global parameter average (pmean) every this many steps; 0 = never.
   c.global_avg_interval = 0
+  # decentralized: gossip every this many steps, local steps in between
+  # (local D-SGD / DAdam); 1 = every step.
+  c.gossip_every = 1
+
+  # --- Local updates (local_sgd, diloco, decentralized_diloco,
+  # streaming_diloco) ----------------------------------------------------
+  # Sync period H in steps: workers synchronise every H inner steps.
+  c.sync_every = 10
+  # Outer optimizer applied to the pseudo-gradient theta - mean(x) (DiLoCo):
+  # "sgd" (with momentum / Nesterov) or "adam"; Local SGD is sgd, lr 1.
+  c.outer_optimizer = config_dict.ConfigDict()
+  # DiLoCo's default: Nesterov SGD, lr 0.7, momentum 0.9.
+  c.outer_optimizer.name = "sgd"
+  c.outer_optimizer.lr = 0.7
+  c.outer_optimizer.momentum = 0.9
+  c.outer_optimizer.nesterov = True
+  # streaming_diloco: fragments P (each synchronises every H steps, offset
+  # p H / P), overlap tau (steps between a fragment's send and its merge;
+  # tau * P < H) and the merge weight alpha in [0, 1]:
+  # x <- alpha x + (1 - alpha) theta.
+  c.num_fragments = 1
+  c.overlap_steps = 0
+  c.merge_alpha = 0.0
 
   # --- Run length, batch, regularisation -----------------------------------
   # Number of optimizer steps.
@@ -120,7 +157,8 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # Sequences (images) per step over all workers; split evenly (must be
   # divisible by n_workers).
   c.global_batch = 64
-  # Seed of the initial parameters, the data order and dropout.
+  # Seed of the initial parameters, the data order and dropout, in
+  # [0, 2**32 - 1].
   c.seed = 0
   # Global-norm clip of each worker's local gradient (of the averaged gradient
   # under all_reduce); 0 disables.
@@ -165,11 +203,13 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # final_lr at `steps`), "inverse_sqrt" (paper Sec. 2.3 Transformer rule) or
   # "constant".
   c.schedule.name = "warmup_cosine"
-  # Peak learning rate.
+  # Peak learning rate (finite, > 0).
   c.schedule.peak_lr = 1.5e-3
-  # Linear-warmup length in steps.
+  # Linear-warmup length in steps (longer than `steps` is allowed, with a
+  # warning: the learning rate then never reaches peak_lr).
   c.schedule.warmup_steps = 30
-  # Learning rate reached at the last step (warmup_cosine only).
+  # Learning rate reached at the last step (warmup_cosine only), in
+  # [0, peak_lr].
   c.schedule.final_lr = 1.5e-4
 
   # --- Model (gpt_model() or cnn_model()) ------------------------------------
@@ -241,15 +281,170 @@ def _check_fields(config, names, group: str) -> None:
         "decentral_jax.config.base_config() (see configs/gpt_tiny.py).")
 
 
+# -- Field rules: each checks one value and raises a one-line ValueError
+# -- naming the field, the rule, the value and the override that fixes it.
+
+
+def _integer(lo: int, hi: int = INT_MAX, note: str = ""):
+  """An int (not a bool) in ``[lo, hi]``."""
+  def check(name, value):
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+        or not lo <= value <= hi):
+      raise ValueError(f"config.{name} must be an integer in [{lo}, {hi}]"
+                       f"{note}, got {value!r}; set --config.{name}=<int>.")
+  return check
+
+
+def _real(lo: float, hi: float | None = None, *, lo_open: bool = False,
+          note: str = ""):
+  """A finite int or float (not a bool), ``>= lo`` (``> lo``), ``< hi``."""
+  if hi is not None:
+    rule = f"in {'(' if lo_open else '['}{lo:g}, {hi:g})"
+  else:
+    rule = f"{'>' if lo_open else '>='} {lo:g}"
+
+  def check(name, value):
+    ok = (not isinstance(value, bool) and
+          isinstance(value, (int, float, np.integer, np.floating)) and
+          (isinstance(value, (int, np.integer)) or math.isfinite(value)) and
+          (value > lo if lo_open else value >= lo) and
+          (hi is None or value < hi))
+    if not ok:
+      raise ValueError(f"config.{name} must be a finite number {rule}{note}, "
+                       f"got {value!r}; set --config.{name}=<float>.")
+  return check
+
+
+def _boolean(name, value):
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"config.{name} must be True or False, got {value!r}; "
+                     f"set --config.{name}=True or False.")
+
+
+def _optional_text(name, value):
+  if value is not None and not isinstance(value, str):
+    raise ValueError(f"config.{name} must be a string (or unset), got "
+                     f"{value!r}; set --config.{name}=<text>.")
+
+
+def _one_of(allowed):
+  allowed = tuple(allowed)
+  return lambda name, value: _choice(value, name, allowed)
+
+
+def _topology(name, value):
+  if not isinstance(value, str):
+    raise ValueError(f"config.{name} must be a topology name, got {value!r}; "
+                     f"set --config.{name}= one of "
+                     f"{', '.join(topology_lib.NAMES)}.")
+  try:
+    topology_lib.canonical_name(value)
+  except ValueError as e:
+    raise ValueError(f"config.{name}: {e}") from None
+
+
+def _features(name, value):
+  """CNN conv widths: 1 to 4 positive ints (each layer halves 28x28)."""
+  ok = isinstance(value, (tuple, list)) and 1 <= len(value) <= 4 and all(
+      not isinstance(f, bool) and isinstance(f, (int, np.integer))
+      and 1 <= f <= INT_MAX for f in value)
+  if not ok:
+    raise ValueError(f"config.{name} must be 1 to 4 positive integers (conv "
+                     f"channels; each layer halves the 28x28 image), got "
+                     f"{value!r}; set e.g. --config.{name}='(32, 64)'.")
+
+
+# Every field of base_config() outside `model`, `data.source` and
+# `distributed` (see check_distributed), checked in this order.
+_RULES = {
+    "algorithm": _one_of(builders.ALGORITHMS),
+    "topology": _topology,
+    "n_workers": _integer(1),
+    "workers_per_node": _integer(1),
+    "comm_dtype": _one_of(builders.COMM_DTYPES),
+    "gossip_rounds": _one_of(GOSSIP_ROUNDS),
+    "global_avg_interval": _integer(0, note=" (0 = never)"),
+    "gossip_every": _integer(1),
+    "sync_every": _integer(1),
+    "outer_optimizer.name": _one_of(builders.OUTER_OPTIMIZERS),
+    "outer_optimizer.lr": _real(0.0, lo_open=True),
+    "outer_optimizer.momentum": _real(0.0, 1.0),
+    "outer_optimizer.nesterov": _boolean,
+    "num_fragments": _integer(1),
+    "overlap_steps": _integer(0),
+    "merge_alpha": lambda name, value: (
+        _real(0.0)(name, value) if value == 1 else _real(0.0, 1.0)(name, value)),
+    "steps": _integer(1),
+    "global_batch": _integer(1),
+    "seed": _integer(0, SEED_MAX),
+    "grad_clip": _real(0.0, note=" (0 disables clipping)"),
+    "eval_interval": _integer(0, note=" (0 = only at the end)"),
+    "eval_batches": _integer(1),
+    "log_interval": _integer(1),
+    "checkpoint_interval": _integer(0, note=" (0 = only at the end)"),
+    "keep_checkpoints": _integer(1),
+    "tensorboard": _boolean,
+    "workdir": _optional_text,
+    "optimizer.name": _one_of(OPTIMIZERS),
+    "optimizer.b1": _real(0.0, 1.0),
+    "optimizer.b2": _real(0.0, 1.0),
+    "optimizer.eps": _real(0.0),
+    "optimizer.weight_decay": _real(0.0),
+    "optimizer.accum_steps": _integer(1),
+    "schedule.name": _one_of(SCHEDULES),
+    "schedule.peak_lr": _real(0.0, lo_open=True),
+    "schedule.warmup_steps": _integer(0),
+    "schedule.final_lr": _real(0.0),
+    "data.path": _optional_text,
+    "data.val_fraction": _real(0.0, 1.0),
+}
+_MODEL_RULES = {
+    "gpt": {
+        "model.vocab_size": _integer(1),
+        "model.block_size": _integer(1),
+        "model.n_layer": _integer(1),
+        "model.n_head": _integer(1),
+        "model.n_embd": _integer(1),
+        "model.bias": _boolean,
+        "model.dropout": _real(0.0, 1.0),
+        "model.dtype": _one_of(COMPUTE_DTYPES),
+        "data.source": _one_of(DATA_SOURCES["gpt"]),
+    },
+    "cnn": {
+        "model.features": _features,
+        "model.dense": _integer(1),
+        "model.num_classes": _integer(2),
+        "data.source": _one_of(DATA_SOURCES["cnn"]),
+    },
+}
+_BYTE_SOURCES = ("pydoc", "text_file")
+
+
+def _divisors(n: int, limit: int = 12) -> list[int]:
+  """The first ``limit`` divisors of ``n`` (O(sqrt n), for messages)."""
+  small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+  return sorted(set(small + [n // d for d in small]))[:limit]
+
+
 def check_config(config: config_dict.ConfigDict) -> None:
   """Validates a run config; raises a one-line ``ValueError`` naming the field.
 
-  Checks that every field of :func:`base_config` is present, the choices
-  (algorithm, topology, optimizer, schedule, model, data source), integer
-  ranges, that ``global_batch`` is divisible by ``n_workers``, that
-  ``workers_per_node`` divides ``n_workers`` and that
-  ``optimizer.accum_steps`` is 1 for ``adamw``. Device counts, data files
-  and corpus lengths are checked when the experiment is built.
+  Checks that every field of :func:`base_config` is present and then each
+  field against its rule (``_RULES``, ``_MODEL_RULES``): choices by name;
+  integers (never bools) in ``[min, 2**31 - 1]``, the seed in
+  ``[0, 2**32 - 1]``; reals finite (no NaN or inf) with a lower bound
+  (``schedule.peak_lr > 0``; ``schedule.final_lr``, ``grad_clip``,
+  ``optimizer.eps`` and ``optimizer.weight_decay`` >= 0) or in ``[0, 1)``
+  (``optimizer.b1``, ``optimizer.b2``, ``model.dropout``,
+  ``data.val_fraction``); bools True or False; paths strings or unset.
+  Then the relations: ``workers_per_node`` divides ``n_workers``, which
+  divides ``global_batch``; ``optimizer.accum_steps`` is 1 for ``adamw``;
+  ``model.n_head`` divides ``model.n_embd``; ``schedule.final_lr <=
+  peak_lr`` for ``warmup_cosine`` (a cosine "decay" upwards is refused);
+  ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
+  longer than the run is allowed (see :func:`config_warnings`). Device
+  counts, data files, token ids and corpus lengths are checked when the
+  experiment is built.
 
   Raises:
     ValueError: the first problem found; the message names the config field
@@ -262,59 +457,111 @@ def check_config(config: config_dict.ConfigDict) -> None:
     model = "gpt"
   base = base_config(model)
   _check_fields(c, list(base.keys()), "")
-  for group in ("optimizer", "schedule", "model", "data", "distributed"):
+  for group in ("optimizer", "outer_optimizer", "schedule", "model", "data",
+                "distributed"):
     _check_fields(c[group], list(base[group].keys()), group)
-  _choice(c.algorithm, "algorithm", tuple(builders.ALGORITHMS))
-  try:
-    topology_lib.canonical_name(c.topology)
-  except ValueError as e:
-    raise ValueError(f"config.topology: {e}") from None
-  n = _int_field(c, "n_workers", 1)
-  local = _int_field(c, "workers_per_node", 1)
+  for name, rule in {**_RULES, **_MODEL_RULES[model]}.items():
+    rule(name, _field(c, name))
+  n, local = int(c.n_workers), int(c.workers_per_node)
   if n % local:
     raise ValueError(f"config.workers_per_node={local} must divide "
-                     f"config.n_workers={n}; use one of "
-                     f"{[d for d in range(1, n + 1) if n % d == 0]}.")
-  _int_field(c, "steps", 1)
-  batch = _int_field(c, "global_batch", 1)
+                     f"config.n_workers={n}; set --config.workers_per_node= "
+                     f"one of {_divisors(n)}.")
+  batch = int(c.global_batch)
   if batch % n:
     lo = max(n, batch // n * n)
     raise ValueError(
         f"config.global_batch={batch} is not divisible by config.n_workers="
         f"{n} (the global batch is split evenly across workers); use e.g. "
         f"--config.global_batch={lo} or {lo + n}.")
-  _int_field(c, "seed", 0)
-  for name in ("global_avg_interval", "eval_interval", "checkpoint_interval"):
-    _int_field(c, name, 0)
-  _int_field(c, "log_interval", 1)
-  _int_field(c, "eval_batches", 1)
-  _int_field(c, "keep_checkpoints", 1)
-  if not float(c.grad_clip) >= 0:
-    raise ValueError(f"config.grad_clip must be >= 0 (0 disables clipping), "
-                     f"got {c.grad_clip!r}.")
-  _choice(c.comm_dtype, "comm_dtype", tuple(builders.COMM_DTYPES))
-  _choice(c.gossip_rounds, "gossip_rounds", GOSSIP_ROUNDS)
-  o = c.optimizer
-  _choice(o.name, "optimizer.name", OPTIMIZERS)
-  accum = _int_field(c, "optimizer.accum_steps", 1)
-  if o.name == "adamw" and accum != 1:
+  o, s = c.optimizer, c.schedule
+  if o.name == "adamw" and o.accum_steps != 1:
     raise ValueError(
-        f"config.optimizer.accum_steps={accum} only applies to accum_adamw; "
-        "set --config.optimizer.name=accum_adamw or "
+        f"config.optimizer.accum_steps={o.accum_steps} only applies to "
+        "accum_adamw; set --config.optimizer.name=accum_adamw or "
         "--config.optimizer.accum_steps=1.")
-  for name in ("b1", "b2"):
-    if not 0.0 <= float(o[name]) < 1.0:
-      raise ValueError(f"config.optimizer.{name} must be in [0, 1), got "
-                       f"{o[name]!r}.")
-  s = c.schedule
-  _choice(s.name, "schedule.name", SCHEDULES)
-  if not float(s.peak_lr) > 0:
-    raise ValueError(f"config.schedule.peak_lr must be > 0, got {s.peak_lr!r}.")
-  _int_field(c, "schedule.warmup_steps", 0)
-  _choice(c.data.source, "data.source", DATA_SOURCES[model])
-  if model == "gpt":
-    _choice(c.model.dtype, "model.dtype", tuple(COMPUTE_DTYPES))
+  if s.name == "warmup_cosine" and s.final_lr > s.peak_lr:
+    raise ValueError(
+        f"config.schedule.final_lr={s.final_lr!r} exceeds config.schedule."
+        f"peak_lr={s.peak_lr!r}; the cosine decays from peak_lr to final_lr: "
+        f"set --config.schedule.final_lr={s.peak_lr / 10:g} (or lower).")
+  if model == "gpt" and c.model.n_embd % c.model.n_head:
+    raise ValueError(
+        f"config.model.n_head={c.model.n_head} must divide config.model."
+        f"n_embd={c.model.n_embd}; set --config.model.n_head= one of "
+        f"{_divisors(int(c.model.n_embd))}.")
+  if c.data.source in _BYTE_SOURCES and not c.data.val_fraction > 0:
+    raise ValueError(
+        f"config.data.val_fraction={c.data.val_fraction!r} leaves no "
+        f"validation split of data.source={c.data.source}; set "
+        "--config.data.val_fraction=0.1 (any value in (0, 1)).")
+  _check_local_updates(c)
   check_distributed(c)
+
+
+def _check_local_updates(c: config_dict.ConfigDict) -> None:
+  """Cross-field checks of the sync and gossip periods."""
+  h, p, tau = int(c.sync_every), int(c.num_fragments), int(c.overlap_steps)
+  if c.algorithm == "streaming_diloco":
+    if p > h:
+      raise ValueError(
+          f"config.num_fragments={p} exceeds config.sync_every={h}: each "
+          f"fragment needs its own step in the sync period; use at most {h}.")
+    if tau * p >= h:
+      raise ValueError(
+          f"config.overlap_steps={tau} with config.num_fragments={p} needs "
+          f"overlap_steps * num_fragments < sync_every={h} (a fragment is "
+          f"merged before the next is sent); use overlap_steps <= "
+          f"{max((h - 1) // p, 0)}.")
+  if c.gossip_every != 1 and c.algorithm == "decentralized" and \
+      c.gossip_rounds == "static":
+    raise ValueError(
+        f"config.gossip_every={c.gossip_every} picks its gossip round inside "
+        "the step; set --config.gossip_rounds=switch (or gossip_every=1).")
+
+
+def config_warnings(config: config_dict.ConfigDict) -> list[str]:
+  """Settings of a valid config that run but are probably not meant.
+
+  Currently: ``schedule.warmup_steps > steps`` (warmup_cosine,
+  inverse_sqrt): the learning rate never reaches ``peak_lr``. Allowed
+  because short smoke tests of long configs do exactly this.
+
+  Returns:
+    One line per finding (empty if none); the entry points print them.
+  """
+  c, out = config, []
+  s = c.schedule
+  if s.name != "constant" and s.warmup_steps > c.steps:
+    out.append(
+        f"config.schedule.warmup_steps={s.warmup_steps} > config.steps="
+        f"{c.steps}: the learning rate stays in its linear warmup and peaks "
+        f"at {c.steps / s.warmup_steps:.3g} x peak_lr.")
+  return out
+
+
+def check_simulated_devices(n: int, source: str) -> int:
+  """Refuses to simulate more than ``MAX_SIMULATED_CPU_DEVICES`` CPU devices.
+
+  Args:
+    n: CPU devices an entry point is about to ask JAX for (per process).
+    source: the setting that asks for them, for the message (e.g.
+      ``"config.n_workers=2048"``, ``"--cpu_devices=2048"``).
+
+  Returns:
+    ``n``.
+
+  Raises:
+    ValueError: ``n`` above the limit (says how to lower it or where to
+      simulate more devices by hand).
+  """
+  if n > MAX_SIMULATED_CPU_DEVICES:
+    raise ValueError(
+        f"{source} asks for {n} simulated CPU devices in this process, more "
+        f"than the {MAX_SIMULATED_CPU_DEVICES} the entry points simulate "
+        "(start-up time and memory grow with the count); lower it, or set "
+        "JAX_NUM_CPU_DEVICES yourself to simulate more.")
+  return n
 
 
 def check_distributed(c: config_dict.ConfigDict) -> None:
@@ -358,15 +605,24 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
     The locked ``ConfigDict`` (not yet validated: see :func:`check_config`).
 
   Raises:
-    ValueError: a missing file, an unknown field (named, with the closest
-      valid one) or a value of the wrong type.
+    ValueError: a missing, unreadable or broken config file (named, with the
+      error of its import or ``get_config``), an unknown field (named) or a
+      value of the wrong type (the override named).
   """
   file_part = path.split(":", 1)[0]
-  if not os.path.isfile(file_part):
+  if not os.path.exists(file_part):
     raise ValueError(f"config file {file_part!r} does not exist.")
+  if not os.path.isfile(file_part):
+    raise ValueError(f"config file {file_part!r} is not a file; pass a "
+                     "Python file with get_config(), e.g. configs/gpt_tiny.py.")
+  if not os.access(file_part, os.R_OK):
+    raise ValueError(f"config file {file_part!r} is not readable.")
   args = [o if o.startswith("--") else f"--config.{o}" for o in overrides]
 
   def parse(argv):
+    # config_flags imports every file as module "config_config" and reuses
+    # a loaded one: names of an earlier config file would leak into this one.
+    sys.modules.pop("config_config", None)
     fv = flags.FlagValues()
     config_flags.DEFINE_config_file("config", flag_values=fv,
                                     lock_config=True, sys_argv=argv)
@@ -374,10 +630,20 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
     return fv.config
 
   try:
+    base = parse(["load_config", f"--config={path}"])
+  except Exception as e:  # pylint: disable=broad-except
+    # The file itself: a syntax error, no get_config(), get_config raising.
+    raise ValueError(f"config file {path!r} could not be loaded: "
+                     f"{_root_cause(e)}") from None
+  if not isinstance(base, config_dict.ConfigDict):
+    raise ValueError(f"get_config() of {path!r} returned a "
+                     f"{type(base).__name__}, not an ml_collections ConfigDict.")
+  if not args:
+    return base
+  try:
     return parse(["load_config", f"--config={path}", *args])
-  except (AttributeError, KeyError, TypeError, ValueError, flags.Error) as e:
+  except Exception as e:  # pylint: disable=broad-except
     error = e
-  base = parse(["load_config", f"--config={path}"])
   for arg in args:  # name the override whose field does not exist
     key = arg[len("--config."):].split("=", 1)[0]
     node = base
@@ -388,8 +654,58 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
   raise ValueError(f"{path}: {config_error_message(error)}")
 
 
+def _root_cause(error: BaseException) -> str:
+  """``"Type: message"`` of the innermost exception behind ``error``."""
+  seen = {id(error)}
+  while (error.__cause__ or error.__context__) is not None:
+    error = error.__cause__ or error.__context__
+    if id(error) in seen:
+      break
+    seen.add(id(error))
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return "it defines no get_config()"
+  return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 def config_error_message(error: BaseException) -> str:
   """One line from an ml_collections / absl flag-parsing exception."""
   msg = str(error.args[0] if error.args else error)
   msg = msg.replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
-  return " ".join(msg.split()).strip("'\" ")
+  msg = " ".join(msg.split())
+  if len(msg) > 1 and msg[0] == msg[-1] and msg[0] in "'\"":
+    msg = msg[1:-1]  # KeyError quotes its message
+  return msg
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Separates ``--config.<field>=value`` overrides from the other arguments.
+
+  Args:
+    argv: a command line, program name first. An override's value may also
+      be the next argument (``--config.steps 100``); a bare
+      ``--config.<field>`` followed by another flag is kept as is (a
+      boolean). Arguments after ``--`` are not looked at.
+
+  Returns:
+    ``(rest, overrides)``: ``argv`` without the overrides, in order, and the
+    overrides as ``"--config.<field>=value"`` strings for
+    :func:`load_config`.
+  """
+  rest, overrides = [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg == "--":
+      rest += args[i:]
+      break
+    if arg.startswith("--config."):
+      if ("=" not in arg and i + 1 < len(args)
+          and not args[i + 1].startswith("--")):
+        arg = f"{arg}={args[i + 1]}"
+        i += 1
+      overrides.append(arg)
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides

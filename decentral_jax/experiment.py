@@ -205,10 +205,18 @@ class Experiment:
           self._round_steps[d] = self._jit_step(r)
     else:
       self._round_steps[None] = self._jit_step(None)
+    algorithm = builders.ALGORITHMS[c.algorithm]
+
+    def eval_worker(params, opt_state, rows, common):
+      own = (params if algorithm.model_params is None
+             else algorithm.model_params(params, opt_state))
+      averaged = (None if algorithm.eval_params is None
+                  else algorithm.eval_params(params, opt_state))
+      return step_lib.eval_step(own, rows, common, loss_fn=self.task.loss,
+                                axis_name=self.axis_name, averaged=averaged)
+
     self._eval_step = jax.jit(parallel.per_worker(
-        functools.partial(step_lib.eval_step, loss_fn=self.task.loss,
-                          axis_name=self.axis_name),
-        self.mesh, replicated_argnums=(2,)))
+        eval_worker, self.mesh, replicated_argnums=(3,)))
 
   def _agreed_task(self) -> tasks.Task:
     """The task, once every process has built it with equal initial params.
@@ -291,7 +299,9 @@ class Experiment:
         axis_name=self.axis_name, dropout=tasks.uses_dropout(c),
         global_avg_interval=int(c.global_avg_interval),
         log_interval=int(c.log_interval), total_steps=int(c.steps),
-        round_index=round_index)
+        round_index=round_index,
+        model_params=builders.ALGORITHMS[c.algorithm].model_params,
+        global_average=builders.ALGORITHMS[c.algorithm].global_average)
 
     def counted(state, batch):
       self.train_step_traces += 1  # runs once per trace
@@ -334,7 +344,8 @@ class Experiment:
     """Validation metrics; ``state`` is read only (training is unaffected).
 
     The averaged model is ``x_bar = (1/n) sum_i x_i`` (exact mean, computed
-    on the fly, never written back); it is evaluated on all
+    on the fly, never written back; for DiLoCo-style methods the mean of
+    their global parameters ``theta``); it is evaluated on all
     ``eval_batches * global_batch`` validation sequences (images), split
     over the workers. Each worker's own parameters, and the averaged model
     again, are evaluated on a common subset (every ``n_workers``-th row of
@@ -349,7 +360,8 @@ class Experiment:
       ``eval/loss_subset``: what the workers lose by not being averaged);
       ``consensus_distance``; and ``eval/accuracy`` for classifiers.
     """
-    out = distributed.to_host(self._eval_step(state.params, self._eval_rows,
+    out = distributed.to_host(self._eval_step(state.params, state.opt_state,
+                                              self._eval_rows,
                                               self._eval_common))
     own = np.asarray(out["own_loss"], np.float64)
     subset = float(out["avg_subset_loss"][0])

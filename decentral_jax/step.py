@@ -67,7 +67,9 @@ def init_state(params: PyTree, rng: jax.Array, *,
 def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                tx: optax.GradientTransformation, axis_name: gossip.AxisName,
                dropout: bool, global_avg_interval: int, log_interval: int,
-               total_steps: int, round_index: int | None = None
+               total_steps: int, round_index: int | None = None,
+               model_params: Callable | None = None,
+               global_average: Callable | None = None
                ) -> tuple[TrainState, dict]:
   """One training step of one worker (inside ``shard_map`` over the workers).
 
@@ -86,6 +88,12 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
       (NaN otherwise, to save the collective).
     round_index: static gossip round passed to ``tx.update`` (one compile
       per round, no conditional around the collectives), or None.
+    model_params: ``(params, opt_state) -> model`` when the worker's model
+      is not its parameters (SGP: ``z = x / w``); the gradient is taken and
+      the consensus distance measured there.
+    global_average: ``(params, opt_state, axis_name) -> (params,
+      opt_state)`` replacing the exact parameter mean of
+      ``global_avg_interval`` (SGP averages numerators and weights).
 
   Returns:
     ``(new_state, metrics)``: float32 scalars ``loss`` (before the update,
@@ -98,21 +106,30 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
     key = jax.random.wrap_key_data(state.rng)
     key = jax.random.fold_in(jax.random.fold_in(key, state.step),
                              lax.axis_index(axis_name))
+  def model(params, opt_state):
+    return params if model_params is None else model_params(params, opt_state)
+
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  (loss, aux), grads = grad_fn(state.params, batch, key)
+  (loss, aux), grads = grad_fn(model(state.params, state.opt_state), batch,
+                               key)
   extra = {} if round_index is None else {"round_index": round_index}
   updates, opt_state = tx.update(grads, state.opt_state, state.params,
                                  **extra)
   params = optax.apply_updates(state.params, updates)
   step = state.step + 1
-  if global_avg_interval:
+  if global_avg_interval and global_average is None:
     params = lax.cond(step % global_avg_interval == 0,
                       lambda p: gossip.mean(p, axis_name), lambda p: p, params)
+  elif global_avg_interval:
+    params, opt_state = lax.cond(
+        step % global_avg_interval == 0,
+        lambda po: global_average(*po, axis_name), lambda po: po,
+        (params, opt_state))
   is_log = (step % log_interval == 0) | (step == total_steps)
   consensus = lax.cond(
       is_log,
       lambda p: gossip.consensus_distance(p, axis_name).astype(jnp.float32),
-      lambda p: jnp.full([], jnp.nan, jnp.float32), params)
+      lambda p: jnp.full([], jnp.nan, jnp.float32), model(params, opt_state))
   finite = jnp.isfinite(loss)
   for leaf in jax.tree.leaves(params):
     finite = finite & jnp.all(jnp.isfinite(leaf))
@@ -123,17 +140,21 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
 
 
 def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,
-              axis_name: gossip.AxisName) -> dict:
+              axis_name: gossip.AxisName, averaged: PyTree = None) -> dict:
   """Evaluation of one worker: the averaged model and its own model.
 
   Args:
-    params: this worker's parameters ``x_i``.
+    params: this worker's parameters ``x_i`` (its own model).
     rows: this worker's share of the eval set, arrays ``[E, B, ...]``,
       evaluated with the averaged model ``x_bar`` (exact mean).
     common: a subset ``[E, B', ...]`` equal on all workers, evaluated with
       both ``x_i`` and ``x_bar``.
     loss_fn: as in :func:`train_step` (called with key ``None``).
     axis_name: the worker mesh axis.
+    averaged: this worker's share of the averaged model, like ``params``:
+      the averaged model is the mean of ``averaged`` over the workers
+      (default ``params``; DiLoCo-style methods pass their global
+      parameters ``theta``).
 
   Returns:
     Float32 scalars: ``avg_loss``, ``avg_accuracy`` (the averaged model on
@@ -141,7 +162,8 @@ def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,
     ``avg_subset_loss`` (``x_i`` and ``x_bar`` on ``common``), and
     ``consensus_distance``.
   """
-  avg = gossip.mean(params, axis_name, varying=False)
+  avg = gossip.mean(params if averaged is None else averaged, axis_name,
+                    varying=False)
 
   def run(p, data):
     def one(batch):
