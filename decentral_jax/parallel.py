@@ -171,6 +171,15 @@ def per_worker(fn: Callable, mesh: Mesh, *,
       ``fn`` must then return a tuple of ``max(gathered_outputs) + 1``
       outputs.
 
+  Long loops on simulated CPU devices: when many jitted steps with
+  collectives are dispatched and none is waited for, XLA's CPU runtime can
+  miss a collective's rendezvous and abort the process after 40 s
+  ("Termination timeout for collective permute ..."). On 2 cores this
+  happened with 40 to 80 steps in flight (2 to 16 devices), never with 32
+  or fewer; plain ``jax.shard_map`` with ``lax.ppermute`` does the same.
+  Call ``jax.block_until_ready`` on an output (or read a metric) at least
+  every 16 steps; ``decentral_jax.train`` keeps at most two in flight.
+
   Returns:
     A function of stacked ``[n, ...]`` arguments (not jitted).
 

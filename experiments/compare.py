@@ -20,11 +20,18 @@ copy, so the timings show compute overheads only, not network savings.
 
 ``--config.<field>=value`` overrides apply to all four runs (the algorithm,
 optimizer name, topology and workers per node are set per run).
+
+Bad input (a missing or broken config file, an unknown field, a bad value in
+any run's config, an ``--outdir`` that is a file or cannot be created) is one
+``error: ...`` line on stderr and exit code 2, before anything trains. A run
+that diverges is marked in the table and the other runs go on; then one
+``error:`` line names the diverged runs and the exit code is 3.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import shutil
 import sys
@@ -33,16 +40,19 @@ import time
 from absl import app
 from absl import flags
 import jax
-from ml_collections import config_flags
 
+from decentral_jax import builders
 from decentral_jax import checkpoint
+from decentral_jax import config as config_lib
 from decentral_jax import metrics as metrics_lib
+from decentral_jax import topology as topology_lib
 from decentral_jax import train
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs", "gpt_tiny.py")
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Base config for all runs.", lock_config=True)
+_CONFIG = flags.DEFINE_string(
+    "config", _DEFAULT_CONFIG, "Base config for all runs (FILE.py or "
+    "FILE.py:ARG); override its fields with --config.<field>=value.")
 _OUTDIR = flags.DEFINE_string("outdir", "results/compare",
                               "Output directory (existing run subdirectories "
                               "are replaced).")
@@ -52,7 +62,10 @@ _PER_METHOD_LR = flags.DEFINE_bool(
     "1.5e-3; BENCHMARKS.md section 3) instead of config.schedule.peak_lr; "
     "an explicit --config.schedule.peak_lr or final_lr turns this off.")
 _CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers.")
+    "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers.",
+    lower_bound=0)
+# The --config.<field>=value arguments, set aside by _parse_or_exit.
+_OVERRIDES: list[str] = []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +113,49 @@ def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   return config
 
 
-def results_table(rows: list[tuple[Run, dict]], unit: str) -> str:
-  """Markdown table of final metrics, one row per run."""
+def arm_configs(base, accum_steps: int, per_method_lr: bool):
+  """``[(run, config)]`` of every arm, each checked before any run starts.
+
+  Raises:
+    ValueError: an arm's config is invalid or its topology does not fit
+      ``n_workers`` / ``workers_per_node``; the message names the arm.
+  """
+  arms = []
+  for run in RUNS:
+    config = run_config(base, run, accum_steps, per_method_lr)
+    try:
+      config_lib.check_config(config)
+      if builders.ALGORITHMS[config.algorithm].uses_topology:
+        n, local = int(config.n_workers), int(config.workers_per_node)
+        try:
+          topology_lib.make(config.topology, n, local)
+        except ValueError as e:
+          raise ValueError(f"config.topology={config.topology!r} with config."
+                           f"n_workers={n}, workers_per_node={local}: {e}"
+                           ) from None
+    except ValueError as e:
+      raise ValueError(f"run {run.name!r} ({run.label}): {e}") from None
+    arms.append((run, config))
+  return arms
+
+
+def make_outdir(path: str) -> str:
+  """Creates the output directory; ValueError naming it if that fails."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"--outdir {path!r} is a file, not a directory; pass a "
+                     "directory (it is created if missing).")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"--outdir {path!r} cannot be created: "
+                     f"{e.strerror or e}.") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"--outdir {path!r} is not writable.")
+  return path
+
+
+def results_table(rows: list[tuple[Run, dict | None]], unit: str) -> str:
+  """Markdown table of final metrics, one row per run (None: diverged)."""
   head = ("| run | val loss, averaged model | workers' own models: extra "
           "loss, mean / max | consensus distance | ms/step | "
           f"{unit}/s |\n|---|---|---|---|---|---|\n")
@@ -110,6 +164,9 @@ def results_table(rows: list[tuple[Run, dict]], unit: str) -> str:
 
   lines = []
   for run, m in rows:
+    if m is None:
+      lines.append(f"| {run.label} | diverged | - | - | - | - |")
+      continue
     lines.append(
         f"| {run.label} | {m['eval/loss']:.4f} | "
         f"{signed(m['eval/worker_excess_mean'])} / "
@@ -133,6 +190,8 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
        "loss_vs_time.png")):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for run, path in rows:
+      if not os.path.exists(path):  # a run that diverged before logging
+        continue
       records = metrics_lib.read_jsonl(path)
       xs, ys = metrics_lib.series(records, "eval/loss", x=x_key)
       ax.plot(xs, ys, marker="o", markersize=3, label=run.label)
@@ -148,44 +207,22 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
   return paths
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  checkpoint.quiet_orbax_logs()
-  base = _CONFIG.value
-  if not os.environ.get("JAX_NUM_CPU_DEVICES"):
-    jax.config.update("jax_num_cpu_devices",
-                      _CPU_DEVICES.value or int(base.n_workers))
-  per_method_lr = _PER_METHOD_LR.value
-  explicit_lr = [a for a in sys.argv[1:] if a.startswith(
-      ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
-  if per_method_lr and explicit_lr:
-    # An explicit learning rate wins over the tuned per-method table.
-    print(f"note: {explicit_lr[0]} given, so every run uses the config's "
-          "learning rates (--per_method_lr ignored)", flush=True)
-    per_method_lr = False
-  outdir = _OUTDIR.value
-  os.makedirs(outdir, exist_ok=True)
-  accum = (int(base.optimizer.accum_steps) if base.optimizer.accum_steps > 1
-           else max(int(base.n_workers) // 2, 2))
-  finals, logs = [], []
-  start = time.perf_counter()
-  load_before = os.getloadavg()[0]
-  for run in RUNS:
-    workdir = os.path.join(outdir, run.name)
-    shutil.rmtree(workdir, ignore_errors=True)
-    print(f"== {run.label} -> {workdir}", flush=True)
-    t0 = time.perf_counter()
-    try:
-      final = train.train_and_evaluate(
-          run_config(base, run, accum, per_method_lr), workdir)
-    except ValueError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-    print(f"   val loss {final['eval/loss']:.4f}, "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
-    finals.append((run, final))
-    logs.append((run, os.path.join(workdir, metrics_lib.METRICS_FILE)))
+def _fail(message, code: int = 2) -> None:
+  """One ``error:`` line on stderr, then exit (2: bad input, 3: diverged)."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(code)
+
+
+def write_results(finals, logs, diverged, outdir: str, base, accum: int,
+                  per_method_lr: bool, start: float, load_before: float):
+  """Writes results.md and the plots.
+
+  Returns:
+    ``(table, png paths, total seconds)``.
+
+  Raises:
+    OSError: a file could not be written.
+  """
   unit = "tokens" if base.model.name == "gpt" else "samples"
   table = results_table(finals, unit)
   total = time.perf_counter() - start
@@ -213,18 +250,104 @@ def main(argv):
         "memory copy, so they show compute overheads, not network savings); "
         "the first (compiling) step and evaluation are not timed.\n\n")
     f.write(table)
+    for run, reason in diverged:
+      f.write(f"\n{run.label} diverged: {reason}\n")
     f.write(f"\nTotal time for the four runs: {total:.0f} s on "
             f"{os.cpu_count()} CPU cores (1-minute load average "
             f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
             "end; other processes on the machine slow the runs and add noise "
             "to the timings).\n")
-  pngs = plot(logs, outdir)
+  return table, plot(logs, outdir), total
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  checkpoint.quiet_orbax_logs()
+  per_method_lr = _PER_METHOD_LR.value
+  explicit_lr = [a for a in _OVERRIDES if a.startswith(
+      ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
+  if per_method_lr and explicit_lr:
+    # An explicit learning rate wins over the tuned per-method table.
+    print(f"note: {explicit_lr[0]} given, so every run uses the config's "
+          "learning rates (--per_method_lr ignored)", flush=True)
+    per_method_lr = False
+  try:
+    # Every arm's config, the device count and --outdir are checked before
+    # JAX starts and the first run trains.
+    base = config_lib.load_config(_CONFIG.value, _OVERRIDES)
+    accum = base.optimizer.accum_steps  # a bad type is named by arm_configs
+    if (isinstance(accum, numbers.Integral) and accum <= 1 and
+        isinstance(base.n_workers, numbers.Integral)):
+      accum = max(int(base.n_workers) // 2, 2)
+    arms = arm_configs(base, accum, per_method_lr)
+    if not os.environ.get("JAX_NUM_CPU_DEVICES"):
+      devices = config_lib.check_simulated_devices(
+          _CPU_DEVICES.value or int(base.n_workers),
+          f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
+          else f"config.n_workers={base.n_workers}")
+      jax.config.update("jax_num_cpu_devices", devices)
+    outdir = make_outdir(_OUTDIR.value)
+  except ValueError as e:
+    _fail(e)
+  for line in dict.fromkeys(w for _, c in arms
+                            for w in config_lib.config_warnings(c)):
+    print(f"warning: {line}", file=sys.stderr)
+  finals, logs, diverged = [], [], []
+  start = time.perf_counter()
+  load_before = os.getloadavg()[0]
+  for run, config in arms:
+    workdir = os.path.join(outdir, run.name)
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(f"== {run.label} -> {workdir}", flush=True)
+    t0 = time.perf_counter()
+    final = None
+    try:
+      final = train.train_and_evaluate(config, workdir)
+      print(f"   val loss {final['eval/loss']:.4f}, "
+            f"{time.perf_counter() - t0:.0f} s", flush=True)
+    except ValueError as e:  # bad data or work directory: all runs share it
+      _fail(f"run {run.name!r} ({run.label}): {e}")
+    except FloatingPointError as e:  # this arm diverged; the others still run
+      print(f"   diverged: {e}", flush=True)
+      diverged.append((run, str(e)))
+    except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
+      print(f"preempted: {e}", file=sys.stderr)
+      sys.exit(e.exit_code)
+    finals.append((run, final))
+    logs.append((run, os.path.join(workdir, metrics_lib.METRICS_FILE)))
+  try:
+    table, pngs, total = write_results(finals, logs, diverged, outdir, base,
+                                       accum, per_method_lr, start,
+                                       load_before)
+  except OSError as e:
+    _fail(f"cannot write the results to --outdir {outdir!r}: "
+          f"{e.strerror or e} ({e.filename or outdir}).")
   print(table)
   print(f"table: {os.path.join(outdir, 'results.md')}")
   print(f"plots: {', '.join(pngs)}")
   print(f"logs:  {', '.join(path for _, path in logs)}")
   print(f"total: {total:.0f} s")
+  if diverged:
+    _fail(f"{len(diverged)} of {len(arms)} runs diverged: "
+          + "; ".join(f"{run.name!r} ({run.label}): {reason}"
+                      for run, reason in diverged)
+          + "; the other runs' results are in "
+          + os.path.join(outdir, "results.md") + ".", code=3)
+
+
+def _parse_or_exit(argv):
+  """Parses the flags; a bad one is a one-line error (exit 2).
+
+  The ``--config.<field>`` overrides are set aside for ``main``, which loads
+  the base config with them (``config.load_config``).
+  """
+  rest, _OVERRIDES[:] = config_lib.split_overrides(argv)
+  try:
+    return flags.FLAGS(rest)
+  except flags.Error as e:
+    _fail(config_lib.config_error_message(e))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=_parse_or_exit)

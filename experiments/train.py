@@ -9,8 +9,16 @@ Any config field can be overridden, e.g.::
 On a CPU-only machine the run needs ``config.n_workers`` devices; this script
 simulates them (``jax_num_cpu_devices``) before JAX starts its CPU backend,
 so the default 8-worker configs work out of the box. ``--cpu_devices=N``
-sets the number explicitly. Re-running with the same ``--workdir`` resumes
-from the last checkpoint.
+sets the number explicitly. At most
+``decentral_jax.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
+process are simulated; more is refused before JAX starts (set
+``JAX_NUM_CPU_DEVICES`` yourself to go beyond). Re-running with the same
+``--workdir`` resumes from the last checkpoint.
+
+Bad input (a missing or broken config file, an unknown field, a value of the
+wrong type or out of range, missing data, an unwritable work directory) is
+one ``error: ...`` line on stderr and exit code 2; a diverged run exits with
+3.
 
 Multi-host: run the same command once per host (``srun`` does it on SLURM)
 with ``--config.distributed.enabled=True``; on SLURM the coordinator and
@@ -32,28 +40,43 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-from ml_collections import config_flags
 
 from decentral_jax import checkpoint
 from decentral_jax import config as config_lib
 from decentral_jax import distributed
 from decentral_jax import train
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file (configs/*.py).", lock_config=True)
+_CONFIG = flags.DEFINE_string(
+    "config", None, "Path to a config file (configs/*.py, or FILE.py:ARG); "
+    "override its fields with --config.<field>=value.")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Output directory (metrics.jsonl, checkpoints); defaults "
     "to config.workdir.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Number of simulated CPU devices per process; 0 = "
-    "config.n_workers / processes (only used when JAX runs on CPU).")
+    "config.n_workers / processes (only used when JAX runs on CPU).",
+    lower_bound=0)
+# The --config.<field>=value arguments, set aside by _parse_or_exit.
+_OVERRIDES: list[str] = []
 
 
-def simulate_cpu_devices(n: int) -> None:
-  """Asks JAX for ``n`` CPU devices; must run before any JAX computation."""
+def simulate_cpu_devices(n: int, source: str = "--cpu_devices=N") -> None:
+  """Asks JAX for ``n`` CPU devices; must run before any JAX computation.
+
+  Raises:
+    ValueError: ``n`` above ``config.MAX_SIMULATED_CPU_DEVICES`` (``source``
+      names what set it); nothing is simulated then.
+  """
   if os.environ.get("JAX_NUM_CPU_DEVICES"):
     return
+  config_lib.check_simulated_devices(int(n), source)
   jax.config.update("jax_num_cpu_devices", int(n))
+
+
+def _fail(message) -> None:
+  """One ``error:`` line on stderr, exit code 2."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
 
 
 def expected_processes(config) -> int:
@@ -69,21 +92,28 @@ def expected_processes(config) -> int:
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  config = _CONFIG.value
-  if config is None:
-    raise app.UsageError("--config is required, e.g. --config "
-                         "configs/gpt_tiny.py")
-  workdir = _WORKDIR.value or config.workdir
-  if not workdir:
-    raise app.UsageError("--workdir is required (or set config.workdir).")
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not _CONFIG.value:
+    _fail("--config is required, e.g. --config configs/gpt_tiny.py")
   checkpoint.quiet_orbax_logs()
   try:
+    # Everything about the config is checked before JAX starts.
+    config = config_lib.load_config(_CONFIG.value, _OVERRIDES)
+    config_lib.check_config(config)
+    workdir = _WORKDIR.value or config.workdir
+    if not workdir:
+      raise ValueError("--workdir is required (or set config.workdir).")
     procs = expected_processes(config)
-    simulate_cpu_devices(_CPU_DEVICES.value or
-                         max(int(config.n_workers) // procs, 1))
+    simulate_cpu_devices(
+        _CPU_DEVICES.value or max(int(config.n_workers) // procs, 1),
+        f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value else
+        f"config.n_workers={config.n_workers}" +
+        (f" over {procs} processes" if procs > 1 else ""))
     if distributed.initialize_from_config(config) and jax.process_index() > 0:
       logging.set_verbosity(logging.WARNING)  # process 0 reports
+    if jax.process_index() == 0:
+      for line in config_lib.config_warnings(config):
+        print(f"warning: {line}", file=sys.stderr)
     logging.info("JAX %s, %d process(es), devices: %s", jax.__version__,
                  jax.process_count(), jax.devices())
     final = train.train_and_evaluate(config, workdir)
@@ -105,14 +135,16 @@ def main(argv):
 
 
 def _parse_or_exit(argv):
-  """Parses flags; a bad --config.<field> override is a one-line error."""
+  """Parses the flags; a bad one is a one-line error (exit 2).
+
+  The ``--config.<field>`` overrides are set aside for ``main``, which loads
+  the config with them (``config.load_config``).
+  """
+  rest, _OVERRIDES[:] = config_lib.split_overrides(argv)
   try:
-    return flags.FLAGS(argv)
-  except (AttributeError, KeyError, TypeError, ValueError,
-          flags.Error) as e:
-    message = config_lib.config_error_message(e)
-    print(f"error: bad --config override: {message}", file=sys.stderr)
-    sys.exit(2)
+    return flags.FLAGS(rest)
+  except flags.Error as e:
+    _fail(config_lib.config_error_message(e))
 
 
 if __name__ == "__main__":

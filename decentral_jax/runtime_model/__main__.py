@@ -19,12 +19,118 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+
+import numpy as np
 
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
 
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
+# Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
+# matrices) and with steps x n x buckets: on 2 cores 4096 workers take about
+# 3 minutes and 7 GB, 15,000 buckets (1e11 float32 parameters in 25 MiB)
+# of 16 workers about 100 s.
+MAX_WORKERS = 4096
+MAX_BUCKETS = 4096
+MAX_STEPS = 100_000
+# Lower bound of each numeric `predict` flag: (bound, bound excluded).
+_BOUNDS = {
+    "--local-size": (1, False), "--intra-GBps": (0, True),
+    "--intra-latency-us": (0, False), "--nic-Gbps": (0, True),
+    "--flow-Gbps": (0, False), "--inter-latency-us": (0, False),
+    "--params": (0, True), "--forward-ms": (0, False),
+    "--backward-ms": (0, False), "--optimizer-ms": (0, False),
+    "--compute-cv": (0, False), "--bucket-MiB": (0, True),
+    "--seed": (0, False),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse with its errors as one ``error:`` line (exit code 2)."""
+
+  def error(self, message):
+    print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def _value(args, flag: str):
+  return getattr(args, flag.lstrip("-").replace("-", "_"))
+
+
+def check_output_path(path: str | None, flag: str) -> None:
+  """Raises ValueError naming ``flag`` unless ``path`` can be written.
+
+  Checked before the work that produces the file, so a typo in the path
+  does not cost the run.
+  """
+  if path is None:
+    return
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a directory; give a file name.")
+  if not os.path.isdir(parent):
+    problem = "is not a directory" if os.path.exists(parent) else (
+        "does not exist")
+    raise ValueError(f"{flag} {path!r}: {parent!r} {problem}.")
+  if not os.access(parent, os.W_OK | os.X_OK) or (
+      os.path.exists(path) and not os.access(path, os.W_OK)):
+    raise ValueError(f"{flag} {path!r} is not writable.")
+
+
+def check_predict_args(args) -> None:
+  """Validates the flags of ``predict``.
+
+  Every number is finite and above its bound (``_BOUNDS``); worker counts
+  are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
+  ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
+  non-negative times; the parameter message fits in ``MAX_BUCKETS``
+  buckets; ``--steps`` is at most ``MAX_STEPS``; ``--png`` is writable.
+
+  Raises:
+    ValueError: the first bad flag, named, with its value and range.
+  """
+  for flag, (bound, strict) in _BOUNDS.items():
+    v = _value(args, flag)
+    integer = isinstance(v, int)
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and
+          (integer or math.isfinite(v)) and (v > bound if strict else v >= bound))
+    if not ok:
+      kind = "an integer" if integer else "a finite number"
+      raise ValueError(f"{flag} must be {kind} {'>' if strict else '>='} "
+                       f"{bound}, got {v!r}.")
+  if not args.n_workers:
+    raise ValueError("--n-workers is empty; give e.g. --n-workers 16,32.")
+  for n in args.n_workers:
+    if not 1 <= n <= MAX_WORKERS:
+      raise ValueError(f"--n-workers {n} is outside [1, {MAX_WORKERS}] (the "
+                       "model's time and memory grow with n^2).")
+    if not args.preset and n % args.local_size:
+      raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
+                       f"{args.local_size} (workers per node).")
+  if not 2 <= args.steps <= MAX_STEPS:
+    raise ValueError(f"--steps must be in [2, {MAX_STEPS}], got {args.steps}.")
+  itemsize = 0
+  for flag in ("--grad-dtype", "--param-dtype"):
+    try:
+      itemsize = max(itemsize, np.dtype(_value(args, flag)).itemsize)
+    except TypeError:
+      raise ValueError(f"{flag} {_value(args, flag)!r} is not a dtype name; "
+                       "use e.g. float32 or bfloat16.") from None
+  samples = args.compute_samples_ms
+  if samples is not None and (len(samples) < 2 or not all(
+      math.isfinite(x) and x >= 0 for x in samples)):
+    raise ValueError("--compute-samples-ms needs at least 2 finite times "
+                     f">= 0 (ms), got {samples!r}.")
+  buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
+  if buckets > MAX_BUCKETS:
+    raise ValueError(
+        f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
+        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
+        "handles; raise --bucket-MiB or lower --params.")
+  check_output_path(args.png, "--png")
 
 
 def _list(typ):
@@ -111,12 +217,15 @@ def _predict(args) -> int:
                      "--methods all_reduce,one_peer_exp,aer.")
   if "all_reduce" not in methods:
     methods.insert(0, "all_reduce")  # the baseline every speedup refers to
-  if not args.n_workers:
-    raise ValueError("--n-workers is empty; give e.g. --n-workers 16,32.")
+  check_predict_args(args)
   groups = []
   for n in args.n_workers:
     if args.preset:
-      c, w = paper.setup(args.preset, n)
+      try:
+        c, w = paper.setup(args.preset, n)
+      except ValueError as e:
+        raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
+                         ) from None
     else:
       c = core.Cluster(
           n_workers=n, local_size=args.local_size,
@@ -136,7 +245,10 @@ def _predict(args) -> int:
           param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
     table, slow_mixing = {}, []
     for meth in methods:
-      m = core.make_method(meth, c)
+      try:
+        m = core.make_method(meth, c)
+      except ValueError as e:
+        raise ValueError(f"--methods {meth} at --n-workers {n}: {e}") from None
       if m.topology is not None and not m.topology.has_finite_time_consensus():
         slow_mixing.append(meth)
       est = core.closed_form(m, c, w)
@@ -162,12 +274,22 @@ def _predict(args) -> int:
     groups.append((f"{n} GPUs", {k: 1e3 * v[0] for k, v in table.items()},
                    None))
   if args.png:
-    bar_chart([(args.preset or "predicted", groups)], args.png)
-    print(f"wrote {args.png}")
+    _write_chart([(args.preset or "predicted", groups)], args.png)
   return 0
 
 
+def _write_chart(panels, path: str) -> None:
+  """``bar_chart`` to ``--png path``; an OS error names the path."""
+  try:
+    bar_chart(panels, path)
+  except OSError as e:
+    raise ValueError(f"--png {path!r} could not be written: "
+                     f"{e.strerror or e}.") from None
+  print(f"wrote {path}")
+
+
 def _fig6(args) -> int:
+  check_output_path(args.png, "--png")
   params = None
   if args.refit:
     t4 = paper.fit_fig6("T4")
@@ -194,13 +316,18 @@ def _fig6(args) -> int:
                        {r["method"]: r["measured_ms"] for r in sel}))
       panels.append((f"{name} cluster ({paper.PUBLISHED[name]['local_size']}"
                      " GPUs/node)", groups))
-    bar_chart(panels, args.png)
-    print(f"wrote {args.png}")
+    _write_chart(panels, args.png)
   return 1 if bad else 0
 
 
 def _calibrate(args) -> int:
+  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model import calibrate  # pylint: disable=import-outside-toplevel
+  # The config and its device count are checked before JAX starts.
+  config = config_lib.load_config(args.config, args.set)
+  config_lib.check_config(config)
+  config_lib.check_simulated_devices(int(config.n_workers),
+                                     f"config.n_workers={config.n_workers}")
   report = calibrate.calibrate(args.config, overrides=args.set,
                                steps=args.steps)
   print(calibrate.format_report(report))
@@ -235,7 +362,7 @@ _WORKLOAD_FLAGS = (
 
 def build_parser() -> argparse.ArgumentParser:
   """The argument parser (all units are in the flag names)."""
-  p = argparse.ArgumentParser(
+  p = _Parser(
       prog="python -m decentral_jax.runtime_model",
       description="Runtime model of decentralized vs All-Reduce training "
       "(Wang et al., ICLR 2025, Sec. 4): predicted ms/iteration per method "

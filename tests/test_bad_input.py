@@ -1,0 +1,385 @@
+"""Bad input: every config field, data file and command line is refused in one line.
+
+Field rules are checked on configs built in memory (fast); the command lines
+of experiments/train.py and experiments/compare.py run as subprocesses, all
+at once, and stop before JAX starts; the runtime model's CLI is called in
+process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from ml_collections import config_dict
+
+from conftest import FIXTURES
+from decentral_jax import config as config_lib
+from decentral_jax import tasks
+from decentral_jax.runtime_model import __main__ as runtime_cli
+from test_compare import compare
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAN, INF = math.nan, math.inf
+BIG = 2**31  # one past the largest integer field value
+
+
+def make_config(model: str = "gpt", **fields):
+  """``base_config(model)`` with dotted fields replaced (types not enforced)."""
+  d = config_lib.base_config(model).to_dict()
+  for name, value in fields.items():
+    node = d
+    *groups, leaf = name.split(".")
+    for g in groups:
+      node = node[g]
+    node[leaf] = value
+  return config_dict.ConfigDict(d)
+
+
+def one_line_error(fn, *args) -> str:
+  with pytest.raises(ValueError) as info:
+    fn(*args)
+  message = str(info.value)
+  assert "\n" not in message, message
+  return message
+
+
+# (field, bad value, model); the message must name the field and the
+# override that fixes it.
+BAD_FIELDS = [
+    ("schedule.final_lr", -1.0, "gpt"), ("schedule.final_lr", NAN, "gpt"),
+    ("schedule.peak_lr", -1e-3, "gpt"),
+    ("schedule.peak_lr", INF, "gpt"), ("schedule.peak_lr", NAN, "gpt"),
+    ("schedule.warmup_steps", -1, "gpt"), ("schedule.warmup_steps", BIG, "gpt"),
+    ("optimizer.eps", NAN, "gpt"), ("optimizer.eps", -1e-8, "gpt"),
+    ("optimizer.eps", INF, "gpt"), ("optimizer.weight_decay", -0.1, "gpt"),
+    ("optimizer.weight_decay", NAN, "gpt"), ("optimizer.b1", 1.0, "gpt"),
+    ("optimizer.b1", -0.1, "gpt"), ("optimizer.b1", NAN, "gpt"),
+    ("optimizer.b2", 1.0, "gpt"), ("optimizer.b2", "0.9", "gpt"),
+    ("optimizer.accum_steps", 0, "gpt"), ("grad_clip", -1.0, "gpt"),
+    ("grad_clip", NAN, "gpt"), ("grad_clip", INF, "gpt"),
+    ("grad_clip", True, "gpt"),
+    ("steps", BIG, "gpt"), ("steps", 0, "gpt"), ("steps", True, "gpt"),
+    ("steps", 1.5, "gpt"), ("seed", 2**32, "gpt"), ("seed", -1, "gpt"),
+    ("n_workers", 0, "gpt"), ("n_workers", BIG, "gpt"),
+    ("workers_per_node", 0, "gpt"), ("global_batch", BIG, "gpt"),
+    ("global_avg_interval", -1, "gpt"), ("eval_interval", -1, "gpt"),
+    ("eval_batches", 0, "gpt"), ("log_interval", 0, "gpt"),
+    ("checkpoint_interval", BIG, "gpt"), ("keep_checkpoints", 0, "gpt"),
+    ("tensorboard", 1, "gpt"), ("workdir", 3, "gpt"), ("data.path", 3, "gpt"),
+    ("comm_dtype", "int8", "gpt"), ("gossip_rounds", "dynamic", "gpt"),
+    ("topology", 3, "gpt"), ("data.val_fraction", 1.0, "gpt"),
+    ("data.val_fraction", -0.1, "gpt"),
+    ("model.dropout", 1.0, "gpt"), ("model.dropout", -0.1, "gpt"),
+    ("model.n_layer", 0, "gpt"), ("model.n_embd", 0, "gpt"),
+    ("model.block_size", 0, "gpt"),
+    ("model.vocab_size", BIG, "gpt"), ("model.bias", 1, "gpt"),
+    ("model.dtype", "float16", "gpt"),
+    ("model.features", (), "cnn"), ("model.features", (32, 0), "cnn"),
+    ("model.features", (8,) * 5, "cnn"), ("model.features", (8.0,), "cnn"),
+    ("model.dense", 0, "cnn"), ("model.num_classes", 1, "cnn"),
+]
+
+
+@pytest.mark.parametrize("field, value, model", BAD_FIELDS)
+def test_bad_field_is_one_line_naming_it(field, value, model):
+  message = one_line_error(config_lib.check_config,
+                           make_config(model, **{field: value}))
+  assert (f"config.{field} must be" in message or
+          f"unknown config.{field}=" in message), message  # its own rule
+  assert f"--config.{field}=" in message, message  # says what to set
+
+
+# Fields valid on their own but not together: (fields, phrases).
+BAD_RELATIONS = [
+    ({"schedule.final_lr": 1.0}, ("config.schedule.final_lr=1.0 exceeds",
+                                  "--config.schedule.final_lr=")),
+    ({"schedule.name": "constant", "schedule.peak_lr": 0.0},
+     ("config.schedule.peak_lr must be",)),  # no final_lr relation here
+    ({"model.n_head": 3}, ("config.model.n_head=3 must divide",
+                           "--config.model.n_head=")),
+    ({"workers_per_node": 3}, ("config.workers_per_node=3 must divide",
+                               "--config.workers_per_node=")),
+    ({"global_batch": 60}, ("config.global_batch=60 is not divisible",
+                            "--config.global_batch=56")),
+    ({"optimizer.name": "adamw"}, ("config.optimizer.accum_steps=4 only",
+                                   "--config.optimizer.accum_steps=1")),
+    ({"data.val_fraction": 0.0}, ("config.data.val_fraction=0.0 leaves no",
+                                  "--config.data.val_fraction=")),
+]
+
+
+@pytest.mark.parametrize("fields, phrases", BAD_RELATIONS)
+def test_bad_combination_is_one_line_naming_the_fields(fields, phrases):
+  message = one_line_error(config_lib.check_config, make_config(**fields))
+  for phrase in phrases:
+    assert phrase in message, message
+
+
+# Values at the edges of the rules are accepted.
+GOOD_FIELDS = [
+    {"schedule.final_lr": 0.0}, {"schedule.final_lr": 1.5e-3},
+    {"optimizer.b1": 0.0}, {"optimizer.eps": 0.0}, {"grad_clip": 0.0},
+    {"optimizer.weight_decay": 0}, {"model.dropout": 0.0},
+    {"seed": 2**32 - 1}, {"steps": BIG - 1}, {"log_interval": BIG - 1},
+    {"schedule.warmup_steps": 10_000},  # > steps: a warning, not an error
+    {"schedule.name": "constant", "schedule.final_lr": 1.0},  # unused field
+    {"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15},
+]
+
+
+@pytest.mark.parametrize("fields", GOOD_FIELDS)
+def test_values_at_the_edges_are_accepted(fields):
+  config_lib.check_config(make_config(**fields))
+
+
+def test_warmup_longer_than_the_run_is_a_warning():
+  assert config_lib.config_warnings(make_config()) == []
+  [line] = config_lib.config_warnings(make_config(
+      **{"schedule.warmup_steps": 2000, "steps": 20}))
+  assert "config.schedule.warmup_steps=2000" in line and "config.steps=20" in line
+  assert config_lib.config_warnings(make_config(**{
+      "schedule.warmup_steps": 2000, "steps": 20,
+      "schedule.name": "constant"})) == []
+
+
+def test_simulated_device_limit():
+  limit = config_lib.MAX_SIMULATED_CPU_DEVICES
+  assert config_lib.check_simulated_devices(limit, "x") == limit
+  message = one_line_error(config_lib.check_simulated_devices, 1048576,
+                           "config.n_workers=1048576")
+  assert "config.n_workers=1048576" in message and str(limit) in message
+
+
+# -- config files and overrides --------------------------------------------------
+
+
+@pytest.mark.parametrize("source, expect", [
+    (None, "does not exist"),
+    ("", "is not a file"),  # a directory
+    ("x = (\n", "SyntaxError"),
+    ("X = 1\n", "no get_config()"),
+    ("def get_config():\n  return 1 / 0\n", "ZeroDivisionError"),
+    ("def get_config():\n  return {'a': 1}\n", "not an ml_collections"),
+])
+def test_broken_config_file_is_named(tmp_path, source, expect):
+  path = tmp_path / "cfg.py"
+  if source == "":
+    path.mkdir()
+  elif source is not None:
+    path.write_text(source)
+  message = one_line_error(config_lib.load_config, str(path))
+  assert str(path) in message and expect in message, message
+
+
+def test_config_variant_and_override_errors():
+  owt = os.path.join(ROOT, "configs", "gpt2_small_owt.py")
+  message = one_line_error(config_lib.load_config, owt + ":bogus")
+  assert "gpt2_small_owt.py:bogus" in message and "bogus" in message
+  tiny = os.path.join(ROOT, "configs", "gpt_tiny.py")
+  message = one_line_error(config_lib.load_config, tiny, ["steps=abc"])
+  assert "--config.steps=abc" in message and "'abc'" in message
+  message = one_line_error(config_lib.load_config, tiny, ["optimizer.nope=1"])
+  assert "'optimizer.nope'" in message
+
+
+def test_split_overrides():
+  rest, overrides = config_lib.split_overrides([
+      "prog", "--config", "c.py", "--config.steps", "3",
+      "--config.schedule.final_lr", "-1", "--config.tensorboard",
+      "--workdir=w", "--", "--config.x=1"])
+  assert rest == ["prog", "--config", "c.py", "--workdir=w", "--",
+                  "--config.x=1"]
+  assert overrides == ["--config.steps=3", "--config.schedule.final_lr=-1",
+                       "--config.tensorboard"]
+
+
+# -- data --------------------------------------------------------------------------
+
+
+def _token_config(path, **fields):
+  return make_config(**{
+      "data.source": "token_bins", "data.path": str(path),
+      "model.vocab_size": 50304, "model.block_size": 16, "global_batch": 8,
+      "n_workers": 4, "eval_batches": 1, **fields})
+
+
+def _write_bins(path, train, val):
+  path.mkdir(exist_ok=True)
+  np.asarray(train, np.uint16).tofile(path / "train.bin")
+  np.asarray(val, np.uint16).tofile(path / "val.bin")
+
+
+def test_token_ids_beyond_the_vocabulary_name_the_file(tmp_path, monkeypatch):
+  rng = np.random.default_rng(0)
+  good = rng.integers(0, 50257, 4096)
+  _write_bins(tmp_path, good, good[:512])
+  task = tasks.make_task(_token_config(tmp_path), 4, 2)  # in range: fine
+  assert task.host_batch(0)[0].shape == (4, 2, 16)
+  bad = good.copy()
+  bad[3000] = 60000
+  _write_bins(tmp_path, bad, good[:512])
+  message = one_line_error(tasks.make_task, _token_config(tmp_path), 4, 2)
+  assert "train.bin" in message and "60000" in message, message
+  assert "config.model.vocab_size=50304" in message, message
+  _write_bins(tmp_path, good, np.full(512, 50304))
+  message = one_line_error(tasks.make_task, _token_config(tmp_path), 4, 2)
+  assert "val.bin" in message and "50304" in message, message
+  # Files above the scan limit are checked batch by batch instead.
+  _write_bins(tmp_path, np.full(4096, 65535), good[:512])
+  monkeypatch.setattr(tasks, "SCAN_TOKEN_BYTES", 0)
+  task = tasks.make_task(_token_config(tmp_path), 4, 2)
+  message = one_line_error(task.host_batch, 5)
+  assert "train.bin" in message and "65535" in message, message
+  assert "step 5" in message, message
+
+
+def test_labels_beyond_num_classes():
+  config = make_config("cnn", **{
+      "data.path": os.path.join(FIXTURES, "fashion_mnist"),
+      "model.num_classes": 5, "global_batch": 8, "n_workers": 4,
+      "eval_batches": 1})
+  message = one_line_error(tasks.make_task, config, 4, 2)
+  assert "config.model.num_classes=5" in message and "up to 9" in message
+
+
+# -- command lines -------------------------------------------------------------------
+
+
+def _run_all(commands: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
+  """Runs the commands concurrently; returns their results by name."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
+         and not k.startswith("SLURM_")}
+  env["JAX_PLATFORMS"] = "cpu"
+  procs = {name: subprocess.Popen(
+      [sys.executable, *argv], cwd=ROOT, env=env, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           for name, argv in commands.items()}
+  out = {}
+  for name, p in procs.items():
+    stdout, stderr = p.communicate(timeout=240)
+    out[name] = subprocess.CompletedProcess(p.args, p.returncode, stdout,
+                                            stderr)
+  return out
+
+
+def _assert_one_error_line(proc, *names):
+  assert proc.returncode == 2, (proc.args, proc.stderr[-3000:])
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1, proc.stderr[-3000:]
+  for name in names:
+    assert name in errors[0], (name, errors[0])
+
+
+def test_command_lines_refuse_bad_input_in_one_line(tmp_path):
+  train = ["experiments/train.py", "--config", "configs/gpt_tiny.py",
+           "--workdir", str(tmp_path / "w")]
+  cmp = ["experiments/compare.py", "--outdir", str(tmp_path / "c")]
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  cases = {
+      "final_lr": (train + ["--config.schedule.final_lr=-1.0"],
+                   ("config.schedule.final_lr",)),
+      "steps": (train + [f"--config.steps={2**31}"], ("config.steps",)),
+      "workers": (train + ["--config.n_workers=1048576",
+                           "--config.global_batch=1048576"],
+                  ("config.n_workers=1048576", "1024")),
+      "missing": (["experiments/train.py", "--config", "configs/nope.py",
+                   "--workdir", str(tmp_path / "w")], ("configs/nope.py",)),
+      "flag": (train + ["--cpu_devices=-1"], ("--cpu_devices",)),
+      "cmp_override": (cmp + ["--config.nope=1"], ("'nope'",)),
+      "cmp_missing": (cmp + ["--config", "configs/nope.py"],
+                      ("configs/nope.py",)),
+      "cmp_outdir": (["experiments/compare.py", "--outdir", str(a_file)],
+                     (str(a_file), "is a file")),
+      "cmp_arm": (cmp + ["--config.n_workers=6", "--config.global_batch=12"],
+                  ("dadam_one_peer_exp", "power of two")),
+  }
+  results = _run_all({k: argv for k, (argv, _) in cases.items()})
+  for name, (_, expect) in cases.items():
+    _assert_one_error_line(results[name], *expect)
+  assert not (tmp_path / "w").exists() and not (tmp_path / "c").exists()
+
+
+def test_compare_names_a_diverged_arm_and_reports_the_others(
+    tmp_path, monkeypatch, capsys):
+  def fake_train(config, workdir):
+    if config.optimizer.name == "adamw" and config.algorithm == "decentralized":
+      raise FloatingPointError("non-finite training loss at step 2")
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 3, "train_time_s": 1.0,
+                          "eval/loss": 2.0}) + "\n")
+    return {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+            "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
+
+  monkeypatch.setattr(compare.train, "train_and_evaluate", fake_train)
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
+  argv = compare._parse_or_exit(  # pylint: disable=protected-access
+      ["compare.py", f"--outdir={tmp_path}", "--config.steps=3"])
+  with pytest.raises(SystemExit) as info:
+    compare.main(argv)
+  assert info.value.code == 3
+  errors = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("error: ")]
+  assert len(errors) == 1 and "1 of 4 runs diverged" in errors[0]
+  assert "dadam_one_peer_exp" in errors[0] and "step 2" in errors[0]
+  table = (tmp_path / "results.md").read_text()
+  assert "| DAdam, one_peer_exp | diverged |" in table
+  assert table.count("| 2.0000 |") == 3  # the other three runs
+  assert (tmp_path / "loss_vs_step.png").exists()
+
+
+def _runtime_cli(argv) -> int:
+  try:
+    return runtime_cli.main(argv)
+  except SystemExit as e:  # argparse's errors
+    return e.code
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["predict", "--params", "1e30"], ("--params", "buckets")),
+    (["predict", "--n-workers", "1048576"], ("--n-workers 1048576", "4096")),
+    (["predict", "--nic-Gbps", "0"], ("--nic-Gbps", "> 0")),
+    (["predict", "--intra-GBps", "nan"], ("--intra-GBps",)),
+    (["predict", "--forward-ms", "-1"], ("--forward-ms", ">= 0")),
+    (["predict", "--compute-cv", "inf"], ("--compute-cv",)),
+    (["predict", "--grad-dtype", "float33"], ("--grad-dtype", "float33")),
+    (["predict", "--steps", "1000000"], ("--steps",)),
+    (["predict", "--n-workers", "6", "--preset", "A40"], ("--n-workers 6",)),
+    (["predict", "--methods", "hypercube"], ("--methods hypercube",)),
+    (["predict", "--n-workers", "x"], ("--n-workers",)),
+    (["predict", "--png", "/nonexistent_dir/x.png"],
+     ("--png", "/nonexistent_dir")),
+    (["fig6", "--png", "/nonexistent_dir/f.png"], ("--png", "/nonexistent_dir")),
+    (["calibrate", "--config", "configs/nope.py"], ("configs/nope.py",)),
+    (["calibrate", "--config", "configs/gpt_tiny.py", "--set",
+      "schedule.final_lr=-1"], ("config.schedule.final_lr",)),
+    (["calibrate", "--config", "configs/gpt_tiny.py", "--set",
+      "n_workers=4096", "--set", "global_batch=4096"],
+     ("config.n_workers=4096", "1024")),
+])
+def test_runtime_model_cli_names_the_bad_flag(argv, names, capsys):
+  assert _runtime_cli(argv) == 2
+  out = capsys.readouterr()
+  assert out.out == ""  # refused before anything is computed
+  errors = out.err.strip().splitlines()
+  assert len(errors) == 1 and errors[0].startswith("error: "), out.err
+  for name in names:
+    assert name in errors[0], (name, errors[0])
+
+
+def test_runtime_model_unwritable_png_is_one_line(capsys):
+  # Refused up front, or (as root, who passes access checks) when written.
+  rc = _runtime_cli(["predict", "--n-workers", "8", "--steps", "10",
+                     "--png", "/proc/x.png"])
+  assert rc == 2
+  errors = capsys.readouterr().err.strip().splitlines()
+  assert len(errors) == 1 and "--png '/proc/x.png'" in errors[0], errors
