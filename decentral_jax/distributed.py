@@ -41,7 +41,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from ml_collections import config_dict
 
-from decentral_jax import config as config_lib
+from decentral_jax import validation
 
 PyTree = Any
 
@@ -323,7 +323,7 @@ def initialize_from_config(config: config_dict.ConfigDict) -> bool:
       not complete within ``initialization_timeout_seconds`` ends this
       process with a one-line error (see :func:`initialize`).
   """
-  config_lib.check_distributed(config)
+  validation.check_distributed(config)
   d = config.distributed
   explicit = bool(d.coordinator_address) or int(d.num_processes) > 0 or \
       int(d.process_id) >= 0

@@ -37,12 +37,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_dict
 
 from decentral_jax import builders
-from decentral_jax import config as config_lib
 from decentral_jax import distributed
 from decentral_jax import parallel
 from decentral_jax import step as step_lib
 from decentral_jax import tasks
 from decentral_jax import topology as topology_lib
+from decentral_jax import validation
 
 Batch = step_lib.Batch
 TrainState = step_lib.TrainState
@@ -129,7 +129,7 @@ class Experiment:
       # First, so that a field that differs is reported on every process
       # before any check that could fail on some processes only.
       distributed.check_same_config(config)
-    config_lib.check_config(config)
+    validation.check_config(config)
     c = self.config = config
     if c.distributed.enabled and not jax.distributed.is_initialized():
       raise ValueError(

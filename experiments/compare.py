@@ -47,6 +47,7 @@ from decentral_jax import config as config_lib
 from decentral_jax import metrics as metrics_lib
 from decentral_jax import topology as topology_lib
 from decentral_jax import train
+from decentral_jax import validation
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs", "gpt_tiny.py")
@@ -124,7 +125,7 @@ def arm_configs(base, accum_steps: int, per_method_lr: bool):
   for run in RUNS:
     config = run_config(base, run, accum_steps, per_method_lr)
     try:
-      config_lib.check_config(config)
+      validation.check_config(config)
       if builders.ALGORITHMS[config.algorithm].uses_topology:
         n, local = int(config.n_workers), int(config.workers_per_node)
         try:
@@ -282,7 +283,7 @@ def main(argv):
       accum = max(int(base.n_workers) // 2, 2)
     arms = arm_configs(base, accum, per_method_lr)
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
-      devices = config_lib.check_simulated_devices(
+      devices = validation.check_simulated_devices(
           _CPU_DEVICES.value or int(base.n_workers),
           f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
           else f"config.n_workers={base.n_workers}")
@@ -291,7 +292,7 @@ def main(argv):
   except ValueError as e:
     _fail(e)
   for line in dict.fromkeys(w for _, c in arms
-                            for w in config_lib.config_warnings(c)):
+                            for w in validation.config_warnings(c)):
     print(f"warning: {line}", file=sys.stderr)
   finals, logs, diverged = [], [], []
   start = time.perf_counter()

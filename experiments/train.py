@@ -45,6 +45,7 @@ from decentral_jax import checkpoint
 from decentral_jax import config as config_lib
 from decentral_jax import distributed
 from decentral_jax import train
+from decentral_jax import validation
 
 _CONFIG = flags.DEFINE_string(
     "config", None, "Path to a config file (configs/*.py, or FILE.py:ARG); "
@@ -69,7 +70,7 @@ def simulate_cpu_devices(n: int, source: str = "--cpu_devices=N") -> None:
   """
   if os.environ.get("JAX_NUM_CPU_DEVICES"):
     return
-  config_lib.check_simulated_devices(int(n), source)
+  validation.check_simulated_devices(int(n), source)
   jax.config.update("jax_num_cpu_devices", int(n))
 
 
@@ -99,7 +100,7 @@ def main(argv):
   try:
     # Everything about the config is checked before JAX starts.
     config = config_lib.load_config(_CONFIG.value, _OVERRIDES)
-    config_lib.check_config(config)
+    validation.check_config(config)
     workdir = _WORKDIR.value or config.workdir
     if not workdir:
       raise ValueError("--workdir is required (or set config.workdir).")
@@ -112,7 +113,7 @@ def main(argv):
     if distributed.initialize_from_config(config) and jax.process_index() > 0:
       logging.set_verbosity(logging.WARNING)  # process 0 reports
     if jax.process_index() == 0:
-      for line in config_lib.config_warnings(config):
+      for line in validation.config_warnings(config):
         print(f"warning: {line}", file=sys.stderr)
     logging.info("JAX %s, %d process(es), devices: %s", jax.__version__,
                  jax.process_count(), jax.devices())

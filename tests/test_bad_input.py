@@ -21,6 +21,7 @@ from ml_collections import config_dict
 from conftest import FIXTURES
 from decentral_jax import config as config_lib
 from decentral_jax import tasks
+from decentral_jax import validation
 from decentral_jax.runtime_model import __main__ as runtime_cli
 from test_compare import compare
 
@@ -88,7 +89,7 @@ BAD_FIELDS = [
 
 @pytest.mark.parametrize("field, value, model", BAD_FIELDS)
 def test_bad_field_is_one_line_naming_it(field, value, model):
-  message = one_line_error(config_lib.check_config,
+  message = one_line_error(validation.check_config,
                            make_config(model, **{field: value}))
   assert (f"config.{field} must be" in message or
           f"unknown config.{field}=" in message), message  # its own rule
@@ -116,7 +117,7 @@ BAD_RELATIONS = [
 
 @pytest.mark.parametrize("fields, phrases", BAD_RELATIONS)
 def test_bad_combination_is_one_line_naming_the_fields(fields, phrases):
-  message = one_line_error(config_lib.check_config, make_config(**fields))
+  message = one_line_error(validation.check_config, make_config(**fields))
   for phrase in phrases:
     assert phrase in message, message
 
@@ -135,23 +136,23 @@ GOOD_FIELDS = [
 
 @pytest.mark.parametrize("fields", GOOD_FIELDS)
 def test_values_at_the_edges_are_accepted(fields):
-  config_lib.check_config(make_config(**fields))
+  validation.check_config(make_config(**fields))
 
 
 def test_warmup_longer_than_the_run_is_a_warning():
-  assert config_lib.config_warnings(make_config()) == []
-  [line] = config_lib.config_warnings(make_config(
+  assert validation.config_warnings(make_config()) == []
+  [line] = validation.config_warnings(make_config(
       **{"schedule.warmup_steps": 2000, "steps": 20}))
   assert "config.schedule.warmup_steps=2000" in line and "config.steps=20" in line
-  assert config_lib.config_warnings(make_config(**{
+  assert validation.config_warnings(make_config(**{
       "schedule.warmup_steps": 2000, "steps": 20,
       "schedule.name": "constant"})) == []
 
 
 def test_simulated_device_limit():
   limit = config_lib.MAX_SIMULATED_CPU_DEVICES
-  assert config_lib.check_simulated_devices(limit, "x") == limit
-  message = one_line_error(config_lib.check_simulated_devices, 1048576,
+  assert validation.check_simulated_devices(limit, "x") == limit
+  message = one_line_error(validation.check_simulated_devices, 1048576,
                            "config.n_workers=1048576")
   assert "config.n_workers=1048576" in message and str(limit) in message
 

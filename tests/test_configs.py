@@ -13,6 +13,7 @@ from decentral_jax import builders
 from decentral_jax import config as config_lib
 from decentral_jax import experiment as experiment_lib
 from decentral_jax import topology
+from decentral_jax import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = ("gpt_tiny.py", "gpt2_small_owt.py", "gpt2_small_owt.py:all_reduce",
@@ -27,7 +28,7 @@ def load_config(name: str, *overrides: str):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_are_valid_and_documented(name):
   config = load_config(name)
-  config_lib.check_config(config)
+  validation.check_config(config)
   assert topology.canonical_name(config.topology) in topology.NAMES
   with open(os.path.join(ROOT, "configs", name.split(":")[0]),
             encoding="utf-8") as f:

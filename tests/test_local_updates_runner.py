@@ -13,6 +13,7 @@ from decentral_jax import checkpoint
 from decentral_jax import config as config_lib
 from decentral_jax import experiment as experiment_lib
 from decentral_jax import local_updates
+from decentral_jax import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
@@ -129,4 +130,4 @@ def test_bad_local_update_fields_name_the_field(extra, match):
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "gpt_tiny.py"), extra)
   with pytest.raises(ValueError, match=match):
-    config_lib.check_config(config)
+    validation.check_config(config)

@@ -322,11 +322,12 @@ def _fig6(args) -> int:
 
 def _calibrate(args) -> int:
   from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax import validation  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model import calibrate  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
   config = config_lib.load_config(args.config, args.set)
-  config_lib.check_config(config)
-  config_lib.check_simulated_devices(int(config.n_workers),
+  validation.check_config(config)
+  validation.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")
   report = calibrate.calibrate(args.config, overrides=args.set,
                                steps=args.steps)
