@@ -37,6 +37,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_dict
 
 from decentral_jax import builders
+from decentral_jax import agreement
 from decentral_jax import distributed
 from decentral_jax import parallel
 from decentral_jax import step as step_lib
@@ -128,7 +129,7 @@ class Experiment:
     if multi_process:
       # First, so that a field that differs is reported on every process
       # before any check that could fail on some processes only.
-      distributed.check_same_config(config)
+      agreement.check_same_config(config)
     validation.check_config(config)
     c = self.config = config
     if c.distributed.enabled and not jax.distributed.is_initialized():
@@ -231,7 +232,7 @@ class Experiment:
       params = jax.device_get(task.init_params(self._init_key))
     except Exception as e:  # pylint: disable=broad-except
       error = e  # re-raised below on this process, after the exchange
-    distributed.check_same_start(params, error)
+    agreement.check_same_start(params, error)
     self._params0 = params
     return task
 

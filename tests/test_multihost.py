@@ -36,6 +36,7 @@ import pytest
 import multihost_worker as worker
 from conftest import require_devices
 from decentral_jax import checkpoint
+from decentral_jax import agreement
 from decentral_jax import distributed
 from decentral_jax import experiment as experiment_lib
 from decentral_jax import metrics
@@ -422,8 +423,8 @@ def error_line(out, pid: int) -> str:
 
 def test_config_differences_name_the_fields():
   """Only fields outside config.distributed and workdir are compared."""
-  base = distributed.config_fields(worker.case_config("one_peer_exp"))
-  other = distributed.config_fields(worker.case_config(
+  base = agreement.config_fields(worker.case_config("one_peer_exp"))
+  other = agreement.config_fields(worker.case_config(
       "one_peer_exp", "--config.seed=1", "--config.schedule.peak_lr=0.02",
       "--config.workdir=/elsewhere", "--config.distributed.process_id=1",
       "--config.distributed.heartbeat_timeout_seconds=7"))
@@ -432,17 +433,17 @@ def test_config_differences_name_the_fields():
               k == "workdir"], base
   expected = ("schedule.peak_lr (process 0: 0.01, process 1: 0.02), "
               "seed (process 0: 0, process 1: 1)")
-  assert distributed.config_differences([base, other]) == expected
-  assert distributed.config_differences([base, dict(base), dict(base)]) == ""
+  assert agreement.config_differences([base, other]) == expected
+  assert agreement.config_differences([base, dict(base), dict(base)]) == ""
   # Processes 2 and 3 differ; a field missing on one process is named.
   missing = {k: v for k, v in base.items() if k != "model.bias"}
-  diff = distributed.config_differences([base, base, other, missing])
+  diff = agreement.config_differences([base, base, other, missing])
   assert diff.startswith("model.bias (process 0: false, process 3: <missing>"
                          "), schedule.peak_lr (process 0: 0.01, process 2: "
                          "0.02)"), diff
   assert "seed (process 0: 0, process 2: 1)" in diff
   assert "seed (process 0: 0, process 1: 1; 2 processes differ from " \
-         "process 0)" in distributed.config_differences([base, other, other])
+         "process 0)" in agreement.config_differences([base, other, other])
 
 
 def test_init_differences_tolerate_rounding_only():
@@ -454,10 +455,10 @@ def test_init_differences_tolerate_rounding_only():
   redrawn = {"w": rng.normal(size=(64, 32)).astype(np.float32),
              "b": params["b"]}
   reshaped = {"w": params["w"].reshape(32, 64), "b": params["b"]}
-  fp = distributed.init_fingerprint
-  assert distributed.init_differences([fp(params), fp(rounded)]) == ""
+  fp = agreement.init_fingerprint
+  assert agreement.init_differences([fp(params), fp(rounded)]) == ""
   for bad in (redrawn, reshaped):
-    assert distributed.init_differences(
+    assert agreement.init_differences(
         [fp(params), fp(rounded), fp(bad)]) == (
             "process 2 differs from process 0 in 1 of 2 leaves: ['w']")
 
