@@ -45,6 +45,7 @@ import optax
 from jax import lax
 
 from decentral_jax import gossip
+from decentral_jax import optim
 from decentral_jax import topology as topology_lib
 
 PyTree = Any
@@ -459,13 +460,5 @@ def global_params(opt_state: optax.OptState) -> PyTree | None:
 
   The parameters to evaluate as "the averaged model" of a DiLoCo run.
   """
-  found = []
-
-  def visit(s):
-    if isinstance(s, (DiLoCoState, StreamingDiLoCoState)):
-      found.append(s.theta)
-      return True
-    return False
-
-  jax.tree.map(lambda _: None, opt_state, is_leaf=visit)
-  return found[0] if found else None
+  found = optim.find_states(opt_state, (DiLoCoState, StreamingDiLoCoState))
+  return found[0].theta if found else None

@@ -114,7 +114,7 @@ _INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
                 "schedules)")
 
 
-def _check_float_dtype(name: str, dtype) -> None:
+def check_float_dtype(name: str, dtype) -> None:
   """Raises ValueError unless ``dtype`` is None or a floating dtype.
 
   An array here is what ``optax.inject_hyperparams`` makes of a dtype class
@@ -136,7 +136,7 @@ def _check_float_dtype(name: str, dtype) -> None:
 
 def _moment_dtype(name: str, dtype):
   """Canonical ``dtype`` (float64 -> float32 without x64), or None."""
-  _check_float_dtype(name, dtype)
+  check_float_dtype(name, dtype)
   return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
 
 
@@ -315,7 +315,7 @@ def gossip_mixing(topology: topology_lib.Topology,
       construction); ``params`` not passed to ``update``; errors of
       :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
   """
-  _check_float_dtype("comm_dtype", comm_dtype)
+  check_float_dtype("comm_dtype", comm_dtype)
 
   def init_fn(params):
     del params
@@ -325,7 +325,7 @@ def gossip_mixing(topology: topology_lib.Topology,
     del unused
     if params is None:
       raise ValueError(_NO_PARAMS.format("gossip_mixing"))
-    mixed = gossip.mix(params, topology, _round(state, round_index), axis_name,
+    mixed = gossip.mix(params, topology, round_step(state, round_index), axis_name,
                        comm_dtype=comm_dtype)
     updates = jax.tree.map(_add_correction, updates, mixed, params)
     return updates, GossipMixingState(optax.safe_increment(state.count))
@@ -343,8 +343,12 @@ def _add_correction(u, m, p):
   return (u.astype(dt) + (m.astype(dt) - p.astype(dt))).astype(u.dtype)
 
 
-def _round(state, round_index):
-  """The step that picks the round: a static Python int if given, else count."""
+def round_step(state, round_index):
+  """The step that picks a gossip round: static ``round_index`` or ``state.count``.
+
+  Raises:
+    ValueError: ``round_index`` given but not a Python int.
+  """
   if round_index is None:
     return state.count
   if isinstance(round_index, bool) or not isinstance(round_index, int):
@@ -426,7 +430,7 @@ def decentralized(inner: optax.GradientTransformation,
       of :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating
       leaves).
   """
-  _check_float_dtype("comm_dtype", comm_dtype)
+  check_float_dtype("comm_dtype", comm_dtype)
   # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
   # takes the conditional path.
   static_tau = not isinstance(gossip_every, jax.Array)
@@ -439,7 +443,7 @@ def decentralized(inner: optax.GradientTransformation,
 
   def mix(tree, state, round_index):
     if static_tau and tau == 1:
-      return gossip.mix(tree, topology, _round(state, round_index), axis_name,
+      return gossip.mix(tree, topology, round_step(state, round_index), axis_name,
                         comm_dtype=comm_dtype)
     if round_index is not None:
       raise ValueError("decentralized(gossip_every>1) picks its round "
@@ -620,15 +624,25 @@ def all_reduce_gradients(axis_name: gossip.AxisName = "workers"
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def round_count(opt_state: optax.OptState) -> jax.Array | None:
-  """The gossip step counter found in ``opt_state`` (first one), or None."""
+def find_states(opt_state: optax.OptState, types) -> list:
+  """Every state of the given NamedTuple ``types`` inside ``opt_state``.
+
+  Searches nested states (``optax.chain``, ``inject_hyperparams``, wrappers)
+  in tree order; works on stacked ``[n, ...]`` states too.
+  """
   found = []
 
   def visit(s):
-    if isinstance(s, (DecentralizedState, GossipMixingState)):
-      found.append(s.count)
+    if isinstance(s, types):
+      found.append(s)
       return True
     return False
 
   jax.tree.map(lambda _: None, opt_state, is_leaf=visit)
-  return found[0] if found else None
+  return found
+
+
+def round_count(opt_state: optax.OptState) -> jax.Array | None:
+  """The gossip step counter found in ``opt_state`` (first one), or None."""
+  found = find_states(opt_state, (DecentralizedState, GossipMixingState))
+  return found[0].count if found else None

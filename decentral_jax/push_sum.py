@@ -38,10 +38,10 @@ import numpy as np
 import optax
 
 from decentral_jax import gossip
+from decentral_jax import optim
 from decentral_jax import topology as topology_lib
 
 PyTree = Any
-_TOL = 1e-9  # as in topology: tolerance on column sums
 
 
 class PushSumState(NamedTuple):
@@ -67,18 +67,14 @@ def check_column_stochastic(topology: topology_lib.Topology) -> None:
                      f"{type(topology).__name__}.")
   for k, rnd in enumerate(topology.rounds):
     m = np.asarray(rnd.matrix, np.float64)
+    where = f"push_sum: round {k} of topology {topology.name!r}"
     if np.any(m < 0) or not np.all(np.isfinite(m)):
-      raise ValueError(f"push_sum: round {k} of topology {topology.name!r} "
-                       "has negative or non-finite weights.")
-    sums = m.sum(axis=0)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
-    if bad.size:
-      j = int(bad[0])
-      raise ValueError(
-          f"push_sum: round {k} of topology {topology.name!r} is not column "
-          f"stochastic: column {j} sums to {float(sums[j]):.6g}, expected 1 "
-          "(worker j must keep or send all of its mass; build directed "
-          "schedules with topology.from_matrices(..., column_stochastic=True)).")
+      raise ValueError(f"{where} has negative or non-finite weights.")
+    try:
+      topology_lib.check_column_sums(m, where)
+    except ValueError as e:
+      raise ValueError(f"{e} Build directed schedules with topology."
+                       "from_matrices(..., column_stochastic=True).") from None
 
 
 def _divide(params: PyTree, weight) -> PyTree:
@@ -95,17 +91,6 @@ def _divide(params: PyTree, weight) -> PyTree:
     return (x.astype(dt) / w.astype(dt)).astype(x.dtype)
 
   return jax.tree.map(leaf, params)
-
-
-def _step_of(state: PushSumState, round_index):
-  """The step that picks the round: a static Python int if given, else count."""
-  if round_index is None:
-    return state.count
-  if isinstance(round_index, bool) or not isinstance(round_index, int):
-    raise ValueError(
-        f"round_index must be a Python int (static; jit it with "
-        f"static_argnames), got {type(round_index).__name__}.")
-  return round_index
 
 
 def push_sum(inner: optax.GradientTransformation,
@@ -165,14 +150,7 @@ def push_sum(inner: optax.GradientTransformation,
     Assran et al., ICML 2019 (arXiv 1811.10792), Alg. 1.
   """
   check_column_stochastic(topology)
-  if comm_dtype is not None:
-    try:
-      ok = jnp.issubdtype(jnp.dtype(comm_dtype), jnp.floating)
-    except TypeError:
-      ok = False
-    if not ok:
-      raise ValueError(f"comm_dtype must be a floating dtype or None, got "
-                       f"{comm_dtype!r}.")
+  optim.check_float_dtype("comm_dtype", comm_dtype)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -186,7 +164,7 @@ def push_sum(inner: optax.GradientTransformation,
           "push_sum needs the numerators x_i (the parameters): call "
           "tx.update(grads, state, params) with params, and take grads at "
           "debiased(params, state).")
-    step = _step_of(state, round_index)
+    step = optim.round_step(state, round_index)
     z = _divide(params, state.weight)
     local, inner_state = inner.update(updates, state.inner_state, z,
                                       **extra_args)

@@ -198,6 +198,31 @@ def _general_terms(w: np.ndarray) -> tuple[PermuteTerm, ...]:
   return tuple(terms)
 
 
+def check_column_sums(w: np.ndarray, where: str) -> None:
+  """Raises ``ValueError`` unless every column of ``w`` sums to 1.
+
+  Column ``j`` holds what worker ``j`` keeps and sends; a column-stochastic
+  matrix moves all of every worker's mass (push-sum, Assran et al. 2019).
+
+  Args:
+    w: float64 [n, n] mixing matrix.
+    where: what ``w`` is, for the message (e.g. ``"mixing matrix 2"``).
+  """
+  k, total = _first_bad_sum(w, axis=0)
+  if k is not None:
+    raise ValueError(
+        f"{where} is not column stochastic: column {k} sums to "
+        f"{total:.6g}, expected 1 (column j holds what worker j keeps and "
+        "sends; together it must be all of its mass).")
+
+
+def _first_bad_sum(w, axis: int) -> tuple[int | None, float]:
+  """The first row (axis 1) or column (axis 0) not summing to 1, and its sum."""
+  sums = np.asarray(w, np.float64).sum(axis=axis)
+  bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
+  return (int(bad[0]), float(sums[bad[0]])) if bad.size else (None, 1.0)
+
+
 def _validate_matrix(w, index: int, n: int | None,
                      column_stochastic: bool = False) -> np.ndarray:
   where = f"mixing matrix {index}"
@@ -218,24 +243,15 @@ def _validate_matrix(w, index: int, n: int | None,
     raise ValueError(f"{where} has a negative entry W[{i}, {j}] = {float(w[i, j]):.6g}; "
                      "mixing weights must be >= 0.")
   if column_stochastic:
-    sums = w.sum(axis=0)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
-    if bad.size:
-      k = int(bad[0])
-      raise ValueError(
-          f"{where} is not column stochastic: column {k} sums to "
-          f"{float(sums[k]):.6g}, expected 1 (column j holds what worker j "
-          "keeps and sends; together it must be all of its mass).")
+    check_column_sums(w, where)
     return w
   for axis, label in ((1, "row"), (0, "column")):
-    sums = w.sum(axis=axis)
-    bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
-    if bad.size:
-      k = int(bad[0])
+    k, total = _first_bad_sum(w, axis)
+    if k is not None:
       raise ValueError(
           f"{where} is not doubly stochastic: {label} {k} sums to "
-          f"{float(sums[k]):.6g}, expected 1 (every row and column of W must sum "
-          "to 1).")
+          f"{total:.6g}, expected 1 (every row and column of W must sum to "
+          "1).")
   return w
 
 
