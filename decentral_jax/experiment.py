@@ -54,7 +54,12 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "algorithm": "algorithm", "topology": "topology",
                   "optimizer": "optimizer.name",
                   "accum_steps": "optimizer.accum_steps", "model": "model",
-                  "seed": "seed", "global_batch": "global_batch"}
+                  "seed": "seed", "global_batch": "global_batch",
+                  "sync_every": "sync_every", "gossip_every": "gossip_every",
+                  "num_fragments": "num_fragments",
+                  "overlap_steps": "overlap_steps",
+                  "merge_alpha": "merge_alpha",
+                  "outer_optimizer": "outer_optimizer"}
 
 
 def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
@@ -404,6 +409,14 @@ class Experiment:
         "accum_steps": int(c.optimizer.accum_steps),
         "global_batch": int(c.global_batch),
         "model": json.loads(c.model.to_json()),
+        # The sync schedule of the local-update methods (a change mid-run
+        # would silently move the sync steps).
+        "sync_every": int(c.sync_every),
+        "gossip_every": int(c.gossip_every),
+        "num_fragments": int(c.num_fragments),
+        "overlap_steps": int(c.overlap_steps),
+        "merge_alpha": float(c.merge_alpha),
+        "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:

@@ -131,3 +131,21 @@ def test_bad_local_update_fields_name_the_field(extra, match):
       os.path.join(ROOT, "configs", "gpt_tiny.py"), extra)
   with pytest.raises(ValueError, match=match):
     validation.check_config(config)
+
+
+def test_resume_refuses_a_changed_sync_schedule():
+  """A checkpoint's sync period, fragments and outer optimizer must match."""
+  require_devices(N)
+  exp = experiment_lib.Experiment(_config("streaming_diloco"))
+  meta = exp.checkpoint_meta(5)
+  exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
+  for key, value, field in (
+      ("sync_every", 8, "config.sync_every"),
+      ("num_fragments", 1, "config.num_fragments"),
+      ("overlap_steps", 0, "config.overlap_steps"),
+      ("merge_alpha", 0.5, "config.merge_alpha"),
+      ("gossip_every", 2, "config.gossip_every"),
+      ("outer_optimizer", dict(meta["outer_optimizer"], lr=0.1),
+       "config.outer_optimizer")):
+    with pytest.raises(ValueError, match=field):
+      exp.check_resumable(dict(meta, **{key: value}), "ckpt")
