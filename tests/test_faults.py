@@ -392,8 +392,11 @@ def test_failed_save_is_reported_at_its_step(exp, reference, tmp_path,
   from orbax.checkpoint._src.path import atomicity  # pylint: disable=import-outside-toplevel
   real = atomicity.AtomicRenameTemporaryPath.finalize
 
+  failed = threading.Event()
+
   async def disk_full(self, *args, **kwargs):
     if self.get_final().name == "10":
+      failed.set()
       raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
                     str(self.get() / "commit_success.txt"))
     return await real(self, *args, **kwargs)
@@ -402,6 +405,8 @@ def test_failed_save_is_reported_at_its_step(exp, reference, tmp_path,
 
   def slow_after_10(state, batch, step=None):
     steps.append(len(steps))
+    if len(steps) == 11:  # however loaded the machine, it failed by now
+      assert failed.wait(timeout=120)
     if len(steps) > 10:
       time.sleep(0.25)  # room to notice the failure before the next save
     return train_step(state, batch, step)
