@@ -208,8 +208,9 @@ class WorkdirLock:
 def os_error_text(e: BaseException) -> tuple[int | None, str]:
   """``(errno, "strerror (ENAME)")`` of an OS error, also one reported
   inside TensorStore's message (``os_error_code='28'``) or chained; else
-  ``(None, first line of the message)``."""
-  seen, cur = set(), e
+  ``(None, one line)``: a chained TensorStore status (``OUT_OF_RANGE: ...``)
+  if there is one, or the first line of the message."""
+  seen, cur, status = set(), e, None
   while cur is not None and id(cur) not in seen:
     seen.add(id(cur))
     code = cur.errno if isinstance(cur, OSError) else None
@@ -217,8 +218,11 @@ def os_error_text(e: BaseException) -> tuple[int | None, str]:
       code = int(m.group(1))
     if code:
       return code, f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    if status is None and re.match(r"[A-Z_]{4,}: ", str(cur)):
+      status = str(cur)
     cur = cur.__cause__ or cur.__context__
-  line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+  text = status if status is not None else str(e)
+  line = (text.strip().splitlines() or [type(e).__name__])[0]
   return None, line[:300]
 
 
