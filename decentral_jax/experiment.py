@@ -59,7 +59,8 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "num_fragments": "num_fragments",
                   "overlap_steps": "overlap_steps",
                   "merge_alpha": "merge_alpha",
-                  "outer_optimizer": "outer_optimizer"}
+                  "outer_optimizer": "outer_optimizer",
+                  "comm_dtype": "comm_dtype"}
 
 
 def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
@@ -417,6 +418,7 @@ class Experiment:
         "overlap_steps": int(c.overlap_steps),
         "merge_alpha": float(c.merge_alpha),
         "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
+        "comm_dtype": c.comm_dtype,
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:

@@ -189,6 +189,9 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     mu_dtype: optional floating dtype of ``M`` and ``A`` (default: the param
       dtype).
     nu_dtype: optional floating dtype of ``V`` (default: the param dtype).
+      With float16 parameters pass ``jnp.float32``: ``(1 - b2) g^2`` of
+      small gradients underflows float16's range (about 6e-8), and the
+      direction drifts from float32's without any non-finite value.
 
   Returns:
     An ``optax.GradientTransformation`` with state
@@ -550,7 +553,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     mix_after_update: adapt-then-combine instead of the paper's order.
     comm_dtype: optional dtype in which parameters are sent.
     mu_dtype: optional floating dtype of the first moment and accumulator.
-    nu_dtype: optional floating dtype of the second moment.
+    nu_dtype: optional floating dtype of the second moment (use float32
+      with float16 parameters, see :func:`scale_by_accum_adam`).
     gossip_every: mix every this many steps (local steps in between; see
       :func:`decentralized`).
 

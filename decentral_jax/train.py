@@ -198,9 +198,10 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   except ValueError as e:  # e.g. a different optimizer-state structure
     raise ValueError(
         f"cannot resume from {ckpt.directory} (step {step}): its state does "
-        f"not match this config (a changed grad_clip, optimizer or model "
-        f"field?); resume with the original config or use a fresh "
-        f"--workdir. Orbax: {str(e).splitlines()[0]}") from None
+        f"not match this config (a changed grad_clip, optimizer, "
+        f"outer_optimizer, num_fragments or model field?); resume with the "
+        f"original config or use a fresh --workdir. Orbax: "
+        f"{str(e).splitlines()[0].rstrip(': ')}") from None
   if main:
     logging.info("resumed from %s at step %d", ckpt.step_dir(step), step)
   return (state, int(meta["data_position"]),

@@ -154,7 +154,8 @@ _RULES = {
     "num_fragments": _integer(1),
     "overlap_steps": _integer(0),
     "merge_alpha": lambda name, value: (
-        _real(0.0)(name, value) if value == 1 else _real(0.0, 1.0)(name, value)),
+        _real(0.0)(name, value) if value == 1 else
+        _real(0.0, 1.0, note=" or exactly 1")(name, value)),
     "steps": _integer(1),
     "global_batch": _integer(1),
     "seed": _integer(0, SEED_MAX),
@@ -299,12 +300,25 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
     raise ValueError(
         f"config.gossip_every={c.gossip_every} picks its gossip round inside "
         "the step; set --config.gossip_rounds=switch (or gossip_every=1).")
+  if c.algorithm == "decentralized_diloco" and c.gossip_rounds == "static":
+    raise ValueError(
+        "config.algorithm=decentralized_diloco picks its gossip round (the "
+        "outer step) inside the step; set --config.gossip_rounds=switch.")
+  if c.global_avg_interval and c.algorithm in (
+      "diloco", "decentralized_diloco", "streaming_diloco"):
+    raise ValueError(
+        f"config.global_avg_interval={c.global_avg_interval} would average "
+        f"the workers' parameters but not theta, the model "
+        f"config.algorithm={c.algorithm} evaluates; it synchronises every "
+        "config.sync_every steps: set --config.global_avg_interval=0.")
 
 
 def config_warnings(config: config_dict.ConfigDict) -> list[str]:
   """Settings of a valid config that run but are probably not meant.
 
-  Currently: ``schedule.warmup_steps > steps`` (warmup_cosine,
+  Currently: ``steps`` not a multiple of ``sync_every`` for the DiLoCo
+  methods (the evaluated theta misses the last steps), and
+  ``schedule.warmup_steps > steps`` (warmup_cosine,
   inverse_sqrt): the learning rate never reaches ``peak_lr``. Allowed
   because short smoke tests of long configs do exactly this.
 
@@ -312,6 +326,12 @@ def config_warnings(config: config_dict.ConfigDict) -> list[str]:
     One line per finding (empty if none); the entry points print them.
   """
   c, out = config, []
+  if c.algorithm in ("diloco", "decentralized_diloco", "streaming_diloco") \
+      and c.steps % c.sync_every:
+    out.append(
+        f"config.steps={c.steps} is not a multiple of config.sync_every="
+        f"{c.sync_every}: eval/loss reports theta, which does not include "
+        f"the last {c.steps % c.sync_every} steps.")
   s = c.schedule
   if s.name != "constant" and s.warmup_steps > c.steps:
     out.append(

@@ -124,6 +124,10 @@ def test_diloco_evaluates_theta():
     (("--config.outer_optimizer.name=lamb",), "outer_optimizer.name"),
     (("--config.gossip_every=2", "--config.gossip_rounds=static"),
      "gossip_rounds"),
+    (("--config.algorithm=decentralized_diloco",
+      "--config.gossip_rounds=static"), "gossip_rounds"),
+    (("--config.algorithm=diloco", "--config.global_avg_interval=5"),
+     "global_avg_interval"),
 ])
 def test_bad_local_update_fields_name_the_field(extra, match):
   config = config_lib.load_config(
@@ -145,6 +149,22 @@ def test_resume_refuses_a_changed_sync_schedule():
       ("merge_alpha", 0.5, "config.merge_alpha"),
       ("gossip_every", 2, "config.gossip_every"),
       ("outer_optimizer", dict(meta["outer_optimizer"], lr=0.1),
-       "config.outer_optimizer")):
+       "config.outer_optimizer"),
+      ("comm_dtype", "bfloat16", "config.comm_dtype")):
     with pytest.raises(ValueError, match=field):
       exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+
+
+def test_warning_when_the_run_ends_inside_a_sync_window():
+  """eval/loss reports theta: a run ending mid-window is warned about."""
+  ends_mid = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ("--config.algorithm=diloco", "--config.sync_every=10",
+       "--config.steps=25"))
+  assert any("not a multiple of config.sync_every" in w
+             for w in validation.config_warnings(ends_mid))
+  whole = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ("--config.algorithm=diloco", "--config.sync_every=10",
+       "--config.steps=300"))
+  assert not any("sync_every" in w for w in validation.config_warnings(whole))
