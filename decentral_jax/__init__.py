@@ -6,7 +6,8 @@ transforms (:mod:`decentral_jax.optim`), after Wang et al., "From Promise to
 Practice: Realizing High-performance Decentralized Training", ICLR 2025.
 
 The experiment runner is imported on demand, one concept per module:
-:mod:`~decentral_jax.config` (the config schema, checks and loading),
+:mod:`~decentral_jax.config` (the config schema and loading),
+:mod:`~decentral_jax.validation` (the config checks),
 :mod:`~decentral_jax.builders` (schedule and optimizer from a config),
 :mod:`~decentral_jax.tasks` (model, loss and data),
 :mod:`~decentral_jax.step` (``TrainState`` and the per-worker steps),
