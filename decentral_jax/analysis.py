@@ -23,9 +23,16 @@ Byte conventions (bytes *sent* by one device, in bytes):
 Control flow: a ``conditional`` (e.g. the ``lax.switch`` over a topology's
 rounds in :func:`decentral_jax.gossip.mix`) runs one branch per step, so the
 per-step bytes are reported *per branch* ("scenario"), together with the max
-and the mean over branches (the mean weighs branches equally; it equals the
-mean over the schedule when every distinct round occurs once per period, as
-for ``ring``, ``one_peer_exp`` and ``alternating_exp_ring``). Several
+and the mean over a period. Each scenario has a weight, its frequency over
+a period: a conditional traced by :func:`decentral_jax.gossip.every` (a sync
+every ``H`` steps, gossip every ``tau`` steps, a logging-step diagnostic)
+has the scope ``comm_every_H`` in its ``op_name`` and weighs its taken
+branch (index 1) ``1 / H`` and the other ``1 - 1 / H``; any other
+conditional (the ``lax.switch`` over a topology's rounds) weighs its
+branches equally, which is the mean over the schedule when every distinct
+round occurs once per period, as for ``ring``, ``one_peer_exp`` and
+``alternating_exp_ring``. So DiLoCo with ``n = 8`` and ``H = 10`` reports
+``2 (n - 1) / n / H = 0.175`` x the parameter bytes per step. Several
 conditionals in one step give one scenario per combination of branches (a
 train loop's ``lax.cond`` for a logging-step diagnostic doubles the
 scenarios); with ``align_conditionals=True``, conditionals with the same
@@ -62,6 +69,8 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+
+from decentral_jax import gossip
 
 PyTree = Any
 
@@ -177,11 +186,14 @@ class Scenario:
     label: e.g. ``"conditional.1=2"`` (branch 2), ``""`` without branches.
     counts: ``((index into CommunicationReport.collectives, times), ...)``.
     sent_bytes: ``np.ndarray`` [n_devices] float64, bytes each device sends.
+    weight: the scenario's frequency over a period (weights of a report sum
+      to 1; see the module docstring).
   """
 
   label: str
   counts: tuple[tuple[int, float], ...]
   sent_bytes: np.ndarray
+  weight: float = 1.0
 
   @property
   def busiest_bytes(self) -> float:
@@ -219,7 +231,17 @@ class CommunicationReport:
 
   @property
   def mean_bytes_per_step(self) -> float:
-    return float(np.mean(self.bytes_per_step))
+    """Busiest-worker bytes per step averaged over a period (bytes).
+
+    ``sum_s weight_s * busiest_s``: a sync every ``H`` steps counts ``1 /
+    H`` of its bytes, rounds of a schedule count equally.
+    """
+    return float(sum(s.weight * s.busiest_bytes for s in self.scenarios))
+
+  def mean_inter_node_bytes_per_step(self, local_size: int) -> float:
+    """Like :attr:`mean_bytes_per_step`, bytes leaving the node only."""
+    return float(sum(s.weight * b for s, b in zip(
+        self.scenarios, self.inter_node_bytes_per_step(local_size))))
 
   def inter_node_bytes_per_step(self, local_size: int) -> tuple[float, ...]:
     """Busiest worker's bytes per step that leave its node, per scenario.
@@ -270,8 +292,12 @@ class CommunicationReport:
       extra = ""
       if param_bytes:
         extra = f"  ratio={s.busiest_bytes / param_bytes:.4f}"
-      lines.append(f"  step {s.label or '(no branch)'}: busiest worker sends "
+      lines.append(f"  step {s.label or '(no branch)'} (weight "
+                   f"{s.weight:.4g}): busiest worker sends "
                    f"{s.busiest_bytes:,.0f} B{extra}")
+    mean = self.mean_bytes_per_step
+    extra = f" (ratio {mean / param_bytes:.4f})" if param_bytes else ""
+    lines.append(f"  mean over a period: {mean:,.0f} B per step{extra}")
     if self.unknown_trip_count:
       lines.append("  note: a while loop with unknown trip count was counted "
                    "once.")
@@ -541,11 +567,11 @@ class _Walker:
       return [("", {})]
     stack = stack + (comp,)
     shapes = {i.name: i.shape for i in self.comps[comp]}
-    scen: list[tuple[str, dict[int, float]]] = [("", {})]
+    scen: list[tuple[str, dict[int, float], float]] = [("", {}, 1.0)]
     for ins in self.comps[comp]:
       if _kind(ins.opcode):
         k = self.collective(comp, ins, shapes)
-        for _, counts in scen:
+        for _, counts, _ in scen:
           counts[k] = counts.get(k, 0) + 1
         continue
       called = _called(ins)
@@ -554,32 +580,33 @@ class _Walker:
             called.get("true_computation", []) +
             called.get("false_computation", []))
         alts = []
+        weights = _branch_weights(ins, len(branches))
         for b, bname in enumerate(branches):
-          for label, counts in self.evaluate(bname, stack):
+          for label, counts, w in self.evaluate(bname, stack):
             sub = f"{ins.name}={b}" + (f"/{label}" if label else "")
-            alts.append((sub, counts))
-        if any(c for _, c in alts):
+            alts.append((sub, counts, weights[b] * w))
+        if any(c for _, c, _ in alts):
           scen = _combine(scen, alts, self.align)
       elif ins.opcode == "while":
         body = self.evaluate(called["body"][0], stack)
         cond = self.evaluate(called["condition"][0], stack)
         trips = _trip_count(ins)
-        has_comm = any(c for _, c in body) or any(c for _, c in cond)
+        has_comm = any(c for _, c, _ in body) or any(c for _, c, _ in cond)
         if trips is None:
           trips = 1
           self.unknown_trip = self.unknown_trip or has_comm
         if has_comm:
-          inner = _combine([(lab, _scale(c, trips)) for lab, c in body],
-                           [(lab, _scale(c, trips + 1)) for lab, c in cond],
-                           False)
+          inner = _combine(
+              [(lab, _scale(c, trips), w) for lab, c, w in body],
+              [(lab, _scale(c, trips + 1), w) for lab, c, w in cond], False)
           scen = _combine(scen, inner, self.align)
       elif ins.opcode in ("call", "fusion", "async-start", "custom-call"):
         for key in ("calls", "to_apply"):
           for sub in called.get(key, []):
             inner = self.evaluate(sub, stack)
-            if any(c for _, c in inner):
+            if any(c for _, c, _ in inner):
               scen = _combine(scen, inner, self.align)
-    scen = [(lab, dict(c)) for lab, c in scen]
+    scen = [(lab, dict(c), w) for lab, c, w in scen]
     self.cache[comp] = scen
     return scen
 
@@ -602,13 +629,25 @@ def _join(a: str, b: str) -> str:
 def _combine(first, second, align: bool, cap: int = 4096):
   """Sequential composition of two scenario lists (see module docstring)."""
   if align and len(first) == len(second) and len(first) > 1:
-    return [(_join(la, lb), _merge(ca, cb))
-            for (la, ca), (lb, cb) in zip(first, second)]
+    return [(_join(la, lb), _merge(ca, cb), wa)
+            for (la, ca, wa), (lb, cb, _) in zip(first, second)]
   if len(first) * len(second) > cap:
     raise ValueError(f"{len(first) * len(second)} branch combinations exceed "
                      f"{cap}; analyse a smaller step.")
-  return [(_join(la, lb), _merge(ca, cb))
-          for (la, ca), (lb, cb) in itertools.product(first, second)]
+  return [(_join(la, lb), _merge(ca, cb), wa * wb)
+          for (la, ca, wa), (lb, cb, wb) in itertools.product(first, second)]
+
+
+def _branch_weights(ins: _Instr, n_branches: int) -> list[float]:
+  """Frequency of each branch of a conditional (module docstring)."""
+  m = re.search(r'op_name="([^"]*)"', ins.attrs)
+  if m and n_branches == 2:
+    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)/cond$",
+                       m.group(1))
+    if period and int(period.group(1)) >= 1:
+      h = int(period.group(1))
+      return [1.0 - 1.0 / h, 1.0 / h]
+  return [1.0 / n_branches] * n_branches
 
 
 def hlo_text(compiled_or_lowered: Any, stage: str = "optimized") -> str:
@@ -670,8 +709,9 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
   Returns:
     A :class:`CommunicationReport`. ``report.bytes_per_step`` holds the
     busiest worker's bytes sent per step (bytes) for every branch of the
-    schedule; ``report.ratios(tree_bytes(params))`` divides by the parameter
-    bytes of one worker.
+    schedule; ``report.mean_bytes_per_step`` averages them over a period
+    with the scenarios' weights; ``report.ratios(tree_bytes(params))``
+    divides by the parameter bytes of one worker.
 
   Raises:
     ValueError: the object holds no HLO module, or the HLO cannot be parsed
@@ -691,11 +731,12 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
       raise ValueError(f"n_devices={n} but the HLO uses device id "
                        f"{max(ids)}; pass n_devices > {max(ids)}.")
   scenarios = []
-  for label, counts in scen:
+  for label, counts, weight in scen:
     sent = np.zeros(n)
     for k, times in sorted(counts.items()):
       sent += times * walker.collectives[k].sent_bytes(n)
-    scenarios.append(Scenario(label, tuple(sorted(counts.items())), sent))
+    scenarios.append(Scenario(label, tuple(sorted(counts.items())), sent,
+                              weight))
   return CommunicationReport(n, tuple(walker.collectives), tuple(scenarios),
                              walker.unknown_trip)
 
@@ -799,7 +840,9 @@ def report_to_json(report: CommunicationReport,
       "n_devices": report.n_devices,
       "collectives": [dataclasses.asdict(c) for c in report.collectives],
       "bytes_per_step": list(report.bytes_per_step),
+      "mean_bytes_per_step": report.mean_bytes_per_step,
       "scenarios": [s.label for s in report.scenarios],
+      "weights": [s.weight for s in report.scenarios],
       "unknown_trip_count": report.unknown_trip_count,
   }
   if param_bytes:

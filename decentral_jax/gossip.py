@@ -29,6 +29,10 @@ from decentral_jax import topology as topology_lib
 PyTree = Any
 AxisName = str | tuple[str, ...]
 
+#: Name scope that marks a conditional taken once every ``H`` steps (see
+#: :func:`every`); :func:`decentral_jax.analysis.communication` reads it.
+PERIOD_SCOPE = "comm_every_"
+
 
 def _axes(axis_name: AxisName) -> tuple[str, ...]:
   return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
@@ -303,6 +307,33 @@ def mean(tree: PyTree, axis_name: AxisName = "workers", *,
     return jax.tree.map(lambda x: lax.pmean(x, axis_name), tree)
   return jax.tree.map(lambda x: match_varying(lax.pmean(x, axis_name), x),
                       tree)
+
+
+def every(period, taken, true_fn, false_fn, *operands):
+  """``lax.cond(taken, true_fn, false_fn, *operands)`` for a periodic event.
+
+  Use it for communication that happens on one step out of every
+  ``period`` (a DiLoCo sync, a gossip round every ``tau`` steps): the
+  conditional is traced under the name scope ``comm_every_<period>``, which
+  the HLO accounting (:func:`decentral_jax.analysis.communication`) reads to
+  weigh the taken branch by ``1 / period`` and the other by ``1 - 1 /
+  period`` when it averages bytes over a sync period. Values are exactly
+  those of ``lax.cond``.
+
+  Args:
+    period: steps between two taken branches, a Python int >= 1; anything
+      else (e.g. a traced value) gives a plain unmarked ``lax.cond``.
+    taken: boolean scalar, True on the steps that communicate.
+    true_fn, false_fn, operands: as for ``lax.cond``.
+
+  Returns:
+    What the chosen branch returns.
+  """
+  if isinstance(period, (int, np.integer)) and not isinstance(period, bool) \
+      and period >= 1:
+    with jax.named_scope(f"{PERIOD_SCOPE}{int(period)}"):
+      return lax.cond(taken, true_fn, false_fn, *operands)
+  return lax.cond(taken, true_fn, false_fn, *operands)
 
 
 def consensus_distance(tree: PyTree, axis_name: AxisName = "workers"):

@@ -123,8 +123,8 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     x, inner_state = _inner_step(inner, updates, state.inner_state, params,
                                  "local_sgd")
     count = optax.safe_increment(state.count)
-    x = lax.cond(count % period == 0, lambda y: gossip.mean(y, axis_name),
-                 lambda y: y, x)
+    x = gossip.every(period, count % period == 0,
+                     lambda y: gossip.mean(y, axis_name), lambda y: y, x)
     return _delta(x, params), LocalSGDState(count, inner_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -210,8 +210,8 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     x, inner_state = _inner_step(inner, updates, state.inner_state, params,
                                  "diloco")
     count = optax.safe_increment(state.count)
-    x, theta, outer_state, k = lax.cond(
-        count % period == 0, sync, lambda o: o,
+    x, theta, outer_state, k = gossip.every(
+        period, count % period == 0, sync, lambda o: o,
         (x, state.theta, state.outer_state, state.outer_count))
     return _delta(x, params), DiLoCoState(count, k, inner_state, theta,
                                           outer_state)
@@ -418,8 +418,8 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
               for a, t in zip(xs, ts)]
         return xs, ts, ss, o_state
 
-      xs, ts, ss, outer_states[p] = lax.cond(
-          merged, merge, lambda o: o, (xs, ts, ss, outer_states[p]))
+      xs, ts, ss, outer_states[p] = gossip.every(
+          period, merged, merge, lambda o: o, (xs, ts, ss, outer_states[p]))
       for j, a, t, s in zip(idx, xs, ts, ss):
         x_flat[j], theta[j], snap[j] = a, t, s
     new_state = StreamingDiLoCoState(

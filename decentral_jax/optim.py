@@ -452,8 +452,8 @@ def decentralized(inner: optax.GradientTransformation,
       raise ValueError("decentralized(gossip_every>1) picks its round "
                        "in-graph; do not pass round_index (use "
                        "config.gossip_rounds='switch').")
-    return lax.cond(
-        state.count % tau == 0,
+    return gossip.every(
+        tau, state.count % tau == 0,
         lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
                              comm_dtype=comm_dtype),
         lambda t: t, tree)

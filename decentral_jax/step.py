@@ -118,16 +118,17 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   params = optax.apply_updates(state.params, updates)
   step = state.step + 1
   if global_avg_interval and global_average is None:
-    params = lax.cond(step % global_avg_interval == 0,
-                      lambda p: gossip.mean(p, axis_name), lambda p: p, params)
+    params = gossip.every(global_avg_interval, step % global_avg_interval == 0,
+                          lambda p: gossip.mean(p, axis_name), lambda p: p,
+                          params)
   elif global_avg_interval:
-    params, opt_state = lax.cond(
-        step % global_avg_interval == 0,
+    params, opt_state = gossip.every(
+        global_avg_interval, step % global_avg_interval == 0,
         lambda po: global_average(*po, axis_name), lambda po: po,
         (params, opt_state))
   is_log = (step % log_interval == 0) | (step == total_steps)
-  consensus = lax.cond(
-      is_log,
+  consensus = gossip.every(
+      log_interval, is_log,
       lambda p: gossip.consensus_distance(p, axis_name).astype(jnp.float32),
       lambda p: jnp.full([], jnp.nan, jnp.float32), model(params, opt_state))
   finite = jnp.isfinite(loss)

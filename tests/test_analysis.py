@@ -115,7 +115,8 @@ def test_hand_written_module_bytes_per_branch():
   d = json.loads(analysis.report_to_json(rep, fixed + 40))
   np.testing.assert_allclose(d["ratios"], [1.0, (fixed + 80) / (fixed + 40)])
   assert len(d["collectives"]) == 5
-  assert "step r=1: busiest worker sends 320 B" in rep.summary(fixed + 40)
+  assert "step r=1 (weight 0.5): busiest worker sends 320 B" in rep.summary(
+      fixed + 40)
 
 
 _HLO_ASYNC = """\
@@ -187,6 +188,46 @@ def test_two_conditionals_cross_product_or_aligned():
   aligned = analysis.communication(hlo, align_conditionals=True)
   np.testing.assert_allclose(aligned.bytes_per_step,
                              [fixed + 44, fixed + 80])
+
+
+def test_periodic_conditional_weighs_its_branches_by_the_period():
+  # Branch 1 of a conditional traced under comm_every_4 all-reduces 40 B
+  # over 4 devices (2*3/4*40 = 60 B), branch 0 sends nothing: 60/4 = 15 B
+  # per step on average. A second, unmarked 2-branch switch permutes 8 B in
+  # one branch only: weights 1/2, so 15 + 4 = 19 B per step.
+  hlo = (
+      "HloModule m, num_partitions=4\n\n"
+      "%add (a: f32[], b: f32[]) -> f32[] {\n"
+      "  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
+      "  ROOT %s = f32[] add(%a, %b)\n}\n\n"
+      "%skip (p: f32[10]) -> f32[10] {\n"
+      "  ROOT %p = f32[10]{0} parameter(0)\n}\n\n"
+      "%sync (q: f32[10]) -> f32[10] {\n"
+      "  %q = f32[10]{0} parameter(0)\n"
+      "  ROOT %ar = f32[10]{0} all-reduce(%q), replica_groups={}, "
+      "to_apply=%add\n}\n\n"
+      "%quiet (u: f32[2]) -> f32[2] {\n"
+      "  ROOT %u = f32[2]{0} parameter(0)\n}\n\n"
+      "%talk (v: f32[2]) -> f32[2] {\n"
+      "  %v = f32[2]{0} parameter(0)\n"
+      "  ROOT %cp = f32[2]{0} collective-permute(%v), channel_id=1, "
+      "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}\n}\n\n"
+      "ENTRY %main (x: f32[10], k: s32[], y: f32[2]) -> f32[10] {\n"
+      "  %x = f32[10]{0} parameter(0)\n  %k = s32[] parameter(1)\n"
+      "  %y = f32[2]{0} parameter(2)\n"
+      "  %c = f32[10]{0} conditional(%k, %x, %x), branch_computations="
+      "{%skip, %sync}, metadata={op_name=\"jit(step)/shard_map/"
+      "comm_every_4/cond\"}\n"
+      "  %d = f32[2]{0} conditional(%k, %y, %y), branch_computations="
+      "{%quiet, %talk}, metadata={op_name=\"jit(step)/switch\"}\n"
+      "  ROOT %r = f32[10]{0} add(%c, %c)\n}\n")
+  rep = analysis.communication(hlo)
+  by_label = {s.label: (s.weight, s.busiest_bytes) for s in rep.scenarios}
+  assert by_label == pytest.approx({
+      "c=0/d=0": (0.75 * 0.5, 0.0), "c=0/d=1": (0.75 * 0.5, 8.0),
+      "c=1/d=0": (0.25 * 0.5, 60.0), "c=1/d=1": (0.25 * 0.5, 68.0)})
+  assert rep.mean_bytes_per_step == pytest.approx(19.0)
+  assert rep.max_bytes_per_step == pytest.approx(68.0)
 
 
 def test_operands_after_index_comments_are_counted():
@@ -347,3 +388,67 @@ def test_bfloat16_gossip_halves_the_bytes_requested(mesh):
     assert all(c.dtypes == ("f32",) for c in ran.collectives)
   else:
     assert ran.ratios(PARAM_BYTES) == (0.5, 0.5, 0.5)
+
+
+# ---------------------------------------------------------------------------
+# Local-update methods: bytes averaged over a sync period.
+# ---------------------------------------------------------------------------
+
+AR = 2 * (N - 1) / N  # ring all-reduce figure, 1.75
+
+
+def _local_update_methods():
+  from decentral_jax import local_updates
+  from decentral_jax import push_sum
+  inner = optax.adamw(1e-3)
+  ring = topology.make("ring", N)
+  return {
+      # name: (transform, sync-step ratio, expected period mean ratio)
+      "local_sgd_h10": (local_updates.local_sgd(inner, 10), AR, AR / 10),
+      "diloco_h10": (local_updates.diloco(inner, 10), AR, AR / 10),
+      "diloco_h4": (local_updates.diloco(inner, 4), AR, AR / 4),
+      # Two fragments (w, b) each all-reduced once per H = 10 steps.
+      "streaming_p2_h10": (local_updates.streaming_diloco(
+          inner, 10, num_fragments=2, overlap_steps=1), None, AR / 10),
+      # Decentralized DiLoCo on the ring (two one-peer rounds, alternating):
+      # one round per H = 5 steps.
+      "decentralized_diloco_ring_h5": (local_updates.diloco(
+          inner, 5, topology=ring), 1.0, 1.0 / 5),
+      # Local DAdam: a one-peer round every 4 steps.
+      "dadam_tau4": (optim.decentralized_adamw(
+          1e-3, topology.make("one_peer_exp", N), gossip_every=4),
+          1.0, 1.0 / 4),
+      # SGP: a directed one-peer round every step (x and the weight).
+      "sgp": (push_sum.sgp(1e-3, push_sum.one_peer_directed_exp(N)),
+              None, None),
+  }
+
+
+@pytest.mark.parametrize("name", list(_local_update_methods()))
+def test_local_update_bytes_per_step_over_a_sync_period(mesh, name):
+  tx, sync_ratio, mean_ratio = _local_update_methods()[name]
+  rep = analysis.communication(_lowered_step(tx, mesh)[0].compile())
+  weights = [s.weight for s in rep.scenarios]
+  assert sum(weights) == pytest.approx(1.0)
+  if name == "sgp":
+    # Parameters plus the scalar push-sum weight, once per step.
+    assert rep.mean_bytes_per_step == pytest.approx(PARAM_BYTES + 4)
+    return
+  if sync_ratio is not None:
+    # A local step sends nothing, a sync step (any round) sends the figure.
+    ratios = rep.ratios(PARAM_BYTES)
+    assert min(ratios) == 0.0
+    assert [r for r in ratios if r] == pytest.approx(
+        [sync_ratio] * (len(ratios) - 1))
+  assert rep.mean_bytes_per_step / PARAM_BYTES == pytest.approx(mean_ratio)
+  _only_params_sent(rep)
+
+
+def test_diloco_n8_h10_is_0175_of_the_parameters(mesh):
+  from decentral_jax import local_updates
+  tx = local_updates.diloco(optax.sgd(0.1), 10)
+  rep = analysis.communication(_lowered_step(tx, mesh)[0])
+  assert rep.mean_bytes_per_step / PARAM_BYTES == pytest.approx(0.175)
+  assert "mean over a period" in rep.summary(PARAM_BYTES)
+  assert json.loads(analysis.report_to_json(rep))["mean_bytes_per_step"] == \
+      pytest.approx(0.175 * PARAM_BYTES)
