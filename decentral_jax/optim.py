@@ -50,7 +50,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
 from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
