@@ -522,9 +522,11 @@ def _kind(opcode: str) -> str | None:
 class _Walker:
   """Evaluates computations into scenarios of collective counts."""
 
-  def __init__(self, comps, align: bool):
+  def __init__(self, comps, align: bool, exclude_scope: str | None = None):
     self.comps = comps
     self.align = align
+    self.exclude = (re.compile(r'op_name="(?:[^"]*/)?' + re.escape(
+        exclude_scope) + r'(?:/|")') if exclude_scope else None)
     self.collectives: list[Collective] = []
     self.index: dict[tuple[str, str], int] = {}
     self.unknown_trip = False
@@ -569,6 +571,8 @@ class _Walker:
     shapes = {i.name: i.shape for i in self.comps[comp]}
     scen: list[tuple[str, dict[int, float], float]] = [("", {}, 1.0)]
     for ins in self.comps[comp]:
+      if self.exclude is not None and self.exclude.search(ins.attrs):
+        continue
       if _kind(ins.opcode):
         k = self.collective(comp, ins, shapes)
         for _, counts, _ in scen:
@@ -673,8 +677,8 @@ def hlo_text(compiled_or_lowered: Any, stage: str = "optimized") -> str:
   if isinstance(obj, str):
     return obj
   if isinstance(obj, jax.stages.Lowered):
-    if stage == "unoptimized":
-      return obj.as_text(dialect="hlo")
+    if stage == "unoptimized":  # debug_info keeps op_name (gossip.every)
+      return obj.as_text(dialect="hlo", debug_info=True)
     obj = obj.compile()
   if isinstance(obj, jax.stages.Compiled):
     if stage == "unoptimized":
@@ -692,7 +696,8 @@ def hlo_text(compiled_or_lowered: Any, stage: str = "optimized") -> str:
 
 def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
                   n_devices: int | None = None,
-                  align_conditionals: bool = False) -> CommunicationReport:
+                  align_conditionals: bool = False,
+                  exclude_scope: str | None = None) -> CommunicationReport:
   """Lists the collectives of a compiled step and the bytes each worker sends.
 
   Args:
@@ -705,6 +710,10 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
       (``num_partitions x replica_count``) or the largest device id + 1.
     align_conditionals: zip conditionals with equal branch counts instead
       of combining every branch of one with every branch of the other.
+    exclude_scope: leave out every instruction (collective or control flow)
+      traced under this name scope, e.g. ``step.DIAGNOSTICS_SCOPE`` for the
+      consensus distance of logging steps; matched against ``op_name``
+      metadata, which the optimized HLO and ``stage="unoptimized"`` keep.
 
   Returns:
     A :class:`CommunicationReport`. ``report.bytes_per_step`` holds the
@@ -719,7 +728,7 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
   """
   text = hlo_text(compiled_or_lowered, stage)
   comps, entry, header_n = _parse_module(text)
-  walker = _Walker(comps, align_conditionals)
+  walker = _Walker(comps, align_conditionals, exclude_scope)
   scen = walker.evaluate(entry)
   n = n_devices or header_n or 1
   ids = [d for c in walker.collectives

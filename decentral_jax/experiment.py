@@ -347,6 +347,53 @@ class Experiment:
     fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
     return fn(state, batch)
 
+  def communication(self, state: TrainState, batch: Batch, *,
+                    stage: str = "unoptimized") -> dict[str, float]:
+    """Bytes the busiest worker sends per step, read from the step's HLO.
+
+    Lowers (and for ``stage="optimized"`` compiles) the train step with
+    ``state`` and ``batch`` (not donated, nothing runs) and reads it with
+    :func:`decentral_jax.analysis.communication`: the mean over a period, in
+    which a sync every ``H`` steps counts ``1 / H`` and the rounds of a
+    topology count by how often they occur. ``"unoptimized"`` (default) is
+    what the program asks for, e.g. ``comm_dtype`` bytes, which an
+    accelerator sends as asked (XLA:CPU widens bfloat16 collectives).
+
+    Returns:
+      ``{"bytes_per_step": float (the method's bytes, diagnostics left
+      out), "diagnostics_bytes_per_step": float (the consensus distance of
+      logging steps, ``2 (n - 1) / n / log_interval`` x the parameter
+      bytes), "param_bytes": int (one worker's parameters), "ratio":
+      bytes_per_step / param_bytes}``.
+    """
+    from decentral_jax import analysis  # pylint: disable=import-outside-toplevel
+    counts = {}
+    if None in self._round_steps:
+      counts[None] = 1
+    else:
+      for d in self.topology.round_to_distinct:
+        counts[d] = counts.get(d, 0) + 1
+    total = everything = 0.0
+    for d, k in counts.items():
+      lowered = self._round_steps[d].lower(state, batch)
+      for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
+        rep = analysis.communication(lowered, stage=stage,
+                                     n_devices=self.n_workers,
+                                     exclude_scope=scope)
+        if scope:
+          total += k * rep.mean_bytes_per_step
+        else:
+          everything += k * rep.mean_bytes_per_step
+    per_step = total / sum(counts.values())
+    diagnostics = everything / sum(counts.values()) - per_step
+    param_bytes = analysis.tree_bytes(self._params0 if self._params0 is not None
+                                      else jax.eval_shape(
+                                          self.task.init_params,
+                                          self._init_key))
+    return {"bytes_per_step": per_step,
+            "diagnostics_bytes_per_step": diagnostics,
+            "param_bytes": param_bytes, "ratio": per_step / param_bytes}
+
   def evaluate(self, state: TrainState) -> dict[str, float]:
     """Validation metrics; ``state`` is read only (training is unaffected).
 

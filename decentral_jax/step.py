@@ -30,6 +30,10 @@ from decentral_jax import gossip
 
 PyTree = Any
 Batch = tuple[jax.Array, ...]
+
+#: Name scope of the step's diagnostics (the consensus distance on logging
+#: steps), so communication accounting can leave them out.
+DIAGNOSTICS_SCOPE = "diagnostics"
 LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
@@ -127,10 +131,11 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
         lambda po: global_average(*po, axis_name), lambda po: po,
         (params, opt_state))
   is_log = (step % log_interval == 0) | (step == total_steps)
-  consensus = gossip.every(
-      log_interval, is_log,
-      lambda p: gossip.consensus_distance(p, axis_name).astype(jnp.float32),
-      lambda p: jnp.full([], jnp.nan, jnp.float32), model(params, opt_state))
+  with jax.named_scope(DIAGNOSTICS_SCOPE):
+    consensus = gossip.every(
+        log_interval, is_log,
+        lambda p: gossip.consensus_distance(p, axis_name).astype(jnp.float32),
+        lambda p: jnp.full([], jnp.nan, jnp.float32), model(params, opt_state))
   finite = jnp.isfinite(loss)
   for leaf in jax.tree.leaves(params):
     finite = finite & jnp.all(jnp.isfinite(leaf))

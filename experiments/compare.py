@@ -1,25 +1,44 @@
-"""The main job: All-Reduce vs DAdam vs AccumAdamW on the same model and data.
+"""The main job: training methods side by side on the same model and data.
 
 Trains the config's model (default ``configs/gpt_tiny.py``) from the same
-initial parameters and data order, for the same number of steps, four times:
+initial parameters and data order, for the same number of steps, once per
+method of ``--methods`` (default: the paper's four arms):
 
-a. All-Reduce AdamW;
-b. DAdam on ``one_peer_exp``;
-c. AccumAdamW on ``one_peer_exp``;
-d. AccumAdamW on ``alternating_exp_ring`` with 2 workers per node;
+* ``all_reduce``: All-Reduce AdamW;
+* ``dadam``: DAdam on ``one_peer_exp``;
+* ``accum_adamw``: AccumAdamW on ``one_peer_exp``;
+* ``accum_adamw_aer``: AccumAdamW on ``alternating_exp_ring``, 2 workers
+  per node;
 
-then writes to ``--outdir`` (default ``results/compare``): ``results.md`` (the
-table: final validation loss of the averaged model, the workers' own
-validation losses, final consensus distance, ms/step, tokens/s),
+and the local-update methods (``--methods=all`` runs every one):
+
+* ``local_sgd``: Local SGD with inner AdamW, sync every 10 steps;
+* ``diloco``: DiLoCo, inner AdamW, outer Nesterov (lr 0.7, momentum 0.9),
+  sync every 10 steps;
+* ``streaming_diloco``: Streaming DiLoCo, 2 fragments, overlap 1 step,
+  merge alpha 0.5, sync every 10 steps;
+* ``decentralized_diloco``: DiLoCo whose outer mean is one gossip round on
+  ``one_peer_exp``, every 10 steps;
+* ``local_dadam``: DAdam gossiping every 5 steps on ``one_peer_exp``;
+* ``sgp``: SGP (push-sum AdamW) on ``one_peer_exp``.
+
+Each method runs at its own tuned peak learning rate (:data:`TUNED_PEAK_LR`,
+the best of one grid for gpt_tiny; BENCHMARKS.md). The results go to
+``--outdir`` (default ``results/compare``): ``results.md`` (the table: final
+validation loss of the averaged model, the workers' own validation losses,
+final consensus distance, the bytes each worker sends per step averaged
+over a sync period, read from the compiled step's HLO, ms/step, tokens/s),
 ``<run>/metrics.jsonl`` per run, and ``loss_vs_step.png`` /
 ``loss_vs_time.png``. On simulated CPU devices "communication" is a memory
 copy, so the timings show compute overheads only, not network savings.
 
   python experiments/compare.py       # 6-8 min on an idle 2-core CPU, more under load
+  python experiments/compare.py --methods=all_reduce,diloco,sgp
   python experiments/compare.py --config.steps=100 --outdir /tmp/cmp
 
-``--config.<field>=value`` overrides apply to all four runs (the algorithm,
-optimizer name, topology and workers per node are set per run).
+``--config.<field>=value`` overrides apply to every run (the fields a method
+sets, e.g. its algorithm, optimizer name, topology, sync period, are set
+per run).
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
 any run's config, an ``--outdir`` that is a file or cannot be created) is one
@@ -44,6 +63,7 @@ import jax
 from decentral_jax import builders
 from decentral_jax import checkpoint
 from decentral_jax import config as config_lib
+from decentral_jax import experiment
 from decentral_jax import metrics as metrics_lib
 from decentral_jax import topology as topology_lib
 from decentral_jax import train
@@ -59,9 +79,13 @@ _OUTDIR = flags.DEFINE_string("outdir", "results/compare",
                               "are replaced).")
 _PER_METHOD_LR = flags.DEFINE_bool(
     "per_method_lr", True,
-    "Use each optimizer's tuned peak lr for gpt_tiny (AdamW 3e-3, AccumAdamW "
-    "1.5e-3; BENCHMARKS.md section 3) instead of config.schedule.peak_lr; "
-    "an explicit --config.schedule.peak_lr or final_lr turns this off.")
+    "Use each method's tuned peak lr for gpt_tiny (TUNED_PEAK_LR; "
+    "BENCHMARKS.md) instead of config.schedule.peak_lr; an explicit "
+    "--config.schedule.peak_lr or final_lr turns this off.")
+_METHODS = flags.DEFINE_string(
+    "methods", "all_reduce,dadam,accum_adamw,accum_adamw_aer",
+    "Comma-separated methods to run, in this order, or 'all'; see the "
+    "module docstring for the list.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers.",
     lower_bound=0)
@@ -72,30 +96,78 @@ _OVERRIDES: list[str] = []
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One arm of the comparison."""
-  name: str  # subdirectory
+  name: str  # subdirectory and --methods name
   label: str  # legend / table label
   algorithm: str
   optimizer: str
   topology: str
   workers_per_node: int = 1
+  # Further config fields of the method: ((dotted field, value), ...).
+  fields: tuple[tuple[str, object], ...] = ()
 
 
+_H = 10  # sync period of the local-update arms
 RUNS = (
-    Run("all_reduce_adamw", "All-Reduce AdamW", "all_reduce", "adamw",
-        "complete"),
-    Run("dadam_one_peer_exp", "DAdam, one_peer_exp", "decentralized", "adamw",
+    Run("all_reduce", "All-Reduce AdamW", "all_reduce", "adamw", "complete"),
+    Run("dadam", "DAdam, one_peer_exp", "decentralized", "adamw",
         "one_peer_exp"),
-    Run("accum_adamw_one_peer_exp", "AccumAdamW, one_peer_exp",
-        "decentralized", "accum_adamw", "one_peer_exp"),
+    Run("accum_adamw", "AccumAdamW, one_peer_exp", "decentralized",
+        "accum_adamw", "one_peer_exp"),
     Run("accum_adamw_aer", "AccumAdamW, alternating_exp_ring (2/node)",
         "decentralized", "accum_adamw", "alternating_exp_ring", 2),
+    Run("local_sgd", f"Local SGD (AdamW), H={_H}", "local_sgd", "adamw",
+        "complete", fields=(("sync_every", _H),)),
+    Run("diloco", f"DiLoCo (AdamW, Nesterov 0.7), H={_H}", "diloco", "adamw",
+        "complete", fields=(("sync_every", _H),)),
+    Run("streaming_diloco", f"Streaming DiLoCo, H={_H}, P=2, tau=1, "
+        "alpha=0.5", "streaming_diloco", "adamw", "complete",
+        fields=(("sync_every", _H), ("num_fragments", 2),
+                ("overlap_steps", 1), ("merge_alpha", 0.5))),
+    Run("decentralized_diloco", f"Decentralized DiLoCo, one_peer_exp, H={_H}",
+        "decentralized_diloco", "adamw", "one_peer_exp",
+        fields=(("sync_every", _H),)),
+    Run("local_dadam", "Local DAdam, one_peer_exp, gossip every 5",
+        "decentralized", "adamw", "one_peer_exp",
+        fields=(("gossip_every", 5),)),
+    Run("sgp", "SGP (push-sum AdamW), one_peer_exp", "sgp", "adamw",
+        "one_peer_exp"),
 )
+METHODS = {run.name: run for run in RUNS}
+DEFAULT_METHODS = ("all_reduce", "dadam", "accum_adamw", "accum_adamw_aer")
 
-# Peak learning rates per optimizer for gpt_tiny, each the best of the same
-# grid {7.5e-4, 1.5e-3, 3e-3, 6e-3} (BENCHMARKS.md, section 3): AccumAdamW's
-# steps are ~1.3x larger than Adam's at equal lr, so its best lr is half.
-# The final lr is peak / 10. --per_method_lr=false uses the config's lr.
-TUNED_PEAK_LR = {"adamw": 3e-3, "accum_adamw": 1.5e-3}
+# Peak learning rates per method for gpt_tiny (300 steps, 8 workers), each
+# the best of one grid (BENCHMARKS.md: {7.5e-4, 1.5e-3, 3e-3, 6e-3} for the
+# four paper arms, section 3; {1.5e-3, 3e-3, 6e-3} for the local-update
+# methods). AccumAdamW's steps are ~1.3x larger than Adam's at equal lr, so
+# its best lr is half. The final lr is peak / 10. --per_method_lr=false
+# uses the config's lr.
+TUNED_PEAK_LR = {"all_reduce": 3e-3, "dadam": 3e-3, "accum_adamw": 1.5e-3,
+                 "accum_adamw_aer": 1.5e-3, "local_sgd": 3e-3,
+                 "diloco": 3e-3, "streaming_diloco": 3e-3,
+                 "decentralized_diloco": 3e-3, "local_dadam": 3e-3,
+                 "sgp": 3e-3}
+
+
+def select_runs(spec: str) -> tuple[Run, ...]:
+  """The runs named by ``--methods`` (comma-separated, or ``all``).
+
+  Raises:
+    ValueError: an unknown or repeated name, or an empty list.
+  """
+  names = [x.strip() for x in str(spec).split(",") if x.strip()]
+  if names == ["all"]:
+    return RUNS
+  unknown = [x for x in names if x not in METHODS]
+  if unknown or not names:
+    raise ValueError(f"--methods={spec!r}: unknown method(s) "
+                     f"{', '.join(map(repr, unknown)) or '(none given)'}; "
+                     f"use 'all' or a comma-separated list of "
+                     f"{', '.join(METHODS)}.")
+  repeated = sorted({x for x in names if names.count(x) > 1})
+  if repeated:
+    raise ValueError(f"--methods={spec!r} names {', '.join(repeated)} more "
+                     "than once; list each method once.")
+  return tuple(METHODS[x] for x in names)
 
 
 def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
@@ -103,18 +175,25 @@ def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   config = base.copy_and_resolve_references()
   with config.unlocked():
     if per_method_lr:
-      config.schedule.peak_lr = TUNED_PEAK_LR[run.optimizer]
-      config.schedule.final_lr = TUNED_PEAK_LR[run.optimizer] / 10
+      config.schedule.peak_lr = TUNED_PEAK_LR[run.name]
+      config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
     config.algorithm = run.algorithm
     config.topology = run.topology
     config.workers_per_node = run.workers_per_node
     config.optimizer.name = run.optimizer
     config.optimizer.accum_steps = (accum_steps if run.optimizer ==
                                     "accum_adamw" else 1)
+    for field, value in run.fields:
+      *groups, last = field.split(".")
+      node = config
+      for g in groups:
+        node = node[g]
+      node[last] = value
   return config
 
 
-def arm_configs(base, accum_steps: int, per_method_lr: bool):
+def arm_configs(base, accum_steps: int, per_method_lr: bool,
+                runs: tuple[Run, ...] = RUNS[:4]):
   """``[(run, config)]`` of every arm, each checked before any run starts.
 
   Raises:
@@ -122,7 +201,7 @@ def arm_configs(base, accum_steps: int, per_method_lr: bool):
       ``n_workers`` / ``workers_per_node``; the message names the arm.
   """
   arms = []
-  for run in RUNS:
+  for run in runs:
     config = run_config(base, run, accum_steps, per_method_lr)
     try:
       validation.check_config(config)
@@ -158,21 +237,25 @@ def make_outdir(path: str) -> str:
 def results_table(rows: list[tuple[Run, dict | None]], unit: str) -> str:
   """Markdown table of final metrics, one row per run (None: diverged)."""
   head = ("| run | val loss, averaged model | workers' own models: extra "
-          "loss, mean / max | consensus distance | ms/step | "
-          f"{unit}/s |\n|---|---|---|---|---|---|\n")
+          "loss, mean / max | consensus distance | sent per step, x params "
+          f"(MB) | ms/step | {unit}/s |\n|---|---|---|---|---|---|---|\n")
   def signed(x: float) -> str:
     return f"{round(x, 4) + 0.0:+.4f}"  # no "-0.0000"
 
   lines = []
   for run, m in rows:
     if m is None:
-      lines.append(f"| {run.label} | diverged | - | - | - | - |")
+      lines.append(f"| {run.label} | diverged | - | - | - | - | - |")
       continue
+    sent = "-"
+    if "comm/ratio" in m:
+      sent = (f"{m['comm/ratio']:.3f} "
+              f"({m['comm/bytes_per_step'] / 1e6:.2f})")
     lines.append(
         f"| {run.label} | {m['eval/loss']:.4f} | "
         f"{signed(m['eval/worker_excess_mean'])} / "
         f"{signed(m['eval/worker_excess_max'])} | "
-        f"{m['consensus_distance']:.3g} | "
+        f"{m['consensus_distance']:.3g} | {sent} | "
         f"{m.get('step_time_ms', float('nan')):.1f} | "
         f"{m.get(f'{unit}_per_sec', float('nan')):,.0f} |")
   return head + "\n".join(lines) + "\n"
@@ -208,6 +291,14 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
   return paths
 
 
+def sent_per_step(config) -> dict[str, float]:
+  """``comm/bytes_per_step`` and ``comm/ratio`` of ``config``'s train step."""
+  exp = experiment.Experiment(config)
+  comm = exp.communication(exp.init_state(), exp.get_batch(0))
+  return {"comm/bytes_per_step": comm["bytes_per_step"],
+          "comm/ratio": comm["ratio"]}
+
+
 def _fail(message, code: int = 2) -> None:
   """One ``error:`` line on stderr, then exit (2: bad input, 3: diverged)."""
   print(f"error: {message}", file=sys.stderr)
@@ -235,8 +326,9 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
         f"Same initial parameters and data order (seed {int(base.seed)}); "
         f"global batch {int(base.global_batch)}; AccumAdamW accum_steps "
         f"{accum}; peak learning rates "
-        + (", ".join(f"{k} {v:g}" for k, v in TUNED_PEAK_LR.items())
-           + " (each the best of the same grid, BENCHMARKS.md section 3)"
+        + (", ".join(f"{run.name} {TUNED_PEAK_LR[run.name]:g}"
+                     for run, _ in finals)
+           + " (each the best of one grid, BENCHMARKS.md)"
            if per_method_lr else
            f"{float(base.schedule.peak_lr):g} for all runs")
         + ", cosine to a tenth of the peak. At the last step: validation loss "
@@ -245,7 +337,10 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
         "the exact average x_bar of the workers' parameters; the extra loss "
         "of each worker's own parameters over x_bar on the same validation "
         "subset (1/n of it); consensus distance (1/n) sum_i ||x_i - "
-        "x_bar||^2. Timings on "
+        "x_bar||^2; the bytes the busiest worker sends per step, averaged "
+        "over a sync period and divided by one worker's parameter bytes "
+        "(read from the compiled step's HLO as the program asks for it; the "
+        "consensus-distance diagnostic of logging steps left out). Timings on "
         f"{jax.devices()[0].platform.upper()} devices "
         f"({len(jax.devices())} simulated on one host: communication is a "
         "memory copy, so they show compute overheads, not network savings); "
@@ -253,7 +348,7 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
     f.write(table)
     for run, reason in diverged:
       f.write(f"\n{run.label} diverged: {reason}\n")
-    f.write(f"\nTotal time for the four runs: {total:.0f} s on "
+    f.write(f"\nTotal time for the {len(finals)} runs: {total:.0f} s on "
             f"{os.cpu_count()} CPU cores (1-minute load average "
             f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
             "end; other processes on the machine slow the runs and add noise "
@@ -281,7 +376,8 @@ def main(argv):
     if (isinstance(accum, numbers.Integral) and accum <= 1 and
         isinstance(base.n_workers, numbers.Integral)):
       accum = max(int(base.n_workers) // 2, 2)
-    arms = arm_configs(base, accum, per_method_lr)
+    arms = arm_configs(base, accum, per_method_lr,
+                       select_runs(_METHODS.value))
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
       devices = validation.check_simulated_devices(
           _CPU_DEVICES.value or int(base.n_workers),
@@ -305,7 +401,9 @@ def main(argv):
     final = None
     try:
       final = train.train_and_evaluate(config, workdir)
-      print(f"   val loss {final['eval/loss']:.4f}, "
+      final.update(sent_per_step(config))
+      print(f"   val loss {final['eval/loss']:.4f}, sends "
+            f"{final['comm/ratio']:.3f} x params per step, "
             f"{time.perf_counter() - t0:.0f} s", flush=True)
     except ValueError as e:  # bad data or work directory: all runs share it
       _fail(f"run {run.name!r} ({run.label}): {e}")

@@ -301,7 +301,9 @@ def test_command_lines_refuse_bad_input_in_one_line(tmp_path):
       "cmp_outdir": (["experiments/compare.py", "--outdir", str(a_file)],
                      (str(a_file), "is a file")),
       "cmp_arm": (cmp + ["--config.n_workers=6", "--config.global_batch=12"],
-                  ("dadam_one_peer_exp", "power of two")),
+                  ("'dadam'", "power of two")),
+      "cmp_methods": (cmp + ["--methods=diloco,nope"],
+                      ("--methods", "'nope'", "diloco")),
   }
   results = _run_all({k: argv for k, (argv, _) in cases.items()})
   for name, (_, expect) in cases.items():
@@ -322,6 +324,8 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
             "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
 
   monkeypatch.setattr(compare.train, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(compare, "sent_per_step", lambda config: {
+      "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
   monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
   argv = compare._parse_or_exit(  # pylint: disable=protected-access
       ["compare.py", f"--outdir={tmp_path}", "--config.steps=3"])
@@ -331,7 +335,7 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
   errors = [l for l in capsys.readouterr().err.splitlines()
             if l.startswith("error: ")]
   assert len(errors) == 1 and "1 of 4 runs diverged" in errors[0]
-  assert "dadam_one_peer_exp" in errors[0] and "step 2" in errors[0]
+  assert "'dadam'" in errors[0] and "step 2" in errors[0]
   table = (tmp_path / "results.md").read_text()
   assert "| DAdam, one_peer_exp | diverged |" in table
   assert table.count("| 2.0000 |") == 3  # the other three runs

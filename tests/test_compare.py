@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+import jax
 import numpy as np
 
 from ml_collections import config_dict
@@ -31,7 +32,8 @@ def test_runs_cover_the_four_arms():
       "algorithm": "decentralized", "topology": "ring", "workers_per_node": 1,
       "optimizer": {"name": "adamw", "accum_steps": 1}})
   base.lock()
-  got = [compare.run_config(base, run, accum_steps=4) for run in compare.RUNS]
+  got = [compare.run_config(base, run, accum_steps=4)
+         for run in compare.select_runs(",".join(compare.DEFAULT_METHODS))]
   assert [(c.algorithm, c.optimizer.name, c.optimizer.accum_steps)
           for c in got] == [("all_reduce", "adamw", 1),
                             ("decentralized", "adamw", 1),
@@ -50,11 +52,11 @@ def test_per_method_learning_rates():
       "schedule": {"peak_lr": 1.0, "final_lr": 0.5}})
   base.lock()
   tuned = [compare.run_config(base, run, 4, per_method_lr=True)
-           for run in compare.RUNS]
+           for run in compare.RUNS[:4]]
   got = [(c.schedule.peak_lr, c.schedule.final_lr) for c in tuned]
   want = [(3e-3, 3e-4), (3e-3, 3e-4), (1.5e-3, 1.5e-4), (1.5e-3, 1.5e-4)]
   np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-12)
-  same = [compare.run_config(base, run, 4) for run in compare.RUNS]
+  same = [compare.run_config(base, run, 4) for run in compare.RUNS[:4]]
   assert {(c.schedule.peak_lr, c.schedule.final_lr) for c in same} == {(1.0, 0.5)}
 
 
@@ -70,14 +72,76 @@ def test_table_and_plots(tmp_path):
     rows.append((run, {"eval/loss": 3.0 - k, "eval/worker_excess_mean": 0.01,
                        "eval/worker_excess_max": 0.02 * k,
                        "consensus_distance": 0.5 * k, "step_time_ms": 12.5,
-                       "tokens_per_sec": 2048.0}))
+                       "tokens_per_sec": 2048.0, "comm/ratio": 1.75,
+                       "comm/bytes_per_step": 3_043_712.0}))
   table = compare.results_table(rows, "tokens").splitlines()
-  assert table[0].count("|") == 7 and len(table) == 4
+  assert table[0].count("|") == 8 and len(table) == 4
   assert table[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 | "
-                      "12.5 | 2,048 |")
+                      "1.750 (3.04) | 12.5 | 2,048 |")
   paths = compare.plot(logs, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == ["loss_vs_step.png",
                                                   "loss_vs_time.png"]
   for p in paths:
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_methods_flag_selects_and_validates():
+  assert [r.name for r in compare.select_runs("diloco, sgp")] == ["diloco",
+                                                                  "sgp"]
+  assert compare.select_runs("all") == compare.RUNS
+  for bad, match in (("diloco,nope", "unknown method"),
+                     ("sgp,sgp", "more than once"), (" , ", "none given")):
+    try:
+      compare.select_runs(bad)
+    except ValueError as e:
+      assert match in str(e) and "--methods" in str(e)
+    else:
+      raise AssertionError(f"--methods={bad!r} was accepted")
+
+
+def test_every_method_arm_is_a_valid_config_with_its_fields():
+  from decentral_jax import config as config_lib
+  base = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"))
+  arms = dict((run.name, config) for run, config in compare.arm_configs(
+      base, 4, per_method_lr=True, runs=compare.RUNS))
+  assert len(arms) == len(compare.RUNS) == len(compare.TUNED_PEAK_LR)
+  s = arms["streaming_diloco"]
+  assert (s.algorithm, s.sync_every, s.num_fragments, s.overlap_steps,
+          s.merge_alpha) == ("streaming_diloco", 10, 2, 1, 0.5)
+  assert (arms["local_dadam"].gossip_every, arms["dadam"].gossip_every) == (5,
+                                                                           1)
+  assert arms["sgp"].topology == "one_peer_exp"
+  assert base.sync_every == 10 and base.algorithm == "decentralized"
+
+
+def test_sent_per_step_is_read_from_the_hlo():
+  # 8 workers, DiLoCo with H = 5: the ring figure 2 (n - 1) / n = 1.75 x the
+  # parameter bytes once per 5 steps (0.35); the consensus-distance
+  # diagnostic apart: on every 10th (logging) step a mean of every
+  # parameter leaf and of the float32 total, 1.75 x (params + 4 B).
+  from decentral_jax import config as config_lib
+  from decentral_jax import experiment
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["--config.algorithm=diloco", "--config.sync_every=5",
+       "--config.optimizer.name=adamw", "--config.optimizer.accum_steps=1",
+       "--config.model.n_layer=1", "--config.model.n_embd=16",
+       "--config.model.n_head=2", "--config.steps=10",
+       "--config.log_interval=10"])
+  exp = experiment.Experiment(config)
+  got = exp.communication(exp.init_state(), exp.get_batch(0))
+  params = exp.init_state().params
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params)) // 8
+  assert got["param_bytes"] == param_bytes
+  np.testing.assert_allclose(got["bytes_per_step"], 1.75 / 5 * param_bytes,
+                             rtol=1e-12)
+  np.testing.assert_allclose(got["diagnostics_bytes_per_step"],
+                             1.75 / 10 * (param_bytes + 4), rtol=1e-12)
+  assert compare.results_table(
+      [(compare.METHODS["diloco"], {
+          "eval/loss": 1.0, "eval/worker_excess_mean": 0.0,
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
+          "comm/ratio": got["ratio"],
+          "comm/bytes_per_step": got["bytes_per_step"]})],
+      "tokens").splitlines()[2].count("| 0.350 (") == 1
