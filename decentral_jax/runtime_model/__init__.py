@@ -1,6 +1,8 @@
 """Runtime model: when, how and by how much decentralized training beats All-Reduce.
 
-See :mod:`decentral_jax.runtime_model.core` for the model, ``paper`` for the
+See :mod:`decentral_jax.runtime_model.core` for the model, ``local_updates``
+for Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD, ``traffic`` for
+bytes per iteration, ``paper`` for the
 Figure 6 reproduction, ``calibrate`` for measuring a config on this machine and
 ``python -m decentral_jax.runtime_model --help`` for the command line.
 """
@@ -22,3 +24,5 @@ from decentral_jax.runtime_model.core import ring_all_reduce_time
 from decentral_jax.runtime_model.core import round_cost
 from decentral_jax.runtime_model.core import simulate
 from decentral_jax.runtime_model.core import sgp_topology
+from decentral_jax.runtime_model.traffic import Traffic
+from decentral_jax.runtime_model.traffic import bytes_per_iteration

@@ -12,6 +12,10 @@ Examples::
       --backward-ms 120 --compute-cv 0.05
   # Figure 6 of the paper: measured vs predicted, and the chart:
   python -m decentral_jax.runtime_model fig6 --png docs/figures/runtime_fig6.png
+  # Local-update methods next to All-Reduce and gossip (a spec's own
+  # KEY=VALUE parameters follow it, separated by commas too):
+  python -m decentral_jax.runtime_model predict --n-workers 16 \\
+      --methods all_reduce,aer,diloco:H=10,streaming_diloco:H=10,P=4,tau=1
   # Measure a config's compute and collectives here and compare:
   python -m decentral_jax.runtime_model calibrate --config configs/gpt_tiny.py
 """
@@ -26,7 +30,9 @@ import sys
 import numpy as np
 
 from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import local_updates
 from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import traffic
 
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
@@ -145,6 +151,50 @@ def _list(typ):
   return parse
 
 
+def split_methods(text: str) -> list[str]:
+  """``--methods`` as a list of specs.
+
+  Split at commas; a part of the form ``KEY=VALUE`` (an ``=`` and no
+  ``:``) continues the spec before it, so
+  ``"all_reduce,streaming_diloco:H=10,P=4,tau=1"`` gives ``["all_reduce",
+  "streaming_diloco:H=10,P=4,tau=1"]``.
+
+  Raises:
+    ValueError: a ``KEY=VALUE`` part with no spec before it.
+  """
+  out = []
+  for part in (t.strip() for t in text.split(",")):
+    if not part:
+      continue
+    if "=" in part and ":" not in part:
+      if not out or ":" not in out[-1]:
+        raise ValueError(f"--methods: {part!r} has no method before it; "
+                         "write NAME:KEY=VALUE,KEY=VALUE, e.g. "
+                         "streaming_diloco:H=10,P=4,tau=1.")
+      out[-1] += "," + part
+    else:
+      out.append(part)
+  return out
+
+
+def simulated_steps(m: core.Method, steps: int) -> int:
+  """Steps to simulate ``m`` for: ``steps``, or more for two whole periods.
+
+  Raises:
+    ValueError: the needed steps exceed ``MAX_STEPS`` (names the method).
+  """
+  if m.kind != "local":
+    return steps
+  period = local_updates.schedule_period(m)
+  start = -(-(steps // 5) // period) * period
+  need = max(steps, start + 2 * period)
+  if need > MAX_STEPS:
+    raise ValueError(f"--methods {m.name}: its schedule repeats every "
+                     f"{period} steps and needs {need} simulated steps, more "
+                     f"than {MAX_STEPS}; lower H.")
+  return need
+
+
 def label(method: str) -> str:
   return paper.LABELS.get(method, method)
 
@@ -211,7 +261,7 @@ def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
 
 
 def _predict(args) -> int:
-  methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+  methods = split_methods(args.methods)
   if not methods:
     raise ValueError("--methods is empty; give e.g. "
                      "--methods all_reduce,one_peer_exp,aer.")
@@ -243,33 +293,46 @@ def _predict(args) -> int:
           optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
           compute_samples_s=samples, grad_dtype=args.grad_dtype,
           param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
-    table, slow_mixing = {}, []
+    table, slow_mixing, local, sent = {}, [], [], {}
     for meth in methods:
       try:
         m = core.make_method(meth, c)
+        steps = simulated_steps(m, args.steps)
       except ValueError as e:
         raise ValueError(f"--methods {meth} at --n-workers {n}: {e}") from None
+      meth = m.name if m.kind == "local" else meth
       if m.topology is not None and not m.topology.has_finite_time_consensus():
         slow_mixing.append(meth)
+      if m.kind == "local" and m.period > 1:
+        local.append(meth)
       est = core.closed_form(m, c, w)
-      sim = core.simulate(m, c, w, steps=args.steps, warmup=args.steps // 5,
+      sim = core.simulate(m, c, w, steps=steps, warmup=args.steps // 5,
                           seed=args.seed)
       table[meth] = (sim, est)
+      sent[meth] = traffic.bytes_per_iteration(m, c, w)
     ar = table.get("all_reduce", (None,))[0]
     print(f"n={n} workers ({c.n_nodes} nodes x {c.local_size}), "
           f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
           f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
-    print(f"  {'method':<22}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
-          f"{'comm ms':>9}{'var ms':>8}")
+    width = max([22] + [len(label(k)) + 3 for k in table])
+    print(f"  {'method':<{width}}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
+          f"{'comm ms':>9}{'var ms':>8}{'MB/it':>9}{'node MB/it':>11}")
     for meth, (sim, est) in table.items():
       speed = f"{ar / sim:.2f}x" if ar else "-"
       star = "*" if meth in slow_mixing else ""
-      print(f"  {label(meth) + star:<22}{1e3 * sim:9.1f}{1e3 * est.iteration_s:10.1f}"
+      print(f"  {label(meth) + star:<{width}}{1e3 * sim:9.1f}"
+            f"{1e3 * est.iteration_s:10.1f}"
             f"{speed:>7}{1e3 * est.exposed_comm_s:9.1f}"
-            f"{1e3 * est.variability_s:8.1f}")
+            f"{1e3 * est.variability_s:8.1f}{sent[meth].worker_bytes / 1e6:9.1f}"
+            f"{sent[meth].node_bytes / 1e6:11.1f}")
+    print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
+          "node MB/it: leaving the busiest node (averaged over a period)")
     if slow_mixing:
       print("  * no exact averaging within one period (slower mixing); not "
             "recommended")
+    if local:
+      print("  local-update methods sync every H steps: per-iteration time "
+            "only, not the loss per iteration")
     print("  recommendation: " + recommend(table, exclude=slow_mixing))
     groups.append((f"{n} GPUs", {k: 1e3 * v[0] for k, v in table.items()},
                    None))
@@ -375,9 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
   q.add_argument("--n-workers", type=_list(int), default=[16],
                  help="comma-separated worker counts n (default 16)")
   q.add_argument("--methods", default=DEFAULT_METHODS,
-                 help="comma-separated: all_reduce, sgp or topology names "
-                 f"(complete, ring, one_peer_exp, aer, ...); default "
-                 f"{DEFAULT_METHODS}")
+                 help="comma-separated: all_reduce, sgp, topology names "
+                 "(complete, ring, one_peer_exp, aer, ...) or local-update "
+                 "specs NAME:KEY=VALUE,... (local_sgd:H=10, diloco:H=10, "
+                 "diloco:H=10,topology=ring, streaming_diloco:H=10,P=4,tau=1"
+                 ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer; H, "
+                 "tau in steps, defaults H=10, P=1, tau=0; see "
+                 f"docs/runtime_model.md); default {DEFAULT_METHODS}")
   q.add_argument("--preset", choices=sorted(paper.PUBLISHED),
                  help="Figure 6's cluster, model and fitted compute "
                  "(ignores the cluster and workload flags)")

@@ -36,6 +36,7 @@ from scipy import special
 from decentral_jax import topology as topology_lib
 
 MULTI_NODE_ALGORITHMS = ("ring", "tree")
+METHOD_KINDS = ("all_reduce", "gossip", "local")
 
 
 def _positive(name: str, value, allow_zero: bool = False) -> None:
@@ -405,16 +406,43 @@ class Method:
   Attributes:
     name: label used in tables ("all_reduce", "sgp", or the topology name).
     kind: "all_reduce" (All-Reduce of gradients, bucketed; the PyTorch DDP
-      schedule) or "gossip" (mixing of parameters over ``topology``; the
-      Decent-DP schedule).
-    topology: the gossip topology (``None`` for all_reduce).
+      schedule), "gossip" (mixing of parameters over ``topology``; the
+      Decent-DP schedule) or "local" (local updates with a sync every
+      ``period`` steps, below).
+    topology: the gossip topology (``None`` for all_reduce, and for the
+      exact all-reduce of kind "local").
     overlap: True: communication overlaps compute (All-Reduce: bucket by
       bucket with the rest of the backward; gossip: with the next forward and
       backward). False: it runs after the step and is waited for (e.g. SGP,
       Assran et al. 2019, or a runtime without async collectives).
     measured_s: optional measured seconds, overriding the formulas: for
       all_reduce one value (the whole gradient), for gossip one per round
-      (the whole parameter message).
+      (the whole parameter message), for local one value for the exact
+      all-reduce of the whole sync message (split evenly over fragments)
+      or one per topology round.
+    period: kind "local" only: the sync period ``H`` in steps (>= 1;
+      ``sync_every`` of Local SGD / DiLoCo, ``gossip_every`` of local
+      D-SGD / DAdam). Default 1.
+    fragments: kind "local", exact all-reduce only: Streaming DiLoCo's
+      ``P`` (``num_fragments``), ``1 <= P <= H``. Default 1.
+    overlap_steps: kind "local", exact all-reduce only: Streaming DiLoCo's
+      ``tau`` (``overlap_steps``), inner steps during which a fragment's
+      all-reduce may run; ``tau * P < H``. Default 0 (blocking).
+    message: kind "local" only: what is synchronised, which sets the dtype
+      on the wire: "params" (the parameters in ``Workload.param_dtype``;
+      Local SGD, local D-SGD / DAdam) or "theta" (DiLoCo's global copy,
+      ``param_dtype`` promoted to at least float32). Default "params".
+    comm_dtype: kind "local" only: optional dtype of the message on the
+      wire (numpy name, e.g. "bfloat16"), overriding ``message``'s dtype;
+      bytes scale with its itemsize. Default None.
+
+  Kind "local" (local-update methods: Local SGD, DiLoCo, Streaming DiLoCo,
+  decentralized DiLoCo, local D-SGD / DAdam) takes ``H - 1`` purely local
+  steps, then a synchronisation that is never overlapped with the step's
+  compute (it runs inside a ``lax.cond`` after the inner update): an exact
+  all-reduce of the message (``topology`` None) or one round of
+  ``topology``; ``overlap`` is ignored. See
+  :mod:`decentral_jax.runtime_model.local_updates`.
   """
 
   name: str
@@ -422,6 +450,11 @@ class Method:
   topology: topology_lib.Topology | None = None
   overlap: bool = True
   measured_s: tuple[float, ...] | None = None
+  period: int = 1
+  fragments: int = 1
+  overlap_steps: int = 0
+  message: str = "params"
+  comm_dtype: str | None = None
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
     """One :class:`RoundCost` per topology round (measured times if given)."""
@@ -455,19 +488,25 @@ def make_method(spec, c: Cluster) -> Method:
   Args:
     spec: "all_reduce", "sgp" (non-overlapped gossip on :func:`sgp_topology`),
       a topology name accepted by :func:`decentral_jax.topology.make` (e.g.
-      "one_peer_exp", "aer"; overlapped gossip), a ``Topology`` or a
-      ``Method`` (returned as is after a size check).
+      "one_peer_exp", "aer"; overlapped gossip), a local-update spec such as
+      "diloco:H=10" or "streaming_diloco:H=10,P=4,tau=1" (syntax in
+      :func:`decentral_jax.runtime_model.local_updates.parse_spec`), a
+      ``Topology`` or a ``Method`` (returned as is after checks).
     c: the cluster; topologies are built for ``c.n_workers``, ``c.local_size``.
 
   Raises:
-    ValueError: unknown name, or a topology built for another ``n``.
+    ValueError: unknown name, a bad local-update spec or field (naming the
+      bad part), or a topology built for another ``n``.
   """
+  from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
   if isinstance(spec, Method):
     topo = spec.topology
   elif isinstance(spec, topology_lib.Topology):
     topo, spec = spec, Method(spec.name, "gossip", spec)
   else:
     key = str(spec).strip().lower().replace("-", "_")
+    if local_updates.is_local_spec(key):
+      return local_updates.parse_spec(str(spec), c)
     if key in ("all_reduce", "allreduce", "ar"):
       return Method("all_reduce", "all_reduce")
     if key == "sgp":
@@ -475,8 +514,8 @@ def make_method(spec, c: Cluster) -> Method:
                     overlap=False)
     topo = topology_lib.make(key, c.n_workers, c.local_size)
     spec = Method(topology_lib.canonical_name(key), "gossip", topo)
-  if spec.kind not in ("all_reduce", "gossip"):
-    raise ValueError(f"Method.kind must be 'all_reduce' or 'gossip', got "
+  if spec.kind not in METHOD_KINDS:
+    raise ValueError(f"Method.kind must be one of {METHOD_KINDS}, got "
                      f"{spec.kind!r}.")
   if topo is not None and topo.n_workers != c.n_workers:
     raise ValueError(f"topology {topo.name!r} has n_workers={topo.n_workers}"
@@ -484,6 +523,7 @@ def make_method(spec, c: Cluster) -> Method:
                      "both for the same n.")
   if spec.kind == "gossip" and topo is None:
     raise ValueError("a gossip Method needs a topology.")
+  local_updates.check_method(spec)
   return spec
 
 
@@ -626,11 +666,16 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
     variance an approximation of :func:`simulate`.
   * Gossip without overlap (SGP): ``mean_r [C + O + tau_r + sigma *
     coupling_excess(|G|, 0)]``.
+  * Local updates (kind "local"): see
+    :func:`decentral_jax.runtime_model.local_updates.closed_form`.
 
   Returns:
     An :class:`Estimate`.
   """
   m = make_method(method, c)
+  if m.kind == "local":
+    from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
+    return local_updates.closed_form(m, c, w)
   fwd, bwd = _split(w)
   comp = fwd + bwd
   base = comp + w.optimizer_s
@@ -689,6 +734,9 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     The collective ends ``tau_r,i(M_b)`` after every member could start.
     Step k+1 starts when the last bucket is posted.
   * SGP: post after the step, next step after receiving the peer's message.
+  * Local updates (kind "local"): see
+    :func:`decentral_jax.runtime_model.local_updates.simulate`; the mean is
+    over whole sync periods after ``warmup``.
 
   Args:
     method: anything :func:`make_method` accepts.
@@ -702,7 +750,8 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     Mean seconds per iteration over steps ``warmup .. steps``.
 
   Raises:
-    ValueError: ``steps <= warmup`` or ``warmup < 0``.
+    ValueError: ``steps <= warmup`` or ``warmup < 0``; for kind "local",
+      no whole schedule period between ``warmup`` and ``steps``.
   """
   if warmup < 0 or steps <= warmup:
     raise ValueError(f"need 0 <= warmup < steps, got warmup={warmup}, "
@@ -711,6 +760,9 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
   n = c.n_workers
   fwd_m, bwd_m = _split(w)
   fac = w.compute_factors(steps, n, seed)
+  if m.kind == "local":
+    from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
+    return local_updates.simulate(m, c, w, fac, warmup)
   fwd, bwd, opt = fwd_m * fac, bwd_m * fac, w.optimizer_s
   if m.kind == "all_reduce":
     taus, ready = _all_reduce_taus(m, c, w)

@@ -1,0 +1,111 @@
+"""Bytes on the wire per iteration: per worker and leaving each node.
+
+Counts what the collectives of :mod:`decentral_jax.runtime_model.core`
+move, with the same algorithms as their costs (message ``M`` bytes):
+
+* group mean of ``p`` ranks in one node: ``M`` each for ``p = 2`` (pair
+  exchange), else ring ``2(p-1)/p M`` each; nothing leaves the node;
+* over ``q`` nodes: ``p = 2``: ``M`` each, ``M`` leaves each node; ``tree``
+  (``L'`` ranks on each node): each worker ``2(L'-1)/L' M`` in the node
+  plus its ``1/L'`` share of the node's flow, ``2(q-1)/q M`` leaves each
+  node; flat ``ring``: ``2(p-1)/p M`` each, and the same on each ring edge
+  that leaves a node (ring order: sorted ranks);
+* a ppermute term: ``M`` from each source to its destination (leaving the
+  source's node if the destination is elsewhere).
+
+All-Reduce moves ``M_g`` (gradients) every step; gossip one round of
+``M_x`` every step; local-update methods one sync message (all fragments)
+every ``H`` steps. Measured times (``Method.measured_s``) do not change the
+bytes.
+
+Units: bytes per iteration (one step of one worker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import local_updates
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+  """Bytes per iteration, averaged over the method's schedule period.
+
+  Attributes:
+    worker_bytes: bytes the busiest worker sends per iteration.
+    node_bytes: bytes leaving the busiest node per iteration (0 on one node).
+  """
+
+  worker_bytes: float
+  node_bytes: float
+
+
+def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node) -> None:
+  g = sorted(int(x) for x in group)
+  p, big_l = len(g), c.local_size
+  nodes = sorted({w // big_l for w in g})
+  q = len(nodes)
+  if p <= 1:
+    return
+  if p == 2:
+    worker[g] += nbytes
+    if q > 1:
+      node[nodes] += nbytes
+    return
+  ring = 2 * (p - 1) / p * nbytes
+  per_node = p // q
+  if q > 1 and c.multi_node == "tree" and per_node * q == p and per_node > 1:
+    flow = 2 * (q - 1) / q * nbytes
+    worker[g] += 2 * (per_node - 1) / per_node * nbytes + flow / per_node
+    node[nodes] += flow
+    return
+  worker[g] += ring
+  for k in range(p):
+    src, dst = g[k], g[(k + 1) % p]
+    if src // big_l != dst // big_l:
+      node[src // big_l] += ring
+
+
+def round_bytes(c: core.Cluster, rnd, nbytes: float):
+  """Bytes sent per worker, float64 [n], and leaving each node, [N], in one round."""
+  worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
+  if rnd.groups is not None:
+    for g in rnd.groups:
+      _group_bytes(c, g, nbytes, worker, node)
+    return worker, node
+  for term in rnd.terms:
+    for s, d in term.perm:
+      if s != d:
+        worker[s] += nbytes
+        if s // c.local_size != d // c.local_size:
+          node[s // c.local_size] += nbytes
+  return worker, node
+
+
+def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
+  """Bytes per iteration of ``method`` (anything ``core.make_method`` takes).
+
+  Raises:
+    ValueError: as :func:`decentral_jax.runtime_model.core.make_method`.
+  """
+  m = core.make_method(method, c)
+  if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
+    nbytes = (w.grad_bytes if m.kind == "all_reduce"
+              else local_updates.message_bytes(m, w))
+    worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
+    _group_bytes(c, range(c.n_workers), nbytes, worker, node)
+    steps = m.period if m.kind == "local" else 1
+  else:
+    nbytes = (w.param_bytes if m.kind == "gossip"
+              else local_updates.message_bytes(m, w))
+    worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
+    for rnd in m.topology.rounds:
+      wb, nb = round_bytes(c, rnd, nbytes)
+      worker, node = worker + wb, node + nb
+    steps = m.topology.period * (m.period if m.kind == "local" else 1)
+  return Traffic(float(worker.max()) / steps,
+                 float(node.max()) / steps if node.size else 0.0)
