@@ -8,7 +8,8 @@ The process joins a 2-process job on ``127.0.0.1:P`` through
 :func:`decentral_jax.distributed.initialize_from_config` and, for every case,
 trains it with :func:`decentral_jax.train.train_and_evaluate` in
 ``DIR/<case>``, then runs it again on the same directory (which restores the
-final checkpoint and evaluates it). It writes ``DIR/<case>_p<I>.npz`` with
+final checkpoint and evaluates it); a case of ``INTERRUPT_AT`` is first
+stopped after a checkpoint and resumed from it. It writes ``DIR/<case>_p<I>.npz`` with
 its workers' final parameters, every worker's per-step losses, the
 evaluations and the workers whose training rows it read. With
 ``--check_errors`` it first builds configs that do not fit the job's layout
@@ -63,7 +64,22 @@ CASES = {
             "--config.workers_per_node=4",
             "--config.optimizer.name=accum_adamw",
             "--config.optimizer.accum_steps=2"),
+    # DiLoCo: AdamW inner steps, outer Nesterov step on theta at steps 3, 6
+    # and 9 (an all-reduce of the parameters across the processes); the job
+    # stops after step 5 (checkpoint 5, inside the second sync window) and
+    # resumes from it (``INTERRUPT_AT``).
+    "diloco": ("--config.algorithm=diloco", "--config.sync_every=3",
+               "--config.optimizer.name=adamw",
+               "--config.optimizer.accum_steps=1",
+               "--config.checkpoint_interval=5"),
 }
+# Cases whose 2-process job is stopped after this many steps (a checkpoint
+# step) and resumed from the checkpoint; the reference trains straight.
+INTERRUPT_AT = {"diloco": 5}
+
+
+class Interrupted(Exception):
+  """Raised by :func:`run_case`'s step to stop a run after a checkpoint."""
 
 
 def case_config(case: str, *extra: str, steps: int = STEPS):
@@ -88,30 +104,51 @@ def to_host(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def run_case(config, workdir: str, experiment) -> dict[str, np.ndarray]:
+def run_case(config, workdir: str, experiment,
+             interrupt_at: int | None = None) -> dict[str, np.ndarray]:
   """Trains ``config``, then restores and evaluates its final checkpoint.
 
   Args:
     config: the case config; experiment: a ``Experiment`` built from it.
     workdir: the run directory (shared by the processes of a job).
+    interrupt_at: if set (a checkpoint step of ``config``), the first run
+      stops before step ``interrupt_at + 1`` and the training is resumed
+      from checkpoint ``interrupt_at`` (same process, same compiled steps).
 
   Returns:
     Arrays to compare: ``workers`` (this process's worker ids), ``losses``
     [steps, n_workers] (every worker), ``param/<leaf>`` [k, ...] (this
     process's workers after the last step), ``restored/<leaf>`` (the same
-    read back from the checkpoint), ``eval_loss`` and ``eval_loss_restored``.
+    read back from the checkpoint), ``eval_loss`` and ``eval_loss_restored``;
+    for DiLoCo-style methods also ``theta/<leaf>`` and
+    ``restored_theta/<leaf>`` (the global parameters in the optimizer
+    state, :func:`decentral_jax.local_updates.global_params`).
   """
-  from decentral_jax import train  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from decentral_jax import local_updates
+  from decentral_jax import train
+  # pylint: enable=import-outside-toplevel
   steps, last = [], {}
   step_fn = experiment.train_step
 
   def recording_step(state, batch, step=None):
+    if interrupt_at is not None and step == interrupt_at and \
+        "interrupted" not in last:
+      last["interrupted"] = step
+      raise Interrupted(step)
     new_state, metrics = step_fn(state, batch, step)
     steps.append(metrics["loss"])
     last["state"] = new_state
     return new_state, metrics
 
   experiment.train_step = recording_step
+  if interrupt_at is not None:
+    try:
+      train.train_and_evaluate(config, workdir, experiment=experiment)
+      raise AssertionError(f"the run was not interrupted at {interrupt_at}")
+    except Interrupted:
+      pass
+    assert len(steps) == interrupt_at, len(steps)
   final = train.train_and_evaluate(config, workdir, experiment=experiment)
   evaluate_fn = experiment.evaluate
 
@@ -122,12 +159,19 @@ def run_case(config, workdir: str, experiment) -> dict[str, np.ndarray]:
   experiment.evaluate = recording_eval
   again = train.train_and_evaluate(config, workdir, experiment=experiment)
   out = {"losses": np.stack([to_host(x) for x in steps]),
+         "resumed_from": np.int64(-1 if interrupt_at is None
+                                  else interrupt_at),
          "eval_loss": np.float64(final["eval/loss"]),
          "eval_loss_restored": np.float64(again["eval/loss"])}
   for key, state in (("param", last["state"]), ("restored", last["restored"])):
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state.params):
-      workers, rows = local_rows(leaf)
-      out[f"{key}/{jax.tree_util.keystr(path)}"] = rows
+    theta = local_updates.global_params(state.opt_state)
+    trees = [(key, state.params)]
+    if theta is not None:
+      trees.append(("theta" if key == "param" else "restored_theta", theta))
+    for name, tree in trees:
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        workers, rows = local_rows(leaf)
+        out[f"{name}/{jax.tree_util.keystr(path)}"] = rows
   out["workers"] = workers
   return out
 
@@ -206,7 +250,8 @@ def main() -> None:
     if args.step_delay:  # time for a signal to arrive mid-run
       exp.train_step = delayed(exp.train_step, args.step_delay)
     try:
-      result = run_case(config, os.path.join(args.out, case), exp)
+      result = run_case(config, os.path.join(args.out, case), exp,
+                        INTERRUPT_AT.get(case))
     except train.Preempted as e:  # every process saved checkpoint e.step
       with open(os.path.join(args.out, f"preempted_p{args.process_id}.json"),
                 "w", encoding="utf-8") as f:

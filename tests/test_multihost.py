@@ -5,7 +5,8 @@ The jobs are real 2-process JAX jobs: ``tests/multihost_worker.py`` (or the
 per process id. The reference is independent of the multi-process code: the
 same configs trained in this pytest process on 8 of its devices. Per-worker
 parameters and losses must agree to float32 rounding (one_peer_exp and
-All-Reduce on a 1-D mesh, AER with each process one node), checkpoints
+All-Reduce on a 1-D mesh, AER with each process one node, DiLoCo with its
+global parameters theta, stopped and resumed inside a sync window), checkpoints
 written by both processes must restore, layout mismatches must be clear
 errors, and a process killed mid-run must make the other one exit with an
 error within a bounded time. Start-up refusals (configs or initial
@@ -43,7 +44,7 @@ from decentral_jax import metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = worker.N_PROCESSES * worker.DEVICES_PER_PROCESS
-CASES = tuple(worker.CASES)  # one_peer_exp, all_reduce, aer
+CASES = tuple(worker.CASES)  # one_peer_exp, all_reduce, aer, diloco
 JOB_TIMEOUT_S = 200
 
 
@@ -168,33 +169,57 @@ def assert_close(actual, expected, what):
                              err_msg=what)
 
 
+RESTORED = {"param/": "restored/", "theta/": "restored_theta/"}
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_two_processes_match_one_process(job, case):
-  """Per-worker params and losses of 2 x 4 devices == 1 x 8 devices."""
+  """Per-worker params (and DiLoCo's theta) and losses of 2 x 4 devices ==
+  1 x 8 devices."""
   _, results, reference = job
   ref = reference[case]
   assert ref["losses"].shape == (worker.STEPS, N)
   # Every worker learns and the workers differ (so the comparison is per
   # worker, not of 8 copies of one model).
   assert np.all(ref["losses"][-1] < ref["losses"][0] - 0.05)
-  keys = sorted(k for k in ref if k.startswith("param/"))
-  assert keys
+  keys = sorted(k for k in ref if k.startswith(tuple(RESTORED)))
+  params = [k for k in keys if k.startswith("param/")]
+  assert params
   if case != "all_reduce":
-    assert np.ptp(ref[keys[0]], axis=0).max() > 1e-6
+    assert np.ptp(ref[params[0]], axis=0).max() > 1e-6
+  thetas = [k for k in keys if k.startswith("theta/")]
+  assert bool(thetas) == (case == "diloco")
+  for k in thetas:
+    # theta: equal on all workers (to the all-reduce's rounding) and, one
+    # inner step after the sync of step 9, not the workers' own models.
+    assert np.ptp(ref[k], axis=0).max() < 1e-6, k
+    own = ref[k.replace("theta/", "param/")]
+    assert np.abs(ref[k] - own).max() > 1e-4, k
+  # The reference trained straight; the job of an INTERRUPT_AT case
+  # stopped after that checkpoint (inside a sync window) and resumed.
+  assert ref["resumed_from"] == -1
+  resumed = worker.INTERRUPT_AT.get(case, -1)
+  if resumed != -1:  # not at a sync step, and a checkpoint step
+    config = worker.case_config(case)
+    assert resumed % config.sync_every and \
+        resumed % config.checkpoint_interval == 0
   for pid, part in enumerate(results[case]):
+    assert part["resumed_from"] == resumed
     workers = np.arange(pid * 4, pid * 4 + 4)
     np.testing.assert_array_equal(part["workers"], workers)
     # Each process read the training rows of its own workers only.
     np.testing.assert_array_equal(part["data_workers"], workers)
     # Both processes see every worker's loss (gathered), equal to the ref.
     assert_close(part["losses"], ref["losses"], f"{case} losses, p{pid}")
-    assert sorted(k for k in part if k.startswith("param/")) == keys
+    assert sorted(k for k in part if k.startswith(tuple(RESTORED))) == keys
     for k in keys:
       assert part[k].shape == ref[k][workers].shape, k
       assert_close(part[k], ref[k][workers], f"{case} {k}, process {pid}")
       # The checkpoint written by both processes restores bit-exactly.
-      np.testing.assert_array_equal(part[k.replace("param/", "restored/")],
-                                    part[k], err_msg=f"{case} restore {k}")
+      prefix = k[:k.index("/") + 1]
+      restored = RESTORED[prefix] + k[len(prefix):]
+      np.testing.assert_array_equal(part[restored], part[k],
+                                    err_msg=f"{case} restore {k}")
     assert_close(part["eval_loss"], ref["eval_loss"], f"{case} eval loss")
     assert part["eval_loss_restored"] == part["eval_loss"]
 
