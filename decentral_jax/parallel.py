@@ -2,9 +2,16 @@
 
 Conventions: per-worker state is a pytree whose leaves have a leading worker
 axis of size ``n_workers`` (``[n, ...]``), sharded over the mesh's worker
-axis (or axes) with one worker per device. :func:`per_worker` turns a
-function written for *one* worker (no leading axis; collectives over
-``axis_name``) into a function of stacked state.
+axis (or axes). :func:`per_worker` turns a function written for *one*
+worker (no leading axis; collectives over ``axis_name``) into a function of
+stacked state.
+
+A worker is one device by default. With ``make_mesh(...,
+devices_per_worker=D)``, ``D > 1``, each worker spans ``D`` devices: the
+mesh gets a last axis ``"inner"`` of size ``D`` (type ``Auto``),
+:func:`per_worker` is manual over the worker axes only, and how a worker's
+arrays are split over its devices is left to the compiler (placement and
+the ``fsdp`` / ``data`` modes: :mod:`decentral_jax.layouts`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ PyTree = Any
 WORKERS = "workers"
 NODES = "nodes"
 LOCAL = "local"
+#: Mesh axis over the devices of one worker (present only if they are > 1).
+INNER = "inner"
 
 
 def device_hint(n: int) -> str:
@@ -34,39 +43,60 @@ def device_hint(n: int) -> str:
 
 
 def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A mesh with one worker per device.
+              devices: Sequence[jax.Device] | None = None,
+              devices_per_worker: int = 1) -> Mesh:
+  """A mesh of ``n_workers`` workers of ``devices_per_worker`` devices each.
 
   Args:
-    n_workers: number of workers ``n`` (uses the first ``n`` devices).
+    n_workers: number of workers ``n`` (uses the first ``n * D`` devices,
+      ``D = devices_per_worker``; worker ``i`` gets devices ``i*D ..
+      i*D+D-1``).
     local_size: workers per node ``L``; must divide ``n``.
-    node_aware: if True the mesh is 2-D ``("nodes", "local")`` of shape
-      ``(n/L, L)`` (worker ``i = node*L + local``), otherwise 1-D
-      ``("workers",)``.
+    node_aware: if True the worker axes are ``("nodes", "local")`` of shape
+      ``(n/L, L)`` (worker ``i = node*L + local``), otherwise ``("workers",)``.
     devices: devices to use (default ``jax.devices()``), in worker order.
+    devices_per_worker: ``D >= 1``. ``D = 1`` gives the mesh above (one
+      worker per device, axes ``("workers",)`` or ``("nodes", "local")``,
+      all ``Explicit``); ``D > 1`` appends an axis ``"inner"`` of size
+      ``D`` of type ``Auto``: ``("workers", "inner")`` of shape ``(n, D)``
+      or ``("nodes", "local", "inner")`` of shape ``(n/L, L, D)``.
 
   Returns:
-    A ``jax.sharding.Mesh`` with explicit axis types.
+    A ``jax.sharding.Mesh``; worker axes are ``Explicit``.
 
   Raises:
-    ValueError: fewer devices than workers (the message says how to simulate
-      CPU devices), or ``local_size`` not dividing ``n_workers``.
+    ValueError: fewer than ``n * D`` devices (the message says how to
+      simulate CPU devices), ``local_size`` not dividing ``n_workers``, or
+      ``devices_per_worker`` not an integer >= 1.
   """
   devices = list(jax.devices() if devices is None else devices)
   if n_workers < 1:
     raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
-  if len(devices) < n_workers:
+  if isinstance(devices_per_worker, bool) or not isinstance(
+      devices_per_worker, (int, np.integer)) or devices_per_worker < 1:
+    raise ValueError(f"devices_per_worker must be an integer >= 1, got "
+                     f"{devices_per_worker!r}.")
+  d = int(devices_per_worker)
+  need = n_workers * d
+  if len(devices) < need:
+    what = (f"{n_workers} workers" if d == 1 else
+            f"{n_workers} workers of {d} devices each")
     raise ValueError(
-        f"{n_workers} workers need {n_workers} devices but only "
-        f"{len(devices)} are available; {device_hint(n_workers)}.")
+        f"{what} need {need} devices but only {len(devices)} are available; "
+        f"{device_hint(need)}.")
   if local_size < 1 or n_workers % local_size:
     raise ValueError(f"local_size={local_size} must divide n_workers="
                      f"{n_workers}.")
-  devs = np.array(devices[:n_workers], dtype=object)
+  devs = np.array(devices[:need], dtype=object)
   if node_aware:
-    return Mesh(devs.reshape(n_workers // local_size, local_size),
-                (NODES, LOCAL), axis_types=(AxisType.Explicit,) * 2)
-  return Mesh(devs, (WORKERS,), axis_types=(AxisType.Explicit,))
+    shape, names = (n_workers // local_size, local_size), (NODES, LOCAL)
+  else:
+    shape, names = (n_workers,), (WORKERS,)
+  types = (AxisType.Explicit,) * len(names)
+  if d > 1:
+    shape, names, types = shape + (d,), names + (INNER,), types + (
+        AxisType.Auto,)
+  return Mesh(devs.reshape(shape), names, axis_types=types)
 
 
 def is_node_aware(topology: topology_lib.Topology, local_size: int) -> bool:
@@ -84,24 +114,40 @@ def is_node_aware(topology: topology_lib.Topology, local_size: int) -> bool:
                               for r in rounds)
 
 
+def _worker_names(mesh: Mesh) -> tuple[str, ...]:
+  return tuple(a for a in mesh.axis_names if a != INNER)
+
+
 def worker_axis(mesh: Mesh) -> str | tuple[str, ...]:
-  """The worker axis name(s) of ``mesh``: ``"workers"`` or ``("nodes","local")``."""
-  names = tuple(mesh.axis_names)
+  """The worker axis name(s) of ``mesh``: ``"workers"`` or ``("nodes","local")``.
+
+  The ``"inner"`` axis of a multi-device worker is never part of it.
+  """
+  names = _worker_names(mesh)
   return names[0] if len(names) == 1 else names
 
 
 def worker_spec(mesh: Mesh) -> P:
-  """``PartitionSpec`` sharding a leading worker axis over all mesh axes."""
+  """``PartitionSpec`` sharding a leading worker axis over the worker axes."""
   return P(worker_axis(mesh))
 
 
 def worker_sharding(mesh: Mesh) -> NamedSharding:
-  """``NamedSharding`` for arrays with a leading worker axis."""
+  """``NamedSharding`` for arrays with a leading worker axis.
+
+  Replicated over a worker's devices when they are more than one.
+  """
   return NamedSharding(mesh, worker_spec(mesh))
 
 
 def n_workers_of(mesh: Mesh) -> int:
-  return int(np.prod(list(mesh.shape.values())))
+  """Number of workers of ``mesh`` (devices / devices per worker)."""
+  return int(np.prod([mesh.shape[a] for a in _worker_names(mesh)]))
+
+
+def devices_per_worker(mesh: Mesh) -> int:
+  """Devices of one worker: the size of the ``"inner"`` axis, else 1."""
+  return int(mesh.shape.get(INNER, 1))
 
 
 def _full_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -151,8 +197,12 @@ def per_worker(fn: Callable, mesh: Mesh, *,
                gathered_outputs: Sequence[int] = ()) -> Callable:
   """Wraps a one-worker function to act on stacked per-worker arguments.
 
-  Inside, each device sees its worker's slice with the leading axis removed;
-  outputs get the leading axis back. Arguments listed in
+  Inside, each worker sees its slice with the leading axis removed; outputs
+  get the leading axis back. On a mesh with an ``"inner"`` axis
+  (``devices_per_worker > 1``) the ``shard_map`` is manual over the worker
+  axes only (``axis_names``): ``fn`` is the same one-worker code, and the
+  compiler splits its arrays over the worker's devices as the arguments'
+  shardings say (see :mod:`decentral_jax.layouts`). Arguments listed in
   ``replicated_argnums`` are passed unchanged (``P()``, same on all workers;
   e.g. a step counter).
 
@@ -231,7 +281,10 @@ def per_worker(fn: Callable, mesh: Mesh, *,
     if gathered:
       out_specs = tuple(P() if k in gathered else spec
                         for k in range(max(gathered) + 1))
+    extra = {}
+    if INNER in mesh.axis_names:  # manual over the workers only
+      extra["axis_names"] = set(_worker_names(mesh))
     return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
-                         out_specs=out_specs)(*args)
+                         out_specs=out_specs, **extra)(*args)
 
   return wrapped
