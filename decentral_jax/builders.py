@@ -95,7 +95,8 @@ def _decentralized(config, schedule, topology, axis_name):
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
       weight_decay=o.weight_decay, mask=models.decay_mask, accum_steps=accum,
       axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype],
-      gossip_every=int(config.gossip_every)))
+      gossip_every=int(config.gossip_every),
+      bucket_bytes=int(config.bucket_bytes)))
 
 
 def _all_reduce(config, schedule, topology, axis_name):
@@ -140,7 +141,8 @@ def _diloco(config, schedule, topology, axis_name):
   """DiLoCo, or decentralized DiLoCo when ``topology`` is given."""
   return local_updates.diloco(_inner(config, schedule),
                               int(config.sync_every), outer=_outer(config),
-                              topology=topology, axis_name=axis_name)
+                              topology=topology, axis_name=axis_name,
+                              bucket_bytes=int(config.bucket_bytes))
 
 
 def _streaming_diloco(config, schedule, topology, axis_name):
@@ -157,7 +159,8 @@ def _streaming_diloco(config, schedule, topology, axis_name):
 def _sgp(config, schedule, topology, axis_name):
   """SGP: the inner AdamW on the numerators, push-sum mixing over topology."""
   return push_sum.push_sum(_inner(config, schedule), topology, axis_name,
-                           comm_dtype=COMM_DTYPES[config.comm_dtype])
+                           comm_dtype=COMM_DTYPES[config.comm_dtype],
+                           bucket_bytes=int(config.bucket_bytes))
 
 
 def _theta(params, opt_state):

@@ -148,7 +148,8 @@ class DiLoCoState(NamedTuple):
 def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            outer: optax.GradientTransformation | None = None,
            topology: topology_lib.Topology | None = None,
-           axis_name: gossip.AxisName = "workers"
+           axis_name: gossip.AxisName = "workers",
+           bucket_bytes: int | None = None
            ) -> optax.GradientTransformation:
   r"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
 
@@ -172,18 +173,23 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     topology: gossip schedule for decentralized DiLoCo (doubly stochastic),
       or None for the exact mean.
     axis_name: worker mesh axis (or ``("nodes", "local")``).
+    bucket_bytes: largest gossip bucket in bytes with ``topology``; None:
+      the default (one collective per leaf), 0: one per leaf (bit-identical; see
+      :func:`decentral_jax.optim.check_bucket_bytes`).
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`DiLoCoState`.
 
   Raises:
-    ValueError: a bad ``sync_every``; ``params`` not passed to ``update``.
+    ValueError: a bad ``sync_every`` or ``bucket_bytes``; ``params`` not
+      passed to ``update``.
 
   References:
     Douillard et al., DiLoCo: Distributed Low-Communication Training of
     Language Models, arXiv 2311.08105 (Alg. 1).
   """
   period = _check_period(sync_every)
+  bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
   outer = default_outer_optimizer() if outer is None else outer
 
   def init_fn(params):
@@ -195,7 +201,7 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   def reduce(x, k):
     if topology is None:
       return gossip.mean(x, axis_name)
-    return gossip.mix(x, topology, k, axis_name)
+    return gossip.mix(x, topology, k, axis_name, bucket_bytes=bucket_bytes)
 
   def sync(operand):
     x, theta, outer_state, k = operand

@@ -133,6 +133,33 @@ def check_float_dtype(name: str, dtype) -> None:
                      f"{dtype!r}.")
 
 
+def check_bucket_bytes(bucket_bytes) -> int:
+  """The gossip bucket size of a transform: None -> the library default.
+
+  Gossip sends same-dtype parameter leaves in buckets of at most this many
+  bytes, one collective per bucket and permute term
+  (:func:`decentral_jax.gossip.mix`, after PyTorch DDP's gradient buckets,
+  Li et al., VLDB 2020); 0 sends one collective per leaf. The default is
+  None rather than the number so that ``optax.inject_hyperparams`` does not
+  turn it into a traced hyperparameter (pass an explicit value in
+  ``static_args``).
+
+  Returns:
+    ``bucket_bytes`` as an int (``gossip.DEFAULT_BUCKET_BYTES`` for None).
+
+  Raises:
+    ValueError: not None or an integer >= 0 (an array: what
+      ``optax.inject_hyperparams`` makes of an int not in ``static_args``).
+  """
+  if bucket_bytes is None:
+    return gossip.DEFAULT_BUCKET_BYTES
+  if isinstance(bucket_bytes, (jax.Array, np.ndarray)):
+    raise ValueError("bucket_bytes must be an integer >= 0 or None, got an "
+                     f"array; {_INJECT_HINT.format('bucket_bytes')}.")
+  gossip.check_bucket_bytes(bucket_bytes)
+  return int(bucket_bytes)
+
+
 def _moment_dtype(name: str, dtype):
   """Canonical ``dtype`` (float64 -> float32 without x64), or None."""
   check_float_dtype(name, dtype)
@@ -287,7 +314,9 @@ class GossipMixingState(NamedTuple):
 
 def gossip_mixing(topology: topology_lib.Topology,
                   axis_name: gossip.AxisName = "workers", *,
-                  comm_dtype=None) -> optax.GradientTransformation:
+                  comm_dtype=None,
+                  bucket_bytes: int | None = None
+                  ) -> optax.GradientTransformation:
   r"""Chain element adding the gossip correction ``W_k x_k - x_k`` to updates.
 
   Placed last in an ``optax.chain`` whose earlier elements produce a local
@@ -304,6 +333,8 @@ def gossip_mixing(topology: topology_lib.Topology,
     topology: mixing schedule; round ``k % period`` at step ``k``.
     axis_name: worker mesh axis (or ``(nodes, local)``).
     comm_dtype: optional dtype in which parameters are sent.
+    bucket_bytes: largest gossip bucket in bytes (see
+      :func:`check_bucket_bytes`); results are bit-identical.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -313,11 +344,13 @@ def gossip_mixing(topology: topology_lib.Topology,
     float64) and returned with the shapes and dtypes of ``updates``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype (at
-      construction); ``params`` not passed to ``update``; errors of
+    ValueError: ``comm_dtype`` not None or a floating dtype, or
+      ``bucket_bytes`` not None or an integer >= 0 (at construction);
+      ``params`` not passed to ``update``; errors of
       :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating leaves).
   """
   check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = check_bucket_bytes(bucket_bytes)
 
   def init_fn(params):
     del params
@@ -328,7 +361,7 @@ def gossip_mixing(topology: topology_lib.Topology,
     if params is None:
       raise ValueError(_NO_PARAMS.format("gossip_mixing"))
     mixed = gossip.mix(params, topology, round_step(state, round_index), axis_name,
-                       comm_dtype=comm_dtype)
+                       comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
     updates = jax.tree.map(_add_correction, updates, mixed, params)
     return updates, GossipMixingState(optax.safe_increment(state.count))
 
@@ -371,7 +404,9 @@ def decentralized(inner: optax.GradientTransformation,
                   axis_name: gossip.AxisName = "workers", *,
                   mix_after_update: bool = False,
                   comm_dtype=None,
-                  gossip_every: int = 1) -> optax.GradientTransformation:
+                  gossip_every: int = 1,
+                  bucket_bytes: int | None = None
+                  ) -> optax.GradientTransformation:
   r"""Wraps a local optimizer so that it steps from the gossip-mixed point.
 
   Default ("adapt-while-combine", the paper's overlapped form):
@@ -418,6 +453,10 @@ def decentralized(inner: optax.GradientTransformation,
     mix_after_update: mix after the local update instead of before.
     comm_dtype: optional dtype in which parameters are sent (e.g. bfloat16).
     gossip_every: the communication period ``tau >= 1`` in steps.
+    bucket_bytes: largest gossip bucket in bytes: None (default) for
+      :data:`decentral_jax.gossip.DEFAULT_BUCKET_BYTES` (0: per leaf,
+      faster on XLA:CPU), 0 for one collective per leaf (see :func:`check_bucket_bytes`).
+      Results are bit-identical either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -426,13 +465,15 @@ def decentralized(inner: optax.GradientTransformation,
     of floating leaves; updates have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype, or
-      ``gossip_every`` not an integer >= 1 (at construction); ``params`` not
-      passed to ``update``; ``round_index`` with ``gossip_every > 1``; errors
+    ValueError: ``comm_dtype`` not None or a floating dtype,
+      ``gossip_every`` not an integer >= 1, or ``bucket_bytes`` not None or
+      an integer >= 0 (at construction); ``params`` not passed to
+      ``update``; ``round_index`` with ``gossip_every > 1``; errors
       of :func:`decentral_jax.gossip.mix` (mesh axis size, non-floating
       leaves).
   """
   check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = check_bucket_bytes(bucket_bytes)
   # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
   # takes the conditional path.
   static_tau = not isinstance(gossip_every, jax.Array)
@@ -446,7 +487,7 @@ def decentralized(inner: optax.GradientTransformation,
   def mix(tree, state, round_index):
     if static_tau and tau == 1:
       return gossip.mix(tree, topology, round_step(state, round_index), axis_name,
-                        comm_dtype=comm_dtype)
+                        comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
     if round_index is not None:
       raise ValueError("decentralized(gossip_every>1) picks its round "
                        "in-graph; do not pass round_index (use "
@@ -454,7 +495,7 @@ def decentralized(inner: optax.GradientTransformation,
     return gossip.every(
         tau, state.count % tau == 0,
         lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
-                             comm_dtype=comm_dtype),
+                             comm_dtype=comm_dtype, bucket_bytes=bucket_bytes),
         lambda t: t, tree)
 
   def init_fn(params):
@@ -521,7 +562,9 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
                         mix_after_update: bool = False,
                         comm_dtype=None, mu_dtype=None,
                         nu_dtype=None,
-                        gossip_every: int = 1) -> optax.GradientTransformation:
+                        gossip_every: int = 1,
+                        bucket_bytes: int | None = None
+                        ) -> optax.GradientTransformation:
   r"""DAdam (``accum_steps=1``) / AccumAdamW (``accum_steps>1``).
 
   .. math::
@@ -556,6 +599,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
       with float16 parameters, see :func:`scale_by_accum_adam`).
     gossip_every: mix every this many steps (local steps in between; see
       :func:`decentralized`).
+    bucket_bytes: largest gossip bucket in bytes; None: the default, 0: one
+      collective per leaf (bit-identical; see :func:`check_bucket_bytes`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -566,8 +611,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     ValueError: invalid ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
       (including a bare bool or array: what ``optax.inject_hyperparams``
       passes for a callable mask without ``static_args``), ``mu_dtype``,
-      ``nu_dtype`` or ``comm_dtype`` (see :func:`scale_by_accum_adam`,
-      :func:`decentralized`).
+      ``nu_dtype``, ``comm_dtype`` or ``bucket_bytes`` (see
+      :func:`scale_by_accum_adam`, :func:`decentralized`).
 
   References:
     Wang et al. 2025 (arXiv 2410.11998), Alg. 1 and Alg. 4.
@@ -580,7 +625,7 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   )
   return decentralized(_in_compute_dtype(inner), topology, axis_name,
                        mix_after_update=mix_after_update, comm_dtype=comm_dtype,
-                       gossip_every=gossip_every)
+                       gossip_every=gossip_every, bucket_bytes=bucket_bytes)
 
 
 def _in_compute_dtype(inner: optax.GradientTransformation

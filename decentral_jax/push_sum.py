@@ -96,7 +96,9 @@ def _divide(params: PyTree, weight) -> PyTree:
 def push_sum(inner: optax.GradientTransformation,
              topology: topology_lib.Topology,
              axis_name: gossip.AxisName = "workers", *,
-             comm_dtype=None) -> optax.GradientTransformationExtraArgs:
+             comm_dtype=None,
+             bucket_bytes: int | None = None
+             ) -> optax.GradientTransformationExtraArgs:
   r"""Stochastic gradient push: a local optimizer with push-sum mixing.
 
   With ``P_k`` the matrix of round ``k % period`` (rows = receivers, columns
@@ -131,6 +133,9 @@ def push_sum(inner: optax.GradientTransformation,
     axis_name: worker mesh axis (or ``(nodes, local)``).
     comm_dtype: optional floating dtype in which numerators are sent; the
       weight is always sent in its own dtype so that mass is conserved.
+    bucket_bytes: largest gossip bucket in bytes; None: the default, 0: one
+      collective per leaf (bit-identical; see
+      :func:`decentral_jax.optim.check_bucket_bytes`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with :class:`PushSumState`
@@ -142,7 +147,7 @@ def push_sum(inner: optax.GradientTransformation,
   Raises:
     ValueError: a round of ``topology`` that is not column stochastic (the
       message names the round, column and sum); ``comm_dtype`` not None or
-      floating (at construction); ``params`` not passed to ``update``;
+      floating, or a bad ``bucket_bytes`` (at construction); ``params`` not passed to ``update``;
       errors of :func:`decentral_jax.gossip.mix` (mesh axis size,
       non-floating leaves).
 
@@ -151,6 +156,7 @@ def push_sum(inner: optax.GradientTransformation,
   """
   check_column_stochastic(topology)
   optim.check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -170,7 +176,8 @@ def push_sum(inner: optax.GradientTransformation,
                                       **extra_args)
     stepped = optax.apply_updates(params, local)  # x^{k+1/2}, param dtype
     mix = lambda t, dt: gossip.mix(t, topology, step, axis_name,
-                                   comm_dtype=dt, column_stochastic=True)
+                                   comm_dtype=dt, column_stochastic=True,
+                                   bucket_bytes=bucket_bytes)
     if comm_dtype is None:
       target, weight = mix((stepped, state.weight), None)
     else:
@@ -186,7 +193,8 @@ def push_sum(inner: optax.GradientTransformation,
 def sgp(learning_rate: optax.ScalarOrSchedule,
         topology: topology_lib.Topology, *, momentum: float | None = None,
         nesterov: bool = False, axis_name: gossip.AxisName = "workers",
-        comm_dtype=None) -> optax.GradientTransformationExtraArgs:
+        comm_dtype=None, bucket_bytes: int | None = None
+        ) -> optax.GradientTransformationExtraArgs:
   """SGP with (heavy-ball or Nesterov) SGD: ``push_sum(optax.sgd(...), ...)``.
 
   See :func:`push_sum` for the recursion, state and errors; the momentum
@@ -194,7 +202,8 @@ def sgp(learning_rate: optax.ScalarOrSchedule,
   """
   return push_sum(optax.sgd(learning_rate, momentum=momentum,
                             nesterov=nesterov),
-                  topology, axis_name, comm_dtype=comm_dtype)
+                  topology, axis_name, comm_dtype=comm_dtype,
+                  bucket_bytes=bucket_bytes)
 
 
 def _is_state(s) -> bool:

@@ -143,6 +143,7 @@ _RULES = {
     "n_workers": _integer(1),
     "workers_per_node": _integer(1),
     "comm_dtype": _one_of(builders.COMM_DTYPES),
+    "bucket_bytes": _integer(0, note=" (0 = one collective per leaf)"),
     "gossip_rounds": _one_of(GOSSIP_ROUNDS),
     "global_avg_interval": _integer(0, note=" (0 = never)"),
     "gossip_every": _integer(1),

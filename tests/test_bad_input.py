@@ -74,6 +74,8 @@ BAD_FIELDS = [
     ("checkpoint_interval", BIG, "gpt"), ("keep_checkpoints", 0, "gpt"),
     ("tensorboard", 1, "gpt"), ("workdir", 3, "gpt"), ("data.path", 3, "gpt"),
     ("comm_dtype", "int8", "gpt"), ("gossip_rounds", "dynamic", "gpt"),
+    ("bucket_bytes", -1, "gpt"), ("bucket_bytes", 1.5, "gpt"),
+    ("bucket_bytes", True, "gpt"), ("bucket_bytes", BIG, "gpt"),
     ("topology", 3, "gpt"), ("data.val_fraction", 1.0, "gpt"),
     ("data.val_fraction", -0.1, "gpt"),
     ("model.dropout", 1.0, "gpt"), ("model.dropout", -0.1, "gpt"),
@@ -128,6 +130,7 @@ GOOD_FIELDS = [
     {"optimizer.b1": 0.0}, {"optimizer.eps": 0.0}, {"grad_clip": 0.0},
     {"optimizer.weight_decay": 0}, {"model.dropout": 0.0},
     {"seed": 2**32 - 1}, {"steps": BIG - 1}, {"log_interval": BIG - 1},
+    {"bucket_bytes": 0},  # one collective per leaf
     {"schedule.warmup_steps": 10_000},  # > steps: a warning, not an error
     {"schedule.name": "constant", "schedule.final_lr": 1.0},  # unused field
     {"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15},
