@@ -24,6 +24,8 @@ from ml_collections import config_flags
 
 OPTIMIZERS = ("adamw", "accum_adamw")
 GOSSIP_ROUNDS = ("switch", "static")
+# config.worker_layout values (decentral_jax.layouts.MODES).
+WORKER_LAYOUTS = ("fsdp", "data")
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
@@ -111,6 +113,15 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # Workers per node L; node-aware topologies (alternating_exp_ring) group
   # workers node by node and the mesh becomes 2-D ("nodes", "local").
   c.workers_per_node = 1
+  # Devices per worker D: each worker spans D devices (mesh axis "inner",
+  # single-process runs only); the run needs n_workers * D devices and a
+  # local batch global_batch / n_workers divisible by D.
+  c.devices_per_worker = 1
+  # How a worker of D > 1 devices holds its state (decentral_jax.layouts):
+  # "fsdp" (parameters, gradients and optimizer state split over its
+  # devices; leaves with no dimension divisible by D stay replicated, with
+  # a warning naming them) or "data" (replicated; only the batch is split).
+  c.worker_layout = "fsdp"
   # dtype in which gossiped parameters are sent: "" (their own dtype),
   # "bfloat16", "float16" or "float32".
   c.comm_dtype = ""

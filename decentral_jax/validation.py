@@ -28,6 +28,7 @@ from decentral_jax.config import MAX_SIMULATED_CPU_DEVICES
 from decentral_jax.config import OPTIMIZERS
 from decentral_jax.config import SCHEDULES
 from decentral_jax.config import SEED_MAX
+from decentral_jax.config import WORKER_LAYOUTS
 from decentral_jax.config import base_config
 
 
@@ -142,6 +143,8 @@ _RULES = {
     "topology": _topology,
     "n_workers": _integer(1),
     "workers_per_node": _integer(1),
+    "devices_per_worker": _integer(1),
+    "worker_layout": _one_of(WORKER_LAYOUTS),
     "comm_dtype": _one_of(builders.COMM_DTYPES),
     "bucket_bytes": _integer(0, note=" (0 = one collective per leaf)"),
     "gossip_rounds": _one_of(GOSSIP_ROUNDS),
@@ -221,7 +224,8 @@ def check_config(config: config_dict.ConfigDict) -> None:
   (``optimizer.b1``, ``optimizer.b2``, ``model.dropout``,
   ``data.val_fraction``); bools True or False; paths strings or unset.
   Then the relations: ``workers_per_node`` divides ``n_workers``, which
-  divides ``global_batch``; ``optimizer.accum_steps`` is 1 for ``adamw``;
+  divides ``global_batch``; ``devices_per_worker`` divides the local batch
+  ``global_batch / n_workers``; ``optimizer.accum_steps`` is 1 for ``adamw``;
   ``model.n_head`` divides ``model.n_embd``; ``schedule.final_lr <=
   peak_lr`` for ``warmup_cosine`` (a cosine "decay" upwards is refused);
   ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
@@ -257,6 +261,13 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"config.global_batch={batch} is not divisible by config.n_workers="
         f"{n} (the global batch is split evenly across workers); use e.g. "
         f"--config.global_batch={lo} or {lo + n}.")
+  dpw = int(c.devices_per_worker)
+  if (batch // n) % dpw:
+    raise ValueError(
+        f"config.global_batch={batch} gives {batch // n} sequences per "
+        f"worker (config.n_workers={n}), which a worker of config."
+        f"devices_per_worker={dpw} devices cannot split evenly; use a "
+        f"global_batch divisible by {n * dpw}.")
   o, s = c.optimizer, c.schedule
   if o.name == "adamw" and o.accum_steps != 1:
     raise ValueError(
