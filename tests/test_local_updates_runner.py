@@ -45,6 +45,23 @@ def _config(method, *extra):
                                 (*TINY, *METHODS[method], *extra))
 
 
+_EXPERIMENTS = {}
+
+
+def _experiment(method):
+  """One Experiment per method for the whole module (one compile each)."""
+  require_devices(N)
+  if method not in _EXPERIMENTS:
+    _EXPERIMENTS[method] = experiment_lib.Experiment(_config(method))
+  return _EXPERIMENTS[method]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_experiments():
+  yield
+  _EXPERIMENTS.clear()
+
+
 def _run(exp, state, start, stop):
   for s in range(start, stop):
     state, m = exp.train_step(state, exp.get_batch(s), s)
@@ -65,8 +82,7 @@ def _spread(params):
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
   """Synchronised at sync steps, apart between; resume mid-window is exact."""
-  require_devices(N)
-  exp = experiment_lib.Experiment(_config(method))
+  exp = _experiment(method)
   h = 4 if method == "streaming_diloco" else 3
   state = _run(exp, exp.init_state(), 0, h)
   # XLA:CPU's all-reduce sums in a different order on each device, so the
@@ -97,15 +113,16 @@ def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
 
 def test_diloco_evaluates_theta():
   """eval/loss of DiLoCo is the loss of theta; the own models are x."""
-  require_devices(N)
-  exp = experiment_lib.Experiment(_config("diloco"))
+  exp = _experiment("diloco")  # the compiled steps of the test above
   state = _run(exp, exp.init_state(), 0, 4)  # one step past the sync
   result = exp.evaluate(state)
   # The loss of theta on the whole eval set, computed directly.
   theta = jax.tree.map(lambda x: x[0],
                        _host(local_updates.global_params(state.opt_state)))
   inputs, targets = exp.task.eval_set
-  want = np.mean([float(exp.task.loss(theta, (inputs[e], targets[e]), None)[0])
+  # One compile of the task's loss (op by op it dispatches every primitive).
+  loss = jax.jit(lambda p, x, y: exp.task.loss(p, (x, y), None)[0])
+  want = np.mean([float(loss(theta, inputs[e], targets[e]))
                   for e in range(inputs.shape[0])])
   np.testing.assert_allclose(result["eval/loss"], want, rtol=1e-5)
   assert result["eval/worker_loss_mean"] != pytest.approx(
@@ -138,8 +155,7 @@ def test_bad_local_update_fields_name_the_field(extra, match):
 
 def test_resume_refuses_a_changed_sync_schedule():
   """A checkpoint's sync period, fragments and outer optimizer must match."""
-  require_devices(N)
-  exp = experiment_lib.Experiment(_config("streaming_diloco"))
+  exp = _experiment("streaming_diloco")
   meta = exp.checkpoint_meta(5)
   exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
   for key, value, field in (

@@ -17,6 +17,13 @@ job started again must end exactly like the uninterrupted one.
 
 Every launched process runs in its own session and is killed (process group)
 when the test ends, passes or fails.
+
+The worker jobs share a JAX compilation cache in a fresh temporary directory
+of this pytest session (``compile_cache``): the ``job`` fixture fills it and
+later jobs of the same configs (SIGTERM and resume, the killed coordinator,
+the start-up checks) read their executables from it instead of compiling
+again. Nothing persists between sessions; the single-process reference
+compiles its own.
 """
 
 from __future__ import annotations
@@ -103,10 +110,24 @@ def launch_processes(out, argv, env, pids=range(worker.N_PROCESSES)):
       p.wait()
 
 
-def launch(out, *args: str):
+def cache_env(env: dict[str, str], cache: str | None) -> dict[str, str]:
+  """``env`` with the JAX compilation cache in ``cache`` (every compile)."""
+  if cache:
+    env.update(JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  return env
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory) -> str:
+  """This session's compilation cache of the worker jobs (starts empty)."""
+  return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def launch(out, *args: str, cache: str | None = None):
   """The 2 processes of a ``multihost_worker.py`` job on a free port."""
   port = free_port()
-  env = clean_env(worker.DEVICES_PER_PROCESS)
+  env = cache_env(clean_env(worker.DEVICES_PER_PROCESS), cache)
   script = os.path.join(HERE, "multihost_worker.py")
   return launch_processes(
       out, lambda pid: [sys.executable, script, "--out", str(out), "--port",
@@ -137,7 +158,7 @@ def logs(out) -> str:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def job(tmp_path_factory, compile_cache):
   """The 2-process job (all cases) and the 1-process references, side by side.
 
   The job runs in the background while this process computes the references
@@ -147,7 +168,7 @@ def job(tmp_path_factory):
   out = tmp_path_factory.mktemp("multihost")
   ref_dir = tmp_path_factory.mktemp("reference")
   args = ["--check_errors"] + [a for case in CASES for a in ("--case", case)]
-  with launch(out, *args) as procs:
+  with launch(out, *args, cache=compile_cache) as procs:
     t0 = time.monotonic()
     reference = {}
     for case in CASES:
@@ -342,11 +363,17 @@ def test_cli_under_slurm_then_a_killed_worker_stops_the_job(job, tmp_path):
   assert "process(es)" not in log1
 
 
-def test_a_killed_coordinator_stops_the_job(tmp_path):
-  """Process 0 (the coordinator) is killed mid-run; process 1 must fail."""
+def test_a_killed_coordinator_stops_the_job(tmp_path, compile_cache):
+  """Process 0 (the coordinator) is killed mid-run; process 1 must fail.
+
+  The job's config is ``job``'s (its compiled steps are in the cache); the
+  steps are slowed down (1 s each) so that it is killed with about 7 steps
+  to go.
+  """
   require_devices(1)
-  with launch(tmp_path, "--case", "one_peer_exp", "--steps", "100000",
-              "--log_interval", "1", "--heartbeat", "5") as procs:
+  with launch(tmp_path, "--case", "one_peer_exp", "--log_interval", "1",
+              "--heartbeat", "5", "--step_delay", "1",
+              cache=compile_cache) as procs:
     wait_for_records(tmp_path / "one_peer_exp" / "metrics.jsonl", 2, procs,
                      tmp_path, JOB_TIMEOUT_S)
     kill_and_expect_failure(procs, 0, tmp_path)
@@ -488,11 +515,12 @@ def test_init_differences_tolerate_rounding_only():
             "process 2 differs from process 0 in 1 of 2 leaves: ['w']")
 
 
-def test_startup_refusals_reach_every_process(tmp_path):
+def test_startup_refusals_reach_every_process(tmp_path, compile_cache):
   """Different steps, initial params or a task failing on one host: every
   process raises (in step, so the job goes on to the next check)."""
   require_devices(1)
-  with launch(tmp_path, "--case", "one_peer_exp", "--startup_checks") as procs:
+  with launch(tmp_path, "--case", "one_peer_exp", "--startup_checks",
+              cache=compile_cache) as procs:
     assert wait_all(procs, tmp_path, STARTUP_TIMEOUT_S) == [0, 0], \
         logs(tmp_path)
   errors = []
@@ -590,7 +618,8 @@ def test_port_check_runs_before_jax(monkeypatch):
           process_id=1))
 
 
-def test_sigterm_to_both_processes_saves_one_step_and_resumes(job, tmp_path):
+def test_sigterm_to_both_processes_saves_one_step_and_resumes(
+    job, tmp_path, compile_cache):
   """SIGTERM to both processes (what ``timeout``, ``kill`` and SLURM send).
 
   JAX's preemption service receives it in each process; both must stop
@@ -599,8 +628,8 @@ def test_sigterm_to_both_processes_saves_one_step_and_resumes(job, tmp_path):
   with the parameters of the uninterrupted job of ``job``, bit for bit.
   """
   _, results, _ = job
-  env = clean_env(worker.DEVICES_PER_PROCESS)
-  env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")  # re-run
+  # ``job``'s compiled steps (one_peer_exp, the same config).
+  env = cache_env(clean_env(worker.DEVICES_PER_PROCESS), compile_cache)
   script = os.path.join(HERE, "multihost_worker.py")
 
   def argv(*extra):
