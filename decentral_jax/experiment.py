@@ -2,7 +2,8 @@
 
 :class:`Experiment` turns a validated ``ml_collections`` config (see
 :mod:`decentral_jax.config`) into the pieces of a run, without touching the
-file system: a device mesh with one worker per device, the topology, the
+file system: a device mesh (one worker per device, or per
+``config.devices_per_worker`` devices), the topology, the
 :class:`~decentral_jax.tasks.Task`, the per-worker optax transform, the
 jitted train and eval steps of :mod:`decentral_jax.step` over all workers,
 evaluation of the averaged model and the checkpoint metadata. The loop that
@@ -13,6 +14,17 @@ a leading worker axis ``[n_workers, ...]`` sharded over the mesh's worker
 axis (``"workers"``, or ``("nodes", "local")`` for node-aware topologies),
 so each device holds one worker's parameters, optimizer state, step and RNG
 key. All workers start from the same parameters.
+
+Workers of several devices (``config.devices_per_worker = D > 1``,
+single-process runs only): the mesh gets a last axis ``"inner"`` of size
+``D`` (:func:`decentral_jax.parallel.make_mesh`), each batch ``[n, B, ...]``
+is split over it along ``B`` (``B = global_batch / n_workers`` must be
+divisible by ``D``), and ``config.worker_layout`` places the state
+(:mod:`decentral_jax.layouts`): ``"fsdp"`` splits every floating leaf of
+parameters and optimizer state over the worker's devices along its first
+dimension divisible by ``D`` (leaves with none stay replicated on the
+worker's devices, with a ``UserWarning`` naming them), ``"data"``
+replicates it. The jitted steps return the state with these shardings.
 
 Multi-host: after :func:`decentral_jax.distributed.initialize_from_config`
 the mesh spans every process's devices in the order of
@@ -39,6 +51,7 @@ from ml_collections import config_dict
 from decentral_jax import builders
 from decentral_jax import agreement
 from decentral_jax import distributed
+from decentral_jax import layouts
 from decentral_jax import parallel
 from decentral_jax import step as step_lib
 from decentral_jax import tasks
@@ -60,7 +73,17 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "overlap_steps": "overlap_steps",
                   "merge_alpha": "merge_alpha",
                   "outer_optimizer": "outer_optimizer",
-                  "comm_dtype": "comm_dtype"}
+                  "comm_dtype": "comm_dtype",
+                  "devices_per_worker": "devices_per_worker",
+                  "worker_layout": "worker_layout"}
+# Values assumed for checkpoints written before these fields existed.
+_RESUME_DEFAULTS = {"devices_per_worker": 1, "worker_layout": ""}
+
+
+def worker_layout_of(c) -> layouts.WorkerLayout:
+  """The :class:`~decentral_jax.layouts.WorkerLayout` of a validated config
+  (``config.devices_per_worker``, ``config.worker_layout``)."""
+  return layouts.WorkerLayout(int(c.devices_per_worker), c.worker_layout)
 
 
 def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
@@ -123,7 +146,10 @@ class Experiment:
 
     Raises:
       ValueError: an invalid config field, more workers than devices (the
-        message says how to simulate CPU devices), missing data files, or a
+        message says how to simulate CPU devices), with
+        ``config.devices_per_worker > 1``: fewer than ``n_workers *
+        devices_per_worker`` devices or a multi-process job; missing data
+        files, or a
         corpus too short for the context length; in a multi-process job,
         configs that differ between processes (the fields are named),
         ``n_workers`` differing from the job's device count, a node-aware
@@ -149,6 +175,13 @@ class Experiment:
       devices = distributed.ordered_devices()
     self.n_workers = n = int(c.n_workers)
     self.local_batch = int(c.global_batch) // n
+    self.layout = worker_layout_of(c)
+    dpw = self.layout.devices_per_worker
+    if dpw > 1 and multi_process:
+      raise ValueError(
+          f"config.devices_per_worker={dpw} is supported in single-process "
+          "runs only (a multi-process job puts one worker on every device); "
+          "set --config.devices_per_worker=1.")
     local_size = int(c.workers_per_node)
     self.topology = None
     node_aware = False
@@ -164,14 +197,22 @@ class Experiment:
       _check_multi_process(c, n, len(devices), node_aware)
     try:
       self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
-                                     devices=devices)
+                                     devices=devices,
+                                     devices_per_worker=dpw)
     except ValueError as e:
+      if dpw > 1:
+        raise ValueError(
+            f"config.n_workers={n} x config.devices_per_worker={dpw}: {e} "
+            "Lower --config.n_workers or --config.devices_per_worker."
+            ) from None
       raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
                        "sets this by itself on CPU; otherwise lower "
                        "--config.n_workers.") from None
-    self.local_workers = distributed.process_workers(self.mesh)
+    self.local_workers = (distributed.process_workers(self.mesh) if dpw == 1
+                          else np.arange(n, dtype=np.int64))
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
+    self._batch_sharding = layouts.batch_sharding(self.mesh)
     root = jax.random.key(int(c.seed))
     self._init_key, self._dropout_key = jax.random.split(root)
     self._params0 = None
@@ -190,9 +231,20 @@ class Experiment:
         jax.tree.leaves(jax.eval_shape(self.task.init_params,
                                        self._init_key)))
     self._eval_rows, self._eval_common = self._place_eval_set()
-    self._init_fn = jax.jit(parallel.per_worker(
+    init = parallel.per_worker(
         functools.partial(step_lib.init_state, tx=self.tx), self.mesh,
-        replicated_argnums=(0, 1)))
+        replicated_argnums=(0, 1))
+    self._state_shardings = None
+    if dpw > 1:  # fix the state's layout over each worker's devices
+      shapes = jax.eval_shape(self.task.init_params, self._init_key)
+      layouts.check_params(
+          shapes, self.layout, what=f"config.worker_layout='fsdp' with "
+          f"config.devices_per_worker={dpw}: ")
+      self._state_shardings = layouts.state_shardings(
+          jax.eval_shape(init, shapes, jax.random.key_data(
+              self._dropout_key)), self.mesh, self.layout)
+    self._init_fn = (jax.jit(init) if self._state_shardings is None else
+                     jax.jit(init, out_shardings=self._state_shardings))
     # Gossip round dispatch: "switch" compiles the whole schedule once (the
     # round is picked in-graph with lax.switch); "static" compiles one step
     # per distinct round (the host picks it from the step number), so the
@@ -264,7 +316,8 @@ class Experiment:
     Returns:
       A tuple of arrays ``[n_workers, local_batch, ...]`` (LM: int32 inputs
       and targets ``[n, B, T]``; images: uint8 ``[n, B, 28, 28]`` and int32
-      labels ``[n, B]``) sharded over the worker axis. Deterministic in
+      labels ``[n, B]``) sharded over the worker axis (and ``B`` over each
+      worker's devices with ``config.devices_per_worker > 1``). Deterministic in
       ``(seed, step)``; worker ``w`` gets its own shard of the data. In a
       multi-process job each process reads only the rows of its
       :attr:`local_workers` and the global array is assembled from them
@@ -272,7 +325,7 @@ class Experiment:
     """
     rows = self.task.host_batch(int(step), self._batch_workers)
     if self._batch_workers is None:
-      return jax.device_put(tuple(rows), self._sharding)
+      return jax.device_put(tuple(rows), self._batch_sharding)
     return tuple(
         jax.make_array_from_process_local_data(
             self._sharding, x, (self.n_workers,) + x.shape[1:])
@@ -314,9 +367,12 @@ class Experiment:
       self.train_step_traces += 1  # runs once per trace
       return worker(state, batch)
 
+    extra = {}
+    if self._state_shardings is not None:
+      extra["out_shardings"] = (self._state_shardings, self._sharding)
     return jax.jit(parallel.per_worker(counted, self.mesh,
                                        gathered_outputs=self._gathered),
-                   donate_argnums=(0,))
+                   donate_argnums=(0,), **extra)
 
   def train_step(self, state: TrainState, batch: Batch,
                  step: int | None = None) -> tuple[TrainState, dict]:
@@ -348,23 +404,39 @@ class Experiment:
     return fn(state, batch)
 
   def communication(self, state: TrainState, batch: Batch, *,
-                    stage: str = "unoptimized") -> dict[str, float]:
+                    stage: str | None = None) -> dict[str, float]:
     """Bytes the busiest worker sends per step, read from the step's HLO.
 
     Lowers (and for ``stage="optimized"`` compiles) the train step with
     ``state`` and ``batch`` (not donated, nothing runs) and reads it with
     :func:`decentral_jax.analysis.communication`: the mean over a period, in
     which a sync every ``H`` steps counts ``1 / H`` and the rounds of a
-    topology count by how often they occur. ``"unoptimized"`` (default) is
-    what the program asks for, e.g. ``comm_dtype`` bytes, which an
-    accelerator sends as asked (XLA:CPU widens bfloat16 collectives).
+    topology count by how often they occur. ``"unoptimized"`` (the default
+    with one device per worker) is what the program asks for, e.g.
+    ``comm_dtype`` bytes, which an accelerator sends as asked (XLA:CPU
+    widens bfloat16 collectives). With ``config.devices_per_worker > 1``
+    the default is ``"optimized"``: a worker's arrays are split over its
+    devices by the SPMD partitioner, so only the compiled HLO shows what
+    each device sends (the unoptimized one counts whole per-worker arrays
+    on every device).
+
+    Workers of ``D = config.devices_per_worker > 1`` devices: the HLO
+    counts bytes per device; ``bytes_per_step`` is then what the busiest
+    worker's ``D`` devices send together to *other* workers (with
+    ``"fsdp"`` a one-peer round is ``param_bytes``: ``param_bytes / D`` from
+    each device; with ``"data"`` ``D x param_bytes``), and the extra keys
+    give the per-device figure and the traffic inside a worker
+    (:func:`decentral_jax.layouts.traffic`).
 
     Returns:
       ``{"bytes_per_step": float (the method's bytes, diagnostics left
       out), "diagnostics_bytes_per_step": float (the consensus distance of
       logging steps, ``2 (n - 1) / n / log_interval`` x the parameter
       bytes), "param_bytes": int (one worker's parameters), "ratio":
-      bytes_per_step / param_bytes}``.
+      bytes_per_step / param_bytes}``; with ``D > 1`` also
+      ``"devices_per_worker"``, ``"device_bytes_per_step"`` (busiest device,
+      to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
+      worker, between its own devices), diagnostics left out.
     """
     from decentral_jax import analysis  # pylint: disable=import-outside-toplevel
     counts = {}
@@ -373,26 +445,42 @@ class Experiment:
     else:
       for d in self.topology.round_to_distinct:
         counts[d] = counts.get(d, 0) + 1
-    total = everything = 0.0
+    dpw = self.layout.devices_per_worker
+    if stage is None:
+      stage = "unoptimized" if dpw == 1 else "optimized"
+    total = everything = device = intra = 0.0
     for d, k in counts.items():
       lowered = self._round_steps[d].lower(state, batch)
       for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
         rep = analysis.communication(lowered, stage=stage,
-                                     n_devices=self.n_workers,
+                                     n_devices=self.n_workers * dpw,
                                      exclude_scope=scope)
-        if scope:
-          total += k * rep.mean_bytes_per_step
+        if dpw == 1:
+          mean = rep.mean_bytes_per_step
         else:
-          everything += k * rep.mean_bytes_per_step
+          t = layouts.traffic(rep, dpw)
+          mean = t.mean_worker_out
+          if scope:
+            device += k * t.mean_device_out
+            intra += k * (t.mean_worker - t.mean_worker_out)
+        if scope:
+          total += k * mean
+        else:
+          everything += k * mean
     per_step = total / sum(counts.values())
     diagnostics = everything / sum(counts.values()) - per_step
     param_bytes = analysis.tree_bytes(self._params0 if self._params0 is not None
                                       else jax.eval_shape(
                                           self.task.init_params,
                                           self._init_key))
-    return {"bytes_per_step": per_step,
-            "diagnostics_bytes_per_step": diagnostics,
-            "param_bytes": param_bytes, "ratio": per_step / param_bytes}
+    out = {"bytes_per_step": per_step,
+           "diagnostics_bytes_per_step": diagnostics,
+           "param_bytes": param_bytes, "ratio": per_step / param_bytes}
+    if dpw > 1:
+      runs = sum(counts.values())
+      out.update(devices_per_worker=dpw, device_bytes_per_step=device / runs,
+                 intra_worker_bytes_per_step=intra / runs)
+    return out
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
     """Validation metrics; ``state`` is read only (training is unaffected).
@@ -466,14 +554,19 @@ class Experiment:
         "merge_alpha": float(c.merge_alpha),
         "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
         "comm_dtype": c.comm_dtype,
+        # How a worker lies on its devices (the restored state's layout).
+        "devices_per_worker": self.layout.devices_per_worker,
+        "worker_layout": (self.layout.mode
+                          if self.layout.devices_per_worker > 1 else ""),
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:
     """Raises ValueError if a checkpoint was written by an incompatible run."""
     mine = self.checkpoint_meta(meta.get("step", 0))
     for key, field in _RESUME_FIELDS.items():
-      if key in meta and meta[key] != mine[key]:
+      theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
+      if theirs != mine[key]:
         raise ValueError(
             f"the checkpoint in {directory} was written with config.{field}="
-            f"{meta[key]!r} but this run has {mine[key]!r}; resume with the "
+            f"{theirs!r} but this run has {mine[key]!r}; resume with the "
             "same value or use a fresh --workdir.")

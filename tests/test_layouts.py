@@ -12,6 +12,7 @@ parameters.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 
 import jax
@@ -19,10 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, PartitionSpec as P
 
 from conftest import require_devices
 from decentral_jax import analysis
+from decentral_jax import config as config_lib
+from decentral_jax import experiment as experiment_lib
 from decentral_jax import gossip
 from decentral_jax import layouts
 from decentral_jax import local_updates
@@ -285,3 +288,67 @@ def test_node_aware_workers_of_two_devices_mix_like_the_matrix():
         mesh))
     np.testing.assert_allclose(np.asarray(fn(xs)), topo.round(r).matrix @ x,
                                rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# The runner: config.devices_per_worker and config.worker_layout.
+# ---------------------------------------------------------------------------
+
+
+def _config(*overrides, devices_per_worker=D, worker_layout="fsdp"):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return config_lib.load_config(os.path.join(root, "configs", "gpt_tiny.py"), (
+      "--config.model.n_layer=1", "--config.model.n_embd=16",
+      "--config.model.n_head=2", "--config.model.block_size=8",
+      "--config.global_batch=16", "--config.eval_batches=1",
+      f"--config.n_workers={N}", "--config.topology=one_peer_exp",
+      "--config.steps=2", f"--config.devices_per_worker={devices_per_worker}",
+      f"--config.worker_layout={worker_layout}") + overrides)
+
+
+def test_runner_builds_fsdp_workers_and_refuses_a_changed_layout():
+  require_devices(N * D)
+  exp = experiment_lib.Experiment(_config())
+  assert exp.mesh.axis_names == ("workers", "inner")
+  assert exp.layout == layouts.WorkerLayout(D, "fsdp")
+  state = exp.init_state()
+  kernel = state.params["h_0"]["mlp"]["c_fc"]["kernel"]
+  assert kernel.sharding.spec == P("workers", "inner", None)
+  batch = exp.get_batch(0)
+  assert batch[0].sharding.spec == P("workers", "inner")
+  comm = exp.communication(state, batch)
+  # One-peer gossip: each device sends its quarter, each worker the whole
+  # (the trajectories are checked above with the library-level steps).
+  assert comm["ratio"] == 1.0
+  assert comm["device_bytes_per_step"] == comm["param_bytes"] / D
+  assert comm["devices_per_worker"] == D
+  meta = exp.checkpoint_meta(1)
+  exp.check_resumable(dict(meta), "ckpt")
+  for key, value, field in (("devices_per_worker", 1,
+                             "config.devices_per_worker=1"),
+                            ("worker_layout", "data", "config.worker_layout")):
+    with pytest.raises(ValueError, match=field):
+      exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+  old = {k: v for k, v in meta.items()
+         if k not in ("devices_per_worker", "worker_layout")}
+  with pytest.raises(ValueError, match="devices_per_worker"):
+    exp.check_resumable(old, "ckpt")  # written before the field: D = 1
+
+
+def test_config_worker_layouts_are_the_layout_modes():
+  assert config_lib.WORKER_LAYOUTS == layouts.MODES
+  assert config_lib.base_config().devices_per_worker == 1
+
+
+def test_runner_layout_errors_name_the_config_fields():
+  require_devices(N * D)
+  for kwargs, overrides, match in (
+      (dict(devices_per_worker=8), ("--config.global_batch=32",),
+       r"config.n_workers=4 x config.devices_per_worker=8: 4 workers of 8 "
+       r"devices each need 32 devices"),
+      (dict(), ("--config.global_batch=8",),
+       r"config.global_batch=8 gives 2 .* config.devices_per_worker=4"),
+      (dict(devices_per_worker=0), (), r"config.devices_per_worker must be"),
+      (dict(worker_layout="tensor"), (), r"config.worker_layout='tensor'")):
+    with pytest.raises(ValueError, match=match):
+      experiment_lib.Experiment(_config(*overrides, **kwargs))
