@@ -451,6 +451,8 @@ class Experiment:
     total = everything = device = intra = 0.0
     for d, k in counts.items():
       lowered = self._round_steps[d].lower(state, batch)
+      if stage == "optimized":  # compile once for both reports
+        lowered = analysis.hlo_text(lowered, stage)
       for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
         rep = analysis.communication(lowered, stage=stage,
                                      n_devices=self.n_workers * dpw,
