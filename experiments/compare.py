@@ -87,7 +87,8 @@ _METHODS = flags.DEFINE_string(
     "Comma-separated methods to run, in this order, or 'all'; see the "
     "module docstring for the list.")
 _CPU_DEVICES = flags.DEFINE_integer(
-    "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers.",
+    "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers x "
+    "config.devices_per_worker.",
     lower_bound=0)
 # The --config.<field>=value arguments, set aside by _parse_or_exit.
 _OVERRIDES: list[str] = []
@@ -380,7 +381,8 @@ def main(argv):
                        select_runs(_METHODS.value))
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
       devices = validation.check_simulated_devices(
-          _CPU_DEVICES.value or int(base.n_workers),
+          _CPU_DEVICES.value or int(base.n_workers) * int(
+              base.devices_per_worker),
           f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
           else f"config.n_workers={base.n_workers}")
       jax.config.update("jax_num_cpu_devices", devices)
