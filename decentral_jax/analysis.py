@@ -71,30 +71,11 @@ import jax
 import numpy as np
 
 from decentral_jax import gossip
+from decentral_jax import hlo
+from decentral_jax.hlo import DTYPE_BYTES, KINDS, hlo_text  # noqa: F401
 
 PyTree = Any
 
-#: Bytes per element of HLO primitive types (sub-byte types are fractional).
-DTYPE_BYTES = {
-    "pred": 1, "s2": 0.25, "u2": 0.25, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1,
-    "s16": 2, "u16": 2, "s32": 4, "u32": 4, "s64": 8, "u64": 8,
-    "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "c128": 16,
-    "f8e5m2": 1, "f8e4m3fn": 1, "f8e4m3b11fnuz": 1, "f8e5m2fnuz": 1,
-    "f8e4m3fnuz": 1, "f8e4m3": 1, "f8e3m4": 1, "f8e8m0fnu": 1, "f4e2m1fn": 0.5,
-    "token": 0,
-}
-
-#: Collective opcodes counted (async ``-start`` forms map to the base kind;
-#: ``-done`` halves carry no new data and are skipped).
-KINDS = ("collective-permute", "all-reduce", "all-gather", "reduce-scatter",
-         "all-to-all")
-
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
-_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
-_NAME = re.compile(r"%?([A-Za-z_][\w.\-]*)")
-_COMMENT = re.compile(r"/\*.*?\*/")
-_CALLED = ("calls", "to_apply", "branch_computations", "true_computation",
-           "false_computation", "body", "condition")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +110,7 @@ class Collective:
   @property
   def dtypes(self) -> tuple[str, ...]:
     return tuple(sorted({m.group(1) for s in self.operand_shapes
-                         for m in _ARRAY.finditer(s)}))
+                         for m in hlo.ARRAY.finditer(s)}))
 
   def sent_bytes(self, n_devices: int,
                  local_size: int | None = None) -> np.ndarray:
@@ -304,221 +285,6 @@ class CommunicationReport:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# HLO text parsing.
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Instr:
-  name: str
-  shape: str
-  opcode: str
-  operands: str
-  attrs: str
-
-
-def _matching(text: str, start: int, open_c: str, close_c: str) -> int:
-  """Index just after the bracket closing the one at ``text[start]``."""
-  depth = 0
-  for i in range(start, len(text)):
-    ch = text[i]
-    if ch == open_c:
-      depth += 1
-    elif ch == close_c:
-      depth -= 1
-      if depth == 0:
-        return i + 1
-  raise ValueError(f"unbalanced {open_c}{close_c} in HLO line: {text[:200]}")
-
-
-def _parse_instr(line: str) -> _Instr | None:
-  line = _COMMENT.sub("", line)  # e.g. "/*index=5*/" inside long tuples
-  m = _INSTR.match(line)
-  if not m:
-    return None
-  name, rest = m.group(1), m.group(2).strip()
-  if rest.startswith("("):
-    end = _matching(rest, 0, "(", ")")
-    shape = rest[:end]
-  else:
-    end = rest.find(" ")
-    if end < 0:
-      return None
-    shape = rest[:end]
-  rest = rest[end:].lstrip()
-  m2 = re.match(r"([\w\-]+)\(", rest)
-  if not m2:
-    return None
-  opcode = m2.group(1)
-  close = _matching(rest, m2.end() - 1, "(", ")")
-  return _Instr(name, shape, opcode, rest[m2.end():close - 1], rest[close:])
-
-
-def _parse_module(text: str):
-  """Returns ``({computation: [instr]}, entry_name, n_devices or None)``."""
-  comps: dict[str, list[_Instr]] = {}
-  entry = None
-  current = None
-  n_devices = None
-  for line in text.splitlines():
-    if line.startswith("HloModule"):
-      parts = re.findall(r"(num_partitions|replica_count)=(\d+)", line)
-      if parts:
-        n_devices = math.prod(int(v) for _, v in parts)
-      mesh = re.search(r"#sdy\.mesh<\[([^\]]*)\]", line)
-      if n_devices is None and mesh:
-        n_devices = math.prod(int(v) for v in re.findall(r"=(\d+)",
-                                                         mesh.group(1)))
-      continue
-    stripped = line.strip()
-    if not stripped or stripped.startswith("//"):
-      continue
-    if not line[0].isspace() and stripped.endswith("{"):
-      head = stripped
-      is_entry = head.startswith("ENTRY")
-      if is_entry:
-        head = head[len("ENTRY"):].strip()
-      m = _NAME.match(head)
-      if not m:
-        continue
-      current = m.group(1)
-      comps[current] = []
-      if is_entry:
-        entry = current
-      continue
-    if stripped == "}":
-      current = None
-      continue
-    if current is not None:
-      ins = _parse_instr(line)
-      if ins is not None:
-        comps[current].append(ins)
-  if entry is None:
-    raise ValueError("no ENTRY computation found: pass a jax Compiled or "
-                     "Lowered object, or the text of an HLO module.")
-  return comps, entry, n_devices
-
-
-def _attr(attrs: str, key: str) -> str | None:
-  """The raw value of ``key=...`` in an attribute list (braces balanced)."""
-  m = re.search(r"(?:^|[\s,])" + re.escape(key) + r"=", attrs)
-  if not m:
-    return None
-  i = m.end()
-  if i < len(attrs) and attrs[i] == "{":
-    return attrs[i:_matching(attrs, i, "{", "}")]
-  j = i
-  depth = 0
-  while j < len(attrs):
-    ch = attrs[j]
-    if ch in "([":
-      depth += 1
-    elif ch in ")]":
-      depth -= 1
-    elif ch == "," and depth == 0:
-      break
-    j += 1
-  return attrs[i:j].strip()
-
-
-def _int_lists(value: str) -> tuple[tuple[int, ...], ...]:
-  return tuple(tuple(int(x) for x in re.findall(r"-?\d+", g))
-               for g in re.findall(r"\{([^{}]*)\}", value))
-
-
-def _replica_groups(value: str | None) -> tuple[tuple[int, ...], ...]:
-  """Parses ``{{0,1},{2,3}}``, ``{}`` or the iota form ``[2,4]<=[8]``."""
-  if value is None:
-    return ()
-  value = value.strip()
-  if value.startswith("{"):
-    inner = value[1:-1].strip()
-    if not inner:
-      return ()
-    return _int_lists(value[1:-1] if inner.startswith("{") else value)
-  m = re.match(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", value)
-  if not m:
-    raise ValueError(f"cannot parse replica_groups={value!r}.")
-  out_shape = [int(x) for x in m.group(1).split(",")]
-  dims = [int(x) for x in m.group(2).split(",")]
-  ids = np.arange(math.prod(dims)).reshape(dims)
-  if m.group(3):
-    ids = ids.transpose([int(x) for x in m.group(3).split(",")])
-  ids = ids.reshape(out_shape)
-  if ids.ndim == 1:
-    ids = ids[None]
-  return tuple(tuple(int(x) for x in row) for row in ids)
-
-
-def _shape_bytes(shape: str) -> float:
-  total = 0.0
-  for m in _ARRAY.finditer(shape):
-    dtype, dims = m.group(1), m.group(2)
-    if dtype not in DTYPE_BYTES:
-      raise ValueError(f"unknown HLO element type {dtype!r} in {shape!r}.")
-    size = 1
-    for d in dims.split(","):
-      d = d.strip().lstrip("<=")
-      if d:
-        size *= int(d)
-    total += size * DTYPE_BYTES[dtype]
-  return total
-
-
-def _strip_layout(shape: str) -> str:
-  return re.sub(r"\{[^{}]*\}", "", shape).replace(" ", "")
-
-
-def _operand_names(operands: str) -> list[str]:
-  names = []
-  for part in _split_top(operands):
-    part = part.strip()
-    if not part:
-      continue
-    tok = part.split()[-1]
-    m = _NAME.fullmatch(tok)
-    if m:
-      names.append(m.group(1))
-  return names
-
-
-def _split_top(text: str) -> list[str]:
-  parts, depth, cur = [], 0, []
-  for ch in text:
-    if ch in "({[":
-      depth += 1
-    elif ch in ")}]":
-      depth -= 1
-    if ch == "," and depth == 0:
-      parts.append("".join(cur))
-      cur = []
-    else:
-      cur.append(ch)
-  parts.append("".join(cur))
-  return parts
-
-
-def _called(ins: _Instr) -> dict[str, list[str]]:
-  out = {}
-  for key in _CALLED:
-    v = _attr(ins.attrs, key)
-    if v is not None:
-      out[key] = [m.group(1) for m in re.finditer(r"%?([A-Za-z_][\w.\-]*)",
-                                                  v.strip("{}"))]
-  return out
-
-
-def _trip_count(ins: _Instr) -> int | None:
-  m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', ins.attrs)
-  return int(m.group(1)) if m else None
-
-
-def _kind(opcode: str) -> str | None:
-  base = opcode[:-len("-start")] if opcode.endswith("-start") else opcode
-  return base if base in KINDS else None
-
-
 class _Walker:
   """Evaluates computations into scenarios of collective counts."""
 
@@ -532,29 +298,30 @@ class _Walker:
     self.unknown_trip = False
     self.cache: dict[str, list[tuple[str, dict[int, float]]]] = {}
 
-  def collective(self, comp: str, ins: _Instr, shapes: dict[str, str]) -> int:
+  def collective(self, comp: str, ins: hlo.Instruction,
+                 shapes: dict[str, str]) -> int:
     key = (comp, ins.name)
     if key in self.index:
       return self.index[key]
-    kind = _kind(ins.opcode)
-    names = _operand_names(ins.operands)
-    if kind == "collective-permute" and _attr(ins.attrs, "slice_sizes"):
+    kind = hlo.collective_kind(ins.opcode)
+    names = hlo.operand_names(ins.operands)
+    if kind == "collective-permute" and hlo.attribute(ins.attrs, "slice_sizes"):
       names = names[:1]  # in-place form: (input, output, offsets...)
     op_shapes = []
     for nm in names:
       if nm not in shapes:
         raise ValueError(f"operand {nm!r} of {ins.name!r} not found in "
                          f"computation {comp!r}.")
-      op_shapes.append(_strip_layout(shapes[nm]))
+      op_shapes.append(hlo.strip_layout(shapes[nm]))
     pairs = groups = None
     if kind == "collective-permute":
-      pairs = tuple((a, b) for a, b in _int_lists(
-          _attr(ins.attrs, "source_target_pairs") or "{}"))
+      pairs = tuple((a, b) for a, b in hlo.int_lists(
+          hlo.attribute(ins.attrs, "source_target_pairs") or "{}"))
     else:
-      groups = _replica_groups(_attr(ins.attrs, "replica_groups"))
+      groups = hlo.replica_groups(hlo.attribute(ins.attrs, "replica_groups"))
     c = Collective(kind=kind, opcode=ins.opcode, name=ins.name,
                    computation=comp, operand_shapes=tuple(op_shapes),
-                   operand_bytes=sum(_shape_bytes(s) for s in op_shapes),
+                   operand_bytes=sum(hlo.shape_bytes(s) for s in op_shapes),
                    source_target_pairs=pairs, replica_groups=groups)
     self.collectives.append(c)
     self.index[key] = len(self.collectives) - 1
@@ -573,12 +340,12 @@ class _Walker:
     for ins in self.comps[comp]:
       if self.exclude is not None and self.exclude.search(ins.attrs):
         continue
-      if _kind(ins.opcode):
+      if hlo.collective_kind(ins.opcode):
         k = self.collective(comp, ins, shapes)
         for _, counts, _ in scen:
           counts[k] = counts.get(k, 0) + 1
         continue
-      called = _called(ins)
+      called = hlo.called_computations(ins)
       if ins.opcode == "conditional":
         branches = called.get("branch_computations") or (
             called.get("true_computation", []) +
@@ -594,7 +361,7 @@ class _Walker:
       elif ins.opcode == "while":
         body = self.evaluate(called["body"][0], stack)
         cond = self.evaluate(called["condition"][0], stack)
-        trips = _trip_count(ins)
+        trips = hlo.trip_count(ins)
         has_comm = any(c for _, c, _ in body) or any(c for _, c, _ in cond)
         if trips is None:
           trips = 1
@@ -642,56 +409,15 @@ def _combine(first, second, align: bool, cap: int = 4096):
           for (la, ca, wa), (lb, cb, wb) in itertools.product(first, second)]
 
 
-def _branch_weights(ins: _Instr, n_branches: int) -> list[float]:
+def _branch_weights(ins: hlo.Instruction, n_branches: int) -> list[float]:
   """Frequency of each branch of a conditional (module docstring)."""
-  m = re.search(r'op_name="([^"]*)"', ins.attrs)
-  if m and n_branches == 2:
-    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)/cond$",
-                       m.group(1))
+  name = hlo.op_name(ins)
+  if name and n_branches == 2:
+    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)/cond$", name)
     if period and int(period.group(1)) >= 1:
       h = int(period.group(1))
       return [1.0 - 1.0 / h, 1.0 / h]
   return [1.0 / n_branches] * n_branches
-
-
-def hlo_text(compiled_or_lowered: Any, stage: str = "optimized") -> str:
-  """HLO text of a ``jax.stages.Compiled`` / ``Lowered`` (or a string).
-
-  Args:
-    compiled_or_lowered: ``jax.jit(f).lower(*args)`` (compiled here for
-      ``stage="optimized"``), its ``.compile()``, or HLO module text.
-    stage: ``"optimized"`` (after XLA's passes: what runs) or
-      ``"unoptimized"`` (the HLO given to XLA: what the program asks for;
-      needs a ``Lowered`` or text).
-
-  Returns:
-    The HLO module as text.
-
-  Raises:
-    ValueError: unknown ``stage`` or unsupported object.
-  """
-  if stage not in ("optimized", "unoptimized"):
-    raise ValueError(f"stage must be 'optimized' or 'unoptimized', got "
-                     f"{stage!r}.")
-  obj = compiled_or_lowered
-  if isinstance(obj, str):
-    return obj
-  if isinstance(obj, jax.stages.Lowered):
-    if stage == "unoptimized":  # debug_info keeps op_name (gossip.every)
-      return obj.as_text(dialect="hlo", debug_info=True)
-    obj = obj.compile()
-  if isinstance(obj, jax.stages.Compiled):
-    if stage == "unoptimized":
-      raise ValueError("stage='unoptimized' needs the Lowered object "
-                       "(jax.jit(f).lower(*args)), not its compile().")
-    text = obj.as_text()
-    if text is None:
-      raise ValueError("this backend does not expose the compiled HLO text.")
-    return text
-  raise ValueError(
-      f"expected a jax.stages.Compiled, jax.stages.Lowered or HLO text, got "
-      f"{type(compiled_or_lowered).__name__}; use "
-      "jax.jit(step).lower(*args).compile().")
 
 
 def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
@@ -727,7 +453,7 @@ def communication(compiled_or_lowered: Any, *, stage: str = "optimized",
       (unknown element type, unbalanced brackets, unknown operand).
   """
   text = hlo_text(compiled_or_lowered, stage)
-  comps, entry, header_n = _parse_module(text)
+  comps, entry, header_n = hlo.parse_module(text)
   walker = _Walker(comps, align_conditionals, exclude_scope)
   scen = walker.evaluate(entry)
   n = n_devices or header_n or 1
@@ -802,12 +528,12 @@ def is_async_overlapped(compiled_or_lowered: Any) -> dict[str, Any]:
     ``in_branches`` (starts inside conditional branch computations).
   """
   text = hlo_text(compiled_or_lowered, "optimized")
-  comps, _, _ = _parse_module(text)
+  comps, _, _ = hlo.parse_module(text)
   branch_comps = set()
   for instrs in comps.values():
     for ins in instrs:
       if ins.opcode == "conditional":
-        called = _called(ins)
+        called = hlo.called_computations(ins)
         for key in ("branch_computations", "true_computation",
                     "false_computation"):
           branch_comps.update(called.get(key, []))
@@ -825,7 +551,7 @@ def is_async_overlapped(compiled_or_lowered: Any) -> dict[str, Any]:
         open_starts[ins.name] = 0
       elif ins.opcode == "collective-permute-done":
         out["dones"] += 1
-        for nm in _operand_names(ins.operands):
+        for nm in hlo.operand_names(ins.operands):
           if nm in open_starts:
             between = open_starts.pop(nm)
             out["compute_between"].append(between)
