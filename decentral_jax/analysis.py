@@ -36,8 +36,12 @@ round occurs once per period, as for ``ring``, ``one_peer_exp`` and
 conditionals in one step give one scenario per combination of branches (a
 train loop's ``lax.cond`` for a logging-step diagnostic doubles the
 scenarios); with ``align_conditionals=True``, conditionals with the same
-number of branches are instead taken to share their selector (as two
-``gossip.mix`` calls of one topology do) and are zipped branch by branch. A
+number of branches and the same weights are instead taken to share their
+selector (as two ``gossip.mix`` calls of one topology do) and are zipped
+branch by branch. Beyond 4096 combinations (e.g. Streaming DiLoCo with many
+fragments, each its own periodic conditional) the report keeps a single
+scenario ``"mean"`` holding the expected counts per step: the mean over a
+period stays exact, the per-branch maximum is then not available. A
 ``while``
 body counts ``known_trip_count`` times (once, flagged, if XLA does not know
 the trip count).
@@ -352,6 +356,8 @@ class _Walker:
             called.get("false_computation", []))
         alts = []
         weights = _branch_weights(ins, len(branches))
+        if not called.get("branch_computations"):
+          weights = weights[::-1]  # pred form lists the true branch first
         for b, bname in enumerate(branches):
           for label, counts, w in self.evaluate(bname, stack):
             sub = f"{ins.name}={b}" + (f"/{label}" if label else "")
@@ -397,14 +403,25 @@ def _join(a: str, b: str) -> str:
   return "/".join(x for x in (a, b) if x)
 
 
+def _expected(scen):
+  """One scenario holding the weighted mean counts of ``scen``."""
+  counts: dict[int, float] = {}
+  for _, c, w in scen:
+    counts = _merge(counts, _scale(c, w))
+  return [("mean", counts, 1.0)]
+
+
 def _combine(first, second, align: bool, cap: int = 4096):
   """Sequential composition of two scenario lists (see module docstring)."""
-  if align and len(first) == len(second) and len(first) > 1:
+  if (align and len(first) == len(second) and len(first) > 1 and
+      all(math.isclose(wa, wb) for (_, _, wa), (_, _, wb) in
+          zip(first, second))):
     return [(_join(la, lb), _merge(ca, cb), wa)
             for (la, ca, wa), (lb, cb, _) in zip(first, second)]
   if len(first) * len(second) > cap:
-    raise ValueError(f"{len(first) * len(second)} branch combinations exceed "
-                     f"{cap}; analyse a smaller step.")
+    # Too many combinations (e.g. many streamed fragments): keep only the
+    # expectation, which is all the mean over a period needs.
+    first, second = _expected(first), _expected(second)
   return [(_join(la, lb), _merge(ca, cb), wa * wb)
           for (la, ca, wa), (lb, cb, wb) in itertools.product(first, second)]
 

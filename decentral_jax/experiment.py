@@ -433,7 +433,8 @@ class Experiment:
       out), "diagnostics_bytes_per_step": float (the consensus distance of
       logging steps, ``2 (n - 1) / n / log_interval`` x the parameter
       bytes), "param_bytes": int (one worker's parameters), "ratio":
-      bytes_per_step / param_bytes}``; with ``D > 1`` also
+      bytes_per_step / param_bytes, "stage": the HLO stage read}``; with
+      ``D > 1`` also
       ``"devices_per_worker"``, ``"device_bytes_per_step"`` (busiest device,
       to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
       worker, between its own devices), diagnostics left out.
@@ -477,7 +478,8 @@ class Experiment:
                                           self._init_key))
     out = {"bytes_per_step": per_step,
            "diagnostics_bytes_per_step": diagnostics,
-           "param_bytes": param_bytes, "ratio": per_step / param_bytes}
+           "param_bytes": param_bytes, "ratio": per_step / param_bytes,
+           "stage": stage}
     if dpw > 1:
       runs = sum(counts.values())
       out.update(devices_per_worker=dpw, device_bytes_per_step=device / runs,

@@ -292,6 +292,24 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
   return paths
 
 
+_SET_BY_EVERY_RUN = ("algorithm", "topology", "workers_per_node",
+                     "optimizer.name", "optimizer.accum_steps")
+
+
+def overridden_fields(overrides: list[str], runs) -> list[str]:
+  """One line per ``--config.<field>`` override that a run sets itself."""
+  out = []
+  for arg in overrides:
+    field = arg[len("--config."):].split("=", 1)[0]
+    mine = [r.name for r in runs if field in _SET_BY_EVERY_RUN or
+            field in dict(r.fields)]
+    if mine:
+      out.append(f"{arg} is ignored by {', '.join(mine)}: each method sets "
+                 f"config.{field} itself (see compare.py's RUNS); run "
+                 "experiments/train.py for other values.")
+  return out
+
+
 def sent_per_step(config) -> dict[str, float]:
   """``comm/bytes_per_step`` and ``comm/ratio`` of ``config``'s train step."""
   exp = experiment.Experiment(config)
@@ -340,8 +358,11 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
         "subset (1/n of it); consensus distance (1/n) sum_i ||x_i - "
         "x_bar||^2; the bytes the busiest worker sends per step, averaged "
         "over a sync period and divided by one worker's parameter bytes "
-        "(read from the compiled step's HLO as the program asks for it; the "
-        "consensus-distance diagnostic of logging steps left out). Timings on "
+        "(read from the step's HLO: with one device per worker the HLO the "
+        "program hands to XLA, i.e. what it asks for, e.g. comm_dtype bytes; "
+        "with several devices per worker the compiled HLO, in which XLA:CPU "
+        "widens bfloat16 collectives to float32; the consensus-distance "
+        "diagnostic of logging steps left out). Timings on "
         f"{jax.devices()[0].platform.upper()} devices "
         f"({len(jax.devices())} simulated on one host: communication is a "
         "memory copy, so they show compute overheads, not network savings); "
@@ -389,6 +410,8 @@ def main(argv):
     outdir = make_outdir(_OUTDIR.value)
   except ValueError as e:
     _fail(e)
+  for line in overridden_fields(_OVERRIDES, [run for run, _ in arms]):
+    print(f"note: {line}", file=sys.stderr)
   for line in dict.fromkeys(w for _, c in arms
                             for w in validation.config_warnings(c)):
     print(f"warning: {line}", file=sys.stderr)

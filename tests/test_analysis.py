@@ -222,12 +222,59 @@ def test_periodic_conditional_weighs_its_branches_by_the_period():
       "{%quiet, %talk}, metadata={op_name=\"jit(step)/switch\"}\n"
       "  ROOT %r = f32[10]{0} add(%c, %c)\n}\n")
   rep = analysis.communication(hlo)
+  # Zipping needs equal weights: a periodic cond is not zipped with the
+  # unmarked 2-branch switch, so aligning changes nothing here.
+  aligned = analysis.communication(hlo, align_conditionals=True)
+  assert aligned.mean_bytes_per_step == pytest.approx(19.0)
+  assert len(aligned.scenarios) == 4
   by_label = {s.label: (s.weight, s.busiest_bytes) for s in rep.scenarios}
   assert by_label == pytest.approx({
       "c=0/d=0": (0.75 * 0.5, 0.0), "c=0/d=1": (0.75 * 0.5, 8.0),
       "c=1/d=0": (0.25 * 0.5, 60.0), "c=1/d=1": (0.25 * 0.5, 68.0)})
   assert rep.mean_bytes_per_step == pytest.approx(19.0)
   assert rep.max_bytes_per_step == pytest.approx(68.0)
+
+
+_PERIODIC_HLO_HEAD = (
+    "HloModule m, num_partitions=4\n\n"
+    "%add (a: f32[], b: f32[]) -> f32[] {\n"
+    "  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
+    "  ROOT %s = f32[] add(%a, %b)\n}\n\n"
+    "%skip (p: f32[10]) -> f32[10] {\n"
+    "  ROOT %p = f32[10]{0} parameter(0)\n}\n\n"
+    "%sync (q: f32[10]) -> f32[10] {\n"
+    "  %q = f32[10]{0} parameter(0)\n"
+    "  ROOT %ar = f32[10]{0} all-reduce(%q), replica_groups={}, "
+    "to_apply=%add\n}\n\n")
+
+
+def test_pred_form_periodic_conditional_weighs_the_true_branch():
+  # conditional(pred, ...) lists true_computation first: the taken (true)
+  # branch all-reduces 40 B (60 B sent) once every 10 steps: 6 B per step.
+  hlo = _PERIODIC_HLO_HEAD + (
+      "ENTRY %main (x: f32[10], k: pred[]) -> f32[10] {\n"
+      "  %x = f32[10]{0} parameter(0)\n  %k = pred[] parameter(1)\n"
+      "  ROOT %c = f32[10]{0} conditional(%k, %x, %x), true_computation="
+      "%sync, false_computation=%skip, metadata={op_name=\"comm_every_10/"
+      "cond\"}\n}\n")
+  rep = analysis.communication(hlo)
+  assert rep.mean_bytes_per_step == pytest.approx(6.0)
+
+
+def test_many_periodic_conditionals_keep_the_exact_mean():
+  # 13 fragments, each all-reducing 40 B (60 B sent) once every 10 steps:
+  # 2^13 branch combinations exceed the cap; the mean is 13 * 6 = 78 B.
+  body = "".join(
+      f"  %c{i} = f32[10]{{0}} conditional(%k, %x, %x), branch_computations="
+      f"{{%skip, %sync}}, metadata={{op_name=\"comm_every_10/cond\"}}\n"
+      for i in range(13))
+  hlo = _PERIODIC_HLO_HEAD + (
+      "ENTRY %main (x: f32[10], k: s32[]) -> f32[10] {\n"
+      "  %x = f32[10]{0} parameter(0)\n  %k = s32[] parameter(1)\n"
+      + body + "  ROOT %r = f32[10]{0} add(%c0, %c12)\n}\n")
+  rep = analysis.communication(hlo)
+  assert rep.mean_bytes_per_step == pytest.approx(78.0)
+  assert sum(s.weight for s in rep.scenarios) == pytest.approx(1.0)
 
 
 def test_operands_after_index_comments_are_counted():

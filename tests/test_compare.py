@@ -145,3 +145,13 @@ def test_sent_per_step_is_read_from_the_hlo():
           "comm/ratio": got["ratio"],
           "comm/bytes_per_step": got["bytes_per_step"]})],
       "tokens").splitlines()[2].count("| 0.350 (") == 1
+
+
+def test_overrides_of_a_method_s_own_fields_are_named():
+  runs = compare.select_runs("diloco,sgp")
+  lines = compare.overridden_fields(
+      ["--config.sync_every=5", "--config.topology=ring",
+       "--config.steps=4"], runs)
+  assert len(lines) == 2
+  assert "--config.sync_every=5 is ignored by diloco" in lines[0]
+  assert "--config.topology=ring is ignored by diloco, sgp" in lines[1]
