@@ -13,10 +13,10 @@ method of ``--methods`` (default: the paper's four arms):
 and the local-update methods (``--methods=all`` runs every one):
 
 * ``local_sgd``: Local SGD with inner AdamW, sync every 10 steps;
-* ``diloco``: DiLoCo, inner AdamW, outer Nesterov (lr 0.7, momentum 0.9),
+* ``diloco``: DiLoCo, inner AdamW, outer Nesterov (lr 0.3, momentum 0.9),
   sync every 10 steps;
 * ``streaming_diloco``: Streaming DiLoCo, 2 fragments, overlap 1 step,
-  merge alpha 0.5, sync every 10 steps;
+  merge alpha 0.5, sync every 10 steps (outer as ``diloco``);
 * ``decentralized_diloco``: DiLoCo whose outer mean is one gossip round on
   ``one_peer_exp``, every 10 steps;
 * ``local_dadam``: DAdam gossiping every 5 steps on ``one_peer_exp``;
@@ -108,6 +108,10 @@ class Run:
 
 
 _H = 10  # sync period of the local-update arms
+# Outer Nesterov lr of the DiLoCo arms (momentum 0.9), the best of {0.1,
+# 0.3, 0.7} for DiLoCo at H = 10 (BENCHMARKS.md, section 6); the paper's
+# 0.7 is for H = 500.
+_OUTER_LR = 0.3
 RUNS = (
     Run("all_reduce", "All-Reduce AdamW", "all_reduce", "adamw", "complete"),
     Run("dadam", "DAdam, one_peer_exp", "decentralized", "adamw",
@@ -118,15 +122,18 @@ RUNS = (
         "decentralized", "accum_adamw", "alternating_exp_ring", 2),
     Run("local_sgd", f"Local SGD (AdamW), H={_H}", "local_sgd", "adamw",
         "complete", fields=(("sync_every", _H),)),
-    Run("diloco", f"DiLoCo (AdamW, Nesterov 0.7), H={_H}", "diloco", "adamw",
-        "complete", fields=(("sync_every", _H),)),
-    Run("streaming_diloco", f"Streaming DiLoCo, H={_H}, P=2, tau=1, "
-        "alpha=0.5", "streaming_diloco", "adamw", "complete",
-        fields=(("sync_every", _H), ("num_fragments", 2),
-                ("overlap_steps", 1), ("merge_alpha", 0.5))),
-    Run("decentralized_diloco", f"Decentralized DiLoCo, one_peer_exp, H={_H}",
-        "decentralized_diloco", "adamw", "one_peer_exp",
-        fields=(("sync_every", _H),)),
+    Run("diloco", f"DiLoCo (AdamW; Nesterov lr {_OUTER_LR}), H={_H}",
+        "diloco", "adamw", "complete",
+        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR))),
+    Run("streaming_diloco", f"Streaming DiLoCo (Nesterov lr {_OUTER_LR}), "
+        f"H={_H}, P=2, tau=1, alpha=0.5", "streaming_diloco", "adamw",
+        "complete", fields=(("sync_every", _H), ("num_fragments", 2),
+                            ("overlap_steps", 1), ("merge_alpha", 0.5),
+                            ("outer_optimizer.lr", _OUTER_LR))),
+    Run("decentralized_diloco", f"Decentralized DiLoCo (Nesterov lr "
+        f"{_OUTER_LR}), one_peer_exp, H={_H}", "decentralized_diloco",
+        "adamw", "one_peer_exp",
+        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR))),
     Run("local_dadam", "Local DAdam, one_peer_exp, gossip every 5",
         "decentralized", "adamw", "one_peer_exp",
         fields=(("gossip_every", 5),)),
@@ -136,17 +143,18 @@ RUNS = (
 METHODS = {run.name: run for run in RUNS}
 DEFAULT_METHODS = ("all_reduce", "dadam", "accum_adamw", "accum_adamw_aer")
 
-# Peak learning rates per method for gpt_tiny (300 steps, 8 workers), each
-# the best of one grid (BENCHMARKS.md: {7.5e-4, 1.5e-3, 3e-3, 6e-3} for the
-# four paper arms, section 3; {1.5e-3, 3e-3, 6e-3} for the local-update
-# methods). AccumAdamW's steps are ~1.3x larger than Adam's at equal lr, so
-# its best lr is half. The final lr is peak / 10. --per_method_lr=false
-# uses the config's lr.
+# Peak learning rates per method for gpt_tiny, each the best of a grid
+# (BENCHMARKS.md): {7.5e-4, 1.5e-3, 3e-3, 6e-3} at 200 steps for the four
+# paper arms (section 3); {1.5e-3, 3e-3, 6e-3} (and 7.5e-4 or 1.2e-2 where
+# the best was at an end) at 300 steps for the local-update methods (section
+# 6). AccumAdamW's steps are ~1.3x larger than Adam's at equal lr, so its
+# best lr is half. The final lr is peak / 10. --per_method_lr=false uses
+# the config's lr.
 TUNED_PEAK_LR = {"all_reduce": 3e-3, "dadam": 3e-3, "accum_adamw": 1.5e-3,
                  "accum_adamw_aer": 1.5e-3, "local_sgd": 3e-3,
                  "diloco": 3e-3, "streaming_diloco": 3e-3,
                  "decentralized_diloco": 3e-3, "local_dadam": 3e-3,
-                 "sgp": 3e-3}
+                 "sgp": 6e-3}
 
 
 def select_runs(spec: str) -> tuple[Run, ...]:
