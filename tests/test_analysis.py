@@ -190,22 +190,25 @@ def test_two_conditionals_cross_product_or_aligned():
                              [fixed + 44, fixed + 80])
 
 
+_PERIODIC_HLO_HEAD = (
+    "HloModule m, num_partitions=4\n\n"
+    "%add (a: f32[], b: f32[]) -> f32[] {\n"
+    "  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
+    "  ROOT %s = f32[] add(%a, %b)\n}\n\n"
+    "%skip (p: f32[10]) -> f32[10] {\n"
+    "  ROOT %p = f32[10]{0} parameter(0)\n}\n\n"
+    "%sync (q: f32[10]) -> f32[10] {\n"
+    "  %q = f32[10]{0} parameter(0)\n"
+    "  ROOT %ar = f32[10]{0} all-reduce(%q), replica_groups={}, "
+    "to_apply=%add\n}\n\n")
+
+
 def test_periodic_conditional_weighs_its_branches_by_the_period():
   # Branch 1 of a conditional traced under comm_every_4 all-reduces 40 B
   # over 4 devices (2*3/4*40 = 60 B), branch 0 sends nothing: 60/4 = 15 B
   # per step on average. A second, unmarked 2-branch switch permutes 8 B in
   # one branch only: weights 1/2, so 15 + 4 = 19 B per step.
-  hlo = (
-      "HloModule m, num_partitions=4\n\n"
-      "%add (a: f32[], b: f32[]) -> f32[] {\n"
-      "  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
-      "  ROOT %s = f32[] add(%a, %b)\n}\n\n"
-      "%skip (p: f32[10]) -> f32[10] {\n"
-      "  ROOT %p = f32[10]{0} parameter(0)\n}\n\n"
-      "%sync (q: f32[10]) -> f32[10] {\n"
-      "  %q = f32[10]{0} parameter(0)\n"
-      "  ROOT %ar = f32[10]{0} all-reduce(%q), replica_groups={}, "
-      "to_apply=%add\n}\n\n"
+  hlo = _PERIODIC_HLO_HEAD + (
       "%quiet (u: f32[2]) -> f32[2] {\n"
       "  ROOT %u = f32[2]{0} parameter(0)\n}\n\n"
       "%talk (v: f32[2]) -> f32[2] {\n"
@@ -233,19 +236,6 @@ def test_periodic_conditional_weighs_its_branches_by_the_period():
       "c=1/d=0": (0.25 * 0.5, 60.0), "c=1/d=1": (0.25 * 0.5, 68.0)})
   assert rep.mean_bytes_per_step == pytest.approx(19.0)
   assert rep.max_bytes_per_step == pytest.approx(68.0)
-
-
-_PERIODIC_HLO_HEAD = (
-    "HloModule m, num_partitions=4\n\n"
-    "%add (a: f32[], b: f32[]) -> f32[] {\n"
-    "  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
-    "  ROOT %s = f32[] add(%a, %b)\n}\n\n"
-    "%skip (p: f32[10]) -> f32[10] {\n"
-    "  ROOT %p = f32[10]{0} parameter(0)\n}\n\n"
-    "%sync (q: f32[10]) -> f32[10] {\n"
-    "  %q = f32[10]{0} parameter(0)\n"
-    "  ROOT %ar = f32[10]{0} all-reduce(%q), replica_groups={}, "
-    "to_apply=%add\n}\n\n")
 
 
 def test_pred_form_periodic_conditional_weighs_the_true_branch():

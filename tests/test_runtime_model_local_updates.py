@@ -10,7 +10,6 @@ import pytest
 
 from decentral_jax.runtime_model import __main__ as cli
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model import local_updates
 from decentral_jax.runtime_model import traffic
 
 # 8 workers on one node: ring all-reduce 2(p-1) a + 2(p-1)/p M / b.
@@ -155,7 +154,6 @@ def test_streaming_exposes_max_of_zero_and_fragment_minus_overlap():
 
 def test_decentralized_diloco_and_local_dsgd_pay_one_round_per_h():
   c = core.Cluster(8, 1, 0.0, 1e18, 0.0, 2e9)  # one worker per node
-  w = core.Workload(P, 0.01, 0.02)
   # one_peer_exp on 8 single-worker nodes: 3 rounds of pair exchanges,
   # a + M / b with every flow alone on its NIC.
   for spec, nbytes in (("diloco:H=5,topology=one_peer_exp", 4 * P),
