@@ -48,8 +48,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_dict
 
-from decentral_jax import builders
 from decentral_jax import agreement
+from decentral_jax import analysis
+from decentral_jax import builders
 from decentral_jax import distributed
 from decentral_jax import layouts
 from decentral_jax import parallel
@@ -439,7 +440,6 @@ class Experiment:
       to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
       worker, between its own devices), diagnostics left out.
     """
-    from decentral_jax import analysis  # pylint: disable=import-outside-toplevel
     counts = {}
     if None in self._round_steps:
       counts[None] = 1
@@ -451,11 +451,10 @@ class Experiment:
       stage = "unoptimized" if dpw == 1 else "optimized"
     total = everything = device = intra = 0.0
     for d, k in counts.items():
-      lowered = self._round_steps[d].lower(state, batch)
-      if stage == "optimized":  # compile once for both reports
-        lowered = analysis.hlo_text(lowered, stage)
+      # One lowering (and compile) as text serves both reports.
+      text = analysis.hlo_text(self._round_steps[d].lower(state, batch), stage)
       for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
-        rep = analysis.communication(lowered, stage=stage,
+        rep = analysis.communication(text,
                                      n_devices=self.n_workers * dpw,
                                      exclude_scope=scope)
         if dpw == 1:

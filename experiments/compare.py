@@ -179,6 +179,16 @@ def select_runs(spec: str) -> tuple[Run, ...]:
   return tuple(METHODS[x] for x in names)
 
 
+def run_fields(run: Run, accum_steps: int) -> tuple[tuple[str, object], ...]:
+  """``((dotted config field, value), ...)`` that ``run`` sets itself."""
+  return (("algorithm", run.algorithm), ("topology", run.topology),
+          ("workers_per_node", run.workers_per_node),
+          ("optimizer.name", run.optimizer),
+          ("optimizer.accum_steps",
+           accum_steps if run.optimizer == "accum_adamw" else 1),
+          *run.fields)
+
+
 def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   """A copy of ``base`` set up for ``run``."""
   config = base.copy_and_resolve_references()
@@ -186,13 +196,7 @@ def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
     if per_method_lr:
       config.schedule.peak_lr = TUNED_PEAK_LR[run.name]
       config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
-    config.algorithm = run.algorithm
-    config.topology = run.topology
-    config.workers_per_node = run.workers_per_node
-    config.optimizer.name = run.optimizer
-    config.optimizer.accum_steps = (accum_steps if run.optimizer ==
-                                    "accum_adamw" else 1)
-    for field, value in run.fields:
+    for field, value in run_fields(run, accum_steps):
       *groups, last = field.split(".")
       node = config
       for g in groups:
@@ -300,17 +304,12 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
   return paths
 
 
-_SET_BY_EVERY_RUN = ("algorithm", "topology", "workers_per_node",
-                     "optimizer.name", "optimizer.accum_steps")
-
-
 def overridden_fields(overrides: list[str], runs) -> list[str]:
   """One line per ``--config.<field>`` override that a run sets itself."""
   out = []
   for arg in overrides:
     field = arg[len("--config."):].split("=", 1)[0]
-    mine = [r.name for r in runs if field in _SET_BY_EVERY_RUN or
-            field in dict(r.fields)]
+    mine = [r.name for r in runs if field in dict(run_fields(r, 1))]
     if mine:
       out.append(f"{arg} is ignored by {', '.join(mine)}: each method sets "
                  f"config.{field} itself (see compare.py's RUNS); run "
@@ -318,9 +317,8 @@ def overridden_fields(overrides: list[str], runs) -> list[str]:
   return out
 
 
-def sent_per_step(config) -> dict[str, float]:
-  """``comm/bytes_per_step`` and ``comm/ratio`` of ``config``'s train step."""
-  exp = experiment.Experiment(config)
+def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
+  """``comm/bytes_per_step`` and ``comm/ratio`` of ``exp``'s train step."""
   comm = exp.communication(exp.init_state(), exp.get_batch(0))
   return {"comm/bytes_per_step": comm["bytes_per_step"],
           "comm/ratio": comm["ratio"]}
@@ -433,8 +431,9 @@ def main(argv):
     t0 = time.perf_counter()
     final = None
     try:
-      final = train.train_and_evaluate(config, workdir)
-      final.update(sent_per_step(config))
+      exp = experiment.Experiment(config)
+      final = train.train_and_evaluate(config, workdir, experiment=exp)
+      final.update(sent_per_step(exp))
       print(f"   val loss {final['eval/loss']:.4f}, sends "
             f"{final['comm/ratio']:.3f} x params per step, "
             f"{time.perf_counter() - t0:.0f} s", flush=True)

@@ -316,7 +316,7 @@ def test_command_lines_refuse_bad_input_in_one_line(tmp_path):
 
 def test_compare_names_a_diverged_arm_and_reports_the_others(
     tmp_path, monkeypatch, capsys):
-  def fake_train(config, workdir):
+  def fake_train(config, workdir, experiment=None):
     if config.optimizer.name == "adamw" and config.algorithm == "decentralized":
       raise FloatingPointError("non-finite training loss at step 2")
     os.makedirs(workdir)
@@ -327,7 +327,8 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
             "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
 
   monkeypatch.setattr(compare.train, "train_and_evaluate", fake_train)
-  monkeypatch.setattr(compare, "sent_per_step", lambda config: {
+  monkeypatch.setattr(compare.experiment, "Experiment", lambda config: None)
+  monkeypatch.setattr(compare, "sent_per_step", lambda exp: {
       "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
   monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
   argv = compare._parse_or_exit(  # pylint: disable=protected-access
