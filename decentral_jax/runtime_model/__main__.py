@@ -260,6 +260,34 @@ def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
   plt.close(fig)
 
 
+def cluster_from_args(args, n: int) -> core.Cluster:
+  """The :class:`~core.Cluster` of ``predict``'s cluster flags for ``n`` workers.
+
+  Units: ``--intra-GBps`` GB/s (1e9 bytes/s), ``--nic-Gbps`` and
+  ``--flow-Gbps`` Gbit/s (1e9 bits/s, divided by 8), latencies in us.
+  """
+  return core.Cluster(
+      n_workers=n, local_size=args.local_size,
+      intra_latency_s=args.intra_latency_us * 1e-6,
+      intra_bandwidth_Bps=args.intra_GBps * 1e9,
+      inter_latency_s=args.inter_latency_us * 1e-6,
+      nic_bandwidth_Bps=args.nic_Gbps * 1e9 / 8,
+      flow_bandwidth_Bps=args.flow_Gbps * 1e9 / 8 if args.flow_Gbps
+      else None, multi_node=args.multi_node)
+
+
+def workload_from_args(args) -> core.Workload:
+  """The :class:`~core.Workload` of ``predict``'s workload flags (ms -> s, MiB -> bytes)."""
+  samples = (tuple(x * 1e-3 for x in args.compute_samples_ms)
+             if args.compute_samples_ms else None)
+  return core.Workload(
+      param_count=args.params, forward_s=args.forward_ms * 1e-3,
+      backward_s=args.backward_ms * 1e-3,
+      optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
+      compute_samples_s=samples, grad_dtype=args.grad_dtype,
+      param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
+
+
 def _predict(args) -> int:
   methods = split_methods(args.methods)
   if not methods:
@@ -277,22 +305,7 @@ def _predict(args) -> int:
         raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
                          ) from None
     else:
-      c = core.Cluster(
-          n_workers=n, local_size=args.local_size,
-          intra_latency_s=args.intra_latency_us * 1e-6,
-          intra_bandwidth_Bps=args.intra_GBps * 1e9,
-          inter_latency_s=args.inter_latency_us * 1e-6,
-          nic_bandwidth_Bps=args.nic_Gbps * 1e9 / 8,
-          flow_bandwidth_Bps=args.flow_Gbps * 1e9 / 8 if args.flow_Gbps
-          else None, multi_node=args.multi_node)
-      samples = (tuple(x * 1e-3 for x in args.compute_samples_ms)
-                 if args.compute_samples_ms else None)
-      w = core.Workload(
-          param_count=args.params, forward_s=args.forward_ms * 1e-3,
-          backward_s=args.backward_ms * 1e-3,
-          optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
-          compute_samples_s=samples, grad_dtype=args.grad_dtype,
-          param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
+      c, w = cluster_from_args(args, n), workload_from_args(args)
     table, slow_mixing, local, sent = {}, [], [], {}
     for meth in methods:
       try:

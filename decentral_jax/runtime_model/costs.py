@@ -1,0 +1,261 @@
+"""Alpha-beta collective costs on a cluster of nodes (seconds, bytes).
+
+:class:`Cluster` describes the hardware; the functions here price one
+collective round for every worker: ring all-reduce, pair exchange, group
+means inside a node or over several nodes (ring or two-level tree), and
+rounds of point-to-point ``ppermute`` terms, with concurrent inter-node flows
+sharing their node's NIC. Units: seconds (``_s``), bytes, bytes per second
+(``_Bps``).
+
+References:
+  Thakur, Rabenseifner, Gropp, `Optimization of Collective Communication
+  Operations in MPICH`, IJHPCA 2005 (alpha-beta ring costs). NCCL user guide
+  (ring and tree algorithms, channels; docs.nvidia.com/deeplearning/nccl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from decentral_jax import topology as topology_lib
+
+MULTI_NODE_ALGORITHMS = ("ring", "tree")
+INTRA_LINKS = ("pcie", "nvlink")
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+  ok = value >= 0 if allow_zero else value > 0
+  if not isinstance(value, (int, float, np.integer, np.floating)) or \
+      not math.isfinite(value) or not ok:
+    bound = ">= 0" if allow_zero else "> 0"
+    raise ValueError(f"{name} must be a finite number {bound}, got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+  """Hardware of a data-parallel job (one worker per accelerator).
+
+  Attributes:
+    n_workers: number of workers ``n``.
+    local_size: workers per node ``L`` (divides ``n``); workers
+      ``v*L .. v*L+L-1`` share node ``v``.
+    intra_latency_s: per-message latency of an intra-node hop (seconds).
+    intra_bandwidth_Bps: per-worker, per-direction intra-node bandwidth
+      (bytes/s), e.g. PCIe Gen3 x16 = 15.75e9.
+    inter_latency_s: per-message latency of an inter-node hop (seconds).
+    nic_bandwidth_Bps: per-node, per-direction NIC bandwidth (bytes/s),
+      shared by all flows that leave (enter) the node at the same time.
+    flow_bandwidth_Bps: optional cap on one inter-node flow (one connection
+      of one collective, bytes/s); ``None`` means the NIC rate.
+    multi_node: how a group mean over several whole nodes runs: ``"ring"``
+      (flat ring over all ranks, each node's NIC carries ``2(p-1)/p M`` per
+      direction) or ``"tree"`` (two levels, like NCCL's tree: reduce in the
+      node, one flow per node carries ``2(q-1)/q M`` across ``q`` nodes,
+      broadcast in the node; stages pipelined, so the slower one sets the
+      time).
+    intra_link: what connects a node's accelerators: ``"pcie"`` (the
+      default; each accelerator has one PCIe link, which carries both its
+      intra-node traffic and its traffic to the NIC, so the two add up on
+      it) or ``"nvlink"`` (intra-node traffic on NVLink/NVSwitch at
+      ``intra_bandwidth_Bps``; traffic to the NIC on a separate path that is
+      not limiting).
+  """
+
+  n_workers: int
+  local_size: int = 1
+  intra_latency_s: float = 5e-6
+  intra_bandwidth_Bps: float = 15.75e9
+  inter_latency_s: float = 10e-6
+  nic_bandwidth_Bps: float = 12.5e9
+  flow_bandwidth_Bps: float | None = None
+  multi_node: str = "ring"
+  intra_link: str = "pcie"
+
+  def __post_init__(self):
+    n, big_l = self.n_workers, self.local_size
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+      raise ValueError(f"n_workers must be a positive integer, got {n!r}.")
+    if not isinstance(big_l, (int, np.integer)) or big_l < 1 or n % big_l:
+      raise ValueError(f"local_size={big_l!r} must be a positive integer "
+                       f"dividing n_workers={n} (workers per node).")
+    for name in ("intra_latency_s", "inter_latency_s"):
+      _positive(name, getattr(self, name), allow_zero=True)
+    for name in ("intra_bandwidth_Bps", "nic_bandwidth_Bps"):
+      _positive(name, getattr(self, name))
+    if self.flow_bandwidth_Bps is not None:
+      _positive("flow_bandwidth_Bps", self.flow_bandwidth_Bps)
+    if self.multi_node not in MULTI_NODE_ALGORITHMS:
+      raise ValueError(f"multi_node must be one of {MULTI_NODE_ALGORITHMS}, "
+                       f"got {self.multi_node!r}.")
+    if self.intra_link not in INTRA_LINKS:
+      raise ValueError(f"intra_link must be one of {INTRA_LINKS}, got "
+                       f"{self.intra_link!r}.")
+
+  @property
+  def n_nodes(self) -> int:
+    return self.n_workers // self.local_size
+
+  def inter_flow_Bps(self, sharing: int) -> float:
+    """Bandwidth (bytes/s) of one inter-node flow when ``sharing`` flows use the NIC."""
+    flow = self.flow_bandwidth_Bps or self.nic_bandwidth_Bps
+    return min(flow, self.nic_bandwidth_Bps / max(1, sharing))
+
+
+def ring_all_reduce_time(p: int, nbytes: float, latency_s: float,
+                         bandwidth_Bps: float) -> float:
+  """Ring all-reduce over ``p`` ranks: ``2(p-1) a + 2(p-1)/p * M / b``.
+
+  Args:
+    p: ranks in the ring.
+    nbytes: message size M (bytes) held by every rank.
+    latency_s: per-step latency a (seconds) of the slowest hop.
+    bandwidth_Bps: per-direction bandwidth b (bytes/s) of the slowest hop.
+
+  Returns:
+    Seconds; 0.0 for ``p <= 1``.
+  """
+  if p <= 1:
+    return 0.0
+  return 2 * (p - 1) * latency_s + 2 * (p - 1) / p * nbytes / bandwidth_Bps
+
+
+def pair_exchange_time(nbytes: float, latency_s: float,
+                       bandwidth_Bps: float) -> float:
+  """Two ranks swap M bytes at once (full duplex): ``a + M / b`` seconds."""
+  return latency_s + nbytes / bandwidth_Bps
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundCost:
+  """Per-worker cost of one collective round: ``latency_s + bytes * s_per_byte``.
+
+  Attributes:
+    latency_s: float64 [n], seconds paid per message (per bucket).
+    s_per_byte: float64 [n], seconds per byte of the full message.
+    members: int [n, m], workers whose data worker ``i`` waits for (padded
+      with ``i``).
+    crosses: bool [n], whether worker ``i``'s traffic uses its node's NIC.
+  """
+
+  latency_s: np.ndarray
+  s_per_byte: np.ndarray
+  members: np.ndarray
+  crosses: np.ndarray
+
+  def time(self, nbytes: float, n_messages: int = 1) -> np.ndarray:
+    """Seconds per worker to move ``nbytes`` in ``n_messages`` messages."""
+    return n_messages * self.latency_s + nbytes * self.s_per_byte
+
+
+def _members(matrix: np.ndarray) -> np.ndarray:
+  n = matrix.shape[0]
+  rows = [sorted(set(np.flatnonzero(matrix[i] > 0).tolist()) | {i})
+          for i in range(n)]
+  width = max(len(r) for r in rows)
+  return np.array([r + [i] * (width - len(r)) for i, r in enumerate(rows)])
+
+
+def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
+  """(latency, seconds/byte) of an all-reduce (group mean) over ``group``."""
+  p = len(group)
+  nodes = {w // c.local_size for w in group}
+  if p == 1:
+    return 0.0, 0.0
+  if len(nodes) == 1:
+    if p == 2:
+      return c.intra_latency_s, 1.0 / c.intra_bandwidth_Bps
+    return 2 * (p - 1) * c.intra_latency_s, 2 * (p - 1) / p / c.intra_bandwidth_Bps
+  q = len(nodes)
+  if p == 2:
+    return c.inter_latency_s, 1.0 / c.inter_flow_Bps(sharing)
+  per_node = p // q
+  if c.multi_node == "tree" and per_node * q == p and per_node > 1:
+    lat = 2 * (per_node - 1) * c.intra_latency_s + 2 * (q - 1) * c.inter_latency_s
+    # Per byte of M: each worker's link carries its intra-node share and, on
+    # PCIe, also its 1/per_node share of the node's flow to the NIC.
+    link = 2 * (per_node - 1) / per_node
+    if c.intra_link == "pcie":
+      link += 2 * (q - 1) / q / per_node
+    spb = max(link / c.intra_bandwidth_Bps,
+              2 * (q - 1) / q / c.inter_flow_Bps(sharing))
+    return lat, spb
+  bw = min(c.intra_bandwidth_Bps, c.inter_flow_Bps(sharing))
+  return 2 * (p - 1) * c.inter_latency_s, 2 * (p - 1) / p / bw
+
+
+def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
+  """Cost of a round of simultaneous group means (a partition of workers).
+
+  Every group that spans several nodes puts one flow per direction on the NIC
+  of each node it touches; flows of one round share the NIC
+  (:meth:`Cluster.inter_flow_Bps`). One-node groups use the intra link.
+
+  Returns:
+    A :class:`RoundCost` over ``c.n_workers`` workers.
+  """
+  n, big_l = c.n_workers, c.local_size
+  flows = np.zeros(c.n_nodes, int)
+  for g in groups:
+    nodes = {w // big_l for w in g}
+    if len(nodes) > 1:
+      flows[list(nodes)] += 1
+  lat, spb = np.zeros(n), np.zeros(n)
+  crosses = np.zeros(n, bool)
+  matrix = np.zeros((n, n))
+  for g in groups:
+    g = list(g)
+    sharing = int(max(flows[w // big_l] for w in g))
+    lat[g], spb[g] = _group_cost(c, g, sharing)
+    crosses[g] = len({w // big_l for w in g}) > 1
+    matrix[np.ix_(g, g)] = 1.0
+  return RoundCost(lat, spb, _members(matrix), crosses)
+
+
+def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
+  """Cost of a round realised as sequential point-to-point ``ppermute`` terms.
+
+  In each term, every worker sends one full message and receives one; flows
+  leaving (entering) the same node share its NIC. A worker's round time is
+  the sum over terms of its slower direction.
+  """
+  n, big_l = c.n_workers, c.local_size
+  lat, spb = np.zeros(n), np.zeros(n)
+  crosses = np.zeros(n, bool)
+  for term in rnd.terms:
+    out_f = np.zeros(c.n_nodes, int)
+    in_f = np.zeros(c.n_nodes, int)
+    for s, d in term.perm:
+      if s // big_l != d // big_l:
+        out_f[s // big_l] += 1
+        in_f[d // big_l] += 1
+    t_lat, t_spb = np.zeros(n), np.zeros(n)
+    for s, d in term.perm:
+      if s // big_l == d // big_l:
+        a, b = c.intra_latency_s, 1.0 / c.intra_bandwidth_Bps
+      else:
+        share = max(out_f[s // big_l], in_f[d // big_l])
+        a, b = c.inter_latency_s, 1.0 / c.inter_flow_Bps(share)
+        crosses[[s, d]] = True
+      for w in (s, d):
+        t_lat[w], t_spb[w] = max(t_lat[w], a), max(t_spb[w], b)
+    lat, spb = lat + t_lat, spb + t_spb
+  return RoundCost(lat, spb, _members(rnd.matrix), crosses)
+
+
+def round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
+  """Cost of one topology round: group means if it is a partition, else ppermutes."""
+  if rnd.n_workers != c.n_workers:
+    raise ValueError(f"topology has {rnd.n_workers} workers but the cluster "
+                     f"has n_workers={c.n_workers}; build both for the same n.")
+  if rnd.groups is not None:
+    return group_round_cost(c, rnd.groups)
+  return permute_round_cost(c, rnd)
+
+
+def all_reduce_cost(c: Cluster) -> RoundCost:
+  """Cost of one All-Reduce over all ``n`` workers (one group; ring or tree)."""
+  return group_round_cost(c, [tuple(range(c.n_workers))])
+

@@ -1,0 +1,145 @@
+"""Model size, dtypes, buckets and compute distribution of one iteration.
+
+Units: seconds (``_s``), bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
+import numpy as np
+from scipy import special
+
+from decentral_jax.runtime_model.costs import _positive
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """Model size and per-worker compute time of one training iteration.
+
+  Attributes:
+    param_count: number of parameters (the message is ``param_count`` times
+      the dtype size: gradients for All-Reduce, parameters for gossip).
+    forward_s: mean forward time per iteration and worker (seconds).
+    backward_s: mean backward time (seconds).
+    optimizer_s: optimizer step time (seconds), spread over buckets.
+    compute_cv: coefficient of variation of forward + backward (Gaussian,
+      independent per worker and step; truncated at 5% of the mean).
+    compute_samples_s: optional samples of forward + backward time (seconds);
+      when given they replace ``forward_s + backward_s`` and ``compute_cv``,
+      and ``forward_s : backward_s`` only sets the split.
+    grad_dtype: dtype of communicated gradients (numpy name, e.g. "float32").
+    param_dtype: dtype of communicated parameters.
+    bucket_bytes: bucket capacity (bytes) used when ``bucket_shares`` is None;
+      25 MiB is the PyTorch DDP and Decent-DP default.
+    bucket_shares: optional fraction of the message in each bucket, in the
+      order buckets become ready (sums to 1).
+    bucket_ready: optional fraction of the backward after which each bucket
+      is ready (non-decreasing, last = 1; without ``bucket_shares`` the
+      buckets are equal); default: cumulative shares.
+  """
+
+  param_count: float
+  forward_s: float
+  backward_s: float
+  optimizer_s: float = 0.0
+  compute_cv: float = 0.0
+  compute_samples_s: tuple[float, ...] | None = None
+  grad_dtype: str = "float32"
+  param_dtype: str = "float32"
+  bucket_bytes: float = 25 * 2**20
+  bucket_shares: tuple[float, ...] | None = None
+  bucket_ready: tuple[float, ...] | None = None
+
+  def __post_init__(self):
+    for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
+                 "compute_cv"):
+      _positive(name, getattr(self, name), allow_zero=True)
+    _positive("bucket_bytes", self.bucket_bytes)
+    for name in ("grad_dtype", "param_dtype"):
+      try:
+        np.dtype(getattr(self, name))
+      except TypeError:
+        raise ValueError(f"{name}={getattr(self, name)!r} is not a dtype "
+                         "name; use e.g. 'float32' or 'bfloat16'.") from None
+    s = np.asarray([1.0, 1.0] if self.compute_samples_s is None
+                   else self.compute_samples_s, float)
+    if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s >= 0)):
+      raise ValueError("compute_samples_s must be >= 2 finite non-negative "
+                       "times in seconds.")
+    sh = np.asarray([1.0] if self.bucket_shares is None
+                    else self.bucket_shares, float)
+    if sh.ndim != 1 or sh.size < 1 or np.any(sh <= 0) or abs(sh.sum() - 1) > 1e-6:
+      raise ValueError("bucket_shares must be positive fractions summing to 1.")
+    if self.bucket_ready is not None:
+      rd = np.asarray(self.bucket_ready, float)
+      if (rd.size != (rd.size if self.bucket_shares is None else sh.size)
+          or np.any(np.diff(rd) < 0) or rd[0] < 0 or abs(rd[-1] - 1) > 1e-9):
+        raise ValueError("bucket_ready must be non-decreasing fractions of the "
+                         "backward in [0, 1], one per bucket, ending at 1.")
+
+  @property
+  def grad_bytes(self) -> float:
+    return float(self.param_count) * np.dtype(self.grad_dtype).itemsize
+
+  @property
+  def param_bytes(self) -> float:
+    return float(self.param_count) * np.dtype(self.param_dtype).itemsize
+
+  @property
+  def compute_mean_s(self) -> float:
+    """Mean forward + backward time (seconds)."""
+    if self.compute_samples_s is not None:
+      return float(np.mean(self.compute_samples_s))
+    return self.forward_s + self.backward_s
+
+  @property
+  def compute_std_s(self) -> float:
+    """Standard deviation of forward + backward (seconds)."""
+    if self.compute_samples_s is not None:
+      return float(np.std(self.compute_samples_s))
+    return self.compute_cv * self.compute_mean_s
+
+  def buckets(self, message_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bucket sizes (bytes, float64 [nb]) and ready fractions (float64 [nb])."""
+    if self.bucket_shares is not None:
+      shares = np.asarray(self.bucket_shares, float)
+    else:
+      nb = (len(self.bucket_ready) if self.bucket_ready is not None
+            else max(1, math.ceil(message_bytes / self.bucket_bytes)))
+      shares = np.full(nb, 1.0 / nb)
+    ready = (np.asarray(self.bucket_ready, float) if self.bucket_ready
+             is not None else np.cumsum(shares))
+    ready[-1] = 1.0
+    return shares * message_bytes, ready
+
+  def compute_factors(self, steps: int, n: int, seed: int) -> np.ndarray:
+    """Per-step, per-worker multipliers of the mean compute, float64 [steps, n]."""
+    rng = np.random.default_rng(seed)
+    if self.compute_samples_s is not None:
+      s = np.asarray(self.compute_samples_s, float)
+      return rng.choice(s, size=(steps, n)) / s.mean()
+    z = rng.standard_normal((steps, n))
+    return np.maximum(1.0 + self.compute_cv * z, 0.05)
+
+  def expected_max_excess(self, m: int) -> float:
+    """``E[max of m compute draws] - mean`` (seconds) for one iteration."""
+    if m <= 1:
+      return 0.0
+    if self.compute_samples_s is not None:
+      x = np.sort(np.asarray(self.compute_samples_s, float))
+      j = np.arange(1, x.size + 1) / x.size
+      w = j**m - (j - 1.0 / x.size)**m
+      return float(np.sum(w * x) - x.mean())
+    return self.compute_cv * self.compute_mean_s * expected_max_normal(m)
+
+
+def expected_max_normal(m: int) -> float:
+  """``E[max(Z_1..Z_m)]`` for i.i.d. standard normals (numerical integral)."""
+  if m <= 1:
+    return 0.0
+  x = np.linspace(-9.0, 9.0, 8001)
+  cdf = special.ndtr(x)
+  pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+  return float(np.trapezoid(x * m * pdf * cdf**(m - 1), x))
