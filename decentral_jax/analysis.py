@@ -295,8 +295,9 @@ class _Walker:
   def __init__(self, comps, align: bool, exclude_scope: str | None = None):
     self.comps = comps
     self.align = align
-    self.exclude = (re.compile(r'op_name="(?:[^"]*/)?' + re.escape(
-        exclude_scope) + r'(?:/|")') if exclude_scope else None)
+    # A transform wraps the innermost scope: "vmap(diagnostics)/...".
+    self.exclude = (re.compile(r'op_name="(?:[^"]*[/(])?' + re.escape(
+        exclude_scope) + r'\)?(?:/|")') if exclude_scope else None)
     self.collectives: list[Collective] = []
     self.index: dict[tuple[str, str], int] = {}
     self.unknown_trip = False
@@ -430,7 +431,8 @@ def _branch_weights(ins: hlo.Instruction, n_branches: int) -> list[float]:
   """Frequency of each branch of a conditional (module docstring)."""
   name = hlo.op_name(ins)
   if name and n_branches == 2:
-    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)/cond$", name)
+    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)\)?/cond$",
+                       name)
     if period and int(period.group(1)) >= 1:
       h = int(period.group(1))
       return [1.0 - 1.0 / h, 1.0 / h]

@@ -117,6 +117,10 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # single-process runs only); the run needs n_workers * D devices and a
   # local batch global_batch / n_workers divisible by D.
   c.devices_per_worker = 1
+  # Workers per device K: K workers share each device (vmapped; gossip
+  # between two of them is a copy), so n_workers / K devices simulate
+  # n_workers workers. Divides n_workers; devices_per_worker must then be 1.
+  c.workers_per_device = 1
   # How a worker of D > 1 devices holds its state (decentral_jax.layouts):
   # "fsdp" (parameters, gradients and optimizer state split over its
   # devices; leaves with no dimension divisible by D stay replicated, with

@@ -76,9 +76,11 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "outer_optimizer": "outer_optimizer",
                   "comm_dtype": "comm_dtype",
                   "devices_per_worker": "devices_per_worker",
-                  "worker_layout": "worker_layout"}
+                  "worker_layout": "worker_layout",
+                  "workers_per_device": "workers_per_device"}
 # Values assumed for checkpoints written before these fields existed.
-_RESUME_DEFAULTS = {"devices_per_worker": 1, "worker_layout": ""}
+_RESUME_DEFAULTS = {"devices_per_worker": 1, "worker_layout": "",
+                    "workers_per_device": 1}
 
 
 def worker_layout_of(c) -> layouts.WorkerLayout:
@@ -183,6 +185,12 @@ class Experiment:
           f"config.devices_per_worker={dpw} is supported in single-process "
           "runs only (a multi-process job puts one worker on every device); "
           "set --config.devices_per_worker=1.")
+    self.workers_per_device = wpd = int(c.workers_per_device)
+    if wpd > 1 and multi_process:
+      raise ValueError(
+          f"config.workers_per_device={wpd} is supported in single-process "
+          "runs only (a multi-process job puts one worker on every device); "
+          "set --config.workers_per_device=1.")
     local_size = int(c.workers_per_node)
     self.topology = None
     node_aware = False
@@ -193,14 +201,22 @@ class Experiment:
         raise ValueError(f"config.topology={c.topology!r} with config."
                          f"n_workers={n}, workers_per_node={local_size}: {e}"
                          ) from None
-      node_aware = parallel.is_node_aware(self.topology, local_size)
+      # K workers per device: node-aware rounds run as two-level permutes.
+      node_aware = (wpd == 1 and
+                    parallel.is_node_aware(self.topology, local_size))
     if multi_process:
       _check_multi_process(c, n, len(devices), node_aware)
     try:
       self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
                                      devices=devices,
-                                     devices_per_worker=dpw)
+                                     devices_per_worker=dpw,
+                                     workers_per_device=wpd)
     except ValueError as e:
+      if wpd > 1:
+        raise ValueError(
+            f"config.n_workers={n} at config.workers_per_device={wpd}: {e} "
+            "Raise --config.workers_per_device or lower --config.n_workers."
+            ) from None
       if dpw > 1:
         raise ValueError(
             f"config.n_workers={n} x config.devices_per_worker={dpw}: {e} "
@@ -209,8 +225,9 @@ class Experiment:
       raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
                        "sets this by itself on CPU; otherwise lower "
                        "--config.n_workers.") from None
-    self.local_workers = (distributed.process_workers(self.mesh) if dpw == 1
-                          else np.arange(n, dtype=np.int64))
+    self.local_workers = (
+        distributed.process_workers(self.mesh) if dpw == 1 and wpd == 1
+        else np.arange(n, dtype=np.int64))
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
     self._batch_sharding = layouts.batch_sharding(self.mesh)
@@ -306,7 +323,7 @@ class Experiment:
     """
     if self._params0 is None:
       self._params0 = self.task.init_params(self._init_key)
-    everywhere = NamedSharding(self.mesh, P())
+    everywhere = NamedSharding(parallel.device_mesh(self.mesh), P())
     params, rng = distributed.put_global(
         (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
     return self._init_fn(params, rng)
@@ -348,7 +365,8 @@ class Experiment:
       common.append(np.ascontiguousarray(x[:, ::n]))
     return (distributed.put_global(tuple(rows), self._sharding),
             distributed.put_global(tuple(common),
-                                   NamedSharding(self.mesh, P())))
+                                   NamedSharding(
+                                       parallel.device_mesh(self.mesh), P())))
 
   # -- steps -------------------------------------------------------------------
 
@@ -421,6 +439,13 @@ class Experiment:
     each device sends (the unoptimized one counts whole per-worker arrays
     on every device).
 
+    ``K = config.workers_per_device > 1`` workers per device: the HLO
+    counts what each device sends to other devices (what its ``K``
+    workers send each other is a copy, not counted); ``bytes_per_step``
+    is that divided by ``K`` (per worker, averaged over the busiest
+    device's workers), and ``workers_per_device`` and
+    ``device_bytes_per_step`` are added.
+
     Workers of ``D = config.devices_per_worker > 1`` devices: the HLO
     counts bytes per device; ``bytes_per_step`` is then what the busiest
     worker's ``D`` devices send together to *other* workers (with
@@ -449,15 +474,20 @@ class Experiment:
     dpw = self.layout.devices_per_worker
     if stage is None:
       stage = "unoptimized" if dpw == 1 else "optimized"
+    wpd = self.workers_per_device
     total = everything = device = intra = 0.0
     for d, k in counts.items():
       # One lowering (and compile) as text serves both reports.
       text = analysis.hlo_text(self._round_steps[d].lower(state, batch), stage)
       for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
         rep = analysis.communication(text,
-                                     n_devices=self.n_workers * dpw,
+                                     n_devices=self.n_workers * dpw // wpd,
                                      exclude_scope=scope)
-        if dpw == 1:
+        if wpd > 1:
+          mean = rep.mean_bytes_per_step / wpd
+          if scope:
+            device += k * rep.mean_bytes_per_step
+        elif dpw == 1:
           mean = rep.mean_bytes_per_step
         else:
           t = layouts.traffic(rep, dpw)
@@ -479,6 +509,9 @@ class Experiment:
            "diagnostics_bytes_per_step": diagnostics,
            "param_bytes": param_bytes, "ratio": per_step / param_bytes,
            "stage": stage}
+    if wpd > 1:
+      out.update(workers_per_device=wpd,
+                 device_bytes_per_step=device / sum(counts.values()))
     if dpw > 1:
       runs = sum(counts.values())
       out.update(devices_per_worker=dpw, device_bytes_per_step=device / runs,
@@ -559,6 +592,7 @@ class Experiment:
         "comm_dtype": c.comm_dtype,
         # How a worker lies on its devices (the restored state's layout).
         "devices_per_worker": self.layout.devices_per_worker,
+        "workers_per_device": self.workers_per_device,
         "worker_layout": (self.layout.mode
                           if self.layout.devices_per_worker > 1 else ""),
     }

@@ -35,10 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from decentral_jax import collectives
 from decentral_jax import topology as topology_lib
 
 PyTree = Any
-AxisName = str | tuple[str, ...]
+AxisName = collectives.AxisName
 
 #: Name scope that marks a conditional taken once every ``H`` steps (see
 #: :func:`every`); :func:`decentral_jax.analysis.communication` reads it.
@@ -51,43 +52,13 @@ DEFAULT_BUCKET_BYTES = 0
 
 
 def _axes(axis_name: AxisName) -> tuple[str, ...]:
-  return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+  return collectives.mesh_axes(axis_name)
 
 
-def _varying_axes(x) -> frozenset:
-  aval = jax.typeof(x)
-  mat = getattr(aval, "manual_axis_type", None)
-  if mat is not None:
-    return frozenset(getattr(mat, "varying", ()))
-  return frozenset(getattr(aval, "vma", ()))
-
-
-def match_varying(out, like):
-  """Marks ``out`` as varying over the same mesh axes as ``like``.
-
-  Inside ``jax.shard_map`` a ``pmean`` result is typed invariant across the
-  axis; branches of ``lax.switch`` must agree in type, and the output of a
-  mixing step is per-worker state. This is a type-level cast
-  (``lax.pcast``); values are unchanged.
-
-  Args:
-    out: an array traced inside ``shard_map``.
-    like: an array whose varying mesh axes ``out`` should get.
-
-  Returns:
-    ``out``, varying over at least the axes ``like`` varies over.
-  """
-  missing = tuple(sorted(_varying_axes(like) - _varying_axes(out)))
-  if missing:
-    out = lax.pcast(out, missing, to="varying")
-  return out
-
-
-def _axis_size(axis_name: AxisName) -> int:
-  size = 1
-  for a in _axes(axis_name):
-    size *= lax.axis_size(a)
-  return size
+_varying_axes = collectives.varying_axes
+#: Re-exported: :func:`decentral_jax.collectives.match_varying`.
+match_varying = collectives.match_varying
+_axis_size = collectives.size
 
 
 def check_axis(topology: topology_lib.Topology, axis_name: AxisName) -> None:
@@ -100,12 +71,12 @@ def check_axis(topology: topology_lib.Topology, axis_name: AxisName) -> None:
   except NameError as e:
     raise ValueError(
         f"gossip over axis {axis_name!r} must run inside jax.shard_map over a "
-        f"mesh with that axis (one worker per device): {e}") from None
+        f"mesh with that axis (parallel.per_worker): {e}") from None
   if size != topology.n_workers:
     raise ValueError(
         f"topology {topology.name!r} has n_workers={topology.n_workers} but "
-        f"the mesh axis {axis_name!r} has {size} devices; build the topology "
-        "for the mesh size (one worker per device).")
+        f"the worker axis {axis_name!r} has {size} workers; build the "
+        "topology for the mesh's number of workers.")
   axes = _axes(axis_name)
   if len(axes) == 2 and lax.axis_size(axes[1]) != topology.local_size \
       and topology.local_size > 1:
@@ -197,14 +168,13 @@ def _zero(index, dtype):
   return index.astype(dtype) * 0
 
 
-def _mix_leaf_terms(x, rnd: topology_lib.Round, axes, me, comm_dtype):
+def _mix_leaf_terms(x, rnd: topology_lib.Round, axis_name, me, comm_dtype):
   acc = _acc_dtype(x)
   send = x if comm_dtype is None else x.astype(comm_dtype)
-  axis = axes[0] if len(axes) == 1 else axes
   out = (_zero(me, acc) +
          jnp.asarray(rnd.self_weights, acc)[me] * x.astype(acc))
   for term in rnd.terms:
-    recv = lax.ppermute(send, axis, list(term.perm)).astype(acc)
+    recv = collectives.permute(send, axis_name, term.perm).astype(acc)
     out = out + jnp.asarray(term.weights, acc)[me] * recv
   return out.astype(x.dtype)
 
@@ -222,7 +192,8 @@ def _pmean(x, axis, comm_dtype):
   size = _axis_size(axis)
   # Replace this worker's rounded contribution by its exact value (a
   # division by a power of 2 becomes a product: see _zero).
-  out = ((lax.pmean(sent, axis).astype(acc) + _zero(lax.axis_index(axis), acc))
+  out = ((collectives.pmean(sent, axis).astype(acc)
+          + _zero(collectives.index(axis), acc))
          + (x.astype(acc) - sent.astype(acc)) / size)
   return out.astype(x.dtype)
 
@@ -273,19 +244,25 @@ def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,
   leaves, treedef = jax.tree.flatten(tree)
   key = None
   if rnd.is_global_mean:
-    axis = axes if len(axes) > 1 else axes[0]
-    fn = lambda x, _: _pmean(x, axis, comm_dtype)
+    fn = lambda x, _: _pmean(x, axis_name, comm_dtype)
   else:
-    partners = (rnd.node_partners(topology.local_size) if len(axes) == 2
+    partners = (rnd.node_partners(topology.local_size)
+                if len(axes) == 2 and not collectives.is_virtual(axis_name)
                 else None)
     if partners is not None and topology.local_size > 1:
       if any(p >= 0 for p in partners):
         big_l = lax.axis_size(axes[1])
         key = lambda x: x.size < big_l  # exchanged whole, not sharded
       fn = lambda x, k: _mix_leaf_nodes(x, partners, axes, comm_dtype, k)
+    elif (collectives.is_virtual(axis_name) and rnd.groups is not None
+          and comm_dtype is None
+          and collectives.has_group_plan(axis_name, rnd.groups)):
+      # Several workers per device: partial sums per device, then one
+      # exchange per device pair, instead of one row per group member.
+      fn = lambda x, _: collectives.group_mean(x, axis_name, rnd.groups)
     else:
-      me = lax.axis_index(axes[0] if len(axes) == 1 else axes)
-      fn = lambda x, _: _mix_leaf_terms(x, rnd, axes, me, comm_dtype)
+      me = collectives.index(axis_name)
+      fn = lambda x, _: _mix_leaf_terms(x, rnd, axis_name, me, comm_dtype)
   out = _map_buckets(fn, leaves, bucket_bytes, key)
   return treedef.unflatten([match_varying(y, x) for y, x in zip(out, leaves)])
 
@@ -433,9 +410,10 @@ def mean(tree: PyTree, axis_name: AxisName = "workers", *,
   check_bucket_bytes(bucket_bytes)
   cast = match_varying if varying else (lambda y, x: y)
   if not bucket_bytes:  # leaves may be Python scalars here
-    return jax.tree.map(lambda x: cast(lax.pmean(x, axis_name), x), tree)
+    return jax.tree.map(
+        lambda x: cast(collectives.pmean(x, axis_name), x), tree)
   leaves, treedef = jax.tree.flatten(tree)
-  out = _map_buckets(lambda b, _: lax.pmean(b, axis_name), leaves,
+  out = _map_buckets(lambda b, _: collectives.pmean(b, axis_name), leaves,
                      bucket_bytes)
   return treedef.unflatten([cast(y, x) for y, x in zip(out, leaves)])
 

@@ -188,7 +188,7 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   Equal to ``parallel.worker_sharding(mesh)`` on a one-device-per-worker
   mesh. ``B`` must be divisible by the devices per worker.
   """
-  if parallel.INNER not in mesh.axis_names:
+  if parallel.INNER not in parallel.device_mesh(mesh).axis_names:
     return parallel.worker_sharding(mesh)
   return NamedSharding(mesh, P(parallel.worker_axis(mesh), parallel.INNER))
 

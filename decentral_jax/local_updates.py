@@ -44,6 +44,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from decentral_jax import collectives
 from decentral_jax import gossip
 from decentral_jax import optim
 from decentral_jax import topology as topology_lib
@@ -444,7 +445,7 @@ def _mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,
   sums its chunk of everyone's values in the accumulation dtype), then an
   all-gather of the averaged chunks in ``comm_dtype``.
   """
-  n = lax.axis_size(axis_name)
+  n = collectives.size(axis_name)
   out = []
   for x in leaves:
     acc = _global_dtype(x)
@@ -453,9 +454,10 @@ def _mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,
     if pad:
       flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
     chunks = flat.astype(comm_dtype).reshape(n, -1)
-    mine = lax.all_to_all(chunks, axis_name, 0, 0, tiled=False)
+    mine = collectives.all_to_all(chunks, axis_name)
     part = jnp.sum(mine.astype(acc), axis=0) / n
-    full = lax.all_gather(part.astype(comm_dtype), axis_name, tiled=True)
+    full = collectives.all_gather(part.astype(comm_dtype),
+                                  axis_name).reshape(-1)
     full = full[:x.size].astype(acc).reshape(x.shape)
     out.append(gossip.match_varying(full, x))
   return out

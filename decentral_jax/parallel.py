@@ -12,10 +12,21 @@ mesh gets a last axis ``"inner"`` of size ``D`` (type ``Auto``),
 :func:`per_worker` is manual over the worker axes only, and how a worker's
 arrays are split over its devices is left to the compiler (placement and
 the ``fsdp`` / ``data`` modes: :mod:`decentral_jax.layouts`).
+
+Many workers on one device: ``make_mesh(n, workers_per_device=K)``, ``K >
+1``, returns a :class:`VirtualMesh`, ``n / K`` devices on the ``"workers"``
+axis with ``K`` workers each. Stacked state keeps its ``[n, ...]`` layout
+(device ``d`` holds rows ``d*K .. d*K+K-1``); :func:`per_worker` runs the
+one-worker function under ``jax.vmap`` over a device's ``K`` workers, with
+the worker axis a :class:`~decentral_jax.collectives.VirtualAxes`, so the
+same gossip, optimizer and step code communicates in two levels (inside a
+device a gather, across devices one ``ppermute`` per device offset; see
+:mod:`decentral_jax.collectives`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import jax
@@ -24,6 +35,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from decentral_jax import collectives
 from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
 
@@ -34,6 +46,42 @@ NODES = "nodes"
 LOCAL = "local"
 #: Mesh axis over the devices of one worker (present only if they are > 1).
 INNER = "inner"
+#: ``vmap`` axis over the workers of one device (:class:`VirtualMesh`).
+VIRTUAL = "virtual"
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualMesh:
+  """``workers_per_device`` workers on every device of a 1-D device mesh.
+
+  Attributes:
+    mesh: ``jax.sharding.Mesh`` with one axis ``"workers"`` over ``M``
+      devices (``Explicit``).
+    workers_per_device: ``K > 1``; ``n = M K`` workers, worker ``i`` on
+      device ``i // K``.
+
+  Pass it wherever this module takes a mesh; :func:`device_mesh` gives the
+  ``jax`` mesh for shardings.
+  """
+  mesh: Mesh
+  workers_per_device: int
+
+  @property
+  def n_workers(self) -> int:
+    return self.mesh.shape[WORKERS] * self.workers_per_device
+
+
+AnyMesh = Mesh | VirtualMesh
+
+
+def device_mesh(mesh: AnyMesh) -> Mesh:
+  """The ``jax.sharding.Mesh`` of a mesh from :func:`make_mesh`."""
+  return mesh.mesh if isinstance(mesh, VirtualMesh) else mesh
+
+
+def workers_per_device(mesh: AnyMesh) -> int:
+  """Workers on one device: ``K`` of a :class:`VirtualMesh`, else 1."""
+  return mesh.workers_per_device if isinstance(mesh, VirtualMesh) else 1
 
 
 def device_hint(n: int) -> str:
@@ -44,8 +92,12 @@ def device_hint(n: int) -> str:
 
 def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
               devices: Sequence[jax.Device] | None = None,
-              devices_per_worker: int = 1) -> Mesh:
+              devices_per_worker: int = 1,
+              workers_per_device: int = 1) -> AnyMesh:
   """A mesh of ``n_workers`` workers of ``devices_per_worker`` devices each.
+
+  With ``workers_per_device=K > 1`` instead: ``n_workers / K`` devices of
+  ``K`` workers each (a :class:`VirtualMesh`).
 
   Args:
     n_workers: number of workers ``n`` (uses the first ``n * D`` devices,
@@ -60,22 +112,54 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
       all ``Explicit``); ``D > 1`` appends an axis ``"inner"`` of size
       ``D`` of type ``Auto``: ``("workers", "inner")`` of shape ``(n, D)``
       or ``("nodes", "local", "inner")`` of shape ``(n/L, L, D)``.
+    workers_per_device: ``K >= 1``; ``K > 1`` puts ``K`` workers on each of
+      ``n / K`` devices (1-D ``"workers"`` axis over the devices; node-aware
+      rounds then run as permutes, with the intra-device part a copy).
 
   Returns:
-    A ``jax.sharding.Mesh``; worker axes are ``Explicit``.
+    A ``jax.sharding.Mesh`` (worker axes ``Explicit``), or a
+    :class:`VirtualMesh` when ``workers_per_device > 1``.
 
   Raises:
-    ValueError: fewer than ``n * D`` devices (the message says how to
-      simulate CPU devices), ``local_size`` not dividing ``n_workers``, or
-      ``devices_per_worker`` not an integer >= 1.
+    ValueError: fewer than ``n * D`` (or ``n / K``) devices (the message
+      says how to simulate CPU devices), ``local_size`` not dividing
+      ``n_workers``, ``devices_per_worker`` or ``workers_per_device`` not
+      an integer >= 1, ``K`` not dividing ``n_workers``, or both ``D`` and
+      ``K`` above 1.
   """
   devices = list(jax.devices() if devices is None else devices)
   if n_workers < 1:
     raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
-  if isinstance(devices_per_worker, bool) or not isinstance(
-      devices_per_worker, (int, np.integer)) or devices_per_worker < 1:
-    raise ValueError(f"devices_per_worker must be an integer >= 1, got "
-                     f"{devices_per_worker!r}.")
+  for name, v in (("devices_per_worker", devices_per_worker),
+                  ("workers_per_device", workers_per_device)):
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
+  k = int(workers_per_device)
+  if k > 1:
+    if devices_per_worker > 1:
+      raise ValueError(
+          f"devices_per_worker={devices_per_worker} and workers_per_device="
+          f"{k}: a worker spans devices or shares one, not both; set one of "
+          "them to 1.")
+    if n_workers % k:
+      raise ValueError(f"workers_per_device={k} must divide n_workers="
+                       f"{n_workers}.")
+    if node_aware:
+      raise ValueError(
+          "node_aware=True needs one worker per device; with "
+          f"workers_per_device={k} node-aware rounds run as permutes on the "
+          "1-D mesh (pass node_aware=False).")
+    if local_size < 1 or n_workers % local_size:
+      raise ValueError(f"local_size={local_size} must divide n_workers="
+                       f"{n_workers}.")
+    m = n_workers // k
+    if len(devices) < m:
+      raise ValueError(
+          f"{n_workers} workers at {k} per device need {m} devices but only "
+          f"{len(devices)} are available; {device_hint(m)}.")
+    mesh = Mesh(np.array(devices[:m], dtype=object), (WORKERS,),
+                axis_types=(AxisType.Explicit,))
+    return VirtualMesh(mesh, k)
   d = int(devices_per_worker)
   need = n_workers * d
   if len(devices) < need:
@@ -114,59 +198,73 @@ def is_node_aware(topology: topology_lib.Topology, local_size: int) -> bool:
                               for r in rounds)
 
 
-def _worker_names(mesh: Mesh) -> tuple[str, ...]:
-  return tuple(a for a in mesh.axis_names if a != INNER)
+def _worker_names(mesh: AnyMesh) -> tuple[str, ...]:
+  return tuple(a for a in device_mesh(mesh).axis_names if a != INNER)
 
 
-def worker_axis(mesh: Mesh) -> str | tuple[str, ...]:
-  """The worker axis name(s) of ``mesh``: ``"workers"`` or ``("nodes","local")``.
-
-  The ``"inner"`` axis of a multi-device worker is never part of it.
-  """
+def _device_axis(mesh: AnyMesh) -> str | tuple[str, ...]:
   names = _worker_names(mesh)
   return names[0] if len(names) == 1 else names
 
 
-def worker_spec(mesh: Mesh) -> P:
+def worker_axis(mesh: AnyMesh) -> collectives.AxisName:
+  """The worker axis of ``mesh``, as the collectives take it.
+
+  ``"workers"`` or ``("nodes", "local")`` (the ``"inner"`` axis of a
+  multi-device worker is never part of it), or a
+  :class:`~decentral_jax.collectives.VirtualAxes` for a
+  :class:`VirtualMesh`.
+  """
+  if isinstance(mesh, VirtualMesh):
+    return collectives.VirtualAxes(WORKERS, mesh.workers_per_device, VIRTUAL)
+  return _device_axis(mesh)
+
+
+def worker_spec(mesh: AnyMesh) -> P:
   """``PartitionSpec`` sharding a leading worker axis over the worker axes."""
-  return P(worker_axis(mesh))
+  return P(_device_axis(mesh))
 
 
-def worker_sharding(mesh: Mesh) -> NamedSharding:
+def worker_sharding(mesh: AnyMesh) -> NamedSharding:
   """``NamedSharding`` for arrays with a leading worker axis.
 
-  Replicated over a worker's devices when they are more than one.
+  Replicated over a worker's devices when they are more than one; ``K``
+  consecutive rows per device on a :class:`VirtualMesh`.
   """
-  return NamedSharding(mesh, worker_spec(mesh))
+  return NamedSharding(device_mesh(mesh), worker_spec(mesh))
 
 
-def n_workers_of(mesh: Mesh) -> int:
-  """Number of workers of ``mesh`` (devices / devices per worker)."""
-  return int(np.prod([mesh.shape[a] for a in _worker_names(mesh)]))
+def n_workers_of(mesh: AnyMesh) -> int:
+  """Number of workers of ``mesh`` (devices x workers per device / devices
+  per worker)."""
+  m = device_mesh(mesh)
+  return int(np.prod([m.shape[a] for a in _worker_names(mesh)])
+             ) * workers_per_device(mesh)
 
 
-def devices_per_worker(mesh: Mesh) -> int:
+def devices_per_worker(mesh: AnyMesh) -> int:
   """Devices of one worker: the size of the ``"inner"`` axis, else 1."""
-  return int(mesh.shape.get(INNER, 1))
+  return int(device_mesh(mesh).shape.get(INNER, 1))
 
 
-def _full_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+def _full_sharding(mesh: AnyMesh, ndim: int) -> NamedSharding:
   """Worker sharding with the spec padded to ``ndim`` (as shard_map outputs).
 
   Equal specs keep jitted steps from compiling twice when their outputs are
   fed back as inputs.
   """
-  return NamedSharding(mesh, P(worker_axis(mesh), *([None] * (ndim - 1))))
+  return NamedSharding(device_mesh(mesh),
+                       P(_device_axis(mesh), *([None] * (ndim - 1))))
 
 
-def shard(tree: PyTree, mesh: Mesh) -> PyTree:
+def shard(tree: PyTree, mesh: AnyMesh) -> PyTree:
   """Places stacked ``[n, ...]`` arrays with the worker sharding."""
   return jax.tree.map(
       lambda x: jax.device_put(x, _full_sharding(mesh, max(jnp.ndim(x), 1))),
       tree)
 
 
-def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
+def replicate(tree: PyTree, mesh: AnyMesh) -> PyTree:
   """Stacks ``n`` copies of ``tree`` along a new leading worker axis, sharded.
 
   Every worker starts from the same values (as after ``decent-dp``'s initial
@@ -192,7 +290,7 @@ def unstack(tree: PyTree, worker: int) -> PyTree:
   return jax.tree.map(lambda x: np.asarray(jax.device_get(x))[worker], tree)
 
 
-def per_worker(fn: Callable, mesh: Mesh, *,
+def per_worker(fn: Callable, mesh: AnyMesh, *,
                replicated_argnums: Sequence[int] = (),
                gathered_outputs: Sequence[int] = ()) -> Callable:
   """Wraps a one-worker function to act on stacked per-worker arguments.
@@ -221,6 +319,16 @@ def per_worker(fn: Callable, mesh: Mesh, *,
       ``fn`` must then return a tuple of ``max(gathered_outputs) + 1``
       outputs.
 
+  On a :class:`VirtualMesh` (``K`` workers per device) ``fn`` runs under
+  ``jax.vmap`` over each device's ``K`` workers, its ``axis_name`` a
+  :class:`~decentral_jax.collectives.VirtualAxes` (``worker_axis(mesh)``):
+  collectives must go through :mod:`decentral_jax.collectives` (gossip,
+  the optimizers and the step do). Integer and bool per-worker scalars
+  (step and round counters) are taken from the device's first worker and
+  passed unbatched, so that conditionals and round switches on them stay
+  conditionals (under ``vmap`` a batched predicate would run every
+  branch, communication included); they must be equal on all workers.
+
   Long loops on simulated CPU devices: when many jitted steps with
   collectives are dispatched and none is waited for, XLA's CPU runtime can
   miss a collective's rendezvous and abort the process after 40 s
@@ -242,49 +350,84 @@ def per_worker(fn: Callable, mesh: Mesh, *,
   replicated = set(replicated_argnums)
   gathered = set(gathered_outputs)
   n = n_workers_of(mesh)
+  k = workers_per_device(mesh)
 
   def stack(x):
     return jnp.asarray(x)[None]
 
   def gather(x):  # [n, ...], equal on every device
-    x = gossip.match_varying(jnp.asarray(x), lax.axis_index(axis))
-    return lax.all_gather(x, axis, to="invarying")
+    return collectives.all_gather(x, axis)
 
-  def body(*args):
-    args = [a if k in replicated else jax.tree.map(lambda x: x[0], a)
-            for k, a in enumerate(args)]
-    out = fn(*args)
-    if not gathered:
-      return jax.tree.map(stack, out)
+  def check_out(out):
     if not isinstance(out, tuple) or len(out) != max(gathered) + 1:
       raise ValueError(
           f"per_worker: gathered_outputs={sorted(gathered)} needs fn to "
           f"return a tuple of {max(gathered) + 1} outputs.")
-    return tuple(jax.tree.map(gather if k in gathered else stack, o)
-                 for k, o in enumerate(out))
+
+  def body(*args):
+    args = [a if k_ in replicated else jax.tree.map(lambda x: x[0], a)
+            for k_, a in enumerate(args)]
+    out = fn(*args)
+    if not gathered:
+      return jax.tree.map(stack, out)
+    check_out(out)
+    return tuple(jax.tree.map(gather if j in gathered else stack, o)
+                 for j, o in enumerate(out))
+
+  def shared(x):  # a counter: one value for the device's workers
+    return (jnp.ndim(x) == 1 and (jnp.issubdtype(x.dtype, jnp.integer)
+                                  or x.dtype == jnp.bool_))
+
+  def body_virtual(*args):
+    in_axes, vargs = [], []
+    for j, a in enumerate(args):
+      if j in replicated:
+        in_axes.append(None)
+        vargs.append(a)
+        continue
+      in_axes.append(jax.tree.map(lambda x: None if shared(x) else 0, a))
+      vargs.append(jax.tree.map(lambda x: x[0] if shared(x) else x, a))
+
+    def one(slot, *a):
+      with collectives.virtual_slot(slot):
+        out = fn(*a)
+      if not gathered:
+        return out
+      check_out(out)
+      return tuple(jax.tree.map(gather, o) if j in gathered else o
+                   for j, o in enumerate(out))
+
+    out_axes = 0
+    if gathered:
+      out_axes = tuple(None if j in gathered else 0
+                       for j in range(max(gathered) + 1))
+    slots = jnp.arange(k, dtype=jnp.int32)
+    return jax.vmap(one, in_axes=(0,) + tuple(in_axes), out_axes=out_axes,
+                    axis_name=VIRTUAL, axis_size=k)(slots, *vargs)
 
   def wrapped(*args):
-    for k, a in enumerate(args):
-      if k in replicated:
+    for k_, a in enumerate(args):
+      if k_ in replicated:
         continue
       for path, x in jax.tree_util.tree_leaves_with_path(a):
         shape = jnp.shape(x)
         if not shape or shape[0] != n:
           raise ValueError(
-              f"per_worker: argument {k} leaf {jax.tree_util.keystr(path)!r} "
+              f"per_worker: argument {k_} leaf {jax.tree_util.keystr(path)!r} "
               f"has shape {tuple(shape)}; stacked per-worker arguments need "
               f"a leading worker axis of size {n} (use parallel.replicate or "
               "parallel.shard), or list the argument in replicated_argnums.")
-    in_specs = tuple(P() if k in replicated else spec
-                     for k in range(len(args)))
+    in_specs = tuple(P() if k_ in replicated else spec
+                     for k_ in range(len(args)))
     out_specs = spec
     if gathered:
-      out_specs = tuple(P() if k in gathered else spec
-                        for k in range(max(gathered) + 1))
+      out_specs = tuple(P() if j in gathered else spec
+                        for j in range(max(gathered) + 1))
     extra = {}
-    if INNER in mesh.axis_names:  # manual over the workers only
+    if INNER in device_mesh(mesh).axis_names:  # manual over the workers only
       extra["axis_names"] = set(_worker_names(mesh))
-    return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+    return jax.shard_map(body_virtual if k > 1 else body,
+                         mesh=device_mesh(mesh), in_specs=in_specs,
                          out_specs=out_specs, **extra)(*args)
 
   return wrapped

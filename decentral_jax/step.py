@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from decentral_jax import collectives
 from decentral_jax import gossip
 
 PyTree = Any
@@ -109,7 +110,7 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   if dropout:
     key = jax.random.wrap_key_data(state.rng)
     key = jax.random.fold_in(jax.random.fold_in(key, state.step),
-                             lax.axis_index(axis_name))
+                             collectives.index(axis_name))
   def model(params, opt_state):
     return params if model_params is None else model_params(params, opt_state)
 

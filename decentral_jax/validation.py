@@ -144,6 +144,7 @@ _RULES = {
     "n_workers": _integer(1),
     "workers_per_node": _integer(1),
     "devices_per_worker": _integer(1),
+    "workers_per_device": _integer(1),
     "worker_layout": _one_of(WORKER_LAYOUTS),
     "comm_dtype": _one_of(builders.COMM_DTYPES),
     "bucket_bytes": _integer(0, note=" (0 = one collective per leaf)"),
@@ -268,6 +269,17 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"worker (config.n_workers={n}), which a worker of config."
         f"devices_per_worker={dpw} devices cannot split evenly; use a "
         f"global_batch divisible by {n * dpw}.")
+  k = int(c.workers_per_device)
+  if k > 1 and dpw > 1:
+    raise ValueError(
+        f"config.workers_per_device={k} and config.devices_per_worker={dpw}:"
+        " a worker either spans several devices or shares one with others; "
+        "set one of them to 1.")
+  if n % k:
+    raise ValueError(
+        f"config.workers_per_device={k} does not divide config.n_workers="
+        f"{n} (each device holds the same number of workers); use one of "
+        f"{_divisors(n)}.")
   o, s = c.optimizer, c.schedule
   if o.name == "adamw" and o.accum_steps != 1:
     raise ValueError(

@@ -165,7 +165,7 @@ def test_axis_size_mismatch_is_a_clear_error():
   topo = topology.make("one_peer_exp", 4)
   mesh = parallel.make_mesh(8)
   fn = jax.jit(parallel.per_worker(lambda t: gossip.mix(t, topo, 0, "workers"), mesh))
-  with pytest.raises(ValueError, match=r"n_workers=4 but the mesh axis 'workers' has 8"):
+  with pytest.raises(ValueError, match=r"n_workers=4 but the worker axis 'workers' has 8 workers"):
     fn(parallel.shard(_data(8), mesh))
 
 
@@ -201,7 +201,7 @@ def test_one_worker_topology_on_a_larger_mesh_is_an_error():
   mesh = parallel.make_mesh(8)
   fn = jax.jit(parallel.per_worker(
       lambda t: gossip.mix(t, topology.make("ring", 1), 0, "workers"), mesh))
-  with pytest.raises(ValueError, match=r"n_workers=1 but the mesh axis"):
+  with pytest.raises(ValueError, match=r"n_workers=1 but the worker axis"):
     fn(parallel.shard(_data(8), mesh))
 
 
