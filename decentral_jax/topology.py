@@ -3,10 +3,15 @@
 A topology is a periodic list of *rounds*; round ``t % period`` is used at
 step ``t``. Each round is one ``n x n`` mixing matrix ``W_t`` (row ``i`` holds
 the weights worker ``i`` gives to what it receives; rows = receiving worker)
-that is non-negative and doubly stochastic. The same object carries both the
-maths (``mixing_matrix``, ``spectral_gap``) and the plan that realises the
-round on devices with ``jax.lax.ppermute`` / ``jax.lax.pmean``
-(:mod:`decentral_jax.gossip` consumes it).
+that is non-negative and doubly stochastic. A round is stored as the plan
+that realises it on devices with ``jax.lax.ppermute`` / ``jax.lax.pmean``
+(:mod:`decentral_jax.gossip` consumes it): self weights [n] plus
+:class:`PermuteTerm` s, or a :class:`Partition` into group means
+(:mod:`decentral_jax.topology_plans`). Built-in topologies are constructed
+in that form with vectorised NumPy (O(n log n) work and O(n * period)
+memory, no [n, n] array); the dense matrix is formed only when asked
+(``mixing_matrix``, ``Round.matrix``), and ``spectral_gap`` /
+``has_finite_time_consensus`` apply the rounds as sparse operators.
 
 Built-in topologies (``make(name, n_workers, local_size)``):
 
@@ -43,235 +48,23 @@ References:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Callable, Sequence
 
 import numpy as np
 
-_TOL = 1e-9
+from decentral_jax import topology_plans as plans
+from decentral_jax.topology_plans import Partition
+from decentral_jax.topology_plans import PermuteTerm
+from decentral_jax.topology_plans import Round
+from decentral_jax.topology_plans import check_column_sums
 
+__all__ = ["NAMES", "Partition", "PermuteTerm", "Round", "Topology",
+           "alternating_exp_ring", "canonical_name", "check_column_sums",
+           "complete", "exponential", "from_matrices", "from_permutations",
+           "make", "one_peer_exp", "ring", "static_ring", "torus"]
 
-@dataclasses.dataclass(frozen=True)
-class PermuteTerm:
-  """One ``jax.lax.ppermute`` of a round, with per-receiver weights.
-
-  Attributes:
-    perm: ``(source, destination)`` pairs, exactly as ``lax.ppermute`` takes
-      them; sources are distinct and destinations are distinct.
-    weights: length-``n`` tuple of floats; ``weights[i]`` multiplies what
-      worker ``i`` receives through this term (0 where ``i`` receives nothing).
-  """
-
-  perm: tuple[tuple[int, int], ...]
-  weights: tuple[float, ...]
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Round:
-  """One mixing round: its matrix and how it is realised with collectives.
-
-  Attributes:
-    matrix: ``np.ndarray`` [n, n] float64, doubly stochastic (only column
-      stochastic in push-sum topologies), rows = receiver.
-    self_weights: ``np.ndarray`` [n] float64, the diagonal of ``matrix``.
-    terms: ppermute terms; ``matrix = diag(self_weights) + sum_s diag(w_s)
-      P_s`` where ``P_s`` is the (partial) permutation of term ``s``.
-    groups: the partition of workers if the round is a set of group means
-      (``W_ij = 1/|G|`` for ``i, j`` in the same group ``G``), else ``None``.
-  """
-
-  matrix: np.ndarray
-  self_weights: np.ndarray
-  terms: tuple[PermuteTerm, ...]
-  groups: tuple[tuple[int, ...], ...] | None
-
-  @property
-  def n_workers(self) -> int:
-    return self.matrix.shape[0]
-
-  @property
-  def is_identity(self) -> bool:
-    """True if the round communicates nothing."""
-    return not self.terms
-
-  @property
-  def is_global_mean(self) -> bool:
-    """True if the round is the exact average of all workers (``W = J``)."""
-    return self.groups is not None and len(self.groups) == 1 and self.n_workers > 1
-
-  def node_partners(self, local_size: int) -> tuple[int, ...] | None:
-    """Node-level plan for a 2-D ``(nodes, local)`` mesh, if one exists.
-
-    Returns a tuple with one entry per node: ``-1`` if the round is the mean
-    within that node, or the index of the partner node if it is the mean over
-    the two nodes. ``None`` if the round is not of that form (then it is
-    realised with flat ppermutes).
-    """
-    if self.groups is None or local_size < 1 or self.n_workers % local_size:
-      return None
-    n_nodes = self.n_workers // local_size
-    partners = [-2] * n_nodes
-    for g in self.groups:
-      nodes = sorted({w // local_size for w in g})
-      if len(g) != len(nodes) * local_size or len(nodes) > 2:
-        return None
-      if len(nodes) == 1:
-        partners[nodes[0]] = -1
-      else:
-        partners[nodes[0]], partners[nodes[1]] = nodes[1], nodes[0]
-    return tuple(partners)
-
-
-def _partition_of(w: np.ndarray) -> tuple[tuple[int, ...], ...] | None:
-  """Return the groups if ``w`` is a block of uniform group means."""
-  n = w.shape[0]
-  seen = [False] * n
-  groups = []
-  for i in range(n):
-    if seen[i]:
-      continue
-    g = tuple(int(j) for j in np.flatnonzero(w[i] > 0))
-    if i not in g:
-      return None
-    for j in g:
-      if seen[j] or not np.allclose(w[j], _indicator(n, g) / len(g),
-                                    atol=1e-15, rtol=0):
-        return None
-    for j in g:
-      seen[j] = True
-    groups.append(g)
-  return tuple(groups)
-
-
-def _indicator(n: int, g: Sequence[int]) -> np.ndarray:
-  v = np.zeros(n)
-  v[list(g)] = 1.0
-  return v
-
-
-def _group_terms(groups, n) -> tuple[PermuteTerm, ...]:
-  """``max|G| - 1`` ppermutes: in term s, member a receives from a+s (mod |G|)."""
-  terms = []
-  for s in range(1, max(len(g) for g in groups)):
-    perm, weights = [], [0.0] * n
-    for g in groups:
-      m = len(g)
-      if m <= s:
-        continue
-      for a, dst in enumerate(g):
-        perm.append((g[(a + s) % m], dst))
-        weights[dst] = 1.0 / m
-    terms.append(PermuteTerm(tuple(sorted(perm)), tuple(weights)))
-  return tuple(terms)
-
-
-def _general_terms(w: np.ndarray) -> tuple[PermuteTerm, ...]:
-  """Cover the off-diagonal support of ``w`` with few partial permutations.
-
-  Edges are grouped by cyclic offset ``(src - dst) mod n`` (each class is a
-  partial permutation), then classes whose sources and destinations are
-  disjoint are merged greedily (largest first).
-  """
-  n = w.shape[0]
-  classes = {}
-  for dst in range(n):
-    for src in range(n):
-      if src != dst and w[dst, src] > 0:
-        classes.setdefault((src - dst) % n, []).append((src, dst))
-  merged: list[list[tuple[int, int]]] = []
-  for _, edges in sorted(classes.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-    for bucket in merged:
-      srcs = {s for s, _ in bucket}
-      dsts = {d for _, d in bucket}
-      if not any(s in srcs or d in dsts for s, d in edges):
-        bucket.extend(edges)
-        break
-    else:
-      merged.append(list(edges))
-  terms = []
-  for bucket in merged:
-    weights = [0.0] * n
-    for s, d in bucket:
-      weights[d] = float(w[d, s])
-    terms.append(PermuteTerm(tuple(sorted(bucket)), tuple(weights)))
-  return tuple(terms)
-
-
-def check_column_sums(w: np.ndarray, where: str) -> None:
-  """Raises ``ValueError`` unless every column of ``w`` sums to 1.
-
-  Column ``j`` holds what worker ``j`` keeps and sends; a column-stochastic
-  matrix moves all of every worker's mass (push-sum, Assran et al. 2019).
-
-  Args:
-    w: float64 [n, n] mixing matrix.
-    where: what ``w`` is, for the message (e.g. ``"mixing matrix 2"``).
-  """
-  k, total = _first_bad_sum(w, axis=0)
-  if k is not None:
-    raise ValueError(
-        f"{where} is not column stochastic: column {k} sums to "
-        f"{total:.6g}, expected 1 (column j holds what worker j keeps and "
-        "sends; together it must be all of its mass).")
-
-
-def _first_bad_sum(w, axis: int) -> tuple[int | None, float]:
-  """The first row (axis 1) or column (axis 0) not summing to 1, and its sum."""
-  sums = np.asarray(w, np.float64).sum(axis=axis)
-  bad = np.flatnonzero(np.abs(sums - 1.0) > _TOL)
-  return (int(bad[0]), float(sums[bad[0]])) if bad.size else (None, 1.0)
-
-
-def _validate_matrix(w, index: int, n: int | None,
-                     column_stochastic: bool = False) -> np.ndarray:
-  where = f"mixing matrix {index}"
-  try:
-    w = np.array(w, dtype=np.float64)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"{where} is not a numeric array: {e}") from None
-  if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1:
-    raise ValueError(f"{where} must be a square [n, n] array, got shape "
-                     f"{w.shape}.")
-  if n is not None and w.shape[0] != n:
-    raise ValueError(f"{where} has shape {w.shape} but the first matrix is "
-                     f"{n} x {n}; all rounds need the same number of workers.")
-  if not np.all(np.isfinite(w)):
-    raise ValueError(f"{where} has non-finite entries.")
-  if np.any(w < 0):
-    i, j = np.argwhere(w < 0)[0]
-    raise ValueError(f"{where} has a negative entry W[{i}, {j}] = {float(w[i, j]):.6g}; "
-                     "mixing weights must be >= 0.")
-  if column_stochastic:
-    check_column_sums(w, where)
-    return w
-  for axis, label in ((1, "row"), (0, "column")):
-    k, total = _first_bad_sum(w, axis)
-    if k is not None:
-      raise ValueError(
-          f"{where} is not doubly stochastic: {label} {k} sums to "
-          f"{total:.6g}, expected 1 (every row and column of W must sum to "
-          "1).")
-  return w
-
-
-def _round_from_matrix(w: np.ndarray) -> Round:
-  w = w.copy()
-  w.setflags(write=False)
-  groups = _partition_of(w)
-  if groups is not None and all(len(g) == 1 for g in groups):
-    terms = ()
-  elif groups is not None:
-    terms = _group_terms(groups, w.shape[0])
-  else:
-    terms = _general_terms(w)
-  self_w = np.diag(w).copy()
-  self_w.setflags(write=False)
-  return Round(matrix=w, self_weights=self_w, terms=terms, groups=groups)
-
-
-def _rounds_equal(a: Round, b: Round) -> bool:
-  return np.array_equal(a.matrix, b.matrix)
+_TOL = plans.TOL
 
 
 class Topology:
@@ -289,6 +82,9 @@ class Topology:
     rounds: tuple of :class:`Round`, length ``period``.
     doubly_stochastic: True if every round's rows sum to 1 too (all but
       ``from_matrices(..., column_stochastic=True)`` topologies).
+    distinct_rounds: the rounds with distinct matrices, in order of first
+      use; ``round_to_distinct[t]`` is the index of round ``t`` among them
+      (the gossip module compiles one branch per distinct round).
   """
 
   def __init__(self, name: str, rounds: Sequence[Round], local_size: int = 1):
@@ -299,15 +95,13 @@ class Topology:
     self.n_workers = self.rounds[0].n_workers
     self.local_size = int(local_size)
     self.doubly_stochastic = all(
-        np.all(np.abs(r.matrix.sum(axis=1) - 1.0) <= _TOL) and
-        np.all(np.abs(r.matrix.sum(axis=0) - 1.0) <= _TOL) for r in self.rounds)
-    # Distinct rounds, and the map round index -> distinct index; the gossip
-    # module compiles one branch per distinct round.
+        np.all(np.abs(r.row_sums() - 1.0) <= _TOL) and
+        np.all(np.abs(r.column_sums() - 1.0) <= _TOL) for r in self.rounds)
     distinct: list[Round] = []
     index = []
     for r in self.rounds:
       for k, d in enumerate(distinct):
-        if _rounds_equal(r, d):
+        if r.same_matrix(d):
           index.append(k)
           break
       else:
@@ -315,6 +109,7 @@ class Topology:
         distinct.append(r)
     self.distinct_rounds = tuple(distinct)
     self.round_to_distinct = tuple(index)
+    self._gap_formula: Callable[[], float] | None = None
 
   def __repr__(self) -> str:
     return (f"Topology(name={self.name!r}, n_workers={self.n_workers}, "
@@ -339,42 +134,70 @@ class Topology:
     return np.array(self.round(step).matrix)
 
   def period_product(self) -> np.ndarray:
-    """``W_{p-1} ... W_1 W_0`` (float64 [n, n]), the map of one full period."""
-    prod = np.eye(self.n_workers)
-    for r in self.rounds:
-      prod = r.matrix @ prod
-    return prod
+    """``W_{p-1} ... W_1 W_0`` (float64 [n, n]), the map of one full period.
 
-  def spectral_gap(self) -> float:
+    Formed by applying the sparse rounds to the identity (O(n^2) memory).
+    """
+    return plans.apply_period(self.rounds, np.eye(self.n_workers))
+
+  def spectral_gap(self, method: str = "auto") -> float:
     """``1 - ||P - J||_2`` where ``P`` is the period product, ``J = 11^T/n``.
 
     For a static symmetric ``W`` this is the usual ``1 - max(|lambda_2|,
     |lambda_n|)``. 1.0 means exact averaging after one period; 0.0 means no
-    contraction of the disagreement (e.g. a disconnected schedule).
-    """
-    n = self.n_workers
-    if n == 1:
-      return 1.0
-    dev = self.period_product() - np.full((n, n), 1.0 / n)
-    return float(max(0.0, 1.0 - np.linalg.norm(dev, 2)))
+    contraction of the disagreement (e.g. a disconnected schedule). Results
+    below 0 are clipped to 0; ``n = 1`` gives 1.0.
 
-  def has_finite_time_consensus(self, atol: float = 1e-12) -> bool:
-    """True if one period maps any input exactly to its average (``P = J``)."""
-    n = self.n_workers
-    return bool(np.allclose(self.period_product(), np.full((n, n), 1.0 / n),
-                            rtol=0, atol=atol))
+    Args:
+      method: ``"auto"`` (default): the closed form of a built-in topology
+        from :func:`make` (listed there), else ``"dense"`` for ``n <= 512``,
+        else ``"sparse"``. ``"closed_form"``: only that. ``"dense"``: LAPACK
+        SVD of the [n, n] product (O(n^3)). ``"sparse"``: ARPACK Lanczos on
+        ``(P - J)^T (P - J)`` applied as an operator, no [n, n] array
+        (:func:`decentral_jax.topology_plans.deviation_norm`).
+
+    Raises:
+      ValueError: unknown method, or ``"closed_form"`` for a topology that
+        has none (custom schedules).
+      RuntimeError: ARPACK did not converge.
+    """
+    if method not in ("auto", "closed_form", "dense", "sparse"):
+      raise ValueError(f"method must be 'auto', 'closed_form', 'dense' or "
+                       f"'sparse', got {method!r}.")
+    if self.n_workers == 1:
+      return 1.0
+    if method in ("auto", "closed_form") and self._gap_formula is not None:
+      return float(min(1.0, max(0.0, self._gap_formula())))
+    if method == "closed_form":
+      raise ValueError(f"topology {self.name!r} has no closed-form spectral "
+                       "gap; use method='auto', 'dense' or 'sparse'.")
+    norm = plans.deviation_norm(self.rounds, "auto" if method == "auto" else method)
+    return float(max(0.0, 1.0 - norm))
+
+  def has_finite_time_consensus(self, atol: float = 1e-12,
+                                method: str = "auto") -> bool:
+    """True if one period maps any input exactly to its average (``P = J``).
+
+    Args:
+      atol: absolute tolerance.
+      method: ``"dense"``: ``max_ij |P_ij - 1/n| <= atol`` on the [n, n]
+        product. ``"random"``: ``max_i |(P x)_i - mean(x)| <= atol`` for 4
+        fixed standard normal vectors ``x`` (no [n, n] array; see
+        :func:`decentral_jax.topology_plans.maps_to_mean` for when it can
+        differ). ``"auto"`` (default): dense for ``n <= 512``, else random.
+
+    Raises:
+      ValueError: unknown method.
+    """
+    return plans.maps_to_mean(self.rounds, atol, method)
 
   def is_symmetric(self) -> bool:
     """True if every round's matrix is symmetric."""
-    return all(np.array_equal(r.matrix, r.matrix.T) for r in self.rounds)
+    return all(r.is_symmetric() for r in self.rounds)
 
   def max_messages_per_step(self) -> int:
     """Largest number of ppermute messages any worker sends in one round."""
-    best = 0
-    for r in self.rounds:
-      for i in range(self.n_workers):
-        best = max(best, sum(1 for t in r.terms for s, _ in t.perm if s == i))
-    return best
+    return max(int(r.messages_sent().max(initial=0)) for r in self.rounds)
 
 
 # --------------------------------------------------------------------------
@@ -391,7 +214,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
   row and column summing to 1 within 1e-9) and decomposed into ppermute
   terms with per-receiver weights covering its support. Rounds that are
   group means are realised with ``max|G|-1`` ppermutes (or one ``pmean``
-  when ``W = J``).
+  when ``W = J``). The matrices are kept (dense) as given.
 
   Args:
     matrices: sequence of ``p`` arrays [n, n]; round ``t % p`` is used at step
@@ -415,9 +238,9 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
   n = None
   rounds = []
   for k, w in enumerate(matrices):
-    w = _validate_matrix(w, k, n, column_stochastic)
+    w = plans.validate_matrix(w, k, n, column_stochastic)
     n = w.shape[0]
-    rounds.append(_round_from_matrix(w))
+    rounds.append(Round(matrix=w))
   _check_local_size(n, local_size)
   return Topology(name, rounds, local_size)
 
@@ -432,7 +255,7 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
       from (the identity permutation is the self term) and ``weight`` a float.
 
   Returns:
-    A :class:`Topology`.
+    A :class:`Topology` (through :func:`from_matrices`).
 
   Raises:
     ValueError: a ``perm`` that is not a bijection of ``0..n-1`` (the message
@@ -457,8 +280,7 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
             f"round {r}, term {s}: {perm} is not a bijection of 0..{n - 1} "
             f"(repeated: {repeated}, missing or out of range: {missing}); "
             "perm[i] must be the single worker that i receives from.")
-      for i, j in enumerate(perm):
-        w[i, j] += float(weight)
+      w[np.arange(n), perm] += float(weight)
     mats.append(w)
   return from_matrices(mats, name=name)
 
@@ -480,18 +302,27 @@ def _log2_exact(n: int) -> int | None:
   return None
 
 
-def _group_matrix(n: int, groups: Sequence[Sequence[int]]) -> np.ndarray:
-  w = np.zeros((n, n))
-  for g in groups:
-    for i in g:
-      w[i, list(g)] = 1.0 / len(g)
-  return w
+def _built(name: str, rounds: Sequence[Round], local_size: int,
+           gap: Callable[[], float]) -> Topology:
+  _check_local_size(rounds[0].n_workers, local_size)
+  topo = Topology(name, rounds, local_size)
+  topo._gap_formula = gap
+  return topo
+
+
+def _group_rounds(labels: Sequence[np.ndarray]) -> list[Round]:
+  """One group-mean round per label array (workers with equal labels)."""
+  return [Round(groups=Partition.from_labels(l)) for l in labels]
+
+
+def _exact_average() -> float:
+  return 1.0
 
 
 def complete(n_workers: int, local_size: int = 1) -> Topology:
   """Complete graph: one round, ``W = 11^T / n`` (realised by ``pmean``)."""
-  return from_matrices([np.full((n_workers, n_workers), 1.0 / n_workers)],
-                       name="complete", local_size=local_size)
+  return _built("complete", _group_rounds([np.zeros(n_workers, np.int64)]),
+                local_size, _exact_average)
 
 
 def ring(n_workers: int, local_size: int = 1) -> Topology:
@@ -500,10 +331,10 @@ def ring(n_workers: int, local_size: int = 1) -> Topology:
   if n % 2:
     raise ValueError(f"topology 'ring' needs an even number of workers, got "
                      f"n_workers={n}; use an even n or 'static_ring'.")
-  r0 = [(2 * j, 2 * j + 1) for j in range(n // 2)]
-  r1 = [tuple(sorted((2 * j, (2 * j - 1) % n))) for j in range(n // 2)]
-  return from_matrices([_group_matrix(n, r0), _group_matrix(n, r1)],
-                       name="ring", local_size=local_size)
+  i = np.arange(n)
+  m = n // 2
+  gap = lambda: 1.0 if m == 1 else 1.0 - math.cos(math.pi / m)
+  return _built("ring", _group_rounds([i // 2, (i + 1) // 2 % m]), local_size, gap)
 
 
 def one_peer_exp(n_workers: int, local_size: int = 1) -> Topology:
@@ -516,9 +347,9 @@ def one_peer_exp(n_workers: int, local_size: int = 1) -> Topology:
         f"topology 'one_peer_exp' needs n_workers to be a power of two, got "
         f"{n}; the nearest valid values are {lo} and {lo * 2} (or use "
         "'exponential', which accepts any n).")
-  mats = [_group_matrix(n, [(j, j ^ (1 << r)) for j in range(n) if j < j ^ (1 << r)])
-          for r in range(big_r)]
-  return from_matrices(mats, name="one_peer_exp", local_size=local_size)
+  i = np.arange(n)
+  return _built("one_peer_exp", _group_rounds([i & ~(1 << r) for r in range(big_r)]),
+                local_size, _exact_average)
 
 
 def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
@@ -539,34 +370,38 @@ def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
     raise ValueError(
         f"topology 'alternating_exp_ring' needs n_workers / local_size to be a "
         f"power of two (number of nodes), got {n} / {big_l} = {n_nodes}.")
-  node = lambda v: tuple(range(v * big_l, (v + 1) * big_l))
+  node_of = np.arange(n) // big_l
   if big_r == 0:
-    return from_matrices([_group_matrix(n, [node(0)])],
-                         name="alternating_exp_ring", local_size=big_l)
-  groups = [[] for _ in range(2 * big_r)]
-  c = 0
+    return _built("alternating_exp_ring", _group_rounds([node_of * 0]), big_l,
+                  _exact_average)
+  nodes = np.arange(n_nodes)
+  labels = []
   for i in range(big_r):
-    for v in range(n_nodes):
-      mu = v ^ (1 << i)
-      if mu < v:
-        continue
-      sep, joint = (2 * i, 2 * i + 1) if c % 2 == 0 else (2 * i + 1, 2 * i)
-      groups[sep] += [node(v), node(mu)]
-      groups[joint].append(node(v) + node(mu))
-      c += 1
-  mats = [_group_matrix(n, g) for g in groups]
-  return from_matrices(mats, name="alternating_exp_ring", local_size=big_l)
+    v = nodes[(nodes >> i) & 1 == 0]  # pairs {v, v + 2^i}, increasing v
+    odd = (i * (n_nodes // 2) + np.arange(v.size)) % 2 == 1  # counter c odd
+    for joint in (odd, ~odd):  # round 2i joins the odd pairs, 2i+1 the even
+      lead = nodes.copy()
+      lead[v[joint] + (1 << i)] = v[joint]
+      labels.append(lead[node_of])
+  return _built("alternating_exp_ring", _group_rounds(labels), big_l,
+                _exact_average)
 
 
 def exponential(n_workers: int, local_size: int = 1) -> Topology:
   """Static exponential graph: ``i`` sends to ``i + 2^k mod n``, weights 1/(tau+1)."""
   n = n_workers
   tau = (n - 1).bit_length()  # ceil(log2 n) for n >= 1, integer arithmetic.
-  w = np.eye(n) / (tau + 1)
-  for k in range(tau):
-    for i in range(n):
-      w[(i + (1 << k)) % n, i] += 1.0 / (tau + 1)
-  return from_matrices([w], name="exponential", local_size=local_size)
+  i = np.arange(n)
+  rows = np.concatenate([i] + [(i + (1 << k)) % n for k in range(tau)])
+  rnd = Round.from_entries(n, rows, np.tile(i, tau + 1),
+                           np.full(rows.size, 1.0 / (tau + 1)))
+
+  def gap():  # circulant, hence normal: ||W - J|| = max_{j != 0} |lambda_j|
+    j = np.arange(1, n)[:, None]
+    lam = 1 + np.exp(2j * np.pi * j * (1 << np.arange(tau)) / n).sum(axis=1)
+    return 1.0 - float(np.abs(lam).max(initial=0.0)) / (tau + 1)
+
+  return _built("exponential", [rnd], local_size, gap)
 
 
 def _infer_torus_shape(n: int) -> tuple[int, int]:
@@ -589,23 +424,34 @@ def torus(n_workers: int, local_size: int = 1,
   if rows < 1 or cols < 1 or rows * cols != n:
     raise ValueError(f"torus shape {tuple(shape)} does not multiply to "
                      f"n_workers={n}; give (rows, cols) with rows*cols == {n}.")
-  w = np.zeros((n, n))
-  for r in range(rows):
-    for c in range(cols):
-      i = r * cols + c
-      for dr, dc in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)):
-        w[i, ((r + dr) % rows) * cols + (c + dc) % cols] += 0.2
-  return from_matrices([w], name="torus", local_size=local_size)
+  r, c = np.divmod(np.arange(n), cols)
+  moves = ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1))
+  src = [((r + dr) % rows) * cols + (c + dc) % cols for dr, dc in moves]
+  rnd = Round.from_entries(n, np.tile(np.arange(n), 5), np.concatenate(src),
+                           np.full(5 * n, 0.2))
+
+  def gap():  # W = (I + A_rows (+) A_cols) / 5 with ring adjacencies A
+    ca = 2 * np.cos(2 * np.pi * np.arange(rows) / rows)[:, None]
+    cb = 2 * np.cos(2 * np.pi * np.arange(cols) / cols)[None, :]
+    lam = np.abs(1 + ca + cb).ravel()[1:] / 5
+    return 1.0 - float(lam.max(initial=0.0))
+
+  return _built("torus", [rnd], local_size, gap)
 
 
 def static_ring(n_workers: int, local_size: int = 1) -> Topology:
   """Static ring: each worker averages itself and both neighbours, 1/3 each."""
   n = n_workers
-  w = np.zeros((n, n))
-  for i in range(n):
-    for d in (-1, 0, 1):
-      w[i, (i + d) % n] += 1.0 / 3.0
-  return from_matrices([w], name="static_ring", local_size=local_size)
+  i = np.arange(n)
+  rnd = Round.from_entries(n, np.tile(i, 3),
+                           np.concatenate([(i + d) % n for d in (-1, 0, 1)]),
+                           np.full(3 * n, 1.0 / 3.0))
+
+  def gap():  # symmetric circulant: lambda_k = (1 + 2 cos(2 pi k / n)) / 3
+    lam = np.abs(1 + 2 * np.cos(2 * np.pi * np.arange(1, n) / n)) / 3
+    return 1.0 - float(lam.max(initial=0.0))
+
+  return _built("static_ring", [rnd], local_size, gap)
 
 
 _REGISTRY: dict[str, Callable[..., Topology]] = {
@@ -642,6 +488,20 @@ def canonical_name(name: str) -> str:
 def make(name: str, n_workers: int, local_size: int = 1, **kwargs) -> Topology:
   """Builds a built-in topology by name.
 
+  Rounds are built as sparse plans (O(n log n) time, O(n * period) memory,
+  no [n, n] array). ``spectral_gap()`` then uses closed forms (``J =
+  11^T/n``, ``m = n/2``, ``tau = ceil(log2 n)``):
+
+  * ``complete``, ``one_peer_exp``, ``alternating_exp_ring``: 1 (``P = J``).
+  * ``ring``: ``1 - cos(pi/m)`` (1 for ``n = 2``): ``P^T P = W_0 W_1 W_0``
+    acts on pair means as the circulant ``(1/4, 1/2, 1/4)`` with
+    eigenvalues ``cos^2(pi k/m)``.
+  * ``static_ring``: ``1 - max_{k != 0} |1 + 2 cos(2 pi k/n)| / 3``.
+  * ``torus`` (``R x C``): ``1 - max_{(a,b) != 0} |1 + 2 cos(2 pi a/R) +
+    2 cos(2 pi b/C)| / 5``.
+  * ``exponential``: ``1 - max_{j != 0} |1 + sum_{k<tau} exp(2 pi i j 2^k
+    / n)| / (tau + 1)`` (circulant, hence normal).
+
   Args:
     name: one of :data:`NAMES` (hyphens allowed, ``'aer'`` is an alias).
     n_workers: number of workers ``n >= 1``. ``n = 1`` always gives the
@@ -651,7 +511,7 @@ def make(name: str, n_workers: int, local_size: int = 1, **kwargs) -> Topology:
     **kwargs: extra constructor arguments (``shape`` for ``torus``).
 
   Returns:
-    A :class:`Topology` whose rounds are validated doubly stochastic matrices.
+    A :class:`Topology` whose rounds are doubly stochastic.
 
   Raises:
     ValueError: unknown name (lists the valid ones), ``n_workers < 1``,
