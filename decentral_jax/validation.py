@@ -365,6 +365,22 @@ def config_warnings(config: config_dict.ConfigDict) -> list[str]:
   return out
 
 
+def devices_needed(c: config_dict.ConfigDict) -> tuple[int, str]:
+  """Devices a (validated) config runs on, and the fields that set it.
+
+  ``n_workers x devices_per_worker / workers_per_device`` (all processes
+  together).
+  """
+  n, d, k = (int(c.n_workers), int(c.devices_per_worker),
+             int(c.workers_per_device))
+  source = f"config.n_workers={n}"
+  if d > 1:
+    source += f" x config.devices_per_worker={d}"
+  if k > 1:
+    source += f" / config.workers_per_device={k}"
+  return n * d // k, source
+
+
 def check_simulated_devices(n: int, source: str) -> int:
   """Refuses to simulate more than ``MAX_SIMULATED_CPU_DEVICES`` CPU devices.
 

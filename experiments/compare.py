@@ -88,7 +88,7 @@ _METHODS = flags.DEFINE_string(
     "module docstring for the list.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers x "
-    "config.devices_per_worker.",
+    "config.devices_per_worker / config.workers_per_device.",
     lower_bound=0)
 # The --config.<field>=value arguments, set aside by _parse_or_exit.
 _OVERRIDES: list[str] = []
@@ -407,11 +407,11 @@ def main(argv):
     arms = arm_configs(base, accum, per_method_lr,
                        select_runs(_METHODS.value))
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
+      needed, source = validation.devices_needed(base)
       devices = validation.check_simulated_devices(
-          _CPU_DEVICES.value or int(base.n_workers) * int(
-              base.devices_per_worker),
+          _CPU_DEVICES.value or needed,
           f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
-          else f"config.n_workers={base.n_workers}")
+          else source)
       jax.config.update("jax_num_cpu_devices", devices)
     outdir = make_outdir(_OUTDIR.value)
   except ValueError as e:

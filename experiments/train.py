@@ -56,7 +56,8 @@ _WORKDIR = flags.DEFINE_string(
     "to config.workdir.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Number of simulated CPU devices per process; 0 = "
-    "config.n_workers x config.devices_per_worker / processes (only used "
+    "config.n_workers x config.devices_per_worker / "
+    "config.workers_per_device / processes (only used "
     "when JAX runs on CPU).",
     lower_bound=0)
 # The --config.<field>=value arguments, set aside by _parse_or_exit.
@@ -107,14 +108,11 @@ def main(argv):
     if not workdir:
       raise ValueError("--workdir is required (or set config.workdir).")
     procs = expected_processes(config)
-    per_worker = int(config.devices_per_worker)
+    needed, source = validation.devices_needed(config)
     simulate_cpu_devices(
-        _CPU_DEVICES.value or max(int(config.n_workers) * per_worker // procs,
-                                  1),
+        _CPU_DEVICES.value or max(needed // procs, 1),
         f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value else
-        f"config.n_workers={config.n_workers}" +
-        (f" x config.devices_per_worker={per_worker}" if per_worker > 1
-         else "") + (f" over {procs} processes" if procs > 1 else ""))
+        source + (f" over {procs} processes" if procs > 1 else ""))
     if distributed.initialize_from_config(config) and jax.process_index() > 0:
       logging.set_verbosity(logging.WARNING)  # process 0 reports
     if jax.process_index() == 0:
