@@ -103,29 +103,42 @@ def parse_jax_side(spec: str, workers: int) -> dict:
   ``decentral_jax.distributed.initialize`` with gloo collectives; default
   ``1x<workers>``), ``sync`` (``jax_cpu_enable_async_dispatch=False``),
   ``local`` (identity mixing matrix: the same step without any
-  communication), ``pool1`` (XLA's CPU thread pool with one thread).
+  communication), ``pool1`` (XLA's CPU thread pool with one thread),
+  ``vK`` (``K`` workers on each device, vmapped:
+  ``parallel.make_mesh(n, workers_per_device=K)``; ``v8`` puts 8 workers
+  on one device, ``v4`` on two).
 
   Raises:
-    ValueError: an unknown layout or option, or ``P * D != workers``.
+    ValueError: an unknown layout or option, or ``P * D * K != workers``.
   """
   parts = spec.split(":")
   if parts[0] not in ("tree", "flat", "bucketed"):
     raise ValueError(f"jax side {spec!r}: layout must be tree, flat or "
                      "bucketed.")
   out = {"layout": parts[0], "one_thread": False, "procs": 1,
-         "devices": workers, "sync": False, "local": False, "pool1": False}
+         "devices": workers, "sync": False, "local": False, "pool1": False,
+         "per_device": 1}
   for p in parts[1:]:
     m = re.fullmatch(r"(\d+)x(\d+)", p)
+    v = re.fullmatch(r"v(\d+)", p)
     if p == "1t":
       out["one_thread"] = True
     elif p in ("sync", "local", "pool1"):
       out[p] = True
     elif m:
       out["procs"], out["devices"] = int(m.group(1)), int(m.group(2))
+    elif v and int(v.group(1)) >= 1:
+      out["per_device"] = int(v.group(1))
     else:
       raise ValueError(f"jax side {spec!r}: unknown option {p!r} (use 1t, "
-                       "PxD, sync, local or pool1).")
-  if out["procs"] * out["devices"] != workers:
+                       "PxD, sync, local, pool1 or vK).")
+  k = out["per_device"]
+  if k > 1:
+    if out["procs"] > 1 or workers % k:
+      raise ValueError(f"jax side {spec!r}: vK needs one process and K "
+                       f"dividing --workers {workers}.")
+    out["devices"] = workers // k
+  if out["procs"] * out["devices"] * k != workers:
     raise ValueError(f"jax side {spec!r}: {out['procs']} processes x "
                      f"{out['devices']} devices != --workers {workers}.")
   return out
@@ -184,9 +197,12 @@ def jax_side(args) -> dict:
   n, b, t = args.workers, args.local_batch, args.context
   cfg = gpt.GPTConfig(vocab_size=256, block_size=t, n_layer=2, n_head=4,
                       n_embd=128, bias=False, dropout=0.0, dtype=jnp.float32)
-  mesh = parallel.make_mesh(n, devices=distributed.ordered_devices())
+  mesh = parallel.make_mesh(n, devices=distributed.ordered_devices(),
+                            workers_per_device=args.per_device)
+  axis = parallel.worker_axis(mesh)
   sharding = parallel.worker_sharding(mesh)
-  mine = distributed.process_workers(mesh)  # this process's workers
+  mine = (distributed.process_workers(mesh) if args.per_device == 1
+          else np.arange(n))  # this process's workers
   topo = (topology.from_matrices([np.eye(n)], name="identity")
           if args.no_comm else topology.make("one_peer_exp", n))
   p0 = jax.tree.map(np.asarray, gpt.init_params(cfg, jax.random.key(0)))
@@ -204,7 +220,7 @@ def jax_side(args) -> dict:
         lambda x: np.full(x.shape, float(x.ndim >= 2), np.float32), p0))[0])
     tx = optim.decentralized_adamw(
         args.lr, topo, b1=0.9, b2=0.95, weight_decay=0.1 * decay, mask=None,
-        accum_steps=args.accum_steps)
+        accum_steps=args.accum_steps, axis_name=axis)
     model = models.GPT(cfg)
 
     def loss_fn(flat, tokens):
@@ -221,7 +237,7 @@ def jax_side(args) -> dict:
   else:
     tx = optim.decentralized_adamw(
         args.lr, topo, b1=0.9, b2=0.95, weight_decay=0.1,
-        accum_steps=args.accum_steps)
+        accum_steps=args.accum_steps, axis_name=axis)
     step = _common.gpt_step(cfg, tx, mesh)
     params = jax.tree.map(stacked, p0)
   state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
@@ -263,11 +279,15 @@ def jax_side(args) -> dict:
           f"-{args.procs}x{n // args.procs}" if args.procs > 1 else "") + (
               "-sync" if args.sync else "") + (
                   "-nocomm" if args.no_comm else "") + (
-                      "-pool1" if args.pool1 else "")
+                      "-pool1" if args.pool1 else "") + (
+                          f"-{args.per_device}perdevice"
+                          if args.per_device > 1 else "")
   return {"side": name,
           "xla_flags": os.environ.get("XLA_FLAGS", ""),
           "omp_num_threads": os.environ.get("OMP_NUM_THREADS", ""),
-          "processes": args.procs, "devices_per_process": n // args.procs,
+          "processes": args.procs,
+          "devices_per_process": n // args.procs // args.per_device,
+          "workers_per_device": args.per_device,
           "xla_pool_threads": 1 if args.pool1 else len(cpus),
           "tokens_per_s": n * b * t * args.steps / elapsed,
           "ms_per_step": 1e3 * elapsed / args.steps, "steps": args.steps,
@@ -332,7 +352,7 @@ def run_jax_job(opts: dict, args) -> dict:
           "--steps", str(args.steps), "--warmup", str(args.warmup),
           "--local_batch", str(args.local_batch), "--context",
           str(args.context), "--accum_steps", str(args.accum_steps),
-          "--lr", str(args.lr)]
+          "--lr", str(args.lr), "--per_device", str(opts["per_device"])]
   base += ["--one_thread"] * opts["one_thread"] + ["--sync"] * opts["sync"] \
       + ["--no_comm"] * opts["local"] + ["--pool1"] * opts["pool1"]
   procs, logs = [], []
@@ -399,9 +419,12 @@ def side_name(side: str, workers: int) -> str:
   o = parse_jax_side(side[4:], workers)
   layout = {"tree": "pytree parameters", "flat": "flat parameter vector",
             "bucketed": "pytree + bucketed-gossip prototype"}[o["layout"]]
-  where = (f"1 process x {o['devices']} devices" if o["procs"] == 1 else
+  where = (f"1 process x {o['devices']} device"
+           f"{'s' * (o['devices'] > 1)}" if o["procs"] == 1 else
            f"{o['procs']} gloo processes x {o['devices']} "
            f"device{'s' * (o['devices'] > 1)}")
+  if o["per_device"] > 1:
+    where += f" x {o['per_device']} workers (vmapped)"
   knobs = ["single-threaded Eigen" if o["one_thread"] else
            "default XLA flags"]
   if o["pool1"]:
@@ -433,7 +456,8 @@ def main():
                        "(--xla_cpu_multi_thread_eigen=false), PxD (P gloo "
                        "processes x D devices), sync (synchronous CPU "
                        "dispatch), local (no communication), pool1 (1-thread "
-                       "XLA pool); see parse_jax_side")
+                       "XLA pool), vK (K workers per device); see "
+                       "parse_jax_side")
   ap.add_argument("--no_torch", action="store_true",
                   help="leave out the decent-dp side (exploration runs)")
   ap.add_argument("--timeout", type=int, default=600)
@@ -444,6 +468,8 @@ def main():
     ap.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
   ap.add_argument("--layout", default="tree", help=argparse.SUPPRESS)
   ap.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+  ap.add_argument("--per_device", type=int, default=1,
+                  help=argparse.SUPPRESS)
   ap.add_argument("--process_id", type=int, default=0, help=argparse.SUPPRESS)
   ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
   args = ap.parse_args()

@@ -79,6 +79,14 @@ def device_mesh(mesh: AnyMesh) -> Mesh:
   return mesh.mesh if isinstance(mesh, VirtualMesh) else mesh
 
 
+def mesh_shape(mesh: AnyMesh) -> dict[str, int]:
+  """Axis sizes, with the vmapped workers of a device as ``"virtual"``."""
+  shape = dict(device_mesh(mesh).shape)
+  if isinstance(mesh, VirtualMesh):
+    shape[VIRTUAL] = mesh.workers_per_device
+  return shape
+
+
 def workers_per_device(mesh: AnyMesh) -> int:
   """Workers on one device: ``K`` of a :class:`VirtualMesh`, else 1."""
   return mesh.workers_per_device if isinstance(mesh, VirtualMesh) else 1

@@ -38,6 +38,7 @@ from ml_collections import config_dict
 from decentral_jax import checkpoint as checkpoint_lib
 from decentral_jax import distributed as distributed_lib
 from decentral_jax import metrics as metrics_lib
+from decentral_jax import parallel
 from decentral_jax import workdir as workdir_lib
 from decentral_jax.experiment import Experiment
 
@@ -316,7 +317,7 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
     logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
                  "%s/step, mesh %s", c.algorithm, exp.n_workers,
                  jax.process_count(), f"{exp.param_count:,}",
-                 exp.tokens_per_step, exp.unit, dict(exp.mesh.shape))
+                 exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
 
   unit_key = f"{exp.unit}_per_sec"
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
