@@ -33,6 +33,7 @@ METHODS = ("all_reduce", "one_peer_exp", "aer", "complete", "ring", "sgp",
            "local_dsgd:H=2,topology=one_peer_exp")
 # Dimensionless or typed fields (everything else must carry a unit suffix).
 UNITLESS = {"n_workers", "local_size", "multi_node", "intra_link",
+            "nics_per_node", "nic_efficiency", "full_duplex",
             "param_count",
             "compute_cv", "grad_dtype", "param_dtype", "bucket_shares",
             "bucket_ready"}

@@ -396,6 +396,43 @@ def _fig6(args) -> int:
   return 1 if bad else 0
 
 
+def _print_rows(table) -> None:
+  print(f"{'cluster':<8}{'GPUs':>5}  {'method':<14}{'measured':>9}{'sim':>8}"
+        f"{'closed':>8}{'error':>8}")
+  for r in table:
+    print(f"{r['cluster']:<8}{r['n']:>5}  {label(r['method']):<14}"
+          f"{r['measured_ms']:9.1f}{r['simulated_ms']:8.1f}"
+          f"{r['closed_form_ms']:8.1f}{100 * r['error']:+7.1f}%")
+
+
+def _validate(args) -> int:
+  from decentral_jax.runtime_model import holdout  # pylint: disable=import-outside-toplevel
+  folds, insample = (holdout.refit() if args.refit
+                     else (holdout.FOLDS, holdout.INSAMPLE))
+  print("leave-one-cluster-out: each cluster's Exp and AER bars predicted "
+        "from its published links,\nits compute fitted to its All-Reduce "
+        "bars only, and the shared values fitted on the other clusters")
+  for name in holdout.CLUSTERS:
+    f = folds[name]
+    print(f"  {name}: compute a={1e3 * f['compute']['a_s']:.1f} ms, "
+          f"b={f['compute']['b_s']:.3f} s*GPU; from the others: compute CV "
+          f"{f['shared']['compute_cv']:.3f}, {f['shared']['nics_per_node']} "
+          "NIC port(s) per node")
+  table = holdout.rows(folds)
+  _print_rows(table)
+  bad = holdout.failures(table)
+  known = [b for b in bad if any(b.startswith(k) for k in holdout.DOCUMENTED)]
+  print("acceptance (Exp, AER within 20%, ordering): " +
+        ("PASS" if not bad else f"{len(bad)} failure(s), "
+         f"{len(known)} documented (docs/runtime_model.md)\n  " +
+         "\n  ".join(bad)))
+  print("\nin-sample (each cluster fitted on its own All-Reduce, Exp and AER "
+        "bars; for comparison):")
+  _print_rows(holdout.insample_rows(insample))
+  new = [b for b in bad if b not in known]
+  return 1 if new else 0
+
+
 def _calibrate(args) -> int:
   from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax import validation  # pylint: disable=import-outside-toplevel
@@ -481,6 +518,12 @@ def build_parser() -> argparse.ArgumentParser:
                  help="re-run the fits instead of using the stored constants")
   f.add_argument("--png", help="write the Figure 6 style chart to this PNG")
   f.set_defaults(run=_fig6)
+  v = sub.add_parser("validate", help="leave-one-cluster-out validation on "
+                     "Figure 6 (T4, A100, A40)")
+  v.add_argument("--refit", action="store_true",
+                 help="re-run every fold's fits (minutes) instead of the "
+                 "stored values")
+  v.set_defaults(run=_validate)
   c = sub.add_parser("calibrate", help="measure a config's compute and "
                      "collectives on this machine; compare with train steps")
   c.add_argument("--config", required=True,

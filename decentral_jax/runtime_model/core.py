@@ -112,7 +112,7 @@ class Method:
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
     """One :class:`RoundCost` per topology round (measured times if given)."""
-    rounds = [round_cost(c, r) for r in self.topology.rounds]
+    rounds = list(_topology_round_costs(self.topology, c))
     if self.measured_s is not None:
       if len(self.measured_s) != len(rounds):
         raise ValueError(f"measured_s has {len(self.measured_s)} entries, "
@@ -122,6 +122,13 @@ class Method:
                           r.members, r.crosses)
                 for t, r in zip(self.measured_s, rounds)]
     return rounds
+
+
+@functools.lru_cache(maxsize=512)
+def _topology_round_costs(topo: topology_lib.Topology,
+                          c: Cluster) -> tuple[RoundCost, ...]:
+  """Round costs of ``topo`` on ``c`` (cached: both are immutable)."""
+  return tuple(round_cost(c, r) for r in topo.rounds)
 
 
 def sgp_topology(n: int, local_size: int = 1) -> topology_lib.Topology:

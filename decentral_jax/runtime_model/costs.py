@@ -46,10 +46,26 @@ class Cluster:
     intra_bandwidth_Bps: per-worker, per-direction intra-node bandwidth
       (bytes/s), e.g. PCIe Gen3 x16 = 15.75e9.
     inter_latency_s: per-message latency of an inter-node hop (seconds).
-    nic_bandwidth_Bps: per-node, per-direction NIC bandwidth (bytes/s),
-      shared by all flows that leave (enter) the node at the same time.
-    flow_bandwidth_Bps: optional cap on one inter-node flow (one connection
-      of one collective, bytes/s); ``None`` means the NIC rate.
+    nic_bandwidth_Bps: line rate of one NIC port per direction (bytes/s),
+      e.g. 100 Gbit/s InfiniBand EDR = 12.5e9, 25 Gbit/s Ethernet =
+      3.125e9. With ``nics_per_node = 1`` (the default) it is the node's
+      inter-node bandwidth, shared by all flows that leave (enter) the node
+      at the same time.
+    flow_bandwidth_Bps: optional cap on one inter-node flow (one collective's
+      connections on one node, bytes/s); ``None``: no cap beyond the NICs the
+      flow can use. E.g. the rate one NCCL socket connection sustains.
+    nics_per_node: NIC ports per node (>= 1). They are split into
+      ``min(nics_per_node, local_size)`` rails: worker ``v*L + j`` sends its
+      point-to-point flows (pair exchanges, ppermutes) through rail ``j *
+      rails // L`` (one NIC per GPU on rail-optimised nodes, e.g. 8 HCAs for
+      8 GPUs); a group mean over several nodes spreads its channels over all
+      of the node's NICs, as NCCL does with several NICs.
+    nic_efficiency: fraction of the line rate that large transfers achieve
+      (0 < x <= 1; protocol headers, e.g. about 0.94 for TCP/IPv4 over
+      Ethernet with a 1500-byte MTU). Default 1.
+    full_duplex: True (the default; InfiniBand and switched Ethernet links
+      are full duplex): a NIC sends and receives at its rate at once. False:
+      sending and receiving share it, so exchanges take twice as long.
     multi_node: how a group mean over several whole nodes runs: ``"ring"``
       (flat ring over all ranks, each node's NIC carries ``2(p-1)/p M`` per
       direction) or ``"tree"`` (two levels, like NCCL's tree: reduce in the
@@ -73,6 +89,9 @@ class Cluster:
   flow_bandwidth_Bps: float | None = None
   multi_node: str = "ring"
   intra_link: str = "pcie"
+  nics_per_node: int = 1
+  nic_efficiency: float = 1.0
+  full_duplex: bool = True
 
   def __post_init__(self):
     n, big_l = self.n_workers, self.local_size
@@ -90,6 +109,16 @@ class Cluster:
     if self.multi_node not in MULTI_NODE_ALGORITHMS:
       raise ValueError(f"multi_node must be one of {MULTI_NODE_ALGORITHMS}, "
                        f"got {self.multi_node!r}.")
+    k = self.nics_per_node
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+      raise ValueError(f"nics_per_node must be a positive integer, got {k!r}.")
+    _positive("nic_efficiency", self.nic_efficiency)
+    if self.nic_efficiency > 1:
+      raise ValueError("nic_efficiency is a fraction of the line rate in "
+                       f"(0, 1], got {self.nic_efficiency!r}.")
+    if not isinstance(self.full_duplex, (bool, np.bool_)):
+      raise ValueError(f"full_duplex must be True or False, got "
+                       f"{self.full_duplex!r}.")
     if self.intra_link not in INTRA_LINKS:
       raise ValueError(f"intra_link must be one of {INTRA_LINKS}, got "
                        f"{self.intra_link!r}.")
@@ -98,10 +127,38 @@ class Cluster:
   def n_nodes(self) -> int:
     return self.n_workers // self.local_size
 
-  def inter_flow_Bps(self, sharing: int) -> float:
-    """Bandwidth (bytes/s) of one inter-node flow when ``sharing`` flows use the NIC."""
-    flow = self.flow_bandwidth_Bps or self.nic_bandwidth_Bps
-    return min(flow, self.nic_bandwidth_Bps / max(1, sharing))
+  @property
+  def rails(self) -> int:
+    """NIC groups per node: ``min(nics_per_node, local_size)``."""
+    return min(self.nics_per_node, self.local_size)
+
+  def rail(self, worker: int) -> int:
+    """The rail (NIC group) of ``worker``'s point-to-point flows."""
+    return (worker % self.local_size) * self.rails // self.local_size
+
+  def nic_capacity_Bps(self, rail: bool = False) -> float:
+    """Bytes/s per direction of a node's NICs (``rail``: of one rail's).
+
+    Line rate x ``nic_efficiency`` x number of NICs, halved when the links
+    are not full duplex (an exchange sends and receives on them at once).
+    """
+    nics = self.nics_per_node / self.rails if rail else self.nics_per_node
+    rate = self.nic_bandwidth_Bps * self.nic_efficiency * nics
+    return rate if self.full_duplex else rate / 2
+
+  def inter_flow_Bps(self, sharing: int, rail: bool = False) -> float:
+    """Bandwidth (bytes/s) of one inter-node flow when ``sharing`` flows use its NICs.
+
+    Args:
+      sharing: concurrent flows on the same NICs (the node's, or with
+        ``rail`` the rail's), this one included.
+      rail: a point-to-point flow of one worker, limited to its rail; else a
+        group mean that uses all of the node's NICs.
+    """
+    share = self.nic_capacity_Bps(rail) / max(1, sharing)
+    if self.flow_bandwidth_Bps is None:
+      return share
+    return min(self.flow_bandwidth_Bps, share)
 
 
 def ring_all_reduce_time(p: int, nbytes: float, latency_s: float,
@@ -159,7 +216,11 @@ def _members(matrix: np.ndarray) -> np.ndarray:
 
 
 def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
-  """(latency, seconds/byte) of an all-reduce (group mean) over ``group``."""
+  """(latency, seconds/byte) of an all-reduce (group mean) over ``group``.
+
+  ``sharing``: concurrent inter-node flows on the NICs this group's flow uses
+  (its rail's for a two-worker group, else the node's).
+  """
   p = len(group)
   nodes = {w // c.local_size for w in group}
   if p == 1:
@@ -170,7 +231,7 @@ def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
     return 2 * (p - 1) * c.intra_latency_s, 2 * (p - 1) / p / c.intra_bandwidth_Bps
   q = len(nodes)
   if p == 2:
-    return c.inter_latency_s, 1.0 / c.inter_flow_Bps(sharing)
+    return c.inter_latency_s, 1.0 / c.inter_flow_Bps(sharing, rail=True)
   per_node = p // q
   if c.multi_node == "tree" and per_node * q == p and per_node > 1:
     lat = 2 * (per_node - 1) * c.intra_latency_s + 2 * (q - 1) * c.inter_latency_s
@@ -189,27 +250,40 @@ def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
 def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
   """Cost of a round of simultaneous group means (a partition of workers).
 
-  Every group that spans several nodes puts one flow per direction on the NIC
-  of each node it touches; flows of one round share the NIC
-  (:meth:`Cluster.inter_flow_Bps`). One-node groups use the intra link.
+  Every group that spans several nodes puts one flow per direction on the
+  NICs of each node it touches; flows of one round share them
+  (:meth:`Cluster.inter_flow_Bps`). A two-worker group is a point-to-point
+  flow on each worker's rail; a larger one uses all of the node's NICs (and
+  so shares them with every flow of the node). One-node groups use the
+  intra link.
 
   Returns:
     A :class:`RoundCost` over ``c.n_workers`` workers.
   """
   n, big_l = c.n_workers, c.local_size
-  flows = np.zeros(c.n_nodes, int)
+  node_f = np.zeros(c.n_nodes, int)  # flows of groups of > 2 workers
+  rail_f = np.zeros((c.n_nodes, c.rails), int)  # flows of pairs
   for g in groups:
     nodes = {w // big_l for w in g}
     if len(nodes) > 1:
-      flows[list(nodes)] += 1
+      if len(g) == 2:
+        for w in g:
+          rail_f[w // big_l, c.rail(w)] += 1
+      else:
+        node_f[list(nodes)] += 1
   lat, spb = np.zeros(n), np.zeros(n)
   crosses = np.zeros(n, bool)
   matrix = np.zeros((n, n))
   for g in groups:
     g = list(g)
-    sharing = int(max(flows[w // big_l] for w in g))
-    lat[g], spb[g] = _group_cost(c, g, sharing)
-    crosses[g] = len({w // big_l for w in g}) > 1
+    nodes = {w // big_l for w in g}
+    if len(g) == 2:
+      sharing = max(rail_f[w // big_l, c.rail(w)] + node_f[w // big_l]
+                    for w in g)
+    else:
+      sharing = max(node_f[v] + rail_f[v].sum() for v in nodes)
+    lat[g], spb[g] = _group_cost(c, g, int(sharing))
+    crosses[g] = len(nodes) > 1
     matrix[np.ix_(g, g)] = 1.0
   return RoundCost(lat, spb, _members(matrix), crosses)
 
@@ -218,26 +292,26 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
   """Cost of a round realised as sequential point-to-point ``ppermute`` terms.
 
   In each term, every worker sends one full message and receives one; flows
-  leaving (entering) the same node share its NIC. A worker's round time is
-  the sum over terms of its slower direction.
+  leaving (entering) the same node on the same rail share its NICs. A
+  worker's round time is the sum over terms of its slower direction.
   """
   n, big_l = c.n_workers, c.local_size
   lat, spb = np.zeros(n), np.zeros(n)
   crosses = np.zeros(n, bool)
   for term in rnd.terms:
-    out_f = np.zeros(c.n_nodes, int)
-    in_f = np.zeros(c.n_nodes, int)
+    out_f = np.zeros((c.n_nodes, c.rails), int)
+    in_f = np.zeros((c.n_nodes, c.rails), int)
     for s, d in term.perm:
       if s // big_l != d // big_l:
-        out_f[s // big_l] += 1
-        in_f[d // big_l] += 1
+        out_f[s // big_l, c.rail(s)] += 1
+        in_f[d // big_l, c.rail(d)] += 1
     t_lat, t_spb = np.zeros(n), np.zeros(n)
     for s, d in term.perm:
       if s // big_l == d // big_l:
         a, b = c.intra_latency_s, 1.0 / c.intra_bandwidth_Bps
       else:
-        share = max(out_f[s // big_l], in_f[d // big_l])
-        a, b = c.inter_latency_s, 1.0 / c.inter_flow_Bps(share)
+        share = max(out_f[s // big_l, c.rail(s)], in_f[d // big_l, c.rail(d)])
+        a, b = c.inter_latency_s, 1.0 / c.inter_flow_Bps(share, rail=True)
         crosses[[s, d]] = True
       for w in (s, d):
         t_lat[w], t_spb[w] = max(t_lat[w], a), max(t_spb[w], b)
