@@ -360,19 +360,32 @@ def _slurm_one_task_per_node() -> bool:
 
 
 def process_workers(mesh: jax.sharding.Mesh) -> np.ndarray:
-  """This process's workers (int64 [k]) on a one-worker-per-device mesh.
+  """This process's workers (int64 [k]).
 
   All workers in a single-process run. In a multi-process job they must be
-  consecutive (worker ``i`` on process ``i // local_device_count``), which
-  :func:`ordered_devices` guarantees.
+  consecutive (worker ``i`` on process ``i // workers_per_process``), which
+  :func:`ordered_devices` guarantees, and each worker's devices (the
+  ``"inner"`` axis of a mesh whose workers span several devices) must
+  belong to one process.
 
   Raises:
     ValueError: a multi-process mesh whose workers on this process are not
-      consecutive.
+      consecutive, or a worker whose devices lie on two processes.
   """
   me = jax.process_index()
-  workers = np.array([i for i, d in enumerate(mesh.devices.flat)
-                      if d.process_index == me], np.int64)
+  devices = mesh.devices
+  if "inner" in mesh.axis_names:  # one row of devices per worker
+    devices = np.moveaxis(devices, mesh.axis_names.index("inner"), -1)
+  per_worker = devices.reshape(-1, devices.shape[-1] if
+                               "inner" in mesh.axis_names else 1)
+  owners = [{d.process_index for d in row} for row in per_worker]
+  split = [i for i, o in enumerate(owners) if len(o) > 1]
+  if split:
+    raise ValueError(
+        f"worker {split[0]} spans devices of processes {sorted(owners[split[0]])}"
+        "; a worker's devices must be on one host (make devices_per_worker "
+        "divide each process's device count).")
+  workers = np.array([i for i, o in enumerate(owners) if me in o], np.int64)
   if jax.process_count() > 1 and (
       workers.size == 0 or
       np.any(workers != np.arange(workers[0], workers[0] + workers.size))):

@@ -15,8 +15,9 @@ axis (``"workers"``, or ``("nodes", "local")`` for node-aware topologies),
 so each device holds one worker's parameters, optimizer state, step and RNG
 key. All workers start from the same parameters.
 
-Workers of several devices (``config.devices_per_worker = D > 1``,
-single-process runs only): the mesh gets a last axis ``"inner"`` of size
+Workers of several devices (``config.devices_per_worker = D > 1``; in a
+multi-process job a worker's devices are on one host, workers placed on
+hosts in order): the mesh gets a last axis ``"inner"`` of size
 ``D`` (:func:`decentral_jax.parallel.make_mesh`), each batch ``[n, B, ...]``
 is split over it along ``B`` (``B = global_batch / n_workers`` must be
 divisible by ``D``), and ``config.worker_layout`` places the state
@@ -25,6 +26,13 @@ parameters and optimizer state over the worker's devices along its first
 dimension divisible by ``D`` (leaves with none stay replicated on the
 worker's devices, with a ``UserWarning`` naming them), ``"data"``
 replicates it. The jitted steps return the state with these shardings.
+
+Many workers per device (``config.workers_per_device = K > 1``,
+single-process runs): ``n_workers / K`` devices of ``K`` vmapped workers
+each (:class:`decentral_jax.parallel.VirtualMesh`); the state keeps its
+``[n, ...]`` layout, so checkpoints and metrics are those of ``n``
+devices, and node-aware topologies run as two-level permutes and group
+means (:mod:`decentral_jax.collectives`).
 
 Multi-host: after :func:`decentral_jax.distributed.initialize_from_config`
 the mesh spans every process's devices in the order of
@@ -90,15 +98,28 @@ def worker_layout_of(c) -> layouts.WorkerLayout:
 
 
 def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
-  """Layout checks of a multi-process job (one worker on every device)."""
+  """Layout checks of a multi-process job (every device used, D per worker)."""
   procs = jax.process_count()
-  if n != jax.device_count() or n_devices != n:
-    total = jax.device_count()
+  dpw = int(c.devices_per_worker)
+  local = jax.local_device_count()
+  if local % dpw:
     raise ValueError(
-        f"config.n_workers={n} but this {procs}-process job has {total} "
-        f"devices ({jax.local_device_count()} per process); a multi-process "
-        f"run puts one worker on every device: set --config.n_workers={total}"
-        " (and a config.global_batch divisible by it).")
+        f"config.devices_per_worker={dpw} does not divide the {local} "
+        "devices of each process: a worker would span two hosts; use a "
+        f"divisor of {local}.")
+  if n * dpw != jax.device_count() or n_devices != n * dpw:
+    total = jax.device_count()
+    if dpw == 1:
+      raise ValueError(
+          f"config.n_workers={n} but this {procs}-process job has {total} "
+          f"devices ({local} per process); a multi-process run puts one "
+          f"worker on every device: set --config.n_workers={total} (and a "
+          "config.global_batch divisible by it).")
+    raise ValueError(
+        f"config.n_workers={n} x config.devices_per_worker={dpw} but this "
+        f"{procs}-process job has {total} devices ({local} per process); a "
+        "multi-process run uses every device: set --config.n_workers="
+        f"{total // dpw}.")
   if node_aware:
     try:
       distributed.check_node_layout(n, int(c.workers_per_node))
@@ -151,7 +172,10 @@ class Experiment:
       ValueError: an invalid config field, more workers than devices (the
         message says how to simulate CPU devices), with
         ``config.devices_per_worker > 1``: fewer than ``n_workers *
-        devices_per_worker`` devices or a multi-process job; missing data
+        devices_per_worker`` devices, or in a multi-process job a
+        ``devices_per_worker`` that does not divide each process's
+        devices; ``config.workers_per_device > 1`` in a multi-process job;
+        missing data
         files, or a
         corpus too short for the context length; in a multi-process job,
         configs that differ between processes (the fields are named),
@@ -180,11 +204,6 @@ class Experiment:
     self.local_batch = int(c.global_batch) // n
     self.layout = worker_layout_of(c)
     dpw = self.layout.devices_per_worker
-    if dpw > 1 and multi_process:
-      raise ValueError(
-          f"config.devices_per_worker={dpw} is supported in single-process "
-          "runs only (a multi-process job puts one worker on every device); "
-          "set --config.devices_per_worker=1.")
     self.workers_per_device = wpd = int(c.workers_per_device)
     if wpd > 1 and multi_process:
       raise ValueError(
@@ -225,9 +244,8 @@ class Experiment:
       raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
                        "sets this by itself on CPU; otherwise lower "
                        "--config.n_workers.") from None
-    self.local_workers = (
-        distributed.process_workers(self.mesh) if dpw == 1 and wpd == 1
-        else np.arange(n, dtype=np.int64))
+    self.local_workers = (distributed.process_workers(self.mesh)
+                          if wpd == 1 else np.arange(n, dtype=np.int64))
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
     self._batch_sharding = layouts.batch_sharding(self.mesh)
@@ -346,7 +364,7 @@ class Experiment:
       return jax.device_put(tuple(rows), self._batch_sharding)
     return tuple(
         jax.make_array_from_process_local_data(
-            self._sharding, x, (self.n_workers,) + x.shape[1:])
+            self._batch_sharding, x, (self.n_workers,) + x.shape[1:])
         for x in rows)
 
   def _place_eval_set(self):

@@ -72,6 +72,13 @@ CASES = {
                "--config.optimizer.name=adamw",
                "--config.optimizer.accum_steps=1",
                "--config.checkpoint_interval=5"),
+    # 4 workers of 2 devices each ("fsdp": state split over a worker's
+    # devices), 2 workers per process; DAdam on the one-peer graph.
+    "fsdp": ("--config.algorithm=decentralized",
+             "--config.topology=one_peer_exp", "--config.n_workers=4",
+             "--config.devices_per_worker=2", "--config.worker_layout=fsdp",
+             "--config.optimizer.name=adamw",
+             "--config.optimizer.accum_steps=1"),
 }
 # Cases whose 2-process job is stopped after this many steps (a checkpoint
 # step) and resumed from the checkpoint; the reference trains straight.
@@ -91,10 +98,24 @@ def case_config(case: str, *extra: str, steps: int = STEPS):
 
 
 def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
-  """This process's rows of a worker-stacked array: (worker ids, values)."""
-  shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
-  workers = np.array([s.index[0].start or 0 for s in shards], np.int64)
-  return workers, np.concatenate([np.asarray(s.data) for s in shards])
+  """This process's rows of a worker-stacked array: (worker ids, values).
+
+  A worker of several devices holds its row in pieces (one per device);
+  they are put together here.
+  """
+  blocks = {}
+  for s in x.addressable_shards:
+    rows = s.index[0]
+    start, stop = rows.start or 0, rows.stop or x.shape[0]
+    block = blocks.setdefault(
+        start, np.full((stop - start,) + x.shape[1:], np.nan, x.dtype)
+        if np.issubdtype(x.dtype, np.floating) else
+        np.zeros((stop - start,) + x.shape[1:], x.dtype))
+    block[(slice(None),) + tuple(s.index[1:])] = np.asarray(s.data)
+  starts = sorted(blocks)
+  workers = np.concatenate([np.arange(b, b + len(blocks[b]))
+                            for b in starts]).astype(np.int64)
+  return workers, np.concatenate([blocks[b] for b in starts])
 
 
 def to_host(x: jax.Array) -> np.ndarray:
@@ -234,7 +255,10 @@ def main() -> None:
     errors = {}
     for name, case, extra in (
         ("aer_workers_per_node_2", "aer", ("--config.workers_per_node=2",)),
-        ("n_workers_4", "one_peer_exp", ("--config.n_workers=4",))):
+        ("n_workers_4", "one_peer_exp", ("--config.n_workers=4",)),
+        ("devices_per_worker_3", "one_peer_exp", (
+            "--config.n_workers=2", "--config.devices_per_worker=3",
+            "--config.global_batch=12"))):
       try:
         experiment_lib.Experiment(case_config(case, *dist, *extra))
         errors[name] = ""

@@ -6,7 +6,8 @@ per process id. The reference is independent of the multi-process code: the
 same configs trained in this pytest process on 8 of its devices. Per-worker
 parameters and losses must agree to float32 rounding (one_peer_exp and
 All-Reduce on a 1-D mesh, AER with each process one node, DiLoCo with its
-global parameters theta, stopped and resumed inside a sync window), checkpoints
+global parameters theta, stopped and resumed inside a sync window, and 4
+workers of 2 devices each with their state split over them), checkpoints
 written by both processes must restore, layout mismatches must be clear
 errors, and a process killed mid-run must make the other one exit with an
 error within a bounded time. Start-up refusals (configs or initial
@@ -51,7 +52,7 @@ from decentral_jax import metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = worker.N_PROCESSES * worker.DEVICES_PER_PROCESS
-CASES = tuple(worker.CASES)  # one_peer_exp, all_reduce, aer, diloco
+CASES = tuple(worker.CASES)  # one_peer_exp, all_reduce, aer, diloco, fsdp
 JOB_TIMEOUT_S = 200
 
 
@@ -199,7 +200,9 @@ def test_two_processes_match_one_process(job, case):
   1 x 8 devices."""
   _, results, reference = job
   ref = reference[case]
-  assert ref["losses"].shape == (worker.STEPS, N)
+  n = int(worker.case_config(case).n_workers)
+  per = n // worker.N_PROCESSES  # workers per process
+  assert ref["losses"].shape == (worker.STEPS, n)
   # Every worker learns and the workers differ (so the comparison is per
   # worker, not of 8 copies of one model).
   assert np.all(ref["losses"][-1] < ref["losses"][0] - 0.05)
@@ -226,7 +229,7 @@ def test_two_processes_match_one_process(job, case):
         resumed % config.checkpoint_interval == 0
   for pid, part in enumerate(results[case]):
     assert part["resumed_from"] == resumed
-    workers = np.arange(pid * 4, pid * 4 + 4)
+    workers = np.arange(pid * per, pid * per + per)
     np.testing.assert_array_equal(part["workers"], workers)
     # Each process read the training rows of its own workers only.
     np.testing.assert_array_equal(part["data_workers"], workers)
@@ -261,7 +264,8 @@ def test_only_process_zero_writes_metrics(job):
 
 
 def test_layout_mismatch_is_a_clear_error(job):
-  """AER with 2 workers per node on 4-device hosts; 4 workers on 8 devices."""
+  """AER with 2 workers per node on 4-device hosts; 4 workers on 8 devices;
+  workers of 3 devices on 4-device hosts."""
   out, _, _ = job
   for pid in range(worker.N_PROCESSES):
     with open(out / f"errors_p{pid}.json", encoding="utf-8") as f:
@@ -276,6 +280,11 @@ def test_layout_mismatch_is_a_clear_error(job):
                  "--config.n_workers=8"):
       assert part in n, n
     assert "\n" not in aer + n
+    # A worker of 3 devices would span the two 4-device hosts.
+    d = errors["devices_per_worker_3"]
+    for part in ("config.devices_per_worker=3", "4 devices of each process",
+                 "span two hosts"):
+      assert part in d, d
 
 
 def read_records(path) -> list[dict]:
