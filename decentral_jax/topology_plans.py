@@ -712,9 +712,10 @@ def maps_to_mean(rounds: Sequence[Round], atol: float = 1e-12,
       (O(n^2) memory).
     ``"random"``: ``max_i |(P x)_i - mean(x)| <= atol`` for 4 standard normal
       vectors ``x`` (``default_rng(0)``), O(p * nnz). Exact averaging passes
-      (rounding leaves ~1e-16 * |x|); a ``P != J`` fails unless every row of
-      ``P - J`` is of norm ~``atol`` or below (probability of a wrong
-      ``True`` for a row of norm ``r``: about ``(0.8 atol / r)^4``).
+      (rounding leaves ~1e-16 * |x|); ``(P x)_i - mean(x)`` is normal with
+      standard deviation ``r_i``, the norm of row ``i`` of ``P - J``, so a
+      wrong ``True`` has probability at most about ``(0.8 atol / max_i
+      r_i)^4``.
     ``"auto"``: dense for ``n <= DENSE_MAX`` (512), else random.
 
   Raises:

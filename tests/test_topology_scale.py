@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import sparse
 
 from conftest import require_devices
 from decentral_jax import gossip, parallel, topology
@@ -331,3 +332,57 @@ def test_traced_gossip_size_does_not_grow_with_n(name, small, large):
                      for r in t.distinct_rounds]
   assert shape(a) == shape(b)  # the same collectives, on more workers
   assert _op_count(a, small) == _op_count(b, large)
+
+
+# --------------------------------------------------------------------------
+# The plan objects keep the old API semantics.
+# --------------------------------------------------------------------------
+
+
+def test_round_and_term_api():
+  w = np.array([[0.5, 0.3, 0.2, 0.0],
+                [0.2, 0.5, 0.0, 0.3],
+                [0.3, 0.0, 0.5, 0.2],
+                [0.0, 0.2, 0.3, 0.5]])
+  topo = topology.from_matrices([w, np.eye(4), w.copy()])
+  assert topo.round_to_distinct == (0, 1, 0)
+  a, c = topo.rounds[0], topo.rounds[2]
+  assert a != c and a.same_matrix(c) and len({a, c}) == 2  # identity hashing
+  assert not a.matrix.flags.writeable
+  m = topo.mixing_matrix(0)
+  m[0, 0] = 9.0  # a copy
+  assert topo.mixing_matrix(0)[0, 0] == 0.5
+  for t_a, t_c in zip(a.terms, c.terms):  # terms compare by value
+    assert t_a == t_c and hash(t_a) == hash(t_c)
+    pairs = list(t_a.perm)
+    assert all(type(s) is int and type(d) is int for s, d in pairs)
+    assert [t_a.weights[d] for _, d in pairs] == [w[d, s] for s, d in pairs]
+  # A round built from its plan alone equals the one decomposed from W.
+  b = topology.Round(self_weights=a.self_weights, terms=a.terms)
+  assert b.same_matrix(a) and b.groups is None
+  np.testing.assert_array_equal(b.matrix, w)
+  # Two rounds of the ring on two workers are the same pair mean.
+  ring2 = topology.make("ring", 2)
+  assert ring2.round_to_distinct == (0, 0)
+  assert ring2.rounds[0].is_global_mean and ring2.rounds[0].groups == ((0, 1),)
+  with pytest.raises(ValueError, match="not a partition"):
+    topology.Round(groups=[(0, 1), (1, 2)])
+  bad = sparse.csr_array(np.array([[1.0, 0.5], [0.0, 0.4]]))
+  with pytest.raises(ValueError, match=r"W is not column stochastic: column 1 "
+                     r"sums to 0\.9"):
+    topology.check_column_sums(bad, "W")
+
+
+def test_dense_access_changes_nothing():
+  topo = topology.make("aer", 16, 4)
+  rnd = topo.rounds[1]
+  before = (rnd.is_global_mean, rnd.groups, rnd.node_partners(4),
+            [t.perm for t in rnd.terms])
+  dense = rnd.matrix
+  assert (rnd.is_global_mean, rnd.groups, rnd.node_partners(4),
+          [t.perm for t in rnd.terms]) == before
+  x = np.random.default_rng(0).normal(size=(16, 2))
+  np.testing.assert_allclose(rnd.apply(x), dense @ x, rtol=0, atol=1e-15)
+  assert rnd.is_symmetric() and topo.is_symmetric()
+  assert topology.make("complete", 64).max_messages_per_step() == 63
+  assert topology.make("exponential", 64).max_messages_per_step() == 6
