@@ -30,6 +30,7 @@ import sys
 import numpy as np
 
 from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import local_updates
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import traffic
@@ -47,6 +48,7 @@ _BOUNDS = {
     "--local-size": (1, False), "--intra-GBps": (0, True),
     "--intra-latency-us": (0, False), "--nic-Gbps": (0, True),
     "--flow-Gbps": (0, False), "--inter-latency-us": (0, False),
+    "--nics-per-node": (1, False), "--nic-efficiency": (0, True),
     "--params": (0, True), "--forward-ms": (0, False),
     "--backward-ms": (0, False), "--optimizer-ms": (0, False),
     "--compute-cv": (0, False), "--bucket-MiB": (0, True),
@@ -107,6 +109,9 @@ def check_predict_args(args) -> None:
       kind = "an integer" if integer else "a finite number"
       raise ValueError(f"{flag} must be {kind} {'>' if strict else '>='} "
                        f"{bound}, got {v!r}.")
+  if args.nic_efficiency > 1:
+    raise ValueError("--nic-efficiency is a fraction of the line rate in "
+                     f"(0, 1], got {args.nic_efficiency!r}.")
   if not args.n_workers:
     raise ValueError("--n-workers is empty; give e.g. --n-workers 16,32.")
   for n in args.n_workers:
@@ -263,8 +268,9 @@ def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
 def cluster_from_args(args, n: int) -> core.Cluster:
   """The :class:`~core.Cluster` of ``predict``'s cluster flags for ``n`` workers.
 
-  Units: ``--intra-GBps`` GB/s (1e9 bytes/s), ``--nic-Gbps`` and
-  ``--flow-Gbps`` Gbit/s (1e9 bits/s, divided by 8), latencies in us.
+  Units: ``--intra-GBps`` GB/s (1e9 bytes/s), ``--nic-Gbps`` (per NIC
+  port) and ``--flow-Gbps`` Gbit/s (1e9 bits/s, divided by 8), latencies
+  in us, ``--nic-efficiency`` a fraction, ``--nics-per-node`` a count.
   """
   return core.Cluster(
       n_workers=n, local_size=args.local_size,
@@ -273,7 +279,9 @@ def cluster_from_args(args, n: int) -> core.Cluster:
       inter_latency_s=args.inter_latency_us * 1e-6,
       nic_bandwidth_Bps=args.nic_Gbps * 1e9 / 8,
       flow_bandwidth_Bps=args.flow_Gbps * 1e9 / 8 if args.flow_Gbps
-      else None, multi_node=args.multi_node)
+      else None, multi_node=args.multi_node, intra_link=args.intra_link,
+      nics_per_node=args.nics_per_node, nic_efficiency=args.nic_efficiency,
+      full_duplex=not args.half_duplex)
 
 
 def workload_from_args(args) -> core.Workload:
@@ -454,10 +462,14 @@ _CLUSTER_FLAGS = (
     ("--intra-GBps", float, 15.75, "intra-node bandwidth per worker and "
      "direction, GB/s (15.75 = PCIe 3.0 x16)"),
     ("--intra-latency-us", float, 5.0, "intra-node latency per message, us"),
-    ("--nic-Gbps", float, 100.0, "NIC bandwidth per node and direction, "
-     "Gbit/s, shared by the node's workers"),
-    ("--flow-Gbps", float, 0.0, "cap on one inter-node connection, Gbit/s "
-     "(0: none)"),
+    ("--nic-Gbps", float, 100.0, "line rate of one NIC port per direction, "
+     "Gbit/s (100 = InfiniBand EDR), shared by the flows on it"),
+    ("--nics-per-node", int, 1, "NIC ports per node (8 on a rail-optimised "
+     "8-GPU node, e.g. DGX A100)"),
+    ("--nic-efficiency", float, 1.0, "fraction of the line rate large "
+     "transfers reach (about 0.94 for TCP over 1500-byte-MTU Ethernet)"),
+    ("--flow-Gbps", float, 0.0, "cap on one inter-node flow (one collective's "
+     "connections on a node, e.g. one TCP socket), Gbit/s (0: none)"),
     ("--inter-latency-us", float, 10.0, "inter-node latency per message, us"),
 )
 _WORKLOAD_FLAGS = (
@@ -508,6 +520,13 @@ def build_parser() -> argparse.ArgumentParser:
       g.add_argument("--multi-node", choices=core.MULTI_NODE_ALGORITHMS,
                      default="tree", help="algorithm of group means over "
                      "several nodes (default tree)")
+      g.add_argument("--intra-link", choices=costs.INTRA_LINKS,
+                     default="pcie", help="pcie: a GPU's intra-node and NIC "
+                     "traffic share its PCIe link; nvlink: separate "
+                     "(default pcie)")
+      g.add_argument("--half-duplex", action="store_true",
+                     help="NICs cannot send and receive at full rate at "
+                     "once (default: full duplex)")
   q.add_argument("--steps", type=int, default=300,
                  help="simulated iterations, the first fifth is warm-up")
   q.add_argument("--seed", type=int, default=0, help="seed of compute draws")
