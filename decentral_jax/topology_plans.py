@@ -317,7 +317,8 @@ class Round:
       ``1/|G|`` for ``groups``.
     terms: sequence of :class:`PermuteTerm`; default: decomposed from
       ``matrix``, or ``max|G| - 1`` terms built from ``groups`` when first
-      used (``Partition.terms``), or none.
+      used (``Partition.terms``; ``n - 1`` terms of ``n`` pairs for the
+      global mean, which gossip realises with ``pmean`` instead), or none.
     groups: ``None``, a :class:`Partition`, or a sequence of groups of worker
       indices, if the round is the set of group means.
 
