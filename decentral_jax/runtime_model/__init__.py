@@ -1,10 +1,14 @@
 """Runtime model: when, how and by how much decentralized training beats All-Reduce.
 
-See :mod:`decentral_jax.runtime_model.core` for the model, ``local_updates``
-for Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD, ``traffic`` for
-bytes per iteration, ``paper`` for the
-Figure 6 reproduction, ``calibrate`` for measuring a config on this machine and
-``python -m decentral_jax.runtime_model --help`` for the command line.
+See :mod:`decentral_jax.runtime_model.core` for the model (hardware and
+collective costs in ``costs``, model and compute in ``workload``),
+``local_updates`` for Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD,
+``traffic`` for bytes per iteration, ``paper`` for the Figure 6 in-sample
+fit, ``holdout`` for the leave-one-cluster-out validation, ``measure`` and
+``cluster_file`` for calibrating on a cluster (``measure`` writes the
+cluster JSON that ``predict --cluster`` reads), ``calibrate`` for measuring a
+config on this machine and ``python -m decentral_jax.runtime_model --help``
+for the command line.
 """
 
 from __future__ import annotations

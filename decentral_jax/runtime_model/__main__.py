@@ -1,4 +1,4 @@
-"""Command line: ``python -m decentral_jax.runtime_model {predict,fig6,calibrate}``.
+"""Command line: ``python -m decentral_jax.runtime_model {predict,fig6,validate,measure,calibrate}``.
 
 Examples::
 
@@ -16,6 +16,12 @@ Examples::
   # KEY=VALUE parameters follow it, separated by commas too):
   python -m decentral_jax.runtime_model predict --n-workers 16 \\
       --methods all_reduce,aer,diloco:H=10,streaming_diloco:H=10,P=4,tau=1
+  # Leave-one-cluster-out validation on Figure 6:
+  python -m decentral_jax.runtime_model validate
+  # Measure your cluster (one process per host; SLURM-aware) and predict:
+  python -m decentral_jax.runtime_model measure --config configs/gpt_tiny.py \\
+      --out cluster.json
+  python -m decentral_jax.runtime_model predict --cluster cluster.json
   # Measure a config's compute and collectives here and compare:
   python -m decentral_jax.runtime_model calibrate --config configs/gpt_tiny.py
 """
@@ -23,12 +29,14 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
 
 import numpy as np
 
+from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import local_updates
@@ -118,7 +126,7 @@ def check_predict_args(args) -> None:
     if not 1 <= n <= MAX_WORKERS:
       raise ValueError(f"--n-workers {n} is outside [1, {MAX_WORKERS}] (the "
                        "model's time and memory grow with n^2).")
-    if not args.preset and n % args.local_size:
+    if not args.preset and not args.cluster and n % args.local_size:
       raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
                        f"{args.local_size} (workers per node).")
   if not 2 <= args.steps <= MAX_STEPS:
@@ -296,6 +304,81 @@ def workload_from_args(args) -> core.Workload:
       param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
 
 
+# predict flag -> (Cluster or Workload field, value from the parsed flags).
+_CLUSTER_FIELDS = {
+    "--local-size": "local_size", "--intra-GBps": "intra_bandwidth_Bps",
+    "--intra-latency-us": "intra_latency_s",
+    "--nic-Gbps": "nic_bandwidth_Bps", "--nics-per-node": "nics_per_node",
+    "--nic-efficiency": "nic_efficiency", "--flow-Gbps": "flow_bandwidth_Bps",
+    "--inter-latency-us": "inter_latency_s", "--multi-node": "multi_node",
+    "--intra-link": "intra_link", "--half-duplex": "full_duplex"}
+_WORKLOAD_FIELDS = {
+    "--params": "param_count", "--grad-dtype": "grad_dtype",
+    "--param-dtype": "param_dtype", "--forward-ms": "forward_s",
+    "--backward-ms": "backward_s", "--optimizer-ms": "optimizer_s",
+    "--compute-cv": "compute_cv", "--compute-samples-ms": "compute_samples_s",
+    "--bucket-MiB": "bucket_bytes"}
+
+
+def _explicit(args) -> set:
+  """The flags given on the command line (``main`` records them)."""
+  return getattr(args, "explicit_flags", set())
+
+
+def from_cluster_file(data: dict, args, n: int):
+  """Cluster and workload of ``predict --cluster FILE`` for ``n`` workers.
+
+  The file's fields, with every cluster or workload flag given on the
+  command line taking precedence (converted as :func:`cluster_from_args`
+  and :func:`workload_from_args` do). Flags for the compute mean or CV drop
+  the file's compute samples.
+
+  Raises:
+    ValueError: ``n`` not a multiple of the workers per node, or a
+      workload the file lacks (see :func:`cluster_file.workload`).
+  """
+  given = _explicit(args)
+  flags_c = dataclasses.asdict(cluster_from_args(args, n))
+  kw = dict(data["cluster"], n_workers=n)
+  kw.update({f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()
+             if flag in given})
+  if n % kw["local_size"]:
+    raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
+                     f"file's {kw['local_size']} workers per node.")
+  c = core.Cluster(**kw)
+  flags_w = dataclasses.asdict(workload_from_args(args))
+  over = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
+          if flag in given}
+  if given & {"--forward-ms", "--backward-ms", "--compute-cv"} and \
+      "--compute-samples-ms" not in given:
+    over["compute_samples_s"] = None
+  if data.get("workload") is None:  # nothing measured: the flags' workload
+    over = {**flags_w, **over}
+  over.setdefault("bucket_bytes", flags_w["bucket_bytes"])
+  return c, cluster_file.workload(data, **over)
+
+
+def describe_cluster_file(path: str, data: dict) -> str:
+  """Two lines: where the file was measured, and its All-Reduce check."""
+  meta, c, meas = data.get("meta", {}), data["cluster"], data["measurements"]
+  flow = c["flow_bandwidth_Bps"]
+  lines = [
+      f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
+      f"{meta.get('device_kind', '?')} devices, {c['local_size']} per node, "
+      f"{meta.get('process_count', '?')} process(es); intra "
+      f"{c['intra_bandwidth_Bps'] / 1e9:.3g} GB/s, node NIC "
+      f"{8 * c['nic_bandwidth_Bps'] / 1e9:.3g} Gbit/s"
+      + (f", one flow {8 * flow / 1e9:.3g} Gbit/s" if flow else "")]
+  if meas.get("all_reduce_s"):
+    cl = core.Cluster(**c)
+    model = core.all_reduce_cost(cl).time(meas["all_reduce_bytes"])[0]
+    lines.append(f"  measured All-Reduce of {meas['all_reduce_bytes'] / 1e6:.3g}"
+                 f" MB on {c['n_workers']} workers: "
+                 f"{1e3 * meas['all_reduce_s']:.3g} ms (model: "
+                 f"{1e3 * model:.3g} ms)")
+  return "\n".join(lines)
+
+
 def _predict(args) -> int:
   methods = split_methods(args.methods)
   if not methods:
@@ -304,6 +387,14 @@ def _predict(args) -> int:
   if "all_reduce" not in methods:
     methods.insert(0, "all_reduce")  # the baseline every speedup refers to
   check_predict_args(args)
+  measured = None
+  if args.cluster:
+    if args.preset:
+      raise ValueError("--cluster and --preset both give the cluster; use one.")
+    measured = cluster_file.read(args.cluster)
+    if "--n-workers" not in _explicit(args):
+      args.n_workers = [measured["cluster"]["n_workers"]]
+    print(describe_cluster_file(args.cluster, measured))
   groups = []
   for n in args.n_workers:
     if args.preset:
@@ -312,6 +403,8 @@ def _predict(args) -> int:
       except ValueError as e:
         raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
                          ) from None
+    elif measured is not None:
+      c, w = from_cluster_file(measured, args, n)
     else:
       c, w = cluster_from_args(args, n), workload_from_args(args)
     table, slow_mixing, local, sent = {}, [], [], {}
@@ -441,6 +534,32 @@ def _validate(args) -> int:
   return 1 if new else 0
 
 
+def _measure(args) -> int:
+  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax import distributed  # pylint: disable=import-outside-toplevel
+  from decentral_jax import validation  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runtime_model import measure  # pylint: disable=import-outside-toplevel
+  check_output_path(args.out, "--out")
+  config = config_lib.load_config(args.config, args.set)
+  validation.check_config(config)
+  distributed.initialize_from_config(config)  # SLURM-aware, as the runner
+  data = measure.measure(config, local_size=args.local_size,
+                         sizes_bytes=[x * 1e6 for x in args.sizes_MB],
+                         repeats=args.repeats, config_path=args.config,
+                         overrides=args.set)
+  if distributed.is_main_process():
+    cluster_file.write(args.out, data)
+    w = data["workload"]
+    print(describe_cluster_file(args.out, {"schema": cluster_file.SCHEMA,
+                                           **data}))
+    print(f"  compute of one worker: forward {1e3 * w['forward_s']:.3g} ms, "
+          f"backward {1e3 * w['backward_s']:.3g} ms (CV "
+          f"{w['compute_cv']:.2f}), {w['param_count']:,} parameters")
+    print(f"wrote {args.out}; predict with: python -m "
+          f"decentral_jax.runtime_model predict --cluster {args.out}")
+  return 0
+
+
 def _calibrate(args) -> int:
   from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax import validation  # pylint: disable=import-outside-toplevel
@@ -510,6 +629,10 @@ def build_parser() -> argparse.ArgumentParser:
   q.add_argument("--preset", choices=sorted(paper.PUBLISHED),
                  help="Figure 6's cluster, model and fitted compute "
                  "(ignores the cluster and workload flags)")
+  q.add_argument("--cluster", metavar="FILE",
+                 help="cluster JSON written by `measure` (its links and, if "
+                 "measured, compute; flags given as well override its "
+                 "fields; --n-workers defaults to its worker count)")
   for title, flags in (("cluster", _CLUSTER_FLAGS),
                        ("workload", _WORKLOAD_FLAGS)):
     g = q.add_argument_group(title)
@@ -537,6 +660,24 @@ def build_parser() -> argparse.ArgumentParser:
                  help="re-run the fits instead of using the stored constants")
   f.add_argument("--png", help="write the Figure 6 style chart to this PNG")
   f.set_defaults(run=_fig6)
+  e = sub.add_parser("measure", help="measure this cluster's links and a "
+                     "config's compute; write a cluster JSON for predict "
+                     "--cluster")
+  e.add_argument("--config", required=True,
+                 help="config file with get_config() (its model, batch and "
+                 "n_workers set the compute measured), e.g. configs/gpt_tiny.py")
+  e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config field (repeatable); "
+                 "distributed.* joins a multi-process job as the runner does")
+  e.add_argument("--out", required=True, help="cluster JSON to write")
+  e.add_argument("--local-size", type=int, default=0,
+                 help="devices per node (default 0: the devices of one "
+                 "process)")
+  e.add_argument("--sizes-MB", type=_list(float), default=[1.0, 16.0],
+                 help="message sizes of the exchanges, MB (default 1,16)")
+  e.add_argument("--repeats", type=int, default=5,
+                 help="timed repetitions of each measurement (default 5)")
+  e.set_defaults(run=_measure)
   v = sub.add_parser("validate", help="leave-one-cluster-out validation on "
                      "Figure 6 (T4, A100, A40)")
   v.add_argument("--refit", action="store_true",
@@ -558,7 +699,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
   args = build_parser().parse_args(argv)
+  args.explicit_flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
   if getattr(args, "steps", 2) < 2:
     print("error: --steps must be >= 2", file=sys.stderr)
     return 2

@@ -27,9 +27,11 @@ MULTI_NODE_ALGORITHMS = ("ring", "tree")
 INTRA_LINKS = ("pcie", "nvlink")
 
 def _positive(name: str, value, allow_zero: bool = False) -> None:
-  ok = value >= 0 if allow_zero else value > 0
-  if not isinstance(value, (int, float, np.integer, np.floating)) or \
-      not math.isfinite(value) or not ok:
+  number = isinstance(value, (int, float, np.integer, np.floating)) and \
+      not isinstance(value, bool)
+  ok = number and math.isfinite(value) and (
+      value >= 0 if allow_zero else value > 0)
+  if not ok:
     bound = ">= 0" if allow_zero else "> 0"
     raise ValueError(f"{name} must be a finite number {bound}, got {value!r}.")
 
