@@ -498,6 +498,20 @@ class Round:
       return m * (1.0 / m)
     return np.asarray(self.sparse_matrix().sum(axis=axis)).ravel()
 
+  def is_nonnegative_finite(self) -> bool:
+    """True if every entry of ``W`` is finite and >= 0.
+
+    O(nnz) over the stored entries; O(1) for group means (``1/|G|``), so
+    no ``[n, n]`` array or ``sum |G|^2`` entries are formed.
+    """
+    if self._given_dense:
+      w = self._given
+    elif self._pure_partition:
+      return True
+    else:
+      w = self.sparse_matrix().data
+    return bool(np.all(np.isfinite(w)) and np.all(w >= 0))
+
   def messages_sent(self) -> np.ndarray:
     """int64 [n]: ppermute messages each worker sends in this round."""
     if self._terms is None:
@@ -563,9 +577,12 @@ def plan_from_csr(n: int, indptr, indices, data):
 def first_bad_sum(w, axis: int) -> tuple[int | None, float]:
   """The first row (axis 1) or column (axis 0) not summing to 1, and its sum.
 
-  ``w`` is an array [n, n] or a ``scipy.sparse`` matrix.
+  ``w`` is an array [n, n], a ``scipy.sparse`` matrix or a :class:`Round`
+  (its :meth:`Round.column_sums` / :meth:`Round.row_sums`, O(nnz)).
   """
-  if sparse.issparse(w):
+  if isinstance(w, Round):
+    sums = w.column_sums() if axis == 0 else w.row_sums()
+  elif sparse.issparse(w):
     sums = np.asarray(w.sum(axis=axis), np.float64).ravel()
   else:
     sums = np.asarray(w, np.float64).sum(axis=axis)
@@ -580,7 +597,8 @@ def check_column_sums(w, where: str) -> None:
   matrix moves all of every worker's mass (push-sum, Assran et al. 2019).
 
   Args:
-    w: float64 [n, n] mixing matrix (dense, or ``scipy.sparse``).
+    w: float64 [n, n] mixing matrix (dense, ``scipy.sparse``, or a
+      :class:`Round`, whose sums are taken without forming ``W``).
     where: what ``w`` is, for the message (e.g. ``"mixing matrix 2"``).
   """
   k, total = first_bad_sum(w, axis=0)

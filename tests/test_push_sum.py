@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from scipy import sparse
 
 from conftest import require_devices
 from decentral_jax import optim, parallel, push_sum, topology
@@ -291,3 +294,42 @@ def test_plain_gossip_refuses_column_stochastic_topology():
   assert all(topology.make(name, 8).doubly_stochastic
              for name in topology.NAMES)
   assert push_sum.one_peer_directed_exp(8).doubly_stochastic
+
+
+def test_validation_at_16384_never_forms_dense_rounds():
+  """push_sum validates every round on its sparse plan: a dense float64
+  round at n = 16384 is 2 GiB, the built-ins here together stay < 200 MB."""
+  n = 16384
+  rng = np.random.default_rng(0)
+  keep = rng.uniform(0.2, 0.8, size=n)  # worker i keeps keep[i], sends the rest
+  i = np.arange(n)
+  directed = topology.Round.from_entries(
+      n, np.concatenate([i, (i + 1) % n]), np.concatenate([i, i]),
+      np.concatenate([keep, 1 - keep]))
+  leaky = topology.Round.from_entries(n, i, i, np.where(i == 7, 0.5, 1.0))
+  tracemalloc.start()
+  try:
+    built = [topology.make(name, n, 8 if name == "alternating_exp_ring" else 1)
+             for name in topology.NAMES]
+    built.append(topology.Topology("directed", [directed]))
+    for topo in built:
+      push_sum.push_sum(optax.sgd(0.1), topo)
+    with pytest.raises(ValueError, match=r"round 1 .* column 7 sums to 0\.5"):
+      push_sum.check_column_stochastic(topology.Topology("leaky", [directed, leaky]))
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < 200 * 2**20, peak / 2**20
+  assert not built[-1].doubly_stochastic
+  assert built[0].rounds[0].is_global_mean  # complete: n^2 sparse entries
+
+
+@pytest.mark.parametrize("as_sparse", [False, True])
+@pytest.mark.parametrize("bad", [-0.5, np.nan, np.inf])
+def test_negative_or_non_finite_weights(as_sparse, bad):
+  w = np.array([[1.0 - bad if np.isfinite(bad) else 0.5, 0.0], [bad, 1.0]])
+  rnd = topology.Round(matrix=sparse.csr_array(w) if as_sparse else w)
+  assert not rnd.is_nonnegative_finite()
+  with pytest.raises(ValueError, match=r"round 0 of topology 'hand' has "
+                     r"negative or non-finite weights"):
+    push_sum.push_sum(optax.sgd(0.1), topology.Topology("hand", [rnd]))
