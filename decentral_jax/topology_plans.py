@@ -1,4 +1,4 @@
-"""Mixing rounds stored as sparse permutation plans, and their linear algebra.
+"""Mixing rounds stored as sparse permutation plans, and their validation.
 
 A round ``W`` (float64 [n, n], row ``i`` = what worker ``i`` receives) is
 kept as the plan that realises it with collectives
@@ -14,292 +14,38 @@ Applying a round costs O(nnz) (O(n) for a partition) in vectorised NumPy /
 ``scipy.sparse``, which is what the schedule-level quantities use
 (:func:`deviation_norm`, :func:`maps_to_mean`).
 
-:mod:`decentral_jax.topology` builds schedules from these rounds and
+Layout: the plan pieces and the decomposition of a CSR matrix into them are
+in :mod:`decentral_jax.plan_terms`, the linear algebra of a period in
+:mod:`decentral_jax.spectral`; both are re-exported here under their old
+names. :mod:`decentral_jax.topology` builds schedules from these rounds and
 re-exports :class:`PermuteTerm`, :class:`Round`, :class:`Partition` and
-:func:`check_column_sums`. This module imports nothing from the package.
+:func:`check_column_sums`.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 from scipy import sparse
-from scipy.sparse import linalg as sparse_linalg
+
+from decentral_jax import plan_terms
+from decentral_jax.plan_terms import PARTITION_ATOL
+from decentral_jax.plan_terms import Partition
+from decentral_jax.plan_terms import PermuteTerm
+from decentral_jax.plan_terms import accumulate
+from decentral_jax.plan_terms import find_partition
+from decentral_jax.plan_terms import offset_terms
+from decentral_jax.plan_terms import plan_from_csr
+from decentral_jax.spectral import DENSE_MAX
+from decentral_jax.spectral import apply_period
+from decentral_jax.spectral import deviation_norm
+from decentral_jax.spectral import maps_to_mean
+
+__all__ = ["DENSE_MAX", "PARTITION_ATOL", "Partition", "PermuteTerm", "Round",
+           "TOL", "accumulate", "apply_period", "check_column_sums",
+           "deviation_norm", "find_partition", "first_bad_sum", "maps_to_mean",
+           "offset_terms", "plan_from_csr", "validate_matrix"]
 
 TOL = 1e-9  # row / column sums must be 1 within this
-PARTITION_ATOL = 1e-15  # entries of a group mean: 1/|G| within this
-DENSE_MAX = 512  # "auto" methods form [n, n] products up to this n
-
-
-def _readonly(a, dtype) -> np.ndarray:
-  a = np.array(a, dtype=dtype)
-  a.setflags(write=False)
-  return a
-
-
-def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-  """Concatenation of ``arange(lo[k], hi[k])`` over ``k``, vectorised."""
-  lengths = hi - lo
-  total = int(lengths.sum())
-  if not total:
-    return np.zeros(0, np.int64)
-  shift = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-  return np.arange(total, dtype=np.int64) + shift
-
-
-class PermuteTerm:
-  """One ``jax.lax.ppermute`` of a round, with per-receiver weights.
-
-  Args:
-    perm: ``(source, destination)`` pairs (a sequence of pairs or an int
-      array [k, 2]); sources are distinct and destinations are distinct.
-    weights: length-``n`` sequence of floats; ``weights[i]`` multiplies what
-      worker ``i`` receives through this term (0 where ``i`` receives
-      nothing).
-
-  Attributes:
-    perm: the pairs as a tuple of ``(int, int)``, exactly as ``lax.ppermute``
-      takes them (built from ``sources`` / ``destinations`` on each access).
-    sources, destinations: int64 [k] read-only arrays of the pairs.
-    weights: float64 [n] read-only array.
-  """
-
-  __slots__ = ("_src", "_dst", "_weights")
-
-  def __init__(self, perm, weights):
-    pairs = np.asarray(perm, np.int64).reshape(-1, 2)
-    self._src = _readonly(pairs[:, 0], np.int64)
-    self._dst = _readonly(pairs[:, 1], np.int64)
-    self._weights = _readonly(weights, np.float64)
-
-  @classmethod
-  def from_arrays(cls, sources, destinations, weights) -> "PermuteTerm":
-    """The term with pairs ``(sources[k], destinations[k])``; no copy of [k, 2]."""
-    term = cls.__new__(cls)
-    term._src = _readonly(sources, np.int64)
-    term._dst = _readonly(destinations, np.int64)
-    term._weights = _readonly(weights, np.float64)
-    return term
-
-  sources = property(lambda self: self._src)
-  destinations = property(lambda self: self._dst)
-  weights = property(lambda self: self._weights)
-
-  @property
-  def perm(self) -> tuple[tuple[int, int], ...]:
-    return tuple(zip(self._src.tolist(), self._dst.tolist()))
-
-  def __eq__(self, other):
-    if not isinstance(other, PermuteTerm):
-      return NotImplemented
-    return (np.array_equal(self._src, other._src) and
-            np.array_equal(self._dst, other._dst) and
-            np.array_equal(self._weights, other._weights))
-
-  def __hash__(self):
-    return hash((self._src.tobytes(), self._dst.tobytes()))
-
-  def __repr__(self):
-    return f"PermuteTerm(pairs={self._src.size}, n={self._weights.size})"
-
-
-class Partition:
-  """A partition of workers ``0..n-1`` into groups, stored as two arrays.
-
-  Groups are sorted ascending and ordered by their smallest member.
-
-  Attributes:
-    order: int64 [n] read-only, the workers listed group by group.
-    starts: int64 [G + 1] read-only; group ``g`` is
-      ``order[starts[g]:starts[g + 1]]``.
-  """
-
-  __slots__ = ("order", "starts", "_tuples")
-
-  def __init__(self, order, starts):
-    self.order = _readonly(order, np.int64)
-    self.starts = _readonly(starts, np.int64)
-    self._tuples = None
-
-  @classmethod
-  def from_labels(cls, labels) -> "Partition":
-    """Workers with equal ``labels[i]`` (int [n], any values) form one group."""
-    labels = np.asarray(labels, np.int64)
-    n = labels.size
-    _, inv = np.unique(labels, return_inverse=True)
-    first = np.full(inv.max() + 1 if n else 0, n, np.int64)
-    np.minimum.at(first, inv, np.arange(n))
-    key = first[inv]
-    order = np.lexsort((np.arange(n), key))
-    cuts = np.flatnonzero(np.diff(key[order])) + 1
-    return cls(order, np.concatenate([[0], cuts, [n]]))
-
-  @classmethod
-  def from_groups(cls, groups: Sequence[Sequence[int]]) -> "Partition":
-    """From a sequence of groups of worker indices covering ``0..n-1`` once.
-
-    Raises:
-      ValueError: the groups are not a partition of ``0..n-1``.
-    """
-    members = [int(w) for g in groups for w in g]
-    n = len(members)
-    if sorted(members) != list(range(n)) or any(len(g) == 0 for g in groups):
-      raise ValueError(f"groups {groups!r} are not a partition of 0..{n - 1}.")
-    labels = np.empty(n, np.int64)
-    for k, g in enumerate(groups):
-      labels[list(g)] = k
-    return cls.from_labels(labels)
-
-  @property
-  def n_workers(self) -> int:
-    return self.order.size
-
-  @property
-  def sizes(self) -> np.ndarray:
-    """int64 [G], the group sizes."""
-    return np.diff(self.starts)
-
-  def labels(self) -> np.ndarray:
-    """int64 [n]: the index of each worker's group."""
-    out = np.empty(self.n_workers, np.int64)
-    out[self.order] = np.repeat(np.arange(self.sizes.size), self.sizes)
-    return out
-
-  def as_tuples(self) -> tuple[tuple[int, ...], ...]:
-    if self._tuples is None:
-      flat = self.order.tolist()
-      s = self.starts.tolist()
-      self._tuples = tuple(tuple(flat[a:b]) for a, b in zip(s[:-1], s[1:]))
-    return self._tuples
-
-  def __eq__(self, other):
-    if not isinstance(other, Partition):
-      return NotImplemented
-    return (np.array_equal(self.order, other.order) and
-            np.array_equal(self.starts, other.starts))
-
-  __hash__ = None
-
-  def mean(self, x: np.ndarray) -> np.ndarray:
-    """Each row of ``x`` [n, ...] replaced by the mean over its group."""
-    sums = np.add.reduceat(x[self.order], self.starts[:-1], axis=0)
-    sizes = self.sizes.reshape((-1,) + (1,) * (x.ndim - 1))
-    out = np.empty_like(sums, shape=x.shape)
-    out[self.order] = np.repeat(sums / sizes, self.sizes, axis=0)
-    return out
-
-  def entries(self):
-    """``(rows, cols, vals)`` of the group-mean matrix (``sum |G|^2`` entries)."""
-    sizes = self.sizes
-    gid = np.repeat(np.arange(sizes.size), sizes)
-    m = sizes[gid]
-    rows = np.repeat(self.order, m)
-    cols = self.order[_ranges(self.starts[gid], self.starts[gid + 1])]
-    return rows, cols, np.repeat(1.0 / m, m)
-
-  def terms(self) -> tuple[PermuteTerm, ...]:
-    """``max|G| - 1`` ppermutes: in term ``s``, member ``a`` receives from
-    member ``a + s`` (mod ``|G|``) of its group, with weight ``1/|G|``;
-    pairs sorted by source."""
-    n, sizes = self.n_workers, self.sizes
-    gid = np.repeat(np.arange(sizes.size), sizes)
-    start, m = self.starts[gid], sizes[gid]
-    a = np.arange(n) - start
-    weight = 1.0 / m
-    terms = []
-    for s in range(1, int(sizes.max()) if n else 0):
-      on = m > s
-      src = self.order[start[on] + (a[on] + s) % m[on]]
-      dst = self.order[on]
-      k = np.argsort(src, kind="stable")
-      w = np.zeros(n)
-      w[dst] = weight[on]
-      terms.append(PermuteTerm.from_arrays(src[k], dst[k], w))
-    return tuple(terms)
-
-
-def find_partition(n: int, indptr, indices, data) -> Partition | None:
-  """The groups if the CSR matrix is a set of uniform group means, else None.
-
-  Worker ``i`` (ascending, not yet grouped) opens group ``g`` = the support
-  of row ``i``, which must contain ``i``; every row ``j`` in ``g`` must be
-  ungrouped and equal ``1_g / |g|`` within :data:`PARTITION_ATOL`
-  (entries outside ``g`` of at most that size are tolerated).
-  ``indices`` must be sorted within each row.
-  """
-  seen = np.zeros(n, bool)
-  inside = np.zeros(n, bool)
-  groups = []
-  for i in range(n):
-    if seen[i]:
-      continue
-    g = indices[indptr[i]:indptr[i + 1]]
-    m = g.size
-    k = int(np.searchsorted(g, i))
-    if k == m or g[k] != i or seen[g].any():
-      return None
-    idx = _ranges(indptr[g], indptr[g + 1])
-    cols, vals = indices[idx], data[idx]
-    inside[g] = True
-    on = inside[cols]
-    bad = np.where(on, np.abs(vals - 1.0 / m) > PARTITION_ATOL,
-                   np.abs(vals) > PARTITION_ATOL)
-    inside[g] = False
-    if bad.any() or int(on.sum()) != m * m:
-      return None
-    seen[g] = True
-    groups.append(g)
-  return Partition(np.concatenate(groups), np.cumsum([0] + [g.size for g in groups]))
-
-
-def offset_terms(n: int, dst, src, vals) -> tuple[PermuteTerm, ...]:
-  """Cover off-diagonal entries ``W[dst, src] = vals`` with few ppermutes.
-
-  Edges are grouped by cyclic offset ``(src - dst) mod n`` (each class is a
-  partial permutation), then classes whose sources and destinations are
-  disjoint are merged greedily, largest first (ties: smaller offset first).
-  Pairs in each term are sorted by source.
-  """
-  if not dst.size:
-    return ()
-  off = (src - dst) % n
-  by_off = np.argsort(off, kind="stable")
-  offsets, first, counts = np.unique(off[by_off], return_index=True,
-                                     return_counts=True)
-  buckets: list[tuple[np.ndarray, np.ndarray, list]] = []
-  for c in np.lexsort((offsets, -counts)):
-    idx = by_off[first[c]:first[c] + counts[c]]
-    for used_src, used_dst, parts in buckets:
-      if not (used_src[src[idx]].any() or used_dst[dst[idx]].any()):
-        break
-    else:
-      used_src, used_dst, parts = np.zeros(n, bool), np.zeros(n, bool), []
-      buckets.append((used_src, used_dst, parts))
-    used_src[src[idx]] = used_dst[dst[idx]] = True
-    parts.append(idx)
-  terms = []
-  for _, _, parts in buckets:
-    idx = np.concatenate(parts)
-    idx = idx[np.argsort(src[idx], kind="stable")]
-    w = np.zeros(n)
-    w[dst[idx]] = vals[idx]
-    terms.append(PermuteTerm.from_arrays(src[idx], dst[idx], w))
-  return tuple(terms)
-
-
-def accumulate(n: int, rows, cols, vals):
-  """Sums duplicate ``(row, col)`` entries in input order; drops zeros.
-
-  Returns ``(rows, cols, vals)`` sorted row-major, as a dense ``w[r, c] +=
-  v`` loop over the input would leave them (same order of additions).
-  """
-  rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
-  key, inv = np.unique(rows * n + cols, return_inverse=True)
-  acc = np.zeros(key.size)
-  np.add.at(acc, inv, np.asarray(vals, np.float64))
-  keep = acc != 0
-  return key[keep] // n, key[keep] % n, acc[keep]
 
 
 class Round:
@@ -337,7 +83,7 @@ class Round:
         else Partition.from_groups(groups)
     if matrix is not None:
       m = (sparse.csr_array(matrix, dtype=np.float64) if sparse.issparse(matrix)
-           else _readonly(matrix, np.float64))
+           else plan_terms.readonly(matrix, np.float64))
       if m.ndim != 2 or m.shape[0] != m.shape[1]:
         raise ValueError(f"a round's matrix must be square, got {m.shape}.")
       self._given = m
@@ -357,7 +103,7 @@ class Round:
       raise ValueError("a Round needs a matrix, groups, or self_weights.")
     self._n = n
     self._partition = part
-    self._self = _readonly(self_weights, np.float64)
+    self._self = plan_terms.readonly(self_weights, np.float64)
     if self._self.shape != (n,):
       raise ValueError(f"self_weights has shape {self._self.shape}, expected ({n},).")
     self._terms = None if terms is None else tuple(terms)
@@ -547,30 +293,8 @@ class Round:
     return f"Round(n_workers={self._n}, {kind})"
 
 
-def plan_from_csr(n: int, indptr, indices, data):
-  """``(self_weights, partition, terms)`` of the CSR matrix (sorted indices).
-
-  A set of group means (:func:`find_partition`) gets ``terms=None`` (built
-  from the partition when used; none if all groups are singletons), any
-  other matrix :func:`offset_terms` over its off-diagonal entries.
-  """
-  indptr = np.asarray(indptr, np.int64)
-  indices = np.asarray(indices, np.int64)
-  data = np.asarray(data, np.float64)
-  rows = np.repeat(np.arange(n), np.diff(indptr))
-  diag = rows == indices
-  self_w = np.zeros(n)
-  self_w[rows[diag]] = data[diag]
-  keep = data > 0
-  part = find_partition(n, indptr, indices, data) if keep.all() else None
-  if part is not None:
-    return self_w, part, (() if int(part.sizes.max()) <= 1 else None)
-  off = ~diag & keep
-  return self_w, None, offset_terms(n, rows[off], indices[off], data[off])
-
-
 # --------------------------------------------------------------------------
-# Validation of dense input.
+# Validation of mixing matrices and rounds.
 # --------------------------------------------------------------------------
 
 
@@ -646,107 +370,3 @@ def validate_matrix(w, index: int, n: int | None,
           f"{total:.6g}, expected 1 (every row and column of W must sum to "
           "1).")
   return w
-
-
-# --------------------------------------------------------------------------
-# Linear algebra of a period P = W_{p-1} ... W_1 W_0.
-# --------------------------------------------------------------------------
-
-
-def apply_period(rounds: Sequence[Round], x, transpose: bool = False):
-  """``P x`` (or ``P^T x = W_0^T ... W_{p-1}^T x``), ``x`` float [n] or [n, k]."""
-  x = np.asarray(x, np.float64)
-  for r in (reversed(rounds) if transpose else rounds):
-    x = r.apply(x, transpose)
-  return x
-
-
-def _check_method(method: str, allowed: Sequence[str]) -> None:
-  if method not in allowed:
-    raise ValueError(f"method must be one of {', '.join(map(repr, allowed))}, "
-                     f"got {method!r}.")
-
-
-def deviation_norm(rounds: Sequence[Round], method: str = "auto") -> float:
-  """``||P - J||_2``, ``P`` the period product and ``J = 11^T / n``.
-
-  Methods:
-    ``"dense"``: ``P`` formed as [n, n] (by applying the rounds to the
-      identity), then ``np.linalg.norm(P - J, 2)`` (LAPACK SVD, O(n^3)).
-    ``"sparse"``: the largest eigenvalue of ``(P - J)^T (P - J)``, applied
-      as a ``LinearOperator`` (no [n, n] array), by ARPACK Lanczos
-      (``scipy.sparse.linalg.eigsh``, tolerance: machine precision, start
-      vector from ``default_rng(0)``); the square root is returned, so the
-      result is accurate to about 1e-15 relative once converged. If ARPACK
-      breaks down because ``P - J`` is zero up to rounding (``||(P - J)
-      v0|| < 1e-10 ||v0||``), that ratio is returned. Each
-      iteration costs two passes over the period (O(p * nnz)); clustered
-      top singular values (gaps ~1/n^2) need many iterations. ``n < 3``
-      is always dense.
-    ``"auto"``: dense for ``n <= DENSE_MAX`` (512), else sparse.
-
-  Raises:
-    ValueError: unknown method.
-    RuntimeError: ARPACK did not converge or broke down otherwise.
-  """
-  _check_method(method, ("auto", "dense", "sparse"))
-  n = rounds[0].n_workers
-  if method == "auto":
-    method = "dense" if n <= DENSE_MAX else "sparse"
-  if method == "dense" or n < 3:
-    dev = apply_period(rounds, np.eye(n)) - 1.0 / n
-    return float(np.linalg.norm(dev, 2))
-
-  def a(x):
-    return apply_period(rounds, x) - x.mean(axis=0, keepdims=True)
-
-  def a_t(y):
-    return apply_period(rounds, y, True) - y.mean(axis=0, keepdims=True)
-
-  v0 = np.random.default_rng(0).standard_normal(n)
-  ratio = float(np.linalg.norm(a(v0)) / np.linalg.norm(v0))
-  op = sparse_linalg.LinearOperator(
-      (n, n), matvec=lambda x: a_t(a(x)), matmat=lambda x: a_t(a(x)),
-      dtype=np.float64)
-  try:
-    lam = sparse_linalg.eigsh(op, k=1, which="LA", v0=v0, ncv=min(n, 64),
-                              maxiter=100 * n, return_eigenvectors=False)
-  except sparse_linalg.ArpackNoConvergence as e:
-    raise RuntimeError(f"||P - J||_2 (ARPACK) did not converge for n={n}: "
-                       f"{e}; use method='dense'.") from None
-  except sparse_linalg.ArpackError as e:
-    if ratio < 1e-10:  # P - J is rounding noise: no Krylov space to build
-      return ratio
-    raise RuntimeError(f"||P - J||_2 (ARPACK) failed for n={n}: {e}; use "
-                       "method='dense'.") from None
-  return float(np.sqrt(max(float(lam[0]), 0.0)))
-
-
-def maps_to_mean(rounds: Sequence[Round], atol: float = 1e-12,
-                 method: str = "auto") -> bool:
-  """True if the period product ``P`` equals ``J = 11^T / n`` within ``atol``.
-
-  Methods:
-    ``"dense"``: ``P`` formed as [n, n]; ``max_ij |P_ij - 1/n| <= atol``
-      (O(n^2) memory).
-    ``"random"``: ``max_i |(P x)_i - mean(x)| <= atol`` for 4 standard normal
-      vectors ``x`` (``default_rng(0)``), O(p * nnz). Exact averaging passes
-      (rounding leaves ~1e-16 * |x|); ``(P x)_i - mean(x)`` is normal with
-      standard deviation ``r_i``, the norm of row ``i`` of ``P - J``, so a
-      wrong ``True`` has probability at most about ``(0.8 atol / max_i
-      r_i)^4``.
-    ``"auto"``: dense for ``n <= DENSE_MAX`` (512), else random.
-
-  Raises:
-    ValueError: unknown method.
-  """
-  _check_method(method, ("auto", "dense", "random"))
-  n = rounds[0].n_workers
-  if method == "auto":
-    method = "dense" if n <= DENSE_MAX else "random"
-  if method == "dense":
-    return bool(np.allclose(apply_period(rounds, np.eye(n)), 1.0 / n,
-                            rtol=0, atol=atol))
-  x = np.random.default_rng(0).standard_normal((n, 4))
-  y = apply_period(rounds, x)
-  return bool(np.max(np.abs(y - x.mean(axis=0))) <= atol)
