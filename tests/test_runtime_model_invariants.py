@@ -30,10 +30,13 @@ from decentral_jax.runtime_model import traffic
 # blocking SGP, and the local-update methods).
 METHODS = ("all_reduce", "one_peer_exp", "aer", "complete", "ring", "sgp",
            "local_sgd:H=4", "diloco:H=4", "streaming_diloco:H=4,P=2,tau=1",
-           "local_dsgd:H=2,topology=one_peer_exp")
+           "local_dsgd:H=2,topology=one_peer_exp",
+           "one_peer_exp:comm_dtype=bfloat16,bucket_MiB=8",
+           "accum_adam:T=4,topology=ring")
 # Dimensionless or typed fields (everything else must carry a unit suffix).
 UNITLESS = {"n_workers", "local_size", "multi_node", "intra_link",
             "nics_per_node", "nic_efficiency", "full_duplex",
+            "devices_per_worker", "worker_layout",
             "param_count",
             "compute_cv", "grad_dtype", "param_dtype", "bucket_shares",
             "bucket_ready"}

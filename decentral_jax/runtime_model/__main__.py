@@ -41,7 +41,9 @@ from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import local_updates
 from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model import traffic
+from decentral_jax.runtime_model import workload as workload_lib
 
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
@@ -60,6 +62,7 @@ _BOUNDS = {
     "--params": (0, True), "--forward-ms": (0, False),
     "--backward-ms": (0, False), "--optimizer-ms": (0, False),
     "--compute-cv": (0, False), "--bucket-MiB": (0, True),
+    "--devices-per-worker": (1, False),
     "--seed": (0, False),
 }
 
@@ -301,7 +304,9 @@ def workload_from_args(args) -> core.Workload:
       backward_s=args.backward_ms * 1e-3,
       optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
       compute_samples_s=samples, grad_dtype=args.grad_dtype,
-      param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20)
+      param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20,
+      devices_per_worker=args.devices_per_worker,
+      worker_layout=args.worker_layout)
 
 
 # predict flag -> (Cluster or Workload field, value from the parsed flags).
@@ -317,7 +322,8 @@ _WORKLOAD_FIELDS = {
     "--param-dtype": "param_dtype", "--forward-ms": "forward_s",
     "--backward-ms": "backward_s", "--optimizer-ms": "optimizer_s",
     "--compute-cv": "compute_cv", "--compute-samples-ms": "compute_samples_s",
-    "--bucket-MiB": "bucket_bytes"}
+    "--bucket-MiB": "bucket_bytes", "--devices-per-worker": "devices_per_worker",
+    "--worker-layout": "worker_layout"}
 
 
 def _explicit(args) -> set:
@@ -414,7 +420,9 @@ def _predict(args) -> int:
         steps = simulated_steps(m, args.steps)
       except ValueError as e:
         raise ValueError(f"--methods {meth} at --n-workers {n}: {e}") from None
-      meth = m.name if m.kind == "local" else meth
+      if m.kind == "local" or ":" in meth or m.name.startswith(
+          ("dadam", "accum_adam")):
+        meth = m.name  # the canonical spec, every parameter spelled out
       if m.topology is not None and not m.topology.has_finite_time_consensus():
         slow_mixing.append(meth)
       if m.kind == "local" and m.period > 1:
@@ -425,7 +433,9 @@ def _predict(args) -> int:
       table[meth] = (sim, est)
       sent[meth] = traffic.bytes_per_iteration(m, c, w)
     ar = table.get("all_reduce", (None,))[0]
-    print(f"n={n} workers ({c.n_nodes} nodes x {c.local_size}), "
+    span = (f" of {w.devices_per_worker} devices ({w.worker_layout})"
+            if w.devices_per_worker > 1 else "")
+    print(f"n={n} workers{span} ({c.n_nodes} nodes x {c.local_size}), "
           f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
           f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
     width = max([22] + [len(label(k)) + 3 for k in table])
@@ -441,6 +451,13 @@ def _predict(args) -> int:
             f"{sent[meth].node_bytes / 1e6:11.1f}")
     print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
           "node MB/it: leaving the busiest node (averaged over a period)")
+    if w.devices_per_worker > 1:
+      inner = next(iter(sent.values())).inner_bytes
+      print(f"  inside each worker (every method): "
+            f"{1e3 * spanning.inner_collective_s(c, w):.1f} ms and "
+            f"{inner / 1e6:.1f} MB per iteration between its "
+            f"{w.devices_per_worker} devices ({w.worker_layout}), counted "
+            "in comm ms")
     if slow_mixing:
       print("  * no exact averaging within one period (slower mixing); not "
             "recommended")
@@ -602,6 +619,8 @@ _WORKLOAD_FLAGS = (
     ("--compute-samples-ms", _list(float), None, "comma-separated samples of "
      "fwd+bwd, ms (replace the mean and CV)"),
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
+    ("--devices-per-worker", int, 1, "devices of one worker "
+     "(config.devices_per_worker; compute times are the worker's)"),
 )
 
 
@@ -639,6 +658,11 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, typ, default, text in flags:
       g.add_argument(flag, type=typ, default=default,
                      help=f"{text} (default {default})")
+    if title == "workload":
+      g.add_argument("--worker-layout", choices=workload_lib.WORKER_LAYOUTS,
+                     default="fsdp", help="with --devices-per-worker > 1: "
+                     "fsdp (parameters split over the worker's devices) or "
+                     "data (replicated) (default fsdp)")
     if title == "cluster":
       g.add_argument("--multi-node", choices=core.MULTI_NODE_ALGORITHMS,
                      default="tree", help="algorithm of group means over "

@@ -43,6 +43,7 @@ from decentral_jax.runtime_model.costs import (  # noqa: F401
     MULTI_NODE_ALGORITHMS, Cluster, RoundCost, _group_cost, _members,
     _positive, all_reduce_cost, group_round_cost, pair_exchange_time,
     permute_round_cost, ring_all_reduce_time, round_cost)
+from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model.workload import (  # noqa: F401
     Workload, expected_max_normal)
 
@@ -86,9 +87,13 @@ class Method:
       on the wire: "params" (the parameters in ``Workload.param_dtype``;
       Local SGD, local D-SGD / DAdam) or "theta" (DiLoCo's global copy,
       ``param_dtype`` promoted to at least float32). Default "params".
-    comm_dtype: kind "local" only: optional dtype of the message on the
-      wire (numpy name, e.g. "bfloat16"), overriding ``message``'s dtype;
-      bytes scale with its itemsize. Default None.
+    comm_dtype: kinds "local" and "gossip": optional dtype of the message
+      on the wire (numpy name, e.g. "bfloat16"; ``config.comm_dtype``),
+      overriding ``message``'s (gossip: the parameters') dtype; bytes scale
+      with its itemsize. Default None.
+    bucket_bytes: optional bucket size (bytes) for this method, replacing
+      ``Workload.bucket_bytes`` (``config.bucket_bytes`` of bucketed
+      gossip). Default None.
 
   Kind "local" (local-update methods: Local SGD, DiLoCo, Streaming DiLoCo,
   decentralized DiLoCo, local D-SGD / DAdam) takes ``H - 1`` purely local
@@ -109,6 +114,7 @@ class Method:
   overlap_steps: int = 0
   message: str = "params"
   comm_dtype: str | None = None
+  bucket_bytes: float | None = None
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
     """One :class:`RoundCost` per topology round (measured times if given)."""
@@ -160,12 +166,15 @@ def make_method(spec, c: Cluster) -> Method:
       bad part), or a topology built for another ``n``.
   """
   from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runtime_model import specs  # pylint: disable=import-outside-toplevel
   if isinstance(spec, Method):
     topo = spec.topology
   elif isinstance(spec, topology_lib.Topology):
     topo, spec = spec, Method(spec.name, "gossip", spec)
   else:
     key = str(spec).strip().lower().replace("-", "_")
+    if specs.is_gossip_spec(key):
+      return specs.parse(str(spec), c)
     if local_updates.is_local_spec(key):
       return local_updates.parse_spec(str(spec), c)
     if key in ("all_reduce", "allreduce", "ar"):
@@ -184,6 +193,8 @@ def make_method(spec, c: Cluster) -> Method:
                      "both for the same n.")
   if spec.kind == "gossip" and topo is None:
     raise ValueError("a gossip Method needs a topology.")
+  if spec.bucket_bytes is not None:
+    _positive("Method.bucket_bytes", spec.bucket_bytes)
   local_updates.check_method(spec)
   return spec
 
@@ -334,6 +345,17 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
     An :class:`Estimate`.
   """
   m = make_method(method, c)
+  c_eff, w_eff = spanning.effective(m, c, w)
+  est = _closed_form(m, c_eff, w_eff)
+  inner = w_eff.optimizer_s - w.optimizer_s
+  if inner <= 0:
+    return est
+  # Collectives inside a worker of several devices: communication, exposed.
+  return dataclasses.replace(est, compute_s=est.compute_s - inner,
+                             exposed_comm_s=est.exposed_comm_s + inner)
+
+
+def _closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   if m.kind == "local":
     from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
     return local_updates.closed_form(m, c, w)
@@ -418,6 +440,7 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     raise ValueError(f"need 0 <= warmup < steps, got warmup={warmup}, "
                      f"steps={steps}.")
   m = make_method(method, c)
+  c, w = spanning.effective(m, c, w)
   n = c.n_workers
   fwd_m, bwd_m = _split(w)
   fac = w.compute_factors(steps, n, seed)

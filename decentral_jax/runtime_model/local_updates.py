@@ -244,13 +244,17 @@ def check_method(m: core.Method) -> None:
       set on a kind other than "local".
   """
   if m.kind != "local":
-    odd = [f for f, default in (("period", 1), ("fragments", 1),
-                                ("overlap_steps", 0), ("comm_dtype", None))
-           if getattr(m, f) != default]
+    fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0))
+    if m.kind == "all_reduce":
+      fields += (("comm_dtype", None),)
+    elif m.comm_dtype is not None:
+      _floating(m.comm_dtype, f"Method {m.name!r}")
+    odd = [f for f, default in fields if getattr(m, f) != default]
     if odd:
-      raise ValueError(f"Method {m.name!r}: {', '.join(odd)} apply to kind "
-                       "'local' only; use kind='local' (or a spec such as "
-                       "'diloco:H=10').")
+      raise ValueError(f"Method {m.name!r}: {', '.join(odd)} do not apply "
+                       f"to kind {m.kind!r} (period, fragments and "
+                       "overlap_steps are for kind 'local', e.g. "
+                       "'diloco:H=10'; comm_dtype for 'local' and 'gossip').")
     return
   h, p, tau = m.period, m.fragments, m.overlap_steps
   if not _is_int(h) or h < 1:

@@ -14,8 +14,12 @@ move, with the same algorithms as their costs (message ``M`` bytes):
   source's node if the destination is elsewhere).
 
 All-Reduce moves ``M_g`` (gradients) every step; gossip one round of
-``M_x`` every step; local-update methods one sync message (all fragments)
-every ``H`` steps. Measured times (``Method.measured_s``) do not change the
+``M_x`` (in ``comm_dtype`` if set) every step; local-update methods one
+sync message (all fragments) every ``H`` steps. A worker of ``D`` devices
+sends ``D`` times these with the ``"data"`` layout (every device sends the
+full message) and the same with ``"fsdp"`` (each device its ``1/D``
+shard); its devices also send each other ``Traffic.inner_bytes``
+(:func:`decentral_jax.runtime_model.spanning.inner_bytes`). Measured times (``Method.measured_s``) do not change the
 bytes.
 
 Units: bytes per iteration (one step of one worker).
@@ -29,6 +33,7 @@ import numpy as np
 
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_updates
+from decentral_jax.runtime_model import spanning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,12 +41,16 @@ class Traffic:
   """Bytes per iteration, averaged over the method's schedule period.
 
   Attributes:
-    worker_bytes: bytes the busiest worker sends per iteration.
+    worker_bytes: bytes the busiest worker sends to other workers per
+      iteration (all its devices together).
     node_bytes: bytes leaving the busiest node per iteration (0 on one node).
+    inner_bytes: bytes a worker's devices send to each other per iteration
+      (workers of several devices; 0 otherwise).
   """
 
   worker_bytes: float
   node_bytes: float
+  inner_bytes: float = 0.0
 
 
 def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node) -> None:
@@ -93,6 +102,11 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
     ValueError: as :func:`decentral_jax.runtime_model.core.make_method`.
   """
   m = core.make_method(method, c)
+  d, layout = w.devices_per_worker, w.worker_layout
+  inner = spanning.inner_bytes(w)
+  c, w = spanning.effective(m, c, w)
+  # "data": each of the D devices sends the full message; "fsdp": its shard.
+  copies = d if layout == "data" else 1
   if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
     nbytes = (w.grad_bytes if m.kind == "all_reduce"
               else local_updates.message_bytes(m, w))
@@ -107,5 +121,6 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
       wb, nb = round_bytes(c, rnd, nbytes)
       worker, node = worker + wb, node + nb
     steps = m.topology.period * (m.period if m.kind == "local" else 1)
-  return Traffic(float(worker.max()) / steps,
-                 float(node.max()) / steps if node.size else 0.0)
+  return Traffic(copies * float(worker.max()) / steps,
+                 copies * float(node.max()) / steps if node.size else 0.0,
+                 inner)

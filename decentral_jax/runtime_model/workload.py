@@ -14,6 +14,8 @@ from scipy import special
 
 from decentral_jax.runtime_model.costs import _positive
 
+WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.layouts.MODES
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
   """Model size and per-worker compute time of one training iteration.
@@ -38,6 +40,16 @@ class Workload:
     bucket_ready: optional fraction of the backward after which each bucket
       is ready (non-decreasing, last = 1; without ``bucket_shares`` the
       buckets are equal); default: cumulative shares.
+    devices_per_worker: devices ``D`` of one worker (``config.
+      devices_per_worker``), all in one node; the compute times are the
+      worker's (its ``D`` devices together). Default 1.
+    worker_layout: how a worker of ``D > 1`` devices holds its state
+      (``config.worker_layout``): ``"fsdp"`` (parameters split over its
+      devices; each forward/backward all-gathers the parameters and
+      reduce-scatters the gradients inside the worker; a one-peer gossip
+      round sends ``param_bytes / D`` per device) or ``"data"`` (replicated;
+      gradients all-reduced inside the worker; every device sends the full
+      parameters). See :mod:`decentral_jax.runtime_model.spanning`.
   """
 
   param_count: float
@@ -51,12 +63,21 @@ class Workload:
   bucket_bytes: float = 25 * 2**20
   bucket_shares: tuple[float, ...] | None = None
   bucket_ready: tuple[float, ...] | None = None
+  devices_per_worker: int = 1
+  worker_layout: str = "fsdp"
 
   def __post_init__(self):
     for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
                  "compute_cv"):
       _positive(name, getattr(self, name), allow_zero=True)
     _positive("bucket_bytes", self.bucket_bytes)
+    d = self.devices_per_worker
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+      raise ValueError(f"devices_per_worker must be a positive integer, got "
+                       f"{d!r}.")
+    if self.worker_layout not in WORKER_LAYOUTS:
+      raise ValueError(f"worker_layout must be one of {WORKER_LAYOUTS}, got "
+                       f"{self.worker_layout!r}.")
     for name in ("grad_dtype", "param_dtype"):
       try:
         np.dtype(getattr(self, name))

@@ -1,0 +1,166 @@
+"""Every method of the library is priced: gossip specs (DAdam, AccumAdam,
+low-precision and bucketed gossip), workers that span devices (fsdp, data),
+and the mapping from a run config to a spec. Expected values are worked by
+hand from the alpha-beta formulas in docs/runtime_model.md."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from decentral_jax import config as config_lib
+from decentral_jax import topology
+from decentral_jax.runtime_model import __main__ as cli
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import specs
+from decentral_jax.runtime_model import traffic
+
+M = 100e6  # bytes: 25e6 float32 parameters
+
+
+def _zero_latency(n, local_size, intra=10e9, nic=1e9):
+  return core.Cluster(n, local_size, 0.0, intra, 0.0, nic, multi_node="tree")
+
+
+def test_dadam_and_accum_adam_cost_the_same_gossip():
+  c = core.Cluster(16, 4, 5e-6, 31.5e9, 30e-6, 3.125e9, multi_node="tree")
+  w = core.Workload(65e6, 0.02, 0.04, compute_cv=0.1)
+  m = core.make_method("accum_adam:T=8,topology=aer", c)
+  assert (m.kind, m.topology.name, m.name) == (
+      "gossip", "alternating_exp_ring",
+      "accum_adam:T=8,topology=alternating_exp_ring")
+  base = core.simulate("aer", c, w, steps=60, warmup=12)
+  for spec in ("accum_adam:topology=aer", "dadam:topology=aer",
+               "accum_adamw:T=2,topology=alternating_exp_ring"):
+    assert core.simulate(spec, c, w, steps=60, warmup=12) == base, spec
+    assert traffic.bytes_per_iteration(spec, c, w) == \
+        traffic.bytes_per_iteration("aer", c, w)
+  assert core.make_method("dadam", c).topology.name == "one_peer_exp"
+
+
+def test_bfloat16_gossip_halves_the_bytes_and_the_link_time():
+  c = _zero_latency(16, 4, intra=31.5e9, nic=3.125e9)
+  w = core.Workload(65e6, 0.0, 0.0)
+  fp32 = traffic.bytes_per_iteration("aer", c, w)
+  bf16 = traffic.bytes_per_iteration("aer:comm_dtype=bfloat16", c, w)
+  # AER on 4 nodes x 4 (tree): a node sends M = 260 MB every other step.
+  assert fp32.node_bytes == pytest.approx(130e6)
+  assert bf16.node_bytes == pytest.approx(65e6)
+  assert bf16.worker_bytes == pytest.approx(fp32.worker_bytes / 2)
+  t32 = core.simulate("aer", c, w, steps=40, warmup=8)
+  t16 = core.simulate("aer:comm_dtype=bfloat16", c, w, steps=40, warmup=8)
+  assert t16 == pytest.approx(t32 / 2, rel=1e-9)  # no latency: bytes only
+
+
+def test_bucket_size_sets_the_number_of_latencies():
+  a_in, a_out = 5e-6, 30e-6
+  c = core.Cluster(16, 4, a_in, 31.5e9, a_out, 3.125e9, multi_node="tree")
+  w = core.Workload(65e6, 0.0, 0.0)  # 260 MB of float32 gradients
+  small = core.simulate("all_reduce:bucket_MiB=1", c, w, steps=20, warmup=4)
+  large = core.simulate("all_reduce:bucket_MiB=100", c, w, steps=20, warmup=4)
+  nb_small, nb_large = math.ceil(260e6 / 2**20), math.ceil(260e6 / 100 / 2**20)
+  assert (nb_small, nb_large) == (248, 3)
+  # Tree over 4 nodes x 4: 2(L-1) a_in + 2(q-1) a_out per bucket.
+  assert small - large == pytest.approx((nb_small - nb_large)
+                                        * (6 * a_in + 6 * a_out))
+
+
+@pytest.mark.parametrize("layout, inner_ms, gossip_ms, worker_mb", [
+    # fsdp: all-gather + reduce-scatter of M each, (D-1)/D M / b = 5 ms
+    # each; gossip: each device sends its M/2 over its own link: 5 ms.
+    ("fsdp", 10.0, 5.0, 100.0),
+    # data: all-reduce 2(D-1)/D M / b = 10 ms; each device sends all M.
+    ("data", 10.0, 10.0, 200.0),
+])
+def test_workers_of_two_devices_in_one_node(layout, inner_ms, gossip_ms,
+                                            worker_mb):
+  c = _zero_latency(2, 2)
+  w = core.Workload(25e6, 0.0, 0.0, devices_per_worker=2, worker_layout=layout,
+                    bucket_bytes=1e12)
+  # Zero compute: the wait for the gossip, then the inner collectives.
+  for method in ("complete", "all_reduce"):
+    t = core.simulate(method, c, w, steps=20, warmup=4)
+    assert t == pytest.approx((inner_ms + gossip_ms) * 1e-3), method
+    est = core.closed_form(method, c, w)
+    assert est.iteration_s == pytest.approx(t)
+    assert est.exposed_comm_s == pytest.approx(t)  # all of it is comm
+  b = traffic.bytes_per_iteration("complete", c, w)
+  assert b.worker_bytes == pytest.approx(worker_mb * 1e6)
+  assert b.inner_bytes == pytest.approx(200e6)  # (D-1)(Mx+Mg) or 2(D-1)Mg
+
+
+def test_data_layout_puts_every_device_on_the_nic():
+  # 2 workers on 2 nodes, 2 devices each, 1 GB/s NIC: the pair exchange
+  # sends 2 x M (data) or 2 x M/2 (fsdp) through each node's NIC.
+  c = _zero_latency(2, 1, intra=1e12, nic=1e9)
+  for layout, want in (("data", 2 * M / 1e9), ("fsdp", M / 1e9)):
+    w = core.Workload(25e6, 0.0, 0.0, devices_per_worker=2,
+                      worker_layout=layout, bucket_bytes=1e12)
+    m = core.make_method("complete", c)
+    c_eff, _ = spanning.effective(m, c, w)
+    assert core.round_cost(c_eff, m.topology.rounds[0]).time(M)[0] == \
+        pytest.approx(want), layout
+    # Zero compute: that exchange plus the inner collectives at 1 TB/s:
+    # data 2(D-1)/D Mg, fsdp (D-1)/D (Mx + Mg), both M / 1e12 = 0.1 ms.
+    assert core.simulate(m, c, w, steps=20, warmup=4) == pytest.approx(
+        want + M / 1e12)
+
+
+def test_every_library_algorithm_and_topology_is_priced():
+  from decentral_jax import builders  # pylint: disable=import-outside-toplevel
+  assert set(specs.LIBRARY_SPECS) == set(builders.ALGORITHMS)
+  c = core.Cluster(16, 4, multi_node="tree")
+  w = core.Workload(65e6, 0.02, 0.04)
+  for algo in builders.ALGORITHMS:
+    cfg = config_lib.base_config("gpt")
+    cfg.algorithm = algo
+    spec, fields = specs.spec_for_config(cfg)
+    m = core.make_method(spec, c)
+    t = core.simulate(m, c, core.Workload(65e6, 0.02, 0.04, **fields),
+                      steps=80, warmup=16)
+    assert 0.06 <= t < 10, (algo, spec, t)
+  for name in topology.NAMES:
+    assert core.simulate(name, c, w, steps=30, warmup=6) >= 0.06, name
+  cfg = config_lib.base_config("gpt")
+  cfg.comm_dtype, cfg.bucket_bytes = "bfloat16", 25 * 2**20
+  cfg.devices_per_worker, cfg.worker_layout = 2, "data"
+  assert specs.spec_for_config(cfg) == (
+      "accum_adam:T=4,topology=one_peer_exp,comm_dtype=bfloat16,"
+      "bucket_MiB=25", {"devices_per_worker": 2, "worker_layout": "data"})
+  cfg.gossip_every = 4
+  assert specs.spec_for_config(cfg)[0] == (
+      "local_dsgd:H=4,topology=one_peer_exp,comm_dtype=bfloat16")
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("accum_adam:H=3", "no parameter 'H'"),
+    ("aer:comm_dtype=int8", "not a floating dtype"),
+    ("all_reduce:comm_dtype=bfloat16", "no parameter 'comm_dtype'"),
+    ("dadam:topology=hypercube", "not a topology"),
+    ("aer:bucket_MiB=-1", "bucket_MiB"),
+    ("accum_adam:T=0", "T="),
+    ("aer:comm_dtype", "not KEY=VALUE"),
+])
+def test_bad_specs_name_the_bad_part(spec, match):
+  with pytest.raises(ValueError, match=match):
+    core.make_method(spec, core.Cluster(16, 4))
+
+
+def test_cli_prints_every_method_with_bytes_and_inner_collectives(capsys):
+  assert cli.main([
+      "predict", "--n-workers", "16", "--local-size", "4", "--steps", "40",
+      "--devices-per-worker", "2", "--worker-layout", "data", "--methods",
+      "all_reduce,aer,aer:comm_dtype=bfloat16,accum_adam:T=4,topology=aer,"
+      "sgp,diloco:H=10,streaming_diloco:H=10,P=2,tau=1"]) == 0
+  out = capsys.readouterr().out
+  assert "n=16 workers of 2 devices (data)" in out
+  for name in ("All-Reduce", "Decent (AER)",
+               "alternating_exp_ring:comm_dtype=bfloat16",
+               "accum_adam:T=4,topology=alternating_exp_ring", "SGP (Exp)",
+               "diloco:H=10", "streaming_diloco:H=10,P=2,tau=1"):
+    assert any(line.strip().startswith(name) for line in out.splitlines()), \
+        name
+  assert "inside each worker (every method)" in out
+  assert "recommendation:" in out
