@@ -80,8 +80,12 @@ def _compute(config, repeats: int) -> tuple[dict, dict]:
   local_batch = int(config.global_batch) // n
   task = tasks.make_task(config, n, local_batch)
   device = jax.local_devices()[0]
-  params = jax.device_put(jax.jit(task.init_params)(jax.random.PRNGKey(0)),
-                          device)
+  # Zeros of the parameters' shapes: the timing of dense ops does not depend
+  # on the values, and tracing the initializer is much cheaper than running
+  # it (compiling it) on a cold process.
+  shapes = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
+  params = jax.device_put(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
+                                       shapes), device)
   count = int(sum(np.size(x) for x in jax.tree.leaves(params)))
 
   def loss(p, batch):
