@@ -43,7 +43,6 @@ callables for schedules (this module rejects what it makes of them)::
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -53,253 +52,20 @@ import optax
 
 from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
+from decentral_jax import transform_args
+from decentral_jax.accum_adam import ScaleByAccumAdamState
+from decentral_jax.accum_adam import scale_by_accum_adam
+from decentral_jax.transform_args import check_bucket_bytes
+from decentral_jax.transform_args import check_float_dtype
+from decentral_jax.transform_args import round_step
+
+__all__ = ["DecentralizedState", "GossipMixingState", "ScaleByAccumAdamState",
+           "all_reduce_gradients", "check_bucket_bytes", "check_float_dtype",
+           "decentralized", "decentralized_adamw", "default_weight_decay_mask",
+           "find_states", "gossip_mixing", "round_count", "round_step",
+           "scale_by_accum_adam"]
 
 PyTree = Any
-_NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
-              "params) with params.")
-
-
-def _compute_dtype(*dtypes) -> jnp.dtype:
-  """float32, or the widest of ``dtypes`` when wider (float64 stays float64)."""
-  return jnp.result_type(jnp.float32, *dtypes)
-
-
-def _as_dtype(x, dtype):
-  """A hyperparameter for arithmetic in ``dtype``.
-
-  Python numbers stay weakly typed (rounded to the dtype they meet, with
-  ``1 - b`` formed exactly in Python first), so float32 arithmetic is the
-  same as with a literal; arrays (e.g. from ``optax.inject_hyperparams``) are
-  cast to ``dtype``.
-  """
-  if isinstance(x, (int, float)) and not isinstance(x, bool):
-    return x
-  return jnp.asarray(x, dtype)
-
-
-def _concrete_float(x) -> float | None:
-  """``float(x)``, or None if ``x`` is traced (checked when it is known)."""
-  try:
-    return float(x)
-  except TypeError:  # includes jax.errors.ConcretizationTypeError
-    return None
-
-
-def _check_hyperparameter(name: str, value, *, below_one: bool) -> None:
-  """Raises ValueError unless ``value`` is finite, >= 0 (and < 1 if asked).
-
-  Traced values are only checked for their dtype: a floating array with
-  fewer than 32 bits is rejected, since ``b2 = 0.999`` rounds to 1.0 in
-  bfloat16 (a zero bias correction) and ``eps = 1e-8`` to 0 in float16.
-  """
-  dtype = getattr(value, "dtype", None)
-  if (dtype is not None and jnp.issubdtype(dtype, jnp.floating) and
-      jnp.finfo(dtype).bits < 32):
-    raise ValueError(
-        f"{name} is a {jnp.dtype(dtype).name} array; hyperparameters must be "
-        "Python floats or float32/float64 arrays (under "
-        "optax.inject_hyperparams with low-precision params pass "
-        "hyperparam_dtype=jnp.float32).")
-  v = _concrete_float(value)
-  if v is None:
-    return
-  if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
-    interval = "[0, 1)" if below_one else "finite and >= 0"
-    raise ValueError(f"{name} must be {interval}, got {value!r}.")
-
-
-_INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
-                "(optax takes callables, dtype classes included, for "
-                "schedules)")
-
-
-def check_float_dtype(name: str, dtype) -> None:
-  """Raises ValueError unless ``dtype`` is None or a floating dtype.
-
-  An array here is what ``optax.inject_hyperparams`` makes of a dtype class
-  or callable it took for a schedule.
-  """
-  if dtype is None:
-    return
-  if isinstance(dtype, (jax.Array, np.ndarray)):
-    raise ValueError(f"{name} must be a floating dtype or None, got an "
-                     f"array; {_INJECT_HINT.format(name)}.")
-  try:
-    ok = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-  except TypeError:
-    ok = False
-  if not ok:
-    raise ValueError(f"{name} must be a floating dtype or None, got "
-                     f"{dtype!r}.")
-
-
-def check_bucket_bytes(bucket_bytes) -> int:
-  """The gossip bucket size of a transform: None -> the library default.
-
-  Gossip sends same-dtype parameter leaves in buckets of at most this many
-  bytes, one collective per bucket and permute term
-  (:func:`decentral_jax.gossip.mix`, after PyTorch DDP's gradient buckets,
-  Li et al., VLDB 2020); 0 sends one collective per leaf. The default is
-  None rather than the number so that ``optax.inject_hyperparams`` does not
-  turn it into a traced hyperparameter (pass an explicit value in
-  ``static_args``).
-
-  Returns:
-    ``bucket_bytes`` as an int (``gossip.DEFAULT_BUCKET_BYTES`` for None).
-
-  Raises:
-    ValueError: not None or an integer >= 0 (an array: what
-      ``optax.inject_hyperparams`` makes of an int not in ``static_args``).
-  """
-  if bucket_bytes is None:
-    return gossip.DEFAULT_BUCKET_BYTES
-  if isinstance(bucket_bytes, (jax.Array, np.ndarray)):
-    raise ValueError("bucket_bytes must be an integer >= 0 or None, got an "
-                     f"array; {_INJECT_HINT.format('bucket_bytes')}.")
-  gossip.check_bucket_bytes(bucket_bytes)
-  return int(bucket_bytes)
-
-
-def _moment_dtype(name: str, dtype):
-  """Canonical ``dtype`` (float64 -> float32 without x64), or None."""
-  check_float_dtype(name, dtype)
-  return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
-
-
-# --------------------------------------------------------------------------
-# AccumAdam.
-# --------------------------------------------------------------------------
-
-
-class ScaleByAccumAdamState(NamedTuple):
-  """State of :func:`scale_by_accum_adam` (all worker-local)."""
-  count: jax.Array  # shape=(), dtype=int32: steps taken t.
-  mu: optax.Updates  # first moment M of completed windows, like params.
-  nu: optax.Updates  # second moment V of completed windows, like params.
-  acc: optax.Updates  # running window mean A = sum g / T, like params.
-
-
-def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
-                        accum_steps: int = 1, *,
-                        mu_dtype=None, nu_dtype=None
-                        ) -> optax.GradientTransformation:
-  r"""Rescales updates by the AccumAdam direction (paper Alg. 4, App. C).
-
-  With ``t`` the 1-based step, ``T = accum_steps``, ``c = ceil(t / T)``:
-
-  .. math::
-    A &\leftarrow A + g / T \\
-    \hat m &= (\beta_1 M + (1-\beta_1) g) / (1 - \beta_1^c) \\
-    \hat v &= (\beta_2 V + (1-\beta_2) g^2) / (1 - \beta_2^c) \\
-    d &= \hat m / (\sqrt{\hat v} + \epsilon) \\
-    \text{if } t \bmod T = 0:&\ M \leftarrow \beta_1 M + (1-\beta_1) A,\;
-      V \leftarrow \beta_2 V + (1-\beta_2) A^2,\; A \leftarrow 0
-
-  The parameters move every step (the returned update is ``d``); only the
-  stored moments are refreshed once per window, from the window's mean
-  gradient. This is not ``optax.MultiSteps``, which freezes parameters for
-  ``T - 1`` steps. With ``accum_steps=1`` it equals ``optax.scale_by_adam``.
-
-  Precision: per leaf, all of the above is computed in float32, or in the
-  widest of the gradient/moment dtypes when that is wider (float64 stays
-  float64), including the bias corrections (in bfloat16 ``0.999`` rounds to
-  1 and ``1 - b2**c`` to 0). ``M``, ``V`` and ``A`` are then stored in their
-  own dtypes and ``d`` is returned in the gradient dtype.
-
-  Args:
-    b1: first-moment decay, in [0, 1).
-    b2: second-moment decay, in [0, 1).
-    eps: added to the denominator outside the square root; finite, >= 0.
-    accum_steps: window length ``T >= 1`` (``accum_iter`` in ``decent-dp``);
-      may be a traced integer (``optax.inject_hyperparams``).
-    mu_dtype: optional floating dtype of ``M`` and ``A`` (default: the param
-      dtype).
-    nu_dtype: optional floating dtype of ``V`` (default: the param dtype).
-      With float16 parameters pass ``jnp.float32``: ``(1 - b2) g^2`` of
-      small gradients underflows float16's range (about 6e-8), and the
-      direction drifts from float32's without any non-finite value.
-
-  Returns:
-    An ``optax.GradientTransformation`` with state
-    :class:`ScaleByAccumAdamState` (leaves shaped like params, dtypes fixed
-    at ``init``). Applied leaf-wise over any pytree; updates have the grads'
-    shapes and dtypes.
-
-  Raises:
-    ValueError: ``accum_steps`` not a positive integer; ``b1``/``b2`` not in
-      [0, 1) or ``eps`` negative, NaN or infinite (checked when the values
-      are known); ``b1``/``b2``/``eps`` given as arrays of fewer than 32
-      bits; ``mu_dtype``/``nu_dtype`` not floating.
-
-  References:
-    Wang et al. 2025 (arXiv 2410.11998), App. C; ``decent-dp`` 0.2.3
-    ``AccumAdamW`` (beta2 in the second moment, eps outside the sqrt).
-  """
-  static_t = not isinstance(accum_steps, jax.Array)
-  if static_t and (isinstance(accum_steps, bool) or
-                   not isinstance(accum_steps, (int, np.integer)) or
-                   accum_steps < 1):
-    raise ValueError(f"accum_steps must be an integer >= 1, got "
-                     f"{accum_steps!r}.")
-  known_t = None if static_t else _concrete_float(accum_steps)
-  if not static_t and (not jnp.issubdtype(accum_steps.dtype, jnp.integer) or
-                       (known_t is not None and known_t < 1)):
-    raise ValueError(f"accum_steps must be an integer >= 1, got "
-                     f"{accum_steps!r}.")
-  _check_hyperparameter("b1", b1, below_one=True)
-  _check_hyperparameter("b2", b2, below_one=True)
-  _check_hyperparameter("eps", eps, below_one=False)
-  mu_dtype = _moment_dtype("mu_dtype", mu_dtype)
-  nu_dtype = _moment_dtype("nu_dtype", nu_dtype)
-  # A traced accum_steps (e.g. under optax.inject_hyperparams) is allowed.
-  plain_adam = static_t and int(accum_steps) == 1
-
-  def init_fn(params):
-    mu = optax.tree.zeros_like(params, dtype=mu_dtype)
-    nu = optax.tree.zeros_like(params, dtype=nu_dtype)
-    acc = optax.tree.zeros_like(params, dtype=mu_dtype)
-    return ScaleByAccumAdamState(jnp.zeros([], jnp.int32), mu, nu, acc)
-
-  def update_fn(updates, state, params=None):
-    del params
-    count = optax.safe_increment(state.count)
-    big_t = (int(accum_steps) if static_t
-             else jnp.asarray(accum_steps).astype(jnp.int32))
-    window = (count + big_t - 1) // big_t  # c = ceil(t / T)
-    commit = count % big_t == 0
-
-    def leaf(g, m, v, a):
-      # One compute dtype per leaf; in float32/float64 the operations below
-      # are exactly the plain-dtype ones (the casts are no-ops).
-      dt = _compute_dtype(g.dtype, m.dtype, v.dtype)
-      beta1, beta2, epsilon = (_as_dtype(b1, dt), _as_dtype(b2, dt),
-                               _as_dtype(eps, dt))
-      gc, mc, vc = g.astype(dt), m.astype(dt), v.astype(dt)
-      bc1 = 1 - jnp.asarray(beta1, dt) ** window.astype(dt)
-      bc2 = 1 - jnp.asarray(beta2, dt) ** window.astype(dt)
-      m_num = beta1 * mc + (1 - beta1) * gc
-      v_num = beta2 * vc + (1 - beta2) * jnp.square(gc)
-      direction = ((m_num / bc1) / (jnp.sqrt(v_num / bc2) + epsilon)
-                   ).astype(g.dtype)
-      if plain_adam:
-        # A == g: identical to Adam, no accumulator arithmetic.
-        return direction, m_num.astype(m.dtype), v_num.astype(v.dtype), a
-      ac = a.astype(dt) + gc / jnp.asarray(big_t, dt)
-      new_m = jnp.where(commit, (beta1 * mc + (1 - beta1) * ac).astype(m.dtype),
-                        m)
-      new_v = jnp.where(commit,
-                        (beta2 * vc + (1 - beta2) * jnp.square(ac)
-                         ).astype(v.dtype), v)
-      new_a = jnp.where(commit, jnp.zeros_like(a), ac.astype(a.dtype))
-      return direction, new_m, new_v, new_a
-
-    out = jax.tree.map(leaf, updates, state.mu, state.nu, state.acc)
-    treedef = jax.tree.structure(updates)
-    flat = treedef.flatten_up_to(out)
-    d, m, v, a = (treedef.unflatten([f[i] for f in flat]) for i in range(4))
-    return d, ScaleByAccumAdamState(count, m, v, a)
-
-  return optax.GradientTransformation(init_fn, update_fn)
 
 
 # --------------------------------------------------------------------------
@@ -359,7 +125,7 @@ def gossip_mixing(topology: topology_lib.Topology,
   def update_fn(updates, state, params=None, *, round_index=None, **unused):
     del unused
     if params is None:
-      raise ValueError(_NO_PARAMS.format("gossip_mixing"))
+      raise ValueError(transform_args.NO_PARAMS.format("gossip_mixing"))
     mixed = gossip.mix(params, topology, round_step(state, round_index), axis_name,
                        comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
     updates = jax.tree.map(_add_correction, updates, mixed, params)
@@ -374,23 +140,8 @@ def _add_correction(u, m, p):
   For float32/float64 leaves these are the plain-dtype operations; for
   bfloat16/float16 the sum is rounded once instead of twice.
   """
-  dt = _compute_dtype(u.dtype, m.dtype, p.dtype)
+  dt = transform_args.compute_dtype(u.dtype, m.dtype, p.dtype)
   return (u.astype(dt) + (m.astype(dt) - p.astype(dt))).astype(u.dtype)
-
-
-def round_step(state, round_index):
-  """The step that picks a gossip round: static ``round_index`` or ``state.count``.
-
-  Raises:
-    ValueError: ``round_index`` given but not a Python int.
-  """
-  if round_index is None:
-    return state.count
-  if isinstance(round_index, bool) or not isinstance(round_index, int):
-    raise ValueError(
-        f"round_index must be a Python int (static; jit it with "
-        f"static_argnames), got {type(round_index).__name__}.")
-  return round_index
 
 
 class DecentralizedState(NamedTuple):
@@ -504,7 +255,7 @@ def decentralized(inner: optax.GradientTransformation,
   def update_fn(updates, state, params=None, *, round_index=None,
                 **extra_args):
     if params is None:
-      raise ValueError(_NO_PARAMS.format("decentralized"))
+      raise ValueError(transform_args.NO_PARAMS.format("decentralized"))
     extra = extra_args if extra_args else {}
     if mix_after_update:
       local, inner_state = inner.update(updates, state.inner_state, params,
@@ -548,7 +299,7 @@ def _resolve_mask(mask):
     # is weight_decay=0.
     raise ValueError(f"mask={mask!r}: pass None (decay all), 'ndim>=2', a "
                      "pytree of bools or a callable (not a bare bool or "
-                     "array); " + _INJECT_HINT.format("mask") + ".")
+                     "array); " + transform_args.INJECT_HINT.format("mask") + ".")
   return mask
 
 
@@ -639,8 +390,8 @@ def _in_compute_dtype(inner: optax.GradientTransformation
   """
 
   def cast(tree):
-    return jax.tree.map(lambda x: jnp.asarray(x, _compute_dtype(x.dtype)),
-                        tree)
+    return jax.tree.map(
+        lambda x: jnp.asarray(x, transform_args.compute_dtype(x.dtype)), tree)
 
   def update_fn(updates, state, params=None, **extra_args):
     return optax.with_extra_args_support(inner).update(
