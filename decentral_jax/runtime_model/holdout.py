@@ -72,7 +72,8 @@ HARDWARE = {
                  nic_bandwidth_Bps=12.5e9, transport="ib",
                  intra_latency_s=5e-6, inter_latency_s=10e-6),
     # 4 x A40 per node, 25 Gbit/s Ethernet [PAPER-IMG]; PCIe 4.0 x16 = 31.5
-    # GB/s; NCCL over TCP sockets (no IB HCA in the scripts) [CODE].
+    # GB/s; NCCL over TCP sockets [INFERRED: Ethernet, and the scripts set
+    # NCCL_IB_HCA on T4 nodes only, CODE].
     "A40": dict(local_size=4, intra_bandwidth_Bps=31.5e9, intra_link="pcie",
                 nic_bandwidth_Bps=25e9 / 8, transport="socket",
                 intra_latency_s=5e-6, inter_latency_s=30e-6),
