@@ -32,11 +32,9 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from decentral_jax import collectives
-from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
 
 PyTree = Any
