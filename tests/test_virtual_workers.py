@@ -244,6 +244,7 @@ def _config(*overrides):
       "--config.model.n_head=2", "--config.model.block_size=8",
       "--config.global_batch=16", "--config.eval_batches=1",
       "--config.n_workers=8", "--config.topology=one_peer_exp",
+      "--config.optimizer.name=adamw", "--config.optimizer.accum_steps=1",
       "--config.steps=2") + overrides)
 
 
