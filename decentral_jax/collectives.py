@@ -115,6 +115,8 @@ def size(axis_name: AxisName) -> int:
     NameError: not inside ``shard_map`` over the axis (from JAX).
   """
   n = 1
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
   for a in mesh_axes(axis_name):
     n *= lax.axis_size(a)
   if is_virtual(axis_name):
@@ -143,6 +145,44 @@ def virtual_slot(slot):
     _SLOT.reset(token)
 
 
+def _check_not_virtual(axis_name) -> None:
+  """A mesh-axis name inside the vmap over a device's workers is a mistake."""
+  if _SLOT.get() is not None:
+    raise ValueError(
+        f"axis_name={axis_name!r} names mesh axes, but this code runs for "
+        "several workers per device (a parallel.VirtualMesh): pass "
+        "parallel.worker_axis(mesh) as the axis_name (optimizers, gossip "
+        "and local-update methods all take one).")
+
+
+def uniform(x):
+  """``x`` as one value shared by a device's workers (its first worker's).
+
+  For values equal on all workers (step and round counters): under the
+  ``vmap`` over a device's workers a ``lax.cond`` or ``lax.switch`` on a
+  per-worker value would run every branch, communication included; on
+  ``uniform(x)`` it stays a conditional. Outside that ``vmap`` (or under a
+  ``vmap`` of the caller's own) ``x`` is returned unchanged.
+  """
+  slot = _SLOT.get()
+  if slot is None:
+    return x
+
+  @jax.custom_batching.custom_vmap
+  def op(v, s):
+    del s
+    return v
+
+  @op.def_vmap
+  def rule(axis_size, in_batched, v, s):
+    del axis_size, s
+    if not in_batched[1]:  # another vmap than the workers'
+      return v, in_batched[0]
+    return (v[0] if in_batched[0] else v), False
+
+  return op(jnp.asarray(x), slot)
+
+
 def _slot(axis_name: VirtualAxes):
   slot = _SLOT.get()
   if slot is None:
@@ -157,6 +197,7 @@ def index(axis_name: AxisName) -> jax.Array:
   if is_virtual(axis_name):
     return (lax.axis_index(axis_name.device) * axis_name.per_device
             + _slot(axis_name))
+  _check_not_virtual(axis_name)
   return lax.axis_index(_lax_axis(axis_name))
 
 
@@ -183,26 +224,32 @@ def _on_stack(axis_name: VirtualAxes, fn, x, batched_out: bool):
     return out
 
   @jax.custom_batching.custom_vmap
-  def op(v):
+  def op(v, slot):
+    del slot
     out = jax.eval_shape(fn, jax.ShapeDtypeStruct((k,) + v.shape, v.dtype))
     return typed(jnp.zeros(out.shape[1:] if batched_out else out.shape,
                            out.dtype))
 
   @op.def_vmap
-  def rule(axis_size, in_batched, v):
-    if axis_size != k or not in_batched[0]:
+  def rule(axis_size, in_batched, v, slot):
+    del slot
+    # The slot is batched by the vmap over the workers only: a vmap of the
+    # caller's own inside the worker function must not be taken for it.
+    if axis_size != k or not all(in_batched):
       raise ValueError(
           f"collectives over {axis_name!r} must run inside jax.vmap over "
-          f"the {k} workers of a device (parallel.per_worker), got a vmap "
-          f"of size {axis_size}.")
+          f"the {k} workers of a device (parallel.per_worker) and not "
+          "inside another jax.vmap of the worker function; got a vmap of "
+          f"size {axis_size}.")
     return typed(fn(v)), batched_out
 
-  return op(_batched(x, axis_name))
+  return op(_batched(x, axis_name), _slot(axis_name))
 
 
 def psum(x, axis_name: AxisName):
   """``sum_j x_j`` over all workers (invariant type, as ``lax.psum``)."""
   if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
     return lax.psum(x, _lax_axis(axis_name))
   dev = axis_name.device
   return _on_stack(axis_name, lambda s: lax.psum(jnp.sum(s, 0), dev), x,
@@ -212,6 +259,7 @@ def psum(x, axis_name: AxisName):
 def pmean(x, axis_name: AxisName):
   """``(1/n) sum_j x_j`` over all workers (as ``lax.pmean``)."""
   if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
     return lax.pmean(x, _lax_axis(axis_name))
   n = size(axis_name)
   dev = axis_name.device
@@ -226,6 +274,7 @@ def all_gather(x, axis_name: AxisName) -> jax.Array:
   The result is typed invariant over the worker axes (``to="invarying"``).
   """
   if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
     axis = _lax_axis(axis_name)
     x = match_varying(jnp.asarray(x), lax.axis_index(axis))
     return lax.all_gather(x, axis, to="invarying")
@@ -249,6 +298,7 @@ def all_to_all(x, axis_name: AxisName) -> jax.Array:
     split and concat axis 0).
   """
   if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
     return lax.all_to_all(x, _lax_axis(axis_name), 0, 0, tiled=False)
   k = axis_name.per_device
   dev = axis_name.device
@@ -326,6 +376,7 @@ def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
     An array like ``x``: what this worker receives (zeros if nothing).
   """
   if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
     return lax.ppermute(x, _lax_axis(axis_name), list(perm))
   k = axis_name.per_device
   dev = axis_name.device

@@ -371,7 +371,7 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
     raise ValueError(f"step must be an integer scalar, got {step.dtype} "
                      f"{step.shape}.")
   table = jnp.asarray(topology.round_to_distinct, jnp.int32)
-  index = table[step.astype(jnp.int32) % topology.period]
+  index = collectives.uniform(table[step.astype(jnp.int32) % topology.period])
   branches = [
       (lambda t, r=r: _mix_round(t, r, topology, axis_name, comm_dtype,
                                  bucket_bytes))
@@ -438,6 +438,7 @@ def every(period, taken, true_fn, false_fn, *operands):
   Returns:
     What the chosen branch returns.
   """
+  taken = collectives.uniform(taken)  # equal on all workers
   if isinstance(period, (int, np.integer)) and not isinstance(period, bool) \
       and period >= 1:
     with jax.named_scope(f"{PERIOD_SCOPE}{int(period)}"):

@@ -329,11 +329,11 @@ def per_worker(fn: Callable, mesh: AnyMesh, *,
   ``jax.vmap`` over each device's ``K`` workers, its ``axis_name`` a
   :class:`~decentral_jax.collectives.VirtualAxes` (``worker_axis(mesh)``):
   collectives must go through :mod:`decentral_jax.collectives` (gossip,
-  the optimizers and the step do). Integer and bool per-worker scalars
-  (step and round counters) are taken from the device's first worker and
-  passed unbatched, so that conditionals and round switches on them stay
-  conditionals (under ``vmap`` a batched predicate would run every
-  branch, communication included); they must be equal on all workers.
+  the optimizers and the step do). Every argument is batched over the
+  workers as given; conditionals on values equal on all workers (sync
+  steps, gossip rounds) go through
+  :func:`decentral_jax.collectives.uniform` so that they stay
+  conditionals (``gossip.every`` and ``gossip.mix`` do this).
 
   Long loops on simulated CPU devices: when many jitted steps with
   collectives are dispatched and none is waited for, XLA's CPU runtime can
@@ -380,19 +380,9 @@ def per_worker(fn: Callable, mesh: AnyMesh, *,
     return tuple(jax.tree.map(gather if j in gathered else stack, o)
                  for j, o in enumerate(out))
 
-  def shared(x):  # a counter: one value for the device's workers
-    return (jnp.ndim(x) == 1 and (jnp.issubdtype(x.dtype, jnp.integer)
-                                  or x.dtype == jnp.bool_))
-
   def body_virtual(*args):
-    in_axes, vargs = [], []
-    for j, a in enumerate(args):
-      if j in replicated:
-        in_axes.append(None)
-        vargs.append(a)
-        continue
-      in_axes.append(jax.tree.map(lambda x: None if shared(x) else 0, a))
-      vargs.append(jax.tree.map(lambda x: x[0] if shared(x) else x, a))
+    in_axes = [None if j in replicated else 0 for j in range(len(args))]
+    vargs = args
 
     def one(slot, *a):
       with collectives.virtual_slot(slot):

@@ -288,3 +288,34 @@ def test_runner_trains_virtual_workers_like_devices():
   with pytest.raises(ValueError, match=r"config.workers_per_device=1 but "
                      r"this run has 4"):
     exp.check_resumable(meta, "/ckpt")
+
+
+def test_misuse_inside_the_worker_vmap_is_an_error_not_a_wrong_number():
+  mesh = _mesh(4)
+  x = parallel.shard(jnp.arange(N, dtype=jnp.float32), mesh)
+  # The device axis name instead of worker_axis(mesh): it would average
+  # each slot with the same slot of the other devices only.
+  fn = jax.jit(parallel.per_worker(lambda v: collectives.pmean(v, "workers"),
+                                   mesh))
+  with pytest.raises(ValueError, match=r"pass parallel.worker_axis\(mesh\)"):
+    fn(x)
+  # A vmap of the caller's own, of size K, inside the worker function.
+  axis = parallel.worker_axis(mesh)
+  inner = jax.jit(parallel.per_worker(
+      lambda v: jax.vmap(lambda c: collectives.psum(v * c, axis))(
+          jnp.arange(4.0)), mesh))
+  with pytest.raises(ValueError, match="not inside another jax.vmap"):
+    inner(x)
+
+
+def test_per_worker_integer_arguments_keep_their_values():
+  mesh = _mesh(4)
+  ids = parallel.shard(jnp.arange(N, dtype=jnp.int32), mesh)
+  mask = parallel.shard(jnp.arange(N) % 2 == 0, mesh)
+  fn = jax.jit(parallel.per_worker(
+      lambda i, m: (i * 10 + collectives.index(parallel.worker_axis(mesh)),
+                    jnp.where(m, 1.0, -1.0)), mesh))
+  got_i, got_m = fn(ids, mask)
+  np.testing.assert_array_equal(np.asarray(got_i), np.arange(N) * 11)
+  np.testing.assert_array_equal(np.asarray(got_m),
+                                np.where(np.arange(N) % 2 == 0, 1.0, -1.0))
