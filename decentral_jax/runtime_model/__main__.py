@@ -226,12 +226,7 @@ def _fig6(args) -> int:
     for name, p in params.items():
       print(f"fitted {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()))
   table = paper.rows(params)
-  print(f"{'cluster':<8}{'GPUs':>5}  {'method':<14}{'measured':>9}{'sim':>8}"
-        f"{'closed':>8}{'error':>8}")
-  for r in table:
-    print(f"{r['cluster']:<8}{r['n']:>5}  {label(r['method']):<14}"
-          f"{r['measured_ms']:9.1f}{r['simulated_ms']:8.1f}"
-          f"{r['closed_form_ms']:8.1f}{100 * r['error']:+7.1f}%")
+  _print_rows(table)
   bad = paper.failures(table)
   print("acceptance (All-Reduce, Exp, AER within 20%, ordering): " +
         ("PASS" if not bad else "FAIL\n  " + "\n  ".join(bad)))
