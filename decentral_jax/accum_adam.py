@@ -27,7 +27,27 @@ from decentral_jax.transform_args import compute_dtype
 from decentral_jax.transform_args import concrete_float
 from decentral_jax.transform_args import moment_dtype
 
-__all__ = ["ScaleByAccumAdamState", "scale_by_accum_adam"]
+__all__ = ["BETA_CONVENTIONS", "ScaleByAccumAdamState", "horizon_matched_betas",
+           "scale_by_accum_adam"]
+
+# How b1 and b2 of AccumAdam are read: "per_window" (the paper's and
+# decent-dp's: each completed window decays the moments by b), "per_step"
+# (the moments decay by b**T per window of T steps, Adam's horizon in steps).
+BETA_CONVENTIONS = ("per_window", "per_step")
+
+
+def horizon_matched_betas(b1: float, b2: float, accum_steps: int
+                          ) -> tuple[float, float]:
+  """``(b1**T, b2**T)``: per-window decays with Adam's horizon in steps.
+
+  AccumAdam refreshes its moments once per window of ``T = accum_steps``
+  steps, so per-window decays ``b`` average over about ``T / (1 - b)``
+  steps, ``T`` times Adam's ``1 / (1 - b)``. Decaying by ``b**T`` per window
+  keeps Adam's horizon, e.g. ``T = 4``: ``(0.9, 0.95) -> (0.6561,
+  0.81450625)``. ``beta_convention="per_step"`` of
+  :func:`scale_by_accum_adam` applies this.
+  """
+  return float(b1) ** int(accum_steps), float(b2) ** int(accum_steps)
 
 
 class ScaleByAccumAdamState(NamedTuple):
@@ -40,7 +60,8 @@ class ScaleByAccumAdamState(NamedTuple):
 
 def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                         accum_steps: int = 1, *,
-                        mu_dtype=None, nu_dtype=None
+                        mu_dtype=None, nu_dtype=None,
+                        beta_convention: str = "per_window"
                         ) -> optax.GradientTransformation:
   r"""Rescales updates by the AccumAdam direction (paper Alg. 4, App. C).
 
@@ -58,6 +79,12 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
   stored moments are refreshed once per window, from the window's mean
   gradient. This is not ``optax.MultiSteps``, which freezes parameters for
   ``T - 1`` steps. With ``accum_steps=1`` it equals ``optax.scale_by_adam``.
+
+  With ``beta_convention="per_step"``, :math:`\beta_1, \beta_2` above are
+  ``b1**T, b2**T`` (:func:`horizon_matched_betas`): ``b1``/``b2`` then mean
+  what they mean for Adam, a decay per step, and the moments keep Adam's
+  horizon in steps instead of ``T`` times it. The default ``"per_window"``
+  is the paper's and ``decent-dp``'s convention.
 
   Precision: per leaf, all of the above is computed in float32, or in the
   widest of the gradient/moment dtypes when that is wider (float64 stays
@@ -77,6 +104,8 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
       With float16 parameters pass ``jnp.float32``: ``(1 - b2) g^2`` of
       small gradients underflows float16's range (about 6e-8), and the
       direction drifts from float32's without any non-finite value.
+    beta_convention: ``"per_window"`` (default) or ``"per_step"``, see
+      above; with ``accum_steps=1`` both are Adam.
 
   Returns:
     An ``optax.GradientTransformation`` with state
@@ -88,7 +117,8 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     ValueError: ``accum_steps`` not a positive integer; ``b1``/``b2`` not in
       [0, 1) or ``eps`` negative, NaN or infinite (checked when the values
       are known); ``b1``/``b2``/``eps`` given as arrays of fewer than 32
-      bits; ``mu_dtype``/``nu_dtype`` not floating.
+      bits; ``mu_dtype``/``nu_dtype`` not floating; ``beta_convention``
+      not one of :data:`BETA_CONVENTIONS`.
 
   References:
     Wang et al. 2025 (arXiv 2410.11998), App. C; ``decent-dp`` 0.2.3
@@ -105,6 +135,10 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
                        (known_t is not None and known_t < 1)):
     raise ValueError(f"accum_steps must be an integer >= 1, got "
                      f"{accum_steps!r}.")
+  if beta_convention not in BETA_CONVENTIONS:
+    raise ValueError(f"beta_convention must be one of {BETA_CONVENTIONS}, "
+                     f"got {beta_convention!r}.")
+  per_step = beta_convention == "per_step"
   check_hyperparameter("b1", b1, below_one=True)
   check_hyperparameter("b2", b2, below_one=True)
   check_hyperparameter("eps", eps, below_one=False)
@@ -133,6 +167,9 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
       dt = compute_dtype(g.dtype, m.dtype, v.dtype)
       beta1, beta2, epsilon = (as_dtype(b1, dt), as_dtype(b2, dt),
                                as_dtype(eps, dt))
+      if per_step:  # b**T per window (T = 1: unchanged)
+        beta1 = beta1 ** jnp.asarray(big_t, dt)
+        beta2 = beta2 ** jnp.asarray(big_t, dt)
       gc, mc, vc = g.astype(dt), m.astype(dt), v.astype(dt)
       bc1 = 1 - jnp.asarray(beta1, dt) ** window.astype(dt)
       bc2 = 1 - jnp.asarray(beta2, dt) ** window.astype(dt)

@@ -72,7 +72,8 @@ def _adam(config, schedule) -> list[optax.GradientTransformation]:
     return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                         weight_decay=o.weight_decay, mask=mask)]
   return [optim.scale_by_accum_adam(o.b1, o.b2, o.eps,
-                                    accum_steps=int(o.accum_steps)),
+                                    accum_steps=int(o.accum_steps),
+                                    beta_convention=o.beta_convention),
           optax.add_decayed_weights(o.weight_decay, mask),
           optax.scale_by_learning_rate(schedule)]
 
@@ -96,7 +97,8 @@ def _decentralized(config, schedule, topology, axis_name):
       weight_decay=o.weight_decay, mask=models.decay_mask, accum_steps=accum,
       axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype],
       gossip_every=int(config.gossip_every),
-      bucket_bytes=int(config.bucket_bytes)))
+      bucket_bytes=int(config.bucket_bytes),
+      beta_convention=o.beta_convention))
 
 
 def _all_reduce(config, schedule, topology, axis_name):

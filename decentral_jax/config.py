@@ -209,6 +209,11 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.optimizer.weight_decay = 0.1
   # AccumAdam window T (moments refreshed every T steps); must be 1 for adamw.
   c.optimizer.accum_steps = 4
+  # How accum_adamw reads b1 and b2: "per_window" (the paper's and
+  # decent-dp's: the moments decay by b once per window of accum_steps
+  # steps, a horizon accum_steps times Adam's) or "per_step" (they decay by
+  # b**accum_steps per window: Adam's horizon in steps).
+  c.optimizer.beta_convention = "per_window"
 
   # --- Learning-rate schedule -----------------------------------------------
   c.schedule = config_dict.ConfigDict()

@@ -54,6 +54,7 @@ from decentral_jax import gossip
 from decentral_jax import topology as topology_lib
 from decentral_jax import transform_args
 from decentral_jax.accum_adam import ScaleByAccumAdamState
+from decentral_jax.accum_adam import horizon_matched_betas
 from decentral_jax.accum_adam import scale_by_accum_adam
 from decentral_jax.transform_args import check_bucket_bytes
 from decentral_jax.transform_args import check_float_dtype
@@ -62,8 +63,8 @@ from decentral_jax.transform_args import round_step
 __all__ = ["DecentralizedState", "GossipMixingState", "ScaleByAccumAdamState",
            "all_reduce_gradients", "check_bucket_bytes", "check_float_dtype",
            "decentralized", "decentralized_adamw", "default_weight_decay_mask",
-           "find_states", "gossip_mixing", "round_count", "round_step",
-           "scale_by_accum_adam"]
+           "find_states", "gossip_mixing", "horizon_matched_betas",
+           "round_count", "round_step", "scale_by_accum_adam"]
 
 PyTree = Any
 
@@ -314,7 +315,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
                         comm_dtype=None, mu_dtype=None,
                         nu_dtype=None,
                         gossip_every: int = 1,
-                        bucket_bytes: int | None = None
+                        bucket_bytes: int | None = None,
+                        beta_convention: str = "per_window"
                         ) -> optax.GradientTransformation:
   r"""DAdam (``accum_steps=1``) / AccumAdamW (``accum_steps>1``).
 
@@ -352,6 +354,9 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
       :func:`decentralized`).
     bucket_bytes: largest gossip bucket in bytes; None: the default, 0: one
       collective per leaf (bit-identical; see :func:`check_bucket_bytes`).
+    beta_convention: AccumAdam's ``"per_window"`` (the paper's) or
+      ``"per_step"`` (``b1**T, b2**T`` per window: Adam's horizon in steps;
+      see :func:`scale_by_accum_adam`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -362,7 +367,7 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     ValueError: invalid ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
       (including a bare bool or array: what ``optax.inject_hyperparams``
       passes for a callable mask without ``static_args``), ``mu_dtype``,
-      ``nu_dtype``, ``comm_dtype`` or ``bucket_bytes`` (see
+      ``nu_dtype``, ``comm_dtype``, ``bucket_bytes`` or ``beta_convention`` (see
       :func:`scale_by_accum_adam`, :func:`decentralized`).
 
   References:
@@ -370,7 +375,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   """
   inner = optax.chain(
       scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps,
-                          mu_dtype=mu_dtype, nu_dtype=nu_dtype),
+                          mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                          beta_convention=beta_convention),
       optax.add_decayed_weights(weight_decay, _resolve_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),
   )

@@ -20,6 +20,7 @@ from ml_collections import config_dict
 
 from decentral_jax import builders
 from decentral_jax import topology as topology_lib
+from decentral_jax.accum_adam import BETA_CONVENTIONS
 from decentral_jax.config import COMPUTE_DTYPES
 from decentral_jax.config import DATA_SOURCES
 from decentral_jax.config import GOSSIP_ROUNDS
@@ -178,6 +179,7 @@ _RULES = {
     "optimizer.eps": _real(0.0),
     "optimizer.weight_decay": _real(0.0),
     "optimizer.accum_steps": _integer(1),
+    "optimizer.beta_convention": _one_of(BETA_CONVENTIONS),
     "schedule.name": _one_of(SCHEDULES),
     "schedule.peak_lr": _real(0.0, lo_open=True),
     "schedule.warmup_steps": _integer(0),

@@ -160,6 +160,49 @@ def test_accum_adam_against_numpy(x64):
   assert int(state.count) == 11
 
 
+def test_horizon_matched_betas_worked_example():
+  # T = 4: 0.9**4 = 0.6561, 0.95**4 = 0.81450625 (by hand).
+  b1, b2 = optim.horizon_matched_betas(0.9, 0.95, 4)
+  assert b1 == pytest.approx(0.6561, abs=1e-15)
+  assert b2 == pytest.approx(0.81450625, abs=1e-15)
+  assert optim.horizon_matched_betas(0.9, 0.95, 1) == (0.9, 0.95)
+
+
+def test_accum_adam_per_step_betas_against_numpy(x64):
+  del x64
+  rng = np.random.default_rng(3)
+  grads = rng.normal(size=(13, 5))
+  tx = optim.scale_by_accum_adam(0.9, 0.95, 1e-8, accum_steps=4,
+                                 beta_convention="per_step")
+  state = tx.init(jnp.zeros(5, jnp.float64))
+  out = []
+  for g in grads:
+    d, state = tx.update(jnp.asarray(g), state)
+    out.append(np.asarray(d))
+  # The per-window recursion with the hand-computed decays b**4.
+  want = _np_accum_adam(grads, 0.6561, 0.81450625, 1e-8, 4)
+  np.testing.assert_allclose(np.array(out), want, rtol=1e-12, atol=1e-14)
+  per_window = _np_accum_adam(grads, 0.9, 0.95, 1e-8, 4)
+  assert np.max(np.abs(np.array(out) - per_window)) > 1e-3  # not a no-op
+
+
+def test_accum_adam_per_step_betas_with_t1_is_adam():
+  rng = np.random.default_rng(4)
+  ours = optim.scale_by_accum_adam(0.8, 0.95, 1e-6, beta_convention="per_step")
+  theirs = optax.scale_by_adam(0.8, 0.95, 1e-6)
+  s1, s2 = ours.init(jnp.zeros(3)), theirs.init(jnp.zeros(3))
+  for _ in range(4):
+    g = jnp.asarray(rng.normal(size=3), jnp.float32)
+    u1, s1 = ours.update(g, s1)
+    u2, s2 = theirs.update(g, s2)
+    np.testing.assert_allclose(np.asarray(u1), np.asarray(u2), rtol=1e-6)
+
+
+def test_accum_adam_bad_beta_convention():
+  with pytest.raises(ValueError, match="beta_convention must be one of"):
+    optim.scale_by_accum_adam(accum_steps=2, beta_convention="per_epoch")
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"accum_steps": 0}, "accum_steps"), ({"accum_steps": 2.0}, "accum_steps"),
     ({"b1": 1.0}, "b1"), ({"b2": -0.1}, "b2"), ({"eps": -1.0}, "eps")])
@@ -251,6 +294,26 @@ def test_dadam_equals_dense_oracle(mix_after_update):
       x = w @ ((1 - lr * wd) * x - lr * d)
     else:
       x = (1 - lr * wd) * (w @ x) - lr * d
+    np.testing.assert_allclose(hist[k], x, rtol=2e-5, atol=2e-5)
+
+
+def test_accum_adamw_per_step_betas_equals_dense_oracle():
+  n = 4
+  require_devices(n)
+  topo = topology.make("ring", n)
+  targets, x0 = _quadratic_setup(n, seed=6)
+  lr = 0.05
+  tx = optim.decentralized_adamw(lr, topo, b1=0.9, b2=0.99, weight_decay=0.0,
+                                 accum_steps=2, beta_convention="per_step")
+  hist, _, _ = _run_chain(tx, n, 5, targets, x0)
+  x = np.broadcast_to(x0, (n, 4)).astype(np.float64)
+  grads = []
+  for k in range(5):
+    grads.append(x - targets)
+    # Decays per window of 2 steps: 0.9**2 = 0.81, 0.99**2 = 0.9801.
+    d = np.stack([_np_accum_adam(np.array(grads)[:, i], 0.81, 0.9801, 1e-8,
+                                 2)[-1] for i in range(n)])
+    x = topo.mixing_matrix(k) @ x - lr * d
     np.testing.assert_allclose(hist[k], x, rtol=2e-5, atol=2e-5)
 
 
