@@ -32,16 +32,36 @@ over a sync period, read from the compiled step's HLO, ms/step, tokens/s),
 ``loss_vs_time.png``. On simulated CPU devices "communication" is a memory
 copy, so the timings show compute overheads only, not network savings.
 
+Which method for my cluster? For every cluster of ``--clusters`` (default
+``A40,T4``: Figure 6's 4 x A40 / 25 Gbit/s Ethernet and 8 x T4 / 100 Gbit/s
+InfiniBand clusters with the paper's Transformer-base workload; or cluster
+JSON files written by ``python -m decentral_jax.runtime_model measure``,
+with their measured workload) the table also gives each finished run's
+runtime-model prediction (``experiments/compare_pricing.py``): "predicted
+ms/it, <cluster>" (``core.simulate`` of the run's
+``specs.spec_for_config`` at ``config.n_workers`` workers; "-" with a
+footnote where the model cannot price it, e.g. ``n`` not a multiple of the
+cluster's GPUs per node) and "time to AR loss, <cluster>" (the first step,
+interpolated between evaluations, at which the run's validation loss
+reaches All-Reduce's final one, times that prediction; "not reached" if
+never; "-" without an All-Reduce run). ``loss_vs_predicted_time.png`` plots
+the validation loss against that predicted time, one subplot per cluster.
+The loss per step is measured here, the time per step predicted for the
+cluster's own workload: a what-if, not a measurement. ``--clusters=``
+(empty) turns the pricing off.
+
   python experiments/compare.py       # 6-8 min on an idle 2-core CPU, more under load
   python experiments/compare.py --methods=all_reduce,diloco,sgp
   python experiments/compare.py --config.steps=100 --outdir /tmp/cmp
+  python experiments/compare.py --clusters=A40,cluster.json
 
 ``--config.<field>=value`` overrides apply to every run (the fields a method
 sets, e.g. its algorithm, optimizer name, topology, sync period, are set
 per run).
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
-any run's config, an ``--outdir`` that is a file or cannot be created) is one
+any run's config, an ``--outdir`` that is a file or cannot be created, a
+``--clusters`` entry that is neither a preset nor a valid cluster file) is one
 ``error: ...`` line on stderr and exit code 2, before anything trains. A run
 that diverges is marked in the table and the other runs go on; then one
 ``error:`` line names the diverged runs and the exit code is 3.
@@ -69,6 +89,11 @@ from decentral_jax import topology as topology_lib
 from decentral_jax import train
 from decentral_jax import validation
 
+# compare_pricing sits next to this file (a script, also loaded by path).
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
+  sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import compare_pricing  # noqa: E402  pylint: disable=wrong-import-position
+
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "configs", "gpt_tiny.py")
 _CONFIG = flags.DEFINE_string(
@@ -90,6 +115,12 @@ _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers x "
     "config.devices_per_worker / config.workers_per_device.",
     lower_bound=0)
+_CLUSTERS = flags.DEFINE_string(
+    "clusters", "A40,T4",
+    "Comma-separated clusters to price every run on with the runtime "
+    "model: presets of Figure 6 (A40, T4; the paper's Transformer-base "
+    "workload) or cluster JSON files written by `python -m "
+    "decentral_jax.runtime_model measure`; empty: no pricing.")
 # The --config.<field>=value arguments, set aside by _parse_or_exit.
 _OVERRIDES: list[str] = []
 
@@ -247,18 +278,27 @@ def make_outdir(path: str) -> str:
   return path
 
 
-def results_table(rows: list[tuple[Run, dict | None]], unit: str) -> str:
-  """Markdown table of final metrics, one row per run (None: diverged)."""
+def results_table(rows: list[tuple[Run, dict | None]], unit: str,
+                  extra: tuple[list[str], dict[str, list[str]]] | None = None
+                  ) -> str:
+  """Markdown table of final metrics, one row per run (None: diverged).
+
+  ``extra``: ``(headers, {run.name: cells})`` of further columns (the
+  clusters' predictions, ``compare_pricing.pricing_columns``).
+  """
+  heads, cells = extra or ([], {})
   head = ("| run | val loss, averaged model | workers' own models: extra "
           "loss, mean / max | consensus distance | sent per step, x params "
-          f"(MB) | ms/step | {unit}/s |\n|---|---|---|---|---|---|---|\n")
+          f"(MB) | ms/step | {unit}/s |" + "".join(f" {h} |" for h in heads)
+          + "\n|" + "---|" * (7 + len(heads)) + "\n")
   def signed(x: float) -> str:
     return f"{round(x, 4) + 0.0:+.4f}"  # no "-0.0000"
 
   lines = []
   for run, m in rows:
+    more = "".join(f" {x} |" for x in cells.get(run.name, ["-"] * len(heads)))
     if m is None:
-      lines.append(f"| {run.label} | diverged | - | - | - | - | - |")
+      lines.append(f"| {run.label} | diverged | - | - | - | - | - |{more}")
       continue
     sent = "-"
     if "comm/ratio" in m:
@@ -270,7 +310,7 @@ def results_table(rows: list[tuple[Run, dict | None]], unit: str) -> str:
         f"{signed(m['eval/worker_excess_max'])} | "
         f"{m['consensus_distance']:.3g} | {sent} | "
         f"{m.get('step_time_ms', float('nan')):.1f} | "
-        f"{m.get(f'{unit}_per_sec', float('nan')):,.0f} |")
+        f"{m.get(f'{unit}_per_sec', float('nan')):,.0f} |{more}")
   return head + "\n".join(lines) + "\n"
 
 
@@ -331,19 +371,44 @@ def _fail(message, code: int = 2) -> None:
 
 
 def write_results(finals, logs, diverged, outdir: str, base, accum: int,
-                  per_method_lr: bool, start: float, load_before: float):
+                  per_method_lr: bool, start: float, load_before: float,
+                  clusters=(), prices: dict | None = None,
+                  run_specs: dict[str, str] | None = None):
   """Writes results.md and the plots.
 
+  Args:
+    finals: ``[(run, final metrics or None if it diverged)]``.
+    logs: ``[(run, metrics.jsonl path)]``.
+    diverged: ``[(run, reason)]``.
+    outdir, base, accum, per_method_lr: as in ``main``.
+    start, load_before: ``time.perf_counter()`` and the load average when
+      the runs started.
+    clusters: ``compare_pricing.PricingCluster`` s to price the runs on.
+    prices: ``{run.name: compare_pricing.predicted_ms(...)}``.
+    run_specs: ``{run label: runtime-model spec}`` for the text.
+
   Returns:
-    ``(table, png paths, total seconds)``.
+    ``(table with its notes, png paths, total seconds)``.
 
   Raises:
     OSError: a file could not be written.
   """
   unit = "tokens" if base.model.name == "gpt" else "samples"
-  table = results_table(finals, unit)
-  total = time.perf_counter() - start
   n = int(base.n_workers)
+  extra, notes, pricing, curves, target = None, [], "", {}, None
+  if clusters:
+    prices = prices or {}
+    curves = {run.name: compare_pricing.eval_curve(p) for run, p in logs}
+    target, why_no_target = compare_pricing.ar_target(finals)
+    heads, cells, notes = compare_pricing.pricing_columns(
+        finals, curves, prices, clusters, target, why_no_target)
+    extra = (heads, cells)
+    pricing = compare_pricing.pricing_text(
+        clusters, n, run_specs or {}, base.model.name, target, why_no_target)
+  table = results_table(finals, unit, extra)
+  if notes:
+    table += "\n" + "\n".join(f"- {x}" for x in notes) + "\n"
+  total = time.perf_counter() - start
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(
         f"# Decentralized vs All-Reduce: {base.model.name}, {n} workers, "
@@ -373,6 +438,7 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
         f"({len(jax.devices())} simulated on one host: communication is a "
         "memory copy, so they show compute overheads, not network savings); "
         "the first (compiling) step and evaluation are not timed.\n\n")
+    f.write(pricing)
     f.write(table)
     for run, reason in diverged:
       f.write(f"\n{run.label} diverged: {reason}\n")
@@ -381,7 +447,13 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
             f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
             "end; other processes on the machine slow the runs and add noise "
             "to the timings).\n")
-  return table, plot(logs, outdir), total
+  pngs = plot(logs, outdir)
+  if clusters:
+    finished = [(run, *curves[run.name]) for run, m in finals
+                if m is not None and run.name in curves]
+    pngs.append(compare_pricing.plot_predicted_time(
+        finished, prices, clusters, target, n, outdir))
+  return table, pngs, total
 
 
 def main(argv):
@@ -406,6 +478,7 @@ def main(argv):
       accum = max(int(base.n_workers) // 2, 2)
     arms = arm_configs(base, accum, per_method_lr,
                        select_runs(_METHODS.value))
+    clusters = compare_pricing.parse_clusters(_CLUSTERS.value)
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
       needed, source = validation.devices_needed(base)
       devices = validation.check_simulated_devices(
@@ -447,10 +520,17 @@ def main(argv):
       sys.exit(e.exit_code)
     finals.append((run, final))
     logs.append((run, os.path.join(workdir, metrics_lib.METRICS_FILE)))
+  # Runtime-model pricing of the finished runs (no training, milliseconds).
+  prices = {run.name: compare_pricing.predicted_ms(config, clusters)
+            for (run, config), (_, final) in zip(arms, finals)
+            if final is not None}
+  run_specs = {run.label: compare_pricing.method_spec(config)
+               for run, config in arms}
   try:
     table, pngs, total = write_results(finals, logs, diverged, outdir, base,
                                        accum, per_method_lr, start,
-                                       load_before)
+                                       load_before, clusters, prices,
+                                       run_specs)
   except OSError as e:
     _fail(f"cannot write the results to --outdir {outdir!r}: "
           f"{e.strerror or e} ({e.filename or outdir}).")

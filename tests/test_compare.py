@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import jax
 import numpy as np
+import pytest
 
 from ml_collections import config_dict
 
@@ -155,3 +158,217 @@ def test_overrides_of_a_method_s_own_fields_are_named():
   assert len(lines) == 2
   assert "--config.sync_every=5 is ignored by diloco" in lines[0]
   assert "--config.topology=ring is ignored by diloco, sgp" in lines[1]
+
+
+# --- Pricing on clusters (experiments/compare_pricing.py) ---
+
+pricing = sys.modules["compare_pricing"]  # imported by compare.py
+
+
+def test_time_to_target_interpolates_between_evaluations():
+  steps, losses = [30, 60, 90], [2.0, 1.7, 1.5]
+  # 1.6 lies halfway from 1.7 (step 60) to 1.5 (step 90).
+  assert pricing.step_to_target(steps, losses, 1.6) == pytest.approx(
+      75.0, rel=1e-12)
+  assert pricing.time_to_target(steps, losses, 1.6, 10.0) == \
+      pytest.approx(0.75, rel=1e-12)
+  assert pricing.time_to_target(steps, losses, 1.4, 10.0) is None  # never
+  assert pricing.step_to_target(steps, losses, 2.5) == 30.0  # first point
+  assert pricing.step_to_target(steps, losses, 1.7) == 60.0  # exactly hit
+  # A non-finite point is skipped: 2.0 is halfway from 3.0 (step 0) to 1.0
+  # (step 20); the first crossing counts.
+  assert pricing.step_to_target([0, 10, 20, 30, 40], [3.0, float("nan"),
+                                                      1.0, 2.5, 0.5],
+                                2.0) == 10.0
+  assert pricing.step_to_target([], [], 1.0) is None
+  with pytest.raises(ValueError, match="2 steps but 1 losses"):
+    pricing.step_to_target([1, 2], [1.0], 1.0)
+  assert [pricing.format_duration(s) for s in (0.75, 90.0, 9000.0)] == [
+      "0.8 s", "1.5 min", "2.5 h"]
+
+
+def _gpt_tiny(*overrides):
+  from decentral_jax import config as config_lib
+  return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+                                list(overrides))
+
+
+def _final(loss: float) -> dict:
+  return {"eval/loss": loss, "eval/worker_excess_mean": 0.0,
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
+          "step_time_ms": 1.0, "tokens_per_sec": 1.0, "comm/ratio": 1.0,
+          "comm/bytes_per_step": 1e6}
+
+
+def test_a40_prices_match_the_runtime_model_and_fill_the_table():
+  from decentral_jax.runtime_model import core
+  from decentral_jax.runtime_model import paper
+  arms = dict(compare.arm_configs(_gpt_tiny(), 4, True,
+                                  compare.select_runs("all_reduce,dadam")))
+  clusters = pricing.parse_clusters("A40")
+  got = {run.name: pricing.predicted_ms(config, clusters)["A40"]
+         for run, config in arms.items()}
+  # Independently: Figure 6's A40 cluster at 8 GPUs, All-Reduce and
+  # overlapped gossip on one_peer_exp (DAdam's cost), as `predict` runs.
+  c, w = paper.setup("A40", 8)
+  want = {"all_reduce": 1e3 * core.simulate("all_reduce", c, w, steps=300,
+                                            warmup=60, seed=0),
+          "dadam": 1e3 * core.simulate("one_peer_exp", c, w, steps=300,
+                                       warmup=60, seed=0)}
+  assert got == pytest.approx(want, rel=1e-12)
+  # Figure 6, A40 at 8 GPUs: All-Reduce 166.1 ms, Decent (Exp) 122.8 ms.
+  assert want["all_reduce"] > 1.15 * want["dadam"]
+  runs = [compare.METHODS["all_reduce"], compare.METHODS["dadam"]]
+  finals = [(runs[0], _final(2.25)), (runs[1], _final(2.0))]
+  curves = {"all_reduce": ([0, 30, 60], [3.0, 2.6, 2.25]),
+            "dadam": ([0, 30, 60], [3.0, 2.5, 2.0])}
+  prices = {name: {"A40": ms} for name, ms in got.items()}
+  heads, cells, notes = pricing.pricing_columns(finals, curves, prices,
+                                                clusters, 2.25)
+  assert heads == ["predicted ms/it, A40", "time to AR loss, A40"]
+  table = compare.results_table(finals, "tokens", (heads, cells))
+  lines = table.splitlines()
+  assert lines[0].count("|") == 10 and lines[1].count("---") == 9
+  # DAdam crosses 2.25 halfway from step 30 to 60: step 45.
+  assert lines[3].endswith(f"| {want['dadam']:.1f} | "
+                           f"{45 * want['dadam'] / 1e3:.1f} s |"), lines[3]
+  assert lines[2].endswith(f"| {want['all_reduce']:.1f} | "
+                           f"{60 * want['all_reduce'] / 1e3:.1f} s |")
+  assert notes == ["Fastest to All-Reduce's final loss on A40 (predicted): "
+                   f"DAdam, one_peer_exp, {45 * want['dadam'] / 1e3:.1f} s."]
+  # Without All-Reduce there is no target: "-", and a note says why.
+  target, why = pricing.ar_target(finals[1:])
+  _, cells, notes = pricing.pricing_columns(finals[1:], curves, prices,
+                                            clusters, target, why)
+  assert target is None and cells["dadam"] == [f"{want['dadam']:.1f}", "-"]
+  assert "not among the runs" in notes[-1]
+  assert pricing.ar_target([(runs[0], None)]) == (None, "All-Reduce diverged")
+
+
+def test_runs_a_cluster_cannot_price_are_a_dash_with_a_footnote(tmp_path):
+  # 4 workers: half an A40 node's 4 GPUs is fine, T4 has 8 GPUs per node.
+  run = compare.METHODS["dadam"]
+  config = dict(compare.arm_configs(_gpt_tiny("--config.n_workers=4"), 4,
+                                    True, (run,)))[run]
+  clusters = pricing.parse_clusters("T4,a40")
+  got = pricing.predicted_ms(config, clusters)
+  assert isinstance(got["A40"], float) and "local_size=8" in got["T4"]
+  finals = [(run, _final(2.0))]
+  heads, cells, notes = pricing.pricing_columns(
+      finals, {"dadam": ([0, 10], [3.0, 2.0])}, {"dadam": got}, clusters,
+      None, "All-Reduce diverged")
+  assert heads[0] == "predicted ms/it, T4" and cells["dadam"][:3] == [
+      "-", "-", f"{got['A40']:.1f}"]
+  assert notes[0].startswith("Not priced on T4 ('-'): DAdam, one_peer_exp: "
+                             "local_size=8")
+  assert notes[1] == ("\"time to AR loss\" is '-': All-Reduce diverged, so "
+                      "there is no target loss.")
+  text = pricing.pricing_text(clusters, 4, {run.label: "dadam:topology="
+                                            "one_peer_exp"}, "gpt", None,
+                              "All-Reduce diverged")
+  assert "a what-if, not a measurement" in text
+  assert "Transformer-base (65M parameters" in text
+  assert "measured here, on this config's model and data (gpt)" in text
+  assert "so at 4 the fit is extrapolated" in text  # A40: 8, 16, 32 GPUs
+
+
+def _cluster_json(tmp_path, name="mine.json", workload=True) -> str:
+  from decentral_jax.runtime_model import cluster_file
+  from decentral_jax.runtime_model import paper
+  c, _ = paper.setup("A40", 8)
+  path = str(tmp_path / name)
+  cluster_file.write(path, {
+      "cluster": dataclasses.asdict(c),
+      "workload": {"param_count": 1e6, "forward_s": 0.01,
+                   "backward_s": 0.02, "compute_cv": 0.0} if workload
+                  else None,
+      "measurements": {}, "meta": {"devices": 8, "device_kind": "test"}})
+  return path
+
+
+def test_cluster_files_are_priced_with_their_measured_workload(tmp_path):
+  from decentral_jax.runtime_model import core
+  path = _cluster_json(tmp_path)
+  (cl,) = pricing.parse_clusters(f" {path} ")
+  assert (cl.label, cl.path, cl.preset) == ("mine.json", path, None)
+  run = compare.METHODS["all_reduce"]
+  config = dict(compare.arm_configs(_gpt_tiny(), 4, True, (run,)))[run]
+  c, _ = cl.setup(8)
+  want = 1e3 * core.simulate("all_reduce", c, core.Workload(1e6, 0.01, 0.02),
+                             steps=300, warmup=60, seed=0)
+  assert pricing.predicted_ms(config, (cl,)) == {
+      "mine.json": pytest.approx(want, rel=1e-12)}
+  assert want == pytest.approx(30.0, rel=0.2)  # compute-bound: 30 ms
+  assert "the cluster measured in" in cl.describe(8)
+  # Two files of the same basename: the second is labelled by its path.
+  os.makedirs(tmp_path / "b")
+  other = _cluster_json(tmp_path / "b")
+  assert [x.label for x in pricing.parse_clusters(f"{path},{other},T4")] == [
+      "mine.json", other, "T4"]
+  assert pricing.parse_clusters("") == ()
+  for spec, match in (("A40,a40", "more than once"),
+                      (f"{path},{path}", "more than once"),
+                      (_cluster_json(tmp_path, "bare.json", False),
+                       "no measured workload"),
+                      ("nope", "neither a preset nor an existing file")):
+    with pytest.raises(ValueError, match=match) as info:
+      pricing.parse_clusters(spec)
+    assert "--clusters" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bad_clusters_flag_is_one_error_line_before_training(tmp_path):
+  not_a_cluster = tmp_path / "other.json"
+  not_a_cluster.write_text('{"schema": "other"}')
+  cases = {"nope": ("'nope'", "neither a preset", "A40, T4"),
+           "/nonexistent.json": ("'/nonexistent.json'", "measure"),
+           str(not_a_cluster): ("expected \"schema\"", "Fix the file")}
+  procs = {spec: subprocess.Popen(
+      [sys.executable, "experiments/compare.py", f"--clusters={spec}",
+       "--outdir", str(tmp_path / "out")], cwd=ROOT, env=_env(), text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for spec in cases}
+  for spec, names in cases.items():
+    _, err = procs[spec].communicate(timeout=240)
+    assert procs[spec].returncode == 2, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    errors = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1 and "--clusters" in errors[0], err[-3000:]
+    for name in names:
+      assert name in errors[0], (name, errors[0])
+  assert not (tmp_path / "out").exists()  # nothing trained or written
+
+
+def _env() -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
+         and not k.startswith("SLURM_")}
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def test_end_to_end_two_runs_with_predicted_columns_and_plot(tmp_path):
+  # A 1-layer model for 6 steps; evaluations at 0, 3 and 6.
+  outdir = tmp_path / "cmp"
+  proc = subprocess.run(
+      [sys.executable, "experiments/compare.py", "--methods=all_reduce,dadam",
+       f"--clusters=A40,{_cluster_json(tmp_path)}", "--outdir", str(outdir),
+       "--config.steps=6", "--config.eval_interval=3",
+       "--config.eval_batches=1", "--config.model.n_layer=1",
+       "--config.model.n_embd=16", "--config.model.n_head=2",
+       "--config.checkpoint_interval=0"],
+      cwd=ROOT, env=_env(), text=True, capture_output=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  md = (outdir / "results.md").read_text()
+  head = [x for x in md.splitlines() if x.startswith("| run |")][0]
+  for label in ("A40", "mine.json"):
+    assert f"| predicted ms/it, {label} | time to AR loss, {label} |" in head
+  assert "a what-if, not a measurement" in md
+  rows = {x.split(" | ")[0][2:]: x.split(" | ") for x in md.splitlines()
+          if x.startswith("| ") and not x.startswith(("| run", "|---"))}
+  assert set(rows) == {"All-Reduce AdamW", "DAdam, one_peer_exp"}
+  ar_ms, dadam_ms = (float(rows[k][7]) for k in rows)
+  assert ar_ms > dadam_ms  # A40 at 8 GPUs, as in Figure 6
+  assert rows["All-Reduce AdamW"][8].endswith(" s")  # reaches its own loss
+  png = outdir / "loss_vs_predicted_time.png"
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  plots = [x for x in proc.stdout.splitlines() if x.startswith("plots:")]
+  assert plots and str(png) in plots[0]
