@@ -1,0 +1,335 @@
+"""Evidence study: where decentralized Adam matches All-Reduce, and what it costs.
+
+Every method is tuned by the project's protocol (``decentral_jax.tuning``):
+the same peak-lr grid (1.5e-3, 3e-3, 6e-3, 1.2e-2, extended by factors of 2
+while the best is at an end) at seed 0, then seeds 0, 1, 2 at the chosen lr,
+reported as mean +- 2 sample standard deviations. The score is the final
+validation loss of the exact average of the workers' parameters
+(``eval/loss``; for the CNN also its test accuracy). Runs go through the
+project's runner (``train.train_and_evaluate``), as ``experiments/
+compare.py`` does, in a scratch work directory.
+
+Parts (``--part``; each appends one JSON line per finished run to ``--out``
+and skips runs already there, so an interrupted study resumes):
+
+* ``main``: compare.py's setting (configs/gpt_tiny.py: 8 workers, 300 steps
+  of 64 x 64 tokens) for every method of compare.py plus AccumAdamW
+  variants (window T, per-window vs horizon-matched betas).
+* ``scale``: n in {8, 16, 32, 64} workers on 8 simulated devices (virtual
+  workers), the same global batch of 64 sequences (local batch 64 / n), a
+  narrower GPT (width 64) for ``--scale_steps`` steps.
+* ``cnn``: configs/cnn_fashion_mnist.py (8 workers), test accuracy.
+* ``long``, ``b2``, ``avg``: the longer budget, b2 in {0.95, 0.98, 0.999}
+  and periodic exact averaging, on the ``scale`` model at 16 workers.
+
+  python benchmarks/bench_evidence.py --part main      # runs, then its report
+  python benchmarks/bench_evidence.py --report         # every part, from --out
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import _common  # benchmarks/_common.py, next to this script
+
+_common.set_cpu_devices(8)
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(_ROOT, "experiments"))
+import compare  # noqa: E402  experiments/compare.py: the main job's methods
+from decentral_jax import tuning  # noqa: E402
+
+GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+CNN = os.path.join(_ROOT, "configs", "cnn_fashion_mnist.py")
+OUT = os.path.join(_ROOT, "benchmarks", "results", "evidence.jsonl")
+Run = compare.Run
+
+
+def accum_run(t: int, convention: str) -> Run:
+  """AccumAdamW on one_peer_exp with window ``t`` and a beta convention."""
+  tag = "hm" if convention == "per_step" else "pw"
+  label = (f"AccumAdamW T={t}, " + ("horizon-matched betas b^T"
+                                    if tag == "hm" else "per-window betas"))
+  return Run(f"accum_adamw_t{t}_{tag}", label, "decentralized", "accum_adamw",
+             "one_peer_exp", fields=(("optimizer.accum_steps", t),
+                                     ("optimizer.beta_convention",
+                                      convention)))
+
+
+def variant(run: Run, suffix: str, label: str, *fields) -> Run:
+  """``run`` with further config fields, named ``<run>_<suffix>``."""
+  return Run(f"{run.name}_{suffix}", f"{run.label}, {label}", run.algorithm,
+             run.optimizer, run.topology, run.workers_per_node,
+             run.fields + tuple(fields))
+
+
+AR, DADAM = compare.METHODS["all_reduce"], compare.METHODS["dadam"]
+# Tuned by the protocol in compare.py's setting.
+MAIN_TUNED = (AR, DADAM, accum_run(4, "per_window"), accum_run(4, "per_step"),
+              compare.METHODS["local_sgd"], compare.METHODS["diloco"],
+              compare.METHODS["local_dadam"])
+# One-factor variants, seed 0 at the chosen lr of the method they vary.
+MAIN_VARIANTS = (
+    (accum_run(4, "per_step"), accum_run(2, "per_step")),
+    (accum_run(4, "per_step"), accum_run(8, "per_step")),
+    (DADAM, Run("dadam_complete", "DAdam, complete graph", "decentralized",
+                "adamw", "complete")),
+    (DADAM, variant(DADAM, "avg50", "exact average every 50 steps",
+                    ("global_avg_interval", 50))),
+    (DADAM, variant(DADAM, "b2_0.98", "b2 0.98", ("optimizer.b2", 0.98))),
+    (DADAM, variant(DADAM, "b2_0.999", "b2 0.999", ("optimizer.b2", 0.999))),
+    (AR, variant(AR, "b2_0.98", "b2 0.98", ("optimizer.b2", 0.98))),
+    (AR, variant(AR, "b2_0.999", "b2 0.999", ("optimizer.b2", 0.999))),
+)
+SCALE_MODEL = ("model.n_embd=64",)
+
+
+def part_setting(part: str, n: int = 16, steps: int = 600) -> tuple:
+  """``(config file, overrides)`` of a part's setting."""
+  common = ("checkpoint_interval=0",)
+  if part == "main":
+    return GPT_TINY, common
+  if part == "cnn":
+    return CNN, common + ("eval_interval=100",)
+  k = max(n // 8, 1)
+  return GPT_TINY, common + SCALE_MODEL + (
+      f"n_workers={n}", f"workers_per_device={k}", "global_batch=64",
+      f"steps={steps}", f"eval_interval={max(steps // 10, 10)}",
+      f"schedule.warmup_steps={max(steps // 10, 30)}")
+
+
+def record_key(r: dict) -> tuple:
+  return (r["part"], r["setting"], r["method"], float(r["lr"]), r["seed"])
+
+
+def load(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def train_one(part, setting_name, cfg_file, overrides, run: Run, lr, seed,
+              accum_default: int = 4) -> dict:
+  """Trains one (method, lr, seed) with the runner; returns its record."""
+  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax import experiment, train  # pylint: disable=import-outside-toplevel
+  from decentral_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+  base = config_lib.load_config(cfg_file, list(overrides) + [f"seed={seed}"])
+  config = compare.run_config(base, run, accum_default)
+  with config.unlocked():
+    config.schedule.peak_lr = float(lr)
+    config.schedule.final_lr = float(lr) / 10
+  workdir = tempfile.mkdtemp(prefix="evidence_")
+  t0 = time.perf_counter()
+  rec = {"part": part, "setting": setting_name, "method": run.name,
+         "label": run.label, "lr": float(lr), "seed": int(seed),
+         "overrides": list(overrides), "n_workers": int(config.n_workers),
+         "steps": int(config.steps), "global_batch": int(config.global_batch)}
+  try:
+    final = train.train_and_evaluate(config, workdir,
+                                     experiment=experiment.Experiment(config))
+    records = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    xs, ys = metrics_lib.series(records, "eval/loss")
+    rec.update(eval_loss=final["eval/loss"], curve=[[int(x), float(y)] for x, y
+                                                   in zip(xs, ys)],
+               worker_excess_mean=final.get("eval/worker_excess_mean"),
+               consensus_distance=final.get("consensus_distance"))
+    if "eval/accuracy" in final:
+      accs = metrics_lib.series(records, "eval/accuracy")[1]
+      rec.update(accuracy=final["eval/accuracy"],
+                 accuracy_curve=[float(a) for a in accs])
+  except FloatingPointError as e:
+    rec.update(eval_loss=None, diverged=str(e)[:200])
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  rec.update(wall_s=round(time.perf_counter() - t0, 1),
+             date_utc=_common.machine_info()["date_utc"],
+             load_1min=round(os.getloadavg()[0], 2))
+  return rec
+
+
+class Study:
+  """Runs (cached in ``out``) and the protocol over them."""
+
+  def __init__(self, out: str):
+    self.out = out
+    self.done = {record_key(r): r for r in load(out)}
+
+  def get(self, part, setting, cfg, overrides, run, lr, seed, accum=4,
+          parent: str = ""):
+    """One run's record (trained now unless ``out`` has it).
+
+    ``parent``: the method whose chosen lr this untuned variant runs at.
+    """
+    key = (part, setting, run.name, float(lr), seed)
+    if key not in self.done:
+      print(f"[{time.strftime('%H:%M:%S')}] {part}/{setting} {run.name} "
+            f"lr={lr:g} seed={seed} ...", flush=True)
+      rec = train_one(part, setting, cfg, overrides, run, lr, seed, accum)
+      if parent:
+        rec["at_lr_of"] = parent
+      with open(self.out, "a", encoding="utf-8") as f:
+        f.write(json.dumps(rec) + "\n")
+      self.done[key] = rec
+      loss = rec["eval_loss"]
+      print(f"    val loss {'diverged' if loss is None else f'{loss:.4f}'}"
+            + (f", acc {rec['accuracy']:.4f}" if "accuracy" in rec else "")
+            + f", {rec['wall_s']} s", flush=True)
+    return self.done[key]
+
+  def tune(self, part, setting, cfg, overrides, run, grid=tuning.LR_GRID,
+           seeds=tuning.SEEDS, accum=4):
+    """The protocol for one method: grid at seed 0, then the seeds."""
+    losses = {}
+    while True:
+      todo = tuning.next_lrs(losses, grid)
+      if not todo:
+        break
+      for lr in todo:
+        losses[lr] = self.get(part, setting, cfg, overrides, run, lr, 0,
+                              accum)["eval_loss"]
+    choice = tuning.choose(losses)
+    for seed in seeds:
+      self.get(part, setting, cfg, overrides, run, choice.lr, seed, accum)
+    return choice
+
+
+def run_part(args, study: Study) -> None:
+  if args.part == "main":
+    cfg, ov = part_setting("main")
+    chosen = {}
+    for run in MAIN_TUNED:
+      if args.methods and run.name not in args.methods.split(","):
+        continue
+      chosen[run.name] = study.tune("main", "gpt_tiny_n8_300", cfg, ov,
+                                    run).lr
+    for parent, run in MAIN_VARIANTS:
+      if parent.name in chosen and not args.methods:
+        study.get("main", "gpt_tiny_n8_300", cfg, ov, run, chosen[parent.name],
+                  0, parent=parent.name)
+  elif args.part == "scale":
+    hm4 = accum_run(4, "per_step")
+    for n in args.workers:
+      cfg, ov = part_setting("scale", n, args.scale_steps)
+      setting = f"gpt64_n{n}_{args.scale_steps}"
+      chosen = {}
+      for run in (AR, DADAM, hm4):
+        chosen[run.name] = study.tune("scale", setting, cfg, ov, run,
+                                      grid=args.scale_grid,
+                                      seeds=args.scale_seeds).lr
+      if n >= 16:  # T = n / 2 and the paper's betas, at T = 4's lr
+        for run in (accum_run(n // 2, "per_step"),
+                    accum_run(4, "per_window")):
+          study.get("scale", setting, cfg, ov, run, chosen[hm4.name], 0,
+                    parent=hm4.name)
+  elif args.part == "cnn":
+    cfg, ov = part_setting("cnn")
+    for run in (AR, DADAM, accum_run(4, "per_step")):
+      study.tune("cnn", "cnn_n8_500", cfg, ov, run,
+                 grid=(5e-4, 1e-3, 2e-3, 4e-3), seeds=args.scale_seeds)
+  else:
+    raise SystemExit(f"--part {args.part!r} is not implemented yet.")
+
+
+def _lr(x: float) -> str:
+  return f"{x:g}"
+
+
+def _method_rows(rs: list[dict]) -> list[tuple]:
+  """``(label, seed-0 losses by lr, chosen, runs at chosen, parent)``."""
+  rows = []
+  for m in dict.fromkeys(r["method"] for r in rs):
+    mine = [r for r in rs if r["method"] == m]
+    seed0 = {r["lr"]: r["eval_loss"] for r in mine if r["seed"] == 0}
+    parent = next((r["at_lr_of"] for r in mine if r.get("at_lr_of")), "")
+    try:
+      ch = tuning.choose(seed0)
+    except ValueError:
+      ch = None
+    at = [r for r in mine if ch is not None and r["lr"] == ch.lr]
+    rows.append((mine[0]["label"], seed0, ch, at, parent))
+  return rows
+
+
+def report(records: list[dict]) -> str:
+  """Markdown tables per (part, setting): seed-0 grid, chosen lr, seeds."""
+  out = []
+  groups = {}
+  for r in records:
+    groups.setdefault((r["part"], r["setting"]), []).append(r)
+  for (part, setting), rs in groups.items():
+    lrs = sorted({r["lr"] for r in rs})
+    r0 = rs[0]
+    dates = sorted(r["date_utc"] for r in rs)
+    loads = [r["load_1min"] for r in rs]
+    out.append(f"### {part}: {setting}\n\n{r0['n_workers']} workers, "
+               f"{r0['steps']} steps, global batch {r0['global_batch']}; "
+               f"config overrides {' '.join(r0['overrides'])}; {len(rs)} "
+               f"runs, {dates[0]} to {dates[-1]} UTC, 1-min load "
+               f"{min(loads):.1f} to {max(loads):.1f}, "
+               f"{sum(r['wall_s'] for r in rs) / 60:.0f} min in all.\n")
+    has_acc = any("accuracy" in r for r in rs)
+    rows = _method_rows(rs)
+    ar = next((at for label, _, _, at, _ in rows
+               if label.startswith("All-Reduce") and at), None)
+    ar_mean = (tuning.summarize([r["eval_loss"] for r in ar])[0]
+               if ar else None)
+    out.append("| method | " + " | ".join(f"lr {_lr(lr)}" for lr in lrs)
+               + " | chosen lr | val loss at it, mean +- 2 sigma | vs "
+               "All-Reduce |" + (" test accuracy |" if has_acc else "")
+               + "\n|---|" + "---|" * (len(lrs) + 3 + has_acc))
+    for label, seed0, ch, at, parent in rows:
+      cells = ["" if lr not in seed0 else "div." if seed0[lr] is None
+               else f"{seed0[lr]:.4f}" for lr in lrs]
+      if ch is None:
+        chosen, loss, diff, acc = "-", "all diverged", "-", "-"
+      else:
+        chosen = (f"{_lr(ch.lr)} (lr of {parent}, not tuned)" if parent
+                  else _lr(ch.lr) + (f" ({ch.edge} edge of the grid)"
+                                     if ch.edge else ""))
+        losses = [r["eval_loss"] for r in at]
+        loss = tuning.format_mean_2sigma(losses)
+        mean = tuning.summarize(losses)[0]
+        if ar_mean is None:
+          diff = "-"
+        elif at is ar:
+          diff = "0"
+        else:
+          diff = f"{mean - ar_mean:+.4f}"
+        accs = [r.get("accuracy") for r in at]
+        acc = (tuning.format_mean_2sigma(accs) if accs and
+               all(a is not None for a in accs) else "-")
+      out.append(f"| {label} | " + " | ".join(cells) + f" | {chosen} | "
+                 f"{loss} | {diff} |" + (f" {acc} |" if has_acc else ""))
+    out.append("")
+  return "\n".join(out)
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--part", choices=("main", "scale", "cnn", "long", "b2",
+                                    "avg"))
+  p.add_argument("--methods", default="", help="main: only these methods")
+  p.add_argument("--out", default=OUT)
+  p.add_argument("--report", action="store_true")
+  p.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64])
+  p.add_argument("--scale_steps", type=int, default=600)
+  p.add_argument("--scale_grid", type=float, nargs="+",
+                 default=[3e-3, 6e-3, 1.2e-2])
+  p.add_argument("--scale_seeds", type=int, nargs="+", default=[0])
+  args = p.parse_args()
+  study = Study(args.out)
+  if args.part and not args.report:
+    run_part(args, study)
+  print(report(list(study.done.values())))
+
+
+if __name__ == "__main__":
+  main()
