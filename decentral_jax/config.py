@@ -81,7 +81,8 @@ _MODELS = {"gpt": gpt_model, "cnn": cnn_model}
 
 
 def base_config(model: str = "gpt") -> config_dict.ConfigDict:
-  """Every field of a run config, with its default (the ``gpt_tiny`` run).
+  """Every field of a run config, with its default (the ``gpt_tiny`` run but
+  for its AccumAdamW beta convention and learning rate).
 
   Args:
     model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include.

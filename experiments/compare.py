@@ -2,28 +2,35 @@
 
 Trains the config's model (default ``configs/gpt_tiny.py``) from the same
 initial parameters and data order, for the same number of steps, once per
-method of ``--methods`` (default: the paper's four arms):
+method of ``--methods``. The default answers "which method, and what
+quality": All-Reduce AdamW, the decentralized Adams, two local-update
+methods and one gossip + local-steps method:
 
 * ``all_reduce``: All-Reduce AdamW;
 * ``dadam``: DAdam on ``one_peer_exp``;
-* ``accum_adamw``: AccumAdamW on ``one_peer_exp``;
-* ``accum_adamw_aer``: AccumAdamW on ``alternating_exp_ring``, 2 workers
-  per node;
-
-and the local-update methods (``--methods=all`` runs every one):
-
-* ``local_sgd``: Local SGD with inner AdamW, sync every 10 steps;
+* ``accum_adamw``: AccumAdamW on ``one_peer_exp`` in its best measured
+  setting: window T = config.optimizer.accum_steps (4), horizon-matched
+  betas (``optimizer.beta_convention="per_step"``: b1**T, b2**T per window);
 * ``diloco``: DiLoCo, inner AdamW, outer Nesterov (lr 0.3, momentum 0.9),
   sync every 10 steps;
+* ``local_sgd``: Local SGD with inner AdamW, sync every 10 steps;
+* ``local_dadam``: DAdam gossiping every 5 steps on ``one_peer_exp``;
+
+and, by name or with ``--methods=all``:
+
+* ``accum_adamw_paper``: AccumAdamW with the paper's per-window betas;
+* ``accum_adamw_aer``: AccumAdamW (as ``accum_adamw``) on
+  ``alternating_exp_ring``, 2 workers per node;
 * ``streaming_diloco``: Streaming DiLoCo, 2 fragments, overlap 1 step,
   merge alpha 0.5, sync every 10 steps (outer as ``diloco``);
 * ``decentralized_diloco``: DiLoCo whose outer mean is one gossip round on
   ``one_peer_exp``, every 10 steps;
-* ``local_dadam``: DAdam gossiping every 5 steps on ``one_peer_exp``;
 * ``sgp``: SGP (push-sum AdamW) on ``one_peer_exp``.
 
 Each method runs at its own tuned peak learning rate (:data:`TUNED_PEAK_LR`,
-the best of one grid for gpt_tiny; BENCHMARKS.md). The results go to
+chosen for gpt_tiny by the project's tuning protocol,
+``decentral_jax.tuning``; BENCHMARKS.md, section 10), one seed (the
+config's); the 3-seed means +- 2 sigma are in BENCHMARKS.md. The results go to
 ``--outdir`` (default ``results/compare``): ``results.md`` (the table: final
 validation loss of the averaged model, the workers' own validation losses,
 final consensus distance, the bytes each worker sends per step averaged
@@ -107,8 +114,11 @@ _PER_METHOD_LR = flags.DEFINE_bool(
     "Use each method's tuned peak lr for gpt_tiny (TUNED_PEAK_LR; "
     "BENCHMARKS.md) instead of config.schedule.peak_lr; an explicit "
     "--config.schedule.peak_lr or final_lr turns this off.")
+# The methods of a plain `python experiments/compare.py` (see RUNS).
+DEFAULT_METHODS = ("all_reduce", "dadam", "accum_adamw", "diloco",
+                   "local_sgd", "local_dadam")
 _METHODS = flags.DEFINE_string(
-    "methods", "all_reduce,dadam,accum_adamw,accum_adamw_aer",
+    "methods", ",".join(DEFAULT_METHODS),
     "Comma-separated methods to run, in this order, or 'all'; see the "
     "module docstring for the list.")
 _CPU_DEVICES = flags.DEFINE_integer(
@@ -147,10 +157,16 @@ RUNS = (
     Run("all_reduce", "All-Reduce AdamW", "all_reduce", "adamw", "complete"),
     Run("dadam", "DAdam, one_peer_exp", "decentralized", "adamw",
         "one_peer_exp"),
-    Run("accum_adamw", "AccumAdamW, one_peer_exp", "decentralized",
-        "accum_adamw", "one_peer_exp"),
-    Run("accum_adamw_aer", "AccumAdamW, alternating_exp_ring (2/node)",
-        "decentralized", "accum_adamw", "alternating_exp_ring", 2),
+    Run("accum_adamw", "AccumAdamW, one_peer_exp, horizon-matched betas",
+        "decentralized", "accum_adamw", "one_peer_exp",
+        fields=(("optimizer.beta_convention", "per_step"),)),
+    Run("accum_adamw_paper", "AccumAdamW, one_peer_exp, per-window betas "
+        "(paper)", "decentralized", "accum_adamw", "one_peer_exp",
+        fields=(("optimizer.beta_convention", "per_window"),)),
+    Run("accum_adamw_aer", "AccumAdamW, alternating_exp_ring (2/node), "
+        "horizon-matched betas", "decentralized", "accum_adamw",
+        "alternating_exp_ring", 2,
+        fields=(("optimizer.beta_convention", "per_step"),)),
     Run("local_sgd", f"Local SGD (AdamW), H={_H}", "local_sgd", "adamw",
         "complete", fields=(("sync_every", _H),)),
     Run("diloco", f"DiLoCo (AdamW; Nesterov lr {_OUTER_LR}), H={_H}",
@@ -172,18 +188,17 @@ RUNS = (
         "one_peer_exp"),
 )
 METHODS = {run.name: run for run in RUNS}
-DEFAULT_METHODS = ("all_reduce", "dadam", "accum_adamw", "accum_adamw_aer")
-
-# Peak learning rates per method for gpt_tiny, each the best of a grid
-# (BENCHMARKS.md): {7.5e-4, 1.5e-3, 3e-3, 6e-3} at 200 steps for the four
-# paper arms (section 3); {1.5e-3, 3e-3, 6e-3} (and 7.5e-4 or 1.2e-2 where
-# the best was at an end) at 300 steps for the local-update methods (section
-# 6). AccumAdamW's steps are ~1.3x larger than Adam's at equal lr, so its
-# best lr is half. The final lr is peak / 10. --per_method_lr=false uses
-# the config's lr.
-TUNED_PEAK_LR = {"all_reduce": 3e-3, "dadam": 3e-3, "accum_adamw": 1.5e-3,
-                 "accum_adamw_aer": 1.5e-3, "local_sgd": 3e-3,
-                 "diloco": 3e-3, "streaming_diloco": 3e-3,
+# Peak learning rates per method for gpt_tiny (8 workers, 300 steps), each
+# chosen by the tuning protocol (decentral_jax.tuning: the grid {1.5e-3,
+# 3e-3, 6e-3, 1.2e-2}, extended past an end that wins; seed 0) in this very
+# setting: BENCHMARKS.md, section 10. accum_adamw_aer, streaming_diloco,
+# decentralized_diloco and sgp were not re-tuned: the first uses
+# accum_adamw's lr, the others their best of the earlier grid {1.5e-3,
+# 3e-3, 6e-3} (section 6). The final lr is peak / 10. --per_method_lr=false
+# uses the config's lr.
+TUNED_PEAK_LR = {"all_reduce": 6e-3, "dadam": 6e-3, "accum_adamw": 3e-3,
+                 "accum_adamw_paper": 1.5e-3, "accum_adamw_aer": 3e-3,
+                 "local_sgd": 3e-3, "diloco": 3e-3, "streaming_diloco": 3e-3,
                  "decentralized_diloco": 3e-3, "local_dadam": 3e-3,
                  "sgp": 6e-3}
 
@@ -418,7 +433,9 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
         f"{accum}; peak learning rates "
         + (", ".join(f"{run.name} {TUNED_PEAK_LR[run.name]:g}"
                      for run, _ in finals)
-           + " (each the best of one grid, BENCHMARKS.md)"
+           + " (each chosen by the tuning protocol in this setting, "
+           "BENCHMARKS.md section 10; one seed here, 3-seed means +- 2 "
+           "sigma there)"
            if per_method_lr else
            f"{float(base.schedule.peak_lr):g} for all runs")
         + ", cosine to a tenth of the peak. At the last step: validation loss "

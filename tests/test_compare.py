@@ -30,36 +30,52 @@ def _compare_module():
 compare = _compare_module()
 
 
-def test_runs_cover_the_four_arms():
+def _base(**schedule):
   base = config_dict.ConfigDict({
       "algorithm": "decentralized", "topology": "ring", "workers_per_node": 1,
-      "optimizer": {"name": "adamw", "accum_steps": 1}})
+      "optimizer": {"name": "adamw", "accum_steps": 1,
+                    "beta_convention": "per_window"},
+      "sync_every": 1, "gossip_every": 1,
+      "outer_optimizer": {"lr": 0.7}, **schedule})
   base.lock()
+  return base
+
+
+def test_default_runs_are_the_six_methods_of_the_main_job():
+  base = _base()
   got = [compare.run_config(base, run, accum_steps=4)
          for run in compare.select_runs(",".join(compare.DEFAULT_METHODS))]
   assert [(c.algorithm, c.optimizer.name, c.optimizer.accum_steps)
           for c in got] == [("all_reduce", "adamw", 1),
                             ("decentralized", "adamw", 1),
                             ("decentralized", "accum_adamw", 4),
-                            ("decentralized", "accum_adamw", 4)]
-  assert [c.topology for c in got[1:]] == ["one_peer_exp", "one_peer_exp",
-                                           "alternating_exp_ring"]
-  assert got[3].workers_per_node == 2 and got[2].workers_per_node == 1
+                            ("diloco", "adamw", 1),
+                            ("local_sgd", "adamw", 1),
+                            ("decentralized", "adamw", 1)]
+  assert [c.topology for c in got[1:3]] == ["one_peer_exp", "one_peer_exp"]
+  # AccumAdamW's best measured setting: horizon-matched betas.
+  assert got[2].optimizer.beta_convention == "per_step"
+  assert [c.sync_every for c in got[3:5]] == [10, 10]
+  assert got[3].outer_optimizer.lr == 0.3 and got[5].gossip_every == 5
+  paper = compare.run_config(base, compare.METHODS["accum_adamw_paper"], 4)
+  assert paper.optimizer.beta_convention == "per_window"
+  aer = compare.run_config(base, compare.METHODS["accum_adamw_aer"], 4)
+  assert (aer.topology, aer.workers_per_node) == ("alternating_exp_ring", 2)
   assert base.algorithm == "decentralized"  # the base config is not changed
 
 
 def test_per_method_learning_rates():
-  base = config_dict.ConfigDict({
-      "algorithm": "decentralized", "topology": "ring", "workers_per_node": 1,
-      "optimizer": {"name": "adamw", "accum_steps": 1},
-      "schedule": {"peak_lr": 1.0, "final_lr": 0.5}})
-  base.lock()
-  tuned = [compare.run_config(base, run, 4, per_method_lr=True)
-           for run in compare.RUNS[:4]]
+  base = _base(schedule={"peak_lr": 1.0, "final_lr": 0.5})
+  names = ("all_reduce", "dadam", "accum_adamw", "accum_adamw_paper",
+           "local_sgd", "diloco", "local_dadam")
+  tuned = [compare.run_config(base, compare.METHODS[x], 4, per_method_lr=True)
+           for x in names]
   got = [(c.schedule.peak_lr, c.schedule.final_lr) for c in tuned]
-  want = [(3e-3, 3e-4), (3e-3, 3e-4), (1.5e-3, 1.5e-4), (1.5e-3, 1.5e-4)]
+  # The protocol's choices, BENCHMARKS.md section 10 (main job's setting).
+  want = [(6e-3, 6e-4), (6e-3, 6e-4), (3e-3, 3e-4), (1.5e-3, 1.5e-4),
+          (3e-3, 3e-4), (3e-3, 3e-4), (3e-3, 3e-4)]
   np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-12)
-  same = [compare.run_config(base, run, 4) for run in compare.RUNS[:4]]
+  same = [compare.run_config(base, compare.METHODS[x], 4) for x in names]
   assert {(c.schedule.peak_lr, c.schedule.final_lr) for c in same} == {(1.0, 0.5)}
 
 
