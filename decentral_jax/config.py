@@ -81,8 +81,10 @@ _MODELS = {"gpt": gpt_model, "cnn": cnn_model}
 
 
 def base_config(model: str = "gpt") -> config_dict.ConfigDict:
-  """Every field of a run config, with its default (the ``gpt_tiny`` run but
-  for its AccumAdamW beta convention and learning rate).
+  """Every field of a run config, with its default.
+
+  The defaults are the ``gpt_tiny`` run except for its AccumAdamW beta
+  convention and learning rate (``configs/gpt_tiny.py``).
 
   Args:
     model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include.
