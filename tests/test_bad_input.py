@@ -334,7 +334,8 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
       "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
   monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
   argv = compare._parse_or_exit(  # pylint: disable=protected-access
-      ["compare.py", f"--outdir={tmp_path}", "--config.steps=3"])
+      ["compare.py", f"--outdir={tmp_path}", "--config.steps=3",
+       "--methods=all_reduce,dadam,accum_adamw,diloco"])
   with pytest.raises(SystemExit) as info:
     compare.main(argv)
   assert info.value.code == 3
