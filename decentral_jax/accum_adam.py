@@ -46,7 +46,14 @@ def horizon_matched_betas(b1: float, b2: float, accum_steps: int
   keeps Adam's horizon, e.g. ``T = 4``: ``(0.9, 0.95) -> (0.6561,
   0.81450625)``. ``beta_convention="per_step"`` of
   :func:`scale_by_accum_adam` applies this.
+
+  Raises:
+    ValueError: ``accum_steps`` not an integer >= 1.
   """
+  if (isinstance(accum_steps, bool) or
+      not isinstance(accum_steps, (int, np.integer)) or accum_steps < 1):
+    raise ValueError(f"accum_steps must be an integer >= 1, got "
+                     f"{accum_steps!r}.")
   return float(b1) ** int(accum_steps), float(b2) ** int(accum_steps)
 
 

@@ -75,7 +75,9 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "workers_per_node": "workers_per_node",
                   "algorithm": "algorithm", "topology": "topology",
                   "optimizer": "optimizer.name",
-                  "accum_steps": "optimizer.accum_steps", "model": "model",
+                  "accum_steps": "optimizer.accum_steps",
+                  "beta_convention": "optimizer.beta_convention",
+                  "model": "model",
                   "seed": "seed", "global_batch": "global_batch",
                   "sync_every": "sync_every", "gossip_every": "gossip_every",
                   "num_fragments": "num_fragments",
@@ -87,7 +89,8 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "worker_layout": "worker_layout",
                   "workers_per_device": "workers_per_device"}
 # Values assumed for checkpoints written before these fields existed.
-_RESUME_DEFAULTS = {"devices_per_worker": 1, "worker_layout": "",
+_RESUME_DEFAULTS = {"beta_convention": "per_window",
+                    "devices_per_worker": 1, "worker_layout": "",
                     "workers_per_device": 1}
 
 
@@ -597,6 +600,11 @@ class Experiment:
                            if self.topology else 0),
         "optimizer": c.optimizer.name,
         "accum_steps": int(c.optimizer.accum_steps),
+        # With one step per window both conventions are Adam.
+        "beta_convention": (c.optimizer.beta_convention
+                            if c.optimizer.name == "accum_adamw"
+                            and int(c.optimizer.accum_steps) > 1
+                            else "per_window"),
         "global_batch": int(c.global_batch),
         "model": json.loads(c.model.to_json()),
         # The sync schedule of the local-update methods (a change mid-run

@@ -59,12 +59,16 @@ def choose(losses: Mapping[float, float | None]) -> Choice:
   Args:
     losses: ``{peak lr: final loss}``; ``None`` / NaN / inf = diverged.
 
+  A single lr tried has no edge (``""``).
+
   Raises:
-    ValueError: no lrs, or every run diverged.
+    ValueError: no lrs, an lr not finite and > 0, or every run diverged.
   """
   if not losses:
     raise ValueError("no learning rates were tried.")
   lrs = sorted(float(lr) for lr in losses)
+  if not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+    raise ValueError(f"learning rates must be finite and > 0, got {lrs}.")
   scored = {float(lr): _score(v) for lr, v in losses.items()}
   best = min(lrs, key=lambda lr: (scored[lr], lr))
   if math.isinf(scored[best]):
@@ -85,12 +89,15 @@ def next_lrs(losses: Mapping[float, float | None],
   lr is an interior bound, not an edge to extend past.
 
   Returns:
-    ``[]`` when the protocol needs no more seed-0 runs.
+    ``[]`` when the protocol needs no more seed-0 runs (also when every lr
+    diverged).
   """
   tried = {float(lr) for lr in losses}
   missing = [float(lr) for lr in grid if float(lr) not in tried]
   if missing:
     return missing
+  if all(math.isinf(_score(v)) for v in losses.values()):
+    return []  # every lr diverged: nothing to extend (choose raises)
   choice = choose(losses)
   if not choice.edge:
     return []

@@ -364,7 +364,11 @@ def overridden_fields(overrides: list[str], runs) -> list[str]:
   out = []
   for arg in overrides:
     field = arg[len("--config."):].split("=", 1)[0]
-    mine = [r.name for r in runs if field in dict(run_fields(r, 1))]
+    # accum_adamw arms take optimizer.accum_steps from the config.
+    mine = [r.name for r in runs if field in dict(run_fields(r, 1))
+            and not (field == "optimizer.accum_steps" and
+                     r.optimizer == "accum_adamw" and
+                     field not in dict(r.fields))]
     if mine:
       out.append(f"{arg} is ignored by {', '.join(mine)}: each method sets "
                  f"config.{field} itself (see compare.py's RUNS); run "

@@ -105,7 +105,8 @@ class PricingCluster:
         text += (f"; Figure 6 measured {', '.join(map(str, fitted))} GPUs, "
                  f"so at {n} the fit is extrapolated")
       return text
-    meta, c = self.data.get("meta") or {}, self.data["cluster"]
+    meta, c = self.data.get("meta"), self.data["cluster"]
+    meta = meta if isinstance(meta, dict) else {}
     w = self.data["workload"]
     return (f"{self.label}: the cluster measured in {self.path} "
             f"({meta.get('devices', c['n_workers'])} "

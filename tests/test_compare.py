@@ -174,6 +174,13 @@ def test_overrides_of_a_method_s_own_fields_are_named():
   assert len(lines) == 2
   assert "--config.sync_every=5 is ignored by diloco" in lines[0]
   assert "--config.topology=ring is ignored by diloco, sgp" in lines[1]
+  # AccumAdamW takes its window from the config; the others fix it at 1.
+  lines = compare.overridden_fields(["--config.optimizer.accum_steps=8"],
+                                    compare.select_runs("dadam,accum_adamw"))
+  assert lines == ["--config.optimizer.accum_steps=8 is ignored by dadam: "
+                   "each method sets config.optimizer.accum_steps itself (see "
+                   "compare.py's RUNS); run experiments/train.py for other "
+                   "values."]
 
 
 # --- Pricing on clusters (experiments/compare_pricing.py) ---

@@ -166,6 +166,9 @@ def test_horizon_matched_betas_worked_example():
   assert b1 == pytest.approx(0.6561, abs=1e-15)
   assert b2 == pytest.approx(0.81450625, abs=1e-15)
   assert optim.horizon_matched_betas(0.9, 0.95, 1) == (0.9, 0.95)
+  for bad in (0, 2.7, True):
+    with pytest.raises(ValueError, match="accum_steps"):
+      optim.horizon_matched_betas(0.9, 0.95, bad)
 
 
 def test_accum_adam_per_step_betas_against_numpy(x64):

@@ -411,11 +411,19 @@ def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
   exp = experiment_lib.Experiment(load_config("gpt_tiny.py", *TINY_GPT))
   meta = exp.checkpoint_meta(5)
   exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
+  assert meta["beta_convention"] == "per_step"  # gpt_tiny's AccumAdamW
   for key, value, field in (("seed", meta["seed"] + 1, "config.seed"),
                             ("global_batch", meta["global_batch"] * 2,
-                             "config.global_batch")):
+                             "config.global_batch"),
+                            ("beta_convention", "per_window",
+                             "config.optimizer.beta_convention")):
     with pytest.raises(ValueError, match=field):
       exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+  # A checkpoint written before the field existed used the paper's betas.
+  old = {k: v for k, v in meta.items() if k != "beta_convention"}
+  with pytest.raises(ValueError, match="'per_window' but this run has "
+                     "'per_step'"):
+    exp.check_resumable(old, "ckpt")
   path = tmp_path / metrics.METRICS_FILE
   path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 5, 10, 15)))
   assert metrics.truncate_after(str(tmp_path), 10) == 1

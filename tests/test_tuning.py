@@ -42,6 +42,10 @@ def test_diverged_runs_score_infinite():
     tuning.choose({1e-3: None, 2e-3: math.inf})
   with pytest.raises(ValueError, match="no learning rates"):
     tuning.choose({})
+  # The whole grid diverged: nothing to extend, and choose names it.
+  assert tuning.next_lrs({lr: None for lr in tuning.LR_GRID}) == []
+  with pytest.raises(ValueError, match="finite and > 0"):
+    tuning.choose({-1e-3: 1.0, 1e-3: 2.0})
 
 
 def test_ties_pick_the_smaller_lr():
