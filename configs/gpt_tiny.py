@@ -37,7 +37,9 @@ def get_config() -> config_dict.ConfigDict:
   (6e-3 is best for All-Reduce AdamW and DAdam in the same setting).
   """
   c = config_lib.base_config("gpt")
+  # AccumAdamW with Adam's horizon in steps: b1**4, b2**4 per window.
   c.optimizer.beta_convention = "per_step"
+  # Its best peak lr (the tuning protocol's choice), cosine to a tenth.
   c.schedule.peak_lr = 3e-3
   c.schedule.final_lr = 3e-4
   return c

@@ -63,9 +63,18 @@ def test_schema_defines_every_field_once_with_a_comment():
     base = config_lib.base_config(config.model.name)
     # Same fields (and nested groups) as the schema: nothing added or lost.
     assert _keys(config) == _keys(base), name
-  with open(os.path.join(ROOT, "configs", "gpt_tiny.py"),
-            encoding="utf-8") as f:
-    assert " c." not in f.read()  # the defaults are gpt_tiny
+  # The schema's defaults are gpt_tiny but for AccumAdamW's best measured
+  # setting (BENCHMARKS.md section 10): horizon-matched betas at lr 3e-3.
+  tiny, base = load_config("gpt_tiny.py"), config_lib.base_config("gpt")
+  differ = {k: (tiny[k.split(".")[0]][k.split(".")[1]],
+                base[k.split(".")[0]][k.split(".")[1]])
+            for k in _keys(base) if "." in k and k.count(".") == 1
+            and tiny[k.split(".")[0]][k.split(".")[1]]
+            != base[k.split(".")[0]][k.split(".")[1]]}
+  assert differ == {"optimizer.beta_convention": ("per_step", "per_window"),
+                    "schedule.peak_lr": (3e-3, 1.5e-3),
+                    "schedule.final_lr": (3e-4, 1.5e-4)}
+  assert all(tiny[k] == base[k] for k in base if not hasattr(base[k], "items"))
 
 
 def _keys(config, prefix=""):
