@@ -174,7 +174,7 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
       dt = compute_dtype(g.dtype, m.dtype, v.dtype)
       beta1, beta2, epsilon = (as_dtype(b1, dt), as_dtype(b2, dt),
                                as_dtype(eps, dt))
-      if per_step:  # b**T per window (T = 1: unchanged)
+      if per_step and not plain_adam:  # b**T per window; T = 1 is Adam
         beta1 = beta1 ** jnp.asarray(big_t, dt)
         beta2 = beta2 ** jnp.asarray(big_t, dt)
       gc, mc, vc = g.astype(dt), m.astype(dt), v.astype(dt)
