@@ -57,7 +57,7 @@ The loss per step is measured here, the time per step predicted for the
 cluster's own workload: a what-if, not a measurement. ``--clusters=``
 (empty) turns the pricing off.
 
-  python experiments/compare.py       # 6-8 min on an idle 2-core CPU, more under load
+  python experiments/compare.py       # ~10 min on an idle 2-core CPU (17 CPU-minutes)
   python experiments/compare.py --methods=all_reduce,diloco,sgp
   python experiments/compare.py --config.steps=100 --outdir /tmp/cmp
   python experiments/compare.py --clusters=A40,cluster.json
