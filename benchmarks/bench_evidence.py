@@ -260,7 +260,7 @@ def _lr(x: float) -> str:
 
 
 def _method_rows(rs: list[dict]) -> list[tuple]:
-  """``(label, seed-0 losses by lr, chosen, runs at chosen, parent)``."""
+  """``(method, label, seed-0 losses by lr, chosen, runs at it, parent)``."""
   rows = []
   for m in dict.fromkeys(r["method"] for r in rs):
     mine = [r for r in rs if r["method"] == m]
@@ -271,7 +271,7 @@ def _method_rows(rs: list[dict]) -> list[tuple]:
     except ValueError:
       ch = None
     at = [r for r in mine if ch is not None and r["lr"] == ch.lr]
-    rows.append((mine[0]["label"], seed0, ch, at, parent))
+    rows.append((m, mine[0]["label"], seed0, ch, at, parent))
   return rows
 
 
@@ -294,9 +294,8 @@ def report(records: list[dict]) -> str:
                f"{sum(r['wall_s'] for r in rs) / 60:.0f} min in all.\n")
     has_acc = any("accuracy" in r for r in rs)
     rows = _method_rows(rs)
-    ar = next((at for m, (_, _, _, at, _) in zip(
-        dict.fromkeys(r["method"] for r in rs), rows)
-               if m == AR.name and at), None)
+    ar = next((at for m, _, _, _, at, _ in rows if m == AR.name and at),
+              None)
     ar_mean = (tuning.summarize([r["eval_loss"] for r in ar])[0]
                if ar else None)
     if ar_mean is not None and ar_mean == float("inf"):
@@ -305,7 +304,7 @@ def report(records: list[dict]) -> str:
                + " | chosen lr | val loss at it, mean +- 2 sigma | vs "
                "All-Reduce |" + (" test accuracy |" if has_acc else "")
                + "\n|---|" + "---|" * (len(lrs) + 3 + has_acc))
-    for label, seed0, ch, at, parent in rows:
+    for _, label, seed0, ch, at, parent in rows:
       cells = ["" if lr not in seed0 else "div." if seed0[lr] is None
                else f"{seed0[lr]:.4f}" for lr in lrs]
       if ch is None:
