@@ -50,7 +50,10 @@ def main():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from decentral_jax import analysis, gossip, parallel, topology
+  from decentral_jax import analysis
+  from decentral_jax.comm import gossip
+  from decentral_jax import parallel
+  from decentral_jax import topology
   from decentral_jax.models import gpt
 
   cfg = gpt.GPTConfig(vocab_size=args.vocab, block_size=256,

@@ -52,7 +52,9 @@ def build(n, method, topo_name, local_size, comm_dtype):
   import jax
   import jax.numpy as jnp
   import optax
-  from decentral_jax import optim, parallel, topology
+  from decentral_jax import optim
+  from decentral_jax import parallel
+  from decentral_jax import topology
   from decentral_jax.models import gpt
   cfg = gpt.GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4,
                       n_embd=128, bias=False, dropout=0.0, dtype=jnp.float32)

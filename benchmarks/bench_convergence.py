@@ -2,7 +2,7 @@
 
 Model and data: ``configs/gpt_tiny.py`` (byte-level GPT, 2 layers, width
 128, 4 heads, context 64) on the bundled CPython documentation corpus (last
-10% held out), trained by ``decentral_jax.experiment.Experiment`` on
+10% held out), trained by ``decentral_jax.runner.experiment.Experiment`` on
 simulated CPU devices, one worker per device. Every run has the same budget
 (``--steps`` optimizer steps of ``--global_batch`` sequences, warmup 30
 steps then cosine to peak/10, clip 1.0, weight decay 0.1, b1 0.9, b2 0.95).
@@ -59,7 +59,7 @@ TUNE_TOPOLOGY = "one_peer_exp"
 
 def _config(family, topology, n_workers, lr, seed, args):
   """``configs/gpt_tiny.py`` with one run's overrides."""
-  from decentral_jax import config  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config  # pylint: disable=import-outside-toplevel
   algorithm, opt, accum = FAMILIES[family]
   # AER is node-aware: 2 workers per node with 8 workers, 4 with 16.
   local = ((2 if n_workers <= 8 else 4)
@@ -78,7 +78,7 @@ def _config(family, topology, n_workers, lr, seed, args):
 
 def run_one(family, topology, n_workers, lr, seed, args) -> dict:
   """Trains one configuration; returns its final metrics."""
-  from decentral_jax import experiment  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import experiment  # pylint: disable=import-outside-toplevel
   c = _config(family, topology, n_workers, lr, seed, args)
   t0 = time.perf_counter()
   exp = experiment.Experiment(c)

@@ -1,6 +1,6 @@
 """Evidence study: where decentralized Adam matches All-Reduce, and what it costs.
 
-Every method is tuned by the project's protocol (``decentral_jax.tuning``):
+Every method is tuned by the project's protocol (``decentral_jax.runner.tuning``):
 the same peak-lr grid (1.5e-3, 3e-3, 6e-3, 1.2e-2, extended by factors of 2
 while the best is at an end) at seed 0, then seeds 0, 1, 2 at the chosen lr,
 reported as mean +- 2 sample standard deviations. The score is the final
@@ -47,7 +47,7 @@ _common.set_cpu_devices(8)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(_ROOT, "experiments"))
 import compare  # noqa: E402  experiments/compare.py: the main job's methods
-from decentral_jax import tuning  # noqa: E402
+from decentral_jax.runner import tuning  # noqa: E402
 
 GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
 CNN = os.path.join(_ROOT, "configs", "cnn_fashion_mnist.py")
@@ -118,9 +118,10 @@ def load(path: str) -> list[dict]:
 def train_one(part, setting_name, cfg_file, overrides, run: Run, lr, seed,
               accum_default: int = 4) -> dict:
   """Trains one (method, lr, seed) with the runner; returns its record."""
-  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-  from decentral_jax import experiment, train  # pylint: disable=import-outside-toplevel
-  from decentral_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import experiment  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import train
+  from decentral_jax.runner import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
   base = config_lib.load_config(cfg_file, list(overrides) + [f"seed={seed}"])
   config = compare.run_config(base, run, accum_default)
   with config.unlocked():

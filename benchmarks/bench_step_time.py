@@ -5,7 +5,7 @@ context 64; global batch 64 sequences = 4,096 tokens per step, 8 per worker)
 on 8 simulated CPU devices, one process. Methods: All-Reduce AdamW; DAdam and
 AccumAdamW (accum_steps 4) on one_peer_exp, ring, alternating_exp_ring (2
 workers per node, node-aware mesh) and complete. The step is
-``decentral_jax.experiment.Experiment.train_step`` (forward, backward, clip,
+``decentral_jax.runner.experiment.Experiment.train_step`` (forward, backward, clip,
 optimizer with gossip or all-reduce, finiteness check), with logging-step
 diagnostics off (``log_interval`` beyond the run).
 
@@ -92,7 +92,8 @@ def _table(records):
 
 def make(method, args):
   """The ``Experiment`` of one row of ``METHODS`` on ``configs/gpt_tiny.py``."""
-  from decentral_jax import config, experiment  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import experiment
   _, algorithm, opt, accum, topo, local = method
   c = config.load_config(GPT_TINY, [
       f"algorithm={algorithm}",
@@ -128,7 +129,7 @@ def main():
   info = _common.machine_info()
   print("machine:", json.dumps(info), flush=True)
   import bench_vs_decentdp  # pylint: disable=import-outside-toplevel
-  from decentral_jax import gossip  # pylint: disable=import-outside-toplevel
+  from decentral_jax.comm import gossip  # pylint: disable=import-outside-toplevel
   original_mix = gossip.mix
   todo = [(m, False) for m in METHODS]
   if not args.no_prototype:

@@ -98,7 +98,9 @@ def main():
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from decentral_jax import gossip, parallel, topology
+  from decentral_jax.comm import gossip
+  from decentral_jax import parallel
+  from decentral_jax import topology
 
   info = _common.machine_info()
   print(f"# Topologies at scale ({info['date_utc']} UTC, git "

@@ -15,7 +15,7 @@ documentation text:
   ``P > 1`` the processes are started like the multi-process tests start
   theirs: one per process id, ``JAX_PLATFORMS=cpu``,
   ``XLA_FLAGS=--xla_force_host_platform_device_count=D``, joined on a free
-  port of 127.0.0.1 through :func:`decentral_jax.distributed.initialize`
+  port of 127.0.0.1 through :func:`decentral_jax.runner.launch.initialize`
   (JAX's gloo CPU collectives), each in its own process group, all killed
   if any fails or the job runs past ``--timeout``. Every JAX process gets
   ``OMP_NUM_THREADS=1`` like the PyTorch side; ``:1t`` adds
@@ -100,7 +100,7 @@ def parse_jax_side(spec: str, workers: int) -> dict:
   ``LAYOUT`` is ``tree``, ``flat`` or ``bucketed`` (see :func:`jax_side`);
   options: ``1t`` (``--xla_cpu_multi_thread_eigen=false``), ``PxD`` (``P``
   processes of ``D`` CPU devices each joined through
-  ``decentral_jax.distributed.initialize`` with gloo collectives; default
+  ``decentral_jax.runner.launch.initialize`` with gloo collectives; default
   ``1x<workers>``), ``sync`` (``jax_cpu_enable_async_dispatch=False``),
   ``local`` (identity mixing matrix: the same step without any
   communication), ``pool1`` (XLA's CPU thread pool with one thread),
@@ -154,7 +154,7 @@ def jax_side(args) -> dict:
   the gossip prototype :func:`_bucketed_mix`).
 
   With ``--procs P > 1`` this is process ``--process_id`` of a ``P``-process
-  job on ``127.0.0.1:--port`` (``decentral_jax.distributed.initialize``,
+  job on ``127.0.0.1:--port`` (``decentral_jax.runner.launch.initialize``,
   gloo CPU collectives); each process owns ``n / P`` consecutive workers,
   draws only their batches and reports its own CPU time; process 0 returns
   the job's measurements (CPU time summed over the processes), the others
@@ -176,7 +176,8 @@ def jax_side(args) -> dict:
   import jax
   if args.sync:
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-  from decentral_jax import distributed
+  from decentral_jax.runner import launch as distributed
+  from decentral_jax.parallel import multiprocess
   if args.procs > 1:
     distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                            num_processes=args.procs,
@@ -190,18 +191,22 @@ def jax_side(args) -> dict:
   from jax.experimental import multihost_utils
   from jax.flatten_util import ravel_pytree
   import _common
-  from decentral_jax import gossip, models, optim, parallel, topology
+  from decentral_jax.comm import gossip
+  from decentral_jax import models
+  from decentral_jax import optim
+  from decentral_jax import parallel
+  from decentral_jax import topology
   from decentral_jax.data import text
   from decentral_jax.models import gpt
 
   n, b, t = args.workers, args.local_batch, args.context
   cfg = gpt.GPTConfig(vocab_size=256, block_size=t, n_layer=2, n_head=4,
                       n_embd=128, bias=False, dropout=0.0, dtype=jnp.float32)
-  mesh = parallel.make_mesh(n, devices=distributed.ordered_devices(),
+  mesh = parallel.make_mesh(n, devices=multiprocess.ordered_devices(),
                             workers_per_device=args.per_device)
   axis = parallel.worker_axis(mesh)
   sharding = parallel.worker_sharding(mesh)
-  mine = (distributed.process_workers(mesh) if args.per_device == 1
+  mine = (multiprocess.process_workers(mesh) if args.per_device == 1
           else np.arange(n))  # this process's workers
   topo = (topology.from_matrices([np.eye(n)], name="identity")
           if args.no_comm else topology.make("one_peer_exp", n))

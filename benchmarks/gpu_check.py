@@ -76,7 +76,7 @@ def peak_flops(device_kind: str) -> float | None:
 
 def _gpt_cfg(args, n_layer=None):
   """(GPTConfig, run config, sequences per step) of the decentralized run."""
-  from decentral_jax import config
+  from decentral_jax.runner import config
   from decentral_jax.models import gpt
   import jax.numpy as jnp
   c = config.load_config(GPT2_SMALL + ":decentralized")
@@ -105,7 +105,8 @@ def part_timing(args) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from decentral_jax import parallel, topology
+  from decentral_jax import parallel
+  from decentral_jax import topology
   from decentral_jax.models import gpt
 
   cfg, c, batch = _gpt_cfg(args)
@@ -183,7 +184,9 @@ def _abstract_inputs(cfg, tx, mesh, batch):
 
 def part_async(args) -> dict:
   import jax
-  from decentral_jax import analysis, parallel, topology
+  from decentral_jax import analysis
+  from decentral_jax import parallel
+  from decentral_jax import topology
   import jax.numpy as jnp
 
   devices = jax.devices()

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from ml_collections import config_dict
 
-from decentral_jax import config as config_lib
+from decentral_jax.runner import config as config_lib
 
 
 def get_config() -> config_dict.ConfigDict:
   """Returns the cnn_fashion_mnist configuration.
 
   Fields not set here keep the defaults of
-  ``decentral_jax.config.base_config``, where every field is described.
+  ``decentral_jax.runner.config.base_config``, where every field is described.
   """
   c = config_lib.base_config("cnn")
   # 500 steps x 256 images ~ 2 epochs; 32 images per worker.

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ml_collections import config_dict
 
-from decentral_jax import config as config_lib
+from decentral_jax.runner import config as config_lib
 
 VARIANTS = ("decentralized", "all_reduce")
 
@@ -36,7 +36,7 @@ def get_config(variant: str = "decentralized") -> config_dict.ConfigDict:
   """Returns the configuration of the given variant (see module docstring).
 
   Fields not set here keep the defaults of
-  ``decentral_jax.config.base_config``, where every field is described.
+  ``decentral_jax.runner.config.base_config``, where every field is described.
   """
   if variant not in VARIANTS:
     raise ValueError(f"unknown gpt2_small_owt variant {variant!r}; use "

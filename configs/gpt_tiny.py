@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from ml_collections import config_dict
 
-from decentral_jax import config as config_lib
+from decentral_jax.runner import config as config_lib
 
 
 def get_config() -> config_dict.ConfigDict:
   """Returns the gpt_tiny configuration.
 
   Every field, with its meaning, is defined in
-  ``decentral_jax.config.base_config``; this run changes two, to
+  ``decentral_jax.runner.config.base_config``; this run changes two, to
   AccumAdamW's best measured setting for this model (the tuning protocol,
   BENCHMARKS.md section 10): horizon-matched betas
   (``optimizer.beta_convention="per_step"``) at peak learning rate 3e-3

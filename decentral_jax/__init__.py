@@ -1,27 +1,34 @@
 """decentral_jax: decentralized data-parallel training in JAX.
 
-Topologies (:mod:`decentral_jax.topology`), gossip over ``ppermute``
-(:mod:`decentral_jax.gossip`), and decentralized Adam / AccumAdam as optax
-transforms (:mod:`decentral_jax.optim`), after Wang et al., "From Promise to
-Practice: Realizing High-performance Decentralized Training", ICLR 2025.
+The library, bottom up (each layer imports only from the layers below it):
 
-The experiment runner is imported on demand, one concept per module:
-:mod:`~decentral_jax.config` (the config schema and loading),
-:mod:`~decentral_jax.validation` (the config checks),
-:mod:`~decentral_jax.builders` (schedule and optimizer from a config),
-:mod:`~decentral_jax.tasks` (model, loss and data),
-:mod:`~decentral_jax.step` (``TrainState`` and the per-worker steps),
-:mod:`~decentral_jax.experiment` (mesh, jitted steps, evaluation) and
-:mod:`~decentral_jax.train` (the loop: metrics, checkpoints, resumption).
+- :mod:`decentral_jax.topology`: periodic schedules of mixing matrices W_k
+  (one-peer exponential graph, AER, ring, torus, ...);
+- :mod:`decentral_jax.comm`: collectives over the worker axis and gossip
+  (``ppermute`` rounds of W_k);
+- :mod:`decentral_jax.optim`: decentralized optax transforms (DAdam,
+  AccumAdamW, D-SGD), local-update methods (Local SGD, DiLoCo, Streaming
+  DiLoCo) and SGP; :mod:`decentral_jax.parallel`: worker meshes and
+  per-worker ``shard_map``;
+- beside them, :mod:`decentral_jax.analysis` (collectives and bytes of a
+  compiled step) and :mod:`decentral_jax.runtime_model` (alpha-beta costs,
+  NumPy only), both imported on first use.
+
+After Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing
+High-performance Decentralized Training", ICLR 2025 (arXiv 2410.11998).
+
+``import decentral_jax`` loads this library only: the experiment runner
+(:mod:`decentral_jax.runner`: config, tasks, Flax models, the training loop,
+checkpoints) is imported explicitly, ``from decentral_jax.runner import ...``.
 """
 
-from decentral_jax import analysis
-from decentral_jax import distributed
-from decentral_jax import gossip
+import importlib
+
+from decentral_jax import comm
 from decentral_jax import optim
 from decentral_jax import parallel
-from decentral_jax import runtime_model
 from decentral_jax import topology
+from decentral_jax.comm import gossip
 from decentral_jax.optim import all_reduce_gradients
 from decentral_jax.optim import decentralized
 from decentral_jax.optim import decentralized_adamw
@@ -29,3 +36,11 @@ from decentral_jax.optim import gossip_mixing
 from decentral_jax.optim import scale_by_accum_adam
 
 __version__ = "0.1.0"
+
+_LAZY = ("analysis", "runtime_model")
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    return importlib.import_module(f"decentral_jax.{name}")
+  raise AttributeError(f"module 'decentral_jax' has no attribute {name!r}")

@@ -29,7 +29,7 @@ and, by name or with ``--methods=all``:
 
 Each method runs at its own tuned peak learning rate (:data:`TUNED_PEAK_LR`,
 chosen for gpt_tiny by the project's tuning protocol,
-``decentral_jax.tuning``; BENCHMARKS.md, section 10), one seed (the
+``decentral_jax.runner.tuning``; BENCHMARKS.md, section 10), one seed (the
 config's); the 3-seed means +- 2 sigma are in BENCHMARKS.md. The results go to
 ``--outdir`` (default ``results/compare``): ``results.md`` (the table: final
 validation loss of the averaged model, the workers' own validation losses,
@@ -87,14 +87,14 @@ from absl import app
 from absl import flags
 import jax
 
-from decentral_jax import builders
-from decentral_jax import checkpoint
-from decentral_jax import config as config_lib
-from decentral_jax import experiment
-from decentral_jax import metrics as metrics_lib
+from decentral_jax.runner import builders
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment
+from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax import topology as topology_lib
-from decentral_jax import train
-from decentral_jax import validation
+from decentral_jax.runner import train
+from decentral_jax.runner import validation
 
 # compare_pricing sits next to this file (a script, also loaded by path).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
@@ -189,7 +189,7 @@ RUNS = (
 )
 METHODS = {run.name: run for run in RUNS}
 # Peak learning rates per method for gpt_tiny (8 workers, 300 steps), each
-# chosen by the tuning protocol (decentral_jax.tuning: the grid {1.5e-3,
+# chosen by the tuning protocol (decentral_jax.runner.tuning: the grid {1.5e-3,
 # 3e-3, 6e-3, 1.2e-2}, extended past an end that wins; seed 0) in this very
 # setting: BENCHMARKS.md, section 10. accum_adamw_aer, streaming_diloco,
 # decentralized_diloco and sgp were not re-tuned: the first uses

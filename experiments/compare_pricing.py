@@ -30,8 +30,8 @@ import os
 
 import numpy as np
 
-from decentral_jax import metrics as metrics_lib
-from decentral_jax.runtime_model import cli_inputs
+from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runtime_model.cli import inputs as cli_inputs
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
@@ -193,7 +193,7 @@ def predicted_ms(config, clusters, steps: int = SIM_STEPS,
   decentral_jax.runtime_model predict`` does.
 
   Args:
-    config: a run config (``decentral_jax.config``).
+    config: a run config (``decentral_jax.runner.config``).
     clusters: :class:`PricingCluster` s.
     steps: simulated iterations (300: ``predict``'s default).
     seed: seed of the compute draws.

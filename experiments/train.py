@@ -11,7 +11,7 @@ On a CPU-only machine the run needs ``config.n_workers`` x
 simulates them (``jax_num_cpu_devices``) before JAX starts its CPU backend,
 so the default 8-worker configs work out of the box. ``--cpu_devices=N``
 sets the number explicitly. At most
-``decentral_jax.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
+``decentral_jax.runner.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
 process are simulated; more is refused before JAX starts (set
 ``JAX_NUM_CPU_DEVICES`` yourself to go beyond). Re-running with the same
 ``--workdir`` resumes from the last checkpoint.
@@ -42,11 +42,11 @@ from absl import flags
 from absl import logging
 import jax
 
-from decentral_jax import checkpoint
-from decentral_jax import config as config_lib
-from decentral_jax import distributed
-from decentral_jax import train
-from decentral_jax import validation
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import launch as distributed
+from decentral_jax.runner import train
+from decentral_jax.runner import validation
 
 _CONFIG = flags.DEFINE_string(
     "config", None, "Path to a config file (configs/*.py, or FILE.py:ARG); "

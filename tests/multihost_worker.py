@@ -5,8 +5,8 @@ Run as ``python tests/multihost_worker.py --out DIR --port P --process_id I
 process, with ``JAX_PLATFORMS=cpu`` and
 ``XLA_FLAGS=--xla_force_host_platform_device_count=4`` in the environment.
 The process joins a 2-process job on ``127.0.0.1:P`` through
-:func:`decentral_jax.distributed.initialize_from_config` and, for every case,
-trains it with :func:`decentral_jax.train.train_and_evaluate` in
+:func:`decentral_jax.runner.launch.initialize_from_config` and, for every case,
+trains it with :func:`decentral_jax.runner.train.train_and_evaluate` in
 ``DIR/<case>``, then runs it again on the same directory (which restores the
 final checkpoint and evaluates it); a case of ``INTERRUPT_AT`` is first
 stopped after a checkpoint and resumed from it. It writes ``DIR/<case>_p<I>.npz`` with
@@ -91,7 +91,7 @@ class Interrupted(Exception):
 
 def case_config(case: str, *extra: str, steps: int = STEPS):
   """The gpt_tiny config of ``case``: tiny sizes, 8 workers, ``steps`` steps."""
-  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   return config_lib.load_config(
       os.path.join(ROOT, "configs", "gpt_tiny.py"),
       (*TINY, f"--config.steps={steps}", *CASES[case], *extra))
@@ -143,11 +143,11 @@ def run_case(config, workdir: str, experiment,
     read back from the checkpoint), ``eval_loss`` and ``eval_loss_restored``;
     for DiLoCo-style methods also ``theta/<leaf>`` and
     ``restored_theta/<leaf>`` (the global parameters in the optimizer
-    state, :func:`decentral_jax.local_updates.global_params`).
+    state, :func:`decentral_jax.optim.local_updates.global_params`).
   """
   # pylint: disable=import-outside-toplevel
-  from decentral_jax import local_updates
-  from decentral_jax import train
+  from decentral_jax.optim import local_updates
+  from decentral_jax.runner import train
   # pylint: enable=import-outside-toplevel
   steps, last = [], {}
   step_fn = experiment.train_step
@@ -222,10 +222,10 @@ def main() -> None:
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
-  from decentral_jax import checkpoint
-  from decentral_jax import distributed
-  from decentral_jax import experiment as experiment_lib
-  from decentral_jax import train
+  from decentral_jax.runner import checkpoint
+  from decentral_jax.runner import launch as distributed
+  from decentral_jax.runner import experiment as experiment_lib
+  from decentral_jax.runner import train
   from decentral_jax.data import text
   # pylint: enable=import-outside-toplevel
   checkpoint.quiet_orbax_logs()
@@ -296,8 +296,8 @@ def startup_checks(out: str, process_id: int, dist) -> None:
   same order, so the job stays in step after a refusal.
   """
   # pylint: disable=import-outside-toplevel
-  from decentral_jax import experiment as experiment_lib
-  from decentral_jax import tasks
+  from decentral_jax.runner import experiment as experiment_lib
+  from decentral_jax.runner import tasks
   # pylint: enable=import-outside-toplevel
   errors = {}
 

@@ -19,10 +19,10 @@ import pytest
 from ml_collections import config_dict
 
 from conftest import FIXTURES
-from decentral_jax import config as config_lib
-from decentral_jax import tasks
-from decentral_jax import validation
-from decentral_jax.runtime_model import __main__ as runtime_cli
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import tasks
+from decentral_jax.runner import validation
+from decentral_jax.runtime_model.cli import main as runtime_cli
 from test_compare import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -14,8 +14,13 @@ import optax
 import pytest
 
 from conftest import require_devices
-from decentral_jax import analysis, gossip, local_updates, optim, parallel
-from decentral_jax import push_sum, topology
+from decentral_jax import analysis
+from decentral_jax.comm import gossip
+from decentral_jax.optim import local_updates
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax.optim import push_sum
+from decentral_jax import topology
 
 # 0: per leaf; 1: smaller than every (non-empty) leaf; 10**9: the whole tree.
 SIZES = (0, 1, 40, 10**9)

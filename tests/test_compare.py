@@ -120,7 +120,7 @@ def test_methods_flag_selects_and_validates():
 
 
 def test_every_method_arm_is_a_valid_config_with_its_fields():
-  from decentral_jax import config as config_lib
+  from decentral_jax.runner import config as config_lib
   base = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"))
   arms = dict((run.name, config) for run, config in compare.arm_configs(
       base, 4, per_method_lr=True, runs=compare.RUNS))
@@ -139,8 +139,8 @@ def test_sent_per_step_is_read_from_the_hlo():
   # parameter bytes once per 5 steps (0.35); the consensus-distance
   # diagnostic apart: on every 10th (logging) step a mean of every
   # parameter leaf and of the float32 total, 1.75 x (params + 4 B).
-  from decentral_jax import config as config_lib
-  from decentral_jax import experiment
+  from decentral_jax.runner import config as config_lib
+  from decentral_jax.runner import experiment
   config = config_lib.load_config(
       os.path.join(ROOT, "configs", "gpt_tiny.py"),
       ["--config.algorithm=diloco", "--config.sync_every=5",
@@ -211,7 +211,7 @@ def test_time_to_target_interpolates_between_evaluations():
 
 
 def _gpt_tiny(*overrides):
-  from decentral_jax import config as config_lib
+  from decentral_jax.runner import config as config_lib
   return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                 list(overrides))
 

@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from conftest import N_DEVICES
-from decentral_jax import builders
-from decentral_jax import config as config_lib
-from decentral_jax import experiment as experiment_lib
+from decentral_jax.runner import builders
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax import topology
-from decentral_jax import validation
+from decentral_jax.runner import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED = ("gpt_tiny.py", "gpt2_small_owt.py", "gpt2_small_owt.py:all_reduce",
@@ -54,7 +54,7 @@ def _assert_assignments_commented(source: str, name: str, prefixes) -> None:
 
 def test_schema_defines_every_field_once_with_a_comment():
   """base_config() holds every field; the variants only override."""
-  path = os.path.join(ROOT, "decentral_jax", "config.py")
+  path = os.path.join(ROOT, "decentral_jax", "runner", "config.py")
   with open(path, encoding="utf-8") as f:
     source = f.read()
   _assert_assignments_commented(source, "config.py", ("  c.", "  m."))

@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from decentral_jax import checkpoint
-from decentral_jax import config as config_lib
-from decentral_jax import experiment as experiment_lib
-from decentral_jax import metrics
-from decentral_jax import train
-from decentral_jax import workdir as workdir_lib
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import metrics
+from decentral_jax.runner import train
+from decentral_jax.runner import workdir as workdir_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 20

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from decentral_jax import gossip, parallel, topology
+from decentral_jax.comm import gossip
+from decentral_jax import parallel
+from decentral_jax import topology
 from test_topology import _all_valid, _local
 
 

@@ -1,4 +1,4 @@
-"""Workers spanning several devices (decentral_jax.layouts).
+"""Workers spanning several devices (decentral_jax.parallel.layouts).
 
 On 16 simulated CPU devices, 4 workers of 4 devices each ("fsdp": state
 split over a worker's devices; "data": state replicated, batch split) must
@@ -24,11 +24,11 @@ from jax.sharding import AxisType, PartitionSpec as P
 
 from conftest import require_devices
 from decentral_jax import analysis
-from decentral_jax import config as config_lib
-from decentral_jax import experiment as experiment_lib
-from decentral_jax import gossip
-from decentral_jax import layouts
-from decentral_jax import local_updates
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.comm import gossip
+from decentral_jax.parallel import layouts
+from decentral_jax.optim import local_updates
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology

@@ -14,8 +14,9 @@ import optax
 import pytest
 
 from conftest import require_devices
-from decentral_jax import local_updates as lu
-from decentral_jax import parallel, topology
+from decentral_jax.optim import local_updates as lu
+from decentral_jax import parallel
+from decentral_jax import topology
 
 LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
 

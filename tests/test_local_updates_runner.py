@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from decentral_jax import checkpoint
-from decentral_jax import config as config_lib
-from decentral_jax import experiment as experiment_lib
-from decentral_jax import local_updates
-from decentral_jax import validation
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.optim import local_updates
+from decentral_jax.runner import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8

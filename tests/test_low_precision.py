@@ -15,7 +15,9 @@ import optax
 import pytest
 
 from conftest import require_devices
-from decentral_jax import optim, parallel, topology
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax import topology
 
 LOW = pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
                               ids=["bfloat16", "float16"])

@@ -44,11 +44,11 @@ import pytest
 
 import multihost_worker as worker
 from conftest import require_devices
-from decentral_jax import checkpoint
-from decentral_jax import agreement
-from decentral_jax import distributed
-from decentral_jax import experiment as experiment_lib
-from decentral_jax import metrics
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import agreement
+from decentral_jax.runner import launch as distributed
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = worker.N_PROCESSES * worker.DEVICES_PER_PROCESS

@@ -12,7 +12,9 @@ import optax
 import pytest
 
 from conftest import FIXTURES, require_devices
-from decentral_jax import optim, parallel, topology
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax import topology
 
 
 # --------------------------------------------------------------------------

@@ -12,7 +12,10 @@ import pytest
 from scipy import sparse
 
 from conftest import require_devices
-from decentral_jax import optim, parallel, push_sum, topology
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax.optim import push_sum
+from decentral_jax import topology
 
 # The 3-worker example: column j is what worker j keeps and sends.
 P3 = np.array([[1 / 3, 0.0, 0.5],

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from decentral_jax.runtime_model import __main__ as cli
+from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import traffic
 

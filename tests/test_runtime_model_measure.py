@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from decentral_jax.runtime_model import __main__ as cli
+from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 
@@ -107,8 +107,8 @@ def test_two_process_measure_writes_a_valid_cluster_file(measured):
   assert c == cluster_file.fit_links(meas, 8, 4)
   # The parameter count is the tiny model's, counted here from its shapes.
   import jax  # pylint: disable=import-outside-toplevel
-  from decentral_jax import config as config_lib  # pylint: disable=import-outside-toplevel
-  from decentral_jax import tasks  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import tasks  # pylint: disable=import-outside-toplevel
   cfg = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                list(TINY))
   shapes = jax.eval_shape(tasks.make_task(cfg, 8, 2).init_params,

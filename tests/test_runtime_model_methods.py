@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from decentral_jax import config as config_lib
+from decentral_jax.runner import config as config_lib
 from decentral_jax import topology
-from decentral_jax.runtime_model import __main__ as cli
+from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model import specs
@@ -109,7 +109,7 @@ def test_data_layout_puts_every_device_on_the_nic():
 
 
 def test_every_library_algorithm_and_topology_is_priced():
-  from decentral_jax import builders  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import builders  # pylint: disable=import-outside-toplevel
   assert set(specs.LIBRARY_SPECS) == set(builders.ALGORITHMS)
   c = core.Cluster(16, 4, multi_node="tree")
   w = core.Workload(65e6, 0.02, 0.04)

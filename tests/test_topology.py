@@ -10,6 +10,7 @@ import pytest
 
 from conftest import FIXTURES
 from decentral_jax import topology
+from decentral_jax.topology import schedules
 
 NS = (2, 3, 4, 5, 6, 8, 12, 16)
 
@@ -201,8 +202,8 @@ def test_make_errors(args, match):
 def test_power_of_two_check_uses_integers():
   # 2**40 + 2 is not a power of two, but float log2 rounds it to 40.0.
   assert float(np.log2(2**53 + 2)).is_integer()
-  assert topology._log2_exact(2**53 + 2) is None  # pylint: disable=protected-access
-  assert topology._log2_exact(2**53) == 53  # pylint: disable=protected-access
+  assert schedules.log2_exact(2**53 + 2) is None
+  assert schedules.log2_exact(2**53) == 53
 
 
 def test_names_normalised():

@@ -13,7 +13,9 @@ import pytest
 from scipy import sparse
 
 from conftest import require_devices
-from decentral_jax import gossip, parallel, topology
+from decentral_jax.comm import gossip
+from decentral_jax import parallel
+from decentral_jax import topology
 
 # --------------------------------------------------------------------------
 # Dense oracles written from the definitions (module docstring, decent-dp).

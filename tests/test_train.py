@@ -17,14 +17,14 @@ import optax
 import pytest
 
 from conftest import require_devices
-from decentral_jax import checkpoint
-from decentral_jax import config as config_lib
-from decentral_jax import experiment as experiment_lib
-from decentral_jax import metrics
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import metrics
 from decentral_jax import models
 from decentral_jax import optim
 from decentral_jax import parallel
-from decentral_jax import train
+from decentral_jax.runner import train
 from decentral_jax.data import text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,9 @@ import optax
 import pytest
 
 from conftest import require_devices
-from decentral_jax import optim, parallel, topology
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax import topology
 
 N = 4
 STEPS = 3

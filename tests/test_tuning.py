@@ -1,10 +1,10 @@
-"""The tuning protocol's bookkeeping (decentral_jax.tuning), by hand."""
+"""The tuning protocol's bookkeeping (decentral_jax.runner.tuning), by hand."""
 
 import math
 
 import pytest
 
-from decentral_jax import tuning
+from decentral_jax.runner import tuning
 
 
 def test_grid_first_then_done_when_interior():

@@ -22,15 +22,15 @@ import pytest
 
 from conftest import require_devices
 from decentral_jax import analysis
-from decentral_jax import collectives
-from decentral_jax import config as config_lib
-from decentral_jax import experiment as experiment_lib
-from decentral_jax import gossip
-from decentral_jax import local_updates
+from decentral_jax.comm import collectives
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.comm import gossip
+from decentral_jax.optim import local_updates
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
-from decentral_jax import validation
+from decentral_jax.runner import validation
 
 N = 16
 D_IN, D_OUT, B = 8, 12, 4

@@ -1,6 +1,6 @@
 """Step size of AccumAdam vs Adam on the same gradient stream (gpt_tiny).
 
-Trains one run with the runner (``decentral_jax.experiment.Experiment``; 8
+Trains one run with the runner (``decentral_jax.runner.experiment.Experiment``; 8
 workers, 32 sequences x 64 tokens per step, ``--follow`` selects the
 optimizer that moves the parameters) and, at every step, feeds the *same*
 gradients to side copies ("probes") of Adam (``optax.scale_by_adam``) and
@@ -73,7 +73,10 @@ def _cos(a, b):
 
 def run_probe(args) -> dict:
   """Follows one run and returns per-step probe metrics (worker means)."""
-  from decentral_jax import config, experiment, optim, parallel  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import experiment
+  from decentral_jax import optim
+  from decentral_jax import parallel
   adamw = args.follow == "adamw"
   c = config.load_config(GPT_TINY, [
       "algorithm=all_reduce", "n_workers=8",
@@ -180,7 +183,8 @@ def summarize(res, spans=((1, 30), (31, 100), (101, 200))) -> str:
           f"{avg(f'{s}/accum4/denom_ratio', a, b):.3f} |")
   # Path length: sum_t lr_t * RMS(d_t), as a ratio to Adam's (schedule of
   # the followed run; the peak lr cancels).
-  from decentral_jax import builders, config  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import builders  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config
   c = config.load_config(GPT_TINY, [f"steps={res['steps']}",
                                     "schedule.peak_lr=1.0",
                                     "schedule.final_lr=0.1"])

@@ -65,7 +65,7 @@ def _spec(name, algorithm, opt, accum, lr, steps, topology="one_peer_exp",
 
 def _config(spec, seed, global_batch, eval_batches):
   """``configs/gpt_tiny.py`` with the overrides of one run."""
-  from decentral_jax import config  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import config  # pylint: disable=import-outside-toplevel
   return config.load_config(GPT_TINY, [
       f"algorithm={spec['algorithm']}",
       "topology=" + (spec["topology"] if spec["algorithm"] == "decentralized"
@@ -81,7 +81,7 @@ def _config(spec, seed, global_batch, eval_batches):
 
 def run_one(spec, seed, args, eval_every=0) -> dict:
   """Trains one run; evaluates the averaged model every ``eval_every``."""
-  from decentral_jax import experiment  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import experiment  # pylint: disable=import-outside-toplevel
   c = _config(spec, seed, args.global_batch, args.eval_batches)
   t0 = time.perf_counter()
   load0 = os.getloadavg()[0]

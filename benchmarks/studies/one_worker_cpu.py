@@ -73,7 +73,8 @@ def jax_step():
   import jax.numpy as jnp
   import numpy as np
   import optax
-  from decentral_jax import models, optim
+  from decentral_jax import models
+  from decentral_jax import optim
   from decentral_jax.models import gpt
   cfg = gpt.GPTConfig(vocab_size=256, block_size=64, n_layer=2, n_head=4,
                       n_embd=128, bias=False, dropout=0.0, dtype=jnp.float32)

@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 from scipy import special
 
-from decentral_jax import topology as topology_lib
+from decentral_jax.topology import schedules as topology_lib
 # Re-exported: the model's public names live in ``core`` too.
 from decentral_jax.runtime_model.costs import (  # noqa: F401
     MULTI_NODE_ALGORITHMS, Cluster, RoundCost, _group_cost, _members,
@@ -101,7 +101,7 @@ class Method:
   compute (it runs inside a ``lax.cond`` after the inner update): an exact
   all-reduce of the message (``topology`` None) or one round of
   ``topology``; ``overlap`` is ignored. See
-  :mod:`decentral_jax.runtime_model.local_updates`.
+  :mod:`decentral_jax.runtime_model.local_methods`.
   """
 
   name: str
@@ -157,7 +157,7 @@ def make_method(spec, c: Cluster) -> Method:
       a topology name accepted by :func:`decentral_jax.topology.make` (e.g.
       "one_peer_exp", "aer"; overlapped gossip), a local-update spec such as
       "diloco:H=10" or "streaming_diloco:H=10,P=4,tau=1" (syntax in
-      :func:`decentral_jax.runtime_model.local_updates.parse_spec`), a
+      :func:`decentral_jax.runtime_model.local_methods.parse_spec`), a
       ``Topology`` or a ``Method`` (returned as is after checks).
     c: the cluster; topologies are built for ``c.n_workers``, ``c.local_size``.
 
@@ -165,7 +165,7 @@ def make_method(spec, c: Cluster) -> Method:
     ValueError: unknown name, a bad local-update spec or field (naming the
       bad part), or a topology built for another ``n``.
   """
-  from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runtime_model import local_methods  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model import specs  # pylint: disable=import-outside-toplevel
   if isinstance(spec, Method):
     topo = spec.topology
@@ -175,8 +175,8 @@ def make_method(spec, c: Cluster) -> Method:
     key = str(spec).strip().lower().replace("-", "_")
     if specs.is_gossip_spec(key):
       return specs.parse(str(spec), c)
-    if local_updates.is_local_spec(key):
-      return local_updates.parse_spec(str(spec), c)
+    if local_methods.is_local_spec(key):
+      return local_methods.parse_spec(str(spec), c)
     if key in ("all_reduce", "allreduce", "ar"):
       return Method("all_reduce", "all_reduce")
     if key == "sgp":
@@ -195,7 +195,7 @@ def make_method(spec, c: Cluster) -> Method:
     raise ValueError("a gossip Method needs a topology.")
   if spec.bucket_bytes is not None:
     _positive("Method.bucket_bytes", spec.bucket_bytes)
-  local_updates.check_method(spec)
+  local_methods.check_method(spec)
   return spec
 
 
@@ -339,7 +339,7 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
   * Gossip without overlap (SGP): ``mean_r [C + O + tau_r + sigma *
     coupling_excess(|G|, 0)]``.
   * Local updates (kind "local"): see
-    :func:`decentral_jax.runtime_model.local_updates.closed_form`.
+    :func:`decentral_jax.runtime_model.local_methods.closed_form`.
 
   Returns:
     An :class:`Estimate`.
@@ -357,8 +357,8 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
 
 def _closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   if m.kind == "local":
-    from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
-    return local_updates.closed_form(m, c, w)
+    from decentral_jax.runtime_model import local_methods  # pylint: disable=import-outside-toplevel
+    return local_methods.closed_form(m, c, w)
   fwd, bwd = _split(w)
   comp = fwd + bwd
   base = comp + w.optimizer_s
@@ -418,7 +418,7 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     Step k+1 starts when the last bucket is posted.
   * SGP: post after the step, next step after receiving the peer's message.
   * Local updates (kind "local"): see
-    :func:`decentral_jax.runtime_model.local_updates.simulate`; the mean is
+    :func:`decentral_jax.runtime_model.local_methods.simulate`; the mean is
     over whole sync periods after ``warmup``.
 
   Args:
@@ -445,8 +445,8 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
   fwd_m, bwd_m = _split(w)
   fac = w.compute_factors(steps, n, seed)
   if m.kind == "local":
-    from decentral_jax.runtime_model import local_updates  # pylint: disable=import-outside-toplevel
-    return local_updates.simulate(m, c, w, fac, warmup)
+    from decentral_jax.runtime_model import local_methods  # pylint: disable=import-outside-toplevel
+    return local_methods.simulate(m, c, w, fac, warmup)
   fwd, bwd, opt = fwd_m * fac, bwd_m * fac, w.optimizer_s
   if m.kind == "all_reduce":
     taus, ready = _all_reduce_taus(m, c, w)

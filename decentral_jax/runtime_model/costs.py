@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from decentral_jax import topology as topology_lib
+from decentral_jax.topology import schedules as topology_lib
 
 MULTI_NODE_ALGORITHMS = ("ring", "tree")
 INTRA_LINKS = ("pcie", "nvlink")

@@ -10,7 +10,7 @@ estimator (simulator, closed form, bytes) sees the same thing:
   on the wire (low-precision gossip, ``config.comm_dtype``: bfloat16 halves
   the bytes);
 * a worker of ``D = Workload.devices_per_worker`` devices
-  (``config.devices_per_worker``, :mod:`decentral_jax.layouts`):
+  (``config.devices_per_worker``, :mod:`decentral_jax.parallel.layouts`):
 
   - ``"fsdp"``: each of its devices holds ``1/D`` of the parameters and
     exchanges only that shard with the same device of the peer worker: ``D``

@@ -25,9 +25,9 @@ Raises ``ValueError`` quoting the spec and naming the bad part.
 
 from __future__ import annotations
 
-from decentral_jax import topology as topology_lib
+from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model import local_updates
+from decentral_jax.runtime_model import local_methods
 
 ALL_REDUCE = ("all_reduce", "allreduce", "ar")
 OPTIMIZER_NAMES = {"dadam": "dadam", "accum_adam": "accum_adam",
@@ -102,7 +102,7 @@ def parse(spec: str, c: core.Cluster) -> core.Method:
     if not bucket > 0 or bucket == float("inf"):
       raise ValueError(f"{spec!r}: bucket_MiB={given['bucket_MiB']!r} must "
                        "be a number > 0 (MiB).")
-  comm = (local_updates._floating(given["comm_dtype"], repr(spec))  # pylint: disable=protected-access
+  comm = (local_methods._floating(given["comm_dtype"], repr(spec))  # pylint: disable=protected-access
           if "comm_dtype" in given else None)
   parts = []
   if name in ALL_REDUCE:
@@ -144,7 +144,7 @@ def parse(spec: str, c: core.Cluster) -> core.Method:
                                       comm_dtype=comm, bucket_bytes=bucket), c)
 
 
-# config.algorithm (decentral_jax.builders.ALGORITHMS) -> spec template.
+# config.algorithm (decentral_jax.runner.builders.ALGORITHMS) -> spec template.
 LIBRARY_SPECS = {
     "all_reduce": "all_reduce",
     "decentralized": "{optimizer}:topology={topology}",
@@ -161,7 +161,7 @@ def spec_for_config(config) -> tuple[str, dict]:
   """The spec and workload fields that price a run config of this library.
 
   Args:
-    config: a run config (``decentral_jax.config``): ``algorithm``,
+    config: a run config (``decentral_jax.runner.config``): ``algorithm``,
       ``topology``, ``optimizer.name`` and ``accum_steps``,
       ``gossip_every``, ``sync_every``, ``num_fragments``,
       ``overlap_steps``, ``comm_dtype``, ``bucket_bytes``,

@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model import local_updates
+from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import spanning
 
 
@@ -109,13 +109,13 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
   copies = d if layout == "data" else 1
   if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
     nbytes = (w.grad_bytes if m.kind == "all_reduce"
-              else local_updates.message_bytes(m, w))
+              else local_methods.message_bytes(m, w))
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
     _group_bytes(c, range(c.n_workers), nbytes, worker, node)
     steps = m.period if m.kind == "local" else 1
   else:
     nbytes = (w.param_bytes if m.kind == "gossip"
-              else local_updates.message_bytes(m, w))
+              else local_methods.message_bytes(m, w))
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
     for rnd in m.topology.rounds:
       wb, nb = round_bytes(c, rnd, nbytes)

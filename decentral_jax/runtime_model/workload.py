@@ -14,7 +14,7 @@ from scipy import special
 
 from decentral_jax.runtime_model.costs import _positive
 
-WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.layouts.MODES
+WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.parallel.layouts.MODES
 
 @dataclasses.dataclass(frozen=True)
 class Workload:

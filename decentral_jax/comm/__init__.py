@@ -1,0 +1,10 @@
+"""Communication: collectives over the worker axis, and gossip.
+
+- :mod:`~decentral_jax.comm.collectives`: worker index, ``pmean``,
+  ``all_gather``, ``permute`` and group means, with two-level plans for
+  ``K`` vmapped workers per device.
+- :mod:`~decentral_jax.comm.gossip`: ``mix`` (one round of W_k with
+  ``ppermute``), ``mean``, ``consensus_distance``.
+
+Imports :mod:`decentral_jax.topology` only.
+"""

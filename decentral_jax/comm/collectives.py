@@ -1,0 +1,509 @@
+"""Collectives over the workers, whatever a worker is on the devices.
+
+Every communicating layer (gossip, optimizers, local-update methods, the
+step) reaches the other workers through the functions here, traced inside
+``jax.shard_map`` over the worker axis. The worker axis (``AxisName``) is:
+
+* a mesh axis name, ``"workers"``: one worker per device (or per group of
+  devices, see :mod:`decentral_jax.parallel.layouts`); every function is the
+  ``jax.lax`` collective of the same name;
+* a pair ``("nodes", "local")`` of mesh axes, worker ``node * L + local``;
+* :class:`VirtualAxes`: ``K`` workers on each device of a 1-D mesh axis.
+  The one-worker code runs under ``jax.vmap`` over the ``K`` workers of a
+  device (axis name ``VirtualAxes.virtual``), worker ``i = device * K +
+  slot``. Each function sees the stack ``[K, ...]`` of its device's workers
+  (``jax.custom_batching.custom_vmap``) and realises a collective over all
+  ``n = M K`` workers in two levels: what stays on the device is a gather
+  along the stack, what crosses devices one collective over the device axis
+  (for :func:`permute`: one ``ppermute`` per device offset, carrying only
+  the rows that cross it). A collective over a tuple of a ``shard_map``
+  axis and a ``vmap`` axis is not supported by JAX, and ``psum`` over a
+  ``vmap`` axis inside ``shard_map`` fails, hence this plan.
+
+Values are those of the one-worker-per-device collectives: :func:`permute`
+and :func:`all_gather` move data exactly; sums (:func:`psum`,
+:func:`pmean`) add a device's ``K`` workers first, then across devices, so
+they may differ from a flat sum in the last bits.
+
+Under :class:`VirtualAxes` the functions must be called inside that
+``vmap`` (as :func:`decentral_jax.parallel.per_worker` arranges).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+
+@dataclasses.dataclass(frozen=True)
+class VirtualAxes:
+  """``per_device`` workers on every device of the mesh axis ``device``.
+
+  Attributes:
+    device: the ``shard_map`` mesh axis over devices (size ``M``).
+    per_device: workers per device ``K >= 1``; ``n = M K`` workers, worker
+      ``i`` is slot ``i % K`` of device ``i // K``.
+    virtual: the ``jax.vmap`` axis name over a device's workers.
+  """
+  device: str
+  per_device: int
+  virtual: str = "virtual"
+
+
+AxisName = str | tuple[str, ...] | VirtualAxes
+
+
+def is_virtual(axis_name: AxisName) -> bool:
+  """True if ``axis_name`` is a :class:`VirtualAxes`."""
+  return isinstance(axis_name, VirtualAxes)
+
+
+def mesh_axes(axis_name: AxisName) -> tuple[str, ...]:
+  """The ``shard_map`` mesh axes the workers lie on."""
+  if is_virtual(axis_name):
+    return (axis_name.device,)
+  return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+
+
+def _lax_axis(axis_name):
+  axes = mesh_axes(axis_name)
+  return axes[0] if len(axes) == 1 else axes
+
+
+def varying_axes(x) -> frozenset:
+  """The mesh axes ``x`` is typed as varying over (inside ``shard_map``)."""
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)
+  if mat is not None:
+    return frozenset(getattr(mat, "varying", ()))
+  return frozenset(getattr(aval, "vma", ()))
+
+
+def match_varying(out, like):
+  """Marks ``out`` as varying over the same mesh axes as ``like``.
+
+  Inside ``jax.shard_map`` a ``pmean`` result is typed invariant across the
+  axis; branches of ``lax.switch`` must agree in type, and the output of a
+  mixing step is per-worker state. This is a type-level cast
+  (``lax.pcast``); values are unchanged.
+
+  Args:
+    out: an array traced inside ``shard_map``.
+    like: an array whose varying mesh axes ``out`` should get.
+
+  Returns:
+    ``out``, varying over at least the axes ``like`` varies over.
+  """
+  missing = tuple(sorted(varying_axes(like) - varying_axes(out)))
+  if missing:
+    out = lax.pcast(out, missing, to="varying")
+  return out
+
+
+def size(axis_name: AxisName) -> int:
+  """Number of workers ``n`` (a Python int; reads the mesh axis sizes).
+
+  Raises:
+    NameError: not inside ``shard_map`` over the axis (from JAX).
+  """
+  n = 1
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
+  for a in mesh_axes(axis_name):
+    n *= lax.axis_size(a)
+  if is_virtual(axis_name):
+    n *= axis_name.per_device
+  return n
+
+
+# The batched slot index (0 .. K-1) of the vmap over a device's workers.
+# ``lax.axis_index`` of a vmap axis fails inside ``lax.switch`` branches
+# traced in ``shard_map`` (jax 0.10), so the slot is passed in as data.
+_SLOT = contextvars.ContextVar("decentral_jax_virtual_slot", default=None)
+
+
+@contextlib.contextmanager
+def virtual_slot(slot):
+  """Declares ``slot`` (batched int32, ``0..K-1``) for the enclosed trace.
+
+  :func:`decentral_jax.parallel.per_worker` wraps the one-worker function
+  in it, inside ``jax.vmap`` over the ``K`` workers of a device, with
+  ``slot`` the vmapped ``arange(K)``.
+  """
+  token = _SLOT.set(slot)
+  try:
+    yield
+  finally:
+    _SLOT.reset(token)
+
+
+def _check_not_virtual(axis_name) -> None:
+  """A mesh-axis name inside the vmap over a device's workers is a mistake."""
+  if _SLOT.get() is not None:
+    raise ValueError(
+        f"axis_name={axis_name!r} names mesh axes, but this code runs for "
+        "several workers per device (a parallel.VirtualMesh): pass "
+        "parallel.worker_axis(mesh) as the axis_name (optimizers, gossip "
+        "and local-update methods all take one).")
+
+
+def uniform(x):
+  """``x`` as one value shared by a device's workers (its first worker's).
+
+  For values equal on all workers (step and round counters): under the
+  ``vmap`` over a device's workers a ``lax.cond`` or ``lax.switch`` on a
+  per-worker value would run every branch, communication included; on
+  ``uniform(x)`` it stays a conditional. Outside that ``vmap`` (or under a
+  ``vmap`` of the caller's own) ``x`` is returned unchanged.
+  """
+  slot = _SLOT.get()
+  if slot is None:
+    return x
+
+  @jax.custom_batching.custom_vmap
+  def op(v, s):
+    del s
+    return v
+
+  @op.def_vmap
+  def rule(axis_size, in_batched, v, s):
+    del axis_size, s
+    if not in_batched[1]:  # another vmap than the workers'
+      return v, in_batched[0]
+    return (v[0] if in_batched[0] else v), False
+
+  return op(jnp.asarray(x), slot)
+
+
+def _slot(axis_name: VirtualAxes):
+  slot = _SLOT.get()
+  if slot is None:
+    raise ValueError(
+        f"collectives over {axis_name!r} (several workers per device) must "
+        "be traced inside parallel.per_worker on a VirtualMesh.")
+  return slot
+
+
+def index(axis_name: AxisName) -> jax.Array:
+  """This worker's index ``i`` in ``0 .. n-1`` (int32 scalar)."""
+  if is_virtual(axis_name):
+    return (lax.axis_index(axis_name.device) * axis_name.per_device
+            + _slot(axis_name))
+  _check_not_virtual(axis_name)
+  return lax.axis_index(_lax_axis(axis_name))
+
+
+def _batched(x, axis_name: VirtualAxes):
+  """``x`` as a value batched over the virtual axis (values unchanged)."""
+  x = jnp.asarray(x)
+  return jnp.where(_slot(axis_name) >= 0, x, x)
+
+
+def _on_stack(axis_name: VirtualAxes, fn, x, batched_out: bool):
+  """Applies ``fn`` to the ``[K, ...]`` stack of ``x`` over a device's workers.
+
+  ``fn(stack)`` returns a stack (``batched_out``: typed varying over the
+  device axis) or one value shared by the device's workers (typed
+  invariant). The function is never run unbatched (``x`` is made batched
+  first); the unbatched rule only gives the output's type.
+  """
+  k = axis_name.per_device
+  dev = axis_name.device
+
+  def typed(out):
+    if batched_out:
+      return match_varying(out, lax.axis_index(dev))
+    return out
+
+  @jax.custom_batching.custom_vmap
+  def op(v, slot):
+    del slot
+    out = jax.eval_shape(fn, jax.ShapeDtypeStruct((k,) + v.shape, v.dtype))
+    return typed(jnp.zeros(out.shape[1:] if batched_out else out.shape,
+                           out.dtype))
+
+  @op.def_vmap
+  def rule(axis_size, in_batched, v, slot):
+    del slot
+    # The slot is batched by the vmap over the workers only: a vmap of the
+    # caller's own inside the worker function must not be taken for it.
+    if axis_size != k or not all(in_batched):
+      raise ValueError(
+          f"collectives over {axis_name!r} must run inside jax.vmap over "
+          f"the {k} workers of a device (parallel.per_worker) and not "
+          "inside another jax.vmap of the worker function; got a vmap of "
+          f"size {axis_size}.")
+    return typed(fn(v)), batched_out
+
+  return op(_batched(x, axis_name), _slot(axis_name))
+
+
+def psum(x, axis_name: AxisName):
+  """``sum_j x_j`` over all workers (invariant type, as ``lax.psum``)."""
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
+    return lax.psum(x, _lax_axis(axis_name))
+  dev = axis_name.device
+  return _on_stack(axis_name, lambda s: lax.psum(jnp.sum(s, 0), dev), x,
+                   batched_out=False)
+
+
+def pmean(x, axis_name: AxisName):
+  """``(1/n) sum_j x_j`` over all workers (as ``lax.pmean``)."""
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
+    return lax.pmean(x, _lax_axis(axis_name))
+  n = size(axis_name)
+  dev = axis_name.device
+  return _on_stack(
+      axis_name, lambda s: (lax.psum(jnp.sum(s, 0), dev) / n).astype(s.dtype),
+      x, batched_out=False)
+
+
+def all_gather(x, axis_name: AxisName) -> jax.Array:
+  """Every worker's ``x`` stacked, ``[n, *x.shape]``, equal on all workers.
+
+  The result is typed invariant over the worker axes (``to="invarying"``).
+  """
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
+    axis = _lax_axis(axis_name)
+    x = match_varying(jnp.asarray(x), lax.axis_index(axis))
+    return lax.all_gather(x, axis, to="invarying")
+  dev = axis_name.device
+
+  def gather(s):
+    s = match_varying(s, lax.axis_index(dev))
+    return lax.all_gather(s, dev, tiled=True, to="invarying")
+
+  return _on_stack(axis_name, gather, x, batched_out=False)
+
+
+def all_to_all(x, axis_name: AxisName) -> jax.Array:
+  """``out[j] = x_j[i]`` on worker ``i``: row ``i`` of every worker's ``x``.
+
+  Args:
+    x: ``[n, ...]``, row ``j`` meant for worker ``j``.
+
+  Returns:
+    ``[n, ...]``, row ``j`` from worker ``j`` (``lax.all_to_all`` with
+    split and concat axis 0).
+  """
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
+    return lax.all_to_all(x, _lax_axis(axis_name), 0, 0, tiled=False)
+  k = axis_name.per_device
+  dev = axis_name.device
+
+  def exchange(s):  # [Ks, n, ...] (source slot, destination worker)
+    m = s.shape[1] // k
+    s = s.reshape((k, m, k) + s.shape[2:])  # [Ks, Md, Kd, ...]
+    r = lax.all_to_all(s, dev, 1, 1, tiled=False)  # [Ks, Ms, Kd, ...]
+    r = jnp.moveaxis(r, 2, 0)  # [Kd, Ks, Ms, ...]
+    r = jnp.swapaxes(r, 1, 2)  # [Kd, Ms, Ks, ...]
+    return r.reshape((k, m * k) + s.shape[3:])
+
+  return _on_stack(axis_name, exchange, x, batched_out=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hop:
+  """One ``ppermute`` over devices: rows ``send[d]`` of device ``d``'s stack."""
+  pairs: tuple[tuple[int, int], ...]  # (source device, destination device)
+  send: np.ndarray  # [M, rows] int32 slot indices (padded with 0)
+
+
+@functools.lru_cache(maxsize=256)
+def _permute_plan(perm: tuple[tuple[int, int], ...], m: int, k: int):
+  """Static plan for a worker-level partial permutation on ``M x K`` workers.
+
+  Returns ``(hops, take)``: ``hops`` one per device offset ``(src - dst)
+  mod M`` that some edge crosses; ``take`` ``[M, K]`` int32 indices into
+  ``concat([stack, recv_1, ..., recv_H, zeros[1]])`` giving each slot's
+  received row (the zero row where a worker receives nothing, as
+  ``lax.ppermute`` gives zeros).
+  """
+  local = {}
+  remote: dict[int, dict[int, list[tuple[int, int]]]] = {}
+  for src, dst in perm:
+    ds, ks = divmod(src, k)
+    dd, kd = divmod(dst, k)
+    if ds == dd:
+      local[dst] = ks
+    else:
+      remote.setdefault((ds - dd) % m, {}).setdefault(dd, []).append((ks, kd))
+  hops, offset = [], k
+  take = np.full((m, k), -1, np.int64)
+  for dd in range(m):
+    for kd in range(k):
+      if dd * k + kd in local:
+        take[dd, kd] = local[dd * k + kd]
+  for off in sorted(remote):
+    by_dst = remote[off]
+    rows = max(len(v) for v in by_dst.values())
+    send = np.zeros((m, rows), np.int32)
+    pairs = []
+    for dd, edges in sorted(by_dst.items()):
+      ds = (dd + off) % m
+      pairs.append((ds, dd))
+      for r, (ks, kd) in enumerate(edges):
+        send[ds, r] = ks
+        take[dd, kd] = offset + r
+    hops.append(_Hop(tuple(pairs), send))
+    offset += rows
+  take[take < 0] = offset  # the zero row
+  return tuple(hops), take.astype(np.int32)
+
+
+def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
+  """``lax.ppermute`` over workers: worker ``dst`` gets ``x_src``, else 0.
+
+  Args:
+    x: this worker's array.
+    axis_name: the worker axis.
+    perm: ``(source, destination)`` worker pairs; distinct sources,
+      distinct destinations.
+
+  Returns:
+    An array like ``x``: what this worker receives (zeros if nothing).
+  """
+  if not is_virtual(axis_name):
+    _check_not_virtual(axis_name)
+    return lax.ppermute(x, _lax_axis(axis_name), list(perm))
+  k = axis_name.per_device
+  dev = axis_name.device
+  m = size(axis_name) // k
+  hops, take = _permute_plan(tuple((int(s), int(d)) for s, d in perm), m, k)
+
+  def move(s):
+    me = lax.axis_index(dev)
+    parts = [s]
+    for hop in hops:
+      rows = jnp.take(s, jnp.asarray(hop.send)[me], axis=0)
+      parts.append(lax.ppermute(rows, dev, list(hop.pairs)))
+    parts.append(jnp.zeros((1,) + s.shape[1:], s.dtype))
+    cand = jnp.concatenate([match_varying(p, me) for p in parts], 0)
+    return jnp.take(cand, jnp.asarray(take)[me], axis=0)
+
+  return _on_stack(axis_name, move, x, batched_out=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _group_plan(groups: tuple[tuple[int, ...], ...], m: int, k: int):
+  """Static plan of group means on ``M x K`` workers, or None.
+
+  Returns ``(local, rotations, rep, inside, weight)``: ``local`` ``[J, M,
+  K]`` slot indices (``K`` = a zero row) whose sum is the sum of a slot's
+  group members on its device; ``rotations`` device pairs, one
+  ``ppermute`` each, over which a device's partial sum of its
+  multi-device group travels (``|S| - 1`` rotations for a group on ``|S|``
+  devices); ``rep`` ``[M]`` a slot of that group on each device;
+  ``inside`` ``[M, K]`` bool, the slots in it; ``weight`` ``[n]``
+  ``1/|G|``. None if a device holds members of two multi-device groups.
+  """
+  n = m * k
+  group_of = np.empty(n, np.int64)
+  for g, members in enumerate(groups):
+    group_of[list(members)] = g
+  spans = [sorted({w // k for w in members}) for members in groups]
+  multi = np.full(m, -1, np.int64)
+  for g, devs in enumerate(spans):
+    if len(devs) > 1:
+      for d in devs:
+        if multi[d] >= 0:
+          return None
+        multi[d] = g
+  local_members = [[[s for s in range(k) if group_of[d * k + s]
+                     == group_of[d * k + t]] for t in range(k)]
+                   for d in range(m)]
+  depth = max(len(v) for row in local_members for v in row)
+  local = np.full((depth, m, k), k, np.int32)
+  for d in range(m):
+    for t in range(k):
+      for j, s in enumerate(local_members[d][t]):
+        local[j, d, t] = s
+  rotations = []
+  for r in range(1, max(len(v) for v in spans)):
+    pairs = []
+    for devs in spans:
+      if len(devs) > r:
+        pairs += [(devs[(a + r) % len(devs)], d) for a, d in enumerate(devs)]
+    rotations.append(tuple(pairs))
+  rep = np.zeros(m, np.int32)
+  inside = np.zeros((m, k), bool)
+  for d in range(m):
+    if multi[d] >= 0:
+      slots = [s for s in range(k) if group_of[d * k + s] == multi[d]]
+      rep[d] = slots[0]
+      inside[d, slots] = True
+  weight = np.array([1.0 / len(groups[g]) for g in group_of])
+  return local, tuple(rotations), rep, inside, weight
+
+
+def _plan_for(axis_name: VirtualAxes, groups):
+  k = axis_name.per_device
+  return _group_plan(tuple(tuple(int(w) for w in g) for g in groups),
+                     size(axis_name) // k, k)
+
+
+def has_group_plan(axis_name: VirtualAxes, groups) -> bool:
+  """True if :func:`group_mean` can realise ``groups`` (inside ``shard_map``)."""
+  return _plan_for(axis_name, groups) is not None
+
+
+def group_mean(x, axis_name: VirtualAxes, groups) -> jax.Array | None:
+  """Mean of ``x`` over this worker's group, in two levels, or None.
+
+  A device adds its members of each group (a gather along its stack);
+  a group on several devices then exchanges those partial sums, one row
+  per device per rotation (``|S| - 1`` ``ppermute`` for a group on ``|S|``
+  devices), instead of every member's row. Returns None (use
+  :func:`permute` terms instead) when a device holds members of two
+  groups that span devices.
+
+  Args:
+    x: this worker's array (floating).
+    axis_name: a :class:`VirtualAxes`.
+    groups: the partition of ``0..n-1`` into groups (tuples of workers).
+
+  Returns:
+    ``(1/|G|) sum_{j in G} x_j`` (in ``x.dtype``; weights and sums in
+    ``promote_types(x.dtype, float32)``), or None.
+  """
+  k = axis_name.per_device
+  dev = axis_name.device
+  plan = _plan_for(axis_name, groups)
+  if plan is None:
+    return None
+  local, rotations, rep, inside, weight = plan
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+
+  def reduce(s):
+    me = lax.axis_index(dev)
+    s = s.astype(acc)
+    cand = jnp.concatenate(
+        [s, match_varying(jnp.zeros((1,) + s.shape[1:], acc), s)], 0)
+    total = jnp.take(cand, jnp.asarray(local[0])[me], axis=0)
+    for j in range(1, local.shape[0]):
+      total = total + jnp.take(cand, jnp.asarray(local[j])[me], axis=0)
+    if rotations:
+      mask = jnp.asarray(inside)[me].reshape((k,) + (1,) * (s.ndim - 1))
+      part = jnp.take(total, jnp.asarray(rep)[me], axis=0)
+      extra = None
+      for pairs in rotations:
+        recv = lax.ppermute(part, dev, list(pairs))
+        extra = recv if extra is None else extra + recv
+      total = jnp.where(mask, total + extra[None], total)
+    slots = me * k + jnp.arange(k)
+    w = jnp.asarray(weight, acc)[slots].reshape((k,) + (1,) * (s.ndim - 1))
+    return (total * w).astype(x.dtype)
+
+  return _on_stack(axis_name, reduce, x, batched_out=True)

@@ -1,0 +1,17 @@
+"""Optimizers: decentralized optax transforms and local-update methods.
+
+- :mod:`~decentral_jax.optim.transforms`: ``decentralized``,
+  ``decentralized_adamw`` (DAdam, AccumAdamW), ``gossip_mixing``,
+  ``all_reduce_gradients``; re-exported here.
+- :mod:`~decentral_jax.optim.accum_adam`: ``scale_by_accum_adam``.
+- :mod:`~decentral_jax.optim.local_updates`: Local SGD, DiLoCo,
+  decentralized and Streaming DiLoCo.
+- :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
+- :mod:`~decentral_jax.optim.transform_args`: the transforms' shared argument
+  checks.
+
+Imports :mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
+"""
+
+from decentral_jax.optim.transforms import *  # noqa: F401,F403
+from decentral_jax.optim.transforms import __all__  # noqa: F401

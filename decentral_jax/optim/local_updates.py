@@ -1,0 +1,472 @@
+"""Local-update methods as optax transforms: Local SGD, DiLoCo, Streaming DiLoCo.
+
+Each wraps a worker-local inner optax transform (e.g. ``optax.adamw``) that
+steps every iteration; every ``sync_every = H`` steps the workers
+synchronise. Everything runs per worker inside ``jax.shard_map`` over the
+worker axis (one worker per device); only the synchronisation communicates,
+inside a ``lax.cond`` that is taken on sync steps only. Like the gossip
+transforms of :mod:`decentral_jax.optim`, each returns ``x_{k+1} - x_k`` as
+its update, so ``optax.apply_updates`` stays the only place parameters
+change, and all state (inner and outer optimizer states, the global
+parameters ``theta``, pending fragments, counters) lives in the optax state
+and hence in checkpoints.
+
+With ``t`` the number of inner steps taken (1-based, after this update):
+
+* Local SGD: ``x_i <- x_i + inner(g_i)``; if ``t % H == 0``:
+  ``x_i <- (1/n) sum_j x_j``. The inner state is kept.
+* DiLoCo (Douillard et al. 2023, arXiv 2311.08105): ``x_i <- x_i +
+  inner(g_i)``; if ``t % H == 0``: pseudo-gradient ``Delta = theta - (1/n)
+  sum_j x_j``, ``theta <- theta + outer(Delta)``, ``x_i <- theta``.
+  Decentralized DiLoCo replaces the exact mean by the ``k``-th gossip round
+  (``k`` = outer steps so far): ``Delta_i = theta_i - sum_j W_k[i, j] x_j``
+  with ``theta_i`` and the outer state per worker; on ``complete`` it is
+  DiLoCo.
+* Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512): the leaves
+  are split into ``P`` fragments; fragment ``p`` synchronises when
+  ``t % H == (p H // P) % H``, with its own outer state; with overlap
+  ``tau >= 1`` the outer result is merged ``tau`` inner steps later,
+  ``x_p <- alpha x_p + (1 - alpha) theta_p``, from the pseudo-gradient of
+  the parameters at the sync step (held in the state; its all-reduce
+  depends only on the state, so XLA can run it during the merge step's
+  forward/backward). With ``P = 1, tau = 0, alpha = 0`` it is DiLoCo.
+
+``theta`` is kept in float32 (float64 for float64 parameters).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from decentral_jax.comm import collectives
+from decentral_jax.comm import gossip
+from decentral_jax.optim import transforms as optim
+from decentral_jax.topology import schedules as topology_lib
+
+PyTree = Any
+_NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
+              "params) with params.")
+
+
+def default_outer_optimizer() -> optax.GradientTransformation:
+  """DiLoCo's outer optimizer: Nesterov SGD, lr 0.7, momentum 0.9."""
+  return optax.sgd(0.7, momentum=0.9, nesterov=True)
+
+
+def _check_period(sync_every) -> int:
+  if isinstance(sync_every, bool) or not isinstance(
+      sync_every, (int, np.integer)) or sync_every < 1:
+    raise ValueError(f"sync_every must be an integer >= 1 (the sync period H "
+                     f"in steps), got {sync_every!r}.")
+  return int(sync_every)
+
+
+def _global_dtype(x) -> jnp.dtype:
+  return jnp.promote_types(jnp.result_type(x), jnp.float32)
+
+
+def _inner_step(inner, grads, inner_state, params, name):
+  if params is None:
+    raise ValueError(_NO_PARAMS.format(name))
+  local, inner_state = inner.update(grads, inner_state, params)
+  return optax.apply_updates(params, local), inner_state
+
+
+def _delta(new, params):
+  return jax.tree.map(lambda t, p: (t - p).astype(p.dtype), new, params)
+
+
+# --------------------------------------------------------------------------
+# Local SGD.
+# --------------------------------------------------------------------------
+
+
+class LocalSGDState(NamedTuple):
+  """State of :func:`local_sgd` (worker-local)."""
+  count: jax.Array  # int32 []: inner steps taken t.
+  inner_state: optax.OptState
+
+
+def local_sgd(inner: optax.GradientTransformation, sync_every: int,
+              axis_name: gossip.AxisName = "workers"
+              ) -> optax.GradientTransformation:
+  """Local SGD: inner steps, exact parameter average every ``H`` steps.
+
+  Recursion: ``x_i <- x_i + inner(g_i; x_i)``; if ``t % H == 0``,
+  ``x_i <- (1/n) sum_j x_j`` (one all-reduce of the parameters). The inner
+  state is never reset. Equals :func:`diloco` with outer ``optax.sgd(1.0)``.
+
+  Args:
+    inner: worker-local optax transform.
+    sync_every: the sync period ``H >= 1`` in steps.
+    axis_name: worker mesh axis (or ``("nodes", "local")``).
+
+  Returns:
+    An ``optax.GradientTransformation`` with :class:`LocalSGDState`;
+    ``update`` needs ``params`` and runs inside ``shard_map``. Updates have
+    the params' shapes and dtypes.
+
+  Raises:
+    ValueError: a bad ``sync_every``; ``params`` not passed to ``update``.
+  """
+  period = _check_period(sync_every)
+
+  def init_fn(params):
+    return LocalSGDState(jnp.zeros([], jnp.int32), inner.init(params))
+
+  def update_fn(updates, state, params=None):
+    x, inner_state = _inner_step(inner, updates, state.inner_state, params,
+                                 "local_sgd")
+    count = optax.safe_increment(state.count)
+    x = gossip.every(period, count % period == 0,
+                     lambda y: gossip.mean(y, axis_name), lambda y: y, x)
+    return _delta(x, params), LocalSGDState(count, inner_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+# --------------------------------------------------------------------------
+# DiLoCo and decentralized DiLoCo.
+# --------------------------------------------------------------------------
+
+
+class DiLoCoState(NamedTuple):
+  """State of :func:`diloco` (``theta``/``outer_state`` equal on all workers
+  unless a topology is given)."""
+  count: jax.Array  # int32 []: inner steps taken t.
+  outer_count: jax.Array  # int32 []: outer steps taken k (gossip round).
+  inner_state: optax.OptState
+  theta: optax.Params  # global parameters, float32 (float64) like params.
+  outer_state: optax.OptState
+
+
+def diloco(inner: optax.GradientTransformation, sync_every: int, *,
+           outer: optax.GradientTransformation | None = None,
+           topology: topology_lib.Topology | None = None,
+           axis_name: gossip.AxisName = "workers",
+           bucket_bytes: int | None = None
+           ) -> optax.GradientTransformation:
+  r"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
+
+  .. math::
+    x_i &\leftarrow x_i + \mathrm{inner}(g_i; x_i) \\
+    \text{if } t \bmod H = 0:&\ \Delta = \theta - \tfrac1n \textstyle\sum_j x_j,
+      \ \theta \leftarrow \theta + \mathrm{outer}(\Delta; \theta),
+      \ x_i \leftarrow \theta
+
+  ``theta`` starts at the initial parameters. With ``topology``
+  (decentralized DiLoCo) the mean is the ``k``-th gossip round,
+  ``Delta_i = theta_i - sum_j W_k[i, j] x_j``, and ``theta_i`` and the outer
+  state are per worker; ``complete`` gives DiLoCo exactly.
+
+  Args:
+    inner: worker-local optax transform (AdamW in the paper).
+    sync_every: the sync period ``H >= 1`` in inner steps.
+    outer: the outer optax transform applied to ``Delta`` as a gradient
+      (default :func:`default_outer_optimizer`, Nesterov lr 0.7 momentum
+      0.9); ``optax.sgd(1.0)`` gives Local SGD.
+    topology: gossip schedule for decentralized DiLoCo (doubly stochastic),
+      or None for the exact mean.
+    axis_name: worker mesh axis (or ``("nodes", "local")``).
+    bucket_bytes: largest gossip bucket in bytes with ``topology``; None:
+      the default (one collective per leaf), 0: one per leaf (bit-identical; see
+      :func:`decentral_jax.optim.check_bucket_bytes`).
+
+  Returns:
+    An ``optax.GradientTransformation`` with :class:`DiLoCoState`.
+
+  Raises:
+    ValueError: a bad ``sync_every`` or ``bucket_bytes``; ``params`` not
+      passed to ``update``.
+
+  References:
+    Douillard et al., DiLoCo: Distributed Low-Communication Training of
+    Language Models, arXiv 2311.08105 (Alg. 1).
+  """
+  period = _check_period(sync_every)
+  bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
+  outer = default_outer_optimizer() if outer is None else outer
+
+  def init_fn(params):
+    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
+    zero = jnp.zeros([], jnp.int32)
+    return DiLoCoState(zero, zero, inner.init(params), theta,
+                       outer.init(theta))
+
+  def reduce(x, k):
+    if topology is None:
+      return gossip.mean(x, axis_name)
+    return gossip.mix(x, topology, k, axis_name, bucket_bytes=bucket_bytes)
+
+  def sync(operand):
+    x, theta, outer_state, k = operand
+    mixed = reduce(jax.tree.map(lambda a, t: a.astype(t.dtype), x, theta), k)
+    pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, mixed)
+    step, outer_state = outer.update(pseudo_grad, outer_state, theta)
+    theta = optax.apply_updates(theta, step)
+    x = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)
+    return x, theta, outer_state, optax.safe_increment(k)
+
+  def update_fn(updates, state, params=None):
+    x, inner_state = _inner_step(inner, updates, state.inner_state, params,
+                                 "diloco")
+    count = optax.safe_increment(state.count)
+    x, theta, outer_state, k = gossip.every(
+        period, count % period == 0, sync, lambda o: o,
+        (x, state.theta, state.outer_state, state.outer_count))
+    return _delta(x, params), DiLoCoState(count, k, inner_state, theta,
+                                          outer_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+# --------------------------------------------------------------------------
+# Streaming DiLoCo.
+# --------------------------------------------------------------------------
+
+
+def default_fragments(params: PyTree, num_fragments: int) -> PyTree:
+  """Fragment id of every leaf: consecutive leaves, balanced by size.
+
+  Leaves are taken in ``jax.tree.leaves`` order (for Flax models: by module
+  name, so roughly by layer) and cut into ``num_fragments`` contiguous runs
+  of about equal parameter count; each run has at least one leaf.
+
+  Returns:
+    A pytree of Python ints in ``[0, num_fragments)`` like ``params``.
+
+  Raises:
+    ValueError: more fragments than leaves.
+  """
+  leaves, treedef = jax.tree.flatten(params)
+  p = int(num_fragments)
+  if not 1 <= p <= len(leaves):
+    raise ValueError(f"num_fragments={num_fragments} must be in [1, "
+                     f"{len(leaves)}] (the number of parameter leaves).")
+  sizes = np.array([max(int(np.prod(np.shape(x))), 1) for x in leaves], float)
+  cum = np.cumsum(sizes)
+  ids, start = [], 0
+  for frag in range(p):
+    if frag == p - 1:
+      end = len(leaves)
+    else:  # up to the leaf that reaches (frag + 1) / P of the parameters
+      end = int(np.searchsorted(cum, (frag + 1) * cum[-1] / p)) + 1
+      end = min(max(end, start + 1), len(leaves) - (p - 1 - frag))
+    ids += [frag] * (end - start)
+    start = end
+  return jax.tree.unflatten(treedef, ids)
+
+
+def check_fragments(fragments: PyTree, params: PyTree,
+                    num_fragments: int) -> list[int]:
+  """Validates a fragment assignment; returns the flat list of ids.
+
+  Raises:
+    ValueError: the structure differs from ``params``, an id is not an int
+      in ``[0, num_fragments)``, or a fragment has no leaf.
+  """
+  try:
+    ids = jax.tree.structure(params).flatten_up_to(fragments)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"fragments must have the structure of the parameters "
+                     f"(one int per leaf): {e}") from None
+  bad = [i for i in ids if isinstance(i, bool) or
+         not isinstance(i, (int, np.integer)) or not 0 <= i < num_fragments]
+  if bad:
+    raise ValueError(f"fragment ids must be ints in [0, {num_fragments}), got "
+                     f"{bad[:3]}.")
+  empty = sorted(set(range(num_fragments)) - set(int(i) for i in ids))
+  if empty:
+    raise ValueError(f"fragments {empty} have no parameter leaf; every "
+                     "fragment needs at least one (lower num_fragments).")
+  return [int(i) for i in ids]
+
+
+class StreamingDiLoCoState(NamedTuple):
+  """State of :func:`streaming_diloco` (all equal on every worker except
+  ``inner_state``)."""
+  count: jax.Array  # int32 []: inner steps taken t.
+  inner_state: optax.OptState
+  theta: optax.Params  # global parameters (float32), every fragment.
+  outer_states: tuple  # one outer state per fragment (over its leaves).
+  # Per fragment, what was sent and awaits its merge: the parameters x (or,
+  # with comm_dtype, the pseudo-gradients theta - x), like theta.
+  snapshot: optax.Params
+
+
+def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
+                     num_fragments: int = 1, fragments: PyTree = None,
+                     overlap_steps: int = 0, merge_alpha: float = 0.0,
+                     outer: optax.GradientTransformation | None = None,
+                     comm_dtype=None,
+                     axis_name: str = "workers"
+                     ) -> optax.GradientTransformation:
+  r"""Streaming DiLoCo: fragments synchronised in turn, overlapped, merged.
+
+  Fragment ``p`` (offset ``o_p = p H // P``) is sent at the steps with
+  ``t % H == o_p % H`` (``t >= 1``) and merged ``tau`` steps later:
+
+  .. math::
+    \text{send } (t):&\ s_{i,p} = x_{i,p} \quad (\text{kept in the state}) \\
+    \text{merge } (t + \tau):&\ \Delta_p = \theta_p - \tfrac1n \textstyle\sum_j s_{j,p},
+      \ \theta_p \leftarrow \theta_p + \mathrm{outer}_p(\Delta_p),
+      \ x_{i,p} \leftarrow \alpha x_{i,p} + (1-\alpha)\theta_p
+
+  where ``x_{i,p}`` at the merge already includes the ``tau`` inner steps
+  since the send. The mean of the pseudo-gradients is one all-reduce per
+  merge; with ``comm_dtype`` the state holds the pseudo-gradient
+  ``theta_p - x_{i,p}`` instead (small values, better suited to a narrow
+  dtype), which is sent in that dtype and summed in float32 (an all-to-all of ``1/n`` chunks, a float32 sum, and an
+  all-gather of the result in ``comm_dtype``: the bytes of an all-reduce in
+  ``comm_dtype``).
+
+  Args:
+    inner: worker-local optax transform.
+    sync_every: ``H >= 1``, the sync period of every fragment.
+    num_fragments: ``P``, with ``1 <= P <= H`` and at most the number of
+      leaves.
+    fragments: optional pytree of ints (fragment id per leaf); default
+      :func:`default_fragments`.
+    overlap_steps: ``tau``, with ``0 <= tau`` and ``tau * P < H``.
+    merge_alpha: ``alpha`` in ``[0, 1]`` (0: take the outer result).
+    outer: outer optax transform per fragment (default Nesterov, lr 0.7,
+      momentum 0.9).
+    comm_dtype: optional floating dtype of the pseudo-gradients on the wire.
+    axis_name: the worker mesh axis (a single name).
+
+  Returns:
+    An ``optax.GradientTransformation`` with :class:`StreamingDiLoCoState`.
+
+  Raises:
+    ValueError: any argument outside the ranges above, a fragment
+      assignment that misses a fragment or a leaf, ``params`` not passed.
+
+  References:
+    Douillard et al., Streaming DiLoCo with overlapping communication,
+    arXiv 2501.18512 (Alg. 1, 2).
+  """
+  period = _check_period(sync_every)
+  p_count = int(num_fragments)
+  tau = overlap_steps
+  if isinstance(tau, bool) or not isinstance(tau, (int, np.integer)) or \
+      tau < 0 or tau * p_count >= period:
+    raise ValueError(
+        f"overlap_steps={overlap_steps!r} must be an integer with 0 <= tau "
+        f"and tau * num_fragments < sync_every ({p_count} * tau < {period}), "
+        "so a fragment is merged before the next one is sent.")
+  if not 1 <= p_count <= period:
+    raise ValueError(f"num_fragments={num_fragments!r} must be in [1, "
+                     f"sync_every={period}].")
+  alpha = float(merge_alpha)
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"merge_alpha={merge_alpha!r} must be in [0, 1].")
+  if comm_dtype is not None and not jnp.issubdtype(comm_dtype, jnp.floating):
+    raise ValueError(f"comm_dtype={comm_dtype!r} must be a floating dtype.")
+  outer = default_outer_optimizer() if outer is None else outer
+  offsets = [(p * period // p_count) % period for p in range(p_count)]
+
+  def ids_of(params):
+    frag = (default_fragments(params, p_count) if fragments is None
+            else fragments)
+    return check_fragments(frag, params, p_count)
+
+  def init_fn(params):
+    ids = ids_of(params)
+    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
+    flat = jax.tree.leaves(theta)
+    outer_states = tuple(
+        outer.init([x for x, i in zip(flat, ids) if i == p])
+        for p in range(p_count))
+    snapshot = optax.tree.zeros_like(theta)
+    return StreamingDiLoCoState(jnp.zeros([], jnp.int32), inner.init(params),
+                                theta, outer_states, snapshot)
+
+  def pseudo_gradient(ts, ss):
+    if comm_dtype is None:  # ss holds parameters: theta - mean(x)
+      return [t - m for t, m in zip(ts, gossip.mean(ss, axis_name))]
+    return _mean_low_precision(ss, comm_dtype, axis_name)
+
+  def update_fn(updates, state, params=None):
+    x, inner_state = _inner_step(inner, updates, state.inner_state, params,
+                                 "streaming_diloco")
+    ids = ids_of(params)
+    count = optax.safe_increment(state.count)
+    x_flat, treedef = jax.tree.flatten(x)
+    theta = jax.tree.leaves(state.theta)
+    snap = jax.tree.leaves(state.snapshot)
+    outer_states = list(state.outer_states)
+    for p in range(p_count):
+      idx = [j for j, i in enumerate(ids) if i == p]
+      sent = (count % period == offsets[p]) & (count >= max(offsets[p], 1))
+      merged = (count % period == (offsets[p] + tau) % period) & (
+          count >= max(offsets[p], 1) + tau)
+      xs = [x_flat[j] for j in idx]
+      ts = [theta[j] for j in idx]
+      ss = [snap[j] for j in idx]
+      if comm_dtype is None:
+        kept = [a.astype(t.dtype) for t, a in zip(ts, xs)]
+      else:
+        kept = [t - a.astype(t.dtype) for t, a in zip(ts, xs)]
+      # Send: keep what this worker sends (no communication yet).
+      ss = lax.cond(sent, lambda new, old: new, lambda new, old: old,
+                    kept, ss)
+
+      def merge(operand):
+        xs, ts, ss, o_state = operand
+        step, o_state = outer.update(pseudo_gradient(ts, ss), o_state, ts)
+        ts = optax.apply_updates(ts, step)
+        xs = [(alpha * a.astype(t.dtype) + (1.0 - alpha) * t).astype(a.dtype)
+              for a, t in zip(xs, ts)]
+        return xs, ts, ss, o_state
+
+      xs, ts, ss, outer_states[p] = gossip.every(
+          period, merged, merge, lambda o: o, (xs, ts, ss, outer_states[p]))
+      for j, a, t, s in zip(idx, xs, ts, ss):
+        x_flat[j], theta[j], snap[j] = a, t, s
+    new_state = StreamingDiLoCoState(
+        count, inner_state, jax.tree.unflatten(treedef, theta),
+        tuple(outer_states), jax.tree.unflatten(treedef, snap))
+    return _delta(jax.tree.unflatten(treedef, x_flat), params), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,
+                        axis_name: str) -> list[jax.Array]:
+  """Mean over workers with ``comm_dtype`` on the wire, summed in float32.
+
+  A reduce-scatter written as an all-to-all of ``1/n`` chunks (each worker
+  sums its chunk of everyone's values in the accumulation dtype), then an
+  all-gather of the averaged chunks in ``comm_dtype``.
+  """
+  n = collectives.size(axis_name)
+  out = []
+  for x in leaves:
+    acc = _global_dtype(x)
+    flat = x.reshape(-1)
+    pad = (-flat.size) % n
+    if pad:
+      flat = jnp.concatenate([flat, jnp.zeros((pad,), flat.dtype)])
+    chunks = flat.astype(comm_dtype).reshape(n, -1)
+    mine = collectives.all_to_all(chunks, axis_name)
+    part = jnp.sum(mine.astype(acc), axis=0) / n
+    full = collectives.all_gather(part.astype(comm_dtype),
+                                  axis_name).reshape(-1)
+    full = full[:x.size].astype(acc).reshape(x.shape)
+    out.append(gossip.match_varying(full, x))
+  return out
+
+
+def global_params(opt_state: optax.OptState) -> PyTree | None:
+  """``theta`` of the first DiLoCo-style state found in ``opt_state``, else None.
+
+  The parameters to evaluate as "the averaged model" of a DiLoCo run.
+  """
+  found = optim.find_states(opt_state, (DiLoCoState, StreamingDiLoCoState))
+  return found[0].theta if found else None

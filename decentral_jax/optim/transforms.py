@@ -1,0 +1,453 @@
+"""Decentralized optimizers as optax transforms: DAdam, AccumAdam(W), D-SGD.
+
+All transforms that communicate must be updated inside ``jax.shard_map`` over
+the worker axis (one worker per device), with worker-local ``grads``,
+``state`` and ``params`` (no leading worker dimension). Only parameters are
+communicated; gradients, moments and accumulators stay local.
+
+Compositions (``lr`` may be an optax schedule)::
+
+  # All-Reduce AdamW (the baseline)
+  optax.chain(all_reduce_gradients("workers"), optax.adamw(lr))
+  # D-SGD / D-PSGD: x_{k+1} = W_k x_k - lr g(x_k)
+  optax.chain(optax.sgd(lr, momentum), gossip_mixing(topo, "workers"))
+  # DAdam (accum_steps=1) / AccumAdamW (accum_steps>1)
+  decentralized_adamw(lr, topo, accum_steps=8)
+
+References:
+  Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
+  High-performance Decentralized Training <https://arxiv.org/abs/2410.11998>`_,
+  ICLR 2025 (Alg. 1 DAdam, Alg. 4 AccumAdam; ``decent-dp`` 0.2.3,
+  ``decent_dp/optim.py`` and ``ddp.py``).
+  Lian et al., `Can Decentralized Algorithms Outperform Centralized
+  Algorithms? <https://arxiv.org/abs/1705.09056>`_, NeurIPS 2017 (D-PSGD).
+
+Precision: parameters and gradients may be float64, float32, bfloat16 or
+float16. Hyperparameters, bias corrections, the learning rate and the
+arithmetic of the moments are in float32 (float64 when the inputs are
+float64); moments are stored in ``mu_dtype``/``nu_dtype`` (default: the
+parameter dtype) and updates come back in the gradient dtype, so
+``optax.apply_updates`` keeps the parameter dtype. Under
+``optax.inject_hyperparams`` with low-precision parameters pass
+``hyperparam_dtype=jnp.float32`` (optax casts hyperparameters to the
+parameter dtype otherwise, and ``b2=0.999`` is 1.0 in bfloat16; this module
+rejects such hyperparameters), and list callable or dtype arguments
+(a callable ``mask``; ``mu_dtype``, ``nu_dtype``, ``comm_dtype`` given as
+dtype classes such as ``jnp.bfloat16``) in ``static_args``: optax takes
+callables for schedules (this module rejects what it makes of them)::
+
+  optax.inject_hyperparams(decentralized_adamw, static_args=("mask",),
+                           hyperparam_dtype=jnp.float32)(
+      learning_rate=schedule, topology=topo, mask=my_mask, accum_steps=4)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from decentral_jax.comm import gossip
+from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.optim import transform_args
+from decentral_jax.optim.accum_adam import ScaleByAccumAdamState
+from decentral_jax.optim.accum_adam import horizon_matched_betas
+from decentral_jax.optim.accum_adam import scale_by_accum_adam
+from decentral_jax.optim.transform_args import check_bucket_bytes
+from decentral_jax.optim.transform_args import check_float_dtype
+from decentral_jax.optim.transform_args import round_step
+
+__all__ = ["DecentralizedState", "GossipMixingState", "ScaleByAccumAdamState",
+           "all_reduce_gradients", "check_bucket_bytes", "check_float_dtype",
+           "decentralized", "decentralized_adamw", "default_weight_decay_mask",
+           "find_states", "gossip_mixing", "horizon_matched_betas",
+           "round_count", "round_step", "scale_by_accum_adam"]
+
+PyTree = Any
+
+
+# --------------------------------------------------------------------------
+# Mixing.
+# --------------------------------------------------------------------------
+
+
+class GossipMixingState(NamedTuple):
+  """State of :func:`gossip_mixing`."""
+  count: jax.Array  # shape=(), dtype=int32: step k, selects round k % period.
+
+
+def gossip_mixing(topology: topology_lib.Topology,
+                  axis_name: gossip.AxisName = "workers", *,
+                  comm_dtype=None,
+                  bucket_bytes: int | None = None
+                  ) -> optax.GradientTransformation:
+  r"""Chain element adding the gossip correction ``W_k x_k - x_k`` to updates.
+
+  Placed last in an ``optax.chain`` whose earlier elements produce a local
+  update ``u_k``, the result applied by ``optax.apply_updates`` is
+
+  .. math:: x_{k+1} = W_k x_k + u_k
+
+  i.e. D-PSGD (Lian et al. 2017) when ``u_k = -lr g(x_k)``. The collective
+  depends only on ``x_k``, so it can overlap with the forward/backward pass.
+  Weight decay in earlier chain elements sees ``x_k``, not ``W_k x_k``; use
+  :func:`decentralized` to apply the local step at the mixed point.
+
+  Args:
+    topology: mixing schedule; round ``k % period`` at step ``k``.
+    axis_name: worker mesh axis (or ``(nodes, local)``).
+    comm_dtype: optional dtype in which parameters are sent.
+    bucket_bytes: largest gossip bucket in bytes (see
+      :func:`check_bucket_bytes`); results are bit-identical.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with
+    :class:`GossipMixingState`; must be updated inside ``jax.shard_map`` over
+    ``axis_name`` with ``params`` given. Applied leaf-wise over any pytree of
+    floating leaves: ``u + (W x - x)`` is formed in float32 (float64 stays
+    float64) and returned with the shapes and dtypes of ``updates``.
+
+  Raises:
+    ValueError: ``comm_dtype`` not None or a floating dtype, or
+      ``bucket_bytes`` not None or an integer >= 0 (at construction);
+      ``params`` not passed to ``update``; errors of
+      :func:`decentral_jax.comm.gossip.mix` (mesh axis size, non-floating leaves).
+  """
+  check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = check_bucket_bytes(bucket_bytes)
+
+  def init_fn(params):
+    del params
+    return GossipMixingState(jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, round_index=None, **unused):
+    del unused
+    if params is None:
+      raise ValueError(transform_args.NO_PARAMS.format("gossip_mixing"))
+    mixed = gossip.mix(params, topology, round_step(state, round_index), axis_name,
+                       comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
+    updates = jax.tree.map(_add_correction, updates, mixed, params)
+    return updates, GossipMixingState(optax.safe_increment(state.count))
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _add_correction(u, m, p):
+  """``u + (m - p)`` in float32 (or wider), returned in ``u``'s dtype.
+
+  For float32/float64 leaves these are the plain-dtype operations; for
+  bfloat16/float16 the sum is rounded once instead of twice.
+  """
+  dt = transform_args.compute_dtype(u.dtype, m.dtype, p.dtype)
+  return (u.astype(dt) + (m.astype(dt) - p.astype(dt))).astype(u.dtype)
+
+
+class DecentralizedState(NamedTuple):
+  """State of :func:`decentralized`."""
+  count: jax.Array  # shape=(), dtype=int32: step k, selects round k % period.
+  inner_state: optax.OptState  # the local optimizer's state (worker-local).
+
+
+def decentralized(inner: optax.GradientTransformation,
+                  topology: topology_lib.Topology,
+                  axis_name: gossip.AxisName = "workers", *,
+                  mix_after_update: bool = False,
+                  comm_dtype=None,
+                  gossip_every: int = 1,
+                  bucket_bytes: int | None = None
+                  ) -> optax.GradientTransformation:
+  r"""Wraps a local optimizer so that it steps from the gossip-mixed point.
+
+  Default ("adapt-while-combine", the paper's overlapped form):
+
+  .. math::
+    x_{k+1/2} = W_k x_k, \qquad
+    x_{k+1} = x_{k+1/2} + \mathrm{inner}(g(x_k);\ \text{params}=x_{k+1/2})
+
+  so parameter-dependent parts of ``inner`` (decoupled weight decay) act on
+  ``W_k x_k``, exactly as ``decent-dp``. The gradient is taken at ``x_k`` by
+  the caller, and the collective depends only on ``x_k``, so XLA may run it
+  concurrently with the forward/backward pass. With
+  ``mix_after_update=True`` ("adapt-then-combine"):
+  ``x_{k+1} = W_k (x_k + inner(g(x_k); x_k))``.
+
+  Local steps (local D-SGD / DAdam): with ``gossip_every = tau > 1`` the
+  workers mix only at steps ``k`` with ``k % tau == 0``, using round
+  ``k // tau`` of the schedule, and take plain local steps in between
+  (``W = I``); ``tau = 1`` is the recursion above, bit for bit. The mixing
+  then sits in a ``lax.cond`` and the round is chosen in-graph
+  (``round_index`` is not supported).
+
+  Round selection: by default round ``count % period`` is chosen in-graph
+  with ``lax.switch`` (one compile for the whole schedule). Passing the extra
+  argument ``round_index=r`` (a Python int, e.g. a ``static_argnames`` of the
+  jitted step, usually ``step % period``) compiles that round alone, without
+  a conditional, which lets XLA's scheduler overlap the collective with the
+  forward/backward pass on accelerators (one compile per distinct round).
+  ``optax.chain`` forwards ``round_index`` to every element.
+
+  The returned update is ``x_{k+1} - x_k``, so ``optax.apply_updates`` stays
+  the only place where parameters change and the wrapper composes with
+  ``optax.chain`` (e.g. after ``optax.clip_by_global_norm``). It is formed in
+  the parameter dtype from ``x_{k+1}`` rounded to that dtype, so with
+  bfloat16/float16 parameters ``apply_updates`` gives back that rounded
+  ``x_{k+1}`` exactly wherever ``x_k`` and ``x_{k+1}`` are within a factor 2
+  of each other (same sign), and to half an ulp of ``x_{k+1} - x_k``
+  elsewhere.
+
+  Args:
+    inner: worker-local optax transform producing the local update.
+    topology: mixing schedule; round ``k % period`` at step ``k``.
+    axis_name: worker mesh axis (or ``(nodes, local)``).
+    mix_after_update: mix after the local update instead of before.
+    comm_dtype: optional dtype in which parameters are sent (e.g. bfloat16).
+    gossip_every: the communication period ``tau >= 1`` in steps.
+    bucket_bytes: largest gossip bucket in bytes: None (default) for
+      :data:`decentral_jax.comm.gossip.DEFAULT_BUCKET_BYTES` (0: per leaf,
+      faster on XLA:CPU), 0 for one collective per leaf (see :func:`check_bucket_bytes`).
+      Results are bit-identical either way.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with
+    :class:`DecentralizedState`; ``update`` must run inside
+    ``jax.shard_map`` over ``axis_name``. Applied leaf-wise over any pytree
+    of floating leaves; updates have the shapes and dtypes of ``params``.
+
+  Raises:
+    ValueError: ``comm_dtype`` not None or a floating dtype,
+      ``gossip_every`` not an integer >= 1, or ``bucket_bytes`` not None or
+      an integer >= 0 (at construction); ``params`` not passed to
+      ``update``; ``round_index`` with ``gossip_every > 1``; errors
+      of :func:`decentral_jax.comm.gossip.mix` (mesh axis size, non-floating
+      leaves).
+  """
+  check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = check_bucket_bytes(bucket_bytes)
+  # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
+  # takes the conditional path.
+  static_tau = not isinstance(gossip_every, jax.Array)
+  if static_tau and (isinstance(gossip_every, bool) or not isinstance(
+      gossip_every, (int, np.integer)) or gossip_every < 1):
+    raise ValueError(f"gossip_every must be an integer >= 1 (the gossip "
+                     f"period in steps), got {gossip_every!r}.")
+  tau = (int(gossip_every) if static_tau
+         else jnp.asarray(gossip_every).astype(jnp.int32))
+
+  def mix(tree, state, round_index):
+    if static_tau and tau == 1:
+      return gossip.mix(tree, topology, round_step(state, round_index), axis_name,
+                        comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
+    if round_index is not None:
+      raise ValueError("decentralized(gossip_every>1) picks its round "
+                       "in-graph; do not pass round_index (use "
+                       "config.gossip_rounds='switch').")
+    return gossip.every(
+        tau, state.count % tau == 0,
+        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
+                             comm_dtype=comm_dtype, bucket_bytes=bucket_bytes),
+        lambda t: t, tree)
+
+  def init_fn(params):
+    return DecentralizedState(jnp.zeros([], jnp.int32), inner.init(params))
+
+  def update_fn(updates, state, params=None, *, round_index=None,
+                **extra_args):
+    if params is None:
+      raise ValueError(transform_args.NO_PARAMS.format("decentralized"))
+    extra = extra_args if extra_args else {}
+    if mix_after_update:
+      local, inner_state = inner.update(updates, state.inner_state, params,
+                                        **extra)
+      stepped = optax.apply_updates(params, local)
+      target = mix(stepped, state, round_index)
+    else:
+      mixed = mix(params, state, round_index)
+      local, inner_state = inner.update(updates, state.inner_state, mixed,
+                                        **extra)
+      target = optax.apply_updates(mixed, local)
+    # target has the param dtype (apply_updates casts to it). The difference
+    # of two values of one dtype is correctly rounded in that dtype (forming
+    # it in float32 and casting gives the same bits), and exact when
+    # t/2 <= p <= 2t (Sterbenz), so apply_updates(params, new_updates)
+    # returns target there; elsewhere (a sign change, |t - p| ~ |p|) it is
+    # off by at most half an ulp of the difference.
+    new_updates = jax.tree.map(lambda t, p: (t - p).astype(p.dtype),
+                               target, params)
+    return new_updates, DecentralizedState(optax.safe_increment(state.count),
+                                           inner_state)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def default_weight_decay_mask(params: PyTree) -> PyTree:
+  """``True`` for leaves with ``ndim >= 2`` (matrices, kernels), else False."""
+  return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
+
+
+def _resolve_mask(mask):
+  if isinstance(mask, str):
+    if mask.replace(" ", "") != "ndim>=2":
+      raise ValueError(f"mask={mask!r}: the only string mask is 'ndim>=2'; "
+                       "pass None (decay all), a pytree of bools or a callable.")
+    return default_weight_decay_mask
+  if isinstance(mask, (bool, np.bool_, jax.Array)):
+    # What optax.inject_hyperparams passes for a callable mask it took for a
+    # schedule (the mask of the step count: False), which would silently
+    # turn decay off. A bare bool is never needed: True is None, and False
+    # is weight_decay=0.
+    raise ValueError(f"mask={mask!r}: pass None (decay all), 'ndim>=2', a "
+                     "pytree of bools or a callable (not a bare bool or "
+                     "array); " + transform_args.INJECT_HINT.format("mask") + ".")
+  return mask
+
+
+def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
+                        topology: topology_lib.Topology, *,
+                        b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                        weight_decay: float = 0.0,
+                        mask: Any = "ndim>=2",
+                        accum_steps: int = 1,
+                        axis_name: gossip.AxisName = "workers",
+                        mix_after_update: bool = False,
+                        comm_dtype=None, mu_dtype=None,
+                        nu_dtype=None,
+                        gossip_every: int = 1,
+                        bucket_bytes: int | None = None,
+                        beta_convention: str = "per_window"
+                        ) -> optax.GradientTransformation:
+  r"""DAdam (``accum_steps=1``) / AccumAdamW (``accum_steps>1``).
+
+  .. math::
+    x_{k+1} = (1 - \gamma_k \lambda\, \mathrm{mask}) \odot (W_k x_k)
+      - \gamma_k\, d_k(g(x_k))
+
+  with ``d_k`` the Adam direction (``accum_steps=1``) or the AccumAdam
+  direction of :func:`scale_by_accum_adam`, computed from each worker's own
+  gradient and moments. Reproduces ``decent-dp`` 0.2.3 to float64 precision.
+
+  The local step (direction, weight decay, learning rate) is computed in
+  float32 for bfloat16/float16 parameters (float64 stays float64) and
+  rounded once, when added to ``W_k x_k``; moments are stored in
+  ``mu_dtype``/``nu_dtype`` (default: the parameter dtype).
+
+  Args:
+    learning_rate: float or optax schedule ``step -> lr`` (``gamma_k``).
+    topology: mixing schedule (:mod:`decentral_jax.topology`).
+    b1, b2, eps: Adam hyperparameters (eps outside the square root).
+    weight_decay: decoupled weight decay ``lambda`` on the mixed parameters.
+    mask: which leaves are decayed: ``"ndim>=2"`` (default: matrices and
+      kernels, never biases or norm scales), ``None`` (all leaves), a pytree
+      of bools, or a callable ``params -> bools``. The default is a string so
+      that ``optax.inject_hyperparams`` keeps it static (it would treat a
+      callable as a schedule: list a callable mask in ``static_args``).
+    accum_steps: AccumAdam window ``T`` (1 = DAdam).
+    axis_name: worker mesh axis (or ``(nodes, local)``).
+    mix_after_update: adapt-then-combine instead of the paper's order.
+    comm_dtype: optional dtype in which parameters are sent.
+    mu_dtype: optional floating dtype of the first moment and accumulator.
+    nu_dtype: optional floating dtype of the second moment (use float32
+      with float16 parameters, see :func:`scale_by_accum_adam`).
+    gossip_every: mix every this many steps (local steps in between; see
+      :func:`decentralized`).
+    bucket_bytes: largest gossip bucket in bytes; None: the default, 0: one
+      collective per leaf (bit-identical; see :func:`check_bucket_bytes`).
+    beta_convention: AccumAdam's ``"per_window"`` (the paper's) or
+      ``"per_step"`` (``b1**T, b2**T`` per window: Adam's horizon in steps;
+      see :func:`scale_by_accum_adam`).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with
+    :class:`DecentralizedState` to update inside ``jax.shard_map``; updates
+    have the shapes and dtypes of ``params``.
+
+  Raises:
+    ValueError: invalid ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
+      (including a bare bool or array: what ``optax.inject_hyperparams``
+      passes for a callable mask without ``static_args``), ``mu_dtype``,
+      ``nu_dtype``, ``comm_dtype``, ``bucket_bytes`` or ``beta_convention`` (see
+      :func:`scale_by_accum_adam`, :func:`decentralized`).
+
+  References:
+    Wang et al. 2025 (arXiv 2410.11998), Alg. 1 and Alg. 4.
+  """
+  inner = optax.chain(
+      scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps,
+                          mu_dtype=mu_dtype, nu_dtype=nu_dtype,
+                          beta_convention=beta_convention),
+      optax.add_decayed_weights(weight_decay, _resolve_mask(mask)),
+      optax.scale_by_learning_rate(learning_rate),
+  )
+  return decentralized(_in_compute_dtype(inner), topology, axis_name,
+                       mix_after_update=mix_after_update, comm_dtype=comm_dtype,
+                       gossip_every=gossip_every, bucket_bytes=bucket_bytes)
+
+
+def _in_compute_dtype(inner: optax.GradientTransformation
+                      ) -> optax.GradientTransformationExtraArgs:
+  """Runs ``inner`` on float32 copies of low-precision updates and params.
+
+  Leaves of float32 or wider are passed unchanged (no-op casts), so float32
+  and float64 results are those of ``inner`` itself. ``inner``'s state must
+  keep its own dtypes (as :func:`scale_by_accum_adam` and optax's stateless
+  transforms do); its outputs are float32 for low-precision inputs.
+  """
+
+  def cast(tree):
+    return jax.tree.map(
+        lambda x: jnp.asarray(x, transform_args.compute_dtype(x.dtype)), tree)
+
+  def update_fn(updates, state, params=None, **extra_args):
+    return optax.with_extra_args_support(inner).update(
+        cast(updates), state, None if params is None else cast(params),
+        **extra_args)
+
+  return optax.GradientTransformationExtraArgs(inner.init, update_fn)
+
+
+def all_reduce_gradients(axis_name: gossip.AxisName = "workers"
+                         ) -> optax.GradientTransformation:
+  """Averages updates (gradients) over all workers with ``lax.pmean``.
+
+  ``optax.chain(all_reduce_gradients("workers"), optax.adamw(lr))`` is the
+  All-Reduce data-parallel baseline (paper Alg. 2). Must be updated inside
+  ``jax.shard_map`` over ``axis_name``; output shapes/dtypes = input (the
+  mean of bfloat16/float16 gradients is reduced by the backend in that
+  dtype).
+  """
+
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    del params
+    return gossip.mean(updates, axis_name), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def find_states(opt_state: optax.OptState, types) -> list:
+  """Every state of the given NamedTuple ``types`` inside ``opt_state``.
+
+  Searches nested states (``optax.chain``, ``inject_hyperparams``, wrappers)
+  in tree order; works on stacked ``[n, ...]`` states too.
+  """
+  found = []
+
+  def visit(s):
+    if isinstance(s, types):
+      found.append(s)
+      return True
+    return False
+
+  jax.tree.map(lambda _: None, opt_state, is_leaf=visit)
+  return found
+
+
+def round_count(opt_state: optax.OptState) -> jax.Array | None:
+  """The gossip step counter found in ``opt_state`` (first one), or None."""
+  found = find_states(opt_state, (DecentralizedState, GossipMixingState))
+  return found[0].count if found else None

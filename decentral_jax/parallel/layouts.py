@@ -1,0 +1,368 @@
+"""Workers that span several devices: placement of their state and data.
+
+A mesh from ``parallel.make_mesh(n, ..., devices_per_worker=D)`` with ``D >
+1`` has the worker axes (``"workers"`` or ``("nodes", "local")``, manual
+inside :func:`decentral_jax.parallel.per_worker`) and a last axis
+``"inner"`` of size ``D`` (``Auto``): worker ``i`` owns devices ``i*D ..
+i*D+D-1`` of the mesh. The per-worker step is the same one-worker code as
+with one device per worker; gossip and All-Reduce collectives run over the
+worker axes, and the compiler splits the rest over ``"inner"`` following
+the shardings of the step's inputs and outputs, which this module chooses:
+
+* ``"fsdp"``: every floating leaf of the parameters, gradients and
+  optimizer state ``[n, *shape]`` is split over ``"inner"`` along one
+  dimension of ``shape`` divisible by ``D`` (:func:`inner_dim`: the first
+  such dimension by default), so each device holds ``1/D`` of its worker's
+  state; leaves with no such dimension (and integer leaves, e.g. step
+  counters) are replicated on the worker's devices and listed by
+  :func:`unsplit_leaves` (:func:`check_params` warns naming them, or
+  refuses). The batch ``[n, B, ...]`` is split over ``"inner"`` along
+  ``B``; the compiler gathers parameters for the forward/backward pass as
+  it needs (ZeRO-3 style). A gossip round then sends each device's shard
+  only: one device of a one-peer round sends ``param_bytes / D``.
+* ``"data"``: parameters and optimizer state are replicated on the
+  worker's devices, the batch is split over them along ``B``, and the
+  gradient is averaged over them by the compiler (an all-reduce over
+  ``"inner"``). Every device of a worker then sends the full parameters in
+  a gossip round (``D`` copies per worker).
+
+Byte accounting: :func:`decentral_jax.analysis.communication` counts bytes
+per *device*; :func:`traffic` adds them up per worker and separates what
+leaves a worker (gossip, All-Reduce) from what stays inside it.
+
+Gossip buckets (``gossip.mix(..., bucket_bytes > 0)``) concatenate leaves
+into 1-D buffers; with ``"fsdp"`` the compiler reshards each bucket inside
+the worker (extra all-gathers and permutes over ``"inner"``; the bytes sent
+to other workers stay ``param_bytes / D``). ``bucket_bytes=0`` avoids this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from decentral_jax.parallel import mesh as parallel
+
+PyTree = Any
+
+FSDP = "fsdp"
+DATA = "data"
+MODES = (FSDP, DATA)
+#: Which divisible dimension :func:`inner_dim` picks.
+SPLIT_RULES = ("first", "largest")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerLayout:
+  """How one worker's state and batch lie on its ``devices_per_worker`` devices.
+
+  Attributes:
+    devices_per_worker: ``D >= 1``; 1 is one worker per device (the mode
+      is then irrelevant and nothing changes).
+    mode: ``"fsdp"`` or ``"data"`` (module docstring).
+    split: ``"first"`` (default) or ``"largest"``: which dimension
+      divisible by ``D`` a leaf is split along in ``"fsdp"``. ``"first"``
+      keeps each shard a contiguous slice of the flattened leaf, which is
+      what gossip buckets flatten to.
+
+  Raises:
+    ValueError: (at construction) ``devices_per_worker`` not an integer >=
+      1, unknown ``mode`` or ``split``.
+  """
+  devices_per_worker: int = 1
+  mode: str = FSDP
+  split: str = "first"
+
+  def __post_init__(self):
+    d = self.devices_per_worker
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+      raise ValueError(f"devices_per_worker must be an integer >= 1, got "
+                       f"{d!r}.")
+    if self.mode not in MODES:
+      raise ValueError(f"worker layout mode must be one of {MODES}, got "
+                       f"{self.mode!r}.")
+    if self.split not in SPLIT_RULES:
+      raise ValueError(f"split must be one of {SPLIT_RULES}, got "
+                       f"{self.split!r}.")
+
+  @property
+  def sharded_state(self) -> bool:
+    """True if parameters and optimizer state are split over devices."""
+    return self.devices_per_worker > 1 and self.mode == FSDP
+
+
+def inner_dim(shape: Sequence[int], dtype, devices_per_worker: int,
+              split: str = "first") -> int | None:
+  """The dimension of a one-worker leaf that ``"fsdp"`` splits, or None.
+
+  Args:
+    shape: the leaf's shape *without* the worker axis.
+    dtype: its dtype; only floating leaves are split.
+    devices_per_worker: ``D``; with ``D = 1`` nothing is split.
+    split: ``"first"`` or ``"largest"`` dimension among those divisible by
+      ``D`` (ties go to the first).
+
+  Returns:
+    An index into ``shape``, or None (replicated on the worker's devices).
+  """
+  d = int(devices_per_worker)
+  if d <= 1 or not jnp.issubdtype(dtype, jnp.floating):
+    return None
+  dims = [k for k, s in enumerate(shape) if s >= d and s % d == 0]
+  if not dims:
+    return None
+  if split == "largest":
+    return max(dims, key=lambda k: (shape[k], -k))
+  return dims[0]
+
+
+def _leaf_spec(x, mesh: Mesh, layout: WorkerLayout, stacked: bool) -> P:
+  shape = tuple(jnp.shape(x))
+  worker = parallel.worker_axis(mesh)
+  if stacked:
+    rest = [None] * (len(shape) - 1)
+    k = inner_dim(shape[1:], jnp.result_type(x), layout.devices_per_worker,
+                  layout.split) if layout.sharded_state else None
+    if k is not None:
+      rest[k] = parallel.INNER
+    return P(worker, *rest)
+  k = inner_dim(shape, jnp.result_type(x), layout.devices_per_worker,
+                layout.split) if layout.sharded_state else None
+  if k is None:
+    return P()
+  return P(*([None] * k), parallel.INNER)
+
+
+def _check_mesh(mesh: Mesh, layout: WorkerLayout) -> None:
+  if parallel.devices_per_worker(mesh) != layout.devices_per_worker:
+    raise ValueError(
+        f"the mesh has {parallel.devices_per_worker(mesh)} device(s) per "
+        f"worker but the layout has devices_per_worker="
+        f"{layout.devices_per_worker}; build the mesh with parallel."
+        "make_mesh(..., devices_per_worker=layout.devices_per_worker).")
+
+
+def state_specs(tree: PyTree, mesh: Mesh, layout: WorkerLayout, *,
+                stacked: bool = True) -> PyTree:
+  """``PartitionSpec`` per leaf of per-worker state (parameters, moments).
+
+  Args:
+    tree: arrays or ``jax.ShapeDtypeStruct``; with ``stacked`` (default)
+      leaves are ``[n, *shape]``, else one worker's ``shape``.
+    mesh: from ``parallel.make_mesh(..., devices_per_worker=D)``.
+    layout: the :class:`WorkerLayout` (``D`` must match the mesh).
+
+  Returns:
+    A pytree of specs: stacked leaves ``P(worker_axis, ..., "inner" at
+    1 + inner_dim, ...)`` (``P(worker_axis, None, ...)`` when replicated on
+    the worker's devices, as :func:`decentral_jax.parallel.shard` places
+    them); unstacked leaves the same without the worker entry.
+
+  Raises:
+    ValueError: ``layout.devices_per_worker`` differs from the mesh's.
+  """
+  _check_mesh(mesh, layout)
+  return jax.tree.map(lambda x: _leaf_spec(x, mesh, layout, stacked), tree)
+
+
+def state_shardings(tree: PyTree, mesh: Mesh, layout: WorkerLayout
+                    ) -> PyTree:
+  """``NamedSharding`` per leaf of stacked ``[n, ...]`` state (see :func:`state_specs`).
+
+  Use it as the ``out_shardings`` of jitted steps that return the state, so
+  that the layout stays fixed from step to step.
+  """
+  return jax.tree.map(lambda s: NamedSharding(mesh, s),
+                      state_specs(tree, mesh, layout))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a batch ``[n, B, ...]``: workers on axis 0, ``B`` over ``"inner"``.
+
+  Equal to ``parallel.worker_sharding(mesh)`` on a one-device-per-worker
+  mesh. ``B`` must be divisible by the devices per worker.
+  """
+  if parallel.INNER not in parallel.device_mesh(mesh).axis_names:
+    return parallel.worker_sharding(mesh)
+  return NamedSharding(mesh, P(parallel.worker_axis(mesh), parallel.INNER))
+
+
+def place(tree: PyTree, mesh: Mesh, layout: WorkerLayout) -> PyTree:
+  """Puts stacked ``[n, ...]`` state on ``mesh`` with the layout's shardings."""
+  return jax.tree.map(jax.device_put, tree,
+                      state_shardings(tree, mesh, layout))
+
+
+def place_batch(tree: PyTree, mesh: Mesh) -> PyTree:
+  """Puts a stacked batch ``[n, B, ...]`` with :func:`batch_sharding`.
+
+  Raises:
+    ValueError: a leaf whose ``B`` is not divisible by the devices per
+      worker (the message names the leaf).
+  """
+  check_batch(tree, parallel.devices_per_worker(mesh))
+  return jax.device_put(tree, batch_sharding(mesh))
+
+
+def check_batch(tree: PyTree, devices_per_worker: int) -> None:
+  """Raises ``ValueError`` unless every ``[n, B, ...]`` leaf has ``B % D == 0``."""
+  d = int(devices_per_worker)
+  if d <= 1:
+    return
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    shape = tuple(jnp.shape(x))
+    if len(shape) < 2 or shape[1] % d:
+      raise ValueError(
+          f"batch leaf {jax.tree_util.keystr(path)!r} has shape {shape}; a "
+          f"worker of {d} devices splits its local batch (axis 1) over them, "
+          f"so it must be divisible by {d}.")
+
+
+def unsplit_leaves(params: PyTree, layout: WorkerLayout) -> list[str]:
+  """Key paths of one worker's floating leaves that ``"fsdp"`` replicates.
+
+  Args:
+    params: one worker's parameters (no worker axis), arrays or
+      ``jax.ShapeDtypeStruct``.
+    layout: the layout.
+
+  Returns:
+    ``jax.tree_util.keystr`` of every floating leaf with no dimension
+    divisible by ``layout.devices_per_worker`` (empty unless
+    ``layout.sharded_state``).
+  """
+  if not layout.sharded_state:
+    return []
+  return [jax.tree_util.keystr(path)
+          for path, x in jax.tree_util.tree_leaves_with_path(params)
+          if jnp.issubdtype(jnp.result_type(x), jnp.floating)
+          and inner_dim(jnp.shape(x), jnp.result_type(x),
+                        layout.devices_per_worker) is None]
+
+
+def check_params(params: PyTree, layout: WorkerLayout, *,
+                 unsplit: str = "warn", what: str = "") -> list[str]:
+  """Reports parameter leaves that cannot be split over a worker's devices.
+
+  Args:
+    params: one worker's parameters (no worker axis).
+    layout: the layout; nothing is reported unless ``layout.sharded_state``.
+    unsplit: ``"warn"`` (``UserWarning`` naming the leaves, which stay
+      replicated on the worker's devices), ``"error"`` (``ValueError``) or
+      ``"ignore"``.
+    what: prefix of the message (e.g. the config fields involved).
+
+  Returns:
+    :func:`unsplit_leaves`.
+
+  Raises:
+    ValueError: ``unsplit="error"`` and some leaf cannot be split, or an
+      unknown ``unsplit``.
+  """
+  if unsplit not in ("warn", "error", "ignore"):
+    raise ValueError(f"unsplit must be 'warn', 'error' or 'ignore', got "
+                     f"{unsplit!r}.")
+  names = unsplit_leaves(params, layout)
+  if names and unsplit != "ignore":
+    d = layout.devices_per_worker
+    shapes = {jax.tree_util.keystr(p): tuple(jnp.shape(x))
+              for p, x in jax.tree_util.tree_leaves_with_path(params)}
+    listed = ", ".join(f"{k} {shapes[k]}" for k in names)
+    msg = (f"{what}{len(names)} parameter leaf(s) have no dimension "
+           f"divisible by devices_per_worker={d} and are replicated on each "
+           f"worker's {d} devices instead of split: {listed}.")
+    if unsplit == "error":
+      raise ValueError(msg)
+    warnings.warn(msg, UserWarning, stacklevel=2)
+  return names
+
+
+# ---------------------------------------------------------------------------
+# Bytes per device and per worker.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+  """Bytes sent per step by multi-device workers, from an HLO report.
+
+  Every tuple has one float (bytes) per scenario of the report; the
+  ``mean_*`` properties weigh them as
+  :attr:`~decentral_jax.analysis.CommunicationReport.mean_bytes_per_step`.
+
+  Attributes:
+    devices_per_worker: ``D``.
+    weights: the scenarios' weights.
+    device: busiest device, everything it sends (the report's figure).
+    device_out: busiest device, bytes to devices of *other* workers.
+    worker: busiest worker, everything its ``D`` devices send.
+    worker_out: busiest worker, bytes its devices send to other workers.
+  """
+  devices_per_worker: int
+  weights: tuple[float, ...]
+  device: tuple[float, ...]
+  device_out: tuple[float, ...]
+  worker: tuple[float, ...]
+  worker_out: tuple[float, ...]
+
+  def _mean(self, xs):
+    return float(sum(w * x for w, x in zip(self.weights, xs)))
+
+  @property
+  def mean_device_out(self) -> float:
+    return self._mean(self.device_out)
+
+  @property
+  def mean_worker_out(self) -> float:
+    return self._mean(self.worker_out)
+
+  @property
+  def mean_worker(self) -> float:
+    return self._mean(self.worker)
+
+
+def traffic(report, devices_per_worker: int) -> Traffic:
+  """Per-device and per-worker bytes of a :class:`~decentral_jax.analysis.CommunicationReport`.
+
+  Device ids of the HLO are positions in the mesh, so worker ``w`` owns ids
+  ``w*D .. w*D+D-1``. Bytes "out" of a worker follow
+  :meth:`~decentral_jax.analysis.Collective.sent_bytes` with
+  ``local_size=D`` (a permute's pair crosses iff its ends lie in different
+  workers; group collectives as a ring in the listed order). With ``D =
+  1``, ``device == device_out == worker == worker_out``.
+
+  Raises:
+    ValueError: the report's device count not divisible by ``D``.
+  """
+  d = int(devices_per_worker)
+  n = report.n_devices
+  if d < 1 or n % d:
+    raise ValueError(f"devices_per_worker={d} must divide the report's "
+                     f"{n} devices.")
+  out = {"device": [], "device_out": [], "worker": [], "worker_out": []}
+  for s in report.scenarios:
+    total = np.zeros(n)
+    leaving = np.zeros(n)
+    for k, times in s.counts:
+      c = report.collectives[k]
+      total += times * c.sent_bytes(n)
+      leaving += times * c.sent_bytes(n, d)
+    for key, per_dev in (("device", total), ("device_out", leaving)):
+      out[key].append(float(per_dev.max()) if n else 0.0)
+    for key, per_dev in (("worker", total), ("worker_out", leaving)):
+      per_worker = per_dev.reshape(-1, d).sum(axis=1)
+      out[key].append(float(per_worker.max()) if n else 0.0)
+  return Traffic(d, tuple(s.weight for s in report.scenarios),
+                 **{k: tuple(v) for k, v in out.items()})
+
+
+__all__: Sequence[str] = (
+    "FSDP", "DATA", "MODES", "WorkerLayout", "Traffic", "batch_sharding",
+    "check_batch", "check_params", "inner_dim", "place", "place_batch",
+    "state_shardings", "state_specs", "traffic", "unsplit_leaves")

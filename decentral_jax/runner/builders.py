@@ -1,0 +1,227 @@
+"""Builders from a validated run config: learning-rate schedule and optimizer.
+
+``make_optimizer`` looks the algorithm up in :data:`ALGORITHMS`: adding a
+method is one builder function here (plus its module and config value).
+Every builder returns the optax transform of *one* worker, to be updated
+inside ``jax.shard_map`` over the worker axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax.numpy as jnp
+import optax
+from ml_collections import config_dict
+
+from decentral_jax.comm import gossip
+from decentral_jax.optim import local_updates
+from decentral_jax import models
+from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import push_sum
+from decentral_jax.topology import schedules as topology_lib
+
+PyTree = Any
+
+# config.comm_dtype -> the dtype gossiped parameters are sent in.
+COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
+               "float32": jnp.float32}
+
+
+def make_schedule(config: config_dict.ConfigDict) -> optax.Schedule:
+  """The learning-rate schedule ``step -> lr`` of ``config.schedule``.
+
+  * ``warmup_cosine``: linear from ``peak_lr / warmup_steps`` to ``peak_lr``
+    over ``warmup_steps`` (PyTorch ``LinearLR(start_factor=1/warmup)``, as in
+    the paper's GPT-2 run), then cosine to ``final_lr`` at ``config.steps``.
+  * ``inverse_sqrt``: ``peak_lr * (0.99 (k+1)/W + 0.01)`` for ``k < W``, then
+    ``peak_lr * sqrt(W) / sqrt(k+1)`` (paper Sec. 2.3, Transformer runs).
+  * ``constant``: ``peak_lr``.
+
+  Returns:
+    An optax schedule (float32 learning rate for an integer step).
+  """
+  s = config.schedule
+  peak, warmup = float(s.peak_lr), int(s.warmup_steps)
+  if s.name == "constant":
+    return optax.constant_schedule(peak)
+  if s.name == "inverse_sqrt":
+    w = max(warmup, 1)
+
+    def inverse_sqrt(count):
+      k = jnp.asarray(count, jnp.float32)
+      warm = 0.99 * (k + 1.0) / w + 0.01
+      return peak * jnp.where(k < w, warm, jnp.sqrt(float(w)) / jnp.sqrt(k + 1.0))
+
+    return inverse_sqrt
+  init = peak / warmup if warmup > 0 else peak
+  return optax.warmup_cosine_decay_schedule(
+      init_value=init, peak_value=peak, warmup_steps=warmup,
+      decay_steps=max(int(config.steps), warmup + 1),
+      end_value=float(s.final_lr))
+
+
+def _adam(config, schedule) -> list[optax.GradientTransformation]:
+  """AdamW (``adamw``) or AccumAdamW (``accum_adamw``) of ``config.optimizer``.
+
+  Weight decay on leaves with ``ndim >= 2``; the learning rate ``schedule``.
+  """
+  o = config.optimizer
+  mask = models.decay_mask
+  if o.name == "adamw":
+    return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
+                        weight_decay=o.weight_decay, mask=mask)]
+  return [optim.scale_by_accum_adam(o.b1, o.b2, o.eps,
+                                    accum_steps=int(o.accum_steps),
+                                    beta_convention=o.beta_convention),
+          optax.add_decayed_weights(o.weight_decay, mask),
+          optax.scale_by_learning_rate(schedule)]
+
+
+def _clipped(config, tx: optax.GradientTransformation):
+  clip = float(config.grad_clip)
+  return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
+
+
+def _decentralized(config, schedule, topology, axis_name):
+  """``chain(clip_by_global_norm(c), decentralized_adamw)``.
+
+  Each worker clips its own gradient, then DAdam (``adamw``) or AccumAdamW
+  (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
+  every ``config.gossip_every`` steps.
+  """
+  o = config.optimizer
+  accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
+  return _clipped(config, optim.decentralized_adamw(
+      schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
+      weight_decay=o.weight_decay, mask=models.decay_mask, accum_steps=accum,
+      axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype],
+      gossip_every=int(config.gossip_every),
+      bucket_bytes=int(config.bucket_bytes),
+      beta_convention=o.beta_convention))
+
+
+def _all_reduce(config, schedule, topology, axis_name):
+  """``chain(all_reduce_gradients, clip_by_global_norm(c), adamw)``.
+
+  The clip acts on the averaged gradient; ``accum_adamw`` applies
+  AccumAdamW after the all-reduce.
+  """
+  del topology
+  clip = float(config.grad_clip)
+  parts = [optim.all_reduce_gradients(axis_name)]
+  if clip:
+    parts.append(optax.clip_by_global_norm(clip))
+  return optax.chain(*parts, *_adam(config, schedule))
+
+
+def _inner(config, schedule) -> optax.GradientTransformation:
+  """The worker-local inner optimizer of the local-update methods.
+
+  ``chain(clip_by_global_norm(c), adamw)`` on each worker's own gradient.
+  """
+  return _clipped(config, optax.chain(*_adam(config, schedule)))
+
+
+def _outer(config) -> optax.GradientTransformation:
+  """``config.outer_optimizer``: SGD (momentum, Nesterov) or Adam."""
+  o = config.outer_optimizer
+  if o.name == "adam":
+    return optax.adam(float(o.lr))
+  return optax.sgd(float(o.lr), momentum=float(o.momentum) or None,
+                   nesterov=bool(o.nesterov))
+
+
+def _local_sgd(config, schedule, topology, axis_name):
+  """Local SGD (inner AdamW; exact average every ``sync_every`` steps)."""
+  del topology
+  return local_updates.local_sgd(_inner(config, schedule),
+                                 int(config.sync_every), axis_name)
+
+
+def _diloco(config, schedule, topology, axis_name):
+  """DiLoCo, or decentralized DiLoCo when ``topology`` is given."""
+  return local_updates.diloco(_inner(config, schedule),
+                              int(config.sync_every), outer=_outer(config),
+                              topology=topology, axis_name=axis_name,
+                              bucket_bytes=int(config.bucket_bytes))
+
+
+def _streaming_diloco(config, schedule, topology, axis_name):
+  """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype)."""
+  del topology
+  return local_updates.streaming_diloco(
+      _inner(config, schedule), int(config.sync_every),
+      num_fragments=int(config.num_fragments),
+      overlap_steps=int(config.overlap_steps),
+      merge_alpha=float(config.merge_alpha), outer=_outer(config),
+      comm_dtype=COMM_DTYPES[config.comm_dtype], axis_name=axis_name)
+
+
+def _sgp(config, schedule, topology, axis_name):
+  """SGP: the inner AdamW on the numerators, push-sum mixing over topology."""
+  return push_sum.push_sum(_inner(config, schedule), topology, axis_name,
+                           comm_dtype=COMM_DTYPES[config.comm_dtype],
+                           bucket_bytes=int(config.bucket_bytes))
+
+
+def _theta(params, opt_state):
+  del params
+  return local_updates.global_params(opt_state)
+
+
+def _numerators(params, opt_state):
+  del opt_state
+  return params
+
+
+class Algorithm(NamedTuple):
+  """A ``config.algorithm`` entry."""
+  # build(config, schedule, topology or None, axis_name) -> per-worker tx.
+  build: Callable[..., optax.GradientTransformation]
+  # True if it communicates over config.topology (the runner builds it).
+  uses_topology: bool
+  # eval_params(params, opt_state) -> this worker's parameters of "the
+  # averaged model" (the evaluation averages them over the workers); None:
+  # the worker's model (below).
+  eval_params: Callable[..., PyTree] | None = None
+  # model_params(params, opt_state) -> the worker's own model, where its
+  # gradient is taken and its consensus distance measured (None: params).
+  model_params: Callable[..., PyTree] | None = None
+  # global_average(params, opt_state, axis_name) -> (params, opt_state) for
+  # config.global_avg_interval (None: the exact mean of the parameters).
+  global_average: Callable[..., tuple] | None = None
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "all_reduce": Algorithm(_all_reduce, uses_topology=False),
+    "decentralized": Algorithm(_decentralized, uses_topology=True),
+    "local_sgd": Algorithm(_local_sgd, uses_topology=False),
+    "diloco": Algorithm(_diloco, uses_topology=False, eval_params=_theta),
+    "decentralized_diloco": Algorithm(_diloco, uses_topology=True,
+                                      eval_params=_theta),
+    "streaming_diloco": Algorithm(_streaming_diloco, uses_topology=False,
+                                  eval_params=_theta),
+    "sgp": Algorithm(_sgp, uses_topology=True, eval_params=_numerators,
+                     model_params=push_sum.debiased,
+                     global_average=push_sum.global_average),
+}
+OUTER_OPTIMIZERS = ("sgd", "adam")
+
+
+def make_optimizer(config: config_dict.ConfigDict, schedule: optax.Schedule,
+                   topology: topology_lib.Topology | None,
+                   axis_name: gossip.AxisName) -> optax.GradientTransformation:
+  """The optax transform of one worker (to be updated inside ``shard_map``).
+
+  Weight decay applies to leaves with ``ndim >= 2``; ``grad_clip = 0``
+  drops the clip. See the builders in :data:`ALGORITHMS`.
+
+  Raises:
+    ValueError: an unknown ``config.algorithm``.
+  """
+  entry = ALGORITHMS.get(config.algorithm)
+  if entry is None:
+    raise ValueError(f"unknown config.algorithm={config.algorithm!r}; use "
+                     f"one of {', '.join(ALGORITHMS)}.")
+  return entry.build(config, schedule, topology, axis_name)

@@ -1,0 +1,464 @@
+"""Checkpoints of stacked per-worker training state with Orbax, verified.
+
+A checkpoint holds the whole pytree it is given (every worker's parameters
+and optimizer state, stacked ``[n_workers, ...]`` and sharded over the worker
+axis, plus step and RNG leaves) and a small JSON document (step, data
+position, run facts) under ``<directory>/<step>/``.
+
+Atomicity: Orbax writes into ``<step>.orbax-checkpoint-tmp`` and renames it
+to ``<step>`` once every file is written, so an interrupted save leaves at
+most a temporary directory, which :class:`Checkpointer` removes when it
+opens the directory and after a failed save. Old checkpoints are deleted
+only after a newer one is committed.
+
+Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
+(every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
+hand) in Orbax's background thread, so saves stay asynchronous. Only
+Orbax's top-level ``_CHECKPOINT_METADATA`` and ``commit_success.txt`` come
+later (the first must parse). :meth:`Checkpointer.select_restore_step`
+verifies before a restore: a corrupt newest checkpoint is moved to
+``<step>.corrupt`` and the previous one used, with one warning naming both;
+one without ``SHA256SUMS`` (an older version's) is used unverified.
+
+Errors: a failed save raises :class:`CheckpointWriteError` (the step, the
+directory and the OS error, in one line) from the first
+:meth:`~Checkpointer.poll`, :meth:`~Checkpointer.wait` or
+:meth:`~Checkpointer.save` after it; an unreadable checkpoint raises
+:class:`CheckpointError`; both are ``ValueError`` subclasses. Orbax's own
+tracebacks of the same failure are dropped from the logs.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from decentral_jax.runner import workdir as workdir_lib
+
+PyTree = Any
+SUMS_FILE = workdir_lib.SUMS_FILE
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
+# Top-level files Orbax writes after SUMS_FILE (commit time, commit marker).
+_UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint cannot be read, or none is intact; one line, names it."""
+
+
+class CheckpointWriteError(OSError, CheckpointError):
+  """A checkpoint could not be saved; ``errno`` is the OS error if known."""
+
+
+class _OrbaxNoise(logging.Filter):
+  """Drops Orbax's INFO records and its tracebacks of errors raised here."""
+
+  def __init__(self, quiet_info: bool):
+    super().__init__()
+    self.quiet_info = quiet_info
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    msg = str(record.msg)
+    if not ("orbax" in record.pathname or "orbax" in msg or "OCDBT" in msg
+            or _raised_in_orbax(record.exc_info)):
+      return True
+    if record.exc_info or "exception was never retrieved" in msg:
+      return False  # the same error is raised to the caller, in one line
+    return record.levelno >= logging.WARNING or not self.quiet_info
+
+
+def _raised_in_orbax(exc_info) -> bool:
+  tb = exc_info[2] if exc_info else None
+  while tb is not None:
+    if "orbax" in tb.tb_frame.f_code.co_filename:
+      return True
+    tb = tb.tb_next
+  return False
+
+
+def _orbax_unraisable(unraisable) -> bool:
+  """Echoes of a failed Orbax save or read printed as "ignored" exceptions
+  (TensorStore callbacks into Orbax's closed event loop, its coroutines)."""
+  exc, tb = unraisable.exc_value, unraisable.exc_traceback
+  if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+    while tb is not None and tb.tb_frame.f_code.co_name != \
+        "call_soon_threadsafe":
+      tb = tb.tb_next
+    return tb is not None
+  return "orbax" in repr(unraisable.object) or _raised_in_orbax(
+      (None, None, tb))
+
+
+def _install_filter(quiet_info: bool) -> None:
+  hook = sys.unraisablehook
+  if not getattr(hook, "_drops_orbax_echoes", False):
+    def filtered(unraisable, chained=hook):
+      if not _orbax_unraisable(unraisable):
+        chained(unraisable)
+    filtered._drops_orbax_echoes = True  # pylint: disable=protected-access
+    sys.unraisablehook = filtered
+  for name in ("absl", "asyncio"):
+    logger = logging.getLogger(name)
+    mine = [f for f in logger.filters if isinstance(f, _OrbaxNoise)]
+    if not mine:
+      logger.addFilter(_OrbaxNoise(quiet_info))
+    elif quiet_info:
+      mine[0].quiet_info = True
+
+
+def quiet_orbax_logs() -> None:
+  """Hides Orbax's INFO messages on the ``absl`` logger (warnings stay)."""
+  _install_filter(quiet_info=True)
+
+
+def abstract_like(tree: PyTree) -> PyTree:
+  """``jax.ShapeDtypeStruct`` (with sharding) for every array in ``tree``."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=getattr(x, "sharding", None)),
+      tree)
+
+
+def check_checkpoint(root: str) -> tuple[str, str]:
+  """Checks a committed checkpoint directory against its ``SHA256SUMS``.
+
+  Returns:
+    ``("ok", "")``; ``("unverified", why)`` without a ``SHA256SUMS``; or
+    ``("corrupt", why)`` naming the first bad file (missing, changed, or
+    Orbax's step metadata unreadable).
+  """
+  status, why = workdir_lib.check_sums(root)
+  if status != "ok":
+    return status, why
+  try:
+    with open(os.path.join(root, _UNSUMMED[0]), encoding="utf-8") as f:
+      json.load(f)
+  except FileNotFoundError:
+    pass  # not every Orbax version writes it
+  except (OSError, ValueError) as e:
+    return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
+  return "ok", ""
+
+
+class Checkpointer:
+  """Saves, verifies and restores ``(state, meta)`` pairs in one directory.
+
+  Saves are asynchronous: :meth:`save` returns once the arrays have been
+  copied off the devices (so the caller may donate or overwrite them) and
+  writes files, then ``SHA256SUMS``, in the background; :meth:`poll` reports
+  a failed save without blocking, :meth:`wait` / :meth:`close` block until
+  the files are committed. The directory must not be written by anything
+  else while it is open (:mod:`decentral_jax.runner.workdir` locks it for a run).
+
+  Attributes:
+    directory: absolute path of the checkpoint directory.
+    sums_seconds: seconds each checksum pass of a save took (process 0).
+  """
+
+  def __init__(self, directory: str, *, max_to_keep: int = 2,
+               async_save: bool = True):
+    """Opens (creating if needed) a checkpoint directory.
+
+    Removes temporary directories of interrupted saves (process 0), with a
+    warning naming them.
+
+    Args:
+      directory: where the ``<step>/`` subdirectories live.
+      max_to_keep: number of most recent checkpoints kept (>= 1).
+      async_save: write files in a background thread.
+
+    Raises:
+      ValueError: ``max_to_keep < 1``.
+      workdir.PathError: the directory cannot be created or written.
+    """
+    if max_to_keep < 1:
+      raise ValueError(f"keep_checkpoints must be >= 1, got {max_to_keep}.")
+    _install_filter(quiet_info=False)
+    self.directory = os.path.abspath(directory)
+    self._main = jax.process_index() == 0
+    self._async = async_save
+    self._pending = None  # step of the save in flight, until reported
+    self._saving = None  # step the commit hook checksums
+    self._failed = False
+    self.sums_seconds = []
+    try:
+      os.makedirs(self.directory, exist_ok=True)
+    except OSError as e:
+      raise workdir_lib.path_error("create the checkpoint directory",
+                                   self.directory, e) from None
+    if self._main:
+      self._remove_tmp_dirs()
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=True,
+        enable_async_checkpointing=True,
+        async_options=ocp.AsyncOptions(
+            post_finalization_callback=self._before_commit))
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  # -- listing and verification ---------------------------------------------
+
+  def _remove_tmp_dirs(self) -> None:  # the directory is ours (locked)
+    for name in sorted(os.listdir(self.directory)):
+      path = os.path.join(self.directory, name)
+      if TMP_SUFFIX in name and os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+        logging.warning("removed %s, left by an interrupted checkpoint save.",
+                        path)
+
+  def step_dir(self, step: int) -> str:
+    """Path of checkpoint ``step``."""
+    return os.path.join(self.directory, str(int(step)))
+
+  def latest_step(self) -> int | None:
+    """Step of the newest committed checkpoint, or None if there is none."""
+    self._manager.reload()
+    return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    """Steps of all committed checkpoints, ascending."""
+    self._manager.reload()
+    return sorted(self._manager.all_steps())
+
+  def verify(self, step: int) -> tuple[str, str]:
+    """Checks checkpoint ``step`` against its checksums (reads every file).
+
+    Returns:
+      ``(status, why)``: ``"ok"``, ``"unverified"`` (no checksums) or
+      ``"corrupt"``; ``why`` says what is wrong.
+    """
+    return check_checkpoint(self.step_dir(step))
+
+  def _quarantine(self, step: int) -> str:
+    src = self.step_dir(step)
+    dst, n = src + ".corrupt", 1
+    while os.path.exists(dst):
+      n += 1
+      dst = f"{src}.corrupt-{n}"
+    os.rename(src, dst)
+    return dst
+
+  def select_restore_step(self) -> int | None:
+    """The newest intact checkpoint's step, moving corrupt newer ones away.
+
+    Process 0 verifies from the newest down; corrupt ones are renamed
+    ``<step>.corrupt`` if an older intact one exists, with one warning
+    naming both. All processes of a job call this together and get the
+    same answer.
+
+    Returns:
+      The step to restore, or None if the directory has no checkpoint.
+
+    Raises:
+      CheckpointError: checkpoints exist but none is intact (nothing is
+        moved; the message lists them and says what to do).
+    """
+    answer = ""
+    if self._main:
+      bad = []
+      for step in reversed(self.all_steps()):
+        status, why = self.verify(step)
+        if status == "corrupt":
+          bad.append((step, why))
+          continue
+        if status == "unverified":
+          logging.warning("checkpoint %d in %s has %s; restoring it "
+                          "unverified.", step, self.step_dir(step), why)
+        moved = [(s, why, self._quarantine(s)) for s, why in bad]
+        for s, why, dst in moved:
+          logging.warning(
+              "checkpoint %d (%s) is corrupt: %s; moved it to %s and "
+              "resuming from checkpoint %d (%s) instead.", s, self.step_dir(s),
+              why, dst, step, self.step_dir(step))
+        answer = str(step)
+        break
+      else:
+        if bad:
+          listed = "; ".join(f"{s}: {why}" for s, why in bad)
+          answer = (f"error:no intact checkpoint in {self.directory} "
+                    f"({listed}); delete the corrupt step directories to "
+                    "start over, or use a fresh --workdir.")
+    answer = workdir_lib.broadcast_from_main(answer)
+    if answer.startswith("error:"):
+      raise CheckpointError(answer[len("error:"):])
+    self._manager.reload()
+    return int(answer) if answer else None
+
+  def last_good_step(self) -> tuple[int | None, bool]:
+    """The newest checkpoint that passes its checksums, after pending saves.
+
+    Local to this process (no collective): usable on error paths.
+
+    Returns:
+      ``(step, verified)``: the newest verified checkpoint and True; else
+      the newest unverified (older-format) one and False; else
+      ``(None, False)``.
+    """
+    try:
+      self.wait()
+    except CheckpointWriteError:
+      pass  # reported by whoever polls; the older checkpoints count here
+    unverified = None
+    for step in reversed(self.all_steps()):
+      status, _ = self.verify(step)
+      if status == "ok":
+        return step, True
+      if status == "unverified" and unverified is None:
+        unverified = step
+    return unverified, False
+
+  # -- saving ----------------------------------------------------------------
+
+  def _before_commit(self) -> None:
+    """Orbax hook on process 0: all files written, rename still to come."""
+    tmp = os.path.join(self.directory, f"{self._saving}{TMP_SUFFIX}")
+    if not os.path.isdir(tmp):
+      raise FileNotFoundError(errno.ENOENT, "temporary checkpoint missing",
+                              tmp)
+    t0 = time.perf_counter()
+    workdir_lib.write_sums(tmp, skip=_UNSUMMED)
+    self.sums_seconds.append(time.perf_counter() - t0)
+
+  def _save_error(self, step, e: BaseException) -> CheckpointWriteError:
+    code, reason = workdir_lib.os_error_text(e)
+    err = CheckpointWriteError(
+        f"checkpoint {step} could not be saved in {self.directory}: {reason}")
+    err.errno = code
+    self._failed = True
+    return err
+
+  def save(self, step: int, state: PyTree, meta: dict) -> None:
+    """Starts saving ``state`` and the JSON-serialisable ``meta`` as ``step``.
+
+    Waits for the previous save first (Orbax writes one at a time).
+
+    Args:
+      step: checkpoint number (completed training steps), int >= 0.
+      state: pytree of jax arrays (sharded arrays are saved shard by shard).
+      meta: JSON-serialisable dict.
+
+    Raises:
+      CheckpointWriteError: this save, or the previous one, failed.
+    """
+    self.wait()
+    self._pending = self._saving = int(step)
+    try:
+      self._manager.save(
+          int(step), force=True,
+          args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  meta=ocp.args.JsonSave(meta)))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      self._pending = None
+      raise self._save_error(step, e) from None
+    if not self._async:
+      self.wait()
+
+  def poll(self) -> None:
+    """Raises if the save in flight has failed; returns at once otherwise.
+
+    Raises:
+      CheckpointWriteError: one line naming the step, the directory and the
+        OS error (e.g. ``ENOSPC``).
+    """
+    if self._pending is not None and not self._manager.is_saving_in_progress():
+      self.wait()
+
+  def wait(self) -> None:
+    """Blocks until a save in progress has been committed.
+
+    Raises:
+      CheckpointWriteError: the save failed.
+    """
+    step, self._pending = self._pending, None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise self._save_error(step, e) from None
+
+  def close(self) -> None:
+    """Waits for pending saves and releases the manager's resources.
+
+    After a failed save, removes its temporary directory (process 0).
+
+    Raises:
+      CheckpointWriteError: the pending save failed.
+    """
+    error = None
+    try:
+      self.wait()
+    except CheckpointWriteError as e:
+      error = e
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-exception-caught
+      pass  # Orbax raising the error of a failed save again
+    if self._failed and self._main:
+      self._remove_tmp_dirs()
+    if error is not None:
+      raise error
+
+  # -- restoring -------------------------------------------------------------
+
+  def _read_error(self, step: int, e: BaseException) -> CheckpointError:
+    _, reason = workdir_lib.os_error_text(e)
+    return CheckpointError(
+        f"checkpoint {step} in {self.step_dir(step)} cannot be read: "
+        f"{reason}; move that directory away to resume from an older "
+        "checkpoint.")
+
+  def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict]:
+    """Restores checkpoint ``step`` with the structure and shardings of
+    ``like`` (not verified: see :meth:`select_restore_step`).
+
+    Args:
+      step: a step listed by :meth:`all_steps`.
+      like: a pytree with the saved structure; its leaves may be arrays or
+        ``jax.ShapeDtypeStruct`` with ``sharding`` set.
+
+    Returns:
+      ``(state, meta)``: arrays with the shapes, dtypes and shardings of
+      ``like``, and the saved JSON dict.
+
+    Raises:
+      ValueError: no checkpoint ``step`` in the directory, or ``like`` does
+        not have the saved structure, shapes or dtypes (Orbax's message).
+      CheckpointError: the checkpoint's files cannot be read.
+    """
+    if step not in self.all_steps():
+      raise ValueError(f"no complete checkpoint for step {step} in "
+                       f"{self.directory} (have {self.all_steps()}).")
+    try:
+      restored = self._manager.restore(
+          int(step),
+          args=ocp.args.Composite(
+              state=ocp.args.StandardRestore(abstract_like(like)),
+              meta=ocp.args.JsonRestore()))
+    except ValueError as e:
+      if re.match(r"[A-Z_]{4,}: ", str(e)):  # a TensorStore read error
+        raise self._read_error(step, e) from None
+      raise  # structure, shape or dtype mismatch
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise self._read_error(step, e) from None
+    return restored.state, dict(restored.meta)
+
+  def restore_meta(self, step: int) -> dict:
+    """Only the JSON document of checkpoint ``step``.
+
+    Raises:
+      CheckpointError: it cannot be read.
+    """
+    try:
+      restored = self._manager.restore(
+          int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      raise self._read_error(step, e) from None
+    return dict(restored.meta)

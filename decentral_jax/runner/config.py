@@ -1,0 +1,392 @@
+"""The run-config schema: every field defined once, and loading with overrides.
+
+:func:`base_config` defines every field of a run, with its meaning, units and
+default; the files in ``configs/`` are short variants that override what
+differs (``configs/gpt_tiny.py``, ``configs/cnn_fashion_mnist.py``,
+``configs/gpt2_small_owt.py``). The model group depends on the model:
+:func:`gpt_model` or :func:`cnn_model`. :func:`load_config` parses a config
+file with command-line style overrides exactly as ``experiments/train.py``
+does (the entry points take them out of their command line with
+:func:`split_overrides`). The checks of a loaded config are in
+:mod:`decentral_jax.runner.validation`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Sequence
+
+import jax.numpy as jnp
+from absl import flags
+from ml_collections import config_dict
+from ml_collections import config_flags
+
+OPTIMIZERS = ("adamw", "accum_adamw")
+GOSSIP_ROUNDS = ("switch", "static")
+# config.worker_layout values (decentral_jax.parallel.layouts.MODES).
+WORKER_LAYOUTS = ("fsdp", "data")
+SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
+DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
+                "cnn": ("fashion_mnist",)}
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
+# Largest integer field value: step counters and sizes are int32 on device.
+INT_MAX = 2**31 - 1
+# Largest seed: jax.random.key keeps 32 bits (2**32 would be seed 0).
+SEED_MAX = 2**32 - 1
+# Most CPU devices the entry points simulate in one process. Start-up grows
+# with the count (on 2 cores: 1024 devices about a minute to the first
+# gossip step; 65536 not started after 2 minutes; 10**6 killed for memory).
+MAX_SIMULATED_CPU_DEVICES = 1024
+
+
+def gpt_model() -> config_dict.ConfigDict:
+  """The ``model`` group of a GPT (``decentral_jax.models.gpt``)."""
+  m = config_dict.ConfigDict()
+  # "gpt" (decentral_jax.models.gpt) or "cnn".
+  m.name = "gpt"
+  # Vocabulary size V (256 for byte-level text).
+  m.vocab_size = 256
+  # Context length T in tokens.
+  m.block_size = 64
+  # Transformer blocks, attention heads (must divide n_embd), width.
+  m.n_layer = 2
+  m.n_head = 4
+  m.n_embd = 128
+  # Biases in Dense and LayerNorm layers.
+  m.bias = False
+  # Dropout rate (0 = none; dropout keys differ per worker and per step).
+  m.dropout = 0.0
+  # Compute dtype: "float32" or "bfloat16" (parameters stay float32).
+  m.dtype = "float32"
+  return m
+
+
+def cnn_model() -> config_dict.ConfigDict:
+  """The ``model`` group of the image classifier (``models.cnn``)."""
+  m = config_dict.ConfigDict()
+  # "cnn": conv-pool-conv-pool-dense-dense.
+  m.name = "cnn"
+  # Output channels of the two 3x3 convolutions.
+  m.features = (32, 64)
+  # Width of the hidden dense layer.
+  m.dense = 128
+  # Number of classes.
+  m.num_classes = 10
+  return m
+
+
+_MODELS = {"gpt": gpt_model, "cnn": cnn_model}
+
+
+def base_config(model: str = "gpt") -> config_dict.ConfigDict:
+  """Every field of a run config, with its default.
+
+  The defaults are the ``gpt_tiny`` run except for its AccumAdamW beta
+  convention and learning rate (``configs/gpt_tiny.py``).
+
+  Args:
+    model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include.
+
+  Returns:
+    An unlocked ``ConfigDict``; a config file overrides what differs and
+    returns it (``ml_collections.config_flags`` locks it).
+
+  Raises:
+    ValueError: an unknown ``model``.
+  """
+  if model not in _MODELS:
+    raise ValueError(f"unknown model {model!r}; use one of {tuple(_MODELS)}.")
+  c = config_dict.ConfigDict()
+
+  # --- Parallel training ---------------------------------------------------
+  # "all_reduce" (exact gradient average, then AdamW; paper Alg. 2),
+  # "decentralized" (gossip over `topology`, DAdam / AccumAdamW; Alg. 1, 4),
+  # or a local-update method: "local_sgd", "diloco", "decentralized_diloco",
+  # "streaming_diloco", "sgp" (see builders.ALGORITHMS and the fields below).
+  c.algorithm = "decentralized"
+  # Gossip topology, one of decentral_jax.topology.NAMES (ignored by
+  # all_reduce): complete, ring, one_peer_exp, alternating_exp_ring (aer),
+  # exponential, torus, static_ring.
+  c.topology = "one_peer_exp"
+  # Number of workers n (one per device; CPU devices are simulated on demand
+  # by experiments/train.py).
+  c.n_workers = 8
+  # Workers per node L; node-aware topologies (alternating_exp_ring) group
+  # workers node by node and the mesh becomes 2-D ("nodes", "local").
+  c.workers_per_node = 1
+  # Devices per worker D: each worker spans D devices (mesh axis "inner",
+  # single-process runs only); the run needs n_workers * D devices and a
+  # local batch global_batch / n_workers divisible by D.
+  c.devices_per_worker = 1
+  # Workers per device K: K workers share each device (vmapped; gossip
+  # between two of them is a copy), so n_workers / K devices simulate
+  # n_workers workers. Divides n_workers; devices_per_worker must then be 1.
+  c.workers_per_device = 1
+  # How a worker of D > 1 devices holds its state (decentral_jax.parallel.layouts):
+  # "fsdp" (parameters, gradients and optimizer state split over its
+  # devices; leaves with no dimension divisible by D stay replicated, with
+  # a warning naming them) or "data" (replicated; only the batch is split).
+  c.worker_layout = "fsdp"
+  # dtype in which gossiped parameters are sent: "" (their own dtype),
+  # "bfloat16", "float16" or "float32".
+  c.comm_dtype = ""
+  # Gossip bucket size in bytes: same-dtype parameters are sent in buckets
+  # of at most this size, one collective each (as PyTorch DDP, 25 MB); 0 =
+  # one per leaf (faster on CPU). Bit-identical results either way.
+  c.bucket_bytes = 0
+  # How the gossip round is chosen: "switch" (one compile; lax.switch on
+  # step % period inside the step) or "static" (one compile per distinct
+  # round, chosen on the host: no conditional around the collectives, so
+  # XLA can overlap them with the forward/backward on GPUs).
+  c.gossip_rounds = "switch"
+  # Exact global parameter average (pmean) every this many steps; 0 = never.
+  c.global_avg_interval = 0
+  # decentralized: gossip every this many steps, local steps in between
+  # (local D-SGD / DAdam); 1 = every step.
+  c.gossip_every = 1
+
+  # --- Local updates (local_sgd, diloco, decentralized_diloco,
+  # streaming_diloco) ----------------------------------------------------
+  # Sync period H in steps: workers synchronise every H inner steps.
+  c.sync_every = 10
+  # Outer optimizer applied to the pseudo-gradient theta - mean(x) (DiLoCo):
+  # "sgd" (with momentum / Nesterov) or "adam"; Local SGD is sgd, lr 1.
+  c.outer_optimizer = config_dict.ConfigDict()
+  # DiLoCo's default: Nesterov SGD, lr 0.7, momentum 0.9.
+  c.outer_optimizer.name = "sgd"
+  c.outer_optimizer.lr = 0.7
+  c.outer_optimizer.momentum = 0.9
+  c.outer_optimizer.nesterov = True
+  # streaming_diloco: fragments P (each synchronises every H steps, offset
+  # p H / P), overlap tau (steps between a fragment's send and its merge;
+  # tau * P < H) and the merge weight alpha in [0, 1]:
+  # x <- alpha x + (1 - alpha) theta.
+  c.num_fragments = 1
+  c.overlap_steps = 0
+  c.merge_alpha = 0.0
+
+  # --- Run length, batch, regularisation -----------------------------------
+  # Number of optimizer steps.
+  c.steps = 300
+  # Sequences (images) per step over all workers; split evenly (must be
+  # divisible by n_workers).
+  c.global_batch = 64
+  # Seed of the initial parameters, the data order and dropout, in
+  # [0, 2**32 - 1].
+  c.seed = 0
+  # Global-norm clip of each worker's local gradient (of the averaged gradient
+  # under all_reduce); 0 disables.
+  c.grad_clip = 1.0
+
+  # --- Evaluation, logging, checkpoints ------------------------------------
+  # Evaluate the averaged model every this many steps (and at the end);
+  # 0 = only at the end.
+  c.eval_interval = 30
+  # Validation batches per evaluation, each of global_batch sequences.
+  c.eval_batches = 4
+  # Write a metrics line every this many steps (and at the last step).
+  c.log_interval = 10
+  # Save a checkpoint every this many steps (and at the end); 0 = only at the
+  # end.
+  c.checkpoint_interval = 100
+  # Number of checkpoints kept in <workdir>/checkpoints.
+  c.keep_checkpoints = 2
+  # Also write TensorBoard event files (needs the tensorboardX package).
+  c.tensorboard = False
+  # Output directory; the --workdir flag takes precedence.
+  c.workdir = config_dict.placeholder(str)
+
+  # --- Optimizer -------------------------------------------------------------
+  c.optimizer = config_dict.ConfigDict()
+  # "adamw" (All-Reduce AdamW / DAdam when decentralized) or "accum_adamw"
+  # (AccumAdamW).
+  c.optimizer.name = "accum_adamw"
+  # Adam first- and second-moment decays, in [0, 1).
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.95
+  # Added to the denominator outside the square root.
+  c.optimizer.eps = 1e-8
+  # Decoupled weight decay, applied to parameters with ndim >= 2 only.
+  c.optimizer.weight_decay = 0.1
+  # AccumAdam window T (moments refreshed every T steps); must be 1 for adamw.
+  c.optimizer.accum_steps = 4
+  # How accum_adamw reads b1 and b2: "per_window" (the paper's and
+  # decent-dp's: the moments decay by b once per window of accum_steps
+  # steps, a horizon accum_steps times Adam's) or "per_step" (they decay by
+  # b**accum_steps per window: Adam's horizon in steps).
+  c.optimizer.beta_convention = "per_window"
+
+  # --- Learning-rate schedule -----------------------------------------------
+  c.schedule = config_dict.ConfigDict()
+  # "warmup_cosine" (linear warmup from peak_lr / warmup_steps, then cosine to
+  # final_lr at `steps`), "inverse_sqrt" (paper Sec. 2.3 Transformer rule) or
+  # "constant".
+  c.schedule.name = "warmup_cosine"
+  # Peak learning rate (finite, > 0).
+  c.schedule.peak_lr = 1.5e-3
+  # Linear-warmup length in steps (longer than `steps` is allowed, with a
+  # warning: the learning rate then never reaches peak_lr).
+  c.schedule.warmup_steps = 30
+  # Learning rate reached at the last step (warmup_cosine only), in
+  # [0, peak_lr].
+  c.schedule.final_lr = 1.5e-4
+
+  # --- Model (gpt_model() or cnn_model()) ------------------------------------
+  c.model = _MODELS[model]()
+
+  # --- Data -----------------------------------------------------------------
+  c.data = config_dict.ConfigDict()
+  # "pydoc" (bundled text), "text_file" (bytes of `path`), "token_bins"
+  # (nanoGPT train.bin/val.bin in directory `path`) or "fashion_mnist".
+  c.data.source = "pydoc" if model == "gpt" else "fashion_mnist"
+  # File or directory for text_file / token_bins / fashion_mnist.
+  c.data.path = config_dict.placeholder(str)
+  # Fraction of a byte corpus (pydoc, text_file) held out for validation.
+  c.data.val_fraction = 0.1
+
+  # --- Multi-host (see README, "Running on a cluster") ----------------------
+  c.distributed = config_dict.ConfigDict()
+  # Join a multi-process job with jax.distributed.initialize (one process per
+  # host). Jobs started by `srun` with several tasks join even when False.
+  c.distributed.enabled = False
+  # "host:port" of process 0's coordinator; "" to detect it on SLURM.
+  c.distributed.coordinator_address = ""
+  # Total number of processes; 0 to detect it on SLURM.
+  c.distributed.num_processes = 0
+  # This process's id in [0, num_processes); -1 to detect it on SLURM.
+  c.distributed.process_id = -1
+  # Seconds without a heartbeat after which a process counts as dead and the
+  # others stop with an error instead of hanging.
+  c.distributed.heartbeat_timeout_seconds = 100
+  # Seconds every process waits at start-up for all num_processes to join;
+  # then it exits with an error naming the coordinator address.
+  c.distributed.initialization_timeout_seconds = 120
+  return c
+
+
+# ----------------------------------------------------------------------------
+# Loading.
+# ----------------------------------------------------------------------------
+
+
+def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
+  """Loads a config file with overrides, parsed exactly as on the command line.
+
+  Args:
+    path: a config file with ``get_config()``, optionally with its argument
+      (``"configs/gpt2_small_owt.py:all_reduce"``).
+    overrides: strings ``"field=value"`` or ``"--config.field=value"``
+      (``"optimizer.accum_steps=8"``), typed and checked by
+      ``ml_collections.config_flags`` as ``experiments/train.py`` does.
+
+  Returns:
+    The locked ``ConfigDict`` (not yet validated: see
+    :func:`decentral_jax.runner.validation.check_config`).
+
+  Raises:
+    ValueError: a missing, unreadable or broken config file (named, with the
+      error of its import or ``get_config``), an unknown field (named) or a
+      value of the wrong type (the override named).
+  """
+  file_part = path.split(":", 1)[0]
+  if not os.path.exists(file_part):
+    raise ValueError(f"config file {file_part!r} does not exist.")
+  if not os.path.isfile(file_part):
+    raise ValueError(f"config file {file_part!r} is not a file; pass a "
+                     "Python file with get_config(), e.g. configs/gpt_tiny.py.")
+  if not os.access(file_part, os.R_OK):
+    raise ValueError(f"config file {file_part!r} is not readable.")
+  args = [o if o.startswith("--") else f"--config.{o}" for o in overrides]
+
+  def parse(argv):
+    # config_flags imports every file as module "config_config" and reuses
+    # a loaded one: names of an earlier config file would leak into this one.
+    sys.modules.pop("config_config", None)
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=fv,
+                                    lock_config=True, sys_argv=argv)
+    fv(argv)
+    return fv.config
+
+  try:
+    base = parse(["load_config", f"--config={path}"])
+  except Exception as e:  # pylint: disable=broad-except
+    # The file itself: a syntax error, no get_config(), get_config raising.
+    raise ValueError(f"config file {path!r} could not be loaded: "
+                     f"{_root_cause(e)}") from None
+  if not isinstance(base, config_dict.ConfigDict):
+    raise ValueError(f"get_config() of {path!r} returned a "
+                     f"{type(base).__name__}, not an ml_collections ConfigDict.")
+  if not args:
+    return base
+  try:
+    return parse(["load_config", f"--config={path}", *args])
+  except Exception as e:  # pylint: disable=broad-except
+    error = e
+  for arg in args:  # name the override whose field does not exist
+    key = arg[len("--config."):].split("=", 1)[0]
+    node = base
+    for part in key.split("."):
+      if not isinstance(node, config_dict.ConfigDict) or part not in node:
+        raise ValueError(f"{arg}: unknown config field {key!r} in {path}.")
+      node = node[part]
+  raise ValueError(f"{path}: {config_error_message(error)}")
+
+
+def _root_cause(error: BaseException) -> str:
+  """``"Type: message"`` of the innermost exception behind ``error``."""
+  seen = {id(error)}
+  while (error.__cause__ or error.__context__) is not None:
+    error = error.__cause__ or error.__context__
+    if id(error) in seen:
+      break
+    seen.add(id(error))
+  if isinstance(error, AttributeError) and "get_config" in str(error):
+    return "it defines no get_config()"
+  return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def config_error_message(error: BaseException) -> str:
+  """One line from an ml_collections / absl flag-parsing exception."""
+  msg = str(error.args[0] if error.args else error)
+  msg = msg.replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
+  msg = " ".join(msg.split())
+  if len(msg) > 1 and msg[0] == msg[-1] and msg[0] in "'\"":
+    msg = msg[1:-1]  # KeyError quotes its message
+  return msg
+
+
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Separates ``--config.<field>=value`` overrides from the other arguments.
+
+  Args:
+    argv: a command line, program name first. An override's value may also
+      be the next argument (``--config.steps 100``); a bare
+      ``--config.<field>`` followed by another flag is kept as is (a
+      boolean). Arguments after ``--`` are not looked at.
+
+  Returns:
+    ``(rest, overrides)``: ``argv`` without the overrides, in order, and the
+    overrides as ``"--config.<field>=value"`` strings for
+    :func:`load_config`.
+  """
+  rest, overrides = [], []
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg == "--":
+      rest += args[i:]
+      break
+    if arg.startswith("--config."):
+      if ("=" not in arg and i + 1 < len(args)
+          and not args[i + 1].startswith("--")):
+        arg = f"{arg}={args[i + 1]}"
+        i += 1
+      overrides.append(arg)
+    else:
+      rest.append(arg)
+    i += 1
+  return rest, overrides

@@ -1,0 +1,635 @@
+"""Wiring of one run: config -> mesh, topology, task, optimizer, jitted steps.
+
+:class:`Experiment` turns a validated ``ml_collections`` config (see
+:mod:`decentral_jax.runner.config`) into the pieces of a run, without touching the
+file system: a device mesh (one worker per device, or per
+``config.devices_per_worker`` devices), the topology, the
+:class:`~decentral_jax.runner.tasks.Task`, the per-worker optax transform, the
+jitted train and eval steps of :mod:`decentral_jax.runner.step` over all workers,
+evaluation of the averaged model and the checkpoint metadata. The loop that
+drives it is :func:`decentral_jax.runner.train.train_and_evaluate`.
+
+State layout: every leaf of the :class:`~decentral_jax.runner.step.TrainState` has
+a leading worker axis ``[n_workers, ...]`` sharded over the mesh's worker
+axis (``"workers"``, or ``("nodes", "local")`` for node-aware topologies),
+so each device holds one worker's parameters, optimizer state, step and RNG
+key. All workers start from the same parameters.
+
+Workers of several devices (``config.devices_per_worker = D > 1``; in a
+multi-process job a worker's devices are on one host, workers placed on
+hosts in order): the mesh gets a last axis ``"inner"`` of size
+``D`` (:func:`decentral_jax.parallel.make_mesh`), each batch ``[n, B, ...]``
+is split over it along ``B`` (``B = global_batch / n_workers`` must be
+divisible by ``D``), and ``config.worker_layout`` places the state
+(:mod:`decentral_jax.parallel.layouts`): ``"fsdp"`` splits every floating leaf of
+parameters and optimizer state over the worker's devices along its first
+dimension divisible by ``D`` (leaves with none stay replicated on the
+worker's devices, with a ``UserWarning`` naming them), ``"data"``
+replicates it. The jitted steps return the state with these shardings.
+
+Many workers per device (``config.workers_per_device = K > 1``,
+single-process runs): ``n_workers / K`` devices of ``K`` vmapped workers
+each (:class:`decentral_jax.parallel.VirtualMesh`); the state keeps its
+``[n, ...]`` layout, so checkpoints and metrics are those of ``n``
+devices, and node-aware topologies run as two-level permutes and group
+means (:mod:`decentral_jax.comm.collectives`).
+
+Multi-host: after :func:`decentral_jax.runner.launch.initialize_from_config`
+the mesh spans every process's devices in the order of
+:func:`~decentral_jax.parallel.multiprocess.ordered_devices` (worker ``i`` on process
+``i // local_device_count``; for node-aware topologies a node is a
+process), and each process feeds only its own workers' data.
+
+References:
+  Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
+  High-performance Decentralized Training <https://arxiv.org/abs/2410.11998>`_,
+  ICLR 2025 (Sec. 5 and App. D for the experiment settings).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import config_dict
+
+from decentral_jax.runner import agreement
+from decentral_jax.analysis import accounting as analysis
+from decentral_jax.runner import builders
+from decentral_jax.parallel import multiprocess
+from decentral_jax.parallel import layouts
+from decentral_jax.parallel import mesh as parallel
+from decentral_jax.runner import step as step_lib
+from decentral_jax.runner import tasks
+from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.runner import validation
+
+Batch = step_lib.Batch
+TrainState = step_lib.TrainState
+
+# checkpoint_meta key -> the config field a resumed run must keep.
+_RESUME_FIELDS = {"n_workers": "n_workers",
+                  "workers_per_node": "workers_per_node",
+                  "algorithm": "algorithm", "topology": "topology",
+                  "optimizer": "optimizer.name",
+                  "accum_steps": "optimizer.accum_steps",
+                  "beta_convention": "optimizer.beta_convention",
+                  "model": "model",
+                  "seed": "seed", "global_batch": "global_batch",
+                  "sync_every": "sync_every", "gossip_every": "gossip_every",
+                  "num_fragments": "num_fragments",
+                  "overlap_steps": "overlap_steps",
+                  "merge_alpha": "merge_alpha",
+                  "outer_optimizer": "outer_optimizer",
+                  "comm_dtype": "comm_dtype",
+                  "devices_per_worker": "devices_per_worker",
+                  "worker_layout": "worker_layout",
+                  "workers_per_device": "workers_per_device"}
+# Values assumed for checkpoints written before these fields existed.
+_RESUME_DEFAULTS = {"beta_convention": "per_window",
+                    "devices_per_worker": 1, "worker_layout": "",
+                    "workers_per_device": 1}
+
+
+def worker_layout_of(c) -> layouts.WorkerLayout:
+  """The :class:`~decentral_jax.parallel.layouts.WorkerLayout` of a validated config
+  (``config.devices_per_worker``, ``config.worker_layout``)."""
+  return layouts.WorkerLayout(int(c.devices_per_worker), c.worker_layout)
+
+
+def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
+  """Layout checks of a multi-process job (every device used, D per worker)."""
+  procs = jax.process_count()
+  dpw = int(c.devices_per_worker)
+  local = jax.local_device_count()
+  if local % dpw:
+    raise ValueError(
+        f"config.devices_per_worker={dpw} does not divide the {local} "
+        "devices of each process: a worker would span two hosts; use a "
+        f"divisor of {local}.")
+  if n * dpw != jax.device_count() or n_devices != n * dpw:
+    total = jax.device_count()
+    if dpw == 1:
+      raise ValueError(
+          f"config.n_workers={n} but this {procs}-process job has {total} "
+          f"devices ({local} per process); a multi-process run puts one "
+          f"worker on every device: set --config.n_workers={total} (and a "
+          "config.global_batch divisible by it).")
+    raise ValueError(
+        f"config.n_workers={n} x config.devices_per_worker={dpw} but this "
+        f"{procs}-process job has {total} devices ({local} per process); a "
+        "multi-process run uses every device: set --config.n_workers="
+        f"{total // dpw}.")
+  if node_aware:
+    try:
+      multiprocess.check_node_layout(n, int(c.workers_per_node))
+    except ValueError as e:
+      raise ValueError(f"config.topology={c.topology!r} is node-aware: "
+                       f"config.{e}") from None
+
+
+class Experiment:
+  """Everything a run needs except the file system, built from a config.
+
+  Attributes:
+    config: the (validated) config.
+    mesh: ``jax.sharding.Mesh`` with one worker per device.
+    axis_name: the worker axis (``"workers"`` or ``("nodes", "local")``).
+    topology: the gossip :class:`~decentral_jax.topology.Topology`, or None
+      for ``all_reduce``.
+    task: the :class:`~decentral_jax.runner.tasks.Task` (model, loss, data).
+    schedule: learning-rate schedule ``step -> lr``.
+    tx: the per-worker optax transform.
+    n_workers: number of workers ``n``.
+    local_batch: sequences (or images) per worker per step.
+    param_count: parameters of one worker's model.
+    unit: ``"tokens"`` or ``"samples"``.
+    tokens_per_step: tokens (LM) or samples (images) per step, all workers.
+    local_workers: int64 [k]: the workers whose devices belong to this
+      process (all workers in a single-process run); each process reads
+      only its own workers' data.
+    gossip_rounds: ``config.gossip_rounds``.
+    train_step_traces: how many times a train step was traced (compiled);
+      one per distinct gossip round with ``gossip_rounds="static"``, else 1.
+  """
+
+  def __init__(self, config: config_dict.ConfigDict, *,
+               devices: list | None = None):
+    """Builds mesh, topology, task, optimizer and the jitted steps.
+
+    In a multi-process job every process also checks, with the others,
+    that all processes were given the same config (except
+    ``config.distributed`` and ``config.workdir``), that all of them built
+    the task and that they computed the same initial parameters; if not,
+    every process raises (none is left waiting in a collective).
+
+    Args:
+      config: a run config (see ``configs/gpt_tiny.py``).
+      devices: devices to place workers on, in worker order (default: every
+        device of the job ordered by process, then device id).
+
+    Raises:
+      ValueError: an invalid config field, more workers than devices (the
+        message says how to simulate CPU devices), with
+        ``config.devices_per_worker > 1``: fewer than ``n_workers *
+        devices_per_worker`` devices, or in a multi-process job a
+        ``devices_per_worker`` that does not divide each process's
+        devices; ``config.workers_per_device > 1`` in a multi-process job;
+        missing data
+        files, or a
+        corpus too short for the context length; in a multi-process job,
+        configs that differ between processes (the fields are named),
+        ``n_workers`` differing from the job's device count, a node-aware
+        topology whose ``workers_per_node`` is not the number of devices
+        per process, another process failing to build its task, or initial
+        parameters that differ between processes.
+    """
+    multi_process = jax.process_count() > 1
+    if multi_process:
+      # First, so that a field that differs is reported on every process
+      # before any check that could fail on some processes only.
+      agreement.check_same_config(config)
+    validation.check_config(config)
+    c = self.config = config
+    if c.distributed.enabled and not jax.distributed.is_initialized():
+      raise ValueError(
+          "config.distributed.enabled=True but this process has not joined "
+          "a multi-process job; call decentral_jax.runner.launch."
+          "initialize_from_config(config) before JAX touches devices "
+          "(experiments/train.py does), or set "
+          "--config.distributed.enabled=False.")
+    if devices is None:
+      devices = multiprocess.ordered_devices()
+    self.n_workers = n = int(c.n_workers)
+    self.local_batch = int(c.global_batch) // n
+    self.layout = worker_layout_of(c)
+    dpw = self.layout.devices_per_worker
+    self.workers_per_device = wpd = int(c.workers_per_device)
+    if wpd > 1 and multi_process:
+      raise ValueError(
+          f"config.workers_per_device={wpd} is supported in single-process "
+          "runs only (a multi-process job puts one worker on every device); "
+          "set --config.workers_per_device=1.")
+    local_size = int(c.workers_per_node)
+    self.topology = None
+    node_aware = False
+    if builders.ALGORITHMS[c.algorithm].uses_topology:
+      try:
+        self.topology = topology_lib.make(c.topology, n, local_size)
+      except ValueError as e:
+        raise ValueError(f"config.topology={c.topology!r} with config."
+                         f"n_workers={n}, workers_per_node={local_size}: {e}"
+                         ) from None
+      # K workers per device: node-aware rounds run as two-level permutes.
+      node_aware = (wpd == 1 and
+                    parallel.is_node_aware(self.topology, local_size))
+    if multi_process:
+      _check_multi_process(c, n, len(devices), node_aware)
+    try:
+      self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
+                                     devices=devices,
+                                     devices_per_worker=dpw,
+                                     workers_per_device=wpd)
+    except ValueError as e:
+      if wpd > 1:
+        raise ValueError(
+            f"config.n_workers={n} at config.workers_per_device={wpd}: {e} "
+            "Raise --config.workers_per_device or lower --config.n_workers."
+            ) from None
+      if dpw > 1:
+        raise ValueError(
+            f"config.n_workers={n} x config.devices_per_worker={dpw}: {e} "
+            "Lower --config.n_workers or --config.devices_per_worker."
+            ) from None
+      raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
+                       "sets this by itself on CPU; otherwise lower "
+                       "--config.n_workers.") from None
+    self.local_workers = (multiprocess.process_workers(self.mesh)
+                          if wpd == 1 else np.arange(n, dtype=np.int64))
+    self.axis_name = parallel.worker_axis(self.mesh)
+    self._sharding = parallel.worker_sharding(self.mesh)
+    self._batch_sharding = layouts.batch_sharding(self.mesh)
+    root = jax.random.key(int(c.seed))
+    self._init_key, self._dropout_key = jax.random.split(root)
+    self._params0 = None
+    if multi_process:
+      self.task = self._agreed_task()
+    else:
+      self.task = tasks.make_task(c, n, self.local_batch)
+    self.unit = self.task.unit
+    self.tokens_per_step = self.task.units_per_step
+    self.schedule = builders.make_schedule(c)
+    self.tx = builders.make_optimizer(c, self.schedule, self.topology,
+                                      self.axis_name)
+    self._batch_workers = self.local_workers if multi_process else None
+    self.param_count = sum(
+        int(np.prod(x.shape)) for x in
+        jax.tree.leaves(jax.eval_shape(self.task.init_params,
+                                       self._init_key)))
+    self._eval_rows, self._eval_common = self._place_eval_set()
+    init = parallel.per_worker(
+        functools.partial(step_lib.init_state, tx=self.tx), self.mesh,
+        replicated_argnums=(0, 1))
+    self._state_shardings = None
+    if dpw > 1:  # fix the state's layout over each worker's devices
+      shapes = jax.eval_shape(self.task.init_params, self._init_key)
+      layouts.check_params(
+          shapes, self.layout, what=f"config.worker_layout='fsdp' with "
+          f"config.devices_per_worker={dpw}: ")
+      self._state_shardings = layouts.state_shardings(
+          jax.eval_shape(init, shapes, jax.random.key_data(
+              self._dropout_key)), self.mesh, self.layout)
+    self._init_fn = (jax.jit(init) if self._state_shardings is None else
+                     jax.jit(init, out_shardings=self._state_shardings))
+    # Gossip round dispatch: "switch" compiles the whole schedule once (the
+    # round is picked in-graph with lax.switch); "static" compiles one step
+    # per distinct round (the host picks it from the step number), so the
+    # collective sits outside any conditional and XLA can overlap it with
+    # the forward/backward pass on accelerators.
+    self.gossip_rounds = c.gossip_rounds
+    self.train_step_traces = 0
+    # Multi-process: metrics are gathered inside the step, so every process
+    # reads step t-1's metrics locally while step t runs.
+    self._gathered = (1,) if multi_process else ()
+    distinct = (self.topology.distinct_rounds if self.topology is not None
+                else ())
+    self._round_steps = {}
+    if self.gossip_rounds == "static" and len(distinct) > 1:
+      for r, d in enumerate(self.topology.round_to_distinct):
+        if d not in self._round_steps:
+          self._round_steps[d] = self._jit_step(r)
+    else:
+      self._round_steps[None] = self._jit_step(None)
+    algorithm = builders.ALGORITHMS[c.algorithm]
+
+    def eval_worker(params, opt_state, rows, common):
+      own = (params if algorithm.model_params is None
+             else algorithm.model_params(params, opt_state))
+      averaged = (None if algorithm.eval_params is None
+                  else algorithm.eval_params(params, opt_state))
+      return step_lib.eval_step(own, rows, common, loss_fn=self.task.loss,
+                                axis_name=self.axis_name, averaged=averaged)
+
+    self._eval_step = jax.jit(parallel.per_worker(
+        eval_worker, self.mesh, replicated_argnums=(3,)))
+
+  def _agreed_task(self) -> tasks.Task:
+    """The task, once every process has built it with equal initial params.
+
+    Multi-process only: a failure on one host (e.g. its copy of the data is
+    missing) is exchanged instead of leaving the others waiting, and the
+    host copy of the initial parameters is kept for :meth:`init_state`.
+    """
+    task = params = error = None
+    try:
+      task = tasks.make_task(self.config, self.n_workers, self.local_batch)
+      params = jax.device_get(task.init_params(self._init_key))
+    except Exception as e:  # pylint: disable=broad-except
+      error = e  # re-raised below on this process, after the exchange
+    agreement.check_same_start(params, error)
+    self._params0 = params
+    return task
+
+  # -- state and data --------------------------------------------------------
+
+  def init_state(self) -> TrainState:
+    """Initial state: identical parameters on every worker, zero moments.
+
+    Returns:
+      A :class:`~decentral_jax.runner.step.TrainState` whose leaves are
+      ``[n_workers, ...]`` arrays sharded over the worker axis (``step`` 0).
+    """
+    if self._params0 is None:
+      self._params0 = self.task.init_params(self._init_key)
+    everywhere = NamedSharding(parallel.device_mesh(self.mesh), P())
+    params, rng = multiprocess.put_global(
+        (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
+    return self._init_fn(params, rng)
+
+  def get_batch(self, step: int) -> Batch:
+    """The training batch of ``step`` (0-based) for all workers, on device.
+
+    Returns:
+      A tuple of arrays ``[n_workers, local_batch, ...]`` (LM: int32 inputs
+      and targets ``[n, B, T]``; images: uint8 ``[n, B, 28, 28]`` and int32
+      labels ``[n, B]``) sharded over the worker axis (and ``B`` over each
+      worker's devices with ``config.devices_per_worker > 1``). Deterministic in
+      ``(seed, step)``; worker ``w`` gets its own shard of the data. In a
+      multi-process job each process reads only the rows of its
+      :attr:`local_workers` and the global array is assembled from them
+      (``jax.make_array_from_process_local_data``).
+    """
+    rows = self.task.host_batch(int(step), self._batch_workers)
+    if self._batch_workers is None:
+      return jax.device_put(tuple(rows), self._batch_sharding)
+    return tuple(
+        jax.make_array_from_process_local_data(
+            self._batch_sharding, x, (self.n_workers,) + x.shape[1:])
+        for x in rows)
+
+  def _place_eval_set(self):
+    """Eval rows per worker ``[n, E, B, ...]`` and a common subset ``[E, B, ...]``.
+
+    Worker ``w`` holds rows ``w*B .. w*B+B-1`` of every eval batch (for the
+    averaged model); the common subset is every ``n``-th row (spread over the
+    whole validation set), the same for all workers.
+    """
+    n, b = self.n_workers, self.local_batch
+    rows, common = [], []
+    for x in self.task.eval_set:
+      e = x.shape[0]
+      per = x.reshape((e, n, b) + x.shape[2:]).swapaxes(0, 1)
+      rows.append(np.ascontiguousarray(per))
+      common.append(np.ascontiguousarray(x[:, ::n]))
+    return (multiprocess.put_global(tuple(rows), self._sharding),
+            multiprocess.put_global(tuple(common),
+                                   NamedSharding(
+                                       parallel.device_mesh(self.mesh), P())))
+
+  # -- steps -------------------------------------------------------------------
+
+  def _jit_step(self, round_index: int | None):
+    """The jitted step over all workers for a static round (or None)."""
+    c = self.config
+    worker = functools.partial(
+        step_lib.train_step, loss_fn=self.task.loss, tx=self.tx,
+        axis_name=self.axis_name, dropout=tasks.uses_dropout(c),
+        global_avg_interval=int(c.global_avg_interval),
+        log_interval=int(c.log_interval), total_steps=int(c.steps),
+        round_index=round_index,
+        model_params=builders.ALGORITHMS[c.algorithm].model_params,
+        global_average=builders.ALGORITHMS[c.algorithm].global_average)
+
+    def counted(state, batch):
+      self.train_step_traces += 1  # runs once per trace
+      return worker(state, batch)
+
+    extra = {}
+    if self._state_shardings is not None:
+      extra["out_shardings"] = (self._state_shardings, self._sharding)
+    return jax.jit(parallel.per_worker(counted, self.mesh,
+                                       gathered_outputs=self._gathered),
+                   donate_argnums=(0,), **extra)
+
+  def train_step(self, state: TrainState, batch: Batch,
+                 step: int | None = None) -> tuple[TrainState, dict]:
+    """One step on every worker. ``state`` is donated (do not reuse it).
+
+    Args:
+      state: stacked state from :meth:`init_state` or a previous step.
+      batch: from :meth:`get_batch`.
+      step: the number of completed steps in ``state`` (host int). Only
+        used with ``config.gossip_rounds="static"``, to pick the compiled
+        round without reading ``state.step`` from the device (which would
+        wait for the previous step); read from the device if omitted.
+
+    Returns:
+      ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``
+      (see :func:`decentral_jax.runner.step.train_step`): ``loss``, ``grad_norm``,
+      ``finite``, ``consensus_distance`` (on log steps, NaN otherwise) and
+      ``accuracy`` for classifiers. In a multi-process job the metrics are
+      gathered inside the step and replicated on every device, so each
+      process reads all ``n_workers`` values locally.
+    """
+    if None in self._round_steps:
+      return self._round_steps[None](state, batch)
+    if step is None:
+      step = int(np.asarray(jax.device_get(
+          state.step.addressable_shards[0].data)).reshape(-1)[0])
+    topo = self.topology
+    fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
+    return fn(state, batch)
+
+  def communication(self, state: TrainState, batch: Batch, *,
+                    stage: str | None = None) -> dict[str, float]:
+    """Bytes the busiest worker sends per step, read from the step's HLO.
+
+    Lowers (and for ``stage="optimized"`` compiles) the train step with
+    ``state`` and ``batch`` (not donated, nothing runs) and reads it with
+    :func:`decentral_jax.analysis.communication`: the mean over a period, in
+    which a sync every ``H`` steps counts ``1 / H`` and the rounds of a
+    topology count by how often they occur. ``"unoptimized"`` (the default
+    with one device per worker) is what the program asks for, e.g.
+    ``comm_dtype`` bytes, which an accelerator sends as asked (XLA:CPU
+    widens bfloat16 collectives). With ``config.devices_per_worker > 1``
+    the default is ``"optimized"``: a worker's arrays are split over its
+    devices by the SPMD partitioner, so only the compiled HLO shows what
+    each device sends (the unoptimized one counts whole per-worker arrays
+    on every device).
+
+    ``K = config.workers_per_device > 1`` workers per device: the HLO
+    counts what each device sends to other devices (what its ``K``
+    workers send each other is a copy, not counted); ``bytes_per_step``
+    is that divided by ``K`` (per worker, averaged over the busiest
+    device's workers), and ``workers_per_device`` and
+    ``device_bytes_per_step`` are added.
+
+    Workers of ``D = config.devices_per_worker > 1`` devices: the HLO
+    counts bytes per device; ``bytes_per_step`` is then what the busiest
+    worker's ``D`` devices send together to *other* workers (with
+    ``"fsdp"`` a one-peer round is ``param_bytes``: ``param_bytes / D`` from
+    each device; with ``"data"`` ``D x param_bytes``), and the extra keys
+    give the per-device figure and the traffic inside a worker
+    (:func:`decentral_jax.parallel.layouts.traffic`).
+
+    Returns:
+      ``{"bytes_per_step": float (the method's bytes, diagnostics left
+      out), "diagnostics_bytes_per_step": float (the consensus distance of
+      logging steps, ``2 (n - 1) / n / log_interval`` x the parameter
+      bytes), "param_bytes": int (one worker's parameters), "ratio":
+      bytes_per_step / param_bytes, "stage": the HLO stage read}``; with
+      ``D > 1`` also
+      ``"devices_per_worker"``, ``"device_bytes_per_step"`` (busiest device,
+      to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
+      worker, between its own devices), diagnostics left out.
+    """
+    counts = {}
+    if None in self._round_steps:
+      counts[None] = 1
+    else:
+      for d in self.topology.round_to_distinct:
+        counts[d] = counts.get(d, 0) + 1
+    dpw = self.layout.devices_per_worker
+    if stage is None:
+      stage = "unoptimized" if dpw == 1 else "optimized"
+    wpd = self.workers_per_device
+    total = everything = device = intra = 0.0
+    for d, k in counts.items():
+      # One lowering (and compile) as text serves both reports.
+      text = analysis.hlo_text(self._round_steps[d].lower(state, batch), stage)
+      for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
+        rep = analysis.communication(text,
+                                     n_devices=self.n_workers * dpw // wpd,
+                                     exclude_scope=scope)
+        if wpd > 1:
+          mean = rep.mean_bytes_per_step / wpd
+          if scope:
+            device += k * rep.mean_bytes_per_step
+        elif dpw == 1:
+          mean = rep.mean_bytes_per_step
+        else:
+          t = layouts.traffic(rep, dpw)
+          mean = t.mean_worker_out
+          if scope:
+            device += k * t.mean_device_out
+            intra += k * (t.mean_worker - t.mean_worker_out)
+        if scope:
+          total += k * mean
+        else:
+          everything += k * mean
+    per_step = total / sum(counts.values())
+    diagnostics = everything / sum(counts.values()) - per_step
+    param_bytes = analysis.tree_bytes(self._params0 if self._params0 is not None
+                                      else jax.eval_shape(
+                                          self.task.init_params,
+                                          self._init_key))
+    out = {"bytes_per_step": per_step,
+           "diagnostics_bytes_per_step": diagnostics,
+           "param_bytes": param_bytes, "ratio": per_step / param_bytes,
+           "stage": stage}
+    if wpd > 1:
+      out.update(workers_per_device=wpd,
+                 device_bytes_per_step=device / sum(counts.values()))
+    if dpw > 1:
+      runs = sum(counts.values())
+      out.update(devices_per_worker=dpw, device_bytes_per_step=device / runs,
+                 intra_worker_bytes_per_step=intra / runs)
+    return out
+
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """Validation metrics; ``state`` is read only (training is unaffected).
+
+    The averaged model is ``x_bar = (1/n) sum_i x_i`` (exact mean, computed
+    on the fly, never written back; for DiLoCo-style methods the mean of
+    their global parameters ``theta``); it is evaluated on all
+    ``eval_batches * global_batch`` validation sequences (images), split
+    over the workers. Each worker's own parameters, and the averaged model
+    again, are evaluated on a common subset (every ``n_workers``-th row of
+    every eval batch, i.e. ``1/n`` of the validation set spread over all of
+    it), so own-model and averaged-model losses compare on the same data.
+
+    Returns:
+      Floats: ``eval/loss`` (averaged model, whole eval set, nats);
+      ``eval/worker_loss_mean``, ``_min``, ``_max``, ``_std`` (the workers'
+      own models on the subset); ``eval/loss_subset`` (averaged model on the
+      subset); ``eval/worker_excess_mean`` and ``_max`` (own-model loss minus
+      ``eval/loss_subset``: what the workers lose by not being averaged);
+      ``consensus_distance``; and ``eval/accuracy`` for classifiers.
+    """
+    out = multiprocess.to_host(self._eval_step(state.params, state.opt_state,
+                                              self._eval_rows,
+                                              self._eval_common))
+    own = np.asarray(out["own_loss"], np.float64)
+    subset = float(out["avg_subset_loss"][0])
+    result = {
+        "eval/loss": float(out["avg_loss"][0]),
+        "eval/worker_loss_mean": float(own.mean()),
+        "eval/worker_loss_min": float(own.min()),
+        "eval/worker_loss_max": float(own.max()),
+        "eval/worker_loss_std": float(own.std()),
+        "eval/loss_subset": subset,
+        "eval/worker_excess_mean": float(own.mean() - subset),
+        "eval/worker_excess_max": float(own.max() - subset),
+        "consensus_distance": float(out["consensus_distance"][0]),
+    }
+    if self.unit == "samples":
+      result["eval/accuracy"] = float(out["avg_accuracy"][0])
+    return result
+
+  def learning_rate(self, step: int) -> float:
+    """Learning rate used by the update of step ``step`` (1-based)."""
+    return float(self.schedule(max(int(step) - 1, 0)))
+
+  # -- checkpoint metadata -----------------------------------------------------
+
+  def checkpoint_meta(self, step: int) -> dict:
+    """JSON facts stored with a checkpoint taken after ``step`` steps."""
+    c = self.config
+    return {
+        "step": int(step),
+        "data_position": int(step),  # the next batch is get_batch(step)
+        "seed": int(c.seed),
+        "n_workers": self.n_workers,
+        "workers_per_node": int(c.workers_per_node),
+        "algorithm": c.algorithm,
+        "topology": self.topology.name if self.topology else "",
+        "topology_round": (int(step) % self.topology.period
+                           if self.topology else 0),
+        "optimizer": c.optimizer.name,
+        "accum_steps": int(c.optimizer.accum_steps),
+        # With one step per window both conventions are Adam.
+        "beta_convention": (c.optimizer.beta_convention
+                            if c.optimizer.name == "accum_adamw"
+                            and int(c.optimizer.accum_steps) > 1
+                            else "per_window"),
+        "global_batch": int(c.global_batch),
+        "model": json.loads(c.model.to_json()),
+        # The sync schedule of the local-update methods (a change mid-run
+        # would silently move the sync steps).
+        "sync_every": int(c.sync_every),
+        "gossip_every": int(c.gossip_every),
+        "num_fragments": int(c.num_fragments),
+        "overlap_steps": int(c.overlap_steps),
+        "merge_alpha": float(c.merge_alpha),
+        "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
+        "comm_dtype": c.comm_dtype,
+        # How a worker lies on its devices (the restored state's layout).
+        "devices_per_worker": self.layout.devices_per_worker,
+        "workers_per_device": self.workers_per_device,
+        "worker_layout": (self.layout.mode
+                          if self.layout.devices_per_worker > 1 else ""),
+    }
+
+  def check_resumable(self, meta: dict, directory: str) -> None:
+    """Raises ValueError if a checkpoint was written by an incompatible run."""
+    mine = self.checkpoint_meta(meta.get("step", 0))
+    for key, field in _RESUME_FIELDS.items():
+      theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
+      if theirs != mine[key]:
+        raise ValueError(
+            f"the checkpoint in {directory} was written with config.{field}="
+            f"{theirs!r} but this run has {mine[key]!r}; resume with the "
+            "same value or use a fresh --workdir.")

@@ -1,0 +1,228 @@
+"""Metric output: JSON lines, optional TensorBoard, and a progress bar.
+
+Every log point is one JSON object per line in ``<workdir>/metrics.jsonl``
+(appended, so a resumed run continues the same file), e.g.::
+
+  {"step": 100, "lr": 0.0029, "train/loss": 2.31, "consensus_distance":
+   0.0012, "step_time_ms": 310.2, "tokens_per_sec": 13200.5,
+   "train_time_s": 30.7, "eval/loss": 2.25, "eval/worker_loss_mean": 2.27,
+   "eval/worker_loss_min": 2.26, "eval/worker_loss_max": 2.29,
+   "eval/worker_loss_std": 0.008}
+
+Keys written by :func:`decentral_jax.runner.train.train_and_evaluate`:
+
+* ``step``: completed optimizer steps (0 = the initial evaluation);
+* ``lr``: learning rate of the last update;
+* ``train/loss`` (and ``train/accuracy``): mean over workers and over the
+  steps since the previous record (nats);
+* ``consensus_distance``: ``(1/n) sum_i ||x_i - x_bar||^2`` at that step;
+* ``step_time_ms``, ``tokens_per_sec`` (or ``samples_per_sec``): mean over
+  the timed steps since the previous record (wall time between consecutive
+  step completions, after ``block_until_ready``; the first step of a run,
+  which compiles, is not timed, and evaluation / checkpoint time is
+  excluded);
+* ``train_time_s``: cumulative timed training seconds (continues across a
+  resume);
+* ``eval/*`` at evaluation points (see ``Experiment.evaluate``).
+
+Non-finite floats are written as ``null`` (strict JSON). Every record is
+one ``write`` of a line ending in a newline, so a run that dies while
+writing leaves at most an incomplete last line; :func:`truncate_after`
+(called when a run resumes) drops it with a warning, since it belongs to a
+step after the checkpoint, which the resumed run logs again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Iterable
+
+import numpy as np
+import tqdm
+
+from decentral_jax.runner import workdir as workdir_lib
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _plain(value: Any) -> Any:
+  """Converts NumPy / JAX scalars to JSON values (non-finite -> None)."""
+  if isinstance(value, (str, bool)) or value is None:
+    return value
+  if isinstance(value, (int, np.integer)):
+    return int(value)
+  value = float(np.asarray(value))
+  return value if math.isfinite(value) else None
+
+
+class MetricsWriter:
+  """Writes scalar metrics to ``metrics.jsonl`` (and TensorBoard if asked).
+
+  Attributes:
+    path: the JSON-lines file.
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = False):
+    """Opens ``<workdir>/metrics.jsonl`` for appending.
+
+    Args:
+      workdir: run directory (created if missing).
+      tensorboard: also write event files to ``<workdir>/tensorboard``.
+
+    Raises:
+      ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing.
+      workdir.PathError: the file cannot be created or opened for writing.
+    """
+    self.path = os.path.join(workdir, METRICS_FILE)
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      self._file = open(self.path, "a", encoding="utf-8")
+    except OSError as e:
+      raise workdir_lib.path_error("write", self.path, e) from None
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      except ImportError:
+        raise ValueError(
+            "config.tensorboard=True needs the tensorboardX package: "
+            "`pip install tensorboardX`, or set --config.tensorboard=False "
+            "(metrics.jsonl is always written).") from None
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, record: dict) -> None:
+    """Appends one record; it must contain an integer ``"step"``.
+
+    Raises:
+      workdir.PathError: the write failed (e.g. the disk is full).
+    """
+    record = {k: _plain(v) for k, v in record.items()}
+    try:
+      self._file.write(json.dumps(record) + "\n")
+      self._file.flush()
+    except OSError as e:
+      raise workdir_lib.path_error("write", self.path, e) from None
+    if self._tb is not None:
+      for key, value in record.items():
+        if key != "step" and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+          self._tb.add_scalar(key, value, record["step"])
+
+  def close(self) -> None:
+    try:
+      self._file.close()
+    except OSError:
+      pass  # a failed flush was reported by write()
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _parse(path: str) -> tuple[list[dict], int | None, bool]:
+  """Records of a JSON-lines file, the line number of a torn last line, and
+  whether the file needs rewriting (torn or unterminated last line).
+
+  Raises:
+    ValueError: a line other than the last is not a JSON object; names the
+      file, the line and the fix.
+  """
+  with open(path, "rb") as f:
+    data = f.read()
+  lines = data.split(b"\n")
+  tail = lines.pop()  # after the last newline: b"" unless a write was torn
+  records, torn = [], None
+  for number, raw in enumerate(lines + [tail], start=1):
+    if not raw.strip(b" \t\r\0"):
+      continue
+    try:
+      record = json.loads(raw.decode("utf-8"))
+      if not isinstance(record, dict):
+        raise ValueError("not a JSON object")
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError too
+      if number == len(lines) + 1:  # no newline: the write was cut short
+        torn = number
+        break
+      raise ValueError(
+          f"{path}, line {number}: not a JSON record ({e}); the file is "
+          "corrupt: fix or delete that line (one JSON object per line), or "
+          "move the file away, and run again.") from None
+    records.append(record)
+  return records, torn, bool(tail)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """Reads a ``metrics.jsonl`` file into a list of dicts (one per line).
+
+  An incomplete last line (a run died while writing it) is ignored.
+
+  Raises:
+    ValueError: another line is not a JSON object (names file and line).
+  """
+  return _parse(path)[0]
+
+
+def truncate_after(workdir: str, step: int) -> int:
+  """Drops records of ``<workdir>/metrics.jsonl`` that a resumed run redoes.
+
+  A run resumed from a checkpoint after ``step`` steps logs every later step
+  again, so records with a larger step (or, for ``step == 0``, all records)
+  are removed. An incomplete last line is dropped with a warning naming the
+  file and line. The file is rewritten atomically.
+
+  Returns:
+    How many complete records were removed (0 if the file does not exist).
+
+  Raises:
+    ValueError: a line before the last is corrupt (names file, line, fix).
+    workdir.PathError: the file cannot be rewritten.
+  """
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return 0
+  if step == 0:  # everything is redone: no need to parse
+    with open(path, "rb") as f:
+      removed = sum(1 for line in f if line.strip(b" \t\r\n\0"))
+    keep, torn, dirty = [], None, removed > 0
+  else:
+    records, torn, dirty = _parse(path)
+    keep = [r for r in records if r.get("step", 0) <= step]
+    removed = len(records) - len(keep)
+  if torn is not None:
+    logging.warning("%s: line %d is incomplete (the run stopped while writing "
+                    "it); dropped it, the resumed run logs that step again.",
+                    path, torn)
+  if not removed and not dirty:
+    return 0
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      for r in keep:
+        f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+  except OSError as e:
+    raise workdir_lib.path_error("rewrite", path, e) from None
+  return removed
+
+
+def series(records: Iterable[dict], key: str,
+           x: str = "step") -> tuple[np.ndarray, np.ndarray]:
+  """The ``(x, y)`` points of records that have a non-null ``key``.
+
+  Returns:
+    Two float64 arrays of equal length.
+  """
+  pts = [(r[x], r[key]) for r in records
+         if r.get(key) is not None and r.get(x) is not None]
+  if not pts:
+    return np.zeros(0), np.zeros(0)
+  xs, ys = zip(*pts)
+  return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+
+
+def progress_bar(total: int, initial: int = 0, desc: str = "train",
+                 disable: bool | None = None) -> tqdm.tqdm:
+  """A ``tqdm`` bar over training steps (hidden when stderr is not a TTY)."""
+  return tqdm.tqdm(total=total, initial=initial, desc=desc, unit="step",
+                   dynamic_ncols=True, disable=disable, leave=True)

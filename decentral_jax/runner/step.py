@@ -1,0 +1,189 @@
+"""The training state and the pure per-worker train and eval steps.
+
+Everything here is written for *one* worker, as in
+``experiments/optax_quickstart.py``: arrays have no leading worker axis and
+collectives run over ``axis_name`` inside ``jax.shard_map`` (wrap the
+functions with :func:`decentral_jax.parallel.per_worker`). The steps take
+all they need as explicit arguments (the task's loss, the optax transform,
+intervals), so they can be tested and reused without the runner.
+
+One train step of worker ``i`` at step ``k``:
+
+1. ``(loss, aux), g = value_and_grad(loss_fn)(x_i, batch_i, key_ik)``;
+2. ``u, s = tx.update(g, s, x_i)`` (All-Reduce or gossip happen inside the
+   transform, see :mod:`decentral_jax.optim`); ``x_i <- x_i + u``;
+3. every ``global_avg_interval`` steps ``x_i <- (1/n) sum_j x_j`` (exact);
+4. on log steps the consensus distance ``(1/n) sum_i ||x_i - x_bar||^2``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from decentral_jax.comm import collectives
+from decentral_jax.comm import gossip
+
+PyTree = Any
+Batch = tuple[jax.Array, ...]
+
+#: Name scope of the step's diagnostics (the consensus distance on logging
+#: steps), so communication accounting can leave them out.
+DIAGNOSTICS_SCOPE = "diagnostics"
+LossFn = Callable[..., tuple[jax.Array, dict]]
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Per-worker training state; in the runner every leaf is ``[n, ...]``.
+
+  Attributes:
+    step: int32 scalar: completed steps (equal on all workers).
+    params: model parameters (float32 leaves in the shipped configs).
+    opt_state: the optax state (moments, accumulators, gossip round
+      counter).
+    rng: uint32 [2]: raw data of the base dropout key (equal on all
+      workers; per-step, per-worker keys are derived from it).
+  """
+  step: jax.Array
+  params: PyTree
+  opt_state: PyTree
+  rng: jax.Array
+
+
+def init_state(params: PyTree, rng: jax.Array, *,
+               tx: optax.GradientTransformation) -> TrainState:
+  """One worker's initial state: ``step`` 0, ``tx.init(params)``.
+
+  Args:
+    params: the worker's initial parameters.
+    rng: uint32 [2] raw key data (``jax.random.key_data``).
+    tx: the worker's optax transform.
+  """
+  return TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                    opt_state=tx.init(params), rng=rng)
+
+
+def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
+               tx: optax.GradientTransformation, axis_name: gossip.AxisName,
+               dropout: bool, global_avg_interval: int, log_interval: int,
+               total_steps: int, round_index: int | None = None,
+               model_params: Callable | None = None,
+               global_average: Callable | None = None
+               ) -> tuple[TrainState, dict]:
+  """One training step of one worker (inside ``shard_map`` over the workers).
+
+  Args:
+    state: this worker's :class:`TrainState`.
+    batch: this worker's batch (arrays ``[local_batch, ...]``).
+    loss_fn: ``loss_fn(params, batch, key or None) -> (loss, aux)``.
+    tx: the per-worker optax transform.
+    axis_name: the worker mesh axis (or ``("nodes", "local")``).
+    dropout: derive a dropout key ``fold_in(fold_in(rng, step), worker)``;
+      otherwise the loss gets ``None``.
+    global_avg_interval: exact parameter average every this many steps
+      (0 = never).
+    log_interval, total_steps: the consensus distance is computed when the
+      new step is a multiple of ``log_interval`` or equals ``total_steps``
+      (NaN otherwise, to save the collective).
+    round_index: static gossip round passed to ``tx.update`` (one compile
+      per round, no conditional around the collectives), or None.
+    model_params: ``(params, opt_state) -> model`` when the worker's model
+      is not its parameters (SGP: ``z = x / w``); the gradient is taken and
+      the consensus distance measured there.
+    global_average: ``(params, opt_state, axis_name) -> (params,
+      opt_state)`` replacing the exact parameter mean of
+      ``global_avg_interval`` (SGP averages numerators and weights).
+
+  Returns:
+    ``(new_state, metrics)``: float32 scalars ``loss`` (before the update,
+    nats), ``grad_norm`` (global norm of the local gradient before
+    clipping), ``consensus_distance`` (after the update, or NaN), bool
+    ``finite`` (loss and updated parameters finite), plus the task's aux.
+  """
+  key = None
+  if dropout:
+    key = jax.random.wrap_key_data(state.rng)
+    key = jax.random.fold_in(jax.random.fold_in(key, state.step),
+                             collectives.index(axis_name))
+  def model(params, opt_state):
+    return params if model_params is None else model_params(params, opt_state)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  (loss, aux), grads = grad_fn(model(state.params, state.opt_state), batch,
+                               key)
+  extra = {} if round_index is None else {"round_index": round_index}
+  updates, opt_state = tx.update(grads, state.opt_state, state.params,
+                                 **extra)
+  params = optax.apply_updates(state.params, updates)
+  step = state.step + 1
+  if global_avg_interval and global_average is None:
+    params = gossip.every(global_avg_interval, step % global_avg_interval == 0,
+                          lambda p: gossip.mean(p, axis_name), lambda p: p,
+                          params)
+  elif global_avg_interval:
+    params, opt_state = gossip.every(
+        global_avg_interval, step % global_avg_interval == 0,
+        lambda po: global_average(*po, axis_name), lambda po: po,
+        (params, opt_state))
+  is_log = (step % log_interval == 0) | (step == total_steps)
+  with jax.named_scope(DIAGNOSTICS_SCOPE):
+    consensus = gossip.every(
+        log_interval, is_log,
+        lambda p: gossip.consensus_distance(p, axis_name).astype(jnp.float32),
+        lambda p: jnp.full([], jnp.nan, jnp.float32), model(params, opt_state))
+  finite = jnp.isfinite(loss)
+  for leaf in jax.tree.leaves(params):
+    finite = finite & jnp.all(jnp.isfinite(leaf))
+  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+             "finite": finite, "consensus_distance": consensus, **aux}
+  new_state = state.replace(step=step, params=params, opt_state=opt_state)
+  return new_state, metrics
+
+
+def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,
+              axis_name: gossip.AxisName, averaged: PyTree = None) -> dict:
+  """Evaluation of one worker: the averaged model and its own model.
+
+  Args:
+    params: this worker's parameters ``x_i`` (its own model).
+    rows: this worker's share of the eval set, arrays ``[E, B, ...]``,
+      evaluated with the averaged model ``x_bar`` (exact mean).
+    common: a subset ``[E, B', ...]`` equal on all workers, evaluated with
+      both ``x_i`` and ``x_bar``.
+    loss_fn: as in :func:`train_step` (called with key ``None``).
+    axis_name: the worker mesh axis.
+    averaged: this worker's share of the averaged model, like ``params``:
+      the averaged model is the mean of ``averaged`` over the workers
+      (default ``params``; DiLoCo-style methods pass their global
+      parameters ``theta``).
+
+  Returns:
+    Float32 scalars: ``avg_loss``, ``avg_accuracy`` (the averaged model on
+    all workers' rows; accuracy 0 if the task has none), ``own_loss`` and
+    ``avg_subset_loss`` (``x_i`` and ``x_bar`` on ``common``), and
+    ``consensus_distance``.
+  """
+  avg = gossip.mean(params if averaged is None else averaged, axis_name,
+                    varying=False)
+
+  def run(p, data):
+    def one(batch):
+      value, aux = loss_fn(p, batch, None)
+      return value, aux.get("accuracy", jnp.zeros([], jnp.float32))
+    losses, accs = lax.map(one, data)
+    return jnp.mean(losses), jnp.mean(accs)
+
+  avg_loss, avg_acc = run(avg, rows)
+  own_loss, _ = run(params, common)
+  subset_loss, _ = run(avg, common)
+  return {"avg_loss": gossip.mean(avg_loss, axis_name, varying=False),
+          "avg_accuracy": gossip.mean(avg_acc, axis_name, varying=False),
+          "own_loss": own_loss,
+          "avg_subset_loss": subset_loss,
+          "consensus_distance": gossip.consensus_distance(params, axis_name)}

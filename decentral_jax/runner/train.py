@@ -1,0 +1,414 @@
+"""The training loop: ``train_and_evaluate(config, workdir)``.
+
+Drives an :class:`~decentral_jax.runner.experiment.Experiment` in a work directory:
+``metrics.jsonl`` (one record per log or eval point), ``config.json``,
+Orbax checkpoints with bit-exact resumption, a progress bar and a
+non-finite-loss guard. At most two steps are in flight: the host reads step
+``t-1``'s metrics after dispatching step ``t``, and prepares the next batch
+while the device trains.
+
+Multi-host: every process calls :func:`train_and_evaluate` with the same
+config and work directory; all processes train, evaluate and write their
+shards of each checkpoint, while metrics, logging and the progress bar come
+from process 0 only.
+
+Faults: the work directory is locked for the run
+(:mod:`decentral_jax.runner.workdir`); the newest checkpoint is verified before it
+is restored (:mod:`decentral_jax.runner.checkpoint`; a corrupt one falls back to
+the previous one); a failed background save stops the run at the next step
+with one line naming the checkpoint step, the directory and the OS error.
+SIGTERM or SIGINT stops the run after the current step with a checkpoint
+(:class:`Preempted`); in a multi-process job JAX's preemption service
+(which receives SIGTERM there) picks one step at which every process saves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from ml_collections import config_dict
+
+from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.parallel import multiprocess
+from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.parallel import mesh as parallel
+from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.runner.experiment import Experiment
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+  """The run stopped on a signal after saving a checkpoint.
+
+  Attributes:
+    step: completed steps; the checkpoint of this step is committed.
+    signum: the signal (``signal.SIGTERM`` in a multi-process job, where
+      JAX's preemption service receives it).
+    directory: the checkpoint directory.
+    exit_code: ``128 + signum`` (143 for SIGTERM, 130 for SIGINT), the
+      status a shell reports for a process killed by that signal.
+  """
+
+  def __init__(self, step: int, signum: int, directory: str):
+    self.step, self.signum, self.directory = step, signum, directory
+    self.exit_code = 128 + int(signum)
+    super().__init__(
+        f"stopped by {signal.Signals(signum).name} after step {step}; "
+        f"checkpoint {step} is saved in {directory}: run the same command "
+        "again to resume.")
+
+
+class _StopRequest:
+  """SIGTERM/SIGINT during a run, as a per-step question to the loop.
+
+  Single process: handlers set a flag (a second SIGINT interrupts at once).
+  Multi-process: JAX's preemption service owns SIGTERM (a Python handler
+  would replace its own), and
+  ``multihost_utils.reached_preemption_sync_point`` is true at the same
+  step on every process after any of them received it.
+  """
+
+  def __init__(self):
+    self.signum = None
+    self._old = {}
+    self._multi = jax.process_count() > 1
+
+  def __enter__(self) -> "_StopRequest":
+    if not self._multi and \
+        threading.current_thread() is threading.main_thread():
+      for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) != signal.SIG_IGN:  # e.g. SIGINT under nohup
+          old = signal.signal(sig, self._handle)
+          self._old[sig] = signal.SIG_DFL if old is None else old
+    return self
+
+  def begin(self, step: int) -> None:
+    """Registers the first step (multi-process: before the first step, so
+    a notice received during start-up still finds a sync point)."""
+    if not self._multi:
+      return
+    try:
+      self.requested(step)
+    except RuntimeError:  # jax_enable_preemption_service=False
+      logging.warning("JAX's preemption service is disabled: SIGTERM stops "
+                      "this job without a checkpoint.")
+      self._multi = False
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.signum = signum
+    if signum == signal.SIGINT:  # Ctrl-C twice: stop at once
+      signal.signal(signum, self._old[signum])
+
+  def __exit__(self, *exc) -> None:
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+
+  def requested(self, step: int) -> bool:
+    """True if the run must stop after ``step`` (call it at every step)."""
+    if self._multi:
+      if multihost_utils.reached_preemption_sync_point(step):
+        self.signum = signal.SIGTERM
+    return self.signum is not None
+
+
+class _Window:
+  """Accumulates host-side training metrics between two log records."""
+
+  def __init__(self):
+    self.losses, self.times, self.accs = [], [], []
+    self.consensus = None
+
+  def add(self, metrics: dict, seconds: float | None) -> None:
+    self.losses.append(float(np.mean(metrics["loss"])))
+    if "accuracy" in metrics:
+      self.accs.append(float(np.mean(metrics["accuracy"])))
+    if seconds is not None:
+      self.times.append(seconds)
+    cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
+    if np.isfinite(cd):
+      self.consensus = cd
+
+  def state(self) -> dict:
+    """What a checkpoint keeps, so a resumed run logs the same losses."""
+    return {"losses": self.losses, "accs": self.accs,
+            "consensus": self.consensus}
+
+  @classmethod
+  def from_state(cls, state: dict | None) -> "_Window":
+    window = cls()
+    if state:
+      window.losses = [float(x) for x in state.get("losses", [])]
+      window.accs = [float(x) for x in state.get("accs", [])]
+      window.consensus = state.get("consensus")
+    return window
+
+  def summary(self, units_per_step: int, unit: str) -> dict:
+    out = {}
+    if self.losses:
+      out["train/loss"] = float(np.mean(self.losses))
+    if self.accs:
+      out["train/accuracy"] = float(np.mean(self.accs))
+    if self.consensus is not None:
+      out["consensus_distance"] = self.consensus
+    if self.times:
+      sec = float(np.mean(self.times))
+      out["step_time_ms"] = 1e3 * sec
+      out[f"{unit}_per_sec"] = units_per_step / sec
+    return out
+
+
+def _non_finite_error(step: int, metrics: dict,
+                      ckpt: checkpoint_lib.Checkpointer) -> FloatingPointError:
+  loss = np.asarray(metrics["loss"], np.float64)
+  bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
+  good, verified = ckpt.last_good_step()
+  if good is None:
+    where = "no intact checkpoint had been written yet"
+  elif verified:
+    where = (f"the last good checkpoint (step {good}) is kept in "
+             f"{ckpt.directory}")
+  else:
+    where = (f"checkpoint {good} (unverified: no checksums) is kept in "
+             f"{ckpt.directory}")
+  return FloatingPointError(
+      f"non-finite training loss or parameters at step {step} on worker(s) "
+      f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
+      f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
+
+
+def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
+  """(state, start step, earlier training seconds, metrics window state)."""
+  state = exp.init_state()
+  step = ckpt.select_restore_step()
+  if step is None:
+    return state, 0, 0.0, None
+  exp.check_resumable(ckpt.restore_meta(step), ckpt.directory)
+  try:
+    state, meta = ckpt.restore(step, state)
+  except checkpoint_lib.CheckpointError:
+    raise
+  except ValueError as e:  # e.g. a different optimizer-state structure
+    raise ValueError(
+        f"cannot resume from {ckpt.directory} (step {step}): its state does "
+        f"not match this config (a changed grad_clip, optimizer, "
+        f"outer_optimizer, num_fragments or model field?); resume with the "
+        f"original config or use a fresh --workdir. Orbax: "
+        f"{str(e).splitlines()[0].rstrip(': ')}") from None
+  if main:
+    logging.info("resumed from %s at step %d", ckpt.step_dir(step), step)
+  return (state, int(meta["data_position"]),
+          float(meta.get("train_time_s", 0.0)), meta.get("metrics_window"))
+
+
+def _write_config(workdir: str, c: config_dict.ConfigDict) -> None:
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(c.to_json(indent=2))
+  except OSError as e:
+    raise workdir_lib.path_error("write", path, e) from None
+
+
+def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
+                       experiment: Experiment | None = None) -> dict:
+  """Trains ``config`` in ``workdir``, resuming from its last checkpoint.
+
+  Writes ``metrics.jsonl`` (one record per log or eval point), ``config.json``
+  and ``checkpoints/<step>/`` (every worker's parameters and optimizer state,
+  the step, the data position, RNG keys and the losses since the last log
+  record; every ``checkpoint_interval`` steps, at the end, and on SIGTERM).
+  A resumed run continues bit-exactly: same batches, same dropout keys, same
+  gossip round, same logged losses.
+
+  The work directory is locked for the duration (``run.lock``, see
+  :mod:`decentral_jax.runner.workdir`); the newest checkpoint is verified before it
+  is restored and a corrupt one falls back to the previous one (see
+  :mod:`decentral_jax.runner.checkpoint`). On SIGTERM or SIGINT the run finishes
+  the current step, saves a checkpoint of it, waits until it is committed,
+  releases the lock and raises :class:`Preempted`. In a multi-process job
+  SIGTERM reaches JAX's preemption service, and every process stops after
+  the same step (the first step after the fastest process's current one).
+
+  In a multi-process job
+  (:func:`decentral_jax.runner.launch.initialize_from_config`) every process
+  calls this with the same config and work directory (shared by all hosts):
+  all processes train, evaluate and write their shards of each checkpoint
+  (Orbax), while ``metrics.jsonl``, ``config.json``, logging and the
+  progress bar come from process 0 only. A checkpoint is restored by a job
+  with the same number of processes and devices per process.
+
+  Args:
+    config: a run config (``configs/*.py``).
+    workdir: output directory (created if missing).
+    experiment: an :class:`~decentral_jax.runner.experiment.Experiment` built
+      from ``config`` to
+      reuse (its compiled steps); built here if None.
+
+  Returns:
+    Final metrics (floats): ``step``, ``train/loss``, ``eval/loss``,
+    ``eval/worker_loss_*``, ``consensus_distance``, ``step_time_ms`` (mean
+    over the timed steps of this invocation; the first step, which compiles,
+    is not timed, and evaluation and checkpoint time is excluded),
+    ``tokens_per_sec`` (or ``samples_per_sec``), ``train_time_s`` and
+    ``param_count``.
+
+  Raises:
+    ValueError: bad config or data (see
+      :class:`~decentral_jax.runner.experiment.Experiment`), or a
+      checkpoint in ``workdir`` from an incompatible config.
+    workdir.WorkdirInUse: another run holds ``workdir`` (names it).
+    workdir.PathError: ``workdir`` or a file in it cannot be written (a
+      read-only file system, a full disk); names the path.
+    checkpoint.CheckpointError: no intact checkpoint, or one that cannot
+      be read; :class:`~decentral_jax.runner.checkpoint.CheckpointWriteError`: a
+      save failed (names the step, directory and OS error). Both are
+      ``ValueError`` subclasses.
+    FloatingPointError: a non-finite loss or parameter; names the step and
+      workers; the last good checkpoint stays in place.
+    Preempted: stopped by SIGTERM / SIGINT; the checkpoint of
+      ``Preempted.step`` is committed.
+  """
+  c = config
+  if experiment is not None and experiment.config is not c and \
+      experiment.config.to_dict() != c.to_dict():
+    raise ValueError("train_and_evaluate: `experiment` was built from a "
+                     "different config; pass experiment=None.")
+  with workdir_lib.hold(workdir), _StopRequest() as stop:
+    exp = experiment if experiment is not None else Experiment(c)
+    ckpt = checkpoint_lib.Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        max_to_keep=int(c.keep_checkpoints))
+    try:
+      last = _loop(c, workdir, exp, ckpt, stop)
+    except BaseException:
+      try:
+        ckpt.close()
+      except checkpoint_lib.CheckpointWriteError as e:  # behind the first
+        logging.error("%s", e)
+      raise
+    ckpt.close()  # raises if the last save failed
+    return last
+
+
+def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
+          stop: _StopRequest) -> dict:
+  """The body of :func:`train_and_evaluate` (lock held, ``ckpt`` open)."""
+  total = int(c.steps)
+  main = multiprocess.is_main_process()
+  state, start, time_offset, window_state = _resume(exp, ckpt, main)
+  if main:
+    # Written only once the run is known to be valid (a rejected resume must
+    # not overwrite the record of the original run).
+    _write_config(workdir, c)
+    # Records logged after the restored checkpoint are about to be redone.
+    metrics_lib.truncate_after(workdir, start)
+  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
+            if main else None)
+  if main:
+    logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
+                 "%s/step, mesh %s", c.algorithm, exp.n_workers,
+                 jax.process_count(), f"{exp.param_count:,}",
+                 exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
+
+  unit_key = f"{exp.unit}_per_sec"
+  eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
+  log_every = int(c.log_interval)
+  window, timed = _Window.from_state(window_state), []
+  last = {"step": start}
+  t_prev = None
+  bar = metrics_lib.progress_bar(total, initial=start,
+                                 disable=None if main else True)
+
+  def handle(done: int, device_metrics: dict) -> None:
+    nonlocal t_prev
+    m = multiprocess.to_host(device_metrics)  # waits for step `done`
+    now = time.perf_counter()
+    seconds = None if t_prev is None else now - t_prev
+    t_prev = now
+    if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
+      raise _non_finite_error(done, m, ckpt)
+    if seconds is not None:
+      timed.append(seconds)
+    window.add(m, seconds)
+    bar.update(1)
+
+  def record(done: int, extra: dict | None = None) -> None:
+    nonlocal window
+    rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
+           **window.summary(exp.tokens_per_step, exp.unit), **(extra or {})}
+    rec["train_time_s"] = time_offset + float(np.sum(timed))
+    last.update(rec)
+    window = _Window()
+    if not main:
+      return
+    writer.write(rec)
+    bar.set_postfix({k: f"{rec[k]:.4g}" for k in
+                     ("train/loss", "eval/loss", "consensus_distance")
+                     if k in rec})
+    logging.info("step %d: %s", done, ", ".join(
+        f"{k}={v:.5g}" for k, v in rec.items()
+        if k != "step" and isinstance(v, float)))
+
+  try:
+    if start == 0 and eval_every:  # the common starting point of all runs
+      record(0, exp.evaluate(state))
+    pending = None
+    batch = exp.get_batch(start) if start < total else None
+    stop.begin(start)
+    for s in range(start, total):
+      ckpt.poll()  # a failed background save stops the run here
+      state, device_metrics = exp.train_step(state, batch, s)
+      done = s + 1
+      if pending is not None:  # read step s-1 while step s runs
+        handle(*pending)
+        if pending[0] % log_every == 0:
+          record(pending[0])
+      pending = (done, device_metrics)
+      stopping = done < total and stop.requested(done)
+      if done < total and not stopping:
+        batch = exp.get_batch(done)  # host prepares the next batch
+      do_eval = done == total or (eval_every and done % eval_every == 0)
+      do_ckpt = stopping or done == total or (ckpt_every and
+                                              done % ckpt_every == 0)
+      if do_eval or do_ckpt:
+        handle(*pending)
+        pending = None
+        if do_eval:
+          record(done, exp.evaluate(state))
+        elif done % log_every == 0:
+          record(done)
+        if do_ckpt:
+          meta = exp.checkpoint_meta(done)
+          meta["train_time_s"] = time_offset + float(np.sum(timed))
+          meta["metrics_window"] = window.state()
+          ckpt.save(done, state, meta)
+        t_prev = time.perf_counter()
+      if stopping:
+        if main:
+          logging.warning("%s received: waiting for checkpoint %d to be "
+                          "committed, then stopping.",
+                          signal.Signals(stop.signum).name, done)
+        ckpt.wait()
+        raise Preempted(done, stop.signum, ckpt.directory)
+    if start >= total:  # nothing left to train: report the final evaluation
+      last.update(exp.evaluate(state))
+  finally:
+    bar.close()
+    if writer is not None:
+      writer.close()
+  if timed:
+    sec = float(np.mean(timed))
+    last["step_time_ms"] = 1e3 * sec
+    last[unit_key] = exp.tokens_per_step / sec
+  last["train_time_s"] = time_offset + float(np.sum(timed))
+  last["param_count"] = exp.param_count
+  return last

@@ -1,0 +1,429 @@
+"""Checks of a run config: the boundary between the user's config and the runner.
+
+:func:`check_config` validates every field of
+:func:`decentral_jax.runner.config.base_config` (type, sign, range, finiteness,
+choices, and cross-field rules such as ``global_batch`` divisible by
+``n_workers``), raising a one-line ``ValueError`` that names the field and
+the override that fixes it; past it the runner reads fields without
+fallbacks. :func:`check_distributed` checks the ``distributed`` group alone
+(before a multi-process job is joined), :func:`config_warnings` lists
+accepted but suspicious settings and :func:`check_simulated_devices` bounds
+the CPU devices an entry point simulates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from ml_collections import config_dict
+
+from decentral_jax.runner import builders
+from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
+from decentral_jax.runner.config import COMPUTE_DTYPES
+from decentral_jax.runner.config import DATA_SOURCES
+from decentral_jax.runner.config import GOSSIP_ROUNDS
+from decentral_jax.runner.config import INT_MAX
+from decentral_jax.runner.config import MAX_SIMULATED_CPU_DEVICES
+from decentral_jax.runner.config import OPTIMIZERS
+from decentral_jax.runner.config import SCHEDULES
+from decentral_jax.runner.config import SEED_MAX
+from decentral_jax.runner.config import WORKER_LAYOUTS
+from decentral_jax.runner.config import base_config
+
+
+def _field(config, name: str):
+  value = config
+  for part in name.split("."):
+    value = value[part]
+  return value
+
+
+def _int_field(config, name: str, minimum: int) -> int:
+  value = _field(config, name)
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+      or value < minimum:
+    raise ValueError(f"config.{name} must be an integer >= {minimum}, got "
+                     f"{value!r}; set --config.{name}=<int>.")
+  return int(value)
+
+
+def _choice(value, name: str, allowed) -> str:
+  if value not in allowed:
+    raise ValueError(f"unknown config.{name}={value!r}; use one of "
+                     f"{', '.join(map(str, allowed))} (--config.{name}=...).")
+  return value
+
+
+def _check_fields(config, names, group: str) -> None:
+  missing = [n for n in names if n not in config]
+  if missing:
+    raise ValueError(
+        f"config.{group} lacks {', '.join(missing)}; build the config from "
+        "decentral_jax.runner.config.base_config() (see configs/gpt_tiny.py).")
+
+
+# -- Field rules: each checks one value and raises a one-line ValueError
+# -- naming the field, the rule, the value and the override that fixes it.
+
+
+def _integer(lo: int, hi: int = INT_MAX, note: str = ""):
+  """An int (not a bool) in ``[lo, hi]``."""
+  def check(name, value):
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+        or not lo <= value <= hi):
+      raise ValueError(f"config.{name} must be an integer in [{lo}, {hi}]"
+                       f"{note}, got {value!r}; set --config.{name}=<int>.")
+  return check
+
+
+def _real(lo: float, hi: float | None = None, *, lo_open: bool = False,
+          note: str = ""):
+  """A finite int or float (not a bool), ``>= lo`` (``> lo``), ``< hi``."""
+  if hi is not None:
+    rule = f"in {'(' if lo_open else '['}{lo:g}, {hi:g})"
+  else:
+    rule = f"{'>' if lo_open else '>='} {lo:g}"
+
+  def check(name, value):
+    ok = (not isinstance(value, bool) and
+          isinstance(value, (int, float, np.integer, np.floating)) and
+          (isinstance(value, (int, np.integer)) or math.isfinite(value)) and
+          (value > lo if lo_open else value >= lo) and
+          (hi is None or value < hi))
+    if not ok:
+      raise ValueError(f"config.{name} must be a finite number {rule}{note}, "
+                       f"got {value!r}; set --config.{name}=<float>.")
+  return check
+
+
+def _boolean(name, value):
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"config.{name} must be True or False, got {value!r}; "
+                     f"set --config.{name}=True or False.")
+
+
+def _optional_text(name, value):
+  if value is not None and not isinstance(value, str):
+    raise ValueError(f"config.{name} must be a string (or unset), got "
+                     f"{value!r}; set --config.{name}=<text>.")
+
+
+def _one_of(allowed):
+  allowed = tuple(allowed)
+  return lambda name, value: _choice(value, name, allowed)
+
+
+def _topology(name, value):
+  if not isinstance(value, str):
+    raise ValueError(f"config.{name} must be a topology name, got {value!r}; "
+                     f"set --config.{name}= one of "
+                     f"{', '.join(topology_lib.NAMES)}.")
+  try:
+    topology_lib.canonical_name(value)
+  except ValueError as e:
+    raise ValueError(f"config.{name}: {e}") from None
+
+
+def _features(name, value):
+  """CNN conv widths: 1 to 4 positive ints (each layer halves 28x28)."""
+  ok = isinstance(value, (tuple, list)) and 1 <= len(value) <= 4 and all(
+      not isinstance(f, bool) and isinstance(f, (int, np.integer))
+      and 1 <= f <= INT_MAX for f in value)
+  if not ok:
+    raise ValueError(f"config.{name} must be 1 to 4 positive integers (conv "
+                     f"channels; each layer halves the 28x28 image), got "
+                     f"{value!r}; set e.g. --config.{name}='(32, 64)'.")
+
+
+# Every field of base_config() outside `model`, `data.source` and
+# `distributed` (see check_distributed), checked in this order.
+_RULES = {
+    "algorithm": _one_of(builders.ALGORITHMS),
+    "topology": _topology,
+    "n_workers": _integer(1),
+    "workers_per_node": _integer(1),
+    "devices_per_worker": _integer(1),
+    "workers_per_device": _integer(1),
+    "worker_layout": _one_of(WORKER_LAYOUTS),
+    "comm_dtype": _one_of(builders.COMM_DTYPES),
+    "bucket_bytes": _integer(0, note=" (0 = one collective per leaf)"),
+    "gossip_rounds": _one_of(GOSSIP_ROUNDS),
+    "global_avg_interval": _integer(0, note=" (0 = never)"),
+    "gossip_every": _integer(1),
+    "sync_every": _integer(1),
+    "outer_optimizer.name": _one_of(builders.OUTER_OPTIMIZERS),
+    "outer_optimizer.lr": _real(0.0, lo_open=True),
+    "outer_optimizer.momentum": _real(0.0, 1.0),
+    "outer_optimizer.nesterov": _boolean,
+    "num_fragments": _integer(1),
+    "overlap_steps": _integer(0),
+    "merge_alpha": lambda name, value: (
+        _real(0.0)(name, value) if value == 1 else
+        _real(0.0, 1.0, note=" or exactly 1")(name, value)),
+    "steps": _integer(1),
+    "global_batch": _integer(1),
+    "seed": _integer(0, SEED_MAX),
+    "grad_clip": _real(0.0, note=" (0 disables clipping)"),
+    "eval_interval": _integer(0, note=" (0 = only at the end)"),
+    "eval_batches": _integer(1),
+    "log_interval": _integer(1),
+    "checkpoint_interval": _integer(0, note=" (0 = only at the end)"),
+    "keep_checkpoints": _integer(1),
+    "tensorboard": _boolean,
+    "workdir": _optional_text,
+    "optimizer.name": _one_of(OPTIMIZERS),
+    "optimizer.b1": _real(0.0, 1.0),
+    "optimizer.b2": _real(0.0, 1.0),
+    "optimizer.eps": _real(0.0),
+    "optimizer.weight_decay": _real(0.0),
+    "optimizer.accum_steps": _integer(1),
+    "optimizer.beta_convention": _one_of(BETA_CONVENTIONS),
+    "schedule.name": _one_of(SCHEDULES),
+    "schedule.peak_lr": _real(0.0, lo_open=True),
+    "schedule.warmup_steps": _integer(0),
+    "schedule.final_lr": _real(0.0),
+    "data.path": _optional_text,
+    "data.val_fraction": _real(0.0, 1.0),
+}
+_MODEL_RULES = {
+    "gpt": {
+        "model.vocab_size": _integer(1),
+        "model.block_size": _integer(1),
+        "model.n_layer": _integer(1),
+        "model.n_head": _integer(1),
+        "model.n_embd": _integer(1),
+        "model.bias": _boolean,
+        "model.dropout": _real(0.0, 1.0),
+        "model.dtype": _one_of(COMPUTE_DTYPES),
+        "data.source": _one_of(DATA_SOURCES["gpt"]),
+    },
+    "cnn": {
+        "model.features": _features,
+        "model.dense": _integer(1),
+        "model.num_classes": _integer(2),
+        "data.source": _one_of(DATA_SOURCES["cnn"]),
+    },
+}
+_BYTE_SOURCES = ("pydoc", "text_file")
+
+
+def _divisors(n: int, limit: int = 12) -> list[int]:
+  """The first ``limit`` divisors of ``n`` (O(sqrt n), for messages)."""
+  small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+  return sorted(set(small + [n // d for d in small]))[:limit]
+
+
+def check_config(config: config_dict.ConfigDict) -> None:
+  """Validates a run config; raises a one-line ``ValueError`` naming the field.
+
+  Checks that every field of :func:`base_config` is present and then each
+  field against its rule (``_RULES``, ``_MODEL_RULES``): choices by name;
+  integers (never bools) in ``[min, 2**31 - 1]``, the seed in
+  ``[0, 2**32 - 1]``; reals finite (no NaN or inf) with a lower bound
+  (``schedule.peak_lr > 0``; ``schedule.final_lr``, ``grad_clip``,
+  ``optimizer.eps`` and ``optimizer.weight_decay`` >= 0) or in ``[0, 1)``
+  (``optimizer.b1``, ``optimizer.b2``, ``model.dropout``,
+  ``data.val_fraction``); bools True or False; paths strings or unset.
+  Then the relations: ``workers_per_node`` divides ``n_workers``, which
+  divides ``global_batch``; ``devices_per_worker`` divides the local batch
+  ``global_batch / n_workers``; ``optimizer.accum_steps`` is 1 for ``adamw``;
+  ``model.n_head`` divides ``model.n_embd``; ``schedule.final_lr <=
+  peak_lr`` for ``warmup_cosine`` (a cosine "decay" upwards is refused);
+  ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
+  longer than the run is allowed (see :func:`config_warnings`). Device
+  counts, data files, token ids and corpus lengths are checked when the
+  experiment is built.
+
+  Raises:
+    ValueError: the first problem found; the message names the config field
+      and how to fix it.
+  """
+  c = config
+  if "model" in c and "name" in c.model:
+    model = _choice(c.model.name, "model.name", tuple(DATA_SOURCES))
+  else:
+    model = "gpt"
+  base = base_config(model)
+  _check_fields(c, list(base.keys()), "")
+  for group in ("optimizer", "outer_optimizer", "schedule", "model", "data",
+                "distributed"):
+    _check_fields(c[group], list(base[group].keys()), group)
+  for name, rule in {**_RULES, **_MODEL_RULES[model]}.items():
+    rule(name, _field(c, name))
+  n, local = int(c.n_workers), int(c.workers_per_node)
+  if n % local:
+    raise ValueError(f"config.workers_per_node={local} must divide "
+                     f"config.n_workers={n}; set --config.workers_per_node= "
+                     f"one of {_divisors(n)}.")
+  batch = int(c.global_batch)
+  if batch % n:
+    lo = max(n, batch // n * n)
+    raise ValueError(
+        f"config.global_batch={batch} is not divisible by config.n_workers="
+        f"{n} (the global batch is split evenly across workers); use e.g. "
+        f"--config.global_batch={lo} or {lo + n}.")
+  dpw = int(c.devices_per_worker)
+  if (batch // n) % dpw:
+    raise ValueError(
+        f"config.global_batch={batch} gives {batch // n} sequences per "
+        f"worker (config.n_workers={n}), which a worker of config."
+        f"devices_per_worker={dpw} devices cannot split evenly; use a "
+        f"global_batch divisible by {n * dpw}.")
+  k = int(c.workers_per_device)
+  if k > 1 and dpw > 1:
+    raise ValueError(
+        f"config.workers_per_device={k} and config.devices_per_worker={dpw}:"
+        " a worker either spans several devices or shares one with others; "
+        "set one of them to 1.")
+  if n % k:
+    raise ValueError(
+        f"config.workers_per_device={k} does not divide config.n_workers="
+        f"{n} (each device holds the same number of workers); use one of "
+        f"{_divisors(n)}.")
+  o, s = c.optimizer, c.schedule
+  if o.name == "adamw" and o.accum_steps != 1:
+    raise ValueError(
+        f"config.optimizer.accum_steps={o.accum_steps} only applies to "
+        "accum_adamw; set --config.optimizer.name=accum_adamw or "
+        "--config.optimizer.accum_steps=1.")
+  if s.name == "warmup_cosine" and s.final_lr > s.peak_lr:
+    raise ValueError(
+        f"config.schedule.final_lr={s.final_lr!r} exceeds config.schedule."
+        f"peak_lr={s.peak_lr!r}; the cosine decays from peak_lr to final_lr: "
+        f"set --config.schedule.final_lr={s.peak_lr / 10:g} (or lower).")
+  if model == "gpt" and c.model.n_embd % c.model.n_head:
+    raise ValueError(
+        f"config.model.n_head={c.model.n_head} must divide config.model."
+        f"n_embd={c.model.n_embd}; set --config.model.n_head= one of "
+        f"{_divisors(int(c.model.n_embd))}.")
+  if c.data.source in _BYTE_SOURCES and not c.data.val_fraction > 0:
+    raise ValueError(
+        f"config.data.val_fraction={c.data.val_fraction!r} leaves no "
+        f"validation split of data.source={c.data.source}; set "
+        "--config.data.val_fraction=0.1 (any value in (0, 1)).")
+  _check_local_updates(c)
+  check_distributed(c)
+
+
+def _check_local_updates(c: config_dict.ConfigDict) -> None:
+  """Cross-field checks of the sync and gossip periods."""
+  h, p, tau = int(c.sync_every), int(c.num_fragments), int(c.overlap_steps)
+  if c.algorithm == "streaming_diloco":
+    if p > h:
+      raise ValueError(
+          f"config.num_fragments={p} exceeds config.sync_every={h}: each "
+          f"fragment needs its own step in the sync period; use at most {h}.")
+    if tau * p >= h:
+      raise ValueError(
+          f"config.overlap_steps={tau} with config.num_fragments={p} needs "
+          f"overlap_steps * num_fragments < sync_every={h} (a fragment is "
+          f"merged before the next is sent); use overlap_steps <= "
+          f"{max((h - 1) // p, 0)}.")
+  if c.gossip_every != 1 and c.algorithm == "decentralized" and \
+      c.gossip_rounds == "static":
+    raise ValueError(
+        f"config.gossip_every={c.gossip_every} picks its gossip round inside "
+        "the step; set --config.gossip_rounds=switch (or gossip_every=1).")
+  if c.algorithm == "decentralized_diloco" and c.gossip_rounds == "static":
+    raise ValueError(
+        "config.algorithm=decentralized_diloco picks its gossip round (the "
+        "outer step) inside the step; set --config.gossip_rounds=switch.")
+  if c.global_avg_interval and c.algorithm in (
+      "diloco", "decentralized_diloco", "streaming_diloco"):
+    raise ValueError(
+        f"config.global_avg_interval={c.global_avg_interval} would average "
+        f"the workers' parameters but not theta, the model "
+        f"config.algorithm={c.algorithm} evaluates; it synchronises every "
+        "config.sync_every steps: set --config.global_avg_interval=0.")
+
+
+def config_warnings(config: config_dict.ConfigDict) -> list[str]:
+  """Settings of a valid config that run but are probably not meant.
+
+  Currently: ``steps`` not a multiple of ``sync_every`` for the DiLoCo
+  methods (the evaluated theta misses the last steps), and
+  ``schedule.warmup_steps > steps`` (warmup_cosine,
+  inverse_sqrt): the learning rate never reaches ``peak_lr``. Allowed
+  because short smoke tests of long configs do exactly this.
+
+  Returns:
+    One line per finding (empty if none); the entry points print them.
+  """
+  c, out = config, []
+  if c.algorithm in ("diloco", "decentralized_diloco", "streaming_diloco") \
+      and c.steps % c.sync_every:
+    out.append(
+        f"config.steps={c.steps} is not a multiple of config.sync_every="
+        f"{c.sync_every}: eval/loss reports theta, which does not include "
+        f"the last {c.steps % c.sync_every} steps.")
+  s = c.schedule
+  if s.name != "constant" and s.warmup_steps > c.steps:
+    out.append(
+        f"config.schedule.warmup_steps={s.warmup_steps} > config.steps="
+        f"{c.steps}: the learning rate stays in its linear warmup and peaks "
+        f"at {c.steps / s.warmup_steps:.3g} x peak_lr.")
+  return out
+
+
+def devices_needed(c: config_dict.ConfigDict) -> tuple[int, str]:
+  """Devices a (validated) config runs on, and the fields that set it.
+
+  ``n_workers x devices_per_worker / workers_per_device`` (all processes
+  together).
+  """
+  n, d, k = (int(c.n_workers), int(c.devices_per_worker),
+             int(c.workers_per_device))
+  source = f"config.n_workers={n}"
+  if d > 1:
+    source += f" x config.devices_per_worker={d}"
+  if k > 1:
+    source += f" / config.workers_per_device={k}"
+  return n * d // k, source
+
+
+def check_simulated_devices(n: int, source: str) -> int:
+  """Refuses to simulate more than ``MAX_SIMULATED_CPU_DEVICES`` CPU devices.
+
+  Args:
+    n: CPU devices an entry point is about to ask JAX for (per process).
+    source: the setting that asks for them, for the message (e.g.
+      ``"config.n_workers=2048"``, ``"--cpu_devices=2048"``).
+
+  Returns:
+    ``n``.
+
+  Raises:
+    ValueError: ``n`` above the limit (says how to lower it or where to
+      simulate more devices by hand).
+  """
+  if n > MAX_SIMULATED_CPU_DEVICES:
+    raise ValueError(
+        f"{source} asks for {n} simulated CPU devices in this process, more "
+        f"than the {MAX_SIMULATED_CPU_DEVICES} the entry points simulate "
+        "(start-up time and memory grow with the count); lower it, or set "
+        "JAX_NUM_CPU_DEVICES yourself to simulate more.")
+  return n
+
+
+def check_distributed(c: config_dict.ConfigDict) -> None:
+  """Checks the ``config.distributed`` group (types and ranges only).
+
+  Raises:
+    ValueError: a field of the wrong type or range (named).
+  """
+  d = c.distributed
+  if not isinstance(d.enabled, bool):
+    raise ValueError(f"config.distributed.enabled must be True or False, got "
+                     f"{d.enabled!r}.")
+  if not isinstance(d.coordinator_address, str):
+    raise ValueError("config.distributed.coordinator_address must be a "
+                     f"'host:port' string, got {d.coordinator_address!r}.")
+  _int_field(c, "distributed.num_processes", 0)
+  if isinstance(d.process_id, bool) or not isinstance(
+      d.process_id, (int, np.integer)) or d.process_id < -1:
+    raise ValueError(f"config.distributed.process_id must be an integer >= -1 "
+                     f"(-1: auto-detect), got {d.process_id!r}.")
+  _int_field(c, "distributed.heartbeat_timeout_seconds", 1)
+  _int_field(c, "distributed.initialization_timeout_seconds", 1)

@@ -1,0 +1,340 @@
+"""A work directory belongs to one run at a time: ``<workdir>/run.lock``.
+
+:func:`hold` takes the lock at the start of
+:func:`decentral_jax.runner.train.train_and_evaluate`, before anything else is
+written, and releases it when the run ends (normally, on an error, or after
+a SIGTERM). While a run holds it the file names the holder (host, pid,
+start time, command line); it is empty when no run holds it, and is never
+deleted (deleting a locked file lets two runs lock two different files).
+
+A second run on the same directory is refused with
+:class:`WorkdirInUse`, naming the holder. A lock left by a run that was
+killed (SIGKILL, OOM, a lost node) is taken over with a warning naming the
+old holder.
+
+Why ``fcntl.flock`` rather than ``O_EXCL`` plus a pid check: the kernel
+drops a flock when its holder dies however it dies, so a stale lock can
+never block a new run, a recycled pid can never keep one alive, and no
+liveness guess is needed. A pid check only works on the holder's own host,
+but a requeued cluster job usually restarts on another node, where an
+``O_EXCL`` file left by the killed job could not be told from a live one.
+NFS (v4, or v3 with the lock manager), GPFS and Lustre mounted with
+``-o flock`` apply flock across hosts. Where the file system has no locks
+(``ENOLCK``/``ENOSYS``/``EOPNOTSUPP``) the run goes ahead with a warning;
+on mounts whose flock is local to each host (Lustre ``localflock``, NFS
+``local_lock=flock``) only runs on the same host exclude each other. The
+lock file descriptor is not inherited across ``exec``; a child forked
+without ``exec`` would keep the lock for as long as it lives.
+
+Multi-process jobs: process 0 takes the lock for the whole job (all
+processes share the directory) and tells the others the outcome, so every
+process stops with the same one-line error when the directory is in use.
+
+Also here, for the files a run keeps in its work directory: one-line OS
+errors (:class:`PathError`, :func:`os_error_text`) and ``SHA256SUMS``
+checksum manifests of directories (:func:`write_sums`, :func:`check_sums`;
+``sha256sum -c`` reads them too), which
+:mod:`decentral_jax.runner.checkpoint` writes into every checkpoint.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import socket
+import sys
+from typing import Iterable, Iterator
+
+import jax
+import numpy as np
+
+LOCK_FILE = "run.lock"
+SUMS_FILE = "SHA256SUMS"
+_NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
+_MESSAGE_BYTES = 4096
+
+
+class WorkdirInUse(ValueError):
+  """Another live run holds the work directory's lock."""
+
+
+class PathError(OSError, ValueError):
+  """A path of the run cannot be created or written.
+
+  Raised for read-only file systems, missing permissions, a file where a
+  directory should be, or a full disk. ``str()`` is one line naming the
+  path and the OS error; ``errno`` is the OS error number. A subclass of
+  both ``OSError`` and ``ValueError`` (the command line reports
+  ``ValueError`` in one line).
+  """
+
+
+def path_error(what: str, path: str, err: OSError) -> PathError:
+  """A :class:`PathError` ``"cannot <what> <path>: <OS error>"``."""
+  reason = err.strerror or str(err)
+  code = errno.errorcode.get(err.errno, "") if err.errno else ""
+  e = PathError(f"cannot {what} {path}: {reason}"
+                + (f" ({code})" if code else ""))
+  e.errno = err.errno  # str() stays the one-line message
+  return e
+
+
+def _describe(holder: dict) -> str:
+  parts = [f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"]
+  if holder.get("started"):
+    parts.append(f"started {holder['started']}")
+  if holder.get("command"):
+    parts.append(f"command: {holder['command']}")
+  return ", ".join(parts)
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # alive, another user's
+    return True
+  return True
+
+
+class WorkdirLock:
+  """The lock file of one work directory (see the module docstring).
+
+  Attributes:
+    workdir: the work directory.
+    path: ``<workdir>/run.lock``.
+    previous: the record of a holder that ended without releasing the lock
+      (taken over by :meth:`acquire`), else None.
+  """
+
+  def __init__(self, workdir: str):
+    self.workdir = os.path.abspath(workdir)
+    self.path = os.path.join(self.workdir, LOCK_FILE)
+    self.previous = None
+    self._fd = None
+
+  def _read(self, fd: int) -> dict:
+    data = os.pread(fd, _MESSAGE_BYTES, 0).decode("utf-8", "replace")
+    if not data.strip():
+      return {}
+    try:
+      record = json.loads(data)
+    except json.JSONDecodeError:
+      return {"pid": "?", "host": "?", "command": data.strip()[:200]}
+    return record if isinstance(record, dict) else {}
+
+  def acquire(self) -> None:
+    """Creates the work directory if needed and takes its lock.
+
+    Raises:
+      WorkdirInUse: a live run holds the lock; the message names its host,
+        pid, start time and command.
+      PathError: the directory or the lock file cannot be created or
+        written (e.g. a read-only file system).
+    """
+    try:
+      os.makedirs(self.workdir, exist_ok=True)
+    except OSError as e:
+      raise path_error("create the work directory", self.workdir, e) from None
+    try:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise path_error("write to the work directory", self.path, e) from None
+    try:
+      try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except BlockingIOError:
+        holder = self._read(fd)
+        raise WorkdirInUse(
+            f"the work directory {self.workdir} is in use by another run "
+            f"({_describe(holder)}; lock file {self.path}); wait for it to "
+            "finish, stop it, or pass another --workdir.") from None
+      except OSError as e:
+        if e.errno not in _NO_LOCKS:
+          raise path_error("lock", self.path, e) from None
+        logging.warning("%s: the file system has no file locks (%s); a "
+                        "second run on this work directory would not be "
+                        "detected.", self.path, e.strerror)
+      previous = self._read(fd)
+      if previous:
+        self.previous = previous
+        gone = ""
+        if previous.get("host") == socket.gethostname() and isinstance(
+            previous.get("pid"), int) and not _pid_alive(previous["pid"]):
+          gone = f"; pid {previous['pid']} is no longer running"
+        logging.warning("taking over the lock %s left by a run that ended "
+                        "without releasing it (%s%s).", self.path,
+                        _describe(previous), gone)
+      record = {"host": socket.gethostname(), "pid": os.getpid(),
+                "started": datetime.datetime.now().astimezone().isoformat(
+                    timespec="seconds"),
+                "command": " ".join(sys.argv)[:500]}
+      try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+      except OSError as e:
+        raise path_error("write", self.path, e) from None
+    except BaseException:
+      os.close(fd)
+      raise
+    self._fd = fd
+
+  def release(self) -> None:
+    """Empties the lock file and releases the lock (no-op if not held)."""
+    fd, self._fd = self._fd, None
+    if fd is None:
+      return
+    with contextlib.suppress(OSError):
+      os.ftruncate(fd, 0)  # "no holder", while still holding the lock
+    os.close(fd)  # releases the flock
+
+  def __enter__(self) -> "WorkdirLock":
+    self.acquire()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+
+def os_error_text(e: BaseException) -> tuple[int | None, str]:
+  """``(errno, "strerror (ENAME)")`` of an OS error, also one reported
+  inside TensorStore's message (``os_error_code='28'``) or chained; else
+  ``(None, one line)``: a chained TensorStore status (``OUT_OF_RANGE: ...``)
+  if there is one, or the first line of the message."""
+  seen, cur, status = set(), e, None
+  while cur is not None and id(cur) not in seen:
+    seen.add(id(cur))
+    code = cur.errno if isinstance(cur, OSError) else None
+    if not code and (m := re.search(r"os_error_code='(\d+)'", str(cur))):
+      code = int(m.group(1))
+    if code:
+      return code, f"{os.strerror(code)} ({errno.errorcode.get(code, code)})"
+    if status is None and re.match(r"[A-Z_]{4,}: ", str(cur)):
+      status = str(cur)
+    cur = cur.__cause__ or cur.__context__
+  text = status if status is not None else str(e)
+  line = (text.strip().splitlines() or [type(e).__name__])[0]
+  return None, line[:300]
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+      h.update(chunk)  # releases the GIL: files are hashed in parallel
+  return h.hexdigest()
+
+
+def _hash_all(root: str, rels: list[str]) -> list[str]:
+  workers = max(1, min(8, os.cpu_count() or 1, len(rels)))
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    return list(pool.map(lambda r: _sha256(os.path.join(root, r)), rels))
+
+
+def write_sums(root: str, skip: Iterable[str] = ()) -> None:
+  """Writes ``<root>/SHA256SUMS``: every file under ``root`` but ``skip``.
+
+  Files are hashed in parallel threads; the manifest is written to a
+  temporary name, flushed to disk and renamed.
+  """
+  skip = {SUMS_FILE, *skip}
+  rels = sorted(os.path.relpath(os.path.join(here, name), root)
+                for here, _, names in os.walk(root) for name in names)
+  rels = [r for r in rels if r not in skip]
+  lines = "".join(f"{h}  {r}\n" for h, r in zip(_hash_all(root, rels), rels))
+  tmp = os.path.join(root, SUMS_FILE + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(lines)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(root, SUMS_FILE))
+
+
+def check_sums(root: str) -> tuple[str, str]:
+  """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
+
+  Returns:
+    ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
+    or ``("corrupt", why)`` naming the first missing or changed file.
+  """
+  try:
+    with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
+      entries = [line.rstrip("\n").split("  ", 1) for line in f if line.strip()]
+  except FileNotFoundError:
+    if not os.path.isdir(root):
+      return "corrupt", "the directory is missing"
+    return "unverified", f"no {SUMS_FILE} (written by an older version?)"
+  except (OSError, UnicodeDecodeError) as e:
+    return "corrupt", f"{SUMS_FILE} unreadable: {e}"
+  if not entries or any(len(e) != 2 for e in entries):
+    return "corrupt", f"{SUMS_FILE} is malformed"
+  missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
+  if missing:
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    return "corrupt", f"missing {missing[0]}{more}"
+  for (want, rel), got in zip(entries, _hash_all(root, [r for _, r in entries])):
+    if got != want:
+      return "corrupt", f"{rel} does not match its checksum"
+  return "ok", ""
+
+
+def broadcast_from_main(text: str) -> str:
+  """Process 0's ``text`` (at most 4096 UTF-8 bytes) on every process.
+
+  A collective: every process of a multi-process job must call it, in the
+  same order. Returns ``text`` unchanged in a single-process run.
+  """
+  if jax.process_count() == 1:
+    return text
+  # pylint: disable-next=import-outside-toplevel
+  from jax.experimental import multihost_utils
+  raw = text.encode("utf-8")[:_MESSAGE_BYTES - 1]
+  buf = np.zeros(_MESSAGE_BYTES, np.uint8)
+  buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+  out = np.asarray(multihost_utils.broadcast_one_to_all(buf), np.uint8)
+  return out.tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+@contextlib.contextmanager
+def hold(workdir: str) -> Iterator[WorkdirLock | None]:
+  """Holds ``workdir``'s lock for the body (process 0 of a job takes it).
+
+  Every process of a multi-process job must enter this together: process 0
+  acquires the lock and shares the outcome, so all processes raise the
+  same error when the directory is in use or not writable.
+
+  Yields:
+    The held :class:`WorkdirLock` on process 0, None on other processes.
+
+  Raises:
+    WorkdirInUse: another run holds the lock.
+    PathError: the work directory cannot be created or written.
+  """
+  lock = WorkdirLock(workdir) if jax.process_index() == 0 else None
+  error = None
+  if lock is not None:
+    try:
+      lock.acquire()
+    except (WorkdirInUse, PathError) as e:
+      error = e
+  kind = "" if error is None else f"{type(error).__name__}:{error}"
+  kind = broadcast_from_main(kind)
+  if error is not None:
+    raise error
+  if kind:
+    name, _, message = kind.partition(":")
+    raise (WorkdirInUse if name == "WorkdirInUse" else PathError)(message)
+  try:
+    yield lock
+  finally:
+    if lock is not None:
+      lock.release()

@@ -1,0 +1,181 @@
+"""Calibrate the runtime model for a training config on this machine.
+
+Measures, on the config's own mesh (one worker per device): the per-worker
+compute of a train step without communication (forward, backward, AdamW
+update), the gradient All-Reduce (``pmean`` of the parameter tree), every
+distinct gossip round of ``one_peer_exp`` (:func:`decentral_jax.comm.gossip.mix`)
+and a flat ``pmean`` at two sizes (fitting the mesh's alpha and beta). It
+then predicts the per-iteration time of the config's All-Reduce and
+one_peer_exp runs, with and without compute/communication overlap, and times
+those runs with :class:`decentral_jax.runner.experiment.Experiment`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+
+from decentral_jax.runtime_model import core
+
+
+def load_config(path: str, overrides=()):
+  """``get_config()`` of the file ``path`` with ``KEY=VALUE`` overrides.
+
+  The same parser as ``experiments/train.py``
+  (``decentral_jax.runner.config.load_config``).
+
+  Raises:
+    ValueError: missing file or ``get_config``, malformed or unknown key.
+  """
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  return config_lib.load_config(path, overrides)
+
+
+def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
+  """Latency (s) and bandwidth (bytes/s) of a ring all-reduce from 2 timings.
+
+  Solves ``t = 2(n-1) a + 2(n-1)/n * M / b`` for the two ``(M, t)`` points;
+  ``b`` is capped at 1e18 (no measurable size dependence) and ``a >= 0``.
+  """
+  if n <= 1:
+    return 0.0, 1e18
+  (m1, t1), (m2, t2) = sorted(zip(nbytes, seconds))
+  ring = 2 * (n - 1) / n
+  beta = min(ring * (m2 - m1) / max(t2 - t1, 1e-300), 1e18)
+  return max(t1 - ring * m1 / beta, 0.0) / (2 * (n - 1)), beta
+
+
+def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
+  """Measures, fits and predicts; see the module docstring.
+
+  All measurements are taken round-robin (one of each per round, ``steps``
+  rounds after two warm-up rounds) so that other load on the machine affects
+  them alike, and summarised by their medians.
+
+  Args:
+    config_path: config file with ``get_config()`` (e.g. configs/gpt_tiny.py).
+    overrides: ``KEY=VALUE`` strings applied to the config.
+    steps: measured rounds, >= 1.
+
+  Returns:
+    A dict: ``n_workers``, ``param_count``, ``compute_ms`` and ``compute_cv``
+    (compute-only step; the CV is reported, not used), ``alpha_us`` and
+    ``beta_GBps`` (fitted ring all-reduce latency per step, bandwidth),
+    ``collectives_ms`` (measured ``all_reduce`` and per-round gossip times),
+    and ``runs``: for ``all_reduce`` and ``one_peer_exp`` the measured
+    ms/iteration and the predictions ``overlap`` and ``serial`` (measured
+    collectives) and ``alpha_beta`` (fitted formula, overlap), in ms.
+
+  Raises:
+    ValueError: bad config or override (see :func:`load_config`), or from
+      :class:`decentral_jax.runner.experiment.Experiment`.
+  """
+  config = load_config(config_path, overrides)
+  n = int(config.n_workers)
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import experiment  # pylint: disable=import-outside-toplevel
+  from decentral_jax.comm import gossip
+  from decentral_jax.parallel import mesh as parallel
+  try:
+    jax.config.update("jax_num_cpu_devices", max(n, 1))
+  except RuntimeError:  # backend already started; use the devices it has
+    pass
+  timers = {}
+  for algo in ("all_reduce", "decentralized"):
+    cfg = copy.deepcopy(config)
+    cfg.algorithm, cfg.topology = algo, "one_peer_exp"
+    exp = experiment.Experiment(cfg)
+    box = {"state": exp.init_state(), "k": 0}
+
+    def run(exp=exp, box=box):
+      batch = exp.get_batch(box["k"])
+      box["k"] += 1
+      t = time.perf_counter()
+      box["state"], metrics = exp.train_step(box["state"], batch)
+      jax.block_until_ready(metrics["loss"])
+      return time.perf_counter() - t
+
+    timers[algo] = run
+  mesh, axis, topo = exp.mesh, exp.axis_name, exp.topology
+  params = jax.tree.map(lambda x: x.copy(), box["state"].params)
+  loss = exp.task.loss
+  adamw = optax.adamw(1e-3)
+
+  def compute_only(p, batch):
+    g = jax.grad(lambda q: loss(q, batch, None)[0])(p)
+    u, _ = adamw.update(g, adamw.init(p), p)
+    return optax.global_norm(optax.apply_updates(p, u))
+
+  def timed(fn, *args):
+    fn = jax.jit(parallel.per_worker(fn, mesh))
+
+    def run():
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      return time.perf_counter() - t
+    return run
+
+  timers["compute"] = timed(compute_only, params, exp.get_batch(0))
+  pmean = lambda p: gossip.mean(p, axis)  # noqa: E731
+  timers["all_reduce_op"] = timed(pmean, params)
+  for r in range(len(topo.distinct_rounds)):
+    step = topo.round_to_distinct.index(r)
+    timers[f"round{r}"] = timed(lambda p, s=step: gossip.mix(p, topo, s, axis),
+                                params)
+  count = exp.param_count
+  sizes = (max(count // 8, 1), count)
+  for size in sizes:
+    timers[f"flat{size}"] = timed(
+        pmean, parallel.replicate(np.zeros(size, np.float32), mesh))
+  samples = {k: [] for k in timers}
+  for rnd in range(steps + 2):
+    for k, run in timers.items():
+      t = run()
+      if rnd >= 2:
+        samples[k].append(t)
+  med = {k: float(np.median(v)) for k, v in samples.items()}
+  alpha, beta = fit_ring_alpha_beta(
+      n, [4.0 * s for s in sizes], [med[f"flat{s}"] for s in sizes])
+  comp = med["compute"]
+  rounds = [med[f"round{d}"] for d in topo.round_to_distinct]
+  # A jitted SPMD step ends together on all workers, so per-worker
+  # variability is not observable here: the model gets the median compute.
+  w = core.Workload(count, comp / 3, 2 * comp / 3, bucket_shares=(1.0,))
+  c = core.Cluster(n, n, alpha, min(beta, 1e18), alpha, min(beta, 1e18))
+  runs = {}
+  for algo, name, meas in (("all_reduce", "all_reduce", (med["all_reduce_op"],)),
+                           ("decentralized", "one_peer_exp", tuple(rounds))):
+    kind, tp = ("all_reduce", None) if algo == "all_reduce" else ("gossip", topo)
+    runs[name] = {"measured_ms": 1e3 * med[algo]}
+    for label, overlap, m_s in (("overlap", True, meas), ("serial", False, meas),
+                                ("alpha_beta", True, None)):
+      method = core.Method(name, kind, tp, overlap=overlap, measured_s=m_s)
+      runs[name][label] = 1e3 * core.simulate(method, c, w, steps=20, warmup=4)
+  cv = float(np.std(samples["compute"]) / np.mean(samples["compute"]))
+  return {"n_workers": n, "param_count": count, "compute_ms": 1e3 * comp,
+          "compute_cv": cv, "alpha_us": 1e6 * alpha, "beta_GBps": beta / 1e9,
+          "collectives_ms": {"all_reduce": 1e3 * med["all_reduce_op"],
+                             "gossip_rounds": [1e3 * t for t in rounds]},
+          "runs": runs}
+
+
+def format_report(r: dict) -> str:
+  """Human-readable table of a :func:`calibrate` result."""
+  lines = [
+      f"{r['n_workers']} workers, {r['param_count']:,} parameters; compute "
+      f"(fwd+bwd+AdamW, no comm) {r['compute_ms']:.2f} ms (median; step "
+      f"CV {r['compute_cv']:.2f})",
+      f"fitted ring all-reduce: alpha {r['alpha_us']:.1f} us/step, beta "
+      f"{r['beta_GBps']:.3g} GB/s; measured all-reduce "
+      f"{r['collectives_ms']['all_reduce']:.2f} ms, gossip rounds " +
+      ", ".join(f"{t:.2f}" for t in r["collectives_ms"]["gossip_rounds"]) +
+      " ms",
+      f"{'run':<14}{'measured':>10}{'overlap':>10}{'serial':>10}"
+      f"{'alpha-beta':>12}   (ms/iteration; predictions)"]
+  for name, v in r["runs"].items():
+    lines.append(f"{name:<14}{v['measured_ms']:10.2f}{v['overlap']:10.2f}"
+                 f"{v['serial']:10.2f}{v['alpha_beta']:12.2f}")
+  return "\n".join(lines)

@@ -1,0 +1,292 @@
+"""Flags of ``predict`` and their conversion: checks, units, cluster files.
+
+Used by :mod:`decentral_jax.runtime_model.cli.main` (the command line),
+which re-exports these names. Units are in the flag names: GB/s and Gbit/s
+(1e9), us, ms, MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import local_methods
+
+# Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
+# matrices) and with steps x n x buckets: on 2 cores 4096 workers take about
+# 3 minutes and 7 GB, 15,000 buckets (1e11 float32 parameters in 25 MiB)
+# of 16 workers about 100 s.
+MAX_WORKERS = 4096
+
+
+MAX_BUCKETS = 4096
+
+
+MAX_STEPS = 100_000
+
+
+# Lower bound of each numeric `predict` flag: (bound, bound excluded).
+_BOUNDS = {
+    "--local-size": (1, False), "--intra-GBps": (0, True),
+    "--intra-latency-us": (0, False), "--nic-Gbps": (0, True),
+    "--flow-Gbps": (0, False), "--inter-latency-us": (0, False),
+    "--nics-per-node": (1, False), "--nic-efficiency": (0, True),
+    "--params": (0, True), "--forward-ms": (0, False),
+    "--backward-ms": (0, False), "--optimizer-ms": (0, False),
+    "--compute-cv": (0, False), "--bucket-MiB": (0, True),
+    "--devices-per-worker": (1, False),
+    "--seed": (0, False),
+}
+
+
+def _value(args, flag: str):
+  return getattr(args, flag.lstrip("-").replace("-", "_"))
+
+
+def check_output_path(path: str | None, flag: str) -> None:
+  """Raises ValueError naming ``flag`` unless ``path`` can be written.
+
+  Checked before the work that produces the file, so a typo in the path
+  does not cost the run.
+  """
+  if path is None:
+    return
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a directory; give a file name.")
+  if not os.path.isdir(parent):
+    problem = "is not a directory" if os.path.exists(parent) else (
+        "does not exist")
+    raise ValueError(f"{flag} {path!r}: {parent!r} {problem}.")
+  if not os.access(parent, os.W_OK | os.X_OK) or (
+      os.path.exists(path) and not os.access(path, os.W_OK)):
+    raise ValueError(f"{flag} {path!r} is not writable.")
+
+
+def check_predict_args(args) -> None:
+  """Validates the flags of ``predict``.
+
+  Every number is finite and above its bound (``_BOUNDS``); worker counts
+  are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
+  ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
+  non-negative times; the parameter message fits in ``MAX_BUCKETS``
+  buckets; ``--steps`` is at most ``MAX_STEPS``; ``--png`` is writable.
+
+  Raises:
+    ValueError: the first bad flag, named, with its value and range.
+  """
+  for flag, (bound, strict) in _BOUNDS.items():
+    v = _value(args, flag)
+    integer = isinstance(v, int)
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and
+          (integer or math.isfinite(v)) and (v > bound if strict else v >= bound))
+    if not ok:
+      kind = "an integer" if integer else "a finite number"
+      raise ValueError(f"{flag} must be {kind} {'>' if strict else '>='} "
+                       f"{bound}, got {v!r}.")
+  if args.nic_efficiency > 1:
+    raise ValueError("--nic-efficiency is a fraction of the line rate in "
+                     f"(0, 1], got {args.nic_efficiency!r}.")
+  if not args.n_workers:
+    raise ValueError("--n-workers is empty; give e.g. --n-workers 16,32.")
+  for n in args.n_workers:
+    if not 1 <= n <= MAX_WORKERS:
+      raise ValueError(f"--n-workers {n} is outside [1, {MAX_WORKERS}] (the "
+                       "model's time and memory grow with n^2).")
+    if not args.preset and not args.cluster and n % args.local_size:
+      raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
+                       f"{args.local_size} (workers per node).")
+  if not 2 <= args.steps <= MAX_STEPS:
+    raise ValueError(f"--steps must be in [2, {MAX_STEPS}], got {args.steps}.")
+  itemsize = 0
+  for flag in ("--grad-dtype", "--param-dtype"):
+    try:
+      itemsize = max(itemsize, np.dtype(_value(args, flag)).itemsize)
+    except TypeError:
+      raise ValueError(f"{flag} {_value(args, flag)!r} is not a dtype name; "
+                       "use e.g. float32 or bfloat16.") from None
+  samples = args.compute_samples_ms
+  if samples is not None and (len(samples) < 2 or not all(
+      math.isfinite(x) and x >= 0 for x in samples)):
+    raise ValueError("--compute-samples-ms needs at least 2 finite times "
+                     f">= 0 (ms), got {samples!r}.")
+  buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
+  if buckets > MAX_BUCKETS:
+    raise ValueError(
+        f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
+        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
+        "handles; raise --bucket-MiB or lower --params.")
+  check_output_path(args.png, "--png")
+
+
+def _list(typ):
+  """argparse type: a comma-separated list of ``typ``."""
+  def parse(text: str) -> list:
+    try:
+      return [typ(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+      raise argparse.ArgumentTypeError(
+          f"expected comma-separated {typ.__name__} values, got {text!r}"
+      ) from None
+  return parse
+
+
+def split_methods(text: str) -> list[str]:
+  """``--methods`` as a list of specs.
+
+  Split at commas; a part of the form ``KEY=VALUE`` (an ``=`` and no
+  ``:``) continues the spec before it, so
+  ``"all_reduce,streaming_diloco:H=10,P=4,tau=1"`` gives ``["all_reduce",
+  "streaming_diloco:H=10,P=4,tau=1"]``.
+
+  Raises:
+    ValueError: a ``KEY=VALUE`` part with no spec before it.
+  """
+  out = []
+  for part in (t.strip() for t in text.split(",")):
+    if not part:
+      continue
+    if "=" in part and ":" not in part:
+      if not out or ":" not in out[-1]:
+        raise ValueError(f"--methods: {part!r} has no method before it; "
+                         "write NAME:KEY=VALUE,KEY=VALUE, e.g. "
+                         "streaming_diloco:H=10,P=4,tau=1.")
+      out[-1] += "," + part
+    else:
+      out.append(part)
+  return out
+
+
+def simulated_steps(m: core.Method, steps: int) -> int:
+  """Steps to simulate ``m`` for: ``steps``, or more for two whole periods.
+
+  Raises:
+    ValueError: the needed steps exceed ``MAX_STEPS`` (names the method).
+  """
+  if m.kind != "local":
+    return steps
+  period = local_methods.schedule_period(m)
+  start = -(-(steps // 5) // period) * period
+  need = max(steps, start + 2 * period)
+  if need > MAX_STEPS:
+    raise ValueError(f"--methods {m.name}: its schedule repeats every "
+                     f"{period} steps and needs {need} simulated steps, more "
+                     f"than {MAX_STEPS}; lower H.")
+  return need
+
+
+def cluster_from_args(args, n: int) -> core.Cluster:
+  """The :class:`~core.Cluster` of ``predict``'s cluster flags for ``n`` workers.
+
+  Units: ``--intra-GBps`` GB/s (1e9 bytes/s), ``--nic-Gbps`` (per NIC
+  port) and ``--flow-Gbps`` Gbit/s (1e9 bits/s, divided by 8), latencies
+  in us, ``--nic-efficiency`` a fraction, ``--nics-per-node`` a count.
+  """
+  return core.Cluster(
+      n_workers=n, local_size=args.local_size,
+      intra_latency_s=args.intra_latency_us * 1e-6,
+      intra_bandwidth_Bps=args.intra_GBps * 1e9,
+      inter_latency_s=args.inter_latency_us * 1e-6,
+      nic_bandwidth_Bps=args.nic_Gbps * 1e9 / 8,
+      flow_bandwidth_Bps=args.flow_Gbps * 1e9 / 8 if args.flow_Gbps
+      else None, multi_node=args.multi_node, intra_link=args.intra_link,
+      nics_per_node=args.nics_per_node, nic_efficiency=args.nic_efficiency,
+      full_duplex=not args.half_duplex)
+
+
+def workload_from_args(args) -> core.Workload:
+  """The :class:`~core.Workload` of ``predict``'s workload flags (ms -> s, MiB -> bytes)."""
+  samples = (tuple(x * 1e-3 for x in args.compute_samples_ms)
+             if args.compute_samples_ms else None)
+  return core.Workload(
+      param_count=args.params, forward_s=args.forward_ms * 1e-3,
+      backward_s=args.backward_ms * 1e-3,
+      optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
+      compute_samples_s=samples, grad_dtype=args.grad_dtype,
+      param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20,
+      devices_per_worker=args.devices_per_worker,
+      worker_layout=args.worker_layout)
+
+
+# predict flag -> (Cluster or Workload field, value from the parsed flags).
+_CLUSTER_FIELDS = {
+    "--local-size": "local_size", "--intra-GBps": "intra_bandwidth_Bps",
+    "--intra-latency-us": "intra_latency_s",
+    "--nic-Gbps": "nic_bandwidth_Bps", "--nics-per-node": "nics_per_node",
+    "--nic-efficiency": "nic_efficiency", "--flow-Gbps": "flow_bandwidth_Bps",
+    "--inter-latency-us": "inter_latency_s", "--multi-node": "multi_node",
+    "--intra-link": "intra_link", "--half-duplex": "full_duplex"}
+
+
+_WORKLOAD_FIELDS = {
+    "--params": "param_count", "--grad-dtype": "grad_dtype",
+    "--param-dtype": "param_dtype", "--forward-ms": "forward_s",
+    "--backward-ms": "backward_s", "--optimizer-ms": "optimizer_s",
+    "--compute-cv": "compute_cv", "--compute-samples-ms": "compute_samples_s",
+    "--bucket-MiB": "bucket_bytes", "--devices-per-worker": "devices_per_worker",
+    "--worker-layout": "worker_layout"}
+
+
+def _explicit(args) -> set:
+  """The flags given on the command line (``main`` records them)."""
+  return getattr(args, "explicit_flags", set())
+
+
+def from_cluster_file(data: dict, args, n: int):
+  """Cluster and workload of ``predict --cluster FILE`` for ``n`` workers.
+
+  The file's fields, with every cluster or workload flag given on the
+  command line taking precedence (converted as :func:`cluster_from_args`
+  and :func:`workload_from_args` do). Flags for the compute mean or CV drop
+  the file's compute samples.
+
+  Raises:
+    ValueError: ``n`` not a multiple of the workers per node, or a
+      workload the file lacks (see :func:`cluster_file.workload`).
+  """
+  given = _explicit(args)
+  flags_c = dataclasses.asdict(cluster_from_args(args, n))
+  kw = dict(data["cluster"], n_workers=n)
+  kw.update({f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()
+             if flag in given})
+  if n % kw["local_size"]:
+    raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
+                     f"file's {kw['local_size']} workers per node.")
+  c = core.Cluster(**kw)
+  flags_w = dataclasses.asdict(workload_from_args(args))
+  over = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
+          if flag in given}
+  if given & {"--forward-ms", "--backward-ms", "--compute-cv"} and \
+      "--compute-samples-ms" not in given:
+    over["compute_samples_s"] = None
+  if data.get("workload") is None:  # nothing measured: the flags' workload
+    over = {**flags_w, **over}
+  over.setdefault("bucket_bytes", flags_w["bucket_bytes"])
+  return c, cluster_file.workload(data, **over)
+
+
+def describe_cluster_file(path: str, data: dict) -> str:
+  """Two lines: where the file was measured, and its All-Reduce check."""
+  meta, c, meas = data.get("meta", {}), data["cluster"], data["measurements"]
+  flow = c["flow_bandwidth_Bps"]
+  lines = [
+      f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
+      f"{meta.get('device_kind', '?')} devices, {c['local_size']} per node, "
+      f"{meta.get('process_count', '?')} process(es); intra "
+      f"{c['intra_bandwidth_Bps'] / 1e9:.3g} GB/s, node NIC "
+      f"{8 * c['nic_bandwidth_Bps'] / 1e9:.3g} Gbit/s"
+      + (f", one flow {8 * flow / 1e9:.3g} Gbit/s" if flow else "")]
+  if meas.get("all_reduce_s"):
+    cl = core.Cluster(**c)
+    model = core.all_reduce_cost(cl).time(meas["all_reduce_bytes"])[0]
+    lines.append(f"  measured All-Reduce of {meas['all_reduce_bytes'] / 1e6:.3g}"
+                 f" MB on {c['n_workers']} workers: "
+                 f"{1e3 * meas['all_reduce_s']:.3g} ms (model: "
+                 f"{1e3 * model:.3g} ms)")
+  return "\n".join(lines)

@@ -1,0 +1,468 @@
+"""Command line: ``python -m decentral_jax.runtime_model {predict,fig6,validate,measure,calibrate}``.
+
+Examples::
+
+  # A40-like cluster (Figure 6 preset), 8/16/32 GPUs, table + bar chart:
+  python -m decentral_jax.runtime_model predict --preset A40 \\
+      --n-workers 8,16,32 --png /tmp/a40.png
+  # Your own cluster and model (units in the flag names):
+  python -m decentral_jax.runtime_model predict --n-workers 32 \\
+      --local-size 8 --intra-GBps 300 --nic-Gbps 200 --params 1.3e9 \\
+      --param-dtype bfloat16 --grad-dtype float32 --forward-ms 60 \\
+      --backward-ms 120 --compute-cv 0.05
+  # Figure 6 of the paper: measured vs predicted, and the chart:
+  python -m decentral_jax.runtime_model fig6 --png docs/figures/runtime_fig6.png
+  # Local-update methods next to All-Reduce and gossip (a spec's own
+  # KEY=VALUE parameters follow it, separated by commas too):
+  python -m decentral_jax.runtime_model predict --n-workers 16 \\
+      --methods all_reduce,aer,diloco:H=10,streaming_diloco:H=10,P=4,tau=1
+  # Leave-one-cluster-out validation on Figure 6:
+  python -m decentral_jax.runtime_model validate
+  # Measure your cluster (one process per host; SLURM-aware) and predict:
+  python -m decentral_jax.runtime_model measure --config configs/gpt_tiny.py \\
+      --out cluster.json
+  python -m decentral_jax.runtime_model predict --cluster cluster.json
+  # Measure a config's compute and collectives here and compare:
+  python -m decentral_jax.runtime_model calibrate --config configs/gpt_tiny.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from decentral_jax.runtime_model import cluster_file
+# The predict flags' checks and conversions (re-exported: part of this CLI).
+from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
+    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, _explicit, _list, check_output_path,
+    check_predict_args, cluster_from_args, describe_cluster_file,
+    from_cluster_file, simulated_steps, split_methods, workload_from_args)
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import costs
+from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import traffic
+from decentral_jax.runtime_model import workload as workload_lib
+
+DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse with its errors as one ``error:`` line (exit code 2)."""
+
+  def error(self, message):
+    print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def label(method: str) -> str:
+  return paper.LABELS.get(method, method)
+
+
+def recommend(table: dict[str, tuple[float, ...]], margin: float = 0.05,
+              exclude=()) -> str:
+  """One line: the fastest method and its speedup over All-Reduce.
+
+  Args:
+    table: ``{method: (iteration_s, ...)}`` with an ``"all_reduce"`` entry.
+    margin: decentralized methods must be this much faster (relative) to be
+      recommended over All-Reduce.
+    exclude: methods not to recommend (e.g. topologies without exact
+      averaging over a period, which mix slowly).
+  """
+  best = min((m for m in table if m not in exclude or m == "all_reduce"),
+             key=lambda m: table[m][0])
+  ar = table.get("all_reduce", (float("nan"),))[0]
+  if best == "all_reduce" or ar / table[best][0] < 1 + margin:
+    return "All-Reduce (no decentralized method is >5% faster)"
+  return (f"{label(best)}: {1e3 * table[best][0]:.1f} ms/iteration, "
+          f"{ar / table[best][0]:.2f}x faster than All-Reduce")
+
+
+def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
+  """Grouped bar chart like the paper's Figure 6.
+
+  Args:
+    panels: list of ``(title, [(group_label, {method: ms}, {method: ms} or
+      None)])``; the first dict is drawn as solid bars, the optional second
+      (measured values) as hatched bars beside them.
+    path: PNG file to write.
+  """
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8),
+                           squeeze=False)
+  colors = plt.get_cmap("tab10").colors
+  for ax, (title, groups) in zip(axes[0], panels):
+    methods = list(groups[0][1])
+    both = groups[0][2] is not None
+    width = 0.8 / (len(methods) * (2 if both else 1))
+    for k, meth in enumerate(methods):
+      for g, (_, pred, meas) in enumerate(groups):
+        x0 = g + (k * (2 if both else 1)) * width - 0.4 + width / 2
+        ax.bar(x0, pred[meth], width, color=colors[k],
+               label=label(meth) + (" (model)" if both else "") if g == 0
+               else None)
+        if both:
+          ax.bar(x0 + width, meas[meth], width, color="white",
+                 edgecolor=colors[k], hatch="///",
+                 label=label(meth) + " (measured)" if g == 0 else None)
+    ax.set_xticks(range(len(groups)), [g[0] for g in groups])
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", fontsize=8,
+             ncol=min(len(labels), 4), frameon=False)
+  fig.tight_layout(rect=(0, 0.06 * ((len(labels) + 3) // 4) + 0.02, 1, 1))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _predict(args) -> int:
+  methods = split_methods(args.methods)
+  if not methods:
+    raise ValueError("--methods is empty; give e.g. "
+                     "--methods all_reduce,one_peer_exp,aer.")
+  if "all_reduce" not in methods:
+    methods.insert(0, "all_reduce")  # the baseline every speedup refers to
+  check_predict_args(args)
+  measured = None
+  if args.cluster:
+    if args.preset:
+      raise ValueError("--cluster and --preset both give the cluster; use one.")
+    measured = cluster_file.read(args.cluster)
+    if "--n-workers" not in _explicit(args):
+      args.n_workers = [measured["cluster"]["n_workers"]]
+    print(describe_cluster_file(args.cluster, measured))
+  groups = []
+  for n in args.n_workers:
+    if args.preset:
+      try:
+        c, w = paper.setup(args.preset, n)
+      except ValueError as e:
+        raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
+                         ) from None
+    elif measured is not None:
+      c, w = from_cluster_file(measured, args, n)
+    else:
+      c, w = cluster_from_args(args, n), workload_from_args(args)
+    table, slow_mixing, local, sent = {}, [], [], {}
+    for meth in methods:
+      try:
+        m = core.make_method(meth, c)
+        steps = simulated_steps(m, args.steps)
+      except ValueError as e:
+        raise ValueError(f"--methods {meth} at --n-workers {n}: {e}") from None
+      if m.kind == "local" or ":" in meth or m.name.startswith(
+          ("dadam", "accum_adam")):
+        meth = m.name  # the canonical spec, every parameter spelled out
+      if m.topology is not None and not m.topology.has_finite_time_consensus():
+        slow_mixing.append(meth)
+      if m.kind == "local" and m.period > 1:
+        local.append(meth)
+      est = core.closed_form(m, c, w)
+      sim = core.simulate(m, c, w, steps=steps, warmup=args.steps // 5,
+                          seed=args.seed)
+      table[meth] = (sim, est)
+      sent[meth] = traffic.bytes_per_iteration(m, c, w)
+    ar = table.get("all_reduce", (None,))[0]
+    span = (f" of {w.devices_per_worker} devices ({w.worker_layout})"
+            if w.devices_per_worker > 1 else "")
+    print(f"n={n} workers{span} ({c.n_nodes} nodes x {c.local_size}), "
+          f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
+          f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
+    width = max([22] + [len(label(k)) + 3 for k in table])
+    print(f"  {'method':<{width}}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
+          f"{'comm ms':>9}{'var ms':>8}{'MB/it':>9}{'node MB/it':>11}")
+    for meth, (sim, est) in table.items():
+      speed = f"{ar / sim:.2f}x" if ar else "-"
+      star = "*" if meth in slow_mixing else ""
+      print(f"  {label(meth) + star:<{width}}{1e3 * sim:9.1f}"
+            f"{1e3 * est.iteration_s:10.1f}"
+            f"{speed:>7}{1e3 * est.exposed_comm_s:9.1f}"
+            f"{1e3 * est.variability_s:8.1f}{sent[meth].worker_bytes / 1e6:9.1f}"
+            f"{sent[meth].node_bytes / 1e6:11.1f}")
+    print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
+          "node MB/it: leaving the busiest node (averaged over a period)")
+    if w.devices_per_worker > 1:
+      inner = next(iter(sent.values())).inner_bytes
+      print(f"  inside each worker (every method): "
+            f"{1e3 * spanning.inner_collective_s(c, w):.1f} ms and "
+            f"{inner / 1e6:.1f} MB per iteration between its "
+            f"{w.devices_per_worker} devices ({w.worker_layout}), counted "
+            "in comm ms")
+    if slow_mixing:
+      print("  * no exact averaging within one period (slower mixing); not "
+            "recommended")
+    if local:
+      print("  local-update methods sync every H steps: per-iteration time "
+            "only, not the loss per iteration")
+    print("  recommendation: " + recommend(table, exclude=slow_mixing))
+    groups.append((f"{n} GPUs", {k: 1e3 * v[0] for k, v in table.items()},
+                   None))
+  if args.png:
+    _write_chart([(args.preset or "predicted", groups)], args.png)
+  return 0
+
+
+def _write_chart(panels, path: str) -> None:
+  """``bar_chart`` to ``--png path``; an OS error names the path."""
+  try:
+    bar_chart(panels, path)
+  except OSError as e:
+    raise ValueError(f"--png {path!r} could not be written: "
+                     f"{e.strerror or e}.") from None
+  print(f"wrote {path}")
+
+
+def _fig6(args) -> int:
+  check_output_path(args.png, "--png")
+  params = None
+  if args.refit:
+    t4 = paper.fit_fig6("T4")
+    params = {"T4": t4, "A40": paper.fit_fig6("A40", t4["compute_cv"])}
+    for name, p in params.items():
+      print(f"fitted {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()))
+  table = paper.rows(params)
+  _print_rows(table)
+  bad = paper.failures(table)
+  print("acceptance (All-Reduce, Exp, AER within 20%, ordering): " +
+        ("PASS" if not bad else "FAIL\n  " + "\n  ".join(bad)))
+  if args.png:
+    panels = []
+    for name, spec in paper.FIG6_MS.items():
+      groups = []
+      for n in spec["n"]:
+        sel = [r for r in table if r["cluster"] == name and r["n"] == n]
+        groups.append((f"{n} GPUs", {r["method"]: r["simulated_ms"] for r in sel},
+                       {r["method"]: r["measured_ms"] for r in sel}))
+      panels.append((f"{name} cluster ({paper.PUBLISHED[name]['local_size']}"
+                     " GPUs/node)", groups))
+    _write_chart(panels, args.png)
+  return 1 if bad else 0
+
+
+def _print_rows(table) -> None:
+  print(f"{'cluster':<8}{'GPUs':>5}  {'method':<14}{'measured':>9}{'sim':>8}"
+        f"{'closed':>8}{'error':>8}")
+  for r in table:
+    print(f"{r['cluster']:<8}{r['n']:>5}  {label(r['method']):<14}"
+          f"{r['measured_ms']:9.1f}{r['simulated_ms']:8.1f}"
+          f"{r['closed_form_ms']:8.1f}{100 * r['error']:+7.1f}%")
+
+
+def _validate(args) -> int:
+  from decentral_jax.runtime_model import holdout  # pylint: disable=import-outside-toplevel
+  folds, insample = (holdout.refit() if args.refit
+                     else (holdout.FOLDS, holdout.INSAMPLE))
+  print("leave-one-cluster-out: each cluster's Exp and AER bars predicted "
+        "from its published links,\nits compute fitted to its All-Reduce "
+        "bars only, and the shared values fitted on the other clusters")
+  for name in holdout.CLUSTERS:
+    f = folds[name]
+    print(f"  {name}: compute a={1e3 * f['compute']['a_s']:.1f} ms, "
+          f"b={f['compute']['b_s']:.3f} s*GPU; from the others: compute CV "
+          f"{f['shared']['compute_cv']:.3f}, {f['shared']['nics_per_node']} "
+          "NIC port(s) per node")
+  table = holdout.rows(folds)
+  _print_rows(table)
+  bad = holdout.failures(table)
+  known = [b for b in bad if any(b.startswith(k) for k in holdout.DOCUMENTED)]
+  print("acceptance (Exp, AER within 20%, ordering): " +
+        ("PASS" if not bad else f"{len(bad)} failure(s), "
+         f"{len(known)} documented (docs/runtime_model.md)\n  " +
+         "\n  ".join(bad)))
+  print("\nin-sample (each cluster fitted on its own All-Reduce, Exp and AER "
+        "bars; for comparison):")
+  _print_rows(holdout.insample_rows(insample))
+  new = [b for b in bad if b not in known]
+  return 1 if new else 0
+
+
+def _measure(args) -> int:
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import launch as distributed  # pylint: disable=import-outside-toplevel
+  from decentral_jax.parallel import multiprocess
+  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runtime_model.cli import measure  # pylint: disable=import-outside-toplevel
+  check_output_path(args.out, "--out")
+  config = config_lib.load_config(args.config, args.set)
+  validation.check_config(config)
+  distributed.initialize_from_config(config)  # SLURM-aware, as the runner
+  data = measure.measure(config, local_size=args.local_size,
+                         sizes_bytes=[x * 1e6 for x in args.sizes_MB],
+                         repeats=args.repeats, config_path=args.config,
+                         overrides=args.set)
+  if multiprocess.is_main_process():
+    cluster_file.write(args.out, data)
+    w = data["workload"]
+    print(describe_cluster_file(args.out, {"schema": cluster_file.SCHEMA,
+                                           **data}))
+    print(f"  compute of one worker: forward {1e3 * w['forward_s']:.3g} ms, "
+          f"backward {1e3 * w['backward_s']:.3g} ms (CV "
+          f"{w['compute_cv']:.2f}), {w['param_count']:,} parameters")
+    print(f"wrote {args.out}; predict with: python -m "
+          f"decentral_jax.runtime_model predict --cluster {args.out}")
+  return 0
+
+
+def _calibrate(args) -> int:
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runtime_model.cli import calibrate  # pylint: disable=import-outside-toplevel
+  # The config and its device count are checked before JAX starts.
+  config = config_lib.load_config(args.config, args.set)
+  validation.check_config(config)
+  validation.check_simulated_devices(int(config.n_workers),
+                                     f"config.n_workers={config.n_workers}")
+  report = calibrate.calibrate(args.config, overrides=args.set,
+                               steps=args.steps)
+  print(calibrate.format_report(report))
+  return 0
+
+
+# (flag, type, default, help); units are in the flag names.
+_CLUSTER_FLAGS = (
+    ("--local-size", int, 8, "workers per node L"),
+    ("--intra-GBps", float, 15.75, "intra-node bandwidth per worker and "
+     "direction, GB/s (15.75 = PCIe 3.0 x16)"),
+    ("--intra-latency-us", float, 5.0, "intra-node latency per message, us"),
+    ("--nic-Gbps", float, 100.0, "line rate of one NIC port per direction, "
+     "Gbit/s (100 = InfiniBand EDR), shared by the flows on it"),
+    ("--nics-per-node", int, 1, "NIC ports per node (8 on a rail-optimised "
+     "8-GPU node, e.g. DGX A100)"),
+    ("--nic-efficiency", float, 1.0, "fraction of the line rate large "
+     "transfers reach (about 0.94 for TCP over 1500-byte-MTU Ethernet)"),
+    ("--flow-Gbps", float, 0.0, "cap on one inter-node flow (one collective's "
+     "connections on a node, e.g. one TCP socket), Gbit/s (0: none)"),
+    ("--inter-latency-us", float, 10.0, "inter-node latency per message, us"),
+)
+_WORKLOAD_FLAGS = (
+    ("--params", float, 65e6, "parameter count"),
+    ("--grad-dtype", str, "float32", "dtype of All-Reduced gradients"),
+    ("--param-dtype", str, "float32", "dtype of gossiped parameters"),
+    ("--forward-ms", float, 30.0, "mean forward time per iteration, ms"),
+    ("--backward-ms", float, 60.0, "mean backward time per iteration, ms"),
+    ("--optimizer-ms", float, 0.0, "optimizer step time, ms"),
+    ("--compute-cv", float, 0.0, "coefficient of variation of fwd+bwd"),
+    ("--compute-samples-ms", _list(float), None, "comma-separated samples of "
+     "fwd+bwd, ms (replace the mean and CV)"),
+    ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
+    ("--devices-per-worker", int, 1, "devices of one worker "
+     "(config.devices_per_worker; compute times are the worker's)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The argument parser (all units are in the flag names)."""
+  p = _Parser(
+      prog="python -m decentral_jax.runtime_model",
+      description="Runtime model of decentralized vs All-Reduce training "
+      "(Wang et al., ICLR 2025, Sec. 4): predicted ms/iteration per method "
+      "and topology, speedup over All-Reduce and a recommendation.",
+      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+  sub = p.add_subparsers(dest="command", required=True)
+  q = sub.add_parser("predict", help="predict ms/iteration for a cluster "
+                     "and model")
+  q.add_argument("--n-workers", type=_list(int), default=[16],
+                 help="comma-separated worker counts n (default 16)")
+  q.add_argument("--methods", default=DEFAULT_METHODS,
+                 help="comma-separated: all_reduce, sgp, topology names "
+                 "(complete, ring, one_peer_exp, aer, ...) or local-update "
+                 "specs NAME:KEY=VALUE,... (local_sgd:H=10, diloco:H=10, "
+                 "diloco:H=10,topology=ring, streaming_diloco:H=10,P=4,tau=1"
+                 ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer; H, "
+                 "tau in steps, defaults H=10, P=1, tau=0; see "
+                 f"docs/runtime_model.md); default {DEFAULT_METHODS}")
+  q.add_argument("--preset", choices=sorted(paper.PUBLISHED),
+                 help="Figure 6's cluster, model and fitted compute "
+                 "(ignores the cluster and workload flags)")
+  q.add_argument("--cluster", metavar="FILE",
+                 help="cluster JSON written by `measure` (its links and, if "
+                 "measured, compute; flags given as well override its "
+                 "fields; --n-workers defaults to its worker count)")
+  for title, flags in (("cluster", _CLUSTER_FLAGS),
+                       ("workload", _WORKLOAD_FLAGS)):
+    g = q.add_argument_group(title)
+    for flag, typ, default, text in flags:
+      g.add_argument(flag, type=typ, default=default,
+                     help=f"{text} (default {default})")
+    if title == "workload":
+      g.add_argument("--worker-layout", choices=workload_lib.WORKER_LAYOUTS,
+                     default="fsdp", help="with --devices-per-worker > 1: "
+                     "fsdp (parameters split over the worker's devices) or "
+                     "data (replicated) (default fsdp)")
+    if title == "cluster":
+      g.add_argument("--multi-node", choices=core.MULTI_NODE_ALGORITHMS,
+                     default="tree", help="algorithm of group means over "
+                     "several nodes (default tree)")
+      g.add_argument("--intra-link", choices=costs.INTRA_LINKS,
+                     default="pcie", help="pcie: a GPU's intra-node and NIC "
+                     "traffic share its PCIe link; nvlink: separate "
+                     "(default pcie)")
+      g.add_argument("--half-duplex", action="store_true",
+                     help="NICs cannot send and receive at full rate at "
+                     "once (default: full duplex)")
+  q.add_argument("--steps", type=int, default=300,
+                 help="simulated iterations, the first fifth is warm-up")
+  q.add_argument("--seed", type=int, default=0, help="seed of compute draws")
+  q.add_argument("--png", help="write a grouped bar chart to this PNG")
+  q.set_defaults(run=_predict)
+  f = sub.add_parser("fig6", help="reproduce the paper's Figure 6")
+  f.add_argument("--refit", action="store_true",
+                 help="re-run the fits instead of using the stored constants")
+  f.add_argument("--png", help="write the Figure 6 style chart to this PNG")
+  f.set_defaults(run=_fig6)
+  e = sub.add_parser("measure", help="measure this cluster's links and a "
+                     "config's compute; write a cluster JSON for predict "
+                     "--cluster")
+  e.add_argument("--config", required=True,
+                 help="config file with get_config() (its model, batch and "
+                 "n_workers set the compute measured), e.g. configs/gpt_tiny.py")
+  e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config field (repeatable); "
+                 "distributed.* joins a multi-process job as the runner does")
+  e.add_argument("--out", required=True, help="cluster JSON to write")
+  e.add_argument("--local-size", type=int, default=0,
+                 help="devices per node (default 0: the devices of one "
+                 "process)")
+  e.add_argument("--sizes-MB", type=_list(float), default=[1.0, 16.0],
+                 help="message sizes of the exchanges, MB (default 1,16)")
+  e.add_argument("--repeats", type=int, default=5,
+                 help="timed repetitions of each measurement (default 5)")
+  e.set_defaults(run=_measure)
+  v = sub.add_parser("validate", help="leave-one-cluster-out validation on "
+                     "Figure 6 (T4, A100, A40)")
+  v.add_argument("--refit", action="store_true",
+                 help="re-run every fold's fits (minutes) instead of the "
+                 "stored values")
+  v.set_defaults(run=_validate)
+  c = sub.add_parser("calibrate", help="measure a config's compute and "
+                     "collectives on this machine; compare with train steps")
+  c.add_argument("--config", required=True,
+                 help="config file with get_config(), e.g. configs/gpt_tiny.py")
+  c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                 help="override a config field (repeatable), e.g. "
+                 "--set n_workers=8")
+  c.add_argument("--steps", type=int, default=12,
+                 help="measured rounds; each times every run, the compute-only "
+                 "step and every collective once (default 12)")
+  c.set_defaults(run=_calibrate)
+  return p
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args = build_parser().parse_args(argv)
+  args.explicit_flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+  if getattr(args, "steps", 2) < 2:
+    print("error: --steps must be >= 2", file=sys.stderr)
+    return 2
+  try:
+    return args.run(args)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+

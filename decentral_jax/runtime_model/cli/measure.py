@@ -1,0 +1,188 @@
+"""``measure``: a JAX microbenchmark that calibrates the runtime model on a cluster.
+
+Run on the cluster to be predicted, one process per host under
+``jax.distributed`` (or a single process), with the same start-up as the
+training runner: :func:`decentral_jax.runner.launch.initialize_from_config`
+reads ``config.distributed`` (``--set distributed.enabled=true`` with the
+coordinator fields, or nothing on SLURM, where a job step of several tasks
+joins automatically). It measures, as medians over ``repeats``:
+
+* one worker's forward and forward + backward time for the config's model at
+  its local batch (``global_batch / n_workers``) on one device, on a
+  different batch each repeat, and their spread (compute CV, samples);
+* ``ppermute`` pair exchanges at several sizes: two devices of node 0;
+  device 0 and the first device of node 1 (one flow across nodes); and all
+  ``L`` devices of node 0 with those of node 1 at once (``L`` concurrent
+  flows), where a node is a process (or ``--local-size`` devices);
+* the All-Reduce (``psum``) of a gradient-sized float32 buffer over all
+  devices.
+
+:func:`decentral_jax.runtime_model.cluster_file.fit_links` turns the
+exchanges into the :class:`~decentral_jax.runtime_model.costs.Cluster`
+fields, and the file (schema in :mod:`.cluster_file`) is what ``predict
+--cluster FILE`` reads. Process 0 writes it. Units: seconds, bytes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import numpy as np
+
+from decentral_jax.runtime_model import cluster_file
+
+
+def _timed(fn, *args, repeats: int) -> list[float]:
+  """Seconds of ``repeats`` calls of a compiled ``fn`` (after one warm-up)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  jax.block_until_ready(fn(*args))
+  out = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    out.append(time.perf_counter() - t)
+  return out
+
+
+def _exchange(mesh, perm, size: int, repeats: int) -> float:
+  """Median seconds of one ``ppermute`` of ``size`` float32 per device."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  n = mesh.devices.size
+  sharding = NamedSharding(mesh, P("d"))
+  x = jax.jit(lambda: jnp.ones((n * size,), jnp.float32),
+              out_shardings=sharding)()
+  fn = jax.jit(jax.shard_map(lambda v: jax.lax.ppermute(v, "d", perm),
+                             mesh=mesh, in_specs=P("d"), out_specs=P("d")))
+  return float(np.median(_timed(fn, x, repeats=repeats)))
+
+
+def _all_reduce(mesh, size: int, repeats: int) -> float:
+  """Median seconds of a ``psum`` of ``size`` float32 held by every device."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  n = mesh.devices.size
+  x = jax.jit(lambda: jnp.ones((n * size,), jnp.float32),
+              out_shardings=NamedSharding(mesh, P("d")))()
+  fn = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh,
+                             in_specs=P("d"), out_specs=P("d")))
+  return float(np.median(_timed(fn, x, repeats=repeats)))
+
+
+def _compute(config, repeats: int) -> tuple[dict, dict]:
+  """One worker's forward and forward + backward seconds on one device."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import tasks  # pylint: disable=import-outside-toplevel
+  n = int(config.n_workers)
+  local_batch = int(config.global_batch) // n
+  task = tasks.make_task(config, n, local_batch)
+  device = jax.local_devices()[0]
+  # Zeros of the parameters' shapes: the timing of dense ops does not depend
+  # on the values, and tracing the initializer is much cheaper than running
+  # it (compiling it) on a cold process.
+  shapes = jax.eval_shape(task.init_params, jax.random.PRNGKey(0))
+  params = jax.device_put(jax.tree.map(lambda x: np.zeros(x.shape, x.dtype),
+                                       shapes), device)
+  count = int(sum(np.size(x) for x in jax.tree.leaves(params)))
+
+  def loss(p, batch):
+    return task.loss(p, batch, None)[0]
+
+  fwd = jax.jit(loss)
+  both = jax.jit(jax.value_and_grad(loss))
+  batches = [jax.device_put(jax.tree.map(lambda a: a[0],
+                                         task.host_batch(k, [0])), device)
+             for k in range(repeats + 1)]
+  jax.block_until_ready(fwd(params, batches[0]))
+  jax.block_until_ready(both(params, batches[0]))
+  f_s, fb_s = [], []
+  for b in batches[1:]:  # alternate, so slow phases of the host hit both
+    t = time.perf_counter()
+    jax.block_until_ready(fwd(params, b))
+    f_s.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    jax.block_until_ready(both(params, b))
+    fb_s.append(time.perf_counter() - t)
+  f, fb = float(np.median(f_s)), float(np.median(fb_s))
+  samples = np.asarray(fb_s)
+  work = dict(param_count=count, forward_s=f, backward_s=max(fb - f, 0.0),
+              compute_cv=float(samples.std() / max(samples.mean(), 1e-300)),
+              compute_samples_s=[float(x) for x in fb_s],
+              grad_dtype="float32", param_dtype="float32")
+  return work, {"forward_samples_s": f_s, "forward_backward_samples_s": fb_s}
+
+
+def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
+            repeats: int = 5, config_path: str = "",
+            overrides=()) -> dict:
+  """Runs the measurements; every process calls it (collectives).
+
+  Must run after :func:`decentral_jax.runner.launch.initialize_from_config`
+  (or in a single process).
+
+  Args:
+    config: a run config (``decentral_jax.runner.config``): its model, batch and
+      ``n_workers`` set the compute measured.
+    local_size: devices per node; 0: the devices of one process
+      (:func:`decentral_jax.parallel.multiprocess.host_local_size`).
+    sizes_bytes: message sizes of the exchanges (>= 2 distinct, bytes).
+    repeats: timed repetitions of everything (>= 1).
+    config_path, overrides: recorded in ``meta``.
+
+  Returns:
+    The file's dict (without ``schema``): ``cluster``, ``workload``,
+    ``measurements``, ``meta``.
+
+  Raises:
+    ValueError: fewer than 2 devices, ``local_size`` not dividing the
+      device count, fewer than 2 sizes or ``repeats < 1``.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
+  from decentral_jax.parallel import multiprocess
+  devices = multiprocess.ordered_devices()
+  n = len(devices)
+  big_l = int(local_size) or multiprocess.host_local_size()
+  sizes = sorted({int(s) for s in sizes_bytes})
+  if n < 2:
+    raise ValueError(f"measure needs >= 2 devices, found {n}; start one "
+                     "process per host, or simulate CPU devices with "
+                     "XLA_FLAGS=--xla_force_host_platform_device_count=N.")
+  if big_l < 1 or n % big_l:
+    raise ValueError(f"--local-size {big_l} must divide the {n} devices.")
+  if len(sizes) < 2 or sizes[0] < 4:
+    raise ValueError("--sizes-MB needs >= 2 distinct sizes of >= 4 bytes.")
+  if repeats < 1:
+    raise ValueError(f"--repeats must be >= 1, got {repeats}.")
+  mesh = Mesh(np.array(devices), ("d",))
+  elems = [max(1, s // 4) for s in sizes]
+  meas = {"sizes_bytes": [4 * e for e in elems], "repeats": int(repeats),
+          "concurrent_flows": None, "intra_pair_s": None,
+          "inter_pair_s": None, "inter_concurrent_s": None}
+  if big_l >= 2:
+    meas["intra_pair_s"] = [_exchange(mesh, [(0, 1), (1, 0)], e, repeats)
+                            for e in elems]
+  if n // big_l >= 2:
+    one = [(0, big_l), (big_l, 0)]
+    many = [(j, big_l + j) for j in range(big_l)] + \
+        [(big_l + j, j) for j in range(big_l)]
+    meas["inter_pair_s"] = [_exchange(mesh, one, e, repeats) for e in elems]
+    meas["inter_concurrent_s"] = [_exchange(mesh, many, e, repeats)
+                                  for e in elems]
+    meas["concurrent_flows"] = big_l
+  work, comp = _compute(config, repeats)
+  meas.update(comp)
+  meas["all_reduce_bytes"] = 4 * work["param_count"]
+  meas["all_reduce_s"] = _all_reduce(mesh, work["param_count"], repeats)
+  links = cluster_file.fit_links(meas, n, big_l)
+  meta = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(
+              timespec="seconds"),
+          "jax_version": jax.__version__, "backend": jax.default_backend(),
+          "device_kind": devices[0].device_kind,
+          "process_count": jax.process_count(), "devices": n,
+          "config": config_path, "overrides": list(overrides)}
+  return {"cluster": links, "workload": work, "measurements": meas,
+          "meta": meta}

@@ -1,0 +1,499 @@
+"""Runtime model of local-update methods: Local SGD, DiLoCo, Streaming DiLoCo.
+
+Prices the methods of :mod:`decentral_jax.optim.local_updates` and the local steps
+of :func:`decentral_jax.optim.decentralized` (``gossip_every``) as
+:class:`~decentral_jax.runtime_model.core.Method` objects of kind
+``"local"``. Every worker takes ``H - 1`` purely local steps, then, on the
+sync step, after its inner update, a synchronisation that is not overlapped
+with compute (it sits in a ``lax.cond`` after the update):
+
+* **Local SGD** (``local_sgd:H=..``): exact all-reduce of the parameters
+  (``Workload.param_dtype``); a barrier over all ``n`` workers.
+* **DiLoCo** (``diloco:H=..``; Douillard et al. 2023, arXiv 2311.08105):
+  exact all-reduce of the float32 (or wider) ``theta``-dtype copy; a
+  barrier over all ``n`` workers.
+* **Streaming DiLoCo** (``streaming_diloco:H=..,P=..,tau=..``; Douillard et
+  al. 2025, arXiv 2501.18512): ``P`` fragments of ``M / P`` bytes;
+  fragment ``p`` is sent at the steps ``t`` with ``t % H == (p H // P) %
+  H`` and merged ``tau`` steps later; its all-reduce runs during those
+  ``tau`` inner steps. Optional ``comm_dtype`` (bytes scale with its
+  itemsize).
+* **Decentralized DiLoCo** (``diloco:H=..,topology=T``): one round of ``T``
+  (the ``k``-th at the ``k``-th sync) instead of the all-reduce; each
+  worker waits only for its group (the workers it receives from).
+* **Local D-SGD / DAdam** (``local_dsgd:H=..,topology=T``, alias
+  ``local_dadam``; ``gossip_every = H``): one round of ``T`` every ``H``
+  steps in the parameter dtype (or ``comm_dtype``), not overlapped. ``H =
+  1`` on the SGP topology is SGP.
+
+Recursions (per worker ``i``, step ``k``, ``t = k + 1`` the count after the
+step; ``x_i^k = (F + B)_i^k + O`` seconds; ``s_i`` the start of the step;
+``pre_i = s_i + x_i^k``):
+
+* exact, ``P`` fragments, overlap ``tau`` (Local SGD, DiLoCo: ``P = 1,
+  tau = 0``): if fragment ``p`` is sent at ``t``: ``e_p = max(max_j pre_j,
+  free) + a``, ``free = e_p`` (one in-order stream; the collective needs
+  every worker); if fragment ``q`` is merged at ``t``: ``s_i' = max(pre_i,
+  e_q)``, else ``s_i' = pre_i``. ``a`` is the alpha-beta all-reduce time of
+  ``M / P`` bytes (:func:`decentral_jax.runtime_model.core.all_reduce_cost`,
+  one latency per ``bucket_bytes`` message).
+* gossip: at a sync step ``s_i' = max_{j in G_i(r)} pre_j + tau_{r,i}``,
+  with round ``r`` = the number of syncs so far modulo the topology's
+  period; else ``s_i' = pre_i``.
+
+Closed form (mean compute ``x = C + O``, std ``sigma`` of ``F + B``):
+
+* exact: ``T = x + (1/H) sum_p [max(0, a - tau x) + d_p]``, where ``d_p`` is
+  the expected wait caused by compute variability at fragment ``p``'s merge
+  beyond the deterministic exposure: with ``g_p`` the steps between the
+  previous fragment's merge and this send, ``d_p = E[(sigma sqrt(g_p) U +
+  (a - tau x) - sigma sqrt(tau) V)^+] - max(0, a - tau x)``, ``U = max_{j}
+  Z_j - Z_i`` over ``n`` i.i.d. normals (so the std of a sum of ``g``
+  draws, ``sqrt(g) sigma``, sets the spread) and ``V`` a standard normal
+  (the spread of the ``tau`` overlapped steps). For ``tau = 0`` (Local SGD,
+  DiLoCo) it is the barrier's ``sigma sqrt(H) E[max of n N(0,1)]`` once per
+  ``H`` steps. It assumes the workers are aligned after each merge (exact
+  when ``a >= tau x``). When the all-reduce is hidden (slack ``W = tau x -
+  a > 0``) they are not: a worker more than ``W`` ahead of the slowest one
+  waits at the merge, which holds every worker within ``W`` of the
+  slowest. That costs about ``kappa_n sigma^2 / W`` per step (for ``n =
+  2`` exactly ``sigma^2 / (2W)``: the two workers' difference is a random
+  walk reflected at ``+-W``; ``kappa_n = (sqrt(pi)/2) E[max of n
+  N(0,1)]`` interpolates to larger ``n``, within about 10% of the
+  simulator for ``n <= 32``), combined harmonically with the ``tau = 0``
+  barrier cost as its ceiling; the larger of the two estimates is used.
+  For empirical compute samples the sum of ``g > 1`` draws is taken as
+  Gaussian.
+* gossip: ``T = max_i mean_r [H x + tau_{r,i} + sigma sqrt(H)
+  coupling_excess(|G_i|, 0)] / H`` (SGP's closed form, one round per ``H``
+  steps).
+
+Units: seconds, bytes. Errors: :class:`ValueError` for a bad spec or
+``Method`` field (naming it, with the fix), or a simulation too short for a
+whole period.
+
+References:
+  Douillard et al., DiLoCo: Distributed Low-Communication Training of
+  Language Models, arXiv 2311.08105. Douillard et al., Streaming DiLoCo
+  with overlapping communication, arXiv 2501.18512. Assran et al.,
+  Stochastic Gradient Push for Distributed Deep Learning, ICML 2019.
+  Lin et al., Don't Use Large Mini-Batches, Use Local SGD, ICLR 2020.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from scipy import special
+
+from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.runtime_model import core
+
+# kappa_n / E[max of n N(0,1)] of the held-back drift ``kappa_n sigma^2 /
+# slack`` per step: sqrt(pi)/2 makes it exact for n = 2.
+REFLECTION = math.sqrt(math.pi) / 2
+# name -> (allowed keys, synchronised message, default topology).
+_METHODS = {
+    "local_sgd": (("H",), "params", None),
+    "diloco": (("H", "topology"), "theta", None),
+    "streaming_diloco": (("H", "P", "tau", "comm_dtype"), "theta", None),
+    "local_dsgd": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
+    "local_dadam": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
+}
+LOCAL_METHODS = tuple(_METHODS)
+DEFAULT_PERIOD = 10  # H (steps) when a spec does not give one.
+_ALIASES = {"h": "H", "sync_every": "H", "gossip_every": "H", "p": "P",
+            "num_fragments": "P", "overlap_steps": "tau", "tau": "tau",
+            "topology": "topology", "comm_dtype": "comm_dtype"}
+_KEY_HELP = {"H": "H=<steps >= 1>", "P": "P=<fragments, 1..H>",
+             "tau": "tau=<overlap steps, tau*P < H>",
+             "topology": "topology=<name, e.g. ring>",
+             "comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>"}
+SYNTAX = ("NAME[:KEY=VALUE,...] with NAME one of " + ", ".join(LOCAL_METHODS)
+          + "; e.g. diloco:H=10, streaming_diloco:H=10,P=4,tau=1, "
+          "diloco:H=10,topology=ring, local_dsgd:H=4,topology=one_peer_exp")
+
+
+def is_local_spec(key: str) -> bool:
+  """True if ``key`` (lower case) names a local-update spec (or has ``:``)."""
+  return ":" in key or key.strip() in _METHODS
+
+
+def _int(spec, key, value, low):
+  try:
+    v = int(value)
+    if str(v) != value.strip().lstrip("+"):
+      raise ValueError
+  except ValueError:
+    v = None
+  if v is None or v < low:
+    raise ValueError(f"{spec!r}: {key}={value!r} must be an integer >= {low} "
+                     f"({_KEY_HELP[key]}).")
+  return v
+
+
+def _floating(value, where: str) -> str:
+  try:
+    dt = np.dtype(value)
+  except TypeError:
+    dt = None
+  if dt is None or dt.kind != "f" and "float" not in dt.name:
+    raise ValueError(f"{where}: comm_dtype={value!r} is not a floating dtype "
+                     "name; use e.g. bfloat16 or float16.")
+  return dt.name
+
+
+def parse_spec(spec: str, c: core.Cluster) -> core.Method:
+  """A local-update :class:`~core.Method` from ``NAME[:KEY=VALUE,...]``.
+
+  Names and keys (defaults in brackets; units in steps):
+
+  * ``local_sgd``: ``H`` [10].
+  * ``diloco``: ``H`` [10], ``topology`` [none: exact all-reduce; a name
+    for :func:`decentral_jax.topology.make` gives decentralized DiLoCo].
+  * ``streaming_diloco``: ``H`` [10], ``P`` [1] fragments, ``tau`` [0]
+    overlap steps (``1 <= P <= H``, ``tau * P < H``), ``comm_dtype``
+    [none: float32 theta] dtype of the pseudo-gradients on the wire.
+  * ``local_dsgd`` / ``local_dadam``: ``H`` [10] (``gossip_every``),
+    ``topology`` [one_peer_exp], ``comm_dtype`` [none: param dtype].
+
+  Keys also accept the library's argument names (``sync_every``,
+  ``gossip_every``, ``num_fragments``, ``overlap_steps``); ``H`` and ``P``
+  are case-insensitive. The returned method's ``name`` is the canonical
+  spec with every parameter spelled out (e.g. ``streaming_diloco:H=10,P=4,
+  tau=1``).
+
+  Raises:
+    ValueError: unknown name or key, a part that is not ``key=value``, a
+      repeated key, a value out of range, an unknown topology or dtype; the
+      message quotes the spec, names the bad part and shows the syntax.
+  """
+  text = str(spec).strip()
+  name, _, rest = text.partition(":")
+  name = name.strip().lower().replace("-", "_")
+  if name not in _METHODS:
+    raise ValueError(f"{spec!r}: unknown local-update method {name!r}; "
+                     f"write {SYNTAX}.")
+  allowed, message, default_topo = _METHODS[name]
+  given = {}
+  for part in rest.split(",") if rest.strip() else []:
+    if not part.strip():
+      raise ValueError(f"{spec!r}: empty parameter (stray comma); write "
+                       f"{SYNTAX}.")
+    key, eq, value = part.partition("=")
+    if not eq or not value.strip():
+      raise ValueError(f"{spec!r}: {part.strip()!r} is not KEY=VALUE; "
+                       f"write e.g. {name}:"
+                       + ",".join(_KEY_HELP[k] for k in allowed) + ".")
+    k = key.strip()
+    k = _ALIASES.get(k.lower(), k)
+    if k not in allowed:
+      raise ValueError(f"{spec!r}: {name} has no parameter {key.strip()!r}; "
+                       "its parameters are "
+                       + ", ".join(_KEY_HELP[k] for k in allowed) + ".")
+    if k in given:
+      raise ValueError(f"{spec!r}: {k} is given twice; give it once.")
+    given[k] = value.strip()
+  period = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
+  frags = _int(spec, "P", given["P"], 1) if "P" in given else 1
+  tau = _int(spec, "tau", given["tau"], 0) if "tau" in given else 0
+  if frags > period:
+    raise ValueError(f"{spec!r}: P={frags} must be <= H={period} (each "
+                     "fragment syncs once per period); lower P or raise H.")
+  if tau * frags >= period:
+    raise ValueError(f"{spec!r}: tau={tau} needs tau * P < H ({tau} * "
+                     f"{frags} >= {period}) so a fragment is merged before "
+                     "the next is sent; lower tau or P, or raise H.")
+  comm = (_floating(given["comm_dtype"], repr(spec)) if "comm_dtype" in given
+          else None)
+  topo_name = given.get("topology", default_topo)
+  topo = None
+  if topo_name is not None:
+    key = topo_name.lower().replace("-", "_")
+    try:
+      topo = (core.sgp_topology(c.n_workers, c.local_size) if key == "sgp"
+              else topology_lib.make(key, c.n_workers, c.local_size))
+    except ValueError as e:
+      raise ValueError(f"{spec!r}: topology={topo_name!r}: {e}") from None
+    topo_name = key
+  parts = [f"H={period}"]
+  if name == "streaming_diloco":
+    parts += [f"P={frags}", f"tau={tau}"]
+  if topo is not None:
+    parts.append(f"topology={topo_name}")
+  if comm is not None:
+    parts.append(f"comm_dtype={comm}")
+  return core.Method(f"{name}:" + ",".join(parts), "local", topo,
+                     overlap=False, period=period, fragments=frags,
+                     overlap_steps=tau, message=message, comm_dtype=comm)
+
+
+def _is_int(v) -> bool:
+  return not isinstance(v, bool) and isinstance(v, (int, np.integer))
+
+
+def check_method(m: core.Method) -> None:
+  """Validates the local-update fields of ``m`` (any kind).
+
+  Raises:
+    ValueError: naming the bad field: ``period``, ``fragments``,
+      ``overlap_steps`` out of range, fragments or overlap with a topology,
+      an unknown ``message``, a non-floating ``comm_dtype``, or any of them
+      set on a kind other than "local".
+  """
+  if m.kind != "local":
+    fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0))
+    if m.kind == "all_reduce":
+      fields += (("comm_dtype", None),)
+    elif m.comm_dtype is not None:
+      _floating(m.comm_dtype, f"Method {m.name!r}")
+    odd = [f for f, default in fields if getattr(m, f) != default]
+    if odd:
+      raise ValueError(f"Method {m.name!r}: {', '.join(odd)} do not apply "
+                       f"to kind {m.kind!r} (period, fragments and "
+                       "overlap_steps are for kind 'local', e.g. "
+                       "'diloco:H=10'; comm_dtype for 'local' and 'gossip').")
+    return
+  h, p, tau = m.period, m.fragments, m.overlap_steps
+  if not _is_int(h) or h < 1:
+    raise ValueError(f"Method {m.name!r}: period={h!r} must be an integer "
+                     ">= 1 (the sync period H in steps).")
+  if not _is_int(p) or not 1 <= p <= h:
+    raise ValueError(f"Method {m.name!r}: fragments={p!r} must be an integer "
+                     f"in [1, period={h}].")
+  if not _is_int(tau) or tau < 0 or tau * p >= h:
+    raise ValueError(f"Method {m.name!r}: overlap_steps={tau!r} must be an "
+                     f"integer >= 0 with overlap_steps * fragments < period "
+                     f"({h}).")
+  if m.topology is not None and (p > 1 or tau > 0):
+    raise ValueError(f"Method {m.name!r}: fragments and overlap_steps need "
+                     "the exact all-reduce (topology=None); gossip syncs are "
+                     "one blocking round.")
+  if m.message not in ("params", "theta"):
+    raise ValueError(f"Method {m.name!r}: message={m.message!r} must be "
+                     "'params' or 'theta'.")
+  if m.comm_dtype is not None:
+    _floating(m.comm_dtype, f"Method {m.name!r}")
+  if m.measured_s is not None:
+    want = 1 if m.topology is None else m.topology.period
+    if len(m.measured_s) != want:
+      raise ValueError(f"Method {m.name!r}: measured_s has "
+                       f"{len(m.measured_s)} entries, needs {want} (one for "
+                       "the all-reduce, or one per topology round).")
+
+
+# ---------------------------------------------------------------------------
+# Messages and sync costs.
+# ---------------------------------------------------------------------------
+
+
+def wire_itemsize(m: core.Method, w: core.Workload) -> int:
+  """Bytes per parameter on the wire for ``m``'s sync."""
+  if m.comm_dtype is not None:
+    return np.dtype(m.comm_dtype).itemsize
+  size = np.dtype(w.param_dtype).itemsize
+  return max(size, 4) if m.message == "theta" else size
+
+
+def message_bytes(m: core.Method, w: core.Workload) -> float:
+  """Bytes of one whole sync message (all fragments) per worker."""
+  return float(w.param_count) * wire_itemsize(m, w)
+
+
+def n_messages(w: core.Workload, nbytes: float, fragments: int = 1) -> int:
+  """Messages (one latency each) of a ``nbytes`` sync: its buckets."""
+  if w.bucket_shares is None and w.bucket_ready is None:
+    return max(1, math.ceil(nbytes / w.bucket_bytes))
+  nb = len(w.bucket_shares if w.bucket_shares is not None else w.bucket_ready)
+  return max(1, math.ceil(nb / fragments))
+
+
+def fragment_sync_s(m: core.Method, c: core.Cluster, w: core.Workload) -> float:
+  """Seconds of one fragment's exact all-reduce (``M / P`` bytes)."""
+  if m.measured_s is not None:
+    return float(m.measured_s[0]) / m.fragments
+  nbytes = message_bytes(m, w) / m.fragments
+  rc = core.all_reduce_cost(c)
+  return float(rc.time(nbytes, n_messages(w, nbytes, m.fragments))[0])
+
+
+def round_costs(m: core.Method, c: core.Cluster, w: core.Workload):
+  """Per topology round: (members int [n, k], seconds float64 [n])."""
+  nbytes = message_bytes(m, w)
+  out = []
+  for r, rnd in enumerate(m.topology.rounds):
+    rc = core.round_cost(c, rnd)
+    t = (np.full(c.n_workers, float(m.measured_s[r])) if m.measured_s
+         is not None else rc.time(nbytes, n_messages(w, nbytes)))
+    out.append((rc.members, t))
+  return out
+
+
+def schedule_period(m: core.Method) -> int:
+  """Steps after which ``m``'s schedule repeats (``H``, or ``H`` x rounds)."""
+  return m.period * (1 if m.topology is None else m.topology.period)
+
+
+def _offsets(m: core.Method) -> list[int]:
+  h, p = m.period, m.fragments
+  return [(q * h // p) % h for q in range(p)]
+
+
+# ---------------------------------------------------------------------------
+# Simulator.
+# ---------------------------------------------------------------------------
+
+
+def simulate(m: core.Method, c: core.Cluster, w: core.Workload,
+             fac: np.ndarray, warmup: int) -> float:
+  """Mean seconds per iteration of a kind-"local" method (max-plus recursion).
+
+  Args:
+    m: a checked kind-"local" method.
+    c, w: cluster and workload.
+    fac: compute multipliers float64 [steps, n] (``Workload.compute_factors``).
+    warmup: steps discarded; the mean is over whole schedule periods
+      (:func:`schedule_period`) from the first period boundary at or after
+      ``warmup`` to the last one at or before ``steps``.
+
+  Returns:
+    Seconds per iteration.
+
+  Raises:
+    ValueError: no whole period fits between ``warmup`` and ``steps``.
+  """
+  steps, n = fac.shape
+  period = schedule_period(m)
+  start = -(-warmup // period) * period
+  whole = (steps - start) // period
+  if whole < 1:
+    raise ValueError(f"steps={steps} with warmup={warmup} holds no whole "
+                     f"period of {period} steps of {m.name!r}; use steps >= "
+                     f"{start + period}.")
+  end = start + whole * period
+  fwd_m, bwd_m = core._split(w)  # pylint: disable=protected-access
+  x = (fwd_m + bwd_m) * fac[:end] + w.optimizer_s
+  h = m.period
+  s = np.zeros(n)
+  mark = s
+  if m.topology is None:
+    a, tau = fragment_sync_s(m, c, w), m.overlap_steps
+    offs = _offsets(m)
+    send = {o: q for q, o in enumerate(offs)}
+    merge = {(o + tau) % h: q for q, o in enumerate(offs)}
+    ends = [0.0] * len(offs)
+    free = -math.inf
+    for k in range(end):
+      if k == start:
+        mark = s.copy()
+      t = k + 1
+      s = s + x[k]
+      q = send.get(t % h)
+      if q is not None and t >= max(offs[q], 1):
+        ends[q] = free = max(float(s.max()), free) + a
+      q = merge.get(t % h)
+      if q is not None and t >= max(offs[q], 1) + tau:
+        s = np.maximum(s, ends[q])
+  else:
+    costs = round_costs(m, c, w)
+    for k in range(end):
+      if k == start:
+        mark = s.copy()
+      t = k + 1
+      s = s + x[k]
+      if t % h == 0:
+        members, tau_r = costs[(t // h - 1) % len(costs)]
+        s = s[members].max(axis=1) + tau_r
+  return float(np.mean(s - mark) / (end - start))
+
+
+# ---------------------------------------------------------------------------
+# Closed form.
+# ---------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def expected_wait(n: int, spread: float, overlap: float, delta: float) -> float:
+  """``E[(spread U + delta - overlap V)^+]`` in units of the compute std.
+
+  ``U = max(Z_1..Z_n) - Z_1`` for i.i.d. standard normals (the lag of a
+  worker behind the slowest of ``n``; 0 for ``n = 1``), ``V`` an
+  independent standard normal. Evaluated as ``g(delta) + spread
+  int_0^inf Phi((spread u + delta) / overlap) (1 - F_U(u)) du`` with
+  ``g(mu) = E[(mu - overlap V)^+]`` (integration by parts).
+  """
+  spread, overlap, delta = (round(float(v), 4) for v in (spread, overlap,
+                                                         delta))
+  if overlap > 0:
+    z = delta / overlap
+    g0 = delta * special.ndtr(z) + overlap * math.exp(-0.5 * z * z) / math.sqrt(
+        2 * math.pi)
+  else:
+    g0 = max(delta, 0.0)
+  if n <= 1 or spread <= 0:
+    return float(g0)
+  x = np.linspace(-8.0, 8.0, 321)
+  pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+  u = np.linspace(0.0, 12.0, 481)
+  cdf_u = np.trapezoid(pdf * special.ndtr(x[None, :] + u[:, None])**(n - 1),
+                       x, axis=1)
+  mu = spread * u + delta
+  step = (special.ndtr(mu / overlap) if overlap > 0 else (mu >= 0).astype(float))
+  return float(g0 + spread * np.trapezoid(step * (1.0 - cdf_u), u))
+
+
+def _barrier_excess(w: core.Workload, n: int, g: int) -> float:
+  """``E[max of n sums of g compute draws] - g mean`` (seconds)."""
+  if w.compute_samples_s is not None and g == 1:
+    return w.expected_max_excess(n)
+  return math.sqrt(g) * w.compute_std_s * core.expected_max_normal(n)
+
+
+def closed_form(m: core.Method, c: core.Cluster, w: core.Workload
+                ) -> core.Estimate:
+  """Closed-form per-iteration time of a kind-"local" method (module doc).
+
+  Returns:
+    A :class:`~decentral_jax.runtime_model.core.Estimate`: ``compute_s =
+    C + O``, ``exposed_comm_s`` the deterministic sync time per iteration,
+    ``variability_s`` the expected waits for slower workers per iteration.
+  """
+  n, h = c.n_workers, m.period
+  base = w.compute_mean_s + w.optimizer_s
+  sigma = w.compute_std_s
+  if m.topology is None:
+    a, tau = fragment_sync_s(m, c, w), m.overlap_steps
+    offs = _offsets(m)
+    delta = a - tau * base  # exposed (> 0) or slack (< 0) per fragment
+    exposed = len(offs) * max(0.0, delta)
+    var, barrier = 0.0, 0.0
+    if n > 1 and sigma > 0:
+      for q, o in enumerate(offs):
+        gap = (o - offs[q - 1]) % h or h  # steps since the last send
+        g = gap - tau  # steps since the last merge
+        barrier += _barrier_excess(w, n, gap)
+        if tau == 0:
+          var += _barrier_excess(w, n, g)
+        else:
+          var += sigma * expected_wait(n, math.sqrt(g), math.sqrt(tau),
+                                       delta / sigma) - max(delta, 0.0)
+      if tau > 0 and delta < 0:
+        # Held-back workers: reflection at the slack -delta (module doc).
+        drift = h * REFLECTION * core.expected_max_normal(n) * sigma**2 / -delta
+        var = max(var, 1.0 / (1.0 / drift + 1.0 / barrier))
+    det = base + exposed / h
+    return core.Estimate(m.name, det + var / h, base, det - base, var / h)
+  costs = round_costs(m, c, w)
+  det = np.zeros(n)
+  tot = np.zeros(n)
+  for members, tau_r in costs:
+    size = [len(set(row)) for row in members.tolist()]
+    d = np.array([math.sqrt(h) * sigma * core.coupling_excess(k, 0.0)
+                  if sigma > 0 else 0.0 for k in size])
+    det += h * base + tau_r
+    tot += h * base + tau_r + d
+  det_s, tot_s = det.max() / (h * len(costs)), tot.max() / (h * len(costs))
+  return core.Estimate(m.name, float(tot_s), base, float(det_s - base),
+                       float(tot_s - det_s))
