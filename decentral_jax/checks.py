@@ -1,0 +1,151 @@
+"""Argument checks shared by every layer: integers, floats, probabilities, dtypes.
+
+Each check either returns the value converted to its Python type or raises
+``ValueError`` with one line that names the argument and what it must be, in
+the form ``"{name} must be {rule}, got {value!r}."``. Library functions call
+them when they are constructed, not at the first traced step, and the config
+validation (:mod:`decentral_jax.runner.validation`) uses the same wording.
+
+``bool`` is refused where an integer or a float is expected (``True`` is an
+``int`` in Python, never a worker count). NumPy scalars are accepted. A JAX or
+NumPy *array* is refused with a hint: under ``optax.inject_hyperparams`` an
+argument that must be static has to be listed in ``static_args``.
+
+This module imports nothing else from the library.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import numpy as np
+
+INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
+               "(optax takes callables, dtype classes included, for "
+               "schedules)")
+
+
+def _is_array(value) -> bool:
+  return isinstance(value, np.ndarray) or (
+      hasattr(value, "shape") and hasattr(value, "dtype")
+      and not isinstance(value, np.generic))
+
+
+def _bounds(minimum, maximum, *, open_min=False, open_max=False) -> str:
+  lo = None if minimum is None else (">" if open_min else ">=") + f" {minimum}"
+  hi = None if maximum is None else ("<" if open_max else "<=") + f" {maximum}"
+  return " and ".join(p for p in (lo, hi) if p)
+
+
+def check_int(name: str, value: Any, *, minimum: int | None = None,
+              maximum: int | None = None) -> int:
+  """Returns ``int(value)`` if ``value`` is an integer in ``[minimum, maximum]``.
+
+  Args:
+    name: the argument or config field, as the user spells it.
+    value: a Python or NumPy integer (not ``bool``, not a float such as 2.0
+      or 2.5, not an array).
+    minimum, maximum: inclusive bounds; None for none.
+
+  Raises:
+    ValueError: ``"{name} must be an int >= {minimum}, got {value!r}."``.
+  """
+  rule = "an int" + (" " + _bounds(minimum, maximum)
+                     if (minimum, maximum) != (None, None) else "")
+  if _is_array(value):
+    raise ValueError(f"{name} must be {rule}, got an array; "
+                     f"{INJECT_HINT.format(name)}.")
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  if ((minimum is not None and value < minimum)
+      or (maximum is not None and value > maximum)):
+    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  return int(value)
+
+
+def check_float(name: str, value: Any, *, minimum: float | None = None,
+                maximum: float | None = None, open_min: bool = False,
+                open_max: bool = False) -> float:
+  """Returns ``float(value)`` if ``value`` is a finite real number in range.
+
+  Args:
+    name: the argument or config field.
+    value: a Python or NumPy int or float (not ``bool``, not NaN or inf, not
+      an array).
+    minimum, maximum: bounds; None for none. ``open_min`` / ``open_max``
+      make them strict.
+
+  Raises:
+    ValueError: ``"{name} must be a finite number > 0, got {value!r}."``.
+  """
+  rule = "a finite number" + (
+      " " + _bounds(minimum, maximum, open_min=open_min, open_max=open_max)
+      if (minimum, maximum) != (None, None) else "")
+  if _is_array(value):
+    raise ValueError(f"{name} must be {rule}, got an array; "
+                     f"{INJECT_HINT.format(name)}.")
+  if (isinstance(value, bool)
+      or not isinstance(value, (int, float, np.integer, np.floating))
+      or not math.isfinite(float(value))):
+    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  v = float(value)
+  if minimum is not None and (v < minimum or (open_min and v == minimum)):
+    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  if maximum is not None and (v > maximum or (open_max and v == maximum)):
+    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  return v
+
+
+def check_probability(name: str, value: Any, *, open_min: bool = False,
+                      open_max: bool = False) -> float:
+  """Returns ``float(value)`` if it lies in [0, 1] (ends open if asked).
+
+  Raises:
+    ValueError: as :func:`check_float`, naming ``name``.
+  """
+  return check_float(name, value, minimum=0.0, maximum=1.0,
+                     open_min=open_min, open_max=open_max)
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+  """Returns ``value`` if it is one of ``choices``.
+
+  Raises:
+    ValueError: ``"{name} must be one of a, b, c, got {value!r}."``.
+  """
+  choices = tuple(choices)
+  if isinstance(value, bool) or value not in choices:
+    raise ValueError(f"{name} must be one of "
+                     f"{', '.join(map(str, choices))}, got {value!r}.")
+  return value
+
+
+def check_float_dtype(name: str, dtype: Any, *,
+                      allow_none: bool = True) -> np.dtype | None:
+  """Returns ``np.dtype(dtype)`` if it is a floating dtype (or None if allowed).
+
+  Accepts NumPy, ``ml_dtypes`` (``bfloat16``, ``float8_*``) and ``jnp`` dtypes
+  or their names. An array here is what ``optax.inject_hyperparams`` makes
+  of a dtype it took for a schedule.
+
+  Raises:
+    ValueError: ``"{name} must be a floating dtype or None, got {dtype!r}."``.
+  """
+  rule = "a floating dtype" + (" or None" if allow_none else "")
+  if dtype is None:
+    if allow_none:
+      return None
+    raise ValueError(f"{name} must be {rule}, got None.")
+  if _is_array(dtype):
+    raise ValueError(f"{name} must be {rule}, got an array; "
+                     f"{INJECT_HINT.format(name)}.")
+  try:
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    dt = jnp.dtype(dtype)
+    ok = bool(jnp.issubdtype(dt, jnp.floating))
+  except TypeError:
+    ok = False
+  if not ok:
+    raise ValueError(f"{name} must be {rule}, got {dtype!r}.")
+  return dt

@@ -1,0 +1,161 @@
+"""The package's layering, read from every module's imports (AST).
+
+Bottom up: ``checks`` <- ``topology`` <- ``comm`` <- {``optim``,
+``parallel``} <- ``runner``; ``analysis``, ``models`` and ``data`` are
+leaves; the runtime model (NumPy only) uses ``topology``; only its command
+line (``runtime_model/cli``) reaches the runner.
+"""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "decentral_jax")
+
+# part -> the other parts it may import (a part may always import itself).
+ALLOWED = {
+    "checks": set(),
+    "topology": {"checks"},
+    "comm": {"checks", "topology"},
+    "optim": {"checks", "topology", "comm"},
+    "parallel": {"checks", "topology", "comm"},
+    "analysis": {"checks", "comm"},
+    "models": {"checks"},
+    "data": {"checks"},
+    "runtime_model": {"checks", "topology"},
+    "runtime_model.cli": {"checks", "topology", "comm", "optim", "parallel",
+                          "analysis", "models", "data", "runtime_model",
+                          "runner"},
+    "runner": {"checks", "topology", "comm", "optim", "parallel", "analysis",
+               "models", "data"},
+    "__init__": {"topology", "comm", "optim", "parallel"},
+}
+
+
+def _part(dotted: str) -> str:
+  """'decentral_jax.runtime_model.cli.main' -> 'runtime_model.cli'."""
+  parts = dotted.split(".")[1:]
+  if not parts:
+    return "__init__"
+  if parts[0] == "runtime_model" and len(parts) > 1 and parts[1] in (
+      "cli", "__main__"):  # __main__ only calls the command line
+    return "runtime_model.cli"
+  return parts[0]
+
+
+def _modules():
+  for dirpath, _, files in os.walk(PKG):
+    for f in sorted(files):
+      if f.endswith(".py"):
+        path = os.path.join(dirpath, f)
+        rel = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        yield rel.removesuffix(".__init__"), path
+
+
+def _imports(path: str, module: str):
+  """(line, imported dotted name, [names]) of every decentral_jax import."""
+  tree = ast.parse(open(path, encoding="utf-8").read())
+  package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.startswith("decentral_jax"):
+          yield node.lineno, a.name, []
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) -
+                                          node.level + 1] + [base]).rstrip(".")
+      if base.startswith("decentral_jax"):
+        names = [a.name for a in node.names]
+        if base == "decentral_jax":  # from decentral_jax import topology
+          for n in names:
+            yield node.lineno, f"decentral_jax.{n}", []
+        else:
+          yield node.lineno, base, names
+
+
+def test_the_modules_exist():
+  mods = dict(_modules())
+  assert len(mods) > 40
+  for part in ALLOWED:
+    if part != "__init__":
+      assert any(_part(m) == part for m in mods), part
+
+
+def test_every_import_points_down_the_layers():
+  bad = []
+  for module, path in _modules():
+    src = _part(module)
+    for line, target, _ in _imports(path, module):
+      dst = _part(target)
+      if dst != src and dst not in ALLOWED[src]:
+        bad.append(f"{os.path.relpath(path, ROOT)}:{line}: {src} -> {dst} "
+                   f"({target})")
+  assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_no_private_name_crosses_a_module_boundary():
+  bad = []
+  for module, path in _modules():
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    aliases = set()
+    for line, target, names in _imports(path, module):
+      bad += [f"{os.path.relpath(path, ROOT)}:{line}: imports {target}.{n}"
+              for n in names if n.startswith("_") and n != "__all__"]
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and (
+          node.module or "").startswith("decentral_jax"):
+        aliases |= {a.asname or a.name for a in node.names}
+      elif isinstance(node, ast.Import):
+        aliases |= {(a.asname or a.name).split(".")[0] for a in node.names
+                    if a.name.startswith("decentral_jax")}
+    for node in ast.walk(tree):
+      if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+          and not node.attr.startswith("__")
+          and isinstance(node.value, ast.Name) and node.value.id in aliases):
+        bad.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: "
+                   f"{node.value.id}.{node.attr}")
+  assert not bad, "private names used across modules:\n" + "\n".join(bad)
+
+
+def test_the_layer_table_refuses_an_upward_import():
+  # The check itself: an optimizer importing the runner is an edge it refuses.
+  assert "runner" not in ALLOWED["optim"]
+  assert _part("decentral_jax.runner.config") == "runner"
+  assert _part("decentral_jax.runtime_model.cli.main") == "runtime_model.cli"
+  assert _part("decentral_jax.runtime_model.core") == "runtime_model"
+
+
+def test_import_decentral_jax_loads_the_library_only():
+  code = ("import sys, decentral_jax; "
+          "print(sorted(m for m in sys.modules if m.startswith("
+          "('decentral_jax', 'flax', 'orbax', 'ml_collections', 'scipy', "
+          "'matplotlib'))))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  loaded = eval(out.stdout)  # pylint: disable=eval-used
+  ours = {m for m in loaded if m.startswith("decentral_jax")}
+  assert {"decentral_jax.topology", "decentral_jax.comm.gossip",
+          "decentral_jax.optim", "decentral_jax.parallel"} <= ours
+  for prefix in ("decentral_jax.runner", "decentral_jax.runtime_model",
+                 "decentral_jax.analysis", "decentral_jax.models",
+                 "decentral_jax.data", "flax", "orbax", "ml_collections",
+                 "matplotlib"):
+    assert not any(m == prefix or m.startswith(prefix + ".")
+                   for m in loaded), (prefix, sorted(loaded))
+
+
+@pytest.mark.parametrize("name", ["analysis", "runtime_model"])
+def test_analysis_and_the_runtime_model_load_on_first_use(name):
+  code = (f"import sys, decentral_jax; m = decentral_jax.{name}; "
+          f"print(m.__name__, 'decentral_jax.runner' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.split() == [f"decentral_jax.{name}", "False"]
