@@ -3,7 +3,8 @@
 Bottom up: ``checks`` <- ``topology`` <- ``comm`` <- {``optim``,
 ``parallel``} <- ``runner``; ``analysis``, ``models`` and ``data`` are
 leaves; the runtime model (NumPy only) uses ``topology``; only its command
-line (``runtime_model/cli``) reaches the runner.
+line (``runtime_model/cli``) reaches the runner, which may price its
+methods with the runtime model.
 """
 
 import ast
@@ -31,7 +32,7 @@ ALLOWED = {
                           "analysis", "models", "data", "runtime_model",
                           "runner"},
     "runner": {"checks", "topology", "comm", "optim", "parallel", "analysis",
-               "models", "data"},
+               "models", "data", "runtime_model"},
     "__init__": {"topology", "comm", "optim", "parallel"},
 }
 
