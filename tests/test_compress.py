@@ -294,3 +294,48 @@ def test_choco_refuses_bad_arguments():
     choco.choco_gossip(topo, compress.Compressor("int8"), 1.5)
   with pytest.raises(ValueError, match="compressor"):
     choco.choco_gossip(topo, "int8", 0.5)
+
+
+def _mean_fn(mesh, c):
+  axis = parallel.worker_axis(mesh)
+  return jax.jit(parallel.per_worker(
+      lambda t: compress.mean_compressed(t, axis, compressor=c), mesh))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp4", "topk"])
+def test_compressed_mean_matches_a_numpy_reference(fmt):
+  require_devices(4)
+  mesh = parallel.make_mesh(4)
+  c = compress.Compressor(fmt, block=8, fraction=0.25)
+  x = np.random.default_rng(7).normal(size=(4, 3, 7)).astype(np.float32)
+  out = np.asarray(_mean_fn(mesh, c)(parallel.shard(x, mesh)))
+  # Reference: deQ(Q(.)) per worker over the padded vector (64 = 4 x 2 x 8
+  # values, shards of 16), float32 sum in worker order, /4, deQ(Q(.)) per
+  # shard, with this module's round trip for one block at a time.
+  pad = np.zeros((4, 64), np.float32)
+  pad[:, :21] = x.reshape(4, -1)
+  sent = np.stack([np.asarray(c.roundtrip(jnp.asarray(r))) for r in pad])
+  total = np.zeros(64, np.float32)
+  for j in range(4):
+    total = total + sent[j]
+  mean = total / np.float32(4)
+  ref = np.concatenate([np.asarray(c.roundtrip(jnp.asarray(mean[16 * s:16 * s + 16])))
+                        for s in range(4)])[:21].reshape(3, 7)
+  for i in range(4):  # every worker holds the same result
+    np.testing.assert_allclose(out[i], ref, rtol=1e-6, atol=1e-7)
+  if fmt == "int8":
+    np.testing.assert_allclose(out[0], x.mean(0), atol=0.05)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "topk"])
+def test_compressed_mean_bytes_equal_the_hand_count(fmt):
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  c = compress.Compressor(fmt, block=16, fraction=0.25)
+  x = {"w": np.ones((8, 300), np.float32)}
+  rep = analysis.communication(
+      _mean_fn(mesh, c).lower(parallel.shard(x, mesh)).compile())
+  hand = compress.mean_payload_bytes({"w": np.ones(300)}, 8, c)
+  assert rep.mean_bytes_per_step == pytest.approx(hand, rel=1e-12)
+  if fmt == "int8":  # 384 padded values = 24 blocks of 16 codes + 4 scale bytes
+    assert hand == pytest.approx(2 * 7 / 8 * 24 * 20)

@@ -350,6 +350,89 @@ def map_round(fn, topology: topology_lib.Topology, step, *operands):
   return lax.switch(index, branches, *operands)
 
 
+def _rows(payload: Payload, n: int) -> Payload:
+  """Payload arrays ``[n * r, ...]`` viewed as ``[n, r, ...]`` (one row per worker)."""
+  return {k: a.reshape((n, -1) + a.shape[1:]) for k, a in payload.items()}
+
+
+def _mean_leaf(x, axis_name, compressor: Compressor):
+  """Compressed mean of one leaf: reduce-scatter of codes, float32 sum, all-gather."""
+  n = collectives.size(axis_name)
+  flat = x.reshape(-1).astype(jnp.float32)
+  unit = n * compressor.block
+  padded = max(unit, -(-flat.size // unit) * unit)
+  flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), jnp.float32)])
+  shard = jnp.zeros((padded // n,), jnp.float32)  # shape of one row
+  sent = _rows(compressor.encode(flat), n)  # row j: my values of shard j
+  recv = {k: collectives.all_to_all(a, axis_name) for k, a in sent.items()}
+  total = jnp.zeros_like(shard)
+  for j in range(n):  # float32 sum of every worker's shard, in worker order
+    total = total + compressor.decode({k: a[j] for k, a in recv.items()}, shard)
+  mine = compressor.encode(total / n)
+  gathered = {k: collectives.all_gather(a, axis_name) for k, a in mine.items()}
+  rows = [compressor.decode({k: a[j] for k, a in gathered.items()}, shard)
+          for j in range(n)]
+  out = jnp.concatenate(rows)[:x.size].reshape(x.shape).astype(x.dtype)
+  return collectives.match_varying(out, x)
+
+
+def mean_compressed(tree: PyTree, axis_name="workers", *,
+                    compressor: Compressor) -> PyTree:
+  """The worker mean ``(1/n) sum_j x_j`` sent compressed, summed in float32.
+
+  Per leaf (flattened, zero-padded to a multiple of ``n x block``, split
+  into ``n`` shards): every worker sends ``Q`` of shard ``j`` to worker
+  ``j`` (``all_to_all`` of the payload), worker ``j`` decodes the ``n``
+  contributions and sums them in float32, re-quantizes its mean shard, and
+  the shards are all-gathered and decoded. Every worker ends with the same
+  values: ``deQ(Q(sum_j deQ(Q(x_j)) / n))``. Bytes each worker sends, in
+  the accounting's conventions: ``(n - 1) / n`` of the full payload for
+  the all-to-all plus ``(n - 1)`` shard payloads for the all-gather, i.e.
+  ``2 (n - 1) / n x payload_bytes(padded size)``, the ring figure of an
+  all-reduce of the codes.
+
+  Must run inside ``jax.shard_map`` over ``axis_name``. With
+  ``Compressor("none")`` the values are exact but summed in another order
+  than ``pmean``; use :func:`decentral_jax.comm.gossip.mean` for the exact
+  mean.
+
+  Args:
+    tree: pytree of floating arrays (this worker's values).
+    axis_name: the worker axis.
+    compressor: the :class:`Compressor`.
+
+  Returns:
+    A pytree of the same structure, shapes and dtypes, equal on every
+    worker.
+
+  Raises:
+    ValueError: a non-floating leaf or a compressor of the wrong type.
+  """
+  if not isinstance(compressor, Compressor):
+    raise ValueError(f"compressor must be a decentral_jax.comm.compress."
+                     f"Compressor, got {type(compressor).__name__}.")
+  for path, x in jax.tree_util.tree_leaves_with_path(tree):
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+      raise ValueError(
+          f"compressed mean: leaf {jax.tree_util.keystr(path)!r} has dtype "
+          f"{jnp.result_type(x)}; only floating-point leaves can be sent "
+          "compressed.")
+  return jax.tree.map(lambda x: _mean_leaf(x, axis_name, compressor), tree)
+
+
+def mean_payload_bytes(tree: PyTree, n_workers: int,
+                       compressor: Compressor) -> float:
+  """Hand count: bytes one worker sends in :func:`mean_compressed` of ``tree``."""
+  n = checks.check_int("n_workers", n_workers, minimum=1)
+  unit = n * compressor.block
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    size = int(np.prod(np.shape(x)))
+    padded = max(unit, -(-size // unit) * unit)
+    total += 2 * (n - 1) / n * compressor.payload_bytes(padded, 4)
+  return total
+
+
 def payload_bytes_per_round(tree: PyTree, topology: topology_lib.Topology,
                             step: int, compressor: Compressor) -> int:
   """Hand count: bytes one worker sends in round ``step`` of :func:`mix_compressed`.
