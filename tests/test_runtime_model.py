@@ -10,7 +10,9 @@ import pytest
 from decentral_jax import topology
 from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import per_step_methods
 
 M = 100e6  # bytes
 
@@ -116,13 +118,13 @@ def test_measured_times_override_formulas():
 def _reference_simulation(method, c, w, steps, warmup, seed):
   """Plain-loop max-plus recursion, written independently of ``simulate``."""
   n = c.n_workers
-  fwd_m, bwd_m = core._split(w)  # pylint: disable=protected-access
+  fwd_m, bwd_m = method_lib.split_compute(w)
   fac = w.compute_factors(steps, n, seed)
   sizes, ready = w.buckets(w.param_bytes)
   nb = len(sizes)
   opt_b = [w.optimizer_s * s / sum(sizes) for s in sizes]
   if method.kind == "all_reduce":
-    taus, rdy = core._all_reduce_taus(method, c, w)  # pylint: disable=protected-access
+    taus, rdy = per_step_methods.all_reduce_bucket_times(method, c, w)
     total = 0.0
     for k in range(warmup, steps):
       f, b = fwd_m * fac[k], bwd_m * fac[k]

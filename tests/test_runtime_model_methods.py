@@ -9,12 +9,12 @@ import math
 
 import pytest
 
+from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax import topology
 from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import spanning
-from decentral_jax.runtime_model import specs
 from decentral_jax.runtime_model import traffic
 
 M = 100e6  # bytes: 25e6 float32 parameters
@@ -109,14 +109,12 @@ def test_data_layout_puts_every_device_on_the_nic():
 
 
 def test_every_library_algorithm_and_topology_is_priced():
-  from decentral_jax.runner import builders  # pylint: disable=import-outside-toplevel
-  assert set(specs.LIBRARY_SPECS) == set(builders.ALGORITHMS)
   c = core.Cluster(16, 4, multi_node="tree")
   w = core.Workload(65e6, 0.02, 0.04)
   for algo in builders.ALGORITHMS:
     cfg = config_lib.base_config("gpt")
     cfg.algorithm = algo
-    spec, fields = specs.spec_for_config(cfg)
+    spec, fields = builders.spec_for_config(cfg)
     m = core.make_method(spec, c)
     t = core.simulate(m, c, core.Workload(65e6, 0.02, 0.04, **fields),
                       steps=80, warmup=16)
@@ -126,11 +124,11 @@ def test_every_library_algorithm_and_topology_is_priced():
   cfg = config_lib.base_config("gpt")
   cfg.comm_dtype, cfg.bucket_bytes = "bfloat16", 25 * 2**20
   cfg.devices_per_worker, cfg.worker_layout = 2, "data"
-  assert specs.spec_for_config(cfg) == (
+  assert builders.spec_for_config(cfg) == (
       "accum_adam:T=4,topology=one_peer_exp,comm_dtype=bfloat16,"
       "bucket_MiB=25", {"devices_per_worker": 2, "worker_layout": "data"})
   cfg.gossip_every = 4
-  assert specs.spec_for_config(cfg)[0] == (
+  assert builders.spec_for_config(cfg)[0] == (
       "local_dsgd:H=4,topology=one_peer_exp,comm_dtype=bfloat16")
 
 
