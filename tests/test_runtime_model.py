@@ -378,18 +378,19 @@ def test_cli_help_and_fig6(capsys, tmp_path):
 
 
 def test_calibrate_alpha_beta_fit_and_config_overrides(tmp_path):
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model.cli import calibrate  # pylint: disable=import-outside-toplevel
   n, a, b = 8, 7e-6, 3e9
   sizes = [1e6, 8e6]
   times = [core.ring_all_reduce_time(n, s, a, b) for s in sizes]
   assert calibrate.fit_ring_alpha_beta(n, sizes, times) == pytest.approx((a, b))
   assert calibrate.fit_ring_alpha_beta(1, sizes, times) == (0.0, 1e18)
-  cfg = calibrate.load_config("configs/gpt_tiny.py", [
+  cfg = config_lib.load_config("configs/gpt_tiny.py", [
       "n_workers=4", "model.n_layer=1", "comm_dtype=bfloat16",
       "model.bias=true"])
   assert (cfg.n_workers, cfg.model.n_layer, cfg.comm_dtype, cfg.model.bias) == (
       4, 1, "bfloat16", True)
   with pytest.raises(ValueError, match="model.depth"):
-    calibrate.load_config("configs/gpt_tiny.py", ["model.depth=3"])
+    config_lib.load_config("configs/gpt_tiny.py", ["model.depth=3"])
   with pytest.raises(ValueError, match="does not exist"):
-    calibrate.load_config(str(tmp_path / "missing.py"))
+    config_lib.load_config(str(tmp_path / "missing.py"))
