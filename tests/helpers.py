@@ -1,0 +1,61 @@
+"""Helpers shared by several test modules (test modules never import each other).
+
+* Topology cases: :data:`NS`, :func:`valid`, :func:`local_size`,
+  :func:`all_valid`: every built-in topology at every worker count it
+  accepts, stated independently of :mod:`decentral_jax.topology`.
+* :func:`load_script`: an ``experiments/`` script as a module, loaded once.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from typing import Iterator
+
+from decentral_jax import topology
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Worker counts the topology tests are built at.
+NS = (2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def local_size(name: str, n: int) -> int:
+  """Workers per node used for ``name`` at ``n`` workers in the tests."""
+  return 2 if name == "alternating_exp_ring" and n % 2 == 0 else 1
+
+
+def valid(name: str, n: int) -> bool:
+  """Independent statement of each topology's constraint on ``n``."""
+  if name == "ring":
+    return n % 2 == 0
+  if name == "one_peer_exp":
+    return n in (1, 2, 4, 8, 16, 32)
+  if name == "alternating_exp_ring":  # built here with local_size 1 or 2
+    nodes = n // local_size(name, n)
+    return nodes in (1, 2, 4, 8, 16)
+  return True
+
+
+def all_valid() -> Iterator[tuple[str, int]]:
+  """``(name, n)`` for every topology name and every valid ``n`` in NS."""
+  for name in topology.NAMES:
+    for n in NS:
+      if valid(name, n):
+        yield name, n
+
+
+@functools.cache
+def load_script(name: str):
+  """``experiments/<name>.py`` as a module (``<name>_under_test``), cached.
+
+  Registered in ``sys.modules`` (its dataclasses look their module up);
+  every test module that loads the same script gets the same module object.
+  """
+  spec = importlib.util.spec_from_file_location(
+      f"{name}_under_test", os.path.join(ROOT, "experiments", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  return module
