@@ -4,6 +4,7 @@
   :func:`all_valid`: every built-in topology at every worker count it
   accepts, stated independently of :mod:`decentral_jax.topology`.
 * :func:`load_script`: an ``experiments/`` script as a module, loaded once.
+* :func:`np_accum_adam`: AccumAdam (Adam for ``T = 1``) directions in NumPy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import importlib.util
 import os
 import sys
 from typing import Iterator
+
+import numpy as np
 
 from decentral_jax import topology
 
@@ -59,3 +62,29 @@ def load_script(name: str):
   sys.modules[spec.name] = module
   spec.loader.exec_module(module)
   return module
+
+
+def np_accum_adam(grads, b1: float, b2: float, eps: float, big_t: int):
+  """AccumAdam directions in float64 NumPy (paper Alg. 4, App. C).
+
+  With ``t`` the 1-based step and ``c = ceil(t / T)``: ``A += g / T``;
+  ``d = m / (sqrt(v) + eps)`` with ``m = (b1 M + (1 - b1) g) / (1 - b1^c)``
+  and ``v = (b2 V + (1 - b2) g^2) / (1 - b2^c)``; at the end of a window
+  (``t % T == 0``) ``M, V`` take ``A, A^2`` with decays ``b1, b2`` and ``A``
+  restarts at 0. ``T = 1`` is Adam.
+
+  Returns:
+    The directions, one per gradient, stacked: float64 [steps, ...].
+  """
+  m = v = a = 0.0
+  dirs = []
+  for t, g in enumerate(grads, start=1):
+    g = np.asarray(g, np.float64)
+    c = -(-t // big_t)
+    a = a + g / big_t
+    m_hat = (b1 * m + (1 - b1) * g) / (1 - b1**c)
+    v_hat = (b2 * v + (1 - b2) * g * g) / (1 - b2**c)
+    dirs.append(m_hat / (np.sqrt(v_hat) + eps))
+    if t % big_t == 0:
+      m, v, a = b1 * m + (1 - b1) * a, b2 * v + (1 - b2) * a * a, 0.0
+  return np.array(dirs)

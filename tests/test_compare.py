@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,19 +14,10 @@ import pytest
 
 from ml_collections import config_dict
 
+from helpers import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _compare_module():
-  spec = importlib.util.spec_from_file_location(
-      "compare_under_test", os.path.join(ROOT, "experiments", "compare.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
-
-
-compare = _compare_module()
+compare = load_script("compare")
 
 
 def _base(**schedule):

@@ -18,6 +18,7 @@ from conftest import require_devices
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
+from helpers import np_accum_adam
 
 LOW = pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
                               ids=["bfloat16", "float16"])
@@ -181,21 +182,6 @@ def test_accum_adam_steps_equal_optax_adamw(dtype):
                      _optax_adamw_hist(params, grads), params, dtype)
 
 
-def _np_accum_adam(grads, big_t, b1=B1, b2=B2, eps=EPS):
-  """AccumAdam directions in float64 (paper App. C), one array per step."""
-  m = v = a = 0.0
-  out = []
-  for t, g in enumerate(grads, start=1):
-    c = -(-t // big_t)
-    a = a + g / big_t
-    m_hat = (b1 * m + (1 - b1) * g) / (1 - b1**c)
-    v_hat = (b2 * v + (1 - b2) * g * g) / (1 - b2**c)
-    out.append(m_hat / (np.sqrt(v_hat) + eps))
-    if t % big_t == 0:
-      m, v, a = b1 * m + (1 - b1) * a, b2 * v + (1 - b2) * a * a, 0.0
-  return out
-
-
 @LOW
 @pytest.mark.parametrize("accum_steps", [1, 4])
 @pytest.mark.parametrize("moments", ["low", "float32"])
@@ -210,8 +196,7 @@ def test_accum_adam_directions_against_numpy(dtype, accum_steps, moments):
                                  mu_dtype=f32, nu_dtype=f32)
   _, grads = _data(dtype, seed=1)
   grads = [g["w"] for g in grads]
-  want = _np_accum_adam([np.asarray(g, np.float64) for g in grads],
-                        accum_steps)
+  want = np_accum_adam(grads, B1, B2, EPS, accum_steps)
   state = tx.init(grads[0])
   update = jax.jit(tx.update)
   if f32:
@@ -419,8 +404,7 @@ def test_good_hyperparameters_are_accepted():
                                  mu_dtype=jnp.bfloat16, nu_dtype="float32")
   _, grads = _data(jnp.float32, seed=2)
   grads = [g["w"] for g in grads]
-  want = _np_accum_adam([np.asarray(g, np.float64) for g in grads], 2,
-                        b1=b1, b2=b2, eps=eps)
+  want = np_accum_adam(grads, b1, b2, eps, 2)
   state = tx.init(grads[0])
   assert (state.mu.dtype, state.acc.dtype, state.nu.dtype) == (
       jnp.bfloat16, jnp.bfloat16, jnp.float32)
