@@ -274,9 +274,25 @@ def one_collective_per_leaf(c):
   assert sorted(shapes) == ["f32[2,3]"] * 3 + ["f32[3]"] * 3, shapes
 
 
+def set_fields(c, **fields):
+  """Sets dotted ``fields`` (``model__n_layer`` for ``model.n_layer``)."""
+  for name, value in fields.items():
+    *groups, leaf = name.split("__")
+    node = c
+    for g in groups:
+      node = node[g]
+    node[leaf] = value
+
+
+# A model small enough to compile in seconds; the probed fields stay as set.
+TINY_MODEL = {"model__n_layer": 1, "model__n_embd": 8, "model__n_head": 2,
+              "model__block_size": 8}
+
+
 def no_dropout(c):
   """Probe: rate 0 trains deterministically (a dropout key changes nothing)."""
   assert not tasks.uses_dropout(c)
+  set_fields(c, **TINY_MODEL)
   task = tasks.make_task(c, int(c.n_workers), 1)
   params = task.init_params(jax.random.key(0))
   batch = tuple(x[0] for x in task.host_batch(0))
@@ -309,16 +325,8 @@ def data_order_of_seed(c):
 def logged_steps(c):
   """Probe: an 11-step run logs only its last step (the default interval,
   10, would also log step 10)."""
-  for name, value in {"model.n_layer": 1, "model.n_embd": 8,
-                      "model.n_head": 2, "model.block_size": 8,
-                      "global_batch": 8, "eval_batches": 1, "steps": 11,
-                      "eval_interval": 0, "checkpoint_interval": 0,
-                      "keep_checkpoints": 1}.items():
-    *groups, leaf = name.split(".")
-    node = c
-    for g in groups:
-      node = node[g]
-    node[leaf] = value
+  set_fields(c, **TINY_MODEL, global_batch=8, eval_batches=1, steps=11,
+             eval_interval=0, checkpoint_interval=0, keep_checkpoints=1)
   require_devices(int(c.n_workers))
   with tempfile.TemporaryDirectory() as workdir:
     train.train_and_evaluate(c, workdir)
