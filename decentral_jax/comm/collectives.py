@@ -297,13 +297,18 @@ def psum(x, axis_name: AxisName):
     return lax.psum(x, _lax_axis(axis_name))
   dev = axis_name.device
 
+  def local_sum(s):
+    # Integers keep their dtype (jnp.sum would widen int8 to int32);
+    # 16-bit floats are added in float32 and rounded once.
+    exact = jnp.issubdtype(s.dtype, jnp.integer)
+    return jnp.sum(s, 0, dtype=s.dtype if exact else None)
+
   def one(v):
     v = jnp.asarray(v)
     if v.dtype == jnp.bool_:
       v = v.astype(jnp.int32)
-    return _on_stack(
-        axis_name, lambda s: lax.psum(jnp.sum(s, 0, dtype=s.dtype), dev), v,
-        batched_out=False)
+    return _on_stack(axis_name, lambda s: lax.psum(local_sum(s), dev), v,
+                     batched_out=False)
 
   return jax.tree.map(one, x)
 
