@@ -482,6 +482,19 @@ def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
 # -- the work directory's lock and checksums -----------------------------------
 
 
+def test_deeply_nested_orbax_step_metadata_is_corrupt(tmp_path):
+  """``_CHECKPOINT_METADATA`` is written after the checksums: a torn or
+  hostile one (here nested past the recursion limit) marks the checkpoint
+  corrupt instead of stopping the resume with a RecursionError."""
+  root = tmp_path / "5"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  workdir_lib.write_sums(str(root))
+  (root / "_CHECKPOINT_METADATA").write_text("[" * DEEP + "]" * DEEP)
+  status, why = checkpoint.check_checkpoint(str(root))
+  assert status == "corrupt" and "_CHECKPOINT_METADATA" in why, why
+
+
 def test_lock_record_with_an_impossible_pid_is_taken_over(tmp_path, caplog):
   lock_path = tmp_path / workdir_lib.LOCK_FILE
   lock_path.write_text(json.dumps({"host": socket.gethostname(),

@@ -146,7 +146,7 @@ def check_checkpoint(root: str) -> tuple[str, str]:
       json.load(f)
   except FileNotFoundError:
     pass  # not every Orbax version writes it
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, RecursionError) as e:  # RecursionError: deep
     return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
   return "ok", ""
 
