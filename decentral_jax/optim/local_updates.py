@@ -46,6 +46,7 @@ from jax import lax
 
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
+from decentral_jax.optim import outer_overlap
 from decentral_jax.optim import transforms as optim
 from decentral_jax.topology import schedules as topology_lib
 
@@ -146,11 +147,27 @@ class DiLoCoState(NamedTuple):
   outer_state: optax.OptState
 
 
+class OverlapDiLoCoState(NamedTuple):
+  """State of :func:`diloco` with ``overlap`` ``"delayed"`` or ``"eager"``.
+
+  :class:`DiLoCoState`'s fields, then the pseudo-gradients in flight. With
+  ``"eager"`` ``theta`` and ``outer_state`` are per worker.
+  """
+  count: jax.Array  # int32 []: inner steps taken t.
+  outer_count: jax.Array  # int32 []: outer steps taken k.
+  inner_state: optax.OptState
+  theta: optax.Params  # float32 (float64) like params.
+  outer_state: optax.OptState
+  in_flight: outer_overlap.OverlapBuffers
+
+
 def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            outer: optax.GradientTransformation | None = None,
            topology: topology_lib.Topology | None = None,
            axis_name: gossip.AxisName = "workers",
-           bucket_bytes: int | None = None
+           bucket_bytes: int | None = None,
+           overlap: str = "none", latency: int = 1,
+           trickle: bool | None = None
            ) -> optax.GradientTransformation:
   r"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
 
@@ -165,6 +182,17 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j``, and ``theta_i`` and the outer
   state are per worker; ``complete`` gives DiLoCo exactly.
 
+  ``overlap="delayed"`` or ``"eager"`` hides the reduction of the
+  pseudo-gradients behind the next round (or ``latency = d`` rounds):
+  delayed steps on ``Delta^(k-d)``, eager on ``Delta^(k-d) + (1/n)
+  (Delta_i^(k) - Delta_i^(k-d))`` with per-worker ``theta_i`` (the
+  evaluated model is their mean); with ``trickle`` the reduction is spread
+  over the ``H`` inner steps of the round, one slice per step, outside any
+  conditional (see :mod:`decentral_jax.optim.outer_overlap`). With a
+  topology the workers' pseudo-gradients ``theta_i - x_i`` are gossiped
+  (``Delta_i = sum_j W[i, j] (theta_j - x_j)``, the own weight ``W[i, i]``
+  replacing ``1/n`` in eager).
+
   Args:
     inner: worker-local optax transform (AdamW in the paper).
     sync_every: the sync period ``H >= 1`` in inner steps.
@@ -177,21 +205,41 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     bucket_bytes: largest gossip bucket in bytes with ``topology``; None:
       the default (one collective per leaf), 0: one per leaf (bit-identical; see
       :func:`decentral_jax.optim.check_bucket_bytes`).
+    overlap: ``"none"`` (plain DiLoCo: wait for the reduction),
+      ``"delayed"`` or ``"eager"``.
+    latency: ``d >= 1``, rounds between a sync and the outer step that
+      uses its reduction (1 without overlap).
+    trickle: spread the reduction over the next round's inner steps (None:
+      yes, unless a time-varying topology picks its round with a
+      conditional, where it is refused).
 
   Returns:
-    An ``optax.GradientTransformation`` with :class:`DiLoCoState`.
+    An ``optax.GradientTransformation`` with :class:`DiLoCoState`
+    (:class:`OverlapDiLoCoState` with overlap).
 
   Raises:
-    ValueError: a bad ``sync_every`` or ``bucket_bytes``; ``params`` not
-      passed to ``update``.
+    ValueError: a bad ``sync_every`` or ``bucket_bytes``; a bad
+      ``overlap``, ``latency`` or ``trickle`` (see
+      :func:`decentral_jax.optim.outer_overlap.check_overlap`); ``params``
+      not passed to ``update``.
 
   References:
     Douillard et al., DiLoCo: Distributed Low-Communication Training of
-    Language Models, arXiv 2311.08105 (Alg. 1).
+    Language Models, arXiv 2311.08105 (Alg. 1); Kale, Douillard, Donchev,
+    Eager Updates for Overlapped Communication and Computation in DiLoCo,
+    arXiv 2502.12996.
   """
   period = _check_period(sync_every)
   bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
   outer = default_outer_optimizer() if outer is None else outer
+  overlap, latency, trickle = outer_overlap.check_overlap(
+      overlap, latency, trickle,
+      one_round=topology is None or len(topology.distinct_rounds) == 1)
+  if overlap != "none":
+    return _overlapped_diloco(inner, outer, outer_overlap.OuterOverlap(
+        overlap, latency, trickle, period, outer,
+        *(outer_overlap.mean_reduction(axis_name) if topology is None else
+          outer_overlap.gossip_reduction(topology, axis_name))))
 
   def init_fn(params):
     theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
@@ -222,6 +270,29 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
         (x, state.theta, state.outer_state, state.outer_count))
     return _delta(x, params), DiLoCoState(count, k, inner_state, theta,
                                           outer_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _overlapped_diloco(inner, outer, engine: outer_overlap.OuterOverlap
+                       ) -> optax.GradientTransformation:
+  """:func:`diloco` with a delayed or eager outer step (``engine``)."""
+
+  def init_fn(params):
+    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
+    zero = jnp.zeros([], jnp.int32)
+    return OverlapDiLoCoState(zero, zero, inner.init(params), theta,
+                              outer.init(theta), engine.init(theta))
+
+  def update_fn(updates, state, params=None):
+    x, inner_state = _inner_step(inner, updates, state.inner_state, params,
+                                 "diloco")
+    count = optax.safe_increment(state.count)
+    x, theta, outer_state, k, in_flight = engine.step(
+        count, x, state.theta, state.outer_state, state.outer_count,
+        state.in_flight)
+    return _delta(x, params), OverlapDiLoCoState(
+        count, k, inner_state, theta, outer_state, in_flight)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -468,5 +539,6 @@ def global_params(opt_state: optax.OptState) -> PyTree | None:
 
   The parameters to evaluate as "the averaged model" of a DiLoCo run.
   """
-  found = optim.find_states(opt_state, (DiLoCoState, StreamingDiLoCoState))
+  found = optim.find_states(opt_state, (DiLoCoState, OverlapDiLoCoState,
+                                        StreamingDiLoCoState))
   return found[0].theta if found else None
