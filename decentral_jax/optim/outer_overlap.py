@@ -89,7 +89,7 @@ def check_overlap(overlap, latency, trickle, *, one_round: bool = True
   if trickle and not one_round:
     raise ValueError(
         "trickle=True needs a topology with one distinct round (complete, "
-        "ring, torus, exponential, static_ring): a time-varying schedule "
+        "exponential, torus, static_ring): a time-varying schedule "
         "selects its round with a conditional around the collectives, which "
         "XLA cannot overlap; pass trickle=False.")
   return overlap, latency, bool(one_round if trickle is None else trickle)

@@ -1,0 +1,440 @@
+"""DiLoCo with a delayed or eager outer step, and trickled reduction.
+
+Worker ``m`` minimises ``f_m(x) = ||x - b_m||^2 / 2`` with inner SGD. The
+expected values come from the hand-worked example of the issue and from a
+float64 NumPy re-implementation of the recursions (arXiv 2502.12996), written
+here from the definitions, independently of ``decentral_jax.optim``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import require_devices
+from decentral_jax import analysis
+from decentral_jax import parallel
+from decentral_jax import topology
+from decentral_jax.analysis import hlo
+from decentral_jax.optim import local_updates as lu
+from decentral_jax.optim import outer_overlap
+
+LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
+
+
+def _step_fns(tx, n, mesh=None):
+  mesh = mesh or parallel.make_mesh(n)
+
+  def step(params, state, b):
+    grads = jax.tree.map(lambda x, t: x - t, params, b)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  return (jax.jit(parallel.per_worker(step, mesh)),
+          jax.jit(parallel.per_worker(tx.init, mesh)), mesh)
+
+
+def _run(tx, x0, targets, steps):
+  """Trains stacked params ``x0`` [n, ...] (a dict); per-step params, states."""
+  n = targets["a"].shape[0]
+  step, init, mesh = _step_fns(tx, n)
+  params = parallel.shard(x0, mesh)
+  b = parallel.shard(targets, mesh)
+  state = init(params)
+  params_out, states = [], []
+  for _ in range(steps):
+    params, state = step(params, state, b)
+    params_out.append(jax.tree.map(np.asarray, jax.device_get(params)))
+    states.append(jax.device_get(state))
+  return params_out, states
+
+
+def _sgd(lr):
+  def update(g, trace):
+    return -lr * g, trace
+  return update
+
+
+def _nesterov(g, trace):
+  """optax.sgd(OUTER_LR, momentum, nesterov=True) as in its documentation."""
+  trace = g + MOMENTUM * trace
+  return -OUTER_LR * (g + MOMENTUM * trace), trace
+
+
+def _oracle(x0, b, h, rounds, mode, d=1, outer=_nesterov, w=None):
+  """Per-worker theta after each round: [rounds] of dicts of [n, ...].
+
+  ``mode``: "plain", "delayed" or "eager"; ``w(j)``: the mixing matrix of
+  sync ``j`` (0-based), None for the exact mean.
+  """
+  n = b["a"].shape[0]
+  mix = (lambda j: np.full((n, n), 1.0 / n)) if w is None else w
+  theta = {k: np.array(v, np.float64) for k, v in x0.items()}
+  trace = {k: np.zeros_like(v) for k, v in theta.items()}
+  own_hist, mean_hist, out = [], [], []
+  for r in range(1, rounds + 1):
+    x = {k: v.copy() for k, v in theta.items()}
+    for _ in range(h):
+      x = {k: x[k] - LR * (x[k] - b[k]) for k in x}
+    own = {k: theta[k] - x[k] for k in x}
+    wr = mix(r - 1)
+    own_hist.append(own)
+    mean_hist.append({k: np.einsum("ij,j...->i...", wr, v)
+                      for k, v in own.items()})
+    old = r - 1 - d  # index of round r - d
+    for k in theta:
+      shape = (n,) + (1,) * (theta[k].ndim - 1)
+      if mode == "plain":
+        g = mean_hist[-1][k]
+      elif mode == "delayed":
+        if r <= d:
+          continue
+        g = mean_hist[old][k]
+      else:
+        g = np.diag(wr).reshape(shape) * own[k]
+        if r > d:
+          g = g + (mean_hist[old][k]
+                   - np.diag(mix(old)).reshape(shape) * own_hist[old][k])
+      step, trace[k] = outer(g, trace[k])
+      theta[k] = theta[k] + step
+    out.append({k: v.copy() for k, v in theta.items()})
+  return out
+
+
+def _problem(n, seed=0):
+  rng = np.random.default_rng(seed)
+  x0 = {"a": np.repeat(rng.normal(size=(1, 3)), n, 0),
+        "b": np.repeat(rng.normal(size=(1, 2, 2)), n, 0),
+        "c": np.repeat(rng.normal(size=(1,)), n, 0)}
+  b = {k: rng.normal(size=v.shape) for k, v in x0.items()}
+  return x0, b
+
+
+def _thetas(params, h):
+  """Worker parameters after each sync step (= their theta)."""
+  return params[h - 1::h]
+
+
+# --------------------------------------------------------------------------
+# The worked example of the issue.
+# --------------------------------------------------------------------------
+
+WORKED = {
+    "none": [[0.38, 0.38], [0.6878, 0.6878], [0.937118, 0.937118]],
+    "delayed": [[0.0, 0.0], [0.38, 0.38], [0.76, 0.76]],
+    "eager": [[0.095, 0.285], [0.465975, 0.637925], [0.774632, 0.948297]],
+}
+
+
+@pytest.mark.parametrize("overlap,trickle", [
+    ("none", None), ("delayed", True), ("delayed", False), ("eager", True),
+    ("eager", False)])
+def test_worked_example(overlap, trickle, x64):
+  """M = 2, c = (1, 3), inner lr 0.1, H = 2, theta_0 = 0, outer SGD lr 1."""
+  del x64
+  require_devices(2)
+  x0, b = {"a": np.zeros((2, 1))}, {"a": np.array([[1.0], [3.0]])}
+  tx = lu.diloco(optax.sgd(LR), 2, outer=optax.sgd(1.0), overlap=overlap,
+                 trickle=trickle)
+  params, states = _run(tx, x0, b, 6)
+  got = [p["a"][:, 0] for p in _thetas(params, 2)]
+  np.testing.assert_allclose(got, WORKED[overlap], atol=5e-7)
+  mode = "plain" if overlap == "none" else overlap
+  want = _oracle(x0, b, 2, 3, mode, outer=_sgd(1.0))
+  np.testing.assert_allclose(got, [w["a"][:, 0] for w in want], rtol=1e-12)
+  theta = np.asarray(lu.global_params(states[-1])["a"])[:, 0]
+  np.testing.assert_array_equal(theta, got[-1])
+
+
+# --------------------------------------------------------------------------
+# NumPy oracle, identities.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlap,d", [("delayed", 1), ("delayed", 2),
+                                       ("eager", 1), ("eager", 3)])
+def test_matches_numpy_oracle(overlap, d, x64):
+  """4 workers, H = 3, Nesterov outer step, d rounds of latency."""
+  del x64
+  require_devices(4)
+  x0, b = _problem(4)
+  tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=d)
+  params, states = _run(tx, x0, b, 18)
+  want = _oracle(x0, b, 3, 6, overlap, d)
+  for got, w in zip(_thetas(params, 3), want):
+    for k in w:
+      np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
+  assert int(np.asarray(states[-1].outer_count)[0]) == 6
+  if overlap == "eager":  # per-worker theta
+    assert not np.allclose(params[-1]["a"][0], params[-1]["a"][1])
+
+
+@pytest.mark.parametrize("name,trickle", [
+    ("static_ring", True), ("ring", False), ("one_peer_exp", False)])
+@pytest.mark.parametrize("overlap", ["delayed", "eager"])
+def test_decentralized_matches_dense_oracle(name, trickle, overlap, x64):
+  """Gossiped pseudo-gradients; eager's own weight is W[m, m]."""
+  del x64
+  require_devices(8)
+  topo = topology.make(name, 8)
+  x0, b = _problem(8, seed=1)
+  tx = lu.diloco(optax.sgd(LR), 2, topology=topo, overlap=overlap,
+                 latency=2, trickle=trickle)
+  params, _ = _run(tx, x0, b, 12)
+  want = _oracle(x0, b, 2, 6, overlap, 2, w=topo.mixing_matrix)
+  for got, w in zip(_thetas(params, 2), want):
+    for k in w:
+      np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
+
+
+def test_one_worker_eager_is_plain_bit_for_bit():
+  """M = 1: Delta~ = Delta^(k) + (Delta^(k-d) - Delta^(k-d)) exactly."""
+  x0, b = _problem(1, seed=3)
+  plain, _ = _run(lu.diloco(optax.sgd(LR), 3), x0, b, 12)
+  for d, trickle in [(1, True), (2, False), (3, True)]:
+    eager, _ = _run(lu.diloco(optax.sgd(LR), 3, overlap="eager", latency=d,
+                              trickle=trickle), x0, b, 12)
+    for p, e in zip(plain, eager):
+      for k in p:
+        np.testing.assert_array_equal(e[k], p[k])
+
+
+def _round_deltas(params, b, h, x0):
+  """Delta_m^(r) = theta_m^(r-1) - x_m after round r, from the trajectory.
+
+  The last inner step of round r is ``x - LR (x - b)`` from the parameters
+  one step before the sync (the sync replaces its result by theta).
+  """
+  starts = [x0] + _thetas(params, h)
+  out = []
+  for r in range(1, len(params) // h + 1):
+    before = params[r * h - 2] if h > 1 else starts[r - 1]
+    out.append({k: starts[r - 1][k] - (before[k] - LR * (before[k] - b[k]))
+                for k in b})
+  return out
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_eager_telescopes_with_outer_sgd(d, x64):
+  """theta_m^(t) = theta^(0) - lr [sum_{s<=t-d} Delta^(s) + (1/M) sum_{t-d<s<=t} Delta_m^(s)]."""
+  del x64
+  require_devices(4)
+  x0, b = _problem(4, seed=4)
+  lr = 0.5
+  tx = lu.diloco(optax.sgd(LR), 3, outer=optax.sgd(lr), overlap="eager",
+                 latency=d)
+  params, _ = _run(tx, x0, b, 15)
+  deltas = _round_deltas(params, b, 3, x0)
+  for t, got in enumerate(_thetas(params, 3), start=1):
+    for k in b:
+      total = sum((deltas[s - 1][k].mean(0, keepdims=True)
+                   for s in range(1, t - d + 1)), np.zeros_like(b[k][:1]))
+      own = sum((deltas[s - 1][k] for s in range(max(t - d + 1, 1), t + 1)),
+                np.zeros_like(b[k]))
+      np.testing.assert_allclose(got[k], x0[k] - lr * (total + own / 4),
+                                 rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [1, 2])
+def test_eager_worker_mean_of_direction(d, x64):
+  """mean_m Delta~_m^(t) = Delta^(t-d) + (Delta^(t) - Delta^(t-d)) / M."""
+  del x64
+  require_devices(4)
+  x0, b = _problem(4, seed=5)
+  lr = 0.5  # outer SGD: Delta~_m = (theta_m^(t-1) - theta_m^(t)) / lr
+  tx = lu.diloco(optax.sgd(LR), 2, outer=optax.sgd(lr), overlap="eager",
+                 latency=d)
+  params, _ = _run(tx, x0, b, 12)
+  deltas = _round_deltas(params, b, 2, x0)
+  starts = [x0] + _thetas(params, 2)
+  for t in range(1, 7):
+    for k in b:
+      direction = (starts[t - 1][k] - starts[t][k]) / lr
+      fresh = deltas[t - 1][k].mean(0)
+      stale = deltas[t - 1 - d][k].mean(0) if t > d else 0.0
+      np.testing.assert_allclose(direction.mean(0),
+                                 stale + (fresh - stale) / 4,
+                                 rtol=1e-11, atol=1e-12)
+
+
+def test_delayed_waits_d_rounds_then_steps_on_stale_means(x64):
+  """Delayed: theta unchanged (outer state too) for d rounds, equal on all
+  workers; the outer step of round r uses the mean pseudo-gradient of round
+  r - d, which the plain method would have used d rounds earlier."""
+  del x64
+  require_devices(4)
+  x0, b = _problem(4, seed=6)
+  for d in (1, 2, 3):
+    tx = lu.diloco(optax.sgd(LR), 2, overlap="delayed", latency=d)
+    params, states = _run(tx, x0, b, 2 * (d + 2))
+    thetas = _thetas(params, 2)
+    for r in range(d):
+      for k in b:
+        np.testing.assert_array_equal(thetas[r][k], x0[k])
+      for leaf in jax.tree.leaves(states[2 * r + 1].outer_state):
+        assert not np.any(np.asarray(leaf))
+    for k in b:
+      assert not np.allclose(thetas[d][k], x0[k])
+      np.testing.assert_array_equal(thetas[-1][k],
+                                    np.broadcast_to(thetas[-1][k][0],
+                                                    thetas[-1][k].shape))
+
+
+def test_overlap_none_keeps_the_plain_state_and_trajectory():
+  """overlap="none" is today's DiLoCo: DiLoCoState, same values."""
+  x0, b = _problem(2, seed=7)
+  plain, s1 = _run(lu.diloco(optax.sgd(LR), 2), x0, b, 6)
+  none, s2 = _run(lu.diloco(optax.sgd(LR), 2, overlap="none", latency=1),
+                  x0, b, 6)
+  assert type(s2[-1]) is lu.DiLoCoState
+  assert jax.tree.structure(s1[-1]) == jax.tree.structure(s2[-1])
+  for p, q in zip(plain, none):
+    for k in p:
+      np.testing.assert_array_equal(p[k], q[k])
+
+
+# --------------------------------------------------------------------------
+# Trickled reduction: bits, bytes, no collective inside a conditional.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlap,d,name", [
+    ("delayed", 1, None), ("eager", 1, None), ("eager", 2, None),
+    ("delayed", 2, "static_ring"), ("eager", 1, "static_ring")])
+def test_trickled_equals_one_shot_bit_for_bit(overlap, d, name):
+  """float32, 8 elements in H = 3 slices (one padded), Nesterov outer step."""
+  require_devices(4)
+  x0, b = _problem(4, seed=8)
+  x0 = {k: v.astype(np.float32) for k, v in x0.items()}
+  b = {k: v.astype(np.float32) for k, v in b.items()}
+  topo = None if name is None else topology.make(name, 4)
+  runs = [_run(lu.diloco(optax.sgd(LR), 3, topology=topo, overlap=overlap,
+                         latency=d, trickle=t), x0, b, 15)
+          for t in (True, False)]
+  (trickled, s1), (one_shot, s2) = runs
+  for p, q in zip(trickled, one_shot):
+    for k in p:
+      np.testing.assert_array_equal(p[k], q[k])
+  for u, v in zip(jax.tree.leaves(s1[-1].theta),
+                  jax.tree.leaves(s2[-1].theta)):
+    np.testing.assert_array_equal(u, v)
+  assert not np.array_equal(trickled[-1]["a"], trickled[-4]["a"])
+
+
+def _compiled_step(tx, n, x0, b):
+  step, init, mesh = _step_fns(tx, n)
+  params = parallel.shard(x0, mesh)
+  targets = parallel.shard(b, mesh)
+  return step.lower(params, init(params), targets).compile()
+
+
+def _conditional_bodies(text):
+  """Names of the computations called (transitively) by a conditional."""
+  comps, _, _ = hlo.parse_module(text)
+  inside, todo = set(), []
+  for instrs in comps.values():
+    for ins in instrs:
+      if ins.opcode == "conditional":
+        for names in hlo.called_computations(ins).values():
+          todo += names
+  while todo:
+    name = todo.pop()
+    if name in inside:
+      continue
+    inside.add(name)
+    for ins in comps.get(name, ()):
+      for names in hlo.called_computations(ins).values():
+        todo += names
+  return inside
+
+
+@pytest.mark.parametrize("h", [1, 3, 4])
+def test_trickled_bytes_per_step_from_the_hlo(h):
+  """Every step: one all-reduce of |B| / H float32, outside any conditional.
+
+  |B| = 12 elements on n = 4 workers: 2 (n - 1) / n x |B| / H x 4 bytes in
+  every scenario; the one-shot reduction sends H times that on the sync
+  step and nothing otherwise (the same mean over a period).
+  """
+  require_devices(4)
+  n, size = 4, 12
+  rng = np.random.default_rng(9)
+  x0 = {"a": np.repeat(rng.normal(size=(1, 4, 2)), n, 0).astype(np.float32),
+        "b": np.repeat(rng.normal(size=(1, 4)), n, 0).astype(np.float32)}
+  b = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in x0.items()}
+  per_step = 2 * (n - 1) / n * size / h * 4
+  for overlap in ("delayed", "eager"):
+    tx = lu.diloco(optax.sgd(LR), h, overlap=overlap, trickle=True)
+    compiled = _compiled_step(tx, n, x0, b)
+    report = analysis.communication(compiled)
+    assert report.bytes_per_step == pytest.approx(
+        (per_step,) * len(report.scenarios)), report.summary()
+    (coll,) = report.collectives
+    assert coll.kind == "all-reduce"
+    assert coll.operand_shapes == (f"f32[{size // h}]",)
+    text = hlo.hlo_text(compiled)
+    assert coll.computation not in _conditional_bodies(text)
+  compiled = _compiled_step(
+      lu.diloco(optax.sgd(LR), h, overlap="eager", trickle=False), n, x0, b)
+  one_shot = analysis.communication(compiled)
+  assert one_shot.max_bytes_per_step == pytest.approx(per_step * h)
+  assert one_shot.mean_bytes_per_step == pytest.approx(per_step)
+  if h > 1:  # the control: there the all-reduce sits in the sync's branch
+    (coll,) = one_shot.collectives
+    assert coll.computation in _conditional_bodies(hlo.hlo_text(compiled))
+
+
+# --------------------------------------------------------------------------
+# Arguments, state.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(overlap="eagre"), "overlap must be one of none, delayed, eager"),
+    (dict(overlap="delayed", latency=0), "latency must be an int >= 1"),
+    (dict(overlap="eager", latency=1.0), "latency must be an int"),
+    (dict(latency=2), "latency=2 and trickle=None need overlap"),
+    (dict(trickle=True), "need overlap"),
+    (dict(overlap="eager", trickle="yes"), "trickle must be None, True or"),
+    (dict(overlap="eager", trickle=True,
+          topology=topology.make("one_peer_exp", 4)), "trickle=True needs a "
+     "topology with one distinct round"),
+])
+def test_bad_arguments(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    lu.diloco(optax.sgd(LR), 2, **kwargs)
+
+
+def test_trickle_default_and_buffers():
+  """trickle=None trickles unless the topology varies; buffer shapes."""
+  params = {"a": jnp.zeros((5,)), "b": jnp.zeros((2,), jnp.float32)}
+  state = lu.diloco(optax.sgd(LR), 3, overlap="delayed", latency=2).init(
+      params)
+  assert type(state) is lu.OverlapDiLoCoState
+  (means,), (sent,) = state.in_flight
+  assert means.shape == (2, 3, 3) and sent.shape == (1, 3, 3)
+  state = lu.diloco(optax.sgd(LR), 3, overlap="delayed", latency=2,
+                    topology=topology.make("one_peer_exp", 4)).init(params)
+  assert state.in_flight.sent == ()  # one-shot: nothing awaits reduction
+  state = lu.diloco(optax.sgd(LR), 3, overlap="eager", latency=2,
+                    trickle=False).init(params)
+  assert state.in_flight.sent[0].shape == (2, 3, 3)
+
+
+def test_flat_layout_round_trip_by_dtype():
+  tree = {"a": jnp.arange(5.0), "b": jnp.arange(4, dtype=jnp.bfloat16),
+          "c": jnp.ones((2, 2))}
+  layout = outer_overlap.FlatLayout.of(tree, 3)
+  bufs = layout.flatten(tree)
+  assert [(b.shape, b.dtype) for b in bufs] == [((3, 3), jnp.float32),
+                                                ((3, 2), jnp.bfloat16)]
+  np.testing.assert_array_equal(bufs[0].reshape(-1),
+                                [0, 1, 2, 3, 4, 1, 1, 1, 1])
+  np.testing.assert_array_equal(bufs[1].reshape(-1), [0, 1, 2, 3, 0, 0])
+  back = layout.unflatten(bufs)
+  for k in tree:
+    np.testing.assert_array_equal(back[k], tree[k])
+    assert back[k].dtype == tree[k].dtype
