@@ -307,7 +307,7 @@ def test_all_reduce_matches_single_model_adamw():
       optax.clip_by_global_norm(0.5),
       optax.adamw(exp.schedule, b1=c.optimizer.b1, b2=c.optimizer.b2,
                   eps=c.optimizer.eps, weight_decay=c.optimizer.weight_decay,
-                  mask=lambda q: jax.tree.map(lambda x: x.ndim >= 2, q)))
+                  mask=optim.default_weight_decay_mask))
   ref_state = ref_tx.init(p)
 
   @jax.jit
