@@ -33,6 +33,11 @@ METHODS = {
                          "--config.sync_every=4", "--config.num_fragments=2",
                          "--config.overlap_steps=1",
                          "--config.merge_alpha=0.25"),
+    "diloco_delayed": ("--config.algorithm=diloco", "--config.sync_every=3",
+                       "--config.outer_overlap=delayed",
+                       "--config.outer_latency=2"),
+    "diloco_eager": ("--config.algorithm=diloco", "--config.sync_every=3",
+                     "--config.outer_overlap=eager"),
     "local_dadam": ("--config.algorithm=decentralized",
                     "--config.gossip_every=3"),
     "sgp": ("--config.algorithm=sgp", "--config.topology=exponential",
@@ -145,6 +150,17 @@ def test_diloco_evaluates_theta():
       "--config.gossip_rounds=static"), "gossip_rounds"),
     (("--config.algorithm=diloco", "--config.global_avg_interval=5"),
      "global_avg_interval"),
+    (("--config.algorithm=diloco", "--config.outer_overlap=eagre"),
+     "unknown config.outer_overlap=.eagre."),
+    (("--config.algorithm=local_sgd", "--config.outer_overlap=eager"),
+     "config.outer_overlap='eager' is read by diloco and"),
+    (("--config.algorithm=diloco", "--config.outer_latency=2"),
+     "config.outer_latency=2 is not read with config.outer_overlap='none'"),
+    (("--config.algorithm=diloco", "--config.outer_overlap=delayed",
+      "--config.outer_latency=0"), "config.outer_latency"),
+    (("--config.algorithm=decentralized_diloco", "--config.topology=ring",
+      "--config.outer_overlap=delayed"),
+     "config.trickle_reduction=True needs a topology with one distinct"),
 ])
 def test_bad_local_update_fields_name_the_field(extra, match):
   config = config_lib.load_config(
@@ -166,7 +182,10 @@ def test_resume_refuses_a_changed_sync_schedule():
       ("gossip_every", 2, "config.gossip_every"),
       ("outer_optimizer", dict(meta["outer_optimizer"], lr=0.1),
        "config.outer_optimizer"),
-      ("comm_dtype", "bfloat16", "config.comm_dtype")):
+      ("comm_dtype", "bfloat16", "config.comm_dtype"),
+      ("outer_overlap", "eager", "config.outer_overlap"),
+      ("outer_latency", 2, "config.outer_latency"),
+      ("trickle_reduction", False, "config.trickle_reduction")):
     with pytest.raises(ValueError, match=field):
       exp.check_resumable(dict(meta, **{key: value}), "ckpt")
 
@@ -184,3 +203,33 @@ def test_warning_when_the_run_ends_inside_a_sync_window():
       ("--config.algorithm=diloco", "--config.sync_every=10",
        "--config.steps=300"))
   assert not any("sync_every" in w for w in validation.config_warnings(whole))
+
+
+@pytest.mark.parametrize("method", ["diloco_delayed", "diloco_eager"])
+def test_overlap_resumes_mid_round_and_evaluates_mean_theta(method,
+                                                             tmp_path):
+  """A checkpoint mid-round (step 4 of H = 3: one slice of the trickled
+  reduction done) resumes bit for bit; eval/loss is the loss of the worker
+  mean of theta_m (per-worker with eager, equal with delayed)."""
+  exp = _experiment(method)
+  straight = _run(exp, exp.init_state(), 0, 9)
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+  ckpt.save(4, _run(exp, exp.init_state(), 0, 4), exp.checkpoint_meta(4))
+  restored, _ = ckpt.restore(4, exp.init_state())
+  ckpt.close()
+  resumed = _run(exp, restored, 4, 9)
+  for a, b in zip(jax.tree.leaves(_host(straight)),
+                  jax.tree.leaves(_host(resumed))):
+    np.testing.assert_array_equal(a, b)
+  theta = _host(local_updates.global_params(straight.opt_state))
+  if method == "diloco_eager":
+    assert _spread(theta) > 1e-6  # each worker its own theta_m
+  else:
+    assert _spread(theta) < 1e-8
+  mean_theta = jax.tree.map(lambda x: np.mean(x, axis=0), theta)
+  inputs, targets = exp.task.eval_set
+  loss = jax.jit(lambda p, x, y: exp.task.loss(p, (x, y), None)[0])
+  want = np.mean([float(loss(mean_theta, inputs[e], targets[e]))
+                  for e in range(inputs.shape[0])])
+  np.testing.assert_allclose(exp.evaluate(straight)["eval/loss"], want,
+                             rtol=1e-5)

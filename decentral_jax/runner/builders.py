@@ -141,11 +141,27 @@ def _local_sgd(config, schedule, topology, axis_name):
 
 
 def _diloco(config, schedule, topology, axis_name):
-  """DiLoCo, or decentralized DiLoCo when ``topology`` is given."""
+  """DiLoCo, or decentralized DiLoCo when ``topology`` is given; with
+  ``outer_overlap`` its delayed or eager outer step."""
   return local_updates.diloco(_inner(config, schedule),
                               int(config.sync_every), outer=_outer(config),
                               topology=topology, axis_name=axis_name,
-                              bucket_bytes=int(config.bucket_bytes))
+                              bucket_bytes=int(config.bucket_bytes),
+                              **_overlap_args(config))
+
+
+# The algorithms that read config.outer_overlap (outer_latency,
+# trickle_reduction).
+OVERLAP_ALGORITHMS = ("diloco", "decentralized_diloco")
+
+
+def _overlap_args(config) -> dict:
+  """``overlap``, ``latency`` and ``trickle`` of a DiLoCo transform."""
+  if config.outer_overlap == "none":
+    return {}
+  return {"overlap": config.outer_overlap,
+          "latency": int(config.outer_latency),
+          "trickle": bool(config.trickle_reduction)}
 
 
 def _streaming_diloco(config, schedule, topology, axis_name):

@@ -166,6 +166,18 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.num_fragments = 1
   c.overlap_steps = 0
   c.merge_alpha = 0.0
+  # diloco, decentralized_diloco: the outer step overlapped with the next
+  # round (Kale et al., arXiv 2502.12996): "none" (wait for the reduction of
+  # the pseudo-gradients), "delayed" (step on the reduction of
+  # outer_latency rounds ago) or "eager" (the same, this worker's stale
+  # pseudo-gradient replaced by its fresh one; per-worker theta, evaluated
+  # as their mean). trickle_reduction spreads each reduction over the next
+  # round's inner steps, one slice per step outside any conditional, so that
+  # XLA can overlap it with the forward/backward (a time-varying topology
+  # needs trickle_reduction=False). Read only with outer_overlap != "none".
+  c.outer_overlap = "none"
+  c.outer_latency = 1
+  c.trickle_reduction = True
 
   # --- Run length, batch, regularisation -----------------------------------
   # Number of optimizer steps.

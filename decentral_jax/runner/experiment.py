@@ -84,6 +84,9 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "num_fragments": "num_fragments",
                   "overlap_steps": "overlap_steps",
                   "merge_alpha": "merge_alpha",
+                  "outer_overlap": "outer_overlap",
+                  "outer_latency": "outer_latency",
+                  "trickle_reduction": "trickle_reduction",
                   "outer_optimizer": "outer_optimizer",
                   "comm_dtype": "comm_dtype",
                   "devices_per_worker": "devices_per_worker",
@@ -92,7 +95,8 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
 # Values assumed for checkpoints written before these fields existed.
 _RESUME_DEFAULTS = {"beta_convention": "per_window",
                     "devices_per_worker": 1, "worker_layout": "",
-                    "workers_per_device": 1}
+                    "workers_per_device": 1, "outer_overlap": "none",
+                    "outer_latency": 1, "trickle_reduction": True}
 
 
 def worker_layout_of(c) -> layouts.WorkerLayout:
@@ -624,6 +628,9 @@ class Experiment:
         "num_fragments": int(c.num_fragments),
         "overlap_steps": int(c.overlap_steps),
         "merge_alpha": float(c.merge_alpha),
+        "outer_overlap": c.outer_overlap,
+        "outer_latency": int(c.outer_latency),
+        "trickle_reduction": bool(c.trickle_reduction),
         "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
         "comm_dtype": c.comm_dtype,
         # How a worker lies on its devices (the restored state's layout).

@@ -18,6 +18,7 @@ import math
 import numpy as np
 from ml_collections import config_dict
 
+from decentral_jax.optim import outer_overlap
 from decentral_jax.runner import builders
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
@@ -162,6 +163,9 @@ _RULES = {
     "merge_alpha": lambda name, value: (
         _real(0.0)(name, value) if value == 1 else
         _real(0.0, 1.0, note=" or exactly 1")(name, value)),
+    "outer_overlap": _one_of(outer_overlap.OVERLAPS),
+    "outer_latency": _integer(1, note=" (rounds)"),
+    "trickle_reduction": _boolean,
     "steps": _integer(1),
     "global_batch": _integer(1),
     "seed": _integer(0, SEED_MAX),
@@ -335,6 +339,7 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
     raise ValueError(
         "config.algorithm=decentralized_diloco picks its gossip round (the "
         "outer step) inside the step; set --config.gossip_rounds=switch.")
+  _check_outer_overlap(c)
   if c.global_avg_interval and c.algorithm in (
       "diloco", "decentralized_diloco", "streaming_diloco"):
     raise ValueError(
@@ -342,6 +347,34 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
         f"the workers' parameters but not theta, the model "
         f"config.algorithm={c.algorithm} evaluates; it synchronises every "
         "config.sync_every steps: set --config.global_avg_interval=0.")
+
+
+def _check_outer_overlap(c: config_dict.ConfigDict) -> None:
+  """outer_overlap, outer_latency and trickle_reduction: read by whom."""
+  readers = builders.OVERLAP_ALGORITHMS
+  if c.outer_overlap != "none" and c.algorithm not in readers:
+    raise ValueError(
+        f"config.outer_overlap={c.outer_overlap!r} is read by "
+        f"{' and '.join(readers)} only, not by "
+        f"config.algorithm={c.algorithm}; set --config.outer_overlap=none.")
+  if c.outer_overlap == "none":
+    for field, default in (("outer_latency", 1), ("trickle_reduction", True)):
+      if c[field] != default:
+        raise ValueError(
+            f"config.{field}={c[field]} is not read with "
+            f"config.outer_overlap='none'; set --config.outer_overlap=delayed "
+            f"or eager, or --config.{field}={default}.")
+    return
+  if c.trickle_reduction and c.algorithm == "decentralized_diloco":
+    rounds = len(topology_lib.make(c.topology, int(c.n_workers),
+                                   int(c.workers_per_node)).distinct_rounds)
+    if rounds > 1:
+      raise ValueError(
+          f"config.trickle_reduction=True needs a topology with one distinct "
+          f"round, but config.topology={c.topology} has {rounds} (picked "
+          "inside the step by a conditional around the collectives, which "
+          "XLA cannot overlap); set --config.trickle_reduction=False or a "
+          "static topology (complete, exponential, torus, static_ring).")
 
 
 def config_warnings(config: config_dict.ConfigDict) -> list[str]:
