@@ -25,7 +25,11 @@ and, by name or with ``--methods=all``:
   merge alpha 0.5, sync every 10 steps (outer as ``diloco``);
 * ``decentralized_diloco``: DiLoCo whose outer mean is one gossip round on
   ``one_peer_exp``, every 10 steps;
-* ``sgp``: SGP (push-sum AdamW) on ``one_peer_exp``.
+* ``sgp``: SGP (push-sum AdamW) on ``one_peer_exp``;
+* ``diloco_delayed``, ``diloco_eager``: ``diloco`` with its outer step
+  overlapped with the next round (arXiv 2502.12996): one round stale, or
+  eager (each worker's own fresh pseudo-gradient in place of its stale
+  one), the reduction trickled over the round's inner steps.
 
 Each method runs at its own tuned peak learning rate (:data:`TUNED_PEAK_LR`,
 chosen for gpt_tiny by the project's tuning protocol,
@@ -181,6 +185,14 @@ RUNS = (
         f"{_OUTER_LR}), one_peer_exp, H={_H}", "decentralized_diloco",
         "adamw", "one_peer_exp",
         fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR))),
+    Run("diloco_delayed", f"DiLoCo, delayed outer step (Nesterov lr "
+        f"{_OUTER_LR}), H={_H}", "diloco", "adamw", "complete",
+        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR),
+                ("outer_overlap", "delayed"))),
+    Run("diloco_eager", f"DiLoCo, eager outer step (Nesterov lr "
+        f"{_OUTER_LR}), H={_H}", "diloco", "adamw", "complete",
+        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR),
+                ("outer_overlap", "eager"))),
     Run("local_dadam", "Local DAdam, one_peer_exp, gossip every 5",
         "decentralized", "adamw", "one_peer_exp",
         fields=(("gossip_every", 5),)),
@@ -194,13 +206,14 @@ METHODS = {run.name: run for run in RUNS}
 # setting: BENCHMARKS.md, section 10. accum_adamw_aer, streaming_diloco,
 # decentralized_diloco and sgp were not re-tuned: the first uses
 # accum_adamw's lr, the others their best of the earlier grid {1.5e-3,
-# 3e-3, 6e-3} (section 6). The final lr is peak / 10. --per_method_lr=false
-# uses the config's lr.
+# 3e-3, 6e-3} (section 6); diloco_delayed and diloco_eager (not tuned) use
+# diloco's. The final lr is peak / 10. --per_method_lr=false uses the
+# config's lr.
 TUNED_PEAK_LR = {"all_reduce": 6e-3, "dadam": 6e-3, "accum_adamw": 3e-3,
                  "accum_adamw_paper": 1.5e-3, "accum_adamw_aer": 3e-3,
                  "local_sgd": 3e-3, "diloco": 3e-3, "streaming_diloco": 3e-3,
                  "decentralized_diloco": 3e-3, "local_dadam": 3e-3,
-                 "sgp": 6e-3}
+                 "sgp": 6e-3, "diloco_delayed": 3e-3, "diloco_eager": 3e-3}
 
 
 def select_runs(spec: str) -> tuple[Run, ...]:
