@@ -38,6 +38,10 @@ METHODS = {
                        "--config.outer_latency=2"),
     "diloco_eager": ("--config.algorithm=diloco", "--config.sync_every=3",
                      "--config.outer_overlap=eager"),
+    "streaming_eager": ("--config.algorithm=streaming_diloco",
+                        "--config.sync_every=4", "--config.num_fragments=2",
+                        "--config.merge_alpha=0.25",
+                        "--config.outer_overlap=eager"),
     "local_dadam": ("--config.algorithm=decentralized",
                     "--config.gossip_every=3"),
     "sgp": ("--config.algorithm=sgp", "--config.topology=exponential",
@@ -88,7 +92,7 @@ def _spread(params):
 def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
   """Synchronised at sync steps, apart between; resume mid-window is exact."""
   exp = _experiment(method)
-  h = 4 if method == "streaming_diloco" else 3
+  h = 4 if method.startswith("streaming") else 3
   state = _run(exp, exp.init_state(), 0, h)
   # XLA:CPU's all-reduce sums in a different order on each device, so the
   # synchronised values agree to rounding, not bit for bit.
@@ -153,7 +157,11 @@ def test_diloco_evaluates_theta():
     (("--config.algorithm=diloco", "--config.outer_overlap=eagre"),
      "unknown config.outer_overlap=.eagre."),
     (("--config.algorithm=local_sgd", "--config.outer_overlap=eager"),
-     "config.outer_overlap='eager' is read by diloco and"),
+     "config.outer_overlap='eager' is read by diloco, "),
+    (("--config.algorithm=streaming_diloco", "--config.sync_every=4",
+      "--config.num_fragments=2", "--config.overlap_steps=1",
+      "--config.outer_overlap=eager"),
+     "config.overlap_steps=1 and config.outer_overlap='eager' both"),
     (("--config.algorithm=diloco", "--config.outer_latency=2"),
      "config.outer_latency=2 is not read with config.outer_overlap='none'"),
     (("--config.algorithm=diloco", "--config.outer_overlap=delayed",
@@ -205,12 +213,16 @@ def test_warning_when_the_run_ends_inside_a_sync_window():
   assert not any("sync_every" in w for w in validation.config_warnings(whole))
 
 
-@pytest.mark.parametrize("method", ["diloco_delayed", "diloco_eager"])
+@pytest.mark.parametrize("method", ["diloco_delayed", "diloco_eager",
+                                    "streaming_eager"])
 def test_overlap_resumes_mid_round_and_evaluates_mean_theta(method,
                                                              tmp_path):
-  """A checkpoint mid-round (step 4 of H = 3: one slice of the trickled
-  reduction done) resumes bit for bit; eval/loss is the loss of the worker
-  mean of theta_m (per-worker with eager, equal with delayed)."""
+  """A checkpoint after step 4 resumes bit for bit: mid-round for H = 3
+  (one slice of the trickled reduction done; the generic test above
+  resumes at the sync step 6), and for Streaming DiLoCo (H = 4, fragments
+  synced at t % 4 = 0 and 2) a sync step of one fragment and mid-round of
+  the other. eval/loss is the loss of the worker mean of theta_m
+  (per-worker with eager, equal with delayed)."""
   exp = _experiment(method)
   straight = _run(exp, exp.init_state(), 0, 9)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
@@ -222,7 +234,7 @@ def test_overlap_resumes_mid_round_and_evaluates_mean_theta(method,
                   jax.tree.leaves(_host(resumed))):
     np.testing.assert_array_equal(a, b)
   theta = _host(local_updates.global_params(straight.opt_state))
-  if method == "diloco_eager":
+  if method != "diloco_delayed":
     assert _spread(theta) > 1e-6  # each worker its own theta_m
   else:
     assert _spread(theta) < 1e-8

@@ -438,3 +438,125 @@ def test_flat_layout_round_trip_by_dtype():
   for k in tree:
     np.testing.assert_array_equal(back[k], tree[k])
     assert back[k].dtype == tree[k].dtype
+
+
+# --------------------------------------------------------------------------
+# Streaming DiLoCo, per fragment.
+# --------------------------------------------------------------------------
+
+
+def _streaming_oracle(x0, b, h, steps, frags, mode, d, alpha,
+                      outer=_nesterov):
+  """Per-step parameters of Streaming DiLoCo with an overlapped outer step.
+
+  Fragment ``p`` (offset ``o_p = p H // P``) ends a round at ``t % H ==
+  o_p``, ``t >= max(o_p, 1)``; there its leaves take the delayed or eager
+  outer step on its own history, then ``x <- alpha x + (1 - alpha) theta``.
+  """
+  n = b["a"].shape[0]
+  p_count = max(frags.values()) + 1
+  offsets = [p * h // p_count % h for p in range(p_count)]
+  x = {k: np.array(v, np.float64) for k, v in x0.items()}
+  theta = {k: v.copy() for k, v in x.items()}
+  trace = {k: np.zeros_like(v) for k, v in x.items()}
+  own_hist = [[] for _ in range(p_count)]
+  out = []
+  for t in range(1, steps + 1):
+    x = {k: x[k] - LR * (x[k] - b[k]) for k in x}
+    for p, o in enumerate(offsets):
+      if t % h != o or t < max(o, 1):
+        continue
+      own_hist[p].append({k: theta[k] - x[k] for k in x if frags[k] == p})
+      r, old = len(own_hist[p]), len(own_hist[p]) - 1 - d
+      for k in own_hist[p][-1]:
+        fresh = own_hist[p][-1][k]
+        stale = own_hist[p][old][k] if r > d else np.zeros_like(fresh)
+        if mode == "eager":
+          g = fresh / n + (stale.mean(0, keepdims=True) - stale / n)
+        else:
+          g = np.broadcast_to(stale.mean(0, keepdims=True), stale.shape)
+        if mode == "eager" or r > d:
+          step, trace[k] = outer(g, trace[k])
+          theta[k] = theta[k] + step
+        x[k] = alpha * x[k] + (1 - alpha) * theta[k]
+    out.append({k: v.copy() for k, v in x.items()})
+  return out
+
+
+@pytest.mark.parametrize("frags,mode,d,alpha,trickle", [
+    ({"a": 0, "b": 1, "c": 1}, "delayed", 1, 0.0, True),
+    ({"a": 0, "b": 1, "c": 2}, "eager", 2, 0.5, True),
+    ({"a": 0, "b": 1, "c": 1}, "eager", 1, 0.25, False),
+])
+def test_streaming_fragments_match_numpy_oracle(frags, mode, d, alpha,
+                                                trickle, x64):
+  """4 workers, H = 6: each fragment its own rounds, history and outer state."""
+  del x64
+  require_devices(4)
+  x0, b = _problem(4, seed=10)
+  tx = lu.streaming_diloco(optax.sgd(LR), 6,
+                           num_fragments=max(frags.values()) + 1,
+                           fragments=frags, merge_alpha=alpha, overlap=mode,
+                           latency=d, trickle=trickle)
+  params, states = _run(tx, x0, b, 26)
+  want = _streaming_oracle(x0, b, 6, 26, frags, mode, d, alpha)
+  for got, w in zip(params, want):
+    for k in w:
+      np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
+  assert type(states[-1]) is lu.OverlapStreamingDiLoCoState
+
+
+@pytest.mark.parametrize("overlap", ["delayed", "eager"])
+def test_streaming_one_fragment_is_diloco_bit_for_bit(overlap):
+  require_devices(4)
+  x0, b = _problem(4, seed=11)
+  x0 = {k: v.astype(np.float32) for k, v in x0.items()}
+  b = {k: v.astype(np.float32) for k, v in b.items()}
+  plain, _ = _run(lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2),
+                  x0, b, 12)
+  stream, _ = _run(lu.streaming_diloco(optax.sgd(LR), 3, overlap=overlap,
+                                       latency=2), x0, b, 12)
+  for p, q in zip(plain, stream):
+    for k in p:
+      np.testing.assert_array_equal(p[k], q[k])
+
+
+@pytest.mark.parametrize("comm_dtype", [None, jnp.bfloat16])
+def test_streaming_trickled_equals_one_shot_bit_for_bit(comm_dtype):
+  """Also with pseudo-gradients sent in bfloat16 (float32 sums)."""
+  require_devices(4)
+  x0, b = _problem(4, seed=12)
+  x0 = {k: v.astype(np.float32) for k, v in x0.items()}
+  b = {k: v.astype(np.float32) for k, v in b.items()}
+  runs = [_run(lu.streaming_diloco(
+      optax.sgd(LR), 4, num_fragments=2, merge_alpha=0.5,
+      comm_dtype=comm_dtype, overlap="eager", trickle=t), x0, b, 14)[0]
+          for t in (True, False)]
+  for p, q in zip(*runs):
+    for k in p:
+      np.testing.assert_array_equal(p[k], q[k])
+
+
+def test_streaming_trickled_bytes_per_step():
+  """Two fragments of 8 and 4 float32, H = 4: every step reduces 2 + 1."""
+  require_devices(4)
+  n, h = 4, 4
+  rng = np.random.default_rng(13)
+  x0 = {"a": np.repeat(rng.normal(size=(1, 8)), n, 0).astype(np.float32),
+        "b": np.repeat(rng.normal(size=(1, 4)), n, 0).astype(np.float32)}
+  b = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in x0.items()}
+  tx = lu.streaming_diloco(optax.sgd(LR), h, num_fragments=2,
+                           fragments={"a": 0, "b": 1}, overlap="delayed")
+  compiled = _compiled_step(tx, n, x0, b)
+  report = analysis.communication(compiled)
+  per_step = 2 * (n - 1) / n * (8 + 4) / h * 4
+  assert report.bytes_per_step == pytest.approx(
+      (per_step,) * len(report.scenarios)), report.summary()
+  inside = _conditional_bodies(hlo.hlo_text(compiled))
+  assert all(c.computation not in inside for c in report.collectives)
+
+
+def test_streaming_refuses_two_overlaps():
+  with pytest.raises(ValueError, match="overlap_steps=1 and overlap='eager'"):
+    lu.streaming_diloco(optax.sgd(LR), 4, num_fragments=2, overlap_steps=1,
+                        overlap="eager")

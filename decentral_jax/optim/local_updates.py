@@ -376,7 +376,9 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
                      overlap_steps: int = 0, merge_alpha: float = 0.0,
                      outer: optax.GradientTransformation | None = None,
                      comm_dtype=None,
-                     axis_name: str = "workers"
+                     axis_name: str = "workers",
+                     overlap: str = "none", latency: int = 1,
+                     trickle: bool | None = None
                      ) -> optax.GradientTransformation:
   r"""Streaming DiLoCo: fragments synchronised in turn, overlapped, merged.
 
@@ -397,6 +399,13 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   all-gather of the result in ``comm_dtype``: the bytes of an all-reduce in
   ``comm_dtype``).
 
+  ``overlap="delayed"`` or ``"eager"`` (with ``tau = 0``) gives each
+  fragment the outer step of :func:`diloco` with that overlap, on its own
+  rounds (sync ``k`` of fragment ``p`` at ``t = o_p + k H``, or ``k H``
+  for ``o_p = 0``), merged with ``alpha``; with ``trickle`` every inner
+  step reduces one ``1/H`` slice of every fragment's pending
+  pseudo-gradients (see :mod:`decentral_jax.optim.outer_overlap`).
+
   Args:
     inner: worker-local optax transform.
     sync_every: ``H >= 1``, the sync period of every fragment.
@@ -410,13 +419,16 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
       momentum 0.9).
     comm_dtype: optional floating dtype of the pseudo-gradients on the wire.
     axis_name: the worker mesh axis (a single name).
+    overlap, latency, trickle: as for :func:`diloco`, per fragment.
 
   Returns:
-    An ``optax.GradientTransformation`` with :class:`StreamingDiLoCoState`.
+    An ``optax.GradientTransformation`` with :class:`StreamingDiLoCoState`
+    (:class:`OverlapStreamingDiLoCoState` with overlap).
 
   Raises:
-    ValueError: any argument outside the ranges above, a fragment
-      assignment that misses a fragment or a leaf, ``params`` not passed.
+    ValueError: any argument outside the ranges above, ``overlap_steps >
+      0`` with overlap, a fragment assignment that misses a fragment or a
+      leaf, ``params`` not passed.
 
   References:
     Douillard et al., Streaming DiLoCo with overlapping communication,
@@ -446,6 +458,19 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     frag = (default_fragments(params, p_count) if fragments is None
             else fragments)
     return check_fragments(frag, params, p_count)
+
+  overlap, latency, trickle = outer_overlap.check_overlap(overlap, latency,
+                                                          trickle)
+  if overlap != "none":
+    if tau:
+      raise ValueError(
+          f"overlap_steps={tau} and overlap={overlap!r} both hide the "
+          "reduction behind inner steps; use one (overlap_steps=0).")
+    reduction = (outer_overlap.mean_reduction(axis_name) if comm_dtype is None
+                 else _low_precision_reduction(comm_dtype, axis_name))
+    engine = outer_overlap.OuterOverlap(overlap, latency, trickle, period,
+                                        outer, *reduction, merge_alpha=alpha)
+    return _overlapped_streaming(inner, outer, engine, ids_of, offsets)
 
   def init_fn(params):
     ids = ids_of(params)
@@ -508,6 +533,73 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+class OverlapStreamingDiLoCoState(NamedTuple):
+  """State of :func:`streaming_diloco` with ``overlap`` ``"delayed"`` or
+  ``"eager"`` (per fragment: outer state, outer steps taken, pseudo-gradients
+  in flight; ``theta`` per worker with ``"eager"``)."""
+  count: jax.Array  # int32 []: inner steps taken t.
+  inner_state: optax.OptState
+  theta: optax.Params  # float32 (float64) like params, every fragment.
+  outer_states: tuple  # per fragment.
+  outer_counts: tuple  # per fragment, int32 []: its outer steps taken.
+  in_flight: tuple  # per fragment, outer_overlap.OverlapBuffers.
+
+
+def _overlapped_streaming(inner, outer, engine: outer_overlap.OuterOverlap,
+                          ids_of, offsets) -> optax.GradientTransformation:
+  """:func:`streaming_diloco` with a delayed or eager outer step per fragment.
+
+  Fragment ``p`` runs ``engine`` on its leaves with its own step count
+  ``t - o_p`` (``+ H`` for ``o_p > 0``), so that its syncs fall at ``t %
+  H == o_p`` from ``t = o_p`` on, as without overlap.
+  """
+  period = engine.period
+
+  def parts(flat, ids):
+    return [[flat[j] for j, i in enumerate(ids) if i == p]
+            for p in range(len(offsets))]
+
+  def init_fn(params):
+    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
+    frags = parts(jax.tree.leaves(theta), ids_of(params))
+    zero = jnp.zeros([], jnp.int32)
+    return OverlapStreamingDiLoCoState(
+        zero, inner.init(params), theta, tuple(outer.init(t) for t in frags),
+        (zero,) * len(offsets), tuple(engine.init(t) for t in frags))
+
+  def update_fn(updates, state, params=None):
+    x, inner_state = _inner_step(inner, updates, state.inner_state, params,
+                                 "streaming_diloco")
+    ids = ids_of(params)
+    count = optax.safe_increment(state.count)
+    x_flat, treedef = jax.tree.flatten(x)
+    theta = jax.tree.leaves(state.theta)
+    outer_states, counts = list(state.outer_states), list(state.outer_counts)
+    in_flight = list(state.in_flight)
+    for p, (xs, ts) in enumerate(zip(parts(x_flat, ids), parts(theta, ids))):
+      local = count - offsets[p] + (period if offsets[p] else 0)
+      xs, ts, outer_states[p], counts[p], in_flight[p] = engine.step(
+          local, xs, ts, outer_states[p], counts[p], in_flight[p])
+      for j, a, t in zip([j for j, i in enumerate(ids) if i == p], xs, ts):
+        x_flat[j], theta[j] = a, t
+    new_state = OverlapStreamingDiLoCoState(
+        count, inner_state, jax.tree.unflatten(treedef, theta),
+        tuple(outer_states), tuple(counts), tuple(in_flight))
+    return _delta(jax.tree.unflatten(treedef, x_flat), params), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _low_precision_reduction(comm_dtype, axis_name):
+  """``(reduce, own_weight)`` of the mean with ``comm_dtype`` on the wire."""
+
+  def reduce(a, j):
+    del j
+    return _mean_low_precision([a], comm_dtype, axis_name)[0]
+
+  return reduce, outer_overlap.mean_reduction(axis_name)[1]
+
+
 def _mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,
                         axis_name: str) -> list[jax.Array]:
   """Mean over workers with ``comm_dtype`` on the wire, summed in float32.
@@ -537,8 +629,10 @@ def _mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,
 def global_params(opt_state: optax.OptState) -> PyTree | None:
   """``theta`` of the first DiLoCo-style state found in ``opt_state``, else None.
 
-  The parameters to evaluate as "the averaged model" of a DiLoCo run.
+  The parameters to evaluate as "the averaged model" of a DiLoCo run (with
+  eager overlap, this worker's ``theta_i``: the model is their mean).
   """
   found = optim.find_states(opt_state, (DiLoCoState, OverlapDiLoCoState,
-                                        StreamingDiLoCoState))
+                                        StreamingDiLoCoState,
+                                        OverlapStreamingDiLoCoState))
   return found[0].theta if found else None

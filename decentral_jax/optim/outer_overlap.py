@@ -188,6 +188,8 @@ class OuterOverlap(NamedTuple):
       pseudo-gradients of sync ``j`` (0-based), elementwise on any shape.
     own_weight: ``(j, dtype) -> scalar``, the weight of a worker's own
       term in that reduction (``1/M`` for the mean) in ``dtype``.
+    merge_alpha: after the outer step ``x <- alpha x + (1 - alpha) theta``
+      (Streaming DiLoCo's merge); 0: ``x <- theta``.
   """
   mode: str
   latency: int
@@ -196,6 +198,7 @@ class OuterOverlap(NamedTuple):
   outer: optax.GradientTransformation
   reduce: Callable[[jax.Array, Any], jax.Array]
   own_weight: Callable[[Any, Any], Any]
+  merge_alpha: float = 0.0
 
   def init(self, theta: PyTree) -> OverlapBuffers:
     """Zero buffers (``Delta^(j) = Delta_m^(j) = 0`` for ``j <= 0``)."""
@@ -253,7 +256,13 @@ class OuterOverlap(NamedTuple):
       new_theta, new_state = jax.tree.map(
           lambda new, old: jnp.where(active, new, old),
           (new_theta, new_state), (theta, outer_state))
-    x = jax.tree.map(lambda t, a: t.astype(a.dtype), new_theta, x)
+    alpha = self.merge_alpha
+    if alpha:
+      x = jax.tree.map(lambda t, a: (alpha * a.astype(t.dtype)
+                                     + (1.0 - alpha) * t).astype(a.dtype),
+                       new_theta, x)
+    else:
+      x = jax.tree.map(lambda t, a: t.astype(a.dtype), new_theta, x)
     return (x, new_theta, new_state, optax.safe_increment(k),
             OverlapBuffers(tuple(means), tuple(sent)))
 

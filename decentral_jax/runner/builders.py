@@ -152,7 +152,7 @@ def _diloco(config, schedule, topology, axis_name):
 
 # The algorithms that read config.outer_overlap (outer_latency,
 # trickle_reduction).
-OVERLAP_ALGORITHMS = ("diloco", "decentralized_diloco")
+OVERLAP_ALGORITHMS = ("diloco", "decentralized_diloco", "streaming_diloco")
 
 
 def _overlap_args(config) -> dict:
@@ -165,14 +165,16 @@ def _overlap_args(config) -> dict:
 
 
 def _streaming_diloco(config, schedule, topology, axis_name):
-  """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype)."""
+  """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype; with
+  ``outer_overlap`` a delayed or eager outer step per fragment)."""
   del topology
   return local_updates.streaming_diloco(
       _inner(config, schedule), int(config.sync_every),
       num_fragments=int(config.num_fragments),
       overlap_steps=int(config.overlap_steps),
       merge_alpha=float(config.merge_alpha), outer=_outer(config),
-      comm_dtype=COMM_DTYPES[config.comm_dtype], axis_name=axis_name)
+      comm_dtype=COMM_DTYPES[config.comm_dtype], axis_name=axis_name,
+      **_overlap_args(config))
 
 
 def _sgp(config, schedule, topology, axis_name):

@@ -166,7 +166,8 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.num_fragments = 1
   c.overlap_steps = 0
   c.merge_alpha = 0.0
-  # diloco, decentralized_diloco: the outer step overlapped with the next
+  # diloco, decentralized_diloco, streaming_diloco (per fragment, with
+  # overlap_steps=0): the outer step overlapped with the next
   # round (Kale et al., arXiv 2502.12996): "none" (wait for the reduction of
   # the pseudo-gradients), "delayed" (step on the reduction of
   # outer_latency rounds ago) or "eager" (the same, this worker's stale

@@ -355,7 +355,7 @@ def _check_outer_overlap(c: config_dict.ConfigDict) -> None:
   if c.outer_overlap != "none" and c.algorithm not in readers:
     raise ValueError(
         f"config.outer_overlap={c.outer_overlap!r} is read by "
-        f"{' and '.join(readers)} only, not by "
+        f"{', '.join(readers)} only, not by "
         f"config.algorithm={c.algorithm}; set --config.outer_overlap=none.")
   if c.outer_overlap == "none":
     for field, default in (("outer_latency", 1), ("trickle_reduction", True)):
@@ -365,6 +365,11 @@ def _check_outer_overlap(c: config_dict.ConfigDict) -> None:
             f"config.outer_overlap='none'; set --config.outer_overlap=delayed "
             f"or eager, or --config.{field}={default}.")
     return
+  if c.algorithm == "streaming_diloco" and c.overlap_steps:
+    raise ValueError(
+        f"config.overlap_steps={c.overlap_steps} and config.outer_overlap="
+        f"{c.outer_overlap!r} both hide the reduction behind inner steps; "
+        "set --config.overlap_steps=0 (or --config.outer_overlap=none).")
   if c.trickle_reduction and c.algorithm == "decentralized_diloco":
     rounds = len(topology_lib.make(c.topology, int(c.n_workers),
                                    int(c.workers_per_node)).distinct_rounds)
