@@ -42,6 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from decentral_jax import checks
+
 
 @dataclasses.dataclass(frozen=True)
 class VirtualAxes:
@@ -296,7 +298,16 @@ def all_to_all(x, axis_name: AxisName) -> jax.Array:
   Returns:
     ``[n, ...]``, row ``j`` from worker ``j`` (``lax.all_to_all`` with
     split and concat axis 0).
+
+  Raises:
+    ValueError: ``x`` without a leading axis of size ``n``.
   """
+  x = jnp.asarray(x)
+  n = size(axis_name)
+  if x.ndim == 0 or x.shape[0] != n:
+    raise ValueError(f"all_to_all: x must have a leading axis of size "
+                     f"n_workers={n} (row j is sent to worker j), got shape "
+                     f"{x.shape}.")
   if not is_virtual(axis_name):
     _check_not_virtual(axis_name)
     return lax.all_to_all(x, _lax_axis(axis_name), 0, 0, tiled=False)
@@ -363,6 +374,26 @@ def _permute_plan(perm: tuple[tuple[int, int], ...], m: int, k: int):
   return tuple(hops), take.astype(np.int32)
 
 
+def _check_perm(perm, n: int) -> tuple[tuple[int, int], ...]:
+  """``perm`` as a tuple of int pairs of workers ``0..n-1``; else ValueError."""
+  pairs = []
+  for j, pair in enumerate(perm):
+    if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") \
+        or len(pair) != 2:
+      raise ValueError(f"perm[{j}] must be a (source, destination) pair, got "
+                       f"{pair!r}.")
+    pairs.append(tuple(checks.check_int(f"perm[{j}][{e}]", w, minimum=0,
+                                        maximum=n - 1)
+                       for e, w in enumerate(pair)))
+  for e, end in enumerate(("sources", "destinations")):
+    ends = [p[e] for p in pairs]
+    if len(set(ends)) != len(ends):
+      raise ValueError(f"perm has repeated {end} "
+                       f"{sorted({w for w in ends if ends.count(w) > 1})}; "
+                       "each worker sends and receives at most once.")
+  return tuple(pairs)
+
+
 def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
   """``lax.ppermute`` over workers: worker ``dst`` gets ``x_src``, else 0.
 
@@ -374,14 +405,18 @@ def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
 
   Returns:
     An array like ``x``: what this worker receives (zeros if nothing).
+
+  Raises:
+    ValueError: a pair that is not two ints in ``[0, n)``, or a repeated
+      source or destination.
   """
+  pairs = _check_perm(perm, size(axis_name))
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
-    return lax.ppermute(x, _lax_axis(axis_name), list(perm))
+    return lax.ppermute(x, _lax_axis(axis_name), list(pairs))
   k = axis_name.per_device
   dev = axis_name.device
   m = size(axis_name) // k
-  hops, take = _permute_plan(tuple((int(s), int(d)) for s, d in perm), m, k)
+  hops, take = _permute_plan(pairs, m, k)
 
   def move(s):
     me = lax.axis_index(dev)
