@@ -31,6 +31,7 @@ from decentral_jax.models import gpt
 from decentral_jax.optim import local_updates as lu
 from decentral_jax.optim import push_sum
 from decentral_jax.parallel import layouts
+from decentral_jax.parallel import multiprocess
 
 NAN = float("nan")
 SGD = optax.sgd(0.1)
@@ -241,6 +242,9 @@ PARALLEL = [
     _case("devices_per_worker must be an int >= 1, got 1.5",
           lambda: layouts.check_batch({"x": np.zeros((2, 4))}, 1.5),
           "check_batch-float"),
+    _case("workers_per_node must be an int >= 1, got 0",
+          lambda: multiprocess.check_node_layout(8, 0),
+          "check_node_layout-zero"),
     _case("layout must be a layouts.WorkerLayout, got str",
           lambda: layouts.state_specs({"w": np.zeros((2, 4))},
                                       parallel.make_mesh(2), "fsdp"),
