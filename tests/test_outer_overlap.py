@@ -560,3 +560,28 @@ def test_streaming_refuses_two_overlaps():
   with pytest.raises(ValueError, match="overlap_steps=1 and overlap='eager'"):
     lu.streaming_diloco(optax.sgd(LR), 4, num_fragments=2, overlap_steps=1,
                         overlap="eager")
+
+
+@pytest.mark.parametrize("overlap,trickle", [("eager", True),
+                                             ("delayed", True),
+                                             ("eager", False)])
+def test_virtual_workers_follow_one_worker_per_device(overlap, trickle, x64):
+  """8 workers as 2 devices of 4 (vmapped) = 8 devices, float64."""
+  del x64
+  devices = require_devices(8)
+  x0, b = _problem(8, seed=14)
+  tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2,
+                 trickle=trickle)
+  want, _ = _run(tx, x0, b, 12)
+  mesh = parallel.make_mesh(8, devices=devices[:2], workers_per_device=4)
+  assert parallel.worker_axis(mesh).per_device == 4
+  tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2,
+                 trickle=trickle, axis_name=parallel.worker_axis(mesh))
+  step, init, _ = _step_fns(tx, 8, mesh)
+  params = parallel.shard(x0, mesh)
+  targets = parallel.shard(b, mesh)
+  state = init(params)
+  for t in range(12):
+    params, state = step(params, state, targets)
+    for k, v in jax.device_get(params).items():
+      np.testing.assert_allclose(v, want[t][k], rtol=1e-12, atol=1e-12)
