@@ -290,5 +290,5 @@ def test_cluster_files_may_describe_datacenters(tmp_path, capsys):
   cluster_file.write(bad, {"cluster": dict(dataclasses.asdict(_wan()),
                                            wan_jitter_s=0.001),
                            "workload": None, "measurements": {}, "meta": {}})
-  with pytest.raises(ValueError, match="exactly the keys"):
+  with pytest.raises(ValueError, match="unknown .'wan_jitter_s'"):
     cluster_file.read(bad)
