@@ -35,7 +35,7 @@ METHODS = ("all_reduce", "one_peer_exp", "aer", "complete", "ring", "sgp",
            "accum_adam:T=4,topology=ring")
 # Dimensionless or typed fields (everything else must carry a unit suffix).
 UNITLESS = {"n_workers", "local_size", "multi_node", "intra_link",
-            "nics_per_node", "nic_efficiency", "full_duplex",
+            "nics_per_node", "nic_efficiency", "full_duplex", "datacenters",
             "devices_per_worker", "worker_layout",
             "param_count",
             "compute_cv", "grad_dtype", "param_dtype", "bucket_shares",
