@@ -180,6 +180,13 @@ def test_every_library_algorithm_and_topology_is_priced():
     m = core.make_method(name, c)
     assert core.simulate(m, c, w, steps=80, warmup=16) == pytest.approx(
         _hand_gossip_s(m.topology), rel=1e-9), name
+  # DiLoCo's overlapped outer step is priced as such only where the library
+  # hides the reduction (trickled); one-shot is the blocking sync.
+  cfg = config_lib.base_config("gpt")
+  cfg.algorithm, cfg.outer_overlap = "diloco", "eager"
+  assert builders.spec_for_config(cfg)[0] == "diloco:H=10,overlap=eager"
+  cfg.trickle_reduction = False
+  assert builders.spec_for_config(cfg)[0] == "diloco:H=10"
   cfg = config_lib.base_config("gpt")
   cfg.comm_dtype, cfg.bucket_bytes = "bfloat16", 25 * 2**20
   cfg.devices_per_worker, cfg.worker_layout = 2, "data"

@@ -309,6 +309,12 @@ def spec_for_config(config) -> tuple[str, dict]:
   if int(config.bucket_bytes) > 0 and algo in ("decentralized", "sgp",
                                                "all_reduce"):
     extra.append(f"bucket_MiB={int(config.bucket_bytes) / 2**20:g}")
+  if algo == "diloco" and config.outer_overlap != "none" and \
+      config.trickle_reduction:
+    # Priced with the reduction hidden behind the next round; one-shot
+    # (trickle_reduction=False), decentralized and per-fragment overlap are
+    # priced as the blocking sync they are or as plain (Streaming) DiLoCo.
+    extra.append(f"overlap={config.outer_overlap}")
   if extra and not spec.startswith("local_dsgd"):
     spec += ("," if ":" in spec else ":") + ",".join(extra)
   elif extra:
