@@ -21,6 +21,12 @@ and skips runs already there, so an interrupted study resumes):
 * ``cnn``: configs/cnn_fashion_mnist.py (8 workers), test accuracy.
 * ``long``: ``--long_steps`` on the ``scale`` model at 16 workers, each
   method at its lr chosen at ``--scale_steps``.
+* ``overlap``: compare.py's setting, DiLoCo plain vs delayed vs eager
+  outer steps (arXiv 2502.12996; the reduction trickled, one round of
+  latency) at ``H`` in ``--overlap_h`` (default 10 and 30), all with
+  compare.py's outer Nesterov lr 0.3, each tuned by the protocol. Plain
+  DiLoCo at ``H = 10`` is ``main``'s run (the same config): its records are
+  reused where ``--out`` has them.
 
 ``main`` also runs one-factor variants at the chosen lr of the method they
 vary (seed 0): AccumAdamW T = 8, DAdam on the complete graph, DAdam with
@@ -88,6 +94,21 @@ MAIN_VARIANTS = (
     (DADAM, variant(DADAM, "b2_0.999", "b2 0.999", ("optimizer.b2", 0.999))),
 )
 SCALE_MODEL = ("model.n_embd=64",)
+
+
+def overlap_runs(h: int) -> tuple[Run, ...]:
+  """DiLoCo plain, delayed and eager at sync period ``h``."""
+  plain = compare.METHODS["diloco"]
+  runs = []
+  for mode in ("none", "delayed", "eager"):
+    name = "diloco" if mode == "none" else f"diloco_{mode}"
+    label = ("DiLoCo" if mode == "none" else f"DiLoCo, {mode} outer step")
+    fields = tuple((k, h if k == "sync_every" else v) for k, v in plain.fields)
+    runs.append(Run(f"{name}_h{h}", f"{label}, H={h}", plain.algorithm,
+                    plain.optimizer, plain.topology,
+                    fields=fields + ((("outer_overlap", mode),)
+                                     if mode != "none" else ())))
+  return tuple(runs)
 
 
 def part_setting(part: str, n: int = 16, steps: int = 600) -> tuple:
@@ -185,6 +206,19 @@ class Study:
             + f", {rec['wall_s']} s", flush=True)
     return self.done[key]
 
+  def reuse(self, part, setting, method, new_part, new_setting, run):
+    """Records of ``(part, setting, method)`` filed again as ``run`` of
+    ``(new_part, new_setting)`` (the same config under another name)."""
+    for key, rec in list(self.done.items()):
+      if key[:3] != (part, setting, method):
+        continue
+      new = dict(rec, part=new_part, setting=new_setting, method=run.name,
+                 label=run.label, same_run_as=f"{part}/{setting}/{method}")
+      if record_key(new) not in self.done:
+        with open(self.out, "a", encoding="utf-8") as f:
+          f.write(json.dumps(new) + "\n")
+        self.done[record_key(new)] = new
+
   def tune(self, part, setting, cfg, overrides, run, grid=tuning.LR_GRID,
            seeds=tuning.SEEDS, accum=4):
     """The protocol for one method: grid at seed 0, then the seeds."""
@@ -252,6 +286,15 @@ def run_part(args, study: Study) -> None:
                       seeds=args.scale_seeds).lr
       study.get("long", setting, cfg, ov, run, lr, 0,
                 parent=f"{parent.name} at {args.scale_steps} steps")
+  elif args.part == "overlap":
+    cfg, ov = part_setting("main")
+    for h in args.overlap_h:
+      setting = f"gpt_tiny_n8_300_H{h}"
+      for run in overlap_runs(h):
+        if run.name == "diloco_h10":
+          study.reuse("main", "gpt_tiny_n8_300", "diloco", "overlap", setting,
+                      run)
+        study.tune("overlap", setting, cfg, ov, run)
   else:
     raise SystemExit(f"--part {args.part!r} is not implemented yet.")
 
@@ -334,7 +377,8 @@ def report(records: list[dict]) -> str:
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  p.add_argument("--part", choices=("main", "scale", "cnn", "long"))
+  p.add_argument("--part", choices=("main", "scale", "cnn", "long",
+                                    "overlap"))
   p.add_argument("--methods", default="", help="main: only these methods")
   p.add_argument("--out", default=OUT)
   p.add_argument("--report", action="store_true")
@@ -346,6 +390,7 @@ def main() -> None:
   p.add_argument("--scale_grid", type=float, nargs="+",
                  default=[3e-3, 6e-3, 1.2e-2])
   p.add_argument("--scale_seeds", type=int, nargs="+", default=[0])
+  p.add_argument("--overlap_h", type=int, nargs="+", default=[10, 30])
   args = p.parse_args()
   study = Study(args.out)
   if args.part and not args.report:
