@@ -154,17 +154,19 @@ def test_worked_example(overlap, trickle, x64):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overlap,d", [("delayed", 1), ("delayed", 2),
-                                       ("eager", 1), ("eager", 3)])
-def test_matches_numpy_oracle(overlap, d, x64):
-  """4 workers, H = 3, Nesterov outer step, d rounds of latency."""
+@pytest.mark.parametrize("overlap,d,h", [
+    ("delayed", 1, 3), ("delayed", 2, 3), ("eager", 1, 3), ("eager", 3, 3),
+    ("eager", 2, 1), ("delayed", 1, 1)])
+def test_matches_numpy_oracle(overlap, d, h, x64):
+  """4 workers, H = 3 (or 1: a sync every step), Nesterov outer step, d
+  rounds of latency."""
   del x64
   require_devices(4)
   x0, b = _problem(4)
-  tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=d)
-  params, states = _run(tx, x0, b, 18)
-  want = _oracle(x0, b, 3, 6, overlap, d)
-  for got, w in zip(_thetas(params, 3), want):
+  tx = lu.diloco(optax.sgd(LR), h, overlap=overlap, latency=d)
+  params, states = _run(tx, x0, b, 6 * h)
+  want = _oracle(x0, b, h, 6, overlap, d)
+  for got, w in zip(_thetas(params, h), want):
     for k in w:
       np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
   assert int(np.asarray(states[-1].outer_count)[0]) == 6
