@@ -511,6 +511,7 @@ def _assert_one_error_line(proc, *names):
     assert name in errors[0], (name, errors[0])
 
 
+@pytest.mark.integration
 def test_command_lines_refuse_bad_input_in_one_line(tmp_path):
   train = ["experiments/train.py", "--config", "configs/gpt_tiny.py",
            "--workdir", str(tmp_path / "w")]
