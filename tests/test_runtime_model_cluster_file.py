@@ -3,14 +3,18 @@
 The link fits are checked on synthetic timings with known answers, the file's
 schema on damaged files, and the flags that override a file. A one-process
 ``measure`` on 4 of this process's CPU devices (one node: no inter-node
-exchanges) writes a file that ``predict`` reads. The 2-process ``measure``
-job (two nodes) is in tests/test_runtime_model_measure.py (integration tier).
+exchanges) writes a file that ``predict`` reads. ``python -m
+decentral_jax.runtime_model`` is run here with ``runpy``. The 2-process
+``measure`` job (two nodes) is in tests/test_runtime_model_measure.py
+(integration tier).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import runpy
+import sys
 
 import jax
 import pytest
@@ -147,3 +151,19 @@ def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
   assert f"cluster from {path}: 4 cpu devices, 4 per node, 1 process(es)" \
       in out
   assert "n=8 workers (2 nodes x 4)" in out and "recommendation:" in out
+
+
+def test_python_m_entry_point_exits_with_the_status_of_main(
+    tmp_path, monkeypatch, capsys):
+  """``python -m decentral_jax.runtime_model predict --cluster FILE``."""
+  path = _write(tmp_path, _synthetic())
+  for extra, status in (([], 0), (["--n-workers", "6"], 2)):
+    monkeypatch.setattr(sys, "argv", ["runtime_model", "predict", "--cluster",
+                                      path, "--steps", "20", *extra])
+    with pytest.raises(SystemExit) as info:
+      runpy.run_module("decentral_jax.runtime_model", run_name="__main__")
+    assert info.value.code == status
+    out, err = capsys.readouterr()
+    assert f"cluster from {path}" in out
+    if status:
+      assert err.startswith("error: --n-workers 6 is not a multiple"), err
