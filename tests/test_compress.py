@@ -189,7 +189,7 @@ def test_choco_worked_example(x64):
 
 
 @pytest.mark.parametrize("name,n", [
-    ("static_ring", 5), ("torus", 9),
+    ("static_ring", 5), pytest.param("torus", 9, marks=pytest.mark.slow),
     pytest.param("exponential", 6, marks=pytest.mark.slow),
     pytest.param("complete", 4, marks=pytest.mark.slow)])
 def test_choco_keeps_the_mean_for_1000_rounds(name, n, x64):
