@@ -446,6 +446,9 @@ def _measure(args) -> int:
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model.cli import measure  # pylint: disable=import-outside-toplevel
   check_output_path(args.out, "--out")
+  if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
+    raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
+                     f"timings), got {args.repeats}.")
   config = config_lib.load_config(args.config, args.set)
   validation.check_config(config)
   distributed.initialize_from_config(config)  # SLURM-aware, as the runner
@@ -608,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--sizes-MB", type=comma_list(float), default=[1.0, 16.0],
                  help="message sizes of the exchanges, MB (default 1,16)")
   e.add_argument("--repeats", type=int, default=5,
-                 help="timed repetitions of each measurement (default 5)")
+                 help="timed repetitions of each measurement, >= 2 (default 5)")
   e.set_defaults(run=_measure)
   _add_utilisation(sub)
   v = sub.add_parser("validate", help="leave-one-cluster-out validation on "
