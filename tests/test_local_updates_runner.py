@@ -215,6 +215,7 @@ def test_warning_when_the_run_ends_inside_a_sync_window():
   assert not any("sync_every" in w for w in validation.config_warnings(whole))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["diloco_delayed", "diloco_eager",
                                     "streaming_eager"])
 def test_overlap_resumes_mid_round_and_evaluates_mean_theta(method,

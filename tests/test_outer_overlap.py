@@ -1,5 +1,8 @@
 """DiLoCo with a delayed or eager outer step, and trickled reduction.
 
+Fast tier: one representative case per property; the other cases of each
+sweep are marked ``slow``.
+
 Worker ``m`` minimises ``f_m(x) = ||x - b_m||^2 / 2`` with inner SGD. The
 expected values come from the hand-worked example of the issue and from a
 float64 NumPy re-implementation of the recursions (arXiv 2502.12996), written
@@ -130,8 +133,9 @@ WORKED = {
 
 
 @pytest.mark.parametrize("overlap,trickle", [
-    ("none", None), ("delayed", True), ("delayed", False), ("eager", True),
-    ("eager", False)])
+    ("none", None), ("delayed", True), ("eager", True),
+    pytest.param("delayed", False, marks=pytest.mark.slow),
+    pytest.param("eager", False, marks=pytest.mark.slow)])
 def test_worked_example(overlap, trickle, x64):
   """M = 2, c = (1, 3), inner lr 0.1, H = 2, theta_0 = 0, outer SGD lr 1."""
   del x64
@@ -155,8 +159,9 @@ def test_worked_example(overlap, trickle, x64):
 
 
 @pytest.mark.parametrize("overlap,d,h", [
-    ("delayed", 1, 3), ("delayed", 2, 3), ("eager", 1, 3), ("eager", 3, 3),
-    ("eager", 2, 1), ("delayed", 1, 1)])
+    ("eager", 1, 3)] + [pytest.param(*c, marks=pytest.mark.slow) for c in (
+        ("delayed", 1, 3), ("delayed", 2, 3), ("eager", 3, 3), ("eager", 2, 1),
+        ("delayed", 1, 1))])
 def test_matches_numpy_oracle(overlap, d, h, x64):
   """4 workers, H = 3 (or 1: a sync every step), Nesterov outer step, d
   rounds of latency."""
@@ -174,9 +179,12 @@ def test_matches_numpy_oracle(overlap, d, h, x64):
     assert not np.allclose(params[-1]["a"][0], params[-1]["a"][1])
 
 
-@pytest.mark.parametrize("name,trickle", [
-    ("static_ring", True), ("ring", False), ("one_peer_exp", False)])
-@pytest.mark.parametrize("overlap", ["delayed", "eager"])
+@pytest.mark.parametrize("overlap,name,trickle", [
+    ("eager", "static_ring", True)] + [
+        pytest.param(*c, marks=pytest.mark.slow) for c in (
+            ("delayed", "static_ring", True), ("delayed", "ring", False),
+            ("eager", "ring", False), ("delayed", "one_peer_exp", False),
+            ("eager", "one_peer_exp", False))])
 def test_decentralized_matches_dense_oracle(name, trickle, overlap, x64):
   """Gossiped pseudo-gradients; eager's own weight is W[m, m]."""
   del x64
@@ -219,7 +227,7 @@ def _round_deltas(params, b, h, x0):
   return out
 
 
-@pytest.mark.parametrize("d", [1, 2])
+@pytest.mark.parametrize("d", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_eager_telescopes_with_outer_sgd(d, x64):
   """theta_m^(t) = theta^(0) - lr [sum_{s<=t-d} Delta^(s) + (1/M) sum_{t-d<s<=t} Delta_m^(s)]."""
   del x64
@@ -240,7 +248,7 @@ def test_eager_telescopes_with_outer_sgd(d, x64):
                                  rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("d", [1, 2])
+@pytest.mark.parametrize("d", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_eager_worker_mean_of_direction(d, x64):
   """mean_m Delta~_m^(t) = Delta^(t-d) + (Delta^(t) - Delta^(t-d)) / M."""
   del x64
@@ -262,6 +270,7 @@ def test_eager_worker_mean_of_direction(d, x64):
                                  rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_delayed_waits_d_rounds_then_steps_on_stale_means(x64):
   """Delayed: theta unchanged (outer state too) for d rounds, equal on all
   workers; the outer step of round r uses the mean pseudo-gradient of round
@@ -304,8 +313,9 @@ def test_overlap_none_keeps_the_plain_state_and_trajectory():
 
 
 @pytest.mark.parametrize("overlap,d,name", [
-    ("delayed", 1, None), ("eager", 1, None), ("eager", 2, None),
-    ("delayed", 2, "static_ring"), ("eager", 1, "static_ring")])
+    ("eager", 1, None)] + [pytest.param(*c, marks=pytest.mark.slow) for c in (
+        ("delayed", 1, None), ("eager", 2, None),
+        ("delayed", 2, "static_ring"), ("eager", 1, "static_ring"))])
 def test_trickled_equals_one_shot_bit_for_bit(overlap, d, name):
   """float32, 8 elements in H = 3 slices (one padded), Nesterov outer step."""
   require_devices(4)
@@ -353,7 +363,8 @@ def _conditional_bodies(text):
   return inside
 
 
-@pytest.mark.parametrize("h", [1, 3, 4])
+@pytest.mark.parametrize("h", [3] + [pytest.param(h, marks=pytest.mark.slow)
+                                     for h in (1, 4)])
 def test_trickled_bytes_per_step_from_the_hlo(h):
   """Every step: one all-reduce of |B| / H float32, outside any conditional.
 
@@ -487,8 +498,10 @@ def _streaming_oracle(x0, b, h, steps, frags, mode, d, alpha,
 
 @pytest.mark.parametrize("frags,mode,d,alpha,trickle", [
     ({"a": 0, "b": 1, "c": 1}, "delayed", 1, 0.0, True),
-    ({"a": 0, "b": 1, "c": 2}, "eager", 2, 0.5, True),
-    ({"a": 0, "b": 1, "c": 1}, "eager", 1, 0.25, False),
+    pytest.param({"a": 0, "b": 1, "c": 2}, "eager", 2, 0.5, True,
+                 marks=pytest.mark.slow),
+    pytest.param({"a": 0, "b": 1, "c": 1}, "eager", 1, 0.25, False,
+                 marks=pytest.mark.slow),
 ])
 def test_streaming_fragments_match_numpy_oracle(frags, mode, d, alpha,
                                                 trickle, x64):
@@ -508,6 +521,7 @@ def test_streaming_fragments_match_numpy_oracle(frags, mode, d, alpha,
   assert type(states[-1]) is lu.OverlapStreamingDiLoCoState
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap", ["delayed", "eager"])
 def test_streaming_one_fragment_is_diloco_bit_for_bit(overlap):
   require_devices(4)
@@ -523,6 +537,7 @@ def test_streaming_one_fragment_is_diloco_bit_for_bit(overlap):
       np.testing.assert_array_equal(p[k], q[k])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("comm_dtype", [None, jnp.bfloat16])
 def test_streaming_trickled_equals_one_shot_bit_for_bit(comm_dtype):
   """Also with pseudo-gradients sent in bfloat16 (float32 sums)."""
@@ -539,6 +554,7 @@ def test_streaming_trickled_equals_one_shot_bit_for_bit(comm_dtype):
       np.testing.assert_array_equal(p[k], q[k])
 
 
+@pytest.mark.slow
 def test_streaming_trickled_bytes_per_step():
   """Two fragments of 8 and 4 float32, H = 4: every step reduces 2 + 1."""
   require_devices(4)
@@ -564,6 +580,7 @@ def test_streaming_refuses_two_overlaps():
                         overlap="eager")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlap,trickle", [("eager", True),
                                              ("delayed", True),
                                              ("eager", False)])
