@@ -44,6 +44,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import transforms as optim
@@ -94,18 +95,28 @@ class LocalSGDState(NamedTuple):
 
 
 def local_sgd(inner: optax.GradientTransformation, sync_every: int,
-              axis_name: gossip.AxisName = "workers"
-              ) -> optax.GradientTransformation:
+              axis_name: gossip.AxisName = "workers", *,
+              comm_dtype=None) -> optax.GradientTransformation:
   """Local SGD: inner steps, exact parameter average every ``H`` steps.
 
   Recursion: ``x_i <- x_i + inner(g_i; x_i)``; if ``t % H == 0``,
   ``x_i <- (1/n) sum_j x_j`` (one all-reduce of the parameters). The inner
   state is never reset. Equals :func:`diloco` with outer ``optax.sgd(1.0)``.
 
+  With ``comm_dtype`` the parameters are sent in that dtype and summed in
+  float32 (float64 for float64 parameters): ``x_i <- c(sum_j c(x_j) / n)``
+  with ``c`` the rounding to ``comm_dtype`` (an all-to-all of ``1/n``
+  chunks, the sum, an all-gather of the mean in ``comm_dtype``: the bytes
+  of an all-reduce in ``comm_dtype``). Every worker holds the same rounded
+  mean afterwards. (:func:`diloco` sends pseudo-gradients instead, which
+  lose less to a narrow dtype.)
+
   Args:
     inner: worker-local optax transform.
     sync_every: the sync period ``H >= 1`` in steps.
     axis_name: worker mesh axis (or ``("nodes", "local")``).
+    comm_dtype: optional floating dtype of the parameters on the wire
+      (None: their own dtype, an exact mean).
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`LocalSGDState`;
@@ -113,9 +124,19 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     the params' shapes and dtypes.
 
   Raises:
-    ValueError: a bad ``sync_every``; ``params`` not passed to ``update``.
+    ValueError: a bad ``sync_every``; ``comm_dtype`` not None or a floating
+      dtype; ``params`` not passed to ``update``.
   """
   period = _check_period(sync_every)
+  comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
+
+  def average(y):
+    if comm_dtype is None:
+      return gossip.mean(y, axis_name)
+    leaves, treedef = jax.tree.flatten(y)
+    means = _mean_low_precision(leaves, comm_dtype, axis_name)
+    return treedef.unflatten([m.astype(a.dtype)
+                              for m, a in zip(means, leaves)])
 
   def init_fn(params):
     return LocalSGDState(jnp.zeros([], jnp.int32), inner.init(params))
@@ -124,8 +145,7 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     x, inner_state = _inner_step(inner, updates, state.inner_state, params,
                                  "local_sgd")
     count = optax.safe_increment(state.count)
-    x = gossip.every(period, count % period == 0,
-                     lambda y: gossip.mean(y, axis_name), lambda y: y, x)
+    x = gossip.every(period, count % period == 0, average, lambda y: y, x)
     return _delta(x, params), LocalSGDState(count, inner_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -150,7 +170,7 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            outer: optax.GradientTransformation | None = None,
            topology: topology_lib.Topology | None = None,
            axis_name: gossip.AxisName = "workers",
-           bucket_bytes: int | None = None
+           bucket_bytes: int | None = None, comm_dtype=None
            ) -> optax.GradientTransformation:
   r"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
 
@@ -165,6 +185,18 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j``, and ``theta_i`` and the outer
   state are per worker; ``complete`` gives DiLoCo exactly.
 
+  ``comm_dtype`` (a narrow wire dtype): without ``topology`` each worker
+  sends its pseudo-gradient ``theta - x_i`` in that dtype, the sum is
+  formed in float32 (float64 for float64 parameters) and the mean comes
+  back in ``comm_dtype`` (an all-to-all of ``1/n`` chunks and an
+  all-gather: the bytes of an all-reduce in ``comm_dtype``), as Streaming
+  DiLoCo does with one fragment: ``Delta = c(sum_j c(theta - x_j) / n)``
+  with ``c`` the rounding to ``comm_dtype``; ``theta`` stays equal on all
+  workers. With ``topology`` the parameters are gossiped in
+  ``comm_dtype`` (each worker's own term exact, weighted sums in float32;
+  :func:`decentral_jax.comm.gossip.mix`); the thetas differ, so there is
+  no common pseudo-gradient to send.
+
   Args:
     inner: worker-local optax transform (AdamW in the paper).
     sync_every: the sync period ``H >= 1`` in inner steps.
@@ -177,13 +209,15 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     bucket_bytes: largest gossip bucket in bytes with ``topology``; None:
       the default (one collective per leaf), 0: one per leaf (bit-identical; see
       :func:`decentral_jax.optim.check_bucket_bytes`).
+    comm_dtype: optional floating dtype on the wire (see above; None: the
+      float32 (float64) theta dtype, an exact mean).
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`DiLoCoState`.
 
   Raises:
-    ValueError: a bad ``sync_every`` or ``bucket_bytes``; ``params`` not
-      passed to ``update``.
+    ValueError: a bad ``sync_every`` or ``bucket_bytes``; ``comm_dtype``
+      not None or a floating dtype; ``params`` not passed to ``update``.
 
   References:
     Douillard et al., DiLoCo: Distributed Low-Communication Training of
@@ -191,6 +225,7 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   """
   period = _check_period(sync_every)
   bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
+  comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
   outer = default_outer_optimizer() if outer is None else outer
 
   def init_fn(params):
@@ -202,12 +237,21 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   def reduce(x, k):
     if topology is None:
       return gossip.mean(x, axis_name)
-    return gossip.mix(x, topology, k, axis_name, bucket_bytes=bucket_bytes)
+    return gossip.mix(x, topology, k, axis_name, comm_dtype=comm_dtype,
+                      bucket_bytes=bucket_bytes)
+
+  def pseudo_gradient(x, theta, k):
+    x = jax.tree.map(lambda a, t: a.astype(t.dtype), x, theta)
+    if topology is None and comm_dtype is not None:
+      leaves, treedef = jax.tree.flatten(
+          jax.tree.map(lambda t, a: t - a, theta, x))
+      return treedef.unflatten(
+          _mean_low_precision(leaves, comm_dtype, axis_name))
+    return jax.tree.map(lambda t, m: t - m, theta, reduce(x, k))
 
   def sync(operand):
     x, theta, outer_state, k = operand
-    mixed = reduce(jax.tree.map(lambda a, t: a.astype(t.dtype), x, theta), k)
-    pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, mixed)
+    pseudo_grad = pseudo_gradient(x, theta, k)
     step, outer_state = outer.update(pseudo_grad, outer_state, theta)
     theta = optax.apply_updates(theta, step)
     x = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)
