@@ -135,7 +135,8 @@ GOOD_FIELDS = [
     {"bucket_bytes": 0},  # one collective per leaf
     {"schedule.warmup_steps": 10_000},  # > steps: a warning, not an error
     {"schedule.name": "constant", "schedule.final_lr": 1.0},  # unused field
-    {"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15},
+    {"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15,
+     "topology": "alternating_exp_ring"},  # node-aware: reads the nodes
 ]
 
 

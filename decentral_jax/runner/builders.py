@@ -1,7 +1,8 @@
 """Builders from a validated run config: learning-rate schedule and optimizer.
 
 ``make_optimizer`` looks the algorithm up in :data:`ALGORITHMS`: adding a
-method is one builder function here (plus its module and config value).
+method is one builder function here (plus its module and config value),
+with the :data:`METHOD_FIELDS` it reads.
 Every builder returns the optax transform of *one* worker, to be updated
 inside ``jax.shard_map`` over the worker axis.
 """
@@ -133,18 +134,23 @@ def _outer(config) -> optax.GradientTransformation:
 
 
 def _local_sgd(config, schedule, topology, axis_name):
-  """Local SGD (inner AdamW; exact average every ``sync_every`` steps)."""
+  """Local SGD (inner AdamW; average every ``sync_every`` steps, sent in
+  ``comm_dtype``)."""
   del topology
   return local_updates.local_sgd(_inner(config, schedule),
-                                 int(config.sync_every), axis_name)
+                                 int(config.sync_every), axis_name,
+                                 comm_dtype=COMM_DTYPES[config.comm_dtype])
 
 
 def _diloco(config, schedule, topology, axis_name):
-  """DiLoCo, or decentralized DiLoCo when ``topology`` is given."""
+  """DiLoCo, or decentralized DiLoCo when ``topology`` is given (the
+  pseudo-gradients, or with a topology the parameters, sent in
+  ``comm_dtype``)."""
   return local_updates.diloco(_inner(config, schedule),
                               int(config.sync_every), outer=_outer(config),
                               topology=topology, axis_name=axis_name,
-                              bucket_bytes=int(config.bucket_bytes))
+                              bucket_bytes=int(config.bucket_bytes),
+                              comm_dtype=COMM_DTYPES[config.comm_dtype])
 
 
 def _streaming_diloco(config, schedule, topology, axis_name):
@@ -175,12 +181,28 @@ def _numerators(params, opt_state):
   return params
 
 
+#: Config fields that only some algorithms read. Each entry of
+#: :data:`ALGORITHMS` lists those it reads (``Algorithm.fields``);
+#: ``validation.check_config`` refuses a value other than the
+#: ``base_config`` default of one that ``config.algorithm`` does not read.
+METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
+                 "global_avg_interval", "gossip_every", "sync_every",
+                 "outer_optimizer.name", "outer_optimizer.lr",
+                 "outer_optimizer.momentum", "outer_optimizer.nesterov",
+                 "num_fragments", "overlap_steps", "merge_alpha")
+_GOSSIP_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds")
+_OUTER_FIELDS = ("sync_every", "outer_optimizer.name", "outer_optimizer.lr",
+                 "outer_optimizer.momentum", "outer_optimizer.nesterov")
+
+
 class Algorithm(NamedTuple):
   """A ``config.algorithm`` entry."""
   # build(config, schedule, topology or None, axis_name) -> per-worker tx.
   build: Callable[..., optax.GradientTransformation]
   # True if it communicates over config.topology (the runner builds it).
   uses_topology: bool
+  # The METHOD_FIELDS it reads (the others must keep their defaults).
+  fields: tuple[str, ...]
   # eval_params(params, opt_state) -> this worker's parameters of "the
   # averaged model" (the evaluation averages them over the workers); None:
   # the worker's model (below).
@@ -193,16 +215,33 @@ class Algorithm(NamedTuple):
   global_average: Callable[..., tuple] | None = None
 
 
+# all_reduce: the workers hold equal parameters (global_avg_interval would
+# average equal values) and reduce gradients, not gossiped parameters.
+# decentralized_diloco gossips once per outer step, picked inside the step
+# (gossip_rounds "switch" only), and its thetas are not averaged.
 ALGORITHMS: dict[str, Algorithm] = {
-    "all_reduce": Algorithm(_all_reduce, uses_topology=False),
-    "decentralized": Algorithm(_decentralized, uses_topology=True),
-    "local_sgd": Algorithm(_local_sgd, uses_topology=False),
-    "diloco": Algorithm(_diloco, uses_topology=False, eval_params=_theta),
-    "decentralized_diloco": Algorithm(_diloco, uses_topology=True,
-                                      eval_params=_theta),
-    "streaming_diloco": Algorithm(_streaming_diloco, uses_topology=False,
-                                  eval_params=_theta),
-    "sgp": Algorithm(_sgp, uses_topology=True, eval_params=_numerators,
+    "all_reduce": Algorithm(_all_reduce, uses_topology=False, fields=()),
+    "decentralized": Algorithm(
+        _decentralized, uses_topology=True,
+        fields=(*_GOSSIP_FIELDS, "global_avg_interval", "gossip_every")),
+    "local_sgd": Algorithm(
+        _local_sgd, uses_topology=False,
+        fields=("sync_every", "comm_dtype", "global_avg_interval")),
+    "diloco": Algorithm(_diloco, uses_topology=False,
+                        fields=(*_OUTER_FIELDS, "comm_dtype"),
+                        eval_params=_theta),
+    "decentralized_diloco": Algorithm(
+        _diloco, uses_topology=True,
+        fields=("topology", "comm_dtype", "bucket_bytes", *_OUTER_FIELDS),
+        eval_params=_theta),
+    "streaming_diloco": Algorithm(
+        _streaming_diloco, uses_topology=False,
+        fields=(*_OUTER_FIELDS, "comm_dtype", "num_fragments",
+                "overlap_steps", "merge_alpha"),
+        eval_params=_theta),
+    "sgp": Algorithm(_sgp, uses_topology=True,
+                     fields=(*_GOSSIP_FIELDS, "global_avg_interval"),
+                     eval_params=_numerators,
                      model_params=push_sum.debiased,
                      global_average=push_sum.global_average),
 }

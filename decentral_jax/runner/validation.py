@@ -6,9 +6,11 @@ choices, and cross-field rules such as ``global_batch`` divisible by
 ``n_workers``), raising a one-line ``ValueError`` that names the field and
 the override that fixes it; past it the runner reads fields without
 fallbacks. :func:`check_distributed` checks the ``distributed`` group alone
-(before a multi-process job is joined), :func:`config_warnings` lists
-accepted but suspicious settings and :func:`check_simulated_devices` bounds
-the CPU devices an entry point simulates.
+(before a multi-process job is joined), :func:`ignored_fields` lists the
+fields set to a value the run would not read (which :func:`check_config`
+refuses), :func:`config_warnings` lists accepted but suspicious settings
+and :func:`check_simulated_devices` bounds the CPU devices an entry point
+simulates.
 """
 
 from __future__ import annotations
@@ -207,6 +209,9 @@ _MODEL_RULES = {
     },
 }
 _BYTE_SOURCES = ("pydoc", "text_file")
+# Topologies whose rounds depend on config.workers_per_node (node-aware: the
+# others build the same rounds for any number of workers per node).
+_NODE_TOPOLOGIES = ("alternating_exp_ring",)
 
 
 def _divisors(n: int, limit: int = 12) -> list[int]:
@@ -234,7 +239,9 @@ def check_config(config: config_dict.ConfigDict) -> None:
   ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
   longer than the run is allowed (see :func:`config_warnings`). Device
   counts, data files, token ids and corpus lengths are checked when the
-  experiment is built.
+  experiment is built. Last, a field set to a value the run would not read
+  (:func:`ignored_fields`, e.g. ``comm_dtype`` with ``all_reduce`` or
+  ``sync_every`` with ``decentralized``) is refused.
 
   Raises:
     ValueError: the first problem found; the message names the config field
@@ -304,6 +311,9 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"validation split of data.source={c.data.source}; set "
         "--config.data.val_fraction=0.1 (any value in (0, 1)).")
   _check_local_updates(c)
+  ignored = ignored_fields(c)
+  if ignored:
+    raise ValueError(ignored[0])
   check_distributed(c)
 
 
@@ -337,6 +347,74 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
         f"the workers' parameters but not theta, the model "
         f"config.algorithm={c.algorithm} evaluates; it synchronises every "
         "config.sync_every steps: set --config.global_avg_interval=0.")
+
+
+def _setting(value) -> str:
+  """``value`` as the right-hand side of a ``--config.<field>=`` flag."""
+  return repr(value) if isinstance(value, str) else str(value)
+
+
+def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
+  """Fields of a config set to a value that the run would not read.
+
+  A field of :data:`decentral_jax.runner.builders.METHOD_FIELDS` that
+  ``config.algorithm`` does not read (its ``Algorithm.fields``) must keep
+  its :func:`base_config` default; so must ``workers_per_node`` (1) unless
+  the algorithm gossips over a node-aware topology (``alternating_exp_ring``,
+  the only one whose rounds depend on it), ``worker_layout`` unless
+  ``devices_per_worker > 1``, and ``outer_optimizer.momentum`` and
+  ``nesterov`` with ``outer_optimizer.name="adam"``. (A value that cannot
+  change the run would still be recorded in its checkpoints and refused
+  on resume.) Call it on a config whose fields passed their type checks
+  (:func:`check_config` does).
+
+  Returns:
+    One line per such field, naming it, the setting that ignores it and
+    the override that fixes it (empty if none).
+  """
+  c = config
+  algo = c.algorithm
+  entry = builders.ALGORITHMS[algo]
+  default = base_config(c.model.name if c.model.name in DATA_SOURCES
+                        else "gpt")
+  out = []
+  for name in builders.METHOD_FIELDS:
+    value, want = _field(c, name), _field(default, name)
+    if name == "topology":
+      value, want = (topology_lib.canonical_name(v) for v in (value, want))
+    if name in entry.fields or value == want:
+      continue
+    users = [a for a, e in builders.ALGORITHMS.items() if name in e.fields]
+    out.append(
+        f"config.{name}={_field(c, name)!r} has no effect with config."
+        f"algorithm={algo!r} (read only by {', '.join(users)}); leave it at "
+        f"its default: --config.{name}={_setting(want)}.")
+  local = int(c.workers_per_node)
+  if local != 1 and not (entry.uses_topology and topology_lib.canonical_name(
+      c.topology) in _NODE_TOPOLOGIES):
+    where = (f"config.topology={c.topology!r}" if entry.uses_topology else
+             f"config.algorithm={algo!r}")
+    out.append(
+        f"config.workers_per_node={local} has no effect with {where} (only "
+        f"the node-aware {', '.join(_NODE_TOPOLOGIES)} groups workers into "
+        "nodes); set --config.workers_per_node=1.")
+  if int(c.devices_per_worker) == 1 and \
+      c.worker_layout != default.worker_layout:
+    out.append(
+        f"config.worker_layout={c.worker_layout!r} has no effect with "
+        "config.devices_per_worker=1 (it places a worker's state on its "
+        "devices); set --config.devices_per_worker > 1 or --config."
+        f"worker_layout={_setting(default.worker_layout)}.")
+  o, d = c.outer_optimizer, default.outer_optimizer
+  if o.name == "adam" and "outer_optimizer.name" in entry.fields:
+    for key in ("momentum", "nesterov"):
+      if o[key] != d[key]:
+        out.append(
+            f"config.outer_optimizer.{key}={o[key]!r} has no effect with "
+            "config.outer_optimizer.name='adam' (Adam with its default "
+            f"betas); leave it at its default: --config.outer_optimizer."
+            f"{key}={_setting(d[key])}.")
+  return out
 
 
 def config_warnings(config: config_dict.ConfigDict) -> list[str]:
