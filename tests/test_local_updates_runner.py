@@ -163,12 +163,16 @@ def test_resume_refuses_a_changed_sync_schedule():
       ("num_fragments", 1, "config.num_fragments"),
       ("overlap_steps", 0, "config.overlap_steps"),
       ("merge_alpha", 0.5, "config.merge_alpha"),
-      ("gossip_every", 2, "config.gossip_every"),
       ("outer_optimizer", dict(meta["outer_optimizer"], lr=0.1),
        "config.outer_optimizer"),
       ("comm_dtype", "bfloat16", "config.comm_dtype")):
     with pytest.raises(ValueError, match=field):
       exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+  # Fields Streaming DiLoCo does not read changed nothing in the checkpoint.
+  exp.check_resumable(dict(meta, gossip_every=2, workers_per_node=2), "ckpt")
+  with pytest.raises(ValueError, match="config.algorithm"):
+    exp.check_resumable(dict(meta, gossip_every=2, algorithm="decentralized"),
+                        "ckpt")
 
 
 def test_warning_when_the_run_ends_inside_a_sync_window():

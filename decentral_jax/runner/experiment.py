@@ -627,6 +627,8 @@ class Experiment:
     """Raises ValueError if a checkpoint was written by an incompatible run."""
     mine = self.checkpoint_meta(meta.get("step", 0))
     for key, field in _RESUME_FIELDS.items():
+      if validation.unread_reason(self.config, field) is not None:
+        continue  # ignored by this run (its algorithm is compared)
       theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
       if theirs != mine[key]:
         raise ValueError(

@@ -7,8 +7,8 @@ choices, and cross-field rules such as ``global_batch`` divisible by
 the override that fixes it; past it the runner reads fields without
 fallbacks. :func:`check_distributed` checks the ``distributed`` group alone
 (before a multi-process job is joined), :func:`ignored_fields` lists the
-fields set to a value the run would not read (which :func:`check_config`
-refuses), :func:`config_warnings` lists accepted but suspicious settings
+fields set to a value the run would not read (:func:`unread_reason`;
+:func:`check_config` refuses them), :func:`config_warnings` lists accepted but suspicious settings
 and :func:`check_simulated_devices` bounds the CPU devices an entry point
 simulates.
 """
@@ -354,66 +354,73 @@ def _setting(value) -> str:
   return repr(value) if isinstance(value, str) else str(value)
 
 
+def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
+  """Why ``config`` does not read ``field``, or None if it does.
+
+  Not read: a field of :data:`decentral_jax.runner.builders.METHOD_FIELDS`
+  that ``config.algorithm`` does not list (``Algorithm.fields``);
+  ``workers_per_node`` unless the algorithm gossips over a node-aware
+  topology (``alternating_exp_ring``, the only one whose rounds depend on
+  it); ``worker_layout`` with ``devices_per_worker = 1``;
+  ``outer_optimizer.momentum`` and ``nesterov`` with
+  ``outer_optimizer.name = "adam"``. A group (``"outer_optimizer"``) is
+  not read if none of its fields is.
+
+  Returns:
+    The setting that ignores it, with why (for a message), or None.
+  """
+  c = config
+  entry = builders.ALGORITHMS[c.algorithm]
+  members = [f for f in builders.METHOD_FIELDS if f.startswith(field + ".")]
+  if members:
+    reasons = [unread_reason(c, f) for f in members]
+    return reasons[0] if all(reasons) else None
+  if field in builders.METHOD_FIELDS and field not in entry.fields:
+    users = [a for a, e in builders.ALGORITHMS.items() if field in e.fields]
+    return f"config.algorithm={c.algorithm!r} (read only by {', '.join(users)})"
+  if field in ("outer_optimizer.momentum", "outer_optimizer.nesterov") and \
+      c.outer_optimizer.name == "adam":
+    return "config.outer_optimizer.name='adam' (Adam with its default betas)"
+  if field == "workers_per_node" and not (
+      entry.uses_topology and
+      topology_lib.canonical_name(c.topology) in _NODE_TOPOLOGIES):
+    where = (f"config.topology={c.topology!r}" if entry.uses_topology else
+             f"config.algorithm={c.algorithm!r}")
+    return (f"{where} (only the node-aware {', '.join(_NODE_TOPOLOGIES)} "
+            "groups workers into nodes)")
+  if field == "worker_layout" and int(c.devices_per_worker) == 1:
+    return ("config.devices_per_worker=1 (it places a worker's state on its "
+            "devices)")
+  return None
+
+
 def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
   """Fields of a config set to a value that the run would not read.
 
-  A field of :data:`decentral_jax.runner.builders.METHOD_FIELDS` that
-  ``config.algorithm`` does not read (its ``Algorithm.fields``) must keep
-  its :func:`base_config` default; so must ``workers_per_node`` (1) unless
-  the algorithm gossips over a node-aware topology (``alternating_exp_ring``,
-  the only one whose rounds depend on it), ``worker_layout`` unless
-  ``devices_per_worker > 1``, and ``outer_optimizer.momentum`` and
-  ``nesterov`` with ``outer_optimizer.name="adam"``. (A value that cannot
-  change the run would still be recorded in its checkpoints and refused
-  on resume.) Call it on a config whose fields passed their type checks
-  (:func:`check_config` does).
+  Each field :func:`unread_reason` names must keep its
+  :func:`base_config` default: another value could not change the run,
+  yet it would be recorded in the run's checkpoints. Call it on a config
+  whose fields passed their type checks (:func:`check_config` does).
 
   Returns:
     One line per such field, naming it, the setting that ignores it and
     the override that fixes it (empty if none).
   """
   c = config
-  algo = c.algorithm
-  entry = builders.ALGORITHMS[algo]
   default = base_config(c.model.name if c.model.name in DATA_SOURCES
                         else "gpt")
   out = []
-  for name in builders.METHOD_FIELDS:
+  for name in (*builders.METHOD_FIELDS, "workers_per_node", "worker_layout"):
     value, want = _field(c, name), _field(default, name)
     if name == "topology":
-      value, want = (topology_lib.canonical_name(v) for v in (value, want))
-    if name in entry.fields or value == want:
-      continue
-    users = [a for a, e in builders.ALGORITHMS.items() if name in e.fields]
-    out.append(
-        f"config.{name}={_field(c, name)!r} has no effect with config."
-        f"algorithm={algo!r} (read only by {', '.join(users)}); leave it at "
-        f"its default: --config.{name}={_setting(want)}.")
-  local = int(c.workers_per_node)
-  if local != 1 and not (entry.uses_topology and topology_lib.canonical_name(
-      c.topology) in _NODE_TOPOLOGIES):
-    where = (f"config.topology={c.topology!r}" if entry.uses_topology else
-             f"config.algorithm={algo!r}")
-    out.append(
-        f"config.workers_per_node={local} has no effect with {where} (only "
-        f"the node-aware {', '.join(_NODE_TOPOLOGIES)} groups workers into "
-        "nodes); set --config.workers_per_node=1.")
-  if int(c.devices_per_worker) == 1 and \
-      c.worker_layout != default.worker_layout:
-    out.append(
-        f"config.worker_layout={c.worker_layout!r} has no effect with "
-        "config.devices_per_worker=1 (it places a worker's state on its "
-        "devices); set --config.devices_per_worker > 1 or --config."
-        f"worker_layout={_setting(default.worker_layout)}.")
-  o, d = c.outer_optimizer, default.outer_optimizer
-  if o.name == "adam" and "outer_optimizer.name" in entry.fields:
-    for key in ("momentum", "nesterov"):
-      if o[key] != d[key]:
-        out.append(
-            f"config.outer_optimizer.{key}={o[key]!r} has no effect with "
-            "config.outer_optimizer.name='adam' (Adam with its default "
-            f"betas); leave it at its default: --config.outer_optimizer."
-            f"{key}={_setting(d[key])}.")
+      same = (topology_lib.canonical_name(value) ==
+              topology_lib.canonical_name(want))
+    else:
+      same = value == want
+    why = None if same else unread_reason(c, name)
+    if why is not None:
+      out.append(f"config.{name}={value!r} has no effect with {why}; leave "
+                 f"it at its default: --config.{name}={_setting(want)}.")
   return out
 
 
