@@ -11,7 +11,8 @@ with compute (it sits in a ``lax.cond`` after the update):
   (``Workload.param_dtype``); a barrier over all ``n`` workers.
 * **DiLoCo** (``diloco:H=..``; Douillard et al. 2023, arXiv 2311.08105):
   exact all-reduce of the float32 (or wider) ``theta``-dtype copy; a
-  barrier over all ``n`` workers.
+  barrier over all ``n`` workers. Local SGD and (decentralized) DiLoCo
+  take an optional ``comm_dtype`` too (bytes scale with its itemsize).
 * **Streaming DiLoCo** (``streaming_diloco:H=..,P=..,tau=..``; Douillard et
   al. 2025, arXiv 2501.18512): ``P`` fragments of ``M / P`` bytes;
   fragment ``p`` is sent at the steps ``t`` with ``t % H == (p H // P) %
@@ -96,8 +97,8 @@ from decentral_jax.runtime_model import core
 REFLECTION = math.sqrt(math.pi) / 2
 # name -> (allowed keys, synchronised message, default topology).
 _METHODS = {
-    "local_sgd": (("H",), "params", None),
-    "diloco": (("H", "topology"), "theta", None),
+    "local_sgd": (("H", "comm_dtype"), "params", None),
+    "diloco": (("H", "topology", "comm_dtype"), "theta", None),
     "streaming_diloco": (("H", "P", "tau", "comm_dtype"), "theta", None),
     "local_dsgd": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
     "local_dadam": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
@@ -150,9 +151,10 @@ def parse_spec(spec: str, c: core.Cluster) -> core.Method:
 
   Names and keys (defaults in brackets; units in steps):
 
-  * ``local_sgd``: ``H`` [10].
+  * ``local_sgd``: ``H`` [10], ``comm_dtype`` [none: param dtype].
   * ``diloco``: ``H`` [10], ``topology`` [none: exact all-reduce; a name
-    for :func:`decentral_jax.topology.make` gives decentralized DiLoCo].
+    for :func:`decentral_jax.topology.make` gives decentralized DiLoCo],
+    ``comm_dtype`` [none: float32 theta] dtype on the wire.
   * ``streaming_diloco``: ``H`` [10], ``P`` [1] fragments, ``tau`` [0]
     overlap steps (``1 <= P <= H``, ``tau * P < H``), ``comm_dtype``
     [none: float32 theta] dtype of the pseudo-gradients on the wire.

@@ -198,8 +198,7 @@ def spec_for_config(config) -> tuple[str, dict]:
       fields["accum"] = int(config.optimizer.accum_steps)
   spec = spec.format(**fields)
   extra = []
-  if config.comm_dtype and algo in ("decentralized", "sgp",
-                                    "streaming_diloco"):
+  if config.comm_dtype and algo != "all_reduce":  # all_reduce refuses it
     extra.append(f"comm_dtype={config.comm_dtype}")
   if int(config.bucket_bytes) > 0 and algo in ("decentralized", "sgp",
                                                "all_reduce"):
