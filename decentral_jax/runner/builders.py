@@ -24,7 +24,7 @@ from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
 
-# config.comm_dtype -> the dtype gossiped parameters are sent in.
+# config.comm_dtype -> the dtype on the wire of the synchronisation.
 COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
                "float32": jnp.float32}
 

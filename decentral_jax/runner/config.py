@@ -129,8 +129,11 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # devices; leaves with no dimension divisible by D stay replicated, with
   # a warning naming them) or "data" (replicated; only the batch is split).
   c.worker_layout = "fsdp"
-  # dtype in which gossiped parameters are sent: "" (their own dtype),
-  # "bfloat16", "float16" or "float32".
+  # dtype on the wire of the synchronisation: "" (the values' own dtype),
+  # "bfloat16", "float16" or "float32": gossiped parameters (decentralized,
+  # decentralized_diloco, sgp), Local SGD's averaged parameters and
+  # (Streaming) DiLoCo's pseudo-gradients (summed in float32). all_reduce
+  # does not read it.
   c.comm_dtype = ""
   # Gossip bucket size in bytes: same-dtype parameters are sent in buckets
   # of at most this size, one collective each (as PyTorch DDP, 25 MB); 0 =
