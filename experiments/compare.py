@@ -474,6 +474,7 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
 def _record(workdir: str, config, final, reason) -> None:
   path = os.path.join(workdir, RESULT_FILE)
   try:
+    os.makedirs(workdir, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
       json.dump({"config": json.loads(config.to_json()), "final": final,
                  "diverged": reason}, f, indent=1)
