@@ -46,7 +46,7 @@ JSON files written by ``python -m decentral_jax.runtime_model measure``,
 with their measured workload) the table also gives each finished run's
 runtime-model prediction (``experiments/compare_pricing.py``): "predicted
 ms/it, <cluster>" (``core.simulate`` of the run's
-``specs.spec_for_config`` at ``config.n_workers`` workers; "-" with a
+``builders.spec_for_config`` at ``config.n_workers`` workers; "-" with a
 footnote where the model cannot price it, e.g. ``n`` not a multiple of the
 cluster's GPUs per node) and "time to AR loss, <cluster>" (the first step,
 interpolated between evaluations, at which the run's validation loss

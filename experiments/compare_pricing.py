@@ -30,12 +30,12 @@ import os
 
 import numpy as np
 
+from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runtime_model.cli import inputs as cli_inputs
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
-from decentral_jax.runtime_model import specs
 
 SIM_STEPS = 300  # predict's default --steps; the first fifth is warm-up
 SIM_SEED = 0
@@ -71,7 +71,7 @@ class PricingCluster:
     Preset: ``paper.setup`` (the paper's Transformer-base, compute fitted to
     Figure 6 at ``n`` GPUs). File: its links for ``n`` workers and its
     measured workload. ``workload_fields`` (``devices_per_worker``,
-    ``worker_layout``, from ``specs.spec_for_config``) replace the
+    ``worker_layout``, from ``builders.spec_for_config``) replace the
     workload's.
 
     Raises:
@@ -176,7 +176,7 @@ def _file_cluster(path: str, how: str) -> PricingCluster:
 def method_spec(config) -> str:
   """The runtime-model spec of a run config, or ``"(none: reason)"``."""
   try:
-    return specs.spec_for_config(config)[0]
+    return builders.spec_for_config(config)[0]
   except ValueError as e:
     return f"(none: {e})"
 
@@ -185,7 +185,7 @@ def predicted_ms(config, clusters, steps: int = SIM_STEPS,
                  seed: int = SIM_SEED) -> dict[str, float | str]:
   """Predicted ms/iteration of a run config on each cluster.
 
-  The method is ``specs.spec_for_config(config)``, built on each cluster at
+  The method is ``builders.spec_for_config(config)``, built on each cluster at
   ``n = config.n_workers`` workers (topologies for the cluster's own
   workers per node) and priced with ``core.simulate`` for
   ``cli_inputs.simulated_steps(method, steps)`` iterations, the first
@@ -205,7 +205,7 @@ def predicted_ms(config, clusters, steps: int = SIM_STEPS,
     the reason (str) instead.
   """
   try:
-    spec, fields = specs.spec_for_config(config)
+    spec, fields = builders.spec_for_config(config)
   except ValueError as e:
     return {cl.label: str(e) for cl in clusters}
   n = int(config.n_workers)

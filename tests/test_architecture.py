@@ -160,3 +160,20 @@ def test_analysis_and_the_runtime_model_load_on_first_use(name):
                        text=True, check=True, cwd=ROOT,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert out.stdout.split() == [f"decentral_jax.{name}", "False"]
+
+
+def test_test_modules_share_helpers_without_importing_each_other():
+  tests = os.path.join(ROOT, "tests")
+  crossing = []
+  for f in sorted(os.listdir(tests)):
+    if not f.endswith(".py"):
+      continue
+    tree = ast.parse(open(os.path.join(tests, f), encoding="utf-8").read())
+    for node in ast.walk(tree):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ""] if isinstance(node, ast.ImportFrom)
+               else [])
+      crossing += [f"tests/{f}:{node.lineno}: {n}" for n in names
+                   if n.split(".")[0].startswith("test_")]
+  assert not crossing, "import shared code from tests/helpers.py:\n" + \
+      "\n".join(crossing)

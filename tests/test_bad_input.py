@@ -1,6 +1,9 @@
 """Bad input: every config field, data file and command line is refused in one line.
 
-Field rules are checked on configs built in memory (fast); the command lines
+Field rules are checked on configs built in memory (fast); values at the
+edges of the rules are accepted and then followed to where the run uses them
+(the schedule, the optimizer on 8 devices, the data order, an 11-step run)
+and compared with references written from the documentation; the command lines
 of experiments/train.py and experiments/compare.py run as subprocesses, all
 at once, and stop before JAX starts; the runtime model's CLI is called in
 process.
@@ -13,21 +16,30 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 
+import jax
 import numpy as np
+import optax
 import pytest
 from ml_collections import config_dict
 
-from conftest import FIXTURES
+from conftest import FIXTURES, require_devices
+from decentral_jax import parallel
+from decentral_jax import topology
+from decentral_jax.data import text
+from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import tasks
+from decentral_jax.runner import train
 from decentral_jax.runner import validation
 from decentral_jax.runtime_model.cli import main as runtime_cli
-from test_compare import compare
+from helpers import load_script, np_accum_adam
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAN, INF = math.nan, math.inf
 BIG = 2**31  # one past the largest integer field value
+compare = load_script("compare")
 
 
 def make_config(model: str = "gpt", **fields):
@@ -126,23 +138,238 @@ def test_bad_combination_is_one_line_naming_the_fields(fields, phrases):
     assert phrase in message, message
 
 
-# Values at the edges of the rules are accepted.
+# --- Values at the edges of the rules are accepted, and used as given. ------
+# Each probe checks what the run makes of the value against a reference
+# written from the documentation (schedule formula, AccumAdam recursion,
+# data-order rule), not from the code.
+
+
+def lr_reference(c, k: int) -> float:
+  """The learning rate at count ``k``, as ``make_schedule`` documents it."""
+  s = c.schedule
+  peak, w = float(s.peak_lr), int(s.warmup_steps)
+  if s.name == "constant":
+    return peak
+  if k < w:  # linear from peak / w to peak
+    return peak / w + (peak - peak / w) * k / w
+  cos = math.cos(math.pi * (k - w) / (int(c.steps) - w))
+  return float(s.final_lr) + (peak - float(s.final_lr)) * (1 + cos) / 2
+
+
+def schedule_at(*counts):
+  """Probe: the run's learning rate at ``counts`` is the documented one."""
+  def probe(c):
+    lr = builders.make_schedule(c)
+    for k in counts:
+      # abs: float32 rounding of lr's formula at the scale of peak_lr.
+      assert float(lr(k)) == pytest.approx(
+          lr_reference(c, k), rel=1e-5, abs=1e-6 * float(c.schedule.peak_lr)), k
+  return probe
+
+
+OPT_STEPS = 6  # one and a half AccumAdam windows of the base config (T = 4)
+
+
+def opt_problem():
+  """Parameters and OPT_STEPS gradients of one worker (float64).
+
+  A matrix (weight-decayed) and a vector with gradients of 1e-7 (where eps
+  matters); signs flip at steps 2 and 4 (the moments matter after the first
+  window); step 0's gradient has global norm about 50 (clipped by the
+  default grad_clip=1, which rescales it against the other steps).
+  """
+  rng = np.random.default_rng(0)
+  params = {"b": rng.normal(size=3), "w": rng.normal(size=(2, 3))}
+  grads = []
+  for k in range(OPT_STEPS):
+    sign = -1.0 if k in (2, 4) else 1.0
+    g = {"b": sign * rng.uniform(0.5, 1.5, 3) * np.array([1.0, 1e-7, -1e-7]),
+         "w": sign * rng.uniform(0.5, 1.5, (2, 3))}
+    grads.append({k_: 20 * v for k_, v in g.items()} if k == 0 else g)
+  return params, grads
+
+
+def dadam_reference(c, params, grads) -> list[dict]:
+  """One worker's updates when every worker holds the same parameters and
+  gradients: then ``W x = x`` and DAdam / AccumAdamW (``decentralized``) is
+  ``x <- (1 - lr_k wd mask) x - lr_k d_k``, ``d_k`` the AccumAdam direction
+  of the clipped gradient (global norm at most ``grad_clip``; 0: none),
+  ``mask`` the leaves with ``ndim >= 2``."""
+  o, clip = c.optimizer, float(c.grad_clip)
+  assert c.algorithm == "decentralized" and o.beta_convention == "per_window"
+  scale = [min(1.0, clip / np.sqrt(sum(np.sum(v**2) for v in g.values())))
+           if clip else 1.0 for g in grads]
+  dirs = {k: np_accum_adam([f * g[k] for f, g in zip(scale, grads)],
+                           float(o.b1), float(o.b2), float(o.eps),
+                           int(o.accum_steps)) for k in params}
+  x, out = dict(params), []
+  for t in range(len(grads)):
+    lr = lr_reference(c, t)
+    u = {k: -lr * (float(o.weight_decay) * x[k] * (x[k].ndim >= 2)
+                   + dirs[k][t]) for k in x}
+    x = {k: x[k] + u[k] for k in x}
+    out.append(u)
+  return out
+
+
+def run_optimizer(c, params, grads):
+  """The run's optimizer (``make_optimizer``) on ``n_workers`` devices, all
+  workers starting from ``params`` with gradients ``grads``.
+
+  Returns:
+    (the updates of every step, worker axis first; the compiled step's HLO).
+  """
+  n = int(c.n_workers)
+  require_devices(n)
+  mesh = parallel.make_mesh(n)
+  tx = builders.make_optimizer(
+      c, builders.make_schedule(c),
+      topology.make(c.topology, n, int(c.workers_per_node)),
+      parallel.worker_axis(mesh))
+
+  def step(p, s, g):
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s, u
+
+  def stack(tree):
+    return parallel.shard(jax.tree.map(
+        lambda v: np.broadcast_to(np.float32(v), (n,) + np.shape(v)), tree),
+                          mesh)
+
+  stepf = jax.jit(parallel.per_worker(step, mesh))
+  p = stack(params)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+  hlo = stepf.lower(p, s, stack(grads[0])).compile().as_text()
+  updates = []
+  for g in grads:
+    p, s, u = stepf(p, s, stack(g))
+    updates.append(jax.tree.map(np.asarray, u))
+  return updates, hlo
+
+
+def optimizer_updates(c):
+  """Probe: the run's optimizer steps as the reference with these values."""
+  params, grads = opt_problem()
+  got, hlo = run_optimizer(c, params, grads)
+  # An update is the difference of two float32 parameters: a few units in
+  # their last place (the values probed move it by 4e-5 or more).
+  atol = 4 * float(np.spacing(np.float32(max(np.abs(v).max()
+                                               for v in params.values()))))
+  for t, (u, want) in enumerate(zip(got, dadam_reference(c, params, grads))):
+    for k, w in want.items():
+      np.testing.assert_array_equal(u[k], np.broadcast_to(u[k][0], u[k].shape))
+      np.testing.assert_allclose(u[k][0], w, rtol=1e-5, atol=atol,
+                                 err_msg=f"step {t}, leaf {k}")
+  return hlo
+
+
+def one_collective_per_leaf(c):
+  """Probe: bucket_bytes=0 sends each leaf by itself: one_peer_exp over 8
+  workers has 3 rounds of one partner each, so each of the 2 leaves is
+  permuted once per round (3 branches of the round switch), and nothing is
+  concatenated into a bucket."""
+  hlo = optimizer_updates(c)
+  shapes = [line.split("=", 1)[1].split()[0].split("{")[0]
+            for line in hlo.splitlines() if " collective-permute(" in line]
+  assert sorted(shapes) == ["f32[2,3]"] * 3 + ["f32[3]"] * 3, shapes
+
+
+def set_fields(c, **fields):
+  """Sets dotted ``fields`` (``model__n_layer`` for ``model.n_layer``)."""
+  for name, value in fields.items():
+    *groups, leaf = name.split("__")
+    node = c
+    for g in groups:
+      node = node[g]
+    node[leaf] = value
+
+
+# A model small enough to compile in seconds; the probed fields stay as set.
+TINY_MODEL = {"model__n_layer": 1, "model__n_embd": 8, "model__n_head": 2,
+              "model__block_size": 8}
+
+
+def no_dropout(c):
+  """Probe: rate 0 trains deterministically (a dropout key changes nothing)."""
+  assert not tasks.uses_dropout(c)
+  set_fields(c, **TINY_MODEL)
+  task = tasks.make_task(c, int(c.n_workers), 1)
+  params = task.init_params(jax.random.key(0))
+  batch = tuple(x[0] for x in task.host_batch(0))
+  loss = jax.jit(task.loss)
+  assert float(loss(params, batch, jax.random.key(1))[0]) == float(
+      loss(params, batch, None)[0])
+
+
+def data_order_of_seed(c):
+  """Probe: the first batch is the one decentral_jax.data.sharding's rule
+  gives for this seed: windows of T bytes of the training split, permuted
+  by ``default_rng(SeedSequence([seed, epoch]))``, contiguous shards."""
+  n = int(c.n_workers)
+  b, t = int(c.global_batch) // n, int(c.model.block_size)
+  inputs, targets = tasks.make_task(c, n, b).host_batch(0)
+  corpus = np.frombuffer(text.pydoc_corpus(), np.uint8)
+  train_split = corpus[:len(corpus) - int(len(corpus) * c.data.val_fraction)]
+  windows = (len(train_split) - 1) // t
+  perm = np.random.default_rng(
+      np.random.SeedSequence([int(c.seed), 0])).permutation(windows)
+  shard = windows // (n * b) * b
+  for w in range(n):
+    for i in range(b):
+      start = perm[w * shard + i] * t
+      np.testing.assert_array_equal(inputs[w, i], train_split[start:start + t])
+      np.testing.assert_array_equal(targets[w, i],
+                                    train_split[start + 1:start + t + 1])
+
+
+def logged_steps(c):
+  """Probe: an 11-step run logs only its last step (the default interval,
+  10, would also log step 10)."""
+  set_fields(c, **TINY_MODEL, global_batch=8, eval_batches=1, steps=11,
+             eval_interval=0, checkpoint_interval=0, keep_checkpoints=1)
+  require_devices(int(c.n_workers))
+  with tempfile.TemporaryDirectory() as workdir:
+    train.train_and_evaluate(c, workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+      assert [json.loads(line)["step"] for line in f] == [11]
+
+
+def devices_of_a_billion_workers(c):
+  """Probe: 2^30 workers of one device each, one sequence per worker."""
+  assert validation.devices_needed(c) == (2**30, "config.n_workers=1073741824")
+  assert int(c.global_batch) // int(c.n_workers) == 1
+
+
 GOOD_FIELDS = [
-    {"schedule.final_lr": 0.0}, {"schedule.final_lr": 1.5e-3},
-    {"optimizer.b1": 0.0}, {"optimizer.eps": 0.0}, {"grad_clip": 0.0},
-    {"optimizer.weight_decay": 0}, {"model.dropout": 0.0},
-    {"seed": 2**32 - 1}, {"steps": BIG - 1}, {"log_interval": BIG - 1},
-    {"bucket_bytes": 0},  # one collective per leaf
-    {"schedule.warmup_steps": 10_000},  # > steps: a warning, not an error
-    {"schedule.name": "constant", "schedule.final_lr": 1.0},  # unused field
-    {"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15,
-     "topology": "alternating_exp_ring"},  # node-aware: reads the nodes
+    ({"schedule.final_lr": 0.0}, schedule_at(0, 30, 165, 300)),
+    ({"schedule.final_lr": 1.5e-3}, schedule_at(30, 165, 300)),  # = peak_lr
+    ({"optimizer.b1": 0.0}, optimizer_updates),
+    ({"optimizer.eps": 0.0}, optimizer_updates),
+    ({"grad_clip": 0.0}, optimizer_updates),
+    ({"optimizer.weight_decay": 0}, optimizer_updates),
+    ({"model.dropout": 0.0}, no_dropout),
+    ({"seed": 2**32 - 1}, data_order_of_seed),
+    ({"steps": BIG - 1}, schedule_at(30, (BIG - 1 + 30) // 2, BIG - 1)),
+    ({"log_interval": BIG - 1}, logged_steps),
+    ({"bucket_bytes": 0}, one_collective_per_leaf),  # one per leaf
+    # > steps: a warning, not an error; the warmup never ends.
+    ({"schedule.warmup_steps": 10_000}, schedule_at(0, 150, 300)),
+    # final_lr unused by the constant schedule.
+    ({"schedule.name": "constant", "schedule.final_lr": 1.0},
+     schedule_at(0, 150, 300)),
+    # Node-aware alternating_exp_ring: the only topology that reads nodes.
+    ({"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15,
+      "topology": "alternating_exp_ring"}, devices_of_a_billion_workers),
 ]
 
 
-@pytest.mark.parametrize("fields", GOOD_FIELDS)
-def test_values_at_the_edges_are_accepted(fields):
-  validation.check_config(make_config(**fields))
+@pytest.mark.parametrize("fields, probe", GOOD_FIELDS,
+                         ids=[str(f) for f, _ in GOOD_FIELDS])
+def test_values_at_the_edges_are_accepted(fields, probe):
+  c = make_config(**fields)
+  validation.check_config(c)
+  assert c.to_dict() == make_config(**fields).to_dict()  # nothing rewritten
+  probe(c)
 
 
 def test_warmup_longer_than_the_run_is_a_warning():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,19 +14,10 @@ import pytest
 
 from ml_collections import config_dict
 
+from helpers import load_script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _compare_module():
-  spec = importlib.util.spec_from_file_location(
-      "compare_under_test", os.path.join(ROOT, "experiments", "compare.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up
-  spec.loader.exec_module(module)
-  return module
-
-
-compare = _compare_module()
+compare = load_script("compare")
 
 
 def _base(**schedule):
@@ -307,29 +297,24 @@ def _final(loss: float) -> dict:
           "comm/bytes_per_step": 1e6}
 
 
-def test_a40_prices_match_the_runtime_model_and_fill_the_table():
-  from decentral_jax.runtime_model import core
-  from decentral_jax.runtime_model import paper
+def test_a40_prices_match_figure6_and_fill_the_table():
   arms = dict(compare.arm_configs(_gpt_tiny(), 4, True,
                                   compare.select_runs("all_reduce,dadam")))
   clusters = pricing.parse_clusters("A40")
-  got = {run.name: pricing.predicted_ms(config, clusters)["A40"]
-         for run, config in arms.items()}
-  # Independently: Figure 6's A40 cluster at 8 GPUs, All-Reduce and
-  # overlapped gossip on one_peer_exp (DAdam's cost), as `predict` runs.
-  c, w = paper.setup("A40", 8)
-  want = {"all_reduce": 1e3 * core.simulate("all_reduce", c, w, steps=300,
-                                            warmup=60, seed=0),
-          "dadam": 1e3 * core.simulate("one_peer_exp", c, w, steps=300,
-                                       warmup=60, seed=0)}
-  assert got == pytest.approx(want, rel=1e-12)
-  # Figure 6, A40 at 8 GPUs: All-Reduce 166.1 ms, Decent (Exp) 122.8 ms.
+  want = {run.name: pricing.predicted_ms(config, clusters)["A40"]
+          for run, config in arms.items()}
+  # Figure 6, A40 at 8 GPUs, measured: All-Reduce 166.1 ms, Decent (Exp)
+  # 122.8 ms; the model reproduces these bars within 20% (its documented
+  # accuracy). The exact prices are checked by hand on a cluster without
+  # compute variability in test_cluster_files_are_priced_with_...
+  assert want["all_reduce"] == pytest.approx(166.1, rel=0.2)
+  assert want["dadam"] == pytest.approx(122.8, rel=0.2)
   assert want["all_reduce"] > 1.15 * want["dadam"]
   runs = [compare.METHODS["all_reduce"], compare.METHODS["dadam"]]
   finals = [(runs[0], _final(2.25)), (runs[1], _final(2.0))]
   curves = {"all_reduce": ([0, 30, 60], [3.0, 2.6, 2.25]),
             "dadam": ([0, 30, 60], [3.0, 2.5, 2.0])}
-  prices = {name: {"A40": ms} for name, ms in got.items()}
+  prices = {name: {"A40": ms} for name, ms in want.items()}
   heads, cells, notes = pricing.pricing_columns(finals, curves, prices,
                                                 clusters, 2.25)
   assert heads == ["predicted ms/it, A40", "time to AR loss, A40"]
@@ -394,18 +379,32 @@ def _cluster_json(tmp_path, name="mine.json", workload=True) -> str:
 
 
 def test_cluster_files_are_priced_with_their_measured_workload(tmp_path):
-  from decentral_jax.runtime_model import core
   path = _cluster_json(tmp_path)
   (cl,) = pricing.parse_clusters(f" {path} ")
   assert (cl.label, cl.path, cl.preset) == ("mine.json", path, None)
-  run = compare.METHODS["all_reduce"]
-  config = dict(compare.arm_configs(_gpt_tiny(), 4, True, (run,)))[run]
-  c, _ = cl.setup(8)
-  want = 1e3 * core.simulate("all_reduce", c, core.Workload(1e6, 0.01, 0.02),
-                             steps=300, warmup=60, seed=0)
-  assert pricing.predicted_ms(config, (cl,)) == {
-      "mine.json": pytest.approx(want, rel=1e-12)}
-  assert want == pytest.approx(30.0, rel=0.2)  # compute-bound: 30 ms
+  arms = dict(compare.arm_configs(_gpt_tiny(), 4, True,
+                                  compare.select_runs("all_reduce,dadam")))
+  got = {run.name: pricing.predicted_ms(config, (cl,))
+         for run, config in arms.items()}
+  # By hand from the alpha-beta formulas: the file's A40 links at 8 GPUs (2
+  # nodes x 4, tree), 1e6 float32 parameters (M = 4 MB, one 25 MiB bucket),
+  # forward 10 ms + backward 20 ms, no variability.
+  m_bytes, compute_s = 4e6, 0.03
+  # All-Reduce: the bucket is ready at the end of the backward; the two-level
+  # tree pays 2(L-1) intra + 2(q-1) inter latencies, and its bytes are
+  # limited by the one flow per node across (25 Gbit/s cap, below the
+  # node's 7.37 GB/s NIC): 2(q-1)/q M / 3.125e9 (the PCIe links carry 1.75 M
+  # at 31.5 GB/s, faster).
+  all_reduce_s = (compute_s + 2 * 3 * 5e-6 + 2 * 1 * 30e-6
+                  + 2 * (2 - 1) / 2 * m_bytes / 3.125e9)
+  # DAdam (one_peer_exp): rounds within a node take 5e-6 + M / 31.5e9, the
+  # round across nodes 30e-6 + M / (7.37e9 / 4) (4 flows share the NIC):
+  # 0.13 ms and 2.2 ms, all hidden behind the 30 ms of compute.
+  assert 30e-6 + m_bytes / (7.37e9 / 4) < compute_s
+  assert got == {
+      "all_reduce": {"mine.json": pytest.approx(1e3 * all_reduce_s,
+                                                rel=1e-9)},
+      "dadam": {"mine.json": pytest.approx(1e3 * compute_s, rel=1e-9)}}
   assert "the cluster measured in" in cl.describe(8)
   # Two files of the same basename: the second is labelled by its path.
   os.makedirs(tmp_path / "b")

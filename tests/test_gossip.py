@@ -11,7 +11,7 @@ from conftest import require_devices
 from decentral_jax.comm import gossip
 from decentral_jax import parallel
 from decentral_jax import topology
-from test_topology import _all_valid, _local
+from helpers import all_valid, local_size
 
 
 def _mix_fn(topo, mesh, traced=True, comm_dtype=None):
@@ -32,10 +32,10 @@ def _data(n, seed=0):
           "b": rng.normal(size=(n,)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("name,n", [c for c in _all_valid() if c[1] >= 3])
+@pytest.mark.parametrize("name,n", [c for c in all_valid() if c[1] >= 3])
 def test_mix_equals_dense_product(name, n):
   require_devices(n)
-  topo = topology.make(name, n, _local(name, n))
+  topo = topology.make(name, n, local_size(name, n))
   mesh = parallel.make_mesh(n)
   x = _data(n)
   xs = parallel.shard(x, mesh)
@@ -62,7 +62,11 @@ def test_static_step_compiles_only_that_round():
                                          x["a"]), rtol=1e-6, atol=1e-6)
     hlo = fn.lower(xs).compile().as_text()
     assert " conditional(" not in hlo
-    assert hlo.count("collective-permute") >= 1
+    # Round r pairs j with j XOR 2^r: one permute per leaf, no other round's.
+    partner = [(j, j ^ (1 << r)) for j in range(8)]
+    assert {shape: [sorted(p) for p in perms] for shape, perms in
+            _permute_pairs(hlo).items()} == {"f32[3,2]{1,0}": [partner],
+                                             "f32[]": [partner]}
 
 
 def test_direction_matters_for_exponential():
@@ -106,6 +110,20 @@ def test_aer_exact_mean_after_one_period(node_aware):
                              np.broadcast_to(x0.mean(0), (16, 5)), atol=1e-5)
 
 
+def _permute_pairs(hlo: str) -> dict[str, list[list[tuple[int, int]]]]:
+  """The collective-permutes of compiled HLO text: result shape -> the
+  ``(source, target)`` pairs of each one."""
+  out = {}
+  for line in hlo.splitlines():
+    if " collective-permute(" not in line:
+      continue
+    shape = line.split("=", 1)[1].split()[0]
+    pairs = line.split("source_target_pairs={{", 1)[1].split("}}", 1)[0]
+    out.setdefault(shape, []).append(
+        [tuple(int(v) for v in p.split(",")) for p in pairs.split("},{")])
+  return out
+
+
 def test_node_aware_rounds_use_local_pmean_and_one_node_permute():
   require_devices(16)
   topo = topology.make("aer", 16, 4)  # 4 nodes x 4
@@ -123,11 +141,22 @@ def test_node_aware_rounds_use_local_pmean_and_one_node_permute():
            "{11,15},{15,11}}")
   assert len(permutes) == 2 and all(pairs in l for l in permutes), permutes
   assert sorted(l.split("=")[1].split()[0] for l in permutes) == ["f32[2]{0}", "f32[]"]
-  # Flat realisation of the same round needs 7 ppermutes (group of 8).
+  # Flat realisation of the same round: a mean over a group of g workers
+  # sent by ppermute needs g - 1 of them (each worker receives the other
+  # g - 1 values, one per permute), the groups of 4 riding along in the
+  # permutes of the group of 8: 7 per leaf, 14 for the 2 leaves, together
+  # delivering every ordered pair within each group exactly once.
   flat = parallel.make_mesh(16)
   hlo_flat = _mix_fn(topo, flat, traced=False)[0].lower(
       parallel.shard(_data(16), flat)).compile().as_text()
   assert "all-reduce" not in hlo_flat
+  groups = [range(0, 4), range(4, 8), range(8, 16)]
+  expected = sorted((s, d) for g in groups for s in g for d in g if s != d)
+  by_leaf = _permute_pairs(hlo_flat)
+  assert sorted(by_leaf) == ["f32[3,2]{1,0}", "f32[]"]
+  for shape, permutes in by_leaf.items():
+    assert len(permutes) == 7, (shape, len(permutes))
+    assert sorted(p for perm in permutes for p in perm) == expected, shape
 
 
 def test_bfloat16_communication():

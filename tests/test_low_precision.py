@@ -18,6 +18,7 @@ from conftest import require_devices
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
+from helpers import np_accum_adam
 
 LOW = pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16],
                               ids=["bfloat16", "float16"])
@@ -181,21 +182,6 @@ def test_accum_adam_steps_equal_optax_adamw(dtype):
                      _optax_adamw_hist(params, grads), params, dtype)
 
 
-def _np_accum_adam(grads, big_t):
-  """AccumAdam directions in float64 (paper App. C), one array per step."""
-  m = v = a = 0.0
-  out = []
-  for t, g in enumerate(grads, start=1):
-    c = -(-t // big_t)
-    a = a + g / big_t
-    m_hat = (B1 * m + (1 - B1) * g) / (1 - B1**c)
-    v_hat = (B2 * v + (1 - B2) * g * g) / (1 - B2**c)
-    out.append(m_hat / (np.sqrt(v_hat) + EPS))
-    if t % big_t == 0:
-      m, v, a = B1 * m + (1 - B1) * a, B2 * v + (1 - B2) * a * a, 0.0
-  return out
-
-
 @LOW
 @pytest.mark.parametrize("accum_steps", [1, 4])
 @pytest.mark.parametrize("moments", ["low", "float32"])
@@ -210,8 +196,7 @@ def test_accum_adam_directions_against_numpy(dtype, accum_steps, moments):
                                  mu_dtype=f32, nu_dtype=f32)
   _, grads = _data(dtype, seed=1)
   grads = [g["w"] for g in grads]
-  want = _np_accum_adam([np.asarray(g, np.float64) for g in grads],
-                        accum_steps)
+  want = np_accum_adam(grads, B1, B2, EPS, accum_steps)
   state = tx.init(grads[0])
   update = jax.jit(tx.update)
   if f32:
@@ -395,10 +380,40 @@ def test_bad_hyperparameters_are_rejected(kwargs, name):
 
 
 def test_good_hyperparameters_are_accepted():
-  optim.scale_by_accum_adam(0.0, 0.0, 0.0)
-  optim.scale_by_accum_adam(jnp.asarray(0.9), jnp.asarray(0.999, jnp.float32),
-                            jnp.asarray(1e-8), mu_dtype=jnp.bfloat16,
-                            nu_dtype="float32")
+  # The edges b1 = b2 = eps = 0: M = g and V = g^2 of the last step alone,
+  # so every direction is sign(g) exactly (powers of two: no rounding). A
+  # b1 or b2 > 0 would remember the first step's large gradients of the
+  # other sign; the default eps would turn 2^-30 into about 0.09.
+  tx = optim.scale_by_accum_adam(0.0, 0.0, 0.0)
+  tiny = 2.0**-30
+  grads = [np.array([4.0, -2.0, tiny, -tiny], np.float32),
+           np.array([-tiny, tiny, -8.0, 0.5], np.float32)]
+  state = tx.init(jnp.zeros(4, jnp.float32))
+  for g in grads:
+    d, state = tx.update(jnp.asarray(g), state)
+    np.testing.assert_array_equal(np.asarray(d), np.sign(g))
+  # float32 arrays as hyperparameters (not the defaults), a dtype given by
+  # name: the moments are stored in the dtypes asked for, and the
+  # directions are those of b1 = 0.5, b2 = 0.75, eps = 0.1 (float64
+  # NumPy), up to the bfloat16 rounding of M and A (half a bfloat16 ulp of
+  # a direction of magnitude <= 1; the defaults 0.9, 0.999, 1e-8 are 0.08
+  # to 0.46 away).
+  b1, b2, eps = 0.5, 0.75, 0.1
+  tx = optim.scale_by_accum_adam(jnp.asarray(b1), jnp.asarray(b2, jnp.float32),
+                                 jnp.asarray(eps), accum_steps=2,
+                                 mu_dtype=jnp.bfloat16, nu_dtype="float32")
+  _, grads = _data(jnp.float32, seed=2)
+  grads = [g["w"] for g in grads]
+  want = np_accum_adam(grads, b1, b2, eps, 2)
+  state = tx.init(grads[0])
+  assert (state.mu.dtype, state.acc.dtype, state.nu.dtype) == (
+      jnp.bfloat16, jnp.bfloat16, jnp.float32)
+  update = jax.jit(tx.update)
+  for k, (g, w) in enumerate(zip(grads, want)):
+    d, state = update(g, state)
+    assert d.dtype == jnp.float32 and state.mu.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(d, np.float64), w, rtol=0,
+                               atol=_eps(jnp.bfloat16) / 2, err_msg=f"step {k}")
 
 
 def test_inject_hyperparams_with_bfloat16_params_needs_float32_hyperparams():

@@ -1,7 +1,7 @@
 """Tests for decentral_jax.models: GPT, CNN and the losses.
 
-References are independent NumPy re-implementations (GPT forward pass,
-cross-entropy) and closed-form parameter counts.
+References are independent NumPy re-implementations (GPT and CNN forward
+passes, cross-entropy) and closed-form parameter counts.
 """
 
 from __future__ import annotations
@@ -238,6 +238,57 @@ def test_cnn_shapes_and_param_count(cnn_model_params):
                              rtol=1e-6, atol=1e-6)
   with pytest.raises(ValueError, match="255"):
     model.apply({"params": p}, jnp.zeros((1, 28, 28, 1), jnp.uint8))
+
+
+def _np_conv3x3_same(x, p):
+  """3x3 convolution as deep-learning layers define it (cross-correlation,
+  no kernel flip), zero padding 1 ("SAME"), stride 1, plus bias:
+  ``y[b, i, j, o] = sum_{di, dj, c} x[b, i+di-1, j+dj-1, c] k[di, dj, c, o]``."""
+  h, w = x.shape[1:3]
+  xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+  y = np.zeros(x.shape[:3] + (p["kernel"].shape[-1],))
+  for di in range(3):
+    for dj in range(3):
+      y += xp[:, di:di + h, dj:dj + w, :] @ p["kernel"][di, dj]
+  return y + p["bias"]
+
+
+def _np_avg_pool2(x):
+  """2x2 mean with stride 2; an odd last row or column is dropped."""
+  b, h, w, c = x.shape
+  x = x[:, :h // 2 * 2, :w // 2 * 2]
+  return x.reshape(b, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
+
+
+def _np_cnn(p, images):
+  """Logits [B, classes] of conv-ReLU-pool (x2), dense-ReLU, dense, float64."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
+  x = np.asarray(images, np.float64)
+  n_conv = len([k for k in p if k.startswith("Conv_")])
+  for i in range(n_conv):
+    x = _np_avg_pool2(np.maximum(_np_conv3x3_same(x, p[f"Conv_{i}"]), 0))
+  x = x.reshape(x.shape[0], -1)  # (row, column, channel) order
+  x = np.maximum(_np_dense(x, p["Dense_0"]), 0)
+  return _np_dense(x, p["Dense_1"])
+
+
+@pytest.mark.parametrize("features,dense,classes,side", [
+    ((32, 64), 128, 10, 28),  # the Fashion-MNIST model
+    ((3, 5), 7, 4, 11),  # odd sides: 11 -> 5 -> 2 (pooling drops a row)
+])
+def test_cnn_forward_matches_numpy(features, dense, classes, side):
+  model = cnn.CNN(num_classes=classes, features=features, dense=dense)
+  p = cnn.init_params(model, jax.random.key(3), (side, side, 1))
+  rng = np.random.default_rng(4)
+  x = rng.random((3, side, side, 1)).astype(np.float32)
+  # Larger biases so that every ReLU cuts through both signs.
+  p = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape).astype(
+      a.dtype) if a.ndim == 1 else a, p)
+  got = np.asarray(jax.jit(model.apply)({"params": p}, jnp.asarray(x)))
+  want = _np_cnn(p, x)
+  assert got.shape == want.shape == (3, classes)
+  assert np.abs(want).max() > 0.05  # not a near-zero output
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_cnn_sgd_lowers_loss(cnn_model_params):

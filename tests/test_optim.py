@@ -15,6 +15,7 @@ from conftest import FIXTURES, require_devices
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
+from helpers import np_accum_adam
 
 
 # --------------------------------------------------------------------------
@@ -132,21 +133,6 @@ def test_accum_steps_1_equals_optax_scale_by_adam():
       np.testing.assert_allclose(np.asarray(u1[k]), np.asarray(u2[k]), rtol=1e-7, atol=1e-7)
 
 
-def _np_accum_adam(grads, b1, b2, eps, big_t):
-  """Independent NumPy AccumAdam (unscaled form of the reference README)."""
-  m = v = a = 0.0
-  dirs = []
-  for t, g in enumerate(grads, start=1):
-    c = -(-t // big_t)
-    a = a + g / big_t
-    mh = (b1 * m + (1 - b1) * g) / (1 - b1**c)
-    vh = (b2 * v + (1 - b2) * g * g) / (1 - b2**c)
-    dirs.append(mh / (np.sqrt(vh) + eps))
-    if t % big_t == 0:
-      m, v, a = b1 * m + (1 - b1) * a, b2 * v + (1 - b2) * a * a, 0.0
-  return np.array(dirs)
-
-
 def test_accum_adam_against_numpy(x64):
   del x64
   rng = np.random.default_rng(1)
@@ -157,7 +143,7 @@ def test_accum_adam_against_numpy(x64):
   for g in grads:
     d, state = tx.update(jnp.asarray(g), state)
     out.append(np.asarray(d))
-  np.testing.assert_allclose(np.array(out), _np_accum_adam(grads, 0.9, 0.98, 1e-8, 3),
+  np.testing.assert_allclose(np.array(out), np_accum_adam(grads, 0.9, 0.98, 1e-8, 3),
                              rtol=1e-12, atol=1e-14)
   assert int(state.count) == 11
 
@@ -185,9 +171,9 @@ def test_accum_adam_per_step_betas_against_numpy(x64):
     d, state = tx.update(jnp.asarray(g), state)
     out.append(np.asarray(d))
   # The per-window recursion with the hand-computed decays b**4.
-  want = _np_accum_adam(grads, 0.6561, 0.81450625, 1e-8, 4)
+  want = np_accum_adam(grads, 0.6561, 0.81450625, 1e-8, 4)
   np.testing.assert_allclose(np.array(out), want, rtol=1e-12, atol=1e-14)
-  per_window = _np_accum_adam(grads, 0.9, 0.95, 1e-8, 4)
+  per_window = np_accum_adam(grads, 0.9, 0.95, 1e-8, 4)
   assert np.max(np.abs(np.array(out) - per_window)) > 1e-3  # not a no-op
 
 
@@ -293,7 +279,7 @@ def test_dadam_equals_dense_oracle(mix_after_update):
   grads = []
   for k in range(6):
     grads.append(x - targets)
-    d = np.stack([_np_accum_adam(np.array(grads)[:, i], 0.9, 0.99, 1e-8, 2)[-1]
+    d = np.stack([np_accum_adam(np.array(grads)[:, i], 0.9, 0.99, 1e-8, 2)[-1]
                   for i in range(n)])
     w = topo.mixing_matrix(k)
     if mix_after_update:
@@ -317,7 +303,7 @@ def test_accum_adamw_per_step_betas_equals_dense_oracle():
   for k in range(5):
     grads.append(x - targets)
     # Decays per window of 2 steps: 0.9**2 = 0.81, 0.99**2 = 0.9801.
-    d = np.stack([_np_accum_adam(np.array(grads)[:, i], 0.81, 0.9801, 1e-8,
+    d = np.stack([np_accum_adam(np.array(grads)[:, i], 0.81, 0.9801, 1e-8,
                                  2)[-1] for i in range(n)])
     x = topo.mixing_matrix(k) @ x - lr * d
     np.testing.assert_allclose(hist[k], x, rtol=2e-5, atol=2e-5)
@@ -378,7 +364,7 @@ def test_composes_with_schedule_clip_and_inject_hyperparams():
     norm = np.linalg.norm(g, axis=1, keepdims=True)
     g = g * np.minimum(1.0, 0.5 / norm)
     grads.append(g)
-    d = np.stack([_np_accum_adam(np.array(grads)[:, i], 0.9, 0.999, 1e-8, 1)[-1]
+    d = np.stack([np_accum_adam(np.array(grads)[:, i], 0.9, 0.999, 1e-8, 1)[-1]
                   for i in range(n)])
     x = topo.mixing_matrix(k) @ x - (0.1 - 0.025 * k) * d
     np.testing.assert_allclose(hist[k], x, rtol=1e-5, atol=1e-5)

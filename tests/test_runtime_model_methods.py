@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
+from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax import topology
 from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import spanning
-from decentral_jax.runtime_model import specs
 from decentral_jax.runtime_model import traffic
 
 M = 100e6  # bytes: 25e6 float32 parameters
@@ -109,29 +110,85 @@ def test_data_layout_puts_every_device_on_the_nic():
         want + M / 1e12)
 
 
+# Priced by hand below: 16 workers on 16 nodes (every flow crosses a node,
+# each node's one NIC carries one flow per direction: 1 GB/s, no latency),
+# M = 100 MB of float32 parameters and gradients in one bucket, forward 20 ms
+# + backward 40 ms, no variability.
+_C_S = 0.06
+_PAIR_S = M / 1e9  # a pair exchange or a ppermute term: 0.1 s
+_RING_S = 2 * 15 / 16 * M / 1e9  # ring all-reduce over 16 nodes: 0.1875 s
+
+
+def _hand_gossip_s(topo) -> float:
+  """Overlapped gossip, one bucket, no variance: a step takes max(C, round).
+
+  The round of step r is posted at the end of step r-1 and awaited at the
+  end of step r's backward (one bucket: nothing is mixed earlier), so the
+  step takes ``max(C, tau_r)``; a worker's round costs nothing alone, a
+  pair exchange for a group of 2, a ring all-reduce for a larger group, one
+  message per ppermute term. The slowest worker sets the pace.
+  """
+  per_worker = np.zeros(topo.n_workers)
+  for rnd in topo.rounds:
+    tau = np.full(topo.n_workers, len(rnd.terms) * _PAIR_S)
+    for g in rnd.groups or ():
+      p = len(g)
+      tau[list(g)] = 0.0 if p == 1 else _PAIR_S if p == 2 else (
+          2 * (p - 1) / p * M / 1e9)
+    per_worker += np.maximum(_C_S, tau)
+  return float(per_worker.max()) / topo.period
+
+
 def test_every_library_algorithm_and_topology_is_priced():
-  from decentral_jax.runner import builders  # pylint: disable=import-outside-toplevel
-  assert set(specs.LIBRARY_SPECS) == set(builders.ALGORITHMS)
-  c = core.Cluster(16, 4, multi_node="tree")
-  w = core.Workload(65e6, 0.02, 0.04)
+  c = _zero_latency(16, 1, intra=10e9, nic=1e9)
+  w = core.Workload(25e6, 0.02, 0.04, bucket_shares=(1.0,))
+  h = 10  # base_config's sync_every
+  want = {
+      # The bucket's ring all-reduce after the backward.
+      "all_reduce": _C_S + _RING_S,
+      # AccumAdam on one_peer_exp: pair exchanges of 0.1 s > C.
+      "decentralized": _PAIR_S,
+      # An exact all-reduce of M every H steps, not overlapped.
+      "local_sgd": _C_S + _RING_S / h,
+      "diloco": _C_S + _RING_S / h,
+      "streaming_diloco": _C_S + _RING_S / h,  # P = 1, tau = 0
+      # One one_peer_exp round (a pair exchange) every H steps.
+      "decentralized_diloco": _C_S + _PAIR_S / h,
+      # SGP: a blocking ppermute (0.1 s) after every step.
+      "sgp": _C_S + _PAIR_S,
+  }
+  assert set(want) == set(builders.ALGORITHMS)
   for algo in builders.ALGORITHMS:
     cfg = config_lib.base_config("gpt")
     cfg.algorithm = algo
-    spec, fields = specs.spec_for_config(cfg)
+    assert int(cfg.sync_every) == h
+    spec, fields = builders.spec_for_config(cfg)
     m = core.make_method(spec, c)
-    t = core.simulate(m, c, core.Workload(65e6, 0.02, 0.04, **fields),
+    t = core.simulate(m, c, core.Workload(25e6, 0.02, 0.04,
+                                          bucket_shares=(1.0,), **fields),
                       steps=80, warmup=16)
-    assert 0.06 <= t < 10, (algo, spec, t)
+    assert t == pytest.approx(want[algo], rel=1e-9), (algo, spec, t)
+    assert core.closed_form(m, c, w).iteration_s == pytest.approx(
+        want[algo], rel=1e-9), (algo, spec)
+  # Streaming DiLoCo with P = 2 fragments of M/2, each overlapped with
+  # tau = 1 step: (a/2 - C) of each is exposed once per H steps.
+  cfg = config_lib.base_config("gpt")
+  cfg.algorithm, cfg.num_fragments, cfg.overlap_steps = "streaming_diloco", 2, 1
+  spec, _ = builders.spec_for_config(cfg)
+  assert core.simulate(spec, c, w, steps=80, warmup=16) == pytest.approx(
+      _C_S + 2 * (_RING_S / 2 - _C_S) / h, rel=1e-9)
   for name in topology.NAMES:
-    assert core.simulate(name, c, w, steps=30, warmup=6) >= 0.06, name
+    m = core.make_method(name, c)
+    assert core.simulate(m, c, w, steps=80, warmup=16) == pytest.approx(
+        _hand_gossip_s(m.topology), rel=1e-9), name
   cfg = config_lib.base_config("gpt")
   cfg.comm_dtype, cfg.bucket_bytes = "bfloat16", 25 * 2**20
   cfg.devices_per_worker, cfg.worker_layout = 2, "data"
-  assert specs.spec_for_config(cfg) == (
+  assert builders.spec_for_config(cfg) == (
       "accum_adam:T=4,topology=one_peer_exp,comm_dtype=bfloat16,"
       "bucket_MiB=25", {"devices_per_worker": 2, "worker_layout": "data"})
   cfg.gossip_every = 4
-  assert specs.spec_for_config(cfg)[0] == (
+  assert builders.spec_for_config(cfg)[0] == (
       "local_dsgd:H=4,topology=one_peer_exp,comm_dtype=bfloat16")
   # The local-update methods send comm_dtype too: their syncs cost half.
   for algo, spec in (("local_sgd", "local_sgd:H=10"),
@@ -140,7 +197,7 @@ def test_every_library_algorithm_and_topology_is_priced():
                       "diloco:H=10,topology=one_peer_exp")):
     cfg = config_lib.base_config("gpt")
     cfg.algorithm, cfg.comm_dtype = algo, "bfloat16"
-    assert specs.spec_for_config(cfg)[0] == spec + ",comm_dtype=bfloat16"
+    assert builders.spec_for_config(cfg)[0] == spec + ",comm_dtype=bfloat16"
     low = core.make_method(spec + ",comm_dtype=bfloat16", c)
     assert local_methods.message_bytes(low, w) == pytest.approx(
         local_methods.message_bytes(core.make_method(spec, c), w) / 2)

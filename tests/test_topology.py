@@ -11,67 +11,131 @@ import pytest
 from conftest import FIXTURES
 from decentral_jax import topology
 from decentral_jax.topology import schedules
-
-NS = (2, 3, 4, 5, 6, 8, 12, 16)
-
-
-def _valid(name, n):
-  """Independent statement of each topology's constraint."""
-  if name == "ring":
-    return n % 2 == 0
-  if name == "one_peer_exp":
-    return n in (1, 2, 4, 8, 16, 32)
-  if name == "alternating_exp_ring":  # built here with local_size 1 or 2
-    nodes = n // _local(name, n)
-    return nodes in (1, 2, 4, 8, 16)
-  return True
+from helpers import all_valid, local_size
 
 
-def _local(name, n):
-  return 2 if name == "alternating_exp_ring" and n % 2 == 0 else 1
+def _complete(n, local):
+  del local
+  return [np.full((n, n), 1.0 / n)]
 
 
-def _all_valid():
-  for name in topology.NAMES:
-    for n in NS:
-      if _valid(name, n):
-        yield name, n
-
-
-def _oracle(name, n, r):
-  """Dense reference matrices written from the definitions (not the code)."""
-  w = np.zeros((n, n))
-  if name == "complete":
-    return np.full((n, n), 1.0 / n)
-  if name == "ring":
+def _ring(n, local):
+  """Period 2: pairs {2j, 2j+1}, then {2j, 2j-1 mod n}, weight 1/2."""
+  del local
+  out = []
+  for r in range(2):
+    w = np.zeros((n, n))
     for j in range(n // 2):
       a, b = (2 * j, 2 * j + 1) if r == 0 else (2 * j, (2 * j - 1) % n)
       w[a, a] = w[a, b] = w[b, a] = w[b, b] = 0.5
-    return w
-  if name == "one_peer_exp":
+    out.append(w)
+  return out
+
+
+def _one_peer_exp(n, local):
+  """Period log2 n: round r pairs {j, j XOR 2^r}, weight 1/2."""
+  del local
+  out = []
+  for r in range(n.bit_length() - 1):
+    w = np.zeros((n, n))
     for j in range(n):
       w[j, j] += 0.5
       w[j, j ^ (1 << r)] += 0.5
-    return w
-  if name == "exponential":
-    tau = int(np.ceil(np.log2(n)))
-    for i in range(n):
-      w[i, i] += 1 / (tau + 1)
-      for k in range(tau):
-        w[(i + 2**k) % n, i] += 1 / (tau + 1)  # i sends to i + 2^k
-    return w
-  if name == "static_ring":
-    for i in range(n):
-      for d in (-1, 0, 1):
-        w[i, (i + d) % n] += 1 / 3
-    return w
-  return None
+    out.append(w)
+  return out
 
 
-@pytest.mark.parametrize("name,n", list(_all_valid()))
+def _group_means(n, groups):
+  w = np.zeros((n, n))
+  for g in groups:
+    w[np.ix_(g, g)] = 1.0 / len(g)
+  return w
+
+
+def _alternating_exp_ring(n, local):
+  """PAPER.md Sec. 3, "AER construction", with N = n / L = 2^R nodes.
+
+  Node v holds workers vL .. vL+L-1. For i < R the node pairs {v, v XOR 2^i}
+  (v the smaller) are taken in increasing v, and one counter c runs over
+  all pairs of all i. Pair number c: if c is even, round 2i has each node's
+  own mean (weight 1/L) and round 2i+1 the mean over both nodes (1/(2L));
+  if c is odd, the other way round. One node: one round, its own mean.
+  """
+  nodes = n // local
+  block = lambda v: list(range(v * local, (v + 1) * local))
+  if nodes == 1:
+    return [_group_means(n, [block(0)])]
+  out, c = [], 0
+  for i in range(nodes.bit_length() - 1):
+    first, second = [], []
+    for v in range(nodes):
+      u = v ^ (1 << i)
+      if u < v:
+        continue
+      apart, joint = [block(v), block(u)], [block(v) + block(u)]
+      first += apart if c % 2 == 0 else joint
+      second += joint if c % 2 == 0 else apart
+      c += 1
+    out += [_group_means(n, first), _group_means(n, second)]
+  return out
+
+
+def _exponential(n, local):
+  """Worker i sends to i + 2^k mod n, k < ceil(log2 n); all weights equal."""
+  del local
+  tau = int(np.ceil(np.log2(n)))
+  w = np.zeros((n, n))
+  for i in range(n):
+    w[i, i] += 1 / (tau + 1)
+    for k in range(tau):
+      w[(i + 2**k) % n, i] += 1 / (tau + 1)  # row = receiver
+  return [w]
+
+
+def _torus(n, local):
+  """rows x cols grid, rows the largest divisor of n not above sqrt(n);
+  worker i at (i // cols, i % cols); self and the 4 wrap-around neighbours,
+  1/5 each (coinciding neighbours add up)."""
+  del local
+  rows = max(d for d in range(1, n + 1) if n % d == 0 and d * d <= n)
+  cols = n // rows
+  w = np.zeros((n, n))
+  for i in range(n):
+    r, c = i // cols, i % cols
+    for dr, dc in ((0, 0), (1, 0), (-1, 0), (0, 1), (0, -1)):
+      w[i, (r + dr) % rows * cols + (c + dc) % cols] += 0.2
+  return [w]
+
+
+def _static_ring(n, local):
+  del local
+  w = np.zeros((n, n))
+  for i in range(n):
+    for d in (-1, 0, 1):
+      w[i, (i + d) % n] += 1 / 3
+  return [w]
+
+
+# Dense mixing matrices of one period, written from the definitions (module
+# docstring of decentral_jax.topology.schedules, PAPER.md Sec. 3), not from
+# the code. Every built-in topology has one (test_every_topology_has_an_oracle).
+ORACLES = {"complete": _complete, "ring": _ring,
+           "one_peer_exp": _one_peer_exp,
+           "alternating_exp_ring": _alternating_exp_ring,
+           "exponential": _exponential, "torus": _torus,
+           "static_ring": _static_ring}
+
+
+def test_every_topology_has_an_oracle():
+  assert sorted(ORACLES) == sorted(topology.NAMES)
+
+
+@pytest.mark.parametrize("name,n", list(all_valid()))
 def test_rounds_doubly_stochastic_and_match_definition(name, n):
-  topo = topology.make(name, n, _local(name, n))
+  topo = topology.make(name, n, local_size(name, n))
   assert topo.n_workers == n
+  oracle = ORACLES[name](n, local_size(name, n))
+  assert topo.period == len(oracle)
   for r in range(topo.period):
     w = topo.mixing_matrix(r)
     assert w.shape == (n, n) and w.dtype == np.float64
@@ -80,9 +144,7 @@ def test_rounds_doubly_stochastic_and_match_definition(name, n):
     np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-12)
     if name != "exponential":
       np.testing.assert_array_equal(w, w.T)
-    ref = _oracle(name, n, r)
-    if ref is not None:
-      np.testing.assert_allclose(w, ref, atol=1e-15)
+    np.testing.assert_allclose(w, oracle[r], atol=1e-15)
     # The ppermute plan reproduces the matrix exactly.
     rebuilt = np.diag(topo.rounds[r].self_weights)
     for term in topo.rounds[r].terms:
@@ -127,11 +189,12 @@ def test_aer_16_workers_4_per_node_matches_paper_example():
       [blocks(0), blocks(2), blocks(1, 3)],
       [blocks(0, 2), blocks(1), blocks(3)],
   ]
+  oracle = _alternating_exp_ring(16, 4)  # the oracle agrees with it too
+  assert topo.period == len(oracle) == len(expected)
   for r, groups in enumerate(expected):
-    w = np.zeros((16, 16))
-    for g in groups:
-      w[np.ix_(g, g)] = 1.0 / len(g)
+    w = _group_means(16, groups)
     np.testing.assert_array_equal(topo.mixing_matrix(r), w)
+    np.testing.assert_array_equal(oracle[r], w)
 
 
 @pytest.mark.parametrize("name,n,local,expected", [

@@ -20,10 +20,16 @@ step) reaches the other workers through the functions here, traced inside
   axis and a ``vmap`` axis is not supported by JAX, and ``psum`` over a
   ``vmap`` axis inside ``shard_map`` fails, hence this plan.
 
-Values are those of the one-worker-per-device collectives: :func:`permute`
-and :func:`all_gather` move data exactly; sums (:func:`psum`,
-:func:`pmean`) add a device's ``K`` workers first, then across devices, so
-they may differ from a flat sum in the last bits.
+Results are those of the one-worker-per-device collectives: the same
+dtypes (``psum`` of ``bool`` gives int32 and ``pmean`` of an integer or
+``bool`` a float, as ``lax.pmean`` does), the same pytrees, the same
+values and the same refusals (one ``ValueError`` or ``TypeError`` with the
+same message, raised at trace time, before any collective). Data movement
+(:func:`permute`, :func:`all_gather`, :func:`all_to_all`) and integer sums
+are exact; floating-point sums (:func:`psum`, :func:`pmean`) add a
+device's ``K`` workers first, then across devices, so they may differ from
+the one-collective sum in the last bits (each is within ``(n - 1)`` ulps
+of ``sum_j |x_j|`` of the exact sum).
 
 Under :class:`VirtualAxes` the functions must be called inside that
 ``vmap`` (as :func:`decentral_jax.parallel.per_worker` arranges).
@@ -41,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from decentral_jax import checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +84,29 @@ def mesh_axes(axis_name: AxisName) -> tuple[str, ...]:
 def _lax_axis(axis_name):
   axes = mesh_axes(axis_name)
   return axes[0] if len(axes) == 1 else axes
+
+
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _check_leaves(op: str, x) -> None:
+  """Refuses a pytree leaf that is not a numeric or ``bool`` array or scalar.
+
+  The same check (and message) on every worker axis, so that one worker per
+  device and several refuse alike.
+  """
+  for path, leaf in jax.tree_util.tree_leaves_with_path(x):
+    try:
+      ok = (isinstance(leaf, _ARRAY_TYPES)
+            and np.dtype(jnp.result_type(leaf)).kind in "biufcV")
+    except TypeError:
+      ok = False
+    if not ok:
+      where = jax.tree_util.keystr(path) or "x"
+      raise TypeError(
+          f"collectives.{op}: {where} is {type(leaf).__name__} "
+          f"{leaf!r:.60}; collectives take arrays (or pytrees of arrays) of "
+          "a numeric or bool dtype.")
 
 
 def varying_axes(x) -> frozenset:
@@ -247,58 +278,115 @@ def _on_stack(axis_name: VirtualAxes, fn, x, batched_out: bool):
 
 
 def psum(x, axis_name: AxisName):
-  """``sum_j x_j`` over all workers (invariant type, as ``lax.psum``)."""
+  """``sum_j x_j`` over all workers (invariant type, as ``lax.psum``).
+
+  Args:
+    x: an array or a pytree of arrays (numeric or ``bool``; ``bool`` is
+      summed as int32, as ``lax.psum`` does).
+    axis_name: the worker axis.
+
+  Returns:
+    A pytree like ``x``; each leaf in its dtype (int32 for ``bool``).
+
+  Raises:
+    TypeError: a leaf that is not a numeric or ``bool`` array.
+  """
+  _check_leaves("psum", x)
   if not is_virtual(axis_name):
     _check_not_virtual(axis_name)
     return lax.psum(x, _lax_axis(axis_name))
   dev = axis_name.device
-  return _on_stack(axis_name, lambda s: lax.psum(jnp.sum(s, 0), dev), x,
-                   batched_out=False)
+
+  def local_sum(s):
+    # Integers keep their dtype (jnp.sum would widen int8 to int32);
+    # 16-bit floats are added in float32 and rounded once.
+    exact = jnp.issubdtype(s.dtype, jnp.integer)
+    return jnp.sum(s, 0, dtype=s.dtype if exact else None)
+
+  def one(v):
+    v = jnp.asarray(v)
+    if v.dtype == jnp.bool_:
+      v = v.astype(jnp.int32)
+    return _on_stack(axis_name, lambda s: lax.psum(local_sum(s), dev), v,
+                     batched_out=False)
+
+  return jax.tree.map(one, x)
 
 
 def pmean(x, axis_name: AxisName):
-  """``(1/n) sum_j x_j`` over all workers (as ``lax.pmean``)."""
+  """``(1/n) sum_j x_j`` over all workers (as ``lax.pmean``).
+
+  :func:`psum` divided by ``n``: floating leaves keep their dtype, integer
+  and ``bool`` leaves give JAX's true division's float (3.5 for the mean
+  of int32 ``0 .. 7``).
+
+  Raises:
+    TypeError: a leaf that is not a numeric or ``bool`` array.
+  """
+  _check_leaves("pmean", x)
   if not is_virtual(axis_name):
     _check_not_virtual(axis_name)
     return lax.pmean(x, _lax_axis(axis_name))
   n = size(axis_name)
-  dev = axis_name.device
-  return _on_stack(
-      axis_name, lambda s: (lax.psum(jnp.sum(s, 0), dev) / n).astype(s.dtype),
-      x, batched_out=False)
+  return jax.tree.map(lambda v: v / n, psum(x, axis_name))
 
 
 def all_gather(x, axis_name: AxisName) -> jax.Array:
   """Every worker's ``x`` stacked, ``[n, *x.shape]``, equal on all workers.
 
-  The result is typed invariant over the worker axes (``to="invarying"``).
+  ``x`` may be a pytree (each leaf gathered). The result is typed
+  invariant over the worker axes (``to="invarying"``).
+
+  Raises:
+    TypeError: a leaf that is not a numeric or ``bool`` array.
   """
+  _check_leaves("all_gather", x)
   if not is_virtual(axis_name):
     _check_not_virtual(axis_name)
     axis = _lax_axis(axis_name)
-    x = match_varying(jnp.asarray(x), lax.axis_index(axis))
-    return lax.all_gather(x, axis, to="invarying")
+
+    def one(v):
+      v = match_varying(jnp.asarray(v), lax.axis_index(axis))
+      return lax.all_gather(v, axis, to="invarying")
+
+    return jax.tree.map(one, x)
   dev = axis_name.device
 
   def gather(s):
     s = match_varying(s, lax.axis_index(dev))
     return lax.all_gather(s, dev, tiled=True, to="invarying")
 
-  return _on_stack(axis_name, gather, x, batched_out=False)
+  return jax.tree.map(
+      lambda v: _on_stack(axis_name, gather, v, batched_out=False), x)
+
+
+def _check_rows(x, n: int) -> None:
+  for path, leaf in jax.tree_util.tree_leaves_with_path(x):
+    shape = jnp.shape(leaf)
+    if not shape or shape[0] != n:
+      where = jax.tree_util.keystr(path) or "x"
+      raise ValueError(
+          f"collectives.all_to_all: {where} has shape {tuple(shape)}; it "
+          f"needs a leading axis of size n={n}, one row per worker.")
 
 
 def all_to_all(x, axis_name: AxisName) -> jax.Array:
   """``out[j] = x_j[i]`` on worker ``i``: row ``i`` of every worker's ``x``.
 
   Args:
-    x: ``[n, ...]``, row ``j`` meant for worker ``j``.
+    x: ``[n, ...]``, row ``j`` meant for worker ``j`` (or a pytree of such).
 
   Returns:
     ``[n, ...]``, row ``j`` from worker ``j`` (``lax.all_to_all`` with
     split and concat axis 0).
+
+  Raises:
+    TypeError: a leaf that is not a numeric or ``bool`` array.
+    ValueError: a leaf without a leading axis of size ``n``.
   """
+  _check_leaves("all_to_all", x)
+  _check_rows(x, size(axis_name))
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
     return lax.all_to_all(x, _lax_axis(axis_name), 0, 0, tiled=False)
   k = axis_name.per_device
   dev = axis_name.device
@@ -311,7 +399,8 @@ def all_to_all(x, axis_name: AxisName) -> jax.Array:
     r = jnp.swapaxes(r, 1, 2)  # [Kd, Ms, Ks, ...]
     return r.reshape((k, m * k) + s.shape[3:])
 
-  return _on_stack(axis_name, exchange, x, batched_out=True)
+  return jax.tree.map(
+      lambda v: _on_stack(axis_name, exchange, v, batched_out=True), x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,25 +452,54 @@ def _permute_plan(perm: tuple[tuple[int, int], ...], m: int, k: int):
   return tuple(hops), take.astype(np.int32)
 
 
+def _check_perm(perm, n: int) -> tuple[tuple[int, int], ...]:
+  """``perm`` as int pairs in ``0 .. n-1``, distinct sources and destinations."""
+  try:
+    pairs = [tuple(p) for p in perm]
+  except TypeError:
+    raise ValueError(f"permute: perm must be a sequence of (source, "
+                     f"destination) pairs, got {perm!r:.80}.") from None
+  out = []
+  for i, pair in enumerate(pairs):
+    if len(pair) != 2:
+      raise ValueError(f"permute: perm[{i}] must be a (source, destination) "
+                       f"pair, got {pair!r}.")
+    out.append(tuple(checks.check_int(f"permute: perm[{i}][{j}]", v,
+                                      minimum=0, maximum=n - 1)
+                     for j, v in enumerate(pair)))
+  for j, role in enumerate(("sources", "destinations")):
+    ends = [p[j] for p in out]
+    if len(set(ends)) != len(ends):
+      raise ValueError(f"permute: perm {role} must be distinct, got "
+                       f"{[p for p in out]!r:.200}.")
+  return tuple(out)
+
+
 def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
   """``lax.ppermute`` over workers: worker ``dst`` gets ``x_src``, else 0.
 
   Args:
-    x: this worker's array.
+    x: this worker's array (or a pytree of arrays).
     axis_name: the worker axis.
-    perm: ``(source, destination)`` worker pairs; distinct sources,
-      distinct destinations.
+    perm: ``(source, destination)`` worker pairs, integers in ``0 .. n-1``;
+      distinct sources, distinct destinations.
 
   Returns:
-    An array like ``x``: what this worker receives (zeros if nothing).
+    A pytree like ``x``: what this worker receives (zeros if nothing).
+
+  Raises:
+    TypeError: a leaf that is not a numeric or ``bool`` array.
+    ValueError: ``perm`` not pairs of integers in ``0 .. n-1``, or a source
+      or destination twice.
   """
+  _check_leaves("permute", x)
+  pairs = _check_perm(perm, size(axis_name))
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
-    return lax.ppermute(x, _lax_axis(axis_name), list(perm))
+    return lax.ppermute(x, _lax_axis(axis_name), list(pairs))
   k = axis_name.per_device
   dev = axis_name.device
   m = size(axis_name) // k
-  hops, take = _permute_plan(tuple((int(s), int(d)) for s, d in perm), m, k)
+  hops, take = _permute_plan(pairs, m, k)
 
   def move(s):
     me = lax.axis_index(dev)
@@ -393,7 +511,8 @@ def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
     cand = jnp.concatenate([match_varying(p, me) for p in parts], 0)
     return jnp.take(cand, jnp.asarray(take)[me], axis=0)
 
-  return _on_stack(axis_name, move, x, batched_out=True)
+  return jax.tree.map(
+      lambda v: _on_stack(axis_name, move, v, batched_out=True), x)
 
 
 @functools.lru_cache(maxsize=256)
@@ -477,7 +596,14 @@ def group_mean(x, axis_name: VirtualAxes, groups) -> jax.Array | None:
   Returns:
     ``(1/|G|) sum_{j in G} x_j`` (in ``x.dtype``; weights and sums in
     ``promote_types(x.dtype, float32)``), or None.
+
+  Raises:
+    ValueError: ``x`` not floating (a mean would be truncated).
   """
+  if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+    raise ValueError(
+        f"collectives.group_mean: x has dtype {jnp.result_type(x)}; only "
+        "floating-point arrays can be averaged in their own dtype.")
   k = axis_name.per_device
   dev = axis_name.device
   plan = _plan_for(axis_name, groups)

@@ -20,7 +20,9 @@ References:
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import zlib
 from typing import Iterable
 
 import numpy as np
@@ -41,11 +43,36 @@ _INSTALL_HINT = (
     "--config.data.path=DIR")
 
 
+def _read_bytes(path: str) -> bytes:
+  """The file's bytes, decompressed if it ends in ``.gz``.
+
+  Raises:
+    ValueError: naming the file, if it cannot be read or decompressed
+      (not gzip, a corrupt or truncated stream).
+  """
+  try:
+    if path.endswith(".gz"):
+      with gzip.open(path, "rb") as f:
+        return f.read()
+    with open(path, "rb") as f:
+      return f.read()
+  except (OSError, EOFError, zlib.error) as e:
+    reason = (e.strerror if isinstance(e, OSError) and e.strerror
+              else " ".join(str(e).split()) or type(e).__name__)
+    raise ValueError(
+        f"Fashion-MNIST file {path!r} cannot be read ({reason}); it is "
+        f"corrupt or truncated: replace it ({_INSTALL_HINT}).") from None
+
+
 def _read_idx(path: str, magic: int) -> np.ndarray:
-  """Parses one IDX file (optionally gzip-compressed) into a uint8 array."""
-  opener = gzip.open if path.endswith(".gz") else open
-  with opener(path, "rb") as f:
-    raw = f.read()
+  """Parses one IDX file (optionally gzip-compressed) into a uint8 array.
+
+  Raises:
+    ValueError: naming the file: unreadable, not gzip where named ``.gz``,
+      a wrong magic number, a truncated header or a data size that differs
+      from the header's shape.
+  """
+  raw = _read_bytes(path)
   if len(raw) < 4:
     raise ValueError(f"{path!r} is not an IDX file (only {len(raw)} bytes).")
   got = int.from_bytes(raw[:4], "big")
@@ -54,9 +81,12 @@ def _read_idx(path: str, magic: int) -> np.ndarray:
                      f"(uint8, {magic & 0xff}-D); is it the right file?")
   ndim = magic & 0xff
   header = 4 + 4 * ndim
+  if len(raw) < header:
+    raise ValueError(f"{path!r} ends inside its IDX header ({len(raw)} bytes, "
+                     f"the header has {header}); the file is truncated.")
   shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, offset=4))
   data = np.frombuffer(raw, np.uint8, offset=header)
-  if data.size != int(np.prod(shape)):
+  if data.size != math.prod(shape):
     raise ValueError(f"{path!r} holds {data.size} values but its IDX header "
                      f"says shape {shape}; the file is truncated or corrupt.")
   return data.reshape(shape).copy()
@@ -76,7 +106,9 @@ def load(data_dir: str | os.PathLike = DEFAULT_DIR) -> dict[str, np.ndarray]:
   Raises:
     DataNotFoundError: (a ValueError and FileNotFoundError) the directory or a
       file is missing; the message says how to install the data.
-    ValueError: a malformed file or image/label counts that differ.
+    ValueError: a malformed file (named: unreadable, a corrupt or truncated
+      gzip stream, a wrong IDX magic number, a truncated header or data) or
+      image/label counts that differ.
   """
   data_dir = os.fspath(data_dir)
   if not os.path.isdir(data_dir):

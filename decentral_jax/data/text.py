@@ -69,10 +69,11 @@ def byte_splits(data: bytes, val_fraction: float = 0.1
 
 
 def load_text_file(path: str | os.PathLike) -> bytes:
-  """Reads a text file as raw bytes (byte-level tokens).
+  """Reads a text file as raw bytes (byte-level tokens; any encoding).
 
   Raises:
     DataNotFoundError: (a ValueError) ``path`` does not exist.
+    ValueError: ``path`` cannot be read or is empty (named).
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
@@ -80,8 +81,16 @@ def load_text_file(path: str | os.PathLike) -> bytes:
         f"text file {path!r} does not exist; pass an existing file as "
         "--config.data.path or use the bundled corpus "
         "(--config.data.source=pydoc).")
-  with open(path, "rb") as f:
-    return f.read()
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise ValueError(f"text file {path!r} cannot be read: "
+                     f"{e.strerror or e}.") from None
+  if not data:
+    raise ValueError(f"text file {path!r} is empty; pass a file with the "
+                     "training text as --config.data.path.")
+  return data
 
 
 def load_token_bins(data_dir: str | os.PathLike
@@ -99,6 +108,8 @@ def load_token_bins(data_dir: str | os.PathLike
   Raises:
     DataNotFoundError: (a ValueError) a file is missing; the message names it
       and how to produce it.
+    ValueError: a file that is empty, has an odd number of bytes or cannot
+      be mapped (named).
   """
   data_dir = os.fspath(data_dir)
   out = []
@@ -107,10 +118,16 @@ def load_token_bins(data_dir: str | os.PathLike
     if not os.path.isfile(path):
       raise sharding.DataNotFoundError(
           f"token file {path!r} does not exist; {_BINS_HINT}.")
-    if os.path.getsize(path) % 2:
-      raise ValueError(f"{path!r} has an odd number of bytes; it must be a "
-                       f"flat uint16 array ({_BINS_HINT}).")
-    out.append(np.memmap(path, dtype=np.uint16, mode="r"))
+    size = os.path.getsize(path)
+    if size == 0 or size % 2:
+      raise ValueError(f"{path!r} has {'no' if not size else 'an odd number of'}"
+                       f" bytes; it must be a flat uint16 array of token ids "
+                       f"({_BINS_HINT}).")
+    try:
+      out.append(np.memmap(path, dtype=np.uint16, mode="r"))
+    except (OSError, ValueError) as e:
+      raise ValueError(f"token file {path!r} cannot be mapped: "
+                       f"{getattr(e, 'strerror', None) or e}.") from None
   return out[0], out[1]
 
 

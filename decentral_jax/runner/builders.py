@@ -2,9 +2,10 @@
 
 ``make_optimizer`` looks the algorithm up in :data:`ALGORITHMS`: adding a
 method is one builder function here (plus its module and config value),
-with the :data:`METHOD_FIELDS` it reads.
-Every builder returns the optax transform of *one* worker, to be updated
-inside ``jax.shard_map`` over the worker axis.
+with the :data:`METHOD_FIELDS` it reads and the runtime-model spec that
+prices it (:func:`spec_for_config`). Every builder returns the optax
+transform of *one* worker, to be updated inside ``jax.shard_map`` over the
+worker axis.
 """
 
 from __future__ import annotations
@@ -201,6 +202,9 @@ class Algorithm(NamedTuple):
   build: Callable[..., optax.GradientTransformation]
   # True if it communicates over config.topology (the runner builds it).
   uses_topology: bool
+  # Template of its runtime-model spec (decentral_jax.runtime_model.specs,
+  # local_methods), filled in by spec_for_config.
+  runtime_spec: str
   # The METHOD_FIELDS it reads (the others must keep their defaults).
   fields: tuple[str, ...]
   # eval_params(params, opt_state) -> this worker's parameters of "the
@@ -220,30 +224,34 @@ class Algorithm(NamedTuple):
 # decentralized_diloco gossips once per outer step, picked inside the step
 # (gossip_rounds "switch" only), and its thetas are not averaged.
 ALGORITHMS: dict[str, Algorithm] = {
-    "all_reduce": Algorithm(_all_reduce, uses_topology=False, fields=()),
+    "all_reduce": Algorithm(_all_reduce, uses_topology=False,
+                            runtime_spec="all_reduce", fields=()),
     "decentralized": Algorithm(
         _decentralized, uses_topology=True,
+        runtime_spec="{optimizer}:topology={topology}",
         fields=(*_GOSSIP_FIELDS, "global_avg_interval", "gossip_every")),
     "local_sgd": Algorithm(
         _local_sgd, uses_topology=False,
+        runtime_spec="local_sgd:H={sync_every}",
         fields=("sync_every", "comm_dtype", "global_avg_interval")),
-    "diloco": Algorithm(_diloco, uses_topology=False,
-                        fields=(*_OUTER_FIELDS, "comm_dtype"),
-                        eval_params=_theta),
+    "diloco": Algorithm(_diloco, uses_topology=False, eval_params=_theta,
+                        runtime_spec="diloco:H={sync_every}",
+                        fields=(*_OUTER_FIELDS, "comm_dtype")),
     "decentralized_diloco": Algorithm(
-        _diloco, uses_topology=True,
-        fields=("topology", "comm_dtype", "bucket_bytes", *_OUTER_FIELDS),
-        eval_params=_theta),
+        _diloco, uses_topology=True, eval_params=_theta,
+        runtime_spec="diloco:H={sync_every},topology={topology}",
+        fields=("topology", "comm_dtype", "bucket_bytes", *_OUTER_FIELDS)),
     "streaming_diloco": Algorithm(
-        _streaming_diloco, uses_topology=False,
+        _streaming_diloco, uses_topology=False, eval_params=_theta,
+        runtime_spec=("streaming_diloco:H={sync_every},P={num_fragments},"
+                      "tau={overlap_steps}"),
         fields=(*_OUTER_FIELDS, "comm_dtype", "num_fragments",
-                "overlap_steps", "merge_alpha"),
-        eval_params=_theta),
-    "sgp": Algorithm(_sgp, uses_topology=True,
+                "overlap_steps", "merge_alpha")),
+    "sgp": Algorithm(_sgp, uses_topology=True, eval_params=_numerators,
                      fields=(*_GOSSIP_FIELDS, "global_avg_interval"),
-                     eval_params=_numerators,
                      model_params=push_sum.debiased,
-                     global_average=push_sum.global_average),
+                     global_average=push_sum.global_average,
+                     runtime_spec="sgp"),
 }
 OUTER_OPTIMIZERS = ("sgd", "adam")
 
@@ -264,3 +272,61 @@ def make_optimizer(config: config_dict.ConfigDict, schedule: optax.Schedule,
     raise ValueError(f"unknown config.algorithm={config.algorithm!r}; use "
                      f"one of {', '.join(ALGORITHMS)}.")
   return entry.build(config, schedule, topology, axis_name)
+
+
+def spec_for_config(config) -> tuple[str, dict]:
+  """The runtime-model spec and workload fields that price a run config.
+
+  The algorithm's :attr:`Algorithm.runtime_spec` filled in from the config,
+  with its message settings appended.
+
+  Args:
+    config: a run config (:mod:`decentral_jax.runner.config`):
+      ``algorithm``, ``topology``, ``optimizer.name`` and ``accum_steps``,
+      ``gossip_every``, ``sync_every``, ``num_fragments``,
+      ``overlap_steps``, ``comm_dtype``, ``bucket_bytes``,
+      ``devices_per_worker`` and ``worker_layout`` are read.
+
+  Returns:
+    ``(spec, workload_fields)``: a spec for
+    :func:`decentral_jax.runtime_model.core.make_method` and
+    ``{"devices_per_worker", "worker_layout"}`` for the
+    :class:`~decentral_jax.runtime_model.workload.Workload`. Decentralized
+    training with ``gossip_every = H > 1`` is ``local_dsgd:H=..``.
+    ``bucket_bytes = 0`` (one collective per leaf) keeps the workload's
+    buckets.
+
+  Raises:
+    ValueError: an unknown ``config.algorithm`` (naming it).
+  """
+  algo = str(config.algorithm)
+  if algo not in ALGORITHMS:
+    raise ValueError(f"unknown config.algorithm={algo!r}; use one of "
+                     f"{', '.join(ALGORITHMS)}.")
+  opt = str(config.optimizer.name)
+  optimizer = ("dadam" if opt == "adamw" else
+               f"accum_adam:T={int(config.optimizer.accum_steps)},")
+  fields = dict(optimizer=optimizer.rstrip(","), topology=config.topology,
+                sync_every=config.sync_every,
+                num_fragments=config.num_fragments,
+                overlap_steps=config.overlap_steps)
+  spec = ALGORITHMS[algo].runtime_spec
+  if algo == "decentralized":
+    if int(config.gossip_every) > 1:
+      spec = f"local_dsgd:H={int(config.gossip_every)},topology={{topology}}"
+    elif opt != "adamw":
+      spec = "accum_adam:T={accum},topology={topology}"
+      fields["accum"] = int(config.optimizer.accum_steps)
+  spec = spec.format(**fields)
+  extra = []
+  if config.comm_dtype and "comm_dtype" in ALGORITHMS[algo].fields:
+    extra.append(f"comm_dtype={config.comm_dtype}")
+  if int(config.bucket_bytes) > 0 and algo in ("decentralized", "sgp",
+                                               "all_reduce"):
+    extra.append(f"bucket_MiB={int(config.bucket_bytes) / 2**20:g}")
+  if extra and not spec.startswith("local_dsgd"):
+    spec += ("," if ":" in spec else ":") + ",".join(extra)
+  elif extra:
+    spec += "," + ",".join(e for e in extra if e.startswith("comm_dtype"))
+  return spec, {"devices_per_worker": int(config.devices_per_worker),
+                "worker_layout": str(config.worker_layout)}

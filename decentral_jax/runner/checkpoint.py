@@ -33,6 +33,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -145,9 +146,72 @@ def check_checkpoint(root: str) -> tuple[str, str]:
       json.load(f)
   except FileNotFoundError:
     pass  # not every Orbax version writes it
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, RecursionError) as e:  # RecursionError: deep
     return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
   return "ok", ""
+
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _window_error(window) -> str | None:
+  """Why a ``metrics_window`` entry is not one, or None."""
+  if window is None:
+    return None
+  if not isinstance(window, dict):
+    return f"metrics_window must be an object or null, got {window!r:.60}"
+  for key in ("losses", "accs"):
+    v = window.get(key, [])
+    if not isinstance(v, list) or not all(_number(x) for x in v):
+      return f"metrics_window.{key} must be a list of numbers, got {v!r:.60}"
+  c = window.get("consensus")
+  if c is not None and not _number(c):
+    return f"metrics_window.consensus must be a number or null, got {c!r:.60}"
+  return None
+
+
+def _run_meta_error(meta) -> str | None:
+  """Why ``meta`` is not a run checkpoint's JSON document, or None."""
+  if not isinstance(meta, dict):
+    return f"it is a {type(meta).__name__}, not a JSON object"
+  for key in ("step", "data_position"):
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      return f"{key} must be an integer >= 0, got {v!r:.60}"
+  t = meta.get("train_time_s", 0.0)
+  if not _number(t) or not math.isfinite(t) or t < 0:
+    return f"train_time_s must be a finite number >= 0, got {t!r:.60}"
+  return _window_error(meta.get("metrics_window"))
+
+
+def check_run_meta(meta, where: str) -> dict:
+  """The JSON document of a training run's checkpoint, checked.
+
+  What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
+  resume: ``step`` and ``data_position`` (integers >= 0), ``train_time_s``
+  (a finite number >= 0, optional) and ``metrics_window`` (null or
+  ``{"losses": [numbers], "accs": [numbers], "consensus": number or
+  null}``). The config fields stored with them are compared with the
+  run's own by ``Experiment.check_resumable``.
+
+  Args:
+    meta: the document (:meth:`Checkpointer.restore_meta`).
+    where: the checkpoint directory, for the message.
+
+  Returns:
+    ``meta``.
+
+  Raises:
+    CheckpointError: one line naming the checkpoint and the key.
+  """
+  why = _run_meta_error(meta)
+  if why:
+    raise CheckpointError(
+        f"checkpoint metadata in {where} is not valid: {why}; move that "
+        "checkpoint directory away to resume from an older one, or use a "
+        "fresh --workdir.")
+  return meta
 
 
 class Checkpointer:
@@ -448,17 +512,25 @@ class Checkpointer:
       raise  # structure, shape or dtype mismatch
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise self._read_error(step, e) from None
-    return restored.state, dict(restored.meta)
+    return restored.state, self._meta_dict(step, restored.meta)
 
   def restore_meta(self, step: int) -> dict:
     """Only the JSON document of checkpoint ``step``.
 
     Raises:
-      CheckpointError: it cannot be read.
+      CheckpointError: it cannot be read, or is not a JSON object.
     """
     try:
       restored = self._manager.restore(
           int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise self._read_error(step, e) from None
-    return dict(restored.meta)
+    return self._meta_dict(step, restored.meta)
+
+  def _meta_dict(self, step: int, meta) -> dict:
+    if not isinstance(meta, dict):
+      raise CheckpointError(
+          f"checkpoint {step} in {self.step_dir(step)}: its JSON document is "
+          f"a {type(meta).__name__}, not an object; move that directory away "
+          "to resume from an older checkpoint.")
+    return dict(meta)

@@ -290,8 +290,9 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
 
   Raises:
     ValueError: a missing, unreadable or broken config file (named, with the
-      error of its import or ``get_config``), an unknown field (named) or a
-      value of the wrong type (the override named).
+      error of its import or ``get_config``, ``sys.exit()`` included), an
+      unknown field (named) or a value of the wrong type (the override
+      named).
   """
   file_part = path.split(":", 1)[0]
   if not os.path.exists(file_part):
@@ -315,6 +316,10 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
 
   try:
     base = parse(["load_config", f"--config={path}"])
+  except SystemExit as e:  # sys.exit() in the file: not a config
+    raise ValueError(f"config file {path!r} could not be loaded: it called "
+                     f"sys.exit({e.code!r}) while being imported or in "
+                     "get_config().") from None
   except Exception as e:  # pylint: disable=broad-except
     # The file itself: a syntax error, no get_config(), get_config raising.
     raise ValueError(f"config file {path!r} could not be loaded: "
@@ -326,7 +331,7 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
     return base
   try:
     return parse(["load_config", f"--config={path}", *args])
-  except Exception as e:  # pylint: disable=broad-except
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
     error = e
   for arg in args:  # name the override whose field does not exist
     key = arg[len("--config."):].split("=", 1)[0]

@@ -120,16 +120,37 @@ class MetricsWriter:
       self._tb.close()
 
 
+def _record_error(record: dict) -> str | None:
+  """Why ``record`` is not a metrics record, or None.
+
+  A record has an integer ``"step" >= 0``; every value is a JSON scalar
+  (what :class:`MetricsWriter` writes: a number, null, a string or a bool).
+  """
+  step = record.get("step")
+  if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+    return f"\"step\" must be an integer >= 0, got {step!r:.40}"
+  for key, value in record.items():
+    if not (value is None or isinstance(value, (int, float, str, bool))):
+      return (f"{key!r:.60} must be a number, a string or null, got "
+              f"{type(value).__name__}")
+  return None
+
+
 def _parse(path: str) -> tuple[list[dict], int | None, bool]:
   """Records of a JSON-lines file, the line number of a torn last line, and
   whether the file needs rewriting (torn or unterminated last line).
 
   Raises:
-    ValueError: a line other than the last is not a JSON object; names the
-      file, the line and the fix.
+    ValueError: a line other than the last is not a JSON object, or a
+      record has no integer ``"step" >= 0`` or a value that is not a JSON
+      scalar; names the file, the line, the key and the fix.
+    workdir.PathError: the file cannot be read.
   """
-  with open(path, "rb") as f:
-    data = f.read()
+  try:
+    with open(path, "rb") as f:
+      data = f.read()
+  except OSError as e:
+    raise workdir_lib.path_error("read", path, e) from None
   lines = data.split(b"\n")
   tail = lines.pop()  # after the last newline: b"" unless a write was torn
   records, torn = [], None
@@ -148,6 +169,11 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool]:
           f"{path}, line {number}: not a JSON record ({e}); the file is "
           "corrupt: fix or delete that line (one JSON object per line), or "
           "move the file away, and run again.") from None
+    why = _record_error(record)
+    if why:
+      raise ValueError(
+          f"{path}, line {number}: {why}; fix or delete that line, or move "
+          "the file away, and run again.")
     records.append(record)
   return records, torn, bool(tail)
 
@@ -158,7 +184,9 @@ def read_jsonl(path: str) -> list[dict]:
   An incomplete last line (a run died while writing it) is ignored.
 
   Raises:
-    ValueError: another line is not a JSON object (names file and line).
+    ValueError: another line is not a JSON object, or a record has no
+      integer ``"step" >= 0`` or a value that is not a JSON scalar (names
+      file, line and key); the file cannot be read (``workdir.PathError``).
   """
   return _parse(path)[0]
 
@@ -175,15 +203,19 @@ def truncate_after(workdir: str, step: int) -> int:
     How many complete records were removed (0 if the file does not exist).
 
   Raises:
-    ValueError: a line before the last is corrupt (names file, line, fix).
-    workdir.PathError: the file cannot be rewritten.
+    ValueError: a line before the last is corrupt (names file, line, key
+      and fix).
+    workdir.PathError: the file cannot be read or rewritten.
   """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return 0
   if step == 0:  # everything is redone: no need to parse
-    with open(path, "rb") as f:
-      removed = sum(1 for line in f if line.strip(b" \t\r\n\0"))
+    try:
+      with open(path, "rb") as f:
+        removed = sum(1 for line in f if line.strip(b" \t\r\n\0"))
+    except OSError as e:
+      raise workdir_lib.path_error("read", path, e) from None
     keep, torn, dirty = [], None, removed > 0
   else:
     records, torn, dirty = _parse(path)
@@ -212,9 +244,17 @@ def series(records: Iterable[dict], key: str,
 
   Returns:
     Two float64 arrays of equal length.
+
+  Raises:
+    ValueError: a value of ``key`` or ``x`` that is not a number.
   """
   pts = [(r[x], r[key]) for r in records
          if r.get(key) is not None and r.get(x) is not None]
+  for px, py in pts:
+    for name, v in ((x, px), (key, py)):
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"metrics record at {x}={px!r:.40}: {name!r} is "
+                         f"{v!r:.40}, not a number.")
   if not pts:
     return np.zeros(0), np.zeros(0)
   xs, ys = zip(*pts)

@@ -191,9 +191,12 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   step = ckpt.select_restore_step()
   if step is None:
     return state, 0, 0.0, None
-  exp.check_resumable(ckpt.restore_meta(step), ckpt.directory)
+  where = ckpt.step_dir(step)
+  exp.check_resumable(
+      checkpoint_lib.check_run_meta(ckpt.restore_meta(step), where),
+      ckpt.directory)
   try:
-    state, meta = ckpt.restore(step, state)
+    state, meta = ckpt.restore(step, state)  # the document checked above
   except checkpoint_lib.CheckpointError:
     raise
   except ValueError as e:  # e.g. a different optimizer-state structure

@@ -96,6 +96,12 @@ def _describe(holder: dict) -> str:
   return ", ".join(parts)
 
 
+def _is_pid(value) -> bool:
+  """A process id a lock record may name (the file may hold anything)."""
+  return (isinstance(value, int) and not isinstance(value, bool)
+          and 0 < value < 1 << 31)
+
+
 def _pid_alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)
@@ -168,8 +174,8 @@ class WorkdirLock:
       if previous:
         self.previous = previous
         gone = ""
-        if previous.get("host") == socket.gethostname() and isinstance(
-            previous.get("pid"), int) and not _pid_alive(previous["pid"]):
+        if previous.get("host") == socket.gethostname() and _is_pid(
+            previous.get("pid")) and not _pid_alive(previous["pid"]):
           gone = f"; pid {previous['pid']} is no longer running"
         logging.warning("taking over the lock %s left by a run that ended "
                         "without releasing it (%s%s).", self.path,
@@ -259,12 +265,23 @@ def write_sums(root: str, skip: Iterable[str] = ()) -> None:
   os.replace(tmp, os.path.join(root, SUMS_FILE))
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _outside(rel: str) -> bool:
+  """True if a manifest path leaves its directory (absolute, or ``..``)."""
+  return (not rel or os.path.isabs(rel)
+          or ".." in rel.replace("\\", "/").split("/"))
+
+
 def check_sums(root: str) -> tuple[str, str]:
   """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
 
   Returns:
     ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
-    or ``("corrupt", why)`` naming the first missing or changed file.
+    or ``("corrupt", why)`` naming the first missing or changed file, or
+    a malformed manifest (a line that is not ``<sha256>  <path>``, or a
+    path outside ``root``, which is never read).
   """
   try:
     with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
@@ -277,6 +294,11 @@ def check_sums(root: str) -> tuple[str, str]:
     return "corrupt", f"{SUMS_FILE} unreadable: {e}"
   if not entries or any(len(e) != 2 for e in entries):
     return "corrupt", f"{SUMS_FILE} is malformed"
+  for digest, rel in entries:
+    if not _SHA256.fullmatch(digest) or _outside(rel):
+      return "corrupt", (f"{SUMS_FILE} is malformed (entry {rel!r:.80}: a "
+                         "64-digit hex SHA-256 and a path inside the "
+                         "directory)")
   missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
   if missing:
     more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""

@@ -1,14 +1,18 @@
 """Runtime model: when, how and by how much decentralized training beats All-Reduce.
 
-See :mod:`decentral_jax.runtime_model.core` for the model (hardware and
-collective costs in ``costs``, model and compute in ``workload``),
-``local_updates`` for Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD,
-``traffic`` for bytes per iteration, ``paper`` for the Figure 6 in-sample
-fit, ``holdout`` for the leave-one-cluster-out validation, ``measure`` and
-``cluster_file`` for calibrating on a cluster (``measure`` writes the
-cluster JSON that ``predict --cluster`` reads), ``calibrate`` for measuring a
-config on this machine and ``python -m decentral_jax.runtime_model --help``
-for the command line.
+Bottom up: ``costs`` (hardware, alpha-beta collective costs) and
+``workload`` (model size, buckets, compute distribution); ``method`` (the
+:class:`Method` to price, its checks, :class:`Estimate`); the estimators
+per kind, ``per_step_methods`` (All-Reduce, gossip) and ``local_methods``
+(Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD); ``specs`` (gossip
+spec syntax); ``core`` (:func:`make_method`, :func:`closed_form`,
+:func:`simulate`: spec parsing and the dispatch over kinds); ``traffic``
+for bytes per iteration, ``recommend`` for pricing methods side by side,
+``paper`` for the Figure 6 in-sample fit, ``holdout`` for the
+leave-one-cluster-out validation and ``cluster_file`` for the cluster JSON
+that ``measure`` writes and ``predict --cluster`` reads. The command line
+(``python -m decentral_jax.runtime_model --help``), ``measure`` and
+``calibrate`` are in :mod:`decentral_jax.runtime_model.cli`.
 """
 
 from __future__ import annotations

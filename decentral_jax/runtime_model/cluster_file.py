@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 
 import numpy as np
 
@@ -34,12 +35,6 @@ from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import workload as workload_lib
 
 SCHEMA = "decentral_jax.runtime_model/cluster/v1"
-CLUSTER_KEYS = ("n_workers", "local_size", "intra_latency_s",
-                "intra_bandwidth_Bps", "inter_latency_s", "nic_bandwidth_Bps",
-                "flow_bandwidth_Bps", "nics_per_node", "nic_efficiency",
-                "full_duplex", "multi_node", "intra_link")
-WORKLOAD_KEYS = ("param_count", "forward_s", "backward_s", "compute_cv",
-                 "compute_samples_s", "grad_dtype", "param_dtype")
 MAX_BANDWIDTH_Bps = 1e18  # "no measurable size dependence"
 
 
@@ -108,45 +103,205 @@ def write(path: str, data: dict) -> None:
     f.write("\n")
 
 
+# The file's schema: for each key its kind, bounds and whether null is
+# allowed. Bounds are wide (a kilobyte per second to MAX_BANDWIDTH_Bps, a
+# day of compute) and only keep numbers the model cannot mean out of it.
+_DAY_S = 86400.0
+_COUNT = 1 << 24  # workers, devices, flows
+CLUSTER_SCHEMA = {
+    "n_workers": ("int", 1, _COUNT, False),
+    "local_size": ("int", 1, _COUNT, False),
+    "intra_latency_s": ("number", 0.0, _DAY_S, False),
+    "intra_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, False),
+    "inter_latency_s": ("number", 0.0, _DAY_S, False),
+    "nic_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, False),
+    "flow_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, True),
+    "nics_per_node": ("int", 1, _COUNT, False),
+    "nic_efficiency": ("number", 0.0, 1.0, False),
+    "full_duplex": ("bool", None, None, False),
+    "multi_node": ("str", None, None, False),
+    "intra_link": ("str", None, None, False),
+}
+WORKLOAD_SCHEMA = {
+    "param_count": ("number", 0.0, 1e15, False),
+    "forward_s": ("number", 0.0, _DAY_S, True),
+    "backward_s": ("number", 0.0, _DAY_S, True),
+    "compute_cv": ("number", 0.0, 1e3, True),
+    "compute_samples_s": ("numbers", 0.0, _DAY_S, True),
+    "grad_dtype": ("str", None, None, True),
+    "param_dtype": ("str", None, None, True),
+}
+MEASUREMENTS_SCHEMA = {
+    "sizes_bytes": ("numbers", 1.0, 1e15, False),
+    "repeats": ("int", 1, 1 << 31, False),
+    "concurrent_flows": ("int", 1, _COUNT, True),
+    "intra_pair_s": ("numbers", 0.0, _DAY_S, True),
+    "inter_pair_s": ("numbers", 0.0, _DAY_S, True),
+    "inter_concurrent_s": ("numbers", 0.0, _DAY_S, True),
+    "all_reduce_bytes": ("number", 0.0, 1e18, True),
+    "all_reduce_s": ("number", 0.0, _DAY_S, True),
+    "forward_samples_s": ("numbers", 0.0, _DAY_S, True),
+    "forward_backward_samples_s": ("numbers", 0.0, _DAY_S, True),
+}
+META_SCHEMA = {
+    "created": ("str", None, None, True),
+    "jax_version": ("str", None, None, True),
+    "backend": ("str", None, None, True),
+    "device_kind": ("str", None, None, True),
+    "process_count": ("int", 1, _COUNT, True),
+    "devices": ("int", 1, _COUNT, True),
+    "config": ("str", None, None, True),
+    "overrides": ("strs", None, None, True),
+}
+TOP_KEYS = ("schema", "cluster", "workload", "measurements", "meta")
+CLUSTER_KEYS = tuple(CLUSTER_SCHEMA)
+WORKLOAD_KEYS = tuple(WORKLOAD_SCHEMA)
+
+
+def _is_number(v) -> bool:
+  """A finite JSON number (an int of any size, or a finite float)."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and (
+      isinstance(v, int) or math.isfinite(v))
+
+
+def _value_error(key: str, v, kind: str, lo, hi) -> str | None:
+  """Why ``v`` is not a ``kind`` in ``[lo, hi]``, or None if it is."""
+  rule = {"int": "an integer", "number": "a finite number",
+          "numbers": "a list of finite numbers", "bool": "true or false",
+          "str": "a string", "strs": "a list of strings"}[kind]
+  if lo is not None:
+    rule += " in [{}, {}]".format(*(x if isinstance(x, int) else f"{x:g}"
+                                    for x in (lo, hi)))
+  if kind in ("numbers", "strs"):
+    ok = isinstance(v, list) and all(
+        isinstance(x, str) if kind == "strs" else
+        _is_number(x) and lo <= x <= hi for x in v)
+  elif kind == "bool":
+    ok = isinstance(v, bool)
+  elif kind == "str":
+    ok = isinstance(v, str)
+  else:
+    ok = _is_number(v) and (kind == "number" or isinstance(v, int)) and \
+        lo <= v <= hi
+  return None if ok else f"{key} must be {rule}, got {_short(v)}"
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 40, 40, 40
+_REPR.maxlist = _REPR.maxdict = 4
+
+
+def _short(v) -> str:
+  """A short one-line repr (a value from a file may be long or deep)."""
+  return _REPR.repr(v)
+
+
+def _check_section(data: dict, name: str, schema: dict,
+                   required: tuple[str, ...] = ()) -> None:
+  """``data[name]``: a dict with keys of ``schema``, each of its kind."""
+  section = data[name]
+  if not isinstance(section, dict):
+    raise ValueError(f"\"{name}\" must be an object with keys among "
+                     f"{list(schema)}, got {_short(section)}.")
+  missing = [k for k in required if k not in section]
+  unknown = [k for k in section if k not in schema]
+  if missing or unknown:
+    what = (f"misses {missing}" if missing else "") + (
+        " and " if missing and unknown else "") + (
+            f"has unknown {unknown}" if unknown else "")
+    raise ValueError(f"\"{name}\" {what}; its keys are {list(schema)}.")
+  for key, v in section.items():
+    kind, lo, hi, nullable = schema[key]
+    why = None if (v is None and nullable) else _value_error(
+        f"{name}.{key}", v, kind, lo, hi)
+    if why:
+      raise ValueError(why + ".")
+
+
+def _check_measurements(meas: dict) -> None:
+  """Lists of times match ``sizes_bytes``; an All-Reduce time has its bytes."""
+  for key in ("intra_pair_s", "inter_pair_s", "inter_concurrent_s"):
+    if meas.get(key) is not None and len(meas[key]) != len(
+        meas.get("sizes_bytes") or ()):
+      raise ValueError(f"measurements.{key} must have one time per "
+                       "measurements.sizes_bytes entry.")
+  if meas.get("all_reduce_s") is not None and \
+      meas.get("all_reduce_bytes") is None:
+    raise ValueError("measurements.all_reduce_s needs "
+                     "measurements.all_reduce_bytes.")
+
+
+def _load(path: str):
+  """The file's JSON value; ValueError naming the file otherwise."""
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise ValueError(f"{e.strerror or e}.") from None
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"is not UTF-8 text (byte {raw[e.start]:#04x} at "
+                     f"offset {e.start}).") from None
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"is not JSON: {e}.") from None
+  except RecursionError:
+    raise ValueError("is not a cluster file: its JSON is nested too "
+                     "deeply.") from None
+
+
 def read(path: str) -> dict:
-  """Reads and checks a cluster file.
+  """Reads and checks a cluster file against the schema above.
+
+  Every key is checked: the top-level keys ``TOP_KEYS`` (all present), the
+  ``cluster`` keys (all present), ``workload`` (null or keys among
+  ``WORKLOAD_SCHEMA`` with ``param_count``), ``measurements`` and ``meta``
+  (keys among their schemas, each optional). Numbers must be finite JSON
+  numbers (not ``true``/``false``, not NaN or Infinity) within the bounds
+  of the tables above; integers must be integers.
 
   Returns:
     The parsed dict (``schema``, ``cluster``, ``workload``, ``measurements``,
     ``meta``).
 
   Raises:
-    ValueError: unreadable file, not JSON, another schema, missing or
-      unknown ``cluster``/``workload`` keys, or values the model refuses
-      (naming the file and the key).
+    ValueError: one line ``--cluster 'FILE': ...`` naming the key, for an
+      unreadable file, bytes that are not UTF-8, not JSON (truncated, or
+      nested too deeply), another schema, a missing or unknown key, a value
+      of the wrong type or out of bounds, or values the model refuses.
   """
   try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except OSError as e:
-    raise ValueError(f"--cluster {path!r}: {e.strerror or e}.") from None
-  except json.JSONDecodeError as e:
-    raise ValueError(f"--cluster {path!r} is not JSON: {e}.") from None
+    data = _load(path)
+    _check_document(data)
+  except ValueError as e:
+    sep = " " if str(e).startswith("is ") else ": "
+    raise ValueError(f"--cluster {path!r}{sep}{e}") from None
+  return data
+
+
+def _check_document(data) -> None:
   if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-    raise ValueError(f"--cluster {path!r}: expected \"schema\": \"{SCHEMA}\" "
-                     "(a file written by `python -m decentral_jax."
-                     "runtime_model measure`).")
-  c = data.get("cluster")
-  if not isinstance(c, dict) or set(c) != set(CLUSTER_KEYS):
-    raise ValueError(f"--cluster {path!r}: \"cluster\" must have exactly the "
-                     f"keys {list(CLUSTER_KEYS)}.")
-  w = data.get("workload")
-  if w is not None and (not isinstance(w, dict) or not set(w) <= set(
-      WORKLOAD_KEYS) or "param_count" not in w):
-    raise ValueError(f"--cluster {path!r}: \"workload\" must be null or have "
-                     f"param_count and keys among {list(WORKLOAD_KEYS)}.")
+    raise ValueError(f"expected \"schema\": \"{SCHEMA}\" (a file written "
+                     "by `python -m decentral_jax.runtime_model measure`).")
+  missing = [k for k in TOP_KEYS if k not in data]
+  unknown = [k for k in data if k not in TOP_KEYS]
+  if missing or unknown:
+    raise ValueError(f"the file {'misses' if missing else 'has unknown'} "
+                     f"{missing or unknown}; its keys are {list(TOP_KEYS)}.")
+  _check_section(data, "cluster", CLUSTER_SCHEMA, tuple(CLUSTER_SCHEMA))
+  if data["workload"] is not None:
+    _check_section(data, "workload", WORKLOAD_SCHEMA, ("param_count",))
+  _check_section(data, "measurements", MEASUREMENTS_SCHEMA)
+  _check_measurements(data["measurements"])
+  _check_section(data, "meta", META_SCHEMA)
   try:
-    costs.Cluster(**c)
-    if w is not None:
+    costs.Cluster(**data["cluster"])
+    if data["workload"] is not None:
       workload(data)
   except (TypeError, ValueError) as e:
-    raise ValueError(f"--cluster {path!r}: {e}") from None
-  return data
+    raise ValueError(str(e)) from None
 
 
 def cluster(data: dict, n_workers: int | None = None) -> costs.Cluster:

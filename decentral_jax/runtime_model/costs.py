@@ -26,7 +26,16 @@ from decentral_jax.topology import schedules as topology_lib
 MULTI_NODE_ALGORITHMS = ("ring", "tree")
 INTRA_LINKS = ("pcie", "nvlink")
 
-def _positive(name: str, value, allow_zero: bool = False) -> None:
+
+def check_positive(name: str, value, allow_zero: bool = False) -> None:
+  """Checks that ``value`` is a finite number > 0 (>= 0 with ``allow_zero``).
+
+  The runtime model's check of its hardware and workload fields (seconds,
+  bytes, bytes per second); ``bool`` is refused.
+
+  Raises:
+    ValueError: ``"{name} must be a finite number > 0, got {value!r}."``.
+  """
   number = isinstance(value, (int, float, np.integer, np.floating)) and \
       not isinstance(value, bool)
   ok = number and math.isfinite(value) and (
@@ -103,18 +112,18 @@ class Cluster:
       raise ValueError(f"local_size={big_l!r} must be a positive integer "
                        f"dividing n_workers={n} (workers per node).")
     for name in ("intra_latency_s", "inter_latency_s"):
-      _positive(name, getattr(self, name), allow_zero=True)
+      check_positive(name, getattr(self, name), allow_zero=True)
     for name in ("intra_bandwidth_Bps", "nic_bandwidth_Bps"):
-      _positive(name, getattr(self, name))
+      check_positive(name, getattr(self, name))
     if self.flow_bandwidth_Bps is not None:
-      _positive("flow_bandwidth_Bps", self.flow_bandwidth_Bps)
+      check_positive("flow_bandwidth_Bps", self.flow_bandwidth_Bps)
     if self.multi_node not in MULTI_NODE_ALGORITHMS:
       raise ValueError(f"multi_node must be one of {MULTI_NODE_ALGORITHMS}, "
                        f"got {self.multi_node!r}.")
     k = self.nics_per_node
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
       raise ValueError(f"nics_per_node must be a positive integer, got {k!r}.")
-    _positive("nic_efficiency", self.nic_efficiency)
+    check_positive("nic_efficiency", self.nic_efficiency)
     if self.nic_efficiency > 1:
       raise ValueError("nic_efficiency is a fraction of the line rate in "
                        f"(0, 1], got {self.nic_efficiency!r}.")

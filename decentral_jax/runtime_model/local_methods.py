@@ -2,7 +2,7 @@
 
 Prices the methods of :mod:`decentral_jax.optim.local_updates` and the local steps
 of :func:`decentral_jax.optim.decentralized` (``gossip_every``) as
-:class:`~decentral_jax.runtime_model.core.Method` objects of kind
+:class:`~decentral_jax.runtime_model.method.Method` objects of kind
 ``"local"``. Every worker takes ``H - 1`` purely local steps, then, on the
 sync step, after its inner update, a synchronisation that is not overlapped
 with compute (it sits in a ``lax.cond`` after the update):
@@ -36,7 +36,7 @@ step; ``x_i^k = (F + B)_i^k + O`` seconds; ``s_i`` the start of the step;
   free) + a``, ``free = e_p`` (one in-order stream; the collective needs
   every worker); if fragment ``q`` is merged at ``t``: ``s_i' = max(pre_i,
   e_q)``, else ``s_i' = pre_i``. ``a`` is the alpha-beta all-reduce time of
-  ``M / P`` bytes (:func:`decentral_jax.runtime_model.core.all_reduce_cost`,
+  ``M / P`` bytes (:func:`decentral_jax.runtime_model.costs.all_reduce_cost`,
   one latency per ``bucket_bytes`` message).
 * gossip: at a sync step ``s_i' = max_{j in G_i(r)} pre_j + tau_{r,i}``,
   with round ``r`` = the number of syncs so far modulo the topology's
@@ -90,7 +90,18 @@ import numpy as np
 from scipy import special
 
 from decentral_jax.topology import schedules as topology_lib
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.costs import round_cost
+from decentral_jax.runtime_model.method import Estimate
+from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model.method import floating_dtype_name
+from decentral_jax.runtime_model.method import parse_parameters
+from decentral_jax.runtime_model.method import sgp_topology
+from decentral_jax.runtime_model.method import split_compute
+from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.runtime_model.workload import coupling_excess
+from decentral_jax.runtime_model.workload import expected_max_normal
 
 # kappa_n / E[max of n N(0,1)] of the held-back drift ``kappa_n sigma^2 /
 # slack`` per step: sqrt(pi)/2 makes it exact for n = 2.
@@ -135,19 +146,8 @@ def _int(spec, key, value, low):
   return v
 
 
-def _floating(value, where: str) -> str:
-  try:
-    dt = np.dtype(value)
-  except TypeError:
-    dt = None
-  if dt is None or dt.kind != "f" and "float" not in dt.name:
-    raise ValueError(f"{where}: comm_dtype={value!r} is not a floating dtype "
-                     "name; use e.g. bfloat16 or float16.")
-  return dt.name
-
-
-def parse_spec(spec: str, c: core.Cluster) -> core.Method:
-  """A local-update :class:`~core.Method` from ``NAME[:KEY=VALUE,...]``.
+def parse_spec(spec: str, c: Cluster) -> Method:
+  """A local-update ``Method`` from ``NAME[:KEY=VALUE,...]``.
 
   Names and keys (defaults in brackets; units in steps):
 
@@ -179,25 +179,30 @@ def parse_spec(spec: str, c: core.Cluster) -> core.Method:
     raise ValueError(f"{spec!r}: unknown local-update method {name!r}; "
                      f"write {SYNTAX}.")
   allowed, message, default_topo = _METHODS[name]
-  given = {}
-  for part in rest.split(",") if rest.strip() else []:
-    if not part.strip():
-      raise ValueError(f"{spec!r}: empty parameter (stray comma); write "
-                       f"{SYNTAX}.")
-    key, eq, value = part.partition("=")
-    if not eq or not value.strip():
-      raise ValueError(f"{spec!r}: {part.strip()!r} is not KEY=VALUE; "
-                       f"write e.g. {name}:"
-                       + ",".join(_KEY_HELP[k] for k in allowed) + ".")
-    k = key.strip()
-    k = _ALIASES.get(k.lower(), k)
-    if k not in allowed:
-      raise ValueError(f"{spec!r}: {name} has no parameter {key.strip()!r}; "
-                       "its parameters are "
-                       + ", ".join(_KEY_HELP[k] for k in allowed) + ".")
-    if k in given:
-      raise ValueError(f"{spec!r}: {k} is given twice; give it once.")
-    given[k] = value.strip()
+  given = parse_parameters(spec, name, rest, allowed, _KEY_HELP, _ALIASES,
+                           syntax=SYNTAX)
+  period, frags, tau = _schedule(spec, given)
+  comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
+          if "comm_dtype" in given else None)
+  raw_topo = given.get("topology", default_topo)
+  topo = topo_name = None
+  if raw_topo is not None:
+    topo_name = raw_topo.lower().replace("-", "_")
+    topo = _topology(spec, raw_topo, topo_name, c)
+  parts = [f"H={period}"]
+  if name == "streaming_diloco":
+    parts += [f"P={frags}", f"tau={tau}"]
+  if topo is not None:
+    parts.append(f"topology={topo_name}")
+  if comm is not None:
+    parts.append(f"comm_dtype={comm}")
+  return Method(f"{name}:" + ",".join(parts), "local", topo,
+                overlap=False, period=period, fragments=frags,
+                overlap_steps=tau, message=message, comm_dtype=comm)
+
+
+def _schedule(spec, given: dict) -> tuple[int, int, int]:
+  """``(H, P, tau)`` of a spec's parameters, checked against each other."""
   period = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
   frags = _int(spec, "P", given["P"], 1) if "P" in given else 1
   tau = _int(spec, "tau", given["tau"], 0) if "tau" in given else 0
@@ -208,82 +213,16 @@ def parse_spec(spec: str, c: core.Cluster) -> core.Method:
     raise ValueError(f"{spec!r}: tau={tau} needs tau * P < H ({tau} * "
                      f"{frags} >= {period}) so a fragment is merged before "
                      "the next is sent; lower tau or P, or raise H.")
-  comm = (_floating(given["comm_dtype"], repr(spec)) if "comm_dtype" in given
-          else None)
-  topo_name = given.get("topology", default_topo)
-  topo = None
-  if topo_name is not None:
-    key = topo_name.lower().replace("-", "_")
-    try:
-      topo = (core.sgp_topology(c.n_workers, c.local_size) if key == "sgp"
-              else topology_lib.make(key, c.n_workers, c.local_size))
-    except ValueError as e:
-      raise ValueError(f"{spec!r}: topology={topo_name!r}: {e}") from None
-    topo_name = key
-  parts = [f"H={period}"]
-  if name == "streaming_diloco":
-    parts += [f"P={frags}", f"tau={tau}"]
-  if topo is not None:
-    parts.append(f"topology={topo_name}")
-  if comm is not None:
-    parts.append(f"comm_dtype={comm}")
-  return core.Method(f"{name}:" + ",".join(parts), "local", topo,
-                     overlap=False, period=period, fragments=frags,
-                     overlap_steps=tau, message=message, comm_dtype=comm)
+  return period, frags, tau
 
 
-def _is_int(v) -> bool:
-  return not isinstance(v, bool) and isinstance(v, (int, np.integer))
-
-
-def check_method(m: core.Method) -> None:
-  """Validates the local-update fields of ``m`` (any kind).
-
-  Raises:
-    ValueError: naming the bad field: ``period``, ``fragments``,
-      ``overlap_steps`` out of range, fragments or overlap with a topology,
-      an unknown ``message``, a non-floating ``comm_dtype``, or any of them
-      set on a kind other than "local".
-  """
-  if m.kind != "local":
-    fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0))
-    if m.kind == "all_reduce":
-      fields += (("comm_dtype", None),)
-    elif m.comm_dtype is not None:
-      _floating(m.comm_dtype, f"Method {m.name!r}")
-    odd = [f for f, default in fields if getattr(m, f) != default]
-    if odd:
-      raise ValueError(f"Method {m.name!r}: {', '.join(odd)} do not apply "
-                       f"to kind {m.kind!r} (period, fragments and "
-                       "overlap_steps are for kind 'local', e.g. "
-                       "'diloco:H=10'; comm_dtype for 'local' and 'gossip').")
-    return
-  h, p, tau = m.period, m.fragments, m.overlap_steps
-  if not _is_int(h) or h < 1:
-    raise ValueError(f"Method {m.name!r}: period={h!r} must be an integer "
-                     ">= 1 (the sync period H in steps).")
-  if not _is_int(p) or not 1 <= p <= h:
-    raise ValueError(f"Method {m.name!r}: fragments={p!r} must be an integer "
-                     f"in [1, period={h}].")
-  if not _is_int(tau) or tau < 0 or tau * p >= h:
-    raise ValueError(f"Method {m.name!r}: overlap_steps={tau!r} must be an "
-                     f"integer >= 0 with overlap_steps * fragments < period "
-                     f"({h}).")
-  if m.topology is not None and (p > 1 or tau > 0):
-    raise ValueError(f"Method {m.name!r}: fragments and overlap_steps need "
-                     "the exact all-reduce (topology=None); gossip syncs are "
-                     "one blocking round.")
-  if m.message not in ("params", "theta"):
-    raise ValueError(f"Method {m.name!r}: message={m.message!r} must be "
-                     "'params' or 'theta'.")
-  if m.comm_dtype is not None:
-    _floating(m.comm_dtype, f"Method {m.name!r}")
-  if m.measured_s is not None:
-    want = 1 if m.topology is None else m.topology.period
-    if len(m.measured_s) != want:
-      raise ValueError(f"Method {m.name!r}: measured_s has "
-                       f"{len(m.measured_s)} entries, needs {want} (one for "
-                       "the all-reduce, or one per topology round).")
+def _topology(spec, raw: str, key: str, c: Cluster) -> topology_lib.Topology:
+  """Topology ``key`` (``raw``, lower case) on ``c``; errors quote ``raw``."""
+  try:
+    return (sgp_topology(c.n_workers, c.local_size) if key == "sgp"
+            else topology_lib.make(key, c.n_workers, c.local_size))
+  except ValueError as e:
+    raise ValueError(f"{spec!r}: topology={raw!r}: {e}") from None
 
 
 # ---------------------------------------------------------------------------
@@ -291,7 +230,7 @@ def check_method(m: core.Method) -> None:
 # ---------------------------------------------------------------------------
 
 
-def wire_itemsize(m: core.Method, w: core.Workload) -> int:
+def wire_itemsize(m: Method, w: Workload) -> int:
   """Bytes per parameter on the wire for ``m``'s sync."""
   if m.comm_dtype is not None:
     return np.dtype(m.comm_dtype).itemsize
@@ -299,12 +238,12 @@ def wire_itemsize(m: core.Method, w: core.Workload) -> int:
   return max(size, 4) if m.message == "theta" else size
 
 
-def message_bytes(m: core.Method, w: core.Workload) -> float:
+def message_bytes(m: Method, w: Workload) -> float:
   """Bytes of one whole sync message (all fragments) per worker."""
   return float(w.param_count) * wire_itemsize(m, w)
 
 
-def n_messages(w: core.Workload, nbytes: float, fragments: int = 1) -> int:
+def n_messages(w: Workload, nbytes: float, fragments: int = 1) -> int:
   """Messages (one latency each) of a ``nbytes`` sync: its buckets."""
   if w.bucket_shares is None and w.bucket_ready is None:
     return max(1, math.ceil(nbytes / w.bucket_bytes))
@@ -312,33 +251,33 @@ def n_messages(w: core.Workload, nbytes: float, fragments: int = 1) -> int:
   return max(1, math.ceil(nb / fragments))
 
 
-def fragment_sync_s(m: core.Method, c: core.Cluster, w: core.Workload) -> float:
+def fragment_sync_s(m: Method, c: Cluster, w: Workload) -> float:
   """Seconds of one fragment's exact all-reduce (``M / P`` bytes)."""
   if m.measured_s is not None:
     return float(m.measured_s[0]) / m.fragments
   nbytes = message_bytes(m, w) / m.fragments
-  rc = core.all_reduce_cost(c)
+  rc = all_reduce_cost(c)
   return float(rc.time(nbytes, n_messages(w, nbytes, m.fragments))[0])
 
 
-def round_costs(m: core.Method, c: core.Cluster, w: core.Workload):
+def round_costs(m: Method, c: Cluster, w: Workload):
   """Per topology round: (members int [n, k], seconds float64 [n])."""
   nbytes = message_bytes(m, w)
   out = []
   for r, rnd in enumerate(m.topology.rounds):
-    rc = core.round_cost(c, rnd)
+    rc = round_cost(c, rnd)
     t = (np.full(c.n_workers, float(m.measured_s[r])) if m.measured_s
          is not None else rc.time(nbytes, n_messages(w, nbytes)))
     out.append((rc.members, t))
   return out
 
 
-def schedule_period(m: core.Method) -> int:
+def schedule_period(m: Method) -> int:
   """Steps after which ``m``'s schedule repeats (``H``, or ``H`` x rounds)."""
   return m.period * (1 if m.topology is None else m.topology.period)
 
 
-def _offsets(m: core.Method) -> list[int]:
+def _offsets(m: Method) -> list[int]:
   h, p = m.period, m.fragments
   return [(q * h // p) % h for q in range(p)]
 
@@ -348,7 +287,7 @@ def _offsets(m: core.Method) -> list[int]:
 # ---------------------------------------------------------------------------
 
 
-def simulate(m: core.Method, c: core.Cluster, w: core.Workload,
+def simulate(m: Method, c: Cluster, w: Workload,
              fac: np.ndarray, warmup: int) -> float:
   """Mean seconds per iteration of a kind-"local" method (max-plus recursion).
 
@@ -366,7 +305,7 @@ def simulate(m: core.Method, c: core.Cluster, w: core.Workload,
   Raises:
     ValueError: no whole period fits between ``warmup`` and ``steps``.
   """
-  steps, n = fac.shape
+  steps = fac.shape[0]
   period = schedule_period(m)
   start = -(-warmup // period) * period
   whole = (steps - start) // period
@@ -375,40 +314,61 @@ def simulate(m: core.Method, c: core.Cluster, w: core.Workload,
                      f"period of {period} steps of {m.name!r}; use steps >= "
                      f"{start + period}.")
   end = start + whole * period
-  fwd_m, bwd_m = core._split(w)  # pylint: disable=protected-access
+  fwd_m, bwd_m = split_compute(w)
   x = (fwd_m + bwd_m) * fac[:end] + w.optimizer_s
-  h = m.period
-  s = np.zeros(n)
-  mark = s
   if m.topology is None:
-    a, tau = fragment_sync_s(m, c, w), m.overlap_steps
-    offs = _offsets(m)
-    send = {o: q for q, o in enumerate(offs)}
-    merge = {(o + tau) % h: q for q, o in enumerate(offs)}
-    ends = [0.0] * len(offs)
-    free = -math.inf
-    for k in range(end):
-      if k == start:
-        mark = s.copy()
-      t = k + 1
-      s = s + x[k]
-      q = send.get(t % h)
-      if q is not None and t >= max(offs[q], 1):
-        ends[q] = free = max(float(s.max()), free) + a
-      q = merge.get(t % h)
-      if q is not None and t >= max(offs[q], 1) + tau:
-        s = np.maximum(s, ends[q])
+    s, mark = _simulate_exact(m, c, w, x, start)
   else:
-    costs = round_costs(m, c, w)
-    for k in range(end):
-      if k == start:
-        mark = s.copy()
-      t = k + 1
-      s = s + x[k]
-      if t % h == 0:
-        members, tau_r = costs[(t // h - 1) % len(costs)]
-        s = s[members].max(axis=1) + tau_r
+    s, mark = _simulate_gossip(m, c, w, x, start)
   return float(np.mean(s - mark) / (end - start))
+
+
+def _simulate_exact(m: Method, c: Cluster, w: Workload, x: np.ndarray,
+                    start: int) -> tuple[np.ndarray, np.ndarray]:
+  """Exact all-reduce syncs of ``P`` fragments, each overlapped ``tau`` steps.
+
+  ``x``: seconds of each step's compute, float64 [steps, n]. Returns the
+  step start times after the last step and at step ``start``, float64 [n].
+  """
+  h = m.period
+  s = np.zeros(x.shape[1])
+  mark = s
+  a, tau = fragment_sync_s(m, c, w), m.overlap_steps
+  offs = _offsets(m)
+  send = {o: q for q, o in enumerate(offs)}
+  merge = {(o + tau) % h: q for q, o in enumerate(offs)}
+  ends = [0.0] * len(offs)
+  free = -math.inf
+  for k in range(x.shape[0]):
+    if k == start:
+      mark = s.copy()
+    t = k + 1
+    s = s + x[k]
+    q = send.get(t % h)
+    if q is not None and t >= max(offs[q], 1):
+      ends[q] = free = max(float(s.max()), free) + a
+    q = merge.get(t % h)
+    if q is not None and t >= max(offs[q], 1) + tau:
+      s = np.maximum(s, ends[q])
+  return s, mark
+
+
+def _simulate_gossip(m: Method, c: Cluster, w: Workload, x: np.ndarray,
+                     start: int) -> tuple[np.ndarray, np.ndarray]:
+  """One blocking gossip round every ``H`` steps (as ``_simulate_exact``)."""
+  h = m.period
+  s = np.zeros(x.shape[1])
+  mark = s
+  costs = round_costs(m, c, w)
+  for k in range(x.shape[0]):
+    if k == start:
+      mark = s.copy()
+    t = k + 1
+    s = s + x[k]
+    if t % h == 0:
+      members, tau_r = costs[(t // h - 1) % len(costs)]
+      s = s[members].max(axis=1) + tau_r
+  return s, mark
 
 
 # ---------------------------------------------------------------------------
@@ -446,56 +406,68 @@ def expected_wait(n: int, spread: float, overlap: float, delta: float) -> float:
   return float(g0 + spread * np.trapezoid(step * (1.0 - cdf_u), u))
 
 
-def _barrier_excess(w: core.Workload, n: int, g: int) -> float:
+def _barrier_excess(w: Workload, n: int, g: int) -> float:
   """``E[max of n sums of g compute draws] - g mean`` (seconds)."""
   if w.compute_samples_s is not None and g == 1:
     return w.expected_max_excess(n)
-  return math.sqrt(g) * w.compute_std_s * core.expected_max_normal(n)
+  return math.sqrt(g) * w.compute_std_s * expected_max_normal(n)
 
 
-def closed_form(m: core.Method, c: core.Cluster, w: core.Workload
-                ) -> core.Estimate:
+def closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   """Closed-form per-iteration time of a kind-"local" method (module doc).
 
   Returns:
-    A :class:`~decentral_jax.runtime_model.core.Estimate`: ``compute_s =
+    A :class:`~decentral_jax.runtime_model.method.Estimate`: ``compute_s =
     C + O``, ``exposed_comm_s`` the deterministic sync time per iteration,
     ``variability_s`` the expected waits for slower workers per iteration.
   """
+  if m.topology is None:
+    return _exact_closed_form(m, c, w)
+  return _gossip_closed_form(m, c, w)
+
+
+def _exact_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
+  """Exact all-reduce syncs: exposed fragments plus waits (module doc)."""
   n, h = c.n_workers, m.period
   base = w.compute_mean_s + w.optimizer_s
   sigma = w.compute_std_s
-  if m.topology is None:
-    a, tau = fragment_sync_s(m, c, w), m.overlap_steps
-    offs = _offsets(m)
-    delta = a - tau * base  # exposed (> 0) or slack (< 0) per fragment
-    exposed = len(offs) * max(0.0, delta)
-    var, barrier = 0.0, 0.0
-    if n > 1 and sigma > 0:
-      for q, o in enumerate(offs):
-        gap = (o - offs[q - 1]) % h or h  # steps since the last send
-        g = gap - tau  # steps since the last merge
-        barrier += _barrier_excess(w, n, gap)
-        if tau == 0:
-          var += _barrier_excess(w, n, g)
-        else:
-          var += sigma * expected_wait(n, math.sqrt(g), math.sqrt(tau),
-                                       delta / sigma) - max(delta, 0.0)
-      if tau > 0 and delta < 0:
-        # Held-back workers: reflection at the slack -delta (module doc).
-        drift = h * REFLECTION * core.expected_max_normal(n) * sigma**2 / -delta
-        var = max(var, 1.0 / (1.0 / drift + 1.0 / barrier))
-    det = base + exposed / h
-    return core.Estimate(m.name, det + var / h, base, det - base, var / h)
+  a, tau = fragment_sync_s(m, c, w), m.overlap_steps
+  offs = _offsets(m)
+  delta = a - tau * base  # exposed (> 0) or slack (< 0) per fragment
+  exposed = len(offs) * max(0.0, delta)
+  var, barrier = 0.0, 0.0
+  if n > 1 and sigma > 0:
+    for q, o in enumerate(offs):
+      gap = (o - offs[q - 1]) % h or h  # steps since the last send
+      g = gap - tau  # steps since the last merge
+      barrier += _barrier_excess(w, n, gap)
+      if tau == 0:
+        var += _barrier_excess(w, n, g)
+      else:
+        var += sigma * expected_wait(n, math.sqrt(g), math.sqrt(tau),
+                                     delta / sigma) - max(delta, 0.0)
+    if tau > 0 and delta < 0:
+      # Held-back workers: reflection at the slack -delta (module doc).
+      drift = h * REFLECTION * expected_max_normal(n) * sigma**2 / -delta
+      var = max(var, 1.0 / (1.0 / drift + 1.0 / barrier))
+  det = base + exposed / h
+  return Estimate(m.name, det + var / h, base, det - base, var / h)
+
+
+def _gossip_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
+  """One blocking gossip round per ``H`` steps: SGP's closed form."""
+  n, h = c.n_workers, m.period
+  base = w.compute_mean_s + w.optimizer_s
+  sigma = w.compute_std_s
   costs = round_costs(m, c, w)
   det = np.zeros(n)
   tot = np.zeros(n)
   for members, tau_r in costs:
     size = [len(set(row)) for row in members.tolist()]
-    d = np.array([math.sqrt(h) * sigma * core.coupling_excess(k, 0.0)
+    d = np.array([math.sqrt(h) * sigma * coupling_excess(k, 0.0)
                   if sigma > 0 else 0.0 for k in size])
     det += h * base + tau_r
     tot += h * base + tau_r + d
   det_s, tot_s = det.max() / (h * len(costs)), tot.max() / (h * len(costs))
-  return core.Estimate(m.name, float(tot_s), base, float(det_s - base),
-                       float(tot_s - det_s))
+  return Estimate(m.name, float(tot_s), base, float(det_s - base),
+                  float(tot_s - det_s))

@@ -78,7 +78,7 @@ def effective(method, c: Cluster, w: Workload) -> tuple[Cluster, Workload]:
   """The worker-level ``(cluster, workload)`` that ``method`` is priced on.
 
   Args:
-    method: a :class:`~decentral_jax.runtime_model.core.Method` (its
+    method: a :class:`~decentral_jax.runtime_model.method.Method` (its
       ``kind``, ``comm_dtype`` and ``bucket_bytes`` are read).
     c, w: the cluster (``local_size`` counts workers) and the workload.
 

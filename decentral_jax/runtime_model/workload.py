@@ -6,13 +6,14 @@ Units: seconds (``_s``), bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
 import numpy as np
 from scipy import special
 
-from decentral_jax.runtime_model.costs import _positive
+from decentral_jax.runtime_model.costs import check_positive
 
 WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.parallel.layouts.MODES
 
@@ -69,8 +70,8 @@ class Workload:
   def __post_init__(self):
     for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
                  "compute_cv"):
-      _positive(name, getattr(self, name), allow_zero=True)
-    _positive("bucket_bytes", self.bucket_bytes)
+      check_positive(name, getattr(self, name), allow_zero=True)
+    check_positive("bucket_bytes", self.bucket_bytes)
     d = self.devices_per_worker
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
       raise ValueError(f"devices_per_worker must be a positive integer, got "
@@ -164,3 +165,23 @@ def expected_max_normal(m: int) -> float:
   cdf = special.ndtr(x)
   pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
   return float(np.trapezoid(x * m * pdf * cdf**(m - 1), x))
+
+
+@functools.lru_cache(maxsize=4096)
+def coupling_excess(m: int, slack_sigmas: float) -> float:
+  """``E[(max(Z_1..Z_{m-1}) - Z_0 - s)^+]`` for i.i.d. standard normals.
+
+  The expected wait (in units of the compute standard deviation) of a worker
+  for the slowest of the ``m - 1`` other members of its group when its
+  communication has ``s`` standard deviations of slack. ``m = n``, ``s = 0``
+  is All-Reduce's barrier minus the worker's own time.
+  """
+  if m <= 1:
+    return 0.0
+  s = max(0.0, round(float(slack_sigmas), 3))
+  x = np.linspace(-8.0, 8.0, 321)
+  pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+  y = np.linspace(s, s + 12.0, 241)
+  cdf_y = np.trapezoid(pdf * special.ndtr(x[None, :] + y[:, None])**(m - 1),
+                       x, axis=1)
+  return float(np.trapezoid(1.0 - cdf_y, y))

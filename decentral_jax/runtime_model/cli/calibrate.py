@@ -20,19 +20,6 @@ import numpy as np
 from decentral_jax.runtime_model import core
 
 
-def load_config(path: str, overrides=()):
-  """``get_config()`` of the file ``path`` with ``KEY=VALUE`` overrides.
-
-  The same parser as ``experiments/train.py``
-  (``decentral_jax.runner.config.load_config``).
-
-  Raises:
-    ValueError: missing file or ``get_config``, malformed or unknown key.
-  """
-  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
-  return config_lib.load_config(path, overrides)
-
-
 def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
   """Latency (s) and bandwidth (bytes/s) of a ring all-reduce from 2 timings.
 
@@ -47,16 +34,20 @@ def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
   return max(t1 - ring * m1 / beta, 0.0) / (2 * (n - 1)), beta
 
 
-def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
+def calibrate(config, steps: int = 12) -> dict:
   """Measures, fits and predicts; see the module docstring.
 
   All measurements are taken round-robin (one of each per round, ``steps``
   rounds after two warm-up rounds) so that other load on the machine affects
-  them alike, and summarised by their medians.
+  them alike, and summarised by their medians. Needs ``config.n_workers``
+  devices: on CPU the command line
+  (:func:`decentral_jax.runtime_model.cli.main.main`) asks JAX for that many
+  before calling this.
 
   Args:
-    config_path: config file with ``get_config()`` (e.g. configs/gpt_tiny.py).
-    overrides: ``KEY=VALUE`` strings applied to the config.
+    config: a loaded run config
+      (:func:`decentral_jax.runner.config.load_config`), e.g.
+      ``configs/gpt_tiny.py`` with overrides.
     steps: measured rounds, >= 1.
 
   Returns:
@@ -69,20 +60,42 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
     collectives) and ``alpha_beta`` (fitted formula, overlap), in ms.
 
   Raises:
-    ValueError: bad config or override (see :func:`load_config`), or from
-      :class:`decentral_jax.runner.experiment.Experiment`.
+    ValueError: from :class:`decentral_jax.runner.experiment.Experiment`
+      (a bad config, too few devices).
   """
-  config = load_config(config_path, overrides)
   n = int(config.n_workers)
+  timers, exp, params = _train_step_timers(config)
+  sizes = (max(exp.param_count // 8, 1), exp.param_count)
+  timers.update(_operation_timers(exp, params, sizes))
+  samples = {k: [] for k in timers}
+  for rnd in range(steps + 2):
+    for k, run in timers.items():
+      t = run()
+      if rnd >= 2:
+        samples[k].append(t)
+  med = {k: float(np.median(v)) for k, v in samples.items()}
+  alpha, beta = fit_ring_alpha_beta(
+      n, [4.0 * s for s in sizes], [med[f"flat{s}"] for s in sizes])
+  rounds = [med[f"round{d}"] for d in exp.topology.round_to_distinct]
+  cv = float(np.std(samples["compute"]) / np.mean(samples["compute"]))
+  return {"n_workers": n, "param_count": exp.param_count,
+          "compute_ms": 1e3 * med["compute"], "compute_cv": cv,
+          "alpha_us": 1e6 * alpha, "beta_GBps": beta / 1e9,
+          "collectives_ms": {"all_reduce": 1e3 * med["all_reduce_op"],
+                             "gossip_rounds": [1e3 * t for t in rounds]},
+          "runs": _predictions(n, exp, med, rounds, alpha, beta)}
+
+
+def _train_step_timers(config):
+  """Timers of one train step of the All-Reduce and the one_peer_exp run.
+
+  Returns:
+    ``({"all_reduce": fn, "decentralized": fn}, experiment, params)``: each
+    ``fn()`` runs the next step and returns its seconds; the last
+    (decentralized) experiment and a copy of its parameters.
+  """
   import jax  # pylint: disable=import-outside-toplevel
-  import optax  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import experiment  # pylint: disable=import-outside-toplevel
-  from decentral_jax.comm import gossip
-  from decentral_jax.parallel import mesh as parallel
-  try:
-    jax.config.update("jax_num_cpu_devices", max(n, 1))
-  except RuntimeError:  # backend already started; use the devices it has
-    pass
   timers = {}
   for algo in ("all_reduce", "decentralized"):
     cfg = copy.deepcopy(config)
@@ -99,8 +112,17 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
       return time.perf_counter() - t
 
     timers[algo] = run
+  return timers, exp, jax.tree.map(lambda x: x.copy(), box["state"].params)
+
+
+def _operation_timers(exp, params, sizes) -> dict:
+  """Timers of the compute-only step, the gradient All-Reduce, every distinct
+  gossip round and a flat ``pmean`` of each of ``sizes`` float32 values."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax.comm import gossip
+  from decentral_jax.parallel import mesh as parallel
   mesh, axis, topo = exp.mesh, exp.axis_name, exp.topology
-  params = jax.tree.map(lambda x: x.copy(), box["state"].params)
   loss = exp.task.loss
   adamw = optax.adamw(1e-3)
 
@@ -118,48 +140,39 @@ def calibrate(config_path: str, overrides=(), steps: int = 12) -> dict:
       return time.perf_counter() - t
     return run
 
-  timers["compute"] = timed(compute_only, params, exp.get_batch(0))
+  timers = {"compute": timed(compute_only, params, exp.get_batch(0))}
   pmean = lambda p: gossip.mean(p, axis)  # noqa: E731
   timers["all_reduce_op"] = timed(pmean, params)
   for r in range(len(topo.distinct_rounds)):
     step = topo.round_to_distinct.index(r)
     timers[f"round{r}"] = timed(lambda p, s=step: gossip.mix(p, topo, s, axis),
                                 params)
-  count = exp.param_count
-  sizes = (max(count // 8, 1), count)
   for size in sizes:
     timers[f"flat{size}"] = timed(
         pmean, parallel.replicate(np.zeros(size, np.float32), mesh))
-  samples = {k: [] for k in timers}
-  for rnd in range(steps + 2):
-    for k, run in timers.items():
-      t = run()
-      if rnd >= 2:
-        samples[k].append(t)
-  med = {k: float(np.median(v)) for k, v in samples.items()}
-  alpha, beta = fit_ring_alpha_beta(
-      n, [4.0 * s for s in sizes], [med[f"flat{s}"] for s in sizes])
+  return timers
+
+
+def _predictions(n: int, exp, med: dict, rounds, alpha: float,
+                 beta: float) -> dict:
+  """Simulated ms/iteration of both runs from the medians ``med`` (seconds)."""
   comp = med["compute"]
-  rounds = [med[f"round{d}"] for d in topo.round_to_distinct]
   # A jitted SPMD step ends together on all workers, so per-worker
   # variability is not observable here: the model gets the median compute.
-  w = core.Workload(count, comp / 3, 2 * comp / 3, bucket_shares=(1.0,))
+  w = core.Workload(exp.param_count, comp / 3, 2 * comp / 3,
+                    bucket_shares=(1.0,))
   c = core.Cluster(n, n, alpha, min(beta, 1e18), alpha, min(beta, 1e18))
   runs = {}
   for algo, name, meas in (("all_reduce", "all_reduce", (med["all_reduce_op"],)),
                            ("decentralized", "one_peer_exp", tuple(rounds))):
-    kind, tp = ("all_reduce", None) if algo == "all_reduce" else ("gossip", topo)
+    kind, tp = ("all_reduce", None) if algo == "all_reduce" else (
+        "gossip", exp.topology)
     runs[name] = {"measured_ms": 1e3 * med[algo]}
     for label, overlap, m_s in (("overlap", True, meas), ("serial", False, meas),
                                 ("alpha_beta", True, None)):
       method = core.Method(name, kind, tp, overlap=overlap, measured_s=m_s)
       runs[name][label] = 1e3 * core.simulate(method, c, w, steps=20, warmup=4)
-  cv = float(np.std(samples["compute"]) / np.mean(samples["compute"]))
-  return {"n_workers": n, "param_count": count, "compute_ms": 1e3 * comp,
-          "compute_cv": cv, "alpha_us": 1e6 * alpha, "beta_GBps": beta / 1e9,
-          "collectives_ms": {"all_reduce": 1e3 * med["all_reduce_op"],
-                             "gossip_rounds": [1e3 * t for t in rounds]},
-          "runs": runs}
+  return runs
 
 
 def format_report(r: dict) -> str:

@@ -125,8 +125,14 @@ def check_predict_args(args) -> None:
   check_output_path(args.png, "--png")
 
 
-def _list(typ):
-  """argparse type: a comma-separated list of ``typ``."""
+def comma_list(typ):
+  """An argparse ``type``: a comma-separated list of ``typ`` values.
+
+  Empty parts are skipped (``"8,,16,"`` gives ``[8, 16]``).
+
+  Raises:
+    argparse.ArgumentTypeError: a part ``typ`` cannot convert.
+  """
   def parse(text: str) -> list:
     try:
       return [typ(t) for t in text.split(",") if t.strip()]
@@ -233,8 +239,12 @@ _WORKLOAD_FIELDS = {
     "--worker-layout": "worker_layout"}
 
 
-def _explicit(args) -> set:
-  """The flags given on the command line (``main`` records them)."""
+def explicit_flags(args) -> set:
+  """The flags given on the command line, e.g. ``{"--n-workers"}``.
+
+  :func:`decentral_jax.runtime_model.cli.main.main` records them in
+  ``args.explicit_flags``; empty when ``args`` was built otherwise.
+  """
   return getattr(args, "explicit_flags", set())
 
 
@@ -250,7 +260,7 @@ def from_cluster_file(data: dict, args, n: int):
     ValueError: ``n`` not a multiple of the workers per node, or a
       workload the file lacks (see :func:`cluster_file.workload`).
   """
-  given = _explicit(args)
+  given = explicit_flags(args)
   flags_c = dataclasses.asdict(cluster_from_args(args, n))
   kw = dict(data["cluster"], n_workers=n)
   kw.update({f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()

@@ -34,15 +34,18 @@ import sys
 from decentral_jax.runtime_model import cluster_file
 # The predict flags' checks and conversions (re-exported: part of this CLI).
 from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
-    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, _explicit, _list, check_output_path,
-    check_predict_args, cluster_from_args, describe_cluster_file,
-    from_cluster_file, simulated_steps, split_methods, workload_from_args)
+    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, check_output_path,
+    check_predict_args, cluster_from_args, comma_list, describe_cluster_file,
+    explicit_flags, from_cluster_file, simulated_steps, split_methods,
+    workload_from_args)
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
+from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import spanning
-from decentral_jax.runtime_model import traffic
 from decentral_jax.runtime_model import workload as workload_lib
+from decentral_jax.runtime_model.recommend import label
 
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
 
@@ -53,30 +56,6 @@ class _Parser(argparse.ArgumentParser):
   def error(self, message):
     print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
     sys.exit(2)
-
-
-def label(method: str) -> str:
-  return paper.LABELS.get(method, method)
-
-
-def recommend(table: dict[str, tuple[float, ...]], margin: float = 0.05,
-              exclude=()) -> str:
-  """One line: the fastest method and its speedup over All-Reduce.
-
-  Args:
-    table: ``{method: (iteration_s, ...)}`` with an ``"all_reduce"`` entry.
-    margin: decentralized methods must be this much faster (relative) to be
-      recommended over All-Reduce.
-    exclude: methods not to recommend (e.g. topologies without exact
-      averaging over a period, which mix slowly).
-  """
-  best = min((m for m in table if m not in exclude or m == "all_reduce"),
-             key=lambda m: table[m][0])
-  ar = table.get("all_reduce", (float("nan"),))[0]
-  if best == "all_reduce" or ar / table[best][0] < 1 + margin:
-    return "All-Reduce (no decentralized method is >5% faster)"
-  return (f"{label(best)}: {1e3 * table[best][0]:.1f} ms/iteration, "
-          f"{ar / table[best][0]:.2f}x faster than All-Reduce")
 
 
 def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
@@ -133,78 +112,84 @@ def _predict(args) -> int:
     if args.preset:
       raise ValueError("--cluster and --preset both give the cluster; use one.")
     measured = cluster_file.read(args.cluster)
-    if "--n-workers" not in _explicit(args):
+    if "--n-workers" not in explicit_flags(args):
       args.n_workers = [measured["cluster"]["n_workers"]]
     print(describe_cluster_file(args.cluster, measured))
   groups = []
   for n in args.n_workers:
-    if args.preset:
-      try:
-        c, w = paper.setup(args.preset, n)
-      except ValueError as e:
-        raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
-                         ) from None
-    elif measured is not None:
-      c, w = from_cluster_file(measured, args, n)
-    else:
-      c, w = cluster_from_args(args, n), workload_from_args(args)
-    table, slow_mixing, local, sent = {}, [], [], {}
-    for meth in methods:
-      try:
-        m = core.make_method(meth, c)
-        steps = simulated_steps(m, args.steps)
-      except ValueError as e:
-        raise ValueError(f"--methods {meth} at --n-workers {n}: {e}") from None
-      if m.kind == "local" or ":" in meth or m.name.startswith(
-          ("dadam", "accum_adam")):
-        meth = m.name  # the canonical spec, every parameter spelled out
-      if m.topology is not None and not m.topology.has_finite_time_consensus():
-        slow_mixing.append(meth)
-      if m.kind == "local" and m.period > 1:
-        local.append(meth)
-      est = core.closed_form(m, c, w)
-      sim = core.simulate(m, c, w, steps=steps, warmup=args.steps // 5,
-                          seed=args.seed)
-      table[meth] = (sim, est)
-      sent[meth] = traffic.bytes_per_iteration(m, c, w)
-    ar = table.get("all_reduce", (None,))[0]
-    span = (f" of {w.devices_per_worker} devices ({w.worker_layout})"
-            if w.devices_per_worker > 1 else "")
-    print(f"n={n} workers{span} ({c.n_nodes} nodes x {c.local_size}), "
-          f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
-          f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
-    width = max([22] + [len(label(k)) + 3 for k in table])
-    print(f"  {'method':<{width}}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
-          f"{'comm ms':>9}{'var ms':>8}{'MB/it':>9}{'node MB/it':>11}")
-    for meth, (sim, est) in table.items():
-      speed = f"{ar / sim:.2f}x" if ar else "-"
-      star = "*" if meth in slow_mixing else ""
-      print(f"  {label(meth) + star:<{width}}{1e3 * sim:9.1f}"
-            f"{1e3 * est.iteration_s:10.1f}"
-            f"{speed:>7}{1e3 * est.exposed_comm_s:9.1f}"
-            f"{1e3 * est.variability_s:8.1f}{sent[meth].worker_bytes / 1e6:9.1f}"
-            f"{sent[meth].node_bytes / 1e6:11.1f}")
-    print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
-          "node MB/it: leaving the busiest node (averaged over a period)")
-    if w.devices_per_worker > 1:
-      inner = next(iter(sent.values())).inner_bytes
-      print(f"  inside each worker (every method): "
-            f"{1e3 * spanning.inner_collective_s(c, w):.1f} ms and "
-            f"{inner / 1e6:.1f} MB per iteration between its "
-            f"{w.devices_per_worker} devices ({w.worker_layout}), counted "
-            "in comm ms")
-    if slow_mixing:
-      print("  * no exact averaging within one period (slower mixing); not "
-            "recommended")
-    if local:
-      print("  local-update methods sync every H steps: per-iteration time "
-            "only, not the loss per iteration")
-    print("  recommendation: " + recommend(table, exclude=slow_mixing))
-    groups.append((f"{n} GPUs", {k: 1e3 * v[0] for k, v in table.items()},
-                   None))
+    c, w = _cluster_and_workload(args, n, measured)
+    table = _price(args, methods, n, c, w)
+    _print_table(n, c, w, table)
+    groups.append((f"{n} GPUs", {k: 1e3 * p.simulated_s
+                                 for k, p in table.items()}, None))
   if args.png:
     _write_chart([(args.preset or "predicted", groups)], args.png)
   return 0
+
+
+def _cluster_and_workload(args, n: int, measured: dict | None):
+  """The cluster and workload at ``n`` workers: preset, file or flags."""
+  if args.preset:
+    try:
+      return paper.setup(args.preset, n)
+    except ValueError as e:
+      raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
+                       ) from None
+  if measured is not None:
+    return from_cluster_file(measured, args, n)
+  return cluster_from_args(args, n), workload_from_args(args)
+
+
+def _price(args, methods, n: int, c, w) -> dict[str, recommend.Prediction]:
+  """Every ``--methods`` spec priced at ``n`` workers, keyed for the table."""
+  table = {}
+  for spec in methods:
+    try:
+      m = core.make_method(spec, c)
+      steps = simulated_steps(m, args.steps)
+    except ValueError as e:
+      raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
+    p = recommend.predict(spec, m, c, w, steps=steps,
+                          warmup=args.steps // 5, seed=args.seed)
+    table[p.key] = p
+  return table
+
+
+def _print_table(n: int, c, w, table: dict[str, recommend.Prediction]) -> None:
+  """``predict``'s table at ``n`` workers, its footnotes and recommendation."""
+  ar = table["all_reduce"].simulated_s if "all_reduce" in table else None
+  span = (f" of {w.devices_per_worker} devices ({w.worker_layout})"
+          if w.devices_per_worker > 1 else "")
+  print(f"n={n} workers{span} ({c.n_nodes} nodes x {c.local_size}), "
+        f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
+        f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
+  width = max([22] + [len(label(k)) + 3 for k in table])
+  print(f"  {'method':<{width}}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
+        f"{'comm ms':>9}{'var ms':>8}{'MB/it':>9}{'node MB/it':>11}")
+  for key, p in table.items():
+    speed = f"{ar / p.simulated_s:.2f}x" if ar else "-"
+    star = "*" if p.slow_mixing else ""
+    print(f"  {label(key) + star:<{width}}{1e3 * p.simulated_s:9.1f}"
+          f"{1e3 * p.estimate.iteration_s:10.1f}"
+          f"{speed:>7}{1e3 * p.estimate.exposed_comm_s:9.1f}"
+          f"{1e3 * p.estimate.variability_s:8.1f}"
+          f"{p.sent.worker_bytes / 1e6:9.1f}{p.sent.node_bytes / 1e6:11.1f}")
+  print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
+        "node MB/it: leaving the busiest node (averaged over a period)")
+  if w.devices_per_worker > 1:
+    inner = next(iter(table.values())).sent.inner_bytes
+    print(f"  inside each worker (every method): "
+          f"{1e3 * spanning.inner_collective_s(c, w):.1f} ms and "
+          f"{inner / 1e6:.1f} MB per iteration between its "
+          f"{w.devices_per_worker} devices ({w.worker_layout}), counted "
+          "in comm ms")
+  if any(p.slow_mixing for p in table.values()):
+    print("  * no exact averaging within one period (slower mixing); not "
+          "recommended")
+  if any(p.local for p in table.values()):
+    print("  local-update methods sync every H steps: per-iteration time "
+          "only, not the loss per iteration")
+  print("  recommendation: " + recommend.recommend(table))
 
 
 def _write_chart(panels, path: str) -> None:
@@ -254,7 +239,6 @@ def _print_rows(table) -> None:
 
 
 def _validate(args) -> int:
-  from decentral_jax.runtime_model import holdout  # pylint: disable=import-outside-toplevel
   folds, insample = (holdout.refit() if args.refit
                      else (holdout.FOLDS, holdout.INSAMPLE))
   print("leave-one-cluster-out: each cluster's Exp and AER bars predicted "
@@ -317,8 +301,12 @@ def _calibrate(args) -> int:
   validation.check_config(config)
   validation.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")
-  report = calibrate.calibrate(args.config, overrides=args.set,
-                               steps=args.steps)
+  import jax  # pylint: disable=import-outside-toplevel
+  try:  # one CPU device per worker (on CPU; the command line's choice)
+    jax.config.update("jax_num_cpu_devices", max(int(config.n_workers), 1))
+  except RuntimeError:  # backend already started; use the devices it has
+    pass
+  report = calibrate.calibrate(config, steps=args.steps)
   print(calibrate.format_report(report))
   return 0
 
@@ -347,8 +335,8 @@ _WORKLOAD_FLAGS = (
     ("--backward-ms", float, 60.0, "mean backward time per iteration, ms"),
     ("--optimizer-ms", float, 0.0, "optimizer step time, ms"),
     ("--compute-cv", float, 0.0, "coefficient of variation of fwd+bwd"),
-    ("--compute-samples-ms", _list(float), None, "comma-separated samples of "
-     "fwd+bwd, ms (replace the mean and CV)"),
+    ("--compute-samples-ms", comma_list(float), None, "comma-separated "
+     "samples of fwd+bwd, ms (replace the mean and CV)"),
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
     ("--devices-per-worker", int, 1, "devices of one worker "
      "(config.devices_per_worker; compute times are the worker's)"),
@@ -366,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
   sub = p.add_subparsers(dest="command", required=True)
   q = sub.add_parser("predict", help="predict ms/iteration for a cluster "
                      "and model")
-  q.add_argument("--n-workers", type=_list(int), default=[16],
+  q.add_argument("--n-workers", type=comma_list(int), default=[16],
                  help="comma-separated worker counts n (default 16)")
   q.add_argument("--methods", default=DEFAULT_METHODS,
                  help="comma-separated: all_reduce, sgp, topology names "
@@ -428,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--local-size", type=int, default=0,
                  help="devices per node (default 0: the devices of one "
                  "process)")
-  e.add_argument("--sizes-MB", type=_list(float), default=[1.0, 16.0],
+  e.add_argument("--sizes-MB", type=comma_list(float), default=[1.0, 16.0],
                  help="message sizes of the exchanges, MB (default 1,16)")
   e.add_argument("--repeats", type=int, default=5,
                  help="timed repetitions of each measurement (default 5)")

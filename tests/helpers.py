@@ -1,0 +1,90 @@
+"""Helpers shared by several test modules (test modules never import each other).
+
+* Topology cases: :data:`NS`, :func:`valid`, :func:`local_size`,
+  :func:`all_valid`: every built-in topology at every worker count it
+  accepts, stated independently of :mod:`decentral_jax.topology`.
+* :func:`load_script`: an ``experiments/`` script as a module, loaded once.
+* :func:`np_accum_adam`: AccumAdam (Adam for ``T = 1``) directions in NumPy.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+from typing import Iterator
+
+import numpy as np
+
+from decentral_jax import topology
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Worker counts the topology tests are built at.
+NS = (2, 3, 4, 5, 6, 8, 12, 16)
+
+
+def local_size(name: str, n: int) -> int:
+  """Workers per node used for ``name`` at ``n`` workers in the tests."""
+  return 2 if name == "alternating_exp_ring" and n % 2 == 0 else 1
+
+
+def valid(name: str, n: int) -> bool:
+  """Independent statement of each topology's constraint on ``n``."""
+  if name == "ring":
+    return n % 2 == 0
+  if name == "one_peer_exp":
+    return n in (1, 2, 4, 8, 16, 32)
+  if name == "alternating_exp_ring":  # built here with local_size 1 or 2
+    nodes = n // local_size(name, n)
+    return nodes in (1, 2, 4, 8, 16)
+  return True
+
+
+def all_valid() -> Iterator[tuple[str, int]]:
+  """``(name, n)`` for every topology name and every valid ``n`` in NS."""
+  for name in topology.NAMES:
+    for n in NS:
+      if valid(name, n):
+        yield name, n
+
+
+@functools.cache
+def load_script(name: str):
+  """``experiments/<name>.py`` as a module (``<name>_under_test``), cached.
+
+  Registered in ``sys.modules`` (its dataclasses look their module up);
+  every test module that loads the same script gets the same module object.
+  """
+  spec = importlib.util.spec_from_file_location(
+      f"{name}_under_test", os.path.join(ROOT, "experiments", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+def np_accum_adam(grads, b1: float, b2: float, eps: float, big_t: int):
+  """AccumAdam directions in float64 NumPy (paper Alg. 4, App. C).
+
+  With ``t`` the 1-based step and ``c = ceil(t / T)``: ``A += g / T``;
+  ``d = m / (sqrt(v) + eps)`` with ``m = (b1 M + (1 - b1) g) / (1 - b1^c)``
+  and ``v = (b2 V + (1 - b2) g^2) / (1 - b2^c)``; at the end of a window
+  (``t % T == 0``) ``M, V`` take ``A, A^2`` with decays ``b1, b2`` and ``A``
+  restarts at 0. ``T = 1`` is Adam.
+
+  Returns:
+    The directions, one per gradient, stacked: float64 [steps, ...].
+  """
+  m = v = a = 0.0
+  dirs = []
+  for t, g in enumerate(grads, start=1):
+    g = np.asarray(g, np.float64)
+    c = -(-t // big_t)
+    a = a + g / big_t
+    m_hat = (b1 * m + (1 - b1) * g) / (1 - b1**c)
+    v_hat = (b2 * v + (1 - b2) * g * g) / (1 - b2**c)
+    dirs.append(m_hat / (np.sqrt(v_hat) + eps))
+    if t % big_t == 0:
+      m, v, a = b1 * m + (1 - b1) * a, b2 * v + (1 - b2) * a * a, 0.0
+  return np.array(dirs)

@@ -1,0 +1,341 @@
+"""Compressed communication: formats against NumPy references, error feedback,
+CHOCO-gossip's worked example and exact mean, bytes read from the HLO."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import require_devices
+from decentral_jax import analysis
+from decentral_jax import parallel
+from decentral_jax import topology
+from decentral_jax.comm import compress
+from decentral_jax.comm import gossip
+from decentral_jax.optim import choco
+
+SCALED = ("int8", "fp8", "int4", "fp4")
+
+
+def _np_blocks(v, block):
+  flat = np.asarray(v, np.float64).reshape(-1)
+  pad = (-flat.size) % block
+  return np.concatenate([flat, np.zeros(pad)]).reshape(-1, block)
+
+
+def _np_int_codes(v, block, qmax):
+  """Independent int8/int4 reference: scale = blockmax / qmax, round half even."""
+  b = _np_blocks(v, block).astype(np.float32)
+  amax = np.abs(b).max(axis=1)
+  scale = np.where(amax > 0, amax / np.float32(qmax), np.float32(1))
+  return np.clip(np.round(b / scale[:, None]), -qmax, qmax), scale
+
+
+@pytest.mark.parametrize("fmt,qmax", [("int8", 127), ("int4", 7)])
+def test_integer_formats_match_a_numpy_reference(fmt, qmax):
+  v = np.random.default_rng(0).normal(size=(5, 77)).astype(np.float32)
+  c = compress.Compressor(fmt, block=32)
+  p = c.encode(jnp.asarray(v))
+  codes, scale = _np_int_codes(v, 32, qmax)
+  np.testing.assert_allclose(np.asarray(p["scales"]), scale, rtol=2e-7)
+  got_codes = np.asarray(p["codes"]).astype(np.int64)
+  if fmt == "int4":  # two codes per byte, low nibble first, offset 8
+    got_codes = np.stack([got_codes & 15, got_codes >> 4], -1).reshape(
+        codes.shape) - 8
+  np.testing.assert_array_equal(got_codes, codes)
+  ref = (codes * scale[:, None]).reshape(-1)[:v.size].reshape(v.shape)
+  np.testing.assert_allclose(np.asarray(c.roundtrip(jnp.asarray(v))), ref,
+                             rtol=3e-7)
+
+
+def test_int8_codes_by_hand():
+  # Block [1, -0.5, 0.25, 0]: scale 1/127, codes 127, -64 (-63.5 to even), 32.
+  p = compress.Compressor("int8", block=4).encode(
+      jnp.asarray([1.0, -0.5, 0.25, 0.0]))
+  assert p["codes"].dtype == jnp.int8
+  np.testing.assert_array_equal(np.asarray(p["codes"]), [[127, -64, 32, 0]])
+  np.testing.assert_allclose(np.asarray(p["scales"]), [1 / 127], rtol=1e-7)
+
+
+def test_fp4_rounds_to_the_e2m1_grid_by_hand():
+  # Scale 6/6 = 1: 6 and -3 are on the grid, 0.75 is a tie (lower kept),
+  # 0.2 rounds to 0, 2.4 to 2, -5.2 to -6 (nearer than -4).
+  v = jnp.asarray([6.0, -3.0, 0.75, 0.2, 2.4, -5.2])
+  got = compress.Compressor("fp4", block=6).roundtrip(v)
+  np.testing.assert_array_equal(np.asarray(got), [6, -3, 0.5, 0, 2, -6])
+  p = compress.Compressor("fp4", block=6).encode(v)
+  assert p["codes"].dtype == jnp.uint8 and p["codes"].shape == (1, 3)
+
+
+def test_fp8_is_float8_e4m3_of_the_scaled_value():
+  v = np.random.default_rng(1).normal(size=(64,)).astype(np.float32)
+  got = np.asarray(compress.Compressor("fp8", block=64).roundtrip(jnp.asarray(v)))
+  scale = np.float32(np.abs(v).max() / 448)
+  ref = (v / scale).astype(jnp.float8_e4m3fn).astype(np.float32) * scale
+  np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("fmt", SCALED)
+def test_roundtrip_error_within_the_format_bound(fmt):
+  c = compress.Compressor(fmt, block=16)
+  v = np.random.default_rng(2).standard_t(3, size=(1000,)).astype(np.float32)
+  got = np.asarray(c.roundtrip(jnp.asarray(v)), np.float64)
+  blockmax = np.repeat(np.abs(_np_blocks(v, 16)).max(axis=1), 16)[:v.size]
+  err = np.abs(got - v) / blockmax
+  assert err.max() <= compress.relative_error_bound(c)
+  assert err.max() > 0.3 * compress.relative_error_bound(c)  # bound not loose
+
+
+def test_topk_keeps_the_largest_magnitudes_of_each_chunk():
+  v = jnp.asarray([0.1, -5.0, 2.0, 0.3, 4.0, -0.2, 0.0, 1.0])
+  got = compress.Compressor("topk", block=4, fraction=0.5).roundtrip(v)
+  np.testing.assert_array_equal(np.asarray(got),
+                                [0, -5, 2, 0, 4, 0, 0, 1])
+
+
+def test_zeros_empty_and_odd_shapes_roundtrip():
+  for fmt in compress.FORMATS:
+    c = compress.Compressor(fmt, block=4, fraction=0.5)
+    for v in (jnp.zeros((3, 3)), jnp.zeros((0,)), jnp.ones((5,))):
+      got = c.roundtrip(v)
+      assert got.shape == v.shape and got.dtype == v.dtype
+    np.testing.assert_array_equal(np.asarray(c.roundtrip(jnp.zeros((3, 3)))),
+                                  0)
+
+
+def test_payload_bytes_by_hand():
+  n = 1000  # 4 blocks of 256 (the last padded)
+  assert compress.Compressor("int8").payload_bytes(n) == 4 * (256 + 4)
+  assert compress.Compressor("fp4").payload_bytes(n) == 4 * (128 + 4)
+  assert compress.Compressor("none").payload_bytes(n, 2) == 2000
+  # top-k: 4 chunks of 256 keep 3 (1%, rounded) values + int16 indices.
+  assert compress.Compressor("topk").payload_bytes(n) == 4 * 3 * (4 + 2)
+
+
+def test_bad_arguments_name_the_argument():
+  with pytest.raises(ValueError, match="format"):
+    compress.Compressor("int3")
+  with pytest.raises(ValueError, match="block"):
+    compress.Compressor("int8", block=1.5)
+  with pytest.raises(ValueError, match="even"):
+    compress.Compressor("int4", block=5)
+  with pytest.raises(ValueError, match="fraction"):
+    compress.Compressor("topk", fraction=0.0)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "topk"])
+def test_error_feedback_tracks_the_cumulative_sum(fmt):
+  c = compress.Compressor(fmt, block=8, fraction=0.25)
+  rng = np.random.default_rng(3)
+  e = jnp.zeros((40,))
+  total_v = np.zeros(40)
+  total_sent = np.zeros(40)
+  for _ in range(50):
+    v = rng.normal(size=40).astype(np.float32)
+    _, sent, e = compress.compress_with_feedback(c, jnp.asarray(v), e)
+    total_v += v
+    total_sent += np.asarray(sent, np.float64)
+  # sum(v) - sum(sent) is exactly the residual e.
+  np.testing.assert_allclose(total_v - total_sent, np.asarray(e), atol=1e-4)
+  if fmt != "topk":  # within one quantization step of the last message
+    bound = compress.relative_error_bound(c)
+    assert np.abs(np.asarray(e)).max() <= bound * (np.abs(total_v).max() + 10)
+
+
+def _ring4_example():
+  topo = topology.make("static_ring", 4)
+  np.testing.assert_allclose(topo.mixing_matrix(0)[0], [1 / 3, 1 / 3, 0, 1 / 3])
+  x0 = np.array([[3, 0, 1], [0, 2, 0], [-1, 0, 4], [2, -2, 0]], np.float64)
+  return topo, x0
+
+
+def _choco_rounds(topo, x0, compressor, gamma, rounds, mesh):
+  tx = choco.choco_gossip(topo, compressor, gamma,
+                          parallel.worker_axis(mesh))
+
+  def run(x):
+    state = tx.init(x)
+
+    def body(_, carry):
+      x, state = carry
+      upd, state = tx.update(jnp.zeros_like(x), state, x)
+      return x + upd, state
+
+    return jax.lax.fori_loop(0, rounds, body, (x, state))
+
+  return jax.jit(parallel.per_worker(run, mesh))(parallel.shard(x0, mesh))
+
+
+def test_choco_worked_example(x64):
+  del x64
+  require_devices(4)
+  topo, x0 = _ring4_example()
+  mesh = parallel.make_mesh(4)
+  top1 = compress.Compressor("topk", block=3, fraction=1 / 3)
+  x1, state = _choco_rounds(topo, x0, top1, 0.5, 1, mesh)
+  np.testing.assert_allclose(np.asarray(state.public),
+                             [[3, 0, 0], [0, 2, 0], [0, 0, 4], [2, 0, 0]])
+  np.testing.assert_allclose(np.asarray(x1), [
+      [7 / 3, 1 / 3, 1], [0.5, 4 / 3, 2 / 3], [-2 / 3, 1 / 3, 8 / 3],
+      [11 / 6, -2, 2 / 3]], atol=1e-12)
+  for rounds in (2, 5):
+    xr, _ = _choco_rounds(topo, x0, top1, 0.5, rounds, mesh)
+    np.testing.assert_allclose(np.asarray(xr).mean(0), [1, 0, 1.25],
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("name,n", [
+    ("static_ring", 5), ("torus", 9),
+    pytest.param("exponential", 6, marks=pytest.mark.slow),
+    pytest.param("complete", 4, marks=pytest.mark.slow)])
+def test_choco_keeps_the_mean_for_1000_rounds(name, n, x64):
+  del x64
+  require_devices(n)
+  topo = topology.make(name, n)
+  mesh = parallel.make_mesh(n)
+  x0 = np.random.default_rng(4).normal(size=(n, 7))
+  xr, _ = _choco_rounds(topo, x0, compress.Compressor("int4", block=4), 0.3,
+                        1000, mesh)
+  np.testing.assert_allclose(np.asarray(xr).mean(0), x0.mean(0), atol=1e-10)
+  # and it does mix: a NumPy run of the same recursion reaches 1e-27
+  assert np.var(np.asarray(xr), axis=0).sum() < 1e-20 * np.var(x0, 0).sum()
+
+
+@pytest.mark.parametrize("name", ["one_peer_exp", "ring",
+                                  "alternating_exp_ring"])
+def test_choco_refuses_a_time_varying_schedule(name):
+  topo = topology.make(name, 8, 4 if name == "alternating_exp_ring" else 1)
+  with pytest.raises(ValueError, match="static mixing matrix"):
+    choco.choco_gossip(topo, compress.Compressor("int8"), 0.5)
+
+
+def test_choco_with_the_identity_and_gamma_one_is_plain_gossip(x64):
+  del x64
+  require_devices(9)
+  topo = topology.make("torus", 9)
+  mesh = parallel.make_mesh(9)
+  x0 = np.random.default_rng(5).normal(size=(9, 5))
+  xr, _ = _choco_rounds(topo, x0, compress.Compressor("none"), 1.0, 2, mesh)
+  ref = topo.mixing_matrix(1) @ topo.mixing_matrix(0) @ x0
+  np.testing.assert_allclose(np.asarray(xr), ref, atol=1e-13)
+
+
+@pytest.mark.parametrize("fmt", compress.FORMATS)
+def test_bytes_in_the_compiled_program_equal_the_hand_count(fmt):
+  require_devices(8)
+  topo = topology.make("ring", 8)  # one permute term per round
+  mesh = parallel.make_mesh(8)
+  c = compress.Compressor(fmt, block=64, fraction=0.125)
+  x = {"w": np.ones((8, 300), np.float32), "b": np.ones((8, 7), np.float32)}
+  axis = parallel.worker_axis(mesh)
+  fn = jax.jit(parallel.per_worker(
+      lambda t: compress.mix_compressed(t, topo, 0, axis, compressor=c), mesh))
+  rep = analysis.communication(fn.lower(parallel.shard(x, mesh)).compile())
+  per_worker_tree = {"w": np.ones(300, np.float32), "b": np.ones(7, np.float32)}
+  hand = compress.payload_bytes_per_round(per_worker_tree, topo, 0, c)
+  assert len(topo.round(0).terms) == 1
+  assert rep.mean_bytes_per_step == hand
+  if fmt == "int8":  # 5 blocks of 64 codes + scales, plus 1 block for "b"
+    assert hand == 5 * (64 + 4) + (64 + 4)
+
+
+def test_mix_compressed_none_equals_gossip_mix(x64):
+  del x64
+  require_devices(8)
+  topo = topology.make("one_peer_exp", 8)
+  mesh = parallel.make_mesh(8)
+  axis = parallel.worker_axis(mesh)
+  x = np.random.default_rng(6).normal(size=(8, 11))
+  xs = parallel.shard(x, mesh)
+  f_c = jax.jit(parallel.per_worker(lambda t, s: compress.mix_compressed(
+      t, topo, s, axis, compressor=compress.Compressor("none")), mesh,
+      replicated_argnums=(1,)))
+  f_g = jax.jit(parallel.per_worker(lambda t, s: gossip.mix(t, topo, s, axis),
+                                    mesh, replicated_argnums=(1,)))
+  for step in range(3):
+    np.testing.assert_allclose(np.asarray(f_c(xs, jnp.int32(step))),
+                               np.asarray(f_g(xs, jnp.int32(step))),
+                               rtol=0, atol=1e-15)
+
+
+def test_choco_inside_an_optax_chain_trains_dsgd():
+  require_devices(4)
+  topo = topology.make("static_ring", 4)
+  mesh = parallel.make_mesh(4)
+  axis = parallel.worker_axis(mesh)
+  tx = optax.chain(optax.sgd(0.1), choco.choco_gossip(
+      topo, compress.Compressor("int8", block=8), 0.5, axis))
+  targets = np.arange(4.0)[:, None] * np.ones((4, 3), np.float32)
+
+  def run(x, c):
+    state = tx.init(x)
+
+    def body(_, carry):
+      x, state = carry
+      upd, state = tx.update(x - c, state, x)  # grad of |x - c|^2 / 2
+      return optax.apply_updates(x, upd), state
+
+    return jax.lax.fori_loop(0, 300, body, (x, state))[0]
+
+  out = jax.jit(parallel.per_worker(run, mesh))(
+      parallel.shard(np.zeros((4, 3), np.float32), mesh),
+      parallel.shard(targets.astype(np.float32), mesh))
+  # D-SGD with a constant step reaches a neighbourhood of the mean target 1.5.
+  assert np.abs(np.asarray(out).mean(0) - 1.5).max() < 1e-3
+  assert np.abs(np.asarray(out) - 1.5).max() < 0.2
+
+
+def test_choco_refuses_bad_arguments():
+  topo = topology.make("static_ring", 4)
+  with pytest.raises(ValueError, match="consensus_step"):
+    choco.choco_gossip(topo, compress.Compressor("int8"), 1.5)
+  with pytest.raises(ValueError, match="compressor"):
+    choco.choco_gossip(topo, "int8", 0.5)
+
+
+def _mean_fn(mesh, c):
+  axis = parallel.worker_axis(mesh)
+  return jax.jit(parallel.per_worker(
+      lambda t: compress.mean_compressed(t, axis, compressor=c), mesh))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp4", "topk"])
+def test_compressed_mean_matches_a_numpy_reference(fmt):
+  require_devices(4)
+  mesh = parallel.make_mesh(4)
+  c = compress.Compressor(fmt, block=8, fraction=0.25)
+  x = np.random.default_rng(7).normal(size=(4, 3, 7)).astype(np.float32)
+  out = np.asarray(_mean_fn(mesh, c)(parallel.shard(x, mesh)))
+  # Reference: deQ(Q(.)) per worker over the padded vector (64 = 4 x 2 x 8
+  # values, shards of 16), float32 sum in worker order, /4, deQ(Q(.)) per
+  # shard, with this module's round trip for one block at a time.
+  pad = np.zeros((4, 64), np.float32)
+  pad[:, :21] = x.reshape(4, -1)
+  sent = np.stack([np.asarray(c.roundtrip(jnp.asarray(r))) for r in pad])
+  total = np.zeros(64, np.float32)
+  for j in range(4):
+    total = total + sent[j]
+  mean = total / np.float32(4)
+  ref = np.concatenate([np.asarray(c.roundtrip(jnp.asarray(mean[16 * s:16 * s + 16])))
+                        for s in range(4)])[:21].reshape(3, 7)
+  for i in range(4):  # every worker holds the same result
+    np.testing.assert_allclose(out[i], ref, rtol=1e-6, atol=1e-7)
+  if fmt == "int8":
+    np.testing.assert_allclose(out[0], x.mean(0), atol=0.05)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "topk"])
+def test_compressed_mean_bytes_equal_the_hand_count(fmt):
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  c = compress.Compressor(fmt, block=16, fraction=0.25)
+  x = {"w": np.ones((8, 300), np.float32)}
+  rep = analysis.communication(
+      _mean_fn(mesh, c).lower(parallel.shard(x, mesh)).compile())
+  hand = compress.mean_payload_bytes({"w": np.ones(300)}, 8, c)
+  assert rep.mean_bytes_per_step == pytest.approx(hand, rel=1e-12)
+  if fmt == "int8":  # 384 padded values = 24 blocks of 16 codes + 4 scale bytes
+    assert hand == pytest.approx(2 * 7 / 8 * 24 * 20)
