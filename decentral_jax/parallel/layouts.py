@@ -27,8 +27,9 @@ the shardings of the step's inputs and outputs, which this module chooses:
   a gossip round (``D`` copies per worker).
 
 Byte accounting: :func:`decentral_jax.analysis.communication` counts bytes
-per *device*; :func:`traffic` adds them up per worker and separates what
-leaves a worker (gossip, All-Reduce) from what stays inside it.
+per *device*; :func:`decentral_jax.analysis.traffic` adds them up per worker
+and separates what leaves a worker (gossip, All-Reduce) from what stays
+inside it.
 
 Gossip buckets (``gossip.mix(..., bucket_bytes > 0)``) concatenate leaves
 into 1-D buffers; with ``"fsdp"`` the compiler reshards each bucket inside
@@ -47,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from decentral_jax import checks
 from decentral_jax.parallel import mesh as parallel
 
 PyTree = Any
@@ -80,16 +82,10 @@ class WorkerLayout:
   split: str = "first"
 
   def __post_init__(self):
-    d = self.devices_per_worker
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-      raise ValueError(f"devices_per_worker must be an integer >= 1, got "
-                       f"{d!r}.")
-    if self.mode not in MODES:
-      raise ValueError(f"worker layout mode must be one of {MODES}, got "
-                       f"{self.mode!r}.")
-    if self.split not in SPLIT_RULES:
-      raise ValueError(f"split must be one of {SPLIT_RULES}, got "
-                       f"{self.split!r}.")
+    checks.check_int("devices_per_worker", self.devices_per_worker,
+                     minimum=1)
+    checks.check_choice("worker layout mode", self.mode, MODES)
+    checks.check_choice("split", self.split, SPLIT_RULES)
 
   @property
   def sharded_state(self) -> bool:
@@ -110,8 +106,13 @@ def inner_dim(shape: Sequence[int], dtype, devices_per_worker: int,
 
   Returns:
     An index into ``shape``, or None (replicated on the worker's devices).
+
+  Raises:
+    ValueError: ``devices_per_worker`` not an integer >= 1, ``split`` not
+      one of :data:`SPLIT_RULES`.
   """
-  d = int(devices_per_worker)
+  d = checks.check_int("devices_per_worker", devices_per_worker, minimum=1)
+  checks.check_choice("split", split, SPLIT_RULES)
   if d <= 1 or not jnp.issubdtype(dtype, jnp.floating):
     return None
   dims = [k for k, s in enumerate(shape) if s >= d and s % d == 0]
@@ -140,6 +141,10 @@ def _leaf_spec(x, mesh: Mesh, layout: WorkerLayout, stacked: bool) -> P:
 
 
 def _check_mesh(mesh: Mesh, layout: WorkerLayout) -> None:
+  parallel.check_mesh(mesh)
+  if not isinstance(layout, WorkerLayout):
+    raise ValueError(f"layout must be a layouts.WorkerLayout, got "
+                     f"{type(layout).__name__}.")
   if parallel.devices_per_worker(mesh) != layout.devices_per_worker:
     raise ValueError(
         f"the mesh has {parallel.devices_per_worker(mesh)} device(s) per "
@@ -165,7 +170,9 @@ def state_specs(tree: PyTree, mesh: Mesh, layout: WorkerLayout, *,
     them); unstacked leaves the same without the worker entry.
 
   Raises:
-    ValueError: ``layout.devices_per_worker`` differs from the mesh's.
+    ValueError: ``mesh`` not from ``parallel.make_mesh``, ``layout`` not a
+      :class:`WorkerLayout`, or ``layout.devices_per_worker`` differs from
+      the mesh's.
   """
   _check_mesh(mesh, layout)
   return jax.tree.map(lambda x: _leaf_spec(x, mesh, layout, stacked), tree)
@@ -211,8 +218,11 @@ def place_batch(tree: PyTree, mesh: Mesh) -> PyTree:
 
 
 def check_batch(tree: PyTree, devices_per_worker: int) -> None:
-  """Raises ``ValueError`` unless every ``[n, B, ...]`` leaf has ``B % D == 0``."""
-  d = int(devices_per_worker)
+  """Raises ``ValueError`` unless every ``[n, B, ...]`` leaf has ``B % D == 0``.
+
+  Also when ``devices_per_worker`` is not an integer >= 1.
+  """
+  d = checks.check_int("devices_per_worker", devices_per_worker, minimum=1)
   if d <= 1:
     return
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
@@ -265,9 +275,7 @@ def check_params(params: PyTree, layout: WorkerLayout, *,
     ValueError: ``unsplit="error"`` and some leaf cannot be split, or an
       unknown ``unsplit``.
   """
-  if unsplit not in ("warn", "error", "ignore"):
-    raise ValueError(f"unsplit must be 'warn', 'error' or 'ignore', got "
-                     f"{unsplit!r}.")
+  checks.check_choice("unsplit", unsplit, ("warn", "error", "ignore"))
   names = unsplit_leaves(params, layout)
   if names and unsplit != "ignore":
     d = layout.devices_per_worker
@@ -283,86 +291,7 @@ def check_params(params: PyTree, layout: WorkerLayout, *,
   return names
 
 
-# ---------------------------------------------------------------------------
-# Bytes per device and per worker.
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Traffic:
-  """Bytes sent per step by multi-device workers, from an HLO report.
-
-  Every tuple has one float (bytes) per scenario of the report; the
-  ``mean_*`` properties weigh them as
-  :attr:`~decentral_jax.analysis.CommunicationReport.mean_bytes_per_step`.
-
-  Attributes:
-    devices_per_worker: ``D``.
-    weights: the scenarios' weights.
-    device: busiest device, everything it sends (the report's figure).
-    device_out: busiest device, bytes to devices of *other* workers.
-    worker: busiest worker, everything its ``D`` devices send.
-    worker_out: busiest worker, bytes its devices send to other workers.
-  """
-  devices_per_worker: int
-  weights: tuple[float, ...]
-  device: tuple[float, ...]
-  device_out: tuple[float, ...]
-  worker: tuple[float, ...]
-  worker_out: tuple[float, ...]
-
-  def _mean(self, xs):
-    return float(sum(w * x for w, x in zip(self.weights, xs)))
-
-  @property
-  def mean_device_out(self) -> float:
-    return self._mean(self.device_out)
-
-  @property
-  def mean_worker_out(self) -> float:
-    return self._mean(self.worker_out)
-
-  @property
-  def mean_worker(self) -> float:
-    return self._mean(self.worker)
-
-
-def traffic(report, devices_per_worker: int) -> Traffic:
-  """Per-device and per-worker bytes of a :class:`~decentral_jax.analysis.CommunicationReport`.
-
-  Device ids of the HLO are positions in the mesh, so worker ``w`` owns ids
-  ``w*D .. w*D+D-1``. Bytes "out" of a worker follow
-  :meth:`~decentral_jax.analysis.Collective.sent_bytes` with
-  ``local_size=D`` (a permute's pair crosses iff its ends lie in different
-  workers; group collectives as a ring in the listed order). With ``D =
-  1``, ``device == device_out == worker == worker_out``.
-
-  Raises:
-    ValueError: the report's device count not divisible by ``D``.
-  """
-  d = int(devices_per_worker)
-  n = report.n_devices
-  if d < 1 or n % d:
-    raise ValueError(f"devices_per_worker={d} must divide the report's "
-                     f"{n} devices.")
-  out = {"device": [], "device_out": [], "worker": [], "worker_out": []}
-  for s in report.scenarios:
-    total = np.zeros(n)
-    leaving = np.zeros(n)
-    for k, times in s.counts:
-      c = report.collectives[k]
-      total += times * c.sent_bytes(n)
-      leaving += times * c.sent_bytes(n, d)
-    for key, per_dev in (("device", total), ("device_out", leaving)):
-      out[key].append(float(per_dev.max()) if n else 0.0)
-    for key, per_dev in (("worker", total), ("worker_out", leaving)):
-      per_worker = per_dev.reshape(-1, d).sum(axis=1)
-      out[key].append(float(per_worker.max()) if n else 0.0)
-  return Traffic(d, tuple(s.weight for s in report.scenarios),
-                 **{k: tuple(v) for k, v in out.items()})
-
-
 __all__: Sequence[str] = (
-    "FSDP", "DATA", "MODES", "WorkerLayout", "Traffic", "batch_sharding",
+    "FSDP", "DATA", "MODES", "WorkerLayout", "batch_sharding",
     "check_batch", "check_params", "inner_dim", "place", "place_batch",
-    "state_shardings", "state_specs", "traffic", "unsplit_leaves")
+    "state_shardings", "state_specs", "unsplit_leaves")
