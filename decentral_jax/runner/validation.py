@@ -8,9 +8,9 @@ the override that fixes it; past it the runner reads fields without
 fallbacks. :func:`check_distributed` checks the ``distributed`` group alone
 (before a multi-process job is joined), :func:`ignored_fields` lists the
 fields set to a value the run would not read (:func:`unread_reason`;
-:func:`check_config` refuses them), :func:`config_warnings` lists accepted but suspicious settings
-and :func:`check_simulated_devices` bounds the CPU devices an entry point
-simulates.
+:func:`check_config` refuses them), :func:`config_warnings` lists accepted
+but suspicious settings and :func:`check_simulated_devices` bounds the CPU
+devices an entry point simulates.
 """
 
 from __future__ import annotations
