@@ -211,6 +211,7 @@ def _tiny_arms(tmp_path, methods):
           compare.arm_configs(base, 4, False, compare.select_runs(methods))]
 
 
+@pytest.mark.integration  # trains two short runs
 def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
     tmp_path, monkeypatch):
   """A stop inside the second run; the same arms again: the first is kept,
