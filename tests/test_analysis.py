@@ -315,6 +315,86 @@ def test_bad_inputs_raise_value_error():
     analysis.communication(_HLO_ASYNC.replace("bf16[5]", "zz9[5]"))
 
 
+def _round_hlo(elements: int, pairs: str) -> str:
+  """4 devices: a permute of f32[elements] over ``pairs`` and, under the
+  diagnostics scope, an all-reduce of f32[2] (8 B) over all of them."""
+  return (
+      "HloModule r, num_partitions=4\n\n"
+      "%add (a: f32[], b: f32[]) -> f32[] {\n"
+      "  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
+      "  ROOT %s = f32[] add(%a, %b)\n}\n\n"
+      f"ENTRY %main (x: f32[{elements}], y: f32[2]) -> f32[{elements}] {{\n"
+      f"  %x = f32[{elements}]{{0}} parameter(0)\n"
+      "  %y = f32[2]{0} parameter(1)\n"
+      "  %d = f32[2]{0} all-reduce(%y), channel_id=2, "
+      "replica_groups={{0,1,2,3}}, to_apply=%add, "
+      'metadata={op_name="jit(step)/diagnostics/reduce_sum"}\n'
+      f"  ROOT %p = f32[{elements}]{{0}} collective-permute(%x), channel_id=1, "
+      f"source_target_pairs={pairs}\n}}\n")
+
+
+# Round A: pairs inside {0,1} and {2,3}, 40 B from every device; round B: a
+# ring 0->1->2->3->0 of 80 B. Period: A, A, B. Diagnostics: a ring
+# all-reduce of 8 B, 2 * 3/4 * 8 = 12 B from every device.
+_ROUND_A = _round_hlo(10, "{{0,1},{1,0},{2,3},{3,2}}")
+_ROUND_B = _round_hlo(20, "{{0,1},{1,2},{2,3},{3,0}}")
+
+
+def test_step_bytes_weighs_the_rounds_of_a_period():
+  got = analysis.step_bytes([(_ROUND_A, 2), (_ROUND_B, 1)], n_workers=4,
+                            param_bytes=40, diagnostics_scope="diagnostics")
+  # (2 * 40 + 80) / 3 per step; the diagnostics add 12 B to every round.
+  assert got == {"bytes_per_step": pytest.approx(160 / 3),
+                 "diagnostics_bytes_per_step": pytest.approx(12.0),
+                 "param_bytes": 40, "ratio": pytest.approx(4 / 3),
+                 "stage": "unoptimized"}
+
+
+def test_step_bytes_of_workers_of_two_devices():
+  # Workers {0,1} and {2,3}: round A stays inside the workers (80 B per
+  # worker); in round B devices 1 and 3 send 80 B to the other worker, and
+  # each worker's other device 80 B inside it. The diagnostics ring leaves
+  # each worker from one device (1 -> 2, 3 -> 0): 12 B.
+  got = analysis.step_bytes([(_ROUND_A, 2), (_ROUND_B, 1)], n_workers=2,
+                            param_bytes=40, diagnostics_scope="diagnostics",
+                            devices_per_worker=2)
+  assert got == {"bytes_per_step": pytest.approx(80 / 3),
+                 "diagnostics_bytes_per_step": pytest.approx(12.0),
+                 "param_bytes": 40, "ratio": pytest.approx(2 / 3),
+                 "stage": "unoptimized", "devices_per_worker": 2,
+                 "device_bytes_per_step": pytest.approx(80 / 3),
+                 "intra_worker_bytes_per_step": pytest.approx(
+                     (2 * 80 + 80) / 3)}
+
+
+def test_step_bytes_of_two_workers_per_device():
+  # 8 workers on the 4 devices: a worker sends half its device's bytes.
+  got = analysis.step_bytes([(_ROUND_A, 2), (_ROUND_B, 1)], n_workers=8,
+                            param_bytes=40, diagnostics_scope="diagnostics",
+                            workers_per_device=2)
+  assert got == {"bytes_per_step": pytest.approx((2 * 20 + 40) / 3),
+                 "diagnostics_bytes_per_step": pytest.approx(6.0),
+                 "param_bytes": 40, "ratio": pytest.approx(2 / 3),
+                 "stage": "unoptimized", "workers_per_device": 2,
+                 "device_bytes_per_step": pytest.approx((2 * 40 + 80) / 3)}
+
+
+def test_step_bytes_bad_arguments():
+  good = dict(n_workers=4, param_bytes=40, diagnostics_scope="diagnostics")
+  for steps, kwargs, match in (
+      ([], {}, "steps is empty"),
+      ([(_ROUND_A, 0)], {}, "count must be an int >= 1"),
+      ([(_ROUND_A, 1)], {"param_bytes": 0}, "param_bytes"),
+      ([(_ROUND_A, 1)], {"stage": "final"}, "stage must be one of"),
+      ([(_ROUND_A, 1)], {"diagnostics_scope": ""}, "diagnostics_scope"),
+      ([(_ROUND_A, 1)], {"devices_per_worker": 2, "workers_per_device": 2},
+       "one of them must be 1"),
+      ([(_ROUND_A, 1)], {"workers_per_device": 3}, "must divide n_workers"),
+      ([(_ROUND_A, 1)], {"n_workers": 2.0}, "n_workers must be an int")):
+    with pytest.raises(ValueError, match=match):
+      analysis.step_bytes(steps, **{**good, **kwargs})
+
+
 def test_tree_bytes():
   tree = {"a": jnp.zeros((3, 5), jnp.float32), "b": jnp.zeros((7,),
                                                               jnp.bfloat16)}

@@ -172,7 +172,7 @@ def test_one_peer_round_bytes_per_device_and_per_worker():
   assert ref.n_devices == N and fsdp.n_devices == data.n_devices == N * D
   # One device per worker: the parameters once per round (2 rounds).
   assert ref.bytes_per_step == (PARAM_BYTES,) * 2
-  t = layouts.traffic(fsdp, D)
+  t = analysis.traffic(fsdp, D)
   # fsdp: every device sends its shard to the peer worker's device.
   assert t.device_out == (PARAM_BYTES / D,) * 2
   assert t.worker_out == (PARAM_BYTES,) * 2
@@ -183,7 +183,7 @@ def test_one_peer_round_bytes_per_device_and_per_worker():
                           for c in permutes)
   # data: every device sends the full parameters (D copies per worker),
   # and the gradient is all-reduced inside the worker.
-  t = layouts.traffic(data, D)
+  t = analysis.traffic(data, D)
   assert t.device_out == (PARAM_BYTES,) * 2
   assert t.worker_out == (D * PARAM_BYTES,) * 2
   assert t.mean_worker > t.mean_worker_out  # intra-worker all-reduce
@@ -191,7 +191,7 @@ def test_one_peer_round_bytes_per_device_and_per_worker():
   assert inner and all(all(len({d // D for d in g}) == 1
                            for g in c.replica_groups) for c in inner)
   # D = 1: traffic is the report's figure.
-  t1 = layouts.traffic(ref, 1)
+  t1 = analysis.traffic(ref, 1)
   assert t1.device == t1.device_out == t1.worker == t1.worker_out == (
       PARAM_BYTES,) * 2
 
@@ -266,7 +266,7 @@ def test_bad_layouts_raise_clear_errors():
   with pytest.raises(ValueError, match="unsplit must be"):
     layouts.check_params({}, layouts.WorkerLayout(D), unsplit="maybe")
   with pytest.raises(ValueError, match="must divide"):
-    layouts.traffic(analysis.communication(
+    analysis.traffic(analysis.communication(
         "HloModule m, num_partitions=6\n\nENTRY %e () -> f32[] {\n"
         "  ROOT %c = f32[] constant(0)\n}\n"), 4)
 

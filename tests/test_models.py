@@ -17,6 +17,7 @@ import optax
 import pytest
 
 from decentral_jax import models
+from decentral_jax import optim
 from decentral_jax.models import cnn
 from decentral_jax.models import gpt
 
@@ -354,7 +355,7 @@ def test_classification_loss_matches_numpy():
 
 
 def test_decay_mask_selects_matrices(small_params):
-  mask = models.decay_mask(small_params)
+  mask = optim.default_weight_decay_mask(small_params)
   assert mask["wte"]["embedding"] and mask["h_0"]["mlp"]["c_fc"]["kernel"]
   assert not mask["h_0"]["mlp"]["c_fc"]["bias"]
   assert not mask["ln_f"]["scale"]

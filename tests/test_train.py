@@ -289,6 +289,64 @@ def test_interrupted_save_never_replaces_last_good(tmp_path, monkeypatch):
                                 np.arange(6.0).reshape(2, 3))
 
 
+def test_checkpointer_filters_orbax_echoes_only_while_open(tmp_path,
+                                                          monkeypatch):
+  import logging  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+  for logger in loggers:  # whatever other tests left installed, put aside
+    monkeypatch.setattr(logger, "filters", [])
+  filters = [[] for _ in loggers]
+
+  def unchanged():
+    return (sys.unraisablehook == seen.append and
+            [list(logger.filters) for logger in loggers] == filters)
+
+  class OrbaxThing:
+    def __repr__(self):
+      return "<orbax.checkpoint future>"
+
+  echo = types.SimpleNamespace(exc_type=RuntimeError,
+                               exc_value=RuntimeError("boom"),
+                               exc_traceback=None, err_msg=None,
+                               object=OrbaxThing())
+  other = types.SimpleNamespace(exc_type=RuntimeError,
+                                exc_value=RuntimeError("boom"),
+                                exc_traceback=None, err_msg=None,
+                                object="a user's generator")
+  record = logging.LogRecord("absl", logging.ERROR, "orbax/manager.py", 1,
+                             "save failed", None,
+                             (OSError, OSError("disk"), None))
+  with checkpoint.Checkpointer(str(tmp_path / "a")) as ckpt:
+    assert not unchanged()
+    sys.unraisablehook(echo)
+    sys.unraisablehook(other)
+    assert seen == [other]  # the Orbax echo is dropped, the rest passes
+    assert not loggers[0].filter(record)
+    state = {"w": jax.numpy.arange(4.0)}
+    ckpt.save(1, state, {"step": 1})
+  assert unchanged()
+  sys.unraisablehook(echo)
+  assert seen == [other, echo]  # after closing, nothing is filtered
+  assert loggers[0].filter(record)
+  # Two open at once, closed in the order they were opened.
+  first = checkpoint.Checkpointer(str(tmp_path / "a"))
+  second = checkpoint.Checkpointer(str(tmp_path / "b"))
+  first.close()
+  assert not unchanged()
+  second.close()
+  assert unchanged()
+  # A directory that cannot be created: nothing is left installed.
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(ValueError, match="checkpoint directory"):
+    checkpoint.Checkpointer(str(tmp_path / "file" / "ckpt"))
+  assert unchanged()
+
+
 def test_all_reduce_matches_single_model_adamw():
   """All-Reduce on 8 workers == one AdamW model on the global batch."""
   require_devices(N)
@@ -307,7 +365,7 @@ def test_all_reduce_matches_single_model_adamw():
       optax.clip_by_global_norm(0.5),
       optax.adamw(exp.schedule, b1=c.optimizer.b1, b2=c.optimizer.b2,
                   eps=c.optimizer.eps, weight_decay=c.optimizer.weight_decay,
-                  mask=lambda q: jax.tree.map(lambda x: x.ndim >= 2, q)))
+                  mask=optim.default_weight_decay_mask))
   ref_state = ref_tx.init(p)
 
   @jax.jit

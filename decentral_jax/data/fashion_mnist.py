@@ -134,9 +134,14 @@ def load(data_dir: str | os.PathLike = DEFAULT_DIR) -> dict[str, np.ndarray]:
   return out
 
 
-def to_float(images: np.ndarray) -> np.ndarray:
-  """uint8 images [..., H, W] -> float32 [..., H, W, 1] in [0, 1]."""
-  return (np.asarray(images, np.float32) / 255.0)[..., None]
+def to_float(images):
+  """uint8 images [..., H, W] -> float32 [..., H, W, 1] in [0, 1]: ``x / 255``.
+
+  NumPy arrays (or nested lists) give a NumPy array; a JAX array (also
+  inside ``jax.jit``, as in the CNN task's loss) gives a JAX array.
+  """
+  x = images if hasattr(images, "astype") else np.asarray(images)
+  return x.astype(np.float32)[..., None] / 255.0
 
 
 class ArraySampler:

@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -17,8 +15,6 @@ from decentral_jax.models import gpt
 from decentral_jax.models.cnn import CNN
 from decentral_jax.models.gpt import GPT
 from decentral_jax.models.gpt import GPTConfig
-
-PyTree = Any
 
 
 def lm_loss(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -68,17 +64,3 @@ def classification_loss(logits: jax.Array,
                       .astype(jnp.float32))
   return loss, accuracy
 
-
-def decay_mask(params: PyTree) -> PyTree:
-  """Weight-decay mask: True for leaves with ndim >= 2 (matrices, kernels).
-
-  Biases, LayerNorm scales and other vectors get no decay, as in nanoGPT and
-  the paper's GPT-2 and CNN setups. Pass as ``mask=`` to AdamW.
-
-  Args:
-    params: parameter pytree.
-
-  Returns:
-    A pytree of Python bools with the structure of ``params``.
-  """
-  return jax.tree.map(lambda x: jnp.ndim(x) >= 2, params)

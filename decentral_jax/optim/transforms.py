@@ -283,7 +283,15 @@ def decentralized(inner: optax.GradientTransformation,
 
 
 def default_weight_decay_mask(params: PyTree) -> PyTree:
-  """``True`` for leaves with ``ndim >= 2`` (matrices, kernels), else False."""
+  """``True`` for leaves with ``ndim >= 2`` (matrices, kernels), else False.
+
+  Biases, LayerNorm scales and other vectors get no decay, as in nanoGPT
+  and the paper's GPT-2 and CNN setups. Pass as ``mask=`` to AdamW (or
+  ``mask="ndim>=2"`` to :func:`decentralized_adamw`).
+
+  Returns:
+    A pytree of Python bools with the structure of ``params``.
+  """
   return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)
 
 

@@ -4,7 +4,8 @@
   per device, or ``D`` devices per worker), ``shard``, ``per_worker``;
   re-exported here.
 - :mod:`~decentral_jax.parallel.layouts`: workers of several devices
-  (``fsdp`` / ``data`` placement, per-worker traffic).
+  (``fsdp`` / ``data`` placement; their bytes per worker are
+  :func:`decentral_jax.analysis.traffic`).
 
 Imports :mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
 """

@@ -27,8 +27,9 @@ the shardings of the step's inputs and outputs, which this module chooses:
   a gossip round (``D`` copies per worker).
 
 Byte accounting: :func:`decentral_jax.analysis.communication` counts bytes
-per *device*; :func:`traffic` adds them up per worker and separates what
-leaves a worker (gossip, All-Reduce) from what stays inside it.
+per *device*; :func:`decentral_jax.analysis.traffic` adds them up per worker
+and separates what leaves a worker (gossip, All-Reduce) from what stays
+inside it.
 
 Gossip buckets (``gossip.mix(..., bucket_bytes > 0)``) concatenate leaves
 into 1-D buffers; with ``"fsdp"`` the compiler reshards each bucket inside
@@ -283,86 +284,7 @@ def check_params(params: PyTree, layout: WorkerLayout, *,
   return names
 
 
-# ---------------------------------------------------------------------------
-# Bytes per device and per worker.
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Traffic:
-  """Bytes sent per step by multi-device workers, from an HLO report.
-
-  Every tuple has one float (bytes) per scenario of the report; the
-  ``mean_*`` properties weigh them as
-  :attr:`~decentral_jax.analysis.CommunicationReport.mean_bytes_per_step`.
-
-  Attributes:
-    devices_per_worker: ``D``.
-    weights: the scenarios' weights.
-    device: busiest device, everything it sends (the report's figure).
-    device_out: busiest device, bytes to devices of *other* workers.
-    worker: busiest worker, everything its ``D`` devices send.
-    worker_out: busiest worker, bytes its devices send to other workers.
-  """
-  devices_per_worker: int
-  weights: tuple[float, ...]
-  device: tuple[float, ...]
-  device_out: tuple[float, ...]
-  worker: tuple[float, ...]
-  worker_out: tuple[float, ...]
-
-  def _mean(self, xs):
-    return float(sum(w * x for w, x in zip(self.weights, xs)))
-
-  @property
-  def mean_device_out(self) -> float:
-    return self._mean(self.device_out)
-
-  @property
-  def mean_worker_out(self) -> float:
-    return self._mean(self.worker_out)
-
-  @property
-  def mean_worker(self) -> float:
-    return self._mean(self.worker)
-
-
-def traffic(report, devices_per_worker: int) -> Traffic:
-  """Per-device and per-worker bytes of a :class:`~decentral_jax.analysis.CommunicationReport`.
-
-  Device ids of the HLO are positions in the mesh, so worker ``w`` owns ids
-  ``w*D .. w*D+D-1``. Bytes "out" of a worker follow
-  :meth:`~decentral_jax.analysis.Collective.sent_bytes` with
-  ``local_size=D`` (a permute's pair crosses iff its ends lie in different
-  workers; group collectives as a ring in the listed order). With ``D =
-  1``, ``device == device_out == worker == worker_out``.
-
-  Raises:
-    ValueError: the report's device count not divisible by ``D``.
-  """
-  d = int(devices_per_worker)
-  n = report.n_devices
-  if d < 1 or n % d:
-    raise ValueError(f"devices_per_worker={d} must divide the report's "
-                     f"{n} devices.")
-  out = {"device": [], "device_out": [], "worker": [], "worker_out": []}
-  for s in report.scenarios:
-    total = np.zeros(n)
-    leaving = np.zeros(n)
-    for k, times in s.counts:
-      c = report.collectives[k]
-      total += times * c.sent_bytes(n)
-      leaving += times * c.sent_bytes(n, d)
-    for key, per_dev in (("device", total), ("device_out", leaving)):
-      out[key].append(float(per_dev.max()) if n else 0.0)
-    for key, per_dev in (("worker", total), ("worker_out", leaving)):
-      per_worker = per_dev.reshape(-1, d).sum(axis=1)
-      out[key].append(float(per_worker.max()) if n else 0.0)
-  return Traffic(d, tuple(s.weight for s in report.scenarios),
-                 **{k: tuple(v) for k, v in out.items()})
-
-
 __all__: Sequence[str] = (
-    "FSDP", "DATA", "MODES", "WorkerLayout", "Traffic", "batch_sharding",
+    "FSDP", "DATA", "MODES", "WorkerLayout", "batch_sharding",
     "check_batch", "check_params", "inner_dim", "place", "place_batch",
-    "state_shardings", "state_specs", "traffic", "unsplit_leaves")
+    "state_shardings", "state_specs", "unsplit_leaves")

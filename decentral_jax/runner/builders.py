@@ -17,7 +17,6 @@ from ml_collections import config_dict
 
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_updates
-from decentral_jax import models
 from decentral_jax.optim import transforms as optim
 from decentral_jax.optim import push_sum
 from decentral_jax.topology import schedules as topology_lib
@@ -68,7 +67,7 @@ def _adam(config, schedule) -> list[optax.GradientTransformation]:
   Weight decay on leaves with ``ndim >= 2``; the learning rate ``schedule``.
   """
   o = config.optimizer
-  mask = models.decay_mask
+  mask = optim.default_weight_decay_mask
   if o.name == "adamw":
     return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                         weight_decay=o.weight_decay, mask=mask)]
@@ -95,7 +94,8 @@ def _decentralized(config, schedule, topology, axis_name):
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
   return _clipped(config, optim.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
-      weight_decay=o.weight_decay, mask=models.decay_mask, accum_steps=accum,
+      weight_decay=o.weight_decay, mask=optim.default_weight_decay_mask,
+      accum_steps=accum,
       axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype],
       gossip_every=int(config.gossip_every),
       bucket_bytes=int(config.bucket_bytes),

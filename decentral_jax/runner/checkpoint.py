@@ -25,7 +25,9 @@ directory and the OS error, in one line) from the first
 :meth:`~Checkpointer.poll`, :meth:`~Checkpointer.wait` or
 :meth:`~Checkpointer.save` after it; an unreadable checkpoint raises
 :class:`CheckpointError`; both are ``ValueError`` subclasses. Orbax's own
-tracebacks of the same failure are dropped from the logs.
+tracebacks of the same failure are dropped from the logs while the
+:class:`Checkpointer` is open (for the whole process after
+:func:`quiet_orbax_logs`, which the command-line programs call).
 """
 
 from __future__ import annotations
@@ -100,26 +102,74 @@ def _orbax_unraisable(unraisable) -> bool:
       (None, None, tb))
 
 
-def _install_filter(quiet_info: bool) -> None:
-  hook = sys.unraisablehook
-  if not getattr(hook, "_drops_orbax_echoes", False):
-    def filtered(unraisable, chained=hook):
-      if not _orbax_unraisable(unraisable):
-        chained(unraisable)
-    filtered._drops_orbax_echoes = True  # pylint: disable=protected-access
-    sys.unraisablehook = filtered
-  for name in ("absl", "asyncio"):
-    logger = logging.getLogger(name)
-    mine = [f for f in logger.filters if isinstance(f, _OrbaxNoise)]
-    if not mine:
-      logger.addFilter(_OrbaxNoise(quiet_info))
-    elif quiet_info:
-      mine[0].quiet_info = True
+_NOISY_LOGGERS = ("absl", "asyncio")
+
+
+def _echo_hook(chained):
+  """An unraisable hook that drops Orbax's echoes and passes the rest on."""
+  def filtered(unraisable):
+    if not (filtered.active and _orbax_unraisable(unraisable)):
+      chained(unraisable)
+  filtered.active, filtered.chained = True, chained
+  return filtered
+
+
+class _EchoFilter:
+  """Orbax's echoes of errors raised here, dropped while installed.
+
+  :meth:`install` adds an :class:`_OrbaxNoise` filter to the ``absl`` and
+  ``asyncio`` loggers and an unraisable hook chained to the current one;
+  :meth:`remove` takes them off again. If another hook was installed over
+  this one in between, this one stays in the chain but stops filtering, and
+  is unlinked when the hook over it is removed, so any order of removals
+  leaves ``sys.unraisablehook`` as it was.
+  """
+
+  def __init__(self):
+    self._filters = []
+    self._hook = None
+
+  def install(self) -> None:
+    for name in _NOISY_LOGGERS:
+      logger, noise = logging.getLogger(name), _OrbaxNoise(quiet_info=False)
+      logger.addFilter(noise)
+      self._filters.append((logger, noise))
+    self._hook = _echo_hook(sys.unraisablehook)
+    sys.unraisablehook = self._hook
+
+  def remove(self) -> None:
+    for logger, noise in self._filters:
+      logger.removeFilter(noise)
+    self._filters = []
+    hook, self._hook = self._hook, None
+    if hook is None:
+      return
+    hook.active = False
+    if sys.unraisablehook is hook:
+      previous = hook.chained
+      while getattr(previous, "active", True) is False:  # removed before
+        previous = previous.chained
+      sys.unraisablehook = previous
+
+
+_quieted = []  # the filters of quiet_orbax_logs, once installed
 
 
 def quiet_orbax_logs() -> None:
-  """Hides Orbax's INFO messages on the ``absl`` logger (warnings stay)."""
-  _install_filter(quiet_info=True)
+  """Hides Orbax's INFO messages and its echoes of errors raised here.
+
+  For command-line programs: installs, for the rest of the process, a
+  filter on the ``absl`` and ``asyncio`` loggers (warnings stay) and an
+  unraisable hook dropping Orbax's "ignored" exceptions. A
+  :class:`Checkpointer` drops the echoes by itself while it is open.
+  """
+  if _quieted:
+    return
+  for name in _NOISY_LOGGERS:
+    noise = _OrbaxNoise(quiet_info=True)
+    logging.getLogger(name).addFilter(noise)
+    _quieted.append(noise)
+  sys.unraisablehook = _echo_hook(sys.unraisablehook)
 
 
 def abstract_like(tree: PyTree) -> PyTree:
@@ -223,6 +273,10 @@ class Checkpointer:
   a failed save without blocking, :meth:`wait` / :meth:`close` block until
   the files are committed. The directory must not be written by anything
   else while it is open (:mod:`decentral_jax.runner.workdir` locks it for a run).
+  While it is open, Orbax's log records and "ignored" exceptions that echo
+  an error raised here are dropped (filters on the ``absl`` and ``asyncio``
+  loggers, ``sys.unraisablehook``); :meth:`close` (or leaving a ``with``
+  block) removes them again.
 
   Attributes:
     directory: absolute path of the checkpoint directory.
@@ -247,7 +301,15 @@ class Checkpointer:
     """
     if max_to_keep < 1:
       raise ValueError(f"keep_checkpoints must be >= 1, got {max_to_keep}.")
-    _install_filter(quiet_info=False)
+    self._echoes = _EchoFilter()
+    self._echoes.install()
+    try:
+      self._open(directory, max_to_keep, async_save)
+    except BaseException:
+      self._echoes.remove()
+      raise
+
+  def _open(self, directory: str, max_to_keep: int, async_save: bool) -> None:
     self.directory = os.path.abspath(directory)
     self._main = jax.process_index() == 0
     self._async = async_save
@@ -268,6 +330,19 @@ class Checkpointer:
         async_options=ocp.AsyncOptions(
             post_finalization_callback=self._before_commit))
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def __enter__(self) -> "Checkpointer":
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    """Closes; with an exception in flight a failed save is only logged."""
+    if exc is None:
+      self.close()
+      return
+    try:
+      self.close()
+    except CheckpointWriteError as e:  # behind the first
+      logging.error("%s", e)
 
   # -- listing and verification ---------------------------------------------
 
@@ -452,6 +527,9 @@ class Checkpointer:
     """Waits for pending saves and releases the manager's resources.
 
     After a failed save, removes its temporary directory (process 0).
+    Removes the log filters and the unraisable hook installed when the
+    checkpointer was opened (``sys.unraisablehook`` and the loggers' filters
+    are then what they were).
 
     Raises:
       CheckpointWriteError: the pending save failed.
@@ -462,11 +540,16 @@ class Checkpointer:
     except CheckpointWriteError as e:
       error = e
     try:
-      self._manager.close()
-    except Exception:  # pylint: disable=broad-exception-caught
-      pass  # Orbax raising the error of a failed save again
-    if self._failed and self._main:
-      self._remove_tmp_dirs()
+      try:
+        self._manager.close()
+      except Exception:  # pylint: disable=broad-exception-caught
+        pass  # Orbax raising the error of a failed save again
+      if self._failed and self._main:
+        self._remove_tmp_dirs()
+    finally:
+      if self._echoes is not None:
+        self._echoes.remove()
+        self._echoes = None
     if error is not None:
       raise error
 

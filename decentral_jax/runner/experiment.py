@@ -48,6 +48,7 @@ References:
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 
@@ -56,8 +57,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import config_dict
 
+from decentral_jax import analysis
 from decentral_jax.runner import agreement
-from decentral_jax.analysis import accounting as analysis
 from decentral_jax.runner import builders
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
@@ -131,6 +132,77 @@ def _check_multi_process(c, n: int, n_devices: int, node_aware: bool) -> None:
                        f"config.{e}") from None
 
 
+def _check_config(c, multi_process: bool) -> None:
+  """Validates the config (agreed between processes first) and the job."""
+  if multi_process:
+    # First, so that a field that differs is reported on every process
+    # before any check that could fail on some processes only.
+    agreement.check_same_config(c)
+  validation.check_config(c)
+  if c.distributed.enabled and not jax.distributed.is_initialized():
+    raise ValueError(
+        "config.distributed.enabled=True but this process has not joined "
+        "a multi-process job; call decentral_jax.runner.launch."
+        "initialize_from_config(config) before JAX touches devices "
+        "(experiments/train.py does), or set "
+        "--config.distributed.enabled=False.")
+
+
+def _workers_per_device(c, multi_process: bool) -> int:
+  """``config.workers_per_device``, refused above 1 in a multi-process job."""
+  wpd = int(c.workers_per_device)
+  if wpd > 1 and multi_process:
+    raise ValueError(
+        f"config.workers_per_device={wpd} is supported in single-process "
+        "runs only (a multi-process job puts one worker on every device); "
+        "set --config.workers_per_device=1.")
+  return wpd
+
+
+def _make_topology(c, workers_per_device: int):
+  """(the gossip topology or None, whether the mesh is node-aware).
+
+  With ``K > 1`` workers per device node-aware rounds run as two-level
+  permutes on a flat mesh, so the mesh is never node-aware then.
+  """
+  if not builders.ALGORITHMS[c.algorithm].uses_topology:
+    return None, False
+  n, local_size = int(c.n_workers), int(c.workers_per_node)
+  try:
+    topology = topology_lib.make(c.topology, n, local_size)
+  except ValueError as e:
+    raise ValueError(f"config.topology={c.topology!r} with config."
+                     f"n_workers={n}, workers_per_node={local_size}: {e}"
+                     ) from None
+  node_aware = (workers_per_device == 1 and
+                parallel.is_node_aware(topology, local_size))
+  return topology, node_aware
+
+
+def _make_mesh(c, devices: list, node_aware: bool):
+  """The worker mesh; its errors name the config fields to change."""
+  n, dpw = int(c.n_workers), int(c.devices_per_worker)
+  wpd = int(c.workers_per_device)
+  try:
+    return parallel.make_mesh(n, int(c.workers_per_node),
+                              node_aware=node_aware, devices=devices,
+                              devices_per_worker=dpw, workers_per_device=wpd)
+  except ValueError as e:
+    if wpd > 1:
+      raise ValueError(
+          f"config.n_workers={n} at config.workers_per_device={wpd}: {e} "
+          "Raise --config.workers_per_device or lower --config.n_workers."
+          ) from None
+    if dpw > 1:
+      raise ValueError(
+          f"config.n_workers={n} x config.devices_per_worker={dpw}: {e} "
+          "Lower --config.n_workers or --config.devices_per_worker."
+          ) from None
+    raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
+                     "sets this by itself on CPU; otherwise lower "
+                     "--config.n_workers.") from None
+
+
 class Experiment:
   """Everything a run needs except the file system, built from a config.
 
@@ -188,122 +260,97 @@ class Experiment:
         parameters that differ between processes.
     """
     multi_process = jax.process_count() > 1
-    if multi_process:
-      # First, so that a field that differs is reported on every process
-      # before any check that could fail on some processes only.
-      agreement.check_same_config(config)
-    validation.check_config(config)
+    _check_config(config, multi_process)
     c = self.config = config
-    if c.distributed.enabled and not jax.distributed.is_initialized():
-      raise ValueError(
-          "config.distributed.enabled=True but this process has not joined "
-          "a multi-process job; call decentral_jax.runner.launch."
-          "initialize_from_config(config) before JAX touches devices "
-          "(experiments/train.py does), or set "
-          "--config.distributed.enabled=False.")
     if devices is None:
       devices = multiprocess.ordered_devices()
     self.n_workers = n = int(c.n_workers)
     self.local_batch = int(c.global_batch) // n
     self.layout = worker_layout_of(c)
-    dpw = self.layout.devices_per_worker
-    self.workers_per_device = wpd = int(c.workers_per_device)
-    if wpd > 1 and multi_process:
-      raise ValueError(
-          f"config.workers_per_device={wpd} is supported in single-process "
-          "runs only (a multi-process job puts one worker on every device); "
-          "set --config.workers_per_device=1.")
-    local_size = int(c.workers_per_node)
-    self.topology = None
-    node_aware = False
-    if builders.ALGORITHMS[c.algorithm].uses_topology:
-      try:
-        self.topology = topology_lib.make(c.topology, n, local_size)
-      except ValueError as e:
-        raise ValueError(f"config.topology={c.topology!r} with config."
-                         f"n_workers={n}, workers_per_node={local_size}: {e}"
-                         ) from None
-      # K workers per device: node-aware rounds run as two-level permutes.
-      node_aware = (wpd == 1 and
-                    parallel.is_node_aware(self.topology, local_size))
+    self.workers_per_device = _workers_per_device(c, multi_process)
+    self.topology, node_aware = _make_topology(c, self.workers_per_device)
     if multi_process:
       _check_multi_process(c, n, len(devices), node_aware)
-    try:
-      self.mesh = parallel.make_mesh(n, local_size, node_aware=node_aware,
-                                     devices=devices,
-                                     devices_per_worker=dpw,
-                                     workers_per_device=wpd)
-    except ValueError as e:
-      if wpd > 1:
-        raise ValueError(
-            f"config.n_workers={n} at config.workers_per_device={wpd}: {e} "
-            "Raise --config.workers_per_device or lower --config.n_workers."
-            ) from None
-      if dpw > 1:
-        raise ValueError(
-            f"config.n_workers={n} x config.devices_per_worker={dpw}: {e} "
-            "Lower --config.n_workers or --config.devices_per_worker."
-            ) from None
-      raise ValueError(f"config.n_workers={n}: {e} experiments/train.py "
-                       "sets this by itself on CPU; otherwise lower "
-                       "--config.n_workers.") from None
+    self.mesh = _make_mesh(c, devices, node_aware)
     self.local_workers = (multiprocess.process_workers(self.mesh)
-                          if wpd == 1 else np.arange(n, dtype=np.int64))
+                          if self.workers_per_device == 1
+                          else np.arange(n, dtype=np.int64))
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
     self._batch_sharding = layouts.batch_sharding(self.mesh)
     root = jax.random.key(int(c.seed))
     self._init_key, self._dropout_key = jax.random.split(root)
     self._params0 = None
-    if multi_process:
-      self.task = self._agreed_task()
-    else:
-      self.task = tasks.make_task(c, n, self.local_batch)
+    self.task = (self._agreed_task() if multi_process else
+                 tasks.make_task(c, n, self.local_batch))
     self.unit = self.task.unit
     self.tokens_per_step = self.task.units_per_step
     self.schedule = builders.make_schedule(c)
     self.tx = builders.make_optimizer(c, self.schedule, self.topology,
                                       self.axis_name)
     self._batch_workers = self.local_workers if multi_process else None
-    self.param_count = sum(
-        int(np.prod(x.shape)) for x in
-        jax.tree.leaves(jax.eval_shape(self.task.init_params,
-                                       self._init_key)))
+    self.param_count = sum(int(np.prod(x.shape)) for x in
+                           jax.tree.leaves(self._param_shapes()))
     self._eval_rows, self._eval_common = self._place_eval_set()
-    init = parallel.per_worker(
-        functools.partial(step_lib.init_state, tx=self.tx), self.mesh,
-        replicated_argnums=(0, 1))
-    self._state_shardings = None
-    if dpw > 1:  # fix the state's layout over each worker's devices
-      shapes = jax.eval_shape(self.task.init_params, self._init_key)
-      layouts.check_params(
-          shapes, self.layout, what=f"config.worker_layout='fsdp' with "
-          f"config.devices_per_worker={dpw}: ")
-      self._state_shardings = layouts.state_shardings(
-          jax.eval_shape(init, shapes, jax.random.key_data(
-              self._dropout_key)), self.mesh, self.layout)
-    self._init_fn = (jax.jit(init) if self._state_shardings is None else
-                     jax.jit(init, out_shardings=self._state_shardings))
-    # Gossip round dispatch: "switch" compiles the whole schedule once (the
-    # round is picked in-graph with lax.switch); "static" compiles one step
-    # per distinct round (the host picks it from the step number), so the
-    # collective sits outside any conditional and XLA can overlap it with
-    # the forward/backward pass on accelerators.
+    self._state_shardings, self._init_fn = self._build_init()
     self.gossip_rounds = c.gossip_rounds
     self.train_step_traces = 0
     # Multi-process: metrics are gathered inside the step, so every process
     # reads step t-1's metrics locally while step t runs.
     self._gathered = (1,) if multi_process else ()
+    self._round_steps = self._build_train_steps()
+    self._eval_step = self._build_eval_step()
+
+  # -- builders --------------------------------------------------------------
+
+  def _param_shapes(self):
+    """``jax.ShapeDtypeStruct`` leaves of one worker's parameters."""
+    return jax.eval_shape(self.task.init_params, self._init_key)
+
+  def _build_init(self):
+    """(state shardings or None, jitted ``init(params, rng_data) -> state``).
+
+    With ``devices_per_worker > 1`` the state's layout over each worker's
+    devices is fixed here (``layouts.state_shardings``); otherwise the
+    jitted functions pick it.
+    """
+    init = parallel.per_worker(
+        functools.partial(step_lib.init_state, tx=self.tx), self.mesh,
+        replicated_argnums=(0, 1))
+    dpw = self.layout.devices_per_worker
+    if dpw == 1:
+      return None, jax.jit(init)
+    shapes = self._param_shapes()
+    layouts.check_params(
+        shapes, self.layout, what=f"config.worker_layout='fsdp' with "
+        f"config.devices_per_worker={dpw}: ")
+    shardings = layouts.state_shardings(
+        jax.eval_shape(init, shapes, jax.random.key_data(self._dropout_key)),
+        self.mesh, self.layout)
+    return shardings, jax.jit(init, out_shardings=shardings)
+
+  def _build_train_steps(self) -> dict:
+    """Jitted train steps by distinct gossip round (key None: one for all).
+
+    ``"switch"`` compiles the whole schedule once (the round is picked
+    in-graph with ``lax.switch``); ``"static"`` compiles one step per
+    distinct round (the host picks it from the step number), so the
+    collective sits outside any conditional and XLA can overlap it with the
+    forward/backward pass on accelerators.
+    """
     distinct = (self.topology.distinct_rounds if self.topology is not None
                 else ())
-    self._round_steps = {}
-    if self.gossip_rounds == "static" and len(distinct) > 1:
-      for r, d in enumerate(self.topology.round_to_distinct):
-        if d not in self._round_steps:
-          self._round_steps[d] = self._jit_step(r)
-    else:
-      self._round_steps[None] = self._jit_step(None)
-    algorithm = builders.ALGORITHMS[c.algorithm]
+    if self.gossip_rounds != "static" or len(distinct) <= 1:
+      return {None: self._jit_step(None)}
+    steps = {}
+    for r, d in enumerate(self.topology.round_to_distinct):
+      if d not in steps:
+        steps[d] = self._jit_step(r)
+    return steps
+
+  def _build_eval_step(self):
+    """The jitted evaluation over all workers (see :meth:`evaluate`)."""
+    algorithm = builders.ALGORITHMS[self.config.algorithm]
 
     def eval_worker(params, opt_state, rows, common):
       own = (params if algorithm.model_params is None
@@ -313,7 +360,7 @@ class Experiment:
       return step_lib.eval_step(own, rows, common, loss_fn=self.task.loss,
                                 axis_name=self.axis_name, averaged=averaged)
 
-    self._eval_step = jax.jit(parallel.per_worker(
+    return jax.jit(parallel.per_worker(
         eval_worker, self.mesh, replicated_argnums=(3,)))
 
   def _agreed_task(self) -> tasks.Task:
@@ -449,7 +496,7 @@ class Experiment:
 
     Lowers (and for ``stage="optimized"`` compiles) the train step with
     ``state`` and ``batch`` (not donated, nothing runs) and reads it with
-    :func:`decentral_jax.analysis.communication`: the mean over a period, in
+    :func:`decentral_jax.analysis.step_bytes`: the mean over a period, in
     which a sync every ``H`` steps counts ``1 / H`` and the rounds of a
     topology count by how often they occur. ``"unoptimized"`` (the default
     with one device per worker) is what the program asks for, e.g.
@@ -473,7 +520,7 @@ class Experiment:
     ``"fsdp"`` a one-peer round is ``param_bytes``: ``param_bytes / D`` from
     each device; with ``"data"`` ``D x param_bytes``), and the extra keys
     give the per-device figure and the traffic inside a worker
-    (:func:`decentral_jax.parallel.layouts.traffic`).
+    (:func:`decentral_jax.analysis.traffic`).
 
     Returns:
       ``{"bytes_per_step": float (the method's bytes, diagnostics left
@@ -486,58 +533,21 @@ class Experiment:
       to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
       worker, between its own devices), diagnostics left out.
     """
-    counts = {}
     if None in self._round_steps:
-      counts[None] = 1
+      counts = {None: 1}
     else:
-      for d in self.topology.round_to_distinct:
-        counts[d] = counts.get(d, 0) + 1
+      counts = collections.Counter(self.topology.round_to_distinct)
     dpw = self.layout.devices_per_worker
     if stage is None:
       stage = "unoptimized" if dpw == 1 else "optimized"
-    wpd = self.workers_per_device
-    total = everything = device = intra = 0.0
-    for d, k in counts.items():
-      # One lowering (and compile) as text serves both reports.
-      text = analysis.hlo_text(self._round_steps[d].lower(state, batch), stage)
-      for scope in (step_lib.DIAGNOSTICS_SCOPE, None):
-        rep = analysis.communication(text,
-                                     n_devices=self.n_workers * dpw // wpd,
-                                     exclude_scope=scope)
-        if wpd > 1:
-          mean = rep.mean_bytes_per_step / wpd
-          if scope:
-            device += k * rep.mean_bytes_per_step
-        elif dpw == 1:
-          mean = rep.mean_bytes_per_step
-        else:
-          t = layouts.traffic(rep, dpw)
-          mean = t.mean_worker_out
-          if scope:
-            device += k * t.mean_device_out
-            intra += k * (t.mean_worker - t.mean_worker_out)
-        if scope:
-          total += k * mean
-        else:
-          everything += k * mean
-    per_step = total / sum(counts.values())
-    diagnostics = everything / sum(counts.values()) - per_step
-    param_bytes = analysis.tree_bytes(self._params0 if self._params0 is not None
-                                      else jax.eval_shape(
-                                          self.task.init_params,
-                                          self._init_key))
-    out = {"bytes_per_step": per_step,
-           "diagnostics_bytes_per_step": diagnostics,
-           "param_bytes": param_bytes, "ratio": per_step / param_bytes,
-           "stage": stage}
-    if wpd > 1:
-      out.update(workers_per_device=wpd,
-                 device_bytes_per_step=device / sum(counts.values()))
-    if dpw > 1:
-      runs = sum(counts.values())
-      out.update(devices_per_worker=dpw, device_bytes_per_step=device / runs,
-                 intra_worker_bytes_per_step=intra / runs)
-    return out
+    params = (self._params0 if self._params0 is not None
+              else self._param_shapes())
+    return analysis.step_bytes(
+        [(self._round_steps[d].lower(state, batch), k)
+         for d, k in counts.items()],
+        n_workers=self.n_workers, param_bytes=analysis.tree_bytes(params),
+        diagnostics_scope=step_lib.DIAGNOSTICS_SCOPE, stage=stage,
+        devices_per_worker=dpw, workers_per_device=self.workers_per_device)
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
     """Validation metrics; ``state`` is read only (training is unaffected).

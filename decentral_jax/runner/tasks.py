@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_dict
 
@@ -107,22 +106,9 @@ def _check_token_bins(tokens, vocab: int):
   return wrap
 
 
-def lm_task(config: config_dict.ConfigDict, n_workers: int,
-            local_batch: int) -> Task:
-  """Next-token prediction with the GPT on a byte corpus or token bins.
-
-  Batches are ``(inputs, targets)``, int32 ``[.., B, T]`` with ``T =
-  config.model.block_size``; the loss is the mean token cross-entropy.
-
-  Raises:
-    ValueError: a missing ``data.path``, a vocabulary smaller than the data's
-      token ids (for token bins: any id >= ``vocab_size``, named with its
-      file; ``train.bin`` files above ``SCAN_TOKEN_BYTES`` are checked per
-      batch, so :attr:`Task.host_batch` raises it), or a split too short
-      for ``block_size`` and the batch.
-  """
-  c, m, d = config, config.model, config.data
-  n, t = n_workers, int(m.block_size)
+def _lm_tokens(d: config_dict.ConfigDict, vocab_size: int):
+  """(training tokens, validation tokens) of ``config.data``; their ids fit
+  a vocabulary of at least 256 (bytes) or the GPT-2 tokenizer's."""
   if d.source in ("pydoc", "text_file"):
     train_tokens, val_tokens = _byte_corpus(d)
   else:
@@ -133,14 +119,26 @@ def lm_task(config: config_dict.ConfigDict, n_workers: int,
           "(made by nanoGPT's data/openwebtext/prepare.py).")
     train_tokens, val_tokens = text.load_token_bins(d.path)
   vocab_needed = 256 if d.source != "token_bins" else config_lib.GPT2_VOCAB
-  if int(m.vocab_size) < vocab_needed:
-    raise ValueError(f"config.model.vocab_size={m.vocab_size} is smaller than "
+  if vocab_size < vocab_needed:
+    raise ValueError(f"config.model.vocab_size={vocab_size} is smaller than "
                      f"the {vocab_needed} token ids of data.source="
                      f"{d.source}; set --config.model.vocab_size="
                      f"{vocab_needed} or more.")
+  return train_tokens, val_tokens
+
+
+def _lm_batches(c: config_dict.ConfigDict, train_tokens, val_tokens,
+                n: int, local_batch: int):
+  """(``host_batch``, eval set) of :class:`Task` over the token splits.
+
+  Token bins' ids are checked against ``config.model.vocab_size``: the
+  training file whole or per batch (:func:`_check_token_bins`), the
+  validation file in the windows the evaluation reads.
+  """
+  d, t, vocab = c.data, int(c.model.block_size), int(c.model.vocab_size)
   lazy_check = None
   if d.source == "token_bins":
-    lazy_check = _check_token_bins(train_tokens, int(m.vocab_size))
+    lazy_check = _check_token_bins(train_tokens, vocab)
   for split, tokens, need in (
       ("training", train_tokens, n * local_batch * t + 1),
       ("validation", val_tokens, t + 1)):
@@ -155,13 +153,34 @@ def lm_task(config: config_dict.ConfigDict, n_workers: int,
   evals = text.eval_batches(val_tokens, t, int(c.global_batch),
                             int(c.eval_batches))
   eval_set = tuple(np.stack([b[i] for b in evals]) for i in range(2))
-  host_batch = sampler.batch
   if d.source == "token_bins":
     # The validation windows are all the evaluation ever reads of val.bin.
-    _check_ids(val_tokens, max(int(x.max()) for x in eval_set),
-               int(m.vocab_size), "in its evaluation windows")
+    _check_ids(val_tokens, max(int(x.max()) for x in eval_set), vocab,
+               "in its evaluation windows")
   if lazy_check is not None:
-    host_batch = lazy_check(sampler.batch)
+    return lazy_check(sampler.batch), eval_set
+  return sampler.batch, eval_set
+
+
+def lm_task(config: config_dict.ConfigDict, n_workers: int,
+            local_batch: int) -> Task:
+  """Next-token prediction with the GPT on a byte corpus or token bins.
+
+  Batches are ``(inputs, targets)``, int32 ``[.., B, T]`` with ``T =
+  config.model.block_size``; the loss is the mean token cross-entropy.
+
+  Raises:
+    ValueError: a missing ``data.path``, a vocabulary smaller than the data's
+      token ids (for token bins: any id >= ``vocab_size``, named with its
+      file; ``train.bin`` files above ``SCAN_TOKEN_BYTES`` are checked per
+      batch, so :attr:`Task.host_batch` raises it), or a split too short
+      for ``block_size`` and the batch.
+  """
+  c, m = config, config.model
+  t = int(m.block_size)
+  train_tokens, val_tokens = _lm_tokens(c.data, int(m.vocab_size))
+  host_batch, eval_set = _lm_batches(c, train_tokens, val_tokens, n_workers,
+                                     local_batch)
   gpt_cfg = models.GPTConfig(
       vocab_size=int(m.vocab_size), block_size=t, n_layer=int(m.n_layer),
       n_head=int(m.n_head), n_embd=int(m.n_embd), bias=bool(m.bias),
@@ -226,9 +245,8 @@ def image_task(config: config_dict.ConfigDict, n_workers: int,
   def loss(params, batch, key):
     del key  # the CNN has no dropout
     pixels, y = batch
-    x = pixels.astype(jnp.float32)[..., None] / 255.0
     value, accuracy = models.classification_loss(
-        model.apply({"params": params}, x), y)
+        model.apply({"params": params}, fashion_mnist.to_float(pixels)), y)
     return value, {"accuracy": accuracy}
 
   return Task(lambda key: models.cnn.init_params(model, key), loss,

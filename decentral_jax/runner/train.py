@@ -287,83 +287,153 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
                      "different config; pass experiment=None.")
   with workdir_lib.hold(workdir), _StopRequest() as stop:
     exp = experiment if experiment is not None else Experiment(c)
-    ckpt = checkpoint_lib.Checkpointer(
+    # Leaving the block waits for the last save (and raises if it failed).
+    with checkpoint_lib.Checkpointer(
         os.path.join(workdir, "checkpoints"),
-        max_to_keep=int(c.keep_checkpoints))
-    try:
-      last = _loop(c, workdir, exp, ckpt, stop)
-    except BaseException:
-      try:
-        ckpt.close()
-      except checkpoint_lib.CheckpointWriteError as e:  # behind the first
-        logging.error("%s", e)
-      raise
-    ckpt.close()  # raises if the last save failed
-    return last
+        max_to_keep=int(c.keep_checkpoints)) as ckpt:
+      return _loop(c, workdir, exp, ckpt, stop)
 
 
-def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
-          stop: _StopRequest) -> dict:
-  """The body of :func:`train_and_evaluate` (lock held, ``ckpt`` open)."""
-  total = int(c.steps)
-  main = multiprocess.is_main_process()
-  state, start, time_offset, window_state = _resume(exp, ckpt, main)
-  if main:
-    # Written only once the run is known to be valid (a rejected resume must
-    # not overwrite the record of the original run).
-    _write_config(workdir, c)
-    # Records logged after the restored checkpoint are about to be redone.
-    metrics_lib.truncate_after(workdir, start)
-  writer = (metrics_lib.MetricsWriter(workdir, tensorboard=bool(c.tensorboard))
-            if main else None)
-  if main:
-    logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
-                 "%s/step, mesh %s", c.algorithm, exp.n_workers,
-                 jax.process_count(), f"{exp.param_count:,}",
-                 exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
+class _Recorder:
+  """The loop's bookkeeping: step metrics, timing, log records, progress.
 
-  unit_key = f"{exp.unit}_per_sec"
-  eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
-  log_every = int(c.log_interval)
-  window, timed = _Window.from_state(window_state), []
-  last = {"step": start}
-  t_prev = None
-  bar = metrics_lib.progress_bar(total, initial=start,
-                                 disable=None if main else True)
+  :meth:`read` takes a finished step's metrics to the host (and stops a
+  non-finite run), :meth:`record` writes a log or eval record from the
+  metrics read since the last one (process 0 writes ``metrics.jsonl``,
+  logs and draws the progress bar), :meth:`checkpoint_meta` is what a
+  checkpoint keeps of it, and :meth:`final` the run's summary. Step times
+  are host wall-clock seconds between two reads; the first step of an
+  invocation and the time spent in evaluation and checkpoints are not
+  timed (:meth:`restart_clock`).
+  """
 
-  def handle(done: int, device_metrics: dict) -> None:
-    nonlocal t_prev
+  def __init__(self, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
+               c: config_dict.ConfigDict, workdir: str, start: int,
+               time_offset: float, window_state: dict | None, main: bool):
+    self._exp, self._ckpt, self._main = exp, ckpt, main
+    self._window = _Window.from_state(window_state)
+    self._timed = []
+    self._time_offset = time_offset
+    self._t_prev = None
+    self.last = {"step": start}
+    self._writer = (metrics_lib.MetricsWriter(
+        workdir, tensorboard=bool(c.tensorboard)) if main else None)
+    self._bar = metrics_lib.progress_bar(int(c.steps), initial=start,
+                                         disable=None if main else True)
+
+  def __enter__(self) -> "_Recorder":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._bar.close()
+    if self._writer is not None:
+      self._writer.close()
+
+  def train_time(self) -> float:
+    """Seconds of timed training, earlier invocations included."""
+    return self._time_offset + float(np.sum(self._timed))
+
+  def restart_clock(self) -> None:
+    """The next step is timed from now (after an evaluation or a save)."""
+    self._t_prev = time.perf_counter()
+
+  def read(self, done: int, device_metrics: dict) -> None:
+    """Takes step ``done``'s metrics to the host (waits for the step).
+
+    Raises:
+      FloatingPointError: a non-finite loss or parameter.
+    """
     m = multiprocess.to_host(device_metrics)  # waits for step `done`
     now = time.perf_counter()
-    seconds = None if t_prev is None else now - t_prev
-    t_prev = now
+    seconds = None if self._t_prev is None else now - self._t_prev
+    self._t_prev = now
     if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
-      raise _non_finite_error(done, m, ckpt)
+      raise _non_finite_error(done, m, self._ckpt)
     if seconds is not None:
-      timed.append(seconds)
-    window.add(m, seconds)
-    bar.update(1)
+      self._timed.append(seconds)
+    self._window.add(m, seconds)
+    self._bar.update(1)
 
-  def record(done: int, extra: dict | None = None) -> None:
-    nonlocal window
+  def record(self, done: int, extra: dict | None = None) -> None:
+    """Writes the record of step ``done`` and starts a new window."""
+    exp = self._exp
     rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
-           **window.summary(exp.tokens_per_step, exp.unit), **(extra or {})}
-    rec["train_time_s"] = time_offset + float(np.sum(timed))
-    last.update(rec)
-    window = _Window()
-    if not main:
+           **self._window.summary(exp.tokens_per_step, exp.unit),
+           **(extra or {})}
+    rec["train_time_s"] = self.train_time()
+    self.last.update(rec)
+    self._window = _Window()
+    if not self._main:
       return
-    writer.write(rec)
-    bar.set_postfix({k: f"{rec[k]:.4g}" for k in
-                     ("train/loss", "eval/loss", "consensus_distance")
-                     if k in rec})
+    self._writer.write(rec)
+    self._bar.set_postfix({k: f"{rec[k]:.4g}" for k in
+                           ("train/loss", "eval/loss", "consensus_distance")
+                           if k in rec})
     logging.info("step %d: %s", done, ", ".join(
         f"{k}={v:.5g}" for k, v in rec.items()
         if k != "step" and isinstance(v, float)))
 
-  try:
+  def checkpoint_meta(self, done: int) -> dict:
+    """The experiment's checkpoint facts, the training time and the window."""
+    meta = self._exp.checkpoint_meta(done)
+    meta["train_time_s"] = self.train_time()
+    meta["metrics_window"] = self._window.state()
+    return meta
+
+  def final(self) -> dict:
+    """The last record plus this invocation's step time and the totals."""
+    last = self.last
+    if self._timed:
+      sec = float(np.mean(self._timed))
+      last["step_time_ms"] = 1e3 * sec
+      last[f"{self._exp.unit}_per_sec"] = self._exp.tokens_per_step / sec
+    last["train_time_s"] = self.train_time()
+    last["param_count"] = self._exp.param_count
+    return last
+
+
+def _start_records(c, workdir: str, exp: Experiment, start: int) -> None:
+  """Process 0, before the first step: config.json, metrics, a log line."""
+  # Written only once the run is known to be valid (a rejected resume must
+  # not overwrite the record of the original run).
+  _write_config(workdir, c)
+  # Records logged after the restored checkpoint are about to be redone.
+  metrics_lib.truncate_after(workdir, start)
+  logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
+               "%s/step, mesh %s", c.algorithm, exp.n_workers,
+               jax.process_count(), f"{exp.param_count:,}",
+               exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
+
+
+def _preempted(done: int, stop: _StopRequest,
+               ckpt: checkpoint_lib.Checkpointer, main: bool) -> Preempted:
+  """Waits for checkpoint ``done`` to be committed; the exception to raise."""
+  if main:
+    logging.warning("%s received: waiting for checkpoint %d to be "
+                    "committed, then stopping.",
+                    signal.Signals(stop.signum).name, done)
+  ckpt.wait()
+  return Preempted(done, stop.signum, ckpt.directory)
+
+
+def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
+          stop: _StopRequest) -> dict:
+  """The body of :func:`train_and_evaluate` (lock held, ``ckpt`` open).
+
+  At most two steps are in flight: step ``s - 1``'s metrics are read while
+  step ``s`` runs, except before an evaluation or a checkpoint.
+  """
+  total = int(c.steps)
+  main = multiprocess.is_main_process()
+  state, start, time_offset, window_state = _resume(exp, ckpt, main)
+  if main:
+    _start_records(c, workdir, exp, start)
+  eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
+  log_every = int(c.log_interval)
+  with _Recorder(exp, ckpt, c, workdir, start, time_offset, window_state,
+                 main) as recorder:
     if start == 0 and eval_every:  # the common starting point of all runs
-      record(0, exp.evaluate(state))
+      recorder.record(0, exp.evaluate(state))
     pending = None
     batch = exp.get_batch(start) if start < total else None
     stop.begin(start)
@@ -372,9 +442,9 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
       state, device_metrics = exp.train_step(state, batch, s)
       done = s + 1
       if pending is not None:  # read step s-1 while step s runs
-        handle(*pending)
+        recorder.read(*pending)
         if pending[0] % log_every == 0:
-          record(pending[0])
+          recorder.record(pending[0])
       pending = (done, device_metrics)
       stopping = done < total and stop.requested(done)
       if done < total and not stopping:
@@ -383,35 +453,17 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
       do_ckpt = stopping or done == total or (ckpt_every and
                                               done % ckpt_every == 0)
       if do_eval or do_ckpt:
-        handle(*pending)
+        recorder.read(*pending)
         pending = None
         if do_eval:
-          record(done, exp.evaluate(state))
+          recorder.record(done, exp.evaluate(state))
         elif done % log_every == 0:
-          record(done)
+          recorder.record(done)
         if do_ckpt:
-          meta = exp.checkpoint_meta(done)
-          meta["train_time_s"] = time_offset + float(np.sum(timed))
-          meta["metrics_window"] = window.state()
-          ckpt.save(done, state, meta)
-        t_prev = time.perf_counter()
+          ckpt.save(done, state, recorder.checkpoint_meta(done))
+        recorder.restart_clock()
       if stopping:
-        if main:
-          logging.warning("%s received: waiting for checkpoint %d to be "
-                          "committed, then stopping.",
-                          signal.Signals(stop.signum).name, done)
-        ckpt.wait()
-        raise Preempted(done, stop.signum, ckpt.directory)
+        raise _preempted(done, stop, ckpt, main)
     if start >= total:  # nothing left to train: report the final evaluation
-      last.update(exp.evaluate(state))
-  finally:
-    bar.close()
-    if writer is not None:
-      writer.close()
-  if timed:
-    sec = float(np.mean(timed))
-    last["step_time_ms"] = 1e3 * sec
-    last[unit_key] = exp.tokens_per_step / sec
-  last["train_time_s"] = time_offset + float(np.sum(timed))
-  last["param_count"] = exp.param_count
-  return last
+      recorder.last.update(exp.evaluate(state))
+  return recorder.final()

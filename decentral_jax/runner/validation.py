@@ -252,6 +252,34 @@ def check_config(config: config_dict.ConfigDict) -> None:
     _check_fields(c[group], list(base[group].keys()), group)
   for name, rule in {**_RULES, **_MODEL_RULES[model]}.items():
     rule(name, _field(c, name))
+  _check_workers(c)
+  o, s = c.optimizer, c.schedule
+  if o.name == "adamw" and o.accum_steps != 1:
+    raise ValueError(
+        f"config.optimizer.accum_steps={o.accum_steps} only applies to "
+        "accum_adamw; set --config.optimizer.name=accum_adamw or "
+        "--config.optimizer.accum_steps=1.")
+  if s.name == "warmup_cosine" and s.final_lr > s.peak_lr:
+    raise ValueError(
+        f"config.schedule.final_lr={s.final_lr!r} exceeds config.schedule."
+        f"peak_lr={s.peak_lr!r}; the cosine decays from peak_lr to final_lr: "
+        f"set --config.schedule.final_lr={s.peak_lr / 10:g} (or lower).")
+  if model == "gpt" and c.model.n_embd % c.model.n_head:
+    raise ValueError(
+        f"config.model.n_head={c.model.n_head} must divide config.model."
+        f"n_embd={c.model.n_embd}; set --config.model.n_head= one of "
+        f"{_divisors(int(c.model.n_embd))}.")
+  if c.data.source in _BYTE_SOURCES and not c.data.val_fraction > 0:
+    raise ValueError(
+        f"config.data.val_fraction={c.data.val_fraction!r} leaves no "
+        f"validation split of data.source={c.data.source}; set "
+        "--config.data.val_fraction=0.1 (any value in (0, 1)).")
+  _check_local_updates(c)
+  check_distributed(c)
+
+
+def _check_workers(c: config_dict.ConfigDict) -> None:
+  """Cross-field checks of workers, nodes, devices and the batch."""
   n, local = int(c.n_workers), int(c.workers_per_node)
   if n % local:
     raise ValueError(f"config.workers_per_node={local} must divide "
@@ -282,29 +310,6 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"config.workers_per_device={k} does not divide config.n_workers="
         f"{n} (each device holds the same number of workers); use one of "
         f"{_divisors(n)}.")
-  o, s = c.optimizer, c.schedule
-  if o.name == "adamw" and o.accum_steps != 1:
-    raise ValueError(
-        f"config.optimizer.accum_steps={o.accum_steps} only applies to "
-        "accum_adamw; set --config.optimizer.name=accum_adamw or "
-        "--config.optimizer.accum_steps=1.")
-  if s.name == "warmup_cosine" and s.final_lr > s.peak_lr:
-    raise ValueError(
-        f"config.schedule.final_lr={s.final_lr!r} exceeds config.schedule."
-        f"peak_lr={s.peak_lr!r}; the cosine decays from peak_lr to final_lr: "
-        f"set --config.schedule.final_lr={s.peak_lr / 10:g} (or lower).")
-  if model == "gpt" and c.model.n_embd % c.model.n_head:
-    raise ValueError(
-        f"config.model.n_head={c.model.n_head} must divide config.model."
-        f"n_embd={c.model.n_embd}; set --config.model.n_head= one of "
-        f"{_divisors(int(c.model.n_embd))}.")
-  if c.data.source in _BYTE_SOURCES and not c.data.val_fraction > 0:
-    raise ValueError(
-        f"config.data.val_fraction={c.data.val_fraction!r} leaves no "
-        f"validation split of data.source={c.data.source}; set "
-        "--config.data.val_fraction=0.1 (any value in (0, 1)).")
-  _check_local_updates(c)
-  check_distributed(c)
 
 
 def _check_local_updates(c: config_dict.ConfigDict) -> None:
