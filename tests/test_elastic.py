@@ -33,9 +33,9 @@ def _masks():
   return alive, working
 
 
-def _run(tx, x0, b, alive=None, working=None, steps=STEPS):
+def _run(tx, x0, b, alive=None, working=None, steps=STEPS, per_device=1):
   n = b.shape[0]
-  mesh = parallel.make_mesh(n)
+  mesh = parallel.make_mesh(n, workers_per_device=per_device)
 
   def step(params, state, target, a, w):
     grads = params - target
@@ -161,6 +161,22 @@ def test_below_quorum_skips_the_outer_step(method, x64):
     assert int(after.base.outer_count[0]) == 0
   else:
     np.testing.assert_array_equal(after.anchor, before.anchor)
+
+
+def test_several_workers_per_device(x64):
+  # Two workers per device: the same trajectory as the oracle.
+  del x64
+  require_devices(N)
+  x0, b = _problem(seed=3)
+  alive, working = _masks()
+  axis = parallel.worker_axis(parallel.make_mesh(N, workers_per_device=2))
+  tx = elastic.elastic_diloco(optax.sgd(LR), H, rejoin="copy_mean",
+                              on_failure="rollback", axis_name=axis)
+  got, _ = _run(tx, x0, b, alive, working, per_device=2)
+  want, _ = _oracle(x0, b, alive, working, rejoin="copy_mean",
+                    on_failure="rollback")
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
 def test_no_faults_is_bit_identical():
