@@ -65,6 +65,7 @@ from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_updates
+from decentral_jax.optim import transforms
 
 PyTree = Any
 ON_FAILURE = ("rollback", "proceed")
@@ -319,3 +320,13 @@ def elastic_local_sgd(inner: optax.GradientTransformation, sync_every: int, *,
   period, quorum = _check(sync_every, min_quorum, on_failure, rejoin)
   return _elastic(inner, period, quorum, on_failure, rejoin, axis_name, None,
                   "elastic_local_sgd")
+
+
+def counters(opt_state: optax.OptState) -> dict:
+  """``{"faults/useful_steps", "faults/skipped_syncs"}`` (int32 scalars) of
+  the first :class:`ElasticState` in ``opt_state``; ``{}`` without one."""
+  found = transforms.find_states(opt_state, (ElasticState,))
+  if not found:
+    return {}
+  return {"faults/useful_steps": found[0].useful,
+          "faults/skipped_syncs": found[0].skipped}

@@ -60,6 +60,7 @@ from ml_collections import config_dict
 from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
+from decentral_jax.runner import fault_run
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
 from decentral_jax.parallel import mesh as parallel
@@ -298,6 +299,7 @@ class Experiment:
     # Multi-process: metrics are gathered inside the step, so every process
     # reads step t-1's metrics locally while step t runs.
     self._gathered = (1,) if multi_process else ()
+    self.faults = fault_run.make(c)  # config.faults, or None
     self._round_steps = self._build_train_steps()
     self._eval_step = self._build_eval_step()
 
@@ -450,16 +452,36 @@ class Experiment:
         model_params=builders.ALGORITHMS[c.algorithm].model_params,
         global_average=builders.ALGORITHMS[c.algorithm].global_average)
 
-    def counted(state, batch):
+    def counted(state, batch, *masks):
       self.train_step_traces += 1  # runs once per trace
-      return worker(state, batch)
+      return worker(state, batch, masks=masks or None)
 
     extra = {}
     if self._state_shardings is not None:
       extra["out_shardings"] = (self._state_shardings, self._sharding)
+    masks = (2, 3) if self.faults is not None else ()  # (alive, working)
     return jax.jit(parallel.per_worker(counted, self.mesh,
+                                       replicated_argnums=masks,
                                        gathered_outputs=self._gathered),
                    donate_argnums=(0,), **extra)
+
+  def _mask_args(self, step: int | None, state: TrainState) -> tuple:
+    """``(alive, working)`` of ``step`` with ``config.faults``, else ()."""
+    if self.faults is None:
+      return ()
+    if step is None:
+      step = self._device_step(state)
+    return self.faults.masks(int(step))
+
+  @staticmethod
+  def _device_step(state: TrainState) -> int:
+    return int(np.asarray(jax.device_get(
+        state.step.addressable_shards[0].data)).reshape(-1)[0])
+
+  def fault_record(self, done: int) -> dict:
+    """``config.faults`` fields of the record after ``done`` steps
+    (:mod:`decentral_jax.runner.fault_run`); ``{}`` without faults."""
+    return {} if self.faults is None else self.faults.record(done)
 
   def train_step(self, state: TrainState, batch: Batch,
                  step: int | None = None) -> tuple[TrainState, dict]:
@@ -470,8 +492,9 @@ class Experiment:
       batch: from :meth:`get_batch`.
       step: the number of completed steps in ``state`` (host int). Only
         used with ``config.gossip_rounds="static"``, to pick the compiled
-        round without reading ``state.step`` from the device (which would
-        wait for the previous step); read from the device if omitted.
+        round, and with ``config.faults``, to pick the step's masks,
+        without reading ``state.step`` from the device (which would wait
+        for the previous step); read from the device if omitted.
 
     Returns:
       ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``
@@ -481,14 +504,14 @@ class Experiment:
       gathered inside the step and replicated on every device, so each
       process reads all ``n_workers`` values locally.
     """
+    masks = self._mask_args(step, state)
     if None in self._round_steps:
-      return self._round_steps[None](state, batch)
+      return self._round_steps[None](state, batch, *masks)
     if step is None:
-      step = int(np.asarray(jax.device_get(
-          state.step.addressable_shards[0].data)).reshape(-1)[0])
+      step = self._device_step(state)
     topo = self.topology
     fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
-    return fn(state, batch)
+    return fn(state, batch, *masks)
 
   def communication(self, state: TrainState, batch: Batch, *,
                     stage: str | None = None) -> dict[str, float]:
@@ -543,7 +566,8 @@ class Experiment:
     params = (self._params0 if self._params0 is not None
               else self._param_shapes())
     return analysis.step_bytes(
-        [(self._round_steps[d].lower(state, batch), k)
+        [(self._round_steps[d].lower(state, batch, *self._mask_args(0, state)),
+          k)
          for d, k in counts.items()],
         n_workers=self.n_workers, param_bytes=analysis.tree_bytes(params),
         diagnostics_scope=step_lib.DIAGNOSTICS_SCOPE, stage=stage,

@@ -1,0 +1,104 @@
+"""config.faults in the runner: bit-identical without faults, training with
+them, the goodput and live mask in metrics.jsonl, and the config checks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import require_devices
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import metrics
+from decentral_jax.runner import train
+from decentral_jax.runner import validation
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = 8
+TINY = ("--config.model.n_layer=1", "--config.model.n_embd=16",
+        "--config.model.n_head=2", "--config.model.block_size=8",
+        "--config.global_batch=16", "--config.eval_batches=1",
+        "--config.steps=12", "--config.schedule.warmup_steps=2",
+        "--config.optimizer.name=adamw", "--config.optimizer.accum_steps=1",
+        "--config.log_interval=2", "--config.sync_every=3")
+
+
+def _config(*extra):
+  return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+                                (*TINY, *extra))
+
+
+def _params_after(config, steps):
+  exp = experiment_lib.Experiment(config)
+  state = exp.init_state()
+  for s in range(steps):
+    state, m = exp.train_step(state, exp.get_batch(s), s)
+    jax.block_until_ready(m)
+  return jax.tree.map(np.asarray, jax.device_get(state.params))
+
+
+@pytest.mark.parametrize("algorithm", ["diloco", "local_sgd"])
+def test_no_faults_is_bit_identical(algorithm):
+  require_devices(N)
+  plain = _params_after(_config(f"--config.algorithm={algorithm}"), 7)
+  enabled = _params_after(_config(f"--config.algorithm={algorithm}",
+                                  "--config.faults.enabled=True"), 7)
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(enabled)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_run_with_faults_trains_and_records_goodput(tmp_path):
+  require_devices(N)
+  trace = tmp_path / "trace.json"
+  trace.write_text(json.dumps({"n_workers": N, "events": [
+      {"worker": 2, "start": 1, "end": 5, "state": "dead"},
+      {"worker": 5, "start": 0, "state": "slow", "speed": 0.5}]}))
+  config = _config("--config.algorithm=diloco", "--config.faults.enabled=True",
+                   f"--config.faults.trace={trace}",
+                   "--config.faults.on_failure=rollback",
+                   "--config.eval_interval=12")
+  final = train.train_and_evaluate(config, str(tmp_path / "run"))
+  records = metrics.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
+  by_step = {r["step"]: r for r in records}
+  assert np.isfinite(final["eval/loss"])
+  assert by_step[12]["eval/loss"] < by_step[0]["eval/loss"]
+  # Worker 2 is dead at step index 1..4: the record of step 2 shows step
+  # 1's mask, the one of step 6 everyone.
+  assert by_step[2]["faults/alive"] == "11011111"
+  assert by_step[2]["faults/live_workers"] == 7
+  assert by_step[6]["faults/alive"] == "11111111"
+  # Work done by step 12: worker 2 misses 4 steps, worker 5 half of 12.
+  assert by_step[12]["faults/work_done"] == pytest.approx(
+      (12 * 8 - 4 - 6) / 96)
+  # Rollback: worker 2 died during the round t = 1..3, which is lost; the
+  # rounds ending at t = 6, 9, 12 commit. Committed worker-steps by hand:
+  # t = 4..6: six workers x 3 + worker 5 at t = 4, 6 (worker 2 rejoins at
+  # t = 6 and takes no step) = 20; t = 7..9: 7 x 3 + 1 = 22; t = 10..12:
+  # 7 x 3 + 2 = 23.
+  assert by_step[12]["faults/skipped_syncs"] == 1
+  assert by_step[12]["faults/useful_steps"] == 20 + 22 + 23
+  assert by_step[12]["faults/goodput"] == pytest.approx(65 / 96)
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (("--config.algorithm=decentralized",),
+     r"config.faults.enabled=True needs config.algorithm in local_sgd, diloco"),
+    (("--config.algorithm=diloco", "--config.faults.min_quorum=9"),
+     r"config.faults.min_quorum=9 exceeds config.n_workers=8"),
+    (("--config.algorithm=diloco", "--config.faults.failure_rate=0.1",
+      "--config.faults.trace=/x.json"), r"config.faults.trace replaces the rates"),
+    (("--config.algorithm=diloco", "--config.faults.trace=/nonexistent.json"),
+     r"fault trace '/nonexistent.json' is not a file"),
+    (("--config.algorithm=diloco", "--config.faults.mean_downtime=0.5"),
+     r"config.faults.mean_downtime must be a finite number >= 1"),
+    (("--config.algorithm=diloco", "--config.faults.on_failure=retry"),
+     r"unknown config.faults.on_failure='retry'"),
+])
+def test_bad_faults_config(overrides, match):
+  config = _config("--config.faults.enabled=True", *overrides)
+  with pytest.raises(ValueError, match=match):
+    validation.check_config(config)
