@@ -121,6 +121,23 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
   return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+  """Returns ``bool(value)`` if ``value`` is a Python or NumPy bool.
+
+  ``0`` and ``1`` are refused: a flag given as a number is usually another
+  argument in the wrong position.
+
+  Raises:
+    ValueError: ``"{name} must be a bool (True or False), got {value!r}."``.
+  """
+  if _is_array(value):
+    raise ValueError(f"{name} must be a bool (True or False), got an array; "
+                     f"{INJECT_HINT.format(name)}.")
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be a bool (True or False), got {value!r}.")
+  return bool(value)
+
+
 def check_float_dtype(name: str, dtype: Any, *,
                       allow_none: bool = True) -> np.dtype | None:
   """Returns ``np.dtype(dtype)`` if it is a floating dtype (or None if allowed).

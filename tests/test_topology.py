@@ -255,7 +255,7 @@ def test_single_worker_is_identity_without_communication():
     (("ring", 5), r"even number of workers"),
     (("complete", 8, 3), r"not divisible by local_size=3"),
     (("alternating_exp_ring", 12, 2), r"power of two"),
-    (("complete", 0), r"positive integer"),
+    (("complete", 0), r"n_workers must be an int >= 1"),
 ])
 def test_make_errors(args, match):
   with pytest.raises(ValueError, match=match):
@@ -315,5 +315,6 @@ def test_from_permutations():
                              [[0.5, 0.5, 0], [0, 0.5, 0.5], [0.5, 0, 0.5]])
   with pytest.raises(ValueError, match=r"not a bijection.*repeated: \[1\]"):
     topology.from_permutations([[([0, 1, 1], 1.0)]])
-  with pytest.raises(ValueError, match=r"not a bijection"):
+  with pytest.raises(ValueError, match=r"rounds\[0\]\[0\] perm\[2\] must be "
+                     r"an int >= 0 and <= 2, got 3"):  # out of range
     topology.from_permutations([[([0, 1, 3], 1.0)]])

@@ -80,11 +80,12 @@ def traffic(report: accounting.CommunicationReport,
   1``, ``device == device_out == worker == worker_out``.
 
   Raises:
-    ValueError: the report's device count not divisible by ``D``.
+    ValueError: ``devices_per_worker`` not an integer >= 1, or the
+      report's device count not divisible by it.
   """
-  d = int(devices_per_worker)
+  d = checks.check_int("devices_per_worker", devices_per_worker, minimum=1)
   n = report.n_devices
-  if d < 1 or n % d:
+  if n % d:
     raise ValueError(f"devices_per_worker={d} must divide the report's "
                      f"{n} devices.")
   out = {"device": [], "device_out": [], "worker": [], "worker_out": []}

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.topology import schedules as topology_lib
 
@@ -86,16 +87,31 @@ def check_axis(topology: topology_lib.Topology, axis_name: AxisName) -> None:
         "devices; make the (nodes, local) mesh match workers per node.")
 
 
-def _check_leaves(tree, comm_dtype) -> None:
+def check_topology(topology, name: str = "topology") -> None:
+  """Raises ``ValueError`` unless ``topology`` is a :class:`~decentral_jax.topology.Topology`."""
+  if not isinstance(topology, topology_lib.Topology):
+    raise ValueError(f"{name} must be a decentral_jax.topology.Topology "
+                     f"(e.g. topology.make('ring', n)), got "
+                     f"{type(topology).__name__}.")
+
+
+def check_float_leaves(tree, where: str) -> None:
+  """Raises ``ValueError`` naming the first leaf of ``tree`` that is not floating.
+
+  Gossip and worker means average leaves; an integer or bool leaf (a step
+  counter, a mask) cannot be averaged and must stay out of the tree.
+
+  Args:
+    tree: a pytree of arrays (or ``jax.ShapeDtypeStruct``).
+    where: the function, for the message (e.g. ``"gossip.mix"``).
+  """
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
     if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
       raise ValueError(
-          f"gossip.mix: leaf {jax.tree_util.keystr(path)!r} has dtype "
-          f"{jnp.result_type(x)}; only floating-point leaves can be averaged "
-          "(keep integer/bool state out of the mixed pytree).")
-  if comm_dtype is not None and not jnp.issubdtype(comm_dtype, jnp.floating):
-    raise ValueError(f"comm_dtype={comm_dtype!r} must be a floating-point "
-                     "dtype such as jnp.bfloat16 (or None).")
+          f"{where}: leaf {jax.tree_util.keystr(path)!r} has dtype "
+          f"{jnp.result_type(x)}; integer and bool leaves cannot be averaged, "
+          "only floating-point ones (keep integer/bool state out of the "
+          "averaged pytree).")
 
 
 def _acc_dtype(x):
@@ -267,14 +283,28 @@ def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,
   return treedef.unflatten([match_varying(y, x) for y, x in zip(out, leaves)])
 
 
-def check_bucket_bytes(bucket_bytes) -> None:
-  """Raises ``ValueError`` unless ``bucket_bytes`` is None or an int >= 0."""
+def check_bucket_bytes(bucket_bytes) -> int:
+  """The gossip bucket size in bytes: None -> :data:`DEFAULT_BUCKET_BYTES`.
+
+  Gossip sends same-dtype parameter leaves in buckets of at most this many
+  bytes, one collective per bucket and permute term (:func:`mix`, after
+  PyTorch DDP's gradient buckets, Li et al., VLDB 2020); 0 sends one
+  collective per leaf. The transforms of :mod:`decentral_jax.optim` default
+  to None rather than the number so that ``optax.inject_hyperparams`` does
+  not turn it into a traced hyperparameter (pass an explicit value in
+  ``static_args``).
+
+  Returns:
+    ``bucket_bytes`` as a Python int.
+
+  Raises:
+    ValueError: not None or an integer >= 0 (a float, a bool, or an array:
+      what ``optax.inject_hyperparams`` makes of an int not in
+      ``static_args``).
+  """
   if bucket_bytes is None:
-    return
-  if isinstance(bucket_bytes, bool) or not isinstance(
-      bucket_bytes, (int, np.integer)) or bucket_bytes < 0:
-    raise ValueError(f"bucket_bytes must be an integer >= 0 (0 or None: one "
-                     f"collective per leaf), got {bucket_bytes!r}.")
+    return DEFAULT_BUCKET_BYTES
+  return checks.check_int("bucket_bytes", bucket_bytes, minimum=0)
 
 
 def mix(tree: PyTree, topology: topology_lib.Topology, step,
@@ -336,21 +366,28 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
     A pytree with the structure, shapes and dtypes of ``tree``.
 
   Raises:
-    ValueError: called outside ``shard_map`` over ``axis_name``, the axis
-      size differs from ``topology.n_workers``, a non-floating leaf, a
-      non-floating ``comm_dtype``, ``bucket_bytes`` not None or an integer
-      >= 0, or a topology that is not doubly stochastic without
-      ``column_stochastic=True``.
+    ValueError: ``topology`` not a Topology, called outside ``shard_map``
+      over ``axis_name``, the axis size differs from ``topology.n_workers``,
+      a non-floating leaf, a non-floating ``comm_dtype``, ``bucket_bytes``
+      not None or an integer >= 0, a bool ``step``, or a topology that is
+      not doubly stochastic without ``column_stochastic=True``.
   """
-  if not column_stochastic and not getattr(topology, "doubly_stochastic", True):
+  check_topology(topology)
+  if not checks.check_bool("column_stochastic", column_stochastic) and \
+      not topology.doubly_stochastic:
     raise ValueError(
         f"topology {topology.name!r} is column stochastic but not doubly "
         "stochastic: plain gossip with it drives the workers to unequal "
         "multiples of the average (its Perron vector), not to the average; "
         "use it with decentral_jax.optim.push_sum.push_sum (SGP), whose weights "
         "correct this.")
-  _check_leaves(tree, comm_dtype)
-  check_bucket_bytes(bucket_bytes)
+  check_float_leaves(tree, "gossip.mix")
+  checks.check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = 0 if bucket_bytes is None else check_bucket_bytes(
+      bucket_bytes)
+  if isinstance(step, (bool, np.bool_)):
+    raise ValueError(f"step must be an int or a traced integer scalar, got "
+                     f"{step!r}.")
   if topology.n_workers == 1:
     try:  # a one-worker topology on a larger mesh would silently not mix
       size = _axis_size(axis_name)
@@ -407,7 +444,8 @@ def mean(tree: PyTree, axis_name: AxisName = "workers", *,
   Raises:
     ValueError: ``bucket_bytes`` not None or an integer >= 0.
   """
-  check_bucket_bytes(bucket_bytes)
+  bucket_bytes = 0 if bucket_bytes is None else check_bucket_bytes(
+      bucket_bytes)
   cast = match_varying if varying else (lambda y, x: y)
   if not bucket_bytes:  # leaves may be Python scalars here
     return jax.tree.map(

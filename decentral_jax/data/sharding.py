@@ -25,18 +25,12 @@ from typing import Iterable
 
 import numpy as np
 
+from decentral_jax import checks
+
 
 class DataNotFoundError(ValueError, FileNotFoundError):
   """A data file or directory is missing (both a ValueError and a
   FileNotFoundError, so either ``except`` catches it)."""
-
-
-def check_int(name: str, value, minimum: int) -> int:
-  """Returns ``int(value)``; ValueError naming ``name`` unless an int >= min."""
-  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-      or value < minimum):
-    raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
-  return int(value)
 
 
 class EpochSharder:
@@ -66,10 +60,10 @@ class EpochSharder:
       ValueError: a non-positive size, a negative seed, or fewer than
         ``n_workers * local_batch`` items (one global batch).
     """
-    self.n_workers = check_int("n_workers", n_workers, 1)
-    self.local_batch = check_int("local_batch", local_batch, 1)
-    self.seed = check_int("seed", seed, 0)
-    self.n_items = check_int(what, n_items, 0)
+    self.n_workers = checks.check_int("n_workers", n_workers, minimum=1)
+    self.local_batch = checks.check_int("local_batch", local_batch, minimum=1)
+    self.seed = checks.check_int("seed", seed, minimum=0)
+    self.n_items = checks.check_int(what, n_items, minimum=0)
     global_batch = self.n_workers * self.local_batch
     if self.n_items < global_batch:
       raise ValueError(
@@ -82,7 +76,12 @@ class EpochSharder:
     self._cache: tuple[int, np.ndarray] | None = None
 
   def permutation(self, epoch: int) -> np.ndarray:
-    """The item permutation of ``epoch``, int64 [n_items] (cached)."""
+    """The item permutation of ``epoch``, int64 [n_items] (cached).
+
+    Raises:
+      ValueError: ``epoch`` not an int >= 0.
+    """
+    epoch = checks.check_int("epoch", epoch, minimum=0)
     with self._lock:
       if self._cache is None or self._cache[0] != epoch:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]))
@@ -113,7 +112,7 @@ class EpochSharder:
     Raises:
       ValueError: negative step or an out-of-range worker.
     """
-    step = check_int("step", step, 0)
+    step = checks.check_int("step", step, minimum=0)
     ws = self.workers(workers)
     epoch, s = divmod(step, self.steps_per_epoch)
     perm = self.permutation(epoch)

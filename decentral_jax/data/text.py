@@ -23,6 +23,7 @@ from typing import Iterable
 
 import numpy as np
 
+from decentral_jax import checks
 from decentral_jax.data import sharding
 
 _BINS_HINT = (
@@ -56,10 +57,11 @@ def byte_splits(data: bytes, val_fraction: float = 0.1
     ``(train, val)``: uint8 [N - n_val] and uint8 [n_val] (copies).
 
   Raises:
-    ValueError: ``val_fraction`` outside (0, 1) or a split that would be empty.
+    ValueError: ``val_fraction`` not a number in (0, 1) or a split that
+      would be empty.
   """
-  if not 0.0 < val_fraction < 1.0:
-    raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}.")
+  checks.check_probability("val_fraction", val_fraction, open_min=True,
+                           open_max=True)
   arr = np.frombuffer(bytes(data), dtype=np.uint8)
   n_val = int(len(arr) * val_fraction)
   if n_val == 0 or n_val == len(arr):
@@ -139,9 +141,11 @@ def max_token_id(tokens: np.ndarray, chunk: int = 1 << 24) -> int:
   cache, 0.9 s from disk).
 
   Raises:
-    ValueError: ``tokens`` is not a 1-D integer array.
+    ValueError: ``tokens`` is not a 1-D integer array, ``chunk`` not an int
+      >= 1.
   """
   tokens = _check_tokens(tokens)
+  chunk = checks.check_int("chunk", chunk, minimum=1)
   top = -1
   for start in range(0, len(tokens), chunk):
     top = max(top, int(tokens[start:start + chunk].max()))
@@ -185,10 +189,10 @@ class LMSampler:
         windows (the message names context_len, the corpus length and fixes).
     """
     self.tokens = _check_tokens(tokens)
-    self.context_len = sharding.check_int("context_len", context_len, 1)
+    self.context_len = checks.check_int("context_len", context_len, minimum=1)
     self.n_windows = max(len(tokens) - 1, 0) // self.context_len
-    n_workers = sharding.check_int("n_workers", n_workers, 1)
-    local_batch = sharding.check_int("local_batch", local_batch, 1)
+    n_workers = checks.check_int("n_workers", n_workers, minimum=1)
+    local_batch = checks.check_int("local_batch", local_batch, minimum=1)
     if self.n_windows < n_workers * local_batch:
       need = n_workers * local_batch * self.context_len + 1
       raise ValueError(
@@ -256,9 +260,9 @@ def eval_batches(tokens: np.ndarray, context_len: int, batch: int,
     ValueError: bad sizes or fewer than ``context_len + 1`` tokens.
   """
   tokens = _check_tokens(tokens)
-  t = sharding.check_int("context_len", context_len, 1)
-  b = sharding.check_int("batch", batch, 1)
-  nb = sharding.check_int("n_batches", n_batches, 1)
+  t = checks.check_int("context_len", context_len, minimum=1)
+  b = checks.check_int("batch", batch, minimum=1)
+  nb = checks.check_int("n_batches", n_batches, minimum=1)
   if len(tokens) < t + 1:
     raise ValueError(f"the evaluation split has {len(tokens)} tokens, fewer "
                      f"than context_len + 1 = {t + 1}; use a smaller "

@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from decentral_jax import checks
+
 PyTree = Any
 
 
@@ -28,6 +30,23 @@ class CNN(nn.Module):
   num_classes: int = 10
   features: Sequence[int] = (32, 64)
   dense: int = 128
+
+  def __post_init__(self):
+    """Checks the attributes.
+
+    Raises:
+      ValueError: ``num_classes`` or ``dense`` not an int >= 1,
+        ``features`` not a sequence of ints >= 1.
+    """
+    checks.check_int("CNN.num_classes", self.num_classes, minimum=1)
+    checks.check_int("CNN.dense", self.dense, minimum=1)
+    if isinstance(self.features, (str, bytes)) or not hasattr(
+        self.features, "__len__"):
+      raise ValueError(f"CNN.features must be a sequence of ints >= 1, got "
+                       f"{self.features!r}.")
+    for k, f in enumerate(self.features):
+      checks.check_int(f"CNN.features[{k}]", f, minimum=1)
+    super().__post_init__()
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -73,6 +92,17 @@ def init_params(model: CNN, rng: jax.Array,
 
   Returns:
     The ``"params"`` collection (float32 pytree).
+
+  Raises:
+    ValueError: ``model`` not a :class:`CNN`, ``image_shape`` not three
+      ints >= 1.
   """
+  if not isinstance(model, CNN):
+    raise ValueError(f"model must be a CNN, got {type(model).__name__}.")
+  if not isinstance(image_shape, (tuple, list)) or len(image_shape) != 3:
+    raise ValueError(f"image_shape must be (H, W, C), three ints >= 1, got "
+                     f"{image_shape!r}.")
+  image_shape = tuple(checks.check_int(f"image_shape[{k}]", v, minimum=1)
+                      for k, v in enumerate(image_shape))
   dummy = jnp.zeros((1, *image_shape), jnp.float32)
   return jax.jit(model.init)(rng, dummy)["params"]

@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from decentral_jax import checks
+
 PyTree = Any
 
 
@@ -60,17 +62,22 @@ class GPTConfig:
   dtype: Any = jnp.float32
 
   def __post_init__(self):
+    """Checks the fields.
+
+    Raises:
+      ValueError: a size not an int >= 1, ``n_head`` not dividing
+        ``n_embd``, ``bias`` not a bool, ``dropout`` not a number in [0,
+        1), ``dtype`` not a floating dtype.
+    """
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-      value = getattr(self, name)
-      if not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"GPTConfig.{name} must be a positive int, got "
-                         f"{value!r}.")
+      checks.check_int(f"GPTConfig.{name}", getattr(self, name), minimum=1)
     if self.n_embd % self.n_head:
       raise ValueError(f"GPTConfig.n_head={self.n_head} must divide n_embd="
                        f"{self.n_embd}; choose n_embd as a multiple of n_head.")
-    if not 0.0 <= self.dropout < 1.0:
-      raise ValueError(f"GPTConfig.dropout must be in [0, 1), got "
-                       f"{self.dropout}.")
+    checks.check_bool("GPTConfig.bias", self.bias)
+    checks.check_float("GPTConfig.dropout", self.dropout, minimum=0.0,
+                       maximum=1.0, open_max=True)
+    checks.check_float_dtype("GPTConfig.dtype", self.dtype, allow_none=False)
 
 
 def _normal(std: float):
@@ -200,7 +207,12 @@ def init_params(cfg: GPTConfig, rng: jax.Array) -> PyTree:
   Returns:
     The ``"params"`` collection: ``{"wte": {"embedding": [V, C]},
     "wpe": {"embedding": [block_size, C]}, "h_0": ..., "ln_f": ...}``.
+
+  Raises:
+    ValueError: ``cfg`` not a :class:`GPTConfig`.
   """
+  if not isinstance(cfg, GPTConfig):
+    raise ValueError(f"cfg must be a GPTConfig, got {type(cfg).__name__}.")
   dummy = jnp.zeros((1, 1), jnp.int32)
   return jax.jit(GPT(cfg).init)(rng, dummy)["params"]
 

@@ -18,13 +18,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from decentral_jax import checks
 from decentral_jax.optim.transform_args import as_dtype
 from decentral_jax.optim.transform_args import check_hyperparameter
+from decentral_jax.optim.transform_args import check_period
 from decentral_jax.optim.transform_args import compute_dtype
-from decentral_jax.optim.transform_args import concrete_float
 from decentral_jax.optim.transform_args import moment_dtype
 
 __all__ = ["BETA_CONVENTIONS", "ScaleByAccumAdamState", "horizon_matched_betas",
@@ -48,13 +48,13 @@ def horizon_matched_betas(b1: float, b2: float, accum_steps: int
   :func:`scale_by_accum_adam` applies this.
 
   Raises:
-    ValueError: ``accum_steps`` not an integer >= 1.
+    ValueError: ``accum_steps`` not an integer >= 1, ``b1`` or ``b2`` not
+      a number in [0, 1).
   """
-  if (isinstance(accum_steps, bool) or
-      not isinstance(accum_steps, (int, np.integer)) or accum_steps < 1):
-    raise ValueError(f"accum_steps must be an integer >= 1, got "
-                     f"{accum_steps!r}.")
-  return float(b1) ** int(accum_steps), float(b2) ** int(accum_steps)
+  t = checks.check_int("accum_steps", accum_steps, minimum=1)
+  b1 = checks.check_float("b1", b1, minimum=0.0, maximum=1.0, open_max=True)
+  b2 = checks.check_float("b2", b2, minimum=0.0, maximum=1.0, open_max=True)
+  return b1 ** t, b2 ** t
 
 
 class ScaleByAccumAdamState(NamedTuple):
@@ -131,28 +131,18 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     Wang et al. 2025 (arXiv 2410.11998), App. C; ``decent-dp`` 0.2.3
     ``AccumAdamW`` (beta2 in the second moment, eps outside the sqrt).
   """
+  # A traced accum_steps (e.g. under optax.inject_hyperparams) is allowed.
+  accum_steps = check_period("accum_steps", accum_steps)
   static_t = not isinstance(accum_steps, jax.Array)
-  if static_t and (isinstance(accum_steps, bool) or
-                   not isinstance(accum_steps, (int, np.integer)) or
-                   accum_steps < 1):
-    raise ValueError(f"accum_steps must be an integer >= 1, got "
-                     f"{accum_steps!r}.")
-  known_t = None if static_t else concrete_float(accum_steps)
-  if not static_t and (not jnp.issubdtype(accum_steps.dtype, jnp.integer) or
-                       (known_t is not None and known_t < 1)):
-    raise ValueError(f"accum_steps must be an integer >= 1, got "
-                     f"{accum_steps!r}.")
-  if beta_convention not in BETA_CONVENTIONS:
-    raise ValueError(f"beta_convention must be one of {BETA_CONVENTIONS}, "
-                     f"got {beta_convention!r}.")
-  per_step = beta_convention == "per_step"
+  checks.check_choice("beta_convention", beta_convention, BETA_CONVENTIONS)
   check_hyperparameter("b1", b1, below_one=True)
   check_hyperparameter("b2", b2, below_one=True)
   check_hyperparameter("eps", eps, below_one=False)
   mu_dtype = moment_dtype("mu_dtype", mu_dtype)
   nu_dtype = moment_dtype("nu_dtype", nu_dtype)
-  # A traced accum_steps (e.g. under optax.inject_hyperparams) is allowed.
-  plain_adam = static_t and int(accum_steps) == 1
+  plain_adam = static_t and accum_steps == 1
+  # b**T per window; T = 1 is Adam.
+  per_step = beta_convention == "per_step" and not plain_adam
 
   def init_fn(params):
     mu = optax.tree.zeros_like(params, dtype=mu_dtype)
@@ -163,38 +153,14 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
   def update_fn(updates, state, params=None):
     del params
     count = optax.safe_increment(state.count)
-    big_t = (int(accum_steps) if static_t
+    big_t = (accum_steps if static_t
              else jnp.asarray(accum_steps).astype(jnp.int32))
     window = (count + big_t - 1) // big_t  # c = ceil(t / T)
     commit = count % big_t == 0
 
     def leaf(g, m, v, a):
-      # One compute dtype per leaf; in float32/float64 the operations below
-      # are exactly the plain-dtype ones (the casts are no-ops).
-      dt = compute_dtype(g.dtype, m.dtype, v.dtype)
-      beta1, beta2, epsilon = (as_dtype(b1, dt), as_dtype(b2, dt),
-                               as_dtype(eps, dt))
-      if per_step and not plain_adam:  # b**T per window; T = 1 is Adam
-        beta1 = beta1 ** jnp.asarray(big_t, dt)
-        beta2 = beta2 ** jnp.asarray(big_t, dt)
-      gc, mc, vc = g.astype(dt), m.astype(dt), v.astype(dt)
-      bc1 = 1 - jnp.asarray(beta1, dt) ** window.astype(dt)
-      bc2 = 1 - jnp.asarray(beta2, dt) ** window.astype(dt)
-      m_num = beta1 * mc + (1 - beta1) * gc
-      v_num = beta2 * vc + (1 - beta2) * jnp.square(gc)
-      direction = ((m_num / bc1) / (jnp.sqrt(v_num / bc2) + epsilon)
-                   ).astype(g.dtype)
-      if plain_adam:
-        # A == g: identical to Adam, no accumulator arithmetic.
-        return direction, m_num.astype(m.dtype), v_num.astype(v.dtype), a
-      ac = a.astype(dt) + gc / jnp.asarray(big_t, dt)
-      new_m = jnp.where(commit, (beta1 * mc + (1 - beta1) * ac).astype(m.dtype),
-                        m)
-      new_v = jnp.where(commit,
-                        (beta2 * vc + (1 - beta2) * jnp.square(ac)
-                         ).astype(v.dtype), v)
-      new_a = jnp.where(commit, jnp.zeros_like(a), ac.astype(a.dtype))
-      return direction, new_m, new_v, new_a
+      return _leaf_update(g, m, v, a, (b1, b2, eps), big_t, window, commit,
+                          per_step=per_step, plain_adam=plain_adam)
 
     out = jax.tree.map(leaf, updates, state.mu, state.nu, state.acc)
     treedef = jax.tree.structure(updates)
@@ -203,3 +169,37 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     return d, ScaleByAccumAdamState(count, m, v, a)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _leaf_update(g, m, v, a, hyper, big_t, window, commit, *, per_step,
+                 plain_adam):
+  """One leaf of :func:`scale_by_accum_adam`: ``(d, M, V, A)`` after step t.
+
+  ``hyper`` is ``(b1, b2, eps)``, ``window`` is ``c = ceil(t / T)`` and
+  ``commit`` is ``t % T == 0`` (both int32/bool scalars).
+  """
+  # One compute dtype per leaf; in float32/float64 the operations below
+  # are exactly the plain-dtype ones (the casts are no-ops).
+  dt = compute_dtype(g.dtype, m.dtype, v.dtype)
+  beta1, beta2, epsilon = (as_dtype(h, dt) for h in hyper)
+  if per_step:
+    beta1 = beta1 ** jnp.asarray(big_t, dt)
+    beta2 = beta2 ** jnp.asarray(big_t, dt)
+  gc, mc, vc = g.astype(dt), m.astype(dt), v.astype(dt)
+  bc1 = 1 - jnp.asarray(beta1, dt) ** window.astype(dt)
+  bc2 = 1 - jnp.asarray(beta2, dt) ** window.astype(dt)
+  m_num = beta1 * mc + (1 - beta1) * gc
+  v_num = beta2 * vc + (1 - beta2) * jnp.square(gc)
+  direction = ((m_num / bc1) / (jnp.sqrt(v_num / bc2) + epsilon)
+               ).astype(g.dtype)
+  if plain_adam:
+    # A == g: identical to Adam, no accumulator arithmetic.
+    return direction, m_num.astype(m.dtype), v_num.astype(v.dtype), a
+  ac = a.astype(dt) + gc / jnp.asarray(big_t, dt)
+  new_m = jnp.where(commit, (beta1 * mc + (1 - beta1) * ac).astype(m.dtype),
+                    m)
+  new_v = jnp.where(commit,
+                    (beta2 * vc + (1 - beta2) * jnp.square(ac)
+                     ).astype(v.dtype), v)
+  new_a = jnp.where(commit, jnp.zeros_like(a), ac.astype(a.dtype))
+  return direction, new_m, new_v, new_a

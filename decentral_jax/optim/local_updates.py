@@ -44,14 +44,14 @@ import numpy as np
 import optax
 from jax import lax
 
+from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
+from decentral_jax.optim import transform_args
 from decentral_jax.optim import transforms as optim
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
-_NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
-              "params) with params.")
 
 
 def default_outer_optimizer() -> optax.GradientTransformation:
@@ -59,12 +59,12 @@ def default_outer_optimizer() -> optax.GradientTransformation:
   return optax.sgd(0.7, momentum=0.9, nesterov=True)
 
 
-def _check_period(sync_every) -> int:
-  if isinstance(sync_every, bool) or not isinstance(
-      sync_every, (int, np.integer)) or sync_every < 1:
-    raise ValueError(f"sync_every must be an integer >= 1 (the sync period H "
-                     f"in steps), got {sync_every!r}.")
-  return int(sync_every)
+def _check_common(inner, sync_every, outer=None) -> int:
+  """Checks the arguments every method takes; returns ``H`` as an int."""
+  transform_args.check_transform("inner", inner)
+  if outer is not None:
+    transform_args.check_transform("outer", outer)
+  return checks.check_int("sync_every", sync_every, minimum=1)
 
 
 def _global_dtype(x) -> jnp.dtype:
@@ -73,7 +73,8 @@ def _global_dtype(x) -> jnp.dtype:
 
 def _inner_step(inner, grads, inner_state, params, name):
   if params is None:
-    raise ValueError(_NO_PARAMS.format(name))
+    raise ValueError(transform_args.NO_PARAMS.format(name))
+  gossip.check_float_leaves(params, name)
   local, inner_state = inner.update(grads, inner_state, params)
   return optax.apply_updates(params, local), inner_state
 
@@ -113,11 +114,15 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     the params' shapes and dtypes.
 
   Raises:
-    ValueError: a bad ``sync_every``; ``params`` not passed to ``update``.
+    ValueError: ``inner`` not an optax transform, ``sync_every`` not an
+      integer >= 1 (at construction); an integer or bool parameter leaf (in
+      ``init`` and ``update``: only floating leaves can be averaged);
+      ``params`` not passed to ``update``.
   """
-  period = _check_period(sync_every)
+  period = _check_common(inner, sync_every)
 
   def init_fn(params):
+    gossip.check_float_leaves(params, "local_sgd")
     return LocalSGDState(jnp.zeros([], jnp.int32), inner.init(params))
 
   def update_fn(updates, state, params=None):
@@ -176,24 +181,30 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     axis_name: worker mesh axis (or ``("nodes", "local")``).
     bucket_bytes: largest gossip bucket in bytes with ``topology``; None:
       the default (one collective per leaf), 0: one per leaf (bit-identical; see
-      :func:`decentral_jax.optim.check_bucket_bytes`).
+      :func:`decentral_jax.comm.gossip.check_bucket_bytes`).
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`DiLoCoState`.
 
   Raises:
-    ValueError: a bad ``sync_every`` or ``bucket_bytes``; ``params`` not
+    ValueError: ``inner`` or ``outer`` not an optax transform,
+      ``sync_every`` not an integer >= 1, ``topology`` not None or a
+      Topology, a bad ``bucket_bytes`` (at construction); an integer or
+      bool parameter leaf (in ``init`` and ``update``); ``params`` not
       passed to ``update``.
 
   References:
     Douillard et al., DiLoCo: Distributed Low-Communication Training of
     Language Models, arXiv 2311.08105 (Alg. 1).
   """
-  period = _check_period(sync_every)
-  bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
+  period = _check_common(inner, sync_every, outer)
+  if topology is not None:
+    gossip.check_topology(topology)
+  bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   outer = default_outer_optimizer() if outer is None else outer
 
   def init_fn(params):
+    gossip.check_float_leaves(params, "diloco")
     theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
     zero = jnp.zeros([], jnp.int32)
     return DiLoCoState(zero, zero, inner.init(params), theta,
@@ -242,11 +253,11 @@ def default_fragments(params: PyTree, num_fragments: int) -> PyTree:
     A pytree of Python ints in ``[0, num_fragments)`` like ``params``.
 
   Raises:
-    ValueError: more fragments than leaves.
+    ValueError: ``num_fragments`` not an int, or more fragments than leaves.
   """
   leaves, treedef = jax.tree.flatten(params)
-  p = int(num_fragments)
-  if not 1 <= p <= len(leaves):
+  p = checks.check_int("num_fragments", num_fragments, minimum=1)
+  if p > len(leaves):
     raise ValueError(f"num_fragments={num_fragments} must be in [1, "
                      f"{len(leaves)}] (the number of parameter leaves).")
   sizes = np.array([max(int(np.prod(np.shape(x))), 1) for x in leaves], float)
@@ -269,23 +280,24 @@ def check_fragments(fragments: PyTree, params: PyTree,
 
   Raises:
     ValueError: the structure differs from ``params``, an id is not an int
-      in ``[0, num_fragments)``, or a fragment has no leaf.
+      in ``[0, num_fragments)`` (the message names its leaf), or a fragment
+      has no leaf.
   """
+  num_fragments = checks.check_int("num_fragments", num_fragments, minimum=1)
+  paths, treedef = jax.tree_util.tree_flatten_with_path(params)
   try:
-    ids = jax.tree.structure(params).flatten_up_to(fragments)
+    ids = treedef.flatten_up_to(fragments)
   except (ValueError, TypeError) as e:
     raise ValueError(f"fragments must have the structure of the parameters "
                      f"(one int per leaf): {e}") from None
-  bad = [i for i in ids if isinstance(i, bool) or
-         not isinstance(i, (int, np.integer)) or not 0 <= i < num_fragments]
-  if bad:
-    raise ValueError(f"fragment ids must be ints in [0, {num_fragments}), got "
-                     f"{bad[:3]}.")
-  empty = sorted(set(range(num_fragments)) - set(int(i) for i in ids))
+  ids = [checks.check_int(f"fragments{jax.tree_util.keystr(path)}", i,
+                          minimum=0, maximum=num_fragments - 1)
+         for (path, _), i in zip(paths, ids)]
+  empty = sorted(set(range(num_fragments)) - set(ids))
   if empty:
     raise ValueError(f"fragments {empty} have no parameter leaf; every "
                      "fragment needs at least one (lower num_fragments).")
-  return [int(i) for i in ids]
+  return ids
 
 
 class StreamingDiLoCoState(NamedTuple):
@@ -344,30 +356,22 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     An ``optax.GradientTransformation`` with :class:`StreamingDiLoCoState`.
 
   Raises:
-    ValueError: any argument outside the ranges above, a fragment
-      assignment that misses a fragment or a leaf, ``params`` not passed.
+    ValueError: at construction, any argument outside the ranges above
+      (``num_fragments`` or ``overlap_steps`` not an int, e.g. 2.5;
+      ``merge_alpha`` an array: under ``optax.inject_hyperparams`` it must
+      be listed in ``static_args``), ``inner`` or ``outer`` not an optax
+      transform, ``comm_dtype`` not None or floating; in ``init`` and
+      ``update``, a fragment assignment that misses a fragment or a leaf,
+      an integer or bool parameter leaf, ``params`` not passed.
 
   References:
     Douillard et al., Streaming DiLoCo with overlapping communication,
     arXiv 2501.18512 (Alg. 1, 2).
   """
-  period = _check_period(sync_every)
-  p_count = int(num_fragments)
-  tau = overlap_steps
-  if isinstance(tau, bool) or not isinstance(tau, (int, np.integer)) or \
-      tau < 0 or tau * p_count >= period:
-    raise ValueError(
-        f"overlap_steps={overlap_steps!r} must be an integer with 0 <= tau "
-        f"and tau * num_fragments < sync_every ({p_count} * tau < {period}), "
-        "so a fragment is merged before the next one is sent.")
-  if not 1 <= p_count <= period:
-    raise ValueError(f"num_fragments={num_fragments!r} must be in [1, "
-                     f"sync_every={period}].")
-  alpha = float(merge_alpha)
-  if not 0.0 <= alpha <= 1.0:
-    raise ValueError(f"merge_alpha={merge_alpha!r} must be in [0, 1].")
-  if comm_dtype is not None and not jnp.issubdtype(comm_dtype, jnp.floating):
-    raise ValueError(f"comm_dtype={comm_dtype!r} must be a floating dtype.")
+  period = _check_common(inner, sync_every, outer)
+  p_count, tau, alpha = _check_streaming(period, num_fragments, overlap_steps,
+                                         merge_alpha)
+  checks.check_float_dtype("comm_dtype", comm_dtype)
   outer = default_outer_optimizer() if outer is None else outer
   offsets = [(p * period // p_count) % period for p in range(p_count)]
 
@@ -377,6 +381,7 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     return check_fragments(frag, params, p_count)
 
   def init_fn(params):
+    gossip.check_float_leaves(params, "streaming_diloco")
     ids = ids_of(params)
     theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
     flat = jax.tree.leaves(theta)
@@ -392,6 +397,9 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
       return [t - m for t, m in zip(ts, gossip.mean(ss, axis_name))]
     return _mean_low_precision(ss, comm_dtype, axis_name)
 
+  fragment = _FragmentSync(period, tau, alpha, comm_dtype, outer,
+                           pseudo_gradient)
+
   def update_fn(updates, state, params=None):
     x, inner_state = _inner_step(inner, updates, state.inner_state, params,
                                  "streaming_diloco")
@@ -403,30 +411,9 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     outer_states = list(state.outer_states)
     for p in range(p_count):
       idx = [j for j, i in enumerate(ids) if i == p]
-      sent = (count % period == offsets[p]) & (count >= max(offsets[p], 1))
-      merged = (count % period == (offsets[p] + tau) % period) & (
-          count >= max(offsets[p], 1) + tau)
-      xs = [x_flat[j] for j in idx]
-      ts = [theta[j] for j in idx]
-      ss = [snap[j] for j in idx]
-      if comm_dtype is None:
-        kept = [a.astype(t.dtype) for t, a in zip(ts, xs)]
-      else:
-        kept = [t - a.astype(t.dtype) for t, a in zip(ts, xs)]
-      # Send: keep what this worker sends (no communication yet).
-      ss = lax.cond(sent, lambda new, old: new, lambda new, old: old,
-                    kept, ss)
-
-      def merge(operand):
-        xs, ts, ss, o_state = operand
-        step, o_state = outer.update(pseudo_gradient(ts, ss), o_state, ts)
-        ts = optax.apply_updates(ts, step)
-        xs = [(alpha * a.astype(t.dtype) + (1.0 - alpha) * t).astype(a.dtype)
-              for a, t in zip(xs, ts)]
-        return xs, ts, ss, o_state
-
-      xs, ts, ss, outer_states[p] = gossip.every(
-          period, merged, merge, lambda o: o, (xs, ts, ss, outer_states[p]))
+      xs, ts, ss, outer_states[p] = fragment.step(
+          count, offsets[p], [x_flat[j] for j in idx], [theta[j] for j in idx],
+          [snap[j] for j in idx], outer_states[p])
       for j, a, t, s in zip(idx, xs, ts, ss):
         x_flat[j], theta[j], snap[j] = a, t, s
     new_state = StreamingDiLoCoState(
@@ -435,6 +422,60 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     return _delta(jax.tree.unflatten(treedef, x_flat), params), new_state
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check_streaming(period: int, num_fragments, overlap_steps,
+                     merge_alpha) -> tuple[int, int, float]:
+  """``(P, tau, alpha)`` of :func:`streaming_diloco`, checked against ``H``."""
+  p_count = checks.check_int("num_fragments", num_fragments, minimum=1)
+  tau = checks.check_int("overlap_steps", overlap_steps, minimum=0)
+  if tau * p_count >= period:
+    raise ValueError(
+        f"overlap_steps={overlap_steps!r} must be an integer with 0 <= tau "
+        f"and tau * num_fragments < sync_every ({p_count} * tau < {period}), "
+        "so a fragment is merged before the next one is sent.")
+  if p_count > period:
+    raise ValueError(f"num_fragments={num_fragments!r} must be in [1, "
+                     f"sync_every={period}].")
+  return p_count, tau, checks.check_probability("merge_alpha", merge_alpha)
+
+
+class _FragmentSync(NamedTuple):
+  """Send and merge of one Streaming DiLoCo fragment (see :func:`streaming_diloco`)."""
+  period: int
+  tau: int
+  alpha: float
+  comm_dtype: Any
+  outer: optax.GradientTransformation
+  pseudo_gradient: Any  # (theta leaves, sent leaves) -> Delta leaves
+
+  def step(self, count, offset, xs, ts, ss, o_state):
+    """One inner step's send (at ``t % H == o_p``) and merge (``tau`` later).
+
+    Returns the fragment's ``(x, theta, snapshot, outer state)`` leaves.
+    """
+    period, tau, alpha = self.period, self.tau, self.alpha
+    sent = (count % period == offset) & (count >= max(offset, 1))
+    merged = (count % period == (offset + tau) % period) & (
+        count >= max(offset, 1) + tau)
+    if self.comm_dtype is None:
+      kept = [a.astype(t.dtype) for t, a in zip(ts, xs)]
+    else:
+      kept = [t - a.astype(t.dtype) for t, a in zip(ts, xs)]
+    # Send: keep what this worker sends (no communication yet).
+    ss = lax.cond(sent, lambda new, old: new, lambda new, old: old, kept, ss)
+
+    def merge(operand):
+      xs, ts, ss, o_state = operand
+      step, o_state = self.outer.update(self.pseudo_gradient(ts, ss), o_state,
+                                        ts)
+      ts = optax.apply_updates(ts, step)
+      xs = [(alpha * a.astype(t.dtype) + (1.0 - alpha) * t).astype(a.dtype)
+            for a, t in zip(xs, ts)]
+      return xs, ts, ss, o_state
+
+    return gossip.every(period, merged, merge, lambda o: o,
+                        (xs, ts, ss, o_state))
 
 
 def _mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,

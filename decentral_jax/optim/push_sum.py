@@ -37,7 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from decentral_jax import checks
 from decentral_jax.comm import gossip
+from decentral_jax.optim import transform_args
 from decentral_jax.optim import transforms as optim
 from decentral_jax.topology import schedules as topology_lib
 
@@ -142,7 +144,7 @@ def push_sum(inner: optax.GradientTransformation,
       weight is always sent in its own dtype so that mass is conserved.
     bucket_bytes: largest gossip bucket in bytes; None: the default, 0: one
       collective per leaf (bit-identical; see
-      :func:`decentral_jax.optim.check_bucket_bytes`).
+      :func:`decentral_jax.comm.gossip.check_bucket_bytes`).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with :class:`PushSumState`
@@ -152,18 +154,20 @@ def push_sum(inner: optax.GradientTransformation,
     Updates have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: a round of ``topology`` that is not column stochastic (the
-      message names the round, column and sum); ``comm_dtype`` not None or
-      floating, or a bad ``bucket_bytes`` (at construction); ``params`` not passed to ``update``;
+    ValueError: ``inner`` not an optax transform, a round of ``topology``
+      that is not column stochastic (the message names the round, column
+      and sum); ``comm_dtype`` not None or floating, or a bad
+      ``bucket_bytes`` (at construction); ``params`` not passed to ``update``;
       errors of :func:`decentral_jax.comm.gossip.mix` (mesh axis size,
       non-floating leaves).
 
   References:
     Assran et al., ICML 2019 (arXiv 1811.10792), Alg. 1.
   """
+  transform_args.check_transform("inner", inner)
   check_column_stochastic(topology)
-  optim.check_float_dtype("comm_dtype", comm_dtype)
-  bucket_bytes = optim.check_bucket_bytes(bucket_bytes)
+  checks.check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -206,7 +210,16 @@ def sgp(learning_rate: optax.ScalarOrSchedule,
 
   See :func:`push_sum` for the recursion, state and errors; the momentum
   buffer is worker-local and fed with ``g(z_i^k)``.
+
+  Raises:
+    ValueError: also ``learning_rate`` not a schedule or a finite number
+      >= 0, ``momentum`` not None or in [0, 1), ``nesterov`` not a bool.
   """
+  transform_args.check_learning_rate(learning_rate)
+  if momentum is not None:
+    transform_args.check_hyperparameter("momentum", momentum, below_one=True,
+                                        wide=False)
+  checks.check_bool("nesterov", nesterov)
   return push_sum(optax.sgd(learning_rate, momentum=momentum,
                             nesterov=nesterov),
                   topology, axis_name, comm_dtype=comm_dtype,
@@ -287,11 +300,10 @@ def one_peer_directed_exp(n_workers: int,
   fact doubly stochastic, so the push-sum weights stay 1 on this graph.
 
   Raises:
-    ValueError: ``n_workers < 1`` or ``local_size`` not dividing it.
+    ValueError: ``n_workers`` not an integer >= 1 or ``local_size`` not
+      dividing it.
   """
-  n = int(n_workers)
-  if n < 1:
-    raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}.")
+  n = topology_lib.check_n_workers(n_workers)
   mats = []
   for r in range(max(1, (n - 1).bit_length())):
     p = np.eye(n) / 2 if n > 1 else np.eye(1)

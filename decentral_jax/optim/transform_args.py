@@ -4,9 +4,11 @@ The decentralized transforms (:mod:`decentral_jax.optim`,
 :mod:`decentral_jax.optim.accum_adam`, :mod:`decentral_jax.optim.push_sum`,
 :mod:`decentral_jax.optim.local_updates`) validate their hyperparameters at
 construction and compute in float32, or wider when an input is wider
-(:func:`compute_dtype`; float64 stays float64). Values that
-``optax.inject_hyperparams`` turned into arrays are recognised and the
-message names ``static_args`` (:data:`INJECT_HINT`).
+(:func:`compute_dtype`; float64 stays float64). Integers, dtypes and
+choices are checked with :mod:`decentral_jax.checks`, whose messages name
+``static_args`` when ``optax.inject_hyperparams`` turned a static argument
+into an array; hyperparameters that may be traced (learning rates, betas,
+eps) are checked here, when their values are known.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decentral_jax.comm import gossip
+from decentral_jax import checks
 
 NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
              "params) with params.")
@@ -49,15 +51,23 @@ def concrete_float(x) -> float | None:
     return None
 
 
-def check_hyperparameter(name: str, value, *, below_one: bool) -> None:
+def check_hyperparameter(name: str, value, *, below_one: bool,
+                         wide: bool = True) -> None:
   """Raises ValueError unless ``value`` is finite, >= 0 (and < 1 if asked).
 
-  Traced values are only checked for their dtype: a floating array with
-  fewer than 32 bits is rejected, since ``b2 = 0.999`` rounds to 1.0 in
-  bfloat16 (a zero bias correction) and ``eps = 1e-8`` to 0 in float16.
+  ``value`` is a Python or NumPy number or an array (possibly traced, e.g.
+  from ``optax.inject_hyperparams``); a bool, a string or anything else is
+  refused. Traced values are only checked for their dtype: with ``wide``
+  a floating array with fewer than 32 bits is rejected, since ``b2 =
+  0.999`` rounds to 1.0 in bfloat16 (a zero bias correction) and ``eps =
+  1e-8`` to 0 in float16.
   """
+  interval = "a number in [0, 1)" if below_one else "a finite number >= 0"
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (int, float, np.number, np.ndarray, jax.Array)):
+    raise ValueError(f"{name} must be {interval}, got {value!r}.")
   dtype = getattr(value, "dtype", None)
-  if (dtype is not None and jnp.issubdtype(dtype, jnp.floating) and
+  if (wide and dtype is not None and jnp.issubdtype(dtype, jnp.floating) and
       jnp.finfo(dtype).bits < 32):
     raise ValueError(
         f"{name} is a {jnp.dtype(dtype).name} array; hyperparameters must be "
@@ -68,65 +78,53 @@ def check_hyperparameter(name: str, value, *, below_one: bool) -> None:
   if v is None:
     return
   if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
-    interval = "[0, 1)" if below_one else "finite and >= 0"
     raise ValueError(f"{name} must be {interval}, got {value!r}.")
 
 
-INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
-                "(optax takes callables, dtype classes included, for "
-                "schedules)")
+def check_period(name: str, value):
+  """A period in steps (``accum_steps``, ``gossip_every``): an int >= 1.
 
-
-def check_float_dtype(name: str, dtype) -> None:
-  """Raises ValueError unless ``dtype`` is None or a floating dtype.
-
-  An array here is what ``optax.inject_hyperparams`` makes of a dtype class
-  or callable it took for a schedule.
-  """
-  if dtype is None:
-    return
-  if isinstance(dtype, (jax.Array, np.ndarray)):
-    raise ValueError(f"{name} must be a floating dtype or None, got an "
-                     f"array; {INJECT_HINT.format(name)}.")
-  try:
-    ok = jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
-  except TypeError:
-    ok = False
-  if not ok:
-    raise ValueError(f"{name} must be a floating dtype or None, got "
-                     f"{dtype!r}.")
-
-
-def check_bucket_bytes(bucket_bytes) -> int:
-  """The gossip bucket size of a transform: None -> the library default.
-
-  Gossip sends same-dtype parameter leaves in buckets of at most this many
-  bytes, one collective per bucket and permute term
-  (:func:`decentral_jax.comm.gossip.mix`, after PyTorch DDP's gradient buckets,
-  Li et al., VLDB 2020); 0 sends one collective per leaf. The default is
-  None rather than the number so that ``optax.inject_hyperparams`` does not
-  turn it into a traced hyperparameter (pass an explicit value in
-  ``static_args``).
+  Under ``optax.inject_hyperparams`` the value arrives as a JAX integer
+  scalar (possibly traced); it is accepted and checked when known.
 
   Returns:
-    ``bucket_bytes`` as an int (``gossip.DEFAULT_BUCKET_BYTES`` for None).
+    ``int(value)``, or ``value`` itself if it is a ``jax.Array``.
 
   Raises:
-    ValueError: not None or an integer >= 0 (an array: what
-      ``optax.inject_hyperparams`` makes of an int not in ``static_args``).
+    ValueError: a float, a bool, a NumPy array, a non-integer or non-scalar
+      JAX array, or a value < 1.
   """
-  if bucket_bytes is None:
-    return gossip.DEFAULT_BUCKET_BYTES
-  if isinstance(bucket_bytes, (jax.Array, np.ndarray)):
-    raise ValueError("bucket_bytes must be an integer >= 0 or None, got an "
-                     f"array; {INJECT_HINT.format('bucket_bytes')}.")
-  gossip.check_bucket_bytes(bucket_bytes)
-  return int(bucket_bytes)
+  if not isinstance(value, jax.Array):
+    return checks.check_int(name, value, minimum=1)
+  known = concrete_float(value) if not value.ndim else None
+  if (not jnp.issubdtype(value.dtype, jnp.integer) or value.ndim
+      or (known is not None and known < 1)):
+    raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+  return value
+
+
+def check_learning_rate(learning_rate) -> None:
+  """Raises ValueError unless ``learning_rate`` is a schedule or a number >= 0.
+
+  A callable is an optax schedule (not called here); a number or array must
+  be finite and >= 0 when its value is known (any floating dtype).
+  """
+  if not callable(learning_rate):
+    check_hyperparameter("learning_rate", learning_rate, below_one=False,
+                         wide=False)
+
+
+def check_transform(name: str, tx) -> None:
+  """Raises ValueError unless ``tx`` is an optax ``GradientTransformation``."""
+  if not (callable(getattr(tx, "init", None))
+          and callable(getattr(tx, "update", None))):
+    raise ValueError(f"{name} must be an optax.GradientTransformation (e.g. "
+                     f"optax.adamw(1e-3)), got {type(tx).__name__}.")
 
 
 def moment_dtype(name: str, dtype):
   """Canonical ``dtype`` (float64 -> float32 without x64), or None."""
-  check_float_dtype(name, dtype)
+  checks.check_float_dtype(name, dtype)
   return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
 
 
@@ -136,12 +134,13 @@ def round_step(state, round_index):
   """The step that picks a gossip round: static ``round_index`` or ``state.count``.
 
   Raises:
-    ValueError: ``round_index`` given but not a Python int.
+    ValueError: ``round_index`` given but not an int (a float, a bool, or
+      a traced array: it must be static).
   """
   if round_index is None:
     return state.count
-  if isinstance(round_index, bool) or not isinstance(round_index, int):
+  if isinstance(round_index, (jax.Array, np.ndarray)):
     raise ValueError(
         f"round_index must be a Python int (static; jit it with "
         f"static_argnames), got {type(round_index).__name__}.")
-  return round_index
+  return checks.check_int("round_index", round_index)

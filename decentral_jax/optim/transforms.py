@@ -50,19 +50,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from decentral_jax import checks
 from decentral_jax.comm import gossip
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.optim import transform_args
 from decentral_jax.optim.accum_adam import ScaleByAccumAdamState
 from decentral_jax.optim.accum_adam import horizon_matched_betas
 from decentral_jax.optim.accum_adam import scale_by_accum_adam
-from decentral_jax.optim.transform_args import check_bucket_bytes
-from decentral_jax.optim.transform_args import check_float_dtype
 from decentral_jax.optim.transform_args import round_step
 
 __all__ = ["DecentralizedState", "GossipMixingState", "ScaleByAccumAdamState",
-           "all_reduce_gradients", "check_bucket_bytes", "check_float_dtype",
-           "decentralized", "decentralized_adamw", "default_weight_decay_mask",
+           "all_reduce_gradients", "decentralized", "decentralized_adamw", "default_weight_decay_mask",
            "find_states", "gossip_mixing", "horizon_matched_betas",
            "round_count", "round_step", "scale_by_accum_adam"]
 
@@ -101,7 +99,7 @@ def gossip_mixing(topology: topology_lib.Topology,
     axis_name: worker mesh axis (or ``(nodes, local)``).
     comm_dtype: optional dtype in which parameters are sent.
     bucket_bytes: largest gossip bucket in bytes (see
-      :func:`check_bucket_bytes`); results are bit-identical.
+      :func:`decentral_jax.comm.gossip.check_bucket_bytes`); results are bit-identical.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with
@@ -111,13 +109,14 @@ def gossip_mixing(topology: topology_lib.Topology,
     float64) and returned with the shapes and dtypes of ``updates``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype, or
-      ``bucket_bytes`` not None or an integer >= 0 (at construction);
-      ``params`` not passed to ``update``; errors of
+    ValueError: ``topology`` not a Topology, ``comm_dtype`` not None or a
+      floating dtype, or ``bucket_bytes`` not None or an integer >= 0 (at
+      construction); ``params`` not passed to ``update``; errors of
       :func:`decentral_jax.comm.gossip.mix` (mesh axis size, non-floating leaves).
   """
-  check_float_dtype("comm_dtype", comm_dtype)
-  bucket_bytes = check_bucket_bytes(bucket_bytes)
+  gossip.check_topology(topology)
+  checks.check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
 
   def init_fn(params):
     del params
@@ -207,7 +206,7 @@ def decentralized(inner: optax.GradientTransformation,
     gossip_every: the communication period ``tau >= 1`` in steps.
     bucket_bytes: largest gossip bucket in bytes: None (default) for
       :data:`decentral_jax.comm.gossip.DEFAULT_BUCKET_BYTES` (0: per leaf,
-      faster on XLA:CPU), 0 for one collective per leaf (see :func:`check_bucket_bytes`).
+      faster on XLA:CPU), 0 for one collective per leaf (see :func:`decentral_jax.comm.gossip.check_bucket_bytes`).
       Results are bit-identical either way.
 
   Returns:
@@ -217,38 +216,25 @@ def decentralized(inner: optax.GradientTransformation,
     of floating leaves; updates have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: ``comm_dtype`` not None or a floating dtype,
-      ``gossip_every`` not an integer >= 1, or ``bucket_bytes`` not None or
-      an integer >= 0 (at construction); ``params`` not passed to
-      ``update``; ``round_index`` with ``gossip_every > 1``; errors
-      of :func:`decentral_jax.comm.gossip.mix` (mesh axis size, non-floating
-      leaves).
+    ValueError: ``inner`` not an optax transform, ``topology`` not a
+      Topology, ``mix_after_update`` not a bool, ``comm_dtype`` not None or
+      a floating dtype, ``gossip_every`` not an integer >= 1, or
+      ``bucket_bytes`` not None or an integer >= 0 (at construction);
+      ``params`` not passed to ``update``; ``round_index`` with
+      ``gossip_every > 1``; errors of :func:`decentral_jax.comm.gossip.mix`
+      (mesh axis size, non-floating leaves).
   """
-  check_float_dtype("comm_dtype", comm_dtype)
-  bucket_bytes = check_bucket_bytes(bucket_bytes)
+  transform_args.check_transform("inner", inner)
+  gossip.check_topology(topology)
+  checks.check_bool("mix_after_update", mix_after_update)
+  checks.check_float_dtype("comm_dtype", comm_dtype)
+  bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
   # takes the conditional path.
-  static_tau = not isinstance(gossip_every, jax.Array)
-  if static_tau and (isinstance(gossip_every, bool) or not isinstance(
-      gossip_every, (int, np.integer)) or gossip_every < 1):
-    raise ValueError(f"gossip_every must be an integer >= 1 (the gossip "
-                     f"period in steps), got {gossip_every!r}.")
-  tau = (int(gossip_every) if static_tau
-         else jnp.asarray(gossip_every).astype(jnp.int32))
-
-  def mix(tree, state, round_index):
-    if static_tau and tau == 1:
-      return gossip.mix(tree, topology, round_step(state, round_index), axis_name,
-                        comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
-    if round_index is not None:
-      raise ValueError("decentralized(gossip_every>1) picks its round "
-                       "in-graph; do not pass round_index (use "
-                       "config.gossip_rounds='switch').")
-    return gossip.every(
-        tau, state.count % tau == 0,
-        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
-                             comm_dtype=comm_dtype, bucket_bytes=bucket_bytes),
-        lambda t: t, tree)
+  tau = transform_args.check_period("gossip_every", gossip_every)
+  if isinstance(tau, jax.Array):
+    tau = jnp.asarray(tau).astype(jnp.int32)
+  mix = _periodic_mix(topology, axis_name, tau, comm_dtype, bucket_bytes)
 
   def init_fn(params):
     return DecentralizedState(jnp.zeros([], jnp.int32), inner.init(params))
@@ -268,18 +254,49 @@ def decentralized(inner: optax.GradientTransformation,
       local, inner_state = inner.update(updates, state.inner_state, mixed,
                                         **extra)
       target = optax.apply_updates(mixed, local)
-    # target has the param dtype (apply_updates casts to it). The difference
-    # of two values of one dtype is correctly rounded in that dtype (forming
-    # it in float32 and casting gives the same bits), and exact when
-    # t/2 <= p <= 2t (Sterbenz), so apply_updates(params, new_updates)
-    # returns target there; elsewhere (a sign change, |t - p| ~ |p|) it is
-    # off by at most half an ulp of the difference.
-    new_updates = jax.tree.map(lambda t, p: (t - p).astype(p.dtype),
-                               target, params)
-    return new_updates, DecentralizedState(optax.safe_increment(state.count),
-                                           inner_state)
+    return _difference(target, params), DecentralizedState(
+        optax.safe_increment(state.count), inner_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _periodic_mix(topology, axis_name, tau, comm_dtype, bucket_bytes):
+  """``mix(tree, state, round_index)`` of :func:`decentralized`.
+
+  ``tau`` is the gossip period: a Python int (1: every step, round
+  ``round_index`` or ``state.count``) or an int32 array (traced under
+  ``optax.inject_hyperparams``, always the conditional path).
+  """
+  every_step = isinstance(tau, int) and tau == 1
+
+  def mix(tree, state, round_index):
+    if every_step:
+      return gossip.mix(tree, topology, round_step(state, round_index), axis_name,
+                        comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
+    if round_index is not None:
+      raise ValueError("decentralized(gossip_every>1) picks its round "
+                       "in-graph; do not pass round_index (use "
+                       "config.gossip_rounds='switch').")
+    return gossip.every(
+        tau, state.count % tau == 0,
+        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
+                             comm_dtype=comm_dtype, bucket_bytes=bucket_bytes),
+        lambda t: t, tree)
+
+  return mix
+
+
+def _difference(target, params):
+  """``target - params`` per leaf, in the parameter dtype.
+
+  ``target`` has the param dtype (``apply_updates`` casts to it). The
+  difference of two values of one dtype is correctly rounded in that dtype
+  (forming it in float32 and casting gives the same bits), and exact when
+  ``t/2 <= p <= 2t`` (Sterbenz), so ``apply_updates(params, difference)``
+  returns ``target`` there; elsewhere (a sign change, ``|t - p| ~ |p|``)
+  it is off by at most half an ulp of the difference.
+  """
+  return jax.tree.map(lambda t, p: (t - p).astype(p.dtype), target, params)
 
 
 def default_weight_decay_mask(params: PyTree) -> PyTree:
@@ -308,7 +325,7 @@ def _resolve_mask(mask):
     # is weight_decay=0.
     raise ValueError(f"mask={mask!r}: pass None (decay all), 'ndim>=2', a "
                      "pytree of bools or a callable (not a bare bool or "
-                     "array); " + transform_args.INJECT_HINT.format("mask") + ".")
+                     "array); " + checks.INJECT_HINT.format("mask") + ".")
   return mask
 
 
@@ -361,7 +378,7 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     gossip_every: mix every this many steps (local steps in between; see
       :func:`decentralized`).
     bucket_bytes: largest gossip bucket in bytes; None: the default, 0: one
-      collective per leaf (bit-identical; see :func:`check_bucket_bytes`).
+      collective per leaf (bit-identical; see :func:`decentral_jax.comm.gossip.check_bucket_bytes`).
     beta_convention: AccumAdam's ``"per_window"`` (the paper's) or
       ``"per_step"`` (``b1**T, b2**T`` per window: Adam's horizon in steps;
       see :func:`scale_by_accum_adam`).
@@ -372,7 +389,9 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     have the shapes and dtypes of ``params``.
 
   Raises:
-    ValueError: invalid ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
+    ValueError: invalid ``learning_rate`` (not a schedule or a finite
+      number >= 0), ``weight_decay`` (negative, NaN or infinite; checked when
+      known), ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
       (including a bare bool or array: what ``optax.inject_hyperparams``
       passes for a callable mask without ``static_args``), ``mu_dtype``,
       ``nu_dtype``, ``comm_dtype``, ``bucket_bytes`` or ``beta_convention`` (see
@@ -381,6 +400,9 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   References:
     Wang et al. 2025 (arXiv 2410.11998), Alg. 1 and Alg. 4.
   """
+  transform_args.check_learning_rate(learning_rate)
+  transform_args.check_hyperparameter("weight_decay", weight_decay,
+                                      below_one=False, wide=False)
   inner = optax.chain(
       scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps,
                           mu_dtype=mu_dtype, nu_dtype=nu_dtype,

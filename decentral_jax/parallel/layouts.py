@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from decentral_jax import checks
 from decentral_jax.parallel import mesh as parallel
 
 PyTree = Any
@@ -81,16 +82,10 @@ class WorkerLayout:
   split: str = "first"
 
   def __post_init__(self):
-    d = self.devices_per_worker
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-      raise ValueError(f"devices_per_worker must be an integer >= 1, got "
-                       f"{d!r}.")
-    if self.mode not in MODES:
-      raise ValueError(f"worker layout mode must be one of {MODES}, got "
-                       f"{self.mode!r}.")
-    if self.split not in SPLIT_RULES:
-      raise ValueError(f"split must be one of {SPLIT_RULES}, got "
-                       f"{self.split!r}.")
+    checks.check_int("devices_per_worker", self.devices_per_worker,
+                     minimum=1)
+    checks.check_choice("worker layout mode", self.mode, MODES)
+    checks.check_choice("split", self.split, SPLIT_RULES)
 
   @property
   def sharded_state(self) -> bool:
@@ -111,8 +106,13 @@ def inner_dim(shape: Sequence[int], dtype, devices_per_worker: int,
 
   Returns:
     An index into ``shape``, or None (replicated on the worker's devices).
+
+  Raises:
+    ValueError: ``devices_per_worker`` not an integer >= 1, ``split`` not
+      one of :data:`SPLIT_RULES`.
   """
-  d = int(devices_per_worker)
+  d = checks.check_int("devices_per_worker", devices_per_worker, minimum=1)
+  checks.check_choice("split", split, SPLIT_RULES)
   if d <= 1 or not jnp.issubdtype(dtype, jnp.floating):
     return None
   dims = [k for k, s in enumerate(shape) if s >= d and s % d == 0]
@@ -141,6 +141,10 @@ def _leaf_spec(x, mesh: Mesh, layout: WorkerLayout, stacked: bool) -> P:
 
 
 def _check_mesh(mesh: Mesh, layout: WorkerLayout) -> None:
+  parallel.check_mesh(mesh)
+  if not isinstance(layout, WorkerLayout):
+    raise ValueError(f"layout must be a layouts.WorkerLayout, got "
+                     f"{type(layout).__name__}.")
   if parallel.devices_per_worker(mesh) != layout.devices_per_worker:
     raise ValueError(
         f"the mesh has {parallel.devices_per_worker(mesh)} device(s) per "
@@ -166,7 +170,9 @@ def state_specs(tree: PyTree, mesh: Mesh, layout: WorkerLayout, *,
     them); unstacked leaves the same without the worker entry.
 
   Raises:
-    ValueError: ``layout.devices_per_worker`` differs from the mesh's.
+    ValueError: ``mesh`` not from ``parallel.make_mesh``, ``layout`` not a
+      :class:`WorkerLayout`, or ``layout.devices_per_worker`` differs from
+      the mesh's.
   """
   _check_mesh(mesh, layout)
   return jax.tree.map(lambda x: _leaf_spec(x, mesh, layout, stacked), tree)
@@ -212,8 +218,11 @@ def place_batch(tree: PyTree, mesh: Mesh) -> PyTree:
 
 
 def check_batch(tree: PyTree, devices_per_worker: int) -> None:
-  """Raises ``ValueError`` unless every ``[n, B, ...]`` leaf has ``B % D == 0``."""
-  d = int(devices_per_worker)
+  """Raises ``ValueError`` unless every ``[n, B, ...]`` leaf has ``B % D == 0``.
+
+  Also when ``devices_per_worker`` is not an integer >= 1.
+  """
+  d = checks.check_int("devices_per_worker", devices_per_worker, minimum=1)
   if d <= 1:
     return
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
@@ -266,9 +275,7 @@ def check_params(params: PyTree, layout: WorkerLayout, *,
     ValueError: ``unsplit="error"`` and some leaf cannot be split, or an
       unknown ``unsplit``.
   """
-  if unsplit not in ("warn", "error", "ignore"):
-    raise ValueError(f"unsplit must be 'warn', 'error' or 'ignore', got "
-                     f"{unsplit!r}.")
+  checks.check_choice("unsplit", unsplit, ("warn", "error", "ignore"))
   names = unsplit_leaves(params, layout)
   if names and unsplit != "ignore":
     d = layout.devices_per_worker

@@ -34,12 +34,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
 
-__all__ = ['VirtualMesh', 'AnyMesh', 'WORKERS', 'NODES', 'LOCAL', 'INNER', 'VIRTUAL', 'device_mesh', 'mesh_shape', 'workers_per_device', 'device_hint', 'make_mesh', 'is_node_aware', 'worker_axis', 'worker_spec', 'worker_sharding', 'n_workers_of', 'devices_per_worker', 'shard', 'replicate', 'unstack', 'per_worker']
+__all__ = ['VirtualMesh', 'AnyMesh', 'WORKERS', 'NODES', 'LOCAL', 'INNER', 'VIRTUAL', 'device_mesh', 'mesh_shape', 'workers_per_device', 'device_hint', 'make_mesh', 'check_mesh', 'is_node_aware', 'worker_axis', 'worker_spec', 'worker_sharding', 'n_workers_of', 'devices_per_worker', 'shard', 'replicate', 'unstack', 'per_worker']
 
 WORKERS = "workers"
 NODES = "nodes"
@@ -65,6 +66,14 @@ class VirtualMesh:
   """
   mesh: Mesh
   workers_per_device: int
+
+  def __post_init__(self):
+    if not isinstance(self.mesh, Mesh) or self.mesh.axis_names != (WORKERS,):
+      raise ValueError("VirtualMesh.mesh must be a jax.sharding.Mesh with the "
+                       f"one axis {WORKERS!r}; build it with parallel."
+                       "make_mesh(n, workers_per_device=K).")
+    checks.check_int("workers_per_device", self.workers_per_device,
+                     minimum=1)
 
   @property
   def n_workers(self) -> int:
@@ -129,46 +138,24 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
     :class:`VirtualMesh` when ``workers_per_device > 1``.
 
   Raises:
-    ValueError: fewer than ``n * D`` (or ``n / K``) devices (the message
-      says how to simulate CPU devices), ``local_size`` not dividing
-      ``n_workers``, ``devices_per_worker`` or ``workers_per_device`` not
-      an integer >= 1, ``K`` not dividing ``n_workers``, or both ``D`` and
+    ValueError: ``n_workers``, ``local_size``, ``devices_per_worker`` or
+      ``workers_per_device`` not an integer >= 1, ``node_aware`` not a
+      bool, fewer than ``n * D`` (or ``n / K``) devices (the message says
+      how to simulate CPU devices), ``local_size`` not dividing
+      ``n_workers``, ``K`` not dividing ``n_workers``, or both ``D`` and
       ``K`` above 1.
   """
   devices = list(jax.devices() if devices is None else devices)
-  if n_workers < 1:
-    raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
-  for name, v in (("devices_per_worker", devices_per_worker),
-                  ("workers_per_device", workers_per_device)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-      raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
-  k = int(workers_per_device)
+  n_workers = checks.check_int("n_workers", n_workers, minimum=1)
+  local_size = checks.check_int("local_size", local_size, minimum=1)
+  checks.check_bool("node_aware", node_aware)
+  d = checks.check_int("devices_per_worker", devices_per_worker, minimum=1)
+  k = checks.check_int("workers_per_device", workers_per_device, minimum=1)
+  if n_workers % local_size:
+    raise ValueError(f"local_size={local_size} must divide n_workers="
+                     f"{n_workers}.")
   if k > 1:
-    if devices_per_worker > 1:
-      raise ValueError(
-          f"devices_per_worker={devices_per_worker} and workers_per_device="
-          f"{k}: a worker spans devices or shares one, not both; set one of "
-          "them to 1.")
-    if n_workers % k:
-      raise ValueError(f"workers_per_device={k} must divide n_workers="
-                       f"{n_workers}.")
-    if node_aware:
-      raise ValueError(
-          "node_aware=True needs one worker per device; with "
-          f"workers_per_device={k} node-aware rounds run as permutes on the "
-          "1-D mesh (pass node_aware=False).")
-    if local_size < 1 or n_workers % local_size:
-      raise ValueError(f"local_size={local_size} must divide n_workers="
-                       f"{n_workers}.")
-    m = n_workers // k
-    if len(devices) < m:
-      raise ValueError(
-          f"{n_workers} workers at {k} per device need {m} devices but only "
-          f"{len(devices)} are available; {device_hint(m)}.")
-    mesh = Mesh(np.array(devices[:m], dtype=object), (WORKERS,),
-                axis_types=(AxisType.Explicit,))
-    return VirtualMesh(mesh, k)
-  d = int(devices_per_worker)
+    return _virtual_mesh(n_workers, k, d, node_aware, devices)
   need = n_workers * d
   if len(devices) < need:
     what = (f"{n_workers} workers" if d == 1 else
@@ -176,9 +163,6 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
     raise ValueError(
         f"{what} need {need} devices but only {len(devices)} are available; "
         f"{device_hint(need)}.")
-  if local_size < 1 or n_workers % local_size:
-    raise ValueError(f"local_size={local_size} must divide n_workers="
-                     f"{n_workers}.")
   devs = np.array(devices[:need], dtype=object)
   if node_aware:
     shape, names = (n_workers // local_size, local_size), (NODES, LOCAL)
@@ -191,13 +175,42 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
   return Mesh(devs.reshape(shape), names, axis_types=types)
 
 
+def _virtual_mesh(n_workers: int, k: int, d: int, node_aware: bool,
+                  devices: list) -> VirtualMesh:
+  """``make_mesh`` with ``K = k > 1`` workers per device."""
+  if d > 1:
+    raise ValueError(
+        f"devices_per_worker={d} and workers_per_device={k}: a worker spans "
+        "devices or shares one, not both; set one of them to 1.")
+  if n_workers % k:
+    raise ValueError(f"workers_per_device={k} must divide n_workers="
+                     f"{n_workers}.")
+  if node_aware:
+    raise ValueError(
+        "node_aware=True needs one worker per device; with "
+        f"workers_per_device={k} node-aware rounds run as permutes on the "
+        "1-D mesh (pass node_aware=False).")
+  m = n_workers // k
+  if len(devices) < m:
+    raise ValueError(
+        f"{n_workers} workers at {k} per device need {m} devices but only "
+        f"{len(devices)} are available; {device_hint(m)}.")
+  mesh = Mesh(np.array(devices[:m], dtype=object), (WORKERS,),
+              axis_types=(AxisType.Explicit,))
+  return VirtualMesh(mesh, k)
+
+
 def is_node_aware(topology: topology_lib.Topology, local_size: int) -> bool:
   """True if every communicating round is a set of node-aligned group means.
 
   Such topologies (AER, or ``complete`` within and across nodes) run on a
   2-D ``("nodes", "local")`` mesh (``make_mesh(..., node_aware=True)``),
   where gossip uses intra-node means and one exchange per node pair.
+
+  Raises:
+    ValueError: ``local_size`` not an integer >= 1.
   """
+  local_size = checks.check_int("local_size", local_size, minimum=1)
   if local_size <= 1:
     return False
   rounds = [r for r in topology.distinct_rounds
@@ -266,7 +279,12 @@ def _full_sharding(mesh: AnyMesh, ndim: int) -> NamedSharding:
 
 
 def shard(tree: PyTree, mesh: AnyMesh) -> PyTree:
-  """Places stacked ``[n, ...]`` arrays with the worker sharding."""
+  """Places stacked ``[n, ...]`` arrays with the worker sharding.
+
+  Raises:
+    ValueError: ``mesh`` not from :func:`make_mesh`.
+  """
+  check_mesh(mesh)
   return jax.tree.map(
       lambda x: jax.device_put(x, _full_sharding(mesh, max(jnp.ndim(x), 1))),
       tree)
@@ -277,7 +295,11 @@ def replicate(tree: PyTree, mesh: AnyMesh) -> PyTree:
 
   Every worker starts from the same values (as after ``decent-dp``'s initial
   broadcast). Leaves become ``[n, *leaf.shape]`` with the leaf dtype.
+
+  Raises:
+    ValueError: ``mesh`` not from :func:`make_mesh`.
   """
+  check_mesh(mesh)
   n = n_workers_of(mesh)
 
   def put(x):
@@ -294,8 +316,22 @@ def unstack(tree: PyTree, worker: int) -> PyTree:
   The arrays are fetched to the host first (indexing an explicitly sharded
   array on device would need an ``out_sharding``). Single-process only: in a
   multi-process job use ``multihost_utils.process_allgather``.
+
+  Raises:
+    ValueError: ``worker`` not an int in ``[0, n)`` for a leaf's leading
+      size ``n`` (a negative index is refused, not counted from the end).
   """
-  return jax.tree.map(lambda x: np.asarray(jax.device_get(x))[worker], tree)
+  worker = checks.check_int("worker", worker, minimum=0)
+
+  def take(x):
+    x = np.asarray(jax.device_get(x))
+    n = x.shape[0] if x.ndim else 0
+    if worker >= n:
+      raise ValueError(f"worker must be an int >= 0 and < {n} (the leading "
+                       f"worker axis), got {worker}.")
+    return x[worker]
+
+  return jax.tree.map(take, tree)
 
 
 def per_worker(fn: Callable, mesh: AnyMesh, *,
@@ -350,15 +386,88 @@ def per_worker(fn: Callable, mesh: AnyMesh, *,
     A function of stacked ``[n, ...]`` arguments (not jitted).
 
   Raises:
-    ValueError (when called): a stacked argument whose leaves do not have a
-      leading worker axis of size ``n`` (the message names the argument).
+    ValueError: ``fn`` not callable, ``mesh`` not from :func:`make_mesh`,
+      an entry of ``replicated_argnums`` or ``gathered_outputs`` not an int
+      >= 0; when called, a stacked argument whose leaves do not have a
+      leading worker axis of size ``n``, or are not sharded over the
+      worker axis (not placed with :func:`shard`; the message names the
+      argument and leaf).
   """
+  if not callable(fn):
+    raise ValueError(f"fn must be callable, got {type(fn).__name__}.")
+  check_mesh(mesh)
+  replicated = {checks.check_int(f"replicated_argnums[{j}]", a, minimum=0)
+                for j, a in enumerate(replicated_argnums)}
+  gathered = {checks.check_int(f"gathered_outputs[{j}]", a, minimum=0)
+              for j, a in enumerate(gathered_outputs)}
   spec = worker_spec(mesh)
   axis = worker_axis(mesh)
-  replicated = set(replicated_argnums)
-  gathered = set(gathered_outputs)
-  n = n_workers_of(mesh)
   k = workers_per_device(mesh)
+  body = (_virtual_body(fn, axis, k, replicated, gathered) if k > 1
+          else _device_body(fn, axis, replicated, gathered))
+
+  def wrapped(*args):
+    for k_, a in enumerate(args):
+      if k_ not in replicated:
+        _check_stacked(a, k_, mesh)
+    in_specs = tuple(P() if k_ in replicated else spec
+                     for k_ in range(len(args)))
+    out_specs = spec
+    if gathered:
+      out_specs = tuple(P() if j in gathered else spec
+                        for j in range(max(gathered) + 1))
+    extra = {}
+    if INNER in device_mesh(mesh).axis_names:  # manual over the workers only
+      extra["axis_names"] = set(_worker_names(mesh))
+    return jax.shard_map(body, mesh=device_mesh(mesh), in_specs=in_specs,
+                         out_specs=out_specs, **extra)(*args)
+
+  return wrapped
+
+
+def check_mesh(mesh) -> None:
+  """Raises ``ValueError`` unless ``mesh`` is a ``Mesh`` or :class:`VirtualMesh`."""
+  if not isinstance(mesh, (Mesh, VirtualMesh)):
+    raise ValueError(f"mesh must be a jax.sharding.Mesh or parallel."
+                     f"VirtualMesh from parallel.make_mesh, got "
+                     f"{type(mesh).__name__}.")
+
+
+def _check_stacked(arg, position: int, mesh: AnyMesh) -> None:
+  """Raises unless every leaf of ``arg`` is ``[n, ...]`` over the worker axis."""
+  n = n_workers_of(mesh)
+  want = _device_axis(mesh)
+  want = (want,) if isinstance(want, str) else tuple(want)
+  for path, x in jax.tree_util.tree_leaves_with_path(arg):
+    shape = jnp.shape(x)
+    where = f"per_worker: argument {position} leaf {jax.tree_util.keystr(path)!r}"
+    if not shape or shape[0] != n:
+      raise ValueError(
+          f"{where} has shape {tuple(shape)}; stacked per-worker arguments need "
+          f"a leading worker axis of size {n} (use parallel.replicate or "
+          "parallel.shard), or list the argument in replicated_argnums.")
+    spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+    if spec is None:
+      continue
+    lead = spec[0] if len(spec) else None
+    lead = () if lead is None else (lead,) if isinstance(lead, str) else tuple(lead)
+    if lead != want:
+      raise ValueError(
+          f"{where} is not sharded over the worker axis {want} (its sharding "
+          f"is {spec}); place stacked [n, ...] arguments with parallel.shard("
+          "tree, mesh) (or parallel.replicate, layouts.place), or list the "
+          "argument in replicated_argnums.")
+
+
+def _check_out(out, gathered) -> None:
+  if not isinstance(out, tuple) or len(out) != max(gathered) + 1:
+    raise ValueError(
+        f"per_worker: gathered_outputs={sorted(gathered)} needs fn to "
+        f"return a tuple of {max(gathered) + 1} outputs.")
+
+
+def _device_body(fn, axis, replicated, gathered) -> Callable:
+  """The ``shard_map`` body of :func:`per_worker`, one worker per device."""
 
   def stack(x):
     return jnp.asarray(x)[None]
@@ -366,21 +475,25 @@ def per_worker(fn: Callable, mesh: AnyMesh, *,
   def gather(x):  # [n, ...], equal on every device
     return collectives.all_gather(x, axis)
 
-  def check_out(out):
-    if not isinstance(out, tuple) or len(out) != max(gathered) + 1:
-      raise ValueError(
-          f"per_worker: gathered_outputs={sorted(gathered)} needs fn to "
-          f"return a tuple of {max(gathered) + 1} outputs.")
-
   def body(*args):
     args = [a if k_ in replicated else jax.tree.map(lambda x: x[0], a)
             for k_, a in enumerate(args)]
     out = fn(*args)
     if not gathered:
       return jax.tree.map(stack, out)
-    check_out(out)
+    _check_out(out, gathered)
     return tuple(jax.tree.map(gather if j in gathered else stack, o)
                  for j, o in enumerate(out))
+
+  return body
+
+
+def _virtual_body(fn, axis, k, replicated, gathered) -> Callable:
+  """The ``shard_map`` body of :func:`per_worker` on a :class:`VirtualMesh`:
+  ``fn`` under ``jax.vmap`` over the ``k`` workers of a device."""
+
+  def gather(x):  # [n, ...], equal on every device
+    return collectives.all_gather(x, axis)
 
   def body_virtual(*args):
     in_axes = [None if j in replicated else 0 for j in range(len(args))]
@@ -391,7 +504,7 @@ def per_worker(fn: Callable, mesh: AnyMesh, *,
         out = fn(*a)
       if not gathered:
         return out
-      check_out(out)
+      _check_out(out, gathered)
       return tuple(jax.tree.map(gather, o) if j in gathered else o
                    for j, o in enumerate(out))
 
@@ -403,29 +516,4 @@ def per_worker(fn: Callable, mesh: AnyMesh, *,
     return jax.vmap(one, in_axes=(0,) + tuple(in_axes), out_axes=out_axes,
                     axis_name=VIRTUAL, axis_size=k)(slots, *vargs)
 
-  def wrapped(*args):
-    for k_, a in enumerate(args):
-      if k_ in replicated:
-        continue
-      for path, x in jax.tree_util.tree_leaves_with_path(a):
-        shape = jnp.shape(x)
-        if not shape or shape[0] != n:
-          raise ValueError(
-              f"per_worker: argument {k_} leaf {jax.tree_util.keystr(path)!r} "
-              f"has shape {tuple(shape)}; stacked per-worker arguments need "
-              f"a leading worker axis of size {n} (use parallel.replicate or "
-              "parallel.shard), or list the argument in replicated_argnums.")
-    in_specs = tuple(P() if k_ in replicated else spec
-                     for k_ in range(len(args)))
-    out_specs = spec
-    if gathered:
-      out_specs = tuple(P() if j in gathered else spec
-                        for j in range(max(gathered) + 1))
-    extra = {}
-    if INNER in device_mesh(mesh).axis_names:  # manual over the workers only
-      extra["axis_names"] = set(_worker_names(mesh))
-    return jax.shard_map(body_virtual if k > 1 else body,
-                         mesh=device_mesh(mesh), in_specs=in_specs,
-                         out_specs=out_specs, **extra)(*args)
-
-  return wrapped
+  return body_virtual

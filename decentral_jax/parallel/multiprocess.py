@@ -19,6 +19,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
+from decentral_jax import checks
+
 PyTree = Any
 
 
@@ -54,9 +56,12 @@ def check_node_layout(n_workers: int, workers_per_node: int) -> None:
   """Checks that nodes of ``workers_per_node`` workers coincide with processes.
 
   Raises:
-    ValueError: in a multi-process job, when ``workers_per_node`` differs from
-      the number of devices per process (the message gives both numbers).
+    ValueError: ``n_workers`` or ``workers_per_node`` not an int >= 1; in a
+      multi-process job, when ``workers_per_node`` differs from the number
+      of devices per process (the message gives both numbers).
   """
+  checks.check_int("n_workers", n_workers, minimum=1)
+  checks.check_int("workers_per_node", workers_per_node, minimum=1)
   if jax.process_count() == 1:
     return
   per_host = host_local_size()

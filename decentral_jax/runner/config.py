@@ -22,10 +22,12 @@ from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from decentral_jax.parallel import layouts
+
 OPTIMIZERS = ("adamw", "accum_adamw")
 GOSSIP_ROUNDS = ("switch", "static")
-# config.worker_layout values (decentral_jax.parallel.layouts.MODES).
-WORKER_LAYOUTS = ("fsdp", "data")
+# config.worker_layout values: the worker layout modes.
+WORKER_LAYOUTS = layouts.MODES
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}

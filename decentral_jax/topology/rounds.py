@@ -106,7 +106,7 @@ class Round:
     self._self = plan_terms.readonly(self_weights, np.float64)
     if self._self.shape != (n,):
       raise ValueError(f"self_weights has shape {self._self.shape}, expected ({n},).")
-    self._terms = None if terms is None else tuple(terms)
+    self._terms = None if terms is None else _checked_terms(terms, n)
     if self._terms is None and part is None:
       self._terms = ()
 
@@ -296,6 +296,25 @@ class Round:
 # --------------------------------------------------------------------------
 # Validation of mixing matrices and rounds.
 # --------------------------------------------------------------------------
+
+
+def _checked_terms(terms, n: int) -> tuple[PermuteTerm, ...]:
+  """``terms`` as a tuple, each a :class:`PermuteTerm` on workers ``0..n-1``."""
+  terms = tuple(terms)
+  for s, t in enumerate(terms):
+    if not isinstance(t, PermuteTerm):
+      raise ValueError(f"terms[{s}] must be a PermuteTerm, got "
+                       f"{type(t).__name__}.")
+    ends = np.concatenate([t.sources, t.destinations])
+    bad = ends[(ends < 0) | (ends >= n)]
+    if bad.size:
+      raise ValueError(f"terms[{s}] has worker index {int(bad[0])} outside "
+                       f"0..{n - 1}; its (source, destination) pairs must "
+                       "name workers of the round.")
+    if t.weights.shape != (n,):
+      raise ValueError(f"terms[{s}] has weights of shape {t.weights.shape},"
+                       f" expected ({n},).")
+  return terms
 
 
 def first_bad_sum(w, axis: int) -> tuple[int | None, float]:

@@ -53,6 +53,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from decentral_jax import checks
 from decentral_jax.topology import rounds as plans
 from decentral_jax.topology.rounds import Partition
 from decentral_jax.topology.rounds import PermuteTerm
@@ -61,7 +62,7 @@ from decentral_jax.topology.rounds import check_column_sums
 
 __all__ = ["NAMES", "Partition", "PermuteTerm", "Round", "Topology",
            "alternating_exp_ring", "canonical_name", "check_column_sums",
-           "complete", "exponential", "from_matrices", "from_permutations",
+           "check_n_workers", "complete", "exponential", "from_matrices", "from_permutations",
            "make", "one_peer_exp", "ring", "static_ring", "torus"]
 
 _TOL = plans.TOL
@@ -92,8 +93,16 @@ class Topology:
       raise ValueError("a topology needs at least one round.")
     self.name = name
     self.rounds = tuple(rounds)
+    for k, r in enumerate(self.rounds):
+      if not isinstance(r, Round):
+        raise ValueError(f"rounds[{k}] must be a topology.Round, got "
+                         f"{type(r).__name__}; build schedules from matrices "
+                         "with topology.from_matrices.")
     self.n_workers = self.rounds[0].n_workers
-    self.local_size = int(local_size)
+    if any(r.n_workers != self.n_workers for r in self.rounds):
+      raise ValueError(f"rounds have {sorted({r.n_workers for r in self.rounds})}"
+                       " workers; all rounds need the same number.")
+    self.local_size = checks.check_int("local_size", local_size, minimum=1)
     self.doubly_stochastic = all(
         np.all(np.abs(r.row_sums() - 1.0) <= _TOL) and
         np.all(np.abs(r.column_sums() - 1.0) <= _TOL) for r in self.rounds)
@@ -126,8 +135,12 @@ class Topology:
     return self.n_workers // self.local_size
 
   def round(self, step: int) -> Round:
-    """The :class:`Round` used at integer ``step`` (``step % period``)."""
-    return self.rounds[int(step) % self.period]
+    """The :class:`Round` used at integer ``step`` (``step % period``).
+
+    Raises:
+      ValueError: ``step`` not an integer (a float, bool or array).
+    """
+    return self.rounds[checks.check_int("step", step) % self.period]
 
   def mixing_matrix(self, step: int) -> np.ndarray:
     """``W_step`` as a float64 ``np.ndarray`` of shape [n, n] (a copy)."""
@@ -189,6 +202,7 @@ class Topology:
     Raises:
       ValueError: unknown method.
     """
+    atol = checks.check_float("atol", atol, minimum=0.0)
     return plans.maps_to_mean(self.rounds, atol, method)
 
   def is_symmetric(self) -> bool:
@@ -232,6 +246,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
     ValueError: empty list, wrong shape, negative or non-finite entries, or a
       row/column not summing to 1 (the message names it and its sum).
   """
+  checks.check_bool("column_stochastic", column_stochastic)
   matrices = list(matrices)
   if not matrices:
     raise ValueError("from_matrices needs at least one [n, n] matrix.")
@@ -251,28 +266,33 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
 
   Args:
     rounds: for each round, a list of ``(perm, weight)`` where ``perm`` is a
-      length-``n`` sequence with ``perm[i]`` = the worker that ``i`` receives
-      from (the identity permutation is the self term) and ``weight`` a float.
+      length-``n`` sequence of ints with ``perm[i]`` = the worker that ``i``
+      receives from (the identity permutation is the self term) and
+      ``weight`` a finite float.
 
   Returns:
     A :class:`Topology` (through :func:`from_matrices`).
 
   Raises:
-    ValueError: a ``perm`` that is not a bijection of ``0..n-1`` (the message
-      names the repeated or missing worker), or a resulting matrix that is not
-      doubly stochastic.
+    ValueError: an entry of a ``perm`` that is not an int in ``[0, n)`` (a
+      float such as 1.5 or a bool; the message names ``rounds[r][s]``), a
+      ``perm`` that is not a bijection of ``0..n-1`` (the message names the
+      repeated or missing worker), a weight that is not a finite number, or
+      a resulting matrix that is not doubly stochastic.
   """
   mats = []
   for r, terms in enumerate(rounds):
     if not terms:
       raise ValueError(f"round {r} has no (perm, weight) terms.")
-    n = len(terms[0][0])
+    n = len(_permutation_term(terms[0], f"rounds[{r}][0]")[0])
     w = np.zeros((n, n))
-    for s, (perm, weight) in enumerate(terms):
-      perm = [int(p) for p in perm]
+    for s, term in enumerate(terms):
+      perm, weight = _permutation_term(term, f"rounds[{r}][{s}]")
       if len(perm) != n:
         raise ValueError(f"round {r}, term {s}: permutation has length "
                          f"{len(perm)}, expected {n}.")
+      perm = [checks.check_int(f"rounds[{r}][{s}] perm[{i}]", p, minimum=0,
+                               maximum=n - 1) for i, p in enumerate(perm)]
       if sorted(perm) != list(range(n)):
         missing = sorted(set(range(n)) - set(perm))
         repeated = sorted({p for p in perm if perm.count(p) > 1})
@@ -280,14 +300,33 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
             f"round {r}, term {s}: {perm} is not a bijection of 0..{n - 1} "
             f"(repeated: {repeated}, missing or out of range: {missing}); "
             "perm[i] must be the single worker that i receives from.")
-      w[np.arange(n), perm] += float(weight)
+      w[np.arange(n), perm] += weight
     mats.append(w)
   return from_matrices(mats, name=name)
 
 
+def _permutation_term(term, where: str) -> tuple[list, float]:
+  """``(list(perm), float(weight))`` of one ``(perm, weight)`` term."""
+  try:
+    perm, weight = term
+    perm = list(perm)
+  except (TypeError, ValueError):
+    raise ValueError(f"{where} must be a (perm, weight) pair with perm a "
+                     f"sequence of worker indices, got {term!r}.") from None
+  return perm, checks.check_float(f"{where} weight", weight)
+
+
+def check_n_workers(n_workers) -> int:
+  """Returns ``int(n_workers)`` if it is an integer >= 1.
+
+  Raises:
+    ValueError: a float (2.5, 4.0), a bool, an array or a value < 1.
+  """
+  return checks.check_int("n_workers", n_workers, minimum=1)
+
+
 def _check_local_size(n: int, local_size: int) -> None:
-  if not isinstance(local_size, (int, np.integer)) or local_size < 1:
-    raise ValueError(f"local_size must be a positive integer, got {local_size!r}.")
+  local_size = checks.check_int("local_size", local_size, minimum=1)
   if n % local_size:
     raise ValueError(
         f"n_workers={n} is not divisible by local_size={local_size} (workers "
@@ -321,13 +360,14 @@ def _exact_average() -> float:
 
 def complete(n_workers: int, local_size: int = 1) -> Topology:
   """Complete graph: one round, ``W = 11^T / n`` (realised by ``pmean``)."""
+  n_workers = check_n_workers(n_workers)
   return _built("complete", _group_rounds([np.zeros(n_workers, np.int64)]),
                 local_size, _exact_average)
 
 
 def ring(n_workers: int, local_size: int = 1) -> Topology:
   """Alternating ring (period 2): pairs {2j, 2j+1}, then {2j, 2j-1 mod n}."""
-  n = n_workers
+  n = check_n_workers(n_workers)
   if n % 2:
     raise ValueError(f"topology 'ring' needs an even number of workers, got "
                      f"n_workers={n}; use an even n or 'static_ring'.")
@@ -339,7 +379,7 @@ def ring(n_workers: int, local_size: int = 1) -> Topology:
 
 def one_peer_exp(n_workers: int, local_size: int = 1) -> Topology:
   """One-peer exponential graph: round r pairs {j, j XOR 2^r}, r < log2 n."""
-  n = n_workers
+  n = check_n_workers(n_workers)
   big_r = log2_exact(n)
   if big_r is None:
     lo = 1 << (n.bit_length() - 1)
@@ -362,7 +402,7 @@ def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
   round ``2i+1`` the mean over both nodes; if odd, the reverse. Period ``2R``
   (one round, the intra-node mean, when ``N = 1``).
   """
-  n, big_l = n_workers, local_size
+  n, big_l = check_n_workers(n_workers), local_size
   _check_local_size(n, big_l)
   n_nodes = n // big_l
   big_r = log2_exact(n_nodes)
@@ -389,7 +429,7 @@ def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
 
 def exponential(n_workers: int, local_size: int = 1) -> Topology:
   """Static exponential graph: ``i`` sends to ``i + 2^k mod n``, weights 1/(tau+1)."""
-  n = n_workers
+  n = check_n_workers(n_workers)
   tau = (n - 1).bit_length()  # ceil(log2 n) for n >= 1, integer arithmetic.
   i = np.arange(n)
   rows = np.concatenate([i] + [(i + (1 << k)) % n for k in range(tau)])
@@ -416,12 +456,21 @@ def torus(n_workers: int, local_size: int = 1,
   ``shape`` = (rows, cols) with ``rows * cols == n_workers``; inferred as the
   most square factorisation if omitted. Neighbours that coincide (a side of
   length 2, or 1) add their weights, so ``W`` stays doubly stochastic.
+
+  Raises:
+    ValueError: ``shape`` not two ints >= 1 whose product is ``n_workers``.
   """
-  n = n_workers
+  n = check_n_workers(n_workers)
   if shape is None:
     shape = _infer_torus_shape(n)
-  rows, cols = (int(s) for s in shape)
-  if rows < 1 or cols < 1 or rows * cols != n:
+  try:
+    rows, cols = shape
+  except (TypeError, ValueError):
+    raise ValueError(f"torus shape must be a pair (rows, cols), got "
+                     f"{shape!r}.") from None
+  rows = checks.check_int("shape[0]", rows, minimum=1)
+  cols = checks.check_int("shape[1]", cols, minimum=1)
+  if rows * cols != n:
     raise ValueError(f"torus shape {tuple(shape)} does not multiply to "
                      f"n_workers={n}; give (rows, cols) with rows*cols == {n}.")
   r, c = np.divmod(np.arange(n), cols)
@@ -441,7 +490,7 @@ def torus(n_workers: int, local_size: int = 1,
 
 def static_ring(n_workers: int, local_size: int = 1) -> Topology:
   """Static ring: each worker averages itself and both neighbours, 1/3 each."""
-  n = n_workers
+  n = check_n_workers(n_workers)
   i = np.arange(n)
   rnd = Round.from_entries(n, np.tile(i, 3),
                            np.concatenate([(i + d) % n for d in (-1, 0, 1)]),
@@ -514,17 +563,19 @@ def make(name: str, n_workers: int, local_size: int = 1, **kwargs) -> Topology:
     A :class:`Topology` whose rounds are doubly stochastic.
 
   Raises:
-    ValueError: unknown name (lists the valid ones), ``n_workers < 1``,
+    ValueError: unknown name (lists the valid ones), ``n_workers`` not an
+      integer >= 1, an argument in ``kwargs`` the topology does not take,
       ``local_size`` not dividing ``n``, or a constraint of the topology
       (even n for ``ring``, power of two for ``one_peer_exp``, power-of-two
       node count for ``alternating_exp_ring``).
   """
   key = canonical_name(name)
-  if isinstance(n_workers, bool) or not isinstance(n_workers, (int, np.integer)) \
-      or n_workers < 1:
-    raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}.")
-  n_workers = int(n_workers)
+  n_workers = check_n_workers(n_workers)
   _check_local_size(n_workers, local_size)
+  extra = sorted(set(kwargs) - ({"shape"} if key == "torus" else set()))
+  if extra:
+    raise ValueError(f"topology {key!r} takes no argument {', '.join(extra)}"
+                     " (only 'torus' takes shape=(rows, cols)).")
   if n_workers == 1:
     return from_matrices([np.eye(1)], name=key, local_size=1)
   return _REGISTRY[key](n_workers, local_size=int(local_size), **kwargs)

@@ -10,7 +10,8 @@ else few ppermutes covering its off-diagonal entries
 (:func:`offset_terms`). All of it is vectorised NumPy, O(nnz log nnz).
 
 :class:`decentral_jax.topology.rounds.Round` holds these plans (and
-re-exports every name here). This module imports nothing from the package.
+re-exports every name here). This module imports only
+:mod:`decentral_jax.checks` from the package.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+
+from decentral_jax import checks
 
 PARTITION_ATOL = 1e-15  # entries of a group mean: 1/|G| within this
 
@@ -59,7 +62,12 @@ class PermuteTerm:
   __slots__ = ("_src", "_dst", "_weights")
 
   def __init__(self, perm, weights):
-    pairs = np.asarray(perm, np.int64).reshape(-1, 2)
+    pairs = np.asarray(perm)
+    if pairs.size and (pairs.dtype == bool
+                       or not np.issubdtype(pairs.dtype, np.integer)):
+      raise ValueError(f"perm must be (source, destination) pairs of ints, "
+                       f"got an array of {pairs.dtype}.")
+    pairs = pairs.astype(np.int64).reshape(-1, 2)
     self._src = readonly(pairs[:, 0], np.int64)
     self._dst = readonly(pairs[:, 1], np.int64)
     self._weights = readonly(weights, np.float64)
@@ -131,9 +139,11 @@ class Partition:
     """From a sequence of groups of worker indices covering ``0..n-1`` once.
 
     Raises:
-      ValueError: the groups are not a partition of ``0..n-1``.
+      ValueError: a member that is not an int >= 0 (the message names
+        ``groups[k][j]``), or groups that are not a partition of ``0..n-1``.
     """
-    members = [int(w) for g in groups for w in g]
+    members = [checks.check_int(f"groups[{k}][{j}]", w, minimum=0)
+               for k, g in enumerate(groups) for j, w in enumerate(g)]
     n = len(members)
     if sorted(members) != list(range(n)) or any(len(g) == 0 for g in groups):
       raise ValueError(f"groups {groups!r} are not a partition of 0..{n - 1}.")
