@@ -240,8 +240,17 @@ def test_bad_arguments():
     elastic.elastic_local_sgd(optax.sgd(0.1), 2, rejoin="copy")
   with pytest.raises(ValueError, match="min_quorum must be an int >= 1"):
     elastic.elastic_diloco(optax.sgd(0.1), 2, min_quorum=0)
+  with pytest.raises(ValueError, match="sync_every must be an int >= 1"):
+    elastic.elastic_diloco(optax.sgd(0.1), 2.0)
+  with pytest.raises(ValueError, match="inner must be an optax"):
+    elastic.elastic_local_sgd("sgd", 2)
+  with pytest.raises(ValueError, match="outer must be an optax"):
+    elastic.elastic_diloco(optax.sgd(0.1), 2, outer=0.7)
   require_devices(2)
   x0, b = _problem(n=2, dtype=np.float32)
   with pytest.raises(ValueError, match=r"alive must be a bool array of shape \(2,\)"):
     _run(elastic.elastic_diloco(optax.sgd(0.1), 2), x0, b,
          np.ones((1, 3), bool), np.ones((1, 3), bool), steps=1)
+  with pytest.raises(ValueError, match="elastic_diloco: leaf .* has dtype int32"):
+    _run(elastic.elastic_diloco(optax.sgd(0.1), 2), x0.astype(np.int32), b,
+         steps=1)

@@ -126,6 +126,7 @@ def dropped_weight(topology: topology_lib.Topology, step, alive,
   equal on all workers; ``step`` an int or a traced integer scalar. Returns
   a scalar of ``dtype`` (0 exactly when every neighbour is alive).
   """
+  gossip.check_topology(topology)
   a = _check_mask(alive, topology.n_workers, "alive")
   me = collectives.index(axis_name)
 
@@ -166,6 +167,7 @@ def live_mix(tree: PyTree, topology: topology_lib.Topology, step, alive,
     ValueError: ``alive`` not bool of shape ``(n,)``, or anything
       :func:`gossip.mix` refuses.
   """
+  gossip.check_topology(topology)
   a = _check_mask(alive, topology.n_workers, "alive")
   if topology.n_workers == 1:
     return gossip.mix(tree, topology, step, axis_name, comm_dtype=comm_dtype,
@@ -222,6 +224,7 @@ def neighbour_mean(tree: PyTree, topology: topology_lib.Topology, step,
   Returns:
     A pytree like ``tree``.
   """
+  gossip.check_topology(topology)
   n = topology.n_workers
   a = _check_mask(alive, n, "alive")
   r = _check_mask(rejoining, n, "rejoining")

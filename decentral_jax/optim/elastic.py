@@ -65,6 +65,7 @@ from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_updates
+from decentral_jax.optim import transform_args
 from decentral_jax.optim import transforms
 
 PyTree = Any
@@ -87,7 +88,10 @@ class ElasticState(NamedTuple):
   useful: jax.Array  # int32 []: worker inner steps committed by outer steps.
 
 
-def _check(sync_every, min_quorum, on_failure, rejoin):
+def _check(inner, outer, sync_every, min_quorum, on_failure, rejoin):
+  transform_args.check_transform("inner", inner)
+  if outer is not None:
+    transform_args.check_transform("outer", outer)
   period = checks.check_int("sync_every", sync_every, minimum=1)
   quorum = checks.check_int("min_quorum", min_quorum, minimum=1)
   checks.check_choice("on_failure", on_failure, ON_FAILURE)
@@ -180,6 +184,7 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
   rollback = on_failure == "rollback"
 
   def init_fn(params):
+    gossip.check_float_leaves(params, name)
     n = collectives.size(axis_name)
     zero = jnp.zeros([], jnp.int32)
     if diloco:
@@ -229,8 +234,8 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
                 **extra_args):
     del extra_args
     if params is None:
-      raise ValueError(f"{name} needs the current parameters: call "
-                       "tx.update(grads, state, params) with params.")
+      raise ValueError(transform_args.NO_PARAMS.format(name))
+    gossip.check_float_leaves(params, name)
     n = collectives.size(axis_name)
     a, wk = _masks(alive, working, n)
     me = collectives.index(axis_name)
@@ -296,10 +301,13 @@ def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     ``shard_map``.
 
   Raises:
-    ValueError: an argument outside the ranges above; ``params`` not
-      passed; a mask not bool of shape ``(n,)``.
+    ValueError: ``inner`` or ``outer`` not an optax transform, an argument
+      outside the ranges above (at construction); an integer or bool
+      parameter leaf (in ``init`` and ``update``); ``params`` not passed; a
+      mask not bool of shape ``(n,)``.
   """
-  period, quorum = _check(sync_every, min_quorum, on_failure, rejoin)
+  period, quorum = _check(inner, outer, sync_every, min_quorum, on_failure,
+                          rejoin)
   outer = local_updates.default_outer_optimizer() if outer is None else outer
   return _elastic(inner, period, quorum, on_failure, rejoin, axis_name,
                   outer, "elastic_diloco")
@@ -317,7 +325,8 @@ def elastic_local_sgd(inner: optax.GradientTransformation, sync_every: int, *,
   than :func:`~decentral_jax.optim.local_updates.local_sgd`).
   Arguments, returns and errors as :func:`elastic_diloco`.
   """
-  period, quorum = _check(sync_every, min_quorum, on_failure, rejoin)
+  period, quorum = _check(inner, None, sync_every, min_quorum, on_failure,
+                          rejoin)
   return _elastic(inner, period, quorum, on_failure, rejoin, axis_name, None,
                   "elastic_local_sgd")
 
