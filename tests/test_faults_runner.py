@@ -84,9 +84,45 @@ def test_run_with_faults_trains_and_records_goodput(tmp_path):
   assert by_step[12]["faults/goodput"] == pytest.approx(65 / 96)
 
 
+def test_decentralized_dead_worker_is_frozen(tmp_path):
+  # D-AdamW over one_peer_exp with worker 3 dead at steps 2..4: its
+  # parameters stay bit for bit, the others keep training; with no faults
+  # the run is the plain one.
+  require_devices(N)
+  trace = tmp_path / "trace.json"
+  trace.write_text(json.dumps({"events": [
+      {"worker": 3, "start": 2, "end": 5, "state": "dead"}]}))
+  config = _config("--config.algorithm=decentralized",
+                   "--config.faults.enabled=True",
+                   "--config.faults.rejoin=copy_mean",
+                   f"--config.faults.trace={trace}")
+  exp = experiment_lib.Experiment(config)
+  state = exp.init_state()
+  params = []
+  for s in range(7):
+    state, m = exp.train_step(state, exp.get_batch(s), s)
+    assert np.all(np.isfinite(np.asarray(m["loss"])))
+    params.append(jax.tree.map(np.asarray, jax.device_get(state.params)))
+  for a, b in zip(jax.tree.leaves(params[1]), jax.tree.leaves(params[4])):
+    np.testing.assert_array_equal(a[3], b[3])  # dead for steps 2, 3, 4
+    assert not np.array_equal(a[0], b[0])
+  # Rejoined at step 5 with the mean of its round's live neighbours.
+  for a, b in zip(jax.tree.leaves(params[4]), jax.tree.leaves(params[5])):
+    assert not np.array_equal(a[3], b[3])
+  plain = _params_after(_config("--config.algorithm=decentralized"), 4)
+  healthy = _params_after(_config("--config.algorithm=decentralized",
+                                  "--config.faults.enabled=True",
+                                  "--config.faults.rejoin=copy_mean"), 4)
+  for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(healthy)):
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("overrides,match", [
+    (("--config.algorithm=sgp",),
+     r"config.faults.enabled=True needs config.algorithm in local_sgd, "
+     r"diloco, decentralized, got 'sgp'"),
     (("--config.algorithm=decentralized",),
-     r"config.faults.enabled=True needs config.algorithm in local_sgd, diloco"),
+     r"config.faults.rejoin='copy_theta': config.algorithm=decentralized"),
     (("--config.algorithm=diloco", "--config.faults.min_quorum=9"),
      r"config.faults.min_quorum=9 exceeds config.n_workers=8"),
     (("--config.algorithm=diloco", "--config.faults.failure_rate=0.1",

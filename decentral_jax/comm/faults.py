@@ -50,8 +50,12 @@ from decentral_jax.topology import schedules as topology_lib
 PyTree = Any
 
 
-def _check_mask(mask, n: int, name: str) -> jax.Array:
-  """``mask`` as a bool [n] array; refuses another shape or dtype."""
+def check_mask(mask, n: int, name: str) -> jax.Array:
+  """``mask`` as a bool [n] array.
+
+  Raises:
+    ValueError: another shape or dtype (naming ``name``).
+  """
   m = jnp.asarray(mask)
   if m.shape != (n,) or m.dtype != jnp.bool_:
     raise ValueError(f"{name} must be a bool array of shape ({n},) (one "
@@ -127,7 +131,7 @@ def dropped_weight(topology: topology_lib.Topology, step, alive,
   a scalar of ``dtype`` (0 exactly when every neighbour is alive).
   """
   gossip.check_topology(topology)
-  a = _check_mask(alive, topology.n_workers, "alive")
+  a = check_mask(alive, topology.n_workers, "alive")
   me = collectives.index(axis_name)
 
   return _per_round(topology, step,
@@ -168,7 +172,7 @@ def live_mix(tree: PyTree, topology: topology_lib.Topology, step, alive,
       :func:`gossip.mix` refuses.
   """
   gossip.check_topology(topology)
-  a = _check_mask(alive, topology.n_workers, "alive")
+  a = check_mask(alive, topology.n_workers, "alive")
   if topology.n_workers == 1:
     return gossip.mix(tree, topology, step, axis_name, comm_dtype=comm_dtype,
                       bucket_bytes=bucket_bytes)
@@ -226,8 +230,8 @@ def neighbour_mean(tree: PyTree, topology: topology_lib.Topology, step,
   """
   gossip.check_topology(topology)
   n = topology.n_workers
-  a = _check_mask(alive, n, "alive")
-  r = _check_mask(rejoining, n, "rejoining")
+  a = check_mask(alive, n, "alive")
+  r = check_mask(rejoining, n, "rejoining")
   senders = a & ~r
   me = collectives.index(axis_name)
 
@@ -245,3 +249,32 @@ def neighbour_mean(tree: PyTree, topology: topology_lib.Topology, step,
                                x), mixed, t)
 
   return gossip.every(None, jnp.any(r), rejoin, lambda t: t, tree)
+
+
+def from_worker(tree: PyTree, worker, axis_name: gossip.AxisName = "workers",
+                *, only_int: bool = False) -> PyTree:
+  """Each leaf as worker ``worker`` holds it, on every worker (one ``psum``).
+
+  For a rejoining worker's optimizer state: its counters (and with
+  ``only_int=False`` everything else) from a live worker, never its own
+  stale ones. ``bool`` leaves, and with ``only_int`` every non-integer
+  leaf, are kept as they are.
+
+  Args:
+    tree: pytree of worker-local arrays.
+    worker: int32 scalar, equal on all workers (e.g. the first live one).
+    axis_name: the worker axis (inside ``shard_map``).
+    only_int: copy the integer leaves only.
+  """
+  me = collectives.index(axis_name)
+
+  def one(x):
+    x = jnp.asarray(x)
+    integer = jnp.issubdtype(x.dtype, jnp.integer)
+    if x.dtype == jnp.bool_ or (only_int and not integer):
+      return x
+    got = collectives.psum(jnp.where(me == worker, x, jnp.zeros_like(x)),
+                           axis_name)
+    return gossip.match_varying(got.astype(x.dtype), x)
+
+  return jax.tree.map(one, tree)

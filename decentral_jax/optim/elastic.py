@@ -63,6 +63,7 @@ import optax
 
 from decentral_jax import checks
 from decentral_jax.comm import collectives
+from decentral_jax.comm import faults
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_updates
 from decentral_jax.optim import transform_args
@@ -117,23 +118,6 @@ def _select(pred, new, old):
   return jax.tree.map(lambda y, x: jnp.where(pred, y, x), new, old)
 
 
-def _from_worker(tree, worker, axis_name, only_int: bool):
-  """Each leaf as worker ``worker`` holds it (one psum); ``only_int``: the
-  integer leaves only, the others kept."""
-  me = collectives.index(axis_name)
-
-  def one(x):
-    x = jnp.asarray(x)
-    integer = jnp.issubdtype(x.dtype, jnp.integer)
-    if x.dtype == jnp.bool_ or (only_int and not integer):
-      return x
-    got = collectives.psum(jnp.where(me == worker, x, jnp.zeros_like(x)),
-                           axis_name)
-    return gossip.match_varying(got.astype(x.dtype), x)
-
-  return jax.tree.map(one, tree)
-
-
 def _rejoin(x, inner_state, theta, alive, rejoining, policy, axis_name):
   """Rejoining workers' parameters and inner state from the group."""
   me = collectives.index(axis_name)
@@ -143,8 +127,8 @@ def _rejoin(x, inner_state, theta, alive, rejoining, policy, axis_name):
   def run(operand):
     x, inner_state = operand
     first = jnp.argmax(donors)
-    state = _from_worker(inner_state, first, axis_name,
-                         only_int=policy == "keep")
+    state = faults.from_worker(inner_state, first, axis_name,
+                               only_int=policy == "keep")
     if policy == "copy_theta":
       src = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)
     elif policy == "copy_mean":

@@ -301,6 +301,10 @@ class Experiment:
     self._gathered = (1,) if multi_process else ()
     self.faults = fault_run.make(c)  # config.faults, or None
     self._round_steps = self._build_train_steps()
+    # With faults: the steps taking the masks, for steps where a worker is
+    # dead or slow (healthy steps run the plain ones above, bit for bit).
+    self._fault_steps = (self._build_train_steps(masks=True)
+                         if self.faults is not None else None)
     self._eval_step = self._build_eval_step()
 
   # -- builders --------------------------------------------------------------
@@ -331,7 +335,7 @@ class Experiment:
         self.mesh, self.layout)
     return shardings, jax.jit(init, out_shardings=shardings)
 
-  def _build_train_steps(self) -> dict:
+  def _build_train_steps(self, masks: bool = False) -> dict:
     """Jitted train steps by distinct gossip round (key None: one for all).
 
     ``"switch"`` compiles the whole schedule once (the round is picked
@@ -343,11 +347,11 @@ class Experiment:
     distinct = (self.topology.distinct_rounds if self.topology is not None
                 else ())
     if self.gossip_rounds != "static" or len(distinct) <= 1:
-      return {None: self._jit_step(None)}
+      return {None: self._jit_step(None, masks)}
     steps = {}
     for r, d in enumerate(self.topology.round_to_distinct):
       if d not in steps:
-        steps[d] = self._jit_step(r)
+        steps[d] = self._jit_step(r, masks)
     return steps
 
   def _build_eval_step(self):
@@ -440,8 +444,9 @@ class Experiment:
 
   # -- steps -------------------------------------------------------------------
 
-  def _jit_step(self, round_index: int | None):
-    """The jitted step over all workers for a static round (or None)."""
+  def _jit_step(self, round_index: int | None, masks: bool = False):
+    """The jitted step over all workers for a static round (or None);
+    ``masks``: it takes ``(alive, working, rejoining)`` (replicated)."""
     c = self.config
     worker = functools.partial(
         step_lib.train_step, loss_fn=self.task.loss, tx=self.tx,
@@ -459,14 +464,15 @@ class Experiment:
     extra = {}
     if self._state_shardings is not None:
       extra["out_shardings"] = (self._state_shardings, self._sharding)
-    masks = (2, 3) if self.faults is not None else ()  # (alive, working)
     return jax.jit(parallel.per_worker(counted, self.mesh,
-                                       replicated_argnums=masks,
+                                       replicated_argnums=(2, 3, 4) if masks
+                                       else (),
                                        gathered_outputs=self._gathered),
                    donate_argnums=(0,), **extra)
 
   def _mask_args(self, step: int | None, state: TrainState) -> tuple:
-    """``(alive, working)`` of ``step`` with ``config.faults``, else ()."""
+    """``(alive, working, rejoining)`` of ``step`` if a worker is dead or
+    slow then (``config.faults``), else ()."""
     if self.faults is None:
       return ()
     if step is None:
@@ -505,12 +511,13 @@ class Experiment:
       process reads all ``n_workers`` values locally.
     """
     masks = self._mask_args(step, state)
-    if None in self._round_steps:
-      return self._round_steps[None](state, batch, *masks)
+    steps = self._fault_steps if masks else self._round_steps
+    if None in steps:
+      return steps[None](state, batch, *masks)
     if step is None:
       step = self._device_step(state)
     topo = self.topology
-    fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
+    fn = steps[topo.round_to_distinct[int(step) % topo.period]]
     return fn(state, batch, *masks)
 
   def communication(self, state: TrainState, batch: Batch, *,
@@ -566,8 +573,7 @@ class Experiment:
     params = (self._params0 if self._params0 is not None
               else self._param_shapes())
     return analysis.step_bytes(
-        [(self._round_steps[d].lower(state, batch, *self._mask_args(0, state)),
-          k)
+        [(self._round_steps[d].lower(state, batch), k)
          for d, k in counts.items()],
         n_workers=self.n_workers, param_bytes=analysis.tree_bytes(params),
         diagnostics_scope=step_lib.DIAGNOSTICS_SCOPE, stage=stage,

@@ -45,10 +45,19 @@ class FaultRun:
     # Worker-steps completed before step k, k = 0 .. steps.
     self._work = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
 
-  def masks(self, step: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(alive, working)``, bool [n], of ``step`` (0-based)."""
-    alive, working = self.schedule.masks(step, step + 1, self.stragglers)
-    return alive[0], working[0]
+  def masks(self, step: int) -> tuple:
+    """``(alive, working, rejoining)``, bool [n], of ``step`` (0-based),
+    or ``()`` if every worker is alive and working at that step and was
+    alive at the step before (the run then takes its plain step).
+
+    ``rejoining``: alive at ``step`` and dead at ``step - 1``.
+    """
+    alive, working = self.schedule.masks(max(step - 1, 0), step + 1,
+                                         self.stragglers)
+    before = alive[0] if step > 0 else np.ones(self.n_workers, bool)
+    if alive[-1].all() and working[-1].all() and before.all():
+      return ()
+    return alive[-1], working[-1], alive[-1] & ~before
 
   def record(self, done: int) -> dict:
     """The record fields after ``done`` steps (module docstring)."""

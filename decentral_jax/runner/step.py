@@ -101,9 +101,9 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
     global_average: ``(params, opt_state, axis_name) -> (params,
       opt_state)`` replacing the exact parameter mean of
       ``global_avg_interval`` (SGP averages numerators and weights).
-    masks: ``(alive, working)``, bool [n] equal on all workers, passed to
-      ``tx.update`` as extra arguments (:mod:`decentral_jax.optim.elastic`),
-      or None.
+    masks: ``(alive, working, rejoining)``, bool [n] equal on all
+      workers, passed to ``tx.update`` as extra arguments
+      (:mod:`decentral_jax.optim.elastic`, ``decentralized``), or None.
 
   Returns:
     ``(new_state, metrics)``: float32 scalars ``loss`` (before the update,
@@ -124,7 +124,7 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                                key)
   extra = {} if round_index is None else {"round_index": round_index}
   if masks is not None:
-    extra.update(alive=masks[0], working=masks[1])
+    extra.update(alive=masks[0], working=masks[1], rejoining=masks[2])
   updates, opt_state = tx.update(grads, state.opt_state, state.params,
                                  **extra)
   params = optax.apply_updates(state.params, updates)

@@ -331,7 +331,7 @@ _FAULT_RULES = {
     "faults.rejoin": _one_of(elastic.REJOIN),
 }
 #: Algorithms that run with config.faults.enabled.
-FAULT_ALGORITHMS = ("local_sgd", "diloco")
+FAULT_ALGORITHMS = ("local_sgd", "diloco", "decentralized")
 
 
 def _check_faults(c: config_dict.ConfigDict) -> None:
@@ -352,9 +352,13 @@ def _check_faults(c: config_dict.ConfigDict) -> None:
   if c.algorithm not in FAULT_ALGORITHMS:
     raise ValueError(
         f"config.faults.enabled=True needs config.algorithm in "
-        f"{', '.join(FAULT_ALGORITHMS)}, got {c.algorithm!r} (gossip over "
-        "live workers is library-only: decentral_jax.comm.faults); set "
+        f"{', '.join(FAULT_ALGORITHMS)}, got {c.algorithm!r}; set "
         "--config.algorithm=diloco or --config.faults.enabled=False.")
+  if c.algorithm == "decentralized" and f.rejoin != "copy_mean":
+    raise ValueError(
+        f"config.faults.rejoin={f.rejoin!r}: config.algorithm=decentralized "
+        "has no theta and rejoins a worker with the mean of its live "
+        "neighbours; set --config.faults.rejoin=copy_mean.")
   if f.min_quorum > c.n_workers:
     raise ValueError(
         f"config.faults.min_quorum={f.min_quorum} exceeds config.n_workers="
