@@ -447,7 +447,7 @@ def _only_params_sent(rep):
 
 @pytest.mark.parametrize("name, accum, expected_branches", [
     ("one_peer_exp", 4, 3),  # period log2(8) = 3, every round one peer
-    ("ring", 1, 2),
+    pytest.param("ring", 1, 2, marks=pytest.mark.slow),
 ])
 def test_one_peer_topologies_send_exactly_the_parameters(
     mesh, name, accum, expected_branches):
@@ -467,6 +467,7 @@ def test_one_peer_topologies_send_exactly_the_parameters(
   assert all(c.dtypes == ("f32",) for c in rep.collectives)
 
 
+@pytest.mark.slow
 def test_static_exponential_sends_log2_n_copies(mesh):
   tx = optim.decentralized_adamw(1e-3, topology.make("exponential", N))
   rep = analysis.communication(_lowered_step(tx, mesh)[0])
@@ -484,6 +485,7 @@ def test_all_reduce_of_gradients_is_the_ring_figure(mesh):
   _only_params_sent(rep)
 
 
+@pytest.mark.slow
 def test_complete_gossip_is_an_all_reduce_of_parameters(mesh):
   tx = optim.decentralized_adamw(1e-3, topology.make("complete", N),
                                  accum_steps=2)
@@ -493,6 +495,7 @@ def test_complete_gossip_is_an_all_reduce_of_parameters(mesh):
   _only_params_sent(rep)
 
 
+@pytest.mark.slow
 def test_bfloat16_gossip_halves_the_bytes_requested(mesh):
   tx = optim.decentralized_adamw(1e-3, topology.make("one_peer_exp", N),
                                  accum_steps=4, comm_dtype=jnp.bfloat16)
@@ -544,6 +547,7 @@ def _local_update_methods():
   }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(_local_update_methods()))
 def test_local_update_bytes_per_step_over_a_sync_period(mesh, name):
   tx, sync_ratio, mean_ratio = _local_update_methods()[name]
@@ -564,6 +568,7 @@ def test_local_update_bytes_per_step_over_a_sync_period(mesh, name):
   _only_params_sent(rep)
 
 
+@pytest.mark.slow
 def test_diloco_n8_h10_is_0175_of_the_parameters(mesh):
   from decentral_jax.optim import local_updates
   tx = local_updates.diloco(optax.sgd(0.1), 10)

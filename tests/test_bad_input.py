@@ -362,8 +362,11 @@ GOOD_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize("fields, probe", GOOD_FIELDS,
-                         ids=[str(f) for f, _ in GOOD_FIELDS])
+@pytest.mark.parametrize("fields, probe", [
+    # The probes that compile a model are in the full suite only.
+    pytest.param(f, p, id=str(f), marks=pytest.mark.slow
+                 if "log_interval" in f or "model.dropout" in f else ())
+    for f, p in GOOD_FIELDS])
 def test_values_at_the_edges_are_accepted(fields, probe):
   c = make_config(**fields)
   validation.check_config(c)
@@ -511,6 +514,7 @@ def _assert_one_error_line(proc, *names):
     assert name in errors[0], (name, errors[0])
 
 
+@pytest.mark.integration
 def test_command_lines_refuse_bad_input_in_one_line(tmp_path):
   train = ["experiments/train.py", "--config", "configs/gpt_tiny.py",
            "--workdir", str(tmp_path / "w")]

@@ -69,7 +69,9 @@ CASES = ([(name, _local(name), False, None) for name in topology.NAMES] + [
     ("complete", 2, True, jnp.float16)])
 
 
-@pytest.mark.parametrize("name,local,node_aware,comm_dtype", CASES)
+@pytest.mark.parametrize("name,local,node_aware,comm_dtype", [
+    c if c == ("one_peer_exp", 1, False, None)
+    else pytest.param(*c, marks=pytest.mark.slow) for c in CASES])
 def test_bucketed_equals_per_leaf_bit_for_bit(name, local, node_aware,
                                               comm_dtype):
   require_devices(8)
@@ -82,6 +84,7 @@ def test_bucketed_equals_per_leaf_bit_for_bit(name, local, node_aware,
     _assert_bit_identical(fn(xs, jnp.int32(step)), x)
 
 
+@pytest.mark.slow
 def test_mean_bucketed_equals_per_leaf():
   require_devices(8)
   mesh = parallel.make_mesh(8)
@@ -117,6 +120,7 @@ def test_empty_tree_and_bad_bucket_bytes():
   assert got == 4096 and type(got) is int  # pylint: disable=unidiomatic-typecheck
 
 
+@pytest.mark.slow
 def test_hlo_one_permute_per_bucket_same_bytes():
   require_devices(8)
   topo = topology.make("one_peer_exp", 8)  # one permute term per round

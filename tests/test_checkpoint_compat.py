@@ -181,6 +181,7 @@ def test_checkpoint_meta_is_the_old_format_without_module_paths(
     assert "decentral_jax" not in text and "<class" not in text
 
 
+@pytest.mark.slow
 def test_resuming_continues_as_the_old_code_did(experiment, workdir):
   config = experiment.config
   last = train.train_and_evaluate(config, workdir, experiment=experiment)

@@ -167,7 +167,9 @@ def x64_if(request):
     jax.config.update("jax_enable_x64", False)
 
 
-@pytest.mark.parametrize("dtype_name", DTYPES)
+@pytest.mark.parametrize("dtype_name", [
+    d if d in ("int32", "float32") else pytest.param(d, marks=pytest.mark.slow)
+    for d in DTYPES])
 def test_every_collective_every_dtype(dtype_name, x64_if):
   _check(dtype_name, (3,), 4, x64_if)
 

@@ -124,6 +124,7 @@ def test_every_method_arm_is_a_valid_config_with_its_fields():
   assert base.sync_every == 10 and base.algorithm == "decentralized"
 
 
+@pytest.mark.slow
 def test_sent_per_step_is_read_from_the_hlo():
   # 8 workers, DiLoCo with H = 5: the ring figure 2 (n - 1) / n = 1.75 x the
   # parameter bytes once per 5 steps (0.35); the consensus-distance
@@ -338,6 +339,7 @@ def test_cluster_files_are_priced_with_their_measured_workload(tmp_path):
     assert "--clusters" in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.integration
 def test_bad_clusters_flag_is_one_error_line_before_training(tmp_path):
   not_a_cluster = tmp_path / "other.json"
   not_a_cluster.write_text('{"schema": "other"}')
@@ -367,6 +369,7 @@ def _env() -> dict:
   return env
 
 
+@pytest.mark.integration
 def test_end_to_end_two_runs_with_predicted_columns_and_plot(tmp_path):
   # A 1-layer model for 6 steps; evaluations at 0, 3 and 6.
   outdir = tmp_path / "cmp"

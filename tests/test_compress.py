@@ -96,6 +96,7 @@ def test_topk_keeps_the_largest_magnitudes_of_each_chunk():
                                 [0, -5, 2, 0, 4, 0, 0, 1])
 
 
+@pytest.mark.slow
 def test_zeros_empty_and_odd_shapes_roundtrip():
   for fmt in compress.FORMATS:
     c = compress.Compressor(fmt, block=4, fraction=0.5)
@@ -188,7 +189,7 @@ def test_choco_worked_example(x64):
 
 
 @pytest.mark.parametrize("name,n", [
-    ("static_ring", 5), ("torus", 9),
+    ("static_ring", 5), pytest.param("torus", 9, marks=pytest.mark.slow),
     pytest.param("exponential", 6, marks=pytest.mark.slow),
     pytest.param("complete", 4, marks=pytest.mark.slow)])
 def test_choco_keeps_the_mean_for_1000_rounds(name, n, x64):
@@ -302,7 +303,9 @@ def _mean_fn(mesh, c):
       lambda t: compress.mean_compressed(t, axis, compressor=c), mesh))
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp4", "topk"])
+@pytest.mark.parametrize("fmt", [
+    "int8", pytest.param("fp4", marks=pytest.mark.slow),
+    pytest.param("topk", marks=pytest.mark.slow)])
 def test_compressed_mean_matches_a_numpy_reference(fmt):
   require_devices(4)
   mesh = parallel.make_mesh(4)
@@ -327,7 +330,9 @@ def test_compressed_mean_matches_a_numpy_reference(fmt):
     np.testing.assert_allclose(out[0], x.mean(0), atol=0.05)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "topk"])
+@pytest.mark.parametrize("fmt", [
+    "int8", pytest.param("int4", marks=pytest.mark.slow),
+    pytest.param("topk", marks=pytest.mark.slow)])
 def test_compressed_mean_bytes_equal_the_hand_count(fmt):
   require_devices(8)
   mesh = parallel.make_mesh(8)

@@ -209,6 +209,7 @@ def test_corpus_shorter_than_context(tmp_path):
          match=("config.model.block_size=2048", "fewer than"))
 
 
+@pytest.mark.integration
 def test_cli_reports_bad_input_in_one_line(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   proc = subprocess.run(
@@ -222,6 +223,7 @@ def test_cli_reports_bad_input_in_one_line(tmp_path):
   assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_cli_trains_with_simulated_cpu_devices(tmp_path):
   """Out of the box on CPU: 8 workers although no device flags are set."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

@@ -46,6 +46,10 @@ RUN = ("--config.model.n_layer=1", "--config.model.n_embd=32",
 TIMINGS = ("step_time_ms", "tokens_per_sec", "train_time_s")
 CLI_TIMEOUT_S = 240
 
+# Every test trains or starts processes; the file-level checks of the same
+# code are in tests/test_metrics.py and tests/test_workdir.py.
+pytestmark = pytest.mark.integration
+
 
 def load():
   return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
@@ -469,20 +473,6 @@ def test_torn_last_metrics_line_is_dropped(exp, reference, tmp_path, caplog):
   train.train_and_evaluate(load(), str(workdir), experiment=exp)
   assert f"{path}: line 5 is incomplete" in caplog.text
   assert_same_as_reference(exp, reference, workdir)
-
-
-def test_corrupt_metrics_line_in_the_middle_is_an_error(tmp_path):
-  path = tmp_path / metrics.METRICS_FILE
-  path.write_text('{"step": 0}\n{"step": 5, "lr"\n{"step": 10}\n')
-  before = path.read_text()
-  with pytest.raises(ValueError) as info:
-    metrics.truncate_after(str(tmp_path), 5)
-  assert str(info.value).startswith(f"{path}, line 2: not a JSON record")
-  assert "fix or delete that line" in str(info.value)
-  assert path.read_text() == before  # nothing rewritten
-  path.write_text('{"step": 0}\n{"step": 5}')  # complete, newline missing
-  assert metrics.truncate_after(str(tmp_path), 5) == 0
-  assert path.read_text() == '{"step": 0}\n{"step": 5}\n'
 
 
 def test_stale_lock_and_leftover_tmp_dir(exp, reference, tmp_path, caplog):

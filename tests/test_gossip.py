@@ -32,7 +32,9 @@ def _data(n, seed=0):
           "b": rng.normal(size=(n,)).astype(np.float32)}
 
 
-@pytest.mark.parametrize("name,n", [c for c in all_valid() if c[1] >= 3])
+@pytest.mark.parametrize("name,n", [
+    c if c[1] == 8 else pytest.param(*c, marks=pytest.mark.slow)
+    for c in all_valid() if c[1] >= 3])
 def test_mix_equals_dense_product(name, n):
   require_devices(n)
   topo = topology.make(name, n, local_size(name, n))
@@ -281,8 +283,11 @@ _PRESERVE = [("complete", 6, 1, False), ("ring", 6, 1, False),
              ("alternating_exp_ring", 8, 2, True)]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name,n,local,node_aware", _PRESERVE)
+@pytest.mark.parametrize("name,n,local,node_aware,dtype", [
+    pytest.param(*c, d, id="-".join(map(str, c + (d,))),
+                 marks=() if (c[0], d) == ("static_ring", "bfloat16")
+                 else pytest.mark.slow)
+    for d in ("bfloat16", "float16") for c in _PRESERVE])
 def test_1000_rounds_preserve_the_average_in_16_bit(name, n, local,
                                                     node_aware, dtype):
   """The network average survives 1,000 rounds to the leaf's precision.

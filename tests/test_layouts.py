@@ -134,8 +134,10 @@ def _assert_close(got, want, rtol):
       assert err <= rtol, (t, k, err)
 
 
-@pytest.mark.parametrize("name", ["dadam", "all_reduce", "diloco"])
-@pytest.mark.parametrize("mode", ["fsdp", "data"])
+@pytest.mark.parametrize("name,mode", [
+    pytest.param(n, m, id=f"{m}-{n}",
+                 marks=() if (n, m) == ("dadam", "fsdp") else pytest.mark.slow)
+    for n in ("dadam", "all_reduce", "diloco") for m in ("fsdp", "data")])
 def test_multi_device_workers_follow_one_device_workers(name, mode):
   extra = name == "diloco"  # one leaf that fsdp cannot split
   want, _, _ = _cached(name, None, "float32", extra)
@@ -157,6 +159,7 @@ def test_multi_device_workers_follow_one_device_workers(name, mode):
   assert (np.ptp(w, axis=0).max() > 1e-4) == (name != "all_reduce")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["fsdp", "data"])
 def test_float64_trajectories_match(x64, mode):
   want, _, _ = _cached("dadam", None, "float64")
@@ -165,6 +168,7 @@ def test_float64_trajectories_match(x64, mode):
   _assert_close(got, want, 1e-12)
 
 
+@pytest.mark.slow
 def test_one_peer_round_bytes_per_device_and_per_worker():
   ref = analysis.communication(_cached("dadam", None, "float32", False)[1])
   fsdp = analysis.communication(_cached("dadam", "fsdp", "float32", False)[1])
@@ -271,6 +275,7 @@ def test_bad_layouts_raise_clear_errors():
         "  ROOT %c = f32[] constant(0)\n}\n"), 4)
 
 
+@pytest.mark.slow
 def test_node_aware_workers_of_two_devices_mix_like_the_matrix():
   # AER on (nodes, local, inner): node means, then pair means of nodes.
   devices = require_devices(N * D)
@@ -306,6 +311,7 @@ def _config(*overrides, devices_per_worker=D, worker_layout="fsdp"):
       f"--config.worker_layout={worker_layout}") + overrides)
 
 
+@pytest.mark.slow
 def test_runner_builds_fsdp_workers_and_refuses_a_changed_layout():
   require_devices(N * D)
   exp = experiment_lib.Experiment(_config())

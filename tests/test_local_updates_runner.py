@@ -79,6 +79,7 @@ def _spread(params):
              jax.tree.leaves(_host(params)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
   """Synchronised at sync steps, apart between; resume mid-window is exact."""
@@ -111,6 +112,7 @@ def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_diloco_evaluates_theta():
   """eval/loss of DiLoCo is the loss of theta; the own models are x."""
   exp = _experiment("diloco")  # the compiled steps of the test above

@@ -172,6 +172,7 @@ def test_first_steps_are_sign_of_gradient(dtype, accum_steps):
                                     np.sign(np.asarray(g[k], np.float64)))
 
 
+@pytest.mark.slow
 @LOW
 def test_accum_adam_steps_equal_optax_adamw(dtype):
   params, grads = _data(dtype)
@@ -182,9 +183,12 @@ def test_accum_adam_steps_equal_optax_adamw(dtype):
                      _optax_adamw_hist(params, grads), params, dtype)
 
 
-@LOW
-@pytest.mark.parametrize("accum_steps", [1, 4])
-@pytest.mark.parametrize("moments", ["low", "float32"])
+@pytest.mark.parametrize("dtype,accum_steps,moments", [
+    pytest.param(d, t, m, id=f"{m}-{t}-{jnp.dtype(d).name}",
+                 marks=() if (d, t, m) == (jnp.bfloat16, 4, "low")
+                 else pytest.mark.slow)
+    for d in (jnp.bfloat16, jnp.float16) for t in (1, 4)
+    for m in ("low", "float32")])
 def test_accum_adam_directions_against_numpy(dtype, accum_steps, moments):
   """Low-precision moments cost a few ulps; float32 moments half an ulp.
 
@@ -210,6 +214,7 @@ def test_accum_adam_directions_against_numpy(dtype, accum_steps, moments):
                                atol=atol, err_msg=f"step {k}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accum_steps", [1, 3])
 def test_float32_moments_with_bfloat16_params(accum_steps):
   params, grads = _data(jnp.bfloat16)
@@ -236,6 +241,7 @@ def test_float32_moments_with_bfloat16_params(accum_steps):
   assert {adam_state.nu[k].dtype for k in params} == {jnp.dtype(jnp.float32)}
 
 
+@pytest.mark.slow
 def test_float32_moments_match_optax_adam_in_float32():
   """bf16 grads, f32 moments: optax.scale_by_adam on f32 copies, rounded."""
   _, grads = _data(jnp.bfloat16, seed=3)
@@ -259,6 +265,7 @@ def test_float32_moments_match_optax_adam_in_float32():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,topo_name,n", [
     (jnp.bfloat16, "ring", 1), (jnp.float16, "ring", 1),
     (jnp.bfloat16, "one_peer_exp", 4), (jnp.float16, "one_peer_exp", 4),
@@ -277,6 +284,7 @@ def test_decentralized_adamw_with_identity_mixing_is_adamw(dtype, topo_name,
                        want, one(params), dtype)
 
 
+@pytest.mark.slow
 @LOW
 def test_all_reduce_adamw_is_adamw_on_the_mean_gradient(dtype):
   n = 4
@@ -293,9 +301,12 @@ def test_all_reduce_adamw_is_adamw_on_the_mean_gradient(dtype):
                        want, p0, dtype)
 
 
-@LOW
-@pytest.mark.parametrize("form", ["gossip_mixing", "decentralized",
-                                  "decentralized_mix_after"])
+@pytest.mark.parametrize("dtype,form", [
+    pytest.param(d, f, id=f"{f}-{jnp.dtype(d).name}",
+                 marks=() if (d, f) == (jnp.bfloat16, "decentralized")
+                 else pytest.mark.slow)
+    for d in (jnp.bfloat16, jnp.float16)
+    for f in ("gossip_mixing", "decentralized", "decentralized_mix_after")])
 def test_dpsgd_against_dense_float64_oracle(dtype, form):
   """Distinct workers on one_peer_exp (weights 1/2, exact in any dtype).
 
@@ -333,6 +344,7 @@ def test_dpsgd_against_dense_float64_oracle(dtype, form):
     assert np.max(np.abs(x[m] - p0[m])) > 20 * 8 * _eps(dtype), m
 
 
+@pytest.mark.slow
 def test_decentralized_adamw_float16_params_comm_dtype_bfloat16():
   """Identical float16 workers sending bf16 stay near optax.adamw's path.
 

@@ -187,6 +187,7 @@ def test_untrained_gpt_loss_is_log_vocab(small_params, small_apply):
   assert abs(loss - math.log(64)) < 0.3
 
 
+@pytest.mark.slow
 def test_gpt_dropout_needs_rng_only_when_training(small_params, small_apply):
   cfg = dataclasses.replace(SMALL, dropout=0.5)
   idx = jnp.arange(16, dtype=jnp.int32)[None]
@@ -275,7 +276,8 @@ def _np_cnn(p, images):
 
 @pytest.mark.parametrize("features,dense,classes,side", [
     ((32, 64), 128, 10, 28),  # the Fashion-MNIST model
-    ((3, 5), 7, 4, 11),  # odd sides: 11 -> 5 -> 2 (pooling drops a row)
+    # odd sides: 11 -> 5 -> 2 (pooling drops a row)
+    pytest.param((3, 5), 7, 4, 11, marks=pytest.mark.slow),
 ])
 def test_cnn_forward_matches_numpy(features, dense, classes, side):
   model = cnn.CNN(num_classes=classes, features=features, dense=dense)

@@ -299,6 +299,7 @@ def test_plain_gossip_refuses_column_stochastic_topology():
   assert push_sum.one_peer_directed_exp(8).doubly_stochastic
 
 
+@pytest.mark.slow
 def test_validation_at_16384_never_forms_dense_rounds():
   """push_sum validates every round on its sparse plan: a dense float64
   round at n = 16384 is 2 GiB, the built-ins here together stay < 200 MB."""

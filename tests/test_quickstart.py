@@ -23,7 +23,7 @@ def _load():
 
 @pytest.mark.parametrize("args", [
     ["--topology", "alternating_exp_ring", "--local_size", "4"],
-    ["--all_reduce"]])
+    pytest.param(["--all_reduce"], marks=pytest.mark.integration)])
 def test_quickstart_trains(args):
   require_devices(8)
   # At w = 0 the expected loss is E[(x @ w_true)^2] = |w_true|^2.

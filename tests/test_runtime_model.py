@@ -179,6 +179,7 @@ def test_vectorized_simulator_matches_plain_loops(name):
       ref, rel=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("buckets", ["one", "25MiB"])
 @pytest.mark.parametrize("name", ["all_reduce", "one_peer_exp", "aer",
                                   "complete", "sgp"])
@@ -334,6 +335,7 @@ def test_figure6_reproduction_within_20_percent_and_ordered():
   assert any("T4 n=64: order" in s for s in msgs)
 
 
+@pytest.mark.slow
 def test_figure6_fit_reproduces_stored_constants():
   t4 = paper.fit_fig6("T4")
   a40 = paper.fit_fig6("A40", compute_cv=t4["compute_cv"])

@@ -26,6 +26,7 @@ def table():
   return holdout.rows()
 
 
+@pytest.mark.slow
 def test_leave_one_cluster_out_acceptance_and_documented_failures(table):
   assert len(table) == 3 * 3 * 4  # clusters x GPU counts x methods
   bad = holdout.failures(table)
@@ -47,6 +48,7 @@ def test_leave_one_cluster_out_acceptance_and_documented_failures(table):
       assert abs(r["error"]) < 0.10, r
 
 
+@pytest.mark.slow
 def test_acceptance_rejects_a_wrong_bar_and_a_wrong_order(table):
   broken = copy.deepcopy(table)
   for r in broken:
@@ -59,6 +61,7 @@ def test_acceptance_rejects_a_wrong_bar_and_a_wrong_order(table):
   assert any(m.startswith("A100 n=32: order of all_reduce") for m in msgs)
 
 
+@pytest.mark.slow
 def test_folds_never_see_their_own_decentralized_bars():
   for target in holdout.CLUSTERS:
     corrupt = copy.deepcopy(holdout.FIG6_MS)
@@ -77,6 +80,7 @@ def test_folds_never_see_their_own_decentralized_bars():
       assert got[key] == pytest.approx(want, rel=0.02), (target, key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", holdout.CLUSTERS)
 def test_shared_values_are_the_other_clusters_best_fit(target):
   fold = holdout.FOLDS[target]
@@ -129,6 +133,7 @@ def test_cluster_uses_published_links_and_transport():
     holdout.cluster("V100", 8, 1)
 
 
+@pytest.mark.slow
 def test_cli_validate_prints_both_tables(table, monkeypatch, capsys):
   monkeypatch.setattr(holdout, "rows", lambda folds=None: table)
   monkeypatch.setattr(holdout, "insample_rows", lambda params=None: table)

@@ -5,13 +5,12 @@ gloo on 127.0.0.1) started through the command line, as a user would on
 two hosts: each process joins with ``--set distributed.*`` (the runner's
 start-up), process 0 writes the file. The numbers are CPU numbers; the test
 checks the file, its schema and the pipeline into ``predict``, not the
-values. The fits are checked on synthetic timings with known answers.
+values.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -23,12 +22,15 @@ import pytest
 
 from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model import core
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("model.n_layer=1", "model.n_embd=16", "model.n_head=2",
         "model.block_size=8", "global_batch=16", "n_workers=8")
 TIMEOUT_S = 240
+
+# The tests share one 2-process job; the file's fits, schema and a
+# one-process measure are in tests/test_runtime_model_cluster_file.py.
+pytestmark = pytest.mark.integration
 
 
 def _free_port() -> int:
@@ -126,80 +128,3 @@ def test_predict_reads_the_measured_file(measured, capsys):
   assert "measured All-Reduce" in out and "recommendation:" in out
 
 
-def _synthetic(a_in=5e-6, b_in=20e9, a_out=1e-5, flow=3e9, cap=6e9, k=4):
-  sizes = [1e6, 4e6, 16e6]
-  return {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": k,
-          "intra_pair_s": [a_in + m / b_in for m in sizes],
-          "inter_pair_s": [a_out + m / flow for m in sizes],
-          "inter_concurrent_s": [a_out + k * m / cap for m in sizes],
-          "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
-
-
-def test_fit_links_recovers_known_links():
-  got = cluster_file.fit_links(_synthetic(), 16, 4)
-  assert got["intra_latency_s"] == pytest.approx(5e-6, rel=1e-6)
-  assert got["intra_bandwidth_Bps"] == pytest.approx(20e9, rel=1e-9)
-  assert got["inter_latency_s"] == pytest.approx(1e-5, rel=1e-6)
-  assert got["nic_bandwidth_Bps"] == pytest.approx(6e9, rel=1e-9)
-  assert got["flow_bandwidth_Bps"] == pytest.approx(3e9, rel=1e-9)
-  # One flow fills the node: no cap.
-  full = cluster_file.fit_links(_synthetic(flow=6e9), 16, 4)
-  assert full["flow_bandwidth_Bps"] is None
-  # One node measured: inter-node fields are the Cluster defaults.
-  one = _synthetic()
-  one.update(inter_pair_s=None, inter_concurrent_s=None)
-  got = cluster_file.fit_links(one, 4, 4)
-  assert got["nic_bandwidth_Bps"] == core.Cluster.nic_bandwidth_Bps
-  with pytest.raises(ValueError, match="2 distinct"):
-    cluster_file.fit_alpha_beta([1e6, 1e6], [1.0, 2.0])
-
-
-def _write(tmp_path, data, workload=True):
-  path = str(tmp_path / "c.json")
-  w = ({"param_count": 65e6, "forward_s": 0.03, "backward_s": 0.06,
-        "compute_cv": 0.1, "compute_samples_s": [0.08, 0.09, 0.1],
-        "grad_dtype": "float32", "param_dtype": "float32"}
-       if workload else None)
-  cluster_file.write(path, {"cluster": cluster_file.fit_links(data, 16, 4),
-                            "workload": w, "measurements": data,
-                            "meta": {"devices": 16}})
-  return path
-
-
-def test_predict_cluster_flags_override_the_file(tmp_path, capsys):
-  path = _write(tmp_path, _synthetic())
-  args = cli.build_parser().parse_args(["predict", "--cluster", path])
-  args.explicit_flags = {"--forward-ms", "--nics-per-node"}
-  args.forward_ms, args.nics_per_node = 50.0, 2
-  c, w = cli.from_cluster_file(cluster_file.read(path), args, 32)
-  assert (c.n_workers, c.local_size, c.nics_per_node) == (32, 4, 2)
-  assert c.nic_bandwidth_Bps == pytest.approx(6e9)
-  assert w.compute_samples_s is None  # an explicit mean drops the samples
-  assert (w.forward_s, w.backward_s, w.compute_cv) == (0.05, 0.06, 0.1)
-  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
-                   "--steps", "20"]) == 0
-  assert "n=8 workers (2 nodes x 4)" in capsys.readouterr().out
-  assert cli.main(["predict", "--cluster", path, "--n-workers", "6"]) == 2
-  # No measured compute: the workload flags are used.
-  bare = _write(tmp_path, _synthetic(), workload=False)
-  assert cli.main(["predict", "--cluster", bare, "--steps", "20"]) == 0
-
-
-@pytest.mark.parametrize("edit, match", [
-    (lambda d: d.update(schema="other"), "schema"),
-    (lambda d: d["cluster"].pop("nic_bandwidth_Bps"), "keys"),
-    (lambda d: d["cluster"].update(nic_bandwidth_Bps=-1.0),
-     "nic_bandwidth_Bps"),
-    (lambda d: d["workload"].update(forward_s="fast"), "forward_s"),
-])
-def test_bad_cluster_files_are_refused_naming_the_problem(tmp_path, edit,
-                                                         match):
-  path = _write(tmp_path, _synthetic())
-  with open(path) as f:
-    data = json.load(f)
-  edit(data)
-  with open(path, "w") as f:
-    json.dump(data, f)
-  with pytest.raises(ValueError, match=match):
-    cluster_file.read(path)
-  assert cli.main(["predict", "--cluster", path]) == 2

@@ -129,7 +129,12 @@ def _gap_oracle(p):
   return max(0.0, 1.0 - float(np.sqrt(max(np.linalg.eigvalsh(d.T @ d)[-1], 0))))
 
 
-@pytest.mark.parametrize("name,n,local", CASES)
+# n <= 16 in the fast tier; larger n only in the full suite.
+SMALL = [c if c[1] <= 16 else pytest.param(*c, marks=pytest.mark.slow)
+         for c in CASES]
+
+
+@pytest.mark.parametrize("name,n,local", SMALL)
 def test_plan_reproduces_oracle(name, n, local):
   topo, refs = _make(name, n, local)
   assert topo.period == len(refs)
@@ -154,7 +159,8 @@ def test_plan_reproduces_oracle(name, n, local):
                              rtol=0, atol=1e-14)
 
 
-@pytest.mark.parametrize("name,n,local", [c for c in CASES if c[1] >= 4])
+@pytest.mark.parametrize("name,n,local", [
+    c for c, plain in zip(SMALL, CASES) if plain[1] >= 4])
 def test_spectral_gap_matches_numpy_oracle(name, n, local):
   topo, refs = _make(name, n, local)
   want = _gap_oracle(_period_oracle(refs))
@@ -242,6 +248,7 @@ def test_finite_time_consensus(topo, expected):
     topo.has_finite_time_consensus(method="exact")
 
 
+@pytest.mark.slow
 def test_finite_time_consensus_large_n_without_dense():
   assert topology.make("aer", 4096, 8).has_finite_time_consensus()
   assert topology.make("one_peer_exp", 4096).has_finite_time_consensus()
@@ -279,6 +286,7 @@ def _formula(name, r, x):
   raise AssertionError(name)
 
 
+@pytest.mark.slow
 def test_every_builtin_at_16384_is_sparse():
   tracemalloc.start()
   try:
@@ -323,6 +331,7 @@ def _op_count(topo, n):
   return len(re.findall(r"\bstablehlo\.[a-z_]+", text))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,small,large", [
     ("ring", 8, 16), ("static_ring", 8, 16), ("complete", 8, 16),
     ("exponential", 9, 16), ("torus", 9, 15),

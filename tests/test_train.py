@@ -80,6 +80,7 @@ def assert_trees_equal(a, b):
     assert x.dtype == y.dtype and np.array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_resume_is_bit_exact(gpt_exp, gpt_exp_fresh, tmp_path):
   """7 steps straight == 5 steps, save, restore into a new Experiment, 2 more."""
   straight = run_steps(gpt_exp, gpt_exp.init_state(), 0, 7)
@@ -112,6 +113,7 @@ def test_resume_is_bit_exact(gpt_exp, gpt_exp_fresh, tmp_path):
   assert not np.array_equal(wte[0], start[0])
 
 
+@pytest.mark.slow
 def test_dropout_keys_differ_per_worker_and_per_step(gpt_exp):
   """Same parameters and batch on every worker: only dropout tells them apart."""
   sharding = parallel.worker_sharding(gpt_exp.mesh)
@@ -154,6 +156,7 @@ def _reference_eval(exp, state):
   return avg_loss, np.asarray(own), subset, consensus
 
 
+@pytest.mark.slow
 def test_evaluate_matches_oracle_and_does_not_change_training(gpt_exp):
   with_eval = gpt_exp.init_state()
   without = gpt_exp.init_state()
@@ -185,6 +188,7 @@ def test_evaluate_matches_oracle_and_does_not_change_training(gpt_exp):
   assert consensus > 0 and own.std() > 0
 
 
+@pytest.mark.integration
 def test_loop_end_to_end_resume_and_no_retrace(gpt_exp, gpt_exp_fresh,
                                                tmp_path):
   """gpt_tiny for 20 steps; then resume from step 10 gives the same result."""
@@ -231,6 +235,7 @@ def test_loop_end_to_end_resume_and_no_retrace(gpt_exp, gpt_exp_fresh,
   assert records[4]["eval/loss"] == final["eval/loss"]
 
 
+@pytest.mark.integration
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(gpt_exp, tmp_path,
                                                          monkeypatch):
   bad_worker, bad_index = 3, 12  # the 13th update (step 13) on worker 3
@@ -387,6 +392,7 @@ def test_all_reduce_matches_single_model_adamw():
     np.testing.assert_allclose(a[0], b, rtol=1e-4, atol=2e-6)
 
 
+@pytest.mark.integration
 def test_cnn_fashion_mnist_end_to_end(tmp_path):
   """Learns on real images: the committed subset in tests/fixtures."""
   require_devices(N)
@@ -407,6 +413,7 @@ def test_cnn_fashion_mnist_end_to_end(tmp_path):
   assert final["eval/accuracy"] > 0.4 and "samples_per_sec" in final
 
 
+@pytest.mark.integration
 def test_gpt2_small_owt_end_to_end_on_token_bins(tmp_path):
   """The paper config (AER, 2-D mesh, AccumAdamW T=8, global averages)."""
   require_devices(N)
@@ -440,6 +447,7 @@ def test_gpt2_small_owt_end_to_end_on_token_bins(tmp_path):
     assert json.load(f)["optimizer"]["accum_steps"] == 8
 
 
+@pytest.mark.slow
 def test_static_gossip_rounds_match_switch(tmp_path):
   """config.gossip_rounds=static: per-round compiles, same trajectory."""
   del tmp_path

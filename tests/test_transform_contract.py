@@ -125,7 +125,9 @@ CASES = [
          mixes=False),
 ]
 IDS = [c.name for c in CASES]
-DTYPES = pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
+DTYPES = pytest.mark.parametrize("dtype", [
+    "float32", pytest.param("float64", marks=pytest.mark.slow),
+    pytest.param("bfloat16", marks=pytest.mark.slow)])
 
 
 @pytest.fixture
@@ -235,6 +237,7 @@ def test_jit_types_and_state_are_stable(case, dtype, dtype_of):
   _plain_run(case, dtype_of(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_bfloat16_tracks_float32(case):
   """bf16 params/grads end within a few bf16 roundings of float32 runs.
@@ -255,6 +258,7 @@ def test_bfloat16_tracks_float32(case):
     np.testing.assert_allclose(low[k], ref[k], rtol=0, atol=tol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_inside_chain_after_clipping(case):
   """``chain(clip, tx)``: stable state, one trace, and the result of ``tx``
@@ -289,6 +293,7 @@ def test_inside_chain_after_clipping(case):
   assert len(traces) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", [c for c in CASES if c.inject],
                          ids=[c.name for c in CASES if c.inject])

@@ -117,8 +117,10 @@ def _assert_close(got, want, rtol):
       assert err <= rtol * np.max(np.abs(w64)), (t, key, err)
 
 
-@pytest.mark.parametrize("topo_name", ["one_peer_exp", "aer", "custom"])
-@pytest.mark.parametrize("k", [4, 16])
+@pytest.mark.parametrize("topo_name,k", [
+    pytest.param(t, k, id=f"{k}-{t}",
+                 marks=() if (t, k) == ("one_peer_exp", 4) else pytest.mark.slow)
+    for t in ("one_peer_exp", "aer", "custom") for k in (4, 16)])
 def test_virtual_workers_follow_one_worker_per_device(topo_name, k):
   want = _cached("dadam", topo_name, 1)
   got = _cached("dadam", topo_name, k)
@@ -127,12 +129,14 @@ def test_virtual_workers_follow_one_worker_per_device(topo_name, k):
   assert np.ptp(w, axis=0).max() > 1e-4  # workers differ: not vacuous
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["all_reduce", "diloco"])
 def test_all_reduce_and_diloco_on_virtual_workers(method):
   _assert_close(_cached(method, "complete", 4), _cached(method, "complete", 1),
                 1e-5)
 
 
+@pytest.mark.slow
 def test_float64_trajectories_match(x64):
   want = _cached("dadam", "aer", 1, "float64")
   got = _cached("dadam", "aer", 4, "float64")
@@ -147,6 +151,7 @@ def _mix_fn(topo, mesh, comm_dtype=None):
       replicated_argnums=(1,)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["complete", "ring", "one_peer_exp",
                                   "alternating_exp_ring", "exponential",
                                   "torus", "static_ring"])
@@ -163,6 +168,7 @@ def test_every_round_equals_the_dense_mixing_matrix(name):
       np.testing.assert_allclose(got, want, atol=2e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_low_precision_gossip_on_virtual_workers():
   topo = topology.make("alternating_exp_ring", N, 4)
   x = np.random.default_rng(2).normal(size=(N, 64)).astype(np.float32)
@@ -189,6 +195,7 @@ def _round_bytes(topo, k, step):
                                 stage="unoptimized")
 
 
+@pytest.mark.slow
 def test_a_round_sends_only_the_rows_that_cross_devices():
   row = PARAM_BYTES
   ope = topology.make("one_peer_exp", N)
@@ -261,6 +268,7 @@ def test_config_errors_name_the_fields():
                                          "workers_per_device=4")
 
 
+@pytest.mark.slow
 def test_runner_trains_virtual_workers_like_devices():
   require_devices(8)
   runs = {}

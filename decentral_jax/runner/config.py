@@ -13,8 +13,9 @@ does (the entry points take them out of their command line with
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
-import sys
 from typing import Sequence
 
 import jax.numpy as jnp
@@ -333,34 +334,18 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
   if not os.access(file_part, os.R_OK):
     raise ValueError(f"config file {file_part!r} is not readable.")
   args = [o if o.startswith("--") else f"--config.{o}" for o in overrides]
-
-  def parse(argv):
-    # config_flags imports every file as module "config_config" and reuses
-    # a loaded one: names of an earlier config file would leak into this one.
-    sys.modules.pop("config_config", None)
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", flag_values=fv,
-                                    lock_config=True, sys_argv=argv)
-    fv(argv)
-    return fv.config
-
-  try:
-    base = parse(["load_config", f"--config={path}"])
-  except SystemExit as e:  # sys.exit() in the file: not a config
-    raise ValueError(f"config file {path!r} could not be loaded: it called "
-                     f"sys.exit({e.code!r}) while being imported or in "
-                     "get_config().") from None
-  except Exception as e:  # pylint: disable=broad-except
-    # The file itself: a syntax error, no get_config(), get_config raising.
-    raise ValueError(f"config file {path!r} could not be loaded: "
-                     f"{_root_cause(e)}") from None
-  if not isinstance(base, config_dict.ConfigDict):
-    raise ValueError(f"get_config() of {path!r} returned a "
-                     f"{type(base).__name__}, not an ml_collections ConfigDict.")
+  base = _read_config_file(path)
   if not args:
     return base
   try:
-    return parse(["load_config", f"--config={path}", *args])
+    # A fresh copy (the file read again): parsing overrides changes it.
+    argv = ["load_config", *args]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_dict("config", _read_config_file(path),
+                                    flag_values=fv, lock_config=True,
+                                    sys_argv=argv)
+    fv(argv)
+    return fv.config
   except (Exception, SystemExit) as e:  # pylint: disable=broad-except
     error = e
   for arg in args:  # name the override whose field does not exist
@@ -371,6 +356,43 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
         raise ValueError(f"{arg}: unknown config field {key!r} in {path}.")
       node = node[part]
   raise ValueError(f"{path}: {config_error_message(error)}")
+
+
+def _read_config_file(path: str) -> config_dict.ConfigDict:
+  """The locked ``get_config(arg)`` of ``"file.py[:arg]"``, run in a fresh module.
+
+  The file is executed with ``importlib`` (``exec_module``) in a module of its
+  own that is not put in ``sys.modules``, so no name of an earlier config
+  file leaks into it (``ml_collections.config_flags.DEFINE_config_file`` uses
+  the deprecated ``load_module`` and reuses one module name for every file).
+
+  Raises:
+    ValueError: the file cannot be executed, has no ``get_config``, its
+      ``get_config`` raises, or returns something other than a
+      ``ConfigDict``.
+  """
+  file_part, *arg = path.split(":", 1)
+  try:
+    loader = importlib.machinery.SourceFileLoader("config_file", file_part)
+    spec = importlib.util.spec_from_file_location("config_file", file_part,
+                                                  loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config(*arg)
+  except SystemExit as e:  # sys.exit() in the file: not a config
+    raise ValueError(f"config file {path!r} could not be loaded: it called "
+                     f"sys.exit({e.code!r}) while being imported or in "
+                     "get_config().") from None
+  except Exception as e:  # pylint: disable=broad-except
+    # The file itself: a syntax error, no get_config(), get_config raising.
+    raise ValueError(f"config file {path!r} could not be loaded: "
+                     f"{_root_cause(e)}") from None
+  if not isinstance(config, config_dict.ConfigDict):
+    raise ValueError(f"get_config() of {path!r} returned a "
+                     f"{type(config).__name__}, not an ml_collections "
+                     "ConfigDict.")
+  config.lock()
+  return config
 
 
 def _root_cause(error: BaseException) -> str:

@@ -7,10 +7,14 @@ per kind, ``per_step_methods`` (All-Reduce, gossip) and ``local_methods``
 (Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD); ``specs`` (gossip
 spec syntax); ``core`` (:func:`make_method`, :func:`closed_form`,
 :func:`simulate`: spec parsing and the dispatch over kinds); ``traffic``
-for bytes per iteration, ``recommend`` for pricing methods side by side,
-``paper`` for the Figure 6 in-sample fit, ``holdout`` for the
-leave-one-cluster-out validation and ``cluster_file`` for the cluster JSON
-that ``measure`` writes and ``predict --cluster`` reads. The command line
+for bytes per iteration, ``compression`` for the bytes and codec time of
+compressed communication, ``recommend`` for pricing methods side by side
+(and the break-even bandwidth of compression), ``paper`` for the Figure 6
+in-sample fit, ``holdout`` for the leave-one-cluster-out validation,
+``presets`` for the named clusters and workloads, ``utilisation`` for
+compute utilisation against bandwidth (Kale et al. 2025, Table 5) and
+``cluster_file`` for the cluster JSON that ``measure`` writes and
+``predict --cluster`` reads. The command line
 (``python -m decentral_jax.runtime_model --help``), ``measure`` and
 ``calibrate`` are in :mod:`decentral_jax.runtime_model.cli`.
 """

@@ -7,7 +7,9 @@ documented in docs/runtime_model.md, "measure"):
   ``local_size``, ``intra_latency_s``, ``intra_bandwidth_Bps``,
   ``inter_latency_s``, ``nic_bandwidth_Bps``, ``flow_bandwidth_Bps`` (or
   null), ``nics_per_node``, ``nic_efficiency``, ``full_duplex``,
-  ``multi_node``, ``intra_link``), fitted by :func:`fit_links`;
+  ``multi_node``, ``intra_link``), fitted by :func:`fit_links`, and
+  optionally the fields ``measure`` does not fit (``datacenters``,
+  ``wan_latency_s``, ``wan_bandwidth_Bps``, ``codec_Bps``);
 * ``workload``: keyword arguments of :class:`~.workload.Workload`
   (``param_count``, ``forward_s``, ``backward_s``, ``compute_cv``,
   ``compute_samples_s``, ``grad_dtype``, ``param_dtype``), or null when no
@@ -121,7 +123,15 @@ CLUSTER_SCHEMA = {
     "full_duplex": ("bool", None, None, False),
     "multi_node": ("str", None, None, False),
     "intra_link": ("str", None, None, False),
+    # Optional: what measure does not fit (datacenters over a wide-area
+    # link, the codec rate of compressed communication).
+    "datacenters": ("int", 1, _COUNT, False),
+    "wan_latency_s": ("number", 0.0, _DAY_S, False),
+    "wan_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, True),
+    "codec_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, False),
 }
+OPTIONAL_CLUSTER_KEYS = ("datacenters", "wan_latency_s", "wan_bandwidth_Bps",
+                         "codec_Bps")
 WORKLOAD_SCHEMA = {
     "param_count": ("number", 0.0, 1e15, False),
     "forward_s": ("number", 0.0, _DAY_S, True),
@@ -154,7 +164,8 @@ META_SCHEMA = {
     "overrides": ("strs", None, None, True),
 }
 TOP_KEYS = ("schema", "cluster", "workload", "measurements", "meta")
-CLUSTER_KEYS = tuple(CLUSTER_SCHEMA)
+CLUSTER_KEYS = tuple(k for k in CLUSTER_SCHEMA
+                     if k not in OPTIONAL_CLUSTER_KEYS)
 WORKLOAD_KEYS = tuple(WORKLOAD_SCHEMA)
 
 
@@ -256,7 +267,8 @@ def read(path: str) -> dict:
   """Reads and checks a cluster file against the schema above.
 
   Every key is checked: the top-level keys ``TOP_KEYS`` (all present), the
-  ``cluster`` keys (all present), ``workload`` (null or keys among
+  ``cluster`` keys (all of ``CLUSTER_KEYS`` present, and optionally
+  ``OPTIONAL_CLUSTER_KEYS``), ``workload`` (null or keys among
   ``WORKLOAD_SCHEMA`` with ``param_count``), ``measurements`` and ``meta``
   (keys among their schemas, each optional). Numbers must be finite JSON
   numbers (not ``true``/``false``, not NaN or Infinity) within the bounds
@@ -290,7 +302,7 @@ def _check_document(data) -> None:
   if missing or unknown:
     raise ValueError(f"the file {'misses' if missing else 'has unknown'} "
                      f"{missing or unknown}; its keys are {list(TOP_KEYS)}.")
-  _check_section(data, "cluster", CLUSTER_SCHEMA, tuple(CLUSTER_SCHEMA))
+  _check_section(data, "cluster", CLUSTER_SCHEMA, CLUSTER_KEYS)
   if data["workload"] is not None:
     _check_section(data, "workload", WORKLOAD_SCHEMA, ("param_count",))
   _check_section(data, "measurements", MEASUREMENTS_SCHEMA)

@@ -4,8 +4,12 @@
 collective round for every worker: ring all-reduce, pair exchange, group
 means inside a node or over several nodes (ring or two-level tree), and
 rounds of point-to-point ``ppermute`` terms, with concurrent inter-node flows
-sharing their node's NIC. Units: seconds (``_s``), bytes, bytes per second
-(``_Bps``).
+sharing their node's NIC. Three levels of links: workers in a node (intra
+link), nodes in a datacenter (NICs), datacenters over a wide-area link
+(``Cluster.datacenters > 1``: latency-dominated, one uplink per datacenter
+shared by every flow that leaves it; group means that span datacenters run
+hierarchically, see :func:`group_round_cost`). Units: seconds (``_s``),
+bytes, bytes per second (``_Bps``).
 
 References:
   Thakur, Rabenseifner, Gropp, `Optimization of Collective Communication
@@ -89,6 +93,20 @@ class Cluster:
       it) or ``"nvlink"`` (intra-node traffic on NVLink/NVSwitch at
       ``intra_bandwidth_Bps``; traffic to the NIC on a separate path that is
       not limiting).
+    datacenters: number of datacenters ``D`` (divides the number of nodes);
+      datacenter ``d`` holds nodes ``d*N/D .. (d+1)*N/D - 1`` (workers
+      ``d*n/D ..``). Default 1 (no wide-area link).
+    wan_latency_s: one-way latency of a message between two datacenters
+      (seconds; it replaces ``inter_latency_s`` on such hops), e.g. 0.03
+      for about 6000 km of fibre. Default 0.
+    wan_bandwidth_Bps: rate of one datacenter's wide-area uplink per
+      direction (bytes/s), shared by every flow that leaves (enters) the
+      datacenter at the same time, e.g. 10 Gbit/s = 1.25e9. Needed when
+      ``datacenters > 1``; default None.
+    codec_Bps: bytes of float32 values one device quantizes or dequantizes
+      per second (compressed communication; see
+      :mod:`decentral_jax.runtime_model.compression`). Default 100e9, an
+      assumption (docs/runtime_model.md, "Compressed communication").
   """
 
   n_workers: int
@@ -103,6 +121,10 @@ class Cluster:
   nics_per_node: int = 1
   nic_efficiency: float = 1.0
   full_duplex: bool = True
+  datacenters: int = 1
+  wan_latency_s: float = 0.0
+  wan_bandwidth_Bps: float | None = None
+  codec_Bps: float = 100e9
 
   def __post_init__(self):
     n, big_l = self.n_workers, self.local_size
@@ -133,10 +155,39 @@ class Cluster:
     if self.intra_link not in INTRA_LINKS:
       raise ValueError(f"intra_link must be one of {INTRA_LINKS}, got "
                        f"{self.intra_link!r}.")
+    self._check_wan()
+
+  def _check_wan(self) -> None:
+    d = self.datacenters
+    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 \
+        or self.n_nodes % d:
+      raise ValueError(f"datacenters={d!r} must be a positive integer "
+                       f"dividing the number of nodes ({self.n_nodes} = "
+                       f"n_workers / local_size).")
+    check_positive("wan_latency_s", self.wan_latency_s, allow_zero=True)
+    if self.wan_bandwidth_Bps is not None:
+      check_positive("wan_bandwidth_Bps", self.wan_bandwidth_Bps)
+    elif d > 1:
+      raise ValueError(f"datacenters={d} needs wan_bandwidth_Bps (the rate "
+                       "of a datacenter's wide-area uplink, bytes/s).")
+    check_positive("codec_Bps", self.codec_Bps)
 
   @property
   def n_nodes(self) -> int:
     return self.n_workers // self.local_size
+
+  @property
+  def dc_size(self) -> int:
+    """Workers per datacenter: ``n_workers // datacenters``."""
+    return self.n_workers // self.datacenters
+
+  def datacenter(self, worker: int) -> int:
+    """The datacenter of ``worker``."""
+    return worker // self.dc_size
+
+  def wan_flow_Bps(self, sharing: int) -> float:
+    """Bytes/s of one flow between datacenters when ``sharing`` flows use its uplinks."""
+    return self.wan_bandwidth_Bps / max(1, sharing)
 
   @property
   def rails(self) -> int:
@@ -226,16 +277,24 @@ def _members(matrix: np.ndarray) -> np.ndarray:
   return np.array([r + [i] * (width - len(r)) for i, r in enumerate(rows)])
 
 
-def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
+def _group_cost(c: Cluster, group: Sequence[int], sharing: int,
+                wan_sharing: int = 1):
   """(latency, seconds/byte) of an all-reduce (group mean) over ``group``.
 
   ``sharing``: concurrent inter-node flows on the NICs this group's flow uses
-  (its rail's for a two-worker group, else the node's).
+  (its rail's for a two-worker group, else the node's); ``wan_sharing``:
+  concurrent flows on the wide-area uplink of its busiest datacenter (groups
+  that span datacenters only).
   """
   p = len(group)
   nodes = {w // c.local_size for w in group}
   if p == 1:
     return 0.0, 0.0
+  if c.datacenters > 1 and len({c.datacenter(w) for w in group}) > 1:
+    if p == 2:
+      return c.wan_latency_s, 1.0 / min(c.inter_flow_Bps(sharing, rail=True),
+                                        c.wan_flow_Bps(wan_sharing))
+    return _hierarchical_cost(c, group, sharing, wan_sharing)
   if len(nodes) == 1:
     if p == 2:
       return c.intra_latency_s, 1.0 / c.intra_bandwidth_Bps
@@ -258,6 +317,33 @@ def _group_cost(c: Cluster, group: Sequence[int], sharing: int):
   return 2 * (p - 1) * c.inter_latency_s, 2 * (p - 1) / p / bw
 
 
+def _hierarchical_cost(c: Cluster, group: Sequence[int], sharing: int,
+                       wan_sharing: int):
+  """(latency, seconds/byte) of a group mean over ``k > 1`` datacenters.
+
+  Hierarchical, in three stages run one after the other: a reduce-scatter
+  inside each datacenter, an all-reduce of each shard across the ``k``
+  datacenters (the ``m`` shard flows of a datacenter together move ``2(k-1)/k
+  M`` through its uplink, ``2(k-1)`` wide-area latencies), an all-gather
+  inside each datacenter. The two in-datacenter stages cost one group mean
+  over the datacenter's members (:func:`_group_cost`; the slowest
+  datacenter's latency and seconds per byte); the cross stage runs at the
+  slower of the uplink's share and the NICs of the group's ``q`` nodes in a
+  datacenter (``q`` inter-node flows):
+  ``2(k-1) a_wan + 2(k-1)/k M / min(b_wan / wan_sharing, q b_flow)``.
+  """
+  by_dc: dict[int, list[int]] = {}
+  for w in group:
+    by_dc.setdefault(c.datacenter(w), []).append(w)
+  k = len(by_dc)
+  inner = [_group_cost(c, sub, sharing) for sub in by_dc.values()]
+  q = min(len({w // c.local_size for w in sub}) for sub in by_dc.values())
+  rate = min(c.wan_flow_Bps(wan_sharing), q * c.inter_flow_Bps(sharing))
+  lat = max(a for a, _ in inner) + 2 * (k - 1) * c.wan_latency_s
+  spb = max(b for _, b in inner) + 2 * (k - 1) / k / rate
+  return lat, spb
+
+
 def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
   """Cost of a round of simultaneous group means (a partition of workers).
 
@@ -266,7 +352,12 @@ def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
   (:meth:`Cluster.inter_flow_Bps`). A two-worker group is a point-to-point
   flow on each worker's rail; a larger one uses all of the node's NICs (and
   so shares them with every flow of the node). One-node groups use the
-  intra link.
+  intra link. A group that spans datacenters also puts one flow on the
+  wide-area uplink of each datacenter it touches, shared with the round's
+  other such groups; a pair across datacenters is one exchange at ``a_wan
+  + M / min(rail share, uplink share)``, a larger group runs hierarchically
+  (:func:`_hierarchical_cost`). Each worker's cost is set by the slowest
+  link on its group's path.
 
   Returns:
     A :class:`RoundCost` over ``c.n_workers`` workers.
@@ -274,6 +365,7 @@ def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
   n, big_l = c.n_workers, c.local_size
   node_f = np.zeros(c.n_nodes, int)  # flows of groups of > 2 workers
   rail_f = np.zeros((c.n_nodes, c.rails), int)  # flows of pairs
+  wan_f = np.zeros(c.datacenters, int)  # groups leaving each datacenter
   for g in groups:
     nodes = {w // big_l for w in g}
     if len(nodes) > 1:
@@ -282,6 +374,9 @@ def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
           rail_f[w // big_l, c.rail(w)] += 1
       else:
         node_f[list(nodes)] += 1
+    dcs = {c.datacenter(w) for w in g}
+    if len(dcs) > 1:
+      wan_f[list(dcs)] += 1
   lat, spb = np.zeros(n), np.zeros(n)
   crosses = np.zeros(n, bool)
   matrix = np.zeros((n, n))
@@ -293,7 +388,8 @@ def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
                     for w in g)
     else:
       sharing = max(node_f[v] + rail_f[v].sum() for v in nodes)
-    lat[g], spb[g] = _group_cost(c, g, int(sharing))
+    wan = max(wan_f[c.datacenter(w)] for w in g)
+    lat[g], spb[g] = _group_cost(c, g, int(sharing), int(wan))
     crosses[g] = len(nodes) > 1
     matrix[np.ix_(g, g)] = 1.0
   return RoundCost(lat, spb, _members(matrix), crosses)
@@ -303,8 +399,10 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
   """Cost of a round realised as sequential point-to-point ``ppermute`` terms.
 
   In each term, every worker sends one full message and receives one; flows
-  leaving (entering) the same node on the same rail share its NICs. A
-  worker's round time is the sum over terms of its slower direction.
+  leaving (entering) the same node on the same rail share its NICs, and
+  flows leaving (entering) the same datacenter share its wide-area uplink
+  (latency ``wan_latency_s`` on such hops). A worker's round time is the sum
+  over terms of its slower direction.
   """
   n, big_l = c.n_workers, c.local_size
   lat, spb = np.zeros(n), np.zeros(n)
@@ -312,10 +410,15 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
   for term in rnd.terms:
     out_f = np.zeros((c.n_nodes, c.rails), int)
     in_f = np.zeros((c.n_nodes, c.rails), int)
+    dc_out = np.zeros(c.datacenters, int)
+    dc_in = np.zeros(c.datacenters, int)
     for s, d in term.perm:
       if s // big_l != d // big_l:
         out_f[s // big_l, c.rail(s)] += 1
         in_f[d // big_l, c.rail(d)] += 1
+      if c.datacenter(s) != c.datacenter(d):
+        dc_out[c.datacenter(s)] += 1
+        dc_in[c.datacenter(d)] += 1
     t_lat, t_spb = np.zeros(n), np.zeros(n)
     for s, d in term.perm:
       if s // big_l == d // big_l:
@@ -323,6 +426,9 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
       else:
         share = max(out_f[s // big_l, c.rail(s)], in_f[d // big_l, c.rail(d)])
         a, b = c.inter_latency_s, 1.0 / c.inter_flow_Bps(share, rail=True)
+        if c.datacenter(s) != c.datacenter(d):
+          wan = max(dc_out[c.datacenter(s)], dc_in[c.datacenter(d)])
+          a, b = c.wan_latency_s, max(b, 1.0 / c.wan_flow_Bps(int(wan)))
         crosses[[s, d]] = True
       for w in (s, d):
         t_lat[w], t_spb[w] = max(t_lat[w], a), max(t_spb[w], b)
@@ -330,17 +436,27 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
   return RoundCost(lat, spb, _members(rnd.matrix), crosses)
 
 
-def round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
-  """Cost of one topology round: group means if it is a partition, else ppermutes."""
+def round_cost(c: Cluster, rnd: topology_lib.Round,
+               permutes: bool = False) -> RoundCost:
+  """Cost of one topology round: group means if it is a partition, else ppermutes.
+
+  ``permutes``: realise the round with its ``ppermute`` terms even if it is
+  a partition (compressed gossip sends every payload point to point).
+  """
   if rnd.n_workers != c.n_workers:
     raise ValueError(f"topology has {rnd.n_workers} workers but the cluster "
                      f"has n_workers={c.n_workers}; build both for the same n.")
-  if rnd.groups is not None:
+  if rnd.groups is not None and not permutes:
     return group_round_cost(c, rnd.groups)
   return permute_round_cost(c, rnd)
 
 
 def all_reduce_cost(c: Cluster) -> RoundCost:
-  """Cost of one All-Reduce over all ``n`` workers (one group; ring or tree)."""
+  """Cost of one All-Reduce over all ``n`` workers (one group; ring or tree).
+
+  Over several datacenters it is hierarchical (:func:`_hierarchical_cost`):
+  the wide-area link carries ``2(D-1)/D M`` per datacenter and pays
+  ``2(D-1)`` wide-area latencies, not the ``2(n-1)`` of a flat ring.
+  """
   return group_round_cost(c, [tuple(range(c.n_workers))])
 

@@ -25,6 +25,17 @@ with compute (it sits in a ``lax.cond`` after the update):
   ``local_dadam``; ``gossip_every = H``): one round of ``T`` every ``H``
   steps in the parameter dtype (or ``comm_dtype``), not overlapped. ``H =
   1`` on the SGP topology is SGP.
+* **Delayed and eager outer updates** (``diloco:H=..,overlap=eager`` or
+  ``overlap=delayed``; Kale et al. 2025, arXiv 2502.12996) with a
+  **trickled reduction**: the pseudo-gradient of a round is reduced in
+  ``H`` slices of ``M / H`` bytes, one in each inner step of the next
+  round, beside that step's compute; the outer step never waits. Both
+  variants send and wait alike, so they cost the same.
+* **Compressed syncs** (``compress=int8|fp8|int4|fp4|topk``, with
+  ``block`` and ``fraction``; DiLoCo and Streaming DiLoCo): the sync is the
+  compressed all-reduce of :mod:`~decentral_jax.runtime_model.compression`
+  (its payload instead of ``M``), and the codec time is device compute,
+  spread over the ``H`` steps of a period.
 
 Recursions (per worker ``i``, step ``k``, ``t = k + 1`` the count after the
 step; ``x_i^k = (F + B)_i^k + O`` seconds; ``s_i`` the start of the step;
@@ -40,6 +51,10 @@ step; ``x_i^k = (F + B)_i^k + O`` seconds; ``s_i`` the start of the step;
 * gossip: at a sync step ``s_i' = max_{j in G_i(r)} pre_j + tau_{r,i}``,
   with round ``r`` = the number of syncs so far modulo the topology's
   period; else ``s_i' = pre_i``.
+* trickled (delayed / eager): from the first sync on, every step carries a
+  slice, launched by each worker when it starts the step and finished
+  ``a_s`` (the all-reduce of ``M / H`` bytes) after the last worker has
+  started it: ``s_i' = max(s_i + x_i, max_j s_j + a_s)``.
 
 Closed form (mean compute ``x = C + O``, std ``sigma`` of ``F + B``):
 
@@ -67,6 +82,11 @@ Closed form (mean compute ``x = C + O``, std ``sigma`` of ``F + B``):
 * gossip: ``T = max_i mean_r [H x + tau_{r,i} + sigma sqrt(H)
   coupling_excess(|G_i|, 0)] / H`` (SGP's closed form, one round per ``H``
   steps).
+* trickled: ``T = max(x, a_s) + v``: with ``Delta = a_s - x >= 0`` (the
+  slices set the pace) ``v = sigma E[(Z_(n) - Delta / sigma)^+]``, the
+  slowest worker's compute beyond the slice; with slack ``W = x - a_s >
+  0`` the held-back drift ``kappa_n sigma^2 / W`` combined harmonically
+  with the barrier ``sigma E[Z_(n)]`` (as for Streaming DiLoCo).
 
 Units: seconds, bytes. Errors: :class:`ValueError` for a bad spec or
 ``Method`` field (naming it, with the fix), or a simulation too short for a
@@ -75,7 +95,9 @@ whole period.
 References:
   Douillard et al., DiLoCo: Distributed Low-Communication Training of
   Language Models, arXiv 2311.08105. Douillard et al., Streaming DiLoCo
-  with overlapping communication, arXiv 2501.18512. Assran et al.,
+  with overlapping communication, arXiv 2501.18512. Kale, Douillard,
+  Donchev, Eager Updates For Overlapped Communication and Computation in
+  DiLoCo, arXiv 2502.12996. Assran et al.,
   Stochastic Gradient Push for Distributed Deep Learning, ICML 2019.
   Lin et al., Don't Use Large Mini-Batches, Use Local SGD, ICLR 2020.
 """
@@ -89,6 +111,7 @@ import numpy as np
 from scipy import special
 
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import all_reduce_cost
 from decentral_jax.runtime_model.costs import round_cost
@@ -106,10 +129,13 @@ from decentral_jax.runtime_model.workload import expected_max_normal
 # slack`` per step: sqrt(pi)/2 makes it exact for n = 2.
 REFLECTION = math.sqrt(math.pi) / 2
 # name -> (allowed keys, synchronised message, default topology).
+_COMPRESS_KEYS = ("compress", "block", "fraction")
 _METHODS = {
-    "local_sgd": (("H",), "params", None),
-    "diloco": (("H", "topology"), "theta", None),
-    "streaming_diloco": (("H", "P", "tau", "comm_dtype"), "theta", None),
+    "local_sgd": (("H", "comm_dtype"), "params", None),
+    "diloco": (("H", "topology", "comm_dtype", "overlap") + _COMPRESS_KEYS,
+               "theta", None),
+    "streaming_diloco": (("H", "P", "tau", "comm_dtype") + _COMPRESS_KEYS,
+                         "theta", None),
     "local_dsgd": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
     "local_dadam": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
 }
@@ -117,14 +143,21 @@ LOCAL_METHODS = tuple(_METHODS)
 DEFAULT_PERIOD = 10  # H (steps) when a spec does not give one.
 _ALIASES = {"h": "H", "sync_every": "H", "gossip_every": "H", "p": "P",
             "num_fragments": "P", "overlap_steps": "tau", "tau": "tau",
-            "topology": "topology", "comm_dtype": "comm_dtype"}
+            "topology": "topology", "comm_dtype": "comm_dtype",
+            "overlap": "overlap", "compress": "compress", "block": "block",
+            "fraction": "fraction"}
 _KEY_HELP = {"H": "H=<steps >= 1>", "P": "P=<fragments, 1..H>",
              "tau": "tau=<overlap steps, tau*P < H>",
              "topology": "topology=<name, e.g. ring>",
-             "comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>"}
+             "comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>",
+             "overlap": "overlap=<none|delayed|eager>",
+             "compress": "compress=<int8|fp8|int4|fp4|topk>",
+             "block": "block=<values per scale, >= 2>",
+             "fraction": "fraction=<top-k share, (0, 1]>"}
 SYNTAX = ("NAME[:KEY=VALUE,...] with NAME one of " + ", ".join(LOCAL_METHODS)
           + "; e.g. diloco:H=10, streaming_diloco:H=10,P=4,tau=1, "
-          "diloco:H=10,topology=ring, local_dsgd:H=4,topology=one_peer_exp")
+          "diloco:H=10,topology=ring, diloco:H=30,overlap=eager,compress=fp4, "
+          "local_dsgd:H=4,topology=one_peer_exp")
 
 
 def is_local_spec(key: str) -> bool:
@@ -150,12 +183,18 @@ def parse_spec(spec: str, c: Cluster) -> Method:
 
   Names and keys (defaults in brackets; units in steps):
 
-  * ``local_sgd``: ``H`` [10].
+  * ``local_sgd``: ``H`` [10], ``comm_dtype`` [none: param dtype].
   * ``diloco``: ``H`` [10], ``topology`` [none: exact all-reduce; a name
-    for :func:`decentral_jax.topology.make` gives decentralized DiLoCo].
+    for :func:`decentral_jax.topology.make` gives decentralized DiLoCo],
+    ``comm_dtype`` [none: float32], ``overlap`` [none; ``delayed`` or
+    ``eager``: trickled reduction, exact all-reduce only], ``compress``
+    [none; a format of
+    :data:`~decentral_jax.runtime_model.compression.FORMATS`, exact
+    all-reduce only], ``block`` [256], ``fraction`` [0.01, top-k].
   * ``streaming_diloco``: ``H`` [10], ``P`` [1] fragments, ``tau`` [0]
     overlap steps (``1 <= P <= H``, ``tau * P < H``), ``comm_dtype``
-    [none: float32 theta] dtype of the pseudo-gradients on the wire.
+    [none: float32 theta] dtype of the pseudo-gradients on the wire,
+    ``compress``, ``block``, ``fraction`` (as DiLoCo).
   * ``local_dsgd`` / ``local_dadam``: ``H`` [10] (``gossip_every``),
     ``topology`` [one_peer_exp], ``comm_dtype`` [none: param dtype].
 
@@ -194,9 +233,20 @@ def parse_spec(spec: str, c: Cluster) -> Method:
     parts.append(f"topology={topo_name}")
   if comm is not None:
     parts.append(f"comm_dtype={comm}")
+  outer = given.get("overlap", "none").lower()
+  if outer not in ("none", "delayed", "eager"):
+    raise ValueError(f"{spec!r}: overlap={given['overlap']!r} must be none, "
+                     "delayed or eager.")
+  if outer != "none":
+    parts.append(f"overlap={outer}")
+  fmt, block, fraction = compression.parse(spec, given)
+  if fmt is not None:
+    parts += compression.name_parts(fmt, block, fraction)
   return Method(f"{name}:" + ",".join(parts), "local", topo,
                 overlap=False, period=period, fragments=frags,
-                overlap_steps=tau, message=message, comm_dtype=comm)
+                overlap_steps=tau, message=message, comm_dtype=comm,
+                compress=fmt, compress_block=block,
+                compress_fraction=fraction, outer_overlap=outer)
 
 
 def _schedule(spec, given: dict) -> tuple[int, int, int]:
@@ -229,15 +279,24 @@ def _topology(spec, raw: str, key: str, c: Cluster) -> topology_lib.Topology:
 
 
 def wire_itemsize(m: Method, w: Workload) -> int:
-  """Bytes per parameter on the wire for ``m``'s sync."""
+  """Bytes per parameter on the wire for ``m``'s sync (uncompressed)."""
   if m.comm_dtype is not None:
     return np.dtype(m.comm_dtype).itemsize
   size = np.dtype(w.param_dtype).itemsize
   return max(size, 4) if m.message == "theta" else size
 
 
-def message_bytes(m: Method, w: Workload) -> float:
-  """Bytes of one whole sync message (all fragments) per worker."""
+def message_bytes(m: Method, w: Workload, n_workers: int = 1) -> float:
+  """Bytes of one whole sync message (all fragments) per worker.
+
+  Compressed (``m.compress``): the payload of the parameter count padded
+  as the compressed all-reduce over ``n_workers`` pads it
+  (:func:`~decentral_jax.runtime_model.compression.all_reduce_payload`).
+  """
+  if m.compress is not None:
+    return compression.all_reduce_payload(
+        m.compress, w.param_count, n_workers, m.compress_block,
+        m.compress_fraction)
   return float(w.param_count) * wire_itemsize(m, w)
 
 
@@ -253,14 +312,27 @@ def fragment_sync_s(m: Method, c: Cluster, w: Workload) -> float:
   """Seconds of one fragment's exact all-reduce (``M / P`` bytes)."""
   if m.measured_s is not None:
     return float(m.measured_s[0]) / m.fragments
-  nbytes = message_bytes(m, w) / m.fragments
+  nbytes = message_bytes(m, w, c.n_workers) / m.fragments
   rc = all_reduce_cost(c)
   return float(rc.time(nbytes, n_messages(w, nbytes, m.fragments))[0])
 
 
+def slice_sync_s(m: Method, c: Cluster, w: Workload) -> float:
+  """Seconds of one slice of a trickled reduction (``M / H`` bytes).
+
+  ``M / H`` is all-reduced in every inner step, one latency per
+  ``bucket_bytes`` message of the slice (at least one); a measured time of
+  the whole all-reduce is split in ``H`` (``Method.outer_overlap``).
+  """
+  if m.measured_s is not None:
+    return float(m.measured_s[0]) / m.period
+  nbytes = message_bytes(m, w, c.n_workers) / m.period
+  return float(all_reduce_cost(c).time(nbytes, n_messages(w, nbytes))[0])
+
+
 def round_costs(m: Method, c: Cluster, w: Workload):
   """Per topology round: (members int [n, k], seconds float64 [n])."""
-  nbytes = message_bytes(m, w)
+  nbytes = message_bytes(m, w, c.n_workers)
   out = []
   for r, rnd in enumerate(m.topology.rounds):
     rc = round_cost(c, rnd)
@@ -314,7 +386,9 @@ def simulate(m: Method, c: Cluster, w: Workload,
   end = start + whole * period
   fwd_m, bwd_m = split_compute(w)
   x = (fwd_m + bwd_m) * fac[:end] + w.optimizer_s
-  if m.topology is None:
+  if m.outer_overlap != "none":
+    s, mark = _simulate_trickled(m, c, w, x, start)
+  elif m.topology is None:
     s, mark = _simulate_exact(m, c, w, x, start)
   else:
     s, mark = _simulate_gossip(m, c, w, x, start)
@@ -348,6 +422,21 @@ def _simulate_exact(m: Method, c: Cluster, w: Workload, x: np.ndarray,
     q = merge.get(t % h)
     if q is not None and t >= max(offs[q], 1) + tau:
       s = np.maximum(s, ends[q])
+  return s, mark
+
+
+def _simulate_trickled(m: Method, c: Cluster, w: Workload, x: np.ndarray,
+                       start: int) -> tuple[np.ndarray, np.ndarray]:
+  """Trickled reduction: one slice per step from the first sync on (as ``_simulate_exact``)."""
+  h = m.period
+  s = np.zeros(x.shape[1])
+  mark = s
+  a = slice_sync_s(m, c, w)
+  for k in range(x.shape[0]):
+    if k == start:
+      mark = s.copy()
+    # Steps k >= H carry a slice of the pseudo-gradient of the last sync.
+    s = np.maximum(s + x[k], s.max() + a) if k >= h else s + x[k]
   return s, mark
 
 
@@ -419,9 +508,37 @@ def closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
     C + O``, ``exposed_comm_s`` the deterministic sync time per iteration,
     ``variability_s`` the expected waits for slower workers per iteration.
   """
+  if m.outer_overlap != "none":
+    return _trickled_closed_form(m, c, w)
   if m.topology is None:
     return _exact_closed_form(m, c, w)
   return _gossip_closed_form(m, c, w)
+
+
+def expected_excess_of_max(n: int, s: float) -> float:
+  """``E[(max(Z_1..Z_n) - s)^+]`` for i.i.d. standard normals (0 for ``n < 2``)."""
+  if n < 2:
+    return 0.0
+  z = np.linspace(s, max(s, 0.0) + 12.0, 2401)
+  return float(np.trapezoid(1.0 - special.ndtr(z)**n, z))
+
+
+def _trickled_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
+  """One slice per step beside the compute: ``max(x, a_s)`` plus waits (module doc)."""
+  n = c.n_workers
+  base = w.compute_mean_s + w.optimizer_s
+  sigma = w.compute_std_s
+  delta = slice_sync_s(m, c, w) - base
+  var = 0.0
+  if n > 1 and sigma > 0:
+    barrier = sigma * expected_max_normal(n)
+    if delta >= 0:
+      var = sigma * expected_excess_of_max(n, delta / sigma)
+    else:
+      drift = REFLECTION * expected_max_normal(n) * sigma**2 / -delta
+      var = 1.0 / (1.0 / drift + 1.0 / barrier)
+  det = base + max(delta, 0.0)
+  return Estimate(m.name, det + var, base, det - base, var)
 
 
 def _exact_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:

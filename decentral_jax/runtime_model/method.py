@@ -20,6 +20,7 @@ import functools
 import numpy as np
 
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import RoundCost
 from decentral_jax.runtime_model.costs import check_positive
@@ -27,6 +28,7 @@ from decentral_jax.runtime_model.costs import round_cost
 from decentral_jax.runtime_model.workload import Workload
 
 METHOD_KINDS = ("all_reduce", "gossip", "local")
+OUTER_OVERLAPS = ("none", "delayed", "eager")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -69,6 +71,20 @@ class Method:
     bucket_bytes: optional bucket size (bytes) for this method, replacing
       ``Workload.bucket_bytes`` (``config.bucket_bytes`` of bucketed
       gossip). Default None.
+    compress: kinds "gossip" and "local" (exact all-reduce only): optional
+      compression format of what is sent, one of
+      :data:`~decentral_jax.runtime_model.compression.FORMATS` (bytes and
+      codec time in :mod:`~decentral_jax.runtime_model.compression`); a
+      compressed gossip round is realised with ``ppermute`` terms.
+      Excludes ``comm_dtype``. Default None.
+    compress_block: values per scale or top-k chunk (``B``). Default 256.
+    compress_fraction: top-k: share of each chunk sent. Default 0.01.
+    outer_overlap: kind "local", DiLoCo only (exact all-reduce, one
+      fragment, no ``overlap_steps``): ``"none"`` (the sync blocks),
+      ``"delayed"`` or ``"eager"`` (Kale et al. 2025, arXiv 2502.12996:
+      the outer step uses the average of the previous round, reduced by a
+      trickled reduction, ``1/H`` of the message in each of the next ``H``
+      inner steps beside their compute). Default "none".
 
   Kind "local" (local-update methods: Local SGD, DiLoCo, Streaming DiLoCo,
   decentralized DiLoCo, local D-SGD / DAdam) takes ``H - 1`` purely local
@@ -90,10 +106,19 @@ class Method:
   message: str = "params"
   comm_dtype: str | None = None
   bucket_bytes: float | None = None
+  compress: str | None = None
+  compress_block: int = compression.DEFAULT_BLOCK
+  compress_fraction: float = compression.DEFAULT_FRACTION
+  outer_overlap: str = "none"
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
-    """One :class:`RoundCost` per topology round (measured times if given)."""
-    rounds = list(_topology_round_costs(self.topology, c))
+    """One :class:`RoundCost` per topology round (measured times if given).
+
+    Compressed gossip (``compress``) realises every round with its
+    ``ppermute`` terms.
+    """
+    rounds = list(_topology_round_costs(self.topology, c,
+                                        self.compress is not None))
     if self.measured_s is not None:
       if len(self.measured_s) != len(rounds):
         raise ValueError(f"measured_s has {len(self.measured_s)} entries, "
@@ -106,10 +131,10 @@ class Method:
 
 
 @functools.lru_cache(maxsize=512)
-def _topology_round_costs(topo: topology_lib.Topology,
-                          c: Cluster) -> tuple[RoundCost, ...]:
+def _topology_round_costs(topo: topology_lib.Topology, c: Cluster,
+                          permutes: bool = False) -> tuple[RoundCost, ...]:
   """Round costs of ``topo`` on ``c`` (cached: both are immutable)."""
-  return tuple(round_cost(c, r) for r in topo.rounds)
+  return tuple(round_cost(c, r, permutes) for r in topo.rounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +268,67 @@ def check_method(m: Method, c: Cluster) -> Method:
   if m.bucket_bytes is not None:
     check_positive("Method.bucket_bytes", m.bucket_bytes)
   _check_local_fields(m)
+  _check_compress(m)
   return m
+
+
+def _check_compress(m: Method) -> None:
+  """Validates ``compress`` and its block and fraction.
+
+  Raises:
+    ValueError: a format, block or fraction out of range, compression on
+      All-Reduce, on a gossip sync of a local-update method, or together
+      with ``comm_dtype``.
+  """
+  if m.compress is None:
+    return
+  where = f"Method {m.name!r}"
+  compression.check(m.compress, m.compress_block, m.compress_fraction, where)
+  if m.kind == "all_reduce" or (m.kind == "local" and m.topology is not None):
+    raise ValueError(f"{where}: compress applies to gossip and to the exact "
+                     "all-reduce of local-update methods (e.g. "
+                     "'dadam:compress=int8', 'diloco:H=10,compress=fp4'), not "
+                     f"to kind {m.kind!r}" + (" with a topology" if m.topology
+                                               is not None else "") + ".")
+  if m.comm_dtype is not None:
+    raise ValueError(f"{where}: give compress or comm_dtype, not both (the "
+                     "format sets the bytes on the wire).")
+
+
+def library_gap(m: Method) -> str | None:
+  """Why decentral_jax cannot run ``m`` yet, or None if it can.
+
+  The runtime model prices such a method when asked for it (the paper's
+  schedule), marks it in tables and never recommends it:
+
+  * Streaming DiLoCo with ``overlap_steps >= 1``: the library all-reduces a
+    fragment inside the merge step's conditional, so it runs the
+    ``tau = 0`` schedule;
+  * delayed or eager outer updates (trickled reduction) of DiLoCo;
+  * compressed syncs of local-update methods (the compressed mean exists,
+    :func:`decentral_jax.comm.compress.mean_compressed`, but no local-update
+    method sends with it);
+  * compressed gossip other than CHOCO-gossip on a static (period-1), doubly
+    stochastic topology without overlap (:func:`decentral_jax.optim.choco.
+    choco_gossip`).
+  """
+  if m.kind == "local":
+    if m.overlap_steps > 0:
+      return ("Streaming DiLoCo with tau >= 1: the library merges with "
+              "tau = 0 semantics (the all-reduce sits in the merge step's "
+              "conditional)")
+    if m.outer_overlap != "none":
+      return f"{m.outer_overlap} outer updates (trickled reduction)"
+    if m.compress is not None:
+      return "compressed pseudo-gradients or parameters in a local-update sync"
+    return None
+  if m.kind == "gossip" and m.compress is not None:
+    topo = m.topology
+    if m.overlap or topo.period != 1 or not getattr(
+        topo, "doubly_stochastic", False):
+      return ("compressed gossip other than blocking CHOCO-gossip on a "
+              "static (period 1) doubly stochastic topology")
+  return None
 
 
 def _is_int(v) -> bool:
@@ -260,7 +345,8 @@ def _check_local_fields(m: Method) -> None:
       set on a kind other than "local".
   """
   if m.kind != "local":
-    fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0))
+    fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0),
+              ("outer_overlap", "none"))
     if m.kind == "all_reduce":
       fields += (("comm_dtype", None),)
     elif m.comm_dtype is not None:
@@ -298,3 +384,24 @@ def _check_local_fields(m: Method) -> None:
       raise ValueError(f"Method {m.name!r}: measured_s has "
                        f"{len(m.measured_s)} entries, needs {want} (one for "
                        "the all-reduce, or one per topology round).")
+  _check_outer_overlap(m)
+
+
+def _check_outer_overlap(m: Method) -> None:
+  """``outer_overlap`` is one of :data:`OUTER_OVERLAPS`, and not "none" only for DiLoCo.
+
+  Raises:
+    ValueError: an unknown value, or delayed/eager with a topology, with
+      fragments or overlap steps (Streaming DiLoCo), or on the parameters
+      of Local SGD (``message="params"``).
+  """
+  if m.outer_overlap not in OUTER_OVERLAPS:
+    raise ValueError(f"Method {m.name!r}: outer_overlap={m.outer_overlap!r} "
+                     f"must be one of {OUTER_OVERLAPS}.")
+  if m.outer_overlap != "none" and (
+      m.topology is not None or m.fragments > 1 or m.overlap_steps > 0
+      or m.message != "theta"):
+    raise ValueError(f"Method {m.name!r}: outer_overlap={m.outer_overlap!r} "
+                     "is priced for DiLoCo with the exact all-reduce (e.g. "
+                     "'diloco:H=30,overlap=eager'), not with a topology, "
+                     "fragments or overlap steps.")

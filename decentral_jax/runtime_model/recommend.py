@@ -6,7 +6,10 @@ worker count (the command line only reads the flags and prints):
 bytes per iteration) and :func:`recommend` names the fastest method that is
 at least :data:`MARGIN` faster than All-Reduce, leaving out topologies
 without exact averaging within one period (they mix slowly, so a faster
-iteration need not mean a faster loss).
+iteration need not mean a faster loss) and methods the library cannot run
+yet (:func:`~decentral_jax.runtime_model.method.library_gap`: priced when
+asked for, never recommended). :func:`break_even` finds the link rate below
+which a compressed method beats its uncompressed form.
 
 Units: seconds, bytes.
 """
@@ -14,8 +17,10 @@ Units: seconds, bytes.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import traffic
 
@@ -44,6 +49,9 @@ class Prediction:
       recommended.
     local: a local-update method with ``H > 1``: its per-iteration time
       says nothing about its loss per iteration.
+    library_gap: why decentral_jax cannot run the method yet
+      (:func:`~decentral_jax.runtime_model.method.library_gap`), or None;
+      such a method is never recommended.
   """
 
   key: str
@@ -52,6 +60,7 @@ class Prediction:
   sent: traffic.Traffic
   slow_mixing: bool
   local: bool
+  library_gap: str | None = None
 
 
 def table_key(spec: str, m: core.Method) -> str:
@@ -81,7 +90,8 @@ def predict(spec: str, m: core.Method, c: core.Cluster, w: core.Workload, *,
   sim = core.simulate(m, c, w, steps=steps, warmup=warmup, seed=seed)
   return Prediction(table_key(spec, m), sim, est,
                     traffic.bytes_per_iteration(m, c, w), slow,
-                    m.kind == "local" and m.period > 1)
+                    m.kind == "local" and m.period > 1,
+                    method_lib.library_gap(m))
 
 
 def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
@@ -89,7 +99,7 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
 
   Args:
     table: ``{key: Prediction}`` with an ``"all_reduce"`` entry; methods
-      with ``slow_mixing`` are not recommended.
+      with ``slow_mixing`` or a ``library_gap`` are not recommended.
     margin: decentralized methods must be this much faster (relative, by
       simulated time) to be recommended over All-Reduce.
 
@@ -97,8 +107,8 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
     ``"All-Reduce (no decentralized method is >5% faster)"`` or
     ``"<label>: <ms> ms/iteration, <x>x faster than All-Reduce"``.
   """
-  best = min((m for m in table
-              if not table[m].slow_mixing or m == "all_reduce"),
+  best = min((m for m in table if m == "all_reduce" or not (
+      table[m].slow_mixing or table[m].library_gap)),
              key=lambda m: table[m].simulated_s)
   ar = (table["all_reduce"].simulated_s if "all_reduce" in table
         else float("nan"))
@@ -107,3 +117,126 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
     return "All-Reduce (no decentralized method is >5% faster)"
   return (f"{label(best)}: {1e3 * fastest:.1f} ms/iteration, "
           f"{ar / fastest:.2f}x faster than All-Reduce")
+
+
+# Link rates (bytes/s) scanned by :func:`break_even`: 1 Mbit/s .. 100 Tbit/s,
+# 8 points per decade.
+BREAK_EVEN_GRID_Bps = tuple(1.25e5 * 10 ** (k / 8) for k in range(8 * 8 + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakEven:
+  """Where a compressed method starts to beat its uncompressed form.
+
+  Attributes:
+    link: the rate scaled: ``"wan_bandwidth_Bps"`` (several datacenters),
+      ``"nic_bandwidth_Bps"`` (several nodes; a flow cap scales with it) or
+      ``"intra_bandwidth_Bps"`` (one node).
+    rate_Bps: the cluster's rate of that link now.
+    break_even_Bps: the largest rate at which the compressed method is
+      faster (closed form), None if it is faster nowhere in
+      :data:`BREAK_EVEN_GRID_Bps`, ``inf`` if at every rate there.
+    baseline: the uncompressed method's name.
+  """
+
+  link: str
+  rate_Bps: float
+  break_even_Bps: float | None
+  baseline: str
+
+
+def link_to_scale(c: core.Cluster) -> str:
+  """The inter-worker link whose rate :func:`break_even` varies."""
+  if c.datacenters > 1:
+    return "wan_bandwidth_Bps"
+  return "nic_bandwidth_Bps" if c.n_nodes > 1 else "intra_bandwidth_Bps"
+
+
+def with_link_rate(c: core.Cluster, rate_Bps: float) -> core.Cluster:
+  """``c`` with its :func:`link_to_scale` rate set to ``rate_Bps``.
+
+  For the NIC, a per-flow cap keeps its ratio to the line rate.
+  """
+  link = link_to_scale(c)
+  kw = {link: rate_Bps}
+  if link == "nic_bandwidth_Bps" and c.flow_bandwidth_Bps is not None:
+    kw["flow_bandwidth_Bps"] = c.flow_bandwidth_Bps * rate_Bps / (
+        c.nic_bandwidth_Bps)
+  return dataclasses.replace(c, **kw)
+
+
+def uncompressed(m: core.Method, c: core.Cluster) -> core.Method:
+  """``m`` without compression, as the library runs it.
+
+  Gossip: Decent-DP gossip over the same topology (overlapped with the
+  next forward and backward); a local-update method: its uncompressed
+  sync. The name drops the ``compress``, ``block`` and ``fraction`` parts.
+  """
+  head, _, rest = m.name.partition(":")
+  parts = [p for p in rest.split(",") if p and not p.startswith(
+      ("compress=", "block=", "fraction="))]
+  name = head + (":" + ",".join(parts) if parts else "")
+  base = dataclasses.replace(m, name=name, compress=None)
+  if m.kind == "gossip":
+    base = dataclasses.replace(base, overlap=True)
+  return core.make_method(base, c)
+
+
+def break_even(m: core.Method, c: core.Cluster, w: core.Workload
+               ) -> BreakEven:
+  """The link rate below which compressed ``m`` beats its uncompressed form.
+
+  Both are priced with :func:`core.closed_form` at the rates of
+  :data:`BREAK_EVEN_GRID_Bps` (the link of :func:`link_to_scale`, all
+  other hardware as in ``c``); the largest rate at which the compressed
+  method is faster is refined by bisection (40 steps on the log scale)
+  against the next grid rate. The uncompressed form of compressed gossip
+  is the Decent-DP gossip of the same topology (overlapped); of a
+  local-update method, the same method without compression.
+
+  Raises:
+    ValueError: ``m`` is not compressed.
+  """
+  if m.compress is None:
+    raise ValueError(f"break_even needs a compressed method, got {m.name!r}.")
+  base = uncompressed(m, c)
+
+  def gain(rate: float) -> float:
+    cl = with_link_rate(c, rate)
+    return (core.closed_form(base, cl, w).iteration_s
+            - core.closed_form(m, cl, w).iteration_s)
+
+  link = link_to_scale(c)
+  grid = BREAK_EVEN_GRID_Bps
+  pays = [gain(r) > 0 for r in grid]
+  if not any(pays):
+    found = None
+  elif pays[-1]:
+    found = float("inf")
+  else:
+    k = max(i for i, p in enumerate(pays) if p)
+    lo, hi = math.log(grid[k]), math.log(grid[k + 1])
+    for _ in range(40):
+      mid = 0.5 * (lo + hi)
+      lo, hi = (mid, hi) if gain(math.exp(mid)) > 0 else (lo, mid)
+    found = math.exp(lo)
+  return BreakEven(link, float(getattr(c, link)), found, base.name)
+
+
+def break_even_line(key: str, b: BreakEven) -> str:
+  """``predict``'s line for one compressed method (rates in Gbit/s)."""
+  link = {"wan_bandwidth_Bps": "wide-area link rate",
+          "nic_bandwidth_Bps": "NIC line rate",
+          "intra_bandwidth_Bps": "intra-node link rate"}[b.link]
+  now = f"now {8 * b.rate_Bps / 1e9:.3g} Gbit/s"
+  if b.break_even_Bps is None:
+    verdict = (f"never pays against {b.baseline} at a {link} from 1 Mbit/s "
+               f"to 100 Tbit/s ({now})")
+  elif math.isinf(b.break_even_Bps):
+    verdict = (f"pays against {b.baseline} at every {link} up to 100 "
+               f"Tbit/s ({now})")
+  else:
+    here = "pays here" if b.rate_Bps < b.break_even_Bps else "does not pay here"
+    verdict = (f"pays against {b.baseline} when the {link} is below "
+               f"{8 * b.break_even_Bps / 1e9:.3g} Gbit/s ({now}: {here})")
+  return f"  break-even: {label(key)} {verdict}"

@@ -1,4 +1,4 @@
-"""Workers that span devices, and per-method messages (dtype on the wire, buckets).
+"""Workers that span devices, and per-method messages (dtype, compression, buckets).
 
 :func:`effective` turns a method, a cluster and a workload into the
 worker-level cluster and workload the estimators price, so that every
@@ -9,6 +9,12 @@ estimator (simulator, closed form, bytes) sees the same thing:
 * ``Method.comm_dtype`` on a gossip method sets the dtype of the parameters
   on the wire (low-precision gossip, ``config.comm_dtype``: bfloat16 halves
   the bytes);
+* ``Method.compress`` (:mod:`~decentral_jax.runtime_model.compression`):
+  on a gossip method the parameter count is scaled so that the message
+  (``Workload.param_bytes``) is the payload of the ``N`` parameters; on
+  any method the codec time per step (quantize and dequantize, device
+  work serial with the compute) is added to the optimizer time, like the
+  collectives inside a worker below, and so counted as communication;
 * a worker of ``D = Workload.devices_per_worker`` devices
   (``config.devices_per_worker``, :mod:`decentral_jax.parallel.layouts`):
 
@@ -40,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.workload import Workload
 
@@ -74,6 +81,37 @@ def inner_bytes(w: Workload) -> float:
   return 2 * (d - 1) * w.grad_bytes
 
 
+def codec_s_per_step(method, c: Cluster, w: Workload) -> float:
+  """Seconds per step of quantizing and dequantizing ``method``'s messages.
+
+  0 without ``compress`` or with one worker. Gossip: per step the mean over
+  the topology's rounds of ``N (2 + T_r)`` values (``T_r`` terms received
+  in round ``r``); local-update methods: ``N (3 + 1/n)`` values per sync,
+  spread over the ``H`` steps of a period; at ``c.codec_Bps`` float32
+  bytes per second (:mod:`~decentral_jax.runtime_model.compression`).
+  """
+  fmt = getattr(method, "compress", None)
+  if fmt is None or c.n_workers <= 1:
+    return 0.0
+  n_values = float(w.param_count)
+  if method.kind == "gossip":
+    terms = [len(r.terms) for r in method.topology.rounds]
+    values = compression.gossip_codec_values(n_values,
+                                             sum(terms) / len(terms))
+    return compression.codec_seconds(values, c.codec_Bps)
+  values = compression.all_reduce_codec_values(n_values, c.n_workers)
+  return compression.codec_seconds(values, c.codec_Bps) / method.period
+
+
+def _compressed_gossip(method, w: Workload) -> Workload:
+  """``w`` with ``param_bytes`` equal to the payload of its parameters."""
+  payload = compression.payload_bytes(method.compress, w.param_count,
+                                      method.compress_block,
+                                      method.compress_fraction)
+  itemsize = w.param_bytes / max(float(w.param_count), 1e-300)
+  return dataclasses.replace(w, param_count=payload / itemsize)
+
+
 def effective(method, c: Cluster, w: Workload) -> tuple[Cluster, Workload]:
   """The worker-level ``(cluster, workload)`` that ``method`` is priced on.
 
@@ -85,8 +123,8 @@ def effective(method, c: Cluster, w: Workload) -> tuple[Cluster, Workload]:
   Returns:
     ``(c, w)`` unchanged for one device per worker and no per-method
     message settings; else the transformed pair (module docstring), with
-    ``devices_per_worker = 1`` (applied) and the inner collectives added to
-    ``optimizer_s``.
+    ``devices_per_worker = 1`` (applied) and the inner collectives and the
+    codec time added to ``optimizer_s``.
   """
   bucket = getattr(method, "bucket_bytes", None)
   if bucket is not None:
@@ -94,16 +132,22 @@ def effective(method, c: Cluster, w: Workload) -> tuple[Cluster, Workload]:
                             bucket_ready=None)
   if method.kind == "gossip" and method.comm_dtype is not None:
     w = dataclasses.replace(w, param_dtype=method.comm_dtype)
+  inner = inner_collective_s(c, w) + codec_s_per_step(method, c, w)
+  if method.kind == "gossip" and getattr(method, "compress", None):
+    w = _compressed_gossip(method, w)
   d = w.devices_per_worker
   if d <= 1:
-    return c, w
-  inner = inner_collective_s(c, w)
+    if inner <= 0:
+      return c, w
+    return c, dataclasses.replace(w, optimizer_s=w.optimizer_s + inner)
   if w.worker_layout == "fsdp":
     flow = c.flow_bandwidth_Bps
     c = dataclasses.replace(c, intra_bandwidth_Bps=c.intra_bandwidth_Bps * d,
                             flow_bandwidth_Bps=None if flow is None
                             else flow * d)
   else:
-    c = dataclasses.replace(c, nic_bandwidth_Bps=c.nic_bandwidth_Bps / d)
+    wan = c.wan_bandwidth_Bps
+    c = dataclasses.replace(c, nic_bandwidth_Bps=c.nic_bandwidth_Bps / d,
+                            wan_bandwidth_Bps=None if wan is None else wan / d)
   return c, dataclasses.replace(w, optimizer_s=w.optimizer_s + inner,
                                 devices_per_worker=1)

@@ -20,12 +20,29 @@ Names (``make_method`` and ``predict --methods``; defaults in brackets):
 ``comm_dtype`` is a floating dtype name (``bfloat16`` halves float32's
 bytes); ``bucket_MiB`` in MiB (2**20 bytes, ``config.bucket_bytes``).
 
+Gossip specs (topology names, ``dadam``, ``accum_adam``) also take:
+
+* ``compress`` [none] (``int8``, ``fp8``, ``int4``, ``fp4``, ``topk``),
+  ``block`` [256] and ``fraction`` [0.01, top-k]: CHOCO-gossip
+  (:mod:`decentral_jax.optim.choco`) sending the compressed difference
+  ``x - x_hat``; every round as ``ppermute`` terms, blocking (its result
+  is needed before the next step); bytes and codec time in
+  :mod:`decentral_jax.runtime_model.compression`. E.g.
+  ``dadam:topology=static_ring,compress=int8``.
+* ``workers_per_node`` [the cluster's ``local_size``]: the group size the
+  topology is built for (``config.workers_per_node``): an integer dividing
+  ``n``, or ``datacenter`` for the workers of one datacenter, so that
+  ``aer:workers_per_node=datacenter`` alternates means inside each
+  datacenter with means across datacenters. Node-aware topologies keep
+  most traffic inside a group of that size.
+
 Raises ``ValueError`` quoting the spec and naming the bad part.
 """
 
 from __future__ import annotations
 
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model.method import check_method
@@ -39,8 +56,15 @@ OPTIMIZER_NAMES = {"dadam": "dadam", "accum_adam": "accum_adam",
 _KEYS_HELP = {"comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>",
               "bucket_MiB": "bucket_MiB=<MiB > 0>",
               "topology": "topology=<name, e.g. aer>",
-              "T": "T=<accum_steps >= 1>"}
-_ALIASES = {"bucket_mib": "bucket_MiB", "t": "T", "accum_steps": "T"}
+              "T": "T=<accum_steps >= 1>",
+              "compress": "compress=<int8|fp8|int4|fp4|topk>",
+              "block": "block=<values per scale, >= 2>",
+              "fraction": "fraction=<top-k share, (0, 1]>",
+              "workers_per_node": "workers_per_node=<int or datacenter>"}
+_ALIASES = {"bucket_mib": "bucket_MiB", "t": "T", "accum_steps": "T",
+            "compress": "compress", "block": "block", "fraction": "fraction",
+            "workers_per_node": "workers_per_node"}
+_GOSSIP_EXTRA = ("compress", "block", "fraction", "workers_per_node")
 DEFAULT_ACCUM_STEPS = 4
 
 
@@ -67,8 +91,10 @@ def _keys(name: str) -> tuple[str, ...]:
     return ("bucket_MiB",)
   if name in OPTIMIZER_NAMES:
     extra = ("T",) if OPTIMIZER_NAMES[name] == "accum_adam" else ()
-    return ("topology", "comm_dtype", "bucket_MiB") + extra
-  return ("comm_dtype", "bucket_MiB")
+    return ("topology", "comm_dtype", "bucket_MiB") + extra + _GOSSIP_EXTRA
+  if name == "sgp":
+    return ("comm_dtype", "bucket_MiB")
+  return ("comm_dtype", "bucket_MiB") + _GOSSIP_EXTRA
 
 
 def parse(spec: str, c: Cluster) -> Method:
@@ -104,17 +130,39 @@ def parse(spec: str, c: Cluster) -> Method:
       canon = _topology_name(name)
       label = canon
     kind, overlap = "gossip", True
+    group = _workers_per_node(spec, given, c)
     try:
-      topo = topology_lib.make(canon, c.n_workers, c.local_size)
+      topo = topology_lib.make(canon, c.n_workers, group)
     except ValueError as e:
       raise ValueError(f"{spec!r}: {e}") from None
+    if "workers_per_node" in given:
+      parts.append(f"workers_per_node={given['workers_per_node'].lower()}")
   if comm is not None:
     parts.append(f"comm_dtype={comm}")
   if bucket is not None:
     parts.append(f"bucket_MiB={bucket / 2**20:g}")
+  fmt, block, fraction = compression.parse(spec, given)
+  if fmt is not None:
+    parts += compression.name_parts(fmt, block, fraction)
+    overlap = False  # CHOCO: the round's result is needed by the next step
   full = label + (":" + ",".join(parts) if parts else "")
   return check_method(Method(full, kind, topo, overlap=overlap,
-                             comm_dtype=comm, bucket_bytes=bucket), c)
+                             comm_dtype=comm, bucket_bytes=bucket,
+                             compress=fmt, compress_block=block,
+                             compress_fraction=fraction), c)
+
+
+def _workers_per_node(spec, given: dict, c: Cluster) -> int:
+  """The ``local_size`` the topology is built for (``workers_per_node``)."""
+  raw = given.get("workers_per_node")
+  if raw is None:
+    return c.local_size
+  if raw.lower() in ("datacenter", "dc"):
+    return c.dc_size
+  if not raw.isdigit() or int(raw) < 1 or c.n_workers % int(raw):
+    raise ValueError(f"{spec!r}: workers_per_node={raw!r} must be an integer "
+                     f"dividing n_workers={c.n_workers}, or datacenter.")
+  return int(raw)
 
 
 def _bucket_bytes(spec, given: dict) -> float | None:

@@ -11,7 +11,16 @@ move, with the same algorithms as their costs (message ``M`` bytes):
   node; flat ``ring``: ``2(p-1)/p M`` each, and the same on each ring edge
   that leaves a node (ring order: sorted ranks);
 * a ppermute term: ``M`` from each source to its destination (leaving the
-  source's node if the destination is elsewhere).
+  source's node if the destination is elsewhere);
+* over ``k > 1`` datacenters (hierarchical, as its cost): a pair sends
+  ``M`` each, leaving both nodes and datacenters; a larger group counts
+  its group mean inside each datacenter as above, plus the cross stage:
+  ``2(k-1)/k M`` leaves each datacenter, split over the group's ``q``
+  nodes and ``m`` workers in it.
+
+Compressed methods send the payload of
+:mod:`~decentral_jax.runtime_model.compression` (gossip: every round as
+its ppermute terms).
 
 All-Reduce moves ``M_g`` (gradients) every step; gossip one round of
 ``M_x`` (in ``comm_dtype`` if set) every step; local-update methods one
@@ -46,19 +55,27 @@ class Traffic:
     node_bytes: bytes leaving the busiest node per iteration (0 on one node).
     inner_bytes: bytes a worker's devices send to each other per iteration
       (workers of several devices; 0 otherwise).
+    dc_bytes: bytes leaving the busiest datacenter per iteration over the
+      wide-area link (0 with one datacenter).
   """
 
   worker_bytes: float
   node_bytes: float
   inner_bytes: float = 0.0
+  dc_bytes: float = 0.0
 
 
-def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node) -> None:
+def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node,
+                 dc=None) -> None:
   g = sorted(int(x) for x in group)
   p, big_l = len(g), c.local_size
   nodes = sorted({w // big_l for w in g})
   q = len(nodes)
   if p <= 1:
+    return
+  dcs = sorted({c.datacenter(w) for w in g})
+  if len(dcs) > 1:
+    _cross_dc_bytes(c, g, dcs, nbytes, worker, node, dc)
     return
   if p == 2:
     worker[g] += nbytes
@@ -79,12 +96,40 @@ def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node) -> None:
       node[src // big_l] += ring
 
 
-def round_bytes(c: core.Cluster, rnd, nbytes: float):
-  """Bytes sent per worker, float64 [n], and leaving each node, [N], in one round."""
+def _cross_dc_bytes(c: core.Cluster, g, dcs, nbytes: float, worker, node,
+                    dc) -> None:
+  """A group over several datacenters: pair, or hierarchical (module doc)."""
+  big_l = c.local_size
+  if len(g) == 2:
+    worker[g] += nbytes
+    node[[w // big_l for w in g]] += nbytes
+    if dc is not None:
+      dc[dcs] += nbytes
+    return
+  k = len(dcs)
+  cross = 2 * (k - 1) / k * nbytes
+  for d in dcs:
+    sub = [w for w in g if c.datacenter(w) == d]
+    _group_bytes(c, sub, nbytes, worker, node, dc)
+    sub_nodes = sorted({w // big_l for w in sub})
+    worker[sub] += cross / len(sub)
+    node[sub_nodes] += cross / len(sub_nodes)
+    if dc is not None:
+      dc[d] += cross
+
+
+def round_bytes(c: core.Cluster, rnd, nbytes: float, permutes: bool = False,
+                dc=None):
+  """Bytes sent per worker, float64 [n], and leaving each node, [N], in one round.
+
+  ``permutes``: the round realised with its ppermute terms (compressed
+  gossip). ``dc``: optional float64 [D], bytes leaving each datacenter,
+  added to in place.
+  """
   worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
-  if rnd.groups is not None:
+  if rnd.groups is not None and not permutes:
     for g in rnd.groups:
-      _group_bytes(c, g, nbytes, worker, node)
+      _group_bytes(c, g, nbytes, worker, node, dc)
     return worker, node
   for term in rnd.terms:
     for s, d in term.perm:
@@ -92,6 +137,8 @@ def round_bytes(c: core.Cluster, rnd, nbytes: float):
         worker[s] += nbytes
         if s // c.local_size != d // c.local_size:
           node[s // c.local_size] += nbytes
+        if dc is not None and c.datacenter(s) != c.datacenter(d):
+          dc[c.datacenter(s)] += nbytes
   return worker, node
 
 
@@ -107,20 +154,21 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
   c, w = spanning.effective(m, c, w)
   # "data": each of the D devices sends the full message; "fsdp": its shard.
   copies = d if layout == "data" else 1
+  dc = np.zeros(c.datacenters)
   if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
     nbytes = (w.grad_bytes if m.kind == "all_reduce"
-              else local_methods.message_bytes(m, w))
+              else local_methods.message_bytes(m, w, c.n_workers))
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
-    _group_bytes(c, range(c.n_workers), nbytes, worker, node)
+    _group_bytes(c, range(c.n_workers), nbytes, worker, node, dc)
     steps = m.period if m.kind == "local" else 1
   else:
     nbytes = (w.param_bytes if m.kind == "gossip"
-              else local_methods.message_bytes(m, w))
+              else local_methods.message_bytes(m, w, c.n_workers))
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
     for rnd in m.topology.rounds:
-      wb, nb = round_bytes(c, rnd, nbytes)
+      wb, nb = round_bytes(c, rnd, nbytes, m.compress is not None, dc)
       worker, node = worker + wb, node + nb
     steps = m.topology.period * (m.period if m.kind == "local" else 1)
   return Traffic(copies * float(worker.max()) / steps,
                  copies * float(node.max()) / steps if node.size else 0.0,
-                 inner)
+                 inner, copies * float(dc.max()) / steps)

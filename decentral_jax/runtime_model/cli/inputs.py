@@ -42,6 +42,8 @@ _BOUNDS = {
     "--compute-cv": (0, False), "--bucket-MiB": (0, True),
     "--devices-per-worker": (1, False),
     "--seed": (0, False),
+    "--datacenters": (1, False), "--wan-Gbps": (0, True),
+    "--wan-latency-ms": (0, False), "--codec-GBps": (0, True),
 }
 
 
@@ -102,6 +104,11 @@ def check_predict_args(args) -> None:
     if not args.preset and not args.cluster and n % args.local_size:
       raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
                        f"{args.local_size} (workers per node).")
+    if not args.preset and not args.cluster and n % (
+        args.local_size * args.datacenters):
+      raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
+                       f"{args.local_size} x --datacenters {args.datacenters}"
+                       " (workers per datacenter).")
   if not 2 <= args.steps <= MAX_STEPS:
     raise ValueError(f"--steps must be in [2, {MAX_STEPS}], got {args.steps}.")
   itemsize = 0
@@ -187,15 +194,17 @@ def simulated_steps(m: core.Method, steps: int) -> int:
   return need
 
 
-def cluster_from_args(args, n: int) -> core.Cluster:
-  """The :class:`~core.Cluster` of ``predict``'s cluster flags for ``n`` workers.
+def cluster_fields(args) -> dict:
+  """:class:`~core.Cluster` keyword arguments (but ``n_workers``) of the cluster flags.
 
-  Units: ``--intra-GBps`` GB/s (1e9 bytes/s), ``--nic-Gbps`` (per NIC
-  port) and ``--flow-Gbps`` Gbit/s (1e9 bits/s, divided by 8), latencies
-  in us, ``--nic-efficiency`` a fraction, ``--nics-per-node`` a count.
+  Units: ``--intra-GBps`` and ``--codec-GBps`` GB/s (1e9 bytes/s),
+  ``--nic-Gbps`` (per NIC port), ``--flow-Gbps`` and ``--wan-Gbps`` Gbit/s
+  (1e9 bits/s, divided by 8), latencies in us (``--wan-latency-ms`` in
+  ms), ``--nic-efficiency`` a fraction, ``--nics-per-node`` and
+  ``--datacenters`` counts.
   """
-  return core.Cluster(
-      n_workers=n, local_size=args.local_size,
+  return dict(
+      local_size=args.local_size,
       intra_latency_s=args.intra_latency_us * 1e-6,
       intra_bandwidth_Bps=args.intra_GBps * 1e9,
       inter_latency_s=args.inter_latency_us * 1e-6,
@@ -203,14 +212,25 @@ def cluster_from_args(args, n: int) -> core.Cluster:
       flow_bandwidth_Bps=args.flow_Gbps * 1e9 / 8 if args.flow_Gbps
       else None, multi_node=args.multi_node, intra_link=args.intra_link,
       nics_per_node=args.nics_per_node, nic_efficiency=args.nic_efficiency,
-      full_duplex=not args.half_duplex)
+      full_duplex=not args.half_duplex, datacenters=args.datacenters,
+      wan_latency_s=args.wan_latency_ms * 1e-3,
+      wan_bandwidth_Bps=args.wan_Gbps * 1e9 / 8,
+      codec_Bps=args.codec_GBps * 1e9)
 
 
-def workload_from_args(args) -> core.Workload:
-  """The :class:`~core.Workload` of ``predict``'s workload flags (ms -> s, MiB -> bytes)."""
+def cluster_from_args(args, n: int) -> core.Cluster:
+  """The :class:`~core.Cluster` of ``predict``'s cluster flags for ``n`` workers.
+
+  Units as :func:`cluster_fields`.
+  """
+  return core.Cluster(n_workers=n, **cluster_fields(args))
+
+
+def workload_fields(args) -> dict:
+  """:class:`~core.Workload` keyword arguments of the workload flags (ms -> s, MiB -> bytes)."""
   samples = (tuple(x * 1e-3 for x in args.compute_samples_ms)
              if args.compute_samples_ms else None)
-  return core.Workload(
+  return dict(
       param_count=args.params, forward_s=args.forward_ms * 1e-3,
       backward_s=args.backward_ms * 1e-3,
       optimizer_s=args.optimizer_ms * 1e-3, compute_cv=args.compute_cv,
@@ -220,6 +240,41 @@ def workload_from_args(args) -> core.Workload:
       worker_layout=args.worker_layout)
 
 
+def workload_from_args(args) -> core.Workload:
+  """The :class:`~core.Workload` of ``predict``'s workload flags (ms -> s, MiB -> bytes)."""
+  return core.Workload(**workload_fields(args))
+
+
+def given_fields(args, c: core.Cluster, w: core.Workload):
+  """``(c, w)`` with the cluster and workload flags given on the command line applied.
+
+  Used for ``--preset`` and ``--workload``: their fields, with each flag
+  given explicitly taking precedence (converted as :func:`cluster_fields`
+  and :func:`workload_fields`); flags for the compute mean or CV drop
+  compute samples.
+
+  Raises:
+    ValueError: the combination is refused by ``Cluster`` or ``Workload``.
+  """
+  given = explicit_flags(args)
+  flags_c, flags_w = cluster_fields(args), workload_fields(args)
+  over_c = {f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()
+            if flag in given}
+  over_w = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
+            if flag in given}
+  if given & {"--forward-ms", "--backward-ms", "--compute-cv"} and \
+      "--compute-samples-ms" not in given:
+    over_w["compute_samples_s"] = None
+  if "--datacenters" in given and c.wan_bandwidth_Bps is None:
+    over_c.setdefault("wan_bandwidth_Bps", flags_c["wan_bandwidth_Bps"])
+    over_c.setdefault("wan_latency_s", flags_c["wan_latency_s"])
+  if over_c:
+    c = dataclasses.replace(c, **over_c)
+  if over_w:
+    w = dataclasses.replace(w, **over_w)
+  return c, w
+
+
 # predict flag -> (Cluster or Workload field, value from the parsed flags).
 _CLUSTER_FIELDS = {
     "--local-size": "local_size", "--intra-GBps": "intra_bandwidth_Bps",
@@ -227,7 +282,9 @@ _CLUSTER_FIELDS = {
     "--nic-Gbps": "nic_bandwidth_Bps", "--nics-per-node": "nics_per_node",
     "--nic-efficiency": "nic_efficiency", "--flow-Gbps": "flow_bandwidth_Bps",
     "--inter-latency-us": "inter_latency_s", "--multi-node": "multi_node",
-    "--intra-link": "intra_link", "--half-duplex": "full_duplex"}
+    "--intra-link": "intra_link", "--half-duplex": "full_duplex",
+    "--datacenters": "datacenters", "--wan-Gbps": "wan_bandwidth_Bps",
+    "--wan-latency-ms": "wan_latency_s", "--codec-GBps": "codec_Bps"}
 
 
 _WORKLOAD_FIELDS = {
@@ -261,10 +318,13 @@ def from_cluster_file(data: dict, args, n: int):
       workload the file lacks (see :func:`cluster_file.workload`).
   """
   given = explicit_flags(args)
-  flags_c = dataclasses.asdict(cluster_from_args(args, n))
+  flags_c = cluster_fields(args)
   kw = dict(data["cluster"], n_workers=n)
   kw.update({f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()
              if flag in given})
+  if "--datacenters" in given:  # the wide-area link of the flags
+    kw.setdefault("wan_bandwidth_Bps", flags_c["wan_bandwidth_Bps"])
+    kw.setdefault("wan_latency_s", flags_c["wan_latency_s"])
   if n % kw["local_size"]:
     raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
                      f"file's {kw['local_size']} workers per node.")

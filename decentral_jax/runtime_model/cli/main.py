@@ -1,4 +1,4 @@
-"""Command line: ``python -m decentral_jax.runtime_model {predict,fig6,validate,measure,calibrate}``.
+"""Command line: ``python -m decentral_jax.runtime_model {predict,fig6,validate,utilisation,measure,calibrate}``.
 
 Examples::
 
@@ -16,6 +16,14 @@ Examples::
   # KEY=VALUE parameters follow it, separated by commas too):
   python -m decentral_jax.runtime_model predict --n-workers 16 \\
       --methods all_reduce,aer,diloco:H=10,streaming_diloco:H=10,P=4,tau=1
+  # Named clusters and workloads; two datacenters over a wide-area link:
+  python -m decentral_jax.runtime_model predict --preset cross_region_2dc \
+      --workload 1b --n-workers 32 --methods all_reduce,diloco:H=30
+  # Compressed communication (predict prints each one's break-even rate):
+  python -m decentral_jax.runtime_model predict --n-workers 16 \
+      --methods all_reduce,static_ring,dadam:topology=static_ring,compress=int8
+  # Compute utilisation against bandwidth (eager paper, Table 5):
+  python -m decentral_jax.runtime_model utilisation --png util.png
   # Leave-one-cluster-out validation on Figure 6:
   python -m decentral_jax.runtime_model validate
   # Measure your cluster (one process per host; SLURM-aware) and predict:
@@ -31,19 +39,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
+
 from decentral_jax.runtime_model import cluster_file
 # The predict flags' checks and conversions (re-exported: part of this CLI).
 from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
     MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, check_output_path,
     check_predict_args, cluster_from_args, comma_list, describe_cluster_file,
-    explicit_flags, from_cluster_file, simulated_steps, split_methods,
-    workload_from_args)
+    explicit_flags, from_cluster_file, given_fields, simulated_steps,
+    split_methods, workload_from_args)
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import utilisation
 from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model.recommend import label
 
@@ -118,8 +130,8 @@ def _predict(args) -> int:
   groups = []
   for n in args.n_workers:
     c, w = _cluster_and_workload(args, n, measured)
-    table = _price(args, methods, n, c, w)
-    _print_table(n, c, w, table)
+    table, made = _price(args, methods, n, c, w)
+    _print_table(n, c, w, table, made)
     groups.append((f"{n} GPUs", {k: 1e3 * p.simulated_s
                                  for k, p in table.items()}, None))
   if args.png:
@@ -128,21 +140,35 @@ def _predict(args) -> int:
 
 
 def _cluster_and_workload(args, n: int, measured: dict | None):
-  """The cluster and workload at ``n`` workers: preset, file or flags."""
+  """The cluster and workload at ``n`` workers: preset, file or flags.
+
+  ``--preset`` and ``--workload`` give whole sets of fields; cluster and
+  workload flags given as well override single fields.
+  """
   if args.preset:
     try:
-      return paper.setup(args.preset, n)
+      c, w = presets.setup(args.preset, n, args.workload,
+                           default=workload_from_args(args))
     except ValueError as e:
       raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
                        ) from None
+    return given_fields(args, c, w)
   if measured is not None:
-    return from_cluster_file(measured, args, n)
-  return cluster_from_args(args, n), workload_from_args(args)
+    c, w = from_cluster_file(measured, args, n)
+  else:
+    c, w = cluster_from_args(args, n), workload_from_args(args)
+  if args.workload:
+    c, w = given_fields(args, c, presets.workload(args.workload))
+  return c, w
 
 
-def _price(args, methods, n: int, c, w) -> dict[str, recommend.Prediction]:
-  """Every ``--methods`` spec priced at ``n`` workers, keyed for the table."""
-  table = {}
+def _price(args, methods, n: int, c, w):
+  """Every ``--methods`` spec priced at ``n`` workers, keyed for the table.
+
+  Returns:
+    ``({key: Prediction}, {key: Method})``.
+  """
+  table, made = {}, {}
   for spec in methods:
     try:
       m = core.make_method(spec, c)
@@ -151,31 +177,52 @@ def _price(args, methods, n: int, c, w) -> dict[str, recommend.Prediction]:
       raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
     p = recommend.predict(spec, m, c, w, steps=steps,
                           warmup=args.steps // 5, seed=args.seed)
-    table[p.key] = p
-  return table
+    table[p.key], made[p.key] = p, m
+  return table, made
 
 
-def _print_table(n: int, c, w, table: dict[str, recommend.Prediction]) -> None:
-  """``predict``'s table at ``n`` workers, its footnotes and recommendation."""
+def _shape(c) -> str:
+  """``(4 nodes x 8)``, or with datacenters ``(2 datacenters x 2 nodes x 8,
+  wide-area 10 Gbit/s, 30 ms)``."""
+  if c.datacenters == 1:
+    return f"({c.n_nodes} nodes x {c.local_size})"
+  return (f"({c.datacenters} datacenters x {c.n_nodes // c.datacenters} "
+          f"nodes x {c.local_size}, wide-area {8 * c.wan_bandwidth_Bps / 1e9:.3g}"
+          f" Gbit/s, {1e3 * c.wan_latency_s:.3g} ms)")
+
+
+def _print_table(n: int, c, w, table: dict[str, recommend.Prediction],
+                 methods: dict | None = None) -> None:
+  """``predict``'s table at ``n`` workers, its footnotes and recommendation.
+
+  ``methods``: ``{key: Method}`` of the table, for the break-even lines of
+  compressed methods.
+  """
   ar = table["all_reduce"].simulated_s if "all_reduce" in table else None
   span = (f" of {w.devices_per_worker} devices ({w.worker_layout})"
           if w.devices_per_worker > 1 else "")
-  print(f"n={n} workers{span} ({c.n_nodes} nodes x {c.local_size}), "
+  print(f"n={n} workers{span} {_shape(c)}, "
         f"compute {1e3 * w.compute_mean_s:.1f} ms (CV "
         f"{w.compute_std_s / max(w.compute_mean_s, 1e-300):.2f})")
   width = max([22] + [len(label(k)) + 3 for k in table])
+  wan = c.datacenters > 1
   print(f"  {'method':<{width}}{'sim ms':>9}{'closed ms':>10}{'vs AR':>7}"
-        f"{'comm ms':>9}{'var ms':>8}{'MB/it':>9}{'node MB/it':>11}")
+        f"{'comm ms':>9}{'var ms':>8}{'MB/it':>9}{'node MB/it':>11}"
+        + (f"{'WAN MB/it':>10}" if wan else ""))
   for key, p in table.items():
-    speed = f"{ar / p.simulated_s:.2f}x" if ar else "-"
-    star = "*" if p.slow_mixing else ""
+    ratio = ar / p.simulated_s if ar else None
+    speed = ("-" if ratio is None else f"{ratio:.2f}x" if ratio < 99.995
+             else f" {ratio:.0f}x")
+    star = ("*" if p.slow_mixing else "") + ("^" if p.library_gap else "")
     print(f"  {label(key) + star:<{width}}{1e3 * p.simulated_s:9.1f}"
           f"{1e3 * p.estimate.iteration_s:10.1f}"
           f"{speed:>7}{1e3 * p.estimate.exposed_comm_s:9.1f}"
           f"{1e3 * p.estimate.variability_s:8.1f}"
-          f"{p.sent.worker_bytes / 1e6:9.1f}{p.sent.node_bytes / 1e6:11.1f}")
+          f"{p.sent.worker_bytes / 1e6:9.1f}{p.sent.node_bytes / 1e6:11.1f}"
+          + (f"{p.sent.dc_bytes / 1e6:10.1f}" if wan else ""))
   print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
-        "node MB/it: leaving the busiest node (averaged over a period)")
+        "node MB/it: leaving the busiest node (averaged over a period)"
+        + ("; WAN MB/it: leaving the busiest datacenter" if wan else ""))
   if w.devices_per_worker > 1:
     inner = next(iter(table.values())).sent.inner_bytes
     print(f"  inside each worker (every method): "
@@ -186,9 +233,16 @@ def _print_table(n: int, c, w, table: dict[str, recommend.Prediction]) -> None:
   if any(p.slow_mixing for p in table.values()):
     print("  * no exact averaging within one period (slower mixing); not "
           "recommended")
+  gaps = sorted({p.library_gap for p in table.values() if p.library_gap})
+  if gaps:
+    print("  ^ not in the library yet (priced as asked; never recommended): "
+          + "; ".join(gaps))
   if any(p.local for p in table.values()):
     print("  local-update methods sync every H steps: per-iteration time "
           "only, not the loss per iteration")
+  for key, m in (methods or {}).items():
+    if m.compress is not None:
+      print(recommend.break_even_line(key, recommend.break_even(m, c, w)))
   print("  recommendation: " + recommend.recommend(table))
 
 
@@ -265,6 +319,126 @@ def _validate(args) -> int:
   return 1 if new else 0
 
 
+def _utilisation(args) -> int:
+  """The ``utilisation`` command: table, check against the paper, PNG."""
+  check_output_path(args.png, "--png")
+  check_output_path(args.table, "--table")
+  setting = utilisation.Setting(
+      n_workers=args.n_workers, param_count=args.params,
+      step_s=args.step_ms * 1e-3, period=args.H,
+      latency_s=args.latency_ms * 1e-3, codec_Bps=args.codec_GBps * 1e9,
+      grad_dtype=args.grad_dtype, bucket_bytes=args.bucket_MiB * 2**20)
+  try:
+    setting.cluster(1e9)
+    setting.workload()
+  except ValueError as e:
+    raise ValueError(f"utilisation: {e}") from None
+  rows = utilisation.table(setting)
+  text = utilisation_table(setting, rows)
+  print(text)
+  if args.table:
+    with open(args.table, "w", encoding="utf-8") as f:
+      f.write(text + "\n")
+    print(f"wrote {args.table}")
+  if args.png:
+    rates = np.logspace(np.log10(0.1e9 / 8), np.log10(1e12 / 8), 121)
+    _utilisation_chart(setting, rates, rows, args.png)
+  return 0
+
+
+def utilisation_table(setting, rows) -> str:
+  """The ``utilisation`` table (Markdown): Gbit/s needed per target."""
+  targets = utilisation.TARGETS
+  head = ("Compute utilisation against the link rate between workers: "
+          f"{setting.n_workers} workers, {setting.param_count:.3g} "
+          f"parameters, {1e3 * setting.step_s:.0f} ms of compute per step, "
+          f"H = {setting.period}, latency {1e3 * setting.latency_s:.3g} ms, "
+          f"codec {setting.codec_Bps / 1e9:.3g} GB/s (closed form, no "
+          "compute variability). Gbit/s needed for each utilisation:")
+  lines = [head, "", "| method | spec | " + " | ".join(
+      f"{100 * t:.0f}%" for t in targets) + " |",
+           "|---|---|" + "---|" * len(targets)]
+  for r in rows:
+    cells = ["not reached" if x is None else f"{8 * x / 1e9:.3g}"
+             if x < 125e9 else f"{8 * x / 1e9:.0f}" for x in r["rates_Bps"]]
+    mark = " ^" if r["library_gap"] else ""
+    lines.append(f"| {r['label']}{mark} | `{r['spec']}` | "
+                 + " | ".join(cells) + " |")
+  gaps = sorted({r["library_gap"] for r in rows if r["library_gap"]})
+  if gaps:
+    lines.append("")
+    lines.append("^ not in the library yet: " + "; ".join(gaps) + ".")
+  dp = rows[0]["rates_Bps"][targets.index(0.95)] if 0.95 in targets else None
+  if dp is not None:
+    ratio = 8 * dp / 1e9 / utilisation.PAPER_DP_95_GBPS
+    lines.append("")
+    lines.append(f"data-parallel at 95%: {8 * dp / 1e9:.3g} Gbit/s; Kale et "
+                 f"al. 2025 (Table 5): about {utilisation.PAPER_DP_95_GBPS:g}"
+                 f" Gbit/s (ratio {ratio:.2f}).")
+  return "\n".join(lines)
+
+
+def _utilisation_chart(setting, rates, rows, path: str) -> None:
+  """Utilisation (%) against Gbit/s, one line per method; ``path`` a PNG."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  curves = utilisation.curves(setting, rates)
+  fig, ax = plt.subplots(figsize=(7.5, 4.8))
+  gaps = {r["label"] for r in rows if r["library_gap"]}
+  for (lab, util), style in zip(curves.items(), ("-", "-", "--", "--", "--")):
+    ax.plot(8 * rates / 1e9, 100 * util, style,
+            label=lab + (" (not in the library)" if lab in gaps else ""))
+  ax.axhline(95, color="grey", lw=0.8, ls=":")
+  ax.axvline(utilisation.PAPER_DP_95_GBPS, color="grey", lw=0.8, ls=":")
+  ax.text(utilisation.PAPER_DP_95_GBPS * 1.05, 40, "paper: DP 95% at\n222 "
+          "Gbit/s", fontsize=7, color="grey")
+  ax.set_xscale("log")
+  ax.set_ylim(0, 101)
+  ax.set_xlabel("bandwidth between workers (Gbit/s per direction)")
+  ax.set_ylabel("compute utilisation (%)")
+  ax.set_title(f"{setting.param_count:.3g} parameters, "
+               f"{1e3 * setting.step_s:.0f} ms per step, H = "
+               f"{setting.period}, {setting.n_workers} workers")
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8, loc="lower right")
+  fig.tight_layout()
+  try:
+    fig.savefig(path, dpi=120)
+  except OSError as e:
+    raise ValueError(f"--png {path!r} could not be written: "
+                     f"{e.strerror or e}.") from None
+  finally:
+    plt.close(fig)
+  print(f"wrote {path}")
+
+
+def _add_utilisation(sub) -> None:
+  """The ``utilisation`` subcommand's flags (defaults: Kale et al. 2025, Table 5)."""
+  u = sub.add_parser("utilisation", help="compute utilisation against the "
+                     "bandwidth between workers for data-parallel, DiLoCo "
+                     "and eager DiLoCo (Kale et al. 2025, Table 5); a table "
+                     "and a PNG")
+  for flag, typ, default, text in (
+      ("--n-workers", int, 2, "workers, each its own node with one link"),
+      ("--params", float, 1e9, "parameter count"),
+      ("--step-ms", float, 100.0, "compute per step, ms (forward : "
+       "backward = 1 : 2)"),
+      ("--H", int, 30, "DiLoCo's inner steps per outer step"),
+      ("--latency-ms", float, 0.0, "latency per message, ms"),
+      ("--codec-GBps", float, 100.0, "float32 GB/s one worker quantizes or "
+       "dequantizes (fp4 line)"),
+      ("--grad-dtype", str, "bfloat16", "data-parallel's gradients on the "
+       "wire"),
+      ("--bucket-MiB", float, 25.0, "bucket (message) size, MiB")):
+    u.add_argument(flag, type=typ, default=default,
+                   help=f"{text} (default {default:g})" if isinstance(
+                       default, float) else f"{text} (default {default})")
+  u.add_argument("--png", help="write the utilisation curves to this PNG")
+  u.add_argument("--table", help="write the table (Markdown) to this file")
+  u.set_defaults(run=_utilisation)
+
+
 def _measure(args) -> int:
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import launch as distributed  # pylint: disable=import-outside-toplevel
@@ -272,6 +446,9 @@ def _measure(args) -> int:
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model.cli import measure  # pylint: disable=import-outside-toplevel
   check_output_path(args.out, "--out")
+  if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
+    raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
+                     f"timings), got {args.repeats}.")
   config = config_lib.load_config(args.config, args.set)
   validation.check_config(config)
   distributed.initialize_from_config(config)  # SLURM-aware, as the runner
@@ -326,6 +503,14 @@ _CLUSTER_FLAGS = (
     ("--flow-Gbps", float, 0.0, "cap on one inter-node flow (one collective's "
      "connections on a node, e.g. one TCP socket), Gbit/s (0: none)"),
     ("--inter-latency-us", float, 10.0, "inter-node latency per message, us"),
+    ("--datacenters", int, 1, "datacenters (dividing the nodes), joined by "
+     "a wide-area link"),
+    ("--wan-Gbps", float, 10.0, "with --datacenters > 1: each datacenter's "
+     "wide-area uplink per direction, Gbit/s, shared by its flows"),
+    ("--wan-latency-ms", float, 30.0, "with --datacenters > 1: one-way "
+     "latency between datacenters, ms"),
+    ("--codec-GBps", float, 100.0, "float32 GB/s one device quantizes or "
+     "dequantizes (compressed communication; an assumption)"),
 )
 _WORKLOAD_FLAGS = (
     ("--params", float, 65e6, "parameter count"),
@@ -364,9 +549,16 @@ def build_parser() -> argparse.ArgumentParser:
                  ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer; H, "
                  "tau in steps, defaults H=10, P=1, tau=0; see "
                  f"docs/runtime_model.md); default {DEFAULT_METHODS}")
-  q.add_argument("--preset", choices=sorted(paper.PUBLISHED),
-                 help="Figure 6's cluster, model and fitted compute "
-                 "(ignores the cluster and workload flags)")
+  q.add_argument("--preset", choices=list(presets.CLUSTERS),
+                 help="a named cluster: Figure 6's T4, A40, A100 (with the "
+                 "paper's model and fitted compute), h100_node, h100_ib, "
+                 "cross_region_2dc, cross_region_4dc (sources in "
+                 "docs/runtime_model.md); cluster and workload flags given "
+                 "as well override single fields")
+  q.add_argument("--workload", choices=list(presets.WORKLOADS),
+                 help="a named workload: gpt2_small (124M parameters, 30.9 "
+                 "ms per step) or 1b (1e9 parameters, 100 ms per step); "
+                 "workload flags given as well override single fields")
   q.add_argument("--cluster", metavar="FILE",
                  help="cluster JSON written by `measure` (its links and, if "
                  "measured, compute; flags given as well override its "
@@ -419,8 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
   e.add_argument("--sizes-MB", type=comma_list(float), default=[1.0, 16.0],
                  help="message sizes of the exchanges, MB (default 1,16)")
   e.add_argument("--repeats", type=int, default=5,
-                 help="timed repetitions of each measurement (default 5)")
+                 help="timed repetitions of each measurement, >= 2 (default 5)")
   e.set_defaults(run=_measure)
+  _add_utilisation(sub)
   v = sub.add_parser("validate", help="leave-one-cluster-out validation on "
                      "Figure 6 (T4, A100, A40)")
   v.add_argument("--refit", action="store_true",

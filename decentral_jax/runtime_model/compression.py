@@ -1,0 +1,176 @@
+"""Compressed communication priced: bytes on the wire and codec time.
+
+The formats of :mod:`decentral_jax.comm.compress` (restated here: the
+runtime model imports only NumPy and the topologies; a test checks that the
+two byte counts agree). ``N`` values, ``B`` values per block (per float32
+scale, or per top-k chunk), ``nb = ceil(N / B)`` blocks, the last one
+zero-padded and sent:
+
+==========  ==========================  ====================================
+format      bytes sent                  per value
+==========  ==========================  ====================================
+``int8``    ``nb (B + 4)``              1 byte + 4 bytes of scale per block
+``fp8``     ``nb (B + 4)``              (e4m3) as int8
+``int4``    ``nb (B/2 + 4)``            half a byte (two per byte) + scale
+``fp4``     ``nb (B/2 + 4)``            (e2m1) as int4
+``topk``    ``nb k (4 + idx)``          ``k = max(1, round(fraction B))``
+                                        float32 values of each chunk and
+                                        their indices: ``idx`` = 2 bytes
+                                        (int16) for ``B <= 32768``, else 4
+==========  ==========================  ====================================
+
+Where it is sent:
+
+* **gossip** (CHOCO-gossip, :mod:`decentral_jax.optim.choco`): every round
+  is realised with its point-to-point ``ppermute`` terms (a group mean of
+  ``g`` workers as ``g - 1`` terms), each carrying the payload of the
+  ``N``-value difference ``x - x_hat``; the round's result is needed before
+  the next step, so the gossip is not overlapped with compute;
+* **all-reduce of pseudo-gradients** (:func:`decentral_jax.comm.compress.
+  mean_compressed`): each value padded to a multiple of ``n B``, a
+  reduce-scatter of the codes (all-to-all of shards, float32 sums) and an
+  all-gather of the re-quantized mean, ``2 (n-1)/n x payload`` per worker,
+  priced as an all-reduce of the payload.
+
+Codec time: quantizing or dequantizing is device work, serial with the
+compute. It is priced from :attr:`~decentral_jax.runtime_model.costs.Cluster.
+codec_Bps`, the float32 bytes one device quantizes or dequantizes per second
+(default 100 GB/s, an assumption; docs/runtime_model.md): per gossip step
+``N`` values quantized and ``1 + T`` payloads of ``N`` values dequantized
+(its own and one per term received); per all-reduce ``(1 + 1/n) N``
+quantized (its values, then its mean shard) and ``2 N`` dequantized (the
+``n`` contributions to its shard, then the gathered shards).
+
+Units: bytes, seconds, bytes per second.
+
+References:
+  Koloskova, Stich, Jaggi, Decentralized Stochastic Optimization and Gossip
+  Algorithms with Compressed Communication, ICML 2019 (CHOCO). Dettmers et
+  al., 8-bit Optimizers via Block-wise Quantization, ICLR 2022 (block
+  scales). Douillard et al., Streaming DiLoCo with overlapping
+  communication, arXiv 2501.18512 (4-bit pseudo-gradients).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+FORMATS = ("int8", "fp8", "int4", "fp4", "topk")
+FOUR_BIT = ("int4", "fp4")
+DEFAULT_BLOCK = 256  # comm.compress.Compressor's default
+DEFAULT_FRACTION = 0.01  # likewise (top-k)
+VALUE_BYTES = 4  # the codec reads / writes float32 values
+
+
+def check(fmt: str, block, fraction, where: str) -> None:
+  """Checks a format and its block and fraction.
+
+  Raises:
+    ValueError: naming ``where``: an unknown format, a block that is not an
+      integer >= 2 (even for the 4-bit formats), a fraction outside (0, 1].
+  """
+  if fmt not in FORMATS:
+    raise ValueError(f"{where}: compress={fmt!r} is not a format; use one of "
+                     f"{', '.join(FORMATS)}.")
+  if isinstance(block, bool) or not isinstance(block, numbers.Integral) or \
+      block < 2:
+    raise ValueError(f"{where}: block={block!r} must be an integer >= 2 "
+                     "(values per scale or per top-k chunk).")
+  if fmt in FOUR_BIT and block % 2:
+    raise ValueError(f"{where}: block={block} must be even for {fmt} (two "
+                     "values per byte).")
+  if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or \
+      not 0 < fraction <= 1 or math.isnan(fraction):
+    raise ValueError(f"{where}: fraction={fraction!r} must be in (0, 1] (the "
+                     "share of each chunk top-k keeps).")
+
+
+def kept(block: int, fraction: float) -> int:
+  """Top-k: values kept per chunk of ``block``: ``max(1, round(fraction B))``."""
+  return max(1, min(block, int(round(fraction * block))))
+
+
+def payload_bytes(fmt: str, n_values: float, block: int = DEFAULT_BLOCK,
+                  fraction: float = DEFAULT_FRACTION) -> float:
+  """Bytes one worker sends for ``n_values`` values (module table).
+
+  Args:
+    fmt: one of :data:`FORMATS`.
+    n_values: ``N`` (rounded up to an integer).
+    block: ``B``.
+    fraction: top-k only.
+  """
+  blocks = math.ceil(math.ceil(n_values) / block)
+  if fmt in ("int8", "fp8"):
+    return float(blocks * (block + 4))
+  if fmt in FOUR_BIT:
+    return float(blocks * (block // 2 + 4))
+  index = 2 if block <= 32768 else 4
+  return float(blocks * kept(block, fraction) * (4 + index))
+
+
+def padded_values(n_values: float, n_workers: int, block: int) -> int:
+  """``N`` padded as the compressed all-reduce pads it: a multiple of ``n B``, at least ``n B``."""
+  unit = n_workers * block
+  return max(unit, math.ceil(math.ceil(n_values) / unit) * unit)
+
+
+def all_reduce_payload(fmt: str, n_values: float, n_workers: int,
+                       block: int = DEFAULT_BLOCK,
+                       fraction: float = DEFAULT_FRACTION) -> float:
+  """The payload ``P`` whose all-reduce moves ``2 (n-1)/n P`` per worker."""
+  return payload_bytes(fmt, padded_values(n_values, n_workers, block), block,
+                       fraction)
+
+
+def gossip_codec_values(n_values: float, received: float) -> float:
+  """Values a worker quantizes and dequantizes per compressed gossip step."""
+  return n_values * (2.0 + received)
+
+
+def all_reduce_codec_values(n_values: float, n_workers: int) -> float:
+  """Values a worker quantizes and dequantizes per compressed all-reduce."""
+  return n_values * (3.0 + 1.0 / n_workers)
+
+
+def codec_seconds(values: float, codec_Bps: float) -> float:
+  """Seconds to quantize or dequantize ``values`` float32 values."""
+  return VALUE_BYTES * values / codec_Bps
+
+
+def parse(spec, given: dict) -> tuple[str | None, int, float]:
+  """``(format or None, block, fraction)`` of a spec's ``compress`` keys.
+
+  ``given``: the spec's ``KEY=VALUE`` parameters. ``compress=none`` (or no
+  ``compress``) is no compression; ``block`` needs a format and
+  ``fraction`` the ``topk`` format.
+
+  Raises:
+    ValueError: quoting the spec: a bad format, block or fraction, or
+      ``block`` / ``fraction`` without a format that uses them.
+  """
+  fmt = given.get("compress", "none").strip().lower()
+  fmt = None if fmt == "none" else fmt
+  if fmt is None and ("block" in given or "fraction" in given):
+    raise ValueError(f"{spec!r}: block and fraction need compress=<format>, "
+                     "e.g. compress=int8,block=128.")
+  if "fraction" in given and fmt != "topk":
+    raise ValueError(f"{spec!r}: fraction applies to compress=topk only.")
+  block = given.get("block", str(DEFAULT_BLOCK)).strip()
+  block = int(block) if block.isdigit() else block
+  try:
+    fraction = float(given.get("fraction", DEFAULT_FRACTION))
+  except ValueError:
+    fraction = given["fraction"]
+  if fmt is not None:
+    check(fmt, block, fraction, repr(spec))
+  return fmt, block, fraction
+
+
+def name_parts(fmt: str, block: int, fraction: float) -> list[str]:
+  """A method name's parts for a format: ``compress``, ``block`` [, ``fraction``]."""
+  parts = [f"compress={fmt}", f"block={block}"]
+  if fmt == "topk":
+    parts.append(f"fraction={fraction:g}")
+  return parts
