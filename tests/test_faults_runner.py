@@ -41,7 +41,8 @@ def _params_after(config, steps):
   return jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
-@pytest.mark.parametrize("algorithm", ["diloco", "local_sgd"])
+@pytest.mark.parametrize("algorithm", [
+    "diloco", pytest.param("local_sgd", marks=pytest.mark.slow)])
 def test_no_faults_is_bit_identical(algorithm):
   require_devices(N)
   plain = _params_after(_config(f"--config.algorithm={algorithm}"), 7)
@@ -51,6 +52,7 @@ def test_no_faults_is_bit_identical(algorithm):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.integration
 def test_run_with_faults_trains_and_records_goodput(tmp_path):
   require_devices(N)
   trace = tmp_path / "trace.json"
@@ -86,8 +88,7 @@ def test_run_with_faults_trains_and_records_goodput(tmp_path):
 
 def test_decentralized_dead_worker_is_frozen(tmp_path):
   # D-AdamW over one_peer_exp with worker 3 dead at steps 2..4: its
-  # parameters stay bit for bit, the others keep training; with no faults
-  # the run is the plain one.
+  # parameters stay bit for bit, the others keep training.
   require_devices(N)
   trace = tmp_path / "trace.json"
   trace.write_text(json.dumps({"events": [
@@ -109,6 +110,11 @@ def test_decentralized_dead_worker_is_frozen(tmp_path):
   # Rejoined at step 5 with the mean of its round's live neighbours.
   for a, b in zip(jax.tree.leaves(params[4]), jax.tree.leaves(params[5])):
     assert not np.array_equal(a[3], b[3])
+
+
+@pytest.mark.slow
+def test_decentralized_without_faults_is_the_plain_run():
+  require_devices(N)
   plain = _params_after(_config("--config.algorithm=decentralized"), 4)
   healthy = _params_after(_config("--config.algorithm=decentralized",
                                   "--config.faults.enabled=True",

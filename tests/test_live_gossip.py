@@ -20,7 +20,9 @@ from decentral_jax.comm import faults
 from decentral_jax.comm import gossip
 from helpers import local_size, valid
 
-CASES = [(name, n) for name in topology.NAMES for n in (6, 8) if valid(name, n)]
+# Every topology at n = 8 in the fast tier, at n = 6 in the full suite.
+CASES = [pytest.param(name, n, marks=() if n == 8 else pytest.mark.slow)
+         for name in topology.NAMES for n in (6, 8) if valid(name, n)]
 
 
 def oracle(w: np.ndarray, a: np.ndarray) -> np.ndarray:
