@@ -161,58 +161,74 @@ def _global_dtype(x):
   return jnp.promote_types(jnp.result_type(x), jnp.float32)
 
 
+class _Spec(NamedTuple):
+  """The static settings of one elastic transform."""
+  inner: Any
+  outer: Any  # None: Local SGD.
+  period: int
+  quorum: int
+  rollback: bool
+  rejoin: str
+  axis_name: Any
+  name: str
+
+
+def _sync(spec: _Spec, a, lost, n: int, operand):
+  """The outer step over the contributors (module docstring), or its skip."""
+  x, theta, o_state, k, done, skipped, useful = operand
+  me = collectives.index(spec.axis_name)
+  contrib = a[me] & (done > 0)
+  wdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(theta))
+  weight = done.astype(wdtype) / spec.period
+  total = collectives.psum(jnp.where(contrib, weight, jnp.zeros_like(weight)),
+                           spec.axis_name)
+  members = collectives.psum(contrib.astype(jnp.int32), spec.axis_name)
+  ok = members >= spec.quorum
+  if spec.rollback:
+    ok = ok & ~jnp.any(lost)
+  xs = jax.tree.map(lambda v, t: v.astype(t.dtype), x, theta)
+  x_bar = _weighted_mean(xs, weight, contrib, total, n, spec.axis_name)
+  if spec.outer is not None:
+    pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, x_bar)
+    step, o_new = spec.outer.update(pseudo_grad, o_state, theta)
+    t_new = optax.apply_updates(theta, step)
+  else:
+    t_new, o_new = x_bar, o_state
+  theta = _select(ok, t_new, theta)
+  o_state = _select(ok, o_new, o_state)
+  reset = a[me] & (ok | spec.rollback)
+  x = _select(reset, jax.tree.map(lambda t, v: t.astype(v.dtype), theta, x),
+              x)
+  committed = collectives.psum(jnp.where(contrib, done, 0), spec.axis_name)
+  useful = useful + jnp.where(ok, committed, 0)
+  done = jnp.where(ok | spec.rollback, jnp.zeros_like(done), done)
+  k = jnp.where(ok, optax.safe_increment(k), k)
+  skipped = skipped + jnp.where(ok, 0, 1).astype(skipped.dtype)
+  return x, theta, o_state, k, done, skipped, useful
+
+
+def _init(spec: _Spec, params) -> ElasticState:
+  gossip.check_float_leaves(params, spec.name)
+  n = collectives.size(spec.axis_name)
+  zero = jnp.zeros([], jnp.int32)
+  if spec.outer is not None:
+    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
+    base = local_updates.DiLoCoState(zero, zero, spec.inner.init(params),
+                                     theta, spec.outer.init(theta))
+    anchor = ()
+  else:
+    base = local_updates.LocalSGDState(zero, spec.inner.init(params))
+    anchor = jax.tree.map(jnp.asarray, params)
+  return ElasticState(base, anchor, zero, jnp.ones(n, bool),
+                      jnp.zeros(n, bool), zero, zero)
+
+
 def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
              axis_name, outer, name: str) -> optax.GradientTransformationExtraArgs:
   """The transform of both methods (``outer`` None: Local SGD)."""
   diloco = outer is not None
-  rollback = on_failure == "rollback"
-
-  def init_fn(params):
-    gossip.check_float_leaves(params, name)
-    n = collectives.size(axis_name)
-    zero = jnp.zeros([], jnp.int32)
-    if diloco:
-      theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
-      base = local_updates.DiLoCoState(zero, zero, inner.init(params), theta,
-                                       outer.init(theta))
-      anchor = ()
-    else:
-      base = local_updates.LocalSGDState(zero, inner.init(params))
-      anchor = jax.tree.map(jnp.asarray, params)
-    return ElasticState(base, anchor, zero, jnp.ones(n, bool),
-                        jnp.zeros(n, bool), zero, zero)
-
-  def sync(a, lost, n, operand):
-    x, theta, o_state, k, done, skipped, useful = operand
-    me = collectives.index(axis_name)
-    contrib = a[me] & (done > 0)
-    wdtype = jnp.result_type(jnp.float32, *jax.tree.leaves(theta))
-    weight = done.astype(wdtype) / period
-    total = collectives.psum(jnp.where(contrib, weight, jnp.zeros_like(weight)),
-                             axis_name)
-    members = collectives.psum(contrib.astype(jnp.int32), axis_name)
-    ok = members >= quorum
-    if rollback:
-      ok = ok & ~jnp.any(lost)
-    xs = jax.tree.map(lambda v, t: v.astype(t.dtype), x, theta)
-    x_bar = _weighted_mean(xs, weight, contrib, total, n, axis_name)
-    if diloco:
-      pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, x_bar)
-      step, o_new = outer.update(pseudo_grad, o_state, theta)
-      t_new = optax.apply_updates(theta, step)
-    else:
-      t_new, o_new = x_bar, o_state
-    theta = _select(ok, t_new, theta)
-    o_state = _select(ok, o_new, o_state)
-    reset = a[me] & (ok | rollback)
-    x = _select(reset, jax.tree.map(lambda t, v: t.astype(v.dtype), theta, x),
-                x)
-    committed = collectives.psum(jnp.where(contrib, done, 0), axis_name)
-    useful = useful + jnp.where(ok, committed, 0)
-    done = jnp.where(ok | rollback, jnp.zeros_like(done), done)
-    k = jnp.where(ok, optax.safe_increment(k), k)
-    skipped = skipped + jnp.where(ok, 0, 1).astype(skipped.dtype)
-    return x, theta, o_state, k, done, skipped, useful
+  spec = _Spec(inner, outer, period, quorum, on_failure == "rollback", rejoin,
+               axis_name, name)
 
   def update_fn(updates, state, params=None, *, alive=None, working=None,
                 **extra_args):
@@ -242,7 +258,8 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
         lambda v: gossip.match_varying(v, me),
         (x, theta, o_state, k, done, state.skipped, state.useful))
     x, theta, o_state, k, done, skipped, useful = gossip.every(
-        period, taken, lambda o: sync(a, lost, n, o), lambda o: o, operand)
+        period, taken, lambda o: _sync(spec, a, lost, n, o), lambda o: o,
+        operand)
     lost = lost & ~taken
     if diloco:
       new_base = local_updates.DiLoCoState(count, k, inner_state, theta,
@@ -255,7 +272,8 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
     delta = jax.tree.map(lambda t, p: (t - p).astype(p.dtype), x, params)
     return delta, new
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(
+      lambda params: _init(spec, params), update_fn)
 
 
 def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
