@@ -59,6 +59,15 @@ def test_determinism_across_processes():
                                 a.masks(0, 500)[1].astype(int))
 
 
+def test_a_longer_horizon_keeps_the_earlier_steps():
+  kwargs = dict(failure_rate=0.02, mean_downtime=5.0, seed=9)
+  short = FaultSchedule.from_rates(8, 600, **kwargs)
+  long = FaultSchedule.from_rates(8, 5000, **kwargs)
+  for a, b in zip(short.masks(0, 600), long.masks(0, 600)):
+    np.testing.assert_array_equal(a, b)
+  assert not short.masks(0, 600)[0].all()
+
+
 def test_slow_workers_complete_steps_in_proportion():
   sched = FaultSchedule.from_rates(8, 100, slow_fraction=0.25, slow_speed=0.5,
                                    seed=1)

@@ -1,16 +1,19 @@
 """config.faults in the runner: bit-identical without faults, training with
-them, the goodput and live mask in metrics.jsonl, and the config checks."""
+them, the goodput and live mask in metrics.jsonl, a bit-exact resume inside
+the faults, and the config checks."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
 from conftest import require_devices
+from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import metrics
@@ -62,9 +65,12 @@ def test_run_with_faults_trains_and_records_goodput(tmp_path):
   config = _config("--config.algorithm=diloco", "--config.faults.enabled=True",
                    f"--config.faults.trace={trace}",
                    "--config.faults.on_failure=rollback",
-                   "--config.eval_interval=12")
-  final = train.train_and_evaluate(config, str(tmp_path / "run"))
-  records = metrics.read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
+                   "--config.eval_interval=12",
+                   "--config.checkpoint_interval=6")
+  exp = experiment_lib.Experiment(config)
+  workdir = str(tmp_path / "run")
+  final = train.train_and_evaluate(config, workdir, experiment=exp)
+  records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
   by_step = {r["step"]: r for r in records}
   assert np.isfinite(final["eval/loss"])
   assert by_step[12]["eval/loss"] < by_step[0]["eval/loss"]
@@ -84,6 +90,29 @@ def test_run_with_faults_trains_and_records_goodput(tmp_path):
   assert by_step[12]["faults/skipped_syncs"] == 1
   assert by_step[12]["faults/useful_steps"] == 20 + 22 + 23
   assert by_step[12]["faults/goodput"] == pytest.approx(65 / 96)
+  # Resumed from step 6 (inside the faults), the run ends bit for bit where
+  # it ended, with the same records.
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  done12 = _restore(exp, ckpt_dir, 12)
+  shutil.rmtree(os.path.join(ckpt_dir, "12"))
+  again = train.train_and_evaluate(config, workdir, experiment=exp)
+  assert again["eval/loss"] == final["eval/loss"]
+  for a, b in zip(jax.tree.leaves(done12), jax.tree.leaves(
+      _restore(exp, ckpt_dir, 12))):
+    np.testing.assert_array_equal(a, b)
+  timings = ("step_time_ms", "tokens_per_sec", "train_time_s")
+  assert [{k: v for k, v in r.items() if k not in timings} for r in records] \
+      == [{k: v for k, v in r.items() if k not in timings}
+          for r in metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def _restore(exp, directory, step):
+  ckpt = checkpoint.Checkpointer(directory)
+  try:
+    state, _ = ckpt.restore(step, exp.init_state())
+  finally:
+    ckpt.close()
+  return jax.tree.map(np.asarray, jax.device_get(state))
 
 
 def test_decentralized_dead_worker_is_frozen(tmp_path):

@@ -243,10 +243,11 @@ def _down_intervals(rng: np.random.Generator, p: float, q: float,
                     steps: int) -> list[tuple[int, int]]:
   """Dead intervals ``[a, b)`` of one worker: up ~ Geom(p), down ~ Geom(q).
 
-  Draws (up, down) pairs in batches of a size fixed by ``p, q, steps`` (so
-  the draws are a function of the seed) until the horizon is passed.
+  Draws (up, down) pairs in batches of a fixed size until the horizon is
+  passed, so the intervals before a step do not depend on the horizon (a
+  longer run, or a resumed one with more steps, sees the same failures).
   """
-  batch = int(min(steps * p + 8, 1 << 16))
+  batch = 256
   out, t = [], 0
   while t < steps:
     up = rng.geometric(p, batch).astype(np.int64)

@@ -89,11 +89,12 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "comm_dtype": "comm_dtype",
                   "devices_per_worker": "devices_per_worker",
                   "worker_layout": "worker_layout",
-                  "workers_per_device": "workers_per_device"}
+                  "workers_per_device": "workers_per_device",
+                  "faults": "faults"}
 # Values assumed for checkpoints written before these fields existed.
 _RESUME_DEFAULTS = {"beta_convention": "per_window",
                     "devices_per_worker": 1, "worker_layout": "",
-                    "workers_per_device": 1}
+                    "workers_per_device": 1, "faults": {}}
 
 
 def worker_layout_of(c) -> layouts.WorkerLayout:
@@ -661,6 +662,9 @@ class Experiment:
         "workers_per_device": self.workers_per_device,
         "worker_layout": (self.layout.mode
                           if self.layout.devices_per_worker > 1 else ""),
+        # The fault schedule and rules ({} without config.faults.enabled).
+        "faults": (json.loads(c.faults.to_json()) if self.faults is not None
+                   else {}),
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:
