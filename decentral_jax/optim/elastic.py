@@ -22,7 +22,8 @@ from a :class:`decentral_jax.comm.fault_schedule.FaultSchedule`), passed to
   - ``on_failure="rollback"`` (torchft: a round in which a replica failed,
     or without a quorum, is not committed; the survivors restore the last
     committed parameters and redo the work): live workers take ``x_m <-
-    theta`` and the round's inner steps are lost;
+    theta`` and the round's inner steps are lost (their inner optimizer
+    states are kept);
   - ``on_failure="proceed"`` (Decoupled DiLoCo: learners do not wait for
     each other; what was computed counts): the outer step is still taken
     over the quorum whenever there is one, even if a worker failed during
