@@ -6,6 +6,8 @@
 - :mod:`~decentral_jax.optim.accum_adam`: ``scale_by_accum_adam``.
 - :mod:`~decentral_jax.optim.local_updates`: Local SGD, DiLoCo,
   decentralized and Streaming DiLoCo.
+- :mod:`~decentral_jax.optim.elastic`: DiLoCo and Local SGD over slow and
+  failing workers (quorum, rollback or proceed, rejoin).
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
 - :mod:`~decentral_jax.optim.transform_args`: the transforms' shared argument
   checks.

@@ -17,6 +17,7 @@ import optax
 from ml_collections import config_dict
 
 from decentral_jax.comm import gossip
+from decentral_jax.optim import elastic
 from decentral_jax.optim import local_updates
 from decentral_jax.optim import transforms as optim
 from decentral_jax.optim import push_sum
@@ -134,10 +135,24 @@ def _outer(config) -> optax.GradientTransformation:
                    nesterov=bool(o.nesterov))
 
 
+def _faults(config) -> dict | None:
+  """``elastic`` keyword arguments if ``config.faults.enabled``, else None."""
+  f = config.get("faults")
+  if f is None or not f.enabled:
+    return None
+  return dict(min_quorum=int(f.min_quorum), on_failure=str(f.on_failure),
+              rejoin=str(f.rejoin))
+
+
 def _local_sgd(config, schedule, topology, axis_name):
   """Local SGD (inner AdamW; average every ``sync_every`` steps, sent in
-  ``comm_dtype``)."""
+  ``comm_dtype``); with ``config.faults`` over the live workers
+  (:mod:`optim.elastic`)."""
   del topology
+  if _faults(config) is not None:
+    return elastic.elastic_local_sgd(_inner(config, schedule),
+                                     int(config.sync_every),
+                                     axis_name=axis_name, **_faults(config))
   return local_updates.local_sgd(_inner(config, schedule),
                                  int(config.sync_every), axis_name,
                                  comm_dtype=COMM_DTYPES[config.comm_dtype])
@@ -146,7 +161,12 @@ def _local_sgd(config, schedule, topology, axis_name):
 def _diloco(config, schedule, topology, axis_name):
   """DiLoCo, or decentralized DiLoCo when ``topology`` is given (the
   pseudo-gradients, or with a topology the parameters, sent in
-  ``comm_dtype``)."""
+  ``comm_dtype``); with ``config.faults`` over the live workers
+  (:mod:`optim.elastic`)."""
+  if _faults(config) is not None and topology is None:
+    return elastic.elastic_diloco(_inner(config, schedule),
+                                  int(config.sync_every), outer=_outer(config),
+                                  axis_name=axis_name, **_faults(config))
   return local_updates.diloco(_inner(config, schedule),
                               int(config.sync_every), outer=_outer(config),
                               topology=topology, axis_name=axis_name,

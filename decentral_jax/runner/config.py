@@ -173,6 +173,37 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.overlap_steps = 0
   c.merge_alpha = 0.0
 
+  # --- Slow and failing workers (docs/faults.md, "Slow and failing
+  # workers"); local_sgd and diloco only ----------------------------------
+  c.faults = config_dict.ConfigDict()
+  # Simulate the schedule below (False: every worker alive at full speed,
+  # the methods' plain transforms).
+  c.faults.enabled = False
+  # Probability that a live worker fails at a step, in [0, 1].
+  c.faults.failure_rate = 0.0
+  # Mean steps a failed worker stays dead (geometric), >= 1.
+  c.faults.mean_downtime = 10.0
+  # Fraction of the workers that run slow for the whole run, and their
+  # speed in (0, 1] (steps' worth of work per step).
+  c.faults.slow_fraction = 0.0
+  c.faults.slow_speed = 0.5
+  # A JSON trace of dead and slow intervals instead of the rates ("" none).
+  c.faults.trace = ""
+  # Seed of the schedule (independent of `seed`), in [0, 2**32 - 1].
+  c.faults.seed = 0
+  # "deadline" (a slow worker completes the steps its speed allows) or
+  # "wait" (the others wait for it: every live worker takes every step).
+  c.faults.stragglers = "deadline"
+  # Least number of live workers that did some work for an outer step.
+  c.faults.min_quorum = 1
+  # "proceed" (outer step with the quorum) or "rollback" (a round with a
+  # failure is not committed; the workers go back to theta).
+  c.faults.on_failure = "proceed"
+  # A worker that comes back: "copy_theta", "copy_mean" (of the live
+  # workers) or "keep" (its stale parameters); counters always from the
+  # group.
+  c.faults.rejoin = "copy_theta"
+
   # --- Run length, batch, regularisation -----------------------------------
   # Number of optimizer steps.
   c.steps = 300

@@ -20,6 +20,8 @@ import math
 import numpy as np
 from ml_collections import config_dict
 
+from decentral_jax.comm import fault_schedule
+from decentral_jax.optim import elastic
 from decentral_jax.runner import builders
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
@@ -285,6 +287,7 @@ def check_config(config: config_dict.ConfigDict) -> None:
   ignored = ignored_fields(c)
   if ignored:
     raise ValueError(ignored[0])
+  _check_faults(c)
   check_distributed(c)
 
 
@@ -320,6 +323,74 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"config.workers_per_device={k} does not divide config.n_workers="
         f"{n} (each device holds the same number of workers); use one of "
         f"{_divisors(n)}.")
+
+
+# The `faults` group (checked only if the config has one, so that configs
+# saved before it existed still load).
+_FAULT_RULES = {
+    "faults.enabled": _boolean,
+    "faults.failure_rate": _real(0.0, 1.0, note=" or exactly 1"),
+    "faults.mean_downtime": _real(1.0),
+    "faults.slow_fraction": _real(0.0, 1.0, note=" or exactly 1"),
+    "faults.slow_speed": _real(0.0, 1.0, lo_open=True, note=" or exactly 1"),
+    "faults.trace": _optional_text,
+    "faults.seed": _integer(0, SEED_MAX),
+    "faults.stragglers": _one_of(fault_schedule.STRAGGLER_MODES),
+    "faults.min_quorum": _integer(1),
+    "faults.on_failure": _one_of(elastic.ON_FAILURE),
+    "faults.rejoin": _one_of(elastic.REJOIN),
+}
+#: Algorithms that run with config.faults.enabled.
+FAULT_ALGORITHMS = ("local_sgd", "diloco", "decentralized")
+
+
+def _check_faults(c: config_dict.ConfigDict) -> None:
+  """The `faults` group: each field, then its relations to the run."""
+  if "faults" not in c:
+    return
+  _check_fields(c.faults, list(base_config().faults.keys()), "faults")
+  for name, rule in _FAULT_RULES.items():
+    value = _field(c, name)
+    if name in ("faults.failure_rate", "faults.slow_fraction",
+                "faults.slow_speed") and value == 1 and \
+        not isinstance(value, bool):
+      continue
+    rule(name, value)
+  f = c.faults
+  if not f.enabled:
+    return
+  if c.algorithm not in FAULT_ALGORITHMS:
+    raise ValueError(
+        f"config.faults.enabled=True needs config.algorithm in "
+        f"{', '.join(FAULT_ALGORITHMS)}, got {c.algorithm!r}; set "
+        "--config.algorithm=diloco or --config.faults.enabled=False.")
+  if c.algorithm in ("local_sgd", "diloco") and c.comm_dtype:
+    raise ValueError(
+        f"config.comm_dtype={c.comm_dtype!r} has no effect with "
+        f"config.faults.enabled=True and config.algorithm={c.algorithm!r} "
+        "(the elastic sync sends float32); set --config.comm_dtype=''.")
+  if c.algorithm == "decentralized" and f.rejoin != "copy_mean":
+    raise ValueError(
+        f"config.faults.rejoin={f.rejoin!r}: config.algorithm=decentralized "
+        "has no theta and rejoins a worker with the mean of its live "
+        "neighbours; set --config.faults.rejoin=copy_mean.")
+  if f.min_quorum > c.n_workers:
+    raise ValueError(
+        f"config.faults.min_quorum={f.min_quorum} exceeds config.n_workers="
+        f"{c.n_workers}: no outer step could ever be taken; set "
+        f"--config.faults.min_quorum=<1..{c.n_workers}>.")
+  if f.trace and (f.failure_rate or f.slow_fraction):
+    raise ValueError(
+        "config.faults.trace replaces the rates; set --config.faults."
+        "failure_rate=0 and --config.faults.slow_fraction=0, or "
+        "--config.faults.trace=''.")
+  if f.trace:
+    fault_schedule.check_trace_path(f.trace)
+  if c.global_avg_interval:
+    raise ValueError(
+        f"config.global_avg_interval={c.global_avg_interval} would average "
+        "dead workers' parameters too; with config.faults.enabled set "
+        "--config.global_avg_interval=0.")
 
 
 def _check_local_updates(c: config_dict.ConfigDict) -> None:
