@@ -66,6 +66,15 @@ EXEMPT = {
     "distributed.process_id": "joining a multi-process job",
     "distributed.heartbeat_timeout_seconds": "failure detection",
     "distributed.initialization_timeout_seconds": "start-up timeout",
+    # The fault group changes which workers step, not the compiled healthy
+    # step: with faults.enabled each field is checked against a NumPy oracle
+    # of the run (tests/test_faults_runner.py, test_fault_schedule.py); with
+    # faults.enabled=False a non-default value is refused
+    # (test_disabled_fault_fields_are_refused below).
+    **{f"faults.{k}": "the fault schedule of the run, not the step"
+       for k in ("enabled", "failure_rate", "mean_downtime", "min_quorum",
+                 "on_failure", "rejoin", "seed", "slow_fraction",
+                 "slow_speed", "stragglers", "trace")},
 }
 
 # Another valid value of every other field (with fields it needs).
@@ -359,3 +368,18 @@ def test_every_field_changes_the_step_or_is_refused(field, algorithm):
   assert not same, (f"config.{field}={ALTERNATES[field][0]!r} is accepted "
                     f"with algorithm={algorithm} but the train step is the "
                     "same.")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("failure_rate", 0.1), ("mean_downtime", 3.0), ("min_quorum", 2),
+    ("on_failure", "rollback"), ("rejoin", "keep"), ("seed", 5),
+    ("slow_fraction", 0.25), ("slow_speed", 0.25), ("stragglers", "wait")])
+def test_disabled_fault_fields_are_refused(field, value):
+  c = config_lib.base_config("gpt")
+  c.algorithm = "diloco"
+  default = c.faults[field]
+  if value == default:  # pick another valid value than the default
+    pytest.fail(f"faults.{field}: the test value equals the default")
+  c.faults[field] = value
+  with pytest.raises(ValueError, match=f"config.faults.{field}"):
+    validation.check_config(c)

@@ -31,8 +31,12 @@ TINY = ("--config.model.n_layer=1", "--config.model.n_embd=16",
 
 
 def _config(*extra):
+  tiny = TINY
+  if any(a in extra for a in ("--config.algorithm=decentralized",
+                              "--config.algorithm=sgp")):
+    tiny = TINY[:-1]  # no sync period: refused where it has no effect
   return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
-                                (*TINY, *extra))
+                                (*tiny, *extra))
 
 
 def _params_after(config, steps):

@@ -358,6 +358,13 @@ def _check_faults(c: config_dict.ConfigDict) -> None:
     rule(name, value)
   f = c.faults
   if not f.enabled:
+    defaults = base_config().faults
+    for key, default in defaults.items():
+      if key != "enabled" and f[key] != default:
+        raise ValueError(
+            f"config.faults.{key}={f[key]!r} has no effect with "
+            "config.faults.enabled=False; set --config.faults.enabled=True "
+            f"or leave it at its default --config.faults.{key}={default!r}.")
     return
   if c.algorithm not in FAULT_ALGORITHMS:
     raise ValueError(
