@@ -45,14 +45,15 @@ def get_config(variant: str = "decentralized") -> config_dict.ConfigDict:
   c = config_lib.base_config("gpt")
   # "decentralized" or "all_reduce", as the variant.
   c.algorithm = variant
-  # 4 nodes of 4 GPUs; AER alternates intra-node and two-node averages.
-  c.topology = "alternating_exp_ring"
   c.n_workers = 16
-  c.workers_per_node = 4
-  # One compile per distinct round: no conditional around the collectives,
-  # so XLA can overlap the gossip with the forward/backward (the paper's
-  # overlap).
-  c.gossip_rounds = "static"
+  if decentralized:  # All-Reduce neither gossips nor groups nodes
+    # 4 nodes of 4 GPUs; AER alternates intra-node and two-node averages.
+    c.topology = "alternating_exp_ring"
+    c.workers_per_node = 4
+    # One compile per distinct round: no conditional around the
+    # collectives, so XLA can overlap the gossip with the forward/backward
+    # (the paper's overlap).
+    c.gossip_rounds = "static"
   # The paper's decentralized run averages exactly at every evaluation.
   c.global_avg_interval = 1000 if decentralized else 0
   # Run length, batch (30 sequences per worker x 16), seed, evaluation.

@@ -68,7 +68,16 @@ cluster's own workload: a what-if, not a measurement. ``--clusters=``
 
 ``--config.<field>=value`` overrides apply to every run (the fields a method
 sets, e.g. its algorithm, optimizer name, topology, sync period, are set
-per run).
+per run; a method field its algorithm does not read, e.g. comm_dtype for
+all_reduce, keeps its default there, with a note).
+
+Interrupted and repeated invocations: each run's subdirectory of
+``--outdir`` records its outcome (``compare_result.json``) and its
+checkpoints. The same command again keeps every run that finished with the
+same config (its metrics and timings as recorded), resumes an interrupted
+run from its last checkpoint (SIGTERM or Ctrl-C saves one; the message
+says so) and trains the others; a subdirectory of another config is
+replaced. ``--fresh`` trains every run from step 0.
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
 any run's config, an ``--outdir`` that is a file or cannot be created, a
@@ -81,9 +90,11 @@ that diverges is marked in the table and the other runs go on; then one
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 import os
 import shutil
+import signal
 import sys
 import time
 
@@ -110,9 +121,15 @@ _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(
 _CONFIG = flags.DEFINE_string(
     "config", _DEFAULT_CONFIG, "Base config for all runs (FILE.py or "
     "FILE.py:ARG); override its fields with --config.<field>=value.")
-_OUTDIR = flags.DEFINE_string("outdir", "results/compare",
-                              "Output directory (existing run subdirectories "
-                              "are replaced).")
+_OUTDIR = flags.DEFINE_string(
+    "outdir", "results/compare",
+    "Output directory. A run subdirectory left by an earlier invocation with "
+    "the same config is reused (a finished run is kept, an interrupted one "
+    "resumes from its checkpoint); any other is replaced.")
+_FRESH = flags.DEFINE_bool(
+    "fresh", False, "Replace every run subdirectory of --outdir: train all "
+    "runs from step 0 even where an earlier invocation finished them or "
+    "left a checkpoint.")
 _PER_METHOD_LR = flags.DEFINE_bool(
     "per_method_lr", True,
     "Use each method's tuned peak lr for gpt_tiny (TUNED_PEAK_LR; "
@@ -248,19 +265,43 @@ def run_fields(run: Run, accum_steps: int) -> tuple[tuple[str, object], ...]:
           *run.fields)
 
 
+def unread_fields(run: Run) -> tuple[str, ...]:
+  """The method fields (``builders.METHOD_FIELDS``) ``run``'s algorithm
+  does not read; its config keeps their defaults."""
+  read = builders.ALGORITHMS[run.algorithm].fields
+  return tuple(f for f in builders.METHOD_FIELDS if f not in read)
+
+
+def _set(config, field: str, value) -> None:
+  *groups, last = field.split(".")
+  node = config
+  for g in groups:
+    node = node[g]
+  node[last] = value
+
+
 def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
-  """A copy of ``base`` set up for ``run``."""
+  """A copy of ``base`` set up for ``run``.
+
+  The method fields its algorithm does not read are set to their
+  ``base_config`` defaults (``check_config`` refuses any other value), so
+  an override that only some methods read applies to those.
+  """
   config = base.copy_and_resolve_references()
+  model = base.get("model", {}).get("name")
+  defaults = config_lib.base_config(
+      model if model in config_lib.DATA_SOURCES else "gpt")
   with config.unlocked():
     if per_method_lr:
       config.schedule.peak_lr = TUNED_PEAK_LR[run.name]
       config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
     for field, value in run_fields(run, accum_steps):
-      *groups, last = field.split(".")
-      node = config
-      for g in groups:
-        node = node[g]
-      node[last] = value
+      _set(config, field, value)
+    for field in unread_fields(run):
+      value = defaults
+      for part in field.split("."):
+        value = value[part]
+      _set(config, field, value)
   return config
 
 
@@ -373,7 +414,9 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
 
 
 def overridden_fields(overrides: list[str], runs) -> list[str]:
-  """One line per ``--config.<field>`` override that a run sets itself."""
+  """One line per ``--config.<field>`` override that a run sets itself, and
+  one per override of a method field that some runs' algorithms do not
+  read (those runs keep its default)."""
   out = []
   for arg in overrides:
     field = arg[len("--config."):].split("=", 1)[0]
@@ -386,6 +429,11 @@ def overridden_fields(overrides: list[str], runs) -> list[str]:
       out.append(f"{arg} is ignored by {', '.join(mine)}: each method sets "
                  f"config.{field} itself (see compare.py's RUNS); run "
                  "experiments/train.py for other values.")
+    unread = [r.name for r in runs if r.name not in mine
+              and field in unread_fields(r)]
+    if unread:
+      out.append(f"{arg} is not read by the algorithm of "
+                 f"{', '.join(unread)}: those runs keep its default.")
   return out
 
 
@@ -394,6 +442,114 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
   comm = exp.communication(exp.init_state(), exp.get_batch(0))
   return {"comm/bytes_per_step": comm["bytes_per_step"],
           "comm/ratio": comm["ratio"]}
+
+
+# A run's outcome in its subdirectory: {"config": its config, "final": its
+# final metrics or null, "diverged": why it diverged or null}.
+RESULT_FILE = "compare_result.json"
+
+
+def _read_json(path: str):
+  """The JSON value in ``path``, or None if it is missing or unreadable."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  ckpts = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ckpts) and any(x.isdigit() for x in os.listdir(ckpts))
+
+
+def arm_status(workdir: str, config) -> tuple[str, dict | None]:
+  """What an invocation does with a run's subdirectory ``workdir``.
+
+  Returns:
+    ``("finished", record)`` if ``workdir`` holds the outcome of a run of
+    this very config (:data:`RESULT_FILE`: its final metrics, or why it
+    diverged), which is kept; ``("resume", None)`` if it holds a
+    checkpoint of a run of this config (its ``config.json``), which
+    ``train_and_evaluate`` resumes; ``("fresh", None)`` otherwise: the
+    directory is replaced and the run starts at step 0.
+  """
+  want = json.loads(config.to_json())
+  record = _read_json(os.path.join(workdir, RESULT_FILE))
+  if isinstance(record, dict) and record.get("config") == want:
+    return "finished", record
+  if (_read_json(os.path.join(workdir, "config.json")) == want
+      and _has_checkpoint(workdir)):
+    return "resume", None
+  return "fresh", None
+
+
+def _record(workdir: str, config, final, reason) -> None:
+  path = os.path.join(workdir, RESULT_FILE)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump({"config": json.loads(config.to_json()), "final": final,
+                 "diverged": reason}, f, indent=1)
+    os.replace(path + ".tmp", path)
+  except OSError as e:
+    raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
+
+
+def run_arm(run: Run, config, workdir: str, fresh: bool = False):
+  """Trains one arm in ``workdir``, or takes what an earlier invocation left.
+
+  See :func:`arm_status` (``fresh``: always start at step 0). A finished
+  run keeps its recorded metrics, timings included; a resumed run's
+  ms/step and tokens/s are those of the steps after its checkpoint.
+
+  Returns:
+    ``(final metrics or None, why it diverged or None)``; the outcome is
+    recorded in ``workdir/`` :data:`RESULT_FILE`.
+
+  Raises:
+    ValueError: bad data or work directory, or an unreadable checkpoint.
+    train.Preempted: stopped by SIGTERM / SIGINT after saving a checkpoint.
+  """
+  status, record = ("fresh", None) if fresh else arm_status(workdir, config)
+  if status == "finished":
+    print(f"== {run.label}: finished by an earlier invocation, kept "
+          f"({workdir})", flush=True)
+    return record["final"], record["diverged"]
+  if status == "fresh":
+    shutil.rmtree(workdir, ignore_errors=True)
+  print(f"== {run.label} -> {workdir}" + (
+      " (resuming from its checkpoint)" if status == "resume" else ""),
+        flush=True)
+  t0 = time.perf_counter()
+  final = reason = None
+  try:
+    exp = experiment.Experiment(config)
+    final = train.train_and_evaluate(config, workdir, experiment=exp)
+    final.update(sent_per_step(exp))
+    print(f"   val loss {final['eval/loss']:.4f}, sends "
+          f"{final['comm/ratio']:.3f} x params per step, "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+  except FloatingPointError as e:  # this arm diverged; the others still run
+    print(f"   diverged: {e}", flush=True)
+    reason = str(e)
+  _record(workdir, config, final, reason)
+  return final, reason
+
+
+def preempted_message(e: train.Preempted, run: Run, done, rest,
+                      fresh: bool = False) -> str:
+  """What was saved when ``run`` stopped, and what the same command does
+  next (``done``: the runs before it, ``rest``: those after it)."""
+  names = lambda runs: ", ".join(r.name for r in runs)
+  again = ("the same command without --fresh" if fresh else
+           "the same command")
+  return (f"run {run.name!r} stopped by {signal.Signals(e.signum).name} "
+          f"after step {e.step}; checkpoint {e.step} is saved in "
+          f"{e.directory}. Run {again} again to go on: it keeps the finished "
+          f"runs ({names(done) or 'none'}), resumes {run.name!r} from step "
+          f"{e.step}" + (f" and then trains {names(rest)}" if rest else "")
+          + ".")
 
 
 def _fail(message, code: int = 2) -> None:
@@ -476,7 +632,9 @@ def write_results(finals, logs, diverged, outdir: str, base, accum: int,
     f.write(table)
     for run, reason in diverged:
       f.write(f"\n{run.label} diverged: {reason}\n")
-    f.write(f"\nTotal time for the {len(finals)} runs: {total:.0f} s on "
+    f.write(f"\nTotal time of this invocation for the {len(finals)} runs "
+            "(a run kept from an earlier one adds nothing to it): "
+            f"{total:.0f} s on "
             f"{os.cpu_count()} CPU cores (1-minute load average "
             f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
             "end; other processes on the machine slow the runs and add noise "
@@ -531,27 +689,19 @@ def main(argv):
   finals, logs, diverged = [], [], []
   start = time.perf_counter()
   load_before = os.getloadavg()[0]
-  for run, config in arms:
+  runs = [run for run, _ in arms]
+  for i, (run, config) in enumerate(arms):
     workdir = os.path.join(outdir, run.name)
-    shutil.rmtree(workdir, ignore_errors=True)
-    print(f"== {run.label} -> {workdir}", flush=True)
-    t0 = time.perf_counter()
-    final = None
     try:
-      exp = experiment.Experiment(config)
-      final = train.train_and_evaluate(config, workdir, experiment=exp)
-      final.update(sent_per_step(exp))
-      print(f"   val loss {final['eval/loss']:.4f}, sends "
-            f"{final['comm/ratio']:.3f} x params per step, "
-            f"{time.perf_counter() - t0:.0f} s", flush=True)
+      final, reason = run_arm(run, config, workdir, _FRESH.value)
     except ValueError as e:  # bad data or work directory: all runs share it
       _fail(f"run {run.name!r} ({run.label}): {e}")
-    except FloatingPointError as e:  # this arm diverged; the others still run
-      print(f"   diverged: {e}", flush=True)
-      diverged.append((run, str(e)))
     except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
-      print(f"preempted: {e}", file=sys.stderr)
+      print("preempted: " + preempted_message(
+          e, run, runs[:i], runs[i + 1:], _FRESH.value), file=sys.stderr)
       sys.exit(e.exit_code)
+    if reason is not None:
+      diverged.append((run, reason))
     finals.append((run, final))
     logs.append((run, os.path.join(workdir, metrics_lib.METRICS_FILE)))
   # Runtime-model pricing of the finished runs (no training, milliseconds).

@@ -357,8 +357,9 @@ GOOD_FIELDS = [
     # final_lr unused by the constant schedule.
     ({"schedule.name": "constant", "schedule.final_lr": 1.0},
      schedule_at(0, 150, 300)),
-    ({"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15},
-     devices_of_a_billion_workers),
+    # Node-aware alternating_exp_ring: the only topology that reads nodes.
+    ({"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15,
+      "topology": "alternating_exp_ring"}, devices_of_a_billion_workers),
 ]
 
 

@@ -162,9 +162,12 @@ def test_overrides_of_a_method_s_own_fields_are_named():
   lines = compare.overridden_fields(
       ["--config.sync_every=5", "--config.topology=ring",
        "--config.steps=4"], runs)
-  assert len(lines) == 2
+  assert len(lines) == 3
   assert "--config.sync_every=5 is ignored by diloco" in lines[0]
-  assert "--config.topology=ring is ignored by diloco, sgp" in lines[1]
+  # SGP has no sync period: its run keeps the default.
+  assert lines[1] == ("--config.sync_every=5 is not read by the algorithm "
+                      "of sgp: those runs keep its default.")
+  assert "--config.topology=ring is ignored by diloco, sgp" in lines[2]
   # AccumAdamW takes its window from the config; the others fix it at 1.
   lines = compare.overridden_fields(["--config.optimizer.accum_steps=8"],
                                     compare.select_runs("dadam,accum_adamw"))
@@ -172,6 +175,88 @@ def test_overrides_of_a_method_s_own_fields_are_named():
                    "each method sets config.optimizer.accum_steps itself (see "
                    "compare.py's RUNS); run experiments/train.py for other "
                    "values."]
+
+
+def test_a_method_field_is_kept_only_where_the_algorithm_reads_it():
+  from decentral_jax.runner import config as config_lib
+  base = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["--config.comm_dtype=bfloat16", "--config.bucket_bytes=4096"])
+  arms = dict((run.name, config) for run, config in compare.arm_configs(
+      base, 4, per_method_lr=False, runs=compare.RUNS))  # all are valid
+  got = {name: (c.comm_dtype, c.bucket_bytes, c.topology)
+         for name, c in arms.items()}
+  # All-Reduce sends gradients, not parameters, and has no topology.
+  assert got["all_reduce"] == ("", 0, "one_peer_exp")
+  assert got["diloco"] == ("bfloat16", 0, "one_peer_exp")  # no gossip
+  assert got["dadam"] == ("bfloat16", 4096, "one_peer_exp")
+  assert got["decentralized_diloco"] == ("bfloat16", 4096, "one_peer_exp")
+  assert got["accum_adamw_aer"][2] == "alternating_exp_ring"
+  lines = compare.overridden_fields(["--config.comm_dtype=bfloat16"],
+                                    compare.select_runs("all_reduce,dadam"))
+  assert lines == ["--config.comm_dtype=bfloat16 is not read by the "
+                   "algorithm of all_reduce: those runs keep its default."]
+
+
+def _tiny_arms(tmp_path, methods):
+  from decentral_jax.runner import config as config_lib
+  base = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["--config.model.n_layer=1", "--config.model.n_embd=16",
+       "--config.model.n_head=2", "--config.model.block_size=8",
+       "--config.global_batch=16", "--config.eval_batches=1",
+       "--config.steps=4", "--config.eval_interval=2",
+       "--config.log_interval=1", "--config.checkpoint_interval=0"])
+  return [(run, config, str(tmp_path / run.name)) for run, config in
+          compare.arm_configs(base, 4, False, compare.select_runs(methods))]
+
+
+@pytest.mark.integration  # trains two short runs
+def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
+    tmp_path, monkeypatch):
+  """A stop inside the second run; the same arms again: the first is kept,
+  the second resumes from its checkpoint (steps 2 and 3 only)."""
+  import signal
+  from decentral_jax.runner import train
+  (ar, ar_config, ar_dir), (dadam, dadam_config, dadam_dir) = _tiny_arms(
+      tmp_path, "all_reduce,dadam")
+  steps = []
+  plain_step = compare.experiment.Experiment.train_step
+
+  def step(self, state, batch, s=None):
+    steps.append((self.config.algorithm, s))
+    if (self.config.algorithm, s) == ("decentralized", 1) and len(
+        [x for x in steps if x == ("decentralized", 1)]) == 1:
+      signal.raise_signal(signal.SIGTERM)  # as a scheduler's notice
+    return plain_step(self, state, batch, s)
+
+  monkeypatch.setattr(compare.experiment.Experiment, "train_step", step)
+  ar_final, reason = compare.run_arm(ar, ar_config, ar_dir)
+  assert reason is None and ar_final["step"] == 4
+  with pytest.raises(train.Preempted) as info:
+    compare.run_arm(dadam, dadam_config, dadam_dir)
+  assert info.value.step == 2
+  message = compare.preempted_message(info.value, dadam, [ar], [])
+  assert "keeps the finished runs (all_reduce), resumes 'dadam' from step 2" \
+      in message, message
+  assert compare.arm_status(ar_dir, ar_config)[0] == "finished"
+  assert compare.arm_status(dadam_dir, dadam_config) == ("resume", None)
+  ar_log = (tmp_path / "all_reduce" / "metrics.jsonl").read_bytes()
+
+  steps.clear()
+  again, _ = compare.run_arm(ar, ar_config, ar_dir)
+  assert steps == [] and again == ar_final  # kept, not trained again
+  assert (tmp_path / "all_reduce" / "metrics.jsonl").read_bytes() == ar_log
+  final, reason = compare.run_arm(dadam, dadam_config, dadam_dir)
+  assert steps == [("decentralized", 2), ("decentralized", 3)]
+  assert reason is None and final["step"] == 4
+  records = [json.loads(x) for x in
+             (tmp_path / "dadam" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "eval/loss" in r] == [0, 2, 4]
+  # Another config in the same directory is not resumed: it starts over.
+  with dadam_config.unlocked():
+    dadam_config.steps = 6
+  assert compare.arm_status(dadam_dir, dadam_config) == ("fresh", None)
 
 
 # --- Pricing on clusters (experiments/compare_pricing.py) ---

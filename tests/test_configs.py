@@ -109,7 +109,6 @@ def test_gpt2_small_owt_matches_the_paper():
     m = c.model
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size) == (12, 12, 768, 1024)
     assert c.global_batch == 480 and c.n_workers == 16
-    assert c.workers_per_node == 4
     s = c.schedule
     assert (s.name, s.peak_lr, s.warmup_steps, s.final_lr) == (
         "warmup_cosine", 6e-4, 2000, 6e-5)
@@ -120,7 +119,11 @@ def test_gpt2_small_owt_matches_the_paper():
           dec.optimizer.accum_steps) == ("decentralized", "accum_adamw", 0.98,
                                          8)
   assert topology.canonical_name(dec.topology) == "alternating_exp_ring"
+  assert (dec.workers_per_node, dec.gossip_rounds) == (4, "static")
   assert dec.global_avg_interval == 1000
+  # All-Reduce neither gossips nor groups nodes: those fields stay unset.
+  assert (ar.topology, ar.workers_per_node, ar.gossip_rounds) == (
+      "one_peer_exp", 1, "switch")
 
 
 def test_schedules_match_formulas():

@@ -289,3 +289,103 @@ def test_decentralized_with_gossip_every_matches_oracle(tau, x64):
       np.testing.assert_array_equal(got[-1][k], plain[-1][k])
   with pytest.raises(ValueError, match="gossip_every"):
     optim.decentralized(optax.sgd(LR), topo, gossip_every=0)
+
+
+# --------------------------------------------------------------------------
+# comm_dtype: what goes on the wire of Local SGD and (decentralized) DiLoCo.
+# --------------------------------------------------------------------------
+
+
+def _wire(x):
+  """``x`` rounded to bfloat16 (to nearest, ties to even) and back."""
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  return np.asarray(np.asarray(x, ml_dtypes.bfloat16), x.dtype)
+
+
+def _low_precision_oracle(x0, b, h, steps, method, w=None):
+  """The sync of ``method`` with bfloat16 on the wire, float64 elsewhere.
+
+  local_sgd: ``x_i <- c(sum_j c(x_j) / n)``; diloco: ``Delta = c(sum_j
+  c(theta - x_j) / n)``; gossip (decentralized DiLoCo with round matrices
+  ``w(k)``): ``Delta_i = theta_i - (W_ii x_i + sum_{j != i} W_ij c(x_j))``;
+  ``c`` the rounding to bfloat16.
+  """
+  x = {k: v.copy() for k, v in x0.items()}
+  theta = {k: v.copy() for k, v in x0.items()}
+  trace = {k: np.zeros_like(v) for k, v in x0.items()}
+  outer, out = 0, []
+  for t in range(1, steps + 1):
+    x = {k: x[k] - LR * (x[k] - b[k]) for k in x}
+    if t % h == 0:
+      for k in x:
+        n = x[k].shape[0]
+        if method == "local_sgd":
+          x[k] = np.broadcast_to(_wire(_wire(x[k]).sum(0) / n), x[k].shape)
+          continue
+        if method == "diloco":
+          delta = _wire(_wire(theta[k] - x[k]).sum(0) / n)
+          delta = np.broadcast_to(delta, x[k].shape)
+        else:
+          m = w(outer)
+          off = m - np.diag(np.diag(m))
+          mixed = (np.diag(m).reshape((n,) + (1,) * (x[k].ndim - 1)) * x[k]
+                   + np.einsum("ij,j...->i...", off, _wire(x[k])))
+          delta = theta[k] - mixed
+        step, trace[k] = _nesterov(delta, trace[k])
+        theta[k] = theta[k] + step
+        x[k] = theta[k].copy()
+      outer += 1
+    out.append({k: np.array(v) for k, v in x.items()})
+  return out
+
+
+@pytest.mark.parametrize("method", ["local_sgd", "diloco", "ring",
+                                    "one_peer_exp"])
+def test_comm_dtype_rounds_what_is_sent_and_sums_wider(method, x64):
+  """bfloat16 on the wire, float64 sums, against the NumPy recursion."""
+  del x64
+  require_devices(4)
+  x0, b = _problem(4, seed=7)
+  if method == "local_sgd":
+    tx = lu.local_sgd(optax.sgd(LR), 3, comm_dtype=jnp.bfloat16)
+    exact = lu.local_sgd(optax.sgd(LR), 3)
+  else:
+    topo = None if method == "diloco" else topology.make(method, 4)
+    tx = lu.diloco(optax.sgd(LR), 3, topology=topo, comm_dtype=jnp.bfloat16)
+    exact = lu.diloco(optax.sgd(LR), 3, topology=topo)
+  got, _ = _run(tx, x0, b, 9)
+  kind = method if method in ("local_sgd", "diloco") else "gossip"
+  want = _low_precision_oracle(
+      x0, b, 3, 9, kind, w=None if kind != "gossip" else topo.mixing_matrix)
+  plain, _ = _run(exact, x0, b, 9)
+  for t, (g, w) in enumerate(zip(got, want)):
+    for k in w:
+      np.testing.assert_allclose(g[k], w[k], rtol=1e-12, atol=1e-12,
+                                 err_msg=f"step {t + 1} leaf {k}")
+      assert g[k].dtype == np.float64
+  for k in x0:  # the wire dtype did change the result
+    assert not np.allclose(got[-1][k], plain[-1][k], rtol=1e-9, atol=0)
+
+
+def test_diloco_comm_dtype_is_streaming_diloco_with_one_fragment():
+  """Both send theta - x in bfloat16 and sum in float32: bit for bit."""
+  require_devices(4)
+  x0, b = _problem(4, seed=8)
+  x0 = {k: v.astype(np.float32) for k, v in x0.items()}
+  b = {k: v.astype(np.float32) for k, v in b.items()}
+  plain, state = _run(lu.diloco(optax.sgd(LR), 4, comm_dtype=jnp.bfloat16),
+                      x0, b, 12)
+  stream, _ = _run(lu.streaming_diloco(optax.sgd(LR), 4,
+                                       comm_dtype=jnp.bfloat16), x0, b, 12)
+  for k in x0:
+    np.testing.assert_array_equal(plain[-1][k], stream[-1][k])
+  for theta in jax.tree.leaves(state.theta):  # equal on all workers
+    np.testing.assert_array_equal(theta, np.broadcast_to(theta[0], theta.shape))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lu.local_sgd(optax.sgd(1.0), 2, comm_dtype=jnp.int8),
+    lambda: lu.diloco(optax.sgd(1.0), 2, comm_dtype="int32")])
+def test_comm_dtype_must_be_floating(make):
+  with pytest.raises(ValueError, match="comm_dtype must be a floating dtype"):
+    make()

@@ -159,18 +159,22 @@ def test_diloco_evaluates_theta():
     (("--config.algorithm=diloco", "--config.outer_overlap=eagre"),
      "unknown config.outer_overlap=.eagre."),
     (("--config.algorithm=local_sgd", "--config.outer_overlap=eager"),
-     "config.outer_overlap='eager' is read by diloco, "),
+     "config.outer_overlap='eager' has no effect with config.algorithm="
+     "'local_sgd'"),
     (("--config.algorithm=streaming_diloco", "--config.sync_every=4",
       "--config.num_fragments=2", "--config.overlap_steps=1",
       "--config.outer_overlap=eager"),
      "config.overlap_steps=1 and config.outer_overlap='eager' both"),
     (("--config.algorithm=diloco", "--config.outer_latency=2"),
-     "config.outer_latency=2 is not read with config.outer_overlap='none'"),
+     "config.outer_latency=2 has no effect with config.outer_overlap='none'"),
     (("--config.algorithm=diloco", "--config.outer_overlap=delayed",
       "--config.outer_latency=0"), "config.outer_latency"),
     (("--config.algorithm=decentralized_diloco", "--config.topology=ring",
       "--config.outer_overlap=delayed"),
      "config.trickle_reduction=True needs a topology with one distinct"),
+    (("--config.algorithm=diloco", "--config.outer_overlap=eager",
+      "--config.faults.enabled=True"),
+     "config.outer_overlap='eager' and config.faults.enabled=True"),
 ])
 def test_bad_local_update_fields_name_the_field(extra, match):
   config = config_lib.load_config(
@@ -189,15 +193,17 @@ def test_resume_refuses_a_changed_sync_schedule():
       ("num_fragments", 1, "config.num_fragments"),
       ("overlap_steps", 0, "config.overlap_steps"),
       ("merge_alpha", 0.5, "config.merge_alpha"),
-      ("gossip_every", 2, "config.gossip_every"),
       ("outer_optimizer", dict(meta["outer_optimizer"], lr=0.1),
        "config.outer_optimizer"),
       ("comm_dtype", "bfloat16", "config.comm_dtype"),
-      ("outer_overlap", "eager", "config.outer_overlap"),
-      ("outer_latency", 2, "config.outer_latency"),
-      ("trickle_reduction", False, "config.trickle_reduction")):
+      ("outer_overlap", "eager", "config.outer_overlap")):
     with pytest.raises(ValueError, match=field):
       exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+  # Fields Streaming DiLoCo does not read changed nothing in the checkpoint.
+  exp.check_resumable(dict(meta, gossip_every=2, workers_per_node=2), "ckpt")
+  with pytest.raises(ValueError, match="config.algorithm"):
+    exp.check_resumable(dict(meta, gossip_every=2, algorithm="decentralized"),
+                        "ckpt")
 
 
 def test_warning_when_the_run_ends_inside_a_sync_window():

@@ -604,3 +604,25 @@ def test_virtual_workers_follow_one_worker_per_device(overlap, trickle, x64):
     params, state = step(params, state, targets)
     for k, v in jax.device_get(params).items():
       np.testing.assert_allclose(v, want[t][k], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", [None, pytest.param("static_ring",
+                                                     marks=pytest.mark.slow)])
+def test_comm_dtype_trickled_equals_one_shot_bit_for_bit(name):
+  """Pseudo-gradients sent in bfloat16 (summed in float32 for the mean;
+  gossiped with the own term exact): trickled = one-shot bit for bit, and
+  within bfloat16 rounding of the float32 run."""
+  require_devices(4)
+  x0, b = _problem(4, seed=15)
+  x0 = {k: v.astype(np.float32) for k, v in x0.items()}
+  b = {k: v.astype(np.float32) for k, v in b.items()}
+  topo = None if name is None else topology.make(name, 4)
+  runs = [_run(lu.diloco(optax.sgd(LR), 3, topology=topo, overlap="eager",
+                         comm_dtype=dtype, trickle=t), x0, b, 12)[0]
+          for dtype, t in ((jnp.bfloat16, True), (jnp.bfloat16, False),
+                           (None, True))]
+  for p, q, r in zip(*runs):
+    for k in p:
+      np.testing.assert_array_equal(p[k], q[k])
+      np.testing.assert_allclose(p[k], r[k], rtol=2e-2, atol=2e-2)
+  assert any(not np.array_equal(runs[0][-1][k], runs[2][-1][k]) for k in b)

@@ -15,6 +15,7 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax import topology
 from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model import traffic
 
@@ -196,6 +197,17 @@ def test_every_library_algorithm_and_topology_is_priced():
   cfg.gossip_every = 4
   assert builders.spec_for_config(cfg)[0] == (
       "local_dsgd:H=4,topology=one_peer_exp,comm_dtype=bfloat16")
+  # The local-update methods send comm_dtype too: their syncs cost half.
+  for algo, spec in (("local_sgd", "local_sgd:H=10"),
+                     ("diloco", "diloco:H=10"),
+                     ("decentralized_diloco",
+                      "diloco:H=10,topology=one_peer_exp")):
+    cfg = config_lib.base_config("gpt")
+    cfg.algorithm, cfg.comm_dtype = algo, "bfloat16"
+    assert builders.spec_for_config(cfg)[0] == spec + ",comm_dtype=bfloat16"
+    low = core.make_method(spec + ",comm_dtype=bfloat16", c)
+    assert local_methods.message_bytes(low, w) == pytest.approx(
+        local_methods.message_bytes(core.make_method(spec, c), w) / 2)
 
 
 @pytest.mark.parametrize("spec, match", [

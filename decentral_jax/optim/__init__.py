@@ -8,6 +8,8 @@
   decentralized and Streaming DiLoCo.
 - :mod:`~decentral_jax.optim.outer_overlap`: DiLoCo's delayed and eager
   outer steps and the trickled reduction.
+- :mod:`~decentral_jax.optim.elastic`: DiLoCo and Local SGD over slow and
+  failing workers (quorum, rollback or proceed, rejoin).
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
 - :mod:`~decentral_jax.optim.transform_args`: the transforms' shared argument
   checks.

@@ -96,18 +96,28 @@ class LocalSGDState(NamedTuple):
 
 
 def local_sgd(inner: optax.GradientTransformation, sync_every: int,
-              axis_name: gossip.AxisName = "workers"
-              ) -> optax.GradientTransformation:
+              axis_name: gossip.AxisName = "workers", *,
+              comm_dtype=None) -> optax.GradientTransformation:
   """Local SGD: inner steps, exact parameter average every ``H`` steps.
 
   Recursion: ``x_i <- x_i + inner(g_i; x_i)``; if ``t % H == 0``,
   ``x_i <- (1/n) sum_j x_j`` (one all-reduce of the parameters). The inner
   state is never reset. Equals :func:`diloco` with outer ``optax.sgd(1.0)``.
 
+  With ``comm_dtype`` the parameters are sent in that dtype and summed in
+  float32 (float64 for float64 parameters): ``x_i <- c(sum_j c(x_j) / n)``
+  with ``c`` the rounding to ``comm_dtype`` (an all-to-all of ``1/n``
+  chunks, the sum, an all-gather of the mean in ``comm_dtype``: the bytes
+  of an all-reduce in ``comm_dtype``). Every worker holds the same rounded
+  mean afterwards. (:func:`diloco` sends pseudo-gradients instead, which
+  lose less to a narrow dtype.)
+
   Args:
     inner: worker-local optax transform.
     sync_every: the sync period ``H >= 1`` in steps.
     axis_name: worker mesh axis (or ``("nodes", "local")``).
+    comm_dtype: optional floating dtype of the parameters on the wire
+      (None: their own dtype, an exact mean).
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`LocalSGDState`;
@@ -116,11 +126,21 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
 
   Raises:
     ValueError: ``inner`` not an optax transform, ``sync_every`` not an
-      integer >= 1 (at construction); an integer or bool parameter leaf (in
-      ``init`` and ``update``: only floating leaves can be averaged);
-      ``params`` not passed to ``update``.
+      integer >= 1, ``comm_dtype`` not None or a floating dtype (at
+      construction); an integer or bool parameter leaf (in ``init`` and
+      ``update``: only floating leaves can be averaged); ``params`` not
+      passed to ``update``.
   """
   period = _check_common(inner, sync_every)
+  comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
+
+  def average(y):
+    if comm_dtype is None:
+      return gossip.mean(y, axis_name)
+    leaves, treedef = jax.tree.flatten(y)
+    means = _mean_low_precision(leaves, comm_dtype, axis_name)
+    return treedef.unflatten([m.astype(a.dtype)
+                              for m, a in zip(means, leaves)])
 
   def init_fn(params):
     gossip.check_float_leaves(params, "local_sgd")
@@ -130,8 +150,7 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     x, inner_state = _inner_step(inner, updates, state.inner_state, params,
                                  "local_sgd")
     count = optax.safe_increment(state.count)
-    x = gossip.every(period, count % period == 0,
-                     lambda y: gossip.mean(y, axis_name), lambda y: y, x)
+    x = gossip.every(period, count % period == 0, average, lambda y: y, x)
     return _delta(x, params), LocalSGDState(count, inner_state)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -170,7 +189,7 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            outer: optax.GradientTransformation | None = None,
            topology: topology_lib.Topology | None = None,
            axis_name: gossip.AxisName = "workers",
-           bucket_bytes: int | None = None,
+           bucket_bytes: int | None = None, comm_dtype=None,
            overlap: str = "none", latency: int = 1,
            trickle: bool | None = None
            ) -> optax.GradientTransformation:
@@ -187,6 +206,18 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j``, and ``theta_i`` and the outer
   state are per worker; ``complete`` gives DiLoCo exactly.
 
+  ``comm_dtype`` (a narrow wire dtype): without ``topology`` each worker
+  sends its pseudo-gradient ``theta - x_i`` in that dtype, the sum is
+  formed in float32 (float64 for float64 parameters) and the mean comes
+  back in ``comm_dtype`` (an all-to-all of ``1/n`` chunks and an
+  all-gather: the bytes of an all-reduce in ``comm_dtype``), as Streaming
+  DiLoCo does with one fragment: ``Delta = c(sum_j c(theta - x_j) / n)``
+  with ``c`` the rounding to ``comm_dtype``; ``theta`` stays equal on all
+  workers. With ``topology`` the parameters are gossiped in
+  ``comm_dtype`` (each worker's own term exact, weighted sums in float32;
+  :func:`decentral_jax.comm.gossip.mix`); the thetas differ, so there is
+  no common pseudo-gradient to send.
+
   ``overlap="delayed"`` or ``"eager"`` hides the reduction of the
   pseudo-gradients behind the next round (or ``latency = d`` rounds):
   delayed steps on ``Delta^(k-d)``, eager on ``Delta^(k-d) + (1/n)
@@ -196,7 +227,8 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   conditional (see :mod:`decentral_jax.optim.outer_overlap`). With a
   topology the workers' pseudo-gradients ``theta_i - x_i`` are gossiped
   (``Delta_i = sum_j W[i, j] (theta_j - x_j)``, the own weight ``W[i, i]``
-  replacing ``1/n`` in eager).
+  replacing ``1/n`` in eager), in ``comm_dtype`` if given; without one,
+  ``comm_dtype`` sends them as above (each slice with trickle).
 
   Args:
     inner: worker-local optax transform (AdamW in the paper).
@@ -210,6 +242,8 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     bucket_bytes: largest gossip bucket in bytes with ``topology``; None:
       the default (one collective per leaf), 0: one per leaf (bit-identical; see
       :func:`decentral_jax.comm.gossip.check_bucket_bytes`).
+    comm_dtype: optional floating dtype on the wire (see above; None: the
+      float32 (float64) theta dtype, an exact mean).
     overlap: ``"none"`` (plain DiLoCo: wait for the reduction),
       ``"delayed"`` or ``"eager"``.
     latency: ``d >= 1``, rounds between a sync and the outer step that
@@ -225,9 +259,10 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   Raises:
     ValueError: ``inner`` or ``outer`` not an optax transform,
       ``sync_every`` not an integer >= 1, ``topology`` not None or a
-      Topology, a bad ``bucket_bytes``, a bad ``overlap``, ``latency`` or
-      ``trickle`` (see :func:`decentral_jax.optim.outer_overlap.check_overlap`;
-      at construction); an integer or bool parameter leaf (in ``init`` and
+      Topology, a bad ``bucket_bytes``, ``comm_dtype`` not None or a
+      floating dtype, a bad ``overlap``, ``latency`` or ``trickle`` (see
+      :func:`decentral_jax.optim.outer_overlap.check_overlap`; at
+      construction); an integer or bool parameter leaf (in ``init`` and
       ``update``); ``params`` not passed to ``update``.
 
   References:
@@ -240,15 +275,21 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   if topology is not None:
     gossip.check_topology(topology)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
+  comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
   outer = default_outer_optimizer() if outer is None else outer
   overlap, latency, trickle = outer_overlap.check_overlap(
       overlap, latency, trickle,
       one_round=topology is None or len(topology.distinct_rounds) == 1)
   if overlap != "none":
+    if topology is not None:
+      reduction = outer_overlap.gossip_reduction(topology, axis_name,
+                                                 comm_dtype=comm_dtype)
+    elif comm_dtype is not None:
+      reduction = _low_precision_reduction(comm_dtype, axis_name)
+    else:
+      reduction = outer_overlap.mean_reduction(axis_name)
     return _overlapped_diloco(inner, outer, outer_overlap.OuterOverlap(
-        overlap, latency, trickle, period, outer,
-        *(outer_overlap.mean_reduction(axis_name) if topology is None else
-          outer_overlap.gossip_reduction(topology, axis_name))))
+        overlap, latency, trickle, period, outer, *reduction))
 
   def init_fn(params):
     gossip.check_float_leaves(params, "diloco")
@@ -260,12 +301,21 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   def reduce(x, k):
     if topology is None:
       return gossip.mean(x, axis_name)
-    return gossip.mix(x, topology, k, axis_name, bucket_bytes=bucket_bytes)
+    return gossip.mix(x, topology, k, axis_name, comm_dtype=comm_dtype,
+                      bucket_bytes=bucket_bytes)
+
+  def pseudo_gradient(x, theta, k):
+    x = jax.tree.map(lambda a, t: a.astype(t.dtype), x, theta)
+    if topology is None and comm_dtype is not None:
+      leaves, treedef = jax.tree.flatten(
+          jax.tree.map(lambda t, a: t - a, theta, x))
+      return treedef.unflatten(
+          _mean_low_precision(leaves, comm_dtype, axis_name))
+    return jax.tree.map(lambda t, m: t - m, theta, reduce(x, k))
 
   def sync(operand):
     x, theta, outer_state, k = operand
-    mixed = reduce(jax.tree.map(lambda a, t: a.astype(t.dtype), x, theta), k)
-    pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, mixed)
+    pseudo_grad = pseudo_gradient(x, theta, k)
     step, outer_state = outer.update(pseudo_grad, outer_state, theta)
     theta = optax.apply_updates(theta, step)
     x = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)

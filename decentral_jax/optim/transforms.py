@@ -51,6 +51,8 @@ import numpy as np
 import optax
 
 from decentral_jax import checks
+from decentral_jax.comm import collectives
+from decentral_jax.comm import faults
 from decentral_jax.comm import gossip
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.optim import transform_args
@@ -188,6 +190,19 @@ def decentralized(inner: optax.GradientTransformation,
   forward/backward pass on accelerators (one compile per distinct round).
   ``optax.chain`` forwards ``round_index`` to every element.
 
+  Slow and failing workers: the extra arguments ``alive``, ``working`` and
+  ``rejoining`` (bool [n], equal on all workers; from a
+  :class:`decentral_jax.comm.fault_schedule.FaultSchedule`) restrict the
+  round to the live workers (:func:`decentral_jax.comm.faults.live_mix`:
+  ``W'`` with identity rows for the dead), let only working workers take
+  the inner step (a dead worker's parameters and inner state stay bit for
+  bit, a straggler only mixes), and give a rejoining worker the mean of its
+  live neighbours and the group's step counters. Without ``alive`` the
+  update is the one above, bit for bit; with every worker alive and
+  working it computes the same sums, which XLA may fuse, and so round, a
+  little differently (within an ulp or two: run healthy steps without the
+  masks, as the runner does, for the exact trajectory).
+
   The returned update is ``x_{k+1} - x_k``, so ``optax.apply_updates`` stays
   the only place where parameters change and the wrapper composes with
   ``optax.chain`` (e.g. after ``optax.clip_by_global_norm``). It is formed in
@@ -240,10 +255,14 @@ def decentralized(inner: optax.GradientTransformation,
     return DecentralizedState(jnp.zeros([], jnp.int32), inner.init(params))
 
   def update_fn(updates, state, params=None, *, round_index=None,
-                **extra_args):
+                alive=None, working=None, rejoining=None, **extra_args):
     if params is None:
       raise ValueError(transform_args.NO_PARAMS.format("decentralized"))
     extra = extra_args if extra_args else {}
+    if alive is not None:
+      return _live_update(inner, topology, axis_name, mix, mix_after_update,
+                          (updates, state, params, round_index, extra),
+                          (alive, working, rejoining))
     if mix_after_update:
       local, inner_state = inner.update(updates, state.inner_state, params,
                                         **extra)
@@ -261,29 +280,84 @@ def decentralized(inner: optax.GradientTransformation,
 
 
 def _periodic_mix(topology, axis_name, tau, comm_dtype, bucket_bytes):
-  """``mix(tree, state, round_index)`` of :func:`decentralized`.
+  """``mix(tree, state, round_index, alive=None)`` of :func:`decentralized`.
 
   ``tau`` is the gossip period: a Python int (1: every step, round
   ``round_index`` or ``state.count``) or an int32 array (traced under
-  ``optax.inject_hyperparams``, always the conditional path).
+  ``optax.inject_hyperparams``, always the conditional path). With a live
+  mask ``alive`` the round is restricted to the live workers
+  (:func:`decentral_jax.comm.faults.live_mix`).
   """
   every_step = isinstance(tau, int) and tau == 1
 
-  def mix(tree, state, round_index):
-    if every_step:
-      return gossip.mix(tree, topology, round_step(state, round_index), axis_name,
+  def one(tree, step, alive):
+    if alive is None:
+      return gossip.mix(tree, topology, step, axis_name,
                         comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
+    return faults.live_mix(tree, topology, step, alive, axis_name,
+                           comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
+
+  def mix(tree, state, round_index, alive=None):
+    if every_step:
+      return one(tree, round_step(state, round_index), alive)
     if round_index is not None:
       raise ValueError("decentralized(gossip_every>1) picks its round "
                        "in-graph; do not pass round_index (use "
                        "config.gossip_rounds='switch').")
     return gossip.every(
         tau, state.count % tau == 0,
-        lambda t: gossip.mix(t, topology, state.count // tau, axis_name,
-                             comm_dtype=comm_dtype, bucket_bytes=bucket_bytes),
-        lambda t: t, tree)
+        lambda t: one(t, state.count // tau, alive), lambda t: t, tree)
 
   return mix
+
+
+def _live_update(inner, topology, axis_name, mix, mix_after_update, args,
+                 masks):
+  """:func:`decentralized`'s update over live workers (``alive`` given).
+
+  The round is restricted to the live workers that are not rejoining; a
+  worker takes its inner step only if ``working`` (default: alive) and not
+  rejoining (its gradient was taken at stale parameters): a dead worker
+  keeps its parameters and inner state, a straggler only mixes. A
+  rejoining worker then takes the mean of its live neighbours in this
+  round (:func:`decentral_jax.comm.faults.neighbour_mean`) and the
+  integer leaves of its inner state (step counters) from the first live
+  worker.
+  """
+  updates, state, params, round_index, extra = args
+  alive, working, rejoining = masks
+  n = topology.n_workers
+  alive = faults.check_mask(alive, n, "alive")
+  rejoining = (jnp.zeros(n, bool) if rejoining is None
+               else faults.check_mask(rejoining, n, "rejoining"))
+  working = (alive if working is None
+             else faults.check_mask(working, n, "working"))
+  live = alive & ~rejoining
+  steps = (working & live)[collectives.index(axis_name)]
+  x0, s0 = params, state.inner_state
+  if mix_after_update:
+    local, s1 = inner.update(updates, s0, x0, **extra)
+    x0 = _where(steps, optax.apply_updates(x0, local), x0)
+    target = mix(x0, state, round_index, live)
+  else:
+    mixed = mix(x0, state, round_index, live)
+    local, s1 = inner.update(updates, s0, mixed, **extra)
+    target = _where(steps, optax.apply_updates(mixed, local), mixed)
+  inner_state = _where(steps, s1, s0)
+  target = faults.neighbour_mean(target, topology,
+                                 round_step(state, round_index), alive,
+                                 rejoining, axis_name)
+  take = jnp.asarray(rejoining)[collectives.index(axis_name)] & jnp.any(live)
+  inner_state = gossip.every(
+      None, jnp.any(rejoining), lambda s: _where(take, faults.from_worker(
+          s, jnp.argmax(live), axis_name, only_int=True), s),
+      lambda s: s, inner_state)
+  return _difference(target, params), DecentralizedState(
+      optax.safe_increment(state.count), inner_state)
+
+
+def _where(pred, new, old):
+  return jax.tree.map(lambda y, x: jnp.where(pred, y, x), new, old)
 
 
 def _difference(target, params):

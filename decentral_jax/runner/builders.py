@@ -1,10 +1,11 @@
 """Builders from a validated run config: learning-rate schedule and optimizer.
 
 ``make_optimizer`` looks the algorithm up in :data:`ALGORITHMS`: adding a
-method is one builder function here (plus its module and config value) and
-the runtime-model spec that prices it (:func:`spec_for_config`). Every
-builder returns the optax transform of *one* worker, to be updated inside
-``jax.shard_map`` over the worker axis.
+method is one builder function here (plus its module and config value),
+with the :data:`METHOD_FIELDS` it reads and the runtime-model spec that
+prices it (:func:`spec_for_config`). Every builder returns the optax
+transform of *one* worker, to be updated inside ``jax.shard_map`` over the
+worker axis.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import optax
 from ml_collections import config_dict
 
 from decentral_jax.comm import gossip
+from decentral_jax.optim import elastic
 from decentral_jax.optim import local_updates
 from decentral_jax.optim import transforms as optim
 from decentral_jax.optim import push_sum
@@ -23,7 +25,7 @@ from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
 
-# config.comm_dtype -> the dtype gossiped parameters are sent in.
+# config.comm_dtype -> the dtype on the wire of the synchronisation.
 COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
                "float32": jnp.float32}
 
@@ -133,26 +135,44 @@ def _outer(config) -> optax.GradientTransformation:
                    nesterov=bool(o.nesterov))
 
 
+def _faults(config) -> dict | None:
+  """``elastic`` keyword arguments if ``config.faults.enabled``, else None."""
+  f = config.get("faults")
+  if f is None or not f.enabled:
+    return None
+  return dict(min_quorum=int(f.min_quorum), on_failure=str(f.on_failure),
+              rejoin=str(f.rejoin))
+
+
 def _local_sgd(config, schedule, topology, axis_name):
-  """Local SGD (inner AdamW; exact average every ``sync_every`` steps)."""
+  """Local SGD (inner AdamW; average every ``sync_every`` steps, sent in
+  ``comm_dtype``); with ``config.faults`` over the live workers
+  (:mod:`optim.elastic`)."""
   del topology
+  if _faults(config) is not None:
+    return elastic.elastic_local_sgd(_inner(config, schedule),
+                                     int(config.sync_every),
+                                     axis_name=axis_name, **_faults(config))
   return local_updates.local_sgd(_inner(config, schedule),
-                                 int(config.sync_every), axis_name)
+                                 int(config.sync_every), axis_name,
+                                 comm_dtype=COMM_DTYPES[config.comm_dtype])
 
 
 def _diloco(config, schedule, topology, axis_name):
-  """DiLoCo, or decentralized DiLoCo when ``topology`` is given; with
-  ``outer_overlap`` its delayed or eager outer step."""
+  """DiLoCo, or decentralized DiLoCo when ``topology`` is given (the
+  pseudo-gradients, or with a topology the parameters, sent in
+  ``comm_dtype``); with ``outer_overlap`` its delayed or eager outer step;
+  with ``config.faults`` over the live workers (:mod:`optim.elastic`)."""
+  if _faults(config) is not None and topology is None:
+    return elastic.elastic_diloco(_inner(config, schedule),
+                                  int(config.sync_every), outer=_outer(config),
+                                  axis_name=axis_name, **_faults(config))
   return local_updates.diloco(_inner(config, schedule),
                               int(config.sync_every), outer=_outer(config),
                               topology=topology, axis_name=axis_name,
                               bucket_bytes=int(config.bucket_bytes),
+                              comm_dtype=COMM_DTYPES[config.comm_dtype],
                               **_overlap_args(config))
-
-
-# The algorithms that read config.outer_overlap (outer_latency,
-# trickle_reduction).
-OVERLAP_ALGORITHMS = ("diloco", "decentralized_diloco", "streaming_diloco")
 
 
 def _overlap_args(config) -> dict:
@@ -194,6 +214,24 @@ def _numerators(params, opt_state):
   return params
 
 
+#: Config fields that only some algorithms read. Each entry of
+#: :data:`ALGORITHMS` lists those it reads (``Algorithm.fields``);
+#: ``validation.check_config`` refuses a value other than the
+#: ``base_config`` default of one that ``config.algorithm`` does not read.
+METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
+                 "global_avg_interval", "gossip_every", "sync_every",
+                 "outer_optimizer.name", "outer_optimizer.lr",
+                 "outer_optimizer.momentum", "outer_optimizer.nesterov",
+                 "num_fragments", "overlap_steps", "merge_alpha",
+                 "outer_overlap", "outer_latency", "trickle_reduction")
+_GOSSIP_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds")
+_OUTER_FIELDS = ("sync_every", "outer_optimizer.name", "outer_optimizer.lr",
+                 "outer_optimizer.momentum", "outer_optimizer.nesterov")
+# The DiLoCo methods' overlapped outer step (outer_latency and
+# trickle_reduction are read only with outer_overlap != "none").
+_OVERLAP_FIELDS = ("outer_overlap", "outer_latency", "trickle_reduction")
+
+
 class Algorithm(NamedTuple):
   """A ``config.algorithm`` entry."""
   # build(config, schedule, topology or None, axis_name) -> per-worker tx.
@@ -203,6 +241,8 @@ class Algorithm(NamedTuple):
   # Template of its runtime-model spec (decentral_jax.runtime_model.specs,
   # local_methods), filled in by spec_for_config.
   runtime_spec: str
+  # The METHOD_FIELDS it reads (the others must keep their defaults).
+  fields: tuple[str, ...]
   # eval_params(params, opt_state) -> this worker's parameters of "the
   # averaged model" (the evaluation averages them over the workers); None:
   # the worker's model (below).
@@ -215,24 +255,38 @@ class Algorithm(NamedTuple):
   global_average: Callable[..., tuple] | None = None
 
 
+# all_reduce: the workers hold equal parameters (global_avg_interval would
+# average equal values) and reduce gradients, not gossiped parameters.
+# decentralized_diloco gossips once per outer step, picked inside the step
+# (gossip_rounds "switch" only), and its thetas are not averaged.
 ALGORITHMS: dict[str, Algorithm] = {
     "all_reduce": Algorithm(_all_reduce, uses_topology=False,
-                            runtime_spec="all_reduce"),
+                            runtime_spec="all_reduce", fields=()),
     "decentralized": Algorithm(
         _decentralized, uses_topology=True,
-        runtime_spec="{optimizer}:topology={topology}"),
-    "local_sgd": Algorithm(_local_sgd, uses_topology=False,
-                           runtime_spec="local_sgd:H={sync_every}"),
+        runtime_spec="{optimizer}:topology={topology}",
+        fields=(*_GOSSIP_FIELDS, "global_avg_interval", "gossip_every")),
+    "local_sgd": Algorithm(
+        _local_sgd, uses_topology=False,
+        runtime_spec="local_sgd:H={sync_every}",
+        fields=("sync_every", "comm_dtype", "global_avg_interval")),
     "diloco": Algorithm(_diloco, uses_topology=False, eval_params=_theta,
-                        runtime_spec="diloco:H={sync_every}"),
+                        runtime_spec="diloco:H={sync_every}",
+                        fields=(*_OUTER_FIELDS, "comm_dtype",
+                                *_OVERLAP_FIELDS)),
     "decentralized_diloco": Algorithm(
         _diloco, uses_topology=True, eval_params=_theta,
-        runtime_spec="diloco:H={sync_every},topology={topology}"),
+        runtime_spec="diloco:H={sync_every},topology={topology}",
+        fields=("topology", "comm_dtype", "bucket_bytes", *_OUTER_FIELDS,
+                *_OVERLAP_FIELDS)),
     "streaming_diloco": Algorithm(
         _streaming_diloco, uses_topology=False, eval_params=_theta,
         runtime_spec=("streaming_diloco:H={sync_every},P={num_fragments},"
-                      "tau={overlap_steps}")),
+                      "tau={overlap_steps}"),
+        fields=(*_OUTER_FIELDS, "comm_dtype", "num_fragments",
+                "overlap_steps", "merge_alpha", *_OVERLAP_FIELDS)),
     "sgp": Algorithm(_sgp, uses_topology=True, eval_params=_numerators,
+                     fields=(*_GOSSIP_FIELDS, "global_avg_interval"),
                      model_params=push_sum.debiased,
                      global_average=push_sum.global_average,
                      runtime_spec="sgp"),
@@ -303,8 +357,7 @@ def spec_for_config(config) -> tuple[str, dict]:
       fields["accum"] = int(config.optimizer.accum_steps)
   spec = spec.format(**fields)
   extra = []
-  if config.comm_dtype and algo in ("decentralized", "sgp",
-                                    "streaming_diloco"):
+  if config.comm_dtype and "comm_dtype" in ALGORITHMS[algo].fields:
     extra.append(f"comm_dtype={config.comm_dtype}")
   if int(config.bucket_bytes) > 0 and algo in ("decentralized", "sgp",
                                                "all_reduce"):

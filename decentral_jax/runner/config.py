@@ -132,8 +132,11 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # devices; leaves with no dimension divisible by D stay replicated, with
   # a warning naming them) or "data" (replicated; only the batch is split).
   c.worker_layout = "fsdp"
-  # dtype in which gossiped parameters are sent: "" (their own dtype),
-  # "bfloat16", "float16" or "float32".
+  # dtype on the wire of the synchronisation: "" (the values' own dtype),
+  # "bfloat16", "float16" or "float32": gossiped parameters (decentralized,
+  # decentralized_diloco, sgp), Local SGD's averaged parameters and
+  # (Streaming) DiLoCo's pseudo-gradients (summed in float32). all_reduce
+  # does not read it.
   c.comm_dtype = ""
   # Gossip bucket size in bytes: same-dtype parameters are sent in buckets
   # of at most this size, one collective each (as PyTorch DDP, 25 MB); 0 =
@@ -182,6 +185,37 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.outer_overlap = "none"
   c.outer_latency = 1
   c.trickle_reduction = True
+
+  # --- Slow and failing workers (docs/faults.md, "Slow and failing
+  # workers"); local_sgd and diloco only ----------------------------------
+  c.faults = config_dict.ConfigDict()
+  # Simulate the schedule below (False: every worker alive at full speed,
+  # the methods' plain transforms).
+  c.faults.enabled = False
+  # Probability that a live worker fails at a step, in [0, 1].
+  c.faults.failure_rate = 0.0
+  # Mean steps a failed worker stays dead (geometric), >= 1.
+  c.faults.mean_downtime = 10.0
+  # Fraction of the workers that run slow for the whole run, and their
+  # speed in (0, 1] (steps' worth of work per step).
+  c.faults.slow_fraction = 0.0
+  c.faults.slow_speed = 0.5
+  # A JSON trace of dead and slow intervals instead of the rates ("" none).
+  c.faults.trace = ""
+  # Seed of the schedule (independent of `seed`), in [0, 2**32 - 1].
+  c.faults.seed = 0
+  # "deadline" (a slow worker completes the steps its speed allows) or
+  # "wait" (the others wait for it: every live worker takes every step).
+  c.faults.stragglers = "deadline"
+  # Least number of live workers that did some work for an outer step.
+  c.faults.min_quorum = 1
+  # "proceed" (outer step with the quorum) or "rollback" (a round with a
+  # failure is not committed; the workers go back to theta).
+  c.faults.on_failure = "proceed"
+  # A worker that comes back: "copy_theta", "copy_mean" (of the live
+  # workers) or "keep" (its stale parameters); counters always from the
+  # group.
+  c.faults.rejoin = "copy_theta"
 
   # --- Run length, batch, regularisation -----------------------------------
   # Number of optimizer steps.

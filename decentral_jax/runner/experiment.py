@@ -60,6 +60,7 @@ from ml_collections import config_dict
 from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
+from decentral_jax.runner import fault_run
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
 from decentral_jax.parallel import mesh as parallel
@@ -91,12 +92,14 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "comm_dtype": "comm_dtype",
                   "devices_per_worker": "devices_per_worker",
                   "worker_layout": "worker_layout",
-                  "workers_per_device": "workers_per_device"}
+                  "workers_per_device": "workers_per_device",
+                  "faults": "faults"}
 # Values assumed for checkpoints written before these fields existed.
 _RESUME_DEFAULTS = {"beta_convention": "per_window",
                     "devices_per_worker": 1, "worker_layout": "",
-                    "workers_per_device": 1, "outer_overlap": "none",
-                    "outer_latency": 1, "trickle_reduction": True}
+                    "workers_per_device": 1, "faults": {},
+                    "outer_overlap": "none", "outer_latency": 1,
+                    "trickle_reduction": True}
 
 
 def worker_layout_of(c) -> layouts.WorkerLayout:
@@ -302,7 +305,12 @@ class Experiment:
     # Multi-process: metrics are gathered inside the step, so every process
     # reads step t-1's metrics locally while step t runs.
     self._gathered = (1,) if multi_process else ()
+    self.faults = fault_run.make(c)  # config.faults, or None
     self._round_steps = self._build_train_steps()
+    # With faults: the steps taking the masks, for steps where a worker is
+    # dead or slow (healthy steps run the plain ones above, bit for bit).
+    self._fault_steps = (self._build_train_steps(masks=True)
+                         if self.faults is not None else None)
     self._eval_step = self._build_eval_step()
 
   # -- builders --------------------------------------------------------------
@@ -333,7 +341,7 @@ class Experiment:
         self.mesh, self.layout)
     return shardings, jax.jit(init, out_shardings=shardings)
 
-  def _build_train_steps(self) -> dict:
+  def _build_train_steps(self, masks: bool = False) -> dict:
     """Jitted train steps by distinct gossip round (key None: one for all).
 
     ``"switch"`` compiles the whole schedule once (the round is picked
@@ -345,11 +353,11 @@ class Experiment:
     distinct = (self.topology.distinct_rounds if self.topology is not None
                 else ())
     if self.gossip_rounds != "static" or len(distinct) <= 1:
-      return {None: self._jit_step(None)}
+      return {None: self._jit_step(None, masks)}
     steps = {}
     for r, d in enumerate(self.topology.round_to_distinct):
       if d not in steps:
-        steps[d] = self._jit_step(r)
+        steps[d] = self._jit_step(r, masks)
     return steps
 
   def _build_eval_step(self):
@@ -442,8 +450,9 @@ class Experiment:
 
   # -- steps -------------------------------------------------------------------
 
-  def _jit_step(self, round_index: int | None):
-    """The jitted step over all workers for a static round (or None)."""
+  def _jit_step(self, round_index: int | None, masks: bool = False):
+    """The jitted step over all workers for a static round (or None);
+    ``masks``: it takes ``(alive, working, rejoining)`` (replicated)."""
     c = self.config
     worker = functools.partial(
         step_lib.train_step, loss_fn=self.task.loss, tx=self.tx,
@@ -454,16 +463,37 @@ class Experiment:
         model_params=builders.ALGORITHMS[c.algorithm].model_params,
         global_average=builders.ALGORITHMS[c.algorithm].global_average)
 
-    def counted(state, batch):
+    def counted(state, batch, *masks):
       self.train_step_traces += 1  # runs once per trace
-      return worker(state, batch)
+      return worker(state, batch, masks=masks or None)
 
     extra = {}
     if self._state_shardings is not None:
       extra["out_shardings"] = (self._state_shardings, self._sharding)
     return jax.jit(parallel.per_worker(counted, self.mesh,
+                                       replicated_argnums=(2, 3, 4) if masks
+                                       else (),
                                        gathered_outputs=self._gathered),
                    donate_argnums=(0,), **extra)
+
+  def _mask_args(self, step: int | None, state: TrainState) -> tuple:
+    """``(alive, working, rejoining)`` of ``step`` if a worker is dead or
+    slow then (``config.faults``), else ()."""
+    if self.faults is None:
+      return ()
+    if step is None:
+      step = self._device_step(state)
+    return self.faults.masks(int(step))
+
+  @staticmethod
+  def _device_step(state: TrainState) -> int:
+    return int(np.asarray(jax.device_get(
+        state.step.addressable_shards[0].data)).reshape(-1)[0])
+
+  def fault_record(self, done: int) -> dict:
+    """``config.faults`` fields of the record after ``done`` steps
+    (:mod:`decentral_jax.runner.fault_run`); ``{}`` without faults."""
+    return {} if self.faults is None else self.faults.record(done)
 
   def train_step(self, state: TrainState, batch: Batch,
                  step: int | None = None) -> tuple[TrainState, dict]:
@@ -474,8 +504,9 @@ class Experiment:
       batch: from :meth:`get_batch`.
       step: the number of completed steps in ``state`` (host int). Only
         used with ``config.gossip_rounds="static"``, to pick the compiled
-        round without reading ``state.step`` from the device (which would
-        wait for the previous step); read from the device if omitted.
+        round, and with ``config.faults``, to pick the step's masks,
+        without reading ``state.step`` from the device (which would wait
+        for the previous step); read from the device if omitted.
 
     Returns:
       ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``
@@ -485,14 +516,15 @@ class Experiment:
       gathered inside the step and replicated on every device, so each
       process reads all ``n_workers`` values locally.
     """
-    if None in self._round_steps:
-      return self._round_steps[None](state, batch)
+    masks = self._mask_args(step, state)
+    steps = self._fault_steps if masks else self._round_steps
+    if None in steps:
+      return steps[None](state, batch, *masks)
     if step is None:
-      step = int(np.asarray(jax.device_get(
-          state.step.addressable_shards[0].data)).reshape(-1)[0])
+      step = self._device_step(state)
     topo = self.topology
-    fn = self._round_steps[topo.round_to_distinct[int(step) % topo.period]]
-    return fn(state, batch)
+    fn = steps[topo.round_to_distinct[int(step) % topo.period]]
+    return fn(state, batch, *masks)
 
   def communication(self, state: TrainState, batch: Batch, *,
                     stage: str | None = None) -> dict[str, float]:
@@ -638,12 +670,17 @@ class Experiment:
         "workers_per_device": self.workers_per_device,
         "worker_layout": (self.layout.mode
                           if self.layout.devices_per_worker > 1 else ""),
+        # The fault schedule and rules ({} without config.faults.enabled).
+        "faults": (json.loads(c.faults.to_json()) if self.faults is not None
+                   else {}),
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:
     """Raises ValueError if a checkpoint was written by an incompatible run."""
     mine = self.checkpoint_meta(meta.get("step", 0))
     for key, field in _RESUME_FIELDS.items():
+      if validation.unread_reason(self.config, field) is not None:
+        continue  # ignored by this run (its algorithm is compared)
       theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
       if theirs != mine[key]:
         raise ValueError(

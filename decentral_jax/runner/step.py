@@ -28,6 +28,7 @@ from jax import lax
 
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
+from decentral_jax.optim import elastic
 
 PyTree = Any
 Batch = tuple[jax.Array, ...]
@@ -74,7 +75,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                dropout: bool, global_avg_interval: int, log_interval: int,
                total_steps: int, round_index: int | None = None,
                model_params: Callable | None = None,
-               global_average: Callable | None = None
+               global_average: Callable | None = None,
+               masks: tuple | None = None
                ) -> tuple[TrainState, dict]:
   """One training step of one worker (inside ``shard_map`` over the workers).
 
@@ -99,6 +101,9 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
     global_average: ``(params, opt_state, axis_name) -> (params,
       opt_state)`` replacing the exact parameter mean of
       ``global_avg_interval`` (SGP averages numerators and weights).
+    masks: ``(alive, working, rejoining)``, bool [n] equal on all
+      workers, passed to ``tx.update`` as extra arguments
+      (:mod:`decentral_jax.optim.elastic`, ``decentralized``), or None.
 
   Returns:
     ``(new_state, metrics)``: float32 scalars ``loss`` (before the update,
@@ -118,6 +123,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   (loss, aux), grads = grad_fn(model(state.params, state.opt_state), batch,
                                key)
   extra = {} if round_index is None else {"round_index": round_index}
+  if masks is not None:
+    extra.update(alive=masks[0], working=masks[1], rejoining=masks[2])
   updates, opt_state = tx.update(grads, state.opt_state, state.params,
                                  **extra)
   params = optax.apply_updates(state.params, updates)
@@ -141,7 +148,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   for leaf in jax.tree.leaves(params):
     finite = finite & jnp.all(jnp.isfinite(leaf))
   metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-             "finite": finite, "consensus_distance": consensus, **aux}
+             "finite": finite, "consensus_distance": consensus, **aux,
+             **elastic.counters(opt_state)}
   new_state = state.replace(step=step, params=params, opt_state=opt_state)
   return new_state, metrics
 

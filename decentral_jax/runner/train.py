@@ -126,6 +126,7 @@ class _Window:
   def __init__(self):
     self.losses, self.times, self.accs = [], [], []
     self.consensus = None
+    self.counters = {}
 
   def add(self, metrics: dict, seconds: float | None) -> None:
     self.losses.append(float(np.mean(metrics["loss"])))
@@ -136,6 +137,9 @@ class _Window:
     cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
     if np.isfinite(cd):
       self.consensus = cd
+    # Counters equal on all workers (optim.elastic): the latest value.
+    self.counters = {k: int(np.asarray(v).reshape(-1)[0])
+                     for k, v in metrics.items() if k.startswith("faults/")}
 
   def state(self) -> dict:
     """What a checkpoint keeps, so a resumed run logs the same losses."""
@@ -159,6 +163,7 @@ class _Window:
       out["train/accuracy"] = float(np.mean(self.accs))
     if self.consensus is not None:
       out["consensus_distance"] = self.consensus
+    out.update(self.counters)
     if self.times:
       sec = float(np.mean(self.times))
       out["step_time_ms"] = 1e3 * sec
@@ -359,7 +364,10 @@ class _Recorder:
     exp = self._exp
     rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
            **self._window.summary(exp.tokens_per_step, exp.unit),
-           **(extra or {})}
+           **exp.fault_record(done), **(extra or {})}
+    if "faults/useful_steps" in rec and done:
+      rec["faults/goodput"] = rec["faults/useful_steps"] / (exp.n_workers *
+                                                            done)
     rec["train_time_s"] = self.train_time()
     self.last.update(rec)
     self._window = _Window()

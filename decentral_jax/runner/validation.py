@@ -6,9 +6,11 @@ choices, and cross-field rules such as ``global_batch`` divisible by
 ``n_workers``), raising a one-line ``ValueError`` that names the field and
 the override that fixes it; past it the runner reads fields without
 fallbacks. :func:`check_distributed` checks the ``distributed`` group alone
-(before a multi-process job is joined), :func:`config_warnings` lists
-accepted but suspicious settings and :func:`check_simulated_devices` bounds
-the CPU devices an entry point simulates.
+(before a multi-process job is joined), :func:`ignored_fields` lists the
+fields set to a value the run would not read (:func:`unread_reason`;
+:func:`check_config` refuses them), :func:`config_warnings` lists accepted
+but suspicious settings and :func:`check_simulated_devices` bounds the CPU
+devices an entry point simulates.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import math
 import numpy as np
 from ml_collections import config_dict
 
+from decentral_jax.comm import fault_schedule
+from decentral_jax.optim import elastic
 from decentral_jax.optim import outer_overlap
 from decentral_jax.runner import builders
 from decentral_jax.topology import schedules as topology_lib
@@ -211,6 +215,9 @@ _MODEL_RULES = {
     },
 }
 _BYTE_SOURCES = ("pydoc", "text_file")
+# Topologies whose rounds depend on config.workers_per_node (node-aware: the
+# others build the same rounds for any number of workers per node).
+_NODE_TOPOLOGIES = ("alternating_exp_ring",)
 
 
 def _divisors(n: int, limit: int = 12) -> list[int]:
@@ -238,7 +245,9 @@ def check_config(config: config_dict.ConfigDict) -> None:
   ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
   longer than the run is allowed (see :func:`config_warnings`). Device
   counts, data files, token ids and corpus lengths are checked when the
-  experiment is built.
+  experiment is built. Last, a field set to a value the run would not read
+  (:func:`ignored_fields`, e.g. ``comm_dtype`` with ``all_reduce`` or
+  ``sync_every`` with ``decentralized``) is refused.
 
   Raises:
     ValueError: the first problem found; the message names the config field
@@ -279,6 +288,10 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"validation split of data.source={c.data.source}; set "
         "--config.data.val_fraction=0.1 (any value in (0, 1)).")
   _check_local_updates(c)
+  ignored = ignored_fields(c)
+  if ignored:
+    raise ValueError(ignored[0])
+  _check_faults(c)
   check_distributed(c)
 
 
@@ -316,6 +329,81 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"{_divisors(n)}.")
 
 
+# The `faults` group (checked only if the config has one, so that configs
+# saved before it existed still load).
+_FAULT_RULES = {
+    "faults.enabled": _boolean,
+    "faults.failure_rate": _real(0.0, 1.0, note=" or exactly 1"),
+    "faults.mean_downtime": _real(1.0),
+    "faults.slow_fraction": _real(0.0, 1.0, note=" or exactly 1"),
+    "faults.slow_speed": _real(0.0, 1.0, lo_open=True, note=" or exactly 1"),
+    "faults.trace": _optional_text,
+    "faults.seed": _integer(0, SEED_MAX),
+    "faults.stragglers": _one_of(fault_schedule.STRAGGLER_MODES),
+    "faults.min_quorum": _integer(1),
+    "faults.on_failure": _one_of(elastic.ON_FAILURE),
+    "faults.rejoin": _one_of(elastic.REJOIN),
+}
+#: Algorithms that run with config.faults.enabled.
+FAULT_ALGORITHMS = ("local_sgd", "diloco", "decentralized")
+
+
+def _check_faults(c: config_dict.ConfigDict) -> None:
+  """The `faults` group: each field, then its relations to the run."""
+  if "faults" not in c:
+    return
+  _check_fields(c.faults, list(base_config().faults.keys()), "faults")
+  for name, rule in _FAULT_RULES.items():
+    value = _field(c, name)
+    if name in ("faults.failure_rate", "faults.slow_fraction",
+                "faults.slow_speed") and value == 1 and \
+        not isinstance(value, bool):
+      continue
+    rule(name, value)
+  f = c.faults
+  if not f.enabled:
+    defaults = base_config().faults
+    for key, default in defaults.items():
+      if key != "enabled" and f[key] != default:
+        raise ValueError(
+            f"config.faults.{key}={f[key]!r} has no effect with "
+            "config.faults.enabled=False; set --config.faults.enabled=True "
+            f"or leave it at its default --config.faults.{key}={default!r}.")
+    return
+  if c.algorithm not in FAULT_ALGORITHMS:
+    raise ValueError(
+        f"config.faults.enabled=True needs config.algorithm in "
+        f"{', '.join(FAULT_ALGORITHMS)}, got {c.algorithm!r}; set "
+        "--config.algorithm=diloco or --config.faults.enabled=False.")
+  if c.algorithm in ("local_sgd", "diloco") and c.comm_dtype:
+    raise ValueError(
+        f"config.comm_dtype={c.comm_dtype!r} has no effect with "
+        f"config.faults.enabled=True and config.algorithm={c.algorithm!r} "
+        "(the elastic sync sends float32); set --config.comm_dtype=''.")
+  if c.algorithm == "decentralized" and f.rejoin != "copy_mean":
+    raise ValueError(
+        f"config.faults.rejoin={f.rejoin!r}: config.algorithm=decentralized "
+        "has no theta and rejoins a worker with the mean of its live "
+        "neighbours; set --config.faults.rejoin=copy_mean.")
+  if f.min_quorum > c.n_workers:
+    raise ValueError(
+        f"config.faults.min_quorum={f.min_quorum} exceeds config.n_workers="
+        f"{c.n_workers}: no outer step could ever be taken; set "
+        f"--config.faults.min_quorum=<1..{c.n_workers}>.")
+  if f.trace and (f.failure_rate or f.slow_fraction):
+    raise ValueError(
+        "config.faults.trace replaces the rates; set --config.faults."
+        "failure_rate=0 and --config.faults.slow_fraction=0, or "
+        "--config.faults.trace=''.")
+  if f.trace:
+    fault_schedule.check_trace_path(f.trace)
+  if c.global_avg_interval:
+    raise ValueError(
+        f"config.global_avg_interval={c.global_avg_interval} would average "
+        "dead workers' parameters too; with config.faults.enabled set "
+        "--config.global_avg_interval=0.")
+
+
 def _check_local_updates(c: config_dict.ConfigDict) -> None:
   """Cross-field checks of the sync and gossip periods."""
   h, p, tau = int(c.sync_every), int(c.num_fragments), int(c.overlap_steps)
@@ -350,26 +438,21 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
 
 
 def _check_outer_overlap(c: config_dict.ConfigDict) -> None:
-  """outer_overlap, outer_latency and trickle_reduction: read by whom."""
-  readers = builders.OVERLAP_ALGORITHMS
-  if c.outer_overlap != "none" and c.algorithm not in readers:
-    raise ValueError(
-        f"config.outer_overlap={c.outer_overlap!r} is read by "
-        f"{', '.join(readers)} only, not by "
-        f"config.algorithm={c.algorithm}; set --config.outer_overlap=none.")
-  if c.outer_overlap == "none":
-    for field, default in (("outer_latency", 1), ("trickle_reduction", True)):
-      if c[field] != default:
-        raise ValueError(
-            f"config.{field}={c[field]} is not read with "
-            f"config.outer_overlap='none'; set --config.outer_overlap=delayed "
-            f"or eager, or --config.{field}={default}.")
+  """outer_overlap against the other sync fields (who reads it: see
+  :func:`unread_reason`)."""
+  if c.outer_overlap == "none" or \
+      c.algorithm not in ("diloco", "decentralized_diloco", "streaming_diloco"):
     return
   if c.algorithm == "streaming_diloco" and c.overlap_steps:
     raise ValueError(
         f"config.overlap_steps={c.overlap_steps} and config.outer_overlap="
         f"{c.outer_overlap!r} both hide the reduction behind inner steps; "
         "set --config.overlap_steps=0 (or --config.outer_overlap=none).")
+  if "faults" in c and c.faults.enabled:
+    raise ValueError(
+        f"config.outer_overlap={c.outer_overlap!r} and config.faults.enabled="
+        "True: the elastic sync has no overlapped outer step; set "
+        "--config.outer_overlap=none or --config.faults.enabled=False.")
   if c.trickle_reduction and c.algorithm == "decentralized_diloco":
     rounds = len(topology_lib.make(c.topology, int(c.n_workers),
                                    int(c.workers_per_node)).distinct_rounds)
@@ -380,6 +463,85 @@ def _check_outer_overlap(c: config_dict.ConfigDict) -> None:
           "inside the step by a conditional around the collectives, which "
           "XLA cannot overlap); set --config.trickle_reduction=False or a "
           "static topology (complete, exponential, torus, static_ring).")
+
+
+def _setting(value) -> str:
+  """``value`` as the right-hand side of a ``--config.<field>=`` flag."""
+  return repr(value) if isinstance(value, str) else str(value)
+
+
+def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
+  """Why ``config`` does not read ``field``, or None if it does.
+
+  Not read: a field of :data:`decentral_jax.runner.builders.METHOD_FIELDS`
+  that ``config.algorithm`` does not list (``Algorithm.fields``);
+  ``workers_per_node`` unless the algorithm gossips over a node-aware
+  topology (``alternating_exp_ring``, the only one whose rounds depend on
+  it); ``worker_layout`` with ``devices_per_worker = 1``;
+  ``outer_optimizer.momentum`` and ``nesterov`` with
+  ``outer_optimizer.name = "adam"``; ``outer_latency`` and
+  ``trickle_reduction`` with ``outer_overlap = "none"``. A group (``"outer_optimizer"``) is
+  not read if none of its fields is.
+
+  Returns:
+    The setting that ignores it, with why (for a message), or None.
+  """
+  c = config
+  entry = builders.ALGORITHMS[c.algorithm]
+  members = [f for f in builders.METHOD_FIELDS if f.startswith(field + ".")]
+  if members:
+    reasons = [unread_reason(c, f) for f in members]
+    return reasons[0] if all(reasons) else None
+  if field in builders.METHOD_FIELDS and field not in entry.fields:
+    users = [a for a, e in builders.ALGORITHMS.items() if field in e.fields]
+    return f"config.algorithm={c.algorithm!r} (read only by {', '.join(users)})"
+  if field in ("outer_optimizer.momentum", "outer_optimizer.nesterov") and \
+      c.outer_optimizer.name == "adam":
+    return "config.outer_optimizer.name='adam' (Adam with its default betas)"
+  if field == "workers_per_node" and not (
+      entry.uses_topology and
+      topology_lib.canonical_name(c.topology) in _NODE_TOPOLOGIES):
+    where = (f"config.topology={c.topology!r}" if entry.uses_topology else
+             f"config.algorithm={c.algorithm!r}")
+    return (f"{where} (only the node-aware {', '.join(_NODE_TOPOLOGIES)} "
+            "groups workers into nodes)")
+  if field in ("outer_latency", "trickle_reduction") and \
+      c.outer_overlap == "none":
+    return "config.outer_overlap='none' (plain DiLoCo waits for its reduction)"
+  if field == "worker_layout" and int(c.devices_per_worker) == 1:
+    return ("config.devices_per_worker=1 (it places a worker's state on its "
+            "devices)")
+  return None
+
+
+def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
+  """Fields of a config set to a value that the run would not read.
+
+  Each field :func:`unread_reason` names must keep its
+  :func:`base_config` default: another value could not change the run,
+  yet it would be recorded in the run's checkpoints. Call it on a config
+  whose fields passed their type checks (:func:`check_config` does).
+
+  Returns:
+    One line per such field, naming it, the setting that ignores it and
+    the override that fixes it (empty if none).
+  """
+  c = config
+  default = base_config(c.model.name if c.model.name in DATA_SOURCES
+                        else "gpt")
+  out = []
+  for name in (*builders.METHOD_FIELDS, "workers_per_node", "worker_layout"):
+    value, want = _field(c, name), _field(default, name)
+    if name == "topology":
+      same = (topology_lib.canonical_name(value) ==
+              topology_lib.canonical_name(want))
+    else:
+      same = value == want
+    why = None if same else unread_reason(c, name)
+    if why is not None:
+      out.append(f"config.{name}={value!r} has no effect with {why}; leave "
+                 f"it at its default: --config.{name}={_setting(want)}.")
+  return out
 
 
 def config_warnings(config: config_dict.ConfigDict) -> list[str]:

@@ -11,7 +11,8 @@ with compute (it sits in a ``lax.cond`` after the update):
   (``Workload.param_dtype``); a barrier over all ``n`` workers.
 * **DiLoCo** (``diloco:H=..``; Douillard et al. 2023, arXiv 2311.08105):
   exact all-reduce of the float32 (or wider) ``theta``-dtype copy; a
-  barrier over all ``n`` workers.
+  barrier over all ``n`` workers. Local SGD and (decentralized) DiLoCo
+  take an optional ``comm_dtype`` too (bytes scale with its itemsize).
 * **Streaming DiLoCo** (``streaming_diloco:H=..,P=..,tau=..``; Douillard et
   al. 2025, arXiv 2501.18512): ``P`` fragments of ``M / P`` bytes;
   fragment ``p`` is sent at the steps ``t`` with ``t % H == (p H // P) %

@@ -1,0 +1,91 @@
+"""The fault schedule of a run (``config.faults``) and its metrics records.
+
+:func:`make` builds a :class:`FaultRun` from a validated config when
+``config.faults.enabled``: the :class:`~decentral_jax.comm.fault_schedule.FaultSchedule`
+(from the rates over ``config.steps`` steps, or the trace file), the
+masks handed to each train step and the fields of the metrics records:
+
+* ``faults/alive``: the live mask of the last step, one character per
+  worker (``"1"`` alive, ``"0"`` dead), e.g. ``"11011111"``;
+* ``faults/live_workers``: how many are alive at that step;
+* ``faults/work_done``: worker-steps that completed an inner step so far,
+  over ``n_workers * steps`` (what the schedule lets the workers do);
+* ``faults/goodput``: useful worker-steps, those that entered a committed
+  outer step (:mod:`decentral_jax.optim.elastic`), over ``n_workers *
+  steps`` (written by the loop from the step's ``faults/useful_steps``;
+  work of the current round counts once it is committed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ml_collections import config_dict
+
+from decentral_jax.comm import fault_schedule
+
+_CHUNK = 4096  # steps per block when counting the work done
+
+
+class FaultRun:
+  """The schedule of one run and the per-step masks and record fields.
+
+  Attributes:
+    schedule: the :class:`FaultSchedule`.
+    stragglers: ``config.faults.stragglers``.
+    n_workers: ``n``.
+  """
+
+  def __init__(self, schedule: fault_schedule.FaultSchedule, steps: int,
+               stragglers: str):
+    self.schedule = schedule
+    self.stragglers = stragglers
+    self.n_workers = schedule.n_workers
+    counts = [schedule.masks(a, min(a + _CHUNK, steps), stragglers)[1].sum(1)
+              for a in range(0, steps, _CHUNK)]
+    # Worker-steps completed before step k, k = 0 .. steps.
+    self._work = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
+
+  def masks(self, step: int) -> tuple:
+    """``(alive, working, rejoining)``, bool [n], of ``step`` (0-based),
+    or ``()`` if every worker is alive and working at that step and was
+    alive at the step before (the run then takes its plain step).
+
+    ``rejoining``: alive at ``step`` and dead at ``step - 1``.
+    """
+    alive, working = self.schedule.masks(max(step - 1, 0), step + 1,
+                                         self.stragglers)
+    before = alive[0] if step > 0 else np.ones(self.n_workers, bool)
+    if alive[-1].all() and working[-1].all() and before.all():
+      return ()
+    return alive[-1], working[-1], alive[-1] & ~before
+
+  def record(self, done: int) -> dict:
+    """The record fields after ``done`` steps (module docstring)."""
+    if done <= 0:
+      return {}
+    alive = self.schedule.alive(done - 1)
+    k = min(done, self._work.size - 1)
+    return {"faults/alive": "".join("1" if a else "0" for a in alive),
+            "faults/live_workers": int(alive.sum()),
+            "faults/work_done": float(self._work[k] / (self.n_workers * k))}
+
+
+def make(config: config_dict.ConfigDict) -> FaultRun | None:
+  """The run's :class:`FaultRun`, or None without ``config.faults.enabled``.
+
+  Raises:
+    ValueError: an invalid trace file (one line naming file and key).
+  """
+  f = config.get("faults")
+  if f is None or not f.enabled:
+    return None
+  n, steps = int(config.n_workers), int(config.steps)
+  if f.trace:
+    schedule = fault_schedule.FaultSchedule.from_trace(f.trace, n)
+  else:
+    schedule = fault_schedule.FaultSchedule.from_rates(
+        n, steps, failure_rate=float(f.failure_rate),
+        mean_downtime=float(f.mean_downtime),
+        slow_fraction=float(f.slow_fraction), slow_speed=float(f.slow_speed),
+        seed=int(f.seed))
+  return FaultRun(schedule, steps, str(f.stragglers))

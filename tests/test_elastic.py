@@ -1,0 +1,264 @@
+"""DiLoCo and Local SGD over slow and failing workers (optim.elastic).
+
+Worker ``i`` minimises ``||x - b_i||^2 / 2`` with inner SGD; the oracle
+re-implements the quorum, rollback, straggler and rejoin rules in float64
+NumPy from their definitions, one worker at a time.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from conftest import require_devices
+from decentral_jax import parallel
+from decentral_jax.optim import elastic
+from decentral_jax.optim import local_updates as lu
+
+LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
+N, H, STEPS = 4, 3, 12
+
+
+def _masks():
+  """Worker 3 dead for t = 2..4 (back at t = 5, mid-round); worker 2 works
+  on even t only (half speed); worker 1 dead at t = 8 only."""
+  alive = np.ones((STEPS, N), bool)
+  alive[1:4, 3] = False
+  alive[7, 1] = False
+  working = alive.copy()
+  working[0::2, 2] = False  # index 0 is t = 1
+  return alive, working
+
+
+def _run(tx, x0, b, alive=None, working=None, steps=STEPS, per_device=1):
+  n = b.shape[0]
+  mesh = parallel.make_mesh(n, workers_per_device=per_device)
+
+  def step(params, state, target, a, w):
+    grads = params - target
+    kw = {} if a is None else {"alive": a, "working": w}
+    updates, state = tx.update(grads, state, params, **kw)
+    return optax.apply_updates(params, updates), state
+
+  if alive is None:
+    fn = jax.jit(parallel.per_worker(
+        lambda p, s, t: step(p, s, t, None, None), mesh))
+  else:
+    fn = jax.jit(parallel.per_worker(step, mesh, replicated_argnums=(3, 4)))
+  params = parallel.shard(x0, mesh)
+  target = parallel.shard(b, mesh)
+  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
+  out, states = [], []
+  for k in range(steps):
+    args = () if alive is None else (jnp.asarray(alive[k]),
+                                     jnp.asarray(working[k]))
+    params, state = fn(params, state, target, *args)
+    out.append(np.asarray(params))
+    states.append(jax.device_get(state))
+  return out, states
+
+
+def _problem(n=N, seed=0, dtype=np.float64):
+  rng = np.random.default_rng(seed)
+  x0 = np.repeat(rng.normal(size=(1, 3)), n, 0).astype(dtype)
+  return x0, rng.normal(size=(n, 3)).astype(dtype)
+
+
+def _oracle(x0, b, alive, working, *, quorum=1, on_failure="proceed",
+            rejoin="copy_theta", local_sgd=False):
+  n = len(b)
+  x = x0.astype(np.float64).copy()
+  theta, trace = x[0].copy(), np.zeros_like(x[0])
+  done, last, lost = np.zeros(n, int), np.ones(n, bool), np.zeros(n, bool)
+  out, skipped = [], 0
+  for t in range(1, len(alive) + 1):
+    a, w = alive[t - 1], working[t - 1] & alive[t - 1]
+    rej = a & ~last
+    for m in range(n):
+      if w[m] and not rej[m]:
+        x[m] = x[m] - LR * (x[m] - b[m])
+        done[m] += 1
+    donors = a & ~rej
+    fresh = x[donors].mean(0) if donors.any() else None
+    for m in np.flatnonzero(rej):
+      if donors.any() and rejoin == "copy_theta":
+        x[m] = theta
+      elif donors.any() and rejoin == "copy_mean":
+        x[m] = fresh
+    lost |= last & ~a
+    if t % H == 0:
+      c = a & (done > 0)
+      ok = c.sum() >= quorum and not (on_failure == "rollback" and lost.any())
+      if ok:
+        x_bar = (done[c, None] * x[c]).sum(0) / done[c].sum()
+        if local_sgd:
+          theta = x_bar
+        else:
+          g = theta - x_bar
+          trace = g + MOMENTUM * trace
+          theta = theta - OUTER_LR * (g + MOMENTUM * trace)
+      else:
+        skipped += 1
+      if ok or on_failure == "rollback":
+        x[a] = theta
+        done[:] = 0
+      lost[:] = False
+    last = a
+    out.append(x.copy())
+  return out, skipped
+
+
+def _make(method, **kw):
+  if method == "diloco":
+    return elastic.elastic_diloco(optax.sgd(LR), H, **kw)
+  return elastic.elastic_local_sgd(optax.sgd(LR), H, **kw)
+
+
+# Three cases in the fast tier (each method, failure mode and rejoin rule at
+# least once), the other nine in the full suite.
+_FAST = {("diloco", "proceed", "copy_theta"), ("diloco", "rollback", "copy_mean"),
+         ("local_sgd", "rollback", "keep")}
+ORACLE_CASES = [
+    pytest.param(m, f, r, marks=() if (m, f, r) in _FAST else pytest.mark.slow)
+    for m in ("diloco", "local_sgd") for f in ("proceed", "rollback")
+    for r in ("copy_theta", "copy_mean", "keep")]
+
+
+@pytest.mark.parametrize("method,on_failure,rejoin", ORACLE_CASES)
+def test_matches_oracle(method, on_failure, rejoin, x64):
+  del x64
+  require_devices(N)
+  x0, b = _problem()
+  alive, working = _masks()
+  got, states = _run(_make(method, on_failure=on_failure, rejoin=rejoin),
+                     x0, b, alive, working)
+  want, skipped = _oracle(x0, b, alive, working, on_failure=on_failure,
+                          rejoin=rejoin, local_sgd=method == "local_sgd")
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+  assert int(states[-1].skipped[0]) == skipped
+  # Rollback loses the rounds with a failure (t = 2..4 and t = 8).
+  assert skipped == (2 if on_failure == "rollback" else 0)
+
+
+@pytest.mark.parametrize("method", ["diloco", "local_sgd"])
+def test_below_quorum_skips_the_outer_step(method, x64):
+  del x64
+  require_devices(N)
+  x0, b = _problem(seed=1)
+  alive, working = _masks()
+  tx = _make(method, min_quorum=N)
+  got, states = _run(tx, x0, b, alive, working)
+  want, skipped = _oracle(x0, b, alive, working, quorum=N,
+                          local_sgd=method == "local_sgd")
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+  # Only the sync at t = 3 lacks a quorum (worker 3 is dead); at t = 6 it
+  # contributes its one step since its rejoin, at t = 9 worker 1 is back.
+  assert skipped == 1 and int(states[-1].skipped[0]) == 1
+  # theta and the outer state are those before the skipped sync.
+  before, after = states[1], states[2]  # t = 2, t = 3 (skipped sync)
+  if method == "diloco":
+    np.testing.assert_array_equal(after.base.theta, before.base.theta)
+    for o_b, o_a in zip(jax.tree.leaves(before.base.outer_state),
+                        jax.tree.leaves(after.base.outer_state)):
+      np.testing.assert_array_equal(o_a, o_b)
+    assert int(after.base.outer_count[0]) == 0
+  else:
+    np.testing.assert_array_equal(after.anchor, before.anchor)
+
+
+def test_several_workers_per_device(x64):
+  # Two workers per device: the same trajectory as the oracle.
+  del x64
+  require_devices(N)
+  x0, b = _problem(seed=3)
+  alive, working = _masks()
+  axis = parallel.worker_axis(parallel.make_mesh(N, workers_per_device=2))
+  tx = elastic.elastic_diloco(optax.sgd(LR), H, rejoin="copy_mean",
+                              on_failure="rollback", axis_name=axis)
+  got, _ = _run(tx, x0, b, alive, working, per_device=2)
+  want, _ = _oracle(x0, b, alive, working, rejoin="copy_mean",
+                    on_failure="rollback")
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_no_faults_is_bit_identical():
+  require_devices(N)
+  x0, b = _problem(dtype=np.float32)
+  inner = optax.adamw(optax.linear_schedule(0.1, 0.01, 10))
+  cases = [(lu.diloco(inner, H), elastic.elastic_diloco(inner, H)),
+           (lu.local_sgd(inner, H), elastic.elastic_local_sgd(inner, H))]
+  everyone = np.ones((STEPS, N), bool)
+  for plain, tx in cases:
+    want, _ = _run(plain, x0, b)
+    for masks in ((None, None), (everyone, everyone)):
+      got, _ = _run(tx, x0, b, *masks)
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_rejoining_counters_come_from_the_group():
+  # Adam's step count (and the schedule's) of worker 3 after its rejoin is
+  # the count of the first live worker, not its own stale one.
+  require_devices(N)
+  x0, b = _problem(dtype=np.float32)
+  alive, working = _masks()
+  working[:] = alive  # no straggler: every live worker steps
+  for rejoin in elastic.REJOIN:
+    tx = elastic.elastic_diloco(
+        optax.adam(optax.linear_schedule(0.1, 0.0, 20)), 100, rejoin=rejoin)
+    _, states = _run(tx, x0, b, alive, working, steps=6)
+    counts = [np.asarray(c) for c in jax.tree.leaves(states[-1].base.inner_state)
+              if np.asarray(c).dtype.kind == "i"]
+    assert counts
+    for c in counts:
+      # Worker 3 was dead for t = 2..4; at t = 5 it took no step and
+      # copied worker 0's count after its step (5); at t = 6 it stepped.
+      assert c[0] == 6 and c[3] == 6, (rejoin, c)
+
+
+def test_rejoin_by_copying_leaves_a_smaller_consensus_distance(x64):
+  del x64
+  require_devices(N)
+  x0, b = _problem(seed=2)
+  alive = np.ones((8, N), bool)
+  alive[1:3, 3] = False  # dead t = 2, 3; rejoins at t = 4 (mid-round)
+  distance = {}
+  for rejoin in elastic.REJOIN:
+    got, _ = _run(_make("local_sgd", rejoin=rejoin), x0, b, alive, alive,
+                  steps=4)
+    want, _ = _oracle(x0, b, alive[:4], alive[:4], rejoin=rejoin,
+                      local_sgd=True)
+    np.testing.assert_allclose(got[-1], want[-1], rtol=1e-12, atol=1e-12)
+    x = got[-1]
+    distance[rejoin] = float(((x - x.mean(0)) ** 2).sum(1).mean())
+  assert distance["copy_mean"] < distance["keep"]
+  assert distance["copy_theta"] < distance["keep"]
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match="on_failure must be one of"):
+    elastic.elastic_diloco(optax.sgd(0.1), 2, on_failure="retry")
+  with pytest.raises(ValueError, match="rejoin must be one of"):
+    elastic.elastic_local_sgd(optax.sgd(0.1), 2, rejoin="copy")
+  with pytest.raises(ValueError, match="min_quorum must be an int >= 1"):
+    elastic.elastic_diloco(optax.sgd(0.1), 2, min_quorum=0)
+  with pytest.raises(ValueError, match="sync_every must be an int >= 1"):
+    elastic.elastic_diloco(optax.sgd(0.1), 2.0)
+  with pytest.raises(ValueError, match="inner must be an optax"):
+    elastic.elastic_local_sgd("sgd", 2)
+  with pytest.raises(ValueError, match="outer must be an optax"):
+    elastic.elastic_diloco(optax.sgd(0.1), 2, outer=0.7)
+  require_devices(2)
+  x0, b = _problem(n=2, dtype=np.float32)
+  with pytest.raises(ValueError, match=r"alive must be a bool array of shape \(2,\)"):
+    _run(elastic.elastic_diloco(optax.sgd(0.1), 2), x0, b,
+         np.ones((1, 3), bool), np.ones((1, 3), bool), steps=1)
+  with pytest.raises(ValueError, match="elastic_diloco: leaf .* has dtype int32"):
+    _run(elastic.elastic_diloco(optax.sgd(0.1), 2), x0.astype(np.int32), b,
+         steps=1)
