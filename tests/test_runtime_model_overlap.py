@@ -86,6 +86,7 @@ def test_what_the_library_cannot_run_is_marked():
                       "streaming_diloco:H=10,P=2,tau=0",
                       "diloco:H=10,overlap=eager",
                       "diloco:H=10,overlap=delayed",
+                      "diloco:H=10,overlap=eager,comm_dtype=bfloat16",
                       "local_dsgd:H=4,topology=ring"}
   assert "tau = 0" in gaps["streaming_diloco:H=10,P=2,tau=1"]
 

@@ -304,9 +304,6 @@ def library_gap(m: Method) -> str | None:
   * Streaming DiLoCo with ``overlap_steps >= 1``: the library all-reduces a
     fragment inside the merge step's conditional, so it runs the
     ``tau = 0`` schedule;
-  * delayed or eager outer updates of DiLoCo with ``comm_dtype`` (without
-    it the library runs them with the trickled reduction priced here:
-    ``diloco(..., overlap=, trickle=True)``);
   * compressed syncs of local-update methods (the compressed mean exists,
     :func:`decentral_jax.comm.compress.mean_compressed`, but no local-update
     method sends with it);
@@ -319,9 +316,6 @@ def library_gap(m: Method) -> str | None:
       return ("Streaming DiLoCo with tau >= 1: the library merges with "
               "tau = 0 semantics (the all-reduce sits in the merge step's "
               "conditional)")
-    if m.outer_overlap != "none" and m.comm_dtype is not None:
-      return (f"{m.outer_overlap} outer updates with comm_dtype (the library "
-              "trickles them in the parameters' dtype)")
     if m.compress is not None:
       return "compressed pseudo-gradients or parameters in a local-update sync"
     return None
