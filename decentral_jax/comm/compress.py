@@ -272,19 +272,28 @@ def _mix_leaf(x, rnd, axis_name, me, compressor: Compressor,
   return out.astype(x.dtype)
 
 
-def _check(tree, topology, compressor) -> None:
+def check_compressor(compressor) -> None:
+  """Raises ``ValueError`` unless ``compressor`` is a :class:`Compressor`."""
   if not isinstance(compressor, Compressor):
     raise ValueError(f"compressor must be a decentral_jax.comm.compress."
                      f"Compressor, got {type(compressor).__name__}.")
-  if not isinstance(topology, topology_lib.Topology):
-    raise ValueError(f"topology must be a decentral_jax.topology.Topology, "
-                     f"got {type(topology).__name__}.")
+
+
+def _check_float_leaves(tree, what: str) -> None:
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
       raise ValueError(
-          f"compressed gossip: leaf {jax.tree_util.keystr(path)!r} has dtype "
+          f"{what}: leaf {jax.tree_util.keystr(path)!r} has dtype "
           f"{jnp.result_type(x)}; only floating-point leaves can be sent "
           "compressed.")
+
+
+def _check(tree, topology, compressor) -> None:
+  check_compressor(compressor)
+  if not isinstance(topology, topology_lib.Topology):
+    raise ValueError(f"topology must be a decentral_jax.topology.Topology, "
+                     f"got {type(topology).__name__}.")
+  _check_float_leaves(tree, "compressed gossip")
 
 
 def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
@@ -408,15 +417,8 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
   Raises:
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
-  if not isinstance(compressor, Compressor):
-    raise ValueError(f"compressor must be a decentral_jax.comm.compress."
-                     f"Compressor, got {type(compressor).__name__}.")
-  for path, x in jax.tree_util.tree_leaves_with_path(tree):
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-      raise ValueError(
-          f"compressed mean: leaf {jax.tree_util.keystr(path)!r} has dtype "
-          f"{jnp.result_type(x)}; only floating-point leaves can be sent "
-          "compressed.")
+  check_compressor(compressor)
+  _check_float_leaves(tree, "compressed mean")
   return jax.tree.map(lambda x: _mean_leaf(x, axis_name, compressor), tree)
 
 

@@ -104,9 +104,7 @@ def choco_gossip(topology: topology_lib.Topology,
   """
   gamma = checks.check_float("consensus_step", consensus_step, minimum=0.0,
                              maximum=1.0, open_min=True)
-  if not isinstance(compressor, compress.Compressor):
-    raise ValueError("compressor must be a decentral_jax.comm.compress."
-                     f"Compressor, got {type(compressor).__name__}.")
+  compress.check_compressor(compressor)
   if not getattr(topology, "doubly_stochastic", False):
     raise ValueError(f"choco_gossip needs a doubly stochastic topology, got "
                      f"{getattr(topology, 'name', topology)!r}.")

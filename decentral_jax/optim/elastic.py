@@ -103,14 +103,7 @@ def _check(inner, outer, sync_every, min_quorum, on_failure, rejoin):
 
 def _masks(alive, working, n: int):
   def one(m, name):
-    if m is None:
-      return jnp.ones(n, bool)
-    m = jnp.asarray(m)
-    if m.shape != (n,) or m.dtype != jnp.bool_:
-      raise ValueError(f"{name} must be a bool array of shape ({n},) (one "
-                       f"entry per worker, equal on all workers), got "
-                       f"{m.dtype}{list(m.shape)}.")
-    return m
+    return jnp.ones(n, bool) if m is None else faults.check_mask(m, n, name)
   a = one(alive, "alive")
   return a, one(working, "working") & a
 
