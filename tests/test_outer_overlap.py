@@ -581,21 +581,24 @@ def test_streaming_refuses_two_overlaps():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap,trickle", [("eager", True),
-                                             ("delayed", True),
-                                             ("eager", False)])
-def test_virtual_workers_follow_one_worker_per_device(overlap, trickle, x64):
+@pytest.mark.parametrize("overlap,trickle,name", [
+    ("eager", True, None), ("delayed", True, None), ("eager", False, None),
+    ("eager", True, "static_ring")])
+def test_virtual_workers_follow_one_worker_per_device(overlap, trickle, name,
+                                                      x64):
   """8 workers as 2 devices of 4 (vmapped) = 8 devices, float64."""
   del x64
   devices = require_devices(8)
   x0, b = _problem(8, seed=14)
+  topo = None if name is None else topology.make(name, 8)
   tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2,
-                 trickle=trickle)
+                 trickle=trickle, topology=topo)
   want, _ = _run(tx, x0, b, 12)
   mesh = parallel.make_mesh(8, devices=devices[:2], workers_per_device=4)
   assert parallel.worker_axis(mesh).per_device == 4
   tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2,
-                 trickle=trickle, axis_name=parallel.worker_axis(mesh))
+                 trickle=trickle, topology=topo,
+                 axis_name=parallel.worker_axis(mesh))
   step, init, _ = _step_fns(tx, 8, mesh)
   params = parallel.shard(x0, mesh)
   targets = parallel.shard(b, mesh)
