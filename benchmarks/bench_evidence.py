@@ -26,7 +26,8 @@ and skips runs already there, so an interrupted study resumes):
   latency) at ``H`` in ``--overlap_h`` (default 10 and 30), all with
   compare.py's outer Nesterov lr 0.3, each tuned by the protocol. Plain
   DiLoCo at ``H = 10`` is ``main``'s run (the same config): its records are
-  reused where ``--out`` has them.
+  reused where ``--out`` has them. One-factor variant: delayed and eager
+  with outer lr 0.1 at their chosen lr, seed 0.
 
 ``main`` also runs one-factor variants at the chosen lr of the method they
 vary (seed 0): AccumAdamW T = 8, DAdam on the complete graph, DAdam with
@@ -294,7 +295,12 @@ def run_part(args, study: Study) -> None:
         if run.name == "diloco_h10":
           study.reuse("main", "gpt_tiny_n8_300", "diloco", "overlap", setting,
                       run)
-        study.tune("overlap", setting, cfg, ov, run)
+        lr = study.tune("overlap", setting, cfg, ov, run).lr
+        if run.name != f"diloco_h{h}":  # the paper lowers delayed's outer lr
+          study.get("overlap", setting, cfg, ov,
+                    variant(run, "outer0.1", "outer lr 0.1",
+                            ("outer_optimizer.lr", 0.1)), lr, 0,
+                    parent=run.name)
   else:
     raise SystemExit(f"--part {args.part!r} is not implemented yet.")
 
