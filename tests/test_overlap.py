@@ -1,0 +1,145 @@
+"""The overlap report of scheduled HLO, and the runner's GPU programs.
+
+Part 1 reads a hand-written scheduled module whose expected report is
+worked out by hand below. Part 2 reads the scheduled HLO of the runner's
+own train steps compiled for 8 x H200 and 8 x A100 on a machine without a
+GPU (``tests/fixtures/gpu_overlap/``, written by
+``benchmarks/bench_gpu_overlap.py --fixtures``; stripped to what the
+report reads): before (round chosen by ``lax.switch``, consensus distance
+in a ``lax.cond``) the gossip sits in conditionals with nothing in flight;
+after (the GPU defaults) every parameter-sized collective is asynchronous,
+outside conditionals, with backward work in flight. Part 3 (marked
+``integration``; needs ``requirements-gpu-compile.txt``) compiles the
+default step deviceless and checks the same live.
+"""
+
+import glob
+import gzip
+import os
+
+import pytest
+
+from decentral_jax import analysis
+from decentral_jax.analysis import overlap
+
+from conftest import FIXTURES
+
+_FWD = 'metadata={op_name="jit(step)/shard_map/jvp(GPT)/h_0/mlp"}'
+_BWD = 'metadata={op_name="jit(step)/shard_map/transpose(jvp(GPT))/h_0/mlp"}'
+_SYNC = 'backend_config={"collective_backend_config":{"is_sync":true}}'
+
+_HLO = f"""\
+HloModule m, is_scheduled=true, num_partitions=4
+
+%fused (p: f32[8]) -> f32[8] {{
+  ROOT %p = f32[8]{{0}} parameter(0)
+}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+%body (w: f32[8]) -> f32[8] {{
+  %w = f32[8]{{0}} parameter(0)
+  %w1 = f32[8]{{0}} fusion(%w), kind=kLoop, calls=%fused, {_BWD}
+  ROOT %w2 = f32[8]{{0}} fusion(%w1), kind=kLoop, calls=%fused, {_BWD}
+}}
+
+%cond (c: f32[8]) -> pred[] {{
+  %c = f32[8]{{0}} parameter(0)
+  ROOT %t = pred[] constant(true)
+}}
+
+%branch0 (q: f32[8]) -> f32[8] {{
+  %q = f32[8]{{0}} parameter(0)
+  %bs = (f32[8]{{0}}, f32[8]{{0}}) collective-permute-start(%q), channel_id=5, source_target_pairs={{{{0,1}},{{1,2}},{{2,3}},{{3,0}}}}
+  %bf = f32[8]{{0}} fusion(%q), kind=kLoop, calls=%fused, {_BWD}
+  %bd = f32[8]{{0}} collective-permute-done(%bs)
+  ROOT %br = f32[8]{{0}} add(%bd, %bf)
+}}
+
+%branch1 (r: f32[8]) -> f32[8] {{
+  ROOT %r = f32[8]{{0}} parameter(0)
+}}
+
+%rs_wrapped (v: f32[8]) -> f32[2] {{
+  %v = f32[8]{{0}} parameter(0)
+  ROOT %rs = f32[2]{{0}} reduce-scatter(%v), channel_id=6, replica_groups={{{{0,1,2,3}}}}, dimensions={{0}}, to_apply=%add
+}}
+
+ENTRY %main (x: f32[8], k: s32[]) -> f32[8] {{
+  %x = f32[8]{{0}} parameter(0)
+  %k = s32[] parameter(1)
+  %ps = (f32[8]{{0}}, f32[8]{{0}}) collective-permute-start(%x), channel_id=1, source_target_pairs={{{{0,1}},{{1,0}},{{2,3}},{{3,2}}}}, metadata={{op_name="jit(step)/shard_map/ppermute"}}
+  %f1 = f32[8]{{0}} fusion(%x), kind=kLoop, calls=%fused, {_FWD}
+  %gte = f32[8]{{0}} get-tuple-element(%ps), index=0
+  %f2 = f32[8]{{0}} fusion(%f1), kind=kLoop, calls=%fused, {_BWD}
+  %loop = f32[8]{{0}} while(%f2), condition=%cond, body=%body
+  %f3 = f32[8]{{0}} fusion(%loop), kind=kLoop, calls=%fused
+  %pd = f32[8]{{0}} collective-permute-done(%ps)
+  %as = f32[8]{{0}} all-reduce-start(%pd), channel_id=2, replica_groups={{}}, to_apply=%add, {_SYNC}
+  %ad = f32[8]{{0}} all-reduce-done(%as)
+  %rss = ((f32[8]{{0}}), f32[2]{{0}}) async-start(%ad), calls=%rs_wrapped
+  %f4 = f32[8]{{0}} fusion(%ad), kind=kLoop, calls=%fused, {_BWD}
+  %rsd = f32[2]{{0}} async-done(%rss)
+  %ag = f32[8]{{0}} all-gather(%rsd), channel_id=3, replica_groups={{{{0,1,2,3}}}}, dimensions={{0}}
+  %sel = f32[8]{{0}} conditional(%k, %ag, %ag), branch_computations={{%branch0, %branch1}}
+  ROOT %o = f32[8]{{0}} add(%sel, %f4)
+}}
+"""
+
+
+def _by_name(report):
+  return {c.name: c for c in report.collectives}
+
+
+def test_hand_worked_schedule():
+  rep = overlap.overlap_report(_HLO)
+  assert rep.scheduled
+  got = _by_name(rep)
+  assert sorted(got) == ["ag", "as", "bs", "ps", "rss"]
+  # Permute in ENTRY: f1 (forward), f2 (backward), the loop body's two
+  # backward fusions, f3 (no op_name: other); get-tuple-element is not
+  # compute. 8 floats = 32 bytes.
+  ps = got["ps"]
+  assert (ps.kind, ps.bytes, ps.is_async, ps.in_conditional) == (
+      "collective-permute", 32.0, True, False)
+  assert (ps.forward, ps.backward, ps.other) == (1, 3, 1)
+  assert ps.overlapped and ps.op_name == "jit(step)/shard_map/ppermute"
+  # all-reduce marked is_sync: synchronous, nothing counted.
+  assert not got["as"].is_async and got["as"].between == 0
+  assert not got["as"].overlapped
+  # reduce-scatter wrapped in async-start, one backward fusion in flight.
+  rs = got["rss"]
+  assert (rs.kind, rs.is_async, rs.backward, rs.overlapped) == (
+      "reduce-scatter", True, 1, True)
+  # A plain all-gather is synchronous.
+  assert got["ag"].kind == "all-gather" and not got["ag"].is_async
+  # In a branch: async with backward work in flight, but that work is the
+  # branch's own: not overlap with the step's forward/backward.
+  bs = got["bs"]
+  assert bs.in_conditional and bs.is_async and bs.backward == 1
+  assert not bs.overlapped
+  # Text order: the branch comes before ENTRY. The all-gather sends 8 B.
+  assert [c.name for c in rep.exposed()] == ["bs", "as", "ag"]
+  assert [c.name for c in rep.exposed(min_bytes=20)] == ["bs", "as"]
+
+
+def test_summary_and_json_name_the_verdicts():
+  rep = overlap.overlap_report(_HLO)
+  text = rep.summary()
+  assert "overlapped" in text and "EXPOSED" in text
+  assert text.count("\n") == len(rep.collectives) + 1
+  assert '"overlapped": true' in rep.to_json()
+  assert analysis.overlap_report is overlap.overlap_report
+
+
+def test_unscheduled_text_and_bad_input():
+  rep = overlap.overlap_report(_HLO.replace("is_scheduled=true, ", ""))
+  assert not rep.scheduled and "not scheduled" in rep.summary()
+  with pytest.raises(ValueError, match="ENTRY"):
+    overlap.overlap_report("HloModule m\n")
+  with pytest.raises(ValueError, match="Compiled"):
+    overlap.overlap_report(3)
