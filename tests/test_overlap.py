@@ -41,10 +41,16 @@ HloModule m, is_scheduled=true, num_partitions=4
   ROOT %s = f32[] add(%a, %b)
 }}
 
+%gemm (ga: f32[2,4], gb: f32[4,8]) -> f32[2,8] {{
+  %ga = f32[2,4]{{1,0}} parameter(0)
+  %gb = f32[4,8]{{1,0}} parameter(1)
+  ROOT %gd = f32[2,8]{{1,0}} dot(%ga, %gb), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+}}
+
 %body (w: f32[8]) -> f32[8] {{
   %w = f32[8]{{0}} parameter(0)
   %w1 = f32[8]{{0}} fusion(%w), kind=kLoop, calls=%fused, {_BWD}
-  ROOT %w2 = f32[8]{{0}} fusion(%w1), kind=kLoop, calls=%fused, {_BWD}
+  ROOT %w2 = f32[2,8]{{1,0}} fusion(%w1, %w1), kind=kCustom, calls=%gemm, {_BWD}
 }}
 
 %cond (c: f32[8]) -> pred[] {{
@@ -69,15 +75,18 @@ HloModule m, is_scheduled=true, num_partitions=4
   ROOT %rs = f32[2]{{0}} reduce-scatter(%v), channel_id=6, replica_groups={{{{0,1,2,3}}}}, dimensions={{0}}, to_apply=%add
 }}
 
-ENTRY %main (x: f32[8], k: s32[]) -> f32[8] {{
+ENTRY %main (x: f32[8], k: s32[], m: f32[2,4], mm: f32[4,8]) -> f32[8] {{
   %x = f32[8]{{0}} parameter(0)
   %k = s32[] parameter(1)
+  %m = f32[2,4]{{1,0}} parameter(2)
+  %mm = f32[4,8]{{1,0}} parameter(3)
   %ps = (f32[8]{{0}}, f32[8]{{0}}) collective-permute-start(%x), channel_id=1, source_target_pairs={{{{0,1}},{{1,0}},{{2,3}},{{3,2}}}}, metadata={{op_name="jit(step)/shard_map/ppermute"}}
   %f1 = f32[8]{{0}} fusion(%x), kind=kLoop, calls=%fused, {_FWD}
   %gte = f32[8]{{0}} get-tuple-element(%ps), index=0
   %f2 = f32[8]{{0}} fusion(%f1), kind=kLoop, calls=%fused, {_BWD}
   %loop = f32[8]{{0}} while(%f2), condition=%cond, body=%body
   %f3 = f32[8]{{0}} fusion(%loop), kind=kLoop, calls=%fused
+  %dt = f32[2,8]{{1,0}} dot(%m, %mm), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}, {_FWD}
   %pd = f32[8]{{0}} collective-permute-done(%ps)
   %as = f32[8]{{0}} all-reduce-start(%pd), channel_id=2, replica_groups={{}}, to_apply=%add, {_SYNC}
   %ad = f32[8]{{0}} all-reduce-done(%as)
@@ -101,12 +110,16 @@ def test_hand_worked_schedule():
   got = _by_name(rep)
   assert sorted(got) == ["ag", "as", "bs", "ps", "rss"]
   # Permute in ENTRY: f1 (forward), f2 (backward), the loop body's two
-  # backward fusions, f3 (no op_name: other); get-tuple-element is not
-  # compute. 8 floats = 32 bytes.
+  # backward fusions, f3 (no op_name: other), dt (forward); get-tuple-
+  # element is not compute. 8 floats = 32 bytes. Matmuls: dt and the
+  # body's gemm fusion, each [2,4] x [4,8]: 2 * 16 * 4 = 128 FLOPs; the
+  # program has no other.
   ps = got["ps"]
   assert (ps.kind, ps.bytes, ps.is_async, ps.in_conditional) == (
       "collective-permute", 32.0, True, False)
-  assert (ps.forward, ps.backward, ps.other) == (1, 3, 1)
+  assert (ps.forward, ps.backward, ps.other) == (2, 3, 1)
+  assert ps.flops == 256.0 and rep.total_flops == 256.0
+  assert rep.flops_fraction(ps) == 1.0
   assert ps.overlapped and ps.op_name == "jit(step)/shard_map/ppermute"
   # all-reduce marked is_sync: synchronous, nothing counted.
   assert not got["as"].is_async and got["as"].between == 0

@@ -76,6 +76,8 @@ class CollectiveOverlap:
     in_loop: inside a ``while`` body or condition.
     forward, backward, other: compute instructions between start and done
       (0 for a synchronous collective).
+    flops: matrix-multiply FLOPs (``2 m n k`` of every ``dot``, in fusions
+      too, and cuBLAS GEMM custom calls) between start and done.
   """
 
   kind: str
@@ -89,6 +91,7 @@ class CollectiveOverlap:
   forward: int
   backward: int
   other: int
+  flops: float = 0.0
 
   @property
   def between(self) -> int:
@@ -112,10 +115,17 @@ class OverlapReport:
     scheduled: the module header says ``is_scheduled=true`` (without it the
       instruction order is not the execution order and the counts mean
       nothing; XLA:CPU's text is not scheduled this way).
+    total_flops: matrix-multiply FLOPs of the whole program (loop bodies
+      and every branch of a conditional counted once).
   """
 
   collectives: tuple[CollectiveOverlap, ...]
   scheduled: bool
+  total_flops: float = 0.0
+
+  def flops_fraction(self, c: CollectiveOverlap) -> float:
+    """Share of the program's matmul FLOPs in flight during ``c`` (0..1)."""
+    return c.flops / self.total_flops if self.total_flops else 0.0
 
   def select(self, min_bytes: float = 0.0) -> tuple[CollectiveOverlap, ...]:
     """The collectives of at least ``min_bytes`` bytes."""
@@ -131,19 +141,22 @@ class OverlapReport:
     lines = [f"{len(rows)} collective(s)"
              + ("" if self.scheduled else " (module not scheduled)") + ":",
              f"  {'kind':<19} {'bytes':>12} {'async':>5} {'cond':>4} "
-             f"{'fwd':>4} {'bwd':>4} {'other':>5}  verdict     op_name"]
+             f"{'fwd':>4} {'bwd':>4} {'other':>5} {'flops%':>6}  verdict"
+             "     op_name"]
     for c in rows:
       lines.append(
           f"  {c.kind:<19} {c.bytes:>12,.0f} {'yes' if c.is_async else 'no':>5}"
           f" {'yes' if c.in_conditional else 'no':>4} {c.forward:>4} "
-          f"{c.backward:>4} {c.other:>5}  "
+          f"{c.backward:>4} {c.other:>5} "
+          f"{100 * self.flops_fraction(c):>6.1f}  "
           f"{'overlapped' if c.overlapped else 'EXPOSED':<10}  "
           f"{_short(c.op_name)}")
     return "\n".join(lines)
 
   def to_json(self) -> str:
     """The report as JSON (a list of collectives with their verdicts)."""
-    return json.dumps({"scheduled": self.scheduled, "collectives": [
+    return json.dumps({"scheduled": self.scheduled,
+                       "total_flops": self.total_flops, "collectives": [
         {**dataclasses.asdict(c), "between": c.between,
          "overlapped": c.overlapped} for c in self.collectives]}, indent=1)
 
@@ -189,16 +202,72 @@ def _phase(ins: hlo.Instruction) -> str:
   return "other"
 
 
+_ZERO = {"forward": 0, "backward": 0, "other": 0, "flops": 0.0}
+
+
+def _dims(shape: str) -> list[int]:
+  m = hlo.ARRAY.search(shape)
+  if not m:
+    return []
+  return [int(d.strip().lstrip("<=")) for d in m.group(2).split(",")
+          if d.strip()]
+
+
+def _dot_flops(ins: hlo.Instruction, shapes: dict[str, str]) -> float:
+  """``2 x |output| x |contracted|`` of a ``dot`` or a cuBLAS GEMM call."""
+  lhs = hlo.operand_names(ins.operands)[:1]
+  if not lhs or lhs[0] not in shapes:
+    return 0.0
+  if ins.opcode == "dot":
+    dims = hlo.attribute(ins.attrs, "lhs_contracting_dims") or "{}"
+    contract = [int(x) for x in re.findall(r"\d+", dims)]
+  else:
+    m = re.search(r'"lhs_contracting_dimensions"\s*:\s*\[([^\]]*)\]',
+                  ins.attrs)
+    contract = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+  lhs_dims = _dims(shapes[lhs[0]])
+  k = 1
+  for d in contract:
+    k *= lhs_dims[d] if d < len(lhs_dims) else 1
+  out = 1
+  for d in _dims(ins.shape):
+    out *= d
+  return 2.0 * out * k
+
+
 class _Counter:
-  """Compute instructions of an instruction, its callees included."""
+  """Compute instructions (and matmul FLOPs) of an instruction's work."""
 
   def __init__(self, comps):
     self.comps = comps
-    self.cache: dict[str, dict[str, int]] = {}
+    self.cache: dict[str, dict] = {}
+    self.flops_cache: dict[str, float] = {}
 
-  def instruction(self, ins: hlo.Instruction) -> dict[str, int]:
+  def flops(self, comp: str) -> float:
+    """Matmul FLOPs of a computation, its fusions and calls included."""
+    if comp not in self.flops_cache:
+      self.flops_cache[comp] = 0.0  # guards against recursion
+      instrs = self.comps.get(comp, ())
+      shapes = {i.name: i.shape for i in instrs}
+      total = 0.0
+      for ins in instrs:
+        total += self._own_flops(ins, shapes)
+      self.flops_cache[comp] = total
+    return self.flops_cache[comp]
+
+  def _own_flops(self, ins: hlo.Instruction, shapes) -> float:
+    if ins.opcode == "dot" or (ins.opcode == "custom-call" and re.search(
+        r'custom_call_target="__cublas', ins.attrs)):
+      return _dot_flops(ins, shapes)
+    if ins.opcode in ("fusion", "call"):
+      return sum(self.flops(sub) for sub in
+                 hlo.called_computations(ins).get("calls", []) +
+                 hlo.called_computations(ins).get("to_apply", []))
+    return 0.0
+
+  def instruction(self, ins: hlo.Instruction, shapes) -> dict:
     if ins.opcode in _CONTROL:
-      total = {"forward": 0, "backward": 0, "other": 0}
+      total = dict(_ZERO)
       for key, subs in hlo.called_computations(ins).items():
         if key == "to_apply" and ins.opcode != "call":
           continue
@@ -209,14 +278,16 @@ class _Counter:
     if ins.opcode in NON_COMPUTE or hlo.collective_kind(ins.opcode) or \
         ins.opcode.endswith("-done"):
       return {}
-    return {_phase(ins): 1}
+    return {_phase(ins): 1, "flops": self._own_flops(ins, shapes)}
 
-  def computation(self, comp: str) -> dict[str, int]:
+  def computation(self, comp: str) -> dict:
     if comp not in self.cache:
-      self.cache[comp] = {}  # guards against recursion
-      total = {"forward": 0, "backward": 0, "other": 0}
-      for ins in self.comps.get(comp, ()):
-        for k, v in self.instruction(ins).items():
+      self.cache[comp] = dict(_ZERO)  # guards against recursion
+      instrs = self.comps.get(comp, ())
+      shapes = {i.name: i.shape for i in instrs}
+      total = dict(_ZERO)
+      for ins in instrs:
+        for k, v in self.instruction(ins, shapes).items():
           total[k] += v
       self.cache[comp] = total
     return self.cache[comp]
@@ -256,7 +327,7 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
              "bytes": _operand_bytes(ins, shapes, kind),
              "is_async": is_start and not _SYNC.search(ins.attrs),
              "in_conditional": context[0], "in_loop": context[1],
-             "forward": 0, "backward": 0, "other": 0}
+             **_ZERO}
       found.append(row)
       if is_start:
         open_[ins.name] = row
@@ -265,13 +336,13 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
       for nm in hlo.operand_names(ins.operands):
         open_.pop(nm, None)
       continue
-    counts = counter.instruction(ins)
+    counts = counter.instruction(ins, shapes)
     for row in open_.values():
       for k, v in counts.items():
         row[k] += v
   for row in found:
     if not row["is_async"]:
-      row.update(forward=0, backward=0, other=0)
+      row.update(_ZERO)
   return [CollectiveOverlap(**row) for row in found]
 
 
@@ -304,7 +375,8 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
   for comp, instrs in comps.items():
     if comp in contexts:
       rows.extend(_scan(comp, instrs, comps, counter, contexts[comp]))
-  return OverlapReport(tuple(rows), "is_scheduled=true" in header)
+  return OverlapReport(tuple(rows), "is_scheduled=true" in header,
+                       counter.computation(entry)["flops"])
 
 
 __all__: Sequence[str] = ("CollectiveOverlap", "OverlapReport",
