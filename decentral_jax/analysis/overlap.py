@@ -117,11 +117,15 @@ class OverlapReport:
       nothing; XLA:CPU's text is not scheduled this way).
     total_flops: matrix-multiply FLOPs of the whole program (loop bodies
       and every branch of a conditional counted once).
+    flops_in_flight: matrix-multiply FLOPs scheduled while at least one
+      asynchronous collective outside conditionals is in flight (each
+      instruction once, however many collectives it overlaps).
   """
 
   collectives: tuple[CollectiveOverlap, ...]
   scheduled: bool
   total_flops: float = 0.0
+  flops_in_flight: float = 0.0
 
   def flops_fraction(self, c: CollectiveOverlap) -> float:
     """Share of the program's matmul FLOPs in flight during ``c`` (0..1)."""
@@ -156,7 +160,9 @@ class OverlapReport:
   def to_json(self) -> str:
     """The report as JSON (a list of collectives with their verdicts)."""
     return json.dumps({"scheduled": self.scheduled,
-                       "total_flops": self.total_flops, "collectives": [
+                       "total_flops": self.total_flops,
+                       "flops_in_flight": self.flops_in_flight,
+                       "collectives": [
         {**dataclasses.asdict(c), "between": c.between,
          "overlapped": c.overlapped} for c in self.collectives]}, indent=1)
 
@@ -315,7 +321,7 @@ def _operand_bytes(ins: hlo.Instruction, shapes: dict[str, str],
 def _scan(comp: str, instrs, comps, counter: _Counter, context):
   """The collectives of one computation with the work between their halves."""
   shapes = {i.name: i.shape for i in instrs}
-  found, open_ = [], {}
+  found, open_, in_flight = [], {}, 0.0
   for ins in instrs:
     kind = hlo.collective_kind(ins.opcode)
     if ins.opcode == "async-start":
@@ -340,10 +346,12 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
     for row in open_.values():
       for k, v in counts.items():
         row[k] += v
+    if not context[0] and any(r["is_async"] for r in open_.values()):
+      in_flight += counts.get("flops", 0.0)
   for row in found:
     if not row["is_async"]:
       row.update(_ZERO)
-  return [CollectiveOverlap(**row) for row in found]
+  return [CollectiveOverlap(**row) for row in found], in_flight
 
 
 def overlap_report(compiled_or_text: Any) -> OverlapReport:
@@ -371,12 +379,14 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
   header = text.split("\n", 1)[0]
   contexts = _contexts(comps, entry)
   counter = _Counter(comps)
-  rows = []
+  rows, in_flight = [], 0.0
   for comp, instrs in comps.items():
     if comp in contexts:
-      rows.extend(_scan(comp, instrs, comps, counter, contexts[comp]))
+      found, flops = _scan(comp, instrs, comps, counter, contexts[comp])
+      rows.extend(found)
+      in_flight += flops
   return OverlapReport(tuple(rows), "is_scheduled=true" in header,
-                       counter.computation(entry)["flops"])
+                       counter.computation(entry)["flops"], in_flight)
 
 
 __all__: Sequence[str] = ("CollectiveOverlap", "OverlapReport",
