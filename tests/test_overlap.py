@@ -124,10 +124,11 @@ def test_hand_worked_schedule():
   # all-reduce marked is_sync: synchronous, nothing counted.
   assert not got["as"].is_async and got["as"].between == 0
   assert not got["as"].overlapped
-  # reduce-scatter wrapped in async-start, one backward fusion in flight.
+  # reduce-scatter wrapped in async-start, one backward fusion in flight
+  # but no matrix multiply, in a program that has some: exposed.
   rs = got["rss"]
-  assert (rs.kind, rs.is_async, rs.backward, rs.overlapped) == (
-      "reduce-scatter", True, 1, True)
+  assert (rs.kind, rs.is_async, rs.backward, rs.flops, rs.overlapped) == (
+      "reduce-scatter", True, 1, 0.0, False)
   # A plain all-gather is synchronous.
   assert got["ag"].kind == "all-gather" and not got["ag"].is_async
   # In a branch: async with backward work in flight, but that work is the
@@ -136,8 +137,19 @@ def test_hand_worked_schedule():
   assert bs.in_conditional and bs.is_async and bs.backward == 1
   assert not bs.overlapped
   # Text order: the branch comes before ENTRY. The all-gather sends 8 B.
+  assert [c.name for c in rep.exposed()] == ["bs", "as", "rss", "ag"]
+  assert [c.name for c in rep.exposed(min_bytes=20)] == ["bs", "as", "rss"]
+
+
+def test_without_matmuls_forward_or_backward_work_counts():
+  # The same schedule without its two matrix multiplies: the reduce-scatter
+  # with one backward fusion in flight is overlapped.
+  hlo = _HLO.replace("dot(%ga, %gb)", "add(%ga, %gb)").replace(
+      "dot(%m, %mm)", "add(%m, %mm)")
+  rep = overlap.overlap_report(hlo)
+  assert rep.total_flops == 0.0
+  assert _by_name(rep)["rss"].overlapped and _by_name(rep)["ps"].overlapped
   assert [c.name for c in rep.exposed()] == ["bs", "as", "ag"]
-  assert [c.name for c in rep.exposed(min_bytes=20)] == ["bs", "as"]
 
 
 def test_flops_in_flight_count_each_instruction_once():

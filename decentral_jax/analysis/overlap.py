@@ -26,10 +26,12 @@ For every collective of the program :func:`overlap_report` gives
   gossip arithmetic, diagnostics). Instructions of a ``while`` /
   ``conditional`` / ``call`` scheduled in between count with their callees'
   compute instructions (a loop body once);
-* ``overlapped``: asynchronous, outside any conditional, with at least one
-  forward or backward instruction in flight; otherwise the collective is
-  *exposed* (its transfer time adds to the step, unless other work of the
-  same stream happens to hide it).
+* ``overlapped``: asynchronous, outside any conditional, with model compute
+  in flight: matrix multiplies (when the program has any; a GPT's forward
+  and backward are mostly GEMMs), else at least one forward or backward
+  instruction; otherwise the collective is *exposed* (its transfer time
+  adds to the step, unless other work of the same stream happens to hide
+  it).
 
 Compute instructions are all instructions except data movement and
 bookkeeping (``parameter``, ``constant``, ``get-tuple-element``, ``tuple``,
@@ -78,6 +80,9 @@ class CollectiveOverlap:
       (0 for a synchronous collective).
     flops: matrix-multiply FLOPs (``2 m n k`` of every ``dot``, in fusions
       too, and cuBLAS GEMM custom calls) between start and done.
+    overlapped: asynchronous, outside conditionals, with model compute in
+      flight (``flops > 0`` if the program has matrix multiplies, else
+      ``forward + backward > 0``); False means exposed.
   """
 
   kind: str
@@ -92,17 +97,12 @@ class CollectiveOverlap:
   backward: int
   other: int
   flops: float = 0.0
+  overlapped: bool = False
 
   @property
   def between(self) -> int:
     """All compute instructions between start and done."""
     return self.forward + self.backward + self.other
-
-  @property
-  def overlapped(self) -> bool:
-    """Async, outside conditionals, with forward/backward work in flight."""
-    return (self.is_async and not self.in_conditional
-            and self.forward + self.backward > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +163,8 @@ class OverlapReport:
                        "total_flops": self.total_flops,
                        "flops_in_flight": self.flops_in_flight,
                        "collectives": [
-        {**dataclasses.asdict(c), "between": c.between,
-         "overlapped": c.overlapped} for c in self.collectives]}, indent=1)
+        {**dataclasses.asdict(c), "between": c.between}
+        for c in self.collectives]}, indent=1)
 
 
 def _short(op_name: str) -> str:
@@ -366,9 +366,10 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
     An :class:`OverlapReport`: per collective its kind, bytes, whether it
     is asynchronous (start/done pair not marked ``is_sync``), inside a
     conditional or loop, the forward / backward / other compute
-    instructions scheduled between its start and done, and the verdict
-    ``overlapped`` (async, outside conditionals, forward or backward work
-    in flight) or exposed. ``report.summary()`` prints it as a table.
+    instructions and matmul FLOPs scheduled between its start and done,
+    and the verdict ``overlapped`` (async, outside conditionals, model
+    compute in flight) or exposed. ``report.summary()`` prints it as a
+    table.
 
   Raises:
     ValueError: no HLO module in the object, or text that cannot be parsed
@@ -385,9 +386,32 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
       found, flops = _scan(comp, instrs, comps, counter, contexts[comp])
       rows.extend(found)
       in_flight += flops
-  return OverlapReport(tuple(rows), "is_scheduled=true" in header,
-                       counter.computation(entry)["flops"], in_flight)
+  total = counter.computation(entry)["flops"]
+  rows = [dataclasses.replace(c, overlapped=overlaps(c, total > 0))
+          for c in rows]
+  return OverlapReport(tuple(rows), "is_scheduled=true" in header, total,
+                       in_flight)
+
+
+def overlaps(c, has_matmuls: bool) -> bool:
+  """The verdict :attr:`CollectiveOverlap.overlapped` of a collective.
+
+  Args:
+    c: a :class:`CollectiveOverlap` (or any object with its fields
+      ``is_async``, ``in_conditional``, ``flops``, ``forward``,
+      ``backward``).
+    has_matmuls: the program has matrix multiplies
+      (``OverlapReport.total_flops > 0``).
+
+  Returns:
+    True if ``c`` is asynchronous, outside conditionals, and has matmul
+    FLOPs in flight (``has_matmuls``) or else forward/backward
+    instructions in flight.
+  """
+  if not c.is_async or c.in_conditional:
+    return False
+  return c.flops > 0 if has_matmuls else c.forward + c.backward > 0
 
 
 __all__: Sequence[str] = ("CollectiveOverlap", "OverlapReport",
-                          "overlap_report")
+                          "overlap_report", "overlaps")
