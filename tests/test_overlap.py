@@ -290,21 +290,24 @@ def test_after_every_parameter_sized_collective_overlaps_backward():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("overrides, topology, first", [
-    ((), "1x1x8", 2),
-    (("topology=alternating_exp_ring", "workers_per_node=4"), "2x1x4", 1),
-    (("workers_per_device=4",), "1x1x2", 1)])
-def test_deviceless_compile_of_the_default_steps(overrides, topology, first):
+@pytest.mark.parametrize("overrides, topology, programs", [
+    ((), "1x1x8", [(0, "none"), (0, "input")]),
+    (("topology=alternating_exp_ring", "workers_per_node=4"), "2x1x4",
+     [(0, "none")]),
+    # Round 2: the one whose pairs span the 2 devices of 4 workers.
+    (("workers_per_device=4",), "1x1x2", [(2, "none")])])
+def test_deviceless_compile_of_the_default_steps(overrides, topology,
+                                                 programs):
   from decentral_jax.runner import config as config_lib
   from decentral_jax.runner import deviceless
   config = config_lib.load_config(
       os.path.join(os.path.dirname(FIXTURES), "..", "configs", "gpt_tiny.py"),
       overrides)
-  exp, steps = deviceless.compile_steps(
-      config, target="h200", topology=topology,
-      programs=lambda e: e.programs()[:first])
+  exp, steps = deviceless.compile_steps(config, target="h200",
+                                        topology=topology, programs=programs)
   assert (exp.gossip_rounds, exp.consensus_at) == ("static", "next_step")
-  assert len(steps) == first
+  assert set(programs) <= set(exp.programs())
+  assert len(steps) == len(programs)
   for s in steps:
     big = s.report.select(min_bytes=_PARAM_BYTES / 4)
     assert big and all(c.overlapped and c.backward > 0 for c in big), (
