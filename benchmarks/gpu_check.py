@@ -218,7 +218,8 @@ def part_async(args) -> dict:
     t0 = time.perf_counter()
     compiled = step.lower(params, state, tokens).compile()
     rep = analysis.communication(compiled)
-    ov = analysis.is_async_overlapped(compiled)
+    perm = [c for c in analysis.overlap_report(compiled).collectives
+            if c.kind == "collective-permute"]
     pb = analysis.tree_bytes(p1)
     rows.append({
         "topology": name,
@@ -226,10 +227,12 @@ def part_async(args) -> dict:
         "round_index": round_index,
         "compile_s": round(time.perf_counter() - t0, 1),
         "bytes_ratio_per_branch": [round(r, 4) for r in rep.ratios(pb)],
-        "permute_start": ov["starts"], "permute_done": ov["dones"],
-        "permute_sync": ov["sync"], "starts_with_compute_before_done":
-        ov["overlapped"], "starts_inside_switch_branches": ov["in_branches"],
-        "async": ov["starts"] > 0,
+        "permute_async": sum(c.is_async for c in perm),
+        "permute_sync": sum(not c.is_async for c in perm),
+        "overlapped": sum(c.overlapped for c in perm),
+        "backward_in_flight": [c.backward for c in perm],
+        "permutes_inside_conditionals": sum(c.in_conditional for c in perm),
+        "async": any(c.is_async for c in perm),
     })
   out["variants"] = rows
   return out
@@ -312,10 +315,10 @@ def _summary(result):
     for v in a.get("variants", []):
       rnd = "switch" if v["round_index"] is None else f"round={v['round_index']}"
       print(f"ASYNC {v['topology']:<13} {v['comm_dtype']:<8} {rnd:<7} async="
-            f"{v['async']} start/done={v['permute_start']}/"
-            f"{v['permute_done']} sync={v['permute_sync']} "
-            f"overlapped={v['starts_with_compute_before_done']} "
-            f"in_switch={v['starts_inside_switch_branches']} "
+            f"{v['permute_async']} sync={v['permute_sync']} "
+            f"overlapped={v['overlapped']} "
+            f"backward_in_flight={v['backward_in_flight']} "
+            f"in_conditionals={v['permutes_inside_conditionals']} "
             f"bytes/param_bytes={v['bytes_ratio_per_branch']}")
 
 

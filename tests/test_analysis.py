@@ -151,11 +151,14 @@ def test_async_forms_counted_once_and_overlap_detected():
   # Device 1: 64 B + 10 B (bf16[5] to device 0) + 64 B = 138.
   np.testing.assert_allclose(rep.scenarios[0].sent_bytes, [128.0, 138.0])
   assert rep.bytes_per_step == (138.0,)
-  ov = analysis.is_async_overlapped(_HLO_ASYNC)
-  assert ov["starts"] == 2 and ov["dones"] == 2 and ov["sync"] == 0
-  assert ov["compute_between"] == [1, 0]
-  assert ov["overlapped"] == 1
-  assert ov["in_branches"] == 0
+  ov = analysis.overlap_report(_HLO_ASYNC)
+  permutes = [c for c in ov.collectives if c.kind == "collective-permute"]
+  assert len(permutes) == 2 and all(c.is_async for c in permutes)
+  assert [c.between for c in permutes] == [1, 0]
+  # The one fusion in flight has no forward/backward op_name: not overlap
+  # with the model's compute.
+  assert [c.other for c in permutes] == [1, 0]
+  assert not any(c.overlapped or c.in_conditional for c in ov.collectives)
 
 
 def test_two_conditionals_cross_product_or_aligned():

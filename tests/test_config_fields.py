@@ -88,6 +88,8 @@ ALTERNATES = {
     "comm_dtype": ("bfloat16", {}),
     "bucket_bytes": (2**20, {}),  # all of the tiny model in one bucket
     "gossip_rounds": ("static", {}),
+    # On CPU "auto" is "log_step"; "next_step" compiles another step.
+    "consensus_at": ("next_step", {}),
     "global_avg_interval": (5, {}),
     "gossip_every": (2, {}),
     "sync_every": (5, {}),

@@ -472,6 +472,43 @@ def test_static_gossip_rounds_match_switch(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_gpu_dispatch_on_cpu_gives_the_same_run(tmp_path):
+  """The accelerator defaults (static rounds, consensus in the next step).
+
+  Forced on CPU, they log the same records and end in the same state as the
+  CPU defaults (one program, consensus in a conditional of the log step):
+  log step 5 is recorded from step 6's measurement, 10 and 20 from the
+  evaluation, 15 (a checkpoint, no evaluation) from a separate program.
+  """
+  require_devices(N)
+  runs = {}
+  for extra in (("--config.gossip_rounds=auto", "--config.consensus_at=auto"),
+                ("--config.gossip_rounds=static",
+                 "--config.consensus_at=next_step")):
+    config = gpt_config("--config.checkpoint_interval=15", *extra)
+    exp = experiment_lib.Experiment(config)
+    workdir = str(tmp_path / extra[0][-6:])
+    final = train.train_and_evaluate(config, workdir, experiment=exp)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+    state, _ = ckpt.restore(20, exp.init_state())
+    ckpt.close()
+    records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    runs[exp.gossip_rounds, exp.consensus_at] = (exp, final, records,
+                                                 host(state))
+  cpu, gpu = runs
+  assert cpu == ("switch", "log_step") and gpu == ("static", "next_step")
+  assert runs[cpu][0].train_step_traces == 1
+  # 3 distinct rounds x (with, without the measurement).
+  assert runs[gpu][0].train_step_traces == 6
+  assert_trees_equal(runs[cpu][3], runs[gpu][3])
+  timing = ("step_time_ms", "tokens_per_sec", "train_time_s")
+  for a, b in zip(runs[cpu][2], runs[gpu][2], strict=True):
+    assert {k: v for k, v in a.items() if k not in timing} == {
+        k: v for k, v in b.items() if k not in timing}
+  assert [r["step"] for r in runs[gpu][2]] == [0, 5, 10, 15, 20]
+  assert all(r["consensus_distance"] > 0 for r in runs[gpu][2][1:])
+
+
 def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
   require_devices(N)
   exp = experiment_lib.Experiment(load_config("gpt_tiny.py", *TINY_GPT))

@@ -526,61 +526,6 @@ def tree_bytes(tree: PyTree, *, stacked: bool = False) -> int:
   return int(total)
 
 
-def is_async_overlapped(compiled_or_lowered: Any) -> dict[str, Any]:
-  """Whether gossip collectives are asynchronous with compute between them.
-
-  Looks, in every computation of the optimized HLO, for
-  ``collective-permute-start`` ... ``collective-permute-done`` pairs (the
-  GPU backend's async form) and counts the compute instructions scheduled
-  between each start and its done (fusions, dots, convolutions, custom
-  calls), i.e. compute that may run while the data moves. A start inside a
-  ``conditional`` branch (the ``lax.switch`` over rounds) can only overlap
-  with compute of that branch, not with the forward/backward outside it.
-
-  Args:
-    compiled_or_lowered: as for :func:`communication`.
-
-  Returns:
-    A dict: ``starts``, ``dones`` (async permute halves), ``sync`` (plain
-    ``collective-permute``), ``overlapped`` (starts with compute before their
-    done), ``compute_between`` (list, one count per start),
-    ``in_branches`` (starts inside conditional branch computations).
-  """
-  text = hlo_text(compiled_or_lowered, "optimized")
-  comps, _, _ = hlo.parse_module(text)
-  branch_comps = set()
-  for instrs in comps.values():
-    for ins in instrs:
-      if ins.opcode == "conditional":
-        called = hlo.called_computations(ins)
-        for key in ("branch_computations", "true_computation",
-                    "false_computation"):
-          branch_comps.update(called.get(key, []))
-  out = {"starts": 0, "dones": 0, "sync": 0, "overlapped": 0,
-         "compute_between": [], "in_branches": 0}
-  compute = ("fusion", "dot", "convolution", "custom-call")
-  for comp, instrs in comps.items():
-    open_starts: dict[str, int] = {}
-    for ins in instrs:
-      if ins.opcode == "collective-permute":
-        out["sync"] += 1
-      elif ins.opcode == "collective-permute-start":
-        out["starts"] += 1
-        out["in_branches"] += int(comp in branch_comps)
-        open_starts[ins.name] = 0
-      elif ins.opcode == "collective-permute-done":
-        out["dones"] += 1
-        for nm in hlo.operand_names(ins.operands):
-          if nm in open_starts:
-            between = open_starts.pop(nm)
-            out["compute_between"].append(between)
-            out["overlapped"] += int(between > 0)
-      elif ins.opcode in compute:
-        for nm in open_starts:
-          open_starts[nm] += 1
-  return out
-
-
 def _json_default(o):  # pragma: no cover - used by scripts
   if isinstance(o, np.ndarray):
     return o.tolist()
@@ -607,5 +552,5 @@ def report_to_json(report: CommunicationReport,
 
 __all__: Sequence[str] = (
     "Collective", "CommunicationReport", "Scenario", "communication",
-    "hlo_text", "is_async_overlapped", "report_to_json", "tree_bytes",
+    "hlo_text", "report_to_json", "tree_bytes",
     "DTYPE_BYTES", "KINDS")

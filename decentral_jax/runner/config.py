@@ -26,7 +26,8 @@ from ml_collections import config_flags
 from decentral_jax.parallel import layouts
 
 OPTIMIZERS = ("adamw", "accum_adamw")
-GOSSIP_ROUNDS = ("switch", "static")
+GOSSIP_ROUNDS = ("auto", "switch", "static")
+CONSENSUS_AT = ("auto", "log_step", "next_step")
 # config.worker_layout values: the worker layout modes.
 WORKER_LAYOUTS = layouts.MODES
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
@@ -145,8 +146,11 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # How the gossip round is chosen: "switch" (one compile; lax.switch on
   # step % period inside the step) or "static" (one compile per distinct
   # round, chosen on the host: no conditional around the collectives, so
-  # XLA can overlap them with the forward/backward on GPUs).
-  c.gossip_rounds = "switch"
+  # XLA can overlap them with the forward/backward on GPUs; see
+  # docs/gpu_overlap.md). "auto": "static" on accelerators when the method
+  # allows it (decentralized with gossip_every 1, sgp), else "switch"
+  # (XLA:CPU runs collectives synchronously: nothing to overlap there).
+  c.gossip_rounds = "auto"
   # Exact global parameter average (pmean) every this many steps; 0 = never.
   c.global_avg_interval = 0
   # decentralized: gossip every this many steps, local steps in between
@@ -238,6 +242,13 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.eval_batches = 4
   # Write a metrics line every this many steps (and at the last step).
   c.log_interval = 10
+  # When the consensus distance of a log step is measured (the same value
+  # either way): "log_step" (in that step, after the update, inside a
+  # conditional: its All-Reduce waits for the whole step) or "next_step"
+  # (at the top of the following step, from its input: the All-Reduce can
+  # run during that step's forward/backward). "auto": "next_step" on
+  # accelerators, "log_step" on CPU (one compiled step fewer).
+  c.consensus_at = "auto"
   # Save a checkpoint every this many steps (and at the end); 0 = only at the
   # end.
   c.checkpoint_interval = 100

@@ -61,6 +61,7 @@ from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
 from decentral_jax.runner import fault_run
+from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
 from decentral_jax.parallel import mesh as parallel
@@ -100,6 +101,46 @@ _RESUME_DEFAULTS = {"beta_convention": "per_window",
                     "workers_per_device": 1, "faults": {},
                     "outer_overlap": "none", "outer_latency": 1,
                     "trickle_reduction": True}
+
+
+#: XLA options of the train-step programs on GPUs (``docs/gpu_overlap.md``).
+#: XLA runs its latency-hiding scheduler by default only from Hopper on;
+#: without it an A100 program runs every collective synchronously. Two
+#: collectives in flight let the gossip and the consensus distance's
+#: All-Reduce (or a round's several group means) overlap the same
+#: backward pass instead of queueing for one slot (XLA's default is 1).
+GPU_COMPILER_OPTIONS = {
+    "xla_gpu_enable_latency_hiding_scheduler": True,
+    "xla_gpu_experimental_parallel_collective_overlap_limit": 2,
+}
+
+
+def resolve_dispatch(c, platform: str) -> tuple[str, str]:
+  """``(gossip_rounds, consensus_at)`` of a validated config on ``platform``.
+
+  ``"auto"`` resolves to what lets XLA overlap the step's collectives with
+  its forward/backward pass on accelerators (``docs/gpu_overlap.md``):
+  ``gossip_rounds="static"`` (one program per distinct round, chosen on the
+  host) when the method allows it (``decentralized`` with ``gossip_every``
+  1, ``sgp``) and ``consensus_at="next_step"``; on ``platform="cpu"``
+  (XLA:CPU runs collectives synchronously, nothing to overlap) ``"switch"``
+  and ``"log_step"``, which compile fewer programs. CPU trajectories are
+  bit-identical either way.
+
+  Args:
+    c: a validated run config.
+    platform: the devices' platform (``"cpu"``, ``"gpu"``, ``"tpu"``).
+  """
+  accel = platform != "cpu"
+  rounds = c.gossip_rounds
+  if rounds == "auto":
+    static_ok = (c.algorithm == "sgp" or (c.algorithm == "decentralized"
+                                          and int(c.gossip_every) == 1))
+    rounds = "static" if accel and static_ok else "switch"
+  consensus = c.consensus_at
+  if consensus == "auto":
+    consensus = "next_step" if accel else "log_step"
+  return rounds, consensus
 
 
 def worker_layout_of(c) -> layouts.WorkerLayout:
@@ -230,9 +271,14 @@ class Experiment:
     local_workers: int64 [k]: the workers whose devices belong to this
       process (all workers in a single-process run); each process reads
       only its own workers' data.
-    gossip_rounds: ``config.gossip_rounds``.
-    train_step_traces: how many times a train step was traced (compiled);
-      one per distinct gossip round with ``gossip_rounds="static"``, else 1.
+    gossip_rounds: ``config.gossip_rounds`` with ``"auto"`` resolved
+      (``"static"`` or ``"switch"``, see :func:`resolve_dispatch`).
+    consensus_at: ``config.consensus_at`` resolved (``"log_step"`` or
+      ``"next_step"``).
+    train_step_traces: how many times a train step was traced (compiled):
+      one per distinct gossip round with ``gossip_rounds="static"`` (else
+      one), times two with ``consensus_at="next_step"`` (steps with and
+      without the measurement) once both have run.
   """
 
   def __init__(self, config: config_dict.ConfigDict, *,
@@ -298,20 +344,24 @@ class Experiment:
     self._batch_workers = self.local_workers if multi_process else None
     self.param_count = sum(int(np.prod(x.shape)) for x in
                            jax.tree.leaves(self._param_shapes()))
-    self._eval_rows, self._eval_common = self._place_eval_set()
+    self._eval_set = None  # placed on the devices at the first evaluation
     self._state_shardings, self._init_fn = self._build_init()
-    self.gossip_rounds = c.gossip_rounds
+    platform = parallel.device_mesh(self.mesh).devices.flat[0].platform
+    self.gossip_rounds, self.consensus_at = resolve_dispatch(c, platform)
+    self._compiler_options = (dict(GPU_COMPILER_OPTIONS) if platform == "gpu"
+                              else None)
     self.train_step_traces = 0
     # Multi-process: metrics are gathered inside the step, so every process
     # reads step t-1's metrics locally while step t runs.
     self._gathered = (1,) if multi_process else ()
     self.faults = fault_run.make(c)  # config.faults, or None
-    self._round_steps = self._build_train_steps()
-    # With faults: the steps taking the masks, for steps where a worker is
-    # dead or slow (healthy steps run the plain ones above, bit for bit).
-    self._fault_steps = (self._build_train_steps(masks=True)
-                         if self.faults is not None else None)
+    self._rounds = self._round_indices()
+    # (distinct round, consensus mode, masks) -> jitted step, built when
+    # first run. With faults, the steps where a worker is dead or slow take
+    # the masks (healthy steps run the plain ones, bit for bit).
+    self._steps = {}
     self._eval_step = self._build_eval_step()
+    self._consensus_step = self._build_consensus_step()
 
   # -- builders --------------------------------------------------------------
 
@@ -341,8 +391,8 @@ class Experiment:
         self.mesh, self.layout)
     return shardings, jax.jit(init, out_shardings=shardings)
 
-  def _build_train_steps(self, masks: bool = False) -> dict:
-    """Jitted train steps by distinct gossip round (key None: one for all).
+  def _round_indices(self) -> dict:
+    """``{distinct round: a round index}`` (``{None: None}``: one program).
 
     ``"switch"`` compiles the whole schedule once (the round is picked
     in-graph with ``lax.switch``); ``"static"`` compiles one step per
@@ -353,12 +403,22 @@ class Experiment:
     distinct = (self.topology.distinct_rounds if self.topology is not None
                 else ())
     if self.gossip_rounds != "static" or len(distinct) <= 1:
-      return {None: self._jit_step(None, masks)}
-    steps = {}
+      return {None: None}
+    rounds = {}
     for r, d in enumerate(self.topology.round_to_distinct):
-      if d not in steps:
-        steps[d] = self._jit_step(r, masks)
-    return steps
+      rounds.setdefault(d, r)
+    return rounds
+
+  def _build_consensus_step(self):
+    """The jitted consensus distance of a state's models (a separate program)."""
+    algorithm = builders.ALGORITHMS[self.config.algorithm]
+
+    def consensus_worker(params, opt_state):
+      own = (params if algorithm.model_params is None
+             else algorithm.model_params(params, opt_state))
+      return gossip.consensus_distance(own, self.axis_name)
+
+    return jax.jit(parallel.per_worker(consensus_worker, self.mesh))
 
   def _build_eval_step(self):
     """The jitted evaluation over all workers (see :meth:`evaluate`)."""
@@ -450,7 +510,30 @@ class Experiment:
 
   # -- steps -------------------------------------------------------------------
 
-  def _jit_step(self, round_index: int | None, masks: bool = False):
+  def step_program(self, distinct: int | None, consensus: str,
+                   masks: bool = False):
+    """The jitted step over all workers of one program of :meth:`programs`.
+
+    Args:
+      distinct: the topology's distinct round (None: the program that
+        holds every round), as :meth:`program_of` returns.
+      consensus: ``"logged"``, ``"input"`` or ``"none"`` (see
+        :func:`decentral_jax.runner.step.train_step`).
+      masks: the variant that takes ``(alive, working, rejoining)``
+        (``config.faults``).
+
+    Returns:
+      ``jitted(state, batch, *masks) -> (state, metrics)``, ``state``
+      donated.
+    """
+    key = (distinct, consensus, bool(masks))
+    if key not in self._steps:
+      self._steps[key] = self._jit_step(self._rounds[distinct], consensus,
+                                        masks)
+    return self._steps[key]
+
+  def _jit_step(self, round_index: int | None, consensus: str,
+                masks: bool = False):
     """The jitted step over all workers for a static round (or None);
     ``masks``: it takes ``(alive, working, rejoining)`` (replicated)."""
     c = self.config
@@ -459,7 +542,7 @@ class Experiment:
         axis_name=self.axis_name, dropout=tasks.uses_dropout(c),
         global_avg_interval=int(c.global_avg_interval),
         log_interval=int(c.log_interval), total_steps=int(c.steps),
-        round_index=round_index,
+        round_index=round_index, consensus=consensus,
         model_params=builders.ALGORITHMS[c.algorithm].model_params,
         global_average=builders.ALGORITHMS[c.algorithm].global_average)
 
@@ -470,6 +553,8 @@ class Experiment:
     extra = {}
     if self._state_shardings is not None:
       extra["out_shardings"] = (self._state_shardings, self._sharding)
+    if self._compiler_options:
+      extra["compiler_options"] = self._compiler_options
     return jax.jit(parallel.per_worker(counted, self.mesh,
                                        replicated_argnums=(2, 3, 4) if masks
                                        else (),
@@ -502,29 +587,93 @@ class Experiment:
     Args:
       state: stacked state from :meth:`init_state` or a previous step.
       batch: from :meth:`get_batch`.
-      step: the number of completed steps in ``state`` (host int). Only
-        used with ``config.gossip_rounds="static"``, to pick the compiled
-        round, and with ``config.faults``, to pick the step's masks,
-        without reading ``state.step`` from the device (which would wait
-        for the previous step); read from the device if omitted.
+      step: the number of completed steps in ``state`` (host int), to
+        pick the compiled round (``gossip_rounds="static"``), the
+        consensus variant (``consensus_at="next_step"``) and, with
+        ``config.faults``, the step's masks, without reading ``state.step``
+        from the device (which would wait for the previous step); read from
+        the device if omitted and needed.
 
     Returns:
       ``(new_state, metrics)``; metrics are device arrays ``[n_workers]``
-      (see :func:`decentral_jax.runner.step.train_step`): ``loss``, ``grad_norm``,
-      ``finite``, ``consensus_distance`` (on log steps, NaN otherwise) and
-      ``accuracy`` for classifiers. In a multi-process job the metrics are
-      gathered inside the step and replicated on every device, so each
-      process reads all ``n_workers`` values locally.
+      (see :func:`decentral_jax.runner.step.train_step`): ``loss``,
+      ``grad_norm``, ``finite``, ``consensus_distance`` and ``accuracy``
+      for classifiers. ``consensus_distance`` is that of the updated
+      parameters on log steps with ``consensus_at="log_step"``, that of
+      the *input* state when ``step`` is a positive multiple of
+      ``log_interval`` with ``"next_step"`` (the value of the previous log
+      step, measured while this step computes), NaN otherwise. In a
+      multi-process job the metrics are gathered inside the step and
+      replicated on every device, so each process reads all
+      ``n_workers`` values locally.
     """
     masks = self._mask_args(step, state)
-    steps = self._fault_steps if masks else self._round_steps
-    if None in steps:
-      return steps[None](state, batch, *masks)
-    if step is None:
+    needs_step = (None not in self._rounds
+                  or self.consensus_at == "next_step")
+    if step is None and needs_step:
       step = self._device_step(state)
-    topo = self.topology
-    fn = steps[topo.round_to_distinct[int(step) % topo.period]]
+    fn = self.step_program(*self.program_of(step), masks=bool(masks))
     return fn(state, batch, *masks)
+
+  def program_of(self, step: int | None) -> tuple[int | None, str]:
+    """``(distinct round or None, consensus mode)`` of the step after ``step``.
+
+    The key of the compiled program :meth:`train_step` runs on a state of
+    ``step`` completed steps: the topology's distinct round of that step
+    (None when one program holds every round) and the ``consensus``
+    argument of :func:`decentral_jax.runner.step.train_step`.
+    """
+    distinct = None
+    if None not in self._rounds:
+      topo = self.topology
+      distinct = topo.round_to_distinct[int(step) % topo.period]
+    if self.consensus_at == "log_step":
+      return distinct, "logged"
+    log = int(self.config.log_interval)
+    measure = step is not None and step > 0 and step % log == 0
+    return distinct, "input" if measure else "none"
+
+  def programs(self) -> list[tuple[int | None, str]]:
+    """Every ``(distinct round, consensus mode)`` that :meth:`train_step`
+    may run on healthy steps (see :meth:`program_of`), rounds in schedule
+    order."""
+    modes = (("logged",) if self.consensus_at == "log_step"
+             else ("none", "input"))
+    return [(d, m) for d in self._rounds for m in modes]
+
+  def abstract_params(self):
+    """One worker's parameters as ``jax.ShapeDtypeStruct``\\ s (no compute)."""
+    return self._param_shapes()
+
+  def abstract_inputs(self) -> tuple[TrainState, Batch]:
+    """``(state, batch)`` of :meth:`train_step` as sharded ShapeDtypeStructs.
+
+    Their shapes, dtypes and shardings, built without placing anything on
+    the devices (for ``step_program(...).trace(state, batch).lower()``, e.g.
+    on compile-only devices: :mod:`decentral_jax.runner.deviceless`).
+    """
+    rng = jax.eval_shape(lambda: jax.random.key_data(self._dropout_key))
+    state = jax.eval_shape(self._init_fn, self._param_shapes(), rng)
+    shardings = self._state_shardings
+    if shardings is None:
+      shardings = jax.tree.map(lambda _: self._sharding, state)
+    state = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        state, shardings)
+    rows = jax.eval_shape(lambda: tuple(self.task.host_batch(0, None)))
+    batch = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                       sharding=self._batch_sharding)
+                  for x in rows)
+    return state, batch
+
+  def consensus_distance(self, state: TrainState) -> float:
+    """``(1/n) sum_i ||x_i - x_bar||^2`` of ``state`` (a separate program).
+
+    The consensus distance of the workers' models (for SGP ``z = x / w``),
+    float64 on the host; one synchronous All-Reduce of the parameters.
+    """
+    out = self._consensus_step(state.params, state.opt_state)
+    return float(np.asarray(multiprocess.to_host(out)).reshape(-1)[0])
 
   def communication(self, state: TrainState, batch: Batch, *,
                     stage: str | None = None) -> dict[str, float]:
@@ -569,7 +718,7 @@ class Experiment:
       to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
       worker, between its own devices), diagnostics left out.
     """
-    if None in self._round_steps:
+    if None in self._rounds:
       counts = {None: 1}
     else:
       counts = collections.Counter(self.topology.round_to_distinct)
@@ -578,12 +727,23 @@ class Experiment:
       stage = "unoptimized" if dpw == 1 else "optimized"
     params = (self._params0 if self._params0 is not None
               else self._param_shapes())
-    return analysis.step_bytes(
-        [(self._round_steps[d].lower(state, batch), k)
-         for d, k in counts.items()],
-        n_workers=self.n_workers, param_bytes=analysis.tree_bytes(params),
-        diagnostics_scope=step_lib.DIAGNOSTICS_SCOPE, stage=stage,
-        devices_per_worker=dpw, workers_per_device=self.workers_per_device)
+
+    def read(mode):
+      return analysis.step_bytes(
+          [(self.step_program(d, mode).lower(state, batch), k)
+           for d, k in counts.items()],
+          n_workers=self.n_workers, param_bytes=analysis.tree_bytes(params),
+          diagnostics_scope=step_lib.DIAGNOSTICS_SCOPE, stage=stage,
+          devices_per_worker=dpw, workers_per_device=self.workers_per_device)
+
+    if self.consensus_at == "log_step":
+      return read("logged")
+    # "next_step": the measuring programs run once every log_interval steps.
+    out, measured = read("none"), read("input")
+    every = (measured["bytes_per_step"] + measured["diagnostics_bytes_per_step"]
+             - out["bytes_per_step"])
+    out["diagnostics_bytes_per_step"] = every / int(self.config.log_interval)
+    return out
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
     """Validation metrics; ``state`` is read only (training is unaffected).
@@ -605,9 +765,10 @@ class Experiment:
       ``eval/loss_subset``: what the workers lose by not being averaged);
       ``consensus_distance``; and ``eval/accuracy`` for classifiers.
     """
+    if self._eval_set is None:
+      self._eval_set = self._place_eval_set()
     out = multiprocess.to_host(self._eval_step(state.params, state.opt_state,
-                                              self._eval_rows,
-                                              self._eval_common))
+                                              *self._eval_set))
     own = np.asarray(out["own_loss"], np.float64)
     subset = float(out["avg_subset_loss"][0])
     result = {

@@ -13,7 +13,11 @@ One train step of worker ``i`` at step ``k``:
 2. ``u, s = tx.update(g, s, x_i)`` (All-Reduce or gossip happen inside the
    transform, see :mod:`decentral_jax.optim`); ``x_i <- x_i + u``;
 3. every ``global_avg_interval`` steps ``x_i <- (1/n) sum_j x_j`` (exact);
-4. on log steps the consensus distance ``(1/n) sum_i ||x_i - x_bar||^2``.
+4. the consensus distance ``(1/n) sum_i ||x_i - x_bar||^2``: by default on
+   log steps, of the updated parameters, inside a ``lax.cond``; with
+   ``consensus="input"`` (what the runner uses) of the parameters the step
+   starts from, with no conditional, so that its All-Reduce can run while
+   the forward/backward pass computes (see ``docs/gpu_overlap.md``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from decentral_jax.checks import check_choice
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import elastic
@@ -37,6 +42,8 @@ Batch = tuple[jax.Array, ...]
 #: steps), so communication accounting can leave them out.
 DIAGNOSTICS_SCOPE = "diagnostics"
 LossFn = Callable[..., tuple[jax.Array, dict]]
+#: Values of :func:`train_step`'s ``consensus`` argument.
+CONSENSUS_MODES = ("logged", "input", "none")
 
 
 @flax.struct.dataclass
@@ -76,7 +83,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                total_steps: int, round_index: int | None = None,
                model_params: Callable | None = None,
                global_average: Callable | None = None,
-               masks: tuple | None = None
+               masks: tuple | None = None,
+               consensus: str = "logged"
                ) -> tuple[TrainState, dict]:
   """One training step of one worker (inside ``shard_map`` over the workers).
 
@@ -90,9 +98,10 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
       otherwise the loss gets ``None``.
     global_avg_interval: exact parameter average every this many steps
       (0 = never).
-    log_interval, total_steps: the consensus distance is computed when the
-      new step is a multiple of ``log_interval`` or equals ``total_steps``
-      (NaN otherwise, to save the collective).
+    log_interval, total_steps: with ``consensus="logged"`` the consensus
+      distance is computed when the new step is a multiple of
+      ``log_interval`` or equals ``total_steps`` (NaN otherwise, to save
+      the collective).
     round_index: static gossip round passed to ``tx.update`` (one compile
       per round, no conditional around the collectives), or None.
     model_params: ``(params, opt_state) -> model`` when the worker's model
@@ -104,13 +113,26 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
     masks: ``(alive, working, rejoining)``, bool [n] equal on all
       workers, passed to ``tx.update`` as extra arguments
       (:mod:`decentral_jax.optim.elastic`, ``decentralized``), or None.
+    consensus: which consensus distance the metrics carry (a Python str):
+      ``"logged"`` (of the updated model, on log steps: a ``lax.cond``
+      whose All-Reduce waits for the whole step), ``"input"`` (of the model
+      the step starts from, every time: no conditional, the All-Reduce
+      depends only on the input and may overlap the forward/backward pass;
+      the caller compiles this variant for the steps that follow a log
+      step) or ``"none"`` (NaN, no collective).
 
   Returns:
     ``(new_state, metrics)``: float32 scalars ``loss`` (before the update,
     nats), ``grad_norm`` (global norm of the local gradient before
-    clipping), ``consensus_distance`` (after the update, or NaN), bool
+    clipping), ``consensus_distance`` (see ``consensus``; NaN when not
+    computed), bool
     ``finite`` (loss and updated parameters finite), plus the task's aux.
+
+  Raises:
+    ValueError: ``consensus`` not one of ``"logged"``, ``"input"``,
+      ``"none"``.
   """
+  check_choice("consensus", consensus, CONSENSUS_MODES)
   key = None
   if dropout:
     key = jax.random.wrap_key_data(state.rng)
@@ -119,6 +141,10 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
   def model(params, opt_state):
     return params if model_params is None else model_params(params, opt_state)
 
+  if consensus == "input":
+    with jax.named_scope(DIAGNOSTICS_SCOPE):
+      measured = gossip.consensus_distance(
+          model(state.params, state.opt_state), axis_name).astype(jnp.float32)
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
   (loss, aux), grads = grad_fn(model(state.params, state.opt_state), batch,
                                key)
@@ -138,17 +164,22 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
         global_avg_interval, step % global_avg_interval == 0,
         lambda po: global_average(*po, axis_name), lambda po: po,
         (params, opt_state))
-  is_log = (step % log_interval == 0) | (step == total_steps)
-  with jax.named_scope(DIAGNOSTICS_SCOPE):
-    consensus = gossip.every(
-        log_interval, is_log,
-        lambda p: gossip.consensus_distance(p, axis_name).astype(jnp.float32),
-        lambda p: jnp.full([], jnp.nan, jnp.float32), model(params, opt_state))
+  if consensus == "logged":
+    is_log = (step % log_interval == 0) | (step == total_steps)
+    with jax.named_scope(DIAGNOSTICS_SCOPE):
+      measured = gossip.every(
+          log_interval, is_log,
+          lambda p: gossip.consensus_distance(p, axis_name).astype(
+              jnp.float32),
+          lambda p: jnp.full([], jnp.nan, jnp.float32),
+          model(params, opt_state))
+  elif consensus == "none":
+    measured = jnp.full([], jnp.nan, jnp.float32)
   finite = jnp.isfinite(loss)
   for leaf in jax.tree.leaves(params):
     finite = finite & jnp.all(jnp.isfinite(leaf))
   metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-             "finite": finite, "consensus_distance": consensus, **aux,
+             "finite": finite, "consensus_distance": measured, **aux,
              **elastic.counters(opt_state)}
   new_state = state.replace(step=step, params=params, opt_state=opt_state)
   return new_state, metrics

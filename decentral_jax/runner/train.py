@@ -134,9 +134,10 @@ class _Window:
       self.accs.append(float(np.mean(metrics["accuracy"])))
     if seconds is not None:
       self.times.append(seconds)
-    cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
-    if np.isfinite(cd):
-      self.consensus = cd
+    if "consensus_distance" in metrics:
+      cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
+      if np.isfinite(cd):
+        self.consensus = cd
     # Counters equal on all workers (optim.elastic): the latest value.
     self.counters = {k: int(np.asarray(v).reshape(-1)[0])
                      for k, v in metrics.items() if k.startswith("faults/")}
@@ -325,6 +326,11 @@ class _Recorder:
         workdir, tensorboard=bool(c.tensorboard)) if main else None)
     self._bar = metrics_lib.progress_bar(int(c.steps), initial=start,
                                          disable=None if main else True)
+    # consensus_at="next_step": the step after a log step measures the
+    # consensus distance of its input, so the log step is recorded when
+    # that step's metrics are read (before that step joins the window).
+    self._next_step = exp.consensus_at == "next_step"
+    self._deferred = None  # the log step waiting for its consensus distance
 
   def __enter__(self) -> "_Recorder":
     return self
@@ -349,6 +355,11 @@ class _Recorder:
       FloatingPointError: a non-finite loss or parameter.
     """
     m = multiprocess.to_host(device_metrics)  # waits for step `done`
+    if self._next_step:
+      cd = float(np.asarray(m.pop("consensus_distance")).reshape(-1)[0])
+      if self._deferred is not None:
+        self.record(self._deferred, {"consensus_distance": cd})
+        self._deferred = None
     now = time.perf_counter()
     seconds = None if self._t_prev is None else now - self._t_prev
     self._t_prev = now
@@ -358,6 +369,23 @@ class _Recorder:
       self._timed.append(seconds)
     self._window.add(m, seconds)
     self._bar.update(1)
+
+  def record_log_step(self, done: int) -> None:
+    """Records log step ``done`` now, or (``consensus_at="next_step"``)
+    when the next step's metrics, which hold its consensus distance, are
+    read."""
+    if self._next_step:
+      self._deferred = done
+    else:
+      self.record(done)
+
+  def record_drained(self, done: int, state) -> None:
+    """Records log step ``done`` when no next step is in flight (before a
+    checkpoint): ``"next_step"`` measures the consensus distance apart."""
+    extra = None
+    if self._next_step:
+      extra = {"consensus_distance": self._exp.consensus_distance(state)}
+    self.record(done, extra)
 
   def record(self, done: int, extra: dict | None = None) -> None:
     """Writes the record of step ``done`` and starts a new window."""
@@ -452,7 +480,7 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
       if pending is not None:  # read step s-1 while step s runs
         recorder.read(*pending)
         if pending[0] % log_every == 0:
-          recorder.record(pending[0])
+          recorder.record_log_step(pending[0])
       pending = (done, device_metrics)
       stopping = done < total and stop.requested(done)
       if done < total and not stopping:
@@ -466,7 +494,7 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
         if do_eval:
           recorder.record(done, exp.evaluate(state))
         elif done % log_every == 0:
-          recorder.record(done)
+          recorder.record_drained(done, state)
         if do_ckpt:
           ckpt.save(done, state, recorder.checkpoint_meta(done))
         recorder.restart_clock()

@@ -28,6 +28,7 @@ from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
 from decentral_jax.runner.config import COMPUTE_DTYPES
 from decentral_jax.runner.config import DATA_SOURCES
+from decentral_jax.runner.config import CONSENSUS_AT
 from decentral_jax.runner.config import GOSSIP_ROUNDS
 from decentral_jax.runner.config import INT_MAX
 from decentral_jax.runner.config import MAX_SIMULATED_CPU_DEVICES
@@ -177,6 +178,7 @@ _RULES = {
     "eval_interval": _integer(0, note=" (0 = only at the end)"),
     "eval_batches": _integer(1),
     "log_interval": _integer(1),
+    "consensus_at": _one_of(CONSENSUS_AT),
     "checkpoint_interval": _integer(0, note=" (0 = only at the end)"),
     "keep_checkpoints": _integer(1),
     "tensorboard": _boolean,
