@@ -66,6 +66,17 @@ CASES = {
     "all_reduce": (_TINY, ("algorithm=all_reduce", "optimizer.name=adamw",
                            "optimizer.accum_steps=1"), "1x1x8"),
     "diloco": (_TINY, ("algorithm=diloco",), "1x1x8"),
+    # DiLoCo's overlapped outer step: the trickled reduction (one slice of
+    # the pseudo-gradients per step, outside any conditional) against the
+    # one-shot reduction in the sync step's conditional.
+    "diloco_eager": (_TINY, ("algorithm=diloco", "outer_overlap=eager"),
+                     "1x1x8"),
+    "diloco_eager_one_shot": (_TINY, ("algorithm=diloco",
+                                      "outer_overlap=eager",
+                                      "trickle_reduction=False"), "1x1x8"),
+    "streaming_eager": (_TINY, ("algorithm=streaming_diloco",
+                                "num_fragments=2", "outer_overlap=eager"),
+                        "1x1x8"),
     # The paper's GPT-2 small (bfloat16 compute, float32 parameters), AER
     # on two hosts of 4 GPUs, 30 sequences of 1024 tokens per worker.
     "gpt2_small": (_GPT2, ("n_workers=8", "global_batch=240",

@@ -11,17 +11,22 @@ here from the definitions, independently of ``decentral_jax.optim``.
 
 from __future__ import annotations
 
+import gzip
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
+from conftest import FIXTURES
 from conftest import require_devices
 from decentral_jax import analysis
 from decentral_jax import parallel
 from decentral_jax import topology
 from decentral_jax.analysis import hlo
+from decentral_jax.analysis import overlap
 from decentral_jax.optim import local_updates as lu
 from decentral_jax.optim import outer_overlap
 
@@ -629,3 +634,83 @@ def test_comm_dtype_trickled_equals_one_shot_bit_for_bit(name):
       np.testing.assert_array_equal(p[k], q[k])
       np.testing.assert_allclose(p[k], r[k], rtol=2e-2, atol=2e-2)
   assert any(not np.array_equal(runs[0][-1][k], runs[2][-1][k]) for k in b)
+
+
+# --------------------------------------------------------------------------
+# The runner's steps scheduled for GPUs (committed fixtures, written on a
+# CPU-only machine by benchmarks/bench_gpu_overlap.py: tests/fixtures/README).
+# --------------------------------------------------------------------------
+
+_GPU = os.path.join(FIXTURES, "gpu_overlap")
+# gpt_tiny: 434,816 float32 parameters (tests/test_overlap.py); the
+# trickled slice is ceil(434,816 / 10) = 43,482 of them (H = 10).
+_PARAMS = 434_816
+_SLICE_BYTES = 4 * -(-_PARAMS // 10)
+
+
+def _gpu_report(name):
+  with gzip.open(os.path.join(_GPU, f"{name}.hlo.gz"), "rt") as f:
+    return overlap.overlap_report(f.read())
+
+
+@pytest.mark.parametrize("name", ["diloco_eager_after_h200_rNone_none",
+                                  "diloco_eager_after_a100_sxm_80_rNone_none"])
+def test_gpu_trickled_slice_is_async_with_backward_in_flight(name):
+  """Every step all-reduces |B|/H, asynchronously, outside any conditional,
+  with backward GEMMs scheduled between its start and done."""
+  rep = _gpu_report(name)
+  assert rep.scheduled
+  (c,) = rep.collectives
+  assert (c.kind, c.bytes) == ("all-reduce", _SLICE_BYTES)
+  assert c.is_async and not c.in_conditional and c.overlapped
+  assert c.backward > 0 and c.flops > 0.2 * rep.total_flops
+
+
+def test_gpu_trickled_slice_shares_the_consensus_all_reduce():
+  """In the step that measures the consensus distance XLA combines the
+  slice with that mean of the parameters: one all-reduce, still async,
+  outside conditionals, with the backward pass in flight."""
+  big = _gpu_report("diloco_eager_after_h200_rNone_input").select(
+      min_bytes=4 * _PARAMS)
+  assert [(c.kind, c.bytes) for c in big] == [("all-reduce",
+                                                4 * _PARAMS + _SLICE_BYTES)]
+  assert big[0].overlapped and big[0].backward > 0
+
+
+def test_gpu_one_shot_and_plain_reductions_sit_in_the_sync_conditional():
+  """The controls: plain DiLoCo and the one-shot reduction all-reduce the
+  whole pseudo-gradient (padded to 10 slices for one-shot) inside the sync
+  step's conditional, with no forward or backward work in flight."""
+  for name, size in (("diloco_after_h200_rNone_none", 4 * _PARAMS),
+                     ("diloco_eager_one_shot_after_h200_rNone_none",
+                      10 * _SLICE_BYTES)):
+    (c,) = _gpu_report(name).collectives
+    assert (c.kind, c.bytes) == ("all-reduce", size), name
+    assert c.in_conditional and not c.overlapped, name
+    assert c.forward + c.backward == 0, name
+
+
+def test_gpu_streaming_fragments_trickle_outside_conditionals():
+  """Two fragments, each |B_p|/H per step (XLA may combine them)."""
+  rep = _gpu_report("streaming_eager_after_h200_rNone_none")
+  assert rep.collectives
+  total = sum(c.bytes for c in rep.collectives)
+  assert _SLICE_BYTES <= total <= _SLICE_BYTES + 4  # one padding each
+  assert all(c.is_async and not c.in_conditional and c.backward > 0
+             for c in rep.collectives)
+
+
+@pytest.mark.integration
+def test_deviceless_compile_of_the_trickled_step():
+  """Compiled here (requirements-gpu-compile.txt): as the fixture says."""
+  from decentral_jax.runner import config as config_lib
+  from decentral_jax.runner import deviceless
+  config = config_lib.load_config(
+      os.path.join(os.path.dirname(FIXTURES), "..", "configs", "gpt_tiny.py"),
+      ("algorithm=diloco", "outer_overlap=eager"))
+  _, steps = deviceless.compile_steps(config, target="h200",
+                                      topology="1x1x8",
+                                      programs=[(None, "none")])
+  (c,) = steps[0].report.collectives
+  assert (c.kind, c.bytes) == ("all-reduce", _SLICE_BYTES)
+  assert c.overlapped and c.backward > 0, steps[0].report.summary()
