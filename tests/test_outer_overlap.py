@@ -641,7 +641,7 @@ def test_comm_dtype_trickled_equals_one_shot_bit_for_bit(name):
 # CPU-only machine by benchmarks/bench_gpu_overlap.py: tests/fixtures/README).
 # --------------------------------------------------------------------------
 
-_GPU = os.path.join(FIXTURES, "gpu_overlap")
+_GPU = os.path.join(FIXTURES, "gpu_overlap", "outer")
 # gpt_tiny: 434,816 float32 parameters (tests/test_overlap.py); the
 # trickled slice is ceil(434,816 / 10) = 43,482 of them (H = 10).
 _PARAMS = 434_816
