@@ -60,6 +60,7 @@ from jax import lax
 
 from decentral_jax import checks
 from decentral_jax.comm import collectives
+from decentral_jax.comm import gossip
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
@@ -326,37 +327,12 @@ def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
       type, or a non-integer ``step``.
   """
   _check(tree, topology, compressor)
-  return map_round(
+  return gossip.map_round(
       lambda rnd, t: jax.tree.map(
           lambda x: _mix_leaf(x, rnd, axis_name,
                               collectives.index(axis_name), compressor, None),
           t),
       topology, step, tree)
-
-
-def map_round(fn, topology: topology_lib.Topology, step, *operands):
-  """``fn(round, *operands)`` for the round of ``step``: static or ``lax.switch``.
-
-  Args:
-    fn: ``(Round, *operands) -> pytree``.
-    topology: the schedule.
-    step: Python int, or a traced integer scalar equal on all workers.
-
-  Raises:
-    ValueError: ``step`` neither an int nor an integer scalar.
-  """
-  if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
-    return fn(topology.round(int(step)), *operands)
-  if len(topology.distinct_rounds) == 1:
-    return fn(topology.distinct_rounds[0], *operands)
-  step = jnp.asarray(step)
-  if not jnp.issubdtype(step.dtype, jnp.integer) or step.ndim:
-    raise ValueError(f"step must be an integer scalar, got {step.dtype} "
-                     f"{step.shape}.")
-  table = jnp.asarray(topology.round_to_distinct, jnp.int32)
-  index = collectives.uniform(table[step.astype(jnp.int32) % topology.period])
-  branches = [lambda *ops, r=r: fn(r, *ops) for r in topology.distinct_rounds]
-  return lax.switch(index, branches, *operands)
 
 
 def _rows(payload: Payload, n: int) -> Payload:

@@ -397,24 +397,40 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
       check_axis(topology, axis_name)
     return tree
   check_axis(topology, axis_name)
-  if isinstance(step, (int, np.integer)):
-    return _mix_round(tree, topology.round(int(step)), topology, axis_name,
-                      comm_dtype, bucket_bytes)
+  return map_round(
+      lambda rnd, t: _mix_round(t, rnd, topology, axis_name, comm_dtype,
+                                bucket_bytes), topology, step, tree)
+
+
+def map_round(fn, topology: topology_lib.Topology, step, *operands):
+  """``fn(round, *operands)`` for the round of ``step``: static or ``lax.switch``.
+
+  A Python ``int`` step (or a topology with one distinct round) traces only
+  that round; a traced step chooses among the distinct rounds with
+  ``lax.switch`` on ``step % period`` (one compile for a time-varying
+  schedule). Used by :func:`mix` and the compressed gossip of
+  :mod:`decentral_jax.comm.compress`.
+
+  Args:
+    fn: ``(Round, *operands) -> pytree``.
+    topology: the schedule.
+    step: Python int, or a traced integer scalar equal on all workers.
+
+  Raises:
+    ValueError: ``step`` neither an int nor an integer scalar.
+  """
+  if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
+    return fn(topology.round(int(step)), *operands)
   if len(topology.distinct_rounds) == 1:
-    return _mix_round(tree, topology.distinct_rounds[0], topology, axis_name,
-                      comm_dtype, bucket_bytes)
+    return fn(topology.distinct_rounds[0], *operands)
   step = jnp.asarray(step)
   if not jnp.issubdtype(step.dtype, jnp.integer) or step.ndim:
     raise ValueError(f"step must be an integer scalar, got {step.dtype} "
                      f"{step.shape}.")
   table = jnp.asarray(topology.round_to_distinct, jnp.int32)
   index = collectives.uniform(table[step.astype(jnp.int32) % topology.period])
-  branches = [
-      (lambda t, r=r: _mix_round(t, r, topology, axis_name, comm_dtype,
-                                 bucket_bytes))
-      for r in topology.distinct_rounds
-  ]
-  return lax.switch(index, branches, tree)
+  branches = [lambda *ops, r=r: fn(r, *ops) for r in topology.distinct_rounds]
+  return lax.switch(index, branches, *operands)
 
 
 def mean(tree: PyTree, axis_name: AxisName = "workers", *,

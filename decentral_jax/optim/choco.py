@@ -41,6 +41,7 @@ import optax
 from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import compress
+from decentral_jax.comm import gossip
 from decentral_jax.optim import transform_args
 from decentral_jax.topology import schedules as topology_lib
 
@@ -136,7 +137,7 @@ def choco_gossip(topology: topology_lib.Topology,
                for i in range(3)]
       return tuple(parts)
 
-    x_new, public, nsum = compress.map_round(
+    x_new, public, nsum = gossip.map_round(
         round_fn, topology, state.count, x_half, state.public,
         state.neighbour_sum)
     new_updates = jax.tree.map(
