@@ -12,7 +12,11 @@ The library, bottom up (each layer imports only from the layers below it):
   per-worker ``shard_map``;
 - beside them, :mod:`decentral_jax.analysis` (collectives and bytes of a
   compiled step) and :mod:`decentral_jax.runtime_model` (alpha-beta costs,
-  NumPy only), both imported on first use.
+  NumPy only).
+
+Every subpackage is imported on first use (``decentral_jax.gossip``,
+``decentral_jax.optim``, ...), so the NumPy-only runtime model runs without
+importing JAX.
 
 After Wang, Zhang, Wu, Johansson, "From Promise to Practice: Realizing
 High-performance Decentralized Training", ICLR 2025 (arXiv 2410.11998).
@@ -24,23 +28,32 @@ checkpoints) is imported explicitly, ``from decentral_jax.runner import ...``.
 
 import importlib
 
-from decentral_jax import comm
-from decentral_jax import optim
-from decentral_jax import parallel
-from decentral_jax import topology
-from decentral_jax.comm import gossip
-from decentral_jax.optim import all_reduce_gradients
-from decentral_jax.optim import decentralized
-from decentral_jax.optim import decentralized_adamw
-from decentral_jax.optim import gossip_mixing
-from decentral_jax.optim import scale_by_accum_adam
-
 __version__ = "0.1.0"
 
-_LAZY = ("analysis", "runtime_model")
+# Subpackages and the names re-exported here load on first use (PEP 562), so
+# that ``python -m decentral_jax.runtime_model`` (NumPy only) never imports
+# JAX.
+_SUBPACKAGES = ("analysis", "comm", "optim", "parallel", "runtime_model",
+                "topology")
+_EXPORTS = {
+    "gossip": "decentral_jax.comm.gossip",
+    "all_reduce_gradients": "decentral_jax.optim",
+    "decentralized": "decentral_jax.optim",
+    "decentralized_adamw": "decentral_jax.optim",
+    "gossip_mixing": "decentral_jax.optim",
+    "scale_by_accum_adam": "decentral_jax.optim",
+}
+__all__ = sorted(_SUBPACKAGES + tuple(_EXPORTS))
 
 
 def __getattr__(name):
-  if name in _LAZY:
+  if name in _SUBPACKAGES:
     return importlib.import_module(f"decentral_jax.{name}")
+  if name in _EXPORTS:
+    module = importlib.import_module(_EXPORTS[name])
+    return module if module.__name__.endswith(name) else getattr(module, name)
   raise AttributeError(f"module 'decentral_jax' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

@@ -134,6 +134,7 @@ def test_the_layer_table_refuses_an_upward_import():
 
 def test_import_decentral_jax_loads_the_library_only():
   code = ("import sys, decentral_jax; "
+          "decentral_jax.gossip, decentral_jax.optim, decentral_jax.parallel; "
           "print(sorted(m for m in sys.modules if m.startswith("
           "('decentral_jax', 'flax', 'orbax', 'ml_collections', 'scipy', "
           "'matplotlib'))))")
@@ -150,6 +151,32 @@ def test_import_decentral_jax_loads_the_library_only():
                  "matplotlib"):
     assert not any(m == prefix or m.startswith(prefix + ".")
                    for m in loaded), (prefix, sorted(loaded))
+
+
+def test_the_runtime_model_command_line_never_imports_jax():
+  # The runtime model is NumPy only: pricing a cluster needs no JAX (and
+  # none of the log lines a CUDA plugin prints when JAX is imported).
+  code = ("import sys, runpy; sys.argv = ['predict', '--help']\n"
+          "try:\n  runpy.run_module('decentral_jax.runtime_model', "
+          "run_name='__main__')\nexcept SystemExit:\n  pass\n"
+          "print(sorted(m for m in sys.modules "
+          "if m.split('.')[0] in ('jax', 'jaxlib', 'optax', 'flax')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+
+
+def test_a_bare_import_loads_nothing_but_names_every_layer():
+  code = ("import sys, decentral_jax; print(sorted(m for m in sys.modules "
+          "if m.split('.')[0] in ('decentral_jax', 'jax')), "
+          "sorted(dir(decentral_jax)))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert out.stdout.startswith("['decentral_jax'] "), out.stdout
+  for name in ("comm", "optim", "parallel", "topology", "gossip"):
+    assert f"'{name}'" in out.stdout, (name, out.stdout)
 
 
 @pytest.mark.parametrize("name", ["analysis", "runtime_model"])
