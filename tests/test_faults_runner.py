@@ -48,8 +48,8 @@ def _params_after(config, steps):
   return jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
-@pytest.mark.parametrize("algorithm", [
-    "diloco", pytest.param("local_sgd", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two training runs each: the slow tier
+@pytest.mark.parametrize("algorithm", ["diloco", "local_sgd"])
 def test_no_faults_is_bit_identical(algorithm):
   require_devices(N)
   plain = _params_after(_config(f"--config.algorithm={algorithm}"), 7)
@@ -119,6 +119,7 @@ def _restore(exp, directory, step):
   return jax.tree.map(np.asarray, jax.device_get(state))
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_decentralized_dead_worker_is_frozen(tmp_path):
   # D-AdamW over one_peer_exp with worker 3 dead at steps 2..4: its
   # parameters stay bit for bit, the others keep training.

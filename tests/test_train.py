@@ -352,6 +352,7 @@ def test_checkpointer_filters_orbax_echoes_only_while_open(tmp_path,
   assert unchanged()
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_all_reduce_matches_single_model_adamw():
   """All-Reduce on 8 workers == one AdamW model on the global batch."""
   require_devices(N)
@@ -472,6 +473,7 @@ def test_static_gossip_rounds_match_switch(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_gpu_dispatch_on_cpu_gives_the_same_run(tmp_path):
   """The accelerator defaults (static rounds, consensus in the next step).
 

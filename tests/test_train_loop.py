@@ -17,6 +17,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from conftest import require_devices
 from decentral_jax.runner import checkpoint
@@ -61,6 +62,7 @@ def restore(exp, workdir: str, step: int):
   return steps, host(state), meta
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_six_steps_checkpoint_every_three_resume_bit_exact(tmp_path):
   require_devices(N)
   config = six_step_config()
