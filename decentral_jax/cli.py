@@ -100,9 +100,9 @@ def help_text() -> str:
           f"commands:\n{rows}\n\n"
           f"`{PROG} COMMAND --help` shows a command's own flags. The runtime "
           "model's other subcommands (fig6, utilisation, calibrate): "
-          "python -m decentral_jax.runtime_model. These run a source "
-          f"checkout's scripts and need one (found beside the installed "
-          f"package, or the current directory or a parent): {scripts}.\n")
+          "python -m decentral_jax.runtime_model. Run from a source "
+          "checkout (beside the installed package, or the current directory "
+          f"or a parent): {scripts}.\n")
 
 
 def is_checkout(path: str) -> bool:
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None, checkout: str | None = None) -> int:
   """Dispatches ``argv`` (default ``sys.argv[1:]``) to its command.
 
   Args:
-    argv: ``[COMMAND, *ARGS]``, or ``["--help"]`` / ``["--version"]``.
+    argv: ``[COMMAND, *ARGS]``, or ``["--help"]`` (also ``-h``, ``help``)
+      / ``["--version"]``.
     checkout: the source checkout for the script commands (default:
       :func:`find_checkout`).
 
