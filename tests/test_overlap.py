@@ -15,6 +15,7 @@ default step deviceless and checks the same live.
 
 import glob
 import gzip
+import json
 import os
 
 import pytest
@@ -120,6 +121,12 @@ def test_hand_worked_schedule():
   assert (ps.forward, ps.backward, ps.other) == (2, 3, 1)
   assert ps.flops == 256.0 and rep.total_flops == 256.0
   assert rep.flops_fraction(ps) == 1.0 and rep.flops_in_flight == 256.0
+  # By phase: dt is forward, the body's gemm fusion backward, both in
+  # flight during the permute.
+  assert (rep.forward_flops, rep.backward_flops) == (128.0, 128.0)
+  assert (rep.forward_flops_in_flight, rep.backward_flops_in_flight) == (
+      128.0, 128.0)
+  assert rep.in_flight_fractions() == (1.0, 1.0)
   assert ps.overlapped and ps.op_name == "jit(step)/shard_map/ppermute"
   # all-reduce marked is_sync: synchronous, nothing counted.
   assert not got["as"].is_async and got["as"].between == 0
@@ -172,6 +179,10 @@ ENTRY %main (m: f32[2,4], mm: f32[4,8]) -> f32[2,8] {{
   rep = overlap.overlap_report(hlo)
   assert [c.flops for c in rep.collectives] == [128.0, 128.0]
   assert rep.total_flops == 256.0 and rep.flops_in_flight == 128.0
+  # d is backward and in flight; e (no op_name) is neither pass; no
+  # forward matmul at all.
+  assert (rep.forward_flops, rep.backward_flops) == (0.0, 128.0)
+  assert rep.in_flight_fractions() == (0.0, 1.0)
   assert [c.bytes for c in rep.collectives] == [32.0, 128.0]
 
 
@@ -181,6 +192,8 @@ def test_summary_and_json_name_the_verdicts():
   assert "overlapped" in text and "EXPOSED" in text
   assert text.count("\n") == len(rep.collectives) + 1
   assert '"overlapped": true' in rep.to_json()
+  assert json.loads(rep.to_json())["in_flight_fractions"] == {
+      "forward": 1.0, "backward": 1.0}
   assert analysis.overlap_report is overlap.overlap_report
 
 
