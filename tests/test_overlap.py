@@ -325,3 +325,34 @@ def test_deviceless_compile_of_the_default_steps(overrides, topology,
     big = s.report.select(min_bytes=_PARAM_BYTES / 4)
     assert big and all(c.overlapped and c.backward > 0 for c in big), (
         s.report.summary())
+
+
+@pytest.mark.integration
+def test_gpu_check_deviceless_mode(tmp_path):
+  # benchmarks/gpu_check.py --deviceless: one program of the default step
+  # for 8 x H200, its report as JSON, readable by the runtime model.
+  import subprocess
+  import sys
+  from decentral_jax.runtime_model import compiled_overlap
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "overlap.json"
+  env = dict(os.environ, PYTHONPATH=root)
+  r = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "gpu_check.py"),
+       "--deviceless", "h200", "--programs", "1:none", "--json", str(out)],
+      env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "round 1, consensus none" in r.stdout and "overlapped" in r.stdout
+  got = json.loads(out.read_text())
+  assert (got["target"], got["topology"]) == ("h200", "1x1x8")
+  assert got["param_bytes"] == _PARAM_BYTES
+  [prog] = got["programs"]
+  assert (prog["round"], prog["consensus"]) == (1, "none")
+  # One permute of the whole parameters, overlapped with backward work.
+  assert (prog["collectives"], prog["async"], prog["in_conditional"],
+          prog["overlapped"]) == (1, 1, 0, 1)
+  assert prog["fwd_bwd_ops_in_flight"][0][1] > 0
+  frac = prog["in_flight_fractions"]
+  assert got["in_flight_fractions"] == frac and 0 < frac["backward"] <= 1
+  assert compiled_overlap.read_in_flight(str(out)) == (
+      frac["forward"], frac["backward"])
