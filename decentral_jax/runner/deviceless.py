@@ -151,20 +151,42 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
   """
   devices = gpu_devices(target, topology)
   exp = experiment_lib.Experiment(config, devices=devices)
+  return exp, compile_programs(exp, programs, compiler_options)
+
+
+def compile_programs(exp: experiment_lib.Experiment, programs=None,
+                     compiler_options: dict | None = None
+                     ) -> list[CompiledStep]:
+  """Compiles train-step programs of a built experiment from abstract inputs.
+
+  Works on any devices the experiment was built on: compile-only GPU
+  devices (:func:`compile_steps`), real GPUs (the schedule XLA makes with
+  kernel autotuning, to compare with the deviceless one:
+  ``benchmarks/gpu_check.py``), or CPU devices. Nothing is placed on them.
+
+  Args:
+    exp: an :class:`~decentral_jax.runner.experiment.Experiment`.
+    programs: ``(distinct round, consensus mode)`` pairs, or a function of
+      ``exp`` returning them (default :meth:`Experiment.programs`).
+    compiler_options: extra XLA options for every compile.
+
+  Returns:
+    One :class:`CompiledStep` per program, in order.
+  """
   state, batch = exp.abstract_inputs()
   if callable(programs):
     programs = programs(exp)
   out = []
   for distinct, mode in (programs or exp.programs()):
     t0 = time.perf_counter()
-    # pylint: disable=protected-access
     lowered = exp.step_program(distinct, mode).trace(state, batch).lower()
     compiled = lowered.compile(compiler_options or {})
     out.append(CompiledStep(distinct, mode, compiled,
                             overlap_lib.overlap_report(compiled),
                             time.perf_counter() - t0))
-  return exp, out
+  return out
 
 
-__all__ = ("TARGETS", "TARGETS_DIR", "CompiledStep", "compile_steps",
+__all__ = ("TARGETS", "TARGETS_DIR", "CompiledStep", "compile_programs",
+           "compile_steps",
            "gpu_devices", "target_config")

@@ -420,11 +420,6 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
           f"overlap_steps * num_fragments < sync_every={h} (a fragment is "
           f"merged before the next is sent); use overlap_steps <= "
           f"{max((h - 1) // p, 0)}.")
-  if c.gossip_every != 1 and c.algorithm == "decentralized" and \
-      c.gossip_rounds == "static":
-    raise ValueError(
-        f"config.gossip_every={c.gossip_every} picks its gossip round inside "
-        "the step; set --config.gossip_rounds=switch (or gossip_every=1).")
   if c.algorithm == "decentralized_diloco" and c.gossip_rounds == "static":
     raise ValueError(
         "config.algorithm=decentralized_diloco picks its gossip round (the "

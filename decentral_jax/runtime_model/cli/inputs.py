@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model import compiled_overlap
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 
@@ -237,7 +238,9 @@ def workload_fields(args) -> dict:
       compute_samples_s=samples, grad_dtype=args.grad_dtype,
       param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20,
       devices_per_worker=args.devices_per_worker,
-      worker_layout=args.worker_layout)
+      worker_layout=args.worker_layout,
+      gossip_in_flight=(compiled_overlap.read_in_flight(
+          args.gossip_in_flight) if args.gossip_in_flight else None))
 
 
 def workload_from_args(args) -> core.Workload:
@@ -293,7 +296,8 @@ _WORKLOAD_FIELDS = {
     "--backward-ms": "backward_s", "--optimizer-ms": "optimizer_s",
     "--compute-cv": "compute_cv", "--compute-samples-ms": "compute_samples_s",
     "--bucket-MiB": "bucket_bytes", "--devices-per-worker": "devices_per_worker",
-    "--worker-layout": "worker_layout"}
+    "--worker-layout": "worker_layout",
+    "--gossip-in-flight": "gossip_in_flight"}
 
 
 def explicit_flags(args) -> set:

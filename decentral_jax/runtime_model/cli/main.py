@@ -525,6 +525,11 @@ _WORKLOAD_FLAGS = (
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
     ("--devices-per-worker", int, 1, "devices of one worker "
      "(config.devices_per_worker; compute times are the worker's)"),
+    ("--gossip-in-flight", str, None, "share of the step's compute that "
+     "hides the gossip in the compiled program: a fraction, FORWARD,"
+     "BACKWARD fractions, or a JSON file with in_flight_fractions "
+     "(benchmarks/gpu_check.py --deviceless --json); default: the whole "
+     "next forward and backward"),
 )
 
 
