@@ -331,10 +331,12 @@ def _open_regular(path: str, flags: int) -> int:
   checked with ``fstat``; a regular file reads as usual.
   """
   fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
-  if not stat.S_ISREG(os.fstat(fd).st_mode):
+  mode = os.fstat(fd).st_mode
+  if not stat.S_ISREG(mode):
     os.close(fd)
-    raise OSError(errno.EINVAL, "not a regular file (a FIFO or a device?); "
-                  "give a JSON file")
+    raise OSError(errno.EINVAL, ("a directory" if stat.S_ISDIR(mode) else
+                                 "not a regular file (a FIFO or a device?)")
+                  + "; give a JSON file")
   return fd
 
 

@@ -258,10 +258,13 @@ def _read_bytes(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
   except OSError as e:
     raise ValueError(f"{e.strerror or e}.") from None
+  mode = os.fstat(fd).st_mode
+  if not stat.S_ISREG(mode):
+    os.close(fd)
+    what = ("is a directory" if stat.S_ISDIR(mode) else
+            "is not a regular file (a FIFO or a device?)")
+    raise ValueError(f"{what}; give the JSON file that measure wrote.")
   with os.fdopen(fd, "rb") as f:
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-      raise ValueError("is not a regular file (a FIFO or a device?); give "
-                       "the JSON file that measure wrote.")
     try:
       raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
