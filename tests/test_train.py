@@ -294,6 +294,56 @@ def test_interrupted_save_never_replaces_last_good(tmp_path, monkeypatch):
                                 np.arange(6.0).reshape(2, 3))
 
 
+def test_failed_save_is_removed_after_its_other_writes_end(tmp_path,
+                                                          monkeypatch):
+  """Orbax reports the save's first failed item (here the JSON document)
+  while another item (the arrays) is still being written, and TensorStore
+  recreates the directories it writes into. The arrays are written only
+  once the temporary directory has been removed, or after 3 s: close()
+  must wait for them before removing it, or they leave it behind."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.serialization import jax_array_handlers  # pylint: disable=import-outside-toplevel
+
+  removed, written = threading.Event(), threading.Event()
+  plain_rmtree = shutil.rmtree
+  write_arrays = jax_array_handlers._async_serialize_replica_slices  # pylint: disable=protected-access
+
+  def rmtree(path, *args, **kwargs):
+    plain_rmtree(path, *args, **kwargs)
+    removed.set()
+    written.wait(10)  # the late write lands now, if it is still to come
+
+  async def late(*args, **kwargs):
+    removed.wait(3)
+    try:
+      return await write_arrays(*args, **kwargs)
+    finally:
+      written.set()
+
+  async def full(*args, **kwargs):
+    raise OSError(errno.EFBIG, "File too large")
+
+  monkeypatch.setattr(shutil, "rmtree", rmtree)
+  monkeypatch.setattr(jax_array_handlers, "_async_serialize_replica_slices",
+                      late)
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler,
+                      "_save_fn", full)
+  directory = str(tmp_path / "ckpt")
+  ckpt = checkpoint.Checkpointer(directory)
+  with pytest.raises(checkpoint.CheckpointWriteError,
+                     match=r"checkpoint 5 could not be saved in .*: File too "
+                     r"large \(EFBIG\)"):
+    try:
+      ckpt.save(5, {"w": jax.numpy.arange(6.0)}, {"step": 5})
+      ckpt.wait()
+    finally:
+      ckpt.close()
+  assert written.is_set() and removed.is_set()
+  assert os.listdir(directory) == []
+
+
 def test_checkpointer_filters_orbax_echoes_only_while_open(tmp_path,
                                                           monkeypatch):
   import logging  # pylint: disable=import-outside-toplevel
