@@ -77,7 +77,10 @@ checkpoints. The same command again keeps every run that finished with the
 same config (its metrics and timings as recorded), resumes an interrupted
 run from its last checkpoint (SIGTERM or Ctrl-C saves one; the message
 says so) and trains the others; a subdirectory of another config is
-replaced. ``--fresh`` trains every run from step 0.
+replaced (one holding anything a run does not write is refused). Each
+subdirectory is locked while its run trains, so a second invocation on the
+same ``--outdir`` is refused, not interleaved. ``--fresh`` trains every
+run from step 0.
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
 any run's config, an ``--outdir`` that is a file or cannot be created, a
@@ -93,7 +96,6 @@ import dataclasses
 import json
 import numbers
 import os
-import shutil
 import signal
 import sys
 import time
@@ -110,6 +112,7 @@ from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax import topology as topology_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
+from decentral_jax.runner import workdir as workdir_lib
 
 # compare_pricing sits next to this file (a script, also loaded by path).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
@@ -447,6 +450,8 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
 # A run's outcome in its subdirectory: {"config": its config, "final": its
 # final metrics or null, "diverged": why it diverged or null}.
 RESULT_FILE = "compare_result.json"
+# Everything a run's subdirectory may hold (besides run.lock).
+RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
 
 
 def _read_json(path: str):
@@ -503,21 +508,33 @@ def run_arm(run: Run, config, workdir: str, fresh: bool = False):
   run keeps its recorded metrics, timings included; a resumed run's
   ms/step and tokens/s are those of the steps after its checkpoint.
 
+  The work directory is locked (``run.lock``) before anything in it is
+  read or removed, so two invocations on the same ``--outdir`` cannot
+  clobber each other; a directory to be replaced must hold only what a
+  run writes (:data:`RUN_ENTRIES`), anything else is refused.
+
   Returns:
     ``(final metrics or None, why it diverged or None)``; the outcome is
     recorded in ``workdir/`` :data:`RESULT_FILE`.
 
   Raises:
-    ValueError: bad data or work directory, or an unreadable checkpoint.
+    ValueError: bad data or work directory (another run holds it, or it is
+      not a run directory), or an unreadable checkpoint.
     train.Preempted: stopped by SIGTERM / SIGINT after saving a checkpoint.
   """
+  with workdir_lib.hold(workdir):  # train_and_evaluate re-enters it
+    return _run_arm_held(run, config, workdir, fresh)
+
+
+def _run_arm_held(run: Run, config, workdir: str, fresh: bool):
+  """:func:`run_arm` with ``workdir``'s lock held."""
   status, record = ("fresh", None) if fresh else arm_status(workdir, config)
   if status == "finished":
     print(f"== {run.label}: finished by an earlier invocation, kept "
           f"({workdir})", flush=True)
     return record["final"], record["diverged"]
-  if status == "fresh":
-    shutil.rmtree(workdir, ignore_errors=True)
+  if status == "fresh":  # refuses a directory this project did not write
+    workdir_lib.clear(workdir, RUN_ENTRIES)
   print(f"== {run.label} -> {workdir}" + (
       " (resuming from its checkpoint)" if status == "resume" else ""),
         flush=True)

@@ -211,6 +211,41 @@ def _tiny_arms(tmp_path, methods):
           compare.arm_configs(base, 4, False, compare.select_runs(methods))]
 
 
+def test_run_arm_locks_before_it_replaces_and_replaces_only_run_dirs(
+    tmp_path, monkeypatch):
+  """Nothing trains: each case is refused before the experiment is built."""
+  from decentral_jax.runner import workdir as workdir_lib
+  def built(config):
+    raise AssertionError("the arm was about to train")
+
+  monkeypatch.setattr(compare.experiment, "Experiment", built)
+  [(run, config, workdir)] = _tiny_arms(tmp_path, "dadam")
+  # A run of another config (so "fresh": to be replaced), held by another
+  # invocation: refused, and not one of its files removed.
+  os.makedirs(os.path.join(workdir, "checkpoints", "2"))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write('{"steps": 99}')
+  with workdir_lib.WorkdirLock(workdir):
+    before = sorted(os.listdir(workdir))
+    with pytest.raises(workdir_lib.WorkdirInUse, match="is in use by another"):
+      compare.run_arm(run, config, workdir)
+    assert sorted(os.listdir(workdir)) == before
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"]
+  # A directory named after the method that holds something no run writes
+  # is not a run directory: refused in one line naming it, kept whole.
+  notes = os.path.join(workdir, "notes.txt")
+  with open(notes, "w") as f:
+    f.write("mine")
+  with pytest.raises(ValueError) as info:
+    compare.run_arm(run, config, workdir)
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"{workdir} is not a run directory" in message and "'notes.txt'" \
+      in message
+  assert os.path.isfile(notes) and os.path.isdir(
+      os.path.join(workdir, "checkpoints", "2"))
+
+
 @pytest.mark.integration  # trains two short runs
 def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
     tmp_path, monkeypatch):

@@ -43,6 +43,9 @@ from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runner.experiment import Experiment
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: What a run writes in its work directory, besides ``run.lock``.
+RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
+             metrics_lib.METRICS_FILE + ".tmp", "checkpoints", "tensorboard")
 
 
 class Preempted(Exception):
