@@ -297,7 +297,8 @@ def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   with config.unlocked():
     if per_method_lr:
       config.schedule.peak_lr = TUNED_PEAK_LR[run.name]
-      config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
+      if config.schedule.get("name", "warmup_cosine") == "warmup_cosine":
+        config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
     for field, value in run_fields(run, accum_steps):
       _set(config, field, value)
     for field in unread_fields(run):

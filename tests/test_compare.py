@@ -67,6 +67,12 @@ def test_per_method_learning_rates():
   np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-12)
   same = [compare.run_config(base, compare.METHODS[x], 4) for x in names]
   assert {(c.schedule.peak_lr, c.schedule.final_lr) for c in same} == {(1.0, 0.5)}
+  # A constant schedule does not read final_lr: it keeps its value (which
+  # check_config refuses unless it is the default).
+  flat = _base(schedule={"name": "constant", "peak_lr": 1.0,
+                         "final_lr": 0.5})
+  c = compare.run_config(flat, compare.METHODS["dadam"], 4, per_method_lr=True)
+  assert (c.schedule.peak_lr, c.schedule.final_lr) == (6e-3, 0.5)
 
 
 def test_table_and_plots(tmp_path):

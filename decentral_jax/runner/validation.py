@@ -477,8 +477,10 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   it); ``worker_layout`` with ``devices_per_worker = 1``;
   ``outer_optimizer.momentum`` and ``nesterov`` with
   ``outer_optimizer.name = "adam"``; ``outer_latency`` and
-  ``trickle_reduction`` with ``outer_overlap = "none"``. A group (``"outer_optimizer"``) is
-  not read if none of its fields is.
+  ``trickle_reduction`` with ``outer_overlap = "none"``;
+  ``schedule.final_lr`` unless ``schedule.name = "warmup_cosine"``;
+  ``schedule.warmup_steps`` with ``schedule.name = "constant"``. A group
+  (``"outer_optimizer"``) is not read if none of its fields is.
 
   Returns:
     The setting that ignores it, with why (for a message), or None.
@@ -508,6 +510,11 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   if field == "worker_layout" and int(c.devices_per_worker) == 1:
     return ("config.devices_per_worker=1 (it places a worker's state on its "
             "devices)")
+  if field == "schedule.final_lr" and c.schedule.name != "warmup_cosine":
+    return (f"config.schedule.name={c.schedule.name!r} (only warmup_cosine "
+            "decays to final_lr)")
+  if field == "schedule.warmup_steps" and c.schedule.name == "constant":
+    return "config.schedule.name='constant' (peak_lr from the first step)"
   return None
 
 
@@ -527,7 +534,8 @@ def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
   default = base_config(c.model.name if c.model.name in DATA_SOURCES
                         else "gpt")
   out = []
-  for name in (*builders.METHOD_FIELDS, "workers_per_node", "worker_layout"):
+  for name in (*builders.METHOD_FIELDS, "workers_per_node", "worker_layout",
+               "schedule.final_lr", "schedule.warmup_steps"):
     value, want = _field(c, name), _field(default, name)
     if name == "topology":
       same = (topology_lib.canonical_name(value) ==
