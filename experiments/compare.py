@@ -240,17 +240,31 @@ def select_runs(spec: str) -> tuple[Run, ...]:
   """The runs named by ``--methods`` (comma-separated, or ``all``).
 
   Raises:
-    ValueError: an unknown or repeated name, or an empty list.
+    ValueError: an unknown, repeated or empty name, ``all`` with other
+      names, or no name; one line naming ``--methods``.
   """
-  names = [x.strip() for x in str(spec).split(",") if x.strip()]
+  spec = str(spec)
+  names = [x.strip() for x in spec.split(",")]
+  listed = f"'all' or a comma-separated list of {', '.join(METHODS)}"
+  if spec.startswith("-"):  # `--methods --outdir=x` takes the next flag
+    raise ValueError(f"--methods needs a value, got the flag {spec!r}; give "
+                     f"{listed}, e.g. --methods=dadam,sgp.")
+  if not any(names):
+    raise ValueError(f"--methods={spec!r} names no method; pass {listed}.")
+  if "" in names:
+    raise ValueError(f"--methods={spec!r}: entry {names.index('') + 1} is "
+                     "empty; separate the names by single commas, e.g. "
+                     "--methods=dadam,sgp.")
   if names == ["all"]:
     return RUNS
+  if "all" in names:
+    raise ValueError(f"--methods={spec!r}: 'all' selects every method and "
+                     "takes no other names; pass --methods=all or only "
+                     "method names.")
   unknown = [x for x in names if x not in METHODS]
-  if unknown or not names:
+  if unknown:
     raise ValueError(f"--methods={spec!r}: unknown method(s) "
-                     f"{', '.join(map(repr, unknown)) or '(none given)'}; "
-                     f"use 'all' or a comma-separated list of "
-                     f"{', '.join(METHODS)}.")
+                     f"{', '.join(map(repr, unknown))}; use {listed}.")
   repeated = sorted({x for x in names if names.count(x) > 1})
   if repeated:
     raise ValueError(f"--methods={spec!r} names {', '.join(repeated)} more "
@@ -326,10 +340,13 @@ def arm_configs(base, accum_steps: int, per_method_lr: bool,
         n, local = int(config.n_workers), int(config.workers_per_node)
         try:
           topology_lib.make(config.topology, n, local)
-        except ValueError as e:
-          raise ValueError(f"config.topology={config.topology!r} with config."
-                           f"n_workers={n}, workers_per_node={local}: {e}"
-                           ) from None
+        except ValueError as e:  # topology and nodes are the method's own
+          why = str(e).rstrip(".")
+          raise ValueError(f"its topology {config.topology} with {local} "
+                           f"worker(s) per node does not fit --config."
+                           f"n_workers={n}: {why}; choose another "
+                           "--config.n_workers or leave this method out of "
+                           "--methods.") from None
     except ValueError as e:
       raise ValueError(f"run {run.name!r} ({run.label}): {e}") from None
     arms.append((run, config))
@@ -694,7 +711,7 @@ def main(argv):
       devices = validation.check_simulated_devices(
           _CPU_DEVICES.value or needed,
           f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
-          else source)
+          else source.replace("config.", "--config."))  # the flags typed
       jax.config.update("jax_num_cpu_devices", devices)
     outdir = make_outdir(_OUTDIR.value)
   except ValueError as e:

@@ -105,14 +105,50 @@ def test_methods_flag_selects_and_validates():
   assert [r.name for r in compare.select_runs("diloco, sgp")] == ["diloco",
                                                                   "sgp"]
   assert compare.select_runs("all") == compare.RUNS
-  for bad, match in (("diloco,nope", "unknown method"),
-                     ("sgp,sgp", "more than once"), (" , ", "none given")):
+  for bad, match in (
+      ("diloco,nope", "--methods='diloco,nope': unknown method(s) 'nope'"),
+      ("sgp,sgp", "--methods='sgp,sgp' names sgp more than once"),
+      (" , ", "--methods=' , ' names no method"),
+      ("", "--methods='' names no method"),
+      ("dadam,,sgp", "--methods='dadam,,sgp': entry 2 is empty"),
+      ("dadam,sgp,", "--methods='dadam,sgp,': entry 3 is empty"),
+      ("all,dadam", "--methods='all,dadam': 'all' selects every method and "
+       "takes no other names"),
+      ("--outdir=x", "--methods needs a value, got the flag '--outdir=x'")):
     try:
       compare.select_runs(bad)
     except ValueError as e:
-      assert match in str(e) and "--methods" in str(e)
+      assert str(e).startswith(match) and "\n" not in str(e), str(e)
     else:
       raise AssertionError(f"--methods={bad!r} was accepted")
+
+
+def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
+  from decentral_jax.runner import config as config_lib
+  # The topology and nodes are the method's own; --config.n_workers is not.
+  base = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["--config.n_workers=6", "--config.global_batch=60"])
+  with pytest.raises(ValueError) as info:
+    compare.arm_configs(base, 4, False, compare.select_runs("accum_adamw_aer"))
+  message = str(info.value)
+  assert message.startswith(
+      "run 'accum_adamw_aer' (AccumAdamW, alternating_exp_ring (2/node), "
+      "horizon-matched betas): its topology alternating_exp_ring with 2 "
+      "worker(s) per node does not fit --config.n_workers=6: "), message
+  assert "config.topology=" not in message and "\n" not in message
+  # Too many simulated devices: the override that asked for them.
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+  argv = compare._parse_or_exit(  # pylint: disable=protected-access
+      ["compare.py", f"--outdir={tmp_path / 'out'}", "--methods=dadam",
+       "--config.n_workers=2048", "--config.global_batch=2048"])
+  with pytest.raises(SystemExit) as info:
+    compare.main(argv)
+  assert info.value.code == 2
+  [line] = capsys.readouterr().err.splitlines()
+  assert line.startswith("error: --config.n_workers=2048 asks for 2048 "
+                         "simulated CPU devices"), line
+  assert not (tmp_path / "out").exists()
 
 
 def test_every_method_arm_is_a_valid_config_with_its_fields():

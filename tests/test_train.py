@@ -443,6 +443,28 @@ def test_all_reduce_matches_single_model_adamw():
     np.testing.assert_allclose(a[0], b, rtol=1e-4, atol=2e-6)
 
 
+@pytest.mark.integration  # a subprocess; refused before JAX starts
+def test_cli_names_the_override_that_asks_for_too_many_devices(tmp_path):
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")
+         and not k.startswith("SLURM_")}
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+       f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
+       f"--workdir={tmp_path / 'run'}", "--config.n_workers=2048",
+       "--config.global_batch=2048"],
+      env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+      timeout=240, check=False)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and errors[0].startswith(
+      "error: --config.n_workers=2048 asks for 2048 simulated CPU devices"), \
+      proc.stderr[-3000:]
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.integration
 def test_cnn_fashion_mnist_end_to_end(tmp_path):
   """Learns on real images: the committed subset in tests/fixtures."""
