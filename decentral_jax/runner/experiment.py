@@ -853,8 +853,7 @@ class Experiment:
         "worker_layout": (self.layout.mode
                           if self.layout.devices_per_worker > 1 else ""),
         # The fault schedule and rules ({} without config.faults.enabled).
-        "faults": (json.loads(c.faults.to_json()) if self.faults is not None
-                   else {}),
+        "faults": fault_run.resume_meta(c, self.faults),
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:
@@ -864,6 +863,13 @@ class Experiment:
       if validation.unread_reason(self.config, field) is not None:
         continue  # ignored by this run (its algorithm is compared)
       theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
+      if key == "faults":  # the trace by content; names the setting
+        why = fault_run.resume_mismatch(theirs, mine[key])
+        if why is not None:
+          raise ValueError(
+              f"the checkpoint in {directory} was written with {why}; resume "
+              "with the same settings and trace or use a fresh --workdir.")
+        continue
       if theirs != mine[key]:
         raise ValueError(
             f"the checkpoint in {directory} was written with config.{field}="

@@ -392,11 +392,7 @@ def _check_faults(c: config_dict.ConfigDict) -> None:
         f"config.faults.min_quorum={f.min_quorum} exceeds config.n_workers="
         f"{c.n_workers}: no outer step could ever be taken; set "
         f"--config.faults.min_quorum=<1..{c.n_workers}>.")
-  if f.trace and (f.failure_rate or f.slow_fraction):
-    raise ValueError(
-        "config.faults.trace replaces the rates; set --config.faults."
-        "failure_rate=0 and --config.faults.slow_fraction=0, or "
-        "--config.faults.trace=''.")
+  _check_unread_faults(c)
   if f.trace:
     fault_schedule.check_trace_path(f.trace)
   if c.global_avg_interval:
@@ -404,6 +400,52 @@ def _check_faults(c: config_dict.ConfigDict) -> None:
         f"config.global_avg_interval={c.global_avg_interval} would average "
         "dead workers' parameters too; with config.faults.enabled set "
         "--config.global_avg_interval=0.")
+
+
+def _unread_fault_reason(c: config_dict.ConfigDict, key: str) -> str | None:
+  """Why the enabled fault schedule of ``c`` does not read
+  ``config.faults.<key>``, or None if it does."""
+  f = c.faults
+  if key in ("min_quorum", "on_failure") and c.algorithm == "decentralized":
+    return ("config.algorithm='decentralized' (gossip takes no outer step "
+            "to hold to a quorum or roll back)")
+  rates = ("failure_rate", "mean_downtime", "slow_fraction", "slow_speed",
+           "seed")
+  if key in rates and f.trace:
+    return "config.faults.trace (the trace replaces the rates)"
+  if key == "mean_downtime" and not f.failure_rate:
+    return "config.faults.failure_rate=0 (no worker fails)"
+  if key == "slow_speed" and not f.slow_fraction:
+    return "config.faults.slow_fraction=0 (no worker is slow)"
+  if key == "seed" and not f.failure_rate and not f.slow_fraction:
+    return ("config.faults.failure_rate=0 and slow_fraction=0 (nothing is "
+            "drawn)")
+  return None
+
+
+def _check_unread_faults(c: config_dict.ConfigDict) -> None:
+  """Refuses a fault setting the enabled schedule would not read, and a
+  ``slow_fraction`` that makes no worker slow."""
+  f, defaults = c.faults, base_config().faults
+  for key, default in defaults.items():
+    why = _unread_fault_reason(c, key)
+    if why is not None and f[key] != default:
+      raise ValueError(
+          f"config.faults.{key}={f[key]!r} has no effect with {why}; leave "
+          f"it at its default: --config.faults.{key}={_setting(default)}.")
+  n = int(c.n_workers)
+  if f.slow_fraction and not f.trace:
+    if int(round(float(f.slow_fraction) * n)) == 0:  # as from_rates counts
+      raise ValueError(
+          f"config.faults.slow_fraction={f.slow_fraction!r} makes "
+          f"round({f.slow_fraction!r} x config.n_workers={n}) = 0 workers "
+          f"slow; set --config.faults.slow_fraction={1 / n:.6g} (one "
+          "worker) or more, or 0.")
+    if f.slow_speed == 1:
+      raise ValueError(
+          f"config.faults.slow_fraction={f.slow_fraction!r} with config."
+          "faults.slow_speed=1 slows no worker down; set --config.faults."
+          "slow_speed below 1, or --config.faults.slow_fraction=0.")
 
 
 def _check_local_updates(c: config_dict.ConfigDict) -> None:
