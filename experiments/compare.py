@@ -833,8 +833,10 @@ def _setup_words(base, arms: list[Arm], accum: int, per_method_lr: bool,
       f"{int(base.steps)} steps, global batch {int(base.global_batch)}, "
       f"seed{'s' if len(seeds) > 1 else ''} "
       f"{', '.join(map(str, seeds))}; same initial parameters and data "
-      f"order for every method at a seed; AccumAdamW accum_steps {accum}; "
-      f"peak learning rates {lrs}, cosine to a tenth of the peak. Losses: "
+      "order for every method at a seed; "
+      + (f"AccumAdamW accum_steps {accum}; " if any(
+          a.method.optimizer == "accum_adamw" for a in arms) else "")
+      + f"peak learning rates {lrs}, cosine to a tenth of the peak. Losses: "
       f"validation loss (nats per {unit[:-1]}) of the exact average x_bar of "
       "the workers' parameters.\n\n")
 
@@ -898,8 +900,9 @@ def write_results(arms: list[Arm], finals: list, diverged, outdir: str,
   # A method with a diverged seed is left out of the answer.
   bad = {a.method.name for a, m in zip(arms, finals) if m is None}
   curves = {k: v for k, v in curves.items() if k not in bad}
+  at = {cl.label: compare_pricing.priced_workers(cl, n) for cl in clusters}
   answer, lines = compare_answer.answer_markdown(
-      clusters, curves, prices, losses, labels)
+      clusters, curves, prices, losses, labels, at, workload)
   extra, notes = None, []
   if clusters:
     arm_prices = {a.run.name: prices.get(a.method.name, {}) for a in arms}
@@ -935,7 +938,6 @@ def write_results(arms: list[Arm], finals: list, diverged, outdir: str,
             "the end.\n")
   pngs = plot(logs, outdir, cpu_timing)
   if clusters:
-    at = {cl.label: compare_pricing.priced_workers(cl, n) for cl in clusters}
     pngs.append(compare_answer.plot_frontier(clusters, curves, prices, labels,
                                              at, outdir))
   return answer, lines, table, pngs, total

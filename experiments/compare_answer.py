@@ -204,7 +204,8 @@ def _ends_lowest(curves: dict, ms: dict, finals: dict, labels: dict,
 
 
 def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
-                    labels: dict) -> tuple[str, list[str]]:
+                    labels: dict, at: dict | None = None,
+                    workload: str = "") -> tuple[str, list[str]]:
   """The answer section of results.md, and the recommendation lines.
 
   Args:
@@ -214,6 +215,8 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
     prices: ``{method: {cluster label: ms or reason}}``.
     finals: ``{method: [final validation losses per seed]}``.
     labels: ``{method: label}``.
+    at: ``{cluster label: GPUs it is priced at}`` (for the headings).
+    workload: ``--workload`` (for the headings).
 
   Returns:
     ``(markdown, [one recommendation line per cluster])``.
@@ -241,7 +244,13 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
                    labels) + _ends_lowest(curves, ms, finals, labels,
                                           rank(curves, ms, targets[-1]))
     lines.append(line)
-    out.append(f"### {cl.label}\n")
+    where = [f"{at[cl.label]} GPUs" if isinstance((at or {}).get(cl.label),
+                                                   int) else ""]
+    if workload:
+      where.append("its own measured workload" if cl.preset is None else
+                   f"time per step for workload {workload}")
+    where = ", ".join(x for x in where if x)
+    out.append(f"### {cl.label}" + (f" ({where})" if where else "") + "\n")
     out.append(cluster_table(cl.label, curves, ms, targets, finals, labels))
     out.append(f"Recommendation: {line}\n")
   return "\n".join(out) + "\n", lines
