@@ -1002,23 +1002,16 @@ def train_all(arms: list[Arm], outdir: str, checkpoints: bool):
   return finals, diverged
 
 
-def main(argv):
-  if len(argv) > 1:
-    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  checkpoint.quiet_orbax_logs()
-  absl_logging.set_verbosity(absl_logging.WARNING)  # no per-step lines
-  per_method_lr = _PER_METHOD_LR.value
-  explicit_lr = [a for a in _OVERRIDES if a.startswith(
-      ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
-  if per_method_lr and explicit_lr:
-    # An explicit learning rate wins over the tuned per-method table.
-    print(f"note: {explicit_lr[0]} given, so every run uses the config's "
-          "learning rates (--per_method_lr ignored)", flush=True)
-    per_method_lr = False
-  config_path, methods, seeds, checkpoints, job = job_settings()
+def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
+             per_method_lr: bool):
+  """Every arm's config, the clusters, the device count and ``--outdir``,
+  checked before JAX starts and the first run trains (bad input: one
+  ``error:`` line, exit 2).
+
+  Returns:
+    ``(base config, accum_steps, arms, workload, clusters, outdir)``.
+  """
   try:
-    # Every arm's config, the device count and --outdir are checked before
-    # JAX starts and the first run trains.
     base = config_lib.load_config(config_path, _OVERRIDES)
     accum = base.optimizer.accum_steps  # a bad type is named by arm_configs
     if (isinstance(accum, numbers.Integral) and accum <= 1 and
@@ -1039,6 +1032,25 @@ def main(argv):
     outdir = make_outdir(_OUTDIR.value)
   except ValueError as e:
     _fail(e)
+  return base, accum, arms, workload, clusters, outdir
+
+
+def main(argv):
+  if len(argv) > 1:
+    _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  checkpoint.quiet_orbax_logs()
+  absl_logging.set_verbosity(absl_logging.WARNING)  # no per-step lines
+  per_method_lr = _PER_METHOD_LR.value
+  explicit_lr = [a for a in _OVERRIDES if a.startswith(
+      ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
+  if per_method_lr and explicit_lr:
+    # An explicit learning rate wins over the tuned per-method table.
+    print(f"note: {explicit_lr[0]} given, so every run uses the config's "
+          "learning rates (--per_method_lr ignored)", flush=True)
+    per_method_lr = False
+  config_path, methods, seeds, checkpoints, job = job_settings()
+  base, accum, arms, workload, clusters, outdir = load_job(
+      config_path, methods, seeds, checkpoints, per_method_lr)
   methods_once = list({a.method.name: a.method for a in arms}.values())
   for line in overridden_fields(_OVERRIDES, methods_once):
     print(f"note: {line}", file=sys.stderr)
@@ -1067,14 +1079,13 @@ def main(argv):
     _fail(f"cannot write the results to --outdir {outdir!r}: "
           f"{e.strerror or e} ({e.filename or outdir}).")
   print("\n" + (answer or table))
-  print("recommendations (predicted, for workload "
-        f"{workload}):" if lines else "")
+  if lines:
+    print(f"recommendations (predicted, for workload {workload}):")
   for line in lines:
     print(f"  {line.replace('**', '')}")
   print(f"reference check: {reference_line}")
-  print(f"table: {os.path.join(outdir, 'results.md')}")
-  print(f"plots: {', '.join(pngs)}")
-  print(f"total: {total:.0f} s")
+  print(f"table: {os.path.join(outdir, 'results.md')}\nplots: "
+        f"{', '.join(pngs)}\ntotal: {total:.0f} s")
   if diverged:
     _fail(f"{len(diverged)} of {len(arms)} runs diverged: "
           + "; ".join(f"{run.name!r} ({run.label}): {reason}"

@@ -232,15 +232,6 @@ def method_spec(config) -> str:
     return f"(none: {e})"
 
 
-
-def method_spec(config) -> str:
-  """The runtime-model spec of a run config, or ``"(none: reason)"``."""
-  try:
-    return builders.spec_for_config(config)[0]
-  except ValueError as e:
-    return f"(none: {e})"
-
-
 def priced_workers(cluster: PricingCluster, n: int) -> int | str:
   """The GPU count ``cluster`` is priced at for runs of ``n`` workers.
 

@@ -6,11 +6,8 @@ The pricing on clusters (compare_pricing.py) and the answer
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np

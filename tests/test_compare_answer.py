@@ -4,12 +4,10 @@ loss targets, the recommendation per cluster, and compare.py end to end."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from helpers import load_script
