@@ -90,8 +90,9 @@ the message says so) and trains the others; a subdirectory of another
 config is replaced. ``--fresh`` trains every run from step 0. Without
 ``--checkpoints`` (the quick default) no periodic checkpoints are written
 (``config.checkpoint_interval=0``) and a run's final checkpoint is deleted
-once its outcome is recorded (a few MB per run remain); ``--checkpoints``
-(on under ``--full``) keeps the config's periodic checkpoints, about 74 MB
+once its outcome is recorded (about 20 KB per run remain); ``--checkpoints``
+(on under ``--full``, or with an explicit ``--config.checkpoint_interval``)
+keeps the config's periodic checkpoints, about 74 MB
 per run (DiLoCo 123 MB).
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
@@ -947,7 +948,8 @@ def job_settings() -> tuple[str, str, str, bool, str | None]:
   """``(config path, methods, seeds, checkpoints, job)`` from the flags.
 
   ``--full`` changes the defaults of ``--config``, ``--methods``,
-  ``--seeds`` and ``--checkpoints``; each flag given explicitly wins.
+  ``--seeds`` and ``--checkpoints``; each flag given explicitly wins (an
+  explicit ``--config.checkpoint_interval`` turns checkpoints on).
   ``job`` is ``"quick"`` or ``"full"`` when the set-up is that job's
   default one (for the reference check), else None.
   """
@@ -958,7 +960,10 @@ def job_settings() -> tuple[str, str, str, bool, str | None]:
   methods = _METHODS.value if given("methods") else ",".join(
       FULL_METHODS if full else DEFAULT_METHODS)
   seeds = _SEEDS.value if given("seeds") else ("0,1,2" if full else "")
-  checkpoints = _CHECKPOINTS.value if given("checkpoints") else full
+  # An explicit --config.checkpoint_interval asks for checkpoints too.
+  checkpoints = _CHECKPOINTS.value if given("checkpoints") else (
+      full or any(a.startswith("--config.checkpoint_interval")
+                  for a in _OVERRIDES))
   job = "full" if full else "quick"
   if (os.path.realpath(config) != os.path.realpath(
       FULL_CONFIG if full else QUICK_CONFIG) or _OVERRIDES

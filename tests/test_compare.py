@@ -359,3 +359,32 @@ def test_stored_reference_covers_the_quick_default():
                                   for m in compare.DEFAULT_METHODS)
   # Below the initial loss of a byte-level model, ln 256 = 5.545 nats.
   assert all(0 < x < 5.5 for x in losses.values())
+
+
+def test_full_changes_the_defaults_and_explicit_flags_win(monkeypatch):
+  flags = compare.flags.FLAGS
+
+  def settings(*argv, overrides=()):
+    monkeypatch.setattr(compare, "_OVERRIDES", list(overrides))
+    flags.unparse_flags()
+    flags(["compare.py", *argv])
+    try:
+      return compare.job_settings()
+    finally:
+      flags.unparse_flags()
+
+  quick = ",".join(compare.DEFAULT_METHODS)
+  assert settings() == (compare.QUICK_CONFIG, quick, "", False, "quick")
+  assert settings("--full") == (compare.FULL_CONFIG,
+                                ",".join(compare.FULL_METHODS), "0,1,2",
+                                True, "full")
+  assert settings("--full", "--seeds=4", "--methods=sgp",
+                  "--nocheckpoints") == (compare.FULL_CONFIG, "sgp", "4",
+                                         False, "full")
+  # Another config, a --config override or untuned lrs: not the default
+  # set-up, so no reference applies.
+  assert settings(f"--config={compare.FULL_CONFIG}")[4] is None
+  assert settings(overrides=["--config.steps=5"])[4] is None
+  assert settings("--noper_method_lr")[4] is None
+  # An explicit checkpoint interval asks for checkpoints.
+  assert settings(overrides=["--config.checkpoint_interval=10"])[3] is True
