@@ -105,6 +105,7 @@ that diverges is marked in the table and the other runs go on; then one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import numbers
@@ -119,6 +120,8 @@ from absl import flags
 from absl import logging as absl_logging
 import jax
 import numpy as np
+import tqdm
+from tqdm import contrib as tqdm_contrib
 
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
@@ -693,8 +696,6 @@ class JobProgress:
   """
 
   def __init__(self, arms: list[Arm]):
-    import tqdm  # pylint: disable=import-outside-toplevel
-    self._tqdm = tqdm
     self._n = len(arms)
     self._ends = np.cumsum([int(a.config.steps) for a in arms]).tolist()
     self.bar = tqdm.tqdm(total=sum(int(a.config.steps) for a in arms),
@@ -720,14 +721,12 @@ class JobProgress:
 
   def attach(self):
     """Context: per-run bars forward here, stdout goes via tqdm.write."""
-    import contextlib  # pylint: disable=import-outside-toplevel
-    from tqdm import contrib  # pylint: disable=import-outside-toplevel
     stack = contextlib.ExitStack()
     saved = metrics_lib.progress_bar
     metrics_lib.progress_bar = self._run_bar
     stack.callback(setattr, metrics_lib, "progress_bar", saved)
     stack.enter_context(contextlib.redirect_stdout(
-        contrib.DummyTqdmFile(sys.stdout)))
+        tqdm_contrib.DummyTqdmFile(sys.stdout)))
     return stack
 
   def close(self) -> None:
