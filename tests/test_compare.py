@@ -350,15 +350,17 @@ def test_reference_check():
       "no reference file")
 
 
-def test_stored_reference_covers_the_quick_default():
+def test_stored_reference_covers_the_default_jobs():
   with open(compare.REFERENCE_FILE, encoding="utf-8") as f:
     ref = json.load(f)
   assert 0 < ref["tolerance"] < 0.1 and ref["produced_on"]
   losses = ref["jobs"]["quick"]["final_loss"]
   assert sorted(losses) == sorted(f"{m}/seed0"
                                   for m in compare.DEFAULT_METHODS)
+  full = ref["jobs"]["full"]["final_loss"]
+  assert sorted(full) == sorted(f"{m}/seed0" for m in compare.FULL_METHODS)
   # Below the initial loss of a byte-level model, ln 256 = 5.545 nats.
-  assert all(0 < x < 5.5 for x in losses.values())
+  assert all(0 < x < 5.5 for x in [*losses.values(), *full.values()])
 
 
 def test_full_changes_the_defaults_and_explicit_flags_win(monkeypatch):
