@@ -113,6 +113,7 @@ import dataclasses
 import json
 import numbers
 import os
+import shutil
 import signal
 import sys
 import time
