@@ -145,3 +145,50 @@ def test_a40_latency_profile_starts_the_round_across_nodes_at_the_top():
       "collective-permute", True, False)
   assert c.forward > before[0].forward and c.backward > before[0].backward
   assert s.report.in_flight_fractions() == (1.0, 1.0)
+
+
+_SCHEDULE = """\
+hlo_module {
+  name: "jit_step"
+}
+computation_schedules {
+  computation_id: 7
+  instructions {
+    id: 1
+    start_timestamp_cycles: 1
+  }
+  scheduler_statistics {
+    total_cycles: 40
+  }
+  cycles_per_microsecond: 1
+}
+computation_schedules {
+  computation_id: 9
+  scheduler_statistics {
+    all_reduce_wasted_cycles: 600
+    total_wasted_cycles: 600.5
+    total_cycles: 2000.5
+    memory_pressure_peak: 10
+  }
+  cycles_per_microsecond: 2
+}
+"""
+
+
+def test_scheduled_busy_time_from_the_schedule_dump(tmp_path):
+  # The longest computation (id 9): (2000.5 - 600.5) cycles at 2 per us;
+  # computation 7 has no wasted-cycles field and is shorter anyway.
+  (tmp_path / "jit_step.schedule.txt").write_text(_SCHEDULE)
+  (tmp_path / "module_0001.jit_step.ptx").write_text("total_cycles: 9e9")
+  assert deviceless.scheduled_busy_us(str(tmp_path)) == 700.0
+  (tmp_path / "jit_step.schedule.txt").write_text("hlo_module {}\n")
+  with pytest.raises(ValueError, match="no latency-hiding schedule"):
+    deviceless.scheduled_busy_us(str(tmp_path))
+
+
+def test_compute_time_needs_a_transfer_time():
+  exp = _fake_experiment()
+  with pytest.raises(ValueError, match="compute_s rescales"):
+    deviceless.compile_programs(exp, [], compute_s=0.1)
+  with pytest.raises(ValueError, match="compute_s"):
+    deviceless.compile_programs(exp, [], collective_us=5.0, compute_s=0.0)

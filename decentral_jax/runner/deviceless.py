@@ -148,6 +148,9 @@ class CompiledStep:
       without it (the first of the two compiles); else None.
     profile_us: with a profile, ``{collective start name: microseconds}``
       it gives; else None.
+    xla_compute_us: with ``compute_s``, XLA's estimate of the program's
+      busy time (its scheduler's own clock, microseconds) that the times
+      were scaled to; else None.
   """
 
   distinct_round: int | None
@@ -158,12 +161,13 @@ class CompiledStep:
   profile: str | None = None
   unprofiled: overlap_lib.OverlapReport | None = None
   profile_us: dict[str, float] | None = None
+  xla_compute_us: float | None = None
 
 
 def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
                   compiler_options: dict | None = None,
-                  programs=None, collective_us=None, cluster=None
-                  ) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
+                  programs=None, collective_us=None, cluster=None,
+                  compute_s: float | None = None) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
   """Compiles the runner's train steps of ``config`` for a GPU target.
 
   Args:
@@ -184,6 +188,7 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
       :mod:`decentral_jax.runtime_model.presets` cluster (e.g. ``"A40"``,
       the paper's: 4 A40s per node, 25 Gbit/s Ethernet), built for the
       config's ``n_workers``.
+    compute_s: see :func:`compile_programs`.
 
   Returns:
     ``(experiment, [CompiledStep, ...])``, one entry per program.
@@ -202,12 +207,14 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
       cluster = runtime_presets.cluster(cluster, int(config.n_workers))
     collective_us = cluster_collective_us(exp, cluster)
   return exp, compile_programs(exp, programs, compiler_options,
-                               collective_us=collective_us)
+                               collective_us=collective_us,
+                               compute_s=compute_s)
 
 
 def compile_programs(exp: experiment_lib.Experiment, programs=None,
                      compiler_options: dict | None = None, *,
-                     collective_us=None) -> list[CompiledStep]:
+                     collective_us=None,
+                     compute_s: float | None = None) -> list[CompiledStep]:
   """Compiles train-step programs of a built experiment from abstract inputs.
 
   Works on any devices the experiment was built on: compile-only GPU
@@ -224,6 +231,17 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   allow; the instructions left out of the profile keep XLA's own
   estimates. Twice the compile time.
 
+  XLA's scheduler compares that time with its own estimate of the compute
+  of the program *on the target GPU*, which is not the cluster's (for
+  GPT-2 small compiled deviceless for H200 it estimates about 220 ms of
+  busy time per step, against 122 ms of compute on the paper's A40s). With
+  ``compute_s``, the step's compute time on the cluster, the times are
+  rescaled to XLA's clock: the first compile also dumps the scheduler's
+  timeline (``xla_dump_latency_hiding_schedule``, to a temporary
+  directory), and each time is multiplied by XLA's busy time over
+  ``compute_s``, so the scheduler sees each transfer as the same share of
+  the step as the cluster has it.
+
   Args:
     exp: an :class:`~decentral_jax.runner.experiment.Experiment`.
     programs: ``(distinct round, consensus mode)`` pairs, or a function of
@@ -234,18 +252,27 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       distinct_round) -> microseconds`` of a
       :class:`~decentral_jax.analysis.overlap.CollectiveOverlap` and the
       program's distinct round (e.g. :func:`cluster_collective_us`).
+    compute_s: None, or the step's compute time on the cluster (seconds >
+      0; needs ``collective_us``).
 
   Returns:
     One :class:`CompiledStep` per program, in order.
 
   Raises:
     ValueError: ``collective_us`` is neither None, a positive number nor
-      a function, or gives a collective a time that is not one; the
-      compiled text has no fingerprint.
+      a function, or gives a collective a time that is not one;
+      ``compute_s`` not > 0 or without ``collective_us``; the compiled
+      text has no fingerprint, or XLA wrote no schedule.
   """
   if collective_us is not None and not callable(collective_us):
     collective_us = checks.check_float("collective_us", collective_us,
                                        minimum=0.0, open_min=True)
+  if compute_s is not None:
+    compute_s = checks.check_float("compute_s", compute_s, minimum=0.0,
+                                   open_min=True)
+    if collective_us is None:
+      raise ValueError("compute_s rescales collective_us (or cluster): "
+                       "give one of them too.")
   state, batch = exp.abstract_inputs()
   if callable(programs):
     programs = programs(exp)
@@ -253,13 +280,19 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   for distinct, mode in (programs or exp.programs()):
     t0 = time.perf_counter()
     lowered = exp.step_program(distinct, mode).trace(state, batch).lower()
-    compiled = lowered.compile(compiler_options or {})
+    with tempfile.TemporaryDirectory() as tmp:
+      dump = ({"xla_dump_to": tmp, "xla_dump_latency_hiding_schedule": True}
+              if compute_s is not None else {})
+      compiled = lowered.compile({**(compiler_options or {}), **dump})
+      xla_us = scheduled_busy_us(tmp) if dump else None
     report = overlap_lib.overlap_report(compiled)
     if collective_us is None:
       out.append(CompiledStep(distinct, mode, compiled, report,
                               time.perf_counter() - t0))
       continue
     costs = collective_costs(report, collective_us, distinct)
+    if xla_us is not None:
+      costs = {k: v * xla_us / (1e6 * compute_s) for k, v in costs.items()}
     profile = latency_profile(costs, fingerprint(compiled))
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, "profile.pbtxt")
@@ -270,8 +303,45 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
     out.append(CompiledStep(distinct, mode, profiled,
                             overlap_lib.overlap_report(profiled),
                             time.perf_counter() - t0, profile, report,
-                            costs))
+                            costs, xla_us))
   return out
+
+
+_STAT = r"{}:\s*([0-9.eE+-]+)"
+
+
+def scheduled_busy_us(dump_dir: str) -> float:
+  """XLA's estimate of a program's busy time, from its scheduler's dump.
+
+  Reads the ``*.schedule.txt`` that ``xla_dump_latency_hiding_schedule``
+  writes into ``xla_dump_to`` (an ``xla.ScheduleProto`` in text form): for
+  the computation with the longest schedule (the step's entry), its
+  ``total_cycles`` minus ``total_wasted_cycles`` (time spent waiting on a
+  collective), over ``cycles_per_microsecond``.
+
+  Returns:
+    Microseconds on the latency-hiding scheduler's clock.
+
+  Raises:
+    ValueError: no schedule file, or none with those fields.
+  """
+  best = None
+  for name in sorted(os.listdir(dump_dir)):
+    if not name.endswith(".schedule.txt"):
+      continue
+    with open(os.path.join(dump_dir, name), encoding="utf-8") as f:
+      text = f.read()
+    for block in text.split("computation_schedules {")[1:]:
+      got = [re.search(_STAT.format(k), block) for k in (
+          "total_cycles", "total_wasted_cycles", "cycles_per_microsecond")]
+      if all(got):
+        total, wasted, per_us = (float(g.group(1)) for g in got)
+        if best is None or total > best[0]:
+          best = (total, (total - wasted) / per_us)
+  if best is None:
+    raise ValueError(f"no latency-hiding schedule with total_cycles in "
+                     f"{dump_dir!r}: did XLA run its scheduler?")
+  return best[1]
 
 
 def collective_costs(report: overlap_lib.OverlapReport, collective_us,
@@ -398,4 +468,4 @@ def cluster_collective_us(exp: experiment_lib.Experiment,
 __all__ = ("PROFILE_OPTION", "TARGETS", "TARGETS_DIR", "CompiledStep",
            "cluster_collective_us", "collective_costs", "compile_programs",
            "compile_steps", "fingerprint", "gpu_devices", "latency_profile",
-           "target_config")
+           "scheduled_busy_us", "target_config")
