@@ -17,6 +17,12 @@ that run while a collective is in flight. ``--json FILE`` writes the
 reports and ``in_flight_fractions`` (the least over the programs with a
 parameter-sized collective), which ``python -m decentral_jax.runtime_model
 predict --gossip-in-flight FILE`` reads.
+``--cluster A40`` (a runtime-model preset) or ``--collective_us US`` also
+compiles each program with a latency profile that tells XLA's scheduler
+the transfer time of each collective on that cluster, ``--compute_ms`` the
+step's compute time there (to rescale the times to XLA's own estimate),
+and prints the report before and after (docs/gpu_overlap.md; BENCHMARKS.md
+section 11.6).
 
 **On GPUs** (the default when JAX sees a GPU; ``bash
 benchmarks/gpu_check.sh``, under 5 minutes):

@@ -234,7 +234,9 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   XLA's scheduler compares that time with its own estimate of the compute
   of the program *on the target GPU*, which is not the cluster's (for
   GPT-2 small compiled deviceless for H200 it estimates about 220 ms of
-  busy time per step, against 122 ms of compute on the paper's A40s). With
+  busy time per step, against 122 ms of compute on the paper's A40s; for
+  Ampere targets its estimates are unitless "T-shirt sizes", so there
+  microseconds alone change nothing). With
   ``compute_s``, the step's compute time on the cluster, the times are
   rescaled to XLA's clock: the first compile also dumps the scheduler's
   timeline (``xla_dump_latency_hiding_schedule``, to a temporary
