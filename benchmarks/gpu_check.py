@@ -17,6 +17,12 @@ that run while a collective is in flight. ``--json FILE`` writes the
 reports and ``in_flight_fractions`` (the least over the programs with a
 parameter-sized collective), which ``python -m decentral_jax.runtime_model
 predict --gossip-in-flight FILE`` reads.
+``--cluster A40`` (a runtime-model preset) or ``--collective_us US`` also
+compiles each program with a latency profile that tells XLA's scheduler
+the transfer time of each collective on that cluster, ``--compute_ms`` the
+step's compute time there (to rescale the times to XLA's own estimate),
+and prints the report before and after (docs/gpu_overlap.md; BENCHMARKS.md
+section 11.6).
 
 **On GPUs** (the default when JAX sees a GPU; ``bash
 benchmarks/gpu_check.sh``, under 5 minutes):
@@ -244,6 +250,15 @@ def _rows(exp, steps, min_fraction: float) -> dict:
             if rep.total_flops else 0.0,
         "in_flight_fractions": {"forward": fwd, "backward": bwd},
         "summary": rep.summary(min_bytes)})
+    if s.unprofiled is not None:  # --cluster / --collective_us
+      f0, b0 = s.unprofiled.in_flight_fractions()
+      rows[-1]["without_profile"] = {
+          "in_flight_fractions": {"forward": f0, "backward": b0},
+          "fwd_bwd_ops_in_flight": [[c.forward, c.backward] for c in
+                                    s.unprofiled.select(min_bytes)]}
+      rows[-1]["profile_us"] = {k: round(v, 1)
+                                for k, v in s.profile_us.items()}
+      rows[-1]["xla_compute_us"] = s.xla_compute_us
     if big:
       pairs.append((bwd, fwd))
   least = min(pairs) if pairs else (0.0, 0.0)
@@ -261,10 +276,16 @@ def run_deviceless(args) -> dict:
   from decentral_jax.runner import deviceless
   c = _config(args)
   topology = args.topology or f"1x1x{_devices_needed(c)}"
-  exp, steps = deviceless.compile_steps(c, target=args.deviceless,
-                                        topology=topology,
-                                        programs=_programs(args.programs))
+  exp, steps = deviceless.compile_steps(
+      c, target=args.deviceless, topology=topology,
+      programs=_programs(args.programs),
+      collective_us=args.collective_us or None,
+      cluster=args.cluster or None,
+      compute_s=args.compute_ms / 1e3 if args.compute_ms else None)
   return {"target": args.deviceless, "topology": topology,
+          "cluster": args.cluster or None,
+          "collective_us": args.collective_us or None,
+          "compute_ms": args.compute_ms or None,
           **_rows(exp, steps, args.min_fraction)}
 
 
@@ -279,6 +300,14 @@ def _print_reports(title: str, result: dict) -> None:
           f"overlapped, {r['in_conditional']} in a conditional; in flight: "
           f"{100 * f['forward']:.0f}% of the forward, "
           f"{100 * f['backward']:.0f}% of the backward matmul FLOPs")
+    if "without_profile" in r:
+      f0 = r["without_profile"]["in_flight_fractions"]
+      if r.get("xla_compute_us"):
+        print(f"   XLA's estimate of the step's busy time: "
+              f"{r['xla_compute_us'] / 1e3:.1f} ms")
+      print(f"   latency profile {r['profile_us']} (us); without it: "
+            f"{100 * f0['forward']:.0f}% of the forward, "
+            f"{100 * f0['backward']:.0f}% of the backward")
     print(r["summary"])
 
 
@@ -423,6 +452,19 @@ def main():
   ap.add_argument("--programs", default="all",
                   help="all, none (steps without the consensus "
                   "measurement) or ROUND:MODE,... (e.g. 0:none,0:input)")
+  ap.add_argument("--cluster", default="",
+                  help="--deviceless: tell XLA's scheduler the runtime "
+                  "model's transfer time of each collective on this "
+                  "runtime_model preset cluster (e.g. A40) through a "
+                  "latency profile (compiles each program twice)")
+  ap.add_argument("--collective_us", type=float, default=0.0,
+                  help="--deviceless: the same with one transfer time (us) "
+                  "for every asynchronous collective")
+  ap.add_argument("--compute_ms", type=float, default=0.0,
+                  help="with --cluster/--collective_us: the step's compute "
+                  "time on that cluster (ms); the times are rescaled to "
+                  "XLA's own estimate of the program's compute (e.g. 122.3 "
+                  "for GPT-2 small on the A40 preset)")
   ap.add_argument("--min_fraction", type=float, default=1 / 64,
                   help="report collectives of at least this share of one "
                   "worker's parameter bytes (default 1/64)")
