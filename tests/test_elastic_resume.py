@@ -174,6 +174,17 @@ def test_layout_descriptions():
   assert old == {"processes": None, "devices": None,
                  "devices_per_worker": 2, "workers_per_device": 1,
                  "worker_layout": ""}
+  # Hand-edited values are unknown, never an exception.
+  odd = checkpoint.saved_layout({"layout": {
+      "processes": "two", "devices": True, "devices_per_worker": -1,
+      "workers_per_device": 2.5, "worker_layout": 3}})
+  assert odd == {"processes": None, "devices": None,
+                 "devices_per_worker": None, "workers_per_device": None,
+                 "worker_layout": None}
+  assert checkpoint.describe_layout(odd) == (
+      "an unrecorded number of processes and devices, unrecorded workers "
+      "per device")
+  assert checkpoint.saved_layout({"layout": []})["devices_per_worker"] == 1
   assert checkpoint.check_elastic_resume(
       {"n_workers": 8, "layout": two}, {"n_workers": 8, "layout": virtual},
       "d")

@@ -269,6 +269,11 @@ def check_run_meta(meta, where: str) -> dict:
 _LAYOUT_KEYS = ("devices_per_worker", "workers_per_device", "worker_layout")
 
 
+def _count(v) -> int | None:
+  return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 \
+      else None
+
+
 def saved_layout(meta: dict) -> dict:
   """The worker layout a checkpoint was written on, from its JSON document.
 
@@ -276,16 +281,20 @@ def saved_layout(meta: dict) -> dict:
   ``devices_per_worker``, ``workers_per_device``, ``worker_layout``);
   checkpoints written before it existed give what their top-level keys
   say (``devices_per_worker`` 1 and ``workers_per_device`` 1 if absent;
-  the process and device counts are then unknown, None).
+  the process and device counts are then unknown, None). A value of the
+  wrong type (a hand-edited file) counts as unknown: the layout is only
+  reported, never used to read the state.
   """
   layout = meta.get("layout")
-  out = dict(layout) if isinstance(layout, dict) else {}
-  defaults = {"devices_per_worker": 1, "workers_per_device": 1,
-              "worker_layout": ""}
-  for key in _LAYOUT_KEYS:
-    out.setdefault(key, meta.get(key, defaults[key]))
-  out.setdefault("processes", None)
-  out.setdefault("devices", None)
+  layout = layout if isinstance(layout, dict) else {}
+  out = {}
+  for key in ("processes", "devices") + _LAYOUT_KEYS[:2]:
+    out[key] = _count(layout.get(key, meta.get(key)))
+  for key in _LAYOUT_KEYS[:2]:
+    if key not in layout and key not in meta:
+      out[key] = 1
+  mode = layout.get("worker_layout", meta.get("worker_layout", ""))
+  out["worker_layout"] = mode if isinstance(mode, str) else None
   return out
 
 
@@ -299,15 +308,18 @@ def describe_layout(layout: dict) -> str:
   4 devices, 1 worker per device"`` or ``"1 process x 2 devices x 4
   workers per device"``; ``devices`` counts the devices of all processes."""
   procs, devices = layout.get("processes"), layout.get("devices")
-  d, k = layout["devices_per_worker"], layout["workers_per_device"]
+  d, k = layout.get("devices_per_worker"), layout.get("workers_per_device")
   if procs and devices:
     head = f"{_plural(procs, 'process')} x {_plural(devices // procs, 'device')}"
   else:
     head = "an unrecorded number of processes and devices"
+  if k is None or d is None:
+    return f"{head}, unrecorded workers per device"
   if k > 1:
     return f"{head} x {k} workers per device"
   if d > 1:
-    mode = f" ({layout['worker_layout']})" if layout["worker_layout"] else ""
+    mode = f" ({layout['worker_layout']})" if layout.get("worker_layout") \
+        else ""
     return f"{head}, {d} devices per worker{mode}"
   return f"{head}, 1 worker per device"
 
