@@ -16,7 +16,8 @@ evaluations and the workers whose training rows it read. With
 and writes their error messages to ``DIR/errors_p<I>.json``. With
 ``--startup_checks`` it only builds experiments that the processes must
 refuse together (:func:`startup_checks`). With ``--step_delay S`` every
-step sleeps ``S`` seconds first; a run stopped by SIGTERM writes
+step sleeps ``S`` seconds first; ``--extra=--config.F=V`` (repeatable) sets
+a config field of every case; a run stopped by SIGTERM writes
 ``DIR/preempted_p<I>.json`` (the step of the checkpoint saved) and exits
 with status 143.
 
@@ -219,6 +220,8 @@ def main() -> None:
   parser.add_argument("--check_errors", action="store_true")
   parser.add_argument("--startup_checks", action="store_true")
   parser.add_argument("--step_delay", type=float, default=0.0)
+  parser.add_argument("--extra", action="append", default=[],
+                      help="a --config.<field>=value of every case")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
@@ -238,7 +241,7 @@ def main() -> None:
     return sampler_batch(self, step, workers)
 
   text.LMSampler.batch = batch
-  dist = (f"--config.log_interval={args.log_interval}",
+  dist = (*args.extra, f"--config.log_interval={args.log_interval}",
           "--config.distributed.enabled=True",
           f"--config.distributed.coordinator_address=127.0.0.1:{args.port}",
           f"--config.distributed.num_processes={N_PROCESSES}",

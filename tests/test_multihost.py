@@ -15,6 +15,11 @@ parameters that differ between processes, a process that never starts, a
 coordinator port already taken) must reach every process as one-line errors.
 SIGTERM to both processes must save one checkpoint at the same step, and the
 job started again must end exactly like the uninterrupted one.
+A job with one process killed by SIGKILL, restarted as one process of 2
+devices with 4 workers each, must resume from the newest checkpoint and end
+bit for bit like a reference that switches layouts in memory (elastic
+resume; the single-process layout changes are in
+``tests/test_elastic_resume.py``).
 
 Every launched process runs in its own session and is killed (process group)
 when the test ends, passes or fails.
@@ -38,6 +43,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -559,3 +565,95 @@ def test_sigterm_to_both_processes_saves_one_step_and_resumes(
     for k in keys:
       np.testing.assert_array_equal(part[k], ref[k], err_msg=k)
     assert part["eval_loss"] == ref["eval_loss"]
+
+
+# ----------------------------------------------------------------------------
+# Elastic resume: a process killed, the job restarted on fewer processes.
+# ----------------------------------------------------------------------------
+
+ELASTIC_STEPS = 8
+ELASTIC = ("--config.checkpoint_interval=2", "--config.keep_checkpoints=8")
+
+
+def committed_steps(directory) -> list[int]:
+  """Steps of the committed checkpoints (renamed from their temporary
+  directory) in ``directory``."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory) if n.isdigit())
+
+
+def test_sigkill_then_restart_on_one_process_with_virtual_workers(
+    tmp_path, compile_cache):
+  """2 processes x 4 devices, one SIGKILLed; 1 process x 2 devices x 4.
+
+  The 2-process job (one_peer_exp, 8 workers, a checkpoint every 2 steps,
+  steps slowed to 1 s) has process 1 killed with SIGKILL once checkpoint 2
+  is committed; process 0 must stop with an error. The command line then
+  restarts the job as one process of 2 CPU devices with 4 workers each
+  (``--config.workers_per_device=4``) on the same work directory: it must
+  resume from the newest committed checkpoint K and finish. The
+  reference never reads a checkpoint: the config trained in this process
+  on 8 devices for K steps, the state moved to a 2-device, 4-workers-per-
+  device experiment in memory, and trained to the end there. Checkpoint K
+  and the final checkpoint must equal the reference's states bit for bit.
+  """
+  devices = require_devices(N)
+  extra = [f"--extra={a}" for a in ELASTIC]
+  workdir = tmp_path / "one_peer_exp"
+  with launch(tmp_path, "--case", "one_peer_exp", "--steps",
+              str(ELASTIC_STEPS), "--log_interval", "1", "--step_delay", "1",
+              *extra, cache=compile_cache) as procs:
+    wait_for_records(workdir / "metrics.jsonl", 3, procs, tmp_path,
+                     JOB_TIMEOUT_S)
+    kill_and_expect_failure(procs, 1, tmp_path)
+  stop = committed_steps(workdir / "checkpoints")[-1]
+  assert 2 <= stop < ELASTIC_STEPS, stop
+  restart = [sys.executable,
+             os.path.join(worker.ROOT, "experiments", "train.py"),
+             f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
+             f"--workdir={workdir}", *worker.TINY,
+             *worker.CASES["one_peer_exp"],
+             f"--config.steps={ELASTIC_STEPS}", *ELASTIC,
+             "--config.workers_per_device=4"]
+  log = tmp_path / "restart.log"
+  with open(log, "wb") as f:
+    done = subprocess.run(restart, env=cache_env(clean_env(), compile_cache),
+                          stdout=f, stderr=subprocess.STDOUT,
+                          timeout=JOB_TIMEOUT_S, check=False)
+  text = log.read_text(encoding="utf-8", errors="replace")
+  assert done.returncode == 0, text[-3000:]
+  assert f"at step {stop}" in text, text[-3000:]
+  assert ("written on 2 processes x 4 devices, 1 worker per device; "
+          "resuming its 8 workers on 1 process x 2 devices x 4 workers per "
+          "device") in text, text[-3000:]
+  # The reference: 1 x 8 devices to step ``stop``, then 2 devices x 4.
+  config_a = worker.case_config("one_peer_exp", *ELASTIC,
+                                steps=ELASTIC_STEPS)
+  config_b = worker.case_config("one_peer_exp", *ELASTIC,
+                                "--config.workers_per_device=4",
+                                steps=ELASTIC_STEPS)
+  exp_a = experiment_lib.Experiment(config_a, devices=devices)
+  state = exp_a.init_state()
+  for s in range(stop):
+    state, _ = exp_a.train_step(state, exp_a.get_batch(s), s)
+  at_stop = jax.device_get(state)
+  exp_b = experiment_lib.Experiment(config_b, devices=devices[:2])
+  like = exp_b.init_state()
+  state = jax.device_put(state, jax.tree.map(lambda x: x.sharding, like))
+  for s in range(stop, ELASTIC_STEPS):
+    state, _ = exp_b.train_step(state, exp_b.get_batch(s), s)
+  final = jax.device_get(state)
+  with checkpoint.Checkpointer(str(workdir / "checkpoints")) as ckpt:
+    assert ckpt.all_steps()[-1] == ELASTIC_STEPS
+    for step, want in ((stop, at_stop), (ELASTIC_STEPS, final)):
+      got, _ = ckpt.restore(step, like)
+      for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
+                              jax.tree.leaves(want), strict=True):
+        g, w = np.asarray(g), np.asarray(w)
+        if jax.dtypes.issubdtype(g.dtype, jax.dtypes.prng_key):
+          g, w = jax.random.key_data(g), jax.random.key_data(w)
+        np.testing.assert_array_equal(
+            g, w, err_msg=f"checkpoint {step} {jax.tree_util.keystr(path)}")
+  # The 8 workers' models differ (the comparison is per worker).
+  assert np.ptp(np.asarray(jax.tree.leaves(final.params)[0]), axis=0).max() > 0

@@ -292,10 +292,15 @@ def test_runner_trains_virtual_workers_like_devices():
   assert comm["ratio"] == pytest.approx(1 / 3)
   assert comm["device_bytes_per_step"] == pytest.approx(
       4 * comm["bytes_per_step"])
+  # Elastic resume: a checkpoint of 8 devices x 1 worker resumes on
+  # 2 devices x 4 workers (tests/test_elastic_resume.py), but not with
+  # another number of workers.
   meta = runs[1][0].checkpoint_meta(2)
-  with pytest.raises(ValueError, match=r"config.workers_per_device=1 but "
-                     r"this run has 4"):
-    exp.check_resumable(meta, "/ckpt")
+  assert meta["layout"]["workers_per_device"] == 1
+  exp.check_resumable(meta, "/ckpt")
+  with pytest.raises(ValueError, match=r"holds 4 workers .* config."
+                     r"n_workers=8"):
+    exp.check_resumable(dict(meta, n_workers=4), "/ckpt")
 
 
 def test_misuse_inside_the_worker_vmap_is_an_error_not_a_wrong_number():

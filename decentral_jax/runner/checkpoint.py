@@ -279,6 +279,121 @@ def check_run_meta(meta, where: str) -> dict:
   return meta
 
 
+# -- elastic resume -------------------------------------------------------------
+
+_LAYOUT_KEYS = ("devices_per_worker", "workers_per_device", "worker_layout")
+
+
+def _count(v) -> int | None:
+  return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 \
+      else None
+
+
+def saved_layout(meta: dict) -> dict:
+  """The worker layout a checkpoint was written on, from its JSON document.
+
+  Reads ``meta["layout"]`` (``processes``, ``devices``,
+  ``devices_per_worker``, ``workers_per_device``, ``worker_layout``);
+  checkpoints written before it existed give what their top-level keys
+  say (``devices_per_worker`` 1 and ``workers_per_device`` 1 if absent;
+  the process and device counts are then unknown, None). A value of the
+  wrong type (a hand-edited file) counts as unknown: the layout is only
+  reported, never used to read the state.
+  """
+  layout = meta.get("layout")
+  layout = layout if isinstance(layout, dict) else {}
+  out = {}
+  for key in ("processes", "devices") + _LAYOUT_KEYS[:2]:
+    out[key] = _count(layout.get(key, meta.get(key)))
+  for key in _LAYOUT_KEYS[:2]:
+    if key not in layout and key not in meta:
+      out[key] = 1
+  mode = layout.get("worker_layout", meta.get("worker_layout", ""))
+  out["worker_layout"] = mode if isinstance(mode, str) else None
+  return out
+
+
+def _plural(k, word: str) -> str:
+  return f"{k} {word}" + ("" if k == 1 else "es" if word.endswith("s")
+                          else "s")
+
+
+def describe_layout(layout: dict) -> str:
+  """One phrase for a layout (:func:`saved_layout`), e.g. ``"2 processes x
+  4 devices, 1 worker per device"`` or ``"1 process x 2 devices x 4
+  workers per device"``; ``devices`` counts the devices of all processes."""
+  procs, devices = layout.get("processes"), layout.get("devices")
+  d, k = layout.get("devices_per_worker"), layout.get("workers_per_device")
+  if procs and devices:
+    head = f"{_plural(procs, 'process')} x {_plural(devices // procs, 'device')}"
+  else:
+    head = "an unrecorded number of processes and devices"
+  if k is None or d is None:
+    return f"{head}, unrecorded workers per device"
+  if k > 1:
+    return f"{head} x {k} workers per device"
+  if d > 1:
+    mode = f" ({layout['worker_layout']})" if layout.get("worker_layout") \
+        else ""
+    return f"{head}, {d} devices per worker{mode}"
+  return f"{head}, 1 worker per device"
+
+
+def _same_layout(a: dict, b: dict) -> bool:
+  keys = ("processes", "devices") + _LAYOUT_KEYS
+  return all(a.get(k) is None or b.get(k) is None or a[k] == b[k]
+             for k in keys)
+
+
+def check_elastic_resume(saved: dict, mine: dict, where: str) -> bool:
+  """Checks that a checkpoint can be resumed on this run's worker layout.
+
+  Elastic resume: every leaf of the checkpointed state is a global
+  ``[n_workers, ...]`` array (worker ``i``'s row is worker ``i``'s
+  parameters, optimizer state, step and dropout key wherever it ran), so
+  the same ``n_workers`` may resume on any layout (process count, devices
+  per process, ``devices_per_worker``, ``workers_per_device``,
+  ``worker_layout``): Orbax reads each row onto the device that now holds
+  that worker. The state continues bit for bit; the new layout's steps
+  may round differently from the old one's (another reduction order).
+
+  Args:
+    saved: the checkpoint's JSON document (``n_workers``, ``layout``).
+    mine: this run's (``Experiment.checkpoint_meta``).
+    where: the checkpoint directory, for the messages.
+
+  Returns:
+    True if the layout changes (logged on process 0), False if not.
+
+  Raises:
+    ValueError: another number of workers, in one line saying why it
+      cannot change and what to run instead.
+  """
+  n, n_mine = saved.get("n_workers"), mine["n_workers"]
+  if n is not None and n != n_mine:
+    hint, devices = "", saved_layout(mine)["devices"]
+    if isinstance(n, int) and n > 0 and devices and n % devices == 0:
+      hint = (f", e.g. on this run's {devices} device(s) with "
+              f"--config.workers_per_device={n // devices}")
+    raise ValueError(
+        f"the checkpoint in {where} holds {n} workers (each its own "
+        f"parameters, optimizer state, data shard and place in the "
+        f"topology, stacked [{n}, ...]) but this run has config.n_workers="
+        f"{n_mine}; a resume may change the layout (processes, "
+        "devices_per_worker, workers_per_device) but not the number of "
+        "workers, since there is no exact way to merge or split their "
+        f"states: resume with --config.n_workers={n}{hint}, or use a fresh "
+        "--workdir.")
+  old, new = saved_layout(saved), saved_layout(mine)
+  if _same_layout(old, new):
+    return False
+  if jax.process_index() == 0:
+    logging.info("elastic resume: the checkpoint in %s was written on %s; "
+                 "resuming its %d workers on %s.", where,
+                 describe_layout(old), n_mine, describe_layout(new))
+  return True
+
+
 class Checkpointer:
   """Saves, verifies and restores ``(state, meta)`` pairs in one directory.
 

@@ -60,6 +60,7 @@ from ml_collections import config_dict
 from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
+from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import fault_run
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
@@ -91,14 +92,11 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "trickle_reduction": "trickle_reduction",
                   "outer_optimizer": "outer_optimizer",
                   "comm_dtype": "comm_dtype",
-                  "devices_per_worker": "devices_per_worker",
-                  "worker_layout": "worker_layout",
-                  "workers_per_device": "workers_per_device",
                   "faults": "faults"}
+# The worker layout (processes, devices per worker, workers per device,
+# worker_layout) may change on resume: checkpoint.check_elastic_resume.
 # Values assumed for checkpoints written before these fields existed.
-_RESUME_DEFAULTS = {"beta_convention": "per_window",
-                    "devices_per_worker": 1, "worker_layout": "",
-                    "workers_per_device": 1, "faults": {},
+_RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                     "outer_overlap": "none", "outer_latency": 1,
                     "trickle_reduction": True}
 
@@ -854,11 +852,29 @@ class Experiment:
                           if self.layout.devices_per_worker > 1 else ""),
         # The fault schedule and rules ({} without config.faults.enabled).
         "faults": fault_run.resume_meta(c, self.faults),
+        # Where the workers ran (informative: a resume may change it).
+        "layout": self.worker_layout_meta(),
     }
 
+  def worker_layout_meta(self) -> dict:
+    """This run's layout as :func:`checkpoint.describe_layout` reads it."""
+    return {"processes": jax.process_count(),
+            "devices": int(parallel.device_mesh(self.mesh).devices.size),
+            "devices_per_worker": self.layout.devices_per_worker,
+            "workers_per_device": self.workers_per_device,
+            "worker_layout": (self.layout.mode
+                              if self.layout.devices_per_worker > 1 else "")}
+
   def check_resumable(self, meta: dict, directory: str) -> None:
-    """Raises ValueError if a checkpoint was written by an incompatible run."""
+    """Raises ValueError if a checkpoint was written by an incompatible run.
+
+    The worker layout may differ (elastic resume: another process count,
+    ``devices_per_worker``, ``workers_per_device`` or ``worker_layout``
+    with the same ``n_workers``); a different ``n_workers`` is refused
+    first, saying why (:func:`checkpoint.check_elastic_resume`).
+    """
     mine = self.checkpoint_meta(meta.get("step", 0))
+    checkpoint_lib.check_elastic_resume(meta, mine, directory)
     for key, field in _RESUME_FIELDS.items():
       if validation.unread_reason(self.config, field) is not None:
         continue  # ignored by this run (its algorithm is compared)

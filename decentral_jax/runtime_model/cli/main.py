@@ -56,6 +56,7 @@ from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import stragglers
 from decentral_jax.runtime_model import utilisation
 from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model.recommend import label
@@ -120,6 +121,7 @@ def _predict(args) -> int:
   if "all_reduce" not in methods:
     methods.insert(0, "all_reduce")  # the baseline every speedup refers to
   check_predict_args(args)
+  faults = _faults_from_args(args)
   measured = None
   if args.cluster:
     if args.preset:
@@ -134,6 +136,8 @@ def _predict(args) -> int:
     c, w = _cluster_and_workload(args, n, measured)
     table, made = _price(args, methods, n, c, w)
     _print_table(n, c, w, table, made)
+    if not faults.none:
+      _print_faults(n, w, table, made, faults, args.on_failure)
     groups.append((f"{n} GPUs", {k: 1e3 * p.simulated_s
                                  for k, p in table.items()}, None))
   if args.png:
@@ -246,6 +250,52 @@ def _print_table(n: int, c, w, table: dict[str, recommend.Prediction],
     if m.compress is not None:
       print(recommend.break_even_line(key, recommend.break_even(m, c, w)))
   print("  recommendation: " + recommend.recommend(table))
+
+
+def _faults_from_args(args) -> stragglers.Faults:
+  """``--slow-fraction``, ``--slow-speed``, ``--failure-rate``,
+  ``--mean-downtime`` as :class:`stragglers.Faults` (errors name the flag)."""
+  try:
+    return stragglers.Faults(
+        slow_fraction=args.slow_fraction, slow_speed=args.slow_speed,
+        failure_rate=args.failure_rate, mean_downtime=args.mean_downtime)
+  except ValueError as e:
+    raise ValueError("--" + str(e).replace("_", "-", 1)) from None
+
+
+def fault_mode(m) -> tuple[str, int]:
+  """``(mode, H)`` of a method under faults: All-Reduce waits, gossip does
+  not (deadline), DiLoCo / Local SGD over an exact all-reduce use a quorum
+  (local D-SGD gossips: deadline)."""
+  if m.kind == "all_reduce":
+    return "wait", 1
+  if m.kind == "local" and m.topology is None:
+    return "quorum", int(m.period)
+  return "deadline", 1
+
+
+def _print_faults(n: int, w, table, made, faults, on_failure: str) -> None:
+  """The table of what the faults cost each method (``docs/faults.md``)."""
+  k = faults.slow_workers(n)
+  print(f"  with faults: {k} of {n} workers at speed {faults.slow_speed:g}, "
+        f"failure rate {faults.failure_rate:g}/step, mean downtime "
+        f"{faults.mean_downtime:g} steps (up {100 * faults.up_fraction:.1f}% "
+        f"of the time); on_failure={on_failure}")
+  width = max([22] + [len(label(key)) + 3 for key in table])
+  print(f"  {'method':<{width}}{'mode':>9}{'ms/step':>9}{'work %':>8}"
+        f"{'useful %':>9}{'ms/useful':>10}")
+  for key, p in table.items():
+    mode, period = fault_mode(made[key])
+    cost = stragglers.straggler_cost(
+        mode, n, p.simulated_s, faults, compute_s=w.compute_mean_s,
+        compute_std_s=w.compute_std_s, period=period, on_failure=on_failure)
+    print(f"  {label(key):<{width}}{mode:>9}{1e3 * cost.step_s:9.1f}"
+          f"{100 * cost.work_done:8.1f}{100 * cost.useful:9.1f}"
+          f"{1e3 * cost.time_per_useful_step:10.1f}")
+  print("  wait: every step waits for the slowest worker and stalls while "
+        "any is down; deadline: gossip goes on without them; quorum: "
+        "DiLoCo's outer step over the live workers. useful %: worker-steps "
+        "that count; ms/useful = ms/step / useful")
 
 
 def _write_chart(panels, path: str) -> None:
@@ -593,6 +643,22 @@ def build_parser() -> argparse.ArgumentParser:
       g.add_argument("--half-duplex", action="store_true",
                      help="NICs cannot send and receive at full rate at "
                      "once (default: full duplex)")
+  g = q.add_argument_group("faults (docs/faults.md; a second table when set)")
+  g.add_argument("--slow-fraction", type=float, default=0.0,
+                 help="share of workers that are slow, round(f n) of them "
+                 "(default 0)")
+  g.add_argument("--slow-speed", type=float, default=0.5,
+                 help="their speed in (0, 1] (default 0.5)")
+  g.add_argument("--failure-rate", type=float, default=0.0,
+                 help="failure probability of a live worker per step, in "
+                 "[0, 1) (default 0)")
+  g.add_argument("--mean-downtime", type=float, default=10.0,
+                 help="mean steps a failed worker stays down, >= 1 "
+                 "(default 10)")
+  g.add_argument("--on-failure", choices=stragglers.ON_FAILURE,
+                 default="proceed", help="DiLoCo's quorum rule: proceed "
+                 "with the live workers or roll the round back (default "
+                 "proceed)")
   q.add_argument("--steps", type=int, default=300,
                  help="simulated iterations, the first fifth is warm-up")
   q.add_argument("--seed", type=int, default=0, help="seed of compute draws")
