@@ -249,3 +249,34 @@ def test_gathered_mean_bytes_equal_the_hand_count():
   assert rep.mean_bytes_per_step == 7 * 5 * 8 * (4 + 2)
   assert compress.gather_payload_bytes({"w": np.ones(300)}, 8, c) == \
       7 * 5 * 8 * 6
+
+
+def _report(fn, x, mesh):
+  return analysis.communication(
+      jax.jit(parallel.per_worker(fn, mesh)).lower(
+          parallel.shard(x, mesh)).compile())
+
+
+def test_report_splits_codes_scales_and_indices_by_element_type():
+  """The parts of each message, counted by hand: 300 values in blocks of 64
+  (5 blocks, the last padded); 8 workers."""
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  axis = parallel.worker_axis(mesh)
+  x = {"w": np.ones((8, 300), np.float32)}
+  topk = compress.Compressor("topk", block=64, fraction=0.125)
+  rep = _report(lambda t: compress.gather_mean_compressed(
+      t, axis, compressor=topk), x, mesh)
+  # all-gather to 7 others: 5 chunks x 8 float32 values and int16 indices.
+  assert rep.mean_bytes_by_dtype() == {"f32": 7 * 5 * 8 * 4,
+                                       "s16": 7 * 5 * 8 * 2}
+  assert "by element type: f32 1,120 B, s16 560 B" in rep.summary()
+  int4 = compress.Compressor("int4", block=64)
+  rep = _report(lambda t: compress.mean_compressed(t, axis, compressor=int4),
+                x, mesh)
+  # 300 values padded to 512 = 8 blocks: 32 code bytes + a scale each;
+  # all-to-all and all-gather send 7/8 of it each.
+  assert rep.mean_bytes_by_dtype() == pytest.approx(
+      {"u8": 2 * 7 / 8 * 8 * 32, "f32": 2 * 7 / 8 * 8 * 4}, rel=1e-12)
+  assert sum(rep.mean_bytes_by_dtype().values()) == pytest.approx(
+      rep.mean_bytes_per_step, rel=1e-12)
