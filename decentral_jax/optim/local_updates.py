@@ -135,10 +135,11 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
 
   Raises:
     ValueError: ``inner`` not an optax transform, ``sync_every`` not an
-      integer >= 1, ``comm_dtype`` not None or a floating dtype (at
-      construction); an integer or bool parameter leaf (in ``init`` and
-      ``update``: only floating leaves can be averaged); ``params`` not
-      passed to ``update``.
+      integer >= 1, ``comm_dtype`` not None or a floating dtype, bad
+      compression arguments or a compressor with ``comm_dtype`` (see
+      :func:`check_compression`; at construction); an integer or bool
+      parameter leaf (in ``init`` and ``update``: only floating leaves can
+      be averaged); ``params`` not passed to ``update``.
   """
   period = _check_common(inner, sync_every)
   comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
@@ -698,7 +699,8 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
       ``merge_alpha`` an array: under ``optax.inject_hyperparams`` it must
       be listed in ``static_args``), ``inner`` or ``outer`` not an optax
       transform, ``comm_dtype`` not None or floating, ``overlap_steps > 0``
-      with overlap; in ``init`` and ``update``, a fragment assignment that
+      with overlap, bad compression arguments or a compressor with
+      ``comm_dtype`` or overlap (see :func:`check_compression`); in ``init`` and ``update``, a fragment assignment that
       misses a fragment or a leaf, an integer or bool parameter leaf,
       ``params`` not passed.
 
