@@ -92,8 +92,10 @@ def compressor(config) -> compress.Compressor | None:
   c = config.compression
   if c.format == "none":
     return None
-  return compress.Compressor(str(c.format), block=int(c.block),
-                             fraction=float(c.fraction))
+  if c.format == "topk":
+    return compress.Compressor("topk", block=int(c.block),
+                               fraction=float(c.fraction))
+  return compress.Compressor(str(c.format), block=int(c.block))
 
 
 def _coding(config) -> dict:
