@@ -1,38 +1,57 @@
-"""GPU check: GPT-2 small step speed (tokens/s, MFU) and async gossip in HLO.
+"""GPU check: step speed, and the gossip overlap of the compiled train step.
 
-Part ``timing``: the ``configs/gpt2_small_owt.py`` model (12 layers, 12 heads,
-width 768, context 1024, vocabulary 50304, bfloat16 compute, float32
-parameters) and its per-worker batch (global_batch / n_workers = 30
-sequences), one train step (forward, backward, global-norm clip, AccumAdamW
-with the config's hyperparameters) on ONE device with synthetic random
-tokens, for timing only. Reports ms/step, tokens/s and model FLOPs
-utilisation
+Two ways to run it.
 
-  MFU = tokens/s x (6 N + 12 L T C) / peak,
+**Deviceless (any machine, no GPU)**: ``--deviceless TARGET`` compiles the
+runner's own train-step programs of ``--config`` (default
+``configs/gpt_tiny.py``; ``--set KEY=VALUE`` overrides) for a GPU target
+(``h200``, ``h100_sxm``, ``a100_sxm_80``; ``--topology``, default one host
+of as many GPUs as the config needs) on this machine
+(:mod:`decentral_jax.runner.deviceless`; ``pip install -r
+requirements-gpu-compile.txt``; ``JAX_PLATFORMS=cpu`` is set here), and
+prints each program's overlap report
+(:func:`decentral_jax.analysis.overlap_report`): per collective its bytes,
+asynchronous or not, inside a conditional or not, the forward / backward
+work in flight, and the share of the forward and backward matmul FLOPs
+that run while a collective is in flight. ``--json FILE`` writes the
+reports and ``in_flight_fractions`` (the least over the programs with a
+parameter-sized collective), which ``python -m decentral_jax.runtime_model
+predict --gossip-in-flight FILE`` reads.
+``--cluster A40`` (a runtime-model preset) or ``--collective_us US`` also
+compiles each program with a latency profile that tells XLA's scheduler
+the transfer time of each collective on that cluster, ``--compute_ms`` the
+step's compute time there (to rescale the times to XLA's own estimate),
+and prints the report before and after (docs/gpu_overlap.md; BENCHMARKS.md
+section 11.6).
 
-with ``N`` the parameters used in matmuls (all parameters minus the position
-embedding; the token embedding counts because it is the tied output head),
-``L`` layers, ``T`` context, ``C`` width (the attention term of Chowdhery et
-al. 2022, App. B, as in nanoGPT's ``estimate_mfu``), and ``peak`` the dense
-bfloat16 FLOP/s of the detected GPU (table below; ``--peak_flops``
-overrides).
+**On GPUs** (the default when JAX sees a GPU; ``bash
+benchmarks/gpu_check.sh``, under 5 minutes):
 
-Part ``async``: compiles (does not run) a one-peer-exponential
-decentralized AccumAdamW step of a GPT with the same width/heads/context (but
-``--async_layers`` layers, to keep compiles short) over 8 workers, both with
-the round chosen in-graph (``lax.switch``) and with one round compiled alone
-(``round_index=0``), and reports,
-from the optimized HLO, whether the gossip ``collective-permute`` is
-asynchronous (``collective-permute-start`` / ``-done``) with compute between
-start and done, whether the starts sit inside the ``lax.switch`` branches,
-and the bytes per step (float32 and bfloat16 gossip). Devices: 8 real devices
-if present; on a single GPU, a child process with XLA's mock GPU topology
-(``jax_mock_gpu_topology=1x8x1``, compile only, no execution); on CPU, 8
-simulated CPU devices (XLA:CPU has no async collectives, so it reports
-synchronous permutes).
+* ``timing``: the ``configs/gpt2_small_owt.py`` model (12 layers, 12 heads,
+  width 768, context 1024, vocabulary 50304, bfloat16 compute, float32
+  parameters) and its per-worker batch (30 sequences), one train step
+  (forward, backward, global-norm clip, AccumAdamW) on ONE device with
+  synthetic tokens. Reports ms/step, tokens/s and model FLOPs utilisation
+  ``MFU = tokens/s x (6 N + 12 L T C) / peak`` (``N`` the matmul
+  parameters, ``L`` layers, ``T`` context, ``C`` width; Chowdhery et al.
+  2022, App. B; ``peak`` the dense bfloat16 FLOP/s of the GPU below,
+  ``--peak_flops`` overrides).
+* ``schedule``: the runner's train-step programs of ``--config`` compiled
+  for the GPUs present (``n_workers`` set to their count; with one GPU, in
+  a child process on XLA's mock 8-GPU topology, compile only), with kernel
+  autotuning, against the same programs compiled deviceless for the
+  matching target in a child process: the two overlap reports side by
+  side (deviceless compiles skip autotuning and may schedule differently).
+* ``gossip_timing`` (2 or more GPUs): ms per train step of ``--config``
+  with its gossip and with ``gossip_every`` set beyond the timed steps
+  (the same compute and optimizer, no gossip), on the config's own
+  data: the paper's claim is that the two are
+  close when the gossip hides behind the forward and backward pass.
 
-Run ``benchmarks/gpu_check.sh`` (< 5 minutes on one H100/H200); on a CPU
-``--smoke`` shrinks everything.
+On a CPU without ``--deviceless``, ``--smoke`` shrinks the timing model
+and runs ``schedule`` and ``gossip_timing`` on 8 simulated CPU devices
+(XLA:CPU's collectives are synchronous and its HLO is not scheduled: a
+check of the script, not of overlap).
 """
 
 from __future__ import annotations
@@ -42,12 +61,22 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
-import _common  # benchmarks/_common.py, next to this script
-
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if "--deviceless" in sys.argv:  # before anything initialises a backend
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+import _common  # benchmarks/_common.py, next to this script  # noqa: E402
+
 GPT2_SMALL = os.path.join(_ROOT, "configs", "gpt2_small_owt.py")
+TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+# Deviceless target of a device kind (substring, first match wins).
+TARGET_OF_KIND = (("H200", "h200"), ("H100", "h100_sxm"),
+                  ("A100", "a100_sxm_80"))
 
 # Dense (no sparsity) bfloat16 tensor-core peak FLOP/s by device-kind
 # substring, first match wins (vendor data sheets).
@@ -163,142 +192,345 @@ def part_timing(args) -> dict:
   return out
 
 
-def _abstract_inputs(cfg, tx, mesh, batch):
-  """ShapeDtypeStructs (with shardings) of params, opt state and tokens."""
-  import jax
-  import jax.numpy as jnp
-  from decentral_jax import parallel
-  from decentral_jax.models import gpt
-  n = parallel.n_workers_of(mesh)
-  sharding = parallel.worker_sharding(mesh)
-  p1 = jax.eval_shape(lambda: gpt.init_params(cfg, jax.random.key(0)))
-  params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      (n,) + x.shape, x.dtype, sharding=sharding), p1)
-  state = jax.eval_shape(parallel.per_worker(tx.init, mesh), params)
-  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-      x.shape, x.dtype, sharding=sharding), state)
-  tokens = jax.ShapeDtypeStruct((n, batch, cfg.block_size + 1), jnp.int32,
-                                sharding=sharding)
-  return p1, params, state, tokens
+# ---------------------------------------------------------------------------
+# The runner's programs: overlap reports (deviceless or on GPUs).
+# ---------------------------------------------------------------------------
 
 
-def part_async(args) -> dict:
-  import jax
-  from decentral_jax import analysis
-  from decentral_jax import parallel
-  from decentral_jax import topology
-  import jax.numpy as jnp
+def _config(args, extra=()):
+  from decentral_jax.runner import config as config_lib
+  return config_lib.load_config(args.config, list(args.set) + list(extra))
 
-  devices = jax.devices()
-  n = 8 if len(devices) >= 8 else (4 if len(devices) >= 4 else
-                                   (2 if len(devices) >= 2 else 1))
-  out = {"backend": jax.default_backend(), "n_devices_seen": len(devices),
-         "device_kind": devices[0].device_kind,
-         "mock_gpu_topology": os.environ.get("JAX_MOCK_GPU_TOPOLOGY", "")}
-  if n < 2:
-    out["result"] = ("only one device is present: a multi-device GPU compile "
-                     "is not possible here, so the async check was not done")
+
+def _devices_needed(c) -> int:
+  return (int(c.n_workers) * int(c.devices_per_worker)
+          // int(c.workers_per_device))
+
+
+def _programs(spec: str):
+  """``programs`` argument of ``deviceless.compile_programs`` from
+  ``--programs`` (``all``, ``none`` (the ordinary steps) or ``R:MODE,..``)."""
+  def pick(exp):
+    if spec == "all":
+      return exp.programs()
+    if spec == "none":
+      return [p for p in exp.programs() if p[1] != "input"]
+    out = []
+    for item in spec.split(","):
+      r, _, mode = item.partition(":")
+      out.append((None if r in ("", "None") else int(r), mode or "none"))
+    bad = [p for p in out if p not in exp.programs()]
+    if bad:
+      raise ValueError(f"--programs {spec!r}: {bad} not among the "
+                       f"experiment's programs {exp.programs()}.")
     return out
-  cfg, c, batch = _gpt_cfg(args, n_layer=args.async_layers)
-  mesh = parallel.make_mesh(n, devices=devices[:n])
-  out["n_workers"] = n
-  out["model"] = (f"GPT n_layer={cfg.n_layer} n_embd={cfg.n_embd} "
-                  f"n_head={cfg.n_head} T={cfg.block_size} "
-                  f"V={cfg.vocab_size} batch={batch}/worker")
-  # (topology, comm dtype, round_index): None = lax.switch over rounds,
-  # an int = that round compiled alone (no conditional).
-  variants = [("one_peer_exp", None, None), ("one_peer_exp", None, 0),
-              ("one_peer_exp", jnp.bfloat16, None), ("exponential", None, None)]
-  rows = []
-  for name, comm, round_index in variants:
-    tx = _tx(c, topology.make(name, n), c.optimizer.accum_steps, comm)
-    step = _common.gpt_step(cfg, tx, mesh, clip=c.grad_clip,
-                            round_index=round_index)
-    p1, params, state, tokens = _abstract_inputs(cfg, tx, mesh, batch)
-    t0 = time.perf_counter()
-    compiled = step.lower(params, state, tokens).compile()
-    rep = analysis.communication(compiled)
-    perm = [c for c in analysis.overlap_report(compiled).collectives
-            if c.kind == "collective-permute"]
-    pb = analysis.tree_bytes(p1)
+  return pick
+
+
+def _rows(exp, steps, min_fraction: float) -> dict:
+  """JSON-able reports of compiled programs and the least in-flight pair."""
+  from decentral_jax import analysis
+  p_bytes = analysis.tree_bytes(exp.abstract_params())
+  min_bytes = p_bytes * min_fraction
+  rows, pairs = [], []
+  for s in steps:
+    rep = s.report
+    big = rep.select(min_bytes)
+    fwd, bwd = rep.in_flight_fractions()
     rows.append({
-        "topology": name,
-        "comm_dtype": str(jnp.dtype(comm)) if comm else "float32",
-        "round_index": round_index,
-        "compile_s": round(time.perf_counter() - t0, 1),
-        "bytes_ratio_per_branch": [round(r, 4) for r in rep.ratios(pb)],
-        "permute_async": sum(c.is_async for c in perm),
-        "permute_sync": sum(not c.is_async for c in perm),
-        "overlapped": sum(c.overlapped for c in perm),
-        "backward_in_flight": [c.backward for c in perm],
-        "permutes_inside_conditionals": sum(c.in_conditional for c in perm),
-        "async": any(c.is_async for c in perm),
-    })
-  out["variants"] = rows
-  return out
+        "round": s.distinct_round, "consensus": s.consensus,
+        "compile_s": round(s.compile_s, 1), "scheduled": rep.scheduled,
+        "collectives": len(big),
+        "async": sum(c.is_async for c in big),
+        "in_conditional": sum(c.in_conditional for c in big),
+        "overlapped": sum(c.overlapped for c in big),
+        "fwd_bwd_ops_in_flight": [[c.forward, c.backward] for c in big],
+        "matmul_flops_in_flight": round(
+            rep.flops_in_flight / rep.total_flops, 4)
+            if rep.total_flops else 0.0,
+        "in_flight_fractions": {"forward": fwd, "backward": bwd},
+        "summary": rep.summary(min_bytes)})
+    if s.unprofiled is not None:  # --cluster / --collective_us
+      f0, b0 = s.unprofiled.in_flight_fractions()
+      rows[-1]["without_profile"] = {
+          "in_flight_fractions": {"forward": f0, "backward": b0},
+          "fwd_bwd_ops_in_flight": [[c.forward, c.backward] for c in
+                                    s.unprofiled.select(min_bytes)]}
+      rows[-1]["profile_us"] = {k: round(v, 1)
+                                for k, v in s.profile_us.items()}
+      rows[-1]["xla_compute_us"] = s.xla_compute_us
+    if big:
+      pairs.append((bwd, fwd))
+  least = min(pairs) if pairs else (0.0, 0.0)
+  return {"param_bytes": int(p_bytes), "min_bytes": float(min_bytes),
+          "gossip_rounds": exp.gossip_rounds,
+          "consensus_at": exp.consensus_at, "programs": rows,
+          # The least over the programs with a collective of at least
+          # min_bytes: what runtime_model --gossip-in-flight reads.
+          "in_flight_fractions": {"forward": least[1],
+                                  "backward": least[0]}}
 
 
-def _mock_child(args) -> dict:
-  """Re-runs the async part in a child with a mock 8-GPU topology."""
-  env = dict(os.environ, JAX_MOCK_GPU_TOPOLOGY="1x8x1")
-  cmd = [sys.executable, os.path.abspath(__file__), "--part", "async",
-         "--async_layers", str(args.async_layers), "--json_only"]
-  if args.smoke:
-    cmd.append("--smoke")
+def run_deviceless(args) -> dict:
+  """``--deviceless TARGET``: compile for a GPU target here, report."""
+  from decentral_jax.runner import deviceless
+  c = _config(args)
+  topology = args.topology or f"1x1x{_devices_needed(c)}"
+  exp, steps = deviceless.compile_steps(
+      c, target=args.deviceless, topology=topology,
+      programs=_programs(args.programs),
+      collective_us=args.collective_us or None,
+      cluster=args.cluster or None,
+      compute_s=args.compute_ms / 1e3 if args.compute_ms else None)
+  return {"target": args.deviceless, "topology": topology,
+          "cluster": args.cluster or None,
+          "collective_us": args.collective_us or None,
+          "compute_ms": args.compute_ms or None,
+          **_rows(exp, steps, args.min_fraction)}
+
+
+def _print_reports(title: str, result: dict) -> None:
+  print(f"{title}: dispatch {result.get('gossip_rounds')}/"
+        f"{result.get('consensus_at')}, collectives of at least "
+        f"{result.get('min_bytes', 0):,.0f} B")
+  for r in result.get("programs", []):
+    f = r["in_flight_fractions"]
+    print(f"-- round {r['round']}, consensus {r['consensus']} (compiled in "
+          f"{r['compile_s']} s): {r['overlapped']} of {r['collectives']} "
+          f"overlapped, {r['in_conditional']} in a conditional; in flight: "
+          f"{100 * f['forward']:.0f}% of the forward, "
+          f"{100 * f['backward']:.0f}% of the backward matmul FLOPs")
+    if "without_profile" in r:
+      f0 = r["without_profile"]["in_flight_fractions"]
+      if r.get("xla_compute_us"):
+        print(f"   XLA's estimate of the step's busy time: "
+              f"{r['xla_compute_us'] / 1e3:.1f} ms")
+      print(f"   latency profile {r['profile_us']} (us); without it: "
+            f"{100 * f0['forward']:.0f}% of the forward, "
+            f"{100 * f0['backward']:.0f}% of the backward")
+    print(r["summary"])
+
+
+def _target_of(kind: str) -> str | None:
+  for key, target in TARGET_OF_KIND:
+    if key.lower() in kind.lower():
+      return target
+  return None
+
+
+def _child(cmd: list[str], env: dict, timeout: int) -> dict:
   try:
     r = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                       timeout=args.mock_timeout)
+                       timeout=timeout)
   except subprocess.TimeoutExpired:
-    return {"result": f"mock GPU topology child timed out after "
-                      f"{args.mock_timeout} s"}
+    return {"result": f"child timed out after {timeout} s: {cmd[2:]}"}
   if r.returncode != 0:
-    return {"result": "mock GPU topology compile failed (exit "
-                      f"{r.returncode}); only one device is present, so no "
-                      "multi-device GPU HLO could be inspected",
+    return {"result": f"child failed (exit {r.returncode})",
             "stderr_tail": r.stderr[-1500:]}
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _common_flags(args, n: int) -> list[str]:
+  flags = ["--config", args.config, "--programs", args.programs,
+           "--min_fraction", str(args.min_fraction)]
+  for kv in list(args.set) + [f"n_workers={n}"]:
+    flags += ["--set", kv]
+  return flags
+
+
+def part_schedule(args) -> dict:
+  """The programs compiled for the GPUs present, against deviceless."""
+  import jax
+  from decentral_jax.runner import deviceless
+  from decentral_jax.runner import experiment
+  devices = jax.devices()
+  kind = devices[0].device_kind
+  if len(devices) == 1 and jax.default_backend() == "gpu":
+    env = dict(os.environ, JAX_MOCK_GPU_TOPOLOGY="1x8x1")
+    res = _child([sys.executable, os.path.abspath(__file__), "--part",
+                  "schedule", "--json_only"] + _common_flags(args, 8), env,
+                 args.child_timeout)
+    res.setdefault("note", "one physical GPU: compiled for XLA's mock 8-GPU "
+                   "topology (GPU compiler with autotuning, no execution)")
+    return res
+  n = len(devices)
+  c = _config(args, [f"n_workers={n}"])
+  exp = experiment.Experiment(c, devices=devices[:_devices_needed(c)])
+  steps = deviceless.compile_programs(exp, _programs(args.programs))
+  out = {"backend": jax.default_backend(), "device_kind": kind,
+         "n_devices": n, "real": _rows(exp, steps, args.min_fraction)}
+  target = _target_of(kind)
+  if jax.default_backend() != "gpu" or target is None:
+    out["deviceless"] = {"result": f"no deviceless target for {kind!r} on "
+                         f"{jax.default_backend()}: not compared"}
+    return out
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "deviceless.json")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("JAX_MOCK_GPU_TOPOLOGY", None)
+    cmd = ([sys.executable, os.path.abspath(__file__), "--deviceless", target,
+            "--topology", f"1x1x{_devices_needed(c)}", "--json", path,
+            "--quiet"] + _common_flags(args, n))
+    res = _child(cmd + ["--json_only"], env, args.child_timeout)
+    out["deviceless"] = res
+  out["comparison"] = compare(out["real"], out["deviceless"])
+  return out
+
+
+def compare(real: dict, dless: dict) -> list[dict]:
+  """Per program, the real and the deviceless verdicts side by side."""
+  if "programs" not in dless:
+    return []
+  other = {(r["round"], r["consensus"]): r for r in dless["programs"]}
+  rows = []
+  for r in real.get("programs", []):
+    d = other.get((r["round"], r["consensus"]))
+    if d is None:
+      continue
+    keys = ("collectives", "async", "in_conditional", "overlapped")
+    rows.append({"round": r["round"], "consensus": r["consensus"],
+                 **{k: [r[k], d[k]] for k in keys},
+                 "matmul_flops_in_flight": [r["matmul_flops_in_flight"],
+                                            d["matmul_flops_in_flight"]],
+                 "same_verdicts": all(r[k] == d[k] for k in keys)})
+  return rows
+
+
+def _timed_steps(exp, first: int, count: int):
+  import jax
+  state = exp.init_state()
+  for k in range(first):  # compiles every program of the period
+    state, m = exp.train_step(state, exp.get_batch(k), k)
+  jax.block_until_ready(m)
+  t0 = time.perf_counter()
+  for k in range(first, first + count):
+    state, m = exp.train_step(state, exp.get_batch(k), k)
+  jax.block_until_ready(m)
+  return (time.perf_counter() - t0) / count
+
+
+def part_gossip_timing(args) -> dict:
+  """ms per step of ``--config`` with and without its gossip (>= 2 devices)."""
+  import jax
+  from decentral_jax.runner import experiment
+  n = len(jax.devices())
+  if n < 2:
+    return {"result": "one device: no gossip to time (needs 2 or more)"}
+  out = {"n_devices": n}
+  warm, count = args.warm_steps, args.timed_steps
+  horizon = warm + count + 1
+  # log_interval beyond the timed steps: no consensus measurement.
+  common = [f"n_workers={n}", f"steps={max(horizon, 2)}",
+            f"log_interval={horizon}", f"eval_interval={horizon}"]
+  for label, extra in (("gossip", []),
+                       ("no_gossip", [f"gossip_every={horizon}",
+                                      "gossip_rounds=switch"])):
+    c = _config(args, common + extra)
+    exp = experiment.Experiment(c, devices=jax.devices()[:_devices_needed(c)])
+    out[f"{label}_ms_per_step"] = round(
+        1e3 * _timed_steps(exp, warm, count), 3)
+  g, ng = out["gossip_ms_per_step"], out["no_gossip_ms_per_step"]
+  out["gossip_exposed_ms"] = round(g - ng, 3)
+  return out
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--part", choices=("all", "timing", "async"), default="all")
+  ap.add_argument("--part", choices=("all", "timing", "schedule",
+                                     "gossip_timing"), default="all")
+  ap.add_argument("--deviceless", metavar="TARGET", default="",
+                  help="compile for this GPU target here (h200, h100_sxm, "
+                  "a100_sxm_80 or a .txtpb file) and print the reports")
+  ap.add_argument("--topology", default="",
+                  help="deviceless topology SLICESxHOSTSxGPUS (default "
+                  "1x1xN, N the devices the config needs)")
+  ap.add_argument("--config", default=TINY,
+                  help="run config for schedule, gossip_timing and "
+                  "--deviceless (default configs/gpt_tiny.py)")
+  ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                  help="config override (repeatable)")
+  ap.add_argument("--programs", default="all",
+                  help="all, none (steps without the consensus "
+                  "measurement) or ROUND:MODE,... (e.g. 0:none,0:input)")
+  ap.add_argument("--cluster", default="",
+                  help="--deviceless: tell XLA's scheduler the runtime "
+                  "model's transfer time of each collective on this "
+                  "runtime_model preset cluster (e.g. A40) through a "
+                  "latency profile (compiles each program twice)")
+  ap.add_argument("--collective_us", type=float, default=0.0,
+                  help="--deviceless: the same with one transfer time (us) "
+                  "for every asynchronous collective")
+  ap.add_argument("--compute_ms", type=float, default=0.0,
+                  help="with --cluster/--collective_us: the step's compute "
+                  "time on that cluster (ms); the times are rescaled to "
+                  "XLA's own estimate of the program's compute (e.g. 122.3 "
+                  "for GPT-2 small on the A40 preset)")
+  ap.add_argument("--min_fraction", type=float, default=1 / 64,
+                  help="report collectives of at least this share of one "
+                  "worker's parameter bytes (default 1/64)")
+  ap.add_argument("--json", default="", help="write the result here")
+  ap.add_argument("--quiet", action="store_true",
+                  help="no per-program tables")
   ap.add_argument("--smoke", action="store_true",
-                  help="tiny model (CPU check of the script itself)")
+                  help="tiny timing model (CPU check of the script itself)")
   ap.add_argument("--batch", type=int, default=0,
                   help="sequences per step (default: the config's 30)")
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--steps", type=int, default=5, help="steps per repeat")
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--peak_flops", type=float, default=0.0)
-  ap.add_argument("--async_layers", type=int, default=2)
-  ap.add_argument("--mock_timeout", type=int, default=150)
+  ap.add_argument("--warm_steps", type=int, default=6,
+                  help="gossip_timing: untimed steps (compiles)")
+  ap.add_argument("--timed_steps", type=int, default=20)
+  ap.add_argument("--child_timeout", type=int, default=150)
   ap.add_argument("--json_only", action="store_true")
   args = ap.parse_args()
+  try:
+    result = _run(args)
+  except ValueError as e:
+    sys.exit(f"gpu_check: {e}")
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+  if args.json_only:
+    print(json.dumps(result))
 
-  import jax
+
+def _run(args) -> dict:
+  if args.deviceless:
+    result = run_deviceless(args)
+    if not (args.quiet or args.json_only):
+      _print_reports(f"{args.deviceless} {result['topology']}", result)
+      f = result["in_flight_fractions"]
+      print(f"\nIN FLIGHT (least over programs): forward {f['forward']:.3f}, "
+            f"backward {f['backward']:.3f}")
+    return result
+  if args.part == "schedule" and args.json_only:
+    return part_schedule(args)  # the mock-topology child
   result = {}
   if not args.json_only:
     result["machine"] = _common.machine_info()
     print("machine:", json.dumps(result["machine"]), flush=True)
-  if args.part in ("all", "timing"):
-    result["timing"] = part_timing(args)
-    if not args.json_only:
-      print("timing:", json.dumps(result["timing"]), flush=True)
-  if args.part in ("all", "async"):
-    if (len(jax.devices()) == 1 and jax.default_backend() == "gpu"
-        and not os.environ.get("JAX_MOCK_GPU_TOPOLOGY")):
-      res = _mock_child(args)
-      res.setdefault("note", "one physical GPU: compiled for a mock 8-GPU "
-                     "topology (XLA GPU compiler, no execution)")
-      result["async"] = res
-    else:
-      result["async"] = part_async(args)
-    if not args.json_only:
-      print("async:", json.dumps(result["async"]), flush=True)
-  if args.json_only:
-    print(json.dumps(result.get("async", result)))
-  else:
+  for part, fn in (("timing", part_timing), ("schedule", part_schedule),
+                   ("gossip_timing", part_gossip_timing)):
+    if args.part in ("all", part):
+      result[part] = fn(args)
+      if not args.json_only:
+        print(f"{part}:", json.dumps(_brief(result[part])), flush=True)
+  if not args.json_only:
     _summary(result)
+  return result
+
+
+def _brief(res: dict) -> dict:
+  """``res`` without the per-program text tables (printed separately)."""
+  def strip(x):
+    if isinstance(x, dict):
+      return {k: strip(v) for k, v in x.items() if k != "summary"}
+    if isinstance(x, list):
+      return [strip(v) for v in x]
+    return x
+  return strip(res)
 
 
 def _summary(result):
@@ -308,18 +540,22 @@ def _summary(result):
     print(f"\nSTEP  {t['device_kind']}: {t['ms_per_step_median']} ms/step, "
           f"{t['tokens_per_s']:,} tokens/s, {t['achieved_tflops']} TFLOP/s, "
           f"MFU {mfu}")
-  a = result.get("async")
-  if a:
-    if "variants" not in a:
-      print(f"ASYNC {a.get('result')}")
-    for v in a.get("variants", []):
-      rnd = "switch" if v["round_index"] is None else f"round={v['round_index']}"
-      print(f"ASYNC {v['topology']:<13} {v['comm_dtype']:<8} {rnd:<7} async="
-            f"{v['permute_async']} sync={v['permute_sync']} "
-            f"overlapped={v['overlapped']} "
-            f"backward_in_flight={v['backward_in_flight']} "
-            f"in_conditionals={v['permutes_inside_conditionals']} "
-            f"bytes/param_bytes={v['bytes_ratio_per_branch']}")
+  s = result.get("schedule") or {}
+  for row in s.get("comparison", []):
+    print(f"SCHEDULE round {row['round']} {row['consensus']}: real vs "
+          f"deviceless collectives {row['collectives']} async {row['async']} "
+          f"in_conditional {row['in_conditional']} overlapped "
+          f"{row['overlapped']} matmul in flight "
+          f"{row['matmul_flops_in_flight']} same={row['same_verdicts']}")
+  if s and not s.get("comparison"):
+    print(f"SCHEDULE {s.get('result') or s.get('deviceless', {}).get('result', 'no comparison')}")
+  g = result.get("gossip_timing") or {}
+  if "gossip_ms_per_step" in g:
+    print(f"GOSSIP {g['n_devices']} devices: {g['gossip_ms_per_step']} "
+          f"ms/step with gossip, {g['no_gossip_ms_per_step']} without "
+          f"(exposed {g['gossip_exposed_ms']} ms)")
+  elif g:
+    print(f"GOSSIP {g.get('result')}")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,11 @@ INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
 
 
 def _is_array(value) -> bool:
+  """An array-like instance; a scalar type such as ``np.float16`` is not one
+  (its class has ``shape`` and ``dtype`` descriptors, it is a dtype)."""
   return isinstance(value, np.ndarray) or (
-      hasattr(value, "shape") and hasattr(value, "dtype")
+      not isinstance(value, type)
+      and hasattr(value, "shape") and hasattr(value, "dtype")
       and not isinstance(value, np.generic))
 
 
@@ -142,8 +145,8 @@ def check_float_dtype(name: str, dtype: Any, *,
                       allow_none: bool = True) -> np.dtype | None:
   """Returns ``np.dtype(dtype)`` if it is a floating dtype (or None if allowed).
 
-  Accepts NumPy, ``ml_dtypes`` (``bfloat16``, ``float8_*``) and ``jnp`` dtypes
-  or their names. An array here is what ``optax.inject_hyperparams`` makes
+  Accepts NumPy, ``ml_dtypes`` (``bfloat16``, ``float8_*``) and ``jnp`` dtypes,
+  their scalar types (``np.float16``, ``ml_dtypes.bfloat16``) or their names. An array here is what ``optax.inject_hyperparams`` makes
   of a dtype it took for a schedule.
 
   Raises:

@@ -1,10 +1,26 @@
-"""The main job: training methods side by side on the same model and data.
+"""The main job: which communication scheme on which cluster, and what quality.
 
-Trains the config's model (default ``configs/gpt_tiny.py``) from the same
-initial parameters and data order, for the same number of steps, once per
-method of ``--methods``. The default answers "which method, and what
-quality": All-Reduce AdamW, the decentralized Adams, two local-update
-methods and one gossip + local-steps method:
+Trains a small proxy model from the same initial parameters and data order,
+for the same number of steps, once per method of ``--methods`` (and seed of
+``--seeds``), then prices every method on every cluster of ``--clusters``
+with the runtime model for the workload ``--workload`` names, and answers:
+per cluster, which method first reaches each of a few loss targets that
+every run reaches, with a one-line recommendation and its margin
+(``experiments/compare_answer.py``).
+
+The quick default (``python experiments/compare.py --outdir
+results/compare``, about 2 minutes on an idle 2-core CPU): the proxy of
+``configs/gpt_quick.py`` (a 2-layer byte-level GPT of width 64, 8 workers,
+200 steps), the methods of :data:`DEFAULT_METHODS`, one seed, the clusters
+``A40`` (Figure 6: 4 x A40 per node, 25 Gbit/s Ethernet), ``h100_node``
+(one NVLink node of 8 H100) and ``cross_region_2dc`` (two datacenters of
+H100 nodes over a 10 Gbit/s, 30 ms wide-area link), workload
+``gpt2_small`` (124M parameters, 30.9 ms of compute per step). ``--full``:
+the study of BENCHMARKS.md (``configs/gpt_tiny.py``, 300 steps, the six
+methods of :data:`FULL_METHODS`, seeds 0, 1, 2, periodic checkpoints);
+flags given as well win over both.
+
+Methods (``--methods``, or ``all``):
 
 * ``all_reduce``: All-Reduce AdamW;
 * ``dadam``: DAdam on ``one_peer_exp``;
@@ -15,9 +31,6 @@ methods and one gossip + local-steps method:
   sync every 10 steps;
 * ``local_sgd``: Local SGD with inner AdamW, sync every 10 steps;
 * ``local_dadam``: DAdam gossiping every 5 steps on ``one_peer_exp``;
-
-and, by name or with ``--methods=all``:
-
 * ``accum_adamw_paper``: AccumAdamW with the paper's per-window betas;
 * ``accum_adamw_aer``: AccumAdamW (as ``accum_adamw``) on
   ``alternating_exp_ring``, 2 workers per node;
@@ -32,39 +45,37 @@ and, by name or with ``--methods=all``:
   one), the reduction trickled over the round's inner steps.
 
 Each method runs at its own tuned peak learning rate (:data:`TUNED_PEAK_LR`,
-chosen for gpt_tiny by the project's tuning protocol,
-``decentral_jax.runner.tuning``; BENCHMARKS.md, section 10), one seed (the
-config's); the 3-seed means +- 2 sigma are in BENCHMARKS.md. The results go to
-``--outdir`` (default ``results/compare``): ``results.md`` (the table: final
-validation loss of the averaged model, the workers' own validation losses,
-final consensus distance, the bytes each worker sends per step averaged
-over a sync period, read from the compiled step's HLO, ms/step, tokens/s),
-``<run>/metrics.jsonl`` per run, and ``loss_vs_step.png`` /
-``loss_vs_time.png``. On simulated CPU devices "communication" is a memory
-copy, so the timings show compute overheads only, not network savings.
+chosen for gpt_tiny at 300 steps by the project's tuning protocol,
+``decentral_jax.runner.tuning``; BENCHMARKS.md, section 10; the quick proxy
+reuses them untuned).
 
-Which method for my cluster? For every cluster of ``--clusters`` (default
-``A40,T4``: Figure 6's 4 x A40 / 25 Gbit/s Ethernet and 8 x T4 / 100 Gbit/s
-InfiniBand clusters with the paper's Transformer-base workload; or cluster
-JSON files written by ``python -m decentral_jax.runtime_model measure``,
-with their measured workload) the table also gives each finished run's
-runtime-model prediction (``experiments/compare_pricing.py``): "predicted
-ms/it, <cluster>" (``core.simulate`` of the run's
-``builders.spec_for_config`` at ``config.n_workers`` workers; "-" with a
-footnote where the model cannot price it, e.g. ``n`` not a multiple of the
-cluster's GPUs per node) and "time to AR loss, <cluster>" (the first step,
-interpolated between evaluations, at which the run's validation loss
-reaches All-Reduce's final one, times that prediction; "not reached" if
-never; "-" without an All-Reduce run). ``loss_vs_predicted_time.png`` plots
-the validation loss against that predicted time, one subplot per cluster.
-The loss per step is measured here, the time per step predicted for the
-cluster's own workload: a what-if, not a measurement. ``--clusters=``
-(empty) turns the pricing off.
+Clusters (``--clusters``): every preset of
+``decentral_jax.runtime_model.presets`` (T4, A40, A100, h100_node, h100_ib,
+cross_region_2dc, cross_region_4dc; sources in docs/runtime_model.md,
+"Presets") or cluster JSON files written by ``python -m
+decentral_jax.runtime_model measure`` (priced with their own measured
+workload). A cluster is priced at ``config.n_workers`` GPUs, or at its
+smallest multiple the cluster holds (cross_region_2dc: 16). Workload
+(``--workload``): ``gpt2_small``, ``1b`` or ``figure6`` (the paper's
+Transformer-base fitted to each Figure 6 cluster; T4, A40, A100 only).
+The loss per step is measured here, the time per step predicted: a what-if,
+not a measurement. ``--clusters=`` (empty) turns the pricing off.
 
-  python experiments/compare.py       # ~10 min on an idle 2-core CPU (17 CPU-minutes)
-  python experiments/compare.py --methods=all_reduce,diloco,sgp
-  python experiments/compare.py --config.steps=100 --outdir /tmp/cmp
-  python experiments/compare.py --clusters=A40,cluster.json
+Outputs in ``--outdir``: ``results.md`` (the answer: one table per cluster
+and the recommendations; then the details: final validation loss of the
+averaged model, the workers' own losses, consensus distance, bytes sent per
+step read from the compiled step's HLO, predicted ms/step; and the check
+against the stored reference, ``experiments/compare_reference.json``),
+``loss_vs_predicted_time.png`` (the frontier per cluster),
+``loss_vs_step.png``, and ``<run>/metrics.jsonl`` per run. This machine's
+CPU timings (ms/step, tokens/s, ``cpu_loss_vs_time_this_machine.png``) are
+load-dependent and only written with ``--cpu_timing``; they show compute
+overheads of simulated devices, never a ranking.
+
+  python experiments/compare.py --outdir results/compare     # quick, ~2 min
+  python experiments/compare.py --full --outdir results/full  # the study
+  python experiments/compare.py --clusters=h100_ib,cross_region_4dc --workload=1b
+  python experiments/compare.py --methods=all_reduce,diloco,sgp --seeds=0,1,2
 
 ``--config.<field>=value`` overrides apply to every run (the fields a method
 sets, e.g. its algorithm, optimizer name, topology, sync period, are set
@@ -72,12 +83,20 @@ per run; a method field its algorithm does not read, e.g. comm_dtype for
 all_reduce, keeps its default there, with a note).
 
 Interrupted and repeated invocations: each run's subdirectory of
-``--outdir`` records its outcome (``compare_result.json``) and its
-checkpoints. The same command again keeps every run that finished with the
-same config (its metrics and timings as recorded), resumes an interrupted
-run from its last checkpoint (SIGTERM or Ctrl-C saves one; the message
-says so) and trains the others; a subdirectory of another config is
-replaced. ``--fresh`` trains every run from step 0.
+``--outdir`` records its outcome (``compare_result.json``). The same
+command again keeps every run that finished with the same config (its
+metrics and timings as recorded), resumes an interrupted run from its last
+checkpoint (SIGTERM or Ctrl-C saves one; the message says so) and trains
+the others; a subdirectory of another config is replaced (one holding
+anything a run does not write is refused). Each subdirectory is locked
+while its run trains, so a second invocation on the same ``--outdir`` is
+refused, not interleaved. ``--fresh`` trains every run from step 0. Without
+``--checkpoints`` (the quick default) no periodic checkpoints are written
+(``config.checkpoint_interval=0``) and a run's final checkpoint is deleted
+once its outcome is recorded (about 20 KB per run remain); ``--checkpoints``
+(on under ``--full``, or with an explicit ``--config.checkpoint_interval``)
+keeps the config's periodic checkpoints, about 74 MB per run (DiLoCo
+123 MB).
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
 any run's config, an ``--outdir`` that is a file or cannot be created, a
@@ -89,6 +108,7 @@ that diverges is marked in the table and the other runs go on; then one
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import numbers
@@ -100,7 +120,11 @@ import time
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 import jax
+import numpy as np
+import tqdm
+from tqdm import contrib as tqdm_contrib
 
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
@@ -110,17 +134,52 @@ from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax import topology as topology_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
+from decentral_jax.runner import workdir as workdir_lib
 
 # compare_pricing sits next to this file (a script, also loaded by path).
 if os.path.dirname(os.path.abspath(__file__)) not in sys.path:
   sys.path.append(os.path.dirname(os.path.abspath(__file__)))
+import compare_answer  # noqa: E402  pylint: disable=wrong-import-position
 import compare_pricing  # noqa: E402  pylint: disable=wrong-import-position
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "configs", "gpt_tiny.py")
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The proxy of the quick default and of --full.
+QUICK_CONFIG = os.path.join(_ROOT, "configs", "gpt_quick.py")
+FULL_CONFIG = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+_DEFAULT_CONFIG = QUICK_CONFIG
+# Final losses of the default jobs on a reference machine, and the
+# tolerance within which another machine should match them.
+REFERENCE_FILE = os.path.join(_ROOT, "experiments",
+                              "compare_reference.json")
 _CONFIG = flags.DEFINE_string(
     "config", _DEFAULT_CONFIG, "Base config for all runs (FILE.py or "
-    "FILE.py:ARG); override its fields with --config.<field>=value.")
+    "FILE.py:ARG); override its fields with --config.<field>=value. "
+    "Default: configs/gpt_quick.py (--full: configs/gpt_tiny.py).")
+_FULL = flags.DEFINE_bool(
+    "full", False, "The full study instead of the quick default: "
+    "configs/gpt_tiny.py (300 steps), the methods of FULL_METHODS, seeds "
+    "0,1,2, checkpoints on (resumes after an interruption); --config, "
+    "--methods, --seeds or --checkpoints given as well win.")
+_SEEDS = flags.DEFINE_string(
+    "seeds", "", "Comma-separated seeds; every method runs once per seed "
+    "(the recommendation then says whether the winner is outside the "
+    "seeds' spread). Default: the config's seed (--full: 0,1,2).")
+_CHECKPOINTS = flags.DEFINE_bool(
+    "checkpoints", False, "Write the config's periodic checkpoints and keep "
+    "them (about 74 MB per gpt_tiny run). Default: none but the one SIGTERM "
+    "or Ctrl-C saves to resume; a finished run's last checkpoint is "
+    "deleted. On under --full.")
+_WORKLOAD = flags.DEFINE_string(
+    "workload", "gpt2_small", "Workload whose time per step the clusters "
+    "are priced for: gpt2_small (124M parameters, 30.9 ms of compute), 1b "
+    "(1e9 parameters, 100 ms) or figure6 (the paper's Transformer-base "
+    "fitted to Figure 6; T4, A40, A100 only). Cluster files use their own "
+    "measured workload.")
+_CPU_TIMING = flags.DEFINE_bool(
+    "cpu_timing", False, "Also write this machine's CPU timings (ms/step, "
+    "tokens/s columns and cpu_loss_vs_time_this_machine.png): "
+    "load-dependent, compute overheads of simulated devices, not a "
+    "ranking.")
 _OUTDIR = flags.DEFINE_string(
     "outdir", "results/compare",
     "Output directory. A run subdirectory left by an earlier invocation with "
@@ -135,23 +194,27 @@ _PER_METHOD_LR = flags.DEFINE_bool(
     "Use each method's tuned peak lr for gpt_tiny (TUNED_PEAK_LR; "
     "BENCHMARKS.md) instead of config.schedule.peak_lr; an explicit "
     "--config.schedule.peak_lr or final_lr turns this off.")
-# The methods of a plain `python experiments/compare.py` (see RUNS).
-DEFAULT_METHODS = ("all_reduce", "dadam", "accum_adamw", "diloco",
-                   "local_sgd", "local_dadam")
+# The methods of a plain `python experiments/compare.py` (see RUNS) and of
+# --full.
+DEFAULT_METHODS = ("all_reduce", "dadam", "diloco", "local_sgd")
+FULL_METHODS = ("all_reduce", "dadam", "accum_adamw", "diloco",
+                "local_sgd", "local_dadam")
 _METHODS = flags.DEFINE_string(
     "methods", ",".join(DEFAULT_METHODS),
     "Comma-separated methods to run, in this order, or 'all'; see the "
-    "module docstring for the list.")
+    "module docstring for the list. Default: DEFAULT_METHODS (--full: "
+    "FULL_METHODS).")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers x "
     "config.devices_per_worker / config.workers_per_device.",
     lower_bound=0)
 _CLUSTERS = flags.DEFINE_string(
-    "clusters", "A40,T4",
+    "clusters", "A40,h100_node,cross_region_2dc",
     "Comma-separated clusters to price every run on with the runtime "
-    "model: presets of Figure 6 (A40, T4; the paper's Transformer-base "
-    "workload) or cluster JSON files written by `python -m "
-    "decentral_jax.runtime_model measure`; empty: no pricing.")
+    "model: presets (T4, A40, A100, h100_node, h100_ib, cross_region_2dc, "
+    "cross_region_4dc; docs/runtime_model.md) or cluster JSON files "
+    "written by `python -m decentral_jax.runtime_model measure`; empty: no "
+    "pricing.")
 # The --config.<field>=value arguments, set aside by _parse_or_exit.
 _OVERRIDES: list[str] = []
 
@@ -237,17 +300,31 @@ def select_runs(spec: str) -> tuple[Run, ...]:
   """The runs named by ``--methods`` (comma-separated, or ``all``).
 
   Raises:
-    ValueError: an unknown or repeated name, or an empty list.
+    ValueError: an unknown, repeated or empty name, ``all`` with other
+      names, or no name; one line naming ``--methods``.
   """
-  names = [x.strip() for x in str(spec).split(",") if x.strip()]
+  spec = str(spec)
+  names = [x.strip() for x in spec.split(",")]
+  listed = f"'all' or a comma-separated list of {', '.join(METHODS)}"
+  if spec.startswith("-"):  # `--methods --outdir=x` takes the next flag
+    raise ValueError(f"--methods needs a value, got the flag {spec!r}; give "
+                     f"{listed}, e.g. --methods=dadam,sgp.")
+  if not any(names):
+    raise ValueError(f"--methods={spec!r} names no method; pass {listed}.")
+  if "" in names:
+    raise ValueError(f"--methods={spec!r}: entry {names.index('') + 1} is "
+                     "empty; separate the names by single commas, e.g. "
+                     "--methods=dadam,sgp.")
   if names == ["all"]:
     return RUNS
+  if "all" in names:
+    raise ValueError(f"--methods={spec!r}: 'all' selects every method and "
+                     "takes no other names; pass --methods=all or only "
+                     "method names.")
   unknown = [x for x in names if x not in METHODS]
-  if unknown or not names:
+  if unknown:
     raise ValueError(f"--methods={spec!r}: unknown method(s) "
-                     f"{', '.join(map(repr, unknown)) or '(none given)'}; "
-                     f"use 'all' or a comma-separated list of "
-                     f"{', '.join(METHODS)}.")
+                     f"{', '.join(map(repr, unknown))}; use {listed}.")
   repeated = sorted({x for x in names if names.count(x) > 1})
   if repeated:
     raise ValueError(f"--methods={spec!r} names {', '.join(repeated)} more "
@@ -294,7 +371,8 @@ def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   with config.unlocked():
     if per_method_lr:
       config.schedule.peak_lr = TUNED_PEAK_LR[run.name]
-      config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
+      if config.schedule.get("name", "warmup_cosine") == "warmup_cosine":
+        config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
     for field, value in run_fields(run, accum_steps):
       _set(config, field, value)
     for field in unread_fields(run):
@@ -322,10 +400,13 @@ def arm_configs(base, accum_steps: int, per_method_lr: bool,
         n, local = int(config.n_workers), int(config.workers_per_node)
         try:
           topology_lib.make(config.topology, n, local)
-        except ValueError as e:
-          raise ValueError(f"config.topology={config.topology!r} with config."
-                           f"n_workers={n}, workers_per_node={local}: {e}"
-                           ) from None
+        except ValueError as e:  # topology and nodes are the method's own
+          why = str(e).rstrip(".")
+          raise ValueError(f"its topology {config.topology} with {local} "
+                           f"worker(s) per node does not fit --config."
+                           f"n_workers={n}: {why}; choose another "
+                           "--config.n_workers or leave this method out of "
+                           "--methods.") from None
     except ValueError as e:
       raise ValueError(f"run {run.name!r} ({run.label}): {e}") from None
     arms.append((run, config))
@@ -383,17 +464,23 @@ def results_table(rows: list[tuple[Run, dict | None]], unit: str,
   return head + "\n".join(lines) + "\n"
 
 
-def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
-  """Validation loss vs step and vs training time; returns the PNG paths."""
+def plot(rows: list[tuple[Run, str]], outdir: str,
+         cpu_timing: bool = False) -> list[str]:
+  """Validation loss vs step (and, with ``cpu_timing``, vs this machine's
+  training time, ``cpu_loss_vs_time_this_machine.png``); returns the PNG
+  paths."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
   paths = []
-  for x_key, x_label, name in (
-      ("step", "step", "loss_vs_step.png"),
-      ("train_time_s", "training time (s; compile and evaluation excluded)",
-       "loss_vs_time.png")):
+  kinds = [("step", "step", "loss_vs_step.png", None)]
+  if cpu_timing:
+    kinds.append(("train_time_s", "this machine's CPU training time (s; "
+                  "compile and evaluation excluded)",
+                  "cpu_loss_vs_time_this_machine.png",
+                  "this machine's load-dependent CPU timing: not a ranking"))
+  for x_key, x_label, name, title in kinds:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for run, path in rows:
       if not os.path.exists(path):  # a run that diverged before logging
@@ -403,8 +490,10 @@ def plot(rows: list[tuple[Run, str]], outdir: str) -> list[str]:
       ax.plot(xs, ys, marker="o", markersize=3, label=run.label)
     ax.set_xlabel(x_label)
     ax.set_ylabel("validation loss of the averaged model (nats)")
+    if title:
+      ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     out = os.path.join(outdir, name)
     fig.savefig(out, dpi=120)
@@ -447,6 +536,8 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
 # A run's outcome in its subdirectory: {"config": its config, "final": its
 # final metrics or null, "diverged": why it diverged or null}.
 RESULT_FILE = "compare_result.json"
+# Everything a run's subdirectory may hold (besides run.lock).
+RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
 
 
 def _read_json(path: str):
@@ -503,21 +594,33 @@ def run_arm(run: Run, config, workdir: str, fresh: bool = False):
   run keeps its recorded metrics, timings included; a resumed run's
   ms/step and tokens/s are those of the steps after its checkpoint.
 
+  The work directory is locked (``run.lock``) before anything in it is
+  read or removed, so two invocations on the same ``--outdir`` cannot
+  clobber each other; a directory to be replaced must hold only what a
+  run writes (:data:`RUN_ENTRIES`), anything else is refused.
+
   Returns:
     ``(final metrics or None, why it diverged or None)``; the outcome is
     recorded in ``workdir/`` :data:`RESULT_FILE`.
 
   Raises:
-    ValueError: bad data or work directory, or an unreadable checkpoint.
+    ValueError: bad data or work directory (another run holds it, or it is
+      not a run directory), or an unreadable checkpoint.
     train.Preempted: stopped by SIGTERM / SIGINT after saving a checkpoint.
   """
+  with workdir_lib.hold(workdir):  # train_and_evaluate re-enters it
+    return _run_arm_held(run, config, workdir, fresh)
+
+
+def _run_arm_held(run: Run, config, workdir: str, fresh: bool):
+  """:func:`run_arm` with ``workdir``'s lock held."""
   status, record = ("fresh", None) if fresh else arm_status(workdir, config)
   if status == "finished":
     print(f"== {run.label}: finished by an earlier invocation, kept "
           f"({workdir})", flush=True)
     return record["final"], record["diverged"]
-  if status == "fresh":
-    shutil.rmtree(workdir, ignore_errors=True)
+  if status == "fresh":  # refuses a directory this project did not write
+    workdir_lib.clear(workdir, RUN_ENTRIES)
   print(f"== {run.label} -> {workdir}" + (
       " (resuming from its checkpoint)" if status == "resume" else ""),
         flush=True)
@@ -558,100 +661,425 @@ def _fail(message, code: int = 2) -> None:
   sys.exit(code)
 
 
-def write_results(finals, logs, diverged, outdir: str, base, accum: int,
-                  per_method_lr: bool, start: float, load_before: float,
-                  clusters=(), prices: dict | None = None,
-                  run_specs: dict[str, str] | None = None):
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One training run of the job: a method at a seed.
+
+  Attributes:
+    method: the method (:class:`Run`; its ``name`` keys the tables).
+    seed: ``config.seed``.
+    run: ``method`` renamed for this seed (``<name>_seed<k>``, label ``...,
+      seed k``) when the job has several seeds, else ``method``; its
+      ``name`` is the run's subdirectory.
+    config: the run's config.
+  """
+
+  method: Run
+  seed: int
+  run: Run
+  config: object
+
+
+def parse_seeds(spec: str) -> tuple[int, ...]:
+  """``--seeds``: comma-separated distinct integers in [0, 2**32 - 1].
+
+  Raises:
+    ValueError: a bad or repeated entry (names the flag).
+  """
+  out = []
+  for x in (x.strip() for x in str(spec).split(",")):
+    if not x:
+      continue
+    if not x.isdigit() or int(x) > config_lib.SEED_MAX:
+      raise ValueError(f"--seeds={spec!r}: {x!r} is not a seed; give "
+                       "comma-separated integers in [0, "
+                       f"{config_lib.SEED_MAX}], e.g. --seeds=0,1,2.")
+    if int(x) in out:
+      raise ValueError(f"--seeds={spec!r} names {x} more than once; list "
+                       "each seed once.")
+    out.append(int(x))
+  return tuple(out)
+
+
+def job_arms(arms, seeds: tuple[int, ...], checkpoints: bool) -> list[Arm]:
+  """Every (method, seed) run of the job, method by method.
+
+  ``arms``: :func:`arm_configs`' ``[(run, config)]``; ``seeds``: empty for
+  the config's own seed. Without ``checkpoints`` the configs write no
+  periodic checkpoints (``checkpoint_interval = 0``).
+  """
+  out = []
+  for run, config in arms:
+    for seed in seeds or (int(config.seed),):
+      c = config.copy_and_resolve_references()
+      with c.unlocked():
+        c.seed = seed
+        if not checkpoints:
+          c.checkpoint_interval = 0
+      named = run if len(seeds) <= 1 else dataclasses.replace(
+          run, name=f"{run.name}_seed{seed}", label=f"{run.label}, seed {seed}")
+      out.append(Arm(run, seed, named, c))
+  return out
+
+
+class JobProgress:
+  """One ``tqdm`` bar over every training step of the job, with an ETA.
+
+  While :meth:`attach` is active, the per-run bar of
+  ``train.train_and_evaluate`` (``metrics_lib.progress_bar``) forwards its
+  steps to this bar, and ``print`` goes through ``tqdm.write`` so log
+  lines do not break the bar.
+  """
+
+  def __init__(self, arms: list[Arm]):
+    self._n = len(arms)
+    self._ends = np.cumsum([int(a.config.steps) for a in arms]).tolist()
+    self.bar = tqdm.tqdm(total=sum(int(a.config.steps) for a in arms),
+                         unit="step", dynamic_ncols=True, mininterval=1.0,
+                         desc=f"run 0 of {self._n}", leave=True)
+
+  def start(self, k: int, arm: Arm) -> None:
+    """Run ``k`` (1-based) is next."""
+    self.bar.set_description(f"run {k} of {self._n} ({arm.run.name})")
+
+  def skip(self, steps: int) -> None:
+    """Steps done by an earlier invocation."""
+    self.bar.update(int(steps))
+
+  def finish(self, k: int) -> None:
+    """Runs 1 to ``k`` are done (kept, trained or diverged)."""
+    self.bar.update(max(self._ends[k - 1] - self.bar.n, 0))
+
+  def _run_bar(self, total, initial=0, desc="", disable=None):
+    del total, desc, disable
+    self.skip(initial)
+    return _Forward(self.bar)
+
+  def attach(self):
+    """Context: per-run bars forward here, stdout goes via tqdm.write."""
+    stack = contextlib.ExitStack()
+    saved = metrics_lib.progress_bar
+    metrics_lib.progress_bar = self._run_bar
+    stack.callback(setattr, metrics_lib, "progress_bar", saved)
+    stack.enter_context(contextlib.redirect_stdout(
+        tqdm_contrib.DummyTqdmFile(sys.stdout)))
+    return stack
+
+  def close(self) -> None:
+    self.bar.close()
+
+
+class _Forward:
+  """A run's bar: steps and nothing else go to the job's bar."""
+
+  def __init__(self, bar):
+    self._bar = bar
+
+  def update(self, n: int = 1) -> None:
+    self._bar.update(n)
+
+  def set_postfix(self, *args, **kwargs) -> None:
+    del args, kwargs
+
+  def close(self) -> None:
+    pass
+
+
+def drop_checkpoints(workdir: str) -> None:
+  """Deletes a finished run's checkpoints (its outcome is recorded)."""
+  shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+
+
+def reference_check(reference: dict | None, job: str | None,
+                    losses: dict[str, float]) -> str:
+  """The job's final losses against the stored reference, one line.
+
+  Args:
+    reference: the contents of :data:`REFERENCE_FILE` (``{"tolerance":
+      nats, "produced_on": words, "jobs": {job: {"final_loss": {"<method>/
+      seed<k>": loss}}}}``), or None if it is missing.
+    job: ``"quick"`` or ``"full"`` when this invocation is that job's
+      default set-up (default config, no ``--config`` overrides, tuned
+      learning rates), else None.
+    losses: ``{"<method>/seed<k>": final validation loss}`` of this job.
+
+  Returns:
+    "matches the reference within X ...", "differs: ..." or why there is
+    nothing to compare.
+  """
+  if reference is None:
+    return f"no reference file ({REFERENCE_FILE})."
+  stored = (reference.get("jobs", {}).get(job, {}).get("final_loss", {})
+            if job else {})
+  common = sorted(set(stored) & set(losses))
+  if not common:
+    return ("no stored reference for this set-up (the reference covers "
+            "the default jobs' runs without --config overrides).")
+  tol = float(reference["tolerance"])
+  diffs = {k: losses[k] - float(stored[k]) for k in common}
+  worst = max(abs(d) for d in diffs.values())
+  where = f"reference produced on {reference.get('produced_on', '?')}"
+  bad = [k for k in common if not abs(diffs[k]) <= tol]
+  if not bad:
+    return (f"matches the reference within {tol:g} nats (largest "
+            f"difference {worst:.4f} over {len(common)} runs; {where}).")
+  return ("differs: " + "; ".join(
+      f"{k} {losses[k]:.4f} vs reference {float(stored[k]):.4f}"
+      for k in bad) + f" (tolerance {tol:g} nats; {where}). Other "
+      "versions of JAX/XLA or a changed library give other numbers.")
+
+
+def _load_reference() -> dict | None:
+  record = _read_json(REFERENCE_FILE)
+  return record if isinstance(record, dict) and "tolerance" in record \
+      else None
+
+
+def timing_columns(table: str, keep: bool) -> str:
+  """``results_table``'s table without its CPU timing columns (ms/step,
+  tokens/s or samples/s), or (``keep``) with them labelled as this
+  machine's load-dependent timing."""
+  rows = [[x.strip() for x in line.strip()[1:-1].split("|")]
+          for line in table.strip("\n").split("\n")]
+  idx = {k for k, h in enumerate(rows[0])
+         if h in ("ms/step", "tokens/s", "samples/s")}
+  out = []
+  for r, row in enumerate(rows):
+    if keep:
+      row = [f"this CPU's {x} (load-dependent, not a ranking)"
+             if r == 0 and k in idx else x for k, x in enumerate(row)]
+    else:
+      row = [x for k, x in enumerate(row) if k not in idx]
+    out.append("| " + " | ".join(row) + " |" if r != 1 else
+               "|" + "---|" * len(row))
+  return "\n".join(out) + "\n"
+
+
+def _setup_words(base, arms: list[Arm], accum: int, per_method_lr: bool,
+                 unit: str) -> str:
+  """The proxy runs' set-up, for results.md."""
+  methods = list(dict.fromkeys(a.method.name for a in arms))
+  seeds = sorted({a.seed for a in arms})
+  lrs = (", ".join(f"{m} {TUNED_PEAK_LR[m]:g}" for m in methods)
+         + " (each chosen for gpt_tiny at 300 steps by the tuning protocol,"
+         " BENCHMARKS.md section 10)" if per_method_lr else
+         f"{float(base.schedule.peak_lr):g} for all runs")
+  return (
+      f"Proxy runs: {base.model.name}, {int(base.n_workers)} workers, "
+      f"{int(base.steps)} steps, global batch {int(base.global_batch)}, "
+      f"seed{'s' if len(seeds) > 1 else ''} "
+      f"{', '.join(map(str, seeds))}; same initial parameters and data "
+      "order for every method at a seed; "
+      + (f"AccumAdamW accum_steps {accum}; " if any(
+          a.method.optimizer == "accum_adamw" for a in arms) else "")
+      + f"peak learning rates {lrs}, cosine to a tenth of the peak. Losses: "
+      f"validation loss (nats per {unit[:-1]}) of the exact average x_bar of "
+      "the workers' parameters.\n\n")
+
+
+def _details_text(n_devices: int, platform: str) -> str:
+  return (
+      "Columns: validation loss of x_bar at the last step; the extra loss of "
+      "each worker's own parameters over x_bar on the same validation "
+      "subset (1/n of it); consensus distance (1/n) sum_i ||x_i - "
+      "x_bar||^2; the bytes the busiest worker sends per step, averaged "
+      "over a sync period and divided by one worker's parameter bytes "
+      "(read from the step's HLO: with one device per worker the HLO the "
+      "program hands to XLA, i.e. what it asks for, e.g. comm_dtype bytes; "
+      "with several devices per worker the compiled HLO, in which XLA:CPU "
+      "widens bfloat16 collectives to float32; the consensus-distance "
+      "diagnostic of logging steps left out); the runtime model's "
+      f"predicted ms/step on each cluster. The runs used {n_devices} "
+      f"simulated {platform} devices on one host.\n\n")
+
+
+def write_results(arms: list[Arm], finals: list, diverged, outdir: str,
+                  base, accum: int, per_method_lr: bool, start: float,
+                  load_before: float, clusters=(), workload: str = "",
+                  prices: dict | None = None, reference_line: str = "",
+                  cpu_timing: bool = False):
   """Writes results.md and the plots.
 
   Args:
-    finals: ``[(run, final metrics or None if it diverged)]``.
-    logs: ``[(run, metrics.jsonl path)]``.
+    arms: the job's :class:`Arm` s.
+    finals: final metrics per arm (None: it diverged), in ``arms``' order.
     diverged: ``[(run, reason)]``.
     outdir, base, accum, per_method_lr: as in ``main``.
     start, load_before: ``time.perf_counter()`` and the load average when
       the runs started.
     clusters: ``compare_pricing.PricingCluster`` s to price the runs on.
-    prices: ``{run.name: compare_pricing.predicted_ms(...)}``.
-    run_specs: ``{run label: runtime-model spec}`` for the text.
+    workload: ``--workload``.
+    prices: ``{method name: compare_pricing.predicted_ms(...)}``.
+    reference_line: :func:`reference_check`'s line.
+    cpu_timing: keep this machine's timing columns and plot.
 
   Returns:
-    ``(table with its notes, png paths, total seconds)``.
+    ``(answer markdown, recommendation lines, details table, png paths,
+    total seconds)``.
 
   Raises:
     OSError: a file could not be written.
   """
   unit = "tokens" if base.model.name == "gpt" else "samples"
   n = int(base.n_workers)
-  extra, notes, pricing, curves, target = None, [], "", {}, None
+  prices = prices or {}
+  logs = [(a.run, os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE))
+          for a in arms]
+  rows = [(a.run, m) for a, m in zip(arms, finals)]
+  labels = {a.method.name: a.method.label for a in arms}
+  curves, losses = {}, {}
+  for a, m in zip(arms, finals):
+    if m is not None:
+      curves.setdefault(a.method.name, []).append(compare_pricing.eval_curve(
+          os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE)))
+      losses.setdefault(a.method.name, []).append(float(m["eval/loss"]))
+  # A method with a diverged seed is left out of the answer.
+  bad = {a.method.name for a, m in zip(arms, finals) if m is None}
+  curves = {k: v for k, v in curves.items() if k not in bad}
+  at = {cl.label: compare_pricing.priced_workers(cl, n) for cl in clusters}
+  answer, lines = compare_answer.answer_markdown(
+      clusters, curves, prices, losses, labels, at, workload)
+  extra, notes = None, []
   if clusters:
-    prices = prices or {}
-    curves = {run.name: compare_pricing.eval_curve(p) for run, p in logs}
-    target, why_no_target = compare_pricing.ar_target(finals)
-    heads, cells, notes = compare_pricing.pricing_columns(
-        finals, curves, prices, clusters, target, why_no_target)
+    arm_prices = {a.run.name: prices.get(a.method.name, {}) for a in arms}
+    heads, cells, notes = compare_pricing.pricing_columns(rows, arm_prices,
+                                                          clusters)
     extra = (heads, cells)
-    pricing = compare_pricing.pricing_text(
-        clusters, n, run_specs or {}, base.model.name, target, why_no_target)
-  table = results_table(finals, unit, extra)
+  table = timing_columns(results_table(rows, unit, extra), cpu_timing)
   if notes:
     table += "\n" + "\n".join(f"- {x}" for x in notes) + "\n"
+  specs = {a.method.label: compare_pricing.method_spec(a.config)
+           for a in arms}
   total = time.perf_counter() - start
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(
-        f"# Decentralized vs All-Reduce: {base.model.name}, {n} workers, "
-        f"{int(base.steps)} steps\n\n"
-        f"Same initial parameters and data order (seed {int(base.seed)}); "
-        f"global batch {int(base.global_batch)}; AccumAdamW accum_steps "
-        f"{accum}; peak learning rates "
-        + (", ".join(f"{run.name} {TUNED_PEAK_LR[run.name]:g}"
-                     for run, _ in finals)
-           + " (each chosen by the tuning protocol in this setting, "
-           "BENCHMARKS.md section 10; one seed here, 3-seed means +- 2 "
-           "sigma there)"
-           if per_method_lr else
-           f"{float(base.schedule.peak_lr):g} for all runs")
-        + ", cosine to a tenth of the peak. At the last step: validation loss "
-        "(nats per "
-        f"{unit[:-1]}) of "
-        "the exact average x_bar of the workers' parameters; the extra loss "
-        "of each worker's own parameters over x_bar on the same validation "
-        "subset (1/n of it); consensus distance (1/n) sum_i ||x_i - "
-        "x_bar||^2; the bytes the busiest worker sends per step, averaged "
-        "over a sync period and divided by one worker's parameter bytes "
-        "(read from the step's HLO: with one device per worker the HLO the "
-        "program hands to XLA, i.e. what it asks for, e.g. comm_dtype bytes; "
-        "with several devices per worker the compiled HLO, in which XLA:CPU "
-        "widens bfloat16 collectives to float32; the consensus-distance "
-        "diagnostic of logging steps left out). Timings on "
-        f"{jax.devices()[0].platform.upper()} devices "
-        f"({len(jax.devices())} simulated on one host: communication is a "
-        "memory copy, so they show compute overheads, not network savings); "
-        "the first (compiling) step and evaluation are not timed.\n\n")
-    f.write(pricing)
+    f.write(f"# Which method on which cluster ({base.model.name} proxy, {n} "
+            f"workers, {int(base.steps)} steps)\n\n")
+    f.write(_setup_words(base, arms, accum, per_method_lr, unit))
+    f.write(compare_pricing.pricing_text(clusters, n, workload, specs,
+                                         base.model.name))
+    f.write(answer)
+    if bad:
+      f.write(f"Left out of the answer (a seed diverged): "
+              f"{', '.join(labels[k] for k in bad)}.\n\n")
+    f.write(f"Reference check: {reference_line}\n\n## Details\n\n")
+    f.write(_details_text(len(jax.devices()),
+                          jax.devices()[0].platform.upper()))
     f.write(table)
     for run, reason in diverged:
       f.write(f"\n{run.label} diverged: {reason}\n")
-    f.write(f"\nTotal time of this invocation for the {len(finals)} runs "
-            "(a run kept from an earlier one adds nothing to it): "
-            f"{total:.0f} s on "
-            f"{os.cpu_count()} CPU cores (1-minute load average "
-            f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
-            "end; other processes on the machine slow the runs and add noise "
-            "to the timings).\n")
-  pngs = plot(logs, outdir)
+    f.write(f"\nThis invocation took {total:.0f} s for {len(arms)} runs (a "
+            "run kept from an earlier invocation adds nothing) on "
+            f"{os.cpu_count()} CPU cores, 1-minute load average "
+            f"{load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at "
+            "the end.\n")
+  pngs = plot(logs, outdir, cpu_timing)
   if clusters:
-    finished = [(run, *curves[run.name]) for run, m in finals
-                if m is not None and run.name in curves]
-    pngs.append(compare_pricing.plot_predicted_time(
-        finished, prices, clusters, target, n, outdir))
-  return table, pngs, total
+    pngs.append(compare_answer.plot_frontier(clusters, curves, prices, labels,
+                                             at, outdir))
+  return answer, lines, table, pngs, total
+
+
+def job_settings() -> tuple[str, str, str, bool, str | None]:
+  """``(config path, methods, seeds, checkpoints, job)`` from the flags.
+
+  ``--full`` changes the defaults of ``--config``, ``--methods``,
+  ``--seeds`` and ``--checkpoints``; each flag given explicitly wins (an
+  explicit ``--config.checkpoint_interval`` turns checkpoints on).
+  ``job`` is ``"quick"`` or ``"full"`` when the set-up is that job's
+  default one (for the reference check), else None.
+  """
+  given = lambda name: flags.FLAGS[name].present
+  full = _FULL.value
+  config = _CONFIG.value if given("config") else (
+      FULL_CONFIG if full else QUICK_CONFIG)
+  methods = _METHODS.value if given("methods") else ",".join(
+      FULL_METHODS if full else DEFAULT_METHODS)
+  seeds = _SEEDS.value if given("seeds") else ("0,1,2" if full else "")
+  # An explicit --config.checkpoint_interval asks for checkpoints too.
+  checkpoints = _CHECKPOINTS.value if given("checkpoints") else (
+      full or any(a.startswith("--config.checkpoint_interval")
+                  for a in _OVERRIDES))
+  job = "full" if full else "quick"
+  if (os.path.realpath(config) != os.path.realpath(
+      FULL_CONFIG if full else QUICK_CONFIG) or _OVERRIDES
+      or not _PER_METHOD_LR.value):
+    job = None
+  return config, methods, seeds, checkpoints, job
+
+
+def train_all(arms: list[Arm], outdir: str, checkpoints: bool):
+  """Trains (or keeps, or resumes) every arm under one progress bar.
+
+  Returns:
+    ``(finals, diverged)``: final metrics or None per arm, and
+    ``[(run, reason)]``. Exits (``_fail``, or 128 + signum when stopped by
+    SIGTERM/SIGINT) on bad data or work directories.
+  """
+  finals, diverged = [], []
+  runs = [a.run for a in arms]
+  progress = JobProgress(arms)
+  for k, arm in enumerate(arms):
+    workdir = os.path.join(outdir, arm.run.name)
+    progress.start(k + 1, arm)
+    try:
+      with progress.attach():
+        final, reason = run_arm(arm.run, arm.config, workdir, _FRESH.value)
+    except ValueError as e:  # bad data or work directory: all runs share it
+      progress.close()
+      _fail(f"run {arm.run.name!r} ({arm.run.label}): {e}")
+    except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
+      progress.close()
+      print("preempted: " + preempted_message(
+          e, arm.run, runs[:k], runs[k + 1:], _FRESH.value), file=sys.stderr)
+      sys.exit(e.exit_code)
+    progress.finish(k + 1)
+    if not checkpoints:
+      drop_checkpoints(workdir)
+    if reason is not None:
+      diverged.append((arm.run, reason))
+    finals.append(final)
+  progress.close()
+  return finals, diverged
+
+
+def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
+             per_method_lr: bool):
+  """Every arm's config, the clusters, the device count and ``--outdir``,
+  checked before JAX starts and the first run trains (bad input: one
+  ``error:`` line, exit 2).
+
+  Returns:
+    ``(base config, accum_steps, arms, workload, clusters, outdir)``.
+  """
+  try:
+    base = config_lib.load_config(config_path, _OVERRIDES)
+    accum = base.optimizer.accum_steps  # a bad type is named by arm_configs
+    if (isinstance(accum, numbers.Integral) and accum <= 1 and
+        isinstance(base.n_workers, numbers.Integral)):
+      accum = max(int(base.n_workers) // 2, 2)
+    arms = job_arms(arm_configs(base, accum, per_method_lr,
+                                select_runs(methods)),
+                    parse_seeds(seeds), checkpoints)
+    workload = compare_pricing.check_workload(_WORKLOAD.value)
+    clusters = compare_pricing.parse_clusters(_CLUSTERS.value, workload)
+    if not os.environ.get("JAX_NUM_CPU_DEVICES"):
+      needed, source = validation.devices_needed(base)
+      devices = validation.check_simulated_devices(
+          _CPU_DEVICES.value or needed,
+          f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
+          else source.replace("config.", "--config."))  # the flags typed
+      jax.config.update("jax_num_cpu_devices", devices)
+    outdir = make_outdir(_OUTDIR.value)
+  except ValueError as e:
+    _fail(e)
+  return base, accum, arms, workload, clusters, outdir
 
 
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
   checkpoint.quiet_orbax_logs()
+  absl_logging.set_verbosity(absl_logging.WARNING)  # no per-step lines
   per_method_lr = _PER_METHOD_LR.value
   explicit_lr = [a for a in _OVERRIDES if a.startswith(
       ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
@@ -660,69 +1088,44 @@ def main(argv):
     print(f"note: {explicit_lr[0]} given, so every run uses the config's "
           "learning rates (--per_method_lr ignored)", flush=True)
     per_method_lr = False
-  try:
-    # Every arm's config, the device count and --outdir are checked before
-    # JAX starts and the first run trains.
-    base = config_lib.load_config(_CONFIG.value, _OVERRIDES)
-    accum = base.optimizer.accum_steps  # a bad type is named by arm_configs
-    if (isinstance(accum, numbers.Integral) and accum <= 1 and
-        isinstance(base.n_workers, numbers.Integral)):
-      accum = max(int(base.n_workers) // 2, 2)
-    arms = arm_configs(base, accum, per_method_lr,
-                       select_runs(_METHODS.value))
-    clusters = compare_pricing.parse_clusters(_CLUSTERS.value)
-    if not os.environ.get("JAX_NUM_CPU_DEVICES"):
-      needed, source = validation.devices_needed(base)
-      devices = validation.check_simulated_devices(
-          _CPU_DEVICES.value or needed,
-          f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
-          else source)
-      jax.config.update("jax_num_cpu_devices", devices)
-    outdir = make_outdir(_OUTDIR.value)
-  except ValueError as e:
-    _fail(e)
-  for line in overridden_fields(_OVERRIDES, [run for run, _ in arms]):
+  config_path, methods, seeds, checkpoints, job = job_settings()
+  base, accum, arms, workload, clusters, outdir = load_job(
+      config_path, methods, seeds, checkpoints, per_method_lr)
+  methods_once = list({a.method.name: a.method for a in arms}.values())
+  for line in overridden_fields(_OVERRIDES, methods_once):
     print(f"note: {line}", file=sys.stderr)
-  for line in dict.fromkeys(w for _, c in arms
-                            for w in validation.config_warnings(c)):
+  for line in dict.fromkeys(w for a in arms
+                            for w in validation.config_warnings(a.config)):
     print(f"warning: {line}", file=sys.stderr)
-  finals, logs, diverged = [], [], []
-  start = time.perf_counter()
-  load_before = os.getloadavg()[0]
-  runs = [run for run, _ in arms]
-  for i, (run, config) in enumerate(arms):
-    workdir = os.path.join(outdir, run.name)
-    try:
-      final, reason = run_arm(run, config, workdir, _FRESH.value)
-    except ValueError as e:  # bad data or work directory: all runs share it
-      _fail(f"run {run.name!r} ({run.label}): {e}")
-    except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
-      print("preempted: " + preempted_message(
-          e, run, runs[:i], runs[i + 1:], _FRESH.value), file=sys.stderr)
-      sys.exit(e.exit_code)
-    if reason is not None:
-      diverged.append((run, reason))
-    finals.append((run, final))
-    logs.append((run, os.path.join(workdir, metrics_lib.METRICS_FILE)))
-  # Runtime-model pricing of the finished runs (no training, milliseconds).
-  prices = {run.name: compare_pricing.predicted_ms(config, clusters)
-            for (run, config), (_, final) in zip(arms, finals)
-            if final is not None}
-  run_specs = {run.label: compare_pricing.method_spec(config)
-               for run, config in arms}
+  print(f"{len(arms)} runs ({', '.join(m.name for m in methods_once)}; "
+        f"{int(base.steps)} steps each) -> {outdir}", flush=True)
+  start, load_before = time.perf_counter(), os.getloadavg()[0]
+  finals, diverged = train_all(arms, outdir, checkpoints)
+  # Runtime-model pricing of the methods (no training, milliseconds).
+  prices = {}
+  for a in arms:
+    if a.method.name not in prices:
+      prices[a.method.name] = compare_pricing.predicted_ms(
+          a.config, clusters, workload)
+  reference_line = reference_check(_load_reference(), job, {
+      f"{a.method.name}/seed{a.seed}": float(m["eval/loss"])
+      for a, m in zip(arms, finals) if m is not None})
   try:
-    table, pngs, total = write_results(finals, logs, diverged, outdir, base,
-                                       accum, per_method_lr, start,
-                                       load_before, clusters, prices,
-                                       run_specs)
+    answer, lines, table, pngs, total = write_results(
+        arms, finals, diverged, outdir, base, accum, per_method_lr, start,
+        load_before, clusters, workload, prices, reference_line,
+        _CPU_TIMING.value)
   except OSError as e:
     _fail(f"cannot write the results to --outdir {outdir!r}: "
           f"{e.strerror or e} ({e.filename or outdir}).")
-  print(table)
-  print(f"table: {os.path.join(outdir, 'results.md')}")
-  print(f"plots: {', '.join(pngs)}")
-  print(f"logs:  {', '.join(path for _, path in logs)}")
-  print(f"total: {total:.0f} s")
+  print("\n" + (answer or table))
+  if lines:
+    print(f"recommendations (predicted, for workload {workload}):")
+  for line in lines:
+    print(f"  {line.replace('**', '')}")
+  print(f"reference check: {reference_line}")
+  print(f"table: {os.path.join(outdir, 'results.md')}\nplots: "
+        f"{', '.join(pngs)}\ntotal: {total:.0f} s")
   if diverged:
     _fail(f"{len(diverged)} of {len(arms)} runs diverged: "
           + "; ".join(f"{run.name!r} ({run.label}): {reason}"

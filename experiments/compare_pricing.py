@@ -1,22 +1,27 @@
 """compare.py's runs priced on clusters with the runtime model: which method?
 
-compare.py measures each method's validation loss per step on the config's
-model and data. This module predicts the time of one step of each method on
-a cluster with the runtime model (:mod:`decentral_jax.runtime_model`) and
-puts the two together:
+compare.py measures each method's validation loss per step on a small proxy
+model. This module predicts the time of one step of each method on a
+cluster with the runtime model (:mod:`decentral_jax.runtime_model`), for a
+workload the user names, and puts the two together:
 
-* :func:`parse_clusters`: ``--clusters`` entries (Figure 6 presets ``A40``
-  and ``T4``, or cluster JSON files written by ``python -m
-  decentral_jax.runtime_model measure``) as :class:`PricingCluster`;
+* :func:`parse_clusters`: ``--clusters`` entries (every preset of
+  :data:`decentral_jax.runtime_model.presets.CLUSTERS`, or cluster JSON
+  files written by ``python -m decentral_jax.runtime_model measure``) as
+  :class:`PricingCluster`;
+* :func:`check_workload`: the ``--workload`` name (a key of
+  ``presets.WORKLOADS``, or ``figure6``: the Figure 6 clusters' fitted
+  Transformer-base);
+* :func:`priced_workers`: the GPU count each cluster is priced at (the
+  smallest multiple of ``config.n_workers`` the cluster holds);
 * :func:`predicted_ms`: a run config's predicted ms/iteration on each
-  cluster at ``config.n_workers`` workers (``core.simulate``, as
-  ``predict`` does);
+  cluster (``core.simulate``, as ``predict`` does);
 * :func:`step_to_target`, :func:`time_to_target`: where a validation-loss
   curve first reaches a target loss (linear interpolation between
   evaluations), in steps and in seconds;
-* :func:`pricing_columns`, :func:`pricing_text`,
-  :func:`plot_predicted_time`: the table columns with their footnotes, the
-  explanation above the table and ``loss_vs_predicted_time.png``.
+* :func:`pricing_columns`, :func:`pricing_text`: the predicted-ms columns
+  of the details table with their footnotes, and the paragraph that says
+  what the predictions are.
 
 Units: ms per iteration in the table, seconds everywhere else.
 """
@@ -36,15 +41,38 @@ from decentral_jax.runtime_model.cli import inputs as cli_inputs
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
+from decentral_jax.runtime_model import presets
 
 SIM_STEPS = 300  # predict's default --steps; the first fifth is warm-up
 SIM_SEED = 0
-PLOT_NAME = "loss_vs_predicted_time.png"
-# Figure 6's clusters in words (paper.PUBLISHED holds the numbers).
-_PRESET_WORDS = {"A40": "4 x A40 per node, 25 Gbit/s Ethernet",
-                 "T4": "8 x T4 per node, 100 Gbit/s InfiniBand"}
+# --workload value: each Figure 6 cluster's own fitted Transformer-base.
+FIGURE6 = "figure6"
+WORKLOAD_NAMES = (*presets.WORKLOADS, FIGURE6)
+# The presets that come with a fitted workload (Figure 6's clusters).
+FIGURE6_PRESETS = tuple(k for k, v in presets.CLUSTERS.items()
+                        if v.fields is None)
+# Largest multiple of config.n_workers tried by priced_workers.
+_MAX_SCALE = 64
 _HOW = ("give comma-separated preset names ({}) or paths of cluster JSON "
         "files written by `python -m decentral_jax.runtime_model measure`")
+_WORKLOAD_WORDS = {
+    "gpt2_small": "GPT-2 small: 124M parameters, 30.9 ms of compute per "
+                  "step (16 x 1024 tokens per GPU at 40% of an H100 SXM5's "
+                  "bf16 peak)",
+    "1b": "1e9 parameters, 100 ms of compute per step (Kale et al. 2025, "
+          "Table 5)"}
+
+
+def check_workload(name: str) -> str:
+  """``--workload``: a key of ``presets.WORKLOADS`` or ``figure6``.
+
+  Raises:
+    ValueError: any other name (names the flag and the choices).
+  """
+  if name not in WORKLOAD_NAMES:
+    raise ValueError(f"--workload={name!r} is not a workload; use one of "
+                     f"{', '.join(WORKLOAD_NAMES)}.")
+  return name
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -52,9 +80,9 @@ class PricingCluster:
   """One ``--clusters`` entry.
 
   Attributes:
-    label: its name in the table and plot: the preset name, or the file's
-      basename (the path as given when two files share a basename).
-    preset: a key of ``paper.PUBLISHED``, or None for a file.
+    label: its name in the tables and plots: the preset name, or the
+      file's basename (the path as given when two files share a basename).
+    preset: a key of ``presets.CLUSTERS``, or None for a file.
     path: the cluster file as given, or None for a preset.
     data: the file's contents (``cluster_file.read``), or None.
   """
@@ -64,46 +92,56 @@ class PricingCluster:
   path: str | None = None
   data: dict | None = None
 
-  def setup(self, n: int, workload_fields: dict | None = None
+  def setup(self, n: int, workload: str = FIGURE6,
+            workload_fields: dict | None = None
             ) -> tuple[core.Cluster, core.Workload]:
-    """The cluster and its workload at ``n`` workers.
+    """The cluster and its workload at ``n`` workers (one per GPU).
 
-    Preset: ``paper.setup`` (the paper's Transformer-base, compute fitted to
-    Figure 6 at ``n`` GPUs). File: its links for ``n`` workers and its
-    measured workload. ``workload_fields`` (``devices_per_worker``,
-    ``worker_layout``, from ``builders.spec_for_config``) replace the
-    workload's.
+    Preset: ``presets.setup`` with ``workload`` (``figure6``: the paper's
+    Transformer-base fitted to Figure 6, only on ``T4``, ``A40``,
+    ``A100``). File: its links for ``n`` workers and its own measured
+    workload (``workload`` does not apply). ``workload_fields``
+    (``devices_per_worker``, ``worker_layout``, from
+    ``builders.spec_for_config``) replace the workload's.
 
     Raises:
-      ValueError: ``n`` is not a positive multiple of the cluster's workers
-        per node.
+      ValueError: ``n`` does not fit the cluster (names its constraint), or
+        a preset without a Figure 6 workload under ``figure6``.
     """
     fields = dict(workload_fields or {})
     if self.preset is not None:
-      c, w = paper.setup(self.preset, int(n))
+      c, w = presets.setup(self.preset, int(n),
+                           None if workload == FIGURE6 else workload)
       return c, dataclasses.replace(w, **fields)
     return (cluster_file.cluster(self.data, int(n)),
             cluster_file.workload(self.data, **fields))
 
-  def describe(self, n: int) -> str:
-    """This cluster and its workload at ``n`` workers, in words."""
+  def fits(self, n: int) -> str | None:
+    """None if the cluster holds ``n`` workers, else why not."""
+    try:
+      if self.preset is not None:
+        presets.cluster(self.preset, int(n))
+      else:
+        cluster_file.cluster(self.data, int(n))
+    except ValueError as e:
+      return str(e)
+    return None
+
+  def describe(self, n: int, workload: str = FIGURE6) -> str:
+    """This cluster at ``n`` GPUs and its workload, in words."""
     if self.preset is not None:
-      hw = _PRESET_WORDS.get(
-          self.preset, f"{paper.PUBLISHED[self.preset]['local_size']} GPUs "
-          "per node")
-      fitted = paper.FIG6_MS.get(self.preset, {}).get("n", ())
-      text = (f"{self.label}: Figure 6's {self.preset} cluster ({hw}) with "
-              "the paper's workload, Transformer-base (65M parameters, "
-              "float32 on the wire unless a spec sets comm_dtype), compute "
-              f"fitted to Figure 6 at {n} GPUs")
+      text = f"{self.label}: {presets.CLUSTERS[self.preset].words}"
       try:
-        _, w = self.setup(n)
-        text += f" ({1e3 * w.compute_mean_s:.0f} ms per iteration)"
+        _, w = self.setup(n, workload)
+        text += f", at {n} GPUs ({1e3 * w.compute_mean_s:.1f} ms of compute"
+        text += " per step)"
       except ValueError:
-        pass
-      if fitted and not min(fitted) <= n <= max(fitted):
+        text += f", at {n} GPUs"
+      fitted = paper.FIG6_MS.get(self.preset, {}).get("n", ())
+      if workload == FIGURE6 and fitted and not min(fitted) <= n <= max(
+          fitted):
         text += (f"; Figure 6 measured {', '.join(map(str, fitted))} GPUs, "
-                 f"so at {n} the fit is extrapolated")
+                 f"so at {n} the compute fit is extrapolated")
       return text
     meta, c = self.data.get("meta"), self.data["cluster"]
     meta = meta if isinstance(meta, dict) else {}
@@ -111,34 +149,47 @@ class PricingCluster:
     return (f"{self.label}: the cluster measured in {self.path} "
             f"({meta.get('devices', c['n_workers'])} "
             f"{meta.get('device_kind', '')} devices, {c['local_size']} per "
-            "node) with its measured workload ("
+            f"node) at {n} GPUs with its own measured workload ("
             f"{float(w['param_count']):,.0f} parameters, forward "
             f"{1e3 * w['forward_s']:.3g} ms, backward "
             f"{1e3 * w['backward_s']:.3g} ms per worker)")
 
 
-def parse_clusters(spec: str) -> tuple[PricingCluster, ...]:
+def parse_clusters(spec: str, workload: str = FIGURE6
+                   ) -> tuple[PricingCluster, ...]:
   """The clusters of ``--clusters``: comma-separated presets or files.
 
-  An entry equal (ignoring case) to a key of ``paper.PUBLISHED`` is that
+  An entry equal (ignoring case) to a key of ``presets.CLUSTERS`` is that
   preset; any other entry is a path to a cluster JSON file written by
   ``python -m decentral_jax.runtime_model measure``, with a measured
   workload. An empty ``spec`` gives no clusters (no pricing).
 
+  Args:
+    spec: the flag's value.
+    workload: ``--workload`` (checked: ``figure6`` prices only the Figure 6
+      presets).
+
   Raises:
     ValueError: an entry that is neither a preset nor an existing file, a
       file that cannot be read, is not a valid cluster file or has no
-      measured workload, or a cluster given twice; the message names
-      ``--clusters`` and says what to give instead.
+      measured workload, a cluster given twice, or a preset without a
+      Figure 6 workload under ``--workload=figure6``; the message names
+      the flag and says what to give instead.
   """
-  how = _HOW.format(", ".join(sorted(paper.PUBLISHED)))
-  presets = {k.lower(): k for k in paper.PUBLISHED}
+  how = _HOW.format(", ".join(presets.CLUSTERS))
+  names = {k.lower(): k for k in presets.CLUSTERS}
   out, seen = [], set()
   for entry in (x.strip() for x in str(spec).split(",")):
     if not entry:
       continue
-    if entry.lower() in presets:
-      name = presets[entry.lower()]
+    if entry.lower() in names:
+      name = names[entry.lower()]
+      if workload == FIGURE6 and name not in FIGURE6_PRESETS:
+        raise ValueError(
+            f"--clusters entry {name!r} has no Figure 6 workload "
+            f"(--workload={FIGURE6} has one only for "
+            f"{', '.join(FIGURE6_PRESETS)}); use --workload="
+            f"{' or '.join(presets.WORKLOADS)}.")
       cl, key = PricingCluster(name, preset=name), name
     else:
       cl, key = _file_cluster(entry, how), os.path.realpath(entry)
@@ -181,13 +232,33 @@ def method_spec(config) -> str:
     return f"(none: {e})"
 
 
-def predicted_ms(config, clusters, steps: int = SIM_STEPS,
-                 seed: int = SIM_SEED) -> dict[str, float | str]:
+def priced_workers(cluster: PricingCluster, n: int) -> int | str:
+  """The GPU count ``cluster`` is priced at for runs of ``n`` workers.
+
+  ``n`` itself if the cluster holds it, else its smallest multiple ``k n``
+  (``k`` <= 64) that the cluster holds (``cross_region_2dc`` at ``n = 8``:
+  16, two datacenters of one 8-GPU node). The loss curves stay those of
+  the ``n``-worker proxy runs.
+
+  Returns:
+    The count, or why no multiple fits (str).
+  """
+  why = cluster.fits(n)
+  for k in range(1, _MAX_SCALE + 1):
+    why_k = cluster.fits(k * n)
+    if why_k is None:
+      return k * n
+  return why or why_k
+
+
+def predicted_ms(config, clusters, workload: str = FIGURE6,
+                 steps: int = SIM_STEPS, seed: int = SIM_SEED
+                 ) -> dict[str, float | str]:
   """Predicted ms/iteration of a run config on each cluster.
 
-  The method is ``builders.spec_for_config(config)``, built on each cluster at
-  ``n = config.n_workers`` workers (topologies for the cluster's own
-  workers per node) and priced with ``core.simulate`` for
+  The method is ``builders.spec_for_config(config)``, built on each cluster
+  at :func:`priced_workers` GPUs (topologies for the cluster's own workers
+  per node) and priced with ``core.simulate`` for
   ``cli_inputs.simulated_steps(method, steps)`` iterations, the first
   ``steps // 5`` discarded, compute draws of ``seed``: what ``python -m
   decentral_jax.runtime_model predict`` does.
@@ -195,24 +266,27 @@ def predicted_ms(config, clusters, steps: int = SIM_STEPS,
   Args:
     config: a run config (``decentral_jax.runner.config``).
     clusters: :class:`PricingCluster` s.
+    workload: ``--workload`` (see :meth:`PricingCluster.setup`).
     steps: simulated iterations (300: ``predict``'s default).
     seed: seed of the compute draws.
 
   Returns:
     ``{cluster label: ms per iteration (float)}``; where the run cannot be
-    priced (a ``ValueError``: e.g. ``n`` not a multiple of the cluster's
-    workers per node, or a topology that does not fit it), the value is
-    the reason (str) instead.
+    priced (a ``ValueError``: e.g. no worker count fits the cluster, or a
+    topology that does not fit it), the value is the reason (str) instead.
   """
   try:
     spec, fields = builders.spec_for_config(config)
   except ValueError as e:
     return {cl.label: str(e) for cl in clusters}
-  n = int(config.n_workers)
   out = {}
   for cl in clusters:
+    n = priced_workers(cl, int(config.n_workers))
+    if isinstance(n, str):
+      out[cl.label] = n
+      continue
     try:
-      c, w = cl.setup(n, fields)
+      c, w = cl.setup(n, workload, fields)
       m = core.make_method(spec, c)
       out[cl.label] = 1e3 * float(core.simulate(
           m, c, w, steps=cli_inputs.simulated_steps(m, steps),
@@ -289,169 +363,82 @@ def format_duration(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h"
 
 
-def ar_target(finals) -> tuple[float | None, str]:
-  """All-Reduce's final validation loss, the target of "time to AR loss".
-
-  Args:
-    finals: ``[(run, final metrics or None if it diverged)]``.
-
-  Returns:
-    ``(loss, "")``, or ``(None, why there is none)``.
-  """
-  for run, m in finals:
-    if run.name == "all_reduce":
-      if m is None:
-        return None, "All-Reduce diverged"
-      return float(m["eval/loss"]), ""
-  return None, "All-Reduce (all_reduce) is not among the runs (--methods)"
-
-
-def pricing_columns(finals, curves: dict, prices: dict, clusters,
-                    target: float | None, why_no_target: str = ""
+def pricing_columns(finals, prices: dict, clusters
                     ) -> tuple[list[str], dict[str, list[str]], list[str]]:
-  """The table columns of the clusters, with their footnotes.
+  """The predicted-ms columns of the details table, with their footnotes.
 
   Args:
     finals: ``[(run, final metrics or None if it diverged)]``.
-    curves: ``{run.name: (eval steps, eval losses)}``.
     prices: ``{run.name: predicted_ms(...)}`` of the finished runs.
     clusters: :class:`PricingCluster` s.
-    target: All-Reduce's final validation loss, or None.
-    why_no_target: why ``target`` is None (for the footnote).
 
   Returns:
-    ``(headers, {run.name: cells}, notes)``: per cluster the headers
-    "predicted ms/it, <label>" and "time to AR loss, <label>"; the cells
-    (ms with one decimal, a duration, "not reached", or "-" where the run
-    diverged, cannot be priced or there is no target); one markdown line
-    per note: the fastest run to the target on each cluster, and why cells
-    are "-".
+    ``(headers, {run.name: cells}, notes)``: one header "predicted ms/step,
+    <label>" per cluster; the cells (ms with one decimal, or "-" where the
+    run diverged or cannot be priced); one markdown line per reason a cell
+    is "-".
   """
-  headers = [h for cl in clusters for h in (
-      f"predicted ms/it, {cl.label}", f"time to AR loss, {cl.label}")]
-  cells, unpriced, best = {}, {}, {}
+  headers = [f"predicted ms/step, {cl.label}" for cl in clusters]
+  cells, unpriced = {}, {}
   for run, m in finals:
     row = []
     for cl in clusters:
       ms = prices.get(run.name, {}).get(cl.label) if m is not None else None
       if isinstance(ms, str):
         unpriced.setdefault((cl.label, ms), []).append(run.label)
-      if not isinstance(ms, numbers.Real):
-        row += ["-", "-"]
-        continue
-      cell = "-"
-      if target is not None:
-        steps, losses = curves.get(run.name, ((), ()))
-        t = time_to_target(steps, losses, target, ms)
-        cell = "not reached" if t is None else format_duration(t)
-        if t is not None and (cl.label not in best or t < best[cl.label][0]):
-          best[cl.label] = (t, run.label)
-      row += [f"{ms:.1f}", cell]
+      row.append(f"{ms:.1f}" if isinstance(ms, numbers.Real) else "-")
     cells[run.name] = row
-  notes = [f"Fastest to All-Reduce's final loss on {cl.label} (predicted): "
-           f"{best[cl.label][1]}, {format_duration(best[cl.label][0])}."
-           for cl in clusters if cl.label in best]
-  for (label, reason), runs in unpriced.items():
-    notes.append(f"Not priced on {label} ('-'): {', '.join(runs)}: {reason}")
-  if target is None and clusters:
-    notes.append(f"\"time to AR loss\" is '-': {why_no_target}, so there is "
-                 "no target loss.")
+  notes = [f"Not priced on {label} ('-'): {', '.join(runs)}: {reason}"
+           for (label, reason), runs in unpriced.items()]
   return headers, cells, notes
 
 
-def pricing_text(clusters, n: int, run_specs: dict[str, str],
-                 model: str, target: float | None,
-                 why_no_target: str = "") -> str:
-  """The paragraph above the table that says what the predictions mean.
+def workload_words(workload: str) -> str:
+  """``--workload`` in words (for the table header)."""
+  if workload == FIGURE6:
+    return ("figure6: the paper's Transformer-base (65M parameters) with "
+            "compute fitted to each cluster's Figure 6 bars")
+  return f"{workload}: {_WORKLOAD_WORDS.get(workload, workload)}"
+
+
+def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
+                 model: str) -> str:
+  """The paragraph that says what the predictions are.
 
   Args:
     clusters: :class:`PricingCluster` s.
-    n: workers per run (``config.n_workers``).
+    n: workers per proxy run (``config.n_workers``).
+    workload: ``--workload``.
     run_specs: ``{run label: runtime-model spec}``.
-    model: this config's model, in words (e.g. "gpt").
-    target: All-Reduce's final validation loss, or None.
-    why_no_target: why ``target`` is None.
+    model: the proxy's model, in words (e.g. "gpt").
   """
   if not clusters:
     return ""
-  goal = (f"All-Reduce's final validation loss here ({target:.4f})"
-          if target is not None else
-          f"All-Reduce's final validation loss (none here: {why_no_target})")
+  at = {cl.label: priced_workers(cl, n) for cl in clusters}
+  files = [cl.label for cl in clusters if cl.preset is None]
   return (
-      "Predicted columns (a what-if, not a measurement): \"predicted ms/it, "
-      "<cluster>\" is the runtime model's time per iteration "
+      f"**Workload (time per step): {workload_words(workload)}**"
+      + (f" (cluster files {', '.join(files)}: their own measured workload)"
+         if files else "")
+      + ". Its compute time is used as given on every preset cluster, "
+      "including those with slower GPUs than the one it was estimated for "
+      "(there communication is a larger share than it would be). "
+      "Predicted times are a what-if, not a measurement: the runtime model "
       "(decentral_jax/runtime_model, `core.simulate`: "
       f"{SIM_STEPS} simulated iterations, more for local-update methods to "
       f"cover two sync schedules, the first {SIM_STEPS // 5} discarded, "
       f"seed {SIM_SEED}, as `python -m decentral_jax.runtime_model predict`)"
-      f" of each run's method at {n} workers on each cluster; "
-      + "; ".join(cl.describe(n) for cl in clusters)
+      " prices each run's method on each cluster: "
+      + "; ".join(cl.describe(at[cl.label], workload)
+                  if isinstance(at[cl.label], int) else
+                  f"{cl.label}: not priced ({at[cl.label]})"
+                  for cl in clusters)
       + ". Each run's method is the runtime-model spec of its config ("
       + "; ".join(f"{k}: `{v}`" for k, v in run_specs.items())
-      + "), its topology built for the cluster's own workers per node. "
-      f"The loss per step is measured here, on this config's model and data "
-      f"({model}); the time per step is predicted for the cluster's own "
-      "workload, not for this model. \"time to AR loss, <cluster>\" is the "
-      f"first step at which a run's validation loss reaches {goal}, "
-      "linearly interpolated between the two evaluations around the "
-      "crossing, times the run's predicted seconds per iteration on that "
-      "cluster (\"not reached\": not within these steps). It assumes that "
-      "the cluster's model would follow the same loss-per-step curves as "
-      "this one: a what-if, not a measurement.\n\n")
-
-
-def plot_predicted_time(rows, prices: dict, clusters, target: float | None,
-                        n: int, outdir: str) -> str:
-  """``loss_vs_predicted_time.png``: loss vs predicted time, per cluster.
-
-  One subplot per cluster: x = step x the run's predicted s/iteration on
-  that cluster, y = validation loss of the averaged model, one line per run
-  that could be priced there; a dashed line at ``target``.
-
-  Args:
-    rows: ``[(run, eval steps, eval losses)]``.
-    prices: ``{run.name: predicted_ms(...)}``.
-    clusters: :class:`PricingCluster` s (at least one).
-    target: All-Reduce's final validation loss, or None (no line).
-    n: workers per run.
-    outdir: directory to write to.
-
-  Returns:
-    The PNG path.
-
-  Raises:
-    OSError: the file could not be written.
-  """
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-  fig, axes = plt.subplots(1, len(clusters), figsize=(
-      5.6 * len(clusters), 4.4), squeeze=False)
-  for ax, cl in zip(axes[0], clusters):
-    lines = []
-    for run, steps, losses in rows:
-      ms = prices.get(run.name, {}).get(cl.label)
-      if isinstance(ms, numbers.Real) and len(steps):
-        lines.append((run.label, np.asarray(steps, float) * ms / 1e3, losses))
-    longest = max((float(x.max()) for _, x, _ in lines), default=0.0)
-    scale, unit = (60.0, "min") if longest > 120 else (1.0, "s")
-    for label, xs, ys in lines:
-      ax.plot(xs / scale, ys, marker="o", markersize=3, label=label)
-    if target is not None:
-      ax.axhline(target, linestyle="--", color="gray", linewidth=1,
-                 label=f"All-Reduce's final loss ({target:.4f})")
-    if not lines:
-      ax.text(0.5, 0.5, "no run could be priced here", ha="center",
-              va="center", transform=ax.transAxes)
-    ax.set_title(f"{cl.label}, {n} workers (predicted)")
-    ax.set_xlabel(f"predicted time ({unit}): step x predicted s/iteration")
-    ax.set_ylabel("validation loss of the averaged model (nats)")
-    ax.grid(alpha=0.3)
-    if lines or target is not None:
-      ax.legend(fontsize=7)
-  fig.tight_layout()
-  out = os.path.join(outdir, PLOT_NAME)
-  fig.savefig(out, dpi=120)
-  plt.close(fig)
-  return out
+      + "), its topology built for the cluster's own GPUs per node. The "
+      f"loss per step is measured here on the {n}-worker proxy ({model}); "
+      "the predicted wall-clock to a loss is the step at which the proxy "
+      "reaches it times the predicted seconds per step: it assumes the "
+      "named workload would follow the proxy's loss-per-step curves (and, "
+      f"where a cluster is priced at more than {n} GPUs, that the proxy's "
+      "curve holds there too).\n\n")

@@ -112,7 +112,8 @@ def main(argv):
     simulate_cpu_devices(
         _CPU_DEVICES.value or max(needed // procs, 1),
         f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value else
-        source + (f" over {procs} processes" if procs > 1 else ""))
+        source.replace("config.", "--config.")  # the flags typed
+        + (f" over {procs} processes" if procs > 1 else ""))
     if distributed.initialize_from_config(config) and jax.process_index() > 0:
       logging.set_verbosity(logging.WARNING)  # process 0 reports
     if jax.process_index() == 0:

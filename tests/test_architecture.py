@@ -34,6 +34,9 @@ ALLOWED = {
     "runner": {"checks", "topology", "comm", "optim", "parallel", "analysis",
                "models", "data", "runtime_model"},
     "__init__": {"topology", "comm", "optim", "parallel"},
+    # The `decentral-jax` command: forwards to the command lines (loaded by
+    # name on use, so that predict and validate import no JAX).
+    "cli": {"runtime_model.cli"},
 }
 
 

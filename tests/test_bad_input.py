@@ -128,6 +128,19 @@ BAD_RELATIONS = [
                                    "--config.optimizer.accum_steps=1")),
     ({"data.val_fraction": 0.0}, ("config.data.val_fraction=0.0 leaves no",
                                   "--config.data.val_fraction=")),
+    # Settings the schedule does not read (make_schedule: constant is
+    # peak_lr at every step, inverse_sqrt has no final value).
+    ({"schedule.name": "constant", "schedule.final_lr": 1e-4},
+     ("config.schedule.final_lr=0.0001 has no effect with "
+      "config.schedule.name='constant'",
+      "--config.schedule.final_lr=0.00015")),
+    ({"schedule.name": "inverse_sqrt", "schedule.final_lr": 0.0},
+     ("config.schedule.final_lr=0.0 has no effect with "
+      "config.schedule.name='inverse_sqrt'",)),
+    ({"schedule.name": "constant", "schedule.warmup_steps": 5},
+     ("config.schedule.warmup_steps=5 has no effect with "
+      "config.schedule.name='constant'",
+      "--config.schedule.warmup_steps=30")),
 ]
 
 
@@ -354,9 +367,7 @@ GOOD_FIELDS = [
     ({"bucket_bytes": 0}, one_collective_per_leaf),  # one per leaf
     # > steps: a warning, not an error; the warmup never ends.
     ({"schedule.warmup_steps": 10_000}, schedule_at(0, 150, 300)),
-    # final_lr unused by the constant schedule.
-    ({"schedule.name": "constant", "schedule.final_lr": 1.0},
-     schedule_at(0, 150, 300)),
+    ({"schedule.name": "constant"}, schedule_at(0, 150, 300)),
     # Node-aware alternating_exp_ring: the only topology that reads nodes.
     ({"n_workers": 2**30, "global_batch": 2**30, "workers_per_node": 2**15,
       "topology": "alternating_exp_ring"}, devices_of_a_billion_workers),
@@ -423,6 +434,23 @@ def test_config_variant_and_override_errors():
   assert "--config.steps=abc" in message and "'abc'" in message
   message = one_line_error(config_lib.load_config, tiny, ["optimizer.nope=1"])
   assert "'optimizer.nope'" in message
+
+
+def test_beta_convention_override_with_adamw_is_refused():
+  tiny = os.path.join(ROOT, "configs", "gpt_tiny.py")
+  adamw = ["optimizer.name=adamw", "optimizer.accum_steps=1"]
+  for value in ("per_step", "per_window"):
+    message = one_line_error(config_lib.load_config, tiny,
+                             [*adamw, f"optimizer.beta_convention={value}"])
+    assert message.startswith(
+        f"--config.optimizer.beta_convention={value} has no effect with "
+        "config.optimizer.name='adamw'"), message
+  # The file's own value (per_step, for its AccumAdamW) is not the user's.
+  c = config_lib.load_config(tiny, adamw)
+  assert c.optimizer.beta_convention == "per_step"
+  validation.check_config(c)
+  c = config_lib.load_config(tiny, ["optimizer.beta_convention=per_window"])
+  assert c.optimizer.beta_convention == "per_window"  # read by accum_adamw
 
 
 def test_split_overrides():
@@ -553,7 +581,7 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
   def fake_train(config, workdir, experiment=None):
     if config.optimizer.name == "adamw" and config.algorithm == "decentralized":
       raise FloatingPointError("non-finite training loss at step 2")
-    os.makedirs(workdir)
+    os.makedirs(workdir, exist_ok=True)  # run_arm holds it (run.lock)
     with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
       f.write(json.dumps({"step": 3, "train_time_s": 1.0,
                           "eval/loss": 2.0}) + "\n")
@@ -577,7 +605,11 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
   assert "'dadam'" in errors[0] and "step 2" in errors[0]
   table = (tmp_path / "results.md").read_text()
   assert "| DAdam, one_peer_exp | diverged |" in table
-  assert table.count("| 2.0000 |") == 3  # the other three runs
+  # The results table (the diverged run's table): the other three at loss 2.
+  lines = table.splitlines()
+  width = next(l for l in lines if "| diverged |" in l).count("|")
+  rows = [l for l in lines if l.startswith("| ") and l.count("|") == width]
+  assert sum(l.split("|")[2].strip() == "2.0000" for l in rows) == 3, rows
   assert (tmp_path / "loss_vs_step.png").exists()
 
 
@@ -596,6 +628,17 @@ def _runtime_cli(argv) -> int:
     (["predict", "--forward-ms", "-1"], ("--forward-ms", ">= 0")),
     (["predict", "--compute-cv", "inf"], ("--compute-cv",)),
     (["predict", "--grad-dtype", "float33"], ("--grad-dtype", "float33")),
+    (["predict", "--param-dtype", "int8"], ("--param-dtype 'int8'",
+                                            "floating")),
+    (["predict", "--params", "0.5"], ("--params", "whole", "0.5")),
+    (["utilisation", "--params", "0.5"], ("--params", "whole", "0.5")),
+    (["utilisation", "--n-workers", "1"], ("--n-workers", ">= 2", "got 1")),
+    (["utilisation", "--n-workers", "1048576"], ("--n-workers 1048576",
+                                                 "256")),
+    (["utilisation", "--bucket-MiB", "1e-6"], ("--bucket-MiB", "buckets")),
+    (["utilisation", "--bucket-MiB", "0"], ("--bucket-MiB", "> 0")),
+    (["utilisation", "--grad-dtype", "int8"], ("--grad-dtype 'int8'",
+                                               "floating")),
     (["predict", "--steps", "1000000"], ("--steps",)),
     (["predict", "--n-workers", "6", "--preset", "A40"], ("--n-workers 6",)),
     (["predict", "--methods", "hypercube"], ("--methods hypercube",)),

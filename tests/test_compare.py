@@ -1,12 +1,13 @@
-"""experiments/compare.py: run set-up, the results table and the plots."""
+"""experiments/compare.py: run set-up, the results table and the plots.
+
+The pricing on clusters (compare_pricing.py) and the answer
+(compare_answer.py) are in tests/test_compare_answer.py.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -31,10 +32,14 @@ def _base(**schedule):
   return base
 
 
-def test_default_runs_are_the_six_methods_of_the_main_job():
+def test_default_and_full_methods():
+  # The quick default: one method per kind of communication (every step
+  # All-Reduce, every step gossip, a sync every 10 steps, twice).
+  assert compare.DEFAULT_METHODS == ("all_reduce", "dadam", "diloco",
+                                     "local_sgd")
   base = _base()
   got = [compare.run_config(base, run, accum_steps=4)
-         for run in compare.select_runs(",".join(compare.DEFAULT_METHODS))]
+         for run in compare.select_runs(",".join(compare.FULL_METHODS))]
   assert [(c.algorithm, c.optimizer.name, c.optimizer.accum_steps)
           for c in got] == [("all_reduce", "adamw", 1),
                             ("decentralized", "adamw", 1),
@@ -67,6 +72,12 @@ def test_per_method_learning_rates():
   np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-12)
   same = [compare.run_config(base, compare.METHODS[x], 4) for x in names]
   assert {(c.schedule.peak_lr, c.schedule.final_lr) for c in same} == {(1.0, 0.5)}
+  # A constant schedule does not read final_lr: it keeps its value (which
+  # check_config refuses unless it is the default).
+  flat = _base(schedule={"name": "constant", "peak_lr": 1.0,
+                         "final_lr": 0.5})
+  c = compare.run_config(flat, compare.METHODS["dadam"], 4, per_method_lr=True)
+  assert (c.schedule.peak_lr, c.schedule.final_lr) == (6e-3, 0.5)
 
 
 def test_table_and_plots(tmp_path):
@@ -87,9 +98,24 @@ def test_table_and_plots(tmp_path):
   assert table[0].count("|") == 8 and len(table) == 4
   assert table[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 | "
                       "1.750 (3.04) | 12.5 | 2,048 |")
+  # This machine's timings: dropped by default, labelled when kept.
+  default = compare.timing_columns("\n".join(table), keep=False).splitlines()
+  assert default[0] == ("| run | val loss, averaged model | workers' own "
+                        "models: extra loss, mean / max | consensus distance "
+                        "| sent per step, x params (MB) |")
+  assert default[1] == "|---|---|---|---|---|"
+  assert default[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 "
+                        "| 1.750 (3.04) |")
+  kept = compare.timing_columns("\n".join(table), keep=True).splitlines()
+  assert kept[0].endswith("| this CPU's ms/step (load-dependent, not a "
+                          "ranking) | this CPU's tokens/s (load-dependent, "
+                          "not a ranking) |")
+  assert kept[2] == table[2] and kept[1] == table[1]
   paths = compare.plot(logs, str(tmp_path))
-  assert [os.path.basename(p) for p in paths] == ["loss_vs_step.png",
-                                                  "loss_vs_time.png"]
+  assert [os.path.basename(p) for p in paths] == ["loss_vs_step.png"]
+  paths = compare.plot(logs, str(tmp_path), cpu_timing=True)
+  assert [os.path.basename(p) for p in paths] == [
+      "loss_vs_step.png", "cpu_loss_vs_time_this_machine.png"]
   for p in paths:
     with open(p, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -99,14 +125,50 @@ def test_methods_flag_selects_and_validates():
   assert [r.name for r in compare.select_runs("diloco, sgp")] == ["diloco",
                                                                   "sgp"]
   assert compare.select_runs("all") == compare.RUNS
-  for bad, match in (("diloco,nope", "unknown method"),
-                     ("sgp,sgp", "more than once"), (" , ", "none given")):
+  for bad, match in (
+      ("diloco,nope", "--methods='diloco,nope': unknown method(s) 'nope'"),
+      ("sgp,sgp", "--methods='sgp,sgp' names sgp more than once"),
+      (" , ", "--methods=' , ' names no method"),
+      ("", "--methods='' names no method"),
+      ("dadam,,sgp", "--methods='dadam,,sgp': entry 2 is empty"),
+      ("dadam,sgp,", "--methods='dadam,sgp,': entry 3 is empty"),
+      ("all,dadam", "--methods='all,dadam': 'all' selects every method and "
+       "takes no other names"),
+      ("--outdir=x", "--methods needs a value, got the flag '--outdir=x'")):
     try:
       compare.select_runs(bad)
     except ValueError as e:
-      assert match in str(e) and "--methods" in str(e)
+      assert str(e).startswith(match) and "\n" not in str(e), str(e)
     else:
       raise AssertionError(f"--methods={bad!r} was accepted")
+
+
+def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
+  from decentral_jax.runner import config as config_lib
+  # The topology and nodes are the method's own; --config.n_workers is not.
+  base = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["--config.n_workers=6", "--config.global_batch=60"])
+  with pytest.raises(ValueError) as info:
+    compare.arm_configs(base, 4, False, compare.select_runs("accum_adamw_aer"))
+  message = str(info.value)
+  assert message.startswith(
+      "run 'accum_adamw_aer' (AccumAdamW, alternating_exp_ring (2/node), "
+      "horizon-matched betas): its topology alternating_exp_ring with 2 "
+      "worker(s) per node does not fit --config.n_workers=6: "), message
+  assert "config.topology=" not in message and "\n" not in message
+  # Too many simulated devices: the override that asked for them.
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+  argv = compare._parse_or_exit(  # pylint: disable=protected-access
+      ["compare.py", f"--outdir={tmp_path / 'out'}", "--methods=dadam",
+       "--config.n_workers=2048", "--config.global_batch=2048"])
+  with pytest.raises(SystemExit) as info:
+    compare.main(argv)
+  assert info.value.code == 2
+  [line] = capsys.readouterr().err.splitlines()
+  assert line.startswith("error: --config.n_workers=2048 asks for 2048 "
+                         "simulated CPU devices"), line
+  assert not (tmp_path / "out").exists()
 
 
 def test_every_method_arm_is_a_valid_config_with_its_fields():
@@ -211,6 +273,41 @@ def _tiny_arms(tmp_path, methods):
           compare.arm_configs(base, 4, False, compare.select_runs(methods))]
 
 
+def test_run_arm_locks_before_it_replaces_and_replaces_only_run_dirs(
+    tmp_path, monkeypatch):
+  """Nothing trains: each case is refused before the experiment is built."""
+  from decentral_jax.runner import workdir as workdir_lib
+  def built(config):
+    raise AssertionError("the arm was about to train")
+
+  monkeypatch.setattr(compare.experiment, "Experiment", built)
+  [(run, config, workdir)] = _tiny_arms(tmp_path, "dadam")
+  # A run of another config (so "fresh": to be replaced), held by another
+  # invocation: refused, and not one of its files removed.
+  os.makedirs(os.path.join(workdir, "checkpoints", "2"))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write('{"steps": 99}')
+  with workdir_lib.WorkdirLock(workdir):
+    before = sorted(os.listdir(workdir))
+    with pytest.raises(workdir_lib.WorkdirInUse, match="is in use by another"):
+      compare.run_arm(run, config, workdir)
+    assert sorted(os.listdir(workdir)) == before
+    assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"]
+  # A directory named after the method that holds something no run writes
+  # is not a run directory: refused in one line naming it, kept whole.
+  notes = os.path.join(workdir, "notes.txt")
+  with open(notes, "w") as f:
+    f.write("mine")
+  with pytest.raises(ValueError) as info:
+    compare.run_arm(run, config, workdir)
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"{workdir} is not a run directory" in message and "'notes.txt'" \
+      in message
+  assert os.path.isfile(notes) and os.path.isdir(
+      os.path.join(workdir, "checkpoints", "2"))
+
+
 @pytest.mark.integration  # trains two short runs
 def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
     tmp_path, monkeypatch):
@@ -259,226 +356,114 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
   assert compare.arm_status(dadam_dir, dadam_config) == ("fresh", None)
 
 
-# --- Pricing on clusters (experiments/compare_pricing.py) ---
 
-pricing = sys.modules["compare_pricing"]  # imported by compare.py
-
-
-def test_time_to_target_interpolates_between_evaluations():
-  steps, losses = [30, 60, 90], [2.0, 1.7, 1.5]
-  # 1.6 lies halfway from 1.7 (step 60) to 1.5 (step 90).
-  assert pricing.step_to_target(steps, losses, 1.6) == pytest.approx(
-      75.0, rel=1e-12)
-  assert pricing.time_to_target(steps, losses, 1.6, 10.0) == \
-      pytest.approx(0.75, rel=1e-12)
-  assert pricing.time_to_target(steps, losses, 1.4, 10.0) is None  # never
-  assert pricing.step_to_target(steps, losses, 2.5) == 30.0  # first point
-  assert pricing.step_to_target(steps, losses, 1.7) == 60.0  # exactly hit
-  # A non-finite point is skipped: 2.0 is halfway from 3.0 (step 0) to 1.0
-  # (step 20); the first crossing counts.
-  assert pricing.step_to_target([0, 10, 20, 30, 40], [3.0, float("nan"),
-                                                      1.0, 2.5, 0.5],
-                                2.0) == 10.0
-  assert pricing.step_to_target([], [], 1.0) is None
-  with pytest.raises(ValueError, match="2 steps but 1 losses"):
-    pricing.step_to_target([1, 2], [1.0], 1.0)
-  assert [pricing.format_duration(s) for s in (0.75, 90.0, 9000.0)] == [
-      "0.8 s", "1.5 min", "2.5 h"]
+# --- The job: seeds, checkpoints, progress, reference ---
 
 
-def _gpt_tiny(*overrides):
-  from decentral_jax.runner import config as config_lib
-  return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
-                                list(overrides))
-
-
-def _final(loss: float) -> dict:
-  return {"eval/loss": loss, "eval/worker_excess_mean": 0.0,
-          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
-          "step_time_ms": 1.0, "tokens_per_sec": 1.0, "comm/ratio": 1.0,
-          "comm/bytes_per_step": 1e6}
-
-
-def test_a40_prices_match_figure6_and_fill_the_table():
-  arms = dict(compare.arm_configs(_gpt_tiny(), 4, True,
-                                  compare.select_runs("all_reduce,dadam")))
-  clusters = pricing.parse_clusters("A40")
-  want = {run.name: pricing.predicted_ms(config, clusters)["A40"]
-          for run, config in arms.items()}
-  # Figure 6, A40 at 8 GPUs, measured: All-Reduce 166.1 ms, Decent (Exp)
-  # 122.8 ms; the model reproduces these bars within 20% (its documented
-  # accuracy). The exact prices are checked by hand on a cluster without
-  # compute variability in test_cluster_files_are_priced_with_...
-  assert want["all_reduce"] == pytest.approx(166.1, rel=0.2)
-  assert want["dadam"] == pytest.approx(122.8, rel=0.2)
-  assert want["all_reduce"] > 1.15 * want["dadam"]
-  runs = [compare.METHODS["all_reduce"], compare.METHODS["dadam"]]
-  finals = [(runs[0], _final(2.25)), (runs[1], _final(2.0))]
-  curves = {"all_reduce": ([0, 30, 60], [3.0, 2.6, 2.25]),
-            "dadam": ([0, 30, 60], [3.0, 2.5, 2.0])}
-  prices = {name: {"A40": ms} for name, ms in want.items()}
-  heads, cells, notes = pricing.pricing_columns(finals, curves, prices,
-                                                clusters, 2.25)
-  assert heads == ["predicted ms/it, A40", "time to AR loss, A40"]
-  table = compare.results_table(finals, "tokens", (heads, cells))
-  lines = table.splitlines()
-  assert lines[0].count("|") == 10 and lines[1].count("---") == 9
-  # DAdam crosses 2.25 halfway from step 30 to 60: step 45.
-  assert lines[3].endswith(f"| {want['dadam']:.1f} | "
-                           f"{45 * want['dadam'] / 1e3:.1f} s |"), lines[3]
-  assert lines[2].endswith(f"| {want['all_reduce']:.1f} | "
-                           f"{60 * want['all_reduce'] / 1e3:.1f} s |")
-  assert notes == ["Fastest to All-Reduce's final loss on A40 (predicted): "
-                   f"DAdam, one_peer_exp, {45 * want['dadam'] / 1e3:.1f} s."]
-  # Without All-Reduce there is no target: "-", and a note says why.
-  target, why = pricing.ar_target(finals[1:])
-  _, cells, notes = pricing.pricing_columns(finals[1:], curves, prices,
-                                            clusters, target, why)
-  assert target is None and cells["dadam"] == [f"{want['dadam']:.1f}", "-"]
-  assert "not among the runs" in notes[-1]
-  assert pricing.ar_target([(runs[0], None)]) == (None, "All-Reduce diverged")
-
-
-def test_runs_a_cluster_cannot_price_are_a_dash_with_a_footnote(tmp_path):
-  # 4 workers: half an A40 node's 4 GPUs is fine, T4 has 8 GPUs per node.
-  run = compare.METHODS["dadam"]
-  config = dict(compare.arm_configs(_gpt_tiny("--config.n_workers=4"), 4,
-                                    True, (run,)))[run]
-  clusters = pricing.parse_clusters("T4,a40")
-  got = pricing.predicted_ms(config, clusters)
-  assert isinstance(got["A40"], float) and "local_size=8" in got["T4"]
-  finals = [(run, _final(2.0))]
-  heads, cells, notes = pricing.pricing_columns(
-      finals, {"dadam": ([0, 10], [3.0, 2.0])}, {"dadam": got}, clusters,
-      None, "All-Reduce diverged")
-  assert heads[0] == "predicted ms/it, T4" and cells["dadam"][:3] == [
-      "-", "-", f"{got['A40']:.1f}"]
-  assert notes[0].startswith("Not priced on T4 ('-'): DAdam, one_peer_exp: "
-                             "local_size=8")
-  assert notes[1] == ("\"time to AR loss\" is '-': All-Reduce diverged, so "
-                      "there is no target loss.")
-  text = pricing.pricing_text(clusters, 4, {run.label: "dadam:topology="
-                                            "one_peer_exp"}, "gpt", None,
-                              "All-Reduce diverged")
-  assert "a what-if, not a measurement" in text
-  assert "Transformer-base (65M parameters" in text
-  assert "measured here, on this config's model and data (gpt)" in text
-  assert "so at 4 the fit is extrapolated" in text  # A40: 8, 16, 32 GPUs
-
-
-def _cluster_json(tmp_path, name="mine.json", workload=True) -> str:
-  from decentral_jax.runtime_model import cluster_file
-  from decentral_jax.runtime_model import paper
-  c, _ = paper.setup("A40", 8)
-  path = str(tmp_path / name)
-  cluster_file.write(path, {
-      "cluster": dataclasses.asdict(c),
-      "workload": {"param_count": 1e6, "forward_s": 0.01,
-                   "backward_s": 0.02, "compute_cv": 0.0} if workload
-                  else None,
-      "measurements": {}, "meta": {"devices": 8, "device_kind": "test"}})
-  return path
-
-
-def test_cluster_files_are_priced_with_their_measured_workload(tmp_path):
-  path = _cluster_json(tmp_path)
-  (cl,) = pricing.parse_clusters(f" {path} ")
-  assert (cl.label, cl.path, cl.preset) == ("mine.json", path, None)
-  arms = dict(compare.arm_configs(_gpt_tiny(), 4, True,
-                                  compare.select_runs("all_reduce,dadam")))
-  got = {run.name: pricing.predicted_ms(config, (cl,))
-         for run, config in arms.items()}
-  # By hand from the alpha-beta formulas: the file's A40 links at 8 GPUs (2
-  # nodes x 4, tree), 1e6 float32 parameters (M = 4 MB, one 25 MiB bucket),
-  # forward 10 ms + backward 20 ms, no variability.
-  m_bytes, compute_s = 4e6, 0.03
-  # All-Reduce: the bucket is ready at the end of the backward; the two-level
-  # tree pays 2(L-1) intra + 2(q-1) inter latencies, and its bytes are
-  # limited by the one flow per node across (25 Gbit/s cap, below the
-  # node's 7.37 GB/s NIC): 2(q-1)/q M / 3.125e9 (the PCIe links carry 1.75 M
-  # at 31.5 GB/s, faster).
-  all_reduce_s = (compute_s + 2 * 3 * 5e-6 + 2 * 1 * 30e-6
-                  + 2 * (2 - 1) / 2 * m_bytes / 3.125e9)
-  # DAdam (one_peer_exp): rounds within a node take 5e-6 + M / 31.5e9, the
-  # round across nodes 30e-6 + M / (7.37e9 / 4) (4 flows share the NIC):
-  # 0.13 ms and 2.2 ms, all hidden behind the 30 ms of compute.
-  assert 30e-6 + m_bytes / (7.37e9 / 4) < compute_s
-  assert got == {
-      "all_reduce": {"mine.json": pytest.approx(1e3 * all_reduce_s,
-                                                rel=1e-9)},
-      "dadam": {"mine.json": pytest.approx(1e3 * compute_s, rel=1e-9)}}
-  assert "the cluster measured in" in cl.describe(8)
-  # Two files of the same basename: the second is labelled by its path.
-  os.makedirs(tmp_path / "b")
-  other = _cluster_json(tmp_path / "b")
-  assert [x.label for x in pricing.parse_clusters(f"{path},{other},T4")] == [
-      "mine.json", other, "T4"]
-  assert pricing.parse_clusters("") == ()
-  for spec, match in (("A40,a40", "more than once"),
-                      (f"{path},{path}", "more than once"),
-                      (_cluster_json(tmp_path, "bare.json", False),
-                       "no measured workload"),
-                      ("nope", "neither a preset nor an existing file")):
+def test_seeds_name_the_runs_and_checkpoints_are_off_by_default():
+  assert compare.parse_seeds(" 0, 1,2 ") == (0, 1, 2)
+  assert compare.parse_seeds("") == ()
+  for bad, match in (("0,x", "'x' is not a seed"), ("1,1", "more than once"),
+                     ("-1", "'-1' is not a seed"),
+                     (str(2**32), "is not a seed")):
     with pytest.raises(ValueError, match=match) as info:
-      pricing.parse_clusters(spec)
-    assert "--clusters" in str(info.value) and "\n" not in str(info.value)
+      compare.parse_seeds(bad)
+    assert "--seeds" in str(info.value)
+  base = config_dict.ConfigDict({"seed": 7, "checkpoint_interval": 100})
+  run = compare.METHODS["dadam"]
+  (one,) = compare.job_arms([(run, base)], (), checkpoints=False)
+  assert (one.run, one.seed, one.config.seed) == (run, 7, 7)
+  assert one.config.checkpoint_interval == 0  # only SIGTERM's and the last
+  two = compare.job_arms([(run, base)], (3, 4), checkpoints=True)
+  assert [(a.run.name, a.run.label, a.seed, a.config.seed,
+           a.config.checkpoint_interval) for a in two] == [
+               ("dadam_seed3", "DAdam, one_peer_exp, seed 3", 3, 3, 100),
+               ("dadam_seed4", "DAdam, one_peer_exp, seed 4", 4, 4, 100)]
+  assert all(a.method is run for a in two) and base.seed == 7
 
 
-@pytest.mark.integration
-def test_bad_clusters_flag_is_one_error_line_before_training(tmp_path):
-  not_a_cluster = tmp_path / "other.json"
-  not_a_cluster.write_text('{"schema": "other"}')
-  cases = {"nope": ("'nope'", "neither a preset", "A40, T4"),
-           "/nonexistent.json": ("'/nonexistent.json'", "measure"),
-           str(not_a_cluster): ("expected \"schema\"", "Fix the file")}
-  procs = {spec: subprocess.Popen(
-      [sys.executable, "experiments/compare.py", f"--clusters={spec}",
-       "--outdir", str(tmp_path / "out")], cwd=ROOT, env=_env(), text=True,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE) for spec in cases}
-  for spec, names in cases.items():
-    _, err = procs[spec].communicate(timeout=240)
-    assert procs[spec].returncode == 2, err[-3000:]
-    assert "Traceback" not in err, err[-3000:]
-    errors = [x for x in err.splitlines() if x.startswith("error: ")]
-    assert len(errors) == 1 and "--clusters" in errors[0], err[-3000:]
-    for name in names:
-      assert name in errors[0], (name, errors[0])
-  assert not (tmp_path / "out").exists()  # nothing trained or written
+def test_one_progress_bar_counts_every_step_of_the_job(capsys):
+  arms = compare.job_arms(
+      [(compare.METHODS[x], config_dict.ConfigDict({"seed": 0, "steps": s}))
+       for x, s in (("all_reduce", 5), ("dadam", 7))], (), True)
+  job = compare.JobProgress(arms)
+  assert job.bar.total == 12
+  job.start(1, arms[0])
+  with job.attach():
+    # What train.train_and_evaluate does: a bar of its own run's steps.
+    bar = compare.metrics_lib.progress_bar(5, initial=2)
+    for _ in range(3):
+      bar.update(1)
+    bar.set_postfix({"eval/loss": "1.0"})
+    bar.close()
+    print("a log line")
+  assert job.bar.n == 5  # 2 done by an earlier invocation, 3 now
+  assert compare.metrics_lib.progress_bar is not bar  # restored
+  job.finish(2)  # the second run was kept from an earlier invocation
+  assert job.bar.n == 12
+  job.close()
+  assert "a log line" in capsys.readouterr().out
 
 
-def _env() -> dict:
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
-         and not k.startswith("SLURM_")}
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
+def test_reference_check():
+  ref = {"tolerance": 0.02, "produced_on": "machine X",
+         "jobs": {"quick": {"final_loss": {"all_reduce/seed0": 2.2,
+                                           "dadam/seed0": 2.5}}}}
+  got = compare.reference_check(ref, "quick", {"all_reduce/seed0": 2.21,
+                                               "dadam/seed0": 2.4875})
+  assert got == ("matches the reference within 0.02 nats (largest "
+                 "difference 0.0125 over 2 runs; reference produced on "
+                 "machine X).")
+  got = compare.reference_check(ref, "quick", {"all_reduce/seed0": 2.25,
+                                               "dadam/seed0": 2.5})
+  assert got.startswith("differs: all_reduce/seed0 2.2500 vs reference "
+                        "2.2000 (tolerance 0.02 nats;")
+  for job, losses in ((None, {"dadam/seed0": 2.5}),  # not the default set-up
+                      ("full", {"dadam/seed0": 2.5}),  # no such job stored
+                      ("quick", {"sgp/seed0": 2.5})):  # no such run stored
+    assert compare.reference_check(ref, job, losses).startswith(
+        "no stored reference for this set-up")
+  assert compare.reference_check(None, "quick", {}).startswith(
+      "no reference file")
 
 
-@pytest.mark.integration
-def test_end_to_end_two_runs_with_predicted_columns_and_plot(tmp_path):
-  # A 1-layer model for 6 steps; evaluations at 0, 3 and 6.
-  outdir = tmp_path / "cmp"
-  proc = subprocess.run(
-      [sys.executable, "experiments/compare.py", "--methods=all_reduce,dadam",
-       f"--clusters=A40,{_cluster_json(tmp_path)}", "--outdir", str(outdir),
-       "--config.steps=6", "--config.eval_interval=3",
-       "--config.eval_batches=1", "--config.model.n_layer=1",
-       "--config.model.n_embd=16", "--config.model.n_head=2",
-       "--config.checkpoint_interval=0"],
-      cwd=ROOT, env=_env(), text=True, capture_output=True, timeout=600)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  md = (outdir / "results.md").read_text()
-  head = [x for x in md.splitlines() if x.startswith("| run |")][0]
-  for label in ("A40", "mine.json"):
-    assert f"| predicted ms/it, {label} | time to AR loss, {label} |" in head
-  assert "a what-if, not a measurement" in md
-  rows = {x.split(" | ")[0][2:]: x.split(" | ") for x in md.splitlines()
-          if x.startswith("| ") and not x.startswith(("| run", "|---"))}
-  assert set(rows) == {"All-Reduce AdamW", "DAdam, one_peer_exp"}
-  ar_ms, dadam_ms = (float(rows[k][7]) for k in rows)
-  assert ar_ms > dadam_ms  # A40 at 8 GPUs, as in Figure 6
-  assert rows["All-Reduce AdamW"][8].endswith(" s")  # reaches its own loss
-  png = outdir / "loss_vs_predicted_time.png"
-  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  plots = [x for x in proc.stdout.splitlines() if x.startswith("plots:")]
-  assert plots and str(png) in plots[0]
+def test_stored_reference_covers_the_default_jobs():
+  with open(compare.REFERENCE_FILE, encoding="utf-8") as f:
+    ref = json.load(f)
+  assert 0 < ref["tolerance"] < 0.1 and ref["produced_on"]
+  losses = ref["jobs"]["quick"]["final_loss"]
+  assert sorted(losses) == sorted(f"{m}/seed0"
+                                  for m in compare.DEFAULT_METHODS)
+  full = ref["jobs"]["full"]["final_loss"]
+  assert sorted(full) == sorted(f"{m}/seed0" for m in compare.FULL_METHODS)
+  # Below the initial loss of a byte-level model, ln 256 = 5.545 nats.
+  assert all(0 < x < 5.5 for x in [*losses.values(), *full.values()])
+
+
+def test_full_changes_the_defaults_and_explicit_flags_win(monkeypatch):
+  flags = compare.flags.FLAGS
+
+  def settings(*argv, overrides=()):
+    monkeypatch.setattr(compare, "_OVERRIDES", list(overrides))
+    flags.unparse_flags()
+    flags(["compare.py", *argv])
+    try:
+      return compare.job_settings()
+    finally:
+      flags.unparse_flags()
+
+  quick = ",".join(compare.DEFAULT_METHODS)
+  assert settings() == (compare.QUICK_CONFIG, quick, "", False, "quick")
+  assert settings("--full") == (compare.FULL_CONFIG,
+                                ",".join(compare.FULL_METHODS), "0,1,2",
+                                True, "full")
+  assert settings("--full", "--seeds=4", "--methods=sgp",
+                  "--nocheckpoints") == (compare.FULL_CONFIG, "sgp", "4",
+                                         False, "full")
+  # Another config, a --config override or untuned lrs: not the default
+  # set-up, so no reference applies.
+  assert settings(f"--config={compare.FULL_CONFIG}")[4] is None
+  assert settings(overrides=["--config.steps=5"])[4] is None
+  assert settings("--noper_method_lr")[4] is None
+  # An explicit checkpoint interval asks for checkpoints.
+  assert settings(overrides=["--config.checkpoint_interval=10"])[3] is True

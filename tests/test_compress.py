@@ -20,6 +20,12 @@ from decentral_jax.optim import choco
 SCALED = ("int8", "fp8", "int4", "fp4")
 
 
+def _comp(fmt, block, fraction):
+  """A compressor; ``fraction`` is given to ``topk`` only (the others refuse it)."""
+  return compress.Compressor(fmt, block,
+                             fraction if fmt == "topk" else None)
+
+
 def _np_blocks(v, block):
   flat = np.asarray(v, np.float64).reshape(-1)
   pad = (-flat.size) % block
@@ -99,7 +105,7 @@ def test_topk_keeps_the_largest_magnitudes_of_each_chunk():
 @pytest.mark.slow
 def test_zeros_empty_and_odd_shapes_roundtrip():
   for fmt in compress.FORMATS:
-    c = compress.Compressor(fmt, block=4, fraction=0.5)
+    c = _comp(fmt, 4, 0.5)
     for v in (jnp.zeros((3, 3)), jnp.zeros((0,)), jnp.ones((5,))):
       got = c.roundtrip(v)
       assert got.shape == v.shape and got.dtype == v.dtype
@@ -129,7 +135,7 @@ def test_bad_arguments_name_the_argument():
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "topk"])
 def test_error_feedback_tracks_the_cumulative_sum(fmt):
-  c = compress.Compressor(fmt, block=8, fraction=0.25)
+  c = _comp(fmt, 8, 0.25)
   rng = np.random.default_rng(3)
   e = jnp.zeros((40,))
   total_v = np.zeros(40)
@@ -229,7 +235,7 @@ def test_bytes_in_the_compiled_program_equal_the_hand_count(fmt):
   require_devices(8)
   topo = topology.make("ring", 8)  # one permute term per round
   mesh = parallel.make_mesh(8)
-  c = compress.Compressor(fmt, block=64, fraction=0.125)
+  c = _comp(fmt, 64, 0.125)
   x = {"w": np.ones((8, 300), np.float32), "b": np.ones((8, 7), np.float32)}
   axis = parallel.worker_axis(mesh)
   fn = jax.jit(parallel.per_worker(
@@ -309,7 +315,7 @@ def _mean_fn(mesh, c):
 def test_compressed_mean_matches_a_numpy_reference(fmt):
   require_devices(4)
   mesh = parallel.make_mesh(4)
-  c = compress.Compressor(fmt, block=8, fraction=0.25)
+  c = _comp(fmt, 8, 0.25)
   x = np.random.default_rng(7).normal(size=(4, 3, 7)).astype(np.float32)
   out = np.asarray(_mean_fn(mesh, c)(parallel.shard(x, mesh)))
   # Reference: deQ(Q(.)) per worker over the padded vector (64 = 4 x 2 x 8
@@ -336,7 +342,7 @@ def test_compressed_mean_matches_a_numpy_reference(fmt):
 def test_compressed_mean_bytes_equal_the_hand_count(fmt):
   require_devices(8)
   mesh = parallel.make_mesh(8)
-  c = compress.Compressor(fmt, block=16, fraction=0.25)
+  c = _comp(fmt, 16, 0.25)
   x = {"w": np.ones((8, 300), np.float32)}
   rep = analysis.communication(
       _mean_fn(mesh, c).lower(parallel.shard(x, mesh)).compile())
@@ -344,3 +350,95 @@ def test_compressed_mean_bytes_equal_the_hand_count(fmt):
   assert rep.mean_bytes_per_step == pytest.approx(hand, rel=1e-12)
   if fmt == "int8":  # 384 padded values = 24 blocks of 16 codes + 4 scale bytes
     assert hand == pytest.approx(2 * 7 / 8 * 24 * 20)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "fp4", "topk"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_are_never_received_as_finite(fmt, bad):
+  # Two blocks of 8; block 0 holds one non-finite value among 1..7, block 1
+  # is finite. A scaled format's block 0 has scale NaN: all of it decodes to
+  # NaN (before, a NaN block took scale 1 and the NaN became a finite
+  # code). Top-k sends the non-finite value first, as it is.
+  v = np.concatenate([np.arange(1.0, 9.0), np.arange(8.0)]).astype(np.float32)
+  v[3] = bad
+  c = _comp(fmt, 8, 0.25)
+  got = np.asarray(c.roundtrip(jnp.asarray(v)))
+  if fmt == "topk":
+    if np.isnan(bad):
+      assert np.isnan(got[3])
+    else:
+      assert got[3] == bad
+    assert np.all(np.isfinite(np.delete(got, 3)))
+  else:
+    assert np.all(np.isnan(got[:8])), got
+    assert np.all(np.isfinite(got[8:])), got
+  # Block 1 is as without the bad value (blocks are independent).
+  clean = v.copy()
+  clean[3] = 0.0
+  np.testing.assert_array_equal(got[8:],
+                                np.asarray(c.roundtrip(jnp.asarray(clean)))[8:])
+
+
+def test_topk_sends_nan_before_a_larger_finite_value():
+  # k = 1 of a chunk [1e30, NaN, 2, 3]: the NaN, not the largest finite.
+  c = compress.Compressor("topk", block=4, fraction=0.25)
+  got = np.asarray(c.roundtrip(jnp.asarray([1e30, np.nan, 2.0, 3.0],
+                                           jnp.float32)))
+  assert np.isnan(got[1]) and np.all(got[[0, 2, 3]] == 0), got
+
+
+def test_compressor_arguments_refused_in_one_line():
+  # A fraction is for top-k only; top-k without one keeps 1%.
+  with pytest.raises(ValueError, match="fraction applies to format 'topk' "
+                     "only, got fraction=0.5 with format 'int8'"):
+    compress.Compressor("int8", fraction=0.5)
+  assert compress.Compressor("topk").fraction == 0.01
+  assert compress.Compressor("int8").fraction is None
+  # A huge block is refused before anything is allocated.
+  with pytest.raises(ValueError, match=r"block must be an int >= 2 and <= "
+                     r"1048576, got 1099511627776\."):
+    compress.Compressor("int8", block=2 ** 40)
+  with pytest.raises(ValueError, match=r"itemsize must be an int >= 1, got -4"):
+    compress.Compressor("none").payload_bytes(10, -4)
+  with pytest.raises(ValueError, match=r"compressor must be a decentral_jax"
+                     r"\.comm\.compress\.Compressor, got str\."):
+    compress.relative_error_bound("int8")
+  with pytest.raises(ValueError, match="compressor must be a decentral_jax"):
+    compress.mean_payload_bytes({"x": np.zeros(4)}, 2, "int8")
+  # Only floating values are compressed (an integer gradient is refused).
+  c = compress.Compressor("int8", block=4)
+  with pytest.raises(ValueError, match="dtype int32; only floating-point"):
+    c.encode(jnp.arange(8, dtype=jnp.int32))
+  with pytest.raises(ValueError, match="dtype int32; only floating-point"):
+    compress.compress_with_feedback(c, jnp.arange(8, dtype=jnp.int32),
+                                    jnp.zeros(8, jnp.int32))
+
+
+def test_topology_of_another_size_than_the_worker_axis_is_refused():
+  # A 4-worker topology on an 8-worker mesh would gossip among 4 workers and
+  # give the others clamped weights; both compressed gossips refuse it.
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  axis = parallel.worker_axis(mesh)
+  topo = topology.make("static_ring", 4)
+  x = parallel.shard(np.ones((8, 3), np.float32), mesh)
+  c = compress.Compressor("int8", block=4)
+  phrase = r"has n_workers=4 but the worker axis .* has 8 workers"
+  with pytest.raises(ValueError, match=phrase):
+    jax.jit(parallel.per_worker(lambda t: compress.mix_compressed(
+        t, topo, 0, axis, compressor=c), mesh))(x)
+  tx = choco.choco_gossip(topo, c, 0.5, axis)
+
+  def run(p):
+    return tx.update(jnp.zeros_like(p), tx.init(p), p)[0]
+
+  with pytest.raises(ValueError, match=phrase):
+    jax.jit(parallel.per_worker(run, mesh))(x)
+
+
+def test_choco_refuses_integer_parameters():
+  tx = choco.choco_gossip(topology.make("static_ring", 4),
+                          compress.Compressor("int8"), 0.5)
+  with pytest.raises(ValueError, match=r"choco_gossip: leaf \"\['step'\]\" "
+                     "has dtype int32"):
+    tx.init({"w": jnp.zeros(3), "step": jnp.zeros((), jnp.int32)})

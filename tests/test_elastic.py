@@ -85,9 +85,9 @@ def _oracle(x0, b, alive, working, *, quorum=1, on_failure="proceed",
     fresh = x[donors].mean(0) if donors.any() else None
     for m in np.flatnonzero(rej):
       if donors.any() and rejoin == "copy_theta":
-        x[m] = theta
+        x[m], done[m] = theta, 0  # a copy holds none of its own steps
       elif donors.any() and rejoin == "copy_mean":
-        x[m] = fresh
+        x[m], done[m] = fresh, 0
     lost |= last & ~a
     if t % H == 0:
       c = a & (done > 0)
@@ -156,9 +156,11 @@ def test_below_quorum_skips_the_outer_step(method, x64):
                           local_sgd=method == "local_sgd")
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
-  # Only the sync at t = 3 lacks a quorum (worker 3 is dead); at t = 6 it
-  # contributes its one step since its rejoin, at t = 9 worker 1 is back.
-  assert skipped == 1 and int(states[-1].skipped[0]) == 1
+  # The sync at t = 3 lacks a quorum (worker 3 is dead); at t = 6 it
+  # contributes its one step since its rejoin. At t = 9 worker 1, back with
+  # theta copied, has no step since the copy (its count restarts at 0, its
+  # step at t = 7 was overwritten): 3 contributors, skipped again.
+  assert skipped == 2 and int(states[-1].skipped[0]) == 2
   # theta and the outer state are those before the skipped sync.
   before, after = states[1], states[2]  # t = 2, t = 3 (skipped sync)
   if method == "diloco":
@@ -262,3 +264,39 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="elastic_diloco: leaf .* has dtype int32"):
     _run(elastic.elastic_diloco(optax.sgd(0.1), 2), x0.astype(np.int32), b,
          steps=1)
+
+
+@pytest.mark.parametrize("rejoin, x_bar", [
+    ("copy_theta", 64 / 5), ("copy_mean", 71 / 5), ("keep", 72 / 6)])
+def test_rejoin_restarts_the_step_count_by_hand(rejoin, x_bar):
+  # Local SGD, 2 workers, H = 4, inner SGD at lr 0.5 on (x - b)^2 / 2, so a
+  # step is x <- (x + b) / 2; theta = 0, b = (16, 8). Worker 1 steps at
+  # t = 1 (x = 4), is dead at t = 2, rejoins at t = 3 (no step), steps at
+  # t = 4. Worker 0: 8, 12, 14, 15 (H_0 = 4).
+  # copy_theta: x_1 = 0 at t = 3, 4 at t = 4, H_1 = 1 (its stale step is
+  #   overwritten): x_bar = (4 * 15 + 1 * 4) / 5 = 12.8 (a stale H_1 = 2
+  #   would give 68 / 6).
+  # copy_mean: x_1 = 14 (worker 0 after its step at t = 3), then 11, H_1 =
+  #   1: x_bar = (60 + 11) / 5 = 14.2.
+  # keep: x_1 = 4 (stale), then 6, H_1 = 2: x_bar = (60 + 12) / 6 = 12.
+  require_devices(2)
+  x0 = np.zeros((2, 1), np.float32)
+  b = np.array([[16.0], [8.0]], np.float32)
+  alive = np.ones((4, 2), bool)
+  alive[1, 1] = False
+  tx = elastic.elastic_local_sgd(optax.sgd(0.5), 4, rejoin=rejoin)
+  got, states = _run(tx, x0, b, alive, alive, steps=4)
+  np.testing.assert_allclose(got[-1], [[x_bar], [x_bar]], rtol=1e-6)
+  # Goodput: the committed worker steps, 4 + 1 (4 + 2 with keep).
+  useful = 6 if rejoin == "keep" else 5
+  assert int(states[-1].useful[0]) == useful
+
+
+def test_quorum_above_the_worker_count_is_refused():
+  require_devices(2)
+  x0, b = _problem(n=2, dtype=np.float32)
+  for make in (elastic.elastic_diloco, elastic.elastic_local_sgd):
+    with pytest.raises(ValueError, match=r"min_quorum=3 is more than the 2 "
+                       r"workers of axis .*; use min_quorum <= 2\."):
+      _run(make(optax.sgd(0.1), 2, min_quorum=3), x0, b, steps=1)
+

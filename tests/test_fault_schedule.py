@@ -151,3 +151,44 @@ def test_bad_arguments():
     FaultSchedule.healthy(2).masks(0, 3, stragglers="skip")
   with pytest.raises(ValueError, match=r"events\[0\] worker must be"):
     FaultSchedule.from_events(2, [(2, 0, None, 0.0)])
+
+
+def test_trace_path_must_be_a_path_to_a_regular_file(tmp_path):
+  for path in (None, 3, True):
+    with pytest.raises(ValueError, match=r"path must be the path of a JSON "
+                       r"fault trace \(a str or os.PathLike\), got "
+                       + repr(path)):
+      FaultSchedule.from_trace(path, 4)
+  # A FIFO without a writer and /dev/zero would block or never end.
+  fifo = tmp_path / "trace.fifo"
+  os.mkfifo(fifo)
+  for path in (fifo, "/dev/zero"):
+    with pytest.raises(ValueError, match=r"fault trace .*: cannot be read: "
+                       r"not a regular file"):
+      FaultSchedule.from_trace(path, 4)
+  big = tmp_path / "big.json"
+  big.write_bytes(b" " * (64 * 2 ** 20 + 1))
+  with pytest.raises(ValueError, match=r"big.json: larger than 67108864 bytes"):
+    FaultSchedule.from_trace(big, 4)
+  # An os.PathLike reads as its str.
+  good = tmp_path / "good.json"
+  good.write_text('{"events": [{"worker": 1, "start": 2, "end": 4, '
+                  '"state": "dead"}]}')
+  assert FaultSchedule.from_trace(good, 2).events == ((1, 2, 4, 0.0),)
+
+
+def test_extreme_rates_do_not_overflow():
+  # NumPy's geometric draw saturates at 2^63 - 1 for p = 1e-20; the running
+  # sum of draws used to wrap to negative steps.
+  never = FaultSchedule.from_rates(4, 1000, failure_rate=1e-20)
+  assert never.events == () and never.alive(999).all()
+  # Mean downtime 1e300: each worker fails once, at its first up time (a
+  # Geom(p) draw of its own generator, as the module documents), and stays
+  # dead to the horizon.
+  steps = 50
+  sched = FaultSchedule.from_rates(4, steps, failure_rate=0.5,
+                                   mean_downtime=1e300, seed=7)
+  want = tuple((w, int(np.random.default_rng([7, 0, w]).geometric(0.5)),
+                steps, 0.0) for w in range(4))
+  assert sched.events == want
+  assert not sched.alive(steps - 1).any()

@@ -4,6 +4,7 @@ the faults, and the config checks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from conftest import require_devices
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import fault_run
 from decentral_jax.runner import metrics
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
@@ -48,8 +50,8 @@ def _params_after(config, steps):
   return jax.tree.map(np.asarray, jax.device_get(state.params))
 
 
-@pytest.mark.parametrize("algorithm", [
-    "diloco", pytest.param("local_sgd", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two training runs each: the slow tier
+@pytest.mark.parametrize("algorithm", ["diloco", "local_sgd"])
 def test_no_faults_is_bit_identical(algorithm):
   require_devices(N)
   plain = _params_after(_config(f"--config.algorithm={algorithm}"), 7)
@@ -119,6 +121,7 @@ def _restore(exp, directory, step):
   return jax.tree.map(np.asarray, jax.device_get(state))
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_decentralized_dead_worker_is_frozen(tmp_path):
   # D-AdamW over one_peer_exp with worker 3 dead at steps 2..4: its
   # parameters stay bit for bit, the others keep training.
@@ -165,7 +168,10 @@ def test_decentralized_without_faults_is_the_plain_run():
     (("--config.algorithm=diloco", "--config.faults.min_quorum=9"),
      r"config.faults.min_quorum=9 exceeds config.n_workers=8"),
     (("--config.algorithm=diloco", "--config.faults.failure_rate=0.1",
-      "--config.faults.trace=/x.json"), r"config.faults.trace replaces the rates"),
+      "--config.faults.trace=/x.json"),
+     r"config.faults.failure_rate=0.1 has no effect with config.faults.trace "
+     r"\(the trace replaces the rates\); leave it at its default: "
+     r"--config.faults.failure_rate=0.0\.$"),
     (("--config.algorithm=diloco", "--config.faults.trace=/nonexistent.json"),
      r"fault trace '/nonexistent.json' is not a file"),
     (("--config.algorithm=diloco", "--config.faults.mean_downtime=0.5"),
@@ -177,3 +183,127 @@ def test_bad_faults_config(overrides, match):
   config = _config("--config.faults.enabled=True", *overrides)
   with pytest.raises(ValueError, match=match):
     validation.check_config(config)
+
+
+# Settings the enabled schedule would not read, each refused by name.
+_DECENTRALIZED = ("--config.algorithm=decentralized",
+                  "--config.faults.rejoin=copy_mean")
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ((*_DECENTRALIZED, "--config.faults.min_quorum=2"),
+     r"^config.faults.min_quorum=2 has no effect with config.algorithm="
+     r"'decentralized' .*--config.faults.min_quorum=1\.$"),
+    ((*_DECENTRALIZED, "--config.faults.on_failure=rollback"),
+     r"^config.faults.on_failure='rollback' has no effect with "
+     r"config.algorithm='decentralized' .*--config.faults.on_failure="
+     r"'proceed'\.$"),
+    *[(("--config.algorithm=diloco", "--config.faults.trace=/x.json",
+        f"--config.faults.{key}={value}"),
+       rf"^config.faults.{key}={value} has no effect with config.faults."
+       rf"trace \(the trace replaces the rates\)")
+      for key, value in (("mean_downtime", 5.0), ("slow_fraction", 0.5),
+                         ("slow_speed", 0.25), ("seed", 3))],
+    (("--config.algorithm=diloco", "--config.faults.mean_downtime=5"),
+     r"^config.faults.mean_downtime=5.0 has no effect with config.faults."
+     r"failure_rate=0 \(no worker fails\)"),
+    (("--config.algorithm=diloco", "--config.faults.slow_speed=0.25"),
+     r"^config.faults.slow_speed=0.25 has no effect with config.faults."
+     r"slow_fraction=0 \(no worker is slow\)"),
+    (("--config.algorithm=diloco", "--config.faults.seed=3"),
+     r"^config.faults.seed=3 has no effect with config.faults.failure_rate=0 "
+     r"and slow_fraction=0"),
+    # round(0.05 x 8) = round(0.4) = 0 slow workers; 1/8 makes one.
+    (("--config.algorithm=diloco", "--config.faults.slow_fraction=0.05"),
+     r"^config.faults.slow_fraction=0.05 makes round\(0.05 x config.n_workers"
+     r"=8\) = 0 workers slow; set --config.faults.slow_fraction=0.125 "),
+    (("--config.algorithm=diloco", "--config.faults.slow_fraction=0.25",
+      "--config.faults.slow_speed=1"),
+     r"^config.faults.slow_fraction=0.25 with config.faults.slow_speed=1 "
+     r"slows no worker down"),
+])
+def test_fault_settings_the_schedule_ignores_are_refused(overrides, match):
+  config = _config("--config.faults.enabled=True", *overrides)
+  with pytest.raises(ValueError, match=match):
+    validation.check_config(config)
+
+
+def test_fault_settings_that_are_read_are_accepted():
+  for overrides in (
+      ("--config.algorithm=diloco", "--config.faults.slow_fraction=0.125",
+       "--config.faults.slow_speed=0.25", "--config.faults.seed=3"),
+      ("--config.algorithm=diloco", "--config.faults.failure_rate=0.01",
+       "--config.faults.mean_downtime=5", "--config.faults.min_quorum=2",
+       "--config.faults.on_failure=rollback"),
+      (*_DECENTRALIZED, "--config.faults.failure_rate=0.01")):
+    validation.check_config(_config("--config.faults.enabled=True",
+                                    *overrides))
+  # One slow worker of eight at 0.125, as the schedule draws it.
+  run = fault_run.make(_config(
+      "--config.algorithm=diloco", "--config.faults.enabled=True",
+      "--config.faults.slow_fraction=0.125", "--config.faults.slow_speed=0.25"))
+  assert sorted(run.schedule.speed(0).tolist()) == [0.25] + [1.0] * 7
+
+
+def _trace(path, *events):
+  path.write_text(json.dumps({"n_workers": N, "events": list(events)}))
+  return str(path)
+
+
+def test_trace_event_after_the_last_step_is_refused(tmp_path):
+  dead = {"worker": 1, "start": 3, "end": 5, "state": "dead"}
+  late = {"worker": 2, "start": 12, "state": "slow", "speed": 0.5}  # steps=12
+  trace = _trace(tmp_path / "t.json", dead, late)
+  config = _config("--config.algorithm=diloco", "--config.faults.enabled=True",
+                   f"--config.faults.trace={trace}")
+  with pytest.raises(ValueError) as info:
+    fault_run.make(config)
+  assert str(info.value) == (
+      f"fault trace {trace}: events[1].start=12 is not before config.steps="
+      "12, so the event never happens; remove it or set --config.steps "
+      "above 12.")
+  late["start"] = 11  # the last step
+  trace = _trace(tmp_path / "t.json", dead, late)
+  assert fault_run.make(config).schedule.speed(11).tolist()[2] == 0.5
+
+
+def test_resume_compares_the_trace_by_content_and_names_the_setting(
+    tmp_path):
+  require_devices(N)
+  dead = {"worker": 1, "start": 3, "end": 5, "state": "dead"}
+  first = _trace(tmp_path / "first.json", dead)
+  moved = _trace(tmp_path / "moved.json", dead)  # the same bytes elsewhere
+  other = _trace(tmp_path / "other.json", dict(dead, end=6))
+
+  def config(trace, *extra):
+    return _config("--config.algorithm=diloco", "--config.faults.enabled=True",
+                   f"--config.faults.trace={trace}", *extra)
+
+  def meta_of(c):
+    return fault_run.resume_meta(c, fault_run.make(c))
+
+  written = meta_of(config(first))
+  assert written["trace_sha256"] == hashlib.sha256(
+      (tmp_path / "first.json").read_bytes()).hexdigest()
+  assert fault_run.resume_mismatch(written, meta_of(config(moved))) is None
+  why = fault_run.resume_mismatch(written, meta_of(config(other)))
+  assert why.startswith(f"config.faults.trace={first!r} (content SHA-256 "
+                        f"{written['trace_sha256'][:12]}) but this run's "
+                        f"config.faults.trace={other!r} has content SHA-256 ")
+  assert fault_run.resume_mismatch(
+      written, meta_of(config(moved, "--config.faults.on_failure=rollback"))
+  ) == "config.faults.on_failure='proceed' but this run has 'rollback'"
+  # A checkpoint of an older version has no hash: compared by path.
+  older = {k: v for k, v in written.items() if k != "trace_sha256"}
+  assert fault_run.resume_mismatch(older, meta_of(config(first))) is None
+  assert fault_run.resume_mismatch(older, meta_of(config(moved))) == (
+      f"config.faults.trace={first!r} but this run has {moved!r}")
+  # The experiment's resume check says which setting, in one line.
+  exp = experiment_lib.Experiment(config(other))
+  with pytest.raises(ValueError) as info:
+    exp.check_resumable(dict(exp.checkpoint_meta(6), faults=written), "ckpt")
+  message = str(info.value)
+  assert message.startswith(
+      f"the checkpoint in ckpt was written with config.faults.trace={first!r} "
+      "(content SHA-256 ") and "\n" not in message
+  exp.check_resumable(dict(exp.checkpoint_meta(6)), "ckpt")  # its own

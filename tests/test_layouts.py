@@ -357,3 +357,22 @@ def test_runner_layout_errors_name_the_config_fields():
       (dict(worker_layout="tensor"), (), r"config.worker_layout='tensor'")):
     with pytest.raises(ValueError, match=match):
       experiment_lib.Experiment(_config(*overrides, **kwargs))
+
+
+def test_make_mesh_refuses_duplicate_and_foreign_devices():
+  devices = require_devices(4)
+  with pytest.raises(ValueError, match=r"devices\[2\] is .*, already "
+                     r"devices\[0\]; give each device once"):
+    parallel.make_mesh(3, devices=[devices[0], devices[1], devices[0]])
+  with pytest.raises(ValueError, match=r"devices\[3\] is .*already devices\[1\]"):
+    parallel.make_mesh(2, devices=devices[:3] + [devices[1]],
+                       workers_per_device=2)
+  with pytest.raises(ValueError, match=r"devices\[1\] must be a jax.Device "
+                     r"\(e.g. from jax.devices\(\)\), got int 1"):
+    parallel.make_mesh(2, devices=[devices[0], 1])
+  with pytest.raises(ValueError, match=r"devices must be a sequence of "
+                     r"jax.Device \(e.g. jax.devices\(\)\), got int"):
+    parallel.make_mesh(2, devices=5)
+  # Distinct devices in any order are used in that order.
+  mesh = parallel.make_mesh(2, devices=[devices[3], devices[1]])
+  assert list(mesh.devices.flat) == [devices[3], devices[1]]

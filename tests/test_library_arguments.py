@@ -412,3 +412,18 @@ def test_shared_checks_return_python_values():
   assert checks.check_float("x", 1) == 1.0
   assert checks.check_float_dtype("d", "bfloat16") == jnp.bfloat16
   assert checks.check_float_dtype("d", None) is None
+
+
+def test_float_dtype_accepts_scalar_types_and_refuses_arrays():
+  # A scalar type (np.float16, ml_dtypes' bfloat16) is a dtype, not an array.
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+  assert checks.check_float_dtype("d", np.float16) == np.dtype("float16")
+  assert checks.check_float_dtype("d", np.float64) == np.dtype("float64")
+  assert checks.check_float_dtype("d", ml_dtypes.bfloat16) == jnp.bfloat16
+  with pytest.raises(ValueError) as info:
+    checks.check_float_dtype("d", np.int32)
+  assert str(info.value) == ("d must be a floating dtype or None, got "
+                             "<class 'numpy.int32'>.")
+  for array in (np.zeros(2, np.float16), jnp.zeros((), jnp.float32)):
+    with pytest.raises(ValueError, match="got an array; under optax"):
+      checks.check_float_dtype("d", array)

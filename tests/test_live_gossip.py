@@ -287,3 +287,53 @@ def test_decentralized_over_live_workers(x64):
   plain = run(False)
   for g, w in zip(run(True, everyone, everyone, ~everyone), plain):
     np.testing.assert_array_max_ulp(g, w, maxulp=2)
+
+
+def test_freeze_from_worker_neighbour_mean_refuse_bad_masks_and_workers():
+  n = 4
+  require_devices(n)
+  mesh = parallel.make_mesh(n)
+  axis = parallel.worker_axis(mesh)
+  x = parallel.shard(np.arange(3 * n, dtype=np.float32).reshape(n, 3), mesh)
+
+  def call(f):
+    return jax.jit(parallel.per_worker(f, mesh))(x)
+
+  shape = r"alive must be a bool array of shape \(4,\)"
+  for mask, got in ((jnp.array([True, False]), r"got bool\[2\]"),
+                    (np.array([1.0, 0.0, 1.0, 0.0]), r"got float32\[4\]"),
+                    (np.array([1, 2, 0, 0]), r"got int32\[4\]"),
+                    ([True, False, True, "x"], "got list")):
+    with pytest.raises(ValueError, match=shape + r".*" + got):
+      call(lambda t, m=mask: faults.freeze(t, t * 0, m, axis))
+  with pytest.raises(ValueError, match="freeze: new and old must be pytrees "
+                     "of one structure"):
+    call(lambda t: faults.freeze({"a": t}, {"b": t}, jnp.ones(n, bool), axis))
+  for worker, phrase in ((7, r"worker must be an int >= 0 and <= 3, got 7"),
+                         (-1, r"worker must be an int >= 0 and <= 3, got -1"),
+                         (1.5, r"worker must be an int >= 0 and <= 3, got 1.5"),
+                         (True, r"got True"),
+                         (np.float32(2), r"got np.float32\(2.0\)"),
+                         (jnp.zeros(2, jnp.int32), r"got int32\[2\]"),
+                         (jnp.float32(1), r"scalar array, got float32\[\]")):
+    with pytest.raises(ValueError, match=phrase):
+      call(lambda t, w=worker: faults.from_worker(t, w, axis))
+  # A concrete integer array names worker 2 (every worker gets its row).
+  got = np.asarray(call(lambda t: faults.from_worker(t, jnp.int32(2), axis)))
+  np.testing.assert_array_equal(got, np.tile([6.0, 7.0, 8.0], (n, 1)))
+  topo = topology.make("static_ring", n)
+  dead1 = np.array([True, False, True, True])
+  rejoin1 = np.array([False, True, False, False])
+  with pytest.raises(ValueError, match="rejoining names worker 1, which is "
+                     "not alive"):
+    call(lambda t: faults.neighbour_mean(t, topo, 0, dead1, rejoin1, axis))
+  with pytest.raises(ValueError, match=r"rejoining must be a bool array of "
+                     r"shape \(4,\).*got str"):
+    call(lambda t: faults.neighbour_mean(t, topo, 0, dead1, "all", axis))
+  # Traced masks cannot be refused: a dead worker marked rejoining keeps its
+  # parameters (it is not alive), it does not take its neighbours' mean.
+  fn = jax.jit(parallel.per_worker(
+      lambda t, a, r: faults.neighbour_mean(t, topo, 0, a, r, axis), mesh,
+      replicated_argnums=(1, 2)))
+  out = np.asarray(fn(x, jnp.asarray(dead1), jnp.asarray(rejoin1)))
+  np.testing.assert_array_equal(out, np.asarray(x))

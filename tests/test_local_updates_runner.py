@@ -150,8 +150,6 @@ def test_diloco_evaluates_theta():
     (("--config.algorithm=streaming_diloco", "--config.merge_alpha=1.5"),
      "merge_alpha"),
     (("--config.outer_optimizer.name=lamb",), "outer_optimizer.name"),
-    (("--config.gossip_every=2", "--config.gossip_rounds=static"),
-     "gossip_rounds"),
     (("--config.algorithm=decentralized_diloco",
       "--config.gossip_rounds=static"), "gossip_rounds"),
     (("--config.algorithm=diloco", "--config.global_avg_interval=5"),

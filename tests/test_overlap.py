@@ -15,6 +15,7 @@ default step deviceless and checks the same live.
 
 import glob
 import gzip
+import json
 import os
 
 import pytest
@@ -120,6 +121,12 @@ def test_hand_worked_schedule():
   assert (ps.forward, ps.backward, ps.other) == (2, 3, 1)
   assert ps.flops == 256.0 and rep.total_flops == 256.0
   assert rep.flops_fraction(ps) == 1.0 and rep.flops_in_flight == 256.0
+  # By phase: dt is forward, the body's gemm fusion backward, both in
+  # flight during the permute.
+  assert (rep.forward_flops, rep.backward_flops) == (128.0, 128.0)
+  assert (rep.forward_flops_in_flight, rep.backward_flops_in_flight) == (
+      128.0, 128.0)
+  assert rep.in_flight_fractions() == (1.0, 1.0)
   assert ps.overlapped and ps.op_name == "jit(step)/shard_map/ppermute"
   # all-reduce marked is_sync: synchronous, nothing counted.
   assert not got["as"].is_async and got["as"].between == 0
@@ -172,6 +179,10 @@ ENTRY %main (m: f32[2,4], mm: f32[4,8]) -> f32[2,8] {{
   rep = overlap.overlap_report(hlo)
   assert [c.flops for c in rep.collectives] == [128.0, 128.0]
   assert rep.total_flops == 256.0 and rep.flops_in_flight == 128.0
+  # d is backward and in flight; e (no op_name) is neither pass; no
+  # forward matmul at all.
+  assert (rep.forward_flops, rep.backward_flops) == (0.0, 128.0)
+  assert rep.in_flight_fractions() == (0.0, 1.0)
   assert [c.bytes for c in rep.collectives] == [32.0, 128.0]
 
 
@@ -181,6 +192,8 @@ def test_summary_and_json_name_the_verdicts():
   assert "overlapped" in text and "EXPOSED" in text
   assert text.count("\n") == len(rep.collectives) + 1
   assert '"overlapped": true' in rep.to_json()
+  assert json.loads(rep.to_json())["in_flight_fractions"] == {
+      "forward": 1.0, "backward": 1.0}
   assert analysis.overlap_report is overlap.overlap_report
 
 
@@ -312,3 +325,34 @@ def test_deviceless_compile_of_the_default_steps(overrides, topology,
     big = s.report.select(min_bytes=_PARAM_BYTES / 4)
     assert big and all(c.overlapped and c.backward > 0 for c in big), (
         s.report.summary())
+
+
+@pytest.mark.integration
+def test_gpu_check_deviceless_mode(tmp_path):
+  # benchmarks/gpu_check.py --deviceless: one program of the default step
+  # for 8 x H200, its report as JSON, readable by the runtime model.
+  import subprocess
+  import sys
+  from decentral_jax.runtime_model import compiled_overlap
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "overlap.json"
+  env = dict(os.environ, PYTHONPATH=root)
+  r = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "gpu_check.py"),
+       "--deviceless", "h200", "--programs", "1:none", "--json", str(out)],
+      env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "round 1, consensus none" in r.stdout and "overlapped" in r.stdout
+  got = json.loads(out.read_text())
+  assert (got["target"], got["topology"]) == ("h200", "1x1x8")
+  assert got["param_bytes"] == _PARAM_BYTES
+  [prog] = got["programs"]
+  assert (prog["round"], prog["consensus"]) == (1, "none")
+  # One permute of the whole parameters, overlapped with backward work.
+  assert (prog["collectives"], prog["async"], prog["in_conditional"],
+          prog["overlapped"]) == (1, 1, 0, 1)
+  assert prog["fwd_bwd_ops_in_flight"][0][1] > 0
+  frac = prog["in_flight_fractions"]
+  assert got["in_flight_fractions"] == frac and 0 < frac["backward"] <= 1
+  assert compiled_overlap.read_in_flight(str(out)) == (
+      frac["forward"], frac["backward"])

@@ -168,3 +168,41 @@ def test_python_m_entry_point_exits_with_the_status_of_main(
     if status:  # 6 workers cannot be nodes of the file's 4
       assert err.startswith("error: ") and err.count("\n") == 1, err
       assert "n_workers=6" in err or "--n-workers 6" in err, err
+
+
+def test_cluster_file_must_be_a_small_regular_file(tmp_path, capsys):
+  # A FIFO without a writer or /dev/zero used to hang the reader.
+  fifo = str(tmp_path / "c.fifo")
+  os.mkfifo(fifo)
+  for path in (fifo, "/dev/zero"):
+    with pytest.raises(ValueError, match=r"--cluster .* is not a regular "
+                       r"file \(a FIFO or a device\?\)"):
+      cluster_file.read(path)
+  big = tmp_path / "big.json"
+  big.write_bytes(b" " * (16 * 2**20 + 1))
+  with pytest.raises(ValueError, match=r"big.json' is larger than 16777216 "
+                     "bytes"):
+    cluster_file.read(str(big))
+  assert cli.main(["predict", "--cluster", fifo]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "is not a regular file" in err[0], err
+
+
+def test_cluster_file_with_more_workers_than_predict_simulates(tmp_path,
+                                                               capsys):
+  # The schema admits 2^20 workers; predicting for them needed 2^40-entry
+  # matrices (a MemoryError). Refused, naming the file and the way out.
+  path = _write(tmp_path, _synthetic())
+  with open(path) as f:
+    data = json.load(f)
+  data["cluster"].update(n_workers=2**20, local_size=4)
+  with open(path, "w") as f:
+    json.dump(data, f)
+  assert cluster_file.read(path)["cluster"]["n_workers"] == 2**20
+  assert cli.main(["predict", "--cluster", path]) == 2
+  out = capsys.readouterr()
+  assert out.out == ""  # refused before anything is printed
+  err = out.err.strip().splitlines()
+  assert len(err) == 1 and (
+      f"--cluster {path!r}: cluster.n_workers 1048576 is above the 4096 "
+      "workers predict simulates") in err[0] and "--n-workers N" in err[0], err

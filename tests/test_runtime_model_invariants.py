@@ -39,7 +39,7 @@ UNITLESS = {"n_workers", "local_size", "multi_node", "intra_link",
             "devices_per_worker", "worker_layout",
             "param_count",
             "compute_cv", "grad_dtype", "param_dtype", "bucket_shares",
-            "bucket_ready"}
+            "bucket_ready", "gossip_in_flight"}
 UNIT_SUFFIXES = ("_s", "_Bps", "_bytes")
 
 

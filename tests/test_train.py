@@ -294,6 +294,56 @@ def test_interrupted_save_never_replaces_last_good(tmp_path, monkeypatch):
                                 np.arange(6.0).reshape(2, 3))
 
 
+def test_failed_save_is_removed_after_its_other_writes_end(tmp_path,
+                                                          monkeypatch):
+  """Orbax reports the save's first failed item (here the JSON document)
+  while another item (the arrays) is still being written, and TensorStore
+  recreates the directories it writes into. The arrays are written only
+  once the temporary directory has been removed, or after 3 s: close()
+  must wait for them before removing it, or they leave it behind."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import threading  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.handlers import json_checkpoint_handler  # pylint: disable=import-outside-toplevel
+  from orbax.checkpoint._src.serialization import jax_array_handlers  # pylint: disable=import-outside-toplevel
+
+  removed, written = threading.Event(), threading.Event()
+  plain_rmtree = shutil.rmtree
+  write_arrays = jax_array_handlers._async_serialize_replica_slices  # pylint: disable=protected-access
+
+  def rmtree(path, *args, **kwargs):
+    plain_rmtree(path, *args, **kwargs)
+    removed.set()
+    written.wait(10)  # the late write lands now, if it is still to come
+
+  async def late(*args, **kwargs):
+    removed.wait(3)
+    try:
+      return await write_arrays(*args, **kwargs)
+    finally:
+      written.set()
+
+  async def full(*args, **kwargs):
+    raise OSError(errno.EFBIG, "File too large")
+
+  monkeypatch.setattr(shutil, "rmtree", rmtree)
+  monkeypatch.setattr(jax_array_handlers, "_async_serialize_replica_slices",
+                      late)
+  monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler,
+                      "_save_fn", full)
+  directory = str(tmp_path / "ckpt")
+  ckpt = checkpoint.Checkpointer(directory)
+  with pytest.raises(checkpoint.CheckpointWriteError,
+                     match=r"checkpoint 5 could not be saved in .*: File too "
+                     r"large \(EFBIG\)"):
+    try:
+      ckpt.save(5, {"w": jax.numpy.arange(6.0)}, {"step": 5})
+      ckpt.wait()
+    finally:
+      ckpt.close()
+  assert written.is_set() and removed.is_set()
+  assert os.listdir(directory) == []
+
+
 def test_checkpointer_filters_orbax_echoes_only_while_open(tmp_path,
                                                           monkeypatch):
   import logging  # pylint: disable=import-outside-toplevel
@@ -352,6 +402,7 @@ def test_checkpointer_filters_orbax_echoes_only_while_open(tmp_path,
   assert unchanged()
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_all_reduce_matches_single_model_adamw():
   """All-Reduce on 8 workers == one AdamW model on the global batch."""
   require_devices(N)
@@ -390,6 +441,28 @@ def test_all_reduce_matches_single_model_adamw():
     assert all(np.array_equal(leaf[0], leaf[w]) for w in range(N))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(host(p))):
     np.testing.assert_allclose(a[0], b, rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.integration  # a subprocess; refused before JAX starts
+def test_cli_names_the_override_that_asks_for_too_many_devices(tmp_path):
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")
+         and not k.startswith("SLURM_")}
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+       f"--config={os.path.join(ROOT, 'configs', 'gpt_tiny.py')}",
+       f"--workdir={tmp_path / 'run'}", "--config.n_workers=2048",
+       "--config.global_batch=2048"],
+      env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+      timeout=240, check=False)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and errors[0].startswith(
+      "error: --config.n_workers=2048 asks for 2048 simulated CPU devices"), \
+      proc.stderr[-3000:]
+  assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.integration
@@ -472,6 +545,7 @@ def test_static_gossip_rounds_match_switch(tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_gpu_dispatch_on_cpu_gives_the_same_run(tmp_path):
   """The accelerator defaults (static rounds, consensus in the next step).
 

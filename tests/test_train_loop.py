@@ -6,17 +6,21 @@ and an evaluation every 3. The loop's final state must be the state of 6
 calls of the compiled step on batches 0..5; after checkpoint 6 is deleted,
 the run resumes from checkpoint 3 (inside an accumulation window) and must
 end bit for bit where the uninterrupted run ended, with its metrics records
-redone, not duplicated. Longer runs, faults and command lines are in
+redone, not duplicated. A finished run run again is evaluated and not
+trained; a config with fewer steps than its checkpoint is refused before
+anything is written. Longer runs, faults and command lines are in
 tests/test_train.py and tests/test_faults.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from conftest import require_devices
 from decentral_jax.runner import checkpoint
@@ -61,6 +65,7 @@ def restore(exp, workdir: str, step: int):
   return steps, host(state), meta
 
 
+@pytest.mark.slow  # a full training run: the slow tier
 def test_six_steps_checkpoint_every_three_resume_bit_exact(tmp_path):
   require_devices(N)
   config = six_step_config()
@@ -95,3 +100,41 @@ def test_six_steps_checkpoint_every_three_resume_bit_exact(tmp_path):
     assert {k: v for k, v in a.items() if k not in TIMINGS} == \
         {k: v for k, v in b.items() if k not in TIMINGS}
   assert second[2]["train_time_s"] >= second[1]["train_time_s"] > 0
+
+
+def test_finished_run_is_only_evaluated_and_a_shorter_one_refused(tmp_path,
+                                                                  caplog):
+  """A checkpoint of the last step (here the initial state saved as step
+  6): the same command evaluates it and trains nothing; a config of fewer
+  steps is refused before anything is written."""
+  require_devices(N)
+  config = six_step_config()
+  exp = experiment_lib.Experiment(config)
+  state = exp.init_state()
+  workdir = str(tmp_path / "run")
+  with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
+    ckpt.save(STEPS, state, dict(exp.checkpoint_meta(STEPS),
+                                 train_time_s=1.0, metrics_window=None))
+  want = exp.evaluate(state)["eval/loss"]
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished run trained")
+
+  exp.train_step = no_training
+  with caplog.at_level("INFO"):
+    done = train.train_and_evaluate(config, workdir, experiment=exp)
+  assert done["step"] == STEPS and done["eval/loss"] == want
+  assert "the run already finished" in caplog.text
+
+  shorter = six_step_config()
+  with shorter.unlocked():
+    shorter.steps = 4
+  with pytest.raises(ValueError) as info:
+    train.train_and_evaluate(shorter, workdir)
+  message = str(info.value)
+  assert "\n" not in message
+  assert message.startswith(
+      f"checkpoint {STEPS} in {os.path.join(workdir, 'checkpoints')} is past "
+      "the end of this run (config.steps=4); set --config.steps=6 or more")
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["steps"] == STEPS  # the run's record is kept

@@ -120,12 +120,35 @@ class OverlapReport:
     flops_in_flight: matrix-multiply FLOPs scheduled while at least one
       asynchronous collective outside conditionals is in flight (each
       instruction once, however many collectives it overlaps).
+    forward_flops, backward_flops: the program's matmul FLOPs of the
+      forward (``jvp(``) and backward (``transpose(jvp(``) pass.
+    forward_flops_in_flight, backward_flops_in_flight: the part of each
+      scheduled while a collective is in flight (as ``flops_in_flight``).
   """
 
   collectives: tuple[CollectiveOverlap, ...]
   scheduled: bool
   total_flops: float = 0.0
   flops_in_flight: float = 0.0
+  forward_flops: float = 0.0
+  backward_flops: float = 0.0
+  forward_flops_in_flight: float = 0.0
+  backward_flops_in_flight: float = 0.0
+
+  def in_flight_fractions(self) -> tuple[float, float]:
+    """``(forward, backward)``: the share (0..1) of the forward and of the
+    backward pass's matmul FLOPs that run while a collective is in flight
+    (0 for a pass without matmuls).
+
+    This is the part of the step's compute that can hide communication in
+    the compiled program; :mod:`decentral_jax.runtime_model` takes it as
+    ``Workload.gossip_in_flight`` (``docs/gpu_overlap.md``).
+    """
+    fwd = (self.forward_flops_in_flight / self.forward_flops
+           if self.forward_flops else 0.0)
+    bwd = (self.backward_flops_in_flight / self.backward_flops
+           if self.backward_flops else 0.0)
+    return fwd, bwd
 
   def flops_fraction(self, c: CollectiveOverlap) -> float:
     """Share of the program's matmul FLOPs in flight during ``c`` (0..1)."""
@@ -159,9 +182,17 @@ class OverlapReport:
 
   def to_json(self) -> str:
     """The report as JSON (a list of collectives with their verdicts)."""
+    fwd, bwd = self.in_flight_fractions()
     return json.dumps({"scheduled": self.scheduled,
                        "total_flops": self.total_flops,
                        "flops_in_flight": self.flops_in_flight,
+                       "forward_flops": self.forward_flops,
+                       "backward_flops": self.backward_flops,
+                       "forward_flops_in_flight": self.forward_flops_in_flight,
+                       "backward_flops_in_flight":
+                           self.backward_flops_in_flight,
+                       "in_flight_fractions": {"forward": fwd,
+                                               "backward": bwd},
                        "collectives": [
         {**dataclasses.asdict(c), "between": c.between}
         for c in self.collectives]}, indent=1)
@@ -209,6 +240,9 @@ def _phase(ins: hlo.Instruction) -> str:
 
 
 _ZERO = {"forward": 0, "backward": 0, "other": 0, "flops": 0.0}
+#: Matmul FLOPs by phase, counted next to ``_ZERO``'s keys.
+_PHASE_FLOPS = {"flops_forward": 0.0, "flops_backward": 0.0,
+                "flops_other": 0.0}
 
 
 def _dims(shape: str) -> list[int]:
@@ -273,7 +307,7 @@ class _Counter:
 
   def instruction(self, ins: hlo.Instruction, shapes) -> dict:
     if ins.opcode in _CONTROL:
-      total = dict(_ZERO)
+      total = {**_ZERO, **_PHASE_FLOPS}
       for key, subs in hlo.called_computations(ins).items():
         if key == "to_apply" and ins.opcode != "call":
           continue
@@ -284,14 +318,15 @@ class _Counter:
     if ins.opcode in NON_COMPUTE or hlo.collective_kind(ins.opcode) or \
         ins.opcode.endswith("-done"):
       return {}
-    return {_phase(ins): 1, "flops": self._own_flops(ins, shapes)}
+    phase, flops = _phase(ins), self._own_flops(ins, shapes)
+    return {phase: 1, "flops": flops, f"flops_{phase}": flops}
 
   def computation(self, comp: str) -> dict:
     if comp not in self.cache:
-      self.cache[comp] = dict(_ZERO)  # guards against recursion
+      self.cache[comp] = {**_ZERO, **_PHASE_FLOPS}  # guards recursion
       instrs = self.comps.get(comp, ())
       shapes = {i.name: i.shape for i in instrs}
-      total = dict(_ZERO)
+      total = {**_ZERO, **_PHASE_FLOPS}
       for ins in instrs:
         for k, v in self.instruction(ins, shapes).items():
           total[k] += v
@@ -321,7 +356,7 @@ def _operand_bytes(ins: hlo.Instruction, shapes: dict[str, str],
 def _scan(comp: str, instrs, comps, counter: _Counter, context):
   """The collectives of one computation with the work between their halves."""
   shapes = {i.name: i.shape for i in instrs}
-  found, open_, in_flight = [], {}, 0.0
+  found, open_, in_flight = [], {}, dict(_PHASE_FLOPS)
   for ins in instrs:
     kind = hlo.collective_kind(ins.opcode)
     if ins.opcode == "async-start":
@@ -344,10 +379,11 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
       continue
     counts = counter.instruction(ins, shapes)
     for row in open_.values():
-      for k, v in counts.items():
-        row[k] += v
+      for k in _ZERO:
+        row[k] += counts.get(k, 0)
     if not context[0] and any(r["is_async"] for r in open_.values()):
-      in_flight += counts.get("flops", 0.0)
+      for k in in_flight:
+        in_flight[k] += counts.get(k, 0.0)
   for row in found:
     if not row["is_async"]:
       row.update(_ZERO)
@@ -380,17 +416,23 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
   header = text.split("\n", 1)[0]
   contexts = _contexts(comps, entry)
   counter = _Counter(comps)
-  rows, in_flight = [], 0.0
+  rows, in_flight = [], dict(_PHASE_FLOPS)
   for comp, instrs in comps.items():
     if comp in contexts:
       found, flops = _scan(comp, instrs, comps, counter, contexts[comp])
       rows.extend(found)
-      in_flight += flops
-  total = counter.computation(entry)["flops"]
+      for k, v in flops.items():
+        in_flight[k] += v
+  whole = counter.computation(entry)
+  total = whole["flops"]
   rows = [dataclasses.replace(c, overlapped=overlaps(c, total > 0))
           for c in rows]
-  return OverlapReport(tuple(rows), "is_scheduled=true" in header, total,
-                       in_flight)
+  return OverlapReport(
+      tuple(rows), "is_scheduled=true" in header, total,
+      sum(in_flight.values()), forward_flops=whole["flops_forward"],
+      backward_flops=whole["flops_backward"],
+      forward_flops_in_flight=in_flight["flops_forward"],
+      backward_flops_in_flight=in_flight["flops_backward"])
 
 
 def overlaps(c, has_matmuls: bool) -> bool:

@@ -24,7 +24,10 @@ to nearest, so the round-trip error of one value is at most ``s_b / 2`` for
 int8/int4, ``s_b * 2^-4 |v/s_b|``-relative for fp8 (3 mantissa bits), and
 half the gap between neighbouring e2m1 values times ``s_b`` for fp4; top-k
 drops the other values entirely. A block of zeros has scale 1 and decodes
-to zeros.
+to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
+all of it; top-k ranks NaN and +-inf above every finite value, so they are
+sent and arrive as they were. A non-finite value is never sent as a finite
+one.
 
 Error feedback (Seide et al. 2014; Karimireddy et al., "Error Feedback Fixes
 SignSGD", ICML 2019): each worker keeps ``e`` and sends
@@ -71,6 +74,11 @@ FORMATS = ("none", "int8", "fp8", "int4", "fp4", "topk")
 QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0, "fp4": 6.0}
 #: The non-negative values of e2m1 (fp4), in code order 0..7.
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+#: Largest ``block``: every leaf is padded to at least one block (and
+#: ``mean_compressed`` to ``n`` blocks), so a larger one only costs memory.
+MAX_BLOCK = 2 ** 20
+#: ``topk``'s fraction when none is given.
+DEFAULT_FRACTION = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,24 +88,34 @@ class Compressor:
   Attributes:
     format: one of :data:`FORMATS`.
     block: values per float32 scale (scaled formats) or per top-k chunk;
-      an int >= 2 (even for the 4-bit formats).
-    fraction: ``topk`` only, the fraction of each chunk kept, in (0, 1].
+      an int in ``[2, MAX_BLOCK]`` (even for the 4-bit formats).
+    fraction: ``topk`` only, the fraction of each chunk kept, in (0, 1]
+      (None: :data:`DEFAULT_FRACTION`); None for the other formats.
 
   Raises:
-    ValueError: an unknown format, a block < 2 (odd for 4-bit formats), or
-      a fraction outside (0, 1], naming the argument.
+    ValueError: an unknown format, a block outside ``[2, MAX_BLOCK]`` (odd
+      for 4-bit formats), a fraction outside (0, 1], or a fraction given
+      with a format other than ``topk``, naming the argument.
   """
   format: str = "none"
   block: int = 256
-  fraction: float = 0.01
+  fraction: float | None = None
 
   def __post_init__(self):
     checks.check_choice("format", self.format, FORMATS)
-    checks.check_int("block", self.block, minimum=2)
+    checks.check_int("block", self.block, minimum=2, maximum=MAX_BLOCK)
     if self.format in ("int4", "fp4") and self.block % 2:
       raise ValueError(f"block must be even for {self.format} (two values "
                        f"per byte), got {self.block}.")
-    checks.check_probability("fraction", self.fraction, open_min=True)
+    if self.format != "topk":
+      if self.fraction is not None:
+        raise ValueError(f"fraction applies to format 'topk' only, got "
+                         f"fraction={self.fraction!r} with format "
+                         f"{self.format!r}; leave it out.")
+      return
+    fraction = DEFAULT_FRACTION if self.fraction is None else self.fraction
+    object.__setattr__(self, "fraction", checks.check_probability(
+        "fraction", fraction, open_min=True))
 
   @property
   def is_identity(self) -> bool:
@@ -112,9 +130,14 @@ class Compressor:
 
     Args:
       n_values: number of values ``N`` (int >= 0).
-      itemsize: bytes per value of the uncompressed dtype (``none`` only).
+      itemsize: bytes per value of the uncompressed dtype (int >= 1;
+        ``none`` only).
+
+    Raises:
+      ValueError: ``n_values`` or ``itemsize`` out of range.
     """
     n = checks.check_int("n_values", n_values, minimum=0)
+    itemsize = checks.check_int("itemsize", itemsize, minimum=1)
     if self.format == "none":
       return n * itemsize
     blocks = -(-n // self.block)
@@ -126,7 +149,12 @@ class Compressor:
     return blocks * self.kept() * (4 + idx)
 
   def encode(self, v: jax.Array) -> Payload:
-    """The payload of ``v`` (float, any shape): a dict of flat arrays."""
+    """The payload of ``v`` (float, any shape): a dict of flat arrays.
+
+    Raises:
+      ValueError: ``v`` not of a floating dtype.
+    """
+    _check_float_leaves(v, "Compressor.encode")
     if self.format == "none":
       return {"values": v}
     blocks = _blocks(v, self.block)
@@ -180,8 +208,10 @@ def _blocks(v, block: int) -> jax.Array:
 
 
 def _scales(blocks, qmax: float) -> jax.Array:
+  """``max_b |v| / qmax``; 1 for a block of zeros, NaN for one with NaN or inf."""
   amax = jnp.max(jnp.abs(blocks), axis=1)
-  return jnp.where(amax > 0, amax / qmax, 1.0).astype(jnp.float32)
+  finite = jnp.where(jnp.isfinite(amax), amax / qmax, jnp.nan)
+  return jnp.where(amax == 0, 1.0, finite).astype(jnp.float32)
 
 
 def _pack4(codes_u8) -> jax.Array:
@@ -209,7 +239,8 @@ def _e2m1_values(codes) -> jax.Array:
 
 
 def _topk_encode(blocks, k: int) -> Payload:
-  _, idx = lax.top_k(jnp.abs(blocks), k)
+  mag = jnp.abs(blocks)
+  _, idx = lax.top_k(jnp.where(jnp.isnan(mag), jnp.inf, mag), k)
   values = jnp.take_along_axis(blocks, idx, axis=1)
   idx_dtype = jnp.int16 if blocks.shape[1] <= 32768 else jnp.int32
   # int16 holds 0..32767; chunk index 32767 is the largest for block 32768.
@@ -242,7 +273,11 @@ def compress_with_feedback(compressor: Compressor, v: jax.Array,
     ``(payload, sent, new_error)``: the payload to send, ``deQ(payload)``
     (what the receivers will decode, in ``v``'s dtype), and the new
     residual.
+
+  Raises:
+    ValueError: ``v`` or ``error`` not of a floating dtype.
   """
+  _check_float_leaves((v, error), "compress_with_feedback")
   target = v + error
   payload = compressor.encode(target)
   sent = compressor.decode(payload, target)
@@ -324,9 +359,11 @@ def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
 
   Raises:
     ValueError: a non-floating leaf, a compressor or topology of the wrong
-      type, or a non-integer ``step``.
+      type, a non-integer ``step``, called outside ``shard_map`` over
+      ``axis_name``, or ``topology.n_workers`` other than the axis size.
   """
   _check(tree, topology, compressor)
+  gossip.check_axis(topology, axis_name)
   return gossip.map_round(
       lambda rnd, t: jax.tree.map(
           lambda x: _mix_leaf(x, rnd, axis_name,
@@ -400,8 +437,14 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
 
 def mean_payload_bytes(tree: PyTree, n_workers: int,
                        compressor: Compressor) -> float:
-  """Hand count: bytes one worker sends in :func:`mean_compressed` of ``tree``."""
+  """Hand count: bytes one worker sends in :func:`mean_compressed` of ``tree``.
+
+  Raises:
+    ValueError: ``n_workers`` not an int >= 1, or ``compressor`` not a
+      :class:`Compressor`.
+  """
   n = checks.check_int("n_workers", n_workers, minimum=1)
+  check_compressor(compressor)
   unit = n * compressor.block
   total = 0.0
   for x in jax.tree.leaves(tree):
@@ -433,8 +476,10 @@ def relative_error_bound(compressor: Compressor) -> float:
   int8: ``1 / (2 * 127)``; int4: ``1 / 14``; fp8 e4m3: ``2^-4`` (half an
   ulp of 3 mantissa bits, relative to the value, which is <= the block
   max); fp4 e2m1: ``1 / 6`` (half the largest gap, 2 between 4 and 6,
-  over qmax 6). Raises ValueError for ``none`` and ``topk``.
+  over qmax 6). Raises ValueError for ``none`` and ``topk``, and for a
+  ``compressor`` that is not a :class:`Compressor`.
   """
+  check_compressor(compressor)
   bounds = {"int8": 1 / 254, "int4": 1 / 14, "fp8": 2.0 ** -4, "fp4": 1 / 6}
   if compressor.format not in bounds:
     raise ValueError(f"format {compressor.format!r} has no relative error "

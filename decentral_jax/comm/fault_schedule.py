@@ -48,9 +48,11 @@ References:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import stat
 from typing import Any, Sequence
 
 import numpy as np
@@ -64,6 +66,8 @@ STRAGGLER_MODES = ("deadline", "wait")
 TRACE_KEYS = ("n_workers", "events")
 EVENT_KEYS = ("worker", "start", "end", "state", "speed")
 _STEP_MAX = 2 ** 40  # steps are below this; worker w's keys are w * _STEP_MAX + t
+#: Largest fault trace file read (bytes).
+MAX_TRACE_BYTES = 64 * 2 ** 20
 
 
 class FaultSchedule:
@@ -148,13 +152,22 @@ class FaultSchedule:
   def from_trace(cls, path: str, n_workers: int) -> "FaultSchedule":
     """Reads a JSON trace (format in the module docstring).
 
+    Args:
+      path: a ``str`` or ``os.PathLike`` naming a regular file of at most
+        :data:`MAX_TRACE_BYTES` bytes.
+      n_workers: the run's worker count.
+
     Raises:
-      ValueError: one line naming ``path`` and the key: unreadable file,
-        not JSON, an unknown or missing key, a wrong type or range, or
-        ``n_workers`` other than the run's.
+      ValueError: ``path`` not a path; one line naming ``path`` and the
+        key: unreadable file, not a regular file (a FIFO, a device), too
+        large, not JSON, an unknown or missing key, a wrong type or range,
+        or ``n_workers`` other than the run's.
     """
     n = checks.check_int("n_workers", n_workers, minimum=1)
-    return cls(n, _read_trace(path, n))
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+      raise ValueError(f"path must be the path of a JSON fault trace (a str "
+                       f"or os.PathLike), got {path!r}.")
+    return cls(n, _read_trace(os.fspath(path), n))
 
   # ---- queries -----------------------------------------------------------
 
@@ -246,12 +259,15 @@ def _down_intervals(rng: np.random.Generator, p: float, q: float,
   Draws (up, down) pairs in batches of a fixed size until the horizon is
   passed, so the intervals before a step do not depend on the horizon (a
   longer run, or a resumed one with more steps, sees the same failures).
+  Draws are clipped at ``_STEP_MAX`` (beyond any horizon, so no interval
+  changes): for a tiny ``p`` or ``q`` NumPy returns up to ``2^63 - 1`` and
+  the running sum would overflow int64.
   """
   batch = 256
   out, t = [], 0
   while t < steps:
-    up = rng.geometric(p, batch).astype(np.int64)
-    down = rng.geometric(q, batch).astype(np.int64)
+    up = np.minimum(rng.geometric(p, batch), _STEP_MAX).astype(np.int64)
+    down = np.minimum(rng.geometric(q, batch), _STEP_MAX).astype(np.int64)
     ends = t + np.cumsum(up + down)
     fail = ends - down
     out += [(int(a), int(min(b, steps))) for a, b in zip(fail, ends)
@@ -280,8 +296,11 @@ def _read_trace(path: str, n: int) -> list[tuple]:
   """The events of a trace file, each checked; errors name ``path`` and key."""
   where = f"fault trace {path}"
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    with open(path, "rb", opener=_open_regular) as f:
+      raw = f.read(MAX_TRACE_BYTES + 1)
+    if len(raw) > MAX_TRACE_BYTES:
+      raise ValueError(f"{where}: larger than {MAX_TRACE_BYTES} bytes; a "
+                       "trace lists intervals, not steps.")
     data = json.loads(raw.decode("utf-8"))
   except OSError as e:
     raise ValueError(f"{where}: cannot be read: "
@@ -303,6 +322,22 @@ def _read_trace(path: str, n: int) -> list[tuple]:
                      f"{type(events).__name__}.")
   return [_trace_event(e, n, where, f"events[{i}]")
           for i, e in enumerate(events)]
+
+
+def _open_regular(path: str, flags: int) -> int:
+  """``os.open`` that refuses what is not a regular file (FIFO, device).
+
+  Opened non-blocking (a FIFO without a writer would block the open), then
+  checked with ``fstat``; a regular file reads as usual.
+  """
+  fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+  mode = os.fstat(fd).st_mode
+  if not stat.S_ISREG(mode):
+    os.close(fd)
+    raise OSError(errno.EINVAL, ("a directory" if stat.S_ISDIR(mode) else
+                                 "not a regular file (a FIFO or a device?)")
+                  + "; give a JSON file")
+  return fd
 
 
 def _trace_event(e: Any, n: int, where: str, key: str) -> tuple:

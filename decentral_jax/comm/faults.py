@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.comm.fault_schedule import FaultSchedule  # noqa: F401
@@ -54,9 +55,15 @@ def check_mask(mask, n: int, name: str) -> jax.Array:
   """``mask`` as a bool [n] array.
 
   Raises:
-    ValueError: another shape or dtype (naming ``name``).
+    ValueError: another shape or dtype, or not an array at all (naming
+      ``name``).
   """
-  m = jnp.asarray(mask)
+  try:
+    m = jnp.asarray(mask)
+  except TypeError:
+    raise ValueError(f"{name} must be a bool array of shape ({n},) (one "
+                     f"entry per worker, equal on all workers), got "
+                     f"{type(mask).__name__} {str(mask)[:40]}.") from None
   if m.shape != (n,) or m.dtype != jnp.bool_:
     raise ValueError(f"{name} must be a bool array of shape ({n},) (one "
                      f"entry per worker, equal on all workers), got "
@@ -199,11 +206,39 @@ def freeze(new: PyTree, old: PyTree, alive,
 
   Args:
     new, old: pytrees of one structure (worker-local arrays).
-    alive: bool [n], equal on all workers.
+    alive: bool [n], equal on all workers (``n`` the size of the axis).
     axis_name: the worker axis (inside ``shard_map``).
+
+  Raises:
+    ValueError: ``alive`` not bool of shape ``(n,)``, or ``new`` and
+      ``old`` of different structures.
   """
-  mine = jnp.asarray(alive)[collectives.index(axis_name)]
+  a = check_mask(alive, collectives.size(axis_name), "alive")
+  _check_same_structure(new, old, "freeze")
+  mine = a[collectives.index(axis_name)]
   return jax.tree.map(lambda y, x: jnp.where(mine, y, x), new, old)
+
+
+def _check_same_structure(new, old, where: str) -> None:
+  s_new, s_old = jax.tree.structure(new), jax.tree.structure(old)
+  if s_new != s_old:
+    raise ValueError(f"{where}: new and old must be pytrees of one structure, "
+                     f"got {s_new} and {s_old}.")
+
+
+def _check_rejoining(alive, rejoining, a, r) -> jax.Array:
+  """``r & a``; refused if the masks as given name a dead rejoining worker.
+
+  ``alive`` and ``rejoining`` are the arguments as given (inside ``jit``
+  their checked arrays ``a`` and ``r`` are traced even for constants).
+  """
+  if not any(isinstance(m, jax.core.Tracer) for m in (alive, rejoining)):
+    bad = np.flatnonzero(np.asarray(rejoining) & ~np.asarray(alive))
+    if bad.size:
+      raise ValueError(f"rejoining names worker {int(bad[0])}, which is not "
+                       "alive; a rejoining worker must be alive (rejoining "
+                       "is alive now and dead at the previous step).")
+  return r & a
 
 
 def neighbour_mean(tree: PyTree, topology: topology_lib.Topology, step,
@@ -222,16 +257,23 @@ def neighbour_mean(tree: PyTree, topology: topology_lib.Topology, step,
   Args:
     tree: pytree of worker-local float arrays.
     topology, step: the gossip schedule and step (int or traced).
-    alive, rejoining: bool [n], equal on all workers.
+    alive, rejoining: bool [n], equal on all workers; every rejoining
+      worker is alive (a traced ``rejoining`` is restricted to ``alive``).
     axis_name: the worker axis.
 
   Returns:
     A pytree like ``tree``.
+
+  Raises:
+    ValueError: ``topology`` not a Topology, a mask not bool of shape
+      ``(n,)``, a concrete ``rejoining`` naming a dead worker, or anything
+      :func:`gossip.mix` refuses.
   """
   gossip.check_topology(topology)
   n = topology.n_workers
   a = check_mask(alive, n, "alive")
-  r = check_mask(rejoining, n, "rejoining")
+  r = _check_rejoining(alive, rejoining, a,
+                       check_mask(rejoining, n, "rejoining"))
   senders = a & ~r
   me = collectives.index(axis_name)
 
@@ -262,10 +304,17 @@ def from_worker(tree: PyTree, worker, axis_name: gossip.AxisName = "workers",
 
   Args:
     tree: pytree of worker-local arrays.
-    worker: int32 scalar, equal on all workers (e.g. the first live one).
+    worker: an int in ``[0, n)`` or an integer scalar array, equal on all
+      workers (e.g. the first live one). A traced index cannot be checked:
+      one outside ``[0, n)`` gives zeros.
     axis_name: the worker axis (inside ``shard_map``).
     only_int: copy the integer leaves only.
+
+  Raises:
+    ValueError: ``worker`` a bool, a float, an int outside ``[0, n)``, or
+      an array that is not an integer scalar.
   """
+  worker = _check_worker(worker, collectives.size(axis_name))
   me = collectives.index(axis_name)
 
   def one(x):
@@ -278,3 +327,16 @@ def from_worker(tree: PyTree, worker, axis_name: gossip.AxisName = "workers",
     return gossip.match_varying(got.astype(x.dtype), x)
 
   return jax.tree.map(one, tree)
+
+
+def _check_worker(worker, n: int):
+  """``worker`` as an int in ``[0, n)`` or an integer scalar array."""
+  if isinstance(worker, (jax.Array, np.ndarray)) and not isinstance(
+      worker, np.generic):
+    if worker.shape != () or not jnp.issubdtype(worker.dtype, jnp.integer):
+      raise ValueError(f"worker must be an int in [0, {n}) or an integer "
+                       f"scalar array, got {worker.dtype}{list(worker.shape)}.")
+    if isinstance(worker, jax.core.Tracer):
+      return worker
+    worker = worker.item()
+  return checks.check_int("worker", worker, minimum=0, maximum=n - 1)

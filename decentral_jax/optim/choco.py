@@ -100,8 +100,9 @@ def choco_gossip(topology: topology_lib.Topology,
   Raises:
     ValueError: ``consensus_step`` outside (0, 1], a topology that is not
       doubly stochastic or not static, a compressor of the wrong type (at
-      construction);
-      ``params`` not given to ``update``.
+      construction); an integer or bool parameter leaf (``init`` and
+      ``update``); ``params`` not given to ``update``, or a worker axis
+      whose size is not ``topology.n_workers`` (``update``).
   """
   gamma = checks.check_float("consensus_step", consensus_step, minimum=0.0,
                              maximum=1.0, open_min=True)
@@ -118,6 +119,7 @@ def choco_gossip(topology: topology_lib.Topology,
         "topology (static_ring, torus, exponential, complete).")
 
   def init_fn(params):
+    gossip.check_float_leaves(params, "choco_gossip")
     zeros = jax.tree.map(jnp.zeros_like, params)
     return ChocoState(jnp.zeros([], jnp.int32), zeros, zeros)
 
@@ -125,6 +127,8 @@ def choco_gossip(topology: topology_lib.Topology,
     del unused
     if params is None:
       raise ValueError(transform_args.NO_PARAMS.format("choco_gossip"))
+    gossip.check_float_leaves(params, "choco_gossip")
+    gossip.check_axis(topology, axis_name)
     x_half = jax.tree.map(lambda p, u: (p.astype(jnp.promote_types(
         p.dtype, jnp.float32)) + u).astype(p.dtype), params, updates)
 

@@ -41,7 +41,11 @@ from a :class:`decentral_jax.comm.fault_schedule.FaultSchedule`), passed to
   parameters. Its inner optimizer state comes from the first live worker
   (torchft heals a replica from a healthy one's state), or with ``"keep"``
   only its integer leaves (step counters, hence the learning-rate
-  schedule): never from its own stale counters.
+  schedule): never from its own stale counters. Likewise its ``H_m``: a
+  copy holds none of its own inner steps, so ``"copy_theta"`` and
+  ``"copy_mean"`` restart it at 0 (the stale steps, whose parameters were
+  overwritten, neither weigh in the next outer average nor count as
+  useful); ``"keep"`` keeps it with the parameters it counts.
 
 With every worker alive and working at every step the trajectory is bit
 for bit that of ``diloco`` / ``local_sgd``: the weights ``H_m / H`` are
@@ -90,6 +94,14 @@ class ElasticState(NamedTuple):
   useful: jax.Array  # int32 []: worker inner steps committed by outer steps.
 
 
+def _check_quorum(quorum: int, n: int, axis_name) -> None:
+  if quorum > n:
+    raise ValueError(
+        f"min_quorum={quorum} is more than the {n} workers of axis "
+        f"{axis_name!r}: the outer step would never be taken; use "
+        f"min_quorum <= {n}.")
+
+
 def _check(inner, outer, sync_every, min_quorum, on_failure, rejoin):
   transform_args.check_transform("inner", inner)
   if outer is not None:
@@ -112,14 +124,14 @@ def _select(pred, new, old):
   return jax.tree.map(lambda y, x: jnp.where(pred, y, x), new, old)
 
 
-def _rejoin(x, inner_state, theta, alive, rejoining, policy, axis_name):
-  """Rejoining workers' parameters and inner state from the group."""
+def _rejoin(x, inner_state, done, theta, alive, rejoining, policy, axis_name):
+  """Rejoining workers' parameters, inner state and ``H_m`` from the group."""
   me = collectives.index(axis_name)
   donors = alive & ~rejoining
   take = rejoining[me] & jnp.any(donors)
 
   def run(operand):
-    x, inner_state = operand
+    x, inner_state, done = operand
     first = jnp.argmax(donors)
     state = faults.from_worker(inner_state, first, axis_name,
                                only_int=policy == "keep")
@@ -133,10 +145,12 @@ def _rejoin(x, inner_state, theta, alive, rejoining, policy, axis_name):
           (s / count).astype(a.dtype), a), sums, x)
     else:
       src = x
-    return _select(take, src, x), _select(take, state, inner_state)
+    if policy != "keep":  # the copy holds none of this worker's steps
+      done = jnp.where(take, jnp.zeros_like(done), done)
+    return _select(take, src, x), _select(take, state, inner_state), done
 
   return gossip.every(None, jnp.any(rejoining), run, lambda o: o,
-                      (x, inner_state))
+                      (x, inner_state, done))
 
 
 def _weighted_mean(xs, weight, contrib, total, n: int, axis_name):
@@ -204,6 +218,7 @@ def _sync(spec: _Spec, a, lost, n: int, operand):
 def _init(spec: _Spec, params) -> ElasticState:
   gossip.check_float_leaves(params, spec.name)
   n = collectives.size(spec.axis_name)
+  _check_quorum(spec.quorum, n, spec.axis_name)
   zero = jnp.zeros([], jnp.int32)
   if spec.outer is not None:
     theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
@@ -231,6 +246,7 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
       raise ValueError(transform_args.NO_PARAMS.format(name))
     gossip.check_float_leaves(params, name)
     n = collectives.size(axis_name)
+    _check_quorum(quorum, n, axis_name)
     a, wk = _masks(alive, working, n)
     me = collectives.index(axis_name)
     base = state.base
@@ -240,9 +256,9 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
     x1 = optax.apply_updates(params, local)
     stepped = wk[me] & ~rejoining[me]
     x, inner_state = _select(stepped, (x1, s1), (params, base.inner_state))
-    x, inner_state = _rejoin(x, inner_state, theta, a, rejoining, rejoin,
-                             axis_name)
     done = state.done + stepped.astype(state.done.dtype)
+    x, inner_state, done = _rejoin(x, inner_state, done, theta, a, rejoining,
+                                   rejoin, axis_name)
     count = optax.safe_increment(base.count)
     lost = state.lost | (state.last_alive & ~a)
     o_state = base.outer_state if diloco else ()
@@ -284,7 +300,8 @@ def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     outer: outer optax transform (default Nesterov SGD, lr 0.7, momentum
       0.9, as :func:`~decentral_jax.optim.local_updates.diloco`).
     min_quorum: least number of contributors (live workers with ``H_m >
-      0``) for an outer step, ``1 <= min_quorum``.
+      0``) for an outer step, ``1 <= min_quorum <= n`` (``n`` checked in
+      ``init`` and ``update``).
     on_failure: ``"rollback"`` or ``"proceed"``.
     rejoin: ``"copy_theta"``, ``"copy_mean"`` or ``"keep"``.
     axis_name: the worker axis (any: one mesh axis, ``("nodes", "local")``,
@@ -299,8 +316,8 @@ def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   Raises:
     ValueError: ``inner`` or ``outer`` not an optax transform, an argument
       outside the ranges above (at construction); an integer or bool
-      parameter leaf (in ``init`` and ``update``); ``params`` not passed; a
-      mask not bool of shape ``(n,)``.
+      parameter leaf or ``min_quorum > n`` (in ``init`` and ``update``);
+      ``params`` not passed; a mask not bool of shape ``(n,)``.
   """
   period, quorum = _check(inner, outer, sync_every, min_quorum, on_failure,
                           rejoin)

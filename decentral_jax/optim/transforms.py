@@ -179,8 +179,10 @@ def decentralized(inner: optax.GradientTransformation,
   workers mix only at steps ``k`` with ``k % tau == 0``, using round
   ``k // tau`` of the schedule, and take plain local steps in between
   (``W = I``); ``tau = 1`` is the recursion above, bit for bit. The mixing
-  then sits in a ``lax.cond`` and the round is chosen in-graph
-  (``round_index`` is not supported).
+  then sits in a ``lax.cond`` and the round is chosen in-graph, unless
+  ``round_index=r`` gives the step statically (any ``r`` equal to the step
+  modulo ``tau x period``): steps with ``r % tau != 0`` compile no
+  collective, the others round ``r // tau`` alone (the same values).
 
   Round selection: by default round ``count % period`` is chosen in-graph
   with ``lax.switch`` (one compile for the whole schedule). Passing the extra
@@ -235,8 +237,8 @@ def decentralized(inner: optax.GradientTransformation,
       Topology, ``mix_after_update`` not a bool, ``comm_dtype`` not None or
       a floating dtype, ``gossip_every`` not an integer >= 1, or
       ``bucket_bytes`` not None or an integer >= 0 (at construction);
-      ``params`` not passed to ``update``; ``round_index`` with
-      ``gossip_every > 1``; errors of :func:`decentral_jax.comm.gossip.mix`
+      ``params`` not passed to ``update``; ``round_index`` with a traced
+      ``gossip_every``; errors of :func:`decentral_jax.comm.gossip.mix`
       (mesh axis size, non-floating leaves).
   """
   transform_args.check_transform("inner", inner)
@@ -301,9 +303,12 @@ def _periodic_mix(topology, axis_name, tau, comm_dtype, bucket_bytes):
     if every_step:
       return one(tree, round_step(state, round_index), alive)
     if round_index is not None:
-      raise ValueError("decentralized(gossip_every>1) picks its round "
-                       "in-graph; do not pass round_index (use "
-                       "config.gossip_rounds='switch').")
+      # Static: the step's phase in the cycle of tau * period steps.
+      r = round_step(state, round_index)
+      if not isinstance(tau, int):
+        raise ValueError("decentralized: round_index needs a Python int "
+                         "gossip_every, not a traced one.")
+      return one(tree, r // tau, alive) if r % tau == 0 else tree
     return gossip.every(
         tau, state.count % tau == 0,
         lambda t: one(t, state.count // tau, alive), lambda t: t, tree)

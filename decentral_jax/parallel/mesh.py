@@ -140,12 +140,12 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
   Raises:
     ValueError: ``n_workers``, ``local_size``, ``devices_per_worker`` or
       ``workers_per_device`` not an integer >= 1, ``node_aware`` not a
-      bool, fewer than ``n * D`` (or ``n / K``) devices (the message says
-      how to simulate CPU devices), ``local_size`` not dividing
-      ``n_workers``, ``K`` not dividing ``n_workers``, or both ``D`` and
-      ``K`` above 1.
+      bool, ``devices`` not a sequence of distinct ``jax.Device`` objects,
+      fewer than ``n * D`` (or ``n / K``) devices (the message says how to
+      simulate CPU devices), ``local_size`` not dividing ``n_workers``,
+      ``K`` not dividing ``n_workers``, or both ``D`` and ``K`` above 1.
   """
-  devices = list(jax.devices() if devices is None else devices)
+  devices = _check_devices(jax.devices() if devices is None else devices)
   n_workers = checks.check_int("n_workers", n_workers, minimum=1)
   local_size = checks.check_int("local_size", local_size, minimum=1)
   checks.check_bool("node_aware", node_aware)
@@ -173,6 +173,26 @@ def make_mesh(n_workers: int, local_size: int = 1, *, node_aware: bool = False,
     shape, names, types = shape + (d,), names + (INNER,), types + (
         AxisType.Auto,)
   return Mesh(devs.reshape(shape), names, axis_types=types)
+
+
+def _check_devices(devices) -> list:
+  """``devices`` as a list of distinct ``jax.Device`` objects, or ValueError."""
+  try:
+    devices = list(devices)
+  except TypeError:
+    raise ValueError(f"devices must be a sequence of jax.Device (e.g. "
+                     f"jax.devices()), got {type(devices).__name__}.") from None
+  seen = {}
+  for i, d in enumerate(devices):
+    if not isinstance(d, jax.Device):
+      raise ValueError(f"devices[{i}] must be a jax.Device (e.g. from "
+                       f"jax.devices()), got {type(d).__name__} {d!r:.40}.")
+    if d in seen:
+      raise ValueError(f"devices[{i}] is {d}, already devices[{seen[d]}]; "
+                       "give each device once (a worker per device, or "
+                       "workers_per_device for several per device).")
+    seen[d] = i
+  return devices
 
 
 def _virtual_mesh(n_workers: int, k: int, d: int, node_aware: bool,

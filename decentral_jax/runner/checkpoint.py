@@ -8,8 +8,12 @@ position, run facts) under ``<directory>/<step>/``.
 Atomicity: Orbax writes into ``<step>.orbax-checkpoint-tmp`` and renames it
 to ``<step>`` once every file is written, so an interrupted save leaves at
 most a temporary directory, which :class:`Checkpointer` removes when it
-opens the directory and after a failed save. Old checkpoints are deleted
-only after a newer one is committed.
+opens the directory and after a failed save. Orbax reports the first of a
+save's writes that fails while its other writes (one thread per item or
+array batch) may still run, and TensorStore recreates the directories it
+writes into; so after a failure :meth:`Checkpointer.close` first waits for
+those threads, then removes the temporary directory. Old checkpoints are
+deleted only after a newer one is committed.
 
 Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
 (every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
@@ -40,6 +44,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 import time
 from typing import Any
 
@@ -53,6 +58,9 @@ SUMS_FILE = workdir_lib.SUMS_FILE
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 # Top-level files Orbax writes after SUMS_FILE (commit time, commit marker).
 _UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
+# How long close() waits for the writes of a failed save before removing
+# its temporary directory.
+_WRITERS_WAIT_S = 300.0
 
 
 class CheckpointError(ValueError):
@@ -178,6 +186,13 @@ def abstract_like(tree: PyTree) -> PyTree:
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                      sharding=getattr(x, "sharding", None)),
       tree)
+
+
+def _orbax_threads_since(before: set) -> list[threading.Thread]:
+  """Orbax's threads started since ``before`` was taken and still alive:
+  the write (commit) threads of a save."""
+  return [t for t in threading.enumerate() if t not in before
+          and type(t).__module__.split(".")[0] == "orbax"]
 
 
 def check_checkpoint(root: str) -> tuple[str, str]:
@@ -316,6 +331,7 @@ class Checkpointer:
     self._pending = None  # step of the save in flight, until reported
     self._saving = None  # step the commit hook checksums
     self._failed = False
+    self._writers = []  # Orbax's write threads of the latest save
     self.sums_seconds = []
     try:
       os.makedirs(self.directory, exist_ok=True)
@@ -490,6 +506,7 @@ class Checkpointer:
     """
     self.wait()
     self._pending = self._saving = int(step)
+    before = set(threading.enumerate())
     try:
       self._manager.save(
           int(step), force=True,
@@ -498,6 +515,8 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._pending = None
       raise self._save_error(step, e) from None
+    finally:
+      self._writers = _orbax_threads_since(before)
     if not self._async:
       self.wait()
 
@@ -545,6 +564,7 @@ class Checkpointer:
       except Exception:  # pylint: disable=broad-exception-caught
         pass  # Orbax raising the error of a failed save again
       if self._failed and self._main:
+        self._wait_for_writers()
         self._remove_tmp_dirs()
     finally:
       if self._echoes is not None:
@@ -552,6 +572,20 @@ class Checkpointer:
         self._echoes = None
     if error is not None:
       raise error
+
+  def _wait_for_writers(self) -> None:
+    """Waits for the write threads of the last save (after a failure)."""
+    deadline = time.monotonic() + _WRITERS_WAIT_S
+    for t in self._writers:
+      # Thread.join itself: Orbax's threads re-raise their error in join().
+      threading.Thread.join(t, max(deadline - time.monotonic(), 0.0))
+    running = [t.name for t in self._writers if t.is_alive()]
+    if running:
+      logging.warning("writes of the failed save (%s) still running after "
+                      "%.0f s; a temporary directory may be left in %s (it "
+                      "is removed when the directory is next opened).",
+                      ", ".join(running), _WRITERS_WAIT_S, self.directory)
+    self._writers = []
 
   # -- restoring -------------------------------------------------------------
 

@@ -374,8 +374,9 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
   Raises:
     ValueError: a missing, unreadable or broken config file (named, with the
       error of its import or ``get_config``, ``sys.exit()`` included), an
-      unknown field (named) or a value of the wrong type (the override
-      named).
+      unknown field (named), a value of the wrong type (the override
+      named), or an override the run would not read (see
+      :func:`_refuse_unread_overrides`).
   """
   file_part = path.split(":", 1)[0]
   if not os.path.exists(file_part):
@@ -397,9 +398,12 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
                                     flag_values=fv, lock_config=True,
                                     sys_argv=argv)
     fv(argv)
-    return fv.config
+    config = fv.config
   except (Exception, SystemExit) as e:  # pylint: disable=broad-except
     error = e
+  else:
+    _refuse_unread_overrides(config, args)
+    return config
   for arg in args:  # name the override whose field does not exist
     key = arg[len("--config."):].split("=", 1)[0]
     node = base
@@ -408,6 +412,27 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
         raise ValueError(f"{arg}: unknown config field {key!r} in {path}.")
       node = node[part]
   raise ValueError(f"{path}: {config_error_message(error)}")
+
+
+def _refuse_unread_overrides(config: config_dict.ConfigDict,
+                             args: Sequence[str]) -> None:
+  """Refuses an explicit ``--config.optimizer.beta_convention`` with adamw.
+
+  AdamW takes one step per window, where both conventions are Adam, so the
+  field changes nothing. It is refused only when given as an override: a
+  config file's own value (``configs/gpt_tiny.py`` sets ``per_step`` for
+  its AccumAdamW) stays accepted when an override switches to adamw.
+  (Other fields a run does not read are refused by
+  ``validation.check_config`` whatever set them.)
+  """
+  name = config.get("optimizer", {}).get("name")
+  for arg in args:
+    if arg.split("=", 1)[0] == "--config.optimizer.beta_convention" and \
+        name == "adamw":
+      raise ValueError(
+          f"{arg} has no effect with config.optimizer.name='adamw' (one step "
+          "per window: both conventions are Adam); drop it, or set "
+          "--config.optimizer.name=accum_adamw.")
 
 
 def _read_config_file(path: str) -> config_dict.ConfigDict:

@@ -23,25 +23,50 @@ Topology strings are ``"SLICESxHOSTSxDEVICES"``: ``"1x1x8"`` is one host of
 8 GPUs, ``"2x1x4"`` two hosts of 4 (devices ``0..3`` on the first).
 Deviceless compiles skip kernel autotuning: a real GPU may pick other
 kernels and a slightly different schedule.
+
+XLA's latency-hiding scheduler starts a collective only as early as its own
+estimate of the transfer needs; for GPUs of one host that estimate is the
+NVLink time, so the gossip starts late in the backward pass. Given the time
+a collective really takes (``collective_us``: microseconds, a number or a
+function of the collective, e.g. :func:`cluster_collective_us` from the
+runtime model's description of a cluster), :func:`compile_programs`
+compiles each program twice: once as usual, to learn the names of its
+collectives, then with a profile (XLA's profile-guided latency estimation,
+``ProfiledInstructionsProto`` text, :func:`latency_profile`) that prices
+each asynchronous collective at that time, so the scheduler starts it early
+enough to hide it if the program allows (docs/gpu_overlap.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import tempfile
 import time
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import jax
+import numpy as np
+
+from decentral_jax import checks
 
 from decentral_jax.analysis import overlap as overlap_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runtime_model import core as runtime_core
+from decentral_jax.runtime_model import presets as runtime_presets
 
 #: Directory of the shipped GPU target descriptions (``NAME.txtpb``).
 TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "gpu_targets")
 #: Target names accepted by :func:`gpu_devices`.
 TARGETS = ("h200", "h100_sxm", "a100_sxm_80")
+
+#: The XLA option naming the profile of :func:`latency_profile` (a file
+#: ending in ``.pbtxt``, or a directory of ``FINGERPRINT.pbtxt`` files).
+PROFILE_OPTION = "xla_gpu_pgle_profile_file_or_directory_path"
+
+_FINGERPRINT = re.compile(r'fingerprint_before_lhs="([0-9a-f]+)"')
 
 _INSTALL = ('pip install "jax-cuda12-plugin==0.10.2" '
             '"jax-cuda12-pjrt==0.10.2" (or -r requirements-gpu-compile.txt)')
@@ -115,7 +140,17 @@ class CompiledStep:
     compiled: the ``jax.stages.Compiled`` (its ``as_text()`` is the
       scheduled HLO).
     report: :func:`~decentral_jax.analysis.overlap.overlap_report` of it.
-    compile_s: seconds of trace, lower and compile.
+    compile_s: seconds of trace, lower and compile (both compiles with a
+      profile).
+    profile: the :func:`latency_profile` text it was compiled with (None:
+      XLA's own latency estimates).
+    unprofiled: with a profile, the report of the same program compiled
+      without it (the first of the two compiles); else None.
+    profile_us: with a profile, ``{collective start name: microseconds}``
+      it gives; else None.
+    xla_compute_us: with ``compute_s``, XLA's estimate of the program's
+      busy time (its scheduler's own clock, microseconds) that the times
+      were scaled to; else None.
   """
 
   distinct_round: int | None
@@ -123,12 +158,16 @@ class CompiledStep:
   compiled: Any
   report: overlap_lib.OverlapReport
   compile_s: float
+  profile: str | None = None
+  unprofiled: overlap_lib.OverlapReport | None = None
+  profile_us: dict[str, float] | None = None
+  xla_compute_us: float | None = None
 
 
 def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
                   compiler_options: dict | None = None,
-                  programs=None) -> tuple[experiment_lib.Experiment,
-                                          list[CompiledStep]]:
+                  programs=None, collective_us=None, cluster=None,
+                  compute_s: float | None = None) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
   """Compiles the runner's train steps of ``config`` for a GPU target.
 
   Args:
@@ -141,30 +180,294 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
     programs: which ``(distinct round, consensus mode)`` programs to
       compile: a list, or a function of the experiment returning one
       (default: all of :meth:`Experiment.programs`).
+    collective_us: the transfer time to tell XLA's scheduler, see
+      :func:`compile_programs`.
+    cluster: instead of ``collective_us``, the cluster whose links to
+      price the collectives with (:func:`cluster_collective_us`): a
+      :class:`decentral_jax.runtime_model.core.Cluster` or the name of a
+      :mod:`decentral_jax.runtime_model.presets` cluster (e.g. ``"A40"``,
+      the paper's: 4 A40s per node, 25 Gbit/s Ethernet), built for the
+      config's ``n_workers``.
+    compute_s: see :func:`compile_programs`.
 
   Returns:
     ``(experiment, [CompiledStep, ...])``, one entry per program.
 
   Raises:
     ValueError: see :func:`gpu_devices` and :class:`Experiment` (a config
-      error, or a device count that does not match the topology).
+      error, or a device count that does not match the topology); both
+      ``collective_us`` and ``cluster``; an unknown preset.
   """
+  if collective_us is not None and cluster is not None:
+    raise ValueError("give collective_us or cluster, not both.")
   devices = gpu_devices(target, topology)
   exp = experiment_lib.Experiment(config, devices=devices)
+  if cluster is not None:
+    if isinstance(cluster, str):
+      cluster = runtime_presets.cluster(cluster, int(config.n_workers))
+    collective_us = cluster_collective_us(exp, cluster)
+  return exp, compile_programs(exp, programs, compiler_options,
+                               collective_us=collective_us,
+                               compute_s=compute_s)
+
+
+def compile_programs(exp: experiment_lib.Experiment, programs=None,
+                     compiler_options: dict | None = None, *,
+                     collective_us=None,
+                     compute_s: float | None = None) -> list[CompiledStep]:
+  """Compiles train-step programs of a built experiment from abstract inputs.
+
+  Works on any devices the experiment was built on: compile-only GPU
+  devices (:func:`compile_steps`), real GPUs (the schedule XLA makes with
+  kernel autotuning, to compare with the deviceless one:
+  ``benchmarks/gpu_check.py``), or CPU devices. Nothing is placed on them.
+
+  With ``collective_us``, each program is compiled twice: as usual, then
+  with :data:`PROFILE_OPTION` naming a :func:`latency_profile` that prices
+  every asynchronous collective of the first compile (matched by
+  instruction name) at ``collective_us`` microseconds. XLA's
+  latency-hiding scheduler then places each start at least that much
+  estimated compute before its done, where the program's dependencies
+  allow; the instructions left out of the profile keep XLA's own
+  estimates. Twice the compile time.
+
+  XLA's scheduler compares that time with its own estimate of the compute
+  of the program *on the target GPU*, which is not the cluster's (for
+  GPT-2 small compiled deviceless for H200 it estimates about 220 ms of
+  busy time per step, against 122 ms of compute on the paper's A40s; for
+  Ampere targets its estimates are unitless "T-shirt sizes", so there
+  microseconds alone change nothing). With
+  ``compute_s``, the step's compute time on the cluster, the times are
+  rescaled to XLA's clock: the first compile also dumps the scheduler's
+  timeline (``xla_dump_latency_hiding_schedule``, to a temporary
+  directory), and each time is multiplied by XLA's busy time over
+  ``compute_s``, so the scheduler sees each transfer as the same share of
+  the step as the cluster has it.
+
+  Args:
+    exp: an :class:`~decentral_jax.runner.experiment.Experiment`.
+    programs: ``(distinct round, consensus mode)`` pairs, or a function of
+      ``exp`` returning them (default :meth:`Experiment.programs`).
+    compiler_options: extra XLA options for every compile.
+    collective_us: None (XLA's estimates), a number of microseconds > 0
+      for every asynchronous collective, or a function ``(collective,
+      distinct_round) -> microseconds`` of a
+      :class:`~decentral_jax.analysis.overlap.CollectiveOverlap` and the
+      program's distinct round (e.g. :func:`cluster_collective_us`).
+    compute_s: None, or the step's compute time on the cluster (seconds >
+      0; needs ``collective_us``).
+
+  Returns:
+    One :class:`CompiledStep` per program, in order.
+
+  Raises:
+    ValueError: ``collective_us`` is neither None, a positive number nor
+      a function, or gives a collective a time that is not one;
+      ``compute_s`` not > 0 or without ``collective_us``; the compiled
+      text has no fingerprint, or XLA wrote no schedule.
+  """
+  if collective_us is not None and not callable(collective_us):
+    collective_us = checks.check_float("collective_us", collective_us,
+                                       minimum=0.0, open_min=True)
+  if compute_s is not None:
+    compute_s = checks.check_float("compute_s", compute_s, minimum=0.0,
+                                   open_min=True)
+    if collective_us is None:
+      raise ValueError("compute_s rescales collective_us (or cluster): "
+                       "give one of them too.")
   state, batch = exp.abstract_inputs()
   if callable(programs):
     programs = programs(exp)
   out = []
   for distinct, mode in (programs or exp.programs()):
     t0 = time.perf_counter()
-    # pylint: disable=protected-access
     lowered = exp.step_program(distinct, mode).trace(state, batch).lower()
-    compiled = lowered.compile(compiler_options or {})
-    out.append(CompiledStep(distinct, mode, compiled,
-                            overlap_lib.overlap_report(compiled),
-                            time.perf_counter() - t0))
-  return exp, out
+    with tempfile.TemporaryDirectory() as tmp:
+      dump = ({"xla_dump_to": tmp, "xla_dump_latency_hiding_schedule": True}
+              if compute_s is not None else {})
+      compiled = lowered.compile({**(compiler_options or {}), **dump})
+      xla_us = scheduled_busy_us(tmp) if dump else None
+    report = overlap_lib.overlap_report(compiled)
+    if collective_us is None:
+      out.append(CompiledStep(distinct, mode, compiled, report,
+                              time.perf_counter() - t0))
+      continue
+    costs = collective_costs(report, collective_us, distinct)
+    if xla_us is not None:
+      costs = {k: v * xla_us / (1e6 * compute_s) for k, v in costs.items()}
+    profile = latency_profile(costs, fingerprint(compiled))
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "profile.pbtxt")
+      with open(path, "w", encoding="utf-8") as f:
+        f.write(profile)
+      profiled = lowered.compile({**(compiler_options or {}),
+                                  PROFILE_OPTION: path})
+    out.append(CompiledStep(distinct, mode, profiled,
+                            overlap_lib.overlap_report(profiled),
+                            time.perf_counter() - t0, profile, report,
+                            costs, xla_us))
+  return out
 
 
-__all__ = ("TARGETS", "TARGETS_DIR", "CompiledStep", "compile_steps",
-           "gpu_devices", "target_config")
+_STAT = r"{}:\s*([0-9.eE+-]+)"
+
+
+def scheduled_busy_us(dump_dir: str) -> float:
+  """XLA's estimate of a program's busy time, from its scheduler's dump.
+
+  Reads the ``*.schedule.txt`` that ``xla_dump_latency_hiding_schedule``
+  writes into ``xla_dump_to`` (an ``xla.ScheduleProto`` in text form): for
+  the computation with the longest schedule (the step's entry), its
+  ``total_cycles`` minus ``total_wasted_cycles`` (time spent waiting on a
+  collective), over ``cycles_per_microsecond``.
+
+  Returns:
+    Microseconds on the latency-hiding scheduler's clock.
+
+  Raises:
+    ValueError: no schedule file, or none with those fields.
+  """
+  best = None
+  for name in sorted(os.listdir(dump_dir)):
+    if not name.endswith(".schedule.txt"):
+      continue
+    with open(os.path.join(dump_dir, name), encoding="utf-8") as f:
+      text = f.read()
+    for block in text.split("computation_schedules {")[1:]:
+      got = [re.search(_STAT.format(k), block) for k in (
+          "total_cycles", "total_wasted_cycles", "cycles_per_microsecond")]
+      if all(got):
+        total, wasted, per_us = (float(g.group(1)) for g in got)
+        if best is None or total > best[0]:
+          best = (total, (total - wasted) / per_us)
+  if best is None:
+    raise ValueError(f"no latency-hiding schedule with total_cycles in "
+                     f"{dump_dir!r}: did XLA run its scheduler?")
+  return best[1]
+
+
+def collective_costs(report: overlap_lib.OverlapReport, collective_us,
+                     distinct_round: int | None = None) -> dict[str, float]:
+  """Microseconds for each asynchronous collective of a compiled program.
+
+  Args:
+    report: :func:`~decentral_jax.analysis.overlap.overlap_report` of the
+      program.
+    collective_us: a number of microseconds (every collective) or a
+      function ``(collective, distinct_round) -> microseconds``.
+    distinct_round: the program's distinct round, passed to the function.
+
+  Returns:
+    ``{start instruction name: microseconds}`` (synchronous collectives
+    are left out: they cannot overlap anything).
+
+  Raises:
+    ValueError: a time that is not a finite number > 0.
+  """
+  out = {}
+  for c in report.collectives:
+    if c.is_async:
+      us = (collective_us(c, distinct_round) if callable(collective_us)
+            else collective_us)
+      out[c.name] = checks.check_float(f"collective_us of {c.name}", us,
+                                       minimum=0.0, open_min=True)
+  return out
+
+
+def fingerprint(compiled_or_text) -> str:
+  """XLA's fingerprint of the module before scheduling (hex string).
+
+  Read from the ``fingerprint_before_lhs`` attribute of the compiled text
+  (``compiled.as_text()``, XLA:GPU only). A profile entry named
+  ``FINGERPRINT::instruction`` applies to that module alone, so one file
+  can hold the profiles of several programs.
+
+  Raises:
+    ValueError: the text has no such attribute (not an XLA:GPU program).
+  """
+  text = (compiled_or_text if isinstance(compiled_or_text, str)
+          else compiled_or_text.as_text())
+  m = _FINGERPRINT.search(text[:200_000])
+  if m is None:
+    raise ValueError("the compiled program has no fingerprint_before_lhs "
+                     "attribute: latency profiles need an XLA:GPU program.")
+  return m.group(1)
+
+
+def latency_profile(costs_us: Mapping[str, float],
+                    module_fingerprint: str = "") -> str:
+  """A ``tensorflow.profiler.ProfiledInstructionsProto`` in text form.
+
+  One ``costs { name: "..." cost_us: ... }`` entry per instruction: what
+  XLA's profile-guided latency estimator reads from
+  :data:`PROFILE_OPTION`. For an asynchronous collective the cost of its
+  start is the latency between start and done that the scheduler tries to
+  cover with other work.
+
+  Args:
+    costs_us: ``{instruction name: microseconds}``.
+    module_fingerprint: if given (:func:`fingerprint`), names are written
+      ``FINGERPRINT::name`` and apply to that module only.
+
+  Raises:
+    ValueError: a name with a quote, backslash or line break, or a cost
+      that is not a finite number >= 0.
+  """
+  prefix = f"{module_fingerprint}::" if module_fingerprint else ""
+  lines = []
+  for name, us in costs_us.items():
+    if not name or any(ch in name for ch in '"\\\n'):
+      raise ValueError(f"latency_profile: instruction name {name!r} must be "
+                       f"non-empty, without quotes, backslashes or newlines.")
+    us = checks.check_float(f"cost of {name}", us, minimum=0.0)
+    lines.append(f'costs {{ name: "{prefix}{name}" cost_us: {us:.3f} }}')
+  return "\n".join(lines) + "\n"
+
+
+def cluster_collective_us(exp: experiment_lib.Experiment,
+                          cluster: runtime_core.Cluster
+                          ) -> Callable[[Any, int | None], float]:
+  """The runtime model's transfer time of each collective, in microseconds.
+
+  For :func:`compile_programs`' ``collective_us``. A collective of a
+  program that runs one distinct round of the gossip topology takes
+  :func:`decentral_jax.runtime_model.round_cost` of that round for its
+  bytes (group means for a partition, else the round's permutes; the
+  slowest worker); the consensus distance's All-Reduce (``diagnostics`` in
+  its ``op_name``), the collectives of programs with all rounds in one or
+  without a topology (All-Reduce, DiLoCo syncs) take
+  :func:`~decentral_jax.runtime_model.all_reduce_cost`.
+
+  Args:
+    exp: the experiment the programs belong to.
+    cluster: a :class:`decentral_jax.runtime_model.core.Cluster` of
+      ``exp``'s workers, e.g. ``runtime_model.presets.cluster("A40", 8)``
+      (4 A40s per node on PCIe 4.0, 25 Gbit/s Ethernet).
+
+  Raises:
+    ValueError: the cluster has another number of workers than ``exp``.
+  """
+  n = int(exp.config.n_workers)
+  if cluster.n_workers != n:
+    raise ValueError(f"cluster has n_workers={cluster.n_workers} but the "
+                     f"experiment has {n} workers; build the cluster for "
+                     f"{n}.")
+  rounds = (exp.topology.distinct_rounds if exp.topology is not None
+            else ())
+  all_reduce = runtime_core.all_reduce_cost(cluster)
+
+  def time_us(c, distinct_round):
+    if ("diagnostics" in c.op_name or distinct_round is None
+        or not 0 <= distinct_round < len(rounds)):
+      cost = all_reduce
+    else:
+      cost = runtime_core.round_cost(cluster, rounds[distinct_round])
+    return 1e6 * float(np.max(cost.time(c.bytes)))
+
+  return time_us
+
+
+__all__ = ("PROFILE_OPTION", "TARGETS", "TARGETS_DIR", "CompiledStep",
+           "cluster_collective_us", "collective_costs", "compile_programs",
+           "compile_steps", "fingerprint", "gpu_devices", "latency_profile",
+           "scheduled_busy_us", "target_config")

@@ -115,14 +115,19 @@ GPU_COMPILER_OPTIONS = {
 }
 
 
+#: Program key (:meth:`Experiment.program_of`) of the steps without gossip
+#: of ``decentralized`` with ``gossip_every > 1`` and static rounds.
+LOCAL_STEP = -1
+
+
 def resolve_dispatch(c, platform: str) -> tuple[str, str]:
   """``(gossip_rounds, consensus_at)`` of a validated config on ``platform``.
 
   ``"auto"`` resolves to what lets XLA overlap the step's collectives with
   its forward/backward pass on accelerators (``docs/gpu_overlap.md``):
   ``gossip_rounds="static"`` (one program per distinct round, chosen on the
-  host) when the method allows it (``decentralized`` with ``gossip_every``
-  1, ``sgp``) and ``consensus_at="next_step"``; on ``platform="cpu"``
+  host) when the method allows it (``decentralized``, also with
+  ``gossip_every > 1``, and ``sgp``) and ``consensus_at="next_step"``; on ``platform="cpu"``
   (XLA:CPU runs collectives synchronously, nothing to overlap) ``"switch"``
   and ``"log_step"``, which compile fewer programs. CPU trajectories are
   bit-identical either way.
@@ -134,8 +139,7 @@ def resolve_dispatch(c, platform: str) -> tuple[str, str]:
   accel = platform != "cpu"
   rounds = c.gossip_rounds
   if rounds == "auto":
-    static_ok = (c.algorithm == "sgp" or (c.algorithm == "decentralized"
-                                          and int(c.gossip_every) == 1))
+    static_ok = c.algorithm in ("sgp", "decentralized")
     rounds = "static" if accel and static_ok else "switch"
   consensus = c.consensus_at
   if consensus == "auto":
@@ -398,16 +402,27 @@ class Experiment:
     in-graph with ``lax.switch``); ``"static"`` compiles one step per
     distinct round (the host picks it from the step number), so the
     collective sits outside any conditional and XLA can overlap it with the
-    forward/backward pass on accelerators.
+    forward/backward pass on accelerators. With ``gossip_every = tau > 1``
+    the round index is the step ``tau x r`` of the round's first use, and
+    :data:`LOCAL_STEP` (index 1) is the program of the steps between two
+    gossip steps, with no collective.
     """
     distinct = (self.topology.distinct_rounds if self.topology is not None
                 else ())
-    if self.gossip_rounds != "static" or len(distinct) <= 1:
+    tau = self._gossip_every()
+    if self.gossip_rounds != "static" or (len(distinct) <= 1 and tau == 1):
       return {None: None}
     rounds = {}
     for r, d in enumerate(self.topology.round_to_distinct):
-      rounds.setdefault(d, r)
+      rounds.setdefault(d, r * tau)
+    if tau > 1:
+      rounds[LOCAL_STEP] = 1  # a step between two gossip steps
     return rounds
+
+  def _gossip_every(self) -> int:
+    """``config.gossip_every`` of ``decentralized`` (1 for other methods)."""
+    c = self.config
+    return int(c.gossip_every) if c.algorithm == "decentralized" else 1
 
   def _build_consensus_step(self):
     """The jitted consensus distance of a state's models (a separate program)."""
@@ -620,13 +635,17 @@ class Experiment:
 
     The key of the compiled program :meth:`train_step` runs on a state of
     ``step`` completed steps: the topology's distinct round of that step
-    (None when one program holds every round) and the ``consensus``
+    (None when one program holds every round; :data:`LOCAL_STEP` for a
+    step without gossip with ``gossip_every > 1``) and the ``consensus``
     argument of :func:`decentral_jax.runner.step.train_step`.
     """
     distinct = None
     if None not in self._rounds:
-      topo = self.topology
-      distinct = topo.round_to_distinct[int(step) % topo.period]
+      topo, tau = self.topology, self._gossip_every()
+      if int(step) % tau:
+        distinct = LOCAL_STEP
+      else:
+        distinct = topo.round_to_distinct[int(step) // tau % topo.period]
     if self.consensus_at == "log_step":
       return distinct, "logged"
     log = int(self.config.log_interval)
@@ -721,7 +740,9 @@ class Experiment:
     if None in self._rounds:
       counts = {None: 1}
     else:
-      counts = collections.Counter(self.topology.round_to_distinct)
+      cycle = self.topology.period * self._gossip_every()
+      counts = collections.Counter(self.program_of(k)[0]
+                                   for k in range(cycle))
     dpw = self.layout.devices_per_worker
     if stage is None:
       stage = "unoptimized" if dpw == 1 else "optimized"
@@ -832,8 +853,7 @@ class Experiment:
         "worker_layout": (self.layout.mode
                           if self.layout.devices_per_worker > 1 else ""),
         # The fault schedule and rules ({} without config.faults.enabled).
-        "faults": (json.loads(c.faults.to_json()) if self.faults is not None
-                   else {}),
+        "faults": fault_run.resume_meta(c, self.faults),
     }
 
   def check_resumable(self, meta: dict, directory: str) -> None:
@@ -843,6 +863,13 @@ class Experiment:
       if validation.unread_reason(self.config, field) is not None:
         continue  # ignored by this run (its algorithm is compared)
       theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
+      if key == "faults":  # the trace by content; names the setting
+        why = fault_run.resume_mismatch(theirs, mine[key])
+        if why is not None:
+          raise ValueError(
+              f"the checkpoint in {directory} was written with {why}; resume "
+              "with the same settings and trace or use a fresh --workdir.")
+        continue
       if theirs != mine[key]:
         raise ValueError(
             f"the checkpoint in {directory} was written with config.{field}="

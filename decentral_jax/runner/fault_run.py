@@ -14,9 +14,17 @@ masks handed to each train step and the fields of the metrics records:
   outer step (:mod:`decentral_jax.optim.elastic`), over ``n_workers *
   steps`` (written by the loop from the step's ``faults/useful_steps``;
   work of the current round counts once it is committed).
+
+A checkpoint records the fault settings with the SHA-256 of the trace's
+content (:func:`resume_meta`); a resumed run must have the same settings
+and a trace of the same content, wherever the file now lies
+(:func:`resume_mismatch` names the first difference).
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
 
 import numpy as np
 from ml_collections import config_dict
@@ -33,13 +41,16 @@ class FaultRun:
     schedule: the :class:`FaultSchedule`.
     stragglers: ``config.faults.stragglers``.
     n_workers: ``n``.
+    trace_sha256: hex SHA-256 of the trace file's bytes, or None without a
+      trace.
   """
 
   def __init__(self, schedule: fault_schedule.FaultSchedule, steps: int,
-               stragglers: str):
+               stragglers: str, trace_sha256: str | None = None):
     self.schedule = schedule
     self.stragglers = stragglers
     self.n_workers = schedule.n_workers
+    self.trace_sha256 = trace_sha256
     counts = [schedule.masks(a, min(a + _CHUNK, steps), stragglers)[1].sum(1)
               for a in range(0, steps, _CHUNK)]
     # Worker-steps completed before step k, k = 0 .. steps.
@@ -74,18 +85,72 @@ def make(config: config_dict.ConfigDict) -> FaultRun | None:
   """The run's :class:`FaultRun`, or None without ``config.faults.enabled``.
 
   Raises:
-    ValueError: an invalid trace file (one line naming file and key).
+    ValueError: an invalid trace file, or a trace event that starts at or
+      after ``config.steps`` (it would never happen); one line naming file
+      and key.
   """
   f = config.get("faults")
   if f is None or not f.enabled:
     return None
   n, steps = int(config.n_workers), int(config.steps)
-  if f.trace:
-    schedule = fault_schedule.FaultSchedule.from_trace(f.trace, n)
-  else:
+  if not f.trace:
     schedule = fault_schedule.FaultSchedule.from_rates(
         n, steps, failure_rate=float(f.failure_rate),
         mean_downtime=float(f.mean_downtime),
         slow_fraction=float(f.slow_fraction), slow_speed=float(f.slow_speed),
         seed=int(f.seed))
-  return FaultRun(schedule, steps, str(f.stragglers))
+    return FaultRun(schedule, steps, str(f.stragglers))
+  try:
+    with open(f.trace, "rb") as fh:
+      digest = hashlib.sha256(fh.read()).hexdigest()
+  except OSError as e:
+    raise ValueError(f"fault trace {f.trace}: cannot be read: "
+                     f"{e.strerror or e}") from None
+  schedule = fault_schedule.FaultSchedule.from_trace(f.trace, n)
+  for i, (_, start, _, _) in enumerate(schedule.events):  # in file order
+    if start >= steps:
+      raise ValueError(
+          f"fault trace {f.trace}: events[{i}].start={start} is not before "
+          f"config.steps={steps}, so the event never happens; remove it or "
+          f"set --config.steps above {start}.")
+  return FaultRun(schedule, steps, str(f.stragglers), digest)
+
+
+def resume_meta(config: config_dict.ConfigDict,
+                run: FaultRun | None) -> dict:
+  """What a checkpoint records of the faults: ``{}`` without them, else
+  ``config.faults`` as JSON plus ``trace_sha256`` with a trace."""
+  if run is None:
+    return {}
+  meta = json.loads(config.faults.to_json())
+  if run.trace_sha256 is not None:
+    meta["trace_sha256"] = run.trace_sha256
+  return meta
+
+
+def resume_mismatch(theirs, mine: dict) -> str | None:
+  """The first fault setting in which a checkpoint's :func:`resume_meta`
+  ``theirs`` differs from this run's ``mine``, for a message
+  (``"config.faults.<key>=<theirs> but this run has <mine>"``), or None.
+
+  The trace is compared by content (``trace_sha256``), not by path; a
+  checkpoint written before the hash was recorded is compared by path.
+  """
+  if not isinstance(theirs, dict):
+    return f"config.faults={theirs!r:.80} (not a settings object)"
+  if bool(theirs) != bool(mine):  # {} is faults.enabled=False
+    return (f"config.faults.enabled={bool(theirs)} but this run has "
+            f"{bool(mine)}")
+  skip = ("trace_sha256",)  # not in a checkpoint of an older version
+  if "trace_sha256" in theirs:
+    a, b = theirs["trace_sha256"], mine.get("trace_sha256")
+    if a != b:
+      return (f"config.faults.trace={theirs.get('trace')!r} (content SHA-256 "
+              f"{str(a)[:12]}) but this run's config.faults.trace="
+              f"{mine.get('trace')!r} has content SHA-256 {str(b)[:12]}")
+    skip = ("trace", "trace_sha256")  # the same content, moved or renamed
+  for key in sorted(set(theirs) | set(mine)):
+    if key not in skip and theirs.get(key) != mine.get(key):
+      return (f"config.faults.{key}={theirs.get(key)!r} but this run has "
+              f"{mine.get(key)!r}")
+  return None

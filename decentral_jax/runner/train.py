@@ -43,6 +43,9 @@ from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runner.experiment import Experiment
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: What a run writes in its work directory, besides ``run.lock``.
+RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
+             metrics_lib.METRICS_FILE + ".tmp", "checkpoints", "tensorboard")
 
 
 class Preempted(Exception):
@@ -193,11 +196,17 @@ def _non_finite_error(step: int, metrics: dict,
 
 def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   """(state, start step, earlier training seconds, metrics window state)."""
-  state = exp.init_state()
   step = ckpt.select_restore_step()
   if step is None:
-    return state, 0, 0.0, None
+    return exp.init_state(), 0, 0.0, None
+  steps = int(exp.config.steps)
+  if step > steps:  # a longer run's checkpoint: nothing of it is this run
+    raise ValueError(
+        f"checkpoint {step} in {ckpt.directory} is past the end of this run "
+        f"(config.steps={steps}); set --config.steps={step} or more to "
+        "resume it, or use a fresh --workdir.")
   where = ckpt.step_dir(step)
+  state = exp.init_state()
   exp.check_resumable(
       checkpoint_lib.check_run_meta(ckpt.restore_meta(step), where),
       ckpt.directory)
@@ -212,7 +221,11 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
         f"outer_optimizer, num_fragments or model field?); resume with the "
         f"original config or use a fresh --workdir. Orbax: "
         f"{str(e).splitlines()[0].rstrip(': ')}") from None
-  if main:
+  if main and step == steps:
+    logging.info("checkpoint %d in %s is the last step (config.steps=%d): "
+                 "the run already finished; evaluating it, nothing to "
+                 "train.", step, ckpt.directory, steps)
+  elif main:
     logging.info("resumed from %s at step %d", ckpt.step_dir(step), step)
   return (state, int(meta["data_position"]),
           float(meta.get("train_time_s", 0.0)), meta.get("metrics_window"))
@@ -273,7 +286,9 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   Raises:
     ValueError: bad config or data (see
       :class:`~decentral_jax.runner.experiment.Experiment`), or a
-      checkpoint in ``workdir`` from an incompatible config.
+      checkpoint in ``workdir`` from an incompatible config or past
+      ``config.steps`` (a checkpoint of step ``config.steps`` is a finished
+      run: it is evaluated, nothing is trained).
     workdir.WorkdirInUse: another run holds ``workdir`` (names it).
     workdir.PathError: ``workdir`` or a file in it cannot be written (a
       read-only file system, a full disk); names the path.

@@ -173,7 +173,8 @@ _RULES = {
     "outer_latency": _integer(1, note=" (rounds)"),
     "trickle_reduction": _boolean,
     "compression.format": _one_of(compress.FORMATS),
-    "compression.block": _integer(2, note=" (values per scale or chunk)"),
+    "compression.block": _integer(2, compress.MAX_BLOCK,
+                                  note=" (values per scale or chunk)"),
     "compression.fraction": _real(0.0, 1.0, lo_open=True,
                                   note=" or exactly 1"),
     "compression.error_feedback": _boolean,
@@ -409,11 +410,7 @@ def _check_faults(c: config_dict.ConfigDict) -> None:
         f"config.faults.min_quorum={f.min_quorum} exceeds config.n_workers="
         f"{c.n_workers}: no outer step could ever be taken; set "
         f"--config.faults.min_quorum=<1..{c.n_workers}>.")
-  if f.trace and (f.failure_rate or f.slow_fraction):
-    raise ValueError(
-        "config.faults.trace replaces the rates; set --config.faults."
-        "failure_rate=0 and --config.faults.slow_fraction=0, or "
-        "--config.faults.trace=''.")
+  _check_unread_faults(c)
   if f.trace:
     fault_schedule.check_trace_path(f.trace)
   if c.global_avg_interval:
@@ -475,6 +472,52 @@ def _check_choco(c: config_dict.ConfigDict, fmt: str) -> None:
         "compression.format=none).")
 
 
+def _unread_fault_reason(c: config_dict.ConfigDict, key: str) -> str | None:
+  """Why the enabled fault schedule of ``c`` does not read
+  ``config.faults.<key>``, or None if it does."""
+  f = c.faults
+  if key in ("min_quorum", "on_failure") and c.algorithm == "decentralized":
+    return ("config.algorithm='decentralized' (gossip takes no outer step "
+            "to hold to a quorum or roll back)")
+  rates = ("failure_rate", "mean_downtime", "slow_fraction", "slow_speed",
+           "seed")
+  if key in rates and f.trace:
+    return "config.faults.trace (the trace replaces the rates)"
+  if key == "mean_downtime" and not f.failure_rate:
+    return "config.faults.failure_rate=0 (no worker fails)"
+  if key == "slow_speed" and not f.slow_fraction:
+    return "config.faults.slow_fraction=0 (no worker is slow)"
+  if key == "seed" and not f.failure_rate and not f.slow_fraction:
+    return ("config.faults.failure_rate=0 and slow_fraction=0 (nothing is "
+            "drawn)")
+  return None
+
+
+def _check_unread_faults(c: config_dict.ConfigDict) -> None:
+  """Refuses a fault setting the enabled schedule would not read, and a
+  ``slow_fraction`` that makes no worker slow."""
+  f, defaults = c.faults, base_config().faults
+  for key, default in defaults.items():
+    why = _unread_fault_reason(c, key)
+    if why is not None and f[key] != default:
+      raise ValueError(
+          f"config.faults.{key}={f[key]!r} has no effect with {why}; leave "
+          f"it at its default: --config.faults.{key}={_setting(default)}.")
+  n = int(c.n_workers)
+  if f.slow_fraction and not f.trace:
+    if int(round(float(f.slow_fraction) * n)) == 0:  # as from_rates counts
+      raise ValueError(
+          f"config.faults.slow_fraction={f.slow_fraction!r} makes "
+          f"round({f.slow_fraction!r} x config.n_workers={n}) = 0 workers "
+          f"slow; set --config.faults.slow_fraction={1 / n:.6g} (one "
+          "worker) or more, or 0.")
+    if f.slow_speed == 1:
+      raise ValueError(
+          f"config.faults.slow_fraction={f.slow_fraction!r} with config."
+          "faults.slow_speed=1 slows no worker down; set --config.faults."
+          "slow_speed below 1, or --config.faults.slow_fraction=0.")
+
+
 def _check_local_updates(c: config_dict.ConfigDict) -> None:
   """Cross-field checks of the sync and gossip periods."""
   h, p, tau = int(c.sync_every), int(c.num_fragments), int(c.overlap_steps)
@@ -489,11 +532,6 @@ def _check_local_updates(c: config_dict.ConfigDict) -> None:
           f"overlap_steps * num_fragments < sync_every={h} (a fragment is "
           f"merged before the next is sent); use overlap_steps <= "
           f"{max((h - 1) // p, 0)}.")
-  if c.gossip_every != 1 and c.algorithm == "decentralized" and \
-      c.gossip_rounds == "static":
-    raise ValueError(
-        f"config.gossip_every={c.gossip_every} picks its gossip round inside "
-        "the step; set --config.gossip_rounds=switch (or gossip_every=1).")
   if c.algorithm == "decentralized_diloco" and c.gossip_rounds == "static":
     raise ValueError(
         "config.algorithm=decentralized_diloco picks its gossip round (the "
@@ -551,11 +589,13 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   it); ``worker_layout`` with ``devices_per_worker = 1``;
   ``outer_optimizer.momentum`` and ``nesterov`` with
   ``outer_optimizer.name = "adam"``; ``outer_latency`` and
-  ``trickle_reduction`` with ``outer_overlap = "none"``; the other
+  ``trickle_reduction`` with ``outer_overlap = "none"``;
+  ``schedule.final_lr`` unless ``schedule.name = "warmup_cosine"``;
+  ``schedule.warmup_steps`` with ``schedule.name = "constant"``; the other
   ``compression`` fields with ``compression.format = "none"``,
   ``compression.fraction`` unless ``topk``, ``compression.error_decay``
-  without ``error_feedback``. A group (``"outer_optimizer"``) is
-  not read if none of its fields is.
+  without ``error_feedback``. A group (``"outer_optimizer"``) is not read
+  if none of its fields is.
 
   Returns:
     The setting that ignores it, with why (for a message), or None.
@@ -597,6 +637,11 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   if field == "worker_layout" and int(c.devices_per_worker) == 1:
     return ("config.devices_per_worker=1 (it places a worker's state on its "
             "devices)")
+  if field == "schedule.final_lr" and c.schedule.name != "warmup_cosine":
+    return (f"config.schedule.name={c.schedule.name!r} (only warmup_cosine "
+            "decays to final_lr)")
+  if field == "schedule.warmup_steps" and c.schedule.name == "constant":
+    return "config.schedule.name='constant' (peak_lr from the first step)"
   return None
 
 
@@ -616,7 +661,8 @@ def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
   default = base_config(c.model.name if c.model.name in DATA_SOURCES
                         else "gpt")
   out = []
-  for name in (*builders.METHOD_FIELDS, "workers_per_node", "worker_layout"):
+  for name in (*builders.METHOD_FIELDS, "workers_per_node", "worker_layout",
+               "schedule.final_lr", "schedule.warmup_steps"):
     value, want = _field(c, name), _field(default, name)
     if name == "topology":
       same = (topology_lib.canonical_name(value) ==

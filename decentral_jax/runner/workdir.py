@@ -29,6 +29,9 @@ without ``exec`` would keep the lock for as long as it lives.
 Multi-process jobs: process 0 takes the lock for the whole job (all
 processes share the directory) and tells the others the outcome, so every
 process stops with the same one-line error when the directory is in use.
+:func:`hold` is re-entrant in the thread that holds it, so a caller can
+hold the directory over a whole run (e.g. clear it with :func:`clear`,
+then train in it) without another run slipping in between.
 
 Also here, for the files a run keeps in its work directory: one-line OS
 errors (:class:`PathError`, :func:`os_error_text`) and ``SHA256SUMS``
@@ -49,8 +52,10 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
+import threading
 from typing import Iterable, Iterator
 
 import jax
@@ -60,6 +65,8 @@ LOCK_FILE = "run.lock"
 SUMS_FILE = "SHA256SUMS"
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
 _MESSAGE_BYTES = 4096
+# Work directories held by this process: abspath -> (thread id, lock).
+_HELD: dict[str, tuple[int, "WorkdirLock | None"]] = {}
 
 
 class WorkdirInUse(ValueError):
@@ -332,7 +339,9 @@ def hold(workdir: str) -> Iterator[WorkdirLock | None]:
 
   Every process of a multi-process job must enter this together: process 0
   acquires the lock and shares the outcome, so all processes raise the
-  same error when the directory is in use or not writable.
+  same error when the directory is in use or not writable. Re-entrant: in
+  the thread that already holds ``workdir`` it yields the held lock (no
+  collective, nothing released on leaving the inner block).
 
   Yields:
     The held :class:`WorkdirLock` on process 0, None on other processes.
@@ -341,6 +350,10 @@ def hold(workdir: str) -> Iterator[WorkdirLock | None]:
     WorkdirInUse: another run holds the lock.
     PathError: the work directory cannot be created or written.
   """
+  key = os.path.abspath(workdir)
+  if key in _HELD and _HELD[key][0] == threading.get_ident():
+    yield _HELD[key][1]
+    return
   lock = WorkdirLock(workdir) if jax.process_index() == 0 else None
   error = None
   if lock is not None:
@@ -355,8 +368,50 @@ def hold(workdir: str) -> Iterator[WorkdirLock | None]:
   if kind:
     name, _, message = kind.partition(":")
     raise (WorkdirInUse if name == "WorkdirInUse" else PathError)(message)
+  _HELD[key] = (threading.get_ident(), lock)
   try:
     yield lock
   finally:
+    del _HELD[key]
     if lock is not None:
       lock.release()
+
+
+def clear(workdir: str, entries: Iterable[str]) -> None:
+  """Empties a run's work directory, keeping its lock file.
+
+  Removes each of ``entries`` (names of files and directories a run
+  writes, e.g. ``config.json``, ``checkpoints``) found in ``workdir``; hold
+  the directory (:func:`hold`) while calling it. Nothing is removed if the
+  directory holds any other entry: it is then not recognisably a run
+  directory, and may be someone's data.
+
+  Raises:
+    ValueError: ``workdir`` is not a directory, or holds an entry not in
+      ``entries`` (one line naming both).
+    PathError: an entry cannot be removed.
+  """
+  if not os.path.isdir(workdir):
+    raise ValueError(f"{workdir} is not a directory; move it away or choose "
+                     "another output directory.")
+  allowed = set(entries) | {LOCK_FILE}
+  names = sorted(os.listdir(workdir))
+  foreign = [n for n in names if n not in allowed]
+  if foreign:
+    raise ValueError(
+        f"{workdir} is not a run directory of this project (it holds "
+        f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign)
+                             > 1 else "")
+        + "), so it is not replaced; move it away or choose another output "
+        "directory.")
+  for name in names:
+    if name == LOCK_FILE:
+      continue  # never deleted while held (see the module docstring)
+    path = os.path.join(workdir, name)
+    try:
+      if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+      else:
+        os.remove(path)
+    except OSError as e:
+      raise path_error("remove", path, e) from None

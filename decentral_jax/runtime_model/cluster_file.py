@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import reprlib
+import stat
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import workload as workload_lib
 
 SCHEMA = "decentral_jax.runtime_model/cluster/v1"
+MAX_FILE_BYTES = 16 * 2**20  # a cluster file is a few kilobytes
 MAX_BANDWIDTH_Bps = 1e18  # "no measurable size dependence"
 
 
@@ -242,13 +245,39 @@ def _check_measurements(meas: dict) -> None:
                      "measurements.all_reduce_bytes.")
 
 
-def _load(path: str):
-  """The file's JSON value; ValueError naming the file otherwise."""
+def _read_bytes(path: str) -> bytes:
+  """The bytes of a regular file of at most ``MAX_FILE_BYTES``.
+
+  Opened non-blocking (a FIFO without a writer would block the open) and
+  checked with ``fstat`` before reading: a FIFO or a device (``/dev/zero``
+  never ends) is refused.
+  """
+  if not isinstance(path, (str, os.PathLike)) or isinstance(path, bool):
+    raise ValueError(f"is not a path (got {type(path).__name__}).")
   try:
-    with open(path, "rb") as f:
-      raw = f.read()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
   except OSError as e:
     raise ValueError(f"{e.strerror or e}.") from None
+  mode = os.fstat(fd).st_mode
+  if not stat.S_ISREG(mode):
+    os.close(fd)
+    what = ("is a directory" if stat.S_ISDIR(mode) else
+            "is not a regular file (a FIFO or a device?)")
+    raise ValueError(f"{what}; give the JSON file that measure wrote.")
+  with os.fdopen(fd, "rb") as f:
+    try:
+      raw = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+      raise ValueError(f"{e.strerror or e}.") from None
+  if len(raw) > MAX_FILE_BYTES:
+    raise ValueError(f"is larger than {MAX_FILE_BYTES} bytes, not a cluster "
+                     "file (measure writes a few kilobytes).")
+  return raw
+
+
+def _load(path: str):
+  """The file's JSON value; ValueError naming the file otherwise."""
+  raw = _read_bytes(path)
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -280,7 +309,8 @@ def read(path: str) -> dict:
 
   Raises:
     ValueError: one line ``--cluster 'FILE': ...`` naming the key, for an
-      unreadable file, bytes that are not UTF-8, not JSON (truncated, or
+      unreadable file, a FIFO or device, a file over ``MAX_FILE_BYTES``,
+      bytes that are not UTF-8, not JSON (truncated, or
       nested too deeply), another schema, a missing or unknown key, a value
       of the wrong type or out of bounds, or values the model refuses.
   """

@@ -17,6 +17,25 @@ from decentral_jax.runtime_model.costs import check_positive
 
 WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.parallel.layouts.MODES
 
+def check_in_flight(value) -> tuple[float, float] | None:
+  """``Workload.gossip_in_flight`` checked: None or two fractions in [0, 1].
+
+  Raises:
+    ValueError: not None and not a pair of finite numbers in [0, 1].
+  """
+  if value is None:
+    return None
+  try:
+    pair = tuple(float(v) for v in value)
+  except (TypeError, ValueError):
+    pair = ()
+  if len(pair) != 2 or not all(math.isfinite(v) and 0.0 <= v <= 1.0
+                               for v in pair):
+    raise ValueError(f"gossip_in_flight must be None or (forward, backward) "
+                     f"fractions in [0, 1], got {value!r}.")
+  return pair
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
   """Model size and per-worker compute time of one training iteration.
@@ -51,6 +70,13 @@ class Workload:
       round sends ``param_bytes / D`` per device) or ``"data"`` (replicated;
       gradients all-reduced inside the worker; every device sends the full
       parameters). See :mod:`decentral_jax.runtime_model.spanning`.
+    gossip_in_flight: optional ``(forward, backward)`` fractions of the
+      two passes that run while the compiled step's gossip is in flight
+      (``OverlapReport.in_flight_fractions()`` of a deviceless GPU
+      compile); overlapped gossip is then hidden only behind that part of
+      the step (:mod:`decentral_jax.runtime_model.compiled_overlap`).
+      Default None: behind the whole next forward and backward
+      (Decent-DP's pipeline).
   """
 
   param_count: float
@@ -66,8 +92,11 @@ class Workload:
   bucket_ready: tuple[float, ...] | None = None
   devices_per_worker: int = 1
   worker_layout: str = "fsdp"
+  gossip_in_flight: tuple[float, float] | None = None
 
   def __post_init__(self):
+    object.__setattr__(self, "gossip_in_flight",
+                       check_in_flight(self.gossip_in_flight))
     for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
                  "compute_cv"):
       check_positive(name, getattr(self, name), allow_zero=True)

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model import compiled_overlap
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 
@@ -29,6 +30,12 @@ MAX_BUCKETS = 4096
 
 
 MAX_STEPS = 100_000
+
+
+# Largest --n-workers of `utilisation`: its table bisects the closed form
+# 1,500 times, whose cost grows faster than n^2 (on 2 cores: 4 s at 64
+# workers, about 110 s at 512).
+MAX_UTILISATION_WORKERS = 256
 
 
 # Lower bound of each numeric `predict` flag: (bound, bound excluded).
@@ -112,12 +119,9 @@ def check_predict_args(args) -> None:
   if not 2 <= args.steps <= MAX_STEPS:
     raise ValueError(f"--steps must be in [2, {MAX_STEPS}], got {args.steps}.")
   itemsize = 0
+  check_param_count(args.params)
   for flag in ("--grad-dtype", "--param-dtype"):
-    try:
-      itemsize = max(itemsize, np.dtype(_value(args, flag)).itemsize)
-    except TypeError:
-      raise ValueError(f"{flag} {_value(args, flag)!r} is not a dtype name; "
-                       "use e.g. float32 or bfloat16.") from None
+    itemsize = max(itemsize, float_dtype_flag(flag, _value(args, flag)).itemsize)
   samples = args.compute_samples_ms
   if samples is not None and (len(samples) < 2 or not all(
       math.isfinite(x) and x >= 0 for x in samples)):
@@ -130,6 +134,76 @@ def check_predict_args(args) -> None:
         f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
         "handles; raise --bucket-MiB or lower --params.")
   check_output_path(args.png, "--png")
+
+
+def check_param_count(params) -> None:
+  """Raises ValueError unless ``--params`` is a whole count >= 1 (1.3e9 is one)."""
+  if isinstance(params, bool) or not isinstance(params, (int, float)) or \
+      not math.isfinite(params) or params < 1 or params != math.floor(params):
+    raise ValueError(f"--params must be a whole parameter count >= 1 (e.g. "
+                     f"1.3e9), got {params!r}.")
+
+
+def float_dtype_flag(flag: str, name) -> np.dtype:
+  """``np.dtype(name)`` if it names a floating dtype (bfloat16 included)."""
+  try:
+    dt = np.dtype(name)
+  except TypeError:
+    dt = None
+  if dt is None or (dt.kind != "f" and "float" not in dt.name):
+    raise ValueError(f"{flag} {name!r} is not a floating dtype name (values "
+                     "on the wire are floats); use e.g. float32 or bfloat16.")
+  return dt
+
+
+def check_utilisation_args(args) -> None:
+  """Validates the flags of ``utilisation`` that bound its time and memory.
+
+  ``--n-workers`` in ``[2, MAX_UTILISATION_WORKERS]`` (one worker sends
+  nothing: every method is at 100% at any rate, and the table's ratio to
+  the paper's data-parallel rate means nothing), ``--params`` a whole
+  count, ``--grad-dtype`` floating, ``--bucket-MiB`` finite and > 0 with
+  the gradients in at most ``MAX_BUCKETS`` buckets.
+
+  Raises:
+    ValueError: the first bad flag, named, with its value and range.
+  """
+  n = args.n_workers
+  if isinstance(n, bool) or not isinstance(n, int) or n < 2:
+    raise ValueError(f"--n-workers must be >= 2, got {n!r}: one worker "
+                     "sends nothing, so every method has 100% utilisation "
+                     "at any rate and the Gbit/s table is meaningless.")
+  if n > MAX_UTILISATION_WORKERS:
+    raise ValueError(f"--n-workers {n} is above {MAX_UTILISATION_WORKERS} "
+                     "(the table's time grows faster than n^2: about 2 "
+                     "minutes at 512 workers).")
+  check_param_count(args.params)
+  itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
+  bucket = args.bucket_MiB
+  if not (isinstance(bucket, (int, float)) and math.isfinite(bucket)
+          and bucket > 0):
+    raise ValueError(f"--bucket-MiB must be a finite number > 0, got "
+                     f"{bucket!r}.")
+  buckets = math.ceil(args.params * itemsize / (bucket * 2**20))
+  if buckets > MAX_BUCKETS:
+    raise ValueError(
+        f"--params {args.params:g} in --bucket-MiB {bucket:g} makes "
+        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the model "
+        "handles; raise --bucket-MiB or lower --params.")
+
+
+def check_file_workers(path: str, n: int) -> None:
+  """Raises ValueError if a cluster file's ``n_workers`` is above ``MAX_WORKERS``.
+
+  ``predict --cluster`` predicts for the file's workers unless
+  ``--n-workers`` is given; the file's schema allows larger counts than
+  the simulator handles.
+  """
+  if n > MAX_WORKERS:
+    raise ValueError(f"--cluster {path!r}: cluster.n_workers {n} is above "
+                     f"the {MAX_WORKERS} workers predict simulates (time and "
+                     "memory grow with n^2); give --n-workers N to predict "
+                     "for fewer workers.")
 
 
 def comma_list(typ):
@@ -237,7 +311,9 @@ def workload_fields(args) -> dict:
       compute_samples_s=samples, grad_dtype=args.grad_dtype,
       param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20,
       devices_per_worker=args.devices_per_worker,
-      worker_layout=args.worker_layout)
+      worker_layout=args.worker_layout,
+      gossip_in_flight=(compiled_overlap.read_in_flight(
+          args.gossip_in_flight) if args.gossip_in_flight else None))
 
 
 def workload_from_args(args) -> core.Workload:
@@ -293,7 +369,8 @@ _WORKLOAD_FIELDS = {
     "--backward-ms": "backward_s", "--optimizer-ms": "optimizer_s",
     "--compute-cv": "compute_cv", "--compute-samples-ms": "compute_samples_s",
     "--bucket-MiB": "bucket_bytes", "--devices-per-worker": "devices_per_worker",
-    "--worker-layout": "worker_layout"}
+    "--worker-layout": "worker_layout",
+    "--gossip-in-flight": "gossip_in_flight"}
 
 
 def explicit_flags(args) -> set:

@@ -44,10 +44,11 @@ import numpy as np
 from decentral_jax.runtime_model import cluster_file
 # The predict flags' checks and conversions (re-exported: part of this CLI).
 from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
-    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, check_output_path,
-    check_predict_args, cluster_from_args, comma_list, describe_cluster_file,
-    explicit_flags, from_cluster_file, given_fields, simulated_steps,
-    split_methods, workload_from_args)
+    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, check_file_workers,
+    check_output_path, check_predict_args, check_utilisation_args,
+    cluster_from_args, comma_list, describe_cluster_file, explicit_flags,
+    from_cluster_file, given_fields, simulated_steps, split_methods,
+    workload_from_args)
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import holdout
@@ -126,6 +127,7 @@ def _predict(args) -> int:
     measured = cluster_file.read(args.cluster)
     if "--n-workers" not in explicit_flags(args):
       args.n_workers = [measured["cluster"]["n_workers"]]
+      check_file_workers(args.cluster, args.n_workers[0])
     print(describe_cluster_file(args.cluster, measured))
   groups = []
   for n in args.n_workers:
@@ -323,6 +325,7 @@ def _utilisation(args) -> int:
   """The ``utilisation`` command: table, check against the paper, PNG."""
   check_output_path(args.png, "--png")
   check_output_path(args.table, "--table")
+  check_utilisation_args(args)
   setting = utilisation.Setting(
       n_workers=args.n_workers, param_count=args.params,
       step_s=args.step_ms * 1e-3, period=args.H,
@@ -525,6 +528,11 @@ _WORKLOAD_FLAGS = (
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
     ("--devices-per-worker", int, 1, "devices of one worker "
      "(config.devices_per_worker; compute times are the worker's)"),
+    ("--gossip-in-flight", str, None, "share of the step's compute that "
+     "hides the gossip in the compiled program: a fraction, FORWARD,"
+     "BACKWARD fractions, or a JSON file with in_flight_fractions "
+     "(benchmarks/gpu_check.py --deviceless --json); default: the whole "
+     "next forward and backward"),
 )
 
 

@@ -1,0 +1,194 @@
+"""Latency profiles that tell XLA's GPU scheduler the cluster's transfer time.
+
+Part 1 (no compile): the ``ProfiledInstructionsProto`` text, the costs read
+from a hand-written scheduled module, the fingerprint, and the runtime
+model's per-collective times on the paper's A40 cluster, checked against
+the link formulas worked out by hand. Part 2 (marked ``integration``; needs
+``requirements-gpu-compile.txt``): the default gpt_tiny step compiled for
+8 x H200 with the A40 cluster's times. Without the profile XLA starts the
+round's permute in the second half of the backward pass; with it the
+permute of round 2 (the pairs that cross the two nodes: 974 us on 25
+Gbit/s) is in flight during the whole forward and backward pass.
+"""
+
+import os
+import types
+
+import pytest
+
+from decentral_jax import topology as topology_lib
+from decentral_jax.analysis import overlap
+from decentral_jax.runner import deviceless
+from decentral_jax.runtime_model import presets
+
+from conftest import FIXTURES
+
+_PARAM_BYTES = 1_739_264  # one gpt_tiny worker's parameters (float32)
+
+_SYNC = 'backend_config={"collective_backend_config":{"is_sync":true}}'
+_DIAG = 'metadata={op_name="jit(step)/shard_map/diagnostics/psum_invariant"}'
+_HLO = f"""\
+HloModule m, is_scheduled=true, frontend_attributes={{fingerprint_before_lhs="0a1b2c"}}
+
+%add (a: f32[], b: f32[]) -> f32[] {{
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}}
+
+ENTRY %main (x: f32[8]) -> f32[8] {{
+  %x = f32[8]{{0}} parameter(0)
+  %ps = (f32[8]{{0}}, f32[8]{{0}}) collective-permute-start(%x), channel_id=1, source_target_pairs={{{{0,1}},{{1,0}}}}
+  %pd = f32[8]{{0}} collective-permute-done(%ps)
+  %ds = f32[8]{{0}} all-reduce-start(%pd), channel_id=3, replica_groups={{}}, to_apply=%add, {_DIAG}
+  %dd = f32[8]{{0}} all-reduce-done(%ds)
+  %as = f32[8]{{0}} all-reduce-start(%dd), channel_id=2, replica_groups={{}}, to_apply=%add, {_SYNC}
+  ROOT %ad = f32[8]{{0}} all-reduce-done(%as)
+}}
+"""
+
+
+def test_latency_profile_text():
+  got = deviceless.latency_profile({"collective-permute-start": 973.96961,
+                                    "all-reduce-start.2": 5})
+  assert got == ('costs { name: "collective-permute-start" cost_us: 973.970 }'
+                 '\ncosts { name: "all-reduce-start.2" cost_us: 5.000 }\n')
+  assert deviceless.latency_profile({"a": 1.0}, "0a1b") == (
+      'costs { name: "0a1b::a" cost_us: 1.000 }\n')
+  for bad in ({'a"b': 1.0}, {"": 1.0}, {"a\nb": 1.0}, {"a": -1.0},
+              {"a": float("nan")}, {"a": "1"}):
+    with pytest.raises(ValueError):
+      deviceless.latency_profile(bad)
+
+
+def test_collective_costs_price_the_asynchronous_collectives():
+  report = overlap.overlap_report(_HLO)
+  # The synchronous all-reduce %as cannot overlap anything: left out.
+  assert deviceless.collective_costs(report, 7.5) == {"ps": 7.5, "ds": 7.5}
+  seen = []
+
+  def per(c, distinct):
+    seen.append((c.name, distinct))
+    return 2.0 if c.kind == "collective-permute" else 3.0
+
+  assert deviceless.collective_costs(report, per, 2) == {"ps": 2.0,
+                                                         "ds": 3.0}
+  assert seen == [("ps", 2), ("ds", 2)]
+  for bad in (0.0, -1.0, float("inf"), lambda c, d: 0.0):
+    with pytest.raises(ValueError, match="collective_us"):
+      deviceless.collective_costs(report, bad)
+  assert deviceless.fingerprint(_HLO) == "0a1b2c"
+  with pytest.raises(ValueError, match="fingerprint_before_lhs"):
+    deviceless.fingerprint(_HLO.replace("fingerprint_before_lhs", "x"))
+
+
+def _fake_experiment(n=8):
+  # What cluster_collective_us reads of an Experiment.
+  return types.SimpleNamespace(
+      config=types.SimpleNamespace(n_workers=n),
+      topology=topology_lib.make("one_peer_exp", n))
+
+
+def test_cluster_times_on_the_paper_a40_cluster():
+  # A40 preset (runtime_model.paper.PUBLISHED): 4 GPUs per node on PCIe
+  # (5 us, 31.5 GB/s), one 25 Gbit/s NIC per node carrying 7.37 GB/s in
+  # all, 30 us across nodes. one_peer_exp on 8: round 0 pairs 2i, 2i+1
+  # (inside a node: a mean of 2 over PCIe), round 2 pairs i, i+4 (across:
+  # the 4 flows of a node share its NIC).
+  time_us = deviceless.cluster_collective_us(_fake_experiment(),
+                                             presets.cluster("A40", 8))
+  report = overlap.overlap_report(
+      _HLO.replace("f32[8]", f"f32[{_PARAM_BYTES // 4}]"))
+  ps, ds = report.collectives[0], report.collectives[1]
+  assert ps.bytes == ds.bytes == _PARAM_BYTES
+  assert time_us(ps, 0) == pytest.approx(5 + _PARAM_BYTES / 31.5e9 * 1e6)
+  assert time_us(ps, 2) == pytest.approx(30 + _PARAM_BYTES / (7.37e9 / 4)
+                                         * 1e6)
+  # The consensus All-Reduce: a full All-Reduce whatever the round, more
+  # than the intra-node round, as is the collective of an all-rounds
+  # program.
+  assert time_us(ds, 0) == time_us(ds, 2) == time_us(ps, None)
+  assert time_us(ds, 0) > time_us(ps, 0)
+  with pytest.raises(ValueError, match="n_workers=4"):
+    deviceless.cluster_collective_us(_fake_experiment(),
+                                     presets.cluster("A40", 4))
+
+
+# ---------------------------------------------------------------------------
+# Part 2: compiled here (requirements-gpu-compile.txt; pytest -m integration).
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_a40_latency_profile_starts_the_round_across_nodes_at_the_top():
+  from decentral_jax.runner import config as config_lib
+  config = config_lib.load_config(
+      os.path.join(os.path.dirname(FIXTURES), "..", "configs", "gpt_tiny.py"))
+  with pytest.raises(ValueError, match="not both"):
+    deviceless.compile_steps(config, programs=[(2, "none")],
+                             collective_us=1.0, cluster="A40")
+  _, [s] = deviceless.compile_steps(config, target="h200", topology="1x1x8",
+                                    programs=[(2, "none")], cluster="A40")
+  assert s.profile_us == {"collective-permute-start": pytest.approx(
+      30 + _PARAM_BYTES / (7.37e9 / 4) * 1e6)}
+  assert s.profile.startswith(
+      f'costs {{ name: "{deviceless.fingerprint(s.compiled)}::'
+      'collective-permute-start" cost_us: 973.970 }')
+  # Without the profile: nothing of the forward pass in flight.
+  before = s.unprofiled.select(_PARAM_BYTES / 4)
+  assert len(before) == 1 and before[0].forward <= 3, s.unprofiled.summary()
+  assert s.unprofiled.in_flight_fractions()[0] == 0.0
+  # With it: the same one permute, asynchronous, outside conditionals,
+  # with every matmul of the forward and backward pass in flight.
+  [c] = s.report.select(_PARAM_BYTES / 4)
+  assert (c.kind, c.is_async, c.in_conditional) == (
+      "collective-permute", True, False)
+  assert c.forward > before[0].forward and c.backward > before[0].backward
+  assert s.report.in_flight_fractions() == (1.0, 1.0)
+
+
+_SCHEDULE = """\
+hlo_module {
+  name: "jit_step"
+}
+computation_schedules {
+  computation_id: 7
+  instructions {
+    id: 1
+    start_timestamp_cycles: 1
+  }
+  scheduler_statistics {
+    total_cycles: 40
+  }
+  cycles_per_microsecond: 1
+}
+computation_schedules {
+  computation_id: 9
+  scheduler_statistics {
+    all_reduce_wasted_cycles: 600
+    total_wasted_cycles: 600.5
+    total_cycles: 2000.5
+    memory_pressure_peak: 10
+  }
+  cycles_per_microsecond: 2
+}
+"""
+
+
+def test_scheduled_busy_time_from_the_schedule_dump(tmp_path):
+  # The longest computation (id 9): (2000.5 - 600.5) cycles at 2 per us;
+  # computation 7 has no wasted-cycles field and is shorter anyway.
+  (tmp_path / "jit_step.schedule.txt").write_text(_SCHEDULE)
+  (tmp_path / "module_0001.jit_step.ptx").write_text("total_cycles: 9e9")
+  assert deviceless.scheduled_busy_us(str(tmp_path)) == 700.0
+  (tmp_path / "jit_step.schedule.txt").write_text("hlo_module {}\n")
+  with pytest.raises(ValueError, match="no latency-hiding schedule"):
+    deviceless.scheduled_busy_us(str(tmp_path))
+
+
+def test_compute_time_needs_a_transfer_time():
+  exp = _fake_experiment()
+  with pytest.raises(ValueError, match="compute_s rescales"):
+    deviceless.compile_programs(exp, [], compute_s=0.1)
+  with pytest.raises(ValueError, match="compute_s"):
+    deviceless.compile_programs(exp, [], collective_us=5.0, compute_s=0.0)
