@@ -188,6 +188,9 @@ def test_compression_off_builds_the_uncompressed_transforms():
       "--config.faults.enabled=True"), "config.compression.format"),
     ((*DILOCO, "--config.compression.format=int3"),
      "config.compression.format"),
+    ((*DILOCO, "--config.compression.format=int8",
+      f"--config.compression.block={2 * compress.MAX_BLOCK}"),
+     "config.compression.block"),
 ])
 def test_unsupported_combinations_are_refused_in_one_line(extra, field):
   config = _config(*extra)
