@@ -119,12 +119,10 @@ def _decentralized(config, schedule, topology, axis_name):
   """
   comp = compressor(config)
   if comp is not None:
-    return _clipped(config, optax.chain(*_adam(config, schedule),
-                                        choco.choco_gossip(
-                                            topology, comp,
-                                            float(config.compression.
-                                                  consensus_step),
-                                            axis_name)))
+    gamma = float(config.compression.consensus_step)
+    return _clipped(config, optax.chain(
+        *_adam(config, schedule),
+        choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
   return _clipped(config, optim.decentralized_adamw(
