@@ -27,7 +27,7 @@ def _base(**schedule):
       "optimizer": {"name": "adamw", "accum_steps": 1,
                     "beta_convention": "per_window"},
       "sync_every": 1, "gossip_every": 1,
-      "outer_optimizer": {"lr": 0.7}, **schedule})
+      "outer_optimizer": {"lr": 0.7}, "compression": {}, **schedule})
   base.lock()
   return base
 

@@ -105,6 +105,13 @@ ALTERNATES = {
     "outer_overlap": ("eager", {"trickle_reduction": False}),
     "outer_latency": (2, {}),
     "trickle_reduction": (False, {}),
+    # Read only with a format other than "none" (see _READ_WITH).
+    "compression.format": ("int8", {}),
+    "compression.block": (64, {}),
+    "compression.fraction": (0.05, {}),
+    "compression.error_feedback": (True, {}),
+    "compression.error_decay": (0.9, {}),
+    "compression.consensus_step": (0.25, {}),
     "global_batch": (32, {}),
     "grad_clip": (0.5, {}),
     "optimizer.name": ("adamw", {"optimizer.accum_steps": 1}),
@@ -161,6 +168,13 @@ IGNORED = {
     "workers_per_node": _ALL,
     # Placement over a worker's devices: there is one.
     "worker_layout": _ALL,
+    # Nothing is compressed with the default format "none".
+    "compression.format": ("all_reduce", "decentralized_diloco", "sgp"),
+    "compression.block": _ALL,
+    "compression.fraction": _ALL,
+    "compression.error_feedback": _ALL,
+    "compression.error_decay": _ALL,
+    "compression.consensus_step": _ALL,
 }
 
 
@@ -233,7 +247,14 @@ def test_every_algorithm_lists_the_method_fields_it_reads():
 _READ_WITH = {"workers_per_node": {"topology": "alternating_exp_ring"},
               "worker_layout": {"devices_per_worker": 2},
               "outer_latency": {"outer_overlap": "delayed"},
-              "trickle_reduction": {"outer_overlap": "delayed"}}
+              "trickle_reduction": {"outer_overlap": "delayed"},
+              "compression.block": {"compression.format": "int8"},
+              "compression.fraction": {"compression.format": "topk"},
+              "compression.error_feedback": {"compression.format": "int8"},
+              "compression.error_decay": {"compression.format": "int8",
+                                          "compression.error_feedback": True},
+              "compression.consensus_step": {"compression.format": "int8",
+                                             "topology": "exponential"}}
 
 
 def _accepted(config) -> bool:

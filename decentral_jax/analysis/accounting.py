@@ -163,6 +163,15 @@ class Collective:
     return sent
 
 
+def _bytes_by_dtype(shapes) -> dict[str, float]:
+  """``{element type: bytes}`` of HLO operand shapes."""
+  out: dict[str, float] = {}
+  for shape in shapes:
+    for m in hlo.ARRAY.finditer(shape):
+      out[m.group(1)] = out.get(m.group(1), 0.0) + hlo.shape_bytes(m.group(0))
+  return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
   """One possible step: a choice of branch in every conditional.
@@ -248,6 +257,36 @@ class CommunicationReport:
       out.append(float(sent.max()) if sent.size else 0.0)
     return tuple(out)
 
+  def mean_bytes_by_dtype(self) -> dict[str, float]:
+    """:attr:`mean_bytes_per_step` split by the element type sent (bytes).
+
+    Per scenario, the busiest device's bytes (the device of
+    :attr:`Scenario.busiest_bytes`) by the HLO element type of the data it
+    sends (a collective with operands of several types split by their
+    bytes), weighted as in :attr:`mean_bytes_per_step`; the values sum to
+    it. Compressed messages show their parts: e.g. int8 codes (``s8``),
+    4-bit and fp8 codes (``u8``), float32 scales or top-k values
+    (``f32``), top-k indices (``s16``).
+
+    Returns:
+      ``{HLO element type, e.g. "s8": bytes per step}`` (types sent only).
+    """
+    out: dict[str, float] = {}
+    for s in self.scenarios:
+      if not s.sent_bytes.size or not s.busiest_bytes:
+        continue
+      busiest = int(np.argmax(s.sent_bytes))
+      for k, times in s.counts:
+        c = self.collectives[k]
+        sent = times * c.sent_bytes(self.n_devices)[busiest]
+        if not sent:
+          continue
+        parts = _bytes_by_dtype(c.operand_shapes)
+        total = sum(parts.values())
+        for dtype, b in parts.items():
+          out[dtype] = out.get(dtype, 0.0) + s.weight * sent * b / total
+    return out
+
   def ratios(self, param_bytes: float) -> tuple[float, ...]:
     """Bytes per step / ``param_bytes`` for every scenario.
 
@@ -283,6 +322,10 @@ class CommunicationReport:
     mean = self.mean_bytes_per_step
     extra = f" (ratio {mean / param_bytes:.4f})" if param_bytes else ""
     lines.append(f"  mean over a period: {mean:,.0f} B per step{extra}")
+    by_type = self.mean_bytes_by_dtype()
+    if len(by_type) > 1:
+      lines.append("  by element type: " + ", ".join(
+          f"{t} {b:,.0f} B" for t, b in sorted(by_type.items())))
     if self.unknown_trip_count:
       lines.append("  note: a while loop with unknown trip count was counted "
                    "once.")

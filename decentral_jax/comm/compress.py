@@ -485,3 +485,62 @@ def relative_error_bound(compressor: Compressor) -> float:
     raise ValueError(f"format {compressor.format!r} has no relative error "
                      "bound (none is exact; topk drops values).")
   return bounds[compressor.format] * (1 + 1e-6) + math.ulp(1.0)
+
+
+# ---------------------------------------------------------------------------
+# Sparse mean: every worker's payload gathered (SparseLoCo's all-gather).
+# ---------------------------------------------------------------------------
+
+
+def _gather_mean_leaf(x, axis_name, compressor: Compressor):
+  """Mean of one leaf from every worker's gathered payload (float32 sum)."""
+  n = collectives.size(axis_name)
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+  gathered = collectives.all_gather(compressor.encode(x), axis_name)
+  total = jnp.zeros(x.shape, acc)
+  for j in range(n):  # in worker order, as a NumPy reference would
+    total = total + compressor.decode({k: a[j] for k, a in gathered.items()},
+                                      x).astype(acc)
+  return collectives.match_varying((total / n).astype(x.dtype), x)
+
+
+def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
+                           compressor: Compressor) -> PyTree:
+  """The worker mean ``(1/n) sum_j deQ(Q(x_j))`` from gathered payloads.
+
+  Every worker all-gathers every worker's payload (for ``topk`` its
+  indices and values), decodes the ``n`` of them and sums them in float32
+  in worker order, so the mean of what was sent is exact and equal on all
+  workers (no second quantization, unlike :func:`mean_compressed`); this
+  is how SparseLoCo aggregates its sparse pseudo-gradients (Sarfi et al.,
+  arXiv 2508.15706), since a sum of sparse vectors is not sparse. Bytes
+  each worker sends, in the accounting's conventions: ``(n - 1) x
+  payload_bytes(N)`` per leaf of ``N`` values (:func:`gather_payload_bytes`).
+  Must run inside ``jax.shard_map`` over ``axis_name``.
+
+  Args:
+    tree: pytree of floating arrays (this worker's values).
+    axis_name: the worker axis.
+    compressor: the :class:`Compressor`.
+
+  Returns:
+    A pytree of the same structure, shapes and dtypes, equal on every
+    worker.
+
+  Raises:
+    ValueError: a non-floating leaf or a compressor of the wrong type.
+  """
+  check_compressor(compressor)
+  _check_float_leaves(tree, "compressed mean")
+  return jax.tree.map(lambda x: _gather_mean_leaf(x, axis_name, compressor),
+                      tree)
+
+
+def gather_payload_bytes(tree: PyTree, n_workers: int,
+                         compressor: Compressor) -> int:
+  """Hand count: bytes one worker sends in :func:`gather_mean_compressed`."""
+  n = checks.check_int("n_workers", n_workers, minimum=1)
+  return (n - 1) * sum(
+      compressor.payload_bytes(int(np.prod(np.shape(x))),
+                               jnp.dtype(jnp.result_type(x)).itemsize)
+      for x in jax.tree.leaves(tree))

@@ -46,6 +46,7 @@ from jax import lax
 
 from decentral_jax import checks
 from decentral_jax.comm import collectives
+from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.optim import outer_overlap
 from decentral_jax.optim import transform_args
@@ -97,7 +98,9 @@ class LocalSGDState(NamedTuple):
 
 def local_sgd(inner: optax.GradientTransformation, sync_every: int,
               axis_name: gossip.AxisName = "workers", *,
-              comm_dtype=None) -> optax.GradientTransformation:
+              comm_dtype=None, compressor: compress.Compressor | None = None,
+              error_feedback: bool = False, error_decay: float = 1.0
+              ) -> optax.GradientTransformation:
   """Local SGD: inner steps, exact parameter average every ``H`` steps.
 
   Recursion: ``x_i <- x_i + inner(g_i; x_i)``; if ``t % H == 0``,
@@ -118,6 +121,12 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
     axis_name: worker mesh axis (or ``("nodes", "local")``).
     comm_dtype: optional floating dtype of the parameters on the wire
       (None: their own dtype, an exact mean).
+    compressor, error_feedback, error_decay: send compressed differences
+      instead (not with ``comm_dtype``): Local SGD is then run as
+      :func:`diloco` with outer ``optax.sgd(1.0)`` and these arguments
+      (``theta``, the last average, kept in float32, each worker sending
+      ``Q(theta - x_i)``; state :class:`CompressedDiLoCoState`). The
+      identity compressor changes nothing.
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`LocalSGDState`;
@@ -126,13 +135,19 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int,
 
   Raises:
     ValueError: ``inner`` not an optax transform, ``sync_every`` not an
-      integer >= 1, ``comm_dtype`` not None or a floating dtype (at
-      construction); an integer or bool parameter leaf (in ``init`` and
-      ``update``: only floating leaves can be averaged); ``params`` not
-      passed to ``update``.
+      integer >= 1, ``comm_dtype`` not None or a floating dtype, bad
+      compression arguments or a compressor with ``comm_dtype`` (see
+      :func:`check_compression`; at construction); an integer or bool
+      parameter leaf (in ``init`` and ``update``: only floating leaves can
+      be averaged); ``params`` not passed to ``update``.
   """
   period = _check_common(inner, sync_every)
   comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
+  coding = check_compression(compressor, error_feedback, error_decay)
+  if coding is not None:
+    _refuse_with_compression(comm_dtype=comm_dtype)
+    return _compressed_diloco(inner, period, optax.sgd(1.0), coding,
+                              axis_name)
 
   def average(y):
     if comm_dtype is None:
@@ -191,7 +206,9 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            axis_name: gossip.AxisName = "workers",
            bucket_bytes: int | None = None, comm_dtype=None,
            overlap: str = "none", latency: int = 1,
-           trickle: bool | None = None
+           trickle: bool | None = None,
+           compressor: compress.Compressor | None = None,
+           error_feedback: bool = False, error_decay: float = 1.0
            ) -> optax.GradientTransformation:
   r"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
 
@@ -230,6 +247,11 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   replacing ``1/n`` in eager), in ``comm_dtype`` if given; without one,
   ``comm_dtype`` sends them as above (each slice with trickle).
 
+  ``compressor`` (without ``topology``, ``comm_dtype`` and overlap): the
+  pseudo-gradients are sent compressed (:func:`compressed_mean`), with
+  optional error feedback; see :func:`compressed_pseudo_gradient`. The
+  identity compressor (``format="none"``) is plain DiLoCo, bit for bit.
+
   Args:
     inner: worker-local optax transform (AdamW in the paper).
     sync_every: the sync period ``H >= 1`` in inner steps.
@@ -251,10 +273,18 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     trickle: spread the reduction over the next round's inner steps (None:
       yes, unless a time-varying topology picks its round with a
       conditional, where it is refused).
+    compressor: optional :class:`~decentral_jax.comm.compress.Compressor`
+      of the pseudo-gradients (None: uncompressed).
+    error_feedback: keep each worker's compression residual and add it to
+      its next pseudo-gradient (needs a compressor that is not the
+      identity).
+    error_decay: ``beta`` in (0, 1] of the residual (SparseLoCo's 0.95;
+      1: classic error feedback).
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`DiLoCoState`
-    (:class:`OverlapDiLoCoState` with overlap).
+    (:class:`OverlapDiLoCoState` with overlap, :class:`CompressedDiLoCoState`
+    with a compressor other than the identity).
 
   Raises:
     ValueError: ``inner`` or ``outer`` not an optax transform,
@@ -262,14 +292,16 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
       Topology, a bad ``bucket_bytes``, ``comm_dtype`` not None or a
       floating dtype, a bad ``overlap``, ``latency`` or ``trickle`` (see
       :func:`decentral_jax.optim.outer_overlap.check_overlap`; at
-      construction); an integer or bool parameter leaf (in ``init`` and
-      ``update``); ``params`` not passed to ``update``.
+      construction), a compressor with ``topology``, ``comm_dtype`` or
+      overlap, a bad ``compressor``, ``error_feedback`` or ``error_decay``
+      (see :func:`check_compression`); an integer or bool parameter leaf
+      (in ``init`` and ``update``); ``params`` not passed to ``update``.
 
   References:
     Douillard et al., DiLoCo: Distributed Low-Communication Training of
     Language Models, arXiv 2311.08105 (Alg. 1); Kale, Douillard, Donchev,
     Eager Updates for Overlapped Communication and Computation in DiLoCo,
-    arXiv 2502.12996.
+    arXiv 2502.12996; Sarfi et al., SparseLoCo, arXiv 2508.15706.
   """
   period = _check_common(inner, sync_every, outer)
   if topology is not None:
@@ -277,6 +309,11 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
   outer = default_outer_optimizer() if outer is None else outer
+  coding = check_compression(compressor, error_feedback, error_decay)
+  if coding is not None:
+    _refuse_with_compression(topology=topology, comm_dtype=comm_dtype,
+                             overlap=overlap)
+    return _compressed_diloco(inner, period, outer, coding, axis_name)
   overlap, latency, trickle = outer_overlap.check_overlap(
       overlap, latency, trickle,
       one_round=topology is None or len(topology.distinct_rounds) == 1)
@@ -354,6 +391,163 @@ def _overlapped_diloco(inner, outer, engine: outer_overlap.OuterOverlap
         state.in_flight)
     return _delta(x, params), OverlapDiLoCoState(
         count, k, inner_state, theta, outer_state, in_flight)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+# --------------------------------------------------------------------------
+# Compressed pseudo-gradients (DiLoCo, Local SGD, Streaming DiLoCo).
+# --------------------------------------------------------------------------
+
+
+class Coding(NamedTuple):
+  """How pseudo-gradients are sent: see :func:`check_compression`."""
+  compressor: compress.Compressor
+  error_feedback: bool
+  error_decay: float
+
+  def feedback(self, v: PyTree, error: PyTree) -> tuple[PyTree, PyTree]:
+    """``(target, new_error)``: ``target = beta e + v``, the new residual
+    ``target - deQ(Q(target))``; without error feedback ``(v, error)``."""
+    if not self.error_feedback:
+      return v, error
+    target = jax.tree.map(lambda a, e: self.error_decay * e + a, v, error)
+    residual = jax.tree.map(
+        lambda t: t - self.compressor.roundtrip(t), target)
+    return target, residual
+
+  def init_error(self, theta: PyTree) -> PyTree:
+    """Zero residuals like ``theta`` (``()`` without error feedback)."""
+    return optax.tree.zeros_like(theta) if self.error_feedback else ()
+
+
+def check_compression(compressor, error_feedback, error_decay
+                      ) -> Coding | None:
+  """Validates the compression arguments of the local-update methods.
+
+  Returns:
+    None for no compressor or the identity (``format="none"``, the
+    uncompressed method bit for bit: its residual would stay exactly zero),
+    else the :class:`Coding`.
+
+  Raises:
+    ValueError: ``compressor`` not None or a
+      :class:`~decentral_jax.comm.compress.Compressor`, ``error_feedback``
+      not a bool, or True without a compressor, ``error_decay`` outside
+      (0, 1].
+  """
+  if not isinstance(error_feedback, (bool, np.bool_)):
+    raise ValueError(f"error_feedback must be True or False, got "
+                     f"{error_feedback!r}.")
+  decay = checks.check_float("error_decay", error_decay, minimum=0.0,
+                             maximum=1.0, open_min=True)
+  if compressor is None:
+    if error_feedback:
+      raise ValueError("error_feedback=True needs a compressor (the residual "
+                       "of what? pass compressor=Compressor('int8'), ...).")
+    return None
+  compress.check_compressor(compressor)
+  if compressor.is_identity:
+    return None
+  return Coding(compressor, bool(error_feedback), decay)
+
+
+def _refuse_with_compression(**settings) -> None:
+  """Raises if a setting that has no compressed form is not at its default."""
+  defaults = {"topology": None, "comm_dtype": None, "overlap": "none",
+              "overlap_steps": 0}
+  for name, value in settings.items():
+    default = defaults[name]
+    if (value is not None) if default is None else value != default:
+      raise ValueError(
+          f"{name}={value!r} has no compressed form: a compressor sends the "
+          f"pseudo-gradients of the exact mean; leave {name} at its default "
+          f"({defaults[name]!r}) or pass compressor=None.")
+
+
+def compressed_mean(leaves: Sequence[jax.Array],
+                    compressor: compress.Compressor,
+                    axis_name) -> list[jax.Array]:
+  """The worker mean of ``leaves`` sent with ``compressor``.
+
+  ``topk``: every worker's indices and values are all-gathered and the
+  decoded sparse vectors summed in float32 (SparseLoCo's aggregation,
+  :func:`decentral_jax.comm.compress.gather_mean_compressed`, ``(n - 1) x
+  payload`` bytes per worker). Scaled formats: a reduce-scatter of the
+  codes, float32 sums, an all-gather of the re-quantized mean
+  (:func:`decentral_jax.comm.compress.mean_compressed`, ``2 (n - 1) / n x
+  payload``). Equal on every worker.
+  """
+  mean = (compress.gather_mean_compressed if compressor.format == "topk"
+          else compress.mean_compressed)
+  return mean(list(leaves), axis_name, compressor=compressor)
+
+
+def compressed_pseudo_gradient(coding: Coding, v: PyTree, error: PyTree,
+                               axis_name) -> tuple[PyTree, PyTree]:
+  r"""``(Delta, new_error)`` of this worker's pseudo-gradient ``v``.
+
+  .. math::
+    u_i = \beta e_i + v_i, \quad
+    \Delta = \mathrm{mean}_j\, \mathrm{deQ}(Q(u_j)), \quad
+    e_i \leftarrow u_i - \mathrm{deQ}(Q(u_i))
+
+  (``u_i = v_i`` and no residual without error feedback; ``beta`` =
+  ``coding.error_decay``; the mean by :func:`compressed_mean`, which for
+  the scaled formats re-quantizes the mean once more). With ``beta = 1``
+  the sum of what a worker sent over its syncs differs from the sum of its
+  pseudo-gradients by exactly its residual (Karimireddy et al. 2019); with
+  ``beta < 1`` and top-k it is SparseLoCo's error-feedback accumulator
+  (Sarfi et al., arXiv 2508.15706, Alg. 1).
+  """
+  target, error = coding.feedback(v, error)
+  leaves, treedef = jax.tree.flatten(target)
+  return treedef.unflatten(
+      compressed_mean(leaves, coding.compressor, axis_name)), error
+
+
+class CompressedDiLoCoState(NamedTuple):
+  """State of :func:`diloco` with a compressor (``theta`` equal on all
+  workers; ``error`` per worker)."""
+  count: jax.Array  # int32 []: inner steps taken t.
+  outer_count: jax.Array  # int32 []: outer steps taken k.
+  inner_state: optax.OptState
+  theta: optax.Params  # float32 (float64) like params.
+  outer_state: optax.OptState
+  error: PyTree  # residuals e_i like theta, or () without error feedback.
+
+
+def _compressed_diloco(inner, period: int, outer, coding: Coding, axis_name
+                       ) -> optax.GradientTransformation:
+  """:func:`diloco` sending ``Q(theta - x_i)`` (see
+  :func:`compressed_pseudo_gradient`)."""
+
+  def init_fn(params):
+    gossip.check_float_leaves(params, "diloco")
+    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
+    zero = jnp.zeros([], jnp.int32)
+    return CompressedDiLoCoState(zero, zero, inner.init(params), theta,
+                                 outer.init(theta), coding.init_error(theta))
+
+  def sync(operand):
+    x, theta, outer_state, k, error = operand
+    v = jax.tree.map(lambda t, a: t - a.astype(t.dtype), theta, x)
+    pseudo_grad, error = compressed_pseudo_gradient(coding, v, error,
+                                                    axis_name)
+    step, outer_state = outer.update(pseudo_grad, outer_state, theta)
+    theta = optax.apply_updates(theta, step)
+    x = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)
+    return x, theta, outer_state, optax.safe_increment(k), error
+
+  def update_fn(updates, state, params=None):
+    x, inner_state = _inner_step(inner, updates, state.inner_state, params,
+                                 "diloco")
+    count = optax.safe_increment(state.count)
+    x, theta, outer_state, k, error = gossip.every(
+        period, count % period == 0, sync, lambda o: o,
+        (x, state.theta, state.outer_state, state.outer_count, state.error))
+    return _delta(x, params), CompressedDiLoCoState(
+        count, k, inner_state, theta, outer_state, error)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
@@ -440,7 +634,9 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
                      comm_dtype=None,
                      axis_name: str = "workers",
                      overlap: str = "none", latency: int = 1,
-                     trickle: bool | None = None
+                     trickle: bool | None = None,
+                     compressor: compress.Compressor | None = None,
+                     error_feedback: bool = False, error_decay: float = 1.0
                      ) -> optax.GradientTransformation:
   r"""Streaming DiLoCo: fragments synchronised in turn, overlapped, merged.
 
@@ -468,6 +664,14 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   step reduces one ``1/H`` slice of every fragment's pending
   pseudo-gradients (see :mod:`decentral_jax.optim.outer_overlap`).
 
+  ``compressor`` (not with ``comm_dtype`` or overlap): the state holds the
+  pseudo-gradient ``theta_p - x_{i,p}`` (plus ``beta`` times the residual
+  with error feedback, the residual updated at the send), and the merge
+  averages it with :func:`compressed_mean`, as :func:`diloco` does
+  (:func:`compressed_pseudo_gradient`); state
+  :class:`CompressedStreamingDiLoCoState`. The identity compressor changes
+  nothing.
+
   Args:
     inner: worker-local optax transform.
     sync_every: ``H >= 1``, the sync period of every fragment.
@@ -482,6 +686,8 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     comm_dtype: optional floating dtype of the pseudo-gradients on the wire.
     axis_name: the worker mesh axis (a single name).
     overlap, latency, trickle: as for :func:`diloco`, per fragment.
+    compressor, error_feedback, error_decay: as for :func:`diloco`, per
+      fragment.
 
   Returns:
     An ``optax.GradientTransformation`` with :class:`StreamingDiLoCoState`
@@ -493,7 +699,8 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
       ``merge_alpha`` an array: under ``optax.inject_hyperparams`` it must
       be listed in ``static_args``), ``inner`` or ``outer`` not an optax
       transform, ``comm_dtype`` not None or floating, ``overlap_steps > 0``
-      with overlap; in ``init`` and ``update``, a fragment assignment that
+      with overlap, bad compression arguments or a compressor with
+      ``comm_dtype`` or overlap (see :func:`check_compression`); in ``init`` and ``update``, a fragment assignment that
       misses a fragment or a leaf, an integer or bool parameter leaf,
       ``params`` not passed.
 
@@ -505,6 +712,9 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   p_count, tau, alpha = _check_streaming(period, num_fragments, overlap_steps,
                                          merge_alpha)
   checks.check_float_dtype("comm_dtype", comm_dtype)
+  coding = check_compression(compressor, error_feedback, error_decay)
+  if coding is not None:
+    _refuse_with_compression(comm_dtype=comm_dtype, overlap=overlap)
   outer = default_outer_optimizer() if outer is None else outer
   offsets = [(p * period // p_count) % period for p in range(p_count)]
 
@@ -535,16 +745,22 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
         outer.init([x for x, i in zip(flat, ids) if i == p])
         for p in range(p_count))
     snapshot = optax.tree.zeros_like(theta)
+    if coding is not None:
+      return CompressedStreamingDiLoCoState(
+          jnp.zeros([], jnp.int32), inner.init(params), theta, outer_states,
+          snapshot, coding.init_error(theta))
     return StreamingDiLoCoState(jnp.zeros([], jnp.int32), inner.init(params),
                                 theta, outer_states, snapshot)
 
   def pseudo_gradient(ts, ss):
+    if coding is not None:  # ss holds beta e + theta - x, sent compressed
+      return compressed_mean(ss, coding.compressor, axis_name)
     if comm_dtype is None:  # ss holds parameters: theta - mean(x)
       return [t - m for t, m in zip(ts, gossip.mean(ss, axis_name))]
     return _mean_low_precision(ss, comm_dtype, axis_name)
 
   fragment = _FragmentSync(period, tau, alpha, comm_dtype, outer,
-                           pseudo_gradient)
+                           pseudo_gradient, coding)
 
   def update_fn(updates, state, params=None):
     x, inner_state = _inner_step(inner, updates, state.inner_state, params,
@@ -554,17 +770,26 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     x_flat, treedef = jax.tree.flatten(x)
     theta = jax.tree.leaves(state.theta)
     snap = jax.tree.leaves(state.snapshot)
+    feedback = coding is not None and coding.error_feedback
+    err = jax.tree.leaves(state.error) if feedback else None
     outer_states = list(state.outer_states)
     for p in range(p_count):
       idx = [j for j, i in enumerate(ids) if i == p]
-      xs, ts, ss, outer_states[p] = fragment.step(
+      xs, ts, ss, outer_states[p], es = fragment.step(
           count, offsets[p], [x_flat[j] for j in idx], [theta[j] for j in idx],
-          [snap[j] for j in idx], outer_states[p])
+          [snap[j] for j in idx], outer_states[p],
+          [err[j] for j in idx] if feedback else ())
       for j, a, t, s in zip(idx, xs, ts, ss):
         x_flat[j], theta[j], snap[j] = a, t, s
-    new_state = StreamingDiLoCoState(
-        count, inner_state, jax.tree.unflatten(treedef, theta),
-        tuple(outer_states), jax.tree.unflatten(treedef, snap))
+      for j, e in zip(idx, es):
+        err[j] = e
+    fields = (count, inner_state, jax.tree.unflatten(treedef, theta),
+              tuple(outer_states), jax.tree.unflatten(treedef, snap))
+    if coding is None:
+      new_state = StreamingDiLoCoState(*fields)
+    else:
+      new_state = CompressedStreamingDiLoCoState(
+          *fields, jax.tree.unflatten(treedef, err) if feedback else ())
     return _delta(jax.tree.unflatten(treedef, x_flat), params), new_state
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -594,20 +819,26 @@ class _FragmentSync(NamedTuple):
   comm_dtype: Any
   outer: optax.GradientTransformation
   pseudo_gradient: Any  # (theta leaves, sent leaves) -> Delta leaves
+  coding: Any = None  # Coding of a compressed send, or None
 
-  def step(self, count, offset, xs, ts, ss, o_state):
+  def step(self, count, offset, xs, ts, ss, o_state, es=()):
     """One inner step's send (at ``t % H == o_p``) and merge (``tau`` later).
 
-    Returns the fragment's ``(x, theta, snapshot, outer state)`` leaves.
+    Returns the fragment's ``(x, theta, snapshot, outer state, residuals)``
+    leaves (residuals ``es``: error feedback's, updated at the send).
     """
     period, tau, alpha = self.period, self.tau, self.alpha
     sent = (count % period == offset) & (count >= max(offset, 1))
     merged = (count % period == (offset + tau) % period) & (
         count >= max(offset, 1) + tau)
-    if self.comm_dtype is None:
+    if self.comm_dtype is None and self.coding is None:
       kept = [a.astype(t.dtype) for t, a in zip(ts, xs)]
     else:
       kept = [t - a.astype(t.dtype) for t, a in zip(ts, xs)]
+    if self.coding is not None and self.coding.error_feedback:
+      kept, new_es = self.coding.feedback(kept, es)
+      es = lax.cond(sent, lambda new, old: new, lambda new, old: old,
+                    new_es, es)
     # Send: keep what this worker sends (no communication yet).
     ss = lax.cond(sent, lambda new, old: new, lambda new, old: old, kept, ss)
 
@@ -620,8 +851,21 @@ class _FragmentSync(NamedTuple):
             for a, t in zip(xs, ts)]
       return xs, ts, ss, o_state
 
-    return gossip.every(period, merged, merge, lambda o: o,
-                        (xs, ts, ss, o_state))
+    return (*gossip.every(period, merged, merge, lambda o: o,
+                          (xs, ts, ss, o_state)), es)
+
+
+class CompressedStreamingDiLoCoState(NamedTuple):
+  """State of :func:`streaming_diloco` with a compressor: the fields of
+  :class:`StreamingDiLoCoState` (``snapshot`` holding what is sent,
+  ``beta e + theta - x``), then the residuals (``()`` without error
+  feedback)."""
+  count: jax.Array  # int32 []: inner steps taken t.
+  inner_state: optax.OptState
+  theta: optax.Params
+  outer_states: tuple
+  snapshot: optax.Params
+  error: PyTree  # e_i like theta, or ()
 
 
 class OverlapStreamingDiLoCoState(NamedTuple):
@@ -725,6 +969,8 @@ def global_params(opt_state: optax.OptState) -> PyTree | None:
   eager overlap, this worker's ``theta_i``: the model is their mean).
   """
   found = optim.find_states(opt_state, (DiLoCoState, OverlapDiLoCoState,
+                                        CompressedDiLoCoState,
                                         StreamingDiLoCoState,
+                                        CompressedStreamingDiLoCoState,
                                         OverlapStreamingDiLoCoState))
   return found[0].theta if found else None

@@ -16,7 +16,9 @@ import jax.numpy as jnp
 import optax
 from ml_collections import config_dict
 
+from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
+from decentral_jax.optim import choco
 from decentral_jax.optim import elastic
 from decentral_jax.optim import local_updates
 from decentral_jax.optim import transforms as optim
@@ -85,13 +87,42 @@ def _clipped(config, tx: optax.GradientTransformation):
   return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
 
 
+def compressor(config) -> compress.Compressor | None:
+  """``config.compression`` as a Compressor, or None for ``"none"``."""
+  c = config.compression
+  if c.format == "none":
+    return None
+  if c.format == "topk":
+    return compress.Compressor("topk", block=int(c.block),
+                               fraction=float(c.fraction))
+  return compress.Compressor(str(c.format), block=int(c.block))
+
+
+def _coding(config) -> dict:
+  """Compression arguments of a local-update transform ({} if off)."""
+  comp = compressor(config)
+  if comp is None:
+    return {}
+  c = config.compression
+  return {"compressor": comp, "error_feedback": bool(c.error_feedback),
+          "error_decay": float(c.error_decay)}
+
+
 def _decentralized(config, schedule, topology, axis_name):
   """``chain(clip_by_global_norm(c), decentralized_adamw)``.
 
   Each worker clips its own gradient, then DAdam (``adamw``) or AccumAdamW
   (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
-  every ``config.gossip_every`` steps.
+  every ``config.gossip_every`` steps. With ``config.compression``:
+  ``chain(clip, AdamW or AccumAdamW, choco_gossip)``, the local step
+  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`).
   """
+  comp = compressor(config)
+  if comp is not None:
+    gamma = float(config.compression.consensus_step)
+    return _clipped(config, optax.chain(
+        *_adam(config, schedule),
+        choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
   return _clipped(config, optim.decentralized_adamw(
@@ -155,7 +186,8 @@ def _local_sgd(config, schedule, topology, axis_name):
                                      axis_name=axis_name, **_faults(config))
   return local_updates.local_sgd(_inner(config, schedule),
                                  int(config.sync_every), axis_name,
-                                 comm_dtype=COMM_DTYPES[config.comm_dtype])
+                                 comm_dtype=COMM_DTYPES[config.comm_dtype],
+                                 **_coding(config))
 
 
 def _diloco(config, schedule, topology, axis_name):
@@ -172,7 +204,7 @@ def _diloco(config, schedule, topology, axis_name):
                               topology=topology, axis_name=axis_name,
                               bucket_bytes=int(config.bucket_bytes),
                               comm_dtype=COMM_DTYPES[config.comm_dtype],
-                              **_overlap_args(config))
+                              **_overlap_args(config), **_coding(config))
 
 
 def _overlap_args(config) -> dict:
@@ -194,7 +226,7 @@ def _streaming_diloco(config, schedule, topology, axis_name):
       overlap_steps=int(config.overlap_steps),
       merge_alpha=float(config.merge_alpha), outer=_outer(config),
       comm_dtype=COMM_DTYPES[config.comm_dtype], axis_name=axis_name,
-      **_overlap_args(config))
+      **_overlap_args(config), **_coding(config))
 
 
 def _sgp(config, schedule, topology, axis_name):
@@ -223,7 +255,17 @@ METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
                  "outer_optimizer.name", "outer_optimizer.lr",
                  "outer_optimizer.momentum", "outer_optimizer.nesterov",
                  "num_fragments", "overlap_steps", "merge_alpha",
-                 "outer_overlap", "outer_latency", "trickle_reduction")
+                 "outer_overlap", "outer_latency", "trickle_reduction",
+                 "compression.format", "compression.block",
+                 "compression.fraction", "compression.error_feedback",
+                 "compression.error_decay", "compression.consensus_step")
+# config.compression: CHOCO-gossip (decentralized) or compressed
+# pseudo-gradients (local_sgd, diloco, streaming_diloco).
+_FORMAT_FIELDS = ("compression.format", "compression.block",
+                  "compression.fraction")
+_CHOCO_FIELDS = (*_FORMAT_FIELDS, "compression.consensus_step")
+_PSEUDO_FIELDS = (*_FORMAT_FIELDS, "compression.error_feedback",
+                  "compression.error_decay")
 _GOSSIP_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds")
 _OUTER_FIELDS = ("sync_every", "outer_optimizer.name", "outer_optimizer.lr",
                  "outer_optimizer.momentum", "outer_optimizer.nesterov")
@@ -265,15 +307,17 @@ ALGORITHMS: dict[str, Algorithm] = {
     "decentralized": Algorithm(
         _decentralized, uses_topology=True,
         runtime_spec="{optimizer}:topology={topology}",
-        fields=(*_GOSSIP_FIELDS, "global_avg_interval", "gossip_every")),
+        fields=(*_GOSSIP_FIELDS, "global_avg_interval", "gossip_every",
+                *_CHOCO_FIELDS)),
     "local_sgd": Algorithm(
         _local_sgd, uses_topology=False,
         runtime_spec="local_sgd:H={sync_every}",
-        fields=("sync_every", "comm_dtype", "global_avg_interval")),
+        fields=("sync_every", "comm_dtype", "global_avg_interval",
+                *_PSEUDO_FIELDS)),
     "diloco": Algorithm(_diloco, uses_topology=False, eval_params=_theta,
                         runtime_spec="diloco:H={sync_every}",
                         fields=(*_OUTER_FIELDS, "comm_dtype",
-                                *_OVERLAP_FIELDS)),
+                                *_OVERLAP_FIELDS, *_PSEUDO_FIELDS)),
     "decentralized_diloco": Algorithm(
         _diloco, uses_topology=True, eval_params=_theta,
         runtime_spec="diloco:H={sync_every},topology={topology}",
@@ -284,7 +328,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         runtime_spec=("streaming_diloco:H={sync_every},P={num_fragments},"
                       "tau={overlap_steps}"),
         fields=(*_OUTER_FIELDS, "comm_dtype", "num_fragments",
-                "overlap_steps", "merge_alpha", *_OVERLAP_FIELDS)),
+                "overlap_steps", "merge_alpha", *_OVERLAP_FIELDS,
+                *_PSEUDO_FIELDS)),
     "sgp": Algorithm(_sgp, uses_topology=True, eval_params=_numerators,
                      fields=(*_GOSSIP_FIELDS, "global_avg_interval"),
                      model_params=push_sum.debiased,
@@ -323,7 +368,9 @@ def spec_for_config(config) -> tuple[str, dict]:
       ``algorithm``, ``topology``, ``optimizer.name`` and ``accum_steps``,
       ``gossip_every``, ``sync_every``, ``num_fragments``,
       ``overlap_steps``, ``comm_dtype``, ``bucket_bytes``,
-      ``devices_per_worker`` and ``worker_layout`` are read.
+      ``compression`` (format, block, fraction: the spec's ``compress``,
+      ``block``, ``fraction``), ``devices_per_worker`` and
+      ``worker_layout`` are read.
 
   Returns:
     ``(spec, workload_fields)``: a spec for
@@ -359,6 +406,11 @@ def spec_for_config(config) -> tuple[str, dict]:
   extra = []
   if config.comm_dtype and "comm_dtype" in ALGORITHMS[algo].fields:
     extra.append(f"comm_dtype={config.comm_dtype}")
+  comp = config.compression
+  if comp.format != "none" and "compression.format" in ALGORITHMS[algo].fields:
+    extra += [f"compress={comp.format}", f"block={int(comp.block)}"]
+    if comp.format == "topk":
+      extra.append(f"fraction={float(comp.fraction):g}")
   if int(config.bucket_bytes) > 0 and algo in ("decentralized", "sgp",
                                                "all_reduce"):
     extra.append(f"bucket_MiB={int(config.bucket_bytes) / 2**20:g}")

@@ -190,6 +190,31 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.outer_latency = 1
   c.trickle_reduction = True
 
+  # --- Compressed communication (docs/running.md, "Compressed
+  # communication"; decentral_jax.comm.compress) -------------------------
+  c.compression = config_dict.ConfigDict()
+  # What is sent: "none" (uncompressed: the methods as without this group,
+  # bit for bit), "int8", "fp8" (e4m3), "int4", "fp4" (e2m1; two values per
+  # byte) with one float32 scale per block, or "topk" (the largest
+  # magnitudes of each chunk, float32 values + int16 indices).
+  # decentralized: CHOCO-gossip of the parameters (static topologies,
+  # gossip_every 1); local_sgd, diloco, streaming_diloco: the
+  # pseudo-gradients' all-reduce (topk: an all-gather of indices and
+  # values, as SparseLoCo).
+  c.compression.format = "none"
+  # Values per float32 scale, or per top-k chunk (>= 2; even for 4-bit).
+  c.compression.block = 256
+  # topk: share of each chunk sent, in (0, 1].
+  c.compression.fraction = 0.01
+  # local_sgd, diloco, streaming_diloco: keep each worker's compression
+  # residual e and send Q(error_decay * e + pseudo-gradient); error_decay in
+  # (0, 1] (SparseLoCo: 0.95 with top-k and an outer SGD without momentum).
+  c.compression.error_feedback = False
+  c.compression.error_decay = 1.0
+  # decentralized (CHOCO): consensus step gamma in (0, 1]; smaller for
+  # coarser formats.
+  c.compression.consensus_step = 0.5
+
   # --- Slow and failing workers (docs/faults.md, "Slow and failing
   # workers"); local_sgd and diloco only ----------------------------------
   c.faults = config_dict.ConfigDict()

@@ -20,6 +20,7 @@ import math
 import numpy as np
 from ml_collections import config_dict
 
+from decentral_jax.comm import compress
 from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
 from decentral_jax.optim import outer_overlap
@@ -171,6 +172,16 @@ _RULES = {
     "outer_overlap": _one_of(outer_overlap.OVERLAPS),
     "outer_latency": _integer(1, note=" (rounds)"),
     "trickle_reduction": _boolean,
+    "compression.format": _one_of(compress.FORMATS),
+    "compression.block": _integer(2, compress.MAX_BLOCK,
+                                  note=" (values per scale or chunk)"),
+    "compression.fraction": _real(0.0, 1.0, lo_open=True,
+                                  note=" or exactly 1"),
+    "compression.error_feedback": _boolean,
+    "compression.error_decay": _real(0.0, 1.0, lo_open=True,
+                                     note=" or exactly 1"),
+    "compression.consensus_step": _real(0.0, 1.0, lo_open=True,
+                                        note=" or exactly 1"),
     "steps": _integer(1),
     "global_batch": _integer(1),
     "seed": _integer(0, SEED_MAX),
@@ -216,6 +227,9 @@ _MODEL_RULES = {
         "data.source": _one_of(DATA_SOURCES["cnn"]),
     },
 }
+# Real fields in (0, 1] (their rule says [.., 1) "or exactly 1").
+_UP_TO_ONE = ("compression.fraction", "compression.error_decay",
+              "compression.consensus_step")
 _BYTE_SOURCES = ("pydoc", "text_file")
 # Topologies whose rounds depend on config.workers_per_node (node-aware: the
 # others build the same rounds for any number of workers per node).
@@ -263,10 +277,13 @@ def check_config(config: config_dict.ConfigDict) -> None:
   base = base_config(model)
   _check_fields(c, list(base.keys()), "")
   for group in ("optimizer", "outer_optimizer", "schedule", "model", "data",
-                "distributed"):
+                "distributed", "compression"):
     _check_fields(c[group], list(base[group].keys()), group)
   for name, rule in {**_RULES, **_MODEL_RULES[model]}.items():
-    rule(name, _field(c, name))
+    value = _field(c, name)
+    if name in _UP_TO_ONE and value == 1 and not isinstance(value, bool):
+      continue
+    rule(name, value)
   _check_workers(c)
   o, s = c.optimizer, c.schedule
   if o.name == "adamw" and o.accum_steps != 1:
@@ -293,6 +310,7 @@ def check_config(config: config_dict.ConfigDict) -> None:
   ignored = ignored_fields(c)
   if ignored:
     raise ValueError(ignored[0])
+  _check_compression(c)
   _check_faults(c)
   check_distributed(c)
 
@@ -400,6 +418,58 @@ def _check_faults(c: config_dict.ConfigDict) -> None:
         f"config.global_avg_interval={c.global_avg_interval} would average "
         "dead workers' parameters too; with config.faults.enabled set "
         "--config.global_avg_interval=0.")
+
+
+def _check_compression(c: config_dict.ConfigDict) -> None:
+  """config.compression against the method (fields it does not read are
+  refused by :func:`ignored_fields` already)."""
+  z = c.compression
+  if z.format == "none":
+    return
+  fmt = f"config.compression.format={z.format!r}"
+  if z.format in ("int4", "fp4") and z.block % 2:
+    raise ValueError(
+        f"config.compression.block={z.block} must be even with {fmt} (two "
+        f"values per byte); set --config.compression.block={z.block + 1}.")
+  if c.comm_dtype:
+    raise ValueError(
+        f"config.comm_dtype={c.comm_dtype!r} and {fmt} both set what is "
+        "sent; set --config.comm_dtype='' (or --config.compression.format="
+        "none).")
+  if "faults" in c and c.faults.enabled:
+    raise ValueError(
+        f"{fmt} and config.faults.enabled=True: the elastic sync sends "
+        "float32; set --config.compression.format=none or "
+        "--config.faults.enabled=False.")
+  if c.algorithm == "decentralized":
+    _check_choco(c, fmt)
+  elif c.outer_overlap != "none":
+    raise ValueError(
+        f"{fmt} with config.outer_overlap={c.outer_overlap!r}: the "
+        "overlapped outer step has no compressed reduction; set "
+        "--config.outer_overlap=none or --config.compression.format=none.")
+  if c.algorithm == "local_sgd" and c.global_avg_interval:
+    raise ValueError(
+        f"config.global_avg_interval={c.global_avg_interval} with {fmt}: "
+        "compressed Local SGD keeps theta (the last average), which a "
+        "global average would bypass; set --config.global_avg_interval=0.")
+
+
+def _check_choco(c: config_dict.ConfigDict, fmt: str) -> None:
+  """CHOCO-gossip needs a static mixing matrix and gossip every step."""
+  topo = topology_lib.make(c.topology, int(c.n_workers),
+                           int(c.workers_per_node))
+  if topo.period != 1:
+    raise ValueError(
+        f"{fmt} (CHOCO-gossip) needs a static mixing matrix, but config."
+        f"topology={c.topology} changes every round (period {topo.period}); "
+        "set --config.topology= one of exponential, static_ring, torus, "
+        "complete (or --config.compression.format=none).")
+  if c.gossip_every != 1:
+    raise ValueError(
+        f"config.gossip_every={c.gossip_every} with {fmt}: CHOCO-gossip "
+        "mixes every step; set --config.gossip_every=1 (or --config."
+        "compression.format=none).")
 
 
 def _unread_fault_reason(c: config_dict.ConfigDict, key: str) -> str | None:
@@ -521,8 +591,11 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   ``outer_optimizer.name = "adam"``; ``outer_latency`` and
   ``trickle_reduction`` with ``outer_overlap = "none"``;
   ``schedule.final_lr`` unless ``schedule.name = "warmup_cosine"``;
-  ``schedule.warmup_steps`` with ``schedule.name = "constant"``. A group
-  (``"outer_optimizer"``) is not read if none of its fields is.
+  ``schedule.warmup_steps`` with ``schedule.name = "constant"``; the other
+  ``compression`` fields with ``compression.format = "none"``,
+  ``compression.fraction`` unless ``topk``, ``compression.error_decay``
+  without ``error_feedback``. A group (``"outer_optimizer"``) is not read
+  if none of its fields is.
 
   Returns:
     The setting that ignores it, with why (for a message), or None.
@@ -549,6 +622,18 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   if field in ("outer_latency", "trickle_reduction") and \
       c.outer_overlap == "none":
     return "config.outer_overlap='none' (plain DiLoCo waits for its reduction)"
+  z = c.compression
+  if field == "bucket_bytes" and c.algorithm == "decentralized" and \
+      z.format != "none":
+    return (f"config.compression.format={z.format!r} (CHOCO-gossip sends one "
+            "payload per leaf)")
+  if field.startswith("compression.") and field != "compression.format":
+    if z.format == "none":
+      return "config.compression.format='none' (nothing is compressed)"
+    if field == "compression.fraction" and z.format != "topk":
+      return f"config.compression.format={z.format!r} (read by topk only)"
+    if field == "compression.error_decay" and not z.error_feedback:
+      return "config.compression.error_feedback=False (no residual to decay)"
   if field == "worker_layout" and int(c.devices_per_worker) == 1:
     return ("config.devices_per_worker=1 (it places a worker's state on its "
             "devices)")
