@@ -596,6 +596,14 @@ def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
                              "config.optimizer.beta_convention")):
     with pytest.raises(ValueError, match=field):
       exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+  # A compressed run's state (CHOCO's public copies, error-feedback
+  # residuals) is not resumed uncompressed, nor in another format.
+  int8 = dict(meta["compression"], format="int8")
+  with pytest.raises(ValueError, match="config.compression="):
+    exp.check_resumable(dict(meta, compression=int8), "ckpt")
+  # Written before the compression group existed: uncompressed, accepted.
+  exp.check_resumable({k: v for k, v in meta.items() if k != "compression"},
+                      "ckpt")
   # A checkpoint written before the field existed used the paper's betas.
   old = {k: v for k, v in meta.items() if k != "beta_convention"}
   with pytest.raises(ValueError, match="'per_window' but this run has "

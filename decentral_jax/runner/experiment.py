@@ -61,6 +61,7 @@ from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import fault_run
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
@@ -92,13 +93,16 @@ _RESUME_FIELDS = {"n_workers": "n_workers",
                   "trickle_reduction": "trickle_reduction",
                   "outer_optimizer": "outer_optimizer",
                   "comm_dtype": "comm_dtype",
+                  "compression": "compression",
                   "faults": "faults"}
 # The worker layout (processes, devices per worker, workers per device,
 # worker_layout) may change on resume: checkpoint.check_elastic_resume.
 # Values assumed for checkpoints written before these fields existed.
 _RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                     "outer_overlap": "none", "outer_latency": 1,
-                    "trickle_reduction": True}
+                    "trickle_reduction": True,
+                    "compression": json.loads(
+                        config_lib.base_config().compression.to_json())}
 
 
 #: XLA options of the train-step programs on GPUs (``docs/gpu_overlap.md``).
@@ -845,6 +849,8 @@ class Experiment:
         "trickle_reduction": bool(c.trickle_reduction),
         "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
         "comm_dtype": c.comm_dtype,
+        # What is sent and how (format, block, error feedback, CHOCO's step).
+        "compression": json.loads(c.compression.to_json()),
         # How a worker lies on its devices (the restored state's layout).
         "devices_per_worker": self.layout.devices_per_worker,
         "workers_per_device": self.workers_per_device,
