@@ -416,9 +416,11 @@ def main():
         with open(args.out, "a", encoding="utf-8") as f:
           for r in new:
             f.write(json.dumps(r) + "\n")
-        print(table(new).split("\n", 2)[-1], flush=True)
-  print(f"\n{len(rows)} programs in {time.time() - t0:.0f} s\n")
-  print(table(rows))
+        # Progress: each case's rows as it compiles (the header once).
+        print(table(new) if len(rows) == len(new)
+              else table(new).split("\n", 2)[-1], flush=True)
+  print(f"\n{len(rows)} programs in {time.time() - t0:.0f} s; rows "
+        f"appended to {args.out}")
   gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
   if gpt2:
     print("\n" + transfer_table(gpt2))
