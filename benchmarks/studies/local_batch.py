@@ -258,7 +258,7 @@ def main() -> None:
   p.add_argument("--max_extensions", type=int, default=1)
   p.add_argument("--seeds", type=int, nargs="*", default=[1, 2],
                  help="further seeds where the seed-0 gap is below --close")
-  p.add_argument("--close", type=float, default=0.1)
+  p.add_argument("--close", type=float, default=0.15)
   p.add_argument("--methods", default=",".join(r.name for r in METHODS))
   p.add_argument("--out", default=OUT)
   p.add_argument("--report", action="store_true")
