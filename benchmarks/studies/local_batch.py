@@ -22,11 +22,12 @@ workers' parameters.
 Protocol (``decentral_jax.runner.tuning``, as BENCHMARKS.md section 10):
 seed 0 at every peak lr of ``--grid``; while the best is at an end, one
 more factor of 2 past it (at most ``--max_extensions`` times); then, only
-where the seed-0 gap to All-Reduce is below ``--close`` (the differences
-one seed cannot settle), seeds 1 and 2 at the chosen lr for that method
-and for All-Reduce. Result: mean +- 2 sample standard deviations.
-"Within 2 sigma" means the two intervals overlap (the protocol's "not
-distinguished"); the report also gives 2 sigma of the difference.
+where the seed-0 gap to All-Reduce is below ``--close`` (default 0.15,
+the differences one seed cannot settle here), seeds 1 and 2 at the chosen
+lr for that method and for All-Reduce. Result: mean +- 2 sample standard
+deviations. "Within 2 sigma" means the two intervals overlap (the
+protocol's "not distinguished"); the report also gives 2 sigma of the
+difference.
 
 Budgets (``--budget``): ``steps``, every ``b`` for ``--steps`` steps;
 ``tokens``, every ``b`` sees the tokens of ``--token_ref`` sequences per
@@ -38,10 +39,16 @@ process, 1-minute load, UTC date); runs already there are skipped, so an
 interrupted study resumes with the same command. ``--report`` prints the
 tables from ``--out`` alone.
 
-  python benchmarks/studies/local_batch.py --local_batches 8 32
+  python benchmarks/studies/local_batch.py --local_batches 8 32 --seeds
   python benchmarks/studies/local_batch.py            # 8, 16, 32, 64
-  python benchmarks/studies/local_batch.py --budget tokens
+  python benchmarks/studies/local_batch.py --budget tokens --local_batches 8 \
+      --methods all_reduce,dadam --seeds
   python benchmarks/studies/local_batch.py --report
+
+The first line is the grid at seed 0 only (an empty ``--seeds``); the
+second runs the rest of the same-steps study (``BENCHMARKS.md`` section
+13); ``--report`` also writes the summary rows to ``--summary_json``
+(``benchmarks/results/local_batch.json``).
 """
 
 from __future__ import annotations
