@@ -146,13 +146,15 @@ def _predict(args) -> int:
     methods = default_methods(setups[0][1])
   if "all_reduce" not in methods:
     methods.insert(0, "all_reduce")  # the baseline every speedup refers to
+  # Every spec is built before anything is printed: a bad one is one error.
+  built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
   print(workload_line(args, setups, measured))
   print(methods_line(methods, chosen, setups[0][1]))
   if workers_note:
     print(workers_note)
   groups = []
-  for n, c, w in setups:
-    table, made = _price(args, methods, n, c, w)
+  for (n, c, w), made_methods in zip(setups, built):
+    table, made = _price(args, made_methods, c, w)
     _print_table(n, c, w, table, made)
     if not faults.none:
       _print_faults(n, w, table, made, faults, args.on_failure)
@@ -174,9 +176,9 @@ def default_methods(c) -> list[str]:
 
 def methods_line(methods, chosen: bool, c) -> str:
   """One line: the methods ``predict`` compares and why those."""
-  names = ", ".join(label(m) for m in methods)
+  names = ",".join(methods)  # as --methods takes them
   if chosen:
-    return f"methods: {names} (--methods)"
+    return f"methods: {names} (as given by --methods)"
   if c.datacenters > 1:
     return (f"methods: {names} (the default across datacenters: All-Reduce, "
             "gossip and the local-update methods; choose with --methods)")
@@ -276,19 +278,30 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
   return c, w
 
 
-def _price(args, methods, n: int, c, w):
-  """Every ``--methods`` spec priced at ``n`` workers, keyed for the table.
+def _make_methods(args, methods, n: int, c) -> list:
+  """``[(spec, Method, simulated steps)]`` of every spec at ``n`` workers.
+
+  Raises:
+    ValueError: a spec the cluster cannot run, naming it and ``n``.
+  """
+  out = []
+  for spec in methods:
+    try:
+      m = core.make_method(spec, c)
+      out.append((spec, m, simulated_steps(m, args.steps)))
+    except ValueError as e:
+      raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
+  return out
+
+
+def _price(args, made_methods, c, w):
+  """Every method of :func:`_make_methods` priced, keyed for the table.
 
   Returns:
     ``({key: Prediction}, {key: Method})``.
   """
   table, made = {}, {}
-  for spec in methods:
-    try:
-      m = core.make_method(spec, c)
-      steps = simulated_steps(m, args.steps)
-    except ValueError as e:
-      raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
+  for spec, m, steps in made_methods:
     p = recommend.predict(spec, m, c, w, steps=steps,
                           warmup=args.steps // 5, seed=args.seed)
     table[p.key], made[p.key] = p, m
