@@ -146,8 +146,8 @@ def default_workers(name: str, preferred: int = DEFAULT_WORKERS) -> int:
 
   ``preferred`` if the preset holds it; else the smallest count above it
   that the preset holds (a multiple of its GPUs per node times its
-  datacenters: 32 on ``cross_region_4dc``); on a preset with fewer GPUs
-  than ``preferred`` (``h100_node``), all of them.
+  datacenters: 32 on ``cross_region_4dc``); on a one-node preset
+  (``h100_node``, any count up to its GPUs) at most all of its GPUs.
 
   Raises:
     ValueError: unknown name.
@@ -156,8 +156,8 @@ def default_workers(name: str, preferred: int = DEFAULT_WORKERS) -> int:
     raise ValueError(f"unknown cluster preset {name!r}; use one of "
                      f"{', '.join(CLUSTERS)}.")
   preset = CLUSTERS[name]
-  if preset.max_workers is not None and preferred > preset.max_workers:
-    return preset.max_workers
+  if preset.max_workers is not None:  # one node: any count up to its GPUs
+    return min(preferred, preset.max_workers)
   if preset.fields is None:  # Figure 6's clusters: GPUs per node
     step = holdout.HARDWARE[name]["local_size"]
   else:
