@@ -75,7 +75,7 @@ def test_the_header_names_a_named_or_fitted_workload(capsys):
   ms = [1e3 * (fit["a_s"] + fit["b_s"] / n) for n in (16, 32)]
   head = _line(out, "workload:")
   assert f"compute {ms[0]:.1f} ms at n=16, {ms[1]:.1f} ms at n=32" in head
-  assert "--preset A40's own, --workload figure6" in head
+  assert "--preset A40's own workload (--workload figure6)" in head
 
 
 def test_the_header_names_a_measured_workload(tmp_path, capsys):
@@ -195,8 +195,10 @@ def test_predict_without_n_workers_takes_a_count_the_preset_holds(capsys):
       "workers: 32 (--n-workers not given: the smallest count from 16 on "
       "that --preset cross_region_4dc holds")
   rc, out, _ = _run(capsys, "--preset", "h100_node", "--methods",
-                    "all_reduce")
+                    "all_reduce", "--params", "1e8")
   assert rc == 0 and "n=8 workers (1 nodes x 8)" in out
+  assert ("from the workload flags (--params as given, the rest at their "
+          "defaults)") in _line(out, "workload:")
   assert "all GPUs of --preset h100_node" in _line(out, "workers:")
   # Given explicitly, a count the preset does not hold is still refused.
   rc, out, err = _run(capsys, "--preset", "cross_region_4dc",

@@ -229,15 +229,18 @@ def workload_line(args, setups, measured: dict | None) -> str:
   given = sorted(explicit_flags(args) & flags)
   if args.preset in presets.FIGURE6_PRESETS and args.workload in (
       None, presets.FIGURE6):
-    source = (f"--preset {args.preset}'s own, --workload {presets.FIGURE6}"
-              f": {presets.WORKLOAD_WORDS[presets.FIGURE6]}")
+    source = (f"--preset {args.preset}'s own workload (--workload "
+              f"{presets.FIGURE6}), "
+              f"{presets.WORKLOAD_WORDS[presets.FIGURE6]}")
   elif args.workload:
     source = (f"--workload {args.workload}: "
               f"{presets.WORKLOAD_WORDS[args.workload]}")
   elif measured is not None and measured.get("workload") is not None:
     source = f"--cluster {args.cluster}, measured by `measure`"
   elif given:
-    source = "the workload flags, the rest at their defaults"
+    source = (f"the workload flags ({', '.join(given)} as given, the rest "
+              "at their defaults)")
+    given = []
   else:
     source = ("the workload flags' defaults, the size of the paper's "
               "Transformer base")
@@ -247,7 +250,8 @@ def workload_line(args, setups, measured: dict | None) -> str:
   compute = (f"{ms[0]:.1f} ms" if len({round(x, 1) for x in ms}) == 1 else
              ", ".join(f"{x:.1f} ms at n={s[0]}" for x, s in zip(ms, setups)))
   count = w.param_count
-  words = (f"{count / 1e9:.4g}B" if count >= 1e9 else f"{count / 1e6:.4g}M")
+  words = (f"{count / 1e9:.4g}B" if count >= 1e9 else f"{count / 1e6:.4g}M"
+           if count >= 1e6 else f"{count:,.0f}")
   return (f"workload: {words} parameters ({w.grad_dtype} gradients, "
           f"{w.param_dtype} parameters on the wire), compute {compute} per "
           f"step, from {source}. Change it with --workload "
