@@ -45,12 +45,11 @@ from decentral_jax.runtime_model import presets
 
 SIM_STEPS = 300  # predict's default --steps; the first fifth is warm-up
 SIM_SEED = 0
-# --workload value: each Figure 6 cluster's own fitted Transformer-base.
-FIGURE6 = "figure6"
-WORKLOAD_NAMES = (*presets.WORKLOADS, FIGURE6)
-# The presets that come with a fitted workload (Figure 6's clusters).
-FIGURE6_PRESETS = tuple(k for k, v in presets.CLUSTERS.items()
-                        if v.fields is None)
+# --workload values, shared with `predict --workload` (figure6: each Figure 6
+# cluster's own fitted Transformer-base, on the presets FIGURE6_PRESETS).
+FIGURE6 = presets.FIGURE6
+WORKLOAD_NAMES = presets.WORKLOAD_NAMES
+FIGURE6_PRESETS = presets.FIGURE6_PRESETS
 # Largest multiple of config.n_workers tried by priced_workers.
 _MAX_SCALE = 64
 _HOW = ("give comma-separated preset names ({}) or paths of cluster JSON "

@@ -25,7 +25,11 @@ docs/runtime_model.md, "Presets"):
 The Figure 6 presets carry the paper's workload; the others take the
 workload from ``--workload`` or the workload flags. Workloads
 (:data:`WORKLOADS`): ``gpt2_small`` (124M parameters) and ``1b`` (1e9
-parameters at 0.1 s per step, the setting of Kale et al. 2025, Table 5).
+parameters at 0.1 s per step, the setting of Kale et al. 2025, Table 5);
+:data:`WORKLOAD_NAMES` adds ``figure6`` (:data:`FIGURE6`), the paper's
+Transformer base with the compute fitted to a Figure 6 cluster's bars, so
+only on ``T4``, ``A40``, ``A100``. ``predict --workload`` and
+``experiments/compare.py --workload`` take these names.
 
 Units: seconds, bytes, bytes per second.
 """
@@ -116,12 +120,63 @@ WORKLOADS = {
 }
 
 
-def workload(name: str) -> core.Workload:
-  """The :class:`~decentral_jax.runtime_model.workload.Workload` of ``name``.
+# The Figure 6 workload: the paper's Transformer base (65M parameters) with
+# compute a + b/n fitted to one cluster's bars, so it exists only on the
+# presets fitted to Figure 6 (those without hardware fields).
+FIGURE6 = "figure6"
+WORKLOAD_NAMES = (*WORKLOADS, FIGURE6)
+FIGURE6_PRESETS = tuple(k for k, v in CLUSTERS.items() if v.fields is None)
+# Each workload name in words (predict's header, the docs).
+WORKLOAD_WORDS = {
+    "gpt2_small": "GPT-2 small, 124M parameters, 30.9 ms of compute per step "
+                  "(16 x 1024 tokens per GPU at 40% of an H100 SXM5's bf16 "
+                  "peak)",
+    "1b": "1e9 parameters, 100 ms of compute per step (Kale et al. 2025, "
+          "Table 5)",
+    FIGURE6: "the paper's 65M-parameter Transformer base with compute "
+             "a + b/n fitted to a Figure 6 cluster's bars",
+}
+# Workers ``predict --preset`` prices when --n-workers is not given, where
+# the preset holds that many (see default_workers).
+DEFAULT_WORKERS = 16
+
+
+def default_workers(name: str, preferred: int = DEFAULT_WORKERS) -> int:
+  """The worker count ``predict --preset name`` uses without ``--n-workers``.
+
+  ``preferred`` if the preset holds it; else the smallest count above it
+  that the preset holds (a multiple of its GPUs per node times its
+  datacenters: 32 on ``cross_region_4dc``); on a one-node preset
+  (``h100_node``, any count up to its GPUs) at most all of its GPUs.
 
   Raises:
     ValueError: unknown name.
   """
+  if name not in CLUSTERS:
+    raise ValueError(f"unknown cluster preset {name!r}; use one of "
+                     f"{', '.join(CLUSTERS)}.")
+  preset = CLUSTERS[name]
+  if preset.max_workers is not None:  # one node: any count up to its GPUs
+    return min(preferred, preset.max_workers)
+  if preset.fields is None:  # Figure 6's clusters: GPUs per node
+    step = holdout.HARDWARE[name]["local_size"]
+  else:
+    step = preset.fields["local_size"] * preset.fields.get("datacenters", 1)
+  return -(-preferred // step) * step
+
+
+def workload(name: str) -> core.Workload:
+  """The :class:`~decentral_jax.runtime_model.workload.Workload` of ``name``.
+
+  Raises:
+    ValueError: unknown name, or ``figure6`` (fitted per cluster: use
+      :func:`setup` with a Figure 6 preset).
+  """
+  if name == FIGURE6:
+    raise ValueError(f"workload {FIGURE6!r} is fitted to each Figure 6 "
+                     "cluster; use it with the preset "
+                     f"{', '.join(FIGURE6_PRESETS)}, or a workload of its "
+                     f"own: {', '.join(WORKLOADS)}.")
   if name not in WORKLOADS:
     raise ValueError(f"unknown workload preset {name!r}; use one of "
                      f"{', '.join(WORKLOADS)}.")
@@ -148,13 +203,14 @@ def setup(name: str, n: int, workload_name: str | None = None,
   Args:
     name: a key of :data:`CLUSTERS`.
     n: workers (GPUs).
-    workload_name: a key of :data:`WORKLOADS`; None: the Figure 6
-      workload for ``T4``, ``A40``, ``A100``, else ``default``.
+    workload_name: a name of :data:`WORKLOAD_NAMES`; None: the Figure 6
+      workload (``figure6``) for ``T4``, ``A40``, ``A100``, else
+      ``default``.
     default: the workload of presets without one (``predict``'s flags).
 
   Raises:
     ValueError: unknown name, a bad ``n`` (naming the preset's constraint),
-      or no workload.
+      ``figure6`` on a preset not fitted to Figure 6, or no workload.
   """
   if name not in CLUSTERS:
     raise ValueError(f"unknown cluster preset {name!r}; use one of "
@@ -168,7 +224,11 @@ def setup(name: str, n: int, workload_name: str | None = None,
     w = holdout.workload(n, fit["a_s"], fit["b_s"], fit["compute_cv"])
   else:
     c, w = _hardware(preset, n), default
-  if workload_name is not None:
+  if workload_name == FIGURE6 and name not in FIGURE6_PRESETS:
+    raise ValueError(f"workload {FIGURE6!r} is fitted to Figure 6's "
+                     f"clusters only ({', '.join(FIGURE6_PRESETS)}), not "
+                     f"{name!r}; use {' or '.join(WORKLOADS)}.")
+  if workload_name not in (None, FIGURE6):
     w = workload(workload_name)
   if w is None:
     raise ValueError(f"preset {name!r} has no workload; give --workload "

@@ -436,4 +436,39 @@ def describe_cluster_file(path: str, data: dict) -> str:
                  f" MB on {c['n_workers']} workers: "
                  f"{1e3 * meas['all_reduce_s']:.3g} ms (model: "
                  f"{1e3 * model:.3g} ms)")
+    lines.append(all_reduce_check(meas["all_reduce_s"], model,
+                                  meta.get("backend")))
   return "\n".join(lines)
+
+
+# Ratio of the model's All-Reduce to the measured one beyond which (either
+# way) describe_cluster_file says the fitted links do not describe it.
+CHECK_RATIO = 2.0
+
+
+def all_reduce_check(measured_s: float, model_s: float,
+                     backend: str | None) -> str:
+  """One line: what the model's All-Reduce beside the measured one is, and
+  what their gap means.
+
+  The model's number is the alpha-beta All-Reduce (``core.all_reduce_cost``)
+  of the same bytes on the links fitted from the file's pair exchanges
+  (``cluster_file.fit_links``), not a preset's. Within a factor
+  :data:`CHECK_RATIO` either way the fitted links describe the collective;
+  beyond it predictions from the file are off by about as much, which on
+  ``backend == "cpu"`` (simulated devices in one process, whose exchanges
+  are memory copies) is expected.
+  """
+  ratio = model_s / max(measured_s, 1e-300)
+  head = (f"  model: the model's All-Reduce of that size on the links "
+          f"fitted from this file's pair exchanges, {ratio:.2g}x the "
+          "measured; ")
+  if 1 / CHECK_RATIO <= ratio <= CHECK_RATIO:
+    return head + (f"within {CHECK_RATIO:g}x, so the fitted links describe "
+                   "this collective")
+  return head + (f"beyond {CHECK_RATIO:g}x the pair exchanges do not predict "
+                 "this collective, so predictions from this file may be off "
+                 "by as much" + (
+                     " (expected here: simulated CPU devices exchange by "
+                     "memory copies in one process, not over network links)"
+                     if backend == "cpu" else ""))
