@@ -26,20 +26,30 @@ Where it is sent:
   ``g`` workers as ``g - 1`` terms), each carrying the payload of the
   ``N``-value difference ``x - x_hat``; the round's result is needed before
   the next step, so the gossip is not overlapped with compute;
-* **all-reduce of pseudo-gradients** (:func:`decentral_jax.comm.compress.
-  mean_compressed`): each value padded to a multiple of ``n B``, a
-  reduce-scatter of the codes (all-to-all of shards, float32 sums) and an
-  all-gather of the re-quantized mean, ``2 (n-1)/n x payload`` per worker,
-  priced as an all-reduce of the payload.
+* **local-update syncs, scaled formats** (``int8``, ``fp8``, ``int4``,
+  ``fp4``; :func:`decentral_jax.comm.compress.mean_compressed`): each value
+  padded to a multiple of ``n B``, a reduce-scatter of the codes
+  (all-to-all of shards, float32 sums) and an all-gather of the
+  re-quantized mean, ``2 (n-1)/n x payload`` per worker, priced as an
+  all-reduce of the payload;
+* **local-update syncs, top-k** (:func:`decentral_jax.comm.compress.
+  gather_mean_compressed`, SparseLoCo's aggregation): every worker's
+  indices and values all-gathered (a sum of sparse vectors is not sparse,
+  so there is nothing to reduce-scatter) and the ``n`` decoded vectors
+  summed in float32; the payload of the ``N`` values padded to a multiple
+  of ``B`` only, ``(n-1) x payload`` per worker, priced as an all-gather
+  (:func:`decentral_jax.runtime_model.costs.all_gather_cost`).
 
 Codec time: quantizing or dequantizing is device work, serial with the
 compute. It is priced from :attr:`~decentral_jax.runtime_model.costs.Cluster.
 codec_Bps`, the float32 bytes one device quantizes or dequantizes per second
 (default 100 GB/s, an assumption; docs/runtime_model.md): per gossip step
 ``N`` values quantized and ``1 + T`` payloads of ``N`` values dequantized
-(its own and one per term received); per all-reduce ``(1 + 1/n) N``
+(its own and one per term received); per scaled-format sync ``(1 + 1/n) N``
 quantized (its values, then its mean shard) and ``2 N`` dequantized (the
-``n`` contributions to its shard, then the gathered shards).
+``n`` contributions to its shard, then the gathered shards); per top-k
+sync ``N`` encoded and ``n N`` decoded (each gathered payload scattered
+into ``N`` zeros and added).
 
 Units: bytes, seconds, bytes per second.
 
@@ -48,7 +58,8 @@ References:
   Algorithms with Compressed Communication, ICML 2019 (CHOCO). Dettmers et
   al., 8-bit Optimizers via Block-wise Quantization, ICLR 2022 (block
   scales). Douillard et al., Streaming DiLoCo with overlapping
-  communication, arXiv 2501.18512 (4-bit pseudo-gradients).
+  communication, arXiv 2501.18512 (4-bit pseudo-gradients). Sarfi et al.,
+  SparseLoCo, arXiv 2508.15706 (all-gathered top-k pseudo-gradients).
 """
 
 from __future__ import annotations
@@ -58,6 +69,9 @@ import numbers
 
 FORMATS = ("int8", "fp8", "int4", "fp4", "topk")
 FOUR_BIT = ("int4", "fp4")
+#: Formats whose local-update sync is an all-gather of every worker's
+#: payload (the rest: reduce-scatter of codes, all-gather of the mean).
+GATHERED = ("topk",)
 DEFAULT_BLOCK = 256  # comm.compress.Compressor's default
 DEFAULT_FRACTION = 0.01  # likewise (top-k)
 VALUE_BYTES = 4  # the codec reads / writes float32 values
@@ -132,6 +146,38 @@ def gossip_codec_values(n_values: float, received: float) -> float:
 def all_reduce_codec_values(n_values: float, n_workers: int) -> float:
   """Values a worker quantizes and dequantizes per compressed all-reduce."""
   return n_values * (3.0 + 1.0 / n_workers)
+
+
+def gather_codec_values(n_values: float, n_workers: int) -> float:
+  """Values a worker encodes and decodes per top-k all-gather: ``(1 + n) N``."""
+  return n_values * (1.0 + n_workers)
+
+
+def gathers(fmt: str) -> bool:
+  """Whether a local-update sync in ``fmt`` is an all-gather (:data:`GATHERED`)."""
+  return fmt in GATHERED
+
+
+def sync_payload(fmt: str, n_values: float, n_workers: int,
+                 block: int = DEFAULT_BLOCK,
+                 fraction: float = DEFAULT_FRACTION) -> float:
+  """Payload ``P`` of one worker in a local-update sync of ``n_values`` values.
+
+  Top-k (all-gathered): :func:`payload_bytes` of ``N`` (padded to a
+  multiple of ``B``), each worker sending ``(n-1) P``. Scaled formats
+  (reduce-scatter and all-gather): :func:`all_reduce_payload` (``N``
+  padded to a multiple of ``n B``), ``2 (n-1)/n P`` each.
+  """
+  if gathers(fmt):
+    return payload_bytes(fmt, n_values, block, fraction)
+  return all_reduce_payload(fmt, n_values, n_workers, block, fraction)
+
+
+def sync_codec_values(fmt: str, n_values: float, n_workers: int) -> float:
+  """Values a worker encodes and decodes per local-update sync in ``fmt``."""
+  if gathers(fmt):
+    return gather_codec_values(n_values, n_workers)
+  return all_reduce_codec_values(n_values, n_workers)
 
 
 def codec_seconds(values: float, codec_Bps: float) -> float:

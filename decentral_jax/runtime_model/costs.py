@@ -460,3 +460,31 @@ def all_reduce_cost(c: Cluster) -> RoundCost:
   """
   return group_round_cost(c, [tuple(range(c.n_workers))])
 
+
+
+def all_gather_cost(c: Cluster) -> RoundCost:
+  """Cost of one All-Gather over all ``n`` workers, per byte of ONE worker's part.
+
+  Every worker contributes ``P`` bytes and receives the other ``(n-1) P``.
+  An all-reduce of ``M`` is a reduce-scatter plus an all-gather of its
+  ``M/n`` shards, two halves that move the same bytes on every link, so an
+  all-gather of ``P`` per worker moves what an all-reduce of ``M = nP/2``
+  moves (ring: ``(p-1) P`` through each worker's link; tree: ``(q-1)/q
+  nP`` leaving each node; over ``D`` datacenters ``(D-1)/D nP`` leaving
+  each). It pays half the all-reduce's latencies: ring ``(p-1) a``, tree
+  ``(L'-1) a_intra + (q-1) a_inter``, hierarchical ``(D-1) a_wan`` plus
+  half the in-datacenter stages (a datacenter of two workers: half its
+  pair latency, one in-datacenter latency low). Two workers exchange ``P`` (``a + P/b``),
+  as the pair all-reduce does. Returns seconds ``latency_s + P s_per_byte``
+  per worker (:meth:`RoundCost.time` of ``P``).
+
+  References:
+    Thakur, Rabenseifner, Gropp, IJHPCA 2005 (ring all-gather ``(p-1) a +
+    (p-1)/p nP / b``).
+  """
+  rc = all_reduce_cost(c)
+  n = c.n_workers
+  if n <= 2:  # the pair exchange (or nothing): P each way, one latency
+    return rc
+  return RoundCost(rc.latency_s / 2, rc.s_per_byte * n / 2, rc.members,
+                   rc.crosses)

@@ -33,10 +33,14 @@ with compute (it sits in a ``lax.cond`` after the update):
   round, beside that step's compute; the outer step never waits. Both
   variants send and wait alike, so they cost the same.
 * **Compressed syncs** (``compress=int8|fp8|int4|fp4|topk``, with
-  ``block`` and ``fraction``; DiLoCo and Streaming DiLoCo): the sync is the
-  compressed all-reduce of :mod:`~decentral_jax.runtime_model.compression`
-  (its payload instead of ``M``), and the codec time is device compute,
-  spread over the ``H`` steps of a period.
+  ``block`` and ``fraction``; Local SGD, DiLoCo and Streaming DiLoCo, as
+  :func:`decentral_jax.optim.local_updates.compressed_mean` sends them):
+  the scaled formats as the compressed all-reduce of
+  :mod:`~decentral_jax.runtime_model.compression` (its payload instead of
+  ``M``), top-k as an all-gather of every worker's payload
+  (:func:`~decentral_jax.runtime_model.costs.all_gather_cost`, ``a`` below
+  its time); the codec time is device compute, spread over the ``H`` steps
+  of a period.
 
 Recursions (per worker ``i``, step ``k``, ``t = k + 1`` the count after the
 step; ``x_i^k = (F + B)_i^k + O`` seconds; ``s_i`` the start of the step;
@@ -47,8 +51,9 @@ step; ``x_i^k = (F + B)_i^k + O`` seconds; ``s_i`` the start of the step;
   free) + a``, ``free = e_p`` (one in-order stream; the collective needs
   every worker); if fragment ``q`` is merged at ``t``: ``s_i' = max(pre_i,
   e_q)``, else ``s_i' = pre_i``. ``a`` is the alpha-beta all-reduce time of
-  ``M / P`` bytes (:func:`decentral_jax.runtime_model.costs.all_reduce_cost`,
-  one latency per ``bucket_bytes`` message).
+  ``M / P`` bytes (:func:`decentral_jax.runtime_model.costs.all_reduce_cost`;
+  top-k: the all-gather of :func:`~decentral_jax.runtime_model.costs.
+  all_gather_cost`), one latency per ``bucket_bytes`` message.
 * gossip: at a sync step ``s_i' = max_{j in G_i(r)} pre_j + tau_{r,i}``,
   with round ``r`` = the number of syncs so far modulo the topology's
   period; else ``s_i' = pre_i``.
@@ -114,6 +119,8 @@ from scipy import special
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import RoundCost
+from decentral_jax.runtime_model.costs import all_gather_cost
 from decentral_jax.runtime_model.costs import all_reduce_cost
 from decentral_jax.runtime_model.costs import round_cost
 from decentral_jax.runtime_model.method import Estimate
@@ -132,7 +139,7 @@ REFLECTION = math.sqrt(math.pi) / 2
 # name -> (allowed keys, synchronised message, default topology).
 _COMPRESS_KEYS = ("compress", "block", "fraction")
 _METHODS = {
-    "local_sgd": (("H", "comm_dtype"), "params", None),
+    "local_sgd": (("H", "comm_dtype") + _COMPRESS_KEYS, "params", None),
     "diloco": (("H", "topology", "comm_dtype", "overlap") + _COMPRESS_KEYS,
                "theta", None),
     "streaming_diloco": (("H", "P", "tau", "comm_dtype") + _COMPRESS_KEYS,
@@ -184,7 +191,9 @@ def parse_spec(spec: str, c: Cluster) -> Method:
 
   Names and keys (defaults in brackets; units in steps):
 
-  * ``local_sgd``: ``H`` [10], ``comm_dtype`` [none: param dtype].
+  * ``local_sgd``: ``H`` [10], ``comm_dtype`` [none: param dtype],
+    ``compress``, ``block``, ``fraction`` (as DiLoCo: compressed Local SGD
+    sends the differences to the last average).
   * ``diloco``: ``H`` [10], ``topology`` [none: exact all-reduce; a name
     for :func:`decentral_jax.topology.make` gives decentralized DiLoCo],
     ``comm_dtype`` [none: float32], ``overlap`` [none; ``delayed`` or
@@ -290,15 +299,28 @@ def wire_itemsize(m: Method, w: Workload) -> int:
 def message_bytes(m: Method, w: Workload, n_workers: int = 1) -> float:
   """Bytes of one whole sync message (all fragments) per worker.
 
-  Compressed (``m.compress``): the payload of the parameter count padded
-  as the compressed all-reduce over ``n_workers`` pads it
-  (:func:`~decentral_jax.runtime_model.compression.all_reduce_payload`).
+  Compressed (``m.compress``): the payload one worker contributes
+  (:func:`~decentral_jax.runtime_model.compression.sync_payload`): for the
+  scaled formats that of the parameter count padded as the compressed
+  all-reduce over ``n_workers`` pads it, all-reduced; for top-k that of
+  the parameter count, all-gathered (:func:`sync_cost`).
   """
   if m.compress is not None:
-    return compression.all_reduce_payload(
+    return compression.sync_payload(
         m.compress, w.param_count, n_workers, m.compress_block,
         m.compress_fraction)
   return float(w.param_count) * wire_itemsize(m, w)
+
+
+def sync_cost(m: Method, c: Cluster) -> RoundCost:
+  """The collective of an exact sync, per byte of :func:`message_bytes`.
+
+  An all-gather for a top-k sync (every worker's indices and values), an
+  all-reduce otherwise.
+  """
+  if m.compress is not None and compression.gathers(m.compress):
+    return all_gather_cost(c)
+  return all_reduce_cost(c)
 
 
 def n_messages(w: Workload, nbytes: float, fragments: int = 1) -> int:
@@ -310,11 +332,11 @@ def n_messages(w: Workload, nbytes: float, fragments: int = 1) -> int:
 
 
 def fragment_sync_s(m: Method, c: Cluster, w: Workload) -> float:
-  """Seconds of one fragment's exact all-reduce (``M / P`` bytes)."""
+  """Seconds of one fragment's exact sync (``M / P`` bytes; :func:`sync_cost`)."""
   if m.measured_s is not None:
     return float(m.measured_s[0]) / m.fragments
   nbytes = message_bytes(m, w, c.n_workers) / m.fragments
-  rc = all_reduce_cost(c)
+  rc = sync_cost(m, c)
   return float(rc.time(nbytes, n_messages(w, nbytes, m.fragments))[0])
 
 
@@ -328,7 +350,7 @@ def slice_sync_s(m: Method, c: Cluster, w: Workload) -> float:
   if m.measured_s is not None:
     return float(m.measured_s[0]) / m.period
   nbytes = message_bytes(m, w, c.n_workers) / m.period
-  return float(all_reduce_cost(c).time(nbytes, n_messages(w, nbytes))[0])
+  return float(sync_cost(m, c).time(nbytes, n_messages(w, nbytes))[0])
 
 
 def round_costs(m: Method, c: Cluster, w: Workload):

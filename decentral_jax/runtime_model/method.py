@@ -75,7 +75,9 @@ class Method:
       compression format of what is sent, one of
       :data:`~decentral_jax.runtime_model.compression.FORMATS` (bytes and
       codec time in :mod:`~decentral_jax.runtime_model.compression`); a
-      compressed gossip round is realised with ``ppermute`` terms.
+      compressed gossip round is realised with ``ppermute`` terms; a
+      compressed sync is a reduce-scatter and all-gather of codes (scaled
+      formats) or an all-gather of indices and values (``topk``).
       Excludes ``comm_dtype``. Default None.
     compress_block: values per scale or top-k chunk (``B``). Default 256.
     compress_fraction: top-k: share of each chunk sent. Default 0.01.
@@ -304,20 +306,25 @@ def library_gap(m: Method) -> str | None:
   * Streaming DiLoCo with ``overlap_steps >= 1``: the library all-reduces a
     fragment inside the merge step's conditional, so it runs the
     ``tau = 0`` schedule;
-  * compressed syncs of local-update methods (the compressed mean exists,
-    :func:`decentral_jax.comm.compress.mean_compressed`, but no local-update
-    method sends with it);
+  * compressed syncs of local-update methods with delayed or eager outer
+    updates (the library's overlapped outer step has no compressed
+    reduction); Local SGD, DiLoCo and Streaming DiLoCo with a blocking
+    compressed sync run (:func:`decentral_jax.optim.local_updates.
+    compressed_mean`, the runner's ``compression`` group);
   * compressed gossip other than CHOCO-gossip on a static (period-1), doubly
     stochastic topology without overlap (:func:`decentral_jax.optim.choco.
-    choco_gossip`).
+    choco_gossip`; the runner's ``compression`` group with ``config.
+    algorithm = "decentralized"`` and ``gossip_every = 1``).
   """
   if m.kind == "local":
     if m.overlap_steps > 0:
       return ("Streaming DiLoCo with tau >= 1: the library merges with "
               "tau = 0 semantics (the all-reduce sits in the merge step's "
               "conditional)")
-    if m.compress is not None:
-      return "compressed pseudo-gradients or parameters in a local-update sync"
+    if m.compress is not None and m.outer_overlap != "none":
+      return ("compressed pseudo-gradients with delayed or eager outer "
+              "updates (the overlapped outer step has no compressed "
+              "reduction)")
     return None
   if m.kind == "gossip" and m.compress is not None:
     topo = m.topology

@@ -86,9 +86,10 @@ def codec_s_per_step(method, c: Cluster, w: Workload) -> float:
 
   0 without ``compress`` or with one worker. Gossip: per step the mean over
   the topology's rounds of ``N (2 + T_r)`` values (``T_r`` terms received
-  in round ``r``); local-update methods: ``N (3 + 1/n)`` values per sync,
-  spread over the ``H`` steps of a period; at ``c.codec_Bps`` float32
-  bytes per second (:mod:`~decentral_jax.runtime_model.compression`).
+  in round ``r``); local-update methods: ``N (3 + 1/n)`` values per sync
+  (top-k: ``N (1 + n)``), spread over the ``H`` steps of a period; at
+  ``c.codec_Bps`` float32 bytes per second
+  (:mod:`~decentral_jax.runtime_model.compression`).
   """
   fmt = getattr(method, "compress", None)
   if fmt is None or c.n_workers <= 1:
@@ -99,7 +100,7 @@ def codec_s_per_step(method, c: Cluster, w: Workload) -> float:
     values = compression.gossip_codec_values(n_values,
                                              sum(terms) / len(terms))
     return compression.codec_seconds(values, c.codec_Bps)
-  values = compression.all_reduce_codec_values(n_values, c.n_workers)
+  values = compression.sync_codec_values(fmt, n_values, c.n_workers)
   return compression.codec_seconds(values, c.codec_Bps) / method.period
 
 

@@ -20,7 +20,10 @@ move, with the same algorithms as their costs (message ``M`` bytes):
 
 Compressed methods send the payload of
 :mod:`~decentral_jax.runtime_model.compression` (gossip: every round as
-its ppermute terms).
+its ppermute terms). A top-k sync all-gathers ``P`` bytes per worker,
+counted as the all-reduce of ``M = nP/2`` that moves the same bytes on
+every link (:func:`~decentral_jax.runtime_model.costs.all_gather_cost`):
+``(n-1) P`` per worker on a ring.
 
 All-Reduce moves ``M_g`` (gradients) every step; gossip one round of
 ``M_x`` (in ``comm_dtype`` if set) every step; local-update methods one
@@ -40,6 +43,7 @@ import dataclasses
 
 import numpy as np
 
+from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import spanning
@@ -158,6 +162,8 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
   if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
     nbytes = (w.grad_bytes if m.kind == "all_reduce"
               else local_methods.message_bytes(m, w, c.n_workers))
+    if m.compress is not None and compression.gathers(m.compress):
+      nbytes *= c.n_workers / 2  # all-gather of P: an all-reduce of nP/2
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
     _group_bytes(c, range(c.n_workers), nbytes, worker, node, dc)
     steps = m.period if m.kind == "local" else 1
