@@ -7,14 +7,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import optax
 import pytest
 
 from decentral_jax import topology
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
+from decentral_jax.optim import local_updates
 from decentral_jax.runtime_model.cli import main as cli
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import traffic
@@ -33,18 +36,18 @@ def test_payload_bytes_equal_the_compressors(fmt, block):
           comp.payload_bytes(n)), (fmt, block, fraction, n)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp4", "topk"])
+@pytest.mark.parametrize("fmt", ["int8", "fp4"])
 def test_all_reduce_bytes_equal_the_compressed_mean(fmt):
   # One leaf of N values: the model's 2(n-1)/n x payload(N padded to n B)
-  # against comm.compress's hand count of mean_compressed.
+  # against comm.compress's hand count of mean_compressed (the scaled
+  # formats' sync; top-k is all-gathered, tested below).
   for n_workers in (2, 3, 8):
     for n in (1, 1000, 70_001):
-      comp = compress.Compressor(fmt, 128,
-                                 0.05 if fmt == "topk" else None)
+      comp = compress.Compressor(fmt, 128)
       want = compress.mean_payload_bytes(
           {"x": np.zeros(n, np.float32)}, n_workers, comp)
-      got = 2 * (n_workers - 1) / n_workers * compression.all_reduce_payload(
-          fmt, n, n_workers, 128, 0.05)
+      got = 2 * (n_workers - 1) / n_workers * compression.sync_payload(
+          fmt, n, n_workers, 128)
       assert got == pytest.approx(want, rel=1e-15), (n_workers, n)
 
 
@@ -95,6 +98,136 @@ def test_compressed_diloco_sync_by_hand():
   # Uncompressed: 4 N float32 bytes.
   plain = core.closed_form("diloco:H=10", c, w).iteration_s
   assert plain == pytest.approx(x + (6 * A + 1.5 * 4 * N / B_LINK) / h)
+
+
+def _topk_sent_per_sync(n_values, n_workers, block, fraction):
+  """The library's top-k sync counted from its payload arrays (NumPy sizes).
+
+  ``gather_mean_compressed`` all-gathers the arrays of ``Compressor.encode``
+  (float32 values and int16/int32 indices, one row per chunk); each worker
+  sends them to the ``n - 1`` others.
+  """
+  comp = compress.Compressor("topk", block, fraction)
+  payload = comp.encode(np.zeros(n_values, np.float32))
+  return (n_workers - 1) * sum(np.asarray(a).nbytes for a in payload.values())
+
+
+@pytest.mark.parametrize("n_workers,local_size,datacenters",
+                         [(8, 1, 1), (8, 4, 1), (2, 1, 1), (8, 4, 2)])
+def test_topk_sync_bytes_equal_the_librarys_count(n_workers, local_size,
+                                                  datacenters):
+  # Bytes per worker per sync = (n-1) x (k float32 values + k indices) per
+  # chunk; the runtime model's traffic against the arrays the library
+  # sends and against comm.compress's hand count (checked against the HLO
+  # in tests/test_compressed_sync.py).
+  c = _cluster(n_workers=n_workers, local_size=local_size,
+               datacenters=datacenters,
+               wan_bandwidth_Bps=1e9 if datacenters > 1 else None)
+  for n, block, fraction in ((1000, 64, 0.125), (100_003, 256, 1 / 32),
+                             (70_000, 40_000, 0.001)):
+    w = core.Workload(n, 0.001, 0.002, bucket_bytes=1e15)
+    spec = f"diloco:H=5,compress=topk,block={block},fraction={fraction}"
+    got = 5 * traffic.bytes_per_iteration(spec, c, w).worker_bytes
+    want = _topk_sent_per_sync(n, n_workers, block, fraction)
+    assert got == pytest.approx(want, rel=1e-12), (n, block)
+    assert want == compress.gather_payload_bytes(
+        {"x": np.zeros(n, np.float32)}, n_workers,
+        compress.Compressor("topk", block, fraction))
+
+
+def test_topk_diloco_sync_is_an_all_gather_by_hand():
+  # 8 workers on 8 nodes, one link class (flat ring, a, b): N = 1e6, B =
+  # 256, fraction 1/32 -> k = 8 per chunk, 3907 chunks, P = 3907 * 8 * (4
+  # + 2) bytes per worker. All-gather: 7 a + 7 P / b; codec (1 + 8) N
+  # float32 values (encode, then decode the 8 gathered payloads).
+  c, w = _cluster(n_workers=8), _workload()
+  x, h = 0.01, 10
+  payload = 3907 * 8 * 6
+  sync = 7 * A + 7 * payload / B_LINK
+  codec = 9 * N * 4 / CODEC
+  want = x + (sync + codec) / h
+  spec = "diloco:H=10,compress=topk,fraction=0.03125"
+  est = core.closed_form(spec, c, w)
+  assert est.iteration_s == pytest.approx(want, rel=1e-12)
+  assert est.exposed_comm_s == pytest.approx((sync + codec) / h)
+  assert core.simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(want)
+  sent = traffic.bytes_per_iteration(spec, c, w)
+  assert sent.worker_bytes == pytest.approx(7 * payload / h)
+  assert sent.node_bytes == pytest.approx(7 * payload / h)
+  # int8 on the same cluster stays a reduce-scatter + all-gather of codes:
+  # 1e6 padded to 489 x (8 x 256) values, 3912 blocks of 260 bytes.
+  p8 = 3912 * 260
+  want8 = x + (14 * A + 1.75 * p8 / B_LINK
+               + (3 + 1 / 8) * N * 4 / CODEC) / h
+  assert core.closed_form("diloco:H=10,compress=int8", c, w).iteration_s == (
+      pytest.approx(want8, rel=1e-12))
+  # Streaming DiLoCo, 2 fragments of P/2 each, one per half period.
+  est = core.closed_form("streaming_diloco:H=10,P=2,compress=topk,"
+                         "fraction=0.03125", c, w)
+  frag = 7 * A + 7 * payload / 2 / B_LINK
+  assert est.iteration_s == pytest.approx(x + (2 * frag + codec) / h,
+                                          rel=1e-12)
+
+
+def test_topk_all_gather_across_datacenters_by_hand():
+  # 2 datacenters of one node of 4 workers: the all-gather exchanges each
+  # worker's P with its counterpart across the wide-area link (4 flows
+  # share the uplink: 4 P / b_wan, one a_wan), then gathers 2 P per worker
+  # inside the node on a ring (3 a_i + 6 P / b_i).
+  a_i, b_i, a_w, b_w = 2e-6, 50e9, 0.03, 1e9
+  c = _cluster(n_workers=8, local_size=4, intra_latency_s=a_i,
+               intra_bandwidth_Bps=b_i, nic_bandwidth_Bps=400e9,
+               datacenters=2, wan_latency_s=a_w, wan_bandwidth_Bps=b_w)
+  rc = costs.all_gather_cost(c)
+  p = 1e6
+  assert rc.time(p) == pytest.approx(
+      np.full(8, 3 * a_i + a_w + 6 * p / b_i + 4 * p / b_w), rel=1e-12)
+  w = _workload()
+  spec = "diloco:H=10,compress=topk,fraction=0.03125"
+  payload = 3907 * 8 * 6
+  sent = traffic.bytes_per_iteration(spec, c, w)
+  assert sent.worker_bytes == pytest.approx(7 * payload / 10)
+  assert sent.dc_bytes == pytest.approx(4 * payload / 10)
+  assert sent.node_bytes == pytest.approx(4 * payload / 10)
+  codec = 9 * N * 4 / CODEC
+  sync = 3 * a_i + a_w + 6 * payload / b_i + 4 * payload / b_w
+  assert core.closed_form(spec, c, w).iteration_s == pytest.approx(
+      0.01 + (sync + codec) / 10, rel=1e-12)
+
+
+def test_all_gather_of_two_workers_is_one_exchange():
+  c = _cluster(n_workers=2)
+  assert costs.all_gather_cost(c).time(1e6) == pytest.approx(
+      np.full(2, A + 1e6 / B_LINK))
+
+
+def test_break_even_of_topk_by_hand():
+  # No latency: T_plain = x + 1.75 * 4N / b / H and T_topk = x + (7 P / b
+  # + codec) / H cross at b* = (7 N - 7 P) / codec (8 workers, ring).
+  c, w = _cluster(n_workers=8, inter_latency_s=0.0), _workload()
+  m = core.make_method("diloco:H=10,compress=topk,fraction=0.03125", c)
+  payload = 3907 * 8 * 6
+  codec = 9 * N * 4 / CODEC
+  b_star = (1.75 * 4 * N - 7 * payload) / codec
+  be = recommend.break_even(m, c, w)
+  assert be.baseline == "diloco:H=10"
+  assert be.break_even_Bps == pytest.approx(b_star, rel=1e-9)
+
+
+@pytest.mark.parametrize("overlap", ["none", "delayed", "eager"])
+@pytest.mark.parametrize("fmt", ["int8", "topk"])
+def test_library_gap_of_compressed_syncs_follows_the_library(overlap, fmt):
+  # Marked runnable exactly where optim.local_updates.diloco accepts the
+  # compressor with that outer overlap.
+  c = _cluster()
+  m = core.make_method(f"diloco:H=10,overlap={overlap},compress={fmt}", c)
+  try:
+    local_updates.diloco(optax.sgd(0.1), 10, overlap=overlap,
+                         compressor=compress.Compressor(fmt))
+    runs = True
+  except ValueError:
+    runs = False
+  assert (method_lib.library_gap(m) is None) == runs
 
 
 def test_choco_gossip_by_hand():
@@ -188,10 +321,15 @@ def test_compressed_specs_parse_and_refuse():
   m = core.make_method("diloco:H=10,compress=fp4,block=128", c)
   assert (m.name, m.compress, m.compress_block) == (
       "diloco:H=10,compress=fp4,block=128", "fp4", 128)
-  assert method_lib.library_gap(m) is not None
+  assert method_lib.library_gap(m) is None
   m = core.make_method("streaming_diloco:H=8,P=2,compress=topk,fraction=0.02",
                        c)
   assert m.compress_fraction == 0.02 and m.name.endswith("fraction=0.02")
+  assert method_lib.library_gap(m) is None
+  # Compressed Local SGD (the runner's spec for it).
+  m = core.make_method("local_sgd:H=3,compress=int8,block=64", c)
+  assert (m.name, m.compress, method_lib.library_gap(m)) == (
+      "local_sgd:H=3,compress=int8,block=64", "int8", None)
   m = core.make_method("accum_adam:compress=int8,topology=static_ring", c)
   assert m.name == "accum_adam:T=4,topology=static_ring,compress=int8,block=256"
   for bad, match in (("dadam:compress=int3", "int3"),
@@ -223,4 +361,6 @@ def test_predict_prints_one_break_even_line_per_compressed_method(capsys):
   assert len(lines) == 2, out
   assert "static_ring:compress=int8,block=256 pays against static_ring" in (
       lines[0])
-  assert "diloco:H=10,compress=fp4,block=256^" in out  # not in the library
+  # In the library now: no "^" mark.
+  assert "diloco:H=10,compress=fp4,block=256 " in out
+  assert "^" not in out

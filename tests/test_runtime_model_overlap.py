@@ -79,6 +79,7 @@ def test_what_the_library_cannot_run_is_marked():
       "all_reduce", "aer", "diloco:H=10", "streaming_diloco:H=10,P=2,tau=0",
       "streaming_diloco:H=10,P=2,tau=1", "diloco:H=10,overlap=eager",
       "diloco:H=10,overlap=delayed", "diloco:H=10,compress=int8",
+      "diloco:H=10,overlap=eager,compress=int8",
       "diloco:H=10,overlap=eager,comm_dtype=bfloat16",
       "local_dsgd:H=4,topology=ring")}
   runnable = {k for k, v in gaps.items() if v is None}
@@ -86,9 +87,11 @@ def test_what_the_library_cannot_run_is_marked():
                       "streaming_diloco:H=10,P=2,tau=0",
                       "diloco:H=10,overlap=eager",
                       "diloco:H=10,overlap=delayed",
+                      "diloco:H=10,compress=int8",
                       "diloco:H=10,overlap=eager,comm_dtype=bfloat16",
                       "local_dsgd:H=4,topology=ring"}
   assert "tau = 0" in gaps["streaming_diloco:H=10,P=2,tau=1"]
+  assert "eager" in gaps["diloco:H=10,overlap=eager,compress=int8"]
 
 
 def _prediction(key, seconds, gap=None, slow=False):
