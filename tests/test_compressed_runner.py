@@ -27,6 +27,8 @@ from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import validation
+from decentral_jax.runtime_model import core as runtime_core
+from decentral_jax.runtime_model import method as runtime_method
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
@@ -206,3 +208,10 @@ def test_spec_for_config_prices_the_format():
   assert spec == "dadam:topology=exponential,compress=int8,block=64"
   spec, _ = builders.spec_for_config(_config(*DILOCO, *_format_args("topk")))
   assert spec == "diloco:H=3,compress=topk,block=64,fraction=0.125"
+  # Compressed Local SGD: a spec the runtime model parses, and runnable.
+  spec, _ = builders.spec_for_config(_config(
+      *DILOCO, "--config.algorithm=local_sgd", *_format_args("int8")))
+  assert spec == "local_sgd:H=3,compress=int8,block=64"
+  for s in (spec, "diloco:H=3,compress=topk,block=64,fraction=0.125"):
+    m = runtime_core.make_method(s, runtime_core.Cluster(n_workers=N))
+    assert runtime_method.library_gap(m) is None, s
