@@ -281,3 +281,33 @@ def test_compute_time_needs_a_transfer_time():
   with pytest.raises(ValueError, match="compute_s"):
     deviceless.compile_programs(exp, [], collective_us=5.0, compute_s=0.0)
 
+
+@pytest.mark.integration
+def test_gpu_check_compute_ms_when_nothing_waits(tmp_path):
+  # The gpt_quick step of round 0 hides its permute entirely, so XLA's
+  # schedule has no total_wasted_cycles: gpu_check --compute_ms rescales
+  # by the busy time all the same. --cluster a40 is the A40 preset (case
+  # ignored, as compare.py). Round 0 of one_peer_exp on 8 pairs 2i, 2i+1
+  # inside an A40 node: 5 us + bytes / 31.5 GB/s, times XLA's busy time
+  # over the 100 ms given.
+  import json
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "quick.json"
+  r = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "gpu_check.py"),
+       "--config", os.path.join(root, "configs", "gpt_quick.py"),
+       "--programs", "0:none", "--deviceless", "h200", "--cluster", "a40",
+       "--compute_ms", "100", "--json", str(out), "--quiet"],
+      env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert r.returncode == 0, r.stderr[-2000:]
+  got = json.loads(out.read_text())
+  assert (got["cluster"], got["compute_ms"]) == ("A40", 100.0)
+  [prog] = got["programs"]
+  xla_us = prog["xla_compute_us"]
+  assert 0 < xla_us < 1e6
+  link_us = 5 + got["param_bytes"] / 31.5e9 * 1e6
+  assert prog["profile_us"] == {"collective-permute-start": pytest.approx(
+      link_us * xla_us / 1e5, rel=1e-3)}
