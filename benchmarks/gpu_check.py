@@ -17,12 +17,13 @@ that run while a collective is in flight. ``--json FILE`` writes the
 reports and ``in_flight_fractions`` (the least over the programs with a
 parameter-sized collective), which ``python -m decentral_jax.runtime_model
 predict --gossip-in-flight FILE`` reads.
-``--cluster A40`` (a runtime-model preset) or ``--collective_us US`` also
-compiles each program with a latency profile that tells XLA's scheduler
-the transfer time of each collective on that cluster, ``--compute_ms`` the
-step's compute time there (to rescale the times to XLA's own estimate),
-and prints the report before and after (docs/gpu_overlap.md; BENCHMARKS.md
-section 11.6).
+``--cluster A40`` (a runtime-model preset, case ignored) or
+``--collective_us US`` also compiles each program with a latency profile
+that tells XLA's scheduler the transfer time of each collective on that
+cluster, ``--compute_ms`` the step's compute time there (to rescale the
+times to XLA's own estimate), and prints the report before and after
+(docs/gpu_overlap.md; BENCHMARKS.md section 11.6). Bad flags or config
+exit with code 2 and one line naming the flag or field.
 
 **On GPUs** (the default when JAX sees a GPU; ``bash
 benchmarks/gpu_check.sh``, under 5 minutes):
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -77,6 +79,9 @@ TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
 # Deviceless target of a device kind (substring, first match wins).
 TARGET_OF_KIND = (("H200", "h200"), ("H100", "h100_sxm"),
                   ("A100", "a100_sxm_80"))
+
+# Largest --collective_us: 1000 s, far beyond any transfer of a step.
+MAX_COLLECTIVE_US = 1e9
 
 # Dense (no sparsity) bfloat16 tensor-core peak FLOP/s by device-kind
 # substring, first match wins (vendor data sheets).
@@ -256,7 +261,7 @@ def _rows(exp, steps, min_fraction: float) -> dict:
           "in_flight_fractions": {"forward": f0, "backward": b0},
           "fwd_bwd_ops_in_flight": [[c.forward, c.backward] for c in
                                     s.unprofiled.select(min_bytes)]}
-      rows[-1]["profile_us"] = {k: round(v, 1)
+      rows[-1]["profile_us"] = {k: float(f"{v:.4g}")  # not 0.0 if small
                                 for k, v in s.profile_us.items()}
       rows[-1]["xla_compute_us"] = s.xla_compute_us
     if big:
@@ -274,18 +279,18 @@ def _rows(exp, steps, min_fraction: float) -> dict:
 def run_deviceless(args) -> dict:
   """``--deviceless TARGET``: compile for a GPU target here, report."""
   from decentral_jax.runner import deviceless
+  from decentral_jax.runner import validation
   c = _config(args)
+  validation.check_config(c)  # before the default topology is sized by it
   topology = args.topology or f"1x1x{_devices_needed(c)}"
   exp, steps = deviceless.compile_steps(
       c, target=args.deviceless, topology=topology,
       programs=_programs(args.programs),
-      collective_us=args.collective_us or None,
-      cluster=args.cluster or None,
-      compute_s=args.compute_ms / 1e3 if args.compute_ms else None)
+      collective_us=args.collective_us, cluster=args.cluster,
+      compute_s=None if args.compute_ms is None else args.compute_ms / 1e3)
   return {"target": args.deviceless, "topology": topology,
-          "cluster": args.cluster or None,
-          "collective_us": args.collective_us or None,
-          "compute_ms": args.compute_ms or None,
+          "cluster": args.cluster, "collective_us": args.collective_us,
+          "compute_ms": args.compute_ms,
           **_rows(exp, steps, args.min_fraction)}
 
 
@@ -434,7 +439,81 @@ def part_gossip_timing(args) -> dict:
   return out
 
 
-def main():
+def main(argv=None):
+  args = parse_args(argv)
+  try:
+    result = _run(args)
+  except ValueError as e:  # bad input (config, target, programs): one line
+    print(f"gpu_check: error: {e}", file=sys.stderr)
+    sys.exit(2)
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+  if args.json_only:
+    print(json.dumps(result))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The flags, checked (:func:`check_flags`; a bad one exits with code 2)."""
+  ap = _parser()
+  args = ap.parse_args(argv)
+  try:
+    check_flags(args)
+  except ValueError as e:
+    ap.error(str(e))
+  return args
+
+
+def check_flags(args: argparse.Namespace) -> None:
+  """Checks the latency-profile flags, in the units typed; ``--cluster``
+  becomes the preset's own spelling (case ignored, as
+  ``experiments/compare.py --clusters``).
+
+  Raises:
+    ValueError: one of them without ``--deviceless``; ``--deviceless``
+      neither a shipped target nor a ``.txtpb`` file; ``--cluster`` not a
+      runtime-model preset, or with ``--collective_us``; ``--collective_us``
+      outside (0, MAX_COLLECTIVE_US]; ``--compute_ms`` not a finite number
+      > 0, or without ``--cluster`` or ``--collective_us``.
+  """
+  from decentral_jax.runtime_model import presets
+  given = [f for f, v in (("--cluster", args.cluster),
+                          ("--collective_us", args.collective_us),
+                          ("--compute_ms", args.compute_ms)) if v is not None]
+  if given and not args.deviceless:
+    raise ValueError(f"{' and '.join(given)} apply to --deviceless "
+                     "compiles only; add --deviceless TARGET (e.g. h200).")
+  if args.deviceless and not args.deviceless.endswith(".txtpb"):
+    from decentral_jax.runner import deviceless
+    if args.deviceless not in deviceless.TARGETS:
+      raise ValueError(f"--deviceless {args.deviceless!r} is not a GPU "
+                       f"target; use one of {', '.join(deviceless.TARGETS)} "
+                       "or a .txtpb file.")
+  if args.cluster is not None:
+    name = presets.cluster_preset_name(args.cluster)
+    if name is None:
+      raise ValueError(f"--cluster {args.cluster!r} is not a runtime-model "
+                       f"preset; use one of {', '.join(presets.CLUSTERS)} "
+                       "(case ignored).")
+    args.cluster = name
+    if args.collective_us is not None:
+      raise ValueError("--cluster and --collective_us both give the transfer "
+                       "times; give one of them.")
+  us = args.collective_us
+  if us is not None and not 0 < us <= MAX_COLLECTIVE_US:
+    raise ValueError(f"--collective_us must be a transfer time in "
+                     f"microseconds in (0, {MAX_COLLECTIVE_US:g}], got {us:g}.")
+  ms = args.compute_ms
+  if ms is not None:
+    if not (0 < ms and math.isfinite(ms)):
+      raise ValueError(f"--compute_ms must be the step's compute time in "
+                       f"milliseconds, a finite number > 0, got {ms:g}.")
+    if args.cluster is None and us is None:
+      raise ValueError("--compute_ms rescales the transfer times of "
+                       "--cluster or --collective_us; give one of them too.")
+
+
+def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--part", choices=("all", "timing", "schedule",
                                      "gossip_timing"), default="all")
@@ -452,15 +531,16 @@ def main():
   ap.add_argument("--programs", default="all",
                   help="all, none (steps without the consensus "
                   "measurement) or ROUND:MODE,... (e.g. 0:none,0:input)")
-  ap.add_argument("--cluster", default="",
+  ap.add_argument("--cluster", default=None,
                   help="--deviceless: tell XLA's scheduler the runtime "
                   "model's transfer time of each collective on this "
                   "runtime_model preset cluster (e.g. A40) through a "
                   "latency profile (compiles each program twice)")
-  ap.add_argument("--collective_us", type=float, default=0.0,
-                  help="--deviceless: the same with one transfer time (us) "
-                  "for every asynchronous collective")
-  ap.add_argument("--compute_ms", type=float, default=0.0,
+  ap.add_argument("--collective_us", type=float, default=None,
+                  help="--deviceless: the same with one transfer time (us, "
+                  f"at most {MAX_COLLECTIVE_US:g}) for every asynchronous "
+                  "collective")
+  ap.add_argument("--compute_ms", type=float, default=None,
                   help="with --cluster/--collective_us: the step's compute "
                   "time on that cluster (ms); the times are rescaled to "
                   "XLA's own estimate of the program's compute (e.g. 122.3 "
@@ -484,16 +564,7 @@ def main():
   ap.add_argument("--timed_steps", type=int, default=20)
   ap.add_argument("--child_timeout", type=int, default=150)
   ap.add_argument("--json_only", action="store_true")
-  args = ap.parse_args()
-  try:
-    result = _run(args)
-  except ValueError as e:
-    sys.exit(f"gpu_check: {e}")
-  if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
-  if args.json_only:
-    print(json.dumps(result))
+  return ap
 
 
 def _run(args) -> dict:

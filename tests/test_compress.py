@@ -301,6 +301,14 @@ def test_choco_refuses_bad_arguments():
     choco.choco_gossip(topo, compress.Compressor("int8"), 1.5)
   with pytest.raises(ValueError, match="compressor"):
     choco.choco_gossip(topo, "int8", 0.5)
+  # A topology's name is not a Topology: the message says how to build one.
+  with pytest.raises(ValueError, match=(
+      r"choco_gossip: topology must be a decentral_jax.topology.Topology, got "
+      r"str 'static_ring'; build one with decentral_jax.topology.make\("
+      r"'static_ring', n_workers\)")):
+    choco.choco_gossip("static_ring", compress.Compressor("int8"), 0.5)
+  with pytest.raises(ValueError, match=r"topology must be a .*, got ndarray;"):
+    choco.choco_gossip(np.full((4, 4), 0.25), compress.Compressor("int8"), 0.5)
 
 
 def _mean_fn(mesh, c):

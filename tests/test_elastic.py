@@ -104,7 +104,7 @@ def _oracle(x0, b, alive, working, *, quorum=1, on_failure="proceed",
         skipped += 1
       if ok or on_failure == "rollback":
         x[a] = theta
-        done[:] = 0
+        done[a] = 0  # dead workers keep theirs (frozen)
       lost[:] = False
     last = a
     out.append(x.copy())
@@ -300,3 +300,30 @@ def test_quorum_above_the_worker_count_is_refused():
                        r"workers of axis .*; use min_quorum <= 2\."):
       _run(make(optax.sgd(0.1), 2, min_quorum=3), x0, b, steps=1)
 
+
+
+def test_dead_worker_keeps_its_step_count_through_a_sync():
+  # DiLoCo, 4 workers, H = 2, inner SGD at lr 0.1 (x <- 0.9 x + 0.1 b),
+  # outer SGD at lr 1 (theta <- x_bar), rejoin="keep"; x = 0, b = (10, 0,
+  # 0, 0). t = 1: all step, x_0 = 1, H_m = 1. t = 2: worker 0 dead (x_0 = 1,
+  # H_0 = 1 frozen), workers 1-3 step (H = 2); sync over workers 1-3:
+  # theta = 0, 6 steps committed; the live workers restart at 0, worker 0
+  # keeps H_0 = 1. t = 3: worker 0 rejoins (no step, keeps x_0 = 1 and
+  # H_0 = 1), the others step (H = 1). t = 4: all step, x_0 = 1.9, H_0 = 2,
+  # H_1..3 = 2; sync: x_bar = (2 * 1.9 + 0) / 8 = 0.475, 8 steps committed:
+  # 14 in all. (Resetting the dead worker's count at t = 2 would give
+  # x_bar = 1.9 / 7 and 13 steps.)
+  require_devices(4)
+  x0 = np.zeros((4, 1), np.float32)
+  b = np.array([[10.0], [0.0], [0.0], [0.0]], np.float32)
+  alive = np.ones((4, 4), bool)
+  alive[1, 0] = False
+  tx = elastic.elastic_diloco(optax.sgd(0.1), 2, outer=optax.sgd(1.0),
+                              rejoin="keep")
+  got, states = _run(tx, x0, b, alive, alive, steps=4)
+  assert list(states[1].done) == [1, 0, 0, 0]  # after the sync at t = 2
+  assert list(states[2].done) == [1, 1, 1, 1]
+  np.testing.assert_allclose(got[1], [[1.0], [0.0], [0.0], [0.0]], rtol=1e-6)
+  np.testing.assert_allclose(got[-1], np.full((4, 1), 0.475), rtol=1e-6)
+  assert int(states[1].useful[0]) == 6
+  assert int(states[-1].useful[0]) == 14

@@ -186,9 +186,128 @@ def test_scheduled_busy_time_from_the_schedule_dump(tmp_path):
     deviceless.scheduled_busy_us(str(tmp_path))
 
 
+# What XLA writes when no instruction waits (the text form omits zero-valued
+# fields): no total_wasted_cycles. gpt_quick's step 0 compiled deviceless
+# for h200 has this shape (64.7 cycles at 1 per us).
+_NO_WAIT = """\
+computation_schedules {
+  computation_id: 3
+  scheduler_statistics {
+    total_cycles: 1500
+    memory_pressure_peak: 8529317
+  }
+  cycles_per_microsecond: 3
+}
+computation_schedules {
+  computation_id: 4
+  scheduler_statistics {
+  }
+  cycles_per_microsecond: 3
+}
+"""
+
+
+def test_scheduled_busy_time_when_nothing_waits(tmp_path):
+  # Missing total_wasted_cycles is 0: 1500 cycles at 3 per us. The empty
+  # statistics of computation 4 are 0 cycles, not a reason to fail.
+  (tmp_path / "jit_step.schedule.txt").write_text(_NO_WAIT)
+  assert deviceless.scheduled_busy_us(str(tmp_path)) == 500.0
+  # No busy cycles at all (every field omitted), or no clock: refused.
+  (tmp_path / "jit_step.schedule.txt").write_text(
+      "computation_schedules {\n  computation_id: 1\n}\n")
+  with pytest.raises(ValueError, match="no busy time .*total_cycles 0"):
+    deviceless.scheduled_busy_us(str(tmp_path))
+  (tmp_path / "jit_step.schedule.txt").write_text(
+      _NO_WAIT.replace("cycles_per_microsecond: 3", ""))
+  with pytest.raises(ValueError, match="cycles_per_microsecond 0"):
+    deviceless.scheduled_busy_us(str(tmp_path))
+
+
+class _FakeLowered:
+  """A lowered program whose compile writes ``schedule`` where XLA dumps
+  (``xla_dump_to``) and returns the scheduled module ``_HLO`` as text."""
+
+  def __init__(self, schedule):
+    self.schedule, self.options = schedule, []
+
+  def compile(self, options):
+    self.options.append(dict(options))
+    if "xla_dump_to" in options:
+      with open(os.path.join(options["xla_dump_to"], "m.schedule.txt"), "w",
+                encoding="utf-8") as f:
+        f.write(self.schedule)
+    return _HLO  # overlap_report and fingerprint read the text as well
+
+
+def _fake_program_experiment(lowered):
+  exp = _fake_experiment()
+  exp.abstract_inputs = lambda: (None, None)
+  exp.step_program = lambda distinct, mode: types.SimpleNamespace(
+      trace=lambda state, batch: types.SimpleNamespace(lower=lambda: lowered))
+  return exp
+
+
+def test_compute_time_rescales_by_a_schedule_without_waiting():
+  # compile_programs end to end around a fake compile: XLA's busy time 500
+  # us (the dump above, without total_wasted_cycles), a step of 0.1 s on
+  # the cluster, 400 us per collective: 400 * 500e-6 / 0.1 = 2 us each.
+  lowered = _FakeLowered(_NO_WAIT)
+  [s] = deviceless.compile_programs(_fake_program_experiment(lowered),
+                                    [(1, "none")], collective_us=400.0,
+                                    compute_s=0.1)
+  assert s.xla_compute_us == 500.0
+  assert s.profile_us == {"ps": pytest.approx(2.0), "ds": pytest.approx(2.0)}
+  assert lowered.options[0]["xla_dump_latency_hiding_schedule"] is True
+  assert deviceless.PROFILE_OPTION in lowered.options[1]
+
+
+def test_a_schedule_without_busy_time_names_the_program_not_the_dump():
+  lowered = _FakeLowered("computation_schedules {\n}\n")
+  with pytest.raises(ValueError) as e:
+    deviceless.compile_programs(_fake_program_experiment(lowered),
+                                [(2, "input")], collective_us=400.0,
+                                compute_s=0.1)
+  msg = str(e.value)
+  assert msg.startswith("compute_s needs XLA's busy time of the program of "
+                        "round 2, consensus input: "), msg
+  # The temporary dump directory is gone by now: not named.
+  assert lowered.options[0]["xla_dump_to"] not in msg
+
+
 def test_compute_time_needs_a_transfer_time():
   exp = _fake_experiment()
   with pytest.raises(ValueError, match="compute_s rescales"):
     deviceless.compile_programs(exp, [], compute_s=0.1)
   with pytest.raises(ValueError, match="compute_s"):
     deviceless.compile_programs(exp, [], collective_us=5.0, compute_s=0.0)
+
+
+@pytest.mark.integration
+def test_gpu_check_compute_ms_when_nothing_waits(tmp_path):
+  # The gpt_quick step of round 0 hides its permute entirely, so XLA's
+  # schedule has no total_wasted_cycles: gpu_check --compute_ms rescales
+  # by the busy time all the same. --cluster a40 is the A40 preset (case
+  # ignored, as compare.py). Round 0 of one_peer_exp on 8 pairs 2i, 2i+1
+  # inside an A40 node: 5 us + bytes / 31.5 GB/s, times XLA's busy time
+  # over the 100 ms given.
+  import json
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = tmp_path / "quick.json"
+  r = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "gpu_check.py"),
+       "--config", os.path.join(root, "configs", "gpt_quick.py"),
+       "--programs", "0:none", "--deviceless", "h200", "--cluster", "a40",
+       "--compute_ms", "100", "--json", str(out), "--quiet"],
+      env=dict(os.environ, PYTHONPATH=root), capture_output=True, text=True,
+      timeout=600, check=False)
+  assert r.returncode == 0, r.stderr[-2000:]
+  got = json.loads(out.read_text())
+  assert (got["cluster"], got["compute_ms"]) == ("A40", 100.0)
+  [prog] = got["programs"]
+  xla_us = prog["xla_compute_us"]
+  assert 0 < xla_us < 1e6
+  link_us = 5 + got["param_bytes"] / 31.5e9 * 1e6
+  assert prog["profile_us"] == {"collective-permute-start": pytest.approx(
+      link_us * xla_us / 1e5, rel=1e-3)}

@@ -98,8 +98,9 @@ def choco_gossip(topology: topology_lib.Topology,
     ``jax.shard_map`` over ``axis_name``. Floating leaves only.
 
   Raises:
-    ValueError: ``consensus_step`` outside (0, 1], a topology that is not
-      doubly stochastic or not static, a compressor of the wrong type (at
+    ValueError: ``consensus_step`` outside (0, 1], ``topology`` not a
+      :class:`~decentral_jax.topology.Topology` (a name such as
+      ``"static_ring"`` included), a topology that is not doubly stochastic or not static, a compressor of the wrong type (at
       construction); an integer or bool parameter leaf (``init`` and
       ``update``); ``params`` not given to ``update``, or a worker axis
       whose size is not ``topology.n_workers`` (``update``).
@@ -107,9 +108,17 @@ def choco_gossip(topology: topology_lib.Topology,
   gamma = checks.check_float("consensus_step", consensus_step, minimum=0.0,
                              maximum=1.0, open_min=True)
   compress.check_compressor(compressor)
-  if not getattr(topology, "doubly_stochastic", False):
+  if not isinstance(topology, topology_lib.Topology):
+    named = isinstance(topology, str)
+    got = f"str {topology!r}" if named else type(topology).__name__
+    raise ValueError(
+        f"choco_gossip: topology must be a decentral_jax.topology.Topology, "
+        f"got {got}; build one with decentral_jax.topology.make("
+        f"{topology if named else 'static_ring'!r}, n_workers) (or "
+        f"decentral_jax.topology.static_ring(n_workers), torus, ...).")
+  if not topology.doubly_stochastic:
     raise ValueError(f"choco_gossip needs a doubly stochastic topology, got "
-                     f"{getattr(topology, 'name', topology)!r}.")
+                     f"{topology.name!r}.")
   if topology.period != 1:
     raise ValueError(
         f"choco_gossip needs a static mixing matrix (period 1), but topology "

@@ -16,7 +16,9 @@ from a :class:`decentral_jax.comm.fault_schedule.FaultSchedule`), passed to
   "rollback"``, no worker failed during the round),
   ``x_bar = sum_{m in C} H_m x_m / sum_{m in C} H_m``, then DiLoCo:
   ``theta <- theta + outer(theta - x_bar)``; Local SGD: ``theta <- x_bar``;
-  live workers take ``x_m <- theta``. Otherwise the outer step is skipped
+  live workers take ``x_m <- theta`` and restart ``H_m`` at 0 (a dead
+  worker's pending steps are not part of the outer step; it keeps them,
+  below). Otherwise the outer step is skipped
   (``theta`` and the outer state unchanged) and:
 
   - ``on_failure="rollback"`` (torchft: a round in which a replica failed,
@@ -209,7 +211,9 @@ def _sync(spec: _Spec, a, lost, n: int, operand):
               x)
   committed = collectives.psum(jnp.where(contrib, done, 0), spec.axis_name)
   useful = useful + jnp.where(ok, committed, 0)
-  done = jnp.where(ok | spec.rollback, jnp.zeros_like(done), done)
+  # Dead workers keep H_m: their pending steps were not committed (with
+  # rejoin="keep" their kept parameters still hold them).
+  done = jnp.where(reset, jnp.zeros_like(done), done)
   k = jnp.where(ok, optax.safe_increment(k), k)
   skipped = skipped + jnp.where(ok, 0, 1).astype(skipped.dtype)
   return x, theta, o_state, k, done, skipped, useful

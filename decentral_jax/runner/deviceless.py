@@ -286,7 +286,9 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       dump = ({"xla_dump_to": tmp, "xla_dump_latency_hiding_schedule": True}
               if compute_s is not None else {})
       compiled = lowered.compile({**(compiler_options or {}), **dump})
-      xla_us = scheduled_busy_us(tmp) if dump else None
+      texts = _schedule_texts(tmp) if dump else None
+    xla_us = None if texts is None else _program_busy_us(texts, distinct,
+                                                          mode)
     report = overlap_lib.overlap_report(compiled)
     if collective_us is None:
       out.append(CompiledStep(distinct, mode, compiled, report,
@@ -309,7 +311,56 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   return out
 
 
-_STAT = r"{}:\s*([0-9.eE+-]+)"
+def _program_busy_us(texts: list[str], distinct, mode) -> float:
+  """:func:`_busy_us`, its error naming the program (not the temporary
+  dump directory, gone by then)."""
+  try:
+    return _busy_us(texts)
+  except ValueError as e:
+    raise ValueError(f"compute_s needs XLA's busy time of the program of "
+                     f"round {distinct}, consensus {mode}: {e}") from None
+
+
+_STAT = r"\b{}:\s*([0-9.eE+-]+)"
+
+
+def _schedule_texts(dump_dir: str) -> list[str]:
+  """The ``*.schedule.txt`` files of an XLA dump directory, in name order."""
+  texts = []
+  for name in sorted(os.listdir(dump_dir)):
+    if name.endswith(".schedule.txt"):
+      with open(os.path.join(dump_dir, name), encoding="utf-8") as f:
+        texts.append(f.read())
+  return texts
+
+
+def _stat(block: str, field: str) -> float:
+  """A numeric field of a text proto block; 0 when absent (proto3 omits
+  zero-valued fields: no ``total_wasted_cycles`` when nothing waits)."""
+  m = re.search(_STAT.format(field), block)
+  return float(m.group(1)) if m else 0.0
+
+
+def _busy_us(texts: list[str]) -> float:
+  """:func:`scheduled_busy_us` of the dumped schedule texts."""
+  best = None
+  for text in texts:
+    for block in text.split("computation_schedules {")[1:]:
+      total = _stat(block, "total_cycles")
+      if best is None or total > best[0]:
+        best = (total, _stat(block, "total_wasted_cycles"),
+                _stat(block, "cycles_per_microsecond"))
+  if best is None:
+    raise ValueError("XLA wrote no latency-hiding schedule (no "
+                     "computation_schedules in a *.schedule.txt): did its "
+                     "scheduler run?")
+  total, wasted, per_us = best
+  if not total > wasted or not per_us > 0:
+    raise ValueError(
+        f"XLA's latency-hiding schedule gives no busy time (total_cycles "
+        f"{total:g}, total_wasted_cycles {wasted:g}, cycles_per_microsecond "
+        f"{per_us:g}) to rescale the transfer times with.")
+  return (total - wasted) / per_us
 
 
 def scheduled_busy_us(dump_dir: str) -> float:
@@ -319,31 +370,22 @@ def scheduled_busy_us(dump_dir: str) -> float:
   writes into ``xla_dump_to`` (an ``xla.ScheduleProto`` in text form): for
   the computation with the longest schedule (the step's entry), its
   ``total_cycles`` minus ``total_wasted_cycles`` (time spent waiting on a
-  collective), over ``cycles_per_microsecond``.
+  collective), over ``cycles_per_microsecond``. The text form omits
+  zero-valued fields (proto3): a missing field is 0, e.g. no
+  ``total_wasted_cycles`` when no instruction waits.
 
   Returns:
     Microseconds on the latency-hiding scheduler's clock.
 
   Raises:
-    ValueError: no schedule file, or none with those fields.
+    ValueError: no schedule file or computation in ``dump_dir``, or a
+      longest computation without busy cycles or without
+      ``cycles_per_microsecond``.
   """
-  best = None
-  for name in sorted(os.listdir(dump_dir)):
-    if not name.endswith(".schedule.txt"):
-      continue
-    with open(os.path.join(dump_dir, name), encoding="utf-8") as f:
-      text = f.read()
-    for block in text.split("computation_schedules {")[1:]:
-      got = [re.search(_STAT.format(k), block) for k in (
-          "total_cycles", "total_wasted_cycles", "cycles_per_microsecond")]
-      if all(got):
-        total, wasted, per_us = (float(g.group(1)) for g in got)
-        if best is None or total > best[0]:
-          best = (total, (total - wasted) / per_us)
-  if best is None:
-    raise ValueError(f"no latency-hiding schedule with total_cycles in "
-                     f"{dump_dir!r}: did XLA run its scheduler?")
-  return best[1]
+  try:
+    return _busy_us(_schedule_texts(dump_dir))
+  except ValueError as e:
+    raise ValueError(f"{dump_dir!r}: {e}") from None
 
 
 def collective_costs(report: overlap_lib.OverlapReport, collective_us,

@@ -251,3 +251,11 @@ def _hardware(preset: ClusterPreset, n: int) -> core.Cluster:
                      + (f" x {fields['datacenters']} datacenters"
                         if fields.get("datacenters", 1) > 1 else "") + ").")
   return core.Cluster(n_workers=n, **fields)
+
+
+def cluster_preset_name(name: str) -> str | None:
+  """The key of :data:`CLUSTERS` that ``name`` spells, ignoring case and
+  surrounding blanks (``"a40"`` is ``"A40"``), or None: the spelling
+  ``experiments/compare.py --clusters`` and ``benchmarks/gpu_check.py
+  --cluster`` accept."""
+  return {k.lower(): k for k in CLUSTERS}.get(str(name).strip().lower())

@@ -1,0 +1,95 @@
+"""benchmarks/gpu_check.py's flags: checked before anything is compiled,
+named as typed, in the units typed; bad input exits with code 2."""
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from helpers import ROOT
+
+
+def _script():
+  name = "gpu_check_under_test"
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "benchmarks", "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--compute_ms", "-1", "--cluster", "A40"],
+     "--compute_ms must be the step's compute time in milliseconds, a finite "
+     "number > 0, got -1."),
+    (["--compute_ms", "inf", "--collective_us", "5"], "got inf."),
+    (["--compute_ms", "100"],
+     "--compute_ms rescales the transfer times of --cluster or "
+     "--collective_us; give one of them too."),
+    (["--cluster", "A40", "--collective_us", "5"],
+     "--cluster and --collective_us both give the transfer times; give one "
+     "of them."),
+    (["--collective_us", "1e300"],
+     "--collective_us must be a transfer time in microseconds in (0, 1e+09], "
+     "got 1e+300."),
+    (["--collective_us", "0"], "got 0."),
+    (["--collective_us", "nan"], "got nan."),
+    (["--cluster", "b40"], "--cluster 'b40' is not a runtime-model preset; "
+     "use one of T4, A40, "),
+])
+def test_bad_profile_flags_exit_2_naming_the_flag(argv, message, capsys):
+  gpu_check = _script()
+  with pytest.raises(SystemExit) as e:
+    gpu_check.parse_args(["--deviceless", "h200", *argv])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert message in err, err
+  # The library's argument names (compute_s, collective_us in seconds or
+  # "give collective_us or cluster") are not what was typed.
+  assert "compute_s " not in err and "give collective_us" not in err
+
+
+def test_profile_flags_need_deviceless(capsys):
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(["--cluster", "A40", "--compute_ms", "100"])
+  assert e.value.code == 2
+  assert ("--cluster and --compute_ms apply to --deviceless compiles only"
+          in capsys.readouterr().err)
+
+
+def test_cluster_preset_spelled_in_any_case():
+  # As experiments/compare.py --clusters: the preset's own spelling.
+  gpu_check = _script()
+  for typed, preset in (("a40", "A40"), ("A40", "A40"), ("H100_IB", "h100_ib"),
+                        (" t4 ", "T4")):
+    args = gpu_check.parse_args(["--deviceless", "h200", "--cluster", typed,
+                                 "--compute_ms", "122.3"])
+    assert (args.cluster, args.compute_ms) == (preset, 122.3)
+  args = gpu_check.parse_args(["--deviceless", "h200"])
+  assert (args.cluster, args.collective_us, args.compute_ms) == (
+      None, None, None)
+  args = gpu_check.parse_args(["--deviceless", "h200", "--collective_us",
+                               "1e9"])
+  assert args.collective_us == 1e9
+
+
+def test_library_errors_exit_2(capsys):
+  # An unknown target is refused at the flag; a config error from the
+  # library (before any compile) is one line and exit code 2 as well.
+  gpu_check = _script()
+  with pytest.raises(SystemExit) as e:
+    gpu_check.main(["--deviceless", "h999"])
+  assert e.value.code == 2
+  assert "--deviceless 'h999' is not a GPU target" in capsys.readouterr().err
+  for bad, says in ((["--set", "nosuch=1"], "unknown config field 'nosuch'"),
+                    (["--set", "n_workers=0"], "n_workers")):
+    with pytest.raises(SystemExit) as e:
+      gpu_check.main(["--deviceless", "h200", *bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_check: error: ") and says in err, err
+    # The config is checked before the default topology is sized by it.
+    assert "1x1x0" not in err, err
