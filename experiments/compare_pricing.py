@@ -355,12 +355,23 @@ def time_to_target(steps, losses, target: float,
 
 
 def format_duration(seconds: float) -> str:
-  """Seconds in a human unit: ``"12.3 s"``, ``"4.5 min"`` or ``"2.5 h"``."""
-  if seconds < 60:
-    return f"{seconds:.1f} s"
-  if seconds < 7200:
-    return f"{seconds / 60:.1f} min"
-  return f"{seconds / 3600:.1f} h"
+  """Seconds in a human unit, to 3 significant figures: ``"250 ms"``,
+  ``"4.00 s"``, ``"12.3 s"``, ``"4.50 min"``, ``"2.50 h"`` (``"0 s"`` for
+  zero)."""
+  seconds = float(f"{float(seconds):.3g}")  # 59.99 s is "1.00 min"
+  if seconds == 0:
+    return "0 s"
+  for limit, scale, unit in ((1, 1e-3, "ms"), (60, 1, "s"),
+                             (7200, 60, "min")):
+    if seconds < limit:
+      break
+  else:
+    scale, unit = 3600, "h"
+  value = seconds / scale
+  text = f"{value:#.3g}"
+  if "e" in text:  # 1000 or more of the unit (after rounding)
+    text = f"{value:.0f}"
+  return f"{text.rstrip('.')} {unit}"
 
 
 def pricing_columns(finals, prices: dict, clusters

@@ -50,8 +50,11 @@ def test_time_to_target_interpolates_between_evaluations():
   assert pricing.step_to_target([], [], 1.0) is None
   with pytest.raises(ValueError, match="2 steps but 1 losses"):
     pricing.step_to_target([1, 2], [1.0], 1.0)
-  assert [pricing.format_duration(s) for s in (0.75, 90.0, 9000.0)] == [
-      "0.8 s", "1.5 min", "2.5 h"]
+  # Three significant figures, ms below a second.
+  assert [pricing.format_duration(s) for s in (
+      0.0, 0.0004, 0.75, 4.0, 12.345, 59.99, 90.0, 9000.0)] == [
+          "0 s", "0.400 ms", "750 ms", "4.00 s", "12.3 s", "1.00 min",
+          "1.50 min", "2.50 h"]
 
 
 def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
@@ -208,6 +211,72 @@ def test_targets_are_losses_every_run_reaches():
   assert answer.common_targets({"x": [([0], [float("nan")])]}) == []
 
 
+def test_no_target_when_a_method_never_gets_below_the_initial_loss(tmp_path):
+  # As --config.steps=4 with diloco: its loss only rises before its first
+  # sync, so the lowest loss it reaches is the shared initial loss 4.0.
+  # Every run meets that at step 0: no target, no winner, no crash.
+  curves = {"ar": [([0, 2, 4], [4.0, 3.5, 3.0])],
+            "lo": [([0, 2, 4], [4.0, 4.1, 4.2])]}
+  assert answer.common_targets(curves) == []
+  prices = {"ar": {"fast": 10.0}, "lo": {"fast": 10.0}}
+  clusters = (pricing.PricingCluster("fast"),)
+  md, lines = answer.answer_markdown(clusters, curves, prices,
+                                     {"ar": [3.0], "lo": [4.2]}, LABELS)
+  assert lines == ["no common loss target below the initial loss (some run "
+                   "never got below it), so no method is named"]
+  assert "inf" not in md and "**" not in md
+  png = answer.plot_frontier(clusters, curves, prices, LABELS, {"fast": 8},
+                             str(tmp_path))
+  assert open(png, "rb").read(4) == b"\x89PNG"
+  # A target that only some runs meet at their first evaluation is kept:
+  # seed 1 starts at 4.4, above the floor 4.2.
+  curves["lo"].append(([0, 2, 4], [4.4, 4.3, 4.2]))
+  curves["ar"].append(([0, 2, 4], [4.4, 3.6, 3.1]))
+  assert answer.common_targets(curves) == [4.2]
+
+
+def test_zero_times_and_ties_name_no_winner():
+  labels = {"a": "A", "b": "B"}
+  # Both at their first evaluation (0 s): a tie, no ratio, no "inf".
+  zero = [answer.Entry("a", 0.0, 0.0, 0.0, 1),
+          answer.Entry("b", 0.0, 0.0, 0.0, 1)]
+  assert answer.verdict("c", zero, 4.0, labels) == (
+      "c: no clear winner (tie): A and B reach loss 4.000 in 0 s each.")
+  assert answer.short_verdict(zero, 4.0, labels) == \
+      "to 4.000: no clear winner (tie)"
+  # Equal times with one seed: no winner either.
+  tie = [answer.Entry("a", 2.5, 2.5, 2.5, 1),
+         answer.Entry("b", 2.5, 2.5, 2.5, 1)]
+  assert answer.verdict("c", tie, 3.0, labels) == (
+      "c: no clear winner (tie): A and B reach loss 3.000 in 2.50 s each.")
+  assert answer.short_verdict(tie, 3.0, labels) == \
+      "to 3.000: no clear winner (tie)"
+  # Only the first is at 0 s: it is first, with no ratio.
+  first = [answer.Entry("a", 0.0, 0.0, 0.0, 1),
+           answer.Entry("b", 0.5, 0.5, 0.5, 1)]
+  assert answer.short_verdict(first, 3.0, labels) == (
+      "first to 3.000: A, at its first evaluation, before B")
+  assert answer.verdict("c", first, 3.0, labels).startswith(
+      "c: **A**, first to loss 3.000 in 0 s, at its first evaluation, "
+      "before B (500 ms);")
+  # A real margin: 3 s against 1 s.
+  won = [answer.Entry("a", 1.0, 1.0, 1.0, 1),
+         answer.Entry("b", 3.0, 3.0, 3.0, 1)]
+  assert answer.short_verdict(won, 3.0, labels) == \
+      "first to 3.000: A, 3.00x before B"
+
+
+def test_final_loss_column_says_mean_only_with_seeds():
+  curves = {"ar": [([0, 10], [4.0, 2.0])]}
+  one = answer.cluster_table("c", curves, {"ar": 10.0}, [2.0],
+                             {"ar": [2.0]}, {"ar": "AR"})
+  assert one.startswith("| method | predicted ms/step | to loss <= 2.000 | "
+                        "final loss |\n")
+  two = answer.cluster_table("c", curves, {"ar": 10.0}, [2.0],
+                             {"ar": [2.0, 2.5]}, {"ar": "AR"})
+  assert "| final loss (mean of seeds) |\n" in two and "| 2.2500 |" in two
+
+
 def _two_clusters():
   # Two curves per method (seeds); Local needs twice AR's steps, at a
   # fifth of its step time on the slow cluster and the same on the fast.
@@ -230,8 +299,9 @@ def test_rank_and_verdict_with_seeds():
       ("ar", pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0),
        2)]
   assert answer.verdict("slow", got, 2.0, LABELS) == (
-      "slow: **Local**, first to loss 2.000 in 4.0 s (seeds 4.0 s to 4.0 s),"
-      " 2.50x before AR (10.0 s); clear: outside the 2 seeds' spread.")
+      "slow: **Local**, first to loss 2.000 in 4.00 s (seeds 4.00 s to "
+      "4.00 s), 2.50x before AR (10.0 s); clear: outside the 2 seeds' "
+      "spread.")
   # Loss 3.0: AR at step 10 and 10 + 0.2 / 1.2 x 10 (seeds), Local at 20,
   # on the fast cluster: 0.1 s, 0.1167 s and 0.2 s.
   ms = {k: v["fast"] for k, v in prices.items()}
@@ -240,19 +310,19 @@ def test_rank_and_verdict_with_seeds():
   assert got[0].low_s == pytest.approx(0.1) and \
       got[0].high_s == pytest.approx(0.35 / 3)
   assert answer.verdict("fast", got, 3.0, LABELS) == (
-      "fast: **AR**, first to loss 3.000 in 0.1 s (seeds 0.1 s to 0.1 s), "
-      "1.85x before Local (0.2 s); clear: outside the 2 seeds' spread.")
+      "fast: **AR**, first to loss 3.000 in 108 ms (seeds 100 ms to 117 ms),"
+      " 1.85x before Local (200 ms); clear: outside the 2 seeds' spread.")
   # Overlapping spreads: no clear winner.
   overlap = [answer.Entry("ar", 1.0, 0.8, 1.3, 3),
              answer.Entry("lo", 1.1, 0.9, 1.2, 3)]
   assert answer.verdict("c", overlap, 2.5, LABELS) == (
-      "c: no clear winner: AR (0.8 s to 1.3 s) and Local (0.9 s to 1.2 s) "
-      "reach loss 2.500 within the seeds' spread.")
+      "c: no clear winner: AR (800 ms to 1.30 s) and Local (900 ms to "
+      "1.20 s) reach loss 2.500 within the seeds' spread.")
   # One seed: the margin, and the spread is unknown.
   single = [answer.Entry("ar", 1.0, 1.0, 1.0, 1),
             answer.Entry("lo", 1.5, 1.5, 1.5, 1)]
   assert answer.verdict("c", single, 2.5, LABELS) == (
-      "c: **AR**, first to loss 2.500 in 1.0 s, 1.50x before Local (1.5 s); "
+      "c: **AR**, first to loss 2.500 in 1.00 s, 1.50x before Local (1.50 s); "
       "one seed, so the spread over seeds is unknown (--seeds=0,1,2 "
       "measures it).")
   assert answer.verdict("c", [], 2.5, LABELS) == \
@@ -276,10 +346,10 @@ def test_answer_markdown_tables_and_recommendations(tmp_path):
   assert ("| method | predicted ms/step | to loss <= 2.200 | to loss <= "
           "2.100 | to loss <= 2.000 | final loss (mean of seeds) |") in md
   # Slow cluster, loss 2.0: Local 40 x 0.1 s, AR 20 x 0.5 s.
-  assert "| Local | 100.0 | **3.6 s (3.6 s-3.6 s)** | **3.8 s (3.8 s-3.8 s)**" \
-      " | **4.0 s (4.0 s-4.0 s)** | 2.0000 |" in md
-  assert lines[0].startswith("fast: **AR**, first to loss 2.000 in 0.2 s")
-  assert lines[1].startswith("slow: **Local**, first to loss 2.000 in 4.0 s")
+  assert ("| Local | 100.0 | **3.60 s (3.60 s-3.60 s)** | **3.80 s (3.80 s-"
+          "3.80 s)** | **4.00 s (4.00 s-4.00 s)** | 2.0000 |") in md
+  assert lines[0].startswith("fast: **AR**, first to loss 2.000 in 200 ms")
+  assert lines[1].startswith("slow: **Local**, first to loss 2.000 in 4.00 s")
   assert md.count("Recommendation: ") == 2
   png = answer.plot_frontier(clusters, curves, prices, LABELS,
                              {"fast": 8, "slow": 16}, str(tmp_path))
