@@ -54,8 +54,12 @@ Clusters (``--clusters``): every preset of
 cross_region_2dc, cross_region_4dc; sources in docs/runtime_model.md,
 "Presets") or cluster JSON files written by ``python -m
 decentral_jax.runtime_model measure`` (priced with their own measured
-workload). A cluster is priced at ``config.n_workers`` GPUs, or at its
-smallest multiple the cluster holds (cross_region_2dc: 16). Workload
+workload). A cluster is priced at the smallest multiple of
+``config.n_workers`` GPUs that it holds and that, on a preset of several
+nodes, spans at least two nodes, so its inter-node links are priced (at 8
+workers: h100_ib and T4 16, A40 and A100 8, cross_region_2dc 16,
+cross_region_4dc 32, h100_node, one node, 8); each table header names the
+count. Empty entries of ``--clusters`` are refused. Workload
 (``--workload``): ``gpt2_small``, ``1b`` or ``figure6`` (the paper's
 Transformer-base fitted to each Figure 6 cluster; T4, A40, A100 only).
 The loss per step is measured here, the time per step predicted: a what-if,
@@ -70,7 +74,9 @@ against the stored reference, ``experiments/compare_reference.json``),
 ``loss_vs_step.png``, and ``<run>/metrics.jsonl`` per run. This machine's
 CPU timings (ms/step, tokens/s, ``cpu_loss_vs_time_this_machine.png``) are
 load-dependent and only written with ``--cpu_timing``; they show compute
-overheads of simulated devices, never a ranking.
+overheads of simulated devices, never a ranking. A plot of these names that
+an earlier invocation left and this one does not write (the CPU plot
+without ``--cpu_timing``, the frontier with ``--clusters=``) is deleted.
 
   python experiments/compare.py --outdir results/compare     # quick, ~2 min
   python experiments/compare.py --full --outdir results/full  # the study
@@ -103,7 +109,9 @@ any run's config, an ``--outdir`` that is a file or cannot be created, a
 ``--clusters`` entry that is neither a preset nor a valid cluster file) is one
 ``error: ...`` line on stderr and exit code 2, before anything trains. A run
 that diverges is marked in the table and the other runs go on; then one
-``error:`` line names the diverged runs and the exit code is 3.
+``error:`` line names the diverged runs and the exit code is 3. A malformed
+``experiments/compare_reference.json`` is one ``warning:`` line naming the
+file and key after training; the results are still written.
 """
 
 from __future__ import annotations

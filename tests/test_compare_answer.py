@@ -61,14 +61,20 @@ def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
   clusters = pricing.parse_clusters(
       "t4,A40,a100,H100_node,h100_ib,cross_region_2dc,cross_region_4dc",
       "gpt2_small")
-  # docs/runtime_model.md, "Presets": 8 or 4 GPUs per node; h100_node is
-  # one node of 8; cross-region needs whole nodes in each of 2 or 4
-  # datacenters: multiples of 16 and 32.
-  want = {"T4": 8, "A40": 8, "A100": 8, "h100_node": 8, "h100_ib": 8,
+  # docs/runtime_model.md, "Presets": 8 (T4, h100_ib) or 4 (A40, A100)
+  # GPUs per node, priced at two nodes at least so that the inter-node
+  # links count; h100_node is one node of 8; cross-region needs whole
+  # nodes in each of 2 or 4 datacenters: multiples of 16 and 32.
+  want = {"T4": 16, "A40": 8, "A100": 8, "h100_node": 8, "h100_ib": 16,
           "cross_region_2dc": 16, "cross_region_4dc": 32}
   assert {cl.label: pricing.priced_workers(cl, 8) for cl in clusters} == want
   assert {cl.label: pricing.priced_workers(cl, 4) for cl in clusters} == {
-      **want, "A40": 4, "A100": 4, "h100_node": 4}
+      **want, "h100_node": 4}
+  assert {cl.label: pricing.priced_workers(cl, 24) for cl in clusters} == {
+      "T4": 24, "A40": 24, "A100": 24, "h100_node": (
+          "preset 'h100_node' has 8 GPUs; use at most 8 workers."),
+      "h100_ib": 24,
+      "cross_region_2dc": 48, "cross_region_4dc": 96}
   (node,) = pricing.parse_clusters("h100_node", "1b")
   assert "at most 8 workers" in pricing.priced_workers(node, 16)
   run = compare.METHODS["dadam"]
@@ -76,6 +82,18 @@ def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
                  )[run]
   assert "at most 8 workers" in pricing.predicted_ms(config, (node,), "1b")[
       "h100_node"]
+
+
+def test_empty_cluster_entries_are_refused():
+  assert pricing.parse_clusters("", "gpt2_small") == ()
+  assert [c.label for c in pricing.parse_clusters(" A40 , h100_node ",
+                                                  "gpt2_small")] == [
+                                                      "A40", "h100_node"]
+  for bad, entry in (("A40,,h100_node", 2), (",", 1), ("A40,", 2)):
+    with pytest.raises(ValueError) as info:
+      pricing.parse_clusters(bad, "gpt2_small")
+    assert str(info.value).startswith(
+        f"--clusters={bad!r}: entry {entry} is empty;"), str(info.value)
 
 
 def test_cross_region_prices_follow_the_wide_area_link():
