@@ -402,7 +402,9 @@ def test_bad_flags_are_one_error_line_before_training(tmp_path):
                                               "Fix the file"),
            ("--workload=2b",): ("--workload='2b'", "gpt2_small"),
            ("--workload=figure6",): ("'h100_node' has no Figure 6",),
-           ("--seeds=0,x",): ("--seeds", "'x' is not a seed")}
+           ("--seeds=0,x",): ("--seeds", "'x' is not a seed"),
+           ("--clusters=A40,,h100_node",): ("--clusters=", "entry 2 is empty"),
+           ("--seeds=,",): ("--seeds=','", "entry 1 is empty")}
   procs = {args: subprocess.Popen(
       [sys.executable, "experiments/compare.py", *args,
        "--outdir", str(tmp_path / "out")], cwd=ROOT, env=_env(), text=True,
