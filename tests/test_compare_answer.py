@@ -456,3 +456,25 @@ def test_end_to_end_answer_per_cluster(tmp_path):
     assert not (outdir / run / "checkpoints").exists()  # off by default
   assert sorted(p.name for p in outdir.glob("*.png")) == [
       "loss_vs_predicted_time.png", "loss_vs_step.png"]
+
+
+@pytest.mark.integration
+def test_a_method_that_never_improves_gives_no_target_not_a_crash(tmp_path):
+  # DiLoCo syncs every 10 steps: in 4 steps its averaged model stays at the
+  # initial loss, so no target below it is common to every run.
+  outdir = tmp_path / "cmp"
+  proc = subprocess.run(
+      [sys.executable, "experiments/compare.py",
+       "--methods=all_reduce,diloco", "--clusters=h100_node",
+       "--outdir", str(outdir), "--config.steps=4",
+       "--config.eval_interval=2", "--config.eval_batches=1",
+       "--config.model.n_layer=1", "--config.model.n_embd=16",
+       "--config.model.n_head=2", "--config.schedule.warmup_steps=2"],
+      cwd=ROOT, env=_env(), text=True, capture_output=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  md = (outdir / "results.md").read_text()
+  assert "None: no common loss target below the initial loss" in md
+  assert "inf" not in md.replace("info", "") and "**" not in md.split(
+      "## The answer")[1].split("## Details")[0]
+  assert "no common loss target below the initial loss" in proc.stdout
+  assert (outdir / "loss_vs_predicted_time.png").exists()
