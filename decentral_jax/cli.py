@@ -9,9 +9,13 @@ that already implements ``COMMAND`` (installed by ``pip install .`` from
   ``validate`` never import JAX (``measure`` imports the runner itself);
 * ``train``, ``compare``, ``overlap``: the scripts ``experiments/train.py``,
   ``experiments/compare.py`` and ``benchmarks/bench_gpu_overlap.py`` of a
-  source checkout, run as ``python SCRIPT ARGS`` would run them (``__main__``,
-  ``sys.argv = [SCRIPT, *ARGS]``, the script's directory first on
-  ``sys.path``), so their flags, messages and exit codes are theirs.
+  source checkout, each run in a child Python process as ``python SCRIPT
+  ARGS`` would run it (``__main__``, ``sys.argv = [SCRIPT, *ARGS]``, the
+  script's directory first on ``sys.path``, the imported package's
+  directory on it too), so their flags, messages and exit codes are theirs,
+  and two scripts run from one process (``main(["train", ...])`` then
+  ``main(["compare", ...])``) do not share absl's flag registry or JAX's
+  backend.
 
 Those scripts, and the configs and data paths they default to
 (``configs/gpt_tiny.py``, ``results/``), live in the repository, not in the
@@ -36,8 +40,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-import runpy
+import signal
+import subprocess
 import sys
+import threading
 import tomllib
 
 PROG = "decentral-jax"
@@ -141,20 +147,51 @@ def find_checkout(cwd: str | None = None,
   return next((p for p in places if is_checkout(p)), None)
 
 
-def run_script(path: str, args: list[str]) -> int:
-  """Runs ``path`` as ``python path *args`` would, in this process.
+# The child's start: sys.argv and sys.path[0] as `python SCRIPT ARGS` sets
+# them, the directory of the package this process imported on sys.path
+# (e.g. a clone found through the current directory), then the script.
+_BOOT = (
+    "import os, runpy, sys\n"
+    "package_parent, path = sys.argv[1], sys.argv[2]\n"
+    "sys.argv = sys.argv[2:]\n"
+    "sys.path[0] = os.path.dirname(path)\n"
+    "if package_parent not in sys.path:\n"
+    "  sys.path.insert(1, package_parent)\n"
+    "runpy.run_path(path, run_name='__main__')\n")
 
-  ``sys.argv`` and ``sys.path`` are restored afterwards. Returns 0 when the
-  script ends without ``sys.exit``; its ``SystemExit`` propagates.
+
+def run_script(path: str, args: list[str]) -> int:
+  """Runs ``path`` as ``python path *args`` would, in a child process.
+
+  The child is this interpreter (``sys.executable``) with this process's
+  environment, stdin, stdout and stderr; it imports the same
+  ``decentral_jax`` package as this process. While it runs, SIGTERM sent
+  to this process is passed on to it and SIGINT is left to it (Ctrl-C
+  reaches the whole foreground process group), so a script that saves a
+  checkpoint on either still does.
+
+  Returns:
+    The script's exit code (0 when it ends without ``sys.exit``); 128 +
+    the signal number if a signal ended it.
   """
-  saved_argv, saved_path = sys.argv[:], sys.path[:]
-  sys.argv[:] = [path, *args]
-  sys.path.insert(0, os.path.dirname(path))
+  package_parent = os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__)))
+  for stream in (sys.stdout, sys.stderr):
+    stream.flush()
+  child = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-c", _BOOT, package_parent, path, *args])
+  saved = {}
+  if threading.current_thread() is threading.main_thread():
+    forward = lambda signum, frame: child.send_signal(signum)
+    saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
+    saved[signal.SIGINT] = signal.signal(signal.SIGINT,
+                                         lambda signum, frame: None)
   try:
-    runpy.run_path(path, run_name="__main__")
+    code = child.wait()
   finally:
-    sys.argv[:], sys.path[:] = saved_argv, saved_path
-  return 0
+    for sig, old in saved.items():
+      signal.signal(sig, signal.SIG_DFL if old is None else old)
+  return 128 - code if code < 0 else code
 
 
 def _error(message: str) -> int:

@@ -54,8 +54,12 @@ Clusters (``--clusters``): every preset of
 cross_region_2dc, cross_region_4dc; sources in docs/runtime_model.md,
 "Presets") or cluster JSON files written by ``python -m
 decentral_jax.runtime_model measure`` (priced with their own measured
-workload). A cluster is priced at ``config.n_workers`` GPUs, or at its
-smallest multiple the cluster holds (cross_region_2dc: 16). Workload
+workload). A cluster is priced at the smallest multiple of
+``config.n_workers`` GPUs that it holds and that, on a preset of several
+nodes, spans at least two nodes, so its inter-node links are priced (at 8
+workers: h100_ib and T4 16, A40 and A100 8, cross_region_2dc 16,
+cross_region_4dc 32, h100_node, one node, 8); each table header names the
+count. Empty entries of ``--clusters`` are refused. Workload
 (``--workload``): ``gpt2_small``, ``1b`` or ``figure6`` (the paper's
 Transformer-base fitted to each Figure 6 cluster; T4, A40, A100 only).
 The loss per step is measured here, the time per step predicted: a what-if,
@@ -70,7 +74,9 @@ against the stored reference, ``experiments/compare_reference.json``),
 ``loss_vs_step.png``, and ``<run>/metrics.jsonl`` per run. This machine's
 CPU timings (ms/step, tokens/s, ``cpu_loss_vs_time_this_machine.png``) are
 load-dependent and only written with ``--cpu_timing``; they show compute
-overheads of simulated devices, never a ranking.
+overheads of simulated devices, never a ranking. A plot of these names that
+an earlier invocation left and this one does not write (the CPU plot
+without ``--cpu_timing``, the frontier with ``--clusters=``) is deleted.
 
   python experiments/compare.py --outdir results/compare     # quick, ~2 min
   python experiments/compare.py --full --outdir results/full  # the study
@@ -103,7 +109,9 @@ any run's config, an ``--outdir`` that is a file or cannot be created, a
 ``--clusters`` entry that is neither a preset nor a valid cluster file) is one
 ``error: ...`` line on stderr and exit code 2, before anything trains. A run
 that diverges is marked in the table and the other runs go on; then one
-``error:`` line names the diverged runs and the exit code is 3.
+``error:`` line names the diverged runs and the exit code is 3. A malformed
+``experiments/compare_reference.json`` is one ``warning:`` line naming the
+file and key after training; the results are still written.
 """
 
 from __future__ import annotations
@@ -464,6 +472,9 @@ def results_table(rows: list[tuple[Run, dict | None]], unit: str,
   return head + "\n".join(lines) + "\n"
 
 
+CPU_PLOT = "cpu_loss_vs_time_this_machine.png"
+
+
 def plot(rows: list[tuple[Run, str]], outdir: str,
          cpu_timing: bool = False) -> list[str]:
   """Validation loss vs step (and, with ``cpu_timing``, vs this machine's
@@ -478,7 +489,7 @@ def plot(rows: list[tuple[Run, str]], outdir: str,
   if cpu_timing:
     kinds.append(("train_time_s", "this machine's CPU training time (s; "
                   "compile and evaluation excluded)",
-                  "cpu_loss_vs_time_this_machine.png",
+                  CPU_PLOT,
                   "this machine's load-dependent CPU timing: not a ranking"))
   for x_key, x_label, name, title in kinds:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -493,7 +504,8 @@ def plot(rows: list[tuple[Run, str]], outdir: str,
     if title:
       ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.lines:  # every run diverged before logging: no legend
+      ax.legend(fontsize=7)
     fig.tight_layout()
     out = os.path.join(outdir, name)
     fig.savefig(out, dpi=120)
@@ -587,17 +599,21 @@ def _record(workdir: str, config, final, reason) -> None:
     raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
 
 
-def run_arm(run: Run, config, workdir: str, fresh: bool = False):
+def run_arm(run: Run, config, workdir: str, fresh: bool = False,
+            checkpoints: bool = True):
   """Trains one arm in ``workdir``, or takes what an earlier invocation left.
 
   See :func:`arm_status` (``fresh``: always start at step 0). A finished
   run keeps its recorded metrics, timings included; a resumed run's
   ms/step and tokens/s are those of the steps after its checkpoint.
+  Without ``checkpoints`` the run's checkpoints are deleted once its
+  outcome is recorded (:func:`drop_checkpoints`), the lock still held.
 
   The work directory is locked (``run.lock``) before anything in it is
   read or removed, so two invocations on the same ``--outdir`` cannot
-  clobber each other; a directory to be replaced must hold only what a
-  run writes (:data:`RUN_ENTRIES`), anything else is refused.
+  clobber each other; a directory to be replaced must be a directory, not
+  a symbolic link, holding only what a run writes (:data:`RUN_ENTRIES`),
+  anything else is refused (and keeps no ``run.lock`` of ours).
 
   Returns:
     ``(final metrics or None, why it diverged or None)``; the outcome is
@@ -608,8 +624,12 @@ def run_arm(run: Run, config, workdir: str, fresh: bool = False):
       not a run directory), or an unreadable checkpoint.
     train.Preempted: stopped by SIGTERM / SIGINT after saving a checkpoint.
   """
-  with workdir_lib.hold(workdir):  # train_and_evaluate re-enters it
-    return _run_arm_held(run, config, workdir, fresh)
+  # train_and_evaluate re-enters the lock; "--outdir" for the in-use error.
+  with workdir_lib.hold(workdir, flag="--outdir"):
+    outcome = _run_arm_held(run, config, workdir, fresh)
+    if not checkpoints:
+      drop_checkpoints(workdir)
+    return outcome
 
 
 def _run_arm_held(run: Run, config, workdir: str, fresh: bool):
@@ -683,13 +703,19 @@ class Arm:
 def parse_seeds(spec: str) -> tuple[int, ...]:
   """``--seeds``: comma-separated distinct integers in [0, 2**32 - 1].
 
+  An empty (or blank) ``spec`` gives ``()``: the config's own seed.
+
   Raises:
-    ValueError: a bad or repeated entry (names the flag).
+    ValueError: a bad, empty or repeated entry (names the flag).
   """
   out = []
-  for x in (x.strip() for x in str(spec).split(",")):
+  if not str(spec).strip():
+    return ()
+  for k, x in enumerate(x.strip() for x in str(spec).split(",")):
     if not x:
-      continue
+      raise ValueError(f"--seeds={spec!r}: entry {k + 1} is empty; "
+                       "separate the seeds by single commas, e.g. "
+                       "--seeds=0,1,2.")
     if not x.isdigit() or int(x) > config_lib.SEED_MAX:
       raise ValueError(f"--seeds={spec!r}: {x!r} is not a seed; give "
                        "comma-separated integers in [0, "
@@ -728,27 +754,42 @@ class JobProgress:
   While :meth:`attach` is active, the per-run bar of
   ``train.train_and_evaluate`` (``metrics_lib.progress_bar``) forwards its
   steps to this bar, and ``print`` goes through ``tqdm.write`` so log
-  lines do not break the bar.
+  lines do not break the bar. The rate, and so the ETA, counts only the
+  time in training steps: the time before each run's first step
+  (building, compiling, restoring) is left out of the bar's clock, and
+  steps an earlier invocation did (kept or resumed runs) move the bar
+  without counting as fast steps.
   """
 
   def __init__(self, arms: list[Arm]):
     self._n = len(arms)
     self._ends = np.cumsum([int(a.config.steps) for a in arms]).tolist()
+    first = f" ({arms[0].run.name})" if arms else ""
     self.bar = tqdm.tqdm(total=sum(int(a.config.steps) for a in arms),
                          unit="step", dynamic_ncols=True, mininterval=1.0,
-                         desc=f"run 0 of {self._n}", leave=True)
+                         desc=f"run 1 of {self._n}{first}", leave=True)
 
   def start(self, k: int, arm: Arm) -> None:
     """Run ``k`` (1-based) is next."""
     self.bar.set_description(f"run {k} of {self._n} ({arm.run.name})")
 
   def skip(self, steps: int) -> None:
-    """Steps done by an earlier invocation."""
-    self.bar.update(int(steps))
+    """Steps done by an earlier invocation (or never run: a diverged
+    run's rest): the bar moves, its rate does not."""
+    steps = int(steps)
+    if steps <= 0:
+      return
+    if self.bar.disable:
+      self.bar.n += steps
+      return
+    self.bar.n += steps
+    self.bar.last_print_n += steps
+    self.bar.initial += steps  # the rate before any smoothing: (n - initial)
+    self.bar.refresh()
 
   def finish(self, k: int) -> None:
     """Runs 1 to ``k`` are done (kept, trained or diverged)."""
-    self.bar.update(max(self._ends[k - 1] - self.bar.n, 0))
+    self.skip(max(self._ends[k - 1] - self.bar.n, 0))
 
   def _run_bar(self, total, initial=0, desc="", disable=None):
     del total, desc, disable
@@ -770,12 +811,17 @@ class JobProgress:
 
 
 class _Forward:
-  """A run's bar: steps and nothing else go to the job's bar."""
+  """A run's bar: steps and nothing else go to the job's bar; the time
+  before its first step (compile) is left out of the job bar's clock."""
 
   def __init__(self, bar):
     self._bar = bar
+    self._started = False
 
   def update(self, n: int = 1) -> None:
+    if not self._started:  # compile and the first step: not a step's time
+      self._started = True
+      self._bar.unpause()
     self._bar.update(n)
 
   def set_postfix(self, *args, **kwargs) -> None:
@@ -790,25 +836,31 @@ def drop_checkpoints(workdir: str) -> None:
   shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
 
 
-def reference_check(reference: dict | None, job: str | None,
+def reference_check(reference, job: str | None,
                     losses: dict[str, float]) -> str:
   """The job's final losses against the stored reference, one line.
 
   Args:
     reference: the contents of :data:`REFERENCE_FILE` (``{"tolerance":
       nats, "produced_on": words, "jobs": {job: {"final_loss": {"<method>/
-      seed<k>": loss}}}}``), or None if it is missing.
+      seed<k>": loss}}}}``), or None if it is missing. Any other shape is
+      reported, not raised (:func:`reference_problem`).
     job: ``"quick"`` or ``"full"`` when this invocation is that job's
       default set-up (default config, no ``--config`` overrides, tuned
       learning rates), else None.
     losses: ``{"<method>/seed<k>": final validation loss}`` of this job.
 
   Returns:
-    "matches the reference within X ...", "differs: ..." or why there is
-    nothing to compare.
+    "matches the reference within X ...", "differs: ...", why there is
+    nothing to compare, or "not checked: the reference file ... is
+    malformed: key ...".
   """
   if reference is None:
     return f"no reference file ({REFERENCE_FILE})."
+  problem = reference_problem(reference)
+  if problem:
+    return (f"not checked: the reference file {REFERENCE_FILE} is malformed:"
+            f" {problem}; fix it or restore it with git.")
   stored = (reference.get("jobs", {}).get(job, {}).get("final_loss", {})
             if job else {})
   common = sorted(set(stored) & set(losses))
@@ -829,10 +881,57 @@ def reference_check(reference: dict | None, job: str | None,
       "versions of JAX/XLA or a changed library give other numbers.")
 
 
-def _load_reference() -> dict | None:
-  record = _read_json(REFERENCE_FILE)
-  return record if isinstance(record, dict) and "tolerance" in record \
-      else None
+def _is_number(x) -> bool:
+  return (isinstance(x, numbers.Real) and not isinstance(x, bool)
+          and np.isfinite(x))
+
+
+def reference_problem(reference) -> str | None:
+  """What is wrong with the contents of :data:`REFERENCE_FILE` (naming the
+  key, e.g. ``key 'jobs.quick.final_loss.dadam/seed0' is None, not a
+  loss``), or None if it has the shape :func:`reference_check` reads."""
+  kind = lambda x: f"{type(x).__name__} {x!r:.40}"
+  if isinstance(reference, UnreadableReference):
+    return f"it is not readable JSON ({reference.why})"
+  if not isinstance(reference, dict):
+    return f"its top level is a {kind(reference)}, not an object"
+  tol = reference.get("tolerance")
+  if not _is_number(tol) or tol < 0:
+    return f"key 'tolerance' is {kind(tol)}, not a number of nats >= 0"
+  jobs = reference.get("jobs", {})
+  if not isinstance(jobs, dict):
+    return f"key 'jobs' is {kind(jobs)}, not an object"
+  for name, record in jobs.items():
+    if not isinstance(record, dict):
+      return f"key 'jobs.{name}' is {kind(record)}, not an object"
+    finals = record.get("final_loss", {})
+    if not isinstance(finals, dict):
+      return (f"key 'jobs.{name}.final_loss' is {kind(finals)}, not an "
+              "object")
+    for run, loss in finals.items():
+      if not _is_number(loss):
+        return (f"key 'jobs.{name}.final_loss.{run}' is {kind(loss)}, not a "
+                "loss")
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class UnreadableReference:
+  """A reference file that is not readable JSON, and why."""
+  why: str
+
+
+def load_reference(path: str | None = None):
+  """The contents of the reference file, None if there is none, or an
+  :class:`UnreadableReference` (which :func:`reference_check` reports).
+  ``path``: default :data:`REFERENCE_FILE`."""
+  try:
+    with open(path or REFERENCE_FILE, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+  except (OSError, ValueError) as e:
+    return UnreadableReference(str(e).splitlines()[0][:120])
 
 
 def timing_columns(table: str, keep: bool) -> str:
@@ -976,7 +1075,34 @@ def write_results(arms: list[Arm], finals: list, diverged, outdir: str,
   if clusters:
     pngs.append(compare_answer.plot_frontier(clusters, curves, prices, labels,
                                              at, outdir))
+  remove_stale_plots(outdir, pngs)
   return answer, lines, table, pngs, total
+
+
+# Every plot compare.py writes into --outdir.
+PLOT_NAMES = ("loss_vs_step.png", CPU_PLOT, compare_answer.PLOT_NAME)
+
+
+def remove_stale_plots(outdir: str, written: list[str]) -> list[str]:
+  """Deletes the plots of :data:`PLOT_NAMES` that an earlier invocation
+  left in ``outdir`` and this one did not write (``written``: its PNG
+  paths), e.g. the CPU plot after a rerun without ``--cpu_timing``.
+
+  Returns:
+    The deleted paths.
+
+  Raises:
+    OSError: a stale plot cannot be deleted.
+  """
+  keep = {os.path.basename(p) for p in written}
+  gone = []
+  for name in PLOT_NAMES:
+    path = os.path.join(outdir, name)
+    if name not in keep and os.path.lexists(path) and not os.path.isdir(
+        path):
+      os.remove(path)
+      gone.append(path)
+  return gone
 
 
 def job_settings() -> tuple[str, str, str, bool, str | None]:
@@ -1023,7 +1149,8 @@ def train_all(arms: list[Arm], outdir: str, checkpoints: bool):
     progress.start(k + 1, arm)
     try:
       with progress.attach():
-        final, reason = run_arm(arm.run, arm.config, workdir, _FRESH.value)
+        final, reason = run_arm(arm.run, arm.config, workdir, _FRESH.value,
+                                checkpoints)
     except ValueError as e:  # bad data or work directory: all runs share it
       progress.close()
       _fail(f"run {arm.run.name!r} ({arm.run.label}): {e}")
@@ -1033,8 +1160,6 @@ def train_all(arms: list[Arm], outdir: str, checkpoints: bool):
           e, arm.run, runs[:k], runs[k + 1:], _FRESH.value), file=sys.stderr)
       sys.exit(e.exit_code)
     progress.finish(k + 1)
-    if not checkpoints:
-      drop_checkpoints(workdir)
     if reason is not None:
       diverged.append((arm.run, reason))
     finals.append(final)
@@ -1107,9 +1232,11 @@ def main(argv):
     if a.method.name not in prices:
       prices[a.method.name] = compare_pricing.predicted_ms(
           a.config, clusters, workload)
-  reference_line = reference_check(_load_reference(), job, {
+  reference_line = reference_check(load_reference(), job, {
       f"{a.method.name}/seed{a.seed}": float(m["eval/loss"])
       for a, m in zip(arms, finals) if m is not None})
+  if reference_line.startswith("not checked"):  # the results are still written
+    print(f"warning: reference check {reference_line}", file=sys.stderr)
   try:
     answer, lines, table, pngs, total = write_results(
         arms, finals, diverged, outdir, base, accum, per_method_lr, start,
@@ -1127,11 +1254,20 @@ def main(argv):
   print(f"table: {os.path.join(outdir, 'results.md')}\nplots: "
         f"{', '.join(pngs)}\ntotal: {total:.0f} s")
   if diverged:
-    _fail(f"{len(diverged)} of {len(arms)} runs diverged: "
-          + "; ".join(f"{run.name!r} ({run.label}): {reason}"
-                      for run, reason in diverged)
-          + "; the other runs' results are in "
-          + os.path.join(outdir, "results.md") + ".", code=3)
+    _fail(diverged_message(diverged, len(arms),
+                           os.path.join(outdir, "results.md")), code=3)
+
+
+def diverged_message(diverged, n_runs: int, results: str) -> str:
+  """The exit-3 line: which runs diverged (``[(run, reason)]`` of
+  ``n_runs``) and where the results are (``results``: results.md)."""
+  why = "; ".join(f"{run.name!r} ({run.label}): {str(reason).rstrip('.')}"
+                  for run, reason in diverged)
+  if len(diverged) < n_runs:
+    return (f"{len(diverged)} of {n_runs} runs diverged: {why}; the other "
+            f"runs' results are in {results}.")
+  return (f"all {n_runs} runs diverged: {why}; no run finished, so there is "
+          f"no answer ({results} lists the divergences).")
 
 
 def _parse_or_exit(argv):

@@ -7,7 +7,9 @@ and each method's predicted seconds per step on each cluster
 * :func:`common_targets`: a few loss targets that every run (every method,
   every seed) reaches: the highest of the runs' lowest losses (the floor),
   and the floor plus 5% and 10% of the drop from the initial loss to it,
-  rounded up to 0.001;
+  rounded up to 0.001; a target that every run already meets at its first
+  evaluation (no run got below the initial loss) is left out, as it tells
+  the methods apart by nothing;
 * :func:`rank`: per cluster and target, the methods ordered by their mean
   predicted wall-clock to the target (step at which the curve first reaches
   it, linearly interpolated between evaluations, times the predicted
@@ -48,7 +50,9 @@ def common_targets(curves: dict, steps=TARGET_STEPS) -> list[float]:
   every curve reaches; the drop is from the lowest of the curves' first
   finite losses (the initial loss) to the floor. The targets are the floor
   plus each fraction of ``steps`` of the drop, rounded up to 0.001 (still
-  reached, and below the initial loss).
+  reached). A target that every curve's first finite loss already meets
+  is dropped: every run would reach it at its first evaluation, which
+  ranks nothing (:func:`no_target_reason` says why none is left).
 
   Args:
     curves: ``{method: [(eval steps, eval losses) per seed]}``.
@@ -56,7 +60,7 @@ def common_targets(curves: dict, steps=TARGET_STEPS) -> list[float]:
 
   Returns:
     The distinct targets, highest first; empty if some curve has no finite
-    loss.
+    loss or no run gets below the initial loss.
   """
   lows, firsts = [], []
   for runs in curves.values():
@@ -71,7 +75,18 @@ def common_targets(curves: dict, steps=TARGET_STEPS) -> list[float]:
   floor = max(lows)
   drop = max(min(firsts) - floor, 0.0)
   out = [math.ceil(round(1000 * (floor + f * drop), 6)) / 1000 for f in steps]
-  return sorted(set(out), reverse=True)
+  return sorted({t for t in out if t < max(firsts)}, reverse=True)
+
+
+def no_target_reason(curves: dict) -> str:
+  """Why :func:`common_targets` is empty, in words (for the answer)."""
+  for runs in curves.values():
+    for _, losses in runs:
+      if not any(math.isfinite(float(x)) for x in losses):
+        return ("no loss target that every run reaches (a run has no finite "
+                "loss)")
+  return ("no common loss target below the initial loss (some run never "
+          "got below it), so no method is named")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,8 +152,11 @@ def verdict(cluster: str, ranking: list[Entry], target: float,
   if len(ranking) == 1:
     return head + " (the only method priced here)."
   second = ranking[1]
-  margin = second.mean_s / best.mean_s if best.mean_s > 0 else math.inf
-  versus = (f"{margin:.2f}x before {labels[second.name]} "
+  if _tie(best, second):
+    return (f"{cluster}: no clear winner (tie): {labels[best.name]} and "
+            f"{labels[second.name]} reach loss {target:.3f} in "
+            f"{took(best.mean_s)} each.")
+  versus = (f"{_margin(best, second)} before {labels[second.name]} "
             f"({took(second.mean_s)})")
   if best.seeds < 2 or second.seeds < 2:
     return (f"{head}, {versus}; one seed, so the spread over seeds is "
@@ -151,6 +169,18 @@ def verdict(cluster: str, ranking: list[Entry], target: float,
           f"{labels[second.name]} ({took(second.low_s)} to "
           f"{took(second.high_s)}) reach loss {target:.3f} within the "
           "seeds' spread.")
+
+
+def _tie(best: Entry, second: Entry) -> bool:
+  """Equal mean times (to rounding): neither method is first."""
+  return math.isclose(best.mean_s, second.mean_s, rel_tol=1e-9, abs_tol=0.0)
+
+
+def _margin(best: Entry, second: Entry) -> str:
+  """``"1.23x"``: the runner-up's mean time over the first's."""
+  if best.mean_s > 0:
+    return f"{second.mean_s / best.mean_s:.2f}x"
+  return "at its first evaluation,"  # the runner-up later: no ratio
 
 
 def _cell(ranking: list[Entry], name: str) -> str:
@@ -171,9 +201,11 @@ def cluster_table(cluster: str, curves: dict, ms: dict, targets: list[float],
 
   ``finals``: ``{method: [final losses per seed]}``.
   """
+  seeds = max((len(v) for v in finals.values() if v), default=1)
   head = ("| method | predicted ms/step | "
           + " | ".join(f"to loss <= {t:.3f}" for t in targets)
-          + " | final loss (mean of seeds) |\n|" + "---|" * (3 + len(targets))
+          + (" | final loss (mean of seeds) |" if seeds > 1 else
+             " | final loss |") + "\n|" + "---|" * (3 + len(targets))
           + "\n")
   ranks = [rank(curves, ms, t) for t in targets]
   rows = []
@@ -225,7 +257,7 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
   if not clusters:
     return "", []
   if not targets:
-    line = "no loss target that every run reaches (a run has no finite loss)"
+    line = no_target_reason(curves)
     return f"## The answer\n\nNone: {line}.\n\n", [line]
   seeds = max((len(r) for r in curves.values()), default=0)
   out = ["## The answer: which method reaches a loss first, per cluster\n",
@@ -272,11 +304,12 @@ def short_verdict(ranking: list[Entry], target: float, labels: dict) -> str:
   if len(ranking) == 1:
     return f"first to {target:.3f}: {labels[ranking[0].name]}"
   best, second = ranking[:2]
+  if _tie(best, second):
+    return f"to {target:.3f}: no clear winner (tie)"
   if best.seeds > 1 and second.seeds > 1 and best.high_s >= second.low_s:
     return f"to {target:.3f}: no clear winner (within the seeds' spread)"
   return (f"first to {target:.3f}: {labels[best.name]}, "
-          f"{second.mean_s / best.mean_s:.2f}x before "
-          f"{labels[second.name]}")
+          f"{_margin(best, second)} before {labels[second.name]}")
 
 
 def plot_frontier(clusters, curves: dict, prices: dict, labels: dict,
@@ -325,7 +358,8 @@ def plot_frontier(clusters, curves: dict, prices: dict, labels: dict,
       ax.set_ylim(lo - pad, top + 2 * pad)
     ax.set_xscale("log")
     verdict_words = (short_verdict(rank(curves, ms, targets[-1]), targets[-1],
-                                   labels) if targets else "no common target")
+                                   labels) if targets else
+                     "no common target below the initial loss")
     ax.set_title(f"{cl.label}, {at.get(cl.label, '?')} GPUs (predicted)\n"
                  f"{verdict_words}", fontsize=8)
     ax.set_xlabel("predicted wall-clock (s, log): step x predicted s/step")

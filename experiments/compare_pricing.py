@@ -13,7 +13,9 @@ workload the user names, and puts the two together:
   ``presets.WORKLOADS``, or ``figure6``: the Figure 6 clusters' fitted
   Transformer-base);
 * :func:`priced_workers`: the GPU count each cluster is priced at (the
-  smallest multiple of ``config.n_workers`` the cluster holds);
+  smallest multiple of ``config.n_workers`` the cluster holds that, on a
+  preset of several nodes, spans at least two nodes, so that its
+  inter-node links are priced);
 * :func:`predicted_ms`: a run config's predicted ms/iteration on each
   cluster (``core.simulate``, as ``predict`` does);
 * :func:`step_to_target`, :func:`time_to_target`: where a validation-loss
@@ -126,6 +128,14 @@ class PricingCluster:
       return str(e)
     return None
 
+  def nodes(self, n: int) -> int:
+    """Nodes the cluster's ``n`` workers span (``n`` must fit)."""
+    if self.preset is not None:
+      c = presets.cluster(self.preset, int(n))
+    else:
+      c = cluster_file.cluster(self.data, int(n))
+    return int(c.n_workers) // int(c.local_size)
+
   def describe(self, n: int, workload: str = FIGURE6) -> str:
     """This cluster at ``n`` GPUs and its workload, in words."""
     if self.preset is not None:
@@ -161,7 +171,7 @@ def parse_clusters(spec: str, workload: str = FIGURE6
   An entry equal (ignoring case) to a key of ``presets.CLUSTERS`` is that
   preset; any other entry is a path to a cluster JSON file written by
   ``python -m decentral_jax.runtime_model measure``, with a measured
-  workload. An empty ``spec`` gives no clusters (no pricing).
+  workload. An empty (or blank) ``spec`` gives no clusters (no pricing).
 
   Args:
     spec: the flag's value.
@@ -169,18 +179,23 @@ def parse_clusters(spec: str, workload: str = FIGURE6
       presets).
 
   Raises:
-    ValueError: an entry that is neither a preset nor an existing file, a
-      file that cannot be read, is not a valid cluster file or has no
-      measured workload, a cluster given twice, or a preset without a
+    ValueError: an empty entry, one that is neither a preset nor an
+      existing file, a file that cannot be read, is not a valid cluster
+      file or has no measured workload, a cluster given twice, or a preset without a
       Figure 6 workload under ``--workload=figure6``; the message names
       the flag and says what to give instead.
   """
   how = _HOW.format(", ".join(presets.CLUSTERS))
   names = {k.lower(): k for k in presets.CLUSTERS}
   out, seen = [], set()
-  for entry in (x.strip() for x in str(spec).split(",")):
+  if not str(spec).strip():
+    return ()
+  for k, entry in enumerate(x.strip() for x in str(spec).split(",")):
     if not entry:
-      continue
+      raise ValueError(f"--clusters={spec!r}: entry {k + 1} is empty; "
+                       "separate the clusters by single commas, e.g. "
+                       "--clusters=A40,h100_node (--clusters= alone turns "
+                       "the pricing off).")
     if entry.lower() in names:
       name = names[entry.lower()]
       if workload == FIGURE6 and name not in FIGURE6_PRESETS:
@@ -234,20 +249,27 @@ def method_spec(config) -> str:
 def priced_workers(cluster: PricingCluster, n: int) -> int | str:
   """The GPU count ``cluster`` is priced at for runs of ``n`` workers.
 
-  ``n`` itself if the cluster holds it, else its smallest multiple ``k n``
-  (``k`` <= 64) that the cluster holds (``cross_region_2dc`` at ``n = 8``:
-  16, two datacenters of one 8-GPU node). The loss curves stay those of
-  the ``n``-worker proxy runs.
+  The smallest multiple ``k n`` (``k`` <= 64) that the cluster holds and,
+  for a preset that holds two nodes or more, that spans at least two
+  nodes, so its inter-node links (InfiniBand, Ethernet, the wide-area
+  link) are priced: at ``n = 8``, ``h100_ib`` and ``T4`` (8 GPUs per node)
+  16, ``A40`` (4 per node) 8, ``cross_region_2dc`` 16 (two datacenters of
+  one node), ``h100_node`` (one node) 8. A cluster file is priced at the
+  smallest multiple it holds. The loss curves stay those of the
+  ``n``-worker proxy runs.
 
   Returns:
     The count, or why no multiple fits (str).
   """
-  why = cluster.fits(n)
+  why, first = cluster.fits(n), None
   for k in range(1, _MAX_SCALE + 1):
     why_k = cluster.fits(k * n)
-    if why_k is None:
+    if why_k is not None:
+      continue
+    if cluster.preset is None or cluster.nodes(k * n) >= 2:
       return k * n
-  return why or why_k
+    first = first or k * n
+  return first or why or why_k
 
 
 def predicted_ms(config, clusters, workload: str = FIGURE6,
@@ -354,12 +376,23 @@ def time_to_target(steps, losses, target: float,
 
 
 def format_duration(seconds: float) -> str:
-  """Seconds in a human unit: ``"12.3 s"``, ``"4.5 min"`` or ``"2.5 h"``."""
-  if seconds < 60:
-    return f"{seconds:.1f} s"
-  if seconds < 7200:
-    return f"{seconds / 60:.1f} min"
-  return f"{seconds / 3600:.1f} h"
+  """Seconds in a human unit, to 3 significant figures: ``"250 ms"``,
+  ``"4.00 s"``, ``"12.3 s"``, ``"4.50 min"``, ``"2.50 h"`` (``"0 s"`` for
+  zero)."""
+  seconds = float(f"{float(seconds):.3g}")  # 59.99 s is "1.00 min"
+  if seconds == 0:
+    return "0 s"
+  for limit, scale, unit in ((1, 1e-3, "ms"), (60, 1, "s"),
+                             (7200, 60, "min")):
+    if seconds < limit:
+      break
+  else:
+    scale, unit = 3600, "h"
+  value = seconds / scale
+  text = f"{value:#.3g}"
+  if "e" in text:  # 1000 or more of the unit (after rounding)
+    text = f"{value:.0f}"
+  return f"{text.rstrip('.')} {unit}"
 
 
 def pricing_columns(finals, prices: dict, clusters

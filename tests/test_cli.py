@@ -114,9 +114,9 @@ def test_runtime_model_commands_forward_their_arguments(monkeypatch, name):
 def test_script_commands_run_the_checkout_script_as_main(tmp_path, name):
   root = _fake_checkout(tmp_path / "repo")
   argv_before, path_before = sys.argv[:], sys.path[:]
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main([name, "--config", "a b.py", "--config.steps=3"], checkout=root)
-  assert exit_info.value.code == 7  # the script's own exit code
+  # The script's own exit code, from its own process.
+  assert cli.main([name, "--config", "a b.py", "--config.steps=3"],
+                  checkout=root) == 7
   assert cli.main([name, "return"], checkout=root) == 0
   script = os.path.join(root, *SCRIPTS[name].split("/"))
   assert _calls(root) == [
@@ -124,6 +124,65 @@ def test_script_commands_run_the_checkout_script_as_main(tmp_path, name):
        os.path.dirname(script)],
       [script, [script, "return"], os.path.dirname(script)]]
   assert sys.argv == argv_before and sys.path == path_before
+
+
+# Two scripts that define the same absl flag (as train.py and compare.py
+# both define --config) and print it.
+_FLAG_SCRIPT = textwrap.dedent("""\
+    from absl import app, flags
+    _CONFIG = flags.DEFINE_string("config", "none", "a config")
+    def main(argv):
+      print("{name}", _CONFIG.value, argv[1:])
+      return {code}
+    if __name__ == "__main__":
+      app.run(main)
+    """)
+
+
+def test_two_scripts_with_the_same_flags_run_in_one_process(tmp_path,
+                                                            capfd):
+  root = _fake_checkout(tmp_path / "repo")
+  for name, code in (("train", 0), ("compare", 3)):
+    with open(os.path.join(root, *SCRIPTS[name].split("/")), "w") as f:
+      f.write(_FLAG_SCRIPT.format(name=name, code=code))
+  assert cli.main(["train", "--config=a.py"], checkout=root) == 0
+  assert cli.main(["compare", "--config=b.py", "x"], checkout=root) == 3
+  assert cli.main(["train", "--config=c.py"], checkout=root) == 0
+  out, err = capfd.readouterr()
+  assert out.splitlines() == ["train a.py []", "compare b.py ['x']",
+                              "train c.py []"], err
+  assert "DuplicateFlagError" not in err
+
+
+@pytest.mark.integration
+def test_sigterm_reaches_the_script(tmp_path):
+  # The script saves on SIGTERM and exits 143, as train.py saves a
+  # checkpoint; the signal is sent to the `decentral-jax` process only.
+  root = _fake_checkout(tmp_path / "repo")
+  ready, saved = tmp_path / "ready", tmp_path / "saved"
+  with open(os.path.join(root, "experiments", "train.py"), "w") as f:
+    f.write(textwrap.dedent(f"""\
+        import signal, sys, time
+        def stop(signum, frame):
+          open({str(saved)!r}, "w").write(str(signum))
+          sys.exit(128 + signum)
+        signal.signal(signal.SIGTERM, stop)
+        open({str(ready)!r}, "w").close()
+        time.sleep(60)
+        """))
+  code = (f"import sys; from decentral_jax import cli; "
+          f"sys.exit(cli.main(['train'], checkout={root!r}))")
+  proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  for _ in range(600):
+    if ready.exists() or proc.poll() is not None:
+      break
+    import time  # pylint: disable=import-outside-toplevel
+    time.sleep(0.1)
+  assert ready.exists()
+  proc.send_signal(15)
+  assert proc.wait(timeout=60) == 143
+  assert saved.read_text() == "15"
 
 
 def test_a_checkout_without_the_script_is_one_error_line(tmp_path, capsys):
@@ -165,6 +224,28 @@ def test_find_checkout_prefers_the_package_then_walks_up_from_cwd(tmp_path):
   assert not cli.is_checkout(str(site))
   # This repository, found beside the imported package from anywhere.
   assert cli.find_checkout(cwd=str(tmp_path)) == ROOT
+
+
+def test_a_missing_relative_config_names_the_current_directory(
+    tmp_path, monkeypatch):
+  from decentral_jax.runner import config as config_lib
+  # Run from outside the checkout that holds the imported package.
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config("configs/gpt_quick.py")
+  assert str(info.value) == (
+      "config file 'configs/gpt_quick.py' does not exist (relative to the "
+      f"current directory, {tmp_path}; the checkout has "
+      f"{os.path.join(ROOT, 'configs', 'gpt_quick.py')}).")
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config("configs/no_such.py")
+  assert str(info.value) == (
+      "config file 'configs/no_such.py' does not exist (relative to the "
+      f"current directory, {tmp_path}).")
+  missing = str(tmp_path / "no_such.py")
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config(missing)
+  assert str(info.value) == f"config file {missing!r} does not exist."
 
 
 def test_pyproject_installs_the_command():
@@ -233,4 +314,6 @@ def test_the_installed_entry_point_outside_and_inside_a_checkout(tmp_path):
             "configs/no_such.py", "--workdir", str(tmp_path / "w"))
   assert out.returncode == 2, out.stderr
   assert out.stderr.splitlines()[-1] == (
-      "error: config file 'configs/no_such.py' does not exist.")
+      "error: config file 'configs/no_such.py' does not exist (relative to "
+      f"the current directory, {os.path.join(ROOT, 'docs')}).")
+

@@ -467,3 +467,191 @@ def test_full_changes_the_defaults_and_explicit_flags_win(monkeypatch):
   assert settings("--noper_method_lr")[4] is None
   # An explicit checkpoint interval asks for checkpoints.
   assert settings(overrides=["--config.checkpoint_interval=10"])[3] is True
+
+
+# --- Whole invocations with training faked (nothing compiles) ---
+
+_FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
+
+
+def _fake_job(monkeypatch, train_fn):
+  monkeypatch.setattr(compare.train, "train_and_evaluate", train_fn)
+  monkeypatch.setattr(compare.experiment, "Experiment", lambda config: None)
+  monkeypatch.setattr(compare, "sent_per_step", lambda exp: {
+      "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
+
+
+def _main(tmp_path, *flags_):
+  argv = compare._parse_or_exit(  # pylint: disable=protected-access
+      ["compare.py", f"--outdir={tmp_path}", "--config.steps=3",
+       "--config.eval_interval=3", *flags_])
+  try:
+    compare.main(argv)
+  except SystemExit as e:
+    return e.code
+  return 0
+
+
+def _write_curve(workdir, losses=(4.0, 2.0)):
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    for step, loss in zip((0, 3), losses):
+      f.write(json.dumps({"step": step, "train_time_s": 1.0,
+                          "eval/loss": loss}) + "\n")
+
+
+def test_all_runs_diverged_and_stale_plots_are_removed(
+    tmp_path, monkeypatch, capsys):
+  def diverges(config, workdir, experiment=None):
+    raise FloatingPointError("non-finite training loss at step 2; enable "
+                             "config.grad_clip.")
+
+  _fake_job(monkeypatch, diverges)
+  # Plots an earlier invocation wrote (with --cpu_timing and clusters),
+  # and a file of the same kind that is not ours.
+  for name in ("cpu_loss_vs_time_this_machine.png",
+               "loss_vs_predicted_time.png", "loss_vs_step.png",
+               "my_plot.png"):
+    (tmp_path / name).write_bytes(b"old")
+  assert _main(tmp_path, "--methods=all_reduce,dadam", "--clusters=") == 3
+  errors = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("error: ")]
+  assert errors == [
+      "error: all 2 runs diverged: 'all_reduce' (All-Reduce AdamW): "
+      "non-finite training loss at step 2; enable config.grad_clip; 'dadam' "
+      "(DAdam, one_peer_exp): non-finite training loss at step 2; enable "
+      f"config.grad_clip; no run finished, so there is no answer "
+      f"({tmp_path / 'results.md'} lists the divergences)."]
+  # This invocation wrote loss_vs_step.png only: the stale plots are gone.
+  assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+      "loss_vs_step.png", "my_plot.png"]
+  assert (tmp_path / "loss_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+  assert (tmp_path / "my_plot.png").read_bytes() == b"old"
+
+
+def test_some_runs_diverged_message():
+  runs = [compare.METHODS["dadam"]]
+  assert compare.diverged_message([(runs[0], "it blew up.")], 3, "r.md") == (
+      "1 of 3 runs diverged: 'dadam' (DAdam, one_peer_exp): it blew up; the "
+      "other runs' results are in r.md.")
+
+
+@pytest.mark.parametrize("contents, key", [
+    ({"tolerance": "0.02", "jobs": {}}, "key 'tolerance' is str '0.02'"),
+    ({"tolerance": 0.02, "jobs": {"quick": {"final_loss": {
+        "dadam/seed0": None}}}},
+     "key 'jobs.quick.final_loss.dadam/seed0' is NoneType None, not a loss"),
+    ({"tolerance": 0.02, "jobs": []}, "key 'jobs' is list [], not an object"),
+    ("{", "it is not readable JSON (Expecting "),
+])
+def test_a_malformed_reference_is_one_line_and_the_results_are_written(
+    tmp_path, monkeypatch, capsys, contents, key):
+  def trains(config, workdir, experiment=None):
+    _write_curve(workdir)
+    return dict(_FINAL)
+
+  _fake_job(monkeypatch, trains)
+  ref = tmp_path / "ref.json"
+  ref.write_text(contents if isinstance(contents, str) else
+                 json.dumps(contents))
+  monkeypatch.setattr(compare, "REFERENCE_FILE", str(ref))
+  out = tmp_path / "out"
+  assert _main(out, "--methods=all_reduce", "--clusters=") == 0
+  err = capsys.readouterr().err
+  warnings = [l for l in err.splitlines() if "reference" in l]
+  assert len(warnings) == 1, err
+  assert warnings[0].startswith(
+      f"warning: reference check not checked: the reference file {ref} is "
+      f"malformed: {key}"), warnings[0]
+  md = (out / "results.md").read_text()
+  assert f"Reference check: not checked: the reference file {ref}" in md
+  assert "| All-Reduce AdamW | 2.0000 |" in md
+
+
+def test_checkpoints_are_dropped_while_the_run_folder_is_locked(
+    tmp_path, monkeypatch):
+  from decentral_jax.runner import workdir as workdir_lib
+  def trains(config, workdir, experiment=None):
+    _write_curve(workdir)
+    os.makedirs(os.path.join(workdir, "checkpoints", "3"))
+    return dict(_FINAL)
+
+  _fake_job(monkeypatch, trains)
+  seen = []
+  drop = compare.drop_checkpoints
+
+  def drop_checking_the_lock(workdir):
+    try:
+      workdir_lib.WorkdirLock(workdir).acquire()
+    except workdir_lib.WorkdirInUse:
+      seen.append("held")
+    else:
+      seen.append("free")
+    drop(workdir)
+
+  monkeypatch.setattr(compare, "drop_checkpoints", drop_checking_the_lock)
+  assert _main(tmp_path, "--methods=all_reduce", "--clusters=") == 0
+  assert seen == ["held"]
+  assert not (tmp_path / "all_reduce" / "checkpoints").exists()
+
+
+def test_a_symlinked_run_folder_is_refused_and_left_as_it_was(
+    tmp_path, monkeypatch, capsys):
+  def trains(config, workdir, experiment=None):
+    raise AssertionError("the arm was about to train")
+
+  _fake_job(monkeypatch, trains)
+  elsewhere = tmp_path / "elsewhere"
+  (elsewhere / "checkpoints" / "5").mkdir(parents=True)
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "all_reduce").symlink_to(elsewhere, target_is_directory=True)
+  assert _main(out, "--methods=all_reduce", "--clusters=") == 2
+  [line] = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("error: ")]
+  assert f"{out / 'all_reduce'} is a symbolic link" in line
+  assert sorted(os.listdir(elsewhere)) == ["checkpoints"]  # no run.lock
+  assert os.listdir(elsewhere / "checkpoints") == ["5"]
+
+
+def test_empty_seed_entries_are_refused():
+  assert compare.parse_seeds("") == () and compare.parse_seeds("1, 0") == (
+      1, 0)
+  for bad, entry in ((",", 1), ("0,,1", 2), ("0,1,", 3)):
+    with pytest.raises(ValueError) as info:
+      compare.parse_seeds(bad)
+    assert str(info.value).startswith(
+        f"--seeds={bad!r}: entry {entry} is empty;"), str(info.value)
+
+
+def test_the_eta_counts_steps_not_compile_time():
+  arms = compare.job_arms(
+      [(compare.METHODS[x], config_dict.ConfigDict({"seed": 0, "steps": s}))
+       for x, s in (("all_reduce", 10), ("dadam", 10))], (), True)
+  job = compare.JobProgress(arms)
+  assert job.bar.desc.startswith("run 1 of 2 (all_reduce)")  # not "run 0"
+  clock = [0.0]
+  job.bar._time = lambda: clock[0]  # pylint: disable=protected-access
+  job.bar.start_t = job.bar.last_print_t = 0.0
+  with job.attach():
+    bar = compare.metrics_lib.progress_bar(10)
+    clock[0] = 20.0  # building and compiling, then step 1 (1 s)
+    bar.update(1)
+    for _ in range(9):  # 1 s per step
+      clock[0] += 1.0
+      bar.update(1)
+  job.finish(1)
+  info = job.bar.format_dict
+  elapsed = info["elapsed"]
+  rate = info["rate"] or (info["n"] - info["initial"]) / elapsed
+  # 10 steps in 9 s of stepping (the compile's 20 s left out): the next 10
+  # steps take about 9 s, not the 29 s a clock with the compile would say.
+  assert elapsed == pytest.approx(9.0)
+  assert 8.0 <= (job.bar.total - job.bar.n) / rate <= 10.0
+  # Steps kept from an earlier invocation move the bar, not the rate.
+  job.skip(5)
+  info = job.bar.format_dict
+  assert info["n"] == 15 and info["n"] - info["initial"] == 10
+  job.close()

@@ -50,22 +50,31 @@ def test_time_to_target_interpolates_between_evaluations():
   assert pricing.step_to_target([], [], 1.0) is None
   with pytest.raises(ValueError, match="2 steps but 1 losses"):
     pricing.step_to_target([1, 2], [1.0], 1.0)
-  assert [pricing.format_duration(s) for s in (0.75, 90.0, 9000.0)] == [
-      "0.8 s", "1.5 min", "2.5 h"]
+  # Three significant figures, ms below a second.
+  assert [pricing.format_duration(s) for s in (
+      0.0, 0.0004, 0.75, 4.0, 12.345, 59.99, 90.0, 9000.0)] == [
+          "0 s", "0.400 ms", "750 ms", "4.00 s", "12.3 s", "1.00 min",
+          "1.50 min", "2.50 h"]
 
 
 def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
   clusters = pricing.parse_clusters(
       "t4,A40,a100,H100_node,h100_ib,cross_region_2dc,cross_region_4dc",
       "gpt2_small")
-  # docs/runtime_model.md, "Presets": 8 or 4 GPUs per node; h100_node is
-  # one node of 8; cross-region needs whole nodes in each of 2 or 4
-  # datacenters: multiples of 16 and 32.
-  want = {"T4": 8, "A40": 8, "A100": 8, "h100_node": 8, "h100_ib": 8,
+  # docs/runtime_model.md, "Presets": 8 (T4, h100_ib) or 4 (A40, A100)
+  # GPUs per node, priced at two nodes at least so that the inter-node
+  # links count; h100_node is one node of 8; cross-region needs whole
+  # nodes in each of 2 or 4 datacenters: multiples of 16 and 32.
+  want = {"T4": 16, "A40": 8, "A100": 8, "h100_node": 8, "h100_ib": 16,
           "cross_region_2dc": 16, "cross_region_4dc": 32}
   assert {cl.label: pricing.priced_workers(cl, 8) for cl in clusters} == want
   assert {cl.label: pricing.priced_workers(cl, 4) for cl in clusters} == {
-      **want, "A40": 4, "A100": 4, "h100_node": 4}
+      **want, "h100_node": 4}
+  assert {cl.label: pricing.priced_workers(cl, 24) for cl in clusters} == {
+      "T4": 24, "A40": 24, "A100": 24, "h100_node": (
+          "preset 'h100_node' has 8 GPUs; use at most 8 workers."),
+      "h100_ib": 24,
+      "cross_region_2dc": 48, "cross_region_4dc": 96}
   (node,) = pricing.parse_clusters("h100_node", "1b")
   assert "at most 8 workers" in pricing.priced_workers(node, 16)
   run = compare.METHODS["dadam"]
@@ -73,6 +82,18 @@ def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
                  )[run]
   assert "at most 8 workers" in pricing.predicted_ms(config, (node,), "1b")[
       "h100_node"]
+
+
+def test_empty_cluster_entries_are_refused():
+  assert pricing.parse_clusters("", "gpt2_small") == ()
+  assert [c.label for c in pricing.parse_clusters(" A40 , h100_node ",
+                                                  "gpt2_small")] == [
+                                                      "A40", "h100_node"]
+  for bad, entry in (("A40,,h100_node", 2), (",", 1), ("A40,", 2)):
+    with pytest.raises(ValueError) as info:
+      pricing.parse_clusters(bad, "gpt2_small")
+    assert str(info.value).startswith(
+        f"--clusters={bad!r}: entry {entry} is empty;"), str(info.value)
 
 
 def test_cross_region_prices_follow_the_wide_area_link():
@@ -208,6 +229,72 @@ def test_targets_are_losses_every_run_reaches():
   assert answer.common_targets({"x": [([0], [float("nan")])]}) == []
 
 
+def test_no_target_when_a_method_never_gets_below_the_initial_loss(tmp_path):
+  # As --config.steps=4 with diloco: its loss only rises before its first
+  # sync, so the lowest loss it reaches is the shared initial loss 4.0.
+  # Every run meets that at step 0: no target, no winner, no crash.
+  curves = {"ar": [([0, 2, 4], [4.0, 3.5, 3.0])],
+            "lo": [([0, 2, 4], [4.0, 4.1, 4.2])]}
+  assert answer.common_targets(curves) == []
+  prices = {"ar": {"fast": 10.0}, "lo": {"fast": 10.0}}
+  clusters = (pricing.PricingCluster("fast"),)
+  md, lines = answer.answer_markdown(clusters, curves, prices,
+                                     {"ar": [3.0], "lo": [4.2]}, LABELS)
+  assert lines == ["no common loss target below the initial loss (some run "
+                   "never got below it), so no method is named"]
+  assert "inf" not in md and "**" not in md
+  png = answer.plot_frontier(clusters, curves, prices, LABELS, {"fast": 8},
+                             str(tmp_path))
+  assert open(png, "rb").read(4) == b"\x89PNG"
+  # A target that only some runs meet at their first evaluation is kept:
+  # seed 1 starts at 4.4, above the floor 4.2.
+  curves["lo"].append(([0, 2, 4], [4.4, 4.3, 4.2]))
+  curves["ar"].append(([0, 2, 4], [4.4, 3.6, 3.1]))
+  assert answer.common_targets(curves) == [4.2]
+
+
+def test_zero_times_and_ties_name_no_winner():
+  labels = {"a": "A", "b": "B"}
+  # Both at their first evaluation (0 s): a tie, no ratio, no "inf".
+  zero = [answer.Entry("a", 0.0, 0.0, 0.0, 1),
+          answer.Entry("b", 0.0, 0.0, 0.0, 1)]
+  assert answer.verdict("c", zero, 4.0, labels) == (
+      "c: no clear winner (tie): A and B reach loss 4.000 in 0 s each.")
+  assert answer.short_verdict(zero, 4.0, labels) == \
+      "to 4.000: no clear winner (tie)"
+  # Equal times with one seed: no winner either.
+  tie = [answer.Entry("a", 2.5, 2.5, 2.5, 1),
+         answer.Entry("b", 2.5, 2.5, 2.5, 1)]
+  assert answer.verdict("c", tie, 3.0, labels) == (
+      "c: no clear winner (tie): A and B reach loss 3.000 in 2.50 s each.")
+  assert answer.short_verdict(tie, 3.0, labels) == \
+      "to 3.000: no clear winner (tie)"
+  # Only the first is at 0 s: it is first, with no ratio.
+  first = [answer.Entry("a", 0.0, 0.0, 0.0, 1),
+           answer.Entry("b", 0.5, 0.5, 0.5, 1)]
+  assert answer.short_verdict(first, 3.0, labels) == (
+      "first to 3.000: A, at its first evaluation, before B")
+  assert answer.verdict("c", first, 3.0, labels).startswith(
+      "c: **A**, first to loss 3.000 in 0 s, at its first evaluation, "
+      "before B (500 ms);")
+  # A real margin: 3 s against 1 s.
+  won = [answer.Entry("a", 1.0, 1.0, 1.0, 1),
+         answer.Entry("b", 3.0, 3.0, 3.0, 1)]
+  assert answer.short_verdict(won, 3.0, labels) == \
+      "first to 3.000: A, 3.00x before B"
+
+
+def test_final_loss_column_says_mean_only_with_seeds():
+  curves = {"ar": [([0, 10], [4.0, 2.0])]}
+  one = answer.cluster_table("c", curves, {"ar": 10.0}, [2.0],
+                             {"ar": [2.0]}, {"ar": "AR"})
+  assert one.startswith("| method | predicted ms/step | to loss <= 2.000 | "
+                        "final loss |\n")
+  two = answer.cluster_table("c", curves, {"ar": 10.0}, [2.0],
+                             {"ar": [2.0, 2.5]}, {"ar": "AR"})
+  assert "| final loss (mean of seeds) |\n" in two and "| 2.2500 |" in two
+
+
 def _two_clusters():
   # Two curves per method (seeds); Local needs twice AR's steps, at a
   # fifth of its step time on the slow cluster and the same on the fast.
@@ -230,8 +317,9 @@ def test_rank_and_verdict_with_seeds():
       ("ar", pytest.approx(10.0), pytest.approx(10.0), pytest.approx(10.0),
        2)]
   assert answer.verdict("slow", got, 2.0, LABELS) == (
-      "slow: **Local**, first to loss 2.000 in 4.0 s (seeds 4.0 s to 4.0 s),"
-      " 2.50x before AR (10.0 s); clear: outside the 2 seeds' spread.")
+      "slow: **Local**, first to loss 2.000 in 4.00 s (seeds 4.00 s to "
+      "4.00 s), 2.50x before AR (10.0 s); clear: outside the 2 seeds' "
+      "spread.")
   # Loss 3.0: AR at step 10 and 10 + 0.2 / 1.2 x 10 (seeds), Local at 20,
   # on the fast cluster: 0.1 s, 0.1167 s and 0.2 s.
   ms = {k: v["fast"] for k, v in prices.items()}
@@ -240,19 +328,19 @@ def test_rank_and_verdict_with_seeds():
   assert got[0].low_s == pytest.approx(0.1) and \
       got[0].high_s == pytest.approx(0.35 / 3)
   assert answer.verdict("fast", got, 3.0, LABELS) == (
-      "fast: **AR**, first to loss 3.000 in 0.1 s (seeds 0.1 s to 0.1 s), "
-      "1.85x before Local (0.2 s); clear: outside the 2 seeds' spread.")
+      "fast: **AR**, first to loss 3.000 in 108 ms (seeds 100 ms to 117 ms),"
+      " 1.85x before Local (200 ms); clear: outside the 2 seeds' spread.")
   # Overlapping spreads: no clear winner.
   overlap = [answer.Entry("ar", 1.0, 0.8, 1.3, 3),
              answer.Entry("lo", 1.1, 0.9, 1.2, 3)]
   assert answer.verdict("c", overlap, 2.5, LABELS) == (
-      "c: no clear winner: AR (0.8 s to 1.3 s) and Local (0.9 s to 1.2 s) "
-      "reach loss 2.500 within the seeds' spread.")
+      "c: no clear winner: AR (800 ms to 1.30 s) and Local (900 ms to "
+      "1.20 s) reach loss 2.500 within the seeds' spread.")
   # One seed: the margin, and the spread is unknown.
   single = [answer.Entry("ar", 1.0, 1.0, 1.0, 1),
             answer.Entry("lo", 1.5, 1.5, 1.5, 1)]
   assert answer.verdict("c", single, 2.5, LABELS) == (
-      "c: **AR**, first to loss 2.500 in 1.0 s, 1.50x before Local (1.5 s); "
+      "c: **AR**, first to loss 2.500 in 1.00 s, 1.50x before Local (1.50 s); "
       "one seed, so the spread over seeds is unknown (--seeds=0,1,2 "
       "measures it).")
   assert answer.verdict("c", [], 2.5, LABELS) == \
@@ -276,10 +364,10 @@ def test_answer_markdown_tables_and_recommendations(tmp_path):
   assert ("| method | predicted ms/step | to loss <= 2.200 | to loss <= "
           "2.100 | to loss <= 2.000 | final loss (mean of seeds) |") in md
   # Slow cluster, loss 2.0: Local 40 x 0.1 s, AR 20 x 0.5 s.
-  assert "| Local | 100.0 | **3.6 s (3.6 s-3.6 s)** | **3.8 s (3.8 s-3.8 s)**" \
-      " | **4.0 s (4.0 s-4.0 s)** | 2.0000 |" in md
-  assert lines[0].startswith("fast: **AR**, first to loss 2.000 in 0.2 s")
-  assert lines[1].startswith("slow: **Local**, first to loss 2.000 in 4.0 s")
+  assert ("| Local | 100.0 | **3.60 s (3.60 s-3.60 s)** | **3.80 s (3.80 s-"
+          "3.80 s)** | **4.00 s (4.00 s-4.00 s)** | 2.0000 |") in md
+  assert lines[0].startswith("fast: **AR**, first to loss 2.000 in 200 ms")
+  assert lines[1].startswith("slow: **Local**, first to loss 2.000 in 4.00 s")
   assert md.count("Recommendation: ") == 2
   png = answer.plot_frontier(clusters, curves, prices, LABELS,
                              {"fast": 8, "slow": 16}, str(tmp_path))
@@ -314,7 +402,9 @@ def test_bad_flags_are_one_error_line_before_training(tmp_path):
                                               "Fix the file"),
            ("--workload=2b",): ("--workload='2b'", "gpt2_small"),
            ("--workload=figure6",): ("'h100_node' has no Figure 6",),
-           ("--seeds=0,x",): ("--seeds", "'x' is not a seed")}
+           ("--seeds=0,x",): ("--seeds", "'x' is not a seed"),
+           ("--clusters=A40,,h100_node",): ("--clusters=", "entry 2 is empty"),
+           ("--seeds=,",): ("--seeds=','", "entry 1 is empty")}
   procs = {args: subprocess.Popen(
       [sys.executable, "experiments/compare.py", *args,
        "--outdir", str(tmp_path / "out")], cwd=ROOT, env=_env(), text=True,
@@ -366,3 +456,25 @@ def test_end_to_end_answer_per_cluster(tmp_path):
     assert not (outdir / run / "checkpoints").exists()  # off by default
   assert sorted(p.name for p in outdir.glob("*.png")) == [
       "loss_vs_predicted_time.png", "loss_vs_step.png"]
+
+
+@pytest.mark.integration
+def test_a_method_that_never_improves_gives_no_target_not_a_crash(tmp_path):
+  # DiLoCo syncs every 10 steps: in 4 steps its averaged model stays at the
+  # initial loss, so no target below it is common to every run.
+  outdir = tmp_path / "cmp"
+  proc = subprocess.run(
+      [sys.executable, "experiments/compare.py",
+       "--methods=all_reduce,diloco", "--clusters=h100_node",
+       "--outdir", str(outdir), "--config.steps=4",
+       "--config.eval_interval=2", "--config.eval_batches=1",
+       "--config.model.n_layer=1", "--config.model.n_embd=16",
+       "--config.model.n_head=2", "--config.schedule.warmup_steps=2"],
+      cwd=ROOT, env=_env(), text=True, capture_output=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  md = (outdir / "results.md").read_text()
+  assert "None: no common loss target below the initial loss" in md
+  assert "inf" not in md.replace("info", "") and "**" not in md.split(
+      "## The answer")[1].split("## Details")[0]
+  assert "no common loss target below the initial loss" in proc.stdout
+  assert (outdir / "loss_vs_predicted_time.png").exists()

@@ -79,3 +79,86 @@ def test_clear_removes_only_a_run_s_entries_and_keeps_the_lock(tmp_path):
     assert os.listdir(workdir) == [workdir_lib.LOCK_FILE]  # still held
     with pytest.raises(workdir_lib.WorkdirInUse):
       workdir_lib.WorkdirLock(str(workdir)).acquire()
+
+
+def test_clear_refuses_a_symlinked_run_folder_and_leaves_no_lock(tmp_path):
+  # <outdir>/all_reduce -> elsewhere: the target's files are not ours.
+  elsewhere = tmp_path / "elsewhere"
+  (elsewhere / "checkpoints" / "5").mkdir(parents=True)
+  link = tmp_path / "out" / "all_reduce"
+  link.parent.mkdir()
+  link.symlink_to(elsewhere, target_is_directory=True)
+  with pytest.raises(workdir_lib.NotARunDirectory) as info:
+    with workdir_lib.hold(str(link), flag="--outdir"):
+      workdir_lib.clear(str(link), ("checkpoints",))
+  message = str(info.value)
+  assert "\n" not in message and f"{link} is a symbolic link" in message
+  assert isinstance(info.value, ValueError)
+  # Nothing deleted, and the lock file the refused hold created is gone.
+  assert sorted(os.listdir(elsewhere)) == ["checkpoints"]
+  assert os.listdir(elsewhere / "checkpoints") == ["5"]
+  assert os.path.islink(link)
+
+
+def test_a_refused_folder_keeps_its_own_lock_file_but_not_ours(tmp_path):
+  refused = tmp_path / "data"
+  refused.mkdir()
+  (refused / "data.bin").write_text("someone's data")
+  with pytest.raises(workdir_lib.NotARunDirectory):
+    with workdir_lib.hold(str(refused)):
+      workdir_lib.clear(str(refused), ("config.json",))
+  assert os.listdir(refused) == ["data.bin"]
+  # A lock file that was there before is not ours to delete.
+  (refused / workdir_lib.LOCK_FILE).write_text("")
+  with pytest.raises(workdir_lib.NotARunDirectory):
+    with workdir_lib.hold(str(refused)):
+      workdir_lib.clear(str(refused), ("config.json",))
+  assert sorted(os.listdir(refused)) == ["data.bin", workdir_lib.LOCK_FILE]
+  # Other errors in the body keep the lock file (it is never deleted then).
+  fresh = tmp_path / "run"
+  with pytest.raises(RuntimeError):
+    with workdir_lib.hold(str(fresh)):
+      raise RuntimeError("stopped")
+  assert os.listdir(fresh) == [workdir_lib.LOCK_FILE]
+
+
+def test_a_lock_file_deleted_before_the_flock_is_opened_again(
+    tmp_path, monkeypatch):
+  workdir = str(tmp_path / "run")
+  first = workdir_lib.WorkdirLock(workdir)
+  first.acquire()
+  assert first.created
+  first.discard()  # a refused folder: the holder deletes its file
+  assert not os.path.exists(first.path)
+  # A taker that opened the old file just before another holder deleted
+  # it and made a new one: its flock succeeds on a file no path names, so
+  # it must open the path again and lock the file there.
+  real_flock, calls = workdir_lib.fcntl.flock, []
+
+  def flock(fd, op):
+    if not calls:
+      os.unlink(first.path)
+      open(first.path, "w").close()  # pylint: disable=consider-using-with
+    calls.append(os.fstat(fd).st_ino)
+    return real_flock(fd, op)
+
+  open(first.path, "w").close()  # pylint: disable=consider-using-with
+  monkeypatch.setattr(workdir_lib.fcntl, "flock", flock)
+  second = workdir_lib.WorkdirLock(workdir)
+  second.acquire()
+  assert len(calls) == 2 and calls[0] != calls[1]
+  assert calls[1] == os.stat(first.path).st_ino  # the file the path names
+  monkeypatch.setattr(workdir_lib.fcntl, "flock", real_flock)
+  with pytest.raises(workdir_lib.WorkdirInUse):
+    workdir_lib.WorkdirLock(workdir).acquire()
+  second.release()
+
+
+def test_the_in_use_message_names_the_tool_s_flag(tmp_path):
+  workdir = str(tmp_path / "run")
+  with workdir_lib.hold(workdir):
+    for flag in ("--workdir", "--outdir"):
+      with pytest.raises(workdir_lib.WorkdirInUse) as info:
+        workdir_lib.WorkdirLock(workdir, flag).acquire()
+      assert str(info.value).endswith(
+          f"wait for it to finish, stop it, or pass another {flag}.")

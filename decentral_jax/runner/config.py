@@ -357,6 +357,19 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
 # ----------------------------------------------------------------------------
 
 
+def _where_relative(path: str) -> str:
+  """For a relative ``path``: where it was looked for (the current
+  directory), and the checkout's file of that name if there is one."""
+  if os.path.isabs(path):
+    return ""
+  text = f" (relative to the current directory, {os.getcwd()}"
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  if os.path.isfile(os.path.join(root, path)):
+    text += f"; the checkout has {os.path.join(root, path)}"
+  return text + ")"
+
+
 def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
   """Loads a config file with overrides, parsed exactly as on the command line.
 
@@ -380,7 +393,8 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
   """
   file_part = path.split(":", 1)[0]
   if not os.path.exists(file_part):
-    raise ValueError(f"config file {file_part!r} does not exist.")
+    raise ValueError(f"config file {file_part!r} does not exist"
+                     + _where_relative(file_part) + ".")
   if not os.path.isfile(file_part):
     raise ValueError(f"config file {file_part!r} is not a file; pass a "
                      "Python file with get_config(), e.g. configs/gpt_tiny.py.")

@@ -4,8 +4,13 @@
 :func:`decentral_jax.runner.train.train_and_evaluate`, before anything else is
 written, and releases it when the run ends (normally, on an error, or after
 a SIGTERM). While a run holds it the file names the holder (host, pid,
-start time, command line); it is empty when no run holds it, and is never
-deleted (deleting a locked file lets two runs lock two different files).
+start time, command line); it is empty when no run holds it, and is not
+deleted, except by :func:`hold` when the body refuses the directory
+(:class:`NotARunDirectory`) and this holder created the file: then nothing
+of ours is left in a directory that is not ours. A taker checks, once it
+holds the flock, that the path still names the file it locked (else it
+opens the new one), so a deleted lock file never lets two runs hold two
+different files.
 
 A second run on the same directory is refused with
 :class:`WorkdirInUse`, naming the holder. A lock left by a run that was
@@ -73,6 +78,11 @@ class WorkdirInUse(ValueError):
   """Another live run holds the work directory's lock."""
 
 
+class NotARunDirectory(ValueError):
+  """:func:`clear` refuses a directory (a symlink, a file, or one holding
+  entries a run does not write)."""
+
+
 class PathError(OSError, ValueError):
   """A path of the run cannot be created or written.
 
@@ -125,14 +135,20 @@ class WorkdirLock:
   Attributes:
     workdir: the work directory.
     path: ``<workdir>/run.lock``.
+    flag: the command-line flag that names the directory, for the
+      in-use message (``--workdir`` for train.py, ``--outdir`` for
+      compare.py).
     previous: the record of a holder that ended without releasing the lock
       (taken over by :meth:`acquire`), else None.
+    created: whether :meth:`acquire` created the lock file.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, flag: str = "--workdir"):
     self.workdir = os.path.abspath(workdir)
     self.path = os.path.join(self.workdir, LOCK_FILE)
+    self.flag = flag
     self.previous = None
+    self.created = False
     self._fd = None
 
   def _read(self, fd: int) -> dict:
@@ -158,25 +174,19 @@ class WorkdirLock:
       os.makedirs(self.workdir, exist_ok=True)
     except OSError as e:
       raise path_error("create the work directory", self.workdir, e) from None
-    try:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-      raise path_error("write to the work directory", self.path, e) from None
-    try:
+    for _ in range(8):  # a holder may delete the file we opened (discard)
+      fd = self._open()
       try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-      except BlockingIOError:
-        holder = self._read(fd)
-        raise WorkdirInUse(
-            f"the work directory {self.workdir} is in use by another run "
-            f"({_describe(holder)}; lock file {self.path}); wait for it to "
-            "finish, stop it, or pass another --workdir.") from None
-      except OSError as e:
-        if e.errno not in _NO_LOCKS:
-          raise path_error("lock", self.path, e) from None
-        logging.warning("%s: the file system has no file locks (%s); a "
-                        "second run on this work directory would not be "
-                        "detected.", self.path, e.strerror)
+        if self._lock(fd):
+          break
+      except BaseException:
+        os.close(fd)
+        raise
+      os.close(fd)
+    else:
+      raise path_error("lock", self.path, OSError(
+          errno.EAGAIN, "the lock file keeps being replaced"))
+    try:
       previous = self._read(fd)
       if previous:
         self.previous = previous
@@ -200,6 +210,50 @@ class WorkdirLock:
       os.close(fd)
       raise
     self._fd = fd
+
+  def _open(self) -> int:
+    """Opens (creating if missing) the lock file; sets :attr:`created`."""
+    try:
+      try:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        self.created = True
+      except FileExistsError:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.created = False
+    except OSError as e:
+      raise path_error("write to the work directory", self.path, e) from None
+    return fd
+
+  def _lock(self, fd: int) -> bool:
+    """Flocks ``fd``; False if the path no longer names its file."""
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = self._read(fd)
+      raise WorkdirInUse(
+          f"the work directory {self.workdir} is in use by another run "
+          f"({_describe(holder)}; lock file {self.path}); wait for it to "
+          f"finish, stop it, or pass another {self.flag}.") from None
+    except OSError as e:
+      if e.errno not in _NO_LOCKS:
+        raise path_error("lock", self.path, e) from None
+      logging.warning("%s: the file system has no file locks (%s); a "
+                      "second run on this work directory would not be "
+                      "detected.", self.path, e.strerror)
+    try:
+      same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+    except FileNotFoundError:
+      same = False
+    return same
+
+  def discard(self) -> None:
+    """Releases the lock, deleting the lock file if :meth:`acquire`
+    created it (a directory refused by :func:`clear` keeps nothing of
+    ours); else as :meth:`release`."""
+    if self._fd is not None and self.created:
+      with contextlib.suppress(OSError):
+        os.unlink(self.path)  # while held: a taker then opens a new file
+    self.release()
 
   def release(self) -> None:
     """Empties the lock file and releases the lock (no-op if not held)."""
@@ -334,14 +388,22 @@ def broadcast_from_main(text: str) -> str:
 
 
 @contextlib.contextmanager
-def hold(workdir: str) -> Iterator[WorkdirLock | None]:
+def hold(workdir: str, flag: str = "--workdir"
+         ) -> Iterator[WorkdirLock | None]:
   """Holds ``workdir``'s lock for the body (process 0 of a job takes it).
 
   Every process of a multi-process job must enter this together: process 0
   acquires the lock and shares the outcome, so all processes raise the
   same error when the directory is in use or not writable. Re-entrant: in
   the thread that already holds ``workdir`` it yields the held lock (no
-  collective, nothing released on leaving the inner block).
+  collective, nothing released on leaving the inner block). If the body
+  raises :class:`NotARunDirectory` (the directory was refused), a lock
+  file this call created is deleted again.
+
+  Args:
+    workdir: the work directory.
+    flag: the flag that names it, for the in-use message (``--workdir``,
+      compare.py's ``--outdir``).
 
   Yields:
     The held :class:`WorkdirLock` on process 0, None on other processes.
@@ -354,7 +416,7 @@ def hold(workdir: str) -> Iterator[WorkdirLock | None]:
   if key in _HELD and _HELD[key][0] == threading.get_ident():
     yield _HELD[key][1]
     return
-  lock = WorkdirLock(workdir) if jax.process_index() == 0 else None
+  lock = WorkdirLock(workdir, flag) if jax.process_index() == 0 else None
   error = None
   if lock is not None:
     try:
@@ -371,6 +433,10 @@ def hold(workdir: str) -> Iterator[WorkdirLock | None]:
   _HELD[key] = (threading.get_ident(), lock)
   try:
     yield lock
+  except NotARunDirectory:
+    if lock is not None:
+      lock.discard()
+    raise
   finally:
     del _HELD[key]
     if lock is not None:
@@ -383,22 +449,29 @@ def clear(workdir: str, entries: Iterable[str]) -> None:
   Removes each of ``entries`` (names of files and directories a run
   writes, e.g. ``config.json``, ``checkpoints``) found in ``workdir``; hold
   the directory (:func:`hold`) while calling it. Nothing is removed if the
-  directory holds any other entry: it is then not recognisably a run
-  directory, and may be someone's data.
+  directory is a symbolic link (its target may be anyone's) or holds any
+  other entry: it is then not recognisably a run directory, and may be
+  someone's data.
 
   Raises:
-    ValueError: ``workdir`` is not a directory, or holds an entry not in
-      ``entries`` (one line naming both).
+    NotARunDirectory: ``workdir`` is a symbolic link, not a directory, or
+      holds an entry not in ``entries`` (one line naming both); a
+      ``ValueError``.
     PathError: an entry cannot be removed.
   """
+  if os.path.islink(workdir):
+    raise NotARunDirectory(
+        f"{workdir} is a symbolic link (to {os.readlink(workdir)}), so it "
+        "is not replaced; remove the link or choose another output "
+        "directory.")
   if not os.path.isdir(workdir):
-    raise ValueError(f"{workdir} is not a directory; move it away or choose "
-                     "another output directory.")
+    raise NotARunDirectory(f"{workdir} is not a directory; move it away or "
+                           "choose another output directory.")
   allowed = set(entries) | {LOCK_FILE}
   names = sorted(os.listdir(workdir))
   foreign = [n for n in names if n not in allowed]
   if foreign:
-    raise ValueError(
+    raise NotARunDirectory(
         f"{workdir} is not a run directory of this project (it holds "
         f"{foreign[0]!r}" + (f" and {len(foreign) - 1} more" if len(foreign)
                              > 1 else "")
