@@ -119,6 +119,23 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
           f"{ar / fastest:.2f}x faster than All-Reduce")
 
 
+#: Printed under a recommendation other than All-Reduce: the runtime model
+#: prices time per iteration, not the loss a method reaches per step.
+#: Measured in BENCHMARKS.md section 15 (docs/clusters.md, "Before
+#: decentralizing: the batch per worker").
+QUALITY_CAVEAT = (
+    "priced by speed only, not by the loss per step. Decentralized Adam "
+    "trailed All-Reduce AdamW by 0.15 to 0.24 validation loss at 8 to 64 "
+    "sequences per worker (8 workers, BENCHMARKS.md section 15); "
+    "local-update methods trail per step too. experiments/compare.py "
+    "measures both on a proxy.")
+
+
+def quality_caveat(recommendation: str) -> str:
+  """The caveat to print under ``recommendation`` ("" for All-Reduce)."""
+  return "" if recommendation.startswith("All-Reduce") else QUALITY_CAVEAT
+
+
 # Link rates (bytes/s) scanned by :func:`break_even`: 1 Mbit/s .. 100 Tbit/s,
 # 8 points per decade.
 BREAK_EVEN_GRID_Bps = tuple(1.25e5 * 10 ** (k / 8) for k in range(8 * 8 + 1))

@@ -374,7 +374,10 @@ def _print_table(n: int, c, w, table: dict[str, recommend.Prediction],
   for key, m in (methods or {}).items():
     if m.compress is not None:
       print(recommend.break_even_line(key, recommend.break_even(m, c, w)))
-  print("  recommendation: " + recommend.recommend(table))
+  line = recommend.recommend(table)
+  print("  recommendation: " + line)
+  if recommend.quality_caveat(line):
+    print("  recommendation caveat: " + recommend.quality_caveat(line))
 
 
 def _faults_from_args(args) -> stragglers.Faults:
