@@ -40,13 +40,12 @@ MAX_UTILISATION_WORKERS = 256
 
 # Physical bounds of the numeric flags, in the flags' units: times at most
 # 1e6 ms (about 17 minutes; 1e9 us), bandwidths in [1e-3, 1e6] Gbit/s or
-# GB/s, buckets at most 1e6 MiB (which with MAX_BUCKETS bounds --params).
-# Beyond them the model's arithmetic
-# overflows (a table of nan or of 300-digit times) or prices no real
-# cluster. Each is (low, low excluded, high or None for no upper bound).
+# GB/s, buckets at most 1e9 MiB (--params: MAX_PARAMS). Beyond them the
+# model's arithmetic overflows (a table of nan or of 300-digit times) or
+# prices no real cluster. Each is (low, low excluded, high or None).
 _MAX_MS = 1e6
 _RATE = (1e-3, False, 1e6)
-_BOUNDS = {
+FLAG_BOUNDS = {
     "--local-size": (1, False, None), "--intra-GBps": _RATE,
     "--intra-latency-us": (0, False, 1e3 * _MAX_MS), "--nic-Gbps": _RATE,
     "--flow-Gbps": (0, False, 1e6),
@@ -55,7 +54,7 @@ _BOUNDS = {
     "--forward-ms": (0, False, _MAX_MS),
     "--backward-ms": (0, False, _MAX_MS),
     "--optimizer-ms": (0, False, _MAX_MS), "--compute-cv": (0, False, 10),
-    "--bucket-MiB": (0, True, 1e6), "--devices-per-worker": (1, False, None),
+    "--bucket-MiB": (0, True, 1e9), "--devices-per-worker": (1, False, None),
     "--seed": (0, False, None),
     "--datacenters": (1, False, None), "--wan-Gbps": _RATE,
     "--wan-latency-ms": (0, False, _MAX_MS), "--codec-GBps": _RATE,
@@ -65,17 +64,22 @@ _BOUNDS = {
 
 # The same for `utilisation` (its --n-workers, --params and --grad-dtype are
 # checked apart); --step-ms > 0: with no compute there is no utilisation.
-_UTILISATION_BOUNDS = {
+UTILISATION_FLAG_BOUNDS = {
     "--step-ms": (0, True, _MAX_MS),
     "--H": (1, False, MAX_STEPS), "--latency-ms": (0, False, _MAX_MS),
-    "--codec-GBps": _RATE, "--bucket-MiB": (0, True, 1e6),
+    "--codec-GBps": _RATE, "--bucket-MiB": (0, True, 1e9),
 }
+
+
+# Largest --params (1e15: 4 PB of float32 parameters); checked after the
+# buckets, whose bound is the stricter one for small --bucket-MiB.
+MAX_PARAMS = 1e15
 
 
 def flag_range(flag: str, command: str = "predict") -> str | None:
   """The range of a numeric flag as its help states it, e.g. ``"0.001 to
   1e+06"`` or ``">= 1"``; None for a flag without bounds here."""
-  table = _UTILISATION_BOUNDS if command == "utilisation" else _BOUNDS
+  table = UTILISATION_FLAG_BOUNDS if command == "utilisation" else FLAG_BOUNDS
   if flag not in table:
     return None
   low, strict, high = table[flag]
@@ -133,7 +137,7 @@ def check_output_path(path: str | None, flag: str) -> None:
 def check_predict_args(args) -> None:
   """Validates the flags of ``predict``.
 
-  Every number is finite and within its bounds (``_BOUNDS``, in the
+  Every number is finite and within its bounds (``FLAG_BOUNDS``, in the
   flag's units; ``--flow-Gbps`` is 0 or a rate); ``--gossip-in-flight``
   is one or two fractions in [0, 1] or a JSON file; worker counts
   are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
@@ -144,10 +148,10 @@ def check_predict_args(args) -> None:
   Raises:
     ValueError: the first bad flag, named, with its value and range.
   """
-  _check_bounds(args, _BOUNDS)
+  _check_bounds(args, FLAG_BOUNDS)
   if 0 < args.flow_Gbps < _RATE[0]:
     raise ValueError(f"--flow-Gbps must be 0 (no cap) or in [{_RATE[0]:g}, "
-                     f"{_BOUNDS['--flow-Gbps'][2]:g}], got "
+                     f"{FLAG_BOUNDS['--flow-Gbps'][2]:g}], got "
                      f"{args.flow_Gbps!r}.")
   check_in_flight_flag(args.gossip_in_flight)
   if not args.n_workers:
@@ -181,6 +185,7 @@ def check_predict_args(args) -> None:
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
         f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
         "handles; raise --bucket-MiB or lower --params.")
+  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
   check_output_path(args.png, "--png")
 
 
@@ -230,8 +235,8 @@ def check_utilisation_args(args) -> None:
   ``--n-workers`` in ``[2, MAX_UTILISATION_WORKERS]`` (one worker sends
   nothing: every method is at 100% at any rate, and the table's ratio to
   the paper's data-parallel rate means nothing), ``--params`` a whole
-  count, the other numbers within ``_UTILISATION_BOUNDS`` (in the flags'
-  units), ``--grad-dtype`` floating, the gradients in at most
+  count, the other numbers within ``UTILISATION_FLAG_BOUNDS`` (in the
+  flags' units), ``--grad-dtype`` floating, the gradients in at most
   ``MAX_BUCKETS`` buckets of ``--bucket-MiB``.
 
   Raises:
@@ -247,7 +252,7 @@ def check_utilisation_args(args) -> None:
                      "(the table's time grows faster than n^2: about 2 "
                      "minutes at 512 workers).")
   check_param_count(args.params)
-  _check_bounds(args, _UTILISATION_BOUNDS)
+  _check_bounds(args, UTILISATION_FLAG_BOUNDS)
   itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
   bucket = args.bucket_MiB
   buckets = math.ceil(args.params * itemsize / (bucket * 2**20))
@@ -256,6 +261,7 @@ def check_utilisation_args(args) -> None:
         f"--params {args.params:g} in --bucket-MiB {bucket:g} makes "
         f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the model "
         "handles; raise --bucket-MiB or lower --params.")
+  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
 
 
 def check_file_workers(path: str, n: int) -> None:

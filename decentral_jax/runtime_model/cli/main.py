@@ -44,7 +44,7 @@ import numpy as np
 from decentral_jax.runtime_model import cluster_file
 # The predict flags' checks and conversions (re-exported: part of this CLI).
 from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
-    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, check_file_workers,
+    MAX_BUCKETS, MAX_PARAMS, MAX_STEPS, MAX_WORKERS, check_file_workers,
     check_output_path, check_predict_args, check_utilisation_args,
     cluster_from_args, comma_list, describe_cluster_file, explicit_flags,
     flag_range,
@@ -702,7 +702,8 @@ def _add_utilisation(sub) -> None:
                      "and a PNG")
   for flag, typ, default, text in (
       ("--n-workers", int, 2, "workers, each its own node with one link"),
-      ("--params", float, 1e9, "parameter count"),
+      ("--params", float, 1e9, f"parameter count, at most {MAX_PARAMS:g} "
+       f"and in at most {MAX_BUCKETS} buckets of --bucket-MiB"),
       ("--step-ms", float, 100.0, "compute per step, ms (forward : "
        "backward = 1 : 2)"),
       ("--H", int, 30, "DiLoCo's inner steps per outer step"),
@@ -796,8 +797,8 @@ _CLUSTER_FLAGS = (
      "dequantizes (compressed communication; an assumption)"),
 )
 _WORKLOAD_FLAGS = (
-    ("--params", float, 65e6, "parameter count, whole, in at most "
-     f"{MAX_BUCKETS} buckets of --bucket-MiB"),
+    ("--params", float, 65e6, "parameter count, whole, at most "
+     f"{MAX_PARAMS:g} and in at most {MAX_BUCKETS} buckets of --bucket-MiB"),
     ("--grad-dtype", str, "float32", "dtype of All-Reduced gradients"),
     ("--param-dtype", str, "float32", "dtype of gossiped parameters"),
     ("--forward-ms", float, 30.0, "mean forward time per iteration, ms"),
