@@ -216,10 +216,11 @@ def _price_all(args, setups, built, faults) -> list:
 
 
 def _given_numbers(args) -> str:
-  """``--preset X, --forward-ms 1e+300``: the preset and the numeric
-  flags given on the command line (but ``--n-workers``, ``--steps``,
-  ``--seed``), as given, in the flags' units."""
+  """``--preset X, --forward-ms 1e+300``: the preset or cluster file and
+  the numeric flags given on the command line (but ``--n-workers``,
+  ``--steps``, ``--seed``), as given, in the flags' units."""
   out = [f"--preset {args.preset}"] if args.preset else []
+  out += [f"--cluster {args.cluster}"] if args.cluster else []
   for flag in sorted(explicit_flags(args) - {"--n-workers", "--steps",
                                              "--seed"}):
     v = getattr(args, flag.lstrip("-").replace("-", "_"), None)
