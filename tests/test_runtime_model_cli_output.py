@@ -292,3 +292,33 @@ def test_a_recommendation_other_than_all_reduce_carries_the_quality_caveat():
   caveat = recommend.quality_caveat(
       "Decent (AER): 422.9 ms/iteration, 2.00x faster than All-Reduce")
   assert "speed only" in caveat and "section 15" in caveat
+
+
+# --- 6: flags out of range, and the non-finite backstop ----------------------
+
+
+def test_a_table_the_model_cannot_price_is_one_error_line(monkeypatch,
+                                                          capsys):
+  # The flag's bound refuses 1e300 ms; with it lifted the forward time
+  # overflows the model's arithmetic (nan in the table, which predict
+  # printed with a recommendation and exit status 0), and the backstop
+  # refuses the table, naming the flag as given.
+  rc, out, err = _run(capsys, "--n-workers", "8", "--forward-ms", "1e300")
+  assert (rc, out) == (2, "") and "--forward-ms must be" in err
+  monkeypatch.setitem(inputs.FLAG_BOUNDS, "--forward-ms", (0, False, None))
+  rc, out, err = _run(capsys, "--n-workers", "8", "--forward-ms", "1e300")
+  assert (rc, out) == (2, "")
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert lines[0].startswith("error: the model's times at --n-workers 8 are "
+                             "not finite numbers with --forward-ms 1e+300")
+
+
+def test_flag_bounds_admit_the_ends_of_their_ranges(capsys):
+  # Every rate at its low end, every time at its high end: finite tables.
+  rc, out, _ = _run(capsys, "--n-workers", "8", "--methods", "all_reduce,aer",
+                    "--nic-Gbps", "1e-3", "--intra-GBps", "1e-3",
+                    "--forward-ms", "1e6", "--backward-ms", "1e6",
+                    "--inter-latency-us", "1e9", "--compute-cv", "10")
+  assert rc == 0 and "nan" not in out and "inf" not in out
+  assert "recommendation:" in out

@@ -38,20 +38,76 @@ MAX_STEPS = 100_000
 MAX_UTILISATION_WORKERS = 256
 
 
-# Lower bound of each numeric `predict` flag: (bound, bound excluded).
-_BOUNDS = {
-    "--local-size": (1, False), "--intra-GBps": (0, True),
-    "--intra-latency-us": (0, False), "--nic-Gbps": (0, True),
-    "--flow-Gbps": (0, False), "--inter-latency-us": (0, False),
-    "--nics-per-node": (1, False), "--nic-efficiency": (0, True),
-    "--params": (0, True), "--forward-ms": (0, False),
-    "--backward-ms": (0, False), "--optimizer-ms": (0, False),
-    "--compute-cv": (0, False), "--bucket-MiB": (0, True),
-    "--devices-per-worker": (1, False),
-    "--seed": (0, False),
-    "--datacenters": (1, False), "--wan-Gbps": (0, True),
-    "--wan-latency-ms": (0, False), "--codec-GBps": (0, True),
+# Physical bounds of the numeric flags, in the flags' units: times at most
+# 1e6 ms (about 17 minutes; 1e9 us), bandwidths in [1e-3, 1e6] Gbit/s or
+# GB/s, buckets at most 1e9 MiB (--params: MAX_PARAMS). Beyond them the
+# model's arithmetic overflows (a table of nan or of 300-digit times) or
+# prices no real cluster. Each is (low, low excluded, high or None).
+_MAX_MS = 1e6
+_RATE = (1e-3, False, 1e6)
+FLAG_BOUNDS = {
+    "--local-size": (1, False, None), "--intra-GBps": _RATE,
+    "--intra-latency-us": (0, False, 1e3 * _MAX_MS), "--nic-Gbps": _RATE,
+    "--flow-Gbps": (0, False, 1e6),
+    "--inter-latency-us": (0, False, 1e3 * _MAX_MS),
+    "--nics-per-node": (1, False, None), "--nic-efficiency": (0.01, False, 1),
+    "--forward-ms": (0, False, _MAX_MS),
+    "--backward-ms": (0, False, _MAX_MS),
+    "--optimizer-ms": (0, False, _MAX_MS), "--compute-cv": (0, False, 10),
+    "--bucket-MiB": (0, True, 1e9), "--devices-per-worker": (1, False, None),
+    "--seed": (0, False, None),
+    "--datacenters": (1, False, None), "--wan-Gbps": _RATE,
+    "--wan-latency-ms": (0, False, _MAX_MS), "--codec-GBps": _RATE,
+    "--slow-speed": (1e-3, False, 1), "--mean-downtime": (1, False, 1e6),
 }
+
+
+# The same for `utilisation` (its --n-workers, --params and --grad-dtype are
+# checked apart); --step-ms > 0: with no compute there is no utilisation.
+UTILISATION_FLAG_BOUNDS = {
+    "--step-ms": (0, True, _MAX_MS),
+    "--H": (1, False, MAX_STEPS), "--latency-ms": (0, False, _MAX_MS),
+    "--codec-GBps": _RATE, "--bucket-MiB": (0, True, 1e9),
+}
+
+
+# Largest --params (1e15: 4 PB of float32 parameters); checked after the
+# buckets, whose bound is the stricter one for small --bucket-MiB.
+MAX_PARAMS = 1e15
+
+
+def flag_range(flag: str, command: str = "predict") -> str | None:
+  """The range of a numeric flag as its help states it, e.g. ``"0.001 to
+  1e+06"`` or ``">= 1"``; None for a flag without bounds here."""
+  table = UTILISATION_FLAG_BOUNDS if command == "utilisation" else FLAG_BOUNDS
+  if flag not in table:
+    return None
+  low, strict, high = table[flag]
+  if flag == "--flow-Gbps":
+    return f"0 or {_RATE[0]:g} to {high:g}"
+  if high is None:
+    return f"{'>' if strict else '>='} {low:g}"
+  return f"{'above ' if strict else ''}{low:g} to {high:g}"
+
+
+def _check_bounds(args, table: dict) -> None:
+  """Raises ValueError naming the first flag of ``table`` out of its range.
+
+  The message names the flag and the value as given, in the flag's units.
+  """
+  for flag, (low, strict, high) in table.items():
+    v = _value(args, flag)
+    integer = isinstance(v, int)
+    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and
+          (integer or math.isfinite(v)) and (v > low if strict else v >= low)
+          and (high is None or v <= high))
+    if not ok:
+      kind = "an integer" if integer else "a finite number"
+      if high is None:
+        rule = f"{'>' if strict else '>='} {low:g}"
+      else:
+        rule = f"in {'(' if strict else '['}{low:g}, {high:g}]"
+      raise ValueError(f"{flag} must be {kind} {rule}, got {v!r}.")
 
 
 def _value(args, flag: str):
@@ -81,7 +137,9 @@ def check_output_path(path: str | None, flag: str) -> None:
 def check_predict_args(args) -> None:
   """Validates the flags of ``predict``.
 
-  Every number is finite and above its bound (``_BOUNDS``); worker counts
+  Every number is finite and within its bounds (``FLAG_BOUNDS``, in the
+  flag's units; ``--flow-Gbps`` is 0 or a rate); ``--gossip-in-flight``
+  is one or two fractions in [0, 1] or a JSON file; worker counts
   are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
   ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
   non-negative times; the parameter message fits in ``MAX_BUCKETS``
@@ -90,18 +148,12 @@ def check_predict_args(args) -> None:
   Raises:
     ValueError: the first bad flag, named, with its value and range.
   """
-  for flag, (bound, strict) in _BOUNDS.items():
-    v = _value(args, flag)
-    integer = isinstance(v, int)
-    ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and
-          (integer or math.isfinite(v)) and (v > bound if strict else v >= bound))
-    if not ok:
-      kind = "an integer" if integer else "a finite number"
-      raise ValueError(f"{flag} must be {kind} {'>' if strict else '>='} "
-                       f"{bound}, got {v!r}.")
-  if args.nic_efficiency > 1:
-    raise ValueError("--nic-efficiency is a fraction of the line rate in "
-                     f"(0, 1], got {args.nic_efficiency!r}.")
+  _check_bounds(args, FLAG_BOUNDS)
+  if 0 < args.flow_Gbps < _RATE[0]:
+    raise ValueError(f"--flow-Gbps must be 0 (no cap) or in [{_RATE[0]:g}, "
+                     f"{FLAG_BOUNDS['--flow-Gbps'][2]:g}], got "
+                     f"{args.flow_Gbps!r}.")
+  check_in_flight_flag(args.gossip_in_flight)
   if not args.n_workers:
     raise ValueError("--n-workers is empty; give e.g. --n-workers 16,32.")
   for n in args.n_workers:
@@ -124,15 +176,16 @@ def check_predict_args(args) -> None:
     itemsize = max(itemsize, float_dtype_flag(flag, _value(args, flag)).itemsize)
   samples = args.compute_samples_ms
   if samples is not None and (len(samples) < 2 or not all(
-      math.isfinite(x) and x >= 0 for x in samples)):
+      math.isfinite(x) and 0 <= x <= _MAX_MS for x in samples)):
     raise ValueError("--compute-samples-ms needs at least 2 finite times "
-                     f">= 0 (ms), got {samples!r}.")
+                     f"in [0, {_MAX_MS:g}] (ms), got {samples!r}.")
   buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
   if buckets > MAX_BUCKETS:
     raise ValueError(
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
         f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
         "handles; raise --bucket-MiB or lower --params.")
+  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
   check_output_path(args.png, "--png")
 
 
@@ -156,14 +209,35 @@ def float_dtype_flag(flag: str, name) -> np.dtype:
   return dt
 
 
+def check_in_flight_flag(text: str | None) -> None:
+  """Raises ValueError naming ``--gossip-in-flight`` and the value as typed
+  unless it is None, a JSON file :func:`compiled_overlap.read_in_flight`
+  reads, or one or two comma-separated fractions in [0, 1]."""
+  if text is None:
+    return
+  try:
+    compiled_overlap.read_in_flight(text)
+    return
+  except ValueError as e:
+    problem = str(e)
+  if problem.startswith("--gossip-in-flight") and (
+      "gossip_in_flight" not in problem):
+    raise ValueError(problem)
+  raise ValueError(f"--gossip-in-flight {text!r}: give a fraction in [0, 1] "
+                   "(the share of forward and backward that hides the "
+                   "gossip), FORWARD,BACKWARD fractions or a JSON file with "
+                   "in_flight_fractions in [0, 1].")
+
+
 def check_utilisation_args(args) -> None:
   """Validates the flags of ``utilisation`` that bound its time and memory.
 
   ``--n-workers`` in ``[2, MAX_UTILISATION_WORKERS]`` (one worker sends
   nothing: every method is at 100% at any rate, and the table's ratio to
   the paper's data-parallel rate means nothing), ``--params`` a whole
-  count, ``--grad-dtype`` floating, ``--bucket-MiB`` finite and > 0 with
-  the gradients in at most ``MAX_BUCKETS`` buckets.
+  count, the other numbers within ``UTILISATION_FLAG_BOUNDS`` (in the
+  flags' units), ``--grad-dtype`` floating, the gradients in at most
+  ``MAX_BUCKETS`` buckets of ``--bucket-MiB``.
 
   Raises:
     ValueError: the first bad flag, named, with its value and range.
@@ -178,18 +252,16 @@ def check_utilisation_args(args) -> None:
                      "(the table's time grows faster than n^2: about 2 "
                      "minutes at 512 workers).")
   check_param_count(args.params)
+  _check_bounds(args, UTILISATION_FLAG_BOUNDS)
   itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
   bucket = args.bucket_MiB
-  if not (isinstance(bucket, (int, float)) and math.isfinite(bucket)
-          and bucket > 0):
-    raise ValueError(f"--bucket-MiB must be a finite number > 0, got "
-                     f"{bucket!r}.")
   buckets = math.ceil(args.params * itemsize / (bucket * 2**20))
   if buckets > MAX_BUCKETS:
     raise ValueError(
         f"--params {args.params:g} in --bucket-MiB {bucket:g} makes "
         f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the model "
         "handles; raise --bucket-MiB or lower --params.")
+  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
 
 
 def check_file_workers(path: str, n: int) -> None:
@@ -209,14 +281,18 @@ def check_file_workers(path: str, n: int) -> None:
 def comma_list(typ):
   """An argparse ``type``: a comma-separated list of ``typ`` values.
 
-  Empty parts are skipped (``"8,,16,"`` gives ``[8, 16]``).
-
   Raises:
-    argparse.ArgumentTypeError: a part ``typ`` cannot convert.
+    argparse.ArgumentTypeError: an empty part (``"16,,"``: a stray comma)
+      or a part ``typ`` cannot convert.
   """
   def parse(text: str) -> list:
+    parts = [t.strip() for t in text.split(",")]
+    if "" in parts:
+      raise argparse.ArgumentTypeError(
+          f"{text!r}: entry {parts.index('') + 1} is empty; separate the "
+          "values by single commas, e.g. 16,32")
     try:
-      return [typ(t) for t in text.split(",") if t.strip()]
+      return [typ(t) for t in parts]
     except ValueError:
       raise argparse.ArgumentTypeError(
           f"expected comma-separated {typ.__name__} values, got {text!r}"
@@ -233,12 +309,18 @@ def split_methods(text: str) -> list[str]:
   "streaming_diloco:H=10,P=4,tau=1"]``.
 
   Raises:
-    ValueError: a ``KEY=VALUE`` part with no spec before it.
+    ValueError: an empty part (a stray comma) or a ``KEY=VALUE`` part with
+      no spec before it. An empty ``text`` gives ``[]``.
   """
   out = []
-  for part in (t.strip() for t in text.split(",")):
+  parts = [t.strip() for t in text.split(",")]
+  if parts == [""]:
+    return out
+  for k, part in enumerate(parts):
     if not part:
-      continue
+      raise ValueError(f"--methods {text!r}: entry {k + 1} is empty; "
+                       "separate the specs by single commas, e.g. "
+                       "all_reduce,diloco:H=10,topology=ring.")
     if "=" in part and ":" not in part:
       if not out or ":" not in out[-1]:
         raise ValueError(f"--methods: {part!r} has no method before it; "

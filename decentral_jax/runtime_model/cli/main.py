@@ -44,9 +44,10 @@ import numpy as np
 from decentral_jax.runtime_model import cluster_file
 # The predict flags' checks and conversions (re-exported: part of this CLI).
 from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
-    MAX_BUCKETS, MAX_STEPS, MAX_WORKERS, check_file_workers,
+    MAX_BUCKETS, MAX_PARAMS, MAX_STEPS, MAX_WORKERS, check_file_workers,
     check_output_path, check_predict_args, check_utilisation_args,
     cluster_from_args, comma_list, describe_cluster_file, explicit_flags,
+    flag_range,
     from_cluster_file, given_fields, simulated_steps, split_methods,
     workload_from_args)
 from decentral_jax.runtime_model import core
@@ -139,22 +140,24 @@ def _predict(args) -> int:
     if "--n-workers" not in explicit_flags(args):
       args.n_workers = [measured["cluster"]["n_workers"]]
       check_file_workers(args.cluster, args.n_workers[0])
-    print(describe_cluster_file(args.cluster, measured))
   setups = [(n, *_cluster_and_workload(args, n, measured))
             for n in args.n_workers]
   if not chosen:
     methods = default_methods(setups[0][1])
   if "all_reduce" not in methods:
     methods.insert(0, "all_reduce")  # the baseline every speedup refers to
-  # Every spec is built before anything is printed: a bad one is one error.
+  # Every spec is built and priced before anything is printed: a bad one,
+  # or a table the arithmetic overflowed, is one error line.
   built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  priced = _price_all(args, setups, built, faults)
+  if measured is not None:
+    print(describe_cluster_file(args.cluster, measured))
   print(workload_line(args, setups, measured))
   print(methods_line(methods, chosen, setups[0][1]))
   if workers_note:
     print(workers_note)
   groups = []
-  for (n, c, w), made_methods in zip(setups, built):
-    table, made = _price(args, made_methods, c, w)
+  for (n, c, w), (table, made) in zip(setups, priced):
     _print_table(n, c, w, table, made)
     if not faults.none:
       _print_faults(n, w, table, made, faults, args.on_failure)
@@ -163,6 +166,69 @@ def _predict(args) -> int:
   if args.png:
     _write_chart([(args.preset or "predicted", groups)], args.png)
   return 0
+
+
+def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):
+  """The numbers ``predict``'s tables at ``n`` workers print (seconds and
+  bytes; ms/useful may be infinite by right), for :func:`_price_all`."""
+  out = [w.compute_mean_s, w.compute_std_s]
+  for p in table.values():
+    out += [p.simulated_s, p.estimate.iteration_s, p.estimate.exposed_comm_s,
+            p.estimate.variability_s, p.sent.worker_bytes, p.sent.node_bytes,
+            p.sent.dc_bytes]
+  if w.devices_per_worker > 1:
+    out.append(spanning.inner_collective_s(c, w))
+  if not faults.none:
+    for key, p in table.items():
+      mode, period = fault_mode(made[key])
+      out.append(stragglers.straggler_cost(
+          mode, n, p.simulated_s, faults, compute_s=w.compute_mean_s,
+          compute_std_s=w.compute_std_s, period=period,
+          on_failure=on_failure).step_s)
+  return out
+
+
+def _price_all(args, setups, built, faults) -> list:
+  """:func:`_price` at every worker count, checked finite.
+
+  The flags' bounds keep the model's arithmetic in range; as a backstop a
+  table that would print a non-finite number (or whose arithmetic fails)
+  is refused, naming the numeric flags given.
+
+  Raises:
+    ValueError: one line naming ``--n-workers`` and those flags.
+  """
+  priced = []
+  for (n, c, w), made_methods in zip(setups, built):
+    try:
+      with np.errstate(all="ignore"):
+        table, made = _price(args, made_methods, c, w)
+        finite = all(np.isfinite(x) for x in _table_numbers(
+            n, c, w, table, made, faults, args.on_failure))
+    except ArithmeticError:  # OverflowError, ZeroDivisionError
+      finite = False
+    if not finite:
+      raise ValueError(f"the model's times at --n-workers {n} are not "
+                       f"finite numbers with {_given_numbers(args)}; bring "
+                       "these values nearer to a real cluster and model.")
+    priced.append((table, made))
+  return priced
+
+
+def _given_numbers(args) -> str:
+  """``--preset X, --forward-ms 1e+300``: the preset or cluster file and
+  the numeric flags given on the command line (but ``--n-workers``,
+  ``--steps``, ``--seed``), as given, in the flags' units."""
+  out = [f"--preset {args.preset}"] if args.preset else []
+  out += [f"--cluster {args.cluster}"] if args.cluster else []
+  for flag in sorted(explicit_flags(args) - {"--n-workers", "--steps",
+                                             "--seed"}):
+    v = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    if isinstance(v, list):
+      out.append(f"{flag} {','.join(f'{x:g}' for x in v)}")
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+      out.append(f"{flag} {v:g}")
+  return ", ".join(out) or "the cluster and workload flags' defaults"
 
 
 def default_methods(c) -> list[str]:
@@ -640,7 +706,8 @@ def _add_utilisation(sub) -> None:
                      "and a PNG")
   for flag, typ, default, text in (
       ("--n-workers", int, 2, "workers, each its own node with one link"),
-      ("--params", float, 1e9, "parameter count"),
+      ("--params", float, 1e9, f"parameter count, at most {MAX_PARAMS:g} "
+       f"and in at most {MAX_BUCKETS} buckets of --bucket-MiB"),
       ("--step-ms", float, 100.0, "compute per step, ms (forward : "
        "backward = 1 : 2)"),
       ("--H", int, 30, "DiLoCo's inner steps per outer step"),
@@ -650,9 +717,11 @@ def _add_utilisation(sub) -> None:
       ("--grad-dtype", str, "bfloat16", "data-parallel's gradients on the "
        "wire"),
       ("--bucket-MiB", float, 25.0, "bucket (message) size, MiB")):
+    shown = f"{default:g}" if isinstance(default, float) else default
+    bounds = flag_range(flag, "utilisation")
     u.add_argument(flag, type=typ, default=default,
-                   help=f"{text} (default {default:g})" if isinstance(
-                       default, float) else f"{text} (default {default})")
+                   help=f"{text} (default {shown}"
+                   + (f"; {bounds})" if bounds else ")"))
   u.add_argument("--png", help="write the utilisation curves to this PNG")
   u.add_argument("--table", help="write the table (Markdown) to this file")
   u.set_defaults(run=_utilisation)
@@ -732,7 +801,8 @@ _CLUSTER_FLAGS = (
      "dequantizes (compressed communication; an assumption)"),
 )
 _WORKLOAD_FLAGS = (
-    ("--params", float, 65e6, "parameter count"),
+    ("--params", float, 65e6, "parameter count, whole, at most "
+     f"{MAX_PARAMS:g} and in at most {MAX_BUCKETS} buckets of --bucket-MiB"),
     ("--grad-dtype", str, "float32", "dtype of All-Reduced gradients"),
     ("--param-dtype", str, "float32", "dtype of gossiped parameters"),
     ("--forward-ms", float, 30.0, "mean forward time per iteration, ms"),
@@ -740,7 +810,7 @@ _WORKLOAD_FLAGS = (
     ("--optimizer-ms", float, 0.0, "optimizer step time, ms"),
     ("--compute-cv", float, 0.0, "coefficient of variation of fwd+bwd"),
     ("--compute-samples-ms", comma_list(float), None, "comma-separated "
-     "samples of fwd+bwd, ms (replace the mean and CV)"),
+     "samples of fwd+bwd, ms, each 0 to 1e+06 (replace the mean and CV)"),
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
     ("--devices-per-worker", int, 1, "devices of one worker "
      "(config.devices_per_worker; compute times are the worker's)"),
@@ -800,8 +870,10 @@ def build_parser() -> argparse.ArgumentParser:
                        ("workload", _WORKLOAD_FLAGS)):
     g = q.add_argument_group(title)
     for flag, typ, default, text in flags:
+      bounds = flag_range(flag)
       g.add_argument(flag, type=typ, default=default,
-                     help=f"{text} (default {default})")
+                     help=f"{text} (default {default}"
+                     + (f"; {bounds})" if bounds else ")"))
     if title == "workload":
       g.add_argument("--worker-layout", choices=workload_lib.WORKER_LAYOUTS,
                      default="fsdp", help="with --devices-per-worker > 1: "
@@ -823,13 +895,13 @@ def build_parser() -> argparse.ArgumentParser:
                  help="share of workers that are slow, round(f n) of them "
                  "(default 0)")
   g.add_argument("--slow-speed", type=float, default=0.5,
-                 help="their speed in (0, 1] (default 0.5)")
+                 help=f"their speed, {flag_range('--slow-speed')} (default 0.5)")
   g.add_argument("--failure-rate", type=float, default=0.0,
                  help="failure probability of a live worker per step, in "
                  "[0, 1) (default 0)")
   g.add_argument("--mean-downtime", type=float, default=10.0,
-                 help="mean steps a failed worker stays down, >= 1 "
-                 "(default 10)")
+                 help="mean steps a failed worker stays down, "
+                 f"{flag_range('--mean-downtime')} (default 10)")
   g.add_argument("--on-failure", choices=stragglers.ON_FAILURE,
                  default="proceed", help="DiLoCo's quorum rule: proceed "
                  "with the live workers or roll the round back (default "
