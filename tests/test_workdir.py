@@ -114,12 +114,72 @@ def test_a_refused_folder_keeps_its_own_lock_file_but_not_ours(tmp_path):
     with workdir_lib.hold(str(refused)):
       workdir_lib.clear(str(refused), ("config.json",))
   assert sorted(os.listdir(refused)) == ["data.bin", workdir_lib.LOCK_FILE]
-  # Other errors in the body keep the lock file (it is never deleted then).
+
+
+def test_a_run_refused_before_it_wrote_anything_leaves_no_lock_file(
+    tmp_path):
+  # Any error before the body wrote an entry: the lock file we made goes.
   fresh = tmp_path / "run"
+  for error in (RuntimeError, ValueError, KeyboardInterrupt):
+    with pytest.raises(error):
+      with workdir_lib.hold(str(fresh)):
+        assert os.listdir(fresh) == [workdir_lib.LOCK_FILE]
+        raise error("refused")
+    assert os.listdir(fresh) == []
+  # A run that wrote something keeps its (emptied) lock file.
   with pytest.raises(RuntimeError):
     with workdir_lib.hold(str(fresh)):
+      (fresh / "metrics.jsonl").write_text("{}\n")
       raise RuntimeError("stopped")
+  assert sorted(os.listdir(fresh)) == ["metrics.jsonl", workdir_lib.LOCK_FILE]
+  assert (fresh / workdir_lib.LOCK_FILE).read_text() == ""
+  # A lock file that was there before is kept whatever the body did.
+  (fresh / "metrics.jsonl").unlink()
+  with pytest.raises(RuntimeError):
+    with workdir_lib.hold(str(fresh)):
+      raise RuntimeError("refused")
   assert os.listdir(fresh) == [workdir_lib.LOCK_FILE]
+  # Leaving normally keeps it too (it is never deleted then).
+  other = tmp_path / "other"
+  with workdir_lib.hold(str(other)):
+    pass
+  assert os.listdir(other) == [workdir_lib.LOCK_FILE]
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  target = tmp_path / "notes.txt"
+  target.write_text("someone's notes\n")
+  (workdir / workdir_lib.LOCK_FILE).symlink_to(target)
+  for take in (lambda: workdir_lib.WorkdirLock(str(workdir)).acquire(),
+               lambda: workdir_lib.hold(str(workdir)).__enter__()):
+    with pytest.raises(workdir_lib.PathError) as info:
+      take()
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, ValueError)
+    assert (f"the lock file {workdir / workdir_lib.LOCK_FILE} is a symbolic "
+            f"link (to {target})") in message
+    assert "someone's notes" not in message
+    assert target.read_text() == "someone's notes\n"  # not emptied
+    assert os.path.islink(workdir / workdir_lib.LOCK_FILE)
+  # A dangling link is refused too (not created through).
+  (workdir / workdir_lib.LOCK_FILE).unlink()
+  (workdir / workdir_lib.LOCK_FILE).symlink_to(tmp_path / "missing")
+  with pytest.raises(workdir_lib.PathError, match="is a symbolic link"):
+    workdir_lib.WorkdirLock(str(workdir)).acquire()
+  assert not (tmp_path / "missing").exists()
+
+
+def test_a_lock_path_that_is_not_a_regular_file_is_refused(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  os.mkfifo(workdir / workdir_lib.LOCK_FILE)
+  with pytest.raises(workdir_lib.PathError) as info:
+    workdir_lib.WorkdirLock(str(workdir)).acquire()
+  assert str(info.value).startswith(
+      f"the lock file {workdir / workdir_lib.LOCK_FILE} is not a regular "
+      "file")
 
 
 def test_a_lock_file_deleted_before_the_flock_is_opened_again(

@@ -5,9 +5,10 @@
 written, and releases it when the run ends (normally, on an error, or after
 a SIGTERM). While a run holds it the file names the holder (host, pid,
 start time, command line); it is empty when no run holds it, and is not
-deleted, except by :func:`hold` when the body refuses the directory
-(:class:`NotARunDirectory`) and this holder created the file: then nothing
-of ours is left in a directory that is not ours. A taker checks, once it
+deleted, except by :func:`hold` when this holder created the file and the
+body refuses the directory (:class:`NotARunDirectory`) or raises before it
+wrote anything there: then nothing of ours is left in a directory that is
+not ours, or that a refused run never used. A taker checks, once it
 holds the flock, that the path still names the file it locked (else it
 opens the new one), so a deleted lock file never lets two runs hold two
 different files.
@@ -59,6 +60,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import threading
 from typing import Iterable, Iterator
@@ -212,16 +214,31 @@ class WorkdirLock:
     self._fd = fd
 
   def _open(self) -> int:
-    """Opens (creating if missing) the lock file; sets :attr:`created`."""
+    """Opens (creating if missing) the lock file; sets :attr:`created`.
+
+    Never follows a symbolic link (``O_NOFOLLOW``): a ``run.lock`` that is
+    a link, or not a regular file, is refused (:class:`PathError`), so the
+    lock never empties, overwrites or shows a file it points to.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
     try:
       try:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(self.path, flags | os.O_EXCL, 0o644)
         self.created = True
       except FileExistsError:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, flags, 0o644)
         self.created = False
     except OSError as e:
+      if e.errno == errno.ELOOP and os.path.islink(self.path):
+        raise PathError(
+            f"the lock file {self.path} is a symbolic link (to "
+            f"{os.readlink(self.path)}), which is never followed; remove the "
+            f"link or pass another {self.flag}.") from None
       raise path_error("write to the work directory", self.path, e) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      os.close(fd)
+      raise PathError(f"the lock file {self.path} is not a regular file; "
+                      f"remove it or pass another {self.flag}.")
     return fd
 
   def _lock(self, fd: int) -> bool:
@@ -387,6 +404,14 @@ def broadcast_from_main(text: str) -> str:
   return out.tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
+def _entries(workdir: str) -> set[str] | None:
+  """The names in ``workdir`` (None if it cannot be listed)."""
+  try:
+    return set(os.listdir(workdir))
+  except OSError:
+    return None
+
+
 @contextlib.contextmanager
 def hold(workdir: str, flag: str = "--workdir"
          ) -> Iterator[WorkdirLock | None]:
@@ -397,8 +422,10 @@ def hold(workdir: str, flag: str = "--workdir"
   same error when the directory is in use or not writable. Re-entrant: in
   the thread that already holds ``workdir`` it yields the held lock (no
   collective, nothing released on leaving the inner block). If the body
-  raises :class:`NotARunDirectory` (the directory was refused), a lock
-  file this call created is deleted again.
+  raises :class:`NotARunDirectory` (the directory was refused), or raises
+  anything before it added or removed an entry of ``workdir`` (the run was
+  refused or stopped before it started), a lock file this call created is
+  deleted again; a run that wrote something keeps it (emptied).
 
   Args:
     workdir: the work directory.
@@ -431,10 +458,14 @@ def hold(workdir: str, flag: str = "--workdir"
     name, _, message = kind.partition(":")
     raise (WorkdirInUse if name == "WorkdirInUse" else PathError)(message)
   _HELD[key] = (threading.get_ident(), lock)
+  before = _entries(key) if lock is not None and lock.created else None
   try:
     yield lock
-  except NotARunDirectory:
-    if lock is not None:
+  except BaseException as e:
+    # Refused (NotARunDirectory), or stopped before writing anything: a
+    # lock file this call created is not left behind.
+    if before is not None and (isinstance(e, NotARunDirectory)
+                               or _entries(key) == before):
       lock.discard()
     raise
   finally:
