@@ -94,9 +94,11 @@ command again keeps every run that finished with the same config (its
 metrics and timings as recorded), resumes an interrupted run from its last
 checkpoint (SIGTERM or Ctrl-C saves one; the message says so) and trains
 the others; a subdirectory of another config is replaced (one holding
-anything a run does not write is refused). Each subdirectory is locked
-while its run trains, so a second invocation on the same ``--outdir`` is
-refused, not interleaved. ``--fresh`` trains every run from step 0. Without
+anything a run does not write is refused). The invocation holds a lock on
+``--outdir`` itself (``<outdir>/run.lock``) from before the first run to
+the last results file, and each subdirectory's own while its run trains, so
+a second invocation on the same ``--outdir`` (any methods) is refused, not
+interleaved. ``--fresh`` trains every run from step 0. Without
 ``--checkpoints`` (the quick default) no periodic checkpoints are written
 (``config.checkpoint_interval=0``) and a run's final checkpoint is deleted
 once its outcome is recorded (about 20 KB per run remain); ``--checkpoints``
@@ -119,6 +121,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import numbers
 import os
 import shutil
@@ -882,8 +885,13 @@ def reference_check(reference, job: str | None,
 
 
 def _is_number(x) -> bool:
-  return (isinstance(x, numbers.Real) and not isinstance(x, bool)
-          and np.isfinite(x))
+  """A finite real that is a float64 (a JSON integer may be any size)."""
+  if not isinstance(x, numbers.Real) or isinstance(x, bool):
+    return False
+  try:
+    return math.isfinite(float(x))
+  except OverflowError:  # e.g. an integer of 400 digits
+    return False
 
 
 def reference_problem(reference) -> str | None:
@@ -932,6 +940,8 @@ def load_reference(path: str | None = None):
     return None
   except (OSError, ValueError) as e:
     return UnreadableReference(str(e).splitlines()[0][:120])
+  except RecursionError:
+    return UnreadableReference("nested too deeply")
 
 
 def timing_columns(table: str, keep: bool) -> str:
@@ -1224,6 +1234,20 @@ def main(argv):
     print(f"warning: {line}", file=sys.stderr)
   print(f"{len(arms)} runs ({', '.join(m.name for m in methods_once)}; "
         f"{int(base.steps)} steps each) -> {outdir}", flush=True)
+  with contextlib.ExitStack() as held:
+    try:  # the whole invocation: no other one writes into --outdir
+      held.enter_context(workdir_lib.hold(outdir, flag="--outdir"))
+    except ValueError as e:  # in use by another invocation, or unwritable
+      _fail(f"--outdir {outdir!r}: {e}")
+    _run_job(arms, outdir, checkpoints, job, base, accum, per_method_lr,
+             clusters, workload)
+
+
+def _run_job(arms, outdir, checkpoints, job, base, accum, per_method_lr,
+             clusters, workload) -> None:
+  """:func:`main` once ``--outdir`` is held: trains every arm, writes and
+  prints the results; exits 2 (bad data or directory, unwritable results)
+  or 3 (diverged runs)."""
   start, load_before = time.perf_counter(), os.getloadavg()[0]
   finals, diverged = train_all(arms, outdir, checkpoints)
   # Runtime-model pricing of the methods (no training, milliseconds).

@@ -545,6 +545,14 @@ def test_some_runs_diverged_message():
      "key 'jobs.quick.final_loss.dadam/seed0' is NoneType None, not a loss"),
     ({"tolerance": 0.02, "jobs": []}, "key 'jobs' is list [], not an object"),
     ("{", "it is not readable JSON (Expecting "),
+    # Integers JSON allows but a float64 does not hold, and deep nesting.
+    ('{"tolerance": 1' + "0" * 400 + ', "jobs": {}}',
+     "key 'tolerance' is int 1" + "0" * 39 + ", not a number of nats"),
+    ('{"tolerance": 0.02, "jobs": {"quick": {"final_loss": {"dadam/seed0": '
+     + "4" * 400 + "}}}}",
+     "key 'jobs.quick.final_loss.dadam/seed0' is int " + "4" * 40
+     + ", not a loss"),
+    ("[" * 100000, "it is not readable JSON (nested too deeply)"),
 ])
 def test_a_malformed_reference_is_one_line_and_the_results_are_written(
     tmp_path, monkeypatch, capsys, contents, key):
@@ -655,3 +663,55 @@ def test_the_eta_counts_steps_not_compile_time():
   info = job.bar.format_dict
   assert info["n"] == 15 and info["n"] - info["initial"] == 10
   job.close()
+
+
+def test_a_second_invocation_on_a_held_outdir_is_refused(
+    tmp_path, monkeypatch, capsys):
+  # Another invocation (other methods) holds --outdir: nothing is trained
+  # or written, and the one error line names --outdir and the holder.
+  from decentral_jax.runner import workdir as workdir_lib
+  def trains(config, workdir, experiment=None):
+    raise AssertionError("the arm was about to train")
+
+  _fake_job(monkeypatch, trains)
+  out = tmp_path / "out"
+  other = workdir_lib.WorkdirLock(str(out), "--outdir")
+  other.acquire()
+  try:
+    assert _main(out, "--methods=dadam", "--clusters=") == 2
+  finally:
+    other.release()
+  errors = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("error: ")]
+  assert len(errors) == 1, errors
+  assert errors[0].startswith(f"error: --outdir {str(out)!r}: the work "
+                              f"directory {out} is in use by another run")
+  assert f"pid {os.getpid()} on host" in errors[0]
+  assert errors[0].endswith("or pass another --outdir.")
+  assert sorted(os.listdir(out)) == [workdir_lib.LOCK_FILE]
+
+
+def test_the_outdir_and_each_run_folder_are_locked_while_a_run_trains(
+    tmp_path, monkeypatch):
+  from decentral_jax.runner import workdir as workdir_lib
+  seen = []
+
+  def held(path):
+    rival = workdir_lib.WorkdirLock(path)  # another open file
+    try:
+      rival.acquire()
+    except workdir_lib.WorkdirInUse:
+      return True
+    rival.release()
+    return False
+
+  def trains(config, workdir, experiment=None):
+    seen.append((held(str(tmp_path)), held(workdir)))
+    _write_curve(workdir)
+    return dict(_FINAL)
+
+  _fake_job(monkeypatch, trains)
+  assert _main(tmp_path, "--methods=all_reduce,dadam", "--clusters=") == 0
+  assert seen == [(True, True), (True, True)]
+  assert (tmp_path / "results.md").exists()
+  assert not held(str(tmp_path))  # released when the invocation ends
