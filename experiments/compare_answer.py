@@ -190,14 +190,17 @@ def _cell(ranking: list[Entry], name: str) -> str:
       text = took(e.mean_s)
       if e.seeds > 1:
         text += f" ({took(e.low_s)}-{took(e.high_s)})"
-      return f"**{text}**" if k == 0 else text
+      # Bold: the first, and every method tied with it (else none is
+      # marked as faster than an equal one).
+      return f"**{text}**" if k == 0 or _tie(ranking[0], e) else text
   return "not priced"
 
 
 def cluster_table(cluster: str, curves: dict, ms: dict, targets: list[float],
                   finals: dict, labels: dict) -> str:
   """One cluster's markdown table: a row per method, the predicted ms/step,
-  the wall-clock to each target (the first in bold) and the final loss.
+  the wall-clock to each target (the first in bold, and every method tied
+  with it) and the final loss.
 
   ``finals``: ``{method: [final losses per seed]}``.
   """
@@ -265,7 +268,8 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
          f"; every run reaches them ({targets[-1]:.3f}: the highest of the "
          "runs' lowest losses, rounded up; the others 5% and 10% of the drop "
          "from the initial loss above it). "
-         "Cells: predicted wall-clock to the target (bold: first"
+         "Cells: predicted wall-clock to the target (bold: first, "
+         "or all tied for first"
          + ("; in brackets the range over seeds" if seeds > 1 else
             "; one seed per method") + "), the step at which the proxy's "
          "curve first reaches it times the predicted seconds per step.\n"]

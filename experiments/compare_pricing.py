@@ -377,9 +377,13 @@ def time_to_target(steps, losses, target: float,
 
 def format_duration(seconds: float) -> str:
   """Seconds in a human unit, to 3 significant figures: ``"250 ms"``,
-  ``"4.00 s"``, ``"12.3 s"``, ``"4.50 min"``, ``"2.50 h"`` (``"0 s"`` for
-  zero)."""
-  seconds = float(f"{float(seconds):.3g}")  # 59.99 s is "1.00 min"
+  ``"4.00 s"``, ``"12.3 s"``, ``"4.50 min"``, ``"2.50 h"``, ``"1230 h"``
+  (``"0 s"`` for zero; ``"n/a"`` for NaN, infinite or negative seconds,
+  which are no duration)."""
+  seconds = float(seconds)
+  if not math.isfinite(seconds) or seconds < 0:
+    return "n/a"
+  seconds = float(f"{seconds:.3g}")  # 59.99 s is "1.00 min"
   if seconds == 0:
     return "0 s"
   for limit, scale, unit in ((1, 1e-3, "ms"), (60, 1, "s"),
@@ -390,8 +394,8 @@ def format_duration(seconds: float) -> str:
     scale, unit = 3600, "h"
   value = seconds / scale
   text = f"{value:#.3g}"
-  if "e" in text:  # 1000 or more of the unit (after rounding)
-    text = f"{value:.0f}"
+  if "e" in text:  # 1000 or more of the unit: 3 figures, then zeros
+    text = f"{float(f'{value:.3g}'):.0f}"
   return f"{text.rstrip('.')} {unit}"
 
 

@@ -55,6 +55,13 @@ def test_time_to_target_interpolates_between_evaluations():
       0.0, 0.0004, 0.75, 4.0, 12.345, 59.99, 90.0, 9000.0)] == [
           "0 s", "0.400 ms", "750 ms", "4.00 s", "12.3 s", "1.00 min",
           "1.50 min", "2.50 h"]
+  # 1234 h (4442400 s) and 999.6 h still three figures; 1e7 h in full.
+  assert [pricing.format_duration(h * 3600.0) for h in (
+      1234.0, 999.6, 1e7)] == ["1230 h", "1000 h", "10000000 h"]
+  # No duration: NaN, infinite or negative seconds.
+  for bad in (float("nan"), float("inf"), -float("inf"), -1.0, -1e-6):
+    assert pricing.format_duration(bad) == "n/a"
+  assert pricing.format_duration(-0.0) == "0 s"
 
 
 def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
@@ -282,6 +289,23 @@ def test_zero_times_and_ties_name_no_winner():
          answer.Entry("b", 3.0, 3.0, 3.0, 1)]
   assert answer.short_verdict(won, 3.0, labels) == \
       "first to 3.000: A, 3.00x before B"
+
+
+def test_every_method_tied_for_first_is_bold():
+  # To loss 2.0: A and B at step 10 x 10 ms = 100 ms, C at step 20 (200 ms).
+  curves = {"a": [([0, 10], [4.0, 2.0])], "b": [([0, 10], [4.0, 2.0])],
+            "c": [([0, 20], [4.0, 2.0])]}
+  labels, finals = {"a": "A", "b": "B", "c": "C"}, {k: [2.0] for k in "abc"}
+  rows = answer.cluster_table("x", curves, {k: 10.0 for k in "abc"}, [2.0],
+                              finals, labels).splitlines()[2:]
+  assert rows == ["| A | 10.0 | **100 ms** | 2.0000 |",
+                  "| B | 10.0 | **100 ms** | 2.0000 |",
+                  "| C | 10.0 | 200 ms | 2.0000 |"]
+  # B at 10.5 ms/step (105 ms) is second: only A is bold.
+  rows = answer.cluster_table("x", curves, {"a": 10.0, "b": 10.5, "c": 10.0},
+                              [2.0], finals, labels).splitlines()[2:]
+  assert rows[:2] == ["| A | 10.0 | **100 ms** | 2.0000 |",
+                      "| B | 10.5 | 105 ms | 2.0000 |"]
 
 
 def test_final_loss_column_says_mean_only_with_seeds():
