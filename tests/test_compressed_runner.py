@@ -116,21 +116,29 @@ def test_compare_sent_per_step_column_reads_the_compressed_bytes():
   assert sent["comm/ratio"] < 0.2
 
 
+_SLOW = pytest.mark.slow  # a training run each: one in the fast tier
+
+
 @pytest.mark.parametrize("extra,state_type", [
-    ((*CHOCO, "--config.compression.format=int8"), choco.ChocoState),
-    ((*DILOCO, "--config.compression.format=topk",
-      "--config.compression.block=16", "--config.compression.fraction=0.25",
-      "--config.compression.error_feedback=True",
-      "--config.compression.error_decay=0.95"),
-     local_updates.CompressedDiLoCoState),
-    ((*DILOCO, "--config.algorithm=local_sgd",
-      "--config.compression.format=int4"),
-     local_updates.CompressedDiLoCoState),
-    (("--config.algorithm=streaming_diloco", "--config.sync_every=4",
-      "--config.num_fragments=2", "--config.compression.format=fp8",
-      "--config.compression.error_feedback=True"),
-     local_updates.CompressedStreamingDiLoCoState)],
-    ids=["choco", "sparse_diloco", "local_sgd", "streaming"])
+    pytest.param((*CHOCO, "--config.compression.format=int8"),
+                 choco.ChocoState, id="choco"),
+    pytest.param((*DILOCO, "--config.compression.format=topk",
+                  "--config.compression.block=16",
+                  "--config.compression.fraction=0.25",
+                  "--config.compression.error_feedback=True",
+                  "--config.compression.error_decay=0.95"),
+                 local_updates.CompressedDiLoCoState, id="sparse_diloco",
+                 marks=_SLOW),
+    pytest.param((*DILOCO, "--config.algorithm=local_sgd",
+                  "--config.compression.format=int4"),
+                 local_updates.CompressedDiLoCoState, id="local_sgd",
+                 marks=_SLOW),
+    pytest.param(("--config.algorithm=streaming_diloco",
+                  "--config.sync_every=4", "--config.num_fragments=2",
+                  "--config.compression.format=fp8",
+                  "--config.compression.error_feedback=True"),
+                 local_updates.CompressedStreamingDiLoCoState,
+                 id="streaming", marks=_SLOW)])
 def test_compressed_runs_train_and_evaluate(extra, state_type):
   require_devices(N)
   exp = experiment_lib.Experiment(_config(*extra))

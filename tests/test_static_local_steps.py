@@ -14,6 +14,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from conftest import require_devices
 from decentral_jax.runner import config as config_lib
@@ -32,6 +33,7 @@ def _config(mode: str):
       "--config.gossip_every=2", f"--config.gossip_rounds={mode}"))
 
 
+@pytest.mark.slow  # two training runs: the slow tier
 def test_static_local_steps_match_switch():
   require_devices(N)
   runs = {}
