@@ -15,6 +15,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -173,12 +174,13 @@ def _trapping_checkout(tmp_path, signals):
   return root
 
 
-def _start_command(tmp_path, root):
+def _start_command(tmp_path, root, preexec_fn=None):
   """`decentral-jax train` in a subprocess, once its script is running."""
   code = (f"import sys; from decentral_jax import cli; "
           f"sys.exit(cli.main(['train'], checkout={root!r}))")
   proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          preexec_fn=preexec_fn)
   for _ in range(600):
     if (tmp_path / "ready").exists() or proc.poll() is not None:
       break
@@ -197,6 +199,19 @@ def test_a_signal_to_the_command_reaches_the_script(tmp_path, signum):
   os.kill(proc.pid, signum)
   assert proc.wait(timeout=60) == 128 + signum
   assert (tmp_path / "saved").read_text() == str(signum)
+
+
+@pytest.mark.integration
+def test_a_signal_the_command_ignores_is_not_forwarded(tmp_path):
+  # Under nohup (SIGHUP ignored) a hangup must not stop the training.
+  root = _trapping_checkout(tmp_path, [15, 1])
+  proc = _start_command(
+      tmp_path, root,
+      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+  os.kill(proc.pid, signal.SIGHUP)
+  os.kill(proc.pid, signal.SIGTERM)  # delivered after the SIGHUP
+  assert proc.wait(timeout=60) == 143
+  assert (tmp_path / "saved").read_text() == "15"
 
 
 @pytest.mark.integration
