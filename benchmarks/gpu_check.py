@@ -212,22 +212,50 @@ def _devices_needed(c) -> int:
           // int(c.workers_per_device))
 
 
+def parse_programs(spec: str) -> list[tuple[int | None, str]] | None:
+  """``--programs`` as ``(round, mode)`` pairs; None for ``all``/``none``.
+
+  ``ROUND:MODE,...``: ``ROUND`` an int, or ``None`` / empty for every
+  round; ``MODE`` default ``none``.
+
+  Raises:
+    ValueError: an empty entry (e.g. ``--programs ,``) or a round that is
+      not an int, naming the entry.
+  """
+  if spec in ("all", "none"):
+    return None
+  out = []
+  for k, item in enumerate(spec.split(","), 1):
+    if not item.strip():
+      raise ValueError(f"--programs {spec!r}: entry {k} is empty; give "
+                       "all, none or ROUND:MODE,... (e.g. 0:none,0:input).")
+    r, _, mode = item.strip().partition(":")
+    if r not in ("", "None") and not r.lstrip("-").isdigit():
+      raise ValueError(f"--programs {spec!r}: entry {k} ({item!r}) has round "
+                       f"{r!r}, not an int; give ROUND:MODE (e.g. 0:input).")
+    out.append((None if r in ("", "None") else int(r), mode or "none"))
+  return out
+
+
+def _program_names(programs) -> str:
+  return ", ".join(f"{r}:{mode}" for r, mode in programs)
+
+
 def _programs(spec: str):
   """``programs`` argument of ``deviceless.compile_programs`` from
-  ``--programs`` (``all``, ``none`` (the ordinary steps) or ``R:MODE,..``)."""
+  ``--programs`` (``all``, ``none`` (the ordinary steps) or ``R:MODE,..``,
+  :func:`parse_programs`)."""
   def pick(exp):
     if spec == "all":
       return exp.programs()
     if spec == "none":
       return [p for p in exp.programs() if p[1] != "input"]
-    out = []
-    for item in spec.split(","):
-      r, _, mode = item.partition(":")
-      out.append((None if r in ("", "None") else int(r), mode or "none"))
+    out = parse_programs(spec)
     bad = [p for p in out if p not in exp.programs()]
     if bad:
-      raise ValueError(f"--programs {spec!r}: {bad} not among the "
-                       f"experiment's programs {exp.programs()}.")
+      raise ValueError(f"--programs {spec!r}: {_program_names(bad)} not "
+                       "among the experiment's programs "
+                       f"{_program_names(exp.programs())}.")
     return out
   return pick
 
@@ -464,6 +492,45 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
+# (flag, least, most) of the integer flags, in their units (steps,
+# repeats, sequences, seconds).
+INT_FLAGS = (("--batch", 0, 10**6), ("--warmup", 0, 10**6),
+             ("--steps", 1, 10**6), ("--repeats", 1, 10**4),
+             ("--warm_steps", 1, 10**6), ("--timed_steps", 1, 10**6),
+             ("--child_timeout", 1, 7 * 86400))
+MAX_PEAK_FLOPS = 1e18  # FLOP/s; an H200 is about 1e15 dense bfloat16
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+  """Checks the numeric flags other than the latency profile's.
+
+  Raises:
+    ValueError: ``--min_fraction`` not a finite number in [0, 1]; a flag of
+      :data:`INT_FLAGS` outside its range; ``--peak_flops`` not 0 (the
+      GPU's own, :func:`peak_flops`) or a finite FLOP/s in (0,
+      MAX_PEAK_FLOPS].
+  """
+  from decentral_jax import checks
+  checks.check_float("--min_fraction", args.min_fraction, minimum=0.0,
+                     maximum=1.0)
+  for flag, low, high in INT_FLAGS:
+    checks.check_int(flag, getattr(args, flag[2:]), minimum=low, maximum=high)
+  flops = args.peak_flops
+  if flops != 0 and not 0 < flops <= MAX_PEAK_FLOPS:  # False for NaN too
+    raise ValueError(f"--peak_flops must be 0 (the GPU's own peak) or a "
+                     f"finite FLOP/s in (0, {MAX_PEAK_FLOPS:g}], got "
+                     f"{flops:g}.")
+
+
+def check_topology(spec: str) -> None:
+  """Raises ValueError unless ``spec`` is ``SLICESxHOSTSxGPUS``, three
+  positive ints (e.g. ``1x1x8``), before XLA sees it."""
+  parts = spec.split("x")
+  if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    raise ValueError(f"--topology {spec!r} must be SLICESxHOSTSxGPUS, three "
+                     "positive ints such as 1x1x8 or 2x1x4.")
+
+
 def check_flags(args: argparse.Namespace) -> None:
   """Checks the latency-profile flags, in the units typed; ``--cluster``
   becomes the preset's own spelling (case ignored, as
@@ -474,14 +541,24 @@ def check_flags(args: argparse.Namespace) -> None:
       neither a shipped target nor a ``.txtpb`` file; ``--cluster`` not a
       runtime-model preset, or with ``--collective_us``; ``--collective_us``
       outside (0, MAX_COLLECTIVE_US]; ``--compute_ms`` not a finite number
-      > 0, or without ``--cluster`` or ``--collective_us``.
+      > 0, or without ``--cluster`` or ``--collective_us``; the numbers of
+      :func:`check_numbers`, ``--programs`` (:func:`parse_programs`),
+      ``--topology`` (:func:`check_topology`) or ``--json`` (a folder that
+      does not exist, not writable) bad.
   """
   from decentral_jax.runtime_model import presets
+  from decentral_jax.runtime_model.cli import inputs
+  check_numbers(args)
+  parse_programs(args.programs)
+  if args.topology:
+    check_topology(args.topology)
+  inputs.check_output_path(args.json or None, "--json")
   given = [f for f, v in (("--cluster", args.cluster),
                           ("--collective_us", args.collective_us),
                           ("--compute_ms", args.compute_ms)) if v is not None]
   if given and not args.deviceless:
-    raise ValueError(f"{' and '.join(given)} apply to --deviceless "
+    verb = "applies" if len(given) == 1 else "apply"
+    raise ValueError(f"{' and '.join(given)} {verb} to --deviceless "
                      "compiles only; add --deviceless TARGET (e.g. h200).")
   if args.deviceless and not args.deviceless.endswith(".txtpb"):
     from decentral_jax.runner import deviceless

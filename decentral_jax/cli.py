@@ -160,15 +160,127 @@ _BOOT = (
     "runpy.run_path(path, run_name='__main__')\n")
 
 
+#: Signals sent to this process that are passed on to a script's process.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Linux si_code of a signal the kernel sent, e.g. Ctrl-C / Ctrl-\ of a tty,
+# which goes to the whole foreground process group.
+_SI_KERNEL = 0x80
+_PR_SET_PDEATHSIG = 1
+
+
+def reached_child(signum: int, si_code: int, same_group: bool) -> bool:
+  """Whether a signal this process got was delivered to its child as well.
+
+  True for a key of the controlling terminal (SIGINT from Ctrl-C, SIGQUIT
+  from Ctrl-\\: ``si_code`` is the kernel's ``SI_KERNEL``) when the child
+  shares this process's group, since the terminal signals the whole
+  foreground group; such a signal is not sent again (a second SIGINT makes
+  the runner stop at once, without its checkpoint). False for everything
+  else (``kill``, ``timeout``, a scheduler), which is forwarded.
+  """
+  return (signum in (signal.SIGINT, signal.SIGQUIT)
+          and si_code == _SI_KERNEL and same_group)
+
+
+def _libc_prctl():
+  """libc's ``prctl`` on Linux (looked up before fork), else None."""
+  if not sys.platform.startswith("linux"):
+    return None
+  try:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    return ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+
+
+def _child_setup(mask):
+  """The child's ``preexec_fn``: restore ``mask``; die with this process.
+
+  On Linux ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` sends the child SIGTERM
+  when this process (the thread that started it) dies, even by SIGKILL, so
+  no script keeps training (and holding its run lock) without a parent.
+  """
+  prctl, parent = _libc_prctl(), os.getpid()
+
+  def setup():
+    if mask is not None:
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if prctl is not None:
+      prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+      if os.getppid() != parent:  # died before prctl took effect
+        os._exit(128 + signal.SIGTERM)  # pylint: disable=protected-access
+  return setup
+
+
+def _wait_forwarding(child, signals, mask) -> int:
+  """Waits for ``child``, sending it each of ``signals`` this process gets.
+
+  ``signals`` and SIGCHLD are blocked (since before the child started) and
+  taken with ``sigtimedwait``, so none is lost or handled here; ``mask`` is
+  restored on return.
+  """
+  waited = [*signals, signal.SIGCHLD]
+  try:
+    while child.poll() is None:
+      info = signal.sigtimedwait(waited, 1.0)
+      if info is None or info.si_signo == signal.SIGCHLD:
+        continue
+      try:
+        same = os.getpgid(child.pid) == os.getpgrp()
+      except ProcessLookupError:
+        continue
+      if not reached_child(info.si_signo, info.si_code, same):
+        child.send_signal(info.si_signo)
+    return child.returncode
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _wait_with_handlers(start, signals) -> int:
+  """:func:`_wait_forwarding` without ``sigtimedwait`` (not Linux).
+
+  Handlers are installed before the child starts; a signal that comes
+  before it exists is sent once it does. SIGINT and SIGQUIT are left to the
+  process group (no siginfo tells a key from ``kill`` here).
+  """
+  child, early, saved = None, [], {}
+
+  def forward(signum, frame):
+    del frame
+    if child is None:
+      early.append(signum)
+    else:
+      child.send_signal(signum)
+
+  for sig in signals:
+    keyboard = sig in (signal.SIGINT, signal.SIGQUIT)
+    saved[sig] = signal.signal(
+        sig, (lambda signum, frame: None) if keyboard else forward)
+  try:
+    child = start(None)
+    for sig in early:
+      child.send_signal(sig)
+    return child.wait()
+  finally:
+    for sig, old in saved.items():
+      signal.signal(sig, signal.SIG_DFL if old is None else old)
+
+
 def run_script(path: str, args: list[str]) -> int:
   """Runs ``path`` as ``python path *args`` would, in a child process.
 
   The child is this interpreter (``sys.executable``) with this process's
   environment, stdin, stdout and stderr; it imports the same
-  ``decentral_jax`` package as this process. While it runs, SIGTERM sent
-  to this process is passed on to it and SIGINT is left to it (Ctrl-C
-  reaches the whole foreground process group), so a script that saves a
-  checkpoint on either still does.
+  ``decentral_jax`` package as this process. While it runs, SIGTERM,
+  SIGINT, SIGHUP and SIGQUIT sent to this process are passed on to it
+  (once: a Ctrl-C that the terminal already sent to the child's process
+  group is not sent again, :func:`reached_child`), so a script that saves a
+  checkpoint on SIGTERM or SIGINT still does; forwarding is set up before
+  the child starts, so no signal slips between the two. A signal this
+  process ignores (SIGHUP under ``nohup``) stays ignored by both, as with
+  ``python SCRIPT``. On Linux the child gets SIGTERM if this process dies
+  (``PR_SET_PDEATHSIG``). Called outside the main thread, signals are not
+  forwarded.
 
   Returns:
     The script's exit code (0 when it ends without ``sys.exit``); 128 +
@@ -178,19 +290,23 @@ def run_script(path: str, args: list[str]) -> int:
       __file__)))
   for stream in (sys.stdout, sys.stderr):
     stream.flush()
-  child = subprocess.Popen(  # pylint: disable=consider-using-with
-      [sys.executable, "-c", _BOOT, package_parent, path, *args])
-  saved = {}
-  if threading.current_thread() is threading.main_thread():
-    forward = lambda signum, frame: child.send_signal(signum)
-    saved[signal.SIGTERM] = signal.signal(signal.SIGTERM, forward)
-    saved[signal.SIGINT] = signal.signal(signal.SIGINT,
-                                         lambda signum, frame: None)
-  try:
-    code = child.wait()
-  finally:
-    for sig, old in saved.items():
-      signal.signal(sig, signal.SIG_DFL if old is None else old)
+  start = lambda mask: subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-c", _BOOT, package_parent, path, *args],
+      preexec_fn=_child_setup(mask))
+  signals = [s for s in FORWARDED if signal.getsignal(s) != signal.SIG_IGN]
+  if threading.current_thread() is not threading.main_thread():
+    code = start(None).wait()
+  elif hasattr(signal, "sigtimedwait"):
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                  [*signals, signal.SIGCHLD])
+    try:
+      child = start(mask)
+    except BaseException:
+      signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+      raise
+    code = _wait_forwarding(child, signals, mask)
+  else:
+    code = _wait_with_handlers(start, signals)
   return 128 - code if code < 0 else code
 
 

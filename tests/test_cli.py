@@ -15,9 +15,11 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
 
 import pytest
@@ -154,35 +156,90 @@ def test_two_scripts_with_the_same_flags_run_in_one_process(tmp_path,
   assert "DuplicateFlagError" not in err
 
 
-@pytest.mark.integration
-def test_sigterm_reaches_the_script(tmp_path):
-  # The script saves on SIGTERM and exits 143, as train.py saves a
-  # checkpoint; the signal is sent to the `decentral-jax` process only.
+def _trapping_checkout(tmp_path, signals):
+  """A checkout whose train.py saves the signal number on any of `signals`
+  (as train.py saves a checkpoint), then exits 128 + signum."""
   root = _fake_checkout(tmp_path / "repo")
-  ready, saved = tmp_path / "ready", tmp_path / "saved"
   with open(os.path.join(root, "experiments", "train.py"), "w") as f:
     f.write(textwrap.dedent(f"""\
         import signal, sys, time
         def stop(signum, frame):
-          open({str(saved)!r}, "w").write(str(signum))
+          open({str(tmp_path / "saved")!r}, "w").write(str(signum))
           sys.exit(128 + signum)
-        signal.signal(signal.SIGTERM, stop)
-        open({str(ready)!r}, "w").close()
+        for sig in {list(signals)!r}:
+          signal.signal(sig, stop)
+        open({str(tmp_path / "ready")!r}, "w").close()
         time.sleep(60)
         """))
+  return root
+
+
+def _start_command(tmp_path, root, preexec_fn=None):
+  """`decentral-jax train` in a subprocess, once its script is running."""
   code = (f"import sys; from decentral_jax import cli; "
           f"sys.exit(cli.main(['train'], checkout={root!r}))")
   proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                          preexec_fn=preexec_fn)
   for _ in range(600):
-    if ready.exists() or proc.poll() is not None:
+    if (tmp_path / "ready").exists() or proc.poll() is not None:
       break
-    import time  # pylint: disable=import-outside-toplevel
     time.sleep(0.1)
-  assert ready.exists()
-  proc.send_signal(15)
+  assert (tmp_path / "ready").exists()
+  return proc
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [15, 2, 1, 3])  # TERM, INT, HUP, QUIT
+def test_a_signal_to_the_command_reaches_the_script(tmp_path, signum):
+  # Sent to the `decentral-jax` process only (as `timeout -s INT` or a
+  # scheduler would), not to its process group.
+  root = _trapping_checkout(tmp_path, [15, 2, 1, 3])
+  proc = _start_command(tmp_path, root)
+  os.kill(proc.pid, signum)
+  assert proc.wait(timeout=60) == 128 + signum
+  assert (tmp_path / "saved").read_text() == str(signum)
+
+
+@pytest.mark.integration
+def test_a_signal_the_command_ignores_is_not_forwarded(tmp_path):
+  # Under nohup (SIGHUP ignored) a hangup must not stop the training.
+  root = _trapping_checkout(tmp_path, [15, 1])
+  proc = _start_command(
+      tmp_path, root,
+      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+  os.kill(proc.pid, signal.SIGHUP)
+  os.kill(proc.pid, signal.SIGTERM)  # delivered after the SIGHUP
   assert proc.wait(timeout=60) == 143
-  assert saved.read_text() == "15"
+  assert (tmp_path / "saved").read_text() == "15"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="PR_SET_PDEATHSIG is Linux only")
+def test_the_script_gets_sigterm_when_the_command_is_killed(tmp_path):
+  root = _trapping_checkout(tmp_path, [15])
+  proc = _start_command(tmp_path, root)
+  os.kill(proc.pid, 9)  # no handler runs: only the kernel can tell the child
+  assert proc.wait(timeout=60) == -9
+  for _ in range(600):
+    if (tmp_path / "saved").exists():
+      break
+    time.sleep(0.1)
+  assert (tmp_path / "saved").read_text() == "15"
+
+
+@pytest.mark.parametrize("signum,si_code,same_group,expected", [
+    (2, 0x80, True, True),  # Ctrl-C: the terminal signalled the group
+    (3, 0x80, True, True),  # Ctrl-\
+    (2, 0x80, False, False),  # Ctrl-C, child in another group
+    (2, 0, True, False),  # kill -INT PID (SI_USER)
+    (15, 0x80, True, False),  # SIGTERM never comes from a key
+    (1, 0x80, True, False),  # hangup: sent to the session leader alone
+])
+def test_only_a_terminal_key_the_child_shares_is_not_forwarded_again(
+    signum, si_code, same_group, expected):
+  assert cli.reached_child(signum, si_code, same_group) is expected
 
 
 def test_a_checkout_without_the_script_is_one_error_line(tmp_path, capsys):

@@ -93,3 +93,77 @@ def test_library_errors_exit_2(capsys):
     assert err.startswith("gpu_check: error: ") and says in err, err
     # The config is checked before the default topology is sized by it.
     assert "1x1x0" not in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--min_fraction", "1.5"], "--min_fraction must be a finite number >= "
+     "0.0 and <= 1.0, got 1.5."),
+    (["--min_fraction", "nan"], "--min_fraction must be a finite number"),
+    (["--min_fraction", "-0.1"], "got -0.1."),
+    (["--steps", "0"], "--steps must be an int >= 1"),
+    (["--repeats", "0"], "--repeats must be an int >= 1"),
+    (["--repeats", "100001"], "--repeats must be an int >= 1 and <= 10000"),
+    (["--batch", "-1"], "--batch must be an int >= 0"),
+    (["--warmup", "-1"], "--warmup must be an int >= 0"),
+    (["--warm_steps", "0"], "--warm_steps must be an int >= 1"),
+    (["--timed_steps", "0"], "--timed_steps must be an int >= 1"),
+    (["--child_timeout", "0"], "--child_timeout must be an int >= 1"),
+    (["--child_timeout", "10000000"], "--child_timeout must be an int"),
+    (["--peak_flops", "-1"], "--peak_flops must be 0 (the GPU's own peak) "
+     "or a finite FLOP/s in (0, 1e+18], got -1."),
+    (["--peak_flops", "inf"], "got inf."),
+    (["--peak_flops", "nan"], "got nan."),
+    (["--programs", ","], "--programs ',': entry 1 is empty"),
+    (["--programs", "0:none,,0:input"], "entry 2 is empty"),
+    (["--programs", "x:input"], "round 'x', not an int"),
+    (["--topology", "1x1"], "--topology '1x1' must be SLICESxHOSTSxGPUS, "
+     "three positive ints"),
+    (["--topology", "0x1x8"], "--topology '0x1x8' must be"),
+    (["--topology", "1x1x-8"], "--topology '1x1x-8' must be"),
+    (["--topology", "1xax8"], "--topology '1xax8' must be"),
+])
+def test_bad_numbers_programs_and_topology_exit_2(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(["--deviceless", "h200", *argv])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert message in err, err
+  assert "Traceback" not in err and "INTERNAL" not in err
+  assert "(None, 'none')" not in err  # no internal tuples
+
+
+def test_good_numbers_programs_and_topology_pass():
+  gpu_check = _script()
+  args = gpu_check.parse_args([
+      "--deviceless", "h200", "--min_fraction", "0", "--batch", "0",
+      "--warmup", "0", "--peak_flops", "0", "--topology", "2x1x4",
+      "--programs", "0:none,:input,None:none"])
+  assert (args.min_fraction, args.topology) == (0.0, "2x1x4")
+  assert gpu_check.parse_programs(args.programs) == [
+      (0, "none"), (None, "input"), (None, "none")]
+  assert gpu_check.parse_args(["--min_fraction", "1", "--peak_flops",
+                               "9.89e14"]).peak_flops == 9.89e14
+
+
+def test_json_into_a_missing_folder_is_refused_before_compiling(
+    tmp_path, capsys):
+  missing = tmp_path / "no_such_dir" / "out.json"
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(["--deviceless", "h200", "--json", str(missing)])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert f"--json {str(missing)!r}" in err and "does not exist" in err, err
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(["--deviceless", "h200", "--json", str(tmp_path)])
+  assert "is a directory" in capsys.readouterr().err
+  ok = _script().parse_args(["--deviceless", "h200", "--json",
+                             str(tmp_path / "out.json")])
+  assert ok.json == str(tmp_path / "out.json")
+
+
+def test_one_profile_flag_without_deviceless_says_applies(capsys):
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(["--cluster", "A40"])
+  assert e.value.code == 2
+  assert ("error: --cluster applies to --deviceless compiles only"
+          in capsys.readouterr().err)
