@@ -5,6 +5,8 @@
   accepts, stated independently of :mod:`decentral_jax.topology`.
 * :func:`load_script`: an ``experiments/`` script as a module, loaded once.
 * :func:`np_accum_adam`: AccumAdam (Adam for ``T = 1``) directions in NumPy.
+* :data:`TINY_RUN`: config overrides for a tiny GPT run of the runner
+  (1 layer, width 16, 12 steps, AdamW, a log point every step).
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ import numpy as np
 from decentral_jax import topology
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A tiny runner config (overrides of configs/gpt_tiny.py) for tests that train.
+TINY_RUN = ("--config.model.n_layer=1", "--config.model.n_embd=16",
+            "--config.model.n_head=2", "--config.model.block_size=8",
+            "--config.global_batch=16", "--config.eval_batches=1",
+            "--config.steps=12", "--config.schedule.warmup_steps=2",
+            "--config.optimizer.name=adamw",
+            "--config.optimizer.accum_steps=1", "--config.log_interval=1")
 # Worker counts the topology tests are built at.
 NS = (2, 3, 4, 5, 6, 8, 12, 16)
 

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import require_devices
 from helpers import load_script
+from helpers import TINY_RUN
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
 from decentral_jax.optim import local_updates
@@ -32,12 +33,7 @@ from decentral_jax.runtime_model import method as runtime_method
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
-TINY = ("--config.model.n_layer=1", "--config.model.n_embd=16",
-        "--config.model.n_head=2", "--config.model.block_size=8",
-        "--config.global_batch=16", "--config.eval_batches=1",
-        "--config.steps=12", "--config.schedule.warmup_steps=2",
-        "--config.optimizer.name=adamw", "--config.optimizer.accum_steps=1",
-        "--config.log_interval=1")
+TINY = TINY_RUN
 CHOCO = ("--config.algorithm=decentralized", "--config.topology=exponential")
 DILOCO = ("--config.algorithm=diloco", "--config.sync_every=3")
 BLOCK = 64

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
+from helpers import TINY_RUN
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
@@ -17,12 +18,7 @@ from decentral_jax.runner import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
-TINY = ("--config.model.n_layer=1", "--config.model.n_embd=16",
-        "--config.model.n_head=2", "--config.model.block_size=8",
-        "--config.global_batch=16", "--config.eval_batches=1",
-        "--config.steps=12", "--config.schedule.warmup_steps=2",
-        "--config.optimizer.name=adamw", "--config.optimizer.accum_steps=1",
-        "--config.log_interval=1")
+TINY = TINY_RUN
 METHODS = {
     "local_sgd": ("--config.algorithm=local_sgd", "--config.sync_every=3"),
     "diloco": ("--config.algorithm=diloco", "--config.sync_every=3"),
