@@ -135,15 +135,20 @@ def test_the_layer_table_refuses_an_upward_import():
   assert _part("decentral_jax.runtime_model.core") == "runtime_model"
 
 
+def _python(code: str) -> subprocess.CompletedProcess:
+  """Runs ``python -c code`` in a fresh interpreter at the repository root."""
+  return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                        text=True, check=True, cwd=ROOT,
+                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+
 def test_import_decentral_jax_loads_the_library_only():
   code = ("import sys, decentral_jax; "
           "decentral_jax.gossip, decentral_jax.optim, decentral_jax.parallel; "
           "print(sorted(m for m in sys.modules if m.startswith("
           "('decentral_jax', 'flax', 'orbax', 'ml_collections', 'scipy', "
           "'matplotlib'))))")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, check=True, cwd=ROOT,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = _python(code)
   loaded = eval(out.stdout)  # pylint: disable=eval-used
   ours = {m for m in loaded if m.startswith("decentral_jax")}
   assert {"decentral_jax.topology", "decentral_jax.comm.gossip",
@@ -164,9 +169,7 @@ def test_the_runtime_model_command_line_never_imports_jax():
           "run_name='__main__')\nexcept SystemExit:\n  pass\n"
           "print(sorted(m for m in sys.modules "
           "if m.split('.')[0] in ('jax', 'jaxlib', 'optax', 'flax')))")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, check=True, cwd=ROOT,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = _python(code)
   assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
 
 
@@ -174,9 +177,7 @@ def test_a_bare_import_loads_nothing_but_names_every_layer():
   code = ("import sys, decentral_jax; print(sorted(m for m in sys.modules "
           "if m.split('.')[0] in ('decentral_jax', 'jax')), "
           "sorted(dir(decentral_jax)))")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, check=True, cwd=ROOT,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = _python(code)
   assert out.stdout.startswith("['decentral_jax'] "), out.stdout
   for name in ("comm", "optim", "parallel", "topology", "gossip"):
     assert f"'{name}'" in out.stdout, (name, out.stdout)
@@ -186,9 +187,7 @@ def test_a_bare_import_loads_nothing_but_names_every_layer():
 def test_analysis_and_the_runtime_model_load_on_first_use(name):
   code = (f"import sys, decentral_jax; m = decentral_jax.{name}; "
           f"print(m.__name__, 'decentral_jax.runner' in sys.modules)")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                       text=True, check=True, cwd=ROOT,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  out = _python(code)
   assert out.stdout.split() == [f"decentral_jax.{name}", "False"]
 
 
