@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Iterator
 
@@ -55,7 +54,6 @@ def all_valid() -> Iterator[tuple[str, int]]:
         yield name, n
 
 
-@functools.cache
 def np_accum_adam(grads, b1: float, b2: float, eps: float, big_t: int):
   """AccumAdam directions in float64 NumPy (paper Alg. 4, App. C).
 

@@ -28,7 +28,7 @@ def _arms(methods, *overrides):
                                   True, runs_lib.select_runs(methods)))
 
 
-# --- Pricing (compare_pricing.py) ---
+# --- Pricing (tools/compare/pricing.py) ---
 
 
 def test_time_to_target_interpolates_between_evaluations():
@@ -215,7 +215,7 @@ def test_pricing_columns_name_what_cannot_be_priced():
   assert notes == ["Not priced on B ('-'): All-Reduce AdamW: too few GPUs"]
 
 
-# --- The answer (compare_answer.py) ---
+# --- The answer (tools/compare/answer.py) ---
 
 LABELS = {"ar": "AR", "lo": "Local", "go": "Gossip"}
 

@@ -126,7 +126,7 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
     arms: the job's :class:`~.runs.Arm` s.
     finals: final metrics per arm (None: it diverged), in ``arms``' order.
     diverged: ``[(run, reason)]``.
-    outdir, base, accum, per_method_lr: as in ``main``.
+    outdir, base, accum, per_method_lr: as in :func:`.command.load_job`.
     start, load_before: ``time.perf_counter()`` and the load average when
       the runs started.
     clusters: ``pricing.PricingCluster`` s to price the runs on.
