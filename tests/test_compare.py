@@ -82,7 +82,8 @@ def test_per_method_learning_rates():
   # check_config refuses unless it is the default).
   flat = _base(schedule={"name": "constant", "peak_lr": 1.0,
                          "final_lr": 0.5})
-  c = runs_lib.run_config(flat, runs_lib.METHODS["dadam"], 4, per_method_lr=True)
+  c = runs_lib.run_config(flat, runs_lib.METHODS["dadam"], 4,
+                          per_method_lr=True)
   assert (c.schedule.peak_lr, c.schedule.final_lr) == (6e-3, 0.5)
 
 
@@ -156,7 +157,8 @@ def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
       os.path.join(ROOT, "configs", "gpt_tiny.py"),
       ["--config.n_workers=6", "--config.global_batch=60"])
   with pytest.raises(ValueError) as info:
-    runs_lib.arm_configs(base, 4, False, runs_lib.select_runs("accum_adamw_aer"))
+    runs_lib.arm_configs(base, 4, False,
+                         runs_lib.select_runs("accum_adamw_aer"))
   message = str(info.value)
   assert message.startswith(
       "run 'accum_adamw_aer' (AccumAdamW, alternating_exp_ring (2/node), "

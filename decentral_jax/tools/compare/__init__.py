@@ -115,7 +115,8 @@ that diverges is marked in the table and the other runs go on; then one
 ``error:`` line names the diverged runs and the exit code is 3. A malformed
 ``reference.json`` beside this module is one ``warning:`` line naming the
 file and key after training; the results are still written.
-``--help`` prints this text and the flags (exit code 0); :func:`main` returns the exit code.
+``--help`` prints this text and the flags (exit code 0); :func:`main`
+returns the exit code.
 
 Modules: :mod:`.runs` (the method table and the run configs), :mod:`.job`
 (running, keeping and resuming the runs), :mod:`.progress`,

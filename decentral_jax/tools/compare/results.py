@@ -77,8 +77,8 @@ def timing_columns(table: str, keep: bool) -> str:
   return "\n".join(out) + "\n"
 
 
-def _setup_words(base, arms: list[runs_lib.Arm], accum: int, per_method_lr: bool,
-                 unit: str) -> str:
+def _setup_words(base, arms: list[runs_lib.Arm], accum: int,
+                 per_method_lr: bool, unit: str) -> str:
   """The proxy runs' set-up, for results.md."""
   methods = list(dict.fromkeys(a.method.name for a in arms))
   seeds = sorted({a.seed for a in arms})
