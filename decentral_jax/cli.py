@@ -7,14 +7,14 @@ that already implements ``COMMAND`` (installed by ``pip install .`` from
 * ``predict``, ``measure``, ``validate``: the runtime model's subcommands
   (:func:`decentral_jax.runtime_model.cli.main.main`); ``predict`` and
   ``validate`` never import JAX (``measure`` imports the runner itself);
-* ``train``, ``compare``, ``overlap``: the scripts ``experiments/train.py``,
-  ``experiments/compare.py`` and ``benchmarks/bench_gpu_overlap.py`` of a
-  source checkout, each run in a child Python process as ``python SCRIPT
-  ARGS`` would run it (``__main__``, ``sys.argv = [SCRIPT, *ARGS]``, the
+* ``compare``: the main job (:func:`decentral_jax.tools.compare.main`);
+* ``train``, ``overlap``: the scripts ``experiments/train.py`` and
+  ``benchmarks/bench_gpu_overlap.py`` of a source checkout, each run in a
+  child Python process as ``python SCRIPT ARGS`` would run it (``__main__``, ``sys.argv = [SCRIPT, *ARGS]``, the
   script's directory first on ``sys.path``, the imported package's
   directory on it too), so their flags, messages and exit codes are theirs,
   and two scripts run from one process (``main(["train", ...])`` then
-  ``main(["compare", ...])``) do not share absl's flag registry or JAX's
+  ``main(["overlap", ...])``) do not share absl's flag registry or JAX's
   backend.
 
 Those scripts, and the configs and data paths they default to
@@ -24,7 +24,7 @@ package (an editable install, or ``PYTHONPATH`` set to a clone) or else the
 current directory or one of its parents (a clone after ``pip install .``):
 a directory whose ``pyproject.toml`` names the project ``decentral_jax`` and
 that has an ``experiments/`` folder (:func:`find_checkout`). Outside any
-checkout these three commands are one ``error:`` line and exit code 2.
+checkout these two commands are one ``error:`` line and exit code 2.
 
 Each command is a :class:`Command` row of :data:`COMMANDS`, either a
 ``module`` whose ``main(argv) -> int`` is called or a checkout ``script``;
@@ -74,7 +74,7 @@ COMMANDS = {
     "compare": Command(
         "the main job: train methods side by side on one model and data, "
         "price each run per cluster with the runtime model",
-        script="experiments/compare.py"),
+        module="decentral_jax.tools.compare"),
     "predict": Command(
         "predict ms/iteration of each method on a cluster and workload "
         "(runtime model, no JAX)", module=_RUNTIME_MODEL, args=("predict",)),

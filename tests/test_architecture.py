@@ -37,6 +37,10 @@ ALLOWED = {
     # The `decentral-jax` command: forwards to the command lines (loaded by
     # name on use, so that predict and validate import no JAX).
     "cli": {"runtime_model.cli"},
+    # The top floor: the main job (tools/compare) and the command lines.
+    "tools": {"checks", "topology", "comm", "optim", "parallel", "analysis",
+              "models", "data", "runtime_model", "runtime_model.cli",
+              "runner"},
 }
 
 

@@ -32,7 +32,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # cli.COMMANDS) so that a dropped command fails.
 EXPECTED = ("train", "compare", "predict", "measure", "validate", "overlap")
 SCRIPTS = {"train": "experiments/train.py",
-           "compare": "experiments/compare.py",
            "overlap": "benchmarks/bench_gpu_overlap.py"}
 # A script that appends how it was run to ../calls.jsonl and exits with 7,
 # or returns normally when its first argument is "return".
@@ -128,8 +127,7 @@ def test_script_commands_run_the_checkout_script_as_main(tmp_path, name):
   assert sys.argv == argv_before and sys.path == path_before
 
 
-# Two scripts that define the same absl flag (as train.py and compare.py
-# both define --config) and print it.
+# Two scripts that define the same absl flag (--config) and print it.
 _FLAG_SCRIPT = textwrap.dedent("""\
     from absl import app, flags
     _CONFIG = flags.DEFINE_string("config", "none", "a config")
@@ -144,14 +142,14 @@ _FLAG_SCRIPT = textwrap.dedent("""\
 def test_two_scripts_with_the_same_flags_run_in_one_process(tmp_path,
                                                             capfd):
   root = _fake_checkout(tmp_path / "repo")
-  for name, code in (("train", 0), ("compare", 3)):
+  for name, code in (("train", 0), ("overlap", 3)):
     with open(os.path.join(root, *SCRIPTS[name].split("/")), "w") as f:
       f.write(_FLAG_SCRIPT.format(name=name, code=code))
   assert cli.main(["train", "--config=a.py"], checkout=root) == 0
-  assert cli.main(["compare", "--config=b.py", "x"], checkout=root) == 3
+  assert cli.main(["overlap", "--config=b.py", "x"], checkout=root) == 3
   assert cli.main(["train", "--config=c.py"], checkout=root) == 0
   out, err = capfd.readouterr()
-  assert out.splitlines() == ["train a.py []", "compare b.py ['x']",
+  assert out.splitlines() == ["train a.py []", "overlap b.py ['x']",
                               "train c.py []"], err
   assert "DuplicateFlagError" not in err
 
@@ -244,11 +242,11 @@ def test_only_a_terminal_key_the_child_shares_is_not_forwarded_again(
 
 def test_a_checkout_without_the_script_is_one_error_line(tmp_path, capsys):
   root = _fake_checkout(tmp_path / "repo", scripts=False)
-  assert cli.main(["compare"], checkout=root) == 2
+  assert cli.main(["train"], checkout=root) == 2
   err = capsys.readouterr().err
   assert len(err.splitlines()) == 1, err
-  assert err.startswith("error: `decentral-jax compare` needs ")
-  assert os.path.join(root, "experiments", "compare.py") in err
+  assert err.startswith("error: `decentral-jax train` needs ")
+  assert os.path.join(root, "experiments", "train.py") in err
 
 
 def test_no_checkout_is_one_error_line(monkeypatch, capsys):
@@ -361,10 +359,20 @@ def test_the_installed_entry_point_outside_and_inside_a_checkout(tmp_path):
   out = run(tmp_path, "predict", "--preset", "A40", "--n-workers", "8")
   assert out.returncode == 0, out.stderr
   assert "All-Reduce" in out.stdout
-  out = run(tmp_path, "compare", "--help")
+  out = run(tmp_path, "train", "--help")
   assert out.returncode == 2 and out.stdout == ""
-  assert out.stderr.startswith("error: `decentral-jax compare` runs "
-                               "experiments/compare.py"), out.stderr
+  assert out.stderr.startswith("error: `decentral-jax train` runs "
+                               "experiments/train.py"), out.stderr
+  # The main job is a module of the package: its help, and without a
+  # checkout's default config one error line that says what to pass.
+  out = run(tmp_path, "compare", "--help")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith("The main job: "), out.stdout[:200]
+  out = run(tmp_path, "compare", "--outdir", str(tmp_path / "cmp"))
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.splitlines()[-1].startswith(
+      "error: the default config "), out.stderr
+  assert not (tmp_path / "cmp").exists()
   # Inside the checkout (a subdirectory): train.py runs on the installed
   # package and reports the bad config as it does for `python`.
   out = run(os.path.join(ROOT, "docs"), "train", "--config",

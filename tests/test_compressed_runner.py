@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from helpers import load_script
 from helpers import TINY_RUN
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
@@ -30,6 +29,7 @@ from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import validation
 from decentral_jax.runtime_model import core as runtime_core
 from decentral_jax.runtime_model import method as runtime_method
+from decentral_jax.tools.compare import job as job_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
@@ -100,9 +100,8 @@ def test_diloco_bytes_from_the_hlo_equal_the_hand_count(fmt):
 
 def test_compare_sent_per_step_column_reads_the_compressed_bytes():
   require_devices(N)
-  compare = load_script("compare")
   exp = experiment_lib.Experiment(_config(*DILOCO, *_format_args("int4")))
-  sent = compare.sent_per_step(exp)
+  sent = job_lib.sent_per_step(exp)
   comm = exp.communication(exp.init_state(), exp.get_batch(0))
   assert sent["comm/bytes_per_step"] == comm["bytes_per_step"]
   assert sent["comm/ratio"] == pytest.approx(

@@ -13,7 +13,6 @@ import re
 
 import pytest
 
-from helpers import load_script
 
 from decentral_jax.runtime_model.cli import inputs
 from decentral_jax.runtime_model.cli import main as cli
@@ -21,6 +20,7 @@ from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
+from decentral_jax.tools.compare import pricing
 
 LOCAL = ("local_sgd:H=10", "diloco:H=10", "streaming_diloco:H=10,P=2,tau=0")
 
@@ -140,7 +140,6 @@ def test_predict_and_compare_accept_the_same_workload_names():
     assert parser.parse_args(["predict", "--workload", name]).workload == name
   with pytest.raises(SystemExit):
     parser.parse_args(["predict", "--workload", "figure7"])
-  pricing = load_script("compare_pricing")
   assert pricing.WORKLOAD_NAMES == presets.WORKLOAD_NAMES
   assert pricing.FIGURE6_PRESETS == ("T4", "A40", "A100")
   for name in presets.WORKLOAD_NAMES:
