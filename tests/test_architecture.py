@@ -41,7 +41,7 @@ ALLOWED = {
 
 
 def _part(dotted: str) -> str:
-  """'decentral_jax.runtime_model.cli.main' -> 'runtime_model.cli'."""
+  """'decentral_jax.tools.runtime_model_cli.main' -> 'runtime_model.cli'."""
   parts = dotted.split(".")[1:]
   if not parts:
     return "__init__"
@@ -131,7 +131,7 @@ def test_the_layer_table_refuses_an_upward_import():
   # The check itself: an optimizer importing the runner is an edge it refuses.
   assert "runner" not in ALLOWED["optim"]
   assert _part("decentral_jax.runner.config") == "runner"
-  assert _part("decentral_jax.runtime_model.cli.main") == "runtime_model.cli"
+  assert _part("decentral_jax.tools.runtime_model_cli.main") == "runtime_model.cli"
   assert _part("decentral_jax.runtime_model.core") == "runtime_model"
 
 

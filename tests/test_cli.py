@@ -25,7 +25,7 @@ import tomllib
 import pytest
 
 from decentral_jax import cli
-from decentral_jax.runtime_model.cli import main as runtime_model_main
+from decentral_jax.tools.runtime_model_cli import main as runtime_model_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the issue asks the command to offer, written out here (not read from

@@ -5,7 +5,7 @@ that already implements ``COMMAND`` (installed by ``pip install .`` from
 ``[project.scripts]``; also ``python -m decentral_jax.cli``):
 
 * ``predict``, ``measure``, ``validate``: the runtime model's subcommands
-  (:func:`decentral_jax.runtime_model.cli.main.main`); ``predict`` and
+  (:func:`decentral_jax.tools.runtime_model_cli.main.main`); ``predict`` and
   ``validate`` never import JAX (``measure`` imports the runner itself);
 * ``train``, ``compare``, ``overlap``: the scripts ``experiments/train.py``,
   ``experiments/compare.py`` and ``benchmarks/bench_gpu_overlap.py`` of a
@@ -65,7 +65,7 @@ class Command:
   args: tuple[str, ...] = ()  # leading arguments for ``module``'s main
 
 
-_RUNTIME_MODEL = "decentral_jax.runtime_model.cli.main"
+_RUNTIME_MODEL = "decentral_jax.tools.runtime_model_cli.main"
 COMMANDS = {
     "train": Command(
         "train one configuration (--config FILE --workdir DIR "
