@@ -1,7 +1,7 @@
 """Overlap of the train step's collectives with compute, compiled for GPUs.
 
 Compiles (never runs) the runner's own train-step programs for a GPU target
-on this machine, without a GPU (:mod:`decentral_jax.runner.deviceless`:
+on this machine, without a GPU (:mod:`decentral_jax.tools.gpu_compile`:
 needs ``pip install -r requirements-gpu-compile.txt``), and reads from each
 program's scheduled HLO, for every collective: bytes, asynchronous or not,
 inside a conditional or not, and the forward / backward / other compute
@@ -214,7 +214,7 @@ def _programs(exp, mode: str, all_programs: bool):
 def run_case(case: str, mode: str, target: str, args) -> list[dict]:
   """Compiles one case in one mode for one target; one row per program."""
   from decentral_jax.runner import config as config_lib
-  from decentral_jax.runner import deviceless
+  from decentral_jax.tools import gpu_compile
   path, _, topology = CASES[case]
   overrides = _overrides(case, mode, args.data_dir)
   config = config_lib.load_config(os.path.join(_ROOT, path), overrides)
@@ -226,7 +226,7 @@ def run_case(case: str, mode: str, target: str, args) -> list[dict]:
   for kv in args.xla:
     key, _, value = kv.partition("=")
     options[key] = int(value) if value.isdigit() else value
-  exp, steps = deviceless.compile_steps(
+  exp, steps = gpu_compile.compile_steps(
       config, target=target, topology=topology, compiler_options=options,
       programs=lambda e: _programs(e, mode, args.all_programs))
   import jax
