@@ -40,9 +40,8 @@ def calibrate(config, steps: int = 12) -> dict:
   All measurements are taken round-robin (one of each per round, ``steps``
   rounds after two warm-up rounds) so that other load on the machine affects
   them alike, and summarised by their medians. Needs ``config.n_workers``
-  devices: on CPU the command line
-  (:func:`decentral_jax.tools.runtime_model_cli.main.main`) asks JAX for that many
-  before calling this.
+  devices: on CPU the ``calibrate`` subcommand (:func:`run`) asks JAX for
+  that many before calling this.
 
   Args:
     config: a loaded run config

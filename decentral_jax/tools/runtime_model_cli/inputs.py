@@ -1,7 +1,8 @@
 """Flags of ``predict`` and their conversion: checks, units, cluster files.
 
-Used by :mod:`decentral_jax.tools.runtime_model_cli.main` (the command line),
-which re-exports these names. Units are in the flag names: GB/s and Gbit/s
+Used by the command line's flag tables
+(:mod:`~decentral_jax.tools.runtime_model_cli.parser`) and its subcommands
+(:mod:`~decentral_jax.tools.runtime_model_cli.predict`, ...). Units are in the flag names: GB/s and Gbit/s
 (1e9), us, ms, MiB.
 """
 

@@ -68,7 +68,8 @@ def run_validate(args) -> int:
          "\n  ".join(bad)))
   print("\nin-sample (each cluster fitted on its own All-Reduce, Exp and AER "
         "bars; for comparison):")
-  print(tables.rows_text(holdout.insample_rows(insample), holdout.DECENTRALIZED))
+  print(tables.rows_text(holdout.insample_rows(insample),
+                        holdout.DECENTRALIZED))
   new = [b for b in bad if b not in known]
   return 1 if new else 0
 

@@ -137,8 +137,11 @@ def _given_numbers(args) -> str:
 
 
 def default_methods(c) -> list[str]:
-  """``predict``'s methods without ``--methods``: :data:`parser.DEFAULT_METHODS`,
-  and on a cluster of several datacenters :data:`parser.WAN_DEFAULT_METHODS`."""
+  """``predict``'s methods without ``--methods``:
+  :data:`~decentral_jax.tools.runtime_model_cli.parser.DEFAULT_METHODS`,
+  and on a cluster of several datacenters
+  :data:`~decentral_jax.tools.runtime_model_cli.parser.WAN_DEFAULT_METHODS`.
+  """
   out = inputs.split_methods(parser_lib.DEFAULT_METHODS)
   if c.datacenters > 1:
     out += inputs.split_methods(parser_lib.WAN_DEFAULT_METHODS)
