@@ -33,9 +33,9 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import tasks
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
-from decentral_jax.runtime_model.cli import main as runtime_cli
 from decentral_jax.tools import compare
 from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.runtime_model_cli import main as runtime_cli
 from helpers import np_accum_adam
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

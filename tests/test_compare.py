@@ -716,7 +716,7 @@ def test_the_outdir_and_each_run_folder_are_locked_while_a_run_trains(
 
 
 def test_help_exits_0_and_the_command_runs_the_module(capsys):
-  from decentral_jax import cli
+  from decentral_jax.tools import cli
   assert compare.main(["--help"]) == 0
   out = capsys.readouterr().out
   assert out.startswith("The main job: which communication scheme")

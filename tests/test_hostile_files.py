@@ -33,8 +33,8 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import metrics
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model.cli import main as runtime_cli
 from decentral_jax.tools.compare import pricing
+from decentral_jax.tools.runtime_model_cli import main as runtime_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

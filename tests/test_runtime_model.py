@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import paper
@@ -400,7 +400,7 @@ def test_cli_help_and_fig6(capsys, tmp_path):
 
 def test_calibrate_alpha_beta_fit_and_config_overrides(tmp_path):
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
-  from decentral_jax.runtime_model.cli import calibrate  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.runtime_model_cli import calibrate  # pylint: disable=import-outside-toplevel
   n, a, b = 8, 7e-6, 3e9
   sizes = [1e6, 8e6]
   times = [core.ring_all_reduce_time(n, s, a, b) for s in sizes]

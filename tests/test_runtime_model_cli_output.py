@@ -14,8 +14,10 @@ import re
 import pytest
 
 
-from decentral_jax.runtime_model.cli import inputs
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
+from decentral_jax.tools.runtime_model_cli import tables
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
@@ -135,7 +137,7 @@ def test_one_datacenter_keeps_the_papers_comparison(capsys):
 
 def test_predict_and_compare_accept_the_same_workload_names():
   assert presets.WORKLOAD_NAMES == ("gpt2_small", "1b", "figure6")
-  parser = cli.build_parser()
+  parser = cli_parser.build_parser()
   for name in presets.WORKLOAD_NAMES:
     assert parser.parse_args(["predict", "--workload", name]).workload == name
   with pytest.raises(SystemExit):
@@ -221,7 +223,7 @@ def _bar(method, error, measured=100.0):
 def test_rows_beyond_the_tolerance_are_marked():
   table = [_bar("aer", 0.25), _bar("sgp", 0.25), _bar("sgp", -0.21),
            _bar("one_peer_exp", 0.19), _bar("all_reduce", 0.2)]
-  lines = cli.rows_text(table, judged=("one_peer_exp", "aer")).splitlines()
+  lines = tables.rows_text(table, judged=("one_peer_exp", "aer")).splitlines()
   assert [l[-1] for l in lines[1:6]] == ["!", "~", "~", "%", "%"]
   assert lines[1].endswith("+25.0% !") and lines[3].endswith("-21.0% ~")
   assert lines[6].startswith("! error beyond +-20%")
@@ -230,7 +232,7 @@ def test_rows_beyond_the_tolerance_are_marked():
                              "judged")
   assert "blocking push-sum" in lines[7] and len(lines) == 8
   # Nothing beyond the tolerance: no mark, no footnote.
-  quiet = cli.rows_text([_bar("sgp", 0.1)], judged=("aer",)).splitlines()
+  quiet = tables.rows_text([_bar("sgp", 0.1)], judged=("aer",)).splitlines()
   assert len(quiet) == 2 and quiet[1].endswith("+10.0%")
 
 

@@ -13,7 +13,7 @@ import pytest
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import spanning

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from decentral_jax.runtime_model import stragglers
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 
 
 def test_expected_max_of_normals_matches_closed_forms():

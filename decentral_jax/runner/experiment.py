@@ -671,7 +671,7 @@ class Experiment:
 
     Their shapes, dtypes and shardings, built without placing anything on
     the devices (for ``step_program(...).trace(state, batch).lower()``, e.g.
-    on compile-only devices: :mod:`decentral_jax.runner.deviceless`).
+    on compile-only devices: :mod:`decentral_jax.tools.gpu_compile`).
     """
     rng = jax.eval_shape(lambda: jax.random.key_data(self._dropout_key))
     state = jax.eval_shape(self._init_fn, self._param_shapes(), rng)

@@ -39,7 +39,7 @@ import numpy as np
 
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
-from decentral_jax.runtime_model.cli import inputs as cli_inputs
+from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper

@@ -115,6 +115,22 @@ def _details_text(n_devices: int, platform: str) -> str:
       f"simulated {platform} devices on one host.\n\n")
 
 
+def _curves_and_losses(arms, finals, outdir: str):
+  """``(eval curves, final losses, diverged methods)`` per method name.
+
+  A method with a diverged seed (its final metrics None) is left out of the
+  curves, so out of the answer.
+  """
+  curves, losses = {}, {}
+  for a, m in zip(arms, finals):
+    if m is not None:
+      curves.setdefault(a.method.name, []).append(pricing.eval_curve(
+          os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE)))
+      losses.setdefault(a.method.name, []).append(float(m["eval/loss"]))
+  bad = {a.method.name for a, m in zip(arms, finals) if m is None}
+  return {k: v for k, v in curves.items() if k not in bad}, losses, bad
+
+
 def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
                   base, accum: int, per_method_lr: bool, start: float,
                   load_before: float, clusters=(), workload: str = "",
@@ -149,15 +165,7 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
           for a in arms]
   rows = [(a.run, m) for a, m in zip(arms, finals)]
   labels = {a.method.name: a.method.label for a in arms}
-  curves, losses = {}, {}
-  for a, m in zip(arms, finals):
-    if m is not None:
-      curves.setdefault(a.method.name, []).append(pricing.eval_curve(
-          os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE)))
-      losses.setdefault(a.method.name, []).append(float(m["eval/loss"]))
-  # A method with a diverged seed is left out of the answer.
-  bad = {a.method.name for a, m in zip(arms, finals) if m is None}
-  curves = {k: v for k, v in curves.items() if k not in bad}
+  curves, losses, bad = _curves_and_losses(arms, finals, outdir)
   at = {cl.label: pricing.priced_workers(cl, n) for cl in clusters}
   answer, lines = answer_lib.answer_markdown(
       clusters, curves, prices, losses, labels, at, workload)
