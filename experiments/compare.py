@@ -137,10 +137,11 @@ import numpy as np
 import tqdm
 from tqdm import contrib as tqdm_contrib
 
-from decentral_jax.runner import builders
+from decentral_jax.runner import devices as devices_lib
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment
+from decentral_jax.runner import methods
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax import topology as topology_lib
 from decentral_jax.runner import train
@@ -354,10 +355,10 @@ def run_fields(run: Run, accum_steps: int) -> tuple[tuple[str, object], ...]:
 
 
 def unread_fields(run: Run) -> tuple[str, ...]:
-  """The method fields (``builders.METHOD_FIELDS``) ``run``'s algorithm
+  """The method fields (``methods.METHOD_FIELDS``) ``run``'s algorithm
   does not read; its config keeps their defaults."""
-  read = builders.ALGORITHMS[run.algorithm].fields
-  return tuple(f for f in builders.METHOD_FIELDS if f not in read)
+  read = methods.ALGORITHMS[run.algorithm].fields
+  return tuple(f for f in methods.METHOD_FIELDS if f not in read)
 
 
 def _set(config, field: str, value) -> None:
@@ -407,7 +408,7 @@ def arm_configs(base, accum_steps: int, per_method_lr: bool,
     config = run_config(base, run, accum_steps, per_method_lr)
     try:
       validation.check_config(config)
-      if builders.ALGORITHMS[config.algorithm].uses_topology:
+      if methods.ALGORITHMS[config.algorithm].uses_topology:
         n, local = int(config.n_workers), int(config.workers_per_node)
         try:
           topology_lib.make(config.topology, n, local)
@@ -1198,8 +1199,8 @@ def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
     workload = compare_pricing.check_workload(_WORKLOAD.value)
     clusters = compare_pricing.parse_clusters(_CLUSTERS.value, workload)
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
-      needed, source = validation.devices_needed(base)
-      devices = validation.check_simulated_devices(
+      needed, source = devices_lib.devices_needed(base)
+      devices = devices_lib.check_simulated_devices(
           _CPU_DEVICES.value or needed,
           f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value
           else source.replace("config.", "--config."))  # the flags typed

@@ -63,6 +63,7 @@ from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import fault_run
+from decentral_jax.runner import methods
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
@@ -219,7 +220,7 @@ def _make_topology(c, workers_per_device: int):
   With ``K > 1`` workers per device node-aware rounds run as two-level
   permutes on a flat mesh, so the mesh is never node-aware then.
   """
-  if not builders.ALGORITHMS[c.algorithm].uses_topology:
+  if not methods.ALGORITHMS[c.algorithm].uses_topology:
     return None, False
   n, local_size = int(c.n_workers), int(c.workers_per_node)
   try:
@@ -428,7 +429,7 @@ class Experiment:
 
   def _build_consensus_step(self):
     """The jitted consensus distance of a state's models (a separate program)."""
-    algorithm = builders.ALGORITHMS[self.config.algorithm]
+    algorithm = methods.ALGORITHMS[self.config.algorithm]
 
     def consensus_worker(params, opt_state):
       own = (params if algorithm.model_params is None
@@ -439,7 +440,7 @@ class Experiment:
 
   def _build_eval_step(self):
     """The jitted evaluation over all workers (see :meth:`evaluate`)."""
-    algorithm = builders.ALGORITHMS[self.config.algorithm]
+    algorithm = methods.ALGORITHMS[self.config.algorithm]
 
     def eval_worker(params, opt_state, rows, common):
       own = (params if algorithm.model_params is None
@@ -560,8 +561,8 @@ class Experiment:
         global_avg_interval=int(c.global_avg_interval),
         log_interval=int(c.log_interval), total_steps=int(c.steps),
         round_index=round_index, consensus=consensus,
-        model_params=builders.ALGORITHMS[c.algorithm].model_params,
-        global_average=builders.ALGORITHMS[c.algorithm].global_average)
+        model_params=methods.ALGORITHMS[c.algorithm].model_params,
+        global_average=methods.ALGORITHMS[c.algorithm].global_average)
 
     def counted(state, batch, *masks):
       self.train_step_traces += 1  # runs once per trace

@@ -759,13 +759,14 @@ def _measure(args) -> int:
 
 def _calibrate(args) -> int:
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model.cli import calibrate  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
   config = config_lib.load_config(args.config, args.set)
   validation.check_config(config)
-  validation.check_simulated_devices(int(config.n_workers),
-                                     f"config.n_workers={config.n_workers}")
+  devices.check_simulated_devices(int(config.n_workers),
+                                  f"config.n_workers={config.n_workers}")
   import jax  # pylint: disable=import-outside-toplevel
   try:  # one CPU device per worker (on CPU; the command line's choice)
     jax.config.update("jax_num_cpu_devices", max(int(config.n_workers), 1))
