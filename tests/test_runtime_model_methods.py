@@ -233,7 +233,7 @@ def test_cli_prints_every_method_with_bytes_and_inner_collectives(capsys):
       "sgp,diloco:H=10,streaming_diloco:H=10,P=2,tau=1"]) == 0
   out = capsys.readouterr().out
   assert "n=16 workers of 2 devices (data)" in out
-  for name in ("All-Reduce", "Decent (AER)",
+  for name in ("All-Reduce", "DAdam (AER)",
                "alternating_exp_ring:comm_dtype=bfloat16",
                "accum_adam:T=4,topology=alternating_exp_ring", "SGP (Exp)",
                "diloco:H=10", "streaming_diloco:H=10,P=2,tau=1"):

@@ -145,7 +145,7 @@ def display_name(config) -> str:
   ``config.algorithm``'s :attr:`Method.label` in the table of
   :mod:`decentral_jax.runtime_model.names`, with ``config.topology`` for a
   method that gossips; ``decentralized`` with ``optimizer.name =
-  "accum_adamw"`` is AccumAdamW. E.g. ``"DAdam, one_peer_exp"``.
+  "accum_adamw"`` is AccumAdamW. E.g. ``"DAdam (Exp)"``.
 
   Raises:
     ValueError: an unknown ``config.algorithm``.

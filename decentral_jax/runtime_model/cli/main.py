@@ -60,7 +60,7 @@ from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.runtime_model import utilisation
 from decentral_jax.runtime_model import workload as workload_lib
-from decentral_jax.runtime_model.recommend import label
+from decentral_jax.runtime_model.names import label
 
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
 # Added to DEFAULT_METHODS on a cluster of several datacenters, where a sync
