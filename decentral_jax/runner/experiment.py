@@ -129,8 +129,9 @@ def resolve_dispatch(c, platform: str) -> tuple[str, str]:
   ``"auto"`` resolves to what lets XLA overlap the step's collectives with
   its forward/backward pass on accelerators (``docs/gpu_overlap.md``):
   ``gossip_rounds="static"`` (one program per distinct round, chosen on the
-  host) when the method allows it (``decentralized``, also with
-  ``gossip_every > 1``, and ``sgp``) and ``consensus_at="next_step"``; on ``platform="cpu"``
+  host) when the method allows it (``Method.static_rounds``:
+  ``decentralized``, also with ``gossip_every > 1``, and ``sgp``) and
+  ``consensus_at="next_step"``; on ``platform="cpu"``
   (XLA:CPU runs collectives synchronously, nothing to overlap) ``"switch"``
   and ``"log_step"``, which compile fewer programs. CPU trajectories are
   bit-identical either way.
@@ -142,7 +143,7 @@ def resolve_dispatch(c, platform: str) -> tuple[str, str]:
   accel = platform != "cpu"
   rounds = c.gossip_rounds
   if rounds == "auto":
-    static_ok = c.algorithm in ("sgp", "decentralized")
+    static_ok = methods.lookup(c.algorithm).static_rounds
     rounds = "static" if accel and static_ok else "switch"
   consensus = c.consensus_at
   if consensus == "auto":
@@ -423,9 +424,11 @@ class Experiment:
     return rounds
 
   def _gossip_every(self) -> int:
-    """``config.gossip_every`` of ``decentralized`` (1 for other methods)."""
-    c = self.config
-    return int(c.gossip_every) if c.algorithm == "decentralized" else 1
+    """``config.gossip_every`` of ``decentralized`` (1 for other methods:
+    ``Method.gossip_every``)."""
+    method = methods.lookup(self.config.algorithm)
+    return 1 if method.gossip_every is None else method.gossip_every(
+        self.config)
 
   def _build_consensus_step(self):
     """The jitted consensus distance of a state's models (a separate program)."""

@@ -116,7 +116,9 @@ FIELDS = (*GOSSIP_FIELDS, "global_avg_interval", "gossip_every",
 
 DECENTRALIZED = registry.register(registry.Method(
     "decentralized", build, fields=FIELDS, runtime_spec=runtime_spec,
-    label="dadam", uses_topology=True, compression_checks=check_compression,
+    label="dadam", uses_topology=True, static_rounds=True,
+    gossip_every=lambda config: int(config.gossip_every),
+    compression_checks=check_compression,
     unread=unread, faults=check_faults,
     unread_faults={"min_quorum": _NO_OUTER_STEP,
                    "on_failure": _NO_OUTER_STEP}))

@@ -57,6 +57,12 @@ class Method(NamedTuple):
   label: str
   # True if it communicates over config.topology (the runner builds it).
   uses_topology: bool = False
+  # True if its gossip round may be picked on the host (gossip_rounds
+  # "static": one compiled program per distinct round).
+  static_rounds: bool = False
+  # gossip_every(config) -> steps between two gossip rounds (the runner
+  # compiles a separate local step if > 1); None: 1.
+  gossip_every: Callable[..., int] | None = None
   # checks(config): cross-field checks of the fields it reads, run before
   # the refusal of fields it does not read; raise a one-line ValueError.
   checks: Callable[..., None] | None = None

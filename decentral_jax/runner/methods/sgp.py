@@ -42,5 +42,5 @@ def runtime_spec(config) -> str:
 
 SGP = registry.register(registry.Method(
     "sgp", build, fields=FIELDS, runtime_spec=runtime_spec, label="sgp",
-    uses_topology=True, eval_params=numerators,
+    uses_topology=True, static_rounds=True, eval_params=numerators,
     model_params=push_sum.debiased, global_average=push_sum.global_average))
