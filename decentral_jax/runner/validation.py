@@ -180,7 +180,7 @@ def _check_faults(c: config_dict.ConfigDict, method: methods.Method) -> None:
   if method.faults is None:
     raise ValueError(
         f"config.faults.enabled=True needs config.algorithm in "
-        f"{', '.join(fault_algorithms())}, got {c.algorithm!r}; set "
+        f"{', '.join(_fault_algorithms())}, got {c.algorithm!r}; set "
         "--config.algorithm=diloco or --config.faults.enabled=False.")
   method.faults(c)
   if f.min_quorum > c.n_workers:
@@ -198,7 +198,7 @@ def _check_faults(c: config_dict.ConfigDict, method: methods.Method) -> None:
         "--config.global_avg_interval=0.")
 
 
-def fault_algorithms() -> tuple[str, ...]:
+def _fault_algorithms() -> tuple[str, ...]:
   """The algorithms that run with ``config.faults.enabled`` (``Method.faults``
   set): those with an exact sync first, then those that gossip."""
   able = [m for m in methods.ALGORITHMS.values() if m.faults is not None]
