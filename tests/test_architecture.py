@@ -32,10 +32,12 @@ ALLOWED = {
     "analysis": {"checks", "comm"},
     "models": {"checks"},
     "data": {"checks"},
-    "runtime_model": {"checks", "topology"},
-    "runner": _LIBRARY,
+    # Display names of methods: one table for every command (NumPy only).
+    "method_names": {"checks", "topology"},
+    "runtime_model": {"checks", "topology", "method_names"},
+    "runner": _LIBRARY | {"method_names"},
     # The top floor: the command lines, the main job, GPU-target compiles.
-    "tools": _LIBRARY | {"runtime_model", "runner"},
+    "tools": _LIBRARY | {"method_names", "runtime_model", "runner"},
     "__init__": {"topology", "comm", "optim", "parallel"},
 }
 

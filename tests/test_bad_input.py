@@ -30,6 +30,7 @@ from decentral_jax import topology
 from decentral_jax.data import text
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import devices
 from decentral_jax.runner import tasks
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
@@ -350,7 +351,7 @@ def logged_steps(c):
 
 def devices_of_a_billion_workers(c):
   """Probe: 2^30 workers of one device each, one sequence per worker."""
-  assert validation.devices_needed(c) == (2**30, "config.n_workers=1073741824")
+  assert devices.devices_needed(c) == (2**30, "config.n_workers=1073741824")
   assert int(c.global_batch) // int(c.n_workers) == 1
 
 
@@ -399,8 +400,8 @@ def test_warmup_longer_than_the_run_is_a_warning():
 
 def test_simulated_device_limit():
   limit = config_lib.MAX_SIMULATED_CPU_DEVICES
-  assert validation.check_simulated_devices(limit, "x") == limit
-  message = one_line_error(validation.check_simulated_devices, 1048576,
+  assert devices.check_simulated_devices(limit, "x") == limit
+  message = one_line_error(devices.check_simulated_devices, 1048576,
                            "config.n_workers=1048576")
   assert "config.n_workers=1048576" in message and str(limit) in message
 

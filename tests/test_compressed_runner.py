@@ -26,6 +26,8 @@ from decentral_jax.optim import transforms
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import methods
+from decentral_jax.runner.methods import parts
 from decentral_jax.runner import validation
 from decentral_jax.runtime_model import core as runtime_core
 from decentral_jax.runtime_model import method as runtime_method
@@ -159,9 +161,9 @@ def test_compression_off_builds_the_uncompressed_transforms():
   for extra, state_type in cases.items():
     config = _config(*extra)
     validation.check_config(config)
-    assert builders.compressor(config) is None
+    assert parts.compressor(config) is None
     topo = None
-    if builders.ALGORITHMS[config.algorithm].uses_topology:
+    if methods.ALGORITHMS[config.algorithm].uses_topology:
       from decentral_jax import topology  # pylint: disable=import-outside-toplevel
       topo = topology.make(config.topology, N)
     tx = builders.make_optimizer(config, builders.make_schedule(config), topo,

@@ -105,7 +105,7 @@ def test_local_update_methods_are_compared_by_default_across_datacenters(
   rc, out, _ = _run(capsys, "--preset", "cross_region_2dc", "--n-workers",
                     "16")
   assert rc == 0
-  assert _rows(out) == ["All-Reduce", "Decent", "Decent", *LOCAL]
+  assert _rows(out) == ["All-Reduce", "DAdam", "DAdam", *LOCAL]
   line = _line(out, "methods:")
   assert line.startswith("methods: all_reduce,one_peer_exp,aer,"
                          "local_sgd:H=10,diloco:H=10,"
@@ -122,14 +122,14 @@ def test_local_update_methods_are_compared_by_default_across_datacenters(
 def test_one_datacenter_keeps_the_papers_comparison(capsys):
   rc, out, _ = _run(capsys, "--preset", "h100_ib", "--n-workers", "16")
   assert rc == 0
-  assert _rows(out) == ["All-Reduce", "Decent", "Decent"]
+  assert _rows(out) == ["All-Reduce", "DAdam", "DAdam"]
   line = _line(out, "methods:")
   assert "(the default within one datacenter" in line
   assert "diloco:H=10" in line  # how to add them
   # Explicit methods are what is compared, with All-Reduce as baseline.
   rc, out, _ = _run(capsys, "--preset", "cross_region_2dc", "--n-workers",
                     "16", "--methods", "aer")
-  assert rc == 0 and _rows(out) == ["All-Reduce", "Decent"]
+  assert rc == 0 and _rows(out) == ["All-Reduce", "DAdam"]
 
 
 # --- 2: one list of workload names -------------------------------------------
@@ -291,7 +291,7 @@ def test_a_recommendation_other_than_all_reduce_carries_the_quality_caveat():
   assert recommend.quality_caveat(
       "All-Reduce (no decentralized method is >5% faster)") == ""
   caveat = recommend.quality_caveat(
-      "Decent (AER): 422.9 ms/iteration, 2.00x faster than All-Reduce")
+      "DAdam (AER): 422.9 ms/iteration, 2.00x faster than All-Reduce")
   assert "speed only" in caveat and "section 15" in caveat
 
 

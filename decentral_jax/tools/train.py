@@ -49,6 +49,7 @@ import jax
 
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import devices
 from decentral_jax.runner import launch
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
@@ -80,7 +81,7 @@ def simulate_cpu_devices(n: int, source: str = "--cpu_devices=N") -> None:
   """
   if os.environ.get("JAX_NUM_CPU_DEVICES"):
     return
-  validation.check_simulated_devices(int(n), source)
+  devices.check_simulated_devices(int(n), source)
   jax.config.update("jax_num_cpu_devices", int(n))
 
 
@@ -144,7 +145,7 @@ def _prepare(overrides: list[str]):
   if not workdir:
     raise ValueError("--workdir is required (or set config.workdir).")
   procs = expected_processes(config)
-  needed, source = validation.devices_needed(config)
+  needed, source = devices.devices_needed(config)
   simulate_cpu_devices(
       CPU_DEVICES.value or max(needed // procs, 1),
       f"--cpu_devices={CPU_DEVICES.value}" if CPU_DEVICES.value else

@@ -22,6 +22,7 @@ import jax
 
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import devices as devices_lib
 from decentral_jax.runner import validation
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools.compare import flags
@@ -60,9 +61,9 @@ def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
     workload = pricing.check_workload(flags.WORKLOAD.value)
     clusters = pricing.parse_clusters(flags.CLUSTERS.value, workload)
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
-      needed, source = validation.devices_needed(base)
+      needed, source = devices_lib.devices_needed(base)
       asked = flags.CPU_DEVICES.value
-      devices = validation.check_simulated_devices(
+      devices = devices_lib.check_simulated_devices(
           asked or needed, f"--cpu_devices={asked}" if asked
           else source.replace("config.", "--config."))  # the flags typed
       jax.config.update("jax_num_cpu_devices", devices)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 
 from decentral_jax import topology as topology_lib
-from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import methods
 from decentral_jax.runner import validation
 
 # The methods of the quick default job (see RUNS) and of --full.
@@ -151,10 +151,10 @@ def run_fields(run: Run, accum_steps: int) -> tuple[tuple[str, object], ...]:
 
 
 def unread_fields(run: Run) -> tuple[str, ...]:
-  """The method fields (``builders.METHOD_FIELDS``) ``run``'s algorithm
+  """The method fields (``methods.METHOD_FIELDS``) ``run``'s algorithm
   does not read; its config keeps their defaults."""
-  read = builders.ALGORITHMS[run.algorithm].fields
-  return tuple(f for f in builders.METHOD_FIELDS if f not in read)
+  read = methods.ALGORITHMS[run.algorithm].fields
+  return tuple(f for f in methods.METHOD_FIELDS if f not in read)
 
 
 def _set(config, field: str, value) -> None:
@@ -204,7 +204,7 @@ def arm_configs(base, accum_steps: int, per_method_lr: bool,
     config = run_config(base, run, accum_steps, per_method_lr)
     try:
       validation.check_config(config)
-      if builders.ALGORITHMS[config.algorithm].uses_topology:
+      if methods.ALGORITHMS[config.algorithm].uses_topology:
         n, local = int(config.n_workers), int(config.workers_per_node)
         try:
           topology_lib.make(config.topology, n, local)

@@ -200,11 +200,12 @@ def run(args) -> int:
     ValueError: a bad flag or config (one line naming it).
   """
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
   config = config_lib.load_config(args.config, args.set)
   validation.check_config(config)
-  validation.check_simulated_devices(int(config.n_workers),
+  devices.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")
   import jax  # pylint: disable=import-outside-toplevel
   try:  # one CPU device per worker (on CPU; the command line's choice)

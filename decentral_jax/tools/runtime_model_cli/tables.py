@@ -14,7 +14,7 @@ from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.runtime_model import utilisation
-from decentral_jax.runtime_model.recommend import label
+from decentral_jax.method_names import label
 
 # Relative error of a Figure 6 bar the acceptance allows (fig6, validate).
 TOLERANCE = 0.2
