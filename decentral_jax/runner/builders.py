@@ -19,8 +19,12 @@ from ml_collections import config_dict
 from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.optim import choco
+from decentral_jax.optim import diloco_sync
 from decentral_jax.optim import elastic
-from decentral_jax.optim import local_updates
+from decentral_jax.optim import local_sgd_sync
+from decentral_jax.optim import outer_timing
+from decentral_jax.optim import reductions
+from decentral_jax.optim import streaming_sync
 from decentral_jax.optim import transforms as optim
 from decentral_jax.optim import push_sum
 from decentral_jax.topology import schedules as topology_lib
@@ -98,14 +102,19 @@ def compressor(config) -> compress.Compressor | None:
   return compress.Compressor(str(c.format), block=int(c.block))
 
 
-def _coding(config) -> dict:
-  """Compression arguments of a local-update transform ({} if off)."""
+def _reduction(config, topology, axis_name) -> reductions.ExactMean:
+  """The pseudo-gradient reduction of a local-update transform: compressed
+  (``config.compression``), else a gossip round over ``topology``, a
+  ``comm_dtype`` mean or the exact mean."""
   comp = compressor(config)
-  if comp is None:
-    return {}
-  c = config.compression
-  return {"compressor": comp, "error_feedback": bool(c.error_feedback),
-          "error_decay": float(c.error_decay)}
+  if comp is not None:
+    c = config.compression
+    return reductions.compressed(comp, bool(c.error_feedback),
+                                 float(c.error_decay), axis_name)
+  return reductions.uncompressed(topology=topology,
+                                 comm_dtype=COMM_DTYPES[config.comm_dtype],
+                                 axis_name=axis_name,
+                                 bucket_bytes=int(config.bucket_bytes))
 
 
 def _decentralized(config, schedule, topology, axis_name):
@@ -184,10 +193,9 @@ def _local_sgd(config, schedule, topology, axis_name):
     return elastic.elastic_local_sgd(_inner(config, schedule),
                                      int(config.sync_every),
                                      axis_name=axis_name, **_faults(config))
-  return local_updates.local_sgd(_inner(config, schedule),
-                                 int(config.sync_every), axis_name,
-                                 comm_dtype=COMM_DTYPES[config.comm_dtype],
-                                 **_coding(config))
+  return local_sgd_sync.local_sgd(
+      _inner(config, schedule), int(config.sync_every),
+      reduction=_reduction(config, None, axis_name))
 
 
 def _diloco(config, schedule, topology, axis_name):
@@ -199,34 +207,31 @@ def _diloco(config, schedule, topology, axis_name):
     return elastic.elastic_diloco(_inner(config, schedule),
                                   int(config.sync_every), outer=_outer(config),
                                   axis_name=axis_name, **_faults(config))
-  return local_updates.diloco(_inner(config, schedule),
-                              int(config.sync_every), outer=_outer(config),
-                              topology=topology, axis_name=axis_name,
-                              bucket_bytes=int(config.bucket_bytes),
-                              comm_dtype=COMM_DTYPES[config.comm_dtype],
-                              **_overlap_args(config), **_coding(config))
+  return diloco_sync.diloco(_inner(config, schedule), int(config.sync_every),
+                            outer=_outer(config),
+                            reduction=_reduction(config, topology, axis_name),
+                            timing=_timing(config))
 
 
-def _overlap_args(config) -> dict:
-  """``overlap``, ``latency`` and ``trickle`` of a DiLoCo transform."""
+def _timing(config):
+  """The outer-step timing of a DiLoCo transform (``config.outer_overlap``
+  with ``outer_latency`` and ``trickle_reduction``)."""
   if config.outer_overlap == "none":
-    return {}
-  return {"overlap": config.outer_overlap,
-          "latency": int(config.outer_latency),
-          "trickle": bool(config.trickle_reduction)}
+    return outer_timing.Plain()
+  return outer_timing.named(config.outer_overlap, int(config.outer_latency),
+                            bool(config.trickle_reduction))
 
 
 def _streaming_diloco(config, schedule, topology, axis_name):
   """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype; with
   ``outer_overlap`` a delayed or eager outer step per fragment)."""
   del topology
-  return local_updates.streaming_diloco(
+  return streaming_sync.streaming_diloco(
       _inner(config, schedule), int(config.sync_every),
       num_fragments=int(config.num_fragments),
       overlap_steps=int(config.overlap_steps),
       merge_alpha=float(config.merge_alpha), outer=_outer(config),
-      comm_dtype=COMM_DTYPES[config.comm_dtype], axis_name=axis_name,
-      **_overlap_args(config), **_coding(config))
+      reduction=_reduction(config, None, axis_name), timing=_timing(config))
 
 
 def _sgp(config, schedule, topology, axis_name):
@@ -238,7 +243,7 @@ def _sgp(config, schedule, topology, axis_name):
 
 def _theta(params, opt_state):
   del params
-  return local_updates.global_params(opt_state)
+  return streaming_sync.global_params(opt_state)
 
 
 def _numerators(params, opt_state):

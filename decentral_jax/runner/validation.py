@@ -23,7 +23,7 @@ from ml_collections import config_dict
 from decentral_jax.comm import compress
 from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
-from decentral_jax.optim import outer_overlap
+from decentral_jax.optim import outer_timing
 from decentral_jax.runner import builders
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
@@ -169,7 +169,7 @@ _RULES = {
     "merge_alpha": lambda name, value: (
         _real(0.0)(name, value) if value == 1 else
         _real(0.0, 1.0, note=" or exactly 1")(name, value)),
-    "outer_overlap": _one_of(outer_overlap.OVERLAPS),
+    "outer_overlap": _one_of(outer_timing.TIMINGS),
     "outer_latency": _integer(1, note=" (rounds)"),
     "trickle_reduction": _boolean,
     "compression.format": _one_of(compress.FORMATS),
