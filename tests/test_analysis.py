@@ -525,7 +525,7 @@ AR = 2 * (N - 1) / N  # ring all-reduce figure, 1.75
 
 
 def _local_update_methods():
-    from decentral_jax.optim import push_sum
+  from decentral_jax.optim import push_sum
   inner = optax.adamw(1e-3)
   ring = topology.make("ring", N)
   return {
@@ -572,7 +572,7 @@ def test_local_update_bytes_per_step_over_a_sync_period(mesh, name):
 
 @pytest.mark.slow
 def test_diloco_n8_h10_is_0175_of_the_parameters(mesh):
-    tx = optim.diloco(optax.sgd(0.1), 10)
+  tx = optim.diloco(optax.sgd(0.1), 10)
   lowered = _lowered_step(tx, mesh)[0]
   for stage in ("unoptimized", "optimized"):
     rep = analysis.communication(lowered, stage=stage)
