@@ -23,6 +23,8 @@ from typing import Iterator
 import numpy as np
 
 from decentral_jax import topology
+from decentral_jax.optim import outer_timing
+from decentral_jax.optim import reductions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny runner config (overrides of configs/gpt_tiny.py) for tests that train.
@@ -111,8 +113,6 @@ def sync_args(*, topology=None, axis_name="workers", bucket_bytes=None,
   ``local_sgd``) from these settings: a compressed reduction with a
   compressor or error feedback, else a gossip round, a low-precision or
   the exact mean; the timing named by ``overlap``."""
-  from decentral_jax.optim import outer_timing  # pylint: disable=import-outside-toplevel
-  from decentral_jax.optim import reductions  # pylint: disable=import-outside-toplevel
   if compressor is not None or error_feedback:
     reduction = reductions.compressed(compressor, error_feedback, error_decay,
                                       axis_name)

@@ -538,7 +538,8 @@ def _local_update_methods():
           inner, 10, num_fragments=2, overlap_steps=1), None, AR / 10),
       # Decentralized DiLoCo on the ring (two one-peer rounds, alternating):
       # one round per H = 5 steps.
-      "decentralized_diloco_ring_h5": (optim.diloco(inner, 5, **sync_args(topology=ring)), 1.0, 1.0 / 5),
+      "decentralized_diloco_ring_h5": (optim.diloco(inner, 5,
+          **sync_args(topology=ring)), 1.0, 1.0 / 5),
       # Local DAdam: a one-peer round every 4 steps.
       "dadam_tau4": (optim.decentralized_adamw(
           1e-3, topology.make("one_peer_exp", N), gossip_every=4),

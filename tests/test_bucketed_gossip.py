@@ -112,7 +112,8 @@ def test_empty_tree_and_bad_bucket_bytes():
     with pytest.raises(ValueError, match="bucket_bytes must be an int >= 0"):
       push_sum.sgp(0.1, topo, bucket_bytes=bad)
     with pytest.raises(ValueError, match="bucket_bytes must be an int >= 0"):
-      optim.diloco(optax.sgd(0.1), 2, **sync_args(topology=topo, bucket_bytes=bad))
+      optim.diloco(optax.sgd(0.1), 2, **sync_args(topology=topo,
+          bucket_bytes=bad))
   with pytest.raises(ValueError, match="static_args"):
     optim.decentralized(optax.sgd(0.1), topo, bucket_bytes=jnp.int32(4))
   assert gossip.check_bucket_bytes(None) == gossip.DEFAULT_BUCKET_BYTES

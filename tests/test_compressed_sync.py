@@ -191,26 +191,35 @@ def test_identity_compressor_is_the_uncompressed_method_bit_for_bit(make):
 def test_streaming_with_one_fragment_is_compressed_diloco():
   c = compress.Compressor("int4", block=8)
   _, s_d = _run(_diloco(c, error_feedback=True, error_decay=0.9))
-  _, s_s = _run(optim.streaming_diloco(optax.sgd(INNER_LR), H, outer=optax.sgd(OUTER_LR), **sync_args(compressor=c, error_feedback=True, error_decay=0.9)))
+  _, s_s = _run(optim.streaming_diloco(optax.sgd(INNER_LR), H,
+                                       outer=optax.sgd(OUTER_LR),
+                                           **sync_args(compressor=c,
+                                               error_feedback=True,
+                                                   error_decay=0.9)))
   assert isinstance(s_s, optim.StreamingDiLoCoState)
   assert isinstance(s_s.reduction, optim.ErrorFeedback)
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(s_s.theta[k]),
                                np.asarray(s_d.theta[k]), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(s_s.reduction.error[k]),
-                               np.asarray(s_d.reduction.error[k]), rtol=1e-6, atol=1e-7)
+                               np.asarray(s_d.reduction.error[k]),
+                               rtol=1e-6, atol=1e-7)
   assert np.abs(np.asarray(s_d.reduction.error["w"])).max() > 0
 
 
 def test_compressed_local_sgd_is_diloco_with_outer_lr_one():
   c = compress.Compressor("fp8", block=8)
-  x_l, s_l = _run(optim.local_sgd(optax.sgd(INNER_LR), H, **sync_args(compressor=c, timing=False)))
-  x_d, _ = _run(optim.diloco(optax.sgd(INNER_LR), H, outer=optax.sgd(1.0), **sync_args(compressor=c)))
+  x_l, s_l = _run(optim.local_sgd(optax.sgd(INNER_LR), H,
+                                  **sync_args(compressor=c, timing=False)))
+  x_d, _ = _run(optim.diloco(optax.sgd(INNER_LR), H, outer=optax.sgd(1.0),
+                             **sync_args(compressor=c)))
   for a, b in zip(jax.tree.leaves(x_l), jax.tree.leaves(x_d)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # After a sync every worker holds theta, the (compressed) mean (up to the
   # rounding of x + (theta - x) in optax.apply_updates).
-  x_sync, s_sync = _run(optim.local_sgd(optax.sgd(INNER_LR), H, **sync_args(compressor=c, timing=False)), steps=2 * H)
+  x_sync, s_sync = _run(optim.local_sgd(optax.sgd(INNER_LR), H,
+                                        **sync_args(compressor=c,
+                                            timing=False)), steps=2 * H)
   np.testing.assert_allclose(np.asarray(x_sync["w"]),
                              np.asarray(s_sync.theta["w"]), rtol=0, atol=1e-6)
 

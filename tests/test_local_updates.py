@@ -120,7 +120,8 @@ def test_decentralized_diloco_matches_dense_oracle(name, x64):
   n = 8
   topo = topology.make(name, n)
   x0, b = _problem(n, seed=1)
-  got, _ = _run(optim.diloco(optax.sgd(LR), 2, **sync_args(topology=topo)), x0, b, 9)
+  got, _ = _run(optim.diloco(optax.sgd(LR), 2, **sync_args(topology=topo)), x0,
+                b, 9)
   want = _diloco_oracle(x0, b, 2, 9, w=topo.mixing_matrix)
   for g, w in zip(got, want):
     for k in w:
@@ -138,7 +139,8 @@ def test_equivalences(x64):
   local, _ = _run(optim.local_sgd(optax.sgd(LR), 3), x0, b, 9)
   plain, _ = _run(optim.diloco(optax.sgd(LR), 3), x0, b, 9)
   complete, _ = _run(
-      optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topology.make("complete", 4))),
+      optim.diloco(optax.sgd(LR), 3,
+                   **sync_args(topology=topology.make("complete", 4))),
       x0, b, 9)
   stream, _ = _run(optim.streaming_diloco(optax.sgd(LR), 3), x0, b, 9)
   for k in x0:
@@ -200,7 +202,9 @@ def test_streaming_low_precision_pseudo_gradients():
   b = {k: v.astype(np.float32) for k, v in b.items()}
   exact, _ = _run(optim.streaming_diloco(optax.sgd(LR), 4, num_fragments=2),
                   x0, b, 12)
-  low, state = _run(optim.streaming_diloco(optax.sgd(LR), 4, num_fragments=2, **sync_args(comm_dtype=jnp.bfloat16)), x0, b, 12)
+  low, state = _run(optim.streaming_diloco(
+      optax.sgd(LR), 4, num_fragments=2,
+      **sync_args(comm_dtype=jnp.bfloat16)), x0, b, 12)
   for k in x0:
     assert low[-1][k].dtype == np.float32
     np.testing.assert_allclose(low[-1][k], exact[-1][k], rtol=0, atol=2e-2)
@@ -230,7 +234,8 @@ def test_default_fragments_contiguous_and_balanced():
      "num_fragments"),
     (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, merge_alpha=1.5),
      "merge_alpha"),
-    (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, **sync_args(comm_dtype=jnp.int8)),
+    (lambda: optim.streaming_diloco(optax.sgd(1.0), 4,
+                                    **sync_args(comm_dtype=jnp.int8)),
      "comm_dtype"),
 ])
 def test_bad_arguments(make, match):
@@ -347,11 +352,13 @@ def test_comm_dtype_rounds_what_is_sent_and_sums_wider(method, x64):
   require_devices(4)
   x0, b = _problem(4, seed=7)
   if method == "local_sgd":
-    tx = optim.local_sgd(optax.sgd(LR), 3, **sync_args(comm_dtype=jnp.bfloat16, timing=False))
+    tx = optim.local_sgd(optax.sgd(LR), 3, **sync_args(comm_dtype=jnp.bfloat16,
+        timing=False))
     exact = optim.local_sgd(optax.sgd(LR), 3)
   else:
     topo = None if method == "diloco" else topology.make(method, 4)
-    tx = optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo, comm_dtype=jnp.bfloat16))
+    tx = optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo,
+        comm_dtype=jnp.bfloat16))
     exact = optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo))
   got, _ = _run(tx, x0, b, 9)
   kind = method if method in ("local_sgd", "diloco") else "gossip"
@@ -373,9 +380,11 @@ def test_diloco_comm_dtype_is_streaming_diloco_with_one_fragment():
   x0, b = _problem(4, seed=8)
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
-  plain, state = _run(optim.diloco(optax.sgd(LR), 4, **sync_args(comm_dtype=jnp.bfloat16)),
+  plain, state = _run(optim.diloco(optax.sgd(LR), 4,
+                                   **sync_args(comm_dtype=jnp.bfloat16)),
                       x0, b, 12)
-  stream, _ = _run(optim.streaming_diloco(optax.sgd(LR), 4, **sync_args(comm_dtype=jnp.bfloat16)), x0, b, 12)
+  stream, _ = _run(optim.streaming_diloco(
+      optax.sgd(LR), 4, **sync_args(comm_dtype=jnp.bfloat16)), x0, b, 12)
   for k in x0:
     np.testing.assert_array_equal(plain[-1][k], stream[-1][k])
   for theta in jax.tree.leaves(state.theta):  # equal on all workers
@@ -383,7 +392,8 @@ def test_diloco_comm_dtype_is_streaming_diloco_with_one_fragment():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: optim.local_sgd(optax.sgd(1.0), 2, **sync_args(comm_dtype=jnp.int8, timing=False)),
+    lambda: optim.local_sgd(optax.sgd(1.0), 2, **sync_args(comm_dtype=jnp.int8,
+        timing=False)),
     lambda: optim.diloco(optax.sgd(1.0), 2, **sync_args(comm_dtype="int32"))])
 def test_comm_dtype_must_be_floating(make):
   with pytest.raises(ValueError, match="comm_dtype must be a floating dtype"):

@@ -224,7 +224,8 @@ def test_library_gap_of_compressed_syncs_follows_the_library(overlap, fmt):
   c = _cluster()
   m = core.make_method(f"diloco:H=10,overlap={overlap},compress={fmt}", c)
   try:
-    optim.diloco(optax.sgd(0.1), 10, **sync_args(overlap=overlap, compressor=compress.Compressor(fmt)))
+    optim.diloco(optax.sgd(0.1), 10, **sync_args(overlap=overlap,
+        compressor=compress.Compressor(fmt)))
     runs = True
   except ValueError:
     runs = False
