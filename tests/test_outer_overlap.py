@@ -560,11 +560,10 @@ def test_streaming_trickled_equals_one_shot_bit_for_bit(comm_dtype):
   x0, b = _problem(4, seed=12)
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
-  runs = [_run(optim.streaming_diloco(optax.sgd(LR), 4, num_fragments=2,
-                                      merge_alpha=0.5,
-                                          **sync_args(comm_dtype=comm_dtype,
-                                              overlap="eager", trickle=t)), x0,
-                                                  b, 14)[0]
+  runs = [_run(optim.streaming_diloco(
+      optax.sgd(LR), 4, num_fragments=2, merge_alpha=0.5,
+      **sync_args(comm_dtype=comm_dtype, overlap="eager", trickle=t)),
+               x0, b, 14)[0]
           for t in (True, False)]
   for p, q in zip(*runs):
     for k in p:
@@ -581,9 +580,8 @@ def test_streaming_trickled_bytes_per_step():
         "b": np.repeat(rng.normal(size=(1, 4)), n, 0).astype(np.float32)}
   b = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in x0.items()}
   tx = optim.streaming_diloco(optax.sgd(LR), h, num_fragments=2,
-                              fragments={"a": 0,
-                                         "b": 1},
-                                             **sync_args(overlap="delayed"))
+                              fragments={"a": 0, "b": 1},
+                              **sync_args(overlap="delayed"))
   compiled = _compiled_step(tx, n, x0, b)
   report = analysis.communication(compiled)
   per_step = 2 * (n - 1) / n * (8 + 4) / h * 4
