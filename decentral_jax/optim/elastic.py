@@ -107,10 +107,7 @@ def _check_quorum(quorum: int, n: int, axis_name) -> None:
 
 
 def _check(inner, outer, sync_every, min_quorum, on_failure, rejoin):
-  transform_args.check_transform("inner", inner)
-  if outer is not None:
-    transform_args.check_transform("outer", outer)
-  period = checks.check_int("sync_every", sync_every, minimum=1)
+  period = local_steps.check_common(inner, sync_every, outer)
   quorum = checks.check_int("min_quorum", min_quorum, minimum=1)
   checks.check_choice("on_failure", on_failure, ON_FAILURE)
   checks.check_choice("rejoin", rejoin, REJOIN)
@@ -198,8 +195,8 @@ def _sync(spec: _Spec, a, lost, n: int, operand):
   x_bar = _weighted_mean(xs, weight, contrib, total, n, spec.axis_name)
   if spec.outer is not None:
     pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, x_bar)
-    step, o_new = spec.outer.update(pseudo_grad, o_state, theta)
-    t_new = optax.apply_updates(theta, step)
+    t_new, o_new = local_steps.outer_step(spec.outer, pseudo_grad, o_state,
+                                          theta)
   else:
     t_new, o_new = x_bar, o_state
   theta = _select(ok, t_new, theta)
@@ -282,8 +279,7 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
       new_base = local_sgd_sync.LocalSGDState(count, inner_state)
       anchor = theta
     new = ElasticState(new_base, anchor, done, a, lost, skipped, useful)
-    delta = jax.tree.map(lambda t, p: (t - p).astype(p.dtype), x, params)
-    return delta, new
+    return local_steps.param_delta(x, params), new
 
   return optax.GradientTransformationExtraArgs(
       lambda params: _init(spec, params), update_fn)
