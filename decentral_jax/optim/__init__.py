@@ -48,8 +48,9 @@ from decentral_jax.optim.push_sum import (
     global_average, one_peer_directed_exp, sgp, weight_dtype)
 from decentral_jax.optim.reductions import (
     Coding, CompressedMean, ErrorFeedback, ExactMean, GossipRound,
-    LowPrecisionMean, check_compression, compressed, compressed_mean,
-    compressed_pseudo_gradient, mean_low_precision, uncompressed)
+    LowPrecisionMean, Reduction, check_compression, compressed,
+    compressed_mean, compressed_pseudo_gradient, mean_low_precision,
+    uncompressed)
 from decentral_jax.optim.streaming_sync import (
     FragmentRounds, Pending, StreamingDiLoCoState, check_fragments,
     default_fragments, global_params, streaming_diloco)

@@ -1,4 +1,4 @@
-"""DiLoCo: inner steps, and every ``H`` steps an outer step on the pseudo-gradient.
+"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
 
 One transform composed of three injected pieces: the outer optax transform,
 the reduction of the pseudo-gradient (:mod:`decentral_jax.optim.reductions`:
@@ -41,7 +41,7 @@ class DiLoCoState(NamedTuple):
     return self.outer.theta
 
 
-def check_reduction(reduction) -> reductions.ExactMean:
+def check_reduction(reduction) -> reductions.Reduction:
   """``reduction``, or :class:`~decentral_jax.optim.reductions.ExactMean`
   for None.
 
@@ -50,7 +50,7 @@ def check_reduction(reduction) -> reductions.ExactMean:
   """
   if reduction is None:
     return reductions.ExactMean()
-  if not isinstance(reduction, reductions.ExactMean):
+  if not isinstance(reduction, reductions.Reduction):
     raise ValueError(
         f"reduction must be a reduction of decentral_jax.optim.reductions "
         f"(ExactMean, LowPrecisionMean, CompressedMean, GossipRound), got "
@@ -83,7 +83,7 @@ def resolve_timing(timing, reduction):
 
 def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            outer: optax.GradientTransformation | None = None,
-           reduction: reductions.ExactMean | None = None,
+           reduction: reductions.Reduction | None = None,
            timing=None) -> optax.GradientTransformation:
   r"""DiLoCo: inner steps; every ``H`` steps an outer step on the pseudo-gradient.
 

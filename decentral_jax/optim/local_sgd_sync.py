@@ -26,7 +26,7 @@ class LocalSGDState(NamedTuple):
 
 
 def local_sgd(inner: optax.GradientTransformation, sync_every: int, *,
-              reduction: reductions.ExactMean | None = None
+              reduction: reductions.Reduction | None = None
               ) -> optax.GradientTransformation:
   """Local SGD: inner steps, parameter average every ``H`` steps.
 

@@ -366,7 +366,7 @@ class Delayed:
 
   def step(self, loop: OuterLoop, count, x, outer: local_steps.OuterState,
            red_state, buffers: InFlight):
-    """:meth:`advance` on an :class:`~decentral_jax.optim.local_steps.OuterState`.
+    """:meth:`advance` on an outer state (``theta``, optax state, ``k``).
 
     Returns ``(x, outer, red_state, buffers)``.
     """

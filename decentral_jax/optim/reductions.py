@@ -17,7 +17,7 @@ pseudo-gradient ``Delta`` is formed from it:
 * :class:`GossipRound`: decentralized DiLoCo's ``k``-th gossip round,
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j`` (``theta_i`` per worker).
 
-Every reduction has ``init(theta)`` (its state: ``()`` or
+Every reduction (a :class:`Reduction`) has ``init(theta)`` (its state: ``()`` or
 :class:`ErrorFeedback`), ``send(theta, x, state) -> (sent, state)`` (no
 communication), ``delta(theta, sent, k)`` (the communication: ``Delta``
 like ``theta``), ``reduce(a, j)`` (the reduction of one array of
@@ -51,11 +51,12 @@ def _pseudo(theta, x):
   return jax.tree.map(lambda t, a: t - a.astype(t.dtype), theta, x)
 
 
-class ExactMean:
-  """The exact worker mean (``pmean``) of the parameters: plain DiLoCo.
+class Reduction:
+  """Base of the reductions (module docstring for the methods).
 
-  Args:
-    axis_name: worker mesh axis (or ``("nodes", "local")``).
+  ``sends_parameters``: whether ``send`` gives the parameters (else the
+  pseudo-gradients); ``one_round``: whether ``reduce`` has no conditional
+  around its collectives (so that a timing may trickle it).
   """
   sends_parameters = True
   one_round = True
@@ -63,13 +64,41 @@ class ExactMean:
   def __init__(self, axis_name: gossip.AxisName = "workers"):
     self.axis_name = axis_name
 
+  def __repr__(self):
+    return f"{type(self).__name__}(axis_name={self.axis_name!r})"
+
   def init(self, theta: PyTree):
+    """The reduction's state: ``()`` (none)."""
     del theta
     return ()
 
   def send(self, theta, x, state):
     """``(x in the theta dtypes, state)``."""
     return jax.tree.map(lambda a, t: a.astype(t.dtype), x, theta), state
+
+  def delta(self, theta, sent, k):
+    raise NotImplementedError
+
+  def mean(self, tree):
+    raise ValueError(f"{type(self).__name__} has no mean of parameters; "
+                     "Local SGD needs ExactMean or LowPrecisionMean (a "
+                     "CompressedMean runs it as DiLoCo with outer sgd(1.0)).")
+
+  def reduce(self, a, j):
+    raise NotImplementedError
+
+  def own_weight(self, j, dtype):
+    """``1/n``, the weight of a worker's own term in the mean."""
+    del j
+    return jnp.asarray(1.0 / collectives.size(self.axis_name), dtype)
+
+
+class ExactMean(Reduction):
+  """The exact worker mean (``pmean``) of the parameters: plain DiLoCo.
+
+  Args:
+    axis_name: worker mesh axis (or ``("nodes", "local")``).
+  """
 
   def delta(self, theta, sent, k):
     """``theta - (1/n) sum_j sent_j``."""
@@ -85,12 +114,8 @@ class ExactMean:
     del j
     return gossip.mean(a, self.axis_name)
 
-  def own_weight(self, j, dtype):
-    del j
-    return jnp.asarray(1.0 / collectives.size(self.axis_name), dtype)
 
-
-class LowPrecisionMean(ExactMean):
+class LowPrecisionMean(Reduction):
   """The worker mean with ``comm_dtype`` on the wire, summed in float32.
 
   Args:
@@ -130,7 +155,7 @@ class LowPrecisionMean(ExactMean):
     return mean_low_precision([a], self.comm_dtype, self.axis_name)[0]
 
 
-class GossipRound(ExactMean):
+class GossipRound(Reduction):
   """Decentralized DiLoCo: the ``k``-th gossip round over ``topology``.
 
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j`` with ``k`` the outer steps so
@@ -169,10 +194,6 @@ class GossipRound(ExactMean):
                        comm_dtype=self.comm_dtype,
                        bucket_bytes=self.bucket_bytes)
     return jax.tree.map(lambda t, m: t - m, theta, mixed)
-
-  def mean(self, tree):
-    raise ValueError("GossipRound has no exact mean; Local SGD needs "
-                     "ExactMean or LowPrecisionMean.")
 
   def reduce(self, a, j):
     return gossip.mix(a, self.topology, j, self.axis_name,
@@ -288,7 +309,7 @@ def compressed_pseudo_gradient(coding: Coding, v: PyTree, error: PyTree,
       compressed_mean(leaves, coding.compressor, axis_name)), error
 
 
-class CompressedMean(ExactMean):
+class CompressedMean(Reduction):
   """The mean of compressed pseudo-gradients, with optional error feedback.
 
   Each worker sends ``Q(beta e_i + theta - x_i)`` (see
@@ -326,10 +347,6 @@ class CompressedMean(ExactMean):
     return treedef.unflatten(
         compressed_mean(leaves, self.coding.compressor, self.axis_name))
 
-  def mean(self, tree):
-    raise ValueError("CompressedMean has no mean of parameters; Local SGD "
-                     "with a compressor runs as DiLoCo with outer sgd(1.0).")
-
   def reduce(self, a, j):
     raise ValueError("CompressedMean has no delayed or eager form: the "
                      "overlapped outer step reduces exactly; use timing "
@@ -338,7 +355,7 @@ class CompressedMean(ExactMean):
 
 def compressed(compressor: compress.Compressor | None,
                error_feedback: bool = False, error_decay: float = 1.0,
-               axis_name: gossip.AxisName = "workers") -> ExactMean:
+               axis_name: gossip.AxisName = "workers") -> Reduction:
   """The reduction that sends pseudo-gradients with ``compressor``.
 
   Args:
@@ -392,7 +409,7 @@ def mean_low_precision(leaves: Sequence[jax.Array], comm_dtype,
 
 def uncompressed(*, topology: topology_lib.Topology | None = None,
                  comm_dtype=None, axis_name: gossip.AxisName = "workers",
-                 bucket_bytes: int | None = None) -> ExactMean:
+                 bucket_bytes: int | None = None) -> Reduction:
   """The uncompressed reduction of a setting: :class:`GossipRound` with a
   topology, else :class:`LowPrecisionMean` with a ``comm_dtype``, else
   :class:`ExactMean`."""

@@ -186,7 +186,7 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
                      num_fragments: int = 1, fragments: PyTree = None,
                      overlap_steps: int = 0, merge_alpha: float = 0.0,
                      outer: optax.GradientTransformation | None = None,
-                     reduction: reductions.ExactMean | None = None,
+                     reduction: reductions.Reduction | None = None,
                      timing=None) -> optax.GradientTransformation:
   r"""Streaming DiLoCo: fragments synchronised in turn, overlapped, merged.
 

@@ -102,7 +102,7 @@ def compressor(config) -> compress.Compressor | None:
   return compress.Compressor(str(c.format), block=int(c.block))
 
 
-def _reduction(config, topology, axis_name) -> reductions.ExactMean:
+def _reduction(config, topology, axis_name) -> reductions.Reduction:
   """The pseudo-gradient reduction of a local-update transform: compressed
   (``config.compression``), else a gossip round over ``topology``, a
   ``comm_dtype`` mean or the exact mean."""
