@@ -4,6 +4,9 @@
   :func:`all_valid`: every built-in topology at every worker count it
   accepts, stated independently of :mod:`decentral_jax.topology`.
 * :func:`np_accum_adam`: AccumAdam (Adam for ``T = 1``) directions in NumPy.
+* :func:`sync_args`: the ``reduction``/``timing`` strategies of the
+  DiLoCo family for a run's settings (as ``runner/builders.py`` builds
+  them from a config).
 * :data:`TINY_RUN`: config overrides for a tiny GPT run of the runner
   (1 layer, width 16, 12 steps, AdamW, a log point every step).
 """
@@ -16,6 +19,8 @@ from typing import Iterator
 import numpy as np
 
 from decentral_jax import topology
+from decentral_jax.optim import outer_timing
+from decentral_jax.optim import reductions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A tiny runner config (overrides of configs/gpt_tiny.py) for tests that train.
@@ -78,3 +83,25 @@ def np_accum_adam(grads, b1: float, b2: float, eps: float, big_t: int):
     if t % big_t == 0:
       m, v, a = b1 * m + (1 - b1) * a, b2 * v + (1 - b2) * a * a, 0.0
   return np.array(dirs)
+
+
+def sync_args(*, topology=None, axis_name="workers", bucket_bytes=None,
+              comm_dtype=None, overlap="none", latency=1, trickle=None,
+              compressor=None, error_feedback=False, error_decay=1.0,
+              timing=True) -> dict:
+  """``{"reduction": ..., "timing": ...}`` for ``diloco`` and
+  ``streaming_diloco`` (``timing=False``: the reduction only, for
+  ``local_sgd``) from these settings: a compressed reduction with a
+  compressor or error feedback, else a gossip round, a low-precision or
+  the exact mean; the timing named by ``overlap``."""
+  if compressor is not None or error_feedback:
+    reduction = reductions.compressed(compressor, error_feedback, error_decay,
+                                      axis_name)
+  else:
+    reduction = reductions.uncompressed(
+        topology=topology, comm_dtype=comm_dtype, axis_name=axis_name,
+        bucket_bytes=bucket_bytes)
+  if not timing:
+    return {"reduction": reduction}
+  return {"reduction": reduction,
+          "timing": outer_timing.named(overlap, latency, trickle)}

@@ -144,10 +144,10 @@ def run_case(config, workdir: str, experiment,
     read back from the checkpoint), ``eval_loss`` and ``eval_loss_restored``;
     for DiLoCo-style methods also ``theta/<leaf>`` and
     ``restored_theta/<leaf>`` (the global parameters in the optimizer
-    state, :func:`decentral_jax.optim.local_updates.global_params`).
+    state, :func:`decentral_jax.optim.streaming_sync.global_params`).
   """
   # pylint: disable=import-outside-toplevel
-  from decentral_jax.optim import local_updates
+  from decentral_jax import optim
   from decentral_jax.runner import train
   # pylint: enable=import-outside-toplevel
   steps, last = [], {}
@@ -186,7 +186,7 @@ def run_case(config, workdir: str, experiment,
          "eval_loss": np.float64(final["eval/loss"]),
          "eval_loss_restored": np.float64(again["eval/loss"])}
   for key, state in (("param", last["state"]), ("restored", last["restored"])):
-    theta = local_updates.global_params(state.opt_state)
+    theta = optim.global_params(state.opt_state)
     trees = [(key, state.params)]
     if theta is not None:
       trees.append(("theta" if key == "param" else "restored_theta", theta))

@@ -19,6 +19,7 @@ import optax
 import pytest
 
 from conftest import require_devices
+from helpers import sync_args
 from decentral_jax import analysis
 from decentral_jax import optim
 from decentral_jax import parallel
@@ -524,22 +525,21 @@ AR = 2 * (N - 1) / N  # ring all-reduce figure, 1.75
 
 
 def _local_update_methods():
-  from decentral_jax.optim import local_updates
   from decentral_jax.optim import push_sum
   inner = optax.adamw(1e-3)
   ring = topology.make("ring", N)
   return {
       # name: (transform, sync-step ratio, expected period mean ratio)
-      "local_sgd_h10": (local_updates.local_sgd(inner, 10), AR, AR / 10),
-      "diloco_h10": (local_updates.diloco(inner, 10), AR, AR / 10),
-      "diloco_h4": (local_updates.diloco(inner, 4), AR, AR / 4),
+      "local_sgd_h10": (optim.local_sgd(inner, 10), AR, AR / 10),
+      "diloco_h10": (optim.diloco(inner, 10), AR, AR / 10),
+      "diloco_h4": (optim.diloco(inner, 4), AR, AR / 4),
       # Two fragments (w, b) each all-reduced once per H = 10 steps.
-      "streaming_p2_h10": (local_updates.streaming_diloco(
+      "streaming_p2_h10": (optim.streaming_diloco(
           inner, 10, num_fragments=2, overlap_steps=1), None, AR / 10),
       # Decentralized DiLoCo on the ring (two one-peer rounds, alternating):
       # one round per H = 5 steps.
-      "decentralized_diloco_ring_h5": (local_updates.diloco(
-          inner, 5, topology=ring), 1.0, 1.0 / 5),
+      "decentralized_diloco_ring_h5": (optim.diloco(inner, 5,
+          **sync_args(topology=ring)), 1.0, 1.0 / 5),
       # Local DAdam: a one-peer round every 4 steps.
       "dadam_tau4": (optim.decentralized_adamw(
           1e-3, topology.make("one_peer_exp", N), gossip_every=4),
@@ -573,8 +573,7 @@ def test_local_update_bytes_per_step_over_a_sync_period(mesh, name):
 
 @pytest.mark.slow
 def test_diloco_n8_h10_is_0175_of_the_parameters(mesh):
-  from decentral_jax.optim import local_updates
-  tx = local_updates.diloco(optax.sgd(0.1), 10)
+  tx = optim.diloco(optax.sgd(0.1), 10)
   lowered = _lowered_step(tx, mesh)[0]
   for stage in ("unoptimized", "optimized"):
     rep = analysis.communication(lowered, stage=stage)

@@ -14,9 +14,9 @@ import optax
 import pytest
 
 from conftest import require_devices
+from helpers import sync_args
 from decentral_jax import analysis
 from decentral_jax.comm import gossip
-from decentral_jax.optim import local_updates
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax.optim import push_sum
@@ -112,7 +112,8 @@ def test_empty_tree_and_bad_bucket_bytes():
     with pytest.raises(ValueError, match="bucket_bytes must be an int >= 0"):
       push_sum.sgp(0.1, topo, bucket_bytes=bad)
     with pytest.raises(ValueError, match="bucket_bytes must be an int >= 0"):
-      local_updates.diloco(optax.sgd(0.1), 2, topology=topo, bucket_bytes=bad)
+      optim.diloco(optax.sgd(0.1), 2, **sync_args(topology=topo,
+          bucket_bytes=bad))
   with pytest.raises(ValueError, match="static_args"):
     optim.decentralized(optax.sgd(0.1), topo, bucket_bytes=jnp.int32(4))
   assert gossip.check_bucket_bytes(None) == gossip.DEFAULT_BUCKET_BYTES

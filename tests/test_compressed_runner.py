@@ -21,7 +21,7 @@ from conftest import require_devices
 from helpers import TINY_RUN
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
-from decentral_jax.optim import local_updates
+from decentral_jax import optim
 from decentral_jax.optim import transforms
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
@@ -124,17 +124,17 @@ _SLOW = pytest.mark.slow  # a training run each: one in the fast tier
                   "--config.compression.fraction=0.25",
                   "--config.compression.error_feedback=True",
                   "--config.compression.error_decay=0.95"),
-                 local_updates.CompressedDiLoCoState, id="sparse_diloco",
+                 optim.ErrorFeedback, id="sparse_diloco",
                  marks=_SLOW),
     pytest.param((*DILOCO, "--config.algorithm=local_sgd",
                   "--config.compression.format=int4"),
-                 local_updates.CompressedDiLoCoState, id="local_sgd",
+                 optim.DiLoCoState, id="local_sgd",
                  marks=_SLOW),
     pytest.param(("--config.algorithm=streaming_diloco",
                   "--config.sync_every=4", "--config.num_fragments=2",
                   "--config.compression.format=fp8",
                   "--config.compression.error_feedback=True"),
-                 local_updates.CompressedStreamingDiLoCoState,
+                 optim.ErrorFeedback,
                  id="streaming", marks=_SLOW)])
 def test_compressed_runs_train_and_evaluate(extra, state_type):
   require_devices(N)
@@ -154,9 +154,9 @@ def test_compression_off_builds_the_uncompressed_transforms():
   (states of the uncompressed methods; the trajectories of this tree's
   main branch were checked equal bit for bit when this was written)."""
   cases = {(*CHOCO,): transforms.DecentralizedState,
-           DILOCO: local_updates.DiLoCoState,
+           DILOCO: optim.DiLoCoState,
            (*DILOCO, "--config.algorithm=local_sgd"):
-               local_updates.LocalSGDState}
+               optim.LocalSGDState}
   params = {"w": np.zeros((3, 4), np.float32)}
   for extra, state_type in cases.items():
     config = _config(*extra)
@@ -169,7 +169,7 @@ def test_compression_off_builds_the_uncompressed_transforms():
     tx = builders.make_optimizer(config, builders.make_schedule(config), topo,
                                  "workers")
     found = transforms.find_states(tx.init(params), (
-        state_type, choco.ChocoState, local_updates.CompressedDiLoCoState))
+        state_type, choco.ChocoState, optim.ErrorFeedback))
     assert [type(s) for s in found] == [state_type], extra
 
 

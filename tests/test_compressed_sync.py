@@ -11,16 +11,16 @@ all-gathered mean's bytes read from the HLO equal a hand count.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 from conftest import require_devices
+from helpers import sync_args
 from decentral_jax import analysis
 from decentral_jax import parallel
 from decentral_jax.comm import compress
-from decentral_jax.optim import local_updates
+from decentral_jax import optim
 
 N = 4
 SHAPES = {"b": (5,), "w": (37,)}  # 37 values: 5 chunks of 8, the last padded
@@ -125,9 +125,8 @@ def _requantized_mean(block):
 
 
 def _diloco(compressor, **kw):
-  return local_updates.diloco(optax.sgd(INNER_LR), H,
-                              outer=optax.sgd(OUTER_LR),
-                              compressor=compressor, **kw)
+  return optim.diloco(optax.sgd(INNER_LR), H, outer=optax.sgd(OUTER_LR),
+                      **sync_args(compressor=compressor, **kw))
 
 
 @pytest.mark.parametrize("decay", [1.0, 0.9])
@@ -139,7 +138,7 @@ def test_sparse_diloco_with_error_feedback_matches_numpy(decay):
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(state.theta[k])[0], theta[k],
                                rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(state.error[k]), err[k],
+    np.testing.assert_allclose(np.asarray(state.reduction.error[k]), err[k],
                                rtol=1e-5, atol=1e-6)
     # theta equal on all workers; every residual holds what top-k dropped.
     assert np.all(np.asarray(state.theta[k]) == np.asarray(state.theta[k])[0])
@@ -151,7 +150,7 @@ def test_sparse_diloco_error_feedback_changes_the_run():
   _, with_ef = _run(_diloco(c, error_feedback=True))
   _, without = _run(_diloco(c))
   theta, _ = _np_diloco(lambda u: _np_topk(u, 8, 2), _gather_mean, 1.0, False)
-  assert without.error == ()
+  assert without.reduction == ()
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(without.theta[k])[0], theta[k],
                                rtol=1e-5, atol=1e-6)
@@ -167,17 +166,18 @@ def test_int8_diloco_matches_numpy():
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(state.theta[k])[0], theta[k],
                                rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(state.error[k]), err[k],
+    np.testing.assert_allclose(np.asarray(state.reduction.error[k]), err[k],
                                rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("make", [
-    lambda **kw: local_updates.diloco(optax.sgd(INNER_LR), H,
-                                      outer=optax.sgd(OUTER_LR), **kw),
-    lambda **kw: local_updates.local_sgd(optax.sgd(INNER_LR), H, **kw),
-    lambda **kw: local_updates.streaming_diloco(
+    lambda **kw: optim.diloco(optax.sgd(INNER_LR), H,
+                              outer=optax.sgd(OUTER_LR), **sync_args(**kw)),
+    lambda **kw: optim.local_sgd(optax.sgd(INNER_LR), H,
+                                 **sync_args(timing=False, **kw)),
+    lambda **kw: optim.streaming_diloco(
         optax.sgd(INNER_LR), 4, num_fragments=2, overlap_steps=1,
-        merge_alpha=0.5, outer=optax.sgd(OUTER_LR), **kw)],
+        merge_alpha=0.5, outer=optax.sgd(OUTER_LR), **sync_args(**kw))],
     ids=["diloco", "local_sgd", "streaming_diloco"])
 def test_identity_compressor_is_the_uncompressed_method_bit_for_bit(make):
   ident = compress.Compressor("none")
@@ -191,30 +191,35 @@ def test_identity_compressor_is_the_uncompressed_method_bit_for_bit(make):
 def test_streaming_with_one_fragment_is_compressed_diloco():
   c = compress.Compressor("int4", block=8)
   _, s_d = _run(_diloco(c, error_feedback=True, error_decay=0.9))
-  _, s_s = _run(local_updates.streaming_diloco(
-      optax.sgd(INNER_LR), H, outer=optax.sgd(OUTER_LR), compressor=c,
-      error_feedback=True, error_decay=0.9))
-  assert isinstance(s_s, local_updates.CompressedStreamingDiLoCoState)
+  _, s_s = _run(optim.streaming_diloco(optax.sgd(INNER_LR), H,
+                                       outer=optax.sgd(OUTER_LR),
+                                           **sync_args(compressor=c,
+                                               error_feedback=True,
+                                                   error_decay=0.9)))
+  assert isinstance(s_s, optim.StreamingDiLoCoState)
+  assert isinstance(s_s.reduction, optim.ErrorFeedback)
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(s_s.theta[k]),
                                np.asarray(s_d.theta[k]), rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(np.asarray(s_s.error[k]),
-                               np.asarray(s_d.error[k]), rtol=1e-6, atol=1e-7)
-  assert np.abs(np.asarray(s_d.error["w"])).max() > 0
+    np.testing.assert_allclose(np.asarray(s_s.reduction.error[k]),
+                               np.asarray(s_d.reduction.error[k]),
+                               rtol=1e-6, atol=1e-7)
+  assert np.abs(np.asarray(s_d.reduction.error["w"])).max() > 0
 
 
 def test_compressed_local_sgd_is_diloco_with_outer_lr_one():
   c = compress.Compressor("fp8", block=8)
-  x_l, s_l = _run(local_updates.local_sgd(optax.sgd(INNER_LR), H,
-                                          compressor=c))
-  x_d, _ = _run(local_updates.diloco(optax.sgd(INNER_LR), H,
-                                     outer=optax.sgd(1.0), compressor=c))
+  x_l, s_l = _run(optim.local_sgd(optax.sgd(INNER_LR), H,
+                                  **sync_args(compressor=c, timing=False)))
+  x_d, _ = _run(optim.diloco(optax.sgd(INNER_LR), H, outer=optax.sgd(1.0),
+                             **sync_args(compressor=c)))
   for a, b in zip(jax.tree.leaves(x_l), jax.tree.leaves(x_d)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # After a sync every worker holds theta, the (compressed) mean (up to the
   # rounding of x + (theta - x) in optax.apply_updates).
-  x_sync, s_sync = _run(local_updates.local_sgd(optax.sgd(INNER_LR), H,
-                                                compressor=c), steps=2 * H)
+  x_sync, s_sync = _run(optim.local_sgd(optax.sgd(INNER_LR), H,
+                                        **sync_args(compressor=c,
+                                            timing=False)), steps=2 * H)
   np.testing.assert_allclose(np.asarray(x_sync["w"]),
                              np.asarray(s_sync.theta["w"]), rtol=0, atol=1e-6)
 
@@ -224,14 +229,12 @@ def test_compressed_local_sgd_is_diloco_with_outer_lr_one():
     (dict(compressor="int8"), "compressor"),
     (dict(compressor=compress.Compressor("int8"), error_decay=0.0),
      "error_decay"),
-    (dict(compressor=compress.Compressor("int8"), comm_dtype=jnp.bfloat16),
-     "comm_dtype"),
     (dict(compressor=compress.Compressor("int8"), overlap="eager"),
      "overlap"),
 ])
 def test_bad_compression_arguments_are_refused_in_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as info:
-    local_updates.diloco(optax.sgd(0.1), 3, **kw)
+    optim.diloco(optax.sgd(0.1), 3, **sync_args(**kw))
   assert "\n" not in str(info.value)
 
 

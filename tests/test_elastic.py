@@ -16,7 +16,7 @@ import pytest
 from conftest import require_devices
 from decentral_jax import parallel
 from decentral_jax.optim import elastic
-from decentral_jax.optim import local_updates as lu
+from decentral_jax import optim
 
 LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
 N, H, STEPS = 4, 3, 12
@@ -165,10 +165,10 @@ def test_below_quorum_skips_the_outer_step(method, x64):
   before, after = states[1], states[2]  # t = 2, t = 3 (skipped sync)
   if method == "diloco":
     np.testing.assert_array_equal(after.base.theta, before.base.theta)
-    for o_b, o_a in zip(jax.tree.leaves(before.base.outer_state),
-                        jax.tree.leaves(after.base.outer_state)):
+    for o_b, o_a in zip(jax.tree.leaves(before.base.outer.opt_state),
+                        jax.tree.leaves(after.base.outer.opt_state)):
       np.testing.assert_array_equal(o_a, o_b)
-    assert int(after.base.outer_count[0]) == 0
+    assert int(after.base.outer.count[0]) == 0
   else:
     np.testing.assert_array_equal(after.anchor, before.anchor)
 
@@ -193,8 +193,8 @@ def test_no_faults_is_bit_identical():
   require_devices(N)
   x0, b = _problem(dtype=np.float32)
   inner = optax.adamw(optax.linear_schedule(0.1, 0.01, 10))
-  cases = [(lu.diloco(inner, H), elastic.elastic_diloco(inner, H)),
-           (lu.local_sgd(inner, H), elastic.elastic_local_sgd(inner, H))]
+  cases = [(optim.diloco(inner, H), elastic.elastic_diloco(inner, H)),
+           (optim.local_sgd(inner, H), elastic.elastic_local_sgd(inner, H))]
   everyone = np.ones((STEPS, N), bool)
   for plain, tx in cases:
     want, _ = _run(plain, x0, b)

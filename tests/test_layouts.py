@@ -28,7 +28,6 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import layouts
-from decentral_jax.optim import local_updates
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
@@ -71,7 +70,7 @@ def _txs():
                                                  weight_decay=0.1),
       "all_reduce": lambda: optax.chain(optim.all_reduce_gradients(),
                                         optax.adamw(3e-2)),
-      "diloco": lambda: local_updates.diloco(optax.adamw(3e-2), 2),
+      "diloco": lambda: optim.diloco(optax.adamw(3e-2), 2),
   }
 
 

@@ -18,6 +18,7 @@ import optax
 import pytest
 
 from conftest import require_devices
+from helpers import sync_args
 from decentral_jax import checks
 from decentral_jax import optim
 from decentral_jax import parallel
@@ -28,7 +29,6 @@ from decentral_jax.data import sharding
 from decentral_jax.data import text
 from decentral_jax.models import cnn
 from decentral_jax.models import gpt
-from decentral_jax.optim import local_updates as lu
 from decentral_jax.optim import push_sum
 from decentral_jax.parallel import layouts
 from decentral_jax.parallel import multiprocess
@@ -140,28 +140,32 @@ OPTIM = [
           lambda: optim.horizon_matched_betas(0.9, NAN, 2),
           "horizon_matched_betas-nan-b2"),
     _case("inner must be an optax.GradientTransformation",
-          lambda: lu.local_sgd("adam", 2), "local_sgd-inner"),
+          lambda: optim.local_sgd("adam", 2), "local_sgd-inner"),
     _case("outer must be an optax.GradientTransformation",
-          lambda: lu.diloco(SGD, 2, outer="nesterov"), "diloco-outer"),
+          lambda: optim.diloco(SGD, 2, outer="nesterov"), "diloco-outer"),
     _case("topology must be a decentral_jax.topology.Topology",
-          lambda: lu.diloco(SGD, 2, topology="ring"), "diloco-topology"),
+          lambda: optim.diloco(SGD, 2,
+                               **sync_args(topology="ring")),
+                                   "diloco-topology"),
     _case("num_fragments must be an int >= 1, got 2.5",
-          lambda: lu.streaming_diloco(SGD, 4, num_fragments=2.5),
+          lambda: optim.streaming_diloco(SGD, 4, num_fragments=2.5),
           "streaming-float-fragments"),
     _case("merge_alpha must be a finite number >= 0.0 and <= 1.0, got '0.5'",
-          lambda: lu.streaming_diloco(SGD, 4, merge_alpha="0.5"),
+          lambda: optim.streaming_diloco(SGD, 4, merge_alpha="0.5"),
           "streaming-string-alpha"),
     _case("num_fragments must be an int >= 1, got 1.5",
-          lambda: lu.default_fragments(PARAMS, 1.5), "default_fragments-float"),
+          lambda: optim.default_fragments(PARAMS,
+                                          1.5), "default_fragments-float"),
     _case("fragments['a'] must be an int >= 0 and <= 1, got 0.0",
-          lambda: lu.check_fragments({"a": 0.0, "b": 1}, PARAMS, 2),
+          lambda: optim.check_fragments({"a": 0.0, "b": 1}, PARAMS, 2),
           "check_fragments-float-id"),
     _case("integer and bool leaves cannot be averaged",
-          lambda: lu.local_sgd(SGD, 2).init({"w": jnp.zeros(2),
+          lambda: optim.local_sgd(SGD, 2).init({"w": jnp.zeros(2),
                                              "step": jnp.zeros((), jnp.int32)}),
           "local_sgd-int-leaf"),
     _case("integer and bool leaves cannot be averaged",
-          lambda: lu.streaming_diloco(SGD, 4).init({"m": jnp.zeros(2, bool)}),
+          lambda: optim.streaming_diloco(SGD, 4).init({"m": jnp.zeros(2,
+              bool)}),
           "streaming-bool-leaf"),
     _case("nesterov must be a bool (True or False), got 'yes'",
           lambda: push_sum.sgp(0.1, _ring4(), nesterov="yes"), "sgp-flag"),
@@ -178,7 +182,7 @@ OPTIM = [
 
 def _inject_merge_alpha():
   tx = optax.inject_hyperparams(
-      lu.streaming_diloco,
+      optim.streaming_diloco,
       static_args=("inner", "sync_every", "num_fragments", "overlap_steps"))(
           inner=SGD, sync_every=4, merge_alpha=0.5)
   return tx.init(PARAMS)
@@ -367,7 +371,7 @@ def test_local_sgd_update_refuses_an_integer_leaf():
   JAX's "cond branches must have equal output types"."""
   require_devices(4)
   mesh = parallel.make_mesh(4)
-  tx = lu.local_sgd(SGD, 2)
+  tx = optim.local_sgd(SGD, 2)
   state = parallel.replicate(tx.init({"w": jnp.zeros(2)}), mesh)
   params = parallel.replicate({"w": jnp.zeros(2, jnp.int32)}, mesh)
   step = jax.jit(parallel.per_worker(lambda g, s, p: tx.update(g, s, p), mesh))

@@ -14,7 +14,8 @@ import optax
 import pytest
 
 from conftest import require_devices
-from decentral_jax.optim import local_updates as lu
+from helpers import sync_args
+from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
 
@@ -55,12 +56,12 @@ def test_diloco_and_local_sgd_worked_example(x64):
   require_devices(2)
   x0 = {"a": np.full((2, 1), 2.0)}
   b = {"a": np.array([[1.0], [-1.0]])}
-  tx = lu.diloco(optax.sgd(LR), 2)
+  tx = optim.diloco(optax.sgd(LR), 2)
   traj, _ = _run(tx, x0, b, 6)
   theta = [traj[k]["a"][0, 0] for k in (1, 3, 5)]
   np.testing.assert_allclose(theta, [1.4946, 0.901455, 0.318730], atol=5e-7)
   assert np.all(traj[1]["a"] == traj[1]["a"][0])  # x_i <- theta on all
-  traj, _ = _run(lu.local_sgd(optax.sgd(LR), 2), x0, b, 6)
+  traj, _ = _run(optim.local_sgd(optax.sgd(LR), 2), x0, b, 6)
   np.testing.assert_allclose([traj[k]["a"][0, 0] for k in (1, 3, 5)],
                              [1.62, 1.3122, 1.062882], atol=5e-7)
 
@@ -101,13 +102,13 @@ def test_diloco_matches_numpy_oracle(x64):
   del x64
   require_devices(4)
   x0, b = _problem(4)
-  got, state = _run(lu.diloco(optax.sgd(LR), 3), x0, b, 10)
+  got, state = _run(optim.diloco(optax.sgd(LR), 3), x0, b, 10)
   want = _diloco_oracle(x0, b, 3, 10)
   for g, w in zip(got, want):
     for k in w:
       np.testing.assert_allclose(g[k], w[k], rtol=1e-12, atol=1e-12)
-  assert int(np.asarray(state.outer_count)[0]) == 3
-  theta = lu.global_params(state)
+  assert int(np.asarray(state.outer.count)[0]) == 3
+  theta = optim.global_params(state)
   np.testing.assert_allclose(np.asarray(theta["a"]), got[8]["a"], atol=1e-12)
 
 
@@ -119,7 +120,8 @@ def test_decentralized_diloco_matches_dense_oracle(name, x64):
   n = 8
   topo = topology.make(name, n)
   x0, b = _problem(n, seed=1)
-  got, _ = _run(lu.diloco(optax.sgd(LR), 2, topology=topo), x0, b, 9)
+  got, _ = _run(optim.diloco(optax.sgd(LR), 2, **sync_args(topology=topo)), x0,
+                b, 9)
   want = _diloco_oracle(x0, b, 2, 9, w=topo.mixing_matrix)
   for g, w in zip(got, want):
     for k in w:
@@ -133,13 +135,14 @@ def test_equivalences(x64):
   del x64
   require_devices(4)
   x0, b = _problem(4, seed=2)
-  sgd1, _ = _run(lu.diloco(optax.sgd(LR), 3, outer=optax.sgd(1.0)), x0, b, 9)
-  local, _ = _run(lu.local_sgd(optax.sgd(LR), 3), x0, b, 9)
-  plain, _ = _run(lu.diloco(optax.sgd(LR), 3), x0, b, 9)
+  sgd1, _ = _run(optim.diloco(optax.sgd(LR), 3, outer=optax.sgd(1.0)), x0, b, 9)
+  local, _ = _run(optim.local_sgd(optax.sgd(LR), 3), x0, b, 9)
+  plain, _ = _run(optim.diloco(optax.sgd(LR), 3), x0, b, 9)
   complete, _ = _run(
-      lu.diloco(optax.sgd(LR), 3, topology=topology.make("complete", 4)),
+      optim.diloco(optax.sgd(LR), 3,
+                   **sync_args(topology=topology.make("complete", 4))),
       x0, b, 9)
-  stream, _ = _run(lu.streaming_diloco(optax.sgd(LR), 3), x0, b, 9)
+  stream, _ = _run(optim.streaming_diloco(optax.sgd(LR), 3), x0, b, 9)
   for k in x0:
     np.testing.assert_allclose(sgd1[-1][k], local[-1][k], rtol=1e-14)
     np.testing.assert_array_equal(complete[-1][k], plain[-1][k])
@@ -179,7 +182,7 @@ def test_streaming_diloco_matches_numpy_oracle(p_count, tau, alpha, x64):
   require_devices(4)
   x0, b = _problem(4, seed=3)
   frags = {"a": 0, "b": min(1, p_count - 1), "c": p_count - 1}
-  tx = lu.streaming_diloco(optax.sgd(LR), 6, num_fragments=p_count,
+  tx = optim.streaming_diloco(optax.sgd(LR), 6, num_fragments=p_count,
                            fragments=frags, overlap_steps=tau,
                            merge_alpha=alpha)
   got, _ = _run(tx, x0, b, 20)
@@ -197,10 +200,11 @@ def test_streaming_low_precision_pseudo_gradients():
   x0, b = _problem(4, seed=4)
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
-  exact, _ = _run(lu.streaming_diloco(optax.sgd(LR), 4, num_fragments=2),
+  exact, _ = _run(optim.streaming_diloco(optax.sgd(LR), 4, num_fragments=2),
                   x0, b, 12)
-  low, state = _run(lu.streaming_diloco(optax.sgd(LR), 4, num_fragments=2,
-                                        comm_dtype=jnp.bfloat16), x0, b, 12)
+  low, state = _run(optim.streaming_diloco(
+      optax.sgd(LR), 4, num_fragments=2,
+      **sync_args(comm_dtype=jnp.bfloat16)), x0, b, 12)
   for k in x0:
     assert low[-1][k].dtype == np.float32
     np.testing.assert_allclose(low[-1][k], exact[-1][k], rtol=0, atol=2e-2)
@@ -213,24 +217,25 @@ def test_streaming_low_precision_pseudo_gradients():
 def test_default_fragments_contiguous_and_balanced():
   params = {"a": np.zeros(10), "b": np.zeros(3), "c": np.zeros(100),
             "d": np.zeros(1)}
-  assert lu.default_fragments(params, 1) == {"a": 0, "b": 0, "c": 0, "d": 0}
-  assert lu.default_fragments(params, 4) == {"a": 0, "b": 1, "c": 2, "d": 3}
-  assert lu.default_fragments(params, 2) == {"a": 0, "b": 0, "c": 0, "d": 1}
+  assert optim.default_fragments(params, 1) == {"a": 0, "b": 0, "c": 0, "d": 0}
+  assert optim.default_fragments(params, 4) == {"a": 0, "b": 1, "c": 2, "d": 3}
+  assert optim.default_fragments(params, 2) == {"a": 0, "b": 0, "c": 0, "d": 1}
   even = {f"w{i}": np.zeros(5) for i in range(6)}
-  ids = jax.tree.leaves(lu.default_fragments(even, 3))
+  ids = jax.tree.leaves(optim.default_fragments(even, 3))
   assert ids == [0, 0, 1, 1, 2, 2]
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: lu.local_sgd(optax.sgd(1.0), 0), "sync_every"),
-    (lambda: lu.diloco(optax.sgd(1.0), 2.5), "sync_every"),
-    (lambda: lu.streaming_diloco(optax.sgd(1.0), 4, num_fragments=2,
+    (lambda: optim.local_sgd(optax.sgd(1.0), 0), "sync_every"),
+    (lambda: optim.diloco(optax.sgd(1.0), 2.5), "sync_every"),
+    (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=2,
                                  overlap_steps=2), "overlap_steps"),
-    (lambda: lu.streaming_diloco(optax.sgd(1.0), 4, num_fragments=5),
+    (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=5),
      "num_fragments"),
-    (lambda: lu.streaming_diloco(optax.sgd(1.0), 4, merge_alpha=1.5),
+    (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, merge_alpha=1.5),
      "merge_alpha"),
-    (lambda: lu.streaming_diloco(optax.sgd(1.0), 4, comm_dtype=jnp.int8),
+    (lambda: optim.streaming_diloco(optax.sgd(1.0), 4,
+                                    **sync_args(comm_dtype=jnp.int8)),
      "comm_dtype"),
 ])
 def test_bad_arguments(make, match):
@@ -240,14 +245,14 @@ def test_bad_arguments(make, match):
 
 def test_bad_fragments_and_missing_params():
   params = {"a": jnp.zeros(2), "b": jnp.zeros(3)}
-  tx = lu.streaming_diloco(optax.sgd(1.0), 4, num_fragments=2,
+  tx = optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=2,
                            fragments={"a": 0, "b": 0})
   with pytest.raises(ValueError, match=r"fragments \[1\] have no"):
     tx.init(params)
-  tx = lu.streaming_diloco(optax.sgd(1.0), 4, num_fragments=3)
+  tx = optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=3)
   with pytest.raises(ValueError, match="num_fragments=3"):
     tx.init(params)
-  tx = lu.diloco(optax.sgd(1.0), 2)
+  tx = optim.diloco(optax.sgd(1.0), 2)
   with pytest.raises(ValueError, match="needs the current parameters"):
     tx.update(params, tx.init(params))
 
@@ -347,12 +352,14 @@ def test_comm_dtype_rounds_what_is_sent_and_sums_wider(method, x64):
   require_devices(4)
   x0, b = _problem(4, seed=7)
   if method == "local_sgd":
-    tx = lu.local_sgd(optax.sgd(LR), 3, comm_dtype=jnp.bfloat16)
-    exact = lu.local_sgd(optax.sgd(LR), 3)
+    tx = optim.local_sgd(optax.sgd(LR), 3, **sync_args(comm_dtype=jnp.bfloat16,
+        timing=False))
+    exact = optim.local_sgd(optax.sgd(LR), 3)
   else:
     topo = None if method == "diloco" else topology.make(method, 4)
-    tx = lu.diloco(optax.sgd(LR), 3, topology=topo, comm_dtype=jnp.bfloat16)
-    exact = lu.diloco(optax.sgd(LR), 3, topology=topo)
+    tx = optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo,
+        comm_dtype=jnp.bfloat16))
+    exact = optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo))
   got, _ = _run(tx, x0, b, 9)
   kind = method if method in ("local_sgd", "diloco") else "gossip"
   want = _low_precision_oracle(
@@ -373,10 +380,11 @@ def test_diloco_comm_dtype_is_streaming_diloco_with_one_fragment():
   x0, b = _problem(4, seed=8)
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
-  plain, state = _run(lu.diloco(optax.sgd(LR), 4, comm_dtype=jnp.bfloat16),
+  plain, state = _run(optim.diloco(optax.sgd(LR), 4,
+                                   **sync_args(comm_dtype=jnp.bfloat16)),
                       x0, b, 12)
-  stream, _ = _run(lu.streaming_diloco(optax.sgd(LR), 4,
-                                       comm_dtype=jnp.bfloat16), x0, b, 12)
+  stream, _ = _run(optim.streaming_diloco(
+      optax.sgd(LR), 4, **sync_args(comm_dtype=jnp.bfloat16)), x0, b, 12)
   for k in x0:
     np.testing.assert_array_equal(plain[-1][k], stream[-1][k])
   for theta in jax.tree.leaves(state.theta):  # equal on all workers
@@ -384,8 +392,9 @@ def test_diloco_comm_dtype_is_streaming_diloco_with_one_fragment():
 
 
 @pytest.mark.parametrize("make", [
-    lambda: lu.local_sgd(optax.sgd(1.0), 2, comm_dtype=jnp.int8),
-    lambda: lu.diloco(optax.sgd(1.0), 2, comm_dtype="int32")])
+    lambda: optim.local_sgd(optax.sgd(1.0), 2, **sync_args(comm_dtype=jnp.int8,
+        timing=False)),
+    lambda: optim.diloco(optax.sgd(1.0), 2, **sync_args(comm_dtype="int32"))])
 def test_comm_dtype_must_be_floating(make):
   with pytest.raises(ValueError, match="comm_dtype must be a floating dtype"):
     make()

@@ -13,7 +13,7 @@ from helpers import TINY_RUN
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
-from decentral_jax.optim import local_updates
+from decentral_jax import optim
 from decentral_jax.runner import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +99,7 @@ def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
   assert _spread(state.params) > 1e-4  # local steps make them differ
   result = exp.evaluate(state)
   assert np.isfinite(result["eval/loss"])
-  theta = local_updates.global_params(state.opt_state)
+  theta = optim.global_params(state.opt_state)
   if method in ("diloco", "streaming_diloco"):
     # The averaged model is theta (equal on all workers), not mean(x).
     assert _spread(theta) < 1e-8
@@ -125,7 +125,7 @@ def test_diloco_evaluates_theta():
   result = exp.evaluate(state)
   # The loss of theta on the whole eval set, computed directly.
   theta = jax.tree.map(lambda x: x[0],
-                       _host(local_updates.global_params(state.opt_state)))
+                       _host(optim.global_params(state.opt_state)))
   inputs, targets = exp.task.eval_set
   # One compile of the task's loss (op by op it dispatches every primitive).
   loss = jax.jit(lambda p, x, y: exp.task.loss(p, (x, y), None)[0])
@@ -236,7 +236,7 @@ def test_overlap_resumes_mid_round_and_evaluates_mean_theta(method,
   for a, b in zip(jax.tree.leaves(_host(straight)),
                   jax.tree.leaves(_host(resumed))):
     np.testing.assert_array_equal(a, b)
-  theta = _host(local_updates.global_params(straight.opt_state))
+  theta = _host(optim.global_params(straight.opt_state))
   if method != "diloco_delayed":
     assert _spread(theta) > 1e-6  # each worker its own theta_m
   else:

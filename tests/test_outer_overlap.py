@@ -21,14 +21,14 @@ import optax
 import pytest
 
 from conftest import FIXTURES
+from helpers import sync_args
 from conftest import require_devices
 from decentral_jax import analysis
 from decentral_jax import parallel
 from decentral_jax import topology
 from decentral_jax.analysis import hlo
 from decentral_jax.analysis import overlap
-from decentral_jax.optim import local_updates as lu
-from decentral_jax.optim import outer_overlap
+from decentral_jax import optim
 
 LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
 
@@ -146,15 +146,15 @@ def test_worked_example(overlap, trickle, x64):
   del x64
   require_devices(2)
   x0, b = {"a": np.zeros((2, 1))}, {"a": np.array([[1.0], [3.0]])}
-  tx = lu.diloco(optax.sgd(LR), 2, outer=optax.sgd(1.0), overlap=overlap,
-                 trickle=trickle)
+  tx = optim.diloco(optax.sgd(LR), 2, outer=optax.sgd(1.0),
+                    **sync_args(overlap=overlap, trickle=trickle))
   params, states = _run(tx, x0, b, 6)
   got = [p["a"][:, 0] for p in _thetas(params, 2)]
   np.testing.assert_allclose(got, WORKED[overlap], atol=5e-7)
   mode = "plain" if overlap == "none" else overlap
   want = _oracle(x0, b, 2, 3, mode, outer=_sgd(1.0))
   np.testing.assert_allclose(got, [w["a"][:, 0] for w in want], rtol=1e-12)
-  theta = np.asarray(lu.global_params(states[-1])["a"])[:, 0]
+  theta = np.asarray(optim.global_params(states[-1])["a"])[:, 0]
   np.testing.assert_array_equal(theta, got[-1])
 
 
@@ -173,13 +173,13 @@ def test_matches_numpy_oracle(overlap, d, h, x64):
   del x64
   require_devices(4)
   x0, b = _problem(4)
-  tx = lu.diloco(optax.sgd(LR), h, overlap=overlap, latency=d)
+  tx = optim.diloco(optax.sgd(LR), h, **sync_args(overlap=overlap, latency=d))
   params, states = _run(tx, x0, b, 6 * h)
   want = _oracle(x0, b, h, 6, overlap, d)
   for got, w in zip(_thetas(params, h), want):
     for k in w:
       np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
-  assert int(np.asarray(states[-1].outer_count)[0]) == 6
+  assert int(np.asarray(states[-1].outer.count)[0]) == 6
   if overlap == "eager":  # per-worker theta
     assert not np.allclose(params[-1]["a"][0], params[-1]["a"][1])
 
@@ -196,8 +196,8 @@ def test_decentralized_matches_dense_oracle(name, trickle, overlap, x64):
   require_devices(8)
   topo = topology.make(name, 8)
   x0, b = _problem(8, seed=1)
-  tx = lu.diloco(optax.sgd(LR), 2, topology=topo, overlap=overlap,
-                 latency=2, trickle=trickle)
+  tx = optim.diloco(optax.sgd(LR), 2, **sync_args(topology=topo,
+      overlap=overlap, latency=2, trickle=trickle))
   params, _ = _run(tx, x0, b, 12)
   want = _oracle(x0, b, 2, 6, overlap, 2, w=topo.mixing_matrix)
   for got, w in zip(_thetas(params, 2), want):
@@ -208,10 +208,10 @@ def test_decentralized_matches_dense_oracle(name, trickle, overlap, x64):
 def test_one_worker_eager_is_plain_bit_for_bit():
   """M = 1: Delta~ = Delta^(k) + (Delta^(k-d) - Delta^(k-d)) exactly."""
   x0, b = _problem(1, seed=3)
-  plain, _ = _run(lu.diloco(optax.sgd(LR), 3), x0, b, 12)
+  plain, _ = _run(optim.diloco(optax.sgd(LR), 3), x0, b, 12)
   for d, trickle in [(1, True), (2, False), (3, True)]:
-    eager, _ = _run(lu.diloco(optax.sgd(LR), 3, overlap="eager", latency=d,
-                              trickle=trickle), x0, b, 12)
+    eager, _ = _run(optim.diloco(optax.sgd(LR), 3, **sync_args(overlap="eager",
+        latency=d, trickle=trickle)), x0, b, 12)
     for p, e in zip(plain, eager):
       for k in p:
         np.testing.assert_array_equal(e[k], p[k])
@@ -239,8 +239,8 @@ def test_eager_telescopes_with_outer_sgd(d, x64):
   require_devices(4)
   x0, b = _problem(4, seed=4)
   lr = 0.5
-  tx = lu.diloco(optax.sgd(LR), 3, outer=optax.sgd(lr), overlap="eager",
-                 latency=d)
+  tx = optim.diloco(optax.sgd(LR), 3, outer=optax.sgd(lr),
+                    **sync_args(overlap="eager", latency=d))
   params, _ = _run(tx, x0, b, 15)
   deltas = _round_deltas(params, b, 3, x0)
   for t, got in enumerate(_thetas(params, 3), start=1):
@@ -260,8 +260,8 @@ def test_eager_worker_mean_of_direction(d, x64):
   require_devices(4)
   x0, b = _problem(4, seed=5)
   lr = 0.5  # outer SGD: Delta~_m = (theta_m^(t-1) - theta_m^(t)) / lr
-  tx = lu.diloco(optax.sgd(LR), 2, outer=optax.sgd(lr), overlap="eager",
-                 latency=d)
+  tx = optim.diloco(optax.sgd(LR), 2, outer=optax.sgd(lr),
+                    **sync_args(overlap="eager", latency=d))
   params, _ = _run(tx, x0, b, 12)
   deltas = _round_deltas(params, b, 2, x0)
   starts = [x0] + _thetas(params, 2)
@@ -284,13 +284,14 @@ def test_delayed_waits_d_rounds_then_steps_on_stale_means(x64):
   require_devices(4)
   x0, b = _problem(4, seed=6)
   for d in (1, 2, 3):
-    tx = lu.diloco(optax.sgd(LR), 2, overlap="delayed", latency=d)
+    tx = optim.diloco(optax.sgd(LR), 2, **sync_args(overlap="delayed",
+        latency=d))
     params, states = _run(tx, x0, b, 2 * (d + 2))
     thetas = _thetas(params, 2)
     for r in range(d):
       for k in b:
         np.testing.assert_array_equal(thetas[r][k], x0[k])
-      for leaf in jax.tree.leaves(states[2 * r + 1].outer_state):
+      for leaf in jax.tree.leaves(states[2 * r + 1].outer.opt_state):
         assert not np.any(np.asarray(leaf))
     for k in b:
       assert not np.allclose(thetas[d][k], x0[k])
@@ -302,10 +303,11 @@ def test_delayed_waits_d_rounds_then_steps_on_stale_means(x64):
 def test_overlap_none_keeps_the_plain_state_and_trajectory():
   """overlap="none" is today's DiLoCo: DiLoCoState, same values."""
   x0, b = _problem(2, seed=7)
-  plain, s1 = _run(lu.diloco(optax.sgd(LR), 2), x0, b, 6)
-  none, s2 = _run(lu.diloco(optax.sgd(LR), 2, overlap="none", latency=1),
+  plain, s1 = _run(optim.diloco(optax.sgd(LR), 2), x0, b, 6)
+  none, s2 = _run(optim.diloco(optax.sgd(LR), 2, **sync_args(overlap="none",
+      latency=1)),
                   x0, b, 6)
-  assert type(s2[-1]) is lu.DiLoCoState
+  assert type(s2[-1]) is optim.DiLoCoState
   assert jax.tree.structure(s1[-1]) == jax.tree.structure(s2[-1])
   for p, q in zip(plain, none):
     for k in p:
@@ -328,8 +330,8 @@ def test_trickled_equals_one_shot_bit_for_bit(overlap, d, name):
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
   topo = None if name is None else topology.make(name, 4)
-  runs = [_run(lu.diloco(optax.sgd(LR), 3, topology=topo, overlap=overlap,
-                         latency=d, trickle=t), x0, b, 15)
+  runs = [_run(optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo,
+      overlap=overlap, latency=d, trickle=t)), x0, b, 15)
           for t in (True, False)]
   (trickled, s1), (one_shot, s2) = runs
   for p, q in zip(trickled, one_shot):
@@ -385,7 +387,8 @@ def test_trickled_bytes_per_step_from_the_hlo(h):
   b = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in x0.items()}
   per_step = 2 * (n - 1) / n * size / h * 4
   for overlap in ("delayed", "eager"):
-    tx = lu.diloco(optax.sgd(LR), h, overlap=overlap, trickle=True)
+    tx = optim.diloco(optax.sgd(LR), h, **sync_args(overlap=overlap,
+        trickle=True))
     compiled = _compiled_step(tx, n, x0, b)
     report = analysis.communication(compiled)
     assert report.bytes_per_step == pytest.approx(
@@ -396,7 +399,8 @@ def test_trickled_bytes_per_step_from_the_hlo(h):
     text = hlo.hlo_text(compiled)
     assert coll.computation not in _conditional_bodies(text)
   compiled = _compiled_step(
-      lu.diloco(optax.sgd(LR), h, overlap="eager", trickle=False), n, x0, b)
+      optim.diloco(optax.sgd(LR), h, **sync_args(overlap="eager",
+          trickle=False)), n, x0, b)
   one_shot = analysis.communication(compiled)
   assert one_shot.max_bytes_per_step == pytest.approx(per_step * h)
   assert one_shot.mean_bytes_per_step == pytest.approx(per_step)
@@ -423,29 +427,31 @@ def test_trickled_bytes_per_step_from_the_hlo(h):
 ])
 def test_bad_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    lu.diloco(optax.sgd(LR), 2, **kwargs)
+    optim.diloco(optax.sgd(LR), 2, **sync_args(**kwargs))
 
 
 def test_trickle_default_and_buffers():
   """trickle=None trickles unless the topology varies; buffer shapes."""
   params = {"a": jnp.zeros((5,)), "b": jnp.zeros((2,), jnp.float32)}
-  state = lu.diloco(optax.sgd(LR), 3, overlap="delayed", latency=2).init(
+  state = optim.diloco(optax.sgd(LR), 3, **sync_args(overlap="delayed",
+      latency=2)).init(
       params)
-  assert type(state) is lu.OverlapDiLoCoState
-  (means,), (sent,) = state.in_flight
+  assert type(state) is optim.DiLoCoState
+  assert type(state.timing) is optim.InFlight
+  (means,), (sent,) = state.timing
   assert means.shape == (2, 3, 3) and sent.shape == (1, 3, 3)
-  state = lu.diloco(optax.sgd(LR), 3, overlap="delayed", latency=2,
-                    topology=topology.make("one_peer_exp", 4)).init(params)
-  assert state.in_flight.sent == ()  # one-shot: nothing awaits reduction
-  state = lu.diloco(optax.sgd(LR), 3, overlap="eager", latency=2,
-                    trickle=False).init(params)
-  assert state.in_flight.sent[0].shape == (2, 3, 3)
+  state = optim.diloco(optax.sgd(LR), 3, **sync_args(overlap="delayed",
+      latency=2, topology=topology.make("one_peer_exp", 4))).init(params)
+  assert state.timing.sent == ()  # one-shot: nothing awaits reduction
+  state = optim.diloco(optax.sgd(LR), 3, **sync_args(overlap="eager",
+      latency=2, trickle=False)).init(params)
+  assert state.timing.sent[0].shape == (2, 3, 3)
 
 
 def test_flat_layout_round_trip_by_dtype():
   tree = {"a": jnp.arange(5.0), "b": jnp.arange(4, dtype=jnp.bfloat16),
           "c": jnp.ones((2, 2))}
-  layout = outer_overlap.FlatLayout.of(tree, 3)
+  layout = optim.FlatLayout.of(tree, 3)
   bufs = layout.flatten(tree)
   assert [(b.shape, b.dtype) for b in bufs] == [((3, 3), jnp.float32),
                                                 ((3, 2), jnp.bfloat16)]
@@ -514,16 +520,18 @@ def test_streaming_fragments_match_numpy_oracle(frags, mode, d, alpha,
   del x64
   require_devices(4)
   x0, b = _problem(4, seed=10)
-  tx = lu.streaming_diloco(optax.sgd(LR), 6,
-                           num_fragments=max(frags.values()) + 1,
-                           fragments=frags, merge_alpha=alpha, overlap=mode,
-                           latency=d, trickle=trickle)
+  tx = optim.streaming_diloco(optax.sgd(LR), 6,
+                              num_fragments=max(frags.values()) + 1,
+                              fragments=frags, merge_alpha=alpha,
+                              **sync_args(overlap=mode, latency=d,
+                                  trickle=trickle))
   params, states = _run(tx, x0, b, 26)
   want = _streaming_oracle(x0, b, 6, 26, frags, mode, d, alpha)
   for got, w in zip(params, want):
     for k in w:
       np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
-  assert type(states[-1]) is lu.OverlapStreamingDiLoCoState
+  assert type(states[-1]) is optim.StreamingDiLoCoState
+  assert type(states[-1].timing[0]) is optim.FragmentRounds
 
 
 @pytest.mark.slow
@@ -533,10 +541,12 @@ def test_streaming_one_fragment_is_diloco_bit_for_bit(overlap):
   x0, b = _problem(4, seed=11)
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
-  plain, _ = _run(lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2),
+  plain, _ = _run(optim.diloco(optax.sgd(LR), 3, **sync_args(overlap=overlap,
+      latency=2)),
                   x0, b, 12)
-  stream, _ = _run(lu.streaming_diloco(optax.sgd(LR), 3, overlap=overlap,
-                                       latency=2), x0, b, 12)
+  stream, _ = _run(optim.streaming_diloco(optax.sgd(LR), 3,
+                                          **sync_args(overlap=overlap,
+                                              latency=2)), x0, b, 12)
   for p, q in zip(plain, stream):
     for k in p:
       np.testing.assert_array_equal(p[k], q[k])
@@ -550,9 +560,10 @@ def test_streaming_trickled_equals_one_shot_bit_for_bit(comm_dtype):
   x0, b = _problem(4, seed=12)
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
-  runs = [_run(lu.streaming_diloco(
+  runs = [_run(optim.streaming_diloco(
       optax.sgd(LR), 4, num_fragments=2, merge_alpha=0.5,
-      comm_dtype=comm_dtype, overlap="eager", trickle=t), x0, b, 14)[0]
+      **sync_args(comm_dtype=comm_dtype, overlap="eager", trickle=t)),
+               x0, b, 14)[0]
           for t in (True, False)]
   for p, q in zip(*runs):
     for k in p:
@@ -568,8 +579,9 @@ def test_streaming_trickled_bytes_per_step():
   x0 = {"a": np.repeat(rng.normal(size=(1, 8)), n, 0).astype(np.float32),
         "b": np.repeat(rng.normal(size=(1, 4)), n, 0).astype(np.float32)}
   b = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in x0.items()}
-  tx = lu.streaming_diloco(optax.sgd(LR), h, num_fragments=2,
-                           fragments={"a": 0, "b": 1}, overlap="delayed")
+  tx = optim.streaming_diloco(optax.sgd(LR), h, num_fragments=2,
+                              fragments={"a": 0, "b": 1},
+                              **sync_args(overlap="delayed"))
   compiled = _compiled_step(tx, n, x0, b)
   report = analysis.communication(compiled)
   per_step = 2 * (n - 1) / n * (8 + 4) / h * 4
@@ -581,8 +593,8 @@ def test_streaming_trickled_bytes_per_step():
 
 def test_streaming_refuses_two_overlaps():
   with pytest.raises(ValueError, match="overlap_steps=1 and overlap='eager'"):
-    lu.streaming_diloco(optax.sgd(LR), 4, num_fragments=2, overlap_steps=1,
-                        overlap="eager")
+    optim.streaming_diloco(optax.sgd(LR), 4, num_fragments=2, overlap_steps=1,
+                           **sync_args(overlap="eager"))
 
 
 @pytest.mark.slow
@@ -596,14 +608,13 @@ def test_virtual_workers_follow_one_worker_per_device(overlap, trickle, name,
   devices = require_devices(8)
   x0, b = _problem(8, seed=14)
   topo = None if name is None else topology.make(name, 8)
-  tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2,
-                 trickle=trickle, topology=topo)
+  tx = optim.diloco(optax.sgd(LR), 3, **sync_args(overlap=overlap, latency=2,
+      trickle=trickle, topology=topo))
   want, _ = _run(tx, x0, b, 12)
   mesh = parallel.make_mesh(8, devices=devices[:2], workers_per_device=4)
   assert parallel.worker_axis(mesh).per_device == 4
-  tx = lu.diloco(optax.sgd(LR), 3, overlap=overlap, latency=2,
-                 trickle=trickle, topology=topo,
-                 axis_name=parallel.worker_axis(mesh))
+  tx = optim.diloco(optax.sgd(LR), 3, **sync_args(overlap=overlap, latency=2,
+      trickle=trickle, topology=topo, axis_name=parallel.worker_axis(mesh)))
   step, init, _ = _step_fns(tx, 8, mesh)
   params = parallel.shard(x0, mesh)
   targets = parallel.shard(b, mesh)
@@ -625,8 +636,8 @@ def test_comm_dtype_trickled_equals_one_shot_bit_for_bit(name):
   x0 = {k: v.astype(np.float32) for k, v in x0.items()}
   b = {k: v.astype(np.float32) for k, v in b.items()}
   topo = None if name is None else topology.make(name, 4)
-  runs = [_run(lu.diloco(optax.sgd(LR), 3, topology=topo, overlap="eager",
-                         comm_dtype=dtype, trickle=t), x0, b, 12)[0]
+  runs = [_run(optim.diloco(optax.sgd(LR), 3, **sync_args(topology=topo,
+      overlap="eager", comm_dtype=dtype, trickle=t)), x0, b, 12)[0]
           for dtype, t in ((jnp.bfloat16, True), (jnp.bfloat16, False),
                            (None, True))]
   for p, q, r in zip(*runs):

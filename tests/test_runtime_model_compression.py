@@ -10,10 +10,12 @@ import numpy as np
 import optax
 import pytest
 
+from helpers import sync_args
+
 from decentral_jax import topology
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
-from decentral_jax.optim import local_updates
+from decentral_jax import optim
 from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import core
@@ -217,13 +219,13 @@ def test_break_even_of_topk_by_hand():
 @pytest.mark.parametrize("overlap", ["none", "delayed", "eager"])
 @pytest.mark.parametrize("fmt", ["int8", "topk"])
 def test_library_gap_of_compressed_syncs_follows_the_library(overlap, fmt):
-  # Marked runnable exactly where optim.local_updates.diloco accepts the
+  # Marked runnable exactly where optim.diloco accepts the
   # compressor with that outer overlap.
   c = _cluster()
   m = core.make_method(f"diloco:H=10,overlap={overlap},compress={fmt}", c)
   try:
-    local_updates.diloco(optax.sgd(0.1), 10, overlap=overlap,
-                         compressor=compress.Compressor(fmt))
+    optim.diloco(optax.sgd(0.1), 10, **sync_args(overlap=overlap,
+        compressor=compress.Compressor(fmt)))
     runs = True
   except ValueError:
     runs = False

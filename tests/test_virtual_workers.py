@@ -21,13 +21,13 @@ import optax
 import pytest
 
 from conftest import require_devices
+from helpers import sync_args
 from decentral_jax import analysis
 from decentral_jax.comm import collectives
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.comm import gossip
-from decentral_jax.optim import local_updates
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
@@ -81,7 +81,7 @@ def _run(method, topo_name, k, dtype):
   elif method == "all_reduce":
     tx = optax.chain(optim.all_reduce_gradients(axis), optax.adamw(3e-2))
   else:
-    tx = local_updates.diloco(optax.adamw(3e-2), 2, axis_name=axis)
+    tx = optim.diloco(optax.adamw(3e-2), 2, **sync_args(axis_name=axis))
 
   def step(p, s, batch):
     g = jax.grad(_loss)(p, batch)

@@ -2,20 +2,63 @@
 
 - :mod:`~decentral_jax.optim.transforms`: ``decentralized``,
   ``decentralized_adamw`` (DAdam, AccumAdamW), ``gossip_mixing``,
-  ``all_reduce_gradients``; re-exported here.
+  ``all_reduce_gradients``.
 - :mod:`~decentral_jax.optim.accum_adam`: ``scale_by_accum_adam``.
-- :mod:`~decentral_jax.optim.local_updates`: Local SGD, DiLoCo,
-  decentralized and Streaming DiLoCo.
-- :mod:`~decentral_jax.optim.outer_overlap`: DiLoCo's delayed and eager
-  outer steps and the trickled reduction.
-- :mod:`~decentral_jax.optim.elastic`: DiLoCo and Local SGD over slow and
-  failing workers (quorum, rollback or proceed, rejoin).
+- :mod:`~decentral_jax.optim.choco`: CHOCO-gossip of compressed parameters.
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
+- The DiLoCo family, by composition:
+  :mod:`~decentral_jax.optim.local_steps` (the inner step and the outer
+  state every local-update method shares),
+  :mod:`~decentral_jax.optim.reductions` (how the pseudo-gradient is
+  reduced: exact, low-precision, compressed, gossip),
+  :mod:`~decentral_jax.optim.outer_timing` (when the outer step takes it:
+  plain, delayed, eager, trickled), :mod:`~decentral_jax.optim.local_sgd_sync`
+  (Local SGD), :mod:`~decentral_jax.optim.diloco_sync` (DiLoCo and
+  decentralized DiLoCo), :mod:`~decentral_jax.optim.streaming_sync`
+  (Streaming DiLoCo), :mod:`~decentral_jax.optim.elastic` (DiLoCo and Local
+  SGD over slow and failing workers: quorum, rollback or proceed, rejoin).
 - :mod:`~decentral_jax.optim.transform_args`: the transforms' shared argument
   checks.
 
-Imports :mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
+Every public name of every module is listed here, except
+``push_sum.push_sum`` (it shares its module's name). Imports
+:mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
 """
 
-from decentral_jax.optim.transforms import *  # noqa: F401,F403
-from decentral_jax.optim.transforms import __all__  # noqa: F401
+from decentral_jax.optim.accum_adam import (
+    BETA_CONVENTIONS, ScaleByAccumAdamState, horizon_matched_betas,
+    scale_by_accum_adam)
+from decentral_jax.optim.choco import ChocoState, choco_gossip
+from decentral_jax.optim.diloco_sync import (
+    DiLoCoState, check_reduction, diloco, resolve_timing)
+from decentral_jax.optim.elastic import (
+    ON_FAILURE, REJOIN, ElasticState, counters, elastic_diloco,
+    elastic_local_sgd)
+from decentral_jax.optim.local_sgd_sync import LocalSGDState, local_sgd
+from decentral_jax.optim.local_steps import (
+    OuterState, check_common, default_outer_optimizer, find_theta,
+    global_copy, global_dtype, init_outer, inner_step, outer_step,
+    param_delta, to_params)
+from decentral_jax.optim.outer_timing import (
+    TIMINGS, Delayed, Eager, FlatLayout, InFlight, OuterLoop, Plain,
+    check_timing, named)
+# push_sum.push_sum is not listed: it would hide the module of that name.
+from decentral_jax.optim.push_sum import (
+    PushSumState, check_column_stochastic, debiased, find_state,
+    global_average, one_peer_directed_exp, sgp, weight_dtype)
+from decentral_jax.optim.reductions import (
+    Coding, CompressedMean, ErrorFeedback, ExactMean, GossipRound,
+    LowPrecisionMean, Reduction, check_compression, compressed,
+    compressed_mean, compressed_pseudo_gradient, mean_low_precision,
+    uncompressed)
+from decentral_jax.optim.streaming_sync import (
+    FragmentRounds, Pending, StreamingDiLoCoState, check_fragments,
+    default_fragments, global_params, streaming_diloco)
+from decentral_jax.optim.transform_args import (
+    NO_PARAMS, as_dtype, check_hyperparameter, check_learning_rate,
+    check_period, check_transform, compute_dtype, concrete_float,
+    moment_dtype, round_step)
+from decentral_jax.optim.transforms import (
+    DecentralizedState, GossipMixingState, all_reduce_gradients,
+    decentralized, decentralized_adamw, default_weight_decay_mask,
+    find_states, gossip_mixing, round_count)

@@ -1,8 +1,8 @@
 """DiLoCo and Local SGD with slow and failing workers: quorum, rollback, rejoin.
 
 :func:`elastic_diloco` and :func:`elastic_local_sgd` are
-:func:`~decentral_jax.optim.local_updates.diloco` and
-:func:`~decentral_jax.optim.local_updates.local_sgd` driven by a live mask
+:func:`~decentral_jax.optim.diloco_sync.diloco` and
+:func:`~decentral_jax.optim.local_sgd_sync.local_sgd` driven by a live mask
 ``alive`` and a working mask ``working`` (bool [n], equal on all workers,
 from a :class:`decentral_jax.comm.fault_schedule.FaultSchedule`), passed to
 ``update`` as extra arguments. With ``t`` the group's step count:
@@ -72,7 +72,9 @@ from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import faults
 from decentral_jax.comm import gossip
-from decentral_jax.optim import local_updates
+from decentral_jax.optim import diloco_sync
+from decentral_jax.optim import local_sgd_sync
+from decentral_jax.optim import local_steps
 from decentral_jax.optim import transform_args
 from decentral_jax.optim import transforms
 
@@ -85,7 +87,7 @@ class ElasticState(NamedTuple):
   """State of :func:`elastic_diloco` / :func:`elastic_local_sgd`.
 
   ``base`` is the method's own state (a ``DiLoCoState`` holds ``theta``, so
-  :func:`~decentral_jax.optim.local_updates.global_params` finds it).
+  :func:`~decentral_jax.optim.streaming_sync.global_params` finds it).
   """
   base: Any  # DiLoCoState or LocalSGDState.
   anchor: PyTree  # Local SGD: parameters of the last outer step; DiLoCo: ().
@@ -105,10 +107,7 @@ def _check_quorum(quorum: int, n: int, axis_name) -> None:
 
 
 def _check(inner, outer, sync_every, min_quorum, on_failure, rejoin):
-  transform_args.check_transform("inner", inner)
-  if outer is not None:
-    transform_args.check_transform("outer", outer)
-  period = checks.check_int("sync_every", sync_every, minimum=1)
+  period = local_steps.check_common(inner, sync_every, outer)
   quorum = checks.check_int("min_quorum", min_quorum, minimum=1)
   checks.check_choice("on_failure", on_failure, ON_FAILURE)
   checks.check_choice("rejoin", rejoin, REJOIN)
@@ -167,10 +166,6 @@ def _weighted_mean(xs, weight, contrib, total, n: int, axis_name):
                       gossip.mean(masked, axis_name))
 
 
-def _global_dtype(x):
-  return jnp.promote_types(jnp.result_type(x), jnp.float32)
-
-
 class _Spec(NamedTuple):
   """The static settings of one elastic transform."""
   inner: Any
@@ -200,8 +195,8 @@ def _sync(spec: _Spec, a, lost, n: int, operand):
   x_bar = _weighted_mean(xs, weight, contrib, total, n, spec.axis_name)
   if spec.outer is not None:
     pseudo_grad = jax.tree.map(lambda t, m: t - m, theta, x_bar)
-    step, o_new = spec.outer.update(pseudo_grad, o_state, theta)
-    t_new = optax.apply_updates(theta, step)
+    t_new, o_new = local_steps.outer_step(spec.outer, pseudo_grad, o_state,
+                                          theta)
   else:
     t_new, o_new = x_bar, o_state
   theta = _select(ok, t_new, theta)
@@ -225,12 +220,12 @@ def _init(spec: _Spec, params) -> ElasticState:
   _check_quorum(spec.quorum, n, spec.axis_name)
   zero = jnp.zeros([], jnp.int32)
   if spec.outer is not None:
-    theta = jax.tree.map(lambda p: jnp.asarray(p, _global_dtype(p)), params)
-    base = local_updates.DiLoCoState(zero, zero, spec.inner.init(params),
-                                     theta, spec.outer.init(theta))
+    base = diloco_sync.DiLoCoState(zero, spec.inner.init(params),
+                                  local_steps.init_outer(spec.outer, params),
+                                  (), ())
     anchor = ()
   else:
-    base = local_updates.LocalSGDState(zero, spec.inner.init(params))
+    base = local_sgd_sync.LocalSGDState(zero, spec.inner.init(params))
     anchor = jax.tree.map(jnp.asarray, params)
   return ElasticState(base, anchor, zero, jnp.ones(n, bool),
                       jnp.zeros(n, bool), zero, zero)
@@ -265,8 +260,8 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
                                    rejoin, axis_name)
     count = optax.safe_increment(base.count)
     lost = state.lost | (state.last_alive & ~a)
-    o_state = base.outer_state if diloco else ()
-    k = base.outer_count if diloco else jnp.zeros([], jnp.int32)
+    o_state = base.outer.opt_state if diloco else ()
+    k = base.outer.count if diloco else jnp.zeros([], jnp.int32)
     taken = count % period == 0
     operand = jax.tree.map(  # both branches: per-worker (varying) types
         lambda v: gossip.match_varying(v, me),
@@ -276,15 +271,15 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
         operand)
     lost = lost & ~taken
     if diloco:
-      new_base = local_updates.DiLoCoState(count, k, inner_state, theta,
-                                           o_state)
+      new_base = diloco_sync.DiLoCoState(
+          count, inner_state, local_steps.OuterState(theta, o_state, k),
+          (), ())
       anchor = ()
     else:
-      new_base = local_updates.LocalSGDState(count, inner_state)
+      new_base = local_sgd_sync.LocalSGDState(count, inner_state)
       anchor = theta
     new = ElasticState(new_base, anchor, done, a, lost, skipped, useful)
-    delta = jax.tree.map(lambda t, p: (t - p).astype(p.dtype), x, params)
-    return delta, new
+    return local_steps.param_delta(x, params), new
 
   return optax.GradientTransformationExtraArgs(
       lambda params: _init(spec, params), update_fn)
@@ -302,7 +297,7 @@ def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     inner: worker-local optax transform (AdamW in the paper).
     sync_every: the sync period ``H >= 1`` in steps.
     outer: outer optax transform (default Nesterov SGD, lr 0.7, momentum
-      0.9, as :func:`~decentral_jax.optim.local_updates.diloco`).
+      0.9, as :func:`~decentral_jax.optim.diloco_sync.diloco`).
     min_quorum: least number of contributors (live workers with ``H_m >
       0``) for an outer step, ``1 <= min_quorum <= n`` (``n`` checked in
       ``init`` and ``update``).
@@ -325,7 +320,7 @@ def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   """
   period, quorum = _check(inner, outer, sync_every, min_quorum, on_failure,
                           rejoin)
-  outer = local_updates.default_outer_optimizer() if outer is None else outer
+  outer = local_steps.default_outer_optimizer() if outer is None else outer
   return _elastic(inner, period, quorum, on_failure, rejoin, axis_name,
                   outer, "elastic_diloco")
 
@@ -339,7 +334,7 @@ def elastic_local_sgd(inner: optax.GradientTransformation, sync_every: int, *,
 
   ``theta`` is the last committed average (held in the state as
   ``anchor``, in the parameters' dtype: one more copy of the parameters
-  than :func:`~decentral_jax.optim.local_updates.local_sgd`).
+  than :func:`~decentral_jax.optim.local_sgd_sync.local_sgd`).
   Arguments, returns and errors as :func:`elastic_diloco`.
   """
   period, quorum = _check(inner, None, sync_every, min_quorum, on_failure,

@@ -18,7 +18,7 @@ import numpy as np
 from decentral_jax.comm import compress
 from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
-from decentral_jax.optim import outer_overlap
+from decentral_jax.optim import outer_timing
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
 from decentral_jax.runner import methods
 from decentral_jax.runner.config import COMPUTE_DTYPES
@@ -159,7 +159,7 @@ RULES = {
     "merge_alpha": lambda name, value: (
         _real(0.0)(name, value) if value == 1 else
         _real(0.0, 1.0, note=" or exactly 1")(name, value)),
-    "outer_overlap": _one_of(outer_overlap.OVERLAPS),
+    "outer_overlap": _one_of(outer_timing.TIMINGS),
     "outer_latency": _integer(1, note=" (rounds)"),
     "trickle_reduction": _boolean,
     "compression.format": _one_of(compress.FORMATS),

@@ -1,5 +1,6 @@
 """Local-update methods: Local SGD, DiLoCo, decentralized DiLoCo, Streaming
-DiLoCo (:mod:`decentral_jax.optim.local_updates`).
+DiLoCo (:mod:`decentral_jax.optim.local_sgd_sync`,
+:mod:`~decentral_jax.optim.diloco_sync`, :mod:`~decentral_jax.optim.streaming_sync`).
 
 Every worker takes ``sync_every = H`` inner steps (AdamW on its own
 gradient) between synchronisations:
@@ -30,8 +31,12 @@ from __future__ import annotations
 
 import optax
 
+from decentral_jax.optim import diloco_sync
 from decentral_jax.optim import elastic
-from decentral_jax.optim import local_updates
+from decentral_jax.optim import local_sgd_sync
+from decentral_jax.optim import outer_timing
+from decentral_jax.optim import reductions
+from decentral_jax.optim import streaming_sync
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner.methods import registry
 from decentral_jax.topology import schedules as topology_lib
@@ -51,14 +56,19 @@ _OVERLAP_FIELDS = ("outer_overlap", "outer_latency", "trickle_reduction")
 # -- Builders -------------------------------------------------------------
 
 
-def _coding(config) -> dict:
-  """Compression arguments of a local-update transform ({} if off)."""
+def _reduction(config, topology, axis_name) -> reductions.Reduction:
+  """The pseudo-gradient reduction of a local-update transform: compressed
+  (``config.compression``), else a gossip round over ``topology``, a
+  ``comm_dtype`` mean or the exact mean."""
   comp = parts.compressor(config)
-  if comp is None:
-    return {}
-  c = config.compression
-  return {"compressor": comp, "error_feedback": bool(c.error_feedback),
-          "error_decay": float(c.error_decay)}
+  if comp is not None:
+    c = config.compression
+    return reductions.compressed(comp, bool(c.error_feedback),
+                                 float(c.error_decay), axis_name)
+  return reductions.uncompressed(topology=topology,
+                                 comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
+                                 axis_name=axis_name,
+                                 bucket_bytes=int(config.bucket_bytes))
 
 
 def _outer(config) -> optax.GradientTransformation:
@@ -88,11 +98,9 @@ def _local_sgd(config, schedule, topology, axis_name):
     return elastic.elastic_local_sgd(parts.inner(config, schedule),
                                      int(config.sync_every),
                                      axis_name=axis_name, **_faults(config))
-  return local_updates.local_sgd(parts.inner(config, schedule),
-                                 int(config.sync_every), axis_name,
-                                 comm_dtype=parts.COMM_DTYPES[
-                                     config.comm_dtype],
-                                 **_coding(config))
+  return local_sgd_sync.local_sgd(
+      parts.inner(config, schedule), int(config.sync_every),
+      reduction=_reduction(config, None, axis_name))
 
 
 def _diloco(config, schedule, topology, axis_name):
@@ -104,40 +112,37 @@ def _diloco(config, schedule, topology, axis_name):
     return elastic.elastic_diloco(parts.inner(config, schedule),
                                   int(config.sync_every), outer=_outer(config),
                                   axis_name=axis_name, **_faults(config))
-  return local_updates.diloco(parts.inner(config, schedule),
-                              int(config.sync_every), outer=_outer(config),
-                              topology=topology, axis_name=axis_name,
-                              bucket_bytes=int(config.bucket_bytes),
-                              comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
-                              **_overlap_args(config), **_coding(config))
+  return diloco_sync.diloco(parts.inner(config, schedule),
+                            int(config.sync_every), outer=_outer(config),
+                            reduction=_reduction(config, topology, axis_name),
+                            timing=_timing(config))
 
 
-def _overlap_args(config) -> dict:
-  """``overlap``, ``latency`` and ``trickle`` of a DiLoCo transform."""
+def _timing(config):
+  """The outer-step timing of a DiLoCo transform (``config.outer_overlap``
+  with ``outer_latency`` and ``trickle_reduction``)."""
   if config.outer_overlap == "none":
-    return {}
-  return {"overlap": config.outer_overlap,
-          "latency": int(config.outer_latency),
-          "trickle": bool(config.trickle_reduction)}
+    return outer_timing.Plain()
+  return outer_timing.named(config.outer_overlap, int(config.outer_latency),
+                            bool(config.trickle_reduction))
 
 
 def _streaming_diloco(config, schedule, topology, axis_name):
   """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype; with
   ``outer_overlap`` a delayed or eager outer step per fragment)."""
   del topology
-  return local_updates.streaming_diloco(
+  return streaming_sync.streaming_diloco(
       parts.inner(config, schedule), int(config.sync_every),
       num_fragments=int(config.num_fragments),
       overlap_steps=int(config.overlap_steps),
       merge_alpha=float(config.merge_alpha), outer=_outer(config),
-      comm_dtype=parts.COMM_DTYPES[config.comm_dtype], axis_name=axis_name,
-      **_overlap_args(config), **_coding(config))
+      reduction=_reduction(config, None, axis_name), timing=_timing(config))
 
 
 def theta(params, opt_state):
   """The evaluated parameters of the DiLoCo methods: ``theta``."""
   del params
-  return local_updates.global_params(opt_state)
+  return streaming_sync.global_params(opt_state)
 
 
 # -- Checks ---------------------------------------------------------------

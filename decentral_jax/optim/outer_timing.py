@@ -1,4 +1,11 @@
-"""Overlapped outer steps for DiLoCo: delayed and eager updates, trickled reduction.
+"""Outer-step timings of DiLoCo: plain, delayed and eager, trickled reduction.
+
+A timing says when the outer step of a sync takes the reduced
+pseudo-gradient: :class:`Plain` waits for the reduction at the sync step
+(DiLoCo as published); :class:`Delayed` and :class:`Eager` take the
+reduction of ``d`` rounds earlier, so that it can run behind the next
+round's inner steps. The reduction itself is a strategy of
+:mod:`decentral_jax.optim.reductions`.
 
 Workers ``m = 1..M``; round ``k`` is ``H`` inner steps ending in sync ``k``;
 ``Delta_m^(k)`` = (worker ``m``'s start point of round ``k``) - (its
@@ -32,14 +39,14 @@ reduction runs at once inside the sync step's conditional, as plain DiLoCo's
 does; both give bit-identical results on XLA:CPU (each reduction is
 elementwise, the same sums in the same order).
 
-The buffers (:class:`OverlapBuffers`) live in the optax state and hence in
+The buffers (:class:`InFlight`) live in the optax state and hence in
 checkpoints: a run resumes bit-exactly mid-round and at a sync step.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,17 +57,18 @@ from jax import lax
 from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
+from decentral_jax.optim import local_steps
 
 PyTree = Any
-OVERLAPS = ("none", "delayed", "eager")
+TIMINGS = ("none", "delayed", "eager")
 
 
-def check_overlap(overlap, latency, trickle, *, one_round: bool = True
-                  ) -> tuple[str, int, bool]:
+def check_timing(overlap, latency, trickle, *, one_round: bool = True
+                 ) -> tuple[str, int, bool]:
   """Checks ``(overlap, latency, trickle)``; returns them with trickle resolved.
 
   Args:
-    overlap: one of :data:`OVERLAPS`.
+    overlap: one of :data:`TIMINGS` (``"none"``: :class:`Plain`).
     latency: ``d``, an int >= 1 (rounds between a sync and the outer step
       that uses its reduction); must be 1 with ``overlap="none"``.
     trickle: None (True when ``overlap`` is not ``"none"`` and
@@ -76,7 +84,7 @@ def check_overlap(overlap, latency, trickle, *, one_round: bool = True
       ``latency`` not an int >= 1 or not 1 without overlap, ``trickle`` not
       None or a bool, True without overlap or with a time-varying topology.
   """
-  overlap = checks.check_choice("overlap", overlap, OVERLAPS)
+  overlap = checks.check_choice("overlap", overlap, TIMINGS)
   latency = checks.check_int("latency", latency, minimum=1)
   if trickle is not None and not isinstance(trickle, (bool, np.bool_)):
     raise ValueError(f"trickle must be None, True or False, got {trickle!r}.")
@@ -153,7 +161,7 @@ class FlatLayout(NamedTuple):
     return self.treedef.unflatten(leaves)
 
 
-class OverlapBuffers(NamedTuple):
+class InFlight(NamedTuple):
   """Pseudo-gradients in flight, per dtype group, oldest first.
 
   ``means[g]``: float ``[d, H, S]``, the reductions ``Delta^(k-d+1..k)``
@@ -171,141 +179,224 @@ def _push(stack, new):
   return jnp.concatenate([stack[1:], new[None]], axis=0)
 
 
-class OuterOverlap(NamedTuple):
-  """The outer step of DiLoCo with overlap ``"delayed"`` or ``"eager"``.
-
-  Built by :func:`decentral_jax.optim.local_updates.diloco`; see the module
-  docstring for the recursions.
+class OuterLoop(NamedTuple):
+  """What a timing acts with: bound by the method that uses it.
 
   Attributes:
-    mode: ``"delayed"`` or ``"eager"``.
-    latency: ``d >= 1`` in rounds.
-    trickle: reduce one of ``H`` slices per inner step (True) or all at
-      the sync step (False).
     period: ``H``, inner steps per round.
     outer: the outer optax transform.
-    reduce: ``(array, j) -> array``, the reduction over the workers of the
-      pseudo-gradients of sync ``j`` (0-based), elementwise on any shape.
-    own_weight: ``(j, dtype) -> scalar``, the weight of a worker's own
-      term in that reduction (``1/M`` for the mean) in ``dtype``.
+    reduction: a reduction of :mod:`decentral_jax.optim.reductions`.
     merge_alpha: after the outer step ``x <- alpha x + (1 - alpha) theta``
       (Streaming DiLoCo's merge); 0: ``x <- theta``.
   """
-  mode: str
-  latency: int
-  trickle: bool
   period: int
   outer: optax.GradientTransformation
-  reduce: Callable[[jax.Array, Any], jax.Array]
-  own_weight: Callable[[Any, Any], Any]
+  reduction: Any
   merge_alpha: float = 0.0
 
-  def init(self, theta: PyTree) -> OverlapBuffers:
-    """Zero buffers (``Delta^(j) = Delta_m^(j) = 0`` for ``j <= 0``)."""
-    layout = FlatLayout.of(theta, self.period)
-    depth = self.latency if self.mode == "eager" else int(self.trickle)
-    return OverlapBuffers(layout.zeros(self.latency),
-                          layout.zeros(depth) if depth else ())
 
-  def trickle_step(self, count_before, k, buffers: OverlapBuffers
-                   ) -> OverlapBuffers:
+def _merge(alpha, theta, x):
+  """``x <- alpha x + (1 - alpha) theta`` in the dtypes of ``x``."""
+  if alpha:
+    return jax.tree.map(lambda t, a: (alpha * a.astype(t.dtype)
+                                      + (1.0 - alpha) * t).astype(a.dtype),
+                        theta, x)
+  return local_steps.to_params(theta, x)
+
+
+class Plain:
+  """DiLoCo's outer step as published: at the sync, on the fresh reduction.
+
+  At ``t % H == 0``: ``sent = reduction.send(theta, x)``, ``Delta =
+  reduction.delta(theta, sent, k)``, ``theta <- theta + outer(Delta)``,
+  ``x <- theta``; the communication sits inside the sync's conditional.
+  No state (``init`` gives ``()``).
+  """
+  mode = "none"
+
+  def __repr__(self):
+    return "Plain()"
+
+  def resolve(self, reduction) -> "Plain":
+    del reduction
+    return self
+
+  def init(self, theta, loop: OuterLoop):
+    del theta, loop
+    return ()
+
+  def step(self, loop: OuterLoop, count, x, outer: local_steps.OuterState,
+           red_state, buffers):
+    """Inner step ``count`` (1-based) taken: the sync if ``count % H == 0``.
+
+    Returns ``(x, outer, red_state, buffers)``.
+    """
+
+    def sync(operand):
+      x, outer, red_state = operand
+      sent, red_state = loop.reduction.send(outer.theta, x, red_state)
+      pseudo_grad = loop.reduction.delta(outer.theta, sent, outer.count)
+      theta, opt_state = local_steps.outer_step(
+          loop.outer, pseudo_grad, outer.opt_state, outer.theta)
+      outer = local_steps.OuterState(theta, opt_state,
+                                     optax.safe_increment(outer.count))
+      return local_steps.to_params(theta, x), outer, red_state
+
+    x, outer, red_state = gossip.every(
+        loop.period, count % loop.period == 0, sync, lambda o: o,
+        (x, outer, red_state))
+    return x, outer, red_state, buffers
+
+
+class Delayed:
+  """The outer step on the reduction of ``d`` rounds earlier.
+
+  ``(theta, s) <- OuterOpt(theta, Delta^(k-d); s)`` at sync ``k``, no
+  change while ``k <= d``; ``x <- theta`` (module docstring). State:
+  :class:`InFlight`.
+
+  Args:
+    latency: ``d >= 1``, rounds between a sync and the outer step that
+      uses its reduction.
+    trickle: spread the reduction over the next round's inner steps, one
+      slice per step, outside any conditional (None: yes, unless a
+      time-varying gossip round is picked by a conditional, where it is
+      refused).
+
+  Raises:
+    ValueError: ``latency`` not an int >= 1, ``trickle`` not None or a
+      bool (see :func:`check_timing`).
+  """
+  mode = "delayed"
+
+  def __init__(self, latency: int = 1, trickle: bool | None = None):
+    _, self.latency, _ = check_timing(self.mode, latency, trickle)
+    self.trickle = trickle
+
+  def __repr__(self):
+    return (f"{type(self).__name__}(latency={self.latency}, "
+            f"trickle={self.trickle})")
+
+  def resolve(self, reduction):
+    """This timing with ``trickle`` a bool for ``reduction``.
+
+    Raises:
+      ValueError: ``trickle=True`` with a time-varying gossip round.
+    """
+    _, _, trickle = check_timing(self.mode, self.latency, self.trickle,
+                                 one_round=reduction.one_round)
+    return type(self)(self.latency, trickle)
+
+  def init(self, theta, loop: OuterLoop) -> InFlight:
+    """Zero buffers (``Delta^(j) = Delta_m^(j) = 0`` for ``j <= 0``)."""
+    layout = FlatLayout.of(theta, loop.period)
+    depth = self.latency if self.mode == "eager" else int(self.trickle)
+    return InFlight(layout.zeros(self.latency),
+                    layout.zeros(depth) if depth else ())
+
+  def trickle_step(self, loop: OuterLoop, count_before, k,
+                   buffers: InFlight) -> InFlight:
     """Reduces slice ``count_before % H`` of the newest sent buffer.
 
     One collective of ``S`` elements per dtype group, reading the state
     only; the result goes into row ``count_before % H`` of the newest
     reduced buffer (``lax.dynamic_update_slice``).
     """
-    j = collectives.uniform(jnp.asarray(count_before % self.period,
+    j = collectives.uniform(jnp.asarray(count_before % loop.period,
                                         jnp.int32))
     last = jnp.asarray(self.latency - 1, jnp.int32)
     means = []
     for mean, sent in zip(buffers.means, buffers.sent):
       piece = lax.dynamic_index_in_dim(sent[-1], j, axis=0, keepdims=False)
-      reduced = self.reduce(piece, jnp.maximum(k - 1, 0)).astype(mean.dtype)
+      reduced = loop.reduction.reduce(
+          piece, jnp.maximum(k - 1, 0)).astype(mean.dtype)
       means.append(lax.dynamic_update_slice(
           mean, reduced[None, None], (last, j, jnp.zeros([], jnp.int32))))
     return buffers._replace(means=tuple(means))
 
-  def sync(self, x, theta, outer_state, k, buffers: OverlapBuffers):
-    """Sync ``k + 1`` (``k`` outer steps so far): the outer step, ``x <- theta``.
+  def _direction(self, loop, fresh, stale, buffers, k):
+    """The flat pseudo-gradient the outer step takes."""
+    if self.mode != "eager":
+      return stale
+    weight = loop.reduction.own_weight
+    return [f * weight(k, f.dtype)
+            + (m - s[0] * weight(k - self.latency, f.dtype))
+            for f, m, s in zip(fresh, stale, buffers.sent)]
 
-    Returns ``(x, theta, outer_state, k + 1, buffers)``.
+  def sync(self, loop: OuterLoop, x, theta, opt_state, k, buffers: InFlight):
+    """Sync ``k + 1`` (``k`` outer steps so far): the outer step, the merge.
+
+    Returns ``(x, theta, opt_state, k + 1, buffers)``.
     """
-    layout = FlatLayout.of(theta, self.period)
+    layout = FlatLayout.of(theta, loop.period)
     fresh = layout.flatten(
         jax.tree.map(lambda t, a: t - a.astype(t.dtype), theta, x))
     stale = [m[0] for m in buffers.means]
     if self.trickle:  # the newest slot is refilled during the next round
       means = [_push(m, jnp.zeros_like(m[0])) for m in buffers.means]
     else:
-      means = [_push(m, self.reduce(f, k).astype(m.dtype))
+      means = [_push(m, loop.reduction.reduce(f, k).astype(m.dtype))
                for m, f in zip(buffers.means, fresh)]
     sent = [_push(s, f) for s, f in zip(buffers.sent, fresh)]
-    if self.mode == "eager":
-      direction = [
-          f * self.own_weight(k, f.dtype)
-          + (m - s[0] * self.own_weight(k - self.latency, f.dtype))
-          for f, m, s in zip(fresh, stale, buffers.sent)]
-    else:
-      direction = stale
-    step, new_state = self.outer.update(layout.unflatten(direction),
-                                        outer_state, theta)
-    new_theta = optax.apply_updates(theta, step)
+    direction = self._direction(loop, fresh, stale, buffers, k)
+    new_theta, new_state = local_steps.outer_step(
+        loop.outer, layout.unflatten(direction), opt_state, theta)
     if self.mode == "delayed":  # no outer step before round d + 1
       active = k >= self.latency
       new_theta, new_state = jax.tree.map(
           lambda new, old: jnp.where(active, new, old),
-          (new_theta, new_state), (theta, outer_state))
-    alpha = self.merge_alpha
-    if alpha:
-      x = jax.tree.map(lambda t, a: (alpha * a.astype(t.dtype)
-                                     + (1.0 - alpha) * t).astype(a.dtype),
-                       new_theta, x)
-    else:
-      x = jax.tree.map(lambda t, a: t.astype(a.dtype), new_theta, x)
+          (new_theta, new_state), (theta, opt_state))
+    x = _merge(loop.merge_alpha, new_theta, x)
     return (x, new_theta, new_state, optax.safe_increment(k),
-            OverlapBuffers(tuple(means), tuple(sent)))
+            InFlight(tuple(means), tuple(sent)))
 
-  def step(self, count, x, theta, outer_state, k, buffers: OverlapBuffers):
+  def advance(self, loop: OuterLoop, count, x, theta, opt_state, k,
+              buffers: InFlight):
     """Inner step ``count`` (1-based, taken): the trickle slice, then the sync.
 
     The sync (no collective inside with trickle) runs in a
     :func:`decentral_jax.comm.gossip.every` conditional on ``count % H ==
-    0``. Returns ``(x, theta, outer_state, k, buffers)``.
+    0``. Returns ``(x, theta, opt_state, k, buffers)``.
     """
     if self.trickle:
-      buffers = self.trickle_step(count - 1, k, buffers)
-    return gossip.every(self.period, count % self.period == 0,
-                        lambda o: self.sync(*o), lambda o: o,
-                        (x, theta, outer_state, k, buffers))
+      buffers = self.trickle_step(loop, count - 1, k, buffers)
+    return gossip.every(loop.period, count % loop.period == 0,
+                        lambda o: self.sync(loop, *o), lambda o: o,
+                        (x, theta, opt_state, k, buffers))
+
+  def step(self, loop: OuterLoop, count, x, outer: local_steps.OuterState,
+           red_state, buffers: InFlight):
+    """:meth:`advance` on an outer state (``theta``, optax state, ``k``).
+
+    Returns ``(x, outer, red_state, buffers)``.
+    """
+    x, theta, opt_state, k, buffers = self.advance(
+        loop, count, x, outer.theta, outer.opt_state, outer.count, buffers)
+    return x, local_steps.OuterState(theta, opt_state, k), red_state, buffers
 
 
-def mean_reduction(axis_name: gossip.AxisName):
-  """``(reduce, own_weight)`` of the exact worker mean (``pmean``)."""
+class Eager(Delayed):
+  """Eager updates (Kale, Douillard, Donchev 2025, arXiv 2502.12996).
 
-  def reduce(a, j):
-    del j
-    return gossip.mean(a, axis_name)
-
-  def own_weight(j, dtype):
-    del j
-    return jnp.asarray(1.0 / collectives.size(axis_name), dtype)
-
-  return reduce, own_weight
-
-
-def gossip_reduction(topology, axis_name: gossip.AxisName, **mix_kwargs):
-  """``(reduce, own_weight)`` of gossip round ``j``: ``sum_l W_j[m, l] a_l``.
-
-  ``own_weight(j, dtype)`` is ``W_j[m, m]`` of this worker ``m``.
+  Each worker keeps ``theta_m`` and steps on ``Delta~_m^(k) = w_m^(k)
+  Delta_m^(k) + (Delta^(k-d) - w_m^(k-d) Delta_m^(k-d))``: its fresh own
+  contribution and everyone else's ``d``-round-stale ones (module
+  docstring). Arguments and errors as :class:`Delayed`; state
+  :class:`InFlight`.
   """
-  table = np.array([r.self_weights for r in topology.rounds], np.float64)
+  mode = "eager"
 
-  def reduce(a, j):
-    return gossip.mix(a, topology, j, axis_name, **mix_kwargs)
 
-  def own_weight(j, dtype):
-    me = collectives.index(axis_name)
-    return jnp.asarray(table, dtype)[jnp.asarray(j) % table.shape[0], me]
+def named(overlap: str = "none", latency: int = 1,
+          trickle: bool | None = None):
+  """The timing named by ``overlap``: :class:`Plain`, :class:`Delayed` or
+  :class:`Eager` with ``latency`` and ``trickle``.
 
-  return reduce, own_weight
+  Raises:
+    ValueError: see :func:`check_timing` (e.g. ``latency`` other than 1 or
+      ``trickle`` set with ``overlap="none"``).
+  """
+  overlap, latency, _ = check_timing(overlap, latency, trickle)
+  if overlap == "none":
+    return Plain()
+  return (Delayed if overlap == "delayed" else Eager)(latency, trickle)
