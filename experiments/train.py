@@ -44,7 +44,7 @@ import jax
 
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
-from decentral_jax.runner import launch as distributed
+from decentral_jax.runner import launch
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
 
@@ -114,7 +114,7 @@ def main(argv):
         f"--cpu_devices={_CPU_DEVICES.value}" if _CPU_DEVICES.value else
         source.replace("config.", "--config.")  # the flags typed
         + (f" over {procs} processes" if procs > 1 else ""))
-    if distributed.initialize_from_config(config) and jax.process_index() > 0:
+    if launch.initialize_from_config(config) and jax.process_index() > 0:
       logging.set_verbosity(logging.WARNING)  # process 0 reports
     if jax.process_index() == 0:
       for line in validation.config_warnings(config):

@@ -144,7 +144,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_import_decentral_jax_loads_the_library_only():
   code = ("import sys, decentral_jax; "
-          "decentral_jax.gossip, decentral_jax.optim, decentral_jax.parallel; "
+          "decentral_jax.comm, decentral_jax.optim, decentral_jax.parallel; "
           "print(sorted(m for m in sys.modules if m.startswith("
           "('decentral_jax', 'flax', 'orbax', 'ml_collections', 'scipy', "
           "'matplotlib'))))")
@@ -179,7 +179,7 @@ def test_a_bare_import_loads_nothing_but_names_every_layer():
           "sorted(dir(decentral_jax)))")
   out = _python(code)
   assert out.stdout.startswith("['decentral_jax'] "), out.stdout
-  for name in ("comm", "optim", "parallel", "topology", "gossip"):
+  for name in ("comm", "optim", "parallel", "topology"):
     assert f"'{name}'" in out.stdout, (name, out.stdout)
 
 

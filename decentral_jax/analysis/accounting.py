@@ -76,7 +76,7 @@ import numpy as np
 
 from decentral_jax.comm import gossip
 from decentral_jax.analysis import hlo
-from decentral_jax.analysis.hlo import DTYPE_BYTES, KINDS, hlo_text  # noqa: F401
+from decentral_jax.analysis.hlo import hlo_text
 
 PyTree = Any
 
@@ -87,7 +87,7 @@ class Collective:
   """One collective instruction of the HLO.
 
   Attributes:
-    kind: one of :data:`KINDS` (async ``-start`` forms are mapped to it).
+    kind: one of :data:`~decentral_jax.analysis.hlo.KINDS` (async ``-start`` forms are mapped to it).
     opcode: the HLO opcode as printed (e.g. ``collective-permute-start``).
     name: the instruction name.
     computation: the HLO computation that holds it.
@@ -595,5 +595,4 @@ def report_to_json(report: CommunicationReport,
 
 __all__: Sequence[str] = (
     "Collective", "CommunicationReport", "Scenario", "communication",
-    "hlo_text", "report_to_json", "tree_bytes",
-    "DTYPE_BYTES", "KINDS")
+    "report_to_json", "tree_bytes")

@@ -38,6 +38,7 @@ from jax import lax
 from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.topology.rounds import Round
 
 PyTree = Any
 AxisName = collectives.AxisName
@@ -184,7 +185,7 @@ def _zero(index, dtype):
   return index.astype(dtype) * 0
 
 
-def _mix_leaf_terms(x, rnd: topology_lib.Round, axis_name, me, comm_dtype):
+def _mix_leaf_terms(x, rnd: Round, axis_name, me, comm_dtype):
   acc = _acc_dtype(x)
   send = x if comm_dtype is None else x.astype(comm_dtype)
   out = (_zero(me, acc) +
@@ -252,7 +253,7 @@ def _mix_leaf_nodes(x, partners: Sequence[int], axes, comm_dtype,
   return full[:x.size].astype(x.dtype).reshape(x.shape)
 
 
-def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,
+def _mix_round(tree: PyTree, rnd: Round, topology, axis_name,
                comm_dtype, bucket_bytes) -> PyTree:
   axes = _axes(axis_name)
   if rnd.is_identity:

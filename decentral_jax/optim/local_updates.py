@@ -50,7 +50,7 @@ from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.optim import outer_overlap
 from decentral_jax.optim import transform_args
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import transforms
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
@@ -968,7 +968,7 @@ def global_params(opt_state: optax.OptState) -> PyTree | None:
   The parameters to evaluate as "the averaged model" of a DiLoCo run (with
   eager overlap, this worker's ``theta_i``: the model is their mean).
   """
-  found = optim.find_states(opt_state, (DiLoCoState, OverlapDiLoCoState,
+  found = transforms.find_states(opt_state, (DiLoCoState, OverlapDiLoCoState,
                                         CompressedDiLoCoState,
                                         StreamingDiLoCoState,
                                         CompressedStreamingDiLoCoState,

@@ -40,8 +40,9 @@ import optax
 from decentral_jax import checks
 from decentral_jax.comm import gossip
 from decentral_jax.optim import transform_args
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import transforms
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.topology.rounds import check_column_sums
 
 PyTree = Any
 
@@ -80,7 +81,7 @@ def check_column_stochastic(topology: topology_lib.Topology) -> None:
     if not rnd.is_nonnegative_finite():
       raise ValueError(f"{where} has negative or non-finite weights.")
     try:
-      topology_lib.check_column_sums(rnd, where)
+      check_column_sums(rnd, where)
     except ValueError as e:
       raise ValueError(f"{e} Build directed schedules with topology."
                        "from_matrices(..., column_stochastic=True).") from None
@@ -181,7 +182,7 @@ def push_sum(inner: optax.GradientTransformation,
           "push_sum needs the numerators x_i (the parameters): call "
           "tx.update(grads, state, params) with params, and take grads at "
           "debiased(params, state).")
-    step = optim.round_step(state, round_index)
+    step = transforms.round_step(state, round_index)
     z = _divide(params, state.weight)
     local, inner_state = inner.update(updates, state.inner_state, z,
                                       **extra_args)

@@ -21,7 +21,7 @@ from decentral_jax.comm import gossip
 from decentral_jax.optim import choco
 from decentral_jax.optim import elastic
 from decentral_jax.optim import local_updates
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import transforms
 from decentral_jax.optim import push_sum
 from decentral_jax.topology import schedules as topology_lib
 
@@ -71,11 +71,11 @@ def _adam(config, schedule) -> list[optax.GradientTransformation]:
   Weight decay on leaves with ``ndim >= 2``; the learning rate ``schedule``.
   """
   o = config.optimizer
-  mask = optim.default_weight_decay_mask
+  mask = transforms.default_weight_decay_mask
   if o.name == "adamw":
     return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                         weight_decay=o.weight_decay, mask=mask)]
-  return [optim.scale_by_accum_adam(o.b1, o.b2, o.eps,
+  return [transforms.scale_by_accum_adam(o.b1, o.b2, o.eps,
                                     accum_steps=int(o.accum_steps),
                                     beta_convention=o.beta_convention),
           optax.add_decayed_weights(o.weight_decay, mask),
@@ -125,9 +125,9 @@ def _decentralized(config, schedule, topology, axis_name):
         choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
-  return _clipped(config, optim.decentralized_adamw(
+  return _clipped(config, transforms.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
-      weight_decay=o.weight_decay, mask=optim.default_weight_decay_mask,
+      weight_decay=o.weight_decay, mask=transforms.default_weight_decay_mask,
       accum_steps=accum,
       axis_name=axis_name, comm_dtype=COMM_DTYPES[config.comm_dtype],
       gossip_every=int(config.gossip_every),
@@ -143,7 +143,7 @@ def _all_reduce(config, schedule, topology, axis_name):
   """
   del topology
   clip = float(config.grad_clip)
-  parts = [optim.all_reduce_gradients(axis_name)]
+  parts = [transforms.all_reduce_gradients(axis_name)]
   if clip:
     parts.append(optax.clip_by_global_norm(clip))
   return optax.chain(*parts, *_adam(config, schedule))

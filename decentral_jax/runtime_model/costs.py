@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.topology.rounds import Round
 
 MULTI_NODE_ALGORITHMS = ("ring", "tree")
 INTRA_LINKS = ("pcie", "nvlink")
@@ -395,7 +395,7 @@ def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
   return RoundCost(lat, spb, _members(matrix), crosses)
 
 
-def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
+def permute_round_cost(c: Cluster, rnd: Round) -> RoundCost:
   """Cost of a round realised as sequential point-to-point ``ppermute`` terms.
 
   In each term, every worker sends one full message and receives one; flows
@@ -436,7 +436,7 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
   return RoundCost(lat, spb, _members(rnd.matrix), crosses)
 
 
-def round_cost(c: Cluster, rnd: topology_lib.Round,
+def round_cost(c: Cluster, rnd: Round,
                permutes: bool = False) -> RoundCost:
   """Cost of one topology round: group means if it is a partition, else ppermutes.
 

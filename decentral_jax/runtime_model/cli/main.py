@@ -729,7 +729,7 @@ def _add_utilisation(sub) -> None:
 
 def _measure(args) -> int:
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
-  from decentral_jax.runner import launch as distributed  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import launch  # pylint: disable=import-outside-toplevel
   from decentral_jax.parallel import multiprocess
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   from decentral_jax.runtime_model.cli import measure  # pylint: disable=import-outside-toplevel
@@ -739,7 +739,7 @@ def _measure(args) -> int:
                      f"timings), got {args.repeats}.")
   config = config_lib.load_config(args.config, args.set)
   validation.check_config(config)
-  distributed.initialize_from_config(config)  # SLURM-aware, as the runner
+  launch.initialize_from_config(config)  # SLURM-aware, as the runner
   data = measure.measure(config, local_size=args.local_size,
                          sizes_bytes=[x * 1e6 for x in args.sizes_MB],
                          repeats=args.repeats, config_path=args.config,
