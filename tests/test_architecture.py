@@ -1,8 +1,8 @@
 """The package's layering, read from every module's imports (AST).
 
-Bottom up: ``checks`` <- ``topology`` <- ``comm`` <- {``optim``,
-``parallel``} <- ``runner``; ``analysis``, ``models`` and ``data`` are
-leaves; the runtime model (NumPy only) uses ``topology``; only its command
+Bottom up: ``checks`` (and the shared facts ``scopes`` and
+``wire_format``) <- ``topology`` <- ``comm`` <- {``optim``, ``parallel``}
+<- ``runner``; ``analysis``, ``models`` and ``data`` are leaves; the runtime model (NumPy only) uses ``topology``; only its command
 line (``runtime_model/cli``) reaches the runner, which may price its
 methods with the runtime model.
 """
@@ -20,19 +20,21 @@ PKG = os.path.join(ROOT, "decentral_jax")
 # part -> the other parts it may import (a part may always import itself).
 ALLOWED = {
     "checks": set(),
+    "scopes": set(),
+    "wire_format": set(),
     "topology": {"checks"},
-    "comm": {"checks", "topology"},
+    "comm": {"checks", "scopes", "topology", "wire_format"},
     "optim": {"checks", "topology", "comm"},
     "parallel": {"checks", "topology", "comm"},
-    "analysis": {"checks", "comm"},
+    "analysis": {"checks", "scopes"},
     "models": {"checks"},
     "data": {"checks"},
-    "runtime_model": {"checks", "topology"},
+    "runtime_model": {"checks", "topology", "wire_format"},
     "runtime_model.cli": {"checks", "topology", "comm", "optim", "parallel",
                           "analysis", "models", "data", "runtime_model",
                           "runner"},
     "runner": {"checks", "topology", "comm", "optim", "parallel", "analysis",
-               "models", "data", "runtime_model"},
+               "models", "data", "runtime_model", "wire_format"},
     "__init__": {"topology", "comm", "optim", "parallel"},
     # The `decentral-jax` command: forwards to the command lines (loaded by
     # name on use, so that predict and validate import no JAX).

@@ -74,9 +74,9 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from decentral_jax.comm import gossip
 from decentral_jax.analysis import hlo
 from decentral_jax.analysis.hlo import hlo_text
+from decentral_jax.scopes import PERIOD_SCOPE
 
 PyTree = Any
 
@@ -474,7 +474,7 @@ def _branch_weights(ins: hlo.Instruction, n_branches: int) -> list[float]:
   """Frequency of each branch of a conditional (module docstring)."""
   name = hlo.op_name(ins)
   if name and n_branches == 2:
-    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)\)?/cond$",
+    period = re.search(re.escape(PERIOD_SCOPE) + r"(\d+)\)?/cond$",
                        name)
     if period and int(period.group(1)) >= 1:
       h = int(period.group(1))

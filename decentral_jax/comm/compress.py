@@ -3,7 +3,8 @@
 A :class:`Compressor` turns a floating array ``v`` (any shape) into the
 *payload* actually sent, a dict of flat arrays, and back:
 ``deQ(Q(v)) = decode(encode(v), v)``. Formats (``B`` = ``block`` values per
-float32 scale, ``N`` values, ``nb = ceil(N / B)`` blocks):
+float32 scale, ``N`` values, ``nb = ceil(N / B)`` blocks; the bytes are
+:func:`decentral_jax.wire_format.payload_bytes`):
 
 ==========  ========================================================  ===========================
 format      code of one value (scale ``s_b = max_b |v| / qmax``)        bytes sent
@@ -62,6 +63,7 @@ import numpy as np
 from jax import lax
 
 from decentral_jax import checks
+from decentral_jax import wire_format
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.topology import schedules as topology_lib
@@ -69,7 +71,6 @@ from decentral_jax.topology import schedules as topology_lib
 PyTree = Any
 Payload = dict
 
-FORMATS = ("none", "int8", "fp8", "int4", "fp4", "topk")
 #: Largest code magnitude of each scaled format.
 QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0, "fp4": 6.0}
 #: The non-negative values of e2m1 (fp4), in code order 0..7.
@@ -77,8 +78,6 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: Largest ``block``: every leaf is padded to at least one block (and
 #: ``mean_compressed`` to ``n`` blocks), so a larger one only costs memory.
 MAX_BLOCK = 2 ** 20
-#: ``topk``'s fraction when none is given.
-DEFAULT_FRACTION = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +85,12 @@ class Compressor:
   """A compression format for what one worker sends.
 
   Attributes:
-    format: one of :data:`FORMATS`.
+    format: one of :data:`decentral_jax.wire_format.FORMATS`.
     block: values per float32 scale (scaled formats) or per top-k chunk;
       an int in ``[2, MAX_BLOCK]`` (even for the 4-bit formats).
     fraction: ``topk`` only, the fraction of each chunk kept, in (0, 1]
-      (None: :data:`DEFAULT_FRACTION`); None for the other formats.
+      (None: :data:`decentral_jax.wire_format.DEFAULT_FRACTION`); None for
+      the other formats.
 
   Raises:
     ValueError: an unknown format, a block outside ``[2, MAX_BLOCK]`` (odd
@@ -98,11 +98,11 @@ class Compressor:
       with a format other than ``topk``, naming the argument.
   """
   format: str = "none"
-  block: int = 256
+  block: int = wire_format.DEFAULT_BLOCK
   fraction: float | None = None
 
   def __post_init__(self):
-    checks.check_choice("format", self.format, FORMATS)
+    checks.check_choice("format", self.format, wire_format.FORMATS)
     checks.check_int("block", self.block, minimum=2, maximum=MAX_BLOCK)
     if self.format in ("int4", "fp4") and self.block % 2:
       raise ValueError(f"block must be even for {self.format} (two values "
@@ -113,7 +113,8 @@ class Compressor:
                          f"fraction={self.fraction!r} with format "
                          f"{self.format!r}; leave it out.")
       return
-    fraction = DEFAULT_FRACTION if self.fraction is None else self.fraction
+    fraction = (wire_format.DEFAULT_FRACTION if self.fraction is None
+                else self.fraction)
     object.__setattr__(self, "fraction", checks.check_probability(
         "fraction", fraction, open_min=True))
 
@@ -123,7 +124,7 @@ class Compressor:
 
   def kept(self) -> int:
     """``topk``: values kept per chunk of ``block``."""
-    return max(1, min(self.block, int(round(self.fraction * self.block))))
+    return wire_format.kept(self.block, self.fraction)
 
   def payload_bytes(self, n_values: int, itemsize: int = 4) -> int:
     """Bytes one worker sends for ``n_values`` values (the table above).
@@ -138,15 +139,8 @@ class Compressor:
     """
     n = checks.check_int("n_values", n_values, minimum=0)
     itemsize = checks.check_int("itemsize", itemsize, minimum=1)
-    if self.format == "none":
-      return n * itemsize
-    blocks = -(-n // self.block)
-    if self.format in ("int8", "fp8"):
-      return blocks * (self.block + 4)
-    if self.format in ("int4", "fp4"):
-      return blocks * (self.block // 2 + 4)
-    idx = 2 if self.block <= 32768 else 4
-    return blocks * self.kept() * (4 + idx)
+    return wire_format.payload_bytes(self.format, n, self.block,
+                                     self.fraction, itemsize)
 
   def encode(self, v: jax.Array) -> Payload:
     """The payload of ``v`` (float, any shape): a dict of flat arrays.

@@ -36,16 +36,13 @@ import numpy as np
 from jax import lax
 
 from decentral_jax import checks
+from decentral_jax.scopes import PERIOD_SCOPE
 from decentral_jax.comm import collectives
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.topology.rounds import Round
 
 PyTree = Any
 AxisName = collectives.AxisName
-
-#: Name scope that marks a conditional taken once every ``H`` steps (see
-#: :func:`every`); :func:`decentral_jax.analysis.communication` reads it.
-PERIOD_SCOPE = "comm_every_"
 
 #: Default bucket size of :func:`mix` in bytes: 0, one collective per leaf.
 #: On XLA:CPU (8 simulated devices, 148 leaves) 25 MiB buckets made a round

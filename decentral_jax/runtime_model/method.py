@@ -19,6 +19,7 @@ import functools
 
 import numpy as np
 
+from decentral_jax import wire_format
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
@@ -73,7 +74,7 @@ class Method:
       gossip). Default None.
     compress: kinds "gossip" and "local" (exact all-reduce only): optional
       compression format of what is sent, one of
-      :data:`~decentral_jax.runtime_model.compression.FORMATS` (bytes and
+      :data:`~decentral_jax.wire_format.COMPRESSED` (bytes and
       codec time in :mod:`~decentral_jax.runtime_model.compression`); a
       compressed gossip round is realised with ``ppermute`` terms; a
       compressed sync is a reduce-scatter and all-gather of codes (scaled
@@ -109,8 +110,8 @@ class Method:
   comm_dtype: str | None = None
   bucket_bytes: float | None = None
   compress: str | None = None
-  compress_block: int = compression.DEFAULT_BLOCK
-  compress_fraction: float = compression.DEFAULT_FRACTION
+  compress_block: int = wire_format.DEFAULT_BLOCK
+  compress_fraction: float = wire_format.DEFAULT_FRACTION
   outer_overlap: str = "none"
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
