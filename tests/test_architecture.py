@@ -1,7 +1,7 @@
 """The package's layering, read from every module's imports (AST).
 
-Bottom up: ``checks`` (and the shared facts ``scopes`` and
-``wire_format``) <- ``topology`` <- ``comm`` <- {``optim``, ``parallel``}
+Bottom up: ``checks`` (and the shared facts ``layout_modes``, ``scopes``
+and ``wire_format``) <- ``topology`` <- ``comm`` <- {``optim``, ``parallel``}
 <- ``runner``; ``analysis``, ``models`` and ``data`` are leaves; the runtime model (NumPy only) uses ``topology``; only its command
 line (``runtime_model/cli``) reaches the runner, which may price its
 methods with the runtime model.
@@ -22,15 +22,17 @@ ALLOWED = {
     "checks": set(),
     "scopes": set(),
     "wire_format": set(),
+    "layout_modes": set(),
     "topology": {"checks"},
     "comm": {"checks", "scopes", "topology", "wire_format"},
     "optim": {"checks", "topology", "comm"},
-    "parallel": {"checks", "topology", "comm"},
+    "parallel": {"checks", "layout_modes", "topology", "comm"},
     "analysis": {"checks", "scopes"},
     "models": {"checks"},
     "data": {"checks"},
-    "runtime_model": {"checks", "topology", "wire_format"},
-    "runtime_model.cli": {"checks", "topology", "comm", "optim", "parallel",
+    "runtime_model": {"checks", "layout_modes", "topology", "wire_format"},
+    "runtime_model.cli": {"checks", "layout_modes", "topology", "comm",
+                          "optim", "parallel",
                           "analysis", "models", "data", "runtime_model",
                           "runner"},
     "runner": {"checks", "topology", "comm", "optim", "parallel", "analysis",

@@ -49,13 +49,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from decentral_jax import checks
+from decentral_jax.layout_modes import DATA
+from decentral_jax.layout_modes import FSDP
+from decentral_jax.layout_modes import MODES
 from decentral_jax.parallel import mesh as mesh_lib
 
 PyTree = Any
 
-FSDP = "fsdp"
-DATA = "data"
-MODES = (FSDP, DATA)
 #: Which divisible dimension :func:`inner_dim` picks.
 SPLIT_RULES = ("first", "largest")
 

@@ -13,9 +13,9 @@ import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
 import numpy as np
 from scipy import special
 
+from decentral_jax import layout_modes
 from decentral_jax.runtime_model.costs import check_positive
 
-WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.parallel.layouts.MODES
 
 def check_in_flight(value) -> tuple[float, float] | None:
   """``Workload.gossip_in_flight`` checked: None or two fractions in [0, 1].
@@ -105,9 +105,9 @@ class Workload:
     if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
       raise ValueError(f"devices_per_worker must be a positive integer, got "
                        f"{d!r}.")
-    if self.worker_layout not in WORKER_LAYOUTS:
-      raise ValueError(f"worker_layout must be one of {WORKER_LAYOUTS}, got "
-                       f"{self.worker_layout!r}.")
+    if self.worker_layout not in layout_modes.MODES:
+      raise ValueError(f"worker_layout must be one of {layout_modes.MODES}, "
+                       f"got {self.worker_layout!r}.")
     for name in ("grad_dtype", "param_dtype"):
       try:
         np.dtype(getattr(self, name))

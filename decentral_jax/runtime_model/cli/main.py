@@ -41,6 +41,7 @@ import sys
 
 import numpy as np
 
+from decentral_jax import layout_modes
 from decentral_jax.runtime_model import cluster_file
 # The predict flags' checks and conversions (re-exported: part of this CLI).
 from decentral_jax.runtime_model.cli.inputs import (  # noqa: F401
@@ -59,7 +60,6 @@ from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import spanning
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.runtime_model import utilisation
-from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model.recommend import label
 
 DEFAULT_METHODS = "all_reduce,one_peer_exp,aer"
@@ -875,7 +875,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"{text} (default {default}"
                      + (f"; {bounds})" if bounds else ")"))
     if title == "workload":
-      g.add_argument("--worker-layout", choices=workload_lib.WORKER_LAYOUTS,
+      g.add_argument("--worker-layout", choices=layout_modes.MODES,
                      default="fsdp", help="with --devices-per-worker > 1: "
                      "fsdp (parameters split over the worker's devices) or "
                      "data (replicated) (default fsdp)")
