@@ -148,7 +148,7 @@ class Compressor:
     Raises:
       ValueError: ``v`` not of a floating dtype.
     """
-    _check_float_leaves(v, "Compressor.encode")
+    gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
     if self.format == "none":
       return {"values": v}
     blocks = _blocks(v, self.block)
@@ -271,7 +271,8 @@ def compress_with_feedback(compressor: Compressor, v: jax.Array,
   Raises:
     ValueError: ``v`` or ``error`` not of a floating dtype.
   """
-  _check_float_leaves((v, error), "compress_with_feedback")
+  gossip.check_float_leaves((v, error), "compress_with_feedback",
+                            compressed=True)
   target = v + error
   payload = compressor.encode(target)
   sent = compressor.decode(payload, target)
@@ -289,17 +290,44 @@ def send_payload(payload: Payload, axis_name, perm) -> Payload:
           for k, a in payload.items()}
 
 
-def _mix_leaf(x, rnd, axis_name, me, compressor: Compressor,
-              payload: Payload | None):
-  """``w_ii x_i + sum_s w_s deQ(recv_s)`` for one leaf and one round."""
-  acc = jnp.promote_types(x.dtype, jnp.float32)
-  payload = compressor.encode(x) if payload is None else payload
-  out = jnp.asarray(rnd.self_weights, acc)[me] * x.astype(acc)
+def mix_payload(own: jax.Array, payload: Payload, like: jax.Array, rnd,
+                axis_name, me, compressor: Compressor) -> jax.Array:
+  """One round of ``W`` over compressed messages, for one leaf.
+
+  Computes ``w_ii own + sum_s w_s deQ(recv_s)``: ``payload`` (this worker's
+  message) is sent along each permute term ``s`` of ``rnd`` (one
+  ``ppermute`` per term and payload array) and what arrives is decoded in
+  ``like``'s shape and dtype, then summed in ``own``'s dtype (the
+  accumulation dtype, float32 for 16-bit leaves). Used by
+  :func:`mix_compressed` (``own = x``) and CHOCO-gossip
+  (:mod:`decentral_jax.optim.choco`, ``own = deQ(Q(x - x_hat))``).
+
+  Args:
+    own: this worker's own term, float array in the accumulation dtype.
+    payload: ``compressor.encode`` of this worker's message.
+    like: an array of the message's shape and dtype.
+    rnd: the round (:class:`~decentral_jax.topology.Round`).
+    axis_name: the worker axis; ``me``: this worker's index on it.
+    compressor: the :class:`Compressor` that made ``payload``.
+
+  Returns:
+    ``own``'s shape and dtype. Must be traced inside ``jax.shard_map`` over
+    ``axis_name``.
+  """
+  acc = own.dtype
+  out = jnp.asarray(rnd.self_weights, acc)[me] * own
   for term in rnd.terms:
     recv = compressor.decode(send_payload(payload, axis_name, term.perm),
-                             x).astype(acc)
+                             like).astype(acc)
     out = out + jnp.asarray(term.weights, acc)[me] * recv
-  return out.astype(x.dtype)
+  return out
+
+
+def _mix_leaf(x, rnd, axis_name, me, compressor: Compressor):
+  """``w_ii x_i + sum_s w_s deQ(recv_s)`` for one leaf and one round."""
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+  return mix_payload(x.astype(acc), compressor.encode(x), x, rnd, axis_name,
+                     me, compressor).astype(x.dtype)
 
 
 def check_compressor(compressor) -> None:
@@ -307,23 +335,6 @@ def check_compressor(compressor) -> None:
   if not isinstance(compressor, Compressor):
     raise ValueError(f"compressor must be a decentral_jax.comm.compress."
                      f"Compressor, got {type(compressor).__name__}.")
-
-
-def _check_float_leaves(tree, what: str) -> None:
-  for path, x in jax.tree_util.tree_leaves_with_path(tree):
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-      raise ValueError(
-          f"{what}: leaf {jax.tree_util.keystr(path)!r} has dtype "
-          f"{jnp.result_type(x)}; only floating-point leaves can be sent "
-          "compressed.")
-
-
-def _check(tree, topology, compressor) -> None:
-  check_compressor(compressor)
-  if not isinstance(topology, topology_lib.Topology):
-    raise ValueError(f"topology must be a decentral_jax.topology.Topology, "
-                     f"got {type(topology).__name__}.")
-  _check_float_leaves(tree, "compressed gossip")
 
 
 def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
@@ -356,12 +367,14 @@ def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
       type, a non-integer ``step``, called outside ``shard_map`` over
       ``axis_name``, or ``topology.n_workers`` other than the axis size.
   """
-  _check(tree, topology, compressor)
+  check_compressor(compressor)
+  gossip.check_topology(topology)
+  gossip.check_float_leaves(tree, "compressed gossip", compressed=True)
   gossip.check_axis(topology, axis_name)
   return gossip.map_round(
       lambda rnd, t: jax.tree.map(
           lambda x: _mix_leaf(x, rnd, axis_name,
-                              collectives.index(axis_name), compressor, None),
+                              collectives.index(axis_name), compressor),
           t),
       topology, step, tree)
 
@@ -425,7 +438,7 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
   check_compressor(compressor)
-  _check_float_leaves(tree, "compressed mean")
+  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
   return jax.tree.map(lambda x: _mean_leaf(x, axis_name, compressor), tree)
 
 
@@ -525,7 +538,7 @@ def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
   check_compressor(compressor)
-  _check_float_leaves(tree, "compressed mean")
+  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
   return jax.tree.map(lambda x: _gather_mean_leaf(x, axis_name, compressor),
                       tree)
 

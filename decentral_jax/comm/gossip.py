@@ -93,7 +93,7 @@ def check_topology(topology, name: str = "topology") -> None:
                      f"{type(topology).__name__}.")
 
 
-def check_float_leaves(tree, where: str) -> None:
+def check_float_leaves(tree, where: str, *, compressed: bool = False) -> None:
   """Raises ``ValueError`` naming the first leaf of ``tree`` that is not floating.
 
   Gossip and worker means average leaves; an integer or bool leaf (a step
@@ -102,14 +102,20 @@ def check_float_leaves(tree, where: str) -> None:
   Args:
     tree: a pytree of arrays (or ``jax.ShapeDtypeStruct``).
     where: the function, for the message (e.g. ``"gossip.mix"``).
+    compressed: the leaves are to be sent compressed
+      (:mod:`decentral_jax.comm.compress`): real floating leaves only,
+      complex ones refused too.
   """
+  kind = jnp.floating if compressed else jnp.inexact
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
-    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-      raise ValueError(
-          f"{where}: leaf {jax.tree_util.keystr(path)!r} has dtype "
-          f"{jnp.result_type(x)}; integer and bool leaves cannot be averaged, "
-          "only floating-point ones (keep integer/bool state out of the "
-          "averaged pytree).")
+    if jnp.issubdtype(jnp.result_type(x), kind):
+      continue
+    rule = ("only floating-point leaves can be sent compressed." if compressed
+            else "integer and bool leaves cannot be averaged, only "
+            "floating-point ones (keep integer/bool state out of the averaged "
+            "pytree).")
+    raise ValueError(f"{where}: leaf {jax.tree_util.keystr(path)!r} has dtype "
+                     f"{jnp.result_type(x)}; {rule}")
 
 
 def _acc_dtype(x):

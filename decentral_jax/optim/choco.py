@@ -61,12 +61,8 @@ def _choco_leaf(x_half, x_hat, s, rnd, axis_name, compressor, gamma):
   diff = (x_half.astype(acc) - x_hat.astype(acc)).astype(x_half.dtype)
   payload = compressor.encode(diff)
   q = compressor.decode(payload, diff).astype(acc)
-  me = collectives.index(axis_name)
-  mixed_q = jnp.asarray(rnd.self_weights, acc)[me] * q
-  for term in rnd.terms:
-    recv = compressor.decode(
-        compress.send_payload(payload, axis_name, term.perm), diff)
-    mixed_q = mixed_q + jnp.asarray(term.weights, acc)[me] * recv.astype(acc)
+  mixed_q = compress.mix_payload(q, payload, diff, rnd, axis_name,
+                                 collectives.index(axis_name), compressor)
   x_hat = x_hat.astype(acc) + q
   s = s.astype(acc) + mixed_q
   x_new = x_half.astype(acc) + gamma * (s - x_hat)
