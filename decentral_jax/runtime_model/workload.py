@@ -69,12 +69,12 @@ class Workload:
       reduce-scatters the gradients inside the worker; a one-peer gossip
       round sends ``param_bytes / D`` per device) or ``"data"`` (replicated;
       gradients all-reduced inside the worker; every device sends the full
-      parameters). See :mod:`decentral_jax.runtime_model.spanning`.
+      parameters). See :mod:`decentral_jax.runtime_model.worker_devices`.
     gossip_in_flight: optional ``(forward, backward)`` fractions of the
       two passes that run while the compiled step's gossip is in flight
       (``OverlapReport.in_flight_fractions()`` of a deviceless GPU
       compile); overlapped gossip is then hidden only behind that part of
-      the step (:mod:`decentral_jax.runtime_model.compiled_overlap`).
+      the step (:mod:`decentral_jax.runtime_model.in_flight`).
       Default None: behind the whole next forward and backward
       (Decent-DP's pipeline).
   """

@@ -57,7 +57,7 @@ from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
-from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.runtime_model import utilisation
 from decentral_jax.runtime_model.recommend import label
@@ -177,7 +177,7 @@ def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):
             p.estimate.variability_s, p.sent.worker_bytes, p.sent.node_bytes,
             p.sent.dc_bytes]
   if w.devices_per_worker > 1:
-    out.append(spanning.inner_collective_s(c, w))
+    out.append(worker_devices.inner_collective_s(c, w))
   if not faults.none:
     for key, p in table.items():
       mode, period = fault_mode(made[key])
@@ -423,7 +423,7 @@ def _print_table(n: int, c, w, table: dict[str, recommend.Prediction],
   if w.devices_per_worker > 1:
     inner = next(iter(table.values())).sent.inner_bytes
     print(f"  inside each worker (every method): "
-          f"{1e3 * spanning.inner_collective_s(c, w):.1f} ms and "
+          f"{1e3 * worker_devices.inner_collective_s(c, w):.1f} ms and "
           f"{inner / 1e6:.1f} MB per iteration between its "
           f"{w.devices_per_worker} devices ({w.worker_layout}), counted "
           "in comm ms")
