@@ -11,8 +11,9 @@
 - :mod:`~decentral_jax.optim.elastic`: DiLoCo and Local SGD over slow and
   failing workers (quorum, rollback or proceed, rejoin).
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
-- :mod:`~decentral_jax.optim.transform_args`: the transforms' shared argument
-  checks.
+- :mod:`~decentral_jax.optim.arguments` and
+  :mod:`~decentral_jax.optim.precision`: the transforms' shared argument
+  checks and compute dtypes.
 
 Imports :mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
 """

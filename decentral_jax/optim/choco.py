@@ -42,7 +42,7 @@ from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
@@ -131,7 +131,7 @@ def choco_gossip(topology: topology_lib.Topology,
   def update_fn(updates, state, params=None, **unused):
     del unused
     if params is None:
-      raise ValueError(transform_args.NO_PARAMS.format("choco_gossip"))
+      raise ValueError(arguments.NO_PARAMS.format("choco_gossip"))
     gossip.check_float_leaves(params, "choco_gossip")
     gossip.check_axis(topology, axis_name)
     x_half = jax.tree.map(lambda p, u: (p.astype(jnp.promote_types(

@@ -73,7 +73,7 @@ from decentral_jax.comm import collectives
 from decentral_jax.comm import faults
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_updates
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
 
 PyTree = Any
@@ -105,9 +105,9 @@ def _check_quorum(quorum: int, n: int, axis_name) -> None:
 
 
 def _check(inner, outer, sync_every, min_quorum, on_failure, rejoin):
-  transform_args.check_transform("inner", inner)
+  arguments.check_transform("inner", inner)
   if outer is not None:
-    transform_args.check_transform("outer", outer)
+    arguments.check_transform("outer", outer)
   period = checks.check_int("sync_every", sync_every, minimum=1)
   quorum = checks.check_int("min_quorum", min_quorum, minimum=1)
   checks.check_choice("on_failure", on_failure, ON_FAILURE)
@@ -247,7 +247,7 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
                 **extra_args):
     del extra_args
     if params is None:
-      raise ValueError(transform_args.NO_PARAMS.format(name))
+      raise ValueError(arguments.NO_PARAMS.format(name))
     gossip.check_float_leaves(params, name)
     n = collectives.size(axis_name)
     _check_quorum(quorum, n, axis_name)

@@ -49,7 +49,7 @@ from decentral_jax.comm import collectives
 from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.optim import outer_overlap
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
 from decentral_jax.topology import schedules as topology_lib
 
@@ -63,9 +63,9 @@ def default_outer_optimizer() -> optax.GradientTransformation:
 
 def _check_common(inner, sync_every, outer=None) -> int:
   """Checks the arguments every method takes; returns ``H`` as an int."""
-  transform_args.check_transform("inner", inner)
+  arguments.check_transform("inner", inner)
   if outer is not None:
-    transform_args.check_transform("outer", outer)
+    arguments.check_transform("outer", outer)
   return checks.check_int("sync_every", sync_every, minimum=1)
 
 
@@ -75,7 +75,7 @@ def _global_dtype(x) -> jnp.dtype:
 
 def _inner_step(inner, grads, inner_state, params, name):
   if params is None:
-    raise ValueError(transform_args.NO_PARAMS.format(name))
+    raise ValueError(arguments.NO_PARAMS.format(name))
   gossip.check_float_leaves(params, name)
   local, inner_state = inner.update(grads, inner_state, params)
   return optax.apply_updates(params, local), inner_state

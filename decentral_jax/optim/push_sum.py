@@ -39,7 +39,7 @@ import optax
 
 from decentral_jax import checks
 from decentral_jax.comm import gossip
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.topology.rounds import check_column_sums
@@ -165,7 +165,7 @@ def push_sum(inner: optax.GradientTransformation,
   References:
     Assran et al., ICML 2019 (arXiv 1811.10792), Alg. 1.
   """
-  transform_args.check_transform("inner", inner)
+  arguments.check_transform("inner", inner)
   check_column_stochastic(topology)
   checks.check_float_dtype("comm_dtype", comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
@@ -216,9 +216,9 @@ def sgp(learning_rate: optax.ScalarOrSchedule,
     ValueError: also ``learning_rate`` not a schedule or a finite number
       >= 0, ``momentum`` not None or in [0, 1), ``nesterov`` not a bool.
   """
-  transform_args.check_learning_rate(learning_rate)
+  arguments.check_learning_rate(learning_rate)
   if momentum is not None:
-    transform_args.check_hyperparameter("momentum", momentum, below_one=True,
+    arguments.check_hyperparameter("momentum", momentum, below_one=True,
                                         wide=False)
   checks.check_bool("nesterov", nesterov)
   return push_sum(optax.sgd(learning_rate, momentum=momentum,
