@@ -36,7 +36,8 @@ ALLOWED = {
                           "analysis", "models", "data", "runtime_model",
                           "runner"},
     "runner": {"checks", "topology", "comm", "optim", "parallel", "analysis",
-               "models", "data", "runtime_model", "wire_format"},
+               "models", "data", "runtime_model", "layout_modes",
+               "wire_format"},
     "__init__": {"topology", "comm", "optim", "parallel"},
     # The `decentral-jax` command: forwards to the command lines (loaded by
     # name on use, so that predict and validate import no JAX).

@@ -423,7 +423,7 @@ def map_round(fn, topology: topology_lib.Topology, step, *operands):
   Raises:
     ValueError: ``step`` neither an int nor an integer scalar.
   """
-  if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
+  if checks.is_int(step):
     return fn(topology.round(int(step)), *operands)
   if len(topology.distinct_rounds) == 1:
     return fn(topology.distinct_rounds[0], *operands)
@@ -497,8 +497,7 @@ def every(period, taken, true_fn, false_fn, *operands):
     What the chosen branch returns.
   """
   taken = collectives.uniform(taken)  # equal on all workers
-  if isinstance(period, (int, np.integer)) and not isinstance(period, bool) \
-      and period >= 1:
+  if checks.is_int(period) and period >= 1:
     with jax.named_scope(f"{PERIOD_SCOPE}{int(period)}"):
       return lax.cond(taken, true_fn, false_fn, *operands)
   return lax.cond(taken, true_fn, false_fn, *operands)

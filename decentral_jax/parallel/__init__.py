@@ -17,11 +17,10 @@ from decentral_jax.parallel.mesh import (
     mesh_shape, n_workers_of, per_worker, replicate, shard, unstack,
     worker_axis, worker_sharding, worker_spec, workers_per_device)
 from decentral_jax.parallel.layouts import (
-    DATA, FSDP, MODES, WorkerLayout, batch_sharding, check_batch,
-    check_params, inner_dim, place, place_batch, state_shardings, state_specs,
-    unsplit_leaves)
+    WorkerLayout, batch_sharding, check_batch, check_params, inner_dim, place,
+    place_batch, state_shardings, state_specs, unsplit_leaves)
 
-__all__ = ["AnyMesh", "DATA", "FSDP", "INNER", "LOCAL", "MODES", "NODES",
+__all__ = ["AnyMesh", "INNER", "LOCAL", "NODES",
            "VIRTUAL", "VirtualMesh", "WORKERS", "WorkerLayout",
            "batch_sharding", "check_batch", "check_mesh", "check_params",
            "device_hint", "device_mesh", "devices_per_worker", "inner_dim",

@@ -49,7 +49,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from decentral_jax import checks
-from decentral_jax.layout_modes import DATA
 from decentral_jax.layout_modes import FSDP
 from decentral_jax.layout_modes import MODES
 from decentral_jax.parallel import mesh as mesh_lib
@@ -292,6 +291,6 @@ def check_params(params: PyTree, layout: WorkerLayout, *,
 
 
 __all__: Sequence[str] = (
-    "FSDP", "DATA", "MODES", "WorkerLayout", "batch_sharding",
-    "check_batch", "check_params", "inner_dim", "place", "place_batch",
-    "state_shardings", "state_specs", "unsplit_leaves")
+    "WorkerLayout", "batch_sharding", "check_batch", "check_params",
+    "inner_dim", "place", "place_batch", "state_shardings", "state_specs",
+    "unsplit_leaves")

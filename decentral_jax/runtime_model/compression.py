@@ -65,8 +65,8 @@ References:
 from __future__ import annotations
 
 import math
-import numbers
 
+from decentral_jax import checks
 from decentral_jax import wire_format
 from decentral_jax.wire_format import COMPRESSED
 from decentral_jax.wire_format import DEFAULT_BLOCK
@@ -89,15 +89,13 @@ def check(fmt: str, block, fraction, where: str) -> None:
   if fmt not in COMPRESSED:
     raise ValueError(f"{where}: compress={fmt!r} is not a format; use one of "
                      f"{', '.join(COMPRESSED)}.")
-  if isinstance(block, bool) or not isinstance(block, numbers.Integral) or \
-      block < 2:
+  if not checks.is_int(block) or block < 2:
     raise ValueError(f"{where}: block={block!r} must be an integer >= 2 "
                      "(values per scale or per top-k chunk).")
   if fmt in FOUR_BIT and block % 2:
     raise ValueError(f"{where}: block={block} must be even for {fmt} (two "
                      "values per byte).")
-  if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or \
-      not 0 < fraction <= 1 or math.isnan(fraction):
+  if not checks.is_number(fraction) or not 0 < fraction <= 1:
     raise ValueError(f"{where}: fraction={fraction!r} must be in (0, 1] (the "
                      "share of each chunk top-k keeps).")
 

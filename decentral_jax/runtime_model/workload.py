@@ -13,8 +13,8 @@ import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
 import numpy as np
 from scipy import special
 
+from decentral_jax import checks
 from decentral_jax import layout_modes
-from decentral_jax.runtime_model.costs import check_positive
 
 
 def check_in_flight(value) -> tuple[float, float] | None:
@@ -99,12 +99,10 @@ class Workload:
                        check_in_flight(self.gossip_in_flight))
     for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
                  "compute_cv"):
-      check_positive(name, getattr(self, name), allow_zero=True)
-    check_positive("bucket_bytes", self.bucket_bytes)
-    d = self.devices_per_worker
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-      raise ValueError(f"devices_per_worker must be a positive integer, got "
-                       f"{d!r}.")
+      checks.check_float(name, getattr(self, name), minimum=0)
+    checks.check_float("bucket_bytes", self.bucket_bytes, minimum=0,
+                       open_min=True)
+    checks.check_int("devices_per_worker", self.devices_per_worker, minimum=1)
     if self.worker_layout not in layout_modes.MODES:
       raise ValueError(f"worker_layout must be one of {layout_modes.MODES}, "
                        f"got {self.worker_layout!r}.")
