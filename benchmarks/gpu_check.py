@@ -7,7 +7,7 @@ runner's own train-step programs of ``--config`` (default
 ``configs/gpt_tiny.py``; ``--set KEY=VALUE`` overrides) for a GPU target
 (``h200``, ``h100_sxm``, ``a100_sxm_80``; ``--topology``, default one host
 of as many GPUs as the config needs) on this machine
-(:mod:`decentral_jax.runner.deviceless`; ``pip install -r
+(:mod:`decentral_jax.tools.gpu_compile`; ``pip install -r
 requirements-gpu-compile.txt``; ``JAX_PLATFORMS=cpu`` is set here), and
 prints each program's overlap report
 (:func:`decentral_jax.analysis.overlap_report`): per collective its bytes,
@@ -242,7 +242,7 @@ def _program_names(programs) -> str:
 
 
 def _programs(spec: str):
-  """``programs`` argument of ``deviceless.compile_programs`` from
+  """``programs`` argument of ``gpu_compile.compile_programs`` from
   ``--programs`` (``all``, ``none`` (the ordinary steps) or ``R:MODE,..``,
   :func:`parse_programs`)."""
   def pick(exp):
@@ -306,12 +306,12 @@ def _rows(exp, steps, min_fraction: float) -> dict:
 
 def run_deviceless(args) -> dict:
   """``--deviceless TARGET``: compile for a GPU target here, report."""
-  from decentral_jax.runner import deviceless
+  from decentral_jax.tools import gpu_compile
   from decentral_jax.runner import validation
   c = _config(args)
   validation.check_config(c)  # before the default topology is sized by it
   topology = args.topology or f"1x1x{_devices_needed(c)}"
-  exp, steps = deviceless.compile_steps(
+  exp, steps = gpu_compile.compile_steps(
       c, target=args.deviceless, topology=topology,
       programs=_programs(args.programs),
       collective_us=args.collective_us, cluster=args.cluster,
@@ -374,7 +374,7 @@ def _common_flags(args, n: int) -> list[str]:
 def part_schedule(args) -> dict:
   """The programs compiled for the GPUs present, against deviceless."""
   import jax
-  from decentral_jax.runner import deviceless
+  from decentral_jax.tools import gpu_compile
   from decentral_jax.runner import experiment
   devices = jax.devices()
   kind = devices[0].device_kind
@@ -389,7 +389,7 @@ def part_schedule(args) -> dict:
   n = len(devices)
   c = _config(args, [f"n_workers={n}"])
   exp = experiment.Experiment(c, devices=devices[:_devices_needed(c)])
-  steps = deviceless.compile_programs(exp, _programs(args.programs))
+  steps = gpu_compile.compile_programs(exp, _programs(args.programs))
   out = {"backend": jax.default_backend(), "device_kind": kind,
          "n_devices": n, "real": _rows(exp, steps, args.min_fraction)}
   target = _target_of(kind)
@@ -547,7 +547,7 @@ def check_flags(args: argparse.Namespace) -> None:
       does not exist, not writable) bad.
   """
   from decentral_jax.runtime_model import presets
-  from decentral_jax.runtime_model.cli import inputs
+  from decentral_jax.tools.runtime_model_cli import inputs
   check_numbers(args)
   parse_programs(args.programs)
   if args.topology:
@@ -561,10 +561,10 @@ def check_flags(args: argparse.Namespace) -> None:
     raise ValueError(f"{' and '.join(given)} {verb} to --deviceless "
                      "compiles only; add --deviceless TARGET (e.g. h200).")
   if args.deviceless and not args.deviceless.endswith(".txtpb"):
-    from decentral_jax.runner import deviceless
-    if args.deviceless not in deviceless.TARGETS:
+    from decentral_jax.tools import gpu_compile
+    if args.deviceless not in gpu_compile.TARGETS:
       raise ValueError(f"--deviceless {args.deviceless!r} is not a GPU "
-                       f"target; use one of {', '.join(deviceless.TARGETS)} "
+                       f"target; use one of {', '.join(gpu_compile.TARGETS)} "
                        "or a .txtpb file.")
   if args.cluster is not None:
     name = presets.cluster_preset_name(args.cluster)

@@ -3,7 +3,6 @@
 * Topology cases: :data:`NS`, :func:`valid`, :func:`local_size`,
   :func:`all_valid`: every built-in topology at every worker count it
   accepts, stated independently of :mod:`decentral_jax.topology`.
-* :func:`load_script`: an ``experiments/`` script as a module, loaded once.
 * :func:`np_accum_adam`: AccumAdam (Adam for ``T = 1``) directions in NumPy.
 * :data:`TINY_RUN`: config overrides for a tiny GPT run of the runner
   (1 layer, width 16, 12 steps, AdamW, a log point every step).
@@ -11,10 +10,7 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
-import sys
 from typing import Iterator
 
 import numpy as np
@@ -56,21 +52,6 @@ def all_valid() -> Iterator[tuple[str, int]]:
     for n in NS:
       if valid(name, n):
         yield name, n
-
-
-@functools.cache
-def load_script(name: str):
-  """``experiments/<name>.py`` as a module (``<name>_under_test``), cached.
-
-  Registered in ``sys.modules`` (its dataclasses look their module up);
-  every test module that loads the same script gets the same module object.
-  """
-  spec = importlib.util.spec_from_file_location(
-      f"{name}_under_test", os.path.join(ROOT, "experiments", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
-  return module
 
 
 def np_accum_adam(grads, b1: float, b2: float, eps: float, big_t: int):

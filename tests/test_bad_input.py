@@ -30,16 +30,18 @@ from decentral_jax import topology
 from decentral_jax.data import text
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import devices
 from decentral_jax.runner import tasks
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
-from decentral_jax.runtime_model.cli import main as runtime_cli
-from helpers import load_script, np_accum_adam
+from decentral_jax.tools import compare
+from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.runtime_model_cli import main as runtime_cli
+from helpers import np_accum_adam
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAN, INF = math.nan, math.inf
 BIG = 2**31  # one past the largest integer field value
-compare = load_script("compare")
 
 
 def make_config(model: str = "gpt", **fields):
@@ -349,7 +351,7 @@ def logged_steps(c):
 
 def devices_of_a_billion_workers(c):
   """Probe: 2^30 workers of one device each, one sequence per worker."""
-  assert validation.devices_needed(c) == (2**30, "config.n_workers=1073741824")
+  assert devices.devices_needed(c) == (2**30, "config.n_workers=1073741824")
   assert int(c.global_batch) // int(c.n_workers) == 1
 
 
@@ -398,8 +400,8 @@ def test_warmup_longer_than_the_run_is_a_warning():
 
 def test_simulated_device_limit():
   limit = config_lib.MAX_SIMULATED_CPU_DEVICES
-  assert validation.check_simulated_devices(limit, "x") == limit
-  message = one_line_error(validation.check_simulated_devices, 1048576,
+  assert devices.check_simulated_devices(limit, "x") == limit
+  message = one_line_error(devices.check_simulated_devices, 1048576,
                            "config.n_workers=1048576")
   assert "config.n_workers=1048576" in message and str(limit) in message
 
@@ -588,17 +590,14 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
     return {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
             "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
 
-  monkeypatch.setattr(compare.train, "train_and_evaluate", fake_train)
-  monkeypatch.setattr(compare.experiment, "Experiment", lambda config: None)
-  monkeypatch.setattr(compare, "sent_per_step", lambda exp: {
+  monkeypatch.setattr(job_lib.train, "train_and_evaluate", fake_train)
+  monkeypatch.setattr(job_lib.experiment, "Experiment", lambda config: None)
+  monkeypatch.setattr(job_lib, "sent_per_step", lambda exp: {
       "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
   monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
-  argv = compare._parse_or_exit(  # pylint: disable=protected-access
-      ["compare.py", f"--outdir={tmp_path}", "--config.steps=3",
-       "--methods=all_reduce,dadam,accum_adamw,diloco"])
-  with pytest.raises(SystemExit) as info:
-    compare.main(argv)
-  assert info.value.code == 3
+  assert compare.main(
+      [f"--outdir={tmp_path}", "--config.steps=3",
+       "--methods=all_reduce,dadam,accum_adamw,diloco"]) == 3
   errors = [l for l in capsys.readouterr().err.splitlines()
             if l.startswith("error: ")]
   assert len(errors) == 1 and "1 of 4 runs diverged" in errors[0]

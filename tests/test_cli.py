@@ -1,68 +1,40 @@
-"""The ``decentral-jax`` command (decentral_jax/cli.py): routing, help, errors.
+"""The ``decentral-jax`` command (decentral_jax/tools/cli.py): routing, help,
+errors.
 
-The fast tests call :func:`decentral_jax.cli.main` on a fake checkout whose
-scripts record how they were run, and on a stand-in for the runtime model's
-``main``; one subprocess checks that ``predict`` through the command prints
-what the runtime model prints and imports no JAX. The integration test
-installs the package's metadata (setuptools' ``egg_info`` from
-``pyproject.toml``) beside a copy of the package outside the checkout and
-runs the ``console_scripts`` entry point as ``pip install .`` would.
+The fast tests call :func:`decentral_jax.tools.cli.main` with stand-ins for
+the commands' ``main`` functions (each command runs in this process), and
+the real ``train`` and ``predict`` on bad input and ``--help``; one
+subprocess checks that ``predict`` through the command prints what the
+runtime model prints and imports no JAX. The integration tests stop a real
+``train`` with SIGTERM through the command, and install the package's
+metadata (setuptools' ``egg_info`` from ``pyproject.toml``) beside a copy of
+the package outside the checkout and run the ``console_scripts`` entry
+point as ``pip install .`` would.
 """
 
 import contextlib
 import importlib
 import io
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import textwrap
-import time
 import tomllib
 
 import pytest
 
-from decentral_jax import cli
-from decentral_jax.runtime_model.cli import main as runtime_model_main
+from decentral_jax.tools import cli
+from decentral_jax.tools.runtime_model_cli import main as runtime_model_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the issue asks the command to offer, written out here (not read from
 # cli.COMMANDS) so that a dropped command fails.
 EXPECTED = ("train", "compare", "predict", "measure", "validate", "overlap")
-SCRIPTS = {"train": "experiments/train.py",
-           "compare": "experiments/compare.py",
-           "overlap": "benchmarks/bench_gpu_overlap.py"}
-# A script that appends how it was run to ../calls.jsonl and exits with 7,
-# or returns normally when its first argument is "return".
-_RECORDER = textwrap.dedent("""\
-    import json, os, sys
-    if __name__ == "__main__":
-      log = os.path.join(os.path.dirname(__file__), "..", "calls.jsonl")
-      with open(log, "a") as f:
-        f.write(json.dumps([__file__, sys.argv, sys.path[0]]) + "\\n")
-      if sys.argv[1:2] != ["return"]:
-        sys.exit(7)
-    """)
-
-
-def _fake_checkout(root, name="decentral_jax", scripts=True):
-  os.makedirs(os.path.join(root, "experiments"))
-  with open(os.path.join(root, "pyproject.toml"), "w") as f:
-    f.write(f'[project]\nname = "{name}"\nversion = "0"\n')
-  if scripts:
-    for rel in SCRIPTS.values():
-      path = os.path.join(root, *rel.split("/"))
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      with open(path, "w") as f:
-        f.write(_RECORDER)
-  return str(root)
-
-
-def _calls(root):
-  with open(os.path.join(root, "calls.jsonl")) as f:
-    return [json.loads(line) for line in f]
+# The modules whose main(argv) the other commands call.
+MODULES = {"train": "decentral_jax.tools.train",
+           "compare": "decentral_jax.tools.compare",
+           "overlap": "decentral_jax.tools.overlap"}
 
 
 def test_help_lists_every_command_on_one_line(capsys):
@@ -75,8 +47,7 @@ def test_help_lists_every_command_on_one_line(capsys):
     rows = [l for l in lines if l.split()[:1] == [name]]
     assert len(rows) == 1, (name, out)
     assert len(rows[0].split()) > 3, rows  # a description follows the name
-  for script in SCRIPTS.values():
-    assert script in out
+  assert "`decentral-jax COMMAND --help` shows a command's own flags" in out
   assert cli.main(["-h"]) == 0
   assert capsys.readouterr().out == out
 
@@ -106,181 +77,92 @@ def test_version_is_the_package_version(capsys):
 def test_runtime_model_commands_forward_their_arguments(monkeypatch, name):
   seen = []
   monkeypatch.setattr(runtime_model_main, "main",
-                      lambda argv: seen.append(argv) or 5)
+                      lambda argv, prog: seen.append((argv, prog)) or 5)
   args = ["--n-workers", "8,16", "--png", "x y.png", "--help"]
   assert cli.main([name, *args]) == 5
-  assert seen == [[name, *args]]
+  assert seen == [([name, *args], "decentral-jax")]
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_script_commands_run_the_checkout_script_as_main(tmp_path, name):
-  root = _fake_checkout(tmp_path / "repo")
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_commands_call_their_main_in_this_process(monkeypatch, name):
+  module = importlib.import_module(MODULES[name])
+  seen = []
+  monkeypatch.setattr(module, "main",
+                      lambda argv, **kw: seen.append((argv, kw)) or 7)
   argv_before, path_before = sys.argv[:], sys.path[:]
-  # The script's own exit code, from its own process.
-  assert cli.main([name, "--config", "a b.py", "--config.steps=3"],
-                  checkout=root) == 7
-  assert cli.main([name, "return"], checkout=root) == 0
-  script = os.path.join(root, *SCRIPTS[name].split("/"))
-  assert _calls(root) == [
-      [script, [script, "--config", "a b.py", "--config.steps=3"],
-       os.path.dirname(script)],
-      [script, [script, "return"], os.path.dirname(script)]]
+  assert cli.main([name, "--config", "a b.py", "--config.steps=3"]) == 7
+  prog = {} if name == "compare" else {"prog": f"decentral-jax {name}"}
+  assert seen == [(["--config", "a b.py", "--config.steps=3"], prog)]
   assert sys.argv == argv_before and sys.path == path_before
 
 
-# Two scripts that define the same absl flag (as train.py and compare.py
-# both define --config) and print it.
-_FLAG_SCRIPT = textwrap.dedent("""\
-    from absl import app, flags
-    _CONFIG = flags.DEFINE_string("config", "none", "a config")
-    def main(argv):
-      print("{name}", _CONFIG.value, argv[1:])
-      return {code}
-    if __name__ == "__main__":
-      app.run(main)
-    """)
+def test_usage_lines_name_the_command_as_typed(capsys):
+  # argparse's --help and errors (SystemExit) become the command's code.
+  assert cli.main(["predict", "--help"]) == 0
+  assert capsys.readouterr().out.startswith("usage: decentral-jax predict ")
+  assert cli.main(["predict", "--bogus"]) == 2
+  assert capsys.readouterr().err == (
+      "error: unrecognized arguments: --bogus (see decentral-jax --help)\n")
+  assert cli.main(["predict", "--n-workers", "x"]) == 2
+  assert capsys.readouterr().err.startswith(
+      "error: argument --n-workers: ")
+  assert cli.main(["overlap", "--help"]) == 0
+  assert capsys.readouterr().out.startswith("usage: decentral-jax overlap ")
+  assert cli.main(["train", "--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: decentral-jax train --config FILE.py")
+  assert "--workdir" in out
+  # The runtime model's own entry point keeps its name.
+  with pytest.raises(SystemExit):
+    runtime_model_main.main(["predict", "--help"])
+  assert capsys.readouterr().out.startswith(
+      "usage: python -m decentral_jax.runtime_model predict ")
 
 
-def test_two_scripts_with_the_same_flags_run_in_one_process(tmp_path,
-                                                            capfd):
-  root = _fake_checkout(tmp_path / "repo")
-  for name, code in (("train", 0), ("compare", 3)):
-    with open(os.path.join(root, *SCRIPTS[name].split("/")), "w") as f:
-      f.write(_FLAG_SCRIPT.format(name=name, code=code))
-  assert cli.main(["train", "--config=a.py"], checkout=root) == 0
-  assert cli.main(["compare", "--config=b.py", "x"], checkout=root) == 3
-  assert cli.main(["train", "--config=c.py"], checkout=root) == 0
-  out, err = capfd.readouterr()
-  assert out.splitlines() == ["train a.py []", "compare b.py ['x']",
-                              "train c.py []"], err
-  assert "DuplicateFlagError" not in err
-
-
-def _trapping_checkout(tmp_path, signals):
-  """A checkout whose train.py saves the signal number on any of `signals`
-  (as train.py saves a checkpoint), then exits 128 + signum."""
-  root = _fake_checkout(tmp_path / "repo")
-  with open(os.path.join(root, "experiments", "train.py"), "w") as f:
-    f.write(textwrap.dedent(f"""\
-        import signal, sys, time
-        def stop(signum, frame):
-          open({str(tmp_path / "saved")!r}, "w").write(str(signum))
-          sys.exit(128 + signum)
-        for sig in {list(signals)!r}:
-          signal.signal(sig, stop)
-        open({str(tmp_path / "ready")!r}, "w").close()
-        time.sleep(60)
-        """))
-  return root
-
-
-def _start_command(tmp_path, root, preexec_fn=None):
-  """`decentral-jax train` in a subprocess, once its script is running."""
-  code = (f"import sys; from decentral_jax import cli; "
-          f"sys.exit(cli.main(['train'], checkout={root!r}))")
-  proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT,
-                          env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                          preexec_fn=preexec_fn)
-  for _ in range(600):
-    if (tmp_path / "ready").exists() or proc.poll() is not None:
-      break
-    time.sleep(0.1)
-  assert (tmp_path / "ready").exists()
-  return proc
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("signum", [15, 2, 1, 3])  # TERM, INT, HUP, QUIT
-def test_a_signal_to_the_command_reaches_the_script(tmp_path, signum):
-  # Sent to the `decentral-jax` process only (as `timeout -s INT` or a
-  # scheduler would), not to its process group.
-  root = _trapping_checkout(tmp_path, [15, 2, 1, 3])
-  proc = _start_command(tmp_path, root)
-  os.kill(proc.pid, signum)
-  assert proc.wait(timeout=60) == 128 + signum
-  assert (tmp_path / "saved").read_text() == str(signum)
-
-
-@pytest.mark.integration
-def test_a_signal_the_command_ignores_is_not_forwarded(tmp_path):
-  # Under nohup (SIGHUP ignored) a hangup must not stop the training.
-  root = _trapping_checkout(tmp_path, [15, 1])
-  proc = _start_command(
-      tmp_path, root,
-      preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-  os.kill(proc.pid, signal.SIGHUP)
-  os.kill(proc.pid, signal.SIGTERM)  # delivered after the SIGHUP
-  assert proc.wait(timeout=60) == 143
-  assert (tmp_path / "saved").read_text() == "15"
-
-
-@pytest.mark.integration
-@pytest.mark.skipif(not sys.platform.startswith("linux"),
-                    reason="PR_SET_PDEATHSIG is Linux only")
-def test_the_script_gets_sigterm_when_the_command_is_killed(tmp_path):
-  root = _trapping_checkout(tmp_path, [15])
-  proc = _start_command(tmp_path, root)
-  os.kill(proc.pid, 9)  # no handler runs: only the kernel can tell the child
-  assert proc.wait(timeout=60) == -9
-  for _ in range(600):
-    if (tmp_path / "saved").exists():
-      break
-    time.sleep(0.1)
-  assert (tmp_path / "saved").read_text() == "15"
-
-
-@pytest.mark.parametrize("signum,si_code,same_group,expected", [
-    (2, 0x80, True, True),  # Ctrl-C: the terminal signalled the group
-    (3, 0x80, True, True),  # Ctrl-\
-    (2, 0x80, False, False),  # Ctrl-C, child in another group
-    (2, 0, True, False),  # kill -INT PID (SI_USER)
-    (15, 0x80, True, False),  # SIGTERM never comes from a key
-    (1, 0x80, True, False),  # hangup: sent to the session leader alone
-])
-def test_only_a_terminal_key_the_child_shares_is_not_forwarded_again(
-    signum, si_code, same_group, expected):
-  assert cli.reached_child(signum, si_code, same_group) is expected
-
-
-def test_a_checkout_without_the_script_is_one_error_line(tmp_path, capsys):
-  root = _fake_checkout(tmp_path / "repo", scripts=False)
-  assert cli.main(["compare"], checkout=root) == 2
+def test_two_commands_with_the_same_flags_run_in_one_process(tmp_path,
+                                                             capsys):
+  # train and compare both define --config; each parses its own flags, and
+  # a second call does not see the first one's.
+  missing = str(tmp_path / "a b.py")
+  assert cli.main(["train", f"--config={missing}", "--workdir=w"]) == 2
+  assert capsys.readouterr().err == (
+      f"error: config file {missing!r} does not exist.\n")
+  assert cli.main(["compare", "--help"]) == 0
+  assert "--outdir" in capsys.readouterr().out
+  assert cli.main(["train", "--workdir=w"]) == 2
+  assert capsys.readouterr().err == (
+      "error: --config is required, e.g. --config configs/gpt_tiny.py\n")
+  assert cli.main(["train", "--cpu_devices=-1"]) == 2
   err = capsys.readouterr().err
-  assert len(err.splitlines()) == 1, err
-  assert err.startswith("error: `decentral-jax compare` needs ")
-  assert os.path.join(root, "experiments", "compare.py") in err
+  assert len(err.splitlines()) == 1 and "cpu_devices" in err, err
 
 
-def test_no_checkout_is_one_error_line(monkeypatch, capsys):
-  monkeypatch.setattr(cli, "find_checkout", lambda: None)
-  for name in SCRIPTS:
-    assert cli.main([name, "--help"]) == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1, err
-    assert err.startswith(f"error: `decentral-jax {name}` runs "
-                          f"{SCRIPTS[name]} of a decentral_jax source "
-                          "checkout, and none was found"), err
-
-
-def test_find_checkout_prefers_the_package_then_walks_up_from_cwd(tmp_path):
-  repo = _fake_checkout(tmp_path / "repo")
-  other = _fake_checkout(tmp_path / "other", name="not_this_one")
-  site = tmp_path / "site"  # an installed package: no checkout around it
-  deep = os.path.join(repo, "docs", "figures")
-  os.makedirs(deep)
-  os.makedirs(site)
-  assert cli.find_checkout(cwd=deep, package_parent=site) == repo
-  assert cli.find_checkout(cwd=repo, package_parent=site) == repo
-  assert cli.find_checkout(cwd=other, package_parent=site) is None
-  assert cli.find_checkout(cwd=site, package_parent=site) is None
-  assert cli.find_checkout(cwd=other, package_parent=repo) == repo
-  # A pyproject.toml that is not TOML is not a checkout.
-  with open(os.path.join(site, "pyproject.toml"), "w") as f:
-    f.write("[project\n")
-  os.makedirs(os.path.join(site, "experiments"))
-  assert not cli.is_checkout(str(site))
-  # This repository, found beside the imported package from anywhere.
-  assert cli.find_checkout(cwd=str(tmp_path)) == ROOT
+@pytest.mark.integration
+def test_sigterm_to_the_command_stops_train_with_a_checkpoint(tmp_path):
+  # Sent to the `decentral-jax` process only (as `timeout` or a scheduler
+  # would): train runs in that process and saves before it exits.
+  code = ("import sys; from decentral_jax.tools import cli; "
+          "sys.exit(cli.main(sys.argv[1:]))")
+  proc = subprocess.Popen(
+      [sys.executable, "-c", code, "train", "--config",
+       os.path.join(ROOT, "configs", "gpt_quick.py"), "--workdir",
+       str(tmp_path / "run"), "--config.steps=100000"],
+      cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  try:
+    for line in proc.stdout:  # the runner announces its layout, then steps
+      lines.append(line)
+      if "step 0:" in line:
+        os.kill(proc.pid, signal.SIGTERM)
+        break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=300) == 128 + signal.SIGTERM, "".join(lines)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  said = [l for l in lines if l.startswith("preempted: ")]
+  assert said and "SIGTERM" in said[0], "".join(lines)
 
 
 def test_a_missing_relative_config_names_the_current_directory(
@@ -318,7 +200,7 @@ def test_predict_prints_the_runtime_models_table_without_jax():
   expected = io.StringIO()
   with contextlib.redirect_stdout(expected):
     assert runtime_model_main.main(args) == 0
-  code = ("import sys; from decentral_jax import cli; "
+  code = ("import sys; from decentral_jax.tools import cli; "
           f"rc = cli.main({args!r}); "
           "print('jax modules:', sorted(m for m in sys.modules "
           "if m.split('.')[0] in ('jax', 'jaxlib', 'optax', 'flax')), rc)")
@@ -357,15 +239,17 @@ def test_the_installed_entry_point_outside_and_inside_a_checkout(tmp_path):
     return subprocess.run([sys.executable, "-c", launcher, str(site), *argv],
                           cwd=cwd, env=env, capture_output=True, text=True)
 
-  # Outside a checkout: the runtime model works, the scripts say why not.
+  # Outside a checkout: every command runs from the installed package.
   out = run(tmp_path, "predict", "--preset", "A40", "--n-workers", "8")
   assert out.returncode == 0, out.stderr
   assert "All-Reduce" in out.stdout
   out = run(tmp_path, "compare", "--help")
-  assert out.returncode == 2 and out.stdout == ""
-  assert out.stderr.startswith("error: `decentral-jax compare` runs "
-                               "experiments/compare.py"), out.stderr
-  # Inside the checkout (a subdirectory): train.py runs on the installed
+  assert out.returncode == 0, out.stderr
+  assert "--outdir" in out.stdout
+  out = run(tmp_path, "overlap", "--help")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith("usage: decentral-jax overlap ")
+  # Inside the checkout (a subdirectory): train runs on the installed
   # package and reports the bad config as it does for `python`.
   out = run(os.path.join(ROOT, "docs"), "train", "--config",
             "configs/no_such.py", "--workdir", str(tmp_path / "w"))

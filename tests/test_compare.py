@@ -1,7 +1,7 @@
-"""experiments/compare.py: run set-up, the results table and the plots.
+"""decentral_jax.tools.compare: run set-up, the results table and the plots.
 
-The pricing on clusters (compare_pricing.py) and the answer
-(compare_answer.py) are in tests/test_compare_answer.py.
+The pricing on clusters (tools/compare/pricing.py) and the answer
+(tools/compare/answer.py) are in tests/test_compare_answer.py.
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ import pytest
 
 from ml_collections import config_dict
 
-from helpers import load_script
+from decentral_jax.tools import compare
+from decentral_jax.tools.compare import flags as compare_flags
+from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.compare import plots
+from decentral_jax.tools.compare import progress
+from decentral_jax.tools.compare import reference
+from decentral_jax.tools.compare import results
+from decentral_jax.tools.compare import runs as runs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-compare = load_script("compare")
 
 
 def _base(**schedule):
@@ -35,11 +41,11 @@ def _base(**schedule):
 def test_default_and_full_methods():
   # The quick default: one method per kind of communication (every step
   # All-Reduce, every step gossip, a sync every 10 steps, twice).
-  assert compare.DEFAULT_METHODS == ("all_reduce", "dadam", "diloco",
+  assert runs_lib.DEFAULT_METHODS == ("all_reduce", "dadam", "diloco",
                                      "local_sgd")
   base = _base()
-  got = [compare.run_config(base, run, accum_steps=4)
-         for run in compare.select_runs(",".join(compare.FULL_METHODS))]
+  got = [runs_lib.run_config(base, run, accum_steps=4)
+         for run in runs_lib.select_runs(",".join(runs_lib.FULL_METHODS))]
   assert [(c.algorithm, c.optimizer.name, c.optimizer.accum_steps)
           for c in got] == [("all_reduce", "adamw", 1),
                             ("decentralized", "adamw", 1),
@@ -52,9 +58,9 @@ def test_default_and_full_methods():
   assert got[2].optimizer.beta_convention == "per_step"
   assert [c.sync_every for c in got[3:5]] == [10, 10]
   assert got[3].outer_optimizer.lr == 0.3 and got[5].gossip_every == 5
-  paper = compare.run_config(base, compare.METHODS["accum_adamw_paper"], 4)
+  paper = runs_lib.run_config(base, runs_lib.METHODS["accum_adamw_paper"], 4)
   assert paper.optimizer.beta_convention == "per_window"
-  aer = compare.run_config(base, compare.METHODS["accum_adamw_aer"], 4)
+  aer = runs_lib.run_config(base, runs_lib.METHODS["accum_adamw_aer"], 4)
   assert (aer.topology, aer.workers_per_node) == ("alternating_exp_ring", 2)
   assert base.algorithm == "decentralized"  # the base config is not changed
 
@@ -63,26 +69,27 @@ def test_per_method_learning_rates():
   base = _base(schedule={"peak_lr": 1.0, "final_lr": 0.5})
   names = ("all_reduce", "dadam", "accum_adamw", "accum_adamw_paper",
            "local_sgd", "diloco", "local_dadam")
-  tuned = [compare.run_config(base, compare.METHODS[x], 4, per_method_lr=True)
+  tuned = [runs_lib.run_config(base, runs_lib.METHODS[x], 4, per_method_lr=True)
            for x in names]
   got = [(c.schedule.peak_lr, c.schedule.final_lr) for c in tuned]
   # The protocol's choices, BENCHMARKS.md section 10 (main job's setting).
   want = [(6e-3, 6e-4), (6e-3, 6e-4), (3e-3, 3e-4), (1.5e-3, 1.5e-4),
           (3e-3, 3e-4), (3e-3, 3e-4), (3e-3, 3e-4)]
   np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-12)
-  same = [compare.run_config(base, compare.METHODS[x], 4) for x in names]
+  same = [runs_lib.run_config(base, runs_lib.METHODS[x], 4) for x in names]
   assert {(c.schedule.peak_lr, c.schedule.final_lr) for c in same} == {(1.0, 0.5)}
   # A constant schedule does not read final_lr: it keeps its value (which
   # check_config refuses unless it is the default).
   flat = _base(schedule={"name": "constant", "peak_lr": 1.0,
                          "final_lr": 0.5})
-  c = compare.run_config(flat, compare.METHODS["dadam"], 4, per_method_lr=True)
+  c = runs_lib.run_config(flat, runs_lib.METHODS["dadam"], 4,
+                          per_method_lr=True)
   assert (c.schedule.peak_lr, c.schedule.final_lr) == (6e-3, 0.5)
 
 
 def test_table_and_plots(tmp_path):
   rows, logs = [], []
-  for k, run in enumerate(compare.RUNS[:2]):
+  for k, run in enumerate(runs_lib.RUNS[:2]):
     path = tmp_path / f"{run.name}.jsonl"
     with open(path, "w", encoding="utf-8") as f:
       for step in (0, 10, 20):
@@ -94,26 +101,26 @@ def test_table_and_plots(tmp_path):
                        "consensus_distance": 0.5 * k, "step_time_ms": 12.5,
                        "tokens_per_sec": 2048.0, "comm/ratio": 1.75,
                        "comm/bytes_per_step": 3_043_712.0}))
-  table = compare.results_table(rows, "tokens").splitlines()
+  table = results.results_table(rows, "tokens").splitlines()
   assert table[0].count("|") == 8 and len(table) == 4
   assert table[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 | "
                       "1.750 (3.04) | 12.5 | 2,048 |")
   # This machine's timings: dropped by default, labelled when kept.
-  default = compare.timing_columns("\n".join(table), keep=False).splitlines()
+  default = results.timing_columns("\n".join(table), keep=False).splitlines()
   assert default[0] == ("| run | val loss, averaged model | workers' own "
                         "models: extra loss, mean / max | consensus distance "
                         "| sent per step, x params (MB) |")
   assert default[1] == "|---|---|---|---|---|"
   assert default[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 "
                         "| 1.750 (3.04) |")
-  kept = compare.timing_columns("\n".join(table), keep=True).splitlines()
+  kept = results.timing_columns("\n".join(table), keep=True).splitlines()
   assert kept[0].endswith("| this CPU's ms/step (load-dependent, not a "
                           "ranking) | this CPU's tokens/s (load-dependent, "
                           "not a ranking) |")
   assert kept[2] == table[2] and kept[1] == table[1]
-  paths = compare.plot(logs, str(tmp_path))
+  paths = plots.plot(logs, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == ["loss_vs_step.png"]
-  paths = compare.plot(logs, str(tmp_path), cpu_timing=True)
+  paths = plots.plot(logs, str(tmp_path), cpu_timing=True)
   assert [os.path.basename(p) for p in paths] == [
       "loss_vs_step.png", "cpu_loss_vs_time_this_machine.png"]
   for p in paths:
@@ -122,9 +129,9 @@ def test_table_and_plots(tmp_path):
 
 
 def test_methods_flag_selects_and_validates():
-  assert [r.name for r in compare.select_runs("diloco, sgp")] == ["diloco",
+  assert [r.name for r in runs_lib.select_runs("diloco, sgp")] == ["diloco",
                                                                   "sgp"]
-  assert compare.select_runs("all") == compare.RUNS
+  assert runs_lib.select_runs("all") == runs_lib.RUNS
   for bad, match in (
       ("diloco,nope", "--methods='diloco,nope': unknown method(s) 'nope'"),
       ("sgp,sgp", "--methods='sgp,sgp' names sgp more than once"),
@@ -136,7 +143,7 @@ def test_methods_flag_selects_and_validates():
        "takes no other names"),
       ("--outdir=x", "--methods needs a value, got the flag '--outdir=x'")):
     try:
-      compare.select_runs(bad)
+      runs_lib.select_runs(bad)
     except ValueError as e:
       assert str(e).startswith(match) and "\n" not in str(e), str(e)
     else:
@@ -150,7 +157,8 @@ def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
       os.path.join(ROOT, "configs", "gpt_tiny.py"),
       ["--config.n_workers=6", "--config.global_batch=60"])
   with pytest.raises(ValueError) as info:
-    compare.arm_configs(base, 4, False, compare.select_runs("accum_adamw_aer"))
+    runs_lib.arm_configs(base, 4, False,
+                         runs_lib.select_runs("accum_adamw_aer"))
   message = str(info.value)
   assert message.startswith(
       "run 'accum_adamw_aer' (AccumAdamW, alternating_exp_ring (2/node), "
@@ -159,12 +167,9 @@ def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
   assert "config.topology=" not in message and "\n" not in message
   # Too many simulated devices: the override that asked for them.
   monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
-  argv = compare._parse_or_exit(  # pylint: disable=protected-access
-      ["compare.py", f"--outdir={tmp_path / 'out'}", "--methods=dadam",
-       "--config.n_workers=2048", "--config.global_batch=2048"])
-  with pytest.raises(SystemExit) as info:
-    compare.main(argv)
-  assert info.value.code == 2
+  assert compare.main(
+      [f"--outdir={tmp_path / 'out'}", "--methods=dadam",
+       "--config.n_workers=2048", "--config.global_batch=2048"]) == 2
   [line] = capsys.readouterr().err.splitlines()
   assert line.startswith("error: --config.n_workers=2048 asks for 2048 "
                          "simulated CPU devices"), line
@@ -174,9 +179,9 @@ def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
 def test_every_method_arm_is_a_valid_config_with_its_fields():
   from decentral_jax.runner import config as config_lib
   base = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"))
-  arms = dict((run.name, config) for run, config in compare.arm_configs(
-      base, 4, per_method_lr=True, runs=compare.RUNS))
-  assert len(arms) == len(compare.RUNS) == len(compare.TUNED_PEAK_LR)
+  arms = dict((run.name, config) for run, config in runs_lib.arm_configs(
+      base, 4, per_method_lr=True, runs=runs_lib.RUNS))
+  assert len(arms) == len(runs_lib.RUNS) == len(runs_lib.TUNED_PEAK_LR)
   s = arms["streaming_diloco"]
   assert (s.algorithm, s.sync_every, s.num_fragments, s.overlap_steps,
           s.merge_alpha) == ("streaming_diloco", 10, 2, 1, 0.5)
@@ -210,8 +215,8 @@ def test_sent_per_step_is_read_from_the_hlo():
                              rtol=1e-12)
   np.testing.assert_allclose(got["diagnostics_bytes_per_step"],
                              1.75 / 10 * (param_bytes + 4), rtol=1e-12)
-  assert compare.results_table(
-      [(compare.METHODS["diloco"], {
+  assert results.results_table(
+      [(runs_lib.METHODS["diloco"], {
           "eval/loss": 1.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
           "comm/ratio": got["ratio"],
@@ -220,8 +225,8 @@ def test_sent_per_step_is_read_from_the_hlo():
 
 
 def test_overrides_of_a_method_s_own_fields_are_named():
-  runs = compare.select_runs("diloco,sgp")
-  lines = compare.overridden_fields(
+  runs = runs_lib.select_runs("diloco,sgp")
+  lines = runs_lib.overridden_fields(
       ["--config.sync_every=5", "--config.topology=ring",
        "--config.steps=4"], runs)
   assert len(lines) == 3
@@ -231,12 +236,12 @@ def test_overrides_of_a_method_s_own_fields_are_named():
                       "of sgp: those runs keep its default.")
   assert "--config.topology=ring is ignored by diloco, sgp" in lines[2]
   # AccumAdamW takes its window from the config; the others fix it at 1.
-  lines = compare.overridden_fields(["--config.optimizer.accum_steps=8"],
-                                    compare.select_runs("dadam,accum_adamw"))
+  lines = runs_lib.overridden_fields(["--config.optimizer.accum_steps=8"],
+                                    runs_lib.select_runs("dadam,accum_adamw"))
   assert lines == ["--config.optimizer.accum_steps=8 is ignored by dadam: "
                    "each method sets config.optimizer.accum_steps itself (see "
-                   "compare.py's RUNS); run experiments/train.py for other "
-                   "values."]
+                   "RUNS in decentral_jax/tools/compare/runs.py); run "
+                   "experiments/train.py for other values."]
 
 
 def test_a_method_field_is_kept_only_where_the_algorithm_reads_it():
@@ -244,8 +249,8 @@ def test_a_method_field_is_kept_only_where_the_algorithm_reads_it():
   base = config_lib.load_config(
       os.path.join(ROOT, "configs", "gpt_tiny.py"),
       ["--config.comm_dtype=bfloat16", "--config.bucket_bytes=4096"])
-  arms = dict((run.name, config) for run, config in compare.arm_configs(
-      base, 4, per_method_lr=False, runs=compare.RUNS))  # all are valid
+  arms = dict((run.name, config) for run, config in runs_lib.arm_configs(
+      base, 4, per_method_lr=False, runs=runs_lib.RUNS))  # all are valid
   got = {name: (c.comm_dtype, c.bucket_bytes, c.topology)
          for name, c in arms.items()}
   # All-Reduce sends gradients, not parameters, and has no topology.
@@ -254,8 +259,8 @@ def test_a_method_field_is_kept_only_where_the_algorithm_reads_it():
   assert got["dadam"] == ("bfloat16", 4096, "one_peer_exp")
   assert got["decentralized_diloco"] == ("bfloat16", 4096, "one_peer_exp")
   assert got["accum_adamw_aer"][2] == "alternating_exp_ring"
-  lines = compare.overridden_fields(["--config.comm_dtype=bfloat16"],
-                                    compare.select_runs("all_reduce,dadam"))
+  lines = runs_lib.overridden_fields(["--config.comm_dtype=bfloat16"],
+                                    runs_lib.select_runs("all_reduce,dadam"))
   assert lines == ["--config.comm_dtype=bfloat16 is not read by the "
                    "algorithm of all_reduce: those runs keep its default."]
 
@@ -270,7 +275,7 @@ def _tiny_arms(tmp_path, methods):
        "--config.steps=4", "--config.eval_interval=2",
        "--config.log_interval=1", "--config.checkpoint_interval=0"])
   return [(run, config, str(tmp_path / run.name)) for run, config in
-          compare.arm_configs(base, 4, False, compare.select_runs(methods))]
+          runs_lib.arm_configs(base, 4, False, runs_lib.select_runs(methods))]
 
 
 def test_run_arm_locks_before_it_replaces_and_replaces_only_run_dirs(
@@ -280,7 +285,7 @@ def test_run_arm_locks_before_it_replaces_and_replaces_only_run_dirs(
   def built(config):
     raise AssertionError("the arm was about to train")
 
-  monkeypatch.setattr(compare.experiment, "Experiment", built)
+  monkeypatch.setattr(job_lib.experiment, "Experiment", built)
   [(run, config, workdir)] = _tiny_arms(tmp_path, "dadam")
   # A run of another config (so "fresh": to be replaced), held by another
   # invocation: refused, and not one of its files removed.
@@ -290,7 +295,7 @@ def test_run_arm_locks_before_it_replaces_and_replaces_only_run_dirs(
   with workdir_lib.WorkdirLock(workdir):
     before = sorted(os.listdir(workdir))
     with pytest.raises(workdir_lib.WorkdirInUse, match="is in use by another"):
-      compare.run_arm(run, config, workdir)
+      job_lib.run_arm(run, config, workdir)
     assert sorted(os.listdir(workdir)) == before
     assert os.listdir(os.path.join(workdir, "checkpoints")) == ["2"]
   # A directory named after the method that holds something no run writes
@@ -299,7 +304,7 @@ def test_run_arm_locks_before_it_replaces_and_replaces_only_run_dirs(
   with open(notes, "w") as f:
     f.write("mine")
   with pytest.raises(ValueError) as info:
-    compare.run_arm(run, config, workdir)
+    job_lib.run_arm(run, config, workdir)
   message = str(info.value)
   assert "\n" not in message
   assert f"{workdir} is not a run directory" in message and "'notes.txt'" \
@@ -318,7 +323,7 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
   (ar, ar_config, ar_dir), (dadam, dadam_config, dadam_dir) = _tiny_arms(
       tmp_path, "all_reduce,dadam")
   steps = []
-  plain_step = compare.experiment.Experiment.train_step
+  plain_step = job_lib.experiment.Experiment.train_step
 
   def step(self, state, batch, s=None):
     steps.append((self.config.algorithm, s))
@@ -327,24 +332,24 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
       signal.raise_signal(signal.SIGTERM)  # as a scheduler's notice
     return plain_step(self, state, batch, s)
 
-  monkeypatch.setattr(compare.experiment.Experiment, "train_step", step)
-  ar_final, reason = compare.run_arm(ar, ar_config, ar_dir)
+  monkeypatch.setattr(job_lib.experiment.Experiment, "train_step", step)
+  ar_final, reason = job_lib.run_arm(ar, ar_config, ar_dir)
   assert reason is None and ar_final["step"] == 4
   with pytest.raises(train.Preempted) as info:
-    compare.run_arm(dadam, dadam_config, dadam_dir)
+    job_lib.run_arm(dadam, dadam_config, dadam_dir)
   assert info.value.step == 2
-  message = compare.preempted_message(info.value, dadam, [ar], [])
+  message = job_lib.preempted_message(info.value, dadam, [ar], [])
   assert "keeps the finished runs (all_reduce), resumes 'dadam' from step 2" \
       in message, message
-  assert compare.arm_status(ar_dir, ar_config)[0] == "finished"
-  assert compare.arm_status(dadam_dir, dadam_config) == ("resume", None)
+  assert job_lib.arm_status(ar_dir, ar_config)[0] == "finished"
+  assert job_lib.arm_status(dadam_dir, dadam_config) == ("resume", None)
   ar_log = (tmp_path / "all_reduce" / "metrics.jsonl").read_bytes()
 
   steps.clear()
-  again, _ = compare.run_arm(ar, ar_config, ar_dir)
+  again, _ = job_lib.run_arm(ar, ar_config, ar_dir)
   assert steps == [] and again == ar_final  # kept, not trained again
   assert (tmp_path / "all_reduce" / "metrics.jsonl").read_bytes() == ar_log
-  final, reason = compare.run_arm(dadam, dadam_config, dadam_dir)
+  final, reason = job_lib.run_arm(dadam, dadam_config, dadam_dir)
   assert steps == [("decentralized", 2), ("decentralized", 3)]
   assert reason is None and final["step"] == 4
   records = [json.loads(x) for x in
@@ -353,7 +358,7 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
   # Another config in the same directory is not resumed: it starts over.
   with dadam_config.unlocked():
     dadam_config.steps = 6
-  assert compare.arm_status(dadam_dir, dadam_config) == ("fresh", None)
+  assert job_lib.arm_status(dadam_dir, dadam_config) == ("fresh", None)
 
 
 
@@ -361,20 +366,20 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
 
 
 def test_seeds_name_the_runs_and_checkpoints_are_off_by_default():
-  assert compare.parse_seeds(" 0, 1,2 ") == (0, 1, 2)
-  assert compare.parse_seeds("") == ()
+  assert runs_lib.parse_seeds(" 0, 1,2 ") == (0, 1, 2)
+  assert runs_lib.parse_seeds("") == ()
   for bad, match in (("0,x", "'x' is not a seed"), ("1,1", "more than once"),
                      ("-1", "'-1' is not a seed"),
                      (str(2**32), "is not a seed")):
     with pytest.raises(ValueError, match=match) as info:
-      compare.parse_seeds(bad)
+      runs_lib.parse_seeds(bad)
     assert "--seeds" in str(info.value)
   base = config_dict.ConfigDict({"seed": 7, "checkpoint_interval": 100})
-  run = compare.METHODS["dadam"]
-  (one,) = compare.job_arms([(run, base)], (), checkpoints=False)
+  run = runs_lib.METHODS["dadam"]
+  (one,) = runs_lib.job_arms([(run, base)], (), checkpoints=False)
   assert (one.run, one.seed, one.config.seed) == (run, 7, 7)
   assert one.config.checkpoint_interval == 0  # only SIGTERM's and the last
-  two = compare.job_arms([(run, base)], (3, 4), checkpoints=True)
+  two = runs_lib.job_arms([(run, base)], (3, 4), checkpoints=True)
   assert [(a.run.name, a.run.label, a.seed, a.config.seed,
            a.config.checkpoint_interval) for a in two] == [
                ("dadam_seed3", "DAdam, one_peer_exp, seed 3", 3, 3, 100),
@@ -383,22 +388,22 @@ def test_seeds_name_the_runs_and_checkpoints_are_off_by_default():
 
 
 def test_one_progress_bar_counts_every_step_of_the_job(capsys):
-  arms = compare.job_arms(
-      [(compare.METHODS[x], config_dict.ConfigDict({"seed": 0, "steps": s}))
+  arms = runs_lib.job_arms(
+      [(runs_lib.METHODS[x], config_dict.ConfigDict({"seed": 0, "steps": s}))
        for x, s in (("all_reduce", 5), ("dadam", 7))], (), True)
-  job = compare.JobProgress(arms)
+  job = progress.JobProgress(arms)
   assert job.bar.total == 12
   job.start(1, arms[0])
   with job.attach():
     # What train.train_and_evaluate does: a bar of its own run's steps.
-    bar = compare.metrics_lib.progress_bar(5, initial=2)
+    bar = progress.metrics_lib.progress_bar(5, initial=2)
     for _ in range(3):
       bar.update(1)
     bar.set_postfix({"eval/loss": "1.0"})
     bar.close()
     print("a log line")
   assert job.bar.n == 5  # 2 done by an earlier invocation, 3 now
-  assert compare.metrics_lib.progress_bar is not bar  # restored
+  assert progress.metrics_lib.progress_bar is not bar  # restored
   job.finish(2)  # the second run was kept from an earlier invocation
   assert job.bar.n == 12
   job.close()
@@ -409,60 +414,59 @@ def test_reference_check():
   ref = {"tolerance": 0.02, "produced_on": "machine X",
          "jobs": {"quick": {"final_loss": {"all_reduce/seed0": 2.2,
                                            "dadam/seed0": 2.5}}}}
-  got = compare.reference_check(ref, "quick", {"all_reduce/seed0": 2.21,
+  got = reference.reference_check(ref, "quick", {"all_reduce/seed0": 2.21,
                                                "dadam/seed0": 2.4875})
   assert got == ("matches the reference within 0.02 nats (largest "
                  "difference 0.0125 over 2 runs; reference produced on "
                  "machine X).")
-  got = compare.reference_check(ref, "quick", {"all_reduce/seed0": 2.25,
+  got = reference.reference_check(ref, "quick", {"all_reduce/seed0": 2.25,
                                                "dadam/seed0": 2.5})
   assert got.startswith("differs: all_reduce/seed0 2.2500 vs reference "
                         "2.2000 (tolerance 0.02 nats;")
   for job, losses in ((None, {"dadam/seed0": 2.5}),  # not the default set-up
                       ("full", {"dadam/seed0": 2.5}),  # no such job stored
                       ("quick", {"sgp/seed0": 2.5})):  # no such run stored
-    assert compare.reference_check(ref, job, losses).startswith(
+    assert reference.reference_check(ref, job, losses).startswith(
         "no stored reference for this set-up")
-  assert compare.reference_check(None, "quick", {}).startswith(
+  assert reference.reference_check(None, "quick", {}).startswith(
       "no reference file")
 
 
 def test_stored_reference_covers_the_default_jobs():
-  with open(compare.REFERENCE_FILE, encoding="utf-8") as f:
+  with open(reference.REFERENCE_FILE, encoding="utf-8") as f:
     ref = json.load(f)
   assert 0 < ref["tolerance"] < 0.1 and ref["produced_on"]
   losses = ref["jobs"]["quick"]["final_loss"]
   assert sorted(losses) == sorted(f"{m}/seed0"
-                                  for m in compare.DEFAULT_METHODS)
+                                  for m in runs_lib.DEFAULT_METHODS)
   full = ref["jobs"]["full"]["final_loss"]
-  assert sorted(full) == sorted(f"{m}/seed0" for m in compare.FULL_METHODS)
+  assert sorted(full) == sorted(f"{m}/seed0" for m in runs_lib.FULL_METHODS)
   # Below the initial loss of a byte-level model, ln 256 = 5.545 nats.
   assert all(0 < x < 5.5 for x in [*losses.values(), *full.values()])
 
 
-def test_full_changes_the_defaults_and_explicit_flags_win(monkeypatch):
-  flags = compare.flags.FLAGS
+def test_full_changes_the_defaults_and_explicit_flags_win():
+  flags = compare_flags.FLAGS
 
   def settings(*argv, overrides=()):
-    monkeypatch.setattr(compare, "_OVERRIDES", list(overrides))
     flags.unparse_flags()
     flags(["compare.py", *argv])
     try:
-      return compare.job_settings()
+      return compare_flags.job_settings(list(overrides))
     finally:
       flags.unparse_flags()
 
-  quick = ",".join(compare.DEFAULT_METHODS)
-  assert settings() == (compare.QUICK_CONFIG, quick, "", False, "quick")
-  assert settings("--full") == (compare.FULL_CONFIG,
-                                ",".join(compare.FULL_METHODS), "0,1,2",
+  quick = ",".join(runs_lib.DEFAULT_METHODS)
+  assert settings() == (compare_flags.QUICK_CONFIG, quick, "", False, "quick")
+  assert settings("--full") == (compare_flags.FULL_CONFIG,
+                                ",".join(runs_lib.FULL_METHODS), "0,1,2",
                                 True, "full")
   assert settings("--full", "--seeds=4", "--methods=sgp",
-                  "--nocheckpoints") == (compare.FULL_CONFIG, "sgp", "4",
+                  "--nocheckpoints") == (compare_flags.FULL_CONFIG, "sgp", "4",
                                          False, "full")
   # Another config, a --config override or untuned lrs: not the default
   # set-up, so no reference applies.
-  assert settings(f"--config={compare.FULL_CONFIG}")[4] is None
+  assert settings(f"--config={compare_flags.FULL_CONFIG}")[4] is None
   assert settings(overrides=["--config.steps=5"])[4] is None
   assert settings("--noper_method_lr")[4] is None
   # An explicit checkpoint interval asks for checkpoints.
@@ -476,22 +480,16 @@ _FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
 
 
 def _fake_job(monkeypatch, train_fn):
-  monkeypatch.setattr(compare.train, "train_and_evaluate", train_fn)
-  monkeypatch.setattr(compare.experiment, "Experiment", lambda config: None)
-  monkeypatch.setattr(compare, "sent_per_step", lambda exp: {
+  monkeypatch.setattr(job_lib.train, "train_and_evaluate", train_fn)
+  monkeypatch.setattr(job_lib.experiment, "Experiment", lambda config: None)
+  monkeypatch.setattr(job_lib, "sent_per_step", lambda exp: {
       "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
   monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # nothing to simulate here
 
 
 def _main(tmp_path, *flags_):
-  argv = compare._parse_or_exit(  # pylint: disable=protected-access
-      ["compare.py", f"--outdir={tmp_path}", "--config.steps=3",
-       "--config.eval_interval=3", *flags_])
-  try:
-    compare.main(argv)
-  except SystemExit as e:
-    return e.code
-  return 0
+  return compare.main([f"--outdir={tmp_path}", "--config.steps=3",
+                       "--config.eval_interval=3", *flags_])
 
 
 def _write_curve(workdir, losses=(4.0, 2.0)):
@@ -532,8 +530,8 @@ def test_all_runs_diverged_and_stale_plots_are_removed(
 
 
 def test_some_runs_diverged_message():
-  runs = [compare.METHODS["dadam"]]
-  assert compare.diverged_message([(runs[0], "it blew up.")], 3, "r.md") == (
+  runs = [runs_lib.METHODS["dadam"]]
+  assert job_lib.diverged_message([(runs[0], "it blew up.")], 3, "r.md") == (
       "1 of 3 runs diverged: 'dadam' (DAdam, one_peer_exp): it blew up; the "
       "other runs' results are in r.md.")
 
@@ -564,7 +562,7 @@ def test_a_malformed_reference_is_one_line_and_the_results_are_written(
   ref = tmp_path / "ref.json"
   ref.write_text(contents if isinstance(contents, str) else
                  json.dumps(contents))
-  monkeypatch.setattr(compare, "REFERENCE_FILE", str(ref))
+  monkeypatch.setattr(reference, "REFERENCE_FILE", str(ref))
   out = tmp_path / "out"
   assert _main(out, "--methods=all_reduce", "--clusters=") == 0
   err = capsys.readouterr().err
@@ -588,7 +586,7 @@ def test_checkpoints_are_dropped_while_the_run_folder_is_locked(
 
   _fake_job(monkeypatch, trains)
   seen = []
-  drop = compare.drop_checkpoints
+  drop = job_lib.drop_checkpoints
 
   def drop_checking_the_lock(workdir):
     try:
@@ -599,7 +597,7 @@ def test_checkpoints_are_dropped_while_the_run_folder_is_locked(
       seen.append("free")
     drop(workdir)
 
-  monkeypatch.setattr(compare, "drop_checkpoints", drop_checking_the_lock)
+  monkeypatch.setattr(job_lib, "drop_checkpoints", drop_checking_the_lock)
   assert _main(tmp_path, "--methods=all_reduce", "--clusters=") == 0
   assert seen == ["held"]
   assert not (tmp_path / "all_reduce" / "checkpoints").exists()
@@ -625,26 +623,26 @@ def test_a_symlinked_run_folder_is_refused_and_left_as_it_was(
 
 
 def test_empty_seed_entries_are_refused():
-  assert compare.parse_seeds("") == () and compare.parse_seeds("1, 0") == (
+  assert runs_lib.parse_seeds("") == () and runs_lib.parse_seeds("1, 0") == (
       1, 0)
   for bad, entry in ((",", 1), ("0,,1", 2), ("0,1,", 3)):
     with pytest.raises(ValueError) as info:
-      compare.parse_seeds(bad)
+      runs_lib.parse_seeds(bad)
     assert str(info.value).startswith(
         f"--seeds={bad!r}: entry {entry} is empty;"), str(info.value)
 
 
 def test_the_eta_counts_steps_not_compile_time():
-  arms = compare.job_arms(
-      [(compare.METHODS[x], config_dict.ConfigDict({"seed": 0, "steps": s}))
+  arms = runs_lib.job_arms(
+      [(runs_lib.METHODS[x], config_dict.ConfigDict({"seed": 0, "steps": s}))
        for x, s in (("all_reduce", 10), ("dadam", 10))], (), True)
-  job = compare.JobProgress(arms)
+  job = progress.JobProgress(arms)
   assert job.bar.desc.startswith("run 1 of 2 (all_reduce)")  # not "run 0"
   clock = [0.0]
   job.bar._time = lambda: clock[0]  # pylint: disable=protected-access
   job.bar.start_t = job.bar.last_print_t = 0.0
   with job.attach():
-    bar = compare.metrics_lib.progress_bar(10)
+    bar = progress.metrics_lib.progress_bar(10)
     clock[0] = 20.0  # building and compiling, then step 1 (1 s)
     bar.update(1)
     for _ in range(9):  # 1 s per step
@@ -715,3 +713,37 @@ def test_the_outdir_and_each_run_folder_are_locked_while_a_run_trains(
   assert seen == [(True, True), (True, True)]
   assert (tmp_path / "results.md").exists()
   assert not held(str(tmp_path))  # released when the invocation ends
+
+
+def test_help_exits_0_and_the_command_runs_the_module(capsys):
+  from decentral_jax.tools import cli
+  assert compare.main(["--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("The main job: which communication scheme")
+  assert "--outdir" in out and "--methods" in out
+  # `decentral-jax compare` calls the module in this process.
+  assert cli.main(["compare", "-h"]) == 0
+  assert capsys.readouterr().out == out
+  assert compare.main(["--methods=dadam", "stray"]) == 2
+  assert capsys.readouterr().err == "error: unexpected arguments: stray\n"
+
+
+def test_without_a_checkout_the_default_config_is_one_error_line(
+    tmp_path, monkeypatch, capsys):
+  # An installed package: no configs/ beside it nor under the current
+  # directory.
+  monkeypatch.setattr(compare_flags, "QUICK_CONFIG",
+                      str(tmp_path / "site" / "configs" / "gpt_quick.py"))
+  monkeypatch.chdir(tmp_path)
+  assert compare.main([f"--outdir={tmp_path / 'out'}"]) == 2
+  [line] = capsys.readouterr().err.splitlines()
+  assert line.startswith("error: the default config ") and line.endswith(
+      "pass --config FILE.py (e.g. configs/gpt_quick.py of a clone of the "
+      "repository)."), line
+  assert not (tmp_path / "out").exists()
+  # A clone after `pip install .`: the current directory's configs/.
+  os.makedirs(tmp_path / "configs")
+  with open(tmp_path / "configs" / "gpt_quick.py", "w") as f:
+    f.write("")
+  assert compare_flags.default_config(False) == os.path.join(
+      "configs", "gpt_quick.py")

@@ -1,5 +1,5 @@
-"""experiments/compare_pricing.py and compare_answer.py: clusters, workloads,
-loss targets, the recommendation per cluster, and compare.py end to end."""
+"""decentral_jax.tools.compare's pricing and answer: clusters, workloads,
+loss targets, the recommendation per cluster, and the main job end to end."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import sys
 
 import pytest
 
-from helpers import load_script
+from decentral_jax.tools.compare import answer
+from decentral_jax.tools.compare import pricing
+from decentral_jax.tools.compare import runs as runs_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-compare = load_script("compare")
-pricing = sys.modules["compare_pricing"]  # imported by compare.py
-answer = sys.modules["compare_answer"]
 
 
 def _config(path="gpt_quick.py", *overrides):
@@ -25,11 +24,11 @@ def _config(path="gpt_quick.py", *overrides):
 
 
 def _arms(methods, *overrides):
-  return dict(compare.arm_configs(_config("gpt_quick.py", *overrides), 4,
-                                  True, compare.select_runs(methods)))
+  return dict(runs_lib.arm_configs(_config("gpt_quick.py", *overrides), 4,
+                                  True, runs_lib.select_runs(methods)))
 
 
-# --- Pricing (compare_pricing.py) ---
+# --- Pricing (tools/compare/pricing.py) ---
 
 
 def test_time_to_target_interpolates_between_evaluations():
@@ -84,7 +83,7 @@ def test_every_preset_is_accepted_at_a_gpu_count_it_holds():
       "cross_region_2dc": 48, "cross_region_4dc": 96}
   (node,) = pricing.parse_clusters("h100_node", "1b")
   assert "at most 8 workers" in pricing.priced_workers(node, 16)
-  run = compare.METHODS["dadam"]
+  run = runs_lib.METHODS["dadam"]
   config = _arms("dadam", "--config.n_workers=16", "--config.global_batch=64"
                  )[run]
   assert "at most 8 workers" in pricing.predicted_ms(config, (node,), "1b")[
@@ -137,7 +136,7 @@ def test_workload_flag_and_figure6_workload():
     pricing.check_workload("2b")
   with pytest.raises(ValueError, match="'h100_ib' has no Figure 6 workload"):
     pricing.parse_clusters("A40,h100_ib", "figure6")
-  run = compare.METHODS["all_reduce"]
+  run = runs_lib.METHODS["all_reduce"]
   config = _arms("all_reduce")[run]
   (a40,) = pricing.parse_clusters("A40", "figure6")
   # Figure 6, A40 at 8 GPUs, measured All-Reduce: 166.1 ms (the fitted
@@ -205,7 +204,7 @@ def test_cluster_files_are_priced_with_their_measured_workload(tmp_path):
 
 
 def test_pricing_columns_name_what_cannot_be_priced():
-  runs = [compare.METHODS["all_reduce"], compare.METHODS["dadam"]]
+  runs = [runs_lib.METHODS["all_reduce"], runs_lib.METHODS["dadam"]]
   finals = [(runs[0], {"eval/loss": 2.0}), (runs[1], None)]
   prices = {"all_reduce": {"A": 12.34, "B": "too few GPUs"},
             "dadam": {"A": 1.0, "B": 2.0}}
@@ -216,7 +215,7 @@ def test_pricing_columns_name_what_cannot_be_priced():
   assert notes == ["Not priced on B ('-'): All-Reduce AdamW: too few GPUs"]
 
 
-# --- The answer (compare_answer.py) ---
+# --- The answer (tools/compare/answer.py) ---
 
 LABELS = {"ar": "AR", "lo": "Local", "go": "Gossip"}
 
@@ -403,7 +402,7 @@ def test_answer_markdown_tables_and_recommendations(tmp_path):
   assert "ends lowest" not in lines[0]  # AR is first there
 
 
-# --- compare.py end to end ---
+# --- experiments/compare.py end to end ---
 
 
 def _env() -> dict:

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from helpers import load_script
 from helpers import TINY_RUN
 from decentral_jax import wire_format
 from decentral_jax.comm import compress
@@ -28,9 +27,12 @@ from decentral_jax.optim import transforms
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import methods
+from decentral_jax.runner.methods import parts
 from decentral_jax.runner import validation
 from decentral_jax.runtime_model import core as runtime_core
 from decentral_jax.runtime_model import method as runtime_method
+from decentral_jax.tools.compare import job as job_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
@@ -101,9 +103,8 @@ def test_diloco_bytes_from_the_hlo_equal_the_hand_count(fmt):
 
 def test_compare_sent_per_step_column_reads_the_compressed_bytes():
   require_devices(N)
-  compare = load_script("compare")
   exp = experiment_lib.Experiment(_config(*DILOCO, *_format_args("int4")))
-  sent = compare.sent_per_step(exp)
+  sent = job_lib.sent_per_step(exp)
   comm = exp.communication(exp.init_state(), exp.get_batch(0))
   assert sent["comm/bytes_per_step"] == comm["bytes_per_step"]
   assert sent["comm/ratio"] == pytest.approx(
@@ -161,9 +162,9 @@ def test_compression_off_builds_the_uncompressed_transforms():
   for extra, state_type in cases.items():
     config = _config(*extra)
     validation.check_config(config)
-    assert builders.compressor(config) is None
+    assert parts.compressor(config) is None
     topo = None
-    if builders.ALGORITHMS[config.algorithm].uses_topology:
+    if methods.ALGORITHMS[config.algorithm].uses_topology:
       from decentral_jax import topology  # pylint: disable=import-outside-toplevel
       topo = topology.make(config.topology, N)
     tx = builders.make_optimizer(config, builders.make_schedule(config), topo,

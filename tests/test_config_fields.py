@@ -1,7 +1,7 @@
 """No config field is accepted and then ignored.
 
 For every field of ``base_config()`` and every algorithm of
-``builders.ALGORITHMS``: setting the field from its default to another
+``methods.ALGORITHMS``: setting the field from its default to another
 valid value (:data:`ALTERNATES`) either changes the train step that runs
 (its lowered HLO) or is refused by ``check_config`` with one line naming
 the field. Fields about the run rather than its step are listed, with the
@@ -11,7 +11,7 @@ reason, in :data:`EXEMPT`; a field in neither table fails
 
 The fast tier runs one pair of the sweep and checks the tables, that every
 (field, algorithm) pair the runner used to accept and ignore
-(:data:`IGNORED`, read off the builders) is refused, and that
+(:data:`IGNORED`, read off the method homes) is refused, and that
 ``comm_dtype`` reaches the wire of the local-update methods (bytes per
 step from the step's HLO, against the figures worked out by hand).
 """
@@ -29,9 +29,9 @@ from ml_collections import config_dict
 
 from conftest import FIXTURES, require_devices
 from decentral_jax.parallel import mesh
-from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import methods
 from decentral_jax.runner import validation
 from decentral_jax import topology
 
@@ -139,7 +139,7 @@ ALTERNATES = {
 }
 
 # The (field, algorithms) the runner accepted and ignored before
-# check_config refused them, read off builders.py, experiment.py and
+# check_config refused them, read off the method homes, experiment.py and
 # step.py (with the defaults: topology one_peer_exp, one device per worker).
 _NO_GOSSIP = ("all_reduce", "local_sgd", "diloco", "streaming_diloco")
 _NO_OUTER = ("all_reduce", "decentralized", "local_sgd", "sgp")
@@ -233,13 +233,13 @@ def test_every_field_is_exempt_or_has_an_alternate():
 
 
 def test_every_algorithm_lists_the_method_fields_it_reads():
-  assert set(builders.ALGORITHMS) == set(_ALL), (
-      "a new algorithm: audit the fields it reads (builders.Algorithm."
-      "fields), add it to _ALL and run the slow sweep below.")
+  assert set(methods.ALGORITHMS) == set(_ALL), (
+      "a new algorithm: audit the fields it reads (the Method."
+      "fields of its home), add it to _ALL and run the slow sweep below.")
   fields = set(_leaves(config_lib.base_config("gpt")))
-  assert set(builders.METHOD_FIELDS) <= fields
-  for name, entry in builders.ALGORITHMS.items():
-    assert set(entry.fields) <= set(builders.METHOD_FIELDS), name
+  assert set(methods.METHOD_FIELDS) <= fields
+  for name, entry in methods.ALGORITHMS.items():
+    assert set(entry.fields) <= set(methods.METHOD_FIELDS), name
     assert entry.uses_topology == ("topology" in entry.fields), name
 
 
@@ -271,7 +271,7 @@ def test_every_alternate_is_accepted_by_some_algorithm(field):
   value, extra = ALTERNATES[field]
   extra = {**extra, **_READ_WITH.get(field, {})}
   assert any(_accepted(_config(_model_of(field), a, **{field: value}, **extra))
-             for a in builders.ALGORITHMS), field
+             for a in methods.ALGORITHMS), field
 
 
 # ---------------------------------------------------------------------------
@@ -384,7 +384,7 @@ def _step_text(config) -> str:
 _FAST_PAIR = ("comm_dtype", "diloco")
 _SWEPT = [pytest.param(f, a, marks=() if (f, a) == _FAST_PAIR else
                        pytest.mark.slow)
-          for f in ALTERNATES for a in builders.ALGORITHMS]
+          for f in ALTERNATES for a in methods.ALGORITHMS]
 
 
 @pytest.mark.parametrize("field,algorithm", _SWEPT)

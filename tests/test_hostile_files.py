@@ -33,11 +33,10 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import metrics
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model.cli import main as runtime_cli
+from decentral_jax.tools.compare import pricing
+from decentral_jax.tools.runtime_model_cli import main as runtime_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import compare_pricing  # noqa: E402  pylint: disable=g-import-not-at-top
 
 DEEP = 100_000  # far past Python's recursion limit
 
@@ -192,7 +191,7 @@ def test_hostile_cluster_files(tmp_path, capsys, case):
   assert len(err) == 1 and err[0].startswith("error: "), err
   assert path in err[0] and key in err[0], err
   with pytest.raises(ValueError) as info:
-    compare_pricing.parse_clusters(f"A40,{path}")
+    pricing.parse_clusters(f"A40,{path}")
   _one_line(info.value, f"--clusters entry {path!r}", key)
 
 
@@ -412,7 +411,7 @@ def test_series_names_a_value_that_is_not_a_number(tmp_path):
   path.write_text('{"step": 0, "eval/loss": 2.5}\n'
                   '{"step": 5, "eval/loss": "low"}\n')
   with pytest.raises(ValueError) as info:
-    compare_pricing.eval_curve(str(path))
+    pricing.eval_curve(str(path))
   _one_line(info.value, "'eval/loss'", "step=5")
 
 

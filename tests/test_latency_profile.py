@@ -18,7 +18,8 @@ import pytest
 
 from decentral_jax import topology as topology_lib
 from decentral_jax.analysis import overlap
-from decentral_jax.runner import deviceless
+from decentral_jax.tools import gpu_compile
+from decentral_jax.tools import latency_profile
 from decentral_jax.runtime_model import presets
 
 from conftest import FIXTURES
@@ -49,37 +50,37 @@ ENTRY %main (x: f32[8]) -> f32[8] {{
 
 
 def test_latency_profile_text():
-  got = deviceless.latency_profile({"collective-permute-start": 973.96961,
+  got = latency_profile.latency_profile({"collective-permute-start": 973.96961,
                                     "all-reduce-start.2": 5})
   assert got == ('costs { name: "collective-permute-start" cost_us: 973.970 }'
                  '\ncosts { name: "all-reduce-start.2" cost_us: 5.000 }\n')
-  assert deviceless.latency_profile({"a": 1.0}, "0a1b") == (
+  assert latency_profile.latency_profile({"a": 1.0}, "0a1b") == (
       'costs { name: "0a1b::a" cost_us: 1.000 }\n')
   for bad in ({'a"b': 1.0}, {"": 1.0}, {"a\nb": 1.0}, {"a": -1.0},
               {"a": float("nan")}, {"a": "1"}):
     with pytest.raises(ValueError):
-      deviceless.latency_profile(bad)
+      latency_profile.latency_profile(bad)
 
 
 def test_collective_costs_price_the_asynchronous_collectives():
   report = overlap.overlap_report(_HLO)
   # The synchronous all-reduce %as cannot overlap anything: left out.
-  assert deviceless.collective_costs(report, 7.5) == {"ps": 7.5, "ds": 7.5}
+  assert latency_profile.collective_costs(report, 7.5) == {"ps": 7.5, "ds": 7.5}
   seen = []
 
   def per(c, distinct):
     seen.append((c.name, distinct))
     return 2.0 if c.kind == "collective-permute" else 3.0
 
-  assert deviceless.collective_costs(report, per, 2) == {"ps": 2.0,
+  assert latency_profile.collective_costs(report, per, 2) == {"ps": 2.0,
                                                          "ds": 3.0}
   assert seen == [("ps", 2), ("ds", 2)]
   for bad in (0.0, -1.0, float("inf"), lambda c, d: 0.0):
     with pytest.raises(ValueError, match="collective_us"):
-      deviceless.collective_costs(report, bad)
-  assert deviceless.fingerprint(_HLO) == "0a1b2c"
+      latency_profile.collective_costs(report, bad)
+  assert latency_profile.fingerprint(_HLO) == "0a1b2c"
   with pytest.raises(ValueError, match="fingerprint_before_lhs"):
-    deviceless.fingerprint(_HLO.replace("fingerprint_before_lhs", "x"))
+    latency_profile.fingerprint(_HLO.replace("fingerprint_before_lhs", "x"))
 
 
 def _fake_experiment(n=8):
@@ -95,7 +96,7 @@ def test_cluster_times_on_the_paper_a40_cluster():
   # all, 30 us across nodes. one_peer_exp on 8: round 0 pairs 2i, 2i+1
   # (inside a node: a mean of 2 over PCIe), round 2 pairs i, i+4 (across:
   # the 4 flows of a node share its NIC).
-  time_us = deviceless.cluster_collective_us(_fake_experiment(),
+  time_us = latency_profile.cluster_collective_us(_fake_experiment(),
                                              presets.cluster("A40", 8))
   report = overlap.overlap_report(
       _HLO.replace("f32[8]", f"f32[{_PARAM_BYTES // 4}]"))
@@ -110,7 +111,7 @@ def test_cluster_times_on_the_paper_a40_cluster():
   assert time_us(ds, 0) == time_us(ds, 2) == time_us(ps, None)
   assert time_us(ds, 0) > time_us(ps, 0)
   with pytest.raises(ValueError, match="n_workers=4"):
-    deviceless.cluster_collective_us(_fake_experiment(),
+    latency_profile.cluster_collective_us(_fake_experiment(),
                                      presets.cluster("A40", 4))
 
 
@@ -125,14 +126,14 @@ def test_a40_latency_profile_starts_the_round_across_nodes_at_the_top():
   config = config_lib.load_config(
       os.path.join(os.path.dirname(FIXTURES), "..", "configs", "gpt_tiny.py"))
   with pytest.raises(ValueError, match="not both"):
-    deviceless.compile_steps(config, programs=[(2, "none")],
+    gpu_compile.compile_steps(config, programs=[(2, "none")],
                              collective_us=1.0, cluster="A40")
-  _, [s] = deviceless.compile_steps(config, target="h200", topology="1x1x8",
+  _, [s] = gpu_compile.compile_steps(config, target="h200", topology="1x1x8",
                                     programs=[(2, "none")], cluster="A40")
   assert s.profile_us == {"collective-permute-start": pytest.approx(
       30 + _PARAM_BYTES / (7.37e9 / 4) * 1e6)}
   assert s.profile.startswith(
-      f'costs {{ name: "{deviceless.fingerprint(s.compiled)}::'
+      f'costs {{ name: "{latency_profile.fingerprint(s.compiled)}::'
       'collective-permute-start" cost_us: 973.970 }')
   # Without the profile: nothing of the forward pass in flight.
   before = s.unprofiled.select(_PARAM_BYTES / 4)
@@ -180,10 +181,10 @@ def test_scheduled_busy_time_from_the_schedule_dump(tmp_path):
   # computation 7 has no wasted-cycles field and is shorter anyway.
   (tmp_path / "jit_step.schedule.txt").write_text(_SCHEDULE)
   (tmp_path / "module_0001.jit_step.ptx").write_text("total_cycles: 9e9")
-  assert deviceless.scheduled_busy_us(str(tmp_path)) == 700.0
+  assert latency_profile.scheduled_busy_us(str(tmp_path)) == 700.0
   (tmp_path / "jit_step.schedule.txt").write_text("hlo_module {}\n")
   with pytest.raises(ValueError, match="no latency-hiding schedule"):
-    deviceless.scheduled_busy_us(str(tmp_path))
+    latency_profile.scheduled_busy_us(str(tmp_path))
 
 
 # What XLA writes when no instruction waits (the text form omits zero-valued
@@ -211,16 +212,16 @@ def test_scheduled_busy_time_when_nothing_waits(tmp_path):
   # Missing total_wasted_cycles is 0: 1500 cycles at 3 per us. The empty
   # statistics of computation 4 are 0 cycles, not a reason to fail.
   (tmp_path / "jit_step.schedule.txt").write_text(_NO_WAIT)
-  assert deviceless.scheduled_busy_us(str(tmp_path)) == 500.0
+  assert latency_profile.scheduled_busy_us(str(tmp_path)) == 500.0
   # No busy cycles at all (every field omitted), or no clock: refused.
   (tmp_path / "jit_step.schedule.txt").write_text(
       "computation_schedules {\n  computation_id: 1\n}\n")
   with pytest.raises(ValueError, match="no busy time .*total_cycles 0"):
-    deviceless.scheduled_busy_us(str(tmp_path))
+    latency_profile.scheduled_busy_us(str(tmp_path))
   (tmp_path / "jit_step.schedule.txt").write_text(
       _NO_WAIT.replace("cycles_per_microsecond: 3", ""))
   with pytest.raises(ValueError, match="cycles_per_microsecond 0"):
-    deviceless.scheduled_busy_us(str(tmp_path))
+    latency_profile.scheduled_busy_us(str(tmp_path))
 
 
 class _FakeLowered:
@@ -252,19 +253,19 @@ def test_compute_time_rescales_by_a_schedule_without_waiting():
   # us (the dump above, without total_wasted_cycles), a step of 0.1 s on
   # the cluster, 400 us per collective: 400 * 500e-6 / 0.1 = 2 us each.
   lowered = _FakeLowered(_NO_WAIT)
-  [s] = deviceless.compile_programs(_fake_program_experiment(lowered),
+  [s] = gpu_compile.compile_programs(_fake_program_experiment(lowered),
                                     [(1, "none")], collective_us=400.0,
                                     compute_s=0.1)
   assert s.xla_compute_us == 500.0
   assert s.profile_us == {"ps": pytest.approx(2.0), "ds": pytest.approx(2.0)}
   assert lowered.options[0]["xla_dump_latency_hiding_schedule"] is True
-  assert deviceless.PROFILE_OPTION in lowered.options[1]
+  assert latency_profile.PROFILE_OPTION in lowered.options[1]
 
 
 def test_a_schedule_without_busy_time_names_the_program_not_the_dump():
   lowered = _FakeLowered("computation_schedules {\n}\n")
   with pytest.raises(ValueError) as e:
-    deviceless.compile_programs(_fake_program_experiment(lowered),
+    gpu_compile.compile_programs(_fake_program_experiment(lowered),
                                 [(2, "input")], collective_us=400.0,
                                 compute_s=0.1)
   msg = str(e.value)
@@ -277,9 +278,9 @@ def test_a_schedule_without_busy_time_names_the_program_not_the_dump():
 def test_compute_time_needs_a_transfer_time():
   exp = _fake_experiment()
   with pytest.raises(ValueError, match="compute_s rescales"):
-    deviceless.compile_programs(exp, [], compute_s=0.1)
+    gpu_compile.compile_programs(exp, [], compute_s=0.1)
   with pytest.raises(ValueError, match="compute_s"):
-    deviceless.compile_programs(exp, [], collective_us=5.0, compute_s=0.0)
+    gpu_compile.compile_programs(exp, [], collective_us=5.0, compute_s=0.0)
 
 
 @pytest.mark.integration

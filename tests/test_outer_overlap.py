@@ -704,11 +704,11 @@ def test_gpu_streaming_fragments_trickle_outside_conditionals():
 def test_deviceless_compile_of_the_trickled_step():
   """Compiled here (requirements-gpu-compile.txt): as the fixture says."""
   from decentral_jax.runner import config as config_lib
-  from decentral_jax.runner import deviceless
+  from decentral_jax.tools import gpu_compile
   config = config_lib.load_config(
       os.path.join(os.path.dirname(FIXTURES), "..", "configs", "gpt_tiny.py"),
       ("algorithm=diloco", "outer_overlap=eager"))
-  _, steps = deviceless.compile_steps(config, target="h200",
+  _, steps = gpu_compile.compile_steps(config, target="h200",
                                       topology="1x1x8",
                                       programs=[(None, "none")])
   (c,) = steps[0].report.collectives

@@ -336,11 +336,11 @@ def test_virtual_workers_gossip_overlaps_the_consensus_all_reduce():
 def test_deviceless_compile_of_the_default_steps(overrides, topology,
                                                  programs, target):
   from decentral_jax.runner import config as config_lib
-  from decentral_jax.runner import deviceless
+  from decentral_jax.tools import gpu_compile
   config = config_lib.load_config(
       os.path.join(os.path.dirname(FIXTURES), "..", "configs", "gpt_tiny.py"),
       overrides)
-  exp, steps = deviceless.compile_steps(config, target=target,
+  exp, steps = gpu_compile.compile_steps(config, target=target,
                                         topology=topology, programs=programs)
   assert (exp.gossip_rounds, exp.consensus_at) == ("static", "next_step")
   assert set(programs) <= set(exp.programs())

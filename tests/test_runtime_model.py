@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import paper
@@ -265,7 +265,7 @@ def test_cli_zero_compute_does_not_recommend_aer(capsys):
   # Per iteration, every worker's PCIe link carries (tree, 8 per node):
   # All-Reduce 2*7/8 M in the node + 1/8 of the node's M to the NIC =
   # 1.875 M; AER alternates 1.75 M (node mean) and 1.875 M (two-node mean).
-  aer = next(line for line in out.splitlines() if "Decent (AER)" in line)
+  aer = next(line for line in out.splitlines() if "DAdam (AER)" in line)
   speedup = float(aer.split()[4].rstrip("x"))
   assert speedup == pytest.approx(1.875 / ((1.75 + 1.875) / 2), abs=0.01)
 
@@ -379,8 +379,8 @@ def test_cli_predict_prints_table_and_recommendation(capsys, tmp_path):
                  "40", "--png", str(png)])
   out = capsys.readouterr().out
   assert rc == 0 and png.stat().st_size > 1000
-  assert out.count("recommendation: Decent (AER)") == 2
-  assert "ring*" in out and "All-Reduce" in out
+  assert out.count("recommendation: DAdam (AER)") == 2
+  assert "DAdam (ring)*" in out and "All-Reduce" in out
 
 
 def test_cli_help_and_fig6(capsys, tmp_path):
@@ -400,7 +400,7 @@ def test_cli_help_and_fig6(capsys, tmp_path):
 
 def test_calibrate_alpha_beta_fit_and_config_overrides(tmp_path):
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
-  from decentral_jax.runtime_model.cli import calibrate  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.runtime_model_cli import calibrate  # pylint: disable=import-outside-toplevel
   n, a, b = 8, 7e-6, 3e9
   sizes = [1e6, 8e6]
   times = [core.ring_all_reduce_time(n, s, a, b) for s in sizes]

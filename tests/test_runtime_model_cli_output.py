@@ -13,14 +13,16 @@ import re
 
 import pytest
 
-from helpers import load_script
 
-from decentral_jax.runtime_model.cli import inputs
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
+from decentral_jax.tools.runtime_model_cli import tables
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
+from decentral_jax.tools.compare import pricing
 
 LOCAL = ("local_sgd:H=10", "diloco:H=10", "streaming_diloco:H=10,P=2,tau=0")
 
@@ -103,7 +105,7 @@ def test_local_update_methods_are_compared_by_default_across_datacenters(
   rc, out, _ = _run(capsys, "--preset", "cross_region_2dc", "--n-workers",
                     "16")
   assert rc == 0
-  assert _rows(out) == ["All-Reduce", "Decent", "Decent", *LOCAL]
+  assert _rows(out) == ["All-Reduce", "DAdam", "DAdam", *LOCAL]
   line = _line(out, "methods:")
   assert line.startswith("methods: all_reduce,one_peer_exp,aer,"
                          "local_sgd:H=10,diloco:H=10,"
@@ -120,14 +122,14 @@ def test_local_update_methods_are_compared_by_default_across_datacenters(
 def test_one_datacenter_keeps_the_papers_comparison(capsys):
   rc, out, _ = _run(capsys, "--preset", "h100_ib", "--n-workers", "16")
   assert rc == 0
-  assert _rows(out) == ["All-Reduce", "Decent", "Decent"]
+  assert _rows(out) == ["All-Reduce", "DAdam", "DAdam"]
   line = _line(out, "methods:")
   assert "(the default within one datacenter" in line
   assert "diloco:H=10" in line  # how to add them
   # Explicit methods are what is compared, with All-Reduce as baseline.
   rc, out, _ = _run(capsys, "--preset", "cross_region_2dc", "--n-workers",
                     "16", "--methods", "aer")
-  assert rc == 0 and _rows(out) == ["All-Reduce", "Decent"]
+  assert rc == 0 and _rows(out) == ["All-Reduce", "DAdam"]
 
 
 # --- 2: one list of workload names -------------------------------------------
@@ -135,12 +137,11 @@ def test_one_datacenter_keeps_the_papers_comparison(capsys):
 
 def test_predict_and_compare_accept_the_same_workload_names():
   assert presets.WORKLOAD_NAMES == ("gpt2_small", "1b", "figure6")
-  parser = cli.build_parser()
+  parser = cli_parser.build_parser()
   for name in presets.WORKLOAD_NAMES:
     assert parser.parse_args(["predict", "--workload", name]).workload == name
   with pytest.raises(SystemExit):
     parser.parse_args(["predict", "--workload", "figure7"])
-  pricing = load_script("compare_pricing")
   assert pricing.WORKLOAD_NAMES == presets.WORKLOAD_NAMES
   assert pricing.FIGURE6_PRESETS == ("T4", "A40", "A100")
   for name in presets.WORKLOAD_NAMES:
@@ -222,7 +223,7 @@ def _bar(method, error, measured=100.0):
 def test_rows_beyond_the_tolerance_are_marked():
   table = [_bar("aer", 0.25), _bar("sgp", 0.25), _bar("sgp", -0.21),
            _bar("one_peer_exp", 0.19), _bar("all_reduce", 0.2)]
-  lines = cli.rows_text(table, judged=("one_peer_exp", "aer")).splitlines()
+  lines = tables.rows_text(table, judged=("one_peer_exp", "aer")).splitlines()
   assert [l[-1] for l in lines[1:6]] == ["!", "~", "~", "%", "%"]
   assert lines[1].endswith("+25.0% !") and lines[3].endswith("-21.0% ~")
   assert lines[6].startswith("! error beyond +-20%")
@@ -231,7 +232,7 @@ def test_rows_beyond_the_tolerance_are_marked():
                              "judged")
   assert "blocking push-sum" in lines[7] and len(lines) == 8
   # Nothing beyond the tolerance: no mark, no footnote.
-  quiet = cli.rows_text([_bar("sgp", 0.1)], judged=("aer",)).splitlines()
+  quiet = tables.rows_text([_bar("sgp", 0.1)], judged=("aer",)).splitlines()
   assert len(quiet) == 2 and quiet[1].endswith("+10.0%")
 
 
@@ -290,7 +291,7 @@ def test_a_recommendation_other_than_all_reduce_carries_the_quality_caveat():
   assert recommend.quality_caveat(
       "All-Reduce (no decentralized method is >5% faster)") == ""
   caveat = recommend.quality_caveat(
-      "Decent (AER): 422.9 ms/iteration, 2.00x faster than All-Reduce")
+      "DAdam (AER): 422.9 ms/iteration, 2.00x faster than All-Reduce")
   assert "speed only" in caveat and "section 15" in caveat
 
 

@@ -19,7 +19,9 @@ import sys
 import jax
 import pytest
 
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 
@@ -68,10 +70,10 @@ def _write(tmp_path, data, workload=True):
 
 def test_predict_cluster_flags_override_the_file(tmp_path, capsys):
   path = _write(tmp_path, _synthetic())
-  args = cli.build_parser().parse_args(["predict", "--cluster", path])
+  args = cli_parser.build_parser().parse_args(["predict", "--cluster", path])
   args.explicit_flags = {"--forward-ms", "--nics-per-node"}
   args.forward_ms, args.nics_per_node = 50.0, 2
-  c, w = cli.from_cluster_file(cluster_file.read(path), args, 32)
+  c, w = inputs.from_cluster_file(cluster_file.read(path), args, 32)
   assert (c.n_workers, c.local_size, c.nics_per_node) == (32, 4, 2)
   assert c.nic_bandwidth_Bps == pytest.approx(6e9)
   assert w.compute_samples_s is None  # an explicit mean drops the samples

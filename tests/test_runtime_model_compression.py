@@ -14,7 +14,7 @@ from decentral_jax import topology
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
 from decentral_jax.optim import local_updates
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs

@@ -16,7 +16,7 @@ import copy
 import numpy as np
 import pytest
 
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import paper
 

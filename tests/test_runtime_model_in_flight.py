@@ -13,7 +13,7 @@ import pytest
 
 from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 
 A, B, N = 1e-4, 1.25e9, 1e8  # s per message, bytes/s per NIC, parameters
 TAU = A + 4 * N / B  # 0.3201 s: one pair exchange of the float32 parameters

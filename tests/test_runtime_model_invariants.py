@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import traffic
 
@@ -51,18 +52,18 @@ def test_every_numeric_input_names_its_unit(cls):
 
 
 def test_cli_unit_conversions_match_hand_values():
-  args = cli.build_parser().parse_args([
+  args = cli_parser.build_parser().parse_args([
       "predict", "--local-size", "4", "--intra-GBps", "31.5",
       "--intra-latency-us", "5", "--nic-Gbps", "25", "--flow-Gbps", "10",
       "--inter-latency-us", "30", "--params", "65e6", "--forward-ms", "20",
       "--backward-ms", "40", "--optimizer-ms", "3", "--bucket-MiB", "25"])
-  c = cli.cluster_from_args(args, 16)
+  c = inputs.cluster_from_args(args, 16)
   assert (c.n_workers, c.local_size, c.n_nodes) == (16, 4, 4)
   assert c.intra_bandwidth_Bps == pytest.approx(31.5e9)
   assert c.nic_bandwidth_Bps == pytest.approx(25e9 / 8)  # 3.125 GB/s
   assert c.flow_bandwidth_Bps == pytest.approx(1.25e9)
   assert (c.intra_latency_s, c.inter_latency_s) == pytest.approx((5e-6, 3e-5))
-  w = cli.workload_from_args(args)
+  w = inputs.workload_from_args(args)
   assert (w.forward_s, w.backward_s, w.optimizer_s) == pytest.approx(
       (0.02, 0.04, 0.003))
   assert w.bucket_bytes == 25 * 2**20
@@ -169,10 +170,10 @@ def test_issue_regression_case_sim_matches_closed_form():
   """``predict --forward-ms 1 --backward-ms 2 --compute-cv 0.1
   --n-workers 32 --local-size 4`` (CLI defaults otherwise): the simulator
   once said 13.6 ms where the closed form said 23.7 ms for AER."""
-  args = cli.build_parser().parse_args([
+  args = cli_parser.build_parser().parse_args([
       "predict", "--forward-ms", "1", "--backward-ms", "2", "--compute-cv",
       "0.1", "--n-workers", "32", "--local-size", "4"])
-  c, w = cli.cluster_from_args(args, 32), cli.workload_from_args(args)
+  c, w = inputs.cluster_from_args(args, 32), inputs.workload_from_args(args)
   for method in ("all_reduce", "one_peer_exp", "aer"):
     sim = core.simulate(method, c, w, steps=300, warmup=60)
     assert core.closed_form(method, c, w).iteration_s == pytest.approx(

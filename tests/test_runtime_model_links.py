@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import traffic
 
@@ -92,11 +93,11 @@ def test_no_method_beats_the_node_capacity(nics):
 
 
 def test_cli_link_flags_reach_the_cluster():
-  args = cli.build_parser().parse_args([
+  args = cli_parser.build_parser().parse_args([
       "predict", "--local-size", "4", "--nic-Gbps", "25", "--nics-per-node",
       "4", "--nic-efficiency", "0.94", "--half-duplex", "--intra-link",
       "nvlink", "--flow-Gbps", "20"])
-  c = cli.cluster_from_args(args, 8)
+  c = inputs.cluster_from_args(args, 8)
   assert (c.nics_per_node, c.nic_efficiency, c.full_duplex, c.intra_link) == (
       4, 0.94, False, "nvlink")
   assert c.flow_bandwidth_Bps == pytest.approx(2.5e9)

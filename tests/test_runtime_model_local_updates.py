@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import traffic
 
@@ -39,7 +40,7 @@ def test_parse_specs_and_canonical_names():
   assert ld.message == "params"
   bf = core.make_method("streaming_diloco:H=8,P=2,comm_dtype=bfloat16", c)
   assert bf.comm_dtype == "bfloat16"
-  assert cli.split_methods("all_reduce, aer,streaming_diloco:H=10,P=4,tau=1,"
+  assert inputs.split_methods("all_reduce, aer,streaming_diloco:H=10,P=4,tau=1,"
                            "diloco:H=3,topology=ring") == [
       "all_reduce", "aer", "streaming_diloco:H=10,P=4,tau=1",
       "diloco:H=3,topology=ring"]

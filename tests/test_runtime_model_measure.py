@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import cluster_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,8 +12,9 @@ import pytest
 
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import methods
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import method_messages
@@ -157,8 +158,8 @@ def test_every_library_algorithm_and_topology_is_priced():
       # SGP: a blocking ppermute (0.1 s) after every step.
       "sgp": _C_S + _PAIR_S,
   }
-  assert set(want) == set(builders.ALGORITHMS)
-  for algo in builders.ALGORITHMS:
+  assert set(want) == set(methods.ALGORITHMS)
+  for algo in methods.ALGORITHMS:
     cfg = config_lib.base_config("gpt")
     cfg.algorithm = algo
     assert int(cfg.sync_every) == h
@@ -232,7 +233,7 @@ def test_cli_prints_every_method_with_bytes_and_inner_collectives(capsys):
       "sgp,diloco:H=10,streaming_diloco:H=10,P=2,tau=1"]) == 0
   out = capsys.readouterr().out
   assert "n=16 workers of 2 devices (data)" in out
-  for name in ("All-Reduce", "Decent (AER)",
+  for name in ("All-Reduce", "DAdam (AER)",
                "alternating_exp_ring:comm_dtype=bfloat16",
                "accum_adam:T=4,topology=alternating_exp_ring", "SGP (Exp)",
                "diloco:H=10", "streaming_diloco:H=10,P=2,tau=1"):

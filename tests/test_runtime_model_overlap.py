@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import recommend

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from decentral_jax.runtime_model import stragglers
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import main as cli
 
 
 def test_expected_max_of_normals_matches_closed_forms():
@@ -108,19 +108,19 @@ def test_predict_prints_what_faults_cost_each_method(capsys):
                    "--mean-downtime", "10", "--steps", "50"]) == 0
   out = capsys.readouterr().out
   sim = {m.group(1): float(m.group(2)) for m in re.finditer(
-      r"^  (All-Reduce|Decent \(Exp\)|diloco:H=10)\s+([\d.]+)", out, re.M)}
+      r"^  (All-Reduce|DAdam \(Exp\)|diloco:H=10)\s+([\d.]+)", out, re.M)}
   rows = {m.group(1): (m.group(2), *map(float, m.group(3, 4, 5, 6)))
-          for m in re.finditer(r"^  (All-Reduce|Decent \(Exp\)|diloco:H=10)"
+          for m in re.finditer(r"^  (All-Reduce|DAdam \(Exp\)|diloco:H=10)"
                                r"\s+(wait|deadline|quorum)\s+([\d.]+)\s+"
                                r"([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)}
-  assert set(rows) == set(sim) == {"All-Reduce", "Decent (Exp)",
+  assert set(rows) == set(sim) == {"All-Reduce", "DAdam (Exp)",
                                    "diloco:H=10"}
   # All-Reduce waits: compute 30 + 60 ms (CV 0) doubles for the slow one.
   mode, ms, work, useful, per = rows["All-Reduce"]
   assert mode == "wait" and (work, useful) == (100.0, 100.0)
   assert ms == pytest.approx((sim["All-Reduce"] + 90.0) * 1.1**8, abs=0.3)
   work = 100 * (1 / 1.1) * 7.5 / 8
-  for key, want in (("Decent (Exp)", "deadline"), ("diloco:H=10", "quorum")):
+  for key, want in (("DAdam (Exp)", "deadline"), ("diloco:H=10", "quorum")):
     mode, ms, got_work, useful, per = rows[key]
     assert mode == want and ms == sim[key]
     assert got_work == pytest.approx(work, abs=0.05)

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from decentral_jax import topology
-from decentral_jax.runtime_model.cli import main as cli
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
+from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import presets
@@ -187,10 +189,10 @@ def test_bad_datacenter_fields_name_the_field():
 
 
 def test_cli_converts_the_wan_flags():
-  args = cli.build_parser().parse_args([
+  args = cli_parser.build_parser().parse_args([
       "predict", "--local-size", "4", "--datacenters", "2", "--wan-Gbps",
       "10", "--wan-latency-ms", "30", "--codec-GBps", "50"])
-  c = cli.cluster_from_args(args, 16)
+  c = inputs.cluster_from_args(args, 16)
   assert (c.datacenters, c.dc_size) == (2, 8)
   assert c.wan_bandwidth_Bps == pytest.approx(1.25e9)
   assert c.wan_latency_s == pytest.approx(0.03)

@@ -24,6 +24,7 @@ from conftest import require_devices
 from decentral_jax import analysis
 from decentral_jax.comm import collectives
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import devices
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_updates
@@ -263,7 +264,7 @@ def test_config_errors_name_the_fields():
                      r"config.devices_per_worker=2"):
     validation.check_config(_config("--config.workers_per_device=2",
                                     "--config.devices_per_worker=2"))
-  assert validation.devices_needed(_config("--config.workers_per_device=4")
+  assert devices.devices_needed(_config("--config.workers_per_device=4")
                                    ) == (2, "config.n_workers=8 / config."
                                          "workers_per_device=4")
 

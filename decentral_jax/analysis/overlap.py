@@ -3,7 +3,7 @@
 Reads the optimized, *scheduled* HLO that XLA:GPU prints for a compiled
 program (``compiled.as_text()``; the module header says
 ``is_scheduled=true``; also obtainable on a CPU-only machine by compiling
-for a GPU target, see :mod:`decentral_jax.runner.deviceless`). In that text
+for a GPU target, see :mod:`decentral_jax.tools.gpu_compile`). In that text
 the instructions of every computation are listed in the order they are
 issued, and an asynchronous collective is a ``-start`` / ``-done`` pair
 (``collective-permute-start``, ``all-reduce-start``, ``all-gather-start``,

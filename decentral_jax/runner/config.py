@@ -108,7 +108,7 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # "all_reduce" (exact gradient average, then AdamW; paper Alg. 2),
   # "decentralized" (gossip over `topology`, DAdam / AccumAdamW; Alg. 1, 4),
   # or a local-update method: "local_sgd", "diloco", "decentralized_diloco",
-  # "streaming_diloco", "sgp" (see builders.ALGORITHMS and the fields below).
+  # "streaming_diloco", "sgp" (see runner.methods and the fields below).
   c.algorithm = "decentralized"
   # Gossip topology, one of decentral_jax.topology.NAMES (ignored by
   # all_reduce): complete, ring, one_peer_exp, alternating_exp_ring (aer),

@@ -63,6 +63,7 @@ from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import fault_run
+from decentral_jax.runner import methods
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
@@ -128,8 +129,9 @@ def resolve_dispatch(c, platform: str) -> tuple[str, str]:
   ``"auto"`` resolves to what lets XLA overlap the step's collectives with
   its forward/backward pass on accelerators (``docs/gpu_overlap.md``):
   ``gossip_rounds="static"`` (one program per distinct round, chosen on the
-  host) when the method allows it (``decentralized``, also with
-  ``gossip_every > 1``, and ``sgp``) and ``consensus_at="next_step"``; on ``platform="cpu"``
+  host) when the method allows it (``Method.static_rounds``:
+  ``decentralized``, also with ``gossip_every > 1``, and ``sgp``) and
+  ``consensus_at="next_step"``; on ``platform="cpu"``
   (XLA:CPU runs collectives synchronously, nothing to overlap) ``"switch"``
   and ``"log_step"``, which compile fewer programs. CPU trajectories are
   bit-identical either way.
@@ -141,7 +143,7 @@ def resolve_dispatch(c, platform: str) -> tuple[str, str]:
   accel = platform != "cpu"
   rounds = c.gossip_rounds
   if rounds == "auto":
-    static_ok = c.algorithm in ("sgp", "decentralized")
+    static_ok = methods.lookup(c.algorithm).static_rounds
     rounds = "static" if accel and static_ok else "switch"
   consensus = c.consensus_at
   if consensus == "auto":
@@ -219,7 +221,7 @@ def _make_topology(c, workers_per_device: int):
   With ``K > 1`` workers per device node-aware rounds run as two-level
   permutes on a flat mesh, so the mesh is never node-aware then.
   """
-  if not builders.ALGORITHMS[c.algorithm].uses_topology:
+  if not methods.ALGORITHMS[c.algorithm].uses_topology:
     return None, False
   n, local_size = int(c.n_workers), int(c.workers_per_node)
   try:
@@ -422,13 +424,15 @@ class Experiment:
     return rounds
 
   def _gossip_every(self) -> int:
-    """``config.gossip_every`` of ``decentralized`` (1 for other methods)."""
-    c = self.config
-    return int(c.gossip_every) if c.algorithm == "decentralized" else 1
+    """``config.gossip_every`` of ``decentralized`` (1 for other methods:
+    ``Method.gossip_every``)."""
+    method = methods.lookup(self.config.algorithm)
+    return 1 if method.gossip_every is None else method.gossip_every(
+        self.config)
 
   def _build_consensus_step(self):
     """The jitted consensus distance of a state's models (a separate program)."""
-    algorithm = builders.ALGORITHMS[self.config.algorithm]
+    algorithm = methods.ALGORITHMS[self.config.algorithm]
 
     def consensus_worker(params, opt_state):
       own = (params if algorithm.model_params is None
@@ -439,7 +443,7 @@ class Experiment:
 
   def _build_eval_step(self):
     """The jitted evaluation over all workers (see :meth:`evaluate`)."""
-    algorithm = builders.ALGORITHMS[self.config.algorithm]
+    algorithm = methods.ALGORITHMS[self.config.algorithm]
 
     def eval_worker(params, opt_state, rows, common):
       own = (params if algorithm.model_params is None
@@ -560,8 +564,8 @@ class Experiment:
         global_avg_interval=int(c.global_avg_interval),
         log_interval=int(c.log_interval), total_steps=int(c.steps),
         round_index=round_index, consensus=consensus,
-        model_params=builders.ALGORITHMS[c.algorithm].model_params,
-        global_average=builders.ALGORITHMS[c.algorithm].global_average)
+        model_params=methods.ALGORITHMS[c.algorithm].model_params,
+        global_average=methods.ALGORITHMS[c.algorithm].global_average)
 
     def counted(state, batch, *masks):
       self.train_step_traces += 1  # runs once per trace
@@ -671,7 +675,7 @@ class Experiment:
 
     Their shapes, dtypes and shardings, built without placing anything on
     the devices (for ``step_program(...).trace(state, batch).lower()``, e.g.
-    on compile-only devices: :mod:`decentral_jax.runner.deviceless`).
+    on compile-only devices: :mod:`decentral_jax.tools.gpu_compile`).
     """
     rng = jax.eval_shape(lambda: jax.random.key_data(self._dropout_key))
     state = jax.eval_shape(self._init_fn, self._param_shapes(), rng)

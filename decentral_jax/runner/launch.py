@@ -29,7 +29,7 @@ from absl import logging
 import jax
 from ml_collections import config_dict
 
-from decentral_jax.runner import validation
+from decentral_jax.runner import devices
 
 PyTree = Any
 
@@ -265,7 +265,7 @@ def initialize_from_config(config: config_dict.ConfigDict) -> bool:
       not complete within ``initialization_timeout_seconds`` ends this
       process with a one-line error (see :func:`initialize`).
   """
-  validation.check_distributed(config)
+  devices.check_distributed(config)
   d = config.distributed
   explicit = bool(d.coordinator_address) or int(d.num_processes) > 0 or \
       int(d.process_id) >= 0

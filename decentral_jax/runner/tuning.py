@@ -17,8 +17,8 @@ Each method is tuned the same way, in the setting where it is reported
 
 The functions here are the bookkeeping only (no JAX): which lrs to run
 next, which one was chosen, and the seed summary. ``benchmarks/
-bench_evidence.py`` runs the protocol; ``experiments/compare.py`` uses
-its chosen values.
+bench_evidence.py`` runs the protocol; the main job uses its chosen
+values (``decentral_jax/tools/compare/runs.py``, ``TUNED_PEAK_LR``).
 """
 
 from __future__ import annotations

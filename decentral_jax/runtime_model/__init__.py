@@ -16,7 +16,7 @@ compute utilisation against bandwidth (Kale et al. 2025, Table 5) and
 ``cluster_file`` for the cluster JSON that ``measure`` writes and
 ``predict --cluster`` reads. The command line
 (``python -m decentral_jax.runtime_model --help``), ``measure`` and
-``calibrate`` are in :mod:`decentral_jax.runtime_model.cli`.
+``calibrate`` are in :mod:`decentral_jax.tools.runtime_model_cli`.
 """
 
 from __future__ import annotations

@@ -41,9 +41,6 @@ FIG6_MS = {
 }
 METHODS = ("all_reduce", "sgp", "one_peer_exp", "aer")
 VALIDATED = ("all_reduce", "one_peer_exp", "aer")
-LABELS = {"all_reduce": "All-Reduce", "sgp": "SGP (Exp)",
-          "one_peer_exp": "Decent (Exp)", "aer": "Decent (AER)",
-          "alternating_exp_ring": "Decent (AER)"}
 PARAM_COUNT = 65e6  # Transformer base, "about 65M parameters" (paper).
 
 # Fixed, published (bandwidths) or assumed typical (latencies) hardware.

@@ -21,16 +21,11 @@ import math
 
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import method as method_lib
-from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import traffic
+from decentral_jax.method_names import label
 
 # Relative speed-up over All-Reduce below which All-Reduce is recommended.
 MARGIN = 0.05
-
-
-def label(method: str) -> str:
-  """The name of ``method`` in tables and charts (Figure 6's, else itself)."""
-  return paper.LABELS.get(method, method)
 
 
 @dataclasses.dataclass(frozen=True)

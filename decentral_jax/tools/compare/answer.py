@@ -1,8 +1,8 @@
-"""compare.py's answer: which method reaches a loss first on each cluster.
+"""The main job's answer: which method reaches a loss first on each cluster.
 
 Inputs are the proxy runs' validation-loss curves (one per method and seed)
 and each method's predicted seconds per step on each cluster
-(``compare_pricing.predicted_ms``). The answer is built from:
+(``pricing.predicted_ms``). The answer is built from:
 
 * :func:`common_targets`: a few loss targets that every run (every method,
   every seed) reaches: the highest of the runs' lowest losses (the floor),
@@ -35,7 +35,7 @@ import os
 
 import numpy as np
 
-import compare_pricing
+from decentral_jax.tools.compare import pricing
 
 PLOT_NAME = "loss_vs_predicted_time.png"
 # Targets above the floor, as fractions of the drop from the initial loss
@@ -125,7 +125,7 @@ def rank(curves: dict, ms: dict, target: float) -> list[Entry]:
     price = ms.get(name)
     if not isinstance(price, numbers.Real) or not runs:
       continue
-    times = [compare_pricing.time_to_target(s, l, target, price)
+    times = [pricing.time_to_target(s, l, target, price)
              for s, l in runs]
     if any(t is None for t in times):
       continue
@@ -146,7 +146,7 @@ def verdict(cluster: str, ranking: list[Entry], target: float,
   if not ranking:
     return f"{cluster}: no method could be priced here."
   best = ranking[0]
-  took = compare_pricing.format_duration
+  took = pricing.format_duration
   head = (f"{cluster}: **{labels[best.name]}**, first to loss {target:.3f} "
           f"in {took(best.mean_s)}")
   if len(ranking) == 1:
@@ -184,7 +184,7 @@ def _margin(best: Entry, second: Entry) -> str:
 
 
 def _cell(ranking: list[Entry], name: str) -> str:
-  took = compare_pricing.format_duration
+  took = pricing.format_duration
   for k, e in enumerate(ranking):
     if e.name == name:
       text = took(e.mean_s)
@@ -235,7 +235,7 @@ def _ends_lowest(curves: dict, ms: dict, finals: dict, labels: dict,
     return ""
   end = max(float(np.max(s)) for s, _ in curves[low]) * ms[low] / 1e3
   return (f" {labels[low]} ends lowest ({means[low]:.4f} after "
-          f"{compare_pricing.format_duration(end)}).")
+          f"{pricing.format_duration(end)}).")
 
 
 def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
@@ -244,7 +244,7 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
   """The answer section of results.md, and the recommendation lines.
 
   Args:
-    clusters: ``compare_pricing.PricingCluster`` s.
+    clusters: ``pricing.PricingCluster`` s.
     curves: ``{method: [(eval steps, eval losses) per seed]}`` of the runs
       that finished.
     prices: ``{method: {cluster label: ms or reason}}``.

@@ -28,45 +28,39 @@ XLA's latency-hiding scheduler starts a collective only as early as its own
 estimate of the transfer needs; for GPUs of one host that estimate is the
 NVLink time, so the gossip starts late in the backward pass. Given the time
 a collective really takes (``collective_us``: microseconds, a number or a
-function of the collective, e.g. :func:`cluster_collective_us` from the
-runtime model's description of a cluster), :func:`compile_programs`
-compiles each program twice: once as usual, to learn the names of its
-collectives, then with a profile (XLA's profile-guided latency estimation,
-``ProfiledInstructionsProto`` text, :func:`latency_profile`) that prices
-each asynchronous collective at that time, so the scheduler starts it early
-enough to hide it if the program allows (docs/gpu_overlap.md).
+function of the collective, e.g. ``cluster_collective_us`` of
+:mod:`decentral_jax.tools.latency_profile`, from the runtime model's
+description of a cluster), :func:`compile_programs` compiles each program
+twice: once as usual, to learn the names of its collectives, then with a
+profile (XLA's profile-guided latency estimation,
+``ProfiledInstructionsProto`` text, written by
+:mod:`~decentral_jax.tools.latency_profile`) that prices each asynchronous
+collective at that time, so the scheduler starts it early enough to hide
+it if the program allows (docs/gpu_overlap.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import tempfile
 import time
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import jax
-import numpy as np
 
 from decentral_jax import checks
 
 from decentral_jax.analysis import overlap as overlap_lib
 from decentral_jax.runner import experiment as experiment_lib
-from decentral_jax.runtime_model import core as runtime_core
 from decentral_jax.runtime_model import presets as runtime_presets
+from decentral_jax.tools import latency_profile
 
 #: Directory of the shipped GPU target descriptions (``NAME.txtpb``).
 TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                            "gpu_targets")
 #: Target names accepted by :func:`gpu_devices`.
 TARGETS = ("h200", "h100_sxm", "a100_sxm_80")
-
-#: The XLA option naming the profile of :func:`latency_profile` (a file
-#: ending in ``.pbtxt``, or a directory of ``FINGERPRINT.pbtxt`` files).
-PROFILE_OPTION = "xla_gpu_pgle_profile_file_or_directory_path"
-
-_FINGERPRINT = re.compile(r'fingerprint_before_lhs="([0-9a-f]+)"')
 
 _INSTALL = ('pip install "jax-cuda12-plugin==0.10.2" '
             '"jax-cuda12-pjrt==0.10.2" (or -r requirements-gpu-compile.txt)')
@@ -142,7 +136,8 @@ class CompiledStep:
     report: :func:`~decentral_jax.analysis.overlap.overlap_report` of it.
     compile_s: seconds of trace, lower and compile (both compiles with a
       profile).
-    profile: the :func:`latency_profile` text it was compiled with (None:
+    profile: the :func:`~decentral_jax.tools.latency_profile.latency_profile`
+      text it was compiled with (None:
       XLA's own latency estimates).
     unprofiled: with a profile, the report of the same program compiled
       without it (the first of the two compiles); else None.
@@ -167,7 +162,8 @@ class CompiledStep:
 def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
                   compiler_options: dict | None = None,
                   programs=None, collective_us=None, cluster=None,
-                  compute_s: float | None = None) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
+                  compute_s: float | None = None
+                  ) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
   """Compiles the runner's train steps of ``config`` for a GPU target.
 
   Args:
@@ -183,7 +179,8 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
     collective_us: the transfer time to tell XLA's scheduler, see
       :func:`compile_programs`.
     cluster: instead of ``collective_us``, the cluster whose links to
-      price the collectives with (:func:`cluster_collective_us`): a
+      price the collectives with (:func:`~decentral_jax.tools.latency_profile.
+      cluster_collective_us`): a
       :class:`decentral_jax.runtime_model.core.Cluster` or the name of a
       :mod:`decentral_jax.runtime_model.presets` cluster (e.g. ``"A40"``,
       the paper's: 4 A40s per node, 25 Gbit/s Ethernet), built for the
@@ -205,7 +202,7 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
   if cluster is not None:
     if isinstance(cluster, str):
       cluster = runtime_presets.cluster(cluster, int(config.n_workers))
-    collective_us = cluster_collective_us(exp, cluster)
+    collective_us = latency_profile.cluster_collective_us(exp, cluster)
   return exp, compile_programs(exp, programs, compiler_options,
                                collective_us=collective_us,
                                compute_s=compute_s)
@@ -223,7 +220,8 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   ``benchmarks/gpu_check.py``), or CPU devices. Nothing is placed on them.
 
   With ``collective_us``, each program is compiled twice: as usual, then
-  with :data:`PROFILE_OPTION` naming a :func:`latency_profile` that prices
+  with :data:`~decentral_jax.tools.latency_profile.PROFILE_OPTION` naming
+  a :func:`~decentral_jax.tools.latency_profile.latency_profile` that prices
   every asynchronous collective of the first compile (matched by
   instruction name) at ``collective_us`` microseconds. XLA's
   latency-hiding scheduler then places each start at least that much
@@ -253,7 +251,8 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       for every asynchronous collective, or a function ``(collective,
       distinct_round) -> microseconds`` of a
       :class:`~decentral_jax.analysis.overlap.CollectiveOverlap` and the
-      program's distinct round (e.g. :func:`cluster_collective_us`).
+      program's distinct round (e.g. :func:`~decentral_jax.tools.
+      latency_profile.cluster_collective_us`).
     compute_s: None, or the step's compute time on the cluster (seconds >
       0; needs ``collective_us``).
 
@@ -286,7 +285,7 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       dump = ({"xla_dump_to": tmp, "xla_dump_latency_hiding_schedule": True}
               if compute_s is not None else {})
       compiled = lowered.compile({**(compiler_options or {}), **dump})
-      texts = _schedule_texts(tmp) if dump else None
+      texts = latency_profile.schedule_texts(tmp) if dump else None
     xla_us = None if texts is None else _program_busy_us(texts, distinct,
                                                           mode)
     report = overlap_lib.overlap_report(compiled)
@@ -294,16 +293,18 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       out.append(CompiledStep(distinct, mode, compiled, report,
                               time.perf_counter() - t0))
       continue
-    costs = collective_costs(report, collective_us, distinct)
+    costs = latency_profile.collective_costs(report, collective_us,
+                                             distinct)
     if xla_us is not None:
       costs = {k: v * xla_us / (1e6 * compute_s) for k, v in costs.items()}
-    profile = latency_profile(costs, fingerprint(compiled))
+    profile = latency_profile.latency_profile(
+        costs, latency_profile.fingerprint(compiled))
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, "profile.pbtxt")
       with open(path, "w", encoding="utf-8") as f:
         f.write(profile)
       profiled = lowered.compile({**(compiler_options or {}),
-                                  PROFILE_OPTION: path})
+                                  latency_profile.PROFILE_OPTION: path})
     out.append(CompiledStep(distinct, mode, profiled,
                             overlap_lib.overlap_report(profiled),
                             time.perf_counter() - t0, profile, report,
@@ -312,204 +313,14 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
 
 
 def _program_busy_us(texts: list[str], distinct, mode) -> float:
-  """:func:`_busy_us`, its error naming the program (not the temporary
-  dump directory, gone by then)."""
+  """:func:`~decentral_jax.tools.latency_profile.busy_us`, its error naming
+  the program (not the temporary dump directory, gone by then)."""
   try:
-    return _busy_us(texts)
+    return latency_profile.busy_us(texts)
   except ValueError as e:
     raise ValueError(f"compute_s needs XLA's busy time of the program of "
                      f"round {distinct}, consensus {mode}: {e}") from None
 
 
-_STAT = r"\b{}:\s*([0-9.eE+-]+)"
-
-
-def _schedule_texts(dump_dir: str) -> list[str]:
-  """The ``*.schedule.txt`` files of an XLA dump directory, in name order."""
-  texts = []
-  for name in sorted(os.listdir(dump_dir)):
-    if name.endswith(".schedule.txt"):
-      with open(os.path.join(dump_dir, name), encoding="utf-8") as f:
-        texts.append(f.read())
-  return texts
-
-
-def _stat(block: str, field: str) -> float:
-  """A numeric field of a text proto block; 0 when absent (proto3 omits
-  zero-valued fields: no ``total_wasted_cycles`` when nothing waits)."""
-  m = re.search(_STAT.format(field), block)
-  return float(m.group(1)) if m else 0.0
-
-
-def _busy_us(texts: list[str]) -> float:
-  """:func:`scheduled_busy_us` of the dumped schedule texts."""
-  best = None
-  for text in texts:
-    for block in text.split("computation_schedules {")[1:]:
-      total = _stat(block, "total_cycles")
-      if best is None or total > best[0]:
-        best = (total, _stat(block, "total_wasted_cycles"),
-                _stat(block, "cycles_per_microsecond"))
-  if best is None:
-    raise ValueError("XLA wrote no latency-hiding schedule (no "
-                     "computation_schedules in a *.schedule.txt): did its "
-                     "scheduler run?")
-  total, wasted, per_us = best
-  if not total > wasted or not per_us > 0:
-    raise ValueError(
-        f"XLA's latency-hiding schedule gives no busy time (total_cycles "
-        f"{total:g}, total_wasted_cycles {wasted:g}, cycles_per_microsecond "
-        f"{per_us:g}) to rescale the transfer times with.")
-  return (total - wasted) / per_us
-
-
-def scheduled_busy_us(dump_dir: str) -> float:
-  """XLA's estimate of a program's busy time, from its scheduler's dump.
-
-  Reads the ``*.schedule.txt`` that ``xla_dump_latency_hiding_schedule``
-  writes into ``xla_dump_to`` (an ``xla.ScheduleProto`` in text form): for
-  the computation with the longest schedule (the step's entry), its
-  ``total_cycles`` minus ``total_wasted_cycles`` (time spent waiting on a
-  collective), over ``cycles_per_microsecond``. The text form omits
-  zero-valued fields (proto3): a missing field is 0, e.g. no
-  ``total_wasted_cycles`` when no instruction waits.
-
-  Returns:
-    Microseconds on the latency-hiding scheduler's clock.
-
-  Raises:
-    ValueError: no schedule file or computation in ``dump_dir``, or a
-      longest computation without busy cycles or without
-      ``cycles_per_microsecond``.
-  """
-  try:
-    return _busy_us(_schedule_texts(dump_dir))
-  except ValueError as e:
-    raise ValueError(f"{dump_dir!r}: {e}") from None
-
-
-def collective_costs(report: overlap_lib.OverlapReport, collective_us,
-                     distinct_round: int | None = None) -> dict[str, float]:
-  """Microseconds for each asynchronous collective of a compiled program.
-
-  Args:
-    report: :func:`~decentral_jax.analysis.overlap.overlap_report` of the
-      program.
-    collective_us: a number of microseconds (every collective) or a
-      function ``(collective, distinct_round) -> microseconds``.
-    distinct_round: the program's distinct round, passed to the function.
-
-  Returns:
-    ``{start instruction name: microseconds}`` (synchronous collectives
-    are left out: they cannot overlap anything).
-
-  Raises:
-    ValueError: a time that is not a finite number > 0.
-  """
-  out = {}
-  for c in report.collectives:
-    if c.is_async:
-      us = (collective_us(c, distinct_round) if callable(collective_us)
-            else collective_us)
-      out[c.name] = checks.check_float(f"collective_us of {c.name}", us,
-                                       minimum=0.0, open_min=True)
-  return out
-
-
-def fingerprint(compiled_or_text) -> str:
-  """XLA's fingerprint of the module before scheduling (hex string).
-
-  Read from the ``fingerprint_before_lhs`` attribute of the compiled text
-  (``compiled.as_text()``, XLA:GPU only). A profile entry named
-  ``FINGERPRINT::instruction`` applies to that module alone, so one file
-  can hold the profiles of several programs.
-
-  Raises:
-    ValueError: the text has no such attribute (not an XLA:GPU program).
-  """
-  text = (compiled_or_text if isinstance(compiled_or_text, str)
-          else compiled_or_text.as_text())
-  m = _FINGERPRINT.search(text[:200_000])
-  if m is None:
-    raise ValueError("the compiled program has no fingerprint_before_lhs "
-                     "attribute: latency profiles need an XLA:GPU program.")
-  return m.group(1)
-
-
-def latency_profile(costs_us: Mapping[str, float],
-                    module_fingerprint: str = "") -> str:
-  """A ``tensorflow.profiler.ProfiledInstructionsProto`` in text form.
-
-  One ``costs { name: "..." cost_us: ... }`` entry per instruction: what
-  XLA's profile-guided latency estimator reads from
-  :data:`PROFILE_OPTION`. For an asynchronous collective the cost of its
-  start is the latency between start and done that the scheduler tries to
-  cover with other work.
-
-  Args:
-    costs_us: ``{instruction name: microseconds}``.
-    module_fingerprint: if given (:func:`fingerprint`), names are written
-      ``FINGERPRINT::name`` and apply to that module only.
-
-  Raises:
-    ValueError: a name with a quote, backslash or line break, or a cost
-      that is not a finite number >= 0.
-  """
-  prefix = f"{module_fingerprint}::" if module_fingerprint else ""
-  lines = []
-  for name, us in costs_us.items():
-    if not name or any(ch in name for ch in '"\\\n'):
-      raise ValueError(f"latency_profile: instruction name {name!r} must be "
-                       f"non-empty, without quotes, backslashes or newlines.")
-    us = checks.check_float(f"cost of {name}", us, minimum=0.0)
-    lines.append(f'costs {{ name: "{prefix}{name}" cost_us: {us:.3f} }}')
-  return "\n".join(lines) + "\n"
-
-
-def cluster_collective_us(exp: experiment_lib.Experiment,
-                          cluster: runtime_core.Cluster
-                          ) -> Callable[[Any, int | None], float]:
-  """The runtime model's transfer time of each collective, in microseconds.
-
-  For :func:`compile_programs`' ``collective_us``. A collective of a
-  program that runs one distinct round of the gossip topology takes
-  :func:`decentral_jax.runtime_model.round_cost` of that round for its
-  bytes (group means for a partition, else the round's permutes; the
-  slowest worker); the consensus distance's All-Reduce (``diagnostics`` in
-  its ``op_name``), the collectives of programs with all rounds in one or
-  without a topology (All-Reduce, DiLoCo syncs) take
-  :func:`~decentral_jax.runtime_model.all_reduce_cost`.
-
-  Args:
-    exp: the experiment the programs belong to.
-    cluster: a :class:`decentral_jax.runtime_model.core.Cluster` of
-      ``exp``'s workers, e.g. ``runtime_model.presets.cluster("A40", 8)``
-      (4 A40s per node on PCIe 4.0, 25 Gbit/s Ethernet).
-
-  Raises:
-    ValueError: the cluster has another number of workers than ``exp``.
-  """
-  n = int(exp.config.n_workers)
-  if cluster.n_workers != n:
-    raise ValueError(f"cluster has n_workers={cluster.n_workers} but the "
-                     f"experiment has {n} workers; build the cluster for "
-                     f"{n}.")
-  rounds = (exp.topology.distinct_rounds if exp.topology is not None
-            else ())
-  all_reduce = runtime_core.all_reduce_cost(cluster)
-
-  def time_us(c, distinct_round):
-    if ("diagnostics" in c.op_name or distinct_round is None
-        or not 0 <= distinct_round < len(rounds)):
-      cost = all_reduce
-    else:
-      cost = runtime_core.round_cost(cluster, rounds[distinct_round])
-    return 1e6 * float(np.max(cost.time(c.bytes)))
-
-  return time_us
-
-
-__all__ = ("PROFILE_OPTION", "TARGETS", "TARGETS_DIR", "CompiledStep",
-           "cluster_collective_us", "collective_costs", "compile_programs",
-           "compile_steps", "fingerprint", "gpu_devices", "latency_profile",
-           "scheduled_busy_us", "target_config")
+__all__ = ("TARGETS", "TARGETS_DIR", "CompiledStep", "compile_programs",
+           "compile_steps", "gpu_devices", "target_config")

@@ -1,6 +1,6 @@
-"""compare.py's runs priced on clusters with the runtime model: which method?
+"""The main job's runs priced on clusters with the runtime model: which method?
 
-compare.py measures each method's validation loss per step on a small proxy
+The main job measures each method's validation loss per step on a small proxy
 model. This module predicts the time of one step of each method on a
 cluster with the runtime model (:mod:`decentral_jax.runtime_model`), for a
 workload the user names, and puts the two together:
@@ -39,7 +39,7 @@ import numpy as np
 
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
-from decentral_jax.runtime_model.cli import inputs as cli_inputs
+from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import paper

@@ -1,7 +1,8 @@
 """Flags of ``predict`` and their conversion: checks, units, cluster files.
 
-Used by :mod:`decentral_jax.runtime_model.cli.main` (the command line),
-which re-exports these names. Units are in the flag names: GB/s and Gbit/s
+Used by the command line's flag tables
+(:mod:`~decentral_jax.tools.runtime_model_cli.parser`) and its subcommands
+(:mod:`~decentral_jax.tools.runtime_model_cli.predict`, ...). Units are in the flag names: GB/s and Gbit/s
 (1e9), us, ms, MiB.
 """
 
@@ -458,7 +459,7 @@ _WORKLOAD_FIELDS = {
 def explicit_flags(args) -> set:
   """The flags given on the command line, e.g. ``{"--n-workers"}``.
 
-  :func:`decentral_jax.runtime_model.cli.main.main` records them in
+  :func:`decentral_jax.tools.runtime_model_cli.main.main` records them in
   ``args.explicit_flags``; empty when ``args`` was built otherwise.
   """
   return getattr(args, "explicit_flags", set())

@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
+from decentral_jax.tools.runtime_model_cli import inputs
 
 
 def _timed(fn, *args, repeats: int) -> list[float]:
@@ -186,3 +187,37 @@ def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
           "config": config_path, "overrides": list(overrides)}
   return {"cluster": links, "workload": work, "measurements": meas,
           "meta": meta}
+
+
+def run(args) -> int:
+  """The ``measure`` subcommand: measure, write ``--out``, describe it.
+
+  Raises:
+    ValueError: a bad flag or config (one line naming it).
+  """
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import launch  # pylint: disable=import-outside-toplevel
+  from decentral_jax.parallel import multiprocess
+  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
+  inputs.check_output_path(args.out, "--out")
+  if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
+    raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
+                     f"timings), got {args.repeats}.")
+  config = config_lib.load_config(args.config, args.set)
+  validation.check_config(config)
+  launch.initialize_from_config(config)  # SLURM-aware, as the runner
+  data = measure(config, local_size=args.local_size,
+                         sizes_bytes=[x * 1e6 for x in args.sizes_MB],
+                         repeats=args.repeats, config_path=args.config,
+                         overrides=args.set)
+  if multiprocess.is_main_process():
+    cluster_file.write(args.out, data)
+    w = data["workload"]
+    print(inputs.describe_cluster_file(args.out, {"schema": cluster_file.SCHEMA,
+                                           **data}))
+    print(f"  compute of one worker: forward {1e3 * w['forward_s']:.3g} ms, "
+          f"backward {1e3 * w['backward_s']:.3g} ms (CV "
+          f"{w['compute_cv']:.2f}), {w['param_count']:,} parameters")
+    print(f"wrote {args.out}; predict with: python -m "
+          f"decentral_jax.runtime_model predict --cluster {args.out}")
+  return 0

@@ -40,9 +40,8 @@ def calibrate(config, steps: int = 12) -> dict:
   All measurements are taken round-robin (one of each per round, ``steps``
   rounds after two warm-up rounds) so that other load on the machine affects
   them alike, and summarised by their medians. Needs ``config.n_workers``
-  devices: on CPU the command line
-  (:func:`decentral_jax.runtime_model.cli.main.main`) asks JAX for that many
-  before calling this.
+  devices: on CPU the ``calibrate`` subcommand (:func:`run`) asks JAX for
+  that many before calling this.
 
   Args:
     config: a loaded run config
@@ -192,3 +191,27 @@ def format_report(r: dict) -> str:
     lines.append(f"{name:<14}{v['measured_ms']:10.2f}{v['overlap']:10.2f}"
                  f"{v['serial']:10.2f}{v['alpha_beta']:12.2f}")
   return "\n".join(lines)
+
+
+def run(args) -> int:
+  """The ``calibrate`` subcommand: check the config, measure, print.
+
+  Raises:
+    ValueError: a bad flag or config (one line naming it).
+  """
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
+  # The config and its device count are checked before JAX starts.
+  config = config_lib.load_config(args.config, args.set)
+  validation.check_config(config)
+  devices.check_simulated_devices(int(config.n_workers),
+                                     f"config.n_workers={config.n_workers}")
+  import jax  # pylint: disable=import-outside-toplevel
+  try:  # one CPU device per worker (on CPU; the command line's choice)
+    jax.config.update("jax_num_cpu_devices", max(int(config.n_workers), 1))
+  except RuntimeError:  # backend already started; use the devices it has
+    pass
+  report = calibrate(config, steps=args.steps)
+  print(format_report(report))
+  return 0

@@ -1,0 +1,88 @@
+"""Device and process counts of a run config.
+
+:func:`devices_needed` counts the devices a run needs,
+:func:`check_simulated_devices` bounds the CPU devices an entry point
+simulates and :func:`check_distributed` checks the ``distributed`` group
+alone (before a multi-process job is joined).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ml_collections import config_dict
+
+from decentral_jax.runner.config import MAX_SIMULATED_CPU_DEVICES
+from decentral_jax.runner.field_rules import field
+
+
+def _int_field(config, name: str, minimum: int) -> int:
+  value = field(config, name)
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+      or value < minimum:
+    raise ValueError(f"config.{name} must be an integer >= {minimum}, got "
+                     f"{value!r}; set --config.{name}=<int>.")
+  return int(value)
+
+
+
+def devices_needed(c: config_dict.ConfigDict) -> tuple[int, str]:
+  """Devices a (validated) config runs on, and the fields that set it.
+
+  ``n_workers x devices_per_worker / workers_per_device`` (all processes
+  together).
+  """
+  n, d, k = (int(c.n_workers), int(c.devices_per_worker),
+             int(c.workers_per_device))
+  source = f"config.n_workers={n}"
+  if d > 1:
+    source += f" x config.devices_per_worker={d}"
+  if k > 1:
+    source += f" / config.workers_per_device={k}"
+  return n * d // k, source
+
+
+def check_simulated_devices(n: int, source: str) -> int:
+  """Refuses to simulate more than ``MAX_SIMULATED_CPU_DEVICES`` CPU devices.
+
+  Args:
+    n: CPU devices an entry point is about to ask JAX for (per process).
+    source: the setting that asks for them, for the message (e.g.
+      ``"config.n_workers=2048"``, ``"--cpu_devices=2048"``).
+
+  Returns:
+    ``n``.
+
+  Raises:
+    ValueError: ``n`` above the limit (says how to lower it or where to
+      simulate more devices by hand).
+  """
+  if n > MAX_SIMULATED_CPU_DEVICES:
+    raise ValueError(
+        f"{source} asks for {n} simulated CPU devices in this process, more "
+        f"than the {MAX_SIMULATED_CPU_DEVICES} the entry points simulate "
+        "(start-up time and memory grow with the count); lower it, or set "
+        "JAX_NUM_CPU_DEVICES yourself to simulate more.")
+  return n
+
+
+def check_distributed(c: config_dict.ConfigDict) -> None:
+  """Checks the ``config.distributed`` group (types and ranges only).
+
+  Raises:
+    ValueError: a field of the wrong type or range (named).
+  """
+  d = c.distributed
+  if not isinstance(d.enabled, bool):
+    raise ValueError(f"config.distributed.enabled must be True or False, got "
+                     f"{d.enabled!r}.")
+  if not isinstance(d.coordinator_address, str):
+    raise ValueError("config.distributed.coordinator_address must be a "
+                     f"'host:port' string, got {d.coordinator_address!r}.")
+  _int_field(c, "distributed.num_processes", 0)
+  if isinstance(d.process_id, bool) or not isinstance(
+      d.process_id, (int, np.integer)) or d.process_id < -1:
+    raise ValueError(f"config.distributed.process_id must be an integer >= -1 "
+                     f"(-1: auto-detect), got {d.process_id!r}.")
+  _int_field(c, "distributed.heartbeat_timeout_seconds", 1)
+  _int_field(c, "distributed.initialization_timeout_seconds", 1)
+

@@ -1,0 +1,164 @@
+"""The method registry: one :class:`Method` record per ``config.algorithm``.
+
+Each method family's home (:mod:`~decentral_jax.runner.methods.all_reduce`,
+:mod:`~decentral_jax.runner.methods.decentralized`,
+:mod:`~decentral_jax.runner.methods.local_updates`,
+:mod:`~decentral_jax.runner.methods.sgp`) states how a method is built from
+the run config, which of the :data:`METHOD_FIELDS` it reads, its checks and
+the runtime-model spec that prices it, and calls :func:`register` once per
+method. Everything else is derived from :data:`ALGORITHMS`: the config's
+allowed ``algorithm`` values and the refusal of fields a method does not
+read (:mod:`decentral_jax.runner.validation`), the optimizer
+(:func:`decentral_jax.runner.builders.make_optimizer`), the runtime-model
+spec (:func:`decentral_jax.runner.builders.spec_for_config`) and the
+display name (:func:`display_name`, from the table of
+:mod:`decentral_jax.method_names`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, NamedTuple
+
+import optax
+
+from decentral_jax import method_names as names
+
+PyTree = Any
+
+#: Config fields that only some methods read. Each :class:`Method` lists
+#: those it reads (``Method.fields``); ``validation.check_config`` refuses
+#: a value other than the ``base_config`` default of one that
+#: ``config.algorithm`` does not read.
+METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
+                 "global_avg_interval", "gossip_every", "sync_every",
+                 "outer_optimizer.name", "outer_optimizer.lr",
+                 "outer_optimizer.momentum", "outer_optimizer.nesterov",
+                 "num_fragments", "overlap_steps", "merge_alpha",
+                 "outer_overlap", "outer_latency", "trickle_reduction",
+                 "compression.format", "compression.block",
+                 "compression.fraction", "compression.error_feedback",
+                 "compression.error_decay", "compression.consensus_step")
+
+
+class Method(NamedTuple):
+  """A ``config.algorithm`` value: how it is built, read, checked, priced."""
+  # The config.algorithm value.
+  name: str
+  # build(config, schedule, topology or None, axis_name) -> the optax
+  # transform of one worker (updated inside shard_map over the worker axis).
+  build: Callable[..., optax.GradientTransformation]
+  # The METHOD_FIELDS it reads (the others must keep their defaults).
+  fields: tuple[str, ...]
+  # runtime_spec(config) -> the runtime-model spec that prices the run
+  # (decentral_jax.runtime_model.specs, local_methods), message settings
+  # (comm_dtype, compress, bucket_MiB) included.
+  runtime_spec: Callable[..., str]
+  # The key of its display name (decentral_jax.method_names).
+  label: str
+  # True if it communicates over config.topology (the runner builds it).
+  uses_topology: bool = False
+  # True if its gossip round may be picked on the host (gossip_rounds
+  # "static": one compiled program per distinct round).
+  static_rounds: bool = False
+  # gossip_every(config) -> steps between two gossip rounds (the runner
+  # compiles a separate local step if > 1); None: 1.
+  gossip_every: Callable[..., int] | None = None
+  # checks(config): cross-field checks of the fields it reads, run before
+  # the refusal of fields it does not read; raise a one-line ValueError.
+  checks: Callable[..., None] | None = None
+  # compression_checks(config, fmt): config.compression against the method
+  # (fmt: "config.compression.format='int8'" for messages).
+  compression_checks: Callable[..., None] | None = None
+  # unread(config, field) -> why a field it lists is not read with this
+  # config (for a message), or None.
+  unread: Callable[..., str | None] | None = None
+  # faults(config): checks of an enabled config.faults against the method;
+  # None: it does not run with faults.
+  faults: Callable[..., None] | None = None
+  # Fault settings it never reads -> why (for a message).
+  unread_faults: Mapping[str, str] = {}
+  # warnings(config) -> lines on accepted but suspicious settings.
+  warnings: Callable[..., list[str]] | None = None
+  # eval_params(params, opt_state) -> this worker's parameters of "the
+  # averaged model" (the evaluation averages them over the workers); None:
+  # the worker's model (below).
+  eval_params: Callable[..., PyTree] | None = None
+  # model_params(params, opt_state) -> the worker's own model, where its
+  # gradient is taken and its consensus distance measured (None: params).
+  model_params: Callable[..., PyTree] | None = None
+  # global_average(params, opt_state, axis_name) -> (params, opt_state) for
+  # config.global_avg_interval (None: the exact mean of the parameters).
+  global_average: Callable[..., tuple] | None = None
+
+
+#: The registered methods by ``config.algorithm``, in registration order.
+ALGORITHMS: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+  """Adds ``method`` to :data:`ALGORITHMS` (its ``config.algorithm`` value).
+
+  Returns:
+    ``method``.
+
+  Raises:
+    ValueError: a name already registered or not an identifier, or a field
+      outside :data:`METHOD_FIELDS` (add the field to the config and to
+      ``METHOD_FIELDS`` first).
+  """
+  if not isinstance(method, Method):
+    raise ValueError(f"register takes a Method, got {type(method).__name__}.")
+  if not str(method.name).isidentifier():
+    raise ValueError(f"Method.name={method.name!r} must be an identifier "
+                     "(it is a config.algorithm value).")
+  if method.name in ALGORITHMS:
+    raise ValueError(f"Method.name={method.name!r} is already registered; "
+                     "pick another name or unregister it first.")
+  unknown = [f for f in method.fields if f not in METHOD_FIELDS]
+  if unknown:
+    raise ValueError(f"Method.fields of {method.name!r} names "
+                     f"{', '.join(unknown)}, not in METHOD_FIELDS; list only "
+                     "method fields of the run config.")
+  ALGORITHMS[method.name] = method
+  return method
+
+
+def unregister(name: str) -> Method:
+  """Removes and returns the method registered as ``name``.
+
+  Raises:
+    ValueError: ``name`` not registered.
+  """
+  return ALGORITHMS.pop(lookup(name).name)
+
+
+def lookup(name: str) -> Method:
+  """The method of ``config.algorithm = name``.
+
+  Raises:
+    ValueError: an unknown ``name`` (listing the registered ones).
+  """
+  method = ALGORITHMS.get(name)
+  if method is None:
+    raise ValueError(f"unknown config.algorithm={name!r}; use one of "
+                     f"{', '.join(ALGORITHMS)}.")
+  return method
+
+
+def display_name(config) -> str:
+  """The run's method name in tables and charts (one naming scheme).
+
+  ``config.algorithm``'s :attr:`Method.label` in the table of
+  :mod:`decentral_jax.method_names`, with ``config.topology`` for a
+  method that gossips; ``decentralized`` with ``optimizer.name =
+  "accum_adamw"`` is AccumAdamW. E.g. ``"DAdam (Exp)"``.
+
+  Raises:
+    ValueError: an unknown ``config.algorithm``.
+  """
+  method = lookup(config.algorithm)
+  key = method.label
+  if key == "dadam" and config.optimizer.name == "accum_adamw":
+    key = "accum_adamw"
+  return names.display_name(
+      key, config.topology if method.uses_topology else None)

@@ -1,0 +1,177 @@
+"""The main job's command-line flags, on a flag registry of its own.
+
+:data:`FLAGS` is an ``absl.flags.FlagValues`` of this module alone (not
+``absl.flags.FLAGS``), so the main job runs in the same process as any other
+tool that defines flags of the same names (``--config``, ``--outdir``).
+:func:`parse` reads an argument list into it and sets the
+``--config.<field>=value`` overrides aside; :func:`job_settings` applies
+``--full``'s defaults; :func:`help_text` is the ``--help`` text.
+
+The default configs are files of a source checkout: ``configs/gpt_quick.py``
+(the quick job) and ``configs/gpt_tiny.py`` (``--full``) beside the
+imported package (an editable install or ``PYTHONPATH`` set to a clone),
+else under the current directory (a clone after ``pip install .``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from absl import flags as absl_flags
+
+from decentral_jax.runner import config as config_lib
+from decentral_jax.tools.compare import runs
+
+# The checkout that holds the imported package (tools/compare/ is 3 deep).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+# The proxy of the quick default and of --full.
+QUICK_CONFIG = os.path.join(_ROOT, "configs", "gpt_quick.py")
+FULL_CONFIG = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+# The --help flags, answered by main (exit code 0).
+HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+
+FLAGS = absl_flags.FlagValues()
+CONFIG = absl_flags.DEFINE_string(
+    "config", QUICK_CONFIG, "Base config for all runs (FILE.py or "
+    "FILE.py:ARG); override its fields with --config.<field>=value. "
+    "Default: configs/gpt_quick.py (--full: configs/gpt_tiny.py).",
+    flag_values=FLAGS)
+FULL = absl_flags.DEFINE_bool(
+    "full", False, "The full study instead of the quick default: "
+    "configs/gpt_tiny.py (300 steps), the methods of FULL_METHODS, seeds "
+    "0,1,2, checkpoints on (resumes after an interruption); --config, "
+    "--methods, --seeds or --checkpoints given as well win.",
+    flag_values=FLAGS)
+SEEDS = absl_flags.DEFINE_string(
+    "seeds", "", "Comma-separated seeds; every method runs once per seed "
+    "(the recommendation then says whether the winner is outside the "
+    "seeds' spread). Default: the config's seed (--full: 0,1,2).",
+    flag_values=FLAGS)
+CHECKPOINTS = absl_flags.DEFINE_bool(
+    "checkpoints", False, "Write the config's periodic checkpoints and keep "
+    "them (about 74 MB per gpt_tiny run). Default: none but the one SIGTERM "
+    "or Ctrl-C saves to resume; a finished run's last checkpoint is "
+    "deleted. On under --full.",
+    flag_values=FLAGS)
+WORKLOAD = absl_flags.DEFINE_string(
+    "workload", "gpt2_small", "Workload whose time per step the clusters "
+    "are priced for: gpt2_small (124M parameters, 30.9 ms of compute), 1b "
+    "(1e9 parameters, 100 ms) or figure6 (the paper's Transformer-base "
+    "fitted to Figure 6; T4, A40, A100 only). Cluster files use their own "
+    "measured workload.",
+    flag_values=FLAGS)
+CPU_TIMING = absl_flags.DEFINE_bool(
+    "cpu_timing", False, "Also write this machine's CPU timings (ms/step, "
+    "tokens/s columns and cpu_loss_vs_time_this_machine.png): "
+    "load-dependent, compute overheads of simulated devices, not a "
+    "ranking.",
+    flag_values=FLAGS)
+OUTDIR = absl_flags.DEFINE_string(
+    "outdir", "results/compare",
+    "Output directory. A run subdirectory left by an earlier invocation with "
+    "the same config is reused (a finished run is kept, an interrupted one "
+    "resumes from its checkpoint); any other is replaced.",
+    flag_values=FLAGS)
+FRESH = absl_flags.DEFINE_bool(
+    "fresh", False, "Replace every run subdirectory of --outdir: train all "
+    "runs from step 0 even where an earlier invocation finished them or "
+    "left a checkpoint.",
+    flag_values=FLAGS)
+PER_METHOD_LR = absl_flags.DEFINE_bool(
+    "per_method_lr", True,
+    "Use each method's tuned peak lr for gpt_tiny (TUNED_PEAK_LR; "
+    "BENCHMARKS.md) instead of config.schedule.peak_lr; an explicit "
+    "--config.schedule.peak_lr or final_lr turns this off.",
+    flag_values=FLAGS)
+METHODS = absl_flags.DEFINE_string(
+    "methods", ",".join(runs.DEFAULT_METHODS),
+    "Comma-separated methods to run, in this order, or 'all'; see the "
+    "module docstring for the list. Default: DEFAULT_METHODS (--full: "
+    "FULL_METHODS).",
+    flag_values=FLAGS)
+CPU_DEVICES = absl_flags.DEFINE_integer(
+    "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers x "
+    "config.devices_per_worker / config.workers_per_device.",
+    lower_bound=0,
+    flag_values=FLAGS)
+CLUSTERS = absl_flags.DEFINE_string(
+    "clusters", "A40,h100_node,cross_region_2dc",
+    "Comma-separated clusters to price every run on with the runtime "
+    "model: presets (T4, A40, A100, h100_node, h100_ib, cross_region_2dc, "
+    "cross_region_4dc; docs/runtime_model.md) or cluster JSON files "
+    "written by `python -m decentral_jax.runtime_model measure`; empty: no "
+    "pricing.",
+    flag_values=FLAGS)
+
+
+def default_config(full: bool) -> str:
+  """The default ``--config``: ``configs/gpt_quick.py`` (``full``:
+  ``gpt_tiny.py``) beside the imported package, else under the current
+  directory if only that one exists."""
+  path = FULL_CONFIG if full else QUICK_CONFIG
+  here = os.path.join("configs", os.path.basename(path))
+  if not os.path.isfile(path) and os.path.isfile(here):
+    return here
+  return path
+
+
+def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
+  """``(config path, methods, seeds, checkpoints, job)`` from :data:`FLAGS`
+  and the ``--config.<field>=value`` ``overrides``.
+
+  ``--full`` changes the defaults of ``--config``, ``--methods``,
+  ``--seeds`` and ``--checkpoints``; each flag given explicitly wins (an
+  explicit ``--config.checkpoint_interval`` turns checkpoints on).
+  ``job`` is ``"quick"`` or ``"full"`` when the set-up is that job's
+  default one (for the reference check), else None.
+  """
+  given = lambda name: FLAGS[name].present
+  full = FULL.value
+  config = CONFIG.value if given("config") else default_config(full)
+  methods = METHODS.value if given("methods") else ",".join(
+      runs.FULL_METHODS if full else runs.DEFAULT_METHODS)
+  seeds = SEEDS.value if given("seeds") else ("0,1,2" if full else "")
+  # An explicit --config.checkpoint_interval asks for checkpoints too.
+  checkpoints = CHECKPOINTS.value if given("checkpoints") else (
+      full or any(a.startswith("--config.checkpoint_interval")
+                  for a in overrides))
+  job = "full" if full else "quick"
+  if (os.path.realpath(config) != os.path.realpath(default_config(full))
+      or overrides or not PER_METHOD_LR.value):
+    job = None
+  return config, methods, seeds, checkpoints, job
+
+
+def parse(argv: list[str]) -> tuple[list[str], list[str]]:
+  """Reads ``argv`` (the arguments, no program name) into :data:`FLAGS`.
+
+  Returns:
+    ``(positional arguments, --config.<field>=value overrides)``.
+
+  Raises:
+    ValueError: a bad flag or value (one line, naming it).
+  """
+  rest, overrides = config_lib.split_overrides(["compare", *argv])
+  FLAGS.unparse_flags()
+  try:
+    positional = FLAGS(rest)
+  except absl_flags.Error as e:
+    raise ValueError(config_lib.config_error_message(e)) from None
+  return positional[1:], overrides
+
+
+def wants_help(argv: list[str]) -> bool:
+  """Whether ``argv`` asks for the help text (a flag of :data:`HELP_FLAGS`
+  before any ``--``)."""
+  for arg in argv:
+    if arg == "--":
+      return False
+    if arg in HELP_FLAGS:
+      return True
+  return False
+
+
+def help_text(doc: str) -> str:
+  """``doc`` (the main job's description) and every flag with its help."""
+  return f"{doc.strip()}\n\nflags:\n{FLAGS.get_help()}\n"

@@ -1,0 +1,248 @@
+"""Running the main job's arms: train, keep or resume each run.
+
+Each run's subdirectory of ``--outdir`` records its outcome
+(:data:`RESULT_FILE`); :func:`arm_status` decides whether a run is kept
+(finished with the same config), resumed (a checkpoint of the same config)
+or trained from step 0; :func:`run_arm` does one run with its directory
+locked, :func:`train_all` every run under one progress bar. Bad data or
+directories end the job: :func:`fail` prints one ``error:`` line and
+raises :class:`JobExit` with the exit code (2: bad input, 3: diverged runs,
+128 + signum: stopped by SIGTERM/SIGINT after saving a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+from decentral_jax.runner import experiment
+from decentral_jax.runner import train
+from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.tools.compare import progress as progress_lib
+from decentral_jax.tools.compare import runs as runs_lib
+
+
+class JobExit(Exception):
+  """The job ends with exit code ``code`` (its message already printed)."""
+
+  def __init__(self, code: int):
+    super().__init__(code)
+    self.code = int(code)
+
+
+def fail(message, code: int = 2) -> None:
+  """One ``error:`` line on stderr, then :class:`JobExit` (2: bad input,
+  3: diverged)."""
+  print(f"error: {message}", file=sys.stderr)
+  raise JobExit(code)
+
+
+def make_outdir(path: str) -> str:
+  """Creates the output directory; ValueError naming it if that fails."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"--outdir {path!r} is a file, not a directory; pass a "
+                     "directory (it is created if missing).")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"--outdir {path!r} cannot be created: "
+                     f"{e.strerror or e}.") from None
+  if not os.access(path, os.W_OK | os.X_OK):
+    raise ValueError(f"--outdir {path!r} is not writable.")
+  return path
+
+
+def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
+  """``comm/bytes_per_step`` and ``comm/ratio`` of ``exp``'s train step."""
+  comm = exp.communication(exp.init_state(), exp.get_batch(0))
+  return {"comm/bytes_per_step": comm["bytes_per_step"],
+          "comm/ratio": comm["ratio"]}
+
+
+# A run's outcome in its subdirectory: {"config": its config, "final": its
+# final metrics or null, "diverged": why it diverged or null}.
+RESULT_FILE = "compare_result.json"
+# Everything a run's subdirectory may hold (besides run.lock).
+RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
+
+
+def _read_json(path: str):
+  """The JSON value in ``path``, or None if it is missing or unreadable."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  ckpts = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ckpts) and any(x.isdigit() for x in os.listdir(ckpts))
+
+
+def arm_status(workdir: str, config) -> tuple[str, dict | None]:
+  """What an invocation does with a run's subdirectory ``workdir``.
+
+  Returns:
+    ``("finished", record)`` if ``workdir`` holds the outcome of a run of
+    this very config (:data:`RESULT_FILE`: its final metrics, or why it
+    diverged), which is kept; ``("resume", None)`` if it holds a
+    checkpoint of a run of this config (its ``config.json``), which
+    ``train_and_evaluate`` resumes; ``("fresh", None)`` otherwise: the
+    directory is replaced and the run starts at step 0.
+  """
+  want = json.loads(config.to_json())
+  record = _read_json(os.path.join(workdir, RESULT_FILE))
+  if isinstance(record, dict) and record.get("config") == want:
+    return "finished", record
+  if (_read_json(os.path.join(workdir, "config.json")) == want
+      and _has_checkpoint(workdir)):
+    return "resume", None
+  return "fresh", None
+
+
+def _record(workdir: str, config, final, reason) -> None:
+  path = os.path.join(workdir, RESULT_FILE)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump({"config": json.loads(config.to_json()), "final": final,
+                 "diverged": reason}, f, indent=1)
+    os.replace(path + ".tmp", path)
+  except OSError as e:
+    raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
+
+
+def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,
+            checkpoints: bool = True):
+  """Trains one arm in ``workdir``, or takes what an earlier invocation left.
+
+  See :func:`arm_status` (``fresh``: always start at step 0). A finished
+  run keeps its recorded metrics, timings included; a resumed run's
+  ms/step and tokens/s are those of the steps after its checkpoint.
+  Without ``checkpoints`` the run's checkpoints are deleted once its
+  outcome is recorded (:func:`drop_checkpoints`), the lock still held.
+
+  The work directory is locked (``run.lock``) before anything in it is
+  read or removed, so two invocations on the same ``--outdir`` cannot
+  clobber each other; a directory to be replaced must be a directory, not
+  a symbolic link, holding only what a run writes (:data:`RUN_ENTRIES`),
+  anything else is refused (and keeps no ``run.lock`` of ours).
+
+  Returns:
+    ``(final metrics or None, why it diverged or None)``; the outcome is
+    recorded in ``workdir/`` :data:`RESULT_FILE`.
+
+  Raises:
+    ValueError: bad data or work directory (another run holds it, or it is
+      not a run directory), or an unreadable checkpoint.
+    train.Preempted: stopped by SIGTERM / SIGINT after saving a checkpoint.
+  """
+  # train_and_evaluate re-enters the lock; "--outdir" for the in-use error.
+  with workdir_lib.hold(workdir, flag="--outdir"):
+    outcome = _run_arm_held(run, config, workdir, fresh)
+    if not checkpoints:
+      drop_checkpoints(workdir)
+    return outcome
+
+
+def _run_arm_held(run: runs_lib.Run, config, workdir: str, fresh: bool):
+  """:func:`run_arm` with ``workdir``'s lock held."""
+  status, record = ("fresh", None) if fresh else arm_status(workdir, config)
+  if status == "finished":
+    print(f"== {run.label}: finished by an earlier invocation, kept "
+          f"({workdir})", flush=True)
+    return record["final"], record["diverged"]
+  if status == "fresh":  # refuses a directory this project did not write
+    workdir_lib.clear(workdir, RUN_ENTRIES)
+  print(f"== {run.label} -> {workdir}" + (
+      " (resuming from its checkpoint)" if status == "resume" else ""),
+        flush=True)
+  t0 = time.perf_counter()
+  final = reason = None
+  try:
+    exp = experiment.Experiment(config)
+    final = train.train_and_evaluate(config, workdir, experiment=exp)
+    final.update(sent_per_step(exp))
+    print(f"   val loss {final['eval/loss']:.4f}, sends "
+          f"{final['comm/ratio']:.3f} x params per step, "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+  except FloatingPointError as e:  # this arm diverged; the others still run
+    print(f"   diverged: {e}", flush=True)
+    reason = str(e)
+  _record(workdir, config, final, reason)
+  return final, reason
+
+
+def preempted_message(e: train.Preempted, run: runs_lib.Run, done, rest,
+                      fresh: bool = False) -> str:
+  """What was saved when ``run`` stopped, and what the same command does
+  next (``done``: the runs before it, ``rest``: those after it)."""
+  names = lambda runs: ", ".join(r.name for r in runs)
+  again = ("the same command without --fresh" if fresh else
+           "the same command")
+  return (f"run {run.name!r} stopped by {signal.Signals(e.signum).name} "
+          f"after step {e.step}; checkpoint {e.step} is saved in "
+          f"{e.directory}. Run {again} again to go on: it keeps the finished "
+          f"runs ({names(done) or 'none'}), resumes {run.name!r} from step "
+          f"{e.step}" + (f" and then trains {names(rest)}" if rest else "")
+          + ".")
+
+
+def drop_checkpoints(workdir: str) -> None:
+  """Deletes a finished run's checkpoints (its outcome is recorded)."""
+  shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)
+
+
+def train_all(arms: list[runs_lib.Arm], outdir: str, checkpoints: bool,
+              fresh: bool = False):
+  """Trains (or keeps, or resumes) every arm under one progress bar.
+
+  Returns:
+    ``(finals, diverged)``: final metrics or None per arm, and
+    ``[(run, reason)]``.
+
+  Raises:
+    JobExit: bad data or work directories (:func:`fail`, code 2), or
+      stopped by SIGTERM/SIGINT (code 128 + signum).
+  """
+  finals, diverged = [], []
+  runs = [a.run for a in arms]
+  progress = progress_lib.JobProgress(arms)
+  for k, arm in enumerate(arms):
+    workdir = os.path.join(outdir, arm.run.name)
+    progress.start(k + 1, arm)
+    try:
+      with progress.attach():
+        final, reason = run_arm(arm.run, arm.config, workdir, fresh,
+                                checkpoints)
+    except ValueError as e:  # bad data or work directory: all runs share it
+      progress.close()
+      fail(f"run {arm.run.name!r} ({arm.run.label}): {e}")
+    except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
+      progress.close()
+      print("preempted: " + preempted_message(
+          e, arm.run, runs[:k], runs[k + 1:], fresh), file=sys.stderr)
+      raise JobExit(e.exit_code) from None
+    progress.finish(k + 1)
+    if reason is not None:
+      diverged.append((arm.run, reason))
+    finals.append(final)
+  progress.close()
+  return finals, diverged
+
+
+def diverged_message(diverged, n_runs: int, results: str) -> str:
+  """The exit-3 line: which runs diverged (``[(run, reason)]`` of
+  ``n_runs``) and where the results are (``results``: results.md)."""
+  why = "; ".join(f"{run.name!r} ({run.label}): {str(reason).rstrip('.')}"
+                  for run, reason in diverged)
+  if len(diverged) < n_runs:
+    return (f"{len(diverged)} of {n_runs} runs diverged: {why}; the other "
+            f"runs' results are in {results}.")
+  return (f"all {n_runs} runs diverged: {why}; no run finished, so there is "
+          f"no answer ({results} lists the divergences).")

@@ -1,0 +1,453 @@
+"""Overlap of the train step's collectives with compute, compiled for GPUs.
+
+Compiles (never runs) the runner's own train-step programs for a GPU target
+on this machine, without a GPU (:mod:`decentral_jax.tools.gpu_compile`:
+needs ``pip install -r requirements-gpu-compile.txt``), and reads from each
+program's scheduled HLO, for every collective: bytes, asynchronous or not,
+inside a conditional or not, and the forward / backward / other compute
+instructions XLA scheduled between its start and done
+(:func:`decentral_jax.analysis.overlap.overlap_report`).
+
+Each case is compiled in two modes:
+
+* ``before``: ``gossip_rounds=switch`` and ``consensus_at=log_step``, what
+  every run did before ``"auto"`` existed (the round chosen in-graph by
+  ``lax.switch``; the consensus distance in a ``lax.cond`` on log steps);
+* ``after``: the defaults (``"auto"``; on a GPU ``static`` rounds chosen on
+  the host where the method allows it, and ``next_step`` consensus).
+
+Programs: ``before`` has one program per case with ``switch`` (one per
+distinct round otherwise); ``after`` compiles every distinct round without
+the consensus measurement and the first distinct round with it
+(``--all_programs``: every round with it too).
+
+Output: one JSON line per program in ``--out`` (default
+``benchmarks/results/gpu_overlap.jsonl`` of the checkout), and a Markdown
+table on stdout.
+``--fixtures DIR`` also writes the scheduled HLO of the programs of
+``--fixture_cases``, stripped to what the overlap report reads and
+gzipped (the fixtures of ``tests/test_overlap.py``).
+
+  decentral-jax overlap --cases gpt_tiny,aer,virtual \\
+      --targets h200,a100_sxm_80
+
+(in a clone also ``python benchmarks/bench_gpu_overlap.py``). The cases'
+configs are files of a source checkout (``configs/``), beside the imported
+package; JAX runs on the CPU (``JAX_PLATFORMS=cpu`` unless set). Exit codes:
+0; 2 after one ``error:`` line for a bad flag, case or config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import sys
+import time
+import types
+
+# The checkout that holds the imported package (tools/ is 2 deep).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+_TINY = "configs/gpt_tiny.py"
+_GPT2 = "configs/gpt2_small_owt.py:decentralized"
+# name -> (config file, overrides, GPU topology "slices x hosts x devices").
+CASES = {
+    "gpt_tiny": (_TINY, (), "1x1x8"),
+    "dadam": (_TINY, ("optimizer.name=adamw", "optimizer.accum_steps=1"),
+              "1x1x8"),
+    "aer": (_TINY, ("topology=alternating_exp_ring", "workers_per_node=4"),
+            "2x1x4"),
+    "virtual": (_TINY, ("workers_per_device=4",), "1x1x2"),
+    "spanning": (_TINY, ("n_workers=4", "devices_per_worker=2"), "1x1x8"),
+    "ring": (_TINY, ("topology=ring",), "1x1x8"),
+    "torus": (_TINY, ("topology=torus",), "1x1x8"),
+    "exponential": (_TINY, ("topology=exponential",), "1x1x8"),
+    "complete": (_TINY, ("topology=complete",), "1x1x8"),
+    "sgp": (_TINY, ("algorithm=sgp",), "1x1x8"),
+    "local_dadam": (_TINY, ("gossip_every=2",), "1x1x8"),
+    "all_reduce": (_TINY, ("algorithm=all_reduce", "optimizer.name=adamw",
+                           "optimizer.accum_steps=1"), "1x1x8"),
+    "diloco": (_TINY, ("algorithm=diloco",), "1x1x8"),
+    # DiLoCo's overlapped outer step: the trickled reduction (one slice of
+    # the pseudo-gradients per step, outside any conditional) against the
+    # one-shot reduction in the sync step's conditional.
+    "diloco_eager": (_TINY, ("algorithm=diloco", "outer_overlap=eager"),
+                     "1x1x8"),
+    "diloco_eager_one_shot": (_TINY, ("algorithm=diloco",
+                                      "outer_overlap=eager",
+                                      "trickle_reduction=False"), "1x1x8"),
+    "streaming_eager": (_TINY, ("algorithm=streaming_diloco",
+                                "num_fragments=2", "outer_overlap=eager"),
+                        "1x1x8"),
+    # The paper's GPT-2 small (bfloat16 compute, float32 parameters), AER
+    # on two hosts of 4 GPUs, 30 sequences of 1024 tokens per worker.
+    "gpt2_small": (_GPT2, ("n_workers=8", "global_batch=240",
+                           "eval_batches=1"), "2x1x4"),
+}
+# Overrides of the mode "before" (what main did): the round chosen in-graph
+# unless the config asks for static rounds (gpt2_small_owt does).
+BEFORE = {"gpt2_small": ("consensus_at=log_step",)}
+_BEFORE = ("gossip_rounds=switch", "consensus_at=log_step")
+_LIMIT = "xla_gpu_experimental_parallel_collective_overlap_limit"
+# XLA's defaults of the options the runner now sets on GPUs.
+XLA_DEFAULTS = {"xla_gpu_enable_latency_hiding_scheduler": False,
+                _LIMIT: 1}
+
+
+def network_flag(gbps: float, gpus_per_node: int) -> str:
+  """XLA flag describing the cluster's network to its latency estimator.
+
+  XLA's analytical ("speed of light") latency estimator, used by default
+  for Hopper targets, prices a collective from these parameters; with the
+  real inter-node rate it sees that a gossip round takes long and starts
+  it earlier. Only ``nic_speed_gbps`` and ``gpus_per_node`` describe the
+  cluster; the other values are fixed placeholders (not tuned). Must be in
+  ``XLA_FLAGS`` before JAX starts (a map-valued option cannot be passed
+  per compile in jaxlib 0.10.2).
+  """
+  return ("--xla_gpu_analytical_latency_estimator_options="
+          f"nccl_op_launch_us=55,nic_speed_gbps={gbps:g},chunk_prep_us=1,"
+          f"rtt_us=68,gpus_per_node={gpus_per_node},"
+          "chunk_size_bytes=4194304")
+
+
+def _overrides(case: str, mode: str, data_dir: str) -> list[str]:
+  out = list(CASES[case][1])
+  if mode == "before":
+    out += BEFORE.get(case, _BEFORE)
+  if CASES[case][0] == _GPT2:
+    out.append(f"data.path={data_dir}")
+  return out
+
+
+def _token_bins(directory: str) -> str:
+  """Tiny nanoGPT-style train.bin/val.bin (zeros): compiles need no text."""
+  import numpy as np
+  os.makedirs(directory, exist_ok=True)
+  np.zeros(300_000, np.uint16).tofile(os.path.join(directory, "train.bin"))
+  np.zeros(20_000, np.uint16).tofile(os.path.join(directory, "val.bin"))
+  return directory
+
+
+def strip_hlo(text: str) -> str:
+  """Scheduled HLO cut to what the overlap report reads (for fixtures).
+
+  Keeps the module header's ``is_scheduled`` / partition fields and every
+  computation except fused and reduction ones; of each instruction keeps
+  its shape, opcode, operands and attributes except ``backend_config``
+  (replaced by ``{"is_sync":true}`` where it says so) and ``metadata``
+  (replaced by its ``op_name``).
+  """
+  from decentral_jax.analysis import hlo
+  comps, entry, _ = hlo.parse_module(text)
+  keep, todo = set(), [entry]
+  while todo:
+    comp = todo.pop()
+    if comp in keep or comp not in comps:
+      continue
+    keep.add(comp)
+    for ins in comps[comp]:
+      for key, subs in hlo.called_computations(ins).items():
+        if (ins.opcode == "fusion" and not _has_dot(subs, comps)) or (
+            key == "to_apply" and ins.opcode != "call"):
+          continue
+        todo.extend(subs)
+  head = text.split("\n", 1)[0]
+  fields = re.findall(r"(is_scheduled=\w+|num_partitions=\d+|"
+                      r"replica_count=\d+)", head)
+  out = [f"HloModule {head.split()[1].rstrip(',')}, " + ", ".join(fields), ""]
+  current = None
+  for line in text.splitlines()[1:]:
+    if line and not line[0].isspace() and line.rstrip().endswith("{"):
+      name = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+      current = name if name in keep else None
+      if current:
+        out.append(line)
+    elif current and line.strip() == "}":
+      out.extend(["}", ""])
+      current = None
+    elif current:
+      out.append(_strip_line(line))
+  return "\n".join(out) + "\n"
+
+
+def _has_dot(subs, comps, seen=None) -> bool:
+  """Whether computations ``subs`` (or fusions they call) hold a ``dot``."""
+  from decentral_jax.analysis import hlo
+  seen = set() if seen is None else seen
+  for sub in subs:
+    if sub in seen or sub not in comps:
+      continue
+    seen.add(sub)
+    for ins in comps[sub]:
+      if ins.opcode == "dot" or (ins.opcode == "fusion" and _has_dot(
+          hlo.called_computations(ins).get("calls", []), comps, seen)):
+        return True
+  return False
+
+
+def _strip_line(line: str) -> str:
+  from decentral_jax.analysis import hlo
+  sync = re.search(r'"is_sync"\s*:\s*true', line) is not None
+  name = re.search(r'op_name="([^"]*)"', line)
+  keys = ("metadata", "frontend_attributes")
+  if "__cublas" not in line:  # a GEMM call keeps its dot dimensions
+    keys += ("backend_config",)
+  for key in keys:
+    value = hlo.attribute(line, key)
+    if value is not None:
+      line = line.replace(f", {key}={value}", "")
+  if name:
+    line += f', metadata={{op_name="{name.group(1)}"}}'
+  if sync:
+    line += ', backend_config={"is_sync":true}'
+  return line
+
+
+def _programs(exp, mode: str, all_programs: bool):
+  """The (distinct round, consensus mode) programs compiled for a case."""
+  progs = exp.programs()
+  if mode == "before" or all_programs:
+    return progs
+  first = progs[0][0]
+  return [(d, m) for d, m in progs if m != "input" or d == first]
+
+
+def run_case(case: str, mode: str, target: str, args) -> list[dict]:
+  """Compiles one case in one mode for one target; one row per program."""
+  from decentral_jax.runner import config as config_lib
+  from decentral_jax.tools import gpu_compile
+  path, _, topology = CASES[case]
+  overrides = _overrides(case, mode, args.data_dir)
+  config = config_lib.load_config(os.path.join(_ROOT, path), overrides)
+  # "after": the runner's own GPU options (experiment.GPU_COMPILER_OPTIONS);
+  # "before": XLA's defaults, as main compiled.
+  options = dict(XLA_DEFAULTS) if mode == "before" else {}
+  if args.overlap_limit:
+    options[_LIMIT] = args.overlap_limit
+  for kv in args.xla:
+    key, _, value = kv.partition("=")
+    options[key] = int(value) if value.isdigit() else value
+  exp, steps = gpu_compile.compile_steps(
+      config, target=target, topology=topology, compiler_options=options,
+      programs=lambda e: _programs(e, mode, args.all_programs))
+  import jax
+  param_bytes = sum(x.size * x.dtype.itemsize
+                    for x in jax.tree.leaves(exp.abstract_params()))
+  rows = []
+  for s in steps:
+    rows.append({
+        "case": case, "mode": mode, "target": target, "topology": topology,
+        "overrides": [o for o in overrides if not o.startswith("data.")],
+        "gossip_rounds": exp.gossip_rounds, "consensus_at": exp.consensus_at,
+        "distinct_round": s.distinct_round, "consensus": s.consensus,
+        "param_bytes": param_bytes, "compile_s": round(s.compile_s, 1),
+        "compiler_options": options or "runner's GPU_COMPILER_OPTIONS",
+        "network_gbps": args.network_gbps or None,
+        "total_flops": s.report.total_flops,
+        "flops_in_flight": s.report.flops_in_flight,
+        "collectives": json.loads(s.report.to_json())["collectives"]})
+    if args.fixtures and case in args.fixture_cases.split(","):
+      name = (f"{case}_{mode}_{target}_r{s.distinct_round}_{s.consensus}"
+              ".hlo.gz")
+      text = strip_hlo(s.compiled.as_text())
+      from decentral_jax.analysis import overlap
+      assert overlap.overlap_report(text) == s.report, name
+      os.makedirs(args.fixtures, exist_ok=True)
+      with gzip.open(os.path.join(args.fixtures, name), "wt",
+                     compresslevel=9) as f:
+        f.write(text)
+  return rows
+
+
+def verdict(row: dict) -> dict:
+  """Summary of one program: its collectives of >= 1/4 of the parameters
+  (the gossip, whole or in buckets, and the consensus distance's mean;
+  with many buckets per round, as for gpt2_small, >= 1/64)."""
+  from decentral_jax.analysis import overlap
+  frac = 64 if row["case"] == "gpt2_small" else 4
+  big = [c for c in row["collectives"]
+         if c["bytes"] >= row["param_bytes"] / frac]
+  # The verdict of the current overlap_report (rows of older runs too).
+  ok = [overlap.overlaps(types.SimpleNamespace(**c), row["total_flops"] > 0)
+        for c in big]
+  return {"n": len(big), "async": sum(c["is_async"] for c in big),
+          "in_cond": sum(c["in_conditional"] for c in big),
+          "bwd": [c["backward"] for c in big],
+          "fwd": [c["forward"] for c in big],
+          "overlapped": sum(ok)}
+
+
+# A40 (the paper's second cluster): dense bfloat16 tensor peak, data sheet.
+A40_PEAK_BF16 = 149.7e12
+ASSUMED_MFU = 0.4
+
+
+def transfer_table(rows: list[dict]) -> str:
+  """In-flight compute against the runtime model's transfer time (A40).
+
+  For each program: matmul FLOPs per worker and step, the share scheduled
+  while a collective is in flight, that share's time on an A40 at
+  :data:`ASSUMED_MFU`, the time the runtime model gives for moving the
+  program's gossip round (and, in the programs that measure it, the
+  consensus All-Reduce) on the paper's A40
+  cluster (4 GPUs per node on PCIe 4.0, 25 Gbit/s Ethernet), and the MFU
+  up to which the in-flight compute lasts longer than the transfer.
+  """
+  from decentral_jax.runtime_model import core
+  from decentral_jax.runtime_model import paper
+  from decentral_jax.topology import schedules
+  out = ["| program | mode | matmul GFLOP/step | in flight | in-flight time "
+         f"at {ASSUMED_MFU:.0%} MFU (ms) | transfer, A40 cluster (ms) | "
+         "hidden up to MFU |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    n = 8
+    cluster, _ = paper.setup("A40", n)
+    topo = schedules.make("alternating_exp_ring", n, 4)
+    rnds = (topo.distinct_rounds if r["distinct_round"] is None
+            else [topo.distinct_rounds[r["distinct_round"]]])
+    transfer = max(float(core.round_cost(cluster, rnd).time(
+        r["param_bytes"]).max()) for rnd in rnds)
+    if r["consensus"] == "input":  # ("logged": in a conditional, apart)
+      transfer += float(core.all_reduce_cost(cluster).time(
+          r["param_bytes"]).max())
+    flight_s = r["flops_in_flight"] / (A40_PEAK_BF16 * ASSUMED_MFU)
+    limit = r["flops_in_flight"] / (A40_PEAK_BF16 * transfer)
+    prog = ("all rounds" if r["distinct_round"] is None
+            else f"round {r['distinct_round']}") + f", {r['consensus']}"
+    out.append(f"| {prog} | {_mode(r)} | {r['total_flops'] / 1e9:,.0f} | "
+               f"{r['flops_in_flight'] / r['total_flops']:.0%} | "
+               f"{1e3 * flight_s:,.0f} | {1e3 * transfer:,.0f} | "
+               f"{limit:.0%} |")
+  return "\n".join(out)
+
+
+def _mode(r: dict) -> str:
+  """The mode of a row with its extra network model and XLA options."""
+  out = r["mode"]
+  if r.get("network_gbps"):
+    out += f" + {r['network_gbps']:g} Gbit/s model"
+  options = r.get("compiler_options")
+  if isinstance(options, dict):
+    extra = {k: v for k, v in options.items() if XLA_DEFAULTS.get(k) != v}
+    out += "".join(f" + {k.removeprefix('xla_gpu_')}={v}"
+                   for k, v in extra.items())
+  return out
+
+
+def table(rows: list[dict]) -> str:
+  """Markdown: one line per program."""
+  out = ["| case | target | mode | dispatch | program | param-sized "
+         "collectives | async | in a conditional | fwd / bwd ops in flight "
+         "| overlapped | matmul FLOPs in flight |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    v = verdict(r)
+    prog = ("all rounds" if r["distinct_round"] is None
+            else f"round {r['distinct_round']}") + f", {r['consensus']}"
+    flight = ", ".join(f"{f}/{b}" for f, b in zip(v["fwd"], v["bwd"]))
+    if len(v["bwd"]) > 6:  # many buckets: a summary
+      busy = sum(f + b > 0 for f, b in zip(v["fwd"], v["bwd"]))
+      flight = (f"{busy} of {len(v['bwd'])} with some; most "
+                f"{max(v['fwd'])}/{max(v['bwd'])}")
+    out.append(f"| {r['case']} | {r['target']} | {_mode(r)} | "
+               f"{r['gossip_rounds']}/{r['consensus_at']} | {prog} | {v['n']} "
+               f"| {v['async']} | {v['in_cond']} | {flight or '-'} | "
+               f"{v['overlapped']} of {v['n']} | "
+               f"{r['flops_in_flight'] / max(r['total_flops'], 1):.0%} |")
+  return "\n".join(out)
+
+
+def render(paths: list[str]) -> None:
+  """Prints the tables of earlier runs (``--out`` files)."""
+  rows = []
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      rows += [json.loads(line) for line in f if line.strip()]
+  print(table(rows))
+  gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
+  if gpt2:
+    print("\n" + transfer_table(gpt2))
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+  """The command's flags (``prog`` names it in usage lines)."""
+  ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+  ap.add_argument("--cases", default="gpt_tiny,aer,virtual")
+  ap.add_argument("--modes", default="before,after")
+  ap.add_argument("--targets", default="h200")
+  ap.add_argument("--all_programs", action="store_true")
+  ap.add_argument("--overlap_limit", type=int, default=0,
+                  help="xla_gpu_experimental_parallel_collective_overlap_"
+                  "limit (0: XLA's default, 1)")
+  ap.add_argument("--out", default=os.path.join(
+      _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"))
+  ap.add_argument("--fixtures", default="")
+  ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual")
+  ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",
+                  help="where the gpt2_small case writes its dummy token "
+                  "files")
+  ap.add_argument("--network_gbps", type=float, default=0.0,
+                  help="model an inter-node link of this many Gbit/s in "
+                  "XLA's latency estimator (Hopper targets), through "
+                  "XLA_FLAGS; 0: XLA's own model")
+  ap.add_argument("--gpus_per_node", type=int, default=4)
+  ap.add_argument("--xla", action="append", default=[],
+                  help="an extra XLA compile option KEY=VALUE (repeatable)")
+  ap.add_argument("--render", nargs="*", default=None,
+                  help="only print the tables of these JSON-lines files")
+  return ap
+
+
+def _run(args) -> None:
+  """Compiles every case, target and mode; rows to ``--out``, tables."""
+  rows = []
+  t0 = time.time()
+  for case in args.cases.split(","):
+    for target in args.targets.split(","):
+      for mode in args.modes.split(","):
+        new = run_case(case, mode, target, args)
+        rows += new
+        with open(args.out, "a", encoding="utf-8") as f:
+          for r in new:
+            f.write(json.dumps(r) + "\n")
+        # Progress: each case's rows as it compiles (the header once).
+        print(table(new) if len(rows) == len(new)
+              else table(new).split("\n", 2)[-1], flush=True)
+  print(f"\n{len(rows)} programs in {time.time() - t0:.0f} s; rows "
+        f"appended to {args.out}")
+  gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
+  if gpt2:
+    print("\n" + transfer_table(gpt2))
+
+
+def main(argv: list[str] | None = None,
+         prog: str = "decentral-jax overlap") -> int:
+  """Runs the command line ``argv`` (no program name; default
+  ``sys.argv[1:]``); returns the exit code (argparse exits with 2 itself
+  on a bad flag, and with 0 after ``--help``)."""
+  ap = build_parser(prog)
+  args = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
+  if args.render is not None:
+    render(args.render)
+    return 0
+  for case in args.cases.split(","):
+    if case not in CASES:
+      ap.error(f"unknown case {case!r}; one of {', '.join(CASES)}")
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts
+  if args.network_gbps:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
+                               network_flag(args.network_gbps,
+                                            args.gpus_per_node)).strip()
+  if "gpt2_small" in args.cases:
+    _token_bins(args.data_dir)
+  try:
+    _run(args)
+  except ValueError as e:  # a missing config or a bad override: one line
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0

@@ -1,0 +1,297 @@
+"""``predict``: ms/iteration of each method on a cluster and workload.
+
+The flow of the runtime model's ``predict`` subcommand (Wang et al., ICLR
+2025, Sec. 4; local-update methods and faults as in docs/runtime_model.md):
+the cluster and workload at each ``--n-workers`` from a preset, a cluster
+file or the flags (:mod:`~decentral_jax.tools.runtime_model_cli.inputs`),
+every method spec built and priced (simulated and closed-form seconds per
+iteration, bytes per iteration) before anything is printed, then one table
+per worker count (:mod:`~decentral_jax.tools.runtime_model_cli.tables`).
+Bad input raises ``ValueError`` with one line naming the flag. No JAX.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model import presets
+from decentral_jax.runtime_model import recommend
+from decentral_jax.runtime_model import worker_devices
+from decentral_jax.runtime_model import stragglers
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as parser_lib
+from decentral_jax.tools.runtime_model_cli import tables
+
+
+def run(args) -> int:
+  chosen = "--methods" in inputs.explicit_flags(args)
+  methods = inputs.split_methods(args.methods)
+  if not methods:
+    raise ValueError("--methods is empty; give e.g. "
+                     "--methods all_reduce,one_peer_exp,aer.")
+  _check_figure6(args)
+  workers_note = None
+  if "--n-workers" not in inputs.explicit_flags(args) and not args.cluster:
+    workers_note = _default_workers(args)
+  inputs.check_predict_args(args)
+  faults = _faults_from_args(args)
+  measured = None
+  if args.cluster:
+    if args.preset:
+      raise ValueError("--cluster and --preset both give the cluster; use one.")
+    measured = cluster_file.read(args.cluster)
+    if "--n-workers" not in inputs.explicit_flags(args):
+      args.n_workers = [measured["cluster"]["n_workers"]]
+      inputs.check_file_workers(args.cluster, args.n_workers[0])
+  setups = [(n, *_cluster_and_workload(args, n, measured))
+            for n in args.n_workers]
+  if not chosen:
+    methods = default_methods(setups[0][1])
+  if "all_reduce" not in methods:
+    methods.insert(0, "all_reduce")  # the baseline every speedup refers to
+  # Every spec is built and priced before anything is printed: a bad one,
+  # or a table the arithmetic overflowed, is one error line.
+  built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  priced = _price_all(args, setups, built, faults)
+  if measured is not None:
+    print(inputs.describe_cluster_file(args.cluster, measured))
+  print(workload_line(args, setups, measured))
+  print(methods_line(methods, chosen, setups[0][1]))
+  if workers_note:
+    print(workers_note)
+  groups = []
+  for (n, c, w), (table, made) in zip(setups, priced):
+    tables.print_table(n, c, w, table, made)
+    if not faults.none:
+      tables.print_faults(n, w, table, made, faults, args.on_failure)
+    groups.append((f"{n} GPUs", {k: 1e3 * p.simulated_s
+                                 for k, p in table.items()}, None))
+  if args.png:
+    tables.write_chart([(args.preset or "predicted", groups)], args.png)
+  return 0
+
+
+def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):
+  """The numbers ``predict``'s tables at ``n`` workers print (seconds and
+  bytes; ms/useful may be infinite by right), for :func:`_price_all`."""
+  out = [w.compute_mean_s, w.compute_std_s]
+  for p in table.values():
+    out += [p.simulated_s, p.estimate.iteration_s, p.estimate.exposed_comm_s,
+            p.estimate.variability_s, p.sent.worker_bytes, p.sent.node_bytes,
+            p.sent.dc_bytes]
+  if w.devices_per_worker > 1:
+    out.append(worker_devices.inner_collective_s(c, w))
+  if not faults.none:
+    for key, p in table.items():
+      mode, period = tables.fault_mode(made[key])
+      out.append(stragglers.straggler_cost(
+          mode, n, p.simulated_s, faults, compute_s=w.compute_mean_s,
+          compute_std_s=w.compute_std_s, period=period,
+          on_failure=on_failure).step_s)
+  return out
+
+
+def _price_all(args, setups, built, faults) -> list:
+  """:func:`_price` at every worker count, checked finite.
+
+  The flags' bounds keep the model's arithmetic in range; as a backstop a
+  table that would print a non-finite number (or whose arithmetic fails)
+  is refused, naming the numeric flags given.
+
+  Raises:
+    ValueError: one line naming ``--n-workers`` and those flags.
+  """
+  priced = []
+  for (n, c, w), made_methods in zip(setups, built):
+    try:
+      with np.errstate(all="ignore"):
+        table, made = _price(args, made_methods, c, w)
+        finite = all(np.isfinite(x) for x in _table_numbers(
+            n, c, w, table, made, faults, args.on_failure))
+    except ArithmeticError:  # OverflowError, ZeroDivisionError
+      finite = False
+    if not finite:
+      raise ValueError(f"the model's times at --n-workers {n} are not "
+                       f"finite numbers with {_given_numbers(args)}; bring "
+                       "these values nearer to a real cluster and model.")
+    priced.append((table, made))
+  return priced
+
+
+def _given_numbers(args) -> str:
+  """``--preset X, --forward-ms 1e+300``: the preset or cluster file and
+  the numeric flags given on the command line (but ``--n-workers``,
+  ``--steps``, ``--seed``), as given, in the flags' units."""
+  out = [f"--preset {args.preset}"] if args.preset else []
+  out += [f"--cluster {args.cluster}"] if args.cluster else []
+  for flag in sorted(inputs.explicit_flags(args) - {"--n-workers", "--steps",
+                                             "--seed"}):
+    v = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    if isinstance(v, list):
+      out.append(f"{flag} {','.join(f'{x:g}' for x in v)}")
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+      out.append(f"{flag} {v:g}")
+  return ", ".join(out) or "the cluster and workload flags' defaults"
+
+
+def default_methods(c) -> list[str]:
+  """``predict``'s methods without ``--methods``:
+  :data:`~decentral_jax.tools.runtime_model_cli.parser.DEFAULT_METHODS`,
+  and on a cluster of several datacenters
+  :data:`~decentral_jax.tools.runtime_model_cli.parser.WAN_DEFAULT_METHODS`.
+  """
+  out = inputs.split_methods(parser_lib.DEFAULT_METHODS)
+  if c.datacenters > 1:
+    out += inputs.split_methods(parser_lib.WAN_DEFAULT_METHODS)
+  return out
+
+
+def methods_line(methods, chosen: bool, c) -> str:
+  """One line: the methods ``predict`` compares and why those."""
+  names = ",".join(methods)  # as --methods takes them
+  if chosen:
+    return f"methods: {names} (as given by --methods)"
+  if c.datacenters > 1:
+    return (f"methods: {names} (the default across datacenters: All-Reduce, "
+            "gossip and the local-update methods; choose with --methods)")
+  return (f"methods: {names} (the default within one datacenter; add "
+          "local-update methods with e.g. --methods "
+          f"{parser_lib.DEFAULT_METHODS},diloco:H=10)")
+
+
+def _check_figure6(args) -> None:
+  """``--workload figure6`` exists only with a Figure 6 preset."""
+  if args.workload == presets.FIGURE6 and (
+      args.preset not in presets.FIGURE6_PRESETS):
+    where = f"--preset {args.preset}" if args.preset else (
+        f"--cluster {args.cluster}" if args.cluster else "the cluster flags")
+    raise ValueError(
+        f"--workload {presets.FIGURE6} is the paper's Transformer base with "
+        "compute fitted to a Figure 6 cluster; give it with --preset "
+        f"{' or '.join(presets.FIGURE6_PRESETS)} (not {where}), or use "
+        f"--workload {' or '.join(presets.WORKLOADS)}.")
+
+
+def _default_workers(args) -> str:
+  """Sets ``args.n_workers`` when ``--n-workers`` is not given; the line
+  saying so. With ``--preset``: :func:`presets.default_workers` (16 where
+  the preset holds it); else 16."""
+  n = presets.DEFAULT_WORKERS
+  why = "the default"
+  if args.preset:
+    n = presets.default_workers(args.preset, n)
+    why = (f"all GPUs of --preset {args.preset}" if n < presets.DEFAULT_WORKERS
+           else f"the smallest count from {presets.DEFAULT_WORKERS} on that "
+           f"--preset {args.preset} holds")
+  args.n_workers = [n]
+  return (f"workers: {n} (--n-workers not given: {why}; choose with "
+          "--n-workers N[,N...])")
+
+
+def workload_line(args, setups, measured: dict | None) -> str:
+  """One line: the workload ``predict`` prices, its source, how to change it.
+
+  Args:
+    args: the parsed flags.
+    setups: ``[(n, Cluster, Workload)]`` per worker count.
+    measured: the ``--cluster`` file's contents, or None.
+  """
+  w = setups[0][2]
+  flags = {flag for flag, *_ in parser_lib.WORKLOAD_FLAGS} | {"--worker-layout"}
+  given = sorted(inputs.explicit_flags(args) & flags)
+  if args.preset in presets.FIGURE6_PRESETS and args.workload in (
+      None, presets.FIGURE6):
+    source = (f"--preset {args.preset}'s own workload (--workload "
+              f"{presets.FIGURE6}), "
+              f"{presets.WORKLOAD_WORDS[presets.FIGURE6]}")
+  elif args.workload:
+    source = (f"--workload {args.workload}: "
+              f"{presets.WORKLOAD_WORDS[args.workload]}")
+  elif measured is not None and measured.get("workload") is not None:
+    source = f"--cluster {args.cluster}, measured by `measure`"
+  elif given:
+    source = (f"the workload flags ({', '.join(given)} as given, the rest "
+              "at their defaults)")
+    given = []
+  else:
+    source = ("the workload flags' defaults, the size of the paper's "
+              "Transformer base")
+  if given:
+    source += f" ({', '.join(given)} as given)"
+  ms = [1e3 * s[2].compute_mean_s for s in setups]
+  compute = (f"{ms[0]:.1f} ms" if len({round(x, 1) for x in ms}) == 1 else
+             ", ".join(f"{x:.1f} ms at n={s[0]}" for x, s in zip(ms, setups)))
+  count = w.param_count
+  words = (f"{count / 1e9:.4g}B" if count >= 1e9 else f"{count / 1e6:.4g}M"
+           if count >= 1e6 else f"{count:,.0f}")
+  return (f"workload: {words} parameters ({w.grad_dtype} gradients, "
+          f"{w.param_dtype} parameters on the wire), compute {compute} per "
+          f"step, from {source}. Change it with --workload "
+          f"{'|'.join(presets.WORKLOAD_NAMES)} or --params, --forward-ms, "
+          "--backward-ms.")
+
+
+def _cluster_and_workload(args, n: int, measured: dict | None):
+  """The cluster and workload at ``n`` workers: preset, file or flags.
+
+  ``--preset`` and ``--workload`` give whole sets of fields; cluster and
+  workload flags given as well override single fields.
+  """
+  if args.preset:
+    try:
+      c, w = presets.setup(args.preset, n, args.workload,
+                           default=inputs.workload_from_args(args))
+    except ValueError as e:
+      raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
+                       ) from None
+    return inputs.given_fields(args, c, w)
+  if measured is not None:
+    c, w = inputs.from_cluster_file(measured, args, n)
+  else:
+    c, w = inputs.cluster_from_args(args, n), inputs.workload_from_args(args)
+  if args.workload:
+    c, w = inputs.given_fields(args, c, presets.workload(args.workload))
+  return c, w
+
+
+def _make_methods(args, methods, n: int, c) -> list:
+  """``[(spec, Method, simulated steps)]`` of every spec at ``n`` workers.
+
+  Raises:
+    ValueError: a spec the cluster cannot run, naming it and ``n``.
+  """
+  out = []
+  for spec in methods:
+    try:
+      m = core.make_method(spec, c)
+      out.append((spec, m, inputs.simulated_steps(m, args.steps)))
+    except ValueError as e:
+      raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
+  return out
+
+
+def _price(args, made_methods, c, w):
+  """Every method of :func:`_make_methods` priced, keyed for the table.
+
+  Returns:
+    ``({key: Prediction}, {key: Method})``.
+  """
+  table, made = {}, {}
+  for spec, m, steps in made_methods:
+    p = recommend.predict(spec, m, c, w, steps=steps,
+                          warmup=args.steps // 5, seed=args.seed)
+    table[p.key], made[p.key] = p, m
+  return table, made
+
+
+def _faults_from_args(args) -> stragglers.Faults:
+  """``--slow-fraction``, ``--slow-speed``, ``--failure-rate``,
+  ``--mean-downtime`` as :class:`stragglers.Faults` (errors name the flag)."""
+  try:
+    return stragglers.Faults(
+        slow_fraction=args.slow_fraction, slow_speed=args.slow_speed,
+        failure_rate=args.failure_rate, mean_downtime=args.mean_downtime)
+  except ValueError as e:
+    raise ValueError("--" + str(e).replace("_", "-", 1)) from None
