@@ -176,10 +176,10 @@ def jax_side(args) -> dict:
   import jax
   if args.sync:
     jax.config.update("jax_cpu_enable_async_dispatch", False)
-  from decentral_jax.runner import launch as distributed
+  from decentral_jax.runner import launch
   from decentral_jax.parallel import multiprocess
   if args.procs > 1:
-    distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
+    launch.initialize(coordinator_address=f"127.0.0.1:{args.port}",
                            num_processes=args.procs,
                            process_id=args.process_id, cpu=True,
                            heartbeat_timeout_seconds=30)

@@ -14,7 +14,7 @@ The library, bottom up (each layer imports only from the layers below it):
   compiled step) and :mod:`decentral_jax.runtime_model` (alpha-beta costs,
   NumPy only).
 
-Every subpackage is imported on first use (``decentral_jax.gossip``,
+Every subpackage is imported on first use (``decentral_jax.comm``,
 ``decentral_jax.optim``, ...), so the NumPy-only runtime model runs without
 importing JAX.
 
@@ -36,7 +36,6 @@ __version__ = "0.1.0"
 _SUBPACKAGES = ("analysis", "comm", "optim", "parallel", "runtime_model",
                 "topology")
 _EXPORTS = {
-    "gossip": "decentral_jax.comm.gossip",
     "all_reduce_gradients": "decentral_jax.optim",
     "decentralized": "decentral_jax.optim",
     "decentralized_adamw": "decentral_jax.optim",
@@ -50,8 +49,7 @@ def __getattr__(name):
   if name in _SUBPACKAGES:
     return importlib.import_module(f"decentral_jax.{name}")
   if name in _EXPORTS:
-    module = importlib.import_module(_EXPORTS[name])
-    return module if module.__name__.endswith(name) else getattr(module, name)
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
   raise AttributeError(f"module 'decentral_jax' has no attribute {name!r}")
 
 

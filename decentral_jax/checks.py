@@ -35,6 +35,28 @@ def _is_array(value) -> bool:
       and not isinstance(value, np.generic))
 
 
+def is_int(value: Any) -> bool:
+  """Whether ``value`` is a Python or NumPy integer (not ``bool``, not an array).
+
+  The predicate of :func:`check_int`, for checks whose message says more
+  than the range (e.g. ``local_size`` must divide ``n_workers``).
+  """
+  return (isinstance(value, (int, np.integer))
+          and not isinstance(value, (bool, np.bool_)))
+
+
+def is_number(value: Any) -> bool:
+  """Whether ``value`` is a finite real number: a Python or NumPy int (of any
+  size) or float, not ``bool``, NaN, inf or an array.
+
+  The predicate of :func:`check_float`.
+  """
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (int, float, np.integer, np.floating)):
+    return False
+  return is_int(value) or math.isfinite(value)
+
+
 def _bounds(minimum, maximum, *, open_min=False, open_max=False) -> str:
   lo = None if minimum is None else (">" if open_min else ">=") + f" {minimum}"
   hi = None if maximum is None else ("<" if open_max else "<=") + f" {maximum}"
@@ -59,7 +81,7 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
   if _is_array(value):
     raise ValueError(f"{name} must be {rule}, got an array; "
                      f"{INJECT_HINT.format(name)}.")
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+  if not is_int(value):
     raise ValueError(f"{name} must be {rule}, got {value!r}.")
   if ((minimum is not None and value < minimum)
       or (maximum is not None and value > maximum)):
@@ -88,9 +110,7 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
   if _is_array(value):
     raise ValueError(f"{name} must be {rule}, got an array; "
                      f"{INJECT_HINT.format(name)}.")
-  if (isinstance(value, bool)
-      or not isinstance(value, (int, float, np.integer, np.floating))
-      or not math.isfinite(float(value))):
+  if not is_number(value):
     raise ValueError(f"{name} must be {rule}, got {value!r}.")
   v = float(value)
   if minimum is not None and (v < minimum or (open_min and v == minimum)):

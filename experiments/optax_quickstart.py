@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
   step = jax.jit(dj.parallel.per_worker(train_step, mesh), donate_argnums=(0, 1))
   init = jax.jit(dj.parallel.per_worker(tx.init, mesh))
   distance = jax.jit(dj.parallel.per_worker(
-      lambda p: dj.gossip.consensus_distance(p, axis), mesh))
+      lambda p: dj.comm.consensus_distance(p, axis), mesh))
 
   rng = np.random.default_rng(0)
   w_true = rng.normal(size=(4, 1)).astype(np.float32)

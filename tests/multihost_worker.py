@@ -226,7 +226,7 @@ def main() -> None:
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import checkpoint
-  from decentral_jax.runner import launch as distributed
+  from decentral_jax.runner import launch
   from decentral_jax.runner import experiment as experiment_lib
   from decentral_jax.runner import train
   from decentral_jax.data import text
@@ -248,7 +248,7 @@ def main() -> None:
           f"--config.distributed.process_id={args.process_id}",
           f"--config.distributed.heartbeat_timeout_seconds={args.heartbeat}")
   first = case_config(args.case[0], *dist, steps=args.steps)
-  assert distributed.initialize_from_config(first)
+  assert launch.initialize_from_config(first)
   assert jax.process_count() == N_PROCESSES
   assert jax.local_device_count() == DEVICES_PER_PROCESS
   if args.startup_checks:

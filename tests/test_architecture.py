@@ -1,6 +1,7 @@
 """The package's layering and sizes, read from every module's source (AST).
 
-Bottom up: ``checks`` <- ``topology`` <- ``comm`` <- {``optim``,
+Bottom up: ``checks`` (and the shared facts ``layout_modes``, ``scopes``
+and ``wire_format``) <- ``topology`` <- ``comm`` <- {``optim``,
 ``parallel``} <- ``runner`` <- ``tools``; ``analysis``, ``models`` and
 ``data`` sit beside the runner's inputs; the runtime model (NumPy only)
 uses ``topology`` and sits below the runner and the tools. ``tools`` (the
@@ -20,21 +21,25 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "decentral_jax")
 
-_LIBRARY = {"checks", "topology", "comm", "optim", "parallel", "analysis",
-            "models", "data"}
+_LIBRARY = {"checks", "layout_modes", "scopes", "wire_format", "topology",
+            "comm", "optim", "parallel", "analysis", "models", "data"}
 # part -> the other parts it may import (a part may always import itself).
 ALLOWED = {
     "checks": set(),
+    "scopes": set(),
+    "wire_format": set(),
+    "layout_modes": set(),
     "topology": {"checks"},
-    "comm": {"checks", "topology"},
+    "comm": {"checks", "scopes", "topology", "wire_format"},
     "optim": {"checks", "topology", "comm"},
-    "parallel": {"checks", "topology", "comm"},
-    "analysis": {"checks", "comm"},
+    "parallel": {"checks", "layout_modes", "topology", "comm"},
+    "analysis": {"checks", "scopes"},
     "models": {"checks"},
     "data": {"checks"},
     # Display names of methods: one table for every command (NumPy only).
     "method_names": {"checks", "topology"},
-    "runtime_model": {"checks", "topology", "method_names"},
+    "runtime_model": {"checks", "layout_modes", "topology", "method_names",
+                      "wire_format"},
     "runner": _LIBRARY | {"method_names"},
     # The top floor: the command lines, the main job, GPU-target compiles.
     "tools": _LIBRARY | {"method_names", "runtime_model", "runner"},
@@ -191,7 +196,7 @@ def _python(code: str) -> subprocess.CompletedProcess:
 
 def test_import_decentral_jax_loads_the_library_only():
   code = ("import sys, decentral_jax; "
-          "decentral_jax.gossip, decentral_jax.optim, decentral_jax.parallel; "
+          "decentral_jax.comm, decentral_jax.optim, decentral_jax.parallel; "
           "print(sorted(m for m in sys.modules if m.startswith("
           "('decentral_jax', 'flax', 'orbax', 'ml_collections', 'scipy', "
           "'matplotlib'))))")
@@ -226,7 +231,7 @@ def test_a_bare_import_loads_nothing_but_names_every_layer():
           "sorted(dir(decentral_jax)))")
   out = _python(code)
   assert out.stdout.startswith("['decentral_jax'] "), out.stdout
-  for name in ("comm", "optim", "parallel", "topology", "gossip"):
+  for name in ("comm", "optim", "parallel", "topology"):
     assert f"'{name}'" in out.stdout, (name, out.stdout)
 
 

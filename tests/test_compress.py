@@ -13,6 +13,7 @@ from conftest import require_devices
 from decentral_jax import analysis
 from decentral_jax import parallel
 from decentral_jax import topology
+from decentral_jax import wire_format
 from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.optim import choco
@@ -104,7 +105,7 @@ def test_topk_keeps_the_largest_magnitudes_of_each_chunk():
 
 @pytest.mark.slow
 def test_zeros_empty_and_odd_shapes_roundtrip():
-  for fmt in compress.FORMATS:
+  for fmt in wire_format.FORMATS:
     c = _comp(fmt, 4, 0.5)
     for v in (jnp.zeros((3, 3)), jnp.zeros((0,)), jnp.ones((5,))):
       got = c.roundtrip(v)
@@ -230,7 +231,7 @@ def test_choco_with_the_identity_and_gamma_one_is_plain_gossip(x64):
   np.testing.assert_allclose(np.asarray(xr), ref, atol=1e-13)
 
 
-@pytest.mark.parametrize("fmt", compress.FORMATS)
+@pytest.mark.parametrize("fmt", wire_format.FORMATS)
 def test_bytes_in_the_compiled_program_equal_the_hand_count(fmt):
   require_devices(8)
   topo = topology.make("ring", 8)  # one permute term per round

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from decentral_jax import wire_format
 from decentral_jax.comm import compress
 from decentral_jax.optim import choco
 from decentral_jax import optim
@@ -63,7 +64,7 @@ def _payload(fmt: str, n_values: int) -> int:
 
 
 _FORMATS = [pytest.param(f, marks=pytest.mark.slow) if f in ("fp8", "fp4")
-            else f for f in compress.FORMATS if f != "none"]
+            else f for f in wire_format.FORMATS if f != "none"]
 
 
 @pytest.mark.parametrize("fmt", _FORMATS)

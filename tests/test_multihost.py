@@ -59,7 +59,7 @@ CASES = tuple(worker.CASES)  # one_peer_exp, all_reduce, aer, diloco, fsdp
 JOB_TIMEOUT_S = 200
 
 # Every test starts processes; the in-process checks of the same code are in
-# tests/test_distributed.py.
+# tests/test_launch.py.
 pytestmark = pytest.mark.integration
 
 

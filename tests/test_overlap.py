@@ -357,7 +357,7 @@ def test_gpu_check_deviceless_mode(tmp_path):
   # for 8 x H200, its report as JSON, readable by the runtime model.
   import subprocess
   import sys
-  from decentral_jax.runtime_model import compiled_overlap
+  from decentral_jax.runtime_model import in_flight
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = tmp_path / "overlap.json"
   env = dict(os.environ, PYTHONPATH=root)
@@ -378,5 +378,5 @@ def test_gpu_check_deviceless_mode(tmp_path):
   assert prog["fwd_bwd_ops_in_flight"][0][1] > 0
   frac = prog["in_flight_fractions"]
   assert got["in_flight_fractions"] == frac and 0 < frac["backward"] <= 1
-  assert compiled_overlap.read_in_flight(str(out)) == (
+  assert in_flight.read_in_flight(str(out)) == (
       frac["forward"], frac["backward"])

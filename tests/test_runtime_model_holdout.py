@@ -87,14 +87,26 @@ def test_shared_values_are_the_other_clusters_best_fit(target):
   others = [c for c in holdout.CLUSTERS if c != target]
   assert sorted(fold["others"]) == sorted(others)
   bars = holdout.visible(target)
-  best = holdout.shared_loss(others, fold["shared"], fold["others"], bars)
+  best = _shared_loss(others, fold["shared"], fold["others"], bars)
   cv = fold["shared"]["compute_cv"]
   for changed in ([{"compute_cv": cv * f} for f in (0.8, 1.2)] +
                   [{"nics_per_node": k} for k in holdout.NICS_GRID
                    if k != fold["shared"]["nics_per_node"]]):
-    loss = holdout.shared_loss(others, {**fold["shared"], **changed},
+    loss = _shared_loss(others, {**fold["shared"], **changed},
                                fold["others"], bars)
     assert loss >= best * (1 - 1e-9), (target, changed, loss, best)
+
+
+def _shared_loss(names, shared: dict, computes: dict, bars: dict) -> float:
+  """Sum of squared log-errors over the All-Reduce, Exp and AER bars of ``names``."""
+  total = 0.0
+  for name in names:
+    for m in paper.VALIDATED:
+      pred = holdout.predict_ms(name, m, computes[name]["a_s"],
+                                computes[name]["b_s"], shared["compute_cv"],
+                                shared["nics_per_node"], "closed_form")
+      total += float(np.sum((np.log(pred) - np.log(bars[name][m]))**2))
+  return total
 
 
 def test_one_published_link_per_node_cannot_produce_the_exp_bars():

@@ -17,7 +17,7 @@ from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
-from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import traffic
 
 M = 100e6  # bytes: 25e6 float32 parameters
@@ -102,7 +102,7 @@ def test_data_layout_puts_every_device_on_the_nic():
     w = core.Workload(25e6, 0.0, 0.0, devices_per_worker=2,
                       worker_layout=layout, bucket_bytes=1e12)
     m = core.make_method("complete", c)
-    c_eff, _ = spanning.effective(m, c, w)
+    c_eff, _ = method_messages.effective(m, c, w)
     assert core.round_cost(c_eff, m.topology.rounds[0]).time(M)[0] == \
         pytest.approx(want), layout
     # Zero compute: that exchange plus the inner collectives at 1 TB/s:

@@ -3,21 +3,24 @@ and whether they overlap the forward/backward pass.
 
 - :mod:`~decentral_jax.analysis.hlo`: the HLO text parser.
 - :mod:`~decentral_jax.analysis.accounting`: collectives and bytes per
-  step (per branch, averaged over a sync period); re-exported here.
-- :mod:`~decentral_jax.analysis.workers`: bytes per worker of a run
+  step (per branch, averaged over a sync period).
+- :mod:`~decentral_jax.analysis.worker_traffic`: bytes per worker of a run
   (workers of several devices, several workers per device, one compiled
-  step per gossip round); re-exported here.
+  step per gossip round).
 - :mod:`~decentral_jax.analysis.overlap`: for each collective of a
   scheduled (GPU) program, asynchronous or not, inside a conditional or
-  not, and the forward / backward work scheduled while it moves data;
-  re-exported here.
+  not, and the forward / backward work scheduled while it moves data.
 """
 
-from decentral_jax.analysis import accounting
-from decentral_jax.analysis import overlap
-from decentral_jax.analysis import workers
-from decentral_jax.analysis.accounting import *  # noqa: F401,F403
-from decentral_jax.analysis.overlap import *  # noqa: F401,F403
-from decentral_jax.analysis.workers import *  # noqa: F401,F403
+from decentral_jax.analysis.accounting import (
+    Collective, CommunicationReport, Scenario, communication, report_to_json,
+    tree_bytes)
+from decentral_jax.analysis.hlo import DTYPE_BYTES, KINDS, hlo_text
+from decentral_jax.analysis.overlap import (
+    CollectiveOverlap, OverlapReport, overlap_report, overlaps)
+from decentral_jax.analysis.worker_traffic import Traffic, step_bytes, traffic
 
-__all__ = (*accounting.__all__, *overlap.__all__, *workers.__all__)
+__all__ = ["DTYPE_BYTES", "KINDS", "Collective", "CollectiveOverlap",
+           "CommunicationReport", "OverlapReport", "Scenario", "Traffic",
+           "communication", "hlo_text", "overlap_report", "overlaps",
+           "report_to_json", "step_bytes", "traffic", "tree_bytes"]

@@ -74,9 +74,9 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from decentral_jax.comm import gossip
 from decentral_jax.analysis import hlo
-from decentral_jax.analysis.hlo import DTYPE_BYTES, KINDS, hlo_text  # noqa: F401
+from decentral_jax.analysis.hlo import hlo_text
+from decentral_jax.scopes import PERIOD_SCOPE
 
 PyTree = Any
 
@@ -87,7 +87,7 @@ class Collective:
   """One collective instruction of the HLO.
 
   Attributes:
-    kind: one of :data:`KINDS` (async ``-start`` forms are mapped to it).
+    kind: one of :data:`~decentral_jax.analysis.hlo.KINDS` (async ``-start`` forms are mapped to it).
     opcode: the HLO opcode as printed (e.g. ``collective-permute-start``).
     name: the instruction name.
     computation: the HLO computation that holds it.
@@ -221,6 +221,7 @@ class CommunicationReport:
 
   @property
   def max_bytes_per_step(self) -> float:
+    """Busiest-worker bytes of the busiest scenario (the largest step)."""
     return max(self.bytes_per_step)
 
   @property
@@ -231,11 +232,6 @@ class CommunicationReport:
     H`` of its bytes, rounds of a schedule count equally.
     """
     return float(sum(s.weight * s.busiest_bytes for s in self.scenarios))
-
-  def mean_inter_node_bytes_per_step(self, local_size: int) -> float:
-    """Like :attr:`mean_bytes_per_step`, bytes leaving the node only."""
-    return float(sum(s.weight * b for s, b in zip(
-        self.scenarios, self.inter_node_bytes_per_step(local_size))))
 
   def inter_node_bytes_per_step(self, local_size: int) -> tuple[float, ...]:
     """Busiest worker's bytes per step that leave its node, per scenario.
@@ -474,7 +470,7 @@ def _branch_weights(ins: hlo.Instruction, n_branches: int) -> list[float]:
   """Frequency of each branch of a conditional (module docstring)."""
   name = hlo.op_name(ins)
   if name and n_branches == 2:
-    period = re.search(re.escape(gossip.PERIOD_SCOPE) + r"(\d+)\)?/cond$",
+    period = re.search(re.escape(PERIOD_SCOPE) + r"(\d+)\)?/cond$",
                        name)
     if period and int(period.group(1)) >= 1:
       h = int(period.group(1))
@@ -595,5 +591,4 @@ def report_to_json(report: CommunicationReport,
 
 __all__: Sequence[str] = (
     "Collective", "CommunicationReport", "Scenario", "communication",
-    "hlo_text", "report_to_json", "tree_bytes",
-    "DTYPE_BYTES", "KINDS")
+    "report_to_json", "tree_bytes")

@@ -3,7 +3,8 @@
 A :class:`Compressor` turns a floating array ``v`` (any shape) into the
 *payload* actually sent, a dict of flat arrays, and back:
 ``deQ(Q(v)) = decode(encode(v), v)``. Formats (``B`` = ``block`` values per
-float32 scale, ``N`` values, ``nb = ceil(N / B)`` blocks):
+float32 scale, ``N`` values, ``nb = ceil(N / B)`` blocks; the bytes are
+:func:`decentral_jax.wire_format.payload_bytes`):
 
 ==========  ========================================================  ===========================
 format      code of one value (scale ``s_b = max_b |v| / qmax``)        bytes sent
@@ -62,6 +63,7 @@ import numpy as np
 from jax import lax
 
 from decentral_jax import checks
+from decentral_jax import wire_format
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.topology import schedules as topology_lib
@@ -69,7 +71,6 @@ from decentral_jax.topology import schedules as topology_lib
 PyTree = Any
 Payload = dict
 
-FORMATS = ("none", "int8", "fp8", "int4", "fp4", "topk")
 #: Largest code magnitude of each scaled format.
 QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0, "fp4": 6.0}
 #: The non-negative values of e2m1 (fp4), in code order 0..7.
@@ -77,8 +78,6 @@ E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: Largest ``block``: every leaf is padded to at least one block (and
 #: ``mean_compressed`` to ``n`` blocks), so a larger one only costs memory.
 MAX_BLOCK = 2 ** 20
-#: ``topk``'s fraction when none is given.
-DEFAULT_FRACTION = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +85,12 @@ class Compressor:
   """A compression format for what one worker sends.
 
   Attributes:
-    format: one of :data:`FORMATS`.
+    format: one of :data:`decentral_jax.wire_format.FORMATS`.
     block: values per float32 scale (scaled formats) or per top-k chunk;
       an int in ``[2, MAX_BLOCK]`` (even for the 4-bit formats).
     fraction: ``topk`` only, the fraction of each chunk kept, in (0, 1]
-      (None: :data:`DEFAULT_FRACTION`); None for the other formats.
+      (None: :data:`decentral_jax.wire_format.DEFAULT_FRACTION`); None for
+      the other formats.
 
   Raises:
     ValueError: an unknown format, a block outside ``[2, MAX_BLOCK]`` (odd
@@ -98,11 +98,11 @@ class Compressor:
       with a format other than ``topk``, naming the argument.
   """
   format: str = "none"
-  block: int = 256
+  block: int = wire_format.DEFAULT_BLOCK
   fraction: float | None = None
 
   def __post_init__(self):
-    checks.check_choice("format", self.format, FORMATS)
+    checks.check_choice("format", self.format, wire_format.FORMATS)
     checks.check_int("block", self.block, minimum=2, maximum=MAX_BLOCK)
     if self.format in ("int4", "fp4") and self.block % 2:
       raise ValueError(f"block must be even for {self.format} (two values "
@@ -113,7 +113,8 @@ class Compressor:
                          f"fraction={self.fraction!r} with format "
                          f"{self.format!r}; leave it out.")
       return
-    fraction = DEFAULT_FRACTION if self.fraction is None else self.fraction
+    fraction = (wire_format.DEFAULT_FRACTION if self.fraction is None
+                else self.fraction)
     object.__setattr__(self, "fraction", checks.check_probability(
         "fraction", fraction, open_min=True))
 
@@ -123,7 +124,7 @@ class Compressor:
 
   def kept(self) -> int:
     """``topk``: values kept per chunk of ``block``."""
-    return max(1, min(self.block, int(round(self.fraction * self.block))))
+    return wire_format.kept(self.block, self.fraction)
 
   def payload_bytes(self, n_values: int, itemsize: int = 4) -> int:
     """Bytes one worker sends for ``n_values`` values (the table above).
@@ -138,15 +139,8 @@ class Compressor:
     """
     n = checks.check_int("n_values", n_values, minimum=0)
     itemsize = checks.check_int("itemsize", itemsize, minimum=1)
-    if self.format == "none":
-      return n * itemsize
-    blocks = -(-n // self.block)
-    if self.format in ("int8", "fp8"):
-      return blocks * (self.block + 4)
-    if self.format in ("int4", "fp4"):
-      return blocks * (self.block // 2 + 4)
-    idx = 2 if self.block <= 32768 else 4
-    return blocks * self.kept() * (4 + idx)
+    return wire_format.payload_bytes(self.format, n, self.block,
+                                     self.fraction, itemsize)
 
   def encode(self, v: jax.Array) -> Payload:
     """The payload of ``v`` (float, any shape): a dict of flat arrays.
@@ -154,7 +148,7 @@ class Compressor:
     Raises:
       ValueError: ``v`` not of a floating dtype.
     """
-    _check_float_leaves(v, "Compressor.encode")
+    gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
     if self.format == "none":
       return {"values": v}
     blocks = _blocks(v, self.block)
@@ -277,7 +271,8 @@ def compress_with_feedback(compressor: Compressor, v: jax.Array,
   Raises:
     ValueError: ``v`` or ``error`` not of a floating dtype.
   """
-  _check_float_leaves((v, error), "compress_with_feedback")
+  gossip.check_float_leaves((v, error), "compress_with_feedback",
+                            compressed=True)
   target = v + error
   payload = compressor.encode(target)
   sent = compressor.decode(payload, target)
@@ -295,17 +290,44 @@ def send_payload(payload: Payload, axis_name, perm) -> Payload:
           for k, a in payload.items()}
 
 
-def _mix_leaf(x, rnd, axis_name, me, compressor: Compressor,
-              payload: Payload | None):
-  """``w_ii x_i + sum_s w_s deQ(recv_s)`` for one leaf and one round."""
-  acc = jnp.promote_types(x.dtype, jnp.float32)
-  payload = compressor.encode(x) if payload is None else payload
-  out = jnp.asarray(rnd.self_weights, acc)[me] * x.astype(acc)
+def mix_payload(own: jax.Array, payload: Payload, like: jax.Array, rnd,
+                axis_name, me, compressor: Compressor) -> jax.Array:
+  """One round of ``W`` over compressed messages, for one leaf.
+
+  Computes ``w_ii own + sum_s w_s deQ(recv_s)``: ``payload`` (this worker's
+  message) is sent along each permute term ``s`` of ``rnd`` (one
+  ``ppermute`` per term and payload array) and what arrives is decoded in
+  ``like``'s shape and dtype, then summed in ``own``'s dtype (the
+  accumulation dtype, float32 for 16-bit leaves). Used by
+  :func:`mix_compressed` (``own = x``) and CHOCO-gossip
+  (:mod:`decentral_jax.optim.choco`, ``own = deQ(Q(x - x_hat))``).
+
+  Args:
+    own: this worker's own term, float array in the accumulation dtype.
+    payload: ``compressor.encode`` of this worker's message.
+    like: an array of the message's shape and dtype.
+    rnd: the round (:class:`~decentral_jax.topology.Round`).
+    axis_name: the worker axis; ``me``: this worker's index on it.
+    compressor: the :class:`Compressor` that made ``payload``.
+
+  Returns:
+    ``own``'s shape and dtype. Must be traced inside ``jax.shard_map`` over
+    ``axis_name``.
+  """
+  acc = own.dtype
+  out = jnp.asarray(rnd.self_weights, acc)[me] * own
   for term in rnd.terms:
     recv = compressor.decode(send_payload(payload, axis_name, term.perm),
-                             x).astype(acc)
+                             like).astype(acc)
     out = out + jnp.asarray(term.weights, acc)[me] * recv
-  return out.astype(x.dtype)
+  return out
+
+
+def _mix_leaf(x, rnd, axis_name, me, compressor: Compressor):
+  """``w_ii x_i + sum_s w_s deQ(recv_s)`` for one leaf and one round."""
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+  return mix_payload(x.astype(acc), compressor.encode(x), x, rnd, axis_name,
+                     me, compressor).astype(x.dtype)
 
 
 def check_compressor(compressor) -> None:
@@ -313,23 +335,6 @@ def check_compressor(compressor) -> None:
   if not isinstance(compressor, Compressor):
     raise ValueError(f"compressor must be a decentral_jax.comm.compress."
                      f"Compressor, got {type(compressor).__name__}.")
-
-
-def _check_float_leaves(tree, what: str) -> None:
-  for path, x in jax.tree_util.tree_leaves_with_path(tree):
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-      raise ValueError(
-          f"{what}: leaf {jax.tree_util.keystr(path)!r} has dtype "
-          f"{jnp.result_type(x)}; only floating-point leaves can be sent "
-          "compressed.")
-
-
-def _check(tree, topology, compressor) -> None:
-  check_compressor(compressor)
-  if not isinstance(topology, topology_lib.Topology):
-    raise ValueError(f"topology must be a decentral_jax.topology.Topology, "
-                     f"got {type(topology).__name__}.")
-  _check_float_leaves(tree, "compressed gossip")
 
 
 def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
@@ -362,12 +367,14 @@ def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
       type, a non-integer ``step``, called outside ``shard_map`` over
       ``axis_name``, or ``topology.n_workers`` other than the axis size.
   """
-  _check(tree, topology, compressor)
+  check_compressor(compressor)
+  gossip.check_topology(topology)
+  gossip.check_float_leaves(tree, "compressed gossip", compressed=True)
   gossip.check_axis(topology, axis_name)
   return gossip.map_round(
       lambda rnd, t: jax.tree.map(
           lambda x: _mix_leaf(x, rnd, axis_name,
-                              collectives.index(axis_name), compressor, None),
+                              collectives.index(axis_name), compressor),
           t),
       topology, step, tree)
 
@@ -431,7 +438,7 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
   check_compressor(compressor)
-  _check_float_leaves(tree, "compressed mean")
+  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
   return jax.tree.map(lambda x: _mean_leaf(x, axis_name, compressor), tree)
 
 
@@ -531,7 +538,7 @@ def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
   check_compressor(compressor)
-  _check_float_leaves(tree, "compressed mean")
+  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
   return jax.tree.map(lambda x: _gather_mean_leaf(x, axis_name, compressor),
                       tree)
 

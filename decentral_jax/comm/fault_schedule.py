@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import stat
 from typing import Any, Sequence
@@ -379,10 +378,9 @@ def _field(obj: dict, name: str, where: str, key: str, kind, lo=None,
   if name not in obj:
     raise ValueError(f"{where}: {key} is missing.")
   v = obj[name]
-  ok = (isinstance(v, int) if kind is int else isinstance(v, (int, float)))
-  if isinstance(v, bool) or not ok or (kind is float and not math.isfinite(v)):
-    raise ValueError(f"{where}: {key} must be {'an int' if kind is int else 'a number'}"
-                     f", got {v!r}.")
+  if not (checks.is_int(v) if kind is int else checks.is_number(v)):
+    raise ValueError(f"{where}: {key} must be "
+                     f"{'an int' if kind is int else 'a number'}, got {v!r}.")
   if (lo is not None and v < lo) or (hi is not None and v > hi):
     raise ValueError(f"{where}: {key} must be in [{lo}, {hi}], got {v!r}.")
   return kind(v)

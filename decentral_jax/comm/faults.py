@@ -29,7 +29,7 @@ receiver keeps ``x_i``. With every worker alive both corrections are
 skipped by a select and the result is bit for bit :func:`gossip.mix`'s.
 
 The fault and straggler schedule that gives the masks is
-:class:`decentral_jax.comm.fault_schedule.FaultSchedule` (re-exported).
+:class:`decentral_jax.comm.fault_schedule.FaultSchedule`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ from jax import lax
 from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
-from decentral_jax.comm.fault_schedule import FaultSchedule  # noqa: F401
-from decentral_jax.comm.fault_schedule import STRAGGLER_MODES  # noqa: F401
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.topology.rounds import Round
 
 PyTree = Any
 
@@ -71,7 +70,7 @@ def check_mask(mask, n: int, name: str) -> jax.Array:
   return m
 
 
-def _neighbour_table(rnd: topology_lib.Round):
+def _neighbour_table(rnd: Round):
   """``(cols, vals)`` int32/float64 [n, K]: each row's off-diagonal entries.
 
   Padded with column ``i`` and weight 0; ``K`` is the largest off-diagonal
@@ -93,7 +92,7 @@ def _neighbour_table(rnd: topology_lib.Round):
   return table_c, table_v
 
 
-def _off_weight(rnd: topology_lib.Round, send: jax.Array, me, dtype):
+def _off_weight(rnd: Round, send: jax.Array, me, dtype):
   """``sum_{j != me} W[me, j] send_j`` for a bool [n] ``send`` (scalar).
 
   Group means use the group's size and count (O(n), no [n, n] table);

@@ -36,15 +36,13 @@ import numpy as np
 from jax import lax
 
 from decentral_jax import checks
+from decentral_jax.scopes import PERIOD_SCOPE
 from decentral_jax.comm import collectives
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.topology.rounds import Round
 
 PyTree = Any
 AxisName = collectives.AxisName
-
-#: Name scope that marks a conditional taken once every ``H`` steps (see
-#: :func:`every`); :func:`decentral_jax.analysis.communication` reads it.
-PERIOD_SCOPE = "comm_every_"
 
 #: Default bucket size of :func:`mix` in bytes: 0, one collective per leaf.
 #: On XLA:CPU (8 simulated devices, 148 leaves) 25 MiB buckets made a round
@@ -95,7 +93,7 @@ def check_topology(topology, name: str = "topology") -> None:
                      f"{type(topology).__name__}.")
 
 
-def check_float_leaves(tree, where: str) -> None:
+def check_float_leaves(tree, where: str, *, compressed: bool = False) -> None:
   """Raises ``ValueError`` naming the first leaf of ``tree`` that is not floating.
 
   Gossip and worker means average leaves; an integer or bool leaf (a step
@@ -104,14 +102,20 @@ def check_float_leaves(tree, where: str) -> None:
   Args:
     tree: a pytree of arrays (or ``jax.ShapeDtypeStruct``).
     where: the function, for the message (e.g. ``"gossip.mix"``).
+    compressed: the leaves are to be sent compressed
+      (:mod:`decentral_jax.comm.compress`): real floating leaves only,
+      complex ones refused too.
   """
+  kind = jnp.floating if compressed else jnp.inexact
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
-    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
-      raise ValueError(
-          f"{where}: leaf {jax.tree_util.keystr(path)!r} has dtype "
-          f"{jnp.result_type(x)}; integer and bool leaves cannot be averaged, "
-          "only floating-point ones (keep integer/bool state out of the "
-          "averaged pytree).")
+    if jnp.issubdtype(jnp.result_type(x), kind):
+      continue
+    rule = ("only floating-point leaves can be sent compressed." if compressed
+            else "integer and bool leaves cannot be averaged, only "
+            "floating-point ones (keep integer/bool state out of the averaged "
+            "pytree).")
+    raise ValueError(f"{where}: leaf {jax.tree_util.keystr(path)!r} has dtype "
+                     f"{jnp.result_type(x)}; {rule}")
 
 
 def _acc_dtype(x):
@@ -184,7 +188,7 @@ def _zero(index, dtype):
   return index.astype(dtype) * 0
 
 
-def _mix_leaf_terms(x, rnd: topology_lib.Round, axis_name, me, comm_dtype):
+def _mix_leaf_terms(x, rnd: Round, axis_name, me, comm_dtype):
   acc = _acc_dtype(x)
   send = x if comm_dtype is None else x.astype(comm_dtype)
   out = (_zero(me, acc) +
@@ -252,7 +256,7 @@ def _mix_leaf_nodes(x, partners: Sequence[int], axes, comm_dtype,
   return full[:x.size].astype(x.dtype).reshape(x.shape)
 
 
-def _mix_round(tree: PyTree, rnd: topology_lib.Round, topology, axis_name,
+def _mix_round(tree: PyTree, rnd: Round, topology, axis_name,
                comm_dtype, bucket_bytes) -> PyTree:
   axes = _axes(axis_name)
   if rnd.is_identity:
@@ -419,7 +423,7 @@ def map_round(fn, topology: topology_lib.Topology, step, *operands):
   Raises:
     ValueError: ``step`` neither an int nor an integer scalar.
   """
-  if isinstance(step, (int, np.integer)) and not isinstance(step, bool):
+  if checks.is_int(step):
     return fn(topology.round(int(step)), *operands)
   if len(topology.distinct_rounds) == 1:
     return fn(topology.distinct_rounds[0], *operands)
@@ -493,8 +497,7 @@ def every(period, taken, true_fn, false_fn, *operands):
     What the chosen branch returns.
   """
   taken = collectives.uniform(taken)  # equal on all workers
-  if isinstance(period, (int, np.integer)) and not isinstance(period, bool) \
-      and period >= 1:
+  if checks.is_int(period) and period >= 1:
     with jax.named_scope(f"{PERIOD_SCOPE}{int(period)}"):
       return lax.cond(taken, true_fn, false_fn, *operands)
   return lax.cond(taken, true_fn, false_fn, *operands)

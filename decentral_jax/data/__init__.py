@@ -7,12 +7,9 @@
 * :mod:`decentral_jax.data.sharding`: the shared per-epoch worker sharding.
 """
 
-from __future__ import annotations
-
-from decentral_jax.data import fashion_mnist
-from decentral_jax.data import sharding
-from decentral_jax.data import text
 from decentral_jax.data.fashion_mnist import ArraySampler
-from decentral_jax.data.sharding import DataNotFoundError
-from decentral_jax.data.text import LMSampler
-from decentral_jax.data.text import eval_batches
+from decentral_jax.data.sharding import DataNotFoundError, EpochSharder
+from decentral_jax.data.text import LMSampler, eval_batches
+
+__all__ = ["ArraySampler", "DataNotFoundError", "EpochSharder", "LMSampler",
+           "eval_batches"]

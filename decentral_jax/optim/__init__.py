@@ -17,8 +17,9 @@
   decentralized DiLoCo), :mod:`~decentral_jax.optim.streaming_sync`
   (Streaming DiLoCo), :mod:`~decentral_jax.optim.elastic` (DiLoCo and Local
   SGD over slow and failing workers: quorum, rollback or proceed, rejoin).
-- :mod:`~decentral_jax.optim.transform_args`: the transforms' shared argument
-  checks.
+- :mod:`~decentral_jax.optim.arguments` and
+  :mod:`~decentral_jax.optim.precision`: the transforms' shared argument
+  checks and compute dtypes.
 
 Every public name of every module is listed here, except
 ``push_sum.push_sum`` (it shares its module's name). Imports
@@ -54,11 +55,12 @@ from decentral_jax.optim.reductions import (
 from decentral_jax.optim.streaming_sync import (
     FragmentRounds, Pending, StreamingDiLoCoState, check_fragments,
     default_fragments, global_params, streaming_diloco)
-from decentral_jax.optim.transform_args import (
-    NO_PARAMS, as_dtype, check_hyperparameter, check_learning_rate,
-    check_period, check_transform, compute_dtype, concrete_float,
-    moment_dtype, round_step)
+from decentral_jax.optim.arguments import (
+    NO_PARAMS, check_hyperparameter, check_learning_rate, check_period,
+    check_transform, concrete_float)
+from decentral_jax.optim.precision import (
+    as_dtype, compute_dtype, moment_dtype)
 from decentral_jax.optim.transforms import (
     DecentralizedState, GossipMixingState, all_reduce_gradients,
     decentralized, decentralized_adamw, default_weight_decay_mask,
-    find_states, gossip_mixing, round_count)
+    find_states, gossip_mixing, round_count, round_step)

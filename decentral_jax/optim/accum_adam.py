@@ -21,11 +21,11 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax import checks
-from decentral_jax.optim.transform_args import as_dtype
-from decentral_jax.optim.transform_args import check_hyperparameter
-from decentral_jax.optim.transform_args import check_period
-from decentral_jax.optim.transform_args import compute_dtype
-from decentral_jax.optim.transform_args import moment_dtype
+from decentral_jax.optim.arguments import check_hyperparameter
+from decentral_jax.optim.arguments import check_period
+from decentral_jax.optim.precision import as_dtype
+from decentral_jax.optim.precision import compute_dtype
+from decentral_jax.optim.precision import moment_dtype
 
 __all__ = ["BETA_CONVENTIONS", "ScaleByAccumAdamState", "horizon_matched_betas",
            "scale_by_accum_adam"]

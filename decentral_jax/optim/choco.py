@@ -42,7 +42,7 @@ from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
@@ -61,12 +61,8 @@ def _choco_leaf(x_half, x_hat, s, rnd, axis_name, compressor, gamma):
   diff = (x_half.astype(acc) - x_hat.astype(acc)).astype(x_half.dtype)
   payload = compressor.encode(diff)
   q = compressor.decode(payload, diff).astype(acc)
-  me = collectives.index(axis_name)
-  mixed_q = jnp.asarray(rnd.self_weights, acc)[me] * q
-  for term in rnd.terms:
-    recv = compressor.decode(
-        compress.send_payload(payload, axis_name, term.perm), diff)
-    mixed_q = mixed_q + jnp.asarray(term.weights, acc)[me] * recv.astype(acc)
+  mixed_q = compress.mix_payload(q, payload, diff, rnd, axis_name,
+                                 collectives.index(axis_name), compressor)
   x_hat = x_hat.astype(acc) + q
   s = s.astype(acc) + mixed_q
   x_new = x_half.astype(acc) + gamma * (s - x_hat)
@@ -135,7 +131,7 @@ def choco_gossip(topology: topology_lib.Topology,
   def update_fn(updates, state, params=None, **unused):
     del unused
     if params is None:
-      raise ValueError(transform_args.NO_PARAMS.format("choco_gossip"))
+      raise ValueError(arguments.NO_PARAMS.format("choco_gossip"))
     gossip.check_float_leaves(params, "choco_gossip")
     gossip.check_axis(topology, axis_name)
     x_half = jax.tree.map(lambda p, u: (p.astype(jnp.promote_types(

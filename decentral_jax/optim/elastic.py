@@ -75,7 +75,7 @@ from decentral_jax.comm import gossip
 from decentral_jax.optim import diloco_sync
 from decentral_jax.optim import local_sgd_sync
 from decentral_jax.optim import local_steps
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
 
 PyTree = Any
@@ -242,7 +242,7 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
                 **extra_args):
     del extra_args
     if params is None:
-      raise ValueError(transform_args.NO_PARAMS.format(name))
+      raise ValueError(arguments.NO_PARAMS.format(name))
     gossip.check_float_leaves(params, name)
     n = collectives.size(axis_name)
     _check_quorum(quorum, n, axis_name)

@@ -21,7 +21,7 @@ import optax
 
 from decentral_jax import checks
 from decentral_jax.comm import gossip
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
 
 PyTree = Any
@@ -39,9 +39,9 @@ def check_common(inner, sync_every, outer=None) -> int:
     ValueError: ``inner`` (or a given ``outer``) not an optax transform,
       ``sync_every`` not an integer >= 1.
   """
-  transform_args.check_transform("inner", inner)
+  arguments.check_transform("inner", inner)
   if outer is not None:
-    transform_args.check_transform("outer", outer)
+    arguments.check_transform("outer", outer)
   return checks.check_int("sync_every", sync_every, minimum=1)
 
 
@@ -64,7 +64,7 @@ def inner_step(inner: optax.GradientTransformation, grads, inner_state,
       method ``name``).
   """
   if params is None:
-    raise ValueError(transform_args.NO_PARAMS.format(name))
+    raise ValueError(arguments.NO_PARAMS.format(name))
   gossip.check_float_leaves(params, name)
   local, inner_state = inner.update(grads, inner_state, params)
   return optax.apply_updates(params, local), inner_state

@@ -39,9 +39,10 @@ import optax
 
 from decentral_jax import checks
 from decentral_jax.comm import gossip
-from decentral_jax.optim import transform_args
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import arguments
+from decentral_jax.optim import transforms
 from decentral_jax.topology import schedules as topology_lib
+from decentral_jax.topology.rounds import check_column_sums
 
 PyTree = Any
 
@@ -80,7 +81,7 @@ def check_column_stochastic(topology: topology_lib.Topology) -> None:
     if not rnd.is_nonnegative_finite():
       raise ValueError(f"{where} has negative or non-finite weights.")
     try:
-      topology_lib.check_column_sums(rnd, where)
+      check_column_sums(rnd, where)
     except ValueError as e:
       raise ValueError(f"{e} Build directed schedules with topology."
                        "from_matrices(..., column_stochastic=True).") from None
@@ -164,7 +165,7 @@ def push_sum(inner: optax.GradientTransformation,
   References:
     Assran et al., ICML 2019 (arXiv 1811.10792), Alg. 1.
   """
-  transform_args.check_transform("inner", inner)
+  arguments.check_transform("inner", inner)
   check_column_stochastic(topology)
   checks.check_float_dtype("comm_dtype", comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
@@ -181,7 +182,7 @@ def push_sum(inner: optax.GradientTransformation,
           "push_sum needs the numerators x_i (the parameters): call "
           "tx.update(grads, state, params) with params, and take grads at "
           "debiased(params, state).")
-    step = optim.round_step(state, round_index)
+    step = transforms.round_step(state, round_index)
     z = _divide(params, state.weight)
     local, inner_state = inner.update(updates, state.inner_state, z,
                                       **extra_args)
@@ -215,9 +216,9 @@ def sgp(learning_rate: optax.ScalarOrSchedule,
     ValueError: also ``learning_rate`` not a schedule or a finite number
       >= 0, ``momentum`` not None or in [0, 1), ``nesterov`` not a bool.
   """
-  transform_args.check_learning_rate(learning_rate)
+  arguments.check_learning_rate(learning_rate)
   if momentum is not None:
-    transform_args.check_hyperparameter("momentum", momentum, below_one=True,
+    arguments.check_hyperparameter("momentum", momentum, below_one=True,
                                         wide=False)
   checks.check_bool("nesterov", nesterov)
   return push_sum(optax.sgd(learning_rate, momentum=momentum,

@@ -55,11 +55,11 @@ from decentral_jax.comm import collectives
 from decentral_jax.comm import faults
 from decentral_jax.comm import gossip
 from decentral_jax.topology import schedules as topology_lib
-from decentral_jax.optim import transform_args
+from decentral_jax.optim import arguments
+from decentral_jax.optim import precision
 from decentral_jax.optim.accum_adam import ScaleByAccumAdamState
 from decentral_jax.optim.accum_adam import horizon_matched_betas
 from decentral_jax.optim.accum_adam import scale_by_accum_adam
-from decentral_jax.optim.transform_args import round_step
 
 __all__ = ["DecentralizedState", "GossipMixingState", "ScaleByAccumAdamState",
            "all_reduce_gradients", "decentralized", "decentralized_adamw", "default_weight_decay_mask",
@@ -127,7 +127,7 @@ def gossip_mixing(topology: topology_lib.Topology,
   def update_fn(updates, state, params=None, *, round_index=None, **unused):
     del unused
     if params is None:
-      raise ValueError(transform_args.NO_PARAMS.format("gossip_mixing"))
+      raise ValueError(arguments.NO_PARAMS.format("gossip_mixing"))
     mixed = gossip.mix(params, topology, round_step(state, round_index), axis_name,
                        comm_dtype=comm_dtype, bucket_bytes=bucket_bytes)
     updates = jax.tree.map(_add_correction, updates, mixed, params)
@@ -142,7 +142,7 @@ def _add_correction(u, m, p):
   For float32/float64 leaves these are the plain-dtype operations; for
   bfloat16/float16 the sum is rounded once instead of twice.
   """
-  dt = transform_args.compute_dtype(u.dtype, m.dtype, p.dtype)
+  dt = precision.compute_dtype(u.dtype, m.dtype, p.dtype)
   return (u.astype(dt) + (m.astype(dt) - p.astype(dt))).astype(u.dtype)
 
 
@@ -241,14 +241,14 @@ def decentralized(inner: optax.GradientTransformation,
       ``gossip_every``; errors of :func:`decentral_jax.comm.gossip.mix`
       (mesh axis size, non-floating leaves).
   """
-  transform_args.check_transform("inner", inner)
+  arguments.check_transform("inner", inner)
   gossip.check_topology(topology)
   checks.check_bool("mix_after_update", mix_after_update)
   checks.check_float_dtype("comm_dtype", comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
   # takes the conditional path.
-  tau = transform_args.check_period("gossip_every", gossip_every)
+  tau = arguments.check_period("gossip_every", gossip_every)
   if isinstance(tau, jax.Array):
     tau = jnp.asarray(tau).astype(jnp.int32)
   mix = _periodic_mix(topology, axis_name, tau, comm_dtype, bucket_bytes)
@@ -259,7 +259,7 @@ def decentralized(inner: optax.GradientTransformation,
   def update_fn(updates, state, params=None, *, round_index=None,
                 alive=None, working=None, rejoining=None, **extra_args):
     if params is None:
-      raise ValueError(transform_args.NO_PARAMS.format("decentralized"))
+      raise ValueError(arguments.NO_PARAMS.format("decentralized"))
     extra = extra_args if extra_args else {}
     if alive is not None:
       return _live_update(inner, topology, axis_name, mix, mix_after_update,
@@ -479,8 +479,8 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   References:
     Wang et al. 2025 (arXiv 2410.11998), Alg. 1 and Alg. 4.
   """
-  transform_args.check_learning_rate(learning_rate)
-  transform_args.check_hyperparameter("weight_decay", weight_decay,
+  arguments.check_learning_rate(learning_rate)
+  arguments.check_hyperparameter("weight_decay", weight_decay,
                                       below_one=False, wide=False)
   inner = optax.chain(
       scale_by_accum_adam(b1=b1, b2=b2, eps=eps, accum_steps=accum_steps,
@@ -506,7 +506,7 @@ def _in_compute_dtype(inner: optax.GradientTransformation
 
   def cast(tree):
     return jax.tree.map(
-        lambda x: jnp.asarray(x, transform_args.compute_dtype(x.dtype)), tree)
+        lambda x: jnp.asarray(x, precision.compute_dtype(x.dtype)), tree)
 
   def update_fn(updates, state, params=None, **extra_args):
     return optax.with_extra_args_support(inner).update(
@@ -560,3 +560,19 @@ def round_count(opt_state: optax.OptState) -> jax.Array | None:
   """The gossip step counter found in ``opt_state`` (first one), or None."""
   found = find_states(opt_state, (DecentralizedState, GossipMixingState))
   return found[0].count if found else None
+
+
+def round_step(state, round_index):
+  """The step that picks a gossip round: static ``round_index`` or ``state.count``.
+
+  Raises:
+    ValueError: ``round_index`` given but not an int (a float, a bool, or
+      a traced array: it must be static).
+  """
+  if round_index is None:
+    return state.count
+  if isinstance(round_index, (jax.Array, np.ndarray)):
+    raise ValueError(
+        f"round_index must be a Python int (static; jit it with "
+        f"static_argnames), got {type(round_index).__name__}.")
+  return checks.check_int("round_index", round_index)

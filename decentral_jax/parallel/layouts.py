@@ -49,13 +49,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from decentral_jax import checks
-from decentral_jax.parallel import mesh as parallel
+from decentral_jax.layout_modes import FSDP
+from decentral_jax.layout_modes import MODES
+from decentral_jax.parallel import mesh as mesh_lib
 
 PyTree = Any
 
-FSDP = "fsdp"
-DATA = "data"
-MODES = (FSDP, DATA)
 #: Which divisible dimension :func:`inner_dim` picks.
 SPLIT_RULES = ("first", "largest")
 
@@ -125,29 +124,29 @@ def inner_dim(shape: Sequence[int], dtype, devices_per_worker: int,
 
 def _leaf_spec(x, mesh: Mesh, layout: WorkerLayout, stacked: bool) -> P:
   shape = tuple(jnp.shape(x))
-  worker = parallel.worker_axis(mesh)
+  worker = mesh_lib.worker_axis(mesh)
   if stacked:
     rest = [None] * (len(shape) - 1)
     k = inner_dim(shape[1:], jnp.result_type(x), layout.devices_per_worker,
                   layout.split) if layout.sharded_state else None
     if k is not None:
-      rest[k] = parallel.INNER
+      rest[k] = mesh_lib.INNER
     return P(worker, *rest)
   k = inner_dim(shape, jnp.result_type(x), layout.devices_per_worker,
                 layout.split) if layout.sharded_state else None
   if k is None:
     return P()
-  return P(*([None] * k), parallel.INNER)
+  return P(*([None] * k), mesh_lib.INNER)
 
 
 def _check_mesh(mesh: Mesh, layout: WorkerLayout) -> None:
-  parallel.check_mesh(mesh)
+  mesh_lib.check_mesh(mesh)
   if not isinstance(layout, WorkerLayout):
     raise ValueError(f"layout must be a layouts.WorkerLayout, got "
                      f"{type(layout).__name__}.")
-  if parallel.devices_per_worker(mesh) != layout.devices_per_worker:
+  if mesh_lib.devices_per_worker(mesh) != layout.devices_per_worker:
     raise ValueError(
-        f"the mesh has {parallel.devices_per_worker(mesh)} device(s) per "
+        f"the mesh has {mesh_lib.devices_per_worker(mesh)} device(s) per "
         f"worker but the layout has devices_per_worker="
         f"{layout.devices_per_worker}; build the mesh with parallel."
         "make_mesh(..., devices_per_worker=layout.devices_per_worker).")
@@ -195,9 +194,9 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   Equal to ``parallel.worker_sharding(mesh)`` on a one-device-per-worker
   mesh. ``B`` must be divisible by the devices per worker.
   """
-  if parallel.INNER not in parallel.device_mesh(mesh).axis_names:
-    return parallel.worker_sharding(mesh)
-  return NamedSharding(mesh, P(parallel.worker_axis(mesh), parallel.INNER))
+  if mesh_lib.INNER not in mesh_lib.device_mesh(mesh).axis_names:
+    return mesh_lib.worker_sharding(mesh)
+  return NamedSharding(mesh, P(mesh_lib.worker_axis(mesh), mesh_lib.INNER))
 
 
 def place(tree: PyTree, mesh: Mesh, layout: WorkerLayout) -> PyTree:
@@ -213,7 +212,7 @@ def place_batch(tree: PyTree, mesh: Mesh) -> PyTree:
     ValueError: a leaf whose ``B`` is not divisible by the devices per
       worker (the message names the leaf).
   """
-  check_batch(tree, parallel.devices_per_worker(mesh))
+  check_batch(tree, mesh_lib.devices_per_worker(mesh))
   return jax.device_put(tree, batch_sharding(mesh))
 
 
@@ -292,6 +291,6 @@ def check_params(params: PyTree, layout: WorkerLayout, *,
 
 
 __all__: Sequence[str] = (
-    "FSDP", "DATA", "MODES", "WorkerLayout", "batch_sharding",
-    "check_batch", "check_params", "inner_dim", "place", "place_batch",
-    "state_shardings", "state_specs", "unsplit_leaves")
+    "WorkerLayout", "batch_sharding", "check_batch", "check_params",
+    "inner_dim", "place", "place_batch", "state_shardings", "state_specs",
+    "unsplit_leaves")

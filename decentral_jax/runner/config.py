@@ -23,13 +23,13 @@ from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
 
-from decentral_jax.parallel import layouts
+from decentral_jax import layout_modes
 
 OPTIMIZERS = ("adamw", "accum_adamw")
 GOSSIP_ROUNDS = ("auto", "switch", "static")
 CONSENSUS_AT = ("auto", "log_step", "next_step")
 # config.worker_layout values: the worker layout modes.
-WORKER_LAYOUTS = layouts.MODES
+WORKER_LAYOUTS = layout_modes.MODES
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}

@@ -67,7 +67,7 @@ from decentral_jax.runner import methods
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
-from decentral_jax.parallel import mesh as parallel
+from decentral_jax import parallel
 from decentral_jax.runner import step as step_lib
 from decentral_jax.runner import tasks
 from decentral_jax.topology import schedules as topology_lib

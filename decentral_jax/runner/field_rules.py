@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from decentral_jax import wire_format
 from decentral_jax.comm import compress
 from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
@@ -162,7 +163,7 @@ RULES = {
     "outer_overlap": _one_of(outer_timing.TIMINGS),
     "outer_latency": _integer(1, note=" (rounds)"),
     "trickle_reduction": _boolean,
-    "compression.format": _one_of(compress.FORMATS),
+    "compression.format": _one_of(wire_format.FORMATS),
     "compression.block": _integer(2, compress.MAX_BLOCK,
                                   note=" (values per scale or chunk)"),
     "compression.fraction": _real(0.0, 1.0, lo_open=True,

@@ -38,7 +38,7 @@ from ml_collections import config_dict
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import metrics as metrics_lib
-from decentral_jax.parallel import mesh as parallel
+from decentral_jax import parallel
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runner.experiment import Experiment
 

@@ -35,6 +35,7 @@ import stat
 
 import numpy as np
 
+from decentral_jax import checks
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import workload as workload_lib
 
@@ -172,12 +173,6 @@ CLUSTER_KEYS = tuple(k for k in CLUSTER_SCHEMA
 WORKLOAD_KEYS = tuple(WORKLOAD_SCHEMA)
 
 
-def _is_number(v) -> bool:
-  """A finite JSON number (an int of any size, or a finite float)."""
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and (
-      isinstance(v, int) or math.isfinite(v))
-
-
 def _value_error(key: str, v, kind: str, lo, hi) -> str | None:
   """Why ``v`` is not a ``kind`` in ``[lo, hi]``, or None if it is."""
   rule = {"int": "an integer", "number": "a finite number",
@@ -189,13 +184,13 @@ def _value_error(key: str, v, kind: str, lo, hi) -> str | None:
   if kind in ("numbers", "strs"):
     ok = isinstance(v, list) and all(
         isinstance(x, str) if kind == "strs" else
-        _is_number(x) and lo <= x <= hi for x in v)
+        checks.is_number(x) and lo <= x <= hi for x in v)
   elif kind == "bool":
     ok = isinstance(v, bool)
   elif kind == "str":
     ok = isinstance(v, str)
   else:
-    ok = _is_number(v) and (kind == "number" or isinstance(v, int)) and \
+    ok = checks.is_number(v) and (kind == "number" or checks.is_int(v)) and \
         lo <= v <= hi
   return None if ok else f"{key} must be {rule}, got {_short(v)}"
 

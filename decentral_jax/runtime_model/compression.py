@@ -1,10 +1,10 @@
 """Compressed communication priced: bytes on the wire and codec time.
 
-The formats of :mod:`decentral_jax.comm.compress` (restated here: the
-runtime model imports only NumPy and the topologies; a test checks that the
-two byte counts agree). ``N`` values, ``B`` values per block (per float32
-scale, or per top-k chunk), ``nb = ceil(N / B)`` blocks, the last one
-zero-padded and sent:
+The formats of :mod:`decentral_jax.comm.compress`, whose bytes both the
+codec and this model count with :func:`decentral_jax.wire_format.
+payload_bytes`. ``N`` values, ``B`` values per block (per float32 scale, or
+per top-k chunk), ``nb = ceil(N / B)`` blocks, the last one zero-padded and
+sent:
 
 ==========  ==========================  ====================================
 format      bytes sent                  per value
@@ -65,15 +65,17 @@ References:
 from __future__ import annotations
 
 import math
-import numbers
 
-FORMATS = ("int8", "fp8", "int4", "fp4", "topk")
-FOUR_BIT = ("int4", "fp4")
+from decentral_jax import checks
+from decentral_jax import wire_format
+from decentral_jax.wire_format import COMPRESSED
+from decentral_jax.wire_format import DEFAULT_BLOCK
+from decentral_jax.wire_format import DEFAULT_FRACTION
+from decentral_jax.wire_format import FOUR_BIT
+
 #: Formats whose local-update sync is an all-gather of every worker's
 #: payload (the rest: reduce-scatter of codes, all-gather of the mean).
 GATHERED = ("topk",)
-DEFAULT_BLOCK = 256  # comm.compress.Compressor's default
-DEFAULT_FRACTION = 0.01  # likewise (top-k)
 VALUE_BYTES = 4  # the codec reads / writes float32 values
 
 
@@ -84,44 +86,32 @@ def check(fmt: str, block, fraction, where: str) -> None:
     ValueError: naming ``where``: an unknown format, a block that is not an
       integer >= 2 (even for the 4-bit formats), a fraction outside (0, 1].
   """
-  if fmt not in FORMATS:
+  if fmt not in COMPRESSED:
     raise ValueError(f"{where}: compress={fmt!r} is not a format; use one of "
-                     f"{', '.join(FORMATS)}.")
-  if isinstance(block, bool) or not isinstance(block, numbers.Integral) or \
-      block < 2:
+                     f"{', '.join(COMPRESSED)}.")
+  if not checks.is_int(block) or block < 2:
     raise ValueError(f"{where}: block={block!r} must be an integer >= 2 "
                      "(values per scale or per top-k chunk).")
   if fmt in FOUR_BIT and block % 2:
     raise ValueError(f"{where}: block={block} must be even for {fmt} (two "
                      "values per byte).")
-  if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or \
-      not 0 < fraction <= 1 or math.isnan(fraction):
+  if not checks.is_number(fraction) or not 0 < fraction <= 1:
     raise ValueError(f"{where}: fraction={fraction!r} must be in (0, 1] (the "
                      "share of each chunk top-k keeps).")
 
 
-def kept(block: int, fraction: float) -> int:
-  """Top-k: values kept per chunk of ``block``: ``max(1, round(fraction B))``."""
-  return max(1, min(block, int(round(fraction * block))))
-
-
 def payload_bytes(fmt: str, n_values: float, block: int = DEFAULT_BLOCK,
                   fraction: float = DEFAULT_FRACTION) -> float:
-  """Bytes one worker sends for ``n_values`` values (module table).
+  """Bytes one worker sends for ``n_values`` values (module table), a float.
 
   Args:
-    fmt: one of :data:`FORMATS`.
+    fmt: one of :data:`decentral_jax.wire_format.COMPRESSED`.
     n_values: ``N`` (rounded up to an integer).
     block: ``B``.
     fraction: top-k only.
   """
-  blocks = math.ceil(math.ceil(n_values) / block)
-  if fmt in ("int8", "fp8"):
-    return float(blocks * (block + 4))
-  if fmt in FOUR_BIT:
-    return float(blocks * (block // 2 + 4))
-  index = 2 if block <= 32768 else 4
-  return float(blocks * kept(block, fraction) * (4 + index))
+  return float(wire_format.payload_bytes(fmt, math.ceil(n_values), block,
+                                         fraction))
 
 
 def padded_values(n_values: float, n_workers: int, block: int) -> int:

@@ -47,7 +47,7 @@ from decentral_jax.runtime_model.costs import (  # noqa: F401
     ring_all_reduce_time, round_cost)
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import per_step_methods
-from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import specs
 from decentral_jax.runtime_model.method import (  # noqa: F401
     METHOD_KINDS, Estimate, Method, check_method, sgp_topology)
@@ -128,7 +128,7 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
     An :class:`Estimate`.
   """
   m = make_method(method, c)
-  c_eff, w_eff = spanning.effective(m, c, w)
+  c_eff, w_eff = method_messages.effective(m, c, w)
   est = ESTIMATORS[m.kind].closed_form(m, c_eff, w_eff)
   inner = w_eff.optimizer_s - w.optimizer_s
   if inner <= 0:
@@ -183,6 +183,6 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     raise ValueError(f"need 0 <= warmup < steps, got warmup={warmup}, "
                      f"steps={steps}.")
   m = make_method(method, c)
-  c, w = spanning.effective(m, c, w)
+  c, w = method_messages.effective(m, c, w)
   fac = w.compute_factors(steps, c.n_workers, seed)
   return ESTIMATORS[m.kind].simulate(m, c, w, fac, warmup)

@@ -20,33 +20,15 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import numpy as np
 
-from decentral_jax.topology import schedules as topology_lib
+from decentral_jax import checks
+from decentral_jax.topology.rounds import Round
 
 MULTI_NODE_ALGORITHMS = ("ring", "tree")
 INTRA_LINKS = ("pcie", "nvlink")
-
-
-def check_positive(name: str, value, allow_zero: bool = False) -> None:
-  """Checks that ``value`` is a finite number > 0 (>= 0 with ``allow_zero``).
-
-  The runtime model's check of its hardware and workload fields (seconds,
-  bytes, bytes per second); ``bool`` is refused.
-
-  Raises:
-    ValueError: ``"{name} must be a finite number > 0, got {value!r}."``.
-  """
-  number = isinstance(value, (int, float, np.integer, np.floating)) and \
-      not isinstance(value, bool)
-  ok = number and math.isfinite(value) and (
-      value >= 0 if allow_zero else value > 0)
-  if not ok:
-    bound = ">= 0" if allow_zero else "> 0"
-    raise ValueError(f"{name} must be a finite number {bound}, got {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,30 +110,27 @@ class Cluster:
 
   def __post_init__(self):
     n, big_l = self.n_workers, self.local_size
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-      raise ValueError(f"n_workers must be a positive integer, got {n!r}.")
-    if not isinstance(big_l, (int, np.integer)) or big_l < 1 or n % big_l:
+    checks.check_int("n_workers", n, minimum=1)
+    if not checks.is_int(big_l) or big_l < 1 or n % big_l:
       raise ValueError(f"local_size={big_l!r} must be a positive integer "
                        f"dividing n_workers={n} (workers per node).")
     for name in ("intra_latency_s", "inter_latency_s"):
-      check_positive(name, getattr(self, name), allow_zero=True)
+      checks.check_float(name, getattr(self, name), minimum=0)
     for name in ("intra_bandwidth_Bps", "nic_bandwidth_Bps"):
-      check_positive(name, getattr(self, name))
+      checks.check_float(name, getattr(self, name), minimum=0, open_min=True)
     if self.flow_bandwidth_Bps is not None:
-      check_positive("flow_bandwidth_Bps", self.flow_bandwidth_Bps)
+      checks.check_float("flow_bandwidth_Bps", self.flow_bandwidth_Bps,
+                         minimum=0, open_min=True)
     if self.multi_node not in MULTI_NODE_ALGORITHMS:
       raise ValueError(f"multi_node must be one of {MULTI_NODE_ALGORITHMS}, "
                        f"got {self.multi_node!r}.")
-    k = self.nics_per_node
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-      raise ValueError(f"nics_per_node must be a positive integer, got {k!r}.")
-    check_positive("nic_efficiency", self.nic_efficiency)
+    checks.check_int("nics_per_node", self.nics_per_node, minimum=1)
+    checks.check_float("nic_efficiency", self.nic_efficiency,
+                       minimum=0, open_min=True)
     if self.nic_efficiency > 1:
       raise ValueError("nic_efficiency is a fraction of the line rate in "
                        f"(0, 1], got {self.nic_efficiency!r}.")
-    if not isinstance(self.full_duplex, (bool, np.bool_)):
-      raise ValueError(f"full_duplex must be True or False, got "
-                       f"{self.full_duplex!r}.")
+    checks.check_bool("full_duplex", self.full_duplex)
     if self.intra_link not in INTRA_LINKS:
       raise ValueError(f"intra_link must be one of {INTRA_LINKS}, got "
                        f"{self.intra_link!r}.")
@@ -159,18 +138,18 @@ class Cluster:
 
   def _check_wan(self) -> None:
     d = self.datacenters
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1 \
-        or self.n_nodes % d:
+    if not checks.is_int(d) or d < 1 or self.n_nodes % d:
       raise ValueError(f"datacenters={d!r} must be a positive integer "
                        f"dividing the number of nodes ({self.n_nodes} = "
                        f"n_workers / local_size).")
-    check_positive("wan_latency_s", self.wan_latency_s, allow_zero=True)
+    checks.check_float("wan_latency_s", self.wan_latency_s, minimum=0)
     if self.wan_bandwidth_Bps is not None:
-      check_positive("wan_bandwidth_Bps", self.wan_bandwidth_Bps)
+      checks.check_float("wan_bandwidth_Bps", self.wan_bandwidth_Bps,
+                         minimum=0, open_min=True)
     elif d > 1:
       raise ValueError(f"datacenters={d} needs wan_bandwidth_Bps (the rate "
                        "of a datacenter's wide-area uplink, bytes/s).")
-    check_positive("codec_Bps", self.codec_Bps)
+    checks.check_float("codec_Bps", self.codec_Bps, minimum=0, open_min=True)
 
   @property
   def n_nodes(self) -> int:
@@ -395,7 +374,7 @@ def group_round_cost(c: Cluster, groups: Sequence[Sequence[int]]) -> RoundCost:
   return RoundCost(lat, spb, _members(matrix), crosses)
 
 
-def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
+def permute_round_cost(c: Cluster, rnd: Round) -> RoundCost:
   """Cost of a round realised as sequential point-to-point ``ppermute`` terms.
 
   In each term, every worker sends one full message and receives one; flows
@@ -436,7 +415,7 @@ def permute_round_cost(c: Cluster, rnd: topology_lib.Round) -> RoundCost:
   return RoundCost(lat, spb, _members(rnd.matrix), crosses)
 
 
-def round_cost(c: Cluster, rnd: topology_lib.Round,
+def round_cost(c: Cluster, rnd: Round,
                permutes: bool = False) -> RoundCost:
   """Cost of one topology round: group means if it is a partition, else ppermutes.
 

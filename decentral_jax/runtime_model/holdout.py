@@ -198,18 +198,6 @@ def fit_compute(name: str, shared: dict, bars: dict) -> dict:
   return {"a_s": float(res.x[0] * 1e-3), "b_s": float(res.x[1] * 1e-3)}
 
 
-def shared_loss(names, shared: dict, computes: dict, bars: dict) -> float:
-  """Sum of squared log-errors over the All-Reduce, Exp and AER bars of ``names``."""
-  total = 0.0
-  for name in names:
-    for m in paper.VALIDATED:
-      pred = predict_ms(name, m, computes[name]["a_s"], computes[name]["b_s"],
-                        shared["compute_cv"], shared["nics_per_node"],
-                        "closed_form")
-      total += float(np.sum((np.log(pred) - np.log(bars[name][m]))**2))
-  return total
-
-
 def fit_shared(names, bars: dict) -> tuple[dict, dict]:
   """Shared values fitted on the All-Reduce, Exp and AER bars of ``names``.
 

@@ -199,7 +199,7 @@ def parse_spec(spec: str, c: Cluster) -> Method:
     ``comm_dtype`` [none: float32], ``overlap`` [none; ``delayed`` or
     ``eager``: trickled reduction, exact all-reduce only], ``compress``
     [none; a format of
-    :data:`~decentral_jax.runtime_model.compression.FORMATS`, exact
+    :data:`~decentral_jax.wire_format.COMPRESSED`, exact
     all-reduce only], ``block`` [256], ``fraction`` [0.01, top-k].
   * ``streaming_diloco``: ``H`` [10], ``P`` [1] fragments, ``tau`` [0]
     overlap steps (``1 <= P <= H``, ``tau * P < H``), ``comm_dtype``

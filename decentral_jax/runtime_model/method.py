@@ -19,11 +19,12 @@ import functools
 
 import numpy as np
 
+from decentral_jax import checks
+from decentral_jax import wire_format
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import RoundCost
-from decentral_jax.runtime_model.costs import check_positive
 from decentral_jax.runtime_model.costs import round_cost
 from decentral_jax.runtime_model.workload import Workload
 
@@ -73,7 +74,7 @@ class Method:
       gossip). Default None.
     compress: kinds "gossip" and "local" (exact all-reduce only): optional
       compression format of what is sent, one of
-      :data:`~decentral_jax.runtime_model.compression.FORMATS` (bytes and
+      :data:`~decentral_jax.wire_format.COMPRESSED` (bytes and
       codec time in :mod:`~decentral_jax.runtime_model.compression`); a
       compressed gossip round is realised with ``ppermute`` terms; a
       compressed sync is a reduce-scatter and all-gather of codes (scaled
@@ -109,8 +110,8 @@ class Method:
   comm_dtype: str | None = None
   bucket_bytes: float | None = None
   compress: str | None = None
-  compress_block: int = compression.DEFAULT_BLOCK
-  compress_fraction: float = compression.DEFAULT_FRACTION
+  compress_block: int = wire_format.DEFAULT_BLOCK
+  compress_fraction: float = wire_format.DEFAULT_FRACTION
   outer_overlap: str = "none"
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
@@ -268,7 +269,8 @@ def check_method(m: Method, c: Cluster) -> Method:
   if m.kind == "gossip" and topo is None:
     raise ValueError("a gossip Method needs a topology.")
   if m.bucket_bytes is not None:
-    check_positive("Method.bucket_bytes", m.bucket_bytes)
+    checks.check_float("Method.bucket_bytes", m.bucket_bytes, minimum=0,
+                       open_min=True)
   _check_local_fields(m)
   _check_compress(m)
   return m
@@ -335,10 +337,6 @@ def library_gap(m: Method) -> str | None:
   return None
 
 
-def _is_int(v) -> bool:
-  return not isinstance(v, bool) and isinstance(v, (int, np.integer))
-
-
 def _check_local_fields(m: Method) -> None:
   """Validates the local-update fields of ``m`` (any kind).
 
@@ -363,13 +361,13 @@ def _check_local_fields(m: Method) -> None:
                        "'diloco:H=10'; comm_dtype for 'local' and 'gossip').")
     return
   h, p, tau = m.period, m.fragments, m.overlap_steps
-  if not _is_int(h) or h < 1:
+  if not checks.is_int(h) or h < 1:
     raise ValueError(f"Method {m.name!r}: period={h!r} must be an integer "
                      ">= 1 (the sync period H in steps).")
-  if not _is_int(p) or not 1 <= p <= h:
+  if not checks.is_int(p) or not 1 <= p <= h:
     raise ValueError(f"Method {m.name!r}: fragments={p!r} must be an integer "
                      f"in [1, period={h}].")
-  if not _is_int(tau) or tau < 0 or tau * p >= h:
+  if not checks.is_int(tau) or tau < 0 or tau * p >= h:
     raise ValueError(f"Method {m.name!r}: overlap_steps={tau!r} must be an "
                      f"integer >= 0 with overlap_steps * fragments < period "
                      f"({h}).")

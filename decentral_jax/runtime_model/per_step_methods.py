@@ -7,8 +7,8 @@ overlapped with the backward only) and with gossip of parameters
 (Decent-DP style: per bucket, overlapped with the whole next forward and
 backward; SGP: blocking, after the step; with ``Workload.gossip_in_flight``
 only behind the part of the step the compiled program overlaps,
-:mod:`~decentral_jax.runtime_model.compiled_overlap`). Both take the worker-level
-cluster and workload (:func:`decentral_jax.runtime_model.spanning.effective`
+:mod:`~decentral_jax.runtime_model.in_flight`). Both take the worker-level
+cluster and workload (:func:`decentral_jax.runtime_model.method_messages.effective`
 applied) and a checked :class:`~decentral_jax.runtime_model.method.Method`.
 The recursions and closed forms are stated in ``core``'s docstrings.
 
@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from decentral_jax.runtime_model import compiled_overlap
+from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import RoundCost
 from decentral_jax.runtime_model.costs import all_reduce_cost
@@ -127,7 +127,7 @@ def closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   if m.kind == "all_reduce":
     return _all_reduce_closed_form(m, c, w)
   if m.overlap and w.gossip_in_flight is not None:
-    return compiled_overlap.closed_form(m, c, w)
+    return in_flight.closed_form(m, c, w)
   return _gossip_closed_form(m, c, w)
 
 
@@ -209,7 +209,7 @@ def simulate(m: Method, c: Cluster, w: Workload, fac: np.ndarray,
   if not m.overlap:
     return _simulate_blocking_gossip(m, c, w, fwd, bwd, warmup)
   if w.gossip_in_flight is not None:
-    return compiled_overlap.simulate(m, c, w, fwd, bwd, warmup)
+    return in_flight.simulate(m, c, w, fwd, bwd, warmup)
   return _simulate_overlapped_gossip(m, c, w, fwd, bwd, warmup)
 
 

@@ -31,7 +31,7 @@ sync message (all fragments) every ``H`` steps. A worker of ``D`` devices
 sends ``D`` times these with the ``"data"`` layout (every device sends the
 full message) and the same with ``"fsdp"`` (each device its ``1/D``
 shard); its devices also send each other ``Traffic.inner_bytes``
-(:func:`decentral_jax.runtime_model.spanning.inner_bytes`). Measured times (``Method.measured_s``) do not change the
+(:func:`decentral_jax.runtime_model.worker_devices.inner_bytes`). Measured times (``Method.measured_s``) do not change the
 bytes.
 
 Units: bytes per iteration (one step of one worker).
@@ -46,7 +46,8 @@ import numpy as np
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
-from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import method_messages
+from decentral_jax.runtime_model import worker_devices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +155,8 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
   """
   m = core.make_method(method, c)
   d, layout = w.devices_per_worker, w.worker_layout
-  inner = spanning.inner_bytes(w)
-  c, w = spanning.effective(m, c, w)
+  inner = worker_devices.inner_bytes(w)
+  c, w = method_messages.effective(m, c, w)
   # "data": each of the D devices sends the full message; "fsdp": its shard.
   copies = d if layout == "data" else 1
   dc = np.zeros(c.datacenters)

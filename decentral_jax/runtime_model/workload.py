@@ -13,9 +13,9 @@ import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
 import numpy as np
 from scipy import special
 
-from decentral_jax.runtime_model.costs import check_positive
+from decentral_jax import checks
+from decentral_jax import layout_modes
 
-WORKER_LAYOUTS = ("fsdp", "data")  # decentral_jax.parallel.layouts.MODES
 
 def check_in_flight(value) -> tuple[float, float] | None:
   """``Workload.gossip_in_flight`` checked: None or two fractions in [0, 1].
@@ -69,12 +69,12 @@ class Workload:
       reduce-scatters the gradients inside the worker; a one-peer gossip
       round sends ``param_bytes / D`` per device) or ``"data"`` (replicated;
       gradients all-reduced inside the worker; every device sends the full
-      parameters). See :mod:`decentral_jax.runtime_model.spanning`.
+      parameters). See :mod:`decentral_jax.runtime_model.worker_devices`.
     gossip_in_flight: optional ``(forward, backward)`` fractions of the
       two passes that run while the compiled step's gossip is in flight
       (``OverlapReport.in_flight_fractions()`` of a deviceless GPU
       compile); overlapped gossip is then hidden only behind that part of
-      the step (:mod:`decentral_jax.runtime_model.compiled_overlap`).
+      the step (:mod:`decentral_jax.runtime_model.in_flight`).
       Default None: behind the whole next forward and backward
       (Decent-DP's pipeline).
   """
@@ -99,15 +99,13 @@ class Workload:
                        check_in_flight(self.gossip_in_flight))
     for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
                  "compute_cv"):
-      check_positive(name, getattr(self, name), allow_zero=True)
-    check_positive("bucket_bytes", self.bucket_bytes)
-    d = self.devices_per_worker
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-      raise ValueError(f"devices_per_worker must be a positive integer, got "
-                       f"{d!r}.")
-    if self.worker_layout not in WORKER_LAYOUTS:
-      raise ValueError(f"worker_layout must be one of {WORKER_LAYOUTS}, got "
-                       f"{self.worker_layout!r}.")
+      checks.check_float(name, getattr(self, name), minimum=0)
+    checks.check_float("bucket_bytes", self.bucket_bytes, minimum=0,
+                       open_min=True)
+    checks.check_int("devices_per_worker", self.devices_per_worker, minimum=1)
+    if self.worker_layout not in layout_modes.MODES:
+      raise ValueError(f"worker_layout must be one of {layout_modes.MODES}, "
+                       f"got {self.worker_layout!r}.")
     for name in ("grad_dtype", "param_dtype"):
       try:
         np.dtype(getattr(self, name))

@@ -12,14 +12,13 @@ in one group ``G``; realised with ``pmean`` or ``max|G| - 1`` ppermutes).
 The dense matrix is formed only when asked for (:attr:`Round.matrix`).
 Applying a round costs O(nnz) (O(n) for a partition) in vectorised NumPy /
 ``scipy.sparse``, which is what the schedule-level quantities use
-(:func:`deviation_norm`, :func:`maps_to_mean`).
+(:func:`~decentral_jax.topology.spectral.deviation_norm`,
+:func:`~decentral_jax.topology.spectral.maps_to_mean`).
 
 Layout: the plan pieces and the decomposition of a CSR matrix into them are
 in :mod:`decentral_jax.topology.terms`, the linear algebra of a period in
-:mod:`decentral_jax.topology.spectral`; both are re-exported here under their old
-names. :mod:`decentral_jax.topology` builds schedules from these rounds and
-re-exports :class:`PermuteTerm`, :class:`Round`, :class:`Partition` and
-:func:`check_column_sums`.
+:mod:`decentral_jax.topology.spectral`. :mod:`decentral_jax.topology` builds
+schedules from these rounds.
 """
 
 from __future__ import annotations
@@ -27,23 +26,14 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
-from decentral_jax.topology import terms as plan_terms
-from decentral_jax.topology.terms import PARTITION_ATOL
 from decentral_jax.topology.terms import Partition
 from decentral_jax.topology.terms import PermuteTerm
 from decentral_jax.topology.terms import accumulate
-from decentral_jax.topology.terms import find_partition
-from decentral_jax.topology.terms import offset_terms
 from decentral_jax.topology.terms import plan_from_csr
-from decentral_jax.topology.spectral import DENSE_MAX
-from decentral_jax.topology.spectral import apply_period
-from decentral_jax.topology.spectral import deviation_norm
-from decentral_jax.topology.spectral import maps_to_mean
+from decentral_jax.topology.terms import readonly
 
-__all__ = ["DENSE_MAX", "PARTITION_ATOL", "Partition", "PermuteTerm", "Round",
-           "TOL", "accumulate", "apply_period", "check_column_sums",
-           "deviation_norm", "find_partition", "first_bad_sum", "maps_to_mean",
-           "offset_terms", "plan_from_csr", "validate_matrix"]
+__all__ = ["Round", "TOL", "check_column_sums", "first_bad_sum",
+           "validate_matrix"]
 
 TOL = 1e-9  # row / column sums must be 1 within this
 
@@ -83,7 +73,7 @@ class Round:
         else Partition.from_groups(groups)
     if matrix is not None:
       m = (sparse.csr_array(matrix, dtype=np.float64) if sparse.issparse(matrix)
-           else plan_terms.readonly(matrix, np.float64))
+           else readonly(matrix, np.float64))
       if m.ndim != 2 or m.shape[0] != m.shape[1]:
         raise ValueError(f"a round's matrix must be square, got {m.shape}.")
       self._given = m
@@ -103,7 +93,7 @@ class Round:
       raise ValueError("a Round needs a matrix, groups, or self_weights.")
     self._n = n
     self._partition = part
-    self._self = plan_terms.readonly(self_weights, np.float64)
+    self._self = readonly(self_weights, np.float64)
     if self._self.shape != (n,):
       raise ValueError(f"self_weights has shape {self._self.shape}, expected ({n},).")
     self._terms = None if terms is None else _checked_terms(terms, n)

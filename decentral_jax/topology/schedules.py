@@ -54,18 +54,18 @@ from typing import Callable, Sequence
 import numpy as np
 
 from decentral_jax import checks
-from decentral_jax.topology import rounds as plans
-from decentral_jax.topology.rounds import Partition
-from decentral_jax.topology.rounds import PermuteTerm
+from decentral_jax.topology.rounds import TOL
 from decentral_jax.topology.rounds import Round
-from decentral_jax.topology.rounds import check_column_sums
+from decentral_jax.topology.rounds import validate_matrix
+from decentral_jax.topology.spectral import apply_period
+from decentral_jax.topology.spectral import deviation_norm
+from decentral_jax.topology.spectral import maps_to_mean
+from decentral_jax.topology.terms import Partition
 
-__all__ = ["NAMES", "Partition", "PermuteTerm", "Round", "Topology",
-           "alternating_exp_ring", "canonical_name", "check_column_sums",
+__all__ = ["NAMES", "Topology", "alternating_exp_ring", "canonical_name",
            "check_n_workers", "complete", "exponential", "from_matrices", "from_permutations",
            "make", "one_peer_exp", "ring", "static_ring", "torus"]
 
-_TOL = plans.TOL
 
 
 class Topology:
@@ -104,8 +104,8 @@ class Topology:
                        " workers; all rounds need the same number.")
     self.local_size = checks.check_int("local_size", local_size, minimum=1)
     self.doubly_stochastic = all(
-        np.all(np.abs(r.row_sums() - 1.0) <= _TOL) and
-        np.all(np.abs(r.column_sums() - 1.0) <= _TOL) for r in self.rounds)
+        np.all(np.abs(r.row_sums() - 1.0) <= TOL) and
+        np.all(np.abs(r.column_sums() - 1.0) <= TOL) for r in self.rounds)
     distinct: list[Round] = []
     index = []
     for r in self.rounds:
@@ -151,7 +151,7 @@ class Topology:
 
     Formed by applying the sparse rounds to the identity (O(n^2) memory).
     """
-    return plans.apply_period(self.rounds, np.eye(self.n_workers))
+    return apply_period(self.rounds, np.eye(self.n_workers))
 
   def spectral_gap(self, method: str = "auto") -> float:
     """``1 - ||P - J||_2`` where ``P`` is the period product, ``J = 11^T/n``.
@@ -167,7 +167,7 @@ class Topology:
         else ``"sparse"``. ``"closed_form"``: only that. ``"dense"``: LAPACK
         SVD of the [n, n] product (O(n^3)). ``"sparse"``: ARPACK Lanczos on
         ``(P - J)^T (P - J)`` applied as an operator, no [n, n] array
-        (:func:`decentral_jax.topology.rounds.deviation_norm`).
+        (:func:`decentral_jax.topology.spectral.deviation_norm`).
 
     Raises:
       ValueError: unknown method, or ``"closed_form"`` for a topology that
@@ -184,7 +184,7 @@ class Topology:
     if method == "closed_form":
       raise ValueError(f"topology {self.name!r} has no closed-form spectral "
                        "gap; use method='auto', 'dense' or 'sparse'.")
-    norm = plans.deviation_norm(self.rounds, "auto" if method == "auto" else method)
+    norm = deviation_norm(self.rounds, "auto" if method == "auto" else method)
     return float(max(0.0, 1.0 - norm))
 
   def has_finite_time_consensus(self, atol: float = 1e-12,
@@ -196,14 +196,14 @@ class Topology:
       method: ``"dense"``: ``max_ij |P_ij - 1/n| <= atol`` on the [n, n]
         product. ``"random"``: ``max_i |(P x)_i - mean(x)| <= atol`` for 4
         fixed standard normal vectors ``x`` (no [n, n] array; see
-        :func:`decentral_jax.topology.rounds.maps_to_mean` for when it can
+        :func:`decentral_jax.topology.spectral.maps_to_mean` for when it can
         differ). ``"auto"`` (default): dense for ``n <= 512``, else random.
 
     Raises:
       ValueError: unknown method.
     """
     atol = checks.check_float("atol", atol, minimum=0.0)
-    return plans.maps_to_mean(self.rounds, atol, method)
+    return maps_to_mean(self.rounds, atol, method)
 
   def is_symmetric(self) -> bool:
     """True if every round's matrix is symmetric."""
@@ -253,7 +253,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
   n = None
   rounds = []
   for k, w in enumerate(matrices):
-    w = plans.validate_matrix(w, k, n, column_stochastic)
+    w = validate_matrix(w, k, n, column_stochastic)
     n = w.shape[0]
     rounds.append(Round(matrix=w))
   _check_local_size(n, local_size)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import optax
 
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import transforms
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner.methods import registry
 
@@ -24,7 +24,7 @@ def build(config, schedule, topology, axis_name):
   """
   del topology
   clip = float(config.grad_clip)
-  steps = [optim.all_reduce_gradients(axis_name)]
+  steps = [transforms.all_reduce_gradients(axis_name)]
   if clip:
     steps.append(optax.clip_by_global_norm(clip))
   return optax.chain(*steps, *parts.adam(config, schedule))

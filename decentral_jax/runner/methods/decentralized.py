@@ -17,7 +17,7 @@ from __future__ import annotations
 import optax
 
 from decentral_jax.optim import choco
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import transforms
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner.methods import registry
 from decentral_jax.topology import schedules as topology_lib
@@ -44,9 +44,9 @@ def build(config, schedule, topology, axis_name):
         choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
-  return parts.clipped(config, optim.decentralized_adamw(
+  return parts.clipped(config, transforms.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
-      weight_decay=o.weight_decay, mask=optim.default_weight_decay_mask,
+      weight_decay=o.weight_decay, mask=transforms.default_weight_decay_mask,
       accum_steps=accum,
       axis_name=axis_name, comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
       gossip_every=int(config.gossip_every),

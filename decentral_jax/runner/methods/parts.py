@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax.comm import compress
-from decentral_jax.optim import transforms as optim
+from decentral_jax.optim import transforms
 
 # config.comm_dtype -> the dtype on the wire of the synchronisation.
 COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
@@ -22,11 +22,11 @@ def adam(config, schedule) -> list[optax.GradientTransformation]:
   Weight decay on leaves with ``ndim >= 2``; the learning rate ``schedule``.
   """
   o = config.optimizer
-  mask = optim.default_weight_decay_mask
+  mask = transforms.default_weight_decay_mask
   if o.name == "adamw":
     return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,
                         weight_decay=o.weight_decay, mask=mask)]
-  return [optim.scale_by_accum_adam(o.b1, o.b2, o.eps,
+  return [transforms.scale_by_accum_adam(o.b1, o.b2, o.eps,
                                     accum_steps=int(o.accum_steps),
                                     beta_convention=o.beta_convention),
           optax.add_decayed_weights(o.weight_decay, mask),

@@ -120,7 +120,7 @@ def _operation_timers(exp, params, sizes) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   from decentral_jax.comm import gossip
-  from decentral_jax.parallel import mesh as parallel
+  from decentral_jax import parallel
   mesh, axis, topo = exp.mesh, exp.axis_name, exp.topology
   loss = exp.task.loss
   adamw = optax.adamw(1e-3)

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model import compiled_overlap
+from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import local_methods
 
@@ -212,12 +212,12 @@ def float_dtype_flag(flag: str, name) -> np.dtype:
 
 def check_in_flight_flag(text: str | None) -> None:
   """Raises ValueError naming ``--gossip-in-flight`` and the value as typed
-  unless it is None, a JSON file :func:`compiled_overlap.read_in_flight`
+  unless it is None, a JSON file :func:`in_flight.read_in_flight`
   reads, or one or two comma-separated fractions in [0, 1]."""
   if text is None:
     return
   try:
-    compiled_overlap.read_in_flight(text)
+    in_flight.read_in_flight(text)
     return
   except ValueError as e:
     problem = str(e)
@@ -395,7 +395,7 @@ def workload_fields(args) -> dict:
       param_dtype=args.param_dtype, bucket_bytes=args.bucket_MiB * 2**20,
       devices_per_worker=args.devices_per_worker,
       worker_layout=args.worker_layout,
-      gossip_in_flight=(compiled_overlap.read_in_flight(
+      gossip_in_flight=(in_flight.read_in_flight(
           args.gossip_in_flight) if args.gossip_in_flight else None))
 
 

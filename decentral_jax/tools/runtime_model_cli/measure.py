@@ -196,7 +196,7 @@ def run(args) -> int:
     ValueError: a bad flag or config (one line naming it).
   """
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
-  from decentral_jax.runner import launch as distributed  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import launch  # pylint: disable=import-outside-toplevel
   from decentral_jax.parallel import multiprocess
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   inputs.check_output_path(args.out, "--out")
@@ -205,7 +205,7 @@ def run(args) -> int:
                      f"timings), got {args.repeats}.")
   config = config_lib.load_config(args.config, args.set)
   validation.check_config(config)
-  distributed.initialize_from_config(config)  # SLURM-aware, as the runner
+  launch.initialize_from_config(config)  # SLURM-aware, as the runner
   data = measure(config, local_size=args.local_size,
                          sizes_bytes=[x * 1e6 for x in args.sizes_MB],
                          repeats=args.repeats, config_path=args.config,

@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from decentral_jax import layout_modes
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import stragglers
-from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.tools.runtime_model_cli import inputs
 
 #: The prog of ``python -m decentral_jax.runtime_model``.
@@ -206,7 +206,7 @@ _CLUSTER_CHOICES = (
         "full duplex)")),
 )
 _WORKER_LAYOUT = ("--worker-layout", dict(
-    choices=workload_lib.WORKER_LAYOUTS, default="fsdp",
+    choices=layout_modes.MODES, default="fsdp",
     help="with --devices-per-worker > 1: fsdp (parameters split over the "
     "worker's devices) or data (replicated) (default fsdp)"))
 _FAULT_FLAGS = (

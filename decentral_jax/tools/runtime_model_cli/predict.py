@@ -18,7 +18,7 @@ from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
-from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
@@ -82,7 +82,7 @@ def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):
             p.estimate.variability_s, p.sent.worker_bytes, p.sent.node_bytes,
             p.sent.dc_bytes]
   if w.devices_per_worker > 1:
-    out.append(spanning.inner_collective_s(c, w))
+    out.append(worker_devices.inner_collective_s(c, w))
   if not faults.none:
     for key, p in table.items():
       mode, period = tables.fault_mode(made[key])

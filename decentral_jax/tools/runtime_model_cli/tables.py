@@ -11,7 +11,7 @@ only to draw). NumPy only: no JAX.
 from __future__ import annotations
 
 from decentral_jax.runtime_model import recommend
-from decentral_jax.runtime_model import spanning
+from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.runtime_model import utilisation
 from decentral_jax.method_names import label
@@ -116,7 +116,7 @@ def print_table(n: int, c, w, table: dict[str, recommend.Prediction],
   if w.devices_per_worker > 1:
     inner = next(iter(table.values())).sent.inner_bytes
     print(f"  inside each worker (every method): "
-          f"{1e3 * spanning.inner_collective_s(c, w):.1f} ms and "
+          f"{1e3 * worker_devices.inner_collective_s(c, w):.1f} ms and "
           f"{inner / 1e6:.1f} MB per iteration between its "
           f"{w.devices_per_worker} devices ({w.worker_layout}), counted "
           "in comm ms")

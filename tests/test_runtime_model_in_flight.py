@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from decentral_jax.runtime_model import compiled_overlap
+from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model import core
 from decentral_jax.tools.runtime_model_cli import main as cli
 
@@ -70,7 +70,7 @@ def test_simulated_group_waits_for_its_last_member():
   w = core.Workload(N / 10, 0.1, 0.2, optimizer_s=0.01, bucket_bytes=1e15,
                     gossip_in_flight=(0.0, 0.5))  # ... / 10 = 0.05 s
   m = core.make_method("one_peer_exp", c)
-  got = compiled_overlap.simulate(m, c, w, np.array([[0.1, 0.2]]),
+  got = in_flight.simulate(m, c, w, np.array([[0.1, 0.2]]),
                                   np.array([[0.2, 0.2]]), 0)
   assert got == pytest.approx(0.385)
 
@@ -90,18 +90,18 @@ def test_variance_adds_the_group_wait(nic):
 
 
 def test_read_in_flight(tmp_path):
-  assert compiled_overlap.read_in_flight("0.36") == (0.36, 0.36)
-  assert compiled_overlap.read_in_flight("0,0.55") == (0.0, 0.55)
+  assert in_flight.read_in_flight("0.36") == (0.36, 0.36)
+  assert in_flight.read_in_flight("0,0.55") == (0.0, 0.55)
   path = tmp_path / "report.json"
   path.write_text(json.dumps({"in_flight_fractions": {"forward": 0.0,
                                                       "backward": 0.5}}))
-  assert compiled_overlap.read_in_flight(str(path)) == (0.0, 0.5)
+  assert in_flight.read_in_flight(str(path)) == (0.0, 0.5)
   for bad in ("x", "1.5", "0.1,0.2,0.3", "-0.1", str(tmp_path / "no.json")):
     with pytest.raises(ValueError, match="gossip-in-flight|gossip_in_flight"):
-      compiled_overlap.read_in_flight(bad)
+      in_flight.read_in_flight(bad)
   path.write_text("{}")
   with pytest.raises(ValueError, match="in_flight_fractions"):
-    compiled_overlap.read_in_flight(str(path))
+    in_flight.read_in_flight(str(path))
   with pytest.raises(ValueError, match="gossip_in_flight"):
     core.Workload(N, 0.1, 0.2, gossip_in_flight=(0.5,))
 

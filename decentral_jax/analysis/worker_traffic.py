@@ -27,6 +27,7 @@ import numpy as np
 
 from decentral_jax import checks
 from decentral_jax.analysis import accounting
+from decentral_jax.analysis import hlo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,7 @@ def step_bytes(steps: Sequence[tuple[Any, int]], *, n_workers: int,
     diagnostics_scope: the name scope of the logging steps' diagnostics
       (e.g. ``runner.step.DIAGNOSTICS_SCOPE``).
     stage: ``"unoptimized"`` or ``"optimized"`` (see
-      :func:`~decentral_jax.analysis.accounting.hlo_text`).
+      :func:`~decentral_jax.analysis.hlo.hlo_text`).
     devices_per_worker: ``D >= 1``.
     workers_per_device: ``K >= 1`` (``D`` or ``K`` is 1).
 
@@ -191,7 +192,7 @@ def step_bytes(steps: Sequence[tuple[Any, int]], *, n_workers: int,
   total = everything = device = intra = 0.0
   for step, k in steps:
     # One lowering (and compile) as text serves both reports.
-    text = accounting.hlo_text(step, stage)
+    text = hlo.hlo_text(step, stage)
     method = accounting.communication(text, n_devices=n_devices,
                                       exclude_scope=diagnostics_scope)
     whole = accounting.communication(text, n_devices=n_devices)

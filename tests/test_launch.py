@@ -19,7 +19,7 @@ import pytest
 
 import multihost_worker as worker
 from decentral_jax.runner import agreement
-from decentral_jax.runner import launch as distributed
+from decentral_jax.runner import launch
 
 
 def _dist_config(**fields):
@@ -33,14 +33,14 @@ def _dist_config(**fields):
 def test_initialize_distributed_decides_and_validates(monkeypatch):
   """Which set-up ``initialize_distributed`` asks for (JAX call stubbed)."""
   calls = []
-  monkeypatch.setattr(distributed, "initialize",
+  monkeypatch.setattr(launch, "initialize",
                       lambda **kw: calls.append(kw) or True)
   for var in [v for v in os.environ if v.startswith("SLURM_")]:
     monkeypatch.delenv(var)
-  assert distributed.initialize_from_config(_dist_config()) is False
+  assert launch.initialize_from_config(_dist_config()) is False
   with pytest.raises(ValueError, match="no SLURM job"):
-    distributed.initialize_from_config(_dist_config(enabled=True))
-  assert distributed.initialize_from_config(_dist_config(
+    launch.initialize_from_config(_dist_config(enabled=True))
+  assert launch.initialize_from_config(_dist_config(
       enabled=True, coordinator_address="10.0.0.1:1234", num_processes=4,
       process_id=3, heartbeat_timeout_seconds=7,
       initialization_timeout_seconds=9))
@@ -55,21 +55,21 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
                      ({"initialization_timeout_seconds": 0},
                       "distributed.initialization_timeout_seconds")):
     with pytest.raises(ValueError, match=match):
-      distributed.initialize_from_config(_dist_config(**bad))
+      launch.initialize_from_config(_dist_config(**bad))
   # A batch script's own step (no srun step with several tasks) stays alone.
   monkeypatch.setenv("SLURM_JOB_ID", "5")
   monkeypatch.setenv("SLURM_NTASKS", "2")
   monkeypatch.setenv("SLURM_PROCID", "0")
-  assert distributed.initialize_from_config(_dist_config()) is False
+  assert launch.initialize_from_config(_dist_config()) is False
   assert not calls
   # enabled=True with empty fields on SLURM: JAX detects the set-up.
-  assert distributed.initialize_from_config(_dist_config(enabled=True))
+  assert launch.initialize_from_config(_dist_config(enabled=True))
   assert calls.pop() == dict(coordinator_address="", num_processes=0,
                              process_id=-1, heartbeat_timeout_seconds=100,
                              initialization_timeout_seconds=120)
   # Inside `srun` with 2 tasks the job is joined even when not enabled.
   monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
-  assert distributed.initialize_from_config(_dist_config())
+  assert launch.initialize_from_config(_dist_config())
   assert calls.pop()["num_processes"] == 0
   # JAX's SLURM rule gives each task the one GPU numbered SLURM_LOCALID;
   # with one task per node the process gets all GPUs of its node back.
@@ -78,7 +78,7 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
     for tasks_per_node, expected in (("2", "0"), ("1(x2)", "all")):
       monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
       jax.config.update("jax_cuda_visible_devices", "0")  # as JAX does
-      assert distributed.initialize_from_config(_dist_config(enabled=True))
+      assert launch.initialize_from_config(_dist_config(enabled=True))
       assert visible() == expected, tasks_per_node
   finally:
     jax.config.update("jax_cuda_visible_devices", "all")
@@ -136,11 +136,11 @@ def test_port_check_runs_before_jax(monkeypatch):
     taken.listen()
     port = taken.getsockname()[1]
     with pytest.raises(ValueError, match=f"port {port} .* already in use"):
-      distributed.initialize_from_config(_dist_config(
+      launch.initialize_from_config(_dist_config(
           enabled=True, coordinator_address=f"127.0.0.1:{port}",
           num_processes=2, process_id=0))
   for bad in ("127.0.0.1", "127.0.0.1:0", "host:port"):
     with pytest.raises(ValueError, match="must be 'host:port'"):
-      distributed.initialize_from_config(_dist_config(
+      launch.initialize_from_config(_dist_config(
           enabled=True, coordinator_address=bad, num_processes=2,
           process_id=1))

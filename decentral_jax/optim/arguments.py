@@ -1,11 +1,11 @@
-"""Argument checks and precision rules shared by the optax transforms.
+"""Argument checks shared by the optax transforms.
 
 The decentralized transforms (:mod:`decentral_jax.optim`,
 :mod:`decentral_jax.optim.accum_adam`, :mod:`decentral_jax.optim.push_sum`,
 :mod:`decentral_jax.optim.local_updates`) validate their hyperparameters at
-construction and compute in float32, or wider when an input is wider
-(:func:`compute_dtype`; float64 stays float64). Integers, dtypes and
-choices are checked with :mod:`decentral_jax.checks`, whose messages name
+construction (their compute dtypes are in
+:mod:`decentral_jax.optim.precision`). Integers, dtypes and choices are
+checked with :mod:`decentral_jax.checks`, whose messages name
 ``static_args`` when ``optax.inject_hyperparams`` turned a static argument
 into an array; hyperparameters that may be traced (learning rates, betas,
 eps) are checked here, when their values are known.
@@ -23,24 +23,6 @@ from decentral_jax import checks
 
 NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
              "params) with params.")
-
-
-def compute_dtype(*dtypes) -> jnp.dtype:
-  """float32, or the widest of ``dtypes`` when wider (float64 stays float64)."""
-  return jnp.result_type(jnp.float32, *dtypes)
-
-
-def as_dtype(x, dtype):
-  """A hyperparameter for arithmetic in ``dtype``.
-
-  Python numbers stay weakly typed (rounded to the dtype they meet, with
-  ``1 - b`` formed exactly in Python first), so float32 arithmetic is the
-  same as with a literal; arrays (e.g. from ``optax.inject_hyperparams``) are
-  cast to ``dtype``.
-  """
-  if isinstance(x, (int, float)) and not isinstance(x, bool):
-    return x
-  return jnp.asarray(x, dtype)
 
 
 def concrete_float(x) -> float | None:
@@ -120,27 +102,3 @@ def check_transform(name: str, tx) -> None:
           and callable(getattr(tx, "update", None))):
     raise ValueError(f"{name} must be an optax.GradientTransformation (e.g. "
                      f"optax.adamw(1e-3)), got {type(tx).__name__}.")
-
-
-def moment_dtype(name: str, dtype):
-  """Canonical ``dtype`` (float64 -> float32 without x64), or None."""
-  checks.check_float_dtype(name, dtype)
-  return None if dtype is None else jax.dtypes.canonicalize_dtype(dtype)
-
-
-
-
-def round_step(state, round_index):
-  """The step that picks a gossip round: static ``round_index`` or ``state.count``.
-
-  Raises:
-    ValueError: ``round_index`` given but not an int (a float, a bool, or
-      a traced array: it must be static).
-  """
-  if round_index is None:
-    return state.count
-  if isinstance(round_index, (jax.Array, np.ndarray)):
-    raise ValueError(
-        f"round_index must be a Python int (static; jit it with "
-        f"static_argnames), got {type(round_index).__name__}.")
-  return checks.check_int("round_index", round_index)
