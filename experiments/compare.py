@@ -138,7 +138,7 @@ import tqdm
 from tqdm import contrib as tqdm_contrib
 
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint
+from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
@@ -1213,7 +1213,7 @@ def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
-  checkpoint.quiet_orbax_logs()
+  orbax_quiet.quiet_orbax_logs()
   absl_logging.set_verbosity(absl_logging.WARNING)  # no per-step lines
   per_method_lr = _PER_METHOD_LR.value
   explicit_lr = [a for a in _OVERRIDES if a.startswith(

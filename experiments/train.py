@@ -42,7 +42,7 @@ from absl import flags
 from absl import logging
 import jax
 
-from decentral_jax.runner import checkpoint
+from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import launch as distributed
 from decentral_jax.runner import train
@@ -99,7 +99,7 @@ def main(argv):
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
   if not _CONFIG.value:
     _fail("--config is required, e.g. --config configs/gpt_tiny.py")
-  checkpoint.quiet_orbax_logs()
+  orbax_quiet.quiet_orbax_logs()
   try:
     # Everything about the config is checked before JAX starts.
     config = config_lib.load_config(_CONFIG.value, _OVERRIDES)
