@@ -3,7 +3,8 @@
 A checkpoint holds the whole pytree it is given (every worker's parameters
 and optimizer state, stacked ``[n_workers, ...]`` and sharded over the worker
 axis, plus step and RNG leaves) and a small JSON document (step, data
-position, run facts) under ``<directory>/<step>/``.
+position, run facts; :mod:`decentral_jax.runner.run_meta` writes and checks
+it) under ``<directory>/<step>/``.
 
 Atomicity: Orbax writes into ``<step>.orbax-checkpoint-tmp`` and renames it
 to ``<step>`` once every file is written, so an interrupted save leaves at
@@ -40,7 +41,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -106,184 +106,6 @@ def check_checkpoint(root: str) -> tuple[str, str]:
   except (OSError, ValueError, RecursionError) as e:  # RecursionError: deep
     return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
   return "ok", ""
-
-
-def _number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _window_error(window) -> str | None:
-  """Why a ``metrics_window`` entry is not one, or None."""
-  if window is None:
-    return None
-  if not isinstance(window, dict):
-    return f"metrics_window must be an object or null, got {window!r:.60}"
-  for key in ("losses", "accs"):
-    v = window.get(key, [])
-    if not isinstance(v, list) or not all(_number(x) for x in v):
-      return f"metrics_window.{key} must be a list of numbers, got {v!r:.60}"
-  c = window.get("consensus")
-  if c is not None and not _number(c):
-    return f"metrics_window.consensus must be a number or null, got {c!r:.60}"
-  return None
-
-
-def _run_meta_error(meta) -> str | None:
-  """Why ``meta`` is not a run checkpoint's JSON document, or None."""
-  if not isinstance(meta, dict):
-    return f"it is a {type(meta).__name__}, not a JSON object"
-  for key in ("step", "data_position"):
-    v = meta.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-      return f"{key} must be an integer >= 0, got {v!r:.60}"
-  t = meta.get("train_time_s", 0.0)
-  if not _number(t) or not math.isfinite(t) or t < 0:
-    return f"train_time_s must be a finite number >= 0, got {t!r:.60}"
-  return _window_error(meta.get("metrics_window"))
-
-
-def check_run_meta(meta, where: str) -> dict:
-  """The JSON document of a training run's checkpoint, checked.
-
-  What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
-  resume: ``step`` and ``data_position`` (integers >= 0), ``train_time_s``
-  (a finite number >= 0, optional) and ``metrics_window`` (null or
-  ``{"losses": [numbers], "accs": [numbers], "consensus": number or
-  null}``). The config fields stored with them are compared with the
-  run's own by ``Experiment.check_resumable``.
-
-  Args:
-    meta: the document (:meth:`Checkpointer.restore_meta`).
-    where: the checkpoint directory, for the message.
-
-  Returns:
-    ``meta``.
-
-  Raises:
-    CheckpointError: one line naming the checkpoint and the key.
-  """
-  why = _run_meta_error(meta)
-  if why:
-    raise CheckpointError(
-        f"checkpoint metadata in {where} is not valid: {why}; move that "
-        "checkpoint directory away to resume from an older one, or use a "
-        "fresh --workdir.")
-  return meta
-
-
-# -- elastic resume -------------------------------------------------------------
-
-_LAYOUT_KEYS = ("devices_per_worker", "workers_per_device", "worker_layout")
-
-
-def _count(v) -> int | None:
-  return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 \
-      else None
-
-
-def saved_layout(meta: dict) -> dict:
-  """The worker layout a checkpoint was written on, from its JSON document.
-
-  Reads ``meta["layout"]`` (``processes``, ``devices``,
-  ``devices_per_worker``, ``workers_per_device``, ``worker_layout``);
-  checkpoints written before it existed give what their top-level keys
-  say (``devices_per_worker`` 1 and ``workers_per_device`` 1 if absent;
-  the process and device counts are then unknown, None). A value of the
-  wrong type (a hand-edited file) counts as unknown: the layout is only
-  reported, never used to read the state.
-  """
-  layout = meta.get("layout")
-  layout = layout if isinstance(layout, dict) else {}
-  out = {}
-  for key in ("processes", "devices") + _LAYOUT_KEYS[:2]:
-    out[key] = _count(layout.get(key, meta.get(key)))
-  for key in _LAYOUT_KEYS[:2]:
-    if key not in layout and key not in meta:
-      out[key] = 1
-  mode = layout.get("worker_layout", meta.get("worker_layout", ""))
-  out["worker_layout"] = mode if isinstance(mode, str) else None
-  return out
-
-
-def _plural(k, word: str) -> str:
-  return f"{k} {word}" + ("" if k == 1 else "es" if word.endswith("s")
-                          else "s")
-
-
-def describe_layout(layout: dict) -> str:
-  """One phrase for a layout (:func:`saved_layout`), e.g. ``"2 processes x
-  4 devices, 1 worker per device"`` or ``"1 process x 2 devices x 4
-  workers per device"``; ``devices`` counts the devices of all processes."""
-  procs, devices = layout.get("processes"), layout.get("devices")
-  d, k = layout.get("devices_per_worker"), layout.get("workers_per_device")
-  if procs and devices:
-    head = f"{_plural(procs, 'process')} x {_plural(devices // procs, 'device')}"
-  else:
-    head = "an unrecorded number of processes and devices"
-  if k is None or d is None:
-    return f"{head}, unrecorded workers per device"
-  if k > 1:
-    return f"{head} x {k} workers per device"
-  if d > 1:
-    mode = f" ({layout['worker_layout']})" if layout.get("worker_layout") \
-        else ""
-    return f"{head}, {d} devices per worker{mode}"
-  return f"{head}, 1 worker per device"
-
-
-def _same_layout(a: dict, b: dict) -> bool:
-  keys = ("processes", "devices") + _LAYOUT_KEYS
-  return all(a.get(k) is None or b.get(k) is None or a[k] == b[k]
-             for k in keys)
-
-
-def check_elastic_resume(saved: dict, mine: dict, where: str) -> bool:
-  """Checks that a checkpoint can be resumed on this run's worker layout.
-
-  Elastic resume: every leaf of the checkpointed state is a global
-  ``[n_workers, ...]`` array (worker ``i``'s row is worker ``i``'s
-  parameters, optimizer state, step and dropout key wherever it ran), so
-  the same ``n_workers`` may resume on any layout (process count, devices
-  per process, ``devices_per_worker``, ``workers_per_device``,
-  ``worker_layout``): Orbax reads each row onto the device that now holds
-  that worker. The state continues bit for bit; the new layout's steps
-  may round differently from the old one's (another reduction order).
-
-  Args:
-    saved: the checkpoint's JSON document (``n_workers``, ``layout``).
-    mine: this run's (``Experiment.checkpoint_meta``).
-    where: the checkpoint directory, for the messages.
-
-  Returns:
-    True if the layout changes (logged on process 0), False if not.
-
-  Raises:
-    ValueError: another number of workers, in one line saying why it
-      cannot change and what to run instead.
-  """
-  n, n_mine = saved.get("n_workers"), mine["n_workers"]
-  if n is not None and n != n_mine:
-    hint, devices = "", saved_layout(mine)["devices"]
-    if isinstance(n, int) and n > 0 and devices and n % devices == 0:
-      hint = (f", e.g. on this run's {devices} device(s) with "
-              f"--config.workers_per_device={n // devices}")
-    raise ValueError(
-        f"the checkpoint in {where} holds {n} workers (each its own "
-        f"parameters, optimizer state, data shard and place in the "
-        f"topology, stacked [{n}, ...]) but this run has config.n_workers="
-        f"{n_mine}; a resume may change the layout (processes, "
-        "devices_per_worker, workers_per_device) but not the number of "
-        "workers, since there is no exact way to merge or split their "
-        f"states: resume with --config.n_workers={n}{hint}, or use a fresh "
-        "--workdir.")
-  old, new = saved_layout(saved), saved_layout(mine)
-  if _same_layout(old, new):
-    return False
-  if jax.process_index() == 0:
-    logging.info("elastic resume: the checkpoint in %s was written on %s; "
-                 "resuming its %d workers on %s.", where,
-                 describe_layout(old), n_mine, describe_layout(new))
-  return True
 
 
 class Checkpointer:

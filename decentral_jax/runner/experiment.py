@@ -5,9 +5,10 @@
 file system: a device mesh (one worker per device, or per
 ``config.devices_per_worker`` devices), the topology, the
 :class:`~decentral_jax.runner.tasks.Task`, the per-worker optax transform, the
-jitted train and eval steps of :mod:`decentral_jax.runner.step` over all workers,
-evaluation of the averaged model and the checkpoint metadata. The loop that
-drives it is :func:`decentral_jax.runner.train.train_and_evaluate`.
+jitted train and eval steps of :mod:`decentral_jax.runner.step` over all workers
+and evaluation of the averaged model. The loop that drives it is
+:func:`decentral_jax.runner.train.train_and_evaluate`; what a checkpoint
+records about the run is :mod:`decentral_jax.runner.run_meta`.
 
 State layout: every leaf of the :class:`~decentral_jax.runner.step.TrainState` has
 a leading worker axis ``[n_workers, ...]`` sharded over the mesh's worker
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 
 import jax
 import numpy as np
@@ -60,8 +60,6 @@ from ml_collections import config_dict
 from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint as checkpoint_lib
-from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import fault_run
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import multiprocess
@@ -74,36 +72,6 @@ from decentral_jax.runner import validation
 
 Batch = step_lib.Batch
 TrainState = step_lib.TrainState
-
-# checkpoint_meta key -> the config field a resumed run must keep.
-_RESUME_FIELDS = {"n_workers": "n_workers",
-                  "workers_per_node": "workers_per_node",
-                  "algorithm": "algorithm", "topology": "topology",
-                  "optimizer": "optimizer.name",
-                  "accum_steps": "optimizer.accum_steps",
-                  "beta_convention": "optimizer.beta_convention",
-                  "model": "model",
-                  "seed": "seed", "global_batch": "global_batch",
-                  "sync_every": "sync_every", "gossip_every": "gossip_every",
-                  "num_fragments": "num_fragments",
-                  "overlap_steps": "overlap_steps",
-                  "merge_alpha": "merge_alpha",
-                  "outer_overlap": "outer_overlap",
-                  "outer_latency": "outer_latency",
-                  "trickle_reduction": "trickle_reduction",
-                  "outer_optimizer": "outer_optimizer",
-                  "comm_dtype": "comm_dtype",
-                  "compression": "compression",
-                  "faults": "faults"}
-# The worker layout (processes, devices per worker, workers per device,
-# worker_layout) may change on resume: checkpoint.check_elastic_resume.
-# Values assumed for checkpoints written before these fields existed.
-_RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
-                    "outer_overlap": "none", "outer_latency": 1,
-                    "trickle_reduction": True,
-                    "compression": json.loads(
-                        config_lib.base_config().compression.to_json())}
-
 
 #: XLA options of the train-step programs on GPUs (``docs/gpu_overlap.md``).
 #: XLA runs its latency-hiding scheduler by default only from Hopper on;
@@ -812,88 +780,3 @@ class Experiment:
   def learning_rate(self, step: int) -> float:
     """Learning rate used by the update of step ``step`` (1-based)."""
     return float(self.schedule(max(int(step) - 1, 0)))
-
-  # -- checkpoint metadata -----------------------------------------------------
-
-  def checkpoint_meta(self, step: int) -> dict:
-    """JSON facts stored with a checkpoint taken after ``step`` steps."""
-    c = self.config
-    return {
-        "step": int(step),
-        "data_position": int(step),  # the next batch is get_batch(step)
-        "seed": int(c.seed),
-        "n_workers": self.n_workers,
-        "workers_per_node": int(c.workers_per_node),
-        "algorithm": c.algorithm,
-        "topology": self.topology.name if self.topology else "",
-        "topology_round": (int(step) % self.topology.period
-                           if self.topology else 0),
-        "optimizer": c.optimizer.name,
-        "accum_steps": int(c.optimizer.accum_steps),
-        # With one step per window both conventions are Adam.
-        "beta_convention": (c.optimizer.beta_convention
-                            if c.optimizer.name == "accum_adamw"
-                            and int(c.optimizer.accum_steps) > 1
-                            else "per_window"),
-        "global_batch": int(c.global_batch),
-        "model": json.loads(c.model.to_json()),
-        # The sync schedule of the local-update methods (a change mid-run
-        # would silently move the sync steps).
-        "sync_every": int(c.sync_every),
-        "gossip_every": int(c.gossip_every),
-        "num_fragments": int(c.num_fragments),
-        "overlap_steps": int(c.overlap_steps),
-        "merge_alpha": float(c.merge_alpha),
-        "outer_overlap": c.outer_overlap,
-        "outer_latency": int(c.outer_latency),
-        "trickle_reduction": bool(c.trickle_reduction),
-        "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
-        "comm_dtype": c.comm_dtype,
-        # What is sent and how (format, block, error feedback, CHOCO's step).
-        "compression": json.loads(c.compression.to_json()),
-        # How a worker lies on its devices (the restored state's layout).
-        "devices_per_worker": self.layout.devices_per_worker,
-        "workers_per_device": self.workers_per_device,
-        "worker_layout": (self.layout.mode
-                          if self.layout.devices_per_worker > 1 else ""),
-        # The fault schedule and rules ({} without config.faults.enabled).
-        "faults": fault_run.resume_meta(c, self.faults),
-        # Where the workers ran (informative: a resume may change it).
-        "layout": self.worker_layout_meta(),
-    }
-
-  def worker_layout_meta(self) -> dict:
-    """This run's layout as :func:`checkpoint.describe_layout` reads it."""
-    return {"processes": jax.process_count(),
-            "devices": int(parallel.device_mesh(self.mesh).devices.size),
-            "devices_per_worker": self.layout.devices_per_worker,
-            "workers_per_device": self.workers_per_device,
-            "worker_layout": (self.layout.mode
-                              if self.layout.devices_per_worker > 1 else "")}
-
-  def check_resumable(self, meta: dict, directory: str) -> None:
-    """Raises ValueError if a checkpoint was written by an incompatible run.
-
-    The worker layout may differ (elastic resume: another process count,
-    ``devices_per_worker``, ``workers_per_device`` or ``worker_layout``
-    with the same ``n_workers``); a different ``n_workers`` is refused
-    first, saying why (:func:`checkpoint.check_elastic_resume`).
-    """
-    mine = self.checkpoint_meta(meta.get("step", 0))
-    checkpoint_lib.check_elastic_resume(meta, mine, directory)
-    for key, field in _RESUME_FIELDS.items():
-      if validation.unread_reason(self.config, field) is not None:
-        continue  # ignored by this run (its algorithm is compared)
-      theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
-      if key == "faults":  # the trace by content; names the setting
-        why = fault_run.resume_mismatch(theirs, mine[key])
-        if why is not None:
-          raise ValueError(
-              f"the checkpoint in {directory} was written with {why}; resume "
-              "with the same settings and trace or use a fresh --workdir.")
-        continue
-      if theirs != mine[key]:
-        raise ValueError(
-            f"the checkpoint in {directory} was written with config.{field}="
-            f"{theirs!r} but this run has {mine[key]!r}; resume with the "
-            "same value or use a fresh --workdir.")

@@ -38,6 +38,7 @@ from ml_collections import config_dict
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.parallel import mesh as parallel
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runner.experiment import Experiment
@@ -207,8 +208,8 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
         "resume it, or use a fresh --workdir.")
   where = ckpt.step_dir(step)
   state = exp.init_state()
-  exp.check_resumable(
-      checkpoint_lib.check_run_meta(ckpt.restore_meta(step), where),
+  run_meta.check_resumable(
+      exp, run_meta.check_run_meta(ckpt.restore_meta(step), where),
       ckpt.directory)
   try:
     state, meta = ckpt.restore(step, state)  # the document checked above
@@ -425,8 +426,9 @@ class _Recorder:
         if k != "step" and isinstance(v, float)))
 
   def checkpoint_meta(self, done: int) -> dict:
-    """The experiment's checkpoint facts, the training time and the window."""
-    meta = self._exp.checkpoint_meta(done)
+    """The run's checkpoint facts (:func:`run_meta.checkpoint_meta`), the
+    training time and the window."""
+    meta = run_meta.checkpoint_meta(self._exp, done)
     meta["train_time_s"] = self.train_time()
     meta["metrics_window"] = self._window.state()
     return meta
