@@ -232,11 +232,6 @@ class CommunicationReport:
     """
     return float(sum(s.weight * s.busiest_bytes for s in self.scenarios))
 
-  def mean_inter_node_bytes_per_step(self, local_size: int) -> float:
-    """Like :attr:`mean_bytes_per_step`, bytes leaving the node only."""
-    return float(sum(s.weight * b for s, b in zip(
-        self.scenarios, self.inter_node_bytes_per_step(local_size))))
-
   def inter_node_bytes_per_step(self, local_size: int) -> tuple[float, ...]:
     """Busiest worker's bytes per step that leave its node, per scenario.
 
