@@ -53,7 +53,7 @@ RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                    "outer_overlap": "none", "outer_latency": 1,
                    "trickle_reduction": True,
                    "compression": json.loads(
-                       config_lib.base_config().compression.to_json())}
+                       config_lib.compression_group().to_json())}
 
 
 def checkpoint_meta(exp, step: int) -> dict:
