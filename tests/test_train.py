@@ -211,7 +211,7 @@ def test_loop_end_to_end_resume_and_no_retrace(gpt_exp, gpt_exp_fresh,
   np.testing.assert_allclose(final["tokens_per_sec"],
                              16 * 16 / (final["step_time_ms"] / 1e3))
   # The step compiled once, whatever called it.
-  assert gpt_exp.train_step_traces == 1  # compiled once
+  assert gpt_exp.programs.traces == 1  # compiled once
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
   assert ckpt.all_steps() == [10, 20]
@@ -539,8 +539,8 @@ def test_static_gossip_rounds_match_switch(tmp_path):
       # Without the host step for the last one: read from the device.
       state, _ = exp.train_step(state, exp.get_batch(s), s if s < 4 else None)
     runs[mode] = (exp, jax.device_get(state.params))
-  assert runs["static"][0].train_step_traces == 2  # one per distinct round
-  assert runs["switch"][0].train_step_traces == 1
+  assert runs["static"][0].programs.traces == 2  # one per distinct round
+  assert runs["switch"][0].programs.traces == 1
   for a, b in zip(jax.tree.leaves(runs["switch"][1]),
                   jax.tree.leaves(runs["static"][1])):
     np.testing.assert_array_equal(a, b)
@@ -568,13 +568,13 @@ def test_gpu_dispatch_on_cpu_gives_the_same_run(tmp_path):
     state, _ = ckpt.restore(20, exp.init_state())
     ckpt.close()
     records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    runs[exp.gossip_rounds, exp.consensus_at] = (exp, final, records,
-                                                 host(state))
+    key = (exp.programs.gossip_rounds, exp.programs.consensus_at)
+    runs[key] = (exp, final, records, host(state))
   cpu, gpu = runs
   assert cpu == ("switch", "log_step") and gpu == ("static", "next_step")
-  assert runs[cpu][0].train_step_traces == 1
+  assert runs[cpu][0].programs.traces == 1
   # 3 distinct rounds x (with, without the measurement).
-  assert runs[gpu][0].train_step_traces == 6
+  assert runs[gpu][0].programs.traces == 6
   assert_trees_equal(runs[cpu][3], runs[gpu][3])
   timing = ("step_time_ms", "tokens_per_sec", "train_time_s")
   for a, b in zip(runs[cpu][2], runs[gpu][2], strict=True):

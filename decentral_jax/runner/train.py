@@ -345,7 +345,7 @@ class _Recorder:
     # consensus_at="next_step": the step after a log step measures the
     # consensus distance of its input, so the log step is recorded when
     # that step's metrics are read (before that step joins the window).
-    self._next_step = exp.consensus_at == "next_step"
+    self._next_step = exp.programs.consensus_at == "next_step"
     self._deferred = None  # the log step waiting for its consensus distance
 
   def __enter__(self) -> "_Recorder":
