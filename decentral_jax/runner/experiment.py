@@ -5,8 +5,9 @@
 file system: a device mesh (one worker per device, or per
 ``config.devices_per_worker`` devices), the topology, the
 :class:`~decentral_jax.runner.tasks.Task`, the per-worker optax transform, the
-jitted train and eval steps of :mod:`decentral_jax.runner.step` over all workers
-and evaluation of the averaged model. The loop that drives it is
+jitted train steps of :mod:`decentral_jax.runner.step` over all workers
+(:mod:`decentral_jax.runner.programs`) and the evaluation of the averaged
+model (:mod:`decentral_jax.runner.evaluation`). The loop that drives it is
 :func:`decentral_jax.runner.train.train_and_evaluate`; what a checkpoint
 records about the run is :mod:`decentral_jax.runner.run_meta`.
 
@@ -201,6 +202,10 @@ class Experiment:
     local_workers: int64 [k]: the workers whose devices belong to this
       process (all workers in a single-process run); each process reads
       only its own workers' data.
+    layout: how a worker lies on its devices
+      (:class:`~decentral_jax.parallel.layouts.WorkerLayout`:
+      ``config.devices_per_worker``, ``config.worker_layout``).
+    workers_per_device: ``config.workers_per_device`` (``K``).
     programs: the compiled train steps
       (:class:`~decentral_jax.runner.programs.StepPrograms`: which program
       runs after a step, the resolved ``gossip_rounds`` and
