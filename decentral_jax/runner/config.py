@@ -3,14 +3,14 @@
 :func:`base_config` defines every field of a run, with its meaning, units and
 default, composed of one builder per group (:func:`optimizer_group`,
 :func:`schedule_group`, :func:`compression_group`, :func:`faults_group`, ...,
-each field with its comment); the files in ``configs/`` are short variants that override what
-differs (``configs/gpt_tiny.py``, ``configs/cnn_fashion_mnist.py``,
-``configs/gpt2_small_owt.py``). The model group depends on the model:
-:func:`gpt_model` or :func:`cnn_model`. :func:`load_config` parses a config
-file with command-line style overrides exactly as ``experiments/train.py``
-does (the entry points take them out of their command line with
-:func:`split_overrides`). The checks of a loaded config are in
-:mod:`decentral_jax.runner.validation`.
+each field with its comment); the files in ``configs/`` are short variants
+that override what differs (``configs/gpt_tiny.py``,
+``configs/cnn_fashion_mnist.py``, ``configs/gpt2_small_owt.py``). The model
+group depends on the model: :func:`gpt_model` or :func:`cnn_model`.
+:func:`load_config` parses a config file with command-line style overrides
+exactly as ``experiments/train.py`` does (the entry points take them out of
+their command line with :func:`split_overrides`). The checks of a loaded
+config are in :mod:`decentral_jax.runner.validation`.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ Orbax logs a failed save's traceback (``absl``, ``asyncio`` "exception was
 never retrieved") and TensorStore prints it again as "ignored" exceptions
 through ``sys.unraisablehook``, while :mod:`decentral_jax.runner.checkpoint`
 raises the same error to the caller in one line. :class:`EchoFilter`
-drops those echoes while a :class:`~decentral_jax.runner.checkpoint.Checkpointer`
-is open and restores the loggers and the hook afterwards;
-:func:`quiet_orbax_logs` also hides Orbax's INFO records, for the rest of
-the process (the command-line programs call it). Warnings stay.
+drops those echoes while a
+:class:`~decentral_jax.runner.checkpoint.Checkpointer` is open and
+restores the loggers and the hook afterwards; :func:`quiet_orbax_logs`
+also hides Orbax's INFO records, for the rest of the process (the
+command-line programs call it). Warnings stay.
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def check_run_meta(meta, where: str) -> dict:
   run's own by :func:`check_resumable`.
 
   Args:
-    meta: the document (:meth:`~decentral_jax.runner.checkpoint.Checkpointer.restore_meta`).
+    meta: the document (``Checkpointer.restore_meta``).
     where: the checkpoint directory, for the message.
 
   Returns:
