@@ -247,15 +247,15 @@ def _programs(spec: str):
   :func:`parse_programs`)."""
   def pick(exp):
     if spec == "all":
-      return exp.programs()
+      return exp.programs.keys()
     if spec == "none":
-      return [p for p in exp.programs() if p[1] != "input"]
+      return [p for p in exp.programs.keys() if p[1] != "input"]
     out = parse_programs(spec)
-    bad = [p for p in out if p not in exp.programs()]
+    bad = [p for p in out if p not in exp.programs.keys()]
     if bad:
       raise ValueError(f"--programs {spec!r}: {_program_names(bad)} not "
                        "among the experiment's programs "
-                       f"{_program_names(exp.programs())}.")
+                       f"{_program_names(exp.programs.keys())}.")
     return out
   return pick
 
@@ -296,8 +296,8 @@ def _rows(exp, steps, min_fraction: float) -> dict:
       pairs.append((bwd, fwd))
   least = min(pairs) if pairs else (0.0, 0.0)
   return {"param_bytes": int(p_bytes), "min_bytes": float(min_bytes),
-          "gossip_rounds": exp.gossip_rounds,
-          "consensus_at": exp.consensus_at, "programs": rows,
+          "gossip_rounds": exp.programs.gossip_rounds,
+          "consensus_at": exp.programs.consensus_at, "programs": rows,
           # The least over the programs with a collective of at least
           # min_bytes: what runtime_model --gossip-in-flight reads.
           "in_flight_fractions": {"forward": least[1],

@@ -225,13 +225,13 @@ def main() -> None:
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   # pylint: disable=import-outside-toplevel
-  from decentral_jax.runner import checkpoint
+  from decentral_jax.runner import orbax_quiet
   from decentral_jax.runner import launch
   from decentral_jax.runner import experiment as experiment_lib
   from decentral_jax.runner import train
   from decentral_jax.data import text
   # pylint: enable=import-outside-toplevel
-  checkpoint.quiet_orbax_logs()
+  orbax_quiet.quiet_orbax_logs()
   # Records which workers' training rows this process reads.
   read_rows_of, sampler_batch = set(), text.LMSampler.batch
 

@@ -21,6 +21,7 @@ import pytest
 from conftest import require_devices
 from helpers import sync_args
 from decentral_jax import analysis
+from decentral_jax.analysis import run_communication
 from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
@@ -381,6 +382,29 @@ def test_step_bytes_of_two_workers_per_device():
                  "param_bytes": 40, "ratio": pytest.approx(2 / 3),
                  "stage": "unoptimized", "workers_per_device": 2,
                  "device_bytes_per_step": pytest.approx((2 * 40 + 80) / 3)}
+
+
+def test_run_bytes_counts_the_measuring_steps_once_every_log_interval():
+  rounds = [(_ROUND_A, 2), (_ROUND_B, 1)]
+  args = dict(n_workers=4, param_bytes=40, diagnostics_scope="diagnostics")
+  # Diagnostics inside every step: the figure of step_bytes.
+  assert run_communication.run_bytes(rounds, **args) == analysis.step_bytes(
+      rounds, **args)
+  # Measuring variants (here the same programs, 160/3 + 12 B) run once every
+  # 5 steps instead of the plain ones: they add (160/3 + 12 - 160/3) / 5.
+  got = run_communication.run_bytes(rounds, measuring_steps=rounds,
+                                    measure_every=5, **args)
+  assert got == {"bytes_per_step": pytest.approx(160 / 3),
+                 "diagnostics_bytes_per_step": pytest.approx(12 / 5),
+                 "param_bytes": 40, "ratio": pytest.approx(4 / 3),
+                 "stage": "unoptimized"}
+  # Workers of two devices: only the compiled HLO shows what each sends.
+  assert run_communication.run_bytes(
+      [(_ROUND_A, 1)], devices_per_worker=2,
+      **dict(args, n_workers=2))["stage"] == "optimized"
+  with pytest.raises(ValueError, match="measure_every"):
+    run_communication.run_bytes(rounds, measuring_steps=rounds,
+                                measure_every=0, **args)
 
 
 def test_step_bytes_bad_arguments():

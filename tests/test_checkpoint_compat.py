@@ -69,6 +69,7 @@ from conftest import FIXTURES, require_devices
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -120,7 +121,7 @@ def restore_as_the_runner_does(exp, workdir: str):
     step = ckpt.select_restore_step()
     assert step == SAVED_STEP
     meta = ckpt.restore_meta(step)
-    exp.check_resumable(meta, ckpt.directory)
+    run_meta.check_resumable(exp, meta, ckpt.directory)
     state, restored_meta = ckpt.restore(step, exp.init_state())
   finally:
     ckpt.close()
@@ -163,7 +164,7 @@ def test_old_checkpoint_restores_the_saved_state(experiment, workdir):
 def test_checkpoint_meta_is_the_old_format_without_module_paths(
     experiment, workdir):
   _, old_meta = restore_as_the_runner_does(experiment, workdir)
-  new_meta = experiment.checkpoint_meta(SAVED_STEP)
+  new_meta = run_meta.checkpoint_meta(experiment, SAVED_STEP)
   # The loop adds its timing and the metrics window to the run facts; every
   # fact the old code stored is stored the same way (a field added since
   # is allowed: check_resumable gives old checkpoints its default).

@@ -32,6 +32,7 @@ from decentral_jax.parallel import mesh
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import methods
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import validation
 from decentral_jax import topology
 
@@ -320,16 +321,18 @@ def test_resume_compares_only_the_fields_the_run_reads():
   """A checkpoint's value of a field the run ignores changed nothing."""
   require_devices(N)
   ar = experiment_lib.Experiment(_config("gpt", "all_reduce"))
-  meta = ar.checkpoint_meta(5)
+  meta = run_meta.checkpoint_meta(ar, 5)
   # As a run written before such values were refused would have stored.
-  ar.check_resumable(dict(meta, comm_dtype="bfloat16", sync_every=20,
-                          gossip_every=3, workers_per_node=2), "ckpt")
+  run_meta.check_resumable(ar, dict(meta, comm_dtype="bfloat16",
+                                    sync_every=20, gossip_every=3,
+                                    workers_per_node=2), "ckpt")
   dec = experiment_lib.Experiment(_config("gpt", "decentralized"))
-  meta = dec.checkpoint_meta(5)
-  dec.check_resumable(dict(meta, sync_every=20, num_fragments=2), "ckpt")
+  meta = run_meta.checkpoint_meta(dec, 5)
+  run_meta.check_resumable(dec, dict(meta, sync_every=20, num_fragments=2),
+                           "ckpt")
   for key, value in (("gossip_every", 2), ("comm_dtype", "bfloat16")):
     with pytest.raises(ValueError, match=f"config.{key}="):
-      dec.check_resumable(dict(meta, **{key: value}), "ckpt")
+      run_meta.check_resumable(dec, dict(meta, **{key: value}), "ckpt")
 
 
 # ---------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def test_schema_defines_every_field_once_with_a_comment():
   path = os.path.join(ROOT, "decentral_jax", "runner", "config.py")
   with open(path, encoding="utf-8") as f:
     source = f.read()
-  _assert_assignments_commented(source, "config.py", ("  c.", "  m."))
+  _assert_assignments_commented(source, "config.py", ("  c.", "  m.", "  g."))
   for name in SHIPPED:
     config = load_config(name)
     base = config_lib.base_config(config.model.name)

@@ -28,6 +28,7 @@ import multihost_worker as worker
 from conftest import require_devices
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import train
 
 STEPS, STOP_AT = 4, 2  # checkpoints after steps 2 and 4
@@ -120,8 +121,8 @@ def test_resume_on_another_layout_is_bit_exact(tmp_path, name):
   at_stop, final, exp_b = _reference(config_a, devices[:n_dev_a], config_b,
                                      devices[:n_dev_b])
   # The two layouts differ (so a row order mix-up would show).
-  a_layout = exp_a.checkpoint_meta(0)["layout"]
-  b_layout = exp_b.checkpoint_meta(0)["layout"]
+  a_layout = run_meta.checkpoint_meta(exp_a, 0)["layout"]
+  b_layout = run_meta.checkpoint_meta(exp_b, 0)["layout"]
   assert a_layout != b_layout
   train.train_and_evaluate(config_b, workdir, experiment=exp_b)
   with checkpoint.Checkpointer(ckpt_dir) as ckpt:
@@ -161,33 +162,33 @@ def test_another_number_of_workers_is_refused_saying_why(tmp_path):
 def test_layout_descriptions():
   two = {"processes": 2, "devices": 8, "devices_per_worker": 1,
          "workers_per_device": 1, "worker_layout": ""}
-  assert checkpoint.describe_layout(two) == \
+  assert run_meta.describe_layout(two) == \
       "2 processes x 4 devices, 1 worker per device"
   virtual = dict(two, processes=1, devices=2, workers_per_device=4)
-  assert checkpoint.describe_layout(virtual) == \
+  assert run_meta.describe_layout(virtual) == \
       "1 process x 2 devices x 4 workers per device"
   fsdp = dict(two, processes=1, devices_per_worker=2, worker_layout="fsdp")
-  assert checkpoint.describe_layout(fsdp) == \
+  assert run_meta.describe_layout(fsdp) == \
       "1 process x 8 devices, 2 devices per worker (fsdp)"
   # A checkpoint of an older version: its top-level keys, counts unknown.
-  old = checkpoint.saved_layout({"n_workers": 8, "devices_per_worker": 2})
+  old = run_meta.saved_layout({"n_workers": 8, "devices_per_worker": 2})
   assert old == {"processes": None, "devices": None,
                  "devices_per_worker": 2, "workers_per_device": 1,
                  "worker_layout": ""}
   # Hand-edited values are unknown, never an exception.
-  odd = checkpoint.saved_layout({"layout": {
+  odd = run_meta.saved_layout({"layout": {
       "processes": "two", "devices": True, "devices_per_worker": -1,
       "workers_per_device": 2.5, "worker_layout": 3}})
   assert odd == {"processes": None, "devices": None,
                  "devices_per_worker": None, "workers_per_device": None,
                  "worker_layout": None}
-  assert checkpoint.describe_layout(odd) == (
+  assert run_meta.describe_layout(odd) == (
       "an unrecorded number of processes and devices, unrecorded workers "
       "per device")
-  assert checkpoint.saved_layout({"layout": []})["devices_per_worker"] == 1
-  assert checkpoint.check_elastic_resume(
+  assert run_meta.saved_layout({"layout": []})["devices_per_worker"] == 1
+  assert run_meta.check_elastic_resume(
       {"n_workers": 8, "layout": two}, {"n_workers": 8, "layout": virtual},
       "d")
-  assert not checkpoint.check_elastic_resume(
+  assert not run_meta.check_elastic_resume(
       {"n_workers": 8, "layout": two}, {"n_workers": 8, "layout": dict(two)},
       "d")

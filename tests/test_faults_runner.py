@@ -17,6 +17,7 @@ from conftest import require_devices
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import fault_run
 from decentral_jax.runner import metrics
 from decentral_jax.runner import train
@@ -301,9 +302,11 @@ def test_resume_compares_the_trace_by_content_and_names_the_setting(
   # The experiment's resume check says which setting, in one line.
   exp = experiment_lib.Experiment(config(other))
   with pytest.raises(ValueError) as info:
-    exp.check_resumable(dict(exp.checkpoint_meta(6), faults=written), "ckpt")
+    run_meta.check_resumable(
+        exp, dict(run_meta.checkpoint_meta(exp, 6), faults=written), "ckpt")
   message = str(info.value)
   assert message.startswith(
       f"the checkpoint in ckpt was written with config.faults.trace={first!r} "
       "(content SHA-256 ") and "\n" not in message
-  exp.check_resumable(dict(exp.checkpoint_meta(6)), "ckpt")  # its own
+  run_meta.check_resumable(exp, dict(run_meta.checkpoint_meta(exp, 6)),
+                           "ckpt")  # its own

@@ -462,11 +462,12 @@ META_CASES = {
 
 @pytest.mark.parametrize("case", sorted(META_CASES))
 def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
   from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
   config, exp, state = tiny
   workdir = str(tmp_path / "run")
   edit, needle = META_CASES[case]
-  meta = dict(exp.checkpoint_meta(5), train_time_s=1.0,
+  meta = dict(run_meta.checkpoint_meta(exp, 5), train_time_s=1.0,
               metrics_window={"losses": [2.0], "accs": [], "consensus": None})
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
   try:

@@ -243,8 +243,9 @@ class _FakeLowered:
 def _fake_program_experiment(lowered):
   exp = _fake_experiment()
   exp.abstract_inputs = lambda: (None, None)
-  exp.step_program = lambda distinct, mode: types.SimpleNamespace(
-      trace=lambda state, batch: types.SimpleNamespace(lower=lambda: lowered))
+  exp.programs = types.SimpleNamespace(get=lambda distinct, mode: (
+      types.SimpleNamespace(trace=lambda state, batch: types.SimpleNamespace(
+          lower=lambda: lowered))))
   return exp
 
 

@@ -26,6 +26,7 @@ from conftest import require_devices
 from decentral_jax import analysis
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.comm import gossip
 from decentral_jax.parallel import layouts
 from decentral_jax import optim
@@ -327,20 +328,21 @@ def test_runner_builds_fsdp_workers_and_resumes_another_layout():
   assert comm["ratio"] == 1.0
   assert comm["device_bytes_per_step"] == comm["param_bytes"] / D
   assert comm["devices_per_worker"] == D
-  meta = exp.checkpoint_meta(1)
+  meta = run_meta.checkpoint_meta(exp, 1)
   assert meta["layout"]["devices_per_worker"] == D
   assert meta["layout"]["worker_layout"] == "fsdp"
-  exp.check_resumable(dict(meta), "ckpt")
+  run_meta.check_resumable(exp, dict(meta), "ckpt")
   # Elastic resume: another devices_per_worker or worker_layout (also of a
   # checkpoint written before the fields, D = 1) is accepted
   # (tests/test_elastic_resume.py), another number of workers is not.
   for key, value in (("devices_per_worker", 1), ("worker_layout", "data")):
-    exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+    run_meta.check_resumable(exp, dict(meta, **{key: value}), "ckpt")
   old = {k: v for k, v in meta.items()
          if k not in ("devices_per_worker", "worker_layout", "layout")}
-  exp.check_resumable(old, "ckpt")
+  run_meta.check_resumable(exp, old, "ckpt")
   with pytest.raises(ValueError, match="not the number of workers"):
-    exp.check_resumable(dict(meta, n_workers=meta["n_workers"] * 2), "ckpt")
+    run_meta.check_resumable(
+        exp, dict(meta, n_workers=meta["n_workers"] * 2), "ckpt")
 
 
 def test_config_default_is_one_device_per_worker():

@@ -14,6 +14,7 @@ from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax import optim
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import validation
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,7 +109,7 @@ def test_method_trains_syncs_and_resumes_exactly(method, tmp_path):
   straight = _run(exp, state, h + 1, 9)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
   part = _run(exp, _run(exp, exp.init_state(), 0, h + 1), h + 1, 6)
-  ckpt.save(6, part, exp.checkpoint_meta(6))
+  ckpt.save(6, part, run_meta.checkpoint_meta(exp, 6))
   restored, _ = ckpt.restore(6, exp.init_state())
   ckpt.close()
   resumed = _run(exp, restored, 6, 9)
@@ -180,8 +181,8 @@ def test_bad_local_update_fields_name_the_field(extra, match):
 def test_resume_refuses_a_changed_sync_schedule():
   """A checkpoint's sync period, fragments and outer optimizer must match."""
   exp = _experiment("streaming_diloco")
-  meta = exp.checkpoint_meta(5)
-  exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
+  meta = run_meta.checkpoint_meta(exp, 5)
+  run_meta.check_resumable(exp, dict(meta), "ckpt")  # same config: accepted
   for key, value, field in (
       ("sync_every", 8, "config.sync_every"),
       ("num_fragments", 1, "config.num_fragments"),
@@ -192,12 +193,13 @@ def test_resume_refuses_a_changed_sync_schedule():
       ("comm_dtype", "bfloat16", "config.comm_dtype"),
       ("outer_overlap", "eager", "config.outer_overlap")):
     with pytest.raises(ValueError, match=field):
-      exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+      run_meta.check_resumable(exp, dict(meta, **{key: value}), "ckpt")
   # Fields Streaming DiLoCo does not read changed nothing in the checkpoint.
-  exp.check_resumable(dict(meta, gossip_every=2, workers_per_node=2), "ckpt")
+  run_meta.check_resumable(
+      exp, dict(meta, gossip_every=2, workers_per_node=2), "ckpt")
   with pytest.raises(ValueError, match="config.algorithm"):
-    exp.check_resumable(dict(meta, gossip_every=2, algorithm="decentralized"),
-                        "ckpt")
+    run_meta.check_resumable(
+        exp, dict(meta, gossip_every=2, algorithm="decentralized"), "ckpt")
 
 
 def test_warning_when_the_run_ends_inside_a_sync_window():
@@ -229,7 +231,8 @@ def test_overlap_resumes_mid_round_and_evaluates_mean_theta(method,
   exp = _experiment(method)
   straight = _run(exp, exp.init_state(), 0, 9)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  ckpt.save(4, _run(exp, exp.init_state(), 0, 4), exp.checkpoint_meta(4))
+  ckpt.save(4, _run(exp, exp.init_state(), 0, 4),
+            run_meta.checkpoint_meta(exp, 4))
   restored, _ = ckpt.restore(4, exp.init_state())
   ckpt.close()
   resumed = _run(exp, restored, 4, 9)

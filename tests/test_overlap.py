@@ -342,8 +342,9 @@ def test_deviceless_compile_of_the_default_steps(overrides, topology,
       overrides)
   exp, steps = gpu_compile.compile_steps(config, target=target,
                                         topology=topology, programs=programs)
-  assert (exp.gossip_rounds, exp.consensus_at) == ("static", "next_step")
-  assert set(programs) <= set(exp.programs())
+  assert (exp.programs.gossip_rounds, exp.programs.consensus_at) == (
+      "static", "next_step")
+  assert set(programs) <= set(exp.programs.keys())
   assert len(steps) == len(programs)
   for s in steps:
     big = s.report.select(min_bytes=_PARAM_BYTES / 4)

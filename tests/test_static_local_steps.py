@@ -2,7 +2,7 @@
 
 With ``gossip_rounds="static"`` the runner compiles one program per
 distinct round for the gossip steps and one without any collective for the
-steps in between (``experiment.LOCAL_STEP``), instead of a ``lax.cond``
+steps in between (``programs.LOCAL_STEP``), instead of a ``lax.cond``
 around the gossip (which keeps it from overlapping the step on GPUs,
 docs/gpu_overlap.md). The reference is the in-graph run
 (``gossip_rounds="switch"``): the same parameters bit for bit.
@@ -19,6 +19,7 @@ import pytest
 from conftest import require_devices
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import programs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
@@ -45,18 +46,18 @@ def test_static_local_steps_match_switch():
     runs[mode] = (exp, jax.device_get(state.params))
   static = runs["static"][0]
   # Steps 0, 2, 4 gossip with ring rounds 0, 1, 0; steps 1, 3, 5 are local.
-  assert [static.program_of(s)[0] for s in range(6)] == [
-      0, experiment_lib.LOCAL_STEP, 1, experiment_lib.LOCAL_STEP, 0,
-      experiment_lib.LOCAL_STEP]
-  assert static.train_step_traces == 3  # round 0, round 1, local
-  assert runs["switch"][0].train_step_traces == 1
+  assert [static.programs.key_of(s)[0] for s in range(6)] == [
+      0, programs.LOCAL_STEP, 1, programs.LOCAL_STEP, 0,
+      programs.LOCAL_STEP]
+  assert static.programs.traces == 3  # round 0, round 1, local
+  assert runs["switch"][0].programs.traces == 1
   for a, b in zip(jax.tree.leaves(runs["switch"][1]),
                   jax.tree.leaves(runs["static"][1])):
     np.testing.assert_array_equal(a, b)
   # The local program has no collective in its HLO; a gossip program has.
   st, batch = static.abstract_inputs()
-  local = static.step_program(experiment_lib.LOCAL_STEP, "logged").trace(
+  local = static.programs.get(programs.LOCAL_STEP, "logged").trace(
       st, batch).lower().as_text()
-  gossip = static.step_program(0, "logged").trace(st, batch).lower().as_text()
+  gossip = static.programs.get(0, "logged").trace(st, batch).lower().as_text()
   assert "collective_permute" in gossip or "all_reduce" in gossip
   assert "collective_permute" not in local

@@ -20,6 +20,7 @@ from conftest import require_devices
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import metrics
 from decentral_jax import models
 from decentral_jax import optim
@@ -86,7 +87,7 @@ def test_resume_is_bit_exact(gpt_exp, gpt_exp_fresh, tmp_path):
   straight = run_steps(gpt_exp, gpt_exp.init_state(), 0, 7)
   part = run_steps(gpt_exp, gpt_exp.init_state(), 0, 5)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"))
-  ckpt.save(5, part, gpt_exp.checkpoint_meta(5))
+  ckpt.save(5, part, run_meta.checkpoint_meta(gpt_exp, 5))
   ckpt.close()
   del part
 
@@ -210,7 +211,7 @@ def test_loop_end_to_end_resume_and_no_retrace(gpt_exp, gpt_exp_fresh,
   np.testing.assert_allclose(final["tokens_per_sec"],
                              16 * 16 / (final["step_time_ms"] / 1e3))
   # The step compiled once, whatever called it.
-  assert gpt_exp.train_step_traces == 1  # compiled once
+  assert gpt_exp.programs.traces == 1  # compiled once
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
   assert ckpt.all_steps() == [10, 20]
@@ -538,8 +539,8 @@ def test_static_gossip_rounds_match_switch(tmp_path):
       # Without the host step for the last one: read from the device.
       state, _ = exp.train_step(state, exp.get_batch(s), s if s < 4 else None)
     runs[mode] = (exp, jax.device_get(state.params))
-  assert runs["static"][0].train_step_traces == 2  # one per distinct round
-  assert runs["switch"][0].train_step_traces == 1
+  assert runs["static"][0].programs.traces == 2  # one per distinct round
+  assert runs["switch"][0].programs.traces == 1
   for a, b in zip(jax.tree.leaves(runs["switch"][1]),
                   jax.tree.leaves(runs["static"][1])):
     np.testing.assert_array_equal(a, b)
@@ -567,13 +568,13 @@ def test_gpu_dispatch_on_cpu_gives_the_same_run(tmp_path):
     state, _ = ckpt.restore(20, exp.init_state())
     ckpt.close()
     records = metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    runs[exp.gossip_rounds, exp.consensus_at] = (exp, final, records,
-                                                 host(state))
+    key = (exp.programs.gossip_rounds, exp.programs.consensus_at)
+    runs[key] = (exp, final, records, host(state))
   cpu, gpu = runs
   assert cpu == ("switch", "log_step") and gpu == ("static", "next_step")
-  assert runs[cpu][0].train_step_traces == 1
+  assert runs[cpu][0].programs.traces == 1
   # 3 distinct rounds x (with, without the measurement).
-  assert runs[gpu][0].train_step_traces == 6
+  assert runs[gpu][0].programs.traces == 6
   assert_trees_equal(runs[cpu][3], runs[gpu][3])
   timing = ("step_time_ms", "tokens_per_sec", "train_time_s")
   for a, b in zip(runs[cpu][2], runs[gpu][2], strict=True):
@@ -586,8 +587,8 @@ def test_gpu_dispatch_on_cpu_gives_the_same_run(tmp_path):
 def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
   require_devices(N)
   exp = experiment_lib.Experiment(load_config("gpt_tiny.py", *TINY_GPT))
-  meta = exp.checkpoint_meta(5)
-  exp.check_resumable(dict(meta), "ckpt")  # same config: accepted
+  meta = run_meta.checkpoint_meta(exp, 5)
+  run_meta.check_resumable(exp, dict(meta), "ckpt")  # same config: accepted
   assert meta["beta_convention"] == "per_step"  # gpt_tiny's AccumAdamW
   for key, value, field in (("seed", meta["seed"] + 1, "config.seed"),
                             ("global_batch", meta["global_batch"] * 2,
@@ -595,20 +596,20 @@ def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
                             ("beta_convention", "per_window",
                              "config.optimizer.beta_convention")):
     with pytest.raises(ValueError, match=field):
-      exp.check_resumable(dict(meta, **{key: value}), "ckpt")
+      run_meta.check_resumable(exp, dict(meta, **{key: value}), "ckpt")
   # A compressed run's state (CHOCO's public copies, error-feedback
   # residuals) is not resumed uncompressed, nor in another format.
   int8 = dict(meta["compression"], format="int8")
   with pytest.raises(ValueError, match="config.compression="):
-    exp.check_resumable(dict(meta, compression=int8), "ckpt")
+    run_meta.check_resumable(exp, dict(meta, compression=int8), "ckpt")
   # Written before the compression group existed: uncompressed, accepted.
-  exp.check_resumable({k: v for k, v in meta.items() if k != "compression"},
-                      "ckpt")
+  run_meta.check_resumable(
+      exp, {k: v for k, v in meta.items() if k != "compression"}, "ckpt")
   # A checkpoint written before the field existed used the paper's betas.
   old = {k: v for k, v in meta.items() if k != "beta_convention"}
   with pytest.raises(ValueError, match="'per_window' but this run has "
                      "'per_step'"):
-    exp.check_resumable(old, "ckpt")
+    run_meta.check_resumable(exp, old, "ckpt")
   path = tmp_path / metrics.METRICS_FILE
   path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (0, 5, 10, 15)))
   assert metrics.truncate_after(str(tmp_path), 10) == 1

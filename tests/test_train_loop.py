@@ -26,6 +26,7 @@ from conftest import require_devices
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import metrics
 from decentral_jax.runner import train
 
@@ -113,7 +114,7 @@ def test_finished_run_is_only_evaluated_and_a_shorter_one_refused(tmp_path,
   state = exp.init_state()
   workdir = str(tmp_path / "run")
   with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
-    ckpt.save(STEPS, state, dict(exp.checkpoint_meta(STEPS),
+    ckpt.save(STEPS, state, dict(run_meta.checkpoint_meta(exp, STEPS),
                                  train_time_s=1.0, metrics_window=None))
   want = exp.evaluate(state)["eval/loss"]
 

@@ -27,6 +27,7 @@ from decentral_jax.comm import collectives
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.comm import gossip
 from decentral_jax import optim
 from decentral_jax import parallel
@@ -296,12 +297,12 @@ def test_runner_trains_virtual_workers_like_devices():
   # Elastic resume: a checkpoint of 8 devices x 1 worker resumes on
   # 2 devices x 4 workers (tests/test_elastic_resume.py), but not with
   # another number of workers.
-  meta = runs[1][0].checkpoint_meta(2)
+  meta = run_meta.checkpoint_meta(runs[1][0], 2)
   assert meta["layout"]["workers_per_device"] == 1
-  exp.check_resumable(meta, "/ckpt")
+  run_meta.check_resumable(exp, meta, "/ckpt")
   with pytest.raises(ValueError, match=r"holds 4 workers .* config."
                      r"n_workers=8"):
-    exp.check_resumable(dict(meta, n_workers=4), "/ckpt")
+    run_meta.check_resumable(exp, dict(meta, n_workers=4), "/ckpt")
 
 
 def test_misuse_inside_the_worker_vmap_is_an_error_not_a_wrong_number():

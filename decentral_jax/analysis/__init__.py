@@ -7,6 +7,9 @@ and whether they overlap the forward/backward pass.
 - :mod:`~decentral_jax.analysis.worker_traffic`: bytes per worker of a run
   (workers of several devices, several workers per device, one compiled
   step per gossip round).
+- :mod:`~decentral_jax.analysis.run_communication`: a run's bytes per step
+  over its compiled programs (the gossip rounds of a period, the measuring
+  steps once every log interval).
 - :mod:`~decentral_jax.analysis.overlap`: for each collective of a
   scheduled (GPU) program, asynchronous or not, inside a conditional or
   not, and the forward / backward work scheduled while it moves data.
@@ -18,9 +21,10 @@ from decentral_jax.analysis.accounting import (
 from decentral_jax.analysis.hlo import DTYPE_BYTES, KINDS, hlo_text
 from decentral_jax.analysis.overlap import (
     CollectiveOverlap, OverlapReport, overlap_report, overlaps)
+from decentral_jax.analysis.run_communication import run_bytes
 from decentral_jax.analysis.worker_traffic import Traffic, step_bytes, traffic
 
 __all__ = ["DTYPE_BYTES", "KINDS", "Collective", "CollectiveOverlap",
            "CommunicationReport", "OverlapReport", "Scenario", "Traffic",
            "communication", "hlo_text", "overlap_report", "overlaps",
-           "report_to_json", "step_bytes", "traffic", "tree_bytes"]
+           "report_to_json", "run_bytes", "step_bytes", "traffic", "tree_bytes"]

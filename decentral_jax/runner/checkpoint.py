@@ -3,7 +3,8 @@
 A checkpoint holds the whole pytree it is given (every worker's parameters
 and optimizer state, stacked ``[n_workers, ...]`` and sharded over the worker
 axis, plus step and RNG leaves) and a small JSON document (step, data
-position, run facts) under ``<directory>/<step>/``.
+position, run facts; :mod:`decentral_jax.runner.run_meta` writes and checks
+it) under ``<directory>/<step>/``.
 
 Atomicity: Orbax writes into ``<step>.orbax-checkpoint-tmp`` and renames it
 to ``<step>`` once every file is written, so an interrupted save leaves at
@@ -31,7 +32,8 @@ directory and the OS error, in one line) from the first
 :class:`CheckpointError`; both are ``ValueError`` subclasses. Orbax's own
 tracebacks of the same failure are dropped from the logs while the
 :class:`Checkpointer` is open (for the whole process after
-:func:`quiet_orbax_logs`, which the command-line programs call).
+:func:`decentral_jax.runner.orbax_quiet.quiet_orbax_logs`, which the
+command-line programs call).
 """
 
 from __future__ import annotations
@@ -39,11 +41,9 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import math
 import os
 import re
 import shutil
-import sys
 import threading
 import time
 from typing import Any
@@ -51,6 +51,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import workdir as workdir_lib
 
 PyTree = Any
@@ -69,115 +70,6 @@ class CheckpointError(ValueError):
 
 class CheckpointWriteError(OSError, CheckpointError):
   """A checkpoint could not be saved; ``errno`` is the OS error if known."""
-
-
-class _OrbaxNoise(logging.Filter):
-  """Drops Orbax's INFO records and its tracebacks of errors raised here."""
-
-  def __init__(self, quiet_info: bool):
-    super().__init__()
-    self.quiet_info = quiet_info
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    msg = str(record.msg)
-    if not ("orbax" in record.pathname or "orbax" in msg or "OCDBT" in msg
-            or _raised_in_orbax(record.exc_info)):
-      return True
-    if record.exc_info or "exception was never retrieved" in msg:
-      return False  # the same error is raised to the caller, in one line
-    return record.levelno >= logging.WARNING or not self.quiet_info
-
-
-def _raised_in_orbax(exc_info) -> bool:
-  tb = exc_info[2] if exc_info else None
-  while tb is not None:
-    if "orbax" in tb.tb_frame.f_code.co_filename:
-      return True
-    tb = tb.tb_next
-  return False
-
-
-def _orbax_unraisable(unraisable) -> bool:
-  """Echoes of a failed Orbax save or read printed as "ignored" exceptions
-  (TensorStore callbacks into Orbax's closed event loop, its coroutines)."""
-  exc, tb = unraisable.exc_value, unraisable.exc_traceback
-  if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
-    while tb is not None and tb.tb_frame.f_code.co_name != \
-        "call_soon_threadsafe":
-      tb = tb.tb_next
-    return tb is not None
-  return "orbax" in repr(unraisable.object) or _raised_in_orbax(
-      (None, None, tb))
-
-
-_NOISY_LOGGERS = ("absl", "asyncio")
-
-
-def _echo_hook(chained):
-  """An unraisable hook that drops Orbax's echoes and passes the rest on."""
-  def filtered(unraisable):
-    if not (filtered.active and _orbax_unraisable(unraisable)):
-      chained(unraisable)
-  filtered.active, filtered.chained = True, chained
-  return filtered
-
-
-class _EchoFilter:
-  """Orbax's echoes of errors raised here, dropped while installed.
-
-  :meth:`install` adds an :class:`_OrbaxNoise` filter to the ``absl`` and
-  ``asyncio`` loggers and an unraisable hook chained to the current one;
-  :meth:`remove` takes them off again. If another hook was installed over
-  this one in between, this one stays in the chain but stops filtering, and
-  is unlinked when the hook over it is removed, so any order of removals
-  leaves ``sys.unraisablehook`` as it was.
-  """
-
-  def __init__(self):
-    self._filters = []
-    self._hook = None
-
-  def install(self) -> None:
-    for name in _NOISY_LOGGERS:
-      logger, noise = logging.getLogger(name), _OrbaxNoise(quiet_info=False)
-      logger.addFilter(noise)
-      self._filters.append((logger, noise))
-    self._hook = _echo_hook(sys.unraisablehook)
-    sys.unraisablehook = self._hook
-
-  def remove(self) -> None:
-    for logger, noise in self._filters:
-      logger.removeFilter(noise)
-    self._filters = []
-    hook, self._hook = self._hook, None
-    if hook is None:
-      return
-    hook.active = False
-    if sys.unraisablehook is hook:
-      previous = hook.chained
-      while getattr(previous, "active", True) is False:  # removed before
-        previous = previous.chained
-      sys.unraisablehook = previous
-
-
-_quieted = []  # the filters of quiet_orbax_logs, once installed
-
-
-def quiet_orbax_logs() -> None:
-  """Hides Orbax's INFO messages and its echoes of errors raised here.
-
-  For command-line programs: installs, for the rest of the process, a
-  filter on the ``absl`` and ``asyncio`` loggers (warnings stay) and an
-  unraisable hook dropping Orbax's "ignored" exceptions. A
-  :class:`Checkpointer` drops the echoes by itself while it is open.
-  """
-  if _quieted:
-    return
-  for name in _NOISY_LOGGERS:
-    noise = _OrbaxNoise(quiet_info=True)
-    logging.getLogger(name).addFilter(noise)
-    _quieted.append(noise)
-  sys.unraisablehook = _echo_hook(sys.unraisablehook)
 
 
 def abstract_like(tree: PyTree) -> PyTree:
@@ -214,184 +106,6 @@ def check_checkpoint(root: str) -> tuple[str, str]:
   except (OSError, ValueError, RecursionError) as e:  # RecursionError: deep
     return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
   return "ok", ""
-
-
-def _number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _window_error(window) -> str | None:
-  """Why a ``metrics_window`` entry is not one, or None."""
-  if window is None:
-    return None
-  if not isinstance(window, dict):
-    return f"metrics_window must be an object or null, got {window!r:.60}"
-  for key in ("losses", "accs"):
-    v = window.get(key, [])
-    if not isinstance(v, list) or not all(_number(x) for x in v):
-      return f"metrics_window.{key} must be a list of numbers, got {v!r:.60}"
-  c = window.get("consensus")
-  if c is not None and not _number(c):
-    return f"metrics_window.consensus must be a number or null, got {c!r:.60}"
-  return None
-
-
-def _run_meta_error(meta) -> str | None:
-  """Why ``meta`` is not a run checkpoint's JSON document, or None."""
-  if not isinstance(meta, dict):
-    return f"it is a {type(meta).__name__}, not a JSON object"
-  for key in ("step", "data_position"):
-    v = meta.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-      return f"{key} must be an integer >= 0, got {v!r:.60}"
-  t = meta.get("train_time_s", 0.0)
-  if not _number(t) or not math.isfinite(t) or t < 0:
-    return f"train_time_s must be a finite number >= 0, got {t!r:.60}"
-  return _window_error(meta.get("metrics_window"))
-
-
-def check_run_meta(meta, where: str) -> dict:
-  """The JSON document of a training run's checkpoint, checked.
-
-  What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
-  resume: ``step`` and ``data_position`` (integers >= 0), ``train_time_s``
-  (a finite number >= 0, optional) and ``metrics_window`` (null or
-  ``{"losses": [numbers], "accs": [numbers], "consensus": number or
-  null}``). The config fields stored with them are compared with the
-  run's own by ``Experiment.check_resumable``.
-
-  Args:
-    meta: the document (:meth:`Checkpointer.restore_meta`).
-    where: the checkpoint directory, for the message.
-
-  Returns:
-    ``meta``.
-
-  Raises:
-    CheckpointError: one line naming the checkpoint and the key.
-  """
-  why = _run_meta_error(meta)
-  if why:
-    raise CheckpointError(
-        f"checkpoint metadata in {where} is not valid: {why}; move that "
-        "checkpoint directory away to resume from an older one, or use a "
-        "fresh --workdir.")
-  return meta
-
-
-# -- elastic resume -------------------------------------------------------------
-
-_LAYOUT_KEYS = ("devices_per_worker", "workers_per_device", "worker_layout")
-
-
-def _count(v) -> int | None:
-  return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 \
-      else None
-
-
-def saved_layout(meta: dict) -> dict:
-  """The worker layout a checkpoint was written on, from its JSON document.
-
-  Reads ``meta["layout"]`` (``processes``, ``devices``,
-  ``devices_per_worker``, ``workers_per_device``, ``worker_layout``);
-  checkpoints written before it existed give what their top-level keys
-  say (``devices_per_worker`` 1 and ``workers_per_device`` 1 if absent;
-  the process and device counts are then unknown, None). A value of the
-  wrong type (a hand-edited file) counts as unknown: the layout is only
-  reported, never used to read the state.
-  """
-  layout = meta.get("layout")
-  layout = layout if isinstance(layout, dict) else {}
-  out = {}
-  for key in ("processes", "devices") + _LAYOUT_KEYS[:2]:
-    out[key] = _count(layout.get(key, meta.get(key)))
-  for key in _LAYOUT_KEYS[:2]:
-    if key not in layout and key not in meta:
-      out[key] = 1
-  mode = layout.get("worker_layout", meta.get("worker_layout", ""))
-  out["worker_layout"] = mode if isinstance(mode, str) else None
-  return out
-
-
-def _plural(k, word: str) -> str:
-  return f"{k} {word}" + ("" if k == 1 else "es" if word.endswith("s")
-                          else "s")
-
-
-def describe_layout(layout: dict) -> str:
-  """One phrase for a layout (:func:`saved_layout`), e.g. ``"2 processes x
-  4 devices, 1 worker per device"`` or ``"1 process x 2 devices x 4
-  workers per device"``; ``devices`` counts the devices of all processes."""
-  procs, devices = layout.get("processes"), layout.get("devices")
-  d, k = layout.get("devices_per_worker"), layout.get("workers_per_device")
-  if procs and devices:
-    head = f"{_plural(procs, 'process')} x {_plural(devices // procs, 'device')}"
-  else:
-    head = "an unrecorded number of processes and devices"
-  if k is None or d is None:
-    return f"{head}, unrecorded workers per device"
-  if k > 1:
-    return f"{head} x {k} workers per device"
-  if d > 1:
-    mode = f" ({layout['worker_layout']})" if layout.get("worker_layout") \
-        else ""
-    return f"{head}, {d} devices per worker{mode}"
-  return f"{head}, 1 worker per device"
-
-
-def _same_layout(a: dict, b: dict) -> bool:
-  keys = ("processes", "devices") + _LAYOUT_KEYS
-  return all(a.get(k) is None or b.get(k) is None or a[k] == b[k]
-             for k in keys)
-
-
-def check_elastic_resume(saved: dict, mine: dict, where: str) -> bool:
-  """Checks that a checkpoint can be resumed on this run's worker layout.
-
-  Elastic resume: every leaf of the checkpointed state is a global
-  ``[n_workers, ...]`` array (worker ``i``'s row is worker ``i``'s
-  parameters, optimizer state, step and dropout key wherever it ran), so
-  the same ``n_workers`` may resume on any layout (process count, devices
-  per process, ``devices_per_worker``, ``workers_per_device``,
-  ``worker_layout``): Orbax reads each row onto the device that now holds
-  that worker. The state continues bit for bit; the new layout's steps
-  may round differently from the old one's (another reduction order).
-
-  Args:
-    saved: the checkpoint's JSON document (``n_workers``, ``layout``).
-    mine: this run's (``Experiment.checkpoint_meta``).
-    where: the checkpoint directory, for the messages.
-
-  Returns:
-    True if the layout changes (logged on process 0), False if not.
-
-  Raises:
-    ValueError: another number of workers, in one line saying why it
-      cannot change and what to run instead.
-  """
-  n, n_mine = saved.get("n_workers"), mine["n_workers"]
-  if n is not None and n != n_mine:
-    hint, devices = "", saved_layout(mine)["devices"]
-    if isinstance(n, int) and n > 0 and devices and n % devices == 0:
-      hint = (f", e.g. on this run's {devices} device(s) with "
-              f"--config.workers_per_device={n // devices}")
-    raise ValueError(
-        f"the checkpoint in {where} holds {n} workers (each its own "
-        f"parameters, optimizer state, data shard and place in the "
-        f"topology, stacked [{n}, ...]) but this run has config.n_workers="
-        f"{n_mine}; a resume may change the layout (processes, "
-        "devices_per_worker, workers_per_device) but not the number of "
-        "workers, since there is no exact way to merge or split their "
-        f"states: resume with --config.n_workers={n}{hint}, or use a fresh "
-        "--workdir.")
-  old, new = saved_layout(saved), saved_layout(mine)
-  if _same_layout(old, new):
-    return False
-  if jax.process_index() == 0:
-    logging.info("elastic resume: the checkpoint in %s was written on %s; "
-                 "resuming its %d workers on %s.", where,
-                 describe_layout(old), n_mine, describe_layout(new))
-  return True
 
 
 class Checkpointer:
@@ -431,7 +145,7 @@ class Checkpointer:
     """
     if max_to_keep < 1:
       raise ValueError(f"keep_checkpoints must be >= 1, got {max_to_keep}.")
-    self._echoes = _EchoFilter()
+    self._echoes = orbax_quiet.EchoFilter()
     self._echoes.install()
     try:
       self._open(directory, max_to_keep, async_save)

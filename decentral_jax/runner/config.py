@@ -1,14 +1,16 @@
 """The run-config schema: every field defined once, and loading with overrides.
 
 :func:`base_config` defines every field of a run, with its meaning, units and
-default; the files in ``configs/`` are short variants that override what
-differs (``configs/gpt_tiny.py``, ``configs/cnn_fashion_mnist.py``,
-``configs/gpt2_small_owt.py``). The model group depends on the model:
-:func:`gpt_model` or :func:`cnn_model`. :func:`load_config` parses a config
-file with command-line style overrides exactly as ``experiments/train.py``
-does (the entry points take them out of their command line with
-:func:`split_overrides`). The checks of a loaded config are in
-:mod:`decentral_jax.runner.validation`.
+default, composed of one builder per group (:func:`optimizer_group`,
+:func:`schedule_group`, :func:`compression_group`, :func:`faults_group`, ...,
+each field with its comment); the files in ``configs/`` are short variants
+that override what differs (``configs/gpt_tiny.py``,
+``configs/cnn_fashion_mnist.py``, ``configs/gpt2_small_owt.py``). The model
+group depends on the model: :func:`gpt_model` or :func:`cnn_model`.
+:func:`load_config` parses a config file with command-line style overrides
+exactly as ``experiments/train.py`` does (the entry points take them out of
+their command line with :func:`split_overrides`). The checks of a loaded
+config are in :mod:`decentral_jax.runner.validation`.
 """
 
 from __future__ import annotations
@@ -84,27 +86,8 @@ def cnn_model() -> config_dict.ConfigDict:
 _MODELS = {"gpt": gpt_model, "cnn": cnn_model}
 
 
-def base_config(model: str = "gpt") -> config_dict.ConfigDict:
-  """Every field of a run config, with its default.
-
-  The defaults are the ``gpt_tiny`` run except for its AccumAdamW beta
-  convention and learning rate (``configs/gpt_tiny.py``).
-
-  Args:
-    model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include.
-
-  Returns:
-    An unlocked ``ConfigDict``; a config file overrides what differs and
-    returns it (``ml_collections.config_flags`` locks it).
-
-  Raises:
-    ValueError: an unknown ``model``.
-  """
-  if model not in _MODELS:
-    raise ValueError(f"unknown model {model!r}; use one of {tuple(_MODELS)}.")
-  c = config_dict.ConfigDict()
-
-  # --- Parallel training ---------------------------------------------------
+def _add_parallel_fields(c: config_dict.ConfigDict) -> None:
+  """The method, the workers and how they communicate (top-level fields)."""
   # "all_reduce" (exact gradient average, then AdamW; paper Alg. 2),
   # "decentralized" (gossip over `topology`, DAdam / AccumAdamW; Alg. 1, 4),
   # or a local-update method: "local_sgd", "diloco", "decentralized_diloco",
@@ -157,18 +140,28 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # (local D-SGD / DAdam); 1 = every step.
   c.gossip_every = 1
 
-  # --- Local updates (local_sgd, diloco, decentralized_diloco,
-  # streaming_diloco) ----------------------------------------------------
+
+def outer_optimizer_group() -> config_dict.ConfigDict:
+  """The ``outer_optimizer`` group: the optimizer DiLoCo applies to the
+  pseudo-gradient ``theta - mean(x)`` every sync period."""
+  g = config_dict.ConfigDict()
+  # "sgd" (with momentum / Nesterov) or "adam"; Local SGD is sgd, lr 1.
+  # DiLoCo's default: Nesterov SGD, lr 0.7, momentum 0.9.
+  g.name = "sgd"
+  g.lr = 0.7
+  g.momentum = 0.9
+  g.nesterov = True
+  return g
+
+
+def _add_local_update_fields(c: config_dict.ConfigDict) -> None:
+  """The local-update methods' fields (local_sgd, diloco,
+  decentralized_diloco, streaming_diloco): sync period, outer optimizer,
+  fragments and the overlapped outer step."""
   # Sync period H in steps: workers synchronise every H inner steps.
   c.sync_every = 10
-  # Outer optimizer applied to the pseudo-gradient theta - mean(x) (DiLoCo):
-  # "sgd" (with momentum / Nesterov) or "adam"; Local SGD is sgd, lr 1.
-  c.outer_optimizer = config_dict.ConfigDict()
-  # DiLoCo's default: Nesterov SGD, lr 0.7, momentum 0.9.
-  c.outer_optimizer.name = "sgd"
-  c.outer_optimizer.lr = 0.7
-  c.outer_optimizer.momentum = 0.9
-  c.outer_optimizer.nesterov = True
+  # Outer optimizer applied to the pseudo-gradient theta - mean(x) (DiLoCo).
+  c.outer_optimizer = outer_optimizer_group()
   # streaming_diloco: fragments P (each synchronises every H steps, offset
   # p H / P), overlap tau (steps between a fragment's send and its merge;
   # tau * P < H) and the merge weight alpha in [0, 1]:
@@ -190,9 +183,11 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.outer_latency = 1
   c.trickle_reduction = True
 
-  # --- Compressed communication (docs/running.md, "Compressed
-  # communication"; decentral_jax.comm.compress) -------------------------
-  c.compression = config_dict.ConfigDict()
+
+def compression_group() -> config_dict.ConfigDict:
+  """The ``compression`` group: what is sent and how (docs/running.md,
+  "Compressed communication"; :mod:`decentral_jax.comm.compress`)."""
+  g = config_dict.ConfigDict()
   # What is sent: "none" (uncompressed: the methods as without this group,
   # bit for bit), "int8", "fp8" (e4m3), "int4", "fp4" (e2m1; two values per
   # byte) with one float32 scale per block, or "topk" (the largest
@@ -201,52 +196,58 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # gossip_every 1); local_sgd, diloco, streaming_diloco: the
   # pseudo-gradients' all-reduce (topk: an all-gather of indices and
   # values, as SparseLoCo).
-  c.compression.format = "none"
+  g.format = "none"
   # Values per float32 scale, or per top-k chunk (>= 2; even for 4-bit).
-  c.compression.block = 256
+  g.block = 256
   # topk: share of each chunk sent, in (0, 1].
-  c.compression.fraction = 0.01
+  g.fraction = 0.01
   # local_sgd, diloco, streaming_diloco: keep each worker's compression
   # residual e and send Q(error_decay * e + pseudo-gradient); error_decay in
   # (0, 1] (SparseLoCo: 0.95 with top-k and an outer SGD without momentum).
-  c.compression.error_feedback = False
-  c.compression.error_decay = 1.0
+  g.error_feedback = False
+  g.error_decay = 1.0
   # decentralized (CHOCO): consensus step gamma in (0, 1]; smaller for
   # coarser formats.
-  c.compression.consensus_step = 0.5
+  g.consensus_step = 0.5
+  return g
 
-  # --- Slow and failing workers (docs/faults.md, "Slow and failing
-  # workers"); local_sgd and diloco only ----------------------------------
-  c.faults = config_dict.ConfigDict()
+
+def faults_group() -> config_dict.ConfigDict:
+  """The ``faults`` group: slow and failing workers (docs/faults.md, "Slow
+  and failing workers"); local_sgd and diloco only."""
+  g = config_dict.ConfigDict()
   # Simulate the schedule below (False: every worker alive at full speed,
   # the methods' plain transforms).
-  c.faults.enabled = False
+  g.enabled = False
   # Probability that a live worker fails at a step, in [0, 1].
-  c.faults.failure_rate = 0.0
+  g.failure_rate = 0.0
   # Mean steps a failed worker stays dead (geometric), >= 1.
-  c.faults.mean_downtime = 10.0
+  g.mean_downtime = 10.0
   # Fraction of the workers that run slow for the whole run, and their
   # speed in (0, 1] (steps' worth of work per step).
-  c.faults.slow_fraction = 0.0
-  c.faults.slow_speed = 0.5
+  g.slow_fraction = 0.0
+  g.slow_speed = 0.5
   # A JSON trace of dead and slow intervals instead of the rates ("" none).
-  c.faults.trace = ""
+  g.trace = ""
   # Seed of the schedule (independent of `seed`), in [0, 2**32 - 1].
-  c.faults.seed = 0
+  g.seed = 0
   # "deadline" (a slow worker completes the steps its speed allows) or
   # "wait" (the others wait for it: every live worker takes every step).
-  c.faults.stragglers = "deadline"
+  g.stragglers = "deadline"
   # Least number of live workers that did some work for an outer step.
-  c.faults.min_quorum = 1
+  g.min_quorum = 1
   # "proceed" (outer step with the quorum) or "rollback" (a round with a
   # failure is not committed; the workers go back to theta).
-  c.faults.on_failure = "proceed"
+  g.on_failure = "proceed"
   # A worker that comes back: "copy_theta", "copy_mean" (of the live
   # workers) or "keep" (its stale parameters); counters always from the
   # group.
-  c.faults.rejoin = "copy_theta"
+  g.rejoin = "copy_theta"
+  return g
 
-  # --- Run length, batch, regularisation -----------------------------------
+
+def _add_run_fields(c: config_dict.ConfigDict) -> None:
+  """Run length, batch, seed and gradient clipping (top-level fields)."""
   # Number of optimizer steps.
   c.steps = 300
   # Sequences (images) per step over all workers; split evenly (must be
@@ -259,7 +260,9 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # under all_reduce); 0 disables.
   c.grad_clip = 1.0
 
-  # --- Evaluation, logging, checkpoints ------------------------------------
+
+def _add_record_fields(c: config_dict.ConfigDict) -> None:
+  """Evaluation, logging, checkpoints and the output directory."""
   # Evaluate the averaged model every this many steps (and at the end);
   # 0 = only at the end.
   c.eval_interval = 30
@@ -284,71 +287,123 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # Output directory; the --workdir flag takes precedence.
   c.workdir = config_dict.placeholder(str)
 
-  # --- Optimizer -------------------------------------------------------------
-  c.optimizer = config_dict.ConfigDict()
+
+def optimizer_group() -> config_dict.ConfigDict:
+  """The ``optimizer`` group: each worker's AdamW or AccumAdamW."""
+  g = config_dict.ConfigDict()
   # "adamw" (All-Reduce AdamW / DAdam when decentralized) or "accum_adamw"
   # (AccumAdamW).
-  c.optimizer.name = "accum_adamw"
+  g.name = "accum_adamw"
   # Adam first- and second-moment decays, in [0, 1).
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.95
+  g.b1 = 0.9
+  g.b2 = 0.95
   # Added to the denominator outside the square root.
-  c.optimizer.eps = 1e-8
+  g.eps = 1e-8
   # Decoupled weight decay, applied to parameters with ndim >= 2 only.
-  c.optimizer.weight_decay = 0.1
+  g.weight_decay = 0.1
   # AccumAdam window T (moments refreshed every T steps); must be 1 for adamw.
-  c.optimizer.accum_steps = 4
+  g.accum_steps = 4
   # How accum_adamw reads b1 and b2: "per_window" (the paper's and
   # decent-dp's: the moments decay by b once per window of accum_steps
   # steps, a horizon accum_steps times Adam's) or "per_step" (they decay by
   # b**accum_steps per window: Adam's horizon in steps).
-  c.optimizer.beta_convention = "per_window"
+  g.beta_convention = "per_window"
+  return g
 
-  # --- Learning-rate schedule -----------------------------------------------
-  c.schedule = config_dict.ConfigDict()
+
+def schedule_group() -> config_dict.ConfigDict:
+  """The ``schedule`` group: the learning rate by step."""
+  g = config_dict.ConfigDict()
   # "warmup_cosine" (linear warmup from peak_lr / warmup_steps, then cosine to
   # final_lr at `steps`), "inverse_sqrt" (paper Sec. 2.3 Transformer rule) or
   # "constant".
-  c.schedule.name = "warmup_cosine"
+  g.name = "warmup_cosine"
   # Peak learning rate (finite, > 0).
-  c.schedule.peak_lr = 1.5e-3
+  g.peak_lr = 1.5e-3
   # Linear-warmup length in steps (longer than `steps` is allowed, with a
   # warning: the learning rate then never reaches peak_lr).
-  c.schedule.warmup_steps = 30
+  g.warmup_steps = 30
   # Learning rate reached at the last step (warmup_cosine only), in
   # [0, peak_lr].
-  c.schedule.final_lr = 1.5e-4
+  g.final_lr = 1.5e-4
+  return g
 
-  # --- Model (gpt_model() or cnn_model()) ------------------------------------
-  c.model = _MODELS[model]()
 
-  # --- Data -----------------------------------------------------------------
-  c.data = config_dict.ConfigDict()
+def data_group(model: str = "gpt") -> config_dict.ConfigDict:
+  """The ``data`` group of a ``"gpt"`` or ``"cnn"`` model (its default
+  source differs)."""
+  g = config_dict.ConfigDict()
   # "pydoc" (bundled text), "text_file" (bytes of `path`), "token_bins"
   # (nanoGPT train.bin/val.bin in directory `path`) or "fashion_mnist".
-  c.data.source = "pydoc" if model == "gpt" else "fashion_mnist"
+  g.source = "pydoc" if model == "gpt" else "fashion_mnist"
   # File or directory for text_file / token_bins / fashion_mnist.
-  c.data.path = config_dict.placeholder(str)
+  g.path = config_dict.placeholder(str)
   # Fraction of a byte corpus (pydoc, text_file) held out for validation.
-  c.data.val_fraction = 0.1
+  g.val_fraction = 0.1
+  return g
 
-  # --- Multi-host (see README, "Running on a cluster") ----------------------
-  c.distributed = config_dict.ConfigDict()
+
+def distributed_group() -> config_dict.ConfigDict:
+  """The ``distributed`` group: joining a multi-process job (README,
+  "Running on a cluster")."""
+  g = config_dict.ConfigDict()
   # Join a multi-process job with jax.distributed.initialize (one process per
   # host). Jobs started by `srun` with several tasks join even when False.
-  c.distributed.enabled = False
+  g.enabled = False
   # "host:port" of process 0's coordinator; "" to detect it on SLURM.
-  c.distributed.coordinator_address = ""
+  g.coordinator_address = ""
   # Total number of processes; 0 to detect it on SLURM.
-  c.distributed.num_processes = 0
+  g.num_processes = 0
   # This process's id in [0, num_processes); -1 to detect it on SLURM.
-  c.distributed.process_id = -1
+  g.process_id = -1
   # Seconds without a heartbeat after which a process counts as dead and the
   # others stop with an error instead of hanging.
-  c.distributed.heartbeat_timeout_seconds = 100
+  g.heartbeat_timeout_seconds = 100
   # Seconds every process waits at start-up for all num_processes to join;
   # then it exits with an error naming the coordinator address.
-  c.distributed.initialization_timeout_seconds = 120
+  g.initialization_timeout_seconds = 120
+  return g
+
+
+def base_config(model: str = "gpt") -> config_dict.ConfigDict:
+  """Every field of a run config, with its default.
+
+  The defaults are the ``gpt_tiny`` run except for its AccumAdamW beta
+  convention and learning rate (``configs/gpt_tiny.py``). Composed of one
+  builder per group, in this order: the method and its workers, the
+  local-update fields (:func:`outer_optimizer_group`),
+  :func:`compression_group`, :func:`faults_group`, run length and batch,
+  evaluation / logging / checkpoints, :func:`optimizer_group`,
+  :func:`schedule_group`, the model (:func:`gpt_model` or
+  :func:`cnn_model`), :func:`data_group` and :func:`distributed_group`.
+
+  Args:
+    model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include.
+
+  Returns:
+    An unlocked ``ConfigDict``; a config file overrides what differs and
+    returns it (``ml_collections.config_flags`` locks it).
+
+  Raises:
+    ValueError: an unknown ``model``.
+  """
+  if model not in _MODELS:
+    raise ValueError(f"unknown model {model!r}; use one of {tuple(_MODELS)}.")
+  c = config_dict.ConfigDict()
+  _add_parallel_fields(c)
+  _add_local_update_fields(c)
+  # Compressed communication, then slow and failing workers.
+  c.compression = compression_group()
+  c.faults = faults_group()
+  _add_run_fields(c)
+  _add_record_fields(c)
+  # Each worker's optimizer and its learning-rate schedule.
+  c.optimizer = optimizer_group()
+  c.schedule = schedule_group()
+  # The model (gpt_model() or cnn_model()), its data, the multi-host job.
+  c.model = _MODELS[model]()
+  c.data = data_group(model)
+  c.distributed = distributed_group()
   return c
 
 

@@ -5,9 +5,11 @@
 file system: a device mesh (one worker per device, or per
 ``config.devices_per_worker`` devices), the topology, the
 :class:`~decentral_jax.runner.tasks.Task`, the per-worker optax transform, the
-jitted train and eval steps of :mod:`decentral_jax.runner.step` over all workers,
-evaluation of the averaged model and the checkpoint metadata. The loop that
-drives it is :func:`decentral_jax.runner.train.train_and_evaluate`.
+jitted train steps of :mod:`decentral_jax.runner.step` over all workers
+(:mod:`decentral_jax.runner.programs`) and the evaluation of the averaged
+model (:mod:`decentral_jax.runner.evaluation`). The loop that drives it is
+:func:`decentral_jax.runner.train.train_and_evaluate`; what a checkpoint
+records about the run is :mod:`decentral_jax.runner.run_meta`.
 
 State layout: every leaf of the :class:`~decentral_jax.runner.step.TrainState` has
 a leading worker axis ``[n_workers, ...]`` sharded over the mesh's worker
@@ -48,9 +50,7 @@ References:
 
 from __future__ import annotations
 
-import collections
 import functools
-import json
 
 import jax
 import numpy as np
@@ -60,11 +60,10 @@ from ml_collections import config_dict
 from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint as checkpoint_lib
-from decentral_jax.runner import config as config_lib
-from decentral_jax.runner import fault_run
 from decentral_jax.runner import methods
-from decentral_jax.comm import gossip
+from decentral_jax.runner import evaluation
+from decentral_jax.runner import fault_run
+from decentral_jax.runner import programs as programs_lib
 from decentral_jax.parallel import multiprocess
 from decentral_jax.parallel import layouts
 from decentral_jax import parallel
@@ -75,81 +74,6 @@ from decentral_jax.runner import validation
 
 Batch = step_lib.Batch
 TrainState = step_lib.TrainState
-
-# checkpoint_meta key -> the config field a resumed run must keep.
-_RESUME_FIELDS = {"n_workers": "n_workers",
-                  "workers_per_node": "workers_per_node",
-                  "algorithm": "algorithm", "topology": "topology",
-                  "optimizer": "optimizer.name",
-                  "accum_steps": "optimizer.accum_steps",
-                  "beta_convention": "optimizer.beta_convention",
-                  "model": "model",
-                  "seed": "seed", "global_batch": "global_batch",
-                  "sync_every": "sync_every", "gossip_every": "gossip_every",
-                  "num_fragments": "num_fragments",
-                  "overlap_steps": "overlap_steps",
-                  "merge_alpha": "merge_alpha",
-                  "outer_overlap": "outer_overlap",
-                  "outer_latency": "outer_latency",
-                  "trickle_reduction": "trickle_reduction",
-                  "outer_optimizer": "outer_optimizer",
-                  "comm_dtype": "comm_dtype",
-                  "compression": "compression",
-                  "faults": "faults"}
-# The worker layout (processes, devices per worker, workers per device,
-# worker_layout) may change on resume: checkpoint.check_elastic_resume.
-# Values assumed for checkpoints written before these fields existed.
-_RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
-                    "outer_overlap": "none", "outer_latency": 1,
-                    "trickle_reduction": True,
-                    "compression": json.loads(
-                        config_lib.base_config().compression.to_json())}
-
-
-#: XLA options of the train-step programs on GPUs (``docs/gpu_overlap.md``).
-#: XLA runs its latency-hiding scheduler by default only from Hopper on;
-#: without it an A100 program runs every collective synchronously. Two
-#: collectives in flight let the gossip and the consensus distance's
-#: All-Reduce (or a round's several group means) overlap the same
-#: backward pass instead of queueing for one slot (XLA's default is 1).
-GPU_COMPILER_OPTIONS = {
-    "xla_gpu_enable_latency_hiding_scheduler": True,
-    "xla_gpu_experimental_parallel_collective_overlap_limit": 2,
-}
-
-
-#: Program key (:meth:`Experiment.program_of`) of the steps without gossip
-#: of ``decentralized`` with ``gossip_every > 1`` and static rounds.
-LOCAL_STEP = -1
-
-
-def resolve_dispatch(c, platform: str) -> tuple[str, str]:
-  """``(gossip_rounds, consensus_at)`` of a validated config on ``platform``.
-
-  ``"auto"`` resolves to what lets XLA overlap the step's collectives with
-  its forward/backward pass on accelerators (``docs/gpu_overlap.md``):
-  ``gossip_rounds="static"`` (one program per distinct round, chosen on the
-  host) when the method allows it (``Method.static_rounds``:
-  ``decentralized``, also with ``gossip_every > 1``, and ``sgp``) and
-  ``consensus_at="next_step"``; on ``platform="cpu"``
-  (XLA:CPU runs collectives synchronously, nothing to overlap) ``"switch"``
-  and ``"log_step"``, which compile fewer programs. CPU trajectories are
-  bit-identical either way.
-
-  Args:
-    c: a validated run config.
-    platform: the devices' platform (``"cpu"``, ``"gpu"``, ``"tpu"``).
-  """
-  accel = platform != "cpu"
-  rounds = c.gossip_rounds
-  if rounds == "auto":
-    static_ok = methods.lookup(c.algorithm).static_rounds
-    rounds = "static" if accel and static_ok else "switch"
-  consensus = c.consensus_at
-  if consensus == "auto":
-    consensus = "next_step" if accel else "log_step"
-  return rounds, consensus
-
 
 def worker_layout_of(c) -> layouts.WorkerLayout:
   """The :class:`~decentral_jax.parallel.layouts.WorkerLayout` of a validated config
@@ -279,14 +203,18 @@ class Experiment:
     local_workers: int64 [k]: the workers whose devices belong to this
       process (all workers in a single-process run); each process reads
       only its own workers' data.
-    gossip_rounds: ``config.gossip_rounds`` with ``"auto"`` resolved
-      (``"static"`` or ``"switch"``, see :func:`resolve_dispatch`).
-    consensus_at: ``config.consensus_at`` resolved (``"log_step"`` or
-      ``"next_step"``).
-    train_step_traces: how many times a train step was traced (compiled):
-      one per distinct gossip round with ``gossip_rounds="static"`` (else
-      one), times two with ``consensus_at="next_step"`` (steps with and
-      without the measurement) once both have run.
+    layout: how a worker lies on its devices
+      (:class:`~decentral_jax.parallel.layouts.WorkerLayout`:
+      ``config.devices_per_worker``, ``config.worker_layout``).
+    workers_per_device: ``config.workers_per_device`` (``K``).
+    programs: the compiled train steps
+      (:class:`~decentral_jax.runner.programs.StepPrograms`: which program
+      runs after a step, the resolved ``gossip_rounds`` and
+      ``consensus_at``, how many times a step was traced).
+    evaluator: the evaluation programs
+      (:class:`~decentral_jax.runner.evaluation.Evaluator`).
+    faults: the run's fault schedule and rules
+      (:func:`decentral_jax.runner.fault_run.make`), or None.
   """
 
   def __init__(self, config: config_dict.ConfigDict, *,
@@ -352,24 +280,19 @@ class Experiment:
     self._batch_workers = self.local_workers if multi_process else None
     self.param_count = sum(int(np.prod(x.shape)) for x in
                            jax.tree.leaves(self._param_shapes()))
-    self._eval_set = None  # placed on the devices at the first evaluation
     self._state_shardings, self._init_fn = self._build_init()
-    platform = parallel.device_mesh(self.mesh).devices.flat[0].platform
-    self.gossip_rounds, self.consensus_at = resolve_dispatch(c, platform)
-    self._compiler_options = (dict(GPU_COMPILER_OPTIONS) if platform == "gpu"
-                              else None)
-    self.train_step_traces = 0
     # Multi-process: metrics are gathered inside the step, so every process
     # reads step t-1's metrics locally while step t runs.
-    self._gathered = (1,) if multi_process else ()
+    self.programs = programs_lib.StepPrograms(
+        c, topology=self.topology, mesh=self.mesh, loss_fn=self.task.loss,
+        tx=self.tx, axis_name=self.axis_name, sharding=self._sharding,
+        state_shardings=self._state_shardings,
+        gathered=(1,) if multi_process else (),
+        platform=parallel.device_mesh(self.mesh).devices.flat[0].platform)
     self.faults = fault_run.make(c)  # config.faults, or None
-    self._rounds = self._round_indices()
-    # (distinct round, consensus mode, masks) -> jitted step, built when
-    # first run. With faults, the steps where a worker is dead or slow take
-    # the masks (healthy steps run the plain ones, bit for bit).
-    self._steps = {}
-    self._eval_step = self._build_eval_step()
-    self._consensus_step = self._build_consensus_step()
+    self.evaluator = evaluation.Evaluator(
+        c, task=self.task, mesh=self.mesh, axis_name=self.axis_name,
+        n_workers=n, local_batch=self.local_batch)
 
   # -- builders --------------------------------------------------------------
 
@@ -398,63 +321,6 @@ class Experiment:
         jax.eval_shape(init, shapes, jax.random.key_data(self._dropout_key)),
         self.mesh, self.layout)
     return shardings, jax.jit(init, out_shardings=shardings)
-
-  def _round_indices(self) -> dict:
-    """``{distinct round: a round index}`` (``{None: None}``: one program).
-
-    ``"switch"`` compiles the whole schedule once (the round is picked
-    in-graph with ``lax.switch``); ``"static"`` compiles one step per
-    distinct round (the host picks it from the step number), so the
-    collective sits outside any conditional and XLA can overlap it with the
-    forward/backward pass on accelerators. With ``gossip_every = tau > 1``
-    the round index is the step ``tau x r`` of the round's first use, and
-    :data:`LOCAL_STEP` (index 1) is the program of the steps between two
-    gossip steps, with no collective.
-    """
-    distinct = (self.topology.distinct_rounds if self.topology is not None
-                else ())
-    tau = self._gossip_every()
-    if self.gossip_rounds != "static" or (len(distinct) <= 1 and tau == 1):
-      return {None: None}
-    rounds = {}
-    for r, d in enumerate(self.topology.round_to_distinct):
-      rounds.setdefault(d, r * tau)
-    if tau > 1:
-      rounds[LOCAL_STEP] = 1  # a step between two gossip steps
-    return rounds
-
-  def _gossip_every(self) -> int:
-    """``config.gossip_every`` of ``decentralized`` (1 for other methods:
-    ``Method.gossip_every``)."""
-    method = methods.lookup(self.config.algorithm)
-    return 1 if method.gossip_every is None else method.gossip_every(
-        self.config)
-
-  def _build_consensus_step(self):
-    """The jitted consensus distance of a state's models (a separate program)."""
-    algorithm = methods.ALGORITHMS[self.config.algorithm]
-
-    def consensus_worker(params, opt_state):
-      own = (params if algorithm.model_params is None
-             else algorithm.model_params(params, opt_state))
-      return gossip.consensus_distance(own, self.axis_name)
-
-    return jax.jit(parallel.per_worker(consensus_worker, self.mesh))
-
-  def _build_eval_step(self):
-    """The jitted evaluation over all workers (see :meth:`evaluate`)."""
-    algorithm = methods.ALGORITHMS[self.config.algorithm]
-
-    def eval_worker(params, opt_state, rows, common):
-      own = (params if algorithm.model_params is None
-             else algorithm.model_params(params, opt_state))
-      averaged = (None if algorithm.eval_params is None
-                  else algorithm.eval_params(params, opt_state))
-      return step_lib.eval_step(own, rows, common, loss_fn=self.task.loss,
-                                axis_name=self.axis_name, averaged=averaged)
-
-    return jax.jit(parallel.per_worker(
-        eval_worker, self.mesh, replicated_argnums=(3,)))
 
   def _agreed_task(self) -> tasks.Task:
     """The task, once every process has built it with equal initial params.
@@ -510,77 +376,7 @@ class Experiment:
             self._batch_sharding, x, (self.n_workers,) + x.shape[1:])
         for x in rows)
 
-  def _place_eval_set(self):
-    """Eval rows per worker ``[n, E, B, ...]`` and a common subset ``[E, B, ...]``.
-
-    Worker ``w`` holds rows ``w*B .. w*B+B-1`` of every eval batch (for the
-    averaged model); the common subset is every ``n``-th row (spread over the
-    whole validation set), the same for all workers.
-    """
-    n, b = self.n_workers, self.local_batch
-    rows, common = [], []
-    for x in self.task.eval_set:
-      e = x.shape[0]
-      per = x.reshape((e, n, b) + x.shape[2:]).swapaxes(0, 1)
-      rows.append(np.ascontiguousarray(per))
-      common.append(np.ascontiguousarray(x[:, ::n]))
-    return (multiprocess.put_global(tuple(rows), self._sharding),
-            multiprocess.put_global(tuple(common),
-                                   NamedSharding(
-                                       parallel.device_mesh(self.mesh), P())))
-
   # -- steps -------------------------------------------------------------------
-
-  def step_program(self, distinct: int | None, consensus: str,
-                   masks: bool = False):
-    """The jitted step over all workers of one program of :meth:`programs`.
-
-    Args:
-      distinct: the topology's distinct round (None: the program that
-        holds every round), as :meth:`program_of` returns.
-      consensus: ``"logged"``, ``"input"`` or ``"none"`` (see
-        :func:`decentral_jax.runner.step.train_step`).
-      masks: the variant that takes ``(alive, working, rejoining)``
-        (``config.faults``).
-
-    Returns:
-      ``jitted(state, batch, *masks) -> (state, metrics)``, ``state``
-      donated.
-    """
-    key = (distinct, consensus, bool(masks))
-    if key not in self._steps:
-      self._steps[key] = self._jit_step(self._rounds[distinct], consensus,
-                                        masks)
-    return self._steps[key]
-
-  def _jit_step(self, round_index: int | None, consensus: str,
-                masks: bool = False):
-    """The jitted step over all workers for a static round (or None);
-    ``masks``: it takes ``(alive, working, rejoining)`` (replicated)."""
-    c = self.config
-    worker = functools.partial(
-        step_lib.train_step, loss_fn=self.task.loss, tx=self.tx,
-        axis_name=self.axis_name, dropout=tasks.uses_dropout(c),
-        global_avg_interval=int(c.global_avg_interval),
-        log_interval=int(c.log_interval), total_steps=int(c.steps),
-        round_index=round_index, consensus=consensus,
-        model_params=methods.ALGORITHMS[c.algorithm].model_params,
-        global_average=methods.ALGORITHMS[c.algorithm].global_average)
-
-    def counted(state, batch, *masks):
-      self.train_step_traces += 1  # runs once per trace
-      return worker(state, batch, masks=masks or None)
-
-    extra = {}
-    if self._state_shardings is not None:
-      extra["out_shardings"] = (self._state_shardings, self._sharding)
-    if self._compiler_options:
-      extra["compiler_options"] = self._compiler_options
-    return jax.jit(parallel.per_worker(counted, self.mesh,
-                                       replicated_argnums=(2, 3, 4) if masks
-                                       else (),
-                                       gathered_outputs=self._gathered),
-                   donate_argnums=(0,), **extra)
 
   def _mask_args(self, step: int | None, state: TrainState) -> tuple:
     """``(alive, working, rejoining)`` of ``step`` if a worker is dead or
@@ -629,42 +425,10 @@ class Experiment:
       ``n_workers`` values locally.
     """
     masks = self._mask_args(step, state)
-    needs_step = (None not in self._rounds
-                  or self.consensus_at == "next_step")
-    if step is None and needs_step:
+    if step is None and self.programs.needs_step():
       step = self._device_step(state)
-    fn = self.step_program(*self.program_of(step), masks=bool(masks))
+    fn = self.programs.get(*self.programs.key_of(step), masks=bool(masks))
     return fn(state, batch, *masks)
-
-  def program_of(self, step: int | None) -> tuple[int | None, str]:
-    """``(distinct round or None, consensus mode)`` of the step after ``step``.
-
-    The key of the compiled program :meth:`train_step` runs on a state of
-    ``step`` completed steps: the topology's distinct round of that step
-    (None when one program holds every round; :data:`LOCAL_STEP` for a
-    step without gossip with ``gossip_every > 1``) and the ``consensus``
-    argument of :func:`decentral_jax.runner.step.train_step`.
-    """
-    distinct = None
-    if None not in self._rounds:
-      topo, tau = self.topology, self._gossip_every()
-      if int(step) % tau:
-        distinct = LOCAL_STEP
-      else:
-        distinct = topo.round_to_distinct[int(step) // tau % topo.period]
-    if self.consensus_at == "log_step":
-      return distinct, "logged"
-    log = int(self.config.log_interval)
-    measure = step is not None and step > 0 and step % log == 0
-    return distinct, "input" if measure else "none"
-
-  def programs(self) -> list[tuple[int | None, str]]:
-    """Every ``(distinct round, consensus mode)`` that :meth:`train_step`
-    may run on healthy steps (see :meth:`program_of`), rounds in schedule
-    order."""
-    modes = (("logged",) if self.consensus_at == "log_step"
-             else ("none", "input"))
-    return [(d, m) for d in self._rounds for m in modes]
 
   def abstract_params(self):
     """One worker's parameters as ``jax.ShapeDtypeStruct``\\ s (no compute)."""
@@ -674,8 +438,8 @@ class Experiment:
     """``(state, batch)`` of :meth:`train_step` as sharded ShapeDtypeStructs.
 
     Their shapes, dtypes and shardings, built without placing anything on
-    the devices (for ``step_program(...).trace(state, batch).lower()``, e.g.
-    on compile-only devices: :mod:`decentral_jax.tools.gpu_compile`).
+    the devices (for ``programs.get(...).trace(state, batch).lower()``,
+    e.g. on compile-only devices: :mod:`decentral_jax.tools.gpu_compile`).
     """
     rng = jax.eval_shape(lambda: jax.random.key_data(self._dropout_key))
     state = jax.eval_shape(self._init_fn, self._param_shapes(), rng)
@@ -692,212 +456,38 @@ class Experiment:
     return state, batch
 
   def consensus_distance(self, state: TrainState) -> float:
-    """``(1/n) sum_i ||x_i - x_bar||^2`` of ``state`` (a separate program).
+    """``(1/n) sum_i ||x_i - x_bar||^2`` of the workers' models in ``state``
+    (:meth:`decentral_jax.runner.evaluation.Evaluator.consensus_distance`)."""
+    return self.evaluator.consensus_distance(state)
 
-    The consensus distance of the workers' models (for SGP ``z = x / w``),
-    float64 on the host; one synchronous All-Reduce of the parameters.
-    """
-    out = self._consensus_step(state.params, state.opt_state)
-    return float(np.asarray(multiprocess.to_host(out)).reshape(-1)[0])
+  def evaluate(self, state: TrainState) -> dict[str, float]:
+    """Validation metrics of the averaged model and of each worker's own;
+    ``state`` is read only (:meth:`decentral_jax.runner.evaluation.
+    Evaluator.evaluate` lists them)."""
+    return self.evaluator.evaluate(state)
 
   def communication(self, state: TrainState, batch: Batch, *,
                     stage: str | None = None) -> dict[str, float]:
-    """Bytes the busiest worker sends per step, read from the step's HLO.
+    """Bytes the busiest worker sends per step, read from the steps' HLO.
 
-    Lowers (and for ``stage="optimized"`` compiles) the train step with
-    ``state`` and ``batch`` (not donated, nothing runs) and reads it with
-    :func:`decentral_jax.analysis.step_bytes`: the mean over a period, in
-    which a sync every ``H`` steps counts ``1 / H`` and the rounds of a
-    topology count by how often they occur. ``"unoptimized"`` (the default
-    with one device per worker) is what the program asks for, e.g.
-    ``comm_dtype`` bytes, which an accelerator sends as asked (XLA:CPU
-    widens bfloat16 collectives). With ``config.devices_per_worker > 1``
-    the default is ``"optimized"``: a worker's arrays are split over its
-    devices by the SPMD partitioner, so only the compiled HLO shows what
-    each device sends (the unoptimized one counts whole per-worker arrays
-    on every device).
-
-    ``K = config.workers_per_device > 1`` workers per device: the HLO
-    counts what each device sends to other devices (what its ``K``
-    workers send each other is a copy, not counted); ``bytes_per_step``
-    is that divided by ``K`` (per worker, averaged over the busiest
-    device's workers), and ``workers_per_device`` and
-    ``device_bytes_per_step`` are added.
-
-    Workers of ``D = config.devices_per_worker > 1`` devices: the HLO
-    counts bytes per device; ``bytes_per_step`` is then what the busiest
-    worker's ``D`` devices send together to *other* workers (with
-    ``"fsdp"`` a one-peer round is ``param_bytes``: ``param_bytes / D`` from
-    each device; with ``"data"`` ``D x param_bytes``), and the extra keys
-    give the per-device figure and the traffic inside a worker
-    (:func:`decentral_jax.analysis.traffic`).
+    Lowers (and for ``stage="optimized"`` compiles) every train-step
+    program with ``state`` and ``batch`` (not donated, nothing runs):
+    :meth:`decentral_jax.runner.programs.StepPrograms.communication`, read
+    by :func:`decentral_jax.analysis.run_communication.run_bytes` (the mean
+    over a period, in which a sync every ``H`` steps counts ``1 / H`` and
+    the rounds of a topology count by how often they occur; the
+    consensus-distance diagnostics of logging steps apart).
 
     Returns:
-      ``{"bytes_per_step": float (the method's bytes, diagnostics left
-      out), "diagnostics_bytes_per_step": float (the consensus distance of
-      logging steps, ``2 (n - 1) / n / log_interval`` x the parameter
-      bytes), "param_bytes": int (one worker's parameters), "ratio":
-      bytes_per_step / param_bytes, "stage": the HLO stage read}``; with
-      ``D > 1`` also
-      ``"devices_per_worker"``, ``"device_bytes_per_step"`` (busiest device,
-      to other workers) and ``"intra_worker_bytes_per_step"`` (busiest
-      worker, between its own devices), diagnostics left out.
+      ``{"bytes_per_step", "diagnostics_bytes_per_step", "param_bytes",
+      "ratio", "stage"}`` and, with several devices per worker or workers
+      per device, the per-device figures (see ``run_bytes``).
     """
-    if None in self._rounds:
-      counts = {None: 1}
-    else:
-      cycle = self.topology.period * self._gossip_every()
-      counts = collections.Counter(self.program_of(k)[0]
-                                   for k in range(cycle))
-    dpw = self.layout.devices_per_worker
-    if stage is None:
-      stage = "unoptimized" if dpw == 1 else "optimized"
     params = (self._params0 if self._params0 is not None
               else self._param_shapes())
-
-    def read(mode):
-      return analysis.step_bytes(
-          [(self.step_program(d, mode).lower(state, batch), k)
-           for d, k in counts.items()],
-          n_workers=self.n_workers, param_bytes=analysis.tree_bytes(params),
-          diagnostics_scope=step_lib.DIAGNOSTICS_SCOPE, stage=stage,
-          devices_per_worker=dpw, workers_per_device=self.workers_per_device)
-
-    if self.consensus_at == "log_step":
-      return read("logged")
-    # "next_step": the measuring programs run once every log_interval steps.
-    out, measured = read("none"), read("input")
-    every = (measured["bytes_per_step"] + measured["diagnostics_bytes_per_step"]
-             - out["bytes_per_step"])
-    out["diagnostics_bytes_per_step"] = every / int(self.config.log_interval)
-    return out
-
-  def evaluate(self, state: TrainState) -> dict[str, float]:
-    """Validation metrics; ``state`` is read only (training is unaffected).
-
-    The averaged model is ``x_bar = (1/n) sum_i x_i`` (exact mean, computed
-    on the fly, never written back; for DiLoCo-style methods the mean of
-    their global parameters ``theta``); it is evaluated on all
-    ``eval_batches * global_batch`` validation sequences (images), split
-    over the workers. Each worker's own parameters, and the averaged model
-    again, are evaluated on a common subset (every ``n_workers``-th row of
-    every eval batch, i.e. ``1/n`` of the validation set spread over all of
-    it), so own-model and averaged-model losses compare on the same data.
-
-    Returns:
-      Floats: ``eval/loss`` (averaged model, whole eval set, nats);
-      ``eval/worker_loss_mean``, ``_min``, ``_max``, ``_std`` (the workers'
-      own models on the subset); ``eval/loss_subset`` (averaged model on the
-      subset); ``eval/worker_excess_mean`` and ``_max`` (own-model loss minus
-      ``eval/loss_subset``: what the workers lose by not being averaged);
-      ``consensus_distance``; and ``eval/accuracy`` for classifiers.
-    """
-    if self._eval_set is None:
-      self._eval_set = self._place_eval_set()
-    out = multiprocess.to_host(self._eval_step(state.params, state.opt_state,
-                                              *self._eval_set))
-    own = np.asarray(out["own_loss"], np.float64)
-    subset = float(out["avg_subset_loss"][0])
-    result = {
-        "eval/loss": float(out["avg_loss"][0]),
-        "eval/worker_loss_mean": float(own.mean()),
-        "eval/worker_loss_min": float(own.min()),
-        "eval/worker_loss_max": float(own.max()),
-        "eval/worker_loss_std": float(own.std()),
-        "eval/loss_subset": subset,
-        "eval/worker_excess_mean": float(own.mean() - subset),
-        "eval/worker_excess_max": float(own.max() - subset),
-        "consensus_distance": float(out["consensus_distance"][0]),
-    }
-    if self.unit == "samples":
-      result["eval/accuracy"] = float(out["avg_accuracy"][0])
-    return result
+    return self.programs.communication(
+        state, batch, param_bytes=analysis.tree_bytes(params), stage=stage)
 
   def learning_rate(self, step: int) -> float:
     """Learning rate used by the update of step ``step`` (1-based)."""
     return float(self.schedule(max(int(step) - 1, 0)))
-
-  # -- checkpoint metadata -----------------------------------------------------
-
-  def checkpoint_meta(self, step: int) -> dict:
-    """JSON facts stored with a checkpoint taken after ``step`` steps."""
-    c = self.config
-    return {
-        "step": int(step),
-        "data_position": int(step),  # the next batch is get_batch(step)
-        "seed": int(c.seed),
-        "n_workers": self.n_workers,
-        "workers_per_node": int(c.workers_per_node),
-        "algorithm": c.algorithm,
-        "topology": self.topology.name if self.topology else "",
-        "topology_round": (int(step) % self.topology.period
-                           if self.topology else 0),
-        "optimizer": c.optimizer.name,
-        "accum_steps": int(c.optimizer.accum_steps),
-        # With one step per window both conventions are Adam.
-        "beta_convention": (c.optimizer.beta_convention
-                            if c.optimizer.name == "accum_adamw"
-                            and int(c.optimizer.accum_steps) > 1
-                            else "per_window"),
-        "global_batch": int(c.global_batch),
-        "model": json.loads(c.model.to_json()),
-        # The sync schedule of the local-update methods (a change mid-run
-        # would silently move the sync steps).
-        "sync_every": int(c.sync_every),
-        "gossip_every": int(c.gossip_every),
-        "num_fragments": int(c.num_fragments),
-        "overlap_steps": int(c.overlap_steps),
-        "merge_alpha": float(c.merge_alpha),
-        "outer_overlap": c.outer_overlap,
-        "outer_latency": int(c.outer_latency),
-        "trickle_reduction": bool(c.trickle_reduction),
-        "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
-        "comm_dtype": c.comm_dtype,
-        # What is sent and how (format, block, error feedback, CHOCO's step).
-        "compression": json.loads(c.compression.to_json()),
-        # How a worker lies on its devices (the restored state's layout).
-        "devices_per_worker": self.layout.devices_per_worker,
-        "workers_per_device": self.workers_per_device,
-        "worker_layout": (self.layout.mode
-                          if self.layout.devices_per_worker > 1 else ""),
-        # The fault schedule and rules ({} without config.faults.enabled).
-        "faults": fault_run.resume_meta(c, self.faults),
-        # Where the workers ran (informative: a resume may change it).
-        "layout": self.worker_layout_meta(),
-    }
-
-  def worker_layout_meta(self) -> dict:
-    """This run's layout as :func:`checkpoint.describe_layout` reads it."""
-    return {"processes": jax.process_count(),
-            "devices": int(parallel.device_mesh(self.mesh).devices.size),
-            "devices_per_worker": self.layout.devices_per_worker,
-            "workers_per_device": self.workers_per_device,
-            "worker_layout": (self.layout.mode
-                              if self.layout.devices_per_worker > 1 else "")}
-
-  def check_resumable(self, meta: dict, directory: str) -> None:
-    """Raises ValueError if a checkpoint was written by an incompatible run.
-
-    The worker layout may differ (elastic resume: another process count,
-    ``devices_per_worker``, ``workers_per_device`` or ``worker_layout``
-    with the same ``n_workers``); a different ``n_workers`` is refused
-    first, saying why (:func:`checkpoint.check_elastic_resume`).
-    """
-    mine = self.checkpoint_meta(meta.get("step", 0))
-    checkpoint_lib.check_elastic_resume(meta, mine, directory)
-    for key, field in _RESUME_FIELDS.items():
-      if validation.unread_reason(self.config, field) is not None:
-        continue  # ignored by this run (its algorithm is compared)
-      theirs = meta.get(key, _RESUME_DEFAULTS.get(key, mine[key]))
-      if key == "faults":  # the trace by content; names the setting
-        why = fault_run.resume_mismatch(theirs, mine[key])
-        if why is not None:
-          raise ValueError(
-              f"the checkpoint in {directory} was written with {why}; resume "
-              "with the same settings and trace or use a fresh --workdir.")
-        continue
-      if theirs != mine[key]:
-        raise ValueError(
-            f"the checkpoint in {directory} was written with config.{field}="
-            f"{theirs!r} but this run has {mine[key]!r}; resume with the "
-            "same value or use a fresh --workdir.")

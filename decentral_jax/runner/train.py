@@ -3,7 +3,9 @@
 Drives an :class:`~decentral_jax.runner.experiment.Experiment` in a work directory:
 ``metrics.jsonl`` (one record per log or eval point), ``config.json``,
 Orbax checkpoints with bit-exact resumption, a progress bar and a
-non-finite-loss guard. At most two steps are in flight: the host reads step
+non-finite-loss guard (the bookkeeping: :mod:`decentral_jax.runner.recorder`;
+the checkpoint's run facts: :mod:`decentral_jax.runner.run_meta`). At most
+two steps are in flight: the host reads step
 ``t-1``'s metrics after dispatching step ``t``, and prepares the next batch
 while the device trains.
 
@@ -18,8 +20,9 @@ is restored (:mod:`decentral_jax.runner.checkpoint`; a corrupt one falls back to
 the previous one); a failed background save stops the run at the next step
 with one line naming the checkpoint step, the directory and the OS error.
 SIGTERM or SIGINT stops the run after the current step with a checkpoint
-(:class:`Preempted`); in a multi-process job JAX's preemption service
-(which receives SIGTERM there) picks one step at which every process saves.
+(:class:`Preempted`; the signals: :mod:`decentral_jax.runner.preemption`);
+in a multi-process job JAX's preemption service (which receives SIGTERM
+there) picks one step at which every process saves.
 """
 
 from __future__ import annotations
@@ -27,22 +30,20 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
-import time
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 from ml_collections import config_dict
 
-from decentral_jax.runner import checkpoint as checkpoint_lib
-from decentral_jax.parallel import multiprocess
-from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax import parallel
+from decentral_jax.parallel import multiprocess
+from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import preemption
+from decentral_jax.runner import recorder as recorder_lib
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runner.experiment import Experiment
 
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: What a run writes in its work directory, besides ``run.lock``.
 RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
              metrics_lib.METRICS_FILE + ".tmp", "checkpoints", "tensorboard")
@@ -69,131 +70,6 @@ class Preempted(Exception):
         "again to resume.")
 
 
-class _StopRequest:
-  """SIGTERM/SIGINT during a run, as a per-step question to the loop.
-
-  Single process: handlers set a flag (a second SIGINT interrupts at once).
-  Multi-process: JAX's preemption service owns SIGTERM (a Python handler
-  would replace its own), and
-  ``multihost_utils.reached_preemption_sync_point`` is true at the same
-  step on every process after any of them received it.
-  """
-
-  def __init__(self):
-    self.signum = None
-    self._old = {}
-    self._multi = jax.process_count() > 1
-
-  def __enter__(self) -> "_StopRequest":
-    if not self._multi and \
-        threading.current_thread() is threading.main_thread():
-      for sig in _STOP_SIGNALS:
-        if signal.getsignal(sig) != signal.SIG_IGN:  # e.g. SIGINT under nohup
-          old = signal.signal(sig, self._handle)
-          self._old[sig] = signal.SIG_DFL if old is None else old
-    return self
-
-  def begin(self, step: int) -> None:
-    """Registers the first step (multi-process: before the first step, so
-    a notice received during start-up still finds a sync point)."""
-    if not self._multi:
-      return
-    try:
-      self.requested(step)
-    except RuntimeError:  # jax_enable_preemption_service=False
-      logging.warning("JAX's preemption service is disabled: SIGTERM stops "
-                      "this job without a checkpoint.")
-      self._multi = False
-
-  def _handle(self, signum, frame) -> None:
-    del frame
-    self.signum = signum
-    if signum == signal.SIGINT:  # Ctrl-C twice: stop at once
-      signal.signal(signum, self._old[signum])
-
-  def __exit__(self, *exc) -> None:
-    for sig, old in self._old.items():
-      signal.signal(sig, old)
-
-  def requested(self, step: int) -> bool:
-    """True if the run must stop after ``step`` (call it at every step)."""
-    if self._multi:
-      if multihost_utils.reached_preemption_sync_point(step):
-        self.signum = signal.SIGTERM
-    return self.signum is not None
-
-
-class _Window:
-  """Accumulates host-side training metrics between two log records."""
-
-  def __init__(self):
-    self.losses, self.times, self.accs = [], [], []
-    self.consensus = None
-    self.counters = {}
-
-  def add(self, metrics: dict, seconds: float | None) -> None:
-    self.losses.append(float(np.mean(metrics["loss"])))
-    if "accuracy" in metrics:
-      self.accs.append(float(np.mean(metrics["accuracy"])))
-    if seconds is not None:
-      self.times.append(seconds)
-    if "consensus_distance" in metrics:
-      cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
-      if np.isfinite(cd):
-        self.consensus = cd
-    # Counters equal on all workers (optim.elastic): the latest value.
-    self.counters = {k: int(np.asarray(v).reshape(-1)[0])
-                     for k, v in metrics.items() if k.startswith("faults/")}
-
-  def state(self) -> dict:
-    """What a checkpoint keeps, so a resumed run logs the same losses."""
-    return {"losses": self.losses, "accs": self.accs,
-            "consensus": self.consensus}
-
-  @classmethod
-  def from_state(cls, state: dict | None) -> "_Window":
-    window = cls()
-    if state:
-      window.losses = [float(x) for x in state.get("losses", [])]
-      window.accs = [float(x) for x in state.get("accs", [])]
-      window.consensus = state.get("consensus")
-    return window
-
-  def summary(self, units_per_step: int, unit: str) -> dict:
-    out = {}
-    if self.losses:
-      out["train/loss"] = float(np.mean(self.losses))
-    if self.accs:
-      out["train/accuracy"] = float(np.mean(self.accs))
-    if self.consensus is not None:
-      out["consensus_distance"] = self.consensus
-    out.update(self.counters)
-    if self.times:
-      sec = float(np.mean(self.times))
-      out["step_time_ms"] = 1e3 * sec
-      out[f"{unit}_per_sec"] = units_per_step / sec
-    return out
-
-
-def _non_finite_error(step: int, metrics: dict,
-                      ckpt: checkpoint_lib.Checkpointer) -> FloatingPointError:
-  loss = np.asarray(metrics["loss"], np.float64)
-  bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
-  good, verified = ckpt.last_good_step()
-  if good is None:
-    where = "no intact checkpoint had been written yet"
-  elif verified:
-    where = (f"the last good checkpoint (step {good}) is kept in "
-             f"{ckpt.directory}")
-  else:
-    where = (f"checkpoint {good} (unverified: no checksums) is kept in "
-             f"{ckpt.directory}")
-  return FloatingPointError(
-      f"non-finite training loss or parameters at step {step} on worker(s) "
-      f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
-
-
 def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   """(state, start step, earlier training seconds, metrics window state)."""
   step = ckpt.select_restore_step()
@@ -207,8 +83,8 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
         "resume it, or use a fresh --workdir.")
   where = ckpt.step_dir(step)
   state = exp.init_state()
-  exp.check_resumable(
-      checkpoint_lib.check_run_meta(ckpt.restore_meta(step), where),
+  run_meta.check_resumable(
+      exp, run_meta.check_run_meta(ckpt.restore_meta(step), where),
       ckpt.directory)
   try:
     state, meta = ckpt.restore(step, state)  # the document checked above
@@ -306,141 +182,13 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
       experiment.config.to_dict() != c.to_dict():
     raise ValueError("train_and_evaluate: `experiment` was built from a "
                      "different config; pass experiment=None.")
-  with workdir_lib.hold(workdir), _StopRequest() as stop:
+  with workdir_lib.hold(workdir), preemption.StopRequest() as stop:
     exp = experiment if experiment is not None else Experiment(c)
     # Leaving the block waits for the last save (and raises if it failed).
     with checkpoint_lib.Checkpointer(
         os.path.join(workdir, "checkpoints"),
         max_to_keep=int(c.keep_checkpoints)) as ckpt:
       return _loop(c, workdir, exp, ckpt, stop)
-
-
-class _Recorder:
-  """The loop's bookkeeping: step metrics, timing, log records, progress.
-
-  :meth:`read` takes a finished step's metrics to the host (and stops a
-  non-finite run), :meth:`record` writes a log or eval record from the
-  metrics read since the last one (process 0 writes ``metrics.jsonl``,
-  logs and draws the progress bar), :meth:`checkpoint_meta` is what a
-  checkpoint keeps of it, and :meth:`final` the run's summary. Step times
-  are host wall-clock seconds between two reads; the first step of an
-  invocation and the time spent in evaluation and checkpoints are not
-  timed (:meth:`restart_clock`).
-  """
-
-  def __init__(self, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
-               c: config_dict.ConfigDict, workdir: str, start: int,
-               time_offset: float, window_state: dict | None, main: bool):
-    self._exp, self._ckpt, self._main = exp, ckpt, main
-    self._window = _Window.from_state(window_state)
-    self._timed = []
-    self._time_offset = time_offset
-    self._t_prev = None
-    self.last = {"step": start}
-    self._writer = (metrics_lib.MetricsWriter(
-        workdir, tensorboard=bool(c.tensorboard)) if main else None)
-    self._bar = metrics_lib.progress_bar(int(c.steps), initial=start,
-                                         disable=None if main else True)
-    # consensus_at="next_step": the step after a log step measures the
-    # consensus distance of its input, so the log step is recorded when
-    # that step's metrics are read (before that step joins the window).
-    self._next_step = exp.consensus_at == "next_step"
-    self._deferred = None  # the log step waiting for its consensus distance
-
-  def __enter__(self) -> "_Recorder":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self._bar.close()
-    if self._writer is not None:
-      self._writer.close()
-
-  def train_time(self) -> float:
-    """Seconds of timed training, earlier invocations included."""
-    return self._time_offset + float(np.sum(self._timed))
-
-  def restart_clock(self) -> None:
-    """The next step is timed from now (after an evaluation or a save)."""
-    self._t_prev = time.perf_counter()
-
-  def read(self, done: int, device_metrics: dict) -> None:
-    """Takes step ``done``'s metrics to the host (waits for the step).
-
-    Raises:
-      FloatingPointError: a non-finite loss or parameter.
-    """
-    m = multiprocess.to_host(device_metrics)  # waits for step `done`
-    if self._next_step:
-      cd = float(np.asarray(m.pop("consensus_distance")).reshape(-1)[0])
-      if self._deferred is not None:
-        self.record(self._deferred, {"consensus_distance": cd})
-        self._deferred = None
-    now = time.perf_counter()
-    seconds = None if self._t_prev is None else now - self._t_prev
-    self._t_prev = now
-    if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
-      raise _non_finite_error(done, m, self._ckpt)
-    if seconds is not None:
-      self._timed.append(seconds)
-    self._window.add(m, seconds)
-    self._bar.update(1)
-
-  def record_log_step(self, done: int) -> None:
-    """Records log step ``done`` now, or (``consensus_at="next_step"``)
-    when the next step's metrics, which hold its consensus distance, are
-    read."""
-    if self._next_step:
-      self._deferred = done
-    else:
-      self.record(done)
-
-  def record_drained(self, done: int, state) -> None:
-    """Records log step ``done`` when no next step is in flight (before a
-    checkpoint): ``"next_step"`` measures the consensus distance apart."""
-    extra = None
-    if self._next_step:
-      extra = {"consensus_distance": self._exp.consensus_distance(state)}
-    self.record(done, extra)
-
-  def record(self, done: int, extra: dict | None = None) -> None:
-    """Writes the record of step ``done`` and starts a new window."""
-    exp = self._exp
-    rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
-           **self._window.summary(exp.tokens_per_step, exp.unit),
-           **exp.fault_record(done), **(extra or {})}
-    if "faults/useful_steps" in rec and done:
-      rec["faults/goodput"] = rec["faults/useful_steps"] / (exp.n_workers *
-                                                            done)
-    rec["train_time_s"] = self.train_time()
-    self.last.update(rec)
-    self._window = _Window()
-    if not self._main:
-      return
-    self._writer.write(rec)
-    self._bar.set_postfix({k: f"{rec[k]:.4g}" for k in
-                           ("train/loss", "eval/loss", "consensus_distance")
-                           if k in rec})
-    logging.info("step %d: %s", done, ", ".join(
-        f"{k}={v:.5g}" for k, v in rec.items()
-        if k != "step" and isinstance(v, float)))
-
-  def checkpoint_meta(self, done: int) -> dict:
-    """The experiment's checkpoint facts, the training time and the window."""
-    meta = self._exp.checkpoint_meta(done)
-    meta["train_time_s"] = self.train_time()
-    meta["metrics_window"] = self._window.state()
-    return meta
-
-  def final(self) -> dict:
-    """The last record plus this invocation's step time and the totals."""
-    last = self.last
-    if self._timed:
-      sec = float(np.mean(self._timed))
-      last["step_time_ms"] = 1e3 * sec
-      last[f"{self._exp.unit}_per_sec"] = self._exp.tokens_per_step / sec
-    last["train_time_s"] = self.train_time()
-    last["param_count"] = self._exp.param_count
-    return last
 
 
 def _start_records(c, workdir: str, exp: Experiment, start: int) -> None:
@@ -456,7 +204,7 @@ def _start_records(c, workdir: str, exp: Experiment, start: int) -> None:
                exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
 
 
-def _preempted(done: int, stop: _StopRequest,
+def _preempted(done: int, stop: preemption.StopRequest,
                ckpt: checkpoint_lib.Checkpointer, main: bool) -> Preempted:
   """Waits for checkpoint ``done`` to be committed; the exception to raise."""
   if main:
@@ -468,7 +216,7 @@ def _preempted(done: int, stop: _StopRequest,
 
 
 def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
-          stop: _StopRequest) -> dict:
+          stop: preemption.StopRequest) -> dict:
   """The body of :func:`train_and_evaluate` (lock held, ``ckpt`` open).
 
   At most two steps are in flight: step ``s - 1``'s metrics are read while
@@ -481,8 +229,8 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
     _start_records(c, workdir, exp, start)
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
   log_every = int(c.log_interval)
-  with _Recorder(exp, ckpt, c, workdir, start, time_offset, window_state,
-                 main) as recorder:
+  with recorder_lib.Recorder(exp, ckpt, c, workdir, start, time_offset,
+                             window_state, main) as recorder:
     if start == 0 and eval_every:  # the common starting point of all runs
       recorder.record(0, exp.evaluate(state))
     pending = None

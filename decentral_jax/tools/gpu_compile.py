@@ -15,7 +15,7 @@ scheduler placed between their start and done
 :func:`compile_steps` builds an :class:`~decentral_jax.runner.experiment.
 Experiment` on such devices (nothing is placed on them: the state and the
 batch are abstract) and compiles every train-step program it would run
-(:meth:`~decentral_jax.runner.experiment.Experiment.programs`: one per
+(:meth:`~decentral_jax.runner.programs.StepPrograms.keys`: one per
 distinct gossip round with ``gossip_rounds="static"``, with and without the
 consensus measurement with ``consensus_at="next_step"``).
 
@@ -175,7 +175,7 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
       ``{"xla_gpu_experimental_parallel_collective_overlap_limit": 2}``.
     programs: which ``(distinct round, consensus mode)`` programs to
       compile: a list, or a function of the experiment returning one
-      (default: all of :meth:`Experiment.programs`).
+      (default: all of ``exp.programs.keys()``).
     collective_us: the transfer time to tell XLA's scheduler, see
       :func:`compile_programs`.
     cluster: instead of ``collective_us``, the cluster whose links to
@@ -245,7 +245,7 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   Args:
     exp: an :class:`~decentral_jax.runner.experiment.Experiment`.
     programs: ``(distinct round, consensus mode)`` pairs, or a function of
-      ``exp`` returning them (default :meth:`Experiment.programs`).
+      ``exp`` returning them (default ``exp.programs.keys()``).
     compiler_options: extra XLA options for every compile.
     collective_us: None (XLA's estimates), a number of microseconds > 0
       for every asynchronous collective, or a function ``(collective,
@@ -278,9 +278,9 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   if callable(programs):
     programs = programs(exp)
   out = []
-  for distinct, mode in (programs or exp.programs()):
+  for distinct, mode in (programs or exp.programs.keys()):
     t0 = time.perf_counter()
-    lowered = exp.step_program(distinct, mode).trace(state, batch).lower()
+    lowered = exp.programs.get(distinct, mode).trace(state, batch).lower()
     with tempfile.TemporaryDirectory() as tmp:
       dump = ({"xla_dump_to": tmp, "xla_dump_latency_hiding_schedule": True}
               if compute_s is not None else {})

@@ -210,7 +210,7 @@ def _strip_line(line: str) -> str:
 
 def _programs(exp, mode: str, all_programs: bool):
   """The (distinct round, consensus mode) programs compiled for a case."""
-  progs = exp.programs()
+  progs = exp.programs.keys()
   if mode == "before" or all_programs:
     return progs
   first = progs[0][0]
@@ -224,7 +224,7 @@ def run_case(case: str, mode: str, target: str, args) -> list[dict]:
   path, _, topology = CASES[case]
   overrides = _overrides(case, mode, args.data_dir)
   config = config_lib.load_config(os.path.join(_ROOT, path), overrides)
-  # "after": the runner's own GPU options (experiment.GPU_COMPILER_OPTIONS);
+  # "after": the runner's own GPU options (programs.GPU_COMPILER_OPTIONS);
   # "before": XLA's defaults, as main compiled.
   options = dict(XLA_DEFAULTS) if mode == "before" else {}
   if args.overlap_limit:
@@ -243,7 +243,8 @@ def run_case(case: str, mode: str, target: str, args) -> list[dict]:
     rows.append({
         "case": case, "mode": mode, "target": target, "topology": topology,
         "overrides": [o for o in overrides if not o.startswith("data.")],
-        "gossip_rounds": exp.gossip_rounds, "consensus_at": exp.consensus_at,
+        "gossip_rounds": exp.programs.gossip_rounds,
+        "consensus_at": exp.programs.consensus_at,
         "distinct_round": s.distinct_round, "consensus": s.consensus,
         "param_bytes": param_bytes, "compile_s": round(s.compile_s, 1),
         "compiler_options": options or "runner's GPU_COMPILER_OPTIONS",

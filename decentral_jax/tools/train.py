@@ -47,7 +47,7 @@ from absl import flags
 from absl import logging
 import jax
 
-from decentral_jax.runner import checkpoint
+from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices
 from decentral_jax.runner import launch
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None,
   if not CONFIG.value:
     return _error("--config is required, e.g. --config configs/gpt_tiny.py")
   _start_logging()
-  checkpoint.quiet_orbax_logs()
+  orbax_quiet.quiet_orbax_logs()
   try:
     config, workdir = _prepare(overrides)
     final = train.train_and_evaluate(config, workdir)

@@ -20,7 +20,7 @@ from absl import flags as absl_flags
 from absl import logging as absl_logging
 import jax
 
-from decentral_jax.runner import checkpoint
+from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices as devices_lib
 from decentral_jax.runner import validation
@@ -107,7 +107,7 @@ def _run(overrides: list[str]) -> None:
   if not absl_flags.FLAGS.is_parsed():  # as absl.app.run leaves them
     absl_flags.FLAGS.mark_as_parsed()
   absl_logging.use_absl_handler()
-  checkpoint.quiet_orbax_logs()
+  orbax_quiet.quiet_orbax_logs()
   absl_logging.set_verbosity(absl_logging.WARNING)  # no per-step lines
   per_method_lr = flags.PER_METHOD_LR.value
   explicit_lr = [a for a in overrides if a.startswith(

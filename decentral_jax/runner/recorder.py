@@ -1,0 +1,223 @@
+"""The training loop's bookkeeping: step metrics, timing, records, progress.
+
+:class:`Recorder` reads each step's metrics to the host (stopping a run
+whose loss or parameters are not finite: :func:`non_finite_error`), keeps
+the losses since the last log record in a :class:`Window`, writes the log
+and eval records (``metrics.jsonl`` on process 0,
+:class:`~decentral_jax.runner.metrics.MetricsWriter`), draws the progress
+bar and times the steps; what a checkpoint keeps of it lets a resumed run
+log the same losses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from ml_collections import config_dict
+
+from decentral_jax.parallel import multiprocess
+from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import run_meta
+
+
+class Window:
+  """Accumulates host-side training metrics between two log records."""
+
+  def __init__(self):
+    self.losses, self.times, self.accs = [], [], []
+    self.consensus = None
+    self.counters = {}
+
+  def add(self, metrics: dict, seconds: float | None) -> None:
+    self.losses.append(float(np.mean(metrics["loss"])))
+    if "accuracy" in metrics:
+      self.accs.append(float(np.mean(metrics["accuracy"])))
+    if seconds is not None:
+      self.times.append(seconds)
+    if "consensus_distance" in metrics:
+      cd = float(np.asarray(metrics["consensus_distance"]).reshape(-1)[0])
+      if np.isfinite(cd):
+        self.consensus = cd
+    # Counters equal on all workers (optim.elastic): the latest value.
+    self.counters = {k: int(np.asarray(v).reshape(-1)[0])
+                     for k, v in metrics.items() if k.startswith("faults/")}
+
+  def state(self) -> dict:
+    """What a checkpoint keeps, so a resumed run logs the same losses."""
+    return {"losses": self.losses, "accs": self.accs,
+            "consensus": self.consensus}
+
+  @classmethod
+  def from_state(cls, state: dict | None) -> "Window":
+    window = cls()
+    if state:
+      window.losses = [float(x) for x in state.get("losses", [])]
+      window.accs = [float(x) for x in state.get("accs", [])]
+      window.consensus = state.get("consensus")
+    return window
+
+  def summary(self, units_per_step: int, unit: str) -> dict:
+    out = {}
+    if self.losses:
+      out["train/loss"] = float(np.mean(self.losses))
+    if self.accs:
+      out["train/accuracy"] = float(np.mean(self.accs))
+    if self.consensus is not None:
+      out["consensus_distance"] = self.consensus
+    out.update(self.counters)
+    if self.times:
+      sec = float(np.mean(self.times))
+      out["step_time_ms"] = 1e3 * sec
+      out[f"{unit}_per_sec"] = units_per_step / sec
+    return out
+
+
+def non_finite_error(step: int, metrics: dict,
+                      ckpt: checkpoint_lib.Checkpointer) -> FloatingPointError:
+  loss = np.asarray(metrics["loss"], np.float64)
+  bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
+  good, verified = ckpt.last_good_step()
+  if good is None:
+    where = "no intact checkpoint had been written yet"
+  elif verified:
+    where = (f"the last good checkpoint (step {good}) is kept in "
+             f"{ckpt.directory}")
+  else:
+    where = (f"checkpoint {good} (unverified: no checksums) is kept in "
+             f"{ckpt.directory}")
+  return FloatingPointError(
+      f"non-finite training loss or parameters at step {step} on worker(s) "
+      f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
+      f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
+
+
+class Recorder:
+  """The loop's bookkeeping: step metrics, timing, log records, progress.
+
+  :meth:`read` takes a finished step's metrics to the host (and stops a
+  non-finite run), :meth:`record` writes a log or eval record from the
+  metrics read since the last one (process 0 writes ``metrics.jsonl``,
+  logs and draws the progress bar), :meth:`checkpoint_meta` is what a
+  checkpoint keeps of it, and :meth:`final` the run's summary. Step times
+  are host wall-clock seconds between two reads; the first step of an
+  invocation and the time spent in evaluation and checkpoints are not
+  timed (:meth:`restart_clock`).
+  """
+
+  def __init__(self, exp, ckpt: checkpoint_lib.Checkpointer,
+               c: config_dict.ConfigDict, workdir: str, start: int,
+               time_offset: float, window_state: dict | None, main: bool):
+    self._exp, self._ckpt, self._main = exp, ckpt, main
+    self._window = Window.from_state(window_state)
+    self._timed = []
+    self._time_offset = time_offset
+    self._t_prev = None
+    self.last = {"step": start}
+    self._writer = (metrics_lib.MetricsWriter(
+        workdir, tensorboard=bool(c.tensorboard)) if main else None)
+    self._bar = metrics_lib.progress_bar(int(c.steps), initial=start,
+                                         disable=None if main else True)
+    # consensus_at="next_step": the step after a log step measures the
+    # consensus distance of its input, so the log step is recorded when
+    # that step's metrics are read (before that step joins the window).
+    self._next_step = exp.programs.consensus_at == "next_step"
+    self._deferred = None  # the log step waiting for its consensus distance
+
+  def __enter__(self) -> "Recorder":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._bar.close()
+    if self._writer is not None:
+      self._writer.close()
+
+  def train_time(self) -> float:
+    """Seconds of timed training, earlier invocations included."""
+    return self._time_offset + float(np.sum(self._timed))
+
+  def restart_clock(self) -> None:
+    """The next step is timed from now (after an evaluation or a save)."""
+    self._t_prev = time.perf_counter()
+
+  def read(self, done: int, device_metrics: dict) -> None:
+    """Takes step ``done``'s metrics to the host (waits for the step).
+
+    Raises:
+      FloatingPointError: a non-finite loss or parameter.
+    """
+    m = multiprocess.to_host(device_metrics)  # waits for step `done`
+    if self._next_step:
+      cd = float(np.asarray(m.pop("consensus_distance")).reshape(-1)[0])
+      if self._deferred is not None:
+        self.record(self._deferred, {"consensus_distance": cd})
+        self._deferred = None
+    now = time.perf_counter()
+    seconds = None if self._t_prev is None else now - self._t_prev
+    self._t_prev = now
+    if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
+      raise non_finite_error(done, m, self._ckpt)
+    if seconds is not None:
+      self._timed.append(seconds)
+    self._window.add(m, seconds)
+    self._bar.update(1)
+
+  def record_log_step(self, done: int) -> None:
+    """Records log step ``done`` now, or (``consensus_at="next_step"``)
+    when the next step's metrics, which hold its consensus distance, are
+    read."""
+    if self._next_step:
+      self._deferred = done
+    else:
+      self.record(done)
+
+  def record_drained(self, done: int, state) -> None:
+    """Records log step ``done`` when no next step is in flight (before a
+    checkpoint): ``"next_step"`` measures the consensus distance apart."""
+    extra = None
+    if self._next_step:
+      extra = {"consensus_distance": self._exp.consensus_distance(state)}
+    self.record(done, extra)
+
+  def record(self, done: int, extra: dict | None = None) -> None:
+    """Writes the record of step ``done`` and starts a new window."""
+    exp = self._exp
+    rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
+           **self._window.summary(exp.tokens_per_step, exp.unit),
+           **exp.fault_record(done), **(extra or {})}
+    if "faults/useful_steps" in rec and done:
+      rec["faults/goodput"] = rec["faults/useful_steps"] / (exp.n_workers *
+                                                            done)
+    rec["train_time_s"] = self.train_time()
+    self.last.update(rec)
+    self._window = Window()
+    if not self._main:
+      return
+    self._writer.write(rec)
+    self._bar.set_postfix({k: f"{rec[k]:.4g}" for k in
+                           ("train/loss", "eval/loss", "consensus_distance")
+                           if k in rec})
+    logging.info("step %d: %s", done, ", ".join(
+        f"{k}={v:.5g}" for k, v in rec.items()
+        if k != "step" and isinstance(v, float)))
+
+  def checkpoint_meta(self, done: int) -> dict:
+    """The run's checkpoint facts (:func:`run_meta.checkpoint_meta`), the
+    training time and the window."""
+    meta = run_meta.checkpoint_meta(self._exp, done)
+    meta["train_time_s"] = self.train_time()
+    meta["metrics_window"] = self._window.state()
+    return meta
+
+  def final(self) -> dict:
+    """The last record plus this invocation's step time and the totals."""
+    last = self.last
+    if self._timed:
+      sec = float(np.mean(self._timed))
+      last["step_time_ms"] = 1e3 * sec
+      last[f"{self._exp.unit}_per_sec"] = self._exp.tokens_per_step / sec
+    last["train_time_s"] = self.train_time()
+    last["param_count"] = self._exp.param_count
+    return last

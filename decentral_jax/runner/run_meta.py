@@ -1,0 +1,347 @@
+"""What a checkpoint records about its run, and whether a run may resume it.
+
+A checkpoint's JSON document (:func:`checkpoint_meta`) holds the step and
+data position, the training time and the metrics since the last log record
+(written by :func:`decentral_jax.runner.train.train_and_evaluate`), the
+config fields a resumed run must keep and the worker layout it ran on. On
+resume :func:`check_run_meta` checks the document's types,
+:func:`check_elastic_resume` the number of workers (the layout may change:
+elastic resume) and :func:`check_resumable` every other field.
+Checkpoints of older versions lack some fields (``RESUME_DEFAULTS``) and
+the layout (:func:`saved_layout` reads their top-level keys), and still
+resume (``tests/test_checkpoint_compat.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import jax
+
+from decentral_jax import parallel
+from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import fault_run
+from decentral_jax.runner import validation
+
+#: checkpoint_meta key -> the config field a resumed run must keep.
+RESUME_FIELDS = {"n_workers": "n_workers",
+                 "workers_per_node": "workers_per_node",
+                 "algorithm": "algorithm", "topology": "topology",
+                 "optimizer": "optimizer.name",
+                 "accum_steps": "optimizer.accum_steps",
+                 "beta_convention": "optimizer.beta_convention",
+                 "model": "model",
+                 "seed": "seed", "global_batch": "global_batch",
+                 "sync_every": "sync_every", "gossip_every": "gossip_every",
+                 "num_fragments": "num_fragments",
+                 "overlap_steps": "overlap_steps",
+                 "merge_alpha": "merge_alpha",
+                 "outer_overlap": "outer_overlap",
+                 "outer_latency": "outer_latency",
+                 "trickle_reduction": "trickle_reduction",
+                 "outer_optimizer": "outer_optimizer",
+                 "comm_dtype": "comm_dtype",
+                 "compression": "compression",
+                 "faults": "faults"}
+# The worker layout (processes, devices per worker, workers per device,
+# worker_layout) may change on resume: check_elastic_resume.
+#: Values assumed for checkpoints written before these fields existed.
+RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
+                   "outer_overlap": "none", "outer_latency": 1,
+                   "trickle_reduction": True,
+                   "compression": json.loads(
+                       config_lib.compression_group().to_json())}
+
+
+def checkpoint_meta(exp, step: int) -> dict:
+  """JSON facts stored with a checkpoint of ``exp`` taken after ``step`` steps.
+
+  Args:
+    exp: the run's :class:`~decentral_jax.runner.experiment.Experiment`.
+    step: completed training steps (int >= 0).
+
+  Returns:
+    A JSON-serialisable dict: the step and data position, the config
+    fields a resume must keep (:func:`check_resumable`), the worker layout
+    the state was written on and, under ``"layout"``, where the workers
+    ran (:func:`worker_layout_meta`).
+  """
+  c = exp.config
+  return {
+      "step": int(step),
+      "data_position": int(step),  # the next batch is get_batch(step)
+      "seed": int(c.seed),
+      "n_workers": exp.n_workers,
+      "workers_per_node": int(c.workers_per_node),
+      "algorithm": c.algorithm,
+      "topology": exp.topology.name if exp.topology else "",
+      "topology_round": (int(step) % exp.topology.period
+                         if exp.topology else 0),
+      "optimizer": c.optimizer.name,
+      "accum_steps": int(c.optimizer.accum_steps),
+      # With one step per window both conventions are Adam.
+      "beta_convention": (c.optimizer.beta_convention
+                          if c.optimizer.name == "accum_adamw"
+                          and int(c.optimizer.accum_steps) > 1
+                          else "per_window"),
+      "global_batch": int(c.global_batch),
+      "model": json.loads(c.model.to_json()),
+      # The sync schedule of the local-update methods (a change mid-run
+      # would silently move the sync steps).
+      "sync_every": int(c.sync_every),
+      "gossip_every": int(c.gossip_every),
+      "num_fragments": int(c.num_fragments),
+      "overlap_steps": int(c.overlap_steps),
+      "merge_alpha": float(c.merge_alpha),
+      "outer_overlap": c.outer_overlap,
+      "outer_latency": int(c.outer_latency),
+      "trickle_reduction": bool(c.trickle_reduction),
+      "outer_optimizer": json.loads(c.outer_optimizer.to_json()),
+      "comm_dtype": c.comm_dtype,
+      # What is sent and how (format, block, error feedback, CHOCO's step).
+      "compression": json.loads(c.compression.to_json()),
+      # How a worker lies on its devices (the restored state's layout).
+      "devices_per_worker": exp.layout.devices_per_worker,
+      "workers_per_device": exp.workers_per_device,
+      "worker_layout": (exp.layout.mode
+                        if exp.layout.devices_per_worker > 1 else ""),
+      # The fault schedule and rules ({} without config.faults.enabled).
+      "faults": fault_run.resume_meta(c, exp.faults),
+      # Where the workers ran (informative: a resume may change it).
+      "layout": worker_layout_meta(exp),
+  }
+
+
+def worker_layout_meta(exp) -> dict:
+  """Where the workers of ``exp`` run, as :func:`describe_layout` reads it:
+  ``processes``, ``devices`` (all processes'), ``devices_per_worker``,
+  ``workers_per_device`` and ``worker_layout`` ("" with one device per
+  worker)."""
+  return {"processes": jax.process_count(),
+          "devices": int(parallel.device_mesh(exp.mesh).devices.size),
+          "devices_per_worker": exp.layout.devices_per_worker,
+          "workers_per_device": exp.workers_per_device,
+          "worker_layout": (exp.layout.mode
+                            if exp.layout.devices_per_worker > 1 else "")}
+
+
+def check_resumable(exp, meta: dict, directory: str) -> None:
+  """Raises ValueError if a checkpoint was written by a run incompatible with
+  ``exp`` (an :class:`~decentral_jax.runner.experiment.Experiment`).
+
+  The worker layout may differ (elastic resume: another process count,
+  ``devices_per_worker``, ``workers_per_device`` or ``worker_layout``
+  with the same ``n_workers``); a different ``n_workers`` is refused
+  first, saying why (:func:`check_elastic_resume`). Fields the run does
+  not read are not compared; a field an older checkpoint lacks counts as
+  its value in ``RESUME_DEFAULTS``.
+
+  Args:
+    exp: this run.
+    meta: the checkpoint's JSON document (:func:`check_run_meta`).
+    directory: the checkpoint directory, for the messages.
+
+  Raises:
+    ValueError: the first field that differs, named with both values.
+  """
+  mine = checkpoint_meta(exp, meta.get("step", 0))
+  check_elastic_resume(meta, mine, directory)
+  for key, field in RESUME_FIELDS.items():
+    if validation.unread_reason(exp.config, field) is not None:
+      continue  # ignored by this run (its algorithm is compared)
+    theirs = meta.get(key, RESUME_DEFAULTS.get(key, mine[key]))
+    if key == "faults":  # the trace by content; names the setting
+      why = fault_run.resume_mismatch(theirs, mine[key])
+      if why is not None:
+        raise ValueError(
+            f"the checkpoint in {directory} was written with {why}; resume "
+            "with the same settings and trace or use a fresh --workdir.")
+      continue
+    if theirs != mine[key]:
+      raise ValueError(
+          f"the checkpoint in {directory} was written with config.{field}="
+          f"{theirs!r} but this run has {mine[key]!r}; resume with the "
+          "same value or use a fresh --workdir.")
+
+
+# -- the document read back on resume ----------------------------------------
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _window_error(window) -> str | None:
+  """Why a ``metrics_window`` entry is not one, or None."""
+  if window is None:
+    return None
+  if not isinstance(window, dict):
+    return f"metrics_window must be an object or null, got {window!r:.60}"
+  for key in ("losses", "accs"):
+    v = window.get(key, [])
+    if not isinstance(v, list) or not all(_number(x) for x in v):
+      return f"metrics_window.{key} must be a list of numbers, got {v!r:.60}"
+  c = window.get("consensus")
+  if c is not None and not _number(c):
+    return f"metrics_window.consensus must be a number or null, got {c!r:.60}"
+  return None
+
+
+def _run_meta_error(meta) -> str | None:
+  """Why ``meta`` is not a run checkpoint's JSON document, or None."""
+  if not isinstance(meta, dict):
+    return f"it is a {type(meta).__name__}, not a JSON object"
+  for key in ("step", "data_position"):
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      return f"{key} must be an integer >= 0, got {v!r:.60}"
+  t = meta.get("train_time_s", 0.0)
+  if not _number(t) or not math.isfinite(t) or t < 0:
+    return f"train_time_s must be a finite number >= 0, got {t!r:.60}"
+  return _window_error(meta.get("metrics_window"))
+
+
+def check_run_meta(meta, where: str) -> dict:
+  """The JSON document of a training run's checkpoint, checked.
+
+  What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
+  resume: ``step`` and ``data_position`` (integers >= 0), ``train_time_s``
+  (a finite number >= 0, optional) and ``metrics_window`` (null or
+  ``{"losses": [numbers], "accs": [numbers], "consensus": number or
+  null}``). The config fields stored with them are compared with the
+  run's own by :func:`check_resumable`.
+
+  Args:
+    meta: the document (``Checkpointer.restore_meta``).
+    where: the checkpoint directory, for the message.
+
+  Returns:
+    ``meta``.
+
+  Raises:
+    checkpoint.CheckpointError: one line naming the checkpoint and the key.
+  """
+  why = _run_meta_error(meta)
+  if why:
+    raise checkpoint_lib.CheckpointError(
+        f"checkpoint metadata in {where} is not valid: {why}; move that "
+        "checkpoint directory away to resume from an older one, or use a "
+        "fresh --workdir.")
+  return meta
+
+
+# -- elastic resume ------------------------------------------------------------
+
+_LAYOUT_KEYS = ("devices_per_worker", "workers_per_device", "worker_layout")
+
+
+def _count(v) -> int | None:
+  return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 \
+      else None
+
+
+def saved_layout(meta: dict) -> dict:
+  """The worker layout a checkpoint was written on, from its JSON document.
+
+  Reads ``meta["layout"]`` (``processes``, ``devices``,
+  ``devices_per_worker``, ``workers_per_device``, ``worker_layout``);
+  checkpoints written before it existed give what their top-level keys
+  say (``devices_per_worker`` 1 and ``workers_per_device`` 1 if absent;
+  the process and device counts are then unknown, None). A value of the
+  wrong type (a hand-edited file) counts as unknown: the layout is only
+  reported, never used to read the state.
+  """
+  layout = meta.get("layout")
+  layout = layout if isinstance(layout, dict) else {}
+  out = {}
+  for key in ("processes", "devices") + _LAYOUT_KEYS[:2]:
+    out[key] = _count(layout.get(key, meta.get(key)))
+  for key in _LAYOUT_KEYS[:2]:
+    if key not in layout and key not in meta:
+      out[key] = 1
+  mode = layout.get("worker_layout", meta.get("worker_layout", ""))
+  out["worker_layout"] = mode if isinstance(mode, str) else None
+  return out
+
+
+def _plural(k, word: str) -> str:
+  return f"{k} {word}" + ("" if k == 1 else "es" if word.endswith("s")
+                          else "s")
+
+
+def describe_layout(layout: dict) -> str:
+  """One phrase for a layout (:func:`saved_layout`), e.g. ``"2 processes x
+  4 devices, 1 worker per device"`` or ``"1 process x 2 devices x 4
+  workers per device"``; ``devices`` counts the devices of all processes."""
+  procs, devices = layout.get("processes"), layout.get("devices")
+  d, k = layout.get("devices_per_worker"), layout.get("workers_per_device")
+  if procs and devices:
+    head = f"{_plural(procs, 'process')} x {_plural(devices // procs, 'device')}"
+  else:
+    head = "an unrecorded number of processes and devices"
+  if k is None or d is None:
+    return f"{head}, unrecorded workers per device"
+  if k > 1:
+    return f"{head} x {k} workers per device"
+  if d > 1:
+    mode = f" ({layout['worker_layout']})" if layout.get("worker_layout") \
+        else ""
+    return f"{head}, {d} devices per worker{mode}"
+  return f"{head}, 1 worker per device"
+
+
+def _same_layout(a: dict, b: dict) -> bool:
+  keys = ("processes", "devices") + _LAYOUT_KEYS
+  return all(a.get(k) is None or b.get(k) is None or a[k] == b[k]
+             for k in keys)
+
+
+def check_elastic_resume(saved: dict, mine: dict, where: str) -> bool:
+  """Checks that a checkpoint can be resumed on this run's worker layout.
+
+  Elastic resume: every leaf of the checkpointed state is a global
+  ``[n_workers, ...]`` array (worker ``i``'s row is worker ``i``'s
+  parameters, optimizer state, step and dropout key wherever it ran), so
+  the same ``n_workers`` may resume on any layout (process count, devices
+  per process, ``devices_per_worker``, ``workers_per_device``,
+  ``worker_layout``): Orbax reads each row onto the device that now holds
+  that worker. The state continues bit for bit; the new layout's steps
+  may round differently from the old one's (another reduction order).
+
+  Args:
+    saved: the checkpoint's JSON document (``n_workers``, ``layout``).
+    mine: this run's (:func:`checkpoint_meta`).
+    where: the checkpoint directory, for the messages.
+
+  Returns:
+    True if the layout changes (logged on process 0), False if not.
+
+  Raises:
+    ValueError: another number of workers, in one line saying why it
+      cannot change and what to run instead.
+  """
+  n, n_mine = saved.get("n_workers"), mine["n_workers"]
+  if n is not None and n != n_mine:
+    hint, devices = "", saved_layout(mine)["devices"]
+    if isinstance(n, int) and n > 0 and devices and n % devices == 0:
+      hint = (f", e.g. on this run's {devices} device(s) with "
+              f"--config.workers_per_device={n // devices}")
+    raise ValueError(
+        f"the checkpoint in {where} holds {n} workers (each its own "
+        f"parameters, optimizer state, data shard and place in the "
+        f"topology, stacked [{n}, ...]) but this run has config.n_workers="
+        f"{n_mine}; a resume may change the layout (processes, "
+        "devices_per_worker, workers_per_device) but not the number of "
+        "workers, since there is no exact way to merge or split their "
+        f"states: resume with --config.n_workers={n}{hint}, or use a fresh "
+        "--workdir.")
+  old, new = saved_layout(saved), saved_layout(mine)
+  if _same_layout(old, new):
+    return False
+  if jax.process_index() == 0:
+    logging.info("elastic resume: the checkpoint in %s was written on %s; "
+                 "resuming its %d workers on %s.", where,
+                 describe_layout(old), n_mine, describe_layout(new))
+  return True
