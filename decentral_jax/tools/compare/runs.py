@@ -30,9 +30,11 @@ FULL_METHODS = ("all_reduce", "dadam", "accum_adamw", "diloco",
 
 
 # How a Run's own setting reads in its label, after the method's display
-# name: "DiLoCo, H=10, Nesterov lr 0.3".
+# name: "DiLoCo, H=10, Nesterov lr 0.3"; another field as "field=value".
 _DETAILS = {
-    "workers_per_node": "{} workers/node", "sync_every": "H={}",
+    "workers_per_node": "{} workers/node", "optimizer.accum_steps": "T={}",
+    "optimizer.b2": "b2 {}", "sync_every": "H={}",
+    "global_avg_interval": "exact average every {} steps",
     "gossip_every": "gossip every {}", "num_fragments": "P={}",
     "overlap_steps": "tau={}", "merge_alpha": "alpha={}",
     "outer_optimizer.lr": "Nesterov lr {}", "outer_overlap": "{} outer step",
@@ -72,7 +74,7 @@ class Run:
     own = (("workers_per_node", self.workers_per_node),) * (
         self.workers_per_node != 1)
     for field, value in (*own, *self.fields):
-      form = _DETAILS[field]
+      form = _DETAILS.get(field, field + "={}")
       parts.append(form[value] if isinstance(form, dict)
                    else form.format(value))
     if self.seed is not None:
