@@ -9,7 +9,8 @@ runtime model prints and imports no JAX. The integration tests stop a real
 ``train`` with SIGTERM through the command, and install the package's
 metadata (setuptools' ``egg_info`` from ``pyproject.toml``) beside a copy of
 the package outside the checkout and run the ``console_scripts`` entry
-point as ``pip install .`` would.
+point as ``pip install .`` would (the main job's default configs, presets of
+the package, load there without a checkout).
 """
 
 import contextlib
