@@ -43,7 +43,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
@@ -52,8 +51,8 @@ import _common  # benchmarks/_common.py, next to this script
 _common.set_cpu_devices(8)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(_ROOT, "experiments"))
-import compare  # noqa: E402  experiments/compare.py: the main job's methods
+# The main job's methods.
+from decentral_jax.tools.compare import runs as compare  # noqa: E402
 from decentral_jax.runner import tuning  # noqa: E402
 
 GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
@@ -65,19 +64,17 @@ Run = compare.Run
 def accum_run(t: int, convention: str) -> Run:
   """AccumAdamW on one_peer_exp with window ``t`` and a beta convention."""
   tag = "hm" if convention == "per_step" else "pw"
-  label = (f"AccumAdamW T={t}, " + ("horizon-matched betas b^T"
-                                    if tag == "hm" else "per-window betas"))
-  return Run(f"accum_adamw_t{t}_{tag}", label, "decentralized", "accum_adamw",
+  return Run(f"accum_adamw_t{t}_{tag}", "decentralized", "accum_adamw",
              "one_peer_exp", fields=(("optimizer.accum_steps", t),
                                      ("optimizer.beta_convention",
                                       convention)))
 
 
-def variant(run: Run, suffix: str, label: str, *fields) -> Run:
-  """``run`` with further config fields, named ``<run>_<suffix>``."""
-  return Run(f"{run.name}_{suffix}", f"{run.label}, {label}", run.algorithm,
-             run.optimizer, run.topology, run.workers_per_node,
-             run.fields + tuple(fields))
+def variant(run: Run, suffix: str, *fields) -> Run:
+  """``run`` with further config fields, named ``<run>_<suffix>`` (its label
+  names them)."""
+  return Run(f"{run.name}_{suffix}", run.algorithm, run.optimizer,
+             run.topology, run.workers_per_node, run.fields + tuple(fields))
 
 
 AR, DADAM = compare.METHODS["all_reduce"], compare.METHODS["dadam"]
@@ -88,11 +85,9 @@ MAIN_TUNED = (AR, DADAM, accum_run(4, "per_window"), accum_run(4, "per_step"),
 # One-factor variants, seed 0 at the chosen lr of the method they vary.
 MAIN_VARIANTS = (
     (accum_run(4, "per_step"), accum_run(8, "per_step")),
-    (DADAM, Run("dadam_complete", "DAdam, complete graph", "decentralized",
-                "adamw", "complete")),
-    (DADAM, variant(DADAM, "avg50", "exact average every 50 steps",
-                    ("global_avg_interval", 50))),
-    (DADAM, variant(DADAM, "b2_0.999", "b2 0.999", ("optimizer.b2", 0.999))),
+    (DADAM, Run("dadam_complete", "decentralized", "adamw", "complete")),
+    (DADAM, variant(DADAM, "avg50", ("global_avg_interval", 50))),
+    (DADAM, variant(DADAM, "b2_0.999", ("optimizer.b2", 0.999))),
 )
 SCALE_MODEL = ("model.n_embd=64",)
 
@@ -103,9 +98,8 @@ def overlap_runs(h: int) -> tuple[Run, ...]:
   runs = []
   for mode in ("none", "delayed", "eager"):
     name = "diloco" if mode == "none" else f"diloco_{mode}"
-    label = ("DiLoCo" if mode == "none" else f"DiLoCo, {mode} outer step")
     fields = tuple((k, h if k == "sync_every" else v) for k, v in plain.fields)
-    runs.append(Run(f"{name}_h{h}", f"{label}, H={h}", plain.algorithm,
+    runs.append(Run(f"{name}_h{h}", plain.algorithm,
                     plain.optimizer, plain.topology,
                     fields=fields + ((("outer_overlap", mode),)
                                      if mode != "none" else ())))

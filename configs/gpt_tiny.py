@@ -1,5 +1,8 @@
 """gpt_tiny: a 2-layer byte-level GPT on bundled English text (the quick job).
 
+The run is the package's preset :func:`decentral_jax.runner.presets.gpt_tiny`
+(what the main job trains under ``--full``).
+
 Data: nothing to download. The corpus is the English documentation text that
 ships with CPython (``pydoc_data.topics``, about 0.9 MB), read as bytes
 (vocabulary 256); the last 10% is the validation split. To train on your own
@@ -23,23 +26,15 @@ from __future__ import annotations
 
 from ml_collections import config_dict
 
-from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import presets
 
 
 def get_config() -> config_dict.ConfigDict:
-  """Returns the gpt_tiny configuration.
+  """Returns the gpt_tiny configuration: ``presets.gpt_tiny()``.
 
   Every field, with its meaning, is defined in
-  ``decentral_jax.runner.config.base_config``; this run changes two, to
-  AccumAdamW's best measured setting for this model (the tuning protocol,
-  BENCHMARKS.md section 10): horizon-matched betas
-  (``optimizer.beta_convention="per_step"``) at peak learning rate 3e-3
-  (6e-3 is best for All-Reduce AdamW and DAdam in the same setting).
+  ``decentral_jax.runner.config.base_config``; the preset changes two, to
+  AccumAdamW's best measured setting for this model (see
+  :func:`decentral_jax.runner.presets.gpt_tiny`).
   """
-  c = config_lib.base_config("gpt")
-  # AccumAdamW with Adam's horizon in steps: b1**4, b2**4 per window.
-  c.optimizer.beta_convention = "per_step"
-  # Its best peak lr (the tuning protocol's choice), cosine to a tenth.
-  c.schedule.peak_lr = 3e-3
-  c.schedule.final_lr = 3e-4
-  return c
+  return presets.gpt_tiny()

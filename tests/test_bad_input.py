@@ -603,7 +603,7 @@ def test_compare_names_a_diverged_arm_and_reports_the_others(
   assert len(errors) == 1 and "1 of 4 runs diverged" in errors[0]
   assert "'dadam'" in errors[0] and "step 2" in errors[0]
   table = (tmp_path / "results.md").read_text()
-  assert "| DAdam, one_peer_exp | diverged |" in table
+  assert "| DAdam (Exp) | diverged |" in table
   # The results table (the diverged run's table): the other three at loss 2.
   lines = table.splitlines()
   width = next(l for l in lines if "| diverged |" in l).count("|")

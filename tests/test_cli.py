@@ -9,7 +9,8 @@ runtime model prints and imports no JAX. The integration tests stop a real
 ``train`` with SIGTERM through the command, and install the package's
 metadata (setuptools' ``egg_info`` from ``pyproject.toml``) beside a copy of
 the package outside the checkout and run the ``console_scripts`` entry
-point as ``pip install .`` would.
+point as ``pip install .`` would (the main job's default configs, presets of
+the package, load there without a checkout).
 """
 
 import contextlib
@@ -246,6 +247,16 @@ def test_the_installed_entry_point_outside_and_inside_a_checkout(tmp_path):
   out = run(tmp_path, "compare", "--help")
   assert out.returncode == 0, out.stderr
   assert "--outdir" in out.stdout
+  # The default job's configs (the quick one and --full's) are presets of
+  # the package: they load and every arm is checked without a checkout;
+  # the job stops only at the cluster flag, before anything trains.
+  for job in ((), ("--full",)):
+    out = run(tmp_path, "compare", *job, "--clusters=no_such",
+              f"--outdir={tmp_path / 'cmp'}")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[-1].startswith(
+        "error: --clusters entry 'no_such' is neither a preset nor"), out.stderr
+  assert not (tmp_path / "cmp").exists()
   out = run(tmp_path, "overlap", "--help")
   assert out.returncode == 0, out.stderr
   assert out.stdout.startswith("usage: decentral-jax overlap ")

@@ -65,6 +65,25 @@ def test_default_and_full_methods():
   assert base.algorithm == "decentralized"  # the base config is not changed
 
 
+def test_labels_are_the_method_homes_display_names_and_the_runs_settings():
+  from decentral_jax import method_names
+  from decentral_jax.runner import methods
+  base = _base()
+  for run in runs_lib.RUNS:  # the home's name of the run's own config
+    name = methods.display_name(runs_lib.run_config(base, run, 4))
+    assert run.label == name or run.label.startswith(name + ", "), run
+  # The names predict prints for the same methods.
+  assert [runs_lib.METHODS[m].label for m in ("all_reduce", "dadam", "sgp")
+          ] == [method_names.label(k) for k in ("all_reduce",
+                                                "one_peer_exp", "sgp")]
+  assert [runs_lib.METHODS[m].label for m in (
+      "diloco", "accum_adamw_aer", "streaming_diloco", "local_dadam")] == [
+          "DiLoCo, H=10, Nesterov lr 0.3",
+          "AccumAdamW (AER), 2 workers/node, horizon-matched betas",
+          "Streaming DiLoCo, H=10, P=2, tau=1, alpha=0.5, Nesterov lr 0.3",
+          "DAdam (Exp), gossip every 5"]
+
+
 def test_per_method_learning_rates():
   base = _base(schedule={"peak_lr": 1.0, "final_lr": 0.5})
   names = ("all_reduce", "dadam", "accum_adamw", "accum_adamw_paper",
@@ -103,7 +122,7 @@ def test_table_and_plots(tmp_path):
                        "comm/bytes_per_step": 3_043_712.0}))
   table = results.results_table(rows, "tokens").splitlines()
   assert table[0].count("|") == 8 and len(table) == 4
-  assert table[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 | "
+  assert table[2] == ("| All-Reduce | 3.0000 | +0.0100 / +0.0000 | 0 | "
                       "1.750 (3.04) | 12.5 | 2,048 |")
   # This machine's timings: dropped by default, labelled when kept.
   default = results.timing_columns("\n".join(table), keep=False).splitlines()
@@ -111,7 +130,7 @@ def test_table_and_plots(tmp_path):
                         "models: extra loss, mean / max | consensus distance "
                         "| sent per step, x params (MB) |")
   assert default[1] == "|---|---|---|---|---|"
-  assert default[2] == ("| All-Reduce AdamW | 3.0000 | +0.0100 / +0.0000 | 0 "
+  assert default[2] == ("| All-Reduce | 3.0000 | +0.0100 / +0.0000 | 0 "
                         "| 1.750 (3.04) |")
   kept = results.timing_columns("\n".join(table), keep=True).splitlines()
   assert kept[0].endswith("| this CPU's ms/step (load-dependent, not a "
@@ -161,7 +180,7 @@ def test_errors_name_the_flags_the_user_typed(tmp_path, monkeypatch, capsys):
                          runs_lib.select_runs("accum_adamw_aer"))
   message = str(info.value)
   assert message.startswith(
-      "run 'accum_adamw_aer' (AccumAdamW, alternating_exp_ring (2/node), "
+      "run 'accum_adamw_aer' (AccumAdamW (AER), 2 workers/node, "
       "horizon-matched betas): its topology alternating_exp_ring with 2 "
       "worker(s) per node does not fit --config.n_workers=6: "), message
   assert "config.topology=" not in message and "\n" not in message
@@ -382,8 +401,8 @@ def test_seeds_name_the_runs_and_checkpoints_are_off_by_default():
   two = runs_lib.job_arms([(run, base)], (3, 4), checkpoints=True)
   assert [(a.run.name, a.run.label, a.seed, a.config.seed,
            a.config.checkpoint_interval) for a in two] == [
-               ("dadam_seed3", "DAdam, one_peer_exp, seed 3", 3, 3, 100),
-               ("dadam_seed4", "DAdam, one_peer_exp, seed 4", 4, 4, 100)]
+               ("dadam_seed3", "DAdam (Exp), seed 3", 3, 3, 100),
+               ("dadam_seed4", "DAdam (Exp), seed 4", 4, 4, 100)]
   assert all(a.method is run for a in two) and base.seed == 7
 
 
@@ -517,9 +536,9 @@ def test_all_runs_diverged_and_stale_plots_are_removed(
   errors = [l for l in capsys.readouterr().err.splitlines()
             if l.startswith("error: ")]
   assert errors == [
-      "error: all 2 runs diverged: 'all_reduce' (All-Reduce AdamW): "
+      "error: all 2 runs diverged: 'all_reduce' (All-Reduce): "
       "non-finite training loss at step 2; enable config.grad_clip; 'dadam' "
-      "(DAdam, one_peer_exp): non-finite training loss at step 2; enable "
+      "(DAdam (Exp)): non-finite training loss at step 2; enable "
       f"config.grad_clip; no run finished, so there is no answer "
       f"({tmp_path / 'results.md'} lists the divergences)."]
   # This invocation wrote loss_vs_step.png only: the stale plots are gone.
@@ -532,7 +551,7 @@ def test_all_runs_diverged_and_stale_plots_are_removed(
 def test_some_runs_diverged_message():
   runs = [runs_lib.METHODS["dadam"]]
   assert job_lib.diverged_message([(runs[0], "it blew up.")], 3, "r.md") == (
-      "1 of 3 runs diverged: 'dadam' (DAdam, one_peer_exp): it blew up; the "
+      "1 of 3 runs diverged: 'dadam' (DAdam (Exp)): it blew up; the "
       "other runs' results are in r.md.")
 
 
@@ -573,7 +592,7 @@ def test_a_malformed_reference_is_one_line_and_the_results_are_written(
       f"malformed: {key}"), warnings[0]
   md = (out / "results.md").read_text()
   assert f"Reference check: not checked: the reference file {ref}" in md
-  assert "| All-Reduce AdamW | 2.0000 |" in md
+  assert "| All-Reduce | 2.0000 |" in md
 
 
 def test_checkpoints_are_dropped_while_the_run_folder_is_locked(
@@ -728,22 +747,20 @@ def test_help_exits_0_and_the_command_runs_the_module(capsys):
   assert capsys.readouterr().err == "error: unexpected arguments: stray\n"
 
 
-def test_without_a_checkout_the_default_config_is_one_error_line(
-    tmp_path, monkeypatch, capsys):
-  # An installed package: no configs/ beside it nor under the current
-  # directory.
-  monkeypatch.setattr(compare_flags, "QUICK_CONFIG",
-                      str(tmp_path / "site" / "configs" / "gpt_quick.py"))
+def test_the_default_configs_are_package_presets_without_a_checkout(
+    tmp_path, monkeypatch):
+  from decentral_jax.runner import config as config_lib
+  # An installed package: no configs/ under the current directory. The
+  # defaults are presets of the package, the runs of the config files.
   monkeypatch.chdir(tmp_path)
-  assert compare.main([f"--outdir={tmp_path / 'out'}"]) == 2
-  [line] = capsys.readouterr().err.splitlines()
-  assert line.startswith("error: the default config ") and line.endswith(
-      "pass --config FILE.py (e.g. configs/gpt_quick.py of a clone of the "
-      "repository)."), line
-  assert not (tmp_path / "out").exists()
-  # A clone after `pip install .`: the current directory's configs/.
-  os.makedirs(tmp_path / "configs")
-  with open(tmp_path / "configs" / "gpt_quick.py", "w") as f:
-    f.write("")
-  assert compare_flags.default_config(False) == os.path.join(
-      "configs", "gpt_quick.py")
+  for name, path in ((compare_flags.QUICK_CONFIG, "gpt_quick.py"),
+                     (compare_flags.FULL_CONFIG, "gpt_tiny.py")):
+    assert compare_flags.load_base(name).to_dict() == config_lib.load_config(
+        os.path.join(ROOT, "configs", path)).to_dict()
+  quick = compare_flags.load_base(compare_flags.QUICK_CONFIG,
+                                  ["--config.steps=4"])
+  assert quick.steps == 4 and quick.model.n_embd == 64
+  with pytest.raises(ValueError) as info:
+    compare_flags.load_base(compare_flags.QUICK_CONFIG, ["--config.nope=1"])
+  assert str(info.value) == ("--config.nope=1: unknown config field 'nope' "
+                             "in the gpt_quick preset.")

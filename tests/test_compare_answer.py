@@ -212,7 +212,7 @@ def test_pricing_columns_name_what_cannot_be_priced():
   heads, cells, notes = pricing.pricing_columns(finals, prices, clusters)
   assert heads == ["predicted ms/step, A", "predicted ms/step, B"]
   assert cells == {"all_reduce": ["12.3", "-"], "dadam": ["-", "-"]}
-  assert notes == ["Not priced on B ('-'): All-Reduce AdamW: too few GPUs"]
+  assert notes == ["Not priced on B ('-'): All-Reduce: too few GPUs"]
 
 
 # --- The answer (tools/compare/answer.py) ---

@@ -12,6 +12,7 @@ from conftest import N_DEVICES
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import presets
 from decentral_jax import topology
 from decentral_jax.runner import validation
 
@@ -35,6 +36,22 @@ def test_shipped_configs_are_valid_and_documented(name):
     source = f.read()
   assert source.lstrip().startswith('"""') and "Data:" in source
   _assert_assignments_commented(source, name, ("  c.",))
+
+
+def test_presets_are_the_config_files_runs_and_documented():
+  # configs/gpt_tiny.py and gpt_quick.py return the package's presets (the
+  # main job's defaults, which need no checkout).
+  for name in presets.PRESETS:
+    assert (load_config(f"{name}.py").to_dict()
+            == presets.load(name).to_dict()), name
+  with open(presets.__file__, encoding="utf-8") as f:
+    _assert_assignments_commented(f.read(), "presets.py", ("  c.",))
+  quick = presets.load("gpt_quick", ["steps=7"])
+  assert (quick.steps, quick.model.n_embd, quick.is_locked) == (7, 64, True)
+  with pytest.raises(ValueError) as info:
+    presets.load("gpt_huge")
+  assert str(info.value) == ("unknown preset 'gpt_huge'; use one of "
+                             "gpt_tiny, gpt_quick.")
 
 
 def _assert_assignments_commented(source: str, name: str, prefixes) -> None:

@@ -47,7 +47,7 @@ tables from ``--out`` alone.
 
 The first line is the grid at seed 0 only (an empty ``--seeds``); the
 second runs the rest of the same-steps study (``BENCHMARKS.md`` section
-13); ``--report`` also writes the summary rows to ``--summary_json``
+15); ``--report`` also writes the summary rows to ``--summary_json``
 (``benchmarks/results/local_batch.json``).
 """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax.numpy as jnp
 from absl import flags
@@ -455,15 +455,37 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
                      "Python file with get_config(), e.g. configs/gpt_tiny.py.")
   if not os.access(file_part, os.R_OK):
     raise ValueError(f"config file {file_part!r} is not readable.")
+  return with_overrides(lambda: _read_config_file(path), overrides, path)
+
+
+def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
+                   overrides=(), source: str = "the config"
+                   ) -> config_dict.ConfigDict:
+  """``make_config()`` with overrides, parsed exactly as on the command line.
+
+  Args:
+    make_config: returns a fresh ``ConfigDict`` at each call (parsing the
+      overrides changes the one it is given).
+    overrides: strings ``"field=value"`` or ``"--config.field=value"``.
+    source: where the config comes from, for messages (a file path or
+      ``"the gpt_quick preset"``).
+
+  Returns:
+    The locked ``ConfigDict`` (not yet validated).
+
+  Raises:
+    ValueError: as :func:`load_config`, naming ``source``.
+  """
   args = [o if o.startswith("--") else f"--config.{o}" for o in overrides]
-  base = _read_config_file(path)
+  base = make_config()
+  base.lock()
   if not args:
     return base
   try:
-    # A fresh copy (the file read again): parsing overrides changes it.
+    # A fresh copy: parsing overrides changes it.
     argv = ["load_config", *args]
     fv = flags.FlagValues()
-    config_flags.DEFINE_config_dict("config", _read_config_file(path),
+    config_flags.DEFINE_config_dict("config", make_config(),
                                     flag_values=fv, lock_config=True,
                                     sys_argv=argv)
     fv(argv)
@@ -478,9 +500,9 @@ def load_config(path: str, overrides=()) -> config_dict.ConfigDict:
     node = base
     for part in key.split("."):
       if not isinstance(node, config_dict.ConfigDict) or part not in node:
-        raise ValueError(f"{arg}: unknown config field {key!r} in {path}.")
+        raise ValueError(f"{arg}: unknown config field {key!r} in {source}.")
       node = node[part]
-  raise ValueError(f"{path}: {config_error_message(error)}")
+  raise ValueError(f"{source}: {config_error_message(error)}")
 
 
 def _refuse_unread_overrides(config: config_dict.ConfigDict,

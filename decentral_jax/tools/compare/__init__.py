@@ -10,14 +10,14 @@ every run reaches, with a one-line recommendation and its margin
 
 The quick default (``decentral-jax compare --outdir results/compare``,
 or ``python experiments/compare.py`` in a clone, about 2 minutes on an
-idle 2-core CPU): the proxy of
-``configs/gpt_quick.py`` (a 2-layer byte-level GPT of width 64, 8 workers,
-200 steps), the methods of :data:`DEFAULT_METHODS`, one seed, the clusters
+idle 2-core CPU): the package's preset ``gpt_quick``
+(:mod:`decentral_jax.runner.presets`, also ``configs/gpt_quick.py``: a
+2-layer byte-level GPT of width 64, 8 workers, 200 steps), the methods of :data:`DEFAULT_METHODS`, one seed, the clusters
 ``A40`` (Figure 6: 4 x A40 per node, 25 Gbit/s Ethernet), ``h100_node``
 (one NVLink node of 8 H100) and ``cross_region_2dc`` (two datacenters of
 H100 nodes over a 10 Gbit/s, 30 ms wide-area link), workload
 ``gpt2_small`` (124M parameters, 30.9 ms of compute per step). ``--full``:
-the study of BENCHMARKS.md (``configs/gpt_tiny.py``, 300 steps, the six
+the study of BENCHMARKS.md (the preset ``gpt_tiny``, 300 steps, the six
 methods of :data:`FULL_METHODS`, seeds 0, 1, 2, periodic checkpoints);
 flags given as well win over both.
 

@@ -21,7 +21,6 @@ from absl import logging as absl_logging
 import jax
 
 from decentral_jax.runner import orbax_quiet
-from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices as devices_lib
 from decentral_jax.runner import validation
 from decentral_jax.runner import workdir as workdir_lib
@@ -33,7 +32,7 @@ from decentral_jax.tools.compare import results
 from decentral_jax.tools.compare import runs as runs_lib
 
 
-def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
+def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
              per_method_lr: bool, overrides=()):
   """Every arm's config, the clusters, the device count and ``--outdir``,
   checked before JAX starts and the first run trains (bad input: one
@@ -43,13 +42,7 @@ def load_job(config_path: str, methods: str, seeds: str, checkpoints: bool,
     ``(base config, accum_steps, arms, workload, clusters, outdir)``.
   """
   try:
-    if not flags.FLAGS["config"].present and not os.path.exists(config_path):
-      raise ValueError(
-          f"the default config {config_path} is a file of a source "
-          "checkout, and none was found beside the installed package or "
-          "under the current directory; pass --config FILE.py (e.g. "
-          "configs/gpt_quick.py of a clone of the repository).")
-    base = config_lib.load_config(config_path, overrides)
+    base = flags.load_base(config, overrides)
     accum = base.optimizer.accum_steps  # a bad type is named by arm_configs
     if (isinstance(accum, numbers.Integral) and accum <= 1 and
         isinstance(base.n_workers, numbers.Integral)):
@@ -117,10 +110,9 @@ def _run(overrides: list[str]) -> None:
     print(f"note: {explicit_lr[0]} given, so every run uses the config's "
           "learning rates (--per_method_lr ignored)", flush=True)
     per_method_lr = False
-  config_path, methods, seeds, checkpoints, job = flags.job_settings(
-      overrides)
+  config, methods, seeds, checkpoints, job = flags.job_settings(overrides)
   base, accum, arms, workload, clusters, outdir = load_job(
-      config_path, methods, seeds, checkpoints, per_method_lr, overrides)
+      config, methods, seeds, checkpoints, per_method_lr, overrides)
   methods_once = list({a.method.name: a.method for a in arms}.values())
   for line in runs_lib.overridden_fields(overrides, methods_once):
     print(f"note: {line}", file=sys.stderr)

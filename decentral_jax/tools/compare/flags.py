@@ -7,39 +7,37 @@ tool that defines flags of the same names (``--config``, ``--outdir``).
 ``--config.<field>=value`` overrides aside; :func:`job_settings` applies
 ``--full``'s defaults; :func:`help_text` is the ``--help`` text.
 
-The default configs are files of a source checkout: ``configs/gpt_quick.py``
-(the quick job) and ``configs/gpt_tiny.py`` (``--full``) beside the
-imported package (an editable install or ``PYTHONPATH`` set to a clone),
-else under the current directory (a clone after ``pip install .``).
+The default configs are the package's presets
+(:mod:`decentral_jax.runner.presets`): ``gpt_quick`` (the quick job) and
+``gpt_tiny`` (``--full``), the runs of ``configs/gpt_quick.py`` and
+``configs/gpt_tiny.py``; an installed package needs no checkout.
 """
 
 from __future__ import annotations
 
-import os
-
 from absl import flags as absl_flags
 
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import presets
 from decentral_jax.tools.compare import runs
 
-# The checkout that holds the imported package (tools/compare/ is 3 deep).
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
-# The proxy of the quick default and of --full.
-QUICK_CONFIG = os.path.join(_ROOT, "configs", "gpt_quick.py")
-FULL_CONFIG = os.path.join(_ROOT, "configs", "gpt_tiny.py")
+# The proxy of the quick default and of --full (keys of presets.PRESETS).
+QUICK_CONFIG = "gpt_quick"
+FULL_CONFIG = "gpt_tiny"
 # The --help flags, answered by main (exit code 0).
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 FLAGS = absl_flags.FlagValues()
 CONFIG = absl_flags.DEFINE_string(
-    "config", QUICK_CONFIG, "Base config for all runs (FILE.py or "
-    "FILE.py:ARG); override its fields with --config.<field>=value. "
-    "Default: configs/gpt_quick.py (--full: configs/gpt_tiny.py).",
+    "config", QUICK_CONFIG, "Base config for all runs: FILE.py, "
+    "FILE.py:ARG or a preset of the package (gpt_quick, gpt_tiny: "
+    "decentral_jax.runner.presets, as configs/gpt_quick.py and "
+    "configs/gpt_tiny.py); override its fields with "
+    "--config.<field>=value. Default: gpt_quick (--full: gpt_tiny).",
     flag_values=FLAGS)
 FULL = absl_flags.DEFINE_bool(
     "full", False, "The full study instead of the quick default: "
-    "configs/gpt_tiny.py (300 steps), the methods of FULL_METHODS, seeds "
+    "gpt_tiny (300 steps), the methods of FULL_METHODS, seeds "
     "0,1,2, checkpoints on (resumes after an interruption); --config, "
     "--methods, --seeds or --checkpoints given as well win.",
     flag_values=FLAGS)
@@ -105,19 +103,21 @@ CLUSTERS = absl_flags.DEFINE_string(
     flag_values=FLAGS)
 
 
-def default_config(full: bool) -> str:
-  """The default ``--config``: ``configs/gpt_quick.py`` (``full``:
-  ``gpt_tiny.py``) beside the imported package, else under the current
-  directory if only that one exists."""
-  path = FULL_CONFIG if full else QUICK_CONFIG
-  here = os.path.join("configs", os.path.basename(path))
-  if not os.path.isfile(path) and os.path.isfile(here):
-    return here
-  return path
+def load_base(config: str, overrides=()):
+  """The base config of ``--config``: a preset of
+  :data:`decentral_jax.runner.presets.PRESETS` by name, else a config file
+  (``FILE.py[:ARG]``), with the ``--config.<field>=value`` ``overrides``.
+
+  Raises:
+    ValueError: a missing or broken file or a bad override (one line).
+  """
+  if config in presets.PRESETS:
+    return presets.load(config, overrides)
+  return config_lib.load_config(config, overrides)
 
 
 def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
-  """``(config path, methods, seeds, checkpoints, job)`` from :data:`FLAGS`
+  """``(config, methods, seeds, checkpoints, job)`` from :data:`FLAGS`
   and the ``--config.<field>=value`` ``overrides``.
 
   ``--full`` changes the defaults of ``--config``, ``--methods``,
@@ -128,7 +128,8 @@ def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
   """
   given = lambda name: FLAGS[name].present
   full = FULL.value
-  config = CONFIG.value if given("config") else default_config(full)
+  config = CONFIG.value if given("config") else (
+      FULL_CONFIG if full else QUICK_CONFIG)
   methods = METHODS.value if given("methods") else ",".join(
       runs.FULL_METHODS if full else runs.DEFAULT_METHODS)
   seeds = SEEDS.value if given("seeds") else ("0,1,2" if full else "")
@@ -137,7 +138,7 @@ def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
       full or any(a.startswith("--config.checkpoint_interval")
                   for a in overrides))
   job = "full" if full else "quick"
-  if (os.path.realpath(config) != os.path.realpath(default_config(full))
+  if (config != (FULL_CONFIG if full else QUICK_CONFIG)
       or overrides or not PER_METHOD_LR.value):
     job = None
   return config, methods, seeds, checkpoints, job

@@ -1,7 +1,8 @@
 """The main job's methods and runs: what each arm of the comparison sets.
 
 * :class:`Run`, :data:`RUNS`, :data:`METHODS`: the method table (name,
-  label, algorithm, optimizer, topology and further config fields);
+  algorithm, optimizer, topology and further config fields; the label is
+  the method's display name from its home plus these settings);
   :data:`TUNED_PEAK_LR`: each method's tuned peak learning rate;
   :data:`DEFAULT_METHODS`, :data:`FULL_METHODS`: the quick and full jobs;
 * :func:`select_runs`, :func:`parse_seeds`: the ``--methods`` and
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 
 from decentral_jax import topology as topology_lib
 from decentral_jax.runner import config as config_lib
@@ -27,17 +29,57 @@ FULL_METHODS = ("all_reduce", "dadam", "accum_adamw", "diloco",
                 "local_sgd", "local_dadam")
 
 
+# How a Run's own setting reads in its label, after the method's display
+# name: "DiLoCo, H=10, Nesterov lr 0.3"; another field as "field=value".
+_DETAILS = {
+    "workers_per_node": "{} workers/node", "optimizer.accum_steps": "T={}",
+    "optimizer.b2": "b2 {}", "sync_every": "H={}",
+    "global_avg_interval": "exact average every {} steps",
+    "gossip_every": "gossip every {}", "num_fragments": "P={}",
+    "overlap_steps": "tau={}", "merge_alpha": "alpha={}",
+    "outer_optimizer.lr": "Nesterov lr {}", "outer_overlap": "{} outer step",
+    "optimizer.beta_convention": {"per_step": "horizon-matched betas",
+                                  "per_window": "per-window betas (paper)"},
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """One arm of the comparison."""
+  """One arm of the comparison: a method and the settings it runs with.
+
+  What the method reads, whether it gossips and its display name come
+  from its home (:data:`decentral_jax.runner.methods.ALGORITHMS`); a Run
+  holds only the values it sets.
+  """
   name: str  # subdirectory and --methods name
-  label: str  # legend / table label
   algorithm: str
   optimizer: str
   topology: str
   workers_per_node: int = 1
   # Further config fields of the method: ((dotted field, value), ...).
   fields: tuple[tuple[str, object], ...] = ()
+  # The seed of a job of several seeds (named in the label), else None.
+  seed: int | None = None
+
+  @property
+  def label(self) -> str:
+    """The legend / table label: the method's display name
+    (``methods.display_name``, as ``predict`` prints it), then the run's
+    own settings, e.g. ``"DiLoCo, H=10, Nesterov lr 0.3"``,
+    ``"AccumAdamW (AER), 2 workers/node, horizon-matched betas"``."""
+    config = types.SimpleNamespace(
+        algorithm=self.algorithm, topology=self.topology,
+        optimizer=types.SimpleNamespace(name=self.optimizer))
+    parts = [methods.display_name(config)]
+    own = (("workers_per_node", self.workers_per_node),) * (
+        self.workers_per_node != 1)
+    for field, value in (*own, *self.fields):
+      form = _DETAILS.get(field, field + "={}")
+      parts.append(form[value] if isinstance(form, dict)
+                   else form.format(value))
+    if self.seed is not None:
+      parts.append(f"seed {self.seed}")
+    return ", ".join(parts)
 
 
 _H = 10  # sync period of the local-update arms
@@ -45,47 +87,33 @@ _H = 10  # sync period of the local-update arms
 # 0.3, 0.7} for DiLoCo at H = 10 (BENCHMARKS.md, section 6); the paper's
 # 0.7 is for H = 500.
 _OUTER_LR = 0.3
+_SYNC = (("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR))
 RUNS = (
-    Run("all_reduce", "All-Reduce AdamW", "all_reduce", "adamw", "complete"),
-    Run("dadam", "DAdam, one_peer_exp", "decentralized", "adamw",
-        "one_peer_exp"),
-    Run("accum_adamw", "AccumAdamW, one_peer_exp, horizon-matched betas",
-        "decentralized", "accum_adamw", "one_peer_exp",
+    Run("all_reduce", "all_reduce", "adamw", "complete"),
+    Run("dadam", "decentralized", "adamw", "one_peer_exp"),
+    Run("accum_adamw", "decentralized", "accum_adamw", "one_peer_exp",
         fields=(("optimizer.beta_convention", "per_step"),)),
-    Run("accum_adamw_paper", "AccumAdamW, one_peer_exp, per-window betas "
-        "(paper)", "decentralized", "accum_adamw", "one_peer_exp",
+    Run("accum_adamw_paper", "decentralized", "accum_adamw", "one_peer_exp",
         fields=(("optimizer.beta_convention", "per_window"),)),
-    Run("accum_adamw_aer", "AccumAdamW, alternating_exp_ring (2/node), "
-        "horizon-matched betas", "decentralized", "accum_adamw",
+    Run("accum_adamw_aer", "decentralized", "accum_adamw",
         "alternating_exp_ring", 2,
         fields=(("optimizer.beta_convention", "per_step"),)),
-    Run("local_sgd", f"Local SGD (AdamW), H={_H}", "local_sgd", "adamw",
-        "complete", fields=(("sync_every", _H),)),
-    Run("diloco", f"DiLoCo (AdamW; Nesterov lr {_OUTER_LR}), H={_H}",
-        "diloco", "adamw", "complete",
-        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR))),
-    Run("streaming_diloco", f"Streaming DiLoCo (Nesterov lr {_OUTER_LR}), "
-        f"H={_H}, P=2, tau=1, alpha=0.5", "streaming_diloco", "adamw",
-        "complete", fields=(("sync_every", _H), ("num_fragments", 2),
-                            ("overlap_steps", 1), ("merge_alpha", 0.5),
-                            ("outer_optimizer.lr", _OUTER_LR))),
-    Run("decentralized_diloco", f"Decentralized DiLoCo (Nesterov lr "
-        f"{_OUTER_LR}), one_peer_exp, H={_H}", "decentralized_diloco",
-        "adamw", "one_peer_exp",
-        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR))),
-    Run("diloco_delayed", f"DiLoCo, delayed outer step (Nesterov lr "
-        f"{_OUTER_LR}), H={_H}", "diloco", "adamw", "complete",
-        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR),
-                ("outer_overlap", "delayed"))),
-    Run("diloco_eager", f"DiLoCo, eager outer step (Nesterov lr "
-        f"{_OUTER_LR}), H={_H}", "diloco", "adamw", "complete",
-        fields=(("sync_every", _H), ("outer_optimizer.lr", _OUTER_LR),
-                ("outer_overlap", "eager"))),
-    Run("local_dadam", "Local DAdam, one_peer_exp, gossip every 5",
-        "decentralized", "adamw", "one_peer_exp",
+    Run("local_sgd", "local_sgd", "adamw", "complete",
+        fields=(("sync_every", _H),)),
+    Run("diloco", "diloco", "adamw", "complete", fields=_SYNC),
+    Run("streaming_diloco", "streaming_diloco", "adamw", "complete",
+        fields=(("sync_every", _H), ("num_fragments", 2),
+                ("overlap_steps", 1), ("merge_alpha", 0.5),
+                ("outer_optimizer.lr", _OUTER_LR))),
+    Run("decentralized_diloco", "decentralized_diloco", "adamw",
+        "one_peer_exp", fields=_SYNC),
+    Run("diloco_delayed", "diloco", "adamw", "complete",
+        fields=(*_SYNC, ("outer_overlap", "delayed"))),
+    Run("diloco_eager", "diloco", "adamw", "complete",
+        fields=(*_SYNC, ("outer_overlap", "eager"))),
+    Run("local_dadam", "decentralized", "adamw", "one_peer_exp",
         fields=(("gossip_every", 5),)),
-    Run("sgp", "SGP (push-sum AdamW), one_peer_exp", "sgp", "adamw",
-        "one_peer_exp"),
+    Run("sgp", "sgp", "adamw", "one_peer_exp"),
 )
 METHODS = {run.name: run for run in RUNS}
 # Peak learning rates per method for gpt_tiny (8 workers, 300 steps), each
@@ -308,6 +336,6 @@ def job_arms(arms, seeds: tuple[int, ...], checkpoints: bool) -> list[Arm]:
         if not checkpoints:
           c.checkpoint_interval = 0
       named = run if len(seeds) <= 1 else dataclasses.replace(
-          run, name=f"{run.name}_seed{seed}", label=f"{run.label}, seed {seed}")
+          run, name=f"{run.name}_seed{seed}", seed=seed)
       out.append(Arm(run, seed, named, c))
   return out
