@@ -71,10 +71,11 @@ def _assert_assignments_commented(source: str, name: str, prefixes) -> None:
 
 def test_schema_defines_every_field_once_with_a_comment():
   """base_config() holds every field; the variants only override."""
-  path = os.path.join(ROOT, "decentral_jax", "runner", "config.py")
-  with open(path, encoding="utf-8") as f:
-    source = f.read()
-  _assert_assignments_commented(source, "config.py", ("  c.", "  m.", "  g."))
+  for module in ("config.py", "config_groups.py"):
+    path = os.path.join(ROOT, "decentral_jax", "runner", module)
+    with open(path, encoding="utf-8") as f:
+      source = f.read()
+    _assert_assignments_commented(source, module, ("  c.", "  m.", "  g."))
   for name in SHIPPED:
     config = load_config(name)
     base = config_lib.base_config(config.model.name)

@@ -22,7 +22,7 @@ import jax
 
 from decentral_jax import parallel
 from decentral_jax.runner import checkpoint as checkpoint_lib
-from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import config_groups
 from decentral_jax.runner import fault_run
 from decentral_jax.runner import validation
 
@@ -53,7 +53,7 @@ RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                    "outer_overlap": "none", "outer_latency": 1,
                    "trickle_reduction": True,
                    "compression": json.loads(
-                       config_lib.compression_group().to_json())}
+                       config_groups.compression_group().to_json())}
 
 
 def checkpoint_meta(exp, step: int) -> dict:
