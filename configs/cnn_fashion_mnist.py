@@ -24,7 +24,8 @@ def get_config() -> config_dict.ConfigDict:
   """Returns the cnn_fashion_mnist configuration.
 
   Fields not set here keep the defaults of
-  ``decentral_jax.runner.config.base_config``, where every field is described.
+  ``decentral_jax.runner.config.base_config``; every field is described by
+  its group's builder in ``decentral_jax.runner.config_groups``.
   """
   c = config_lib.base_config("cnn")
   # 500 steps x 256 images ~ 2 epochs; 32 images per worker.

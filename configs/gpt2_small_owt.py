@@ -36,7 +36,8 @@ def get_config(variant: str = "decentralized") -> config_dict.ConfigDict:
   """Returns the configuration of the given variant (see module docstring).
 
   Fields not set here keep the defaults of
-  ``decentral_jax.runner.config.base_config``, where every field is described.
+  ``decentral_jax.runner.config.base_config``; every field is described by
+  its group's builder in ``decentral_jax.runner.config_groups``.
   """
   if variant not in VARIANTS:
     raise ValueError(f"unknown gpt2_small_owt variant {variant!r}; use "
