@@ -30,7 +30,8 @@ from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import methods
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner import validation
-from decentral_jax.runtime_model import core as runtime_core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model import method as runtime_method
 from decentral_jax.tools.compare import job as job_lib
 
@@ -219,5 +220,5 @@ def test_spec_for_config_prices_the_format():
       *DILOCO, "--config.algorithm=local_sgd", *_format_args("int8")))
   assert spec == "local_sgd:H=3,compress=int8,block=64"
   for s in (spec, "diloco:H=3,compress=topk,block=64,fraction=0.125"):
-    m = runtime_core.make_method(s, runtime_core.Cluster(n_workers=N))
+    m = make_method(s, Cluster(n_workers=N))
     assert runtime_method.library_gap(m) is None, s

@@ -29,7 +29,11 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import methods
 from decentral_jax.runner import validation
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 8
@@ -144,12 +148,12 @@ def test_the_runtime_model_prices_the_toy_method(toy):
   assert (spec, fields) == ("ring", {"devices_per_worker": 1,
                                      "worker_layout": "fsdp"})
   # One worker per node, no latency, 1 GB/s between nodes.
-  c = core.Cluster(N, 1, 0.0, 10e9, 0.0, 1e9, multi_node="tree")
-  w = core.Workload(25e6, 0.02, 0.04, bucket_shares=(1.0,), **fields)
-  m = core.make_method(spec, c)
+  c = Cluster(N, 1, 0.0, 10e9, 0.0, 1e9, multi_node="tree")
+  w = Workload(25e6, 0.02, 0.04, bucket_shares=(1.0,), **fields)
+  m = make_method(spec, c)
   assert m.kind == "gossip" and m.overlap and m.topology.name == "ring"
-  t = core.simulate(m, c, w, steps=40, warmup=8)
-  assert t == pytest.approx(core.closed_form(m, c, w).iteration_s, rel=1e-6)
+  t = simulate(m, c, w, steps=40, warmup=8)
+  assert t == pytest.approx(closed_form(m, c, w).iteration_s, rel=1e-6)
   # Ring gossip over the 1 GB/s NIC: each worker sends its 100 MB to one
   # neighbour per step (0.1 s), more than the 60 ms of compute it hides
   # behind, so a step takes the exchange.

@@ -9,7 +9,17 @@ import pytest
 
 from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import main as cli
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.costs import pair_exchange_time
+from decentral_jax.runtime_model.costs import ring_all_reduce_time
+from decentral_jax.runtime_model.costs import round_cost
+from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.runtime_model.workload import expected_max_normal
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import per_step_methods
@@ -18,30 +28,30 @@ M = 100e6  # bytes
 
 
 def _no_comm_cluster(n, local_size=1):
-  return core.Cluster(n, local_size, 0.0, 1e18, 0.0, 1e18)
+  return Cluster(n, local_size, 0.0, 1e18, 0.0, 1e18)
 
 
 # -- alpha-beta costs ---------------------------------------------------------
 
 
 def test_ring_units_100MB_at_10GBps_over_8_workers():
-  assert core.ring_all_reduce_time(8, 100e6, 0.0, 10e9) == pytest.approx(
+  assert ring_all_reduce_time(8, 100e6, 0.0, 10e9) == pytest.approx(
       2 * 7 / 8 * 0.01, rel=1e-12)
-  assert core.ring_all_reduce_time(8, 100e6, 3e-6, 10e9) == pytest.approx(
+  assert ring_all_reduce_time(8, 100e6, 3e-6, 10e9) == pytest.approx(
       0.0175 + 14 * 3e-6, rel=1e-12)
-  c = core.Cluster(8, 8, intra_latency_s=3e-6, intra_bandwidth_Bps=10e9)
-  t = core.all_reduce_cost(c).time(100e6)
+  c = Cluster(8, 8, intra_latency_s=3e-6, intra_bandwidth_Bps=10e9)
+  t = all_reduce_cost(c).time(100e6)
   np.testing.assert_allclose(t, 0.0175 + 14 * 3e-6, rtol=1e-12)
-  assert core.pair_exchange_time(100e6, 1e-6, 10e9) == pytest.approx(0.010001)
+  assert pair_exchange_time(100e6, 1e-6, 10e9) == pytest.approx(0.010001)
 
 
 def test_zero_communication_for_one_worker():
-  c = core.Cluster(1)
-  w = core.Workload(65e6, 0.01, 0.02, optimizer_s=0.003, compute_cv=0.0)
-  assert core.all_reduce_cost(c).time(M)[0] == 0.0
+  c = Cluster(1)
+  w = Workload(65e6, 0.01, 0.02, optimizer_s=0.003, compute_cv=0.0)
+  assert all_reduce_cost(c).time(M)[0] == 0.0
   for meth in ("all_reduce", "one_peer_exp", "aer", "complete", "sgp"):
-    assert core.simulate(meth, c, w, steps=20, warmup=5) == pytest.approx(0.033)
-    est = core.closed_form(meth, c, w)
+    assert simulate(meth, c, w, steps=20, warmup=5) == pytest.approx(0.033)
+    est = closed_form(meth, c, w)
     assert est.iteration_s == pytest.approx(0.033)
     assert est.exposed_comm_s == pytest.approx(0.0, abs=1e-15)
 
@@ -51,65 +61,65 @@ def test_zero_communication_for_one_worker():
 def test_costs_never_decrease_with_size_or_workers(multi_node, local_size):
   prev_n = 0.0
   for n in (8, 16, 32, 64):
-    c = core.Cluster(n, local_size, 5e-6, 15e9, 20e-6, 3e9,
+    c = Cluster(n, local_size, 5e-6, 15e9, 20e-6, 3e9,
                      multi_node=multi_node)
-    t = core.all_reduce_cost(c).time(M)[0]
+    t = all_reduce_cost(c).time(M)[0]
     assert t >= prev_n
     prev_n = t
-    sizes = [core.all_reduce_cost(c).time(b)[0] for b in (1e3, 1e6, 1e8, 1e9)]
+    sizes = [all_reduce_cost(c).time(b)[0] for b in (1e3, 1e6, 1e8, 1e9)]
     assert np.all(np.diff(sizes) >= 0)
     for name in ("one_peer_exp", "aer", "ring"):
       if name == "aer" and local_size == 1:
         continue
-      rounds = [core.round_cost(c, r) for r in topology.make(
+      rounds = [round_cost(c, r) for r in topology.make(
           name, n, local_size).rounds]
       per_size = [max(r.time(b).max() for r in rounds) for b in (1e3, 1e6, 1e9)]
       assert np.all(np.diff(per_size) >= 0)
   for p in range(1, 40):
-    assert (core.ring_all_reduce_time(p + 1, M, 1e-6, 1e10)
-            >= core.ring_all_reduce_time(p, M, 1e-6, 1e10))
+    assert (ring_all_reduce_time(p + 1, M, 1e-6, 1e10)
+            >= ring_all_reduce_time(p, M, 1e-6, 1e10))
 
 
 def test_simulated_time_never_decreases_with_message_size():
-  c = core.Cluster(16, 4, 5e-6, 30e9, 30e-6, 3e9)
+  c = Cluster(16, 4, 5e-6, 30e9, 30e-6, 3e9)
   for meth in ("all_reduce", "one_peer_exp", "aer", "complete", "sgp"):
-    times = [core.simulate(meth, c, core.Workload(p, 0.02, 0.04),
+    times = [simulate(meth, c, Workload(p, 0.02, 0.04),
                            steps=30, warmup=10) for p in (1e5, 1e7, 1e8, 5e8)]
     assert np.all(np.diff(times) >= -1e-12), (meth, times)
 
 
 def test_round_costs_match_hand_formulas():
   a_in, b_in, a_out, nic = 2e-6, 20e9, 30e-6, 3e9
-  c = core.Cluster(16, 4, a_in, b_in, a_out, nic, multi_node="ring")
+  c = Cluster(16, 4, a_in, b_in, a_out, nic, multi_node="ring")
   exp = topology.make("one_peer_exp", 16, 4)
   # XOR 1: on-node pairs; XOR 4: all 4 workers of a node cross its NIC.
-  np.testing.assert_allclose(core.round_cost(c, exp.rounds[0]).time(M),
+  np.testing.assert_allclose(round_cost(c, exp.rounds[0]).time(M),
                              a_in + M / b_in)
-  np.testing.assert_allclose(core.round_cost(c, exp.rounds[2]).time(M),
+  np.testing.assert_allclose(round_cost(c, exp.rounds[2]).time(M),
                              a_out + 4 * M / nic)
   aer = topology.make("aer", 16, 4)
-  rc = core.round_cost(c, aer.rounds[0])  # nodes 0,1 alone; 2,3 together
+  rc = round_cost(c, aer.rounds[0])  # nodes 0,1 alone; 2,3 together
   intra = 6 * a_in + 1.5 * M / b_in
   ring8 = 14 * a_out + 2 * 7 / 8 * M / nic
   np.testing.assert_allclose(rc.time(M), [intra] * 8 + [ring8] * 8)
   assert rc.crosses.tolist() == [False] * 8 + [True] * 8
-  tree = core.Cluster(16, 4, a_in, b_in, a_out, nic, multi_node="tree")
-  t = core.round_cost(tree, aer.rounds[0]).time(M)[8]
+  tree = Cluster(16, 4, a_in, b_in, a_out, nic, multi_node="tree")
+  t = round_cost(tree, aer.rounds[0]).time(M)[8]
   assert t == pytest.approx(6 * a_in + 2 * a_out
                             + max(1.5 * M / b_in, M / nic))
   # A per-connection cap limits a lone flow; sharing splits the NIC.
-  capped = core.Cluster(16, 4, a_in, b_in, a_out, 8e9, flow_bandwidth_Bps=3e9)
+  capped = Cluster(16, 4, a_in, b_in, a_out, 8e9, flow_bandwidth_Bps=3e9)
   assert capped.inter_flow_Bps(1) == 3e9 and capped.inter_flow_Bps(4) == 2e9
 
 
 def test_measured_times_override_formulas():
-  c = core.Cluster(8, 4)
-  w = core.Workload(10e6, 0.0, 0.0, bucket_shares=(1.0,))
-  ar = core.Method("all_reduce", "all_reduce", measured_s=(0.123,))
-  assert core.simulate(ar, c, w, steps=10, warmup=2) == pytest.approx(0.123)
+  c = Cluster(8, 4)
+  w = Workload(10e6, 0.0, 0.0, bucket_shares=(1.0,))
+  ar = Method("all_reduce", "all_reduce", measured_s=(0.123,))
+  assert simulate(ar, c, w, steps=10, warmup=2) == pytest.approx(0.123)
   topo = topology.make("one_peer_exp", 8, 4)
-  gossip = core.Method("exp", "gossip", topo, measured_s=(0.01, 0.02, 0.09))
-  assert core.simulate(gossip, c, w, steps=30, warmup=3) == pytest.approx(0.04)
+  gossip = Method("exp", "gossip", topo, measured_s=(0.01, 0.02, 0.09))
+  assert simulate(gossip, c, w, steps=30, warmup=3) == pytest.approx(0.04)
 
 
 # -- estimators ---------------------------------------------------------------
@@ -170,12 +180,12 @@ def _reference_simulation(method, c, w, steps, warmup, seed):
 @pytest.mark.parametrize("name", ["all_reduce", "one_peer_exp", "aer",
                                   "complete", "ring", "exponential"])
 def test_vectorized_simulator_matches_plain_loops(name):
-  c = core.Cluster(8, 2, 5e-6, 20e9, 20e-6, 2e9)
-  w = core.Workload(20e6, 0.01, 0.02, optimizer_s=0.002, compute_cv=0.2,
+  c = Cluster(8, 2, 5e-6, 20e9, 20e-6, 2e9)
+  w = Workload(20e6, 0.01, 0.02, optimizer_s=0.002, compute_cv=0.2,
                     bucket_bytes=20e6)
-  m = core.make_method(name, c)
+  m = make_method(name, c)
   ref = _reference_simulation(m, c, w, steps=40, warmup=8, seed=3)
-  assert core.simulate(m, c, w, steps=40, warmup=8, seed=3) == pytest.approx(
+  assert simulate(m, c, w, steps=40, warmup=8, seed=3) == pytest.approx(
       ref, rel=1e-12)
 
 
@@ -194,15 +204,15 @@ def test_simulator_matches_closed_form_over_compute_and_cluster_grid(
   for comp_ms in (0.0, 1.0, 3.0, 30.0, 300.0):  # forward + backward
     for n in (8, 32):
       for local_size in (1, 4):
-        c = core.Cluster(n, local_size, 5e-6, 30e9, 30e-6, 3.125e9,
+        c = Cluster(n, local_size, 5e-6, 30e9, 30e-6, 3.125e9,
                          multi_node="tree")
         for cv, rel in ((0.0, 1e-6), (0.1, 0.05)):
-          w = core.Workload(
+          w = Workload(
               65e6, comp_ms / 3e3, 2 * comp_ms / 3e3, compute_cv=cv,
               optimizer_s=0.002 if comp_ms else 0.0,
               bucket_shares=(1.0,) if buckets == "one" else None)
-          sim = core.simulate(name, c, w, steps=80, warmup=20)
-          assert core.closed_form(name, c, w).iteration_s == pytest.approx(
+          sim = simulate(name, c, w, steps=80, warmup=20)
+          assert closed_form(name, c, w).iteration_s == pytest.approx(
               sim, rel=rel), (comp_ms, n, local_size, cv)
 
 
@@ -211,20 +221,20 @@ def test_zero_compute_prices_bytes_and_links_only(local_size):
   # Without compute nothing hides communication: each worker's stream runs
   # its period's rounds back to back, so decentralized training is never free
   # and its speedup over All-Reduce is a ratio of link-limited times.
-  c = core.Cluster(16, local_size, 5e-6, 15.75e9, 10e-6, 12.5e9,
+  c = Cluster(16, local_size, 5e-6, 15.75e9, 10e-6, 12.5e9,
                    multi_node="tree")
-  w = core.Workload(65e6, 0.0, 0.0)
+  w = Workload(65e6, 0.0, 0.0)
   nb = len(w.buckets(w.param_bytes)[0])
   assert nb == 10
-  ar = core.simulate("all_reduce", c, w, steps=80, warmup=20)
-  assert ar == pytest.approx(core.all_reduce_cost(c).time(w.grad_bytes, nb)[0])
+  ar = simulate("all_reduce", c, w, steps=80, warmup=20)
+  assert ar == pytest.approx(all_reduce_cost(c).time(w.grad_bytes, nb)[0])
   for name in ("one_peer_exp", "aer", "complete", "ring"):
-    m = core.make_method(name, c)
+    m = make_method(name, c)
     busy = sum(rc.time(w.param_bytes, nb) for rc in m.round_costs(c, w))
     per_step = busy.max() / m.topology.period
-    assert core.simulate(m, c, w, steps=80, warmup=20) == pytest.approx(
+    assert simulate(m, c, w, steps=80, warmup=20) == pytest.approx(
         per_step, rel=1e-9), name
-    assert core.closed_form(m, c, w).iteration_s == pytest.approx(
+    assert closed_form(m, c, w).iteration_s == pytest.approx(
         per_step, rel=1e-9), name
 
 
@@ -233,9 +243,9 @@ def test_round_after_a_two_node_round_waits_for_the_shared_links():
   # mean, which is a reduce-scatter in the node, one exchange across and an
   # all-gather in the node. With a fast NIC both are limited by the
   # intra-node links, so a period takes at least the sum of the two rounds.
-  c = core.Cluster(8, 4, 5e-6, 15.75e9, 10e-6, 100e9, multi_node="tree")
-  m = core.make_method("aer", c)
-  w = core.Workload(65e6, 0.0005, 0.001)  # comm-bound, 10 buckets
+  c = Cluster(8, 4, 5e-6, 15.75e9, 10e-6, 100e9, multi_node="tree")
+  m = make_method("aer", c)
+  w = Workload(65e6, 0.0005, 0.001)  # comm-bound, 10 buckets
   nb = len(w.buckets(w.param_bytes)[0])
   intra, joint = (rc.time(w.param_bytes, nb)[0] for rc in m.round_costs(c, w))
   assert [rc.crosses.all() for rc in m.round_costs(c, w)] == [False, True]
@@ -245,13 +255,13 @@ def test_round_after_a_two_node_round_waits_for_the_shared_links():
   assert intra == pytest.approx(nb * 6 * 5e-6 + 1.5 * m_x / 15.75e9)
   assert joint == pytest.approx(nb * (6 * 5e-6 + 2 * 10e-6)
                                 + 1.75 * m_x / 15.75e9)
-  period_s = 2 * core.simulate(m, c, w, steps=80, warmup=20)
+  period_s = 2 * simulate(m, c, w, steps=80, warmup=20)
   assert period_s >= (intra + joint) * (1 - 1e-12)
   assert period_s == pytest.approx(intra + joint, rel=1e-9)
   # The same with measured round times (seconds) and no compute.
-  timed = core.Method("aer", "gossip", m.topology, measured_s=(0.01, 0.03))
-  idle = core.Workload(65e6, 0.0, 0.0)
-  assert core.simulate(timed, c, idle, steps=80, warmup=20) == pytest.approx(
+  timed = Method("aer", "gossip", m.topology, measured_s=(0.01, 0.03))
+  idle = Workload(65e6, 0.0, 0.0)
+  assert simulate(timed, c, idle, steps=80, warmup=20) == pytest.approx(
       0.02, rel=1e-9)
 
 
@@ -271,11 +281,11 @@ def test_cli_zero_compute_does_not_recommend_aer(capsys):
 
 
 def test_bucket_pipelining_closed_form_close_to_simulator():
-  c = core.Cluster(64, 8, multi_node="tree")
-  w = core.Workload(65e6, 0.04, 0.08, compute_cv=0.1)
+  c = Cluster(64, 8, multi_node="tree")
+  w = Workload(65e6, 0.04, 0.08, compute_cv=0.1)
   for name in ("all_reduce", "one_peer_exp", "aer", "complete"):
-    assert core.simulate(name, c, w) == pytest.approx(
-        core.closed_form(name, c, w).iteration_s, rel=0.05)
+    assert simulate(name, c, w) == pytest.approx(
+        closed_form(name, c, w).iteration_s, rel=0.05)
 
 
 def _expected_max_of_normals(n: int) -> float:
@@ -290,28 +300,28 @@ def _expected_max_of_normals(n: int) -> float:
 def test_all_reduce_straggler_excess_is_the_expected_maximum():
   n, cv, comp = 64, 0.1, 0.3
   c = _no_comm_cluster(n)
-  w = core.Workload(1e3, comp / 3, 2 * comp / 3, compute_cv=cv)
+  w = Workload(1e3, comp / 3, 2 * comp / 3, compute_cv=cv)
   sigma = cv * comp
   e_max = _expected_max_of_normals(n)  # 2.3437 (sqrt(2 ln 64) = 2.884)
   # Without communication All-Reduce waits each step for the slowest of n
   # workers: the excess over the mean compute is sigma E[max of n N(0,1)].
   # Over 4000 steps the standard error of the mean maximum is 0.45 sigma /
   # sqrt(4000), 0.3% of E[max]: 1% is 3 standard errors.
-  ar = core.simulate("all_reduce", c, w, steps=4100, warmup=100, seed=1)
+  ar = simulate("all_reduce", c, w, steps=4100, warmup=100, seed=1)
   excess_ar = ar - comp
   assert excess_ar == pytest.approx(sigma * e_max, rel=0.01)
-  exp = core.simulate("one_peer_exp", c, w, steps=600, warmup=100, seed=1)
+  exp = simulate("one_peer_exp", c, w, steps=600, warmup=100, seed=1)
   assert 0 <= exp - comp < 0.5 * excess_ar
   # The closed form uses the exact Gaussian maximum: a numerical integral
   # (quad) and a Monte Carlo reference.
-  assert core.expected_max_normal(n) == pytest.approx(e_max, rel=1e-9)
-  assert core.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi),
+  assert expected_max_normal(n) == pytest.approx(e_max, rel=1e-9)
+  assert expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi),
                                                       rel=1e-9)
   mc = np.random.default_rng(0).standard_normal((50_000, 64)).max(1).mean()
-  assert core.expected_max_normal(64) == pytest.approx(mc, abs=0.01)
-  assert core.closed_form("all_reduce", c, w).iteration_s == pytest.approx(
+  assert expected_max_normal(64) == pytest.approx(mc, abs=0.01)
+  assert closed_form("all_reduce", c, w).iteration_s == pytest.approx(
       comp + sigma * e_max, rel=1e-9)
-  assert core.closed_form("all_reduce", c, w).iteration_s == pytest.approx(
+  assert closed_form("all_reduce", c, w).iteration_s == pytest.approx(
       ar, rel=0.01)
 
 
@@ -351,18 +361,18 @@ def test_figure6_fit_reproduces_stored_constants():
 
 
 @pytest.mark.parametrize("make, field", [
-    (lambda: core.Cluster(6, 4), "local_size"),
-    (lambda: core.Cluster(0), "n_workers"),
-    (lambda: core.Cluster(8, nic_bandwidth_Bps=0.0), "nic_bandwidth_Bps"),
-    (lambda: core.Cluster(8, multi_node="star"), "multi_node"),
-    (lambda: core.Workload(1e6, -0.1, 0.1), "forward_s"),
-    (lambda: core.Workload(1e6, 0.1, 0.1, bucket_shares=(0.5, 0.2)),
+    (lambda: Cluster(6, 4), "local_size"),
+    (lambda: Cluster(0), "n_workers"),
+    (lambda: Cluster(8, nic_bandwidth_Bps=0.0), "nic_bandwidth_Bps"),
+    (lambda: Cluster(8, multi_node="star"), "multi_node"),
+    (lambda: Workload(1e6, -0.1, 0.1), "forward_s"),
+    (lambda: Workload(1e6, 0.1, 0.1, bucket_shares=(0.5, 0.2)),
      "bucket_shares"),
-    (lambda: core.make_method("hypercube", core.Cluster(8)), "topology"),
-    (lambda: core.make_method(topology.make("ring", 4), core.Cluster(8)),
+    (lambda: make_method("hypercube", Cluster(8)), "topology"),
+    (lambda: make_method(topology.make("ring", 4), Cluster(8)),
      "n_workers"),
-    (lambda: core.simulate("ring", core.Cluster(4),
-                           core.Workload(1, 1, 1), steps=5, warmup=5),
+    (lambda: simulate("ring", Cluster(4),
+                           Workload(1, 1, 1), steps=5, warmup=5),
      "warmup"),
 ])
 def test_bad_input_raises_value_error_naming_the_field(make, field):
@@ -403,7 +413,7 @@ def test_calibrate_alpha_beta_fit_and_config_overrides(tmp_path):
   from decentral_jax.tools.runtime_model_cli import calibrate  # pylint: disable=import-outside-toplevel
   n, a, b = 8, 7e-6, 3e9
   sizes = [1e6, 8e6]
-  times = [core.ring_all_reduce_time(n, s, a, b) for s in sizes]
+  times = [ring_all_reduce_time(n, s, a, b) for s in sizes]
   assert calibrate.fit_ring_alpha_beta(n, sizes, times) == pytest.approx((a, b))
   assert calibrate.fit_ring_alpha_beta(1, sizes, times) == (0.0, 1e18)
   cfg = config_lib.load_config("configs/gpt_tiny.py", [

@@ -18,7 +18,7 @@ from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.tools.runtime_model_cli import tables
 from decentral_jax.tools.runtime_model_cli import main as cli
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
@@ -84,7 +84,7 @@ def test_the_header_names_a_named_or_fitted_workload(capsys):
 def test_the_header_names_a_measured_workload(tmp_path, capsys):
   from decentral_jax.runtime_model import cluster_file
   path = str(tmp_path / "c.json")
-  c = core.Cluster(n_workers=4, local_size=4)
+  c = Cluster(n_workers=4, local_size=4)
   cluster_file.write(path, {
       "cluster": dataclasses.asdict(c),
       "workload": {"param_count": 7e6, "forward_s": 0.01,
@@ -261,7 +261,7 @@ def test_validate_marks_the_sgp_rows_it_does_not_judge(capsys):
 def _file(measured_s: float, backend: str) -> dict:
   # 4 workers in one node, 1 ms per message, 1 GB/s: a ring All-Reduce of
   # 4 MB takes 2 (n-1)/n M / B + 2 (n-1) alpha = 6 + 6 = 12 ms.
-  c = core.Cluster(n_workers=4, local_size=4, intra_latency_s=1e-3,
+  c = Cluster(n_workers=4, local_size=4, intra_latency_s=1e-3,
                    intra_bandwidth_Bps=1e9)
   return {"cluster": dataclasses.asdict(c), "meta": {"backend": backend},
           "measurements": {"all_reduce_bytes": 4e6,

@@ -23,7 +23,7 @@ from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def test_fit_links_recovers_known_links():
   one = _synthetic()
   one.update(inter_pair_s=None, inter_concurrent_s=None)
   got = cluster_file.fit_links(one, 4, 4)
-  assert got["nic_bandwidth_Bps"] == core.Cluster.nic_bandwidth_Bps
+  assert got["nic_bandwidth_Bps"] == Cluster.nic_bandwidth_Bps
   with pytest.raises(ValueError, match="2 distinct"):
     cluster_file.fit_alpha_beta([1e6, 1e6], [1.0, 2.0])
 
@@ -135,8 +135,8 @@ def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
   # One node: nothing measured across nodes; those links keep the defaults.
   assert meas["inter_pair_s"] is None and meas["inter_concurrent_s"] is None
   assert meas["concurrent_flows"] is None
-  assert c["nic_bandwidth_Bps"] == core.Cluster.nic_bandwidth_Bps
-  assert c["inter_latency_s"] == core.Cluster.inter_latency_s
+  assert c["nic_bandwidth_Bps"] == Cluster.nic_bandwidth_Bps
+  assert c["inter_latency_s"] == Cluster.inter_latency_s
   assert c["flow_bandwidth_Bps"] is None
   # The tiny GPT's parameters by hand (bias-free, tied embedding, vocabulary
   # 256, width 16, context 8): token 256*16 + position 8*16 + final norm 16,

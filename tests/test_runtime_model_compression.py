@@ -18,7 +18,11 @@ from decentral_jax.optim import choco
 from decentral_jax import optim
 from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import compression
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import recommend
@@ -60,11 +64,11 @@ def _cluster(**kw):
   base = dict(n_workers=4, local_size=1, inter_latency_s=A,
               nic_bandwidth_Bps=B_LINK, multi_node="ring", codec_Bps=CODEC)
   base.update(kw)
-  return core.Cluster(**base)
+  return Cluster(**base)
 
 
 def _workload(step_s=0.01):
-  return core.Workload(N, step_s / 3, 2 * step_s / 3, bucket_bytes=1e15)
+  return Workload(N, step_s / 3, 2 * step_s / 3, bucket_bytes=1e15)
 
 
 def test_compressed_diloco_sync_by_hand():
@@ -77,15 +81,15 @@ def test_compressed_diloco_sync_by_hand():
   codec = 3.25 * N * 4 / CODEC
   want = x + (sync + codec) / h
   spec = "diloco:H=10,compress=int8"
-  est = core.closed_form(spec, c, w)
+  est = closed_form(spec, c, w)
   assert est.iteration_s == pytest.approx(want, rel=1e-12)
   assert est.compute_s == pytest.approx(x)
   assert est.exposed_comm_s == pytest.approx((sync + codec) / h)
-  assert core.simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(want)
+  assert simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(want)
   sent = traffic.bytes_per_iteration(spec, c, w)
   assert sent.worker_bytes == pytest.approx(1.5 * payload / h)
   # Uncompressed: 4 N float32 bytes.
-  plain = core.closed_form("diloco:H=10", c, w).iteration_s
+  plain = closed_form("diloco:H=10", c, w).iteration_s
   assert plain == pytest.approx(x + (6 * A + 1.5 * 4 * N / B_LINK) / h)
 
 
@@ -114,7 +118,7 @@ def test_topk_sync_bytes_equal_the_librarys_count(n_workers, local_size,
                wan_bandwidth_Bps=1e9 if datacenters > 1 else None)
   for n, block, fraction in ((1000, 64, 0.125), (100_003, 256, 1 / 32),
                              (70_000, 40_000, 0.001)):
-    w = core.Workload(n, 0.001, 0.002, bucket_bytes=1e15)
+    w = Workload(n, 0.001, 0.002, bucket_bytes=1e15)
     spec = f"diloco:H=5,compress=topk,block={block},fraction={fraction}"
     got = 5 * traffic.bytes_per_iteration(spec, c, w).worker_bytes
     want = _topk_sent_per_sync(n, n_workers, block, fraction)
@@ -136,10 +140,10 @@ def test_topk_diloco_sync_is_an_all_gather_by_hand():
   codec = 9 * N * 4 / CODEC
   want = x + (sync + codec) / h
   spec = "diloco:H=10,compress=topk,fraction=0.03125"
-  est = core.closed_form(spec, c, w)
+  est = closed_form(spec, c, w)
   assert est.iteration_s == pytest.approx(want, rel=1e-12)
   assert est.exposed_comm_s == pytest.approx((sync + codec) / h)
-  assert core.simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(want)
+  assert simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(want)
   sent = traffic.bytes_per_iteration(spec, c, w)
   assert sent.worker_bytes == pytest.approx(7 * payload / h)
   assert sent.node_bytes == pytest.approx(7 * payload / h)
@@ -148,10 +152,10 @@ def test_topk_diloco_sync_is_an_all_gather_by_hand():
   p8 = 3912 * 260
   want8 = x + (14 * A + 1.75 * p8 / B_LINK
                + (3 + 1 / 8) * N * 4 / CODEC) / h
-  assert core.closed_form("diloco:H=10,compress=int8", c, w).iteration_s == (
+  assert closed_form("diloco:H=10,compress=int8", c, w).iteration_s == (
       pytest.approx(want8, rel=1e-12))
   # Streaming DiLoCo, 2 fragments of P/2 each, one per half period.
-  est = core.closed_form("streaming_diloco:H=10,P=2,compress=topk,"
+  est = closed_form("streaming_diloco:H=10,P=2,compress=topk,"
                          "fraction=0.03125", c, w)
   frag = 7 * A + 7 * payload / 2 / B_LINK
   assert est.iteration_s == pytest.approx(x + (2 * frag + codec) / h,
@@ -180,7 +184,7 @@ def test_topk_all_gather_across_datacenters_by_hand():
   assert sent.node_bytes == pytest.approx(4 * payload / 10)
   codec = 9 * N * 4 / CODEC
   sync = 3 * a_i + a_w + 6 * payload / b_i + 4 * payload / b_w
-  assert core.closed_form(spec, c, w).iteration_s == pytest.approx(
+  assert closed_form(spec, c, w).iteration_s == pytest.approx(
       0.01 + (sync + codec) / 10, rel=1e-12)
 
 
@@ -194,7 +198,7 @@ def test_break_even_of_topk_by_hand():
   # No latency: T_plain = x + 1.75 * 4N / b / H and T_topk = x + (7 P / b
   # + codec) / H cross at b* = (7 N - 7 P) / codec (8 workers, ring).
   c, w = _cluster(n_workers=8, inter_latency_s=0.0), _workload()
-  m = core.make_method("diloco:H=10,compress=topk,fraction=0.03125", c)
+  m = make_method("diloco:H=10,compress=topk,fraction=0.03125", c)
   payload = 3907 * 8 * 6
   codec = 9 * N * 4 / CODEC
   b_star = (1.75 * 4 * N - 7 * payload) / codec
@@ -209,7 +213,7 @@ def test_library_gap_of_compressed_syncs_follows_the_library(overlap, fmt):
   # Marked runnable exactly where optim.diloco accepts the
   # compressor with that outer overlap.
   c = _cluster()
-  m = core.make_method(f"diloco:H=10,overlap={overlap},compress={fmt}", c)
+  m = make_method(f"diloco:H=10,overlap={overlap},compress={fmt}", c)
   try:
     optim.diloco(optax.sgd(0.1), 10, **sync_args(overlap=overlap,
         compressor=compress.Compressor(fmt)))
@@ -228,10 +232,10 @@ def test_choco_gossip_by_hand():
   codec = 4 * N * 4 / CODEC
   want = 0.01 + codec + 2 * (A + payload / B_LINK)
   spec = "dadam:topology=static_ring,compress=int8"
-  m = core.make_method(spec, c)
+  m = make_method(spec, c)
   assert (m.kind, m.overlap, m.compress) == ("gossip", False, "int8")
-  assert core.closed_form(m, c, w).iteration_s == pytest.approx(want)
-  assert core.simulate(m, c, w, steps=30, warmup=5) == pytest.approx(want)
+  assert closed_form(m, c, w).iteration_s == pytest.approx(want)
+  assert simulate(m, c, w, steps=30, warmup=5) == pytest.approx(want)
   sent = traffic.bytes_per_iteration(m, c, w)
   tree = {"x": np.zeros(N, np.float32)}
   want_bytes = compress.payload_bytes_per_round(
@@ -243,7 +247,7 @@ def test_group_rounds_are_sent_as_permute_terms():
   # complete on 4 workers: one group mean uncompressed, 3 permute terms of
   # the payload compressed (as comm.compress.mix_compressed sends them).
   c, w = _cluster(), _workload()
-  m = core.make_method("complete:compress=fp8,block=128", c)
+  m = make_method("complete:compress=fp8,block=128", c)
   payload = compression.payload_bytes("fp8", N, 128)
   rc = m.round_costs(c, w)[0]
   assert rc.time(payload)[0] == pytest.approx(3 * (A + payload / B_LINK))
@@ -256,7 +260,7 @@ def test_break_even_bandwidth_by_hand():
   # b / H and T_int8 = x + (1.5 P / b + codec) / H are equal at
   # b* = 1.5 (4N - P) / codec.
   c, w = _cluster(inter_latency_s=0.0), _workload()
-  m = core.make_method("diloco:H=10,compress=int8", c)
+  m = make_method("diloco:H=10,compress=int8", c)
   payload = 977 * 4 * 260
   codec = 3.25 * N * 4 / CODEC
   b_star = 1.5 * (4 * N - payload) / codec
@@ -267,7 +271,7 @@ def test_break_even_bandwidth_by_hand():
   assert be.rate_Bps == B_LINK
   below = recommend.with_link_rate(c, 0.9 * b_star)
   above = recommend.with_link_rate(c, 1.1 * b_star)
-  t = lambda spec, cl: core.closed_form(spec, cl, w).iteration_s
+  t = lambda spec, cl: closed_form(spec, cl, w).iteration_s
   assert t(m, below) < t("diloco:H=10", below)
   assert t(m, above) > t("diloco:H=10", above)
   line = recommend.break_even_line(m.name, be)
@@ -277,14 +281,14 @@ def test_break_even_bandwidth_by_hand():
 
 def test_break_even_of_compressed_gossip_is_where_the_times_cross():
   c, w = _cluster(), _workload()
-  m = core.make_method("static_ring:compress=int4", c)
+  m = make_method("static_ring:compress=int4", c)
   be = recommend.break_even(m, c, w)
   assert be.baseline == "static_ring"
   assert 0 < be.break_even_Bps < math.inf
   at = recommend.with_link_rate(c, be.break_even_Bps)
-  plain = core.make_method("static_ring", c)
-  assert core.closed_form(m, at, w).iteration_s == pytest.approx(
-      core.closed_form(plain, at, w).iteration_s, rel=1e-6)
+  plain = make_method("static_ring", c)
+  assert closed_form(m, at, w).iteration_s == pytest.approx(
+      closed_form(plain, at, w).iteration_s, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", topology.NAMES)
@@ -296,7 +300,7 @@ def test_library_gap_of_compressed_gossip_follows_choco(name):
     topo = topology.make(name, 8, 1)
   except ValueError:
     pytest.skip(f"{name} needs another worker count")
-  m = core.make_method(f"{name}:compress=int8", c)
+  m = make_method(f"{name}:compress=int8", c)
   try:
     choco.choco_gossip(topo, compress.Compressor("int8"), 0.5)
     runs = True
@@ -307,19 +311,19 @@ def test_library_gap_of_compressed_gossip_follows_choco(name):
 
 def test_compressed_specs_parse_and_refuse():
   c = _cluster()
-  m = core.make_method("diloco:H=10,compress=fp4,block=128", c)
+  m = make_method("diloco:H=10,compress=fp4,block=128", c)
   assert (m.name, m.compress, m.compress_block) == (
       "diloco:H=10,compress=fp4,block=128", "fp4", 128)
   assert method_lib.library_gap(m) is None
-  m = core.make_method("streaming_diloco:H=8,P=2,compress=topk,fraction=0.02",
+  m = make_method("streaming_diloco:H=8,P=2,compress=topk,fraction=0.02",
                        c)
   assert m.compress_fraction == 0.02 and m.name.endswith("fraction=0.02")
   assert method_lib.library_gap(m) is None
   # Compressed Local SGD (the runner's spec for it).
-  m = core.make_method("local_sgd:H=3,compress=int8,block=64", c)
+  m = make_method("local_sgd:H=3,compress=int8,block=64", c)
   assert (m.name, m.compress, method_lib.library_gap(m)) == (
       "local_sgd:H=3,compress=int8,block=64", "int8", None)
-  m = core.make_method("accum_adam:compress=int8,topology=static_ring", c)
+  m = make_method("accum_adam:compress=int8,topology=static_ring", c)
   assert m.name == "accum_adam:T=4,topology=static_ring,compress=int8,block=256"
   for bad, match in (("dadam:compress=int3", "int3"),
                      ("dadam:compress=int4,block=7", "even"),
@@ -329,7 +333,7 @@ def test_compressed_specs_parse_and_refuse():
                      ("diloco:compress=int8,comm_dtype=bfloat16", "not both"),
                      ("sgp:compress=int8", "no parameter 'compress'")):
     with pytest.raises(ValueError, match=match):
-      core.make_method(bad, c)
+      make_method(bad, c)
 
 
 def test_one_worker_pays_no_codec():
@@ -337,7 +341,7 @@ def test_one_worker_pays_no_codec():
   w = _workload()
   for spec in ("diloco:H=4,compress=int8",
                "dadam:topology=static_ring,compress=int8"):
-    assert core.closed_form(spec, c, w).iteration_s == pytest.approx(0.01)
+    assert closed_form(spec, c, w).iteration_s == pytest.approx(0.01)
 
 
 def test_predict_prints_one_break_even_line_per_compressed_method(capsys):

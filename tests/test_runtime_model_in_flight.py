@@ -12,7 +12,11 @@ import numpy as np
 import pytest
 
 from decentral_jax.runtime_model import in_flight
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.tools.runtime_model_cli import main as cli
 
 A, B, N = 1e-4, 1.25e9, 1e8  # s per message, bytes/s per NIC, parameters
@@ -20,9 +24,9 @@ TAU = A + 4 * N / B  # 0.3201 s: one pair exchange of the float32 parameters
 
 
 def _setup(n=4, in_flight=None, cv=0.0, optimizer_s=0.0):
-  c = core.Cluster(n, 1, inter_latency_s=A, nic_bandwidth_Bps=B,
+  c = Cluster(n, 1, inter_latency_s=A, nic_bandwidth_Bps=B,
                    multi_node="ring")
-  w = core.Workload(N, 0.1, 0.2, optimizer_s=optimizer_s, compute_cv=cv,
+  w = Workload(N, 0.1, 0.2, optimizer_s=optimizer_s, compute_cv=cv,
                     bucket_bytes=1e15, gossip_in_flight=in_flight)
   return c, w
 
@@ -35,29 +39,29 @@ def _setup(n=4, in_flight=None, cv=0.0, optimizer_s=0.0):
     ((0.5, 1.0), 0.3 + TAU - 0.25)])
 def test_exposed_part_is_the_transfer_beyond_the_window(in_flight, expected):
   c, w = _setup(in_flight=in_flight, optimizer_s=0.01)
-  est = core.closed_form("one_peer_exp", c, w)
+  est = closed_form("one_peer_exp", c, w)
   assert est.iteration_s == pytest.approx(expected + 0.01, abs=1e-12)
   assert est.exposed_comm_s == pytest.approx(expected - 0.3, abs=1e-12)
-  assert core.simulate("one_peer_exp", c, w, steps=20, warmup=4) == (
+  assert simulate("one_peer_exp", c, w, steps=20, warmup=4) == (
       pytest.approx(expected + 0.01, abs=1e-9))
 
 
 def test_hidden_round_costs_nothing_and_default_unchanged():
-  c = core.Cluster(4, 1, inter_latency_s=A, nic_bandwidth_Bps=B * 4,
+  c = Cluster(4, 1, inter_latency_s=A, nic_bandwidth_Bps=B * 4,
                    multi_node="ring")  # tau = 1e-4 + 0.08 < 0.1 window
-  w = core.Workload(N, 0.1, 0.2, bucket_bytes=1e15,
+  w = Workload(N, 0.1, 0.2, bucket_bytes=1e15,
                     gossip_in_flight=(0.0, 0.5))
-  assert core.closed_form("one_peer_exp", c, w).iteration_s == (
+  assert closed_form("one_peer_exp", c, w).iteration_s == (
       pytest.approx(0.3))
   # Without the field: Decent-DP's pipeline, the round posted in the
   # previous step hides behind the whole next pass: 0.3201 s here.
   c, w = _setup()
-  assert core.closed_form("one_peer_exp", c, w).iteration_s == (
+  assert closed_form("one_peer_exp", c, w).iteration_s == (
       pytest.approx(TAU, abs=1e-12))
   # SGP does not overlap either way: C + tau.
   _, w2 = _setup(in_flight=(1.0, 1.0))
-  assert core.closed_form("sgp", c, w2).iteration_s == pytest.approx(
-      core.closed_form("sgp", c, w).iteration_s)
+  assert closed_form("sgp", c, w2).iteration_s == pytest.approx(
+      closed_form("sgp", c, w).iteration_s)
 
 
 def test_simulated_group_waits_for_its_last_member():
@@ -65,11 +69,11 @@ def test_simulated_group_waits_for_its_last_member():
   # with (0, 0.5) they issue at 0.2 and 0.3, the pair exchange ends at
   # 0.3 + tau for both; tau 0.05 s: steps end at max(0.3, 0.35) + 0.01
   # and max(0.4, 0.35) + 0.01: mean 0.385 s.
-  c = core.Cluster(2, 1, inter_latency_s=0.0, nic_bandwidth_Bps=8 * N,
+  c = Cluster(2, 1, inter_latency_s=0.0, nic_bandwidth_Bps=8 * N,
                    multi_node="ring")  # 4e8 bytes / 8e8 B/s = 0.5 s ...
-  w = core.Workload(N / 10, 0.1, 0.2, optimizer_s=0.01, bucket_bytes=1e15,
+  w = Workload(N / 10, 0.1, 0.2, optimizer_s=0.01, bucket_bytes=1e15,
                     gossip_in_flight=(0.0, 0.5))  # ... / 10 = 0.05 s
-  m = core.make_method("one_peer_exp", c)
+  m = make_method("one_peer_exp", c)
   got = in_flight.simulate(m, c, w, np.array([[0.1, 0.2]]),
                                   np.array([[0.2, 0.2]]), 0)
   assert got == pytest.approx(0.385)
@@ -81,11 +85,11 @@ def test_variance_adds_the_group_wait(nic):
   # between steps): below the simulation, within a few percent at cv 0.1.
   c, w = _setup(in_flight=(0.0, 0.5), cv=0.1)
   c = dataclasses.replace(c, nic_bandwidth_Bps=nic)
-  det = core.closed_form("one_peer_exp", c, dataclasses.replace(
+  det = closed_form("one_peer_exp", c, dataclasses.replace(
       w, compute_cv=0.0)).iteration_s
-  est = core.closed_form("one_peer_exp", c, w)
+  est = closed_form("one_peer_exp", c, w)
   assert est.variability_s > 0 and est.iteration_s > det
-  sim = core.simulate("one_peer_exp", c, w, steps=1000, warmup=100)
+  sim = simulate("one_peer_exp", c, w, steps=1000, warmup=100)
   assert est.iteration_s <= sim <= 1.05 * est.iteration_s
 
 
@@ -103,7 +107,7 @@ def test_read_in_flight(tmp_path):
   with pytest.raises(ValueError, match="in_flight_fractions"):
     in_flight.read_in_flight(str(path))
   with pytest.raises(ValueError, match="gossip_in_flight"):
-    core.Workload(N, 0.1, 0.2, gossip_in_flight=(0.5,))
+    Workload(N, 0.1, 0.2, gossip_in_flight=(0.5,))
 
 
 def test_command_line_flag(capsys):

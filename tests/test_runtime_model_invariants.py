@@ -24,7 +24,14 @@ import pytest
 from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.costs import pair_exchange_time
+from decentral_jax.runtime_model.costs import round_cost
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import traffic
 
 # Every method family the model prices (gossip over several topologies,
@@ -44,7 +51,7 @@ UNITLESS = {"n_workers", "local_size", "multi_node", "intra_link",
 UNIT_SUFFIXES = ("_s", "_Bps", "_bytes")
 
 
-@pytest.mark.parametrize("cls", [core.Cluster, core.Workload])
+@pytest.mark.parametrize("cls", [Cluster, Workload])
 def test_every_numeric_input_names_its_unit(cls):
   for f in dataclasses.fields(cls):
     assert f.name in UNITLESS or f.name.endswith(UNIT_SUFFIXES), (
@@ -69,23 +76,23 @@ def test_cli_unit_conversions_match_hand_values():
   assert w.bucket_bytes == 25 * 2**20
   # 260 MB (65e6 float32) exchanged over one 25 Gbit/s connection: 83.2 ms.
   assert w.param_bytes == 260e6
-  assert core.pair_exchange_time(w.param_bytes, 0.0, c.nic_bandwidth_Bps) == (
+  assert pair_exchange_time(w.param_bytes, 0.0, c.nic_bandwidth_Bps) == (
       pytest.approx(0.0832))
 
 
 def _workload(params=65e6, comp_ms=30.0, cv=0.0):
-  return core.Workload(params, comp_ms / 3e3, 2 * comp_ms / 3e3,
+  return Workload(params, comp_ms / 3e3, 2 * comp_ms / 3e3,
                        compute_cv=cv)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_time_and_bytes_never_decrease_with_message_size(method):
-  c = core.Cluster(16, 4, 5e-6, 31.5e9, 30e-6, 3.125e9, multi_node="tree")
+  c = Cluster(16, 4, 5e-6, 31.5e9, 30e-6, 3.125e9, multi_node="tree")
   times, closed, sent = [], [], []
   for p in (1e5, 1e7, 6.5e7, 3e8):
     w = _workload(p)
-    times.append(core.simulate(method, c, w, steps=48, warmup=8))
-    closed.append(core.closed_form(method, c, w).iteration_s)
+    times.append(simulate(method, c, w, steps=48, warmup=8))
+    closed.append(closed_form(method, c, w).iteration_s)
     b = traffic.bytes_per_iteration(method, c, w)
     sent.append((b.worker_bytes, b.node_bytes))
   for series in (times, closed, *zip(*sent)):
@@ -97,13 +104,13 @@ def test_collective_costs_never_decrease_with_worker_count(local_size):
   """All-Reduce and every gossip round: the slowest worker's round time."""
   prev = {}
   for n in (4, 8, 16, 32, 64):
-    c = core.Cluster(n, local_size, 5e-6, 31.5e9, 30e-6, 3.125e9,
+    c = Cluster(n, local_size, 5e-6, 31.5e9, 30e-6, 3.125e9,
                      multi_node="tree")
-    now = {"all_reduce": core.all_reduce_cost(c).time(260e6)[0]}
+    now = {"all_reduce": all_reduce_cost(c).time(260e6)[0]}
     for name in ("one_peer_exp", "aer", "ring"):
       if name == "aer" and (local_size == 1 or n == local_size):
         continue
-      rounds = core.make_method(name, c).round_costs(c, _workload())
+      rounds = make_method(name, c).round_costs(c, _workload())
       now[name] = max(r.time(260e6).max() for r in rounds)
     for key, t in now.items():
       assert t >= prev.get(key, 0.0) - 1e-15, (key, n, t, prev.get(key))
@@ -113,10 +120,10 @@ def test_collective_costs_never_decrease_with_worker_count(local_size):
 # AER needs >= 2 nodes: not a one-worker method.
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "aer"])
 def test_one_worker_communicates_nothing(method):
-  c = core.Cluster(1, 1, 5e-6, 1e9, 1e-3, 1e8)
-  w = core.Workload(65e6, 0.01, 0.02, optimizer_s=0.003)
-  assert core.simulate(method, c, w, steps=24, warmup=4) == pytest.approx(0.033)
-  est = core.closed_form(method, c, w)
+  c = Cluster(1, 1, 5e-6, 1e9, 1e-3, 1e8)
+  w = Workload(65e6, 0.01, 0.02, optimizer_s=0.003)
+  assert simulate(method, c, w, steps=24, warmup=4) == pytest.approx(0.033)
+  est = closed_form(method, c, w)
   assert est.iteration_s == pytest.approx(0.033)
   assert est.exposed_comm_s == pytest.approx(0.0, abs=1e-15)
   b = traffic.bytes_per_iteration(method, c, w)
@@ -125,16 +132,16 @@ def test_one_worker_communicates_nothing(method):
 
 def test_concurrent_flows_share_the_nic_never_both_at_full_rate():
   # Hand values: L = 4 workers of a node cross its 3.125 GB/s NIC at once.
-  c = core.Cluster(16, 4, 0.0, 31.5e9, 0.0, 3.125e9)
+  c = Cluster(16, 4, 0.0, 31.5e9, 0.0, 3.125e9)
   assert [c.inter_flow_Bps(k) for k in (1, 2, 4)] == pytest.approx(
       [3.125e9, 1.5625e9, 0.78125e9])
   exp = topology.make("one_peer_exp", 16, 4)
   # Round 2 (XOR 4) pairs every worker with the same GPU of the next node:
   # 4 flows per node, 4 x 260 MB through 3.125 GB/s = 332.8 ms.
-  np.testing.assert_allclose(core.round_cost(c, exp.rounds[2]).time(260e6),
+  np.testing.assert_allclose(round_cost(c, exp.rounds[2]).time(260e6),
                              0.3328)
   # Round 0 (XOR 1) stays in the node: one pair exchange at 31.5 GB/s.
-  np.testing.assert_allclose(core.round_cost(c, exp.rounds[0]).time(260e6),
+  np.testing.assert_allclose(round_cost(c, exp.rounds[0]).time(260e6),
                              260e6 / 31.5e9)
 
 
@@ -156,10 +163,10 @@ def test_iteration_never_beats_the_busiest_resource(method, local_size):
   for nic, intra, link in ((3.125e9, 31.5e9, "pcie"),
                            (12.5e9, 15.75e9, "pcie"),
                            (50e9, 300e9, "nvlink")):
-    c = core.Cluster(n, local_size, 0.0, intra, 0.0, nic, multi_node="tree",
+    c = Cluster(n, local_size, 0.0, intra, 0.0, nic, multi_node="tree",
                      intra_link=link)
-    w = core.Workload(65e6, 0.0, 0.0)
-    t = core.simulate(method, c, w, steps=96, warmup=16)
+    w = Workload(65e6, 0.0, 0.0)
+    t = simulate(method, c, w, steps=96, warmup=16)
     b = traffic.bytes_per_iteration(method, c, w)
     assert t >= b.node_bytes / nic * (1 - 1e-9), (method, nic, t)
     if link == "pcie":
@@ -175,14 +182,14 @@ def test_issue_regression_case_sim_matches_closed_form():
       "0.1", "--n-workers", "32", "--local-size", "4"])
   c, w = inputs.cluster_from_args(args, 32), inputs.workload_from_args(args)
   for method in ("all_reduce", "one_peer_exp", "aer"):
-    sim = core.simulate(method, c, w, steps=300, warmup=60)
-    assert core.closed_form(method, c, w).iteration_s == pytest.approx(
+    sim = simulate(method, c, w, steps=300, warmup=60)
+    assert closed_form(method, c, w).iteration_s == pytest.approx(
         sim, rel=0.05), method
   # AER is link-bound here: at least its stream's busy time per iteration.
-  m = core.make_method("aer", c)
+  m = make_method("aer", c)
   nb = len(w.buckets(w.param_bytes)[0])
   busy = sum(r.time(w.param_bytes, nb) for r in m.round_costs(c, w)).max()
-  assert core.simulate(m, c, w, steps=300, warmup=60) >= busy / 6 * (1 - 1e-9)
+  assert simulate(m, c, w, steps=300, warmup=60) >= busy / 6 * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("comp_ms", [0.0, 1.0, 3.0, 100.0])
@@ -194,12 +201,12 @@ def test_simulator_matches_closed_form_on_the_cli_default_cluster(
   Stated tolerance (docs/runtime_model.md): 1e-6 without variance, 5% with
   CV 0.1 (gossip; All-Reduce within 1%).
   """
-  c = core.Cluster(32, local_size, 5e-6, 15.75e9, 10e-6, 12.5e9,
+  c = Cluster(32, local_size, 5e-6, 15.75e9, 10e-6, 12.5e9,
                    multi_node="tree")
   for cv, rel in ((0.0, 1e-6), (0.1, 0.05)):
     w = _workload(comp_ms=comp_ms, cv=cv)
     for method in ("all_reduce", "one_peer_exp", "aer", "complete"):
-      sim = core.simulate(method, c, w, steps=80, warmup=20)
+      sim = simulate(method, c, w, steps=80, warmup=20)
       tol = 0.01 if (method == "all_reduce" and cv) else rel
-      assert core.closed_form(method, c, w).iteration_s == pytest.approx(
+      assert closed_form(method, c, w).iteration_s == pytest.approx(
           sim, rel=tol), (method, cv, comp_ms)

@@ -9,7 +9,12 @@ import pytest
 from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.costs import group_round_cost
+from decentral_jax.runtime_model.costs import round_cost
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import traffic
 
 M = 260e6
@@ -21,7 +26,7 @@ def _cluster(**kw):
               intra_bandwidth_Bps=31.5e9, inter_latency_s=0.0,
               nic_bandwidth_Bps=PORT, multi_node="tree")
   base.update(kw)
-  return core.Cluster(**base)
+  return Cluster(**base)
 
 
 @pytest.mark.parametrize("nics, flows_per_port", [(1, 4), (2, 2), (4, 1),
@@ -32,7 +37,7 @@ def test_exp_crossing_round_spreads_over_the_rails(nics, flows_per_port):
   # (8 ports: each GPU has two).
   c = _cluster(nics_per_node=nics)
   rnd = topology.make("one_peer_exp", 16, 4).rounds[2]
-  t = core.round_cost(c, rnd).time(M)
+  t = round_cost(c, rnd).time(M)
   assert t == pytest.approx([flows_per_port * M / PORT] * 16)
 
 
@@ -40,11 +45,11 @@ def test_one_collective_uses_every_nic_unless_a_flow_is_capped():
   # All-Reduce over 4 nodes x 4 (tree): the node's flow carries 2*3/4 M.
   ib = _cluster(nics_per_node=2, intra_bandwidth_Bps=300e9,
                 intra_link="nvlink")
-  t_ib = core.all_reduce_cost(ib).time(M)[0]
+  t_ib = all_reduce_cost(ib).time(M)[0]
   assert t_ib == pytest.approx(1.5 * M / (2 * PORT))  # both ports
   tcp = _cluster(nics_per_node=2, intra_bandwidth_Bps=300e9,
                  intra_link="nvlink", flow_bandwidth_Bps=PORT)
-  assert core.all_reduce_cost(tcp).time(M)[0] == pytest.approx(
+  assert all_reduce_cost(tcp).time(M)[0] == pytest.approx(
       1.5 * M / PORT)  # one TCP flow stays on one port
 
 
@@ -52,12 +57,12 @@ def test_efficiency_and_half_duplex_scale_the_nic_term():
   rnd = topology.make("one_peer_exp", 16, 4).rounds[2]
   base = 4 * M / PORT
   eff = _cluster(nic_efficiency=0.94)
-  assert core.round_cost(eff, rnd).time(M)[0] == pytest.approx(base / 0.94)
+  assert round_cost(eff, rnd).time(M)[0] == pytest.approx(base / 0.94)
   half = _cluster(full_duplex=False)
-  assert core.round_cost(half, rnd).time(M)[0] == pytest.approx(2 * base)
+  assert round_cost(half, rnd).time(M)[0] == pytest.approx(2 * base)
   # Inside the node nothing changes: XOR-1 is an on-node pair exchange.
   on_node = topology.make("one_peer_exp", 16, 4).rounds[0]
-  assert core.round_cost(half, on_node).time(M)[0] == pytest.approx(
+  assert round_cost(half, on_node).time(M)[0] == pytest.approx(
       M / 31.5e9)
 
 
@@ -67,13 +72,13 @@ def test_pcie_link_carries_the_nic_share_nvlink_does_not():
   # on PCIe, its quarter of the node's flow 1 * M / 4 to the NIC.
   kw = dict(n_workers=8, nic_bandwidth_Bps=100e9, intra_bandwidth_Bps=15.75e9)
   groups = [tuple(range(8))]
-  pcie = core.group_round_cost(_cluster(**kw), groups).time(M)[0]
-  nvl = core.group_round_cost(_cluster(intra_link="nvlink", **kw),
+  pcie = group_round_cost(_cluster(**kw), groups).time(M)[0]
+  nvl = group_round_cost(_cluster(intra_link="nvlink", **kw),
                               groups).time(M)[0]
   assert pcie == pytest.approx(1.75 * M / 15.75e9)
   assert nvl == pytest.approx(1.5 * M / 15.75e9)
   # Bytes on the wire depend on the algorithm, not on the links.
-  w = core.Workload(M / 4, 0.0, 0.0)
+  w = Workload(M / 4, 0.0, 0.0)
   a = traffic.bytes_per_iteration("aer", _cluster(**kw), w)
   b = traffic.bytes_per_iteration("aer", _cluster(intra_link="nvlink",
                                                   nics_per_node=4, **kw), w)
@@ -86,8 +91,8 @@ def test_no_method_beats_the_node_capacity(nics):
   for name in ("all_reduce", "one_peer_exp", "aer", "sgp", "diloco:H=2"):
     c = _cluster(n_workers=32, nics_per_node=nics, nic_efficiency=0.9,
                  intra_bandwidth_Bps=300e9, intra_link="nvlink")
-    w = core.Workload(65e6, 0.0, 0.0)
-    t = core.simulate(name, c, w, steps=64, warmup=8)
+    w = Workload(65e6, 0.0, 0.0)
+    t = simulate(name, c, w, steps=64, warmup=8)
     node = traffic.bytes_per_iteration(name, c, w).node_bytes
     assert t >= node / (nics * PORT * 0.9) * (1 - 1e-9), (name, nics)
 

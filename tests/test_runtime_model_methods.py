@@ -15,7 +15,12 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import methods
 from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import main as cli
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import round_cost
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import traffic
@@ -24,45 +29,45 @@ M = 100e6  # bytes: 25e6 float32 parameters
 
 
 def _zero_latency(n, local_size, intra=10e9, nic=1e9):
-  return core.Cluster(n, local_size, 0.0, intra, 0.0, nic, multi_node="tree")
+  return Cluster(n, local_size, 0.0, intra, 0.0, nic, multi_node="tree")
 
 
 def test_dadam_and_accum_adam_cost_the_same_gossip():
-  c = core.Cluster(16, 4, 5e-6, 31.5e9, 30e-6, 3.125e9, multi_node="tree")
-  w = core.Workload(65e6, 0.02, 0.04, compute_cv=0.1)
-  m = core.make_method("accum_adam:T=8,topology=aer", c)
+  c = Cluster(16, 4, 5e-6, 31.5e9, 30e-6, 3.125e9, multi_node="tree")
+  w = Workload(65e6, 0.02, 0.04, compute_cv=0.1)
+  m = make_method("accum_adam:T=8,topology=aer", c)
   assert (m.kind, m.topology.name, m.name) == (
       "gossip", "alternating_exp_ring",
       "accum_adam:T=8,topology=alternating_exp_ring")
-  base = core.simulate("aer", c, w, steps=60, warmup=12)
+  base = simulate("aer", c, w, steps=60, warmup=12)
   for spec in ("accum_adam:topology=aer", "dadam:topology=aer",
                "accum_adamw:T=2,topology=alternating_exp_ring"):
-    assert core.simulate(spec, c, w, steps=60, warmup=12) == base, spec
+    assert simulate(spec, c, w, steps=60, warmup=12) == base, spec
     assert traffic.bytes_per_iteration(spec, c, w) == \
         traffic.bytes_per_iteration("aer", c, w)
-  assert core.make_method("dadam", c).topology.name == "one_peer_exp"
+  assert make_method("dadam", c).topology.name == "one_peer_exp"
 
 
 def test_bfloat16_gossip_halves_the_bytes_and_the_link_time():
   c = _zero_latency(16, 4, intra=31.5e9, nic=3.125e9)
-  w = core.Workload(65e6, 0.0, 0.0)
+  w = Workload(65e6, 0.0, 0.0)
   fp32 = traffic.bytes_per_iteration("aer", c, w)
   bf16 = traffic.bytes_per_iteration("aer:comm_dtype=bfloat16", c, w)
   # AER on 4 nodes x 4 (tree): a node sends M = 260 MB every other step.
   assert fp32.node_bytes == pytest.approx(130e6)
   assert bf16.node_bytes == pytest.approx(65e6)
   assert bf16.worker_bytes == pytest.approx(fp32.worker_bytes / 2)
-  t32 = core.simulate("aer", c, w, steps=40, warmup=8)
-  t16 = core.simulate("aer:comm_dtype=bfloat16", c, w, steps=40, warmup=8)
+  t32 = simulate("aer", c, w, steps=40, warmup=8)
+  t16 = simulate("aer:comm_dtype=bfloat16", c, w, steps=40, warmup=8)
   assert t16 == pytest.approx(t32 / 2, rel=1e-9)  # no latency: bytes only
 
 
 def test_bucket_size_sets_the_number_of_latencies():
   a_in, a_out = 5e-6, 30e-6
-  c = core.Cluster(16, 4, a_in, 31.5e9, a_out, 3.125e9, multi_node="tree")
-  w = core.Workload(65e6, 0.0, 0.0)  # 260 MB of float32 gradients
-  small = core.simulate("all_reduce:bucket_MiB=1", c, w, steps=20, warmup=4)
-  large = core.simulate("all_reduce:bucket_MiB=100", c, w, steps=20, warmup=4)
+  c = Cluster(16, 4, a_in, 31.5e9, a_out, 3.125e9, multi_node="tree")
+  w = Workload(65e6, 0.0, 0.0)  # 260 MB of float32 gradients
+  small = simulate("all_reduce:bucket_MiB=1", c, w, steps=20, warmup=4)
+  large = simulate("all_reduce:bucket_MiB=100", c, w, steps=20, warmup=4)
   nb_small, nb_large = math.ceil(260e6 / 2**20), math.ceil(260e6 / 100 / 2**20)
   assert (nb_small, nb_large) == (248, 3)
   # Tree over 4 nodes x 4: 2(L-1) a_in + 2(q-1) a_out per bucket.
@@ -80,13 +85,13 @@ def test_bucket_size_sets_the_number_of_latencies():
 def test_workers_of_two_devices_in_one_node(layout, inner_ms, gossip_ms,
                                             worker_mb):
   c = _zero_latency(2, 2)
-  w = core.Workload(25e6, 0.0, 0.0, devices_per_worker=2, worker_layout=layout,
+  w = Workload(25e6, 0.0, 0.0, devices_per_worker=2, worker_layout=layout,
                     bucket_bytes=1e12)
   # Zero compute: the wait for the gossip, then the inner collectives.
   for method in ("complete", "all_reduce"):
-    t = core.simulate(method, c, w, steps=20, warmup=4)
+    t = simulate(method, c, w, steps=20, warmup=4)
     assert t == pytest.approx((inner_ms + gossip_ms) * 1e-3), method
-    est = core.closed_form(method, c, w)
+    est = closed_form(method, c, w)
     assert est.iteration_s == pytest.approx(t)
     assert est.exposed_comm_s == pytest.approx(t)  # all of it is comm
   b = traffic.bytes_per_iteration("complete", c, w)
@@ -99,15 +104,15 @@ def test_data_layout_puts_every_device_on_the_nic():
   # sends 2 x M (data) or 2 x M/2 (fsdp) through each node's NIC.
   c = _zero_latency(2, 1, intra=1e12, nic=1e9)
   for layout, want in (("data", 2 * M / 1e9), ("fsdp", M / 1e9)):
-    w = core.Workload(25e6, 0.0, 0.0, devices_per_worker=2,
+    w = Workload(25e6, 0.0, 0.0, devices_per_worker=2,
                       worker_layout=layout, bucket_bytes=1e12)
-    m = core.make_method("complete", c)
+    m = make_method("complete", c)
     c_eff, _ = method_messages.effective(m, c, w)
-    assert core.round_cost(c_eff, m.topology.rounds[0]).time(M)[0] == \
+    assert round_cost(c_eff, m.topology.rounds[0]).time(M)[0] == \
         pytest.approx(want), layout
     # Zero compute: that exchange plus the inner collectives at 1 TB/s:
     # data 2(D-1)/D Mg, fsdp (D-1)/D (Mx + Mg), both M / 1e12 = 0.1 ms.
-    assert core.simulate(m, c, w, steps=20, warmup=4) == pytest.approx(
+    assert simulate(m, c, w, steps=20, warmup=4) == pytest.approx(
         want + M / 1e12)
 
 
@@ -142,7 +147,7 @@ def _hand_gossip_s(topo) -> float:
 
 def test_every_library_algorithm_and_topology_is_priced():
   c = _zero_latency(16, 1, intra=10e9, nic=1e9)
-  w = core.Workload(25e6, 0.02, 0.04, bucket_shares=(1.0,))
+  w = Workload(25e6, 0.02, 0.04, bucket_shares=(1.0,))
   h = 10  # base_config's sync_every
   want = {
       # The bucket's ring all-reduce after the backward.
@@ -164,23 +169,23 @@ def test_every_library_algorithm_and_topology_is_priced():
     cfg.algorithm = algo
     assert int(cfg.sync_every) == h
     spec, fields = builders.spec_for_config(cfg)
-    m = core.make_method(spec, c)
-    t = core.simulate(m, c, core.Workload(25e6, 0.02, 0.04,
+    m = make_method(spec, c)
+    t = simulate(m, c, Workload(25e6, 0.02, 0.04,
                                           bucket_shares=(1.0,), **fields),
                       steps=80, warmup=16)
     assert t == pytest.approx(want[algo], rel=1e-9), (algo, spec, t)
-    assert core.closed_form(m, c, w).iteration_s == pytest.approx(
+    assert closed_form(m, c, w).iteration_s == pytest.approx(
         want[algo], rel=1e-9), (algo, spec)
   # Streaming DiLoCo with P = 2 fragments of M/2, each overlapped with
   # tau = 1 step: (a/2 - C) of each is exposed once per H steps.
   cfg = config_lib.base_config("gpt")
   cfg.algorithm, cfg.num_fragments, cfg.overlap_steps = "streaming_diloco", 2, 1
   spec, _ = builders.spec_for_config(cfg)
-  assert core.simulate(spec, c, w, steps=80, warmup=16) == pytest.approx(
+  assert simulate(spec, c, w, steps=80, warmup=16) == pytest.approx(
       _C_S + 2 * (_RING_S / 2 - _C_S) / h, rel=1e-9)
   for name in topology.NAMES:
-    m = core.make_method(name, c)
-    assert core.simulate(m, c, w, steps=80, warmup=16) == pytest.approx(
+    m = make_method(name, c)
+    assert simulate(m, c, w, steps=80, warmup=16) == pytest.approx(
         _hand_gossip_s(m.topology), rel=1e-9), name
   # DiLoCo's overlapped outer step is priced as such only where the library
   # hides the reduction (trickled); one-shot is the blocking sync.
@@ -206,9 +211,9 @@ def test_every_library_algorithm_and_topology_is_priced():
     cfg = config_lib.base_config("gpt")
     cfg.algorithm, cfg.comm_dtype = algo, "bfloat16"
     assert builders.spec_for_config(cfg)[0] == spec + ",comm_dtype=bfloat16"
-    low = core.make_method(spec + ",comm_dtype=bfloat16", c)
+    low = make_method(spec + ",comm_dtype=bfloat16", c)
     assert local_methods.message_bytes(low, w) == pytest.approx(
-        local_methods.message_bytes(core.make_method(spec, c), w) / 2)
+        local_methods.message_bytes(make_method(spec, c), w) / 2)
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -222,7 +227,7 @@ def test_every_library_algorithm_and_topology_is_priced():
 ])
 def test_bad_specs_name_the_bad_part(spec, match):
   with pytest.raises(ValueError, match=match):
-    core.make_method(spec, core.Cluster(16, 4))
+    make_method(spec, Cluster(16, 4))
 
 
 def test_cli_prints_every_method_with_bytes_and_inner_collectives(capsys):

@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 
 from decentral_jax.tools.runtime_model_cli import main as cli
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.method import Estimate
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import traffic
@@ -19,12 +24,12 @@ N = 1e8  # parameters: 400 MB of float32 pseudo-gradient
 
 
 def _cluster(n=4):
-  return core.Cluster(n, 1, inter_latency_s=A, nic_bandwidth_Bps=B,
+  return Cluster(n, 1, inter_latency_s=A, nic_bandwidth_Bps=B,
                       multi_node="ring")
 
 
 def _workload(step_s, cv=0.0):
-  return core.Workload(N, step_s / 3, 2 * step_s / 3, compute_cv=cv,
+  return Workload(N, step_s / 3, 2 * step_s / 3, compute_cv=cv,
                        bucket_bytes=1e15)
 
 
@@ -37,12 +42,12 @@ def test_trickled_reduction_by_hand(step_s):
   slice_s = 6 * A + 1.5 * 4e7 / B
   assert slice_s == pytest.approx(0.0486)
   for spec in ("diloco:H=10,overlap=eager", "diloco:H=10,overlap=delayed"):
-    est = core.closed_form(spec, c, w)
+    est = closed_form(spec, c, w)
     assert est.iteration_s == pytest.approx(max(step_s, slice_s))
     assert est.exposed_comm_s == pytest.approx(max(0.0, slice_s - step_s))
-    assert core.simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(
+    assert simulate(spec, c, w, steps=60, warmup=10) == pytest.approx(
         max(step_s, slice_s))
-  plain = core.closed_form("diloco:H=10", c, w).iteration_s
+  plain = closed_form("diloco:H=10", c, w).iteration_s
   assert plain == pytest.approx(step_s + (6 * A + 1.5 * 4e8 / B) / 10)
   # Same bytes as plain DiLoCo, spread over the period.
   sent = traffic.bytes_per_iteration("diloco:H=10,overlap=eager", c, w)
@@ -54,11 +59,11 @@ def test_trickled_reduction_by_hand(step_s):
 def test_trickled_closed_form_tracks_the_simulator_with_variability(step_s, n):
   c, w = _cluster(n), _workload(step_s, cv=0.1)
   spec = "diloco:H=10,overlap=eager"
-  sim = core.simulate(spec, c, w, steps=2000, warmup=100)
-  closed = core.closed_form(spec, c, w).iteration_s
+  sim = simulate(spec, c, w, steps=2000, warmup=100)
+  closed = closed_form(spec, c, w).iteration_s
   assert closed == pytest.approx(sim, rel=0.03), (sim, closed)
   # Compute variability costs something, but less than a barrier per step.
-  det = max(step_s, core.closed_form(spec, c, _workload(step_s)).iteration_s)
+  det = max(step_s, closed_form(spec, c, _workload(step_s)).iteration_s)
   assert det < sim < det + 0.1 * step_s * 3
 
 
@@ -68,14 +73,14 @@ def test_overlap_is_refused_where_it_is_not_priced():
               "streaming_diloco:H=10,P=2,overlap=eager",
               "local_sgd:H=10,overlap=eager"):
     with pytest.raises(ValueError, match="overlap"):
-      core.make_method(bad, c)
+      make_method(bad, c)
   with pytest.raises(ValueError, match="none, delayed or eager"):
-    core.make_method("diloco:H=10,overlap=soon", c)
+    make_method("diloco:H=10,overlap=soon", c)
 
 
 def test_what_the_library_cannot_run_is_marked():
   c = _cluster(8)
-  gaps = {spec: method_lib.library_gap(core.make_method(spec, c)) for spec in (
+  gaps = {spec: method_lib.library_gap(make_method(spec, c)) for spec in (
       "all_reduce", "aer", "diloco:H=10", "streaming_diloco:H=10,P=2,tau=0",
       "streaming_diloco:H=10,P=2,tau=1", "diloco:H=10,overlap=eager",
       "diloco:H=10,overlap=delayed", "diloco:H=10,compress=int8",
@@ -95,7 +100,7 @@ def test_what_the_library_cannot_run_is_marked():
 
 
 def _prediction(key, seconds, gap=None, slow=False):
-  est = core.Estimate(key, seconds, seconds, 0.0, 0.0)
+  est = Estimate(key, seconds, seconds, 0.0, 0.0)
   return recommend.Prediction(key, seconds, est, traffic.Traffic(0.0, 0.0),
                               slow, False, gap)
 

@@ -15,7 +15,13 @@ from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.tools.runtime_model_cli import main as cli
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.costs import round_cost
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import traffic
@@ -34,7 +40,7 @@ def _wan(**kw):
               intra_link="nvlink", datacenters=2, wan_latency_s=A_WAN,
               wan_bandwidth_Bps=B_WAN)
   base.update(kw)
-  return core.Cluster(**base)
+  return Cluster(**base)
 
 
 # Hierarchical All-Reduce of M over 2 datacenters: the group mean inside
@@ -46,7 +52,7 @@ ALL_REDUCE_S = (2 * 3 * A_IN + 2 * 1 * A_NODE + M / B_NIC
 
 
 def test_hierarchical_all_reduce_over_two_datacenters():
-  t = core.all_reduce_cost(_wan()).time(M)
+  t = all_reduce_cost(_wan()).time(M)
   assert t == pytest.approx([ALL_REDUCE_S] * 16, rel=1e-12)
   assert ALL_REDUCE_S == pytest.approx(0.940032)
   # A flat ring over the 16 workers would pay 2*15 wide-area latencies and
@@ -56,19 +62,19 @@ def test_hierarchical_all_reduce_over_two_datacenters():
   # wide-area latencies; inside a datacenter one node of 4 (ring).
   c4 = _wan(datacenters=4)
   want = 2 * 3 * A_IN + 2 * 3 / 4 * M / B_IN + 2 * 3 * A_WAN + 1.5 * M / B_WAN
-  assert core.all_reduce_cost(c4).time(M)[0] == pytest.approx(want, rel=1e-12)
+  assert all_reduce_cost(c4).time(M)[0] == pytest.approx(want, rel=1e-12)
 
 
 def test_one_datacenter_is_the_two_level_model():
   c1 = _wan(datacenters=1, wan_bandwidth_Bps=None, wan_latency_s=0.0)
   # Tree over 4 nodes of 4: 2*3 a_in + 2*3 a_node, M * 2*3/4 / b_nic.
   want = 2 * 3 * A_IN + 2 * 3 * A_NODE + 1.5 * M / B_NIC
-  assert core.all_reduce_cost(c1).time(M)[0] == pytest.approx(want)
-  same = core.Cluster(16, 4, A_IN, B_IN, A_NODE, B_NIC, multi_node="tree",
+  assert all_reduce_cost(c1).time(M)[0] == pytest.approx(want)
+  same = Cluster(16, 4, A_IN, B_IN, A_NODE, B_NIC, multi_node="tree",
                       intra_link="nvlink")
   rnd = topology.make("one_peer_exp", 16, 4).rounds[3]
-  np.testing.assert_array_equal(core.round_cost(c1, rnd).time(M),
-                                core.round_cost(same, rnd).time(M))
+  np.testing.assert_array_equal(round_cost(c1, rnd).time(M),
+                                round_cost(same, rnd).time(M))
 
 
 def test_pairs_across_datacenters_share_the_uplink():
@@ -78,9 +84,9 @@ def test_pairs_across_datacenters_share_the_uplink():
   # link of every pair. XOR-4 pairs nodes inside a datacenter: NIC only.
   c = _wan()
   rounds = topology.make("one_peer_exp", 16, 4).rounds
-  assert core.round_cost(c, rounds[3]).time(M) == pytest.approx(
+  assert round_cost(c, rounds[3]).time(M) == pytest.approx(
       [A_WAN + M / (B_WAN / 8)] * 16)
-  assert core.round_cost(c, rounds[2]).time(M) == pytest.approx(
+  assert round_cost(c, rounds[2]).time(M) == pytest.approx(
       [A_NODE + M / (B_NIC / 4)] * 16)
   t = traffic.round_bytes(c, rounds[3], M, dc=(dc := np.zeros(2)))
   assert dc == pytest.approx([8 * M, 8 * M])
@@ -93,7 +99,7 @@ def test_aer_round_across_datacenters_is_hierarchical():
   c = _wan()
   rnd = topology.make("aer", 16, 4).rounds[2]
   assert sorted(map(sorted, rnd.groups))[1] == [4, 5, 6, 7, 12, 13, 14, 15]
-  t = core.round_cost(c, rnd).time(M)
+  t = round_cost(c, rnd).time(M)
   node_mean = 2 * 3 * A_IN + 1.5 * M / B_IN  # ring of 4 on NVLink
   across = node_mean + 2 * A_WAN + M / B_WAN  # + the 2-datacenter stage
   want = [node_mean] * 4 + [across] * 4 + [node_mean] * 4 + [across] * 4
@@ -107,7 +113,7 @@ def test_permute_terms_across_datacenters():
   c = _wan()
   rnd = topology.make("static_ring", 16, 4).rounds[0]
   assert len(rnd.terms) == 2
-  t = core.round_cost(c, rnd).time(M)
+  t = round_cost(c, rnd).time(M)
   assert t[7] == pytest.approx(2 * (A_WAN + M / B_WAN))
   assert t[5] == pytest.approx(2 * (A_IN + M / B_IN))
   # 11 -> 12 crosses nodes inside datacenter 1: a_node + M / b_nic each way.
@@ -116,29 +122,29 @@ def test_permute_terms_across_datacenters():
 
 def _workload(n_params=M / 4, step_s=0.03, cv=0.0):
   # One message per sync (bucket larger than any message).
-  return core.Workload(n_params, step_s / 3, 2 * step_s / 3, compute_cv=cv,
+  return Workload(n_params, step_s / 3, 2 * step_s / 3, compute_cv=cv,
                        bucket_bytes=1e15)
 
 
 def test_diloco_and_streaming_diloco_over_the_wan():
   c, w = _wan(), _workload()  # float32 theta: M bytes
   x = 0.03
-  est = core.closed_form("diloco:H=10", c, w)
+  est = closed_form("diloco:H=10", c, w)
   assert est.iteration_s == pytest.approx(x + ALL_REDUCE_S / 10)
-  assert core.simulate("diloco:H=10", c, w, steps=80, warmup=20) == (
+  assert simulate("diloco:H=10", c, w, steps=80, warmup=20) == (
       pytest.approx(x + ALL_REDUCE_S / 10))
   # Two fragments of M/2, blocking (tau = 0): two latencies per period.
   frag = (2 * 3 * A_IN + 2 * A_NODE + 2 * A_WAN
           + M / 2 / B_NIC + M / 2 / B_WAN)
   spec = "streaming_diloco:H=10,P=2,tau=0"
-  assert core.closed_form(spec, c, w).iteration_s == pytest.approx(
+  assert closed_form(spec, c, w).iteration_s == pytest.approx(
       x + 2 * frag / 10)
   # Trickled eager: a slice of M/10 every step, longer than the compute.
   sl = 2 * 3 * A_IN + 2 * A_NODE + 2 * A_WAN + M / 10 / B_NIC + M / 10 / B_WAN
   assert sl > x
   for spec in ("diloco:H=10,overlap=eager", "diloco:H=10,overlap=delayed"):
-    assert core.closed_form(spec, c, w).iteration_s == pytest.approx(sl)
-    assert core.simulate(spec, c, w, steps=80, warmup=20) == (
+    assert closed_form(spec, c, w).iteration_s == pytest.approx(sl)
+    assert simulate(spec, c, w, steps=80, warmup=20) == (
         pytest.approx(sl))
 
 
@@ -147,7 +153,7 @@ def test_nothing_beats_the_bytes_through_the_busiest_uplink():
   # busiest datacenter (counted by traffic, not by the cost code) over its
   # uplink.
   c = _wan()
-  w = core.Workload(M / 4, 0.0, 0.0, bucket_bytes=25 * 2**20)
+  w = Workload(M / 4, 0.0, 0.0, bucket_bytes=25 * 2**20)
   for spec in ("all_reduce", "one_peer_exp", "aer", "complete", "ring",
                "aer:workers_per_node=datacenter", "diloco:H=4",
                "diloco:H=4,overlap=eager", "streaming_diloco:H=4,P=2,tau=1",
@@ -156,9 +162,9 @@ def test_nothing_beats_the_bytes_through_the_busiest_uplink():
     sent = traffic.bytes_per_iteration(spec, c, w)
     bound = sent.dc_bytes / B_WAN
     assert bound > 0, spec
-    assert core.simulate(spec, c, w, steps=48, warmup=8) >= bound * (
+    assert simulate(spec, c, w, steps=48, warmup=8) >= bound * (
         1 - 1e-9), spec
-    assert core.closed_form(spec, c, w).iteration_s >= bound * (
+    assert closed_form(spec, c, w).iteration_s >= bound * (
         1 - 1e-9), spec
   # All-Reduce: 2*1/2 M of gradients leave each datacenter per iteration.
   assert traffic.bytes_per_iteration("all_reduce", c, w).dc_bytes == (
@@ -169,14 +175,14 @@ def test_datacenter_aware_aer_keeps_rounds_inside_datacenters():
   # workers_per_node=datacenter: AER over 2 "nodes" of 8: round 0 averages
   # each datacenter, round 1 all 16 workers (hierarchically).
   c = _wan()
-  m = core.make_method("aer:workers_per_node=datacenter", c)
+  m = make_method("aer:workers_per_node=datacenter", c)
   assert m.topology.local_size == 8 and m.topology.period == 2
-  r0, r1 = (core.round_cost(c, r).time(M) for r in m.topology.rounds)
+  r0, r1 = (round_cost(c, r).time(M) for r in m.topology.rounds)
   inside = 2 * 3 * A_IN + 2 * A_NODE + M / B_NIC  # tree over 2 nodes of 4
   assert r0 == pytest.approx([inside] * 16)
   assert r1 == pytest.approx([ALL_REDUCE_S] * 16)
   with pytest.raises(ValueError, match="workers_per_node='5'"):
-    core.make_method("aer:workers_per_node=5", c)
+    make_method("aer:workers_per_node=5", c)
 
 
 def test_bad_datacenter_fields_name_the_field():

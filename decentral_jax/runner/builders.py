@@ -85,7 +85,7 @@ def spec_for_config(config) -> tuple[str, dict]:
 
   Returns:
     ``(spec, workload_fields)``: a spec for
-    :func:`decentral_jax.runtime_model.core.make_method` and
+    :func:`decentral_jax.runtime_model.specs.make_method` and
     ``{"devices_per_worker", "worker_layout"}`` for the
     :class:`~decentral_jax.runtime_model.workload.Workload`. Decentralized
     training with ``gossip_every = H > 1`` is ``local_dsgd:H=..``.

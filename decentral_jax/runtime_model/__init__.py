@@ -4,9 +4,10 @@ Bottom up: ``costs`` (hardware, alpha-beta collective costs) and
 ``workload`` (model size, buckets, compute distribution); ``method`` (the
 :class:`Method` to price, its checks, :class:`Estimate`); the estimators
 per kind, ``per_step_methods`` (All-Reduce, gossip) and ``local_methods``
-(Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD); ``specs`` (gossip
-spec syntax); ``core`` (:func:`make_method`, :func:`closed_form`,
-:func:`simulate`: spec parsing and the dispatch over kinds); ``traffic``
+(Local SGD / DiLoCo / Streaming DiLoCo / local D-SGD); ``specs`` (the spec
+syntax and :func:`make_method`, which turns any spec into a checked
+:class:`Method`); ``step_time`` (:func:`closed_form`, :func:`simulate`:
+the per-iteration time, dispatched over kinds to the estimators); ``traffic``
 for bytes per iteration, ``compression`` for the bytes and codec time of
 compressed communication, ``recommend`` for pricing methods side by side
 (and the break-even bandwidth of compression), ``paper`` for the Figure 6
@@ -19,22 +20,18 @@ compute utilisation against bandwidth (Kale et al. 2025, Table 5) and
 ``calibrate`` are in :mod:`decentral_jax.tools.runtime_model_cli`.
 """
 
-from __future__ import annotations
+from decentral_jax.runtime_model.costs import (
+    Cluster, RoundCost, all_reduce_cost, pair_exchange_time,
+    ring_all_reduce_time, round_cost)
+from decentral_jax.runtime_model.method import Estimate, Method, sgp_topology
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form, simulate
+from decentral_jax.runtime_model.traffic import Traffic, bytes_per_iteration
+from decentral_jax.runtime_model.workload import (
+    Workload, coupling_excess, expected_max_normal)
 
-from decentral_jax.runtime_model.core import Cluster
-from decentral_jax.runtime_model.core import Estimate
-from decentral_jax.runtime_model.core import Method
-from decentral_jax.runtime_model.core import RoundCost
-from decentral_jax.runtime_model.core import Workload
-from decentral_jax.runtime_model.core import all_reduce_cost
-from decentral_jax.runtime_model.core import closed_form
-from decentral_jax.runtime_model.core import coupling_excess
-from decentral_jax.runtime_model.core import expected_max_normal
-from decentral_jax.runtime_model.core import make_method
-from decentral_jax.runtime_model.core import pair_exchange_time
-from decentral_jax.runtime_model.core import ring_all_reduce_time
-from decentral_jax.runtime_model.core import round_cost
-from decentral_jax.runtime_model.core import simulate
-from decentral_jax.runtime_model.core import sgp_topology
-from decentral_jax.runtime_model.traffic import Traffic
-from decentral_jax.runtime_model.traffic import bytes_per_iteration
+__all__ = ["Cluster", "Estimate", "Method", "RoundCost", "Traffic",
+           "Workload", "all_reduce_cost", "bytes_per_iteration",
+           "closed_form", "coupling_excess", "expected_max_normal",
+           "make_method", "pair_exchange_time", "ring_all_reduce_time",
+           "round_cost", "sgp_topology", "simulate"]

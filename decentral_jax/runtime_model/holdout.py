@@ -39,7 +39,12 @@ import functools
 import numpy as np
 from scipy import optimize
 
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import traffic
 
@@ -120,8 +125,8 @@ DOCUMENTED = {
 }
 
 
-def cluster(name: str, n: int, nics_per_node: int) -> core.Cluster:
-  """The :class:`~core.Cluster` of Figure 6's ``name`` at ``n`` GPUs.
+def cluster(name: str, n: int, nics_per_node: int) -> Cluster:
+  """The :class:`Cluster` of Figure 6's ``name`` at ``n`` GPUs.
 
   Raises:
     ValueError: unknown cluster, or ``n`` not a multiple of its GPUs per node.
@@ -131,23 +136,23 @@ def cluster(name: str, n: int, nics_per_node: int) -> core.Cluster:
                      f"{list(HARDWARE)}.")
   hw = dict(HARDWARE[name])
   transport = hw.pop("transport")
-  return core.Cluster(
+  return Cluster(
       n_workers=n, multi_node="tree", nics_per_node=int(nics_per_node),
       flow_bandwidth_Bps=(hw["nic_bandwidth_Bps"] if transport == "socket"
                           else None), **hw)
 
 
 def workload(n: int, a_s: float, b_s: float,
-             compute_cv: float) -> core.Workload:
+             compute_cv: float) -> Workload:
   """Transformer base (65M float32 parameters), compute ``a + b/n`` seconds."""
   comp = a_s + b_s / n
-  return core.Workload(paper.PARAM_COUNT, comp / 3, 2 * comp / 3,
+  return Workload(paper.PARAM_COUNT, comp / 3, 2 * comp / 3,
                        compute_cv=compute_cv)
 
 
 @functools.lru_cache(maxsize=1024)
-def _method(spec: str, c: core.Cluster) -> core.Method:
-  return core.make_method(spec, c)
+def _method(spec: str, c: Cluster) -> Method:
+  return make_method(spec, c)
 
 
 def predict_ms(name: str, method: str, a_s: float, b_s: float,
@@ -159,8 +164,8 @@ def predict_ms(name: str, method: str, a_s: float, b_s: float,
     c = cluster(name, n, nics_per_node)
     w = workload(n, a_s, b_s, compute_cv)
     m = _method(method, c)
-    t = (core.simulate(m, c, w, **SIM) if estimator == "simulate"
-         else core.closed_form(m, c, w).iteration_s)
+    t = (simulate(m, c, w, **SIM) if estimator == "simulate"
+         else closed_form(m, c, w).iteration_s)
     out.append(1e3 * t)
   return np.array(out)
 

@@ -5,8 +5,9 @@ The bottom of the runtime model's method layer: the estimators of each kind
 "gossip", :mod:`~decentral_jax.runtime_model.local_methods` for "local"), the
 spec parsers (:mod:`~decentral_jax.runtime_model.specs` and
 ``local_methods.parse_spec``) and the dispatch over kinds
-(:func:`decentral_jax.runtime_model.core.make_method`, ``closed_form``,
-``simulate``) all build on this module, which imports none of them.
+(:func:`decentral_jax.runtime_model.specs.make_method`,
+:mod:`~decentral_jax.runtime_model.step_time`) all build on this module,
+which imports none of them.
 
 Units: seconds (``_s``), bytes. Errors: :class:`ValueError` naming the bad
 field or spec part.

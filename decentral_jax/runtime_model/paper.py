@@ -24,7 +24,10 @@ from __future__ import annotations
 import numpy as np
 from scipy import optimize
 
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 
 # Per-iteration time (ms) read from the paper's Figure 6.
 FIG6_MS = {
@@ -64,7 +67,7 @@ SIM = dict(steps=160, warmup=32, seed=0)
 
 
 def setup(name: str, n: int, params: dict | None = None
-          ) -> tuple[core.Cluster, core.Workload]:
+          ) -> tuple[Cluster, Workload]:
   """Cluster and workload of Figure 6's ``name`` cluster at ``n`` GPUs.
 
   Args:
@@ -86,8 +89,8 @@ def setup(name: str, n: int, params: dict | None = None
                                   hw.get("nic_bandwidth_Bps"))
   comp = p["a_s"] + p["b_s"] / n
   cv = p.get("compute_cv", FITTED["T4"]["compute_cv"])
-  return (core.Cluster(n_workers=n, **hw),
-          core.Workload(PARAM_COUNT, comp / 3, 2 * comp / 3, compute_cv=cv))
+  return (Cluster(n_workers=n, **hw),
+          Workload(PARAM_COUNT, comp / 3, 2 * comp / 3, compute_cv=cv))
 
 
 def predict(name: str, params: dict | None = None,
@@ -99,9 +102,9 @@ def predict(name: str, params: dict | None = None,
     for n in FIG6_MS[name]["n"]:
       c, w = setup(name, n, params)
       if estimator == "simulate":
-        row.append(1e3 * core.simulate(meth, c, w, **SIM))
+        row.append(1e3 * simulate(meth, c, w, **SIM))
       else:
-        row.append(1e3 * core.closed_form(meth, c, w).iteration_s)
+        row.append(1e3 * closed_form(meth, c, w).iteration_s)
     out[meth] = tuple(row)
   return out
 

@@ -1,7 +1,7 @@
 """Methods that communicate every step: All-Reduce and gossip (kinds "all_reduce", "gossip").
 
-The estimators behind :func:`decentral_jax.runtime_model.core.closed_form`
-and :func:`~decentral_jax.runtime_model.core.simulate` for data-parallel
+The estimators behind :func:`decentral_jax.runtime_model.step_time.closed_form`
+and :func:`~decentral_jax.runtime_model.step_time.simulate` for data-parallel
 training with All-Reduce of gradients (PyTorch-DDP style: bucketed,
 overlapped with the backward only) and with gossip of parameters
 (Decent-DP style: per bucket, overlapped with the whole next forward and
@@ -10,7 +10,7 @@ only behind the part of the step the compiled program overlaps,
 :mod:`~decentral_jax.runtime_model.in_flight`). Both take the worker-level
 cluster and workload (:func:`decentral_jax.runtime_model.method_messages.effective`
 applied) and a checked :class:`~decentral_jax.runtime_model.method.Method`.
-The recursions and closed forms are stated in ``core``'s docstrings.
+The recursions and closed forms are stated in ``step_time``'s docstrings.
 
 Units: seconds, bytes.
 
@@ -121,7 +121,7 @@ def _stream_windows(costs: Sequence[RoundCost], w: Workload) -> list[np.ndarray]
 def closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   """Closed-form per-iteration time of a kind "all_reduce" or "gossip" method.
 
-  See :func:`decentral_jax.runtime_model.core.closed_form` for the
+  See :func:`decentral_jax.runtime_model.step_time.closed_form` for the
   formulas; ``c`` and ``w`` are the worker-level pair.
   """
   if m.kind == "all_reduce":
@@ -198,7 +198,7 @@ def simulate(m: Method, c: Cluster, w: Workload, fac: np.ndarray,
 
   Returns:
     Mean seconds per iteration over steps ``warmup .. steps`` (recursions in
-    :func:`decentral_jax.runtime_model.core.simulate`).
+    :func:`decentral_jax.runtime_model.step_time.simulate`).
   """
   fwd_m, bwd_m = split_compute(w)
   fwd, bwd = fwd_m * fac, bwd_m * fac

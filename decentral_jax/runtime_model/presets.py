@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import paper
 
@@ -165,7 +166,7 @@ def default_workers(name: str, preferred: int = DEFAULT_WORKERS) -> int:
   return -(-preferred // step) * step
 
 
-def workload(name: str) -> core.Workload:
+def workload(name: str) -> Workload:
   """The :class:`~decentral_jax.runtime_model.workload.Workload` of ``name``.
 
   Raises:
@@ -180,10 +181,10 @@ def workload(name: str) -> core.Workload:
   if name not in WORKLOADS:
     raise ValueError(f"unknown workload preset {name!r}; use one of "
                      f"{', '.join(WORKLOADS)}.")
-  return core.Workload(**WORKLOADS[name])
+  return Workload(**WORKLOADS[name])
 
 
-def cluster(name: str, n: int) -> core.Cluster:
+def cluster(name: str, n: int) -> Cluster:
   """The cluster of preset ``name`` at ``n`` workers (one per GPU).
 
   Raises:
@@ -196,8 +197,8 @@ def cluster(name: str, n: int) -> core.Cluster:
 
 
 def setup(name: str, n: int, workload_name: str | None = None,
-          default: core.Workload | None = None
-          ) -> tuple[core.Cluster, core.Workload]:
+          default: Workload | None = None
+          ) -> tuple[Cluster, Workload]:
   """Cluster and workload of preset ``name`` at ``n`` workers.
 
   Args:
@@ -236,7 +237,7 @@ def setup(name: str, n: int, workload_name: str | None = None,
   return c, w
 
 
-def _hardware(preset: ClusterPreset, n: int) -> core.Cluster:
+def _hardware(preset: ClusterPreset, n: int) -> Cluster:
   fields = dict(preset.fields)
   if preset.max_workers is not None:
     if not 1 <= n <= preset.max_workers:
@@ -250,7 +251,7 @@ def _hardware(preset: ClusterPreset, n: int) -> core.Cluster:
                      f"workers ({fields['local_size']} per node"
                      + (f" x {fields['datacenters']} datacenters"
                         if fields.get("datacenters", 1) > 1 else "") + ").")
-  return core.Cluster(n_workers=n, **fields)
+  return Cluster(n_workers=n, **fields)
 
 
 def cluster_preset_name(name: str) -> str | None:

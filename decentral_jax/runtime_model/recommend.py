@@ -19,7 +19,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.method import Estimate
+from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model import traffic
 from decentral_jax.method_names import label
@@ -36,8 +42,8 @@ class Prediction:
     key: the method's name in tables: the spec as given, or for local-update
       methods, DAdam / AccumAdam and specs with parameters the canonical
       spec with every parameter spelled out (``Method.name``).
-    simulated_s: mean seconds per iteration from :func:`core.simulate`.
-    estimate: the closed form (:func:`core.closed_form`).
+    simulated_s: mean seconds per iteration from :func:`simulate`.
+    estimate: the closed form (:func:`closed_form`).
     sent: bytes per iteration (:func:`traffic.bytes_per_iteration`).
     slow_mixing: the method gossips over a topology without exact
       averaging within one period (no finite-time consensus); never
@@ -51,14 +57,14 @@ class Prediction:
 
   key: str
   simulated_s: float
-  estimate: core.Estimate
+  estimate: Estimate
   sent: traffic.Traffic
   slow_mixing: bool
   local: bool
   library_gap: str | None = None
 
 
-def table_key(spec: str, m: core.Method) -> str:
+def table_key(spec: str, m: Method) -> str:
   """The key of :class:`Prediction` for ``spec``, which made ``m``."""
   if m.kind == "local" or ":" in spec or m.name.startswith(
       ("dadam", "accum_adam")):
@@ -66,23 +72,23 @@ def table_key(spec: str, m: core.Method) -> str:
   return spec
 
 
-def predict(spec: str, m: core.Method, c: core.Cluster, w: core.Workload, *,
+def predict(spec: str, m: Method, c: Cluster, w: Workload, *,
             steps: int, warmup: int, seed: int) -> Prediction:
-  """Prices ``m`` (made from ``spec`` by :func:`core.make_method` on ``c``).
+  """Prices ``m`` (made from ``spec`` by :func:`make_method` on ``c``).
 
   Args:
     spec: the spec as the user wrote it (names the row).
     m: the checked method.
     c, w: cluster and workload.
-    steps, warmup, seed: of :func:`core.simulate`.
+    steps, warmup, seed: of :func:`simulate`.
 
   Raises:
-    ValueError: as :func:`core.simulate` (e.g. no whole period in
+    ValueError: as :func:`simulate` (e.g. no whole period in
       ``steps``).
   """
   slow = m.topology is not None and not m.topology.has_finite_time_consensus()
-  est = core.closed_form(m, c, w)
-  sim = core.simulate(m, c, w, steps=steps, warmup=warmup, seed=seed)
+  est = closed_form(m, c, w)
+  sim = simulate(m, c, w, steps=steps, warmup=warmup, seed=seed)
   return Prediction(table_key(spec, m), sim, est,
                     traffic.bytes_per_iteration(m, c, w), slow,
                     m.kind == "local" and m.period > 1,
@@ -157,14 +163,14 @@ class BreakEven:
   baseline: str
 
 
-def link_to_scale(c: core.Cluster) -> str:
+def link_to_scale(c: Cluster) -> str:
   """The inter-worker link whose rate :func:`break_even` varies."""
   if c.datacenters > 1:
     return "wan_bandwidth_Bps"
   return "nic_bandwidth_Bps" if c.n_nodes > 1 else "intra_bandwidth_Bps"
 
 
-def with_link_rate(c: core.Cluster, rate_Bps: float) -> core.Cluster:
+def with_link_rate(c: Cluster, rate_Bps: float) -> Cluster:
   """``c`` with its :func:`link_to_scale` rate set to ``rate_Bps``.
 
   For the NIC, a per-flow cap keeps its ratio to the line rate.
@@ -177,7 +183,7 @@ def with_link_rate(c: core.Cluster, rate_Bps: float) -> core.Cluster:
   return dataclasses.replace(c, **kw)
 
 
-def uncompressed(m: core.Method, c: core.Cluster) -> core.Method:
+def uncompressed(m: Method, c: Cluster) -> Method:
   """``m`` without compression, as the library runs it.
 
   Gossip: Decent-DP gossip over the same topology (overlapped with the
@@ -191,14 +197,14 @@ def uncompressed(m: core.Method, c: core.Cluster) -> core.Method:
   base = dataclasses.replace(m, name=name, compress=None)
   if m.kind == "gossip":
     base = dataclasses.replace(base, overlap=True)
-  return core.make_method(base, c)
+  return make_method(base, c)
 
 
-def break_even(m: core.Method, c: core.Cluster, w: core.Workload
+def break_even(m: Method, c: Cluster, w: Workload
                ) -> BreakEven:
   """The link rate below which compressed ``m`` beats its uncompressed form.
 
-  Both are priced with :func:`core.closed_form` at the rates of
+  Both are priced with :func:`closed_form` at the rates of
   :data:`BREAK_EVEN_GRID_Bps` (the link of :func:`link_to_scale`, all
   other hardware as in ``c``); the largest rate at which the compressed
   method is faster is refined by bisection (40 steps on the log scale)
@@ -215,8 +221,8 @@ def break_even(m: core.Method, c: core.Cluster, w: core.Workload
 
   def gain(rate: float) -> float:
     cl = with_link_rate(c, rate)
-    return (core.closed_form(base, cl, w).iteration_s
-            - core.closed_form(m, cl, w).iteration_s)
+    return (closed_form(base, cl, w).iteration_s
+            - closed_form(m, cl, w).iteration_s)
 
   link = link_to_scale(c)
   grid = BREAK_EVEN_GRID_Bps

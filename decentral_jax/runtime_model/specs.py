@@ -37,12 +37,18 @@ Gossip specs (topology names, ``dadam``, ``accum_adam``) also take:
   most traffic inside a group of that size.
 
 Raises ``ValueError`` quoting the spec and naming the bad part.
+
+:func:`make_method` turns any spec (these, the local-update specs of
+:func:`decentral_jax.runtime_model.local_methods.parse_spec`, a
+``Topology`` or a ``Method``) into a checked
+:class:`~decentral_jax.runtime_model.method.Method`.
 """
 
 from __future__ import annotations
 
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
+from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model.method import check_method
@@ -196,3 +202,41 @@ def _optimizer_parts(spec, label: str, given: dict) -> tuple[str, list[str]]:
     parts.append(f"T={int(t)}")
   parts.append(f"topology={canon}")
   return canon, parts
+
+
+def make_method(spec, c: Cluster) -> Method:
+  """A :class:`Method` from a name, a ``Topology`` or a ``Method``.
+
+  Args:
+    spec: "all_reduce", "sgp" (non-overlapped gossip on :func:`sgp_topology`),
+      a topology name accepted by :func:`decentral_jax.topology.make` (e.g.
+      "one_peer_exp", "aer"; overlapped gossip), a gossip spec such as
+      "aer:comm_dtype=bfloat16" or "dadam:topology=ring" (syntax in the
+      module docstring), a local-update spec such as
+      "diloco:H=10" or "streaming_diloco:H=10,P=4,tau=1" (syntax in
+      :func:`decentral_jax.runtime_model.local_methods.parse_spec`), a
+      ``Topology`` or a ``Method`` (returned as is after checks).
+    c: the cluster; topologies are built for ``c.n_workers``, ``c.local_size``.
+
+  Raises:
+    ValueError: unknown name, a bad local-update spec or field (naming the
+      bad part), or a topology built for another ``n``.
+  """
+  if isinstance(spec, Method):
+    return check_method(spec, c)
+  if isinstance(spec, topology_lib.Topology):
+    return check_method(Method(spec.name, "gossip", spec), c)
+  key = str(spec).strip().lower().replace("-", "_")
+  if is_gossip_spec(key):
+    return parse(str(spec), c)
+  if local_methods.is_local_spec(key):
+    return check_method(local_methods.parse_spec(str(spec), c), c)
+  if key in ALL_REDUCE:
+    return check_method(Method("all_reduce", "all_reduce"), c)
+  if key == "sgp":
+    return check_method(Method("sgp", "gossip",
+                               sgp_topology(c.n_workers, c.local_size),
+                               overlap=False), c)
+  topo = topology_lib.make(key, c.n_workers, c.local_size)
+  return check_method(Method(topology_lib.canonical_name(key), "gossip",
+                             topo), c)

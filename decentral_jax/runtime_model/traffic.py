@@ -1,6 +1,6 @@
 """Bytes on the wire per iteration: per worker and leaving each node.
 
-Counts what the collectives of :mod:`decentral_jax.runtime_model.core`
+Counts what the collectives of :mod:`decentral_jax.runtime_model.costs`
 move, with the same algorithms as their costs (message ``M`` bytes):
 
 * group mean of ``p`` ranks in one node: ``M`` each for ``p = 2`` (pair
@@ -44,7 +44,9 @@ import dataclasses
 import numpy as np
 
 from decentral_jax.runtime_model import compression
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import local_methods
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import worker_devices
@@ -70,7 +72,7 @@ class Traffic:
   dc_bytes: float = 0.0
 
 
-def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node,
+def _group_bytes(c: Cluster, group, nbytes: float, worker, node,
                  dc=None) -> None:
   g = sorted(int(x) for x in group)
   p, big_l = len(g), c.local_size
@@ -101,7 +103,7 @@ def _group_bytes(c: core.Cluster, group, nbytes: float, worker, node,
       node[src // big_l] += ring
 
 
-def _cross_dc_bytes(c: core.Cluster, g, dcs, nbytes: float, worker, node,
+def _cross_dc_bytes(c: Cluster, g, dcs, nbytes: float, worker, node,
                     dc) -> None:
   """A group over several datacenters: pair, or hierarchical (module doc)."""
   big_l = c.local_size
@@ -123,7 +125,7 @@ def _cross_dc_bytes(c: core.Cluster, g, dcs, nbytes: float, worker, node,
       dc[d] += cross
 
 
-def round_bytes(c: core.Cluster, rnd, nbytes: float, permutes: bool = False,
+def round_bytes(c: Cluster, rnd, nbytes: float, permutes: bool = False,
                 dc=None):
   """Bytes sent per worker, float64 [n], and leaving each node, [N], in one round.
 
@@ -147,13 +149,14 @@ def round_bytes(c: core.Cluster, rnd, nbytes: float, permutes: bool = False,
   return worker, node
 
 
-def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
-  """Bytes per iteration of ``method`` (anything ``core.make_method`` takes).
+def bytes_per_iteration(method, c: Cluster, w: Workload) -> Traffic:
+  """Bytes per iteration of ``method`` (anything
+  :func:`~decentral_jax.runtime_model.specs.make_method` takes).
 
   Raises:
-    ValueError: as :func:`decentral_jax.runtime_model.core.make_method`.
+    ValueError: as :func:`decentral_jax.runtime_model.specs.make_method`.
   """
-  m = core.make_method(method, c)
+  m = make_method(method, c)
   d, layout = w.devices_per_worker, w.worker_layout
   inner = worker_devices.inner_bytes(w)
   c, w = method_messages.effective(m, c, w)

@@ -18,7 +18,7 @@ about 2 Gbit/s. This module prices the same setting with the runtime model:
   :mod:`~decentral_jax.runtime_model.compression`).
 
 Compute utilisation = ``C / T`` with ``T`` the closed-form seconds per
-iteration (:func:`decentral_jax.runtime_model.core.closed_form`), so it
+iteration (:func:`decentral_jax.runtime_model.step_time.closed_form`), so it
 counts exposed communication and codec time as lost.
 
 Units: bytes/s inside, Gbit/s (1e9 bits/s) in tables.
@@ -31,7 +31,10 @@ import math
 
 import numpy as np
 
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import closed_form
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import method as method_lib
 
 # (label, spec with {H}); data-parallel prices the workload's grad_dtype.
@@ -73,14 +76,14 @@ class Setting:
   grad_dtype: str = "bfloat16"
   bucket_bytes: float = 25 * 2**20
 
-  def cluster(self, rate_Bps: float) -> core.Cluster:
+  def cluster(self, rate_Bps: float) -> Cluster:
     """Workers on their own nodes, one link of ``rate_Bps`` each."""
-    return core.Cluster(self.n_workers, 1, inter_latency_s=self.latency_s,
+    return Cluster(self.n_workers, 1, inter_latency_s=self.latency_s,
                         nic_bandwidth_Bps=rate_Bps, multi_node="ring",
                         codec_Bps=self.codec_Bps)
 
-  def workload(self) -> core.Workload:
-    return core.Workload(self.param_count, self.step_s / 3,
+  def workload(self) -> Workload:
+    return Workload(self.param_count, self.step_s / 3,
                          2 * self.step_s / 3, grad_dtype=self.grad_dtype,
                          bucket_bytes=self.bucket_bytes)
 
@@ -95,7 +98,7 @@ class Setting:
 def utilisation(spec: str, s: Setting, rate_Bps: float) -> float:
   """Compute / closed-form iteration time of ``spec`` at link rate ``rate_Bps``."""
   c, w = s.cluster(rate_Bps), s.workload()
-  est = core.closed_form(spec, c, w)
+  est = closed_form(spec, c, w)
   return (w.compute_mean_s + w.optimizer_s) / est.iteration_s
 
 
@@ -121,7 +124,7 @@ def table(s: Setting, targets=TARGETS) -> list[dict]:
   """Per method: label, spec, whether the library runs it, rates for ``targets``."""
   rows = []
   for lab, spec in s.specs():
-    m = core.make_method(spec, s.cluster(1e9))
+    m = make_method(spec, s.cluster(1e9))
     rows.append({"label": lab, "spec": spec,
                  "library_gap": method_lib.library_gap(m),
                  "rates_Bps": [rate_for(spec, s, t) for t in targets]})

@@ -181,7 +181,7 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
     cluster: instead of ``collective_us``, the cluster whose links to
       price the collectives with (:func:`~decentral_jax.tools.latency_profile.
       cluster_collective_us`): a
-      :class:`decentral_jax.runtime_model.core.Cluster` or the name of a
+      :class:`decentral_jax.runtime_model.costs.Cluster` or the name of a
       :mod:`decentral_jax.runtime_model.presets` cluster (e.g. ``"A40"``,
       the paper's: 4 A40s per node, 25 Gbit/s Ethernet), built for the
       config's ``n_workers``.

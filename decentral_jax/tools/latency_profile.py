@@ -27,7 +27,9 @@ from decentral_jax import checks
 
 from decentral_jax.analysis import overlap as overlap_lib
 from decentral_jax.runner import experiment as experiment_lib
-from decentral_jax.runtime_model import core as runtime_core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.costs import round_cost
 
 #: The XLA option naming the profile of :func:`latency_profile` (a file
 #: ending in ``.pbtxt``, or a directory of ``FINGERPRINT.pbtxt`` files).
@@ -187,7 +189,7 @@ def latency_profile(costs_us: Mapping[str, float],
 
 
 def cluster_collective_us(exp: experiment_lib.Experiment,
-                          cluster: runtime_core.Cluster
+                          cluster: Cluster
                           ) -> Callable[[Any, int | None], float]:
   """The runtime model's transfer time of each collective, in microseconds.
 
@@ -202,7 +204,7 @@ def cluster_collective_us(exp: experiment_lib.Experiment,
 
   Args:
     exp: the experiment the programs belong to.
-    cluster: a :class:`decentral_jax.runtime_model.core.Cluster` of
+    cluster: a :class:`decentral_jax.runtime_model.costs.Cluster` of
       ``exp``'s workers, e.g. ``runtime_model.presets.cluster("A40", 8)``
       (4 A40s per node on PCIe 4.0, 25 Gbit/s Ethernet).
 
@@ -216,14 +218,14 @@ def cluster_collective_us(exp: experiment_lib.Experiment,
                      f"{n}.")
   rounds = (exp.topology.distinct_rounds if exp.topology is not None
             else ())
-  all_reduce = runtime_core.all_reduce_cost(cluster)
+  all_reduce = all_reduce_cost(cluster)
 
   def time_us(c, distinct_round):
     if ("diagnostics" in c.op_name or distinct_round is None
         or not 0 <= distinct_round < len(rounds)):
       cost = all_reduce
     else:
-      cost = runtime_core.round_cost(cluster, rounds[distinct_round])
+      cost = round_cost(cluster, rounds[distinct_round])
     return 1e6 * float(np.max(cost.time(c.bytes)))
 
   return time_us

@@ -299,7 +299,8 @@ def transfer_table(rows: list[dict]) -> str:
   cluster (4 GPUs per node on PCIe 4.0, 25 Gbit/s Ethernet), and the MFU
   up to which the in-flight compute lasts longer than the transfer.
   """
-  from decentral_jax.runtime_model import core
+  from decentral_jax.runtime_model.costs import all_reduce_cost
+  from decentral_jax.runtime_model.costs import round_cost
   from decentral_jax.runtime_model import paper
   from decentral_jax.topology import schedules
   out = ["| program | mode | matmul GFLOP/step | in flight | in-flight time "
@@ -311,10 +312,10 @@ def transfer_table(rows: list[dict]) -> str:
     topo = schedules.make("alternating_exp_ring", n, 4)
     rnds = (topo.distinct_rounds if r["distinct_round"] is None
             else [topo.distinct_rounds[r["distinct_round"]]])
-    transfer = max(float(core.round_cost(cluster, rnd).time(
+    transfer = max(float(round_cost(cluster, rnd).time(
         r["param_bytes"]).max()) for rnd in rnds)
     if r["consensus"] == "input":  # ("logged": in a conditional, apart)
-      transfer += float(core.all_reduce_cost(cluster).time(
+      transfer += float(all_reduce_cost(cluster).time(
           r["param_bytes"]).max())
     flight_s = r["flops_in_flight"] / (A40_PEAK_BF16 * ASSUMED_MFU)
     limit = r["flops_in_flight"] / (A40_PEAK_BF16 * transfer)

@@ -17,7 +17,7 @@ workload the user names, and puts the two together:
   preset of several nodes, spans at least two nodes, so that its
   inter-node links are priced);
 * :func:`predicted_ms`: a run config's predicted ms/iteration on each
-  cluster (``core.simulate``, as ``predict`` does);
+  cluster (``step_time.simulate``, as ``predict`` does);
 * :func:`step_to_target`, :func:`time_to_target`: where a validation-loss
   curve first reaches a target loss (linear interpolation between
   evaluations), in steps and in seconds;
@@ -41,7 +41,10 @@ from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 
@@ -95,7 +98,7 @@ class PricingCluster:
 
   def setup(self, n: int, workload: str = FIGURE6,
             workload_fields: dict | None = None
-            ) -> tuple[core.Cluster, core.Workload]:
+            ) -> tuple[Cluster, Workload]:
     """The cluster and its workload at ``n`` workers (one per GPU).
 
     Preset: ``presets.setup`` with ``workload`` (``figure6``: the paper's
@@ -279,7 +282,7 @@ def predicted_ms(config, clusters, workload: str = FIGURE6,
 
   The method is ``builders.spec_for_config(config)``, built on each cluster
   at :func:`priced_workers` GPUs (topologies for the cluster's own workers
-  per node) and priced with ``core.simulate`` for
+  per node) and priced with ``step_time.simulate`` for
   ``cli_inputs.simulated_steps(method, steps)`` iterations, the first
   ``steps // 5`` discarded, compute draws of ``seed``: what ``python -m
   decentral_jax.runtime_model predict`` does.
@@ -308,8 +311,8 @@ def predicted_ms(config, clusters, workload: str = FIGURE6,
       continue
     try:
       c, w = cl.setup(n, workload, fields)
-      m = core.make_method(spec, c)
-      out[cl.label] = 1e3 * float(core.simulate(
+      m = make_method(spec, c)
+      out[cl.label] = 1e3 * float(simulate(
           m, c, w, steps=cli_inputs.simulated_steps(m, steps),
           warmup=steps // 5, seed=seed))
     except ValueError as e:
@@ -460,7 +463,7 @@ def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
       "including those with slower GPUs than the one it was estimated for "
       "(there communication is a larger share than it would be). "
       "Predicted times are a what-if, not a measurement: the runtime model "
-      "(decentral_jax/runtime_model, `core.simulate`: "
+      "(decentral_jax/runtime_model, `step_time.simulate`: "
       f"{SIM_STEPS} simulated iterations, more for local-update methods to "
       f"cover two sync schedules, the first {SIM_STEPS // 5} discarded, "
       f"seed {SIM_SEED}, as `python -m decentral_jax.runtime_model predict`)"

@@ -17,7 +17,10 @@ import time
 
 import numpy as np
 
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model.step_time import simulate
+from decentral_jax.runtime_model.workload import Workload
 
 
 def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
@@ -158,9 +161,9 @@ def _predictions(n: int, exp, med: dict, rounds, alpha: float,
   comp = med["compute"]
   # A jitted SPMD step ends together on all workers, so per-worker
   # variability is not observable here: the model gets the median compute.
-  w = core.Workload(exp.param_count, comp / 3, 2 * comp / 3,
+  w = Workload(exp.param_count, comp / 3, 2 * comp / 3,
                     bucket_shares=(1.0,))
-  c = core.Cluster(n, n, alpha, min(beta, 1e18), alpha, min(beta, 1e18))
+  c = Cluster(n, n, alpha, min(beta, 1e18), alpha, min(beta, 1e18))
   runs = {}
   for algo, name, meas in (("all_reduce", "all_reduce", (med["all_reduce_op"],)),
                            ("decentralized", "one_peer_exp", tuple(rounds))):
@@ -169,8 +172,8 @@ def _predictions(n: int, exp, med: dict, rounds, alpha: float,
     runs[name] = {"measured_ms": 1e3 * med[algo]}
     for label, overlap, m_s in (("overlap", True, meas), ("serial", False, meas),
                                 ("alpha_beta", True, None)):
-      method = core.Method(name, kind, tp, overlap=overlap, measured_s=m_s)
-      runs[name][label] = 1e3 * core.simulate(method, c, w, steps=20, warmup=4)
+      method = Method(name, kind, tp, overlap=overlap, measured_s=m_s)
+      runs[name][label] = 1e3 * simulate(method, c, w, steps=20, warmup=4)
   return runs
 
 

@@ -17,7 +17,10 @@ import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import in_flight
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import local_methods
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
@@ -333,7 +336,7 @@ def split_methods(text: str) -> list[str]:
   return out
 
 
-def simulated_steps(m: core.Method, steps: int) -> int:
+def simulated_steps(m: Method, steps: int) -> int:
   """Steps to simulate ``m`` for: ``steps``, or more for two whole periods.
 
   Raises:
@@ -352,7 +355,7 @@ def simulated_steps(m: core.Method, steps: int) -> int:
 
 
 def cluster_fields(args) -> dict:
-  """:class:`~core.Cluster` keyword arguments (but ``n_workers``) of the cluster flags.
+  """:class:`Cluster` keyword arguments (but ``n_workers``) of the cluster flags.
 
   Units: ``--intra-GBps`` and ``--codec-GBps`` GB/s (1e9 bytes/s),
   ``--nic-Gbps`` (per NIC port), ``--flow-Gbps`` and ``--wan-Gbps`` Gbit/s
@@ -375,16 +378,16 @@ def cluster_fields(args) -> dict:
       codec_Bps=args.codec_GBps * 1e9)
 
 
-def cluster_from_args(args, n: int) -> core.Cluster:
-  """The :class:`~core.Cluster` of ``predict``'s cluster flags for ``n`` workers.
+def cluster_from_args(args, n: int) -> Cluster:
+  """The :class:`Cluster` of ``predict``'s cluster flags for ``n`` workers.
 
   Units as :func:`cluster_fields`.
   """
-  return core.Cluster(n_workers=n, **cluster_fields(args))
+  return Cluster(n_workers=n, **cluster_fields(args))
 
 
 def workload_fields(args) -> dict:
-  """:class:`~core.Workload` keyword arguments of the workload flags (ms -> s, MiB -> bytes)."""
+  """:class:`Workload` keyword arguments of the workload flags (ms -> s, MiB -> bytes)."""
   samples = (tuple(x * 1e-3 for x in args.compute_samples_ms)
              if args.compute_samples_ms else None)
   return dict(
@@ -399,12 +402,12 @@ def workload_fields(args) -> dict:
           args.gossip_in_flight) if args.gossip_in_flight else None))
 
 
-def workload_from_args(args) -> core.Workload:
-  """The :class:`~core.Workload` of ``predict``'s workload flags (ms -> s, MiB -> bytes)."""
-  return core.Workload(**workload_fields(args))
+def workload_from_args(args) -> Workload:
+  """The :class:`Workload` of ``predict``'s workload flags (ms -> s, MiB -> bytes)."""
+  return Workload(**workload_fields(args))
 
 
-def given_fields(args, c: core.Cluster, w: core.Workload):
+def given_fields(args, c: Cluster, w: Workload):
   """``(c, w)`` with the cluster and workload flags given on the command line applied.
 
   Used for ``--preset`` and ``--workload``: their fields, with each flag
@@ -488,7 +491,7 @@ def from_cluster_file(data: dict, args, n: int):
   if n % kw["local_size"]:
     raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
                      f"file's {kw['local_size']} workers per node.")
-  c = core.Cluster(**kw)
+  c = Cluster(**kw)
   flags_w = dataclasses.asdict(workload_from_args(args))
   over = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
           if flag in given}
@@ -513,8 +516,8 @@ def describe_cluster_file(path: str, data: dict) -> str:
       f"{8 * c['nic_bandwidth_Bps'] / 1e9:.3g} Gbit/s"
       + (f", one flow {8 * flow / 1e9:.3g} Gbit/s" if flow else "")]
   if meas.get("all_reduce_s"):
-    cl = core.Cluster(**c)
-    model = core.all_reduce_cost(cl).time(meas["all_reduce_bytes"])[0]
+    cl = Cluster(**c)
+    model = all_reduce_cost(cl).time(meas["all_reduce_bytes"])[0]
     lines.append(f"  measured All-Reduce of {meas['all_reduce_bytes'] / 1e6:.3g}"
                  f" MB on {c['n_workers']} workers: "
                  f"{1e3 * meas['all_reduce_s']:.3g} ms (model: "
@@ -534,7 +537,7 @@ def all_reduce_check(measured_s: float, model_s: float,
   """One line: what the model's All-Reduce beside the measured one is, and
   what their gap means.
 
-  The model's number is the alpha-beta All-Reduce (``core.all_reduce_cost``)
+  The model's number is the alpha-beta All-Reduce (``costs.all_reduce_cost``)
   of the same bytes on the links fitted from the file's pair exchanges
   (``cluster_file.fit_links``), not a preset's. Within a factor
   :data:`CHECK_RATIO` either way the fitted links describe the collective;

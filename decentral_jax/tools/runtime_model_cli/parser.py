@@ -16,7 +16,6 @@ import argparse
 import sys
 
 from decentral_jax import layout_modes
-from decentral_jax.runtime_model import core
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import stragglers
@@ -194,7 +193,7 @@ _PREDICT_OWN = (
 )
 _CLUSTER_CHOICES = (
     ("--multi-node", dict(
-        choices=core.MULTI_NODE_ALGORITHMS, default="tree",
+        choices=costs.MULTI_NODE_ALGORITHMS, default="tree",
         help="algorithm of group means over several nodes (default tree)")),
     ("--intra-link", dict(
         choices=costs.INTRA_LINKS, default="pcie",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
-from decentral_jax.runtime_model import core
+from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import worker_devices
@@ -265,7 +265,7 @@ def _make_methods(args, methods, n: int, c) -> list:
   out = []
   for spec in methods:
     try:
-      m = core.make_method(spec, c)
+      m = make_method(spec, c)
       out.append((spec, m, inputs.simulated_steps(m, args.steps)))
     except ValueError as e:
       raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None

@@ -1,17 +1,18 @@
-"""The runtime model's entry points: make_method, closed_form and simulate.
+"""Per-iteration time of a method: closed_form and simulate.
 
-This module turns a method spec into a checked
-:class:`~decentral_jax.runtime_model.method.Method` (parsers in
-:mod:`~decentral_jax.runtime_model.specs` and
-:mod:`~decentral_jax.runtime_model.local_methods`) and dispatches on its
-kind to the estimators (:data:`ESTIMATORS`: the every-step methods of
+Both take a method spec (anything
+:func:`decentral_jax.runtime_model.specs.make_method` accepts), build the
+checked :class:`~decentral_jax.runtime_model.method.Method` and dispatch on
+its kind to the estimators (:data:`ESTIMATORS`: the every-step methods of
 :mod:`~decentral_jax.runtime_model.per_step_methods`, the local-update
 methods of :mod:`~decentral_jax.runtime_model.local_methods`). Collective
-costs and the hardware (:class:`Cluster`) are in
-:mod:`decentral_jax.runtime_model.costs`, the model and its compute
-(:class:`Workload`) in :mod:`decentral_jax.runtime_model.workload`, the
-method (:class:`Method`, :class:`Estimate`) in
-:mod:`decentral_jax.runtime_model.method`; all are re-exported here.
+costs and the hardware (:class:`~decentral_jax.runtime_model.costs.Cluster`)
+are in :mod:`decentral_jax.runtime_model.costs`, the model and its compute
+(:class:`~decentral_jax.runtime_model.workload.Workload`) in
+:mod:`decentral_jax.runtime_model.workload`, the method
+(:class:`~decentral_jax.runtime_model.method.Method`,
+:class:`~decentral_jax.runtime_model.method.Estimate`) in
+:mod:`decentral_jax.runtime_model.method`.
 
 The model predicts the mean per-iteration time (seconds) of data-parallel
 training with All-Reduce of gradients (PyTorch-DDP style: bucketed, overlapped
@@ -39,63 +40,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from decentral_jax.topology import schedules as topology_lib
-# Re-exported: the model's public names live in ``core`` too.
-from decentral_jax.runtime_model.costs import (  # noqa: F401
-    MULTI_NODE_ALGORITHMS, Cluster, RoundCost, all_reduce_cost,
-    group_round_cost, pair_exchange_time, permute_round_cost,
-    ring_all_reduce_time, round_cost)
 from decentral_jax.runtime_model import local_methods
-from decentral_jax.runtime_model import per_step_methods
 from decentral_jax.runtime_model import method_messages
-from decentral_jax.runtime_model import specs
-from decentral_jax.runtime_model.method import (  # noqa: F401
-    METHOD_KINDS, Estimate, Method, check_method, sgp_topology)
-from decentral_jax.runtime_model.workload import (  # noqa: F401
-    Workload, coupling_excess, expected_max_normal)
+from decentral_jax.runtime_model import per_step_methods
+from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.method import Estimate
+from decentral_jax.runtime_model.specs import make_method
+from decentral_jax.runtime_model.workload import Workload
 
 # Method.kind -> the module with its ``closed_form(m, c, w)`` and
 # ``simulate(m, c, w, fac, warmup)``.
 ESTIMATORS = {"all_reduce": per_step_methods, "gossip": per_step_methods,
               "local": local_methods}
-
-
-def make_method(spec, c: Cluster) -> Method:
-  """A :class:`Method` from a name, a ``Topology`` or a ``Method``.
-
-  Args:
-    spec: "all_reduce", "sgp" (non-overlapped gossip on :func:`sgp_topology`),
-      a topology name accepted by :func:`decentral_jax.topology.make` (e.g.
-      "one_peer_exp", "aer"; overlapped gossip), a gossip spec such as
-      "aer:comm_dtype=bfloat16" or "dadam:topology=ring" (syntax in
-      :mod:`decentral_jax.runtime_model.specs`), a local-update spec such as
-      "diloco:H=10" or "streaming_diloco:H=10,P=4,tau=1" (syntax in
-      :func:`decentral_jax.runtime_model.local_methods.parse_spec`), a
-      ``Topology`` or a ``Method`` (returned as is after checks).
-    c: the cluster; topologies are built for ``c.n_workers``, ``c.local_size``.
-
-  Raises:
-    ValueError: unknown name, a bad local-update spec or field (naming the
-      bad part), or a topology built for another ``n``.
-  """
-  if isinstance(spec, Method):
-    return check_method(spec, c)
-  if isinstance(spec, topology_lib.Topology):
-    return check_method(Method(spec.name, "gossip", spec), c)
-  key = str(spec).strip().lower().replace("-", "_")
-  if specs.is_gossip_spec(key):
-    return specs.parse(str(spec), c)
-  if local_methods.is_local_spec(key):
-    return check_method(local_methods.parse_spec(str(spec), c), c)
-  if key in ("all_reduce", "allreduce", "ar"):
-    return check_method(Method("all_reduce", "all_reduce"), c)
-  if key == "sgp":
-    return check_method(Method("sgp", "gossip",
-                               sgp_topology(c.n_workers, c.local_size),
-                               overlap=False), c)
-  topo = topology_lib.make(key, c.n_workers, c.local_size)
-  return check_method(Method(topology_lib.canonical_name(key), "gossip",
-                             topo), c)
 
 
 def closed_form(method, c: Cluster, w: Workload) -> Estimate:
@@ -165,7 +121,8 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
     over whole sync periods after ``warmup``.
 
   Args:
-    method: anything :func:`make_method` accepts.
+    method: anything
+      :func:`~decentral_jax.runtime_model.specs.make_method` accepts.
     c: cluster.
     w: workload.
     steps: simulated iterations (> warmup).
