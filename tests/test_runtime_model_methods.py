@@ -16,7 +16,7 @@ from decentral_jax.runner import methods
 from decentral_jax import topology
 from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model import local_methods
+from decentral_jax.runtime_model import local_sync
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import traffic
 
@@ -207,8 +207,8 @@ def test_every_library_algorithm_and_topology_is_priced():
     cfg.algorithm, cfg.comm_dtype = algo, "bfloat16"
     assert builders.spec_for_config(cfg)[0] == spec + ",comm_dtype=bfloat16"
     low = core.make_method(spec + ",comm_dtype=bfloat16", c)
-    assert local_methods.message_bytes(low, w) == pytest.approx(
-        local_methods.message_bytes(core.make_method(spec, c), w) / 2)
+    assert local_sync.message_bytes(low, w) == pytest.approx(
+        local_sync.message_bytes(core.make_method(spec, c), w) / 2)
 
 
 @pytest.mark.parametrize("spec, match", [

@@ -45,7 +45,7 @@ import numpy as np
 
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model import local_methods
+from decentral_jax.runtime_model import local_sync
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import worker_devices
 
@@ -162,7 +162,7 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
   dc = np.zeros(c.datacenters)
   if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
     nbytes = (w.grad_bytes if m.kind == "all_reduce"
-              else local_methods.message_bytes(m, w, c.n_workers))
+              else local_sync.message_bytes(m, w, c.n_workers))
     if m.compress is not None and compression.gathers(m.compress):
       nbytes *= c.n_workers / 2  # all-gather of P: an all-reduce of nP/2
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
@@ -170,7 +170,7 @@ def bytes_per_iteration(method, c: core.Cluster, w: core.Workload) -> Traffic:
     steps = m.period if m.kind == "local" else 1
   else:
     nbytes = (w.param_bytes if m.kind == "gossip"
-              else local_methods.message_bytes(m, w, c.n_workers))
+              else local_sync.message_bytes(m, w, c.n_workers))
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
     for rnd in m.topology.rounds:
       wb, nb = round_bytes(c, rnd, nbytes, m.compress is not None, dc)

@@ -18,7 +18,7 @@ import numpy as np
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model import core
-from decentral_jax.runtime_model import local_methods
+from decentral_jax.runtime_model import local_sync
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
 # matrices) and with steps x n x buckets: on 2 cores 4096 workers take about
@@ -341,7 +341,7 @@ def simulated_steps(m: core.Method, steps: int) -> int:
   """
   if m.kind != "local":
     return steps
-  period = local_methods.schedule_period(m)
+  period = local_sync.schedule_period(m)
   start = -(-(steps // 5) // period) * period
   need = max(steps, start + 2 * period)
   if need > MAX_STEPS:
