@@ -293,10 +293,9 @@ def psum(x, axis_name: AxisName):
   Raises:
     TypeError: a leaf that is not a numeric or ``bool`` array.
   """
-  _check_leaves("psum", x)
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
-    return lax.psum(x, _lax_axis(axis_name))
+    return _mesh_reduce("psum", x, axis_name)
+  _check_leaves("psum", x)
   dev = axis_name.device
 
   def local_sum(s):
@@ -325,12 +324,18 @@ def pmean(x, axis_name: AxisName):
   Raises:
     TypeError: a leaf that is not a numeric or ``bool`` array.
   """
-  _check_leaves("pmean", x)
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
-    return lax.pmean(x, _lax_axis(axis_name))
+    return _mesh_reduce("pmean", x, axis_name)
+  _check_leaves("pmean", x)
   n = size(axis_name)
   return jax.tree.map(lambda v: v / n, psum(x, axis_name))
+
+
+def _mesh_reduce(op: str, x, axis_name):
+  """``lax.psum`` or ``lax.pmean`` (``op``) over mesh axes, after the checks."""
+  _check_leaves(op, x)
+  _check_not_virtual(axis_name)
+  return getattr(lax, op)(x, _lax_axis(axis_name))
 
 
 def all_gather(x, axis_name: AxisName) -> jax.Array:

@@ -297,8 +297,9 @@ def simulate(m: Method, c: Cluster, w: Workload,
     c, w: cluster and workload.
     fac: compute multipliers float64 [steps, n] (``Workload.compute_factors``).
     warmup: steps discarded; the mean is over whole schedule periods
-      (:func:`~decentral_jax.runtime_model.local_sync.schedule_period`) from the first period boundary at or after
-      ``warmup`` to the last one at or before ``steps``.
+      (:func:`~decentral_jax.runtime_model.local_sync.schedule_period`)
+      from the first period boundary at or after ``warmup`` to the last one
+      at or before ``steps``.
 
   Returns:
     Seconds per iteration.
@@ -334,17 +335,15 @@ def _simulate_exact(m: Method, c: Cluster, w: Workload, x: np.ndarray,
   step start times after the last step and at step ``start``, float64 [n].
   """
   h = m.period
-  s = np.zeros(x.shape[1])
-  mark = s
   a, tau = local_sync.fragment_sync_s(m, c, w), m.overlap_steps
   offs = local_sync.fragment_offsets(m)
   send = {o: q for q, o in enumerate(offs)}
   merge = {(o + tau) % h: q for q, o in enumerate(offs)}
   ends = [0.0] * len(offs)
   free = -math.inf
-  for k in range(x.shape[0]):
-    if k == start:
-      mark = s.copy()
+
+  def step(k, s):
+    nonlocal free
     t = k + 1
     s = s + x[k]
     q = send.get(t % h)
@@ -353,6 +352,23 @@ def _simulate_exact(m: Method, c: Cluster, w: Workload, x: np.ndarray,
     q = merge.get(t % h)
     if q is not None and t >= max(offs[q], 1) + tau:
       s = np.maximum(s, ends[q])
+    return s
+
+  return _run_steps(x, start, step)
+
+
+def _run_steps(x: np.ndarray, start: int,
+               step) -> tuple[np.ndarray, np.ndarray]:
+  """Step starts ``s`` float64 [n] from 0 through ``s = step(k, s)``, k < steps.
+
+  Returns ``s`` after the last step and as it was at step ``start``.
+  """
+  s = np.zeros(x.shape[1])
+  mark = s
+  for k in range(x.shape[0]):
+    if k == start:
+      mark = s.copy()
+    s = step(k, s)
   return s, mark
 
 
@@ -360,33 +376,27 @@ def _simulate_trickled(m: Method, c: Cluster, w: Workload, x: np.ndarray,
                        start: int) -> tuple[np.ndarray, np.ndarray]:
   """Trickled reduction: one slice per step from the first sync on (as ``_simulate_exact``)."""
   h = m.period
-  s = np.zeros(x.shape[1])
-  mark = s
   a = local_sync.slice_sync_s(m, c, w)
-  for k in range(x.shape[0]):
-    if k == start:
-      mark = s.copy()
-    # Steps k >= H carry a slice of the pseudo-gradient of the last sync.
-    s = np.maximum(s + x[k], s.max() + a) if k >= h else s + x[k]
-  return s, mark
+  # Steps k >= H carry a slice of the pseudo-gradient of the last sync.
+  return _run_steps(x, start, lambda k, s: (
+      np.maximum(s + x[k], s.max() + a) if k >= h else s + x[k]))
 
 
 def _simulate_gossip(m: Method, c: Cluster, w: Workload, x: np.ndarray,
                      start: int) -> tuple[np.ndarray, np.ndarray]:
   """One blocking gossip round every ``H`` steps (as ``_simulate_exact``)."""
   h = m.period
-  s = np.zeros(x.shape[1])
-  mark = s
   costs = local_sync.round_costs(m, c, w)
-  for k in range(x.shape[0]):
-    if k == start:
-      mark = s.copy()
+
+  def step(k, s):
     t = k + 1
     s = s + x[k]
     if t % h == 0:
       members, tau_r = costs[(t // h - 1) % len(costs)]
       s = s[members].max(axis=1) + tau_r
-  return s, mark
+    return s
+
+  return _run_steps(x, start, step)
 
 
 # ---------------------------------------------------------------------------

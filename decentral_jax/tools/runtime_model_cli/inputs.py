@@ -180,14 +180,20 @@ def check_predict_args(args) -> None:
       math.isfinite(x) and 0 <= x <= _MAX_MS for x in samples)):
     raise ValueError("--compute-samples-ms needs at least 2 finite times "
                      f"in [0, {_MAX_MS:g}] (ms), got {samples!r}.")
+  _check_bucket_count(args, itemsize, "the simulator")
+  check_output_path(args.png, "--png")
+
+
+def _check_bucket_count(args, itemsize: float, handler: str) -> None:
+  """``--params`` in ``--bucket-MiB`` buckets of ``itemsize``-byte values:
+  at most ``MAX_BUCKETS`` (what ``handler`` handles), then its bounds."""
   buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
   if buckets > MAX_BUCKETS:
     raise ValueError(
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
-        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
+        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} {handler} "
         "handles; raise --bucket-MiB or lower --params.")
   _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
-  check_output_path(args.png, "--png")
 
 
 def check_param_count(params) -> None:
@@ -255,14 +261,7 @@ def check_utilisation_args(args) -> None:
   check_param_count(args.params)
   _check_bounds(args, UTILISATION_FLAG_BOUNDS)
   itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
-  bucket = args.bucket_MiB
-  buckets = math.ceil(args.params * itemsize / (bucket * 2**20))
-  if buckets > MAX_BUCKETS:
-    raise ValueError(
-        f"--params {args.params:g} in --bucket-MiB {bucket:g} makes "
-        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the model "
-        "handles; raise --bucket-MiB or lower --params.")
-  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
+  _check_bucket_count(args, itemsize, "the model")
 
 
 def check_file_workers(path: str, n: int) -> None:
