@@ -17,7 +17,7 @@ This module imports nothing else from the library.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -57,6 +57,16 @@ def is_number(value: Any) -> bool:
   return is_int(value) or math.isfinite(value)
 
 
+def _check_kind(name: str, value: Any, rule: str, accepted) -> None:
+  """Refuses an array (with :data:`INJECT_HINT`) or a value that the
+  predicate ``accepted`` rejects: ``"{name} must be {rule}, got ..."``."""
+  if _is_array(value):
+    raise ValueError(f"{name} must be {rule}, got an array; "
+                     f"{INJECT_HINT.format(name)}.")
+  if not accepted(value):
+    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+
+
 def _bounds(minimum, maximum, *, open_min=False, open_max=False) -> str:
   lo = None if minimum is None else (">" if open_min else ">=") + f" {minimum}"
   hi = None if maximum is None else ("<" if open_max else "<=") + f" {maximum}"
@@ -78,11 +88,7 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
   """
   rule = "an int" + (" " + _bounds(minimum, maximum)
                      if (minimum, maximum) != (None, None) else "")
-  if _is_array(value):
-    raise ValueError(f"{name} must be {rule}, got an array; "
-                     f"{INJECT_HINT.format(name)}.")
-  if not is_int(value):
-    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  _check_kind(name, value, rule, is_int)
   if ((minimum is not None and value < minimum)
       or (maximum is not None and value > maximum)):
     raise ValueError(f"{name} must be {rule}, got {value!r}.")
@@ -107,11 +113,7 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
   rule = "a finite number" + (
       " " + _bounds(minimum, maximum, open_min=open_min, open_max=open_max)
       if (minimum, maximum) != (None, None) else "")
-  if _is_array(value):
-    raise ValueError(f"{name} must be {rule}, got an array; "
-                     f"{INJECT_HINT.format(name)}.")
-  if not is_number(value):
-    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+  _check_kind(name, value, rule, is_number)
   v = float(value)
   if minimum is not None and (v < minimum or (open_min and v == minimum)):
     raise ValueError(f"{name} must be {rule}, got {value!r}.")
@@ -189,3 +191,29 @@ def check_float_dtype(name: str, dtype: Any, *,
   if not ok:
     raise ValueError(f"{name} must be {rule}, got {dtype!r}.")
   return dt
+
+
+def comma_entries(flag: str, spec: Any, what: str,
+                  example: str) -> Iterator[str]:
+  """Yields the entries of a comma-separated flag value, stripped, in order.
+
+  An empty (or blank) ``spec`` yields none. An empty entry is refused when
+  it is reached, so the caller's checks of the entries before it come first.
+
+  Args:
+    flag: the flag as the user spells it (``"--seeds"``).
+    spec: its value (``str()`` of it is split).
+    what: the entries in the plural, for the message (``"seeds"``).
+    example: a good value, for the message (``"--seeds=0,1,2"``).
+
+  Raises:
+    ValueError: ``"{flag}={spec!r}: entry {k} is empty; separate the {what}
+      by single commas, e.g. {example}."`` (``k`` counts from 1).
+  """
+  if not str(spec).strip():
+    return
+  for k, entry in enumerate(x.strip() for x in str(spec).split(",")):
+    if not entry:
+      raise ValueError(f"{flag}={spec!r}: entry {k + 1} is empty; separate "
+                       f"the {what} by single commas, e.g. {example}.")
+    yield entry

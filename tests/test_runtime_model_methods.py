@@ -21,7 +21,7 @@ from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model.step_time import closed_form
 from decentral_jax.runtime_model.step_time import simulate
 from decentral_jax.runtime_model.workload import Workload
-from decentral_jax.runtime_model import local_methods
+from decentral_jax.runtime_model import local_sync
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import traffic
 
@@ -212,8 +212,8 @@ def test_every_library_algorithm_and_topology_is_priced():
     cfg.algorithm, cfg.comm_dtype = algo, "bfloat16"
     assert builders.spec_for_config(cfg)[0] == spec + ",comm_dtype=bfloat16"
     low = make_method(spec + ",comm_dtype=bfloat16", c)
-    assert local_methods.message_bytes(low, w) == pytest.approx(
-        local_methods.message_bytes(make_method(spec, c), w) / 2)
+    assert local_sync.message_bytes(low, w) == pytest.approx(
+        local_sync.message_bytes(make_method(spec, c), w) / 2)
 
 
 @pytest.mark.parametrize("spec, match", [

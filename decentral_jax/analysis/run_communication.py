@@ -71,10 +71,8 @@ def run_bytes(steps: Sequence[tuple[Any, int]], *,
       :func:`~decentral_jax.analysis.worker_traffic.step_bytes`.
 
   References:
-    Wang, Zhang, Wu, Johansson, `From Promise to Practice: Realizing
-    High-performance Decentralized Training
-    <https://arxiv.org/abs/2410.11998>`_, ICLR 2025 (only parameters are
-    communicated: the ratio to ``param_bytes`` is the method's cost).
+    Those of :func:`~decentral_jax.analysis.worker_traffic.step_bytes`
+    (Wang, Zhang, Wu, Johansson, ICLR 2025, arXiv 2410.11998).
   """
   every = checks.check_int("measure_every", measure_every, minimum=1)
   if stage is None:

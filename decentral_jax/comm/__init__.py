@@ -2,7 +2,8 @@
 
 - :mod:`~decentral_jax.comm.collectives`: worker index, ``pmean``,
   ``all_gather``, ``permute`` and group means, with two-level plans for
-  ``K`` vmapped workers per device.
+  ``K`` vmapped workers per device
+  (:mod:`~decentral_jax.comm.virtual_plans` builds those static plans).
 - :mod:`~decentral_jax.comm.gossip`: ``mix`` (one round of W_k with
   ``ppermute``), ``mean``, ``consensus_distance``.
 - :mod:`~decentral_jax.comm.compress`: compressed payloads with error

@@ -18,7 +18,9 @@ step) reaches the other workers through the functions here, traced inside
   (for :func:`permute`: one ``ppermute`` per device offset, carrying only
   the rows that cross it). A collective over a tuple of a ``shard_map``
   axis and a ``vmap`` axis is not supported by JAX, and ``psum`` over a
-  ``vmap`` axis inside ``shard_map`` fails, hence this plan.
+  ``vmap`` axis inside ``shard_map`` fails, hence this plan. The static
+  plans (which rows cross which devices) are built by
+  :mod:`~decentral_jax.comm.virtual_plans`.
 
 Results are those of the one-worker-per-device collectives: the same
 dtypes (``psum`` of ``bool`` gives int32 and ``pmean`` of an integer or
@@ -40,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 from typing import Sequence
 
 import jax
@@ -49,6 +50,7 @@ import numpy as np
 from jax import lax
 
 from decentral_jax import checks
+from decentral_jax.comm import virtual_plans
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,10 +293,9 @@ def psum(x, axis_name: AxisName):
   Raises:
     TypeError: a leaf that is not a numeric or ``bool`` array.
   """
-  _check_leaves("psum", x)
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
-    return lax.psum(x, _lax_axis(axis_name))
+    return _mesh_reduce("psum", x, axis_name)
+  _check_leaves("psum", x)
   dev = axis_name.device
 
   def local_sum(s):
@@ -323,12 +324,18 @@ def pmean(x, axis_name: AxisName):
   Raises:
     TypeError: a leaf that is not a numeric or ``bool`` array.
   """
-  _check_leaves("pmean", x)
   if not is_virtual(axis_name):
-    _check_not_virtual(axis_name)
-    return lax.pmean(x, _lax_axis(axis_name))
+    return _mesh_reduce("pmean", x, axis_name)
+  _check_leaves("pmean", x)
   n = size(axis_name)
   return jax.tree.map(lambda v: v / n, psum(x, axis_name))
+
+
+def _mesh_reduce(op: str, x, axis_name):
+  """``lax.psum`` or ``lax.pmean`` (``op``) over mesh axes, after the checks."""
+  _check_leaves(op, x)
+  _check_not_virtual(axis_name)
+  return getattr(lax, op)(x, _lax_axis(axis_name))
 
 
 def all_gather(x, axis_name: AxisName) -> jax.Array:
@@ -403,55 +410,6 @@ def all_to_all(x, axis_name: AxisName) -> jax.Array:
       lambda v: _on_stack(axis_name, exchange, v, batched_out=True), x)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Hop:
-  """One ``ppermute`` over devices: rows ``send[d]`` of device ``d``'s stack."""
-  pairs: tuple[tuple[int, int], ...]  # (source device, destination device)
-  send: np.ndarray  # [M, rows] int32 slot indices (padded with 0)
-
-
-@functools.lru_cache(maxsize=256)
-def _permute_plan(perm: tuple[tuple[int, int], ...], m: int, k: int):
-  """Static plan for a worker-level partial permutation on ``M x K`` workers.
-
-  Returns ``(hops, take)``: ``hops`` one per device offset ``(src - dst)
-  mod M`` that some edge crosses; ``take`` ``[M, K]`` int32 indices into
-  ``concat([stack, recv_1, ..., recv_H, zeros[1]])`` giving each slot's
-  received row (the zero row where a worker receives nothing, as
-  ``lax.ppermute`` gives zeros).
-  """
-  local = {}
-  remote: dict[int, dict[int, list[tuple[int, int]]]] = {}
-  for src, dst in perm:
-    ds, ks = divmod(src, k)
-    dd, kd = divmod(dst, k)
-    if ds == dd:
-      local[dst] = ks
-    else:
-      remote.setdefault((ds - dd) % m, {}).setdefault(dd, []).append((ks, kd))
-  hops, offset = [], k
-  take = np.full((m, k), -1, np.int64)
-  for dd in range(m):
-    for kd in range(k):
-      if dd * k + kd in local:
-        take[dd, kd] = local[dd * k + kd]
-  for off in sorted(remote):
-    by_dst = remote[off]
-    rows = max(len(v) for v in by_dst.values())
-    send = np.zeros((m, rows), np.int32)
-    pairs = []
-    for dd, edges in sorted(by_dst.items()):
-      ds = (dd + off) % m
-      pairs.append((ds, dd))
-      for r, (ks, kd) in enumerate(edges):
-        send[ds, r] = ks
-        take[dd, kd] = offset + r
-    hops.append(_Hop(tuple(pairs), send))
-    offset += rows
-  take[take < 0] = offset  # the zero row
-  return tuple(hops), take.astype(np.int32)
-
-
 def _check_perm(perm, n: int) -> tuple[tuple[int, int], ...]:
   """``perm`` as int pairs in ``0 .. n-1``, distinct sources and destinations."""
   try:
@@ -499,7 +457,7 @@ def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
   k = axis_name.per_device
   dev = axis_name.device
   m = size(axis_name) // k
-  hops, take = _permute_plan(pairs, m, k)
+  hops, take = virtual_plans.permute_plan(pairs, m, k)
 
   def move(s):
     me = lax.axis_index(dev)
@@ -515,62 +473,10 @@ def permute(x, axis_name: AxisName, perm: Sequence[tuple[int, int]]):
       lambda v: _on_stack(axis_name, move, v, batched_out=True), x)
 
 
-@functools.lru_cache(maxsize=256)
-def _group_plan(groups: tuple[tuple[int, ...], ...], m: int, k: int):
-  """Static plan of group means on ``M x K`` workers, or None.
-
-  Returns ``(local, rotations, rep, inside, weight)``: ``local`` ``[J, M,
-  K]`` slot indices (``K`` = a zero row) whose sum is the sum of a slot's
-  group members on its device; ``rotations`` device pairs, one
-  ``ppermute`` each, over which a device's partial sum of its
-  multi-device group travels (``|S| - 1`` rotations for a group on ``|S|``
-  devices); ``rep`` ``[M]`` a slot of that group on each device;
-  ``inside`` ``[M, K]`` bool, the slots in it; ``weight`` ``[n]``
-  ``1/|G|``. None if a device holds members of two multi-device groups.
-  """
-  n = m * k
-  group_of = np.empty(n, np.int64)
-  for g, members in enumerate(groups):
-    group_of[list(members)] = g
-  spans = [sorted({w // k for w in members}) for members in groups]
-  multi = np.full(m, -1, np.int64)
-  for g, devs in enumerate(spans):
-    if len(devs) > 1:
-      for d in devs:
-        if multi[d] >= 0:
-          return None
-        multi[d] = g
-  local_members = [[[s for s in range(k) if group_of[d * k + s]
-                     == group_of[d * k + t]] for t in range(k)]
-                   for d in range(m)]
-  depth = max(len(v) for row in local_members for v in row)
-  local = np.full((depth, m, k), k, np.int32)
-  for d in range(m):
-    for t in range(k):
-      for j, s in enumerate(local_members[d][t]):
-        local[j, d, t] = s
-  rotations = []
-  for r in range(1, max(len(v) for v in spans)):
-    pairs = []
-    for devs in spans:
-      if len(devs) > r:
-        pairs += [(devs[(a + r) % len(devs)], d) for a, d in enumerate(devs)]
-    rotations.append(tuple(pairs))
-  rep = np.zeros(m, np.int32)
-  inside = np.zeros((m, k), bool)
-  for d in range(m):
-    if multi[d] >= 0:
-      slots = [s for s in range(k) if group_of[d * k + s] == multi[d]]
-      rep[d] = slots[0]
-      inside[d, slots] = True
-  weight = np.array([1.0 / len(groups[g]) for g in group_of])
-  return local, tuple(rotations), rep, inside, weight
-
-
 def _plan_for(axis_name: VirtualAxes, groups):
   k = axis_name.per_device
-  return _group_plan(tuple(tuple(int(w) for w in g) for g in groups),
-                     size(axis_name) // k, k)
+  return virtual_plans.group_plan(
+      tuple(tuple(int(w) for w in g) for g in groups), size(axis_name) // k, k)
 
 
 def has_group_plan(axis_name: VirtualAxes, groups) -> bool:

@@ -437,9 +437,15 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
   Raises:
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
+  return _map_checked(tree, compressor,
+                      lambda x: _mean_leaf(x, axis_name, compressor))
+
+
+def _map_checked(tree: PyTree, compressor: Compressor, leaf) -> PyTree:
+  """``leaf`` over the leaves of ``tree`` after the compressed means' checks."""
   check_compressor(compressor)
   gossip.check_float_leaves(tree, "compressed mean", compressed=True)
-  return jax.tree.map(lambda x: _mean_leaf(x, axis_name, compressor), tree)
+  return jax.tree.map(leaf, tree)
 
 
 def mean_payload_bytes(tree: PyTree, n_workers: int,
@@ -526,21 +532,18 @@ def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
   Must run inside ``jax.shard_map`` over ``axis_name``.
 
   Args:
-    tree: pytree of floating arrays (this worker's values).
-    axis_name: the worker axis.
-    compressor: the :class:`Compressor`.
+    tree, axis_name, compressor: as for :func:`mean_compressed` (any
+      format; top-k is the one it is for).
 
   Returns:
-    A pytree of the same structure, shapes and dtypes, equal on every
-    worker.
+    The decoded payloads' mean, a pytree of ``tree``'s structure, shapes
+    and dtypes, equal on every worker.
 
   Raises:
     ValueError: a non-floating leaf or a compressor of the wrong type.
   """
-  check_compressor(compressor)
-  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
-  return jax.tree.map(lambda x: _gather_mean_leaf(x, axis_name, compressor),
-                      tree)
+  return _map_checked(tree, compressor,
+                      lambda x: _gather_mean_leaf(x, axis_name, compressor))
 
 
 def gather_payload_bytes(tree: PyTree, n_workers: int,

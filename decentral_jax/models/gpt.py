@@ -84,6 +84,20 @@ def _normal(std: float):
   return nn.initializers.normal(stddev=std)
 
 
+def _residual_out(cfg: GPTConfig, y: jax.Array, width: int,
+                  deterministic: bool) -> jax.Array:
+  """The ``c_proj`` projection to ``width`` and the residual dropout.
+
+  GPT-2's scaled init for projections onto the residual stream: std
+  ``0.02 / sqrt(2 n_layer)``. Called inside a module's ``nn.compact``
+  method, whose layers (``c_proj``, ``Dropout_*``) they become.
+  """
+  resid_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+  y = nn.Dense(width, use_bias=cfg.bias, dtype=cfg.dtype,
+               kernel_init=_normal(resid_std), name="c_proj")(y)
+  return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+
+
 class CausalSelfAttention(nn.Module):
   """Multi-head self-attention where position t attends to positions <= t."""
   config: GPTConfig
@@ -94,7 +108,6 @@ class CausalSelfAttention(nn.Module):
     cfg = self.config
     b, t, c = x.shape
     h = cfg.n_head
-    resid_std = 0.02 / math.sqrt(2 * cfg.n_layer)
     qkv = nn.Dense(3 * c, use_bias=cfg.bias, dtype=cfg.dtype,
                    kernel_init=_normal(0.02), name="c_attn")(x)
     q, k, v = jnp.split(qkv, 3, axis=-1)
@@ -109,9 +122,7 @@ class CausalSelfAttention(nn.Module):
     weights = nn.Dropout(cfg.dropout)(weights, deterministic=deterministic)
     y = jnp.einsum("bhqk,bhkd->bhqd", weights, v)
     y = y.transpose(0, 2, 1, 3).reshape(b, t, c)
-    y = nn.Dense(c, use_bias=cfg.bias, dtype=cfg.dtype,
-                 kernel_init=_normal(resid_std), name="c_proj")(y)
-    return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
+    return _residual_out(cfg, y, c, deterministic)
 
 
 class MLP(nn.Module):
@@ -122,13 +133,10 @@ class MLP(nn.Module):
   def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
     """Maps ``x`` [B, T, C] to [B, T, C]."""
     cfg = self.config
-    resid_std = 0.02 / math.sqrt(2 * cfg.n_layer)
     x = nn.Dense(4 * cfg.n_embd, use_bias=cfg.bias, dtype=cfg.dtype,
                  kernel_init=_normal(0.02), name="c_fc")(x)
     x = nn.gelu(x, approximate=True)
-    x = nn.Dense(cfg.n_embd, use_bias=cfg.bias, dtype=cfg.dtype,
-                 kernel_init=_normal(resid_std), name="c_proj")(x)
-    return nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    return _residual_out(cfg, x, cfg.n_embd, deterministic)
 
 
 class Block(nn.Module):

@@ -271,6 +271,34 @@ def config_error_message(error: BaseException) -> str:
   return msg
 
 
+def parse_command_line(flag_values: flags.FlagValues, program: str,
+                       argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Reads ``argv`` (the arguments, no program name) into ``flag_values``.
+
+  The ``--config.<field>=value`` overrides are set apart first
+  (:func:`split_overrides`); the flags are reset before each parse, so a
+  second call starts from the defaults.
+
+  Args:
+    flag_values: the command's ``absl.flags.FlagValues``.
+    program: the program name absl is shown (``"train"``, ``"compare"``).
+    argv: the arguments, program name excluded.
+
+  Returns:
+    ``(positional arguments, --config.<field>=value overrides)``.
+
+  Raises:
+    ValueError: a bad flag or value (one line, naming it).
+  """
+  rest, overrides = split_overrides([program, *argv])
+  flag_values.unparse_flags()
+  try:
+    positional = flag_values(rest)
+  except flags.Error as e:
+    raise ValueError(config_error_message(e)) from None
+  return positional[1:], overrides
+
+
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
   """Separates ``--config.<field>=value`` overrides from the other arguments.
 

@@ -2,22 +2,10 @@
 
 The formats of :mod:`decentral_jax.comm.compress`, whose bytes both the
 codec and this model count with :func:`decentral_jax.wire_format.
-payload_bytes`. ``N`` values, ``B`` values per block (per float32 scale, or
-per top-k chunk), ``nb = ceil(N / B)`` blocks, the last one zero-padded and
-sent:
-
-==========  ==========================  ====================================
-format      bytes sent                  per value
-==========  ==========================  ====================================
-``int8``    ``nb (B + 4)``              1 byte + 4 bytes of scale per block
-``fp8``     ``nb (B + 4)``              (e4m3) as int8
-``int4``    ``nb (B/2 + 4)``            half a byte (two per byte) + scale
-``fp4``     ``nb (B/2 + 4)``            (e2m1) as int4
-``topk``    ``nb k (4 + idx)``          ``k = max(1, round(fraction B))``
-                                        float32 values of each chunk and
-                                        their indices: ``idx`` = 2 bytes
-                                        (int16) for ``B <= 32768``, else 4
-==========  ==========================  ====================================
+payload_bytes` (the table of bytes per format is in
+:mod:`decentral_jax.wire_format`). ``N`` values, ``B`` values per block
+(per float32 scale, or per top-k chunk), ``nb = ceil(N / B)`` blocks, the
+last one zero-padded and sent.
 
 Where it is sent:
 

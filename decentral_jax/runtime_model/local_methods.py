@@ -94,6 +94,9 @@ Closed form (mean compute ``x = C + O``, std ``sigma`` of ``F + B``):
   0`` the held-back drift ``kappa_n sigma^2 / W`` combined harmonically
   with the barrier ``sigma E[Z_(n)]`` (as for Streaming DiLoCo).
 
+Sync messages and their times (bytes, buckets, alpha-beta or measured
+seconds): :mod:`~decentral_jax.runtime_model.local_sync`.
+
 Units: seconds, bytes. Errors: :class:`ValueError` for a bad spec or
 ``Method`` field (naming it, with the fix), or a simulation too short for a
 whole period.
@@ -118,11 +121,8 @@ from scipy import special
 
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
+from decentral_jax.runtime_model import local_sync
 from decentral_jax.runtime_model.costs import Cluster
-from decentral_jax.runtime_model.costs import RoundCost
-from decentral_jax.runtime_model.costs import all_gather_cost
-from decentral_jax.runtime_model.costs import all_reduce_cost
-from decentral_jax.runtime_model.costs import round_cost
 from decentral_jax.runtime_model.method import Estimate
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model.method import floating_dtype_name
@@ -284,98 +284,6 @@ def _topology(spec, raw: str, key: str, c: Cluster) -> topology_lib.Topology:
 
 
 # ---------------------------------------------------------------------------
-# Messages and sync costs.
-# ---------------------------------------------------------------------------
-
-
-def wire_itemsize(m: Method, w: Workload) -> int:
-  """Bytes per parameter on the wire for ``m``'s sync (uncompressed)."""
-  if m.comm_dtype is not None:
-    return np.dtype(m.comm_dtype).itemsize
-  size = np.dtype(w.param_dtype).itemsize
-  return max(size, 4) if m.message == "theta" else size
-
-
-def message_bytes(m: Method, w: Workload, n_workers: int = 1) -> float:
-  """Bytes of one whole sync message (all fragments) per worker.
-
-  Compressed (``m.compress``): the payload one worker contributes
-  (:func:`~decentral_jax.runtime_model.compression.sync_payload`): for the
-  scaled formats that of the parameter count padded as the compressed
-  all-reduce over ``n_workers`` pads it, all-reduced; for top-k that of
-  the parameter count, all-gathered (:func:`sync_cost`).
-  """
-  if m.compress is not None:
-    return compression.sync_payload(
-        m.compress, w.param_count, n_workers, m.compress_block,
-        m.compress_fraction)
-  return float(w.param_count) * wire_itemsize(m, w)
-
-
-def sync_cost(m: Method, c: Cluster) -> RoundCost:
-  """The collective of an exact sync, per byte of :func:`message_bytes`.
-
-  An all-gather for a top-k sync (every worker's indices and values), an
-  all-reduce otherwise.
-  """
-  if m.compress is not None and compression.gathers(m.compress):
-    return all_gather_cost(c)
-  return all_reduce_cost(c)
-
-
-def n_messages(w: Workload, nbytes: float, fragments: int = 1) -> int:
-  """Messages (one latency each) of a ``nbytes`` sync: its buckets."""
-  if w.bucket_shares is None and w.bucket_ready is None:
-    return max(1, math.ceil(nbytes / w.bucket_bytes))
-  nb = len(w.bucket_shares if w.bucket_shares is not None else w.bucket_ready)
-  return max(1, math.ceil(nb / fragments))
-
-
-def fragment_sync_s(m: Method, c: Cluster, w: Workload) -> float:
-  """Seconds of one fragment's exact sync (``M / P`` bytes; :func:`sync_cost`)."""
-  if m.measured_s is not None:
-    return float(m.measured_s[0]) / m.fragments
-  nbytes = message_bytes(m, w, c.n_workers) / m.fragments
-  rc = sync_cost(m, c)
-  return float(rc.time(nbytes, n_messages(w, nbytes, m.fragments))[0])
-
-
-def slice_sync_s(m: Method, c: Cluster, w: Workload) -> float:
-  """Seconds of one slice of a trickled reduction (``M / H`` bytes).
-
-  ``M / H`` is all-reduced in every inner step, one latency per
-  ``bucket_bytes`` message of the slice (at least one); a measured time of
-  the whole all-reduce is split in ``H`` (``Method.outer_overlap``).
-  """
-  if m.measured_s is not None:
-    return float(m.measured_s[0]) / m.period
-  nbytes = message_bytes(m, w, c.n_workers) / m.period
-  return float(sync_cost(m, c).time(nbytes, n_messages(w, nbytes))[0])
-
-
-def round_costs(m: Method, c: Cluster, w: Workload):
-  """Per topology round: (members int [n, k], seconds float64 [n])."""
-  nbytes = message_bytes(m, w, c.n_workers)
-  out = []
-  for r, rnd in enumerate(m.topology.rounds):
-    rc = round_cost(c, rnd)
-    t = (np.full(c.n_workers, float(m.measured_s[r])) if m.measured_s
-         is not None else rc.time(nbytes, n_messages(w, nbytes)))
-    out.append((rc.members, t))
-  return out
-
-
-def schedule_period(m: Method) -> int:
-  """Steps after which ``m``'s schedule repeats (``H``, or ``H`` x rounds)."""
-  return m.period * (1 if m.topology is None else m.topology.period)
-
-
-def _offsets(m: Method) -> list[int]:
-  h, p = m.period, m.fragments
-  return [(q * h // p) % h for q in range(p)]
-
-
-# ---------------------------------------------------------------------------
 # Simulator.
 # ---------------------------------------------------------------------------
 
@@ -389,8 +297,9 @@ def simulate(m: Method, c: Cluster, w: Workload,
     c, w: cluster and workload.
     fac: compute multipliers float64 [steps, n] (``Workload.compute_factors``).
     warmup: steps discarded; the mean is over whole schedule periods
-      (:func:`schedule_period`) from the first period boundary at or after
-      ``warmup`` to the last one at or before ``steps``.
+      (:func:`~decentral_jax.runtime_model.local_sync.schedule_period`)
+      from the first period boundary at or after ``warmup`` to the last one
+      at or before ``steps``.
 
   Returns:
     Seconds per iteration.
@@ -399,7 +308,7 @@ def simulate(m: Method, c: Cluster, w: Workload,
     ValueError: no whole period fits between ``warmup`` and ``steps``.
   """
   steps = fac.shape[0]
-  period = schedule_period(m)
+  period = local_sync.schedule_period(m)
   start = -(-warmup // period) * period
   whole = (steps - start) // period
   if whole < 1:
@@ -426,17 +335,15 @@ def _simulate_exact(m: Method, c: Cluster, w: Workload, x: np.ndarray,
   step start times after the last step and at step ``start``, float64 [n].
   """
   h = m.period
-  s = np.zeros(x.shape[1])
-  mark = s
-  a, tau = fragment_sync_s(m, c, w), m.overlap_steps
-  offs = _offsets(m)
+  a, tau = local_sync.fragment_sync_s(m, c, w), m.overlap_steps
+  offs = local_sync.fragment_offsets(m)
   send = {o: q for q, o in enumerate(offs)}
   merge = {(o + tau) % h: q for q, o in enumerate(offs)}
   ends = [0.0] * len(offs)
   free = -math.inf
-  for k in range(x.shape[0]):
-    if k == start:
-      mark = s.copy()
+
+  def step(k, s):
+    nonlocal free
     t = k + 1
     s = s + x[k]
     q = send.get(t % h)
@@ -445,6 +352,23 @@ def _simulate_exact(m: Method, c: Cluster, w: Workload, x: np.ndarray,
     q = merge.get(t % h)
     if q is not None and t >= max(offs[q], 1) + tau:
       s = np.maximum(s, ends[q])
+    return s
+
+  return _run_steps(x, start, step)
+
+
+def _run_steps(x: np.ndarray, start: int,
+               step) -> tuple[np.ndarray, np.ndarray]:
+  """Step starts ``s`` float64 [n] from 0 through ``s = step(k, s)``, k < steps.
+
+  Returns ``s`` after the last step and as it was at step ``start``.
+  """
+  s = np.zeros(x.shape[1])
+  mark = s
+  for k in range(x.shape[0]):
+    if k == start:
+      mark = s.copy()
+    s = step(k, s)
   return s, mark
 
 
@@ -452,33 +376,27 @@ def _simulate_trickled(m: Method, c: Cluster, w: Workload, x: np.ndarray,
                        start: int) -> tuple[np.ndarray, np.ndarray]:
   """Trickled reduction: one slice per step from the first sync on (as ``_simulate_exact``)."""
   h = m.period
-  s = np.zeros(x.shape[1])
-  mark = s
-  a = slice_sync_s(m, c, w)
-  for k in range(x.shape[0]):
-    if k == start:
-      mark = s.copy()
-    # Steps k >= H carry a slice of the pseudo-gradient of the last sync.
-    s = np.maximum(s + x[k], s.max() + a) if k >= h else s + x[k]
-  return s, mark
+  a = local_sync.slice_sync_s(m, c, w)
+  # Steps k >= H carry a slice of the pseudo-gradient of the last sync.
+  return _run_steps(x, start, lambda k, s: (
+      np.maximum(s + x[k], s.max() + a) if k >= h else s + x[k]))
 
 
 def _simulate_gossip(m: Method, c: Cluster, w: Workload, x: np.ndarray,
                      start: int) -> tuple[np.ndarray, np.ndarray]:
   """One blocking gossip round every ``H`` steps (as ``_simulate_exact``)."""
   h = m.period
-  s = np.zeros(x.shape[1])
-  mark = s
-  costs = round_costs(m, c, w)
-  for k in range(x.shape[0]):
-    if k == start:
-      mark = s.copy()
+  costs = local_sync.round_costs(m, c, w)
+
+  def step(k, s):
     t = k + 1
     s = s + x[k]
     if t % h == 0:
       members, tau_r = costs[(t // h - 1) % len(costs)]
       s = s[members].max(axis=1) + tau_r
-  return s, mark
+    return s
+
+  return _run_steps(x, start, step)
 
 
 # ---------------------------------------------------------------------------
@@ -551,7 +469,7 @@ def _trickled_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   n = c.n_workers
   base = w.compute_mean_s + w.optimizer_s
   sigma = w.compute_std_s
-  delta = slice_sync_s(m, c, w) - base
+  delta = local_sync.slice_sync_s(m, c, w) - base
   var = 0.0
   if n > 1 and sigma > 0:
     barrier = sigma * expected_max_normal(n)
@@ -569,8 +487,8 @@ def _exact_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   n, h = c.n_workers, m.period
   base = w.compute_mean_s + w.optimizer_s
   sigma = w.compute_std_s
-  a, tau = fragment_sync_s(m, c, w), m.overlap_steps
-  offs = _offsets(m)
+  a, tau = local_sync.fragment_sync_s(m, c, w), m.overlap_steps
+  offs = local_sync.fragment_offsets(m)
   delta = a - tau * base  # exposed (> 0) or slack (< 0) per fragment
   exposed = len(offs) * max(0.0, delta)
   var, barrier = 0.0, 0.0
@@ -597,7 +515,7 @@ def _gossip_closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   n, h = c.n_workers, m.period
   base = w.compute_mean_s + w.optimizer_s
   sigma = w.compute_std_s
-  costs = round_costs(m, c, w)
+  costs = local_sync.round_costs(m, c, w)
   det = np.zeros(n)
   tot = np.zeros(n)
   for members, tau_r in costs:

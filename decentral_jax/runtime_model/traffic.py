@@ -47,7 +47,7 @@ from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model.workload import Workload
-from decentral_jax.runtime_model import local_methods
+from decentral_jax.runtime_model import local_sync
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import worker_devices
 
@@ -165,7 +165,7 @@ def bytes_per_iteration(method, c: Cluster, w: Workload) -> Traffic:
   dc = np.zeros(c.datacenters)
   if m.kind == "all_reduce" or (m.kind == "local" and m.topology is None):
     nbytes = (w.grad_bytes if m.kind == "all_reduce"
-              else local_methods.message_bytes(m, w, c.n_workers))
+              else local_sync.message_bytes(m, w, c.n_workers))
     if m.compress is not None and compression.gathers(m.compress):
       nbytes *= c.n_workers / 2  # all-gather of P: an all-reduce of nP/2
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
@@ -173,7 +173,7 @@ def bytes_per_iteration(method, c: Cluster, w: Workload) -> Traffic:
     steps = m.period if m.kind == "local" else 1
   else:
     nbytes = (w.param_bytes if m.kind == "gossip"
-              else local_methods.message_bytes(m, w, c.n_workers))
+              else local_sync.message_bytes(m, w, c.n_workers))
     worker, node = np.zeros(c.n_workers), np.zeros(c.n_nodes)
     for rnd in m.topology.rounds:
       wb, nb = round_bytes(c, rnd, nbytes, m.compress is not None, dc)

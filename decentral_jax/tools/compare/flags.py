@@ -145,21 +145,10 @@ def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
 
 
 def parse(argv: list[str]) -> tuple[list[str], list[str]]:
-  """Reads ``argv`` (the arguments, no program name) into :data:`FLAGS`.
-
-  Returns:
-    ``(positional arguments, --config.<field>=value overrides)``.
-
-  Raises:
-    ValueError: a bad flag or value (one line, naming it).
-  """
-  rest, overrides = config_lib.split_overrides(["compare", *argv])
-  FLAGS.unparse_flags()
-  try:
-    positional = FLAGS(rest)
-  except absl_flags.Error as e:
-    raise ValueError(config_lib.config_error_message(e)) from None
-  return positional[1:], overrides
+  """Reads ``argv`` (no program name) into :data:`FLAGS`: ``(positional,
+  overrides)``, or one-line ValueError
+  (:func:`decentral_jax.runner.config.parse_command_line`)."""
+  return config_lib.parse_command_line(FLAGS, "compare", argv)
 
 
 def wants_help(argv: list[str]) -> bool:

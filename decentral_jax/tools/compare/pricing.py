@@ -37,6 +37,7 @@ import os
 
 import numpy as np
 
+from decentral_jax import checks
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
@@ -191,14 +192,9 @@ def parse_clusters(spec: str, workload: str = FIGURE6
   how = _HOW.format(", ".join(presets.CLUSTERS))
   names = {k.lower(): k for k in presets.CLUSTERS}
   out, seen = [], set()
-  if not str(spec).strip():
-    return ()
-  for k, entry in enumerate(x.strip() for x in str(spec).split(",")):
-    if not entry:
-      raise ValueError(f"--clusters={spec!r}: entry {k + 1} is empty; "
-                       "separate the clusters by single commas, e.g. "
-                       "--clusters=A40,h100_node (--clusters= alone turns "
-                       "the pricing off).")
+  for entry in checks.comma_entries(
+      "--clusters", spec, "clusters",
+      "--clusters=A40,h100_node (--clusters= alone turns the pricing off)"):
     if entry.lower() in names:
       name = names[entry.lower()]
       if workload == FIGURE6 and name not in FIGURE6_PRESETS:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import types
 
+from decentral_jax import checks
 from decentral_jax import topology as topology_lib
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import methods
@@ -302,13 +303,7 @@ def parse_seeds(spec: str) -> tuple[int, ...]:
     ValueError: a bad, empty or repeated entry (names the flag).
   """
   out = []
-  if not str(spec).strip():
-    return ()
-  for k, x in enumerate(x.strip() for x in str(spec).split(",")):
-    if not x:
-      raise ValueError(f"--seeds={spec!r}: entry {k + 1} is empty; "
-                       "separate the seeds by single commas, e.g. "
-                       "--seeds=0,1,2.")
+  for x in checks.comma_entries("--seeds", spec, "seeds", "--seeds=0,1,2"):
     if not x.isdigit() or int(x) > config_lib.SEED_MAX:
       raise ValueError(f"--seeds={spec!r}: {x!r} is not a seed; give "
                        "comma-separated integers in [0, "

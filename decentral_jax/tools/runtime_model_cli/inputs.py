@@ -21,7 +21,7 @@ from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import all_reduce_cost
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model.workload import Workload
-from decentral_jax.runtime_model import local_methods
+from decentral_jax.runtime_model import local_sync
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
 # matrices) and with steps x n x buckets: on 2 cores 4096 workers take about
@@ -183,14 +183,20 @@ def check_predict_args(args) -> None:
       math.isfinite(x) and 0 <= x <= _MAX_MS for x in samples)):
     raise ValueError("--compute-samples-ms needs at least 2 finite times "
                      f"in [0, {_MAX_MS:g}] (ms), got {samples!r}.")
+  _check_bucket_count(args, itemsize, "the simulator")
+  check_output_path(args.png, "--png")
+
+
+def _check_bucket_count(args, itemsize: float, handler: str) -> None:
+  """``--params`` in ``--bucket-MiB`` buckets of ``itemsize``-byte values:
+  at most ``MAX_BUCKETS`` (what ``handler`` handles), then its bounds."""
   buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
   if buckets > MAX_BUCKETS:
     raise ValueError(
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
-        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the simulator "
+        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} {handler} "
         "handles; raise --bucket-MiB or lower --params.")
   _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
-  check_output_path(args.png, "--png")
 
 
 def check_param_count(params) -> None:
@@ -258,14 +264,7 @@ def check_utilisation_args(args) -> None:
   check_param_count(args.params)
   _check_bounds(args, UTILISATION_FLAG_BOUNDS)
   itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
-  bucket = args.bucket_MiB
-  buckets = math.ceil(args.params * itemsize / (bucket * 2**20))
-  if buckets > MAX_BUCKETS:
-    raise ValueError(
-        f"--params {args.params:g} in --bucket-MiB {bucket:g} makes "
-        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} the model "
-        "handles; raise --bucket-MiB or lower --params.")
-  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
+  _check_bucket_count(args, itemsize, "the model")
 
 
 def check_file_workers(path: str, n: int) -> None:
@@ -344,7 +343,7 @@ def simulated_steps(m: Method, steps: int) -> int:
   """
   if m.kind != "local":
     return steps
-  period = local_methods.schedule_period(m)
+  period = local_sync.schedule_period(m)
   start = -(-(steps // 5) // period) * period
   need = max(steps, start + 2 * period)
   if need > MAX_STEPS:
