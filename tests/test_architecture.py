@@ -240,10 +240,16 @@ def test_analysis_and_the_runtime_model_load_on_first_use(name):
 
 def test_test_modules_share_helpers_without_importing_each_other():
   tests = os.path.join(ROOT, "tests")
-  crossing = []
-  for f in sorted(os.listdir(tests)):
-    if not f.endswith(".py"):
-      continue
+  crossing, found = [], []
+  for dirpath, dirs, files in os.walk(tests):
+    dirs[:] = sorted(d for d in dirs if d != "fixtures")
+    found += [os.path.relpath(os.path.join(dirpath, f), tests)
+              for f in sorted(files) if f.endswith(".py")]
+  # One folder per subpackage, plus the shared files at the top.
+  assert {f.split(os.sep)[0] for f in found if os.sep in f} >= {
+      "topology", "comm", "optim", "parallel", "runtime_model", "runner",
+      "tools"}
+  for f in found:
     tree = ast.parse(open(os.path.join(tests, f), encoding="utf-8").read())
     for node in ast.walk(tree):
       names = ([a.name for a in node.names] if isinstance(node, ast.Import)

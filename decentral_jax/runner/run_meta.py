@@ -9,7 +9,7 @@ resume :func:`check_run_meta` checks the document's types,
 elastic resume) and :func:`check_resumable` every other field.
 Checkpoints of older versions lack some fields (``RESUME_DEFAULTS``) and
 the layout (:func:`saved_layout` reads their top-level keys), and still
-resume (``tests/test_checkpoint_compat.py``).
+resume (``tests/runner/test_checkpoint_compat.py``).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Output: one JSON line per program in ``--out`` (default
 table on stdout.
 ``--fixtures DIR`` also writes the scheduled HLO of the programs of
 ``--fixture_cases``, stripped to what the overlap report reads and
-gzipped (the fixtures of ``tests/test_overlap.py``).
+gzipped (the fixtures of ``tests/tools/test_overlap.py``).
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80

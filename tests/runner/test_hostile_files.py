@@ -1,0 +1,523 @@
+"""Hostile files: every file the project reads is refused in one line.
+
+Cluster files (``predict --cluster``, compare.py ``--clusters``), the
+Fashion-MNIST IDX files, token bins and text corpora, config files,
+``metrics.jsonl``, checkpoint metadata, the work directory's lock and
+checksum manifest: missing keys, wrong types, NaN, infinities, huge and
+tiny numbers, booleans where numbers are expected, bytes that are not UTF-8,
+deep nesting and truncated files. Each refusal is one ``ValueError`` line
+naming the file and the key (on the command line: one ``error:`` line and
+exit status 2), never a traceback, a hang or a silently wrong result.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, require_devices
+from decentral_jax.data import fashion_mnist
+from decentral_jax.data import text
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import metrics
+from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.runtime_model import cluster_file
+from decentral_jax.tools.compare import pricing
+from decentral_jax.tools.runtime_model_cli import main as runtime_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DEEP = 100_000  # far past Python's recursion limit
+
+
+def _one_line(error: BaseException, *names: str) -> str:
+  text_ = str(error)
+  assert "\n" not in text_, text_
+  for name in names:
+    assert name in text_, (name, text_)
+  return text_
+
+
+# -- cluster files ------------------------------------------------------------
+
+
+def _good_cluster() -> dict:
+  """A valid cluster file: links fitted from hand-made pair timings."""
+  sizes = [1e6, 4e6, 16e6]
+  meas = {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": 4,
+          "intra_pair_s": [5e-6 + m / 20e9 for m in sizes],
+          "inter_pair_s": [1e-5 + m / 3e9 for m in sizes],
+          "inter_concurrent_s": [1e-5 + 4 * m / 6e9 for m in sizes],
+          "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
+  return {"schema": cluster_file.SCHEMA,
+          "cluster": cluster_file.fit_links(meas, 16, 4),
+          "workload": {"param_count": 65e6, "forward_s": 0.03,
+                       "backward_s": 0.06, "compute_cv": 0.1,
+                       "compute_samples_s": [0.08, 0.09, 0.1],
+                       "grad_dtype": "float32", "param_dtype": "float32"},
+          "measurements": meas,
+          "meta": {"devices": 16, "device_kind": "test", "process_count": 4,
+                   "overrides": []}}
+
+
+def _set(section, key, value):
+  def edit(d):
+    d[section][key] = value
+  return edit
+
+
+# (edit of the good file, or the file's text, or its bytes; what the
+# message must name besides the file)
+CLUSTER_CASES = {
+    "no_measurements": (lambda d: d.pop("measurements"), "measurements"),
+    "no_meta": (lambda d: d.pop("meta"), "meta"),
+    "unknown_top_key": (lambda d: d.update(measurment={}), "measurment"),
+    "meta_list": (lambda d: d.update(meta=[1, 2]), '"meta"'),
+    "measurements_list": (lambda d: d.update(measurements=[]),
+                          '"measurements"'),
+    "cluster_list": (lambda d: d.update(cluster=[1]), '"cluster"'),
+    "workload_string": (lambda d: d.update(workload="fast"), '"workload"'),
+    "string_byte_count": (_set("measurements", "all_reduce_bytes", "4e6"),
+                          "measurements.all_reduce_bytes"),
+    "string_sizes": (_set("measurements", "sizes_bytes", ["1e6", 2]),
+                     "measurements.sizes_bytes"),
+    "nested_sizes": (_set("measurements", "sizes_bytes", [[1e6], [2e6]]),
+                     "measurements.sizes_bytes"),
+    "times_per_size": (_set("measurements", "intra_pair_s", [1e-3]),
+                       "measurements.intra_pair_s"),
+    "all_reduce_without_bytes": (_set("measurements", "all_reduce_bytes",
+                                      None), "measurements.all_reduce_bytes"),
+    "unknown_meta_key": (_set("meta", "note", "x"), "note"),
+    "meta_devices_string": (_set("meta", "devices", "many"), "meta.devices"),
+    "meta_overrides_numbers": (_set("meta", "overrides", [1]),
+                               "meta.overrides"),
+    "nan_latency": (_set("cluster", "intra_latency_s", math.nan),
+                    "cluster.intra_latency_s"),
+    "nan_forward": (_set("workload", "forward_s", math.nan),
+                    "workload.forward_s"),
+    "nan_all_reduce": (_set("measurements", "all_reduce_s", math.nan),
+                       "measurements.all_reduce_s"),
+    "inf_bandwidth": (_set("cluster", "nic_bandwidth_Bps", math.inf),
+                      "cluster.nic_bandwidth_Bps"),
+    "huge_bandwidth": (_set("cluster", "nic_bandwidth_Bps", 1e300),
+                       "cluster.nic_bandwidth_Bps"),
+    "tiny_bandwidth": (_set("cluster", "intra_bandwidth_Bps", 1e-300),
+                       "cluster.intra_bandwidth_Bps"),
+    "huge_latency": (_set("cluster", "inter_latency_s", 1e300),
+                     "cluster.inter_latency_s"),
+    "huge_param_count": (_set("workload", "param_count", 1e300),
+                         "workload.param_count"),
+    "huge_int_workers": (_set("cluster", "n_workers", 10**400),
+                         "cluster.n_workers"),
+    "huge_sample": (_set("workload", "compute_samples_s", [0.1, 1e300]),
+                    "workload.compute_samples_s"),
+    "bool_local_size": (_set("cluster", "local_size", True),
+                        "cluster.local_size"),
+    "bool_samples": (_set("workload", "compute_samples_s", [True, 1.0]),
+                     "workload.compute_samples_s"),
+    "bool_all_reduce": (_set("measurements", "all_reduce_s", True),
+                        "measurements.all_reduce_s"),
+    "bool_repeats": (_set("measurements", "repeats", False),
+                     "measurements.repeats"),
+    "float_workers": (_set("cluster", "n_workers", 16.5), "cluster.n_workers"),
+    "string_duplex": (_set("cluster", "full_duplex", "yes"),
+                      "cluster.full_duplex"),
+    "deep_nesting": ("[" * DEEP + "]" * DEEP, "nested too deeply"),
+    "deep_value": (None, "cluster.n_workers"),  # filled in below
+    "truncated": (None, "is not JSON"),
+    "empty": ("", "is not JSON"),
+    "non_utf8": (None, "not UTF-8"),
+}
+
+
+def _cluster_text(case: str) -> str | bytes:
+  edit, _ = CLUSTER_CASES[case]
+  good = json.dumps(_good_cluster())
+  if case == "truncated":
+    return good[:len(good) // 2]
+  if case == "non_utf8":
+    raw = good.encode()
+    return raw[:40] + b"\xff\xfe" + raw[40:]
+  if case == "deep_value":  # nested, but shallow enough to parse
+    return good.replace('"n_workers": 16', '"n_workers": ' + "[" * 500
+                        + "]" * 500)
+  if isinstance(edit, str):
+    return edit
+  data = copy.deepcopy(_good_cluster())
+  edit(data)
+  return json.dumps(data)
+
+
+def _write_cluster(tmp_path, case: str) -> str:
+  content = _cluster_text(case)
+  path = tmp_path / f"{case}.json"
+  if isinstance(content, bytes):
+    path.write_bytes(content)
+  else:
+    path.write_text(content, encoding="utf-8")
+  return str(path)
+
+
+def test_the_good_cluster_file_is_read(tmp_path, capsys):
+  path = tmp_path / "good.json"
+  path.write_text(json.dumps(_good_cluster()))
+  assert cluster_file.read(str(path))["cluster"]["n_workers"] == 16
+  assert runtime_cli.main(["predict", "--cluster", str(path), "--steps",
+                           "20"]) == 0
+  assert f"cluster from {path}: 16 test devices" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", sorted(CLUSTER_CASES))
+def test_hostile_cluster_files(tmp_path, capsys, case):
+  path = _write_cluster(tmp_path, case)
+  key = CLUSTER_CASES[case][1]
+  with pytest.raises(ValueError) as info:
+    cluster_file.read(path)
+  _one_line(info.value, f"--cluster {path!r}", key)
+  capsys.readouterr()
+  assert runtime_cli.main(["predict", "--cluster", path, "--steps", "20"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: "), err
+  assert path in err[0] and key in err[0], err
+  with pytest.raises(ValueError) as info:
+    pricing.parse_clusters(f"A40,{path}")
+  _one_line(info.value, f"--clusters entry {path!r}", key)
+
+
+@pytest.mark.integration
+def test_predict_cluster_command_line_refuses_deep_json(tmp_path):
+  """From the shell: one ``error:`` line, exit status 2, no traceback."""
+  path = _write_cluster(tmp_path, "deep_nesting")
+  proc = subprocess.run(
+      [sys.executable, "-m", "decentral_jax.runtime_model", "predict",
+       "--cluster", path], cwd=ROOT, capture_output=True, text=True,
+      timeout=240, env=dict(os.environ, PYTHONPATH=ROOT))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: --cluster "), lines
+  assert path in lines[0]
+
+
+# -- Fashion-MNIST --------------------------------------------------------------
+
+
+IMAGES = "train-images-idx3-ubyte"
+
+
+def _fashion_copy(tmp_path) -> str:
+  src = os.path.join(FIXTURES, "fashion_mnist")
+  dst = tmp_path / "fmnist"
+  dst.mkdir()
+  for name in os.listdir(src):
+    if name.endswith(".gz"):
+      (dst / name).write_bytes(open(os.path.join(src, name), "rb").read())
+  return str(dst)
+
+
+def _gz(raw: bytes) -> bytes:
+  return gzip.compress(raw, mtime=0)
+
+
+def _idx_header(magic: int, *dims: int) -> bytes:
+  return magic.to_bytes(4, "big") + b"".join(d.to_bytes(4, "big")
+                                             for d in dims)
+
+
+FASHION_CASES = {
+    # Not gzip at all, named .gz: gzip.BadGzipFile before.
+    "not_gzip": (lambda raw: b"this is not a gzip stream" * 4, "cannot be read"),
+    # The gzip stream cut in half: EOFError before.
+    "truncated_gzip": (lambda raw: raw[:len(raw) // 2], "cannot be read"),
+    # A byte of the deflate data changed: zlib.error or a CRC error.
+    "flipped_byte": (lambda raw: raw[:200] + bytes([raw[200] ^ 0xff])
+                     + raw[201:], "cannot be read"),
+    # Magic right, header cut: numpy's "buffer is smaller" before.
+    "truncated_header": (lambda raw: _gz(_idx_header(2051, 5)), "header"),
+    "wrong_magic": (lambda raw: _gz(_idx_header(2049, 3) + b"\0\0\0"),
+                    "magic number"),
+    "truncated_data": (lambda raw: _gz(_idx_header(2051, 2, 28, 28)
+                                       + bytes(100)), "truncated"),
+    "empty": (lambda raw: b"", "not an IDX file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FASHION_CASES))
+def test_hostile_fashion_mnist_files(tmp_path, case):
+  directory = _fashion_copy(tmp_path)
+  path = os.path.join(directory, IMAGES + ".gz")
+  edit, needle = FASHION_CASES[case]
+  with open(path, "rb") as f:
+    raw = f.read()
+  with open(path, "wb") as f:
+    f.write(edit(raw))
+  with pytest.raises(ValueError) as info:
+    fashion_mnist.load(directory)
+  _one_line(info.value, path, needle)
+
+
+@pytest.mark.integration
+def test_train_command_line_names_a_corrupt_fashion_mnist_file(tmp_path):
+  directory = _fashion_copy(tmp_path)
+  path = os.path.join(directory, IMAGES + ".gz")
+  with open(path, "wb") as f:
+    f.write(b"\x1f\x8b not really gzip")
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  proc = subprocess.run(
+      [sys.executable, "experiments/train.py", "--config",
+       "configs/cnn_fashion_mnist.py", "--workdir", str(tmp_path / "w"),
+       f"--config.data.path={directory}", "--config.steps=2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and path in errors[0], proc.stderr[-3000:]
+
+
+# -- token bins and text corpora ---------------------------------------------
+
+
+def test_empty_token_bin_is_named(tmp_path):
+  np.arange(100, dtype=np.uint16).tofile(tmp_path / "train.bin")
+  (tmp_path / "val.bin").write_bytes(b"")
+  with pytest.raises(ValueError) as info:
+    text.load_token_bins(tmp_path)
+  _one_line(info.value, str(tmp_path / "val.bin"), "no bytes")
+
+
+def test_odd_token_bin_is_named(tmp_path):
+  (tmp_path / "train.bin").write_bytes(b"\x01\x02\x03")
+  (tmp_path / "val.bin").write_bytes(b"\x01\x02")
+  with pytest.raises(ValueError) as info:
+    text.load_token_bins(tmp_path)
+  _one_line(info.value, str(tmp_path / "train.bin"), "odd number")
+
+
+def test_empty_text_corpus_is_named(tmp_path):
+  (tmp_path / "corpus.txt").write_bytes(b"")
+  with pytest.raises(ValueError) as info:
+    text.load_text_file(tmp_path / "corpus.txt")
+  _one_line(info.value, str(tmp_path / "corpus.txt"), "empty")
+
+
+def test_non_utf8_text_corpus_is_bytes(tmp_path):
+  """Byte-level tokens: any bytes are a corpus (not a decoding error)."""
+  raw = bytes(range(256)) * 4
+  (tmp_path / "corpus.bin").write_bytes(raw)
+  assert text.load_text_file(tmp_path / "corpus.bin") == raw
+
+
+# -- config files ---------------------------------------------------------------
+
+
+CONFIG_CASES = {
+    # New: sys.exit() while loading ended the program (exit status 0 from
+    # experiments/train.py, no message).
+    "exits": ("import sys\nsys.exit(0)\n", "sys.exit(0)"),
+    "exits_in_get_config": ("def get_config():\n  raise SystemExit(3)\n",
+                            "sys.exit(3)"),
+    # Already one line before; kept here as the table of config files.
+    "raises": ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+    "no_get_config": ("x = 1\n", "no get_config()"),
+    "returns_dict": ("def get_config():\n  return {'a': 1}\n", "dict"),
+    "syntax": ("def get_config(:\n", "SyntaxError"),
+    "non_utf8": (b"\xff\xfe = 1\n", "utf-8"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_hostile_config_files(tmp_path, case):
+  content, needle = CONFIG_CASES[case]
+  path = tmp_path / f"{case}.py"
+  if isinstance(content, bytes):
+    path.write_bytes(content)
+  else:
+    path.write_text(content)
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config(str(path))
+  _one_line(info.value, str(path), needle)
+
+
+@pytest.mark.integration
+def test_config_file_that_exits_on_the_command_line(tmp_path):
+  path = tmp_path / "exits.py"
+  path.write_text("import sys\nsys.exit(0)\n")
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  proc = subprocess.run(
+      [sys.executable, "experiments/train.py", "--config", str(path),
+       "--workdir", str(tmp_path / "w")], cwd=ROOT, capture_output=True,
+      text=True, timeout=240, env=env)
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  errors = [l for l in proc.stderr.splitlines() if l.startswith("error: ")]
+  assert len(errors) == 1 and str(path) in errors[0], proc.stderr[-2000:]
+
+
+# -- metrics.jsonl ---------------------------------------------------------------
+
+
+METRICS_CASES = {
+    "string_step": ('{"step": "ten", "lr": 0.1}', '"step"'),
+    "no_step": ('{"lr": 0.1}', '"step"'),
+    "negative_step": ('{"step": -5}', '"step"'),
+    "bool_step": ('{"step": true}', '"step"'),
+    "float_step": ('{"step": 5.5}', '"step"'),
+    "nested_value": ('{"step": 5, "train/loss": [1, 2]}', "'train/loss'"),
+    "not_an_object": ('[1, 2, 3]', "not a JSON record"),
+    "non_utf8": (b'{"step": 5, "lr": "\xff"}', "not a JSON record"),
+    "truncated_middle": ('{"step": 5, "lr"', "not a JSON record"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(METRICS_CASES))
+def test_hostile_metrics_lines(tmp_path, case):
+  bad, needle = METRICS_CASES[case]
+  bad = bad if isinstance(bad, bytes) else bad.encode()
+  path = tmp_path / metrics.METRICS_FILE
+  content = b'{"step": 0, "lr": 0.0}\n' + bad + b'\n{"step": 10}\n'
+  path.write_bytes(content)
+  for read in (lambda: metrics.read_jsonl(str(path)),
+               lambda: metrics.truncate_after(str(tmp_path), 5)):
+    with pytest.raises(ValueError) as info:
+      read()
+    _one_line(info.value, f"{path}, line 2", needle)
+  assert path.read_bytes() == content  # nothing rewritten
+
+
+def test_metrics_file_that_is_a_directory(tmp_path):
+  (tmp_path / metrics.METRICS_FILE).mkdir()
+  for step in (0, 5):
+    with pytest.raises(ValueError) as info:
+      metrics.truncate_after(str(tmp_path), step)
+    _one_line(info.value, str(tmp_path / metrics.METRICS_FILE))
+
+
+def test_series_names_a_value_that_is_not_a_number(tmp_path):
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text('{"step": 0, "eval/loss": 2.5}\n'
+                  '{"step": 5, "eval/loss": "low"}\n')
+  with pytest.raises(ValueError) as info:
+    pricing.eval_curve(str(path))
+  _one_line(info.value, "'eval/loss'", "step=5")
+
+
+# -- checkpoint metadata ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A tiny gpt_tiny experiment and its config (no step is compiled)."""
+  from decentral_jax.runner import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
+  require_devices(8)
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ("--config.model.n_layer=1", "--config.model.n_embd=32",
+       "--config.model.n_head=2", "--config.model.block_size=16",
+       "--config.global_batch=16", "--config.eval_batches=1",
+       "--config.steps=10"))
+  exp = experiment_lib.Experiment(config)
+  return config, exp, exp.init_state()
+
+
+def _with(**changes):
+  def edit(meta):
+    meta.update(changes)
+    return meta
+  return edit
+
+
+META_CASES = {
+    "no_data_position": (lambda m: {k: v for k, v in m.items()
+                                    if k != "data_position"},
+                         "data_position"),
+    "string_data_position": (_with(data_position="five"), "data_position"),
+    "negative_data_position": (_with(data_position=-3), "data_position"),
+    "string_step": (_with(step="x"), "step"),
+    "bool_step": (_with(step=True), "step"),
+    "nan_train_time": (_with(train_time_s=math.nan), "train_time_s"),
+    "string_train_time": (_with(train_time_s="1s"), "train_time_s"),
+    "window_list": (_with(metrics_window=[1]), "metrics_window"),
+    "window_losses_string": (_with(metrics_window={"losses": "ab"}),
+                             "metrics_window.losses"),
+    "window_consensus_string": (
+        _with(metrics_window={"losses": [], "accs": [], "consensus": "x"}),
+        "metrics_window.consensus"),
+    "not_an_object": (lambda m: [m], "not an object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(META_CASES))
+def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
+  config, exp, state = tiny
+  workdir = str(tmp_path / "run")
+  edit, needle = META_CASES[case]
+  meta = dict(run_meta.checkpoint_meta(exp, 5), train_time_s=1.0,
+              metrics_window={"losses": [2.0], "accs": [], "consensus": None})
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+  try:
+    ckpt.save(5, state, edit(meta))  # checksummed: the file is "intact"
+  finally:
+    ckpt.close()
+  with pytest.raises(ValueError) as info:
+    train.train_and_evaluate(config, workdir, experiment=exp)
+  _one_line(info.value, os.path.join(workdir, "checkpoints", "5"), needle)
+
+
+# -- the work directory's lock and checksums -----------------------------------
+
+
+def test_deeply_nested_orbax_step_metadata_is_corrupt(tmp_path):
+  """``_CHECKPOINT_METADATA`` is written after the checksums: a torn or
+  hostile one (here nested past the recursion limit) marks the checkpoint
+  corrupt instead of stopping the resume with a RecursionError."""
+  root = tmp_path / "5"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  workdir_lib.write_sums(str(root))
+  (root / "_CHECKPOINT_METADATA").write_text("[" * DEEP + "]" * DEEP)
+  status, why = checkpoint.check_checkpoint(str(root))
+  assert status == "corrupt" and "_CHECKPOINT_METADATA" in why, why
+
+
+def test_lock_record_with_an_impossible_pid_is_taken_over(tmp_path, caplog):
+  lock_path = tmp_path / workdir_lib.LOCK_FILE
+  lock_path.write_text(json.dumps({"host": socket.gethostname(),
+                                   "pid": 10**30}))
+  caplog.set_level("WARNING")
+  with workdir_lib.WorkdirLock(str(tmp_path)) as lock:
+    assert lock.previous["pid"] == 10**30
+  assert "taking over the lock" in caplog.text
+
+
+@pytest.mark.parametrize("entry", ["../outside", "ABSOLUTE", "a/../../x"])
+def test_checksum_manifest_paths_stay_inside(tmp_path, entry):
+  """A manifest naming a file outside its directory is malformed, even when
+  that file's checksum matches (it was read and trusted before)."""
+  root = tmp_path / "ckpt"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  outside = tmp_path / "outside"
+  outside.write_bytes(b"x")
+  if entry == "ABSOLUTE":
+    entry = str(outside)
+  (tmp_path / "x").write_bytes(b"x")
+  digest = hashlib.sha256(b"x").hexdigest()
+  (root / workdir_lib.SUMS_FILE).write_text(f"{digest}  {entry}\n")
+  status, why = workdir_lib.check_sums(str(root))
+  assert status == "corrupt" and "inside the directory" in why, why

@@ -1,0 +1,141 @@
+"""The training loop in six steps: checkpoint, metrics, resume (fast tier).
+
+A 1-layer, width-16 gpt_tiny on 8 workers (AccumAdamW with a 4-step window,
+dropout, one_peer_exp gossip) trains 6 steps with a checkpoint, a log record
+and an evaluation every 3. The loop's final state must be the state of 6
+calls of the compiled step on batches 0..5; after checkpoint 6 is deleted,
+the run resumes from checkpoint 3 (inside an accumulation window) and must
+end bit for bit where the uninterrupted run ended, with its metrics records
+redone, not duplicated. A finished run run again is evaluated and not
+trained; a config with fewer steps than its checkpoint is refused before
+anything is written. Longer runs, faults and command lines are in
+tests/runner/test_train.py and tests/runner/test_faults.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import require_devices
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import run_meta
+from decentral_jax.runner import metrics
+from decentral_jax.runner import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+N = 8
+STEPS = 6
+TIMINGS = ("step_time_ms", "tokens_per_sec", "train_time_s")
+
+
+def six_step_config():
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+       "model.block_size=16", "model.dropout=0.1", "global_batch=16",
+       f"n_workers={N}", "topology=one_peer_exp", "optimizer.accum_steps=4",
+       f"steps={STEPS}", "schedule.warmup_steps=2", "eval_batches=1",
+       "log_interval=3", "eval_interval=3", "checkpoint_interval=3"])
+
+
+def host(tree):
+  return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(host(a)), jax.tree.leaves(host(b))):
+    assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+def restore(exp, workdir: str, step: int):
+  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+  try:
+    steps = ckpt.all_steps()
+    state, meta = ckpt.restore(step, exp.init_state())
+  finally:
+    ckpt.close()
+  return steps, host(state), meta
+
+
+@pytest.mark.slow  # a full training run: the slow tier
+def test_six_steps_checkpoint_every_three_resume_bit_exact(tmp_path):
+  require_devices(N)
+  config = six_step_config()
+  exp = experiment_lib.Experiment(config)
+  workdir = str(tmp_path / "run")
+  final = train.train_and_evaluate(config, workdir, experiment=exp)
+  assert final["step"] == STEPS
+  path = os.path.join(workdir, metrics.METRICS_FILE)
+  first = metrics.read_jsonl(path)
+  assert [r["step"] for r in first] == [0, 3, 6]
+  assert all(np.isfinite(r["eval/loss"]) for r in first)
+  assert first[-1]["eval/loss"] == final["eval/loss"]
+  steps, done6, meta = restore(exp, workdir, STEPS)
+  assert steps == [3, 6] and meta["step"] == STEPS
+
+  # The loop is 6 steps of the compiled step on batches 0..5, evaluation
+  # and checkpoints between them changing nothing.
+  state = exp.init_state()
+  for s in range(STEPS):
+    state, _ = exp.train_step(state, exp.get_batch(s), s)
+  assert_trees_equal(done6, state)
+
+  shutil.rmtree(os.path.join(workdir, "checkpoints", str(STEPS)))
+  again = train.train_and_evaluate(config, workdir, experiment=exp)
+  steps, resumed6, meta = restore(exp, workdir, STEPS)
+  assert steps == [3, 6] and meta["step"] == STEPS
+  assert_trees_equal(done6, resumed6)
+  assert again["eval/loss"] == final["eval/loss"]
+  second = metrics.read_jsonl(path)
+  assert [r["step"] for r in second] == [0, 3, 6]  # 6 redone, not appended
+  for a, b in zip(first, second):
+    assert {k: v for k, v in a.items() if k not in TIMINGS} == \
+        {k: v for k, v in b.items() if k not in TIMINGS}
+  assert second[2]["train_time_s"] >= second[1]["train_time_s"] > 0
+
+
+def test_finished_run_is_only_evaluated_and_a_shorter_one_refused(tmp_path,
+                                                                  caplog):
+  """A checkpoint of the last step (here the initial state saved as step
+  6): the same command evaluates it and trains nothing; a config of fewer
+  steps is refused before anything is written."""
+  require_devices(N)
+  config = six_step_config()
+  exp = experiment_lib.Experiment(config)
+  state = exp.init_state()
+  workdir = str(tmp_path / "run")
+  with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
+    ckpt.save(STEPS, state, dict(run_meta.checkpoint_meta(exp, STEPS),
+                                 train_time_s=1.0, metrics_window=None))
+  want = exp.evaluate(state)["eval/loss"]
+
+  def no_training(*args, **kwargs):
+    raise AssertionError("a finished run trained")
+
+  exp.train_step = no_training
+  with caplog.at_level("INFO"):
+    done = train.train_and_evaluate(config, workdir, experiment=exp)
+  assert done["step"] == STEPS and done["eval/loss"] == want
+  assert "the run already finished" in caplog.text
+
+  shorter = six_step_config()
+  with shorter.unlocked():
+    shorter.steps = 4
+  with pytest.raises(ValueError) as info:
+    train.train_and_evaluate(shorter, workdir)
+  message = str(info.value)
+  assert "\n" not in message
+  assert message.startswith(
+      f"checkpoint {STEPS} in {os.path.join(workdir, 'checkpoints')} is past "
+      "the end of this run (config.steps=4); set --config.steps=6 or more")
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    assert json.load(f)["steps"] == STEPS  # the run's record is kept

@@ -1,0 +1,224 @@
+"""The work-directory lock (``run.lock``) without a training run.
+
+A run that is refused a held directory end to end is in tests/runner/test_faults.py
+(integration tier).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+from decentral_jax.runner import workdir as workdir_lib
+
+
+def test_a_held_lock_refuses_a_second_holder_and_names_it(tmp_path):
+  workdir = str(tmp_path / "run")
+  with workdir_lib.WorkdirLock(workdir) as held:
+    with open(held.path, encoding="utf-8") as f:
+      record = json.load(f)
+    assert (record["pid"], record["host"]) == (os.getpid(),
+                                               socket.gethostname())
+    with pytest.raises(workdir_lib.WorkdirInUse) as info:
+      workdir_lib.WorkdirLock(workdir).acquire()  # a second open file
+    message = str(info.value)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
+    assert held.path in message and isinstance(info.value, ValueError)
+    assert sorted(os.listdir(workdir)) == [workdir_lib.LOCK_FILE]
+  with open(held.path, encoding="utf-8") as f:
+    assert f.read() == ""  # released: emptied, never deleted
+  with workdir_lib.WorkdirLock(workdir) as again:  # free again, no takeover
+    assert again.previous is None
+
+
+def test_hold_is_reentrant_in_its_thread_only(tmp_path):
+  import threading  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "run")
+  with workdir_lib.hold(workdir) as outer:
+    with workdir_lib.hold(workdir) as inner:  # the same holder
+      assert inner is outer
+    # Leaving the inner block released nothing.
+    with pytest.raises(workdir_lib.WorkdirInUse):
+      workdir_lib.WorkdirLock(workdir).acquire()
+    errors = []
+
+    def other_thread():
+      try:
+        with workdir_lib.hold(workdir):
+          pass
+      except workdir_lib.WorkdirInUse as e:
+        errors.append(e)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert len(errors) == 1  # another thread is another run
+  with workdir_lib.WorkdirLock(workdir):  # released by the outer block
+    pass
+
+
+def test_clear_removes_only_a_run_s_entries_and_keeps_the_lock(tmp_path):
+  workdir = tmp_path / "run"
+  with workdir_lib.hold(str(workdir)):
+    (workdir / "checkpoints" / "5").mkdir(parents=True)
+    (workdir / "config.json").write_text("{}")
+    (workdir / "data.bin").write_text("someone's data")
+    with pytest.raises(ValueError) as info:
+      workdir_lib.clear(str(workdir), ("config.json", "checkpoints"))
+    message = str(info.value)
+    assert "\n" not in message and f"{workdir} is not a run directory" in \
+        message and "'data.bin'" in message
+    assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json",
+                                           "data.bin", workdir_lib.LOCK_FILE]
+    (workdir / "data.bin").unlink()
+    workdir_lib.clear(str(workdir), ("config.json", "checkpoints",
+                                     "metrics.jsonl"))
+    assert os.listdir(workdir) == [workdir_lib.LOCK_FILE]  # still held
+    with pytest.raises(workdir_lib.WorkdirInUse):
+      workdir_lib.WorkdirLock(str(workdir)).acquire()
+
+
+def test_clear_refuses_a_symlinked_run_folder_and_leaves_no_lock(tmp_path):
+  # <outdir>/all_reduce -> elsewhere: the target's files are not ours.
+  elsewhere = tmp_path / "elsewhere"
+  (elsewhere / "checkpoints" / "5").mkdir(parents=True)
+  link = tmp_path / "out" / "all_reduce"
+  link.parent.mkdir()
+  link.symlink_to(elsewhere, target_is_directory=True)
+  with pytest.raises(workdir_lib.NotARunDirectory) as info:
+    with workdir_lib.hold(str(link), flag="--outdir"):
+      workdir_lib.clear(str(link), ("checkpoints",))
+  message = str(info.value)
+  assert "\n" not in message and f"{link} is a symbolic link" in message
+  assert isinstance(info.value, ValueError)
+  # Nothing deleted, and the lock file the refused hold created is gone.
+  assert sorted(os.listdir(elsewhere)) == ["checkpoints"]
+  assert os.listdir(elsewhere / "checkpoints") == ["5"]
+  assert os.path.islink(link)
+
+
+def test_a_refused_folder_keeps_its_own_lock_file_but_not_ours(tmp_path):
+  refused = tmp_path / "data"
+  refused.mkdir()
+  (refused / "data.bin").write_text("someone's data")
+  with pytest.raises(workdir_lib.NotARunDirectory):
+    with workdir_lib.hold(str(refused)):
+      workdir_lib.clear(str(refused), ("config.json",))
+  assert os.listdir(refused) == ["data.bin"]
+  # A lock file that was there before is not ours to delete.
+  (refused / workdir_lib.LOCK_FILE).write_text("")
+  with pytest.raises(workdir_lib.NotARunDirectory):
+    with workdir_lib.hold(str(refused)):
+      workdir_lib.clear(str(refused), ("config.json",))
+  assert sorted(os.listdir(refused)) == ["data.bin", workdir_lib.LOCK_FILE]
+
+
+def test_a_run_refused_before_it_wrote_anything_leaves_no_lock_file(
+    tmp_path):
+  # Any error before the body wrote an entry: the lock file we made goes.
+  fresh = tmp_path / "run"
+  for error in (RuntimeError, ValueError, KeyboardInterrupt):
+    with pytest.raises(error):
+      with workdir_lib.hold(str(fresh)):
+        assert os.listdir(fresh) == [workdir_lib.LOCK_FILE]
+        raise error("refused")
+    assert os.listdir(fresh) == []
+  # A run that wrote something keeps its (emptied) lock file.
+  with pytest.raises(RuntimeError):
+    with workdir_lib.hold(str(fresh)):
+      (fresh / "metrics.jsonl").write_text("{}\n")
+      raise RuntimeError("stopped")
+  assert sorted(os.listdir(fresh)) == ["metrics.jsonl", workdir_lib.LOCK_FILE]
+  assert (fresh / workdir_lib.LOCK_FILE).read_text() == ""
+  # A lock file that was there before is kept whatever the body did.
+  (fresh / "metrics.jsonl").unlink()
+  with pytest.raises(RuntimeError):
+    with workdir_lib.hold(str(fresh)):
+      raise RuntimeError("refused")
+  assert os.listdir(fresh) == [workdir_lib.LOCK_FILE]
+  # Leaving normally keeps it too (it is never deleted then).
+  other = tmp_path / "other"
+  with workdir_lib.hold(str(other)):
+    pass
+  assert os.listdir(other) == [workdir_lib.LOCK_FILE]
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  target = tmp_path / "notes.txt"
+  target.write_text("someone's notes\n")
+  (workdir / workdir_lib.LOCK_FILE).symlink_to(target)
+  for take in (lambda: workdir_lib.WorkdirLock(str(workdir)).acquire(),
+               lambda: workdir_lib.hold(str(workdir)).__enter__()):
+    with pytest.raises(workdir_lib.PathError) as info:
+      take()
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, ValueError)
+    assert (f"the lock file {workdir / workdir_lib.LOCK_FILE} is a symbolic "
+            f"link (to {target})") in message
+    assert "someone's notes" not in message
+    assert target.read_text() == "someone's notes\n"  # not emptied
+    assert os.path.islink(workdir / workdir_lib.LOCK_FILE)
+  # A dangling link is refused too (not created through).
+  (workdir / workdir_lib.LOCK_FILE).unlink()
+  (workdir / workdir_lib.LOCK_FILE).symlink_to(tmp_path / "missing")
+  with pytest.raises(workdir_lib.PathError, match="is a symbolic link"):
+    workdir_lib.WorkdirLock(str(workdir)).acquire()
+  assert not (tmp_path / "missing").exists()
+
+
+def test_a_lock_path_that_is_not_a_regular_file_is_refused(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  os.mkfifo(workdir / workdir_lib.LOCK_FILE)
+  with pytest.raises(workdir_lib.PathError) as info:
+    workdir_lib.WorkdirLock(str(workdir)).acquire()
+  assert str(info.value).startswith(
+      f"the lock file {workdir / workdir_lib.LOCK_FILE} is not a regular "
+      "file")
+
+
+def test_a_lock_file_deleted_before_the_flock_is_opened_again(
+    tmp_path, monkeypatch):
+  workdir = str(tmp_path / "run")
+  first = workdir_lib.WorkdirLock(workdir)
+  first.acquire()
+  assert first.created
+  first.discard()  # a refused folder: the holder deletes its file
+  assert not os.path.exists(first.path)
+  # A taker that opened the old file just before another holder deleted
+  # it and made a new one: its flock succeeds on a file no path names, so
+  # it must open the path again and lock the file there.
+  real_flock, calls = workdir_lib.fcntl.flock, []
+
+  def flock(fd, op):
+    if not calls:
+      os.unlink(first.path)
+      open(first.path, "w").close()  # pylint: disable=consider-using-with
+    calls.append(os.fstat(fd).st_ino)
+    return real_flock(fd, op)
+
+  open(first.path, "w").close()  # pylint: disable=consider-using-with
+  monkeypatch.setattr(workdir_lib.fcntl, "flock", flock)
+  second = workdir_lib.WorkdirLock(workdir)
+  second.acquire()
+  assert len(calls) == 2 and calls[0] != calls[1]
+  assert calls[1] == os.stat(first.path).st_ino  # the file the path names
+  monkeypatch.setattr(workdir_lib.fcntl, "flock", real_flock)
+  with pytest.raises(workdir_lib.WorkdirInUse):
+    workdir_lib.WorkdirLock(workdir).acquire()
+  second.release()
+
+
+def test_the_in_use_message_names_the_tool_s_flag(tmp_path):
+  workdir = str(tmp_path / "run")
+  with workdir_lib.hold(workdir):
+    for flag in ("--workdir", "--outdir"):
+      with pytest.raises(workdir_lib.WorkdirInUse) as info:
+        workdir_lib.WorkdirLock(workdir, flag).acquire()
+      assert str(info.value).endswith(
+          f"wait for it to finish, stop it, or pass another {flag}.")

@@ -1,0 +1,211 @@
+"""The cluster JSON of ``measure`` and ``predict --cluster``, in this process.
+
+The link fits are checked on synthetic timings with known answers, the file's
+schema on damaged files, and the flags that override a file. A one-process
+``measure`` on 4 of this process's CPU devices (one node: no inter-node
+exchanges) writes a file that ``predict`` reads. ``python -m
+decentral_jax.runtime_model`` is run here with ``runpy``. The 2-process
+``measure`` job (two nodes) is in tests/tools/test_runtime_model_measure.py
+(integration tier).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+
+import jax
+import pytest
+
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import parser as cli_parser
+from decentral_jax.tools.runtime_model_cli import main as cli
+from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model.costs import Cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _synthetic(a_in=5e-6, b_in=20e9, a_out=1e-5, flow=3e9, cap=6e9, k=4):
+  sizes = [1e6, 4e6, 16e6]
+  return {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": k,
+          "intra_pair_s": [a_in + m / b_in for m in sizes],
+          "inter_pair_s": [a_out + m / flow for m in sizes],
+          "inter_concurrent_s": [a_out + k * m / cap for m in sizes],
+          "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
+
+
+def test_fit_links_recovers_known_links():
+  got = cluster_file.fit_links(_synthetic(), 16, 4)
+  assert got["intra_latency_s"] == pytest.approx(5e-6, rel=1e-6)
+  assert got["intra_bandwidth_Bps"] == pytest.approx(20e9, rel=1e-9)
+  assert got["inter_latency_s"] == pytest.approx(1e-5, rel=1e-6)
+  assert got["nic_bandwidth_Bps"] == pytest.approx(6e9, rel=1e-9)
+  assert got["flow_bandwidth_Bps"] == pytest.approx(3e9, rel=1e-9)
+  # One flow fills the node: no cap.
+  full = cluster_file.fit_links(_synthetic(flow=6e9), 16, 4)
+  assert full["flow_bandwidth_Bps"] is None
+  # One node measured: inter-node fields are the Cluster defaults.
+  one = _synthetic()
+  one.update(inter_pair_s=None, inter_concurrent_s=None)
+  got = cluster_file.fit_links(one, 4, 4)
+  assert got["nic_bandwidth_Bps"] == Cluster.nic_bandwidth_Bps
+  with pytest.raises(ValueError, match="2 distinct"):
+    cluster_file.fit_alpha_beta([1e6, 1e6], [1.0, 2.0])
+
+
+def _write(tmp_path, data, workload=True):
+  path = str(tmp_path / "c.json")
+  w = ({"param_count": 65e6, "forward_s": 0.03, "backward_s": 0.06,
+        "compute_cv": 0.1, "compute_samples_s": [0.08, 0.09, 0.1],
+        "grad_dtype": "float32", "param_dtype": "float32"}
+       if workload else None)
+  cluster_file.write(path, {"cluster": cluster_file.fit_links(data, 16, 4),
+                            "workload": w, "measurements": data,
+                            "meta": {"devices": 16}})
+  return path
+
+
+def test_predict_cluster_flags_override_the_file(tmp_path, capsys):
+  path = _write(tmp_path, _synthetic())
+  args = cli_parser.build_parser().parse_args(["predict", "--cluster", path])
+  args.explicit_flags = {"--forward-ms", "--nics-per-node"}
+  args.forward_ms, args.nics_per_node = 50.0, 2
+  c, w = inputs.from_cluster_file(cluster_file.read(path), args, 32)
+  assert (c.n_workers, c.local_size, c.nics_per_node) == (32, 4, 2)
+  assert c.nic_bandwidth_Bps == pytest.approx(6e9)
+  assert w.compute_samples_s is None  # an explicit mean drops the samples
+  assert (w.forward_s, w.backward_s, w.compute_cv) == (0.05, 0.06, 0.1)
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20"]) == 0
+  assert "n=8 workers (2 nodes x 4)" in capsys.readouterr().out
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "6"]) == 2
+  # No measured compute: the workload flags are used.
+  bare = _write(tmp_path, _synthetic(), workload=False)
+  assert cli.main(["predict", "--cluster", bare, "--steps", "20"]) == 0
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.update(schema="other"), "schema"),
+    (lambda d: d["cluster"].pop("nic_bandwidth_Bps"), "keys"),
+    (lambda d: d["cluster"].update(nic_bandwidth_Bps=-1.0),
+     "nic_bandwidth_Bps"),
+    (lambda d: d["workload"].update(forward_s="fast"), "forward_s"),
+])
+def test_bad_cluster_files_are_refused_naming_the_problem(tmp_path, edit,
+                                                         match):
+  path = _write(tmp_path, _synthetic())
+  with open(path) as f:
+    data = json.load(f)
+  edit(data)
+  with open(path, "w") as f:
+    json.dump(data, f)
+  with pytest.raises(ValueError, match=match):
+    cluster_file.read(path)
+  assert cli.main(["predict", "--cluster", path]) == 2
+
+
+def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
+    tmp_path, monkeypatch, capsys):
+  """``measure`` on a host of 4 CPU devices: the 4 first of this process's
+  16 (``jax.devices`` answers 4, as on such a host)."""
+  all_devices = jax.devices()
+  monkeypatch.setattr(jax, "devices", lambda *a, **k: all_devices[:4])
+  path = str(tmp_path / "cluster.json")
+  tiny = ("model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+          "model.block_size=8", "global_batch=16", "n_workers=4")
+  argv = ["measure", "--config", os.path.join(ROOT, "configs", "gpt_tiny.py"),
+          "--out", path, "--sizes-MB", "0.004,0.04", "--repeats", "2"]
+  for kv in tiny:
+    argv += ["--set", kv]
+  assert cli.main(argv) == 0
+  monkeypatch.undo()
+  assert f"wrote {path}" in capsys.readouterr().out
+  data = cluster_file.read(path)  # schema, keys and values checked
+  meta, meas, c, w = (data[k] for k in ("meta", "measurements", "cluster",
+                                          "workload"))
+  assert (meta["process_count"], meta["devices"], meta["backend"]) == (
+      1, 4, "cpu")
+  assert meta["overrides"] == list(tiny)
+  assert (c["n_workers"], c["local_size"]) == (4, 4)  # one node
+  assert meas["sizes_bytes"] == [4000, 40000] and meas["repeats"] == 2
+  assert len(meas["intra_pair_s"]) == 2 and min(meas["intra_pair_s"]) > 0
+  # One node: nothing measured across nodes; those links keep the defaults.
+  assert meas["inter_pair_s"] is None and meas["inter_concurrent_s"] is None
+  assert meas["concurrent_flows"] is None
+  assert c["nic_bandwidth_Bps"] == Cluster.nic_bandwidth_Bps
+  assert c["inter_latency_s"] == Cluster.inter_latency_s
+  assert c["flow_bandwidth_Bps"] is None
+  # The tiny GPT's parameters by hand (bias-free, tied embedding, vocabulary
+  # 256, width 16, context 8): token 256*16 + position 8*16 + final norm 16,
+  # one block: 2 norms 2*16, attention 16*48 + 16*16, MLP 16*64 + 64*16.
+  assert w["param_count"] == 4096 + 128 + 16 + 32 + 1024 + 2048 == 7344
+  assert meas["all_reduce_bytes"] == 4 * 7344 and meas["all_reduce_s"] > 0
+  assert len(meas["forward_samples_s"]) == 2
+  assert w["compute_samples_s"] == meas["forward_backward_samples_s"]
+  assert w["forward_s"] > 0 and w["backward_s"] >= 0
+  # predict prices 2 such nodes from the one measured.
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20"]) == 0
+  out = capsys.readouterr().out
+  assert f"cluster from {path}: 4 cpu devices, 4 per node, 1 process(es)" \
+      in out
+  assert "n=8 workers (2 nodes x 4)" in out and "recommendation:" in out
+
+
+def test_python_m_entry_point_exits_with_the_status_of_main(
+    tmp_path, monkeypatch, capsys):
+  """``python -m decentral_jax.runtime_model predict --cluster FILE``."""
+  path = _write(tmp_path, _synthetic())
+  for extra, status in (([], 0), (["--n-workers", "6"], 2)):
+    monkeypatch.setattr(sys, "argv", ["runtime_model", "predict", "--cluster",
+                                      path, "--steps", "20", *extra])
+    with pytest.raises(SystemExit) as info:
+      runpy.run_module("decentral_jax.runtime_model", run_name="__main__")
+    assert info.value.code == status
+    out, err = capsys.readouterr()
+    # Refused before anything is printed; else the file's description.
+    assert out == "" if status else f"cluster from {path}" in out
+    if status:  # 6 workers cannot be nodes of the file's 4
+      assert err.startswith("error: ") and err.count("\n") == 1, err
+      assert "n_workers=6" in err or "--n-workers 6" in err, err
+
+
+def test_cluster_file_must_be_a_small_regular_file(tmp_path, capsys):
+  # A FIFO without a writer or /dev/zero used to hang the reader.
+  fifo = str(tmp_path / "c.fifo")
+  os.mkfifo(fifo)
+  for path in (fifo, "/dev/zero"):
+    with pytest.raises(ValueError, match=r"--cluster .* is not a regular "
+                       r"file \(a FIFO or a device\?\)"):
+      cluster_file.read(path)
+  big = tmp_path / "big.json"
+  big.write_bytes(b" " * (16 * 2**20 + 1))
+  with pytest.raises(ValueError, match=r"big.json' is larger than 16777216 "
+                     "bytes"):
+    cluster_file.read(str(big))
+  assert cli.main(["predict", "--cluster", fifo]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "is not a regular file" in err[0], err
+
+
+def test_cluster_file_with_more_workers_than_predict_simulates(tmp_path,
+                                                               capsys):
+  # The schema admits 2^20 workers; predicting for them needed 2^40-entry
+  # matrices (a MemoryError). Refused, naming the file and the way out.
+  path = _write(tmp_path, _synthetic())
+  with open(path) as f:
+    data = json.load(f)
+  data["cluster"].update(n_workers=2**20, local_size=4)
+  with open(path, "w") as f:
+    json.dump(data, f)
+  assert cluster_file.read(path)["cluster"]["n_workers"] == 2**20
+  assert cli.main(["predict", "--cluster", path]) == 2
+  out = capsys.readouterr()
+  assert out.out == ""  # refused before anything is printed
+  err = out.err.strip().splitlines()
+  assert len(err) == 1 and (
+      f"--cluster {path!r}: cluster.n_workers 1048576 is above the 4096 "
+      "workers predict simulates") in err[0] and "--n-workers N" in err[0], err

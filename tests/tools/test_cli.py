@@ -1,0 +1,271 @@
+"""The ``decentral-jax`` command (decentral_jax/tools/cli.py): routing, help,
+errors.
+
+The fast tests call :func:`decentral_jax.tools.cli.main` with stand-ins for
+the commands' ``main`` functions (each command runs in this process), and
+the real ``train`` and ``predict`` on bad input and ``--help``; one
+subprocess checks that ``predict`` through the command prints what the
+runtime model prints and imports no JAX. The integration tests stop a real
+``train`` with SIGTERM through the command, and install the package's
+metadata (setuptools' ``egg_info`` from ``pyproject.toml``) beside a copy of
+the package outside the checkout and run the ``console_scripts`` entry
+point as ``pip install .`` would (the main job's default configs, presets of
+the package, load there without a checkout).
+"""
+
+import contextlib
+import importlib
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from decentral_jax.tools import cli
+from decentral_jax.tools.runtime_model_cli import main as runtime_model_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# What the issue asks the command to offer, written out here (not read from
+# cli.COMMANDS) so that a dropped command fails.
+EXPECTED = ("train", "compare", "predict", "measure", "validate", "overlap")
+# The modules whose main(argv) the other commands call.
+MODULES = {"train": "decentral_jax.tools.train",
+           "compare": "decentral_jax.tools.compare",
+           "overlap": "decentral_jax.tools.overlap"}
+
+
+def test_help_lists_every_command_on_one_line(capsys):
+  assert cli.main(["--help"]) == 0
+  out, err = capsys.readouterr()
+  assert err == ""
+  lines = out.splitlines()
+  assert lines[0] == "usage: decentral-jax COMMAND [ARGS...]"
+  for name in EXPECTED:
+    rows = [l for l in lines if l.split()[:1] == [name]]
+    assert len(rows) == 1, (name, out)
+    assert len(rows[0].split()) > 3, rows  # a description follows the name
+  assert "`decentral-jax COMMAND --help` shows a command's own flags" in out
+  assert cli.main(["-h"]) == 0
+  assert capsys.readouterr().out == out
+
+
+@pytest.mark.parametrize("argv,start", [
+    (["bogus"], "error: unknown command 'bogus'; one of: "),
+    (["--frobnicate", "predict"], "error: unknown command '--frobnicate'"),
+    ([], "error: a command is required, one of: "),
+])
+def test_a_missing_or_unknown_command_is_one_error_line(capsys, argv, start):
+  assert cli.main(argv) == 2
+  out, err = capsys.readouterr()
+  assert out == ""
+  assert len(err.splitlines()) == 1 and err.startswith(start), err
+  for name in EXPECTED:
+    assert name in err
+
+
+def test_version_is_the_package_version(capsys):
+  assert cli.main(["--version"]) == 0
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    version = tomllib.load(f)["project"]["version"]
+  assert capsys.readouterr().out == f"decentral-jax {version}\n"
+
+
+@pytest.mark.parametrize("name", ["predict", "measure", "validate"])
+def test_runtime_model_commands_forward_their_arguments(monkeypatch, name):
+  seen = []
+  monkeypatch.setattr(runtime_model_main, "main",
+                      lambda argv, prog: seen.append((argv, prog)) or 5)
+  args = ["--n-workers", "8,16", "--png", "x y.png", "--help"]
+  assert cli.main([name, *args]) == 5
+  assert seen == [([name, *args], "decentral-jax")]
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_module_commands_call_their_main_in_this_process(monkeypatch, name):
+  module = importlib.import_module(MODULES[name])
+  seen = []
+  monkeypatch.setattr(module, "main",
+                      lambda argv, **kw: seen.append((argv, kw)) or 7)
+  argv_before, path_before = sys.argv[:], sys.path[:]
+  assert cli.main([name, "--config", "a b.py", "--config.steps=3"]) == 7
+  prog = {} if name == "compare" else {"prog": f"decentral-jax {name}"}
+  assert seen == [(["--config", "a b.py", "--config.steps=3"], prog)]
+  assert sys.argv == argv_before and sys.path == path_before
+
+
+def test_usage_lines_name_the_command_as_typed(capsys):
+  # argparse's --help and errors (SystemExit) become the command's code.
+  assert cli.main(["predict", "--help"]) == 0
+  assert capsys.readouterr().out.startswith("usage: decentral-jax predict ")
+  assert cli.main(["predict", "--bogus"]) == 2
+  assert capsys.readouterr().err == (
+      "error: unrecognized arguments: --bogus (see decentral-jax --help)\n")
+  assert cli.main(["predict", "--n-workers", "x"]) == 2
+  assert capsys.readouterr().err.startswith(
+      "error: argument --n-workers: ")
+  assert cli.main(["overlap", "--help"]) == 0
+  assert capsys.readouterr().out.startswith("usage: decentral-jax overlap ")
+  assert cli.main(["train", "--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: decentral-jax train --config FILE.py")
+  assert "--workdir" in out
+  # The runtime model's own entry point keeps its name.
+  with pytest.raises(SystemExit):
+    runtime_model_main.main(["predict", "--help"])
+  assert capsys.readouterr().out.startswith(
+      "usage: python -m decentral_jax.runtime_model predict ")
+
+
+def test_two_commands_with_the_same_flags_run_in_one_process(tmp_path,
+                                                             capsys):
+  # train and compare both define --config; each parses its own flags, and
+  # a second call does not see the first one's.
+  missing = str(tmp_path / "a b.py")
+  assert cli.main(["train", f"--config={missing}", "--workdir=w"]) == 2
+  assert capsys.readouterr().err == (
+      f"error: config file {missing!r} does not exist.\n")
+  assert cli.main(["compare", "--help"]) == 0
+  assert "--outdir" in capsys.readouterr().out
+  assert cli.main(["train", "--workdir=w"]) == 2
+  assert capsys.readouterr().err == (
+      "error: --config is required, e.g. --config configs/gpt_tiny.py\n")
+  assert cli.main(["train", "--cpu_devices=-1"]) == 2
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1 and "cpu_devices" in err, err
+
+
+@pytest.mark.integration
+def test_sigterm_to_the_command_stops_train_with_a_checkpoint(tmp_path):
+  # Sent to the `decentral-jax` process only (as `timeout` or a scheduler
+  # would): train runs in that process and saves before it exits.
+  code = ("import sys; from decentral_jax.tools import cli; "
+          "sys.exit(cli.main(sys.argv[1:]))")
+  proc = subprocess.Popen(
+      [sys.executable, "-c", code, "train", "--config",
+       os.path.join(ROOT, "configs", "gpt_quick.py"), "--workdir",
+       str(tmp_path / "run"), "--config.steps=100000"],
+      cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  try:
+    for line in proc.stdout:  # the runner announces its layout, then steps
+      lines.append(line)
+      if "step 0:" in line:
+        os.kill(proc.pid, signal.SIGTERM)
+        break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=300) == 128 + signal.SIGTERM, "".join(lines)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  said = [l for l in lines if l.startswith("preempted: ")]
+  assert said and "SIGTERM" in said[0], "".join(lines)
+
+
+def test_a_missing_relative_config_names_the_current_directory(
+    tmp_path, monkeypatch):
+  from decentral_jax.runner import config as config_lib
+  # Run from outside the checkout that holds the imported package.
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config("configs/gpt_quick.py")
+  assert str(info.value) == (
+      "config file 'configs/gpt_quick.py' does not exist (relative to the "
+      f"current directory, {tmp_path}; the checkout has "
+      f"{os.path.join(ROOT, 'configs', 'gpt_quick.py')}).")
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config("configs/no_such.py")
+  assert str(info.value) == (
+      "config file 'configs/no_such.py' does not exist (relative to the "
+      f"current directory, {tmp_path}).")
+  missing = str(tmp_path / "no_such.py")
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config(missing)
+  assert str(info.value) == f"config file {missing!r} does not exist."
+
+
+def test_pyproject_installs_the_command():
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    scripts = tomllib.load(f)["project"]["scripts"]
+  module, _, attr = scripts["decentral-jax"].partition(":")
+  assert getattr(importlib.import_module(module), attr) is cli.main
+
+
+def test_predict_prints_the_runtime_models_table_without_jax():
+  args = ["predict", "--preset", "A40", "--n-workers", "8,16", "--steps",
+          "60"]
+  expected = io.StringIO()
+  with contextlib.redirect_stdout(expected):
+    assert runtime_model_main.main(args) == 0
+  code = ("import sys; from decentral_jax.tools import cli; "
+          f"rc = cli.main({args!r}); "
+          "print('jax modules:', sorted(m for m in sys.modules "
+          "if m.split('.')[0] in ('jax', 'jaxlib', 'optax', 'flax')), rc)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, check=True, cwd=ROOT,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  table, _, tail = out.stdout.rpartition("jax modules: ")
+  assert table == expected.getvalue()
+  assert tail == "[] 0\n"
+
+
+@pytest.mark.integration
+def test_the_installed_entry_point_outside_and_inside_a_checkout(tmp_path):
+  # The metadata pip would install: setuptools' egg_info of a copy of the
+  # project (never written into the checkout), the package copied beside it.
+  src, site = tmp_path / "src", tmp_path / "site"
+  shutil.copytree(os.path.join(ROOT, "decentral_jax"), src / "decentral_jax",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(os.path.join(ROOT, name), src / name)
+  os.makedirs(site)
+  subprocess.run([sys.executable, "-c", "from setuptools import setup; "
+                  "setup()", "-q", "egg_info", "--egg-base", str(site)],
+                 cwd=src, check=True, capture_output=True)
+  shutil.copytree(src / "decentral_jax", site / "decentral_jax")
+  # What pip's console script does: load the entry point and exit with it.
+  launcher = ("import sys; from importlib import metadata; "
+              "(ep,) = metadata.entry_points(group='console_scripts', "
+              "name='decentral-jax'); "
+              "assert ep.load().__code__.co_filename.startswith(sys.argv[1])"
+              "; sys.argv = ['decentral-jax', *sys.argv[2:]]; "
+              "sys.exit(ep.load()())")
+  env = {**os.environ, "PYTHONPATH": str(site), "JAX_PLATFORMS": "cpu"}
+
+  def run(cwd, *argv):
+    return subprocess.run([sys.executable, "-c", launcher, str(site), *argv],
+                          cwd=cwd, env=env, capture_output=True, text=True)
+
+  # Outside a checkout: every command runs from the installed package.
+  out = run(tmp_path, "predict", "--preset", "A40", "--n-workers", "8")
+  assert out.returncode == 0, out.stderr
+  assert "All-Reduce" in out.stdout
+  out = run(tmp_path, "compare", "--help")
+  assert out.returncode == 0, out.stderr
+  assert "--outdir" in out.stdout
+  # The default job's configs (the quick one and --full's) are presets of
+  # the package: they load and every arm is checked without a checkout;
+  # the job stops only at the cluster flag, before anything trains.
+  for job in ((), ("--full",)):
+    out = run(tmp_path, "compare", *job, "--clusters=no_such",
+              f"--outdir={tmp_path / 'cmp'}")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[-1].startswith(
+        "error: --clusters entry 'no_such' is neither a preset nor"), out.stderr
+  assert not (tmp_path / "cmp").exists()
+  out = run(tmp_path, "overlap", "--help")
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith("usage: decentral-jax overlap ")
+  # Inside the checkout (a subdirectory): train runs on the installed
+  # package and reports the bad config as it does for `python`.
+  out = run(os.path.join(ROOT, "docs"), "train", "--config",
+            "configs/no_such.py", "--workdir", str(tmp_path / "w"))
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.splitlines()[-1] == (
+      "error: config file 'configs/no_such.py' does not exist (relative to "
+      f"the current directory, {os.path.join(ROOT, 'docs')}).")
+
