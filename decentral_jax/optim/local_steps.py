@@ -37,12 +37,14 @@ def check_common(inner, sync_every, outer=None) -> int:
 
   Raises:
     ValueError: ``inner`` (or a given ``outer``) not an optax transform,
-      ``sync_every`` not an integer >= 1.
+      ``sync_every`` not an integer in ``[1, 2**31 - 1]`` (the step counters
+      are int32 on the device).
   """
   arguments.check_transform("inner", inner)
   if outer is not None:
     arguments.check_transform("outer", outer)
-  return checks.check_int("sync_every", sync_every, minimum=1)
+  return checks.check_int("sync_every", sync_every, minimum=1,
+                          maximum=2**31 - 1)
 
 
 def global_dtype(x) -> jnp.dtype:

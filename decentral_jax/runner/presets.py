@@ -20,6 +20,7 @@ it lists.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from ml_collections import config_dict
@@ -102,3 +103,32 @@ def load(name: str, overrides=()) -> config_dict.ConfigDict:
                      f"{', '.join(PRESETS)}.")
   return config_lib.with_overrides(PRESETS[name], overrides,
                                    f"the {name} preset")
+
+
+def load_named_or_file(config: str, overrides=()) -> config_dict.ConfigDict:
+  """``--config`` of the command lines: a preset by name, else a file.
+
+  Args:
+    config: a key of :data:`PRESETS` (``gpt_quick``), or a config file
+      ``FILE.py[:ARG]`` for :func:`~decentral_jax.runner.config.load_config`.
+    overrides: as in :func:`load`.
+
+  Returns:
+    The locked ``ConfigDict`` (not yet validated).
+
+  Raises:
+    ValueError: neither a preset nor a file, a preset given an ``:ARG``,
+      a missing or broken file, or a bad override (one line).
+  """
+  if config in PRESETS:
+    return load(config, overrides)
+  base = str(config).split(":", 1)[0]
+  if base in PRESETS:
+    raise ValueError(f"config {config!r}: the preset {base!r} takes no "
+                     f":ARG; pass --config={base}.")
+  if os.sep not in base and not base.endswith(".py") and \
+      not os.path.exists(base):
+    raise ValueError(f"config {config!r} is neither a preset (one of "
+                     f"{', '.join(PRESETS)}) nor a config file "
+                     "(FILE.py or FILE.py:ARG).")
+  return config_lib.load_config(config, overrides)

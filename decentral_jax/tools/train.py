@@ -51,14 +51,16 @@ from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices
 from decentral_jax.runner import launch
+from decentral_jax.runner import presets
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
 
 #: The flags of :func:`main` (a registry of their own).
 FLAGS = flags.FlagValues()
 CONFIG = flags.DEFINE_string(
-    "config", None, "Path to a config file (configs/*.py, or FILE.py:ARG); "
-    "override its fields with --config.<field>=value.", flag_values=FLAGS)
+    "config", None, "A preset name (gpt_tiny, gpt_quick) or a config file "
+    "(configs/*.py, or FILE.py:ARG); override its fields with "
+    "--config.<field>=value.", flag_values=FLAGS)
 WORKDIR = flags.DEFINE_string(
     "workdir", None, "Output directory (metrics.jsonl, checkpoints); defaults "
     "to config.workdir.", flag_values=FLAGS)
@@ -128,7 +130,7 @@ def _prepare(overrides: list[str]):
     ValueError: bad config, workdir or device count (one line).
   """
   # Everything about the config is checked before JAX starts.
-  config = config_lib.load_config(CONFIG.value, overrides)
+  config = presets.load_named_or_file(CONFIG.value, overrides)
   validation.check_config(config)
   workdir = WORKDIR.value or config.workdir
   if not workdir:

@@ -228,6 +228,10 @@ def test_default_fragments_contiguous_and_balanced():
 @pytest.mark.parametrize("make,match", [
     (lambda: optim.local_sgd(optax.sgd(1.0), 0), "sync_every"),
     (lambda: optim.diloco(optax.sgd(1.0), 2.5), "sync_every"),
+    # Above int32 the step counters on the device cannot hold the period.
+    (lambda: optim.diloco(optax.sgd(1.0), 2**31),
+     "sync_every must be an int >= 1 and <= 2147483647, got 2147483648"),
+    (lambda: optim.local_sgd(optax.sgd(1.0), 10**12), "sync_every"),
     (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=2,
                                  overlap_steps=2), "overlap_steps"),
     (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=5),

@@ -52,6 +52,20 @@ def test_presets_are_the_config_files_runs_and_documented():
     presets.load("gpt_huge")
   assert str(info.value) == ("unknown preset 'gpt_huge'; use one of "
                              "gpt_tiny, gpt_quick.")
+  # --config of train and compare: a preset by name, else a file.
+  named = presets.load_named_or_file("gpt_quick", ["steps=3"])
+  from_file = presets.load_named_or_file("configs/gpt_quick.py", ["steps=3"])
+  assert named.to_dict() == from_file.to_dict()
+  assert named.steps == 3 and named.model.n_embd == 64
+  with pytest.raises(ValueError) as info:
+    presets.load_named_or_file("gpt_huge")
+  assert str(info.value) == ("config 'gpt_huge' is neither a preset (one of "
+                             "gpt_tiny, gpt_quick) nor a config file (FILE.py "
+                             "or FILE.py:ARG).")
+  with pytest.raises(ValueError, match="the preset 'gpt_quick' takes no :ARG"):
+    presets.load_named_or_file("gpt_quick:foo")
+  with pytest.raises(ValueError, match="does not exist"):
+    presets.load_named_or_file("no_such_dir/gpt_huge.py")
 
 
 def _assert_assignments_commented(source: str, name: str, prefixes) -> None:

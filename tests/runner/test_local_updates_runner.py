@@ -215,6 +215,19 @@ def test_warning_when_the_run_ends_inside_a_sync_window():
       ("--config.algorithm=diloco", "--config.sync_every=10",
        "--config.steps=300"))
   assert not any("sync_every" in w for w in validation.config_warnings(whole))
+  # 30 rounds: a delayed outer step 30 rounds late never lands (theta stays
+  # at its initial value); 29 rounds late lands once.
+  def latency_warnings(latency):
+    late = config_lib.load_config(
+        os.path.join(ROOT, "configs", "gpt_tiny.py"),
+        ("--config.algorithm=diloco", "--config.sync_every=10",
+         "--config.steps=300", "--config.outer_overlap=delayed",
+         f"--config.outer_latency={latency}"))
+    return [w for w in validation.config_warnings(late)
+            if "outer_latency" in w]
+  assert len(latency_warnings(30)) == 1
+  assert "theta never changes" in latency_warnings(30)[0]
+  assert latency_warnings(29) == []
 
 
 @pytest.mark.slow

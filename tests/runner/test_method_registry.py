@@ -78,6 +78,17 @@ def test_registering_twice_or_an_unknown_field_is_refused(toy):
   with pytest.raises(ValueError, match="names model.dropout, not in "
                      "METHOD_FIELDS"):
     methods.register(toy._replace(name="other", fields=("model.dropout",)))
+  # A record whose parts have the wrong type is refused when registered,
+  # naming the part, not later where the runner or the pricing calls it.
+  for part, value, words in (
+      ("runtime_spec", None, "Method.runtime_spec of 'other' must be callable"),
+      ("build", "sgd", "Method.build of 'other' must be callable"),
+      ("checks", 3, "Method.checks of 'other' must be callable or None"),
+      ("fields", "sync_every", "Method.fields of 'other' must be a tuple"),
+      ("label", "", "Method.label of 'other' must be a non-empty string")):
+    with pytest.raises(ValueError, match=words):
+      methods.register(toy._replace(name="other", **{part: value}))
+  assert "other" not in methods.ALGORITHMS
   assert "other" not in methods.ALGORITHMS
 
 

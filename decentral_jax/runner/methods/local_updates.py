@@ -235,12 +235,22 @@ def check_faults(c) -> None:
 
 def diloco_warnings(c) -> list[str]:
   """``steps`` not a multiple of ``sync_every``: theta misses the last
-  steps."""
+  steps; a delayed outer step whose latency is not shorter than the run's
+  rounds: theta never moves."""
+  out = []
   if c.steps % c.sync_every:
-    return [f"config.steps={c.steps} is not a multiple of config.sync_every="
-            f"{c.sync_every}: eval/loss reports theta, which does not include "
-            f"the last {c.steps % c.sync_every} steps."]
-  return []
+    out.append(f"config.steps={c.steps} is not a multiple of "
+               f"config.sync_every={c.sync_every}: eval/loss reports theta, "
+               f"which does not include the last {c.steps % c.sync_every} "
+               "steps.")
+  rounds = c.steps // c.sync_every
+  if c.outer_overlap == "delayed" and c.outer_latency >= rounds:
+    out.append(f"config.outer_latency={c.outer_latency} >= the run's "
+               f"{rounds} rounds (config.steps // config.sync_every): a "
+               "delayed outer step lands outer_latency rounds after its "
+               "round, so theta never changes and the workers restart from "
+               "it every round; lower config.outer_latency.")
+  return out
 
 
 # -- Runtime-model specs --------------------------------------------------

@@ -102,9 +102,10 @@ def register(method: Method) -> Method:
     ``method``.
 
   Raises:
-    ValueError: a name already registered or not an identifier, or a field
+    ValueError: a name already registered or not an identifier, a field
       outside :data:`METHOD_FIELDS` (add the field to the config and to
-      ``METHOD_FIELDS`` first).
+      ``METHOD_FIELDS`` first), a ``build``/``runtime_spec``/hook that is
+      not callable, ``fields`` not a tuple of names, or an empty ``label``.
   """
   if not isinstance(method, Method):
     raise ValueError(f"register takes a Method, got {type(method).__name__}.")
@@ -114,6 +115,7 @@ def register(method: Method) -> Method:
   if method.name in ALGORITHMS:
     raise ValueError(f"Method.name={method.name!r} is already registered; "
                      "pick another name or unregister it first.")
+  _check_record(method)
   unknown = [f for f in method.fields if f not in METHOD_FIELDS]
   if unknown:
     raise ValueError(f"Method.fields of {method.name!r} names "
@@ -121,6 +123,32 @@ def register(method: Method) -> Method:
                      "method fields of the run config.")
   ALGORITHMS[method.name] = method
   return method
+
+
+_HOOKS = ("gossip_every", "checks", "compression_checks", "unread", "faults",
+          "warnings", "eval_params", "model_params", "global_average")
+
+
+def _check_record(method: Method) -> None:
+  """Each field of ``method`` has the type its comment states (one line)."""
+  name = method.name
+  for field in ("build", "runtime_spec"):
+    if not callable(getattr(method, field)):
+      raise ValueError(f"Method.{field} of {name!r} must be callable, got "
+                       f"{getattr(method, field)!r}.")
+  for field in _HOOKS:
+    hook = getattr(method, field)
+    if hook is not None and not callable(hook):
+      raise ValueError(f"Method.{field} of {name!r} must be callable or "
+                       f"None, got {hook!r}.")
+  if not (isinstance(method.fields, tuple)
+          and all(isinstance(f, str) for f in method.fields)):
+    raise ValueError(f"Method.fields of {name!r} must be a tuple of config "
+                     f"field names, got {method.fields!r}.")
+  if not (isinstance(method.label, str) and method.label):
+    raise ValueError(f"Method.label of {name!r} must be a non-empty "
+                     f"string (its display name or a key of "
+                     f"decentral_jax.method_names), got {method.label!r}.")
 
 
 def unregister(name: str) -> Method:

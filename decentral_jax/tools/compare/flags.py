@@ -111,9 +111,7 @@ def load_base(config: str, overrides=()):
   Raises:
     ValueError: a missing or broken file or a bad override (one line).
   """
-  if config in presets.PRESETS:
-    return presets.load(config, overrides)
-  return config_lib.load_config(config, overrides)
+  return presets.load_named_or_file(config, overrides)
 
 
 def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
