@@ -13,4 +13,4 @@ import sys
 from decentral_jax.tools import compare
 
 if __name__ == "__main__":
-  sys.exit(compare.main(sys.argv[1:]))
+  sys.exit(compare.main(sys.argv[1:], prog="python experiments/compare.py"))

@@ -53,7 +53,7 @@ COMMANDS = {
     "compare": Command(
         "the main job: train methods side by side on one model and data, "
         "price each run per cluster with the runtime model",
-        "decentral_jax.tools.compare"),
+        "decentral_jax.tools.compare", prog=f"{PROG} compare"),
     "predict": Command(
         "predict ms/iteration of each method on a cluster and workload "
         "(runtime model, no JAX)", _RUNTIME_MODEL, ("predict",), PROG),

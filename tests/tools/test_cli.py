@@ -92,7 +92,7 @@ def test_module_commands_call_their_main_in_this_process(monkeypatch, name):
                       lambda argv, **kw: seen.append((argv, kw)) or 7)
   argv_before, path_before = sys.argv[:], sys.path[:]
   assert cli.main([name, "--config", "a b.py", "--config.steps=3"]) == 7
-  prog = {} if name == "compare" else {"prog": f"decentral-jax {name}"}
+  prog = {"prog": f"decentral-jax {name}"}
   assert seen == [(["--config", "a b.py", "--config.steps=3"], prog)]
   assert sys.argv == argv_before and sys.path == path_before
 

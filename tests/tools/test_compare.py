@@ -738,11 +738,16 @@ def test_help_exits_0_and_the_command_runs_the_module(capsys):
   from decentral_jax.tools import cli
   assert compare.main(["--help"]) == 0
   out = capsys.readouterr().out
-  assert out.startswith("The main job: which communication scheme")
+  usage, rest = out.split("\n", 1)
+  assert usage.startswith("usage: python -m decentral_jax.tools.compare ")
+  assert rest.lstrip().startswith("The main job: which communication scheme")
   assert "--outdir" in out and "--methods" in out
-  # `decentral-jax compare` calls the module in this process.
+  assert ":mod:" not in out and ":data:" not in out  # plain names in help
+  # `decentral-jax compare` calls the module in this process, named as typed.
   assert cli.main(["compare", "-h"]) == 0
-  assert capsys.readouterr().out == out
+  assert capsys.readouterr().out == out.replace(
+      "usage: python -m decentral_jax.tools.compare ",
+      "usage: decentral-jax compare ", 1)
   assert compare.main(["--methods=dadam", "stray"]) == 2
   assert capsys.readouterr().err == "error: unexpected arguments: stray\n"
 

@@ -66,9 +66,10 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
   return base, accum, arms, workload, clusters, outdir
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None,
+         prog: str = "python -m decentral_jax.tools.compare") -> int:
   """Runs the main job on the command line ``argv`` (no program name;
-  default ``sys.argv[1:]``).
+  default ``sys.argv[1:]``); ``prog`` names the command in ``--help``.
 
   Returns:
     The exit code: 0 (also after ``--help``), 2 (bad input, one ``error:``
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   if flags.wants_help(argv):
     doc = sys.modules["decentral_jax.tools.compare"].__doc__ or ""
-    print(flags.help_text(doc), end="")
+    print(flags.help_text(doc, prog), end="")
     return 0
   try:
     try:

@@ -15,6 +15,8 @@ The default configs are the package's presets
 
 from __future__ import annotations
 
+import re
+
 from absl import flags as absl_flags
 
 from decentral_jax.runner import config as config_lib
@@ -160,6 +162,10 @@ def wants_help(argv: list[str]) -> bool:
   return False
 
 
-def help_text(doc: str) -> str:
-  """``doc`` (the main job's description) and every flag with its help."""
-  return f"{doc.strip()}\n\nflags:\n{FLAGS.get_help()}\n"
+def help_text(doc: str, prog: str = "compare") -> str:
+  """A usage line naming ``prog``, ``doc`` (the main job's description,
+  its reStructuredText roles as plain names) and every flag's help."""
+  plain = re.sub(r":[a-z]+:`~?\.?([^`]+)`", r"``\1``", doc.strip())
+  return (f"usage: {prog} [--config=PRESET|FILE.py] [--outdir=DIR] "
+          f"[--methods=...] [--config.FIELD=VALUE ...]\n\n{plain}\n\n"
+          f"flags:\n{FLAGS.get_help()}\n")
