@@ -62,6 +62,11 @@ class Reduction:
   one_round = True
 
   def __init__(self, axis_name: gossip.AxisName = "workers"):
+    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
+    if not names or not all(isinstance(a, str) and a for a in names):
+      raise ValueError(f"{type(self).__name__}: axis_name must be a mesh "
+                       "axis name (a non-empty string) or a tuple of them, "
+                       f"got {axis_name!r}.")
     self.axis_name = axis_name
 
   def __repr__(self):
@@ -250,13 +255,17 @@ def check_compression(compressor, error_feedback, error_decay
     ValueError: ``compressor`` not None or a
       :class:`~decentral_jax.comm.compress.Compressor`, ``error_feedback``
       not a bool, or True without a compressor, ``error_decay`` outside
-      (0, 1].
+      (0, 1] or below 1 without ``error_feedback``.
   """
   if not isinstance(error_feedback, (bool, np.bool_)):
     raise ValueError(f"error_feedback must be True or False, got "
                      f"{error_feedback!r}.")
   decay = checks.check_float("error_decay", error_decay, minimum=0.0,
                              maximum=1.0, open_min=True)
+  if decay != 1.0 and not error_feedback:
+    raise ValueError(f"error_decay={error_decay!r} decays the error-feedback "
+                     "residual, which error_feedback=False does not keep; "
+                     "set error_feedback=True or leave error_decay=1.0.")
   if compressor is None:
     if error_feedback:
       raise ValueError("error_feedback=True needs a compressor (the residual "

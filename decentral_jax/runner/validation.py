@@ -312,7 +312,9 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
     return reasons[0] if all(reasons) else None
   if field in methods.METHOD_FIELDS and field not in entry.fields:
     users = [a for a, e in methods.ALGORITHMS.items() if field in e.fields]
-    return f"config.algorithm={c.algorithm!r} (read only by {', '.join(users)})"
+    readers = (f"read only by {', '.join(users)}" if users else
+               "no registered method reads it")
+    return f"config.algorithm={c.algorithm!r} ({readers})"
   why = entry.unread(c, field) if entry.unread is not None else None
   if why is not None:
     return why

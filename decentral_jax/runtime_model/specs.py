@@ -237,6 +237,13 @@ def make_method(spec, c: Cluster) -> Method:
     return check_method(Method("sgp", "gossip",
                                sgp_topology(c.n_workers, c.local_size),
                                overlap=False), c)
+  try:
+    name = topology_lib.canonical_name(key)
+  except ValueError as e:
+    raise ValueError(
+        f"unknown method {str(spec)!r}: not all_reduce, sgp, a gossip "
+        f"optimizer ({', '.join(OPTIMIZER_NAMES)}:topology=..), a "
+        f"local-update spec ({local_methods.SYNTAX}), nor a topology ({e})"
+        ) from None
   topo = topology_lib.make(key, c.n_workers, c.local_size)
-  return check_method(Method(topology_lib.canonical_name(key), "gossip",
-                             topo), c)
+  return check_method(Method(name, "gossip", topo), c)

@@ -16,6 +16,7 @@ import pytest
 from conftest import require_devices
 from helpers import sync_args
 from decentral_jax import optim
+from decentral_jax.comm import compress
 from decentral_jax import parallel
 from decentral_jax import topology
 
@@ -232,6 +233,11 @@ def test_default_fragments_contiguous_and_balanced():
     (lambda: optim.diloco(optax.sgd(1.0), 2**31),
      "sync_every must be an int >= 1 and <= 2147483647, got 2147483648"),
     (lambda: optim.local_sgd(optax.sgd(1.0), 10**12), "sync_every"),
+    (lambda: optim.ExactMean(3), "axis_name must be a mesh axis name"),
+    (lambda: optim.ExactMean(""), "axis_name must be a mesh axis name"),
+    (lambda: optim.compressed(compress.Compressor("int8"), False, 0.5,
+                              "workers"),
+     "error_decay=0.5 decays the error-feedback residual"),
     (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=2,
                                  overlap_steps=2), "overlap_steps"),
     (lambda: optim.streaming_diloco(optax.sgd(1.0), 4, num_fragments=5),

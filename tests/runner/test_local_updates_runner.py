@@ -228,6 +228,15 @@ def test_warning_when_the_run_ends_inside_a_sync_window():
   assert len(latency_warnings(30)) == 1
   assert "theta never changes" in latency_warnings(30)[0]
   assert latency_warnings(29) == []
+  independent = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ("--config.algorithm=streaming_diloco", "--config.sync_every=10",
+       "--config.steps=300", "--config.merge_alpha=1"))
+  assert [w for w in validation.config_warnings(independent)
+          if "merge_alpha" in w] == [
+              "config.merge_alpha=1: every worker keeps its own fragment and "
+              "never takes the synced theta, so the workers train "
+              "independently; use a value below 1."]
 
 
 @pytest.mark.slow

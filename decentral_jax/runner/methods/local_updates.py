@@ -235,7 +235,8 @@ def check_faults(c) -> None:
 
 def diloco_warnings(c) -> list[str]:
   """``steps`` not a multiple of ``sync_every``: theta misses the last
-  steps; a delayed outer step whose latency is not shorter than the run's
+  steps; Streaming DiLoCo's ``merge_alpha = 1``: the workers never take
+  theta; a delayed outer step whose latency is not shorter than the run's
   rounds: theta never moves."""
   out = []
   if c.steps % c.sync_every:
@@ -243,6 +244,10 @@ def diloco_warnings(c) -> list[str]:
                f"config.sync_every={c.sync_every}: eval/loss reports theta, "
                f"which does not include the last {c.steps % c.sync_every} "
                "steps.")
+  if c.algorithm == "streaming_diloco" and c.merge_alpha == 1:
+    out.append("config.merge_alpha=1: every worker keeps its own fragment "
+               "and never takes the synced theta, so the workers train "
+               "independently; use a value below 1.")
   rounds = c.steps // c.sync_every
   if c.outer_overlap == "delayed" and c.outer_latency >= rounds:
     out.append(f"config.outer_latency={c.outer_latency} >= the run's "

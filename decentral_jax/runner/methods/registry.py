@@ -166,7 +166,7 @@ def lookup(name: str) -> Method:
   Raises:
     ValueError: an unknown ``name`` (listing the registered ones).
   """
-  method = ALGORITHMS.get(name)
+  method = ALGORITHMS.get(name) if isinstance(name, str) else None
   if method is None:
     raise ValueError(f"unknown config.algorithm={name!r}; use one of "
                      f"{', '.join(ALGORITHMS)}.")
