@@ -1,15 +1,35 @@
 """The experiment runner: config -> trained, checkpointed workers.
 
-:mod:`~decentral_jax.runner.config` (schema), :mod:`~decentral_jax.runner.validation`
-(one-line config errors), :mod:`~decentral_jax.runner.builders` (schedule and
-optimizer from a config), :mod:`~decentral_jax.runner.tasks` (model, loss, data),
-:mod:`~decentral_jax.runner.step` (``TrainState``, per-worker steps),
-:mod:`~decentral_jax.runner.experiment` (mesh, jitted steps, evaluation),
-:mod:`~decentral_jax.runner.train` (the loop), :mod:`~decentral_jax.runner.checkpoint`,
-:mod:`~decentral_jax.runner.metrics`, :mod:`~decentral_jax.runner.workdir`,
-:mod:`~decentral_jax.runner.agreement`, :mod:`~decentral_jax.runner.launch`
-(multi-process start-up) and :mod:`~decentral_jax.runner.tuning`.
+Above the library (it may import every part but the tools; nothing below
+imports it). Its modules hold the runner's concepts and are imported by
+path, so this face imports nothing (``import decentral_jax.runner`` loads no
+JAX):
 
-The top layer: it may import every other part of the library. Nothing
-below imports it.
+* the config: :mod:`~decentral_jax.runner.config` (``base_config``,
+  loading), :mod:`~decentral_jax.runner.config_groups` (one builder per
+  group of fields), :mod:`~decentral_jax.runner.presets` (the named runs),
+  :mod:`~decentral_jax.runner.field_rules` and
+  :mod:`~decentral_jax.runner.validation` (one-line refusals),
+  :mod:`~decentral_jax.runner.devices` (devices a config needs);
+* the methods: :mod:`~decentral_jax.runner.methods` (one home per method
+  family and the registry), :mod:`~decentral_jax.runner.builders`
+  (schedule, optimizer and runtime-model spec of a config);
+* the run: :mod:`~decentral_jax.runner.tasks` (model, loss, data),
+  :mod:`~decentral_jax.runner.step` (per-worker steps),
+  :mod:`~decentral_jax.runner.experiment` (mesh and state),
+  :mod:`~decentral_jax.runner.programs` (the compiled steps),
+  :mod:`~decentral_jax.runner.evaluation`,
+  :mod:`~decentral_jax.runner.fault_run` (fault masks),
+  :mod:`~decentral_jax.runner.train` (the loop),
+  :mod:`~decentral_jax.runner.recorder` and
+  :mod:`~decentral_jax.runner.preemption`;
+* what a run keeps: :mod:`~decentral_jax.runner.checkpoint`,
+  :mod:`~decentral_jax.runner.run_meta` (resume checks),
+  :mod:`~decentral_jax.runner.orbax_quiet`,
+  :mod:`~decentral_jax.runner.metrics`, :mod:`~decentral_jax.runner.workdir`;
+* several processes: :mod:`~decentral_jax.runner.launch`,
+  :mod:`~decentral_jax.runner.agreement`; and
+  :mod:`~decentral_jax.runner.tuning` (the learning-rate protocol).
 """
+
+__all__: list[str] = []
