@@ -1,7 +1,8 @@
 """The experiment runner: config -> trained, checkpointed workers.
 
-Above the library (it may import every part but the tools; nothing below
-imports it). Its modules hold the runner's concepts and are imported by
+Above the library: it imports the parts below it (checks, topology, comm,
+optim, parallel, analysis, models, data, method_names), never the runtime
+model or the tools; only the tools import it. Its modules hold the runner's concepts and are imported by
 path, so this face imports nothing (``import decentral_jax.runner`` loads no
 JAX):
 
