@@ -6,6 +6,8 @@
 - :mod:`~decentral_jax.optim.accum_adam`: ``scale_by_accum_adam``.
 - :mod:`~decentral_jax.optim.choco`: CHOCO-gossip of compressed parameters.
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
+- :mod:`~decentral_jax.optim.desloc`: DES-LOC-Adam (local Adam with
+  independent sync periods of the parameters and the two moments).
 - The DiLoCo family, by composition:
   :mod:`~decentral_jax.optim.local_steps` (the inner step and the outer
   state every local-update method shares),
@@ -30,6 +32,8 @@ from decentral_jax.optim.accum_adam import (
     BETA_CONVENTIONS, ScaleByAccumAdamState, horizon_matched_betas,
     scale_by_accum_adam)
 from decentral_jax.optim.choco import ChocoState, choco_gossip
+from decentral_jax.optim.desloc import (
+    MAX_PERIOD, DesLocState, check_periods, desloc_adam)
 from decentral_jax.optim.diloco_sync import (
     DiLoCoState, check_reduction, diloco, resolve_timing)
 from decentral_jax.optim.elastic import (
