@@ -27,7 +27,8 @@ METHOD_NAMES = {
     "accum_adamw": "AccumAdamW", "sgp": "SGP", "local_sgd": "Local SGD",
     "diloco": "DiLoCo", "decentralized_diloco": "Decentralized DiLoCo",
     "streaming_diloco": "Streaming DiLoCo", "local_dsgd": "Local DAdam",
-    "local_dadam": "Local DAdam",
+    "local_dadam": "Local DAdam", "desloc": "DES-LOC",
+    "desloc_adam": "DES-LOC",
 }
 #: Topologies by their short names in tables (Wang et al. 2025, Figure 6);
 #: the others by their canonical name.

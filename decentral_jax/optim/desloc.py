@@ -1,4 +1,4 @@
-"""DES-LOC-Adam: local Adam whose parameters and moments sync on their own periods.
+"""DES-LOC-Adam: local Adam whose parameters and moments sync on own periods.
 
 Iacob et al., "DES-LOC: Desynced Low Communication Adaptive Optimizers for
 Training Foundation Models" (arXiv 2505.22549, ICLR 2026). Every worker runs

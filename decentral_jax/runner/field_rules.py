@@ -151,6 +151,8 @@ RULES = {
     "global_avg_interval": _integer(0, note=" (0 = never)"),
     "gossip_every": _integer(1),
     "sync_every": _integer(1),
+    "sync_every_u": _integer(1),
+    "sync_every_v": _integer(1),
     "outer_optimizer.name": _one_of(local_updates.OUTER_OPTIMIZERS),
     "outer_optimizer.lr": _real(0.0, lo_open=True),
     "outer_optimizer.momentum": _real(0.0, 1.0),

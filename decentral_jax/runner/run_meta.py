@@ -36,6 +36,8 @@ RESUME_FIELDS = {"n_workers": "n_workers",
                  "model": "model",
                  "seed": "seed", "global_batch": "global_batch",
                  "sync_every": "sync_every", "gossip_every": "gossip_every",
+                 "sync_every_u": "sync_every_u",
+                 "sync_every_v": "sync_every_v",
                  "num_fragments": "num_fragments",
                  "overlap_steps": "overlap_steps",
                  "merge_alpha": "merge_alpha",
@@ -92,6 +94,8 @@ def checkpoint_meta(exp, step: int) -> dict:
       # The sync schedule of the local-update methods (a change mid-run
       # would silently move the sync steps).
       "sync_every": int(c.sync_every),
+      "sync_every_u": int(c.sync_every_u),
+      "sync_every_v": int(c.sync_every_v),
       "gossip_every": int(c.gossip_every),
       "num_fragments": int(c.num_fragments),
       "overlap_steps": int(c.overlap_steps),

@@ -26,6 +26,10 @@ with compute (it sits in a ``lax.cond`` after the update):
   ``local_dadam``; ``gossip_every = H``): one round of ``T`` every ``H``
   steps in the parameter dtype (or ``comm_dtype``), not overlapped. ``H =
   1`` on the SGP topology is SGP.
+* **DES-LOC-Adam** (``desloc:Kx=..,Ku=..,Kv=..``; Iacob et al., arXiv
+  2505.22549): the parameters and Adam's two moments all-reduced every
+  ``Kx``, ``Ku``, ``Kv`` steps, priced as one blocking sync every ``Kx``
+  steps of ``1 + Kx / Ku + Kx / Kv`` parameter copies.
 * **Delayed and eager outer updates** (``diloco:H=..,overlap=eager`` or
   ``overlap=delayed``; Kale et al. 2025, arXiv 2502.12996) with a
   **trickled reduction**: the pseudo-gradient of a round is reduced in
@@ -146,6 +150,7 @@ _METHODS = {
                          "theta", None),
     "local_dsgd": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
     "local_dadam": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
+    "desloc": (("H", "Ku", "Kv"), "params", None),
 }
 LOCAL_METHODS = tuple(_METHODS)
 DEFAULT_PERIOD = 10  # H (steps) when a spec does not give one.
@@ -153,7 +158,8 @@ _ALIASES = {"h": "H", "sync_every": "H", "gossip_every": "H", "p": "P",
             "num_fragments": "P", "overlap_steps": "tau", "tau": "tau",
             "topology": "topology", "comm_dtype": "comm_dtype",
             "overlap": "overlap", "compress": "compress", "block": "block",
-            "fraction": "fraction"}
+            "fraction": "fraction", "kx": "H", "ku": "Ku", "kv": "Kv",
+            "sync_every_u": "Ku", "sync_every_v": "Kv"}
 _KEY_HELP = {"H": "H=<steps >= 1>", "P": "P=<fragments, 1..H>",
              "tau": "tau=<overlap steps, tau*P < H>",
              "topology": "topology=<name, e.g. ring>",
@@ -161,11 +167,13 @@ _KEY_HELP = {"H": "H=<steps >= 1>", "P": "P=<fragments, 1..H>",
              "overlap": "overlap=<none|delayed|eager>",
              "compress": "compress=<int8|fp8|int4|fp4|topk>",
              "block": "block=<values per scale, >= 2>",
-             "fraction": "fraction=<top-k share, (0, 1]>"}
+             "fraction": "fraction=<top-k share, (0, 1]>",
+             "Ku": "Ku=<first-moment period, steps >= 1>",
+             "Kv": "Kv=<second-moment period, steps >= 1>"}
 SYNTAX = ("NAME[:KEY=VALUE,...] with NAME one of " + ", ".join(LOCAL_METHODS)
           + "; e.g. diloco:H=10, streaming_diloco:H=10,P=4,tau=1, "
           "diloco:H=10,topology=ring, diloco:H=30,overlap=eager,compress=fp4, "
-          "local_dsgd:H=4,topology=one_peer_exp")
+          "local_dsgd:H=4,topology=one_peer_exp, desloc:Kx=16,Ku=48,Kv=96")
 
 
 def is_local_spec(key: str) -> bool:
@@ -207,6 +215,14 @@ def parse_spec(spec: str, c: Cluster) -> Method:
     ``compress``, ``block``, ``fraction`` (as DiLoCo).
   * ``local_dsgd`` / ``local_dadam``: ``H`` [10] (``gossip_every``),
     ``topology`` [one_peer_exp], ``comm_dtype`` [none: param dtype].
+  * ``desloc`` (DES-LOC-Adam, arXiv 2505.22549): ``Kx`` (alias ``H``)
+    [10], ``Ku`` [3 Kx], ``Kv`` [6 Kx]: the parameters, first and second
+    moments all-reduced in the parameter dtype every ``Kx``, ``Ku``,
+    ``Kv`` steps; priced as a blocking sync every ``Kx`` steps of
+    ``1 + Kx / Ku + Kx / Kv`` parameter copies (``Method.sync_share``),
+    the moments' bytes spread evenly over the parameters' syncs: the
+    bytes per step ``|x| / Kx + |u| / Ku + |v| / Kv`` are exact, the
+    moments' syncs are not priced as bursts of their own.
 
   Keys also accept the library's argument names (``sync_every``,
   ``gossip_every``, ``num_fragments``, ``overlap_steps``); ``H`` and ``P``
@@ -228,6 +244,8 @@ def parse_spec(spec: str, c: Cluster) -> Method:
   allowed, message, default_topo = _METHODS[name]
   given = parse_parameters(spec, name, rest, allowed, _KEY_HELP, _ALIASES,
                            syntax=SYNTAX)
+  if name == "desloc":
+    return _desloc(spec, given)
   period, frags, tau = _schedule(spec, given)
   comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
           if "comm_dtype" in given else None)
@@ -257,6 +275,17 @@ def parse_spec(spec: str, c: Cluster) -> Method:
                 overlap_steps=tau, message=message, comm_dtype=comm,
                 compress=fmt, compress_block=block,
                 compress_fraction=fraction, outer_overlap=outer)
+
+
+def _desloc(spec, given: dict) -> Method:
+  """DES-LOC's method: a sync every ``Kx`` steps carrying the moments'
+  share ``1 + Kx / Ku + Kx / Kv`` of parameter copies."""
+  kx = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
+  ku = _int(spec, "Ku", given["Ku"], 1) if "Ku" in given else 3 * kx
+  kv = _int(spec, "Kv", given["Kv"], 1) if "Kv" in given else 6 * kx
+  return Method(f"desloc:Kx={kx},Ku={ku},Kv={kv}", "local", None,
+                overlap=False, period=kx, message="params",
+                sync_share=1 + kx / ku + kx / kv)
 
 
 def _schedule(spec, given: dict) -> tuple[int, int, int]:

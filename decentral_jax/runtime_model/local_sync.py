@@ -46,6 +46,9 @@ def wire_itemsize(m: Method, w: Workload) -> int:
 def message_bytes(m: Method, w: Workload, n_workers: int = 1) -> float:
   """Bytes of one whole sync message (all fragments) per worker.
 
+  Uncompressed: the parameter count x the wire itemsize x
+  ``m.sync_share`` (DES-LOC: the moments' share, spread over the syncs).
+
   Compressed (``m.compress``): the payload one worker contributes
   (:func:`~decentral_jax.runtime_model.compression.sync_payload`): for the
   scaled formats that of the parameter count padded as the compressed
@@ -56,7 +59,7 @@ def message_bytes(m: Method, w: Workload, n_workers: int = 1) -> float:
     return compression.sync_payload(
         m.compress, w.param_count, n_workers, m.compress_block,
         m.compress_fraction)
-  return float(w.param_count) * wire_itemsize(m, w)
+  return float(w.param_count) * wire_itemsize(m, w) * m.sync_share
 
 
 def sync_cost(m: Method, c: Cluster) -> RoundCost:

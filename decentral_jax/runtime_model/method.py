@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 
@@ -89,6 +90,11 @@ class Method:
       the outer step uses the average of the previous round, reduced by a
       trickled reduction, ``1/H`` of the message in each of the next ``H``
       inner steps beside their compute). Default "none".
+    sync_share: kind "local", exact uncompressed all-reduce only: bytes of
+      the mean sync relative to one copy of the parameters (DES-LOC,
+      ``desloc:Kx=..,Ku=..,Kv=..``: ``1 + K_x / K_u + K_x / K_v``, the
+      moments' averages spread evenly over the parameters' syncs). Default
+      1.0.
 
   Kind "local" (local-update methods: Local SGD, DiLoCo, Streaming DiLoCo,
   decentralized DiLoCo, local D-SGD / DAdam) takes ``H - 1`` purely local
@@ -114,6 +120,7 @@ class Method:
   compress_block: int = wire_format.DEFAULT_BLOCK
   compress_fraction: float = wire_format.DEFAULT_FRACTION
   outer_overlap: str = "none"
+  sync_share: float = 1.0
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
     """One :class:`RoundCost` per topology round (measured times if given).
@@ -349,7 +356,7 @@ def _check_local_fields(m: Method) -> None:
   """
   if m.kind != "local":
     fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0),
-              ("outer_overlap", "none"))
+              ("outer_overlap", "none"), ("sync_share", 1.0))
     if m.kind == "all_reduce":
       fields += (("comm_dtype", None),)
     elif m.comm_dtype is not None:
@@ -388,6 +395,23 @@ def _check_local_fields(m: Method) -> None:
                        f"{len(m.measured_s)} entries, needs {want} (one for "
                        "the all-reduce, or one per topology round).")
   _check_outer_overlap(m)
+  _check_sync_share(m)
+
+
+def _check_sync_share(m: Method) -> None:
+  """``sync_share`` is a finite number >= 1, other than 1 only with the
+  exact uncompressed all-reduce of one fragment."""
+  share = m.sync_share
+  if (isinstance(share, bool) or not isinstance(share, (int, float))
+      or not math.isfinite(share) or share < 1):
+    raise ValueError(f"Method {m.name!r}: sync_share={share!r} must be a "
+                     "finite number >= 1 (bytes of a sync per parameter "
+                     "copy).")
+  if share != 1 and (m.topology is not None or m.fragments > 1
+                     or m.compress is not None or m.outer_overlap != "none"):
+    raise ValueError(f"Method {m.name!r}: sync_share={share!r} needs the "
+                     "exact uncompressed all-reduce of one fragment (no "
+                     "topology, fragments, compress or overlap).")
 
 
 def _check_outer_overlap(m: Method) -> None:

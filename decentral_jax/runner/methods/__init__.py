@@ -1,13 +1,13 @@
 """One home per method family; the registry derived from them.
 
 A family's home (``all_reduce``, ``decentralized``, ``local_updates``,
-``sgp``) holds, for each of its methods, how it is built from the run
-config, which config fields it reads, its checks and its runtime-model spec,
-and registers it (:func:`register`). Importing this package registers the
-library's methods in this order: ``all_reduce``, ``decentralized``,
-``local_sgd``, ``diloco``, ``decentralized_diloco``, ``streaming_diloco``,
-``sgp``. Adding a method is its home (or an entry in one), its tests and
-one docs line.
+``sgp``, ``desloc``) holds, for each of its methods, how it is built from
+the run config, which config fields it reads, its checks and its
+runtime-model spec, and registers it (:func:`register`). Importing this
+package registers the library's methods in this order: ``all_reduce``,
+``decentralized``, ``local_sgd``, ``diloco``, ``decentralized_diloco``,
+``streaming_diloco``, ``sgp``, ``desloc_adam``. Adding a method is its home
+(or an entry in one), its tests and one docs line.
 """
 
 from decentral_jax.runner.methods.registry import ALGORITHMS
@@ -21,6 +21,7 @@ from decentral_jax.runner.methods import all_reduce  # noqa: F401
 from decentral_jax.runner.methods import decentralized  # noqa: F401
 from decentral_jax.runner.methods import local_updates  # noqa: F401
 from decentral_jax.runner.methods import sgp  # noqa: F401
+from decentral_jax.runner.methods import desloc  # noqa: F401
 
 __all__ = ["ALGORITHMS", "METHOD_FIELDS", "Method", "display_name", "lookup",
            "register", "unregister"]

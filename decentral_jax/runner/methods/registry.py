@@ -3,10 +3,11 @@
 Each method family's home (:mod:`~decentral_jax.runner.methods.all_reduce`,
 :mod:`~decentral_jax.runner.methods.decentralized`,
 :mod:`~decentral_jax.runner.methods.local_updates`,
-:mod:`~decentral_jax.runner.methods.sgp`) states how a method is built from
-the run config, which of the :data:`METHOD_FIELDS` it reads, its checks and
-the runtime-model spec that prices it, and calls :func:`register` once per
-method. Everything else is derived from :data:`ALGORITHMS`: the config's
+:mod:`~decentral_jax.runner.methods.sgp`,
+:mod:`~decentral_jax.runner.methods.desloc`) states how a method is built
+from the run config, which of the :data:`METHOD_FIELDS` it reads, its checks
+and the runtime-model spec that prices it, and calls :func:`register` once
+per method. Everything else is derived from :data:`ALGORITHMS`: the config's
 allowed ``algorithm`` values and the refusal of fields a method does not
 read (:mod:`decentral_jax.runner.validation`), the optimizer
 (:func:`decentral_jax.runner.builders.make_optimizer`), the runtime-model
@@ -31,6 +32,7 @@ PyTree = Any
 #: ``config.algorithm`` does not read.
 METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
                  "global_avg_interval", "gossip_every", "sync_every",
+                 "sync_every_u", "sync_every_v",
                  "outer_optimizer.name", "outer_optimizer.lr",
                  "outer_optimizer.momentum", "outer_optimizer.nesterov",
                  "num_fragments", "overlap_steps", "merge_alpha",
