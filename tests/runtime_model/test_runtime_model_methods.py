@@ -162,6 +162,9 @@ def test_every_library_algorithm_and_topology_is_priced():
       "decentralized_diloco": _C_S + _PAIR_S / h,
       # SGP: a blocking ppermute (0.1 s) after every step.
       "sgp": _C_S + _PAIR_S,
+      # DES-LOC: all-reduces of x every H, u every 3H and v every 6H steps
+      # (sync_every_u = 30, sync_every_v = 60), not overlapped.
+      "desloc_adam": _C_S + _RING_S * (1 / h + 1 / 30 + 1 / 60),
   }
   assert set(want) == set(methods.ALGORITHMS)
   for algo in methods.ALGORITHMS:

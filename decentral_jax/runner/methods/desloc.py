@@ -2,7 +2,8 @@
 and the two moments (Iacob et al., arXiv 2505.22549;
 :mod:`decentral_jax.optim.desloc`).
 
-Every worker runs Adam (``config.optimizer``'s ``b1``, ``b2``, ``eps`` and
+Every worker runs Adam (``config.optimizer.name = "adamw"``: its ``b1``,
+``b2``, ``eps`` (inside the square root, ``sqrt(v + eps**2)``) and
 decoupled ``weight_decay`` on the leaves with ``ndim >= 2``, without bias
 correction as the paper's Algorithm 2) on its own gradient, clipped to
 ``grad_clip``; the parameters are averaged every ``sync_every = K_x``
@@ -34,13 +35,14 @@ def build(config, schedule, topology, axis_name):
 
 
 def checks(config) -> None:
-  """DES-LOC is local Adam: ``optimizer.name`` must be ``adamw``; no global
-  average (its parameters are averaged every ``sync_every`` steps)."""
-  if config.optimizer.name != "adamw":
+  """DES-LOC runs its own local Adam: ``optimizer.name`` must be ``adamw``
+  (whose ``beta_convention`` is read as by AdamW: not at all)."""
+  o = config.optimizer
+  if o.name != "adamw":
     raise ValueError(
-        f"config.optimizer.name={config.optimizer.name!r} with "
-        "config.algorithm='desloc_adam': DES-LOC runs its own local Adam; "
-        "set --config.optimizer.name=adamw.")
+        f"config.optimizer.name={o.name!r} with config.algorithm="
+        "'desloc_adam': DES-LOC runs its own local Adam; set "
+        "--config.optimizer.name=adamw --config.optimizer.accum_steps=1.")
 
 
 def warnings(config) -> list[str]:
