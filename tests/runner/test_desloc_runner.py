@@ -19,6 +19,7 @@ from decentral_jax.runner import methods
 from decentral_jax.runner import run_meta
 from decentral_jax.runner import validation
 from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.method import Method as PricedMethod
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model.step_time import closed_form
 from decentral_jax.runtime_model.step_time import simulate
@@ -140,3 +141,13 @@ def test_the_runtime_model_prices_it_by_the_hand_count():
   assert make_method("desloc:Kx=16", c).name == "desloc:Kx=16,Ku=48,Kv=96"
   with pytest.raises(ValueError, match="Ku='0' must be an integer >= 1"):
     make_method("desloc:Kx=4,Ku=0", c)
+  # The moments' share is a local exact all-reduce's only.
+  for kwargs, words in (
+      (dict(kind="local", period=2, sync_share=0.5),
+       "sync_share=0.5 must be a finite number >= 1"),
+      (dict(kind="local", period=2, fragments=2, sync_share=2.0),
+       "sync_share=2.0 needs the exact uncompressed all-reduce"),
+      (dict(kind="all_reduce", sync_share=2.0),
+       "sync_share do not apply to kind 'all_reduce'")):
+    with pytest.raises(ValueError, match=words):
+      make_method(PricedMethod("x", **kwargs), c)
