@@ -33,7 +33,7 @@ from decentral_jax.optim.accum_adam import (
     scale_by_accum_adam)
 from decentral_jax.optim.choco import ChocoState, choco_gossip
 from decentral_jax.optim.desloc import (
-    MAX_PERIOD, DesLocState, check_periods, desloc_adam)
+    DesLocState, check_desloc_periods, desloc_adam)
 from decentral_jax.optim.diloco_sync import (
     DiLoCoState, check_reduction, diloco, resolve_timing)
 from decentral_jax.optim.elastic import (
@@ -77,7 +77,8 @@ __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "compressed", "compressed_mean", "compressed_pseudo_gradient",
            "CompressedMean", "compute_dtype", "concrete_float", "counters",
            "debiased", "decentralized", "decentralized_adamw",
-           "DecentralizedState", "default_fragments",
+           "DecentralizedState", "DesLocState", "check_desloc_periods",
+           "desloc_adam", "default_fragments",
            "default_outer_optimizer", "default_weight_decay_mask", "Delayed",
            "diloco", "DiLoCoState", "Eager", "elastic_diloco",
            "elastic_local_sgd", "ElasticState", "ErrorFeedback", "ExactMean",

@@ -24,7 +24,7 @@ from decentral_jax.optim import arguments
 
 PyTree = Any
 #: Largest period: the step counter is int32 on the device.
-MAX_PERIOD = 2**31 - 1
+_MAX_PERIOD = 2**31 - 1
 
 
 class DesLocState(NamedTuple):
@@ -34,13 +34,13 @@ class DesLocState(NamedTuple):
   v: optax.Updates  # second moment, the params' shapes and dtypes.
 
 
-def check_periods(sync_x, sync_u, sync_v) -> tuple[int, int, int]:
+def check_desloc_periods(sync_x, sync_u, sync_v) -> tuple[int, int, int]:
   """``(K_x, K_u, K_v)`` as ints, each checked in ``[1, 2**31 - 1]``.
 
   Raises:
     ValueError: a period that is not an integer in that range (naming it).
   """
-  return tuple(checks.check_int(name, value, minimum=1, maximum=MAX_PERIOD)
+  return tuple(checks.check_int(name, value, minimum=1, maximum=_MAX_PERIOD)
                for name, value in (("sync_x", sync_x), ("sync_u", sync_u),
                                    ("sync_v", sync_v)))
 
@@ -111,7 +111,7 @@ def desloc_adam(learning_rate, sync_x: int, sync_u: int, sync_v: int, *,
       callable (at construction); an integer or bool parameter leaf
       (``init``, ``update``); ``params`` not passed to ``update``.
   """
-  k_x, k_u, k_v = check_periods(sync_x, sync_u, sync_v)
+  k_x, k_u, k_v = check_desloc_periods(sync_x, sync_u, sync_v)
   arguments.check_learning_rate(learning_rate)
   arguments.check_hyperparameter("b1", b1, below_one=True)
   arguments.check_hyperparameter("b2", b2, below_one=True)
