@@ -63,10 +63,13 @@ class Reduction:
 
   def __init__(self, axis_name: gossip.AxisName = "workers"):
     names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
-    if not names or not all(isinstance(a, str) and a for a in names):
+    named = all(isinstance(a, str) and a for a in names)
+    if not isinstance(axis_name, collectives.VirtualAxes) and not (
+        names and named):
       raise ValueError(f"{type(self).__name__}: axis_name must be a mesh "
-                       "axis name (a non-empty string) or a tuple of them, "
-                       f"got {axis_name!r}.")
+                       "axis name (a non-empty string), a tuple of them or "
+                       f"the VirtualAxes of a virtual layout, got "
+                       f"{axis_name!r}.")
     self.axis_name = axis_name
 
   def __repr__(self):
