@@ -105,3 +105,16 @@ def sync_args(*, topology=None, axis_name="workers", bucket_bytes=None,
     return {"reduction": reduction}
   return {"reduction": reduction,
           "timing": outer_timing.named(overlap, latency, trickle)}
+
+
+def quadratic_problem(n, seed=0):
+  """``(x0, b)``: ``n`` workers' equal starting parameters (a tree of three
+  leaves, shapes ``[n, 3]``, ``[n, 2, 2]``, ``[n, 1]``) and each worker's
+  own target ``b`` of the same shapes (float64, NumPy), for the local-update
+  tests' quadratic losses."""
+  rng = np.random.default_rng(seed)
+  x0 = {"a": np.repeat(rng.normal(size=(1, 3)), n, 0),
+        "b": np.repeat(rng.normal(size=(1, 2, 2)), n, 0),
+        "c": np.repeat(rng.normal(size=(1,)), n, 0)}
+  b = {k: rng.normal(size=v.shape) for k, v in x0.items()}
+  return x0, b

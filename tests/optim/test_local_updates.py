@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from conftest import require_devices
+from helpers import quadratic_problem as _problem
 from helpers import sync_args
 from decentral_jax import optim
 from decentral_jax.comm import compress
@@ -65,15 +66,6 @@ def test_diloco_and_local_sgd_worked_example(x64):
   traj, _ = _run(optim.local_sgd(optax.sgd(LR), 2), x0, b, 6)
   np.testing.assert_allclose([traj[k]["a"][0, 0] for k in (1, 3, 5)],
                              [1.62, 1.3122, 1.062882], atol=5e-7)
-
-
-def _problem(n, seed=0):
-  rng = np.random.default_rng(seed)
-  x0 = {"a": np.repeat(rng.normal(size=(1, 3)), n, 0),
-        "b": np.repeat(rng.normal(size=(1, 2, 2)), n, 0),
-        "c": np.repeat(rng.normal(size=(1,)), n, 0)}
-  b = {k: rng.normal(size=v.shape) for k, v in x0.items()}
-  return x0, b
 
 
 def _diloco_oracle(x0, b, h, steps, w=None):

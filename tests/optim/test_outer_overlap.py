@@ -21,6 +21,7 @@ import optax
 import pytest
 
 from conftest import FIXTURES
+from helpers import quadratic_problem as _problem
 from helpers import sync_args
 from conftest import require_devices
 from decentral_jax import analysis
@@ -110,15 +111,6 @@ def _oracle(x0, b, h, rounds, mode, d=1, outer=_nesterov, w=None):
       theta[k] = theta[k] + step
     out.append({k: v.copy() for k, v in theta.items()})
   return out
-
-
-def _problem(n, seed=0):
-  rng = np.random.default_rng(seed)
-  x0 = {"a": np.repeat(rng.normal(size=(1, 3)), n, 0),
-        "b": np.repeat(rng.normal(size=(1, 2, 2)), n, 0),
-        "c": np.repeat(rng.normal(size=(1,)), n, 0)}
-  b = {k: rng.normal(size=v.shape) for k, v in x0.items()}
-  return x0, b
 
 
 def _thetas(params, h):
