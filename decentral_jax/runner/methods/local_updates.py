@@ -112,8 +112,16 @@ def _diloco(config, schedule, topology, axis_name):
     return elastic.elastic_diloco(parts.inner(config, schedule),
                                   int(config.sync_every), outer=_outer(config),
                                   axis_name=axis_name, **_faults(config))
-  return diloco_sync.diloco(parts.inner(config, schedule),
-                            int(config.sync_every), outer=_outer(config),
+  return diloco_with(parts.inner(config, schedule), config, topology,
+                     axis_name)
+
+
+def diloco_with(inner, config, topology, axis_name):
+  """DiLoCo of ``config`` (sync period, outer optimizer, pseudo-gradient
+  reduction, outer-step timing) around the worker-local ``inner``
+  transform; decentralized with a ``topology``."""
+  return diloco_sync.diloco(inner, int(config.sync_every),
+                            outer=_outer(config),
                             reduction=_reduction(config, topology, axis_name),
                             timing=_timing(config))
 
@@ -131,8 +139,15 @@ def _streaming_diloco(config, schedule, topology, axis_name):
   """Streaming DiLoCo (fragments, overlap, merge alpha, wire dtype; with
   ``outer_overlap`` a delayed or eager outer step per fragment)."""
   del topology
+  return streaming_diloco_with(parts.inner(config, schedule), config,
+                               axis_name)
+
+
+def streaming_diloco_with(inner, config, axis_name):
+  """Streaming DiLoCo of ``config`` (fragments, overlap, merge alpha,
+  outer optimizer, reduction, timing) around the worker-local ``inner``."""
   return streaming_sync.streaming_diloco(
-      parts.inner(config, schedule), int(config.sync_every),
+      inner, int(config.sync_every),
       num_fragments=int(config.num_fragments),
       overlap_steps=int(config.overlap_steps),
       merge_alpha=float(config.merge_alpha), outer=_outer(config),
@@ -148,7 +163,7 @@ def theta(params, opt_state):
 # -- Checks ---------------------------------------------------------------
 
 
-def _check_fragments(c) -> None:
+def check_fragments(c) -> None:
   """Streaming DiLoCo's fragments and overlap within the sync period."""
   h, p, tau = int(c.sync_every), int(c.num_fragments), int(c.overlap_steps)
   if p > h:
@@ -195,7 +210,7 @@ def check_diloco(c) -> None:
   decentralized round picked in the step, the overlapped outer step, and
   no global average (theta, the evaluated model, is not averaged)."""
   if c.algorithm == "streaming_diloco":
-    _check_fragments(c)
+    check_fragments(c)
   if c.algorithm == "decentralized_diloco" and c.gossip_rounds == "static":
     raise ValueError(
         "config.algorithm=decentralized_diloco picks its gossip round (the "

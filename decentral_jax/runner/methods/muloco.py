@@ -1,0 +1,117 @@
+"""MuLoCo: DiLoCo and Streaming DiLoCo with Muon as the inner optimizer
+(Therien et al., arXiv 2505.23725; :mod:`decentral_jax.optim.muloco`).
+
+Every worker takes ``sync_every = H`` inner steps with Muon on its hidden
+matrices and AdamW on its embeddings, LayerNorm scales and biases
+(:func:`decentral_jax.optim.muloco.muon_inner`: the leaf table is there),
+on its own gradient clipped to ``grad_clip``; then, as DiLoCo
+(``num_fragments = 1``) or Streaming DiLoCo (``num_fragments > 1``, with
+``overlap_steps`` and ``merge_alpha``), the pseudo-gradients are averaged
+(in ``comm_dtype``, or compressed with error feedback by
+``config.compression``: 4-bit ``int4``/``fp4`` is the paper's low-bit
+setting; the library has no 2-bit format) and the outer optimizer steps
+``theta``, the evaluated model. The composition is the local-update
+methods' own (:func:`decentral_jax.runner.methods.local_updates.diloco_with`,
+:func:`~decentral_jax.runner.methods.local_updates.streaming_diloco_with`).
+
+Its own fields: ``muon.ns_steps`` (Newton-Schulz iterations),
+``muon.beta`` (Muon's Nesterov momentum), ``muon.consistent_rms`` (Muon's
+update RMS per unit learning rate, 0.2 matches AdamW's so that
+``schedule.peak_lr`` serves both branches) and ``muon.adam_lr_ratio`` (the
+AdamW branch's learning rate over Muon's). The AdamW branch reads
+``optimizer.b1``, ``b2``, ``eps``; ``optimizer.weight_decay`` decays every
+2-D leaf of both branches. Priced as the runtime model's ``diloco:H=..``
+or ``streaming_diloco:H=..,P=..,tau=..`` (the bytes do not depend on the
+inner optimizer; Muon's Newton-Schulz FLOPs are not in the compute time).
+"""
+
+from __future__ import annotations
+
+from decentral_jax.optim import muloco
+from decentral_jax.runner import field_checks
+from decentral_jax.runner.methods import local_updates
+from decentral_jax.runner.methods import parts
+from decentral_jax.runner.methods import registry
+
+FIELDS = ("sync_every", "outer_optimizer.name", "outer_optimizer.lr",
+          "outer_optimizer.momentum", "outer_optimizer.nesterov",
+          "comm_dtype", "num_fragments", "overlap_steps", "merge_alpha",
+          "compression.format", "compression.block", "compression.fraction",
+          "compression.error_feedback", "compression.error_decay")
+CONFIG_FIELDS = {
+    "muon.ns_steps": registry.ConfigField(
+        5, field_checks.integer(1, 100),
+        "muloco: Newton-Schulz iterations of Muon's orthogonalization"),
+    "muon.beta": registry.ConfigField(
+        0.95, field_checks.real(0.0, 1.0),
+        "muloco: Muon's (Nesterov) momentum, in [0, 1)"),
+    "muon.consistent_rms": registry.ConfigField(
+        0.2, field_checks.real(0.0),
+        "muloco: RMS of Muon's update per unit learning rate (0.2: AdamW's; "
+        "0: Muon's width scaling sqrt(max(1, fan_out / fan_in)))"),
+    "muon.adam_lr_ratio": registry.ConfigField(
+        1.0, field_checks.real(0.0, lo_open=True),
+        "muloco: learning rate of the AdamW leaves (embeddings, scales, "
+        "biases) over Muon's"),
+}
+# Fields Streaming DiLoCo reads and DiLoCo (one fragment) does not.
+_STREAMING_ONLY = ("overlap_steps", "merge_alpha")
+
+
+def inner(config, schedule):
+  """``chain(clip_by_global_norm(grad_clip), muon_inner)`` of ``config``."""
+  o, m = config.optimizer, config.muon
+  return parts.clipped(config, muloco.muon_inner(
+      schedule, ns_steps=int(m.ns_steps), beta=float(m.beta),
+      consistent_rms=float(m.consistent_rms),
+      adam_lr_ratio=float(m.adam_lr_ratio), b1=float(o.b1), b2=float(o.b2),
+      eps=float(o.eps), weight_decay=float(o.weight_decay)))
+
+
+def build(config, schedule, topology, axis_name):
+  """DiLoCo (``num_fragments = 1``) or Streaming DiLoCo around Muon."""
+  del topology
+  if int(config.num_fragments) == 1:
+    return local_updates.diloco_with(inner(config, schedule), config, None,
+                                     axis_name)
+  return local_updates.streaming_diloco_with(inner(config, schedule), config,
+                                             axis_name)
+
+
+def checks(config) -> None:
+  """The AdamW branch is ``optimizer.name = "adamw"``'s; Streaming
+  DiLoCo's fragments and overlap fit in the sync period."""
+  o = config.optimizer
+  if o.name != "adamw":
+    raise ValueError(
+        f"config.optimizer.name={o.name!r} with config.algorithm='muloco': "
+        "MuLoCo trains the non-matrix leaves with AdamW (optimizer.b1, b2, "
+        "eps, weight_decay); set --config.optimizer.name=adamw "
+        "--config.optimizer.accum_steps=1.")
+  if int(config.num_fragments) > 1:
+    local_updates.check_fragments(config)
+
+
+def unread(config, field: str) -> str | None:
+  """``overlap_steps`` and ``merge_alpha`` with one fragment (DiLoCo)."""
+  if field in _STREAMING_ONLY and int(config.num_fragments) == 1:
+    return ("config.num_fragments=1 (MuLoCo is plain DiLoCo; overlap_steps "
+            "and merge_alpha are Streaming DiLoCo's, num_fragments > 1)")
+  return None
+
+
+def runtime_spec(config) -> str:
+  """``diloco:H=..`` or ``streaming_diloco:H=..,P=..,tau=..``, with the
+  message settings (``comm_dtype``, ``compress``, ``block``)."""
+  h, p = int(config.sync_every), int(config.num_fragments)
+  spec = (f"diloco:H={h}" if p == 1 else
+          f"streaming_diloco:H={h},P={p},tau={int(config.overlap_steps)}")
+  return parts.with_settings(spec, parts.message_settings(config, FIELDS))
+
+
+MULOCO = registry.register(registry.Method(
+    "muloco", build, fields=FIELDS, runtime_spec=runtime_spec,
+    label="MuLoCo", checks=checks, unread=unread,
+    compression_checks=local_updates.check_compression,
+    warnings=local_updates.diloco_warnings,
+    eval_params=local_updates.theta, config_fields=CONFIG_FIELDS))
