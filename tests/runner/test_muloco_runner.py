@@ -36,9 +36,9 @@ STREAMING = ("--config.num_fragments=2", "--config.overlap_steps=1",
 
 
 def _config(*extra):
+  block = () if EXACT[0] in extra else (f"--config.compression.block={BLOCK}",)
   return config_lib.load_config(CONFIG, (
-      *TINY_RUN, f"--config.sync_every={H}",
-      f"--config.compression.block={BLOCK}", *extra))
+      *TINY_RUN, f"--config.sync_every={H}", *block, *extra))
 
 
 _EXPERIMENTS = {}
@@ -98,7 +98,9 @@ def test_the_shipped_config_is_valid_and_priced():
      "with config.algorithm='muloco'"),
     (("--config.outer_overlap=delayed",), "config.outer_overlap='delayed' "
      "has no effect with config.algorithm='muloco'"),
-    (("--config.faults.enabled=True",), "config.faults"),
+    ((*EXACT, "--config.faults.enabled=True"), "config.faults.enabled=True "
+     "needs config.algorithm in local_sgd, diloco, decentralized, got "
+     "'muloco'"),
 ])
 def test_bad_fields_are_refused_by_name(extra, words):
   with pytest.raises(ValueError, match=words.replace("[", r"\[")

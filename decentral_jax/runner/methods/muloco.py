@@ -54,6 +54,16 @@ CONFIG_FIELDS = {
         "muloco: learning rate of the AdamW leaves (embeddings, scales, "
         "biases) over Muon's"),
 }
+# The main job's arms: compare's DiLoCo arm (H = 10, outer Nesterov lr 0.3)
+# with Muon inside, its pseudo-gradients exact or in int4 with error
+# feedback (blocks of 256).
+_SYNC = (("sync_every", 10), ("outer_optimizer.lr", 0.3))
+ARMS = (
+    registry.Arm("muloco", fields=_SYNC, peak_lr=None),
+    registry.Arm("muloco_int4", fields=(
+        *_SYNC, ("compression.format", "int4"),
+        ("compression.error_feedback", True)), peak_lr=None),
+)
 # Fields Streaming DiLoCo reads and DiLoCo (one fragment) does not.
 _STREAMING_ONLY = ("overlap_steps", "merge_alpha")
 
@@ -114,4 +124,5 @@ MULOCO = registry.register(registry.Method(
     label="MuLoCo", checks=checks, unread=unread,
     compression_checks=local_updates.check_compression,
     warnings=local_updates.diloco_warnings,
-    eval_params=local_updates.theta, config_fields=CONFIG_FIELDS))
+    eval_params=local_updates.theta, config_fields=CONFIG_FIELDS,
+    arms=ARMS))
