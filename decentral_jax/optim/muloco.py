@@ -36,7 +36,7 @@ to Muon).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import optax
@@ -106,7 +106,9 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
                adam_lr_ratio: float = 1.0, b1: float = 0.9,
                b2: float = 0.999, eps: float = 1e-8,
                weight_decay: float = 0.0,
-               embeddings: Sequence[str] = EMBEDDINGS
+               embeddings: Sequence[str] = EMBEDDINGS,
+               adam: Callable[[optax.ScalarOrSchedule],
+                              optax.GradientTransformation] | None = None
                ) -> optax.GradientTransformation:
   r"""Muon on the hidden matrices and AdamW on the other leaves.
 
@@ -127,10 +129,12 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
   consistent_rms * sqrt(max(fan_in, fan_out))`` (Liu et al., arXiv
   2502.16982: the update's RMS matches AdamW's, so one learning rate
   serves both branches; ``consistent_rms=0`` uses Muon's width scaling
-  ``sqrt(max(1, fan_out / fan_in))`` instead). AdamW branch: ``optax.adamw``
-  with ``b1``, ``b2``, ``eps``, learning rate ``adam_lr_ratio * eta`` and
-  decoupled ``weight_decay`` on its 2-D leaves (the embeddings), as the
-  AdamW of the other methods. The split is :func:`muon_labels`.
+  ``sqrt(max(1, fan_out / fan_in))`` instead). The other branch, at
+  learning rate ``adam_lr_ratio * eta``: ``adam(lr)`` if given (the
+  runner passes the run's AdamW or AccumAdamW), else ``optax.adamw`` with
+  ``b1``, ``b2``, ``eps`` and decoupled ``weight_decay`` on its 2-D leaves
+  (the embeddings), as the AdamW of the other methods. The split is
+  :func:`muon_labels`.
 
   Args:
     learning_rate: ``eta``, a float or a schedule of the step count.
@@ -138,11 +142,12 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
     beta: Muon's momentum in [0, 1).
     consistent_rms: RMS of Muon's update relative to its learning rate
       (>= 0; 0: width scaling).
-    adam_lr_ratio: the AdamW branch's learning rate over ``eta`` (> 0).
-    b1, b2, eps: the AdamW branch's moments and epsilon.
-    weight_decay: ``lambda``, decoupled, on every Muon matrix and every 2-D
-      AdamW leaf.
-    embeddings: leaf names trained by AdamW although 2-D.
+    adam_lr_ratio: the other branch's learning rate over ``eta`` (> 0).
+    b1, b2, eps: the default AdamW's moments and epsilon.
+    weight_decay: ``lambda``, decoupled, on every Muon matrix and (default
+      AdamW) every 2-D leaf of the other branch.
+    embeddings: leaf names trained by the other branch although 2-D.
+    adam: ``lr -> optax transform`` of the other branch (None: AdamW).
 
   Returns:
     An ``optax.GradientTransformation`` (``optax.partition`` of the two
@@ -157,13 +162,17 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
     Scalable for LLM Training, arXiv 2502.16982.
   """
   _check(ns_steps, beta, consistent_rms, adam_lr_ratio, embeddings)
+  if adam is not None and not callable(adam):
+    raise ValueError(f"adam={adam!r} must be a function lr -> optax "
+                     "transform, or None for AdamW.")
   muon = optax_contrib.muon(
       learning_rate, ns_steps=int(ns_steps), beta=float(beta),
       weight_decay=float(weight_decay), nesterov=True,
       consistent_rms=float(consistent_rms) or None)
-  adam = optax.adamw(_scaled(learning_rate, float(adam_lr_ratio)), b1=b1,
-                     b2=b2, eps=eps, weight_decay=weight_decay,
-                     mask=transforms.default_weight_decay_mask)
+  lr = _scaled(learning_rate, float(adam_lr_ratio))
+  other = adam(lr) if adam is not None else optax.adamw(
+      lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+      mask=transforms.default_weight_decay_mask)
   embeddings = tuple(embeddings)
-  return optax.partition({"muon": muon, "adam": adam},
+  return optax.partition({"muon": muon, "adam": other},
                          lambda params: muon_labels(params, embeddings))

@@ -133,6 +133,22 @@ def test_muon_steps_equal_numpy_newton_schulz(x64):
   assert not np.allclose(got["['wide']"], p0["wide"], atol=1e-3)
 
 
+def test_the_other_branch_is_injectable():
+  """``adam``: called with ``adam_lr_ratio * lr``; here plain SGD, so the
+  non-matrix leaves step by exactly ``-0.5 * 0.1 * g``."""
+  rng = np.random.default_rng(4)
+  p, g = _params(rng), _params(rng)
+  tx = muloco.muon_inner(0.1, adam_lr_ratio=0.5, adam=optax.sgd)
+  u, _ = tx.update(g, tx.init(p), p)
+  np.testing.assert_allclose(u["b"], -0.05 * g["b"], rtol=1e-6)
+  np.testing.assert_allclose(u["wte"]["embedding"],
+                             -0.05 * g["wte"]["embedding"], rtol=1e-6)
+  # First step: mu_hat is a positive multiple of G, removed by the norm.
+  o = np_newton_schulz(g["wide"], 5)
+  np.testing.assert_allclose(u["wide"], -0.1 * 0.2 * np.sqrt(5) * o,
+                             rtol=2e-5, atol=1e-7)
+
+
 # -- DiLoCo + Muon over two workers -----------------------------------------
 
 H, ROUNDS, LR, OUTER_LR, MOM = 3, 3, 0.02, 0.7, 0.9
@@ -248,6 +264,8 @@ def test_two_workers_int4_error_feedback_equal_the_numpy_codec():
     (dict(consistent_rms=-0.1), "consistent_rms must be a finite number >= 0"),
     (dict(adam_lr_ratio=0.0), "adam_lr_ratio must be a finite number > 0"),
     (dict(embeddings="embedding"), "embeddings='embedding' must be a tuple"),
+    (dict(adam=optax.sgd(0.1)), "adam=.* must be a function lr -> optax "
+     "transform"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, words):
   with pytest.raises(ValueError, match=words):

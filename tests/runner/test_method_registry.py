@@ -146,8 +146,8 @@ def test_validation_reads_the_toy_fields_and_refuses_the_others(toy):
   assert str(info.value) == (
       "config.comm_dtype='bfloat16' has no effect with config.algorithm="
       "'toy_dpsgd' (read only by decentralized, local_sgd, diloco, "
-      "decentralized_diloco, streaming_diloco, sgp); leave it at its "
-      "default: --config.comm_dtype=''.")
+      "decentralized_diloco, streaming_diloco, sgp, muloco); leave it at "
+      "its default: --config.comm_dtype=''.")
   with pytest.raises(ValueError, match="config.sync_every=3 has no effect "
                      "with config.algorithm='toy_dpsgd'"):
     validation.check_config(_config("--config.sync_every=3"))

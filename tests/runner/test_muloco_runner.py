@@ -88,8 +88,6 @@ def test_the_shipped_config_is_valid_and_priced():
      "must be a finite number >= 0"),
     (("--config.muon.adam_lr_ratio=0.0",), "config.muon.adam_lr_ratio must "
      "be a finite number > 0"),
-    (("--config.optimizer.name=accum_adamw",), "config.optimizer.name="
-     "'accum_adamw' with config.algorithm='muloco'"),
     (("--config.num_fragments=5",), "config.num_fragments=5 exceeds "
      "config.sync_every=4"),
     (("--config.overlap_steps=1",), "config.overlap_steps=1 has no effect "
@@ -106,6 +104,12 @@ def test_bad_fields_are_refused_by_name(extra, words):
   with pytest.raises(ValueError, match=words.replace("[", r"\[")
                      .replace("(", r"\(").replace(")", r"\)")):
     validation.check_config(_config(*extra))
+
+
+def test_the_other_leaves_take_the_runs_adam():
+  """AccumAdamW is accepted (its window then reads accum_steps)."""
+  validation.check_config(_config("--config.optimizer.name=accum_adamw",
+                                  "--config.optimizer.accum_steps=2"))
 
 
 def test_another_method_refuses_the_muon_fields():

@@ -15,6 +15,7 @@ import pytest
 
 from ml_collections import config_dict
 
+from decentral_jax.runner import methods
 from decentral_jax.tools import compare
 from decentral_jax.tools.compare import flags as compare_flags
 from decentral_jax.tools.compare import job as job_lib
@@ -34,6 +35,7 @@ def _base(**schedule):
                     "beta_convention": "per_window"},
       "sync_every": 1, "gossip_every": 1,
       "outer_optimizer": {"lr": 0.7}, "compression": {}, **schedule})
+  methods.add_declared_fields(base)  # the method homes' own fields
   base.lock()
   return base
 
