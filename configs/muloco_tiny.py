@@ -41,6 +41,7 @@ def get_config() -> config_dict.ConfigDict:
   fields in :mod:`decentral_jax.runner.methods.muloco`.
   """
   c = presets.gpt_tiny()
+  # DiLoCo with Muon as the inner optimizer (runner/methods/muloco.py).
   c.algorithm = "muloco"
   # The AdamW branch (embeddings, scales): plain AdamW, one micro-batch.
   c.optimizer.name = "adamw"
