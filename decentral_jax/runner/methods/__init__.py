@@ -22,6 +22,7 @@ from decentral_jax.runner.methods import decentralized  # noqa: F401
 from decentral_jax.runner.methods import local_updates  # noqa: F401
 from decentral_jax.runner.methods import sgp  # noqa: F401
 from decentral_jax.runner.methods import desloc  # noqa: F401
+from decentral_jax.runner.methods import gradient_tracking  # noqa: F401
 
 __all__ = ["ALGORITHMS", "METHOD_FIELDS", "Method", "display_name", "lookup",
            "register", "unregister"]
