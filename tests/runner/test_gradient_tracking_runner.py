@@ -168,3 +168,27 @@ def test_the_runtime_model_prices_it_by_the_hand_count():
   with pytest.raises(ValueError, match="sync_share=0.5 must be a finite "
                      "number >= 1"):
     make_method(PricedMethod("x", "gossip", topo, sync_share=0.5), c)
+
+
+@pytest.mark.integration
+def test_the_tracker_gossip_overlaps_the_backward_on_h200():
+  """Compiled for 8 x H200 without a GPU (requirements-gpu-compile.txt):
+  the tracker's permute and the parameters' go out together (XLA combines
+  them into one collective-permute of twice the parameter bytes), async,
+  outside any conditional, with backward work in flight, as the parameter
+  gossip of DAdam does (docs/gpu_overlap.md)."""
+  from decentral_jax.tools import gpu_compile
+  config = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ("--config.algorithm=gradient_tracking", "--config.optimizer.name=adamw",
+       "--config.optimizer.accum_steps=1"))
+  exp, [step] = gpu_compile.compile_steps(config, target="h200",
+                                          topology="1x1x8",
+                                          programs=[(0, "none")])
+  assert exp.programs.gossip_rounds == "static"
+  param_bytes = 1_739_264  # float32 gpt_tiny (tests/tools/test_overlap.py)
+  big = step.report.select(min_bytes=param_bytes / 4)
+  assert sum(c.bytes for c in big) == 2 * param_bytes, step.report.summary()
+  for c in big:
+    assert c.is_async and not c.in_conditional, step.report.summary()
+    assert c.overlapped and c.backward > 0 and c.flops > 0, c
