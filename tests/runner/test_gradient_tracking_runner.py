@@ -26,6 +26,7 @@ from decentral_jax.runtime_model.step_time import closed_form
 from decentral_jax.runtime_model.step_time import simulate
 from decentral_jax.runtime_model.traffic import bytes_per_iteration
 from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.tools.compare import runs as compare_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -76,6 +77,27 @@ def test_config_fields_are_validated_by_name():
        "config.algorithm='gradient_tracking'")):
     with pytest.raises(ValueError, match=words):
       validation.check_config(_config(*extra))
+  validation.check_config(_config("--config.tracking.adapt_then_combine="
+                                  "True"))
+  # Another method refuses the tracker's own field.
+  with pytest.raises(ValueError, match="config.tracking.adapt_then_combine="
+                     "True has no effect with config.algorithm="
+                     "'decentralized'"):
+    validation.check_config(_config(
+        "--config.tracking.adapt_then_combine=True",
+        algorithm=("--config.algorithm=decentralized",)))
+
+
+def test_the_main_job_has_its_arm():
+  run = compare_runs.METHODS["gradient_tracking"]
+  assert (run.algorithm, run.optimizer, run.topology) == (
+      "gradient_tracking", "adamw", "one_peer_exp")
+  assert run.label == "Gradient tracking (Exp)"
+  [(_, config)] = compare_runs.arm_configs(
+      _config(algorithm=()), 4, True, (run,))
+  assert config.schedule.peak_lr == compare_runs.TUNED_PEAK_LR[run.name]
+  assert builders.spec_for_config(config)[0] == (
+      "gradient_tracking:topology=one_peer_exp")
 
 
 def _resume_case(exp, tmp_path):
@@ -90,12 +112,13 @@ def _resume_case(exp, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["cta", "atc"])
-def test_trains_and_resumes_bit_exactly_mid_period(tmp_path, form):
+@pytest.mark.parametrize("atc", [False, True])
+def test_trains_and_resumes_bit_exactly_mid_period(tmp_path, atc):
   """Step 5 is in the middle of the one-peer exponential graph's period
   of 3 rounds; the tracker and the previous gradient are in the state."""
   require_devices(N)
-  exp = experiment_lib.Experiment(_config(f"--config.tracking.form={form}"))
+  exp = experiment_lib.Experiment(_config(
+      f"--config.tracking.adapt_then_combine={atc}"))
   losses = []
   state = _run(exp, exp.init_state(), 0, 12, losses)
   assert np.all(np.isfinite(losses))
@@ -106,6 +129,10 @@ def test_trains_and_resumes_bit_exactly_mid_period(tmp_path, form):
                   jax.tree.leaves(_host(resumed))):
     np.testing.assert_array_equal(a, b)
   run_meta.check_resumable(exp, dict(meta), "ckpt")
+  # A resume in the other form is refused by name.
+  with pytest.raises(ValueError, match="config.tracking.adapt_then_combine"):
+    run_meta.check_resumable(
+        exp, dict(meta, **{"tracking.adapt_then_combine": not atc}), "ckpt")
 
 
 @pytest.mark.slow
