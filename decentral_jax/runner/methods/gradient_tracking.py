@@ -12,7 +12,8 @@ DAdam's order, the default) or, with ``tracking.adapt_then_combine``,
 mixing after the step. One extra gossip of ``y`` per step,
 overlapped like the parameters'. Priced as the runtime model's
 ``gradient_tracking:topology=T`` (twice the bytes of ``dadam``). Refused
-with compression, ``gossip_every > 1`` and faults.
+with compression, ``gossip_every > 1``, ``global_avg_interval`` and
+faults.
 """
 
 from __future__ import annotations
