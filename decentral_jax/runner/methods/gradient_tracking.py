@@ -86,6 +86,7 @@ GRADIENT_TRACKING = registry.register(registry.Method(
     checks=checks, config_fields=CONFIG_FIELDS,
     # DAdam on the one-peer exponential graph with a tracker; its peak lr
     # chosen by the tuning protocol in the main job's setting (gpt_tiny, 8
-    # workers, 300 steps, seed 0).
+    # workers, 300 steps, seed 0): final validation loss 2.202, 2.155,
+    # 2.382, 2.428 at 1.5e-3, 3e-3, 6e-3, 1.2e-2.
     arms=(registry.Arm("gradient_tracking", optimizer="adamw",
-                       topology="one_peer_exp", peak_lr=None),)))
+                       topology="one_peer_exp", peak_lr=3e-3),)))
