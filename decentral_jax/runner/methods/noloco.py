@@ -112,4 +112,5 @@ NOLOCO = registry.register(registry.Method(
     "noloco", build, fields=FIELDS, runtime_spec=runtime_spec,
     label="NoLoCo", checks=checks, warnings=warnings,
     eval_params=outer_params, config_fields=CONFIG_FIELDS,
-    arms=(registry.Arm("noloco", fields=(("sync_every", 10),)),)))
+    arms=(registry.Arm("noloco", fields=(("sync_every", 10),),
+                       peak_lr=3e-3),)))
