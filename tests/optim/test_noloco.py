@@ -229,3 +229,29 @@ def test_update_needs_params_float_leaves_and_the_right_axis():
   state = jax.vmap(tx4.init, axis_name=AXIS)(x)
   u, _ = jax.vmap(tx4.update, axis_name=AXIS)(x, state, x)
   assert u.shape == (4, 2)
+
+
+def test_virtual_workers_match_the_oracle(x64):
+  """8 workers, 2 per device (a virtual layout: the pair means of workers
+  on one device are local, the others one exchange per device pair)."""
+  del x64
+  n = 8
+  c = np.random.default_rng(2).normal(size=(n, 2))
+  sched = pairings.random_pairs(n, seed=4, rounds=3)
+  rounds = [r.groups for r in sched.rounds]
+  mesh = parallel.make_mesh(n, workers_per_device=2)
+  axis = parallel.worker_axis(mesh)
+  tx = noloco.noloco(optax.sgd(0.1), 2, sched, axis_name=axis)
+
+  def one(p, s, ci):
+    u, s = tx.update(p - ci, s, p)
+    return optax.apply_updates(p, u), s
+
+  step = jax.jit(parallel.per_worker(one, mesh))
+  x = parallel.shard(jnp.zeros((n, 2)), mesh)
+  cs = parallel.shard(jnp.asarray(c), mesh)
+  state = jax.jit(parallel.per_worker(tx.init, mesh))(x)
+  for _ in range(12):
+    x, state = step(x, state, cs)
+  want = _oracle(12, 0.1, 2, 0.5, 0.7, 0.7, rounds, c)
+  np.testing.assert_allclose(np.asarray(x), want[-1], rtol=0, atol=1e-12)
