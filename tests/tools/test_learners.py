@@ -1,0 +1,205 @@
+"""Learners and synchronizer without Ray: the merge, the modes, bad peers.
+
+The learners here run in threads of this process and call the synchronizer
+directly (a :class:`~decentral_jax.tools.learners.learner.Link` of plain
+calls); tests/tools/test_learners_ray.py runs the same classes as Ray
+actors in their own processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from conftest import require_devices
+from helpers import quadratic_problem
+from decentral_jax import optim
+from decentral_jax import parallel
+from decentral_jax.tools.learners import cluster
+from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import problems
+from decentral_jax.tools.learners import spec as spec_lib
+from decentral_jax.tools.learners import synchronizer as sync_lib
+
+LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
+
+
+def spmd_diloco(n, h, periods, seed=0, noise=0.1):
+  """DiLoCo in one SPMD program (optim.diloco under shard_map) on the same
+  data: worker i's target at step t is problems.quadratic_batch(i, t)."""
+  x0, b = quadratic_problem(n, seed)
+  mesh = parallel.make_mesh(n)
+  tx = optim.diloco(optax.sgd(LR), h)
+
+  def step(params, state, target):
+    grads = jax.tree.map(lambda x, t: x - t, params, target)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(parallel.per_worker(step, mesh))
+  params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
+                          mesh)
+  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
+  for t in range(h * periods):
+    target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
+                           for i in range(n)]) for k in b}
+    params, state = step(params, state, parallel.shard(target, mesh))
+  return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(params))
+
+
+def local_link(sync):
+  return learner_lib.Link(lambda name, *args: getattr(sync, name)(*args))
+
+
+def run_local(run, ids, timeout=60):
+  sync = sync_lib.Synchronizer(run)
+  learners = [learner_lib.Learner(run, i, local_link(sync)) for i in ids]
+  deadline = time.monotonic() + timeout
+  while sync.version < run.periods and time.monotonic() < deadline:
+    time.sleep(0.01)
+  status = [lrn.stop() for lrn in learners]
+  sync.close()
+  return sync, status
+
+
+def test_sync_mode_equals_diloco_in_one_program():
+  """3 learners, H = 3, 4 periods, noisy targets: theta equals the
+  one-program DiLoCo's parameters after its 12th step (float32 rounding)."""
+  require_devices(3)
+  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=4, inner_lr=LR)
+  sync, status = run_local(run, range(3))
+  assert sync.version == 4 and all(s["error"] is None for s in status)
+  assert sync.log["merged_with"] == [[0, 1, 2]] * 4
+  assert sync.log["tokens"] == [{"0": 3, "1": 3, "2": 3}] * 4
+  want = spmd_diloco(3, 3, 4)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-6)
+  # Without the outer step (theta = mean of x) the answer differs.
+  assert not np.allclose(sync.theta["a"], spmd_diloco(3, 3, 3)["a"],
+                         atol=1e-3)
+
+
+def _delta(value, like):
+  return {k: np.full(v.shape, value, np.float32) for k, v in like.items()}
+
+
+def test_decoupled_merge_waits_for_quorum_then_grace_and_weights_tokens():
+  run = spec_lib.RunSpec(shards=3, mode="decoupled", quorum=2, grace_s=0.4,
+                         periods=5)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for i in range(3):
+      sync.join(i, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    assert sync.push(0, 0, _delta(1.0, theta0), 1) == "accepted"
+    time.sleep(0.6)
+    assert sync.version == 0  # one of a quorum of two: no merge
+    assert sync.push(1, 0, _delta(4.0, theta0), 3) == "accepted"
+    quorum_at = time.monotonic()
+    time.sleep(0.15)
+    assert sync.version == 0  # quorum met, grace window not over
+    while sync.version == 0 and time.monotonic() < quorum_at + 10:
+      time.sleep(0.01)
+    assert sync.version == 1  # merged without learner 2
+    assert time.monotonic() - quorum_at >= 0.4
+    assert sync.log["merged_with"] == [[0, 1]]
+    # Delta = (1*1 + 3*4)/4 = 3.25; Nesterov from a zero trace:
+    # theta1 = theta0 - lr (1 + momentum) Delta.
+    for k in theta0:
+      np.testing.assert_allclose(sync.theta[k],
+                                 theta0[k] - OUTER_LR * 1.9 * 3.25, rtol=1e-6)
+    # All three active learners in: merged at once, no grace wait.
+    for i in range(3):
+      sync.push(i, 1, _delta(0.0, theta0), 1)
+    time.sleep(0.1)
+    assert sync.version == 2
+    # A pseudo-gradient more than max_staleness = 2 merges old is dropped.
+    sync.version = 4
+    assert sync.push(0, 1, _delta(0.0, theta0), 1) == "stale"
+  finally:
+    sync.close()
+
+
+@pytest.mark.parametrize("bad, why", [
+    (lambda d: {**d, "a": d["a"][:2]}, "leaf 'a' has shape (2,)"),
+    (lambda d: {**d, "b": d["b"].astype(np.float64)}, "leaf 'b' has dtype"),
+    (lambda d: {**d, "c": np.full_like(d["c"], np.nan)}, "leaf 'c' holds NaN"),
+    (lambda d: {"a": d["a"]}, "leaves ['a'] differ"),
+])
+def test_a_bad_pseudo_gradient_is_rejected_logged_and_never_merged(
+    bad, why, capsys):
+  run = spec_lib.RunSpec(shards=1, mode="decoupled", grace_s=0.0)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    sync.join(0, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    answer = sync.push(0, 0, bad(_delta(1.0, theta0)), 1)
+    assert answer.startswith("rejected: ") and why in answer
+    time.sleep(0.1)
+    assert sync.version == 0 and sync.status()["pending"] == 0
+    assert "learner 0" in capsys.readouterr().err
+    assert sync.log["rejected"][0][0] == 0
+    for k in theta0:
+      np.testing.assert_array_equal(sync.theta[k], theta0[k])
+  finally:
+    sync.close()
+
+
+def test_join_refuses_another_model_method_or_sharding_naming_the_field():
+  run = spec_lib.RunSpec(shards=2)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for field, value in [("sync_every", 8), ("shards", 4), ("inner", "adamw"),
+                         ("problem_args", (("seed", 1),))]:
+      other = spec_lib.RunSpec(**{**run.__dict__, field: value})
+      with pytest.raises(spec_lib.JoinRefused, match=f"field '{field}'"):
+        sync.join(1, other.fingerprint())
+    with pytest.raises(spec_lib.JoinRefused, match="learner ids are 0..1"):
+      sync.join(2, run.fingerprint())
+    assert sync.status()["active"] == []
+  finally:
+    sync.close()
+
+
+def test_dynamic_local_updates():
+  assert learner_lib.local_updates(8, 1.0, 2.0) == 4
+  assert learner_lib.local_updates(8, 0.9, 1.0) == 7  # floor(7.2)
+  assert learner_lib.local_updates(8, 0.01, 1.0) == 1
+  assert learner_lib.local_updates(8, 0.0, 0.0) == 8
+
+
+def test_a_slow_learner_takes_fewer_inner_steps_and_blocks_nobody():
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=1, grace_s=0.05,
+                         sync_every=8, periods=6, dynamic_updates=True,
+                         sleep_s=(0.0, 0.02))
+  sync, status = run_local(run, range(2))
+  assert sync.version == 6
+  assert status[1]["h"][-1] < 8 and status[0]["h"][-1] == 8
+  assert max(status[0]["waits"]) < run.grace_s
+  merged = sync.log["tokens"]
+  assert sum(int(t.get("0", 0)) for t in merged) > sum(
+      int(t.get("1", 0)) for t in merged)
+
+
+def test_ray_missing_is_one_line_naming_the_extra(monkeypatch):
+  monkeypatch.setitem(sys.modules, "ray", None)
+  with pytest.raises(ImportError, match=r"decentral_jax\[ray\]"):
+    cluster.require_ray()
+
+
+def test_an_unreachable_address_is_one_line_after_a_bounded_wait():
+  with socket.socket() as s:  # a port nobody listens on
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  start = time.monotonic()
+  with pytest.raises(ConnectionError, match=f"127.0.0.1:{port} within 0.5 s"):
+    cluster.probe(f"127.0.0.1:{port}", 0.5)
+  assert time.monotonic() - start < 3
+  with pytest.raises(ConnectionError, match="host:port"):
+    cluster.probe("nowhere", 0.5)
