@@ -12,45 +12,17 @@ import socket
 import sys
 import time
 
-import jax
 import numpy as np
-import optax
 import pytest
 
 from conftest import require_devices
-from helpers import quadratic_problem
-from decentral_jax import optim
-from decentral_jax import parallel
+from helpers import spmd_diloco
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
-from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
 
 LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
-
-
-def spmd_diloco(n, h, periods, seed=0, noise=0.1):
-  """DiLoCo in one SPMD program (optim.diloco under shard_map) on the same
-  data: worker i's target at step t is problems.quadratic_batch(i, t)."""
-  x0, b = quadratic_problem(n, seed)
-  mesh = parallel.make_mesh(n)
-  tx = optim.diloco(optax.sgd(LR), h)
-
-  def step(params, state, target):
-    grads = jax.tree.map(lambda x, t: x - t, params, target)
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
-  step = jax.jit(parallel.per_worker(step, mesh))
-  params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
-                          mesh)
-  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
-  for t in range(h * periods):
-    target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
-                           for i in range(n)]) for k in b}
-    params, state = step(params, state, parallel.shard(target, mesh))
-  return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(params))
 
 
 def local_link(sync):

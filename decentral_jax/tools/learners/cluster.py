@@ -192,25 +192,29 @@ class Cluster:
 
   def wait(self, version: int | None = None, timeout_s: float = 120.0,
            every_s: float = 0.05, progress=None) -> dict:
-    """Waits until ``version`` merged periods (default ``run.periods``);
+    """Waits until ``version`` merged periods (default: the run's end);
     ``progress(status)`` is called on every poll. Returns the status.
 
     Raises:
       TimeoutError: not reached within ``timeout_s``.
     """
-    version = self.run.periods if version is None else version
     deadline = time.monotonic() + timeout_s
     while True:
       status = self.status()
       if progress is not None:
         progress(status)
-      if status["version"] >= version:
+      want = status["periods"] if version is None else version
+      if status["version"] >= want:
         return status
       if time.monotonic() > deadline:
-        raise TimeoutError(f"{status['version']} of {version} periods merged "
+        raise TimeoutError(f"{status['version']} of {want} periods merged "
                            f"after {timeout_s:g} s (active learners "
                            f"{status['active']}).")
       time.sleep(every_s)
+
+  def set_periods(self, periods: int) -> None:
+    """Ends the run after ``periods`` merged periods."""
+    self._ray.get(self.synchronizer.set_periods.remote(periods))
 
   def params(self) -> dict:
     """The synchronizer's ``theta``, version and outer state leaves."""

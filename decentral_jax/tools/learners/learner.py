@@ -176,6 +176,8 @@ class Learner:
       if (self.run.mode == "decoupled" or info["theta"] is not None
           or info["done"]):
         return info
+      if not info["pending"]:  # a restarted synchronizer lost it
+        self._call("push", self.id, base, delta, tokens, speed)
       time.sleep(0.002)
 
   def status(self) -> dict:

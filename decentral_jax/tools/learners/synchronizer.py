@@ -113,6 +113,8 @@ class Synchronizer:
     self._pending: dict = {}  # (learner, base) -> (delta, tokens)
     self._quorum_at = None
     self._speed: dict[int, float] = {}
+    self._merging: set[int] = set()
+    self.periods = run.periods
     self._ckpt = None
     self.resumed = False
     if checkpoint_dir is not None:
@@ -135,6 +137,7 @@ class Synchronizer:
     self.version = int(meta["version"])
     self.log.update(meta["log"])
     self._active = set(meta["active"])
+    self.periods = int(meta["periods"])
     self.resumed = True
 
   def _state_tree(self):
@@ -211,22 +214,33 @@ class Synchronizer:
 
   def latest(self, learner: int, have: int) -> dict:
     """``{"version", "theta" (None when ``have`` is current), "v_max",
-    "done", "known"}`` for learner ``learner`` holding version ``have``."""
+    "done", "known", "pending"}`` for learner ``learner`` holding version
+    ``have`` (``pending``: its pseudo-gradient of ``have`` is held or being
+    merged; False after a synchronizer restart lost it: send it again)."""
     with self._lock:
       speeds = [v for w, v in self._speed.items() if w in self._active]
       return {"version": self.version,
               "theta": None if have == self.version else dict(self.theta),
               "v_max": max(speeds, default=0.0),
-              "done": self.version >= self.run.periods,
-              "known": learner in self._active}
+              "done": self.version >= self.periods,
+              "known": learner in self._active,
+              "pending": ((learner, have) in self._pending
+                          or learner in self._merging)}
 
   def status(self) -> dict:
     """Version, active learners, pending count and the run's log."""
     with self._lock:
       return {"version": self.version, "active": sorted(self._active),
               "pending": len(self._pending), "resumed": self.resumed,
-              "done": self.version >= self.run.periods, "pid": os.getpid(),
+              "done": self.version >= self.periods, "pid": os.getpid(),
+              "periods": self.periods,
               "log": {k: list(v) for k, v in self.log.items()}}
+
+  def set_periods(self, periods: int) -> None:
+    """Ends the run after ``periods`` merged periods (raised or lowered
+    live; the spec's ``periods`` is the start value)."""
+    with self._lock:
+      self.periods = int(periods)
 
   def params(self) -> dict:
     """``theta`` (float32 NumPy leaves) and the outer state's leaves."""
@@ -253,8 +267,11 @@ class Synchronizer:
     while not self._stop.is_set():
       with self._lock:
         take = None
-        if self.version < self.run.periods and self._ready(time.monotonic()):
+        if self.version < self.periods and self._ready(time.monotonic()):
           take, self._pending = self._pending, {}
+          if self.run.mode == "sync":  # only the current version's
+            take = {k: v for k, v in take.items() if k[1] == self.version}
+          self._merging = {w for w, _ in take}
           self._quorum_at = None
           version, theta, opt_state = self.version, self.theta, self._opt_state
       if take:
@@ -284,10 +301,11 @@ class Synchronizer:
       self._ckpt.save(version + 1, {"theta": new_theta, "outer": {
           str(i): np.asarray(x)
           for i, x in enumerate(jax.tree.leaves(new_state))}},
-                      {"version": version + 1, "log": log, "active": active})
+                      {"version": version + 1, "log": log, "active": active,
+                       "periods": self.periods})
     with self._lock:
       self.theta, self._opt_state = new_theta, new_state
-      self.version = version + 1
+      self.version, self._merging = version + 1, set()
 
   def close(self) -> None:
     """Stops the merge thread and closes the checkpoint directory."""
