@@ -175,3 +175,17 @@ def test_an_unreachable_address_is_one_line_after_a_bounded_wait():
   assert time.monotonic() - start < 3
   with pytest.raises(ConnectionError, match="host:port"):
     cluster.probe("nowhere", 0.5)
+
+
+def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
+    capsys):
+  from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
+  assert cli.main(["learners", "--learners", "2", "--quorum", "3"]) == 2
+  assert "RunSpec.quorum=3 exceeds shards=2" in capsys.readouterr().err
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  assert cli.main(["learners", "--address", f"127.0.0.1:{port}",
+                   "--connect-timeout", "0.3"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: cannot reach")
