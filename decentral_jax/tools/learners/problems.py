@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 PyTree = Any
 NAMES = ("quadratic", "gpt")
@@ -33,8 +34,8 @@ class Problem:
   """A built problem.
 
   Attributes:
-    params: the initial parameters (float32 NumPy leaves; equal on every
-      learner).
+    params: the initial parameters, a flat dict of float32 NumPy leaves
+      (nested modules joined by ``/``; equal on every learner).
     loss: ``loss(params, batch) -> float32 []`` (JAX-traceable).
     batch: ``batch(shard, step) -> batch`` of learner ``shard`` at inner
       step ``step`` (NumPy).
@@ -86,10 +87,11 @@ def _gpt(shards: int, seed: int = 0, n_layer: int = 2, n_embd: int = 64,
   train, _ = text.byte_splits(text.pydoc_corpus())
   sampler = text.LMSampler(train, context, shards, batch, seed)
   model = gpt.GPT(cfg)
-  params = jax.tree.map(np.asarray,
-                        gpt.init_params(cfg, jax.random.PRNGKey(seed)))
+  params = traverse_util.flatten_dict(jax.tree.map(
+      np.asarray, gpt.init_params(cfg, jax.random.PRNGKey(seed))), sep="/")
 
   def loss(p, xy):
+    p = traverse_util.unflatten_dict(p, sep="/")
     return losses.lm_loss(model.apply({"params": p}, xy[0]), xy[1])
 
   def get(shard, step):
