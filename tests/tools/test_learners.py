@@ -40,6 +40,7 @@ def run_local(run, ids, timeout=60):
   return sync, status
 
 
+@pytest.mark.slow
 def test_sync_mode_equals_diloco_in_one_program():
   """3 learners, H = 3, 4 periods, noisy targets: theta equals the
   one-program DiLoCo's parameters after its 12th step (float32 rounding)."""
@@ -146,6 +147,7 @@ def test_dynamic_local_updates():
   assert learner_lib.local_updates(8, 0.0, 0.0) == 8
 
 
+@pytest.mark.slow
 def test_a_slow_learner_takes_fewer_inner_steps_and_blocks_nobody():
   run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=1, grace_s=0.05,
                          sync_every=8, periods=6, dynamic_updates=True,
@@ -189,3 +191,28 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
                    "--connect-timeout", "0.3"]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: cannot reach")
+
+
+@pytest.mark.slow
+def test_int8_pseudo_gradients_with_error_feedback():
+  """int8 payloads (block 2: one scale per two values): a quarter of the
+  float32 bytes plus the scales, and theta within the quantization error
+  of the one-program DiLoCo's; a garbage payload is rejected."""
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=3, compressor="int8",
+                         block=2)
+  sync, status = run_local(run, range(2))
+  assert sync.version == 3 and not sync.log["rejected"]
+  # 9 values per pseudo-gradient: leaves of 3, 4 and 1 values -> 2, 2, 1
+  # blocks of (2 + 4) bytes = 30 bytes, against 36 in float32.
+  assert status[0]["bytes"] == 3 * 30
+  want = spmd_diloco(2, 3, 3)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], atol=0.05)
+  assert not all(np.allclose(sync.theta[k], want[k], atol=1e-6) for k in want)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    sync.join(0, run.fingerprint())
+    bad = {k: {"codes": np.zeros(1, np.int8)} for k in sync.theta}
+    assert "not a int8 payload" in sync.push(0, 0, bad, 1)
+  finally:
+    sync.close()

@@ -16,6 +16,10 @@ sends ``Delta_w = theta^(b) - x`` with the tokens it processed.
   arXiv 2401.09135) ``H_w = max(1, floor(v_w / v_max * H))`` with ``v``
   the measured inner steps per second.
 
+With a compressor (``RunSpec.compressor``) the learner sends
+``Q(Delta_w + e_w)`` (:func:`decentral_jax.comm.compress.
+compress_with_feedback`) and keeps the residual ``e_w``.
+
 The learner reaches the synchronizer through a :class:`Link` (Ray actor
 calls in :mod:`decentral_jax.tools.learners.cluster`, direct calls in
 tests). A restarted learner joins again and starts from the current
@@ -35,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from decentral_jax.comm import compress
 from decentral_jax.optim import local_steps
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
@@ -88,9 +93,14 @@ class Learner:
                                     "learner")
 
     self._step = jax.jit(step)
+    self._codec = run.codec()
+    self._feedback = jax.jit(lambda v, e: compress.compress_with_feedback(
+        self._codec, v, e))
+    self._error: dict = {}  # error feedback residuals (lost on restart)
     self.state = {"learner": learner, "pid": os.getpid(), "version": -1,
-                  "steps": 0, "tokens": 0, "periods": 0, "waits": [],
-                  "h": [], "joined": [], "error": None, "done": False}
+                  "steps": 0, "tokens": 0, "periods": 0, "bytes": 0,
+                  "waits": [], "h": [], "joined": [], "error": None,
+                  "done": False}
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._main, daemon=True)
     if start:
@@ -131,8 +141,8 @@ class Learner:
         h = local_updates(h, speed, v_max)
       x, inner_state, t, speed = self._period(x, inner_state, base, t, h)
       tokens += h * self._problem.tokens_per_step
-      delta = {k: np.asarray(theta_base[k] - np.asarray(x[k]), np.float32)
-               for k in theta_base}
+      delta = self._encode({k: np.asarray(theta_base[k] - np.asarray(x[k]),
+                                          np.float32) for k in theta_base})
       started = time.monotonic()
       info = self._sync(base, delta, tokens, speed)
       self.state["waits"].append(time.monotonic() - started)
@@ -143,6 +153,21 @@ class Learner:
         base, tokens, t = info["version"], 0, 0
       self.state["version"] = base
     self.state["done"] = True
+
+  def _encode(self, delta: dict) -> dict:
+    """``delta``, or with a compressor its payloads ``Q(Delta + e)`` with
+    the residual ``e`` kept here (error feedback)."""
+    self.state["bytes"] += sum(
+        self._codec.payload_bytes(v.size) for v in delta.values())
+    if self._codec.is_identity:
+      return delta
+    out = {}
+    for k, v in delta.items():
+      error = self._error.get(k, np.zeros_like(v))
+      payload, _, error = self._feedback(jnp.asarray(v), jnp.asarray(error))
+      self._error[k] = np.asarray(error)
+      out[k] = {n: np.asarray(p) for n, p in payload.items()}
+    return out
 
   def _period(self, x, inner_state, base, t, h):
     """``h`` inner steps from ``x``; returns ``(x, state, t, steps/s)``."""
@@ -181,7 +206,8 @@ class Learner:
       time.sleep(0.002)
 
   def status(self) -> dict:
-    """The learner's counters: version, inner steps, tokens, periods, the
+    """The learner's counters: version, inner steps, tokens, periods, bytes
+    of pseudo-gradients sent, the
     seconds each sync took (``waits``), the ``H_w`` of each period, the
     versions it joined at, an error that stopped it, ``done``."""
     return {k: (list(v) if isinstance(v, list) else v)

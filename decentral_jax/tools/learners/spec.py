@@ -44,6 +44,11 @@ class RunSpec:
       (``v`` = measured inner steps per second).
     sleep_s: per learner seconds slept after each inner step (an
       artificially slow learner); missing entries are 0.
+    compressor: the format pseudo-gradients travel in
+      (:class:`decentral_jax.comm.compress.Compressor`: ``none``, ``int8``,
+      ``fp8``, ``int4``, ``fp4``, ``topk``), with error feedback at the
+      learner.
+    block: the compressor's values per scale (or per top-k chunk).
   """
   problem: str = "quadratic"
   problem_args: tuple = ()
@@ -60,6 +65,8 @@ class RunSpec:
   max_staleness: int = 2
   dynamic_updates: bool = False
   sleep_s: tuple = ()
+  compressor: str = "none"
+  block: int = 256
 
   def __post_init__(self):
     """Checks the fields.
@@ -83,9 +90,22 @@ class RunSpec:
     if not self.grace_s >= 0 or not self.max_staleness >= 0:
       raise ValueError("RunSpec.grace_s and max_staleness must be >= 0, got "
                        f"{self.grace_s!r}, {self.max_staleness!r}.")
+    self.codec()  # checks compressor and block
     if len(self.sleep_s) > self.shards:
       raise ValueError(f"RunSpec.sleep_s has {len(self.sleep_s)} entries for "
                        f"{self.shards} shards.")
+
+  def codec(self):
+    """The :class:`~decentral_jax.comm.compress.Compressor` of the run.
+
+    Raises:
+      ValueError: an unknown format or a bad block, naming the field.
+    """
+    from decentral_jax.comm import compress  # pylint: disable=import-outside-toplevel
+    try:
+      return compress.Compressor(self.compressor, self.block)
+    except ValueError as e:
+      raise ValueError(f"RunSpec.compressor/block: {e}") from None
 
   def sleep_of(self, learner: int) -> float:
     """Seconds learner ``learner`` sleeps after each inner step."""
@@ -94,12 +114,14 @@ class RunSpec:
   def fingerprint(self) -> dict:
     """The fields a learner must share with the synchronizer: the model
     (``problem``, ``problem_args``), the method (``inner``, ``inner_lr``,
-    ``sync_every``, ``mode``, ``dynamic_updates``) and the data sharding
+    ``sync_every``, ``mode``, ``dynamic_updates``, ``compressor``,
+    ``block``) and the data sharding
     (``shards``)."""
     return {"problem": self.problem, "problem_args": tuple(self.problem_args),
             "shards": self.shards, "inner": self.inner,
             "inner_lr": self.inner_lr, "sync_every": self.sync_every,
-            "mode": self.mode, "dynamic_updates": self.dynamic_updates}
+            "mode": self.mode, "dynamic_updates": self.dynamic_updates,
+            "compressor": self.compressor, "block": self.block}
 
 
 def check_join(learner: int, ours: dict, theirs: dict, shards: int) -> None:

@@ -25,6 +25,9 @@ checkpointed through Orbax (when a directory is given) and only then
 published, so a restarted synchronizer resumes at the last published
 version. A pseudo-gradient of the wrong structure, shape or dtype, or with
 NaN/inf, is rejected, logged with the learner's id and never merged.
+With a compressor the learners send payloads of
+:class:`decentral_jax.comm.compress.Compressor` (with error feedback at the
+learner); the synchronizer decodes them before these checks.
 
 This class knows nothing of Ray (:mod:`decentral_jax.tools.learners.cluster`
 turns it into an actor); it is thread-safe.
@@ -97,6 +100,7 @@ class Synchronizer:
                tick_s: float = 0.005):
     self.run = run
     self._lock = threading.Lock()
+    self._codec = run.codec()
     self._outer = optax.sgd(run.outer_lr, momentum=run.outer_momentum,
                             nesterov=True)
     self._step = jax.jit(lambda d, s, t: local_steps.outer_step(
@@ -190,7 +194,9 @@ class Synchronizer:
       ``"stale"`` (dropped) or ``"unknown"`` (not an active learner: join
       again).
     """
-    why = check_pseudo_gradient(delta, self.theta)
+    delta, why = self._decode(delta)
+    if why is None:
+      why = check_pseudo_gradient(delta, self.theta)
     if why is None and not (isinstance(tokens, (int, np.integer))
                             and tokens > 0):
       why = f"tokens must be a positive int, got {tokens!r}"
@@ -211,6 +217,23 @@ class Synchronizer:
       self._pending[(learner, base)] = (delta, int(tokens))
       self._speed[learner] = float(speed)
     return "accepted"
+
+  def _decode(self, delta):
+    """``(Delta, None)`` from what a learner sent, or ``(None, why)``."""
+    if self.run.compressor == "none":
+      return delta, None
+    if not isinstance(delta, dict) or sorted(delta) != sorted(self.theta):
+      return delta, None  # check_pseudo_gradient names the leaves
+    out = {}
+    for k, payload in delta.items():
+      try:
+        out[k] = np.asarray(self._codec.decode(
+            {n: jnp.asarray(v) for n, v in payload.items()},
+            jnp.zeros(self.theta[k].shape, jnp.float32)))
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        return None, (f"leaf {k!r}: not a {self.run.compressor} payload "
+                      f"({type(e).__name__}: {e})")
+    return out, None
 
   def latest(self, learner: int, have: int) -> dict:
     """``{"version", "theta" (None when ``have`` is current), "v_max",
