@@ -47,6 +47,8 @@ def start(address: str | None = None, *, num_cpus: int | None = None,
     ConnectionError: ``address`` cannot be reached within ``timeout_s``
       (one line naming it and the fix).
   """
+  if address is not None:
+    probe(address, timeout_s)
   ray = require_ray()
   if ray.is_initialized():
     return
@@ -55,7 +57,6 @@ def start(address: str | None = None, *, num_cpus: int | None = None,
              _node_ip_address="127.0.0.1", log_to_driver=True,
              configure_logging=False)
     return
-  probe(address, timeout_s)
   ray.init(address=address, log_to_driver=True, configure_logging=False)
 
 
