@@ -112,6 +112,12 @@ def spmd_worker(args) -> None:
       f.write(f"{period + 1} {time.time()}\n")
 
 
+def _period_s(times) -> float:
+  """Median seconds between consecutive periods' ends (the first period,
+  which holds the start-up, excluded)."""
+  return float(np.median(np.diff(times))) if len(times) > 1 else 1.0
+
+
 def _spmd_periods(progress) -> list[float]:
   if not os.path.exists(progress):
     return []
@@ -136,8 +142,7 @@ def run_spmd(args, tmp) -> dict:
       raise RuntimeError(f"the SPMD program exited with {proc.returncode}")
     due = (len(kills) + 1) * args.kill_every
     if len(done) >= due and due < args.periods:
-      period_s = (done[-1] - start) / len(done)
-      time.sleep(0.5 * period_s)
+      time.sleep(0.5 * _period_s(done))
       proc.send_signal(signal.SIGKILL)
       proc.wait()
       kills.append(time.time())
@@ -169,8 +174,7 @@ def run_learners(args, mode) -> dict:
         break
       due = (kills + 1) * args.kill_every
       if status["version"] >= due and due < args.periods:
-        times = status["log"]["merge_time"]
-        time.sleep(0.5 * (times[-1] - start) / len(times))
+        time.sleep(0.5 * _period_s(status["log"]["merge_time"]))
         victim = kills % (N - 1)
         c.kill(victim)
         killed = time.monotonic()

@@ -216,3 +216,28 @@ def test_int8_pseudo_gradients_with_error_feedback():
     assert "not a int8 payload" in sync.push(0, 0, bad, 1)
   finally:
     sync.close()
+
+
+def test_decoupled_pushes_of_one_version_add_up_each_step_counted_once():
+  """Learner 0 sends its progress twice from version 0 (Delta 1 after 1
+  token, then 2 more after 2 tokens): held as one pseudo-gradient 3 of 3
+  tokens; with learner 1's 7 of 1 token the merge is (3*3 + 7*1)/4 = 4."""
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=2, grace_s=0.0)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for i in range(2):
+      sync.join(i, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    sync.push(0, 0, _delta(1.0, theta0), 1)
+    sync.push(0, 0, _delta(2.0, theta0), 2)
+    assert sync.status()["pending"] == 1 and sync.version == 0
+    sync.push(1, 0, _delta(7.0, theta0), 1)
+    deadline = time.monotonic() + 10
+    while sync.version == 0 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert sync.log["tokens"] == [{"0": 3, "1": 1}]
+    for k in theta0:
+      np.testing.assert_allclose(sync.theta[k], theta0[k] - OUTER_LR * 1.9 * 4,
+                                 rtol=1e-6)
+  finally:
+    sync.close()

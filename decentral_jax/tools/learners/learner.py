@@ -11,8 +11,10 @@ sends ``Delta_w = theta^(b) - x`` with the tokens it processed.
   and restarts from the new ``theta`` (DiLoCo, one learner per worker).
 * ``decoupled``: it never waits for a peer: after sending it asks for the
   newest ``theta`` once; if none is newer it keeps stepping from its own
-  ``x`` (its next pseudo-gradient, still from ``b``, replaces the pending
-  one). With Dynamic Local Updates (Liu et al., Asynchronous Local-SGD,
+  ``x`` and its next pseudo-gradient, still of version ``b``, is the
+  progress since this one, ``x_prev - x``: the synchronizer adds it to
+  what it holds of ``(w, b)`` (each step counted once, also when a merge
+  took the earlier part). With Dynamic Local Updates (Liu et al., Asynchronous Local-SGD,
   arXiv 2401.09135) ``H_w = max(1, floor(v_w / v_max * H))`` with ``v``
   the measured inner steps per second.
 
@@ -148,9 +150,12 @@ class Learner:
       self.state["waits"].append(time.monotonic() - started)
       self.state["periods"] += 1
       v_max = info["v_max"]
+      tokens = 0
       if info["theta"] is not None:
         x = theta_base = info["theta"]
-        base, tokens, t = info["version"], 0, 0
+        base, t = info["version"], 0
+      else:  # decoupled, nothing newer: the next Delta counts from here
+        theta_base = {k: np.asarray(v, np.float32) for k, v in x.items()}
       self.state["version"] = base
     self.state["done"] = True
 

@@ -186,8 +186,10 @@ class Synchronizer:
            speed: float = 0.0) -> str:
     """Offers learner ``learner``'s pseudo-gradient computed from version
     ``base`` after ``tokens`` tokens (``speed``: its inner steps per
-    second). A newer push of the same ``(learner, base)`` replaces the
-    older (it holds more progress).
+    second). Decoupled mode: a further push of the same ``(learner,
+    base)`` (the learner's progress since its previous push) is added to
+    the one held, pseudo-gradients and tokens; sync mode: it replaces it
+    (the same period sent again after a restart).
 
     Returns:
       ``"accepted"``, ``"rejected: <why>"`` (logged, never merged),
@@ -214,7 +216,12 @@ class Synchronizer:
       if base > self.version or base < oldest:
         self.log["dropped"].append([learner, base, self.version])
         return "stale"
-      self._pending[(learner, base)] = (delta, int(tokens))
+      key, tokens = (learner, base), int(tokens)
+      if self.run.mode == "decoupled" and key in self._pending:
+        held, n = self._pending[key]
+        delta = {k: held[k] + delta[k] for k in delta}
+        tokens += n
+      self._pending[key] = (delta, tokens)
       self._speed[learner] = float(speed)
     return "accepted"
 
