@@ -152,9 +152,12 @@ def run_spmd(args, tmp) -> dict:
   with open(ckpt, "rb") as f:
     _, params, _ = pickle.load(f)
   theta = {k: np.asarray(v)[0] for k, v in params.items()}
-  first_period = _spmd_periods(progress)[0] - start
+  done = _spmd_periods(progress)
+  # Kill to the end of the next period: restart, compile, redo, one period.
+  resume = [min(t for t in done if t > k) - k for k in kills]
   return {"seconds": time.time() - start, "theta": theta,
-          "kills": len(kills), "first_period_s": first_period}
+          "kills": len(kills), "first_period_s": done[0] - start,
+          "period_s": _period_s(done), "resume_s": resume}
 
 
 # --------------------------------------------------------------- learners
@@ -167,28 +170,25 @@ def run_learners(args, mode) -> dict:
   try:
     for i in range(N):
       c.add(i)
-    kills, down = 0, []
+    kills = []  # (learner, time)
     while True:
       status = c.status()
       if status["done"]:
         break
-      due = (kills + 1) * args.kill_every
+      due = (len(kills) + 1) * args.kill_every
       if status["version"] >= due and due < args.periods:
         time.sleep(0.5 * _period_s(status["log"]["merge_time"]))
-        victim = kills % (N - 1)
+        victim = len(kills) % (N - 1)
         c.kill(victim)
-        killed = time.monotonic()
-        kills += 1
-        joins = lambda: [v for w, v in c.status()["log"]["joins"]
-                         if w == victim]
-        before = len(joins())
-        while len(joins()) == before and not c.status()["done"]:
-          time.sleep(0.05)
-        down.append(time.monotonic() - killed)
+        kills.append((victim, time.time()))
       time.sleep(0.05)
+    # SIGKILL to the restarted learner's join (None: not back before the end).
+    down = [min((t - k for w, _, t in status["log"]["joins"]
+                 if w == victim and t > k), default=None)
+            for victim, k in kills]
     learners = c.learner_status()
     out = {"seconds": time.time() - start, "theta": c.params()["theta"],
-           "kills": kills, "downtime_s": down, "log": status["log"],
+           "kills": len(kills), "downtime_s": down, "log": status["log"],
            "h": {i: s["h"] for i, s in learners.items()},
            "steps": {i: s["steps"] for i, s in learners.items()},
            "max_wait": {i: max(s["waits"], default=0.0) for i, s in learners.items()}}
@@ -198,25 +198,42 @@ def run_learners(args, mode) -> dict:
 
 
 def model_prices(args, measured) -> dict:
-  """Runtime-model tokens/s of each mode, from the decoupled run's healthy
-  step time, the measured failure rate and downtime."""
+  """Runtime-model tokens/s of each mode (stragglers.straggler_cost: "wait"
+  for spmd and sync, "quorum" with on_failure="proceed" for decoupled).
+
+  Inputs, all measured: a healthy inner step ``t`` (a learner's: the sync
+  run's median period / H minus the slow learner's sleep; the SPMD
+  program's: its median period / H minus the sleep), the slow learner's
+  speed ``t / (t + sleep)``, the failure rate ``kills / (N * steps)`` and
+  the mean downtime in steps (learners: SIGKILL to rejoin; SPMD: SIGKILL to
+  the next period's end less one period).
+  """
   from decentral_jax.runtime_model import stragglers  # pylint: disable=import-outside-toplevel
-  dec = measured["decoupled"]
-  step_s = dec["fast_step_s"]
-  steps = args.periods * args.sync_every
-  downtime_steps = max(1.0, np.mean(dec["downtime_s"]) / step_s)
-  faults = stragglers.Faults(
-      slow_fraction=1 / N, slow_speed=step_s / (step_s + args.slow_sleep),
-      failure_rate=dec["kills"] / (N * steps), mean_downtime=downtime_steps)
-  tps = 4 * 64  # tokens per inner step per learner
+  steps, h, sleep = args.periods * args.sync_every, args.sync_every, \
+      args.slow_sleep
   out = {}
   for mode, how in (("spmd", "wait"), ("sync", "wait"),
                     ("decoupled", "quorum")):
-    cost = stragglers.straggler_cost(
-        how, N, step_s, faults, compute_s=step_s, period=args.sync_every,
-        on_failure="proceed")
-    out[mode] = N * tps * cost.useful / cost.step_s
-  out["faults"] = faults.__dict__
+    if mode not in measured or "sync" not in measured:
+      continue
+    r = measured[mode]
+    if mode == "spmd":
+      t = max(r["period_s"] / h - sleep, 1e-3)
+      down = np.mean(r["resume_s"]) - r["period_s"] if r["kills"] else 0.0
+    else:
+      t = max(_period_s(measured["sync"]["log"]["merge_time"]) / h - sleep,
+              1e-3)
+      back = [d for d in r["downtime_s"] if d is not None]
+      down = np.mean(back) if back else 0.0
+    faults = stragglers.Faults(
+        slow_fraction=1 / N, slow_speed=t / (t + sleep),
+        failure_rate=r["kills"] / (N * steps),
+        mean_downtime=max(1.0, down / t))
+    cost = stragglers.straggler_cost(how, N, t, faults, compute_s=t,
+                                     period=h, on_failure="proceed")
+    out[mode] = {"tokens_per_s": N * 256 * cost.useful / cost.step_s,
+                 "step_s": t, "faults": faults.__dict__,
+                 "useful": cost.useful, "priced_step_s": cost.step_s}
   return out
 
 
@@ -234,7 +251,10 @@ def main() -> None:
   p.add_argument("--slow-sleep", type=float, default=0.03)
   p.add_argument("--lr", type=float, default=3e-3)
   p.add_argument("--modes", default="spmd,sync,decoupled")
-  p.add_argument("--out", default=None)
+  p.add_argument("--out", default=None,
+                 help="JSON results; the modes not run are kept from it")
+  p.add_argument("--reprice", action="store_true",
+                 help="run nothing: price the stored results again")
   p.add_argument("--spmd-worker", action="store_true")
   p.add_argument("--ckpt"), p.add_argument("--progress")
   args = p.parse_args()
@@ -243,23 +263,23 @@ def main() -> None:
     return
   import tempfile  # pylint: disable=import-outside-toplevel
   measured = {}
+  if args.out and os.path.exists(args.out):  # keep the modes not rerun
+    with open(args.out, encoding="utf-8") as f:
+      measured = json.load(f)["measured"]
+    measured.pop("model", None)
   with tempfile.TemporaryDirectory() as tmp:
-    for mode in args.modes.split(","):
+    for mode in ([] if args.reprice else args.modes.split(",")):
       r = run_spmd(args, tmp) if mode == "spmd" else run_learners(args, mode)
       r["loss"] = eval_loss(r.pop("theta"))
       tokens = (sum(sum(t.values()) for t in r["log"]["tokens"])
                 if "log" in r else N * args.periods * args.sync_every * 256)
       r["tokens"], r["tokens_per_s"] = tokens, tokens / r["seconds"]
-      if mode == "decoupled":
-        r["fast_step_s"] = r["seconds"] / max(r["steps"][N - 2], 1)
       measured[mode] = r
       print(f"{mode}: {r['tokens_per_s']:.0f} tokens/s, {r['seconds']:.1f} s,"
             f" loss {r['loss']:.3f}, kills {r['kills']}", flush=True)
-  if "decoupled" in measured:
-    measured["model"] = model_prices(args, measured)
-    print("runtime model tokens/s:", {k: round(v) for k, v in
-                                      measured["model"].items()
-                                      if k != "faults"})
+  measured["model"] = model_prices(args, measured)
+  print("runtime model tokens/s:", {k: round(v["tokens_per_s"]) for k, v in
+                                    measured["model"].items()})
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump({"args": vars(args), "measured": measured}, f, indent=1,

@@ -39,7 +39,7 @@ def _until(condition, timeout_s=120.0, what="condition"):
 
 
 def _joins(c, learner):
-  return [v for w, v in c.status()["log"]["joins"] if w == learner]
+  return [v for w, v, _ in c.status()["log"]["joins"] if w == learner]
 
 
 def test_sync_learners_equal_one_program_through_a_learner_sigkill(

@@ -170,7 +170,7 @@ class Synchronizer:
                         self.run.shards)
     with self._lock:
       self._active.add(learner)
-      self.log["joins"].append([learner, self.version])
+      self.log["joins"].append([learner, self.version, time.time()])
     return self.latest(learner, -1)
 
   def leave(self, learner: int) -> None:
