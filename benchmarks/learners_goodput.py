@@ -52,7 +52,7 @@ def spec(args, mode):
       problem="gpt", problem_args=GPT_ARGS, shards=N,
       sync_every=args.sync_every, periods=args.periods, inner="adamw",
       inner_lr=args.lr, mode="sync" if mode == "spmd" else mode,
-      quorum=N - 1, grace_s=1.0, dynamic_updates=mode == "decoupled",
+      quorum=N - 1 if mode == "decoupled" else N, grace_s=1.0, dynamic_updates=mode == "decoupled",
       sleep_s=sleep)
 
 

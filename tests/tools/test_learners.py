@@ -45,7 +45,8 @@ def test_sync_mode_equals_diloco_in_one_program():
   """3 learners, H = 3, 4 periods, noisy targets: theta equals the
   one-program DiLoCo's parameters after its 12th step (float32 rounding)."""
   require_devices(3)
-  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=4, inner_lr=LR)
+  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=4, inner_lr=LR,
+                         quorum=3)
   sync, status = run_local(run, range(3))
   assert sync.version == 4 and all(s["error"] is None for s in status)
   assert sync.log["merged_with"] == [[0, 1, 2]] * 4
@@ -199,7 +200,7 @@ def test_int8_pseudo_gradients_with_error_feedback():
   float32 bytes plus the scales, and theta within the quantization error
   of the one-program DiLoCo's; a garbage payload is rejected."""
   run = spec_lib.RunSpec(shards=2, sync_every=3, periods=3, compressor="int8",
-                         block=2)
+                         block=2, quorum=2)
   sync, status = run_local(run, range(2))
   assert sync.version == 3 and not sync.log["rejected"]
   # 9 values per pseudo-gradient: leaves of 3, 4 and 1 values -> 2, 2, 1

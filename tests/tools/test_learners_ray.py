@@ -48,7 +48,7 @@ def test_sync_learners_equal_one_program_through_a_learner_sigkill(
   current version and redoes that period on the same data: theta equals
   one-program DiLoCo's exactly as without the failure."""
   del ray_session
-  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=8,
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=8, quorum=2,
                          sleep_s=(0.03, 0.03))
   c = cluster.Cluster(run)
   try:
@@ -115,7 +115,7 @@ def test_a_killed_synchronizer_resumes_from_its_checkpoint(ray_session,
   restores its last Orbax checkpoint (no merged period lost), the learners
   carry on, and theta equals one-program DiLoCo's."""
   del ray_session
-  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=7,
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=7, quorum=2,
                          sleep_s=(0.03, 0.03))
   c = cluster.Cluster(run, str(tmp_path / "sync"))
   try:
@@ -140,7 +140,7 @@ def test_join_and_leave_between_periods_and_a_mismatched_learner(
   {0, 1} to {0, 1, 2} to {0, 2}. A learner with another sync period is
   refused at join, naming the field."""
   del ray_session
-  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=10**6,
+  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=10**6, quorum=2,
                          sleep_s=(0.02, 0.02, 0.02))
   c = cluster.Cluster(run)
   try:

@@ -42,7 +42,9 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p.add_argument("--sync-every", type=int, default=8, help="H inner steps")
   p.add_argument("--inner", choices=spec_lib.INNER, default="sgd")
   p.add_argument("--inner-lr", type=float, default=0.1)
-  p.add_argument("--quorum", type=int, default=1)
+  p.add_argument("--quorum", type=int, default=None,
+                 help="pseudo-gradients needed per merge (default: all K "
+                 "in sync mode, 1 in decoupled mode)")
   p.add_argument("--grace", type=float, default=0.5, help="seconds")
   p.add_argument("--dynamic-updates", action="store_true",
                  help="H_w = floor(v_w / v_max * H) per learner")
@@ -68,7 +70,8 @@ def run_spec(args) -> spec_lib.RunSpec:
   return spec_lib.RunSpec(
       problem=args.problem, shards=args.learners, sync_every=args.sync_every,
       periods=args.periods, inner=args.inner, inner_lr=args.inner_lr,
-      mode=args.mode, quorum=args.quorum, grace_s=args.grace,
+      mode=args.mode, grace_s=args.grace,
+      quorum=args.quorum or (args.learners if args.mode == "sync" else 1),
       dynamic_updates=args.dynamic_updates, sleep_s=sleep)
 
 

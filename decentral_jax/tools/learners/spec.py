@@ -34,7 +34,8 @@ class RunSpec:
     outer_lr, outer_momentum: the outer Nesterov SGD (DiLoCo's 0.7, 0.9).
     mode: ``"sync"`` (every active learner's pseudo-gradient of the period,
       as DiLoCo) or ``"decoupled"`` (Decoupled DiLoCo: quorum and grace).
-    quorum: decoupled mode: pseudo-gradients needed before a merge.
+    quorum: learners' pseudo-gradients needed before a merge (sync mode:
+      also every active learner's; ``shards`` waits for all to join).
     grace_s: decoupled mode: seconds the synchronizer waits after the
       quorum for the other active learners.
     max_staleness: decoupled mode: a pseudo-gradient computed from ``theta``

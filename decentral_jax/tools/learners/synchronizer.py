@@ -13,8 +13,10 @@ pending pseudo-gradient and steps
 (the token-weighted merge of Decoupled DiLoCo; with equal tokens the exact
 mean of DiLoCo). When:
 
-* ``sync``: once every active learner has sent its pseudo-gradient of the
-  current version (DiLoCo, Douillard et al., arXiv 2311.08105);
+* ``sync``: once every active learner, and at least ``quorum`` of them,
+  has sent its pseudo-gradient of the current version (DiLoCo, Douillard
+  et al., arXiv 2311.08105; ``quorum = shards`` waits for every learner to
+  have joined before the first merge);
 * ``decoupled``: once ``quorum`` have arrived and then either all active
   learners have, or ``grace_s`` seconds have passed since the quorum
   (Decoupled DiLoCo, arXiv 2604.21428). Pseudo-gradients of older versions
@@ -284,7 +286,8 @@ class Synchronizer:
     current = {w for (w, b) in self._pending if b == self.version}
     arrived = {w for (w, _) in self._pending}
     if self.run.mode == "sync":
-      return bool(self._active) and self._active <= current
+      return (len(self._active) >= self.run.quorum
+              and self._active <= current)
     if len(arrived) < self.run.quorum:
       self._quorum_at = None
       return False
