@@ -21,6 +21,7 @@ from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
 from decentral_jax.optim import outer_timing
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
+from decentral_jax.runner import extensions
 from decentral_jax.runner import methods
 from decentral_jax.runner.config import COMPUTE_DTYPES
 from decentral_jax.runner.config import CONSENSUS_AT
@@ -112,6 +113,23 @@ def _one_of(allowed):
   return lambda name, value: choice(value, name, allowed)
 
 
+def _builder(kind: str, built_in=()):
+  """A built-in name, a registered one or an importable ``module:attr``
+  (:func:`decentral_jax.runner.extensions.resolve`)."""
+  def check(name, value):
+    if value in built_in:
+      return
+    if not (extensions.is_reference(value) or
+            value in extensions.registered(kind)):
+      extra = f"{', '.join(built_in)}, " if built_in else ""
+      raise ValueError(
+          f"unknown config.{name}={value!r}; use {extra}a name given to "
+          f"register_{kind} (registered: {list(extensions.registered(kind))})"
+          f" or 'package.module:attribute' (docs/extending.md).")
+    extensions.resolve(kind, value)
+  return check
+
+
 def _topology(name, value):
   if not isinstance(value, str):
     raise ValueError(f"config.{name} must be a topology name, got {value!r}; "
@@ -187,7 +205,7 @@ RULES = {
     "keep_checkpoints": _integer(1),
     "tensorboard": _boolean,
     "workdir": _optional_text,
-    "optimizer.name": _one_of(OPTIMIZERS),
+    "optimizer.name": _builder("optimizer", OPTIMIZERS),
     "optimizer.b1": _real(0.0, 1.0),
     "optimizer.b2": _real(0.0, 1.0),
     "optimizer.eps": _real(0.0),
@@ -198,8 +216,6 @@ RULES = {
     "schedule.peak_lr": _real(0.0, lo_open=True),
     "schedule.warmup_steps": _integer(0),
     "schedule.final_lr": _real(0.0),
-    "data.path": _optional_text,
-    "data.val_fraction": _real(0.0, 1.0),
 }
 MODEL_RULES = {
     "gpt": {
@@ -212,12 +228,22 @@ MODEL_RULES = {
         "model.dropout": _real(0.0, 1.0),
         "model.dtype": _one_of(COMPUTE_DTYPES),
         "data.source": _one_of(DATA_SOURCES["gpt"]),
+        "data.path": _optional_text,
+        "data.val_fraction": _real(0.0, 1.0),
     },
     "cnn": {
         "model.features": _features,
         "model.dense": _integer(1),
         "model.num_classes": _integer(2),
         "data.source": _one_of(DATA_SOURCES["cnn"]),
+        "data.path": _optional_text,
+        "data.val_fraction": _real(0.0, 1.0),
+    },
+    # Your own model and data (runner.extensions): the names must resolve.
+    "custom": {
+        "model.name": _builder("model"),
+        "model.needs_key": _boolean,
+        "data.source": _builder("data"),
     },
 }
 # Real fields in (0, 1] (their rule says [.., 1) "or exactly 1").

@@ -43,6 +43,12 @@ def build(config, schedule, topology, axis_name):
         *parts.adam(config, schedule),
         choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
+  if o.name not in ("adamw", "accum_adamw"):  # your own inner optimizer
+    return parts.clipped(config, transforms.decentralized(
+        parts.own_optimizer(config, schedule), topology, axis_name,
+        comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
+        gossip_every=int(config.gossip_every),
+        bucket_bytes=int(config.bucket_bytes)))
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
   return parts.clipped(config, transforms.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
@@ -64,7 +70,7 @@ def runtime_spec(config) -> str:
     spec = f"local_dsgd:H={every},topology={config.topology}"
     return parts.with_settings(
         spec, [e for e in extra if e.startswith("comm_dtype")])
-  if config.optimizer.name != "adamw":
+  if config.optimizer.name == "accum_adamw":
     spec = (f"accum_adam:T={int(config.optimizer.accum_steps)},"
             f"topology={config.topology}")
   else:
