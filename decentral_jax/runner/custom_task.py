@@ -217,8 +217,9 @@ def _eval_set(source, what: str, batches: int, global_batch: int,
   return arrays
 
 
-def _check_loss(model, params, batch, what: str, key) -> None:
-  """Traces the loss (``jax.eval_shape``): a float scalar and a dict."""
+def _check_loss(model, params, batch, what: str, key) -> bool:
+  """Traces the loss (``jax.eval_shape``): a float scalar and a dict;
+  returns whether the dict holds ``"accuracy"``."""
   try:
     out = jax.eval_shape(model.loss, params, batch, key)
   except Exception as e:  # pylint: disable=broad-except
@@ -237,6 +238,7 @@ def _check_loss(model, params, batch, what: str, key) -> None:
       getattr(v, "shape", None) != () for v in aux.values()):
     raise ValueError(f"{what}: the loss's aux must be a dict of scalars, "
                      f"got {jax.tree.map(lambda v: v.shape, aux)}.")
+  return "accuracy" in aux
 
 
 def _normalised_loss(loss: Callable) -> Callable:
@@ -284,7 +286,8 @@ def custom_task(config: config_dict.ConfigDict, n_workers: int,
 
   params = jax.eval_shape(init_params, jax.random.key(0))
   key = jax.random.key(1) if bool(config.model.needs_key) else None
-  _check_loss(model, params, one, name, key)
+  accuracy = _check_loss(model, params, one, name, key)
   return task_type(init_params, _normalised_loss(model.loss),
                    _checked(raw, what, spec), eval_set, data.unit,
-                   int(config.global_batch) * int(data.units_per_example))
+                   int(config.global_batch) * int(data.units_per_example),
+                   accuracy)

@@ -45,6 +45,9 @@ class Task(NamedTuple):
     eval_set: arrays ``[eval_batches, global_batch, ...]``.
     unit: ``"tokens"`` or ``"samples"``.
     units_per_step: tokens (samples) per training step over all workers.
+    has_accuracy: the loss's aux holds ``"accuracy"`` (evaluated as
+      ``eval/accuracy``); None: exactly when ``unit == "samples"`` (the
+      built-in tasks).
   """
   init_params: Callable[[jax.Array], PyTree]
   loss: Callable[..., tuple[jax.Array, dict]]
@@ -52,6 +55,7 @@ class Task(NamedTuple):
   eval_set: tuple[np.ndarray, ...]
   unit: str
   units_per_step: int
+  has_accuracy: bool | None = None
 
 
 def _byte_corpus(d: config_dict.ConfigDict):

@@ -121,6 +121,7 @@ def _final_weights(workdir, c):
   return np.asarray(jax.device_get(state.params["w"]))
 
 
+@pytest.mark.slow
 def test_module_attribute_names_and_resume_is_bit_exact(tmp_path):
   require_devices(N)
   here = os.path.splitext(os.path.basename(__file__))[0]
@@ -136,6 +137,7 @@ def test_module_attribute_names_and_resume_is_bit_exact(tmp_path):
   resumed = train.train_and_evaluate(c, str(tmp_path / "b"))
   for key in ("step", "train/loss", "eval/loss", "consensus_distance"):
     assert straight[key] == resumed[key], key
+  assert "eval/accuracy" not in straight  # the loss reports none
   np.testing.assert_array_equal(_final_weights(tmp_path / "a", c),
                                 _final_weights(tmp_path / "b", c))
 
@@ -258,3 +260,25 @@ def test_linen_and_nnx_adapters_init_and_loss():
   np.testing.assert_allclose(
       float(jax.jit(lambda p: model.loss(p, batch, None))(moved)),
       _numpy_mse(moved["kernel"], moved["bias"], batch), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_optax_contrib_optimizer_by_module_attribute():
+  require_devices(N)
+  c = linear_config(**{"optimizer.name": "optax.contrib:muon"})
+  validation.check_config(c)
+  exp = experiment_lib.Experiment(c)
+  state = exp.init_state()
+  reference = optax.contrib.muon(learning_rate=LR)
+  w = {"w": np.zeros(D, np.float32)}
+  ref_state = reference.init(w)
+  for step in range(3):
+    state, _ = exp.train_step(state, exp.get_batch(step), step)
+    ids = oracle_ids(step).reshape(-1)
+    x, y = _X[ids].astype(np.float64), _Y[ids].astype(np.float64)
+    grad = 2.0 / len(ids) * x.T @ (x @ w["w"].astype(np.float64) - y)
+    update, ref_state = reference.update(
+        {"w": grad.astype(np.float32)}, ref_state, w)
+    w = optax.apply_updates(w, update)
+  got = np.asarray(jax.device_get(state.params["w"]))
+  np.testing.assert_allclose(got[0], w["w"], rtol=1e-5, atol=1e-6)
