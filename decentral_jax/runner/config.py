@@ -36,6 +36,8 @@ CONSENSUS_AT = ("auto", "log_step", "next_step")
 # config.worker_layout values: the worker layout modes.
 WORKER_LAYOUTS = layout_modes.MODES
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
+# config.tracker values: none, or Weights & Biases.
+TRACKERS = ("", "wandb")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}

@@ -282,6 +282,10 @@ def add_record_fields(c: config_dict.ConfigDict) -> None:
   c.keep_checkpoints = 2
   # Also write TensorBoard event files (needs the tensorboardX package).
   c.tensorboard = False
+  # Also send every metrics record to an experiment tracker: "" (none) or
+  # "wandb" (Weights & Biases; project, mode and directory from its WANDB_*
+  # variables, e.g. WANDB_MODE=offline; needs the wandb package).
+  c.tracker = ""
   # Output directory; the --workdir flag takes precedence.
   c.workdir = config_dict.placeholder(str)
 

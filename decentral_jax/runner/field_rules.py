@@ -17,6 +17,8 @@ import numpy as np
 
 from decentral_jax import wire_format
 from decentral_jax.comm import compress
+import importlib.util
+
 from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
 from decentral_jax.optim import outer_timing
@@ -31,6 +33,7 @@ from decentral_jax.runner.config import INT_MAX
 from decentral_jax.runner.config import OPTIMIZERS
 from decentral_jax.runner.config import SCHEDULES
 from decentral_jax.runner.config import SEED_MAX
+from decentral_jax.runner.config import TRACKERS
 from decentral_jax.runner.config import WORKER_LAYOUTS
 from decentral_jax.runner.methods import local_updates
 from decentral_jax.runner.methods import parts
@@ -130,6 +133,17 @@ def _builder(kind: str, built_in=()):
   return check
 
 
+def _tracker(name, value):
+  """``""`` or ``"wandb"``, whose package must be installed."""
+  if value not in TRACKERS:
+    raise ValueError(f"unknown config.{name}={value!r}; use '' (none) or "
+                     f"'wandb' (--config.{name}=wandb).")
+  if value == "wandb" and importlib.util.find_spec("wandb") is None:
+    raise ValueError(f"config.{name}='wandb' needs the wandb package: `pip "
+                     "install -r requirements-extras.txt`, or set "
+                     f"--config.{name}='' (metrics.jsonl is always written).")
+
+
 def _topology(name, value):
   if not isinstance(value, str):
     raise ValueError(f"config.{name} must be a topology name, got {value!r}; "
@@ -204,6 +218,7 @@ RULES = {
     "checkpoint_interval": _integer(0, note=" (0 = only at the end)"),
     "keep_checkpoints": _integer(1),
     "tensorboard": _boolean,
+    "tracker": _tracker,
     "workdir": _optional_text,
     "optimizer.name": _builder("optimizer", OPTIMIZERS),
     "optimizer.b1": _real(0.0, 1.0),
