@@ -34,7 +34,10 @@ def build(config, schedule, topology, axis_name):
   (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
   every ``config.gossip_every`` steps. With ``config.compression``:
   ``chain(clip, AdamW or AccumAdamW, choco_gossip)``, the local step
-  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`).
+  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`). Your
+  own inner optimizer (``optimizer.name`` neither adamw nor accum_adamw,
+  :func:`parts.own_optimizer`): ``chain(clip, decentralized(inner))``, its
+  step taken from ``W_k x_k`` (:func:`transforms.decentralized`).
   """
   comp = parts.compressor(config)
   if comp is not None:
