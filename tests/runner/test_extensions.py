@@ -276,7 +276,7 @@ def test_an_optax_contrib_optimizer_by_module_attribute():
     state, _ = exp.train_step(state, exp.get_batch(step), step)
     ids = oracle_ids(step).reshape(-1)
     x, y = _X[ids].astype(np.float64), _Y[ids].astype(np.float64)
-    grad = 2.0 / len(ids) * x.T @ (x @ w["w"].astype(np.float64) - y)
+    grad = 2.0 / len(ids) * x.T @ (x @ np.asarray(w["w"], np.float64) - y)
     update, ref_state = reference.update(
         {"w": grad.astype(np.float32)}, ref_state, w)
     w = optax.apply_updates(w, update)
