@@ -122,11 +122,23 @@ def _register(kind: str, name: str, build: Callable) -> None:
   if not callable(build):
     raise ValueError(f"register_{kind}({name!r}, {build!r}): the builder "
                      "must be callable.")
-  if _REGISTRY[kind].get(name, build) is not build:
+  if not _same_builder(_REGISTRY[kind].get(name, build), build):
     raise ValueError(f"register_{kind}({name!r}, ...): the name is already "
                      f"registered to {_REGISTRY[kind][name]!r}; pick another "
                      "name.")
   _REGISTRY[kind][name] = build
+
+
+def _same_builder(old: Callable, new: Callable) -> bool:
+  """The same object, or the same function of a module imported again
+  (e.g. a script run as ``__main__`` and then imported by name)."""
+  if old is new:
+    return True
+  name = getattr(old, "__qualname__", None)
+  if name is None or name != getattr(new, "__qualname__", None):
+    return False
+  modules = {getattr(old, "__module__", None), getattr(new, "__module__", None)}
+  return len(modules) == 1 or "__main__" in modules
 
 
 def registered(kind: str) -> tuple[str, ...]:

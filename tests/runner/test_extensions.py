@@ -282,3 +282,17 @@ def test_an_optax_contrib_optimizer_by_module_attribute():
     w = optax.apply_updates(w, update)
   got = np.asarray(jax.device_get(state.params["w"]))
   np.testing.assert_allclose(got[0], w["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_registration_refuses_taken_built_in_and_malformed_names():
+  extensions.register_model("test_linear", make_linear)  # again: the same
+  with pytest.raises(ValueError, match=r"register_model\('test_linear', "
+                     r"\.\.\.\): the name is already registered"):
+    extensions.register_model("test_linear", make_vector_loss)
+  for name in ("gpt", "a:b", ""):
+    with pytest.raises(ValueError, match="the name must be a non-empty "
+                       "string without ':' and not one of the built-in"):
+      extensions.register_model(name, make_linear)
+  with pytest.raises(ValueError, match="not one of the built-in "
+                     r"\('adamw', 'accum_adamw'\)"):
+    extensions.register_optimizer("adamw", optax.sgd)
