@@ -296,3 +296,20 @@ def test_registration_refuses_taken_built_in_and_malformed_names():
   with pytest.raises(ValueError, match="not one of the built-in "
                      r"\('adamw', 'accum_adamw'\)"):
     extensions.register_optimizer("adamw", optax.sgd)
+
+
+def test_a_source_that_runs_out_keeps_the_checkpoints_already_written(
+    tmp_path):
+  require_devices(N)
+  c = linear_config(**{"data.source": "test_stream",
+                       "data.options.stop_at": 4, "checkpoint_interval": 3})
+  workdir = str(tmp_path / "run")
+  with pytest.raises(ValueError, match="data source 'test_stream' ran out "
+                     "of batches at step 4"):
+    train.train_and_evaluate(c, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+  # Enough batches now: the run resumes from step 3 and finishes.
+  c = linear_config(**{"data.source": "test_stream",
+                       "data.options.stop_at": 4, "checkpoint_interval": 3})
+  c.data.options.stop_at = 6
+  assert train.train_and_evaluate(c, workdir)["step"] == 6
