@@ -50,7 +50,32 @@ def cnn_model() -> config_dict.ConfigDict:
   return m
 
 
+def custom_model(name: str = "") -> config_dict.ConfigDict:
+  """The ``model`` group of your own model (docs/extending.md).
+
+  Args:
+    name: a name given to ``extensions.register_model`` or
+      ``"package.module:attribute"`` (its builder returns an
+      ``extensions.Model``).
+  """
+  m = config_dict.ConfigDict()
+  # Registered name or "package.module:attribute" of the model's builder.
+  m.name = name
+  # Keyword arguments of the builder (add fields in the config file).
+  m.options = config_dict.ConfigDict()
+  # The loss takes a fresh PRNG key per worker and step in training
+  # (dropout); False: it is called with key None.
+  m.needs_key = False
+  return m
+
+
 MODELS = {"gpt": gpt_model, "cnn": cnn_model}
+
+
+def model_group(model: str) -> config_dict.ConfigDict:
+  """The ``model`` group of ``"gpt"``, ``"cnn"`` or your own model (any
+  other name: :func:`custom_model`)."""
+  return MODELS[model]() if model in MODELS else custom_model(model)
 
 
 def add_parallel_fields(c: config_dict.ConfigDict) -> None:
@@ -252,6 +277,10 @@ def add_record_fields(c: config_dict.ConfigDict) -> None:
   c.keep_checkpoints = 2
   # Also write TensorBoard event files (needs the tensorboardX package).
   c.tensorboard = False
+  # Also send every metrics record to an experiment tracker: "" (none) or
+  # "wandb" (Weights & Biases; project, mode and directory from its WANDB_*
+  # variables, e.g. WANDB_MODE=offline; needs the wandb package).
+  c.tracker = ""
   # Output directory; the --workdir flag takes precedence.
   c.workdir = config_dict.placeholder(str)
 
@@ -299,8 +328,16 @@ def schedule_group() -> config_dict.ConfigDict:
 
 def data_group(model: str = "gpt") -> config_dict.ConfigDict:
   """The ``data`` group of a ``"gpt"`` or ``"cnn"`` model (its default
-  source differs)."""
+  source differs), or of your own model (any other name: a ``source``
+  naming the data builder and its ``options``)."""
   g = config_dict.ConfigDict()
+  if model not in MODELS:
+    # Registered name or "package.module:attribute" of the data builder
+    # (it returns an extensions.Data).
+    g.source = ""
+    # Keyword arguments of the builder (add fields in the config file).
+    g.options = config_dict.ConfigDict()
+    return g
   # "pydoc" (bundled text), "text_file" (bytes of `path`), "token_bins"
   # (nanoGPT train.bin/val.bin in directory `path`) or "fashion_mnist".
   g.source = "pydoc" if model == "gpt" else "fashion_mnist"

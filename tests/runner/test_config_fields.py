@@ -56,6 +56,7 @@ EXEMPT = {
     "checkpoint_interval": "when checkpoints are written",
     "keep_checkpoints": "how many checkpoints are kept",
     "tensorboard": "an extra metrics file",
+    "tracker": "an extra copy of the metrics records (Weights & Biases)",
     "workdir": "where the run writes",
     "model.name": "which model group: the sweep runs on both (gpt, cnn)",
     "data.source": "which data the step is fed",

@@ -34,7 +34,10 @@ def build(config, schedule, topology, axis_name):
   (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
   every ``config.gossip_every`` steps. With ``config.compression``:
   ``chain(clip, AdamW or AccumAdamW, choco_gossip)``, the local step
-  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`).
+  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`). Your
+  own inner optimizer (``optimizer.name`` neither adamw nor accum_adamw,
+  :func:`parts.own_optimizer`): ``chain(clip, decentralized(inner))``, its
+  step taken from ``W_k x_k`` (:func:`transforms.decentralized`).
   """
   comp = parts.compressor(config)
   if comp is not None:
@@ -43,6 +46,12 @@ def build(config, schedule, topology, axis_name):
         *parts.adam(config, schedule),
         choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
+  if o.name not in ("adamw", "accum_adamw"):  # your own inner optimizer
+    return parts.clipped(config, transforms.decentralized(
+        parts.own_optimizer(config, schedule), topology, axis_name,
+        comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
+        gossip_every=int(config.gossip_every),
+        bucket_bytes=int(config.bucket_bytes)))
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
   return parts.clipped(config, transforms.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
@@ -64,7 +73,7 @@ def runtime_spec(config) -> str:
     spec = f"local_dsgd:H={every},topology={config.topology}"
     return parts.with_settings(
         spec, [e for e in extra if e.startswith("comm_dtype")])
-  if config.optimizer.name != "adamw":
+  if config.optimizer.name == "accum_adamw":
     spec = (f"accum_adam:T={int(config.optimizer.accum_steps)},"
             f"topology={config.topology}")
   else:
