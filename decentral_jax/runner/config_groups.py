@@ -106,6 +106,11 @@ def add_parallel_fields(c: config_dict.ConfigDict) -> None:
   # decentralized: gossip every this many steps, local steps in between
   # (local D-SGD / DAdam); 1 = every step.
   c.gossip_every = 1
+  # decentralized: pipelined gossip (decentral_jax.optim.pipelined): the
+  # round sent in step k is mixed in step k+1, so its transfer hides behind
+  # a whole step; one step of staleness and one parameter-sized buffer in
+  # the optimizer state. Needs gossip_every 1, no compression, no faults.
+  c.pipelined_gossip = False
 
 
 def outer_optimizer_group() -> config_dict.ConfigDict:

@@ -150,6 +150,7 @@ RULES = {
     "gossip_rounds": _one_of(GOSSIP_ROUNDS),
     "global_avg_interval": _integer(0, note=" (0 = never)"),
     "gossip_every": _integer(1),
+    "pipelined_gossip": _boolean,
     "sync_every": _integer(1),
     "sync_every_u": _integer(1),
     "sync_every_v": _integer(1),

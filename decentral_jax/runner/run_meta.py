@@ -36,6 +36,7 @@ RESUME_FIELDS = {"n_workers": "n_workers",
                  "model": "model",
                  "seed": "seed", "global_batch": "global_batch",
                  "sync_every": "sync_every", "gossip_every": "gossip_every",
+                 "pipelined_gossip": "pipelined_gossip",
                  "sync_every_u": "sync_every_u",
                  "sync_every_v": "sync_every_v",
                  "num_fragments": "num_fragments",
@@ -53,7 +54,7 @@ RESUME_FIELDS = {"n_workers": "n_workers",
 #: Values assumed for checkpoints written before these fields existed.
 RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                    "outer_overlap": "none", "outer_latency": 1,
-                   "trickle_reduction": True,
+                   "trickle_reduction": True, "pipelined_gossip": False,
                    "compression": json.loads(
                        config_groups.compression_group().to_json())}
 
@@ -97,6 +98,7 @@ def checkpoint_meta(exp, step: int) -> dict:
       "sync_every_u": int(c.sync_every_u),
       "sync_every_v": int(c.sync_every_v),
       "gossip_every": int(c.gossip_every),
+      "pipelined_gossip": bool(c.pipelined_gossip),
       "num_fragments": int(c.num_fragments),
       "overlap_steps": int(c.overlap_steps),
       "merge_alpha": float(c.merge_alpha),

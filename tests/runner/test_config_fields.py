@@ -93,6 +93,7 @@ ALTERNATES = {
     "consensus_at": ("next_step", {}),
     "global_avg_interval": (5, {}),
     "gossip_every": (2, {}),
+    "pipelined_gossip": (True, {}),
     "sync_every": (5, {}),
     "sync_every_u": (8, {}),
     "sync_every_v": (16, {}),

@@ -31,7 +31,8 @@ PyTree = Any
 #: a value other than the ``base_config`` default of one that
 #: ``config.algorithm`` does not read.
 METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
-                 "global_avg_interval", "gossip_every", "sync_every",
+                 "global_avg_interval", "gossip_every", "pipelined_gossip",
+                 "sync_every",
                  "sync_every_u", "sync_every_v",
                  "outer_optimizer.name", "outer_optimizer.lr",
                  "outer_optimizer.momentum", "outer_optimizer.nesterov",
@@ -65,6 +66,9 @@ class Method(NamedTuple):
   # gossip_every(config) -> steps between two gossip rounds (the runner
   # compiles a separate local step if > 1); None: 1.
   gossip_every: Callable[..., int] | None = None
+  # round_stride(config) -> steps per round of the gossip schedule (2 for
+  # pipelined gossip, which sends round floor(k / 2) at step k); None: 1.
+  round_stride: Callable[..., int] | None = None
   # checks(config): cross-field checks of the fields it reads, run before
   # the refusal of fields it does not read; raise a one-line ValueError.
   checks: Callable[..., None] | None = None
@@ -127,7 +131,7 @@ def register(method: Method) -> Method:
   return method
 
 
-_HOOKS = ("gossip_every", "checks", "compression_checks", "unread", "faults",
+_HOOKS = ("gossip_every", "round_stride", "checks", "compression_checks", "unread", "faults",
           "warnings", "eval_params", "model_params", "global_average")
 
 
