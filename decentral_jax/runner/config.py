@@ -28,6 +28,7 @@ from ml_collections import config_flags
 
 from decentral_jax import layout_modes
 from decentral_jax.runner import config_groups
+from decentral_jax.runner import methods
 
 OPTIMIZERS = ("adamw", "accum_adamw")
 GOSSIP_ROUNDS = ("auto", "switch", "static")
@@ -39,8 +40,6 @@ DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
-# Largest integer field value: step counters and sizes are int32 on device.
-INT_MAX = 2**31 - 1
 # Largest seed: jax.random.key keeps 32 bits (2**32 would be seed 0).
 SEED_MAX = 2**32 - 1
 # Most CPU devices the entry points simulate in one process. Start-up grows
@@ -77,6 +76,8 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c = config_dict.ConfigDict()
   config_groups.add_parallel_fields(c)
   config_groups.add_local_update_fields(c)
+  # The fields the registered methods declare (Method.config_fields).
+  methods.add_declared_fields(c)
   # Compressed communication, then slow and failing workers.
   c.compression = config_groups.compression_group()
   c.faults = config_groups.faults_group()

@@ -106,11 +106,6 @@ def add_parallel_fields(c: config_dict.ConfigDict) -> None:
   # decentralized: gossip every this many steps, local steps in between
   # (local D-SGD / DAdam); 1 = every step.
   c.gossip_every = 1
-  # decentralized: pipelined gossip (decentral_jax.optim.pipelined): the
-  # round sent in step k is mixed in step k+1, so its transfer hides behind
-  # a whole step; one step of staleness and one parameter-sized buffer in
-  # the optimizer state. Needs gossip_every 1, no compression, no faults.
-  c.pipelined_gossip = False
 
 
 def outer_optimizer_group() -> config_dict.ConfigDict:
@@ -133,11 +128,6 @@ def add_local_update_fields(c: config_dict.ConfigDict) -> None:
   # Sync period H in steps: workers synchronise every H inner steps
   # (desloc_adam: K_x, the period of the parameters' average).
   c.sync_every = 10
-  # desloc_adam (DES-LOC, arXiv 2505.22549): the periods K_u and K_v in steps
-  # of the averages of Adam's first and second moments (the paper
-  # recommends K_u = 3 K_x, K_v = 6 K_x).
-  c.sync_every_u = 30
-  c.sync_every_v = 60
   # Outer optimizer applied to the pseudo-gradient theta - mean(x) (DiLoCo).
   c.outer_optimizer = outer_optimizer_group()
   # streaming_diloco: fragments P (each synchronises every H steps, offset

@@ -11,8 +11,6 @@ between fields are checked by :mod:`decentral_jax.runner.validation`.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from decentral_jax import wire_format
@@ -21,12 +19,12 @@ from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
 from decentral_jax.optim import outer_timing
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
+from decentral_jax.runner import field_checks
 from decentral_jax.runner import methods
 from decentral_jax.runner.config import COMPUTE_DTYPES
 from decentral_jax.runner.config import CONSENSUS_AT
 from decentral_jax.runner.config import DATA_SOURCES
 from decentral_jax.runner.config import GOSSIP_ROUNDS
-from decentral_jax.runner.config import INT_MAX
 from decentral_jax.runner.config import OPTIMIZERS
 from decentral_jax.runner.config import SCHEDULES
 from decentral_jax.runner.config import SEED_MAX
@@ -44,14 +42,6 @@ def field(config, name: str):
   return value
 
 
-def choice(value, name: str, allowed) -> str:
-  """``value`` if it is one of ``allowed``, else a ValueError naming both."""
-  if value not in allowed:
-    raise ValueError(f"unknown config.{name}={value!r}; use one of "
-                     f"{', '.join(map(str, allowed))} (--config.{name}=...).")
-  return value
-
-
 def check_fields(config, names, group: str) -> None:
   """Refuses a config (group) that lacks any of the fields ``names``."""
   missing = [n for n in names if n not in config]
@@ -59,57 +49,6 @@ def check_fields(config, names, group: str) -> None:
     raise ValueError(
         f"config.{group} lacks {', '.join(missing)}; build the config from "
         "decentral_jax.runner.config.base_config() (see configs/gpt_tiny.py).")
-
-
-# -- Field rules: each checks one value and raises a one-line ValueError
-# -- naming the field, the rule, the value and the override that fixes it.
-
-
-def _integer(lo: int, hi: int = INT_MAX, note: str = ""):
-  """An int (not a bool) in ``[lo, hi]``."""
-  def check(name, value):
-    if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
-        or not lo <= value <= hi):
-      raise ValueError(f"config.{name} must be an integer in [{lo}, {hi}]"
-                       f"{note}, got {value!r}; set --config.{name}=<int>.")
-  return check
-
-
-def _real(lo: float, hi: float | None = None, *, lo_open: bool = False,
-          note: str = ""):
-  """A finite int or float (not a bool), ``>= lo`` (``> lo``), ``< hi``."""
-  if hi is not None:
-    rule = f"in {'(' if lo_open else '['}{lo:g}, {hi:g})"
-  else:
-    rule = f"{'>' if lo_open else '>='} {lo:g}"
-
-  def check(name, value):
-    ok = (not isinstance(value, bool) and
-          isinstance(value, (int, float, np.integer, np.floating)) and
-          (isinstance(value, (int, np.integer)) or math.isfinite(value)) and
-          (value > lo if lo_open else value >= lo) and
-          (hi is None or value < hi))
-    if not ok:
-      raise ValueError(f"config.{name} must be a finite number {rule}{note}, "
-                       f"got {value!r}; set --config.{name}=<float>.")
-  return check
-
-
-def _boolean(name, value):
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"config.{name} must be True or False, got {value!r}; "
-                     f"set --config.{name}=True or False.")
-
-
-def _optional_text(name, value):
-  if value is not None and not isinstance(value, str):
-    raise ValueError(f"config.{name} must be a string (or unset), got "
-                     f"{value!r}; set --config.{name}=<text>.")
-
-
-def _one_of(allowed):
-  allowed = tuple(allowed)
-  return lambda name, value: choice(value, name, allowed)
 
 
 def _topology(name, value):
@@ -127,7 +66,7 @@ def _features(name, value):
   """CNN conv widths: 1 to 4 positive ints (each layer halves 28x28)."""
   ok = isinstance(value, (tuple, list)) and 1 <= len(value) <= 4 and all(
       not isinstance(f, bool) and isinstance(f, (int, np.integer))
-      and 1 <= f <= INT_MAX for f in value)
+      and 1 <= f <= field_checks.INT_MAX for f in value)
   if not ok:
     raise ValueError(f"config.{name} must be 1 to 4 positive integers (conv "
                      f"channels; each layer halves the 28x28 image), got "
@@ -137,88 +76,85 @@ def _features(name, value):
 # Every field of base_config() outside `model`, `data.source` and
 # `distributed` (see check_distributed), checked in this order.
 RULES = {
-    "algorithm": lambda name, value: choice(value, name,
-                                             tuple(methods.ALGORITHMS)),
+    "algorithm": lambda name, value: field_checks.choice(
+        value, name, tuple(methods.ALGORITHMS)),
     "topology": _topology,
-    "n_workers": _integer(1),
-    "workers_per_node": _integer(1),
-    "devices_per_worker": _integer(1),
-    "workers_per_device": _integer(1),
-    "worker_layout": _one_of(WORKER_LAYOUTS),
-    "comm_dtype": _one_of(parts.COMM_DTYPES),
-    "bucket_bytes": _integer(0, note=" (0 = one collective per leaf)"),
-    "gossip_rounds": _one_of(GOSSIP_ROUNDS),
-    "global_avg_interval": _integer(0, note=" (0 = never)"),
-    "gossip_every": _integer(1),
-    "pipelined_gossip": _boolean,
-    "sync_every": _integer(1),
-    "sync_every_u": _integer(1),
-    "sync_every_v": _integer(1),
-    "outer_optimizer.name": _one_of(local_updates.OUTER_OPTIMIZERS),
-    "outer_optimizer.lr": _real(0.0, lo_open=True),
-    "outer_optimizer.momentum": _real(0.0, 1.0),
-    "outer_optimizer.nesterov": _boolean,
-    "num_fragments": _integer(1),
-    "overlap_steps": _integer(0),
+    "n_workers": field_checks.integer(1),
+    "workers_per_node": field_checks.integer(1),
+    "devices_per_worker": field_checks.integer(1),
+    "workers_per_device": field_checks.integer(1),
+    "worker_layout": field_checks.one_of(WORKER_LAYOUTS),
+    "comm_dtype": field_checks.one_of(parts.COMM_DTYPES),
+    "bucket_bytes": field_checks.integer(0, note=" (0 = one collective per leaf)"),
+    "gossip_rounds": field_checks.one_of(GOSSIP_ROUNDS),
+    "global_avg_interval": field_checks.integer(0, note=" (0 = never)"),
+    "gossip_every": field_checks.integer(1),
+    "sync_every": field_checks.integer(1),
+    "outer_optimizer.name": field_checks.one_of(local_updates.OUTER_OPTIMIZERS),
+    "outer_optimizer.lr": field_checks.real(0.0, lo_open=True),
+    "outer_optimizer.momentum": field_checks.real(0.0, 1.0),
+    "outer_optimizer.nesterov": field_checks.boolean,
+    "num_fragments": field_checks.integer(1),
+    "overlap_steps": field_checks.integer(0),
     "merge_alpha": lambda name, value: (
-        _real(0.0)(name, value) if value == 1 else
-        _real(0.0, 1.0, note=" or exactly 1")(name, value)),
-    "outer_overlap": _one_of(outer_timing.TIMINGS),
-    "outer_latency": _integer(1, note=" (rounds)"),
-    "trickle_reduction": _boolean,
-    "compression.format": _one_of(wire_format.FORMATS),
-    "compression.block": _integer(2, compress.MAX_BLOCK,
+        field_checks.real(0.0)(name, value) if value == 1 else
+        field_checks.real(0.0, 1.0, note=" or exactly 1")(name, value)),
+    "outer_overlap": field_checks.one_of(outer_timing.TIMINGS),
+    "outer_latency": field_checks.integer(1, note=" (rounds)"),
+    "trickle_reduction": field_checks.boolean,
+    "compression.format": field_checks.one_of(wire_format.FORMATS),
+    "compression.block": field_checks.integer(2, compress.MAX_BLOCK,
                                   note=" (values per scale or chunk)"),
-    "compression.fraction": _real(0.0, 1.0, lo_open=True,
+    "compression.fraction": field_checks.real(0.0, 1.0, lo_open=True,
                                   note=" or exactly 1"),
-    "compression.error_feedback": _boolean,
-    "compression.error_decay": _real(0.0, 1.0, lo_open=True,
+    "compression.error_feedback": field_checks.boolean,
+    "compression.error_decay": field_checks.real(0.0, 1.0, lo_open=True,
                                      note=" or exactly 1"),
-    "compression.consensus_step": _real(0.0, 1.0, lo_open=True,
+    "compression.consensus_step": field_checks.real(0.0, 1.0, lo_open=True,
                                         note=" or exactly 1"),
-    "steps": _integer(1),
-    "global_batch": _integer(1),
-    "seed": _integer(0, SEED_MAX),
-    "grad_clip": _real(0.0, note=" (0 disables clipping)"),
-    "eval_interval": _integer(0, note=" (0 = only at the end)"),
-    "eval_batches": _integer(1),
-    "log_interval": _integer(1),
-    "consensus_at": _one_of(CONSENSUS_AT),
-    "checkpoint_interval": _integer(0, note=" (0 = only at the end)"),
-    "keep_checkpoints": _integer(1),
-    "tensorboard": _boolean,
-    "workdir": _optional_text,
-    "optimizer.name": _one_of(OPTIMIZERS),
-    "optimizer.b1": _real(0.0, 1.0),
-    "optimizer.b2": _real(0.0, 1.0),
-    "optimizer.eps": _real(0.0),
-    "optimizer.weight_decay": _real(0.0),
-    "optimizer.accum_steps": _integer(1),
-    "optimizer.beta_convention": _one_of(BETA_CONVENTIONS),
-    "schedule.name": _one_of(SCHEDULES),
-    "schedule.peak_lr": _real(0.0, lo_open=True),
-    "schedule.warmup_steps": _integer(0),
-    "schedule.final_lr": _real(0.0),
-    "data.path": _optional_text,
-    "data.val_fraction": _real(0.0, 1.0),
+    "steps": field_checks.integer(1),
+    "global_batch": field_checks.integer(1),
+    "seed": field_checks.integer(0, SEED_MAX),
+    "grad_clip": field_checks.real(0.0, note=" (0 disables clipping)"),
+    "eval_interval": field_checks.integer(0, note=" (0 = only at the end)"),
+    "eval_batches": field_checks.integer(1),
+    "log_interval": field_checks.integer(1),
+    "consensus_at": field_checks.one_of(CONSENSUS_AT),
+    "checkpoint_interval": field_checks.integer(0, note=" (0 = only at the end)"),
+    "keep_checkpoints": field_checks.integer(1),
+    "tensorboard": field_checks.boolean,
+    "workdir": field_checks.optional_text,
+    "optimizer.name": field_checks.one_of(OPTIMIZERS),
+    "optimizer.b1": field_checks.real(0.0, 1.0),
+    "optimizer.b2": field_checks.real(0.0, 1.0),
+    "optimizer.eps": field_checks.real(0.0),
+    "optimizer.weight_decay": field_checks.real(0.0),
+    "optimizer.accum_steps": field_checks.integer(1),
+    "optimizer.beta_convention": field_checks.one_of(BETA_CONVENTIONS),
+    "schedule.name": field_checks.one_of(SCHEDULES),
+    "schedule.peak_lr": field_checks.real(0.0, lo_open=True),
+    "schedule.warmup_steps": field_checks.integer(0),
+    "schedule.final_lr": field_checks.real(0.0),
+    "data.path": field_checks.optional_text,
+    "data.val_fraction": field_checks.real(0.0, 1.0),
 }
 MODEL_RULES = {
     "gpt": {
-        "model.vocab_size": _integer(1),
-        "model.block_size": _integer(1),
-        "model.n_layer": _integer(1),
-        "model.n_head": _integer(1),
-        "model.n_embd": _integer(1),
-        "model.bias": _boolean,
-        "model.dropout": _real(0.0, 1.0),
-        "model.dtype": _one_of(COMPUTE_DTYPES),
-        "data.source": _one_of(DATA_SOURCES["gpt"]),
+        "model.vocab_size": field_checks.integer(1),
+        "model.block_size": field_checks.integer(1),
+        "model.n_layer": field_checks.integer(1),
+        "model.n_head": field_checks.integer(1),
+        "model.n_embd": field_checks.integer(1),
+        "model.bias": field_checks.boolean,
+        "model.dropout": field_checks.real(0.0, 1.0),
+        "model.dtype": field_checks.one_of(COMPUTE_DTYPES),
+        "data.source": field_checks.one_of(DATA_SOURCES["gpt"]),
     },
     "cnn": {
         "model.features": _features,
-        "model.dense": _integer(1),
-        "model.num_classes": _integer(2),
-        "data.source": _one_of(DATA_SOURCES["cnn"]),
+        "model.dense": field_checks.integer(1),
+        "model.num_classes": field_checks.integer(2),
+        "data.source": field_checks.one_of(DATA_SOURCES["cnn"]),
     },
 }
 # Real fields in (0, 1] (their rule says [.., 1) "or exactly 1").
@@ -228,15 +164,15 @@ UP_TO_ONE = ("compression.fraction", "compression.error_decay",
 # The `faults` group (checked only if the config has one, so that configs
 # saved before it existed still load).
 FAULT_RULES = {
-    "faults.enabled": _boolean,
-    "faults.failure_rate": _real(0.0, 1.0, note=" or exactly 1"),
-    "faults.mean_downtime": _real(1.0),
-    "faults.slow_fraction": _real(0.0, 1.0, note=" or exactly 1"),
-    "faults.slow_speed": _real(0.0, 1.0, lo_open=True, note=" or exactly 1"),
-    "faults.trace": _optional_text,
-    "faults.seed": _integer(0, SEED_MAX),
-    "faults.stragglers": _one_of(fault_schedule.STRAGGLER_MODES),
-    "faults.min_quorum": _integer(1),
-    "faults.on_failure": _one_of(elastic.ON_FAILURE),
-    "faults.rejoin": _one_of(elastic.REJOIN),
+    "faults.enabled": field_checks.boolean,
+    "faults.failure_rate": field_checks.real(0.0, 1.0, note=" or exactly 1"),
+    "faults.mean_downtime": field_checks.real(1.0),
+    "faults.slow_fraction": field_checks.real(0.0, 1.0, note=" or exactly 1"),
+    "faults.slow_speed": field_checks.real(0.0, 1.0, lo_open=True, note=" or exactly 1"),
+    "faults.trace": field_checks.optional_text,
+    "faults.seed": field_checks.integer(0, SEED_MAX),
+    "faults.stragglers": field_checks.one_of(fault_schedule.STRAGGLER_MODES),
+    "faults.min_quorum": field_checks.integer(1),
+    "faults.on_failure": field_checks.one_of(elastic.ON_FAILURE),
+    "faults.rejoin": field_checks.one_of(elastic.REJOIN),
 }

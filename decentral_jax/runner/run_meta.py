@@ -24,6 +24,8 @@ from decentral_jax import parallel
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import fault_run
+from decentral_jax.runner import field_rules
+from decentral_jax.runner import methods
 from decentral_jax.runner import validation
 
 #: checkpoint_meta key -> the config field a resumed run must keep.
@@ -36,9 +38,6 @@ RESUME_FIELDS = {"n_workers": "n_workers",
                  "model": "model",
                  "seed": "seed", "global_batch": "global_batch",
                  "sync_every": "sync_every", "gossip_every": "gossip_every",
-                 "pipelined_gossip": "pipelined_gossip",
-                 "sync_every_u": "sync_every_u",
-                 "sync_every_v": "sync_every_v",
                  "num_fragments": "num_fragments",
                  "overlap_steps": "overlap_steps",
                  "merge_alpha": "merge_alpha",
@@ -54,7 +53,7 @@ RESUME_FIELDS = {"n_workers": "n_workers",
 #: Values assumed for checkpoints written before these fields existed.
 RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                    "outer_overlap": "none", "outer_latency": 1,
-                   "trickle_reduction": True, "pipelined_gossip": False,
+                   "trickle_reduction": True,
                    "compression": json.loads(
                        config_groups.compression_group().to_json())}
 
@@ -95,10 +94,7 @@ def checkpoint_meta(exp, step: int) -> dict:
       # The sync schedule of the local-update methods (a change mid-run
       # would silently move the sync steps).
       "sync_every": int(c.sync_every),
-      "sync_every_u": int(c.sync_every_u),
-      "sync_every_v": int(c.sync_every_v),
       "gossip_every": int(c.gossip_every),
-      "pipelined_gossip": bool(c.pipelined_gossip),
       "num_fragments": int(c.num_fragments),
       "overlap_steps": int(c.overlap_steps),
       "merge_alpha": float(c.merge_alpha),
@@ -118,6 +114,9 @@ def checkpoint_meta(exp, step: int) -> dict:
       "faults": fault_run.resume_meta(c, exp.faults),
       # Where the workers ran (informative: a resume may change it).
       "layout": worker_layout_meta(exp),
+      # The registered methods' own fields (Method.config_fields).
+      **{name: field_rules.field(c, name)
+         for name in methods.declared_fields()},
   }
 
 
@@ -143,7 +142,8 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   with the same ``n_workers``); a different ``n_workers`` is refused
   first, saying why (:func:`check_elastic_resume`). Fields the run does
   not read are not compared; a field an older checkpoint lacks counts as
-  its value in ``RESUME_DEFAULTS``.
+  its value in ``RESUME_DEFAULTS`` (a method's own declared field: its
+  ``ConfigField.default``).
 
   Args:
     exp: this run.
@@ -155,10 +155,12 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   """
   mine = checkpoint_meta(exp, meta.get("step", 0))
   check_elastic_resume(meta, mine, directory)
-  for key, field in RESUME_FIELDS.items():
+  declared = methods.declared_fields()
+  defaults = {**RESUME_DEFAULTS, **{n: f.default for n, f in declared.items()}}
+  for key, field in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
     if validation.unread_reason(exp.config, field) is not None:
       continue  # ignored by this run (its algorithm is compared)
-    theirs = meta.get(key, RESUME_DEFAULTS.get(key, mine[key]))
+    theirs = meta.get(key, defaults.get(key, mine[key]))
     if key == "faults":  # the trace by content; names the setting
       why = fault_run.resume_mismatch(theirs, mine[key])
       if why is not None:

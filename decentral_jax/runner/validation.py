@@ -22,6 +22,7 @@ from ml_collections import config_dict
 
 from decentral_jax.comm import fault_schedule
 from decentral_jax.runner import devices
+from decentral_jax.runner import field_checks
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import methods
 from decentral_jax.runner.config import DATA_SOURCES
@@ -71,7 +72,7 @@ def check_config(config: config_dict.ConfigDict) -> None:
   """
   c = config
   if "model" in c and "name" in c.model:
-    model = field_rules.choice(c.model.name, "model.name",
+    model = field_checks.choice(c.model.name, "model.name",
                                tuple(DATA_SOURCES))
   else:
     model = "gpt"
@@ -80,8 +81,13 @@ def check_config(config: config_dict.ConfigDict) -> None:
   for group in ("optimizer", "outer_optimizer", "schedule", "model", "data",
                 "distributed", "compression"):
     field_rules.check_fields(c[group], list(base[group].keys()), group)
-  for name, rule in {**field_rules.RULES,
-                     **field_rules.MODEL_RULES[model]}.items():
+  declared = methods.declared_fields()
+  for name in declared:
+    *group, leaf = name.split(".")
+    field_rules.check_fields(field_rules.field(c, ".".join(group)) if group
+                             else c, [leaf], ".".join(group))
+  for name, rule in {**field_rules.RULES, **field_rules.MODEL_RULES[model],
+                     **{n: f.rule for n, f in declared.items()}}.items():
     value = field_rules.field(c, name)
     if name in field_rules.UP_TO_ONE and value == 1 and \
         not isinstance(value, bool):
@@ -285,8 +291,8 @@ def _setting(value) -> str:
 def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   """Why ``config`` does not read ``field``, or None if it does.
 
-  Not read: a field of :data:`decentral_jax.runner.methods.METHOD_FIELDS`
-  that ``config.algorithm`` does not list (``Method.fields``), or one its
+  Not read: a field of :func:`decentral_jax.runner.methods.method_fields`
+  (a method's own declared fields included) that ``config.algorithm`` does not list (``Method.fields``), or one its
   ``Method.unread`` names (CHOCO-gossip's ``bucket_bytes``);
   ``workers_per_node`` unless the algorithm gossips over a node-aware
   topology (``alternating_exp_ring``, the only one whose rounds depend on
@@ -306,11 +312,11 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   """
   c = config
   entry = methods.lookup(c.algorithm)
-  members = [f for f in methods.METHOD_FIELDS if f.startswith(field + ".")]
+  members = [f for f in methods.method_fields() if f.startswith(field + ".")]
   if members:
     reasons = [unread_reason(c, f) for f in members]
     return reasons[0] if all(reasons) else None
-  if field in methods.METHOD_FIELDS and field not in entry.fields:
+  if field in methods.method_fields() and field not in entry.fields:
     users = [a for a, e in methods.ALGORITHMS.items() if field in e.fields]
     readers = (f"read only by {', '.join(users)}" if users else
                "no registered method reads it")
@@ -366,7 +372,7 @@ def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
   default = base_config(c.model.name if c.model.name in DATA_SOURCES
                         else "gpt")
   out = []
-  for name in (*methods.METHOD_FIELDS, "workers_per_node", "worker_layout",
+  for name in (*methods.method_fields(), "workers_per_node", "worker_layout",
                "schedule.final_lr", "schedule.warmup_steps"):
     value, want = field_rules.field(c, name), field_rules.field(default, name)
     if name == "topology":

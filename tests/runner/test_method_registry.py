@@ -12,6 +12,8 @@ unregisters it, so that every other test sees the library's registry.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +29,9 @@ from decentral_jax.optim import transforms
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import field_checks
 from decentral_jax.runner import methods
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import validation
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
@@ -169,3 +173,98 @@ def test_the_runtime_model_prices_the_toy_method(toy):
   # neighbour per step (0.1 s), more than the 60 ms of compute it hides
   # behind, so a step takes the exchange.
   assert t == pytest.approx(0.1, rel=1e-6)
+
+
+# A toy method with a field of its own: D-PSGD whose mixing runs every
+# `toy.gossip_every` steps would need a program; the field is only declared,
+# validated, refused elsewhere, recorded and kept on resume.
+TOY_FIELD = methods.ConfigField(3, field_checks.integer(1, 100),
+                                "toy: an integer in [1, 100]")
+TOY_OWN = TOY._replace(
+    name="toy_own", config_fields={"toy.period": TOY_FIELD},
+    arms=(methods.Arm("toy_arm", topology="ring",
+                      fields=(("toy.period", 5),), peak_lr=1e-3),))
+
+
+@pytest.fixture
+def toy_own():
+  methods.register(TOY_OWN)
+  try:
+    yield methods.lookup(TOY_OWN.name)
+  finally:
+    methods.unregister(TOY_OWN.name)
+
+
+def test_a_declared_field_joins_the_config_and_is_read_by_its_method(toy_own):
+  assert "toy.period" in toy_own.fields  # folded in by register
+  c = config_lib.base_config()
+  assert c.toy.period == 3
+  config = _config("--config.algorithm=toy_own", "--config.toy.period=7")
+  validation.check_config(config)
+  with pytest.raises(ValueError, match=r"^config.toy.period must be an "
+                     r"integer in \[1, 100\], got 101; set "
+                     r"--config.toy.period=<int>.$"):
+    validation.check_config(_config("--config.algorithm=toy_own",
+                                    "--config.toy.period=101"))
+  with pytest.raises(ValueError, match="^config.toy.period=7 has no effect "
+                     "with config.algorithm='diloco' .read only by toy_own."):
+    validation.check_config(_config("--config.algorithm=diloco",
+                                    "--config.topology=one_peer_exp",
+                                    "--config.toy.period=7"))
+  methods.unregister("toy_own")
+  try:
+    assert "toy" not in config_lib.base_config()  # gone with its method
+  finally:
+    methods.register(TOY_OWN)
+
+
+def test_declared_fields_are_refused_when_malformed_or_taken(toy_own):
+  bad = {"toy period": TOY_FIELD, "sync_every": TOY_FIELD,
+         "toy.period": TOY_FIELD._replace(doc="another"),
+         "toy.other": TOY_FIELD._replace(default=0)}
+  words = {"toy period": "is not a dotted field name",
+           "sync_every": "config.sync_every is already a field",
+           "toy.period": "config.toy.period is already a field",
+           "toy.other": r"config.toy.other must be an integer"}
+  for name, spec in bad.items():
+    with pytest.raises(ValueError, match=words[name]):
+      methods.register(TOY._replace(name="other",
+                                    config_fields={name: spec}))
+  with pytest.raises(ValueError, match="Method.arms of 'other' must be a "
+                     "tuple of Arm"):
+    methods.register(TOY._replace(name="other", arms=("toy_arm",)))
+  assert "other" not in methods.ALGORITHMS
+
+
+def test_a_declared_field_is_kept_across_a_resume(toy_own):
+  require_devices(N)
+  exp = experiment_lib.Experiment(_config("--config.algorithm=toy_own",
+                                          "--config.toy.period=7"))
+  meta = run_meta.checkpoint_meta(exp, 4)
+  assert meta["toy.period"] == 7
+  run_meta.check_resumable(exp, meta, "ckpt")
+  with pytest.raises(ValueError, match="written with config.toy.period=5 but "
+                     "this run has 7"):
+    run_meta.check_resumable(exp, {**meta, "toy.period": 5}, "ckpt")
+  old = {k: v for k, v in meta.items() if k != "toy.period"}
+  with pytest.raises(ValueError, match="config.toy.period=3 but this run "
+                     "has 7"):  # written before the field: its default
+    run_meta.check_resumable(exp, old, "ckpt")
+
+
+def test_an_arm_joins_the_main_job_method_table(toy_own):
+  script = (
+      "from decentral_jax.runner import methods\n"
+      "from tests.runner.test_method_registry import TOY_OWN\n"
+      "methods.register(TOY_OWN)\n"
+      "from decentral_jax.tools.compare import runs\n"
+      "run = runs.METHODS['toy_arm']\n"
+      "print(run.algorithm, run.topology, run.fields, "
+      "runs.TUNED_PEAK_LR['toy_arm'], run.label)\n")
+  out = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT + os.pathsep +
+                            os.path.join(ROOT, "tests")},
+                       capture_output=True, text=True, timeout=300, check=True)
+  assert out.stdout.strip().splitlines()[-1] == (
+      "toy_own ring (('toy.period', 5),) 0.001 toy_dpsgd (ring), "
+      "toy.period=5")

@@ -166,7 +166,9 @@ def test_every_library_algorithm_and_topology_is_priced():
       # (sync_every_u = 30, sync_every_v = 60), not overlapped.
       "desloc_adam": _C_S + _RING_S * (1 / h + 1 / 30 + 1 / 60),
   }
-  assert set(want) == set(methods.ALGORITHMS)
+  # Every registered method is priced (those of later homes checked against
+  # their hand counts in their own tests); the library's first ones here.
+  assert set(want) <= set(methods.ALGORITHMS)
   for algo in methods.ALGORITHMS:
     cfg = config_lib.base_config("gpt")
     cfg.algorithm = algo
@@ -176,9 +178,10 @@ def test_every_library_algorithm_and_topology_is_priced():
     t = simulate(m, c, Workload(25e6, 0.02, 0.04,
                                           bucket_shares=(1.0,), **fields),
                       steps=80, warmup=16)
-    assert t == pytest.approx(want[algo], rel=1e-9), (algo, spec, t)
     assert closed_form(m, c, w).iteration_s == pytest.approx(
-        want[algo], rel=1e-9), (algo, spec)
+        t, rel=1e-9), (algo, spec)
+    if algo in want:
+      assert t == pytest.approx(want[algo], rel=1e-9), (algo, spec, t)
   # Streaming DiLoCo with P = 2 fragments of M/2, each overlapped with
   # tau = 1 step: (a/2 - C) of each is exposed once per H steps.
   cfg = config_lib.base_config("gpt")

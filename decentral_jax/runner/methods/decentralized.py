@@ -21,6 +21,7 @@ import optax
 from decentral_jax.optim import choco
 from decentral_jax.optim import pipelined
 from decentral_jax.optim import transforms
+from decentral_jax.runner import field_checks
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner.methods import registry
 from decentral_jax.topology import schedules as topology_lib
@@ -143,14 +144,23 @@ def check_faults(config) -> None:
 _NO_OUTER_STEP = ("config.algorithm='decentralized' (gossip takes no outer "
                   "step to hold to a quorum or roll back)")
 FIELDS = (*GOSSIP_FIELDS, "global_avg_interval", "gossip_every",
-          "pipelined_gossip", *CHOCO_FIELDS)
+          *CHOCO_FIELDS)
+CONFIG_FIELDS = {
+    "pipelined_gossip": registry.ConfigField(
+        False, field_checks.boolean,
+        "decentralized: pipelined gossip (decentral_jax.optim.pipelined): "
+        "the round sent in step k is mixed in step k+1, so its transfer "
+        "hides behind a whole step; one step of staleness and one "
+        "parameter-sized buffer in the optimizer state. Needs gossip_every "
+        "1, no compression, no faults"),
+}
 
 DECENTRALIZED = registry.register(registry.Method(
     "decentralized", build, fields=FIELDS, runtime_spec=runtime_spec,
     label="dadam", uses_topology=True, static_rounds=True,
     gossip_every=lambda config: int(config.gossip_every),
     round_stride=lambda config: 2 if config.pipelined_gossip else 1,
-    checks=check_pipelined,
+    checks=check_pipelined, config_fields=CONFIG_FIELDS,
     compression_checks=check_compression,
     unread=unread, faults=check_faults,
     unread_faults={"min_quorum": _NO_OUTER_STEP,

@@ -17,10 +17,21 @@ from __future__ import annotations
 
 from decentral_jax.optim import desloc
 from decentral_jax.optim import transforms
+from decentral_jax.runner import field_checks
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner.methods import registry
 
-FIELDS = ("sync_every", "sync_every_u", "sync_every_v")
+FIELDS = ("sync_every",)
+# K_u and K_v: the periods in steps of the averages of Adam's first and
+# second moments (the paper recommends K_u = 3 K_x, K_v = 6 K_x).
+CONFIG_FIELDS = {
+    "sync_every_u": registry.ConfigField(
+        30, field_checks.integer(1),
+        "desloc_adam: steps between two averages of the first moment (K_u)"),
+    "sync_every_v": registry.ConfigField(
+        60, field_checks.integer(1),
+        "desloc_adam: steps between two averages of the second moment (K_v)"),
+}
 
 
 def build(config, schedule, topology, axis_name):
@@ -67,4 +78,8 @@ def runtime_spec(config) -> str:
 
 DESLOC_ADAM = registry.register(registry.Method(
     "desloc_adam", build, fields=FIELDS, runtime_spec=runtime_spec,
-    label="desloc_adam", checks=checks, warnings=warnings))
+    label="desloc_adam", checks=checks, warnings=warnings,
+    config_fields=CONFIG_FIELDS,
+    # K_x = 10 as the DiLoCo arms, the paper's K_u = 3 K_x, K_v = 6 K_x.
+    arms=(registry.Arm("desloc_adam", fields=(
+        ("sync_every", 10), ("sync_every_u", 30), ("sync_every_v", 60))),)))

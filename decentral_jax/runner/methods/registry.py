@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, NamedTuple
 
 import optax
+from ml_collections import config_dict
 
 from decentral_jax import method_names as names
 
@@ -31,9 +32,7 @@ PyTree = Any
 #: a value other than the ``base_config`` default of one that
 #: ``config.algorithm`` does not read.
 METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
-                 "global_avg_interval", "gossip_every", "pipelined_gossip",
-                 "sync_every",
-                 "sync_every_u", "sync_every_v",
+                 "global_avg_interval", "gossip_every", "sync_every",
                  "outer_optimizer.name", "outer_optimizer.lr",
                  "outer_optimizer.momentum", "outer_optimizer.nesterov",
                  "num_fragments", "overlap_steps", "merge_alpha",
@@ -41,6 +40,40 @@ METHOD_FIELDS = ("topology", "comm_dtype", "bucket_bytes", "gossip_rounds",
                  "compression.format", "compression.block",
                  "compression.fraction", "compression.error_feedback",
                  "compression.error_decay", "compression.consensus_step")
+
+
+class ConfigField(NamedTuple):
+  """A config field a method home declares (``Method.config_fields``).
+
+  Added to :func:`decentral_jax.runner.config.base_config` with
+  ``default``, checked by ``rule``, read only by the method that declares
+  it (another ``config.algorithm`` refuses a value other than
+  ``default``), recorded in checkpoints and kept across a resume
+  (a checkpoint written before the field existed counts as ``default``).
+  """
+  # The base_config value (a bool, int, float or str).
+  default: Any
+  # rule(name, value): raises a one-line ValueError naming config.<name>
+  # (decentral_jax.runner.field_checks builds them).
+  rule: Callable[[str, Any], None]
+  # What it sets, with its unit (a comment of base_config).
+  doc: str = ""
+
+
+class Arm(NamedTuple):
+  """One arm of the main job (``decentral-jax compare``) for a method.
+
+  ``name`` is its ``--methods`` name; ``fields`` the further config
+  fields it sets, ``((dotted field, value), ...)``; ``peak_lr`` its tuned
+  peak learning rate for the job's setting (gpt_tiny, 8 workers, 300
+  steps; None: the config's own).
+  """
+  name: str
+  optimizer: str = "adamw"
+  topology: str = "complete"
+  fields: tuple = ()
+  peak_lr: float | None = None
+  workers_per_node: int = 1
 
 
 class Method(NamedTuple):
@@ -95,6 +128,11 @@ class Method(NamedTuple):
   # global_average(params, opt_state, axis_name) -> (params, opt_state) for
   # config.global_avg_interval (None: the exact mean of the parameters).
   global_average: Callable[..., tuple] | None = None
+  # Config fields of its own, {dotted name: ConfigField} (added to
+  # base_config and to ``fields`` by register).
+  config_fields: Mapping[str, ConfigField] = {}
+  # Its arms in the main job's method table (decentral_jax.tools.compare).
+  arms: tuple[Arm, ...] = ()
 
 
 #: The registered methods by ``config.algorithm``, in registration order.
@@ -122,16 +160,84 @@ def register(method: Method) -> Method:
     raise ValueError(f"Method.name={method.name!r} is already registered; "
                      "pick another name or unregister it first.")
   _check_record(method)
-  unknown = [f for f in method.fields if f not in METHOD_FIELDS]
+  _check_config_fields(method)
+  own = tuple(method.config_fields)
+  unknown = [f for f in method.fields
+             if f not in METHOD_FIELDS and f not in own]
   if unknown:
     raise ValueError(f"Method.fields of {method.name!r} names "
                      f"{', '.join(unknown)}, not in METHOD_FIELDS; list only "
-                     "method fields of the run config.")
+                     "method fields of the run config, or declare the field "
+                     "in Method.config_fields.")
+  method = method._replace(
+      fields=method.fields + tuple(f for f in own if f not in method.fields))
   ALGORITHMS[method.name] = method
   return method
 
 
-_HOOKS = ("gossip_every", "round_stride", "checks", "compression_checks", "unread", "faults",
+def _check_config_fields(method: Method) -> None:
+  """``method.config_fields`` and ``method.arms`` well formed (one line)."""
+  name, fields = method.name, method.config_fields
+  if not isinstance(fields, Mapping):
+    raise ValueError(f"Method.config_fields of {name!r} must be a mapping "
+                     f"{{dotted name: ConfigField}}, got {fields!r:.60}.")
+  taken = declared_fields()
+  for field, spec in fields.items():
+    if not (isinstance(field, str) and field and
+            all(p.isidentifier() for p in field.split("."))):
+      raise ValueError(f"Method.config_fields of {name!r}: {field!r} is not "
+                       "a dotted field name such as 'noloco.alpha'.")
+    if not isinstance(spec, ConfigField) or not callable(spec.rule):
+      raise ValueError(f"Method.config_fields[{field!r}] of {name!r} must be "
+                       "a ConfigField(default, rule, doc) with a callable "
+                       "rule.")
+    if field in METHOD_FIELDS or (field in taken and taken[field] != spec):
+      raise ValueError(f"Method.config_fields of {name!r}: config.{field} "
+                       "is already a field; pick another name.")
+    spec.rule(field, spec.default)  # the default must pass its own rule
+  if not (isinstance(method.arms, tuple) and
+          all(isinstance(a, Arm) for a in method.arms)):
+    raise ValueError(f"Method.arms of {name!r} must be a tuple of Arm, got "
+                     f"{method.arms!r:.60}.")
+
+
+def declared_fields() -> dict[str, ConfigField]:
+  """The fields the registered methods declare, ``{dotted name:
+  ConfigField}``, in registration order."""
+  out = {}
+  for method in ALGORITHMS.values():
+    out.update(method.config_fields)
+  return out
+
+
+def method_fields() -> tuple[str, ...]:
+  """Every field only some methods read: :data:`METHOD_FIELDS` and the
+  registered methods' own (:func:`declared_fields`)."""
+  return METHOD_FIELDS + tuple(declared_fields())
+
+
+def add_declared_fields(config) -> None:
+  """Adds each registered method's own fields to ``config`` (a
+  ``ConfigDict``) with their defaults; a dotted name's groups are created.
+
+  Raises:
+    ValueError: a declared field that ``config`` already has.
+  """
+  for field, spec in declared_fields().items():
+    *groups, leaf = field.split(".")
+    node = config
+    for group in groups:
+      if group not in node:
+        node[group] = config_dict.ConfigDict()
+      node = node[group]
+    if leaf in node:
+      raise ValueError(f"a method declares config.{field}, which the base "
+                       "config already has; rename the declared field.")
+    node[leaf] = spec.default
+
+
+_HOOKS = ("gossip_every", "round_stride", "checks", "compression_checks",
+          "unread", "faults",
           "warnings", "eval_params", "model_params", "global_average")
 
 

@@ -82,7 +82,9 @@ def _setup_words(base, arms: list[runs_lib.Arm], accum: int,
   """The proxy runs' set-up, for results.md."""
   methods = list(dict.fromkeys(a.method.name for a in arms))
   seeds = sorted({a.seed for a in arms})
-  lrs = (", ".join(f"{m} {runs_lib.TUNED_PEAK_LR[m]:g}" for m in methods)
+  peak = float(base.schedule.peak_lr)
+  lrs = (", ".join(f"{m} {runs_lib.TUNED_PEAK_LR.get(m, peak):g}"
+                   for m in methods)
          + " (each chosen for gpt_tiny at 300 steps by the tuning protocol,"
          " BENCHMARKS.md section 10)" if per_method_lr else
          f"{float(base.schedule.peak_lr):g} for all runs")

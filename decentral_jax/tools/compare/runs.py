@@ -115,6 +115,10 @@ RUNS = (
     Run("local_dadam", "decentralized", "adamw", "one_peer_exp",
         fields=(("gossip_every", 5),)),
     Run("sgp", "sgp", "adamw", "one_peer_exp"),
+    # Then the arms the other method homes declare (Method.arms).
+    *(Run(arm.name, method.name, arm.optimizer, arm.topology,
+          arm.workers_per_node, fields=tuple(arm.fields))
+      for method in methods.ALGORITHMS.values() for arm in method.arms),
 )
 METHODS = {run.name: run for run in RUNS}
 # Peak learning rates per method for gpt_tiny (8 workers, 300 steps), each
@@ -130,7 +134,10 @@ TUNED_PEAK_LR = {"all_reduce": 6e-3, "dadam": 6e-3, "accum_adamw": 3e-3,
                  "accum_adamw_paper": 1.5e-3, "accum_adamw_aer": 3e-3,
                  "local_sgd": 3e-3, "diloco": 3e-3, "streaming_diloco": 3e-3,
                  "decentralized_diloco": 3e-3, "local_dadam": 3e-3,
-                 "sgp": 6e-3, "diloco_delayed": 1.5e-3, "diloco_eager": 3e-3}
+                 "sgp": 6e-3, "diloco_delayed": 1.5e-3, "diloco_eager": 3e-3,
+                 **{arm.name: arm.peak_lr
+                    for method in methods.ALGORITHMS.values()
+                    for arm in method.arms if arm.peak_lr is not None}}
 
 
 def select_runs(spec: str) -> tuple[Run, ...]:
@@ -180,10 +187,10 @@ def run_fields(run: Run, accum_steps: int) -> tuple[tuple[str, object], ...]:
 
 
 def unread_fields(run: Run) -> tuple[str, ...]:
-  """The method fields (``methods.METHOD_FIELDS``) ``run``'s algorithm
+  """The method fields (``methods.method_fields()``) ``run``'s algorithm
   does not read; its config keeps their defaults."""
   read = methods.ALGORITHMS[run.algorithm].fields
-  return tuple(f for f in methods.METHOD_FIELDS if f not in read)
+  return tuple(f for f in methods.method_fields() if f not in read)
 
 
 def _set(config, field: str, value) -> None:
@@ -206,10 +213,11 @@ def run_config(base, run: Run, accum_steps: int, per_method_lr: bool = False):
   defaults = config_lib.base_config(
       model if model in config_lib.DATA_SOURCES else "gpt")
   with config.unlocked():
-    if per_method_lr:
-      config.schedule.peak_lr = TUNED_PEAK_LR[run.name]
+    lr = TUNED_PEAK_LR.get(run.name) if per_method_lr else None
+    if lr is not None:  # an arm without a tuned lr keeps the config's
+      config.schedule.peak_lr = lr
       if config.schedule.get("name", "warmup_cosine") == "warmup_cosine":
-        config.schedule.final_lr = TUNED_PEAK_LR[run.name] / 10
+        config.schedule.final_lr = lr / 10
     for field, value in run_fields(run, accum_steps):
       _set(config, field, value)
     for field in unread_fields(run):
