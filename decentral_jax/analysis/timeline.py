@@ -191,8 +191,8 @@ def step_timeline(compiled_or_text: Any,
       tuple(PhaseBar(b["phase"], b["start"], b["end"], b["flops"], b["n"])
             for b in clock.bars),
       tuple(sorted(done, key=lambda c: (c.start_us, c.name))), clock.now,
-      "profile" if costs else
-      f"fallback: {flops_per_us * 1e6 / 1e12:g} TFLOP/s, "
+      (f"profile for {len(costs)} instructions, else " if costs else "")
+      + f"fallback: {flops_per_us * 1e6 / 1e12:g} TFLOP/s, "
       f"{us_per_instruction:g} us per instruction")
 
 

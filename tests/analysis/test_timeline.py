@@ -54,7 +54,7 @@ def test_hand_written_step_on_the_profile_clock():
   (c,) = tl.collectives
   assert (c.kind, c.bytes, c.start_us, c.done_us, c.transfer_us,
           c.flops_in_flight) == ("collective-permute", 32.0, 10, 60, 50, 128)
-  assert tl.total_us == 63 and tl.clock == "profile"
+  assert tl.total_us == 63 and tl.clock.startswith("profile for 5 ")
   # A short transfer is hidden: the done is issued at 35, the end at 38.
   tl = timeline.step_timeline(_HLO, dict(costs, ps=4.0))
   assert tl.collectives[0].done_us == 35 and tl.total_us == 38

@@ -41,6 +41,7 @@ from decentral_jax import checks
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
+from decentral_jax.runtime_model import workload_file
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
@@ -69,11 +70,17 @@ _WORKLOAD_WORDS = {
 
 
 def check_workload(name: str) -> str:
-  """``--workload``: a key of ``presets.WORKLOADS`` or ``figure6``.
+  """``--workload``: a key of ``presets.WORKLOADS``, ``figure6``, or a
+  ``.json`` file read from a compiled step
+  (:mod:`decentral_jax.runtime_model.workload_file`).
 
   Raises:
-    ValueError: any other name (names the flag and the choices).
+    ValueError: any other name (names the flag and the choices), or a bad
+      file (names it).
   """
+  if name.endswith(".json"):
+    workload_file.read_workload(name)
+    return name
   if name not in WORKLOAD_NAMES:
     raise ValueError(f"--workload={name!r} is not a workload; use one of "
                      f"{', '.join(WORKLOAD_NAMES)}.")
@@ -114,6 +121,11 @@ class PricingCluster:
         a preset without a Figure 6 workload under ``figure6``.
     """
     fields = dict(workload_fields or {})
+    if workload.endswith(".json"):  # read from a compiled step
+      c = (presets.cluster(self.preset, int(n)) if self.preset is not None
+           else cluster_file.cluster(self.data, int(n)))
+      return c, dataclasses.replace(workload_file.read_workload(workload),
+                                    **fields)
     if self.preset is not None:
       c, w = presets.setup(self.preset, int(n),
                            None if workload == FIGURE6 else workload)
@@ -433,6 +445,11 @@ def workload_words(workload: str) -> str:
   if workload == FIGURE6:
     return ("figure6: the paper's Transformer-base (65M parameters) with "
             "compute fitted to each cluster's Figure 6 bars")
+  if workload.endswith(".json"):
+    w = workload_file.read_workload(workload)
+    return (f"{workload}: read from a compiled step, "
+            f"{w.param_count / 1e6:.4g}M parameters, "
+            f"{1e3 * w.compute_mean_s:.3g} ms of compute per step")
   return f"{workload}: {_WORKLOAD_WORDS.get(workload, workload)}"
 
 
