@@ -38,8 +38,8 @@ grows for a negative eigenvalue ``w``.
 
 This is one-step-stale (delayed) gossip in the spirit of overlapped SGP
 (Assran et al., `Stochastic Gradient Push for Distributed Deep Learning
-<https://arxiv.org/abs/1811.10792>`_, ICML 2019, Sec. 5: messages mixed one
-or more iterations after they are sent) and of delayed averaging
+<https://arxiv.org/abs/1811.10792>`_, ICML 2019, its overlap variant:
+messages mixed one or more iterations after they are sent) and of delayed averaging
 (Zhou et al., `DaSGD <https://arxiv.org/abs/2006.00441>`_, 2020: the average
 of step ``k - d`` plus the local updates since); overlapped SGP re-weights
 stale messages with push-sum weights, DaSGD uses an exact average; the
