@@ -58,8 +58,10 @@ WORKLOAD = absl_flags.DEFINE_string(
     "workload", "gpt2_small", "Workload whose time per step the clusters "
     "are priced for: gpt2_small (124M parameters, 30.9 ms of compute), 1b "
     "(1e9 parameters, 100 ms) or figure6 (the paper's Transformer-base "
-    "fitted to Figure 6; T4, A40, A100 only). Cluster files use their own "
-    "measured workload.",
+    "fitted to Figure 6; T4, A40, A100 only), or a FILE.json read from a "
+    "compiled train step (benchmarks/gpu_check.py --deviceless TARGET "
+    "--workload FILE). Cluster files use their own measured workload "
+    "unless a FILE.json is given.",
     flag_values=FLAGS)
 CPU_TIMING = absl_flags.DEFINE_bool(
     "cpu_timing", False, "Also write this machine's CPU timings (ms/step, "

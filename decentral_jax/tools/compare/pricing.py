@@ -10,8 +10,9 @@ workload the user names, and puts the two together:
   files written by ``python -m decentral_jax.runtime_model measure``) as
   :class:`PricingCluster`;
 * :func:`check_workload`: the ``--workload`` name (a key of
-  ``presets.WORKLOADS``, or ``figure6``: the Figure 6 clusters' fitted
-  Transformer-base);
+  ``presets.WORKLOADS``, ``figure6``: the Figure 6 clusters' fitted
+  Transformer-base, or a ``.json`` workload read from a compiled step,
+  :mod:`decentral_jax.runtime_model.workload_file`);
 * :func:`priced_workers`: the GPU count each cluster is priced at (the
   smallest multiple of ``config.n_workers`` the cluster holds that, on a
   preset of several nodes, spans at least two nodes, so that its
