@@ -149,10 +149,10 @@ CONFIG_FIELDS = {
     "pipelined_gossip": registry.ConfigField(
         False, field_checks.boolean,
         "decentralized: pipelined gossip (decentral_jax.optim.pipelined): "
-        "the round sent in step k is mixed in step k+1, so its transfer "
-        "hides behind a whole step; one step of staleness and one "
-        "parameter-sized buffer in the optimizer state. Needs gossip_every "
-        "1, no compression, no faults"),
+        "the round sent in step k is mixed in step k+1, off the update's "
+        "critical path; one step of staleness and one parameter-sized "
+        "buffer in the optimizer state (docs/pipelined_gossip.md). Needs "
+        "gossip_every 1, no compression, no faults"),
 }
 
 DECENTRALIZED = registry.register(registry.Method(

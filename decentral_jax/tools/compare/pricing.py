@@ -113,7 +113,8 @@ class PricingCluster:
     Preset: ``presets.setup`` with ``workload`` (``figure6``: the paper's
     Transformer-base fitted to Figure 6, only on ``T4``, ``A40``,
     ``A100``). File: its links for ``n`` workers and its own measured
-    workload (``workload`` does not apply). ``workload_fields``
+    workload (``workload`` does not apply, but for a ``.json`` workload
+    read from a compiled step, used everywhere). ``workload_fields``
     (``devices_per_worker``, ``worker_layout``, from
     ``builders.spec_for_config``) replace the workload's.
 
@@ -468,7 +469,8 @@ def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
   if not clusters:
     return ""
   at = {cl.label: priced_workers(cl, n) for cl in clusters}
-  files = [cl.label for cl in clusters if cl.preset is None]
+  files = [cl.label for cl in clusters if cl.preset is None
+           and not workload.endswith(".json")]  # a file's workload is used
   return (
       f"**Workload (time per step): {workload_words(workload)}**"
       + (f" (cluster files {', '.join(files)}: their own measured workload)"
