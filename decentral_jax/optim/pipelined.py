@@ -4,8 +4,10 @@ In :func:`decentral_jax.optim.transforms.decentralized` the round of step
 ``k`` (``W x_k``) must arrive before step ``k``'s update. Here its result
 is needed only by step ``k+1``: the collective has the whole of step
 ``k``'s forward, backward and optimizer update to hide behind, and the
-update never waits for it. The price is one step of staleness in the
-mixing and one parameter-sized buffer in the optimizer state.
+update never waits for it (in a jitted step the round must still arrive
+before the step's program ends: docs/pipelined_gossip.md). The price is
+one step of staleness in the mixing and one parameter-sized buffer in the
+optimizer state.
 
 Recursion (worker ``i``'s local update ``u_k = inner(g(x_k); s_k)``, e.g.
 ``-lr d_k``; ``W_r`` round ``r % period`` of the mixing schedule)::
