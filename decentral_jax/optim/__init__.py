@@ -8,6 +8,8 @@
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
 - :mod:`~decentral_jax.optim.desloc`: DES-LOC-Adam (local Adam with
   independent sync periods of the parameters and the two moments).
+- :mod:`~decentral_jax.optim.gradient_tracking`: gradient tracking
+  (DIGing) for D-SGD, DAdam and AccumAdamW.
 - The DiLoCo family, by composition:
   :mod:`~decentral_jax.optim.local_steps` (the inner step and the outer
   state every local-update method shares),
@@ -24,7 +26,8 @@
   checks and compute dtypes.
 
 Every public name of every module is listed here, except
-``push_sum.push_sum`` (it shares its module's name). Imports
+``push_sum.push_sum`` and ``gradient_tracking.gradient_tracking`` (they
+share their modules' names). Imports
 :mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
 """
 
@@ -34,6 +37,10 @@ from decentral_jax.optim.accum_adam import (
 from decentral_jax.optim.choco import ChocoState, choco_gossip
 from decentral_jax.optim.desloc import (
     DesLocState, check_desloc_periods, desloc_adam)
+# gradient_tracking.gradient_tracking is not listed (as push_sum.push_sum).
+from decentral_jax.optim.gradient_tracking import (
+    TRACKING_FORMS, GradientTrackingState, check_tracking_form,
+    gradient_tracking_adamw, gradient_tracking_sgd, tracked_decentralized)
 from decentral_jax.optim.diloco_sync import (
     DiLoCoState, check_reduction, diloco, resolve_timing)
 from decentral_jax.optim.elastic import (
@@ -87,6 +94,9 @@ __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "find_state", "find_states", "find_theta", "FlatLayout",
            "FragmentRounds", "global_average", "global_copy", "global_dtype",
            "global_params", "gossip_mixing", "GossipMixingState",
+           "GradientTrackingState", "TRACKING_FORMS", "check_tracking_form",
+           "gradient_tracking_adamw", "gradient_tracking_sgd",
+           "tracked_decentralized",
            "GossipRound", "horizon_matched_betas", "InFlight", "init_outer",
            "inner_step", "local_adamw", "local_sgd", "LocalSGDState",
            "LowPrecisionMean",

@@ -19,6 +19,14 @@ Names (``make_method`` and ``predict --methods``; defaults in brackets):
   ``pipelined`` [0]: 1 for pipelined gossip (``config.pipelined_gossip``,
   :mod:`decentral_jax.optim.pipelined`); not with ``compress``.
 
+* ``gradient_tracking`` (``config.algorithm = "gradient_tracking"``:
+  DAdam, AccumAdamW or D-SGD with a gradient tracker,
+  :mod:`decentral_jax.optim.gradient_tracking`): the same overlapped
+  gossip of the parameters plus one of the tracker in the same round, so
+  twice the bytes and messages of a round (``Method.sync_share = 2``);
+  ``topology`` [one_peer_exp], ``comm_dtype``, ``bucket_MiB``,
+  ``workers_per_node``; no compression.
+
 ``comm_dtype`` is a floating dtype name (``bfloat16`` halves float32's
 bytes); ``bucket_MiB`` in MiB (2**20 bytes, ``config.bucket_bytes``).
 
@@ -75,6 +83,9 @@ _ALIASES = {"bucket_mib": "bucket_MiB", "t": "T", "accum_steps": "T",
             "workers_per_node": "workers_per_node"}
 _GOSSIP_EXTRA = ("compress", "block", "fraction", "workers_per_node")
 DEFAULT_ACCUM_STEPS = 4
+#: Gradient tracking: the parameters and the tracker, one copy each a round.
+GRADIENT_TRACKING = "gradient_tracking"
+TRACKING_SHARE = 2.0
 
 
 def _topology_name(key: str) -> str | None:
@@ -88,7 +99,7 @@ def is_gossip_spec(key: str) -> bool:
   """True if ``key`` (lower case) is handled here (see the module docstring)."""
   name, colon, _ = key.strip().partition(":")
   name = name.strip()
-  if name in OPTIMIZER_NAMES:
+  if name in OPTIMIZER_NAMES or name == GRADIENT_TRACKING:
     return True
   if not colon:
     return False
@@ -104,6 +115,8 @@ def _keys(name: str) -> tuple[str, ...]:
             + ("pipelined",))
   if name == "sgp":
     return ("comm_dtype", "bucket_MiB")
+  if name == GRADIENT_TRACKING:
+    return ("topology", "comm_dtype", "bucket_MiB", "workers_per_node")
   return ("comm_dtype", "bucket_MiB") + _GOSSIP_EXTRA
 
 
@@ -127,15 +140,17 @@ def parse(spec: str, c: Cluster) -> Method:
   comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
           if "comm_dtype" in given else None)
   parts = []
+  share = 1.0
   if name in ALL_REDUCE:
     label, kind, topo, overlap = "all_reduce", "all_reduce", None, True
   elif name == "sgp":
     label, kind, overlap = "sgp", "gossip", False
     topo = sgp_topology(c.n_workers, c.local_size)
   else:
-    if name in OPTIMIZER_NAMES:
-      label = OPTIMIZER_NAMES[name]
+    if name in OPTIMIZER_NAMES or name == GRADIENT_TRACKING:
+      label = OPTIMIZER_NAMES.get(name, name)
       canon, parts = _optimizer_parts(spec, label, given)
+      share = TRACKING_SHARE if name == GRADIENT_TRACKING else 1.0
     else:
       canon = _topology_name(name)
       label = canon
@@ -162,7 +177,8 @@ def parse(spec: str, c: Cluster) -> Method:
   return check_method(Method(full, kind, topo, overlap=overlap,
                              comm_dtype=comm, bucket_bytes=bucket,
                              compress=fmt, compress_block=block,
-                             compress_fraction=fraction, pipelined=piped), c)
+                             compress_fraction=fraction, sync_share=share,
+                             pipelined=piped), c)
 
 
 def _pipelined(spec, given: dict) -> bool:
@@ -257,7 +273,8 @@ def make_method(spec, c: Cluster) -> Method:
   except ValueError as e:
     raise ValueError(
         f"unknown method {str(spec)!r}: not all_reduce, sgp, a gossip "
-        f"optimizer ({', '.join(OPTIMIZER_NAMES)}:topology=..), a "
+        f"optimizer ({', '.join(OPTIMIZER_NAMES)}, {GRADIENT_TRACKING}:"
+        "topology=..), a "
         f"local-update spec ({local_methods.SYNTAX}), nor a topology ({e})"
         ) from None
   topo = topology_lib.make(key, c.n_workers, c.local_size)
