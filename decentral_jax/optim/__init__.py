@@ -74,7 +74,9 @@ from decentral_jax.optim.precision import (
 from decentral_jax.optim.transforms import (
     DecentralizedState, GossipMixingState, all_reduce_gradients,
     decentralized, decentralized_adamw, default_weight_decay_mask,
-    find_states, gossip_mixing, round_count, round_step)
+    find_states, gossip_mixing, local_adamw, round_count, round_step)
+from decentral_jax.optim.pipelined import (
+    PipelinedState, pipelined_adamw, pipelined_gossip, round_of_step)
 
 __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "check_column_stochastic", "check_common", "check_compression",
@@ -96,11 +98,14 @@ __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "gradient_tracking_adamw", "gradient_tracking_sgd",
            "tracked_decentralized",
            "GossipRound", "horizon_matched_betas", "InFlight", "init_outer",
-           "inner_step", "local_sgd", "LocalSGDState", "LowPrecisionMean",
+           "inner_step", "local_adamw", "local_sgd", "LocalSGDState",
+           "LowPrecisionMean",
            "mean_low_precision", "moment_dtype", "named", "NO_PARAMS",
            "ON_FAILURE", "one_peer_directed_exp", "outer_step", "OuterLoop",
-           "OuterState", "param_delta", "Pending", "Plain", "PushSumState",
+           "OuterState", "param_delta", "Pending", "PipelinedState",
+           "pipelined_adamw", "pipelined_gossip", "Plain", "PushSumState",
            "Reduction", "REJOIN", "resolve_timing", "round_count",
+           "round_of_step",
            "round_step", "scale_by_accum_adam", "ScaleByAccumAdamState",
            "sgp", "streaming_diloco", "StreamingDiLoCoState", "TIMINGS",
            "to_params", "uncompressed", "weight_dtype"]

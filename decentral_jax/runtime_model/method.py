@@ -98,6 +98,13 @@ class Method:
       of the parameters (gradient tracking,
       ``gradient_tracking:topology=..``: 2, the parameters and the
       tracker, both overlapped). Default 1.0.
+    pipelined: kind "gossip", overlapped only: pipelined gossip
+      (``config.pipelined_gossip``; the round of step ``k`` mixed in step
+      ``k + 1``, round ``floor(k / 2)``). The default schedule already
+      hides a round behind the next forward and backward; with
+      ``Workload.gossip_in_flight`` the optimizer's update joins the
+      in-flight window (:mod:`~decentral_jax.runtime_model.in_flight`).
+      Default False.
 
   Kind "local" (local-update methods: Local SGD, DiLoCo, Streaming DiLoCo,
   decentralized DiLoCo, local D-SGD / DAdam) takes ``H - 1`` purely local
@@ -124,6 +131,7 @@ class Method:
   compress_fraction: float = wire_format.DEFAULT_FRACTION
   outer_overlap: str = "none"
   sync_share: float = 1.0
+  pipelined: bool = False
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
     """One :class:`RoundCost` per topology round (measured times if given).
@@ -284,6 +292,10 @@ def check_method(m: Method, c: Cluster) -> Method:
                        open_min=True)
   _check_local_fields(m)
   _check_compress(m)
+  if m.pipelined and not (m.kind == "gossip" and m.overlap):
+    raise ValueError(f"Method {m.name!r}: pipelined applies to overlapped "
+                     "gossip only (not to SGP, All-Reduce, local updates or "
+                     "compressed gossip).")
   return m
 
 

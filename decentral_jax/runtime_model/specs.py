@@ -16,6 +16,8 @@ Names (``make_method`` and ``predict --methods``; defaults in brackets):
   (``accum_steps``) [4, the paper's Transformer config]. Accumulation is
   local (a buffer per parameter, no bytes), so ``T`` changes neither time
   nor bytes; DAdam and AccumAdam cost the same on the same topology.
+  ``pipelined`` [0]: 1 for pipelined gossip (``config.pipelined_gossip``,
+  :mod:`decentral_jax.optim.pipelined`); not with ``compress``.
 
 * ``gradient_tracking`` (``config.algorithm = "gradient_tracking"``:
   DAdam, AccumAdamW or D-SGD with a gradient tracker,
@@ -74,7 +76,8 @@ _KEYS_HELP = {"comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>",
               "compress": "compress=<int8|fp8|int4|fp4|topk>",
               "block": "block=<values per scale, >= 2>",
               "fraction": "fraction=<top-k share, (0, 1]>",
-              "workers_per_node": "workers_per_node=<int or datacenter>"}
+              "workers_per_node": "workers_per_node=<int or datacenter>",
+              "pipelined": "pipelined=<0 or 1>"}
 _ALIASES = {"bucket_mib": "bucket_MiB", "t": "T", "accum_steps": "T",
             "compress": "compress", "block": "block", "fraction": "fraction",
             "workers_per_node": "workers_per_node"}
@@ -108,7 +111,8 @@ def _keys(name: str) -> tuple[str, ...]:
     return ("bucket_MiB",)
   if name in OPTIMIZER_NAMES:
     extra = ("T",) if OPTIMIZER_NAMES[name] == "accum_adam" else ()
-    return ("topology", "comm_dtype", "bucket_MiB") + extra + _GOSSIP_EXTRA
+    return (("topology", "comm_dtype", "bucket_MiB") + extra + _GOSSIP_EXTRA
+            + ("pipelined",))
   if name == "sgp":
     return ("comm_dtype", "bucket_MiB")
   if name == GRADIENT_TRACKING:
@@ -166,12 +170,23 @@ def parse(spec: str, c: Cluster) -> Method:
   if fmt is not None:
     parts += compression.name_parts(fmt, block, fraction)
     overlap = False  # CHOCO: the round's result is needed by the next step
+  piped = _pipelined(spec, given)
+  if piped:
+    parts.append("pipelined=1")
   full = label + (":" + ",".join(parts) if parts else "")
   return check_method(Method(full, kind, topo, overlap=overlap,
                              comm_dtype=comm, bucket_bytes=bucket,
                              compress=fmt, compress_block=block,
-                             compress_fraction=fraction, sync_share=share),
-                      c)
+                             compress_fraction=fraction, sync_share=share,
+                             pipelined=piped), c)
+
+
+def _pipelined(spec, given: dict) -> bool:
+  """``pipelined=0|1`` (default 0)."""
+  raw = given.get("pipelined", "0")
+  if raw not in ("0", "1"):
+    raise ValueError(f"{spec!r}: pipelined={raw!r} must be 0 or 1.")
+  return raw == "1"
 
 
 def _workers_per_node(spec, given: dict, c: Cluster) -> int:

@@ -94,6 +94,7 @@ ALTERNATES = {
     "consensus_at": ("next_step", {}),
     "global_avg_interval": (5, {}),
     "gossip_every": (2, {}),
+    "pipelined_gossip": (True, {}),
     "sync_every": (5, {}),
     "sync_every_u": (8, {}),
     "sync_every_v": (16, {}),
@@ -158,6 +159,7 @@ IGNORED = {
     "global_avg_interval": ("all_reduce",  # workers already agree
                             "desloc_adam"),  # its own parameter syncs
     "gossip_every": tuple(a for a in _ALL if a != "decentralized"),
+    "pipelined_gossip": tuple(a for a in _ALL if a != "decentralized"),
     "sync_every": ("all_reduce", "decentralized", "sgp"),
     "sync_every_u": tuple(a for a in _ALL if a != "desloc_adam"),
     "sync_every_v": tuple(a for a in _ALL if a != "desloc_adam"),

@@ -11,8 +11,10 @@ workload the user names, and puts the two together:
   :class:`PricingCluster`;
 * :func:`check_workload`: the ``--workload`` name (a key of
   ``presets.WORKLOADS``, ``figure6``: the Figure 6 clusters' fitted
-  Transformer-base, or ``own``: each cluster with a workload measured or
-  fitted on its own GPUs, :meth:`PricingCluster.workload_of`);
+  Transformer-base, ``own``: each cluster with a workload measured or
+  fitted on its own GPUs, :meth:`PricingCluster.workload_of`, or a
+  ``.json`` workload read from a compiled step,
+  :mod:`decentral_jax.runtime_model.workload_file`);
 * :func:`workload_label`: the workload a cluster is priced with, in the
   few words its panel title and recommendation line carry;
 * :func:`priced_workers`: the GPU count each cluster is priced at (the
@@ -44,6 +46,7 @@ from decentral_jax import checks
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
+from decentral_jax.runtime_model import workload_file
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
@@ -79,11 +82,17 @@ _WORKLOAD_WORDS = {
 
 
 def check_workload(name: str) -> str:
-  """``--workload``: a key of ``presets.WORKLOADS``, ``figure6`` or ``own``.
+  """``--workload``: a key of ``presets.WORKLOADS``, ``figure6``, ``own``
+  or a ``.json`` file read from a compiled step
+  (:mod:`decentral_jax.runtime_model.workload_file`).
 
   Raises:
-    ValueError: any other name (names the flag and the choices).
+    ValueError: any other name (names the flag and the choices), or a bad
+      file (names it).
   """
+  if name.endswith(".json"):
+    workload_file.read_workload(name)
+    return name
   if name not in WORKLOAD_NAMES:
     raise ValueError(f"--workload={name!r} is not a workload; use one of "
                      f"{', '.join(WORKLOAD_NAMES)}.")
@@ -115,6 +124,8 @@ class PricingCluster:
     GPU its compute was estimated for). A cluster file: None (its own
     measured workload, whatever ``workload``).
     """
+    if workload.endswith(".json"):  # used on every cluster
+      return workload
     if self.preset is None:
       return None
     if workload == OWN:
@@ -129,7 +140,8 @@ class PricingCluster:
     Preset: ``presets.setup`` with ``workload`` (``figure6``: the paper's
     Transformer-base fitted to Figure 6, only on ``T4``, ``A40``,
     ``A100``). File: its links for ``n`` workers and its own measured
-    workload (``workload`` does not apply). ``workload_fields``
+    workload (``workload`` does not apply, but for a ``.json`` workload
+    read from a compiled step, used everywhere). ``workload_fields``
     (``devices_per_worker``, ``worker_layout``, from
     ``builders.spec_for_config``) replace the workload's.
 
@@ -138,6 +150,11 @@ class PricingCluster:
         a preset without a Figure 6 workload under ``figure6``.
     """
     fields = dict(workload_fields or {})
+    if workload.endswith(".json"):  # read from a compiled step
+      c = (presets.cluster(self.preset, int(n)) if self.preset is not None
+           else cluster_file.cluster(self.data, int(n)))
+      return c, dataclasses.replace(workload_file.read_workload(workload),
+                                    **fields)
     workload = self.workload_of(workload)
     if self.preset is not None:
       c, w = presets.setup(self.preset, int(n),
@@ -459,6 +476,8 @@ def workload_label(cluster: PricingCluster, workload: str) -> str:
   name = cluster.workload_of(workload)
   if name is None:
     return "its own measured workload"
+  if name.endswith(".json"):
+    return f"{name}: read from a compiled step (its GPU's compute)"
   if name == FIGURE6:
     return f"figure6: the {cluster.preset} GPUs' own fitted compute"
   gpu = _COMPUTE_GPU.get(name)
@@ -476,6 +495,11 @@ def workload_words(workload: str) -> str:
   if workload == FIGURE6:
     return ("figure6: the paper's Transformer-base (65M parameters) with "
             "compute fitted to each cluster's Figure 6 bars")
+  if workload.endswith(".json"):
+    w = workload_file.read_workload(workload)
+    return (f"{workload}: read from a compiled step, "
+            f"{w.param_count / 1e6:.4g}M parameters, "
+            f"{1e3 * w.compute_mean_s:.3g} ms of compute per step")
   return f"{workload}: {_WORKLOAD_WORDS.get(workload, workload)}"
 
 
@@ -508,7 +532,8 @@ def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
   if not clusters:
     return ""
   at = {cl.label: priced_workers(cl, n) for cl in clusters}
-  files = [cl.label for cl in clusters if cl.preset is None]
+  files = [cl.label for cl in clusters if cl.preset is None
+           and not workload.endswith(".json")]  # a file's workload is used
   named = {cl.workload_of(workload) for cl in clusters} - {None}
   shown = named.pop() if workload == OWN and len(named) == 1 else workload
   return (
