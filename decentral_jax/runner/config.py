@@ -38,6 +38,8 @@ SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# config.model.remat values (decentral_jax.models.gpt.REMAT_MODES).
+REMAT_MODES = ("none", "block", "block_dots")
 GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
 # Largest integer field value: step counters and sizes are int32 on device.
 INT_MAX = 2**31 - 1

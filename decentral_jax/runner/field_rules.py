@@ -28,6 +28,7 @@ from decentral_jax.runner.config import DATA_SOURCES
 from decentral_jax.runner.config import GOSSIP_ROUNDS
 from decentral_jax.runner.config import INT_MAX
 from decentral_jax.runner.config import OPTIMIZERS
+from decentral_jax.runner.config import REMAT_MODES
 from decentral_jax.runner.config import SCHEDULES
 from decentral_jax.runner.config import SEED_MAX
 from decentral_jax.runner.config import WORKER_LAYOUTS
@@ -177,6 +178,7 @@ RULES = {
                                         note=" or exactly 1"),
     "steps": _integer(1),
     "global_batch": _integer(1),
+    "micro_batches": _integer(1),
     "seed": _integer(0, SEED_MAX),
     "grad_clip": _real(0.0, note=" (0 disables clipping)"),
     "eval_interval": _integer(0, note=" (0 = only at the end)"),
@@ -211,6 +213,8 @@ MODEL_RULES = {
         "model.bias": _boolean,
         "model.dropout": _real(0.0, 1.0),
         "model.dtype": _one_of(COMPUTE_DTYPES),
+        "model.param_dtype": _one_of(COMPUTE_DTYPES),
+        "model.remat": _one_of(REMAT_MODES),
         "data.source": _one_of(DATA_SOURCES["gpt"]),
     },
     "cnn": {
