@@ -247,23 +247,23 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
     return grad_fn(params, batch, key)
   k = micro_batches
   f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)
+  micro = micro_batch_split(batch, k)
+  sub = lambda j: None if key is None else jax.random.fold_in(key, j)
+  (loss, aux), grads = grad_fn(params, tuple(x[0] for x in micro), sub(0))
+  like = (loss, aux, grads)
 
   def body(total, xs):
-    j, micro = xs
-    sub = None if key is None else jax.random.fold_in(key, j)
-    (loss, aux), grads = grad_fn(params, micro, sub)
+    j, rows = xs
+    (loss, aux), grads = grad_fn(params, rows, sub(j))
     return jax.tree.map(jnp.add, total, f32((loss, aux, grads))), None
 
-  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(
-      lambda x: x[0], micro_batch_split(batch, k)), key)
-  zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32),
-                       (shapes[0][0], shapes[0][1], shapes[1]))
-  (loss, aux, grads), _ = lax.scan(
-      body, zeros, (jnp.arange(k), micro_batch_split(batch, k)))
-  mean = lambda total, like: jax.tree.map(
-      lambda t, s: (t / k).astype(s.dtype), total, like)
-  return ((mean(loss, shapes[0][0]), mean(aux, shapes[0][1])),
-          mean(grads, shapes[1]))
+  # The first micro-batch outside the scan gives the sum its start (and
+  # the types the scan carries, varying over the workers like the rest).
+  total, _ = lax.scan(body, f32(like),
+                      (jnp.arange(1, k), tuple(x[1:] for x in micro)))
+  loss, aux, grads = jax.tree.map(lambda t, s: (t / k).astype(s.dtype),
+                                  total, like)
+  return (loss, aux), grads
 
 
 def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,
