@@ -150,9 +150,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
       measured = gossip.consensus_distance(
           lax.optimization_barrier(model(state.params, state.opt_state)),
           axis_name).astype(jnp.float32)
-  (loss, aux), grads = loss_and_grad(
-      loss_fn, model(state.params, state.opt_state), batch, key,
-      micro_batches)
+  own = model(state.params, state.opt_state)
+  (loss, aux), grads = loss_and_grad(loss_fn, own, batch, key, micro_batches)
   extra = {} if round_index is None else {"round_index": round_index}
   if masks is not None:
     extra.update(alive=masks[0], working=masks[1], rejoining=masks[2])
@@ -258,9 +257,12 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
     return jax.tree.map(jnp.add, total, f32((loss, aux, grads))), None
 
   # The first micro-batch outside the scan gives the sum its start (and
-  # the types the scan carries, varying over the workers like the rest).
-  total, _ = lax.scan(body, f32(like),
-                      (jnp.arange(1, k), tuple(x[1:] for x in micro)))
+  # the types the scan carries, varying over the workers like the rest);
+  # the barrier makes the others wait for it, so that XLA does not run two
+  # micro-batches at once (and keep both one's activations).
+  first, rest = lax.optimization_barrier(
+      (f32(like), tuple(x[1:] for x in micro)))
+  total, _ = lax.scan(body, first, (jnp.arange(1, k), rest))
   loss, aux, grads = jax.tree.map(lambda t, s: (t / k).astype(s.dtype),
                                   total, like)
   return (loss, aux), grads
