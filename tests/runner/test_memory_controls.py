@@ -74,7 +74,8 @@ def test_micro_batch_split_is_strided():
       np.testing.assert_array_equal(split[j, i], x[3 * i + j])
 
 
-@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4,
+                               pytest.param(8, marks=pytest.mark.slow)])
 def test_micro_batches_give_the_whole_batch_loss_and_gradient(k):
   params = models.gpt.init_params(CFG, jax.random.key(0))
   loss, batch = gpt_loss(CFG), gpt_batch()
@@ -156,7 +157,8 @@ def test_bfloat16_parameters_train_to_within_two_percent_of_float32():
   np.testing.assert_allclose(bf16[-1], f32[-1], rtol=0.02)
 
 
-@pytest.mark.parametrize("remat", ["block", "block_dots"])
+@pytest.mark.parametrize("remat", [
+    "block", pytest.param("block_dots", marks=pytest.mark.slow)])
 def test_remat_leaves_loss_and_gradient_and_names_unchanged(remat):
   cfg = dataclasses.replace(CFG, remat=remat)
   params = models.gpt.init_params(CFG, jax.random.key(0))
@@ -187,8 +189,9 @@ def test_bfloat16_parameters_are_stored_in_bfloat16():
   ref = models.gpt.init_params(CFG, jax.random.key(0))
   loss, batch = gpt_loss(CFG), gpt_batch()
   # The float32 model at the rounded weights: bfloat16 keeps 8 bits.
-  value, _ = gpt_loss(cfg)(params, batch, None)
-  np.testing.assert_allclose(value, loss(ref, batch, None)[0], rtol=0.01)
+  value, _ = jax.jit(gpt_loss(cfg))(params, batch, None)
+  np.testing.assert_allclose(value, jax.jit(loss)(ref, batch, None)[0],
+                             rtol=0.01)
 
 
 @pytest.mark.parametrize("field, value, message", [
