@@ -86,7 +86,7 @@ def test_gpu_check_reaches_its_flags():
   assert "bash benchmarks/gpu_check.sh" in quickstart_commands()
   out = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--help"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                       env=run_env())
   assert out.returncode == 0, out.stderr[-2000:]
   assert "--deviceless" in out.stdout and "--smoke" in out.stdout
 
@@ -125,7 +125,11 @@ def cpu_command(argv, workdir: str, **replace) -> list[str]:
 
 
 def run_env():
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  """CPU, this checkout, and this interpreter first on PATH (an activated
+  environment: gpu_check.sh calls `python`)."""
+  path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
+          "PATH": path}
 
 
 @pytest.mark.integration
