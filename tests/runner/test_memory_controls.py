@@ -148,6 +148,15 @@ def test_a_run_with_four_micro_batches_ends_where_one_batch_ends():
 
 
 @pytest.mark.slow
+def test_micro_batches_on_workers_of_two_devices_end_where_one_batch_ends():
+  require_devices(2 * N)
+  one, one_losses = train(tiny_run(devices_per_worker=2), 2)
+  two, two_losses = train(tiny_run(devices_per_worker=2, micro_batches=2), 2)
+  np.testing.assert_allclose(two_losses, one_losses, rtol=1e-5)
+  assert_close(two, one, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
 def test_bfloat16_parameters_train_to_within_two_percent_of_float32():
   require_devices(N)
   _, f32 = train(tiny_run(steps=12), 12)
