@@ -42,6 +42,8 @@ TRACKERS = ("", "wandb")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# config.model.remat values (decentral_jax.models.gpt.REMAT_MODES).
+REMAT_MODES = ("none", "block", "block_dots")
 GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
 # Largest seed: jax.random.key keeps 32 bits (2**32 would be seed 0).
 SEED_MAX = 2**32 - 1

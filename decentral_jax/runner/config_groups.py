@@ -31,8 +31,18 @@ def gpt_model() -> config_dict.ConfigDict:
   m.bias = False
   # Dropout rate (0 = none; dropout keys differ per worker and per step).
   m.dropout = 0.0
-  # Compute dtype: "float32" or "bfloat16" (parameters stay float32).
+  # Compute dtype of the activations: "float32" or "bfloat16".
   m.dtype = "float32"
+  # dtype of the parameters, hence of their gradients and of the optimizer
+  # state that follows them (Adam's moments): "float32" or "bfloat16"
+  # (half the bytes of each; updates are rounded to bfloat16).
+  m.param_dtype = "float32"
+  # Activation checkpointing per transformer block: "none" (keep every
+  # activation for the backward pass), "block" (keep each block's input
+  # only; recompute the block in the backward pass) or "block_dots" (keep
+  # also the outputs of its matmuls without batch dimensions, the Dense
+  # layers: jax.checkpoint_policies.dots_with_no_batch_dims_saveable).
+  m.remat = "none"
   return m
 
 
@@ -246,6 +256,13 @@ def add_run_fields(c: config_dict.ConfigDict) -> None:
   # Sequences (images) per step over all workers; split evenly (must be
   # divisible by n_workers).
   c.global_batch = 64
+  # Micro-batches k per step (gradient accumulation inside a step): each
+  # worker's local batch is split into k micro-batches whose forward and
+  # backward passes run one after another, their gradients averaged (the
+  # whole local batch's gradient up to float32 rounding; activation memory
+  # / k). k divides the local batch per device, global_batch / (n_workers
+  # * devices_per_worker). Not optimizer.accum_steps (AccumAdam's window).
+  c.micro_batches = 1
   # Seed of the initial parameters, the data order and dropout, in
   # [0, 2**32 - 1].
   c.seed = 0

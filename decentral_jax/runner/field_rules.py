@@ -29,6 +29,7 @@ from decentral_jax.runner.config import CONSENSUS_AT
 from decentral_jax.runner.config import DATA_SOURCES
 from decentral_jax.runner.config import GOSSIP_ROUNDS
 from decentral_jax.runner.config import OPTIMIZERS
+from decentral_jax.runner.config import REMAT_MODES
 from decentral_jax.runner.config import SCHEDULES
 from decentral_jax.runner.config import SEED_MAX
 from decentral_jax.runner.config import TRACKERS
@@ -146,6 +147,7 @@ RULES = {
                                         note=" or exactly 1"),
     "steps": field_checks.integer(1),
     "global_batch": field_checks.integer(1),
+    "micro_batches": field_checks.integer(1),
     "seed": field_checks.integer(0, SEED_MAX),
     "grad_clip": field_checks.real(0.0, note=" (0 disables clipping)"),
     "eval_interval": field_checks.integer(0, note=" (0 = only at the end)"),
@@ -179,6 +181,8 @@ MODEL_RULES = {
         "model.bias": field_checks.boolean,
         "model.dropout": field_checks.real(0.0, 1.0),
         "model.dtype": field_checks.one_of(COMPUTE_DTYPES),
+        "model.param_dtype": field_checks.one_of(COMPUTE_DTYPES),
+        "model.remat": field_checks.one_of(REMAT_MODES),
         "data.source": field_checks.one_of(DATA_SOURCES["gpt"]),
         "data.path": field_checks.optional_text,
         "data.val_fraction": field_checks.real(0.0, 1.0),

@@ -210,6 +210,7 @@ class StepPrograms:
         global_avg_interval=int(c.global_avg_interval),
         log_interval=int(c.log_interval), total_steps=int(c.steps),
         round_index=round_index, consensus=consensus,
+        micro_batches=int(c.micro_batches),
         model_params=methods.ALGORITHMS[c.algorithm].model_params,
         global_average=methods.ALGORITHMS[c.algorithm].global_average)
 

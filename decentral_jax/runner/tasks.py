@@ -192,7 +192,8 @@ def lm_task(config: config_dict.ConfigDict, n_workers: int,
   gpt_cfg = models.GPTConfig(
       vocab_size=int(m.vocab_size), block_size=t, n_layer=int(m.n_layer),
       n_head=int(m.n_head), n_embd=int(m.n_embd), bias=bool(m.bias),
-      dropout=float(m.dropout), dtype=config_lib.COMPUTE_DTYPES[m.dtype])
+      dropout=float(m.dropout), dtype=config_lib.COMPUTE_DTYPES[m.dtype],
+      param_dtype=config_lib.COMPUTE_DTYPES[m.param_dtype], remat=m.remat)
   model = models.GPT(gpt_cfg)
 
   def loss(params, batch, key):

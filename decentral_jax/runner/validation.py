@@ -60,7 +60,8 @@ def check_config(config: config_dict.ConfigDict) -> None:
   ``data.val_fraction``); bools True or False; paths strings or unset.
   Then the relations: ``workers_per_node`` divides ``n_workers``, which
   divides ``global_batch``; ``devices_per_worker`` divides the local batch
-  ``global_batch / n_workers``; ``optimizer.accum_steps`` is 1 for ``adamw``;
+  ``global_batch / n_workers``, and ``micro_batches`` the local batch per
+  device; ``optimizer.accum_steps`` is 1 for ``adamw``;
   ``model.n_head`` divides ``model.n_embd``; ``schedule.final_lr <=
   peak_lr`` for ``warmup_cosine`` (a cosine "decay" upwards is refused);
   ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
@@ -161,6 +162,7 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"worker (config.n_workers={n}), which a worker of config."
         f"devices_per_worker={dpw} devices cannot split evenly; use a "
         f"global_batch divisible by {n * dpw}.")
+  _check_micro_batches(batch // n, dpw, int(c.micro_batches))
   k = int(c.workers_per_device)
   if k > 1 and dpw > 1:
     raise ValueError(
@@ -172,6 +174,18 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"config.workers_per_device={k} does not divide config.n_workers="
         f"{n} (each device holds the same number of workers); use one of "
         f"{_divisors(n)}.")
+
+
+def _check_micro_batches(local: int, dpw: int, k: int) -> None:
+  """``micro_batches`` divides the local batch per device."""
+  if (local // dpw) % k:
+    where = (f"{local} sequences per worker" if dpw == 1 else
+             f"{local // dpw} sequences per device ({local} per worker over "
+             f"config.devices_per_worker={dpw} devices)")
+    raise ValueError(
+        f"config.micro_batches={k} does not divide the local batch of "
+        f"{where}; set --config.micro_batches= one of "
+        f"{_divisors(local // dpw)}.")
 
 
 def _check_faults(c: config_dict.ConfigDict, method: methods.Method) -> None:
