@@ -53,6 +53,7 @@ _common.set_cpu_devices(8)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The main job's methods.
 from decentral_jax.tools.compare import runs as compare  # noqa: E402
+from decentral_jax.runner import methods  # noqa: E402
 from decentral_jax.runner import tuning  # noqa: E402
 
 GPT_TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
@@ -81,7 +82,11 @@ AR, DADAM = compare.METHODS["all_reduce"], compare.METHODS["dadam"]
 # Tuned by the protocol in compare.py's setting.
 MAIN_TUNED = (AR, DADAM, accum_run(4, "per_window"), accum_run(4, "per_step"),
               compare.METHODS["local_sgd"], compare.METHODS["diloco"],
-              compare.METHODS["local_dadam"])
+              compare.METHODS["local_dadam"],
+              # The arms the later method homes declare (Method.arms).
+              *(compare.METHODS[arm.name]
+                for method in methods.ALGORITHMS.values()
+                for arm in method.arms))
 # One-factor variants, seed 0 at the chosen lr of the method they vary.
 MAIN_VARIANTS = (
     (accum_run(4, "per_step"), accum_run(8, "per_step")),

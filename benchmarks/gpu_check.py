@@ -47,7 +47,16 @@ benchmarks/gpu_check.sh``, under 5 minutes):
   with its gossip and with ``gossip_every`` set beyond the timed steps
   (the same compute and optimizer, no gossip), on the config's own
   data: the paper's claim is that the two are
-  close when the gossip hides behind the forward and backward pass.
+  close when the gossip hides behind the forward and backward pass. For
+  ``algorithm=decentralized`` also with pipelined gossip
+  (``pipelined_gossip=True``: the round mixed one step later).
+
+Every run without a GPU says so (``NOT RUN ON A GPU`` and ``"ran_on_gpu":
+false`` in the JSON): as of this writing the check has not been run on a
+GPU. ``--deviceless TARGET --workload FILE`` also writes the runtime-model
+workload read from the first compiled program
+(:mod:`decentral_jax.analysis.compiled_workload`), which ``predict
+--workload-file`` reads.
 
 On a CPU without ``--deviceless``, ``--smoke`` shrinks the timing model
 and runs ``schedule`` and ``gossip_timing`` on 8 simulated CPU devices
@@ -75,6 +84,10 @@ if "--deviceless" in sys.argv:  # before anything initialises a backend
 import _common  # benchmarks/_common.py, next to this script  # noqa: E402
 
 GPT2_SMALL = os.path.join(_ROOT, "configs", "gpt2_small_owt.py")
+#: Said in the output and the JSON of every run without a GPU.
+NOT_ON_GPU = ("no GPU: these numbers check the script on CPU devices "
+              "(synchronous collectives, unscheduled HLO); the check has "
+              "not been run on a GPU.")
 TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
 # Deviceless target of a device kind (substring, first match wins).
 TARGET_OF_KIND = (("H200", "h200"), ("H100", "h100_sxm"),
@@ -316,10 +329,29 @@ def run_deviceless(args) -> dict:
       programs=_programs(args.programs),
       collective_us=args.collective_us, cluster=args.cluster,
       compute_s=None if args.compute_ms is None else args.compute_ms / 1e3)
+  if args.workload:
+    write_workload(args.workload, exp, steps[0], args)
   return {"target": args.deviceless, "topology": topology,
           "cluster": args.cluster, "collective_us": args.collective_us,
           "compute_ms": args.compute_ms,
           **_rows(exp, steps, args.min_fraction)}
+
+
+def write_workload(path: str, exp, step, args) -> None:
+  """``--workload FILE``: the runtime-model workload read from the first
+  compiled program (:mod:`decentral_jax.analysis.compiled_workload`; its
+  compute on the profile's clock where ``--cluster`` priced it, else the
+  stated fallback), for ``predict --workload-file``."""
+  import jax
+  from decentral_jax.analysis import compiled_workload
+  leaves = jax.tree.leaves(exp.abstract_params())
+  count = sum(x.size for x in leaves)
+  costs = {k: v for k, v in (step.profile_us or {}).items()}
+  work = compiled_workload.workload_from_compiled(
+      step.compiled, param_count=count, param_dtype=str(leaves[0].dtype),
+      costs=costs, source=f"{args.config} {' '.join(args.set)} for "
+      f"{args.deviceless}, program {step.distinct_round}:{step.consensus}")
+  compiled_workload.write_workload(path, work)
 
 
 def _print_reports(title: str, result: dict) -> None:
@@ -455,15 +487,19 @@ def part_gossip_timing(args) -> dict:
   # log_interval beyond the timed steps: no consensus measurement.
   common = [f"n_workers={n}", f"steps={max(horizon, 2)}",
             f"log_interval={horizon}", f"eval_interval={horizon}"]
-  for label, extra in (("gossip", []),
-                       ("no_gossip", [f"gossip_every={horizon}",
-                                      "gossip_rounds=switch"])):
+  variants = [("gossip", []), ("no_gossip", [f"gossip_every={horizon}",
+                                             "gossip_rounds=switch"])]
+  if _config(args).algorithm == "decentralized":
+    variants.append(("pipelined", ["pipelined_gossip=True"]))
+  for label, extra in variants:
     c = _config(args, common + extra)
     exp = experiment.Experiment(c, devices=jax.devices()[:_devices_needed(c)])
     out[f"{label}_ms_per_step"] = round(
         1e3 * _timed_steps(exp, warm, count), 3)
   g, ng = out["gossip_ms_per_step"], out["no_gossip_ms_per_step"]
   out["gossip_exposed_ms"] = round(g - ng, 3)
+  if "pipelined_ms_per_step" in out:
+    out["pipelined_exposed_ms"] = round(out["pipelined_ms_per_step"] - ng, 3)
   return out
 
 
@@ -553,6 +589,7 @@ def check_flags(args: argparse.Namespace) -> None:
   if args.topology:
     check_topology(args.topology)
   inputs.check_output_path(args.json or None, "--json")
+  inputs.check_output_path(args.workload or None, "--workload")
   given = [f for f, v in (("--cluster", args.cluster),
                           ("--collective_us", args.collective_us),
                           ("--compute_ms", args.compute_ms)) if v is not None]
@@ -626,6 +663,9 @@ def _parser() -> argparse.ArgumentParser:
                   help="report collectives of at least this share of one "
                   "worker's parameter bytes (default 1/64)")
   ap.add_argument("--json", default="", help="write the result here")
+  ap.add_argument("--workload", default="",
+                  help="--deviceless: write the runtime-model workload read "
+                  "from the first compiled program (JSON) here")
   ap.add_argument("--quiet", action="store_true",
                   help="no per-program tables")
   ap.add_argument("--smoke", action="store_true",
@@ -655,7 +695,10 @@ def _run(args) -> dict:
     return result
   if args.part == "schedule" and args.json_only:
     return part_schedule(args)  # the mock-topology child
-  result = {}
+  import jax
+  result = {"ran_on_gpu": jax.default_backend() == "gpu"}
+  if not result["ran_on_gpu"]:
+    result["note"] = NOT_ON_GPU
   if not args.json_only:
     result["machine"] = _common.machine_info()
     print("machine:", json.dumps(result["machine"]), flush=True)
@@ -682,6 +725,8 @@ def _brief(res: dict) -> dict:
 
 
 def _summary(result):
+  if not result.get("ran_on_gpu", True):
+    print(f"\nNOT RUN ON A GPU: {NOT_ON_GPU}")
   t = result.get("timing")
   if t:
     mfu = f"{100 * t['mfu']:.1f}%" if t.get("mfu") is not None else "n/a"
@@ -704,6 +749,9 @@ def _summary(result):
           f"(exposed {g['gossip_exposed_ms']} ms)")
   elif g:
     print(f"GOSSIP {g.get('result')}")
+  if "pipelined_ms_per_step" in g:
+    print(f"GOSSIP pipelined: {g['pipelined_ms_per_step']} ms/step "
+          f"(exposed {g['pipelined_exposed_ms']} ms)")
 
 
 if __name__ == "__main__":

@@ -118,3 +118,33 @@ def quadratic_problem(n, seed=0):
         "c": np.repeat(rng.normal(size=(1,)), n, 0)}
   b = {k: rng.normal(size=v.shape) for k, v in x0.items()}
   return x0, b
+
+
+def spmd_diloco(n, h, periods, seed=0, noise=0.1, lr=0.1):
+  """DiLoCo (inner SGD ``lr``, default outer) in one SPMD program
+  (optim.diloco under shard_map) on the quadratic problem: worker i's target
+  at step t is the learners' ``problems.quadratic_batch(b, i, t)``. Returns
+  worker 0's parameters after ``h * periods`` steps (= theta)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax import optim  # pylint: disable=import-outside-toplevel
+  from decentral_jax import parallel  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  x0, b = quadratic_problem(n, seed)
+  mesh = parallel.make_mesh(n)
+  tx = optim.diloco(optax.sgd(lr), h)
+
+  def step(params, state, target):
+    grads = jax.tree.map(lambda x, t: x - t, params, target)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(parallel.per_worker(step, mesh))
+  params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
+                          mesh)
+  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
+  for t in range(h * periods):
+    target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
+                           for i in range(n)]) for k in b}
+    params, state = step(params, state, parallel.shard(target, mesh))
+  return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(params))

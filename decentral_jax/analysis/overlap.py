@@ -455,5 +455,19 @@ def overlaps(c, has_matmuls: bool) -> bool:
   return c.flops > 0 if has_matmuls else c.forward + c.backward > 0
 
 
+def instruction_compute(comps) -> Any:
+  """``counts(ins, shapes) -> dict`` for the instructions of ``comps``
+  (:func:`decentral_jax.analysis.hlo.parse_module`'s computations).
+
+  The dict an instruction's work adds to the counts of the collectives in
+  flight: ``{phase: 1, "flops": f, "flops_<phase>": f}`` for one compute
+  instruction (phase ``forward``, ``backward`` or ``other``), the sums over
+  the callees for ``while`` / ``conditional`` / ``call`` (a loop body
+  once), ``{}`` for data movement and collectives. ``shapes``: ``{name:
+  shape}`` of the instruction's computation.
+  """
+  return _Counter(comps).instruction
+
+
 __all__: Sequence[str] = ("CollectiveOverlap", "OverlapReport",
-                          "overlap_report", "overlaps")
+                          "instruction_compute", "overlap_report", "overlaps")

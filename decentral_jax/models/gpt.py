@@ -32,6 +32,8 @@ import numpy as np
 from decentral_jax import checks
 
 PyTree = Any
+#: Values of :attr:`GPTConfig.remat`.
+REMAT_MODES = ("none", "block", "block_dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +51,20 @@ class GPTConfig:
     bias: whether Dense and LayerNorm layers have biases.
     dropout: dropout rate on attention weights and residual branches; with
       0.0 no ``"dropout"`` RNG is ever needed.
-    dtype: compute dtype of activations (parameters stay float32; logits are
-      returned as float32).
+    dtype: compute dtype of activations (logits are returned as float32).
+    param_dtype: dtype of the parameters (float32, or bfloat16 for half
+      their bytes and those of their gradients and of an optimizer state
+      kept in their dtype).
+    remat: activation checkpointing of each block (:data:`REMAT_MODES`):
+      ``"none"`` keeps every activation for the backward pass;
+      ``"block"`` keeps only each block's input and recomputes the block
+      during the backward pass (``flax.linen.remat``); ``"block_dots"``
+      also keeps the outputs of matmuls without batch dimensions (the
+      Dense layers; policy
+      ``jax.checkpoint_policies.dots_with_no_batch_dims_saveable``), so
+      only attention scores, softmax, GELU and LayerNorm are recomputed.
+      The values are those of ``"none"`` (up to the compiler's rounding);
+      parameter names are unchanged.
   """
   vocab_size: int = 50304
   block_size: int = 1024
@@ -60,6 +74,8 @@ class GPTConfig:
   bias: bool = False
   dropout: float = 0.0
   dtype: Any = jnp.float32
+  param_dtype: Any = jnp.float32
+  remat: str = "none"
 
   def __post_init__(self):
     """Checks the fields.
@@ -67,7 +83,8 @@ class GPTConfig:
     Raises:
       ValueError: a size not an int >= 1, ``n_head`` not dividing
         ``n_embd``, ``bias`` not a bool, ``dropout`` not a number in [0,
-        1), ``dtype`` not a floating dtype.
+        1), ``dtype`` or ``param_dtype`` not a floating dtype, ``remat``
+      not one of :data:`REMAT_MODES`.
     """
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
       checks.check_int(f"GPTConfig.{name}", getattr(self, name), minimum=1)
@@ -78,6 +95,9 @@ class GPTConfig:
     checks.check_float("GPTConfig.dropout", self.dropout, minimum=0.0,
                        maximum=1.0, open_max=True)
     checks.check_float_dtype("GPTConfig.dtype", self.dtype, allow_none=False)
+    checks.check_float_dtype("GPTConfig.param_dtype", self.param_dtype,
+                             allow_none=False)
+    checks.check_choice("GPTConfig.remat", self.remat, REMAT_MODES)
 
 
 def _normal(std: float):
@@ -94,7 +114,7 @@ def _residual_out(cfg: GPTConfig, y: jax.Array, width: int,
   """
   resid_std = 0.02 / math.sqrt(2 * cfg.n_layer)
   y = nn.Dense(width, use_bias=cfg.bias, dtype=cfg.dtype,
-               kernel_init=_normal(resid_std), name="c_proj")(y)
+               param_dtype=cfg.param_dtype, kernel_init=_normal(resid_std), name="c_proj")(y)
   return nn.Dropout(cfg.dropout)(y, deterministic=deterministic)
 
 
@@ -109,7 +129,7 @@ class CausalSelfAttention(nn.Module):
     b, t, c = x.shape
     h = cfg.n_head
     qkv = nn.Dense(3 * c, use_bias=cfg.bias, dtype=cfg.dtype,
-                   kernel_init=_normal(0.02), name="c_attn")(x)
+                   param_dtype=cfg.param_dtype, kernel_init=_normal(0.02), name="c_attn")(x)
     q, k, v = jnp.split(qkv, 3, axis=-1)
     # [B, T, C] -> [B, H, T, C/H].
     q, k, v = (z.reshape(b, t, h, c // h).transpose(0, 2, 1, 3)
@@ -134,7 +154,7 @@ class MLP(nn.Module):
     """Maps ``x`` [B, T, C] to [B, T, C]."""
     cfg = self.config
     x = nn.Dense(4 * cfg.n_embd, use_bias=cfg.bias, dtype=cfg.dtype,
-                 kernel_init=_normal(0.02), name="c_fc")(x)
+                 param_dtype=cfg.param_dtype, kernel_init=_normal(0.02), name="c_fc")(x)
     x = nn.gelu(x, approximate=True)
     return _residual_out(cfg, x, cfg.n_embd, deterministic)
 
@@ -149,11 +169,21 @@ class Block(nn.Module):
 
     def ln(name):
       return nn.LayerNorm(epsilon=1e-5, use_bias=cfg.bias, dtype=cfg.dtype,
-                          name=name)
+                          param_dtype=cfg.param_dtype, name=name)
 
     x = x + CausalSelfAttention(cfg, name="attn")(ln("ln_1")(x), deterministic)
     x = x + MLP(cfg, name="mlp")(ln("ln_2")(x), deterministic)
     return x
+
+
+def _block_class(remat: str):
+  """:class:`Block`, or it under ``nn.remat`` with the policy of ``remat``
+  (``deterministic``, argument 2 counting the module, is static)."""
+  if remat == "none":
+    return Block
+  policy = (jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+            if remat == "block_dots" else None)
+  return nn.remat(Block, static_argnums=(2,), policy=policy)
 
 
 class GPT(nn.Module):
@@ -193,20 +223,21 @@ class GPT(nn.Module):
       raise ValueError(f"sequence length {t} exceeds GPTConfig.block_size="
                        f"{cfg.block_size}; use context_len <= block_size.")
     wte = nn.Embed(cfg.vocab_size, cfg.n_embd, dtype=cfg.dtype,
-                   embedding_init=_normal(0.02), name="wte")
+                   param_dtype=cfg.param_dtype, embedding_init=_normal(0.02), name="wte")
     wpe = nn.Embed(cfg.block_size, cfg.n_embd, dtype=cfg.dtype,
-                   embedding_init=_normal(0.02), name="wpe")
+                   param_dtype=cfg.param_dtype, embedding_init=_normal(0.02), name="wpe")
     x = wte(idx) + wpe(jnp.arange(t))[None]
     x = nn.Dropout(cfg.dropout)(x, deterministic=deterministic)
+    block = _block_class(cfg.remat)
     for i in range(cfg.n_layer):
-      x = Block(cfg, name=f"h_{i}")(x, deterministic)
+      x = block(cfg, name=f"h_{i}")(x, deterministic)
     x = nn.LayerNorm(epsilon=1e-5, use_bias=cfg.bias, dtype=cfg.dtype,
-                     name="ln_f")(x)
+                     param_dtype=cfg.param_dtype, name="ln_f")(x)
     return wte.attend(x).astype(jnp.float32)
 
 
 def init_params(cfg: GPTConfig, rng: jax.Array) -> PyTree:
-  """Initial parameters of ``GPT(cfg)`` (float32 pytree).
+  """Initial parameters of ``GPT(cfg)`` (pytree of ``cfg.param_dtype``).
 
   Args:
     cfg: model configuration.

@@ -8,6 +8,8 @@
 - :mod:`~decentral_jax.optim.push_sum`: SGP (push-sum gossip).
 - :mod:`~decentral_jax.optim.desloc`: DES-LOC-Adam (local Adam with
   independent sync periods of the parameters and the two moments).
+- :mod:`~decentral_jax.optim.gradient_tracking`: gradient tracking
+  (DIGing) for D-SGD, DAdam and AccumAdamW.
 - The DiLoCo family, by composition:
   :mod:`~decentral_jax.optim.local_steps` (the inner step and the outer
   state every local-update method shares),
@@ -24,7 +26,8 @@
   checks and compute dtypes.
 
 Every public name of every module is listed here, except
-``push_sum.push_sum`` (it shares its module's name). Imports
+``push_sum.push_sum`` and ``gradient_tracking.gradient_tracking`` (they
+share their modules' names). Imports
 :mod:`decentral_jax.comm` and :mod:`decentral_jax.topology`.
 """
 
@@ -34,6 +37,10 @@ from decentral_jax.optim.accum_adam import (
 from decentral_jax.optim.choco import ChocoState, choco_gossip
 from decentral_jax.optim.desloc import (
     DesLocState, check_desloc_periods, desloc_adam)
+# gradient_tracking.gradient_tracking is not listed (as push_sum.push_sum).
+from decentral_jax.optim.gradient_tracking import (
+    TRACKING_FORMS, GradientTrackingState, check_tracking_form,
+    gradient_tracking_adamw, gradient_tracking_sgd, tracked_decentralized)
 from decentral_jax.optim.diloco_sync import (
     DiLoCoState, check_reduction, diloco, resolve_timing)
 from decentral_jax.optim.elastic import (
@@ -67,7 +74,9 @@ from decentral_jax.optim.precision import (
 from decentral_jax.optim.transforms import (
     DecentralizedState, GossipMixingState, all_reduce_gradients,
     decentralized, decentralized_adamw, default_weight_decay_mask,
-    find_states, gossip_mixing, round_count, round_step)
+    find_states, gossip_mixing, local_adamw, round_count, round_step)
+from decentral_jax.optim.pipelined import (
+    PipelinedState, pipelined_adamw, pipelined_gossip, round_of_step)
 
 __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "check_column_stochastic", "check_common", "check_compression",
@@ -85,12 +94,18 @@ __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "find_state", "find_states", "find_theta", "FlatLayout",
            "FragmentRounds", "global_average", "global_copy", "global_dtype",
            "global_params", "gossip_mixing", "GossipMixingState",
+           "GradientTrackingState", "TRACKING_FORMS", "check_tracking_form",
+           "gradient_tracking_adamw", "gradient_tracking_sgd",
+           "tracked_decentralized",
            "GossipRound", "horizon_matched_betas", "InFlight", "init_outer",
-           "inner_step", "local_sgd", "LocalSGDState", "LowPrecisionMean",
+           "inner_step", "local_adamw", "local_sgd", "LocalSGDState",
+           "LowPrecisionMean",
            "mean_low_precision", "moment_dtype", "named", "NO_PARAMS",
            "ON_FAILURE", "one_peer_directed_exp", "outer_step", "OuterLoop",
-           "OuterState", "param_delta", "Pending", "Plain", "PushSumState",
+           "OuterState", "param_delta", "Pending", "PipelinedState",
+           "pipelined_adamw", "pipelined_gossip", "Plain", "PushSumState",
            "Reduction", "REJOIN", "resolve_timing", "round_count",
+           "round_of_step",
            "round_step", "scale_by_accum_adam", "ScaleByAccumAdamState",
            "sgp", "streaming_diloco", "StreamingDiLoCoState", "TIMINGS",
            "to_params", "uncompressed", "weight_dtype"]

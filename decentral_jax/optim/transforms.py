@@ -64,7 +64,7 @@ from decentral_jax.optim.accum_adam import scale_by_accum_adam
 __all__ = ["DecentralizedState", "GossipMixingState", "ScaleByAccumAdamState",
            "all_reduce_gradients", "decentralized", "decentralized_adamw", "default_weight_decay_mask",
            "find_states", "gossip_mixing", "horizon_matched_betas",
-           "round_count", "round_step", "scale_by_accum_adam"]
+           "local_adamw", "round_count", "round_step", "scale_by_accum_adam"]
 
 PyTree = Any
 
@@ -479,6 +479,22 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
   References:
     Wang et al. 2025 (arXiv 2410.11998), Alg. 1 and Alg. 4.
   """
+  inner = local_adamw(learning_rate, b1=b1, b2=b2, eps=eps,
+                      weight_decay=weight_decay, mask=mask,
+                      accum_steps=accum_steps, mu_dtype=mu_dtype,
+                      nu_dtype=nu_dtype, beta_convention=beta_convention)
+  return decentralized(inner, topology, axis_name,
+                       mix_after_update=mix_after_update, comm_dtype=comm_dtype,
+                       gossip_every=gossip_every, bucket_bytes=bucket_bytes)
+
+
+def local_adamw(learning_rate, *, b1=0.9, b2=0.999, eps=1e-8,
+                weight_decay=0.0, mask="ndim>=2", accum_steps=1,
+                mu_dtype=None, nu_dtype=None, beta_convention="per_window"
+                ) -> optax.GradientTransformationExtraArgs:
+  """The local step ``-lr (d_k + lambda mask params)`` of
+  :func:`decentralized_adamw` (arguments and errors as there), computed in
+  float32 for low-precision inputs; no communication."""
   arguments.check_learning_rate(learning_rate)
   arguments.check_hyperparameter("weight_decay", weight_decay,
                                       below_one=False, wide=False)
@@ -489,9 +505,7 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
       optax.add_decayed_weights(weight_decay, _resolve_mask(mask)),
       optax.scale_by_learning_rate(learning_rate),
   )
-  return decentralized(_in_compute_dtype(inner), topology, axis_name,
-                       mix_after_update=mix_after_update, comm_dtype=comm_dtype,
-                       gossip_every=gossip_every, bucket_bytes=bucket_bytes)
+  return _in_compute_dtype(inner)
 
 
 def _in_compute_dtype(inner: optax.GradientTransformation

@@ -3,9 +3,14 @@
 Above the library: it imports the parts below it (checks, topology, comm,
 optim, parallel, analysis, models, data, method_names), never the runtime
 model or the tools; only the tools import it. Its modules hold the runner's concepts and are imported by
-path, so this face imports nothing (``import decentral_jax.runner`` loads no
-JAX):
+path, so this face imports only the extension points
+(:mod:`~decentral_jax.runner.extensions`, which loads no JAX:
+``register_model``, ``register_data``, ``register_optimizer``, ``Model``,
+``Data``, ``linen_model``, ``nnx_model``; docs/extending.md):
 
+* your own model, data and optimizer: :mod:`~decentral_jax.runner.extensions`
+  (names and builders), :mod:`~decentral_jax.runner.custom_task` (the task
+  built from them, checked before any compile);
 * the config: :mod:`~decentral_jax.runner.config` (``base_config``,
   loading), :mod:`~decentral_jax.runner.config_groups` (one builder per
   group of fields), :mod:`~decentral_jax.runner.presets` (the named runs),
@@ -33,4 +38,13 @@ JAX):
   :mod:`~decentral_jax.runner.tuning` (the learning-rate protocol).
 """
 
-__all__: list[str] = []
+from decentral_jax.runner.extensions import Data
+from decentral_jax.runner.extensions import Model
+from decentral_jax.runner.extensions import linen_model
+from decentral_jax.runner.extensions import nnx_model
+from decentral_jax.runner.extensions import register_data
+from decentral_jax.runner.extensions import register_model
+from decentral_jax.runner.extensions import register_optimizer
+
+__all__ = ["Data", "Model", "linen_model", "nnx_model", "register_data",
+           "register_model", "register_optimizer"]

@@ -28,6 +28,7 @@ from ml_collections import config_flags
 
 from decentral_jax import layout_modes
 from decentral_jax.runner import config_groups
+from decentral_jax.runner import extensions
 from decentral_jax.runner import methods
 
 OPTIMIZERS = ("adamw", "accum_adamw")
@@ -36,9 +37,13 @@ CONSENSUS_AT = ("auto", "log_step", "next_step")
 # config.worker_layout values: the worker layout modes.
 WORKER_LAYOUTS = layout_modes.MODES
 SCHEDULES = ("warmup_cosine", "inverse_sqrt", "constant")
+# config.tracker values: none, or Weights & Biases.
+TRACKERS = ("", "wandb")
 DATA_SOURCES = {"gpt": ("pydoc", "text_file", "token_bins"),
                 "cnn": ("fashion_mnist",)}
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# config.model.remat values (decentral_jax.models.gpt.REMAT_MODES).
+REMAT_MODES = ("none", "block", "block_dots")
 GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
 # Largest seed: jax.random.key keeps 32 bits (2**32 would be seed 0).
 SEED_MAX = 2**32 - 1
@@ -61,7 +66,10 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   ``data_group`` and ``distributed_group``.
 
   Args:
-    model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include.
+    model: ``"gpt"`` or ``"cnn"``: which ``model`` group to include; or
+      your own model, a name given to ``extensions.register_model`` or
+      ``"package.module:attribute"`` (``config_groups.custom_model``, and a
+      ``data`` group of ``source`` and ``options``: docs/extending.md).
 
   Returns:
     An unlocked ``ConfigDict``; a config file overrides what differs and
@@ -70,9 +78,12 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   Raises:
     ValueError: an unknown ``model``.
   """
-  if model not in config_groups.MODELS:
+  custom = model not in config_groups.MODELS
+  if custom and not (extensions.is_reference(model) or
+                     model in extensions.registered("model")):
     raise ValueError(f"unknown model {model!r}; use one of "
-                     f"{tuple(config_groups.MODELS)}.")
+                     f"{tuple(config_groups.MODELS)}, a name given to "
+                     "register_model, or 'package.module:attribute'.")
   c = config_dict.ConfigDict()
   config_groups.add_parallel_fields(c)
   config_groups.add_local_update_fields(c)
@@ -86,8 +97,9 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   # Each worker's optimizer and its learning-rate schedule.
   c.optimizer = config_groups.optimizer_group()
   c.schedule = config_groups.schedule_group()
-  # The model (gpt_model() or cnn_model()), its data, the multi-host job.
-  c.model = config_groups.MODELS[model]()
+  # The model (gpt_model(), cnn_model() or custom_model()), its data, the
+  # multi-host job.
+  c.model = config_groups.model_group(model)
   c.data = config_groups.data_group(model)
   c.distributed = config_groups.distributed_group()
   return c

@@ -31,8 +31,18 @@ def gpt_model() -> config_dict.ConfigDict:
   m.bias = False
   # Dropout rate (0 = none; dropout keys differ per worker and per step).
   m.dropout = 0.0
-  # Compute dtype: "float32" or "bfloat16" (parameters stay float32).
+  # Compute dtype of the activations: "float32" or "bfloat16".
   m.dtype = "float32"
+  # dtype of the parameters, hence of their gradients and of the optimizer
+  # state that follows them (Adam's moments): "float32" or "bfloat16"
+  # (half the bytes of each; updates are rounded to bfloat16).
+  m.param_dtype = "float32"
+  # Activation checkpointing per transformer block: "none" (keep every
+  # activation for the backward pass), "block" (keep each block's input
+  # only; recompute the block in the backward pass) or "block_dots" (keep
+  # also the outputs of its matmuls without batch dimensions, the Dense
+  # layers: jax.checkpoint_policies.dots_with_no_batch_dims_saveable).
+  m.remat = "none"
   return m
 
 
@@ -50,7 +60,32 @@ def cnn_model() -> config_dict.ConfigDict:
   return m
 
 
+def custom_model(name: str = "") -> config_dict.ConfigDict:
+  """The ``model`` group of your own model (docs/extending.md).
+
+  Args:
+    name: a name given to ``extensions.register_model`` or
+      ``"package.module:attribute"`` (its builder returns an
+      ``extensions.Model``).
+  """
+  m = config_dict.ConfigDict()
+  # Registered name or "package.module:attribute" of the model's builder.
+  m.name = name
+  # Keyword arguments of the builder (add fields in the config file).
+  m.options = config_dict.ConfigDict()
+  # The loss takes a fresh PRNG key per worker and step in training
+  # (dropout); False: it is called with key None.
+  m.needs_key = False
+  return m
+
+
 MODELS = {"gpt": gpt_model, "cnn": cnn_model}
+
+
+def model_group(model: str) -> config_dict.ConfigDict:
+  """The ``model`` group of ``"gpt"``, ``"cnn"`` or your own model (any
+  other name: :func:`custom_model`)."""
+  return MODELS[model]() if model in MODELS else custom_model(model)
 
 
 def add_parallel_fields(c: config_dict.ConfigDict) -> None:
@@ -221,6 +256,13 @@ def add_run_fields(c: config_dict.ConfigDict) -> None:
   # Sequences (images) per step over all workers; split evenly (must be
   # divisible by n_workers).
   c.global_batch = 64
+  # Micro-batches k per step (gradient accumulation inside a step): each
+  # worker's local batch is split into k micro-batches whose forward and
+  # backward passes run one after another, their gradients averaged (the
+  # whole local batch's gradient up to float32 rounding; activation memory
+  # / k). k divides the local batch per device, global_batch / (n_workers
+  # * devices_per_worker). Not optimizer.accum_steps (AccumAdam's window).
+  c.micro_batches = 1
   # Seed of the initial parameters, the data order and dropout, in
   # [0, 2**32 - 1].
   c.seed = 0
@@ -252,6 +294,10 @@ def add_record_fields(c: config_dict.ConfigDict) -> None:
   c.keep_checkpoints = 2
   # Also write TensorBoard event files (needs the tensorboardX package).
   c.tensorboard = False
+  # Also send every metrics record to an experiment tracker: "" (none) or
+  # "wandb" (Weights & Biases; project, mode and directory from its WANDB_*
+  # variables, e.g. WANDB_MODE=offline; needs the wandb package).
+  c.tracker = ""
   # Output directory; the --workdir flag takes precedence.
   c.workdir = config_dict.placeholder(str)
 
@@ -299,8 +345,16 @@ def schedule_group() -> config_dict.ConfigDict:
 
 def data_group(model: str = "gpt") -> config_dict.ConfigDict:
   """The ``data`` group of a ``"gpt"`` or ``"cnn"`` model (its default
-  source differs)."""
+  source differs), or of your own model (any other name: a ``source``
+  naming the data builder and its ``options``)."""
   g = config_dict.ConfigDict()
+  if model not in MODELS:
+    # Registered name or "package.module:attribute" of the data builder
+    # (it returns an extensions.Data).
+    g.source = ""
+    # Keyword arguments of the builder (add fields in the config file).
+    g.options = config_dict.ConfigDict()
+    return g
   # "pydoc" (bundled text), "text_file" (bytes of `path`), "token_bins"
   # (nanoGPT train.bin/val.bin in directory `path`) or "fashion_mnist".
   g.source = "pydoc" if model == "gpt" else "fashion_mnist"

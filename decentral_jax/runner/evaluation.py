@@ -142,6 +142,7 @@ class Evaluator:
         "eval/worker_excess_max": float(own.max() - subset),
         "consensus_distance": float(out["consensus_distance"][0]),
     }
-    if self._task.unit == "samples":
+    accuracy = self._task.has_accuracy
+    if accuracy or (accuracy is None and self._task.unit == "samples"):
       result["eval/accuracy"] = float(out["avg_accuracy"][0])
     return result

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
+import importlib.util
+
 from decentral_jax import wire_format
 from decentral_jax.comm import compress
 from decentral_jax.comm import fault_schedule
 from decentral_jax.optim import elastic
 from decentral_jax.optim import outer_timing
 from decentral_jax.optim.accum_adam import BETA_CONVENTIONS
+from decentral_jax.runner import extensions
 from decentral_jax.runner import field_checks
 from decentral_jax.runner import methods
 from decentral_jax.runner.config import COMPUTE_DTYPES
@@ -26,8 +29,10 @@ from decentral_jax.runner.config import CONSENSUS_AT
 from decentral_jax.runner.config import DATA_SOURCES
 from decentral_jax.runner.config import GOSSIP_ROUNDS
 from decentral_jax.runner.config import OPTIMIZERS
+from decentral_jax.runner.config import REMAT_MODES
 from decentral_jax.runner.config import SCHEDULES
 from decentral_jax.runner.config import SEED_MAX
+from decentral_jax.runner.config import TRACKERS
 from decentral_jax.runner.config import WORKER_LAYOUTS
 from decentral_jax.runner.methods import local_updates
 from decentral_jax.runner.methods import parts
@@ -49,6 +54,34 @@ def check_fields(config, names, group: str) -> None:
     raise ValueError(
         f"config.{group} lacks {', '.join(missing)}; build the config from "
         "decentral_jax.runner.config.base_config() (see configs/gpt_tiny.py).")
+
+
+def _builder(kind: str, built_in=()):
+  """A built-in name, a registered one or an importable ``module:attr``
+  (:func:`decentral_jax.runner.extensions.resolve`)."""
+  def check(name, value):
+    if value in built_in:
+      return
+    if not (extensions.is_reference(value) or
+            value in extensions.registered(kind)):
+      extra = f"{', '.join(built_in)}, " if built_in else ""
+      raise ValueError(
+          f"unknown config.{name}={value!r}; use {extra}a name given to "
+          f"register_{kind} (registered: {list(extensions.registered(kind))})"
+          f" or 'package.module:attribute' (docs/extending.md).")
+    extensions.resolve(kind, value)
+  return check
+
+
+def _tracker(name, value):
+  """``""`` or ``"wandb"``, whose package must be installed."""
+  if value not in TRACKERS:
+    raise ValueError(f"unknown config.{name}={value!r}; use '' (none) or "
+                     f"'wandb' (--config.{name}=wandb).")
+  if value == "wandb" and importlib.util.find_spec("wandb") is None:
+    raise ValueError(f"config.{name}='wandb' needs the wandb package: `pip "
+                     "install -r requirements-extras.txt`, or set "
+                     f"--config.{name}='' (metrics.jsonl is always written).")
 
 
 def _topology(name, value):
@@ -114,6 +147,7 @@ RULES = {
                                         note=" or exactly 1"),
     "steps": field_checks.integer(1),
     "global_batch": field_checks.integer(1),
+    "micro_batches": field_checks.integer(1),
     "seed": field_checks.integer(0, SEED_MAX),
     "grad_clip": field_checks.real(0.0, note=" (0 disables clipping)"),
     "eval_interval": field_checks.integer(0, note=" (0 = only at the end)"),
@@ -123,8 +157,9 @@ RULES = {
     "checkpoint_interval": field_checks.integer(0, note=" (0 = only at the end)"),
     "keep_checkpoints": field_checks.integer(1),
     "tensorboard": field_checks.boolean,
+    "tracker": _tracker,
     "workdir": field_checks.optional_text,
-    "optimizer.name": field_checks.one_of(OPTIMIZERS),
+    "optimizer.name": _builder("optimizer", OPTIMIZERS),
     "optimizer.b1": field_checks.real(0.0, 1.0),
     "optimizer.b2": field_checks.real(0.0, 1.0),
     "optimizer.eps": field_checks.real(0.0),
@@ -135,8 +170,6 @@ RULES = {
     "schedule.peak_lr": field_checks.real(0.0, lo_open=True),
     "schedule.warmup_steps": field_checks.integer(0),
     "schedule.final_lr": field_checks.real(0.0),
-    "data.path": field_checks.optional_text,
-    "data.val_fraction": field_checks.real(0.0, 1.0),
 }
 MODEL_RULES = {
     "gpt": {
@@ -148,13 +181,25 @@ MODEL_RULES = {
         "model.bias": field_checks.boolean,
         "model.dropout": field_checks.real(0.0, 1.0),
         "model.dtype": field_checks.one_of(COMPUTE_DTYPES),
+        "model.param_dtype": field_checks.one_of(COMPUTE_DTYPES),
+        "model.remat": field_checks.one_of(REMAT_MODES),
         "data.source": field_checks.one_of(DATA_SOURCES["gpt"]),
+        "data.path": field_checks.optional_text,
+        "data.val_fraction": field_checks.real(0.0, 1.0),
     },
     "cnn": {
         "model.features": _features,
         "model.dense": field_checks.integer(1),
         "model.num_classes": field_checks.integer(2),
         "data.source": field_checks.one_of(DATA_SOURCES["cnn"]),
+        "data.path": field_checks.optional_text,
+        "data.val_fraction": field_checks.real(0.0, 1.0),
+    },
+    # Your own model and data (runner.extensions): the names must resolve.
+    "custom": {
+        "model.name": _builder("model"),
+        "model.needs_key": field_checks.boolean,
+        "data.source": _builder("data"),
     },
 }
 # Real fields in (0, 1] (their rule says [.., 1) "or exactly 1").

@@ -35,6 +35,7 @@ step after the checkpoint, which the resumed run logs again.
 from __future__ import annotations
 
 import json
+import uuid
 import logging
 import math
 import os
@@ -65,15 +66,20 @@ class MetricsWriter:
     path: the JSON-lines file.
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = False):
+  def __init__(self, workdir: str, *, tensorboard: bool = False,
+               tracker: str = "", run_config: dict | None = None):
     """Opens ``<workdir>/metrics.jsonl`` for appending.
 
     Args:
       workdir: run directory (created if missing).
       tensorboard: also write event files to ``<workdir>/tensorboard``.
+      tracker: ``"wandb"``: also log every record to Weights & Biases
+        (:class:`WandbTracker`); ``""``: no tracker.
+      run_config: the run config as a dict, stored with the tracker's run.
 
     Raises:
-      ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing.
+      ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing,
+        or ``tracker="wandb"`` without the ``wandb`` package.
       workdir.PathError: the file cannot be created or opened for writing.
     """
     self.path = os.path.join(workdir, METRICS_FILE)
@@ -92,6 +98,8 @@ class MetricsWriter:
             "`pip install tensorboardX`, or set --config.tensorboard=False "
             "(metrics.jsonl is always written).") from None
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    self._tracker = (WandbTracker(workdir, run_config or {})
+                     if tracker == "wandb" else None)
 
   def write(self, record: dict) -> None:
     """Appends one record; it must contain an integer ``"step"``.
@@ -110,6 +118,8 @@ class MetricsWriter:
         if key != "step" and isinstance(value, (int, float)) \
             and not isinstance(value, bool):
           self._tb.add_scalar(key, value, record["step"])
+    if self._tracker is not None:
+      self._tracker.log(record)
 
   def close(self) -> None:
     try:
@@ -118,6 +128,58 @@ class MetricsWriter:
       pass  # a failed flush was reported by write()
     if self._tb is not None:
       self._tb.close()
+    if self._tracker is not None:
+      self._tracker.close()
+
+
+# What the Weights & Biases tracker keeps in a run directory.
+WANDB_ID_FILE = "wandb_run_id"
+TRACKER_FILES = ("wandb", WANDB_ID_FILE)
+
+
+class WandbTracker:
+  """Logs metrics records to a Weights & Biases run.
+
+  The run's id is kept in ``<workdir>/wandb_run_id``, so a resumed run logs
+  to the same W&B run (``resume="allow"``; W&B drops records of steps it
+  already has). Project, entity, mode (``WANDB_MODE=offline`` writes
+  ``wandb/offline-run-*`` without a network) and directory come from W&B's
+  own ``WANDB_*`` variables; the directory defaults to ``workdir``. Each
+  record's numbers and strings are logged at its ``step`` (the records of
+  one step are merged into one W&B row).
+  """
+
+  def __init__(self, workdir: str, run_config: dict):
+    try:
+      import wandb  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      raise ValueError(
+          "config.tracker='wandb' needs the wandb package: `pip install -r "
+          "requirements-extras.txt`, or set --config.tracker=''.") from None
+    id_path = os.path.join(workdir, WANDB_ID_FILE)
+    try:
+      with open(id_path, encoding="utf-8") as f:
+        run_id = f.read().strip()
+    except OSError:
+      run_id = uuid.uuid4().hex[:12]
+      try:
+        with open(id_path, "w", encoding="utf-8") as f:
+          f.write(run_id + "\n")
+      except OSError as e:
+        raise workdir_lib.path_error("write", id_path, e) from None
+    self._run = wandb.init(
+        project=os.environ.get("WANDB_PROJECT", "decentral_jax"),
+        dir=os.environ.get("WANDB_DIR") or workdir, id=run_id,
+        resume="allow", config=run_config,
+        name=os.path.basename(os.path.abspath(workdir)))
+
+  def log(self, record: dict) -> None:
+    """Logs ``record``'s values (not its step) at ``record["step"]``."""
+    self._run.log({k: v for k, v in record.items()
+                   if k != "step" and v is not None}, step=int(record["step"]))
+
+  def close(self) -> None:
+    self._run.finish()
 
 
 def _record_error(record: dict) -> str | None:

@@ -91,7 +91,15 @@ def gossip_every(c) -> int:
   return 1 if method.gossip_every is None else method.gossip_every(c)
 
 
-def round_indices(topology, gossip_rounds: str, tau: int) -> dict:
+def round_stride(c) -> int:
+  """Steps per round of the gossip schedule: 2 for pipelined gossip (round
+  ``floor(k / 2)`` at step ``k``), else 1 (``Method.round_stride``)."""
+  method = methods.lookup(c.algorithm)
+  return 1 if method.round_stride is None else method.round_stride(c)
+
+
+def round_indices(topology, gossip_rounds: str, tau: int,
+                  stride: int = 1) -> dict:
   """``{distinct round: a round index}`` (``{None: None}``: one program).
 
   ``"switch"`` compiles the whole schedule once (the round is picked
@@ -101,19 +109,21 @@ def round_indices(topology, gossip_rounds: str, tau: int) -> dict:
   forward/backward pass on accelerators. With ``gossip_every = tau > 1``
   the round index is the step ``tau x r`` of the round's first use, and
   :data:`LOCAL_STEP` (index 1) is the program of the steps between two
-  gossip steps, with no collective.
+  gossip steps, with no collective. With ``stride = 2`` (pipelined
+  gossip, ``tau = 1``) it is the step ``2 r``.
 
   Args:
     topology: the run's :class:`~decentral_jax.topology.Topology`, or None.
     gossip_rounds: ``"static"`` or ``"switch"`` (resolved).
     tau: gossip every ``tau`` steps (:func:`gossip_every`).
+    stride: steps per round (:func:`round_stride`).
   """
   distinct = topology.distinct_rounds if topology is not None else ()
   if gossip_rounds != "static" or (len(distinct) <= 1 and tau == 1):
     return {None: None}
   rounds = {}
   for r, d in enumerate(topology.round_to_distinct):
-    rounds.setdefault(d, r * tau)
+    rounds.setdefault(d, r * tau * stride)
   if tau > 1:
     rounds[LOCAL_STEP] = 1  # a step between two gossip steps
   return rounds
@@ -162,7 +172,7 @@ class StepPrograms:
                               else None)
     self.gossip_rounds, self.consensus_at = resolve_dispatch(config, platform)
     self.rounds = round_indices(topology, self.gossip_rounds,
-                                gossip_every(config))
+                                gossip_every(config), round_stride(config))
     self.traces = 0
     # (distinct round, consensus mode, masks) -> jitted step, built when
     # first run. With faults, the steps where a worker is dead or slow take
@@ -200,6 +210,7 @@ class StepPrograms:
         global_avg_interval=int(c.global_avg_interval),
         log_interval=int(c.log_interval), total_steps=int(c.steps),
         round_index=round_index, consensus=consensus,
+        micro_batches=int(c.micro_batches),
         model_params=methods.ALGORITHMS[c.algorithm].model_params,
         global_average=methods.ALGORITHMS[c.algorithm].global_average)
 
@@ -235,10 +246,11 @@ class StepPrograms:
     distinct = None
     if None not in self.rounds:
       topo, tau = self.topology, gossip_every(self.config)
+      every = tau * round_stride(self.config)
       if int(step) % tau:
         distinct = LOCAL_STEP
       else:
-        distinct = topo.round_to_distinct[int(step) // tau % topo.period]
+        distinct = topo.round_to_distinct[int(step) // every % topo.period]
     if self.consensus_at == "log_step":
       return distinct, "logged"
     log = int(self.config.log_interval)
@@ -258,7 +270,8 @@ class StepPrograms:
     times ``gossip_every``."""
     if None in self.rounds:
       return {None: 1}
-    cycle = self.topology.period * gossip_every(self.config)
+    cycle = (self.topology.period * gossip_every(self.config)
+             * round_stride(self.config))
     return collections.Counter(self.key_of(k)[0] for k in range(cycle))
 
   def communication(self, state, batch, *, param_bytes: int,

@@ -117,7 +117,8 @@ class Recorder:
     self._t_prev = None
     self.last = {"step": start}
     self._writer = (metrics_lib.MetricsWriter(
-        workdir, tensorboard=bool(c.tensorboard)) if main else None)
+        workdir, tensorboard=bool(c.tensorboard), tracker=str(c.tracker),
+        run_config=c.to_dict()) if main else None)
     self._bar = metrics_lib.progress_bar(int(c.steps), initial=start,
                                          disable=None if main else True)
     # consensus_at="next_step": the step after a log step measures the

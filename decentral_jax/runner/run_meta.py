@@ -56,6 +56,21 @@ RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
                    "trickle_reduction": True,
                    "compression": json.loads(
                        config_groups.compression_group().to_json())}
+#: Fields of the ``model`` group added after the first checkpoints, with the
+#: value those were written with.
+MODEL_DEFAULTS = {"param_dtype": "float32"}
+#: Fields of the ``model`` group a resumed run may change: how much memory
+#: the step takes, not what it computes (activation checkpointing).
+MODEL_FREE = ("remat",)
+
+
+def model_meta(model: dict) -> dict:
+  """The fields of a ``model`` group (a dict) a resumed run must keep: less
+  :data:`MODEL_FREE` and less the fields of :data:`MODEL_DEFAULTS` at their
+  default, so that a run with the defaults stores what older versions
+  stored."""
+  return {k: v for k, v in model.items()
+          if k not in MODEL_FREE and MODEL_DEFAULTS.get(k, ()) != v}
 
 
 def checkpoint_meta(exp, step: int) -> dict:
@@ -90,7 +105,7 @@ def checkpoint_meta(exp, step: int) -> dict:
                           and int(c.optimizer.accum_steps) > 1
                           else "per_window"),
       "global_batch": int(c.global_batch),
-      "model": json.loads(c.model.to_json()),
+      "model": model_meta(json.loads(c.model.to_json())),
       # The sync schedule of the local-update methods (a change mid-run
       # would silently move the sync steps).
       "sync_every": int(c.sync_every),
@@ -140,7 +155,9 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   The worker layout may differ (elastic resume: another process count,
   ``devices_per_worker``, ``workers_per_device`` or ``worker_layout``
   with the same ``n_workers``); a different ``n_workers`` is refused
-  first, saying why (:func:`check_elastic_resume`). Fields the run does
+  first, saying why (:func:`check_elastic_resume`). The memory controls
+  ``micro_batches`` and ``model.remat`` may change too (the same step up
+  to float32 rounding). Fields the run does
   not read are not compared; a field an older checkpoint lacks counts as
   its value in ``RESUME_DEFAULTS`` (a method's own declared field: its
   ``ConfigField.default``).
@@ -161,6 +178,8 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
     if validation.unread_reason(exp.config, field) is not None:
       continue  # ignored by this run (its algorithm is compared)
     theirs = meta.get(key, defaults.get(key, mine[key]))
+    if key == "model" and isinstance(theirs, dict):
+      theirs = model_meta(theirs)
     if key == "faults":  # the trace by content; names the setting
       why = fault_run.resume_mismatch(theirs, mine[key])
       if why is not None:

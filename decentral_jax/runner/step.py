@@ -84,7 +84,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                model_params: Callable | None = None,
                global_average: Callable | None = None,
                masks: tuple | None = None,
-               consensus: str = "logged"
+               consensus: str = "logged",
+               micro_batches: int = 1
                ) -> tuple[TrainState, dict]:
   """One training step of one worker (inside ``shard_map`` over the workers).
 
@@ -149,9 +150,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
       measured = gossip.consensus_distance(
           lax.optimization_barrier(model(state.params, state.opt_state)),
           axis_name).astype(jnp.float32)
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  (loss, aux), grads = grad_fn(model(state.params, state.opt_state), batch,
-                               key)
+  own = model(state.params, state.opt_state)
+  (loss, aux), grads = loss_and_grad(loss_fn, own, batch, key, micro_batches)
   extra = {} if round_index is None else {"round_index": round_index}
   if masks is not None:
     extra.update(alive=masks[0], working=masks[1], rejoining=masks[2])
@@ -187,6 +187,85 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
              **elastic.counters(opt_state)}
   new_state = state.replace(step=step, params=params, opt_state=opt_state)
   return new_state, metrics
+
+
+def micro_batch_split(batch: Batch, micro_batches: int) -> Batch:
+  """The batch as ``micro_batches`` strided micro-batches.
+
+  Row ``i * k + j`` of each array ``[B, ...]`` becomes row ``i`` of
+  micro-batch ``j`` (``k = micro_batches``): arrays ``[k, B / k, ...]``.
+  Strided rather than contiguous so that a batch split over a worker's
+  ``D`` devices in contiguous blocks (``devices_per_worker``) stays on its
+  device when ``k`` divides each block (``B / D``): no data moves.
+
+  Raises:
+    ValueError: ``micro_batches`` does not divide a leading dimension.
+  """
+  k = micro_batches
+
+  def split(x):
+    if x.shape[0] % k:
+      raise ValueError(f"micro_batches={k} does not divide the local batch "
+                       f"of {x.shape[0]} rows; choose a divisor of it.")
+    return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+  return tuple(split(x) for x in batch)
+
+
+def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
+                  key: jax.Array | None, micro_batches: int = 1):
+  """``((loss, aux), grads)`` of ``loss_fn`` at ``params`` on ``batch``.
+
+  With ``micro_batches = k > 1`` (gradient accumulation inside a step) the
+  batch is split into ``k`` micro-batches ``b_j`` (:func:`micro_batch_split`)
+  and ``lax.scan`` runs the forward and backward pass of one at a time,
+  so the activations kept for the backward pass are those of ``B / k``
+  rows::
+
+    loss = (1/k) sum_j loss_fn(params, b_j),  g = (1/k) sum_j grad_j
+
+  summed in float32 (then cast to the gradient's dtype), as are the aux
+  values. For a loss that is a mean over equally sized rows (the tasks'
+  token and image cross-entropies) this is the loss and gradient of the
+  whole batch up to float32 rounding. Micro-batch ``j`` gets the dropout
+  key ``fold_in(key, j)``.
+
+  Args:
+    loss_fn: ``loss_fn(params, batch, key or None) -> (loss, aux)``.
+    params: the model's parameters.
+    batch: arrays ``[B, ...]``; ``micro_batches`` divides ``B``.
+    key: dropout key or None.
+    micro_batches: ``k >= 1``; 1 calls ``jax.value_and_grad`` once, as
+      without micro-batches (bit for bit).
+
+  Returns:
+    ``((loss, aux), grads)`` as ``jax.value_and_grad(..., has_aux=True)``.
+  """
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if micro_batches == 1:
+    return grad_fn(params, batch, key)
+  k = micro_batches
+  f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)
+  micro = micro_batch_split(batch, k)
+  sub = lambda j: None if key is None else jax.random.fold_in(key, j)
+  (loss, aux), grads = grad_fn(params, tuple(x[0] for x in micro), sub(0))
+  like = (loss, aux, grads)
+
+  def body(total, xs):
+    j, rows = xs
+    (loss, aux), grads = grad_fn(params, rows, sub(j))
+    return jax.tree.map(jnp.add, total, f32((loss, aux, grads))), None
+
+  # The first micro-batch outside the scan gives the sum its start (and
+  # the types the scan carries, varying over the workers like the rest);
+  # the barrier makes the others wait for it, so that XLA does not run two
+  # micro-batches at once (and keep both one's activations).
+  first, rest = lax.optimization_barrier(
+      (f32(like), tuple(x[1:] for x in micro)))
+  total, _ = lax.scan(body, first, (jnp.arange(1, k), rest))
+  loss, aux, grads = jax.tree.map(lambda t, s: (t / k).astype(s.dtype),
+                                  total, like)
+  return (loss, aux), grads
 
 
 def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,

@@ -6,7 +6,10 @@ parameters, a per-example-batch loss, deterministic per-worker training
 batches on the host, and a fixed evaluation set. Two tasks exist: byte- or
 token-level language modelling with the GPT of :mod:`decentral_jax.models`
 (:func:`lm_task`) and Fashion-MNIST classification with the CNN
-(:func:`image_task`); :func:`make_task` picks one from ``config.model.name``.
+(:func:`image_task`); :func:`make_task` picks one from ``config.model.name``,
+or builds the task of your own model and data source
+(:mod:`decentral_jax.runner.custom_task`, named as in
+:mod:`decentral_jax.runner.extensions`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from ml_collections import config_dict
 
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import custom_task
 from decentral_jax import models
 from decentral_jax.data import fashion_mnist
 from decentral_jax.data import text
@@ -41,6 +45,9 @@ class Task(NamedTuple):
     eval_set: arrays ``[eval_batches, global_batch, ...]``.
     unit: ``"tokens"`` or ``"samples"``.
     units_per_step: tokens (samples) per training step over all workers.
+    has_accuracy: the loss's aux holds ``"accuracy"`` (evaluated as
+      ``eval/accuracy``); None: exactly when ``unit == "samples"`` (the
+      built-in tasks).
   """
   init_params: Callable[[jax.Array], PyTree]
   loss: Callable[..., tuple[jax.Array, dict]]
@@ -48,6 +55,7 @@ class Task(NamedTuple):
   eval_set: tuple[np.ndarray, ...]
   unit: str
   units_per_step: int
+  has_accuracy: bool | None = None
 
 
 def _byte_corpus(d: config_dict.ConfigDict):
@@ -184,7 +192,8 @@ def lm_task(config: config_dict.ConfigDict, n_workers: int,
   gpt_cfg = models.GPTConfig(
       vocab_size=int(m.vocab_size), block_size=t, n_layer=int(m.n_layer),
       n_head=int(m.n_head), n_embd=int(m.n_embd), bias=bool(m.bias),
-      dropout=float(m.dropout), dtype=config_lib.COMPUTE_DTYPES[m.dtype])
+      dropout=float(m.dropout), dtype=config_lib.COMPUTE_DTYPES[m.dtype],
+      param_dtype=config_lib.COMPUTE_DTYPES[m.param_dtype], remat=m.remat)
   model = models.GPT(gpt_cfg)
 
   def loss(params, batch, key):
@@ -258,12 +267,18 @@ _TASKS = {"gpt": lm_task, "cnn": image_task}
 
 def make_task(config: config_dict.ConfigDict, n_workers: int,
               local_batch: int) -> Task:
-  """The task of ``config.model.name`` (``"gpt"`` or ``"cnn"``).
+  """The task of ``config.model.name``: ``"gpt"``, ``"cnn"``, or your own
+  model (a registered name or ``module:attribute``) with its
+  ``config.data.source`` (:func:`decentral_jax.runner.custom_task.custom_task`).
 
   Raises:
     ValueError: bad or missing data (a missing file is reported with
-      ``config.data.path``), see :func:`lm_task` and :func:`image_task`.
+      ``config.data.path``), see :func:`lm_task` and :func:`image_task`;
+      for your own model and data, one line naming the model or the source
+      and what was expected, before anything is compiled.
   """
+  if config.model.name not in _TASKS:
+    return custom_task.custom_task(config, n_workers, local_batch, Task)
   try:
     return _TASKS[config.model.name](config, n_workers, local_batch)
   except FileNotFoundError as e:  # includes data.DataNotFoundError
@@ -272,5 +287,8 @@ def make_task(config: config_dict.ConfigDict, n_workers: int,
 
 
 def uses_dropout(config: config_dict.ConfigDict) -> bool:
-  """True if the task's loss needs a dropout key during training."""
+  """True if the task's loss needs a dropout key during training (the GPT
+  with dropout; your own model with ``config.model.needs_key``)."""
+  if config.model.name not in _TASKS:
+    return bool(config.model.needs_key)
   return config.model.name == "gpt" and float(config.model.dropout) > 0

@@ -46,7 +46,8 @@ from decentral_jax.runner.experiment import Experiment
 
 #: What a run writes in its work directory, besides ``run.lock``.
 RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
-             metrics_lib.METRICS_FILE + ".tmp", "checkpoints", "tensorboard")
+             metrics_lib.METRICS_FILE + ".tmp", "checkpoints", "tensorboard",
+             *metrics_lib.TRACKER_FILES)
 
 
 class Preempted(Exception):

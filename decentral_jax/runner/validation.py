@@ -26,11 +26,15 @@ from decentral_jax.runner import field_checks
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import methods
 from decentral_jax.runner.config import DATA_SOURCES
+from decentral_jax.runner.config import OPTIMIZERS
 from decentral_jax.runner.config import base_config
 from decentral_jax.topology import schedules as topology_lib
 
 
 _BYTE_SOURCES = ("pydoc", "text_file")
+# Fields only the built-in AdamW / AccumAdamW read.
+_ADAM_FIELDS = ("optimizer.b1", "optimizer.b2", "optimizer.eps",
+                "optimizer.weight_decay", "optimizer.beta_convention")
 # Topologies whose rounds depend on config.workers_per_node (node-aware: the
 # others build the same rounds for any number of workers per node).
 _NODE_TOPOLOGIES = ("alternating_exp_ring",)
@@ -56,7 +60,8 @@ def check_config(config: config_dict.ConfigDict) -> None:
   ``data.val_fraction``); bools True or False; paths strings or unset.
   Then the relations: ``workers_per_node`` divides ``n_workers``, which
   divides ``global_batch``; ``devices_per_worker`` divides the local batch
-  ``global_batch / n_workers``; ``optimizer.accum_steps`` is 1 for ``adamw``;
+  ``global_batch / n_workers``, and ``micro_batches`` the local batch per
+  device; ``optimizer.accum_steps`` is 1 for ``adamw``;
   ``model.n_head`` divides ``model.n_embd``; ``schedule.final_lr <=
   peak_lr`` for ``warmup_cosine`` (a cosine "decay" upwards is refused);
   ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
@@ -71,12 +76,8 @@ def check_config(config: config_dict.ConfigDict) -> None:
       and how to fix it.
   """
   c = config
-  if "model" in c and "name" in c.model:
-    model = field_checks.choice(c.model.name, "model.name",
-                               tuple(DATA_SOURCES))
-  else:
-    model = "gpt"
-  base = base_config(model)
+  model = _model_kind(c)
+  base = base_config(c.model.name if model == "custom" else model)
   field_rules.check_fields(c, list(base.keys()), "")
   for group in ("optimizer", "outer_optimizer", "schedule", "model", "data",
                 "distributed", "compression"):
@@ -95,7 +96,7 @@ def check_config(config: config_dict.ConfigDict) -> None:
     rule(name, value)
   _check_workers(c)
   o, s = c.optimizer, c.schedule
-  if o.name == "adamw" and o.accum_steps != 1:
+  if o.name != "accum_adamw" and o.accum_steps != 1:
     raise ValueError(
         f"config.optimizer.accum_steps={o.accum_steps} only applies to "
         "accum_adamw; set --config.optimizer.name=accum_adamw or "
@@ -126,6 +127,20 @@ def check_config(config: config_dict.ConfigDict) -> None:
   devices.check_distributed(c)
 
 
+def _model_kind(c: config_dict.ConfigDict) -> str:
+  """``"gpt"``, ``"cnn"`` or ``"custom"`` (your own model: a registered
+  name or ``module:attribute``, resolved by its field rule)."""
+  if "model" not in c or "name" not in c.model:
+    return "gpt"
+  name = c.model.name
+  if name in DATA_SOURCES:
+    return name
+  if "options" in c.model:
+    field_rules.MODEL_RULES["custom"]["model.name"]("model.name", name)
+    return "custom"
+  return field_checks.choice(name, "model.name", tuple(DATA_SOURCES))
+
+
 def _check_workers(c: config_dict.ConfigDict) -> None:
   """Cross-field checks of workers, nodes, devices and the batch."""
   n, local = int(c.n_workers), int(c.workers_per_node)
@@ -147,6 +162,7 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"worker (config.n_workers={n}), which a worker of config."
         f"devices_per_worker={dpw} devices cannot split evenly; use a "
         f"global_batch divisible by {n * dpw}.")
+  _check_micro_batches(batch // n, dpw, int(c.micro_batches))
   k = int(c.workers_per_device)
   if k > 1 and dpw > 1:
     raise ValueError(
@@ -158,6 +174,18 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"config.workers_per_device={k} does not divide config.n_workers="
         f"{n} (each device holds the same number of workers); use one of "
         f"{_divisors(n)}.")
+
+
+def _check_micro_batches(local: int, dpw: int, k: int) -> None:
+  """``micro_batches`` divides the local batch per device."""
+  if (local // dpw) % k:
+    where = (f"{local} sequences per worker" if dpw == 1 else
+             f"{local // dpw} sequences per device ({local} per worker over "
+             f"config.devices_per_worker={dpw} devices)")
+    raise ValueError(
+        f"config.micro_batches={k} does not divide the local batch of "
+        f"{where}; set --config.micro_batches= one of "
+        f"{_divisors(local // dpw)}.")
 
 
 def _check_faults(c: config_dict.ConfigDict, method: methods.Method) -> None:
@@ -304,13 +332,18 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   ``schedule.warmup_steps`` with ``schedule.name = "constant"``; the other
   ``compression`` fields with ``compression.format = "none"``,
   ``compression.fraction`` unless ``topk``, ``compression.error_decay``
-  without ``error_feedback``. A group (``"outer_optimizer"``) is not read
-  if none of its fields is.
+  without ``error_feedback``; ``optimizer.b1``, ``b2``, ``eps``,
+  ``weight_decay`` and ``beta_convention`` with your own inner optimizer
+  (``optimizer.name`` neither adamw nor accum_adamw). A group
+  (``"outer_optimizer"``) is not read if none of its fields is.
 
   Returns:
     The setting that ignores it, with why (for a message), or None.
   """
   c = config
+  if field in _ADAM_FIELDS and c.optimizer.name not in OPTIMIZERS:
+    return (f"config.optimizer.name={c.optimizer.name!r} (your own inner "
+            "optimizer reads none of the AdamW fields)")
   entry = methods.lookup(c.algorithm)
   members = [f for f in methods.method_fields() if f.startswith(field + ".")]
   if members:
@@ -369,11 +402,11 @@ def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
     the override that fixes it (empty if none).
   """
   c = config
-  default = base_config(c.model.name if c.model.name in DATA_SOURCES
-                        else "gpt")
+  kind = _model_kind(c)
+  default = base_config(c.model.name if kind == "custom" else kind)
   out = []
   for name in (*methods.method_fields(), "workers_per_node", "worker_layout",
-               "schedule.final_lr", "schedule.warmup_steps"):
+               "schedule.final_lr", "schedule.warmup_steps", *_ADAM_FIELDS):
     value, want = field_rules.field(c, name), field_rules.field(default, name)
     if name == "topology":
       same = (topology_lib.canonical_name(value) ==

@@ -36,6 +36,19 @@ the default model). The model stays NumPy-only: the fractions are a pair of
 numbers or a JSON file (:func:`read_in_flight`), never an import of the
 analysis package.
 
+Pipelined gossip (``Method.pipelined``, :mod:`decentral_jax.optim.
+pipelined`): step ``k``'s update does not wait for its round (the result
+is mixed in step ``k + 1``), so the optimizer time ``O`` joins the window
+and the step ends at
+
+    s_i,k+1 = max(s_ik + F_ik + B_ik + O, max_{j in G_r(i)} a_jk + tau_r,i)
+
+with round ``r = floor(k / 2) mod period``; deterministic closed form
+``C + O + max(0, tau_r - W - O)``. The program still holds the round
+inside the step (it must be done when the step's program ends), so the
+whole step ``F + B + O`` is the most it can hide behind: ``(f_F, f_B) =
+(1, 1)`` when the scheduler starts the round at the top of the step.
+
 Units: seconds, bytes.
 """
 
@@ -145,12 +158,16 @@ def closed_form(m: Method, c: Cluster, w: Workload) -> Estimate:
   det = np.zeros(c.n_workers)
   tot = np.zeros(c.n_workers)
   cache = {}
+  # Pipelined: the update runs while the round is in flight, so the round
+  # has O more to hide behind: E[max(C + O, a + tau)] = O + E[max(C, a +
+  # tau - O)].
+  hidden = w.optimizer_s if m.pipelined else 0.0
   for rc, tau in zip(costs, _taus(m, c, w)):
     for i, (row, t) in enumerate(zip(rc.members.tolist(), tau.tolist())):
-      key = (len(set(row)), round(t, 12))
+      key = (len(set(row)), round(t - hidden, 12))
       if key not in cache:
-        cache[key] = expected_step(comp, window, sigma, t, key[0])
-      det[i] += comp + max(0.0, t - window) + w.optimizer_s
+        cache[key] = expected_step(comp, window, sigma, t - hidden, key[0])
+      det[i] += comp + max(0.0, t - hidden - window) + w.optimizer_s
       tot[i] += cache[key] + w.optimizer_s
   base = comp + w.optimizer_s
   det_s, tot_s = det.max() / len(costs), tot.max() / len(costs)
@@ -178,9 +195,12 @@ def simulate(m: Method, c: Cluster, w: Workload, fwd: np.ndarray,
       start = s.copy()
     done = s + fwd[k] + bwd[k]
     issue = done - (f_fwd * fwd[k] + f_bwd * bwd[k])
-    r = k % len(costs)
+    r = (k // 2 if m.pipelined else k) % len(costs)
     end = issue[costs[r].members].max(axis=1) + taus[r]
-    s = np.maximum(done, end) + w.optimizer_s
+    if m.pipelined:  # the update does not wait for the round
+      s = np.maximum(done + w.optimizer_s, end)
+    else:
+      s = np.maximum(done, end) + w.optimizer_s
   return float(np.mean(s - start) / (fwd.shape[0] - warmup))
 
 

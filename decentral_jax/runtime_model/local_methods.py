@@ -30,6 +30,10 @@ with compute (it sits in a ``lax.cond`` after the update):
   2505.22549): the parameters and Adam's two moments all-reduced every
   ``Kx``, ``Ku``, ``Kv`` steps, priced as one blocking sync every ``Kx``
   steps of ``1 + Kx / Ku + Kx / Kv`` parameter copies.
+* **NoLoCo** (``noloco:H=..,seed=..``; Kolehmainen et al., arXiv
+  2506.10911): decentralized DiLoCo over a seeded cycle of random pairs
+  (:func:`decentral_jax.topology.pairings.random_pairs`): every ``H``
+  steps one float32 exchange with the round's partner, no all-reduce.
 * **Delayed and eager outer updates** (``diloco:H=..,overlap=eager`` or
   ``overlap=delayed``; Kale et al. 2025, arXiv 2502.12996) with a
   **trickled reduction**: the pseudo-gradient of a round is reduced in
@@ -123,6 +127,7 @@ import math
 import numpy as np
 from scipy import special
 
+from decentral_jax.topology import pairings
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import local_sync
@@ -151,6 +156,7 @@ _METHODS = {
     "local_dsgd": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
     "local_dadam": (("H", "topology", "comm_dtype"), "params", "one_peer_exp"),
     "desloc": (("H", "Ku", "Kv"), "params", None),
+    "noloco": (("H", "seed", "rounds"), "theta", None),
 }
 LOCAL_METHODS = tuple(_METHODS)
 DEFAULT_PERIOD = 10  # H (steps) when a spec does not give one.
@@ -159,7 +165,9 @@ _ALIASES = {"h": "H", "sync_every": "H", "gossip_every": "H", "p": "P",
             "topology": "topology", "comm_dtype": "comm_dtype",
             "overlap": "overlap", "compress": "compress", "block": "block",
             "fraction": "fraction", "kx": "H", "ku": "Ku", "kv": "Kv",
-            "sync_every_u": "Ku", "sync_every_v": "Kv"}
+            "sync_every_u": "Ku", "sync_every_v": "Kv", "seed": "seed",
+            "pairing_seed": "seed", "rounds": "rounds",
+            "pairing_rounds": "rounds"}
 _KEY_HELP = {"H": "H=<steps >= 1>", "P": "P=<fragments, 1..H>",
              "tau": "tau=<overlap steps, tau*P < H>",
              "topology": "topology=<name, e.g. ring>",
@@ -169,11 +177,14 @@ _KEY_HELP = {"H": "H=<steps >= 1>", "P": "P=<fragments, 1..H>",
              "block": "block=<values per scale, >= 2>",
              "fraction": "fraction=<top-k share, (0, 1]>",
              "Ku": "Ku=<first-moment period, steps >= 1>",
-             "Kv": "Kv=<second-moment period, steps >= 1>"}
+             "Kv": "Kv=<second-moment period, steps >= 1>",
+             "seed": "seed=<pairing seed, >= 0>",
+             "rounds": "rounds=<distinct pairings, 1..1024>"}
 SYNTAX = ("NAME[:KEY=VALUE,...] with NAME one of " + ", ".join(LOCAL_METHODS)
           + "; e.g. diloco:H=10, streaming_diloco:H=10,P=4,tau=1, "
           "diloco:H=10,topology=ring, diloco:H=30,overlap=eager,compress=fp4, "
-          "local_dsgd:H=4,topology=one_peer_exp, desloc:Kx=16,Ku=48,Kv=96")
+          "local_dsgd:H=4,topology=one_peer_exp, desloc:Kx=16,Ku=48,Kv=96, "
+          "noloco:H=50,seed=0,rounds=8")
 
 
 def is_local_spec(key: str) -> bool:
@@ -223,6 +234,12 @@ def parse_spec(spec: str, c: Cluster) -> Method:
     the moments' bytes spread evenly over the parameters' syncs: the
     bytes per step ``|x| / Kx + |u| / Ku + |v| / Kv`` are exact, the
     moments' syncs are not priced as bursts of their own.
+  * ``noloco`` (arXiv 2506.10911): ``H`` [10], ``seed`` [0], ``rounds``
+    [8]: one round of :func:`decentral_jax.topology.pairings.random_pairs`
+    (seeded, on the cluster's workers) every ``H`` steps, a pair exchange of one float32
+    ``theta``-sized message (:func:`decentral_jax.optim.noloco.noloco`
+    sends ``beta Delta + gamma phi``), each worker waiting for its
+    partner only; priced as decentralized DiLoCo over that schedule.
 
   Keys also accept the library's argument names (``sync_every``,
   ``gossip_every``, ``num_fragments``, ``overlap_steps``); ``H`` and ``P``
@@ -246,6 +263,8 @@ def parse_spec(spec: str, c: Cluster) -> Method:
                            syntax=SYNTAX)
   if name == "desloc":
     return _desloc(spec, given)
+  if name == "noloco":
+    return _noloco(spec, given, c)
   period, frags, tau = _schedule(spec, given)
   comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
           if "comm_dtype" in given else None)
@@ -286,6 +305,21 @@ def _desloc(spec, given: dict) -> Method:
   return Method(f"desloc:Kx={kx},Ku={ku},Kv={kv}", "local", None,
                 overlap=False, period=kx, message="params",
                 sync_share=1 + kx / ku + kx / kv)
+
+
+def _noloco(spec, given: dict, c: Cluster) -> Method:
+  """NoLoCo's method: decentralized DiLoCo over seeded random pairs."""
+  period = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
+  seed = _int(spec, "seed", given["seed"], 0) if "seed" in given else 0
+  rounds = (_int(spec, "rounds", given["rounds"], 1) if "rounds" in given
+            else pairings.DEFAULT_ROUNDS)
+  try:
+    topo = pairings.random_pairs(c.n_workers, seed=seed, rounds=rounds,
+                                 local_size=c.local_size)
+  except ValueError as e:
+    raise ValueError(f"{spec!r}: {e}") from None
+  return Method(f"noloco:H={period},seed={seed},rounds={rounds}", "local",
+                topo, overlap=False, period=period, message="theta")
 
 
 def _schedule(spec, given: dict) -> tuple[int, int, int]:

@@ -93,8 +93,18 @@ class Method:
     sync_share: kind "local", exact uncompressed all-reduce only: bytes of
       the mean sync relative to one copy of the parameters (DES-LOC,
       ``desloc:Kx=..,Ku=..,Kv=..``: ``1 + K_x / K_u + K_x / K_v``, the
-      moments' averages spread evenly over the parameters' syncs). Default
-      1.0.
+      moments' averages spread evenly over the parameters' syncs); kind
+      "gossip", uncompressed only: bytes of a round relative to one copy
+      of the parameters (gradient tracking,
+      ``gradient_tracking:topology=..``: 2, the parameters and the
+      tracker, both overlapped). Default 1.0.
+    pipelined: kind "gossip", overlapped only: pipelined gossip
+      (``config.pipelined_gossip``; the round of step ``k`` mixed in step
+      ``k + 1``, round ``floor(k / 2)``). The default schedule already
+      hides a round behind the next forward and backward; with
+      ``Workload.gossip_in_flight`` the optimizer's update joins the
+      in-flight window (:mod:`~decentral_jax.runtime_model.in_flight`).
+      Default False.
 
   Kind "local" (local-update methods: Local SGD, DiLoCo, Streaming DiLoCo,
   decentralized DiLoCo, local D-SGD / DAdam) takes ``H - 1`` purely local
@@ -121,6 +131,7 @@ class Method:
   compress_fraction: float = wire_format.DEFAULT_FRACTION
   outer_overlap: str = "none"
   sync_share: float = 1.0
+  pipelined: bool = False
 
   def round_costs(self, c: Cluster, w: Workload) -> list[RoundCost]:
     """One :class:`RoundCost` per topology round (measured times if given).
@@ -281,6 +292,10 @@ def check_method(m: Method, c: Cluster) -> Method:
                        open_min=True)
   _check_local_fields(m)
   _check_compress(m)
+  if m.pipelined and not (m.kind == "gossip" and m.overlap):
+    raise ValueError(f"Method {m.name!r}: pipelined applies to overlapped "
+                     "gossip only (not to SGP, All-Reduce, local updates or "
+                     "compressed gossip).")
   return m
 
 
@@ -356,11 +371,13 @@ def _check_local_fields(m: Method) -> None:
   """
   if m.kind != "local":
     fields = (("period", 1), ("fragments", 1), ("overlap_steps", 0),
-              ("outer_overlap", "none"), ("sync_share", 1.0))
+              ("outer_overlap", "none"))
     if m.kind == "all_reduce":
-      fields += (("comm_dtype", None),)
-    elif m.comm_dtype is not None:
-      floating_dtype_name(m.comm_dtype, f"Method {m.name!r}")
+      fields += (("comm_dtype", None), ("sync_share", 1.0))
+    else:
+      _check_sync_share(m)
+      if m.comm_dtype is not None:
+        floating_dtype_name(m.comm_dtype, f"Method {m.name!r}")
     odd = [f for f, default in fields if getattr(m, f) != default]
     if odd:
       raise ValueError(f"Method {m.name!r}: {', '.join(odd)} do not apply "
@@ -400,15 +417,19 @@ def _check_local_fields(m: Method) -> None:
 
 def _check_sync_share(m: Method) -> None:
   """``sync_share`` is a finite number >= 1, other than 1 only with the
-  exact uncompressed all-reduce of one fragment."""
+  exact uncompressed all-reduce of one fragment or uncompressed gossip."""
   share = m.sync_share
   if (isinstance(share, bool) or not isinstance(share, (int, float))
       or not math.isfinite(share) or share < 1):
     raise ValueError(f"Method {m.name!r}: sync_share={share!r} must be a "
                      "finite number >= 1 (bytes of a sync per parameter "
                      "copy).")
-  if share != 1 and (m.topology is not None or m.fragments > 1
-                     or m.compress is not None or m.outer_overlap != "none"):
+  if share != 1 and m.kind == "gossip" and m.compress is not None:
+    raise ValueError(f"Method {m.name!r}: sync_share={share!r} needs "
+                     "uncompressed gossip (no compress).")
+  if share != 1 and m.kind == "local" and (
+      m.topology is not None or m.fragments > 1
+      or m.compress is not None or m.outer_overlap != "none"):
     raise ValueError(f"Method {m.name!r}: sync_share={share!r} needs the "
                      "exact uncompressed all-reduce of one fragment (no "
                      "topology, fragments, compress or overlap).")

@@ -9,6 +9,8 @@ estimator (simulator, closed form, bytes) sees the same thing:
 * ``Method.comm_dtype`` on a gossip method sets the dtype of the parameters
   on the wire (low-precision gossip, ``config.comm_dtype``: bfloat16 halves
   the bytes);
+* ``Method.sync_share`` on a gossip method scales the message of a round
+  (gradient tracking sends the parameters and the tracker: 2);
 * ``Method.compress`` (:mod:`~decentral_jax.runtime_model.compression`):
   on a gossip method the parameter count is scaled so that the message
   (``Workload.param_bytes``) is the payload of the ``N`` parameters; on
@@ -87,4 +89,7 @@ def effective(method, c: Cluster, w: Workload) -> tuple[Cluster, Workload]:
            + codec_s_per_step(method, c, w))
   if method.kind == "gossip" and getattr(method, "compress", None):
     w = _compressed_gossip(method, w)
+  share = getattr(method, "sync_share", 1.0)
+  if method.kind == "gossip" and share != 1:
+    w = dataclasses.replace(w, param_count=w.param_count * share)
   return worker_devices.one_device_per_worker(c, w, inner)

@@ -16,6 +16,16 @@ Names (``make_method`` and ``predict --methods``; defaults in brackets):
   (``accum_steps``) [4, the paper's Transformer config]. Accumulation is
   local (a buffer per parameter, no bytes), so ``T`` changes neither time
   nor bytes; DAdam and AccumAdam cost the same on the same topology.
+  ``pipelined`` [0]: 1 for pipelined gossip (``config.pipelined_gossip``,
+  :mod:`decentral_jax.optim.pipelined`); not with ``compress``.
+
+* ``gradient_tracking`` (``config.algorithm = "gradient_tracking"``:
+  DAdam, AccumAdamW or D-SGD with a gradient tracker,
+  :mod:`decentral_jax.optim.gradient_tracking`): the same overlapped
+  gossip of the parameters plus one of the tracker in the same round, so
+  twice the bytes and messages of a round (``Method.sync_share = 2``);
+  ``topology`` [one_peer_exp], ``comm_dtype``, ``bucket_MiB``,
+  ``workers_per_node``; no compression.
 
 ``comm_dtype`` is a floating dtype name (``bfloat16`` halves float32's
 bytes); ``bucket_MiB`` in MiB (2**20 bytes, ``config.bucket_bytes``).
@@ -66,12 +76,16 @@ _KEYS_HELP = {"comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>",
               "compress": "compress=<int8|fp8|int4|fp4|topk>",
               "block": "block=<values per scale, >= 2>",
               "fraction": "fraction=<top-k share, (0, 1]>",
-              "workers_per_node": "workers_per_node=<int or datacenter>"}
+              "workers_per_node": "workers_per_node=<int or datacenter>",
+              "pipelined": "pipelined=<0 or 1>"}
 _ALIASES = {"bucket_mib": "bucket_MiB", "t": "T", "accum_steps": "T",
             "compress": "compress", "block": "block", "fraction": "fraction",
             "workers_per_node": "workers_per_node"}
 _GOSSIP_EXTRA = ("compress", "block", "fraction", "workers_per_node")
 DEFAULT_ACCUM_STEPS = 4
+#: Gradient tracking: the parameters and the tracker, one copy each a round.
+GRADIENT_TRACKING = "gradient_tracking"
+TRACKING_SHARE = 2.0
 
 
 def _topology_name(key: str) -> str | None:
@@ -85,7 +99,7 @@ def is_gossip_spec(key: str) -> bool:
   """True if ``key`` (lower case) is handled here (see the module docstring)."""
   name, colon, _ = key.strip().partition(":")
   name = name.strip()
-  if name in OPTIMIZER_NAMES:
+  if name in OPTIMIZER_NAMES or name == GRADIENT_TRACKING:
     return True
   if not colon:
     return False
@@ -97,9 +111,12 @@ def _keys(name: str) -> tuple[str, ...]:
     return ("bucket_MiB",)
   if name in OPTIMIZER_NAMES:
     extra = ("T",) if OPTIMIZER_NAMES[name] == "accum_adam" else ()
-    return ("topology", "comm_dtype", "bucket_MiB") + extra + _GOSSIP_EXTRA
+    return (("topology", "comm_dtype", "bucket_MiB") + extra + _GOSSIP_EXTRA
+            + ("pipelined",))
   if name == "sgp":
     return ("comm_dtype", "bucket_MiB")
+  if name == GRADIENT_TRACKING:
+    return ("topology", "comm_dtype", "bucket_MiB", "workers_per_node")
   return ("comm_dtype", "bucket_MiB") + _GOSSIP_EXTRA
 
 
@@ -123,15 +140,17 @@ def parse(spec: str, c: Cluster) -> Method:
   comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
           if "comm_dtype" in given else None)
   parts = []
+  share = 1.0
   if name in ALL_REDUCE:
     label, kind, topo, overlap = "all_reduce", "all_reduce", None, True
   elif name == "sgp":
     label, kind, overlap = "sgp", "gossip", False
     topo = sgp_topology(c.n_workers, c.local_size)
   else:
-    if name in OPTIMIZER_NAMES:
-      label = OPTIMIZER_NAMES[name]
+    if name in OPTIMIZER_NAMES or name == GRADIENT_TRACKING:
+      label = OPTIMIZER_NAMES.get(name, name)
       canon, parts = _optimizer_parts(spec, label, given)
+      share = TRACKING_SHARE if name == GRADIENT_TRACKING else 1.0
     else:
       canon = _topology_name(name)
       label = canon
@@ -151,11 +170,23 @@ def parse(spec: str, c: Cluster) -> Method:
   if fmt is not None:
     parts += compression.name_parts(fmt, block, fraction)
     overlap = False  # CHOCO: the round's result is needed by the next step
+  piped = _pipelined(spec, given)
+  if piped:
+    parts.append("pipelined=1")
   full = label + (":" + ",".join(parts) if parts else "")
   return check_method(Method(full, kind, topo, overlap=overlap,
                              comm_dtype=comm, bucket_bytes=bucket,
                              compress=fmt, compress_block=block,
-                             compress_fraction=fraction), c)
+                             compress_fraction=fraction, sync_share=share,
+                             pipelined=piped), c)
+
+
+def _pipelined(spec, given: dict) -> bool:
+  """``pipelined=0|1`` (default 0)."""
+  raw = given.get("pipelined", "0")
+  if raw not in ("0", "1"):
+    raise ValueError(f"{spec!r}: pipelined={raw!r} must be 0 or 1.")
+  return raw == "1"
 
 
 def _workers_per_node(spec, given: dict, c: Cluster) -> int:
@@ -242,7 +273,8 @@ def make_method(spec, c: Cluster) -> Method:
   except ValueError as e:
     raise ValueError(
         f"unknown method {str(spec)!r}: not all_reduce, sgp, a gossip "
-        f"optimizer ({', '.join(OPTIMIZER_NAMES)}:topology=..), a "
+        f"optimizer ({', '.join(OPTIMIZER_NAMES)}, {GRADIENT_TRACKING}:"
+        "topology=..), a "
         f"local-update spec ({local_methods.SYNTAX}), nor a topology ({e})"
         ) from None
   topo = topology_lib.make(key, c.n_workers, c.local_size)

@@ -10,7 +10,8 @@ module that implements ``COMMAND`` with ``ARGS``, in this process
 * ``predict``, ``measure``, ``validate``: the runtime model's subcommands
   (:func:`decentral_jax.tools.runtime_model_cli.main.main`); ``predict``
   and ``validate`` never import JAX (``measure`` imports the runner);
-* ``overlap``: :func:`decentral_jax.tools.overlap.main`.
+* ``overlap``: :func:`decentral_jax.tools.overlap.main`;
+* ``learners``: :func:`decentral_jax.tools.learners.main.main` (Ray).
 
 Each command is a :class:`Command` row of :data:`COMMANDS`; its module is
 imported only when it runs, so a command loads only what it needs. The
@@ -63,6 +64,10 @@ COMMANDS = {
     "validate": Command(
         "leave-one-cluster-out validation of the runtime model on the "
         "paper's Figure 6 clusters", _RUNTIME_MODEL, ("validate",), PROG),
+    "learners": Command(
+        "train with K learners and a synchronizer on Ray (sync DiLoCo or "
+        "decoupled: quorum, grace window); needs the 'ray' extra",
+        "decentral_jax.tools.learners.main", prog=f"{PROG} learners"),
     "overlap": Command(
         "compile the train steps for a GPU target without a GPU and report "
         "which collectives overlap compute", "decentral_jax.tools.overlap",

@@ -24,6 +24,12 @@ the consensus measurement and the first distinct round with it
 Output: one JSON line per program in ``--out`` (default
 ``benchmarks/results/gpu_overlap.jsonl`` of the checkout), and a Markdown
 table on stdout.
+``--timeline`` also draws each case's step on each target as a timeline
+(:mod:`decentral_jax.analysis.timeline`: forward, backward, optimizer and
+each collective from start to done, on the profile's clock where
+``--profile FILE`` prices instructions, else a stated fallback) to a PNG
+next to ``--out`` (``<out>_<case>_<target>.png``): the first program of
+each mode, a before/after pair by default.
 ``--fixtures DIR`` also writes the scheduled HLO of the programs of
 ``--fixture_cases``, stripped to what the overlap report reads and
 gzipped (the fixtures of ``tests/tools/test_overlap.py``).
@@ -217,8 +223,11 @@ def _programs(exp, mode: str, all_programs: bool):
   return [(d, m) for d, m in progs if m != "input" or d == first]
 
 
-def run_case(case: str, mode: str, target: str, args) -> list[dict]:
-  """Compiles one case in one mode for one target; one row per program."""
+def run_case(case: str, mode: str, target: str, args,
+             timelines: dict | None = None) -> list[dict]:
+  """Compiles one case in one mode for one target; one row per program
+  (with ``timelines``, ``timelines[mode]`` is its first program's
+  :class:`~decentral_jax.analysis.timeline.Timeline`)."""
   from decentral_jax.runner import config as config_lib
   from decentral_jax.tools import gpu_compile
   path, _, topology = CASES[case]
@@ -239,6 +248,10 @@ def run_case(case: str, mode: str, target: str, args) -> list[dict]:
   param_bytes = sum(x.size * x.dtype.itemsize
                     for x in jax.tree.leaves(exp.abstract_params()))
   rows = []
+  if timelines is not None and steps:
+    from decentral_jax.analysis import timeline
+    timelines[mode] = timeline.step_timeline(
+        steps[0].compiled.as_text(), _profile_costs(args.profile))
   for s in steps:
     rows.append({
         "case": case, "mode": mode, "target": target, "topology": topology,
@@ -263,6 +276,27 @@ def run_case(case: str, mode: str, target: str, args) -> list[dict]:
                      compresslevel=9) as f:
         f.write(text)
   return rows
+
+
+def _profile_costs(path: str) -> dict:
+  """``{instruction: us}`` of a ``--profile`` file ({} without one)."""
+  if not path:
+    return {}
+  from decentral_jax.analysis import timeline
+  with open(path, encoding="utf-8") as f:
+    return timeline.read_profile(f.read())
+
+
+def write_timeline(args, case: str, target: str, timelines: dict) -> str:
+  """The PNG of a case's programs (one per mode) next to ``--out``."""
+  from decentral_jax.tools import timeline_plot
+  path = f"{os.path.splitext(args.out)[0]}_{case}_{target}.png"
+  param = max((c.bytes for t in timelines.values() for c in t.collectives),
+              default=0.0)
+  timeline_plot.save_png(path, list(timelines.values()),
+                         [f"{case}, {target}, {m}" for m in timelines],
+                         min_bytes=param / 64)
+  return path
 
 
 def verdict(row: dict) -> dict:
@@ -400,6 +434,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
   ap.add_argument("--gpus_per_node", type=int, default=4)
   ap.add_argument("--xla", action="append", default=[],
                   help="an extra XLA compile option KEY=VALUE (repeatable)")
+  ap.add_argument("--timeline", action="store_true",
+                  help="draw each case's step per target to a PNG next to "
+                  "--out")
+  ap.add_argument("--profile", default="",
+                  help="ProfiledInstructionsProto text pricing instructions "
+                  "(us) for --timeline's clock")
   ap.add_argument("--render", nargs="*", default=None,
                   help="only print the tables of these JSON-lines files")
   return ap
@@ -411,8 +451,9 @@ def _run(args) -> None:
   t0 = time.time()
   for case in args.cases.split(","):
     for target in args.targets.split(","):
+      timelines = {} if args.timeline else None
       for mode in args.modes.split(","):
-        new = run_case(case, mode, target, args)
+        new = run_case(case, mode, target, args, timelines)
         rows += new
         with open(args.out, "a", encoding="utf-8") as f:
           for r in new:
@@ -420,6 +461,8 @@ def _run(args) -> None:
         # Progress: each case's rows as it compiles (the header once).
         print(table(new) if len(rows) == len(new)
               else table(new).split("\n", 2)[-1], flush=True)
+      if timelines:
+        print(f"timeline: {write_timeline(args, case, target, timelines)}")
   print(f"\n{len(rows)} programs in {time.time() - t0:.0f} s; rows "
         f"appended to {args.out}")
   gpt2 = [r for r in rows if r["case"] == "gpt2_small"]

@@ -121,3 +121,56 @@ def test_command_line_flag(capsys):
   out = capsys.readouterr().out
   # 320.1 ms pipelined, 300 + 320.1 - 100 ms inside the step.
   assert "320.1" in plain and "520.1" in out
+
+
+@pytest.mark.parametrize("in_flight, expected, plain", [
+    # Pipelined: the optimizer (0.05 s) joins the window: step = 0.3 + 0.05
+    # + max(0, TAU - window - 0.05); plain: 0.3 + 0.05 + max(0, TAU -
+    # window).
+    ((0.0, 0.5), 0.35 + TAU - 0.1 - 0.05, 0.35 + TAU - 0.1),
+    ((0.0, 0.0), 0.35 + TAU - 0.05, 0.35 + TAU),
+    ((1.0, 1.0), 0.35, 0.35 + TAU - 0.3)])  # TAU < 0.35: hidden
+def test_pipelined_round_also_hides_behind_the_update(in_flight, expected,
+                                                      plain):
+  c, w = _setup(in_flight=in_flight, optimizer_s=0.05)
+  est = closed_form("dadam:pipelined=1", c, w)
+  assert est.iteration_s == pytest.approx(expected, abs=1e-12)
+  assert closed_form("dadam", c, w).iteration_s == pytest.approx(
+      plain, abs=1e-12)
+  assert simulate("dadam:pipelined=1", c, w, steps=24, warmup=6) == (
+      pytest.approx(expected, abs=1e-9))
+
+
+def test_pipelined_round_fully_hidden_and_spec_checks():
+  # tau = 1e-4 + 0.32 / 4 = 0.0801 s < 0.3 + 0.05: nothing exposed.
+  c = Cluster(4, 1, inter_latency_s=A, nic_bandwidth_Bps=B * 4,
+              multi_node="ring")
+  w = Workload(N, 0.1, 0.2, optimizer_s=0.05, bucket_bytes=1e15,
+               gossip_in_flight=(1.0, 1.0))
+  assert closed_form("dadam:pipelined=1", c, w).iteration_s == (
+      pytest.approx(0.35, abs=1e-12))
+  c, w = _setup(in_flight=(0.0, 0.5))
+  with pytest.raises(ValueError, match="pipelined='2' must be 0 or 1"):
+    make_method("dadam:pipelined=2", c)
+  with pytest.raises(ValueError, match="pipelined applies to overlapped"):
+    make_method("dadam:compress=int8,pipelined=1", c)
+
+
+def test_pipelined_simulation_uses_round_floor_k_over_2():
+  # Measured round times: round 0 0.5 s, round 1 0 s; window (0, 0): the
+  # round is issued when the 0.3 s of compute end, O = 0. A step of round
+  # 0 ends 0.3 + 0.5 = 0.8 s after it starts, one of round 1 0.3 s later.
+  # Pipelined, steps 0..3 send rounds 0, 0, 1, 1: (0.8 + 0.8 + 0.3 + 0.3)
+  # / 4 = 0.55; over steps 0, 1 alone 0.8, where plain gossip (rounds 0,
+  # 1) takes (0.8 + 0.3) / 2 = 0.55.
+  c, w = _setup(in_flight=(0.0, 0.0))
+  m = dataclasses.replace(make_method("dadam:pipelined=1", c),
+                          measured_s=(0.5, 0.0))
+  fwd = np.full((4, 4), 0.1)
+  bwd = np.full((4, 4), 0.2)
+  assert in_flight.simulate(m, c, w, fwd, bwd, 0) == pytest.approx(0.55)
+  assert in_flight.simulate(m, c, w, fwd[:2], bwd[:2], 0) == (
+      pytest.approx(0.8))
+  plain = dataclasses.replace(m, pipelined=False)
+  assert in_flight.simulate(plain, c, w, fwd[:2], bwd[:2], 0) == (
+      pytest.approx(0.55))

@@ -202,7 +202,15 @@ def test_every_method_arm_is_a_valid_config_with_its_fields():
   base = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"))
   arms = dict((run.name, config) for run, config in runs_lib.arm_configs(
       base, 4, per_method_lr=True, runs=runs_lib.RUNS))
-  assert len(arms) == len(runs_lib.RUNS) == len(runs_lib.TUNED_PEAK_LR)
+  assert len(arms) == len(runs_lib.RUNS)
+  # Each arm has its tuned lr, except a home's arm declared without one
+  # (Arm.peak_lr None: the config's lr).
+  untuned = {arm.name for m in methods.ALGORITHMS.values() for arm in m.arms
+             if arm.peak_lr is None}
+  assert set(runs_lib.TUNED_PEAK_LR) == set(arms) - untuned
+  for name, config in arms.items():
+    want = runs_lib.TUNED_PEAK_LR.get(name, base.schedule.peak_lr)
+    assert config.schedule.peak_lr == want, name
   s = arms["streaming_diloco"]
   assert (s.algorithm, s.sync_every, s.num_fragments, s.overlap_steps,
           s.merge_alpha) == ("streaming_diloco", 10, 2, 1, 0.5)

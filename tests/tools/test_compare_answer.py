@@ -225,9 +225,10 @@ def test_targets_are_losses_every_run_reaches():
             "lo": [([0, 10, 20], [5.6, 3.2, 2.63]),
                    ([0, 10, 20], [5.4, 3.1, 2.6])]}
   # Floor: the highest of the lowest losses, 2.63; drop from the lowest
-  # first loss, 5.4: 2.77; targets 2.63 + 0.1 * 2.77 and + 0.05 * 2.77,
-  # rounded up to 0.001.
-  assert answer.common_targets(curves) == [2.907, 2.769, 2.63]
+  # first loss, 5.4: 2.77; targets 2.63 + 0.1 * 2.77, + 0.05 * 2.77 and
+  # + 0.02 * 2.77 (2.6854: not the floor, a run's lowest loss), rounded up
+  # to 0.001.
+  assert answer.common_targets(curves) == [2.907, 2.769, 2.686]
   # A curve that ends non-finite counts with its finite part: it reaches
   # nothing below 5.5, so that is the only common target.
   curves["lo"].append(([0, 10], [5.5, float("nan")]))
@@ -382,15 +383,17 @@ def test_answer_markdown_tables_and_recommendations(tmp_path):
   clusters = (pricing.PricingCluster("fast"), pricing.PricingCluster("slow"))
   finals = {"ar": [2.0, 2.0], "lo": [2.0, 2.0]}
   md, lines = answer.answer_markdown(clusters, curves, prices, finals, LABELS)
-  # Targets: floor 2.0, drop 2.0: 2.2 and 2.1.
-  assert "Targets: validation loss 2.200, 2.100, 2.000;" in md
+  # Targets: floor 2.0 (every run's final loss), drop 2.0: 2.2, 2.1, 2.04.
+  assert "Targets: validation loss 2.200, 2.100, 2.040;" in md
   assert ("| method | predicted ms/step | to loss <= 2.200 | to loss <= "
-          "2.100 | to loss <= 2.000 | final loss (mean of seeds) |") in md
-  # Slow cluster, loss 2.0: Local 40 x 0.1 s, AR 20 x 0.5 s.
+          "2.100 | to loss <= 2.040 | final loss (mean of seeds) |") in md
+  # Slow cluster, loss 2.04: Local at step 20 + 0.96 x 20 = 39.2, x 0.1 s.
   assert ("| Local | 100.0 | **3.60 s (3.60 s-3.60 s)** | **3.80 s (3.80 s-"
-          "3.80 s)** | **4.00 s (4.00 s-4.00 s)** | 2.0000 |") in md
-  assert lines[0].startswith("fast: **AR**, first to loss 2.000 in 200 ms")
-  assert lines[1].startswith("slow: **Local**, first to loss 2.000 in 4.00 s")
+          "3.80 s)** | **3.92 s (3.92 s-3.92 s)** | 2.0000 |") in md
+  # Fast cluster: AR at steps 19.6 and 10 + 1.16 / 1.2 x 10 = 19.67 (mean
+  # 19.63), x 10 ms.
+  assert lines[0].startswith("fast: **AR**, first to loss 2.040 in 196 ms")
+  assert lines[1].startswith("slow: **Local**, first to loss 2.040 in 3.92 s")
   assert md.count("Recommendation: ") == 2
   png = answer.plot_frontier(clusters, curves, prices, LABELS,
                              {"fast": 8, "slow": 16}, str(tmp_path))
@@ -501,3 +504,41 @@ def test_a_method_that_never_improves_gives_no_target_not_a_crash(tmp_path):
       "## The answer")[1].split("## Details")[0]
   assert "no common loss target below the initial loss" in proc.stdout
   assert (outdir / "loss_vs_predicted_time.png").exists()
+
+
+def test_each_cluster_names_the_workload_whose_compute_is_priced(
+    tmp_path, monkeypatch):
+  a40, h100 = pricing.parse_clusters("A40,h100_node", "own")
+  assert pricing.check_workload("own") == "own"
+  assert a40.workload_of("own") == "figure6"
+  assert h100.workload_of("own") == "gpt2_small"
+  assert pricing.workload_label(a40, "own") == \
+      "figure6: the A40 GPUs' own fitted compute"
+  assert pricing.workload_label(h100, "own") == "gpt2_small: H100 compute"
+  assert pricing.workload_label(a40, "gpt2_small") == \
+      "gpt2_small: H100 compute on A40 links"
+  # Under own, A40 is priced with its Figure 6 compute, as --workload=figure6.
+  config = _arms("all_reduce")[runs_lib.METHODS["all_reduce"]]
+  assert pricing.predicted_ms(config, (a40,), "own") == \
+      pricing.predicted_ms(config, (a40,), "figure6")
+  curves, _ = _two_clusters()
+  prices = {"ar": {"A40": 10.0, "h100_node": 500.0},
+            "lo": {"A40": 10.0, "h100_node": 100.0}}
+  titles = []
+  monkeypatch.setattr("matplotlib.axes.Axes.set_title",
+                      lambda self, text, **kw: titles.append(text))
+  for workload, words in (("gpt2_small", "gpt2_small: H100 compute on A40 "
+                           "links"), ("own", "figure6: the A40 GPUs' own "
+                                      "fitted compute")):
+    md, lines = answer.answer_markdown((a40, h100), curves, prices,
+                                       {"ar": [2.0], "lo": [2.0]}, LABELS,
+                                       {"A40": 8, "h100_node": 8}, workload)
+    assert lines[0].startswith(f"A40: priced for {words}, **AR**"), lines[0]
+    assert lines[1].startswith("h100_node: priced for gpt2_small: H100 "
+                               "compute, **Local**"), lines[1]
+    assert f"### A40 (8 GPUs, time per step for {words})" in md
+    answer.plot_frontier((a40, h100), curves, prices, LABELS,
+                         {"A40": 8, "h100_node": 8}, str(tmp_path), workload)
+    assert titles[-2].startswith(f"A40, 8 GPUs (predicted; {words})\n")
+    assert titles[-1].startswith("h100_node, 8 GPUs (predicted; gpt2_small: "
+                                 "H100 compute)\n")

@@ -2,6 +2,7 @@
 named as typed, in the units typed; bad input exits with code 2."""
 
 import importlib.util
+import json
 import os
 import sys
 
@@ -167,3 +168,33 @@ def test_one_profile_flag_without_deviceless_says_applies(capsys):
   assert e.value.code == 2
   assert ("error: --cluster applies to --deviceless compiles only"
           in capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_cpu_smoke_run_says_it_did_not_run_on_a_gpu(tmp_path):
+  """The documented command's CPU path (benchmarks/gpu_check.sh without a
+  GPU): every part runs on 8 simulated devices, with and without gossip
+  and pipelined, and the result says it was not run on a GPU."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  out = tmp_path / "smoke.json"
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  r = subprocess.run(
+      [sys.executable, os.path.join(root, "benchmarks", "gpu_check.py"),
+       "--smoke", "--programs", "none", "--warm_steps", "2",
+       "--timed_steps", "2", "--repeats", "1", "--steps", "1",
+       "--json", str(out)],
+      env=env, capture_output=True, text=True, timeout=900, check=False)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "NOT RUN ON A GPU" in r.stdout
+  got = json.loads(out.read_text())
+  assert got["ran_on_gpu"] is False and "not been run on a GPU" in got["note"]
+  assert {"timing", "schedule", "gossip_timing"} <= set(got)
+  g = got["gossip_timing"]
+  assert g["n_devices"] == 8
+  for key in ("gossip_ms_per_step", "no_gossip_ms_per_step",
+              "pipelined_ms_per_step"):
+    assert g[key] > 0, g

@@ -9,7 +9,9 @@ matrix of ``config.topology`` every ``gossip_every`` steps (Local DAdam for
 CHOCO-gossip of ``x_i + u_i`` with error feedback through the public copies
 ``x_hat`` (consensus step ``compression.consensus_step``). Priced as the
 runtime model's ``dadam`` / ``accum_adam`` (overlapped gossip), or
-``local_dsgd:H=..`` for ``gossip_every > 1``.
+``local_dsgd:H=..`` for ``gossip_every > 1``. With
+``config.pipelined_gossip``: the round sent in step k is mixed in step k+1
+(:mod:`decentral_jax.optim.pipelined`), priced with ``pipelined=1``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import optax
 
 from decentral_jax.optim import choco
+from decentral_jax.optim import pipelined
 from decentral_jax.optim import transforms
+from decentral_jax.runner import field_checks
 from decentral_jax.runner.methods import parts
 from decentral_jax.runner.methods import registry
 from decentral_jax.topology import schedules as topology_lib
@@ -34,7 +38,10 @@ def build(config, schedule, topology, axis_name):
   (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
   every ``config.gossip_every`` steps. With ``config.compression``:
   ``chain(clip, AdamW or AccumAdamW, choco_gossip)``, the local step
-  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`).
+  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`). Your
+  own inner optimizer (``optimizer.name`` neither adamw nor accum_adamw,
+  :func:`parts.own_optimizer`): ``chain(clip, decentralized(inner))``, its
+  step taken from ``W_k x_k`` (:func:`transforms.decentralized`).
   """
   comp = parts.compressor(config)
   if comp is not None:
@@ -43,7 +50,21 @@ def build(config, schedule, topology, axis_name):
         *parts.adam(config, schedule),
         choco.choco_gossip(topology, comp, gamma, axis_name)))
   o = config.optimizer
+  if o.name not in ("adamw", "accum_adamw"):  # your own inner optimizer
+    return parts.clipped(config, transforms.decentralized(
+        parts.own_optimizer(config, schedule), topology, axis_name,
+        comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
+        gossip_every=int(config.gossip_every),
+        bucket_bytes=int(config.bucket_bytes)))
   accum = int(o.accum_steps) if o.name == "accum_adamw" else 1
+  if config.pipelined_gossip:
+    return parts.clipped(config, pipelined.pipelined_adamw(
+        schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
+        weight_decay=o.weight_decay, mask=transforms.default_weight_decay_mask,
+        accum_steps=accum, axis_name=axis_name,
+        comm_dtype=parts.COMM_DTYPES[config.comm_dtype],
+        bucket_bytes=int(config.bucket_bytes),
+        beta_convention=o.beta_convention))
   return parts.clipped(config, transforms.decentralized_adamw(
       schedule, topology, b1=o.b1, b2=o.b2, eps=o.eps,
       weight_decay=o.weight_decay, mask=transforms.default_weight_decay_mask,
@@ -64,11 +85,13 @@ def runtime_spec(config) -> str:
     spec = f"local_dsgd:H={every},topology={config.topology}"
     return parts.with_settings(
         spec, [e for e in extra if e.startswith("comm_dtype")])
-  if config.optimizer.name != "adamw":
+  if config.optimizer.name == "accum_adamw":
     spec = (f"accum_adam:T={int(config.optimizer.accum_steps)},"
             f"topology={config.topology}")
   else:
     spec = f"dadam:topology={config.topology}"
+  if config.pipelined_gossip:
+    extra = [*extra, "pipelined=1"]
   return parts.with_settings(spec, extra)
 
 
@@ -83,6 +106,11 @@ def check_compression(config, fmt: str) -> None:
         f"topology={c.topology} changes every round (period {topo.period}); "
         "set --config.topology= one of exponential, static_ring, torus, "
         "complete (or --config.compression.format=none).")
+  if c.pipelined_gossip:
+    raise ValueError(
+        f"config.pipelined_gossip=True with {fmt}: CHOCO-gossip needs its "
+        "round before the next step; set --config.pipelined_gossip=False "
+        "(or --config.compression.format=none).")
   if c.gossip_every != 1:
     raise ValueError(
         f"config.gossip_every={c.gossip_every} with {fmt}: CHOCO-gossip "
@@ -99,8 +127,21 @@ def unread(config, field: str) -> str | None:
   return None
 
 
+def check_pipelined(config) -> None:
+  """Pipelined gossip mixes every step (a round per two steps' sequence)."""
+  if config.pipelined_gossip and int(config.gossip_every) != 1:
+    raise ValueError(
+        f"config.pipelined_gossip=True with config.gossip_every="
+        f"{config.gossip_every}: pipelined gossip sends a round every step; "
+        "set --config.gossip_every=1 or --config.pipelined_gossip=False.")
+
+
 def check_faults(config) -> None:
   """A rejoining worker takes the mean of its live neighbours (no theta)."""
+  if config.pipelined_gossip:
+    raise ValueError(
+        "config.pipelined_gossip=True with config.faults: pipelined gossip "
+        "has no live-worker round; set --config.pipelined_gossip=False.")
   f = config.faults
   if f.rejoin != "copy_mean":
     raise ValueError(
@@ -113,11 +154,22 @@ _NO_OUTER_STEP = ("config.algorithm='decentralized' (gossip takes no outer "
                   "step to hold to a quorum or roll back)")
 FIELDS = (*GOSSIP_FIELDS, "global_avg_interval", "gossip_every",
           *CHOCO_FIELDS)
+CONFIG_FIELDS = {
+    "pipelined_gossip": registry.ConfigField(
+        False, field_checks.boolean,
+        "decentralized: pipelined gossip (decentral_jax.optim.pipelined): "
+        "the round sent in step k is mixed in step k+1, off the update's "
+        "critical path; one step of staleness and one parameter-sized "
+        "buffer in the optimizer state (docs/pipelined_gossip.md). Needs "
+        "gossip_every 1, no compression, no faults"),
+}
 
 DECENTRALIZED = registry.register(registry.Method(
     "decentralized", build, fields=FIELDS, runtime_spec=runtime_spec,
     label="dadam", uses_topology=True, static_rounds=True,
     gossip_every=lambda config: int(config.gossip_every),
+    round_stride=lambda config: 2 if config.pipelined_gossip else 1,
+    checks=check_pipelined, config_fields=CONFIG_FIELDS,
     compression_checks=check_compression,
     unread=unread, faults=check_faults,
     unread_faults={"min_quorum": _NO_OUTER_STEP,

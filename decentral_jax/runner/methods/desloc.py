@@ -79,4 +79,9 @@ def runtime_spec(config) -> str:
 DESLOC_ADAM = registry.register(registry.Method(
     "desloc_adam", build, fields=FIELDS, runtime_spec=runtime_spec,
     label="desloc_adam", checks=checks, warnings=warnings,
-    config_fields=CONFIG_FIELDS))
+    config_fields=CONFIG_FIELDS,
+    # K_x = 10 as the DiLoCo arms, the paper's K_u = 3 K_x, K_v = 6 K_x.
+    # Peak lr 3e-3: the tuning protocol's pick (benchmarks/studies).
+    arms=(registry.Arm("desloc_adam", fields=(
+        ("sync_every", 10), ("sync_every_u", 30), ("sync_every_v", 60)),
+        peak_lr=3e-3),)))

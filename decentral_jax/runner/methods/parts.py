@@ -10,18 +10,46 @@ import optax
 
 from decentral_jax.comm import compress
 from decentral_jax.optim import transforms
+from decentral_jax.runner import extensions
 
 # config.comm_dtype -> the dtype on the wire of the synchronisation.
 COMM_DTYPES = {"": None, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
                "float32": jnp.float32}
 
 
+def own_optimizer(config, schedule) -> optax.GradientTransformation:
+  """Your own inner optimizer: ``build(learning_rate=schedule)`` of the
+  builder ``config.optimizer.name`` names (``extensions.resolve``).
+
+  Raises:
+    ValueError: the name does not resolve, the builder fails, or it returns
+      no optax ``GradientTransformation`` (one line naming it).
+  """
+  name = config.optimizer.name
+  build = extensions.resolve("optimizer", name)
+  try:
+    tx = build(learning_rate=schedule)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"config.optimizer.name={name!r}: build(learning_rate="
+                     f"schedule) failed: {type(e).__name__}: "
+                     f"{' '.join(str(e).split())}") from None
+  if not (callable(getattr(tx, "init", None)) and
+          callable(getattr(tx, "update", None))):
+    raise ValueError(f"config.optimizer.name={name!r} returned a "
+                     f"{type(tx).__name__}, not an optax "
+                     "GradientTransformation.")
+  return tx
+
+
 def adam(config, schedule) -> list[optax.GradientTransformation]:
-  """AdamW (``adamw``) or AccumAdamW (``accum_adamw``) of ``config.optimizer``.
+  """AdamW (``adamw``) or AccumAdamW (``accum_adamw``) of ``config.optimizer``,
+  or your own inner optimizer (any other name: :func:`own_optimizer`).
 
   Weight decay on leaves with ``ndim >= 2``; the learning rate ``schedule``.
   """
   o = config.optimizer
+  if o.name not in ("adamw", "accum_adamw"):
+    return [own_optimizer(config, schedule)]
   mask = transforms.default_weight_decay_mask
   if o.name == "adamw":
     return [optax.adamw(schedule, b1=o.b1, b2=o.b2, eps=o.eps,

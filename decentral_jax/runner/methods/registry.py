@@ -99,6 +99,9 @@ class Method(NamedTuple):
   # gossip_every(config) -> steps between two gossip rounds (the runner
   # compiles a separate local step if > 1); None: 1.
   gossip_every: Callable[..., int] | None = None
+  # round_stride(config) -> steps per round of the gossip schedule (2 for
+  # pipelined gossip, which sends round floor(k / 2) at step k); None: 1.
+  round_stride: Callable[..., int] | None = None
   # checks(config): cross-field checks of the fields it reads, run before
   # the refusal of fields it does not read; raise a one-line ValueError.
   checks: Callable[..., None] | None = None
@@ -233,7 +236,8 @@ def add_declared_fields(config) -> None:
     node[leaf] = spec.default
 
 
-_HOOKS = ("gossip_every", "checks", "compression_checks", "unread", "faults",
+_HOOKS = ("gossip_every", "round_stride", "checks", "compression_checks",
+          "unread", "faults",
           "warnings", "eval_params", "model_params", "global_average")
 
 

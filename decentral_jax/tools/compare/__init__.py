@@ -15,8 +15,11 @@ idle 2-core CPU): the package's preset ``gpt_quick``
 2-layer byte-level GPT of width 64, 8 workers, 200 steps), the methods of :data:`DEFAULT_METHODS`, one seed, the clusters
 ``A40`` (Figure 6: 4 x A40 per node, 25 Gbit/s Ethernet), ``h100_node``
 (one NVLink node of 8 H100) and ``cross_region_2dc`` (two datacenters of
-H100 nodes over a 10 Gbit/s, 30 ms wide-area link), workload
-``gpt2_small`` (124M parameters, 30.9 ms of compute per step). ``--full``:
+H100 nodes over a 10 Gbit/s, 30 ms wide-area link), each priced with
+compute of its own GPUs (workload ``own``: on A40 the paper's
+Transformer-base with the compute fitted to its Figure 6 bars, on the H100
+clusters ``gpt2_small``, 124M parameters, 30.9 ms of H100 compute per
+step). ``--full``:
 the study of BENCHMARKS.md (the preset ``gpt_tiny``, 300 steps, the six
 methods of :data:`FULL_METHODS`, seeds 0, 1, 2, periodic checkpoints);
 flags given as well win over both.
@@ -61,8 +64,12 @@ nodes, spans at least two nodes, so its inter-node links are priced (at 8
 workers: h100_ib and T4 16, A40 and A100 8, cross_region_2dc 16,
 cross_region_4dc 32, h100_node, one node, 8); each table header names the
 count. Empty entries of ``--clusters`` are refused. Workload
-(``--workload``): ``gpt2_small``, ``1b`` or ``figure6`` (the paper's
-Transformer-base fitted to each Figure 6 cluster; T4, A40, A100 only).
+(``--workload``): ``own`` (the default: ``figure6`` on the Figure 6
+clusters, ``gpt2_small`` on the H100 ones), ``gpt2_small``, ``1b`` or
+``figure6`` (the paper's Transformer-base fitted to each Figure 6 cluster;
+T4, A40, A100 only). Each cluster's table, panel title and recommendation
+line name the workload whose compute is priced there, and say "H100
+compute on A40 links" where a workload's compute comes from another GPU.
 The loss per step is measured here, the time per step predicted: a what-if,
 not a measurement. ``--clusters=`` (empty) turns the pricing off.
 

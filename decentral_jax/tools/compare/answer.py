@@ -5,18 +5,20 @@ and each method's predicted seconds per step on each cluster
 (``pricing.predicted_ms``). The answer is built from:
 
 * :func:`common_targets`: a few loss targets that every run (every method,
-  every seed) reaches: the highest of the runs' lowest losses (the floor),
-  and the floor plus 5% and 10% of the drop from the initial loss to it,
-  rounded up to 0.001; a target that every run already meets at its first
+  every seed) reaches: the floor (the highest of the runs' lowest losses)
+  plus 2%, 5% and 10% of the drop from the initial loss to it, rounded up
+  to 0.001, so that no run's lowest (usually final) loss is itself a
+  target; a target that every run already meets at its first
   evaluation (no run got below the initial loss) is left out, as it tells
   the methods apart by nothing;
 * :func:`rank`: per cluster and target, the methods ordered by their mean
   predicted wall-clock to the target (step at which the curve first reaches
   it, linearly interpolated between evaluations, times the predicted
   seconds per step), with the spread over seeds;
-* :func:`verdict`: the one-line recommendation per cluster at the floor
-  target: the first method and its margin over the runner-up (their mean
-  times' ratio), or "no clear winner" when the two overlap within the
+* :func:`verdict`: the one-line recommendation per cluster at the hardest
+  target: the workload whose compute is priced, the first method and its
+  margin over the runner-up (their mean times' ratio, with the number of
+  seeds behind it), or "no clear winner" when the two overlap within the
   seeds' spread (min to max); with one seed the spread is unknown and the
   line says so;
 * :func:`answer_markdown`, :func:`plot_frontier`: the answer's tables and
@@ -39,8 +41,9 @@ from decentral_jax.tools.compare import pricing
 
 PLOT_NAME = "loss_vs_predicted_time.png"
 # Targets above the floor, as fractions of the drop from the initial loss
-# to it (easiest first).
-TARGET_STEPS = (0.10, 0.05, 0.0)
+# to it (easiest first); the hardest is not the floor itself, which is some
+# run's lowest loss.
+TARGET_STEPS = (0.10, 0.05, 0.02)
 
 
 def common_targets(curves: dict, steps=TARGET_STEPS) -> list[float]:
@@ -135,25 +138,29 @@ def rank(curves: dict, ms: dict, target: float) -> list[Entry]:
 
 
 def verdict(cluster: str, ranking: list[Entry], target: float,
-            labels: dict) -> str:
+            labels: dict, workload: str = "") -> str:
   """The recommendation for one cluster, one line.
 
-  ``ranking`` is :func:`rank` at ``target``. With several seeds the first
-  method wins clearly when its slowest seed is faster than the runner-up's
-  fastest; otherwise "no clear winner". With one seed the margin is given
-  and the spread is said to be unknown.
+  ``ranking`` is :func:`rank` at ``target``; ``workload`` (words from
+  :func:`pricing.workload_label`) follows the cluster's name. With several
+  seeds the first method wins clearly when its slowest seed is faster than
+  the runner-up's fastest; otherwise "no clear winner". The margin says
+  how many seeds it is the mean of; with one seed the spread is said to be
+  unknown.
   """
+  cluster = f"{cluster}: priced for {workload}," if workload else \
+      f"{cluster}:"
   if not ranking:
-    return f"{cluster}: no method could be priced here."
+    return f"{cluster} no method could be priced here."
   best = ranking[0]
   took = pricing.format_duration
-  head = (f"{cluster}: **{labels[best.name]}**, first to loss {target:.3f} "
+  head = (f"{cluster} **{labels[best.name]}**, first to loss {target:.3f} "
           f"in {took(best.mean_s)}")
   if len(ranking) == 1:
     return head + " (the only method priced here)."
   second = ranking[1]
   if _tie(best, second):
-    return (f"{cluster}: no clear winner (tie): {labels[best.name]} and "
+    return (f"{cluster} no clear winner (tie): {labels[best.name]} and "
             f"{labels[second.name]} reach loss {target:.3f} in "
             f"{took(best.mean_s)} each.")
   versus = (f"{_margin(best, second)} before {labels[second.name]} "
@@ -164,7 +171,7 @@ def verdict(cluster: str, ranking: list[Entry], target: float,
   if best.high_s < second.low_s:
     return (f"{head} (seeds {took(best.low_s)} to {took(best.high_s)}), "
             f"{versus}; clear: outside the {best.seeds} seeds' spread.")
-  return (f"{cluster}: no clear winner: {labels[best.name]} "
+  return (f"{cluster} no clear winner: {labels[best.name]} "
           f"({took(best.low_s)} to {took(best.high_s)}) and "
           f"{labels[second.name]} ({took(second.low_s)} to "
           f"{took(second.high_s)}) reach loss {target:.3f} within the "
@@ -265,9 +272,9 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
   seeds = max((len(r) for r in curves.values()), default=0)
   out = ["## The answer: which method reaches a loss first, per cluster\n",
          f"Targets: validation loss {', '.join(f'{t:.3f}' for t in targets)}"
-         f"; every run reaches them ({targets[-1]:.3f}: the highest of the "
-         "runs' lowest losses, rounded up; the others 5% and 10% of the drop "
-         "from the initial loss above it). "
+         f"; every run reaches them (the highest of the runs' lowest losses "
+         "plus 2%, 5% and 10% of the drop to it from the initial loss, "
+         "rounded up, so that no run's lowest loss is a target). "
          "Cells: predicted wall-clock to the target (bold: first, "
          "or all tied for first"
          + ("; in brackets the range over seeds" if seeds > 1 else
@@ -276,15 +283,16 @@ def answer_markdown(clusters, curves: dict, prices: dict, finals: dict,
   lines = []
   for cl in clusters:
     ms = {name: prices.get(name, {}).get(cl.label) for name in curves}
+    priced = pricing.workload_label(cl, workload) if workload else ""
     line = verdict(cl.label, rank(curves, ms, targets[-1]), targets[-1],
-                   labels) + _ends_lowest(curves, ms, finals, labels,
-                                          rank(curves, ms, targets[-1]))
+                   labels, priced) + _ends_lowest(
+                       curves, ms, finals, labels,
+                       rank(curves, ms, targets[-1]))
     lines.append(line)
     where = [f"{at[cl.label]} GPUs" if isinstance((at or {}).get(cl.label),
                                                    int) else ""]
     if workload:
-      where.append("its own measured workload" if cl.preset is None else
-                   f"time per step for workload {workload}")
+      where.append(f"time per step for {priced}")
     where = ", ".join(x for x in where if x)
     out.append(f"### {cl.label}" + (f" ({where})" if where else "") + "\n")
     out.append(cluster_table(cl.label, curves, ms, targets, finals, labels))
@@ -317,14 +325,16 @@ def short_verdict(ranking: list[Entry], target: float, labels: dict) -> str:
 
 
 def plot_frontier(clusters, curves: dict, prices: dict, labels: dict,
-                  at: dict, outdir: str) -> str:
+                  at: dict, outdir: str, workload: str = "") -> str:
   """``loss_vs_predicted_time.png``: loss against predicted wall-clock.
 
   One panel per cluster; x: step x the method's predicted seconds per
   step there (log scale, step 0 left out), y: validation loss (mean over
   seeds), zoomed from the lowest loss to a little above the easiest of
   :func:`common_targets` (dashed lines); the title carries the cluster, its
-  GPU count (``at``: ``{label: GPUs}``) and :func:`short_verdict`.
+  GPU count (``at``: ``{label: GPUs}``), the workload whose compute is
+  priced (``workload``: ``--workload``, :func:`pricing.workload_label`)
+  and :func:`short_verdict`.
 
   Returns:
     The PNG path.
@@ -364,8 +374,10 @@ def plot_frontier(clusters, curves: dict, prices: dict, labels: dict,
     verdict_words = (short_verdict(rank(curves, ms, targets[-1]), targets[-1],
                                    labels) if targets else
                      "no common target below the initial loss")
-    ax.set_title(f"{cl.label}, {at.get(cl.label, '?')} GPUs (predicted)\n"
-                 f"{verdict_words}", fontsize=8)
+    priced = (f"; {pricing.workload_label(cl, workload)}" if workload
+              else "")
+    ax.set_title(f"{cl.label}, {at.get(cl.label, '?')} GPUs (predicted"
+                 f"{priced})\n{verdict_words}", fontsize=8)
     ax.set_xlabel("predicted wall-clock (s, log): step x predicted s/step")
     ax.set_ylabel("validation loss, zoomed (nats)")
     ax.grid(alpha=0.3, which="both")

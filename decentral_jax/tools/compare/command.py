@@ -161,7 +161,11 @@ def _run_job(arms, outdir, checkpoints, job, base, accum, per_method_lr,
          f"{e.strerror or e} ({e.filename or outdir}).")
   print("\n" + (answer or table))
   if lines:
-    print(f"recommendations (predicted, for workload {workload}):")
+    named = {cl.workload_of(workload) for cl in clusters} - {None}
+    shown = (named.pop() if len(named) == 1 else
+             "of each cluster's own GPUs" if workload == pricing.OWN
+             else workload)
+    print(f"recommendations (predicted, for workload {shown}):")
   for line in lines:
     print(f"  {line.replace('**', '')}")
   print(f"reference check: {reference_line}")

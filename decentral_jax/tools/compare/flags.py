@@ -55,11 +55,15 @@ CHECKPOINTS = absl_flags.DEFINE_bool(
     "deleted. On under --full.",
     flag_values=FLAGS)
 WORKLOAD = absl_flags.DEFINE_string(
-    "workload", "gpt2_small", "Workload whose time per step the clusters "
-    "are priced for: gpt2_small (124M parameters, 30.9 ms of compute), 1b "
-    "(1e9 parameters, 100 ms) or figure6 (the paper's Transformer-base "
-    "fitted to Figure 6; T4, A40, A100 only). Cluster files use their own "
-    "measured workload.",
+    "workload", "own", "Workload whose time per step the clusters are "
+    "priced for: own (each cluster with compute of its own GPUs: figure6 "
+    "on T4, A40, A100, gpt2_small on the H100 clusters), gpt2_small (124M "
+    "parameters, 30.9 ms of H100 compute, on every cluster), 1b (1e9 "
+    "parameters, 100 ms), figure6 (the paper's Transformer-base fitted "
+    "to Figure 6; T4, A40, A100 only) or a FILE.json read from a compiled "
+    "train step (benchmarks/gpu_check.py --deviceless TARGET --workload "
+    "FILE). Cluster files use their own measured workload unless a "
+    "FILE.json is given.",
     flag_values=FLAGS)
 CPU_TIMING = absl_flags.DEFINE_bool(
     "cpu_timing", False, "Also write this machine's CPU timings (ms/step, "

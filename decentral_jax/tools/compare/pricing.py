@@ -10,8 +10,13 @@ workload the user names, and puts the two together:
   files written by ``python -m decentral_jax.runtime_model measure``) as
   :class:`PricingCluster`;
 * :func:`check_workload`: the ``--workload`` name (a key of
-  ``presets.WORKLOADS``, or ``figure6``: the Figure 6 clusters' fitted
-  Transformer-base);
+  ``presets.WORKLOADS``, ``figure6``: the Figure 6 clusters' fitted
+  Transformer-base, ``own``: each cluster with a workload measured or
+  fitted on its own GPUs, :meth:`PricingCluster.workload_of`, or a
+  ``.json`` workload read from a compiled step,
+  :mod:`decentral_jax.runtime_model.workload_file`);
+* :func:`workload_label`: the workload a cluster is priced with, in the
+  few words its panel title and recommendation line carry;
 * :func:`priced_workers`: the GPU count each cluster is priced at (the
   smallest multiple of ``config.n_workers`` the cluster holds that, on a
   preset of several nodes, spans at least two nodes, so that its
@@ -41,6 +46,7 @@ from decentral_jax import checks
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
+from decentral_jax.runtime_model import workload_file
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
@@ -54,8 +60,15 @@ SIM_SEED = 0
 # --workload values, shared with `predict --workload` (figure6: each Figure 6
 # cluster's own fitted Transformer-base, on the presets FIGURE6_PRESETS).
 FIGURE6 = presets.FIGURE6
-WORKLOAD_NAMES = presets.WORKLOAD_NAMES
 FIGURE6_PRESETS = presets.FIGURE6_PRESETS
+# --workload=own: each cluster priced with a workload of its own GPUs: the
+# Figure 6 presets with their fitted compute (figure6), the H100 presets with
+# gpt2_small (an H100's compute), cluster files with their measured one.
+OWN = "own"
+OWN_H100_WORKLOAD = "gpt2_small"
+WORKLOAD_NAMES = (*presets.WORKLOAD_NAMES, OWN)
+# The GPU each named workload's compute time was estimated for.
+_COMPUTE_GPU = {"gpt2_small": "H100", "1b": "H100"}
 # Largest multiple of config.n_workers tried by priced_workers.
 _MAX_SCALE = 64
 _HOW = ("give comma-separated preset names ({}) or paths of cluster JSON "
@@ -65,15 +78,21 @@ _WORKLOAD_WORDS = {
                   "step (16 x 1024 tokens per GPU at 40% of an H100 SXM5's "
                   "bf16 peak)",
     "1b": "1e9 parameters, 100 ms of compute per step (Kale et al. 2025, "
-          "Table 5)"}
+          "Table 5, H100 GPUs)"}
 
 
 def check_workload(name: str) -> str:
-  """``--workload``: a key of ``presets.WORKLOADS`` or ``figure6``.
+  """``--workload``: a key of ``presets.WORKLOADS``, ``figure6``, ``own``
+  or a ``.json`` file read from a compiled step
+  (:mod:`decentral_jax.runtime_model.workload_file`).
 
   Raises:
-    ValueError: any other name (names the flag and the choices).
+    ValueError: any other name (names the flag and the choices), or a bad
+      file (names it).
   """
+  if name.endswith(".json"):
+    workload_file.read_workload(name)
+    return name
   if name not in WORKLOAD_NAMES:
     raise ValueError(f"--workload={name!r} is not a workload; use one of "
                      f"{', '.join(WORKLOAD_NAMES)}.")
@@ -97,6 +116,22 @@ class PricingCluster:
   path: str | None = None
   data: dict | None = None
 
+  def workload_of(self, workload: str) -> str | None:
+    """The workload this cluster is priced with under ``--workload``.
+
+    ``own``: ``figure6`` on a Figure 6 preset (T4, A40, A100: compute
+    fitted to its own bars), ``gpt2_small`` on the others (H100 GPUs, the
+    GPU its compute was estimated for). A cluster file: None (its own
+    measured workload, whatever ``workload``).
+    """
+    if workload.endswith(".json"):  # used on every cluster
+      return workload
+    if self.preset is None:
+      return None
+    if workload == OWN:
+      return FIGURE6 if self.preset in FIGURE6_PRESETS else OWN_H100_WORKLOAD
+    return workload
+
   def setup(self, n: int, workload: str = FIGURE6,
             workload_fields: dict | None = None
             ) -> tuple[Cluster, Workload]:
@@ -105,7 +140,8 @@ class PricingCluster:
     Preset: ``presets.setup`` with ``workload`` (``figure6``: the paper's
     Transformer-base fitted to Figure 6, only on ``T4``, ``A40``,
     ``A100``). File: its links for ``n`` workers and its own measured
-    workload (``workload`` does not apply). ``workload_fields``
+    workload (``workload`` does not apply, but for a ``.json`` workload
+    read from a compiled step, used everywhere). ``workload_fields``
     (``devices_per_worker``, ``worker_layout``, from
     ``builders.spec_for_config``) replace the workload's.
 
@@ -114,6 +150,12 @@ class PricingCluster:
         a preset without a Figure 6 workload under ``figure6``.
     """
     fields = dict(workload_fields or {})
+    if workload.endswith(".json"):  # read from a compiled step
+      c = (presets.cluster(self.preset, int(n)) if self.preset is not None
+           else cluster_file.cluster(self.data, int(n)))
+      return c, dataclasses.replace(workload_file.read_workload(workload),
+                                    **fields)
+    workload = self.workload_of(workload)
     if self.preset is not None:
       c, w = presets.setup(self.preset, int(n),
                            None if workload == FIGURE6 else workload)
@@ -147,11 +189,11 @@ class PricingCluster:
       try:
         _, w = self.setup(n, workload)
         text += f", at {n} GPUs ({1e3 * w.compute_mean_s:.1f} ms of compute"
-        text += " per step)"
+        text += f" per step), {workload_label(self, workload)}"
       except ValueError:
         text += f", at {n} GPUs"
       fitted = paper.FIG6_MS.get(self.preset, {}).get("n", ())
-      if workload == FIGURE6 and fitted and not min(fitted) <= n <= max(
+      if self.workload_of(workload) == FIGURE6 and fitted and not min(fitted) <= n <= max(
           fitted):
         text += (f"; Figure 6 measured {', '.join(map(str, fitted))} GPUs, "
                  f"so at {n} the compute fit is extrapolated")
@@ -428,12 +470,52 @@ def pricing_columns(finals, prices: dict, clusters
   return headers, cells, notes
 
 
+def workload_label(cluster: PricingCluster, workload: str) -> str:
+  """The workload ``cluster`` is priced with, in a few words: whose compute
+  on which links (for its panel title and recommendation line)."""
+  name = cluster.workload_of(workload)
+  if name is None:
+    return "its own measured workload"
+  if name.endswith(".json"):
+    return f"{name}: read from a compiled step (its GPU's compute)"
+  if name == FIGURE6:
+    return f"figure6: the {cluster.preset} GPUs' own fitted compute"
+  gpu = _COMPUTE_GPU.get(name)
+  words = presets.CLUSTERS[cluster.preset].words.lower()
+  if gpu and gpu.lower() not in words:
+    return f"{name}: {gpu} compute on {cluster.preset} links"
+  return f"{name}: {gpu} compute" if gpu else name
+
+
 def workload_words(workload: str) -> str:
   """``--workload`` in words (for the table header)."""
+  if workload == OWN:
+    return ("own: each cluster with a workload of its own GPUs (figure6 on "
+            "the Figure 6 clusters, gpt2_small on H100 clusters)")
   if workload == FIGURE6:
     return ("figure6: the paper's Transformer-base (65M parameters) with "
             "compute fitted to each cluster's Figure 6 bars")
+  if workload.endswith(".json"):
+    w = workload_file.read_workload(workload)
+    return (f"{workload}: read from a compiled step, "
+            f"{w.param_count / 1e6:.4g}M parameters, "
+            f"{1e3 * w.compute_mean_s:.3g} ms of compute per step")
   return f"{workload}: {_WORKLOAD_WORDS.get(workload, workload)}"
+
+
+def _compute_caveat(clusters, workload: str) -> str:
+  """Whose compute each preset cluster is priced with, in one sentence."""
+  mismatched = [f"{cl.label} ({workload_label(cl, workload)})"
+                for cl in clusters if " compute on " in
+                workload_label(cl, workload)]
+  if mismatched:
+    return ("Its compute time is used as given on every preset cluster, "
+            "including those with slower GPUs than the one it was estimated "
+            f"for: {', '.join(mismatched)}, where communication is a larger "
+            "share than it would be with their own compute.")
+  return ("Each cluster is priced with compute of its own GPUs: "
+          + "; ".join(f"{cl.label}: {workload_label(cl, workload)}"
+                      for cl in clusters) + ".")
 
 
 def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
@@ -450,15 +532,15 @@ def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
   if not clusters:
     return ""
   at = {cl.label: priced_workers(cl, n) for cl in clusters}
-  files = [cl.label for cl in clusters if cl.preset is None]
+  files = [cl.label for cl in clusters if cl.preset is None
+           and not workload.endswith(".json")]  # a file's workload is used
+  named = {cl.workload_of(workload) for cl in clusters} - {None}
+  shown = named.pop() if workload == OWN and len(named) == 1 else workload
   return (
-      f"**Workload (time per step): {workload_words(workload)}**"
+      f"**Workload (time per step): {workload_words(shown)}**"
       + (f" (cluster files {', '.join(files)}: their own measured workload)"
          if files else "")
-      + ". Its compute time is used as given on every preset cluster, "
-      "including those with slower GPUs than the one it was estimated for "
-      "(there communication is a larger share than it would be). "
-      "Predicted times are a what-if, not a measurement: the runtime model "
+      + ". " + _compute_caveat(clusters, workload) + " Predicted times are a what-if, not a measurement: the runtime model "
       "(decentral_jax/runtime_model, `step_time.simulate`: "
       f"{SIM_STEPS} simulated iterations, more for local-update methods to "
       f"cover two sync schedules, the first {SIM_STEPS // 5} discarded, "

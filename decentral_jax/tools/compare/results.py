@@ -207,7 +207,7 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
   pngs = plots.plot(logs, outdir, cpu_timing)
   if clusters:
     pngs.append(answer_lib.plot_frontier(clusters, curves, prices, labels,
-                                             at, outdir))
+                                         at, outdir, workload))
   remove_stale_plots(outdir, pngs)
   return answer, lines, table, pngs, total
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import types
 
+from ml_collections import config_dict
+
 from decentral_jax import checks
 from decentral_jax import topology as topology_lib
 from decentral_jax.runner import config as config_lib
@@ -197,6 +199,8 @@ def _set(config, field: str, value) -> None:
   *groups, last = field.split(".")
   node = config
   for g in groups:
+    if g not in node:  # a group a method home declares (noloco.alpha)
+      node[g] = config_dict.ConfigDict()
     node = node[g]
   node[last] = value
 

@@ -185,6 +185,13 @@ _PREDICT_OWN = (
         "--preset T4, A40 or A100, whose default it is); default: the "
         "workload flags (65M parameters, 90 ms per step); workload flags "
         "given as well override single fields")),
+    ("--workload-file", dict(
+        metavar="FILE",
+        help="workload JSON read from a compiled train step (benchmarks/"
+        "gpu_check.py --deviceless TARGET --workload FILE): parameters, "
+        "forward/backward/optimizer time on the profile's clock, gossip "
+        "in-flight fractions; workload flags given as well override single "
+        "fields")),
     ("--cluster", dict(
         metavar="FILE",
         help="cluster JSON written by `measure` (its links and, if "

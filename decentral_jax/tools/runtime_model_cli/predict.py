@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from decentral_jax.runtime_model import workload_file
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model import presets
@@ -162,7 +163,11 @@ def methods_line(methods, chosen: bool, c) -> str:
 
 
 def _check_figure6(args) -> None:
-  """``--workload figure6`` exists only with a Figure 6 preset."""
+  """``--workload figure6`` exists only with a Figure 6 preset;
+  ``--workload-file`` replaces ``--workload``."""
+  if args.workload_file and args.workload:
+    raise ValueError(f"--workload {args.workload} and --workload-file "
+                     f"{args.workload_file}: give one of them.")
   if args.workload == presets.FIGURE6 and (
       args.preset not in presets.FIGURE6_PRESETS):
     where = f"--preset {args.preset}" if args.preset else (
@@ -201,7 +206,10 @@ def workload_line(args, setups, measured: dict | None) -> str:
   w = setups[0][2]
   flags = {flag for flag, *_ in parser_lib.WORKLOAD_FLAGS} | {"--worker-layout"}
   given = sorted(inputs.explicit_flags(args) & flags)
-  if args.preset in presets.FIGURE6_PRESETS and args.workload in (
+  if args.workload_file:
+    source = (f"--workload-file {args.workload_file}, read from a compiled "
+              "train step")
+  elif args.preset in presets.FIGURE6_PRESETS and args.workload in (
       None, presets.FIGURE6):
     source = (f"--preset {args.preset}'s own workload (--workload "
               f"{presets.FIGURE6}), "
@@ -246,6 +254,8 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
     except ValueError as e:
       raise ValueError(f"--n-workers {n} with --preset {args.preset}: {e}"
                        ) from None
+    if args.workload_file:
+      w = workload_file.read_workload(args.workload_file)
     return inputs.given_fields(args, c, w)
   if measured is not None:
     c, w = inputs.from_cluster_file(measured, args, n)
@@ -253,6 +263,9 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
     c, w = inputs.cluster_from_args(args, n), inputs.workload_from_args(args)
   if args.workload:
     c, w = inputs.given_fields(args, c, presets.workload(args.workload))
+  if args.workload_file:
+    c, w = inputs.given_fields(args, c, workload_file.read_workload(
+        args.workload_file))
   return c, w
 
 

@@ -1,0 +1,290 @@
+"""Goodput of decoupled learners against one SPMD program, under failures.
+
+4 learners of a small byte-level GPT (2 layers, width 64, context 64, 4
+sequences per step, inner AdamW, H inner steps per period, outer Nesterov
+0.7/0.9), one failure schedule: one SIGKILL every ``--kill-every`` merged
+periods (half a period after the period ends) and learner 3 at about half
+speed (``--slow-sleep`` seconds slept per inner step). Three ways to run it:
+
+* ``spmd``: DiLoCo in one SPMD program (optim.diloco over 4 simulated CPU
+  devices, in a subprocess); it saves a checkpoint after every period, the
+  slow worker holds every step (the sleep is taken by the program), and a
+  SIGKILL kills the whole program, which is started again from its
+  checkpoint (process start, JAX import and compile included);
+* ``sync``: the same DiLoCo as learners through the synchronizer on Ray;
+  the killed learner is restarted by Ray, the merge waits for it;
+* ``decoupled``: Decoupled DiLoCo (quorum 3, grace 1 s, Dynamic Local
+  Updates): the merge goes on without the dead learner, the slow learner
+  does fewer inner steps.
+
+Reported per mode: merged tokens per wall-second (from the first start to
+the last merge), wall-seconds, final validation loss of ``theta``; and the
+runtime model's pricing (decentral_jax.runtime_model.stragglers: "wait"
+for spmd/sync, "quorum" with on_failure="proceed" for decoupled) of the
+same slow fraction and the measured failure rate and downtime.
+
+  nice python benchmarks/learners_goodput.py --out benchmarks/results/learners_goodput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+N = 4
+GPT_ARGS = (("seed", 0), ("batch", 4), ("context", 64))
+
+
+def spec(args, mode):
+  from decentral_jax.tools.learners import spec as spec_lib  # pylint: disable=import-outside-toplevel
+  sleep = (0.0,) * (N - 1) + (args.slow_sleep,)
+  return spec_lib.RunSpec(
+      problem="gpt", problem_args=GPT_ARGS, shards=N,
+      sync_every=args.sync_every, periods=args.periods, inner="adamw",
+      inner_lr=args.lr, mode="sync" if mode == "spmd" else mode,
+      quorum=N - 1 if mode == "decoupled" else N, grace_s=1.0, dynamic_updates=mode == "decoupled",
+      sleep_s=sleep)
+
+
+def eval_loss(theta) -> float:
+  """Mean validation loss of ``theta`` on 8 fixed batches."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from decentral_jax.data import text  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  problem = problems.build("gpt", N, GPT_ARGS)
+  _, val = text.byte_splits(text.pydoc_corpus())
+  loss = jax.jit(problem.loss)
+  return float(np.mean([loss(theta, b) for b in text.eval_batches(
+      val, 64, 8, 8)]))
+
+
+# ------------------------------------------------------------ one program
+def spmd_worker(args) -> None:
+  """The SPMD program: resumes from ``args.ckpt``, checkpoints each period,
+  appends ``period seconds`` to ``args.progress``."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax import optim, parallel  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  problem = problems.build("gpt", N, GPT_ARGS)
+  mesh = parallel.make_mesh(N)
+  tx = optim.diloco(optax.adamw(args.lr), args.sync_every)
+  grad = jax.grad(problem.loss)
+
+  def step(params, state, batch):
+    updates, state = tx.update(grad(params, batch), state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(parallel.per_worker(step, mesh))
+  start = 0
+  if os.path.exists(args.ckpt):
+    with open(args.ckpt, "rb") as f:
+      start, host_params, host_state = pickle.load(f)
+    params = parallel.shard(host_params, mesh)
+    state = jax.tree.map(lambda x: parallel.shard(x, mesh), host_state)
+  else:
+    params = parallel.shard(jax.tree.map(
+        lambda p: np.repeat(p[None], N, 0), problem.params), mesh)
+    state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
+  h = args.sync_every
+  for period in range(start, args.periods):
+    for s in range(h):
+      t = period * h + s
+      batch = [problem.batch(i, t) for i in range(N)]
+      batch = tuple(np.stack([b[j] for b in batch]) for j in range(2))
+      params, state = step(params, state, parallel.shard(batch, mesh))
+      time.sleep(args.slow_sleep)  # the slow worker holds every step
+    host = jax.device_get((params, state))
+    with open(args.ckpt + ".tmp", "wb") as f:
+      pickle.dump((period + 1, *host), f)
+    os.replace(args.ckpt + ".tmp", args.ckpt)
+    with open(args.progress, "a", encoding="utf-8") as f:
+      f.write(f"{period + 1} {time.time()}\n")
+
+
+def _period_s(times) -> float:
+  """Median seconds between consecutive periods' ends (the first period,
+  which holds the start-up, excluded)."""
+  return float(np.median(np.diff(times))) if len(times) > 1 else 1.0
+
+
+def _spmd_periods(progress) -> list[float]:
+  if not os.path.exists(progress):
+    return []
+  with open(progress, encoding="utf-8") as f:
+    return [float(line.split()[1]) for line in f if line.strip()]
+
+
+def run_spmd(args, tmp) -> dict:
+  """Drives the SPMD program through the kill schedule."""
+  ckpt, progress = os.path.join(tmp, "spmd.pkl"), os.path.join(tmp, "p.txt")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
+         "XLA_FLAGS": f"--xla_force_host_platform_device_count={N}"}
+  cmd = [sys.executable, __file__, "--spmd-worker", "--ckpt", ckpt,
+         "--progress", progress, *_shared_flags(args)]
+  start, kills, restarts = time.time(), [], []
+  proc = subprocess.Popen(cmd, env=env)
+  while True:
+    done = _spmd_periods(progress)
+    if proc.poll() is not None:
+      if len(done) >= args.periods:
+        break
+      raise RuntimeError(f"the SPMD program exited with {proc.returncode}")
+    due = (len(kills) + 1) * args.kill_every
+    if len(done) >= due and due < args.periods:
+      time.sleep(0.5 * _period_s(done))
+      proc.send_signal(signal.SIGKILL)
+      proc.wait()
+      kills.append(time.time())
+      proc = subprocess.Popen(cmd, env=env)
+      restarts.append(time.time())
+    time.sleep(0.05)
+  with open(ckpt, "rb") as f:
+    _, params, _ = pickle.load(f)
+  theta = {k: np.asarray(v)[0] for k, v in params.items()}
+  done = _spmd_periods(progress)
+  # Kill to the end of the next period: restart, compile, redo, one period.
+  resume = [min(t for t in done if t > k) - k for k in kills]
+  return {"seconds": time.time() - start, "theta": theta,
+          "kills": len(kills), "first_period_s": done[0] - start,
+          "period_s": _period_s(done), "resume_s": resume}
+
+
+# --------------------------------------------------------------- learners
+def run_learners(args, mode) -> dict:
+  """Drives 4 learners on Ray through the kill schedule."""
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  cluster.start(num_cpus=2)
+  c = cluster.Cluster(spec(args, mode))
+  start = time.time()
+  try:
+    for i in range(N):
+      c.add(i)
+    kills = []  # (learner, time)
+    while True:
+      status = c.status()
+      if status["done"]:
+        break
+      due = (len(kills) + 1) * args.kill_every
+      if status["version"] >= due and due < args.periods:
+        time.sleep(0.5 * _period_s(status["log"]["merge_time"]))
+        victim = len(kills) % (N - 1)
+        c.kill(victim)
+        kills.append((victim, time.time()))
+      time.sleep(0.05)
+    # SIGKILL to the restarted learner's join (None: not back before the end).
+    down = [min((t - k for w, _, t in status["log"]["joins"]
+                 if w == victim and t > k), default=None)
+            for victim, k in kills]
+    learners = c.learner_status()
+    out = {"seconds": time.time() - start, "theta": c.params()["theta"],
+           "kills": len(kills), "downtime_s": down, "log": status["log"],
+           "h": {i: s["h"] for i, s in learners.items()},
+           "steps": {i: s["steps"] for i, s in learners.items()},
+           "max_wait": {i: max(s["waits"], default=0.0) for i, s in learners.items()}}
+  finally:
+    c.close()
+  return out
+
+
+def model_prices(args, measured) -> dict:
+  """Runtime-model tokens/s of each mode (stragglers.straggler_cost: "wait"
+  for spmd and sync, "quorum" with on_failure="proceed" for decoupled).
+
+  Inputs, all measured: a healthy inner step ``t`` (a learner's: the sync
+  run's median period / H minus the slow learner's sleep; the SPMD
+  program's: its median period / H minus the sleep), the slow learner's
+  speed ``t / (t + sleep)``, the failure rate ``kills / (N * steps)`` and
+  the mean downtime in steps (learners: SIGKILL to rejoin; SPMD: SIGKILL to
+  the next period's end less one period).
+  """
+  from decentral_jax.runtime_model import stragglers  # pylint: disable=import-outside-toplevel
+  steps, h, sleep = args.periods * args.sync_every, args.sync_every, \
+      args.slow_sleep
+  out = {}
+  for mode, how in (("spmd", "wait"), ("sync", "wait"),
+                    ("decoupled", "quorum")):
+    if mode not in measured or "sync" not in measured:
+      continue
+    r = measured[mode]
+    if mode == "spmd":
+      t = max(r["period_s"] / h - sleep, 1e-3)
+      down = np.mean(r["resume_s"]) - r["period_s"] if r["kills"] else 0.0
+    else:
+      t = max(_period_s(measured["sync"]["log"]["merge_time"]) / h - sleep,
+              1e-3)
+      back = [d for d in r["downtime_s"] if d is not None]
+      down = np.mean(back) if back else 0.0
+    faults = stragglers.Faults(
+        slow_fraction=1 / N, slow_speed=t / (t + sleep),
+        failure_rate=r["kills"] / (N * steps),
+        mean_downtime=max(1.0, down / t))
+    cost = stragglers.straggler_cost(how, N, t, faults, compute_s=t,
+                                     period=h, on_failure="proceed")
+    out[mode] = {"tokens_per_s": N * 256 * cost.useful / cost.step_s,
+                 "step_s": t, "faults": faults.__dict__,
+                 "useful": cost.useful, "priced_step_s": cost.step_s}
+  return out
+
+
+def _shared_flags(args) -> list[str]:
+  return ["--periods", str(args.periods), "--sync-every",
+          str(args.sync_every), "--slow-sleep", str(args.slow_sleep),
+          "--lr", str(args.lr)]
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--periods", type=int, default=16)
+  p.add_argument("--sync-every", type=int, default=8)
+  p.add_argument("--kill-every", type=int, default=4)
+  p.add_argument("--slow-sleep", type=float, default=0.03)
+  p.add_argument("--lr", type=float, default=3e-3)
+  p.add_argument("--modes", default="spmd,sync,decoupled")
+  p.add_argument("--out", default=None,
+                 help="JSON results; the modes not run are kept from it")
+  p.add_argument("--reprice", action="store_true",
+                 help="run nothing: price the stored results again")
+  p.add_argument("--spmd-worker", action="store_true")
+  p.add_argument("--ckpt"), p.add_argument("--progress")
+  args = p.parse_args()
+  if args.spmd_worker:
+    spmd_worker(args)
+    return
+  import tempfile  # pylint: disable=import-outside-toplevel
+  measured = {}
+  if args.out and os.path.exists(args.out):  # keep the modes not rerun
+    with open(args.out, encoding="utf-8") as f:
+      measured = json.load(f)["measured"]
+    measured.pop("model", None)
+  with tempfile.TemporaryDirectory() as tmp:
+    for mode in ([] if args.reprice else args.modes.split(",")):
+      r = run_spmd(args, tmp) if mode == "spmd" else run_learners(args, mode)
+      r["loss"] = eval_loss(r.pop("theta"))
+      tokens = (sum(sum(t.values()) for t in r["log"]["tokens"])
+                if "log" in r else N * args.periods * args.sync_every * 256)
+      r["tokens"], r["tokens_per_s"] = tokens, tokens / r["seconds"]
+      measured[mode] = r
+      print(f"{mode}: {r['tokens_per_s']:.0f} tokens/s, {r['seconds']:.1f} s,"
+            f" loss {r['loss']:.3f}, kills {r['kills']}", flush=True)
+  measured["model"] = model_prices(args, measured)
+  print("runtime model tokens/s:", {k: round(v["tokens_per_s"]) for k, v in
+                                    measured["model"].items()})
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump({"args": vars(args), "measured": measured}, f, indent=1,
+                default=str)
+
+
+if __name__ == "__main__":
+  main()

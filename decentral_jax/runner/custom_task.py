@@ -1,0 +1,293 @@
+"""The runner's task of a model and a data source named in the config.
+
+:func:`custom_task` builds a :class:`~decentral_jax.runner.tasks.Task` from
+``config.model.name`` and ``config.data.source`` when they name your own
+builders (:mod:`decentral_jax.runner.extensions`: registered names or
+``module:attribute``). A random-access training source is dealt to the
+workers by the runner's per-epoch sharding
+(:class:`decentral_jax.data.sharding.EpochSharder`: a pure function of
+``(seed, step, worker)``, so a resumed run reads the same batches); an
+iterator source is restarted at the step a run starts or resumes at.
+
+Everything is checked before any compile, each failure one line naming the
+model or the source and what was expected: a batch of step 0 that is not a
+tuple of numeric arrays ``[n_workers, local_batch, ...]``, evaluation
+examples of other shapes or dtypes than the training ones, fewer examples
+than one step (or the evaluation set) needs, and a loss that is not a float
+scalar (traced with ``jax.eval_shape``, nothing compiled). Later batches are
+compared with step 0's shapes and dtypes as they are read.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from ml_collections import config_dict
+
+from decentral_jax.data import sharding
+from decentral_jax.runner import extensions
+
+
+def _options(group: config_dict.ConfigDict) -> dict:
+  options = group.get("options")
+  return options.to_dict() if options is not None else {}
+
+
+def build_model(config: config_dict.ConfigDict) -> extensions.Model:
+  """``config.model.name``'s builder called with ``config.model.options``.
+
+  Raises:
+    ValueError: the name does not resolve, or the builder fails or returns
+      something other than a :class:`~extensions.Model`.
+  """
+  name = config.model.name
+  build = extensions.resolve("model", name)
+  model = _call(build, _options(config.model), f"config.model.name={name!r}")
+  if not isinstance(model, extensions.Model):
+    raise ValueError(
+        f"config.model.name={name!r} returned a {type(model).__name__}, not "
+        "a decentral_jax.runner.extensions.Model(init, loss); wrap a Flax "
+        "module with extensions.linen_model or extensions.nnx_model.")
+  return model
+
+
+def build_data(config: config_dict.ConfigDict) -> extensions.Data:
+  """``config.data.source``'s builder called with ``config.data.options``.
+
+  Raises:
+    ValueError: as :func:`build_model`, for the data source.
+  """
+  name = config.data.source
+  build = extensions.resolve("data", name)
+  data = _call(build, _options(config.data), f"config.data.source={name!r}")
+  if not isinstance(data, extensions.Data):
+    raise ValueError(
+        f"config.data.source={name!r} returned a {type(data).__name__}, not "
+        "a decentral_jax.runner.extensions.Data(train, eval).")
+  if data.unit not in ("samples", "tokens") or \
+      int(data.units_per_example) < 1:
+    raise ValueError(
+        f"config.data.source={name!r}: Data.unit={data.unit!r} must be "
+        "'samples' or 'tokens' and units_per_example >= 1, got "
+        f"{data.units_per_example!r}.")
+  return data
+
+
+def _call(build: Callable, options: dict, what: str):
+  try:
+    return build(**options)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{what} failed with options {options}: "
+                     f"{type(e).__name__}: {' '.join(str(e).split())}"
+                     ) from None
+
+
+def _example(source, i: int, what: str) -> tuple[np.ndarray, ...]:
+  example = source[int(i)]
+  if isinstance(example, np.ndarray) or not isinstance(example,
+                                                       (tuple, list)):
+    example = (example,)
+  try:
+    return tuple(np.asarray(x) for x in example)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{what}: example {i} is not a tuple of arrays "
+                     f"({type(e).__name__}: {e}).") from None
+
+
+def _stack(source, ids: np.ndarray, what: str) -> tuple[np.ndarray, ...]:
+  """The examples ``ids [W, B]`` of ``source`` as arrays ``[W, B, ...]``."""
+  rows = [_example(source, i, what) for i in ids.reshape(-1)]
+  spec = _spec(rows[0])
+  for i, row in zip(ids.reshape(-1), rows):
+    if _spec(row) != spec:
+      raise ValueError(f"{what}: example {i} has arrays {_show(_spec(row))}"
+                       f", expected {_show(spec)} as the others.")
+  return tuple(np.stack([r[k] for r in rows]).reshape(ids.shape + x.shape)
+               for k, x in enumerate(rows[0]))
+
+
+def _spec(arrays) -> tuple:
+  return tuple((tuple(x.shape), np.dtype(x.dtype).name) for x in arrays)
+
+
+def _show(spec) -> str:
+  return ", ".join(f"{d}{list(s)}" for s, d in spec)
+
+
+def _random_access(train, what: str, n: int, b: int, seed: int):
+  """``host_batch`` of a random-access source (the per-epoch sharding)."""
+  try:
+    size = len(train)
+  except TypeError:
+    raise ValueError(f"{what}: Data.train is neither a random-access source "
+                     "(len and [i]) nor a callable start_step -> iterator."
+                     ) from None
+  if size < n * b:
+    raise ValueError(
+        f"{what} has {size} training examples, fewer than one step needs "
+        f"({n} workers x {b} = {n * b}); lower --config.global_batch or give "
+        "more examples.")
+  sharder = sharding.EpochSharder(size, n, b, seed, what=f"{what} size",
+                                  fix="lower --config.global_batch.")
+
+  def host_batch(step, workers=None):
+    return _stack(train, sharder.ids(step, workers), what)
+
+  return host_batch
+
+
+def _streamed(make_iter: Callable, what: str, n: int):
+  """``host_batch`` of a ``start_step -> iterator`` source: read in order,
+  restarted at ``step`` when asked for another step than the next."""
+  state = {"next": None, "it": None}
+
+  def host_batch(step, workers=None):
+    if state["next"] != step:
+      state["it"], state["next"] = iter(make_iter(int(step))), int(step)
+    try:
+      item = next(state["it"])
+    except StopIteration:
+      raise ValueError(
+          f"{what} ran out of batches at step {step}: the iterator must "
+          "yield one batch per step up to config.steps.") from None
+    state["next"] = int(step) + 1
+    arrays = tuple(np.asarray(x) for x in (
+        item if isinstance(item, (tuple, list)) else (item,)))
+    if any(x.ndim < 2 or x.shape[0] != n for x in arrays):
+      raise ValueError(
+          f"{what} yielded arrays {_show(_spec(arrays))} at step {step}, "
+          f"expected [n_workers={n}, local_batch, ...] each.")
+    if workers is None:
+      return arrays
+    rows = np.asarray(list(workers), np.int64)
+    return tuple(x[rows] for x in arrays)
+
+  return host_batch
+
+
+def _checked(host_batch, what: str, spec: tuple):
+  """``host_batch`` that compares every batch with step 0's spec."""
+  def checked(step, workers=None):
+    arrays = host_batch(step, workers)
+    got = tuple((s[1:], d) for s, d in _spec(arrays))
+    if got != spec:
+      raise ValueError(
+          f"{what} gave arrays {_show(got)} per worker at step {step}, "
+          f"expected {_show(spec)} as at step 0.")
+    return arrays
+  return checked
+
+
+def _first_batch(host_batch, what: str, n: int, b: int):
+  """Step 0's batch, checked: numeric arrays ``[n, b, ...]``."""
+  arrays = host_batch(0, None)
+  for x in arrays:
+    if x.ndim < 2 or x.shape[:2] != (n, b) or not (
+        np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+      raise ValueError(
+          f"{what} gave arrays {_show(_spec(arrays))} at step 0, expected "
+          f"numeric arrays [n_workers={n}, local_batch={b}, ...].")
+  return arrays
+
+
+def _eval_set(source, what: str, batches: int, global_batch: int,
+              train_spec: tuple):
+  """The first ``batches * global_batch`` examples as ``[E, G, ...]``."""
+  need = batches * global_batch
+  try:
+    size = len(source)
+  except TypeError:
+    raise ValueError(f"{what}: Data.eval must be a random-access source "
+                     "(len and [i]).") from None
+  if size < need:
+    raise ValueError(
+        f"{what} has {size} evaluation examples, fewer than "
+        f"config.eval_batches * config.global_batch = {need}; lower "
+        "--config.eval_batches or give more examples.")
+  ids = np.arange(need, dtype=np.int64).reshape(batches, global_batch)
+  arrays = _stack(source, ids, f"{what} (evaluation)")
+  got = tuple((s[2:], d) for s, d in _spec(arrays))
+  if got != tuple((s[1:], d) for s, d in train_spec):
+    raise ValueError(
+        f"{what}: evaluation examples are {_show(got)}, expected "
+        f"{_show(tuple((s[1:], d) for s, d in train_spec))} as the "
+        "training examples.")
+  return arrays
+
+
+def _check_loss(model, params, batch, what: str, key) -> bool:
+  """Traces the loss (``jax.eval_shape``): a float scalar and a dict;
+  returns whether the dict holds ``"accuracy"``."""
+  try:
+    out = jax.eval_shape(model.loss, params, batch, key)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{what}: the loss fails on one worker's batch "
+                     f"{_show(_spec(batch))}: {type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:300]}") from None
+  value, aux = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
+  if not hasattr(value, "shape") or value.shape != () or \
+      not np.issubdtype(value.dtype, np.floating):
+    got = (f"{np.dtype(value.dtype).name}{list(value.shape)}"
+           if hasattr(value, "shape") else type(value).__name__)
+    raise ValueError(f"{what}: the loss returned {got}, expected a float "
+                     "scalar (the mean loss over the batch), or (loss, aux "
+                     "dict).")
+  if not isinstance(aux, dict) or any(
+      getattr(v, "shape", None) != () for v in aux.values()):
+    raise ValueError(f"{what}: the loss's aux must be a dict of scalars, "
+                     f"got {jax.tree.map(lambda v: v.shape, aux)}.")
+  return "accuracy" in aux
+
+
+def _normalised_loss(loss: Callable) -> Callable:
+  def task_loss(params, batch, key):
+    out = loss(params, batch, key)
+    if isinstance(out, tuple) and len(out) == 2:
+      return out[0], dict(out[1])
+    return out, {}
+  return task_loss
+
+
+def custom_task(config: config_dict.ConfigDict, n_workers: int,
+                local_batch: int, task_type: Any):
+  """The task of your own model and data (see the module docstring).
+
+  Args:
+    config: a validated run config whose ``model.name`` and
+      ``data.source`` name builders (:mod:`~decentral_jax.runner.extensions`).
+    n_workers, local_batch: workers and examples per worker per step.
+    task_type: the :class:`~decentral_jax.runner.tasks.Task` class.
+
+  Returns:
+    A ``Task``; its ``host_batch`` checks each batch against step 0's.
+
+  Raises:
+    ValueError: one line naming the model or the source (see the module
+      docstring); raised before anything is compiled.
+  """
+  model, data = build_model(config), build_data(config)
+  what = f"data source {config.data.source!r}"
+  name = f"model {config.model.name!r}"
+  n, b = n_workers, local_batch
+  if callable(data.train) and not hasattr(data.train, "__getitem__"):
+    raw = _streamed(data.train, what, n)
+  else:
+    raw = _random_access(data.train, what, n, b, int(config.seed))
+  first = _first_batch(raw, what, n, b)
+  spec = tuple((s[1:], d) for s, d in _spec(first))
+  eval_set = _eval_set(data.eval, what, int(config.eval_batches),
+                       int(config.global_batch), spec)
+  one = tuple(x[0] for x in first)
+
+  def init_params(key):
+    return model.init(key, one)
+
+  params = jax.eval_shape(init_params, jax.random.key(0))
+  key = jax.random.key(1) if bool(config.model.needs_key) else None
+  accuracy = _check_loss(model, params, one, name, key)
+  return task_type(init_params, _normalised_loss(model.loss),
+                   _checked(raw, what, spec), eval_set, data.unit,
+                   int(config.global_batch) * int(data.units_per_example),
+                   accuracy)

@@ -1,0 +1,144 @@
+"""The run a synchronizer and its learners agree on (:class:`RunSpec`).
+
+A learner is refused at join unless every field of its
+:meth:`RunSpec.fingerprint` (model, method and data sharding) equals the
+synchronizer's; the message names the first field that differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+MODES = ("sync", "decoupled")
+INNER = ("sgd", "adamw")
+
+
+class JoinRefused(ValueError):
+  """A learner whose run does not match the synchronizer's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """One run of decoupled learners.
+
+  Attributes:
+    problem: the model and data (:data:`~decentral_jax.tools.learners.
+      problems.NAMES`).
+    problem_args: ``(key, value)`` pairs for the problem (sizes, seed).
+    shards: data shards = learner ids ``0 .. shards - 1`` (learner ``i``
+      reads shard ``i``).
+    sync_every: the sync period ``H`` in inner steps.
+    periods: merged periods (outer steps) the run ends after.
+    inner: inner optimizer, ``"sgd"`` or ``"adamw"``.
+    inner_lr: its learning rate.
+    outer_lr, outer_momentum: the outer Nesterov SGD (DiLoCo's 0.7, 0.9).
+    mode: ``"sync"`` (every active learner's pseudo-gradient of the period,
+      as DiLoCo) or ``"decoupled"`` (Decoupled DiLoCo: quorum and grace).
+    quorum: learners' pseudo-gradients needed before a merge (sync mode:
+      also every active learner's; ``shards`` waits for all to join).
+    grace_s: decoupled mode: seconds the synchronizer waits after the
+      quorum for the other active learners.
+    max_staleness: decoupled mode: a pseudo-gradient computed from ``theta``
+      more than this many merges old is dropped (logged).
+    dynamic_updates: Dynamic Local Updates: learner ``w`` takes
+      ``H_w = max(1, floor(v_w / v_max * H))`` inner steps per period
+      (``v`` = measured inner steps per second).
+    sleep_s: per learner seconds slept after each inner step (an
+      artificially slow learner); missing entries are 0.
+    compressor: the format pseudo-gradients travel in
+      (:class:`decentral_jax.comm.compress.Compressor`: ``none``, ``int8``,
+      ``fp8``, ``int4``, ``fp4``, ``topk``), with error feedback at the
+      learner.
+    block: the compressor's values per scale (or per top-k chunk).
+  """
+  problem: str = "quadratic"
+  problem_args: tuple = ()
+  shards: int = 2
+  sync_every: int = 4
+  periods: int = 4
+  inner: str = "sgd"
+  inner_lr: float = 0.1
+  outer_lr: float = 0.7
+  outer_momentum: float = 0.9
+  mode: str = "sync"
+  quorum: int = 1
+  grace_s: float = 0.5
+  max_staleness: int = 2
+  dynamic_updates: bool = False
+  sleep_s: tuple = ()
+  compressor: str = "none"
+  block: int = 256
+
+  def __post_init__(self):
+    """Checks the fields.
+
+    Raises:
+      ValueError: a field out of range, naming it.
+    """
+    for name in ("shards", "sync_every", "periods", "quorum"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"RunSpec.{name} must be an int >= 1, got {value!r}.")
+    if self.mode not in MODES:
+      raise ValueError(f"RunSpec.mode must be one of {MODES}, got "
+                       f"{self.mode!r}.")
+    if self.inner not in INNER:
+      raise ValueError(f"RunSpec.inner must be one of {INNER}, got "
+                       f"{self.inner!r}.")
+    if self.quorum > self.shards:
+      raise ValueError(f"RunSpec.quorum={self.quorum} exceeds shards="
+                       f"{self.shards}; use quorum <= shards.")
+    if not self.grace_s >= 0 or not self.max_staleness >= 0:
+      raise ValueError("RunSpec.grace_s and max_staleness must be >= 0, got "
+                       f"{self.grace_s!r}, {self.max_staleness!r}.")
+    self.codec()  # checks compressor and block
+    if len(self.sleep_s) > self.shards:
+      raise ValueError(f"RunSpec.sleep_s has {len(self.sleep_s)} entries for "
+                       f"{self.shards} shards.")
+
+  def codec(self):
+    """The :class:`~decentral_jax.comm.compress.Compressor` of the run.
+
+    Raises:
+      ValueError: an unknown format or a bad block, naming the field.
+    """
+    from decentral_jax.comm import compress  # pylint: disable=import-outside-toplevel
+    try:
+      return compress.Compressor(self.compressor, self.block)
+    except ValueError as e:
+      raise ValueError(f"RunSpec.compressor/block: {e}") from None
+
+  def sleep_of(self, learner: int) -> float:
+    """Seconds learner ``learner`` sleeps after each inner step."""
+    return float(self.sleep_s[learner]) if learner < len(self.sleep_s) else 0.0
+
+  def fingerprint(self) -> dict:
+    """The fields a learner must share with the synchronizer: the model
+    (``problem``, ``problem_args``), the method (``inner``, ``inner_lr``,
+    ``sync_every``, ``mode``, ``dynamic_updates``, ``compressor``,
+    ``block``) and the data sharding
+    (``shards``)."""
+    return {"problem": self.problem, "problem_args": tuple(self.problem_args),
+            "shards": self.shards, "inner": self.inner,
+            "inner_lr": self.inner_lr, "sync_every": self.sync_every,
+            "mode": self.mode, "dynamic_updates": self.dynamic_updates,
+            "compressor": self.compressor, "block": self.block}
+
+
+def check_join(learner: int, ours: dict, theirs: dict, shards: int) -> None:
+  """Refuses a learner whose fingerprint differs from ``ours``.
+
+  Raises:
+    JoinRefused: a learner id outside ``[0, shards)`` or the first field
+      that differs, with both values.
+  """
+  if not isinstance(learner, int) or not 0 <= learner < shards:
+    raise JoinRefused(f"learner {learner!r} refused at join: learner ids are "
+                      f"0..{shards - 1} (one per data shard).")
+  for field, value in ours.items():
+    if field not in theirs or theirs[field] != value:
+      raise JoinRefused(
+          f"learner {learner} refused at join: field {field!r} is "
+          f"{theirs.get(field, '<missing>')!r} at the learner but {value!r} "
+          "at the synchronizer; start the learner with the synchronizer's "
+          "run spec.")

@@ -1,0 +1,154 @@
+"""Your own model and data in the runner: an MLP-Mixer on Grain-read images.
+
+The model and the data live outside the package, in ``experiments/mixer.py``
+(a Flax Linen MLP-Mixer; striped images in ArrayRecord files read through
+``grain.MapDataset``), and are named in the run config as
+``"mixer:make_mixer"`` and ``"mixer:stripes_data"``. This script writes the
+data files, trains with DAdam (decentralized AdamW on one-peer exponential
+gossip) with checkpoints, trains a second copy in two halves (stopped, then
+resumed from its checkpoint) and checks that both end bit for bit equal,
+then prices the run on a cluster with the runtime model (``decentral-jax
+predict``) from the model's parameter count::
+
+  pip install -r requirements-extras.txt      # grain
+  python experiments/own_model.py --workdir runs/own_model
+
+The same config trains from the command line (``experiments/`` is on the
+path there, so ``mixer`` imports)::
+
+  python experiments/train.py --config experiments/own_model.py \\
+      --workdir runs/own --config.data.options.path=runs/own_model/data
+
+docs/extending.md explains each extension point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+  sys.path.insert(0, HERE)  # `mixer` is the user's module beside this file
+
+
+def get_config():
+  """The run config: the Mixer on the striped images with DAdam."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  c = config_lib.base_config("mixer:make_mixer")
+  c.model.options.patch = 4
+  c.model.options.width = 32
+  c.model.options.depth = 2
+  c.model.options.classes = 4
+  c.data.source = "mixer:stripes_data"
+  c.data.options.path = os.path.join("runs", "own_model", "data")
+  c.algorithm, c.topology = "decentralized", "one_peer_exp"
+  c.n_workers, c.global_batch = 4, 64
+  c.optimizer.name, c.optimizer.accum_steps = "adamw", 1
+  # inverse_sqrt does not depend on `steps`, so a run stopped at half of
+  # them (main's second copy) is the same run up to there.
+  c.schedule.name, c.schedule.peak_lr = "inverse_sqrt", 3e-3
+  c.steps, c.schedule.warmup_steps = 60, 10
+  c.log_interval, c.eval_interval, c.eval_batches = 10, 30, 4
+  c.checkpoint_interval = 30
+  return c
+
+
+def _parse(argv):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--workdir", default=os.path.join("runs", "own_model"))
+  p.add_argument("--steps", type=int, default=60)
+  p.add_argument("--preset", default="A40",
+                 help="runtime-model cluster preset that prices the run")
+  p.add_argument("--n-workers-priced", default="8,16",
+                 help="worker counts priced on the preset")
+  p.add_argument("--forward-ms", type=float, default=None,
+                 help="forward time per step on the priced GPU (default: a "
+                      "third of this machine's measured step)")
+  return p.parse_args(argv)
+
+
+def _final_params(config, workdir):
+  """Every worker's parameters from the last checkpoint in ``workdir``."""
+  # pylint: disable=import-outside-toplevel
+  import jax
+  from decentral_jax.runner import checkpoint as checkpoint_lib
+  from decentral_jax.runner import experiment as experiment_lib
+  exp = experiment_lib.Experiment(config)
+  with checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints")) \
+      as ckpt:
+    state, _ = ckpt.restore(ckpt.latest_step(), exp.init_state())
+  return jax.device_get(state.params), exp.param_count
+
+
+def _price(config, param_count, step_ms, args) -> str:
+  """The runtime model's ``predict`` of this run's method against
+  All-Reduce on ``args.preset`` (its text)."""
+  # pylint: disable=import-outside-toplevel
+  import contextlib
+  import io
+  from decentral_jax.runner import builders
+  from decentral_jax.tools.runtime_model_cli import main as predict_cli
+  spec, _ = builders.spec_for_config(config)
+  forward = args.forward_ms if args.forward_ms else step_ms / 3
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    code = predict_cli.main([
+        "predict", "--preset", args.preset, "--params", str(param_count),
+        "--forward-ms", f"{forward:.3f}", "--backward-ms",
+        f"{2 * forward:.3f}", "--n-workers", args.n_workers_priced,
+        "--methods", f"all_reduce,{spec}"])
+  if code:
+    raise SystemExit(f"predict failed ({code}): {out.getvalue()}")
+  return out.getvalue()
+
+
+def main(argv=None) -> dict:
+  """Writes the data, trains, resumes, prices; returns what it printed."""
+  args = _parse(argv)
+  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  import mixer
+  from decentral_jax.runner import train
+  from decentral_jax.runner import validation
+  try:  # simulated CPU devices, one per worker (before JAX starts)
+    jax.config.update("jax_num_cpu_devices", 4)
+  except RuntimeError:
+    pass  # the backend already runs (e.g. under pytest, with more devices)
+  data = os.path.join(args.workdir, "data")
+  if not all(os.path.exists(os.path.join(data, f)) for f in mixer.FILES):
+    mixer.write_stripes(data)
+  config = get_config()
+  config.data.options.path, config.steps = data, args.steps
+  config.checkpoint_interval = max(args.steps // 2, 1)
+  validation.check_config(config)
+  straight = train.train_and_evaluate(config,
+                                      os.path.join(args.workdir, "straight"))
+  half = get_config()
+  half.data.options.path, half.steps = data, args.steps // 2
+  half.checkpoint_interval = config.checkpoint_interval
+  split = os.path.join(args.workdir, "resumed")
+  train.train_and_evaluate(half, split)
+  resumed = train.train_and_evaluate(config, split)  # resumes at steps // 2
+  a, param_count = _final_params(config, os.path.join(args.workdir,
+                                                      "straight"))
+  b, _ = _final_params(config, split)
+  equal = all(np.array_equal(x, y) for x, y in
+              zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  print(f"{config.model.name} on {config.data.source}: {param_count:,} "
+        f"parameters, {config.n_workers} workers, {config.steps} steps: "
+        f"eval/loss {straight['eval/loss']:.4f}, eval/accuracy "
+        f"{straight['eval/accuracy']:.3f}")
+  print(f"resumed at step {args.steps // 2}: eval/loss "
+        f"{resumed['eval/loss']:.4f}; parameters "
+        f"{'bit-exact' if equal else 'DIFFER'} from the straight run")
+  pricing = _price(config, param_count, straight["step_time_ms"], args)
+  print(pricing)
+  return {"straight": straight, "resumed": resumed, "bit_exact": equal,
+          "param_count": param_count, "pricing": pricing}
+
+
+if __name__ == "__main__":
+  main()

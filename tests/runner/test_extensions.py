@@ -1,0 +1,315 @@
+"""Your own model, data and inner optimizer in the runner (runner.extensions).
+
+A linear least-squares model and a list of examples, registered from this
+file (and named as ``module:attribute``), train under All-Reduce with a
+registered SGD; the trajectory is checked against a NumPy re-implementation
+(the documented per-epoch sharding rule and the gradient by hand), and a
+resumed run against the straight one, bit for bit. Bad input is refused
+before any compile with one line naming the model or the source.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from conftest import require_devices
+from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runner import extensions
+from decentral_jax.runner import train
+from decentral_jax.runner import validation
+
+N, B, D, SIZE, LR = 4, 2, 3, 40, 0.05
+_X = np.random.default_rng(7).normal(size=(SIZE, D)).astype(np.float32)
+_Y = (_X @ np.array([1.0, -2.0, 0.5], np.float32)).astype(np.float32)
+EXAMPLES = [(_X[i], _Y[i]) for i in range(SIZE)]
+
+
+def make_linear(scale=0.0):
+  """A linear model w [D] with the mean squared error."""
+  def init(key, batch):
+    x, _ = batch
+    return {"w": scale * jax.random.normal(key, (x.shape[-1],))}
+
+  def loss(params, batch, key):
+    del key
+    x, y = batch
+    return ((x @ params["w"] - y) ** 2).mean()
+
+  return extensions.Model(init, loss)
+
+
+def make_data(bad=""):
+  """The examples, or a broken variant named by ``bad``."""
+  train_set = EXAMPLES
+  if bad == "short":
+    train_set = EXAMPLES[:N * B - 1]
+  elif bad == "dtype":
+    train_set = [(x.astype(np.float64), y) for x, y in EXAMPLES]
+  return extensions.Data(train=train_set, eval=EXAMPLES)
+
+
+extensions.register_model("test_linear", make_linear)
+extensions.register_data("test_examples", make_data)
+extensions.register_optimizer("test_sgd", lambda learning_rate: optax.sgd(
+    learning_rate))
+
+
+def linear_config(model="test_linear", **fields):
+  c = config_lib.base_config(model)
+  c.data.source = "test_examples"
+  c.algorithm, c.n_workers, c.global_batch = "all_reduce", N, N * B
+  c.optimizer.name, c.optimizer.accum_steps = "test_sgd", 1
+  c.schedule.name, c.schedule.peak_lr = "constant", LR
+  c.grad_clip = 0.0
+  c.steps, c.log_interval, c.eval_interval = 6, 1, 3
+  c.eval_batches, c.checkpoint_interval = 1, 3
+  for name, value in fields.items():
+    node = c
+    *path, last = name.split(".")
+    for part in path:
+      node = node[part]
+    node[last] = value
+  return c
+
+
+def oracle_ids(step, seed=0):
+  """The per-epoch sharding rule of decentral_jax.data.sharding, by hand."""
+  spe = SIZE // (N * B)
+  perm = np.random.default_rng(np.random.SeedSequence(
+      [seed, step // spe])).permutation(SIZE)
+  return np.stack([perm[w * spe * B + (step % spe) * B:][:B]
+                   for w in range(N)])
+
+
+def test_registered_model_data_and_optimizer_match_numpy_sgd():
+  require_devices(N)
+  c = linear_config()
+  validation.check_config(c)
+  exp = experiment_lib.Experiment(c)
+  for step in (0, 4, 5):  # 5 steps per epoch: 5 is the next epoch
+    x, y = exp.task.host_batch(step)
+    np.testing.assert_array_equal(x, _X[oracle_ids(step)])
+    np.testing.assert_array_equal(y, _Y[oracle_ids(step)])
+  state = exp.init_state()
+  w = np.zeros(D, np.float64)
+  for step in range(6):
+    state, _ = exp.train_step(state, exp.get_batch(step), step)
+    ids = oracle_ids(step).reshape(-1)
+    x, y = _X[ids].astype(np.float64), _Y[ids].astype(np.float64)
+    w -= LR * 2.0 / len(ids) * x.T @ (x @ w - y)
+  got = np.asarray(jax.device_get(state.params["w"]))
+  assert got.shape == (N, D)
+  np.testing.assert_allclose(got, np.broadcast_to(w, (N, D)), rtol=2e-5,
+                             atol=2e-6)
+  assert np.abs(w).max() > 0.1  # not vacuous: the weights moved
+
+
+def _final_weights(workdir, c):
+  """Every worker's w restored from the run's last checkpoint."""
+  exp = experiment_lib.Experiment(c)
+  ckpt = checkpoint_lib.Checkpointer(os.path.join(str(workdir),
+                                                  "checkpoints"))
+  state, _ = ckpt.restore(ckpt.latest_step(), exp.init_state())
+  ckpt.close()
+  return np.asarray(jax.device_get(state.params["w"]))
+
+
+@pytest.mark.slow
+def test_module_attribute_names_and_resume_is_bit_exact(tmp_path):
+  require_devices(N)
+  here = os.path.splitext(os.path.basename(__file__))[0]
+  c = linear_config(f"{here}:make_linear", **{
+      "data.source": f"{here}:make_data", "model.options.scale": 0.1,
+      "algorithm": "decentralized", "topology": "ring"})
+  validation.check_config(c)
+  straight = train.train_and_evaluate(c, str(tmp_path / "a"))
+  half = linear_config(f"{here}:make_linear", **{
+      "data.source": f"{here}:make_data", "model.options.scale": 0.1,
+      "algorithm": "decentralized", "topology": "ring", "steps": 3})
+  train.train_and_evaluate(half, str(tmp_path / "b"))
+  resumed = train.train_and_evaluate(c, str(tmp_path / "b"))
+  for key in ("step", "train/loss", "eval/loss", "consensus_distance"):
+    assert straight[key] == resumed[key], key
+  assert "eval/accuracy" not in straight  # the loss reports none
+  np.testing.assert_array_equal(_final_weights(tmp_path / "a", c),
+                                _final_weights(tmp_path / "b", c))
+
+
+def make_vector_loss():
+  model = make_linear()
+  return extensions.Model(model.init, lambda p, b, k: (b[0] @ p["w"]) ** 2)
+
+
+def make_stream(change_at=-1, stop_at=99):
+  """Whole steps from an iterator; the shape changes at ``change_at``."""
+  def batches(start):
+    for step in range(start, stop_at):
+      width = D + 1 if step == change_at else D
+      yield (np.ones((N, B, width), np.float32),
+             np.zeros((N, B), np.float32))
+  return extensions.Data(train=batches, eval=EXAMPLES)
+
+
+extensions.register_model("test_vector_loss", make_vector_loss)
+extensions.register_data("test_stream", make_stream)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"model.name": "no_such_package_xyz.models:make"},
+     "config.model.name='no_such_package_xyz.models:make': module "
+     "'no_such_package_xyz.models' does not import (ModuleNotFoundError"),
+    ({"model.name": "optax:no_such_builder"},
+     "module 'optax' has no attribute 'no_such_builder'"),
+    ({"model.name": "not_registered"},
+     "unknown config.model.name='not_registered'; use a name given to "
+     "register_model (registered: ['test_linear', 'test_vector_loss'])"),
+    ({"data.source": "numpy:no_such_source"},
+     "config.data.source='numpy:no_such_source': module 'numpy' has no "
+     "attribute"),
+    ({"optimizer.name": "no_such_optax"},
+     "unknown config.optimizer.name='no_such_optax'; use adamw, "
+     "accum_adamw, a name given to register_optimizer"),
+    ({"optimizer.b1": 0.8},
+     "config.optimizer.b1=0.8 has no effect with config.optimizer.name="
+     "'test_sgd' (your own inner optimizer reads none of the AdamW fields)"),
+])
+def test_names_that_do_not_resolve_are_refused_by_the_config_check(
+    fields, message):
+  c = linear_config(**fields)
+  with pytest.raises(ValueError) as e:
+    validation.check_config(c)
+  assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"model.name": "test_vector_loss"},
+     "model 'test_vector_loss': the loss returned float32[2], expected a "
+     "float scalar"),
+    ({"data.options.bad": "short"},
+     "data source 'test_examples' has 7 training examples, fewer than one "
+     "step needs (4 workers x 2 = 8)"),
+    ({"data.options.bad": "dtype"},
+     "data source 'test_examples': evaluation examples are float32[3], "
+     "float32[], expected float64[3], float32[]"),
+    ({"eval_batches": 6},
+     "data source 'test_examples' has 40 evaluation examples, fewer than "
+     "config.eval_batches * config.global_batch = 48"),
+    ({"data.options.typo": 1},
+     "config.data.source='test_examples' failed with options {'typo': 1}: "
+     "TypeError"),
+])
+def test_bad_models_and_sources_are_refused_before_training(fields, message):
+  require_devices(N)
+  c = linear_config(**fields)
+  with pytest.raises(ValueError) as e:
+    experiment_lib.Experiment(c)
+  assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_an_iterator_source_is_checked_step_by_step():
+  require_devices(N)
+  exp = experiment_lib.Experiment(linear_config(**{
+      "data.source": "test_stream", "data.options.change_at": 2,
+      "data.options.stop_at": 4}))
+  for step in (0, 1):
+    x, _ = exp.task.host_batch(step)
+    assert x.shape == (N, B, D)
+  with pytest.raises(ValueError, match=r"data source 'test_stream' gave "
+                     r"arrays float32\[2, 4\], float32\[2\] per worker at "
+                     r"step 2, expected float32\[2, 3\], float32\[2\] as at "
+                     r"step 0"):
+    exp.task.host_batch(2)
+  x, _ = exp.task.host_batch(3)  # restarted at step 3 (a resume)
+  assert x.shape == (N, B, D)
+  with pytest.raises(ValueError, match="data source 'test_stream' ran out "
+                     "of batches at step 4"):
+    exp.task.host_batch(4)
+
+
+def _numpy_mse(kernel, bias, batch):
+  x, y = (np.asarray(a, np.float64) for a in batch)
+  out = x @ np.asarray(kernel, np.float64) + np.asarray(bias, np.float64)
+  return float(((out[:, 0] - y) ** 2).mean())
+
+
+def test_linen_and_nnx_adapters_init_and_loss():
+  from flax import linen as nn
+  from flax import nnx
+  batch = EXAMPLES[0][0][None].repeat(4, 0), _Y[:4]
+
+  def mse(out, b):
+    return ((out[:, 0] - b[1]) ** 2).mean()
+
+  linen = extensions.linen_model(nn.Dense(1), mse)
+  params = linen.init(jax.random.key(0), batch)
+  assert params["kernel"].shape == (D, 1)
+  np.testing.assert_allclose(
+      float(linen.loss(params, batch, None)),
+      _numpy_mse(params["kernel"], params["bias"], batch), rtol=1e-5)
+  model = extensions.nnx_model(lambda rngs: nnx.Linear(D, 1, rngs=rngs), mse)
+  params = model.init(jax.random.key(0), batch)
+  assert params["kernel"].shape == (D, 1)
+  moved = jax.tree.map(lambda p: p + 0.5, params)  # the loss reads params
+  np.testing.assert_allclose(
+      float(jax.jit(lambda p: model.loss(p, batch, None))(moved)),
+      _numpy_mse(moved["kernel"], moved["bias"], batch), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_optax_contrib_optimizer_by_module_attribute():
+  require_devices(N)
+  c = linear_config(**{"optimizer.name": "optax.contrib:muon"})
+  validation.check_config(c)
+  exp = experiment_lib.Experiment(c)
+  state = exp.init_state()
+  reference = optax.contrib.muon(learning_rate=LR)
+  w = {"w": np.zeros(D, np.float32)}
+  ref_state = reference.init(w)
+  for step in range(3):
+    state, _ = exp.train_step(state, exp.get_batch(step), step)
+    ids = oracle_ids(step).reshape(-1)
+    x, y = _X[ids].astype(np.float64), _Y[ids].astype(np.float64)
+    grad = 2.0 / len(ids) * x.T @ (x @ np.asarray(w["w"], np.float64) - y)
+    update, ref_state = reference.update(
+        {"w": grad.astype(np.float32)}, ref_state, w)
+    w = optax.apply_updates(w, update)
+  got = np.asarray(jax.device_get(state.params["w"]))
+  np.testing.assert_allclose(got[0], w["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_registration_refuses_taken_built_in_and_malformed_names():
+  extensions.register_model("test_linear", make_linear)  # again: the same
+  with pytest.raises(ValueError, match=r"register_model\('test_linear', "
+                     r"\.\.\.\): the name is already registered"):
+    extensions.register_model("test_linear", make_vector_loss)
+  for name in ("gpt", "a:b", ""):
+    with pytest.raises(ValueError, match="the name must be a non-empty "
+                       "string without ':' and not one of the built-in"):
+      extensions.register_model(name, make_linear)
+  with pytest.raises(ValueError, match="not one of the built-in "
+                     r"\('adamw', 'accum_adamw'\)"):
+    extensions.register_optimizer("adamw", optax.sgd)
+
+
+def test_a_source_that_runs_out_keeps_the_checkpoints_already_written(
+    tmp_path):
+  require_devices(N)
+  c = linear_config(**{"data.source": "test_stream",
+                       "data.options.stop_at": 4, "checkpoint_interval": 3})
+  workdir = str(tmp_path / "run")
+  with pytest.raises(ValueError, match="data source 'test_stream' ran out "
+                     "of batches at step 4"):
+    train.train_and_evaluate(c, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
+  # Enough batches now: the run resumes from step 3 and finishes.
+  c = linear_config(**{"data.source": "test_stream",
+                       "data.options.stop_at": 4, "checkpoint_interval": 3})
+  c.data.options.stop_at = 6
+  assert train.train_and_evaluate(c, workdir)["step"] == 6

@@ -1,0 +1,247 @@
+"""Learners and synchronizer without Ray: the merge, the modes, bad peers.
+
+The learners here run in threads of this process and call the synchronizer
+directly (a :class:`~decentral_jax.tools.learners.learner.Link` of plain
+calls); tests/tools/test_learners_ray.py runs the same classes as Ray
+actors in their own processes.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import require_devices
+from helpers import spmd_diloco
+from decentral_jax.tools.learners import cluster
+from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import spec as spec_lib
+from decentral_jax.tools.learners import synchronizer as sync_lib
+
+LR, OUTER_LR, MOMENTUM = 0.1, 0.7, 0.9
+
+
+def local_link(sync):
+  return learner_lib.Link(lambda name, *args: getattr(sync, name)(*args))
+
+
+def run_local(run, ids, timeout=60):
+  sync = sync_lib.Synchronizer(run)
+  learners = [learner_lib.Learner(run, i, local_link(sync)) for i in ids]
+  deadline = time.monotonic() + timeout
+  while sync.version < run.periods and time.monotonic() < deadline:
+    time.sleep(0.01)
+  status = [lrn.stop() for lrn in learners]
+  sync.close()
+  return sync, status
+
+
+@pytest.mark.slow
+def test_sync_mode_equals_diloco_in_one_program():
+  """3 learners, H = 3, 4 periods, noisy targets: theta equals the
+  one-program DiLoCo's parameters after its 12th step (float32 rounding)."""
+  require_devices(3)
+  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=4, inner_lr=LR,
+                         quorum=3)
+  sync, status = run_local(run, range(3))
+  assert sync.version == 4 and all(s["error"] is None for s in status)
+  assert sync.log["merged_with"] == [[0, 1, 2]] * 4
+  assert sync.log["tokens"] == [{"0": 3, "1": 3, "2": 3}] * 4
+  want = spmd_diloco(3, 3, 4)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-6)
+  # Without the outer step (theta = mean of x) the answer differs.
+  assert not np.allclose(sync.theta["a"], spmd_diloco(3, 3, 3)["a"],
+                         atol=1e-3)
+
+
+def _delta(value, like):
+  return {k: np.full(v.shape, value, np.float32) for k, v in like.items()}
+
+
+def test_decoupled_merge_waits_for_quorum_then_grace_and_weights_tokens():
+  run = spec_lib.RunSpec(shards=3, mode="decoupled", quorum=2, grace_s=0.4,
+                         periods=5)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for i in range(3):
+      sync.join(i, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    assert sync.push(0, 0, _delta(1.0, theta0), 1) == "accepted"
+    time.sleep(0.6)
+    assert sync.version == 0  # one of a quorum of two: no merge
+    assert sync.push(1, 0, _delta(4.0, theta0), 3) == "accepted"
+    quorum_at = time.monotonic()
+    time.sleep(0.15)
+    assert sync.version == 0  # quorum met, grace window not over
+    while sync.version == 0 and time.monotonic() < quorum_at + 10:
+      time.sleep(0.01)
+    assert sync.version == 1  # merged without learner 2
+    assert time.monotonic() - quorum_at >= 0.4
+    assert sync.log["merged_with"] == [[0, 1]]
+    # Delta = (1*1 + 3*4)/4 = 3.25; Nesterov from a zero trace:
+    # theta1 = theta0 - lr (1 + momentum) Delta.
+    for k in theta0:
+      np.testing.assert_allclose(sync.theta[k],
+                                 theta0[k] - OUTER_LR * 1.9 * 3.25, rtol=1e-6)
+    # All three active learners in: merged at once, no grace wait.
+    for i in range(3):
+      sync.push(i, 1, _delta(0.0, theta0), 1)
+    time.sleep(0.1)
+    assert sync.version == 2
+    # A pseudo-gradient more than max_staleness = 2 merges old is dropped.
+    sync.version = 4
+    assert sync.push(0, 1, _delta(0.0, theta0), 1) == "stale"
+  finally:
+    sync.close()
+
+
+BAD = [
+    (lambda d: {**d, "a": d["a"][:2]}, "leaf 'a' has shape (2,)"),
+    (lambda d: {**d, "b": d["b"].astype(np.float64)}, "leaf 'b' has dtype"),
+    (lambda d: {**d, "c": np.full_like(d["c"], np.nan)}, "leaf 'c' holds NaN"),
+    (lambda d: {**d, "c": np.full_like(d["c"], -np.inf)}, "leaf 'c' holds"),
+    (lambda d: {"a": d["a"]}, "leaves ['a'] differ"),
+]
+
+
+def test_a_bad_pseudo_gradient_is_rejected_logged_and_never_merged(capsys):
+  run = spec_lib.RunSpec(shards=1, mode="decoupled", grace_s=0.0)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    sync.join(0, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    for bad, why in BAD:
+      answer = sync.push(0, 0, bad(_delta(1.0, theta0)), 1)
+      assert answer.startswith("rejected: ") and why in answer, answer
+      assert f"learner 0 (version 0): {why}" in capsys.readouterr().err
+    time.sleep(0.1)
+    assert sync.version == 0 and sync.status()["pending"] == 0
+    assert [r[0] for r in sync.log["rejected"]] == [0] * len(BAD)
+    for k in theta0:
+      np.testing.assert_array_equal(sync.theta[k], theta0[k])
+  finally:
+    sync.close()
+
+
+def test_join_refuses_another_model_method_or_sharding_naming_the_field():
+  run = spec_lib.RunSpec(shards=2)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for field, value in [("sync_every", 8), ("shards", 4), ("inner", "adamw"),
+                         ("problem_args", (("seed", 1),))]:
+      other = spec_lib.RunSpec(**{**run.__dict__, field: value})
+      with pytest.raises(spec_lib.JoinRefused, match=f"field '{field}'"):
+        sync.join(1, other.fingerprint())
+    with pytest.raises(spec_lib.JoinRefused, match="learner ids are 0..1"):
+      sync.join(2, run.fingerprint())
+    assert sync.status()["active"] == []
+  finally:
+    sync.close()
+
+
+def test_dynamic_local_updates():
+  assert learner_lib.local_updates(8, 1.0, 2.0) == 4
+  assert learner_lib.local_updates(8, 0.9, 1.0) == 7  # floor(7.2)
+  assert learner_lib.local_updates(8, 0.01, 1.0) == 1
+  assert learner_lib.local_updates(8, 0.0, 0.0) == 8
+
+
+@pytest.mark.slow
+def test_a_slow_learner_takes_fewer_inner_steps_and_blocks_nobody():
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=1, grace_s=0.05,
+                         sync_every=8, periods=6, dynamic_updates=True,
+                         sleep_s=(0.0, 0.02))
+  sync, status = run_local(run, range(2))
+  assert sync.version == 6
+  assert status[1]["h"][-1] < 8 and status[0]["h"][-1] == 8
+  assert max(status[0]["waits"]) < run.grace_s
+  merged = sync.log["tokens"]
+  assert sum(int(t.get("0", 0)) for t in merged) > sum(
+      int(t.get("1", 0)) for t in merged)
+
+
+def test_ray_missing_is_one_line_naming_the_extra(monkeypatch):
+  monkeypatch.setitem(sys.modules, "ray", None)
+  with pytest.raises(ImportError, match=r"decentral_jax\[ray\]"):
+    cluster.require_ray()
+
+
+def test_an_unreachable_address_is_one_line_after_a_bounded_wait():
+  with socket.socket() as s:  # a port nobody listens on
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  start = time.monotonic()
+  with pytest.raises(ConnectionError, match=f"127.0.0.1:{port} within 0.5 s"):
+    cluster.probe(f"127.0.0.1:{port}", 0.5)
+  assert time.monotonic() - start < 3
+  with pytest.raises(ConnectionError, match="host:port"):
+    cluster.probe("nowhere", 0.5)
+
+
+def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
+    capsys):
+  from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
+  assert cli.main(["learners", "--learners", "2", "--quorum", "3"]) == 2
+  assert "RunSpec.quorum=3 exceeds shards=2" in capsys.readouterr().err
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  assert cli.main(["learners", "--address", f"127.0.0.1:{port}",
+                   "--connect-timeout", "0.3"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: cannot reach")
+
+
+@pytest.mark.slow
+def test_int8_pseudo_gradients_with_error_feedback():
+  """int8 payloads (block 2: one scale per two values): a quarter of the
+  float32 bytes plus the scales, and theta within the quantization error
+  of the one-program DiLoCo's; a garbage payload is rejected."""
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=3, compressor="int8",
+                         block=2, quorum=2)
+  sync, status = run_local(run, range(2))
+  assert sync.version == 3 and not sync.log["rejected"]
+  # 9 values per pseudo-gradient: leaves of 3, 4 and 1 values -> 2, 2, 1
+  # blocks of (2 + 4) bytes = 30 bytes, against 36 in float32.
+  assert status[0]["bytes"] == 3 * 30
+  want = spmd_diloco(2, 3, 3)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], atol=0.05)
+  assert not all(np.allclose(sync.theta[k], want[k], atol=1e-6) for k in want)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    sync.join(0, run.fingerprint())
+    bad = {k: {"codes": np.zeros(1, np.int8)} for k in sync.theta}
+    assert "not a int8 payload" in sync.push(0, 0, bad, 1)
+  finally:
+    sync.close()
+
+
+def test_decoupled_pushes_of_one_version_add_up_each_step_counted_once():
+  """Learner 0 sends its progress twice from version 0 (Delta 1 after 1
+  token, then 2 more after 2 tokens): held as one pseudo-gradient 3 of 3
+  tokens; with learner 1's 7 of 1 token the merge is (3*3 + 7*1)/4 = 4."""
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=2, grace_s=0.0)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for i in range(2):
+      sync.join(i, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    sync.push(0, 0, _delta(1.0, theta0), 1)
+    sync.push(0, 0, _delta(2.0, theta0), 2)
+    assert sync.status()["pending"] == 1 and sync.version == 0
+    sync.push(1, 0, _delta(7.0, theta0), 1)
+    deadline = time.monotonic() + 10
+    while sync.version == 0 and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert sync.log["tokens"] == [{"0": 3, "1": 1}]
+    for k in theta0:
+      np.testing.assert_allclose(sync.theta[k], theta0[k] - OUTER_LR * 1.9 * 4,
+                                 rtol=1e-6)
+  finally:
+    sync.close()

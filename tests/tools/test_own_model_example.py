@@ -1,0 +1,70 @@
+"""experiments/own_model.py: a model and data defined outside the package
+(experiments/mixer.py, read through Grain) train, resume bit-exactly and are
+priced by the runtime model; its config also runs through the train command."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import require_devices
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+EXAMPLE = os.path.join(ROOT, "experiments", "own_model.py")
+
+
+def _load():
+  spec = importlib.util.spec_from_file_location("own_model", EXAMPLE)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.slow
+def test_own_model_trains_resumes_bit_exactly_and_is_priced(tmp_path):
+  require_devices(4)
+  out = _load().main(["--workdir", str(tmp_path), "--steps", "16",
+                      "--n-workers-priced", "8"])
+  assert out["bit_exact"]
+  straight, resumed = out["straight"], out["resumed"]
+  assert straight["eval/loss"] == resumed["eval/loss"]
+  # Four classes: chance is log 4 = 1.386 nats and accuracy 0.25.
+  assert straight["eval/loss"] < 1.2 and straight["eval/accuracy"] > 0.4
+  lines = [json.loads(s) for s in open(tmp_path / "straight" /
+                                       "metrics.jsonl")]
+  assert lines[0]["step"] == 0 and "eval/loss" in lines[0]
+  assert lines[0]["eval/loss"] > straight["eval/loss"]
+  text = out["pricing"]
+  assert f"workload: {out['param_count']:,} parameters" in text
+  assert re.search(r"dadam:topology=one_peer_exp +[0-9.]+ +[0-9.]+ +"
+                   r"[0-9.]+x", text), text
+
+
+@pytest.mark.slow
+def test_own_model_config_runs_through_the_train_command(tmp_path):
+  module = _load()
+  data = tmp_path / "data"
+  sys.path.insert(0, os.path.dirname(EXAMPLE))
+  try:
+    import mixer  # pylint: disable=import-outside-toplevel
+    mixer.write_stripes(str(data), n_train=256, n_eval=64)
+  finally:
+    sys.path.remove(os.path.dirname(EXAMPLE))
+  del module
+  run = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+       "--config", EXAMPLE, "--workdir", str(tmp_path / "run"),
+       f"--config.data.options.path={data}", "--config.steps=4",
+       "--config.eval_batches=1", "--config.checkpoint_interval=4"],
+      capture_output=True, text=True, cwd=ROOT, timeout=600,
+      env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert run.returncode == 0, run.stderr[-3000:]
+  lines = [json.loads(s) for s in open(tmp_path / "run" / "metrics.jsonl")]
+  assert lines[-1]["step"] == 4 and "eval/accuracy" in lines[-1]
