@@ -65,8 +65,9 @@ LAYOUTS = {"node": ("one_peer_exp", 8, "1x1x8", "h100_node"),
            "2nodes": ("alternating_exp_ring", 16, "2x1x8", "h100_ib")}
 METHODS = {
     "plain": (),
+    # CHOCO-gossip needs a static topology: the exponential graph.
     "choco": ("optimizer.name=adamw", "optimizer.accum_steps=1",
-              "compression.format=int8"),
+              "compression.format=int8", "topology=exponential"),
     "bf16": ("comm_dtype=bfloat16",),
 }
 
@@ -81,9 +82,13 @@ def config(size: str, layout: str, method: str, bins: str):
       os.path.join(_ROOT, "configs", f"gpt2_sizes.py:{size}"), over)
 
 
-def programs_of(exp, layout: str, everything: bool):
+def programs_of(exp, layout: str, everything: bool, spec: str = ""):
   """Round 0 (one node) or every distinct round (two nodes) without the
-  consensus measurement, and round 0 with it when ``everything``."""
+  consensus measurement, and round 0 with it when ``everything``; or the
+  ``ROUND:MODE,...`` of ``spec`` (e.g. ``1:none``: AER's round across the
+  two nodes)."""
+  if spec:
+    return [(int(r), m) for r, m in (p.split(":") for p in spec.split(","))]
   keys = list(exp.programs.keys())
   out = [k for k in keys if k[1] == "none"]
   if layout == "node":
@@ -145,15 +150,16 @@ def row_of(exp, step, case: str) -> dict:
 
 
 def run_case(case: str, args) -> list[dict]:
-  size, layout, method = case.split(":")
+  size, layout, method, *cluster = case.split(":")
   c = config(size, layout, method, args.bins)
   topo = LAYOUTS[layout][2]
   t0 = time.perf_counter()
   exp, steps = gpu_compile.compile_steps(
       c, target=TARGET, topology=topo,
       compiler_options=dict(programs_lib.GPU_COMPILER_OPTIONS),
-      programs=lambda e: programs_of(e, layout, args.everything),
-      cluster=LAYOUTS[layout][3], roofline=True)
+      programs=lambda e: programs_of(e, layout, args.everything,
+                                     args.programs),
+      cluster=cluster[0] if cluster else LAYOUTS[layout][3], roofline=True)
   rows = []
   for s in steps:
     row = row_of(exp, s, case)
@@ -173,21 +179,120 @@ def run_case(case: str, args) -> list[dict]:
   return rows
 
 
+def analyse(row: dict, text: str) -> dict:
+  """The per-step gossip of one saved scheduled program (see module)."""
+  from decentral_jax import topology as topology_lib
+  from decentral_jax.analysis import overlap, roofline
+  from decentral_jax.runtime_model.costs import all_reduce_cost, round_cost
+  size, layout, method, *_ = row["case"].split(":")
+  topo, n = LAYOUTS[layout][:2]
+  topo = "exponential" if method == "choco" else topo
+  per_param = {"bf16": 2, "choco": 1}.get(method, 4)
+  rnd = topology_lib.make(topo, n, 8 if layout == "2nodes" else 1
+                          ).distinct_rounds[row["round"] or 0]
+  compressed = method == "choco"
+  rep = overlap.overlap_report(text)
+  gossip = [c for c in rep.select(per_param * row["n_params"] / 64)
+            if not c.in_conditional]
+  rl = gpu_compile.target_roofline(TARGET)
+  costs = roofline.instruction_costs(text, rl)
+  windows, union = roofline.in_flight_us(text, {c.name: c.us for c in costs})
+  step_us = sum(c.us for c in costs)
+  terms = max(1, len(rnd.terms)) if (rnd.groups is None or compressed) else 1
+  # The consensus distance's All-Reduce: named so, or any All-Reduce of a
+  # round sent by permutes.
+  diag = sum(c.bytes for c in gossip if _is_diag(c, rnd, compressed))
+  nbytes = sum(c.bytes for c in gossip) - diag
+  fwd, bwd = rep.in_flight_fractions()
+  out = {"gossip": len(gossip), "async": sum(c.is_async for c in gossip),
+         "overlapped": sum(c.overlapped for c in gossip),
+         "fwd_instr": sum(c.forward > 0 for c in gossip),
+         "fwd": fwd, "bwd": bwd, "bytes": nbytes,
+         "window_ms": [windows.get(c.name, 0.0) / 1e3 for c in gossip],
+         "union_ms": union / 1e3, "step_ms": step_us / 1e3,
+         "mfu_rl": rep.total_flops / (rl.peak_flops * step_us * 1e-6)}
+  for name, peak in PEAK.items():
+    cost = round_cost(presets.cluster(name, n), rnd, permutes=compressed)
+    t = float(np.max(cost.time(nbytes / terms)))
+    if diag:  # the consensus distance's All-Reduce, after the round
+      t += float(np.max(all_reduce_cost(presets.cluster(name, n)).time(diag)))
+    ar = all_reduce_cost(presets.cluster(name, n))
+    each = [float(np.max((ar if _is_diag(c, rnd, compressed) else cost).time(
+        c.bytes / (1 if _is_diag(c, rnd, compressed) else terms))))
+            for c in gossip]
+    # Buckets whose window (the roofline clock: H100 at e_f, e_b) is at
+    # least their own transfer time on this cluster.
+    out[name + "_covered"] = sum(windows.get(c.name, 0.0) >= 1e6 * t_c
+                                 for c, t_c in zip(gossip, each))
+    out[name] = {"round_ms": 1e3 * t,
+                 "mfu_hidden": rep.flops_in_flight / (peak * t) if t else 0}
+  return out
+
+
+def _is_diag(c, rnd, compressed: bool) -> bool:
+  """The consensus distance's All-Reduce: named so, or any All-Reduce of a
+  round sent by permutes."""
+  return "diagnostics" in c.op_name or (
+      c.kind == "all-reduce" and (rnd.groups is None or compressed))
+
+
+def table(out: str, hlo_dir: str) -> str:
+  """Markdown rows of every program in ``out`` with its saved HLO."""
+  lines = []
+  with open(out, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  for row in rows:
+    stem = (f"{row['case'].replace(':', '_')}_r{row['round']}_"
+            f"{row['consensus']}")
+    with gzip.open(os.path.join(hlo_dir, stem + ".hlo.gz"), "rt") as f:
+      a = analyse(row, f.read())
+    xla, mem = row["xla_alone"], row["memory"]
+    x_fwd, x_bwd = xla["forward_in_flight"], xla["backward_in_flight"]
+    lines.append(
+        f"| {row['case']} | {row['round']}, {row['consensus']} | "
+        f"{a['gossip']} ({a['bytes'] / 1e6:,.0f} MB) | {a['async']} | "
+        f"{xla['overlapped']} / {a['overlapped']} | "
+        f"{100 * x_fwd:.0f} / {100 * x_bwd:.0f} % -> "
+        f"{100 * a['fwd']:.0f} / {100 * a['bwd']:.0f} % | "
+        f"{row['xla_busy_ms']:.1f} -> {a['step_ms']:.1f} "
+        f"({a['union_ms']:.1f} in flight) "
+        f"({100 * a['mfu_rl']:.0f} % MFU) | "
+        f"{a['A40']['round_ms']:.1f}: {_pct(a['A40']['mfu_hidden'])} | "
+        f"{a['h100_ib']['round_ms']:.2f}: "
+        f"{_pct(a['h100_ib']['mfu_hidden'])}, "
+        f"{a['h100_ib_covered']} of {a['gossip']} covered | "
+        f"{mem['used'] / 1e9:.1f}{'' if mem['fits'] else ' (no)'} | "
+        f"{row['compile_s']:.0f} |")
+  return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+  return "any" if x >= 1 else f"{100 * x:.0f} %"
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--cases", required=True,
-                  help="comma list of SIZE:LAYOUT:METHOD (sizes 124m, "
-                  "350m, 1.3b; layouts node, 2nodes; methods plain, choco, "
-                  "bf16)")
+  ap.add_argument("--table", action="store_true",
+                  help="print the study's table from --out and --hlo")
+  ap.add_argument("--cases", default="",
+                  help="comma list of SIZE:LAYOUT:METHOD[:CLUSTER] (sizes "
+                  "124m, 350m, 1.3b; layouts node, 2nodes; methods plain, "
+                  "choco, bf16; the cluster whose link times the profile "
+                  "gives, default h100_node / h100_ib)")
   ap.add_argument("--out", required=True, help="JSON lines, appended")
   ap.add_argument("--bins", default="/tmp/gpt2_token_bins")
   ap.add_argument("--hlo", default="")
   ap.add_argument("--fixtures", default="")
+  ap.add_argument("--programs", default="",
+                  help="ROUND:MODE,... instead of the default programs")
   ap.add_argument("--everything", action="store_true",
                   help="also the first program with the consensus measurement")
   args = ap.parse_args(argv)
+  if args.table:
+    print(table(args.out, args.hlo))
+    return 0
   os.makedirs(args.bins, exist_ok=True)  # zeros: compiles read no text
-  for name, n in (("train.bin", 300_000), ("val.bin", 20_000)):
+  for name, n in (("train.bin", 2_000_000), ("val.bin", 20_000)):
     np.zeros(n, np.uint16).tofile(os.path.join(args.bins, name))
   done = set()
   if os.path.exists(args.out):

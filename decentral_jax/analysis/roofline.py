@@ -241,6 +241,63 @@ def class_table(costs: Iterable[InstructionCost],
   return table
 
 
+def in_flight_us(compiled_or_text: Any, costs_us: Mapping[str, float]
+                 ) -> tuple[dict[str, float], float]:
+  """Priced compute scheduled while each asynchronous collective moves data.
+
+  Walks every scheduled computation in its issue order: between a
+  ``-start`` and its ``-done``, each instruction adds its price
+  (``costs_us``, e.g. ``{c.name: c.us for c in instruction_costs(...)}``;
+  a ``while`` / ``conditional`` / ``call`` adds its callees' prices, a
+  loop body once) to the window of every collective then open.
+
+  Args:
+    compiled_or_text: a scheduled program or its text.
+    costs_us: ``{instruction name: microseconds}``; unnamed ones cost 0.
+
+  Returns:
+    ``({start name: microseconds}, union)``: each asynchronous (not
+    ``is_sync``) collective's window, and the microseconds of compute
+    while at least one collective outside a conditional is open.
+  """
+  text = hlo.hlo_text(compiled_or_text, "optimized")
+  comps, entry, _ = hlo.parse_module(text)
+  contexts = overlap_lib.scheduled_computations(comps, entry)
+  totals: dict[str, float] = {}
+
+  def cost(ins) -> float:
+    if ins.opcode not in _CONTROL:
+      return costs_us.get(ins.name, 0.0)
+    return sum(total(sub) for key, subs in hlo.called_computations(
+        ins).items() if key != "to_apply" or ins.opcode == "call"
+               for sub in subs)
+
+  def total(comp) -> float:
+    if comp not in totals:
+      totals[comp] = 0.0
+      totals[comp] = sum(cost(i) for i in comps.get(comp, ()))
+    return totals[comp]
+
+  windows, union = {}, 0.0
+  for comp, (in_cond, _) in contexts.items():
+    open_: set[str] = set()
+    for ins in comps[comp]:
+      starts = ins.opcode == "async-start" or (
+          ins.opcode.endswith("-start") and hlo.collective_kind(ins.opcode))
+      if starts and not re.search(
+          r'"is_sync"\s*:\s*true', ins.attrs):
+        windows[ins.name] = 0.0
+        open_.add(ins.name)
+      elif ins.opcode.endswith("-done"):
+        open_.difference_update(hlo.operand_names(ins.operands))
+      elif open_:
+        t = cost(ins)
+        for name in open_:
+          windows[name] += t
+        union += 0.0 if in_cond else t
+  return windows, union
+
+
 def format_class_table(table: Mapping[str, Mapping[str, float]]) -> str:
   """:func:`class_table` as a text table (milliseconds)."""
   lines = [f"  {'class':<8} {'count':>6} {'TFLOP':>8} {'GB':>8} "
@@ -254,4 +311,5 @@ def format_class_table(table: Mapping[str, Mapping[str, float]]) -> str:
 
 
 __all__ = ("CLASSES", "InstructionCost", "Roofline", "class_table",
-           "format_class_table", "instruction_costs", "xla_instruction_us")
+           "format_class_table", "in_flight_us", "instruction_costs",
+           "xla_instruction_us")

@@ -130,6 +130,24 @@ def test_xla_estimates_from_the_schedule_dump_and_the_class_table():
   assert "gemm" in text and "roofline ms" in text
 
 
+def test_compute_in_flight_on_the_roofline_clock():
+  costs = {c.name: c.us for c in roofline.instruction_costs(_HLO, _RL)}
+  windows, union = roofline.in_flight_us(_HLO, costs)
+  # Only the GEMM runs between the permute's start and done.
+  assert windows == {"ps": pytest.approx(8.388608, rel=1e-12)}
+  assert union == pytest.approx(8.388608, rel=1e-12)
+  # A loop between them adds its body (the copy) once.
+  moved = _HLO.replace(
+      "  %pd = f32[1024]{0} collective-permute-done(%ps)\n", "").replace(
+      "  ROOT %loop = f32[256]{0} while(%bc), condition=%cond, body=%body",
+      "  %loop = f32[256]{0} while(%bc), condition=%cond, body=%body\n"
+      "  ROOT %pd = f32[1024]{0} collective-permute-done(%ps)").replace(
+      "fusion(%pd, %pd)", "fusion(%x, %x)")
+  windows, _ = roofline.in_flight_us(moved, costs)
+  assert windows["ps"] == pytest.approx(8.388608 + 0.016384 + 0.004096,
+                                        rel=1e-12)
+
+
 def test_bad_rooflines_name_the_field():
   with pytest.raises(ValueError, match="gemm_efficiency"):
     roofline.Roofline(1e12, 1e12, gemm_efficiency=0.0)
