@@ -102,3 +102,21 @@ def test_the_round_across_two_h100_nodes_hides_on_the_roofline_clock():
   round_us = 1e6 * float(np.max(cost.time(sum(c.bytes for c in step))))
   assert 1_000 < round_us < 5_000
   assert union > 2 * round_us
+
+
+def test_choco_int8_gossip_waits_for_the_optimizer_step():
+  # CHOCO-compressed DAdam (int8 blocks of 256 with a float32 scale each,
+  # static exponential graph of 8: three permute terms). Its message
+  # Q(x_{k+1/2} - x_hat) needs this step's optimizer update, so every
+  # permute is asynchronous and outside conditionals but starts after the
+  # backward pass: no matmul in flight (the recursion, not the scheduler).
+  rep = overlap.overlap_report(_text("124m_node_choco_rNone_none.hlo.gz"))
+  step = [c for c in rep.collectives if not c.in_conditional]
+  assert step and {c.kind for c in step} == {"collective-permute"}
+  assert all(c.is_async for c in step)
+  # Three terms, each carrying every parameter as int8 plus one float32
+  # scale per 256 values (blocks padded per leaf or bucket: at least that).
+  per_term = sum(c.bytes for c in step) / 3
+  assert _PARAMS * (1 + 4 / 256) <= per_term <= _PARAMS * (1 + 4 / 256) * 1.01
+  assert all(c.flops == 0 and c.backward == 0 for c in step)
+  assert rep.flops_in_flight == 0.0
