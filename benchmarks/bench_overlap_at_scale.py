@@ -201,8 +201,10 @@ def analyse(row: dict, text: str) -> dict:
   terms = max(1, len(rnd.terms)) if (rnd.groups is None or compressed) else 1
   # The consensus distance's All-Reduce: named so, or any All-Reduce of a
   # round sent by permutes.
-  diag = sum(c.bytes for c in gossip if _is_diag(c, rnd, compressed))
-  nbytes = sum(c.bytes for c in gossip) - diag
+  # The round's time: every collective outside conditionals, any size.
+  every = [c for c in rep.collectives if not c.in_conditional]
+  diag = sum(c.bytes for c in every if _is_diag(c, rnd, compressed))
+  nbytes = sum(c.bytes for c in every) - diag
   fwd, bwd = rep.in_flight_fractions()
   out = {"gossip": len(gossip), "async": sum(c.is_async for c in gossip),
          "overlapped": sum(c.overlapped for c in gossip),
