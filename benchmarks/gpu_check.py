@@ -22,7 +22,12 @@ predict --gossip-in-flight FILE`` reads.
 that tells XLA's scheduler the transfer time of each collective on that
 cluster, ``--compute_ms`` the step's compute time there (to rescale the
 times to XLA's own estimate), and prints the report before and after
-(docs/gpu_overlap.md; BENCHMARKS.md section 11.6). Bad flags or config
+(docs/gpu_overlap.md; BENCHMARKS.md section 11.6). ``--roofline`` also
+prices every GEMM, fusion and copy at the target's roofline
+(``--gemm_efficiency``, default 0.5 of the bf16 peak;
+``--memory_efficiency``, 0.7 of HBM bandwidth), in deviceless compiles and
+in the ``schedule`` part on GPUs, and prints XLA's estimate per
+instruction class against it (study 16). Bad flags or config
 exit with code 2 and one line naming the flag or field.
 
 **On GPUs** (the default when JAX sees a GPU; ``bash

@@ -36,7 +36,11 @@ profile (XLA's profile-guided latency estimation,
 ``ProfiledInstructionsProto`` text, written by
 :mod:`~decentral_jax.tools.latency_profile`) that prices each asynchronous
 collective at that time, so the scheduler starts it early enough to hide
-it if the program allows (docs/gpu_overlap.md).
+it if the program allows (docs/gpu_overlap.md). With ``roofline``
+(:func:`target_roofline`) the profile also prices every GEMM, fusion and
+copy at its roofline time on the target
+(:mod:`decentral_jax.analysis.roofline`), so the whole schedule is on the
+GPU's clock rather than XLA's deviceless cost model's.
 """
 
 from __future__ import annotations
