@@ -62,7 +62,9 @@ HBM_BYTES = 80e9  # H100 SXM5 80 GB
 PEAK = {"A40": 149.7e12, "h100_ib": 989.4e12}
 #: layout -> (topology, n_workers, GPU topology, profile cluster).
 LAYOUTS = {"node": ("one_peer_exp", 8, "1x1x8", "h100_node"),
-           "2nodes": ("alternating_exp_ring", 16, "2x1x8", "h100_ib")}
+           "2nodes": ("alternating_exp_ring", 16, "2x1x8", "h100_ib"),
+           # 4 workers of 2 devices each (fsdp) on one node.
+           "fsdp2": ("one_peer_exp", 4, "1x1x8", "h100_node")}
 METHODS = {
     "plain": (),
     # CHOCO-gossip needs a static topology: the exponential graph.
@@ -78,6 +80,8 @@ def config(size: str, layout: str, method: str, bins: str):
           f"workers_per_node={8 if layout == '2nodes' else 1}",
           f"global_batch={30 * n}", "eval_batches=1", f"data.path={bins}",
           "gossip_rounds=static", *METHODS[method]]
+  if layout == "fsdp2":
+    over += ["devices_per_worker=2", "worker_layout=fsdp"]
   return config_lib.load_config(
       os.path.join(_ROOT, "configs", f"gpt2_sizes.py:{size}"), over)
 
