@@ -103,7 +103,10 @@ def programs_of(exp, layout: str, everything: bool, spec: str = ""):
 
 
 def _round_us(exp, step, cluster_name: str, min_bytes: float) -> float:
-  cluster = presets.cluster(cluster_name, int(exp.config.n_workers))
+  try:
+    cluster = presets.cluster(cluster_name, int(exp.config.n_workers))
+  except ValueError:  # e.g. h100_ib needs 8 workers per node
+    return 0.0
   price = latency_profile.cluster_collective_us(exp, cluster)
   return sum(price(c, step.distinct_round)
              for c in step.report.select(min_bytes) if c.is_async)
@@ -218,11 +221,15 @@ def analyse(row: dict, text: str) -> dict:
          "union_ms": union / 1e3, "step_ms": step_us / 1e3,
          "mfu_rl": rep.total_flops / (rl.peak_flops * step_us * 1e-6)}
   for name, peak in PEAK.items():
-    cost = round_cost(presets.cluster(name, n), rnd, permutes=compressed)
+    try:
+      cluster = presets.cluster(name, n)
+    except ValueError:  # e.g. h100_ib needs 8 workers per node
+      cluster = presets.cluster("h100_node", n)
+    cost = round_cost(cluster, rnd, permutes=compressed)
     t = float(np.max(cost.time(nbytes / terms)))
     if diag:  # the consensus distance's All-Reduce, after the round
-      t += float(np.max(all_reduce_cost(presets.cluster(name, n)).time(diag)))
-    ar = all_reduce_cost(presets.cluster(name, n))
+      t += float(np.max(all_reduce_cost(cluster).time(diag)))
+    ar = all_reduce_cost(cluster)
     each = [float(np.max((ar if _is_diag(c, rnd, compressed) else cost).time(
         c.bytes / (1 if _is_diag(c, rnd, compressed) else terms))))
             for c in gossip]
