@@ -22,7 +22,12 @@ predict --gossip-in-flight FILE`` reads.
 that tells XLA's scheduler the transfer time of each collective on that
 cluster, ``--compute_ms`` the step's compute time there (to rescale the
 times to XLA's own estimate), and prints the report before and after
-(docs/gpu_overlap.md; BENCHMARKS.md section 11.6). Bad flags or config
+(docs/gpu_overlap.md; BENCHMARKS.md section 11.6). ``--roofline`` also
+prices every GEMM, fusion and copy at the target's roofline
+(``--gemm_efficiency``, default 0.5 of the bf16 peak;
+``--memory_efficiency``, 0.7 of HBM bandwidth), in deviceless compiles and
+in the ``schedule`` part on GPUs, and prints XLA's estimate per
+instruction class against it (study 16). Bad flags or config
 exit with code 2 and one line naming the flag or field.
 
 **On GPUs** (the default when JAX sees a GPU; ``bash
@@ -305,6 +310,12 @@ def _rows(exp, steps, min_fraction: float) -> dict:
       rows[-1]["profile_us"] = {k: float(f"{v:.4g}")  # not 0.0 if small
                                 for k, v in s.profile_us.items()}
       rows[-1]["xla_compute_us"] = s.xla_compute_us
+    if s.roofline_costs is not None:  # --roofline
+      from decentral_jax.analysis import roofline
+      rows[-1]["roofline"] = {
+          "classes": s.class_table(),
+          "table": roofline.format_class_table(s.class_table()),
+          "profiled_busy_us": s.profiled_busy_us}
     if big:
       pairs.append((bwd, fwd))
   least = min(pairs) if pairs else (0.0, 0.0)
@@ -328,12 +339,13 @@ def run_deviceless(args) -> dict:
       c, target=args.deviceless, topology=topology,
       programs=_programs(args.programs),
       collective_us=args.collective_us, cluster=args.cluster,
-      compute_s=None if args.compute_ms is None else args.compute_ms / 1e3)
+      compute_s=None if args.compute_ms is None else args.compute_ms / 1e3,
+      roofline=_roofline(args, args.deviceless))
   if args.workload:
     write_workload(args.workload, exp, steps[0], args)
   return {"target": args.deviceless, "topology": topology,
           "cluster": args.cluster, "collective_us": args.collective_us,
-          "compute_ms": args.compute_ms,
+          "compute_ms": args.compute_ms, "roofline": args.roofline,
           **_rows(exp, steps, args.min_fraction)}
 
 
@@ -352,6 +364,15 @@ def write_workload(path: str, exp, step, args) -> None:
       costs=costs, source=f"{args.config} {' '.join(args.set)} for "
       f"{args.deviceless}, program {step.distinct_round}:{step.consensus}")
   compiled_workload.write_workload(path, work)
+
+
+def _roofline(args, target: str | None):
+  """``--roofline``: the target's roofline at the flags' efficiencies."""
+  if not args.roofline or target is None:
+    return None
+  from decentral_jax.tools import gpu_compile
+  return gpu_compile.target_roofline(target, args.gemm_efficiency,
+                                     args.memory_efficiency)
 
 
 def _print_reports(title: str, result: dict) -> None:
@@ -373,6 +394,11 @@ def _print_reports(title: str, result: dict) -> None:
       print(f"   latency profile {r['profile_us']} (us); without it: "
             f"{100 * f0['forward']:.0f}% of the forward, "
             f"{100 * f0['backward']:.0f}% of the backward")
+    if "roofline" in r:
+      print(f"   XLA's estimate per instruction class against the roofline "
+            f"(busy {r['xla_compute_us'] / 1e3:.1f} ms before the profile, "
+            f"{r['roofline']['profiled_busy_us'] / 1e3:.1f} ms after):")
+      print(r["roofline"]["table"])
     print(r["summary"])
 
 
@@ -398,6 +424,9 @@ def _child(cmd: list[str], env: dict, timeout: int) -> dict:
 def _common_flags(args, n: int) -> list[str]:
   flags = ["--config", args.config, "--programs", args.programs,
            "--min_fraction", str(args.min_fraction)]
+  if args.roofline:
+    flags += ["--roofline", "--gemm_efficiency", str(args.gemm_efficiency),
+              "--memory_efficiency", str(args.memory_efficiency)]
   for kv in list(args.set) + [f"n_workers={n}"]:
     flags += ["--set", kv]
   return flags
@@ -421,7 +450,9 @@ def part_schedule(args) -> dict:
   n = len(devices)
   c = _config(args, [f"n_workers={n}"])
   exp = experiment.Experiment(c, devices=devices[:_devices_needed(c)])
-  steps = gpu_compile.compile_programs(exp, _programs(args.programs))
+  steps = gpu_compile.compile_programs(
+      exp, _programs(args.programs),
+      roofline=_roofline(args, _target_of(kind)))
   out = {"backend": jax.default_backend(), "device_kind": kind,
          "n_devices": n, "real": _rows(exp, steps, args.min_fraction)}
   target = _target_of(kind)
@@ -617,6 +648,15 @@ def check_flags(args: argparse.Namespace) -> None:
   if us is not None and not 0 < us <= MAX_COLLECTIVE_US:
     raise ValueError(f"--collective_us must be a transfer time in "
                      f"microseconds in (0, {MAX_COLLECTIVE_US:g}], got {us:g}.")
+  for flag in ("gemm_efficiency", "memory_efficiency"):
+    e = getattr(args, flag)
+    if not 0 < e <= 1:
+      raise ValueError(f"--{flag} must be a share of the peak in (0, 1], "
+                       f"got {e:g}.")
+  if args.roofline and args.compute_ms is not None:
+    raise ValueError("--roofline puts every time on the GPU's clock; "
+                     "--compute_ms (a rescaling to XLA's clock) does not "
+                     "apply with it: drop one.")
   ms = args.compute_ms
   if ms is not None:
     if not (0 < ms and math.isfinite(ms)):
@@ -659,6 +699,15 @@ def _parser() -> argparse.ArgumentParser:
                   "time on that cluster (ms); the times are rescaled to "
                   "XLA's own estimate of the program's compute (e.g. 122.3 "
                   "for GPT-2 small on the A40 preset)")
+  ap.add_argument("--roofline", action="store_true",
+                  help="price every GEMM, fusion and copy at the target's "
+                  "roofline in the latency profile too (deviceless and "
+                  "real-GPU compiles; docs/gpu_overlap.md)")
+  ap.add_argument("--gemm_efficiency", type=float, default=0.5,
+                  help="--roofline: share of the bf16 peak a GEMM reaches")
+  ap.add_argument("--memory_efficiency", type=float, default=0.7,
+                  help="--roofline: share of HBM bandwidth a memory-bound "
+                  "kernel reaches")
   ap.add_argument("--min_fraction", type=float, default=1 / 64,
                   help="report collectives of at least this share of one "
                   "worker's parameter bytes (default 1/64)")

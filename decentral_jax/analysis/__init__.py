@@ -13,6 +13,9 @@ and whether they overlap the forward/backward pass.
 - :mod:`~decentral_jax.analysis.overlap`: for each collective of a
   scheduled (GPU) program, asynchronous or not, inside a conditional or
   not, and the forward / backward work scheduled while it moves data.
+- :mod:`~decentral_jax.analysis.roofline`: every instruction of a
+  scheduled GPU program priced at its roofline (FLOPs and bytes at a
+  target's peak), against XLA's own estimates.
 """
 
 from decentral_jax.analysis.accounting import (

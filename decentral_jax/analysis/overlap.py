@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from decentral_jax.analysis import hlo
 
@@ -291,11 +291,11 @@ class _Counter:
       shapes = {i.name: i.shape for i in instrs}
       total = 0.0
       for ins in instrs:
-        total += self._own_flops(ins, shapes)
+        total += self.own_flops(ins, shapes)
       self.flops_cache[comp] = total
     return self.flops_cache[comp]
 
-  def _own_flops(self, ins: hlo.Instruction, shapes) -> float:
+  def own_flops(self, ins: hlo.Instruction, shapes) -> float:
     if ins.opcode == "dot" or (ins.opcode == "custom-call" and re.search(
         r'custom_call_target="__cublas', ins.attrs)):
       return _dot_flops(ins, shapes)
@@ -318,7 +318,7 @@ class _Counter:
     if ins.opcode in NON_COMPUTE or hlo.collective_kind(ins.opcode) or \
         ins.opcode.endswith("-done"):
       return {}
-    phase, flops = _phase(ins), self._own_flops(ins, shapes)
+    phase, flops = _phase(ins), self.own_flops(ins, shapes)
     return {phase: 1, "flops": flops, f"flops_{phase}": flops}
 
   def computation(self, comp: str) -> dict:
@@ -435,6 +435,51 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
       backward_flops_in_flight=in_flight["flops_backward"])
 
 
+def scheduled_computations(comps, entry) -> dict[str, tuple[bool, bool]]:
+  """The computations of a parsed module that hold a schedule of their own.
+
+  Args:
+    comps, entry: :func:`decentral_jax.analysis.hlo.parse_module`'s first
+      two results.
+
+  Returns:
+    ``{computation: (in_conditional, in_loop)}`` for the entry and every
+    ``while`` body / condition, ``conditional`` branch and ``call`` callee
+    reachable from it (fusion bodies, reductions and async wrappers are
+    left out: their instructions run inside one kernel or one collective).
+  """
+  contexts = _contexts(comps, entry)
+  keep, todo = {entry}, [entry]
+  while todo:
+    for ins in comps.get(todo.pop(), ()):
+      if ins.opcode not in _CONTROL:
+        continue
+      for key, subs in hlo.called_computations(ins).items():
+        if key == "to_apply" and ins.opcode != "call":
+          continue
+        for sub in subs:
+          if sub not in keep:
+            keep.add(sub)
+            todo.append(sub)
+  return {c: v for c, v in contexts.items() if c in keep}
+
+
+def matmul_flops(comps) -> Callable[[hlo.Instruction, dict], float]:
+  """A function giving the matrix-multiply FLOPs of one instruction.
+
+  Args:
+    comps: the parsed module's computations
+      (:func:`decentral_jax.analysis.hlo.parse_module`).
+
+  Returns:
+    ``flops(ins, shapes)``: ``2 m n k`` of a ``dot`` or a cuBLAS GEMM
+    custom call, the dots of a fusion or call (through its called
+    computations, cached), 0 for anything else; ``shapes`` is ``{name:
+    shape}`` of the instructions of ``ins``'s computation.
+  """
+  return _Counter(comps).own_flops
+
+
 def overlaps(c, has_matmuls: bool) -> bool:
   """The verdict :attr:`CollectiveOverlap.overlapped` of a collective.
 
@@ -470,4 +515,6 @@ def instruction_compute(comps) -> Any:
 
 
 __all__: Sequence[str] = ("CollectiveOverlap", "OverlapReport",
-                          "instruction_compute", "overlap_report", "overlaps")
+                          "instruction_compute", "matmul_flops",
+                          "overlap_report", "overlaps",
+                          "scheduled_computations")

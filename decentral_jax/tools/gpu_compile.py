@@ -36,13 +36,18 @@ profile (XLA's profile-guided latency estimation,
 ``ProfiledInstructionsProto`` text, written by
 :mod:`~decentral_jax.tools.latency_profile`) that prices each asynchronous
 collective at that time, so the scheduler starts it early enough to hide
-it if the program allows (docs/gpu_overlap.md).
+it if the program allows (docs/gpu_overlap.md). With ``roofline``
+(:func:`target_roofline`) the profile also prices every GEMM, fusion and
+copy at its roofline time on the target
+(:mod:`decentral_jax.analysis.roofline`), so the whole schedule is on the
+GPU's clock rather than XLA's deviceless cost model's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 import time
 from typing import Any
@@ -52,6 +57,7 @@ import jax
 from decentral_jax import checks
 
 from decentral_jax.analysis import overlap as overlap_lib
+from decentral_jax.analysis import roofline as roofline_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runtime_model import presets as runtime_presets
 from decentral_jax.tools import latency_profile
@@ -87,6 +93,43 @@ def target_config(target: str) -> str:
       return f.read()
   except OSError as e:
     raise ValueError(f"target file {path!r} cannot be read: {e}.") from None
+
+
+#: Dense bfloat16 matmul peak (FLOP/s) of each shipped target (NVIDIA
+#: datasheets: H100 SXM5 and H200 989.4 TFLOP/s, A100 SXM 312 TFLOP/s).
+PEAK_BF16_FLOPS = {"h200": 989.4e12, "h100_sxm": 989.4e12,
+                   "a100_sxm_80": 312e12}
+
+
+def target_roofline(target: str, gemm_efficiency: float = 0.5,
+                    memory_efficiency: float = 0.7,
+                    peak_flops: float | None = None
+                    ) -> roofline_lib.Roofline:
+  """The :class:`~decentral_jax.analysis.roofline.Roofline` of a target.
+
+  The HBM bandwidth is the target description's ``memory_bandwidth``
+  (bytes/s); the peak is :data:`PEAK_BF16_FLOPS` (or ``peak_flops``). The
+  default efficiencies (GEMMs at 50% of the bf16 peak, memory-bound
+  kernels at 70% of HBM bandwidth) are the ones docs/gpu_overlap.md
+  calibrates.
+
+  Raises:
+    ValueError: see :func:`target_config`; a target file without
+      ``memory_bandwidth``; a target file without ``peak_flops``; an
+      efficiency outside (0, 1].
+  """
+  text = target_config(target)
+  m = re.search(r"\bmemory_bandwidth:\s*([0-9.eE+]+)", text)
+  if m is None:
+    raise ValueError(f"target {target!r} has no memory_bandwidth field; "
+                     f"pass a target description that has one.")
+  peak = peak_flops if peak_flops is not None else PEAK_BF16_FLOPS.get(
+      target)
+  if peak is None:
+    raise ValueError(f"no bf16 peak known for target {target!r}: pass "
+                     f"peak_flops (FLOP/s).")
+  return roofline_lib.Roofline(peak, float(m.group(1)), gemm_efficiency,
+                               memory_efficiency)
 
 
 def gpu_devices(target: str = "h200", topology: str = "1x1x8") -> list:
@@ -145,7 +188,18 @@ class CompiledStep:
       it gives; else None.
     xla_compute_us: with ``compute_s``, XLA's estimate of the program's
       busy time (its scheduler's own clock, microseconds) that the times
-      were scaled to; else None.
+      were scaled to; with ``roofline``, that estimate before the profile;
+      else None.
+    roofline_costs: with ``roofline``, the
+      :class:`~decentral_jax.analysis.roofline.InstructionCost` of every
+      compute instruction of the first compile (all in the profile); else
+      None.
+    xla_instruction_us: with ``roofline``, XLA's own estimate of each
+      instruction of the first compile (``{name: us}``, from its
+      scheduler's dump); else None.
+    profiled_instruction_us, profiled_busy_us: with ``roofline``, the same
+      of the profiled compile (the scheduler's view after the profile);
+      else None.
   """
 
   distinct_round: int | None
@@ -157,12 +211,25 @@ class CompiledStep:
   unprofiled: overlap_lib.OverlapReport | None = None
   profile_us: dict[str, float] | None = None
   xla_compute_us: float | None = None
+  roofline_costs: tuple | None = None
+  xla_instruction_us: dict | None = None
+  profiled_instruction_us: dict | None = None
+  profiled_busy_us: float | None = None
+
+  def class_table(self) -> dict | None:
+    """:func:`~decentral_jax.analysis.roofline.class_table` of the
+    roofline costs against XLA's estimates before the profile (None
+    without ``roofline``)."""
+    if self.roofline_costs is None:
+      return None
+    return roofline_lib.class_table(self.roofline_costs,
+                                    self.xla_instruction_us)
 
 
 def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
                   compiler_options: dict | None = None,
                   programs=None, collective_us=None, cluster=None,
-                  compute_s: float | None = None
+                  compute_s: float | None = None, roofline=None
                   ) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
   """Compiles the runner's train steps of ``config`` for a GPU target.
 
@@ -186,6 +253,10 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
       the paper's: 4 A40s per node, 25 Gbit/s Ethernet), built for the
       config's ``n_workers``.
     compute_s: see :func:`compile_programs`.
+    roofline: None, True (:func:`target_roofline` of ``target`` at the
+      default efficiencies) or an :class:`~decentral_jax.analysis.
+      roofline.Roofline`: price every compute instruction too, see
+      :func:`compile_programs`.
 
   Returns:
     ``(experiment, [CompiledStep, ...])``, one entry per program.
@@ -203,15 +274,20 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
     if isinstance(cluster, str):
       cluster = runtime_presets.cluster(cluster, int(config.n_workers))
     collective_us = latency_profile.cluster_collective_us(exp, cluster)
+  if roofline is True:
+    roofline = target_roofline(target)
   return exp, compile_programs(exp, programs, compiler_options,
                                collective_us=collective_us,
-                               compute_s=compute_s)
+                               compute_s=compute_s,
+                               roofline=roofline or None)
 
 
 def compile_programs(exp: experiment_lib.Experiment, programs=None,
                      compiler_options: dict | None = None, *,
                      collective_us=None,
-                     compute_s: float | None = None) -> list[CompiledStep]:
+                     compute_s: float | None = None,
+                     roofline: roofline_lib.Roofline | None = None
+                     ) -> list[CompiledStep]:
   """Compiles train-step programs of a built experiment from abstract inputs.
 
   Works on any devices the experiment was built on: compile-only GPU
@@ -254,7 +330,14 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       program's distinct round (e.g. :func:`~decentral_jax.tools.
       latency_profile.cluster_collective_us`).
     compute_s: None, or the step's compute time on the cluster (seconds >
-      0; needs ``collective_us``).
+      0; needs ``collective_us``; not with ``roofline``).
+    roofline: None, or an :class:`~decentral_jax.analysis.roofline.
+      Roofline` of the target (:func:`target_roofline`): the profile then
+      also prices every compute instruction of the first compile (GEMMs,
+      fusions, copies) at its roofline time, so the scheduler's clock is
+      the GPU's and collectives need no rescaling; both compiles dump the
+      schedule, to compare XLA's estimates before and after
+      (:meth:`CompiledStep.class_table`). Works for real-GPU compiles too.
 
   Returns:
     One :class:`CompiledStep` per program, in order.
@@ -262,54 +345,92 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   Raises:
     ValueError: ``collective_us`` is neither None, a positive number nor
       a function, or gives a collective a time that is not one;
-      ``compute_s`` not > 0 or without ``collective_us``; the compiled
-      text has no fingerprint, or XLA wrote no schedule.
+      ``compute_s`` not > 0, without ``collective_us`` or with
+      ``roofline``; ``roofline`` not a Roofline; the compiled text has no
+      fingerprint, or XLA wrote no schedule.
   """
+  collective_us, compute_s = _check_times(collective_us, compute_s,
+                                          roofline)
+  state, batch = exp.abstract_inputs()
+  if callable(programs):
+    programs = programs(exp)
+  options = dict(compiler_options or {})
+  out = []
+  for distinct, mode in (programs or exp.programs.keys()):
+    t0 = time.perf_counter()
+    lowered = exp.programs.get(distinct, mode).trace(state, batch).lower()
+    dump = compute_s is not None or roofline is not None
+    compiled, texts = _compile(lowered, options, dump)
+    xla_us = None if texts is None else _program_busy_us(texts, distinct,
+                                                          mode)
+    report = overlap_lib.overlap_report(compiled)
+    if collective_us is None and roofline is None:
+      out.append(CompiledStep(distinct, mode, compiled, report,
+                              time.perf_counter() - t0))
+      continue
+    costs = ({} if collective_us is None else latency_profile.
+             collective_costs(report, collective_us, distinct))
+    if compute_s is not None:
+      costs = {k: v * xla_us / (1e6 * compute_s) for k, v in costs.items()}
+    extra = {}
+    if roofline is not None:
+      rows = roofline_lib.instruction_costs(compiled, roofline)
+      extra = {"roofline_costs": rows, "xla_instruction_us":
+               roofline_lib.xla_instruction_us(texts)}
+      profile_us = {**{r.name: r.us for r in rows}, **costs}
+    else:
+      profile_us = costs
+    profile = latency_profile.latency_profile(
+        profile_us, latency_profile.fingerprint(compiled))
+    profiled, texts = _compile(lowered, options, roofline is not None,
+                               profile)
+    if texts is not None:
+      extra.update(profiled_instruction_us=roofline_lib.xla_instruction_us(
+          texts), profiled_busy_us=_program_busy_us(texts, distinct, mode))
+    out.append(CompiledStep(distinct, mode, profiled,
+                            overlap_lib.overlap_report(profiled),
+                            time.perf_counter() - t0, profile, report,
+                            costs, xla_us, **extra))
+  return out
+
+
+def _check_times(collective_us, compute_s, roofline):
+  """``(collective_us, compute_s)`` checked (see :func:`compile_programs`)."""
   if collective_us is not None and not callable(collective_us):
     collective_us = checks.check_float("collective_us", collective_us,
                                        minimum=0.0, open_min=True)
   if compute_s is not None:
     compute_s = checks.check_float("compute_s", compute_s, minimum=0.0,
                                    open_min=True)
-    if collective_us is None:
-      raise ValueError("compute_s rescales collective_us (or cluster): "
-                       "give one of them too.")
-  state, batch = exp.abstract_inputs()
-  if callable(programs):
-    programs = programs(exp)
-  out = []
-  for distinct, mode in (programs or exp.programs.keys()):
-    t0 = time.perf_counter()
-    lowered = exp.programs.get(distinct, mode).trace(state, batch).lower()
-    with tempfile.TemporaryDirectory() as tmp:
-      dump = ({"xla_dump_to": tmp, "xla_dump_latency_hiding_schedule": True}
-              if compute_s is not None else {})
-      compiled = lowered.compile({**(compiler_options or {}), **dump})
-      texts = latency_profile.schedule_texts(tmp) if dump else None
-    xla_us = None if texts is None else _program_busy_us(texts, distinct,
-                                                          mode)
-    report = overlap_lib.overlap_report(compiled)
-    if collective_us is None:
-      out.append(CompiledStep(distinct, mode, compiled, report,
-                              time.perf_counter() - t0))
-      continue
-    costs = latency_profile.collective_costs(report, collective_us,
-                                             distinct)
-    if xla_us is not None:
-      costs = {k: v * xla_us / (1e6 * compute_s) for k, v in costs.items()}
-    profile = latency_profile.latency_profile(
-        costs, latency_profile.fingerprint(compiled))
-    with tempfile.TemporaryDirectory() as tmp:
+    if collective_us is None or roofline is not None:
+      raise ValueError("compute_s rescales collective_us (or cluster) to "
+                       "XLA's clock: give one of them, and no roofline "
+                       "(whose times are already on the GPU's clock).")
+  if roofline is not None and not isinstance(roofline,
+                                             roofline_lib.Roofline):
+    raise ValueError(f"roofline must be an analysis.roofline.Roofline "
+                     f"(e.g. gpu_compile.target_roofline('h100_sxm')), got "
+                     f"{type(roofline).__name__}.")
+  return collective_us, compute_s
+
+
+def _compile(lowered, options: dict, dump: bool, profile: str | None = None):
+  """``(compiled, schedule texts or None)``: one compile, with the
+  scheduler's dump when ``dump``, with a latency ``profile`` (text) when
+  given."""
+  with tempfile.TemporaryDirectory() as tmp:
+    opts = dict(options)
+    if dump:
+      opts.update(xla_dump_to=tmp,
+                  xla_dump_latency_hiding_schedule=True)
+    if profile is not None:
       path = os.path.join(tmp, "profile.pbtxt")
       with open(path, "w", encoding="utf-8") as f:
         f.write(profile)
-      profiled = lowered.compile({**(compiler_options or {}),
-                                  latency_profile.PROFILE_OPTION: path})
-    out.append(CompiledStep(distinct, mode, profiled,
-                            overlap_lib.overlap_report(profiled),
-                            time.perf_counter() - t0, profile, report,
-                            costs, xla_us))
-  return out
+      opts[latency_profile.PROFILE_OPTION] = path
+    compiled = lowered.compile(opts)
+    texts = latency_profile.schedule_texts(tmp) if dump else None
+  return compiled, texts
 
 
 def _program_busy_us(texts: list[str], distinct, mode) -> float:
@@ -322,5 +443,6 @@ def _program_busy_us(texts: list[str], distinct, mode) -> float:
                      f"round {distinct}, consensus {mode}: {e}") from None
 
 
-__all__ = ("TARGETS", "TARGETS_DIR", "CompiledStep", "compile_programs",
-           "compile_steps", "gpu_devices", "target_config")
+__all__ = ("PEAK_BF16_FLOPS", "TARGETS", "TARGETS_DIR", "CompiledStep",
+           "compile_programs", "compile_steps", "gpu_devices",
+           "target_config", "target_roofline")

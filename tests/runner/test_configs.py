@@ -278,3 +278,27 @@ def test_cli_trains_with_simulated_cpu_devices(tmp_path):
   assert "8 workers" in proc.stderr
   assert (workdir / "metrics.jsonl").exists()
   assert (workdir / "checkpoints" / "3").is_dir()
+
+
+@pytest.mark.parametrize("variant, shape, params", [
+    # 12 L d^2 + (50304 + 1024) d + (2 L + 1) d, counted by hand.
+    ("124m", (12, 12, 768), 124_373_760),
+    ("350m", (24, 16, 1024), 354_599_936),
+    ("1.3b", (24, 16, 2048), 1_313_179_648)])
+def test_gpt2_sizes_are_the_paper_run_at_three_sizes(variant, shape,
+                                                      params):
+  c = load_config(f"gpt2_sizes.py:{variant}")
+  validation.check_config(c)
+  m = c.model
+  assert (m.n_layer, m.n_head, m.n_embd) == shape
+  layers, _, width = shape
+  assert 12 * layers * width**2 + 51328 * width + (2 * layers + 1) * width \
+      == params
+  # Everything else is the decentralized GPT-2 small run.
+  small = load_config("gpt2_small_owt.py").to_dict()
+  got = c.to_dict()
+  for key in ("n_layer", "n_head", "n_embd"):
+    got["model"].pop(key), small["model"].pop(key)
+  assert got == small
+  with pytest.raises(ValueError, match="gpt2_sizes.py:124m"):
+    load_config("gpt2_sizes.py:2b")

@@ -40,6 +40,11 @@ def _script():
     (["--collective_us", "nan"], "got nan."),
     (["--cluster", "b40"], "--cluster 'b40' is not a runtime-model preset; "
      "use one of T4, A40, "),
+    (["--roofline", "--gemm_efficiency", "0"],
+     "--gemm_efficiency must be a share of the peak in (0, 1], got 0."),
+    (["--roofline", "--memory_efficiency", "1.5"], "got 1.5."),
+    (["--roofline", "--cluster", "A40", "--compute_ms", "100"],
+     "--roofline puts every time on the GPU's clock; --compute_ms"),
 ])
 def test_bad_profile_flags_exit_2_naming_the_flag(argv, message, capsys):
   gpu_check = _script()

@@ -1,0 +1,326 @@
+"""The gossip's overlap at GPT-2 124M, 350M and 1.3B, compiled without a GPU.
+
+Compiles (never runs) the runner's train-step programs of
+``configs/gpt2_sizes.py`` for 8 x H100 SXM on one node (one-peer
+exponential graph, 8 workers) and 2 nodes of 8 (AER, 16 workers), one
+device per worker, from abstract shapes only (nothing is placed), each
+twice (:func:`decentral_jax.tools.gpu_compile.compile_programs`): with
+XLA's own cost model ("XLA alone") and with a latency profile that prices
+every GEMM, fusion and copy at its roofline time on the H100 (50% of the
+bf16 peak, 70% of HBM bandwidth) and every collective at the runtime
+model's link time on the cluster (``h100_node`` one node, ``h100_ib`` two).
+Methods: ``plain`` (the config), ``choco`` (CHOCO-gossip of int8 blocks,
+DAdam), ``bf16`` (``comm_dtype=bfloat16``).
+
+Per program one JSON line in ``--out``: compile seconds, the compiled
+memory analysis against the H100's 80 GB, the parameter-sized collectives
+(at least 1/64 of the parameter bytes: async, in a conditional,
+overlapped), the forward / backward matmul FLOPs in flight before and
+after the profile, XLA's busy-time estimate before and after, the class
+table (XLA vs roofline time), and the MFU up to which the round stays
+hidden on the paper's A40 cluster and on H100 InfiniBand: the matmul FLOPs
+in flight over the peak times the round's serial transfer time (the
+buckets share one NIC). ``--hlo DIR`` keeps each scheduled program
+(gzipped) and ``--fixtures DIR`` its stripped form
+(:func:`decentral_jax.tools.overlap.strip_hlo`).
+
+  JAX_PLATFORMS=cpu nice python benchmarks/bench_overlap_at_scale.py \\
+      --cases 124m:node:plain,124m:2nodes:plain --out overlap_at_scale.jsonl
+
+Cases already in ``--out`` are skipped (the big compiles run one at a
+time and can be resumed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# pylint: disable=wrong-import-position
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from decentral_jax.runner import config as config_lib  # noqa: E402
+from decentral_jax.runner import programs as programs_lib  # noqa: E402
+from decentral_jax.runtime_model import presets  # noqa: E402
+from decentral_jax.tools import gpu_compile  # noqa: E402
+from decentral_jax.tools import latency_profile  # noqa: E402
+from decentral_jax.tools import overlap as overlap_tool  # noqa: E402
+
+TARGET = "h100_sxm"
+HBM_BYTES = 80e9  # H100 SXM5 80 GB
+#: Dense bfloat16 peak of each cluster's GPU (FLOP/s; NVIDIA data sheets:
+#: A40 149.7 TFLOP/s, H100 SXM5 989.4 TFLOP/s).
+PEAK = {"A40": 149.7e12, "h100_ib": 989.4e12}
+#: layout -> (topology, n_workers, GPU topology, profile cluster).
+LAYOUTS = {"node": ("one_peer_exp", 8, "1x1x8", "h100_node"),
+           "2nodes": ("alternating_exp_ring", 16, "2x1x8", "h100_ib"),
+           # 4 workers of 2 devices each (fsdp) on one node.
+           "fsdp2": ("one_peer_exp", 4, "1x1x8", "h100_node")}
+METHODS = {
+    "plain": (),
+    # CHOCO-gossip needs a static topology: the exponential graph.
+    "choco": ("optimizer.name=adamw", "optimizer.accum_steps=1",
+              "compression.format=int8", "topology=exponential"),
+    "bf16": ("comm_dtype=bfloat16",),
+}
+
+
+def config(size: str, layout: str, method: str, bins: str):
+  topo, n, _, _ = LAYOUTS[layout]
+  over = [f"topology={topo}", f"n_workers={n}",
+          f"workers_per_node={8 if layout == '2nodes' else 1}",
+          f"global_batch={30 * n}", "eval_batches=1", f"data.path={bins}",
+          "gossip_rounds=static", *METHODS[method]]
+  if layout == "fsdp2":
+    over += ["devices_per_worker=2", "worker_layout=fsdp"]
+  return config_lib.load_config(
+      os.path.join(_ROOT, "configs", f"gpt2_sizes.py:{size}"), over)
+
+
+def programs_of(exp, layout: str, everything: bool, spec: str = ""):
+  """Round 0 (one node) or every distinct round (two nodes) without the
+  consensus measurement, and round 0 with it when ``everything``; or the
+  ``ROUND:MODE,...`` of ``spec`` (e.g. ``1:none``: AER's round across the
+  two nodes)."""
+  if spec:
+    return [(int(r), m) for r, m in (p.split(":") for p in spec.split(","))]
+  keys = list(exp.programs.keys())
+  out = [k for k in keys if k[1] == "none"]
+  if layout == "node":
+    out = out[:1]
+  if everything:
+    out += [k for k in keys if k[1] != "none"][:1]
+  return out
+
+
+def _round_us(exp, step, cluster_name: str, min_bytes: float) -> float:
+  try:
+    cluster = presets.cluster(cluster_name, int(exp.config.n_workers))
+  except ValueError:  # e.g. h100_ib needs 8 workers per node
+    return 0.0
+  price = latency_profile.cluster_collective_us(exp, cluster)
+  return sum(price(c, step.distinct_round)
+             for c in step.report.select(min_bytes) if c.is_async)
+
+
+def _collectives(report, min_bytes: float) -> dict:
+  big = report.select(min_bytes)
+  fwd, bwd = report.in_flight_fractions()
+  return {"count": len(big), "async": sum(c.is_async for c in big),
+          "in_conditional": sum(c.in_conditional for c in big),
+          "overlapped": sum(c.overlapped for c in big),
+          "with_forward": sum(c.forward > 0 for c in big if c.overlapped),
+          "bytes": sum(c.bytes for c in big),
+          "kinds": sorted({c.kind for c in big}),
+          "forward_in_flight": fwd, "backward_in_flight": bwd,
+          "flops_in_flight": report.flops_in_flight,
+          "total_flops": report.total_flops}
+
+
+def row_of(exp, step, case: str) -> dict:
+  n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(
+      exp.abstract_inputs()[0].params)) // int(exp.config.n_workers)
+  min_bytes = 4 * n_params / 64 / (2 if "bf16" in case else 1) / (
+      4 if "choco" in case else 1)
+  mem = step.compiled.memory_analysis()
+  used = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+          - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
+  after = _collectives(step.report, min_bytes)
+  hidden = {}
+  for name, peak in PEAK.items():
+    t_us = _round_us(exp, step, name, min_bytes)
+    hidden[name] = {"round_ms": t_us / 1e3, "mfu_hidden": (
+        after["flops_in_flight"] / (peak * t_us * 1e-6) if t_us else None)}
+  table = step.class_table()
+  return {"case": case, "round": step.distinct_round,
+          "consensus": step.consensus, "n_params": n_params,
+          "compile_s": step.compile_s,
+          "memory": {"argument": mem.argument_size_in_bytes,
+                     "output": mem.output_size_in_bytes,
+                     "alias": mem.alias_size_in_bytes,
+                     "temp": mem.temp_size_in_bytes, "used": used,
+                     "hbm": HBM_BYTES, "fits": used <= HBM_BYTES},
+          "xla_alone": _collectives(step.unprofiled, min_bytes),
+          "roofline": after, "hidden": hidden,
+          "xla_busy_ms": step.xla_compute_us / 1e3,
+          "profiled_busy_ms": step.profiled_busy_us / 1e3,
+          "classes": table}
+
+
+def run_case(case: str, args) -> list[dict]:
+  size, layout, method, *cluster = case.split(":")
+  c = config(size, layout, method, args.bins)
+  topo = LAYOUTS[layout][2]
+  t0 = time.perf_counter()
+  exp, steps = gpu_compile.compile_steps(
+      c, target=TARGET, topology=topo,
+      compiler_options=dict(programs_lib.GPU_COMPILER_OPTIONS),
+      programs=lambda e: programs_of(e, layout, args.everything,
+                                     args.programs),
+      cluster=cluster[0] if cluster else LAYOUTS[layout][3], roofline=True)
+  rows = []
+  for s in steps:
+    row = row_of(exp, s, case)
+    row["case_s"] = time.perf_counter() - t0
+    rows.append(row)
+    stem = f"{case.replace(':', '_')}_r{s.distinct_round}_{s.consensus}"
+    text = s.compiled.as_text()
+    if args.hlo:
+      os.makedirs(args.hlo, exist_ok=True)
+      with gzip.open(os.path.join(args.hlo, stem + ".hlo.gz"), "wt") as f:
+        f.write(text)
+    if args.fixtures:
+      os.makedirs(args.fixtures, exist_ok=True)
+      with gzip.open(os.path.join(args.fixtures, stem + ".hlo.gz"), "wt",
+                     compresslevel=9) as f:
+        f.write(overlap_tool.strip_hlo(text))
+  return rows
+
+
+def analyse(row: dict, text: str) -> dict:
+  """The per-step gossip of one saved scheduled program (see module)."""
+  from decentral_jax import topology as topology_lib
+  from decentral_jax.analysis import overlap, roofline
+  from decentral_jax.runtime_model.costs import all_reduce_cost, round_cost
+  size, layout, method, *_ = row["case"].split(":")
+  topo, n = LAYOUTS[layout][:2]
+  topo = "exponential" if method == "choco" else topo
+  per_param = {"bf16": 2, "choco": 1}.get(method, 4)
+  rnd = topology_lib.make(topo, n, 8 if layout == "2nodes" else 1
+                          ).distinct_rounds[row["round"] or 0]
+  compressed = method == "choco"
+  rep = overlap.overlap_report(text)
+  gossip = [c for c in rep.select(per_param * row["n_params"] / 64)
+            if not c.in_conditional]
+  rl = gpu_compile.target_roofline(TARGET)
+  costs = roofline.instruction_costs(text, rl)
+  windows, union = roofline.in_flight_us(text, {c.name: c.us for c in costs})
+  step_us = sum(c.us for c in costs)
+  terms = max(1, len(rnd.terms)) if (rnd.groups is None or compressed) else 1
+  # The consensus distance's All-Reduce: named so, or any All-Reduce of a
+  # round sent by permutes.
+  # The round's time: every collective outside conditionals, any size.
+  every = [c for c in rep.collectives if not c.in_conditional]
+  diag = sum(c.bytes for c in every if _is_diag(c, rnd, compressed))
+  nbytes = sum(c.bytes for c in every) - diag
+  fwd, bwd = rep.in_flight_fractions()
+  out = {"gossip": len(gossip), "async": sum(c.is_async for c in gossip),
+         "overlapped": sum(c.overlapped for c in gossip),
+         "fwd_instr": sum(c.forward > 0 for c in gossip),
+         "fwd": fwd, "bwd": bwd, "bytes": nbytes,
+         "window_ms": [windows.get(c.name, 0.0) / 1e3 for c in gossip],
+         "union_ms": union / 1e3, "step_ms": step_us / 1e3,
+         "mfu_rl": rep.total_flops / (rl.peak_flops * step_us * 1e-6)}
+  for name, peak in PEAK.items():
+    try:
+      cluster = presets.cluster(name, n)
+    except ValueError:  # e.g. h100_ib needs 8 workers per node
+      cluster = presets.cluster("h100_node", n)
+    cost = round_cost(cluster, rnd, permutes=compressed)
+    t = float(np.max(cost.time(nbytes / terms)))
+    if diag:  # the consensus distance's All-Reduce, after the round
+      t += float(np.max(all_reduce_cost(cluster).time(diag)))
+    ar = all_reduce_cost(cluster)
+    each = [float(np.max((ar if _is_diag(c, rnd, compressed) else cost).time(
+        c.bytes / (1 if _is_diag(c, rnd, compressed) else terms))))
+            for c in gossip]
+    # Buckets whose window (the roofline clock: H100 at e_f, e_b) is at
+    # least their own transfer time on this cluster.
+    out[name + "_covered"] = sum(windows.get(c.name, 0.0) >= 1e6 * t_c
+                                 for c, t_c in zip(gossip, each))
+    out[name] = {"round_ms": 1e3 * t,
+                 "mfu_hidden": rep.flops_in_flight / (peak * t) if t else 0}
+  return out
+
+
+def _is_diag(c, rnd, compressed: bool) -> bool:
+  """The consensus distance's All-Reduce: named so, or any All-Reduce of a
+  round sent by permutes."""
+  return "diagnostics" in c.op_name or (
+      c.kind == "all-reduce" and (rnd.groups is None or compressed))
+
+
+def table(out: str, hlo_dir: str) -> str:
+  """Markdown rows of every program in ``out`` with its saved HLO."""
+  lines = []
+  with open(out, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  for row in rows:
+    stem = (f"{row['case'].replace(':', '_')}_r{row['round']}_"
+            f"{row['consensus']}")
+    with gzip.open(os.path.join(hlo_dir, stem + ".hlo.gz"), "rt") as f:
+      a = analyse(row, f.read())
+    xla, mem = row["xla_alone"], row["memory"]
+    x_fwd, x_bwd = xla["forward_in_flight"], xla["backward_in_flight"]
+    lines.append(
+        f"| {row['case']} | {row['round']}, {row['consensus']} | "
+        f"{a['gossip']} ({a['bytes'] / 1e6:,.0f} MB) | {a['async']} | "
+        f"{xla['overlapped']} / {a['overlapped']} | "
+        f"{100 * x_fwd:.0f} / {100 * x_bwd:.0f} % -> "
+        f"{100 * a['fwd']:.0f} / {100 * a['bwd']:.0f} % | "
+        f"{row['xla_busy_ms']:.1f} -> {a['step_ms']:.1f} "
+        f"({a['union_ms']:.1f} in flight) "
+        f"({100 * a['mfu_rl']:.0f} % MFU) | "
+        f"{a['A40']['round_ms']:.1f}: {_pct(a['A40']['mfu_hidden'])} | "
+        f"{a['h100_ib']['round_ms']:.2f}: "
+        f"{_pct(a['h100_ib']['mfu_hidden'])}, "
+        f"{a['h100_ib_covered']} of {a['gossip']} covered | "
+        f"{mem['used'] / 1e9:.1f}{'' if mem['fits'] else ' (no)'} | "
+        f"{row['compile_s']:.0f} |")
+  return "\n".join(lines)
+
+
+def _pct(x: float) -> str:
+  return "any" if x >= 1 else f"{100 * x:.0f} %"
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--table", action="store_true",
+                  help="print the study's table from --out and --hlo")
+  ap.add_argument("--cases", default="",
+                  help="comma list of SIZE:LAYOUT:METHOD[:CLUSTER] (sizes "
+                  "124m, 350m, 1.3b; layouts node, 2nodes; methods plain, "
+                  "choco, bf16; the cluster whose link times the profile "
+                  "gives, default h100_node / h100_ib)")
+  ap.add_argument("--out", required=True, help="JSON lines, appended")
+  ap.add_argument("--bins", default="/tmp/gpt2_token_bins")
+  ap.add_argument("--hlo", default="")
+  ap.add_argument("--fixtures", default="")
+  ap.add_argument("--programs", default="",
+                  help="ROUND:MODE,... instead of the default programs")
+  ap.add_argument("--everything", action="store_true",
+                  help="also the first program with the consensus measurement")
+  args = ap.parse_args(argv)
+  if args.table:
+    print(table(args.out, args.hlo))
+    return 0
+  os.makedirs(args.bins, exist_ok=True)  # zeros: compiles read no text
+  for name, n in (("train.bin", 2_000_000), ("val.bin", 20_000)):
+    np.zeros(n, np.uint16).tofile(os.path.join(args.bins, name))
+  done = set()
+  if os.path.exists(args.out):
+    with open(args.out, encoding="utf-8") as f:
+      done = {json.loads(line)["case"] for line in f if line.strip()}
+  for case in args.cases.split(","):
+    if case in done:
+      continue
+    for row in run_case(case, args):
+      with open(args.out, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+      print(json.dumps({k: row[k] for k in ("case", "round", "consensus",
+                                            "compile_s")}), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
