@@ -18,7 +18,7 @@ plus ``(2 L + 1) d`` LayerNorm scales; at 40% MFU on an H100 (989 TFLOP/s
 bfloat16) a step of 30 x 1024 tokens takes about 66 ms (124M), 189 ms
 (350M) and 658 ms (1.3B) of compute per worker (matmul FLOPs: ``6 N`` per
 token plus ``12 L T d`` for attention). docs/gpu_overlap.md and
-benchmarks/studies/16_overlap_at_scale.md compile them for 8 x H100 (one
+benchmarks/studies/19_overlap_at_scale.md compile them for 8 x H100 (one
 node) and 2 x 8 (two nodes) without a GPU and say which fit in 80 GB.
 """
 
