@@ -41,6 +41,10 @@ _DETAILS = {
     "gossip_every": "gossip every {}", "num_fragments": "P={}",
     "overlap_steps": "tau={}", "merge_alpha": "alpha={}",
     "outer_optimizer.lr": "Nesterov lr {}", "outer_overlap": "{} outer step",
+    "sync_every_u": "K_u={}", "sync_every_v": "K_v={}",
+    "compression.format": "{} messages",
+    "compression.error_feedback": {True: "error feedback",
+                                   False: "no error feedback"},
     "optimizer.beta_convention": {"per_step": "horizon-matched betas",
                                   "per_window": "per-window betas (paper)"},
 }
@@ -77,6 +81,8 @@ class Run:
     own = (("workers_per_node", self.workers_per_node),) * (
         self.workers_per_node != 1)
     for field, value in (*own, *self.fields):
+      if value == "":  # a field reset to its default (e.g. comm_dtype)
+        continue
       form = _DETAILS.get(field, field + "={}")
       parts.append(form[value] if isinstance(form, dict)
                    else form.format(value))
