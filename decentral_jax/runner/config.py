@@ -87,8 +87,6 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c = config_dict.ConfigDict()
   config_groups.add_parallel_fields(c)
   config_groups.add_local_update_fields(c)
-  # The fields the registered methods declare (Method.config_fields).
-  methods.add_declared_fields(c)
   # Compressed communication, then slow and failing workers.
   c.compression = config_groups.compression_group()
   c.faults = config_groups.faults_group()
@@ -102,6 +100,9 @@ def base_config(model: str = "gpt") -> config_dict.ConfigDict:
   c.model = config_groups.model_group(model)
   c.data = config_groups.data_group(model)
   c.distributed = config_groups.distributed_group()
+  # Last, the fields the registered methods declare (Method.config_fields),
+  # so that one colliding with any field above is refused.
+  methods.add_declared_fields(c)
   return c
 
 

@@ -237,7 +237,36 @@ def test_declared_fields_are_refused_when_malformed_or_taken(toy_own):
   with pytest.raises(ValueError, match="Method.arms of 'other' must be a "
                      "tuple of Arm"):
     methods.register(TOY._replace(name="other", arms=("toy_arm",)))
+  with pytest.raises(ValueError, match="arm name 'toy_arm' is taken"):
+    methods.register(TOY._replace(name="other",
+                                  arms=(methods.Arm("toy_arm"),)))
+  # A base field, at any depth, is refused when registered (the config
+  # built before and after is the library's).
+  for name, words in (
+      ("steps", "declares config.steps, which the base config already has"),
+      ("model.dropout", "declares config.model.dropout, which the base "
+       "config already has"),
+      ("steps.sub", "declares config.steps.sub, but config.steps is a "
+       "field, not a group")):
+    with pytest.raises(ValueError, match=f"^method 'other' {words}"):
+      methods.register(TOY._replace(name="other",
+                                    config_fields={name: TOY_FIELD}))
   assert "other" not in methods.ALGORITHMS
+  assert config_lib.base_config().steps != TOY_FIELD.default
+
+
+def test_a_declared_field_may_join_an_existing_group(toy_own):
+  extra = TOY._replace(name="other", config_fields={
+      "schedule.toy_level": TOY_FIELD})
+  methods.register(extra)
+  try:
+    c = config_lib.base_config()
+    assert c.schedule.toy_level == 3 and c.schedule.name == "warmup_cosine"
+    validation.check_config(_config("--config.algorithm=other",
+                                    "--config.schedule.toy_level=4"))
+  finally:
+    methods.unregister("other")
+  assert "toy_level" not in config_lib.base_config().schedule
 
 
 def test_a_declared_field_is_kept_across_a_resume(toy_own):

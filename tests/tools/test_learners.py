@@ -197,6 +197,24 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
   assert len(err) == 1 and err[0].startswith("error: cannot reach")
 
 
+@pytest.mark.parametrize("flags,words", [
+    (("--inner-lr", "nan"), "--inner-lr=nan must be a finite number > 0"),
+    (("--kill-every", "-1"), "--kill-every=-1 must be a finite number >= 0"),
+    (("--connect-timeout", "-5"), "--connect-timeout=-5.0 must be a finite"),
+    (("--grace", "inf"), "--grace=inf must be a finite number >= 0"),
+    (("--quorum", "0"), "--quorum=0 must be >= 1"),
+    (("--sleep", "a,b"), "--sleep='a,b' must be comma-separated seconds"),
+    (("--sleep", "0,0"), "--sleep has 2 values for --learners=4"),
+    (("--sleep", "0,0,-1,0"), "each value must be a finite number of "
+     "seconds >= 0")])
+def test_the_learners_command_names_a_bad_number_before_ray_starts(
+    capsys, flags, words):
+  from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
+  assert cli.main(["learners", "--learners", "4", *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+
+
 @pytest.mark.slow
 def test_int8_pseudo_gradients_with_error_feedback():
   """int8 payloads (block 2: one scale per two values): a quarter of the

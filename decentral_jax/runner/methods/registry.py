@@ -18,6 +18,7 @@ display name (:func:`display_name`, from the table of
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Mapping, NamedTuple
 
 import optax
@@ -172,7 +173,22 @@ def register(method: Method) -> Method:
   method = method._replace(
       fields=method.fields + tuple(f for f in own if f not in method.fields))
   ALGORITHMS[method.name] = method
+  try:
+    _check_against_base_config(method)
+  except ValueError:
+    del ALGORITHMS[method.name]
+    raise
   return method
+
+
+def _check_against_base_config(method: Method) -> None:
+  """Its declared fields join ``base_config()`` without a collision (once
+  the config module is loaded; the library's own homes register before)."""
+  config = sys.modules.get("decentral_jax.runner.config")
+  base_config = getattr(config, "base_config", None)
+  if base_config is None or not method.config_fields:
+    return
+  base_config()  # raises the collision, naming the method and the field
 
 
 def _check_config_fields(method: Method) -> None:
@@ -199,6 +215,13 @@ def _check_config_fields(method: Method) -> None:
           all(isinstance(a, Arm) for a in method.arms)):
     raise ValueError(f"Method.arms of {name!r} must be a tuple of Arm, got "
                      f"{method.arms!r:.60}.")
+  taken_arms = {a.name for m in ALGORITHMS.values() for a in m.arms}
+  for arm in method.arms:
+    if arm.name in taken_arms or not str(arm.name).isidentifier():
+      raise ValueError(f"Method.arms of {name!r}: arm name {arm.name!r} is "
+                       "taken by another method's arm or not an identifier; "
+                       "pick another.")
+    taken_arms.add(arm.name)
 
 
 def declared_fields() -> dict[str, ConfigField]:
@@ -218,22 +241,32 @@ def method_fields() -> tuple[str, ...]:
 
 def add_declared_fields(config) -> None:
   """Adds each registered method's own fields to ``config`` (a
-  ``ConfigDict``) with their defaults; a dotted name's groups are created.
+  ``ConfigDict``) with their defaults; a dotted name's groups are created
+  (or joined, if the config already has that group).
 
   Raises:
-    ValueError: a declared field that ``config`` already has.
+    ValueError: a declared field that ``config`` already has, or one below
+      a field that is not a group (names the method and the field).
   """
-  for field, spec in declared_fields().items():
-    *groups, leaf = field.split(".")
-    node = config
-    for group in groups:
-      if group not in node:
-        node[group] = config_dict.ConfigDict()
-      node = node[group]
-    if leaf in node:
-      raise ValueError(f"a method declares config.{field}, which the base "
-                       "config already has; rename the declared field.")
-    node[leaf] = spec.default
+  for method in ALGORITHMS.values():
+    for field, spec in method.config_fields.items():
+      *groups, leaf = field.split(".")
+      node, path = config, []
+      for group in groups:
+        path.append(group)
+        if group not in node:
+          node[group] = config_dict.ConfigDict()
+        elif not isinstance(node[group], config_dict.ConfigDict):
+          raise ValueError(
+              f"method {method.name!r} declares config.{field}, but "
+              f"config.{'.'.join(path)} is a field, not a group; rename the "
+              "declared field.")
+        node = node[group]
+      if leaf in node:
+        raise ValueError(f"method {method.name!r} declares config.{field}, "
+                         "which the base config already has; rename the "
+                         "declared field.")
+      node[leaf] = spec.default
 
 
 _HOOKS = ("gossip_every", "round_stride", "checks", "compression_checks",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
@@ -64,9 +65,45 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   return p
 
 
+def _check_flags(args) -> None:
+  """Each numeric flag finite and in its range (ValueError names it)."""
+  ranges = (("--inner-lr", args.inner_lr, 0.0, True),
+            ("--grace", args.grace, 0.0, False),
+            ("--connect-timeout", args.connect_timeout, 0.0, True),
+            ("--every", args.every, 0.0, True),
+            ("--timeout", args.timeout, 0.0, True),
+            ("--kill-every", args.kill_every, 0, False))
+  for flag, value, lo, open_lo in ranges:
+    if not (math.isfinite(value) and (value > lo if open_lo else value >= lo)):
+      raise ValueError(f"{flag}={value!r} must be a finite number "
+                       f"{'>' if open_lo else '>='} {lo} (e.g. {flag}=1).")
+  if args.quorum is not None and args.quorum < 1:
+    raise ValueError(f"--quorum={args.quorum} must be >= 1 (learners whose "
+                     "pseudo-gradients a merge needs); leave it unset for "
+                     "the mode's default.")
+
+
+def _sleep(args) -> tuple[float, ...]:
+  """``--sleep``: one finite number >= 0 per learner, or none."""
+  parts = [s.strip() for s in args.sleep.split(",") if s.strip()]
+  try:
+    sleep = tuple(float(s) for s in parts)
+  except ValueError:
+    raise ValueError(f"--sleep={args.sleep!r} must be comma-separated "
+                     "seconds, e.g. --sleep=0,0,0.05,0") from None
+  if sleep and len(sleep) != args.learners:
+    raise ValueError(f"--sleep has {len(sleep)} values for --learners="
+                     f"{args.learners}; give one per learner.")
+  if not all(math.isfinite(x) and x >= 0 for x in sleep):
+    raise ValueError(f"--sleep={args.sleep!r}: each value must be a finite "
+                     "number of seconds >= 0.")
+  return sleep
+
+
 def run_spec(args) -> spec_lib.RunSpec:
   """The :class:`RunSpec` of the parsed flags (ValueError names a field)."""
-  sleep = tuple(float(s) for s in args.sleep.split(",") if s.strip())
+  _check_flags(args)
+  sleep = _sleep(args)
   return spec_lib.RunSpec(
       problem=args.problem, shards=args.learners, sync_every=args.sync_every,
       periods=args.periods, inner=args.inner, inner_lr=args.inner_lr,
