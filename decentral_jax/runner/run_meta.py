@@ -188,10 +188,20 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
             "with the same settings and trace or use a fresh --workdir.")
       continue
     if theirs != mine[key]:
+      field, theirs, ours = _first_difference(field, theirs, mine[key])
       raise ValueError(
           f"the checkpoint in {directory} was written with config.{field}="
-          f"{theirs!r} but this run has {mine[key]!r}; resume with the "
+          f"{theirs!r} but this run has {ours!r}; resume with the "
           "same value or use a fresh --workdir.")
+
+
+def _first_difference(field: str, theirs, ours) -> tuple:
+  """For a group (a dict), its first member that differs, by name."""
+  if isinstance(theirs, dict) and isinstance(ours, dict):
+    for k in sorted(set(theirs) | set(ours)):
+      if theirs.get(k) != ours.get(k):
+        return _first_difference(f"{field}.{k}", theirs.get(k), ours.get(k))
+  return field, theirs, ours
 
 
 # -- the document read back on resume ----------------------------------------

@@ -46,7 +46,12 @@ Methods (``--methods``, or ``all``):
 * ``diloco_delayed``, ``diloco_eager``: ``diloco`` with its outer step
   overlapped with the next round (arXiv 2502.12996): one round stale, or
   eager (each worker's own fresh pseudo-gradient in place of its stale
-  one), the reduction trickled over the round's inner steps.
+  one), the reduction trickled over the round's inner steps;
+* then the arms the method homes declare (``Method.arms``), today
+  ``desloc_adam`` (DES-LOC, K_x 10, K_u 30, K_v 60), ``noloco`` (NoLoCo,
+  H 10), ``gradient_tracking`` (DIGing on ``one_peer_exp``), ``muloco``
+  (DiLoCo with a Muon inner optimizer) and ``muloco_int4`` (its
+  pseudo-gradients in int4 with error feedback); BENCHMARKS.md study 20.
 
 Each method runs at its own tuned peak learning rate (:data:`TUNED_PEAK_LR`,
 chosen for gpt_tiny at 300 steps by the project's tuning protocol,
