@@ -167,8 +167,10 @@ _PREDICT_OWN = (
         "ring, one_peer_exp, aer, ...) or local-update specs "
         "NAME:KEY=VALUE,... (local_sgd:H=10, diloco:H=10, "
         "diloco:H=10,topology=ring, streaming_diloco:H=10,P=4,tau=1"
-        ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer; H, tau in "
-        "steps, defaults H=10, P=1, tau=0; see docs/runtime_model.md); "
+        ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer, "
+        "desloc:Kx=10,Ku=30,Kv=60, noloco:H=10, "
+        "gradient_tracking:topology=one_peer_exp; H, tau in "
+        "steps, defaults H=10, P=1, tau=0; see docs/runtime_model_methods.md); "
         f"default {DEFAULT_METHODS}, on a cluster of several datacenters "
         f"also {WAN_DEFAULT_METHODS}")),
     ("--preset", dict(
