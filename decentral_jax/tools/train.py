@@ -47,6 +47,7 @@ from absl import flags
 from absl import logging
 import jax
 
+from decentral_jax.data import sharding
 from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices
@@ -123,6 +124,25 @@ def _start_logging() -> None:
     flags.FLAGS.verbosity = 0  # as absl.app.run does after parsing
 
 
+def _check_data_files(config) -> None:
+  """The token bins or text file of a GPT run exist (a DataNotFoundError,
+  one line naming the file): checked before JAX starts or a process waits
+  for the others (the data modules check the contents later)."""
+  data = config.data
+  if data.get("source") == "token_bins" and data.get("path"):
+    for name in ("train.bin", "val.bin"):
+      path = os.path.join(data.path, name)
+      if not os.path.isfile(path):
+        raise sharding.DataNotFoundError(
+            f"token file {path!r} does not exist; set --config.data.path= "
+            "a directory with nanoGPT's train.bin and val.bin.")
+  elif data.get("source") == "text_file" and data.get("path") and \
+      not os.path.isfile(data.path):
+    raise sharding.DataNotFoundError(
+        f"text file {data.path!r} does not exist; set --config.data.path= "
+        "an existing file.")
+
+
 def _prepare(overrides: list[str]):
   """The checked config and workdir; simulated devices; the job joined.
 
@@ -135,6 +155,7 @@ def _prepare(overrides: list[str]):
   workdir = WORKDIR.value or config.workdir
   if not workdir:
     raise ValueError("--workdir is required (or set config.workdir).")
+  _check_data_files(config)  # before a multi-process job waits to join
   procs = expected_processes(config)
   needed, source = devices.devices_needed(config)
   simulate_cpu_devices(

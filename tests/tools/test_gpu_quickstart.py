@@ -179,3 +179,22 @@ def test_two_host_command_trains_as_two_cpu_processes(tmp_path):
     assert p.returncode == 0, err[-3000:]
   records = metrics.read_jsonl(os.path.join(work, metrics.METRICS_FILE))
   assert records[-1]["step"] == 2 and np.isfinite(records[-1]["train/loss"])
+
+
+def test_the_two_host_command_names_missing_data_before_it_waits_to_join(
+    tmp_path):
+  """Without its token bins a process refuses in one line at once, before
+  it waits (up to 120 s) for the other host to join."""
+  argv = train_commands()[1]
+  argv = [a.replace("/shared/runs/owt", str(tmp_path / "run")).replace(
+      "/shared/data/openwebtext", str(tmp_path / "none")) for a in argv]
+  out = subprocess.run(
+      [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
+      timeout=60, env={**os.environ, "PYTHONPATH": ROOT,
+                       "JAX_PLATFORMS": "cpu"})
+  errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
+  assert out.returncode == 2 and errors == [
+      f"error: token file '{tmp_path / 'none' / 'train.bin'}' does not "
+      "exist; set --config.data.path= a directory with nanoGPT's train.bin "
+      "and val.bin."], out.stderr[-2000:]
+  assert "joining a 2-process JAX job" not in out.stderr
