@@ -24,8 +24,12 @@ The last block (chunk) is zero-padded, and the padding is sent. Rounding is
 to nearest, so the round-trip error of one value is at most ``s_b / 2`` for
 int8/int4, ``s_b * 2^-4 |v/s_b|``-relative for fp8 (3 mantissa bits), and
 half the gap between neighbouring e2m1 values times ``s_b`` for fp4; top-k
-drops the other values entirely. A block of zeros has scale 1 and decodes
-to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
+drops the other values entirely. A block whose ``max_b |v| / qmax`` is
+below float32's smallest normal number (about 1.18e-38, i.e. ``max_b |v|``
+below about 5.3e-36 for fp8, 1.5e-36 for int8) takes that number as its
+scale (:data:`SCALE_FLOOR`): its error is then at most the format's bound
+times ``qmax * SCALE_FLOOR`` instead of times ``max_b |v|`` (a floor), and
+never NaN. A block of zeros has scale 1 and decodes to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
 all of it; top-k ranks NaN and +-inf above every finite value, so they are
 sent and arrive as they were. A non-finite value is never sent as a finite
 one.
@@ -201,10 +205,17 @@ def _blocks(v, block: int) -> jax.Array:
   return flat.reshape(-1, block)
 
 
+#: Smallest scale: float32's smallest normal number (a smaller quotient
+#: would be flushed to 0 on XLA:CPU, and ``v / 0`` is inf).
+SCALE_FLOOR = float(np.finfo(np.float32).tiny)
+
+
 def _scales(blocks, qmax: float) -> jax.Array:
-  """``max_b |v| / qmax``; 1 for a block of zeros, NaN for one with NaN or inf."""
+  """``max(max_b |v| / qmax, SCALE_FLOOR)``; 1 for a block of zeros, NaN for
+  one with NaN or inf."""
   amax = jnp.max(jnp.abs(blocks), axis=1)
-  finite = jnp.where(jnp.isfinite(amax), amax / qmax, jnp.nan)
+  finite = jnp.where(jnp.isfinite(amax),
+                     jnp.maximum(amax / qmax, SCALE_FLOOR), jnp.nan)
   return jnp.where(amax == 0, 1.0, finite).astype(jnp.float32)
 
 
@@ -489,7 +500,9 @@ def relative_error_bound(compressor: Compressor) -> float:
   int8: ``1 / (2 * 127)``; int4: ``1 / 14``; fp8 e4m3: ``2^-4`` (half an
   ulp of 3 mantissa bits, relative to the value, which is <= the block
   max); fp4 e2m1: ``1 / 6`` (half the largest gap, 2 between 4 and 6,
-  over qmax 6). Raises ValueError for ``none`` and ``topk``, and for a
+  over qmax 6); for a block with ``max_b |v| < qmax * SCALE_FLOOR`` the
+  bound holds relative to ``qmax * SCALE_FLOOR`` instead (the floor of the
+  module docstring). Raises ValueError for ``none`` and ``topk``, and for a
   ``compressor`` that is not a :class:`Compressor`.
   """
   check_compressor(compressor)

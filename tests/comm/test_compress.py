@@ -451,3 +451,29 @@ def test_choco_refuses_integer_parameters():
   with pytest.raises(ValueError, match=r"choco_gossip: leaf \"\['step'\]\" "
                      "has dtype int32"):
     tx.init({"w": jnp.zeros(3), "step": jnp.zeros((), jnp.int32)})
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "fp4"])
+def test_every_finite_block_round_trips_finite_within_its_bound_or_floor(fmt):
+  """Tiny, huge and mixed magnitudes (blocks of 4): a finite input never
+  decodes to NaN or inf, and the error is within the format's bound
+  relative to max(max_b |v|, qmax x float32's smallest normal)."""
+  comp = compress.Compressor(fmt, block=4)
+  bound = compress.relative_error_bound(comp)
+  tiny = float(np.finfo(np.float32).tiny)
+  rng = np.random.default_rng(0)
+  blocks = [[3e-38, -1.5e-38, 0.0, 1e-38], [1e-36, -5e-37, 2e-37, 0.0],
+            [5.3e-36, 1e-36, -4e-36, 2e-36], [3e38, -3.4e38, 1.0, 1e-30],
+            [1e-20, 1e20, -1e-10, 7.0], [0.0, 0.0, 0.0, 0.0]]
+  for exp in range(-45, 39, 3):  # random blocks at every decade
+    blocks.append(list(rng.uniform(-1, 1, 4) * 10.0 ** exp))
+  v = np.asarray(blocks, np.float32)
+  got = np.asarray(comp.roundtrip(jnp.asarray(v.reshape(-1)))).reshape(v.shape)
+  assert np.all(np.isfinite(got)), fmt
+  # XLA:CPU flushes float32 subnormals to zero: compare with flushed inputs.
+  want = np.where(np.abs(v) < tiny, 0.0, v).astype(np.float64)
+  floor = compress.QMAX[fmt] * tiny
+  scale = np.maximum(np.abs(want).max(axis=1, keepdims=True), floor)
+  err = np.abs(got.astype(np.float64) - want)
+  assert np.all(err <= bound * scale + tiny), (fmt, (err / scale).max())
+  np.testing.assert_array_equal(got[-1 - 28], 0.0)  # the block of zeros

@@ -283,3 +283,29 @@ def test_report_splits_codes_scales_and_indices_by_element_type():
       {"u8": 2 * 7 / 8 * 8 * 32, "f32": 2 * 7 / 8 * 8 * 4}, rel=1e-12)
   assert sum(rep.mean_bytes_by_dtype().values()) == pytest.approx(
       rep.mean_bytes_per_step, rel=1e-12)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4", "fp4"])
+def test_compressed_diloco_stays_finite_for_pseudo_gradients_near_zero(fmt):
+  """Parameters 0 and targets 1e-35: every pseudo-gradient block's max is
+  far below qmax x float32's smallest normal. Its scale takes that floor
+  (no 0 scale, no NaN), and the workers move towards the targets."""
+  require_devices(8)
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  mesh = parallel.make_mesh(8)
+  tx = optim.diloco(
+      optax.sgd(0.1), 2, outer=optax.sgd(0.7, momentum=0.9, nesterov=True),
+      reduction=optim.reductions.compressed(compress.Compressor(fmt)))
+
+  def step(p, s, c):
+    u, s = tx.update(jax.tree.map(lambda x: x - c, p), s, p)
+    return optax.apply_updates(p, u), s
+
+  stepf = jax.jit(parallel.per_worker(step, mesh))
+  p = parallel.replicate({"x": jnp.zeros((5,), jnp.float32)}, mesh)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+  c = parallel.shard(jnp.full((8, 5), 1e-35, jnp.float32), mesh)
+  for _ in range(6):
+    p, s = stepf(p, s, c)
+  x = np.asarray(p["x"])
+  assert np.all(np.isfinite(x)) and np.all(x >= 0) and np.all(x <= 2e-35), x
