@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+import jax
 import numpy as np
 
 from decentral_jax import topology
@@ -148,3 +149,18 @@ def spmd_diloco(n, h, periods, seed=0, noise=0.1, lr=0.1):
                            for i in range(n)]) for k in b}
     params, state = step(params, state, parallel.shard(target, mesh))
   return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(params))
+
+
+def run_steps(exp, state, start: int, stop: int, losses=None):
+  """``exp``'s compiled train step for steps ``start .. stop - 1`` on its own
+  batches; each step's mean loss appended to ``losses`` if given."""
+  for s in range(start, stop):
+    state, m = exp.train_step(state, exp.get_batch(s), s)
+    if losses is not None:
+      losses.append(float(np.mean(jax.device_get(m["loss"]))))
+  return state
+
+
+def to_host(tree):
+  """``tree`` as NumPy arrays on the host (for exact comparisons)."""
+  return jax.tree.map(np.asarray, jax.device_get(tree))

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from helpers import run_steps
+from helpers import to_host
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
@@ -37,18 +39,6 @@ DESLOC = ("--config.algorithm=desloc_adam", "--config.sync_every=2",
 def _config(*extra):
   return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                 (*TINY_RUN, *DESLOC, *extra))
-
-
-def _run(exp, state, start, stop, losses=None):
-  for s in range(start, stop):
-    state, m = exp.train_step(state, exp.get_batch(s), s)
-    if losses is not None:
-      losses.append(float(np.mean(jax.device_get(m["loss"]))))
-  return state
-
-
-def _host(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 def test_config_fields_are_validated_by_name():
@@ -83,21 +73,21 @@ def test_trains_and_resumes_bit_exactly_mid_period(tmp_path):
   require_devices(N)
   exp = experiment_lib.Experiment(_config())
   losses = []
-  state = _run(exp, exp.init_state(), 0, 12, losses)
+  state = run_steps(exp, exp.init_state(), 0, 12, losses)
   assert np.all(np.isfinite(losses))
   assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
   assert np.isfinite(exp.evaluate(state)["eval/loss"])
   # Straight 0..11 against a checkpoint after step 5 (mid K_u and K_v
   # periods, one step after a parameter sync) resumed to 12.
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  part = _run(exp, exp.init_state(), 0, 5)
+  part = run_steps(exp, exp.init_state(), 0, 5)
   meta = run_meta.checkpoint_meta(exp, 5)
   ckpt.save(5, part, meta)
   restored, _ = ckpt.restore(5, exp.init_state())
   ckpt.close()
-  resumed = _run(exp, restored, 5, 12)
-  for a, b in zip(jax.tree.leaves(_host(state)),
-                  jax.tree.leaves(_host(resumed))):
+  resumed = run_steps(exp, restored, 5, 12)
+  for a, b in zip(jax.tree.leaves(to_host(state)),
+                  jax.tree.leaves(to_host(resumed))):
     np.testing.assert_array_equal(a, b)
   # A resume with other moment periods is refused by name.
   run_meta.check_resumable(exp, dict(meta), "ckpt")

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from helpers import run_steps
+from helpers import to_host
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
@@ -54,18 +56,6 @@ def _experiment(*extra):
 def _release_experiments():
   yield
   _EXPERIMENTS.clear()
-
-
-def _run(exp, state, start, stop, losses=None):
-  for s in range(start, stop):
-    state, m = exp.train_step(state, exp.get_batch(s), s)
-    if losses is not None:
-      losses.append(float(np.mean(jax.device_get(m["loss"]))))
-  return state
-
-
-def _host(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 def test_the_shipped_config_is_valid_and_priced():
@@ -138,7 +128,7 @@ def test_trains_and_resumes_bit_exactly_mid_period(extra, tmp_path):
   require_devices(N)
   exp = _experiment(*extra)
   losses = []
-  state = _run(exp, exp.init_state(), 0, 12, losses)
+  state = run_steps(exp, exp.init_state(), 0, 12, losses)
   assert np.all(np.isfinite(losses))
   assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
   assert np.isfinite(exp.evaluate(state)["eval/loss"])
@@ -146,14 +136,14 @@ def test_trains_and_resumes_bit_exactly_mid_period(extra, tmp_path):
   # steps after the sync at step 4, and for Streaming between a fragment's
   # send and its merge) resumed to 12.
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  part = _run(exp, exp.init_state(), 0, 6)
+  part = run_steps(exp, exp.init_state(), 0, 6)
   meta = run_meta.checkpoint_meta(exp, 6)
   ckpt.save(6, part, meta)
   restored, _ = ckpt.restore(6, exp.init_state())
   ckpt.close()
-  resumed = _run(exp, restored, 6, 12)
-  for a, b in zip(jax.tree.leaves(_host(state)),
-                  jax.tree.leaves(_host(resumed))):
+  resumed = run_steps(exp, restored, 6, 12)
+  for a, b in zip(jax.tree.leaves(to_host(state)),
+                  jax.tree.leaves(to_host(resumed))):
     np.testing.assert_array_equal(a, b)
   run_meta.check_resumable(exp, dict(meta), "ckpt")
   with pytest.raises(ValueError, match="config.muon.ns_steps="):

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from helpers import run_steps
+from helpers import to_host
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
@@ -37,18 +39,6 @@ NOLOCO = ("--config.algorithm=noloco", f"--config.sync_every={H}")
 def _config(*extra):
   return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                 (*TINY_RUN, *NOLOCO, *extra))
-
-
-def _run(exp, state, start, stop, losses=None):
-  for s in range(start, stop):
-    state, m = exp.train_step(state, exp.get_batch(s), s)
-    if losses is not None:
-      losses.append(float(np.mean(jax.device_get(m["loss"]))))
-  return state
-
-
-def _host(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 def test_config_fields_are_validated_by_name():
@@ -127,25 +117,25 @@ def test_trains_and_resumes_bit_exactly_mid_period(tmp_path):
   require_devices(N)
   exp = experiment_lib.Experiment(_config())
   losses = []
-  state = _run(exp, exp.init_state(), 0, 12, losses)
+  state = run_steps(exp, exp.init_state(), 0, 12, losses)
   assert np.all(np.isfinite(losses))
   assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
   assert np.isfinite(exp.evaluate(state)["eval/loss"])
   # The workers differ (their pairs differ) but after 12 = 3 H steps each
   # worker's parameters are its phi.
-  leaf = jax.tree.leaves(_host(state.params))[0]
+  leaf = jax.tree.leaves(to_host(state.params))[0]
   assert np.ptp(leaf, axis=0).max() > 0
   # Straight 0..11 against a checkpoint after step 6 (two steps into the
   # second period, one outer step taken) resumed to 12.
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  part = _run(exp, exp.init_state(), 0, 6)
+  part = run_steps(exp, exp.init_state(), 0, 6)
   meta = run_meta.checkpoint_meta(exp, 6)
   ckpt.save(6, part, meta)
   restored, _ = ckpt.restore(6, exp.init_state())
   ckpt.close()
-  resumed = _run(exp, restored, 6, 12)
-  for a, b in zip(jax.tree.leaves(_host(state)),
-                  jax.tree.leaves(_host(resumed))):
+  resumed = run_steps(exp, restored, 6, 12)
+  for a, b in zip(jax.tree.leaves(to_host(state)),
+                  jax.tree.leaves(to_host(resumed))):
     np.testing.assert_array_equal(a, b)
   # A resume with another pairing or outer coefficient is refused by name.
   run_meta.check_resumable(exp, dict(meta), "ckpt")

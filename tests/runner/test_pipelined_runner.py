@@ -11,6 +11,8 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from helpers import run_steps
+from helpers import to_host
 from decentral_jax import optim
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
@@ -31,16 +33,6 @@ PIPE = ("--config.algorithm=decentralized", "--config.pipelined_gossip=True",
 def _config(*extra):
   return config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                 (*TINY_RUN, *PIPE, *extra))
-
-
-def _run(exp, state, start, stop):
-  for s in range(start, stop):
-    state, _ = exp.train_step(state, exp.get_batch(s), s)
-  return state
-
-
-def _host(tree):
-  return jax.tree.map(np.asarray, jax.device_get(tree))
 
 
 def test_fields_are_validated_and_priced():
@@ -79,21 +71,21 @@ def test_static_rounds_resume_and_bytes(tmp_path):
   bytes per step equal plain gossip's."""
   require_devices(N)
   exp = experiment_lib.Experiment(_config())
-  state = _run(exp, exp.init_state(), 0, 9)
+  state = run_steps(exp, exp.init_state(), 0, 9)
   assert optim.find_states(state.opt_state, optim.PipelinedState)
   static = experiment_lib.Experiment(_config("--config.gossip_rounds=static"))
   assert static.programs.rounds == {0: 0, 1: 2, 2: 4}
-  for a, b in zip(jax.tree.leaves(_host(state)), jax.tree.leaves(
-      _host(_run(static, static.init_state(), 0, 9)))):
+  for a, b in zip(jax.tree.leaves(to_host(state)), jax.tree.leaves(
+      to_host(run_steps(static, static.init_state(), 0, 9)))):
     np.testing.assert_array_equal(a, b)
   ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  part = _run(exp, exp.init_state(), 0, 5)
+  part = run_steps(exp, exp.init_state(), 0, 5)
   meta = run_meta.checkpoint_meta(exp, 5)
   ckpt.save(5, part, meta)
   restored, _ = ckpt.restore(5, exp.init_state())
   ckpt.close()
-  for a, b in zip(jax.tree.leaves(_host(state)),
-                  jax.tree.leaves(_host(_run(exp, restored, 5, 9)))):
+  for a, b in zip(jax.tree.leaves(to_host(state)),
+                  jax.tree.leaves(to_host(run_steps(exp, restored, 5, 9)))):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match="config.pipelined_gossip="):
     run_meta.check_resumable(exp, dict(meta, pipelined_gossip=False), "c")
