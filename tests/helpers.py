@@ -164,3 +164,25 @@ def run_steps(exp, state, start: int, stop: int, losses=None):
 def to_host(tree):
   """``tree`` as NumPy arrays on the host (for exact comparisons)."""
   return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+def resume_mid_run(exp, directory, at: int, stop: int):
+  """``exp`` trained from scratch to step ``at``, checkpointed in
+  ``directory`` (Orbax, with its run metadata), restored and trained on to
+  ``stop``. Returns ``(state, meta)``: the resumed state and the
+  checkpoint's metadata document."""
+  from decentral_jax.runner import checkpoint  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoint.Checkpointer(str(directory), async_save=False)
+  meta = run_meta.checkpoint_meta(exp, at)
+  ckpt.save(at, run_steps(exp, exp.init_state(), 0, at), meta)
+  restored, _ = ckpt.restore(at, exp.init_state())
+  ckpt.close()
+  return run_steps(exp, restored, at, stop), meta
+
+
+def assert_same_tree(a, b) -> None:
+  """Every leaf of ``a`` and ``b`` equal, bit for bit, on the host."""
+  for x, y in zip(jax.tree.leaves(to_host(a)), jax.tree.leaves(to_host(b)),
+                  strict=True):
+    np.testing.assert_array_equal(x, y)

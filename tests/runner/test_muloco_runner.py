@@ -13,10 +13,10 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from helpers import assert_same_tree
+from helpers import resume_mid_run
 from helpers import run_steps
-from helpers import to_host
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import methods
@@ -135,16 +135,8 @@ def test_trains_and_resumes_bit_exactly_mid_period(extra, tmp_path):
   # Straight 0..11 against a checkpoint after step 6 (mid period: two
   # steps after the sync at step 4, and for Streaming between a fragment's
   # send and its merge) resumed to 12.
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  part = run_steps(exp, exp.init_state(), 0, 6)
-  meta = run_meta.checkpoint_meta(exp, 6)
-  ckpt.save(6, part, meta)
-  restored, _ = ckpt.restore(6, exp.init_state())
-  ckpt.close()
-  resumed = run_steps(exp, restored, 6, 12)
-  for a, b in zip(jax.tree.leaves(to_host(state)),
-                  jax.tree.leaves(to_host(resumed))):
-    np.testing.assert_array_equal(a, b)
+  resumed, meta = resume_mid_run(exp, tmp_path / "ckpt", 6, 12)
+  assert_same_tree(state, resumed)
   run_meta.check_resumable(exp, dict(meta), "ckpt")
   with pytest.raises(ValueError, match="config.muon.ns_steps="):
     run_meta.check_resumable(exp, dict(meta, **{"muon.ns_steps": 3}), "ckpt")

@@ -12,10 +12,11 @@ import pytest
 
 from conftest import require_devices
 from helpers import TINY_RUN
+from helpers import assert_same_tree
+from helpers import resume_mid_run
 from helpers import run_steps
 from helpers import to_host
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import methods
@@ -127,16 +128,8 @@ def test_trains_and_resumes_bit_exactly_mid_period(tmp_path):
   assert np.ptp(leaf, axis=0).max() > 0
   # Straight 0..11 against a checkpoint after step 6 (two steps into the
   # second period, one outer step taken) resumed to 12.
-  ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), async_save=False)
-  part = run_steps(exp, exp.init_state(), 0, 6)
-  meta = run_meta.checkpoint_meta(exp, 6)
-  ckpt.save(6, part, meta)
-  restored, _ = ckpt.restore(6, exp.init_state())
-  ckpt.close()
-  resumed = run_steps(exp, restored, 6, 12)
-  for a, b in zip(jax.tree.leaves(to_host(state)),
-                  jax.tree.leaves(to_host(resumed))):
-    np.testing.assert_array_equal(a, b)
+  resumed, meta = resume_mid_run(exp, tmp_path / "ckpt", 6, 12)
+  assert_same_tree(state, resumed)
   # A resume with another pairing or outer coefficient is refused by name.
   run_meta.check_resumable(exp, dict(meta), "ckpt")
   for key, value in (("noloco.pairing_seed", 3), ("noloco.gamma", 0.3),
