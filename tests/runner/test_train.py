@@ -600,7 +600,9 @@ def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
   # A compressed run's state (CHOCO's public copies, error-feedback
   # residuals) is not resumed uncompressed, nor in another format.
   int8 = dict(meta["compression"], format="int8")
-  with pytest.raises(ValueError, match="config.compression="):
+  # Named by the member of the group that differs.
+  with pytest.raises(ValueError, match="written with config.compression."
+                     "format='int8' but this run has 'none'"):
     run_meta.check_resumable(exp, dict(meta, compression=int8), "ckpt")
   # Written before the compression group existed: uncompressed, accepted.
   run_meta.check_resumable(
