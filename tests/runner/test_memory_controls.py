@@ -139,6 +139,7 @@ def train(config, steps):
   return jax.device_get(state.params), np.array(losses)
 
 
+@pytest.mark.slow
 def test_a_run_with_four_micro_batches_ends_where_one_batch_ends():
   require_devices(N)
   one, one_losses = train(tiny_run(), 3)
@@ -166,6 +167,7 @@ def test_bfloat16_parameters_train_to_within_two_percent_of_float32():
   np.testing.assert_allclose(bf16[-1], f32[-1], rtol=0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [
     "block", pytest.param("block_dots", marks=pytest.mark.slow)])
 def test_remat_leaves_loss_and_gradient_and_names_unchanged(remat):
@@ -191,6 +193,7 @@ def test_remat_leaves_loss_and_gradient_and_names_unchanged(remat):
   assert policies == ({"DotsSaveable"} if remat == "block_dots" else {"None"})
 
 
+@pytest.mark.slow
 def test_bfloat16_parameters_are_stored_in_bfloat16():
   cfg = dataclasses.replace(CFG, param_dtype=jnp.bfloat16)
   params = models.gpt.init_params(cfg, jax.random.key(0))
