@@ -268,6 +268,18 @@ def collective_kind(opcode: str) -> str | None:
   return base if base in KINDS else None
 
 
+def wrapped_collective_kind(ins: Instruction, comps) -> str | None:
+  """The collective an ``async-start`` runs (``reduce-scatter``, ...): the
+  :func:`collective_kind` of the first collective instruction in the
+  computations it calls (``comps``: name -> its instructions), or None."""
+  for sub in called_computations(ins).get("calls", []):
+    for inner in comps.get(sub, ()):
+      kind = collective_kind(inner.opcode)
+      if kind:
+        return kind
+  return None
+
+
 def hlo_text(compiled_or_lowered: Any, stage: str = "optimized") -> str:
   """HLO text of a ``jax.stages.Compiled`` / ``Lowered`` (or a string).
 

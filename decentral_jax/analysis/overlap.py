@@ -334,16 +334,6 @@ class _Counter:
     return self.cache[comp]
 
 
-def _wrapped_kind(ins: hlo.Instruction, comps) -> str | None:
-  """The collective an ``async-start`` runs (reduce-scatter, ...), or None."""
-  for sub in hlo.called_computations(ins).get("calls", []):
-    for inner in comps.get(sub, ()):
-      kind = hlo.collective_kind(inner.opcode)
-      if kind:
-        return kind
-  return None
-
-
 def _operand_bytes(ins: hlo.Instruction, shapes: dict[str, str],
                    kind: str) -> float:
   names = hlo.operand_names(ins.operands)
@@ -360,7 +350,7 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
   for ins in instrs:
     kind = hlo.collective_kind(ins.opcode)
     if ins.opcode == "async-start":
-      kind = _wrapped_kind(ins, comps)
+      kind = hlo.wrapped_collective_kind(ins, comps)
     if kind is not None:
       is_start = ins.opcode.endswith("-start")
       row = {"kind": kind, "name": ins.name, "computation": comp,

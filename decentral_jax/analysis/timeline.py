@@ -168,7 +168,7 @@ def step_timeline(compiled_or_text: Any,
   for ins in instrs:
     kind = hlo.collective_kind(ins.opcode)
     if ins.opcode == "async-start":
-      kind = _async_kind(ins, comps)
+      kind = hlo.wrapped_collective_kind(ins, comps)
     if kind is not None:
       open_[ins.name] = _collective(ins, kind, shapes, costs, clock.now)
       if not ins.opcode.endswith("-start"):  # synchronous: runs in place
@@ -194,15 +194,6 @@ def step_timeline(compiled_or_text: Any,
       (f"profile for {len(costs)} instructions, else " if costs else "")
       + f"fallback: {flops_per_us * 1e6 / 1e12:g} TFLOP/s, "
       f"{us_per_instruction:g} us per instruction")
-
-
-def _async_kind(ins, comps) -> str | None:
-  for sub in hlo.called_computations(ins).get("calls", []):
-    for inner in comps.get(sub, ()):
-      kind = hlo.collective_kind(inner.opcode)
-      if kind:
-        return kind
-  return None
 
 
 def _collective(ins, kind, shapes, costs, now) -> dict:
