@@ -87,6 +87,16 @@ def _orbax_threads_since(before: set) -> list[threading.Thread]:
           and type(t).__module__.split(".")[0] == "orbax"]
 
 
+def _remove_tree(path: str, tries: int = 50) -> None:
+  """``rmtree`` again while a late writer thread still adds files to
+  ``path`` (up to ``tries`` times, 0.1 s apart)."""
+  for _ in range(tries):
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.exists(path):
+      return
+    time.sleep(0.1)
+
+
 def check_checkpoint(root: str) -> tuple[str, str]:
   """Checks a committed checkpoint directory against its ``SHA256SUMS``.
 
@@ -195,7 +205,7 @@ class Checkpointer:
     for name in sorted(os.listdir(self.directory)):
       path = os.path.join(self.directory, name)
       if TMP_SUFFIX in name and os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_tree(path)
         logging.warning("removed %s, left by an interrupted checkpoint save.",
                         path)
 
