@@ -255,17 +255,24 @@ class Lines:
 def read_jsonl(path: str, check: Callable[[dict], str | None] | None = None,
                max_bytes: int = MAX_FILE_BYTES) -> Lines | Damaged:
   """One JSON object per line, each checked by ``check(record) -> why |
-  None``; blank lines are skipped.
-
-  A last line without its newline that is not JSON is a write cut short
-  (the run died while writing it): it is left out (``Lines.torn``). Any
-  other line that is not a JSON object, or that ``check`` refuses, makes
-  the file :class:`Damaged` (its ``key`` the ``"line N"`` at fault).
-  """
+  None`` (:func:`parse_jsonl` of the file's bytes), or :class:`Damaged`."""
   data = read_bytes(path, max_bytes)
   if isinstance(data, Damaged):
     return data
-  path = os.fspath(path)
+  return parse_jsonl(data, os.fspath(path), check)
+
+
+def parse_jsonl(data: bytes, path: str,
+                check: Callable[[dict], str | None] | None = None
+                ) -> Lines | Damaged:
+  """The records of the JSON-lines bytes ``data`` (of the file ``path``).
+
+  Blank lines are skipped. A last line without its newline that is not
+  JSON is a write cut short (the run died while writing it): it is left
+  out (``Lines.torn``). Any other line that is not a JSON object, or that
+  ``check`` refuses, makes the file :class:`Damaged` (its ``key`` the
+  ``"line N"`` at fault, its reason starting with it).
+  """
   lines = data.split(b"\n")
   tail = lines.pop()  # after the last newline: b"" unless a write was torn
   records, torn = [], None
@@ -274,7 +281,7 @@ def read_jsonl(path: str, check: Callable[[dict], str | None] | None = None,
       continue
     record = parse_json(raw, path)
     if not isinstance(record, (dict, Damaged)):
-      record = Damaged(path, "not a JSON object")
+      record = Damaged(path, "is not a JSON object")
     if isinstance(record, Damaged):
       if number == len(lines) + 1:  # no newline: the write was cut short
         torn = number
@@ -291,9 +298,9 @@ def read_jsonl(path: str, check: Callable[[dict], str | None] | None = None,
 
 def finite_series(records: list[dict], key: str, x: str = "step"
                   ) -> tuple[list, list] | str:
-  """``(xs, ys)`` of the records that have ``key``: a non-empty series of
-  finite numbers, or why not (one line naming ``key``)."""
-  pairs = [(r.get(x), r[key]) for r in records if key in r]
+  """``(xs, ys)`` of the records with a non-null ``key``: a non-empty
+  series of finite numbers, or why not (one line naming ``key``)."""
+  pairs = [(r.get(x), r[key]) for r in records if r.get(key) is not None]
   if not pairs:
     return f"has no {key!r} record"
   for step, v in pairs:
@@ -304,5 +311,5 @@ def finite_series(records: list[dict], key: str, x: str = "step"
 
 
 __all__ = ("Damaged", "Lines", "MAX_FILE_BYTES", "Obj", "finite_series",
-           "object_error", "parse_json", "read_bytes", "read_json",
-           "read_jsonl", "short", "value_error")
+           "object_error", "parse_json", "parse_jsonl", "read_bytes",
+           "read_json", "read_jsonl", "short", "value_error")

@@ -39,10 +39,12 @@ import dataclasses
 import math
 import numbers
 import os
+import sys
 
 import numpy as np
 
 from decentral_jax import checks
+from decentral_jax import records
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
@@ -359,10 +361,15 @@ def predicted_ms(config, clusters, workload: str = FIGURE6,
 
 
 def eval_curve(path: str) -> tuple[np.ndarray, np.ndarray]:
-  """``(steps, eval/loss)`` of a run's metrics.jsonl (empty if missing)."""
-  if not os.path.exists(path):
+  """``(steps, eval/loss)`` of a run's metrics.jsonl (:func:`metrics.
+  read_curve`): empty if the file is missing, or damaged (one ``warning:``
+  line on stderr naming the file; the run is left out of the answer)."""
+  got = metrics_lib.read_curve(path)
+  if isinstance(got, records.Damaged):
+    if not got.missing:
+      print(got.warning("its loss curve is left out."), file=sys.stderr)
     return np.zeros(0), np.zeros(0)
-  return metrics_lib.series(metrics_lib.read_jsonl(path), "eval/loss")
+  return got
 
 
 def step_to_target(steps, losses, target: float) -> float | None:

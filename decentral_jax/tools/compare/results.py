@@ -130,6 +130,8 @@ def _curves_and_losses(arms, finals, outdir: str):
           os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE)))
       losses.setdefault(a.method.name, []).append(float(m["eval/loss"]))
   bad = {a.method.name for a, m in zip(arms, finals) if m is None}
+  # A damaged metrics file (warned about by eval_curve) has no curve.
+  bad |= {k for k, v in curves.items() if any(len(c[0]) == 0 for c in v)}
   return {k: v for k, v in curves.items() if k not in bad}, losses, bad
 
 
