@@ -17,7 +17,7 @@ nullable)``:
   not a string, not a boolean);
 * ``"numbers"``: a list of such numbers; ``"series"``: a non-empty one;
 * ``"bool"``, ``"str"``, ``"strs"`` (a list of strings);
-* ``"object"``: any JSON object; an :class:`Obj`: an object with its own
+* ``"object"``, ``"list"``: any JSON object, list; an :class:`Obj`: an object with its own
   schema.
 
 ``lo`` and ``hi`` are None where there are no bounds; ``nullable`` lets
@@ -79,7 +79,8 @@ _RULES = {"int": "an integer", "number": "a finite number",
           "numbers": "a list of finite numbers",
           "series": "a non-empty list of finite numbers",
           "bool": "true or false", "str": "a string",
-          "strs": "a list of strings", "object": "an object"}
+          "strs": "a list of strings", "object": "an object",
+          "list": "a list"}
 
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 40, 40, 40
@@ -101,8 +102,9 @@ def _ok(v, kind: str, lo, hi) -> bool:
         checks.is_number(x) and _in(x, lo, hi) for x in v)
   if kind == "strs":
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
-  if kind in ("bool", "str", "object"):
-    return isinstance(v, {"bool": bool, "str": str, "object": dict}[kind])
+  if kind in ("bool", "str", "object", "list"):
+    return isinstance(v, {"bool": bool, "str": str, "object": dict,
+                          "list": list}[kind])
   return (checks.is_number(v) and (kind == "number" or checks.is_int(v))
           and _in(v, lo, hi))
 
@@ -210,8 +212,7 @@ def parse_json(raw: bytes, path: str):
   except json.JSONDecodeError as e:
     return Damaged(path, f"is not JSON: {e}")
   except RecursionError:
-    return Damaged(path, "is not JSON this project reads: it is nested too "
-                   "deeply")
+    return Damaged(path, "is not JSON: nested too deeply")
 
 
 def read_json(path: str, schema: dict | None = None, required=(), *,
@@ -305,7 +306,7 @@ def finite_series(records: list[dict], key: str, x: str = "step"
     return f"has no {key!r} record"
   for step, v in pairs:
     if not (checks.is_number(step) and checks.is_number(v)):
-      return (f"{key!r} at {x} {short(step)} must be a finite number, got "
+      return (f"{key!r} at {x}={short(step)} must be a finite number, got "
               f"{short(v)}")
   return [p[0] for p in pairs], [p[1] for p in pairs]
 

@@ -39,7 +39,6 @@ import dataclasses
 import math
 import numbers
 import os
-import sys
 
 import numpy as np
 
@@ -362,13 +361,17 @@ def predicted_ms(config, clusters, workload: str = FIGURE6,
 
 def eval_curve(path: str) -> tuple[np.ndarray, np.ndarray]:
   """``(steps, eval/loss)`` of a run's metrics.jsonl (:func:`metrics.
-  read_curve`): empty if the file is missing, or damaged (one ``warning:``
-  line on stderr naming the file; the run is left out of the answer)."""
+  read_curve`), empty if the file is missing.
+
+  Raises:
+    ValueError: the file is damaged (one line naming it, the line or the
+      step and the key).
+  """
   got = metrics_lib.read_curve(path)
   if isinstance(got, records.Damaged):
-    if not got.missing:
-      print(got.warning("its loss curve is left out."), file=sys.stderr)
-    return np.zeros(0), np.zeros(0)
+    if got.missing:
+      return np.zeros(0), np.zeros(0)
+    raise got.error()
   return got
 
 
