@@ -33,7 +33,7 @@ ALLOWED = {
     # The one validating reader of the files a run keeps (no JAX).
     "records": {"checks"},
     "topology": {"checks"},
-    "comm": {"checks", "scopes", "topology", "wire_format"},
+    "comm": {"checks", "records", "scopes", "topology", "wire_format"},
     "optim": {"checks", "topology", "comm"},
     "parallel": {"checks", "layout_modes", "topology", "comm"},
     "analysis": {"checks", "scopes"},
