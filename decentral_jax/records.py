@@ -305,7 +305,10 @@ def finite_series(records: list[dict], key: str, x: str = "step"
   if not pairs:
     return f"has no {key!r} record"
   for step, v in pairs:
-    if not (checks.is_number(step) and checks.is_number(v)):
+    if not checks.is_number(step):
+      return (f"{x!r} of a {key!r} record must be a finite number, got "
+              f"{short(step)}")
+    if not checks.is_number(v):
       return (f"{key!r} at {x}={short(step)} must be a finite number, got "
               f"{short(v)}")
   return [p[0] for p in pairs], [p[1] for p in pairs]
