@@ -20,6 +20,8 @@ import signal
 import sys
 import time
 
+import tqdm
+
 from decentral_jax import records
 from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
@@ -86,6 +88,12 @@ RESULT_SCHEMA = {
 RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
 
 
+def _warn(line: str) -> None:
+  """A ``warning:`` line on stderr, on a line of its own under the job's
+  progress bar."""
+  tqdm.tqdm.write(line, file=sys.stderr)
+
+
 def _outcome_error(record: dict):
   """A record is either finished (``final``) or diverged, not both."""
   if (record["final"] is None) == (record["diverged"] is None):
@@ -125,7 +133,7 @@ def _read_config(workdir: str):
                           extra=True)
   if isinstance(got, records.Damaged):
     if not got.missing:
-      print(got.warning("its checkpoint is not resumed."), file=sys.stderr)
+      _warn(got.warning("its checkpoint is not resumed."))
     return None
   return got
 
@@ -151,8 +159,8 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
   record = read_record(workdir, want)
   if isinstance(record, records.Damaged):
     if not record.missing:
-      print(record.warning("the run is not kept: it is resumed from its "
-                           "checkpoint or trained again."), file=sys.stderr)
+      _warn(record.warning("the run is not kept: it is resumed from its "
+                           "checkpoint or trained again."))
   elif record["config"] == want:
     return "finished", record
   if _has_checkpoint(workdir) and _read_config(workdir) == want:
