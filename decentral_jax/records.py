@@ -299,9 +299,11 @@ def parse_jsonl(data: bytes, path: str,
 
 def finite_series(records: list[dict], key: str, x: str = "step"
                   ) -> tuple[list, list] | str:
-  """``(xs, ys)`` of the records with a non-null ``key``: a non-empty
-  series of finite numbers, or why not (one line naming ``key``)."""
-  pairs = [(r.get(x), r[key]) for r in records if r.get(key) is not None]
+  """``(xs, ys)`` of the records with a non-null ``key`` and ``x``: a
+  non-empty series of finite numbers, or why not (one line naming
+  ``key``)."""
+  pairs = [(r[x], r[key]) for r in records
+           if r.get(key) is not None and r.get(x) is not None]
   if not pairs:
     return f"has no {key!r} record"
   for step, v in pairs:

@@ -185,6 +185,7 @@ def test_json_lines(tmp_path, case):
 @pytest.mark.parametrize("rows, want", [
     ([{"step": 0, "l": 2.0}, {"step": 5, "l": 1.0}], ([0, 5], [2.0, 1.0])),
     ([{"step": 0, "l": None}, {"step": 5, "l": 1.0}], ([5], [1.0])),
+    ([{"l": 3.0}, {"step": 5, "l": 1.0}], ([5], [1.0])),
     ([{"step": 0}], "has no 'l' record"),
     ([], "has no 'l' record"),
     ([{"step": 0, "l": "low"}], "'l' at step=0 must be a finite number"),

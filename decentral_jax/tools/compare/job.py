@@ -150,8 +150,9 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
     ``("finished", record)`` if ``workdir`` holds the outcome of a run of
     this very config (:data:`RESULT_FILE`: its final metrics, or why it
     diverged; checked by :func:`read_record`, a damaged one is named in a
-    ``warning:`` line and the run is not kept), which is kept; ``("resume", None)`` if it holds a
-    checkpoint of a run of this config (its ``config.json``), which
+    ``warning:`` line and the run is not kept), which is kept;
+    ``("resume", None)`` if it holds a checkpoint of a run of this config
+    (its ``config.json``), which
     ``train_and_evaluate`` resumes; ``("fresh", None)`` otherwise: the
     directory is replaced and the run starts at step 0.
   """
