@@ -22,15 +22,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "decentral_jax")
 
 _LIBRARY = {"checks", "layout_modes", "scopes", "wire_format", "topology",
-            "comm", "optim", "parallel", "analysis", "models", "data"}
+            "comm", "optim", "parallel", "analysis", "models", "data",
+            "records"}
 # part -> the other parts it may import (a part may always import itself).
 ALLOWED = {
     "checks": set(),
     "scopes": set(),
     "wire_format": set(),
     "layout_modes": set(),
+    # The one validating reader of the files a run keeps (no JAX).
+    "records": {"checks"},
     "topology": {"checks"},
-    "comm": {"checks", "scopes", "topology", "wire_format"},
+    "comm": {"checks", "records", "scopes", "topology", "wire_format"},
     "optim": {"checks", "topology", "comm"},
     "parallel": {"checks", "layout_modes", "topology", "comm"},
     "analysis": {"checks", "scopes"},
@@ -39,7 +42,7 @@ ALLOWED = {
     # Display names of methods: one table for every command (NumPy only).
     "method_names": {"checks", "topology"},
     "runtime_model": {"checks", "layout_modes", "topology", "method_names",
-                      "wire_format"},
+                      "records", "wire_format"},
     "runner": _LIBRARY | {"method_names"},
     # The top floor: the command lines, the main job, GPU-target compiles.
     "tools": _LIBRARY | {"method_names", "runtime_model", "runner"},

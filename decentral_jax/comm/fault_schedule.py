@@ -48,15 +48,13 @@ References:
 
 from __future__ import annotations
 
-import errno
-import json
 import os
-import stat
 from typing import Any, Sequence
 
 import numpy as np
 
 from decentral_jax import checks
+from decentral_jax import records
 
 #: How stragglers are treated: ``"deadline"`` (a slow worker completes only
 #: the steps its speed allows) or ``"wait"`` (the others wait for it).
@@ -294,18 +292,21 @@ def _normalise_event(e, n: int, where: str) -> tuple:
 def _read_trace(path: str, n: int) -> list[tuple]:
   """The events of a trace file, each checked; errors name ``path`` and key."""
   where = f"fault trace {path}"
-  try:
-    with open(path, "rb", opener=_open_regular) as f:
-      raw = f.read(MAX_TRACE_BYTES + 1)
-    if len(raw) > MAX_TRACE_BYTES:
-      raise ValueError(f"{where}: larger than {MAX_TRACE_BYTES} bytes; a "
-                       "trace lists intervals, not steps.")
-    data = json.loads(raw.decode("utf-8"))
-  except OSError as e:
+  raw = records.read_bytes(path, MAX_TRACE_BYTES)
+  if isinstance(raw, records.Damaged):
+    why = raw.reason.removeprefix("is ")
+    if why.startswith("larger"):
+      raise ValueError(f"{where}: {why}; a trace lists intervals, not "
+                       "steps.")
+    if raw.missing:
+      why = "No such file or directory"
     raise ValueError(f"{where}: cannot be read: "
-                     f"{e.strerror or e}") from None
-  except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-    raise ValueError(f"{where}: not a JSON file: {str(e)[:120]}") from None
+                     f"{why.removeprefix('cannot be read: ')}; give a JSON "
+                     "file.")
+  data = records.parse_json(raw, path)
+  if isinstance(data, records.Damaged):
+    why = data.reason.removeprefix("is not JSON: ").removeprefix("is ")
+    raise ValueError(f"{where}: not a JSON file: {why[:120]}")
   if not isinstance(data, dict):
     raise ValueError(f"{where}: must hold a JSON object with keys "
                      f"{', '.join(TRACE_KEYS)}, got {type(data).__name__}.")
@@ -321,22 +322,6 @@ def _read_trace(path: str, n: int) -> list[tuple]:
                      f"{type(events).__name__}.")
   return [_trace_event(e, n, where, f"events[{i}]")
           for i, e in enumerate(events)]
-
-
-def _open_regular(path: str, flags: int) -> int:
-  """``os.open`` that refuses what is not a regular file (FIFO, device).
-
-  Opened non-blocking (a FIFO without a writer would block the open), then
-  checked with ``fstat``; a regular file reads as usual.
-  """
-  fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
-  mode = os.fstat(fd).st_mode
-  if not stat.S_ISREG(mode):
-    os.close(fd)
-    raise OSError(errno.EINVAL, ("a directory" if stat.S_ISDIR(mode) else
-                                 "not a regular file (a FIFO or a device?)")
-                  + "; give a JSON file")
-  return fd
 
 
 def _trace_event(e: Any, n: int, where: str, key: str) -> tuple:

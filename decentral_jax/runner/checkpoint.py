@@ -39,7 +39,6 @@ command-line programs call).
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import re
@@ -51,6 +50,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from decentral_jax import records
 from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -108,13 +108,10 @@ def check_checkpoint(root: str) -> tuple[str, str]:
   status, why = workdir_lib.check_sums(root)
   if status != "ok":
     return status, why
-  try:
-    with open(os.path.join(root, _UNSUMMED[0]), encoding="utf-8") as f:
-      json.load(f)
-  except FileNotFoundError:
-    pass  # not every Orbax version writes it
-  except (OSError, ValueError, RecursionError) as e:  # RecursionError: deep
-    return "corrupt", f"{_UNSUMMED[0]} unreadable ({type(e).__name__})"
+  got = records.read_json(os.path.join(root, _UNSUMMED[0]))
+  if isinstance(got, records.Damaged) and not got.missing:  # not every
+    # Orbax version writes it
+    return "corrupt", f"{_UNSUMMED[0]} unreadable ({got.reason})"
   return "ok", ""
 
 

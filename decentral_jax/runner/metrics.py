@@ -44,6 +44,7 @@ from typing import Any, Iterable
 import numpy as np
 import tqdm
 
+from decentral_jax import records as records_lib
 from decentral_jax.runner import workdir as workdir_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -195,6 +196,9 @@ def _record_error(record: dict) -> str | None:
     if not (value is None or isinstance(value, (int, float, str, bool))):
       return (f"{key!r:.60} must be a number, a string or null, got "
               f"{type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+      return (f"{key!r:.60} must be a finite number or null (the writer "
+              f"writes null for a non-finite value), got {value}")
   return None
 
 
@@ -205,7 +209,8 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool]:
   Raises:
     ValueError: a line other than the last is not a JSON object, or a
       record has no integer ``"step" >= 0`` or a value that is not a JSON
-      scalar; names the file, the line, the key and the fix.
+      scalar or is NaN or infinite; names the file, the line, the key and
+      the fix.
     workdir.PathError: the file cannot be read.
   """
   try:
@@ -213,31 +218,14 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool]:
       data = f.read()
   except OSError as e:
     raise workdir_lib.path_error("read", path, e) from None
-  lines = data.split(b"\n")
-  tail = lines.pop()  # after the last newline: b"" unless a write was torn
-  records, torn = [], None
-  for number, raw in enumerate(lines + [tail], start=1):
-    if not raw.strip(b" \t\r\0"):
-      continue
-    try:
-      record = json.loads(raw.decode("utf-8"))
-      if not isinstance(record, dict):
-        raise ValueError("not a JSON object")
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError too
-      if number == len(lines) + 1:  # no newline: the write was cut short
-        torn = number
-        break
-      raise ValueError(
-          f"{path}, line {number}: not a JSON record ({e}); the file is "
-          "corrupt: fix or delete that line (one JSON object per line), or "
-          "move the file away, and run again.") from None
-    why = _record_error(record)
-    if why:
-      raise ValueError(
-          f"{path}, line {number}: {why}; fix or delete that line, or move "
-          "the file away, and run again.")
-    records.append(record)
-  return records, torn, bool(tail)
+  got = records_lib.parse_jsonl(data, path, _record_error)
+  if isinstance(got, records_lib.Damaged):
+    fix = ("the file is corrupt: fix or delete that line (one JSON object "
+           "per line)" if "not a JSON record" in got.reason else
+           "fix or delete that line")
+    raise ValueError(f"{path}, {got.reason}; {fix}, or move the file away, "
+                     "and run again.")
+  return got.records, got.torn, got.dirty
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -251,6 +239,25 @@ def read_jsonl(path: str) -> list[dict]:
       file, line and key); the file cannot be read (``workdir.PathError``).
   """
   return _parse(path)[0]
+
+
+def read_curve(path: str, key: str = "eval/loss", x: str = "step"):
+  """The ``(x, key)`` curve of a metrics file, checked, or why not.
+
+  Returns:
+    ``(xs, ys)``, two float64 arrays of equal, non-zero length with finite
+    values (records whose ``key`` is null are left out), or a
+    :class:`decentral_jax.records.Damaged` naming the file: missing
+    (``.missing``), unreadable, a corrupt line, or no finite ``key`` record
+    (e.g. a file truncated before its first evaluation).
+  """
+  got = records_lib.read_jsonl(path, _record_error)
+  if isinstance(got, records_lib.Damaged):
+    return got
+  pts = records_lib.finite_series(got.records, key, x)
+  if isinstance(pts, str):
+    return records_lib.Damaged(path, pts, key=key)
+  return np.asarray(pts[0], np.float64), np.asarray(pts[1], np.float64)
 
 
 def truncate_after(workdir: str, step: int) -> int:

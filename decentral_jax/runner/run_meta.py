@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 
 import jax
 
 from decentral_jax import parallel
+from decentral_jax import records
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import fault_run
@@ -226,17 +226,19 @@ def _window_error(window) -> str | None:
   return None
 
 
+# key -> (kind, value when absent) of the numbers a resumed run reads.
+_META_FIELDS = {"step": ("int", None), "data_position": ("int", None),
+                "train_time_s": ("number", 0.0)}
+
+
 def _run_meta_error(meta) -> str | None:
   """Why ``meta`` is not a run checkpoint's JSON document, or None."""
   if not isinstance(meta, dict):
     return f"it is a {type(meta).__name__}, not a JSON object"
-  for key in ("step", "data_position"):
-    v = meta.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-      return f"{key} must be an integer >= 0, got {v!r:.60}"
-  t = meta.get("train_time_s", 0.0)
-  if not _number(t) or not math.isfinite(t) or t < 0:
-    return f"train_time_s must be a finite number >= 0, got {t!r:.60}"
+  for key, (kind, default) in _META_FIELDS.items():
+    why = records.value_error(key, meta.get(key, default), kind, 0)
+    if why:
+      return why
   return _window_error(meta.get("metrics_window"))
 
 

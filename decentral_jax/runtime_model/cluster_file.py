@@ -29,13 +29,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import reprlib
-import stat
 
 import numpy as np
 
-from decentral_jax import checks
+from decentral_jax import records
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import workload as workload_lib
 
@@ -171,60 +168,15 @@ TOP_KEYS = ("schema", "cluster", "workload", "measurements", "meta")
 CLUSTER_KEYS = tuple(k for k in CLUSTER_SCHEMA
                      if k not in OPTIONAL_CLUSTER_KEYS)
 WORKLOAD_KEYS = tuple(WORKLOAD_SCHEMA)
-
-
-def _value_error(key: str, v, kind: str, lo, hi) -> str | None:
-  """Why ``v`` is not a ``kind`` in ``[lo, hi]``, or None if it is."""
-  rule = {"int": "an integer", "number": "a finite number",
-          "numbers": "a list of finite numbers", "bool": "true or false",
-          "str": "a string", "strs": "a list of strings"}[kind]
-  if lo is not None:
-    rule += " in [{}, {}]".format(*(x if isinstance(x, int) else f"{x:g}"
-                                    for x in (lo, hi)))
-  if kind in ("numbers", "strs"):
-    ok = isinstance(v, list) and all(
-        isinstance(x, str) if kind == "strs" else
-        checks.is_number(x) and lo <= x <= hi for x in v)
-  elif kind == "bool":
-    ok = isinstance(v, bool)
-  elif kind == "str":
-    ok = isinstance(v, str)
-  else:
-    ok = checks.is_number(v) and (kind == "number" or checks.is_int(v)) and \
-        lo <= v <= hi
-  return None if ok else f"{key} must be {rule}, got {_short(v)}"
-
-
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 2, 40, 40, 40
-_REPR.maxlist = _REPR.maxdict = 4
-
-
-def _short(v) -> str:
-  """A short one-line repr (a value from a file may be long or deep)."""
-  return _REPR.repr(v)
-
-
-def _check_section(data: dict, name: str, schema: dict,
-                   required: tuple[str, ...] = ()) -> None:
-  """``data[name]``: a dict with keys of ``schema``, each of its kind."""
-  section = data[name]
-  if not isinstance(section, dict):
-    raise ValueError(f"\"{name}\" must be an object with keys among "
-                     f"{list(schema)}, got {_short(section)}.")
-  missing = [k for k in required if k not in section]
-  unknown = [k for k in section if k not in schema]
-  if missing or unknown:
-    what = (f"misses {missing}" if missing else "") + (
-        " and " if missing and unknown else "") + (
-            f"has unknown {unknown}" if unknown else "")
-    raise ValueError(f"\"{name}\" {what}; its keys are {list(schema)}.")
-  for key, v in section.items():
-    kind, lo, hi, nullable = schema[key]
-    why = None if (v is None and nullable) else _value_error(
-        f"{name}.{key}", v, kind, lo, hi)
-    if why:
-      raise ValueError(why + ".")
+# The whole file (records.object_error's schema): every section checked.
+DOCUMENT_SCHEMA = {
+    "schema": ("str", None, None, False),
+    "cluster": (records.Obj(CLUSTER_SCHEMA, CLUSTER_KEYS), None, None, False),
+    "workload": (records.Obj(WORKLOAD_SCHEMA, ("param_count",)), None, None,
+                 True),
+    "measurements": (records.Obj(MEASUREMENTS_SCHEMA), None, None, False),
+    "meta": (records.Obj(META_SCHEMA), None, None, False),
+}
 
 
 def _check_measurements(meas: dict) -> None:
@@ -240,51 +192,17 @@ def _check_measurements(meas: dict) -> None:
                      "measurements.all_reduce_bytes.")
 
 
-def _read_bytes(path: str) -> bytes:
-  """The bytes of a regular file of at most ``MAX_FILE_BYTES``.
-
-  Opened non-blocking (a FIFO without a writer would block the open) and
-  checked with ``fstat`` before reading: a FIFO or a device (``/dev/zero``
-  never ends) is refused.
-  """
-  if not isinstance(path, (str, os.PathLike)) or isinstance(path, bool):
-    raise ValueError(f"is not a path (got {type(path).__name__}).")
-  try:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-  except OSError as e:
-    raise ValueError(f"{e.strerror or e}.") from None
-  mode = os.fstat(fd).st_mode
-  if not stat.S_ISREG(mode):
-    os.close(fd)
-    what = ("is a directory" if stat.S_ISDIR(mode) else
-            "is not a regular file (a FIFO or a device?)")
-    raise ValueError(f"{what}; give the JSON file that measure wrote.")
-  with os.fdopen(fd, "rb") as f:
-    try:
-      raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as e:
-      raise ValueError(f"{e.strerror or e}.") from None
-  if len(raw) > MAX_FILE_BYTES:
-    raise ValueError(f"is larger than {MAX_FILE_BYTES} bytes, not a cluster "
-                     "file (measure writes a few kilobytes).")
-  return raw
-
-
 def _load(path: str):
-  """The file's JSON value; ValueError naming the file otherwise."""
-  raw = _read_bytes(path)
-  try:
-    text = raw.decode("utf-8")
-  except UnicodeDecodeError as e:
-    raise ValueError(f"is not UTF-8 text (byte {raw[e.start]:#04x} at "
-                     f"offset {e.start}).") from None
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"is not JSON: {e}.") from None
-  except RecursionError:
-    raise ValueError("is not a cluster file: its JSON is nested too "
-                     "deeply.") from None
+  """The file's JSON value; ValueError naming the problem otherwise."""
+  value = records.read_json(path, max_bytes=MAX_FILE_BYTES)
+  if isinstance(value, records.Damaged):
+    why = value.reason
+    if why.startswith("is larger"):
+      why += " (not a cluster file: measure writes a few kilobytes)"
+    elif why.startswith("is not a regular") or why == "is a directory":
+      why += "; give the JSON file that measure wrote"
+    raise ValueError(why + ".")
+  return value
 
 
 def read(path: str) -> dict:
@@ -322,17 +240,10 @@ def _check_document(data) -> None:
   if not isinstance(data, dict) or data.get("schema") != SCHEMA:
     raise ValueError(f"expected \"schema\": \"{SCHEMA}\" (a file written "
                      "by `python -m decentral_jax.runtime_model measure`).")
-  missing = [k for k in TOP_KEYS if k not in data]
-  unknown = [k for k in data if k not in TOP_KEYS]
-  if missing or unknown:
-    raise ValueError(f"the file {'misses' if missing else 'has unknown'} "
-                     f"{missing or unknown}; its keys are {list(TOP_KEYS)}.")
-  _check_section(data, "cluster", CLUSTER_SCHEMA, CLUSTER_KEYS)
-  if data["workload"] is not None:
-    _check_section(data, "workload", WORKLOAD_SCHEMA, ("param_count",))
-  _check_section(data, "measurements", MEASUREMENTS_SCHEMA)
+  got = records.object_error(data, "", DOCUMENT_SCHEMA, TOP_KEYS)
+  if got:
+    raise ValueError(got[1] + ".")
   _check_measurements(data["measurements"])
-  _check_section(data, "meta", META_SCHEMA)
   try:
     costs.Cluster(**data["cluster"])
     if data["workload"] is not None:

@@ -54,12 +54,12 @@ Units: seconds, bytes.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 from scipy import special
 
+from decentral_jax import records
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.method import Estimate
 from decentral_jax.runtime_model.method import Method
@@ -84,14 +84,16 @@ def read_in_flight(value: str) -> tuple[float, float]:
   """
   text = str(value).strip()
   if text.endswith(".json") or os.path.sep in text:
-    try:
-      with open(text, encoding="utf-8") as f:
-        got = json.load(f)["in_flight_fractions"]
-      return check_in_flight((got["forward"], got["backward"]))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise ValueError(f"--gossip-in-flight {text!r}: expected a JSON file "
-                       f"with in_flight_fractions.forward/.backward ({e})."
-                       ) from None
+    fraction = ("number", 0.0, 1.0, False)
+    got = records.read_json(text, {"in_flight_fractions": (records.Obj(
+        {"forward": fraction, "backward": fraction}, ("forward", "backward"),
+        extra=True), None, None, False)}, ("in_flight_fractions",),
+                            extra=True)
+    if isinstance(got, records.Damaged):
+      raise ValueError(f"--gossip-in-flight {got}; expected a JSON file with "
+                       "in_flight_fractions.forward/.backward.")
+    got = got["in_flight_fractions"]
+    return check_in_flight((got["forward"], got["backward"]))
   parts = text.split(",")
   try:
     nums = [float(p) for p in parts]

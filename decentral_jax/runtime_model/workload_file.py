@@ -13,11 +13,30 @@ FILE`` and the main job's ``--workload_file FILE`` price with it.
 
 from __future__ import annotations
 
-import json
-
+from decentral_jax import records
 from decentral_jax.runtime_model.workload import Workload
 
 FORMAT = "decentral_jax.compiled_workload.v1"
+MAX_FILE_BYTES = 16 * 2**20  # a workload file is a few hundred bytes
+_DAY_S = 86400.0
+_SECONDS = ("number", 0.0, _DAY_S, False)
+_FRACTION = ("number", 0.0, 1.0, False)
+#: The keys the runtime model reads (others, e.g. ``matmul_flops``, are
+#: kept for the reader and not checked).
+SCHEMA = {
+    "format": ("str", None, None, False),
+    "param_count": ("number", 1.0, 1e15, False),
+    "compute_s": (records.Obj({"forward": _SECONDS, "backward": _SECONDS,
+                               "optimizer": _SECONDS},
+                              ("forward", "backward", "optimizer"),
+                              extra=True), None, None, False),
+    "gossip_in_flight": (records.Obj({"forward": _FRACTION,
+                                      "backward": _FRACTION},
+                                     ("forward", "backward"), extra=True),
+                         None, None, False),
+    "param_dtype": ("str", None, None, False),
+}
+REQUIRED = tuple(SCHEMA)
 
 
 def read_workload(path: str, *, compute_cv: float = 0.05,
@@ -34,20 +53,22 @@ def read_workload(path: str, *, compute_cv: float = 0.05,
 
   Raises:
     ValueError: an unreadable file, another format, or a missing or bad
-      field (one line naming the file and the field).
+      field (:data:`SCHEMA`: finite seconds up to a day, fractions in
+      [0, 1]; one line ``workload file FILE: ...`` naming the field).
   """
-  try:
-    with open(path, encoding="utf-8") as f:
-      got = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"workload file {path!r}: not readable JSON ({e}).") \
-        from None
+  got = records.read_json(path, max_bytes=MAX_FILE_BYTES)
+  if isinstance(got, records.Damaged):
+    raise ValueError(f"workload file {path!r}: not readable JSON "
+                     f"({got.reason}).")
   if not isinstance(got, dict) or got.get("format") != FORMAT:
     raise ValueError(f"workload file {path!r}: format must be {FORMAT!r} "
                      "(written by analysis.compiled_workload).")
+  bad = records.object_error(got, "", SCHEMA, REQUIRED, extra=True)
+  if bad:
+    raise ValueError(f"workload file {path!r}: missing or bad field "
+                     f"{bad[0].split('.')[0]!r}: {bad[1]}.")
+  comp, fractions = got["compute_s"], got["gossip_in_flight"]
   try:
-    comp = got["compute_s"]
-    fractions = got["gossip_in_flight"]
     return Workload(
         float(got["param_count"]), float(comp["forward"]),
         float(comp["backward"]), optimizer_s=float(comp["optimizer"]),
@@ -55,9 +76,6 @@ def read_workload(path: str, *, compute_cv: float = 0.05,
         gossip_in_flight=((float(fractions["forward"]),
                            float(fractions["backward"])) if in_flight
                           else None))
-  except (KeyError, TypeError) as e:
-    raise ValueError(f"workload file {path!r}: missing or bad field {e}."
-                     ) from None
   except ValueError as e:
     raise ValueError(f"workload file {path!r}: {e}") from None
 

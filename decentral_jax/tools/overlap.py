@@ -54,6 +54,8 @@ import sys
 import time
 import types
 
+from decentral_jax import records
+
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -398,12 +400,40 @@ def table(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
+_COUNT = ("number", 0.0, None, False)
+#: The keys of an ``--out`` row the tables read.
+ROW_SCHEMA = {"case": ("str", None, None, False),
+              "target": ("str", None, None, False),
+              "mode": ("str", None, None, False),
+              "consensus": ("str", None, None, False),
+              "distinct_round": ("int", 0, None, True),
+              "gossip_rounds": ("int", 0, None, False),
+              "consensus_at": ("int", 0, None, False),
+              "param_bytes": _COUNT, "total_flops": _COUNT,
+              "flops_in_flight": _COUNT,
+              "collectives": ("list", None, None, False)}
+
+
+def _row_error(row: dict) -> str | None:
+  got = records.object_error(row, "", ROW_SCHEMA, tuple(ROW_SCHEMA),
+                             extra=True)
+  return got and got[1]
+
+
 def render(paths: list[str]) -> None:
-  """Prints the tables of earlier runs (``--out`` files)."""
+  """Prints the tables of earlier runs (``--out`` files).
+
+  Raises:
+    ValueError: a file missing or damaged (a line not a JSON object, a key
+      of :data:`ROW_SCHEMA` missing or of the wrong kind), named in one
+      line with the line and key.
+  """
   rows = []
   for path in paths:
-    with open(path, encoding="utf-8") as f:
-      rows += [json.loads(line) for line in f if line.strip()]
+    got = records.read_jsonl(path, _row_error)
+    if isinstance(got, records.Damaged):
+      raise got.error("--render ")
+    rows += got.records
   print(table(rows))
   gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
   if gpt2:
@@ -478,7 +508,11 @@ def main(argv: list[str] | None = None,
   ap = build_parser(prog)
   args = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
   if args.render is not None:
-    render(args.render)
+    try:
+      render(args.render)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     return 0
   for case in args.cases.split(","):
     if case not in CASES:

@@ -12,6 +12,7 @@ raises :class:`JobExit` with the exit code (2: bad input, 3: diverged runs,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,7 +20,11 @@ import signal
 import sys
 import time
 
+import tqdm
+
+from decentral_jax import records
 from decentral_jax.runner import experiment
+from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools.compare import progress as progress_lib
@@ -66,17 +71,71 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
 # A run's outcome in its subdirectory: {"config": its config, "final": its
 # final metrics or null, "diverged": why it diverged or null}.
 RESULT_FILE = "compare_result.json"
+_NUMBER = ("number", None, None, False)
+_COUNT = ("number", 0.0, None, False)
+# The final metrics a kept run's results use (others are kept unchecked).
+FINAL_SCHEMA = {"eval/loss": _NUMBER, "eval/worker_excess_mean": _NUMBER,
+                "eval/worker_excess_max": _NUMBER,
+                "consensus_distance": _COUNT, "comm/ratio": _COUNT,
+                "comm/bytes_per_step": _COUNT, "step_time_ms": _COUNT,
+                "tokens_per_sec": _COUNT, "samples_per_sec": _COUNT}
+RESULT_SCHEMA = {
+    "config": ("object", None, None, False),
+    "final": (records.Obj(FINAL_SCHEMA, tuple(FINAL_SCHEMA)[:4], extra=True),
+              None, None, True),
+    "diverged": ("str", None, None, True)}
 # Everything a run's subdirectory may hold (besides run.lock).
 RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
 
 
-def _read_json(path: str):
-  """The JSON value in ``path``, or None if it is missing or unreadable."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except (OSError, ValueError):
+def _warn(line: str) -> None:
+  """A ``warning:`` line on stderr, on a line of its own under the job's
+  progress bar."""
+  tqdm.tqdm.write(line, file=sys.stderr)
+
+
+def _outcome_error(record: dict):
+  """A record is either finished (``final``) or diverged, not both."""
+  if (record["final"] is None) == (record["diverged"] is None):
+    return "final", ("exactly one of \"final\" and \"diverged\" must be "
+                     f"null, got {records.short(record['final'])} and "
+                     f"{records.short(record['diverged'])}")
+  return None
+
+
+def read_record(workdir: str, want: dict | None = None
+                ) -> dict | records.Damaged:
+  """A run's :data:`RESULT_FILE`, checked: ``config`` an object, ``final``
+  null or an object with finite :data:`FINAL_SCHEMA` numbers (the first
+  four required), ``diverged`` null or a string, exactly one of the two
+  null; and, for a finished run of the config ``want`` (any config if
+  None), a ``metrics.jsonl`` with a finite ``eval/loss`` curve. Otherwise
+  :class:`~decentral_jax.records.Damaged` naming the file and the key
+  (``.missing`` if :data:`RESULT_FILE` does not exist)."""
+  path = os.path.join(workdir, RESULT_FILE)
+  record = records.read_json(path, RESULT_SCHEMA, tuple(RESULT_SCHEMA),
+                             check=_outcome_error)
+  if (isinstance(record, records.Damaged) or record["final"] is None
+      or want is not None and record["config"] != want):
+    return record
+  curve = metrics_lib.read_curve(os.path.join(workdir,
+                                              metrics_lib.METRICS_FILE))
+  if isinstance(curve, records.Damaged):  # a missing one is damage here
+    return dataclasses.replace(curve, missing=False)
+  return record
+
+
+def _read_config(workdir: str):
+  """A run's ``config.json`` (an object), or None if missing or damaged
+  (a damaged one named in a ``warning:`` line: its checkpoint is not
+  resumed)."""
+  got = records.read_json(os.path.join(workdir, "config.json"), {},
+                          extra=True)
+  if isinstance(got, records.Damaged):
+    if not got.missing:
+      _warn(got.warning("its checkpoint is not resumed."))
     return None
+  return got
 
 
 def _has_checkpoint(workdir: str) -> bool:
@@ -90,17 +149,22 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
   Returns:
     ``("finished", record)`` if ``workdir`` holds the outcome of a run of
     this very config (:data:`RESULT_FILE`: its final metrics, or why it
-    diverged), which is kept; ``("resume", None)`` if it holds a
-    checkpoint of a run of this config (its ``config.json``), which
+    diverged; checked by :func:`read_record`, a damaged one is named in a
+    ``warning:`` line and the run is not kept), which is kept;
+    ``("resume", None)`` if it holds a checkpoint of a run of this config
+    (its ``config.json``), which
     ``train_and_evaluate`` resumes; ``("fresh", None)`` otherwise: the
     directory is replaced and the run starts at step 0.
   """
   want = json.loads(config.to_json())
-  record = _read_json(os.path.join(workdir, RESULT_FILE))
-  if isinstance(record, dict) and record.get("config") == want:
+  record = read_record(workdir, want)
+  if isinstance(record, records.Damaged):
+    if not record.missing:
+      _warn(record.warning("the run is not kept: it is resumed from its "
+                           "checkpoint or trained again."))
+  elif record["config"] == want:
     return "finished", record
-  if (_read_json(os.path.join(workdir, "config.json")) == want
-      and _has_checkpoint(workdir)):
+  if _has_checkpoint(workdir) and _read_config(workdir) == want:
     return "resume", None
   return "fresh", None
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 
+from decentral_jax import records
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.compare import runs as runs_lib
 
@@ -30,10 +32,14 @@ def plot(rows: list[tuple[runs_lib.Run, str]], outdir: str,
   for x_key, x_label, name, title in kinds:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for run, path in rows:
-      if not os.path.exists(path):  # a run that diverged before logging
+      got = metrics_lib.read_curve(path, "eval/loss", x=x_key)
+      if isinstance(got, records.Damaged):  # missing: diverged before logging
+        # A corrupt file is named once; a run without a finite loss is not.
+        if not got.missing and got.key != "eval/loss" and x_key == "step":
+          print(got.warning("its curve is left out of the plots."),
+                file=sys.stderr)
         continue
-      records = metrics_lib.read_jsonl(path)
-      xs, ys = metrics_lib.series(records, "eval/loss", x=x_key)
+      xs, ys = got
       ax.plot(xs, ys, marker="o", markersize=3, label=run.label)
     ax.set_xlabel(x_label)
     ax.set_ylabel("validation loss of the averaged model (nats)")

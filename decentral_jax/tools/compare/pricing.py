@@ -43,6 +43,7 @@ import os
 import numpy as np
 
 from decentral_jax import checks
+from decentral_jax import records
 from decentral_jax.runner import builders
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.runtime_model_cli import inputs as cli_inputs
@@ -359,10 +360,19 @@ def predicted_ms(config, clusters, workload: str = FIGURE6,
 
 
 def eval_curve(path: str) -> tuple[np.ndarray, np.ndarray]:
-  """``(steps, eval/loss)`` of a run's metrics.jsonl (empty if missing)."""
-  if not os.path.exists(path):
-    return np.zeros(0), np.zeros(0)
-  return metrics_lib.series(metrics_lib.read_jsonl(path), "eval/loss")
+  """``(steps, eval/loss)`` of a run's metrics.jsonl (:func:`metrics.
+  read_curve`), empty if the file is missing.
+
+  Raises:
+    ValueError: the file is damaged (one line naming it, the line or the
+      step and the key).
+  """
+  got = metrics_lib.read_curve(path)
+  if isinstance(got, records.Damaged):
+    if got.missing:
+      return np.zeros(0), np.zeros(0)
+    raise got.error()
+  return got
 
 
 def step_to_target(steps, losses, target: float) -> float | None:

@@ -11,10 +11,11 @@ a job's losses with it in one line.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import numbers
 import os
+
+from decentral_jax import records
 
 REFERENCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                               "reference.json")
@@ -114,12 +115,8 @@ def load_reference(path: str | None = None):
   """The contents of the reference file, None if there is none, or an
   :class:`UnreadableReference` (which :func:`reference_check` reports).
   ``path``: default :data:`REFERENCE_FILE`."""
-  try:
-    with open(path or REFERENCE_FILE, encoding="utf-8") as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return None
-  except (OSError, ValueError) as e:
-    return UnreadableReference(str(e).splitlines()[0][:120])
-  except RecursionError:
-    return UnreadableReference("nested too deeply")
+  got = records.read_json(path or REFERENCE_FILE)
+  if isinstance(got, records.Damaged):
+    return None if got.missing else UnreadableReference(
+        got.reason.removeprefix("is not JSON: ")[:120])
+  return got

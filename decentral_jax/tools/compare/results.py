@@ -10,9 +10,11 @@ invocation left and this one did not write (:func:`remove_stale_plots`).
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import jax
+import numpy as np
 
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools.compare import answer as answer_lib
@@ -118,19 +120,29 @@ def _details_text(n_devices: int, platform: str) -> str:
 
 
 def _curves_and_losses(arms, finals, outdir: str):
-  """``(eval curves, final losses, diverged methods)`` per method name.
+  """``(eval curves, final losses, diverged methods, methods without a
+  loss curve)`` per method name.
 
-  A method with a diverged seed (its final metrics None) is left out of the
-  curves, so out of the answer.
+  A method with a diverged seed (its final metrics None), or a seed whose
+  metrics.jsonl is missing or damaged (named in a ``warning:`` line), is
+  left out of the curves, so out of the answer.
   """
-  curves, losses = {}, {}
+  curves, losses, bad = {}, {}, set()
   for a, m in zip(arms, finals):
     if m is not None:
-      curves.setdefault(a.method.name, []).append(pricing.eval_curve(
-          os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE)))
+      try:
+        curve = pricing.eval_curve(
+            os.path.join(outdir, a.run.name, metrics_lib.METRICS_FILE))
+      except ValueError as e:  # damaged since it was kept: named, left out
+        print(f"warning: {e}; its loss curve is left out.", file=sys.stderr)
+        curve = (np.zeros(0), np.zeros(0))
+      curves.setdefault(a.method.name, []).append(curve)
       losses.setdefault(a.method.name, []).append(float(m["eval/loss"]))
-  bad = {a.method.name for a, m in zip(arms, finals) if m is None}
-  return {k: v for k, v in curves.items() if k not in bad}, losses, bad
+      if not len(curve[0]):
+        bad.add(a.method.name)
+  diverged = {a.method.name for a, m in zip(arms, finals) if m is None}
+  curves = {k: v for k, v in curves.items() if k not in bad | diverged}
+  return curves, losses, diverged, bad - diverged
 
 
 def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
@@ -167,7 +179,7 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
           for a in arms]
   rows = [(a.run, m) for a, m in zip(arms, finals)]
   labels = {a.method.name: a.method.label for a in arms}
-  curves, losses, bad = _curves_and_losses(arms, finals, outdir)
+  curves, losses, bad, no_curve = _curves_and_losses(arms, finals, outdir)
   at = {cl.label: pricing.priced_workers(cl, n) for cl in clusters}
   answer, lines = answer_lib.answer_markdown(
       clusters, curves, prices, losses, labels, at, workload)
@@ -193,6 +205,9 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
     if bad:
       f.write(f"Left out of the answer (a seed diverged): "
               f"{', '.join(labels[k] for k in bad)}.\n\n")
+    if no_curve:
+      f.write(f"Left out of the answer (a seed's metrics.jsonl is missing or "
+              f"damaged): {', '.join(labels[k] for k in no_curve)}.\n\n")
     f.write(f"Reference check: {reference_line}\n\n## Details\n\n")
     f.write(_details_text(len(jax.devices()),
                           jax.devices()[0].platform.upper()))

@@ -1,0 +1,448 @@
+"""Every reader of a file a run keeps, against a table of damaged files.
+
+Where a damaged file can be treated as missing it is, with one
+``warning:`` line naming it: a kept run of the main job whose
+``compare_result.json`` or ``metrics.jsonl`` is damaged is trained again
+(the job ends with its results, exit 0). Where it cannot, it is refused
+with one line naming the file and the key: cluster files, compiled
+workloads, in-flight fraction files, ``metrics.jsonl`` of a run being
+resumed, overlap's ``--render`` rows, checkpoints' step metadata. Never a
+traceback. All in process, without training (the runs are faked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import metrics
+from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model import in_flight
+from decentral_jax.runtime_model import workload_file
+from decentral_jax.tools import compare
+from decentral_jax.tools import overlap
+from decentral_jax.tools.compare import job as job_lib
+
+BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
+
+# -- the main job's kept runs ---------------------------------------------------
+
+_FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
+
+
+def _fake_job(monkeypatch, trained: list):
+  def trains(config, workdir, experiment=None):
+    trained.append(workdir)
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, metrics.METRICS_FILE), "w") as f:
+      for step, loss in ((0, 4.0), (3, 2.0)):
+        f.write(json.dumps({"step": step, "train_time_s": 1.0,
+                            "eval/loss": loss}) + "\n")
+    return dict(_FINAL)
+
+  monkeypatch.setattr(job_lib.train, "train_and_evaluate", trains)
+  monkeypatch.setattr(job_lib.experiment, "Experiment", lambda config: None)
+  monkeypatch.setattr(job_lib, "sent_per_step", lambda exp: {
+      "comm/ratio": 1.0, "comm/bytes_per_step": 1e6})
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")
+
+
+def _main(out):
+  return compare.main([f"--outdir={out}", "--config.steps=3",
+                       "--config.eval_interval=3", "--methods=all_reduce",
+                       "--clusters="])
+
+
+def _record_edit(**changes):
+  def edit(text):
+    d = json.loads(text)
+    for k, v in changes.items():
+      if v is _DROP:
+        d.pop(k)
+      elif k == "final" and isinstance(v, dict):
+        d["final"] = {**d["final"], **v}
+      else:
+        d[k] = v
+    return json.dumps(d)
+  return edit
+
+
+_DROP = object()
+
+# case -> (new contents: bytes, text, or an edit of the good record's text;
+# a word the warning must hold).
+RECORD_CASES = {
+    "empty": (b"", "empty"),
+    "truncated_mid_line": (lambda t: t[:len(t) // 2], "not JSON"),
+    "binary": (BINARY, "not UTF-8"),
+    "wrong_json_type": ("[1, 2]", "must be an object"),
+    "final_missing": (_record_edit(final=_DROP), "misses ['final']"),
+    "final_garbage": (_record_edit(final="garbage"), "final"),
+    "loss_a_string": (_record_edit(final={"eval/loss": "2.0"}),
+                      "final.eval/loss"),
+    "loss_missing": (lambda t: t.replace('"eval/loss"', '"eval/lost"'),
+                     "eval/loss"),
+    "loss_nan": (lambda t: t.replace('"eval/loss": 2.0',
+                                     '"eval/loss": NaN'), "final.eval/loss"),
+    "distance_inf": (lambda t: t.replace('"consensus_distance": 0.0',
+                                         '"consensus_distance": Infinity'),
+                     "final.consensus_distance"),
+    "timing_a_string": (_record_edit(final={"step_time_ms": "fast"}),
+                        "final.step_time_ms"),
+    "both_null": (_record_edit(final=None), "exactly one of"),
+    "both_set": (_record_edit(diverged="nan loss"), "exactly one of"),
+    "diverged_a_number": (_record_edit(final=None, diverged=3), "diverged"),
+    "config_a_list": (_record_edit(config=[]), "config"),
+}
+
+# metrics.jsonl of a kept, finished run.
+METRICS_CASES = {
+    "empty": (b"", "has no 'eval/loss' record"),
+    "missing": (None, "does not exist"),
+    "truncated_mid_line": (lambda t: t[:len(t) // 3], "has no 'eval/loss'"),
+    "cut_in_the_middle": (lambda t: t.split("\n")[0][:10] + "\n" + t,
+                          "line 1: not a JSON record"),
+    "binary": (BINARY + b"\n" + BINARY + b"\n", "line 1"),
+    "wrong_json_type": ("[1]\n[2]\n", "line 1: not a JSON record"),
+    "step_missing": ('{"eval/loss": 2.0}\n', "\"step\" must be an integer"),
+    "loss_a_string": ('{"step": 0, "eval/loss": "low"}\n',
+                      "'eval/loss' at step=0 must be a finite number"),
+    "loss_nan": ('{"step": 0, "eval/loss": NaN}\n', "'eval/loss'"),
+    "no_loss": ('{"step": 0, "train/loss": 2.0}\n', "has no 'eval/loss'"),
+    "only_null_losses": ('{"step": 0, "eval/loss": null}\n',
+                         "has no 'eval/loss'"),
+}
+
+
+def _damage(path: str, content) -> None:
+  if content is None:
+    os.remove(path)
+    return
+  if callable(content):
+    content = content(open(path, encoding="utf-8").read())
+  with open(path, "wb") as f:
+    f.write(content if isinstance(content, bytes) else content.encode())
+
+
+class _Config:
+  """What arm_status reads of a run's config: its JSON."""
+
+  def to_json(self) -> str:
+    return '{"steps": 3, "seed": 0}'
+
+
+def _kept_run(tmp_path) -> str:
+  """A finished run's directory as the main job leaves it."""
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
+      {"config": json.loads(_Config().to_json()), "final": dict(_FINAL),
+       "diverged": None}, indent=1))
+  (run_dir / metrics.METRICS_FILE).write_text(
+      '{"step": 0, "eval/loss": 4.0}\n{"step": 3, "eval/loss": 2.0}\n')
+  return str(run_dir)
+
+
+def _status_of_damaged(tmp_path, capsys, name, content):
+  run_dir = _kept_run(tmp_path)
+  assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
+  assert capsys.readouterr().err == ""
+  path = os.path.join(run_dir, name)
+  _damage(path, content)
+  status = job_lib.arm_status(run_dir, _Config())
+  err = capsys.readouterr().err.splitlines()
+  assert status == ("fresh", None)
+  assert len(err) == 1 and err[0].startswith(f"warning: {path}: "), err
+  assert err[0].endswith("the run is not kept: it is resumed from its "
+                         "checkpoint or trained again."), err
+  return err[0]
+
+
+@pytest.mark.parametrize("case", sorted(RECORD_CASES))
+def test_a_kept_run_with_a_damaged_record_is_not_kept(tmp_path, capsys, case):
+  content, word = RECORD_CASES[case]
+  line = _status_of_damaged(tmp_path, capsys, job_lib.RESULT_FILE, content)
+  assert word in line, line
+
+
+@pytest.mark.parametrize("case", sorted(METRICS_CASES))
+def test_a_kept_run_with_damaged_metrics_is_not_kept(tmp_path, capsys, case):
+  content, word = METRICS_CASES[case]
+  line = _status_of_damaged(tmp_path, capsys, metrics.METRICS_FILE, content)
+  assert word in line, line
+
+
+def test_a_record_of_another_config_is_replaced_without_a_word(
+    tmp_path, capsys):
+  run_dir = _kept_run(tmp_path)
+  os.remove(os.path.join(run_dir, metrics.METRICS_FILE))
+  other = type("Other", (), {"to_json": lambda self: '{"steps": 4}'})()
+  assert job_lib.arm_status(run_dir, other) == ("fresh", None)
+  assert capsys.readouterr().err == ""
+
+
+def _job_warnings(err: str, tmp_path) -> list[str]:
+  return [l for l in err.splitlines()
+          if l.startswith(f"warning: {tmp_path}")]
+
+
+@pytest.mark.parametrize("name, content, word", [
+    (job_lib.RESULT_FILE, _record_edit(final="garbage"), "final"),
+    (metrics.METRICS_FILE, lambda t: t[:len(t) // 3], "eval/loss")])
+def test_the_job_trains_a_damaged_kept_run_again(
+    tmp_path, monkeypatch, capsys, name, content, word):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  out = tmp_path / "out"
+  assert _main(out) == 0
+  run_dir = str(out / "all_reduce")
+  assert trained == [run_dir]
+  capsys.readouterr()
+  _damage(os.path.join(run_dir, name), content)
+  assert _main(out) == 0  # was a TypeError or a numpy traceback
+  err = capsys.readouterr().err
+  assert trained == [run_dir, run_dir] and "Traceback" not in err
+  warnings = _job_warnings(err, tmp_path)
+  assert len(warnings) == 1 and word in warnings[0], err
+  assert "| All-Reduce | 2.0000 |" in (out / "results.md").read_text()
+  assert _main(out) == 0 and len(trained) == 2  # kept from now on
+
+
+def test_a_damaged_config_of_a_checkpoint_is_named_and_not_resumed(
+    tmp_path, monkeypatch, capsys):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  run_dir = tmp_path / "out" / "all_reduce"
+  os.makedirs(run_dir / "checkpoints" / "2")
+  (run_dir / "config.json").write_bytes(BINARY)
+  assert _main(tmp_path / "out") == 0
+  err = capsys.readouterr().err
+  assert _job_warnings(err, tmp_path) == [f"warning: {run_dir / 'config.json'}: is not UTF-8 "
+                      "text (byte 0x89 at offset 0); its checkpoint is not "
+                      "resumed."], err
+  assert trained == [str(run_dir)]
+
+
+def test_metrics_damaged_after_the_run_was_kept_is_left_out(
+    tmp_path, monkeypatch, capsys):
+  """Damaged between keeping and writing the results (another process):
+  named once, left out of the answer, the table still written."""
+  trained = []
+  _fake_job(monkeypatch, trained)
+  from decentral_jax.tools.compare import pricing
+  real = pricing.eval_curve
+
+  def damaged_then_read(path):
+    with open(path, "w") as f:
+      f.write('{"step": 0, "eval/loss": "low"}\n')
+    return real(path)
+
+  monkeypatch.setattr(pricing, "eval_curve", damaged_then_read)
+  out = tmp_path / "out"
+  assert _main(out) == 0
+  err = capsys.readouterr().err
+  warnings = _job_warnings(err, tmp_path)
+  assert len(warnings) == 1 and "'eval/loss' at step=0" in warnings[0], err
+  assert warnings[0].endswith("its loss curve is left out."), warnings
+  md = (out / "results.md").read_text()
+  assert "Left out of the answer (a seed's metrics.jsonl is missing or " \
+      "damaged): All-Reduce." in md
+  assert "| All-Reduce | 2.0000 |" in md
+
+
+# -- metrics.jsonl of a run that resumes: refused -------------------------------
+
+
+@pytest.mark.parametrize("case", sorted(set(METRICS_CASES) - {
+    "missing", "empty", "truncated_mid_line", "no_loss", "only_null_losses",
+    "loss_a_string"}))
+def test_resuming_refuses_damaged_metrics_in_one_line(tmp_path, case):
+  content, word = METRICS_CASES[case]
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text('{"step": 0, "eval/loss": 4.0}\n{"step": 3, '
+                  '"eval/loss": 2.0}\n')
+  _damage(str(path), content)
+  with pytest.raises(ValueError) as info:
+    metrics.truncate_after(str(tmp_path), 1)
+  text = str(info.value)
+  assert "\n" not in text and text.startswith(f"{path}, line ")
+  assert "line" in word or word.split("'")[0] in text, text
+
+
+# -- files refused in one line naming the file and the key ---------------------
+
+
+def _write(tmp_path, content, name="f.json") -> str:
+  path = tmp_path / name
+  if isinstance(content, bytes):
+    path.write_bytes(content)
+  else:
+    path.write_text(content if isinstance(content, str)
+                    else json.dumps(content))
+  return str(path)
+
+
+GOOD_WORKLOAD = {"format": workload_file.FORMAT, "param_count": 1e6,
+                 "param_dtype": "float32",
+                 "compute_s": {"forward": 0.01, "backward": 0.02,
+                               "optimizer": 0.001},
+                 "gossip_in_flight": {"forward": 0.0, "backward": 0.5}}
+
+
+def _workload(**edits):
+  d = json.loads(json.dumps(GOOD_WORKLOAD))
+  for k, v in edits.items():
+    section, _, key = k.partition("__")
+    if key:
+      d[section][key] = v
+    elif v is _DROP:
+      d.pop(section)
+    else:
+      d[section] = v
+  return json.dumps(d)
+
+
+WORKLOAD_CASES = {
+    "empty": ("", "not readable JSON"),
+    "truncated": (json.dumps(GOOD_WORKLOAD)[:30], "not readable JSON"),
+    "binary": (BINARY, "not readable JSON"),
+    "wrong_type": ("[1]", "format must be"),
+    "other_format": (_workload(format="v0"), "format must be"),
+    "key_missing": (_workload(compute_s=_DROP), "'compute_s'"),
+    "string_for_number": (_workload(param_count="1e6"), "'param_count'"),
+    "nan_seconds": (_workload(compute_s__forward=float("nan")),
+                    "compute_s.forward"),
+    "inf_seconds": (_workload(compute_s__backward=float("inf")),
+                    "compute_s.backward"),
+    "fraction_above_one": (_workload(gossip_in_flight__backward=1.5),
+                           "gossip_in_flight.backward"),
+    "section_a_list": (_workload(gossip_in_flight=[0, 1]),
+                       "'gossip_in_flight'"),
+}
+
+
+def test_the_good_workload_file_is_read(tmp_path):
+  w = workload_file.read_workload(_write(tmp_path, GOOD_WORKLOAD))
+  assert (w.param_count, w.forward_s, w.backward_s) == (1e6, 0.01, 0.02)
+
+
+@pytest.mark.parametrize("case", sorted(WORKLOAD_CASES))
+def test_a_damaged_workload_file_is_refused_naming_its_key(tmp_path, case):
+  content, word = WORKLOAD_CASES[case]
+  path = _write(tmp_path, content)
+  with pytest.raises(ValueError) as info:
+    workload_file.read_workload(path)
+  text = str(info.value)
+  assert "\n" not in text and text.startswith(f"workload file {path!r}: ")
+  assert word in text, text
+
+
+IN_FLIGHT_CASES = {
+    "empty": ("", "empty"),
+    "truncated": ('{"in_flight_fractions": {"forw', "not JSON"),
+    "binary": (BINARY, "not UTF-8"),
+    "wrong_type": ("[0.5, 0.5]", "must be an object"),
+    "key_missing": ({"in_flight_fractions": {"forward": 0.5}},
+                    "misses ['backward']"),
+    "section_missing": ({"collectives": []}, "misses ['in_flight_fractions']"),
+    "string_for_number": ({"in_flight_fractions": {"forward": "0.5",
+                                                   "backward": 0.5}},
+                          "in_flight_fractions.forward"),
+    "nan": ('{"in_flight_fractions": {"forward": NaN, "backward": 0.5}}',
+            "in_flight_fractions.forward"),
+    "above_one": ({"in_flight_fractions": {"forward": 0.5, "backward": 2}},
+                  "in_flight_fractions.backward"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_FLIGHT_CASES))
+def test_a_damaged_in_flight_file_is_refused_naming_its_key(tmp_path, case):
+  content, word = IN_FLIGHT_CASES[case]
+  path = _write(tmp_path, content, "report.json")
+  with pytest.raises(ValueError) as info:
+    in_flight.read_in_flight(path)
+  text = str(info.value)
+  assert "\n" not in text and text.startswith(f"--gossip-in-flight {path}: ")
+  assert word in text, text
+
+
+def test_the_good_in_flight_file_is_read(tmp_path):
+  path = _write(tmp_path, {"in_flight_fractions": {"forward": 0.25,
+                                                   "backward": 0.5},
+                           "collectives": []}, "report.json")
+  assert in_flight.read_in_flight(path) == (0.25, 0.5)
+
+
+def test_a_cluster_file_without_measurements_names_what_it_must_have(
+    tmp_path):
+  sizes = [1e6, 4e6]
+  good = {"schema": cluster_file.SCHEMA,
+          "cluster": cluster_file.fit_links(
+              {"sizes_bytes": sizes, "intra_pair_s": [1e-5 + m / 2e10
+                                                      for m in sizes]},
+              n_workers=8, local_size=8),
+          "workload": None, "meta": {}}
+  path = _write(tmp_path, good)
+  with pytest.raises(ValueError) as info:
+    cluster_file.read(path)
+  text = str(info.value)
+  assert text == (f"--cluster {path!r}: the file misses ['measurements'] "
+                  "(the keys it must have: ['schema', 'cluster', 'workload', "
+                  "'measurements', 'meta']).")
+
+
+OVERLAP_ROW = {"case": "gpt_tiny", "target": "h200", "mode": "after",
+               "consensus": "none", "distinct_round": None,
+               "gossip_rounds": 1, "consensus_at": 0, "param_bytes": 1e6,
+               "total_flops": 1e9, "flops_in_flight": 5e8,
+               "collectives": []}
+
+
+@pytest.mark.parametrize("content, word", [
+    ("", None),  # an empty file: no rows, an empty table
+    (json.dumps(OVERLAP_ROW)[:40] + "\n" + json.dumps(OVERLAP_ROW) + "\n",
+     "line 1: not a JSON record"),
+    (BINARY + b"\n{}\n", "line 1: not a JSON record"),
+    ("[1]\n", "line 1: not a JSON record"),
+    (json.dumps({**OVERLAP_ROW, "total_flops": "many"}) + "\n",
+     "line 1: total_flops must be a finite number"),
+    (json.dumps({k: v for k, v in OVERLAP_ROW.items() if k != "case"})
+     + "\n", "line 1: the file misses ['case']"),
+    ('{"total_flops": NaN}\n', "line 1: the file misses"),
+])
+def test_overlap_render_refuses_damaged_rows(tmp_path, capsys, content, word):
+  path = _write(tmp_path, content, "rows.jsonl")
+  rc = overlap.main(["--render", path])
+  out = capsys.readouterr()
+  if word is None:
+    assert rc == 0 and "| case |" in out.out
+    return
+  assert rc == 2 and "Traceback" not in out.err
+  lines = out.err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      f"error: --render {path}: {word}"), lines
+
+
+@pytest.mark.parametrize("content, word", [
+    (b"", "empty"), (b'{"step": ', "not JSON"), (BINARY, "not UTF-8"),
+    (b"[" * 100_000, "nested too deeply")])
+def test_damaged_step_metadata_marks_a_checkpoint_corrupt(
+    tmp_path, content, word):
+  from decentral_jax.runner import workdir as workdir_lib
+  root = tmp_path / "5"
+  root.mkdir()
+  (root / "state").write_bytes(b"arrays")
+  meta = root / "_CHECKPOINT_METADATA"
+  meta.write_text('{"item_handlers": {}}')
+  workdir_lib.write_sums(str(root), skip=(meta.name,))
+  assert checkpoint.check_checkpoint(str(root)) == ("ok", "")
+  meta.write_bytes(content)
+  status, why = checkpoint.check_checkpoint(str(root))
+  assert status == "corrupt", why
+  assert why.startswith("_CHECKPOINT_METADATA unreadable (") and word in why
+  meta.unlink()  # not every Orbax version writes it
+  assert checkpoint.check_checkpoint(str(root)) == ("ok", "")
