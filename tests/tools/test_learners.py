@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from helpers import spmd_diloco
+from helpers import quadratic_problem, spmd_diloco
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import spec as spec_lib
@@ -263,3 +263,114 @@ def test_decoupled_pushes_of_one_version_add_up_each_step_counted_once():
                                  rtol=1e-6)
   finally:
     sync.close()
+
+
+def spmd_streaming(n, h, periods, fragments, tau, alpha, seed=0, noise=0.1):
+  """Streaming DiLoCo (inner SGD ``LR``, default outer) in one SPMD program
+  on the learners' quadratic problem and data order; returns worker 0's
+  ``theta`` after ``h * periods + tau`` steps (every fragment merged
+  ``periods`` times, none more)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax import optim  # pylint: disable=import-outside-toplevel
+  from decentral_jax import parallel  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  x0, b = quadratic_problem(n, seed)
+  mesh = parallel.make_mesh(n)
+  tx = optim.streaming_diloco(optax.sgd(LR), h, num_fragments=fragments,
+                              overlap_steps=tau, merge_alpha=alpha)
+
+  def step(params, state, target):
+    grads = jax.tree.map(lambda x, t: x - t, params, target)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(parallel.per_worker(step, mesh))
+  params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
+                          mesh)
+  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
+  for t in range(h * periods + tau):
+    target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
+                           for i in range(n)]) for k in b}
+    params, state = step(params, state, parallel.shard(target, mesh))
+  theta = optim.streaming_sync.global_params(state)
+  return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(theta))
+
+
+def test_sync_fragments_equal_streaming_diloco_in_one_program():
+  """2 learners, H = 4, P = 2 fragments (leaves a, b | c at offsets 0, 2),
+  overlap tau = 1, merge weight alpha = 0.5, 3 periods: theta equals the
+  one-program Streaming DiLoCo's to float32 rounding; each fragment merged
+  3 times with its own outer state."""
+  require_devices(2)
+  run = spec_lib.RunSpec(shards=2, sync_every=4, periods=3, inner_lr=LR,
+                         quorum=2, fragments=2, overlap_steps=1,
+                         merge_alpha=0.5)
+  sync, status = run_local(run, range(2))
+  assert all(s["error"] is None for s in status), status
+  assert sync.versions == [3, 3] and sync.fragments == [["a", "b"], ["c"]]
+  assert [f[:3] for f in sync.log["fragments"]] == [
+      [1, 1, [0, 1]], [0, 1, [0, 1]], [1, 2, [0, 1]], [0, 2, [0, 1]],
+      [1, 3, [0, 1]], [0, 3, [0, 1]]]
+  assert sync.log["tokens"] == [{"0": 4, "1": 4}] * 3
+  want = spmd_streaming(2, 4, 3, 2, 1, 0.5)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-6)
+  # Whole-model DiLoCo on the same data gives another theta.
+  assert not np.allclose(sync.theta["c"], spmd_diloco(2, 4, 3)["c"],
+                         atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fragments,tau,alpha", [(3, 0, 0.0), (3, 1, 0.25),
+                                                 (2, 2, 0.0)])
+def test_sync_fragments_equal_streaming_diloco_more_schedules(fragments, tau,
+                                                              alpha):
+  """3 learners, H = 5 (offsets 0, 1, 3 for P = 3; 0, 2 for P = 2)."""
+  require_devices(3)
+  run = spec_lib.RunSpec(shards=3, sync_every=5, periods=3, inner_lr=LR,
+                         quorum=3, fragments=fragments, overlap_steps=tau,
+                         merge_alpha=alpha)
+  sync, status = run_local(run, range(3))
+  assert all(s["error"] is None for s in status), status
+  assert sync.versions == [3] * fragments
+  want = spmd_streaming(3, 5, 3, fragments, tau, alpha)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_decoupled_fragments_merge_on_their_own_and_block_nobody():
+  """Decoupled learners with 3 fragments, one learner 3x slower: every
+  fragment merges 4 times, fast learners never wait past the grace."""
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=1, grace_s=0.05,
+                         sync_every=6, periods=4, fragments=3,
+                         sleep_s=(0.002, 0.006))
+  sync, status = run_local(run, range(2))
+  assert all(s["error"] is None for s in status), status
+  assert min(sync.versions) == 4
+  merged = {f for f, _, _, _ in sync.log["fragments"]}
+  assert merged == {0, 1, 2}
+  assert max(status[0]["waits"]) < run.grace_s
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"fragments": 0}, "RunSpec.fragments must be an int >= 1"),
+    ({"fragments": 5}, "RunSpec.fragments=5 exceeds sync_every=4"),
+    ({"fragments": 2, "overlap_steps": 2}, "RunSpec.overlap_steps=2"),
+    ({"overlap_steps": 1.5}, "RunSpec.overlap_steps must be an int"),
+    ({"merge_alpha": 1.5}, "RunSpec.merge_alpha must be a number in [0, 1]"),
+    ({"outer": "adam"}, "RunSpec.outer must be one of"),
+    ({"delay_buffer": 0}, "RunSpec.delay_buffer must be an int >= 1"),
+    ({"delay_buffer": 4}, "RunSpec.delay_buffer=4 needs outer="),
+    ({"fragments": 2, "dynamic_updates": True}, "RunSpec.dynamic_updates"),
+])
+def test_run_spec_names_a_bad_fragment_or_outer_field(fields, words):
+  with pytest.raises(ValueError) as e:
+    spec_lib.RunSpec(**fields)
+  assert words in str(e.value)
+
+
+def test_more_fragments_than_leaves_is_one_line_naming_the_field():
+  with pytest.raises(ValueError, match="RunSpec.fragments=4 exceeds the 3 parameter leaves"):
+    sync_lib.Synchronizer(spec_lib.RunSpec(sync_every=8, fragments=4))
