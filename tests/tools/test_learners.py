@@ -206,7 +206,12 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
     (("--sleep", "a,b"), "--sleep='a,b' must be comma-separated seconds"),
     (("--sleep", "0,0"), "--sleep has 2 values for --learners=4"),
     (("--sleep", "0,0,-1,0"), "each value must be a finite number of "
-     "seconds >= 0")])
+     "seconds >= 0"),
+    (("--delay-buffer", "3"), "RunSpec.delay_buffer=3 needs outer="),
+    (("--outer", "delayed_nesterov", "--delay-buffer", "0"),
+     "RunSpec.delay_buffer must be an int >= 1"),
+    (("--fragments", "2", "--overlap-steps", "4"), "RunSpec.overlap_steps=4"),
+    (("--merge-alpha", "-0.5"), "RunSpec.merge_alpha must be a number")])
 def test_the_learners_command_names_a_bad_number_before_ray_starts(
     capsys, flags, words):
   from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
@@ -374,3 +379,123 @@ def test_run_spec_names_a_bad_fragment_or_outer_field(fields, words):
 def test_more_fragments_than_leaves_is_one_line_naming_the_field():
   with pytest.raises(ValueError, match="RunSpec.fragments=4 exceeds the 3 parameter leaves"):
     sync_lib.Synchronizer(spec_lib.RunSpec(sync_every=8, fragments=4))
+
+
+def np_delayed_nesterov(deltas, theta0, lr, beta, n):
+  """NumPy oracle of Delayed Nesterov (float64): the recursion of
+  tools/learners/outer.py written out, one merged Delta per merge."""
+  theta = {k: np.asarray(v, np.float64) for k, v in theta0.items()}
+  m = {k: np.zeros_like(v) for k, v in theta.items()}
+  d = {k: np.zeros_like(v) for k, v in theta.items()}
+  for k_merge, delta in enumerate(deltas, start=1):
+    for key in theta:
+      d[key] = d[key] + delta[key]
+      if k_merge % n == 0:
+        m[key] = beta * m[key] + d[key] / n
+        theta[key] = theta[key] - lr * (beta * m[key] + delta[key] / n)
+        d[key] = np.zeros_like(d[key])
+      else:
+        theta[key] = theta[key] - lr * delta[key] / n
+  return theta
+
+
+def np_oracle_run(run, n=None, seed=0, noise=0.1):
+  """Synchronous learners on the quadratic problem in NumPy (float64):
+  every period each learner takes H inner SGD steps from theta on its
+  shard's targets (step ``k H + t`` of period ``k``), the merged Delta is
+  their mean, and Delayed Nesterov with buffer ``n`` (default the run's)
+  steps theta. Returns theta after the run's periods."""
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  x0, b = problems.quadratic_targets(run.shards, seed)
+  theta0 = {k: v[0] for k, v in x0.items()}
+  deltas = []
+  for period in range(run.periods):
+    theta = np_delayed_nesterov(deltas, theta0, run.outer_lr,
+                                run.outer_momentum, n or run.delay_buffer)
+    xs = []
+    for w in range(run.shards):
+      x = dict(theta)
+      for t in range(run.sync_every):
+        target = problems.quadratic_batch(b, w, period * run.sync_every + t,
+                                          seed, noise)
+        x = {k: x[k] - run.inner_lr * (x[k] - target[k]) for k in x}
+      xs.append(x)
+    deltas.append({k: theta[k] - np.mean([x[k] for x in xs], 0)
+                   for k in theta})
+  return np_delayed_nesterov(deltas, theta0, run.outer_lr, run.outer_momentum,
+                             n or run.delay_buffer)
+
+
+def test_delayed_nesterov_one_buffer_is_nesterov_sgd():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import outer  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  dn, ref = outer.delayed_nesterov(0.7, 0.9, 1), optax.sgd(0.7, 0.9, True)
+  x = {"w": jnp.asarray(rng.normal(size=5), jnp.float32)}
+  s_dn, s_ref = dn.init(x), ref.init(x)
+  for _ in range(4):
+    g = {"w": jnp.asarray(rng.normal(size=5), jnp.float32)}
+    u_dn, s_dn = dn.update(g, s_dn)
+    u_ref, s_ref = ref.update(g, s_ref)
+    np.testing.assert_allclose(u_dn["w"], u_ref["w"], rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="delay buffer must be an int >= 1"):
+    outer.delayed_nesterov(0.7, 0.9, 0)
+
+
+def test_delayed_nesterov_worked_example():
+  """N = 2, lr 1, beta 0.5, scalar Deltas 1, 2, 3, 4 from theta = 0:
+  merge 1: theta = -1/2; merge 2: m = (1 + 2)/2 = 1.5, theta = -0.5 -
+  (0.75 + 1) = -2.25; merge 3: -2.25 - 1.5 = -3.75; merge 4: m = 0.75 +
+  3.5 = 4.25, theta = -3.75 - (2.125 + 2) = -7.875."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import outer  # pylint: disable=import-outside-toplevel
+  dn = outer.delayed_nesterov(1.0, 0.5, 2)
+  theta, state, got = jnp.zeros([]), dn.init(jnp.zeros([])), []
+  for delta in (1.0, 2.0, 3.0, 4.0):
+    u, state = dn.update(jnp.asarray(delta), state)
+    theta = theta + u
+    got.append(float(theta))
+  assert got == [-0.5, -2.25, -3.75, -7.875]
+
+
+@pytest.mark.slow
+def test_sync_learners_with_delayed_nesterov_match_numpy_oracle():
+  """3 learners, H = 3, 5 periods, buffer N = 2 on the noisy quadratic:
+  theta equals the NumPy recursion (float64) to float32 rounding, and
+  differs from Nesterov SGD's."""
+  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=5, inner_lr=LR,
+                         quorum=3, outer="delayed_nesterov", delay_buffer=2)
+  sync, status = run_local(run, range(3))
+  assert all(s["error"] is None for s in status) and sync.version == 5
+  want = np_oracle_run(run)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=1e-5, atol=1e-5)
+  nesterov = np_oracle_run(run, n=1)
+  assert not np.allclose(sync.theta["a"], nesterov["a"], atol=1e-3)
+
+
+def test_decoupled_merges_step_delayed_nesterov_on_token_weighted_deltas():
+  """Decoupled, buffer N = 3: three merges of two learners' pushes (tokens
+  1 and 3) step theta as the NumPy recursion on the weighted means."""
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=2, grace_s=0.0,
+                         outer="delayed_nesterov", delay_buffer=3,
+                         periods=10)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for i in range(2):
+      sync.join(i, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    means = []
+    for merge, (a, b) in enumerate([(1.0, -2.0), (0.5, 4.0), (3.0, 1.0)]):
+      sync.push(0, merge, _delta(a, theta0), 1)
+      sync.push(1, merge, _delta(b, theta0), 3)
+      deadline = time.monotonic() + 10
+      while sync.version == merge and time.monotonic() < deadline:
+        time.sleep(0.005)
+      means.append(_delta((a + 3 * b) / 4, theta0))
+    want = np_delayed_nesterov(means, theta0, OUTER_LR, MOMENTUM, 3)
+    for k in theta0:
+      np.testing.assert_allclose(sync.theta[k], want[k], rtol=1e-6, atol=1e-6)
+  finally:
+    sync.close()

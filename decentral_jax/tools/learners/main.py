@@ -69,6 +69,11 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  "send and its merge")
   p.add_argument("--merge-alpha", type=float, default=0.0,
                  help="Streaming DiLoCo: x_p <- alpha x_p + (1-alpha) theta_p")
+  p.add_argument("--outer", choices=spec_lib.OUTER, default="nesterov",
+                 help="outer optimizer (delayed_nesterov: Async Local-SGD)")
+  p.add_argument("--delay-buffer", type=int, default=None,
+                 help="Delayed Nesterov's buffer N: merges per momentum "
+                 "step (default 1; only with --outer delayed_nesterov)")
   return p
 
 
@@ -118,7 +123,8 @@ def run_spec(args) -> spec_lib.RunSpec:
       quorum=args.quorum or (args.learners if args.mode == "sync" else 1),
       dynamic_updates=args.dynamic_updates, sleep_s=sleep,
       fragments=args.fragments, overlap_steps=args.overlap_steps,
-      merge_alpha=args.merge_alpha)
+      merge_alpha=args.merge_alpha, outer=args.outer,
+      delay_buffer=1 if args.delay_buffer is None else args.delay_buffer)
 
 
 def progress_line(status: dict, learners: dict) -> str:
