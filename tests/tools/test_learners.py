@@ -499,3 +499,44 @@ def test_decoupled_merges_step_delayed_nesterov_on_token_weighted_deltas():
       np.testing.assert_allclose(sync.theta[k], want[k], rtol=1e-6, atol=1e-6)
   finally:
     sync.close()
+
+
+def _restart_learner_1(run, at_version=2, timeout=60):
+  """Learners 0 and 1 in threads; after ``at_version`` merges learner 1
+  stops (after its period) and a new learner 1 joins in its place.
+  Returns the synchronizer and the new learner's status."""
+  sync = sync_lib.Synchronizer(run)
+  learners = [learner_lib.Learner(run, i, local_link(sync)) for i in (0, 1)]
+  deadline = time.monotonic() + timeout
+  while sync.version < at_version and time.monotonic() < deadline:
+    time.sleep(0.005)
+  learners[1].stop()
+  learners[1] = learner_lib.Learner(run, 1, local_link(sync))
+  while sync.version < run.periods and time.monotonic() < deadline:
+    time.sleep(0.01)
+  status = [lrn.stop() for lrn in learners]
+  sync.close()
+  return sync, status[1]
+
+
+@pytest.mark.slow
+def test_a_restarted_learner_keeps_its_adamw_state_and_residual():
+  """Sync mode, inner AdamW, int8 pseudo-gradients with error feedback:
+  learner 1 replaced after 2 merges starts from the AdamW moments and the
+  residual it sent, and theta equals the run without a restart; without
+  keep_state (moments and residual afresh) it does not. Each period sends
+  AdamW's count, mu, nu (4 + 2 * 8 * 4 bytes) and the residual (8 * 4)."""
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=5, inner="adamw",
+                         inner_lr=0.05, quorum=2, compressor="int8", block=2)
+  reference, status = run_local(run, range(2))
+  assert status[0]["state_bytes"] == 5 * (4 + 2 * 8 * 4 + 8 * 4)
+  sync, new = _restart_learner_1(run)
+  assert new["restored"] and new["error"] is None and sync.version == 5
+  for k in reference.theta:
+    np.testing.assert_allclose(sync.theta[k], reference.theta[k], rtol=1e-6,
+                               atol=1e-7)
+  dropped = spec_lib.RunSpec(**{**run.__dict__, "keep_state": False})
+  sync, new = _restart_learner_1(dropped)
+  assert not new["restored"] and new["state_bytes"] == 0
+  assert not all(np.allclose(sync.theta[k], reference.theta[k], atol=1e-5)
+                 for k in reference.theta)

@@ -36,7 +36,12 @@ compress_with_feedback`) and keeps the residual ``e_w``.
 The learner reaches the synchronizer through a :class:`Link` (Ray actor
 calls in :mod:`decentral_jax.tools.learners.cluster`, direct calls in
 tests). A restarted learner joins again and starts from the current
-``theta`` (its inner optimizer state starts afresh).
+``theta``. With ``RunSpec.keep_state`` (the default) the learner sends its
+inner optimizer state and its error feedback residual to the synchronizer
+before each pseudo-gradient (whole, or fragment 0's), and a restarted
+learner starts from the ones it sent before the pseudo-gradient of the
+version before the current one: in sync mode exactly the state it started
+the current period with, so the period it redoes is the one it lost.
 """
 
 from __future__ import annotations
@@ -110,9 +115,10 @@ class Learner:
     self._codec = run.codec()
     self._feedback = jax.jit(lambda v, e: compress.compress_with_feedback(
         self._codec, v, e))
-    self._error: dict = {}  # error feedback residuals (lost on restart)
+    self._error: dict = {}  # error feedback residuals (see keep_state)
     self.state = {"learner": learner, "pid": os.getpid(), "version": -1,
                   "steps": 0, "tokens": 0, "periods": 0, "bytes": 0,
+                  "state_bytes": 0, "restored": [],
                   "waits": [], "h": [], "joined": [], "error": None,
                   "done": False}
     self._stop = threading.Event()
@@ -150,7 +156,8 @@ class Learner:
     info = self._join()
     x = info["theta"]
     base, theta_base, t = info["version"], info["theta"], 0
-    inner_state = self._inner.init(jax.tree.map(jnp.asarray, x))
+    inner_state = self._restore(info, self._inner.init(
+        jax.tree.map(jnp.asarray, x)))
     tokens, speed, v_max = 0, 0.0, info["v_max"]
     while not info["done"] and not self._stop.is_set():
       h = self.run.sync_every
@@ -160,6 +167,7 @@ class Learner:
       tokens += h * self._problem.tokens_per_step
       delta = self._encode({k: np.asarray(theta_base[k] - np.asarray(x[k]),
                                           np.float32) for k in theta_base})
+      self._keep(base, inner_state)
       started = time.monotonic()
       info = self._sync(base, delta, tokens, speed)
       self.state["waits"].append(time.monotonic() - started)
@@ -181,7 +189,7 @@ class Learner:
     keys = fragments_lib.fragment_keys(info["theta"], run.fragments)
     offs = fragments_lib.offsets(run.sync_every, run.fragments)
     x = {k: jnp.asarray(v) for k, v in info["theta"].items()}
-    inner_state = self._inner.init(x)
+    inner_state = self._restore(info, self._inner.init(x))
     base = [{k: info["theta"][k] for k in ks} for ks in keys]
     have = list(info["versions"])
     t = fragments_lib.start_step(have, offs, run.sync_every,
@@ -196,6 +204,8 @@ class Learner:
           delta = self._encode({k: base[p][k] - xp[k] for k in ks})
           tokens = (t - last_send[p]) * self._problem.tokens_per_step
           last_send[p] = t
+          if p == 0:
+            self._keep(have[0], inner_state)
           self._push(have[p], delta, tokens, 0.0, p)
           due[p], base[p] = (t + run.overlap_steps, have[p], delta,
                              tokens), xp
@@ -211,6 +221,28 @@ class Learner:
           self.state["periods"] += p == 0
           self.state["version"] = min(have)
     self.state["done"] = True
+
+  def _restore(self, info, inner_state):
+    """The inner state (and error feedback residual) the synchronizer kept
+    for this learner (``info["kept"]``), else ``inner_state``."""
+    kept = info.get("kept")
+    if kept is None:
+      return inner_state
+    self._error = {k: np.asarray(v) for k, v in kept["error"].items()}
+    self.state["restored"].append(info["version"])
+    return jax.tree.unflatten(jax.tree.structure(inner_state),
+                              [jnp.asarray(v) for v in kept["inner"]])
+
+  def _keep(self, base, inner_state) -> None:
+    """Sends the inner state and residual to the synchronizer (before the
+    pseudo-gradient of version ``base``); nothing to send, nothing sent."""
+    leaves = [np.asarray(v) for v in jax.tree.leaves(inner_state)]
+    if not self.run.keep_state or not (leaves or self._error):
+      return
+    self.state["state_bytes"] += sum(v.nbytes for v in leaves) + sum(
+        v.nbytes for v in self._error.values())
+    self._call("keep", self.id, base, {"inner": leaves,
+                                       "error": dict(self._error)})
 
   def _push(self, base, delta, tokens, speed, fragment=0) -> None:
     answer = self._call("push", self.id, base, delta, tokens, speed, fragment)

@@ -74,6 +74,10 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p.add_argument("--delay-buffer", type=int, default=None,
                  help="Delayed Nesterov's buffer N: merges per momentum "
                  "step (default 1; only with --outer delayed_nesterov)")
+  p.add_argument("--drop-state", action="store_true",
+                 help="learners do not send their inner optimizer state and "
+                 "error feedback residual (a restarted learner starts them "
+                 "afresh; saves their bytes each period)")
   return p
 
 
@@ -124,7 +128,8 @@ def run_spec(args) -> spec_lib.RunSpec:
       dynamic_updates=args.dynamic_updates, sleep_s=sleep,
       fragments=args.fragments, overlap_steps=args.overlap_steps,
       merge_alpha=args.merge_alpha, outer=args.outer,
-      delay_buffer=1 if args.delay_buffer is None else args.delay_buffer)
+      delay_buffer=1 if args.delay_buffer is None else args.delay_buffer,
+      keep_state=not args.drop_state)
 
 
 def progress_line(status: dict, learners: dict) -> str:

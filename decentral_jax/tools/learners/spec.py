@@ -64,6 +64,11 @@ class RunSpec:
       :mod:`decentral_jax.tools.learners.outer`).
     delay_buffer: Delayed Nesterov's buffer ``N`` (merges per momentum
       step); 1 with ``outer="nesterov"``.
+    keep_state: a learner sends its inner optimizer state and its error
+      feedback residual to the synchronizer before each pseudo-gradient
+      (when it has any), so that a restarted learner starts from them
+      instead of afresh (costs their bytes per period: ``state_bytes`` in
+      the learner's status).
   """
   problem: str = "quadratic"
   problem_args: tuple = ()
@@ -87,6 +92,7 @@ class RunSpec:
   merge_alpha: float = 0.0
   outer: str = "nesterov"
   delay_buffer: int = 1
+  keep_state: bool = True
 
   def __post_init__(self):
     """Checks the fields.
@@ -185,6 +191,9 @@ def check_outer_and_fragments(run: RunSpec) -> None:
   if run.outer == "nesterov" and run.delay_buffer != 1:
     raise ValueError(f"RunSpec.delay_buffer={run.delay_buffer} needs outer="
                      "'delayed_nesterov' (Nesterov SGD has no buffer).")
+  if not isinstance(run.keep_state, bool):
+    raise ValueError(f"RunSpec.keep_state must be True or False, got "
+                     f"{run.keep_state!r}.")
   if run.streaming and run.dynamic_updates:
     raise ValueError("RunSpec.dynamic_updates with fragments/overlap_steps/"
                      "merge_alpha: a fragment schedule has one sync period "

@@ -139,6 +139,7 @@ class Synchronizer:
     self._quorum_at: dict[int, float] = {}
     self._speed: dict[int, float] = {}
     self._merging: set[tuple[int, int]] = set()  # (learner, fragment)
+    self._kept: dict[int, dict] = {}  # learner -> {base: its state}
     self.periods = run.periods
     self._ckpt = None
     self.resumed = False
@@ -191,7 +192,10 @@ class Synchronizer:
   # ------------------------------------------------------------ learners
   def join(self, learner: int, fingerprint: dict) -> dict:
     """Admits learner ``learner`` (idempotent: a restarted learner joins
-    again) and returns :meth:`latest`'s answer.
+    again) and returns :meth:`latest`'s answer with ``"kept"``: the state
+    it sent with :meth:`keep` before its pseudo-gradient of version
+    ``version - 1`` (sync mode: the state it had when it started the
+    current period), else its newest, else None.
 
     Raises:
       spec_lib.JoinRefused: a different model, method or data sharding
@@ -202,7 +206,22 @@ class Synchronizer:
     with self._lock:
       self._active.add(learner)
       self.log["joins"].append([learner, self.version, time.time()])
-    return self.latest(learner, -1)
+      kept = self._kept.get(learner, {})
+      state = kept.get(self.version - 1) if self.run.mode == "sync" else None
+      if state is None and kept:
+        state = kept[max(kept)]
+    return {**self.latest(learner, -1), "kept": state}
+
+  def keep(self, learner: int, base: int, state) -> None:
+    """Holds learner ``learner``'s state (inner optimizer leaves, error
+    feedback residual: opaque here) sent before its pseudo-gradient of
+    version ``base``; the two newest per learner are kept, in memory only
+    (a restarted synchronizer has none)."""
+    with self._lock:
+      kept = self._kept.setdefault(learner, {})
+      kept[base] = state
+      for old in sorted(kept)[:-2]:
+        del kept[old]
 
   def leave(self, learner: int) -> None:
     """Removes ``learner`` from the active set; its pending pseudo-gradients
