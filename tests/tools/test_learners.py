@@ -540,3 +540,46 @@ def test_a_restarted_learner_keeps_its_adamw_state_and_residual():
   assert not new["restored"] and new["state_bytes"] == 0
   assert not all(np.allclose(sync.theta[k], reference.theta[k], atol=1e-5)
                  for k in reference.theta)
+
+
+@pytest.mark.slow
+def test_a_restarted_learner_rejoins_the_fragment_schedule():
+  """Sync mode, P = 2, tau = 1, alpha = 0.5: learner 1 replaced after 2
+  periods starts from theta at the step its first send of each fragment is
+  the synchronizer's current version; every fragment merge still has both
+  learners and the run ends at 6 merges per fragment. Its lost progress on
+  the fragments moves theta off the one-program run's (0.07 measured;
+  bound 0.2)."""
+  require_devices(2)
+  run = spec_lib.RunSpec(shards=2, sync_every=4, periods=6, inner_lr=LR,
+                         quorum=2, fragments=2, overlap_steps=1,
+                         merge_alpha=0.5)
+  sync, new = _restart_learner_1(run)
+  assert new["error"] is None and len(new["joined"]) == 1
+  assert sync.versions == [6, 6]
+  assert all(f[2] == [0, 1] for f in sync.log["fragments"])
+  assert len(sync.log["fragments"]) == 12
+  want = spmd_streaming(2, 4, 6, 2, 1, 0.5)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], atol=0.2)
+
+
+def test_fragment_schedule_worked_by_hand():
+  """H = 4, P = 2, tau = 1: fragment 1 (offset 2) sent after steps 2, 6,
+  10 and merged after 3, 7, 11; fragment 0 sent after 4, 8, 12, merged
+  after 5, 9, 13. H = 5, tau = 2: fragment 1 sent after 2, 7, merged after
+  4, 9; fragment 0 sent after 5, merged after 7."""
+  from decentral_jax.tools.learners import fragments  # pylint: disable=import-outside-toplevel
+  assert fragments.offsets(4, 2) == [0, 2] and fragments.offsets(5, 3) == [
+      0, 1, 3]
+  sends = [t for t in range(1, 13) if fragments.is_send(t, 2, 4)]
+  assert sends == [2, 6, 10] and fragments.send_step(3, 2, 4) == 10
+  assert [t for t in range(13) if fragments.is_send(t, 0, 4)] == [4, 8, 12]
+  start = lambda v, h, tau: fragments.start_step(  # noqa: E731
+      v, fragments.offsets(h, 2), h, tau)
+  assert start([0, 0], 4, 1) == 0  # a fresh run
+  assert start([2, 2], 4, 1) == 9  # after fragment 0's merge at 9
+  assert start([2, 3], 4, 1) == 11  # fragment 1 merged at 11, sends at 12
+  assert start([1, 2], 5, 2) == 9
+  # Fragment 1 sent after step 7 but not merged: start at 6, send it at 7.
+  assert start([1, 1], 5, 2) == 6
