@@ -90,6 +90,15 @@ def check_fragments(fragments: PyTree, params: PyTree,
   return ids
 
 
+def fragment_offsets(sync_every: int, num_fragments: int) -> list[int]:
+  """The send offset ``o_p = (p H // P) % H`` of each fragment ``p``:
+  fragment ``p`` is sent at the inner steps ``t >= max(o_p, 1)`` with ``t %
+  H == o_p`` (ints, no checks: see :func:`streaming_diloco` for the ranges).
+  """
+  return [(p * sync_every // num_fragments) % sync_every
+          for p in range(num_fragments)]
+
+
 class Pending(NamedTuple):
   """The plain timing's state of :func:`streaming_diloco`: per fragment,
   what was sent and awaits its merge (the parameters ``x``, or the
@@ -260,7 +269,7 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   timing = diloco_sync.resolve_timing(timing, reduction)
   outer = local_steps.default_outer_optimizer() if outer is None else outer
   loop = outer_timing.OuterLoop(period, outer, reduction, alpha)
-  offsets = [(p * period // p_count) % period for p in range(p_count)]
+  offsets = fragment_offsets(period, p_count)
 
   def ids_of(params):
     frag = (default_fragments(params, p_count) if fragments is None

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from helpers import spmd_diloco
+from helpers import quadratic_problem, spmd_diloco
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import spec as spec_lib
@@ -206,7 +206,12 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
     (("--sleep", "a,b"), "--sleep='a,b' must be comma-separated seconds"),
     (("--sleep", "0,0"), "--sleep has 2 values for --learners=4"),
     (("--sleep", "0,0,-1,0"), "each value must be a finite number of "
-     "seconds >= 0")])
+     "seconds >= 0"),
+    (("--delay-buffer", "3"), "RunSpec.delay_buffer=3 needs outer="),
+    (("--outer", "delayed_nesterov", "--delay-buffer", "0"),
+     "RunSpec.delay_buffer must be an int >= 1"),
+    (("--fragments", "2", "--overlap-steps", "4"), "RunSpec.overlap_steps=4"),
+    (("--merge-alpha", "-0.5"), "RunSpec.merge_alpha must be a number")])
 def test_the_learners_command_names_a_bad_number_before_ray_starts(
     capsys, flags, words):
   from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
@@ -263,3 +268,318 @@ def test_decoupled_pushes_of_one_version_add_up_each_step_counted_once():
                                  rtol=1e-6)
   finally:
     sync.close()
+
+
+def spmd_streaming(n, h, periods, fragments, tau, alpha, seed=0, noise=0.1):
+  """Streaming DiLoCo (inner SGD ``LR``, default outer) in one SPMD program
+  on the learners' quadratic problem and data order; returns worker 0's
+  ``theta`` after ``h * periods + tau`` steps (every fragment merged
+  ``periods`` times, none more)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax import optim  # pylint: disable=import-outside-toplevel
+  from decentral_jax import parallel  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  x0, b = quadratic_problem(n, seed)
+  mesh = parallel.make_mesh(n)
+  tx = optim.streaming_diloco(optax.sgd(LR), h, num_fragments=fragments,
+                              overlap_steps=tau, merge_alpha=alpha)
+
+  def step(params, state, target):
+    grads = jax.tree.map(lambda x, t: x - t, params, target)
+    updates, state = tx.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  step = jax.jit(parallel.per_worker(step, mesh))
+  params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
+                          mesh)
+  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
+  for t in range(h * periods + tau):
+    target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
+                           for i in range(n)]) for k in b}
+    params, state = step(params, state, parallel.shard(target, mesh))
+  theta = optim.streaming_sync.global_params(state)
+  return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(theta))
+
+
+def test_sync_fragments_equal_streaming_diloco_in_one_program():
+  """2 learners, H = 4, P = 2 fragments (leaves a, b | c at offsets 0, 2),
+  overlap tau = 1, merge weight alpha = 0.5, 3 periods: theta equals the
+  one-program Streaming DiLoCo's to float32 rounding; each fragment merged
+  3 times with its own outer state."""
+  require_devices(2)
+  run = spec_lib.RunSpec(shards=2, sync_every=4, periods=3, inner_lr=LR,
+                         quorum=2, fragments=2, overlap_steps=1,
+                         merge_alpha=0.5)
+  sync, status = run_local(run, range(2))
+  assert all(s["error"] is None for s in status), status
+  assert sync.versions == [3, 3] and sync.fragments == [["a", "b"], ["c"]]
+  assert [f[:3] for f in sync.log["fragments"]] == [
+      [1, 1, [0, 1]], [0, 1, [0, 1]], [1, 2, [0, 1]], [0, 2, [0, 1]],
+      [1, 3, [0, 1]], [0, 3, [0, 1]]]
+  assert sync.log["tokens"] == [{"0": 4, "1": 4}] * 3
+  want = spmd_streaming(2, 4, 3, 2, 1, 0.5)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-6)
+  # Whole-model DiLoCo on the same data gives another theta.
+  assert not np.allclose(sync.theta["c"], spmd_diloco(2, 4, 3)["c"],
+                         atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fragments,tau,alpha", [(3, 0, 0.0), (3, 1, 0.25),
+                                                 (2, 2, 0.0)])
+def test_sync_fragments_equal_streaming_diloco_more_schedules(fragments, tau,
+                                                              alpha):
+  """3 learners, H = 5 (offsets 0, 1, 3 for P = 3; 0, 2 for P = 2)."""
+  require_devices(3)
+  run = spec_lib.RunSpec(shards=3, sync_every=5, periods=3, inner_lr=LR,
+                         quorum=3, fragments=fragments, overlap_steps=tau,
+                         merge_alpha=alpha)
+  sync, status = run_local(run, range(3))
+  assert all(s["error"] is None for s in status), status
+  assert sync.versions == [3] * fragments
+  want = spmd_streaming(3, 5, 3, fragments, tau, alpha)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.slow
+def test_decoupled_fragments_merge_on_their_own_and_block_nobody():
+  """Decoupled learners with 3 fragments, one learner 3x slower: every
+  fragment merges 4 times, fast learners never wait past the grace."""
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=1, grace_s=0.05,
+                         sync_every=6, periods=4, fragments=3,
+                         sleep_s=(0.002, 0.006))
+  sync, status = run_local(run, range(2))
+  assert all(s["error"] is None for s in status), status
+  assert min(sync.versions) == 4
+  merged = {f for f, _, _, _ in sync.log["fragments"]}
+  assert merged == {0, 1, 2}
+  assert max(status[0]["waits"]) < run.grace_s
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"fragments": 0}, "RunSpec.fragments must be an int >= 1"),
+    ({"fragments": 5}, "RunSpec.fragments=5 exceeds sync_every=4"),
+    ({"fragments": 2, "overlap_steps": 2}, "RunSpec.overlap_steps=2"),
+    ({"overlap_steps": 1.5}, "RunSpec.overlap_steps must be an int"),
+    ({"merge_alpha": 1.5}, "RunSpec.merge_alpha must be a number in [0, 1]"),
+    ({"outer": "adam"}, "RunSpec.outer must be one of"),
+    ({"delay_buffer": 0}, "RunSpec.delay_buffer must be an int >= 1"),
+    ({"delay_buffer": 4}, "RunSpec.delay_buffer=4 needs outer="),
+    ({"fragments": 2, "dynamic_updates": True}, "RunSpec.dynamic_updates"),
+])
+def test_run_spec_names_a_bad_fragment_or_outer_field(fields, words):
+  with pytest.raises(ValueError) as e:
+    spec_lib.RunSpec(**fields)
+  assert words in str(e.value)
+
+
+def test_more_fragments_than_leaves_is_one_line_naming_the_field():
+  with pytest.raises(ValueError, match="RunSpec.fragments=4 exceeds the 3 parameter leaves"):
+    sync_lib.Synchronizer(spec_lib.RunSpec(sync_every=8, fragments=4))
+
+
+def np_delayed_nesterov(deltas, theta0, lr, beta, n):
+  """NumPy oracle of Delayed Nesterov (float64): the recursion of
+  tools/learners/outer.py written out, one merged Delta per merge."""
+  theta = {k: np.asarray(v, np.float64) for k, v in theta0.items()}
+  m = {k: np.zeros_like(v) for k, v in theta.items()}
+  d = {k: np.zeros_like(v) for k, v in theta.items()}
+  for k_merge, delta in enumerate(deltas, start=1):
+    for key in theta:
+      d[key] = d[key] + delta[key]
+      if k_merge % n == 0:
+        m[key] = beta * m[key] + d[key] / n
+        theta[key] = theta[key] - lr * (beta * m[key] + delta[key] / n)
+        d[key] = np.zeros_like(d[key])
+      else:
+        theta[key] = theta[key] - lr * delta[key] / n
+  return theta
+
+
+def np_oracle_run(run, n=None, seed=0, noise=0.1):
+  """Synchronous learners on the quadratic problem in NumPy (float64):
+  every period each learner takes H inner SGD steps from theta on its
+  shard's targets (step ``k H + t`` of period ``k``), the merged Delta is
+  their mean, and Delayed Nesterov with buffer ``n`` (default the run's)
+  steps theta. Returns theta after the run's periods."""
+  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
+  x0, b = problems.quadratic_targets(run.shards, seed)
+  theta0 = {k: v[0] for k, v in x0.items()}
+  deltas = []
+  for period in range(run.periods):
+    theta = np_delayed_nesterov(deltas, theta0, run.outer_lr,
+                                run.outer_momentum, n or run.delay_buffer)
+    xs = []
+    for w in range(run.shards):
+      x = dict(theta)
+      for t in range(run.sync_every):
+        target = problems.quadratic_batch(b, w, period * run.sync_every + t,
+                                          seed, noise)
+        x = {k: x[k] - run.inner_lr * (x[k] - target[k]) for k in x}
+      xs.append(x)
+    deltas.append({k: theta[k] - np.mean([x[k] for x in xs], 0)
+                   for k in theta})
+  return np_delayed_nesterov(deltas, theta0, run.outer_lr, run.outer_momentum,
+                             n or run.delay_buffer)
+
+
+def test_delayed_nesterov_one_buffer_is_nesterov_sgd():
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import outer  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  dn, ref = outer.delayed_nesterov(0.7, 0.9, 1), optax.sgd(0.7, 0.9, True)
+  x = {"w": jnp.asarray(rng.normal(size=5), jnp.float32)}
+  s_dn, s_ref = dn.init(x), ref.init(x)
+  for _ in range(4):
+    g = {"w": jnp.asarray(rng.normal(size=5), jnp.float32)}
+    u_dn, s_dn = dn.update(g, s_dn)
+    u_ref, s_ref = ref.update(g, s_ref)
+    np.testing.assert_allclose(u_dn["w"], u_ref["w"], rtol=1e-6, atol=1e-7)
+  with pytest.raises(ValueError, match="delay buffer must be an int >= 1"):
+    outer.delayed_nesterov(0.7, 0.9, 0)
+
+
+def test_delayed_nesterov_worked_example():
+  """N = 2, lr 1, beta 0.5, scalar Deltas 1, 2, 3, 4 from theta = 0:
+  merge 1: theta = -1/2; merge 2: m = (1 + 2)/2 = 1.5, theta = -0.5 -
+  (0.75 + 1) = -2.25; merge 3: -2.25 - 1.5 = -3.75; merge 4: m = 0.75 +
+  3.5 = 4.25, theta = -3.75 - (2.125 + 2) = -7.875."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import outer  # pylint: disable=import-outside-toplevel
+  dn = outer.delayed_nesterov(1.0, 0.5, 2)
+  theta, state, got = jnp.zeros([]), dn.init(jnp.zeros([])), []
+  for delta in (1.0, 2.0, 3.0, 4.0):
+    u, state = dn.update(jnp.asarray(delta), state)
+    theta = theta + u
+    got.append(float(theta))
+  assert got == [-0.5, -2.25, -3.75, -7.875]
+
+
+@pytest.mark.slow
+def test_sync_learners_with_delayed_nesterov_match_numpy_oracle():
+  """3 learners, H = 3, 5 periods, buffer N = 2 on the noisy quadratic:
+  theta equals the NumPy recursion (float64) to float32 rounding, and
+  differs from Nesterov SGD's."""
+  run = spec_lib.RunSpec(shards=3, sync_every=3, periods=5, inner_lr=LR,
+                         quorum=3, outer="delayed_nesterov", delay_buffer=2)
+  sync, status = run_local(run, range(3))
+  assert all(s["error"] is None for s in status) and sync.version == 5
+  want = np_oracle_run(run)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=1e-5, atol=1e-5)
+  nesterov = np_oracle_run(run, n=1)
+  assert not np.allclose(sync.theta["a"], nesterov["a"], atol=1e-3)
+
+
+def test_decoupled_merges_step_delayed_nesterov_on_token_weighted_deltas():
+  """Decoupled, buffer N = 3: three merges of two learners' pushes (tokens
+  1 and 3) step theta as the NumPy recursion on the weighted means."""
+  run = spec_lib.RunSpec(shards=2, mode="decoupled", quorum=2, grace_s=0.0,
+                         outer="delayed_nesterov", delay_buffer=3,
+                         periods=10)
+  sync = sync_lib.Synchronizer(run)
+  try:
+    for i in range(2):
+      sync.join(i, run.fingerprint())
+    theta0 = {k: v.copy() for k, v in sync.theta.items()}
+    means = []
+    for merge, (a, b) in enumerate([(1.0, -2.0), (0.5, 4.0), (3.0, 1.0)]):
+      sync.push(0, merge, _delta(a, theta0), 1)
+      sync.push(1, merge, _delta(b, theta0), 3)
+      deadline = time.monotonic() + 10
+      while sync.version == merge and time.monotonic() < deadline:
+        time.sleep(0.005)
+      means.append(_delta((a + 3 * b) / 4, theta0))
+    want = np_delayed_nesterov(means, theta0, OUTER_LR, MOMENTUM, 3)
+    for k in theta0:
+      np.testing.assert_allclose(sync.theta[k], want[k], rtol=1e-6, atol=1e-6)
+  finally:
+    sync.close()
+
+
+def _restart_learner_1(run, at_version=2, timeout=60):
+  """Learners 0 and 1 in threads; after ``at_version`` merges learner 1
+  stops (after its period) and a new learner 1 joins in its place.
+  Returns the synchronizer and the new learner's status."""
+  sync = sync_lib.Synchronizer(run)
+  learners = [learner_lib.Learner(run, i, local_link(sync)) for i in (0, 1)]
+  deadline = time.monotonic() + timeout
+  while sync.version < at_version and time.monotonic() < deadline:
+    time.sleep(0.005)
+  learners[1].stop()
+  learners[1] = learner_lib.Learner(run, 1, local_link(sync))
+  while sync.version < run.periods and time.monotonic() < deadline:
+    time.sleep(0.01)
+  status = [lrn.stop() for lrn in learners]
+  sync.close()
+  return sync, status[1]
+
+
+@pytest.mark.slow
+def test_a_restarted_learner_keeps_its_adamw_state_and_residual():
+  """Sync mode, inner AdamW, int8 pseudo-gradients with error feedback:
+  learner 1 replaced after 2 merges starts from the AdamW moments and the
+  residual it sent, and theta equals the run without a restart; without
+  keep_state (moments and residual afresh) it does not. Each period sends
+  AdamW's count, mu, nu (4 + 2 * 8 * 4 bytes) and the residual (8 * 4)."""
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=5, inner="adamw",
+                         inner_lr=0.05, quorum=2, compressor="int8", block=2)
+  reference, status = run_local(run, range(2))
+  assert status[0]["state_bytes"] == 5 * (4 + 2 * 8 * 4 + 8 * 4)
+  sync, new = _restart_learner_1(run)
+  assert new["restored"] and new["error"] is None and sync.version == 5
+  for k in reference.theta:
+    np.testing.assert_allclose(sync.theta[k], reference.theta[k], rtol=1e-6,
+                               atol=1e-7)
+  dropped = spec_lib.RunSpec(**{**run.__dict__, "keep_state": False})
+  sync, new = _restart_learner_1(dropped)
+  assert not new["restored"] and new["state_bytes"] == 0
+  assert not all(np.allclose(sync.theta[k], reference.theta[k], atol=1e-5)
+                 for k in reference.theta)
+
+
+@pytest.mark.slow
+def test_a_restarted_learner_rejoins_the_fragment_schedule():
+  """Sync mode, P = 2, tau = 1, alpha = 0.5: learner 1 replaced after 2
+  periods starts from theta at the step its first send of each fragment is
+  the synchronizer's current version; every fragment merge still has both
+  learners and the run ends at 6 merges per fragment. Its lost progress on
+  the fragments moves theta off the one-program run's (0.07 measured;
+  bound 0.2)."""
+  require_devices(2)
+  run = spec_lib.RunSpec(shards=2, sync_every=4, periods=6, inner_lr=LR,
+                         quorum=2, fragments=2, overlap_steps=1,
+                         merge_alpha=0.5)
+  sync, new = _restart_learner_1(run)
+  assert new["error"] is None and len(new["joined"]) == 1
+  assert sync.versions == [6, 6]
+  assert all(f[2] == [0, 1] for f in sync.log["fragments"])
+  assert len(sync.log["fragments"]) == 12
+  want = spmd_streaming(2, 4, 6, 2, 1, 0.5)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], atol=0.2)
+
+
+def test_fragment_schedule_worked_by_hand():
+  """H = 4, P = 2, tau = 1: fragment 1 (offset 2) sent after steps 2, 6,
+  10 and merged after 3, 7, 11; fragment 0 sent after 4, 8, 12, merged
+  after 5, 9, 13. H = 5, tau = 2: fragment 1 sent after 2, 7, merged after
+  4, 9; fragment 0 sent after 5, merged after 7."""
+  from decentral_jax.tools.learners import fragments  # pylint: disable=import-outside-toplevel
+  assert fragments.offsets(4, 2) == [0, 2] and fragments.offsets(5, 3) == [
+      0, 1, 3]
+  sends = [t for t in range(1, 13) if fragments.is_send(t, 2, 4)]
+  assert sends == [2, 6, 10] and fragments.send_step(3, 2, 4) == 10
+  assert [t for t in range(13) if fragments.is_send(t, 0, 4)] == [4, 8, 12]
+  start = lambda v, h, tau: fragments.start_step(  # noqa: E731
+      v, fragments.offsets(h, 2), h, tau)
+  assert start([0, 0], 4, 1) == 0  # a fresh run
+  assert start([2, 2], 4, 1) == 9  # after fragment 0's merge at 9
+  assert start([2, 3], 4, 1) == 11  # fragment 1 merged at 11, sends at 12
+  assert start([1, 2], 5, 2) == 9
+  # Fragment 1 sent after step 7 but not merged: start at 6, send it at 7.
+  assert start([1, 1], 5, 2) == 6

@@ -163,3 +163,48 @@ def test_join_and_leave_between_periods_and_a_mismatched_learner(
     assert "refused at join: field 'sync_every'" in err
   finally:
     c.close()
+
+
+def _reference(run):
+  """The run without failures: synchronizer and learners in this process."""
+  from decentral_jax.tools.learners import learner as learner_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import synchronizer as sync_lib  # pylint: disable=import-outside-toplevel
+  sync = sync_lib.Synchronizer(run)
+  link = learner_lib.Link(lambda name, *args: getattr(sync, name)(*args))
+  learners = [learner_lib.Learner(run, i, link) for i in range(run.shards)]
+  _until(lambda: sync.version >= run.periods, 60, "the reference run")
+  for lrn in learners:
+    lrn.stop()
+  sync.close()
+  return sync.theta
+
+
+def test_a_sigkilled_learner_restarts_with_its_adamw_state_and_residual(
+    ray_session):
+  """Sync mode, inner AdamW, int8 pseudo-gradients with error feedback:
+  learner 1 is SIGKILLed mid-period; Ray restarts it, it rejoins with the
+  AdamW moments and residual it sent before its last merged
+  pseudo-gradient and redoes the period: theta equals the run without a
+  failure to float32 rounding (afresh moments and residual move it by
+  about 0.2: the in-process test of tests/tools/test_learners.py)."""
+  del ray_session
+  run = spec_lib.RunSpec(shards=2, sync_every=3, periods=6, inner="adamw",
+                         inner_lr=0.05, quorum=2, compressor="int8", block=2,
+                         sleep_s=(0.03, 0.03))
+  c = cluster.Cluster(run)
+  try:
+    c.add(0), c.add(1)
+    c.wait(version=2, timeout_s=120)
+    time.sleep(0.04)  # inside a period
+    c.kill(1)
+    _until(lambda: len(_joins(c, 1)) == 2, what="learner 1 to rejoin")
+    status = c.wait(timeout_s=120)
+    assert status["version"] == 6 and not status["log"]["rejected"]
+    restarted = c.learner_status()[1]
+    assert restarted["restored"] and restarted["error"] is None
+    theta = c.params()["theta"]
+  finally:
+    c.close()
+  want = _reference(run)
+  for k in want:
+    np.testing.assert_allclose(theta[k], want[k], rtol=1e-6, atol=1e-7)

@@ -6,6 +6,10 @@ synchronizer through Ray (docs/learners.md).
   optimizer and the merge (sync, or decoupled with quorum and grace);
 * :mod:`~decentral_jax.tools.learners.learner`: the inner steps of one
   learner on its data shard;
+* :mod:`~decentral_jax.tools.learners.fragments`: Streaming DiLoCo's
+  fragment partition and schedule;
+* :mod:`~decentral_jax.tools.learners.outer`: the outer optimizers
+  (Nesterov SGD, Delayed Nesterov);
 * :mod:`~decentral_jax.tools.learners.cluster`: both as Ray actors (Ray is
   imported only there, only when used);
 * :mod:`~decentral_jax.tools.learners.main`: ``decentral-jax learners``.

@@ -62,6 +62,22 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="seconds between progress lines")
   p.add_argument("--timeout", type=float, default=3600.0)
   p.add_argument("--json", default=None, help="write the run's log here")
+  p.add_argument("--fragments", type=int, default=1,
+                 help="Streaming DiLoCo fragments P (each merged on its own)")
+  p.add_argument("--overlap-steps", type=int, default=0,
+                 help="Streaming DiLoCo: inner steps between a fragment's "
+                 "send and its merge")
+  p.add_argument("--merge-alpha", type=float, default=0.0,
+                 help="Streaming DiLoCo: x_p <- alpha x_p + (1-alpha) theta_p")
+  p.add_argument("--outer", choices=spec_lib.OUTER, default="nesterov",
+                 help="outer optimizer (delayed_nesterov: Async Local-SGD)")
+  p.add_argument("--delay-buffer", type=int, default=None,
+                 help="Delayed Nesterov's buffer N: merges per momentum "
+                 "step (default 1; only with --outer delayed_nesterov)")
+  p.add_argument("--drop-state", action="store_true",
+                 help="learners do not send their inner optimizer state and "
+                 "error feedback residual (a restarted learner starts them "
+                 "afresh; saves their bytes each period)")
   return p
 
 
@@ -109,7 +125,11 @@ def run_spec(args) -> spec_lib.RunSpec:
       periods=args.periods, inner=args.inner, inner_lr=args.inner_lr,
       mode=args.mode, grace_s=args.grace,
       quorum=args.quorum or (args.learners if args.mode == "sync" else 1),
-      dynamic_updates=args.dynamic_updates, sleep_s=sleep)
+      dynamic_updates=args.dynamic_updates, sleep_s=sleep,
+      fragments=args.fragments, overlap_steps=args.overlap_steps,
+      merge_alpha=args.merge_alpha, outer=args.outer,
+      delay_buffer=1 if args.delay_buffer is None else args.delay_buffer,
+      keep_state=not args.drop_state)
 
 
 def progress_line(status: dict, learners: dict) -> str:

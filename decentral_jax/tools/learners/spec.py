@@ -11,6 +11,7 @@ import dataclasses
 
 MODES = ("sync", "decoupled")
 INNER = ("sgd", "adamw")
+OUTER = ("nesterov", "delayed_nesterov")
 
 
 class JoinRefused(ValueError):
@@ -50,6 +51,24 @@ class RunSpec:
       ``fp8``, ``int4``, ``fp4``, ``topk``), with error feedback at the
       learner.
     block: the compressor's values per scale (or per top-k chunk).
+    fragments: Streaming DiLoCo's ``P``: ``theta`` is cut into this many
+      fragments (the one-program method's partition), each sent, merged
+      and stepped by its own outer state at its own offset ``p H // P``
+      (``1 <= P <= sync_every``, at most the number of leaves).
+    overlap_steps: Streaming DiLoCo's ``tau``: a fragment's merge is taken
+      ``tau`` inner steps after its send (``tau * P < sync_every``).
+    merge_alpha: Streaming DiLoCo's ``alpha`` in ``[0, 1]``: at a merge
+      ``x_p <- alpha x_p + (1 - alpha) theta_p``.
+    outer: the outer optimizer, ``"nesterov"`` (DiLoCo's) or
+      ``"delayed_nesterov"`` (Async Local-SGD's Delayed Nesterov,
+      :mod:`decentral_jax.tools.learners.outer`).
+    delay_buffer: Delayed Nesterov's buffer ``N`` (merges per momentum
+      step); 1 with ``outer="nesterov"``.
+    keep_state: a learner sends its inner optimizer state and its error
+      feedback residual to the synchronizer before each pseudo-gradient
+      (when it has any), so that a restarted learner starts from them
+      instead of afresh (costs their bytes per period: ``state_bytes`` in
+      the learner's status).
   """
   problem: str = "quadratic"
   problem_args: tuple = ()
@@ -68,6 +87,12 @@ class RunSpec:
   sleep_s: tuple = ()
   compressor: str = "none"
   block: int = 256
+  fragments: int = 1
+  overlap_steps: int = 0
+  merge_alpha: float = 0.0
+  outer: str = "nesterov"
+  delay_buffer: int = 1
+  keep_state: bool = True
 
   def __post_init__(self):
     """Checks the fields.
@@ -95,6 +120,13 @@ class RunSpec:
     if len(self.sleep_s) > self.shards:
       raise ValueError(f"RunSpec.sleep_s has {len(self.sleep_s)} entries for "
                        f"{self.shards} shards.")
+    check_outer_and_fragments(self)
+
+  @property
+  def streaming(self) -> bool:
+    """Whether the learners run Streaming DiLoCo's fragment schedule
+    (``fragments > 1``, ``overlap_steps > 0`` or ``merge_alpha > 0``)."""
+    return self.fragments > 1 or self.overlap_steps > 0 or self.merge_alpha > 0
 
   def codec(self):
     """The :class:`~decentral_jax.comm.compress.Compressor` of the run.
@@ -122,7 +154,50 @@ class RunSpec:
             "shards": self.shards, "inner": self.inner,
             "inner_lr": self.inner_lr, "sync_every": self.sync_every,
             "mode": self.mode, "dynamic_updates": self.dynamic_updates,
-            "compressor": self.compressor, "block": self.block}
+            "compressor": self.compressor, "block": self.block,
+            "fragments": self.fragments, "overlap_steps": self.overlap_steps,
+            "merge_alpha": self.merge_alpha, "outer": self.outer,
+            "delay_buffer": self.delay_buffer}
+
+
+def check_outer_and_fragments(run: RunSpec) -> None:
+  """Checks ``fragments``, ``overlap_steps``, ``merge_alpha``, ``outer`` and
+  ``delay_buffer``.
+
+  Raises:
+    ValueError: a field out of range, naming it and its range.
+  """
+  for name, lo in (("fragments", 1), ("overlap_steps", 0),
+                   ("delay_buffer", 1)):
+    value = getattr(run, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+      raise ValueError(f"RunSpec.{name} must be an int >= {lo}, got "
+                       f"{value!r}.")
+  if run.fragments > run.sync_every:
+    raise ValueError(f"RunSpec.fragments={run.fragments} exceeds sync_every="
+                     f"{run.sync_every}; use 1 <= fragments <= sync_every.")
+  if run.overlap_steps * run.fragments >= run.sync_every:
+    raise ValueError(
+        f"RunSpec.overlap_steps={run.overlap_steps} with fragments="
+        f"{run.fragments} needs overlap_steps * fragments < sync_every="
+        f"{run.sync_every} (a fragment is merged before the next is sent).")
+  if (not isinstance(run.merge_alpha, (int, float))
+      or isinstance(run.merge_alpha, bool) or not 0 <= run.merge_alpha <= 1):
+    raise ValueError(f"RunSpec.merge_alpha must be a number in [0, 1], got "
+                     f"{run.merge_alpha!r}.")
+  if run.outer not in OUTER:
+    raise ValueError(f"RunSpec.outer must be one of {OUTER}, got "
+                     f"{run.outer!r}.")
+  if run.outer == "nesterov" and run.delay_buffer != 1:
+    raise ValueError(f"RunSpec.delay_buffer={run.delay_buffer} needs outer="
+                     "'delayed_nesterov' (Nesterov SGD has no buffer).")
+  if not isinstance(run.keep_state, bool):
+    raise ValueError(f"RunSpec.keep_state must be True or False, got "
+                     f"{run.keep_state!r}.")
+  if run.streaming and run.dynamic_updates:
+    raise ValueError("RunSpec.dynamic_updates with fragments/overlap_steps/"
+                     "merge_alpha: a fragment schedule has one sync period "
+                     "for every learner; use one of them.")
 
 
 def check_join(learner: int, ours: dict, theirs: dict, shards: int) -> None:

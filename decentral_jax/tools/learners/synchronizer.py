@@ -31,6 +31,17 @@ With a compressor the learners send payloads of
 :class:`decentral_jax.comm.compress.Compressor` (with error feedback at the
 learner); the synchronizer decodes them before these checks.
 
+With ``RunSpec.fragments = P > 1`` (or an overlap or merge weight) the
+parameters are Streaming DiLoCo's fragments (Douillard et al., arXiv
+2501.18512; :mod:`decentral_jax.tools.learners.fragments`): learners push
+each fragment's pseudo-gradient ``Delta_{w,p} = theta_p^(b) - x_{w,p}`` on
+its own schedule, and fragment ``p`` is merged by the rules above on its
+own (quorum, grace window and version ``v_p`` per fragment) and stepped by
+its own outer state. ``version`` is then ``min_p v_p`` (the periods every
+fragment has merged) and the run ends when every fragment has merged
+``periods`` times. The outer optimizer is DiLoCo's Nesterov SGD or Delayed
+Nesterov (:mod:`decentral_jax.tools.learners.outer`).
+
 This class knows nothing of Ray (:mod:`decentral_jax.tools.learners.cluster`
 turns it into an actor); it is thread-safe.
 """
@@ -49,6 +60,8 @@ import numpy as np
 import optax
 
 from decentral_jax.optim import local_steps
+from decentral_jax.tools.learners import fragments as fragments_lib
+from decentral_jax.tools.learners import outer as outer_lib
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
 
@@ -88,8 +101,9 @@ def token_weighted_mean(deltas, tokens) -> PyTree:
 
 
 class Synchronizer:
-  """Holds ``theta`` (float32 NumPy leaves), the outer optax state and the
-  number of merged periods (the version of ``theta``).
+  """Holds ``theta`` (float32 NumPy leaves), the outer optax state (one per
+  fragment) and the number of merges of each fragment (the versions of
+  ``theta``; ``version`` is their minimum, setting it sets them all).
 
   Args:
     run: the :class:`~decentral_jax.tools.learners.spec.RunSpec`.
@@ -103,23 +117,29 @@ class Synchronizer:
     self.run = run
     self._lock = threading.Lock()
     self._codec = run.codec()
-    self._outer = optax.sgd(run.outer_lr, momentum=run.outer_momentum,
-                            nesterov=True)
+    self._outer = outer_lib.make(run.outer, run.outer_lr,
+                                 run.outer_momentum, run.delay_buffer)
     self._step = jax.jit(lambda d, s, t: local_steps.outer_step(
         self._outer, d, s, t))
     params = problems.build(run.problem, run.shards, run.problem_args).params
     self.theta = {k: np.asarray(v, np.float32) for k, v in params.items()}
-    self._opt_state = self._outer.init(jax.tree.map(jnp.asarray, self.theta))
-    zeros = jax.tree.map(jnp.zeros_like, self.theta)
-    self._step(zeros, self._opt_state, zeros)  # compiled before any merge
-    self.version = 0
+    self.fragments = fragments_lib.fragment_keys(self.theta, run.fragments)
+    self._opt_state = tuple(
+        self._outer.init({k: jnp.asarray(self.theta[k]) for k in keys})
+        for keys in self.fragments)
+    for keys, state in zip(self.fragments, self._opt_state):
+      zeros = {k: jnp.zeros_like(self.theta[k]) for k in keys}
+      self._step(zeros, state, zeros)  # compiled before any merge
+    self.versions = [0] * run.fragments
     self.log = {"merged_with": [], "tokens": [], "merge_time": [],
-                "rejected": [], "dropped": [], "joins": [], "leaves": []}
+                "rejected": [], "dropped": [], "joins": [], "leaves": [],
+                "fragments": []}
     self._active: set[int] = set()
-    self._pending: dict = {}  # (learner, base) -> (delta, tokens)
-    self._quorum_at = None
+    self._pending: dict = {}  # (learner, fragment, base) -> (delta, tokens)
+    self._quorum_at: dict[int, float] = {}
     self._speed: dict[int, float] = {}
-    self._merging: set[int] = set()
+    self._merging: set[tuple[int, int]] = set()  # (learner, fragment)
+    self._kept: dict[int, dict] = {}  # learner -> {base: its state}
     self.periods = run.periods
     self._ckpt = None
     self.resumed = False
@@ -129,6 +149,15 @@ class Synchronizer:
     self._thread = threading.Thread(target=self._merge_loop, args=(tick_s,),
                                     daemon=True)
     self._thread.start()
+
+  @property
+  def version(self) -> int:
+    """Periods every fragment has merged: ``min_p v_p``."""
+    return min(self.versions)
+
+  @version.setter
+  def version(self, value: int) -> None:
+    self.versions = [int(value)] * len(self.versions)
 
   # ---------------------------------------------------------- checkpoints
   def _open_checkpoint(self, directory: str) -> None:
@@ -140,7 +169,8 @@ class Synchronizer:
       return
     state, meta = self._ckpt.restore(step, self._state_tree())
     self._load_state(state)
-    self.version = int(meta["version"])
+    self.versions = [int(v) for v in meta.get(
+        "versions", [meta["version"]] * self.run.fragments)]
     self.log.update(meta["log"])
     self._active = set(meta["active"])
     self.periods = int(meta["periods"])
@@ -162,7 +192,10 @@ class Synchronizer:
   # ------------------------------------------------------------ learners
   def join(self, learner: int, fingerprint: dict) -> dict:
     """Admits learner ``learner`` (idempotent: a restarted learner joins
-    again) and returns :meth:`latest`'s answer.
+    again) and returns :meth:`latest`'s answer with ``"kept"``: the state
+    it sent with :meth:`keep` before its pseudo-gradient of version
+    ``version - 1`` (sync mode: the state it had when it started the
+    current period), else its newest, else None.
 
     Raises:
       spec_lib.JoinRefused: a different model, method or data sharding
@@ -173,7 +206,22 @@ class Synchronizer:
     with self._lock:
       self._active.add(learner)
       self.log["joins"].append([learner, self.version, time.time()])
-    return self.latest(learner, -1)
+      kept = self._kept.get(learner, {})
+      state = kept.get(self.version - 1) if self.run.mode == "sync" else None
+      if state is None and kept:
+        state = kept[max(kept)]
+    return {**self.latest(learner, -1), "kept": state}
+
+  def keep(self, learner: int, base: int, state) -> None:
+    """Holds learner ``learner``'s state (inner optimizer leaves, error
+    feedback residual: opaque here) sent before its pseudo-gradient of
+    version ``base``; the two newest per learner are kept, in memory only
+    (a restarted synchronizer has none)."""
+    with self._lock:
+      kept = self._kept.setdefault(learner, {})
+      kept[base] = state
+      for old in sorted(kept)[:-2]:
+        del kept[old]
 
   def leave(self, learner: int) -> None:
     """Removes ``learner`` from the active set; its pending pseudo-gradients
@@ -185,22 +233,30 @@ class Synchronizer:
       self.log["leaves"].append([learner, self.version])
 
   def push(self, learner: int, base: int, delta: dict, tokens: int,
-           speed: float = 0.0) -> str:
-    """Offers learner ``learner``'s pseudo-gradient computed from version
-    ``base`` after ``tokens`` tokens (``speed``: its inner steps per
-    second). Decoupled mode: a further push of the same ``(learner,
-    base)`` (the learner's progress since its previous push) is added to
-    the one held, pseudo-gradients and tokens; sync mode: it replaces it
-    (the same period sent again after a restart).
+           speed: float = 0.0, fragment: int = 0) -> str:
+    """Offers learner ``learner``'s pseudo-gradient of fragment
+    ``fragment`` (0: the whole ``theta`` when ``fragments = 1``), computed
+    from that fragment's version ``base`` after ``tokens`` tokens
+    (``speed``: its inner steps per second). Decoupled mode: a further push
+    of the same ``(learner, fragment, base)`` (the learner's progress since
+    its previous push) is added to the one held, pseudo-gradients and
+    tokens; sync mode: it replaces it (the same period sent again after a
+    restart).
 
     Returns:
       ``"accepted"``, ``"rejected: <why>"`` (logged, never merged),
       ``"stale"`` (dropped) or ``"unknown"`` (not an active learner: join
       again).
     """
-    delta, why = self._decode(delta)
-    if why is None:
-      why = check_pseudo_gradient(delta, self.theta)
+    why = None
+    if not (isinstance(fragment, (int, np.integer))
+            and 0 <= fragment < len(self.fragments)):
+      why = f"fragment {fragment!r} is not in 0..{len(self.fragments) - 1}"
+    else:
+      like = {k: self.theta[k] for k in self.fragments[fragment]}
+      delta, why = self._decode(delta, like)
+      if why is None:
+        why = check_pseudo_gradient(delta, like)
     if why is None and not (isinstance(tokens, (int, np.integer))
                             and tokens > 0):
       why = f"tokens must be a positive int, got {tokens!r}"
@@ -213,12 +269,13 @@ class Synchronizer:
               f"{learner} (version {base}): {why}", file=sys.stderr,
               flush=True)
         return f"rejected: {why}"
-      oldest = self.version - (self.run.max_staleness
-                               if self.run.mode == "decoupled" else 0)
-      if base > self.version or base < oldest:
-        self.log["dropped"].append([learner, base, self.version])
+      current = self.versions[fragment]
+      oldest = current - (self.run.max_staleness
+                          if self.run.mode == "decoupled" else 0)
+      if base > current or base < oldest:
+        self.log["dropped"].append([learner, base, current])
         return "stale"
-      key, tokens = (learner, base), int(tokens)
+      key, tokens = (learner, int(fragment), base), int(tokens)
       if self.run.mode == "decoupled" and key in self._pending:
         held, n = self._pending[key]
         delta = {k: held[k] + delta[k] for k in delta}
@@ -227,42 +284,58 @@ class Synchronizer:
       self._speed[learner] = float(speed)
     return "accepted"
 
-  def _decode(self, delta):
+  def _decode(self, delta, like):
     """``(Delta, None)`` from what a learner sent, or ``(None, why)``."""
     if self.run.compressor == "none":
       return delta, None
-    if not isinstance(delta, dict) or sorted(delta) != sorted(self.theta):
+    if not isinstance(delta, dict) or sorted(delta) != sorted(like):
       return delta, None  # check_pseudo_gradient names the leaves
     out = {}
     for k, payload in delta.items():
       try:
         out[k] = np.asarray(self._codec.decode(
             {n: jnp.asarray(v) for n, v in payload.items()},
-            jnp.zeros(self.theta[k].shape, jnp.float32)))
+            jnp.zeros(like[k].shape, jnp.float32)))
       except Exception as e:  # pylint: disable=broad-exception-caught
         return None, (f"leaf {k!r}: not a {self.run.compressor} payload "
                       f"({type(e).__name__}: {e})")
     return out, None
 
   def latest(self, learner: int, have: int) -> dict:
-    """``{"version", "theta" (None when ``have`` is current), "v_max",
-    "done", "known", "pending"}`` for learner ``learner`` holding version
-    ``have`` (``pending``: its pseudo-gradient of ``have`` is held or being
-    merged; False after a synchronizer restart lost it: send it again)."""
+    """``{"version", "versions", "theta" (None when ``have`` is current),
+    "v_max", "done", "known", "pending"}`` for learner ``learner`` holding
+    version ``have`` (``pending``: its pseudo-gradient of ``have`` is held
+    or being merged; False after a synchronizer restart lost it: send it
+    again; ``versions``: each fragment's)."""
     with self._lock:
       speeds = [v for w, v in self._speed.items() if w in self._active]
-      return {"version": self.version,
+      return {"version": self.version, "versions": list(self.versions),
               "theta": None if have == self.version else dict(self.theta),
               "v_max": max(speeds, default=0.0),
               "done": self.version >= self.periods,
               "known": learner in self._active,
-              "pending": ((learner, have) in self._pending
-                          or learner in self._merging)}
+              "pending": ((learner, 0, have) in self._pending
+                          or (learner, 0) in self._merging)}
+
+  def latest_fragment(self, learner: int, fragment: int, have: int) -> dict:
+    """As :meth:`latest` for one fragment: ``"version"`` is ``v_p`` and
+    ``"theta"`` holds the fragment's leaves (None when ``have == v_p``)."""
+    with self._lock:
+      current = self.versions[fragment]
+      theta = {k: self.theta[k] for k in self.fragments[fragment]}
+      return {"version": current, "versions": list(self.versions),
+              "theta": None if have == current else theta,
+              "done": self.version >= self.periods,
+              "known": learner in self._active,
+              "pending": ((learner, fragment, have) in self._pending
+                          or (learner, fragment) in self._merging)}
 
   def status(self) -> dict:
-    """Version, active learners, pending count and the run's log."""
+    """Version (and each fragment's), active learners, pending count and
+    the run's log."""
     with self._lock:
-      return {"version": self.version, "active": sorted(self._active),
+      return {"version": self.version, "versions": list(self.versions),
+              "active": sorted(self._active),
               "pending": len(self._pending), "resumed": self.resumed,
               "done": self.version >= self.periods, "pid": os.getpid(),
               "periods": self.periods,
@@ -282,37 +355,51 @@ class Synchronizer:
                         for x in jax.tree.leaves(self._opt_state)]}
 
   # --------------------------------------------------------------- merges
-  def _ready(self, now: float) -> bool:
-    current = {w for (w, b) in self._pending if b == self.version}
-    arrived = {w for (w, _) in self._pending}
+  def _ready(self, fragment: int, now: float) -> bool:
+    if self.versions[fragment] >= self.periods:
+      return False
+    keys = [(w, b) for (w, p, b) in self._pending if p == fragment]
+    current = {w for (w, b) in keys if b == self.versions[fragment]}
+    arrived = {w for (w, _) in keys}
     if self.run.mode == "sync":
       return (len(self._active) >= self.run.quorum
               and self._active <= current)
     if len(arrived) < self.run.quorum:
-      self._quorum_at = None
+      self._quorum_at.pop(fragment, None)
       return False
-    if self._quorum_at is None:
-      self._quorum_at = now
-    return (self._active <= arrived
-            or now - self._quorum_at >= self.run.grace_s)
+    since = self._quorum_at.setdefault(fragment, now)
+    return self._active <= arrived or now - since >= self.run.grace_s
+
+  def _take(self):
+    """``(fragment, its pending pseudo-gradients)`` of the first fragment
+    ready to merge (removed from the pending ones), else None."""
+    now = time.monotonic()
+    for p in range(len(self.fragments)):
+      if not self._ready(p, now):
+        continue
+      take = {k: v for k, v in self._pending.items() if k[1] == p
+              and (self.run.mode == "decoupled" or k[2] == self.versions[p])}
+      self._pending = {k: v for k, v in self._pending.items() if k[1] != p}
+      self._merging = {(w, p) for w, _, _ in take}
+      self._quorum_at.pop(p, None)
+      return p, take
+    return None
 
   def _merge_loop(self, tick_s: float) -> None:
     while not self._stop.is_set():
       with self._lock:
-        take = None
-        if self.version < self.periods and self._ready(time.monotonic()):
-          take, self._pending = self._pending, {}
-          if self.run.mode == "sync":  # only the current version's
-            take = {k: v for k, v in take.items() if k[1] == self.version}
-          self._merging = {w for w, _ in take}
-          self._quorum_at = None
-          version, theta, opt_state = self.version, self.theta, self._opt_state
-      if take:
-        self._merge(take, version, theta, opt_state)
+        ready = self._take()
+        if ready:
+          p = ready[0]
+          theta = {k: self.theta[k] for k in self.fragments[p]}
+          args = (self.versions[p], theta, self._opt_state[p])
+      if ready:
+        self._merge(*ready, *args)
       else:
         time.sleep(tick_s)
 
-  def _merge(self, take: dict, version: int, theta, opt_state) -> None:
+  def _merge(self, fragment: int, take: dict, version: int, theta,
+             opt_state) -> None:
     keys = sorted(take)
     deltas = [take[k][0] for k in keys]
     tokens = [take[k][1] for k in keys]
@@ -322,23 +409,33 @@ class Synchronizer:
         jax.tree.map(jnp.asarray, theta))
     new_theta = {k: np.asarray(v, np.float32) for k, v in new_theta.items()}
     per_learner: dict[str, int] = {}
-    for (w, _), n in zip(keys, tokens):
+    for (w, _, _), n in zip(keys, tokens):
       per_learner[str(w)] = per_learner.get(str(w), 0) + n
+    learners = sorted({w for w, _, _ in keys})
     with self._lock:
-      self.log["merged_with"].append(sorted({w for w, _ in keys}))
-      self.log["tokens"].append(per_learner)
-      self.log["merge_time"].append(time.time())
+      if fragment == 0:  # the period's entry (fragment 0 closes a period)
+        self.log["merged_with"].append(learners)
+        self.log["tokens"].append(per_learner)
+        self.log["merge_time"].append(time.time())
+      if len(self.fragments) > 1:
+        self.log["fragments"].append([fragment, version + 1, learners,
+                                      per_learner])
+      theta_all = {**self.theta, **new_theta}
+      states = list(self._opt_state)
+      states[fragment] = new_state
+      versions = list(self.versions)
+      versions[fragment] = version + 1
       log = {k: list(v) for k, v in self.log.items()}
       active = sorted(self._active)
     if self._ckpt is not None:
-      self._ckpt.save(version + 1, {"theta": new_theta, "outer": {
+      self._ckpt.save(sum(versions), {"theta": theta_all, "outer": {
           str(i): np.asarray(x)
-          for i, x in enumerate(jax.tree.leaves(new_state))}},
-                      {"version": version + 1, "log": log, "active": active,
-                       "periods": self.periods})
+          for i, x in enumerate(jax.tree.leaves(tuple(states)))}},
+                      {"version": min(versions), "versions": versions,
+                       "log": log, "active": active, "periods": self.periods})
     with self._lock:
-      self.theta, self._opt_state = new_theta, new_state
-      self.version, self._merging = version + 1, set()
+      self.theta, self._opt_state = theta_all, tuple(states)
+      self.versions, self._merging = versions, set()
 
   def close(self) -> None:
     """Stops the merge thread and closes the checkpoint directory."""
