@@ -14,7 +14,9 @@ from conftest import require_devices
 from decentral_jax.runner import experiment
 from decentral_jax.runner import methods
 from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools import cli
 from decentral_jax.tools.learners import problems
+from decentral_jax.tools.learners import records
 from decentral_jax.tools.learners import runner_problem
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
@@ -71,6 +73,37 @@ def test_a_runner_problem_without_a_config_is_one_line():
     problems.build("runner", 2, ())
 
 
+@pytest.mark.parametrize("flags, words", [
+    (("--config", CONFIG, "--inner-lr", "0.1"),
+     "--inner-lr does not apply with --config (the config sets it): set "
+     "--config.schedule.peak_lr"),
+    (("--config", CONFIG, "--sync-every", "4"), "set --config.sync_every"),
+    (("--config.steps=4",), "--config.steps=4 needs --config"),
+    (("--workdir", "/nonexistent"), "--workdir needs --config"),
+    (("--config", CONFIG), "config.algorithm='decentralized' has no meaning "
+     "for learners"),
+    (("--config", CONFIG, "--config.nope=1"), "unknown config field 'nope'"),
+])
+def test_the_command_names_a_flag_the_config_sets_before_ray_starts(
+    capsys, flags, words):
+  assert cli.main(["learners", "--learners", "2", *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+
+
+def test_a_segment_states_a_recomputed_sharding():
+  first = records.segment(None, 4, 0, 3)
+  assert first == {"from_period": 0, "from_step": 0, "learners": 4,
+                   "n_workers": 4, "sharding": "learner i reads worker i's "
+                   "shard of n_workers=4"}
+  same = records.segment({"segments": [first]}, 4, 5, 3)
+  assert same["sharding"] == first["sharding"] and same["from_step"] == 15
+  other = records.segment({"segments": [first]}, 2, 5, 3)
+  assert other["sharding"] == (
+      "recomputed: 4 -> 2 learners at period 5; from inner step 15 on "
+      "learner i reads worker i's shard of n_workers=2")
+
+
 def _run_spec(overrides, learners, **kw):
   c = runner_problem.load(CONFIG, overrides, learners)
   return spec_lib.RunSpec(
@@ -112,6 +145,9 @@ def test_sync_learners_of_a_runner_config_equal_the_runners_diloco():
   state = exp.init_state()
   for s in range(6):
     state, _ = exp.train_step(state, exp.get_batch(s), s)
+  # The records' evaluation of theta is the runner's of its DiLoCo state.
+  np.testing.assert_allclose(problem.runner.evaluate(sync.theta)["eval/loss"],
+                             exp.evaluate(state)["eval/loss"], rtol=1e-5)
   theta = methods.ALGORITHMS["diloco"].eval_params(state.params,
                                                    state.opt_state)
   want = runner_problem.flat(jax.tree.map(lambda x: np.asarray(x)[0],
