@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
+from helpers import run_steps
+from helpers import to_host
 from decentral_jax.runner import experiment
 from decentral_jax.runner import methods
 from decentral_jax.tools.learners import learner as learner_lib
@@ -136,22 +138,19 @@ def test_sync_learners_of_a_runner_config_equal_the_runners_diloco():
   exp = experiment.Experiment(c, devices=require_devices(2))
   problem = problems.build(run.problem, 2, run.problem_args)
   for t in (0, 4):
-    rows = jax.device_get(exp.get_batch(t))
+    rows = to_host(exp.get_batch(t))
     for i in range(2):
       got = problem.batch(i, t)
       for x, y in zip(got[:2], rows):
         np.testing.assert_array_equal(x, y[i])
       assert got[2].dtype == np.uint32 and got[2].shape == (2,)
-  state = exp.init_state()
-  for s in range(6):
-    state, _ = exp.train_step(state, exp.get_batch(s), s)
+  state = run_steps(exp, exp.init_state(), 0, 6)
   # The records' evaluation of theta is the runner's of its DiLoCo state.
   np.testing.assert_allclose(problem.runner.evaluate(sync.theta)["eval/loss"],
                              exp.evaluate(state)["eval/loss"], rtol=1e-5)
   theta = methods.ALGORITHMS["diloco"].eval_params(state.params,
                                                    state.opt_state)
-  want = runner_problem.flat(jax.tree.map(lambda x: np.asarray(x)[0],
-                                          jax.device_get(theta)))
+  want = runner_problem.flat(jax.tree.map(lambda x: x[0], to_host(theta)))
   start = problem.params
   assert sorted(want) == sorted(sync.theta)
   for k in want:
