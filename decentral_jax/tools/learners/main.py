@@ -147,6 +147,9 @@ def _config_fields(args, overrides) -> dict:
             "sync_every": args.sync_every or 8, "inner": args.inner or "sgd",
             "inner_lr": 0.1 if args.inner_lr is None else args.inner_lr,
             "periods": args.periods or 10}
+  if args.eval_every is not None and args.eval_every < 1:
+    raise ValueError(f"--eval-every={args.eval_every} must be >= 1 (merged "
+                     "periods between evaluations).")
   for flag, field in CONFIG_SETS.items():
     if getattr(args, flag) is not None:
       fix = f"set --config.{field}" if field else "drop it"
