@@ -242,23 +242,31 @@ def _theta(c) -> tuple[int, dict]:
   return params["version"], params["theta"]
 
 
-def _open_records(c, run, args, overrides):
-  """The run directory of ``--workdir`` (None without): resumed at the
-  synchronizer's restored period, learners of a former, larger ``K`` taken
-  out of its active set, ``periods`` set to this invocation's."""
-  if args.workdir is None:
-    return None
+def _resume(c, run, args) -> dict:
+  """A synchronizer resumed from its checkpoint: learners of a former,
+  larger ``K`` leave its active set; ``periods`` is this invocation's when
+  given (``--periods``, or ``--config``'s). Returns its status."""
   from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
-  from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
-  task = problems.build(run.problem, run.shards, run.problem_args).runner
-  every = args.eval_every or max(1, int(task.config.eval_interval)
-                                 // run.sync_every)
-  c.set_periods(run.periods)
+  if args.periods is not None or args.config is not None:
+    c.set_periods(run.periods)
   status = c.status()
   ray = cluster.require_ray()
   for w in status["active"]:
     if w >= run.shards:  # a resume with fewer learners
       ray.get(c.synchronizer.leave.remote(w))
+  return status
+
+
+def _open_records(c, run, args, overrides):
+  """The run directory of ``--workdir`` (None without), from the
+  synchronizer's restored period on."""
+  status = _resume(c, run, args)
+  if args.workdir is None:
+    return None
+  from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
+  task = problems.build(run.problem, run.shards, run.problem_args).runner
+  every = args.eval_every or max(1, int(task.config.eval_interval)
+                                 // run.sync_every)
   records = records_lib.RunRecords(args.workdir, task, run, args.config,
                                    overrides, every)
   seg = records.begin(status["version"], _theta(c)[1])
