@@ -62,7 +62,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p.add_argument("--eval-every", type=int, default=None,
                  help="with --workdir: evaluate theta every N merged "
                  "periods (default: config.eval_interval // sync_every)")
-  p.add_argument("--problem", choices=problems.NAMES, default=None,
+  p.add_argument("--problem", default=None,
+                 choices=[n for n in problems.NAMES if n != "runner"],
                  help="without --config (default quadratic)")
   p.add_argument("--sync-every", type=int, default=None,
                  help="H inner steps (default 8; with --config: "
