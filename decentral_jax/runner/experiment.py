@@ -75,6 +75,12 @@ from decentral_jax.runner import validation
 Batch = step_lib.Batch
 TrainState = step_lib.TrainState
 
+def run_keys(c) -> tuple[jax.Array, jax.Array]:
+  """``(init_key, dropout_key) = split(key(config.seed))``: the keys every
+  run of ``config`` draws its initial parameters and dropout keys from."""
+  return tuple(jax.random.split(jax.random.key(int(c.seed))))
+
+
 def worker_layout_of(c) -> layouts.WorkerLayout:
   """The :class:`~decentral_jax.parallel.layouts.WorkerLayout` of a validated config
   (``config.devices_per_worker``, ``config.worker_layout``)."""
@@ -267,8 +273,7 @@ class Experiment:
     self.axis_name = parallel.worker_axis(self.mesh)
     self._sharding = parallel.worker_sharding(self.mesh)
     self._batch_sharding = layouts.batch_sharding(self.mesh)
-    root = jax.random.key(int(c.seed))
-    self._init_key, self._dropout_key = jax.random.split(root)
+    self._init_key, self._dropout_key = run_keys(c)
     self._params0 = None
     self.task = (self._agreed_task() if multi_process else
                  tasks.make_task(c, n, self.local_batch))

@@ -103,7 +103,7 @@ class Learner:
                retry_s: float = 60.0, start: bool = True):
     self.run, self.id, self._link, self._retry_s = run, learner, link, retry_s
     self._problem = problems.build(run.problem, run.shards, run.problem_args)
-    inner = inner_optimizer(run)
+    inner = self._problem.inner or inner_optimizer(run)
     self._inner = inner
     grad = jax.grad(self._problem.loss)
 

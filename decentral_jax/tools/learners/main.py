@@ -14,6 +14,17 @@ its version, inner steps, tokens and longest sync wait) and a summary.
 periods, to watch Ray restart it and the run go on. ``--json FILE`` writes
 the synchronizer's log and the learners' counters.
 
+With ``--config configs/gpt_tiny.py[:ARG]`` (a preset name or a config
+file, and ``--config.FIELD=VALUE`` overrides, as ``decentral-jax train``
+reads them) the learners train the runner's config: its model, data shards
+(``n_workers = --learners``), inner optimizer and schedule, sync period,
+outer step and compression
+(:mod:`decentral_jax.tools.learners.runner_problem`); ``--workdir DIR``
+then holds the runner's ``metrics.jsonl`` and ``config.json``,
+``learners.json`` and the synchronizer's checkpoints (``DIR/checkpoints``,
+resumed, also with another ``--learners``)
+(:mod:`decentral_jax.tools.learners.records`).
+
 Exit codes: 0; 1 for Ray missing, an unreachable ``--address`` or a run
 that did not finish within ``--timeout`` (one ``error:`` line); 2 for bad
 flags.
@@ -24,9 +35,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
+from decentral_jax.runner import config as config_lib
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
 
@@ -36,13 +49,29 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
   p.add_argument("--learners", type=int, default=2,
                  help="number of learners K (= data shards)")
-  p.add_argument("--periods", type=int, default=10,
-                 help="merged periods (outer steps) to run")
+  p.add_argument("--periods", type=int, default=None,
+                 help="merged periods (outer steps) to run (default 10; "
+                 "with --config: config.steps // config.sync_every)")
   p.add_argument("--mode", choices=spec_lib.MODES, default="sync")
-  p.add_argument("--problem", choices=problems.NAMES, default="quadratic")
-  p.add_argument("--sync-every", type=int, default=8, help="H inner steps")
-  p.add_argument("--inner", choices=spec_lib.INNER, default="sgd")
-  p.add_argument("--inner-lr", type=float, default=0.1)
+  p.add_argument("--config", default=None,
+                 help="a runner config (preset or FILE.py[:ARG]) the "
+                 "learners train, with --config.FIELD=VALUE overrides")
+  p.add_argument("--workdir", default=None,
+                 help="with --config: metrics.jsonl, config.json, "
+                 "learners.json and checkpoints (resumed)")
+  p.add_argument("--eval-every", type=int, default=None,
+                 help="with --workdir: evaluate theta every N merged "
+                 "periods (default: config.eval_interval // sync_every)")
+  p.add_argument("--problem", default=None,
+                 choices=[n for n in problems.NAMES if n != "runner"],
+                 help="without --config (default quadratic)")
+  p.add_argument("--sync-every", type=int, default=None,
+                 help="H inner steps (default 8; with --config: "
+                 "config.sync_every)")
+  p.add_argument("--inner", choices=spec_lib.INNER, default=None,
+                 help="without --config (default sgd)")
+  p.add_argument("--inner-lr", type=float, default=None,
+                 help="without --config (default 0.1)")
   p.add_argument("--quorum", type=int, default=None,
                  help="pseudo-gradients needed per merge (default: all K "
                  "in sync mode, 1 in decoupled mode)")
@@ -116,20 +145,67 @@ def _sleep(args) -> tuple[float, ...]:
   return sleep
 
 
-def run_spec(args) -> spec_lib.RunSpec:
-  """The :class:`RunSpec` of the parsed flags (ValueError names a field)."""
+# Flags a runner config sets instead (--config): flag -> config field.
+CONFIG_SETS = {"problem": "", "sync_every": "sync_every", "inner":
+               "optimizer.name", "inner_lr": "schedule.peak_lr"}
+
+
+def _config_fields(args, overrides) -> dict:
+  """The RunSpec fields of ``--config`` and its overrides (ValueError: a
+  flag the config sets instead, or the config's own one-line errors)."""
+  if args.config is None:
+    if overrides:
+      raise ValueError(f"{overrides[0]} needs --config (a runner config to "
+                       "override).")
+    if args.workdir is not None:
+      raise ValueError("--workdir needs --config (the runner's records of a "
+                       "runner config).")
+    return {"problem": args.problem or "quadratic",
+            "sync_every": args.sync_every or 8, "inner": args.inner or "sgd",
+            "inner_lr": 0.1 if args.inner_lr is None else args.inner_lr,
+            "periods": args.periods or 10}
+  if args.eval_every is not None and args.eval_every < 1:
+    raise ValueError(f"--eval-every={args.eval_every} must be >= 1 (merged "
+                     "periods between evaluations).")
+  for flag, field in CONFIG_SETS.items():
+    if getattr(args, flag) is not None:
+      fix = f"set --config.{field}" if field else "drop it"
+      raise ValueError(f"--{flag.replace('_', '-')} does not apply with "
+                       f"--config (the config sets it): {fix}.")
+  from decentral_jax.tools.learners import runner_problem  # pylint: disable=import-outside-toplevel
+  source = config_source(args.config)
+  c = runner_problem.load(source, overrides, args.learners)
+  fields = runner_problem.spec_fields(c)
+  del fields["shards"]
+  if args.periods is not None:
+    fields["periods"] = args.periods
+  return {"problem": "runner", "problem_args": (
+      ("config", source), ("overrides", tuple(overrides))), **fields}
+
+
+def config_source(config: str) -> str:
+  """``--config`` with a file path made absolute (learners started by Ray
+  elsewhere read the same file); a preset name as given."""
+  path, sep, arg = config.partition(":")
+  return os.path.abspath(path) + sep + arg if os.path.isfile(path) else config
+
+
+def run_spec(args, overrides=()) -> spec_lib.RunSpec:
+  """The :class:`RunSpec` of the parsed flags and ``--config.FIELD=VALUE``
+  overrides (ValueError names a field or flag)."""
+  fields = _config_fields(args, list(overrides))
+  if args.inner_lr is None:
+    args.inner_lr = fields.get("inner_lr", 0.1)
   _check_flags(args)
   sleep = _sleep(args)
   return spec_lib.RunSpec(
-      problem=args.problem, shards=args.learners, sync_every=args.sync_every,
-      periods=args.periods, inner=args.inner, inner_lr=args.inner_lr,
-      mode=args.mode, grace_s=args.grace,
+      shards=args.learners, mode=args.mode, grace_s=args.grace,
       quorum=args.quorum or (args.learners if args.mode == "sync" else 1),
       dynamic_updates=args.dynamic_updates, sleep_s=sleep,
       fragments=args.fragments, overlap_steps=args.overlap_steps,
       merge_alpha=args.merge_alpha, outer=args.outer,
       delay_buffer=1 if args.delay_buffer is None else args.delay_buffer,
-      keep_state=not args.drop_state)
+      keep_state=not args.drop_state, **fields)
 
 
 def progress_line(status: dict, learners: dict) -> str:
@@ -156,12 +232,16 @@ def _learner_states(c) -> dict:
   return out
 
 
-def _drive(c, args) -> dict:
-  """Polls until the run ends, printing progress, killing on schedule."""
+def _drive(c, args, records=None) -> dict:
+  """Polls until the run ends, printing progress, killing on schedule,
+  writing the run directory's records (``records``: a
+  :class:`~decentral_jax.tools.learners.records.RunRecords`)."""
   last, kills = 0.0, 0
   deadline = time.monotonic() + args.timeout
   while True:
     status = c.status()
+    if records is not None:
+      records.update(status, lambda: _theta(c), c.status)
     if time.monotonic() - last >= args.every or status["done"]:
       print(progress_line(status, _learner_states(c)), flush=True)
       last = time.monotonic()
@@ -178,33 +258,45 @@ def _drive(c, args) -> dict:
     time.sleep(0.05)
 
 
-def main(argv=None, prog: str | None = None) -> int:
-  """Runs the command; returns its exit code."""
-  args = parser(prog).parse_args(argv)
-  try:
-    run = run_spec(args)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+def _theta(c) -> tuple[int, dict]:
+  params = c.params()
+  return params["version"], params["theta"]
+
+
+def _resume(c, run, args) -> dict:
+  """A synchronizer resumed from its checkpoint: learners of a former,
+  larger ``K`` leave its active set; ``periods`` is this invocation's when
+  given (``--periods``, or ``--config``'s). Returns its status."""
   from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
-  try:
-    cluster.start(args.address, timeout_s=args.connect_timeout)
-    c = cluster.Cluster(run, args.checkpoint_dir)
-  except (ImportError, ConnectionError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  start = time.monotonic()
-  try:
-    for i in range(args.learners):
-      c.add(i)
-    status = _drive(c, args)
-    learners = c.learner_status()
-  except TimeoutError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  finally:
-    c.close()
-  seconds = time.monotonic() - start
+  if args.periods is not None or args.config is not None:
+    c.set_periods(run.periods)
+  status = c.status()
+  ray = cluster.require_ray()
+  for w in status["active"]:
+    if w >= run.shards:  # a resume with fewer learners
+      ray.get(c.synchronizer.leave.remote(w))
+  return status
+
+
+def _open_records(c, run, args, overrides):
+  """The run directory of ``--workdir`` (None without), from the
+  synchronizer's restored period on."""
+  status = _resume(c, run, args)
+  if args.workdir is None:
+    return None
+  from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
+  task = problems.build(run.problem, run.shards, run.problem_args).runner
+  every = args.eval_every or max(1, int(task.config.eval_interval)
+                                 // run.sync_every)
+  records = records_lib.RunRecords(args.workdir, task, run, args.config,
+                                   overrides, every)
+  seg = records.begin(status["version"], _theta(c)[1])
+  print(f"{args.workdir}: period {status['version']}, {run.shards} "
+        f"learners; sharding {seg['sharding']}", flush=True)
+  return records
+
+
+def _summary(status, seconds, learners, args) -> None:
   tokens = sum(sum(t.values()) for t in status["log"]["tokens"])
   print(f"{status['version']} periods merged in {seconds:.1f} s; "
         f"{tokens} tokens merged ({tokens / seconds:.1f} tokens/s); "
@@ -213,4 +305,41 @@ def main(argv=None, prog: str | None = None) -> int:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump({"status": status, "learners": learners,
                  "seconds": seconds}, f, indent=1, default=str)
+
+
+def main(argv=None, prog: str | None = None) -> int:
+  """Runs the command; returns its exit code."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  rest, overrides = config_lib.split_overrides(["learners", *argv])
+  args = parser(prog).parse_args(rest[1:])
+  try:
+    run = run_spec(args, overrides)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  checkpoint_dir = args.checkpoint_dir
+  if checkpoint_dir is None and args.workdir is not None:
+    checkpoint_dir = os.path.join(args.workdir, "checkpoints")
+  try:
+    cluster.start(args.address, timeout_s=args.connect_timeout)
+    c = cluster.Cluster(run, checkpoint_dir)
+  except (ImportError, ConnectionError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  start, records = time.monotonic(), None
+  try:
+    records = _open_records(c, run, args, overrides)
+    for i in range(args.learners):
+      c.add(i)
+    status = _drive(c, args, records)
+    learners = c.learner_status()
+  except TimeoutError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  finally:
+    c.close()
+    if records is not None:
+      records.close()
+  _summary(status, time.monotonic() - start, learners, args)
   return 0

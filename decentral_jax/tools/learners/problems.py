@@ -13,6 +13,10 @@ in the order worker ``i`` of the one-program method sees it.
 * ``gpt``: a small byte-level GPT (:mod:`decentral_jax.models.gpt`) on the
   pydoc corpus, windows dealt by :class:`decentral_jax.data.text.LMSampler`
   (worker ``i`` of ``shards``); tokens = local batch * context length.
+* ``runner``: a runner config (``config``: a preset or ``FILE.py[:ARG]``,
+  ``overrides``: ``field=value`` strings) with ``n_workers = shards``: its
+  model, loss, data shards, inner optimizer and validation split
+  (:mod:`decentral_jax.tools.learners.runner_problem`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import numpy as np
 from flax import traverse_util
 
 PyTree = Any
-NAMES = ("quadratic", "gpt")
+NAMES = ("quadratic", "gpt", "runner")
 
 
 @dataclasses.dataclass
@@ -40,11 +44,17 @@ class Problem:
     batch: ``batch(shard, step) -> batch`` of learner ``shard`` at inner
       step ``step`` (NumPy).
     tokens_per_step: tokens one inner step of one learner processes.
+    inner: the inner optax transform, or None for ``RunSpec.inner`` and
+      ``inner_lr`` (``runner``: the config's).
+    runner: ``runner``: the :class:`~decentral_jax.tools.learners.
+      runner_problem.RunnerTask` (evaluation, learning rate), else None.
   """
   params: PyTree
   loss: Callable
   batch: Callable
   tokens_per_step: int
+  inner: Any = None
+  runner: Any = None
 
 
 def quadratic_targets(shards: int, seed: int = 0):
@@ -101,6 +111,18 @@ def _gpt(shards: int, seed: int = 0, n_layer: int = 2, n_embd: int = 64,
   return Problem(params, loss, get, batch * context)
 
 
+def _runner(shards: int, config: str = "", overrides: tuple = ()) -> Problem:
+  from decentral_jax.tools.learners import runner_problem  # pylint: disable=import-outside-toplevel
+  if not config:
+    raise ValueError("problem 'runner' needs problem_args (('config', "
+                     "'configs/gpt_tiny.py'), ...): pass --config.")
+  task = runner_problem.RunnerTask(
+      runner_problem.load(config, tuple(overrides), shards))
+  return Problem(task.init_params(), task.loss, task.batch,
+                 task.task.units_per_step // shards, inner=task.inner(),
+                 runner=task)
+
+
 def build(name: str, shards: int, args: tuple = ()) -> Problem:
   """The problem ``name`` for ``shards`` data shards.
 
@@ -109,12 +131,13 @@ def build(name: str, shards: int, args: tuple = ()) -> Problem:
     shards: number of data shards (learner ``i`` reads shard ``i``).
     args: ``(key, value)`` pairs passed to the problem (``seed``, ``noise``
       for ``quadratic``; ``seed``, ``n_layer``, ``n_embd``, ``n_head``,
-      ``context``, ``batch`` for ``gpt``).
+      ``context``, ``batch`` for ``gpt``; ``config``, ``overrides`` for
+      ``runner``).
 
   Raises:
     ValueError: an unknown name or argument.
   """
-  makers = {"quadratic": _quadratic, "gpt": _gpt}
+  makers = {"quadratic": _quadratic, "gpt": _gpt, "runner": _runner}
   if name not in makers:
     raise ValueError(f"problem must be one of {NAMES}, got {name!r}.")
   try:

@@ -1,0 +1,164 @@
+"""The run directory of learners that train a runner config: the runner's
+``metrics.jsonl`` and ``config.json``, and ``learners.json`` (the config and
+the number of learners of each stretch of the run).
+
+``<workdir>/metrics.jsonl`` holds one record per merged period ``k``
+(:class:`decentral_jax.runner.metrics.MetricsWriter`, so ``decentral-jax
+compare`` and the plots read it as a run of the runner):
+
+* ``step``: inner steps ``k * H`` (``H = config.sync_every``; 0 = the
+  initial evaluation);
+* ``tokens`` (``samples`` for classifiers): all merged since the start;
+* ``learners/merged``: how many learners' pseudo-gradients the merge took,
+  ``learners/tokens/<i>``: the tokens of learner ``i`` in it;
+* ``lr``: the inner learning rate of step ``k * H``;
+* ``train_time_s``: wall seconds of the run (an invocation's seconds from
+  its start, added to the last record of the one it resumed);
+* on the records of the periods the command saw merged (it polls; in sync
+  mode every period): ``train/loss``, the mean over the learners of the
+  loss of ``theta_k`` on their batches of step ``k * H`` (the loss the
+  runner logs for step ``k * H + 1``, without dropout), and every
+  ``eval_every`` periods and at the end ``eval/loss`` (``eval/accuracy``)
+  of ``theta_k`` on the config's validation split.
+
+``learners.json`` records the config, its source and overrides, and one
+segment per invocation: the period it started from and its number of
+learners ``K`` (= ``n_workers``: learner ``i`` reads worker ``i``'s shard of
+``K``). A resume with another ``K`` recomputes the sharding from the resumed
+period on and says so in the new segment's ``sharding``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import workdir as workdir_lib
+
+META_FILE = "learners.json"
+
+
+def _write_json(path: str, value) -> None:
+  try:
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=1)
+  except OSError as e:
+    raise workdir_lib.path_error("write", path, e) from None
+
+
+def read_meta(workdir: str) -> dict | None:
+  """``learners.json`` of ``workdir`` (None if there is none)."""
+  path = os.path.join(workdir, META_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def segment(meta: dict | None, learners: int, version: int,
+            sync_every: int) -> dict:
+  """The segment of an invocation with ``learners`` learners starting at
+  merged period ``version``, after the segments of ``meta``."""
+  seg = {"from_period": version, "from_step": version * sync_every,
+         "learners": learners, "n_workers": learners,
+         "sharding": f"learner i reads worker i's shard of n_workers="
+                     f"{learners}"}
+  last = (meta or {}).get("segments", [])
+  if last and last[-1]["learners"] != learners:
+    seg["sharding"] = (
+        f"recomputed: {last[-1]['learners']} -> {learners} learners at "
+        f"period {version}; from inner step {version * sync_every} on "
+        f"learner i reads worker i's shard of n_workers={learners}")
+  return seg
+
+
+class RunRecords:
+  """Writes the run directory as the run goes.
+
+  Args:
+    workdir: the run directory (created).
+    task: the run's :class:`~decentral_jax.tools.learners.runner_problem.
+      RunnerTask`.
+    run: the :class:`~decentral_jax.tools.learners.spec.RunSpec`.
+    source: the config's preset name or file; ``overrides`` its overrides.
+    eval_every: evaluate ``theta`` every this many merged periods.
+  """
+
+  def __init__(self, workdir: str, task, run, source: str, overrides,
+               eval_every: int):
+    self.workdir, self.task, self.run = workdir, task, run
+    self.eval_every = eval_every
+    self._source, self._overrides = source, list(overrides)
+    self._start = time.monotonic()
+    self._written = None  # last period written
+    self._evaluated = 0
+    os.makedirs(workdir, exist_ok=True)
+    self._writer = None
+    self._offset = 0.0  # train_time_s of the invocations resumed
+
+  def begin(self, version: int, theta: dict) -> dict:
+    """Starts at merged period ``version`` (0, or a resumed run's): drops
+    later records of an earlier invocation (the runner's
+    :func:`~decentral_jax.runner.metrics.truncate_after`), writes
+    ``config.json`` and the new segment of ``learners.json``, and at 0 the
+    initial evaluation. Returns the new segment."""
+    h = self.run.sync_every
+    metrics_lib.truncate_after(self.workdir, version * h)
+    path = os.path.join(self.workdir, metrics_lib.METRICS_FILE)
+    if version and os.path.exists(path):
+      self._offset = max([r.get("train_time_s") or 0.0
+                          for r in metrics_lib.read_jsonl(path)], default=0.0)
+    meta = read_meta(self.workdir)
+    seg = segment(meta, self.run.shards, version, h)
+    config = json.loads(self.task.config.to_json())
+    _write_json(os.path.join(self.workdir, "config.json"), config)
+    _write_json(os.path.join(self.workdir, META_FILE), {
+        "config_source": self._source, "overrides": self._overrides,
+        "config": config, "learners": self.run.shards,
+        "segments": [*(meta or {}).get("segments", []), seg]})
+    self._writer = metrics_lib.MetricsWriter(self.workdir)
+    self._written = self._evaluated = version
+    if version == 0:
+      self._writer.write({"step": 0, self.task.task.unit: 0,
+                          **self.task.evaluate(theta), "train_time_s": 0.0})
+    return seg
+
+  def update(self, status: dict, theta_of, status_of) -> None:
+    """Writes the records of the periods merged since the last call.
+
+    Args:
+      status: the synchronizer's ``status()`` (``version``, ``log``).
+      theta_of: ``() -> (version, theta)``: the synchronizer's current
+        ``theta``, read only when a new period was merged.
+      status_of: ``() -> status``, read again if ``theta`` is newer.
+    """
+    version = int(status["version"])
+    if version <= self._written:
+      return
+    seen, theta = theta_of()
+    if seen > version:
+      status = status_of()
+      version = int(status["version"])
+    h, log = self.run.sync_every, status["log"]["tokens"]
+    unit = self.task.task.unit
+    for k in range(self._written + 1, version + 1):
+      rec = {"step": k * h, unit: sum(sum(t.values()) for t in log[:k]),
+             "learners/merged": len(log[k - 1]),
+             **{f"learners/tokens/{w}": n for w, n in log[k - 1].items()},
+             "lr": self.task.learning_rate(k * h),
+             "train_time_s": self._offset + time.monotonic() - self._start}
+      if k == seen:
+        rec["train/loss"] = self.task.train_loss(
+            theta, range(self.run.shards), k * h)
+        if (k - self._evaluated >= self.eval_every
+            or k >= int(status["periods"])):
+          rec.update(self.task.evaluate(theta))
+          self._evaluated = k
+      self._writer.write(rec)
+    self._written = version
+
+  def close(self) -> None:
+    if self._writer is not None:
+      self._writer.close()

@@ -1,0 +1,160 @@
+"""Learners that train a runner config (tools/learners/runner_problem.py):
+the config's fields a learner refuses or carries, its data shards, and (slow)
+synchronous learners equal to the runner's one-program DiLoCo."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import require_devices
+from helpers import run_steps
+from helpers import to_host
+from decentral_jax.runner import experiment
+from decentral_jax.runner import methods
+from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools import cli
+from decentral_jax.tools.learners import problems
+from decentral_jax.tools.learners import records
+from decentral_jax.tools.learners import runner_problem
+from decentral_jax.tools.learners import spec as spec_lib
+from decentral_jax.tools.learners import synchronizer as sync_lib
+
+CONFIG = "configs/gpt_tiny.py"
+TINY = ("algorithm=diloco", "optimizer.name=adamw", "optimizer.accum_steps=1",
+        "model.block_size=16", "model.n_layer=1", "model.n_embd=16",
+        "model.n_head=2", "global_batch=4", "steps=6", "sync_every=3",
+        "eval_batches=1", "schedule.warmup_steps=2")
+
+
+@pytest.mark.parametrize("override, field", [
+    ((), "config.algorithm='decentralized'"),  # gpt_tiny's own: gossip
+    (("outer_optimizer.name=adam",), "config.outer_optimizer.name='adam'"),
+    (("outer_optimizer.nesterov=False",), "config.outer_optimizer.nesterov"),
+    (("faults.enabled=True",), "config.faults.enabled=True"),
+    (("comm_dtype=bfloat16",), "config.comm_dtype='bfloat16'"),
+    (("compression.format=topk",), "config.compression.format='topk'"),
+    (("compression.format=int8",), "config.compression.error_feedback"),
+])
+def test_fields_without_meaning_for_learners_are_refused_by_name(
+    override, field):
+  base = TINY if override else tuple(o for o in TINY
+                                     if not o.startswith("algorithm"))
+  with pytest.raises(ValueError, match="has no meaning for learners") as e:
+    runner_problem.load(CONFIG, base + override, 2)
+  assert str(e.value).startswith(field), e.value
+
+
+def test_n_workers_is_the_number_of_learners():
+  c = runner_problem.load(CONFIG, TINY, 2)
+  assert c.n_workers == 2
+  with pytest.raises(ValueError, match="--config.n_workers=4: learners set"):
+    runner_problem.load(CONFIG, TINY + ("n_workers=4",), 2)
+  # global_batch 4 over 3 learners: the runner's own message.
+  with pytest.raises(ValueError, match="global_batch"):
+    runner_problem.load(CONFIG, TINY, 3)
+
+
+def test_spec_fields_come_from_the_config():
+  c = runner_problem.load(CONFIG, TINY + (
+      "outer_optimizer.lr=0.5", "outer_optimizer.momentum=0.8",
+      "compression.format=int8", "compression.error_feedback=True",
+      "compression.block=64"), 2)
+  assert runner_problem.spec_fields(c) == {
+      "shards": 2, "sync_every": 3, "periods": 2, "outer_lr": 0.5,
+      "outer_momentum": 0.8, "compressor": "int8", "block": 64}
+  spec_lib.RunSpec(problem="runner", quorum=2,
+                   **runner_problem.spec_fields(c))  # a valid RunSpec
+
+
+def test_a_runner_problem_without_a_config_is_one_line():
+  with pytest.raises(ValueError, match="needs problem_args"):
+    problems.build("runner", 2, ())
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--config", CONFIG, "--inner-lr", "0.1"),
+     "--inner-lr does not apply with --config (the config sets it): set "
+     "--config.schedule.peak_lr"),
+    (("--config", CONFIG, "--sync-every", "4"), "set --config.sync_every"),
+    (("--config.steps=4",), "--config.steps=4 needs --config"),
+    (("--workdir", "/nonexistent"), "--workdir needs --config"),
+    (("--config", CONFIG, "--eval-every", "0"), "--eval-every=0 must be"),
+    (("--config", CONFIG), "config.algorithm='decentralized' has no meaning "
+     "for learners"),
+    (("--config", CONFIG, "--config.nope=1"), "unknown config field 'nope'"),
+])
+def test_the_command_names_a_flag_the_config_sets_before_ray_starts(
+    capsys, flags, words):
+  assert cli.main(["learners", "--learners", "2", *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+
+
+def test_a_segment_states_a_recomputed_sharding():
+  first = records.segment(None, 4, 0, 3)
+  assert first == {"from_period": 0, "from_step": 0, "learners": 4,
+                   "n_workers": 4, "sharding": "learner i reads worker i's "
+                   "shard of n_workers=4"}
+  same = records.segment({"segments": [first]}, 4, 5, 3)
+  assert same["sharding"] == first["sharding"] and same["from_step"] == 15
+  other = records.segment({"segments": [first]}, 2, 5, 3)
+  assert other["sharding"] == (
+      "recomputed: 4 -> 2 learners at period 5; from inner step 15 on "
+      "learner i reads worker i's shard of n_workers=2")
+
+
+def _run_spec(overrides, learners, **kw):
+  c = runner_problem.load(CONFIG, overrides, learners)
+  return spec_lib.RunSpec(
+      problem="runner", quorum=learners,
+      problem_args=(("config", CONFIG), ("overrides", tuple(overrides))),
+      **{**runner_problem.spec_fields(c), **kw}), c
+
+
+@pytest.mark.slow
+def test_sync_learners_of_a_runner_config_equal_the_runners_diloco():
+  """gpt_tiny (tiny sizes, dropout 0.1, AdamW on a warmup-cosine schedule,
+  grad clip) with 2 learners of H = 3 for 2 periods through the
+  synchronizer, in threads of this process: theta equals the runner's
+  one-program DiLoCo's after its 6th step to float32 rounding. The
+  learners' batches are the rows the runner feeds each worker."""
+  require_devices(2)
+  overrides = TINY + ("model.dropout=0.1",)
+  run, c = _run_spec(overrides, 2)
+  sync = sync_lib.Synchronizer(run)
+  link = learner_lib.Link(lambda name, *args: getattr(sync, name)(*args))
+  learners = [learner_lib.Learner(run, i, link) for i in range(2)]
+  deadline = time.monotonic() + 300
+  while sync.version < run.periods and time.monotonic() < deadline:
+    time.sleep(0.02)
+  status = [lrn.stop() for lrn in learners]
+  sync.close()
+  assert sync.version == 2 and all(s["error"] is None for s in status)
+  assert sync.log["tokens"] == [{"0": 96, "1": 96}] * 2  # 3 x 2 rows x 16
+
+  exp = experiment.Experiment(c, devices=require_devices(2))
+  problem = problems.build(run.problem, 2, run.problem_args)
+  for t in (0, 4):
+    rows = to_host(exp.get_batch(t))
+    for i in range(2):
+      got = problem.batch(i, t)
+      for x, y in zip(got[:2], rows):
+        np.testing.assert_array_equal(x, y[i])
+      assert got[2].dtype == np.uint32 and got[2].shape == (2,)
+  state = run_steps(exp, exp.init_state(), 0, 6)
+  # The records' evaluation of theta is the runner's of its DiLoCo state.
+  np.testing.assert_allclose(problem.runner.evaluate(sync.theta)["eval/loss"],
+                             exp.evaluate(state)["eval/loss"], rtol=1e-5)
+  theta = methods.ALGORITHMS["diloco"].eval_params(state.params,
+                                                   state.opt_state)
+  want = runner_problem.flat(jax.tree.map(lambda x: x[0], to_host(theta)))
+  start = problem.params
+  assert sorted(want) == sorted(sync.theta)
+  for k in want:
+    np.testing.assert_allclose(sync.theta[k], want[k], rtol=2e-6, atol=2e-7)
+    # the comparison is not vacuous: theta moved far beyond the tolerance
+  assert max(np.max(np.abs(want[k] - start[k])) for k in want) > 1e-3
