@@ -91,6 +91,12 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="seconds between progress lines")
   p.add_argument("--timeout", type=float, default=3600.0)
   p.add_argument("--json", default=None, help="write the run's log here")
+  _outer_flags(p)
+  return p
+
+
+def _outer_flags(p: argparse.ArgumentParser) -> None:
+  """Streaming DiLoCo fragments, the outer optimizer, the kept state."""
   p.add_argument("--fragments", type=int, default=1,
                  help="Streaming DiLoCo fragments P (each merged on its own)")
   p.add_argument("--overlap-steps", type=int, default=0,
@@ -107,7 +113,6 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="learners do not send their inner optimizer state and "
                  "error feedback residual (a restarted learner starts them "
                  "afresh; saves their bytes each period)")
-  return p
 
 
 def _check_flags(args) -> None:
