@@ -568,6 +568,7 @@ INT_FLAGS = (("--batch", 0, 10**6), ("--warmup", 0, 10**6),
              ("--steps", 1, 10**6), ("--repeats", 1, 10**4),
              ("--warm_steps", 1, 10**6), ("--timed_steps", 1, 10**6),
              ("--child_timeout", 1, 7 * 86400))
+MAX_COMPUTE_MS = 1e6  # --compute_ms, as predict's compute times
 MAX_PEAK_FLOPS = 1e18  # FLOP/s; an H200 is about 1e15 dense bfloat16
 
 
@@ -734,6 +735,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if not (0 < ms and math.isfinite(ms)):
       raise ValueError(f"--compute_ms must be the step's compute time in "
                        f"milliseconds, a finite number > 0, got {ms:g}.")
+    if ms > MAX_COMPUTE_MS:
+      raise ValueError(f"--compute_ms must be at most {MAX_COMPUTE_MS:g} "
+                       f"(ms, about 17 minutes per step), got {ms:g}.")
     if args.cluster is None and us is None:
       raise ValueError("--compute_ms rescales the transfer times of "
                        "--cluster or --collective_us; give one of them too.")
