@@ -204,3 +204,58 @@ def test_types_accept_their_range():
   assert flag_types.integer(0, 10)(" 7 ") == 7
   assert flag_types.real(0, 1, open_lo=True)("1") == 1.0
   assert flag_types.number_list(flag_types.real(0, 4))("0.5, 4") == [0.5, 4.0]
+
+
+# Library integer arguments: a period or count the compiled program cannot
+# hold (its step counter is int32) is refused when the transform is built,
+# naming the argument, not when the first step is traced.
+def _library_cases():
+  import optax
+  from decentral_jax import optim
+  from decentral_jax import topology
+  from decentral_jax.optim import accum_adam
+  from decentral_jax.optim import muloco
+  from decentral_jax.optim import outer_timing
+  ring = topology.make("ring", 4)
+  return [
+      ("accum_steps", lambda v: accum_adam.scale_by_accum_adam(
+          accum_steps=v)),
+      ("accum_steps", lambda v: accum_adam.horizon_matched_betas(
+          0.9, 0.999, v)),
+      ("gossip_every", lambda v: optim.decentralized(
+          optax.sgd(0.1), ring, gossip_every=v)),
+      ("latency", lambda v: outer_timing.named("delayed", latency=v)),
+      ("ns_steps", lambda v: muloco.muon_inner(0.1, ns_steps=v)),
+  ]
+
+
+def test_library_periods_bounded_by_what_the_program_holds():
+  from decentral_jax import checks
+  assert checks.INT32_MAX == np_int32_max()
+  for name, build in _library_cases():
+    build(checks.INT32_MAX)  # the largest a step counter holds: accepted
+    for bad in (checks.INT32_MAX + 1, 2**40):
+      with pytest.raises(ValueError) as e:
+        build(bad)
+      assert str(e.value).startswith(f"{name} must be an int >= 1 and <= "
+                                     f"{checks.INT32_MAX}, got {bad}"), e
+
+
+def np_int32_max() -> int:
+  import numpy as np
+  return int(np.iinfo(np.int32).max)
+
+
+def test_largest_accepted_period_runs_and_the_next_cannot():
+  # The bound is what a jitted step holds: INT32_MAX runs, INT32_MAX + 1
+  # overflows inside JAX (why it is refused at construction).
+  import jax
+  import jax.numpy as jnp
+  from decentral_jax import checks
+  from decentral_jax.optim import accum_adam
+  p = {"w": jnp.zeros(3)}
+  tx = accum_adam.scale_by_accum_adam(accum_steps=checks.INT32_MAX)
+  u, _ = jax.jit(tx.update)(p, tx.init(p), p)
+  assert jnp.all(jnp.isfinite(u["w"]))
+  with pytest.raises(OverflowError):
+    jax.jit(lambda c, k: c % k)(jnp.int32(1), checks.INT32_MAX + 1)
