@@ -63,6 +63,9 @@ PREDICT_CASES = [
      ["--n-workers", "16"]),
     (["--codec-GBps", "1"], ["--n-workers", "16", "--methods", "all_reduce"],
      ["--n-workers", "16", "--methods", _COMPRESSED]),
+    (["--gossip-in-flight", "0"],
+     ["--n-workers", "16", "--methods", "all_reduce,sgp,diloco:H=10"],
+     ["--n-workers", "16", "--methods", "all_reduce,aer"]),
     (["--seed", "7"], ["--n-workers", "16"],
      ["--n-workers", "16", "--compute-cv", "0.2"]),
 ]

@@ -149,6 +149,13 @@ NEEDS = (
         "without a compressed method in --methods", "add one, e.g. "
         "dadam:topology=static_ring,compress=int8, or drop --codec-GBps"),
     flag_types.Needs(
+        "--gossip-in-flight",
+        lambda s: any(m.kind == "gossip" and m.overlap for m in s.methods),
+        "without a gossip method that overlaps its step in --methods "
+        "(one_peer_exp, aer, dadam:..., gradient_tracking:...; not sgp, "
+        "which blocks, or the local-update methods)", "add one or drop "
+        "--gossip-in-flight"),
+    flag_types.Needs(
         "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
         "without compute that varies (--compute-cv above 0 or "
         "--compute-samples-ms; the seed draws the compute times)",
