@@ -259,3 +259,71 @@ def test_largest_accepted_period_runs_and_the_next_cannot():
   assert jnp.all(jnp.isfinite(u["w"]))
   with pytest.raises(OverflowError):
     jax.jit(lambda c, k: c % k)(jnp.int32(1), checks.INT32_MAX + 1)
+
+
+BENCHMARKS = ("bench_bucketed_gossip", "bench_communication",
+              "bench_convergence", "bench_evidence", "bench_step_time",
+              "bench_topology_scale")
+# Run in a child process: the scripts set XLA_FLAGS when imported (not in
+# the child: one JAX serves them all). Each parser is caught at parse_args
+# (nothing runs), then every numeric flag is parsed with each value of BAD.
+_SWEEP_CHILD = r"""
+import argparse, contextlib, importlib.util, io, json, os, sys
+bench = sys.argv[1]
+sys.path.insert(0, bench)
+import _common
+_common.set_cpu_devices = lambda *a, **k: None  # several scripts, one JAX
+class Stop(Exception):
+  pass
+parse = argparse.ArgumentParser.parse_args
+out = {}
+for name in sys.argv[2].split(","):
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(bench, name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  caught = []
+  def grab(self, *a, **k):
+    caught.append(self)
+    raise Stop
+  argparse.ArgumentParser.parse_args = grab
+  try:
+    module.main()
+  except Stop:
+    pass
+  finally:
+    argparse.ArgumentParser.parse_args = parse
+  rows = []
+  for action in caught[0]._actions:
+    if not action.option_strings or action.type in (None, str):
+      continue
+    for value in json.loads(sys.argv[3]):
+      err = io.StringIO()
+      with contextlib.redirect_stderr(err):
+        try:
+          caught[0].parse_args([action.option_strings[-1] + "=" + value])
+          code = 0
+        except SystemExit as e:
+          code = e.code
+      rows.append((action.option_strings[-1], value, code, err.getvalue()))
+  out[name] = rows
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.integration
+def test_benchmark_scripts_numeric_flags_refuse_unusable_values():
+  import json
+  import subprocess
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  out = subprocess.run(
+      [sys.executable, "-c", _SWEEP_CHILD, os.path.join(ROOT, "benchmarks"),
+       ",".join(BENCHMARKS), json.dumps(BAD)],
+      capture_output=True, text=True, timeout=300, env=env, check=True)
+  results = json.loads(out.stdout.strip().splitlines()[-1])
+  assert set(results) == set(BENCHMARKS)
+  for name, rows in results.items():
+    assert rows, name  # every script has numeric flags
+    for flag, value, code, err in rows:
+      assert code == 2, (name, flag, value)
+      assert f"argument {flag}: " in err, (name, flag, value, err)
