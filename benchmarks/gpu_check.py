@@ -609,6 +609,9 @@ FLAG_READERS = {
     "--programs": ("deviceless", "schedule"),
     "--min_fraction": ("deviceless", "schedule"),
     "--roofline": ("deviceless", "schedule"),
+    # The timing part times GPT-2 small's own config, not --config's.
+    "--config": ("deviceless", "schedule", "gossip_timing"),
+    "--set": ("deviceless", "schedule", "gossip_timing"),
 }
 
 

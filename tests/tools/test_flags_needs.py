@@ -201,6 +201,9 @@ GPU_CHECK_CASES = [
      ["--part", "gossip_timing"], "without --part gossip_timing (or all)"),
     (["--programs", "none"], ["--part", "timing"], ["--part", "schedule"],
      "without --part schedule (or all) or --deviceless"),
+    (["--set", "n_workers=4"], ["--part", "timing"],
+     ["--part", "gossip_timing"],
+     "without --part schedule or gossip_timing (or all) or --deviceless"),
     (["--gemm_efficiency", "0.4"], _DEVICELESS, _DEVICELESS + ["--roofline"],
      "without --roofline"),
     (["--memory_efficiency", "0.4"], [], ["--roofline"], "without --roofline"),
@@ -218,6 +221,19 @@ def test_gpu_check_flag_refused_where_nothing_reads_it(
   err = capsys.readouterr().err
   assert f"error: {flag_args[0]} has no effect {says}" in err, err
   gpu_check.parse_args(accepted + flag_args)
+
+
+def test_gpu_check_timing_on_a_cpu_without_smoke_is_refused_first(capsys):
+  # GPT-2 small at a GPU's batch does not fit a CPU host (about 100 GB):
+  # refused before anything is built, naming the flag that fixes it.
+  import jax
+  assert jax.default_backend() == "cpu"
+  for argv in (["--part", "timing"], []):
+    with pytest.raises(SystemExit) as e:
+      _gpu_check().main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "add --smoke" in err, err
 
 
 def test_gpu_check_reader_table_names_real_flags():

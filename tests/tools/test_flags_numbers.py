@@ -327,3 +327,31 @@ def test_benchmark_scripts_numeric_flags_refuse_unusable_values():
     for flag, value, code, err in rows:
       assert code == 2, (name, flag, value)
       assert f"argument {flag}: " in err, (name, flag, value, err)
+
+
+class _Device:
+  def __init__(self, limit=None):
+    self.limit = limit
+
+  def memory_stats(self):
+    return None if self.limit is None else {"bytes_limit": self.limit}
+
+
+def test_measure_sizes_must_fit_what_a_device_holds():
+  from decentral_jax.tools.runtime_model_cli import measure
+  # An accelerator: a message and its copy within the device's memory.
+  gpu = [_Device(limit=10e9)] * 2
+  measure.check_sizes_fit([1e6, 4.9e9], gpu)
+  with pytest.raises(ValueError) as e:
+    measure.check_sizes_fit([1e6, 5.1e9], gpu)
+  assert str(e.value).startswith("--sizes-MB 5100 needs 10.2 GB per device")
+  assert "at most 5000 MB" in str(e.value)
+  # CPU devices share the host's memory.
+  host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  cpu = [_Device()] * 8
+  measure.check_sizes_fit([4, 0.99 * host / 16], cpu)
+  with pytest.raises(ValueError, match=r"^--sizes-MB .* this host's"):
+    measure.check_sizes_fit([4, 1.01 * host / 16], cpu)
+  for bad in (float("nan"), float("inf"), 3):
+    with pytest.raises(ValueError, match="^--sizes-MB needs finite sizes"):
+      measure.check_sizes_fit([1e6, bad], cpu)
