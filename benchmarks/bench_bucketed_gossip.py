@@ -33,17 +33,19 @@ import _common
 
 
 def main():
+  from decentral_jax.tools import flag_types
+  count = flag_types.integer  # a bounded integer flag
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--workers", type=int, default=8)
+  ap.add_argument("--workers", type=count(1, 4096), default=8)
   ap.add_argument("--topology", default="one_peer_exp")
-  ap.add_argument("--bucket_bytes", type=int, nargs="+",
+  ap.add_argument("--bucket_bytes", type=count(0, 2**40), nargs="+",
                   default=[0, 2**16, 2**20, 4 * 2**20, 25 * 2**20, 2**30],
                   help="bucket sizes in bytes (0 = one collective per leaf)")
-  ap.add_argument("--repeats", type=int, default=7)
-  ap.add_argument("--rounds", type=int, default=12)
-  ap.add_argument("--n_layer", type=int, default=12)
-  ap.add_argument("--n_embd", type=int, default=256)
-  ap.add_argument("--vocab", type=int, default=4096)
+  ap.add_argument("--repeats", type=count(1, 10000), default=7)
+  ap.add_argument("--rounds", type=count(1, 10**6), default=12)
+  ap.add_argument("--n_layer", type=count(1, 1024), default=12)
+  ap.add_argument("--n_embd", type=count(1, 65536), default=256)
+  ap.add_argument("--vocab", type=count(1, 2**24), default=4096)
   ap.add_argument("--comm_dtype", default="", help="e.g. bfloat16")
   args = ap.parse_args()
   _common.set_cpu_devices(args.workers)

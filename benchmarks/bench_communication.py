@@ -82,8 +82,10 @@ def build(n, method, topo_name, local_size, comm_dtype):
 
 
 def main():
+  from decentral_jax.tools import flag_types
+  count = flag_types.integer  # a bounded integer flag
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--n_workers", type=int, default=8)
+  ap.add_argument("--n_workers", type=count(1, 4096), default=8)
   ap.add_argument("--json", default="")
   args = ap.parse_args()
   _common.set_cpu_devices(args.n_workers)

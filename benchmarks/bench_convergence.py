@@ -238,13 +238,16 @@ def report(args) -> str:
 
 
 def main():
+  from decentral_jax.tools import flag_types
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--steps", type=int, default=200)
-  ap.add_argument("--global_batch", type=int, default=32)
-  ap.add_argument("--eval_batches", type=int, default=8)
-  ap.add_argument("--lr_grid", type=float, nargs="+",
+  ap.add_argument("--steps", type=count(1, 10**7), default=200)
+  ap.add_argument("--global_batch", type=count(1, 10**7), default=32)
+  ap.add_argument("--eval_batches", type=count(1, 10**6), default=8)
+  ap.add_argument("--lr_grid", type=real(0, 10, open_lo=True), nargs="+",
                   default=[7.5e-4, 1.5e-3, 3e-3, 6e-3])
-  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  ap.add_argument("--seeds", type=count(0, 2**32 - 1),
+                  nargs="+", default=[0, 1, 2])
   ap.add_argument("--topologies", nargs="+",
                   default=["one_peer_exp", "alternating_exp_ring", "complete"])
   ap.add_argument("--topologies_16", nargs="+",

@@ -381,21 +381,26 @@ def report(records: list[dict]) -> str:
 
 
 def main() -> None:
+  from decentral_jax.tools import flag_types
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--part", choices=("main", "scale", "cnn", "long",
                                     "overlap"))
   p.add_argument("--methods", default="", help="main: only these methods")
   p.add_argument("--out", default=OUT)
   p.add_argument("--report", action="store_true")
-  p.add_argument("--workers", type=int, nargs="+", default=[8, 16, 32, 64])
-  p.add_argument("--scale_steps", type=int, default=600)
-  p.add_argument("--long_steps", type=int, default=3000)
-  p.add_argument("--cnn_grid", type=float, nargs="+",
+  p.add_argument("--workers", type=count(1, 4096),
+                 nargs="+", default=[8, 16, 32, 64])
+  p.add_argument("--scale_steps", type=count(1, 10**7), default=600)
+  p.add_argument("--long_steps", type=count(1, 10**7), default=3000)
+  p.add_argument("--cnn_grid", type=real(0, 10, open_lo=True), nargs="+",
                  default=[5e-4, 1e-3, 2e-3, 4e-3])
-  p.add_argument("--scale_grid", type=float, nargs="+",
+  p.add_argument("--scale_grid", type=real(0, 10, open_lo=True), nargs="+",
                  default=[3e-3, 6e-3, 1.2e-2])
-  p.add_argument("--scale_seeds", type=int, nargs="+", default=[0])
-  p.add_argument("--overlap_h", type=int, nargs="+", default=[10, 30])
+  p.add_argument("--scale_seeds", type=count(0, 2**32 - 1),
+                 nargs="+", default=[0])
+  p.add_argument("--overlap_h", type=count(1, 2**31 - 1),
+                 nargs="+", default=[10, 30])
   args = p.parse_args()
   study = Study(args.out)
   if args.part and not args.report:

@@ -105,11 +105,13 @@ def make(method, args):
 
 
 def main():
+  from decentral_jax.tools import flag_types
+  count = flag_types.integer  # a bounded integer flag
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--repeats", type=int, default=7)
-  ap.add_argument("--steps", type=int, default=10)
-  ap.add_argument("--warmup", type=int, default=3)
-  ap.add_argument("--global_batch", type=int, default=64)
+  ap.add_argument("--repeats", type=count(1, 10000), default=7)
+  ap.add_argument("--steps", type=count(1, 10**6), default=10)
+  ap.add_argument("--warmup", type=count(0, 10**6), default=3)
+  ap.add_argument("--global_batch", type=count(1, 10**7), default=64)
   ap.add_argument("--no_prototype", action="store_true",
                   help="skip the rows with the bucketed-gossip prototype "
                        "(benchmarks/bench_vs_decentdp.py:_bucketed_mix)")

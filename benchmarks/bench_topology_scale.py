@@ -88,10 +88,13 @@ def _hlo_ops(jax, jnp, np, gossip, parallel, topo, n):
 
 
 def main():
+  from decentral_jax.tools import flag_types
+  count = flag_types.integer  # a bounded integer flag
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--ns", type=int, nargs="+", default=[1024, 4096, 16384])
-  ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--sparse_max_n", type=int, default=4096)
+  ap.add_argument("--ns", type=count(1, 2**20),
+                  nargs="+", default=[1024, 4096, 16384])
+  ap.add_argument("--repeats", type=count(1, 10000), default=3)
+  ap.add_argument("--sparse_max_n", type=count(1, 2**20), default=4096)
   ap.add_argument("--skip_hlo", action="store_true")
   args = ap.parse_args()
   _common.set_cpu_devices(16)

@@ -552,6 +552,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   """The flags, checked (:func:`check_flags`; a bad one exits with code 2)."""
   ap = _parser()
   args = ap.parse_args(argv)
+  from decentral_jax.tools import flag_types
+  args.given = flag_types.given_flags(
+      ap, sys.argv[1:] if argv is None else argv)
   try:
     check_flags(args)
   except ValueError as e:
@@ -565,6 +568,7 @@ INT_FLAGS = (("--batch", 0, 10**6), ("--warmup", 0, 10**6),
              ("--steps", 1, 10**6), ("--repeats", 1, 10**4),
              ("--warm_steps", 1, 10**6), ("--timed_steps", 1, 10**6),
              ("--child_timeout", 1, 7 * 86400))
+MAX_COMPUTE_MS = 1e6  # --compute_ms, as predict's compute times
 MAX_PEAK_FLOPS = 1e18  # FLOP/s; an H200 is about 1e15 dense bfloat16
 
 
@@ -587,6 +591,77 @@ def check_numbers(args: argparse.Namespace) -> None:
     raise ValueError(f"--peak_flops must be 0 (the GPU's own peak) or a "
                      f"finite FLOP/s in (0, {MAX_PEAK_FLOPS:g}], got "
                      f"{flops:g}.")
+
+
+_PARTS = ("timing", "schedule", "gossip_timing")
+#: What reads each flag: ``deviceless`` (``--deviceless`` compiles) and the
+#: parts run on this machine's devices (:func:`check_needs`). Under
+#: ``--deviceless`` the parts' numbers (:data:`INT_FLAGS`, ``--peak_flops``)
+#: are checked but not refused.
+FLAG_READERS = {
+    "--topology": ("deviceless",), "--workload": ("deviceless",),
+    "--quiet": ("deviceless",), "--part": _PARTS,
+    "--smoke": ("timing",), "--batch": ("timing",),
+    "--warmup": ("timing",), "--steps": ("timing",),
+    "--repeats": ("timing",), "--peak_flops": ("timing",),
+    "--child_timeout": ("schedule",),
+    "--warm_steps": ("gossip_timing",), "--timed_steps": ("gossip_timing",),
+    "--programs": ("deviceless", "schedule"),
+    "--min_fraction": ("deviceless", "schedule"),
+    "--roofline": ("deviceless", "schedule"),
+    # The timing part times GPT-2 small's own config, not --config's.
+    "--config": ("deviceless", "schedule", "gossip_timing"),
+    "--set": ("deviceless", "schedule", "gossip_timing"),
+}
+
+
+def _needs() -> tuple:
+  """The rows of :data:`FLAG_READERS` as dependency rules, and
+  ``--gemm_efficiency`` / ``--memory_efficiency`` needing ``--roofline``."""
+  from decentral_jax.tools import flag_types
+  rows = []
+  for flag, readers in FLAG_READERS.items():
+    parts = [p for p in readers if p != "deviceless"]
+    if "deviceless" not in readers:
+      read = ("it chooses the parts run on this machine's devices"
+              if flag == "--part" else f"it is read by --part "
+              f"{' or '.join(parts)} on this machine's devices")
+      rows.append(flag_types.Needs(
+          flag, lambda a: not a.deviceless, f"with --deviceless ({read})",
+          f"drop {flag} or --deviceless"))
+    if not parts:
+      rows.append(flag_types.Needs(
+          flag, lambda a: bool(a.deviceless), "without --deviceless",
+          f"add --deviceless TARGET (e.g. h200) or drop {flag}"))
+    elif flag != "--part":
+      rows.append(flag_types.Needs(
+          flag, lambda a, parts=parts: bool(a.deviceless) or a.part in (
+              "all", *parts),
+          f"without --part {' or '.join(parts)} (or all)"
+          + (" or --deviceless" if "deviceless" in readers else ""),
+          f"choose that part or drop {flag}"))
+  for flag in ("--gemm_efficiency", "--memory_efficiency"):
+    rows.append(flag_types.Needs(
+        flag, lambda a: a.roofline, "without --roofline",
+        f"add --roofline or drop {flag}"))
+  return tuple(rows)
+
+
+def check_needs(args: argparse.Namespace) -> None:
+  """Refuses a flag given (``args.given``) where nothing reads it: a
+  ``--deviceless`` flag without it, a part's flag with another ``--part``
+  (or ``--part`` with ``--deviceless``), a roofline share without
+  ``--roofline``. The parts' numbers given with ``--deviceless`` are
+  checked (:func:`check_numbers`) but not refused.
+
+  Raises:
+    ValueError: ``--topology has no effect without --deviceless; ...``.
+  """
+  from decentral_jax.tools import flag_types
+  given = set(getattr(args, "given", ()))
+  if args.deviceless:  # checked, not refused (see FLAG_READERS)
+    given -= {f for f, _, _ in INT_FLAGS} | {"--peak_flops"}
+  flag_types.check_needs(_needs(), given, args)
 
 
 def check_topology(spec: str) -> None:
@@ -653,6 +728,7 @@ def check_flags(args: argparse.Namespace) -> None:
     if not 0 < e <= 1:
       raise ValueError(f"--{flag} must be a share of the peak in (0, 1], "
                        f"got {e:g}.")
+  check_needs(args)
   if args.roofline and args.compute_ms is not None:
     raise ValueError("--roofline puts every time on the GPU's clock; "
                      "--compute_ms (a rescaling to XLA's clock) does not "
@@ -662,6 +738,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if not (0 < ms and math.isfinite(ms)):
       raise ValueError(f"--compute_ms must be the step's compute time in "
                        f"milliseconds, a finite number > 0, got {ms:g}.")
+    if ms > MAX_COMPUTE_MS:
+      raise ValueError(f"--compute_ms must be at most {MAX_COMPUTE_MS:g} "
+                       f"(ms, about 17 minutes per step), got {ms:g}.")
     if args.cluster is None and us is None:
       raise ValueError("--compute_ms rescales the transfer times of "
                        "--cluster or --collective_us; give one of them too.")
@@ -746,6 +825,13 @@ def _run(args) -> dict:
     return part_schedule(args)  # the mock-topology child
   import jax
   result = {"ran_on_gpu": jax.default_backend() == "gpu"}
+  if not result["ran_on_gpu"] and not args.smoke and args.part in (
+      "all", "timing"):
+    raise ValueError(
+        f"the timing part times GPT-2 small at a GPU's batch, which this "
+        f"{jax.default_backend()} backend cannot hold; add --smoke (a tiny "
+        "model, the CPU check of this script), choose --part schedule or "
+        "gossip_timing, or compile for a GPU with --deviceless TARGET.")
   if not result["ran_on_gpu"]:
     result["note"] = NOT_ON_GPU
   if not args.json_only:

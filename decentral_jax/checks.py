@@ -21,6 +21,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+#: Largest period, count or step a compiled program holds: step counters
+#: and periods are int32 on the device (``count % period`` of an int32
+#: counter); a larger Python int fails only when the step is traced.
+INT32_MAX = 2**31 - 1
+
 INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
                "(optax takes callables, dtype classes included, for "
                "schedules)")

@@ -51,7 +51,8 @@ def horizon_matched_betas(b1: float, b2: float, accum_steps: int
     ValueError: ``accum_steps`` not an integer >= 1, ``b1`` or ``b2`` not
       a number in [0, 1).
   """
-  t = checks.check_int("accum_steps", accum_steps, minimum=1)
+  t = checks.check_int("accum_steps", accum_steps, minimum=1,
+                       maximum=checks.INT32_MAX)
   b1 = checks.check_float("b1", b1, minimum=0.0, maximum=1.0, open_max=True)
   b2 = checks.check_float("b2", b2, minimum=0.0, maximum=1.0, open_max=True)
   return b1 ** t, b2 ** t

@@ -64,7 +64,8 @@ def check_hyperparameter(name: str, value, *, below_one: bool,
 
 
 def check_period(name: str, value):
-  """A period in steps (``accum_steps``, ``gossip_every``): an int >= 1.
+  """A period in steps (``accum_steps``, ``gossip_every``): an int in
+  ``[1, checks.INT32_MAX]`` (the step counter it divides is int32).
 
   Under ``optax.inject_hyperparams`` the value arrives as a JAX integer
   scalar (possibly traced); it is accepted and checked when known.
@@ -74,10 +75,10 @@ def check_period(name: str, value):
 
   Raises:
     ValueError: a float, a bool, a NumPy array, a non-integer or non-scalar
-      JAX array, or a value < 1.
+      JAX array, or a value < 1 or above ``checks.INT32_MAX``.
   """
   if not isinstance(value, jax.Array):
-    return checks.check_int(name, value, minimum=1)
+    return checks.check_int(name, value, minimum=1, maximum=checks.INT32_MAX)
   known = concrete_float(value) if not value.ndim else None
   if (not jnp.issubdtype(value.dtype, jnp.integer) or value.ndim
       or (known is not None and known < 1)):

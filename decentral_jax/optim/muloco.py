@@ -90,7 +90,7 @@ def _scaled(schedule: optax.ScalarOrSchedule, ratio: float):
 
 
 def _check(ns_steps, beta, consistent_rms, adam_lr_ratio, embeddings):
-  checks.check_int("ns_steps", ns_steps, minimum=1)
+  checks.check_int("ns_steps", ns_steps, minimum=1, maximum=checks.INT32_MAX)
   checks.check_probability("beta", beta, open_max=True)
   checks.check_float("consistent_rms", consistent_rms, minimum=0.0)
   checks.check_float("adam_lr_ratio", adam_lr_ratio, minimum=0.0,

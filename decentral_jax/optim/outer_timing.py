@@ -85,7 +85,8 @@ def check_timing(overlap, latency, trickle, *, one_round: bool = True
       None or a bool, True without overlap or with a time-varying topology.
   """
   overlap = checks.check_choice("overlap", overlap, TIMINGS)
-  latency = checks.check_int("latency", latency, minimum=1)
+  latency = checks.check_int("latency", latency, minimum=1,
+                             maximum=checks.INT32_MAX)
   if trickle is not None and not isinstance(trickle, (bool, np.bool_)):
     raise ValueError(f"trickle must be None, True or False, got {trickle!r}.")
   if overlap == "none":

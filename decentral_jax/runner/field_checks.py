@@ -14,8 +14,10 @@ import math
 
 import numpy as np
 
+from decentral_jax import checks
+
 # Largest integer field value: step counters and sizes are int32 on device.
-INT_MAX = 2**31 - 1
+INT_MAX = checks.INT32_MAX
 
 
 def choice(value, name: str, allowed) -> str:

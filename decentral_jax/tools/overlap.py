@@ -54,7 +54,11 @@ import sys
 import time
 import types
 
+<<<<<<< HEAD
 from decentral_jax import records
+=======
+from decentral_jax.tools import flag_types
+>>>>>>> flags
 
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -440,16 +444,58 @@ def render(paths: list[str]) -> None:
     print("\n" + transfer_table(gpt2))
 
 
+# Bounds of the numeric flags: XLA's parallel collective limit (streams),
+# a link rate (Gbit/s) and a node's GPUs.
+MAX_OVERLAP_LIMIT = 64
+MAX_NETWORK_GBPS = 1e6
+MAX_GPUS_PER_NODE = 1024
+
+#: Flags read only with others (:func:`check_needs`; a list of flags with
+#: ``--render``, which only prints earlier runs' tables, is refused apart).
+NEEDS = (
+    flag_types.Needs("--gpus_per_node", lambda a: a.network_gbps > 0,
+                     "without --network_gbps above 0",
+                     "add --network_gbps or drop --gpus_per_node"),
+    flag_types.Needs("--profile", lambda a: a.timeline, "without --timeline",
+                     "add --timeline or drop --profile"),
+    flag_types.Needs("--fixture_cases", lambda a: bool(a.fixtures),
+                     "without --fixtures", "add --fixtures DIR or drop "
+                     "--fixture_cases"),
+    flag_types.Needs(
+        "--data_dir", lambda a: any(
+            CASES.get(c, ("",))[0] == _GPT2 for c in a.cases.split(",")),
+        "without a gpt2_small case in --cases",
+        "add one or drop --data_dir"),
+)
+
+
+def check_needs(args, given: set) -> None:
+  """Refuses a flag given (``given``) where nothing reads it: any other
+  flag with ``--render``, or a row of :data:`NEEDS`.
+
+  Raises:
+    ValueError: one line naming the flag.
+  """
+  if args.render is not None:
+    other = sorted(given - {"--render"})
+    if other:
+      raise ValueError(f"{other[0]} has no effect with --render (it only "
+                       "prints the tables of earlier runs); drop one of "
+                       "them.")
+  flag_types.check_needs(NEEDS, given, args)
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
   """The command's flags (``prog`` names it in usage lines)."""
-  ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+  ap = flag_types.Parser(prog=prog, description=__doc__.split("\n")[0])
   ap.add_argument("--cases", default="gpt_tiny,aer,virtual")
   ap.add_argument("--modes", default="before,after")
   ap.add_argument("--targets", default="h200")
   ap.add_argument("--all_programs", action="store_true")
-  ap.add_argument("--overlap_limit", type=int, default=0,
+  ap.add_argument("--overlap_limit", type=flag_types.integer(
+      0, MAX_OVERLAP_LIMIT), default=0,
                   help="xla_gpu_experimental_parallel_collective_overlap_"
-                  "limit (0: XLA's default, 1)")
+                  f"limit (0: XLA's default, 1; at most {MAX_OVERLAP_LIMIT})")
   ap.add_argument("--out", default=os.path.join(
       _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"))
   ap.add_argument("--fixtures", default="")
@@ -457,11 +503,16 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
   ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",
                   help="where the gpt2_small case writes its dummy token "
                   "files")
-  ap.add_argument("--network_gbps", type=float, default=0.0,
+  ap.add_argument("--network_gbps", type=flag_types.real(
+      0, MAX_NETWORK_GBPS, " Gbit/s"), default=0.0,
                   help="model an inter-node link of this many Gbit/s in "
                   "XLA's latency estimator (Hopper targets), through "
-                  "XLA_FLAGS; 0: XLA's own model")
-  ap.add_argument("--gpus_per_node", type=int, default=4)
+                  f"XLA_FLAGS; 0: XLA's own model (at most "
+                  f"{MAX_NETWORK_GBPS:g})")
+  ap.add_argument("--gpus_per_node", type=flag_types.integer(
+      1, MAX_GPUS_PER_NODE), default=4,
+                  help="with --network_gbps: GPUs per node in XLA's latency "
+                  f"estimator (default 4, at most {MAX_GPUS_PER_NODE})")
   ap.add_argument("--xla", action="append", default=[],
                   help="an extra XLA compile option KEY=VALUE (repeatable)")
   ap.add_argument("--timeline", action="store_true",
@@ -506,7 +557,13 @@ def main(argv: list[str] | None = None,
   ``sys.argv[1:]``); returns the exit code (argparse exits with 2 itself
   on a bad flag, and with 0 after ``--help``)."""
   ap = build_parser(prog)
-  args = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args = ap.parse_args(argv)
+  try:
+    check_needs(args, flag_types.given_flags(ap, argv))
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   if args.render is not None:
     try:
       render(args.render)
@@ -517,6 +574,9 @@ def main(argv: list[str] | None = None,
   for case in args.cases.split(","):
     if case not in CASES:
       ap.error(f"unknown case {case!r}; one of {', '.join(CASES)}")
+  for mode in args.modes.split(","):
+    if mode not in ("before", "after"):
+      ap.error(f"--modes: unknown mode {mode!r}; before, after or both")
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts
   if args.network_gbps:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +

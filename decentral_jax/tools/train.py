@@ -70,7 +70,8 @@ CPU_DEVICES = flags.DEFINE_integer(
     "config.n_workers x config.devices_per_worker / "
     "config.workers_per_device / processes (only used "
     "when JAX runs on CPU).",
-    lower_bound=0, flag_values=FLAGS)
+    lower_bound=0, upper_bound=config_lib.MAX_SIMULATED_CPU_DEVICES,
+    flag_values=FLAGS)
 #: The arguments that ask for the help text (exit code 0).
 HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 

@@ -317,8 +317,10 @@ def test_a_table_the_model_cannot_price_is_one_error_line(monkeypatch,
 
 
 def test_flag_bounds_admit_the_ends_of_their_ranges(capsys):
-  # Every rate at its low end, every time at its high end: finite tables.
-  rc, out, _ = _run(capsys, "--n-workers", "8", "--methods", "all_reduce,aer",
+  # Every rate at its low end, every time at its high end: finite tables
+  # (two nodes of 4, so the inter-node flags are priced too).
+  rc, out, _ = _run(capsys, "--n-workers", "8", "--local-size", "4",
+                    "--methods", "all_reduce,aer",
                     "--nic-Gbps", "1e-3", "--intra-GBps", "1e-3",
                     "--forward-ms", "1e6", "--backward-ms", "1e6",
                     "--inter-latency-us", "1e9", "--compute-cv", "10")

@@ -53,6 +53,7 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
         runs_lib.parse_seeds(seeds), checkpoints)
     workload = pricing.check_workload(flags.WORKLOAD.value)
     clusters = pricing.parse_clusters(flags.CLUSTERS.value, workload)
+    flags.check_needs(clusters)
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
       needed, source = devices_lib.devices_needed(base)
       asked = flags.CPU_DEVICES.value

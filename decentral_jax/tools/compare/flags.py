@@ -21,6 +21,7 @@ from absl import flags as absl_flags
 
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import presets
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.compare import runs
 
 # The proxy of the quick default and of --full (keys of presets.PRESETS).
@@ -97,7 +98,7 @@ METHODS = absl_flags.DEFINE_string(
 CPU_DEVICES = absl_flags.DEFINE_integer(
     "cpu_devices", 0, "Simulated CPU devices; 0 = config.n_workers x "
     "config.devices_per_worker / config.workers_per_device.",
-    lower_bound=0,
+    lower_bound=0, upper_bound=config_lib.MAX_SIMULATED_CPU_DEVICES,
     flag_values=FLAGS)
 CLUSTERS = absl_flags.DEFINE_string(
     "clusters", "A40,h100_node,cross_region_2dc",
@@ -107,6 +108,41 @@ CLUSTERS = absl_flags.DEFINE_string(
     "written by `python -m decentral_jax.runtime_model measure`; empty: no "
     "pricing.",
     flag_values=FLAGS)
+
+
+#: The main job's flags that have an effect only with others, checked
+#: once the clusters are read (:func:`check_needs`): ``--workload`` prices
+#: the runs, so it needs a cluster it applies to (a preset; a cluster file
+#: keeps its own measured workload unless ``--workload`` is a FILE.json).
+NEEDS = (
+    flag_types.Needs(
+        "--workload", lambda clusters: bool(clusters),
+        "without --clusters (--clusters= turns the pricing off)",
+        "give --clusters=A40,h100_node or drop --workload"),
+    flag_types.Needs(
+        "--workload", lambda clusters: any(
+            cl.workload_of(WORKLOAD.value) is not None for cl in clusters),
+        "when every --clusters entry is a cluster file (each is priced "
+        "with its own measured workload)",
+        "add a preset to --clusters, give --workload=FILE.json, or drop "
+        "--workload"),
+)
+
+
+def given() -> set:
+  """The flags the last :func:`parse` read from the command line, e.g.
+  ``{"--workload"}``."""
+  return {f"--{name}" for name in FLAGS if FLAGS[name].present}
+
+
+def check_needs(clusters) -> None:
+  """Refuses a flag of :data:`NEEDS` given where it has no effect, with
+  the clusters of ``--clusters`` read.
+
+  Raises:
+    ValueError: ``--workload has no effect without --clusters; ...``.
+  """
+  flag_types.check_needs(NEEDS, given(), clusters)
 
 
 def load_base(config: str, overrides=()):

@@ -36,6 +36,19 @@ MAX_BUCKETS = 4096
 MAX_STEPS = 100_000
 
 
+# `measure`'s message sizes (--sizes-MB, each at least one float32) and
+# repetitions (--repeats), and `calibrate`'s rounds (--steps): every device
+# of a host holds a message and its copy, and each repetition times every
+# measurement once (on 2 cores 1000 repetitions of a 16 MB exchange take
+# about a minute).
+MIN_MESSAGE_MB = 4e-6
+MAX_MESSAGE_MB = 65536.0
+MAX_REPEATS = 1000
+
+# Largest --seed: NumPy's seeds are 32-bit.
+MAX_SEED = 2**32 - 1
+
+
 # Largest --n-workers of `utilisation`: its table bisects the closed form
 # 1,500 times, whose cost grows faster than n^2 (on 2 cores: 4 s at 64
 # workers, about 110 s at 512).
@@ -50,17 +63,19 @@ MAX_UTILISATION_WORKERS = 256
 _MAX_MS = 1e6
 _RATE = (1e-3, False, 1e6)
 FLAG_BOUNDS = {
-    "--local-size": (1, False, None), "--intra-GBps": _RATE,
+    "--local-size": (1, False, MAX_WORKERS), "--intra-GBps": _RATE,
     "--intra-latency-us": (0, False, 1e3 * _MAX_MS), "--nic-Gbps": _RATE,
     "--flow-Gbps": (0, False, 1e6),
     "--inter-latency-us": (0, False, 1e3 * _MAX_MS),
-    "--nics-per-node": (1, False, None), "--nic-efficiency": (0.01, False, 1),
+    "--nics-per-node": (1, False, MAX_WORKERS),
+    "--nic-efficiency": (0.01, False, 1),
     "--forward-ms": (0, False, _MAX_MS),
     "--backward-ms": (0, False, _MAX_MS),
     "--optimizer-ms": (0, False, _MAX_MS), "--compute-cv": (0, False, 10),
-    "--bucket-MiB": (0, True, 1e9), "--devices-per-worker": (1, False, None),
-    "--seed": (0, False, None),
-    "--datacenters": (1, False, None), "--wan-Gbps": _RATE,
+    "--bucket-MiB": (0, True, 1e9),
+    "--devices-per-worker": (1, False, MAX_WORKERS),
+    "--seed": (0, False, MAX_SEED),
+    "--datacenters": (1, False, MAX_WORKERS), "--wan-Gbps": _RATE,
     "--wan-latency-ms": (0, False, _MAX_MS), "--codec-GBps": _RATE,
     "--slow-speed": (1e-3, False, 1), "--mean-downtime": (1, False, 1e6),
 }
@@ -89,9 +104,10 @@ def flag_range(flag: str, command: str = "predict") -> str | None:
   low, strict, high = table[flag]
   if flag == "--flow-Gbps":
     return f"0 or {_RATE[0]:g} to {high:g}"
+  g = lambda x: str(x) if isinstance(x, int) else f"{x:g}"
   if high is None:
-    return f"{'>' if strict else '>='} {low:g}"
-  return f"{'above ' if strict else ''}{low:g} to {high:g}"
+    return f"{'>' if strict else '>='} {g(low)}"
+  return f"{'above ' if strict else ''}{g(low)} to {g(high)}"
 
 
 def _check_bounds(args, table: dict) -> None:
@@ -107,10 +123,11 @@ def _check_bounds(args, table: dict) -> None:
           and (high is None or v <= high))
     if not ok:
       kind = "an integer" if integer else "a finite number"
+      g = lambda x: str(x) if isinstance(x, int) else f"{x:g}"
       if high is None:
-        rule = f"{'>' if strict else '>='} {low:g}"
+        rule = f"{'>' if strict else '>='} {g(low)}"
       else:
-        rule = f"in {'(' if strict else '['}{low:g}, {high:g}]"
+        rule = f"in {'(' if strict else '['}{g(low)}, {g(high)}]"
       raise ValueError(f"{flag} must be {kind} {rule}, got {v!r}.")
 
 

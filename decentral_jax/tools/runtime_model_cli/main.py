@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 
 _HERE = "decentral_jax.tools.runtime_model_cli"
@@ -41,8 +42,9 @@ def main(argv=None, prog: str = parser_lib.PROG) -> int:
     bad input (a flag argparse refuses exits with 2 itself).
   """
   argv = sys.argv[1:] if argv is None else list(argv)
-  args = parser_lib.build_parser(prog).parse_args(argv)
-  args.explicit_flags = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+  parser = parser_lib.build_parser(prog)
+  args = parser.parse_args(argv)
+  args.explicit_flags = flag_types.given_flags(parser, argv, args.command)
   if getattr(args, "steps", 2) < 2:
     print("error: --steps must be >= 2", file=sys.stderr)
     return 2

@@ -26,6 +26,8 @@ fields, and the file (schema in :mod:`.cluster_file`) is what ``predict
 from __future__ import annotations
 
 import datetime
+import math
+import os
 import time
 
 import numpy as np
@@ -116,6 +118,49 @@ def _compute(config, repeats: int) -> tuple[dict, dict]:
   return work, {"forward_samples_s": f_s, "forward_backward_samples_s": fb_s}
 
 
+def host_bytes(devices) -> tuple[float, str]:
+  """Bytes one device of ``devices`` (this process's) can hold for a
+  message, and where the figure comes from.
+
+  On CPU the simulated devices share the host's memory
+  (``SC_PHYS_PAGES``), so each gets its share; on an accelerator, the
+  device's ``bytes_limit`` (its memory, when the backend reports it).
+  Returns ``(inf, "")`` when neither is known.
+  """
+  stats = None
+  try:
+    stats = devices[0].memory_stats()
+  except (AttributeError, NotImplementedError, RuntimeError):
+    pass
+  if stats and stats.get("bytes_limit"):
+    return float(stats["bytes_limit"]), (
+        f"{stats['bytes_limit'] / 1e9:.3g} GB of device memory")
+  try:
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  except (ValueError, OSError, AttributeError):
+    return math.inf, ""
+  return total / len(devices), (
+      f"this host's {total / 1e9:.3g} GB shared by {len(devices)} devices")
+
+
+def check_sizes_fit(sizes_bytes, devices) -> None:
+  """Raises ValueError naming ``--sizes-MB`` unless every size is a finite
+  number of at least 4 bytes and a message and its received copy
+  (2 x the largest size) fit in one device's share of memory
+  (:func:`host_bytes`), before anything is allocated."""
+  if not all(isinstance(s, (int, float)) and math.isfinite(s) and s >= 4
+             for s in sizes_bytes):
+    raise ValueError("--sizes-MB needs finite sizes of >= 4 bytes, got "
+                     f"{[s / 1e6 for s in sizes_bytes]} MB.")
+  limit, source = host_bytes(devices)
+  largest = max(sizes_bytes)
+  if 2 * largest > limit:
+    raise ValueError(
+        f"--sizes-MB {largest / 1e6:g} needs {2 * largest / 1e9:.3g} GB per "
+        f"device (a message and its copy), more than {source}; give sizes "
+        f"of at most {limit / 2e6:.4g} MB.")
+
+
 def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
             repeats: int = 5, config_path: str = "",
             overrides=()) -> dict:
@@ -139,7 +184,9 @@ def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
 
   Raises:
     ValueError: fewer than 2 devices, ``local_size`` not dividing the
-      device count, fewer than 2 sizes or ``repeats < 1``.
+      device count, fewer than 2 sizes, a size that is not finite or that
+      this host's devices cannot hold (:func:`check_sizes_fit`), or
+      ``repeats < 1``.
   """
   import jax  # pylint: disable=import-outside-toplevel
   from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
@@ -147,6 +194,7 @@ def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
   devices = multiprocess.ordered_devices()
   n = len(devices)
   big_l = int(local_size) or multiprocess.host_local_size()
+  check_sizes_fit(list(sizes_bytes), jax.local_devices())
   sizes = sorted({int(s) for s in sizes_bytes})
   if n < 2:
     raise ValueError(f"measure needs >= 2 devices, found {n}; start one "

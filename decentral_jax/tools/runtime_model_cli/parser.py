@@ -13,12 +13,12 @@ runtime_model_cli.inputs.flag_range`) appended. Units are in the flag names
 from __future__ import annotations
 
 import argparse
-import sys
 
 from decentral_jax import layout_modes
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import stragglers
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 
 #: The prog of ``python -m decentral_jax.runtime_model``.
@@ -67,12 +67,7 @@ Examples::
 """
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse with its errors as one ``error:`` line (exit code 2)."""
-
-  def error(self, message):
-    print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
-    sys.exit(2)
+_Parser = flag_types.Parser  # errors as one ``error:`` line, exit code 2
 
 
 # (flag, type, default, help); units are in the flag names.
@@ -262,25 +257,32 @@ _MEASURE_FLAGS = (
     _set_flag("override a config field (repeatable); distributed.* "
                    "joins a multi-process job as the runner does"),
     ("--out", dict(required=True, help="cluster JSON to write")),
-    ("--local-size", dict(type=int, default=0,
+    ("--local-size", dict(type=flag_types.integer(0, inputs.MAX_WORKERS),
+                          default=0,
                           help="devices per node (default 0: the devices of "
-                          "one process)")),
-    ("--sizes-MB", dict(type=inputs.comma_list(float), default=[1.0, 16.0],
-                        help="message sizes of the exchanges, MB (default "
-                        "1,16)")),
-    ("--repeats", dict(type=int, default=5,
-                       help="timed repetitions of each measurement, >= 2 "
-                       "(default 5)")),
+                          f"one process; at most {inputs.MAX_WORKERS})")),
+    ("--sizes-MB", dict(type=flag_types.number_list(flag_types.real(
+        inputs.MIN_MESSAGE_MB, inputs.MAX_MESSAGE_MB, " MB")),
+                        default=[1.0, 16.0],
+                        help="message sizes of the exchanges, MB, each "
+                        f"{inputs.MIN_MESSAGE_MB:g} to "
+                        f"{inputs.MAX_MESSAGE_MB:g} and held by every device "
+                        "of this host (default 1,16)")),
+    ("--repeats", dict(type=flag_types.integer(2, inputs.MAX_REPEATS),
+                       default=5,
+                       help="timed repetitions of each measurement, 2 to "
+                       f"{inputs.MAX_REPEATS} (default 5)")),
 )
 _CALIBRATE_FLAGS = (
     ("--config", dict(required=True, help="config file with get_config(), "
                       "e.g. configs/gpt_tiny.py")),
     _set_flag("override a config field (repeatable), e.g. --set "
                    "n_workers=8"),
-    ("--steps", dict(type=int, default=12,
+    ("--steps", dict(type=flag_types.integer(2, inputs.MAX_REPEATS),
+                     default=12,
                      help="measured rounds; each times every run, the "
-                     "compute-only step and every collective once (default "
-                     "12)")),
+                     "compute-only step and every collective once, 2 to "
+                     f"{inputs.MAX_REPEATS} (default 12)")),
 )
 
 #: ``(name, help, ((group title or None, ((flag, keywords), ...)), ...))``

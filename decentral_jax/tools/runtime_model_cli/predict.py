@@ -21,6 +21,7 @@ from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model import stragglers
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 from decentral_jax.tools.runtime_model_cli import tables
@@ -55,6 +56,8 @@ def run(args) -> int:
   # Every spec is built and priced before anything is printed: a bad one,
   # or a table the arithmetic overflowed, is one error line.
   built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  flag_types.check_needs(NEEDS, inputs.explicit_flags(args),
+                         _Setting(args, setups, built))
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
     print(inputs.describe_cluster_file(args.cluster, measured))
@@ -72,6 +75,92 @@ def run(args) -> int:
   if args.png:
     tables.write_chart([(args.preset or "predicted", groups)], args.png)
   return 0
+
+
+class _Setting:
+  """What :data:`NEEDS` looks at: the flags, the clusters and workloads at
+  every worker count (preset, file or flags) and the methods built."""
+
+  def __init__(self, args, setups, built):
+    self.args = args
+    self.clusters = [(n, c) for n, c, _ in setups]
+    self.workloads = [w for _, _, w in setups]
+    self.methods = [m for made in built for _, m, _ in made]
+
+  def several_nodes(self) -> bool:
+    return any(n > c.local_size for n, c in self.clusters)
+
+  def quorum_method(self) -> bool:
+    return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
+
+
+_ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
+             "workers per node)")
+_INTER_NODE = ("--nic-Gbps", "--nics-per-node", "--nic-efficiency",
+               "--flow-Gbps", "--inter-latency-us", "--multi-node",
+               "--half-duplex")
+_NO_FAILURES = "without --failure-rate above 0"
+
+#: ``predict``'s flags that have an effect only with others (checked once
+#: the cluster, workload and methods are built, so a preset's or a cluster
+#: file's fields count): each given where it has none is refused.
+NEEDS = (
+    flag_types.Needs(
+        "--slow-speed", lambda s: s.args.slow_fraction > 0,
+        "without --slow-fraction above 0", "add --slow-fraction F (the share "
+        "of slow workers) or drop --slow-speed"),
+    flag_types.Needs(
+        "--slow-fraction",
+        lambda s: s.args.slow_fraction == 0 or s.args.slow_speed < 1,
+        "with --slow-speed 1 (the slow workers run at full speed)",
+        "give --slow-speed below 1 or drop --slow-fraction"),
+    flag_types.Needs(
+        "--mean-downtime", lambda s: s.args.failure_rate > 0, _NO_FAILURES,
+        "add --failure-rate P or drop --mean-downtime"),
+    flag_types.Needs(
+        "--on-failure", lambda s: s.args.failure_rate > 0, _NO_FAILURES,
+        "add --failure-rate P or drop --on-failure"),
+    flag_types.Needs(
+        "--on-failure", _Setting.quorum_method, "without a method that "
+        "syncs by a quorum in --methods (diloco, local_sgd and the other "
+        "local-update methods over an exact all-reduce)", "add one, e.g. "
+        "diloco:H=10, or drop --on-failure"),
+    *(flag_types.Needs(
+        flag, lambda s: any(c.datacenters > 1 for _, c in s.clusters),
+        "without --datacenters above 1 (this cluster is one datacenter)",
+        f"add --datacenters 2 (or a cross_region --preset) or drop {flag}")
+      for flag in ("--wan-Gbps", "--wan-latency-ms")),
+    *(flag_types.Needs(flag, _Setting.several_nodes, _ONE_NODE,
+                       f"add workers beyond one node or drop {flag}")
+      for flag in _INTER_NODE),
+    flag_types.Needs(
+        "--worker-layout",
+        lambda s: any(w.devices_per_worker > 1 for w in s.workloads),
+        "without --devices-per-worker above 1", "add --devices-per-worker "
+        "D or drop --worker-layout"),
+    flag_types.Needs(
+        "--compute-cv",
+        lambda s: all(w.compute_samples_s is None for w in s.workloads),
+        "with --compute-samples-ms (the samples give the spread)",
+        "drop one of them"),
+    flag_types.Needs(
+        "--codec-GBps",
+        lambda s: any(m.compress is not None for m in s.methods),
+        "without a compressed method in --methods", "add one, e.g. "
+        "dadam:topology=static_ring,compress=int8, or drop --codec-GBps"),
+    flag_types.Needs(
+        "--gossip-in-flight",
+        lambda s: any(m.kind == "gossip" and m.overlap for m in s.methods),
+        "without a gossip method that overlaps its step in --methods "
+        "(one_peer_exp, aer, dadam:..., gradient_tracking:...; not sgp, "
+        "which blocks, or the local-update methods)", "add one or drop "
+        "--gossip-in-flight"),
+    flag_types.Needs(
+        "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
+        "without compute that varies (--compute-cv above 0 or "
+        "--compute-samples-ms; the seed draws the compute times)",
+        "add one or drop --seed"),
+)
 
 
 def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):

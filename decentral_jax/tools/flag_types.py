@@ -1,0 +1,209 @@
+"""Flag types and flag rules shared by the command lines.
+
+Every numeric flag of a command is read by a type of this module: a
+bounded, finite integer (:func:`integer`), real number (:func:`real`) or
+comma-separated list of them (:func:`number_list`). A value it cannot use
+(NaN, inf, a negative count, a count the program cannot hold) is refused
+while the flags are parsed, before any work starts, in one line that
+argparse prefixes with the flag (``error: argument --repeats: must be an
+integer in [2, 1000], got '99999999999'``).
+
+A flag that has a meaning only together with another one is a row of a
+command's dependency table, :class:`Needs`; :func:`check_needs` checks the
+table once after parsing and refuses a flag given where it has no effect
+(``--slow-speed has no effect without --slow-fraction above 0; ...``), as
+the runner refuses the equivalent config fields
+(:mod:`decentral_jax.runner.field_rules`). :func:`given_flags` tells which
+flags the command line gave (abbreviations resolved as argparse does).
+
+:class:`Parser` is argparse with its errors as one ``error:`` line and exit
+code 2. No JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import sys
+from typing import Any, Callable, Iterable
+
+#: Largest int32: step counters, periods and counts are int32 on device.
+INT32_MAX = 2**31 - 1
+#: Most entries of a comma-separated numeric flag.
+MAX_LIST = 64
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse with its errors as one ``error:`` line (exit code 2)."""
+
+  def error(self, message):
+    print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+    sys.exit(2)
+
+
+def _range_words(lo, hi, open_lo: bool) -> str:
+  return f"in {'(' if open_lo else '['}{lo:g}, {hi:g}]"
+
+
+def integer(lo: int, hi: int, unit: str = ""):
+  """An argparse ``type``: a whole number in ``[lo, hi]``.
+
+  ``"1e3"`` (a whole float in a count's usual spelling) reads as 1000;
+  ``"2.5"``, ``"nan"``, ``"inf"`` and values out of range are refused.
+  ``unit`` ends the message (e.g. ``" (steps)"``).
+
+  Raises:
+    argparse.ArgumentTypeError: ``must be an integer in [lo, hi], got 'x'``.
+  """
+  def parse(text: str) -> int:
+    value = _whole(text)
+    if value is None or not lo <= value <= hi:
+      raise argparse.ArgumentTypeError(
+          f"must be an integer in [{lo}, {hi}]{unit}, got {text!r}")
+    return value
+  parse.bounds, parse.kind, parse.unit = (lo, hi, False), "integer", unit
+  return parse
+
+
+def _whole(text: str) -> int | None:
+  """``text`` as an int (``"16"``, ``"1e3"``), or None."""
+  try:
+    return int(text.strip())
+  except ValueError:
+    pass
+  try:
+    x = float(text)
+  except ValueError:
+    return None
+  if not math.isfinite(x) or x != math.floor(x) or abs(x) > 2.0**63:
+    return None
+  return int(x)
+
+
+def real(lo: float, hi: float, unit: str = "", *, open_lo: bool = False):
+  """An argparse ``type``: a finite number in ``[lo, hi]`` (``(lo, hi]``
+  with ``open_lo``).
+
+  Raises:
+    argparse.ArgumentTypeError: ``must be a finite number in [lo, hi],
+      got 'x'``.
+  """
+  def parse(text: str) -> float:
+    try:
+      value = float(text)
+    except ValueError:
+      value = math.nan
+    ok = math.isfinite(value) and (value > lo if open_lo else value >= lo) \
+        and value <= hi
+    if not ok:
+      raise argparse.ArgumentTypeError(
+          f"must be a finite number {_range_words(lo, hi, open_lo)}{unit}, "
+          f"got {text!r}")
+    return value
+  parse.bounds, parse.kind, parse.unit = (lo, hi, open_lo), "real", unit
+  return parse
+
+
+def number_list(item, *, max_items: int = MAX_LIST):
+  """An argparse ``type``: comma-separated values of ``item``
+  (:func:`integer` or :func:`real`), at most ``max_items`` of them.
+
+  Raises:
+    argparse.ArgumentTypeError: an empty entry (a stray comma), too many
+      entries, or an entry ``item`` refuses (named by its position).
+  """
+  lo, hi, open_lo = item.bounds
+  unit = getattr(item, "unit", "")
+
+  def parse(text: str) -> list:
+    parts = [t.strip() for t in text.split(",")]
+    if "" in parts:
+      raise argparse.ArgumentTypeError(
+          f"{text!r}: entry {parts.index('') + 1} is empty; separate the "
+          "values by single commas, e.g. 1,16")
+    if len(parts) > max_items:
+      raise argparse.ArgumentTypeError(
+          f"at most {max_items} comma-separated values, got {len(parts)}")
+    out = []
+    for k, part in enumerate(parts):
+      try:
+        out.append(item(part))
+      except argparse.ArgumentTypeError:
+        what = "an integer" if item.kind == "integer" else "a finite number"
+        raise argparse.ArgumentTypeError(
+            f"entry {k + 1} of {text!r} must be {what} "
+            f"{_range_words(lo, hi, open_lo)}{unit}, got {part!r}") from None
+    return out
+  parse.bounds, parse.kind, parse.unit = item.bounds, item.kind, unit
+  return parse
+
+
+def is_numeric_type(typ: Any) -> bool:
+  """Whether ``typ`` is a type of this module (it carries ``bounds``)."""
+  return hasattr(typ, "bounds")
+
+
+def _long_options(parser: argparse.ArgumentParser,
+                  command: str | None) -> list[str]:
+  """``parser``'s long flags, with those of its subcommand ``command``."""
+  out = set()
+  for action in parser._actions:  # pylint: disable=protected-access
+    out |= {s for s in action.option_strings if s.startswith("--")}
+    subs = getattr(action, "choices", None)
+    if command is not None and isinstance(subs, dict) and command in subs:
+      out |= set(_long_options(subs[command], None))
+  return sorted(out)
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Iterable[str],
+                command: str | None = None) -> set:
+  """The long flags ``argv`` gives, as ``parser`` (and its subcommand
+  ``command``, if any) spells them: ``--x`` and ``--x=v``, and a unique
+  prefix of a flag (argparse's abbreviations) resolved to the flag.
+  Nothing after ``--`` counts."""
+  options = _long_options(parser, command)
+  out = set()
+  for token in argv:
+    if token == "--":
+      break
+    if not token.startswith("--"):
+      continue
+    name = token.split("=", 1)[0]
+    if name in options:
+      out.add(name)
+      continue
+    matches = [o for o in options if o.startswith(name)]
+    if len(matches) == 1:
+      out.add(matches[0])
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+  """One row of a dependency table: ``flag`` has an effect only when
+  ``holds(context)`` is true.
+
+  The refusal reads ``f"{flag} has no effect {unless}; {fix}."``, e.g.
+  ``unless="without --slow-fraction above 0"``, ``fix="add --slow-fraction
+  F or drop --slow-speed"``.
+  """
+  flag: str
+  holds: Callable[[Any], bool]
+  unless: str
+  fix: str
+
+  def message(self) -> str:
+    return f"{self.flag} has no effect {self.unless}; {self.fix}."
+
+
+def check_needs(table: Iterable[Needs], given: set, context: Any) -> None:
+  """Refuses the first flag of ``table`` that was given (``given``, e.g.
+  :func:`given_flags`) while its condition does not hold in ``context``.
+
+  Raises:
+    ValueError: :meth:`Needs.message` of that row (one line).
+  """
+  for row in table:
+    if row.flag in given and not row.holds(context):
+      raise ValueError(row.message())

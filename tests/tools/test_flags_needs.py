@@ -1,0 +1,272 @@
+"""A flag that has an effect only with another is refused without it.
+
+Table-driven over every command's dependency table: each row has a
+command line where the flag is refused (exit 2, one ``error: --x has no
+effect ...`` line) and one where it is accepted. For ``predict`` the test
+also shows the rule is true, from the tables themselves: with the checks
+switched off, the refused flag leaves every number ``predict`` prints
+unchanged, and in the accepted setting the same flag changes them.
+"""
+
+import contextlib
+import importlib.util
+import io
+import os
+import re
+import sys
+
+import pytest
+
+from decentral_jax.tools import flag_types
+from decentral_jax.tools import overlap
+from decentral_jax.tools.compare import flags as compare_flags
+from decentral_jax.tools.compare import pricing
+from decentral_jax.tools.runtime_model_cli import main as runtime_main
+from decentral_jax.tools.runtime_model_cli import predict
+
+from helpers import ROOT
+
+_AR_DILOCO = "all_reduce,diloco:H=10"
+_COMPRESSED = "all_reduce,dadam:topology=static_ring,compress=int8"
+_ONE_NODE, _TWO_NODES = ["--preset", "h100_node"], ["--n-workers", "16"]
+# (flag and value, a setting where it has no effect, one where it has one)
+PREDICT_CASES = [
+    (["--slow-speed", "0.3"], ["--preset", "A40"],
+     ["--preset", "A40", "--slow-fraction", "0.25"]),
+    (["--slow-fraction", "0.25"], ["--preset", "A40", "--slow-speed", "1"],
+     ["--preset", "A40", "--slow-speed", "0.5"]),
+    (["--mean-downtime", "5"], ["--preset", "A40"],
+     ["--preset", "A40", "--failure-rate", "0.01"]),
+    (["--on-failure", "rollback"], ["--preset", "A40", "--methods",
+                                    _AR_DILOCO],
+     ["--preset", "A40", "--methods", _AR_DILOCO, "--failure-rate", "0.01"]),
+    (["--on-failure", "rollback"],
+     ["--preset", "A40", "--failure-rate", "0.01", "--methods",
+      "all_reduce,aer,local_dsgd:H=4,topology=aer"],
+     ["--preset", "A40", "--failure-rate", "0.01", "--methods", _AR_DILOCO]),
+    (["--wan-Gbps", "1"], ["--preset", "A40"],
+     ["--preset", "cross_region_2dc"]),
+    (["--wan-latency-ms", "100"], ["--n-workers", "16"],
+     ["--n-workers", "16", "--datacenters", "2"]),
+    (["--nic-Gbps", "1"], _ONE_NODE, _TWO_NODES),
+    (["--nics-per-node", "4"], _ONE_NODE, _TWO_NODES),
+    (["--nic-efficiency", "0.1"], _ONE_NODE, _TWO_NODES),
+    (["--flow-Gbps", "1"], _ONE_NODE, _TWO_NODES),
+    (["--inter-latency-us", "1e5"], _ONE_NODE, _TWO_NODES),
+    (["--multi-node", "ring"], _ONE_NODE,
+     _TWO_NODES + ["--n-workers", "32", "--local-size", "4"]),
+    (["--half-duplex"], _ONE_NODE, _TWO_NODES),
+    (["--worker-layout", "data"], ["--n-workers", "16"],
+     ["--n-workers", "16", "--devices-per-worker", "2"]),
+    (["--compute-cv", "0.1"],
+     ["--n-workers", "16", "--compute-samples-ms", "80,100"],
+     ["--n-workers", "16"]),
+    (["--codec-GBps", "1"], ["--n-workers", "16", "--methods", "all_reduce"],
+     ["--n-workers", "16", "--methods", _COMPRESSED]),
+    (["--gossip-in-flight", "0"],
+     ["--n-workers", "16", "--methods", "all_reduce,sgp,diloco:H=10"],
+     ["--n-workers", "16", "--methods", "all_reduce,aer"]),
+    (["--seed", "7"], ["--n-workers", "16"],
+     ["--n-workers", "16", "--compute-cv", "0.2"]),
+]
+
+
+def _predict(argv, checked=True):
+  """``(exit code, printed numbers, stderr)``; the numbers are stdout but
+  the workload and methods lines and the faults line's on_failure (which
+  repeat the flags given)."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      code = runtime_main.main(["predict", "--steps", "40", *argv])
+    except SystemExit as e:
+      code = e.code
+  numbers = [re.sub(r"on_failure=\w+", "", line)
+             for line in out.getvalue().splitlines()
+             if not line.startswith(("workload:", "methods:"))]
+  return code, numbers, err.getvalue()
+
+
+def test_every_predict_row_has_a_case():
+  rows = {(r.flag, r.unless) for r in predict.NEEDS}
+  hit = set()
+  for flag_args, refused, _ in PREDICT_CASES:
+    _, _, err = _predict(refused + flag_args)
+    hit |= {(r.flag, r.unless) for r in predict.NEEDS
+            if f"error: {r.message()}" in err}
+  assert hit == rows, rows - hit
+
+
+@pytest.mark.parametrize("flag_args, refused, accepted", PREDICT_CASES,
+                         ids=[" ".join(c[0]) + f" {k}"
+                              for k, c in enumerate(PREDICT_CASES)])
+def test_predict_flag_refused_where_it_has_no_effect(
+    flag_args, refused, accepted, monkeypatch):
+  flag = flag_args[0]
+  code, _, err = _predict(refused + flag_args)
+  assert code == 2, err
+  lines = [x for x in err.splitlines() if "error:" in x]
+  assert len(lines) == 1 and lines[0].startswith(
+      f"error: {flag} has no effect "), err
+  code, with_flag, err = _predict(accepted + flag_args)
+  assert code == 0, err
+  # The rule is true: with the checks off, the flag changes nothing where
+  # it is refused and changes the numbers where it is accepted.
+  monkeypatch.setattr(predict, "NEEDS", ())
+  code, alone, _ = _predict(refused)
+  assert code == 0
+  assert _predict(refused + flag_args)[1] == alone
+  assert _predict(accepted)[1] != with_flag
+
+
+def test_the_issue_cases_one_line_each():
+  for argv, says in (
+      (["--preset", "A40", "--slow-speed", "0.3"],
+       "error: --slow-speed has no effect without --slow-fraction above 0; "
+       "add --slow-fraction F (the share of slow workers) or drop "
+       "--slow-speed."),
+      (["--preset", "A40", "--mean-downtime", "5"],
+       "error: --mean-downtime has no effect without --failure-rate above 0"),
+      (["--preset", "A40", "--on-failure", "rollback"],
+       "error: --on-failure has no effect without --failure-rate above 0"),
+      (["--preset", "A40", "--slow-fraction", "0.25", "--slow-speed", "1"],
+       "error: --slow-fraction has no effect with --slow-speed 1"),
+      (["--preset", "A40", "--wan-Gbps", "5"],
+       "error: --wan-Gbps has no effect without --datacenters above 1"),
+      (["--preset", "A40", "--wan-latency-ms", "5"],
+       "error: --wan-latency-ms has no effect without --datacenters above 1"),
+      # An abbreviation is the flag it stands for.
+      (["--preset", "A40", "--slow-sp", "0.3"],
+       "error: --slow-speed has no effect")):
+    code, _, err = _predict(argv)
+    assert code == 2 and says in err, err
+
+
+def _compare_needs(argv, clusters):
+  compare_flags.parse(argv)
+  compare_flags.check_needs(clusters)
+
+
+@pytest.mark.parametrize("argv, clusters, says", [
+    (["--clusters=", "--workload=1b"], (),
+     "--workload has no effect without --clusters"),
+    (["--clusters=c.json", "--workload=gpt2_small"],
+     (pricing.PricingCluster("c.json", path="c.json"),),
+     "--workload has no effect when every --clusters entry is a cluster "
+     "file"),
+])
+def test_compare_workload_needs_a_cluster_it_prices(argv, clusters, says):
+  with pytest.raises(ValueError) as e:
+    _compare_needs(argv, clusters)
+  assert str(e.value).startswith(says)
+  # Accepted: a preset to price, a workload file for cluster files, or
+  # --workload not given.
+  _compare_needs(["--workload=1b"], (pricing.PricingCluster("A40", "A40"),))
+  _compare_needs(["--workload=w.json"],
+                 (pricing.PricingCluster("c.json", path="c.json"),))
+  _compare_needs(["--clusters="], ())
+
+
+def test_compare_clusters_empty_with_workload_exits_2(tmp_path, capsys):
+  from decentral_jax.tools import compare
+  code = compare.main([f"--outdir={tmp_path}", "--clusters=",
+                       "--workload=1b"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert "error: --workload has no effect without --clusters" in err, err
+
+
+def _gpu_check():
+  name = "gpu_check_flags_needs"
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "benchmarks", "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]
+
+
+_DEVICELESS = ["--deviceless", "h200"]
+GPU_CHECK_CASES = [
+    (["--topology", "1x1x8"], [], _DEVICELESS, "without --deviceless"),
+    (["--quiet"], [], _DEVICELESS, "without --deviceless"),
+    (["--part", "timing"], _DEVICELESS, [], "with --deviceless"),
+    (["--smoke"], _DEVICELESS, [], "with --deviceless"),
+    (["--smoke"], ["--part", "schedule"], ["--part", "timing"],
+     "without --part timing (or all)"),
+    (["--child_timeout", "10"], ["--part", "timing"], ["--part", "schedule"],
+     "without --part schedule (or all)"),
+    (["--warm_steps", "2"], ["--part", "schedule"],
+     ["--part", "gossip_timing"], "without --part gossip_timing (or all)"),
+    (["--programs", "none"], ["--part", "timing"], ["--part", "schedule"],
+     "without --part schedule (or all) or --deviceless"),
+    (["--set", "n_workers=4"], ["--part", "timing"],
+     ["--part", "gossip_timing"],
+     "without --part schedule or gossip_timing (or all) or --deviceless"),
+    (["--gemm_efficiency", "0.4"], _DEVICELESS, _DEVICELESS + ["--roofline"],
+     "without --roofline"),
+    (["--memory_efficiency", "0.4"], [], ["--roofline"], "without --roofline"),
+]
+
+
+@pytest.mark.parametrize("flag_args, refused, accepted, says",
+                         GPU_CHECK_CASES)
+def test_gpu_check_flag_refused_where_nothing_reads_it(
+    flag_args, refused, accepted, says, capsys):
+  gpu_check = _gpu_check()
+  with pytest.raises(SystemExit) as e:
+    gpu_check.parse_args(refused + flag_args)
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert f"error: {flag_args[0]} has no effect {says}" in err, err
+  gpu_check.parse_args(accepted + flag_args)
+
+
+def test_gpu_check_timing_on_a_cpu_without_smoke_is_refused_first(capsys):
+  # GPT-2 small at a GPU's batch does not fit a CPU host (about 100 GB):
+  # refused before anything is built, naming the flag that fixes it.
+  import jax
+  assert jax.default_backend() == "cpu"
+  for argv in (["--part", "timing"], []):
+    with pytest.raises(SystemExit) as e:
+      _gpu_check().main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "add --smoke" in err, err
+
+
+def test_gpu_check_reader_table_names_real_flags():
+  gpu_check = _gpu_check()
+  flags = flag_types.given_flags(gpu_check._parser(), [  # pylint: disable=protected-access
+      f for f in gpu_check.FLAG_READERS])
+  assert flags == set(gpu_check.FLAG_READERS)
+
+
+def _overlap_needs(argv):
+  ap = overlap.build_parser("overlap")
+  overlap.check_needs(ap.parse_args(argv), flag_types.given_flags(ap, argv))
+
+
+@pytest.mark.parametrize("flag_args, refused, accepted, says", [
+    (["--gpus_per_node", "8"], [], ["--network_gbps", "100"],
+     "without --network_gbps above 0"),
+    (["--profile", "p.txt"], [], ["--timeline"], "without --timeline"),
+    (["--fixture_cases", "aer"], [], ["--fixtures", "fx"],
+     "without --fixtures"),
+    (["--data_dir", "d"], ["--cases", "aer"], ["--cases", "gpt2_small"],
+     "without a gpt2_small case in --cases"),
+    (["--cases", "aer"], ["--render", "a.jsonl"], [], "with --render"),
+])
+def test_overlap_flag_refused_where_nothing_reads_it(
+    flag_args, refused, accepted, says):
+  with pytest.raises(ValueError) as e:
+    _overlap_needs(refused + flag_args)
+  assert str(e.value).startswith(f"{flag_args[0]} has no effect {says}")
+  _overlap_needs(accepted + flag_args)
+
+
+def test_overlap_refusal_is_one_line_exit_2(capsys):
+  assert overlap.main(["--profile", "p.txt"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("error:") == 1 and "--profile has no effect" in err
