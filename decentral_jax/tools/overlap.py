@@ -54,11 +54,8 @@ import sys
 import time
 import types
 
-<<<<<<< HEAD
 from decentral_jax import records
-=======
 from decentral_jax.tools import flag_types
->>>>>>> flags
 
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
