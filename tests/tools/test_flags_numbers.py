@@ -355,3 +355,15 @@ def test_measure_sizes_must_fit_what_a_device_holds():
   for bad in (float("nan"), float("inf"), 3):
     with pytest.raises(ValueError, match="^--sizes-MB needs finite sizes"):
       measure.check_sizes_fit([1e6, bad], cpu)
+
+
+def test_learners_numeric_flags_refuse_unusable_values():
+  from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
+  flags = _numeric_flags(learners.parser("learners"))
+  assert {"--learners", "--periods", "--grace", "--fragments",
+          "--merge-alpha", "--delay-buffer"} <= set(flags)
+  for flag in flags:
+    for value in BAD:
+      code, err = _run(learners.main, [f"{flag}={value}"], "learners")
+      assert code == 2, (flag, value, err)
+      _one_error_naming(err, flag)

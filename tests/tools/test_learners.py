@@ -198,20 +198,28 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
 
 
 @pytest.mark.parametrize("flags,words", [
-    (("--inner-lr", "nan"), "--inner-lr=nan must be a finite number > 0"),
-    (("--kill-every", "-1"), "--kill-every=-1 must be a finite number >= 0"),
-    (("--connect-timeout", "-5"), "--connect-timeout=-5.0 must be a finite"),
-    (("--grace", "inf"), "--grace=inf must be a finite number >= 0"),
-    (("--quorum", "0"), "--quorum=0 must be >= 1"),
+    (("--inner-lr", "nan"), "argument --inner-lr: must be a finite number "
+     "in (0, 1000], got 'nan'"),
+    (("--kill-every", "-1"), "argument --kill-every: must be an integer in "
+     "[0, 2147483647], got '-1'"),
+    (("--connect-timeout", "-5"), "argument --connect-timeout: must be a "
+     "finite number in (0, 86400] s, got '-5'"),
+    (("--grace", "inf"), "argument --grace: must be a finite number in "
+     "[0, 86400] s, got 'inf'"),
+    (("--quorum", "0"), "argument --quorum: must be an integer in [1, 1024]"),
+    (("--learners", "99999999999999999999"), "argument --learners: must be "
+     "an integer in [1, 1024]"),
+    (("--periods", "1e30"), "argument --periods: must be an integer"),
     (("--sleep", "a,b"), "--sleep='a,b' must be comma-separated seconds"),
     (("--sleep", "0,0"), "--sleep has 2 values for --learners=4"),
     (("--sleep", "0,0,-1,0"), "each value must be a finite number of "
      "seconds >= 0"),
     (("--delay-buffer", "3"), "RunSpec.delay_buffer=3 needs outer="),
     (("--outer", "delayed_nesterov", "--delay-buffer", "0"),
-     "RunSpec.delay_buffer must be an int >= 1"),
+     "argument --delay-buffer: must be an integer in [1, 1000000], got '0'"),
     (("--fragments", "2", "--overlap-steps", "4"), "RunSpec.overlap_steps=4"),
-    (("--merge-alpha", "-0.5"), "RunSpec.merge_alpha must be a number")])
+    (("--merge-alpha", "-0.5"), "argument --merge-alpha: must be a finite "
+     "number in [0, 1], got '-0.5'")])
 def test_the_learners_command_names_a_bad_number_before_ray_starts(
     capsys, flags, words):
   from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel

@@ -82,7 +82,7 @@ def test_a_runner_problem_without_a_config_is_one_line():
     (("--config", CONFIG, "--sync-every", "4"), "set --config.sync_every"),
     (("--config.steps=4",), "--config.steps=4 needs --config"),
     (("--workdir", "/nonexistent"), "--workdir needs --config"),
-    (("--config", CONFIG, "--eval-every", "0"), "--eval-every=0 must be"),
+    (("--config", CONFIG, "--eval-every", "0"), "argument --eval-every: must be an integer in [1, "),
     (("--config", CONFIG), "config.algorithm='decentralized' has no meaning "
      "for learners"),
     (("--config", CONFIG, "--config.nope=1"), "unknown config field 'nope'"),

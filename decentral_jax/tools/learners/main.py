@@ -40,16 +40,29 @@ import sys
 import time
 
 from decentral_jax.runner import config as config_lib
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
+
+# Bounds of the numeric flags (a value outside is refused at parsing).
+_COUNT = flag_types.integer(1, 1024)
+_PERIODS = flag_types.integer(1, flag_types.INT32_MAX)
+_PERIODS_OR_0 = flag_types.integer(0, flag_types.INT32_MAX)
+_STEPS = flag_types.integer(1, 1_000_000)
+_STEPS_OR_0 = flag_types.integer(0, 1_000_000)
+_SECONDS = flag_types.real(0, 86400, " s", open_lo=True)
+_SECONDS_OR_0 = flag_types.real(0, 86400, " s")
+_RUN_SECONDS = flag_types.real(0, 30 * 86400, " s", open_lo=True)
+_LR = flag_types.real(0, 1e3, open_lo=True)
+_FRACTION = flag_types.real(0, 1)
 
 
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
   """The command's flags."""
-  p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-  p.add_argument("--learners", type=int, default=2,
+  p = flag_types.Parser(prog=prog, description=__doc__.split("\n")[0])
+  p.add_argument("--learners", type=_COUNT, default=2,
                  help="number of learners K (= data shards)")
-  p.add_argument("--periods", type=int, default=None,
+  p.add_argument("--periods", type=_PERIODS, default=None,
                  help="merged periods (outer steps) to run (default 10; "
                  "with --config: config.steps // config.sync_every)")
   p.add_argument("--mode", choices=spec_lib.MODES, default="sync")
@@ -59,37 +72,37 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p.add_argument("--workdir", default=None,
                  help="with --config: metrics.jsonl, config.json, "
                  "learners.json and checkpoints (resumed)")
-  p.add_argument("--eval-every", type=int, default=None,
+  p.add_argument("--eval-every", type=_PERIODS, default=None,
                  help="with --workdir: evaluate theta every N merged "
                  "periods (default: config.eval_interval // sync_every)")
   p.add_argument("--problem", default=None,
                  choices=[n for n in problems.NAMES if n != "runner"],
                  help="without --config (default quadratic)")
-  p.add_argument("--sync-every", type=int, default=None,
+  p.add_argument("--sync-every", type=_STEPS, default=None,
                  help="H inner steps (default 8; with --config: "
                  "config.sync_every)")
   p.add_argument("--inner", choices=spec_lib.INNER, default=None,
                  help="without --config (default sgd)")
-  p.add_argument("--inner-lr", type=float, default=None,
+  p.add_argument("--inner-lr", type=_LR, default=None,
                  help="without --config (default 0.1)")
-  p.add_argument("--quorum", type=int, default=None,
+  p.add_argument("--quorum", type=_COUNT, default=None,
                  help="pseudo-gradients needed per merge (default: all K "
                  "in sync mode, 1 in decoupled mode)")
-  p.add_argument("--grace", type=float, default=0.5, help="seconds")
+  p.add_argument("--grace", type=_SECONDS_OR_0, default=0.5, help="seconds")
   p.add_argument("--dynamic-updates", action="store_true",
                  help="H_w = floor(v_w / v_max * H) per learner")
   p.add_argument("--sleep", default="",
                  help="comma-separated seconds per inner step per learner")
   p.add_argument("--address", default=None,
                  help="HOST:PORT of a `ray start --head` node")
-  p.add_argument("--connect-timeout", type=float, default=10.0)
+  p.add_argument("--connect-timeout", type=_SECONDS, default=10.0)
   p.add_argument("--checkpoint-dir", default=None,
                  help="the synchronizer's Orbax checkpoints (resumed)")
-  p.add_argument("--kill-every", type=int, default=0,
+  p.add_argument("--kill-every", type=_PERIODS_OR_0, default=0,
                  help="SIGKILL a learner every N merged periods (0: never)")
-  p.add_argument("--every", type=float, default=1.0,
+  p.add_argument("--every", type=_SECONDS, default=1.0,
                  help="seconds between progress lines")
-  p.add_argument("--timeout", type=float, default=3600.0)
+  p.add_argument("--timeout", type=_RUN_SECONDS, default=3600.0)
   p.add_argument("--json", default=None, help="write the run's log here")
   _outer_flags(p)
   return p
@@ -97,16 +110,16 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def _outer_flags(p: argparse.ArgumentParser) -> None:
   """Streaming DiLoCo fragments, the outer optimizer, the kept state."""
-  p.add_argument("--fragments", type=int, default=1,
+  p.add_argument("--fragments", type=_COUNT, default=1,
                  help="Streaming DiLoCo fragments P (each merged on its own)")
-  p.add_argument("--overlap-steps", type=int, default=0,
+  p.add_argument("--overlap-steps", type=_STEPS_OR_0, default=0,
                  help="Streaming DiLoCo: inner steps between a fragment's "
                  "send and its merge")
-  p.add_argument("--merge-alpha", type=float, default=0.0,
+  p.add_argument("--merge-alpha", type=_FRACTION, default=0.0,
                  help="Streaming DiLoCo: x_p <- alpha x_p + (1-alpha) theta_p")
   p.add_argument("--outer", choices=spec_lib.OUTER, default="nesterov",
                  help="outer optimizer (delayed_nesterov: Async Local-SGD)")
-  p.add_argument("--delay-buffer", type=int, default=None,
+  p.add_argument("--delay-buffer", type=_STEPS, default=None,
                  help="Delayed Nesterov's buffer N: merges per momentum "
                  "step (default 1; only with --outer delayed_nesterov)")
   p.add_argument("--drop-state", action="store_true",
