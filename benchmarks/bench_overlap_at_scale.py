@@ -192,8 +192,11 @@ def row_of(exp, step, case: str) -> dict:
   mem = step.compiled.memory_analysis()
   used = (mem.argument_size_in_bytes + mem.output_size_in_bytes
           - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  crossing = crossing_of(step.compiled.as_text(), d)
-  after = _collectives(step.report, min_bytes, crossing)
+  text = step.compiled.as_text()
+  crossing = crossing_of(text, d)
+  report = step.report if d == 1 else overlap_lib.overlap_report(
+      text, only=lambda nm: crossing.get(nm, True))  # the gossip's FLOPs
+  after = _collectives(report, min_bytes, crossing)
   hidden = {}
   for name, peak in PEAK.items():
     t_us = _round_us(exp, step, layout, name, min_bytes, crossing)
@@ -333,6 +336,10 @@ def table(out: str, hlo_dir: str) -> str:
       a = analyse(row, f.read())
     xla, mem = row["xla_alone"], row["memory"]
     x_fwd, x_bwd = xla["forward_in_flight"], xla["backward_in_flight"]
+    # Workers of several devices: XLA's own schedule is not kept, and its
+    # program-wide fractions count fsdp's collectives too: not shown.
+    x_pass = ("- " if row.get("devices_per_worker", 1) > 1 else
+              f"{100 * x_fwd:.0f} / {100 * x_bwd:.0f} % ")
     limit = ("" if row.get("overlap_limit") is None
              else f" (limit {row['overlap_limit']})")
     fsdp = ("" if not a["inner"][0] else
@@ -342,7 +349,7 @@ def table(out: str, hlo_dir: str) -> str:
         f"| {row['case']} | {row['round']}, {row['consensus']}{limit} | "
         f"{a['gossip']} ({a['bytes'] / 1e6:,.0f} MB){fsdp} | {a['async']} | "
         f"{xla['overlapped']} / {a['overlapped']} | "
-        f"{100 * x_fwd:.0f} / {100 * x_bwd:.0f} % -> "
+        f"{x_pass}-> "
         f"{100 * a['fwd']:.0f} / {100 * a['bwd']:.0f} % | "
         f"{row['xla_busy_ms']:.1f} -> {a['step_ms']:.1f} "
         f"({a['union_ms']:.1f} in flight) "
