@@ -230,7 +230,8 @@ def run_case(case: str, args) -> list[dict]:
       programs=lambda e: programs_of(e, layout, args.everything,
                                      args.programs),
       cluster=cluster_of(cluster[0] if cluster else LAYOUTS[layout][3],
-                         layout), roofline=True)
+                         layout), roofline=True,
+      overlap_limit=args.overlap_limit or "cluster")
   rows = []
   for s in steps:
     row = row_of(exp, s, case)
@@ -387,6 +388,9 @@ def main(argv=None) -> int:
   ap.add_argument("--fixtures", default="")
   ap.add_argument("--programs", default="",
                   help="ROUND:MODE,... instead of the default programs")
+  ap.add_argument("--overlap_limit", type=int, default=0,
+                  help="collectives in flight at once (default: what the "
+                  "profile cluster's links allow, runtime_model.links)")
   ap.add_argument("--everything", action="store_true",
                   help="also the first program with the consensus measurement")
   args = ap.parse_args(argv)
