@@ -10,7 +10,13 @@ every GEMM, fusion and copy at its roofline time on the H100 (50% of the
 bf16 peak, 70% of HBM bandwidth) and every collective at the runtime
 model's link time on the cluster (``h100_node`` one node, ``h100_ib`` two).
 Methods: ``plain`` (the config), ``choco`` (CHOCO-gossip of int8 blocks,
-DAdam), ``bf16`` (``comm_dtype=bfloat16``).
+DAdam), ``bf16`` (``comm_dtype=bfloat16``). Layouts ``fsdp2`` (4 workers
+of 2 devices, one node), ``fsdp4`` and ``fsdp8`` (4 workers of 4, 2
+workers of 8, on 2 nodes): the gossip (collectives across workers) is
+told from fsdp's collectives inside a worker. Each program is compiled at
+the overlap limit the profile cluster's links allow
+(:func:`decentral_jax.runtime_model.links.parallel_collectives`), or at
+``--overlap_limit``.
 
 Per program one JSON line in ``--out``: compile seconds, the compiled
 memory analysis against the H100's 80 GB, the parameter-sized collectives
