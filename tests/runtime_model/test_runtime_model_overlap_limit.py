@@ -97,6 +97,17 @@ def test_a_term_is_one_collective_with_its_send_and_receive():
                                     devices_per_worker=2) == 2
 
 
+def test_one_nic_per_node_serialises_the_gossip_not_nvlink():
+  # One NIC for 8 NVLink GPUs: the 8 flows of pairs i <-> i+8 share it,
+  # and each worker's buckets are serial on it (1); fsdp's collectives are
+  # on NVLink, not on the NIC, so they can still run beside the gossip.
+  c = _nvlink(nics=1)
+  assert c.rails == 1
+  assert links.parallel_collectives(c, _pairs(16, 8)) == 1
+  assert links.parallel_collectives(c, _pairs(16, 8),
+                                    devices_per_worker=8) == 2
+
+
 def test_several_nics_on_a_rail_still_serve_one_flow_at_a_time():
   # Two NICs per GPU (16 per node of 8): one flow already spreads over both
   # (costs.Cluster.inter_flow_Bps), so two buckets still share them.
