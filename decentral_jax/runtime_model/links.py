@@ -145,7 +145,8 @@ def parallel_collectives(c: Cluster, rnd: Round | None, **kw) -> int:
   for every round. ``h100_node`` (NVLink only): 1. ``h100_ib`` one-peer
   round across nodes: 1 (all buckets on the rail's NIC); with fsdp workers
   whose peer is on another node: 2 (fsdp on NVLink beside the gossip on
-  the NIC); an AER group mean over two nodes: 1 (it uses both links).
+  the NIC); AER's group means across two nodes of several members each: 1
+  (they use both links).
 
   Raises:
     ValueError: see :func:`worker_link_classes`.
