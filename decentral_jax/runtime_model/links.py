@@ -95,7 +95,8 @@ def worker_link_classes(c: Cluster, rnd: Round | None, *,
 
   Returns:
     ``n_workers`` lists of non-empty frozensets of ``"intra"`` /
-    ``"nic"``.
+    ``"nic"`` (``"pcie"`` alone with ``intra_link="pcie"``); a worker that
+    sends nothing has an empty list.
 
   Raises:
     ValueError: the round has another number of workers than the cluster;
