@@ -10,7 +10,13 @@ every GEMM, fusion and copy at its roofline time on the H100 (50% of the
 bf16 peak, 70% of HBM bandwidth) and every collective at the runtime
 model's link time on the cluster (``h100_node`` one node, ``h100_ib`` two).
 Methods: ``plain`` (the config), ``choco`` (CHOCO-gossip of int8 blocks,
-DAdam), ``bf16`` (``comm_dtype=bfloat16``).
+DAdam), ``bf16`` (``comm_dtype=bfloat16``). Layouts ``fsdp2`` (4 workers
+of 2 devices, one node), ``fsdp4`` and ``fsdp8`` (4 workers of 4, 2
+workers of 8, on 2 nodes): the gossip (collectives across workers) is
+told from fsdp's collectives inside a worker. Each program is compiled at
+the overlap limit the profile cluster's links allow
+(:func:`decentral_jax.runtime_model.links.parallel_collectives`), or at
+``--overlap_limit``.
 
 Per program one JSON line in ``--out``: compile seconds, the compiled
 memory analysis against the H100's 80 GB, the parameter-sized collectives
@@ -48,9 +54,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from decentral_jax.analysis import accounting  # noqa: E402
+from decentral_jax.analysis import overlap as overlap_lib  # noqa: E402
 from decentral_jax.runner import config as config_lib  # noqa: E402
 from decentral_jax.runner import programs as programs_lib  # noqa: E402
 from decentral_jax.runtime_model import presets  # noqa: E402
+from decentral_jax.runtime_model.costs import Cluster  # noqa: E402
 from decentral_jax.tools import gpu_compile  # noqa: E402
 from decentral_jax.tools import latency_profile  # noqa: E402
 from decentral_jax.tools import overlap as overlap_tool  # noqa: E402
@@ -64,7 +73,13 @@ PEAK = {"A40": 149.7e12, "h100_ib": 989.4e12}
 LAYOUTS = {"node": ("one_peer_exp", 8, "1x1x8", "h100_node"),
            "2nodes": ("alternating_exp_ring", 16, "2x1x8", "h100_ib"),
            # 4 workers of 2 devices each (fsdp) on one node.
-           "fsdp2": ("one_peer_exp", 4, "1x1x8", "h100_node")}
+           "fsdp2": ("one_peer_exp", 4, "1x1x8", "h100_node"),
+           # 2 nodes of 8: 4 workers of 4 devices, 2 workers of 8 (one per
+           # node).
+           "fsdp4": ("one_peer_exp", 4, "2x1x8", "h100_ib"),
+           "fsdp8": ("one_peer_exp", 2, "2x1x8", "h100_ib")}
+#: layout -> devices per worker (fsdp).
+DEVICES = {"fsdp2": 2, "fsdp4": 4, "fsdp8": 8}
 METHODS = {
     "plain": (),
     # CHOCO-gossip needs a static topology: the exponential graph.
@@ -75,13 +90,19 @@ METHODS = {
 
 
 def config(size: str, layout: str, method: str, bins: str):
-  topo, n, _, _ = LAYOUTS[layout]
+  topo, n, gpus, _ = LAYOUTS[layout]
+  d = DEVICES.get(layout, 1)
+  # Only AER (alternating_exp_ring) groups workers into nodes.
+  per_node = 8 // d if topo == "alternating_exp_ring" else 1
+  # 30 sequences per worker; 32 where a worker's devices must split it
+  # evenly (4 and 8 devices).
+  per_worker = 30 if 30 % d == 0 else 32
   over = [f"topology={topo}", f"n_workers={n}",
-          f"workers_per_node={8 if layout == '2nodes' else 1}",
-          f"global_batch={30 * n}", "eval_batches=1", f"data.path={bins}",
-          "gossip_rounds=static", *METHODS[method]]
-  if layout == "fsdp2":
-    over += ["devices_per_worker=2", "worker_layout=fsdp"]
+          f"workers_per_node={per_node}",
+          f"global_batch={per_worker * n}", "eval_batches=1",
+          f"data.path={bins}", "gossip_rounds=static", *METHODS[method]]
+  if d > 1:
+    over += [f"devices_per_worker={d}", "worker_layout=fsdp"]
   return config_lib.load_config(
       os.path.join(_ROOT, "configs", f"gpt2_sizes.py:{size}"), over)
 
@@ -102,20 +123,60 @@ def programs_of(exp, layout: str, everything: bool, spec: str = ""):
   return out
 
 
-def _round_us(exp, step, cluster_name: str, min_bytes: float) -> float:
-  try:
-    cluster = presets.cluster(cluster_name, int(exp.config.n_workers))
-  except ValueError:  # e.g. h100_ib needs 8 workers per node
+def cluster_of(name: str, layout: str):
+  """The cluster whose links price ``layout``'s collectives, or None.
+
+  One device per worker: the preset at the layout's workers. Workers of
+  ``D`` devices (fsdp): each device sends its ``1/D`` shard to the same
+  device of the peer worker over its own links, so the cluster is one
+  device of each worker: ``8 / D`` workers per node with one NIC each
+  (``h100_ib``'s NIC per GPU) and the device's NVLink; None where the
+  preset has no such slice (the Figure 6 presets, e.g. ``A40``: 4 GPUs
+  per node, no H100 workers of 8)."""
+  n, gpus = LAYOUTS[layout][1], LAYOUTS[layout][2]
+  d = DEVICES.get(layout, 1)
+  if d > 1 and presets.CLUSTERS[name].fields is None:
+    return None
+  if d == 1:
+    try:
+      return presets.cluster(name, n)
+    except ValueError:  # e.g. h100_ib needs 8 workers per node
+      return None
+  per_node = min(n, 8 // d) if gpus.startswith("2x") else n
+  fields = dict(presets.CLUSTERS[name].fields, local_size=per_node,
+                nics_per_node=per_node)
+  return Cluster(n_workers=n, **fields)
+
+
+def _round_us(exp, step, layout: str, cluster_name: str, min_bytes: float,
+              crossing) -> float:
+  cluster = cluster_of(cluster_name, layout)
+  if cluster is None:
     return 0.0
   price = latency_profile.cluster_collective_us(exp, cluster)
   return sum(price(c, step.distinct_round)
-             for c in step.report.select(min_bytes) if c.is_async)
+             for c in step.report.select(min_bytes)
+             if c.is_async and crossing.get(c.name, True))
 
 
-def _collectives(report, min_bytes: float) -> dict:
-  big = report.select(min_bytes)
+def crossing_of(text: str, devices_per_worker: int) -> dict:
+  """``{collective name: moves data between workers}`` of a program."""
+  return {c.name: overlap_lib.crosses_workers(c, devices_per_worker)
+          for c in accounting.communication(text).collectives}
+
+
+def _collectives(report, min_bytes: float, crossing=None) -> dict:
+  crossing = crossing or {}
+  every = report.select(min_bytes)
+  big = [c for c in every if crossing.get(c.name, True)]
+  inner = [c for c in every if not crossing.get(c.name, True)]
   fwd, bwd = report.in_flight_fractions()
-  return {"count": len(big), "async": sum(c.is_async for c in big),
+  return {"inner": {"count": len(inner),
+                    "async": sum(c.is_async for c in inner),
+                    "overlapped": sum(c.overlapped for c in inner),
+                    "bytes": sum(c.bytes for c in inner),
+                    "kinds": sorted({c.kind for c in inner})},
+          "count": len(big), "async": sum(c.is_async for c in big),
           "in_conditional": sum(c.in_conditional for c in big),
           "overlapped": sum(c.overlapped for c in big),
           "with_forward": sum(c.forward > 0 for c in big if c.overlapped),
@@ -127,29 +188,37 @@ def _collectives(report, min_bytes: float) -> dict:
 
 
 def row_of(exp, step, case: str) -> dict:
+  layout = case.split(":")[1]
+  d = DEVICES.get(layout, 1)
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(
       exp.abstract_inputs()[0].params)) // int(exp.config.n_workers)
+  # 1/64 of the parameter bytes one device sends (a 1/D shard with fsdp).
   min_bytes = 4 * n_params / 64 / (2 if "bf16" in case else 1) / (
-      4 if "choco" in case else 1)
+      4 if "choco" in case else 1) / d
   mem = step.compiled.memory_analysis()
   used = (mem.argument_size_in_bytes + mem.output_size_in_bytes
           - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-  after = _collectives(step.report, min_bytes)
+  text = step.compiled.as_text()
+  crossing = crossing_of(text, d)
+  report = step.report if d == 1 else overlap_lib.overlap_report(
+      text, only=lambda nm: crossing.get(nm, True))  # the gossip's FLOPs
+  after = _collectives(report, min_bytes, crossing)
   hidden = {}
   for name, peak in PEAK.items():
-    t_us = _round_us(exp, step, name, min_bytes)
+    t_us = _round_us(exp, step, layout, name, min_bytes, crossing)
     hidden[name] = {"round_ms": t_us / 1e3, "mfu_hidden": (
         after["flops_in_flight"] / (peak * t_us * 1e-6) if t_us else None)}
   table = step.class_table()
   return {"case": case, "round": step.distinct_round,
           "consensus": step.consensus, "n_params": n_params,
+          "devices_per_worker": d, "overlap_limit": step.overlap_limit,
           "compile_s": step.compile_s,
           "memory": {"argument": mem.argument_size_in_bytes,
                      "output": mem.output_size_in_bytes,
                      "alias": mem.alias_size_in_bytes,
                      "temp": mem.temp_size_in_bytes, "used": used,
                      "hbm": HBM_BYTES, "fits": used <= HBM_BYTES},
-          "xla_alone": _collectives(step.unprofiled, min_bytes),
+          "xla_alone": _collectives(step.unprofiled, min_bytes, crossing),
           "roofline": after, "hidden": hidden,
           "xla_busy_ms": step.xla_compute_us / 1e3,
           "profiled_busy_ms": step.profiled_busy_us / 1e3,
@@ -166,7 +235,9 @@ def run_case(case: str, args) -> list[dict]:
       compiler_options=dict(programs_lib.GPU_COMPILER_OPTIONS),
       programs=lambda e: programs_of(e, layout, args.everything,
                                      args.programs),
-      cluster=cluster[0] if cluster else LAYOUTS[layout][3], roofline=True)
+      cluster=cluster_of(cluster[0] if cluster else LAYOUTS[layout][3],
+                         layout), roofline=True,
+      overlap_limit=args.overlap_limit or "cluster")
   rows = []
   for s in steps:
     row = row_of(exp, s, case)
@@ -198,9 +269,16 @@ def analyse(row: dict, text: str) -> dict:
   rnd = topology_lib.make(topo, n, 8 if layout == "2nodes" else 1
                           ).distinct_rounds[row["round"] or 0]
   compressed = method == "choco"
-  rep = overlap.overlap_report(text)
-  gossip = [c for c in rep.select(per_param * row["n_params"] / 64)
-            if not c.in_conditional]
+  d = DEVICES.get(layout, 1)
+  # Workers of several devices: the gossip crosses workers, fsdp's
+  # collectives stay inside one (crosses_workers); FLOPs in flight count
+  # while a gossip collective is.
+  cross = crossing_of(text, d) if d > 1 else {}
+  rep = overlap.overlap_report(text, only=lambda nm: cross.get(nm, True))
+  big = [c for c in rep.select(per_param * row["n_params"] / 64 / d)
+         if not c.in_conditional]
+  gossip = [c for c in big if cross.get(c.name, True)]
+  inner = [c for c in big if not cross.get(c.name, True)]
   rl = gpu_compile.target_roofline(TARGET)
   costs = roofline.instruction_costs(text, rl)
   windows, union = roofline.in_flight_us(text, {c.name: c.us for c in costs})
@@ -209,7 +287,8 @@ def analyse(row: dict, text: str) -> dict:
   # The consensus distance's All-Reduce: named so, or any All-Reduce of a
   # round sent by permutes.
   # The round's time: every collective outside conditionals, any size.
-  every = [c for c in rep.collectives if not c.in_conditional]
+  every = [c for c in rep.collectives
+           if not c.in_conditional and cross.get(c.name, True)]
   diag = sum(c.bytes for c in every if _is_diag(c, rnd, compressed))
   nbytes = sum(c.bytes for c in every) - diag
   fwd, bwd = rep.in_flight_fractions()
@@ -219,12 +298,15 @@ def analyse(row: dict, text: str) -> dict:
          "fwd": fwd, "bwd": bwd, "bytes": nbytes,
          "window_ms": [windows.get(c.name, 0.0) / 1e3 for c in gossip],
          "union_ms": union / 1e3, "step_ms": step_us / 1e3,
+         "inner": [len(inner), sum(c.is_async for c in inner),
+                   sum(c.overlapped for c in inner)],
          "mfu_rl": rep.total_flops / (rl.peak_flops * step_us * 1e-6)}
   for name, peak in PEAK.items():
-    try:
-      cluster = presets.cluster(name, n)
-    except ValueError:  # e.g. h100_ib needs 8 workers per node
-      cluster = presets.cluster("h100_node", n)
+    cluster = cluster_of(name, layout) or (
+        None if d > 1 else presets.cluster("h100_node", n))
+    if cluster is None:  # no such cluster slice (fsdp on A40 nodes)
+      out[name], out[name + "_covered"] = None, None
+      continue
     cost = round_cost(cluster, rnd, permutes=compressed)
     t = float(np.max(cost.time(nbytes / terms)))
     if diag:  # the consensus distance's All-Reduce, after the round
@@ -261,22 +343,36 @@ def table(out: str, hlo_dir: str) -> str:
       a = analyse(row, f.read())
     xla, mem = row["xla_alone"], row["memory"]
     x_fwd, x_bwd = xla["forward_in_flight"], xla["backward_in_flight"]
+    # Workers of several devices: XLA's own schedule is not kept, and its
+    # program-wide fractions count fsdp's collectives too: not shown.
+    x_pass = ("- " if row.get("devices_per_worker", 1) > 1 else
+              f"{100 * x_fwd:.0f} / {100 * x_bwd:.0f} % ")
+    limit = ("" if row.get("overlap_limit") is None
+             else f" (limit {row['overlap_limit']})")
+    fsdp = ("" if not a["inner"][0] else
+            f"; fsdp {a['inner'][0]}: {a['inner'][1]} async, "
+            f"{a['inner'][2]} overlapped")
     lines.append(
-        f"| {row['case']} | {row['round']}, {row['consensus']} | "
-        f"{a['gossip']} ({a['bytes'] / 1e6:,.0f} MB) | {a['async']} | "
+        f"| {row['case']} | {row['round']}, {row['consensus']}{limit} | "
+        f"{a['gossip']} ({a['bytes'] / 1e6:,.0f} MB){fsdp} | {a['async']} | "
         f"{xla['overlapped']} / {a['overlapped']} | "
-        f"{100 * x_fwd:.0f} / {100 * x_bwd:.0f} % -> "
+        f"{x_pass}-> "
         f"{100 * a['fwd']:.0f} / {100 * a['bwd']:.0f} % | "
         f"{row['xla_busy_ms']:.1f} -> {a['step_ms']:.1f} "
         f"({a['union_ms']:.1f} in flight) "
         f"({100 * a['mfu_rl']:.0f} % MFU) | "
-        f"{a['A40']['round_ms']:.1f}: {_pct(a['A40']['mfu_hidden'])} | "
+        f"{_round(a['A40'])} | "
         f"{a['h100_ib']['round_ms']:.2f}: "
         f"{_pct(a['h100_ib']['mfu_hidden'])}, "
         f"{a['h100_ib_covered']} of {a['gossip']} covered | "
         f"{mem['used'] / 1e9:.1f}{'' if mem['fits'] else ' (no)'} | "
         f"{row['compile_s']:.0f} |")
   return "\n".join(lines)
+
+
+def _round(a) -> str:
+  return "n/a" if a is None else (f"{a['round_ms']:.1f}: "
+                                  f"{_pct(a['mfu_hidden'])}")
 
 
 def _pct(x: float) -> str:
@@ -298,6 +394,9 @@ def main(argv=None) -> int:
   ap.add_argument("--fixtures", default="")
   ap.add_argument("--programs", default="",
                   help="ROUND:MODE,... instead of the default programs")
+  ap.add_argument("--overlap_limit", type=int, default=0,
+                  help="collectives in flight at once (default: what the "
+                  "profile cluster's links allow, runtime_model.links)")
   ap.add_argument("--everything", action="store_true",
                   help="also the first program with the consensus measurement")
   args = ap.parse_args(argv)

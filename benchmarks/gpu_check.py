@@ -22,7 +22,9 @@ predict --gossip-in-flight FILE`` reads.
 that tells XLA's scheduler the transfer time of each collective on that
 cluster, ``--compute_ms`` the step's compute time there (to rescale the
 times to XLA's own estimate), and prints the report before and after
-(docs/gpu_overlap.md; BENCHMARKS.md section 11.6). ``--roofline`` also
+(docs/gpu_overlap.md; BENCHMARKS.md section 11.6); with ``--cluster`` the
+number of collectives in flight at once follows the cluster's links
+(``runtime_model.links``; ``overlap_limit`` in the JSON). ``--roofline`` also
 prices every GEMM, fusion and copy at the target's roofline
 (``--gemm_efficiency``, default 0.5 of the bf16 peak;
 ``--memory_efficiency``, 0.7 of HBM bandwidth), in deviceless compiles and
@@ -310,6 +312,8 @@ def _rows(exp, steps, min_fraction: float) -> dict:
       rows[-1]["profile_us"] = {k: float(f"{v:.4g}")  # not 0.0 if small
                                 for k, v in s.profile_us.items()}
       rows[-1]["xla_compute_us"] = s.xla_compute_us
+      # --cluster: collectives in flight at once, from the cluster's links.
+      rows[-1]["overlap_limit"] = s.overlap_limit
     if s.roofline_costs is not None:  # --roofline
       from decentral_jax.analysis import roofline
       rows[-1]["roofline"] = {

@@ -376,8 +376,8 @@ class _Walker:
       return self.cache[comp]
     if comp in stack:
       raise ValueError(f"recursive HLO computation {comp!r}.")
-    if comp not in self.comps:
-      return [("", {})]
+    if comp not in self.comps:  # e.g. a fusion body stripped from the text
+      return [("", {}, 1.0)]
     stack = stack + (comp,)
     shapes = {i.name: i.shape for i in self.comps[comp]}
     scen: list[tuple[str, dict[int, float], float]] = [("", {}, 1.0)]

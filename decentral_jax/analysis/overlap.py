@@ -343,8 +343,9 @@ def _operand_bytes(ins: hlo.Instruction, shapes: dict[str, str],
                    for n in names if n in shapes))
 
 
-def _scan(comp: str, instrs, comps, counter: _Counter, context):
-  """The collectives of one computation with the work between their halves."""
+def _scan(comp: str, instrs, comps, counter: _Counter, context, only=None):
+  """The collectives of one computation with the work between their halves
+  (the FLOPs in flight: while one of ``only``'s collectives is, if given)."""
   shapes = {i.name: i.shape for i in instrs}
   found, open_, in_flight = [], {}, dict(_PHASE_FLOPS)
   for ins in instrs:
@@ -371,7 +372,8 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
     for row in open_.values():
       for k in _ZERO:
         row[k] += counts.get(k, 0)
-    if not context[0] and any(r["is_async"] for r in open_.values()):
+    if not context[0] and any(r["is_async"] and (only is None or only(
+        r["name"])) for r in open_.values()):
       for k in in_flight:
         in_flight[k] += counts.get(k, 0.0)
   for row in found:
@@ -380,13 +382,20 @@ def _scan(comp: str, instrs, comps, counter: _Counter, context):
   return [CollectiveOverlap(**row) for row in found], in_flight
 
 
-def overlap_report(compiled_or_text: Any) -> OverlapReport:
+def overlap_report(compiled_or_text: Any,
+                   only: Callable[[str], bool] | None = None
+                   ) -> OverlapReport:
   """The overlap of every collective of a compiled program with its compute.
 
   Args:
     compiled_or_text: a ``jax.stages.Compiled`` (e.g. from a deviceless GPU
       compile), a ``jax.stages.Lowered`` (compiled here) or the text of a
       scheduled HLO module (``compiled.as_text()``).
+    only: None, or a predicate of a collective's (start) name: the
+      report's FLOPs in flight (``flops_in_flight``, the forward and
+      backward parts) then count only while one of those is in flight,
+      e.g. the gossip and not fsdp's collectives inside a worker
+      (:func:`crosses_workers`). The per-collective rows are unchanged.
 
   Returns:
     An :class:`OverlapReport`: per collective its kind, bytes, whether it
@@ -409,7 +418,8 @@ def overlap_report(compiled_or_text: Any) -> OverlapReport:
   rows, in_flight = [], dict(_PHASE_FLOPS)
   for comp, instrs in comps.items():
     if comp in contexts:
-      found, flops = _scan(comp, instrs, comps, counter, contexts[comp])
+      found, flops = _scan(comp, instrs, comps, counter, contexts[comp],
+                           only)
       rows.extend(found)
       for k, v in flops.items():
         in_flight[k] += v
@@ -504,7 +514,39 @@ def instruction_compute(comps) -> Any:
   return _Counter(comps).instruction
 
 
+def crosses_workers(collective, devices_per_worker: int) -> bool:
+  """Whether a collective moves data between workers (the gossip) rather
+  than among one worker's devices (fsdp's all-gathers and reduce-scatters).
+
+  Devices ``w*D .. w*D+D-1`` (``D = devices_per_worker``) are worker
+  ``w``'s, in the program's device order (the ids of
+  ``source_target_pairs`` and ``replica_groups``). A permute crosses if a
+  pair ``(s, t)`` has ``s // D != t // D``; a group collective if a group
+  holds devices of two workers (``replica_groups`` empty: all devices,
+  taken to cross).
+
+  Args:
+    collective: a :class:`decentral_jax.analysis.accounting.Collective`
+      (its ``source_target_pairs`` or ``replica_groups``).
+    devices_per_worker: ``D >= 1``.
+
+  Raises:
+    ValueError: ``devices_per_worker < 1``.
+  """
+  d = int(devices_per_worker)
+  if d < 1:
+    raise ValueError(f"devices_per_worker must be >= 1, got "
+                     f"{devices_per_worker!r}.")
+  if collective.source_target_pairs is not None:
+    return any(s // d != t // d for s, t in collective.source_target_pairs)
+  groups = collective.replica_groups
+  if not groups:  # one group of all devices: every worker's
+    return True
+  return any(len({m // d for m in g}) > 1 for g in groups)
+
+
 __all__: Sequence[str] = ("CollectiveOverlap", "OverlapReport",
+                          "crosses_workers",
                           "instruction_compute", "matmul_flops",
                           "overlap_report", "overlaps",
                           "scheduled_computations")

@@ -45,6 +45,12 @@ from decentral_jax.runner import tasks
 #: collectives in flight let the gossip and the consensus distance's
 #: All-Reduce (or a round's several group means) overlap the same
 #: backward pass instead of queueing for one slot (XLA's default is 1).
+#: The runner knows no cluster, so 2 is its default; compiles given the
+#: runtime model's cluster (``tools.gpu_compile.compile_steps``,
+#: ``gpu_check.py --cluster``) set the limit each program's links allow
+#: (``runtime_model.links.parallel_collectives``: 1 where the buckets
+#: share one NIC or one PCIe link, 2 where fsdp's NVLink collectives run
+#: beside a gossip on the NICs).
 GPU_COMPILER_OPTIONS = {
     "xla_gpu_enable_latency_hiding_scheduler": True,
     "xla_gpu_experimental_parallel_collective_overlap_limit": 2,

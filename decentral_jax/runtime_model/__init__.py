@@ -12,7 +12,9 @@ for bytes per iteration, ``compression`` for the bytes and codec time of
 compressed communication, ``recommend`` for pricing methods side by side
 (and the break-even bandwidth of compression), ``paper`` for the Figure 6
 in-sample fit, ``holdout`` for the leave-one-cluster-out validation,
-``presets`` for the named clusters and workloads, ``utilisation`` for
+``presets`` for the named clusters and workloads, ``links`` for how
+many collectives truly run at once on a cluster (the overlap limit of GPU
+compiles), ``utilisation`` for
 compute utilisation against bandwidth (Kale et al. 2025, Table 5) and
 ``cluster_file`` for the cluster JSON that ``measure`` writes and
 ``predict --cluster`` reads. The command line

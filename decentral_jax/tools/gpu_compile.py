@@ -59,6 +59,7 @@ from decentral_jax import checks
 from decentral_jax.analysis import overlap as overlap_lib
 from decentral_jax.analysis import roofline as roofline_lib
 from decentral_jax.runner import experiment as experiment_lib
+from decentral_jax.runtime_model import links as runtime_links
 from decentral_jax.runtime_model import presets as runtime_presets
 from decentral_jax.tools import latency_profile
 
@@ -93,6 +94,10 @@ def target_config(target: str) -> str:
       return f.read()
   except OSError as e:
     raise ValueError(f"target file {path!r} cannot be read: {e}.") from None
+
+
+#: XLA's option: how many asynchronous collectives may be in flight at once.
+OVERLAP_LIMIT_OPTION = "xla_gpu_experimental_parallel_collective_overlap_limit"
 
 
 #: Dense bfloat16 matmul peak (FLOP/s) of each shipped target (NVIDIA
@@ -200,6 +205,9 @@ class CompiledStep:
     profiled_instruction_us, profiled_busy_us: with ``roofline``, the same
       of the profiled compile (the scheduler's view after the profile);
       else None.
+    overlap_limit: the :data:`OVERLAP_LIMIT_OPTION` it was compiled with
+      when :func:`compile_programs` set one (from the cluster's links);
+      else None (the caller's options or the runner's default).
   """
 
   distinct_round: int | None
@@ -215,6 +223,7 @@ class CompiledStep:
   xla_instruction_us: dict | None = None
   profiled_instruction_us: dict | None = None
   profiled_busy_us: float | None = None
+  overlap_limit: int | None = None
 
   def class_table(self) -> dict | None:
     """:func:`~decentral_jax.analysis.roofline.class_table` of the
@@ -229,7 +238,8 @@ class CompiledStep:
 def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
                   compiler_options: dict | None = None,
                   programs=None, collective_us=None, cluster=None,
-                  compute_s: float | None = None, roofline=None
+                  compute_s: float | None = None, roofline=None,
+                  overlap_limit="cluster"
                   ) -> tuple[experiment_lib.Experiment, list[CompiledStep]]:
   """Compiles the runner's train steps of ``config`` for a GPU target.
 
@@ -257,6 +267,16 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
       default efficiencies) or an :class:`~decentral_jax.analysis.
       roofline.Roofline`: price every compute instruction too, see
       :func:`compile_programs`.
+    overlap_limit: ``"cluster"`` (the default): with ``cluster``, each
+      program's :data:`OVERLAP_LIMIT_OPTION` is
+      :func:`~decentral_jax.runtime_model.links.parallel_collectives` of
+      the cluster and the program's round (its ppermute terms if the
+      gossip is compressed; the config's devices per worker and layout; an
+      All-Reduce over all workers in programs with the consensus
+      measurement or without a topology; the smallest over the rounds for
+      a program of all rounds), replacing any in
+      ``compiler_options``; without ``cluster``, the options as given. An
+      int: that limit for every program. None: the options as given.
 
   Returns:
     ``(experiment, [CompiledStep, ...])``, one entry per program.
@@ -264,30 +284,70 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
   Raises:
     ValueError: see :func:`gpu_devices` and :class:`Experiment` (a config
       error, or a device count that does not match the topology); both
-      ``collective_us`` and ``cluster``; an unknown preset.
+      ``collective_us`` and ``cluster``; an unknown preset; an
+      ``overlap_limit`` that is neither ``"cluster"``, None nor an int >= 1.
   """
   if collective_us is not None and cluster is not None:
     raise ValueError("give collective_us or cluster, not both.")
+  if overlap_limit not in ("cluster", None):
+    overlap_limit = checks.check_int("overlap_limit", overlap_limit,
+                                     minimum=1)
   devices = gpu_devices(target, topology)
   exp = experiment_lib.Experiment(config, devices=devices)
   if cluster is not None:
     if isinstance(cluster, str):
       cluster = runtime_presets.cluster(cluster, int(config.n_workers))
     collective_us = latency_profile.cluster_collective_us(exp, cluster)
+  if overlap_limit == "cluster":
+    overlap_limit = None if cluster is None else cluster_overlap_limit(
+        exp, cluster)
   if roofline is True:
     roofline = target_roofline(target)
   return exp, compile_programs(exp, programs, compiler_options,
                                collective_us=collective_us,
                                compute_s=compute_s,
-                               roofline=roofline or None)
+                               roofline=roofline or None,
+                               overlap_limit=overlap_limit)
+
+
+def cluster_overlap_limit(exp: experiment_lib.Experiment, cluster):
+  """``(distinct round, consensus mode) -> limit``: the collectives of each
+  program of ``exp`` that truly run at once on ``cluster``
+  (:func:`~decentral_jax.runtime_model.links.parallel_collectives`; see
+  :func:`compile_steps`' ``overlap_limit``).
+
+  Raises:
+    ValueError: the cluster has another number of workers than ``exp``.
+  """
+  c = exp.config
+  if cluster.n_workers != int(c.n_workers):
+    raise ValueError(f"cluster has n_workers={cluster.n_workers} but the "
+                     f"experiment has {int(c.n_workers)} workers; build the "
+                     f"cluster for {int(c.n_workers)}.")
+  rounds = exp.topology.distinct_rounds if exp.topology is not None else ()
+  kw = dict(permutes=str(c.compression.format) != "none",
+            devices_per_worker=int(c.devices_per_worker),
+            worker_layout=str(c.worker_layout))
+
+  def limit(distinct, mode) -> int:
+    if not rounds:  # no topology: All-Reduce (or DiLoCo-style syncs)
+      return runtime_links.parallel_collectives(cluster, None,
+                                                all_reduce=True, **kw)
+    # One program for every round (chosen in-graph): the smallest.
+    which = (rounds if distinct is None or not 0 <= distinct < len(rounds)
+             else [rounds[distinct]])
+    return min(runtime_links.parallel_collectives(
+        cluster, r, all_reduce=mode != "none", **kw) for r in which)
+
+  return limit
 
 
 def compile_programs(exp: experiment_lib.Experiment, programs=None,
                      compiler_options: dict | None = None, *,
                      collective_us=None,
                      compute_s: float | None = None,
-                     roofline: roofline_lib.Roofline | None = None
-                     ) -> list[CompiledStep]:
+                     roofline: roofline_lib.Roofline | None = None,
+                     overlap_limit=None) -> list[CompiledStep]:
   """Compiles train-step programs of a built experiment from abstract inputs.
 
   Works on any devices the experiment was built on: compile-only GPU
@@ -338,6 +398,11 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
       the GPU's and collectives need no rescaling; both compiles dump the
       schedule, to compare XLA's estimates before and after
       (:meth:`CompiledStep.class_table`). Works for real-GPU compiles too.
+    overlap_limit: None (the options as given), an int >= 1, or a function
+      ``(distinct round, consensus mode) -> int`` (e.g.
+      :func:`cluster_overlap_limit`): each program's
+      :data:`OVERLAP_LIMIT_OPTION`, over ``compiler_options``' and the
+      runner's default.
 
   Returns:
     One :class:`CompiledStep` per program, in order.
@@ -354,10 +419,16 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
   state, batch = exp.abstract_inputs()
   if callable(programs):
     programs = programs(exp)
-  options = dict(compiler_options or {})
+  base = dict(compiler_options or {})
   out = []
   for distinct, mode in (programs or exp.programs.keys()):
     t0 = time.perf_counter()
+    limit = (overlap_limit(distinct, mode) if callable(overlap_limit)
+             else overlap_limit)
+    options = base if limit is None else {**base, OVERLAP_LIMIT_OPTION:
+                                          checks.check_int(
+                                              "overlap_limit", limit,
+                                              minimum=1)}
     lowered = exp.programs.get(distinct, mode).trace(state, batch).lower()
     dump = compute_s is not None or roofline is not None
     compiled, texts = _compile(lowered, options, dump)
@@ -366,7 +437,8 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
     report = overlap_lib.overlap_report(compiled)
     if collective_us is None and roofline is None:
       out.append(CompiledStep(distinct, mode, compiled, report,
-                              time.perf_counter() - t0))
+                              time.perf_counter() - t0,
+                              overlap_limit=limit))
       continue
     costs = ({} if collective_us is None else latency_profile.
              collective_costs(report, collective_us, distinct))
@@ -390,7 +462,7 @@ def compile_programs(exp: experiment_lib.Experiment, programs=None,
     out.append(CompiledStep(distinct, mode, profiled,
                             overlap_lib.overlap_report(profiled),
                             time.perf_counter() - t0, profile, report,
-                            costs, xla_us, **extra))
+                            costs, xla_us, overlap_limit=limit, **extra))
   return out
 
 
@@ -443,6 +515,7 @@ def _program_busy_us(texts: list[str], distinct, mode) -> float:
                      f"round {distinct}, consensus {mode}: {e}") from None
 
 
-__all__ = ("PEAK_BF16_FLOPS", "TARGETS", "TARGETS_DIR", "CompiledStep",
+__all__ = ("OVERLAP_LIMIT_OPTION", "PEAK_BF16_FLOPS", "TARGETS",
+           "TARGETS_DIR", "CompiledStep", "cluster_overlap_limit",
            "compile_programs", "compile_steps", "gpu_devices",
            "target_config", "target_roofline")

@@ -605,3 +605,22 @@ def test_diloco_n8_h10_is_0175_of_the_parameters(mesh):
   assert "mean over a period" in rep.summary(PARAM_BYTES)
   assert json.loads(analysis.report_to_json(rep))["mean_bytes_per_step"] == \
       pytest.approx(0.175 * PARAM_BYTES)
+
+
+def test_communication_of_a_text_whose_fusion_body_was_left_out():
+  # Stripped fixtures keep the collectives and drop fusion bodies: a call
+  # to a computation missing from the text sends nothing, and the
+  # permute after it is counted once (8 floats to the one peer).
+  from decentral_jax.analysis import accounting
+  text = """HloModule m, is_scheduled=true
+
+ENTRY %main (x: f32[8]) -> f32[8] {
+  %x = f32[8]{0} parameter(0)
+  %f = f32[8]{0} fusion(%x), kind=kLoop, calls=%gone
+  ROOT %p = f32[8]{0} collective-permute(%f), channel_id=1, source_target_pairs={{0,1},{1,0}}
+}
+"""
+  rep = accounting.communication(text)
+  assert [c.name for c in rep.collectives] == ["p"]
+  assert rep.collectives[0].source_target_pairs == ((0, 1), (1, 0))
+  assert [s.busiest_bytes for s in rep.scenarios] == [32.0]

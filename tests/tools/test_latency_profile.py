@@ -313,3 +313,53 @@ def test_gpu_check_compute_ms_when_nothing_waits(tmp_path):
   link_us = 5 + got["param_bytes"] / 31.5e9 * 1e6
   assert prog["profile_us"] == {"collective-permute-start": pytest.approx(
       link_us * xla_us / 1e5, rel=1e-3)}
+
+
+def test_overlap_limit_follows_the_cluster_per_program():
+  # cluster_overlap_limit (runtime_model.links.parallel_collectives):
+  # one_peer_exp on 16 workers, h100_ib (8 per node, NVLink, a NIC per
+  # GPU). Round 3 pairs i <-> i+8 (NIC only); round 0 pairs inside a node.
+  # Workers of 2 devices (fsdp on NVLink): round 3 runs beside fsdp (2),
+  # round 0 shares NVLink with it (1); the consensus All-Reduce over all
+  # workers uses both links (1). On the A40 preset (PCIe): 1 everywhere.
+  def exp(n, d, fmt="none"):
+    return types.SimpleNamespace(
+        config=types.SimpleNamespace(
+            n_workers=n, devices_per_worker=d, worker_layout="fsdp",
+            compression=types.SimpleNamespace(format=fmt)),
+        topology=topology_lib.make("one_peer_exp", n))
+  limit = gpu_compile.cluster_overlap_limit(exp(16, 2),
+                                            presets.cluster("h100_ib", 16))
+  assert [limit(r, "none") for r in range(4)] == [1, 1, 1, 2]
+  assert limit(3, "input") == 1 and limit(None, "none") == 1
+  assert gpu_compile.cluster_overlap_limit(
+      exp(16, 1), presets.cluster("h100_ib", 16))(3, "none") == 1
+  a40 = gpu_compile.cluster_overlap_limit(exp(8, 2),
+                                          presets.cluster("A40", 8))
+  assert {a40(r, m) for r in (0, 1, 2, None) for m in ("none", "input")
+          } == {1}
+  with pytest.raises(ValueError, match="cluster has n_workers=8 but the "
+                     "experiment has 16"):
+    gpu_compile.cluster_overlap_limit(exp(16, 2), presets.cluster("A40", 8))
+
+
+def test_compile_options_carry_the_overlap_limit():
+  # Each program compiled with its own limit, over the caller's options;
+  # both compiles of a profiled program; recorded on the CompiledStep.
+  lowered = _FakeLowered(_NO_WAIT)
+  steps = gpu_compile.compile_programs(
+      _fake_program_experiment(lowered), [(0, "none"), (3, "none")],
+      {gpu_compile.OVERLAP_LIMIT_OPTION: 2, "xla_other": 7},
+      collective_us=400.0, overlap_limit=lambda d, m: 1 if d == 0 else 3)
+  assert [s.overlap_limit for s in steps] == [1, 3]
+  assert [o[gpu_compile.OVERLAP_LIMIT_OPTION] for o in lowered.options
+          ] == [1, 1, 3, 3]
+  assert all(o["xla_other"] == 7 for o in lowered.options)
+  lowered = _FakeLowered(_NO_WAIT)
+  [s] = gpu_compile.compile_programs(_fake_program_experiment(lowered),
+                                    [(0, "none")], {"xla_other": 7})
+  assert s.overlap_limit is None
+  assert gpu_compile.OVERLAP_LIMIT_OPTION not in lowered.options[0]
+  with pytest.raises(ValueError, match="overlap_limit must be"):
+    gpu_compile.compile_programs(_fake_program_experiment(lowered),
+                                [(0, "none")], overlap_limit=0)

@@ -186,6 +186,47 @@ ENTRY %main (m: f32[2,4], mm: f32[4,8]) -> f32[2,8] {{
   assert [c.bytes for c in rep.collectives] == [32.0, 128.0]
 
 
+_WORKERS_HLO = f"""\
+HloModule w, is_scheduled=true, num_partitions=4
+
+ENTRY %main (m: f32[2,4], mm: f32[4,8]) -> f32[2,8] {{
+  %m = f32[2,4]{{1,0}} parameter(0)
+  %mm = f32[4,8]{{1,0}} parameter(1)
+  %g = (f32[2,4]{{1,0}}, f32[2,4]{{1,0}}) collective-permute-start(%m), channel_id=1, source_target_pairs={{{{0,2}},{{2,0}},{{1,3}},{{3,1}}}}
+  %d1 = f32[2,8]{{1,0}} dot(%m, %mm), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}, {_BWD}
+  %gd = f32[2,4]{{1,0}} collective-permute-done(%g)
+  %f = (f32[2,4]{{1,0}}, f32[4,4]{{1,0}}) all-gather-start(%gd), channel_id=2, replica_groups={{{{0,1}},{{2,3}}}}, dimensions={{0}}
+  %d2 = f32[2,8]{{1,0}} dot(%m, %mm), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}, {_FWD}
+  %fd = f32[4,4]{{1,0}} all-gather-done(%f)
+  ROOT %e = f32[2,8]{{1,0}} add(%d1, %d2)
+}}
+"""
+
+
+def test_gossip_across_workers_told_from_fsdp_inside_one():
+  # 2 workers of 2 devices (devices 0, 1 are worker 0's): the permute pairs
+  # 0<->2, 1<->3 cross workers (the gossip); the all-gather's groups {0,1},
+  # {2,3} stay inside each (fsdp). Each has one [2,4] x [4,8] dot (128
+  # FLOPs) in flight: the gossip a backward one, the all-gather a forward.
+  from decentral_jax.analysis import accounting
+  colls = {c.name: c for c in accounting.communication(
+      _WORKERS_HLO).collectives}
+  assert overlap.crosses_workers(colls["g"], 2)
+  assert not overlap.crosses_workers(colls["f"], 2)
+  # One device per worker: both cross; one worker of 4: neither.
+  assert overlap.crosses_workers(colls["f"], 1)
+  assert not overlap.crosses_workers(colls["g"], 4)
+  with pytest.raises(ValueError, match="devices_per_worker must be >= 1"):
+    overlap.crosses_workers(colls["g"], 0)
+  every = overlap.overlap_report(_WORKERS_HLO)
+  assert every.flops_in_flight == 256.0
+  assert every.in_flight_fractions() == (1.0, 1.0)
+  gossip = overlap.overlap_report(_WORKERS_HLO, only=lambda nm: nm == "g")
+  assert gossip.flops_in_flight == 128.0
+  assert gossip.in_flight_fractions() == (0.0, 1.0)
+  assert gossip.collectives == every.collectives  # rows unchanged
+
+
 def test_summary_and_json_name_the_verdicts():
   rep = overlap.overlap_report(_HLO)
   text = rep.summary()

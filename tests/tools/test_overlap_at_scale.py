@@ -3,8 +3,9 @@
 Reads committed fixtures (``tests/fixtures/overlap_at_scale/``: the
 scheduled HLO of ``configs/gpt2_sizes.py:124m`` compiled without a GPU for
 8 x H100 SXM on one node, one-peer exponential graph, and for 2 nodes of 8,
-AER, with a latency profile pricing every instruction at its roofline and
-every collective at the runtime model's H100 link time; written by
+AER, and for 2 workers of 8 devices (fsdp, one per node), with a latency
+profile pricing every instruction at its roofline and every collective at
+the runtime model's H100 link time; written by
 ``benchmarks/bench_overlap_at_scale.py --fixtures``, stripped to what the
 reports read). Expected values are counted by hand from the model's shapes
 (below) and from the runtime model's link formulas. Marked ``integration``
@@ -120,3 +121,43 @@ def test_choco_int8_gossip_waits_for_the_optimizer_step():
   assert _PARAMS * (1 + 4 / 256) <= per_term <= _PARAMS * (1 + 4 / 256) * 1.01
   assert all(c.flops == 0 and c.backward == 0 for c in step)
   assert rep.flops_in_flight == 0.0
+
+
+def test_fsdp_workers_gossip_told_from_collectives_inside_a_worker():
+  # 124m:fsdp8:plain: 2 workers of 8 H100s (one per node, fsdp), one-peer
+  # graph of 2 workers = the mean of the pair, profile at h100_ib links.
+  # Device j of worker 0 (ids 0..7) averages its 1/8 shard with device j
+  # of worker 1 (ids 8..15): All-Reduces over the groups {j, j+8} that
+  # cross workers; fsdp's all-gathers, reduce-scatters and all-to-all run
+  # over each worker's own 8 devices. 4 sequences per device (32 per
+  # worker).
+  from decentral_jax.analysis import accounting
+  text = _text("124m_fsdp8_plain_rNone_none.hlo.gz")
+  colls = {c.name: c for c in accounting.communication(text).collectives}
+  rep = overlap.overlap_report(text)
+  b = 4
+  fwd = (2 * b * 1024 * (12 * (768 * 2304 + 768 * 768 + 2 * 768 * 3072)
+                         + 50304 * 768) + 12 * 2 * 2 * b * 12 * 1024 ** 2 * 64)
+  assert rep.total_flops == 3 * fwd and rep.forward_flops == fwd
+  cross = {n: overlap.crosses_workers(c, 8) for n, c in colls.items()}
+  step = [c for c in rep.collectives if not c.in_conditional]
+  gossip = [c for c in step if cross[c.name]]
+  inner = [c for c in step if not cross[c.name]]
+  pairs = tuple((j, j + 8) for j in range(8))
+  assert {colls[c.name].replica_groups for c in gossip} == {pairs}
+  assert {c.kind for c in gossip} == {"all-reduce"}
+  assert all(c.is_async for c in gossip)
+  assert sum(c.bytes for c in gossip) == 4 * _PARAMS / 8
+  worker = (tuple(range(8)), tuple(range(8, 16)))
+  assert {colls[c.name].replica_groups for c in inner} == {worker}
+  assert {"all-gather", "reduce-scatter"} <= {c.kind for c in inner}
+  # The periodic exact average: the same pair means, in its conditional.
+  periodic = [c for c in rep.collectives if c.in_conditional]
+  assert all(cross[c.name] for c in periodic)
+  assert sum(c.bytes for c in periodic) == 4 * _PARAMS / 8
+  # fsdp's all-gathers cover the whole forward; the gossip alone none of
+  # it, and part of the backward (study 19.3).
+  assert rep.in_flight_fractions()[0] == 1.0
+  g_fwd, g_bwd = overlap.overlap_report(
+      text, only=lambda nm: cross.get(nm, True)).in_flight_fractions()
+  assert g_fwd == 0.0 and 0.1 < g_bwd < 0.2
