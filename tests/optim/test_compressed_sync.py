@@ -86,9 +86,25 @@ def _np_int8(u, block):
       :flat.size].reshape(u.shape)
 
 
-def _np_diloco(send, mean, decay, feedback):
+def _join(tree):
+  """Leaves in tree order (sorted keys), flattened and concatenated."""
+  return np.concatenate([tree[k].reshape(-1) for k in sorted(tree)])
+
+
+def _split(flat):
+  out, offset = {}, 0
+  for k in sorted(SHAPES):
+    size = int(np.prod(SHAPES[k]))
+    out[k] = flat[offset:offset + size].reshape(SHAPES[k])
+    offset += size
+  return out
+
+
+def _np_diloco(send, mean, decay, feedback, bucket=False):
   """DiLoCo with inner and outer SGD; ``send`` = deQ(Q(.)), ``mean`` of
-  the sent values over workers. Returns theta and the residuals."""
+  the sent values over workers, per leaf, or with ``bucket`` on each
+  worker's leaves concatenated into one vector (the scaled formats' one
+  buffer). Returns theta and the residuals."""
   x0, targets = _problem()
   theta = {k: v[0].copy() for k, v in x0.items()}
   x = {k: v.copy() for k, v in x0.items()}
@@ -99,14 +115,22 @@ def _np_diloco(send, mean, decay, feedback):
           np.float32)
     if t % H:
       continue
+    u = {k: theta[k][None] - x[k] for k in x}
+    if feedback:
+      u = {k: np.float32(decay) * err[k] + u[k] for k in x}
+    if bucket:
+      flat = np.stack([send(_join({k: u[k][i] for k in u}))
+                       for i in range(N)])
+      rows = [_split(f) for f in flat]
+      sent = {k: np.stack([r[k] for r in rows]) for k in u}
+      delta = _split(mean(flat))
+    else:
+      sent = {k: np.stack([send(u[k][i]) for i in range(N)]) for k in u}
+      delta = {k: mean(sent[k]) for k in u}
+    if feedback:
+      err = {k: u[k] - sent[k] for k in u}
     for k in x:
-      u = theta[k][None] - x[k]
-      if feedback:
-        u = np.float32(decay) * err[k] + u
-      sent = np.stack([send(u[i]) for i in range(N)])
-      if feedback:
-        err[k] = u - sent
-      theta[k] = theta[k] - np.float32(OUTER_LR) * mean(sent)
+      theta[k] = theta[k] - np.float32(OUTER_LR) * delta[k]
       x[k] = np.repeat(theta[k][None], N, 0)
   return theta, err
 
@@ -161,8 +185,9 @@ def test_sparse_diloco_error_feedback_changes_the_run():
 def test_int8_diloco_matches_numpy():
   c = compress.Compressor("int8", block=4)
   _, state = _run(_diloco(c, error_feedback=True))
+  # One buffer: b's 5 values then w's 37 (blocks of 4 span both leaves).
   theta, err = _np_diloco(lambda u: _np_int8(u, 4), _requantized_mean(4),
-                          1.0, True)
+                          1.0, True, bucket=True)
   for k in SHAPES:
     np.testing.assert_allclose(np.asarray(state.theta[k])[0], theta[k],
                                rtol=1e-5, atol=1e-6)
