@@ -289,15 +289,17 @@ def check_compression(compressor, error_feedback, error_decay
   return Coding(compressor, bool(error_feedback), decay)
 
 
-def flat_buckets(sizes: Sequence[int],
-                 bucket_bytes: int = COMPRESSED_BUCKET_BYTES
+def flat_buckets(sizes: Sequence[int], bucket_bytes: int | None = None
                  ) -> list[list[int]]:
   """Leaf indices in buckets of at most ``bucket_bytes`` float32 bytes.
 
   Leaves are taken in order (any dtype: each is sent as float32); a bucket
-  is closed when the next leaf would take it past ``bucket_bytes``, and a
-  larger leaf is a bucket of its own. ``sizes``: each leaf's element count.
+  is closed when the next leaf would take it past ``bucket_bytes``
+  (None: :data:`COMPRESSED_BUCKET_BYTES`, read at the call), and a larger
+  leaf is a bucket of its own. ``sizes``: each leaf's element count.
   """
+  if bucket_bytes is None:
+    bucket_bytes = COMPRESSED_BUCKET_BYTES
   buckets, used = [], 0
   for i, size in enumerate(sizes):
     if not buckets or used + 4 * size > bucket_bytes:
@@ -309,7 +311,7 @@ def flat_buckets(sizes: Sequence[int],
 
 
 def map_flat_buckets(fn, leaves: Sequence[jax.Array],
-                     bucket_bytes: int = COMPRESSED_BUCKET_BYTES) -> list:
+                     bucket_bytes: int | None = None) -> list:
   """``fn`` on one flat float32 buffer per bucket, split back into leaves.
 
   Each bucket (:func:`flat_buckets`) is its leaves flattened, cast to

@@ -195,6 +195,52 @@ def test_int8_diloco_matches_numpy():
                                rtol=1e-4, atol=1e-6)
 
 
+def test_buckets_by_hand():
+  # 4 bytes a value: 5 + 37 values fill 168 bytes; 10 opens a new bucket,
+  # 1 joins it; a leaf larger than the cap is a bucket of its own.
+  assert optim.reductions.flat_buckets([5, 37, 10, 1], 168) == [[0, 1],
+                                                                [2, 3]]
+  assert optim.reductions.flat_buckets([50, 3, 2], 40) == [[0], [1, 2]]
+  assert optim.reductions.flat_buckets([], 40) == []
+
+
+def test_one_bucket_per_leaf_is_the_per_leaf_oracle(monkeypatch):
+  # A cap of 20 bytes: b (5 values) fills a bucket, w (37) is its own, so
+  # every leaf is quantized and padded alone, as the per-leaf oracle does.
+  monkeypatch.setattr(optim.reductions, "COMPRESSED_BUCKET_BYTES", 20)
+  c = compress.Compressor("int8", block=4)
+  _, state = _run(_diloco(c, error_feedback=True))
+  theta, err = _np_diloco(lambda u: _np_int8(u, 4), _requantized_mean(4),
+                          1.0, True)
+  for k in SHAPES:
+    np.testing.assert_allclose(np.asarray(state.theta[k])[0], theta[k],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.reduction.error[k]), err[k],
+                               rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("cap,values", [(None, [48]), (20, [16, 48])])
+def test_compressed_mean_bytes_from_the_hlo_equal_the_hand_count(
+    monkeypatch, cap, values):
+  """int8, blocks of 4, 4 workers (padding unit 16): b (5) and w (37) in
+  one buffer of 42 values padded to 48, or (cap 20 bytes) each padded
+  alone, to 16 and 48; the all-to-all and the all-gather send 3/4 of the
+  payload each, a block being 4 code bytes and a float32 scale."""
+  if cap is not None:
+    monkeypatch.setattr(optim.reductions, "COMPRESSED_BUCKET_BYTES", cap)
+  require_devices(N)
+  mesh = parallel.make_mesh(N)
+  axis = parallel.worker_axis(mesh)
+  c = compress.Compressor("int8", block=4)
+  x, _ = _problem()
+  rep = _report(lambda t: optim.compressed_mean(
+      jax.tree.leaves(t), c, axis), x, mesh)
+  hand = 2 * 3 / 4 * sum(v // 4 * (4 + 4) for v in values)
+  assert rep.mean_bytes_per_step == pytest.approx(hand, rel=1e-12)
+  assert optim.compressed_mean_bytes(
+      {k: v[0] for k, v in x.items()}, N, c) == pytest.approx(hand)
+
+
 @pytest.mark.parametrize("make", [
     lambda **kw: optim.diloco(optax.sgd(INNER_LR), H,
                               outer=optax.sgd(OUTER_LR), **sync_args(**kw)),
