@@ -12,7 +12,8 @@ pseudo-gradient ``Delta`` is formed from it:
   all-reduce in ``comm_dtype``).
 * :class:`CompressedMean`: ``Q(beta e_i + theta - x_i)`` is sent, with
   optional error feedback ``e_i``; scaled formats are reduce-scattered and
-  re-quantized, ``topk`` is gathered (SparseLoCo's aggregation); see
+  re-quantized (the leaves concatenated into padded buckets), ``topk`` is
+  gathered (SparseLoCo's aggregation); see
   :func:`compressed_pseudo_gradient`. Its state is :class:`ErrorFeedback`.
 * :class:`GossipRound`: decentralized DiLoCo's ``k``-th gossip round,
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j`` (``theta_i`` per worker).
@@ -238,7 +239,9 @@ class Coding(NamedTuple):
 
   def feedback(self, v: PyTree, error: PyTree) -> tuple[PyTree, PyTree]:
     """``(target, new_error)``: ``target = beta e + v``, the new residual
-    ``target - deQ(Q(target))``; without error feedback ``(v, error)``."""
+    ``target - deQ(Q(target))`` (``Q`` on the blocks that are sent: per
+    leaf for ``topk``, per bucket of :func:`map_flat_buckets` for the
+    scaled formats); without error feedback ``(v, error)``."""
     if not self.error_feedback:
       return v, error
     target = jax.tree.map(lambda a, e: self.error_decay * e + a, v, error)
@@ -410,8 +413,10 @@ class CompressedMean(Reduction):
   """The mean of compressed pseudo-gradients, with optional error feedback.
 
   Each worker sends ``Q(beta e_i + theta - x_i)`` (see
-  :func:`compressed_pseudo_gradient`); ``topk`` is gathered, the scaled
-  formats reduce-scattered. Build it with :func:`compressed`, which gives
+  :func:`compressed_pseudo_gradient`); ``topk`` is gathered per leaf, the
+  scaled formats reduce-scattered as one padded float32 buffer per bucket
+  (:func:`compressed_mean`; the error-feedback residual uses the same
+  blocks). Build it with :func:`compressed`, which gives
   :class:`ExactMean` for no compressor or the identity.
 
   Args:
