@@ -26,7 +26,9 @@ sender vanishes (the sender's liveness is in the replicated mask), each live
 receiver adds ``d_i x_i`` with ``d_i = sum_{j != i} w_ij (1 - a_j)`` (its
 dropped weight, read from the round's sparse rows and the mask), and a dead
 receiver keeps ``x_i``. With every worker alive both corrections are
-skipped by a select and the result is bit for bit :func:`gossip.mix`'s.
+skipped by selects, so the same products are summed in the same order as
+in :func:`gossip.mix`; the result agrees with it to within the rounding of
+those products (see :func:`live_mix`), not always bit for bit.
 
 The fault and straggler schedule that gives the masks is
 :class:`decentral_jax.comm.fault_schedule.FaultSchedule`.
@@ -160,6 +162,20 @@ def live_mix(tree: PyTree, topology: topology_lib.Topology, step, alive,
   ``x_i``'s term as a second product (for 16-bit leaves ``y_i`` is rounded
   to the leaf dtype before it).
 
+  With every worker alive the selects pass ``x`` and ``y`` through, so the
+  program sums the products of :func:`gossip.mix` in its order, but not
+  always in the same kernel: XLA fuses the selects on the (uniform) mask
+  with the sum, and the compiled kernel may then contract a product into
+  its sum (an FMA) where :func:`gossip.mix`'s kernel rounds it apart, or
+  the reverse (XLA:CPU, ``static_ring`` and ``torus``: about one value in
+  twenty differs by one ulp). The guarantee is the sum's own rounding
+  error: per element ``|live_mix - gossip.mix| <= 2 k u sum_j |w_ij
+  x_j|`` with ``k`` the terms of row ``i`` and ``u`` the unit roundoff of
+  the weights' dtype (float32 for 16-bit leaves, which may then also
+  round one ulp of the leaf dtype apart). Making it exact would take a
+  conditional around the collectives; the runner instead runs a step in
+  which everyone is alive without masks, bit for bit.
+
   Args:
     tree: pytree of worker-local float arrays (as :func:`gossip.mix`).
     topology: the gossip schedule (doubly stochastic).
@@ -170,8 +186,8 @@ def live_mix(tree: PyTree, topology: topology_lib.Topology, step, alive,
 
   Returns:
     A pytree like ``tree``; dead workers' leaves are their inputs bit for
-    bit, and with every worker alive the result equals
-    ``gossip.mix(tree, topology, step, ...)`` bit for bit.
+    bit, and with every worker alive the result is
+    ``gossip.mix(tree, topology, step, ...)`` to within the bound above.
 
   Raises:
     ValueError: ``alive`` not bool of shape ``(n,)``, or anything

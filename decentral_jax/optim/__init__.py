@@ -61,8 +61,8 @@ from decentral_jax.optim.push_sum import (
 from decentral_jax.optim.reductions import (
     Coding, CompressedMean, ErrorFeedback, ExactMean, GossipRound,
     LowPrecisionMean, Reduction, check_compression, compressed,
-    compressed_mean, compressed_pseudo_gradient, mean_low_precision,
-    uncompressed)
+    compressed_mean, compressed_mean_bytes, compressed_pseudo_gradient,
+    mean_low_precision, uncompressed)
 from decentral_jax.optim.streaming_sync import (
     FragmentRounds, Pending, StreamingDiLoCoState, check_fragments,
     default_fragments, global_params, streaming_diloco)
@@ -83,7 +83,8 @@ __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "check_fragments", "check_hyperparameter", "check_learning_rate",
            "check_period", "check_reduction", "check_timing",
            "check_transform", "choco_gossip", "ChocoState", "Coding",
-           "compressed", "compressed_mean", "compressed_pseudo_gradient",
+           "compressed", "compressed_mean", "compressed_mean_bytes",
+           "compressed_pseudo_gradient",
            "CompressedMean", "compute_dtype", "concrete_float", "counters",
            "debiased", "decentralized", "decentralized_adamw",
            "DecentralizedState", "DesLocState", "check_desloc_periods",

@@ -81,6 +81,17 @@ def resolve_timing(timing, reduction):
   return timing.resolve(reduction)
 
 
+def _refuse_complex(params) -> None:
+  """Raises ``ValueError`` naming the first complex leaf of ``params``."""
+  for path, x in jax.tree_util.tree_leaves_with_path(params):
+    if jnp.issubdtype(jnp.result_type(x), jnp.complexfloating):
+      raise ValueError(
+          f"diloco: parameter leaf {jax.tree_util.keystr(path)!r} has dtype "
+          f"{jnp.result_type(x)}; DiLoCo's theta, pseudo-gradients and "
+          "outer step are real floating point: store a complex parameter "
+          "as two real leaves (its real and imaginary parts).")
+
+
 def diloco(inner: optax.GradientTransformation, sync_every: int, *,
            outer: optax.GradientTransformation | None = None,
            reduction: reductions.Reduction | None = None,
@@ -127,7 +138,9 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     ValueError: ``inner`` or ``outer`` not an optax transform,
       ``sync_every`` not an integer >= 1, a bad ``reduction`` or ``timing``
       (:func:`check_reduction`, :func:`resolve_timing`; at construction); an
-      integer or bool parameter leaf (in ``init`` and ``update``);
+      integer or bool parameter leaf (in ``init`` and ``update``); a
+      complex parameter leaf (in ``init``: theta and the outer step are
+      real);
       ``params`` not passed to ``update``.
 
   References:
@@ -144,6 +157,7 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
 
   def init_fn(params):
     gossip.check_float_leaves(params, "diloco")
+    _refuse_complex(params)
     outer_state = local_steps.init_outer(outer, params)
     theta = outer_state.theta
     return DiLoCoState(jnp.zeros([], jnp.int32), inner.init(params),

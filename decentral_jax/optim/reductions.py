@@ -12,7 +12,8 @@ pseudo-gradient ``Delta`` is formed from it:
   all-reduce in ``comm_dtype``).
 * :class:`CompressedMean`: ``Q(beta e_i + theta - x_i)`` is sent, with
   optional error feedback ``e_i``; scaled formats are reduce-scattered and
-  re-quantized, ``topk`` is gathered (SparseLoCo's aggregation); see
+  re-quantized (the leaves concatenated into padded buckets), ``topk`` is
+  gathered (SparseLoCo's aggregation); see
   :func:`compressed_pseudo_gradient`. Its state is :class:`ErrorFeedback`.
 * :class:`GossipRound`: decentralized DiLoCo's ``k``-th gossip round,
   ``Delta_i = theta_i - sum_j W_k[i, j] x_j`` (``theta_i`` per worker).
@@ -44,6 +45,12 @@ from decentral_jax.optim import local_steps
 from decentral_jax.topology import schedules as topology_lib
 
 PyTree = Any
+
+#: Largest buffer (in float32 bytes, as the scaled formats quantize) into
+#: which the compressed sync concatenates the pseudo-gradient's leaves, as
+#: PyTorch DDP buckets gradients (its default ``bucket_cap_mb``, 25 MB).
+#: Each buffer is padded once to a multiple of ``n x block``.
+COMPRESSED_BUCKET_BYTES = 25 * 2 ** 20
 
 
 def _pseudo(theta, x):
@@ -232,13 +239,18 @@ class Coding(NamedTuple):
 
   def feedback(self, v: PyTree, error: PyTree) -> tuple[PyTree, PyTree]:
     """``(target, new_error)``: ``target = beta e + v``, the new residual
-    ``target - deQ(Q(target))``; without error feedback ``(v, error)``."""
+    ``target - deQ(Q(target))`` (``Q`` on the blocks that are sent: per
+    leaf for ``topk``, per bucket of :func:`map_flat_buckets` for the
+    scaled formats); without error feedback ``(v, error)``."""
     if not self.error_feedback:
       return v, error
     target = jax.tree.map(lambda a, e: self.error_decay * e + a, v, error)
-    residual = jax.tree.map(
-        lambda t: t - self.compressor.roundtrip(t), target)
-    return target, residual
+    leaves, treedef = jax.tree.flatten(target)
+    if self.compressor.format == "topk":  # sent per leaf
+      sent = [self.compressor.roundtrip(t) for t in leaves]
+    else:  # sent per bucket: the blocks of compressed_mean
+      sent = map_flat_buckets(self.compressor.roundtrip, leaves)
+    return target, treedef.unflatten([t - q for t, q in zip(leaves, sent)])
 
   def init_error(self, theta: PyTree) -> PyTree:
     """Zero residuals like ``theta`` (``()`` without error feedback)."""
@@ -280,22 +292,98 @@ def check_compression(compressor, error_feedback, error_decay
   return Coding(compressor, bool(error_feedback), decay)
 
 
+def flat_buckets(sizes: Sequence[int], bucket_bytes: int | None = None
+                 ) -> list[list[int]]:
+  """Leaf indices in buckets of at most ``bucket_bytes`` float32 bytes.
+
+  Leaves are taken in order (any dtype: each is sent as float32); a bucket
+  is closed when the next leaf would take it past ``bucket_bytes``
+  (None: :data:`COMPRESSED_BUCKET_BYTES`, read at the call), and a larger
+  leaf is a bucket of its own. ``sizes``: each leaf's element count.
+  """
+  if bucket_bytes is None:
+    bucket_bytes = COMPRESSED_BUCKET_BYTES
+  buckets, used = [], 0
+  for i, size in enumerate(sizes):
+    if not buckets or used + 4 * size > bucket_bytes:
+      buckets.append([])
+      used = 0
+    buckets[-1].append(i)
+    used += 4 * size
+  return buckets
+
+
+def map_flat_buckets(fn, leaves: Sequence[jax.Array],
+                     bucket_bytes: int | None = None) -> list:
+  """``fn`` on one flat float32 buffer per bucket, split back into leaves.
+
+  Each bucket (:func:`flat_buckets`) is its leaves flattened, cast to
+  float32 and concatenated in order; ``fn`` maps the 1-D buffer to one of
+  the same size, which is split and cast back to each leaf's shape and
+  dtype. So a compressed sync pads each bucket once (to a multiple of ``n
+  x block``) instead of every leaf, and a quantization block may span two
+  leaves.
+  """
+  out = [None] * len(leaves)
+  for idx in flat_buckets([int(np.size(x)) for x in leaves], bucket_bytes):
+    res = fn(jnp.concatenate(
+        [jnp.reshape(leaves[i], -1).astype(jnp.float32) for i in idx]))
+    offset = 0
+    for i in idx:
+      x = leaves[i]
+      y = res[offset:offset + x.size].reshape(x.shape).astype(x.dtype)
+      out[i] = collectives.match_varying(y, x)
+      offset += x.size
+  return out
+
+
 def compressed_mean(leaves: Sequence[jax.Array],
                     compressor: compress.Compressor,
                     axis_name) -> list[jax.Array]:
   """The worker mean of ``leaves`` sent with ``compressor``.
 
-  ``topk``: every worker's indices and values are all-gathered and the
-  decoded sparse vectors summed in float32 (SparseLoCo's aggregation,
+  ``topk``: every worker's indices and values are all-gathered per leaf and
+  the decoded sparse vectors summed in float32 (SparseLoCo's aggregation,
   :func:`decentral_jax.comm.compress.gather_mean_compressed`, ``(n - 1) x
-  payload`` bytes per worker). Scaled formats: a reduce-scatter of the
-  codes, float32 sums, an all-gather of the re-quantized mean
-  (:func:`decentral_jax.comm.compress.mean_compressed`, ``2 (n - 1) / n x
-  payload``). Equal on every worker.
+  payload`` bytes per worker). Scaled formats: the leaves are concatenated
+  into float32 buckets of at most :data:`COMPRESSED_BUCKET_BYTES`
+  (:func:`map_flat_buckets`), each padded once to a multiple of ``n x
+  block`` (per leaf, gpt_tiny's 22,624 values would send as 30,720), then a
+  reduce-scatter of the codes, float32 sums and an all-gather of the
+  re-quantized mean (:func:`decentral_jax.comm.compress.mean_compressed`,
+  ``2 (n - 1) / n x payload`` of each padded bucket:
+  :func:`compressed_mean_bytes`). Equal on every worker.
   """
-  mean = (compress.gather_mean_compressed if compressor.format == "topk"
-          else compress.mean_compressed)
-  return mean(list(leaves), axis_name, compressor=compressor)
+  if compressor.format == "topk":
+    return compress.gather_mean_compressed(list(leaves), axis_name,
+                                           compressor=compressor)
+  compress.check_compressor(compressor)
+  gossip.check_float_leaves(list(leaves), "compressed mean", compressed=True)
+  return map_flat_buckets(
+      lambda b: compress.mean_compressed(b, axis_name, compressor=compressor),
+      leaves)
+
+
+def compressed_mean_bytes(tree: PyTree, n_workers: int,
+                          compressor: compress.Compressor) -> float:
+  """Hand count: bytes one worker sends in :func:`compressed_mean` of ``tree``.
+
+  Top-k: :func:`decentral_jax.comm.compress.gather_payload_bytes`; scaled
+  formats: :func:`decentral_jax.comm.compress.mean_payload_bytes` of each
+  bucket's flat buffer.
+
+  Raises:
+    ValueError: ``n_workers`` not an int >= 1, or ``compressor`` not a
+      :class:`~decentral_jax.comm.compress.Compressor`.
+  """
+  leaves = jax.tree.leaves(tree)
+  if isinstance(compressor, compress.Compressor) and \
+      compressor.format == "topk":
+    return compress.gather_payload_bytes(leaves, n_workers, compressor)
+  sizes = [int(np.prod(np.shape(x))) for x in leaves]
+  buffers = [jax.ShapeDtypeStruct((sum(sizes[i] for i in idx),), jnp.float32)
+             for idx in flat_buckets(sizes)]
+  return compress.mean_payload_bytes(buffers, n_workers, compressor)
 
 
 def compressed_pseudo_gradient(coding: Coding, v: PyTree, error: PyTree,
@@ -325,8 +413,10 @@ class CompressedMean(Reduction):
   """The mean of compressed pseudo-gradients, with optional error feedback.
 
   Each worker sends ``Q(beta e_i + theta - x_i)`` (see
-  :func:`compressed_pseudo_gradient`); ``topk`` is gathered, the scaled
-  formats reduce-scattered. Build it with :func:`compressed`, which gives
+  :func:`compressed_pseudo_gradient`); ``topk`` is gathered per leaf, the
+  scaled formats reduce-scattered as one padded float32 buffer per bucket
+  (:func:`compressed_mean`; the error-feedback residual uses the same
+  blocks). Build it with :func:`compressed`, which gives
   :class:`ExactMean` for no compressor or the identity.
 
   Args:

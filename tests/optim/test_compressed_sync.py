@@ -86,9 +86,25 @@ def _np_int8(u, block):
       :flat.size].reshape(u.shape)
 
 
-def _np_diloco(send, mean, decay, feedback):
+def _join(tree):
+  """Leaves in tree order (sorted keys), flattened and concatenated."""
+  return np.concatenate([tree[k].reshape(-1) for k in sorted(tree)])
+
+
+def _split(flat):
+  out, offset = {}, 0
+  for k in sorted(SHAPES):
+    size = int(np.prod(SHAPES[k]))
+    out[k] = flat[offset:offset + size].reshape(SHAPES[k])
+    offset += size
+  return out
+
+
+def _np_diloco(send, mean, decay, feedback, bucket=False):
   """DiLoCo with inner and outer SGD; ``send`` = deQ(Q(.)), ``mean`` of
-  the sent values over workers. Returns theta and the residuals."""
+  the sent values over workers, per leaf, or with ``bucket`` on each
+  worker's leaves concatenated into one vector (the scaled formats' one
+  buffer). Returns theta and the residuals."""
   x0, targets = _problem()
   theta = {k: v[0].copy() for k, v in x0.items()}
   x = {k: v.copy() for k, v in x0.items()}
@@ -99,14 +115,22 @@ def _np_diloco(send, mean, decay, feedback):
           np.float32)
     if t % H:
       continue
+    u = {k: theta[k][None] - x[k] for k in x}
+    if feedback:
+      u = {k: np.float32(decay) * err[k] + u[k] for k in x}
+    if bucket:
+      flat = np.stack([send(_join({k: u[k][i] for k in u}))
+                       for i in range(N)])
+      rows = [_split(f) for f in flat]
+      sent = {k: np.stack([r[k] for r in rows]) for k in u}
+      delta = _split(mean(flat))
+    else:
+      sent = {k: np.stack([send(u[k][i]) for i in range(N)]) for k in u}
+      delta = {k: mean(sent[k]) for k in u}
+    if feedback:
+      err = {k: u[k] - sent[k] for k in u}
     for k in x:
-      u = theta[k][None] - x[k]
-      if feedback:
-        u = np.float32(decay) * err[k] + u
-      sent = np.stack([send(u[i]) for i in range(N)])
-      if feedback:
-        err[k] = u - sent
-      theta[k] = theta[k] - np.float32(OUTER_LR) * mean(sent)
+      theta[k] = theta[k] - np.float32(OUTER_LR) * delta[k]
       x[k] = np.repeat(theta[k][None], N, 0)
   return theta, err
 
@@ -161,6 +185,31 @@ def test_sparse_diloco_error_feedback_changes_the_run():
 def test_int8_diloco_matches_numpy():
   c = compress.Compressor("int8", block=4)
   _, state = _run(_diloco(c, error_feedback=True))
+  # One buffer: b's 5 values then w's 37 (blocks of 4 span both leaves).
+  theta, err = _np_diloco(lambda u: _np_int8(u, 4), _requantized_mean(4),
+                          1.0, True, bucket=True)
+  for k in SHAPES:
+    np.testing.assert_allclose(np.asarray(state.theta[k])[0], theta[k],
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(state.reduction.error[k]), err[k],
+                               rtol=1e-4, atol=1e-6)
+
+
+def test_buckets_by_hand():
+  # 4 bytes a value: 5 + 37 values fill 168 bytes; 10 opens a new bucket,
+  # 1 joins it; a leaf larger than the cap is a bucket of its own.
+  assert optim.reductions.flat_buckets([5, 37, 10, 1], 168) == [[0, 1],
+                                                                [2, 3]]
+  assert optim.reductions.flat_buckets([50, 3, 2], 40) == [[0], [1, 2]]
+  assert optim.reductions.flat_buckets([], 40) == []
+
+
+def test_one_bucket_per_leaf_is_the_per_leaf_oracle(monkeypatch):
+  # A cap of 20 bytes: b (5 values) fills a bucket, w (37) is its own, so
+  # every leaf is quantized and padded alone, as the per-leaf oracle does.
+  monkeypatch.setattr(optim.reductions, "COMPRESSED_BUCKET_BYTES", 20)
+  c = compress.Compressor("int8", block=4)
+  _, state = _run(_diloco(c, error_feedback=True))
   theta, err = _np_diloco(lambda u: _np_int8(u, 4), _requantized_mean(4),
                           1.0, True)
   for k in SHAPES:
@@ -168,6 +217,28 @@ def test_int8_diloco_matches_numpy():
                                rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.asarray(state.reduction.error[k]), err[k],
                                rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("cap,values", [(None, [48]), (20, [16, 48])])
+def test_compressed_mean_bytes_from_the_hlo_equal_the_hand_count(
+    monkeypatch, cap, values):
+  """int8, blocks of 4, 4 workers (padding unit 16): b (5) and w (37) in
+  one buffer of 42 values padded to 48, or (cap 20 bytes) each padded
+  alone, to 16 and 48; the all-to-all and the all-gather send 3/4 of the
+  payload each, a block being 4 code bytes and a float32 scale."""
+  if cap is not None:
+    monkeypatch.setattr(optim.reductions, "COMPRESSED_BUCKET_BYTES", cap)
+  require_devices(N)
+  mesh = parallel.make_mesh(N)
+  axis = parallel.worker_axis(mesh)
+  c = compress.Compressor("int8", block=4)
+  x, _ = _problem()
+  rep = _report(lambda t: optim.compressed_mean(
+      jax.tree.leaves(t), c, axis), x, mesh)
+  hand = 2 * 3 / 4 * sum(v // 4 * (4 + 4) for v in values)
+  assert rep.mean_bytes_per_step == pytest.approx(hand, rel=1e-12)
+  assert optim.compressed_mean_bytes(
+      {k: v[0] for k, v in x.items()}, N, c) == pytest.approx(hand)
 
 
 @pytest.mark.parametrize("make", [

@@ -380,6 +380,19 @@ def test_local_sgd_update_refuses_an_integer_leaf():
           "leaves cannot be averaged") in message, message
 
 
+def test_diloco_init_refuses_a_complex_leaf_by_name():
+  dtype = jnp.complex64
+  tx = optim.diloco(SGD, 2)
+  with pytest.raises(ValueError) as e:
+    tx.init({"b": jnp.zeros(2), "z": {"w": jnp.zeros(2, dtype)}})
+  message = str(e.value)
+  assert "\n" not in message
+  assert message.startswith("diloco: parameter leaf \"['z']['w']\" has dtype "
+                            "complex"), message
+  assert "two real leaves" in message
+  tx.init({"b": jnp.zeros(2), "w": jnp.zeros(2, jnp.bfloat16)})  # real: fine
+
+
 # -- the shared rules themselves ----------------------------------------------
 
 

@@ -168,6 +168,26 @@ def _np_q4(u, block):
       :flat.size].reshape(u.shape)
 
 
+def _np_q4_sync(theta, x, err, block):
+  """Delta of the int4 sync with error feedback (``err`` updated in place):
+  each worker's pseudo-gradients, leaves concatenated in ``theta``'s (tree)
+  order, quantized as one vector; the mean re-quantized."""
+  keys, n = list(theta), len(x)
+  u = [{k: err[i][k] + (theta[k] - x[i][k]) for k in keys} for i in range(n)]
+  flat = [np.concatenate([ui[k].reshape(-1) for k in keys]) for ui in u]
+  sent = [_np_q4(f, block) for f in flat]
+  mean = _np_q4((sent[0] + sent[1]) / np.float32(n), block)
+  out, offset = {}, 0
+  for k in keys:
+    size = theta[k].size
+    for i in range(n):
+      err[i][k] = u[i][k] - sent[i][offset:offset + size].reshape(
+          theta[k].shape)
+    out[k] = mean[offset:offset + size].reshape(theta[k].shape)
+    offset += size
+  return out
+
+
 def _np_muloco(p0, targets, labels, block=None):
   """DiLoCo with the NumPy Muon/AdamW inner step and Nesterov outer SGD;
   with ``block`` the pseudo-gradients are sent in int4 with error feedback
@@ -185,13 +205,11 @@ def _np_muloco(p0, targets, labels, block=None):
          for i in range(n)]
     if t % H:
       continue
+    if block:  # one buffer: the leaves concatenated in tree order
+      deltas = _np_q4_sync(theta, x, err, block)
     for k in theta:
       if block:
-        u = [err[i][k] + (theta[k] - x[i][k]) for i in range(n)]
-        sent = [_np_q4(ui, block) for ui in u]
-        for i in range(n):
-          err[i][k] = u[i] - sent[i]
-        delta = _np_q4((sent[0] + sent[1]) / np.float32(n), block)
+        delta = deltas[k]
       else:
         delta = theta[k] - sum(xi[k] for xi in x) / n
       buf[k] = delta + MOM * buf[k]

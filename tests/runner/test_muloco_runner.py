@@ -145,9 +145,10 @@ def test_trains_and_resumes_bit_exactly_mid_period(extra, tmp_path):
 @pytest.mark.slow
 def test_hlo_bytes_equal_dilocos_hand_count():
   """Exact: an all-reduce of the float32 pseudo-gradients every H steps,
-  ``2 (n - 1) / n x 4 P / H`` per step. int4: per leaf, padded to a
-  multiple of ``n x block``, ``2 (n - 1) / n`` of its payload (half a byte
-  per value and a float32 scale per block) every H steps."""
+  ``2 (n - 1) / n x 4 P / H`` per step. int4: the leaves in one buffer
+  (far below the 25 MB bucket), padded once to a multiple of ``n x
+  block``, ``2 (n - 1) / n`` of its payload (half a byte per value and a
+  float32 scale per block) every H steps."""
   require_devices(N)
   for extra in (EXACT, ()):
     exp = _experiment(*extra)
@@ -159,7 +160,6 @@ def test_hlo_bytes_equal_dilocos_hand_count():
       want = 2 * (N - 1) / N * 4 * sum(sizes) / H
     else:
       unit = N * BLOCK
-      padded = [max(unit, math.ceil(s / unit) * unit) for s in sizes]
-      want = 2 * (N - 1) / N * sum(
-          p // BLOCK * (BLOCK // 2 + 4) for p in padded) / H
+      padded = max(unit, math.ceil(sum(sizes) / unit) * unit)
+      want = 2 * (N - 1) / N * (padded // BLOCK) * (BLOCK // 2 + 4) / H
     np.testing.assert_allclose(comm["bytes_per_step"], want, rtol=1e-12)
