@@ -71,6 +71,10 @@ METHODS = {
     "choco": ("optimizer.name=adamw", "optimizer.accum_steps=1",
               "compression.format=int8", "topology=exponential"),
     "bf16": ("comm_dtype=bfloat16",),
+    # Pipelined CHOCO: the round of the step's input parameters.
+    "choco_pipelined": ("optimizer.name=adamw", "optimizer.accum_steps=1",
+                        "compression.format=int8", "topology=exponential",
+                        "pipelined_gossip=True"),
 }
 
 
@@ -193,11 +197,11 @@ def analyse(row: dict, text: str) -> dict:
   from decentral_jax.runtime_model.costs import all_reduce_cost, round_cost
   size, layout, method, *_ = row["case"].split(":")
   topo, n = LAYOUTS[layout][:2]
-  topo = "exponential" if method == "choco" else topo
-  per_param = {"bf16": 2, "choco": 1}.get(method, 4)
+  topo = "exponential" if method.startswith("choco") else topo
+  per_param = {"bf16": 2, "choco": 1, "choco_pipelined": 1}.get(method, 4)
   rnd = topology_lib.make(topo, n, 8 if layout == "2nodes" else 1
                           ).distinct_rounds[row["round"] or 0]
-  compressed = method == "choco"
+  compressed = method.startswith("choco")
   rep = overlap.overlap_report(text)
   gossip = [c for c in rep.select(per_param * row["n_params"] / 64)
             if not c.in_conditional]
