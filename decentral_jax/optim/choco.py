@@ -67,8 +67,8 @@ sent) and ``x^{t+1} = s``, and the step is computed as plain gossip,
 pipelined), with ``x_hat`` and ``s`` set to the point sent and its mix:
 the same bits as :func:`decentral_jax.optim.transforms.decentralized`
 with ``mix_after_update=True`` (``False`` pipelined) around the same
-local step, for float32 and float64 parameters (16-bit ones differ in how
-the returned difference is rounded). Through the general recursion ``x_hat + (x - x_hat)`` rounds
+local step, for float32 and float64 parameters (tested; 16-bit ones are
+not checked: the returned difference is rounded in another order). Through the general recursion ``x_hat + (x - x_hat)`` rounds
 and the result differs from plain gossip in the last bits (up to
 6.7e-16 in float64).
 
