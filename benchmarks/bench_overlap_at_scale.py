@@ -86,6 +86,10 @@ METHODS = {
     "choco": ("optimizer.name=adamw", "optimizer.accum_steps=1",
               "compression.format=int8", "topology=exponential"),
     "bf16": ("comm_dtype=bfloat16",),
+    # Pipelined CHOCO: the round of the step's input parameters.
+    "choco_pipelined": ("optimizer.name=adamw", "optimizer.accum_steps=1",
+                        "compression.format=int8", "topology=exponential",
+                        "pipelined_gossip=True"),
 }
 
 
@@ -264,11 +268,11 @@ def analyse(row: dict, text: str) -> dict:
   from decentral_jax.runtime_model.costs import all_reduce_cost, round_cost
   size, layout, method, *_ = row["case"].split(":")
   topo, n = LAYOUTS[layout][:2]
-  topo = "exponential" if method == "choco" else topo
-  per_param = {"bf16": 2, "choco": 1}.get(method, 4)
+  topo = "exponential" if method.startswith("choco") else topo
+  per_param = {"bf16": 2, "choco": 1, "choco_pipelined": 1}.get(method, 4)
   rnd = topology_lib.make(topo, n, 8 if layout == "2nodes" else 1
                           ).distinct_rounds[row["round"] or 0]
-  compressed = method == "choco"
+  compressed = method.startswith("choco")
   d = DEVICES.get(layout, 1)
   # Workers of several devices: the gossip crosses workers, fsdp's
   # collectives stay inside one (crosses_workers); FLOPs in flight count

@@ -12,8 +12,10 @@ Where it is sent:
 * **gossip** (CHOCO-gossip, :mod:`decentral_jax.optim.choco`): every round
   is realised with its point-to-point ``ppermute`` terms (a group mean of
   ``g`` workers as ``g - 1`` terms), each carrying the payload of the
-  ``N``-value difference ``x - x_hat``; the round's result is needed before
-  the next step, so the gossip is not overlapped with compute;
+  ``N``-value difference ``x - x_hat``; its message needs the step's
+  update, so the gossip is not overlapped with compute, except pipelined
+  CHOCO-gossip's (``pipelined=1``), the round of the step's input
+  parameters, overlapped as plain gossip's;
 * **local-update syncs, scaled formats** (``int8``, ``fp8``, ``int4``,
   ``fp4``; :func:`decentral_jax.comm.compress.mean_compressed`): each value
   padded to a multiple of ``n B``, a reduce-scatter of the codes

@@ -337,9 +337,10 @@ def library_gap(m: Method) -> str | None:
     compressed sync run (:func:`decentral_jax.optim.local_updates.
     compressed_mean`, the runner's ``compression`` group);
   * compressed gossip other than CHOCO-gossip on a static (period-1), doubly
-    stochastic topology without overlap (:func:`decentral_jax.optim.choco.
-    choco_gossip`; the runner's ``compression`` group with ``config.
-    algorithm = "decentralized"`` and ``gossip_every = 1``).
+    stochastic topology, blocking or overlapped (pipelined CHOCO)
+    (:func:`decentral_jax.optim.choco.choco_gossip`; the runner's
+    ``compression`` group with ``config.algorithm = "decentralized"`` and
+    ``gossip_every = 1``, ``config.pipelined_gossip`` for the overlapped one).
   """
   if m.kind == "local":
     if m.overlap_steps > 0:
@@ -353,10 +354,10 @@ def library_gap(m: Method) -> str | None:
     return None
   if m.kind == "gossip" and m.compress is not None:
     topo = m.topology
-    if m.overlap or topo.period != 1 or not getattr(
-        topo, "doubly_stochastic", False):
-      return ("compressed gossip other than blocking CHOCO-gossip on a "
-              "static (period 1) doubly stochastic topology")
+    if topo.period != 1 or not getattr(topo, "doubly_stochastic", False):
+      return ("compressed gossip other than CHOCO-gossip (blocking, or "
+              "overlapped when pipelined) on a static (period 1) doubly "
+              "stochastic topology")
   return None
 
 

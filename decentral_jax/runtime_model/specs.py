@@ -17,7 +17,8 @@ Names (``make_method`` and ``predict --methods``; defaults in brackets):
   local (a buffer per parameter, no bytes), so ``T`` changes neither time
   nor bytes; DAdam and AccumAdam cost the same on the same topology.
   ``pipelined`` [0]: 1 for pipelined gossip (``config.pipelined_gossip``,
-  :mod:`decentral_jax.optim.pipelined`); not with ``compress``.
+  :mod:`decentral_jax.optim.pipelined`); with ``compress``, pipelined
+  CHOCO-gossip, overlapped like plain gossip (below).
 
 * ``gradient_tracking`` (``config.algorithm = "gradient_tracking"``:
   DAdam, AccumAdamW or D-SGD with a gradient tracker,
@@ -35,8 +36,11 @@ Gossip specs (topology names, ``dadam``, ``accum_adam``) also take:
 * ``compress`` [none] (``int8``, ``fp8``, ``int4``, ``fp4``, ``topk``),
   ``block`` [256] and ``fraction`` [0.01, top-k]: CHOCO-gossip
   (:mod:`decentral_jax.optim.choco`) sending the compressed difference
-  ``x - x_hat``; every round as ``ppermute`` terms, blocking (its result
-  is needed before the next step); bytes and codec time in
+  ``x - x_hat``; every round as ``ppermute`` terms, blocking (its
+  message needs the step's update), or with ``pipelined=1`` the round of
+  the step's input parameters, overlapped with the forward and backward
+  as plain gossip is (``config.pipelined_gossip`` with compression); bytes
+  and codec time in
   :mod:`decentral_jax.runtime_model.compression`. E.g.
   ``dadam:topology=static_ring,compress=int8``.
 * ``workers_per_node`` [the cluster's ``local_size``]: the group size the
@@ -169,8 +173,15 @@ def parse(spec: str, c: Cluster) -> Method:
   fmt, block, fraction = compression.parse(spec, given)
   if fmt is not None:
     parts += compression.name_parts(fmt, block, fraction)
-    overlap = False  # CHOCO: the round's result is needed by the next step
   piped = _pipelined(spec, given)
+  if fmt is not None:
+    # CHOCO sends Q(x + u - x_hat): the round needs the step's update and
+    # is not overlapped; pipelined CHOCO sends the round of the step's
+    # input parameters, overlapped as plain gossip's (and, like it, needed
+    # by the update: Method.pipelined stays False).
+    overlap, piped_round = piped, False
+  else:
+    piped_round = piped
   if piped:
     parts.append("pipelined=1")
   full = label + (":" + ",".join(parts) if parts else "")
@@ -178,7 +189,7 @@ def parse(spec: str, c: Cluster) -> Method:
                              comm_dtype=comm, bucket_bytes=bucket,
                              compress=fmt, compress_block=block,
                              compress_fraction=fraction, sync_share=share,
-                             pipelined=piped), c)
+                             pipelined=piped_round), c)
 
 
 def _pipelined(spec, given: dict) -> bool:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from decentral_jax.runtime_model import in_flight
+from decentral_jax.runtime_model import method as method_lib
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model.step_time import closed_form
@@ -153,7 +154,12 @@ def test_pipelined_round_fully_hidden_and_spec_checks():
   with pytest.raises(ValueError, match="pipelined='2' must be 0 or 1"):
     make_method("dadam:pipelined=2", c)
   with pytest.raises(ValueError, match="pipelined applies to overlapped"):
-    make_method("dadam:compress=int8,pipelined=1", c)
+    method_lib.check_method(dataclasses.replace(
+        make_method("dadam:pipelined=1", c), overlap=False), c)
+  # With compression, pipelined=1 is pipelined CHOCO: overlapped gossip
+  # whose round the update waits for (not the one-step-late mix).
+  piped = make_method("dadam:compress=int8,pipelined=1", c)
+  assert (piped.overlap, piped.pipelined) == (True, False)
 
 
 def test_pipelined_simulation_uses_round_floor_k_over_2():

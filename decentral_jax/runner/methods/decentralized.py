@@ -11,7 +11,10 @@ CHOCO-gossip of ``x_i + u_i`` with error feedback through the public copies
 runtime model's ``dadam`` / ``accum_adam`` (overlapped gossip), or
 ``local_dsgd:H=..`` for ``gossip_every > 1``. With
 ``config.pipelined_gossip``: the round sent in step k is mixed in step k+1
-(:mod:`decentral_jax.optim.pipelined`), priced with ``pipelined=1``.
+(:mod:`decentral_jax.optim.pipelined`), priced with ``pipelined=1``; with
+``config.compression`` too, pipelined CHOCO-gossip (the round of the step's
+input parameters, in flight with the forward and backward;
+:func:`decentral_jax.optim.choco.choco_gossip` with ``pipelined=True``).
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ def build(config, schedule, topology, axis_name):
   (``accum_adamw``) steps from the gossip-mixed point ``W_k x_k``, mixing
   every ``config.gossip_every`` steps. With ``config.compression``:
   ``chain(clip, AdamW or AccumAdamW, choco_gossip)``, the local step
-  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`). Your
+  ``u_i`` then CHOCO-gossip of ``x_i + u_i`` (:mod:`optim.choco`; of
+  ``x_i`` beside the local step with ``config.pipelined_gossip``). Your
   own inner optimizer (``optimizer.name`` neither adamw nor accum_adamw,
   :func:`parts.own_optimizer`): ``chain(clip, decentralized(inner))``, its
   step taken from ``W_k x_k`` (:func:`transforms.decentralized`).
@@ -48,7 +52,8 @@ def build(config, schedule, topology, axis_name):
     gamma = float(config.compression.consensus_step)
     return parts.clipped(config, optax.chain(
         *parts.adam(config, schedule),
-        choco.choco_gossip(topology, comp, gamma, axis_name)))
+        choco.choco_gossip(topology, comp, gamma, axis_name,
+                           pipelined=bool(config.pipelined_gossip))))
   o = config.optimizer
   if o.name not in ("adamw", "accum_adamw"):  # your own inner optimizer
     return parts.clipped(config, transforms.decentralized(
@@ -106,11 +111,6 @@ def check_compression(config, fmt: str) -> None:
         f"topology={c.topology} changes every round (period {topo.period}); "
         "set --config.topology= one of exponential, static_ring, torus, "
         "complete (or --config.compression.format=none).")
-  if c.pipelined_gossip:
-    raise ValueError(
-        f"config.pipelined_gossip=True with {fmt}: CHOCO-gossip needs its "
-        "round before the next step; set --config.pipelined_gossip=False "
-        "(or --config.compression.format=none).")
   if c.gossip_every != 1:
     raise ValueError(
         f"config.gossip_every={c.gossip_every} with {fmt}: CHOCO-gossip "
@@ -160,15 +160,18 @@ CONFIG_FIELDS = {
         "decentralized: pipelined gossip (decentral_jax.optim.pipelined): "
         "the round sent in step k is mixed in step k+1, off the update's "
         "critical path; one step of staleness and one parameter-sized "
-        "buffer in the optimizer state (docs/pipelined_gossip.md). Needs "
-        "gossip_every 1, no compression, no faults"),
+        "buffer in the optimizer state (docs/pipelined_gossip.md); with "
+        "compression: pipelined CHOCO-gossip, the round of the step's input "
+        "parameters, no extra buffer (decentral_jax.optim.choco). Needs "
+        "gossip_every 1, no faults"),
 }
 
 DECENTRALIZED = registry.register(registry.Method(
     "decentralized", build, fields=FIELDS, runtime_spec=runtime_spec,
     label="dadam", uses_topology=True, static_rounds=True,
     gossip_every=lambda config: int(config.gossip_every),
-    round_stride=lambda config: 2 if config.pipelined_gossip else 1,
+    round_stride=lambda config: 2 if config.pipelined_gossip and (
+        config.compression.format == "none") else 1,
     checks=check_pipelined, config_fields=CONFIG_FIELDS,
     compression_checks=check_compression,
     unread=unread, faults=check_faults,
