@@ -121,19 +121,17 @@ def quadratic_problem(n, seed=0):
   return x0, b
 
 
-def spmd_diloco(n, h, periods, seed=0, noise=0.1, lr=0.1):
-  """DiLoCo (inner SGD ``lr``, default outer) in one SPMD program
-  (optim.diloco under shard_map) on the quadratic problem: worker i's target
-  at step t is the learners' ``problems.quadratic_batch(b, i, t)``. Returns
-  worker 0's parameters after ``h * periods`` steps (= theta)."""
+def spmd_quadratic(tx, n, steps, seed=0, noise=0.1):
+  """``tx`` (a local-update transform) in one SPMD program (under
+  shard_map) on the learners' quadratic problem: worker i's target at step
+  t is ``problems.quadratic_batch(b, i, t)``. Returns ``(params, state)``
+  after ``steps`` steps (device arrays, leading worker axis)."""
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
-  from decentral_jax import optim  # pylint: disable=import-outside-toplevel
   from decentral_jax import parallel  # pylint: disable=import-outside-toplevel
   from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
   x0, b = quadratic_problem(n, seed)
   mesh = parallel.make_mesh(n)
-  tx = optim.diloco(optax.sgd(lr), h)
 
   def step(params, state, target):
     grads = jax.tree.map(lambda x, t: x - t, params, target)
@@ -144,11 +142,36 @@ def spmd_diloco(n, h, periods, seed=0, noise=0.1, lr=0.1):
   params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
                           mesh)
   state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
-  for t in range(h * periods):
+  for t in range(steps):
     target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
                            for i in range(n)]) for k in b}
     params, state = step(params, state, parallel.shard(target, mesh))
+  return params, state
+
+
+def spmd_diloco(n, h, periods, seed=0, noise=0.1, lr=0.1):
+  """DiLoCo (inner SGD ``lr``, default outer) in one SPMD program
+  (optim.diloco) on the quadratic problem (:func:`spmd_quadratic`).
+  Returns worker 0's parameters after ``h * periods`` steps (= theta)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import optax  # pylint: disable=import-outside-toplevel
+  from decentral_jax import optim  # pylint: disable=import-outside-toplevel
+  params, _ = spmd_quadratic(optim.diloco(optax.sgd(lr), h), n, h * periods,
+                             seed, noise)
   return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(params))
+
+
+def load_gpu_check(name: str = "gpu_check_under_test"):
+  """``benchmarks/gpu_check.py`` imported as module ``name`` (once)."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, "benchmarks", "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]
 
 
 def run_steps(exp, state, start: int, stop: int, losses=None):

@@ -9,11 +9,8 @@ unchanged, and in the accepted setting the same flag changes them.
 """
 
 import contextlib
-import importlib.util
 import io
-import os
 import re
-import sys
 
 import pytest
 
@@ -24,7 +21,7 @@ from decentral_jax.tools.compare import pricing
 from decentral_jax.tools.runtime_model_cli import main as runtime_main
 from decentral_jax.tools.runtime_model_cli import predict
 
-from helpers import ROOT
+from helpers import load_gpu_check
 
 _AR_DILOCO = "all_reduce,diloco:H=10"
 _COMPRESSED = "all_reduce,dadam:topology=static_ring,compress=int8"
@@ -177,14 +174,7 @@ def test_compare_clusters_empty_with_workload_exits_2(tmp_path, capsys):
 
 
 def _gpu_check():
-  name = "gpu_check_flags_needs"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "benchmarks", "gpu_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
+  return load_gpu_check("gpu_check_flags_needs")
 
 
 _DEVICELESS = ["--deviceless", "h200"]

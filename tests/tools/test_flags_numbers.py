@@ -8,7 +8,6 @@ names the flag, before any work starts. The parsers run in this process.
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import os
 import sys
@@ -23,7 +22,7 @@ from decentral_jax.tools.compare import runs
 from decentral_jax.tools.runtime_model_cli import main as runtime_main
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 
-from helpers import ROOT
+from helpers import ROOT, load_gpu_check
 
 BAD = ("nan", "inf", "-1e30", "1e30", "99999999999999999999")
 MISSING_CONFIG = os.path.join(ROOT, "no_such_config_here.py")
@@ -163,14 +162,7 @@ def test_compare_seeds_refuse_unusable_values(value):
 
 
 def _gpu_check():
-  name = "gpu_check_flags_sweep"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "benchmarks", "gpu_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
+  return load_gpu_check("gpu_check_flags_sweep")
 
 
 def test_gpu_check_numeric_flags_refuse_unusable_values():

@@ -1,25 +1,17 @@
 """benchmarks/gpu_check.py's flags: checked before anything is compiled,
 named as typed, in the units typed; bad input exits with code 2."""
 
-import importlib.util
 import json
 import os
 import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, load_gpu_check
 
 
 def _script():
-  name = "gpu_check_under_test"
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, "benchmarks", "gpu_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-  return sys.modules[name]
+  return load_gpu_check("gpu_check_under_test")
 
 
 @pytest.mark.parametrize("argv, message", [

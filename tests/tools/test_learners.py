@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import require_devices
-from helpers import quadratic_problem, spmd_diloco
+from helpers import spmd_diloco, spmd_quadratic
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import spec as spec_lib
@@ -286,26 +286,9 @@ def spmd_streaming(n, h, periods, fragments, tau, alpha, seed=0, noise=0.1):
   import jax  # pylint: disable=import-outside-toplevel
   import optax  # pylint: disable=import-outside-toplevel
   from decentral_jax import optim  # pylint: disable=import-outside-toplevel
-  from decentral_jax import parallel  # pylint: disable=import-outside-toplevel
-  from decentral_jax.tools.learners import problems  # pylint: disable=import-outside-toplevel
-  x0, b = quadratic_problem(n, seed)
-  mesh = parallel.make_mesh(n)
   tx = optim.streaming_diloco(optax.sgd(LR), h, num_fragments=fragments,
                               overlap_steps=tau, merge_alpha=alpha)
-
-  def step(params, state, target):
-    grads = jax.tree.map(lambda x, t: x - t, params, target)
-    updates, state = tx.update(grads, state, params)
-    return optax.apply_updates(params, updates), state
-
-  step = jax.jit(parallel.per_worker(step, mesh))
-  params = parallel.shard({k: v.astype(np.float32) for k, v in x0.items()},
-                          mesh)
-  state = jax.jit(parallel.per_worker(tx.init, mesh))(params)
-  for t in range(h * periods + tau):
-    target = {k: np.stack([problems.quadratic_batch(b, i, t, seed, noise)[k]
-                           for i in range(n)]) for k in b}
-    params, state = step(params, state, parallel.shard(target, mesh))
+  _, state = spmd_quadratic(tx, n, h * periods + tau, seed, noise)
   theta = optim.streaming_sync.global_params(state)
   return jax.tree.map(lambda v: np.asarray(v)[0], jax.device_get(theta))
 
