@@ -59,7 +59,6 @@ from decentral_jax.analysis import overlap as overlap_lib  # noqa: E402
 from decentral_jax.runner import config as config_lib  # noqa: E402
 from decentral_jax.runner import programs as programs_lib  # noqa: E402
 from decentral_jax.runtime_model import presets  # noqa: E402
-from decentral_jax.runtime_model.costs import Cluster  # noqa: E402
 from decentral_jax.tools import gpu_compile  # noqa: E402
 from decentral_jax.tools import latency_profile  # noqa: E402
 from decentral_jax.tools import overlap as overlap_tool  # noqa: E402
@@ -137,19 +136,11 @@ def cluster_of(name: str, layout: str):
   (``h100_ib``'s NIC per GPU) and the device's NVLink; None where the
   preset has no such slice (the Figure 6 presets, e.g. ``A40``: 4 GPUs
   per node, no H100 workers of 8)."""
-  n, gpus = LAYOUTS[layout][1], LAYOUTS[layout][2]
-  d = DEVICES.get(layout, 1)
-  if d > 1 and presets.CLUSTERS[name].fields is None:
+  n = LAYOUTS[layout][1]
+  try:
+    return presets.device_slice(name, n, DEVICES.get(layout, 1))
+  except ValueError:  # e.g. h100_ib needs 8 workers per node; A40 and fsdp
     return None
-  if d == 1:
-    try:
-      return presets.cluster(name, n)
-    except ValueError:  # e.g. h100_ib needs 8 workers per node
-      return None
-  per_node = min(n, 8 // d) if gpus.startswith("2x") else n
-  fields = dict(presets.CLUSTERS[name].fields, local_size=per_node,
-                nics_per_node=per_node)
-  return Cluster(n_workers=n, **fields)
 
 
 def _round_us(exp, step, layout: str, cluster_name: str, min_bytes: float,

@@ -56,3 +56,14 @@ def x64():
     yield
   finally:
     jax.config.update("jax_enable_x64", False)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+  """One local Ray session (127.0.0.1, 2 CPUs) per test module, stopped
+  after it; Ray missing fails loudly (its tests are in the slow tier)."""
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  ray = cluster.require_ray()
+  cluster.start(num_cpus=2)
+  yield ray
+  ray.shutdown()

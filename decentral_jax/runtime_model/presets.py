@@ -254,6 +254,40 @@ def _hardware(preset: ClusterPreset, n: int) -> Cluster:
   return Cluster(n_workers=n, **fields)
 
 
+def device_slice(name: str, n: int, devices_per_worker: int) -> Cluster:
+  """The cluster of preset ``name`` that prices the collectives of ``n``
+  workers of ``D = devices_per_worker`` GPUs each.
+
+  ``D = 1``: :func:`cluster`. ``D > 1`` (fsdp or data layouts): each device
+  sends its ``1/D`` shard to the same device of the peer worker over its
+  own links, so the cluster is one device of each worker: ``local_size / D``
+  workers per node (all ``n`` when they fit one node) with
+  ``nics_per_node / D`` NICs, each worker on the device's own intra-node
+  port.
+
+  Raises:
+    ValueError: ``D < 1``; a Figure 6 preset (``T4``, ``A40``, ``A100``:
+      no hardware description to slice) with ``D > 1``; ``n * D`` GPUs the
+      preset does not hold (as :func:`cluster`).
+  """
+  d = int(devices_per_worker)
+  if d < 1:
+    raise ValueError(f"devices_per_worker must be >= 1, got {d}.")
+  if d == 1:
+    return cluster(name, n)
+  preset = CLUSTERS.get(name)
+  if preset is None or preset.fields is None:
+    raise ValueError(f"preset {name!r} has no per-device description for "
+                     f"workers of {d} devices; use one of "
+                     f"{sorted(k for k, v in CLUSTERS.items() if v.fields)} "
+                     "or pass a Cluster.")
+  full = _hardware(preset, n * d)  # checks the GPU count
+  per_node = min(n, max(1, full.local_size // d))
+  fields = dict(preset.fields, local_size=per_node,
+                nics_per_node=max(1, full.nics_per_node // d))
+  return Cluster(n_workers=n, **fields)
+
+
 def cluster_preset_name(name: str) -> str | None:
   """The key of :data:`CLUSTERS` that ``name`` spells, ignoring case and
   surrounding blanks (``"a40"`` is ``"A40"``), or None: the spelling

@@ -296,7 +296,8 @@ def compile_steps(config, *, target: str = "h200", topology: str = "1x1x8",
   exp = experiment_lib.Experiment(config, devices=devices)
   if cluster is not None:
     if isinstance(cluster, str):
-      cluster = runtime_presets.cluster(cluster, int(config.n_workers))
+      cluster = runtime_presets.device_slice(
+          cluster, int(config.n_workers), int(config.devices_per_worker))
     collective_us = latency_profile.cluster_collective_us(exp, cluster)
   if overlap_limit == "cluster":
     overlap_limit = None if cluster is None else cluster_overlap_limit(

@@ -134,3 +134,33 @@ def test_bad_inputs_name_the_argument():
     links.parallel_collectives(c, _pairs(8, 4))
   with pytest.raises(ValueError, match="devices_per_worker must be >= 1"):
     links.parallel_collectives(c, None, devices_per_worker=0)
+
+
+def test_workers_of_two_devices_sit_four_to_a_node():
+  # 8 workers of 2 H100s on 2 nodes of 8 GPUs: workers 0-3 on node 0 and
+  # 4-7 on node 1, each with 8 / 2 = 4 NICs per node. One-peer rounds of
+  # offsets 1, 2, 4: only offset 4 crosses the nodes (gossip on the NIC
+  # beside fsdp on NVLink: 2); offsets 1 and 2 share NVLink with fsdp (1).
+  c = presets.device_slice("h100_ib", 8, 2)
+  assert (c.n_workers, c.local_size, c.nics_per_node) == (8, 4, 4)
+  rounds = topology.make("one_peer_exp", 8).distinct_rounds
+  assert [links.parallel_collectives(c, r, devices_per_worker=2)
+          for r in rounds] == [1, 1, 2]
+  # One GPU per worker would put all 8 workers on one node: all NVLink.
+  assert [links.parallel_collectives(presets.cluster("h100_ib", 8), r,
+                                     devices_per_worker=2)
+          for r in rounds] == [1, 1, 1]
+  # Fits one node: every worker on it; one device per worker: the preset.
+  assert presets.device_slice("h100_node", 4, 2).local_size == 4
+  assert presets.device_slice("h100_ib", 16, 1) == presets.cluster(
+      "h100_ib", 16)
+
+
+@pytest.mark.parametrize("name, n, d, says", [
+    ("A40", 4, 2, "preset 'A40' has no per-device description"),
+    ("h100_ib", 8, 0, "devices_per_worker must be >= 1"),
+    ("h100_node", 8, 2, "has 8 GPUs; use at most 8 workers"),
+])
+def test_device_slice_refuses_by_name(name, n, d, says):
+  with pytest.raises(ValueError, match=says):
+    presets.device_slice(name, n, d)

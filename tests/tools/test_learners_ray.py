@@ -20,14 +20,6 @@ from decentral_jax.tools.learners import spec as spec_lib
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-  ray = cluster.require_ray()
-  cluster.start(num_cpus=2)
-  yield ray
-  ray.shutdown()
-
-
 def _until(condition, timeout_s=120.0, what="condition"):
   deadline = time.monotonic() + timeout_s
   while True:

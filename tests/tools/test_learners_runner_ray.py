@@ -12,7 +12,6 @@ import pytest
 
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools import cli
-from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
@@ -23,14 +22,6 @@ TINY = ("algorithm=diloco", "optimizer.name=adamw", "optimizer.accum_steps=1",
         "model.block_size=16", "model.n_layer=1", "model.n_embd=16",
         "model.n_head=2", "global_batch=4", "steps=12", "sync_every=3",
         "eval_batches=1", "schedule.warmup_steps=2")
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-  ray = cluster.require_ray()
-  cluster.start(num_cpus=2)
-  yield ray
-  ray.shutdown()
 
 
 def _learners(workdir, k, periods):
