@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import jax
 
 from decentral_jax import parallel
 from decentral_jax import records
+from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import fault_run
@@ -105,6 +107,8 @@ def checkpoint_meta(exp, step: int) -> dict:
                           and int(c.optimizer.accum_steps) > 1
                           else "per_window"),
       "global_batch": int(c.global_batch),
+      # The schedule's learning rate at this step (a resume compares it).
+      "lr": float(builders.make_schedule(c)(int(step))),
       "model": model_meta(json.loads(c.model.to_json())),
       # The sync schedule of the local-update methods (a change mid-run
       # would silently move the sync steps).
@@ -193,6 +197,22 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
           f"the checkpoint in {directory} was written with config.{field}="
           f"{theirs!r} but this run has {ours!r}; resume with the "
           "same value or use a fresh --workdir.")
+  _warn_changed_lr(meta, mine, directory)
+
+
+def _warn_changed_lr(meta: dict, mine: dict, directory: str) -> None:
+  """Logs one line when this config's schedule gives another learning rate
+  at the checkpoint's step than the run that wrote it (``config.steps`` or
+  ``config.schedule`` changed: allowed, e.g. to extend a run)."""
+  theirs = meta.get("lr")
+  if not _number(theirs) or math.isclose(theirs, mine["lr"], rel_tol=1e-5,
+                                         abs_tol=1e-12):
+    return
+  logging.warning(
+      "the learning rate at step %d was %.4g in the run that wrote the "
+      "checkpoint in %s and is %.4g with this config (config.steps or "
+      "config.schedule changed); training continues on this config's "
+      "schedule.", int(meta.get("step", 0)), theirs, directory, mine["lr"])
 
 
 def _first_difference(field: str, theirs, ours) -> tuple:

@@ -207,3 +207,29 @@ def test_resuming_continues_as_the_old_code_did(experiment, workdir):
     for f in files:
       with open(os.path.join(d, f), "rb") as fh:
         assert b"decentral_jax" not in fh.read()
+
+
+def test_a_changed_schedule_on_resume_is_named_with_both_rates(
+    experiment, caplog):
+  """A resume whose config gives the checkpoint's step another learning
+  rate (longer ``steps`` stretch the cosine) continues, saying so; the
+  same rate says nothing; an old checkpoint without ``lr`` says nothing."""
+  cfg = experiment.config
+  warm, steps = int(cfg.schedule.warmup_steps), int(cfg.steps)
+  peak, final = float(cfg.schedule.peak_lr), float(cfg.schedule.final_lr)
+  # optax's warmup-cosine by hand at step 6 of 7 (2 warmup steps).
+  frac = (SAVED_STEP - warm) / (steps - warm)
+  by_hand = final + 0.5 * (peak - final) * (1 + np.cos(np.pi * frac))
+  mine = run_meta.checkpoint_meta(experiment, SAVED_STEP)
+  assert mine["lr"] == pytest.approx(by_hand, rel=1e-6)
+  caplog.set_level("WARNING")
+  for meta in (dict(mine), {k: v for k, v in mine.items() if k != "lr"}):
+    run_meta.check_resumable(experiment, meta, "DIR")
+  assert not caplog.records
+  run_meta.check_resumable(experiment, {**mine, "lr": 1e-3}, "DIR")
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line == (
+      f"the learning rate at step {SAVED_STEP} was 0.001 in the run that "
+      f"wrote the checkpoint in DIR and is {mine['lr']:.4g} with this config "
+      "(config.steps or config.schedule changed); training continues on "
+      "this config's schedule.")
