@@ -326,15 +326,26 @@ def _is_diag(c, rnd, compressed: bool) -> bool:
       c.kind == "all-reduce" and (rnd.groups is None or compressed))
 
 
+def _stem(row: dict) -> str:
+  return f"{row['case'].replace(':', '_')}_r{row['round']}_{row['consensus']}"
+
+
+def missing_hlo(out: str, hlo_dir: str) -> list[str]:
+  """The ``.hlo.gz`` files the rows of ``out`` need that ``hlo_dir`` lacks."""
+  with open(out, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [_stem(r) + ".hlo.gz" for r in rows if not os.path.isfile(
+      os.path.join(hlo_dir, _stem(r) + ".hlo.gz"))]
+
+
 def table(out: str, hlo_dir: str) -> str:
   """Markdown rows of every program in ``out`` with its saved HLO."""
   lines = []
   with open(out, encoding="utf-8") as f:
     rows = [json.loads(line) for line in f if line.strip()]
   for row in rows:
-    stem = (f"{row['case'].replace(':', '_')}_r{row['round']}_"
-            f"{row['consensus']}")
-    with gzip.open(os.path.join(hlo_dir, stem + ".hlo.gz"), "rt") as f:
+    with gzip.open(os.path.join(hlo_dir, _stem(row) + ".hlo.gz"),
+                   "rt") as f:
       a = analyse(row, f.read())
     xla, mem = row["xla_alone"], row["memory"]
     x_fwd, x_bwd = xla["forward_in_flight"], xla["backward_in_flight"]
@@ -396,6 +407,14 @@ def main(argv=None) -> int:
                   help="also the first program with the consensus measurement")
   args = ap.parse_args(argv)
   if args.table:
+    missing = missing_hlo(args.out, args.hlo)
+    if missing:
+      print(f"error: --table needs the scheduled HLO of every row of "
+            f"{args.out} under --hlo {args.hlo!r}, written by the compiles "
+            f"(--cases ... --hlo DIR); missing {missing[0]!r} and "
+            f"{len(missing) - 1} more (the repository keeps the rows and a "
+            "few stripped fixtures, not every program).", file=sys.stderr)
+      return 2
     print(table(args.out, args.hlo))
     return 0
   os.makedirs(args.bins, exist_ok=True)  # zeros: compiles read no text
