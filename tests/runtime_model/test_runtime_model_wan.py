@@ -273,7 +273,7 @@ def test_predict_presets_answer_differs_across_regimes(capsys):
                      methods]) == 0
     out = capsys.readouterr().out
     answers[preset] = _recommendation(out)
-  assert "2 datacenters x 1 nodes x 8, wide-area 10 Gbit/s, 30 ms" in out
+  assert "2 datacenters x 1 node x 8, wide-area 10 Gbit/s, 30 ms" in out
   assert "WAN MB/it" in out
   assert answers["h100_ib"] != answers["cross_region_2dc"], answers
   # A flag given with a preset overrides its field.

@@ -193,13 +193,13 @@ def test_predict_without_n_workers_takes_a_count_the_preset_holds(capsys):
   rc, out, _ = _run(capsys, "--preset", "cross_region_4dc", "--workload",
                     "gpt2_small", "--methods", "all_reduce")
   assert rc == 0
-  assert "n=32 workers (4 datacenters x 1 nodes x 8" in out
+  assert "n=32 workers (4 datacenters x 1 node x 8" in out
   assert _line(out, "workers:").startswith(
       "workers: 32 (--n-workers not given: the smallest count from 16 on "
       "that --preset cross_region_4dc holds")
   rc, out, _ = _run(capsys, "--preset", "h100_node", "--methods",
                     "all_reduce", "--params", "1e8")
-  assert rc == 0 and "n=8 workers (1 nodes x 8)" in out
+  assert rc == 0 and "n=8 workers (1 node x 8)" in out
   assert ("from the workload flags (--params as given, the rest at their "
           "defaults)") in _line(out, "workload:")
   assert "all GPUs of --preset h100_node" in _line(out, "workers:")

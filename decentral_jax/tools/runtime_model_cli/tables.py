@@ -74,10 +74,12 @@ def write_chart(panels, path: str) -> None:
 def _shape(c) -> str:
   """``(4 nodes x 8)``, or with datacenters ``(2 datacenters x 2 nodes x 8,
   wide-area 10 Gbit/s, 30 ms)``."""
+  def nodes(k):
+    return f"{k} node{'' if k == 1 else 's'} x {c.local_size}"
   if c.datacenters == 1:
-    return f"({c.n_nodes} nodes x {c.local_size})"
-  return (f"({c.datacenters} datacenters x {c.n_nodes // c.datacenters} "
-          f"nodes x {c.local_size}, wide-area {8 * c.wan_bandwidth_Bps / 1e9:.3g}"
+    return f"({nodes(c.n_nodes)})"
+  return (f"({c.datacenters} datacenters x {nodes(c.n_nodes // c.datacenters)}"
+          f", wide-area {8 * c.wan_bandwidth_Bps / 1e9:.3g}"
           f" Gbit/s, {1e3 * c.wan_latency_s:.3g} ms)")
 
 
