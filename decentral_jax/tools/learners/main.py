@@ -226,6 +226,24 @@ def run_spec(args, overrides=()) -> spec_lib.RunSpec:
       keep_state=not args.drop_state, **fields)
 
 
+def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
+              workdir: str | None) -> None:
+  """What the synchronizer and the run directory would refuse, checked
+  before Ray starts: the problem builds and fits ``fragments``, the
+  checkpoint to resume was written by the same run
+  (:func:`~decentral_jax.tools.learners.synchronizer.check_run`), and the
+  run directory's records read back.
+
+  Raises:
+    ValueError, OSError: naming the field, checkpoint or file.
+  """
+  from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import synchronizer  # pylint: disable=import-outside-toplevel
+  if workdir is not None:
+    records_lib.check_workdir(workdir)
+  synchronizer.check_run(run, checkpoint_dir)
+
+
 def progress_line(status: dict, learners: dict) -> str:
   """One line: merged periods and each learner's state."""
   parts = [f"period {status['version']}/{status['periods']}"]
@@ -335,10 +353,15 @@ def main(argv=None, prog: str | None = None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
   checkpoint_dir = args.checkpoint_dir
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
+  try:
+    preflight(run, checkpoint_dir, args.workdir)
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
   try:
     cluster.start(args.address, timeout_s=args.connect_timeout)
     c = cluster.Cluster(run, checkpoint_dir)

@@ -8,10 +8,18 @@ synchronizer's; the message names the first field that differs.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 MODES = ("sync", "decoupled")
 INNER = ("sgd", "adamw")
 OUTER = ("nesterov", "delayed_nesterov")
+
+
+# Fields a resumed run may change: the learner count (learners of a former,
+# larger K leave) and the scheduling; every other field defines the
+# trajectory (RunSpec.trajectory).
+RESUME_FREE = ("shards", "periods", "mode", "quorum", "grace_s",
+               "max_staleness", "dynamic_updates", "sleep_s", "keep_state")
 
 
 class JoinRefused(ValueError):
@@ -158,6 +166,36 @@ class RunSpec:
             "fragments": self.fragments, "overlap_steps": self.overlap_steps,
             "merge_alpha": self.merge_alpha, "outer": self.outer,
             "delay_buffer": self.delay_buffer}
+
+  def trajectory(self) -> dict:
+    """The fields that define the run's trajectory (every field but
+    :data:`RESUME_FREE`), as JSON values: what a synchronizer's checkpoint
+    records and a resume must match (:func:`check_resume`)."""
+    return json.loads(json.dumps(
+        {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+         if f.name not in RESUME_FREE}, default=float))
+
+
+def check_resume(saved, ours: dict, where: str) -> None:
+  """Refuses to resume checkpoint ``where``, written by a run whose
+  :meth:`RunSpec.trajectory` was ``saved``, with the run ``ours``.
+
+  Raises:
+    ValueError: the first field that differs, with both values and the fix
+      (a new checkpoint directory; ``--periods`` to extend a run).
+  """
+  if not isinstance(saved, dict):
+    raise ValueError(f"{where}: its run is {saved!r}, not a JSON object; "
+                     "start a new checkpoint directory (or --workdir).")
+  for field in [*ours, *(k for k in saved if k not in ours)]:
+    if saved.get(field, "<missing>") != ours.get(field, "<missing>"):
+      raise ValueError(
+          f"{where} was written by a run with {field}="
+          f"{saved.get(field, '<missing>')!r}, this run has "
+          f"{ours.get(field, '<missing>')!r}; resume it with the same run "
+          "(only the learner count, --periods and the scheduling flags may "
+          "change: --periods extends it) or start a new checkpoint "
+          "directory (--checkpoint-dir, or a new --workdir).")
 
 
 def check_outer_and_fragments(run: RunSpec) -> None:
