@@ -1,0 +1,146 @@
+"""Learners: what a resume and the command refuse before Ray starts (the
+run a checkpoint was written by, the problem's leaves, the run directory's
+records), in process."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from decentral_jax.runner import checkpoint
+from decentral_jax.tools import cli
+from decentral_jax.tools.learners import cluster
+from decentral_jax.tools.learners import records
+from decentral_jax.tools.learners import spec as spec_lib
+from decentral_jax.tools.learners import synchronizer as sync_lib
+
+BASE = dict(shards=2, sync_every=4, periods=3, quorum=2)
+
+
+def _one_merge(run, directory):
+  """A synchronizer of ``run`` that merged one period (zero pseudo-
+  gradients of both learners) into ``directory``."""
+  sync = sync_lib.Synchronizer(run, directory)
+  for w in range(run.shards):
+    sync.join(w, run.fingerprint())
+  for w in range(run.shards):
+    zero = {k: np.zeros_like(v) for k, v in sync.theta.items()}
+    assert sync.push(w, 0, zero, 4) == "accepted"
+  deadline = time.monotonic() + 30
+  while sync.version < 1 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  sync.close()
+  assert sync.version == 1
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("ckpt"))
+  _one_merge(spec_lib.RunSpec(**BASE), directory)
+  return directory
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+  def start(*a, **k):
+    raise AssertionError("Ray started")
+  monkeypatch.setattr(cluster, "start", start)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"sync_every": 8}, "sync_every=4, this run has 8"),
+    ({"inner": "adamw"}, "inner='sgd', this run has 'adamw'"),
+    ({"inner_lr": 0.05}, "inner_lr=0.1, this run has 0.05"),
+    ({"fragments": 2}, "fragments=1, this run has 2"),
+    ({"outer": "delayed_nesterov", "delay_buffer": 2},
+     "outer='nesterov', this run has 'delayed_nesterov'"),
+    ({"problem_args": (("seed", 7),)}, "problem_args=[], this run has "
+     "[['seed', 7]]"),
+    ({"compressor": "int8", "block": 64}, "compressor='none'")])
+def test_a_resume_of_another_run_is_refused_naming_the_field(
+    saved, change, field):
+  run = spec_lib.RunSpec(**{**BASE, **change})
+  with pytest.raises(ValueError, match="start a new checkpoint") as e:
+    sync_lib.check_run(run, saved)
+  assert f"was written by a run with {field}" in str(e.value), e.value
+  with pytest.raises(ValueError, match=field.split(",")[0].replace(
+      "[", r"\[")):
+    sync_lib.Synchronizer(run, saved)  # the actor refuses it too
+
+
+def test_a_resume_may_change_learners_periods_and_scheduling(saved):
+  run = spec_lib.RunSpec(shards=1, sync_every=4, periods=9, quorum=1,
+                         mode="decoupled", grace_s=0.1, sleep_s=(0.01,),
+                         keep_state=False)
+  sync_lib.check_run(run, saved)
+  sync = sync_lib.Synchronizer(run, saved)
+  sync.close()
+  assert sync.resumed and sync.version == 1
+
+
+def test_an_older_checkpoint_without_its_run_resumes_with_a_warning(
+    tmp_path, capsys):
+  run = spec_lib.RunSpec(**BASE)
+  sync = sync_lib.Synchronizer(run)
+  state = sync._state_tree()  # pylint: disable=protected-access
+  sync.close()
+  with checkpoint.Checkpointer(str(tmp_path), async_save=False) as ckpt:
+    ckpt.save(1, state, {"version": 1, "log": sync.log, "active": [0, 1],
+                         "periods": 3})
+  other = spec_lib.RunSpec(**{**BASE, "sync_every": 8})
+  sync_lib.check_run(other, str(tmp_path))
+  assert "does not record its run" in capsys.readouterr().err
+
+
+def test_the_command_refuses_another_run_before_ray_starts(
+    saved, no_ray, capsys):
+  assert cli.main(["learners", "--learners", "2", "--sync-every", "8",
+                   "--checkpoint-dir", saved]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: checkpoint ") and (
+      "sync_every=4, this run has 8" in err[-1]), err
+
+
+def test_more_fragments_than_leaves_is_refused_before_ray_starts(
+    no_ray, capsys):
+  assert cli.main(["learners", "--fragments", "4"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: RunSpec.fragments=4 exceeds the 3 parameter leaves "
+                 "of the problem; use fragments <= 3."], err
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{broken", "is not JSON"),
+    ("[1, 2]", "must be an object"),
+    ('{"config_source": "c", "overrides": [], "config": {}, "learners": 2, '
+     '"segments": 5}', "segments"),
+    ('{"config_source": "c", "overrides": [], "config": {}, "learners": 2, '
+     '"segments": [{"from_period": 0, "from_step": 0, "n_workers": 2, '
+     '"sharding": "s"}]}', "segments[0]")])
+def test_a_damaged_learners_json_is_one_error_naming_the_file(
+    tmp_path, text, words):
+  (tmp_path / "learners.json").write_text(text)
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(tmp_path / "learners.json") in str(e.value), e.value
+  assert words in str(e.value), e.value
+
+
+def test_a_damaged_metrics_jsonl_is_one_error_naming_the_file(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{broken\n{"step": 1}\n')
+  with pytest.raises(ValueError, match="metrics.jsonl"):
+    records.check_workdir(str(tmp_path))
+
+
+def test_the_command_refuses_a_damaged_workdir_before_ray_starts(
+    tmp_path, no_ray, capsys):
+  (tmp_path / "learners.json").write_text(json.dumps([1, 2]))
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py",
+                   "--config.algorithm=diloco", "--config.optimizer.name="
+                   "adamw", "--config.optimizer.accum_steps=1", "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and (
+      "learners.json" in err[0]), err
