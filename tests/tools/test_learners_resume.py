@@ -4,6 +4,7 @@ records), in process."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -13,6 +14,8 @@ import pytest
 from decentral_jax.runner import checkpoint
 from decentral_jax.tools import cli
 from decentral_jax.tools.learners import cluster
+from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools.learners import records
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
@@ -144,3 +147,44 @@ def test_the_command_refuses_a_damaged_workdir_before_ray_starts(
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: ") and (
       "learners.json" in err[0]), err
+
+
+def test_learners_that_all_stopped_on_an_error_end_the_run_naming_them():
+  run = spec_lib.RunSpec(**{**BASE, "inner_lr": 1000.0, "sync_every": 8,
+                            "periods": 10})
+  sync = sync_lib.Synchronizer(run)
+  link = learner_lib.Link(lambda name, *args: getattr(sync, name)(*args))
+  learners = {i: learner_lib.Learner(run, i, link) for i in range(2)}
+  deadline = time.monotonic() + 30
+  while (any(not lrn.status()["error"] for lrn in learners.values())
+         and time.monotonic() < deadline):
+    time.sleep(0.01)
+  states = {i: lrn.stop() for i, lrn in learners.items()}
+  sync.close()
+  assert sync.version < run.periods
+  why = main_lib.stalled(states)
+  assert why.startswith("every learner stopped with an error"), why
+  assert "learner 0: RuntimeError: the synchronizer rejected" in why, why
+  assert "holds NaN or inf" in why, why
+  assert main_lib.stalled({**states, 1: None}) is None  # one restarting
+  assert main_lib.stalled({0: states[0], 1: {**states[1], "error": None}}) \
+      is None
+
+
+def test_the_driver_stops_when_no_learner_can_go_on(monkeypatch, capsys):
+  class Run:
+    learners = {}
+    def status(self):
+      return {"version": 1, "periods": 4, "done": False}
+  down = {"version": 1, "steps": 3, "tokens": 6, "waits": [],
+          "error": "RuntimeError: boom"}
+  answers = iter([{0: None, 1: None}, {0: down, 1: None}])
+  monkeypatch.setattr(main_lib, "_learner_states",
+                      lambda c: next(answers, {0: down, 1: down}))
+  args = argparse.Namespace(timeout=30.0, every=0.0, kill_every=0)
+  with pytest.raises(main_lib.Stalled, match="learner 1: RuntimeError: boom"):
+    main_lib._drive(Run(), args)  # pylint: disable=protected-access
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == "period 1/4 | L0 starting | L1 starting", lines
+  assert lines[1].endswith("| L1 starting"), lines
+  assert "L0 restarting" not in lines[1] and "error RuntimeError: boom" in lines[1]

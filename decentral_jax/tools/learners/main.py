@@ -25,9 +25,11 @@ then holds the runner's ``metrics.jsonl`` and ``config.json``,
 resumed, also with another ``--learners``)
 (:mod:`decentral_jax.tools.learners.records`).
 
-Exit codes: 0; 1 for Ray missing, an unreachable ``--address`` or a run
-that did not finish within ``--timeout`` (one ``error:`` line); 2 for bad
-flags.
+Exit codes: 0; 1 for Ray missing, an unreachable ``--address``, a run
+that did not finish within ``--timeout`` or one whose learners all stopped
+with an error (one ``error:`` line); 2 for bad flags, a problem or a
+resume the synchronizer would refuse, or damaged records (checked before
+Ray starts).
 """
 
 from __future__ import annotations
@@ -244,18 +246,37 @@ def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
   synchronizer.check_run(run, checkpoint_dir)
 
 
-def progress_line(status: dict, learners: dict) -> str:
-  """One line: merged periods and each learner's state."""
+def progress_line(status: dict, learners: dict, seen=None) -> str:
+  """One line: merged periods and each learner's state (None: not
+  answering: ``starting``, or ``restarting`` once it was in ``seen``, the
+  ids that answered before; without ``seen`` every one had)."""
   parts = [f"period {status['version']}/{status['periods']}"]
   for i, s in sorted(learners.items()):
     if s is None:
-      parts.append(f"L{i} restarting")
+      was = seen is None or i in seen
+      parts.append(f"L{i} {'restarting' if was else 'starting'}")
       continue
     wait = max(s["waits"], default=0.0)
     parts.append(f"L{i} v{s['version']} steps {s['steps']} tokens "
                  f"{s['tokens']} max wait {wait:.2f}s"
                  + (f" error {s['error']}" if s["error"] else ""))
   return " | ".join(parts)
+
+
+class Stalled(RuntimeError):
+  """A run that cannot progress: every learner stopped with an error."""
+
+
+def stalled(learners: dict) -> str | None:
+  """Why the run cannot progress (None: it may): every learner answered
+  and stopped with an error (a learner's thread ends on its error; Ray
+  restarts only a dead process), naming each learner's error."""
+  if not learners or any(s is None or not s.get("error")
+                         for s in learners.values()):
+    return None
+  errors = "; ".join(f"learner {i}: {s['error']}"
+                     for i, s in sorted(learners.items()))
+  return f"every learner stopped with an error, the run cannot progress ({errors})"
 
 
 def _learner_states(c) -> dict:
@@ -272,15 +293,20 @@ def _drive(c, args, records=None) -> dict:
   """Polls until the run ends, printing progress, killing on schedule,
   writing the run directory's records (``records``: a
   :class:`~decentral_jax.tools.learners.records.RunRecords`)."""
-  last, kills = 0.0, 0
+  last, kills, seen = 0.0, 0, set()
   deadline = time.monotonic() + args.timeout
   while True:
     status = c.status()
     if records is not None:
       records.update(status, lambda: _theta(c), c.status)
     if time.monotonic() - last >= args.every or status["done"]:
-      print(progress_line(status, _learner_states(c)), flush=True)
+      states = _learner_states(c)
+      print(progress_line(status, states, seen), flush=True)
+      seen |= {i for i, s in states.items() if s is not None}
       last = time.monotonic()
+      why = None if status["done"] else stalled(states)
+      if why:
+        raise Stalled(why)
     if status["done"]:
       return status
     if (args.kill_every and status["version"] >= (kills + 1) * args.kill_every
@@ -375,7 +401,7 @@ def main(argv=None, prog: str | None = None) -> int:
       c.add(i)
     status = _drive(c, args, records)
     learners = c.learner_status()
-  except TimeoutError as e:
+  except (TimeoutError, Stalled) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   finally:
