@@ -188,3 +188,45 @@ def test_the_driver_stops_when_no_learner_can_go_on(monkeypatch, capsys):
   assert lines[0] == "period 1/4 | L0 starting | L1 starting", lines
   assert lines[1].endswith("| L1 starting"), lines
   assert "L0 restarting" not in lines[1] and "error RuntimeError: boom" in lines[1]
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"sleep_s": (-1.0,)}, "RunSpec.sleep_s must be a tuple of finite"),
+    ({"sleep_s": ("a",)}, "RunSpec.sleep_s must be a tuple of finite"),
+    ({"inner_lr": -0.1}, "RunSpec.inner_lr must be a finite number > 0"),
+    ({"outer_lr": -0.7}, "RunSpec.outer_lr must be a finite number > 0"),
+    ({"outer_lr": float("nan")}, "RunSpec.outer_lr must be"),
+    ({"outer_momentum": 1.0}, "RunSpec.outer_momentum must be a number in "
+     "[0, 1)")])
+def test_run_spec_names_a_bad_number(fields, words):
+  with pytest.raises(ValueError) as e:
+    spec_lib.RunSpec(**{**BASE, **fields})
+  assert str(e.value).startswith(words), e.value
+
+
+def test_run_spec_takes_numpy_scalars():
+  run = spec_lib.RunSpec(**{**BASE, "sync_every": 8, "merge_alpha":
+                            np.float32(0.5), "inner_lr": np.float64(0.1)})
+  assert run.trajectory()["merge_alpha"] == 0.5
+
+
+def test_a_merge_whose_theta_is_not_finite_is_refused_and_logged(capsys):
+  run = spec_lib.RunSpec(**BASE)
+  sync = sync_lib.Synchronizer(run)
+  for w in range(2):
+    sync.join(w, run.fingerprint())
+  before = {k: v.copy() for k, v in sync.theta.items()}
+  huge = {k: np.full_like(v, 3e38) for k, v in before.items()}
+  for w in range(2):
+    assert sync.push(w, 0, huge, 4) == "accepted"  # each one finite
+  deadline = time.monotonic() + 30
+  while len(sync.log["rejected"]) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  again = sync.push(0, 0, huge, 4)
+  sync.close()
+  assert sync.version == 0 and sync.log["merged_with"] == []
+  for k, v in before.items():
+    np.testing.assert_array_equal(sync.theta[k], v)
+  assert [r[:2] for r in sync.log["rejected"][:2]] == [[0, 0], [1, 0]]
+  assert "merged theta of fragment 0 holds NaN or inf" in again
+  assert "refused the merge of learners [0, 1]" in capsys.readouterr().err

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 
 MODES = ("sync", "decoupled")
 INNER = ("sgd", "adamw")
@@ -125,6 +127,7 @@ class RunSpec:
       raise ValueError("RunSpec.grace_s and max_staleness must be >= 0, got "
                        f"{self.grace_s!r}, {self.max_staleness!r}.")
     self.codec()  # checks compressor and block
+    check_numbers(self)
     if len(self.sleep_s) > self.shards:
       raise ValueError(f"RunSpec.sleep_s has {len(self.sleep_s)} entries for "
                        f"{self.shards} shards.")
@@ -198,6 +201,33 @@ def check_resume(saved, ours: dict, where: str) -> None:
           "directory (--checkpoint-dir, or a new --workdir).")
 
 
+def _real(v) -> bool:
+  """A finite real number (NumPy scalars too), not a boolean."""
+  return (isinstance(v, numbers.Real) and not isinstance(v, bool)
+          and math.isfinite(v))
+
+
+def check_numbers(run: RunSpec) -> None:
+  """Checks ``inner_lr``, ``outer_lr`` (finite, > 0), ``outer_momentum``
+  (in ``[0, 1)``) and ``sleep_s`` (finite seconds >= 0 each).
+
+  Raises:
+    ValueError: naming the field, its value and its range.
+  """
+  for name in ("inner_lr", "outer_lr"):
+    value = getattr(run, name)
+    if not (_real(value) and value > 0):
+      raise ValueError(f"RunSpec.{name} must be a finite number > 0, got "
+                       f"{value!r}.")
+  if not (_real(run.outer_momentum) and 0 <= run.outer_momentum < 1):
+    raise ValueError("RunSpec.outer_momentum must be a number in [0, 1), got "
+                     f"{run.outer_momentum!r}.")
+  if not isinstance(run.sleep_s, (tuple, list)) or not all(
+      _real(x) and x >= 0 for x in run.sleep_s):
+    raise ValueError("RunSpec.sleep_s must be a tuple of finite seconds >= 0 "
+                     f"(one per learner), got {run.sleep_s!r}.")
+
+
 def check_outer_and_fragments(run: RunSpec) -> None:
   """Checks ``fragments``, ``overlap_steps``, ``merge_alpha``, ``outer`` and
   ``delay_buffer``.
@@ -219,8 +249,7 @@ def check_outer_and_fragments(run: RunSpec) -> None:
         f"RunSpec.overlap_steps={run.overlap_steps} with fragments="
         f"{run.fragments} needs overlap_steps * fragments < sync_every="
         f"{run.sync_every} (a fragment is merged before the next is sent).")
-  if (not isinstance(run.merge_alpha, (int, float))
-      or isinstance(run.merge_alpha, bool) or not 0 <= run.merge_alpha <= 1):
+  if not (_real(run.merge_alpha) and 0 <= run.merge_alpha <= 1):
     raise ValueError(f"RunSpec.merge_alpha must be a number in [0, 1], got "
                      f"{run.merge_alpha!r}.")
   if run.outer not in OUTER:

@@ -190,6 +190,7 @@ class Synchronizer:
     self._speed: dict[int, float] = {}
     self._merging: set[tuple[int, int]] = set()  # (learner, fragment)
     self._kept: dict[int, dict] = {}  # learner -> {base: its state}
+    self._refused: dict = {}  # (learner, fragment, base) -> why
     self.periods = run.periods
     self._ckpt = None
     self.resumed = False
@@ -320,6 +321,8 @@ class Synchronizer:
     with self._lock:
       if learner not in self._active:
         return "unknown"
+      if why is None:  # its merge was refused: sent again, refused again
+        why = self._refused.get((learner, int(fragment), base))
       if why is not None:
         self.log["rejected"].append([learner, base, why])
         print(f"synchronizer: rejected the pseudo-gradient of learner "
@@ -465,6 +468,9 @@ class Synchronizer:
         jax.tree.map(jnp.asarray, mean), opt_state,
         jax.tree.map(jnp.asarray, theta))
     new_theta = {k: np.asarray(v, np.float32) for k, v in new_theta.items()}
+    if not all(np.all(np.isfinite(v)) for v in new_theta.values()):
+      self._refuse(fragment, keys)
+      return
     per_learner: dict[str, int] = {}
     for (w, _, _), n in zip(keys, tokens):
       per_learner[str(w)] = per_learner.get(str(w), 0) + n
@@ -494,6 +500,21 @@ class Synchronizer:
     with self._lock:
       self.theta, self._opt_state = theta_all, tuple(states)
       self.versions, self._merging = versions, set()
+
+  def _refuse(self, fragment: int, keys) -> None:
+    """A merge whose new ``theta`` is not finite (finite but huge
+    pseudo-gradients): ``theta`` and the outer state stay; each learner's
+    pseudo-gradient is logged as rejected, and refused when sent again."""
+    why = (f"the merged theta of fragment {fragment} holds NaN or inf; "
+           "theta was kept")
+    with self._lock:
+      for w, p, base in keys:
+        self.log["rejected"].append([w, base, why])
+        self._refused[(w, p, base)] = why
+      self._merging = set()
+    print(f"synchronizer: refused the merge of learners "
+          f"{sorted({w for w, _, _ in keys})} (fragment {fragment}): {why}",
+          file=sys.stderr, flush=True)
 
   def close(self) -> None:
     """Stops the merge thread and closes the checkpoint directory."""
