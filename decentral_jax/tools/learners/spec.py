@@ -191,14 +191,31 @@ def check_resume(saved, ours: dict, where: str) -> None:
     raise ValueError(f"{where}: its run is {saved!r}, not a JSON object; "
                      "start a new checkpoint directory (or --workdir).")
   for field in [*ours, *(k for k in saved if k not in ours)]:
-    if saved.get(field, "<missing>") != ours.get(field, "<missing>"):
+    a, b = saved.get(field, "<missing>"), ours.get(field, "<missing>")
+    if a != b:
+      name, a, b = _narrow(field, a, b)
       raise ValueError(
-          f"{where} was written by a run with {field}="
-          f"{saved.get(field, '<missing>')!r}, this run has "
-          f"{ours.get(field, '<missing>')!r}; resume it with the same run "
-          "(only the learner count, --periods and the scheduling flags may "
-          "change: --periods extends it) or start a new checkpoint "
-          "directory (--checkpoint-dir, or a new --workdir).")
+          f"{where} was written by a run with {name}={a!r}, this run has "
+          f"{b!r}; resume it with the same run (only the learner count, "
+          "--periods and the scheduling flags may change: --periods extends "
+          "it) or start a new checkpoint directory (--checkpoint-dir, or a "
+          "new --workdir).")
+
+
+def _narrow(field: str, a, b):
+  """``(name, a, b)``: ``problem_args``' first differing argument, and of
+  a list argument (a config's overrides) only the items not in both."""
+  try:
+    a_args, b_args = dict(a), dict(b)
+  except (TypeError, ValueError):
+    return field, a, b
+  for key in [*b_args, *(k for k in a_args if k not in b_args)]:
+    x, y = a_args.get(key, "<missing>"), b_args.get(key, "<missing>")
+    if x != y:
+      if isinstance(x, list) and isinstance(y, list):
+        x, y = [v for v in x if v not in y], [v for v in y if v not in x]
+      return f"{field}.{key}", x, y
+  return field, a, b
 
 
 def _real(v) -> bool:
