@@ -242,3 +242,15 @@ def test_a_merge_whose_theta_is_not_finite_is_refused_and_logged(capsys):
   assert [r[:2] for r in sync.log["rejected"][:2]] == [[0, 0], [1, 0]]
   assert "merged theta of fragment 0 holds NaN or inf" in again
   assert "refused the merge of learners [0, 1]" in capsys.readouterr().err
+
+
+def test_a_runner_config_whose_data_is_missing_is_refused_before_ray_starts(
+    tmp_path, no_ray, capsys):
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py",
+                   "--config.algorithm=diloco", "--config.optimizer.name="
+                   "adamw", "--config.optimizer.accum_steps=1",
+                   "--config.data.source=text_file",
+                   f"--config.data.path={tmp_path}/none.txt"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: config.data.path=") \
+      and "does not exist" in err[0], err
