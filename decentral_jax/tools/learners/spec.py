@@ -2,7 +2,11 @@
 
 A learner is refused at join unless every field of its
 :meth:`RunSpec.fingerprint` (model, method and data sharding) equals the
-synchronizer's; the message names the first field that differs.
+synchronizer's; the message names the first field that differs. A
+synchronizer's checkpoint records the run's :meth:`RunSpec.trajectory`
+(every field but the learner count, ``periods`` and the scheduling,
+:data:`RESUME_FREE`), and a resume by another run is refused
+(:func:`check_resume`).
 """
 
 from __future__ import annotations
