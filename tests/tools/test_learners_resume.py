@@ -254,3 +254,30 @@ def test_a_runner_config_whose_data_is_missing_is_refused_before_ray_starts(
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: config.data.path=") \
       and "does not exist" in err[0], err
+
+
+def test_learners_that_died_for_good_end_the_run():
+  class ActorDiedError(Exception):  # Ray's name for an actor out of restarts
+    pass
+  class Handle:
+    def __init__(self, raises):
+      self.status = self
+      self.raises = raises
+    def remote(self):
+      return self.raises
+  class Ray:
+    @staticmethod
+    def get(raises, timeout=None):
+      del timeout
+      raise raises
+  class Run:
+    learners = {0: Handle(ActorDiedError("gone")), 1: Handle(TimeoutError())}
+    _ray = Ray()
+  states = main_lib._learner_states(Run())  # pylint: disable=protected-access
+  assert states == {0: main_lib.DEAD, 1: None}
+  assert main_lib.stalled(states) is None  # learner 1 may come back
+  assert main_lib.progress_line({"version": 2, "periods": 4}, states, {1}) \
+      == "period 2/4 | L0 dead | L1 restarting"
+  why = main_lib.stalled({0: main_lib.DEAD, 1: {"error": "ValueError: x"}})
+  assert why.endswith("(learner 0: its process died and Ray will not "
+                      "restart it; learner 1: ValueError: x)"), why

@@ -249,9 +249,13 @@ def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
 def progress_line(status: dict, learners: dict, seen=None) -> str:
   """One line: merged periods and each learner's state (None: not
   answering: ``starting``, or ``restarting`` once it was in ``seen``, the
-  ids that answered before; without ``seen`` every one had)."""
+  ids that answered before; without ``seen`` every one had; :data:`DEAD`:
+  its process died and Ray will not restart it)."""
   parts = [f"period {status['version']}/{status['periods']}"]
   for i, s in sorted(learners.items()):
+    if s is DEAD:
+      parts.append(f"L{i} dead")
+      continue
     if s is None:
       was = seen is None or i in seen
       parts.append(f"L{i} {'restarting' if was else 'starting'}")
@@ -263,19 +267,25 @@ def progress_line(status: dict, learners: dict, seen=None) -> str:
   return " | ".join(parts)
 
 
+# A learner whose actor died for good (its Ray restarts used up).
+DEAD = "dead"
+
+
 class Stalled(RuntimeError):
   """A run that cannot progress: every learner stopped with an error."""
 
 
 def stalled(learners: dict) -> str | None:
-  """Why the run cannot progress (None: it may): every learner answered
-  and stopped with an error (a learner's thread ends on its error; Ray
-  restarts only a dead process), naming each learner's error."""
-  if not learners or any(s is None or not s.get("error")
+  """Why the run cannot progress (None: it may): every learner stopped
+  with an error (a learner's thread ends on its error; Ray restarts only a
+  dead process) or died for good (:data:`DEAD`), naming each one's."""
+  if not learners or any(s is None or (s is not DEAD and not s.get("error"))
                          for s in learners.values()):
     return None
-  errors = "; ".join(f"learner {i}: {s['error']}"
-                     for i, s in sorted(learners.items()))
+  errors = "; ".join(
+      f"learner {i}: " + ("its process died and Ray will not restart it"
+                          if s is DEAD else s["error"])
+      for i, s in sorted(learners.items()))
   return f"every learner stopped with an error, the run cannot progress ({errors})"
 
 
@@ -284,8 +294,8 @@ def _learner_states(c) -> dict:
   for i, handle in c.learners.items():
     try:
       out[i] = c._ray.get(handle.status.remote(), timeout=1.0)  # pylint: disable=protected-access
-    except Exception:  # pylint: disable=broad-exception-caught
-      out[i] = None
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      out[i] = DEAD if type(e).__name__ == "ActorDiedError" else None
   return out
 
 
