@@ -38,6 +38,9 @@ TINY = ("algorithm=diloco", "optimizer.name=adamw", "optimizer.accum_steps=1",
     (("comm_dtype=bfloat16",), "config.comm_dtype='bfloat16'"),
     (("compression.format=topk",), "config.compression.format='topk'"),
     (("compression.format=int8",), "config.compression.error_feedback"),
+    (("compression.format=int8", "compression.error_feedback=True",
+      "compression.error_decay=0.9"), "config.compression.error_decay=0.9"),
+    (("workers_per_device=2",), "config.workers_per_device=2"),
 ])
 def test_fields_without_meaning_for_learners_are_refused_by_name(
     override, field):

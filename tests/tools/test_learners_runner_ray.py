@@ -12,6 +12,7 @@ import pytest
 
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools import cli
+from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
@@ -62,9 +63,13 @@ def test_records_and_a_resume_with_fewer_learners(ray_session, tmp_path):
   assert json.loads((tmp_path / "config.json").read_text())[
       "algorithm"] == "diloco"
   # The synchronizer's newest checkpoint: period 4, the theta evaluated.
+  # (the run the command built: the config's absolute path, its overrides)
   run = spec_lib.RunSpec(problem="runner", shards=1, sync_every=3, periods=4,
-                         problem_args=(("config", "configs/gpt_tiny.py"),
-                                       ("overrides", TINY)))
+                         problem_args=(
+                             ("config", main_lib.config_source(
+                                 "configs/gpt_tiny.py")),
+                             ("overrides", tuple(f"--config.{o}"
+                                                 for o in TINY))))
   sync = sync_lib.Synchronizer(run, str(tmp_path / "checkpoints"))
   sync.close()
   assert sync.resumed and sync.version == 4

@@ -25,9 +25,11 @@ then holds the runner's ``metrics.jsonl`` and ``config.json``,
 resumed, also with another ``--learners``)
 (:mod:`decentral_jax.tools.learners.records`).
 
-Exit codes: 0; 1 for Ray missing, an unreachable ``--address`` or a run
-that did not finish within ``--timeout`` (one ``error:`` line); 2 for bad
-flags.
+Exit codes: 0; 1 for Ray missing, an unreachable ``--address``, a run
+that did not finish within ``--timeout`` or one whose learners all stopped
+with an error (one ``error:`` line); 2 for bad flags, a problem or a
+resume the synchronizer would refuse, or damaged records (checked before
+Ray starts).
 """
 
 from __future__ import annotations
@@ -226,12 +228,37 @@ def run_spec(args, overrides=()) -> spec_lib.RunSpec:
       keep_state=not args.drop_state, **fields)
 
 
-def progress_line(status: dict, learners: dict) -> str:
-  """One line: merged periods and each learner's state."""
+def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
+              workdir: str | None) -> None:
+  """What the synchronizer and the run directory would refuse, checked
+  before Ray starts: the problem builds and fits ``fragments``, the
+  checkpoint to resume was written by the same run
+  (:func:`~decentral_jax.tools.learners.synchronizer.check_run`), and the
+  run directory's records read back.
+
+  Raises:
+    ValueError, OSError: naming the field, checkpoint or file.
+  """
+  from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import synchronizer  # pylint: disable=import-outside-toplevel
+  if workdir is not None:
+    records_lib.check_workdir(workdir)
+  synchronizer.check_run(run, checkpoint_dir)
+
+
+def progress_line(status: dict, learners: dict, seen=None) -> str:
+  """One line: merged periods and each learner's state (None: not
+  answering: ``starting``, or ``restarting`` once it was in ``seen``, the
+  ids that answered before; without ``seen`` every one had; :data:`DEAD`:
+  its process died and Ray will not restart it)."""
   parts = [f"period {status['version']}/{status['periods']}"]
   for i, s in sorted(learners.items()):
+    if s is DEAD:
+      parts.append(f"L{i} dead")
+      continue
     if s is None:
-      parts.append(f"L{i} restarting")
+      was = seen is None or i in seen
+      parts.append(f"L{i} {'restarting' if was else 'starting'}")
       continue
     wait = max(s["waits"], default=0.0)
     parts.append(f"L{i} v{s['version']} steps {s['steps']} tokens "
@@ -240,13 +267,35 @@ def progress_line(status: dict, learners: dict) -> str:
   return " | ".join(parts)
 
 
+# A learner whose actor died for good (its Ray restarts used up).
+DEAD = "dead"
+
+
+class Stalled(RuntimeError):
+  """A run that cannot progress: every learner stopped with an error."""
+
+
+def stalled(learners: dict) -> str | None:
+  """Why the run cannot progress (None: it may): every learner stopped
+  with an error (a learner's thread ends on its error; Ray restarts only a
+  dead process) or died for good (:data:`DEAD`), naming each one's."""
+  if not learners or any(s is None or (s is not DEAD and not s.get("error"))
+                         for s in learners.values()):
+    return None
+  errors = "; ".join(
+      f"learner {i}: " + ("its process died and Ray will not restart it"
+                          if s is DEAD else s["error"])
+      for i, s in sorted(learners.items()))
+  return f"every learner stopped with an error, the run cannot progress ({errors})"
+
+
 def _learner_states(c) -> dict:
   out = {}
   for i, handle in c.learners.items():
     try:
       out[i] = c._ray.get(handle.status.remote(), timeout=1.0)  # pylint: disable=protected-access
-    except Exception:  # pylint: disable=broad-exception-caught
-      out[i] = None
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      out[i] = DEAD if type(e).__name__ == "ActorDiedError" else None
   return out
 
 
@@ -254,15 +303,20 @@ def _drive(c, args, records=None) -> dict:
   """Polls until the run ends, printing progress, killing on schedule,
   writing the run directory's records (``records``: a
   :class:`~decentral_jax.tools.learners.records.RunRecords`)."""
-  last, kills = 0.0, 0
+  last, kills, seen = 0.0, 0, set()
   deadline = time.monotonic() + args.timeout
   while True:
     status = c.status()
     if records is not None:
       records.update(status, lambda: _theta(c), c.status)
     if time.monotonic() - last >= args.every or status["done"]:
-      print(progress_line(status, _learner_states(c)), flush=True)
+      states = _learner_states(c)
+      print(progress_line(status, states, seen), flush=True)
+      seen |= {i for i, s in states.items() if s is not None}
       last = time.monotonic()
+      why = None if status["done"] else stalled(states)
+      if why:
+        raise Stalled(why)
     if status["done"]:
       return status
     if (args.kill_every and status["version"] >= (kills + 1) * args.kill_every
@@ -335,10 +389,15 @@ def main(argv=None, prog: str | None = None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
   checkpoint_dir = args.checkpoint_dir
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
+  try:
+    preflight(run, checkpoint_dir, args.workdir)
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
   try:
     cluster.start(args.address, timeout_s=args.connect_timeout)
     c = cluster.Cluster(run, checkpoint_dir)
@@ -352,7 +411,7 @@ def main(argv=None, prog: str | None = None) -> int:
       c.add(i)
     status = _drive(c, args, records)
     learners = c.learner_status()
-  except TimeoutError as e:
+  except (TimeoutError, Stalled) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   finally:

@@ -34,6 +34,7 @@ import json
 import os
 import time
 
+from decentral_jax import records as records_lib
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -48,13 +49,56 @@ def _write_json(path: str, value) -> None:
     raise workdir_lib.path_error("write", path, e) from None
 
 
+_INT = ("int", 0, None, False)
+SEGMENT_SCHEMA = {"from_period": _INT, "from_step": _INT,
+                  "learners": ("int", 1, None, False),
+                  "n_workers": ("int", 1, None, False),
+                  "sharding": ("str", None, None, False)}
+META_SCHEMA = {"config_source": ("str", None, None, False),
+               "overrides": ("strs", None, None, False),
+               "config": ("object", None, None, False),
+               "learners": ("int", 1, None, False),
+               "segments": ("list", None, None, False)}
+
+
+def _segments_error(meta: dict):
+  for i, seg in enumerate(meta["segments"]):
+    got = records_lib.object_error(seg, f"segments[{i}]", SEGMENT_SCHEMA,
+                                   tuple(SEGMENT_SCHEMA), extra=True)
+    if got:
+      return got
+  return None
+
+
 def read_meta(workdir: str) -> dict | None:
-  """``learners.json`` of ``workdir`` (None if there is none)."""
+  """``learners.json`` of ``workdir``, checked (None if there is none).
+
+  Raises:
+    ValueError: the file cannot be read or is damaged (not JSON, a key
+      missing or of the wrong type, a segment without ``learners``),
+      naming the file and the key.
+  """
   path = os.path.join(workdir, META_FILE)
   if not os.path.exists(path):
     return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  meta = records_lib.read_json(path, META_SCHEMA, tuple(META_SCHEMA),
+                               extra=True, check=_segments_error)
+  if isinstance(meta, records_lib.Damaged):
+    raise meta.error()
+  return meta
+
+
+def check_workdir(workdir: str) -> None:
+  """Reads back what a resume of ``workdir`` uses (``learners.json``,
+  ``metrics.jsonl``) before the run starts.
+
+  Raises:
+    ValueError: a damaged file, naming it (and the line or key).
+  """
+  read_meta(workdir)
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  if os.path.exists(path):
+    metrics_lib.read_jsonl(path)
 
 
 def segment(meta: dict | None, learners: int, version: int,

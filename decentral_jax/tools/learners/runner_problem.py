@@ -111,6 +111,9 @@ def _refusals(c) -> list[tuple[str, Any, bool, str]]:
        "pseudo-gradients travel in float32 or in config.compression"),
       ("global_avg_interval", c.global_avg_interval,
        int(c.global_avg_interval) != 0, "set it to 0"),
+      ("workers_per_device", c.get("workers_per_device", 1),
+       int(c.get("workers_per_device", 1)) != 1,
+       "a learner is one process on its own devices; set it to 1"),
       ("devices_per_worker", c.devices_per_worker,
        int(c.devices_per_worker) != 1,
        "a learner is one process on its own devices; set it to 1"),
@@ -120,10 +123,11 @@ def _refusals(c) -> list[tuple[str, Any, bool, str]]:
       ("compression.format", comp.format, comp.format not in COMPRESSORS,
        f"learners send one of {COMPRESSORS}"),
       ("compression.error_feedback", comp.error_feedback,
-       comp.format != "none" and (not comp.error_feedback
-                                  or float(comp.error_decay) != 1.0),
-       "learners keep the full residual (error_feedback=True, "
-       "error_decay=1)"),
+       comp.format != "none" and not comp.error_feedback,
+       "learners keep the full residual; set error_feedback=True"),
+      ("compression.error_decay", comp.error_decay,
+       comp.format != "none" and float(comp.error_decay) != 1.0,
+       "learners keep the full residual; set error_decay=1"),
   ]
 
 

@@ -2,16 +2,30 @@
 
 A learner is refused at join unless every field of its
 :meth:`RunSpec.fingerprint` (model, method and data sharding) equals the
-synchronizer's; the message names the first field that differs.
+synchronizer's; the message names the first field that differs. A
+synchronizer's checkpoint records the run's :meth:`RunSpec.trajectory`
+(every field but the learner count, ``periods`` and the scheduling,
+:data:`RESUME_FREE`), and a resume by another run is refused
+(:func:`check_resume`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import numbers
 
 MODES = ("sync", "decoupled")
 INNER = ("sgd", "adamw")
 OUTER = ("nesterov", "delayed_nesterov")
+
+
+# Fields a resumed run may change: the learner count (learners of a former,
+# larger K leave) and the scheduling; every other field defines the
+# trajectory (RunSpec.trajectory).
+RESUME_FREE = ("shards", "periods", "mode", "quorum", "grace_s",
+               "max_staleness", "dynamic_updates", "sleep_s", "keep_state")
 
 
 class JoinRefused(ValueError):
@@ -117,6 +131,7 @@ class RunSpec:
       raise ValueError("RunSpec.grace_s and max_staleness must be >= 0, got "
                        f"{self.grace_s!r}, {self.max_staleness!r}.")
     self.codec()  # checks compressor and block
+    check_numbers(self)
     if len(self.sleep_s) > self.shards:
       raise ValueError(f"RunSpec.sleep_s has {len(self.sleep_s)} entries for "
                        f"{self.shards} shards.")
@@ -159,6 +174,80 @@ class RunSpec:
             "merge_alpha": self.merge_alpha, "outer": self.outer,
             "delay_buffer": self.delay_buffer}
 
+  def trajectory(self) -> dict:
+    """The fields that define the run's trajectory (every field but
+    :data:`RESUME_FREE`), as JSON values: what a synchronizer's checkpoint
+    records and a resume must match (:func:`check_resume`)."""
+    return json.loads(json.dumps(
+        {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+         if f.name not in RESUME_FREE}, default=float))
+
+
+def check_resume(saved, ours: dict, where: str) -> None:
+  """Refuses to resume checkpoint ``where``, written by a run whose
+  :meth:`RunSpec.trajectory` was ``saved``, with the run ``ours``.
+
+  Raises:
+    ValueError: the first field that differs, with both values and the fix
+      (a new checkpoint directory; ``--periods`` to extend a run).
+  """
+  if not isinstance(saved, dict):
+    raise ValueError(f"{where}: its run is {saved!r}, not a JSON object; "
+                     "start a new checkpoint directory (or --workdir).")
+  for field in [*ours, *(k for k in saved if k not in ours)]:
+    a, b = saved.get(field, "<missing>"), ours.get(field, "<missing>")
+    if a != b:
+      name, a, b = _narrow(field, a, b)
+      raise ValueError(
+          f"{where} was written by a run with {name}={a!r}, this run has "
+          f"{b!r}; resume it with the same run (only the learner count, "
+          "--periods and the scheduling flags may change: --periods extends "
+          "it) or start a new checkpoint directory (--checkpoint-dir, or a "
+          "new --workdir).")
+
+
+def _narrow(field: str, a, b):
+  """``(name, a, b)``: ``problem_args``' first differing argument, and of
+  a list argument (a config's overrides) only the items not in both."""
+  try:
+    a_args, b_args = dict(a), dict(b)
+  except (TypeError, ValueError):
+    return field, a, b
+  for key in [*b_args, *(k for k in a_args if k not in b_args)]:
+    x, y = a_args.get(key, "<missing>"), b_args.get(key, "<missing>")
+    if x != y:
+      if isinstance(x, list) and isinstance(y, list):
+        x, y = [v for v in x if v not in y], [v for v in y if v not in x]
+      return f"{field}.{key}", x, y
+  return field, a, b
+
+
+def _real(v) -> bool:
+  """A finite real number (NumPy scalars too), not a boolean."""
+  return (isinstance(v, numbers.Real) and not isinstance(v, bool)
+          and math.isfinite(v))
+
+
+def check_numbers(run: RunSpec) -> None:
+  """Checks ``inner_lr``, ``outer_lr`` (finite, > 0), ``outer_momentum``
+  (in ``[0, 1)``) and ``sleep_s`` (finite seconds >= 0 each).
+
+  Raises:
+    ValueError: naming the field, its value and its range.
+  """
+  for name in ("inner_lr", "outer_lr"):
+    value = getattr(run, name)
+    if not (_real(value) and value > 0):
+      raise ValueError(f"RunSpec.{name} must be a finite number > 0, got "
+                       f"{value!r}.")
+  if not (_real(run.outer_momentum) and 0 <= run.outer_momentum < 1):
+    raise ValueError("RunSpec.outer_momentum must be a number in [0, 1), got "
+                     f"{run.outer_momentum!r}.")
+  if not isinstance(run.sleep_s, (tuple, list)) or not all(
+      _real(x) and x >= 0 for x in run.sleep_s):
+    raise ValueError("RunSpec.sleep_s must be a tuple of finite seconds >= 0 "
+                     f"(one per learner), got {run.sleep_s!r}.")
+
 
 def check_outer_and_fragments(run: RunSpec) -> None:
   """Checks ``fragments``, ``overlap_steps``, ``merge_alpha``, ``outer`` and
@@ -181,8 +270,7 @@ def check_outer_and_fragments(run: RunSpec) -> None:
         f"RunSpec.overlap_steps={run.overlap_steps} with fragments="
         f"{run.fragments} needs overlap_steps * fragments < sync_every="
         f"{run.sync_every} (a fragment is merged before the next is sent).")
-  if (not isinstance(run.merge_alpha, (int, float))
-      or isinstance(run.merge_alpha, bool) or not 0 <= run.merge_alpha <= 1):
+  if not (_real(run.merge_alpha) and 0 <= run.merge_alpha <= 1):
     raise ValueError(f"RunSpec.merge_alpha must be a number in [0, 1], got "
                      f"{run.merge_alpha!r}.")
   if run.outer not in OUTER:

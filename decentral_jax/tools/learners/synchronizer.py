@@ -100,6 +100,58 @@ def token_weighted_mean(deltas, tokens) -> PyTree:
           for k in deltas[0]}
 
 
+def initial_theta(run: spec_lib.RunSpec):
+  """``(theta, fragments)``: the problem's initial parameters (float32 NumPy
+  leaves) and their fragments' keys.
+
+  Raises:
+    ValueError: the problem does not build (its one-line error) or has
+      fewer leaves than ``run.fragments``.
+  """
+  params = problems.build(run.problem, run.shards, run.problem_args).params
+  theta = {k: np.asarray(v, np.float32) for k, v in params.items()}
+  return theta, fragments_lib.fragment_keys(theta, run.fragments)
+
+
+def check_resume_meta(run: spec_lib.RunSpec, meta: dict, where: str) -> None:
+  """Refuses a checkpoint's metadata ``meta`` written by another run
+  (:func:`~decentral_jax.tools.learners.spec.check_resume`); one written
+  before runs were recorded is accepted with a warning.
+
+  Raises:
+    ValueError: the first field of the trajectory that differs.
+  """
+  if "run" not in meta:
+    print(f"warning: {where} does not record its run (an older "
+          "checkpoint); resuming it unchecked.", file=sys.stderr, flush=True)
+    return
+  spec_lib.check_resume(meta["run"], run.trajectory(), where)
+
+
+def check_run(run: spec_lib.RunSpec, checkpoint_dir: str | None) -> None:
+  """What a :class:`Synchronizer` of ``run`` would refuse, checked before
+  starting one (the command calls it before Ray starts): the problem
+  builds, its leaves fit ``run.fragments``, and the newest checkpoint in
+  ``checkpoint_dir`` (when one exists) was written by the same run.
+
+  Raises:
+    ValueError: naming the field, file or checkpoint, and the fix.
+  """
+  initial_theta(run)
+  if checkpoint_dir is None or not os.path.isdir(checkpoint_dir):
+    return
+  from decentral_jax.runner import checkpoint  # pylint: disable=import-outside-toplevel
+  ckpt = checkpoint.Checkpointer(checkpoint_dir, max_to_keep=2,
+                                 async_save=False)
+  try:
+    step = ckpt.select_restore_step()
+    if step is not None:
+      check_resume_meta(run, ckpt.restore_meta(step),
+                        f"checkpoint {ckpt.step_dir(step)}")
+  finally:
+    ckpt.close()
+
+
 class Synchronizer:
   """Holds ``theta`` (float32 NumPy leaves), the outer optax state (one per
   fragment) and the number of merges of each fragment (the versions of
@@ -121,9 +173,7 @@ class Synchronizer:
                                  run.outer_momentum, run.delay_buffer)
     self._step = jax.jit(lambda d, s, t: local_steps.outer_step(
         self._outer, d, s, t))
-    params = problems.build(run.problem, run.shards, run.problem_args).params
-    self.theta = {k: np.asarray(v, np.float32) for k, v in params.items()}
-    self.fragments = fragments_lib.fragment_keys(self.theta, run.fragments)
+    self.theta, self.fragments = initial_theta(run)
     self._opt_state = tuple(
         self._outer.init({k: jnp.asarray(self.theta[k]) for k in keys})
         for keys in self.fragments)
@@ -140,11 +190,17 @@ class Synchronizer:
     self._speed: dict[int, float] = {}
     self._merging: set[tuple[int, int]] = set()  # (learner, fragment)
     self._kept: dict[int, dict] = {}  # learner -> {base: its state}
+    self._refused: dict = {}  # (learner, fragment, base) -> why
     self.periods = run.periods
     self._ckpt = None
     self.resumed = False
     if checkpoint_dir is not None:
-      self._open_checkpoint(checkpoint_dir)
+      try:
+        self._open_checkpoint(checkpoint_dir)
+      except BaseException:
+        if self._ckpt is not None:
+          self._ckpt.close()
+        raise
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._merge_loop, args=(tick_s,),
                                     daemon=True)
@@ -167,6 +223,8 @@ class Synchronizer:
     step = self._ckpt.select_restore_step()
     if step is None:
       return
+    check_resume_meta(self.run, self._ckpt.restore_meta(step),
+                      f"checkpoint {self._ckpt.step_dir(step)}")
     state, meta = self._ckpt.restore(step, self._state_tree())
     self._load_state(state)
     self.versions = [int(v) for v in meta.get(
@@ -263,6 +321,8 @@ class Synchronizer:
     with self._lock:
       if learner not in self._active:
         return "unknown"
+      if why is None:  # its merge was refused: sent again, refused again
+        why = self._refused.get((learner, int(fragment), base))
       if why is not None:
         self.log["rejected"].append([learner, base, why])
         print(f"synchronizer: rejected the pseudo-gradient of learner "
@@ -408,6 +468,9 @@ class Synchronizer:
         jax.tree.map(jnp.asarray, mean), opt_state,
         jax.tree.map(jnp.asarray, theta))
     new_theta = {k: np.asarray(v, np.float32) for k, v in new_theta.items()}
+    if not all(np.all(np.isfinite(v)) for v in new_theta.values()):
+      self._refuse(fragment, keys)
+      return
     per_learner: dict[str, int] = {}
     for (w, _, _), n in zip(keys, tokens):
       per_learner[str(w)] = per_learner.get(str(w), 0) + n
@@ -432,10 +495,26 @@ class Synchronizer:
           str(i): np.asarray(x)
           for i, x in enumerate(jax.tree.leaves(tuple(states)))}},
                       {"version": min(versions), "versions": versions,
-                       "log": log, "active": active, "periods": self.periods})
+                       "log": log, "active": active, "periods": self.periods,
+                       "run": self.run.trajectory()})
     with self._lock:
       self.theta, self._opt_state = theta_all, tuple(states)
       self.versions, self._merging = versions, set()
+
+  def _refuse(self, fragment: int, keys) -> None:
+    """A merge whose new ``theta`` is not finite (finite but huge
+    pseudo-gradients): ``theta`` and the outer state stay; each learner's
+    pseudo-gradient is logged as rejected, and refused when sent again."""
+    why = (f"the merged theta of fragment {fragment} holds NaN or inf; "
+           "theta was kept")
+    with self._lock:
+      for w, p, base in keys:
+        self.log["rejected"].append([w, base, why])
+        self._refused[(w, p, base)] = why
+      self._merging = set()
+    print(f"synchronizer: refused the merge of learners "
+          f"{sorted({w for w, _, _ in keys})} (fragment {fragment}): {why}",
+          file=sys.stderr, flush=True)
 
   def close(self) -> None:
     """Stops the merge thread and closes the checkpoint directory."""

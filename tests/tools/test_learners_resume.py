@@ -1,0 +1,283 @@
+"""Learners: what a resume and the command refuse before Ray starts (the
+run a checkpoint was written by, the problem's leaves, the run directory's
+records), in process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+
+import numpy as np
+import pytest
+
+from decentral_jax.runner import checkpoint
+from decentral_jax.tools import cli
+from decentral_jax.tools.learners import cluster
+from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import main as main_lib
+from decentral_jax.tools.learners import records
+from decentral_jax.tools.learners import spec as spec_lib
+from decentral_jax.tools.learners import synchronizer as sync_lib
+
+BASE = dict(shards=2, sync_every=4, periods=3, quorum=2)
+
+
+def _one_merge(run, directory):
+  """A synchronizer of ``run`` that merged one period (zero pseudo-
+  gradients of both learners) into ``directory``."""
+  sync = sync_lib.Synchronizer(run, directory)
+  for w in range(run.shards):
+    sync.join(w, run.fingerprint())
+  for w in range(run.shards):
+    zero = {k: np.zeros_like(v) for k, v in sync.theta.items()}
+    assert sync.push(w, 0, zero, 4) == "accepted"
+  deadline = time.monotonic() + 30
+  while sync.version < 1 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  sync.close()
+  assert sync.version == 1
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("ckpt"))
+  _one_merge(spec_lib.RunSpec(**BASE), directory)
+  return directory
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+  def start(*a, **k):
+    raise AssertionError("Ray started")
+  monkeypatch.setattr(cluster, "start", start)
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"sync_every": 8}, "sync_every=4, this run has 8"),
+    ({"inner": "adamw"}, "inner='sgd', this run has 'adamw'"),
+    ({"inner_lr": 0.05}, "inner_lr=0.1, this run has 0.05"),
+    ({"fragments": 2}, "fragments=1, this run has 2"),
+    ({"outer": "delayed_nesterov", "delay_buffer": 2},
+     "outer='nesterov', this run has 'delayed_nesterov'"),
+    ({"problem_args": (("seed", 7),)}, "problem_args.seed='<missing>', this "
+     "run has 7"),
+    ({"compressor": "int8", "block": 64}, "compressor='none'")])
+def test_a_resume_of_another_run_is_refused_naming_the_field(
+    saved, change, field):
+  run = spec_lib.RunSpec(**{**BASE, **change})
+  with pytest.raises(ValueError, match="start a new checkpoint") as e:
+    sync_lib.check_run(run, saved)
+  assert f"was written by a run with {field}" in str(e.value), e.value
+  with pytest.raises(ValueError, match=re.escape(field.split(",")[0])):
+    sync_lib.Synchronizer(run, saved)  # the actor refuses it too
+
+
+def test_a_changed_override_of_a_config_is_named_alone():
+  def run(*overrides):
+    return spec_lib.RunSpec(problem="gpt", problem_args=(
+        ("config", "c.py"), ("overrides", overrides)), sync_every=3)
+  with pytest.raises(ValueError) as e:
+    spec_lib.check_resume(run("--config.steps=6").trajectory(), run(
+        "--config.steps=6", "--config.seed=7").trajectory(), "checkpoint 1")
+  assert str(e.value).startswith(
+      "checkpoint 1 was written by a run with problem_args.overrides=[], "
+      "this run has ['--config.seed=7']; "), e.value
+
+
+def test_a_resume_may_change_learners_periods_and_scheduling(saved):
+  run = spec_lib.RunSpec(shards=1, sync_every=4, periods=9, quorum=1,
+                         mode="decoupled", grace_s=0.1, sleep_s=(0.01,),
+                         keep_state=False)
+  sync_lib.check_run(run, saved)
+  sync = sync_lib.Synchronizer(run, saved)
+  sync.close()
+  assert sync.resumed and sync.version == 1
+
+
+def test_an_older_checkpoint_without_its_run_resumes_with_a_warning(
+    tmp_path, capsys):
+  run = spec_lib.RunSpec(**BASE)
+  sync = sync_lib.Synchronizer(run)
+  state = sync._state_tree()  # pylint: disable=protected-access
+  sync.close()
+  with checkpoint.Checkpointer(str(tmp_path), async_save=False) as ckpt:
+    ckpt.save(1, state, {"version": 1, "log": sync.log, "active": [0, 1],
+                         "periods": 3})
+  other = spec_lib.RunSpec(**{**BASE, "sync_every": 8})
+  sync_lib.check_run(other, str(tmp_path))
+  assert "does not record its run" in capsys.readouterr().err
+
+
+def test_the_command_refuses_another_run_before_ray_starts(
+    saved, no_ray, capsys):
+  assert cli.main(["learners", "--learners", "2", "--sync-every", "8",
+                   "--checkpoint-dir", saved]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: checkpoint ") and (
+      "sync_every=4, this run has 8" in err[-1]), err
+
+
+def test_more_fragments_than_leaves_is_refused_before_ray_starts(
+    no_ray, capsys):
+  assert cli.main(["learners", "--fragments", "4"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: RunSpec.fragments=4 exceeds the 3 parameter leaves "
+                 "of the problem; use fragments <= 3."], err
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{broken", "is not JSON"),
+    ("[1, 2]", "must be an object"),
+    ('{"config_source": "c", "overrides": [], "config": {}, "learners": 2, '
+     '"segments": 5}', "segments"),
+    ('{"config_source": "c", "overrides": [], "config": {}, "learners": 2, '
+     '"segments": [{"from_period": 0, "from_step": 0, "n_workers": 2, '
+     '"sharding": "s"}]}', "segments[0]")])
+def test_a_damaged_learners_json_is_one_error_naming_the_file(
+    tmp_path, text, words):
+  (tmp_path / "learners.json").write_text(text)
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(tmp_path / "learners.json") in str(e.value), e.value
+  assert words in str(e.value), e.value
+
+
+def test_a_damaged_metrics_jsonl_is_one_error_naming_the_file(tmp_path):
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{broken\n{"step": 1}\n')
+  with pytest.raises(ValueError, match="metrics.jsonl"):
+    records.check_workdir(str(tmp_path))
+
+
+def test_the_command_refuses_a_damaged_workdir_before_ray_starts(
+    tmp_path, no_ray, capsys):
+  (tmp_path / "learners.json").write_text(json.dumps([1, 2]))
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py",
+                   "--config.algorithm=diloco", "--config.optimizer.name="
+                   "adamw", "--config.optimizer.accum_steps=1", "--workdir", str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: ") and (
+      "learners.json" in err[0]), err
+
+
+def test_learners_that_all_stopped_on_an_error_end_the_run_naming_them():
+  run = spec_lib.RunSpec(**{**BASE, "inner_lr": 1000.0, "sync_every": 8,
+                            "periods": 10})
+  sync = sync_lib.Synchronizer(run)
+  link = learner_lib.Link(lambda name, *args: getattr(sync, name)(*args))
+  learners = {i: learner_lib.Learner(run, i, link) for i in range(2)}
+  deadline = time.monotonic() + 30
+  while (any(not lrn.status()["error"] for lrn in learners.values())
+         and time.monotonic() < deadline):
+    time.sleep(0.01)
+  states = {i: lrn.stop() for i, lrn in learners.items()}
+  sync.close()
+  assert sync.version < run.periods
+  why = main_lib.stalled(states)
+  assert why.startswith("every learner stopped with an error"), why
+  assert "learner 0: RuntimeError: the synchronizer rejected" in why, why
+  assert "holds NaN or inf" in why, why
+  assert main_lib.stalled({**states, 1: None}) is None  # one restarting
+  assert main_lib.stalled({0: states[0], 1: {**states[1], "error": None}}) \
+      is None
+
+
+def test_the_driver_stops_when_no_learner_can_go_on(monkeypatch, capsys):
+  class Run:
+    learners = {}
+    def status(self):
+      return {"version": 1, "periods": 4, "done": False}
+  down = {"version": 1, "steps": 3, "tokens": 6, "waits": [],
+          "error": "RuntimeError: boom"}
+  answers = iter([{0: None, 1: None}, {0: down, 1: None}])
+  monkeypatch.setattr(main_lib, "_learner_states",
+                      lambda c: next(answers, {0: down, 1: down}))
+  args = argparse.Namespace(timeout=30.0, every=0.0, kill_every=0)
+  with pytest.raises(main_lib.Stalled, match="learner 1: RuntimeError: boom"):
+    main_lib._drive(Run(), args)  # pylint: disable=protected-access
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == "period 1/4 | L0 starting | L1 starting", lines
+  assert lines[1].endswith("| L1 starting"), lines
+  assert "L0 restarting" not in lines[1] and "error RuntimeError: boom" in lines[1]
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"sleep_s": (-1.0,)}, "RunSpec.sleep_s must be a tuple of finite"),
+    ({"sleep_s": ("a",)}, "RunSpec.sleep_s must be a tuple of finite"),
+    ({"inner_lr": -0.1}, "RunSpec.inner_lr must be a finite number > 0"),
+    ({"outer_lr": -0.7}, "RunSpec.outer_lr must be a finite number > 0"),
+    ({"outer_lr": float("nan")}, "RunSpec.outer_lr must be"),
+    ({"outer_momentum": 1.0}, "RunSpec.outer_momentum must be a number in "
+     "[0, 1)")])
+def test_run_spec_names_a_bad_number(fields, words):
+  with pytest.raises(ValueError) as e:
+    spec_lib.RunSpec(**{**BASE, **fields})
+  assert str(e.value).startswith(words), e.value
+
+
+def test_run_spec_takes_numpy_scalars():
+  run = spec_lib.RunSpec(**{**BASE, "sync_every": 8, "merge_alpha":
+                            np.float32(0.5), "inner_lr": np.float64(0.1)})
+  assert run.trajectory()["merge_alpha"] == 0.5
+
+
+def test_a_merge_whose_theta_is_not_finite_is_refused_and_logged(capsys):
+  run = spec_lib.RunSpec(**BASE)
+  sync = sync_lib.Synchronizer(run)
+  for w in range(2):
+    sync.join(w, run.fingerprint())
+  before = {k: v.copy() for k, v in sync.theta.items()}
+  huge = {k: np.full_like(v, 3e38) for k, v in before.items()}
+  for w in range(2):
+    assert sync.push(w, 0, huge, 4) == "accepted"  # each one finite
+  deadline = time.monotonic() + 30
+  while len(sync.log["rejected"]) < 2 and time.monotonic() < deadline:
+    time.sleep(0.01)
+  again = sync.push(0, 0, huge, 4)
+  sync.close()
+  assert sync.version == 0 and sync.log["merged_with"] == []
+  for k, v in before.items():
+    np.testing.assert_array_equal(sync.theta[k], v)
+  assert [r[:2] for r in sync.log["rejected"][:2]] == [[0, 0], [1, 0]]
+  assert "merged theta of fragment 0 holds NaN or inf" in again
+  assert "refused the merge of learners [0, 1]" in capsys.readouterr().err
+
+
+def test_a_runner_config_whose_data_is_missing_is_refused_before_ray_starts(
+    tmp_path, no_ray, capsys):
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py",
+                   "--config.algorithm=diloco", "--config.optimizer.name="
+                   "adamw", "--config.optimizer.accum_steps=1",
+                   "--config.data.source=text_file",
+                   f"--config.data.path={tmp_path}/none.txt"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: config.data.path=") \
+      and "does not exist" in err[0], err
+
+
+def test_learners_that_died_for_good_end_the_run():
+  class ActorDiedError(Exception):  # Ray's name for an actor out of restarts
+    pass
+  class Handle:
+    def __init__(self, raises):
+      self.status = self
+      self.raises = raises
+    def remote(self):
+      return self.raises
+  class Ray:
+    @staticmethod
+    def get(raises, timeout=None):
+      del timeout
+      raise raises
+  class Run:
+    learners = {0: Handle(ActorDiedError("gone")), 1: Handle(TimeoutError())}
+    _ray = Ray()
+  states = main_lib._learner_states(Run())  # pylint: disable=protected-access
+  assert states == {0: main_lib.DEAD, 1: None}
+  assert main_lib.stalled(states) is None  # learner 1 may come back
+  assert main_lib.progress_line({"version": 2, "periods": 4}, states, {1}) \
+      == "period 2/4 | L0 dead | L1 restarting"
+  why = main_lib.stalled({0: main_lib.DEAD, 1: {"error": "ValueError: x"}})
+  assert why.endswith("(learner 0: its process died and Ray will not "
+                      "restart it; learner 1: ValueError: x)"), why
