@@ -29,7 +29,12 @@ below float32's smallest normal number (about 1.18e-38, i.e. ``max_b |v|``
 below about 5.3e-36 for fp8, 1.5e-36 for int8) takes that number as its
 scale (:data:`SCALE_FLOOR`): its error is then at most the format's bound
 times ``qmax * SCALE_FLOOR`` instead of times ``max_b |v|`` (a floor), and
-never NaN. A block of zeros has scale 1 and decodes to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
+never NaN. Float32 subnormal values (below about 1.18e-38) may be flushed
+to zero on the way (XLA:CPU and GPUs do), so any value's error is also
+allowed ``SCALE_FLOOR``. A finite value never decodes to +-inf (127 times
+the scale is kept within float32's range), and finite values of float64
+leaves beyond float32's range (above about 3.4e38) saturate to +-3.4e38:
+the codecs compute in float32. A block of zeros has scale 1 and decodes to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
 all of it; top-k ranks NaN and +-inf above every finite value, so they are
 sent and arrive as they were. A non-finite value is never sent as a finite
 one.
@@ -187,7 +192,11 @@ class Compressor:
         y = _unpack4(codes).astype(jnp.float32) - 8.0
       else:
         y = _e2m1_values(_unpack4(codes))
-      blocks = y * scale[:, None]
+      # A finite block decodes finite: 127 * (amax / 127) can round past
+      # float32's largest value.
+      blocks = jnp.where(jnp.isfinite(scale)[:, None],
+                         jnp.clip(y * scale[:, None], -F32_MAX, F32_MAX),
+                         y * scale[:, None])
     flat = blocks.reshape(-1)[:like.size]
     return flat.reshape(like.shape).astype(like.dtype)
 
@@ -196,15 +205,28 @@ class Compressor:
     return self.decode(self.encode(v), v)
 
 
+def to_float32(x) -> jax.Array:
+  """``x`` as float32, finite values beyond float32's range (of float64
+  leaves) saturated to ``+-F32_MAX`` rather than turned into inf; NaN and
+  +-inf kept. The codecs' input conversion."""
+  x = jnp.asarray(x)
+  if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).max > F32_MAX:
+    x = jnp.where(jnp.isfinite(x), jnp.clip(x, -F32_MAX, F32_MAX), x)
+  return x.astype(jnp.float32)
+
+
 def _blocks(v, block: int) -> jax.Array:
-  """``v`` flattened to float32, zero-padded to ``[nb, block]``."""
-  flat = jnp.asarray(v).reshape(-1).astype(jnp.float32)
+  """``v`` flattened to float32 (:func:`to_float32`), zero-padded to
+  ``[nb, block]``."""
+  flat = to_float32(jnp.asarray(v).reshape(-1))
   pad = (-flat.size) % block
   if pad or flat.size == 0:
     flat = jnp.concatenate([flat, jnp.zeros((pad or block,), jnp.float32)])
   return flat.reshape(-1, block)
 
 
+#: float32's largest finite value: what a finite value decodes to at most.
+F32_MAX = float(np.finfo(np.float32).max)
 #: Smallest scale: float32's smallest normal number (a smaller quotient
 #: would be flushed to 0 on XLA:CPU, and ``v / 0`` is inf).
 SCALE_FLOOR = float(np.finfo(np.float32).tiny)
@@ -398,7 +420,7 @@ def _rows(payload: Payload, n: int) -> Payload:
 def _mean_leaf(x, axis_name, compressor: Compressor):
   """Compressed mean of one leaf: reduce-scatter of codes, float32 sum, all-gather."""
   n = collectives.size(axis_name)
-  flat = x.reshape(-1).astype(jnp.float32)
+  flat = to_float32(x.reshape(-1))
   unit = n * compressor.block
   padded = max(unit, -(-flat.size // unit) * unit)
   flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), jnp.float32)])
@@ -502,7 +524,9 @@ def relative_error_bound(compressor: Compressor) -> float:
   max); fp4 e2m1: ``1 / 6`` (half the largest gap, 2 between 4 and 6,
   over qmax 6); for a block with ``max_b |v| < qmax * SCALE_FLOOR`` the
   bound holds relative to ``qmax * SCALE_FLOOR`` instead (the floor of the
-  module docstring). Raises ValueError for ``none`` and ``topk``, and for a
+  module docstring), and any value may be off by ``SCALE_FLOOR`` more (a
+  subnormal input flushed to zero); for float64 leaves, relative to
+  ``min(max_b |v|, F32_MAX)`` (values beyond float32's range saturate). Raises ValueError for ``none`` and ``topk``, and for a
   ``compressor`` that is not a :class:`Compressor`.
   """
   check_compressor(compressor)

@@ -327,7 +327,7 @@ def map_flat_buckets(fn, leaves: Sequence[jax.Array],
   out = [None] * len(leaves)
   for idx in flat_buckets([int(np.size(x)) for x in leaves], bucket_bytes):
     res = fn(jnp.concatenate(
-        [jnp.reshape(leaves[i], -1).astype(jnp.float32) for i in idx]))
+        [compress.to_float32(jnp.reshape(leaves[i], -1)) for i in idx]))
     offset = 0
     for i in idx:
       x = leaves[i]
