@@ -300,8 +300,8 @@ def parse_jsonl(data: bytes, path: str,
 def finite_series(records: list[dict], key: str, x: str = "step"
                   ) -> tuple[list, list] | str:
   """``(xs, ys)`` of the records with a non-null ``key`` and ``x``: a
-  non-empty series of finite numbers, or why not (one line naming
-  ``key``)."""
+  non-empty series of finite numbers with increasing ``xs``, or why not
+  (one line naming ``key``)."""
   pairs = [(r[x], r[key]) for r in records
            if r.get(key) is not None and r.get(x) is not None]
   if not pairs:
@@ -313,6 +313,10 @@ def finite_series(records: list[dict], key: str, x: str = "step"
     if not checks.is_number(v):
       return (f"{key!r} at {x}={short(step)} must be a finite number, got "
               f"{short(v)}")
+  for (a, _), (b, _) in zip(pairs, pairs[1:]):
+    if b <= a:
+      return (f"the {key!r} records' {x!r} must increase, got {short(b)} "
+              f"after {short(a)} (lines out of order or repeated)")
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 

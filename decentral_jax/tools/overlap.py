@@ -242,7 +242,11 @@ def run_case(case: str, mode: str, target: str, args,
   if args.overlap_limit:
     options[_LIMIT] = args.overlap_limit
   for kv in args.xla:
-    key, _, value = kv.partition("=")
+    key, eq, value = kv.partition("=")
+    if not (eq and key.startswith("xla_") and value):
+      raise ValueError(f"--xla {kv!r} must be KEY=VALUE with an XLA option "
+                       "name, e.g. --xla xla_gpu_enable_latency_hiding_"
+                       "scheduler=true.")
     options[key] = int(value) if value.isdigit() else value
   exp, steps = gpu_compile.compile_steps(
       config, target=target, topology=topology, compiler_options=options,
@@ -585,5 +589,10 @@ def main(argv: list[str] | None = None,
     _run(args)
   except ValueError as e:  # a missing config or a bad override: one line
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  except RuntimeError as e:  # XLA refusing an --xla option by name
+    if "compile option" not in str(e):
+      raise
+    print(f"error: --xla: {str(e).splitlines()[0]}", file=sys.stderr)
     return 2
   return 0

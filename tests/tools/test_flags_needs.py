@@ -260,3 +260,12 @@ def test_overlap_refusal_is_one_line_exit_2(capsys):
   assert overlap.main(["--profile", "p.txt"]) == 2
   err = capsys.readouterr().err
   assert err.count("error:") == 1 and "--profile has no effect" in err
+
+
+@pytest.mark.parametrize("xla", ["garbage", "xla_gpu_x=", "=1", "gpu_x=1"])
+def test_overlap_xla_option_must_be_key_value(capsys, tmp_path, xla):
+  assert overlap.main(["--xla", xla, "--out", str(tmp_path / "o.md")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (f"error: --xla {xla!r} must be KEY=VALUE with an XLA "
+                     "option name, e.g. --xla xla_gpu_enable_latency_hiding_"
+                     "scheduler=true."), err

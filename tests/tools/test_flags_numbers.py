@@ -359,3 +359,13 @@ def test_learners_numeric_flags_refuse_unusable_values():
       code, err = _run(learners.main, [f"{flag}={value}"], "learners")
       assert code == 2, (flag, value, err)
       _one_error_naming(err, flag)
+
+
+@pytest.mark.parametrize("flag", ["--grad-dtype", "--param-dtype"])
+@pytest.mark.parametrize("value", [",,", "float128", "int8", "(", "a b"])
+def test_dtype_flags_refuse_what_is_not_a_wire_float(flag, value):
+  code, err = _run(runtime_main.main, ["predict", f"{flag}={value}"],
+                   "decentral-jax")
+  assert code == 2, err
+  _one_error_naming(err, flag)
+  assert "is not a floating dtype name" in err, err

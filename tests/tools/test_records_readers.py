@@ -115,6 +115,15 @@ METRICS_CASES = {
     "no_loss": ('{"step": 0, "train/loss": 2.0}\n', "has no 'eval/loss'"),
     "only_null_losses": ('{"step": 0, "eval/loss": null}\n',
                          "has no 'eval/loss'"),
+    "lines_reversed": ('{"step": 3, "eval/loss": 2.0}\n'
+                       '{"step": 0, "eval/loss": 4.0}\n',
+                       "'step' must increase, got 0 after 3"),
+    "a_step_repeated": ('{"step": 0, "eval/loss": 4.0}\n'
+                        '{"step": 3, "eval/loss": 2.0}\n'
+                        '{"step": 3, "eval/loss": 0.5}\n',
+                        "got 3 after 3"),
+    "cut_to_whole_lines": ('{"step": 0, "eval/loss": 4.0}\n',
+                           "ends at step 0, not at the run's last step 3"),
 }
 
 
@@ -259,7 +268,8 @@ def test_metrics_damaged_after_the_run_was_kept_is_left_out(
 
 @pytest.mark.parametrize("case", sorted(set(METRICS_CASES) - {
     "missing", "empty", "truncated_mid_line", "no_loss", "only_null_losses",
-    "loss_a_string"}))
+    "loss_a_string", "lines_reversed", "a_step_repeated",
+    "cut_to_whole_lines"}))
 def test_resuming_refuses_damaged_metrics_in_one_line(tmp_path, case):
   content, word = METRICS_CASES[case]
   path = tmp_path / metrics.METRICS_FILE

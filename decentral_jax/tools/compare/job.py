@@ -22,6 +22,7 @@ import time
 
 import tqdm
 
+from decentral_jax import checks
 from decentral_jax import records
 from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
@@ -122,6 +123,13 @@ def read_record(workdir: str, want: dict | None = None
                                               metrics_lib.METRICS_FILE))
   if isinstance(curve, records.Damaged):  # a missing one is damage here
     return dataclasses.replace(curve, missing=False)
+  steps = record["config"].get("steps")
+  if checks.is_number(steps) and curve[0][-1] != steps:
+    return records.Damaged(
+        os.path.join(workdir, metrics_lib.METRICS_FILE),
+        f"its 'eval/loss' curve ends at step {float(curve[0][-1]):g}, "
+        f"not at the run's last step {records.short(steps)} (cut short)",
+        key="eval/loss")
   return record
 
 

@@ -228,9 +228,10 @@ def float_dtype_flag(flag: str, name) -> np.dtype:
   """``np.dtype(name)`` if it names a floating dtype (bfloat16 included)."""
   try:
     dt = np.dtype(name)
-  except TypeError:
+  except (TypeError, ValueError, SyntaxError):  # NumPy parses ",," as code
     dt = None
-  if dt is None or (dt.kind != "f" and "float" not in dt.name):
+  if (dt is None or (dt.kind != "f" and "float" not in dt.name)
+      or dt.itemsize > 8):
     raise ValueError(f"{flag} {name!r} is not a floating dtype name (values "
                      "on the wire are floats); use e.g. float32 or bfloat16.")
   return dt
