@@ -248,7 +248,8 @@ def _window_error(window) -> str | None:
 
 # key -> (kind, value when absent) of the numbers a resumed run reads.
 _META_FIELDS = {"step": ("int", None), "data_position": ("int", None),
-                "train_time_s": ("number", 0.0)}
+                "train_time_s": ("number", 0.0), "topology_round": ("int", 0),
+                "n_workers": ("int", 1)}
 
 
 def _run_meta_error(meta) -> str | None:
@@ -262,11 +263,13 @@ def _run_meta_error(meta) -> str | None:
   return _window_error(meta.get("metrics_window"))
 
 
-def check_run_meta(meta, where: str) -> dict:
+def check_run_meta(meta, where: str, step: int | None = None) -> dict:
   """The JSON document of a training run's checkpoint, checked.
 
   What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
-  resume: ``step`` and ``data_position`` (integers >= 0), ``train_time_s``
+  resume: ``step`` and ``data_position`` (integers >= 0; ``step`` the
+  checkpoint's number), ``topology_round`` and ``n_workers`` (integers),
+  ``train_time_s``
   (a finite number >= 0, optional) and ``metrics_window`` (null or
   ``{"losses": [numbers], "accs": [numbers], "consensus": number or
   null}``). The config fields stored with them are compared with the
@@ -275,6 +278,7 @@ def check_run_meta(meta, where: str) -> dict:
   Args:
     meta: the document (``Checkpointer.restore_meta``).
     where: the checkpoint directory, for the message.
+    step: the checkpoint's number: ``meta["step"]`` must equal it.
 
   Returns:
     ``meta``.
@@ -283,6 +287,8 @@ def check_run_meta(meta, where: str) -> dict:
     checkpoint.CheckpointError: one line naming the checkpoint and the key.
   """
   why = _run_meta_error(meta)
+  if not why and step is not None and meta["step"] != step:
+    why = f"its step {meta['step']} is not the checkpoint's number {step}"
   if why:
     raise checkpoint_lib.CheckpointError(
         f"checkpoint metadata in {where} is not valid: {why}; move that "

@@ -85,7 +85,7 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   where = ckpt.step_dir(step)
   state = exp.init_state()
   run_meta.check_resumable(
-      exp, run_meta.check_run_meta(ckpt.restore_meta(step), where),
+      exp, run_meta.check_run_meta(ckpt.restore_meta(step), where, step),
       ckpt.directory)
   try:
     state, meta = ckpt.restore(step, state)  # the document checked above

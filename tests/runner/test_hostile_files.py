@@ -457,6 +457,11 @@ META_CASES = {
         _with(metrics_window={"losses": [], "accs": [], "consensus": "x"}),
         "metrics_window.consensus"),
     "not_an_object": (lambda m: [m], "not an object"),
+    "step_not_its_number": (_with(step=4), "its step 4 is not the "
+                            "checkpoint's number 5"),
+    "huge_step": (_with(step=10**30), "is not the checkpoint's number 5"),
+    "nan_topology_round": (_with(topology_round=math.nan), "topology_round"),
+    "string_n_workers": (_with(n_workers="8"), "n_workers"),
 }
 
 
