@@ -367,6 +367,8 @@ def check_sums(root: str) -> tuple[str, str]:
   except FileNotFoundError:
     if not os.path.isdir(root):
       return "corrupt", "the directory is missing"
+    if not os.listdir(root):
+      return "corrupt", "the directory is empty"
     return "unverified", f"no {SUMS_FILE} (written by an older version?)"
   except (OSError, UnicodeDecodeError) as e:
     return "corrupt", f"{SUMS_FILE} unreadable: {e}"

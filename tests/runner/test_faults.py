@@ -321,7 +321,7 @@ def test_full_file_system_on_a_save_is_one_line(cli_runs):
 
 
 @pytest.mark.parametrize("damage", ["random_bytes", "truncated",
-                                    "missing_state"])
+                                    "missing_state", "emptied"])
 def test_damaged_newest_checkpoint_falls_back(exp, reference, tmp_path,
                                               caplog, damage):
   workdir = copy_run(reference, tmp_path)
@@ -335,6 +335,9 @@ def test_damaged_newest_checkpoint_falls_back(exp, reference, tmp_path,
       f.write(np.random.default_rng(0).bytes(64))
   elif damage == "truncated":
     os.truncate(data, os.path.getsize(data) // 3)
+  elif damage == "emptied":
+    shutil.rmtree(newest)
+    os.mkdir(newest)
   else:
     shutil.rmtree(os.path.join(newest, "state"))
   caplog.set_level("WARNING")
