@@ -31,8 +31,8 @@ scale (:data:`SCALE_FLOOR`): its error is then at most the format's bound
 times ``qmax * SCALE_FLOOR`` instead of times ``max_b |v|`` (a floor), and
 never NaN. Float32 subnormal values (below about 1.18e-38) may be flushed
 to zero on the way (XLA:CPU and GPUs do), so any value's error is also
-allowed ``SCALE_FLOOR``. A finite value never decodes to +-inf (127 times
-the scale is kept within float32's range), and finite values of float64
+allowed ``SCALE_FLOOR``. A finite value never decodes to +-inf (the scale
+is at most :func:`largest_scale`, so ``qmax`` times it stays finite), and finite values of float64
 leaves beyond float32's range (above about 3.4e38) saturate to +-3.4e38:
 the codecs compute in float32. A block of zeros has scale 1 and decodes to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
 all of it; top-k ranks NaN and +-inf above every finite value, so they are
@@ -192,11 +192,7 @@ class Compressor:
         y = _unpack4(codes).astype(jnp.float32) - 8.0
       else:
         y = _e2m1_values(_unpack4(codes))
-      # A finite block decodes finite: 127 * (amax / 127) can round past
-      # float32's largest value.
-      blocks = jnp.where(jnp.isfinite(scale)[:, None],
-                         jnp.clip(y * scale[:, None], -F32_MAX, F32_MAX),
-                         y * scale[:, None])
+      blocks = y * scale[:, None]
     flat = blocks.reshape(-1)[:like.size]
     return flat.reshape(like.shape).astype(like.dtype)
 
@@ -232,12 +228,25 @@ F32_MAX = float(np.finfo(np.float32).max)
 SCALE_FLOOR = float(np.finfo(np.float32).tiny)
 
 
+def largest_scale(qmax: float) -> float:
+  """The largest float32 ``s`` with ``qmax * s`` finite in float32: a
+  finite block's scale at most, so that it decodes finite (``amax / qmax``
+  for ``amax`` near float32's largest value rounds past it)."""
+  q = np.float32(qmax)
+  s = np.float32(F32_MAX / float(qmax))
+  with np.errstate(over="ignore"):
+    while not np.isfinite(q * s):
+      s = np.nextafter(s, np.float32(0))
+  return float(s)
+
+
 def _scales(blocks, qmax: float) -> jax.Array:
-  """``max(max_b |v| / qmax, SCALE_FLOOR)``; 1 for a block of zeros, NaN for
-  one with NaN or inf."""
+  """``max_b |v| / qmax`` within ``[SCALE_FLOOR, largest_scale(qmax)]``; 1
+  for a block of zeros, NaN for one with NaN or inf."""
   amax = jnp.max(jnp.abs(blocks), axis=1)
   finite = jnp.where(jnp.isfinite(amax),
-                     jnp.maximum(amax / qmax, SCALE_FLOOR), jnp.nan)
+                     jnp.clip(amax / qmax, SCALE_FLOOR, largest_scale(qmax)),
+                     jnp.nan)
   return jnp.where(amax == 0, 1.0, finite).astype(jnp.float32)
 
 
