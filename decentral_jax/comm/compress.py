@@ -29,15 +29,14 @@ below float32's smallest normal number (about 1.18e-38, i.e. ``max_b |v|``
 below about 5.3e-36 for fp8, 1.5e-36 for int8) takes that number as its
 scale (:data:`SCALE_FLOOR`): its error is then at most the format's bound
 times ``qmax * SCALE_FLOOR`` instead of times ``max_b |v|`` (a floor), and
-never NaN. Float32 subnormal values (below about 1.18e-38) may be flushed
-to zero on the way (XLA:CPU and GPUs do), so any value's error is also
-allowed ``SCALE_FLOOR``. A finite value never decodes to +-inf (the scale
-is at most :func:`largest_scale`, so ``qmax`` times it stays finite), and finite values of float64
-leaves beyond float32's range (above about 3.4e38) saturate to +-3.4e38:
-the codecs compute in float32. A block of zeros has scale 1 and decodes to zeros. A block holding NaN or +-inf has scale NaN and decodes to NaN,
-all of it; top-k ranks NaN and +-inf above every finite value, so they are
-sent and arrive as they were. A non-finite value is never sent as a finite
-one.
+never NaN. Subnormal inputs (below 1.18e-38) may be flushed to zero (XLA:CPU
+and GPUs do): any value's error may be ``SCALE_FLOOR`` more. A finite value
+never decodes to +-inf (scales are at most :func:`largest_scale`); float64
+values beyond float32's range saturate to +-3.4e38 (the codecs compute in
+float32). A block of zeros has scale 1 and decodes to zeros. A block with
+NaN or +-inf has scale NaN and decodes to NaN, all of it; top-k ranks NaN
+and +-inf above every finite value, so they are sent and arrive as they
+were. A non-finite value is never sent as a finite one.
 
 Error feedback (Seide et al. 2014; Karimireddy et al., "Error Feedback Fixes
 SignSGD", ICML 2019): each worker keeps ``e`` and sends
@@ -202,9 +201,8 @@ class Compressor:
 
 
 def to_float32(x) -> jax.Array:
-  """``x`` as float32, finite values beyond float32's range (of float64
-  leaves) saturated to ``+-F32_MAX`` rather than turned into inf; NaN and
-  +-inf kept. The codecs' input conversion."""
+  """``x`` as float32, finite values beyond its range (float64 leaves)
+  saturated to ``+-F32_MAX``, not inf; NaN and +-inf kept."""
   x = jnp.asarray(x)
   if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).max > F32_MAX:
     x = jnp.where(jnp.isfinite(x), jnp.clip(x, -F32_MAX, F32_MAX), x)
@@ -229,9 +227,8 @@ SCALE_FLOOR = float(np.finfo(np.float32).tiny)
 
 
 def largest_scale(qmax: float) -> float:
-  """The largest float32 ``s`` with ``qmax * s`` finite in float32: a
-  finite block's scale at most, so that it decodes finite (``amax / qmax``
-  for ``amax`` near float32's largest value rounds past it)."""
+  """The largest float32 ``s`` with ``qmax * s`` finite: a finite block's
+  largest scale (``amax / qmax`` near float32's largest value rounds up)."""
   q = np.float32(qmax)
   s = np.float32(F32_MAX / float(qmax))
   with np.errstate(over="ignore"):
