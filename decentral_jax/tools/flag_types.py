@@ -105,6 +105,21 @@ def real(lo: float, hi: float, unit: str = "", *, open_lo: bool = False):
   return parse
 
 
+def comma_parts(text: str, example: str) -> list[str]:
+  """``text`` split at commas, each part stripped.
+
+  Raises:
+    argparse.ArgumentTypeError: an empty part (a stray comma), named by
+      its position, with ``example`` as the fix.
+  """
+  parts = [t.strip() for t in text.split(",")]
+  if "" in parts:
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: entry {parts.index('') + 1} is empty; separate the "
+        f"values by single commas, e.g. {example}")
+  return parts
+
+
 def number_list(item, *, max_items: int = MAX_LIST):
   """An argparse ``type``: comma-separated values of ``item``
   (:func:`integer` or :func:`real`), at most ``max_items`` of them.
@@ -117,11 +132,7 @@ def number_list(item, *, max_items: int = MAX_LIST):
   unit = getattr(item, "unit", "")
 
   def parse(text: str) -> list:
-    parts = [t.strip() for t in text.split(",")]
-    if "" in parts:
-      raise argparse.ArgumentTypeError(
-          f"{text!r}: entry {parts.index('') + 1} is empty; separate the "
-          "values by single commas, e.g. 1,16")
+    parts = comma_parts(text, "1,16")
     if len(parts) > max_items:
       raise argparse.ArgumentTypeError(
           f"at most {max_items} comma-separated values, got {len(parts)}")

@@ -22,6 +22,7 @@ from decentral_jax.runtime_model.costs import all_reduce_cost
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import local_sync
+from decentral_jax.tools import flag_types
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
 # matrices) and with steps x n x buckets: on 2 cores 4096 workers take about
@@ -307,11 +308,7 @@ def comma_list(typ):
       or a part ``typ`` cannot convert.
   """
   def parse(text: str) -> list:
-    parts = [t.strip() for t in text.split(",")]
-    if "" in parts:
-      raise argparse.ArgumentTypeError(
-          f"{text!r}: entry {parts.index('') + 1} is empty; separate the "
-          "values by single commas, e.g. 16,32")
+    parts = flag_types.comma_parts(text, "16,32")
     try:
       return [typ(t) for t in parts]
     except ValueError:
