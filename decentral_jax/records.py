@@ -14,7 +14,8 @@ nullable)``:
 
 * ``"int"``: a JSON integer in ``[lo, hi]`` (not ``true``/``false``);
 * ``"number"``: a finite number in ``[lo, hi]`` (not NaN, not Infinity,
-  not a string, not a boolean);
+  not a string, not a boolean); ``"whole"``: one with an integral value
+  (a count written ``1.3e9``);
 * ``"numbers"``: a list of such numbers; ``"series"``: a non-empty one;
 * ``"bool"``, ``"str"``, ``"strs"`` (a list of strings);
 * ``"object"``, ``"list"``: any JSON object, list; an :class:`Obj`: an object with its own
@@ -76,6 +77,7 @@ class Obj:
 
 
 _RULES = {"int": "an integer", "number": "a finite number",
+          "whole": "a whole number",
           "numbers": "a list of finite numbers",
           "series": "a non-empty list of finite numbers",
           "bool": "true or false", "str": "a string",
@@ -105,6 +107,8 @@ def _ok(v, kind: str, lo, hi) -> bool:
   if kind in ("bool", "str", "object", "list"):
     return isinstance(v, {"bool": bool, "str": str, "object": dict,
                           "list": list}[kind])
+  if kind == "whole":
+    return checks.is_number(v) and float(v).is_integer() and _in(v, lo, hi)
   return (checks.is_number(v) and (kind == "number" or checks.is_int(v))
           and _in(v, lo, hi))
 

@@ -6,8 +6,9 @@
   (:mod:`~decentral_jax.comm.virtual_plans` builds those static plans).
 - :mod:`~decentral_jax.comm.gossip`: ``mix`` (one round of W_k with
   ``ppermute``), ``mean``, ``consensus_distance``.
-- :mod:`~decentral_jax.comm.compress`: compressed payloads with error
-  feedback and the compressed means.
+- :mod:`~decentral_jax.comm.compress`: compressed payloads (block-scaled
+  formats, top-k) with error feedback, and compressed gossip;
+  :mod:`~decentral_jax.comm.compressed_mean`: the compressed worker means.
 - :mod:`~decentral_jax.comm.fault_schedule`: a seeded schedule of slow and
   failing workers (NumPy); :mod:`~decentral_jax.comm.faults`: gossip over
   the live workers (``live_mix``), frozen dead workers, rejoining.
@@ -22,9 +23,9 @@ from decentral_jax.comm.gossip import (
 from decentral_jax.comm.fault_schedule import FaultSchedule, STRAGGLER_MODES
 from decentral_jax.comm.faults import (
     dropped_weight, freeze, from_worker, live_mix, neighbour_mean)
-from decentral_jax.comm.compress import (
-    Compressor, compress_with_feedback, gather_mean_compressed,
-    mean_compressed)
+from decentral_jax.comm.compress import Compressor, compress_with_feedback
+from decentral_jax.comm.compressed_mean import (
+    gather_mean_compressed, mean_compressed)
 
 __all__ = ["Compressor", "DEFAULT_BUCKET_BYTES", "FaultSchedule",
            "STRAGGLER_MODES", "VirtualAxes", "all_gather",

@@ -84,7 +84,7 @@ QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0, "fp4": 6.0}
 #: The non-negative values of e2m1 (fp4), in code order 0..7.
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 #: Largest ``block``: every leaf is padded to at least one block (and
-#: ``mean_compressed`` to ``n`` blocks), so a larger one only costs memory.
+#: a compressed mean to ``n`` blocks), so a larger one only costs memory.
 MAX_BLOCK = 2 ** 20
 
 
@@ -418,94 +418,6 @@ def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
       topology, step, tree)
 
 
-def _rows(payload: Payload, n: int) -> Payload:
-  """Payload arrays ``[n * r, ...]`` viewed as ``[n, r, ...]`` (one row per worker)."""
-  return {k: a.reshape((n, -1) + a.shape[1:]) for k, a in payload.items()}
-
-
-def _mean_leaf(x, axis_name, compressor: Compressor):
-  """Compressed mean of one leaf: reduce-scatter of codes, float32 sum, all-gather."""
-  n = collectives.size(axis_name)
-  flat = to_float32(x.reshape(-1))
-  unit = n * compressor.block
-  padded = max(unit, -(-flat.size // unit) * unit)
-  flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), jnp.float32)])
-  shard = jnp.zeros((padded // n,), jnp.float32)  # shape of one row
-  sent = _rows(compressor.encode(flat), n)  # row j: my values of shard j
-  recv = {k: collectives.all_to_all(a, axis_name) for k, a in sent.items()}
-  total = jnp.zeros_like(shard)
-  for j in range(n):  # float32 sum of every worker's shard, in worker order
-    total = total + compressor.decode({k: a[j] for k, a in recv.items()}, shard)
-  mine = compressor.encode(total / n)
-  gathered = {k: collectives.all_gather(a, axis_name) for k, a in mine.items()}
-  rows = [compressor.decode({k: a[j] for k, a in gathered.items()}, shard)
-          for j in range(n)]
-  out = jnp.concatenate(rows)[:x.size].reshape(x.shape).astype(x.dtype)
-  return collectives.match_varying(out, x)
-
-
-def mean_compressed(tree: PyTree, axis_name="workers", *,
-                    compressor: Compressor) -> PyTree:
-  """The worker mean ``(1/n) sum_j x_j`` sent compressed, summed in float32.
-
-  Per leaf (flattened, zero-padded to a multiple of ``n x block``, split
-  into ``n`` shards): every worker sends ``Q`` of shard ``j`` to worker
-  ``j`` (``all_to_all`` of the payload), worker ``j`` decodes the ``n``
-  contributions and sums them in float32, re-quantizes its mean shard, and
-  the shards are all-gathered and decoded. Every worker ends with the same
-  values: ``deQ(Q(sum_j deQ(Q(x_j)) / n))``. Bytes each worker sends, in
-  the accounting's conventions: ``(n - 1) / n`` of the full payload for
-  the all-to-all plus ``(n - 1)`` shard payloads for the all-gather, i.e.
-  ``2 (n - 1) / n x payload_bytes(padded size)``, the ring figure of an
-  all-reduce of the codes.
-
-  Must run inside ``jax.shard_map`` over ``axis_name``. With
-  ``Compressor("none")`` the values are exact but summed in another order
-  than ``pmean``; use :func:`decentral_jax.comm.gossip.mean` for the exact
-  mean.
-
-  Args:
-    tree: pytree of floating arrays (this worker's values).
-    axis_name: the worker axis.
-    compressor: the :class:`Compressor`.
-
-  Returns:
-    A pytree of the same structure, shapes and dtypes, equal on every
-    worker.
-
-  Raises:
-    ValueError: a non-floating leaf or a compressor of the wrong type.
-  """
-  return _map_checked(tree, compressor,
-                      lambda x: _mean_leaf(x, axis_name, compressor))
-
-
-def _map_checked(tree: PyTree, compressor: Compressor, leaf) -> PyTree:
-  """``leaf`` over the leaves of ``tree`` after the compressed means' checks."""
-  check_compressor(compressor)
-  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
-  return jax.tree.map(leaf, tree)
-
-
-def mean_payload_bytes(tree: PyTree, n_workers: int,
-                       compressor: Compressor) -> float:
-  """Hand count: bytes one worker sends in :func:`mean_compressed` of ``tree``.
-
-  Raises:
-    ValueError: ``n_workers`` not an int >= 1, or ``compressor`` not a
-      :class:`Compressor`.
-  """
-  n = checks.check_int("n_workers", n_workers, minimum=1)
-  check_compressor(compressor)
-  unit = n * compressor.block
-  total = 0.0
-  for x in jax.tree.leaves(tree):
-    size = int(np.prod(np.shape(x)))
-    padded = max(unit, -(-size // unit) * unit)
-    total += 2 * (n - 1) / n * compressor.payload_bytes(padded, 4)
-  return total
-
-
 def payload_bytes_per_round(tree: PyTree, topology: topology_lib.Topology,
                             step: int, compressor: Compressor) -> int:
   """Hand count: bytes one worker sends in round ``step`` of :func:`mix_compressed`.
@@ -532,8 +444,9 @@ def relative_error_bound(compressor: Compressor) -> float:
   bound holds relative to ``qmax * SCALE_FLOOR`` instead (the floor of the
   module docstring), and any value may be off by ``SCALE_FLOOR`` more (a
   subnormal input flushed to zero); for float64 leaves, relative to
-  ``min(max_b |v|, F32_MAX)`` (values beyond float32's range saturate). Raises ValueError for ``none`` and ``topk``, and for a
-  ``compressor`` that is not a :class:`Compressor`.
+  ``min(max_b |v|, F32_MAX)`` (values beyond float32's range saturate).
+  Raises ValueError for ``none`` and ``topk``, and for a ``compressor``
+  that is not a :class:`Compressor`.
   """
   check_compressor(compressor)
   bounds = {"int8": 1 / 254, "int4": 1 / 14, "fp8": 2.0 ** -4, "fp4": 1 / 6}
@@ -541,59 +454,3 @@ def relative_error_bound(compressor: Compressor) -> float:
     raise ValueError(f"format {compressor.format!r} has no relative error "
                      "bound (none is exact; topk drops values).")
   return bounds[compressor.format] * (1 + 1e-6) + math.ulp(1.0)
-
-
-# ---------------------------------------------------------------------------
-# Sparse mean: every worker's payload gathered (SparseLoCo's all-gather).
-# ---------------------------------------------------------------------------
-
-
-def _gather_mean_leaf(x, axis_name, compressor: Compressor):
-  """Mean of one leaf from every worker's gathered payload (float32 sum)."""
-  n = collectives.size(axis_name)
-  acc = jnp.promote_types(x.dtype, jnp.float32)
-  gathered = collectives.all_gather(compressor.encode(x), axis_name)
-  total = jnp.zeros(x.shape, acc)
-  for j in range(n):  # in worker order, as a NumPy reference would
-    total = total + compressor.decode({k: a[j] for k, a in gathered.items()},
-                                      x).astype(acc)
-  return collectives.match_varying((total / n).astype(x.dtype), x)
-
-
-def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
-                           compressor: Compressor) -> PyTree:
-  """The worker mean ``(1/n) sum_j deQ(Q(x_j))`` from gathered payloads.
-
-  Every worker all-gathers every worker's payload (for ``topk`` its
-  indices and values), decodes the ``n`` of them and sums them in float32
-  in worker order, so the mean of what was sent is exact and equal on all
-  workers (no second quantization, unlike :func:`mean_compressed`); this
-  is how SparseLoCo aggregates its sparse pseudo-gradients (Sarfi et al.,
-  arXiv 2508.15706), since a sum of sparse vectors is not sparse. Bytes
-  each worker sends, in the accounting's conventions: ``(n - 1) x
-  payload_bytes(N)`` per leaf of ``N`` values (:func:`gather_payload_bytes`).
-  Must run inside ``jax.shard_map`` over ``axis_name``.
-
-  Args:
-    tree, axis_name, compressor: as for :func:`mean_compressed` (any
-      format; top-k is the one it is for).
-
-  Returns:
-    The decoded payloads' mean, a pytree of ``tree``'s structure, shapes
-    and dtypes, equal on every worker.
-
-  Raises:
-    ValueError: a non-floating leaf or a compressor of the wrong type.
-  """
-  return _map_checked(tree, compressor,
-                      lambda x: _gather_mean_leaf(x, axis_name, compressor))
-
-
-def gather_payload_bytes(tree: PyTree, n_workers: int,
-                         compressor: Compressor) -> int:
-  """Hand count: bytes one worker sends in :func:`gather_mean_compressed`."""
-  n = checks.check_int("n_workers", n_workers, minimum=1)
-  return (n - 1) * sum(
-      compressor.payload_bytes(int(np.prod(np.shape(x))),
-                               jnp.dtype(jnp.result_type(x)).itemsize)
-      for x in jax.tree.leaves(tree))

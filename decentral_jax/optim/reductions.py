@@ -40,6 +40,7 @@ import optax
 from decentral_jax import checks
 from decentral_jax.comm import collectives
 from decentral_jax.comm import compress
+from decentral_jax.comm import compressed_mean as comm_means
 from decentral_jax.comm import gossip
 from decentral_jax.optim import local_steps
 from decentral_jax.topology import schedules as topology_lib
@@ -344,23 +345,24 @@ def compressed_mean(leaves: Sequence[jax.Array],
 
   ``topk``: every worker's indices and values are all-gathered per leaf and
   the decoded sparse vectors summed in float32 (SparseLoCo's aggregation,
-  :func:`decentral_jax.comm.compress.gather_mean_compressed`, ``(n - 1) x
-  payload`` bytes per worker). Scaled formats: the leaves are concatenated
+  :func:`~decentral_jax.comm.compressed_mean.gather_mean_compressed`,
+  ``(n - 1) x payload`` bytes per worker). Scaled formats: the leaves are concatenated
   into float32 buckets of at most :data:`COMPRESSED_BUCKET_BYTES`
   (:func:`map_flat_buckets`), each padded once to a multiple of ``n x
   block`` (per leaf, gpt_tiny's 22,624 values would send as 30,720), then a
   reduce-scatter of the codes, float32 sums and an all-gather of the
-  re-quantized mean (:func:`decentral_jax.comm.compress.mean_compressed`,
-  ``2 (n - 1) / n x payload`` of each padded bucket:
+  re-quantized mean
+  (:func:`~decentral_jax.comm.compressed_mean.mean_compressed`, ``2 (n -
+  1) / n x payload`` of each padded bucket:
   :func:`compressed_mean_bytes`). Equal on every worker.
   """
   if compressor.format == "topk":
-    return compress.gather_mean_compressed(list(leaves), axis_name,
-                                           compressor=compressor)
+    return comm_means.gather_mean_compressed(list(leaves), axis_name,
+                                             compressor=compressor)
   compress.check_compressor(compressor)
   gossip.check_float_leaves(list(leaves), "compressed mean", compressed=True)
   return map_flat_buckets(
-      lambda b: compress.mean_compressed(b, axis_name, compressor=compressor),
+      lambda b: comm_means.mean_compressed(b, axis_name, compressor=compressor),
       leaves)
 
 
@@ -368,8 +370,9 @@ def compressed_mean_bytes(tree: PyTree, n_workers: int,
                           compressor: compress.Compressor) -> float:
   """Hand count: bytes one worker sends in :func:`compressed_mean` of ``tree``.
 
-  Top-k: :func:`decentral_jax.comm.compress.gather_payload_bytes`; scaled
-  formats: :func:`decentral_jax.comm.compress.mean_payload_bytes` of each
+  Top-k: :func:`~decentral_jax.comm.compressed_mean.gather_payload_bytes`;
+  scaled formats:
+  :func:`~decentral_jax.comm.compressed_mean.mean_payload_bytes` of each
   bucket's flat buffer.
 
   Raises:
@@ -379,11 +382,11 @@ def compressed_mean_bytes(tree: PyTree, n_workers: int,
   leaves = jax.tree.leaves(tree)
   if isinstance(compressor, compress.Compressor) and \
       compressor.format == "topk":
-    return compress.gather_payload_bytes(leaves, n_workers, compressor)
+    return comm_means.gather_payload_bytes(leaves, n_workers, compressor)
   sizes = [int(np.prod(np.shape(x))) for x in leaves]
   buffers = [jax.ShapeDtypeStruct((sum(sizes[i] for i in idx),), jnp.float32)
              for idx in flat_buckets(sizes)]
-  return compress.mean_payload_bytes(buffers, n_workers, compressor)
+  return comm_means.mean_payload_bytes(buffers, n_workers, compressor)
 
 
 def compressed_pseudo_gradient(coding: Coding, v: PyTree, error: PyTree,

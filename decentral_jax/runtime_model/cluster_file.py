@@ -134,7 +134,7 @@ CLUSTER_SCHEMA = {
 OPTIONAL_CLUSTER_KEYS = ("datacenters", "wan_latency_s", "wan_bandwidth_Bps",
                          "codec_Bps")
 WORKLOAD_SCHEMA = {
-    "param_count": ("number", 0.0, 1e15, False),
+    "param_count": ("whole", 1.0, 1e15, False),
     "forward_s": ("number", 0.0, _DAY_S, True),
     "backward_s": ("number", 0.0, _DAY_S, True),
     "compute_cv": ("number", 0.0, 1e3, True),

@@ -17,7 +17,7 @@ Where it is sent:
   CHOCO-gossip's (``pipelined=1``), the round of the step's input
   parameters, overlapped as plain gossip's;
 * **local-update syncs, scaled formats** (``int8``, ``fp8``, ``int4``,
-  ``fp4``; :func:`decentral_jax.comm.compress.mean_compressed`): each value
+  ``fp4``; :func:`decentral_jax.comm.compressed_mean.mean_compressed`): each value
   padded to a multiple of ``n B``, a reduce-scatter of the codes
   (all-to-all of shards, float32 sums) and an all-gather of the
   re-quantized mean, ``2 (n-1)/n x payload`` per worker, priced as an

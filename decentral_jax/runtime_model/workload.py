@@ -36,6 +36,25 @@ def check_in_flight(value) -> tuple[float, float] | None:
   return pair
 
 
+def wire_dtype(where: str, name) -> np.dtype:
+  """``np.dtype(name)`` if it names a floating dtype of at most 8 bytes.
+
+  Values on the wire are floats (bfloat16 and the float8 types included);
+  ``where`` names the field or flag in the one-line ValueError raised
+  otherwise (an integer, complex or unknown name; NumPy parses some
+  strings such as ``",,"`` as code, which is caught too).
+  """
+  try:
+    dt = np.dtype(name)
+  except (TypeError, ValueError, SyntaxError):
+    dt = None
+  if (dt is None or (dt.kind != "f" and "float" not in dt.name)
+      or dt.itemsize > 8):
+    raise ValueError(f"{where} {name!r} is not a floating dtype name (values "
+                     "on the wire are floats); use e.g. float32 or bfloat16.")
+  return dt
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
   """Model size and per-worker compute time of one training iteration.
@@ -107,11 +126,7 @@ class Workload:
       raise ValueError(f"worker_layout must be one of {layout_modes.MODES}, "
                        f"got {self.worker_layout!r}.")
     for name in ("grad_dtype", "param_dtype"):
-      try:
-        np.dtype(getattr(self, name))
-      except TypeError:
-        raise ValueError(f"{name}={getattr(self, name)!r} is not a dtype "
-                         "name; use e.g. 'float32' or 'bfloat16'.") from None
+      wire_dtype(name, getattr(self, name))
     s = np.asarray([1.0, 1.0] if self.compute_samples_s is None
                    else self.compute_samples_s, float)
     if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s >= 0)):

@@ -25,7 +25,7 @@ _FRACTION = ("number", 0.0, 1.0, False)
 #: kept for the reader and not checked).
 SCHEMA = {
     "format": ("str", None, None, False),
-    "param_count": ("number", 1.0, 1e15, False),
+    "param_count": ("whole", 1.0, 1e15, False),
     "compute_s": (records.Obj({"forward": _SECONDS, "backward": _SECONDS,
                                "optimizer": _SECONDS},
                               ("forward", "backward", "optimizer"),

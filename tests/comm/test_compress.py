@@ -15,6 +15,7 @@ from decentral_jax import parallel
 from decentral_jax import topology
 from decentral_jax import wire_format
 from decentral_jax.comm import compress
+from decentral_jax.comm import compressed_mean
 from decentral_jax.comm import gossip
 from decentral_jax.optim import choco
 
@@ -315,7 +316,7 @@ def test_choco_refuses_bad_arguments():
 def _mean_fn(mesh, c):
   axis = parallel.worker_axis(mesh)
   return jax.jit(parallel.per_worker(
-      lambda t: compress.mean_compressed(t, axis, compressor=c), mesh))
+      lambda t: compressed_mean.mean_compressed(t, axis, compressor=c), mesh))
 
 
 @pytest.mark.parametrize("fmt", [
@@ -355,7 +356,7 @@ def test_compressed_mean_bytes_equal_the_hand_count(fmt):
   x = {"w": np.ones((8, 300), np.float32)}
   rep = analysis.communication(
       _mean_fn(mesh, c).lower(parallel.shard(x, mesh)).compile())
-  hand = compress.mean_payload_bytes({"w": np.ones(300)}, 8, c)
+  hand = compressed_mean.mean_payload_bytes({"w": np.ones(300)}, 8, c)
   assert rep.mean_bytes_per_step == pytest.approx(hand, rel=1e-12)
   if fmt == "int8":  # 384 padded values = 24 blocks of 16 codes + 4 scale bytes
     assert hand == pytest.approx(2 * 7 / 8 * 24 * 20)
@@ -413,7 +414,7 @@ def test_compressor_arguments_refused_in_one_line():
                      r"\.comm\.compress\.Compressor, got str\."):
     compress.relative_error_bound("int8")
   with pytest.raises(ValueError, match="compressor must be a decentral_jax"):
-    compress.mean_payload_bytes({"x": np.zeros(4)}, 2, "int8")
+    compressed_mean.mean_payload_bytes({"x": np.zeros(4)}, 2, "int8")
   # Only floating values are compressed (an integer gradient is refused).
   c = compress.Compressor("int8", block=4)
   with pytest.raises(ValueError, match="dtype int32; only floating-point"):

@@ -20,6 +20,7 @@ from helpers import sync_args
 from decentral_jax import analysis
 from decentral_jax import parallel
 from decentral_jax.comm import compress
+from decentral_jax.comm import compressed_mean
 from decentral_jax import optim
 
 N = 4
@@ -315,13 +316,13 @@ def test_gathered_mean_bytes_equal_the_hand_count():
   c = compress.Compressor("topk", block=64, fraction=0.125)
   axis = parallel.worker_axis(mesh)
   fn = jax.jit(parallel.per_worker(
-      lambda t: compress.gather_mean_compressed(t, axis, compressor=c), mesh))
+      lambda t: compressed_mean.gather_mean_compressed(t, axis, compressor=c), mesh))
   x = {"w": np.ones((8, 300), np.float32)}
   rep = analysis.communication(fn.lower(parallel.shard(x, mesh)).compile())
   # 5 chunks of 64 keep 8 float32 values + 8 int16 indices each; the
   # all-gather sends them to 7 others.
   assert rep.mean_bytes_per_step == 7 * 5 * 8 * (4 + 2)
-  assert compress.gather_payload_bytes({"w": np.ones(300)}, 8, c) == \
+  assert compressed_mean.gather_payload_bytes({"w": np.ones(300)}, 8, c) == \
       7 * 5 * 8 * 6
 
 
@@ -339,14 +340,14 @@ def test_report_splits_codes_scales_and_indices_by_element_type():
   axis = parallel.worker_axis(mesh)
   x = {"w": np.ones((8, 300), np.float32)}
   topk = compress.Compressor("topk", block=64, fraction=0.125)
-  rep = _report(lambda t: compress.gather_mean_compressed(
+  rep = _report(lambda t: compressed_mean.gather_mean_compressed(
       t, axis, compressor=topk), x, mesh)
   # all-gather to 7 others: 5 chunks x 8 float32 values and int16 indices.
   assert rep.mean_bytes_by_dtype() == {"f32": 7 * 5 * 8 * 4,
                                        "s16": 7 * 5 * 8 * 2}
   assert "by element type: f32 1,120 B, s16 560 B" in rep.summary()
   int4 = compress.Compressor("int4", block=64)
-  rep = _report(lambda t: compress.mean_compressed(t, axis, compressor=int4),
+  rep = _report(lambda t: compressed_mean.mean_compressed(t, axis, compressor=int4),
                 x, mesh)
   # 300 values padded to 512 = 8 blocks: 32 code bytes + a scale each;
   # all-to-all and all-gather send 7/8 of it each.

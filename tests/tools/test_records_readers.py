@@ -324,6 +324,8 @@ WORKLOAD_CASES = {
     "other_format": (_workload(format="v0"), "format must be"),
     "key_missing": (_workload(compute_s=_DROP), "'compute_s'"),
     "string_for_number": (_workload(param_count="1e6"), "'param_count'"),
+    "fractional_count": (_workload(param_count=1e6 + 0.25), "'param_count'"),
+    "integer_dtype": (_workload(param_dtype="int8"), "param_dtype 'int8'"),
     "nan_seconds": (_workload(compute_s__forward=float("nan")),
                     "compute_s.forward"),
     "inf_seconds": (_workload(compute_s__backward=float("inf")),

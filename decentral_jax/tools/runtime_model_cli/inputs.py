@@ -20,6 +20,7 @@ from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import all_reduce_cost
 from decentral_jax.runtime_model.method import Method
+from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model.workload import Workload
 from decentral_jax.runtime_model import local_sync
 from decentral_jax.tools import flag_types
@@ -227,15 +228,7 @@ def check_param_count(params) -> None:
 
 def float_dtype_flag(flag: str, name) -> np.dtype:
   """``np.dtype(name)`` if it names a floating dtype (bfloat16 included)."""
-  try:
-    dt = np.dtype(name)
-  except (TypeError, ValueError, SyntaxError):  # NumPy parses ",," as code
-    dt = None
-  if (dt is None or (dt.kind != "f" and "float" not in dt.name)
-      or dt.itemsize > 8):
-    raise ValueError(f"{flag} {name!r} is not a floating dtype name (values "
-                     "on the wire are floats); use e.g. float32 or bfloat16.")
-  return dt
+  return workload_lib.wire_dtype(flag, name)
 
 
 def check_in_flight_flag(text: str | None) -> None:

@@ -1,0 +1,197 @@
+"""Compressed worker means: reduce-scattered codes and gathered payloads.
+
+Two ways to average ``n`` workers' values sent with a
+:class:`~decentral_jax.comm.compress.Compressor`, each with its hand count
+of the bytes one worker sends:
+
+* :func:`mean_compressed`: the scaled formats' all-reduce of codes (an
+  all-to-all of each worker's quantized shards, a float32 sum per shard,
+  an all-gather of the re-quantized mean), ``2 (n - 1) / n`` of the
+  payload (:func:`mean_payload_bytes`);
+* :func:`gather_mean_compressed`: every worker's payload all-gathered and
+  decoded (SparseLoCo's aggregation of top-k vectors, Sarfi et al., arXiv
+  2508.15706), ``(n - 1)`` payloads (:func:`gather_payload_bytes`).
+
+Both must run inside ``jax.shard_map`` over the worker axis and end with
+the same values on every worker. Imports :mod:`decentral_jax.comm.compress`
+(the codecs) and :mod:`decentral_jax.comm.collectives`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from decentral_jax import checks
+from decentral_jax.comm import collectives
+from decentral_jax.comm import compress
+from decentral_jax.comm import gossip
+
+PyTree = Any
+
+
+def _rows(payload: compress.Payload, n: int) -> compress.Payload:
+  """Payload arrays ``[n * r, ...]`` viewed as ``[n, r, ...]`` (a row per worker)."""
+  return {k: a.reshape((n, -1) + a.shape[1:]) for k, a in payload.items()}
+
+
+def _encode_mean(total, recv, n, compressor, shard) -> compress.Payload:
+  """``Q(total / n)``, or ``Q(sum_j deQ_j / n)`` (the sum of the shares)
+  where ``total`` overflowed float32 (finite codes: that mean is finite).
+
+  The shares are decoded in a ``lax.cond`` branch taken only after an
+  overflow, so the common path is ``Q(total / n)`` as XLA simplifies it
+  (bit for bit the trajectories of the DiLoCo family's fixtures)."""
+  def shares(recv):
+    scaled = jnp.zeros_like(shard)
+    for j in range(n):
+      scaled = scaled + compressor.decode(
+          {k: a[j] for k, a in recv.items()}, shard) / n
+    return compressor.encode(scaled)
+  mine = compressor.encode(total / n)
+  return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda _: mine, shares,
+                      recv)
+
+
+def _mean_leaf(x, axis_name, compressor: compress.Compressor):
+  """Compressed mean of one leaf: codes reduce-scattered, summed, gathered."""
+  n = collectives.size(axis_name)
+  flat = compress.to_float32(x.reshape(-1))
+  unit = n * compressor.block
+  padded = max(unit, -(-flat.size // unit) * unit)
+  flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), jnp.float32)])
+  shard = jnp.zeros((padded // n,), jnp.float32)  # shape of one row
+  sent = _rows(compressor.encode(flat), n)  # row j: my values of shard j
+  recv = {k: collectives.all_to_all(a, axis_name) for k, a in sent.items()}
+  total = jnp.zeros_like(shard)
+  for j in range(n):  # float32 sum of every worker's shard, in worker order
+    total = total + compressor.decode({k: a[j] for k, a in recv.items()}, shard)
+  mine = _encode_mean(total, recv, n, compressor, shard)
+  gathered = {k: collectives.all_gather(a, axis_name) for k, a in mine.items()}
+  rows = [compressor.decode({k: a[j] for k, a in gathered.items()}, shard)
+          for j in range(n)]
+  out = jnp.concatenate(rows)[:x.size].reshape(x.shape).astype(x.dtype)
+  return collectives.match_varying(out, x)
+
+
+def mean_compressed(tree: PyTree, axis_name="workers", *,
+                    compressor: compress.Compressor) -> PyTree:
+  """The worker mean ``(1/n) sum_j x_j`` sent compressed, summed in float32.
+
+  Per leaf (flattened, zero-padded to a multiple of ``n x block``, split
+  into ``n`` shards): every worker sends ``Q`` of shard ``j`` to worker
+  ``j`` (``all_to_all`` of the payload), worker ``j`` decodes the ``n``
+  contributions and sums them in float32, re-quantizes its mean shard, and
+  the shards are all-gathered and decoded. Every worker ends with the same
+  values: ``deQ(Q(sum_j deQ(Q(x_j)) / n))`` (where that sum overflows
+  float32, ``sum_j (deQ(Q(x_j)) / n)``, so a mean within float32's range
+  stays finite). Bytes each worker sends, in the accounting's
+  conventions: ``(n - 1) / n`` of the full payload for the all-to-all plus
+  ``(n - 1)`` shard payloads for the all-gather, i.e. ``2 (n - 1) / n x
+  payload_bytes(padded size)``, the ring figure of an all-reduce of the
+  codes.
+
+  Must run inside ``jax.shard_map`` over ``axis_name``. With
+  ``Compressor("none")`` the values are exact but summed in another
+  order than ``pmean``; use :func:`decentral_jax.comm.gossip.mean` for the exact
+  mean.
+
+  Args:
+    tree: pytree of floating arrays (this worker's values).
+    axis_name: the worker axis.
+    compressor: the :class:`compress.Compressor`.
+
+  Returns:
+    A pytree of the same structure, shapes and dtypes, equal on every
+    worker.
+
+  Raises:
+    ValueError: a non-floating leaf or a compressor of the wrong type.
+  """
+  return _map_checked(tree, compressor,
+                      lambda x: _mean_leaf(x, axis_name, compressor))
+
+
+def _map_checked(tree: PyTree, compressor: compress.Compressor, leaf) -> PyTree:
+  """``leaf`` over the leaves of ``tree`` after the compressed means' checks."""
+  compress.check_compressor(compressor)
+  gossip.check_float_leaves(tree, "compressed mean", compressed=True)
+  return jax.tree.map(leaf, tree)
+
+
+def mean_payload_bytes(tree: PyTree, n_workers: int,
+                       compressor: compress.Compressor) -> float:
+  """Hand count: bytes one worker sends in :func:`mean_compressed` of ``tree``.
+
+  Raises:
+    ValueError: ``n_workers`` not an int >= 1, or ``compressor`` not a
+      :class:`compress.Compressor`.
+  """
+  n = checks.check_int("n_workers", n_workers, minimum=1)
+  compress.check_compressor(compressor)
+  unit = n * compressor.block
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    size = int(np.prod(np.shape(x)))
+    padded = max(unit, -(-size // unit) * unit)
+    total += 2 * (n - 1) / n * compressor.payload_bytes(padded, 4)
+  return total
+
+
+# ---------------------------------------------------------------------------
+# Sparse mean: every worker's payload gathered (SparseLoCo's all-gather).
+# ---------------------------------------------------------------------------
+
+
+def _gather_mean_leaf(x, axis_name, compressor: compress.Compressor):
+  """Mean of one leaf from every worker's gathered payload (float32 sum)."""
+  n = collectives.size(axis_name)
+  acc = jnp.promote_types(x.dtype, jnp.float32)
+  gathered = collectives.all_gather(compressor.encode(x), axis_name)
+  total = jnp.zeros(x.shape, acc)
+  for j in range(n):  # in worker order, as a NumPy reference would
+    total = total + compressor.decode({k: a[j] for k, a in gathered.items()},
+                                      x).astype(acc)
+  return collectives.match_varying((total / n).astype(x.dtype), x)
+
+
+def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
+                           compressor: compress.Compressor) -> PyTree:
+  """The worker mean ``(1/n) sum_j deQ(Q(x_j))`` from gathered payloads.
+
+  Every worker all-gathers every worker's payload (for ``topk`` its
+  indices and values), decodes the ``n`` of them and sums them in float32
+  in worker order, so the mean of what was sent is exact and equal on all
+  workers (no second quantization, unlike :func:`mean_compressed`); this
+  is how SparseLoCo aggregates its sparse pseudo-gradients (Sarfi et al.,
+  arXiv 2508.15706), since a sum of sparse vectors is not sparse. Bytes
+  each worker sends, in the accounting's conventions: ``(n - 1) x
+  payload_bytes(N)`` per leaf of ``N`` values (:func:`gather_payload_bytes`).
+  Must run inside ``jax.shard_map`` over ``axis_name``.
+
+  Args:
+    tree, axis_name, compressor: as for :func:`mean_compressed` (any
+      format; top-k is the one it is for).
+
+  Returns:
+    The decoded payloads' mean, a pytree of ``tree``'s structure, shapes
+    and dtypes, equal on every worker.
+
+  Raises:
+    ValueError: a non-floating leaf or a compressor of the wrong type.
+  """
+  return _map_checked(tree, compressor,
+                      lambda x: _gather_mean_leaf(x, axis_name, compressor))
+
+
+def gather_payload_bytes(tree: PyTree, n_workers: int,
+                         compressor: compress.Compressor) -> int:
+  """Hand count: bytes one worker sends in :func:`gather_mean_compressed`."""
+  n = checks.check_int("n_workers", n_workers, minimum=1)
+  return (n - 1) * sum(
+      compressor.payload_bytes(int(np.prod(np.shape(x))),
+                               jnp.dtype(jnp.result_type(x)).itemsize)
+      for x in jax.tree.leaves(tree))
