@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import time
 
@@ -281,3 +282,43 @@ def test_learners_that_died_for_good_end_the_run():
   why = main_lib.stalled({0: main_lib.DEAD, 1: {"error": "ValueError: x"}})
   assert why.endswith("(learner 0: its process died and Ray will not "
                       "restart it; learner 1: ValueError: x)"), why
+
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs",
+                      "gpt_tiny.py")
+DILOCO = ("--config.algorithm=diloco", "--config.optimizer.name=adamw",
+          "--config.optimizer.accum_steps=1")
+
+
+def _runner_run(*overrides):
+  return spec_lib.RunSpec(problem="runner", shards=2, sync_every=4,
+                          problem_args=(("config", CONFIG), (
+                              "overrides", DILOCO + tuple(overrides))))
+
+
+@pytest.mark.parametrize("ours", [
+    ("--config.steps=12", "--config.seed=3"),  # reordered
+    ("--config.seed=3", "--config.steps=12", "--config.seed=3"),  # repeated
+    ("--config.seed=3", "--config.steps=12", "--config.model.dropout=0.0"),
+    ("--config.seed=3", "--config.steps=12",
+     "--config.schedule.peak_lr=3e-3"),  # another literal
+])
+def test_a_resume_compares_config_overrides_by_value(ours):
+  saved = _runner_run("--config.seed=3", "--config.steps=12",
+                      "--config.schedule.peak_lr=0.003")
+  if "peak_lr" not in str(ours):
+    saved = _runner_run("--config.seed=3", "--config.steps=12")
+  # gpt_tiny's dropout is 0.0: spelling the default out changes nothing.
+  sync_lib.check_resume_meta(_runner_run(*ours),
+                             {"run": saved.trajectory()}, "checkpoint 1")
+
+
+def test_a_resume_with_another_config_value_names_the_field():
+  saved = _runner_run("--config.seed=3", "--config.steps=12")
+  with pytest.raises(ValueError) as e:
+    sync_lib.check_resume_meta(
+        _runner_run("--config.steps=12", "--config.seed=4"),
+        {"run": saved.trajectory()}, "checkpoint 1")
+  assert str(e.value).startswith(
+      "checkpoint 1 was written by a run with config.seed=3, this run has "
+      "4; "), e.value

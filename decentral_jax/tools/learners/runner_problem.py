@@ -90,6 +90,31 @@ def load(config: str, overrides=(), learners: int = 2
   return c
 
 
+def config_difference(saved_args, ours_args, learners: int
+                      ) -> tuple[str, Any, Any] | None:
+  """Whether two runs' ``problem_args`` (``config``, ``overrides``) give
+  the same runner config: None if they do (overrides reordered, repeated,
+  spelled as the default or as another literal of the same value), else
+  the first differing field ``("config.FIELD", saved, ours)``;
+  ``config.n_workers`` is the learner count and not compared.
+
+  Raises:
+    ValueError: either config does not load (its one-line error).
+  """
+  def values(args):
+    args = dict(args)
+    c = load(args.get("config", ""), tuple(args.get("overrides", ())),
+             learners)
+    got = traverse_util.flatten_dict(c.to_dict(), sep=".")
+    got.pop("n_workers", None)
+    return got
+  a, b = values(saved_args), values(ours_args)
+  for key in sorted(set(a) | set(b)):
+    if a.get(key, "<missing>") != b.get(key, "<missing>"):
+      return f"config.{key}", a.get(key, "<missing>"), b.get(key, "<missing>")
+  return None
+
+
 def _refusals(c) -> list[tuple[str, Any, bool, str]]:
   """``(field, value, refused, fix)`` of the fields learners cannot honour."""
   model = c.model

@@ -125,7 +125,31 @@ def check_resume_meta(run: spec_lib.RunSpec, meta: dict, where: str) -> None:
     print(f"warning: {where} does not record its run (an older "
           "checkpoint); resuming it unchecked.", file=sys.stderr, flush=True)
     return
-  spec_lib.check_resume(meta["run"], run.trajectory(), where)
+  spec_lib.check_resume(_same_config(run, meta["run"], where),
+                        run.trajectory(), where)
+
+
+def _same_config(run: spec_lib.RunSpec, saved, where: str):
+  """``saved`` with its runner config's ``problem_args`` taken as ours
+  when both load to the same config (overrides compared by value, not as
+  strings); a config that differs is refused naming its first field."""
+  if (run.problem != "runner" or not isinstance(saved, dict)
+      or saved.get("problem") != "runner"
+      or saved.get("problem_args") == run.trajectory()["problem_args"]):
+    return saved
+  from decentral_jax.tools.learners import runner_problem  # pylint: disable=import-outside-toplevel
+  try:
+    diff = runner_problem.config_difference(
+        saved.get("problem_args") or (), run.problem_args, run.shards)
+  except (TypeError, ValueError):  # the saved config no longer loads
+    return saved
+  if diff is not None:
+    name, a, b = diff
+    raise ValueError(
+        f"{where} was written by a run with {name}={a!r}, this run has "
+        f"{b!r}; resume it with the same config or start a new checkpoint "
+        "directory (--checkpoint-dir, or a new --workdir).")
+  return {**saved, "problem_args": run.trajectory()["problem_args"]}
 
 
 def check_run(run: spec_lib.RunSpec, checkpoint_dir: str | None) -> None:
