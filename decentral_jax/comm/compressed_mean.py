@@ -42,18 +42,18 @@ def _encode_mean(total, recv, n, compressor, shard) -> compress.Payload:
   """``Q(total / n)``, or ``Q(sum_j deQ_j / n)`` (the sum of the shares)
   where ``total`` overflowed float32 (finite codes: that mean is finite).
 
-  The shares are decoded in a ``lax.cond`` branch taken only after an
-  overflow, so the common path is ``Q(total / n)`` as XLA simplifies it
-  (bit for bit the trajectories of the DiLoCo family's fixtures)."""
-  def shares(recv):
-    scaled = jnp.zeros_like(shard)
-    for j in range(n):
-      scaled = scaled + compressor.decode(
-          {k: a[j] for k, a in recv.items()}, shard) / n
-    return compressor.encode(scaled)
-  mine = compressor.encode(total / n)
-  return jax.lax.cond(jnp.all(jnp.isfinite(total)), lambda _: mine, shares,
-                      recv)
+  Both are computed and the payload selected, without a branch (no host
+  synchronization on GPUs); the shares are decoded again behind an
+  ``optimization_barrier`` so the common path is ``Q(total / n)`` as XLA
+  simplifies it alone (bit for bit the DiLoCo family's fixtures)."""
+  again = jax.lax.optimization_barrier(recv)
+  scaled = jnp.zeros_like(shard)
+  for j in range(n):
+    scaled = scaled + compressor.decode(
+        {k: a[j] for k, a in again.items()}, shard) / n
+  ok = jnp.all(jnp.isfinite(total))
+  mine, shares = compressor.encode(total / n), compressor.encode(scaled)
+  return {k: jnp.where(ok, mine[k], shares[k]) for k in mine}
 
 
 def _mean_leaf(x, axis_name, compressor: compress.Compressor):
