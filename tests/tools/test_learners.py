@@ -19,6 +19,7 @@ from conftest import require_devices
 from helpers import spmd_diloco, spmd_quadratic
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
 
@@ -574,3 +575,17 @@ def test_fragment_schedule_worked_by_hand():
   assert start([1, 2], 5, 2) == 9
   # Fragment 1 sent after step 7 but not merged: start at 6, send it at 7.
   assert start([1, 1], 5, 2) == 6
+
+
+def test_the_summary_names_the_run():
+  run = spec_lib.RunSpec(shards=3, sync_every=8, quorum=3, fragments=2,
+                         overlap_steps=1, merge_alpha=0.5,
+                         outer="delayed_nesterov", delay_buffer=4,
+                         compressor="int8", block=64)
+  assert main_lib.describe(run) == (
+      "run: sync, 3 learners, H=8, inner sgd lr 0.1, outer delayed Nesterov "
+      "(buffer 4) lr 0.7 momentum 0.9, 2 fragments (tau=1, alpha=0.5), "
+      "int8 pseudo-gradients")
+  assert main_lib.describe(spec_lib.RunSpec()) == (
+      "run: sync, 2 learners, H=4, inner sgd lr 0.1, outer Nesterov lr 0.7 "
+      "momentum 0.9")

@@ -368,15 +368,34 @@ def _open_records(c, run, args, overrides):
   return records
 
 
-def _summary(status, seconds, learners, args) -> None:
+def describe(run: spec_lib.RunSpec) -> str:
+  """One line naming the run's method: the mode, the learners and sync
+  period, the inner and outer optimizers, fragments and compression."""
+  outer = (f"delayed Nesterov (buffer {run.delay_buffer})"
+           if run.outer == "delayed_nesterov" else "Nesterov")
+  parts = [f"{run.mode}, {run.shards} learners, H={run.sync_every}",
+           f"inner {run.inner} lr {run.inner_lr:g}",
+           f"outer {outer} lr {run.outer_lr:g} momentum "
+           f"{run.outer_momentum:g}"]
+  if run.fragments > 1:
+    parts.append(f"{run.fragments} fragments (tau={run.overlap_steps}, "
+                 f"alpha={run.merge_alpha:g})")
+  if run.compressor != "none":
+    parts.append(f"{run.compressor} pseudo-gradients")
+  return "run: " + ", ".join(parts)
+
+
+def _summary(status, seconds, learners, args, run) -> None:
   tokens = sum(sum(t.values()) for t in status["log"]["tokens"])
+  print(describe(run))
   print(f"{status['version']} periods merged in {seconds:.1f} s; "
         f"{tokens} tokens merged ({tokens / seconds:.1f} tokens/s); "
         f"{len(status['log']['rejected'])} pseudo-gradients rejected")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
-      json.dump({"status": status, "learners": learners,
-                 "seconds": seconds}, f, indent=1, default=str)
+      json.dump({"run": run.trajectory(), "status": status,
+                 "learners": learners, "seconds": seconds}, f, indent=1,
+                default=str)
 
 
 def main(argv=None, prog: str | None = None) -> int:
@@ -418,5 +437,5 @@ def main(argv=None, prog: str | None = None) -> int:
     c.close()
     if records is not None:
       records.close()
-  _summary(status, time.monotonic() - start, learners, args)
+  _summary(status, time.monotonic() - start, learners, args, run)
   return 0
