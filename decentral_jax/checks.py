@@ -198,6 +198,25 @@ def check_float_dtype(name: str, dtype: Any, *,
   return dt
 
 
+def check_comm_dtype(comm_dtype: Any, name: str = "comm_dtype"
+                     ) -> np.dtype | None:
+  """:func:`check_float_dtype` for a wire dtype, which must also be 16 bits
+  or wider: an 8-bit float sent without a scale (float8 e4m3's largest
+  value is 448) is what a block-scaled compressor is for.
+
+  Raises:
+    ValueError: not a floating dtype or None, or an 8-bit one (naming
+      ``compression.format=fp8`` as the fix).
+  """
+  dt = check_float_dtype(name, comm_dtype)
+  if dt is not None and dt.itemsize < 2:
+    raise ValueError(
+        f"{name}={dt.name!r} has no scale (its range is +-"
+        f"{float(np.finfo(dt).max):g}): send 8-bit floats with block scales "
+        "(compression.format=fp8, a Compressor('fp8')), or use bfloat16.")
+  return dt
+
+
 def comma_entries(flag: str, spec: Any, what: str,
                   example: str) -> Iterator[str]:
   """Yields the entries of a comma-separated flag value, stripped, in order.

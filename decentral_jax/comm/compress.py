@@ -22,21 +22,27 @@ format      code of one value (scale ``s_b = max_b |v| / qmax``)        bytes se
 
 The last block (chunk) is zero-padded, and the padding is sent. Rounding is
 to nearest, so the round-trip error of one value is at most ``s_b / 2`` for
-int8/int4, ``s_b * 2^-4 |v/s_b|``-relative for fp8 (3 mantissa bits), and
+int8/int4, ``max(2^-4 |v|, 2^-10 s_b)`` for fp8 (3 mantissa bits; values
+below ``2^-6 s_b`` fall on e4m3's subnormals, spaced ``2^-9 s_b``), and
 half the gap between neighbouring e2m1 values times ``s_b`` for fp4; top-k
-drops the other values entirely. A block whose ``max_b |v| / qmax`` is
+drops the other values entirely. The decoded value is cast to the leaf's
+dtype: a bfloat16 or float16 leaf adds that cast's rounding, up to
+``u |deQ(Q(v))|`` (``u`` = 2^-8 for bfloat16, 2^-11 for float16). A block whose ``max_b |v| / qmax`` is
 below float32's smallest normal number (about 1.18e-38, i.e. ``max_b |v|``
 below about 5.3e-36 for fp8, 1.5e-36 for int8) takes that number as its
 scale (:data:`SCALE_FLOOR`): its error is then at most the format's bound
 times ``qmax * SCALE_FLOOR`` instead of times ``max_b |v|`` (a floor), and
 never NaN. Subnormal inputs (below 1.18e-38) may be flushed to zero (XLA:CPU
 and GPUs do): any value's error may be ``SCALE_FLOOR`` more. A finite value
-never decodes to +-inf (scales are at most :func:`largest_scale`); float64
+never decodes to +-inf (scales are at most :func:`largest_scale`). float64
 values beyond float32's range saturate to +-3.4e38 (the codecs compute in
-float32). A block of zeros has scale 1 and decodes to zeros. A block with
-NaN or +-inf has scale NaN and decodes to NaN, all of it; top-k ranks NaN
-and +-inf above every finite value, so they are sent and arrive as they
-were. A non-finite value is never sent as a finite one.
+float32): their error is ``|v| - 3.4e38``, not bounded; the bounds hold for
+values within float32's range. A block of zeros has scale 1 and decodes to
+zeros. A block with NaN or +-inf has scale NaN and decodes to NaN, all of
+it; top-k ranks NaN and +-inf above every finite value, so a chunk with
+non-finite values sends ``min(k, their count)`` of them as they were (the
+others, like any unsent value, arrive as 0): a chunk with a non-finite
+value never arrives all finite.
 
 Error feedback (Seide et al. 2014; Karimireddy et al., "Error Feedback Fixes
 SignSGD", ICML 2019): each worker keeps ``e`` and sends
@@ -196,7 +202,8 @@ class Compressor:
     return flat.reshape(like.shape).astype(like.dtype)
 
   def roundtrip(self, v: jax.Array) -> jax.Array:
-    """``deQ(Q(v))``."""
+    """``deQ(Q(v))`` (``v`` any floating array-like, e.g. a list)."""
+    v = jnp.asarray(v)
     return self.decode(self.encode(v), v)
 
 
@@ -443,8 +450,10 @@ def relative_error_bound(compressor: Compressor) -> float:
   over qmax 6); for a block with ``max_b |v| < qmax * SCALE_FLOOR`` the
   bound holds relative to ``qmax * SCALE_FLOOR`` instead (the floor of the
   module docstring), and any value may be off by ``SCALE_FLOOR`` more (a
-  subnormal input flushed to zero); for float64 leaves, relative to
-  ``min(max_b |v|, F32_MAX)`` (values beyond float32's range saturate).
+  subnormal input flushed to zero); a bfloat16 or float16 leaf adds the
+  cast of the decoded value to its dtype (``u |deQ(Q(v))|``, ``u`` its
+  unit roundoff); for float64 leaves the bound holds for blocks within
+  float32's range (a value beyond it saturates to ``F32_MAX``).
   Raises ValueError for ``none`` and ``topk``, and for a ``compressor``
   that is not a :class:`Compressor`.
   """

@@ -155,7 +155,16 @@ def _gather_mean_leaf(x, axis_name, compressor: compress.Compressor):
   for j in range(n):  # in worker order, as a NumPy reference would
     total = total + compressor.decode({k: a[j] for k, a in gathered.items()},
                                       x).astype(acc)
-  return collectives.match_varying((total / n).astype(x.dtype), x)
+  # Where the sum overflows, the sum of the shares (decoded again behind a
+  # barrier; top-k's common path is unchanged bit for bit, the scaled
+  # formats' may round differently where XLA fuses the two).
+  again = jax.lax.optimization_barrier(gathered)
+  scaled = jnp.zeros(x.shape, acc)
+  for j in range(n):
+    scaled = scaled + compressor.decode(
+        {k: a[j] for k, a in again.items()}, x).astype(acc) / n
+  mean = jnp.where(jnp.isfinite(total), total / n, scaled)
+  return collectives.match_varying(mean.astype(x.dtype), x)
 
 
 def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
@@ -164,8 +173,10 @@ def gather_mean_compressed(tree: PyTree, axis_name="workers", *,
 
   Every worker all-gathers every worker's payload (for ``topk`` its
   indices and values), decodes the ``n`` of them and sums them in float32
-  in worker order, so the mean of what was sent is exact and equal on all
-  workers (no second quantization, unlike :func:`mean_compressed`); this
+  in worker order (where that sum overflows, the sum of the shares
+  ``deQ_j / n``), so the mean of what was sent is exact to float32
+  rounding and equal on all workers (no second quantization, unlike
+  :func:`mean_compressed`); this
   is how SparseLoCo aggregates its sparse pseudo-gradients (Sarfi et al.,
   arXiv 2508.15706), since a sum of sparse vectors is not sparse. Bytes
   each worker sends, in the accounting's conventions: ``(n - 1) x

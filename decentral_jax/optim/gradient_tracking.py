@@ -117,7 +117,7 @@ def gradient_tracking(topology: topology_lib.Topology,
       not run over failing workers); errors of :func:`gossip.mix`.
   """
   gossip.check_topology(topology)
-  checks.check_float_dtype("comm_dtype", comm_dtype)
+  checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
 
   def init_fn(params):

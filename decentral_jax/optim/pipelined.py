@@ -118,7 +118,7 @@ def pipelined_gossip(inner: optax.GradientTransformation,
   """
   arguments.check_transform("inner", inner)
   gossip.check_topology(topology)
-  checks.check_float_dtype("comm_dtype", comm_dtype)
+  checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   inner = optax.with_extra_args_support(inner)
 

@@ -167,7 +167,7 @@ def push_sum(inner: optax.GradientTransformation,
   """
   arguments.check_transform("inner", inner)
   check_column_stochastic(topology)
-  checks.check_float_dtype("comm_dtype", comm_dtype)
+  checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   inner = optax.with_extra_args_support(inner)
 

@@ -135,17 +135,19 @@ class LowPrecisionMean(Reduction):
   """The worker mean with ``comm_dtype`` on the wire, summed in float32.
 
   Args:
-    comm_dtype: a floating dtype (e.g. ``jnp.bfloat16``).
+    comm_dtype: a floating dtype of 16 bits or more (e.g.
+      ``jnp.bfloat16``); a value beyond its range is sent as +-inf
+      (float16: 65504), as any cast.
     axis_name: worker mesh axis (or ``("nodes", "local")``).
 
   Raises:
-    ValueError: ``comm_dtype`` not a floating dtype.
+    ValueError: ``comm_dtype`` not a floating dtype of 16 bits or more.
   """
   sends_parameters = False
 
   def __init__(self, comm_dtype, axis_name: gossip.AxisName = "workers"):
     super().__init__(axis_name)
-    self.comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
+    self.comm_dtype = checks.check_comm_dtype(comm_dtype)
     if self.comm_dtype is None:
       raise ValueError("comm_dtype=None: LowPrecisionMean needs a floating "
                        "dtype (use ExactMean for the exact mean).")
@@ -199,7 +201,7 @@ class GossipRound(Reduction):
     super().__init__(axis_name)
     gossip.check_topology(topology)
     self.topology = topology
-    self.comm_dtype = checks.check_float_dtype("comm_dtype", comm_dtype)
+    self.comm_dtype = checks.check_comm_dtype(comm_dtype)
     self.bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
     self.one_round = len(topology.distinct_rounds) == 1
     self._self_weights = np.array(
@@ -522,6 +524,6 @@ def uncompressed(*, topology: topology_lib.Topology | None = None,
     return GossipRound(topology, axis_name, comm_dtype=comm_dtype,
                        bucket_bytes=bucket_bytes)
   gossip.check_bucket_bytes(bucket_bytes)
-  if checks.check_float_dtype("comm_dtype", comm_dtype) is not None:
+  if checks.check_comm_dtype(comm_dtype) is not None:
     return LowPrecisionMean(comm_dtype, axis_name)
   return ExactMean(axis_name)

@@ -117,7 +117,7 @@ def gossip_mixing(topology: topology_lib.Topology,
       :func:`decentral_jax.comm.gossip.mix` (mesh axis size, non-floating leaves).
   """
   gossip.check_topology(topology)
-  checks.check_float_dtype("comm_dtype", comm_dtype)
+  checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
 
   def init_fn(params):
@@ -244,7 +244,7 @@ def decentralized(inner: optax.GradientTransformation,
   arguments.check_transform("inner", inner)
   gossip.check_topology(topology)
   checks.check_bool("mix_after_update", mix_after_update)
-  checks.check_float_dtype("comm_dtype", comm_dtype)
+  checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
   # A traced gossip_every (optax.inject_hyperparams) is allowed; it always
   # takes the conditional path.
