@@ -328,9 +328,10 @@ def library_gap(m: Method) -> str | None:
   The runtime model prices such a method when asked for it (the paper's
   schedule), marks it in tables and never recommends it:
 
-  * Streaming DiLoCo with ``overlap_steps >= 1``: the library all-reduces a
-    fragment inside the merge step's conditional, so it runs the
-    ``tau = 0`` schedule;
+  * Streaming DiLoCo with ``overlap_steps >= 1``: the library merges
+    ``tau`` steps after the send (the update is the paper's) but
+    all-reduces a fragment inside the merge step's conditional, so the
+    ``tau`` inner steps do not hide it as the price assumes;
   * compressed syncs of local-update methods with delayed or eager outer
     updates (the library's overlapped outer step has no compressed
     reduction); Local SGD, DiLoCo and Streaming DiLoCo with a blocking
@@ -344,9 +345,9 @@ def library_gap(m: Method) -> str | None:
   """
   if m.kind == "local":
     if m.overlap_steps > 0:
-      return ("Streaming DiLoCo with tau >= 1: the library merges with "
-              "tau = 0 semantics (the all-reduce sits in the merge step's "
-              "conditional)")
+      return ("Streaming DiLoCo with tau >= 1: the library merges tau "
+              "steps after the send, but all-reduces in the merge step's "
+              "conditional, not hidden behind the tau steps as priced")
     if m.compress is not None and m.outer_overlap != "none":
       return ("compressed pseudo-gradients with delayed or eager outer "
               "updates (the overlapped outer step has no compressed "

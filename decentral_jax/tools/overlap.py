@@ -56,47 +56,12 @@ import types
 
 from decentral_jax import records
 from decentral_jax.tools import flag_types
+from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
-_TINY = "configs/gpt_tiny.py"
-_GPT2 = "configs/gpt2_small_owt.py:decentralized"
-# name -> (config file, overrides, GPU topology "slices x hosts x devices").
-CASES = {
-    "gpt_tiny": (_TINY, (), "1x1x8"),
-    "dadam": (_TINY, ("optimizer.name=adamw", "optimizer.accum_steps=1"),
-              "1x1x8"),
-    "aer": (_TINY, ("topology=alternating_exp_ring", "workers_per_node=4"),
-            "2x1x4"),
-    "virtual": (_TINY, ("workers_per_device=4",), "1x1x2"),
-    "spanning": (_TINY, ("n_workers=4", "devices_per_worker=2"), "1x1x8"),
-    "ring": (_TINY, ("topology=ring",), "1x1x8"),
-    "torus": (_TINY, ("topology=torus",), "1x1x8"),
-    "exponential": (_TINY, ("topology=exponential",), "1x1x8"),
-    "complete": (_TINY, ("topology=complete",), "1x1x8"),
-    "sgp": (_TINY, ("algorithm=sgp",), "1x1x8"),
-    "local_dadam": (_TINY, ("gossip_every=2",), "1x1x8"),
-    "all_reduce": (_TINY, ("algorithm=all_reduce", "optimizer.name=adamw",
-                           "optimizer.accum_steps=1"), "1x1x8"),
-    "diloco": (_TINY, ("algorithm=diloco",), "1x1x8"),
-    # DiLoCo's overlapped outer step: the trickled reduction (one slice of
-    # the pseudo-gradients per step, outside any conditional) against the
-    # one-shot reduction in the sync step's conditional.
-    "diloco_eager": (_TINY, ("algorithm=diloco", "outer_overlap=eager"),
-                     "1x1x8"),
-    "diloco_eager_one_shot": (_TINY, ("algorithm=diloco",
-                                      "outer_overlap=eager",
-                                      "trickle_reduction=False"), "1x1x8"),
-    "streaming_eager": (_TINY, ("algorithm=streaming_diloco",
-                                "num_fragments=2", "outer_overlap=eager"),
-                        "1x1x8"),
-    # The paper's GPT-2 small (bfloat16 compute, float32 parameters), AER
-    # on two hosts of 4 GPUs, 30 sequences of 1024 tokens per worker.
-    "gpt2_small": (_GPT2, ("n_workers=8", "global_batch=240",
-                           "eval_batches=1"), "2x1x4"),
-}
 # Overrides of the mode "before" (what main did): the round chosen in-graph
 # unless the config asks for static rounds (gpt2_small_owt does).
 BEFORE = {"gpt2_small": ("consensus_at=log_step",)}
@@ -128,7 +93,7 @@ def _overrides(case: str, mode: str, data_dir: str) -> list[str]:
   out = list(CASES[case][1])
   if mode == "before":
     out += BEFORE.get(case, _BEFORE)
-  if CASES[case][0] == _GPT2:
+  if CASES[case][0] == GPT2_SMALL:
     out.append(f"data.path={data_dir}")
   return out
 
@@ -463,8 +428,8 @@ NEEDS = (
                      "without --fixtures", "add --fixtures DIR or drop "
                      "--fixture_cases"),
     flag_types.Needs(
-        "--data_dir", lambda a: any(
-            CASES.get(c, ("",))[0] == _GPT2 for c in a.cases.split(",")),
+        "--data_dir", lambda a: any(CASES.get(c, ("",))[0] == GPT2_SMALL
+                                    for c in a.cases.split(",")),
         "without a gpt2_small case in --cases",
         "add one or drop --data_dir"),
 )
@@ -489,18 +454,32 @@ def check_needs(args, given: set) -> None:
 def build_parser(prog: str) -> argparse.ArgumentParser:
   """The command's flags (``prog`` names it in usage lines)."""
   ap = flag_types.Parser(prog=prog, description=__doc__.split("\n")[0])
-  ap.add_argument("--cases", default="gpt_tiny,aer,virtual")
-  ap.add_argument("--modes", default="before,after")
-  ap.add_argument("--targets", default="h200")
-  ap.add_argument("--all_programs", action="store_true")
+  ap.add_argument("--cases", default="gpt_tiny,aer,virtual",
+                  help="comma list of configs to compile, of: "
+                  f"{', '.join(CASES)} (default %(default)s)")
+  ap.add_argument("--modes", default="before,after",
+                  help="before (switch rounds, consensus on log steps), "
+                  "after (the defaults) or both (default %(default)s)")
+  ap.add_argument("--targets", default="h200",
+                  help="comma list of GPU targets: h200, h100_sxm, "
+                  "a100_sxm_80 or a .txtpb file (default %(default)s)")
+  ap.add_argument("--all_programs", action="store_true",
+                  help="mode after: every round also with the consensus "
+                  "measurement (default: the first round only)")
   ap.add_argument("--overlap_limit", type=flag_types.integer(
       0, MAX_OVERLAP_LIMIT), default=0,
                   help="xla_gpu_experimental_parallel_collective_overlap_"
                   f"limit (0: XLA's default, 1; at most {MAX_OVERLAP_LIMIT})")
   ap.add_argument("--out", default=os.path.join(
-      _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"))
-  ap.add_argument("--fixtures", default="")
-  ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual")
+      _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"),
+                  help="JSON lines file, one line per program, appended "
+                  "(default: benchmarks/results/gpu_overlap.jsonl)")
+  ap.add_argument("--fixtures", default="",
+                  help="directory for the stripped, gzipped scheduled HLO "
+                  "of --fixture_cases (test fixtures; default: none)")
+  ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual",
+                  help="with --fixtures: the cases written there (default "
+                  "%(default)s)")
   ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",
                   help="where the gpt2_small case writes its dummy token "
                   "files")

@@ -57,7 +57,8 @@ def test_built_priced_and_refused_by_name():
   for extra, words in (
       (("--config.gossip_every=2",), "config.pipelined_gossip=True with "
        "config.gossip_every=2"),
-      (("--config.topology=one_peer_exp",), "static mixing matrix"),
+      (("--config.topology=one_peer_exp",), "static mixing matrix.*; set "
+       "--config.topology to one of exponential, static_ring, torus, "),
       (("--config.faults.enabled=True",), "config.faults.enabled=True")):
     with pytest.raises(ValueError, match=words) as info:
       validation.check_config(_config(*extra))

@@ -132,6 +132,24 @@ def test_predict_prints_what_faults_cost_each_method(capsys):
   assert "with faults" not in capsys.readouterr().out
 
 
+def test_predict_names_only_the_faults_that_are_set(capsys):
+  """Failures alone: no slow workers in the line; slow workers alone: no
+  failure rate; a fraction that rounds to no worker says so."""
+  base = ["predict", "--n-workers", "8", "--methods", "all_reduce",
+          "--steps", "20"]
+  for flags, want in (
+      (["--failure-rate", "0.01"], "  with faults: failure rate 0.01/step, "
+       "mean downtime 10 steps (up 90.9% of the time); on_failure=proceed"),
+      (["--slow-fraction", "0.25"], "  with faults: 2 of 8 workers at speed "
+       "0.5"),
+      (["--slow-fraction", "0.01"], "  with faults: 0 of 8 workers slow "
+       "(--slow-fraction 0.01 x 8 rounds to 0)")):
+    assert cli.main(base + flags) == 0
+    lines = [l for l in capsys.readouterr().out.splitlines()
+             if "with faults" in l]
+    assert lines == [want]
+
+
 def test_predict_fault_flags_are_checked(capsys):
   assert cli.main(["predict", "--n-workers", "8", "--local-size", "4",
                    "--slow-speed", "1.5"]) == 2

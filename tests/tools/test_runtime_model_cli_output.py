@@ -119,6 +119,17 @@ def test_local_update_methods_are_compared_by_default_across_datacenters(
   assert "(as given by --methods)" in _line(given, "methods:")
 
 
+def test_all_reduce_added_to_the_given_methods_is_named_the_baseline(
+    capsys):
+  rc, out, _ = _run(capsys, "--n-workers", "8", "--methods",
+                    "one_peer_exp,diloco:H=10")
+  assert rc == 0
+  assert _rows(out)[0] == "All-Reduce"
+  assert _line(out, "methods:") == (
+      "methods: all_reduce,one_peer_exp,diloco:H=10 (--methods, with "
+      "all_reduce added: the baseline every speedup refers to)")
+
+
 def test_one_datacenter_keeps_the_papers_comparison(capsys):
   rc, out, _ = _run(capsys, "--preset", "h100_ib", "--n-workers", "16")
   assert rc == 0

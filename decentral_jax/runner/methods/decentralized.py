@@ -109,7 +109,7 @@ def check_compression(config, fmt: str) -> None:
     raise ValueError(
         f"{fmt} (CHOCO-gossip) needs a static mixing matrix, but config."
         f"topology={c.topology} changes every round (period {topo.period}); "
-        "set --config.topology= one of exponential, static_ring, torus, "
+        "set --config.topology to one of exponential, static_ring, torus, "
         "complete (or --config.compression.format=none).")
   if c.gossip_every != 1:
     raise ValueError(

@@ -93,8 +93,10 @@ without ``--cpu_timing``, the frontier with ``--clusters=``) is deleted.
 
   decentral-jax compare --outdir results/compare     # quick, ~2 min
   decentral-jax compare --full --outdir results/full  # the study
-  decentral-jax compare --clusters=h100_ib,cross_region_4dc --workload=1b
-  decentral-jax compare --methods=all_reduce,diloco,sgp --seeds=0,1,2
+  decentral-jax compare --clusters=h100_ib,cross_region_4dc --workload=1b \\
+      --outdir results/compare_1b
+  decentral-jax compare --methods=all_reduce,diloco,sgp --seeds=0,1,2 \\
+      --outdir results/compare_seeds
 
 ``--config.<field>=value`` overrides apply to every run (the fields a method
 sets, e.g. its algorithm, optimizer name, topology, sync period, are set

@@ -63,11 +63,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   """The command's flags."""
   p = flag_types.Parser(prog=prog, description=__doc__.split("\n")[0])
   p.add_argument("--learners", type=_COUNT, default=2,
-                 help="number of learners K (= data shards)")
+                 help="number of learners K (= data shards; default %(default)s)")
   p.add_argument("--periods", type=_PERIODS, default=None,
                  help="merged periods (outer steps) to run (default 10; "
                  "with --config: config.steps // config.sync_every)")
-  p.add_argument("--mode", choices=spec_lib.MODES, default="sync")
+  p.add_argument("--mode", choices=spec_lib.MODES, default="sync",
+                 help="sync: merge when every active learner sent the "
+                 "current version (DiLoCo); decoupled: merge once --quorum "
+                 "arrived, learners keep stepping (default %(default)s)")
   p.add_argument("--config", default=None,
                  help="a runner config (preset or FILE.py[:ARG]) the "
                  "learners train, with --config.FIELD=VALUE overrides")
@@ -90,21 +93,29 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p.add_argument("--quorum", type=_COUNT, default=None,
                  help="pseudo-gradients needed per merge (default: all K "
                  "in sync mode, 1 in decoupled mode)")
-  p.add_argument("--grace", type=_SECONDS_OR_0, default=0.5, help="seconds")
+  p.add_argument("--grace", type=_SECONDS_OR_0, default=0.5,
+                 help="decoupled mode: seconds the synchronizer waits after "
+                 "the quorum for the other active learners before it "
+                 "merges (default %(default)s)")
   p.add_argument("--dynamic-updates", action="store_true",
                  help="H_w = floor(v_w / v_max * H) per learner")
   p.add_argument("--sleep", default="",
                  help="comma-separated seconds per inner step per learner")
   p.add_argument("--address", default=None,
                  help="HOST:PORT of a `ray start --head` node")
-  p.add_argument("--connect-timeout", type=_SECONDS, default=10.0)
+  p.add_argument("--connect-timeout", type=_SECONDS, default=10.0,
+                 help="with --address: seconds to wait for the Ray head "
+                 "node to accept a connection (default %(default)s)")
   p.add_argument("--checkpoint-dir", default=None,
                  help="the synchronizer's Orbax checkpoints (resumed)")
   p.add_argument("--kill-every", type=_PERIODS_OR_0, default=0,
                  help="SIGKILL a learner every N merged periods (0: never)")
   p.add_argument("--every", type=_SECONDS, default=1.0,
-                 help="seconds between progress lines")
-  p.add_argument("--timeout", type=_RUN_SECONDS, default=3600.0)
+                 help="seconds between progress lines (default "
+                 "%(default)s)")
+  p.add_argument("--timeout", type=_RUN_SECONDS, default=3600.0,
+                 help="seconds the whole run may take before it stops "
+                 "with an error (default %(default)s)")
   p.add_argument("--json", default=None, help="write the run's log here")
   _outer_flags(p)
   return p

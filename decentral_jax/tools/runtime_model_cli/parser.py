@@ -47,7 +47,7 @@ Examples::
   # Local-update methods next to All-Reduce and gossip (a spec's own
   # KEY=VALUE parameters follow it, separated by commas too):
   python -m decentral_jax.runtime_model predict --n-workers 16 \\
-      --methods all_reduce,aer,diloco:H=10,streaming_diloco:H=10,P=4,tau=1
+      --methods all_reduce,aer,diloco:H=10,streaming_diloco:H=10,P=4
   # Named clusters and workloads; two datacenters over a wide-area link:
   python -m decentral_jax.runtime_model predict --preset cross_region_2dc \
       --workload 1b --n-workers 32 --methods all_reduce,diloco:H=30
@@ -161,7 +161,7 @@ _PREDICT_OWN = (
         help="comma-separated: all_reduce, sgp, topology names (complete, "
         "ring, one_peer_exp, aer, ...) or local-update specs "
         "NAME:KEY=VALUE,... (local_sgd:H=10, diloco:H=10, "
-        "diloco:H=10,topology=ring, streaming_diloco:H=10,P=4,tau=1"
+        "diloco:H=10,topology=ring, streaming_diloco:H=10,P=4"
         ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer, "
         "desloc:Kx=10,Ku=30,Kv=60, noloco:H=10, "
         "gradient_tracking:topology=one_peer_exp; H, tau in "

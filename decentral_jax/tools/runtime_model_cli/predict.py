@@ -51,7 +51,8 @@ def run(args) -> int:
             for n in args.n_workers]
   if not chosen:
     methods = default_methods(setups[0][1])
-  if "all_reduce" not in methods:
+  added = "all_reduce" not in methods
+  if added:
     methods.insert(0, "all_reduce")  # the baseline every speedup refers to
   # Every spec is built and priced before anything is printed: a bad one,
   # or a table the arithmetic overflowed, is one error line.
@@ -62,7 +63,7 @@ def run(args) -> int:
   if measured is not None:
     print(inputs.describe_cluster_file(args.cluster, measured))
   print(workload_line(args, setups, measured))
-  print(methods_line(methods, chosen, setups[0][1]))
+  print(methods_line(methods, chosen, setups[0][1], added))
   if workers_note:
     print(workers_note)
   groups = []
@@ -238,9 +239,13 @@ def default_methods(c) -> list[str]:
   return out
 
 
-def methods_line(methods, chosen: bool, c) -> str:
-  """One line: the methods ``predict`` compares and why those."""
+def methods_line(methods, chosen: bool, c, added: bool = False) -> str:
+  """One line: the methods ``predict`` compares and why those (``added``:
+  ``all_reduce`` was not in ``--methods``, added as the baseline)."""
   names = ",".join(methods)  # as --methods takes them
+  if chosen and added:
+    return (f"methods: {names} (--methods, with all_reduce added: the "
+            "baseline every speedup refers to)")
   if chosen:
     return f"methods: {names} (as given by --methods)"
   if c.datacenters > 1:

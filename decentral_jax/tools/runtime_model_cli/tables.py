@@ -152,13 +152,26 @@ def fault_mode(m) -> tuple[str, int]:
   return "deadline", 1
 
 
+def faults_line(n: int, faults, on_failure: str) -> str:
+  """The faults of ``n`` workers, only the kinds that are set: slow workers
+  (``k`` at speed ``s < 1``) and failures (rate, downtime, ``on_failure``)."""
+  k, parts = faults.slow_workers(n), []
+  if k and faults.slow_speed < 1.0:
+    parts.append(f"{k} of {n} workers at speed {faults.slow_speed:g}")
+  elif not faults.failure_rate:  # --slow-fraction too small for n
+    parts.append(f"0 of {n} workers slow (--slow-fraction "
+                 f"{faults.slow_fraction:g} x {n} rounds to 0)")
+  if faults.failure_rate:
+    parts.append(f"failure rate {faults.failure_rate:g}/step, mean downtime "
+                 f"{faults.mean_downtime:g} steps (up "
+                 f"{100 * faults.up_fraction:.1f}% of the time); "
+                 f"on_failure={on_failure}")
+  return "  with faults: " + ", ".join(parts)
+
+
 def print_faults(n: int, w, table, made, faults, on_failure: str) -> None:
   """The table of what the faults cost each method (``docs/faults.md``)."""
-  k = faults.slow_workers(n)
-  print(f"  with faults: {k} of {n} workers at speed {faults.slow_speed:g}, "
-        f"failure rate {faults.failure_rate:g}/step, mean downtime "
-        f"{faults.mean_downtime:g} steps (up {100 * faults.up_fraction:.1f}% "
-        f"of the time); on_failure={on_failure}")
+  print(faults_line(n, faults, on_failure))
   width = max([22] + [len(label(key)) + 3 for key in table])
   print(f"  {'method':<{width}}{'mode':>9}{'ms/step':>9}{'work %':>8}"
         f"{'useful %':>9}{'ms/useful':>10}")
