@@ -211,7 +211,8 @@ def to_float32(x) -> jax.Array:
   """``x`` as float32, finite values beyond its range (float64 leaves)
   saturated to ``+-F32_MAX``, not inf; NaN and +-inf kept."""
   x = jnp.asarray(x)
-  if jnp.issubdtype(x.dtype, jnp.floating) and jnp.finfo(x.dtype).max > F32_MAX:
+  if (jnp.issubdtype(x.dtype, jnp.floating)
+      and float(jnp.finfo(x.dtype).max) > F32_MAX):
     x = jnp.where(jnp.isfinite(x), jnp.clip(x, -F32_MAX, F32_MAX), x)
   return x.astype(jnp.float32)
 
