@@ -47,7 +47,10 @@ value never arrives all finite.
 Error feedback (Seide et al. 2014; Karimireddy et al., "Error Feedback Fixes
 SignSGD", ICML 2019): each worker keeps ``e`` and sends
 ``Q(v + e)``, then ``e <- v + e - deQ(Q(v + e))``, so that the sum of what
-was sent tracks the sum of the ``v`` within one quantization error.
+was sent tracks the sum of the ``v`` within one quantization error. The
+residual is a float32 sum like any other: with top-k it accumulates the
+unsent values, so values near float32's largest overflow it to +-inf
+within a few syncs.
 
 :func:`mix_compressed` applies one gossip round ``W`` to quantized values:
 ``x_i <- w_ii x_i + sum_{j != i} w_ij deQ(Q(x_j))`` (the own term exact),
