@@ -322,3 +322,20 @@ def test_a_resume_with_another_config_value_names_the_field():
   assert str(e.value).startswith(
       "checkpoint 1 was written by a run with config.seed=3, this run has "
       "4; "), e.value
+
+
+def test_a_run_started_with_an_n_workers_override_resumes_without_it():
+  # Started as --config.n_workers=2 --learners 2; resumed as --learners 1
+  # with the override dropped (it would now say n_workers=2 for 1 learner).
+  saved = _runner_run("--config.n_workers=2", "--config.seed=3")
+  ours = spec_lib.RunSpec(problem="runner", shards=1, sync_every=4,
+                          problem_args=(("config", CONFIG), (
+                              "overrides", DILOCO + ("--config.seed=3",))))
+  sync_lib.check_resume_meta(ours, {"run": saved.trajectory()},
+                             "checkpoint 2")
+  with pytest.raises(ValueError, match="config.seed=3, this run has 4"):
+    sync_lib.check_resume_meta(
+        spec_lib.RunSpec(problem="runner", shards=1, sync_every=4,
+                         problem_args=(("config", CONFIG), (
+                             "overrides", DILOCO + ("--config.seed=4",)))),
+        {"run": saved.trajectory()}, "checkpoint 2")

@@ -90,21 +90,32 @@ def load(config: str, overrides=(), learners: int = 2
   return c
 
 
+def without_n_workers(overrides) -> tuple[str, ...]:
+  """``overrides`` less those of ``config.n_workers`` (the learner count,
+  which ``--learners`` sets: a run may resume with another)."""
+  def key(o):
+    o = o[len("--config."):] if o.startswith("--config.") else o
+    return o.partition("=")[0].strip()
+  return tuple(o for o in overrides if key(o) != "n_workers")
+
+
 def config_difference(saved_args, ours_args, learners: int
                       ) -> tuple[str, Any, Any] | None:
   """Whether two runs' ``problem_args`` (``config``, ``overrides``) give
   the same runner config: None if they do (overrides reordered, repeated,
   spelled as the default or as another literal of the same value), else
   the first differing field ``("config.FIELD", saved, ours)``;
-  ``config.n_workers`` is the learner count and not compared.
+  ``config.n_workers`` is the learner count and not compared (its
+  overrides are dropped from both sides before loading, so a run started
+  with ``--config.n_workers=K --learners K`` resumes with other learners).
 
   Raises:
     ValueError: either config does not load (its one-line error).
   """
   def values(args):
     args = dict(args)
-    c = load(args.get("config", ""), tuple(args.get("overrides", ())),
-             learners)
+    c = load(args.get("config", ""),
+             without_n_workers(args.get("overrides", ())), learners)
     got = traverse_util.flatten_dict(c.to_dict(), sep=".")
     got.pop("n_workers", None)
     return got
