@@ -16,6 +16,10 @@ the runner refuses the equivalent config fields
 (:mod:`decentral_jax.runner.field_rules`). :func:`given_flags` tells which
 flags the command line gave (abbreviations resolved as argparse does).
 
+An output path is checked before the work that writes it
+(:func:`check_output_file`, :func:`check_output_dir`), so a typo does not
+cost the run.
+
 :class:`Parser` is argparse with its errors as one ``error:`` line and exit
 code 2. No JAX.
 """
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from typing import Any, Callable, Iterable
 
@@ -218,3 +223,53 @@ def check_needs(table: Iterable[Needs], given: set, context: Any) -> None:
   for row in table:
     if row.flag in given and not row.holds(context):
       raise ValueError(row.message())
+
+
+def check_output_file(path: str | None, flag: str) -> None:
+  """Refuses an output file ``path`` of ``flag`` that cannot be written:
+  empty, a directory, in a parent that is missing or not a directory, or
+  not writable (None: the flag was not given).
+
+  Raises:
+    ValueError: one line naming ``flag``, the path and the fix.
+  """
+  if path is None:
+    return
+  if not str(path).strip():
+    raise ValueError(f"{flag} is empty; give a file name.")
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a directory; give a file name.")
+  if not os.path.isdir(parent):
+    problem = "is not a directory" if os.path.exists(parent) else (
+        "does not exist")
+    raise ValueError(f"{flag} {path!r}: {parent!r} {problem}; give a file "
+                     "in an existing directory.")
+  if not os.access(parent, os.W_OK | os.X_OK) or (
+      os.path.exists(path) and not os.access(path, os.W_OK)):
+    raise ValueError(f"{flag} {path!r} is not writable.")
+
+
+def check_output_dir(path: str | None, flag: str) -> None:
+  """Refuses an output directory ``path`` of ``flag`` that cannot be used:
+  empty, an existing file, or (existing or to be created) not writable
+  (None: the flag was not given). Creates nothing.
+
+  Raises:
+    ValueError: one line naming ``flag``, the path and the fix.
+  """
+  if path is None:
+    return
+  if not str(path).strip():
+    raise ValueError(f"{flag} is empty; give a directory.")
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a file, not a directory; give a "
+                     "directory (it is created if missing).")
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ValueError(f"{flag} {path!r} cannot be created: {existing!r} is "
+                     "a file.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ValueError(f"{flag} {path!r} is not writable ({existing!r}).")

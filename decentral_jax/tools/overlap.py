@@ -394,12 +394,20 @@ def render(paths: list[str]) -> None:
   """Prints the tables of earlier runs (``--out`` files).
 
   Raises:
-    ValueError: a file missing or damaged (a line not a JSON object, a key
-      of :data:`ROW_SCHEMA` missing or of the wrong kind), named in one
-      line with the line and key.
+    ValueError: no file given, a file missing, a directory, or damaged (a
+      line not a JSON object, a key of :data:`ROW_SCHEMA` missing or of the
+      wrong kind), named in one line with the line and key. A file without
+      rows prints an empty table.
   """
+  if not paths:
+    raise ValueError("--render needs the JSON-lines files of earlier runs "
+                     "(their --out), e.g. --render "
+                     "benchmarks/results/gpu_overlap.jsonl.")
   rows = []
   for path in paths:
+    if os.path.isdir(path):
+      raise ValueError(f"--render {path!r} is a directory; give the "
+                       "JSON-lines files of earlier runs (their --out).")
     got = records.read_jsonl(path, _row_error)
     if isinstance(got, records.Damaged):
       raise got.error("--render ")
@@ -557,6 +565,11 @@ def main(argv: list[str] | None = None,
   for mode in args.modes.split(","):
     if mode not in ("before", "after"):
       ap.error(f"--modes: unknown mode {mode!r}; before, after or both")
+  try:  # before any compile
+    flag_types.check_output_file(args.out, "--out")
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before JAX starts
   if args.network_gbps:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +

@@ -269,3 +269,20 @@ def test_overlap_xla_option_must_be_key_value(capsys, tmp_path, xla):
   assert err[-1] == (f"error: --xla {xla!r} must be KEY=VALUE with an XLA "
                      "option name, e.g. --xla xla_gpu_enable_latency_hiding_"
                      "scheduler=true."), err
+
+
+@pytest.mark.parametrize("out, says", [
+    ("", "--out is empty; give a file name."),
+    ("DIR", "--out 'DIR' is a directory; give a file name."),
+    ("DIR/no/o.jsonl", "--out 'DIR/no/o.jsonl': 'DIR/no' does not exist")])
+def test_overlap_out_is_checked_before_compiling(
+    monkeypatch, capsys, tmp_path, out, says):
+  def compile_case(*a, **k):
+    raise AssertionError("compiled")
+  monkeypatch.setattr(overlap, "run_case", compile_case)
+  out = out.replace("DIR", str(tmp_path))
+  assert overlap.main(["--cases", "aer", f"--out={out}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {says.replace('DIR', str(tmp_path))}"
+                 + ("" if "exist" not in says else
+                    "; give a file in an existing directory.")], err

@@ -15,10 +15,12 @@ import pytest
 
 from decentral_jax.runner import checkpoint
 from decentral_jax.tools import cli
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools.learners import records
+from decentral_jax.tools.learners import runner_problem
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
 
@@ -322,3 +324,97 @@ def test_a_resume_with_another_config_value_names_the_field():
   assert str(e.value).startswith(
       "checkpoint 1 was written by a run with config.seed=3, this run has "
       "4; "), e.value
+
+
+def test_a_run_started_with_an_n_workers_override_resumes_without_it():
+  # Started as --config.n_workers=2 --learners 2; resumed as --learners 1
+  # with the override dropped (it would now say n_workers=2 for 1 learner).
+  saved = _runner_run("--config.n_workers=2", "--config.seed=3")
+  ours = spec_lib.RunSpec(problem="runner", shards=1, sync_every=4,
+                          problem_args=(("config", CONFIG), (
+                              "overrides", DILOCO + ("--config.seed=3",))))
+  sync_lib.check_resume_meta(ours, {"run": saved.trajectory()},
+                             "checkpoint 2")
+  with pytest.raises(ValueError, match="config.seed=3, this run has 4"):
+    sync_lib.check_resume_meta(
+        spec_lib.RunSpec(problem="runner", shards=1, sync_every=4,
+                         problem_args=(("config", CONFIG), (
+                             "overrides", DILOCO + ("--config.seed=4",)))),
+        {"run": saved.trajectory()}, "checkpoint 2")
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--json", "DIR"], "--json 'DIR' is a directory; give a file name."),
+    (["--json", ""], "--json is empty; give a file name."),
+    (["--checkpoint-dir", "FILE"], "--checkpoint-dir 'FILE' is a file, not "
+     "a directory; give a directory (it is created if missing)."),
+    (["--config", "gpt_tiny", "--workdir", "FILE/sub"], "--workdir "
+     "'FILE/sub' cannot be created: 'FILE' is a file.")])
+def test_output_paths_are_checked_before_ray_starts(
+    tmp_path, no_ray, capsys, flags, says):
+  (tmp_path / "f").write_text("x")
+  sub = {"DIR": str(tmp_path), "FILE": str(tmp_path / "f")}
+  fix = lambda s: s.replace("FILE", sub["FILE"]).replace("DIR", sub["DIR"])
+  assert cli.main(["learners", *map(fix, flags)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {fix(says)}"], err
+
+
+def _records(workdir, steps):
+  seg = {"from_period": 0, "from_step": 0, "learners": 2, "n_workers": 2,
+         "sharding": "s"}
+  (workdir / "learners.json").write_text(json.dumps(
+      {"config_source": "c", "overrides": [], "config": {}, "learners": 2,
+       "segments": [seg]}))
+  (workdir / "metrics.jsonl").write_text(
+      "".join(json.dumps({"step": s}) + "\n" for s in steps))
+
+
+def test_records_of_merged_periods_without_their_checkpoints_are_refused(
+    tmp_path, saved):
+  run = spec_lib.RunSpec(**BASE)
+  _records(tmp_path, [0, 4, 8])  # 2 periods of H=4 merged
+  gone = str(tmp_path / "checkpoints")  # rm -rf DIR/checkpoints
+  with pytest.raises(ValueError) as e:
+    main_lib.preflight(run, gone, str(tmp_path))
+  assert str(e.value) == (
+      f"--workdir {tmp_path} records merged periods (up to inner step 8) "
+      f"but {gone} holds no checkpoint to resume them from (the checkpoints "
+      "are gone); start a new --workdir."), e.value
+  main_lib.preflight(run, saved, str(tmp_path))  # its checkpoint is there
+  _records(tmp_path, [0])  # started, nothing merged: a fresh start is right
+  main_lib.preflight(run, gone, str(tmp_path))
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--eval-every", "3"], "--eval-every has no effect without --workdir"),
+    (["--mode", "sync", "--grace", "3"], "--grace has no effect in --mode "
+     "sync (a merge waits for every active learner); use --mode decoupled "
+     "or drop --grace."),
+    (["--grace", "3"], "--grace has no effect in --mode sync")])
+def test_flags_that_change_nothing_are_refused_before_ray_starts(
+    no_ray, capsys, flags, says):
+  assert cli.main(["learners", *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
+  args = main_lib.parser().parse_args(["--mode", "decoupled", "--grace", "3"])
+  flag_types.check_needs(main_lib.NEEDS, {"--grace"}, args)  # read there
+
+
+@pytest.mark.parametrize("override, says", [
+    ("tracker=wandb", "config.tracker='wandb' has no meaning for learners: "
+     "learners write metrics.jsonl only; set it to ''."),
+    ("tensorboard=True", "config.tensorboard=True has no meaning for "
+     "learners: learners write metrics.jsonl only; set it to False."),
+    ("checkpoint_interval=5", "--config.checkpoint_interval=5 has no effect "
+     "for learners: the synchronizer saves a checkpoint after every merge "
+     "(the newest 2 kept); drop it."),
+    ("keep_checkpoints=9", "--config.keep_checkpoints=9 has no effect for "
+     "learners: the synchronizer keeps its newest 2 checkpoints; drop it."),
+    ("log_interval=3", "--config.log_interval=3 has no effect for learners: "
+     "learners write one metrics record per merged period; drop it.")])
+def test_runner_fields_learners_do_not_read_are_refused_by_name(
+    override, says):
+  with pytest.raises(ValueError) as e:
+    runner_problem.load(CONFIG, DILOCO + (f"--config.{override}",), 2)
+  assert str(e.value) == says, e.value

@@ -458,3 +458,17 @@ def test_damaged_step_metadata_marks_a_checkpoint_corrupt(
   assert why.startswith("_CHECKPOINT_METADATA unreadable (") and word in why
   meta.unlink()  # not every Orbax version writes it
   assert checkpoint.check_checkpoint(str(root)) == ("ok", "")
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "error: --render needs the JSON-lines files of earlier runs"),
+    (["DIR"], "error: --render 'DIR' is a directory; give the JSON-lines "
+     "files"),
+    (["DIR/none.jsonl"], "error: --render DIR/none.jsonl: does not exist")])
+def test_overlap_render_names_a_missing_file_list_or_a_directory(
+    tmp_path, capsys, argv, says):
+  argv = [a.replace("DIR", str(tmp_path)) for a in argv]
+  assert overlap.main(["--render", *argv]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      says.replace("DIR", str(tmp_path))), lines

@@ -337,3 +337,39 @@ def test_flag_bounds_admit_the_ends_of_their_ranges(capsys):
                     "--inter-latency-us", "1e9", "--compute-cv", "10")
   assert rc == 0 and "nan" not in out and "inf" not in out
   assert "recommendation:" in out
+
+
+# --- measure and calibrate: --out and --config checked before measuring ------
+
+
+def test_measure_refuses_an_empty_out_before_measuring(monkeypatch, capsys):
+  from decentral_jax.tools.runtime_model_cli import measure  # pylint: disable=import-outside-toplevel
+  def measured(*a, **k):
+    raise AssertionError("measured")
+  monkeypatch.setattr(measure, "measure", measured)
+  assert cli.main(["measure", "--config", "gpt_tiny", "--out", ""]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: --out is empty; give a file name."], err
+
+
+def test_measure_and_calibrate_take_a_preset_name(monkeypatch, capsys,
+                                                  tmp_path):
+  from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.runtime_model_cli import measure  # pylint: disable=import-outside-toplevel
+  seen = []
+  def measured(config, **k):
+    seen.append((int(config.model.n_embd), int(config.n_workers)))
+    raise ValueError("stop here")
+  monkeypatch.setattr(measure, "measure", measured)
+  def simulated(n, where):
+    seen.append(n)
+    raise ValueError("stop here")
+  monkeypatch.setattr(devices, "check_simulated_devices", simulated)
+  assert cli.main(["measure", "--config", "gpt_quick", "--set",
+                   "n_workers=2", "--out", str(tmp_path / "c.json")]) == 2
+  assert cli.main(["calibrate", "--config", "gpt_tiny", "--set",
+                   "n_workers=4"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  # gpt_quick's width is 64 (runner/presets.py), measured on 2 workers.
+  assert seen == [(64, 2), 4], (seen, err)
+  assert err == ["error: stop here"] * 2, err

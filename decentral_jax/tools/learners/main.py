@@ -25,6 +25,10 @@ then holds the runner's ``metrics.jsonl`` and ``config.json``,
 resumed, also with another ``--learners``)
 (:mod:`decentral_jax.tools.learners.records`).
 
+Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``) and flags
+that would change nothing (``--eval-every`` without ``--workdir``,
+``--grace`` in sync mode) are refused before Ray starts.
+
 Exit codes: 0; 1 for Ray missing, an unreachable ``--address``, a run
 that did not finish within ``--timeout`` or one whose learners all stopped
 with an error (one ``error:`` line); 2 for bad flags, a problem or a
@@ -141,6 +145,26 @@ def _outer_flags(p: argparse.ArgumentParser) -> None:
                  "afresh; saves their bytes each period)")
 
 
+#: Flags read only with others (:func:`flag_types.check_needs`).
+NEEDS = (
+    flag_types.Needs("--eval-every", lambda a: a.workdir is not None,
+                     "without --workdir (it evaluates into DIR/metrics."
+                     "jsonl)", "add --workdir DIR or drop --eval-every"),
+    flag_types.Needs("--grace", lambda a: a.mode == "decoupled",
+                     "in --mode sync (a merge waits for every active "
+                     "learner)", "use --mode decoupled or drop --grace"),
+)
+
+
+def check_outputs(args) -> None:
+  """``--json`` a writable file, ``--workdir`` and ``--checkpoint-dir``
+  usable directories (checked before Ray starts; ValueError names the
+  flag)."""
+  flag_types.check_output_file(args.json, "--json")
+  flag_types.check_output_dir(args.workdir, "--workdir")
+  flag_types.check_output_dir(args.checkpoint_dir, "--checkpoint-dir")
+
+
 def _check_flags(args) -> None:
   """Each numeric flag finite and in its range (ValueError names it)."""
   ranges = (("--inner-lr", args.inner_lr, 0.0, True),
@@ -245,16 +269,21 @@ def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
   before Ray starts: the problem builds and fits ``fragments``, the
   checkpoint to resume was written by the same run
   (:func:`~decentral_jax.tools.learners.synchronizer.check_run`), and the
-  run directory's records read back.
+  run directory's records read back; records of merged periods without a
+  checkpoint to resume them from are refused (the run would restart from
+  period 0 under them).
 
   Raises:
     ValueError, OSError: naming the field, checkpoint or file.
   """
   from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax.tools.learners import synchronizer  # pylint: disable=import-outside-toplevel
-  if workdir is not None:
-    records_lib.check_workdir(workdir)
-  synchronizer.check_run(run, checkpoint_dir)
+  recorded = 0 if workdir is None else records_lib.check_workdir(workdir)
+  if synchronizer.check_run(run, checkpoint_dir) is None and recorded:
+    raise ValueError(
+        f"--workdir {workdir} records merged periods (up to inner step "
+        f"{recorded}) but {checkpoint_dir} holds no checkpoint to resume "
+        "them from (the checkpoints are gone); start a new --workdir.")
 
 
 def progress_line(status: dict, learners: dict, seen=None) -> str:
@@ -413,8 +442,11 @@ def main(argv=None, prog: str | None = None) -> int:
   """Runs the command; returns its exit code."""
   argv = sys.argv[1:] if argv is None else list(argv)
   rest, overrides = config_lib.split_overrides(["learners", *argv])
-  args = parser(prog).parse_args(rest[1:])
+  p = parser(prog)
+  args = p.parse_args(rest[1:])
   try:
+    flag_types.check_needs(NEEDS, flag_types.given_flags(p, rest[1:]), args)
+    check_outputs(args)
     run = run_spec(args, overrides)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -88,17 +88,22 @@ def read_meta(workdir: str) -> dict | None:
   return meta
 
 
-def check_workdir(workdir: str) -> None:
+def check_workdir(workdir: str) -> int:
   """Reads back what a resume of ``workdir`` uses (``learners.json``,
-  ``metrics.jsonl``) before the run starts.
+  ``metrics.jsonl``) before the run starts; returns the last inner step
+  they record merged (0: none, or no records).
 
   Raises:
     ValueError: a damaged file, naming it (and the line or key).
   """
-  read_meta(workdir)
+  meta = read_meta(workdir) or {}
+  step = max((int(s["from_step"]) for s in meta.get("segments", [])),
+             default=0)
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   if os.path.exists(path):
-    metrics_lib.read_jsonl(path)
+    steps = [r.get("step") for r in metrics_lib.read_jsonl(path)]
+    step = max([step, *(int(t) for t in steps if isinstance(t, int))])
+  return step
 
 
 def segment(meta: dict | None, learners: int, version: int,

@@ -32,9 +32,12 @@ functions:
 Fields that have no meaning for learners are refused by name
 (:func:`check_learner_fields`): another algorithm (a gossip topology, SGP,
 ...), an outer Adam or plain momentum, ``outer_overlap``, simulated
-``faults`` (learners fail for real), ``comm_dtype``, a global average,
+``faults`` (learners fail for real), a ``tracker`` or ``tensorboard``
+(learners write ``metrics.jsonl`` only), ``comm_dtype``, a global average,
 several devices per worker, non-float32 parameters, top-k compression or
-compression without error feedback.
+compression without error feedback. An override of a field learners do
+not read (:data:`NO_EFFECT`: ``checkpoint_interval``, ``keep_checkpoints``,
+``log_interval``) is refused too.
 """
 
 from __future__ import annotations
@@ -61,6 +64,17 @@ ALGORITHM = "diloco"
 COMPRESSORS = ("none", "int8", "fp8", "int4", "fp4")
 
 
+# Runner fields learners do not read (a config file may set them for
+# ``train``; an override of one on the learners' command line is refused):
+# field -> what learners do instead.
+NO_EFFECT = {
+    "checkpoint_interval": "the synchronizer saves a checkpoint after every "
+                           "merge (the newest 2 kept)",
+    "keep_checkpoints": "the synchronizer keeps its newest 2 checkpoints",
+    "log_interval": "learners write one metrics record per merged period",
+}
+
+
 def load(config: str, overrides=(), learners: int = 2
          ) -> config_dict.ConfigDict:
   """The validated runner config of ``K = learners`` learners.
@@ -70,7 +84,7 @@ def load(config: str, overrides=(), learners: int = 2
       --config``).
     overrides: ``"field=value"`` or ``"--config.field=value"`` strings.
     learners: ``K``; sets ``config.n_workers`` (an override giving it
-      another value is refused).
+      another value is refused, as is one of a field of :data:`NO_EFFECT`).
 
   Raises:
     ValueError: a bad file or override (the runner's one-line messages), a
@@ -80,6 +94,9 @@ def load(config: str, overrides=(), learners: int = 2
                for o in overrides]
   for o in overrides:
     key, _, value = o[len("--config."):].partition("=")
+    if key.strip() in NO_EFFECT:
+      raise ValueError(f"{o} has no effect for learners: "
+                       f"{NO_EFFECT[key.strip()]}; drop it.")
     if key == "n_workers" and value.strip() != str(learners):
       raise ValueError(f"{o}: learners set config.n_workers to --learners="
                        f"{learners}; drop the override.")
@@ -90,21 +107,32 @@ def load(config: str, overrides=(), learners: int = 2
   return c
 
 
+def without_n_workers(overrides) -> tuple[str, ...]:
+  """``overrides`` less those of ``config.n_workers`` (the learner count,
+  which ``--learners`` sets: a run may resume with another)."""
+  def key(o):
+    o = o[len("--config."):] if o.startswith("--config.") else o
+    return o.partition("=")[0].strip()
+  return tuple(o for o in overrides if key(o) != "n_workers")
+
+
 def config_difference(saved_args, ours_args, learners: int
                       ) -> tuple[str, Any, Any] | None:
   """Whether two runs' ``problem_args`` (``config``, ``overrides``) give
   the same runner config: None if they do (overrides reordered, repeated,
   spelled as the default or as another literal of the same value), else
   the first differing field ``("config.FIELD", saved, ours)``;
-  ``config.n_workers`` is the learner count and not compared.
+  ``config.n_workers`` is the learner count and not compared (its
+  overrides are dropped from both sides before loading, so a run started
+  with ``--config.n_workers=K --learners K`` resumes with other learners).
 
   Raises:
     ValueError: either config does not load (its one-line error).
   """
   def values(args):
     args = dict(args)
-    c = load(args.get("config", ""), tuple(args.get("overrides", ())),
-             learners)
+    c = load(args.get("config", ""),
+             without_n_workers(args.get("overrides", ())), learners)
     got = traverse_util.flatten_dict(c.to_dict(), sep=".")
     got.pop("n_workers", None)
     return got
@@ -132,6 +160,10 @@ def _refusals(c) -> list[tuple[str, Any, bool, str]]:
        "the synchronizer's merge is its own overlap; set it to none"),
       ("faults.enabled", c.faults.enabled, bool(c.faults.enabled),
        "learners fail for real (docs/learners.md); set it to False"),
+      ("tracker", c.tracker, bool(c.tracker),
+       "learners write metrics.jsonl only; set it to ''"),
+      ("tensorboard", c.tensorboard, bool(c.tensorboard),
+       "learners write metrics.jsonl only; set it to False"),
       ("comm_dtype", c.comm_dtype, bool(c.comm_dtype),
        "pseudo-gradients travel in float32 or in config.compression"),
       ("global_avg_interval", c.global_avg_interval,

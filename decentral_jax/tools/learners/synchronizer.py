@@ -152,18 +152,20 @@ def _same_config(run: spec_lib.RunSpec, saved, where: str):
   return {**saved, "problem_args": run.trajectory()["problem_args"]}
 
 
-def check_run(run: spec_lib.RunSpec, checkpoint_dir: str | None) -> None:
+def check_run(run: spec_lib.RunSpec, checkpoint_dir: str | None
+              ) -> int | None:
   """What a :class:`Synchronizer` of ``run`` would refuse, checked before
   starting one (the command calls it before Ray starts): the problem
   builds, its leaves fit ``run.fragments``, and the newest checkpoint in
   ``checkpoint_dir`` (when one exists) was written by the same run.
+  Returns that checkpoint's step (None: no checkpoint to resume).
 
   Raises:
     ValueError: naming the field, file or checkpoint, and the fix.
   """
   initial_theta(run)
   if checkpoint_dir is None or not os.path.isdir(checkpoint_dir):
-    return
+    return None
   from decentral_jax.runner import checkpoint  # pylint: disable=import-outside-toplevel
   ckpt = checkpoint.Checkpointer(checkpoint_dir, max_to_keep=2,
                                  async_save=False)
@@ -174,6 +176,7 @@ def check_run(run: spec_lib.RunSpec, checkpoint_dir: str | None) -> None:
                         f"checkpoint {ckpt.step_dir(step)}")
   finally:
     ckpt.close()
+  return step
 
 
 class Synchronizer:

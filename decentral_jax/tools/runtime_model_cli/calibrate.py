@@ -202,11 +202,11 @@ def run(args) -> int:
   Raises:
     ValueError: a bad flag or config (one line naming it).
   """
-  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
-  config = config_lib.load_config(args.config, args.set)
+  config = presets.load_named_or_file(args.config, args.set)
   validation.check_config(config)
   devices.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")

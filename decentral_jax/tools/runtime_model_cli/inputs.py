@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 
 import numpy as np
 
@@ -138,23 +137,13 @@ def _value(args, flag: str):
 
 
 def check_output_path(path: str | None, flag: str) -> None:
-  """Raises ValueError naming ``flag`` unless ``path`` can be written.
+  """Raises ValueError naming ``flag`` unless ``path`` can be written
+  (:func:`decentral_jax.tools.flag_types.check_output_file`).
 
   Checked before the work that produces the file, so a typo in the path
   does not cost the run.
   """
-  if path is None:
-    return
-  parent = os.path.dirname(os.path.abspath(path))
-  if os.path.isdir(path):
-    raise ValueError(f"{flag} {path!r} is a directory; give a file name.")
-  if not os.path.isdir(parent):
-    problem = "is not a directory" if os.path.exists(parent) else (
-        "does not exist")
-    raise ValueError(f"{flag} {path!r}: {parent!r} {problem}.")
-  if not os.access(parent, os.W_OK | os.X_OK) or (
-      os.path.exists(path) and not os.access(path, os.W_OK)):
-    raise ValueError(f"{flag} {path!r} is not writable.")
+  flag_types.check_output_file(path, flag)
 
 
 def check_predict_args(args) -> None:

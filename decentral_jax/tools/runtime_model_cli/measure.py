@@ -243,7 +243,7 @@ def run(args) -> int:
   Raises:
     ValueError: a bad flag or config (one line naming it).
   """
-  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import launch  # pylint: disable=import-outside-toplevel
   from decentral_jax.parallel import multiprocess
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
@@ -251,7 +251,7 @@ def run(args) -> int:
   if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
     raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
                      f"timings), got {args.repeats}.")
-  config = config_lib.load_config(args.config, args.set)
+  config = presets.load_named_or_file(args.config, args.set)
   validation.check_config(config)
   launch.initialize_from_config(config)  # SLURM-aware, as the runner
   data = measure(config, local_size=args.local_size,

@@ -252,8 +252,9 @@ def _set_flag(text: str) -> tuple:
 _MEASURE_FLAGS = (
     ("--config", dict(
         required=True,
-        help="config file with get_config() (its model, batch and n_workers "
-        "set the compute measured), e.g. configs/gpt_tiny.py")),
+        help="a preset name (gpt_tiny, gpt_quick) or a config file with "
+        "get_config() (its model, batch and n_workers set the compute "
+        "measured), e.g. configs/gpt_tiny.py")),
     _set_flag("override a config field (repeatable); distributed.* "
                    "joins a multi-process job as the runner does"),
     ("--out", dict(required=True, help="cluster JSON to write")),
@@ -274,7 +275,8 @@ _MEASURE_FLAGS = (
                        f"{inputs.MAX_REPEATS} (default 5)")),
 )
 _CALIBRATE_FLAGS = (
-    ("--config", dict(required=True, help="config file with get_config(), "
+    ("--config", dict(required=True, help="a preset name (gpt_tiny, "
+                      "gpt_quick) or a config file with get_config(), "
                       "e.g. configs/gpt_tiny.py")),
     _set_flag("override a config field (repeatable), e.g. --set "
                    "n_workers=8"),
