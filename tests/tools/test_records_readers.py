@@ -387,6 +387,13 @@ WORKLOAD_CASES = {
                            "gossip_in_flight.backward"),
     "section_a_list": (_workload(gossip_in_flight=[0, 1]),
                        "'gossip_in_flight'"),
+    # predict --params's bounds: at most 1e15, in at most 4096 buckets of
+    # 25 MiB (1e15 float32: 4e15 / 26214400 -> 152587891 buckets).
+    "param_count_above_max": (_workload(param_count=2e15), "'param_count'"),
+    "param_count_in_too_many_buckets": (
+        _workload(param_count=1e15),
+        "param_count 1e+15 of 4-byte values in buckets of 25 MiB makes "
+        "152587891 buckets, more than the 4096"),
 }
 
 

@@ -31,8 +31,8 @@ from decentral_jax.tools import flag_types
 # of 16 workers about 100 s.
 MAX_WORKERS = 4096
 
-
-MAX_BUCKETS = 4096
+# The runtime model's bounds on a workload (the same for flags and files).
+MAX_BUCKETS = workload_lib.MAX_BUCKETS
 
 
 MAX_STEPS = 100_000
@@ -94,7 +94,7 @@ UTILISATION_FLAG_BOUNDS = {
 
 # Largest --params (1e15: 4 PB of float32 parameters); checked after the
 # buckets, whose bound is the stricter one for small --bucket-MiB.
-MAX_PARAMS = 1e15
+MAX_PARAMS = workload_lib.MAX_PARAMS
 
 
 def flag_range(flag: str, command: str = "predict") -> str | None:
@@ -209,11 +209,12 @@ def check_predict_args(args) -> None:
 def _check_bucket_count(args, itemsize: float, handler: str) -> None:
   """``--params`` in ``--bucket-MiB`` buckets of ``itemsize``-byte values:
   at most ``MAX_BUCKETS`` (what ``handler`` handles), then its bounds."""
-  buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
+  buckets = workload_lib.bucket_count(args.params, itemsize,
+                                     args.bucket_MiB * 2**20)
   if buckets > MAX_BUCKETS:
     raise ValueError(
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
-        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} {handler} "
+        f"{buckets} buckets, more than the {MAX_BUCKETS} {handler} "
         "handles; raise --bucket-MiB or lower --params.")
   _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
 
@@ -275,7 +276,8 @@ def check_utilisation_args(args) -> None:
                      "minutes at 512 workers).")
   check_param_count(args.params)
   _check_bounds(args, UTILISATION_FLAG_BOUNDS)
-  itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
+  itemsize = max(float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize,
+                 np.dtype(Workload.param_dtype).itemsize)  # its parameters'
   _check_bucket_count(args, itemsize, "the model")
 
 
