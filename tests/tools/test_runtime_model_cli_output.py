@@ -337,3 +337,16 @@ def test_flag_bounds_admit_the_ends_of_their_ranges(capsys):
                     "--inter-latency-us", "1e9", "--compute-cv", "10")
   assert rc == 0 and "nan" not in out and "inf" not in out
   assert "recommendation:" in out
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["predict", "--png", ""], "--png"),
+    (["utilisation", "--png="], "--png"),
+    (["utilisation", "--table", ""], "--table"),
+    (["fig6", "--png", ""], "--png")])
+def test_an_empty_output_path_is_refused_by_name(argv, flag, capsys):
+  """An empty path was taken for "no file": exit 0, nothing written."""
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {flag} is empty; give a file name, or leave "
+                 f"{flag} out."], err

@@ -141,10 +141,14 @@ def check_output_path(path: str | None, flag: str) -> None:
   """Raises ValueError naming ``flag`` unless ``path`` can be written.
 
   Checked before the work that produces the file, so a typo in the path
-  does not cost the run.
+  does not cost the run. None: the flag was not given; an empty path is
+  refused (it would write nothing).
   """
   if path is None:
     return
+  if not path:
+    raise ValueError(f"{flag} is empty; give a file name, or leave {flag} "
+                     "out.")
   parent = os.path.dirname(os.path.abspath(path))
   if os.path.isdir(path):
     raise ValueError(f"{flag} {path!r} is a directory; give a file name.")
