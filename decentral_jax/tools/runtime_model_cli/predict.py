@@ -91,6 +91,12 @@ class _Setting:
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
 
+  def intra_node_hops(self) -> bool:
+    """Whether a node holds two workers or a worker several devices (an
+    intra-node hop's latency and link type enter the price)."""
+    return (any(min(n, c.local_size) > 1 for n, c in self.clusters)
+            or any(w.devices_per_worker > 1 for w in self.workloads))
+
   def quorum_method(self) -> bool:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
 
@@ -100,6 +106,9 @@ _ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
 _INTER_NODE = ("--nic-Gbps", "--nics-per-node", "--nic-efficiency",
                "--flow-Gbps", "--inter-latency-us", "--multi-node",
                "--half-duplex")
+# --intra-GBps is not among them: one worker's PCIe link also carries its
+# traffic to the NIC (costs.all_reduce_cost's ring over nodes).
+_INTRA_NODE = ("--intra-latency-us", "--intra-link")
 _NO_FAILURES = "without --failure-rate above 0"
 
 #: ``predict``'s flags that have an effect only with others (checked once
@@ -134,6 +143,11 @@ NEEDS = (
     *(flag_types.Needs(flag, _Setting.several_nodes, _ONE_NODE,
                        f"add workers beyond one node or drop {flag}")
       for flag in _INTER_NODE),
+    *(flag_types.Needs(
+        flag, _Setting.intra_node_hops, "with one worker per node (--local-"
+        "size 1, or --n-workers 1) of one device (--devices-per-worker 1): "
+        "no message stays inside a node", f"add workers per node or drop "
+        f"{flag}") for flag in _INTRA_NODE),
     flag_types.Needs(
         "--worker-layout",
         lambda s: any(w.devices_per_worker > 1 for w in s.workloads),
