@@ -299,21 +299,26 @@ def check_file_workers(path: str, n: int) -> None:
                      "for fewer workers.")
 
 
-def comma_list(typ):
+def comma_list(typ, unique: bool = False):
   """An argparse ``type``: a comma-separated list of ``typ`` values.
 
   Raises:
-    argparse.ArgumentTypeError: an empty part (``"16,,"``: a stray comma)
-      or a part ``typ`` cannot convert.
+    argparse.ArgumentTypeError: an empty part (``"16,,"``: a stray comma),
+      a part ``typ`` cannot convert, or with ``unique`` a value given twice
+      (``"16,16"``; :func:`~decentral_jax.tools.flag_types.repeated_entry`).
   """
   def parse(text: str) -> list:
     parts = flag_types.comma_parts(text, "16,32")
     try:
-      return [typ(t) for t in parts]
+      out = [typ(t) for t in parts]
     except ValueError:
       raise argparse.ArgumentTypeError(
           f"expected comma-separated {typ.__name__} values, got {text!r}"
       ) from None
+    why = flag_types.repeated_entry(text, out, "16,32") if unique else None
+    if why:
+      raise argparse.ArgumentTypeError(why)
+    return out
   return parse
 
 
@@ -326,8 +331,9 @@ def split_methods(text: str) -> list[str]:
   "streaming_diloco:H=10,P=4,tau=1"]``.
 
   Raises:
-    ValueError: an empty part (a stray comma) or a ``KEY=VALUE`` part with
-      no spec before it. An empty ``text`` gives ``[]``.
+    ValueError: an empty part (a stray comma), a ``KEY=VALUE`` part with
+      no spec before it, or a spec given twice. An empty ``text`` gives
+      ``[]``.
   """
   out = []
   parts = [t.strip() for t in text.split(",")]
@@ -346,6 +352,9 @@ def split_methods(text: str) -> list[str]:
       out[-1] += "," + part
     else:
       out.append(part)
+  why = flag_types.repeated_entry(text, out, "all_reduce,aer")
+  if why:
+    raise ValueError(f"--methods {why}.")
   return out
 
 
