@@ -237,3 +237,27 @@ def test_flags_and_files_share_the_workload_bounds(tmp_path, capsys):
                      "all_reduce", "--steps", "2"]) == code
     err = capsys.readouterr().err
     assert (code == 0) == ("workload.param_count" not in err), err
+
+
+def test_a_file_key_without_effect_is_named_in_a_warning(tmp_path, capsys):
+  """wan_* on one datacenter and codec_Bps without a compressed method
+  price nothing (the equivalent flags are refused): one warning each."""
+  meas = _synthetic()
+  links = cluster_file.fit_links(meas, 8, 4)
+  links.update(wan_latency_s=0.03, wan_bandwidth_Bps=1e9, codec_Bps=1e11)
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps({
+      "schema": cluster_file.SCHEMA, "cluster": links,
+      "workload": {"param_count": 1e6, "forward_s": 0.01,
+                   "backward_s": 0.02}, "measurements": meas, "meta": {}}))
+  argv = ["predict", "--cluster", str(path), "--steps", "2", "--methods"]
+  assert cli.main(argv + ["all_reduce"]) == 0
+  err = capsys.readouterr().err.splitlines()
+  assert [l.split(": ", 2)[2].split(" has no effect")[0] for l in err] == [
+      "cluster.wan_latency_s", "cluster.wan_bandwidth_Bps",
+      "cluster.codec_Bps"], err
+  assert all(l.startswith(f"warning: --cluster {str(path)!r}: ")
+             for l in err), err
+  assert cli.main(argv + ["all_reduce,dadam:topology=static_ring,"
+                          "compress=int8", "--datacenters", "2"]) == 0
+  assert capsys.readouterr().err == ""
