@@ -698,8 +698,8 @@ def check_flags(args: argparse.Namespace) -> None:
   parse_programs(args.programs)
   if args.topology:
     check_topology(args.topology)
-  inputs.check_output_path(args.json or None, "--json")
-  inputs.check_output_path(args.workload or None, "--workload")
+  inputs.check_output_path(args.json, "--json")
+  inputs.check_output_path(args.workload, "--workload")
   given = [f for f, v in (("--cluster", args.cluster),
                           ("--collective_us", args.collective_us),
                           ("--compute_ms", args.compute_ms)) if v is not None]
@@ -794,8 +794,8 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--min_fraction", type=float, default=1 / 64,
                   help="report collectives of at least this share of one "
                   "worker's parameter bytes (default 1/64)")
-  ap.add_argument("--json", default="", help="write the result here")
-  ap.add_argument("--workload", default="",
+  ap.add_argument("--json", default=None, help="write the result here")
+  ap.add_argument("--workload", default=None,
                   help="--deviceless: write the runtime-model workload read "
                   "from the first compiled program (JSON) here")
   ap.add_argument("--quiet", action="store_true",

@@ -324,6 +324,21 @@ def finite_series(records: list[dict], key: str, x: str = "step"
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+def series_range_error(xs, ys, key: str, lo=None, hi=None,
+                       x: str = "step") -> str | None:
+  """Why a series of :func:`finite_series` has a value outside ``[lo, hi]``
+  (None: unbounded), naming ``key`` and the first such ``x``; None if all
+  are in range (e.g. a cross-entropy loss >= 0, an accuracy in [0, 1])."""
+  for step, v in zip(xs, ys):
+    if not _in(v, lo, hi):
+      rule = (f"in [{lo:g}, {hi:g}]" if lo is not None and hi is not None
+              else f">= {lo:g}" if lo is not None else f"<= {hi:g}")
+      return (f"{key!r} at {x}={float(step):g} must be {rule}, got "
+              f"{float(v):g}")
+  return None
+
+
 __all__ = ("Damaged", "Lines", "MAX_FILE_BYTES", "Obj", "finite_series",
            "object_error", "parse_json", "parse_jsonl", "read_bytes",
-           "read_json", "read_jsonl", "short", "value_error")
+           "read_json", "read_jsonl", "series_range_error", "short",
+           "value_error")

@@ -134,7 +134,7 @@ CLUSTER_SCHEMA = {
 OPTIONAL_CLUSTER_KEYS = ("datacenters", "wan_latency_s", "wan_bandwidth_Bps",
                          "codec_Bps")
 WORKLOAD_SCHEMA = {
-    "param_count": ("whole", 1.0, 1e15, False),
+    "param_count": ("whole", 1.0, workload_lib.MAX_PARAMS, False),
     "forward_s": ("number", 0.0, _DAY_S, True),
     "backward_s": ("number", 0.0, _DAY_S, True),
     "compute_cv": ("number", 0.0, 1e3, True),
@@ -246,10 +246,14 @@ def _check_document(data) -> None:
   _check_measurements(data["measurements"])
   try:
     costs.Cluster(**data["cluster"])
-    if data["workload"] is not None:
-      workload(data)
   except (TypeError, ValueError) as e:
     raise ValueError(str(e)) from None
+  if data["workload"] is not None:
+    kw = _workload_fields(data, {})
+    try:
+      workload_lib.Workload(**kw)
+    except (TypeError, ValueError) as e:  # names a Workload field
+      raise ValueError(f"workload.{e}") from None
 
 
 def cluster(data: dict, n_workers: int | None = None) -> costs.Cluster:
@@ -267,7 +271,14 @@ def workload(data: dict, **overrides) -> workload_lib.Workload:
     ValueError: the file has no workload and ``overrides`` do not give
       ``param_count``, ``forward_s`` and ``backward_s``.
   """
-  kw = dict(data.get("workload") or {})
+  return workload_lib.Workload(**_workload_fields(data, overrides))
+
+
+def _workload_fields(data: dict, overrides: dict) -> dict:
+  """:func:`workload`'s keyword arguments."""
+  # A null value is the key left out: Workload's default (or missing).
+  kw = {k: v for k, v in (data.get("workload") or {}).items()
+        if v is not None}
   samples = kw.get("compute_samples_s")
   if samples is not None:
     kw["compute_samples_s"] = tuple(float(x) for x in samples)
@@ -278,4 +289,4 @@ def workload(data: dict, **overrides) -> workload_lib.Workload:
   if missing:
     raise ValueError(f"the cluster file has no measured {', '.join(missing)}"
                      "; give them with --params, --forward-ms, --backward-ms.")
-  return workload_lib.Workload(**kw)
+  return kw

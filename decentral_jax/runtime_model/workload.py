@@ -17,6 +17,21 @@ from decentral_jax import checks
 from decentral_jax import layout_modes
 
 
+#: The largest parameter count the model prices (4 PB of float32).
+MAX_PARAMS = 1e15
+#: The most buckets a workload's parameter message is cut into: the
+#: simulator's work grows with them (1e12 float32 parameters in 25 MiB
+#: buckets, 152588 of them, took over a minute), and no real job has more.
+MAX_BUCKETS = 4096
+
+
+def bucket_count(param_count: float, itemsize: float,
+                 bucket_bytes: float) -> int:
+  """Buckets of ``bucket_bytes`` bytes that ``param_count`` values of
+  ``itemsize`` bytes fill (at least one)."""
+  return max(1, math.ceil(param_count * itemsize / bucket_bytes))
+
+
 def check_in_flight(value) -> tuple[float, float] | None:
   """``Workload.gossip_in_flight`` checked: None or two fractions in [0, 1].
 
@@ -127,6 +142,7 @@ class Workload:
                        f"got {self.worker_layout!r}.")
     for name in ("grad_dtype", "param_dtype"):
       wire_dtype(name, getattr(self, name))
+    self._check_size()
     s = np.asarray([1.0, 1.0] if self.compute_samples_s is None
                    else self.compute_samples_s, float)
     if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s >= 0)):
@@ -142,6 +158,25 @@ class Workload:
           or np.any(np.diff(rd) < 0) or rd[0] < 0 or abs(rd[-1] - 1) > 1e-9):
         raise ValueError("bucket_ready must be non-decreasing fractions of the "
                          "backward in [0, 1], one per bucket, ending at 1.")
+
+  def _check_size(self) -> None:
+    """``param_count`` at most :data:`MAX_PARAMS`, and (buckets cut by
+    ``bucket_bytes``) its gradients or parameters in at most
+    :data:`MAX_BUCKETS` buckets."""
+    if self.param_count > MAX_PARAMS:
+      raise ValueError(f"param_count must be at most {MAX_PARAMS:g}, got "
+                       f"{self.param_count:g}.")
+    if self.bucket_shares is not None or self.bucket_ready is not None:
+      return
+    itemsize = max(np.dtype(self.grad_dtype).itemsize,
+                   np.dtype(self.param_dtype).itemsize)
+    nb = bucket_count(self.param_count, itemsize, self.bucket_bytes)
+    if nb > MAX_BUCKETS:
+      raise ValueError(
+          f"param_count {self.param_count:g} of {itemsize}-byte values in "
+          f"buckets of {self.bucket_bytes / 2**20:g} MiB makes {nb} buckets, "
+          f"more than the {MAX_BUCKETS} the runtime model handles; lower "
+          "param_count or raise the bucket size.")
 
   @property
   def grad_bytes(self) -> float:

@@ -14,6 +14,7 @@ FILE`` and the main job's ``--workload_file FILE`` price with it.
 from __future__ import annotations
 
 from decentral_jax import records
+from decentral_jax.runtime_model.workload import MAX_PARAMS
 from decentral_jax.runtime_model.workload import Workload
 
 FORMAT = "decentral_jax.compiled_workload.v1"
@@ -25,7 +26,7 @@ _FRACTION = ("number", 0.0, 1.0, False)
 #: kept for the reader and not checked).
 SCHEMA = {
     "format": ("str", None, None, False),
-    "param_count": ("whole", 1.0, 1e15, False),
+    "param_count": ("whole", 1.0, MAX_PARAMS, False),
     "compute_s": (records.Obj({"forward": _SECONDS, "backward": _SECONDS,
                                "optimizer": _SECONDS},
                               ("forward", "backward", "optimizer"),
@@ -54,7 +55,9 @@ def read_workload(path: str, *, compute_cv: float = 0.05,
   Raises:
     ValueError: an unreadable file, another format, or a missing or bad
       field (:data:`SCHEMA`: finite seconds up to a day, fractions in
-      [0, 1]; one line ``workload file FILE: ...`` naming the field).
+      [0, 1], at most ``MAX_PARAMS`` parameters in at most ``MAX_BUCKETS``
+      buckets of :class:`Workload`'s default 25 MiB; one line ``workload
+      file FILE: ...`` naming the field).
   """
   got = records.read_json(path, max_bytes=MAX_FILE_BYTES)
   if isinstance(got, records.Damaged):

@@ -125,13 +125,28 @@ def comma_parts(text: str, example: str) -> list[str]:
   return parts
 
 
-def number_list(item, *, max_items: int = MAX_LIST):
+def repeated_entry(text: str, values: list, example: str) -> str | None:
+  """Why a list flag's ``values`` (parsed from ``text``) name one value
+  twice (``'16,16': entry 2 repeats entry 1 (16); ...``), or None: each
+  entry of such a flag is a setting of its own (a worker count, a method),
+  so a repeat only prints the same table twice."""
+  seen = {}
+  for k, value in enumerate(values):
+    if value in seen:
+      return (f"{text!r}: entry {k + 1} repeats entry {seen[value] + 1} "
+              f"({value!r}); give each value once, e.g. {example}")
+    seen[value] = k
+  return None
+
+
+def number_list(item, *, max_items: int = MAX_LIST, unique: bool = False):
   """An argparse ``type``: comma-separated values of ``item``
   (:func:`integer` or :func:`real`), at most ``max_items`` of them.
 
   Raises:
     argparse.ArgumentTypeError: an empty entry (a stray comma), too many
-      entries, or an entry ``item`` refuses (named by its position).
+      entries, an entry ``item`` refuses (named by its position), or with
+      ``unique`` a value given twice (:func:`repeated_entry`).
   """
   lo, hi, open_lo = item.bounds
   unit = getattr(item, "unit", "")
@@ -150,6 +165,9 @@ def number_list(item, *, max_items: int = MAX_LIST):
         raise argparse.ArgumentTypeError(
             f"entry {k + 1} of {text!r} must be {what} "
             f"{_range_words(lo, hi, open_lo)}{unit}, got {part!r}") from None
+    why = repeated_entry(text, out, "1,16") if unique else None
+    if why:
+      raise argparse.ArgumentTypeError(why)
     return out
   parse.bounds, parse.kind, parse.unit = item.bounds, item.kind, unit
   return parse

@@ -118,6 +118,15 @@ CLUSTER_CASES = {
                      "cluster.inter_latency_s"),
     "huge_param_count": (_set("workload", "param_count", 1e300),
                          "workload.param_count"),
+    # The runtime model's bounds (workload.MAX_PARAMS, MAX_BUCKETS), as for
+    # predict --params: 1e12 float32 in 25 MiB buckets is 152588 buckets.
+    "param_count_above_max": (_set("workload", "param_count", 2e15),
+                              "workload.param_count must be a whole number "
+                              "in [1, 1e+15]"),
+    "param_count_in_too_many_buckets": (
+        _set("workload", "param_count", 1e12),
+        "workload.param_count 1e+12 of 4-byte values in buckets of 25 MiB "
+        "makes 152588 buckets, more than the 4096"),
     "huge_int_workers": (_set("cluster", "n_workers", 10**400),
                          "cluster.n_workers"),
     "huge_sample": (_set("workload", "compute_samples_s", [0.1, 1e300]),
@@ -185,6 +194,16 @@ def test_the_good_cluster_file_is_read(tmp_path, capsys):
   assert runtime_cli.main(["predict", "--cluster", str(path), "--steps",
                            "20"]) == 0
   assert f"cluster from {path}: 16 test devices" in capsys.readouterr().out
+
+
+def test_a_null_workload_key_is_the_key_left_out(tmp_path):
+  """The schema allows null: Workload's default (compute_cv 0)."""
+  data = _good_cluster()
+  data["workload"].update(compute_cv=None, compute_samples_s=None)
+  path = tmp_path / "null.json"
+  path.write_text(json.dumps(data))
+  w = cluster_file.workload(cluster_file.read(str(path)))
+  assert (w.compute_cv, w.compute_samples_s) == (0.0, None)
 
 
 @pytest.mark.parametrize("case", sorted(CLUSTER_CASES))

@@ -209,3 +209,55 @@ def test_cluster_file_with_more_workers_than_predict_simulates(tmp_path,
   assert len(err) == 1 and (
       f"--cluster {path!r}: cluster.n_workers 1048576 is above the 4096 "
       "workers predict simulates") in err[0] and "--n-workers N" in err[0], err
+
+
+def test_flags_and_files_share_the_workload_bounds(tmp_path, capsys):
+  """One bound for ``--params`` and a file's ``param_count``: 4096 buckets of
+  25 MiB hold 4096 * 26214400 / 4 = 26843545600 float32 parameters."""
+  from decentral_jax.runtime_model import workload as workload_lib
+  fit = 4096 * 26214400 // 4
+  workload_lib.Workload(fit, 0.1, 0.2)
+  with pytest.raises(ValueError, match="makes 4097 buckets, more than the "
+                     "4096"):
+    workload_lib.Workload(fit + 1, 0.1, 0.2)
+  assert inputs.MAX_PARAMS == 1e15 and inputs.MAX_BUCKETS == 4096
+  base = ["predict", "--methods", "all_reduce", "--steps", "2"]
+  assert cli.main(base + ["--params", str(fit + 1)]) == 2
+  assert "makes 4097 buckets" in capsys.readouterr().err
+  meas = _synthetic()
+  for count, code in ((fit, 0), (fit + 1, 2)):
+    path = tmp_path / f"{count}.json"
+    path.write_text(json.dumps({
+        "schema": cluster_file.SCHEMA,
+        "cluster": cluster_file.fit_links(meas, 8, 4),
+        "workload": {"param_count": count, "forward_s": 0.1,
+                     "backward_s": 0.2},
+        "measurements": meas, "meta": {}}))
+    assert cli.main(["predict", "--cluster", str(path), "--methods",
+                     "all_reduce", "--steps", "2"]) == code
+    err = capsys.readouterr().err
+    assert (code == 0) == ("workload.param_count" not in err), err
+
+
+def test_a_file_key_without_effect_is_named_in_a_warning(tmp_path, capsys):
+  """wan_* on one datacenter and codec_Bps without a compressed method
+  price nothing (the equivalent flags are refused): one warning each."""
+  meas = _synthetic()
+  links = cluster_file.fit_links(meas, 8, 4)
+  links.update(wan_latency_s=0.03, wan_bandwidth_Bps=1e9, codec_Bps=1e11)
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps({
+      "schema": cluster_file.SCHEMA, "cluster": links,
+      "workload": {"param_count": 1e6, "forward_s": 0.01,
+                   "backward_s": 0.02}, "measurements": meas, "meta": {}}))
+  argv = ["predict", "--cluster", str(path), "--steps", "2", "--methods"]
+  assert cli.main(argv + ["all_reduce"]) == 0
+  err = capsys.readouterr().err.splitlines()
+  assert [l.split(": ", 2)[2].split(" has no effect")[0] for l in err] == [
+      "cluster.wan_latency_s", "cluster.wan_bandwidth_Bps",
+      "cluster.codec_Bps"], err
+  assert all(l.startswith(f"warning: --cluster {str(path)!r}: ")
+             for l in err), err
+  assert cli.main(argv + ["all_reduce,dadam:topology=static_ring,"
+                          "compress=int8", "--datacenters", "2"]) == 0
+  assert capsys.readouterr().err == ""

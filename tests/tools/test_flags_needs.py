@@ -53,6 +53,12 @@ PREDICT_CASES = [
     (["--multi-node", "ring"], _ONE_NODE,
      _TWO_NODES + ["--n-workers", "32", "--local-size", "4"]),
     (["--half-duplex"], _ONE_NODE, _TWO_NODES),
+    # One worker per node of one device: no intra-node hop (--intra-GBps
+    # is not refused: a worker's PCIe link carries its NIC traffic too).
+    (["--intra-latency-us", "3000"], ["--preset", "A40", "--local-size", "1"],
+     ["--preset", "A40"]),
+    (["--intra-link", "nvlink"], ["--n-workers", "16", "--local-size", "1"],
+     ["--n-workers", "16"]),
     (["--worker-layout", "data"], ["--n-workers", "16"],
      ["--n-workers", "16", "--devices-per-worker", "2"]),
     (["--compute-cv", "0.1"],

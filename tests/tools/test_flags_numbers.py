@@ -185,6 +185,7 @@ def test_gpu_check_numeric_flags_refuse_unusable_values():
     (flag_types.real(0, 1), "0x10"),
     (flag_types.number_list(flag_types.real(0, 1)), "0.5,,0.5"),
     (flag_types.number_list(flag_types.integer(0, 9), max_items=2), "1,2,3"),
+    (flag_types.number_list(flag_types.real(0, 9), unique=True), "1,2,1.0"),
 ])
 def test_types_refuse(typ, text):
   with pytest.raises(argparse.ArgumentTypeError):
@@ -196,6 +197,8 @@ def test_types_accept_their_range():
   assert flag_types.integer(0, 10)(" 7 ") == 7
   assert flag_types.real(0, 1, open_lo=True)("1") == 1.0
   assert flag_types.number_list(flag_types.real(0, 4))("0.5, 4") == [0.5, 4.0]
+  # Repeats stay allowed where they are samples, not settings.
+  assert flag_types.number_list(flag_types.real(0, 4))("1,1") == [1.0, 1.0]
 
 
 # Library integer arguments: a period or count the compiled program cannot

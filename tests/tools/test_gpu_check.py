@@ -159,6 +159,19 @@ def test_json_into_a_missing_folder_is_refused_before_compiling(
   assert ok.json == str(tmp_path / "out.json")
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--smoke", "--part", "timing", "--json", ""], "--json"),
+    (["--deviceless", "h200", "--json="], "--json"),
+    (["--deviceless", "h200", "--workload", ""], "--workload")])
+def test_an_empty_output_path_is_refused(argv, flag, capsys):
+  """An empty path wrote nothing and exited 0."""
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(argv)
+  assert e.value.code == 2
+  assert f"error: {flag} is empty; give a file name" in \
+      capsys.readouterr().err
+
+
 def test_one_profile_flag_without_deviceless_says_applies(capsys):
   with pytest.raises(SystemExit) as e:
     _script().parse_args(["--cluster", "A40"])

@@ -97,6 +97,16 @@ RECORD_CASES = {
     "both_set": (_record_edit(diverged="nan loss"), "exactly one of"),
     "diverged_a_number": (_record_edit(final=None, diverged=3), "diverged"),
     "config_a_list": (_record_edit(config=[]), "config"),
+    # Impossible or inconsistent values: a cross-entropy loss < 0, an
+    # accuracy outside [0, 1], a final loss other than the last evaluation's
+    # (metrics.jsonl's step 3 says 2.0).
+    "loss_negative": (_record_edit(final={"eval/loss": -3.0}),
+                      "final.eval/loss must be a finite number >= 0, got -3.0"),
+    "accuracy_above_one": (_record_edit(final={"eval/accuracy": 1.5}),
+                           "final.eval/accuracy must be a finite number in [0, 1]"),
+    "loss_not_the_last_evaluation": (
+        _record_edit(final={"eval/loss": 1.0}),
+        "final.eval/loss is 1.0, but the last evaluation in"),
 }
 
 # metrics.jsonl of a kept, finished run.
@@ -183,6 +193,49 @@ def test_a_kept_run_with_damaged_metrics_is_not_kept(tmp_path, capsys, case):
   content, word = METRICS_CASES[case]
   line = _status_of_damaged(tmp_path, capsys, metrics.METRICS_FILE, content)
   assert word in line, line
+
+
+# metrics.jsonl values no run can produce: the run is trained again, not
+# resumed (a resume keeps the records before its checkpoint).
+RANGE_CASES = {
+    "loss_negative": ('{"step": 0, "eval/loss": -3}\n'
+                      '{"step": 3, "eval/loss": 2.0}\n',
+                      "'eval/loss' at step=0 must be >= 0, got -3"),
+    "accuracy_above_one": ('{"step": 0, "eval/loss": 4.0}\n'
+                           '{"step": 3, "eval/loss": 2.0, '
+                           '"eval/accuracy": 1.25}\n',
+                           "'eval/accuracy' at step=3 must be in [0, 1], "
+                           "got 1.25"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RANGE_CASES))
+def test_impossible_metrics_train_the_run_again(tmp_path, capsys, case):
+  content, word = RANGE_CASES[case]
+  run_dir = _kept_run(tmp_path)
+  os.makedirs(os.path.join(run_dir, "checkpoints", "3"))
+  (tmp_path / "run" / "config.json").write_text(_Config().to_json())
+  path = os.path.join(run_dir, metrics.METRICS_FILE)
+  _damage(path, content)
+  assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
+  err = capsys.readouterr().err.splitlines()
+  assert err == [f"warning: {path}: {word}; the run is not kept: it is "
+                 "trained again."], err
+
+
+def test_a_kept_run_s_final_values_match_its_last_evaluation(
+    tmp_path, capsys):
+  run_dir = _kept_run(tmp_path)
+  _damage(os.path.join(run_dir, metrics.METRICS_FILE),
+          '{"step": 0, "eval/loss": 4.0, "eval/accuracy": 0.0}\n'
+          '{"step": 3, "eval/loss": 2.0, "eval/accuracy": 1.0}\n')
+  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+          _record_edit(final={"eval/accuracy": 1.0}))
+  assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
+  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+          _record_edit(final={"eval/accuracy": 0.5}))
+  assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
+  assert "final.eval/accuracy is 0.5" in capsys.readouterr().err
 
 
 def test_a_record_of_another_config_is_replaced_without_a_word(
@@ -334,6 +387,13 @@ WORKLOAD_CASES = {
                            "gossip_in_flight.backward"),
     "section_a_list": (_workload(gossip_in_flight=[0, 1]),
                        "'gossip_in_flight'"),
+    # predict --params's bounds: at most 1e15, in at most 4096 buckets of
+    # 25 MiB (1e15 float32: 4e15 / 26214400 -> 152587891 buckets).
+    "param_count_above_max": (_workload(param_count=2e15), "'param_count'"),
+    "param_count_in_too_many_buckets": (
+        _workload(param_count=1e15),
+        "param_count 1e+15 of 4-byte values in buckets of 25 MiB makes "
+        "152587891 buckets, more than the 4096"),
 }
 
 

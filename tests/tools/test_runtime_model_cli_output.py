@@ -8,6 +8,7 @@ the printed output itself."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 
@@ -373,3 +374,48 @@ def test_measure_and_calibrate_take_a_preset_name(monkeypatch, capsys,
   # gpt_quick's width is 64 (runner/presets.py), measured on 2 workers.
   assert seen == [(64, 2), 4], (seen, err)
   assert err == ["error: stop here"] * 2, err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["predict", "--png", ""], "--png"),
+    (["utilisation", "--png="], "--png"),
+    (["utilisation", "--table", ""], "--table"),
+    (["fig6", "--png", ""], "--png")])
+def test_an_empty_output_path_is_refused_by_name(argv, flag, capsys):
+  """An empty path was taken for "no file": exit 0, nothing written."""
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: {flag} is empty; give a file name."], err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n-workers", "16,32,16"], "error: argument --n-workers: '16,32,16': "
+     "entry 3 repeats entry 1 (16); give each value once"),
+    (["--methods", "all_reduce,aer,all_reduce"], "error: --methods "
+     "'all_reduce,aer,all_reduce': entry 3 repeats entry 1 ('all_reduce')"),
+    (["--methods", "diloco:H=10,P=1,diloco:H=10,P=1"],
+     "entry 2 repeats entry 1 ('diloco:H=10,P=1')")])
+def test_a_list_flag_refuses_a_repeated_entry(argv, message, capsys):
+  """A repeat printed the same table twice (exit 0)."""
+  with pytest.raises(SystemExit) if argv[0] == "--n-workers" else \
+      contextlib.nullcontext():
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2
+  err = capsys.readouterr().err if argv[0] == "--n-workers" else err
+  assert message in err, err
+
+
+def test_a_fault_table_of_huge_times_keeps_its_columns(capsys):
+  """16 workers each up 1 / (1 + 0.1 * 10) = half the time: a step that
+  waits for all of them takes sim ms / 0.5**16 (6.1e6 ms), which ran into
+  the mode column (``wait6106987.8``)."""
+  rc, out, _ = _run(capsys, "--methods", "all_reduce", "--failure-rate",
+                    "0.1")
+  assert rc == 0
+  main, row = [l for l in out.splitlines() if l.startswith("  All-Reduce ")]
+  sim_ms = float(main.split()[1])
+  name, mode, step, work, useful, per_useful = row.split()
+  assert (name, mode, work, useful) == ("All-Reduce", "wait", "100.0",
+                                        "100.0")
+  for cell in (step, per_useful):
+    assert cell == f"{sim_ms / 0.5**16:.3g}", (cell, sim_ms)

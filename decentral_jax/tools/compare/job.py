@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -74,12 +75,18 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
 RESULT_FILE = "compare_result.json"
 _NUMBER = ("number", None, None, False)
 _COUNT = ("number", 0.0, None, False)
+# The ranges of a kept run's evaluation values: a cross-entropy loss is
+# >= 0, an accuracy a fraction (others unbounded).
+EVAL_RANGES = {"eval/loss": (0.0, None), "eval/accuracy": (0.0, 1.0),
+               "eval/worker_excess_mean": (None, None),
+               "eval/worker_excess_max": (None, None)}
 # The final metrics a kept run's results use (others are kept unchecked).
-FINAL_SCHEMA = {"eval/loss": _NUMBER, "eval/worker_excess_mean": _NUMBER,
+FINAL_SCHEMA = {"eval/loss": _COUNT, "eval/worker_excess_mean": _NUMBER,
                 "eval/worker_excess_max": _NUMBER,
                 "consensus_distance": _COUNT, "comm/ratio": _COUNT,
                 "comm/bytes_per_step": _COUNT, "step_time_ms": _COUNT,
-                "tokens_per_sec": _COUNT, "samples_per_sec": _COUNT}
+                "tokens_per_sec": _COUNT, "samples_per_sec": _COUNT,
+                "eval/accuracy": ("number", 0.0, 1.0, False)}
 RESULT_SCHEMA = {
     "config": ("object", None, None, False),
     "final": (records.Obj(FINAL_SCHEMA, tuple(FINAL_SCHEMA)[:4], extra=True),
@@ -110,7 +117,9 @@ def read_record(workdir: str, want: dict | None = None
   null or an object with finite :data:`FINAL_SCHEMA` numbers (the first
   four required), ``diverged`` null or a string, exactly one of the two
   null; and, for a finished run of the config ``want`` (any config if
-  None), a ``metrics.jsonl`` with a finite ``eval/loss`` curve. Otherwise
+  None), a ``metrics.jsonl`` with a finite ``eval/loss`` curve ending at
+  the run's last step, every evaluation value in :data:`EVAL_RANGES`, and
+  the final ``eval/*`` values those of its last evaluation. Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
   (``.missing`` if :data:`RESULT_FILE` does not exist)."""
   path = os.path.join(workdir, RESULT_FILE)
@@ -130,7 +139,37 @@ def read_record(workdir: str, want: dict | None = None
         f"its 'eval/loss' curve ends at step {float(curve[0][-1]):g}, "
         f"not at the run's last step {records.short(steps)} (cut short)",
         key="eval/loss")
-  return record
+  return _eval_error(workdir, record["final"], curve) or record
+
+
+_OUT_OF_RANGE = " out of range"  # the key of a value outside EVAL_RANGES
+
+
+def _eval_error(workdir: str, final: dict, loss_curve
+                ) -> records.Damaged | None:
+  """Why a finished run's evaluations are not to be kept: a value of
+  ``metrics.jsonl`` outside :data:`EVAL_RANGES`, or a final ``eval/*``
+  value of :data:`RESULT_FILE` other than the last evaluation's."""
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  last = loss_curve[0][-1]
+  for key, (lo, hi) in EVAL_RANGES.items():
+    curve = (loss_curve if key == "eval/loss" else
+             metrics_lib.read_curve(path, key))
+    if isinstance(curve, records.Damaged):  # not evaluated: nothing to check
+      continue
+    why = records.series_range_error(*curve, key, lo, hi)
+    if why:
+      return records.Damaged(path, why, key=key + _OUT_OF_RANGE)
+    got = final.get(key)
+    if got is not None and (curve[0][-1] != last or not math.isclose(
+        got, curve[1][-1], rel_tol=1e-9, abs_tol=1e-12)):
+      return records.Damaged(
+          os.path.join(workdir, RESULT_FILE),
+          f"final.{key} is {records.short(got)}, but the last evaluation in "
+          f"{path} (step {float(last):g}) has {key} "
+          + (f"{float(curve[1][-1]):g}" if curve[0][-1] == last else "none"),
+          key=f"final.{key}")
+  return None
 
 
 def _read_config(workdir: str):
@@ -166,13 +205,19 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
   """
   want = json.loads(config.to_json())
   record = read_record(workdir, want)
+  # Impossible values in metrics.jsonl would outlive a resume (it keeps the
+  # records up to its checkpoint): such a run is trained again.
+  redo = (isinstance(record, records.Damaged)
+          and str(record.key).endswith(_OUT_OF_RANGE))
   if isinstance(record, records.Damaged):
     if not record.missing:
-      _warn(record.warning("the run is not kept: it is resumed from its "
-                           "checkpoint or trained again."))
+      _warn(record.warning("the run is not kept: it is " + (
+          "trained again." if redo else
+          "resumed from its checkpoint or trained again.")))
   elif record["config"] == want:
     return "finished", record
-  if _has_checkpoint(workdir) and _read_config(workdir) == want:
+  if (not redo and _has_checkpoint(workdir)
+      and _read_config(workdir) == want):
     return "resume", None
   return "fresh", None
 

@@ -30,8 +30,8 @@ from decentral_jax.tools import flag_types
 # of 16 workers about 100 s.
 MAX_WORKERS = 4096
 
-
-MAX_BUCKETS = 4096
+# The runtime model's bounds on a workload (the same for flags and files).
+MAX_BUCKETS = workload_lib.MAX_BUCKETS
 
 
 MAX_STEPS = 100_000
@@ -93,7 +93,7 @@ UTILISATION_FLAG_BOUNDS = {
 
 # Largest --params (1e15: 4 PB of float32 parameters); checked after the
 # buckets, whose bound is the stricter one for small --bucket-MiB.
-MAX_PARAMS = 1e15
+MAX_PARAMS = workload_lib.MAX_PARAMS
 
 
 def flag_range(flag: str, command: str = "predict") -> str | None:
@@ -141,7 +141,8 @@ def check_output_path(path: str | None, flag: str) -> None:
   (:func:`decentral_jax.tools.flag_types.check_output_file`).
 
   Checked before the work that produces the file, so a typo in the path
-  does not cost the run.
+  does not cost the run. None: the flag was not given; an empty path is
+  refused (it would write nothing).
   """
   flag_types.check_output_file(path, flag)
 
@@ -198,11 +199,12 @@ def check_predict_args(args) -> None:
 def _check_bucket_count(args, itemsize: float, handler: str) -> None:
   """``--params`` in ``--bucket-MiB`` buckets of ``itemsize``-byte values:
   at most ``MAX_BUCKETS`` (what ``handler`` handles), then its bounds."""
-  buckets = math.ceil(args.params * itemsize / (args.bucket_MiB * 2**20))
+  buckets = workload_lib.bucket_count(args.params, itemsize,
+                                     args.bucket_MiB * 2**20)
   if buckets > MAX_BUCKETS:
     raise ValueError(
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
-        f"{buckets:.3g} buckets, more than the {MAX_BUCKETS} {handler} "
+        f"{buckets} buckets, more than the {MAX_BUCKETS} {handler} "
         "handles; raise --bucket-MiB or lower --params.")
   _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
 
@@ -264,7 +266,8 @@ def check_utilisation_args(args) -> None:
                      "minutes at 512 workers).")
   check_param_count(args.params)
   _check_bounds(args, UTILISATION_FLAG_BOUNDS)
-  itemsize = float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize
+  itemsize = max(float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize,
+                 np.dtype(Workload.param_dtype).itemsize)  # its parameters'
   _check_bucket_count(args, itemsize, "the model")
 
 
@@ -282,21 +285,26 @@ def check_file_workers(path: str, n: int) -> None:
                      "for fewer workers.")
 
 
-def comma_list(typ):
+def comma_list(typ, unique: bool = False):
   """An argparse ``type``: a comma-separated list of ``typ`` values.
 
   Raises:
-    argparse.ArgumentTypeError: an empty part (``"16,,"``: a stray comma)
-      or a part ``typ`` cannot convert.
+    argparse.ArgumentTypeError: an empty part (``"16,,"``: a stray comma),
+      a part ``typ`` cannot convert, or with ``unique`` a value given twice
+      (``"16,16"``; :func:`~decentral_jax.tools.flag_types.repeated_entry`).
   """
   def parse(text: str) -> list:
     parts = flag_types.comma_parts(text, "16,32")
     try:
-      return [typ(t) for t in parts]
+      out = [typ(t) for t in parts]
     except ValueError:
       raise argparse.ArgumentTypeError(
           f"expected comma-separated {typ.__name__} values, got {text!r}"
       ) from None
+    why = flag_types.repeated_entry(text, out, "16,32") if unique else None
+    if why:
+      raise argparse.ArgumentTypeError(why)
+    return out
   return parse
 
 
@@ -309,8 +317,9 @@ def split_methods(text: str) -> list[str]:
   "streaming_diloco:H=10,P=4,tau=1"]``.
 
   Raises:
-    ValueError: an empty part (a stray comma) or a ``KEY=VALUE`` part with
-      no spec before it. An empty ``text`` gives ``[]``.
+    ValueError: an empty part (a stray comma), a ``KEY=VALUE`` part with
+      no spec before it, or a spec given twice. An empty ``text`` gives
+      ``[]``.
   """
   out = []
   parts = [t.strip() for t in text.split(",")]
@@ -329,6 +338,9 @@ def split_methods(text: str) -> list[str]:
       out[-1] += "," + part
     else:
       out.append(part)
+  why = flag_types.repeated_entry(text, out, "all_reduce,aer")
+  if why:
+    raise ValueError(f"--methods {why}.")
   return out
 
 

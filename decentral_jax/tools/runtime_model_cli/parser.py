@@ -151,7 +151,7 @@ def _g(x) -> str:
 
 _PREDICT_OWN = (
     ("--n-workers", dict(
-        type=inputs.comma_list(int), default=[16],
+        type=inputs.comma_list(int, unique=True), default=[16],
         help="comma-separated worker counts n (default 16; with --preset the "
         "smallest count from 16 on that it holds, e.g. 32 on "
         "cross_region_4dc, 8 on h100_node; with --cluster its worker "
@@ -263,7 +263,7 @@ _MEASURE_FLAGS = (
                           help="devices per node (default 0: the devices of "
                           f"one process; at most {inputs.MAX_WORKERS})")),
     ("--sizes-MB", dict(type=flag_types.number_list(flag_types.real(
-        inputs.MIN_MESSAGE_MB, inputs.MAX_MESSAGE_MB, " MB")),
+        inputs.MIN_MESSAGE_MB, inputs.MAX_MESSAGE_MB, " MB"), unique=True),
                         default=[1.0, 16.0],
                         help="message sizes of the exchanges, MB, each "
                         f"{inputs.MIN_MESSAGE_MB:g} to "

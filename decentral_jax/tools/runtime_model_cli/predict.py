@@ -12,6 +12,8 @@ Bad input raises ``ValueError`` with one line naming the flag. No JAX.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from decentral_jax.runtime_model import workload_file
@@ -57,10 +59,12 @@ def run(args) -> int:
   # Every spec is built and priced before anything is printed: a bad one,
   # or a table the arithmetic overflowed, is one error line.
   built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
-  flag_types.check_needs(NEEDS, inputs.explicit_flags(args),
-                         _Setting(args, setups, built))
+  setting = _Setting(args, setups, built)
+  flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
+    for line in unused_file_keys(args.cluster, measured, setting):
+      print(line, file=sys.stderr)
     print(inputs.describe_cluster_file(args.cluster, measured))
   print(workload_line(args, setups, measured))
   print(methods_line(methods, chosen, setups[0][1], added))
@@ -91,6 +95,12 @@ class _Setting:
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
 
+  def intra_node_hops(self) -> bool:
+    """Whether a node holds two workers or a worker several devices (an
+    intra-node hop's latency and link type enter the price)."""
+    return (any(min(n, c.local_size) > 1 for n, c in self.clusters)
+            or any(w.devices_per_worker > 1 for w in self.workloads))
+
   def quorum_method(self) -> bool:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
 
@@ -100,6 +110,9 @@ _ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
 _INTER_NODE = ("--nic-Gbps", "--nics-per-node", "--nic-efficiency",
                "--flow-Gbps", "--inter-latency-us", "--multi-node",
                "--half-duplex")
+# --intra-GBps is not among them: one worker's PCIe link also carries its
+# traffic to the NIC (costs.all_reduce_cost's ring over nodes).
+_INTRA_NODE = ("--intra-latency-us", "--intra-link")
 _NO_FAILURES = "without --failure-rate above 0"
 
 #: ``predict``'s flags that have an effect only with others (checked once
@@ -134,6 +147,11 @@ NEEDS = (
     *(flag_types.Needs(flag, _Setting.several_nodes, _ONE_NODE,
                        f"add workers beyond one node or drop {flag}")
       for flag in _INTER_NODE),
+    *(flag_types.Needs(
+        flag, _Setting.intra_node_hops, "with one worker per node (--local-"
+        "size 1, or --n-workers 1) of one device (--devices-per-worker 1): "
+        "no message stays inside a node", f"add workers per node or drop "
+        f"{flag}") for flag in _INTRA_NODE),
     flag_types.Needs(
         "--worker-layout",
         lambda s: any(w.devices_per_worker > 1 for w in s.workloads),
@@ -162,6 +180,21 @@ NEEDS = (
         "--compute-samples-ms; the seed draws the compute times)",
         "add one or drop --seed"),
 )
+
+
+def unused_file_keys(path: str, measured: dict, setting) -> list[str]:
+  """A ``warning:`` line per optional key of a cluster file that has no
+  effect in ``setting`` (a :class:`_Setting`), where the equivalent flag
+  is refused by :data:`NEEDS`: ``wan_latency_s``, ``wan_bandwidth_Bps``
+  on one datacenter, ``codec_Bps`` without a compressed method."""
+  given = measured["cluster"]
+  rules = (("wan_latency_s", "--wan-latency-ms"),
+           ("wan_bandwidth_Bps", "--wan-Gbps"), ("codec_Bps", "--codec-GBps"))
+  rows = {r.flag: r for r in NEEDS}
+  return [f"warning: --cluster {path!r}: cluster.{key} has no effect "
+          f"{rows[flag].unless} (as {flag}); it is ignored."
+          for key, flag in rules
+          if given.get(key) is not None and not rows[flag].holds(setting)]
 
 
 def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):

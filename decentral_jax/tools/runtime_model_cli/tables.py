@@ -10,6 +10,8 @@ only to draw). NumPy only: no JAX.
 
 from __future__ import annotations
 
+import math
+
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model import stragglers
@@ -180,13 +182,24 @@ def print_faults(n: int, w, table, made, faults, on_failure: str) -> None:
     cost = stragglers.straggler_cost(
         mode, n, p.simulated_s, faults, compute_s=w.compute_mean_s,
         compute_std_s=w.compute_std_s, period=period, on_failure=on_failure)
-    print(f"  {label(key):<{width}}{mode:>9}{1e3 * cost.step_s:9.1f}"
+    print(f"  {label(key):<{width}}{mode:>9}{_ms_cell(cost.step_s, 9)}"
           f"{100 * cost.work_done:8.1f}{100 * cost.useful:9.1f}"
-          f"{1e3 * cost.time_per_useful_step:10.1f}")
+          f"{_ms_cell(cost.time_per_useful_step, 10)}")
   print("  wait: every step waits for the slowest worker and stalls while "
         "any is down; deadline: gossip goes on without them; quorum: "
         "DiLoCo's outer step over the live workers. useful %: worker-steps "
         "that count; ms/useful = ms/step / useful")
+
+
+def _ms_cell(seconds: float, width: int) -> str:
+  """``seconds`` in ms right-aligned in ``width`` columns: one decimal, or
+  3 significant digits from 1e6 ms on (e.g. ``6.11e+06``: every step
+  waiting for all of 16 workers each up half the time), so a cell never
+  runs into the one before it."""
+  ms = 1e3 * seconds
+  if abs(ms) < 1e6 or not math.isfinite(ms):
+    return f"{ms:{width}.1f}"
+  return f"{ms:{width}.3g}"
 
 
 # Why a method's Figure 6 bars are reported but not judged.
