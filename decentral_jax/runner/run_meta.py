@@ -236,13 +236,14 @@ def _window_error(window) -> str | None:
     return None
   if not isinstance(window, dict):
     return f"metrics_window must be an object or null, got {window!r:.60}"
-  for key in ("losses", "accs"):
-    v = window.get(key, [])
-    if not isinstance(v, list) or not all(_number(x) for x in v):
-      return f"metrics_window.{key} must be a list of numbers, got {v!r:.60}"
+  for key in ("losses", "accs"):  # finite: a non-finite loss stops the run
+    why = records.value_error(f"metrics_window.{key}", window.get(key, []),
+                              "numbers")
+    if why:
+      return why
   c = window.get("consensus")
-  if c is not None and not _number(c):
-    return f"metrics_window.consensus must be a number or null, got {c!r:.60}"
+  if c is not None:
+    return records.value_error("metrics_window.consensus", c, "number")
   return None
 
 
@@ -252,14 +253,21 @@ _META_FIELDS = {"step": ("int", None), "data_position": ("int", None),
                 "n_workers": ("int", 1)}
 
 
-def _run_meta_error(meta) -> str | None:
-  """Why ``meta`` is not a run checkpoint's JSON document, or None."""
+def _run_meta_error(meta, step: int | None) -> str | None:
+  """Why ``meta`` is not the JSON document of checkpoint ``step``, or None."""
   if not isinstance(meta, dict):
     return f"it is a {type(meta).__name__}, not a JSON object"
   for key, (kind, default) in _META_FIELDS.items():
     why = records.value_error(key, meta.get(key, default), kind, 0)
     if why:
       return why
+  if step is not None and meta["step"] != step:
+    return f"its step {meta['step']} is not the checkpoint's number {step}"
+  # The next batch is get_batch(data_position) and training resumes at it:
+  # written as the step, any other value skips or repeats steps.
+  if meta["data_position"] != meta["step"]:
+    return (f"data_position must equal step {meta['step']} (the batches "
+            f"consumed), got {records.short(meta['data_position'])}")
   return _window_error(meta.get("metrics_window"))
 
 
@@ -268,11 +276,13 @@ def check_run_meta(meta, where: str, step: int | None = None) -> dict:
 
   What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
   resume: ``step`` and ``data_position`` (integers >= 0; ``step`` the
-  checkpoint's number), ``topology_round`` and ``n_workers`` (integers),
+  checkpoint's number, ``data_position`` equal to it: the batches
+  consumed, where training resumes), ``topology_round`` and ``n_workers``
+  (integers),
   ``train_time_s``
   (a finite number >= 0, optional) and ``metrics_window`` (null or
-  ``{"losses": [numbers], "accs": [numbers], "consensus": number or
-  null}``). The config fields stored with them are compared with the
+  ``{"losses": [finite numbers], "accs": [finite numbers], "consensus":
+  finite number or null}``). The config fields stored with them are compared with the
   run's own by :func:`check_resumable`.
 
   Args:
@@ -286,9 +296,7 @@ def check_run_meta(meta, where: str, step: int | None = None) -> dict:
   Raises:
     checkpoint.CheckpointError: one line naming the checkpoint and the key.
   """
-  why = _run_meta_error(meta)
-  if not why and step is not None and meta["step"] != step:
-    why = f"its step {meta['step']} is not the checkpoint's number {step}"
+  why = _run_meta_error(meta, step)
   if why:
     raise checkpoint_lib.CheckpointError(
         f"checkpoint metadata in {where} is not valid: {why}; move that "
