@@ -8,11 +8,29 @@ alone (before a multi-process job is joined).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from ml_collections import config_dict
 
 from decentral_jax.runner.config import MAX_SIMULATED_CPU_DEVICES
+from decentral_jax.runner.config_groups import distributed_group
 from decentral_jax.runner.field_rules import field
+
+_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID")
+
+
+def cluster_env_detected() -> bool:
+  """True if the usual SLURM variables of a multi-task job are present."""
+  return all(v in os.environ for v in _SLURM_VARS) and \
+      int(os.environ.get("SLURM_NTASKS", "1")) > 1
+
+
+def srun_step_detected() -> bool:
+  """True inside an ``srun`` step with several tasks: the job is joined
+  even with ``config.distributed.enabled=False``."""
+  return cluster_env_detected() and \
+      int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
 
 
 def _int_field(config, name: str, minimum: int) -> int:
@@ -66,10 +84,14 @@ def check_simulated_devices(n: int, source: str) -> int:
 
 
 def check_distributed(c: config_dict.ConfigDict) -> None:
-  """Checks the ``config.distributed`` group (types and ranges only).
+  """Checks the ``config.distributed`` group: types and ranges, and that
+  its other fields keep their defaults when no job is joined
+  (``enabled=False`` outside an ``srun`` step with several tasks: they
+  would have no effect).
 
   Raises:
-    ValueError: a field of the wrong type or range (named).
+    ValueError: a field of the wrong type or range, or set without effect
+      (named, with the fix).
   """
   d = c.distributed
   if not isinstance(d.enabled, bool):
@@ -85,4 +107,15 @@ def check_distributed(c: config_dict.ConfigDict) -> None:
                      f"(-1: auto-detect), got {d.process_id!r}.")
   _int_field(c, "distributed.heartbeat_timeout_seconds", 1)
   _int_field(c, "distributed.initialization_timeout_seconds", 1)
+  if d.enabled or srun_step_detected():
+    return
+  default = distributed_group()
+  for name in default:
+    if name != "enabled" and d[name] != default[name]:
+      raise ValueError(
+          f"config.distributed.{name}={d[name]!r} has no effect with "
+          "config.distributed.enabled=False (no multi-process job is joined "
+          "outside an srun step with several tasks); set --config."
+          "distributed.enabled=True to join one, or leave it at its "
+          f"default: --config.distributed.{name}={default[name]!r}.")
 

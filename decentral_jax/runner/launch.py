@@ -33,13 +33,7 @@ from decentral_jax.runner import devices
 
 PyTree = Any
 
-_SLURM_VARS = ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID")
-
-
-def cluster_env_detected() -> bool:
-  """True if the usual SLURM variables of a multi-task job are present."""
-  return all(v in os.environ for v in _SLURM_VARS) and \
-      int(os.environ.get("SLURM_NTASKS", "1")) > 1
+cluster_env_detected = devices.cluster_env_detected
 
 
 def initialize(*, coordinator_address: str = "", num_processes: int = 0,
@@ -269,8 +263,7 @@ def initialize_from_config(config: config_dict.ConfigDict) -> bool:
   d = config.distributed
   explicit = bool(d.coordinator_address) or int(d.num_processes) > 0 or \
       int(d.process_id) >= 0
-  auto = cluster_env_detected() and \
-      int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+  auto = devices.srun_step_detected()
   if not (d.enabled or auto):
     return False
   if d.enabled and not explicit and not cluster_env_detected():

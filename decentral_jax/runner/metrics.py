@@ -38,6 +38,7 @@ import json
 import uuid
 import logging
 import math
+import re
 import os
 from typing import Any, Iterable
 
@@ -202,9 +203,10 @@ def _record_error(record: dict) -> str | None:
   return None
 
 
-def _parse(path: str) -> tuple[list[dict], int | None, bool]:
-  """Records of a JSON-lines file, the line number of a torn last line, and
-  whether the file needs rewriting (torn or unterminated last line).
+def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
+  """Records of a JSON-lines file, the line number of a torn last line,
+  whether the file needs rewriting (torn or unterminated last line) and the
+  bytes after its last newline.
 
   Raises:
     ValueError: a line other than the last is not a JSON object, or a
@@ -225,7 +227,28 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool]:
            "fix or delete that line")
     raise ValueError(f"{path}, {got.reason}; {fix}, or move the file away, "
                      "and run again.")
-  return got.records, got.torn, got.dirty
+  return got.records, got.torn, got.dirty, data.rsplit(b"\n", 1)[-1]
+
+
+# A record's step, from the start of a torn line (its complete digits only).
+_TORN_STEP = re.compile(rb'(?:^\s*\{|,)\s*"step"\s*:\s*(\d+)\s*[,}]')
+
+
+def _torn_message(path: str, line: int, tail: bytes, step: int) -> str:
+  """What dropping the torn ``line`` (bytes ``tail``) of a run resumed
+  after ``step`` steps costs: nothing if its record is of a later step
+  (logged again), that record if of ``step`` or before."""
+  found = _TORN_STEP.search(tail)
+  head = (f"{path}: line {line} is incomplete (the run stopped while writing "
+          "it); dropped it")
+  if found is None:
+    return (f"{head}: its step cannot be read; if it was after step {step} "
+            "the resumed run logs it again, else its record is lost.")
+  torn = int(found.group(1))
+  if torn > step:
+    return f"{head}, the resumed run logs step {torn} again."
+  return (f"{head}: the record of step {torn} is lost (the run resumes "
+          f"after step {step}, from a checkpoint at or after it).")
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -266,7 +289,9 @@ def truncate_after(workdir: str, step: int) -> int:
   A run resumed from a checkpoint after ``step`` steps logs every later step
   again, so records with a larger step (or, for ``step == 0``, all records)
   are removed. An incomplete last line is dropped with a warning naming the
-  file and line. The file is rewritten atomically.
+  file and line, and whether its record is logged again (a step after
+  ``step``) or lost (``step`` or before, as read from the line; the rest
+  of a torn record is not kept). The file is rewritten atomically.
 
   Returns:
     How many complete records were removed (0 if the file does not exist).
@@ -287,13 +312,11 @@ def truncate_after(workdir: str, step: int) -> int:
       raise workdir_lib.path_error("read", path, e) from None
     keep, torn, dirty = [], None, removed > 0
   else:
-    records, torn, dirty = _parse(path)
+    records, torn, dirty, tail = _parse(path)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)
   if torn is not None:
-    logging.warning("%s: line %d is incomplete (the run stopped while writing "
-                    "it); dropped it, the resumed run logs that step again.",
-                    path, torn)
+    logging.warning("%s", _torn_message(path, torn, tail, step))
   if not removed and not dirty:
     return 0
   tmp = path + ".tmp"

@@ -64,6 +64,17 @@ MODEL_DEFAULTS = {"param_dtype": "float32"}
 #: Fields of the ``model`` group a resumed run may change: how much memory
 #: the step takes, not what it computes (activation checkpointing).
 MODEL_FREE = ("remat",)
+#: Config fields (or groups) a resumed run may change: the run's length and
+#: learning-rate schedule (an extension; the rate at the resumed step is
+#: logged), what is recorded where and how often, and how the same step is
+#: computed (memory controls, gossip buckets and program choice, process
+#: set-up; the worker layout: elastic resume). Every other field of the
+#: stored ``config`` must keep its value (:func:`check_resumable`).
+RESUME_FREE = ("steps", "schedule", "eval_interval", "log_interval",
+               "consensus_at", "checkpoint_interval", "keep_checkpoints",
+               "tensorboard", "tracker", "workdir", "micro_batches",
+               "model.remat", "bucket_bytes", "gossip_rounds", "distributed",
+               "devices_per_worker", "workers_per_device", "worker_layout")
 
 
 def model_meta(model: dict) -> dict:
@@ -85,8 +96,8 @@ def checkpoint_meta(exp, step: int) -> dict:
   Returns:
     A JSON-serialisable dict: the step and data position, the config
     fields a resume must keep (:func:`check_resumable`), the worker layout
-    the state was written on and, under ``"layout"``, where the workers
-    ran (:func:`worker_layout_meta`).
+    the state was written on, under ``"layout"`` where the workers ran
+    (:func:`worker_layout_meta`) and under ``"config"`` the whole config.
   """
   c = exp.config
   return {
@@ -136,6 +147,8 @@ def checkpoint_meta(exp, step: int) -> dict:
       # The registered methods' own fields (Method.config_fields).
       **{name: field_rules.field(c, name)
          for name in methods.declared_fields()},
+      # Every field: those not above, less RESUME_FREE, must keep their value.
+      "config": json.loads(c.to_json()),
   }
 
 
@@ -161,8 +174,9 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   with the same ``n_workers``); a different ``n_workers`` is refused
   first, saying why (:func:`check_elastic_resume`). The memory controls
   ``micro_batches`` and ``model.remat`` may change too (the same step up
-  to float32 rounding). Fields the run does
-  not read are not compared; a field an older checkpoint lacks counts as
+  to float32 rounding), and so may the fields of :data:`RESUME_FREE`;
+  any other field of the stored ``config`` that differs is refused.
+  Fields the run does not read are not compared; a field an older checkpoint lacks counts as
   its value in ``RESUME_DEFAULTS`` (a method's own declared field: its
   ``ConfigField.default``).
 
@@ -197,7 +211,46 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
           f"the checkpoint in {directory} was written with config.{field}="
           f"{theirs!r} but this run has {ours!r}; resume with the "
           "same value or use a fresh --workdir.")
+  _check_other_fields(exp.config, meta.get("config"), mine["config"],
+                      directory)
   _warn_changed_lr(meta, mine, directory)
+
+
+def _leaves(group: dict, prefix: str = "") -> dict:
+  """``{"a.b": value}`` for the leaves of a nested config dict."""
+  out = {}
+  for k, v in group.items():
+    if isinstance(v, dict):
+      out.update(_leaves(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _covered(field: str, groups) -> bool:
+  return any(field == g or field.startswith(g + ".") for g in groups)
+
+
+def _check_other_fields(config, theirs, mine: dict, directory: str) -> None:
+  """Refuses a changed config field that :data:`RESUME_FIELDS` does not
+  name and :data:`RESUME_FREE` does not free (e.g. ``optimizer.b1``,
+  ``grad_clip``, ``data.val_fraction``: each changes what the restored
+  state trains on or how). A checkpoint without ``config`` (written before
+  it was stored) and a field it lacks (added since) are not compared; a
+  field this run does not read is not either (it keeps its default)."""
+  if not isinstance(theirs, dict):
+    return
+  checked = (*RESUME_FREE, *RESUME_FIELDS.values(),
+             *methods.declared_fields())
+  old = _leaves(theirs)
+  for field, ours in _leaves(mine).items():
+    if field not in old or old[field] == ours or _covered(field, checked) \
+        or validation.unread_reason(config, field) is not None:
+      continue
+    raise ValueError(
+        f"the checkpoint in {directory} was written with config.{field}="
+        f"{old[field]!r} but this run has {ours!r}; resume with the same "
+        "value or use a fresh --workdir.")
 
 
 def _warn_changed_lr(meta: dict, mine: dict, directory: str) -> None:
@@ -236,13 +289,14 @@ def _window_error(window) -> str | None:
     return None
   if not isinstance(window, dict):
     return f"metrics_window must be an object or null, got {window!r:.60}"
-  for key in ("losses", "accs"):
-    v = window.get(key, [])
-    if not isinstance(v, list) or not all(_number(x) for x in v):
-      return f"metrics_window.{key} must be a list of numbers, got {v!r:.60}"
+  for key in ("losses", "accs"):  # finite: a non-finite loss stops the run
+    why = records.value_error(f"metrics_window.{key}", window.get(key, []),
+                              "numbers")
+    if why:
+      return why
   c = window.get("consensus")
-  if c is not None and not _number(c):
-    return f"metrics_window.consensus must be a number or null, got {c!r:.60}"
+  if c is not None:
+    return records.value_error("metrics_window.consensus", c, "number")
   return None
 
 
@@ -252,14 +306,21 @@ _META_FIELDS = {"step": ("int", None), "data_position": ("int", None),
                 "n_workers": ("int", 1)}
 
 
-def _run_meta_error(meta) -> str | None:
-  """Why ``meta`` is not a run checkpoint's JSON document, or None."""
+def _run_meta_error(meta, step: int | None) -> str | None:
+  """Why ``meta`` is not the JSON document of checkpoint ``step``, or None."""
   if not isinstance(meta, dict):
     return f"it is a {type(meta).__name__}, not a JSON object"
   for key, (kind, default) in _META_FIELDS.items():
     why = records.value_error(key, meta.get(key, default), kind, 0)
     if why:
       return why
+  if step is not None and meta["step"] != step:
+    return f"its step {meta['step']} is not the checkpoint's number {step}"
+  # The next batch is get_batch(data_position) and training resumes at it:
+  # written as the step, any other value skips or repeats steps.
+  if meta["data_position"] != meta["step"]:
+    return (f"data_position must equal step {meta['step']} (the batches "
+            f"consumed), got {records.short(meta['data_position'])}")
   return _window_error(meta.get("metrics_window"))
 
 
@@ -268,11 +329,13 @@ def check_run_meta(meta, where: str, step: int | None = None) -> dict:
 
   What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
   resume: ``step`` and ``data_position`` (integers >= 0; ``step`` the
-  checkpoint's number), ``topology_round`` and ``n_workers`` (integers),
+  checkpoint's number, ``data_position`` equal to it: the batches
+  consumed, where training resumes), ``topology_round`` and ``n_workers``
+  (integers),
   ``train_time_s``
   (a finite number >= 0, optional) and ``metrics_window`` (null or
-  ``{"losses": [numbers], "accs": [numbers], "consensus": number or
-  null}``). The config fields stored with them are compared with the
+  ``{"losses": [finite numbers], "accs": [finite numbers], "consensus":
+  finite number or null}``). The config fields stored with them are compared with the
   run's own by :func:`check_resumable`.
 
   Args:
@@ -286,9 +349,7 @@ def check_run_meta(meta, where: str, step: int | None = None) -> dict:
   Raises:
     checkpoint.CheckpointError: one line naming the checkpoint and the key.
   """
-  why = _run_meta_error(meta)
-  if not why and step is not None and meta["step"] != step:
-    why = f"its step {meta['step']} is not the checkpoint's number {step}"
+  why = _run_meta_error(meta, step)
   if why:
     raise checkpoint_lib.CheckpointError(
         f"checkpoint metadata in {where} is not valid: {why}; move that "

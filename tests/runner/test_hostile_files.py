@@ -474,6 +474,21 @@ META_CASES = {
                          "data_position"),
     "string_data_position": (_with(data_position="five"), "data_position"),
     "negative_data_position": (_with(data_position=-3), "data_position"),
+    # The checkpoint is after 5 steps: the next batch is batch 5, no other.
+    "huge_data_position": (_with(data_position=10**12),
+                           "data_position must equal step 5"),
+    "data_position_behind": (_with(data_position=4),
+                             "data_position must equal step 5"),
+    "window_losses_nan": (
+        _with(metrics_window={"losses": [math.nan] * 3, "accs": [],
+                              "consensus": None}), "metrics_window.losses"),
+    "window_accs_inf": (
+        _with(metrics_window={"losses": [1.0], "accs": [math.inf],
+                              "consensus": None}), "metrics_window.accs"),
+    "window_consensus_nan": (
+        _with(metrics_window={"losses": [], "accs": [],
+                              "consensus": math.nan}),
+        "metrics_window.consensus"),
     "string_step": (_with(step="x"), "step"),
     "bool_step": (_with(step=True), "step"),
     "nan_train_time": (_with(train_time_s=math.nan), "train_time_s"),

@@ -20,6 +20,7 @@ import pytest
 import multihost_worker as worker
 from decentral_jax.runner import agreement
 from decentral_jax.runner import launch
+from decentral_jax.runner import validation
 
 
 def _dist_config(**fields):
@@ -83,6 +84,29 @@ def test_initialize_distributed_decides_and_validates(monkeypatch):
   finally:
     jax.config.update("jax_cuda_visible_devices", "all")
     jax.config.update("jax_rocm_visible_devices", "all")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_processes", 2), ("num_processes", 99999999999999),
+    ("coordinator_address", "h:1"), ("process_id", 0),
+    ("heartbeat_timeout_seconds", 7), ("initialization_timeout_seconds", 9)])
+def test_distributed_fields_without_enabled_are_refused(monkeypatch, field,
+                                                        value):
+  """Off an srun step no job is joined with ``enabled=False``: a set-up
+  field would be silently unused; refused naming ``distributed.enabled``.
+  Inside an srun step with several tasks the job is joined: accepted."""
+  for var in [v for v in os.environ if v.startswith("SLURM_")]:
+    monkeypatch.delenv(var)
+  config = _dist_config(**{field: value})
+  for check in (validation.check_config, launch.initialize_from_config):
+    with pytest.raises(ValueError, match=(
+        f"config.distributed.{field}={value!r} has no effect with config."
+        "distributed.enabled=False")):
+      check(config)
+  for var, v in (("SLURM_JOB_ID", "5"), ("SLURM_NTASKS", "2"),
+                 ("SLURM_PROCID", "0"), ("SLURM_STEP_NUM_TASKS", "2")):
+    monkeypatch.setenv(var, v)
+  validation.check_config(config)
 
 
 def test_config_differences_name_the_fields():
