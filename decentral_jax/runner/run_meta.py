@@ -74,7 +74,10 @@ RESUME_FREE = ("steps", "schedule", "eval_interval", "log_interval",
                "consensus_at", "checkpoint_interval", "keep_checkpoints",
                "tensorboard", "tracker", "workdir", "micro_batches",
                "model.remat", "bucket_bytes", "gossip_rounds", "distributed",
-               "devices_per_worker", "workers_per_device", "worker_layout")
+               "devices_per_worker", "workers_per_device", "worker_layout",
+               # Where the data is (a moved file, a registered source's own
+               # options such as more batches) and what evaluation reads.
+               "data.path", "data.options", "eval_batches")
 
 
 def model_meta(model: dict) -> dict:
