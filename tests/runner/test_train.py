@@ -622,7 +622,8 @@ def test_resume_rejects_changed_seed_or_batch_and_truncates_metrics(tmp_path):
 def test_resume_refuses_every_changed_field_but_the_free_ones():
   """A field outside ``RESUME_FIELDS`` that changes the trajectory (the
   optimizer's betas and decay, the clip, the train split) is refused by
-  name; the run's length, intervals and tracker may change."""
+  name; the run's length, intervals, tracker, evaluation batches and the
+  data file's place may change."""
   require_devices(N)
   exp = experiment_lib.Experiment(load_config("gpt_tiny.py", *TINY_GPT))
   meta = run_meta.checkpoint_meta(exp, 5)
@@ -638,13 +639,13 @@ def test_resume_refuses_every_changed_field_but_the_free_ones():
     return dict(meta, config=config)
 
   for field, value in (("optimizer.b1", 0.8), ("optimizer.weight_decay", 0.5),
-                       ("grad_clip", 0.01), ("data.val_fraction", 0.3),
-                       ("eval_batches", 9)):
+                       ("grad_clip", 0.01), ("data.val_fraction", 0.3)):
     with pytest.raises(ValueError, match=f"written with config.{field}="
                        f"{value!r} but this run has"):
       run_meta.check_resumable(exp, written_with(field, value), "ckpt")
   for field, value in (("steps", 3), ("eval_interval", 7), ("tracker", "wandb"),
-                       ("checkpoint_interval", 1), ("log_interval", 2)):
+                       ("checkpoint_interval", 1), ("log_interval", 2),
+                       ("eval_batches", 9), ("data.path", "moved/data.bin")):
     run_meta.check_resumable(exp, written_with(field, value), "ckpt")
   # Written before the whole config was stored: the named fields only.
   run_meta.check_resumable(
