@@ -201,19 +201,24 @@ def check_float_dtype(name: str, dtype: Any, *,
 def check_comm_dtype(comm_dtype: Any, name: str = "comm_dtype"
                      ) -> np.dtype | None:
   """:func:`check_float_dtype` for a wire dtype, which must also be 16 bits
-  or wider: an 8-bit float sent without a scale (float8 e4m3's largest
-  value is 448) is what a block-scaled compressor is for.
+  or wider and in native byte order: an 8-bit float sent without a scale
+  (float8 e4m3's largest value is 448) is what a block-scaled compressor
+  is for.
 
   Raises:
-    ValueError: not a floating dtype or None, or an 8-bit one (naming
-      ``compression.format=fp8`` as the fix).
+    ValueError: not a floating dtype or None, not native, or narrower than
+      16 bits (naming ``compression.format=fp8 or fp4`` as the fix).
   """
   dt = check_float_dtype(name, comm_dtype)
+  if dt is not None and not dt.isnative:
+    raise ValueError(f"{name}={comm_dtype!r} is not in this machine's byte "
+                     f"order; use {dt.newbyteorder('=').name!r}.")
   if dt is not None and dt.itemsize < 2:
     raise ValueError(
-        f"{name}={dt.name!r} has no scale (its range is +-"
-        f"{float(np.finfo(dt).max):g}): send 8-bit floats with block scales "
-        "(compression.format=fp8, a Compressor('fp8')), or use bfloat16.")
+        f"{name}={dt.name!r} has no scale (its largest value is "
+        f"{float(np.finfo(dt).max):g}): send values of fewer than 16 bits "
+        "with block scales (compression.format=fp8 or fp4, a Compressor), "
+        "or use bfloat16.")
   return dt
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import reprlib
 import stat
@@ -98,19 +99,31 @@ def _in(x, lo, hi) -> bool:
   return (lo is None or x >= lo) and (hi is None or x <= hi)
 
 
+def is_real(v) -> bool:
+  """A finite number that is also a finite float (JSON allows integers of
+  any length; one beyond float64's range would overflow where it is used)."""
+  if not checks.is_number(v):
+    return False
+  try:
+    return math.isfinite(float(v))
+  except OverflowError:
+    return False
+
+
 def _ok(v, kind: str, lo, hi) -> bool:
   if kind in ("numbers", "series"):
     return isinstance(v, list) and (v or kind == "numbers") and all(
-        checks.is_number(x) and _in(x, lo, hi) for x in v)
+        is_real(x) and _in(x, lo, hi) for x in v)
   if kind == "strs":
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
   if kind in ("bool", "str", "object", "list"):
     return isinstance(v, {"bool": bool, "str": str, "object": dict,
                           "list": list}[kind])
   if kind == "whole":
-    return checks.is_number(v) and float(v).is_integer() and _in(v, lo, hi)
-  return (checks.is_number(v) and (kind == "number" or checks.is_int(v))
-          and _in(v, lo, hi))
+    return is_real(v) and float(v).is_integer() and _in(v, lo, hi)
+  if kind == "number":
+    return is_real(v) and _in(v, lo, hi)
+  return checks.is_int(v) and _in(v, lo, hi)
 
 
 def value_error(key: str, v, kind: str, lo=None, hi=None) -> str | None:
@@ -311,10 +324,10 @@ def finite_series(records: list[dict], key: str, x: str = "step"
   if not pairs:
     return f"has no {key!r} record"
   for step, v in pairs:
-    if not checks.is_number(step):
+    if not is_real(step):
       return (f"{x!r} of a {key!r} record must be a finite number, got "
               f"{short(step)}")
-    if not checks.is_number(v):
+    if not is_real(v):
       return (f"{key!r} at {x}={short(step)} must be a finite number, got "
               f"{short(v)}")
   for (a, _), (b, _) in zip(pairs, pairs[1:]):

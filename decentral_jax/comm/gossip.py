@@ -208,27 +208,13 @@ def _pmean(x, axis, comm_dtype):
   if comm_dtype is None:
     return mean(x, axis)
   acc = _acc_dtype(x)
-  size = _axis_size(axis)
-  if jnp.finfo(comm_dtype).max < jnp.finfo(jnp.float32).max:
-    return _psum_shares(x, axis, comm_dtype, acc, size)
   sent = x.astype(comm_dtype)
+  size = _axis_size(axis)
   # Replace this worker's rounded contribution by its exact value (a
   # division by a power of 2 becomes a product: see _zero).
   out = ((collectives.pmean(sent, axis).astype(acc)
           + _zero(collectives.index(axis), acc))
          + (x.astype(acc) - sent.astype(acc)) / size)
-  return out.astype(x.dtype)
-
-
-def _psum_shares(x, axis, comm_dtype, acc, size):
-  """:func:`_pmean` for a wire dtype of narrower range than float32
-  (float16): each worker sends its share ``x / n``, so the sum of values
-  that each fit ``comm_dtype`` does not overflow it; the own share exact."""
-  share = x.astype(acc) / size
-  sent = share.astype(comm_dtype)
-  out = ((collectives.psum(sent, axis).astype(acc)
-          + _zero(collectives.index(axis), acc))
-         + (share - sent.astype(acc)))
   return out.astype(x.dtype)
 
 
@@ -367,11 +353,11 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
     comm_dtype: optional floating dtype of 16 bits or more (e.g.
       ``jnp.bfloat16``) in which values are sent; each worker's own term
       stays exact (for ``pmean`` rounds the mean is reduced in
-      ``comm_dtype`` and the own term corrected afterwards, float16 summing
-      the shares ``x / n`` so that values within its range do not
-      overflow; in node-aware two-node rounds the node mean is exchanged
-      in ``comm_dtype``). A value beyond its range is sent as +-inf
-      (float16: 65504), as any cast. Weights and weighted sums are formed in
+      ``comm_dtype`` and the own term corrected afterwards; in node-aware
+      two-node rounds the node mean is exchanged in ``comm_dtype``). A
+      value beyond its range is sent as +-inf (float16: 65504), as any
+      cast; so is a sum reduced in ``comm_dtype`` (a float16 ``pmean`` of
+      ``n`` values above ``65504 / n``): visible, never a finite value. Weights and weighted sums are formed in
       the leaf dtype, or float32 for 16-bit leaves, so that weights such as
       1/3 stay exact and the network average is preserved; the result is
       rounded to the leaf dtype once per round.

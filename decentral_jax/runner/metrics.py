@@ -197,9 +197,11 @@ def _record_error(record: dict) -> str | None:
     if not (value is None or isinstance(value, (int, float, str, bool))):
       return (f"{key!r:.60} must be a number, a string or null, got "
               f"{type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and not records_lib.is_real(value):
       return (f"{key!r:.60} must be a finite number or null (the writer "
-              f"writes null for a non-finite value), got {value}")
+              f"writes null for a non-finite value), got "
+              f"{records_lib.short(value)}")
   return None
 
 

@@ -27,6 +27,7 @@ code 2. No JAX.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -243,6 +244,28 @@ def check_needs(table: Iterable[Needs], given: set, context: Any) -> None:
       raise ValueError(row.message())
 
 
+def _check_path_names(path: str, flag: str) -> None:
+  """Refuses a dangling symbolic link and a path component longer than the
+  file system allows (both pass the checks below and fail at the write)."""
+  if os.path.islink(path) and not os.path.exists(path):
+    raise ValueError(f"{flag} {path!r} is a symbolic link to "
+                     f"{os.readlink(path)!r}, which does not exist.")
+  limit = 255
+  with contextlib.suppress(OSError, ValueError):
+    limit = os.pathconf(_existing(os.path.abspath(path)), "PC_NAME_MAX")
+  long = [p for p in str(path).split(os.sep) if len(os.fsencode(p)) > limit]
+  if long:
+    raise ValueError(f"{flag}: the name {long[0][:40]!r}... is longer than "
+                     f"the {limit} bytes a file name may have.")
+
+
+def _existing(path: str) -> str:
+  """The nearest existing directory at or above ``path``."""
+  while not os.path.isdir(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
 def check_output_file(path: str | None, flag: str) -> None:
   """Refuses an output file ``path`` of ``flag`` that cannot be written:
   empty, a directory, in a parent that is missing or not a directory, or
@@ -255,8 +278,9 @@ def check_output_file(path: str | None, flag: str) -> None:
     return
   if not str(path).strip():
     raise ValueError(f"{flag} is empty; give a file name.")
+  _check_path_names(path, flag)
   parent = os.path.dirname(os.path.abspath(path))
-  if os.path.isdir(path):
+  if os.path.isdir(path) or str(path).endswith(("/", os.sep)):
     raise ValueError(f"{flag} {path!r} is a directory; give a file name.")
   if not os.path.isdir(parent):
     problem = "is not a directory" if os.path.exists(parent) else (
@@ -280,6 +304,7 @@ def check_output_dir(path: str | None, flag: str) -> None:
     return
   if not str(path).strip():
     raise ValueError(f"{flag} is empty; give a directory.")
+  _check_path_names(path, flag)
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{flag} {path!r} is a file, not a directory; give a "
                      "directory (it is created if missing).")

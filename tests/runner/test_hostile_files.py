@@ -142,6 +142,8 @@ CLUSTER_CASES = {
     "float_workers": (_set("cluster", "n_workers", 16.5), "cluster.n_workers"),
     "fractional_param_count": (_set("workload", "param_count", 65e6 + 0.5),
                                "workload.param_count"),
+    "integer_beyond_float": (_set("workload", "param_count", 10 ** 400),
+                             "workload.param_count"),
     "zero_param_count": (_set("workload", "param_count", 0),
                          "workload.param_count"),
     "int_grad_dtype": (_set("workload", "grad_dtype", "int8"), "grad_dtype"),

@@ -122,6 +122,10 @@ METRICS_CASES = {
     "loss_a_string": ('{"step": 0, "eval/loss": "low"}\n',
                       "'eval/loss' at step=0 must be a finite number"),
     "loss_nan": ('{"step": 0, "eval/loss": NaN}\n', "'eval/loss'"),
+    "loss_an_integer_beyond_float": (
+        '{"step": 0, "eval/loss": 1' + "0" * 400 + '}\n'
+        '{"step": 3, "eval/loss": 2.0}\n', "'eval/loss' must be a finite "
+        "number"),
     "no_loss": ('{"step": 0, "train/loss": 2.0}\n', "has no 'eval/loss'"),
     "only_null_losses": ('{"step": 0, "eval/loss": null}\n',
                          "has no 'eval/loss'"),

@@ -1,0 +1,51 @@
+"""Output paths checked before the work: what ``flag_types`` refuses, by
+name, that would otherwise fail only at the write (after training,
+compiling or measuring)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from decentral_jax.tools import flag_types
+
+
+@pytest.mark.parametrize("name, says", [
+    ("", "is empty; give a file name."),
+    ("newdir/", "is a directory; give a file name."),
+    ("DIR", "is a directory; give a file name."),
+    ("afile/", "is a directory; give a file name."),
+    ("a" * 300 + ".txt", "is longer than the 255 bytes"),
+    ("dangling", "is a symbolic link to 'nowhere/x.png', which does not "
+     "exist."),
+    ("missing/x.png", "does not exist; give a file in an existing "
+     "directory.")])
+def test_an_output_file_that_cannot_be_written_is_named(tmp_path, name, says):
+  (tmp_path / "afile").write_text("x")
+  os.symlink("nowhere/x.png", tmp_path / "dangling")
+  path = str(tmp_path) if name == "DIR" else (
+      os.path.join(str(tmp_path), name) if name else "")
+  with pytest.raises(ValueError) as e:
+    flag_types.check_output_file(path, "--png")
+  assert str(e.value).startswith("--png") and says in str(e.value), e.value
+
+
+@pytest.mark.parametrize("name, says", [
+    ("dangling", "which does not exist."),
+    ("b" * 300, "is longer than the 255 bytes"),
+    ("afile", "is a file, not a directory")])
+def test_an_output_directory_that_cannot_be_made_is_named(tmp_path, name,
+                                                          says):
+  (tmp_path / "afile").write_text("x")
+  os.symlink("nowhere", tmp_path / "dangling")
+  with pytest.raises(ValueError, match="--workdir") as e:
+    flag_types.check_output_dir(os.path.join(str(tmp_path), name),
+                                "--workdir")
+  assert says in str(e.value), e.value
+
+
+def test_writable_paths_pass(tmp_path):
+  flag_types.check_output_file(str(tmp_path / "x.png"), "--png")
+  flag_types.check_output_dir(str(tmp_path / "new" / "dir"), "--workdir")
+  assert not os.path.exists(tmp_path / "new")  # nothing created
