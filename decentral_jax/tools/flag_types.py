@@ -292,6 +292,22 @@ def check_output_file(path: str | None, flag: str) -> None:
     raise ValueError(f"{flag} {path!r} is not writable.")
 
 
+#: Image formats matplotlib writes without extra packages.
+IMAGE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps",
+                  ".tif", ".tiff", ".webp")
+
+
+def check_image_name(path: str, flag: str) -> None:
+  """Refuses an image path without one of :data:`IMAGE_SUFFIXES` (without
+  one, matplotlib writes ``PATH.png``, another file than the one named;
+  an unknown one fails only after the work)."""
+  suffix = os.path.splitext(str(path))[1].lower()
+  if suffix not in IMAGE_SUFFIXES:
+    got = f"ends in {suffix!r}" if suffix else "has no extension"
+    raise ValueError(f"{flag} {path!r} {got}; give an image file name, e.g. "
+                     f"chart.png (one of {', '.join(IMAGE_SUFFIXES)}).")
+
+
 def check_output_dir(path: str | None, flag: str) -> None:
   """Refuses an output directory ``path`` of ``flag`` that cannot be used:
   empty, an existing file, or (existing or to be created) not writable

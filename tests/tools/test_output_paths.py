@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from decentral_jax.tools import cli
 from decentral_jax.tools import flag_types
 
 
@@ -49,3 +50,13 @@ def test_writable_paths_pass(tmp_path):
   flag_types.check_output_file(str(tmp_path / "x.png"), "--png")
   flag_types.check_output_dir(str(tmp_path / "new" / "dir"), "--workdir")
   assert not os.path.exists(tmp_path / "new")  # nothing created
+
+
+@pytest.mark.parametrize("name, says", [
+    ("chart", "has no extension"), ("chart.xyz", "ends in '.xyz'")])
+def test_a_chart_path_needs_an_image_extension(tmp_path, name, says, capsys):
+  path = str(tmp_path / name)
+  assert cli.main(["predict", "--methods", "all_reduce", "--png", path]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and says in err[0] and "--png" in err[0], err
+  assert os.listdir(tmp_path) == []  # nothing written, not chart.png

@@ -536,3 +536,31 @@ def test_overlap_render_names_a_missing_file_list_or_a_directory(
   lines = capsys.readouterr().err.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith(
       says.replace("DIR", str(tmp_path))), lines
+
+
+def test_a_final_accuracy_without_an_accuracy_evaluation_is_not_kept(
+    tmp_path, capsys):
+  run_dir = _kept_run(tmp_path)  # its metrics.jsonl evaluates no accuracy
+  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+          _record_edit(final={"eval/accuracy": 0.5}))
+  assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
+  assert "final.eval/accuracy is 0.5, but" in capsys.readouterr().err
+
+
+def test_a_diverged_run_with_impossible_metrics_is_not_kept(tmp_path, capsys):
+  run_dir = _kept_run(tmp_path)
+  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+          _record_edit(final=None, diverged="nan loss"))
+  assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
+  _damage(os.path.join(run_dir, metrics.METRICS_FILE),
+          '{"step": 0, "eval/loss": -3}\n')
+  assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
+  assert "'eval/loss' at step=0 must be >= 0" in capsys.readouterr().err
+
+
+def test_a_curve_past_the_run_is_not_called_cut_short(tmp_path, capsys):
+  run_dir = _kept_run(tmp_path)  # a run of 3 steps
+  _damage(os.path.join(run_dir, metrics.METRICS_FILE),
+          '{"step": 0, "eval/loss": 4.0}\n{"step": 6, "eval/loss": 2.0}\n')
+  assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
+  assert "(longer than the run)" in capsys.readouterr().err

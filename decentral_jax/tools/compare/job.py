@@ -125,19 +125,23 @@ def read_record(workdir: str, want: dict | None = None
   path = os.path.join(workdir, RESULT_FILE)
   record = records.read_json(path, RESULT_SCHEMA, tuple(RESULT_SCHEMA),
                              check=_outcome_error)
-  if (isinstance(record, records.Damaged) or record["final"] is None
+  if (isinstance(record, records.Damaged)
       or want is not None and record["config"] != want):
     return record
   curve = metrics_lib.read_curve(os.path.join(workdir,
                                               metrics_lib.METRICS_FILE))
+  if record["final"] is None:  # diverged: what it evaluated must be possible
+    return (record if isinstance(curve, records.Damaged)
+            else _eval_error(workdir, {}, curve) or record)
   if isinstance(curve, records.Damaged):  # a missing one is damage here
     return dataclasses.replace(curve, missing=False)
   steps = record["config"].get("steps")
   if checks.is_number(steps) and curve[0][-1] != steps:
+    how = "cut short" if curve[0][-1] < steps else "longer than the run"
     return records.Damaged(
         os.path.join(workdir, metrics_lib.METRICS_FILE),
         f"its 'eval/loss' curve ends at step {float(curve[0][-1]):g}, "
-        f"not at the run's last step {records.short(steps)} (cut short)",
+        f"not at the run's last step {records.short(steps)} ({how})",
         key="eval/loss")
   return _eval_error(workdir, record["final"], curve) or record
 
@@ -155,7 +159,12 @@ def _eval_error(workdir: str, final: dict, loss_curve
   for key, (lo, hi) in EVAL_RANGES.items():
     curve = (loss_curve if key == "eval/loss" else
              metrics_lib.read_curve(path, key))
-    if isinstance(curve, records.Damaged):  # not evaluated: nothing to check
+    if isinstance(curve, records.Damaged):  # not evaluated
+      if final.get(key) is not None and (lo, hi) != (None, None):
+        return records.Damaged(
+            os.path.join(workdir, RESULT_FILE),
+            f"final.{key} is {records.short(final[key])}, but {path} has no "
+            f"{key} evaluation", key=f"final.{key}")
       continue
     why = records.series_range_error(*curve, key, lo, hi)
     if why:
@@ -167,7 +176,7 @@ def _eval_error(workdir: str, final: dict, loss_curve
           os.path.join(workdir, RESULT_FILE),
           f"final.{key} is {records.short(got)}, but the last evaluation in "
           f"{path} (step {float(last):g}) has {key} "
-          + (f"{float(curve[1][-1]):g}" if curve[0][-1] == last else "none"),
+          + (f"{float(curve[1][-1])!r}" if curve[0][-1] == last else "none"),
           key=f"final.{key}")
   return None
 

@@ -145,6 +145,8 @@ def check_output_path(path: str | None, flag: str) -> None:
   refused (it would write nothing).
   """
   flag_types.check_output_file(path, flag)
+  if path is not None and flag == "--png":
+    flag_types.check_image_name(path, flag)
 
 
 def check_predict_args(args) -> None:
