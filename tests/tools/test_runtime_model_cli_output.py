@@ -394,7 +394,11 @@ def test_an_empty_output_path_is_refused_by_name(argv, flag, capsys):
     (["--methods", "all_reduce,aer,all_reduce"], "error: --methods "
      "'all_reduce,aer,all_reduce': entry 3 repeats entry 1 ('all_reduce')"),
     (["--methods", "diloco:H=10,P=1,diloco:H=10,P=1"],
-     "entry 2 repeats entry 1 ('diloco:H=10,P=1')")])
+     "entry 2 repeats entry 1 ('diloco:h=10,p=1')"),
+    (["--methods", "all_reduce,aer,All-Reduce"],
+     "entry 3 repeats entry 1 ('all_reduce')"),
+    (["--methods", "diloco:H=10,P=2,diloco:p=2,h=10"],
+     "entry 2 repeats entry 1 ('diloco:h=10,p=2')")])
 def test_a_list_flag_refuses_a_repeated_entry(argv, message, capsys):
   """A repeat printed the same table twice (exit 0)."""
   with pytest.raises(SystemExit) if argv[0] == "--n-workers" else \

@@ -340,10 +340,20 @@ def split_methods(text: str) -> list[str]:
       out[-1] += "," + part
     else:
       out.append(part)
-  why = flag_types.repeated_entry(text, out, "all_reduce,aer")
+  why = flag_types.repeated_entry(text, [_spelling(o) for o in out],
+                                  "all_reduce,aer")
   if why:
     raise ValueError(f"--methods {why}.")
   return out
+
+
+def _spelling(spec: str) -> str:
+  """A method spec as the runtime model reads it: case, ``-`` for ``_``
+  and the order of its ``KEY=VALUE`` options aside (``AER`` is ``aer``,
+  ``diloco:P=2,H=8`` is ``diloco:h=8,p=2``)."""
+  name, _, options = spec.lower().replace("-", "_").partition(":")
+  return name + (":" + ",".join(sorted(options.split(","))) if options
+                 else "")
 
 
 def simulated_steps(m: Method, steps: int) -> int:
