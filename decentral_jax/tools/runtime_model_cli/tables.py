@@ -198,8 +198,8 @@ def _ms_cell(seconds: float, width: int) -> str:
   runs into the one before it."""
   ms = 1e3 * seconds
   if abs(ms) < 1e6 or not math.isfinite(ms):
-    return f"{ms:{width}.1f}"
-  return f"{ms:{width}.3g}"
+    return " " + f"{ms:{width - 1}.1f}"
+  return " " + f"{ms:{width - 1}.3g}"  # a space even for 2.15e+182
 
 
 # Why a method's Figure 6 bars are reported but not judged.
