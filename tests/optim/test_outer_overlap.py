@@ -197,6 +197,7 @@ def test_decentralized_matches_dense_oracle(name, trickle, overlap, x64):
       np.testing.assert_allclose(got[k], w[k], rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # two compiled runs (the default run: ~3 min)
 def test_one_worker_eager_is_plain_bit_for_bit():
   """M = 1: Delta~ = Delta^(k) + (Delta^(k-d) - Delta^(k-d)) exactly."""
   x0, b = _problem(1, seed=3)

@@ -135,8 +135,7 @@ def _assert_close(got, want, rtol):
 
 
 @pytest.mark.parametrize("name,mode", [
-    pytest.param(n, m, id=f"{m}-{n}",
-                 marks=() if (n, m) == ("dadam", "fsdp") else pytest.mark.slow)
+    pytest.param(n, m, id=f"{m}-{n}", marks=pytest.mark.slow)
     for n in ("dadam", "all_reduce", "diloco") for m in ("fsdp", "data")])
 def test_multi_device_workers_follow_one_device_workers(name, mode):
   extra = name == "diloco"  # one leaf that fsdp cannot split

@@ -120,8 +120,7 @@ def _assert_close(got, want, rtol):
 
 
 @pytest.mark.parametrize("topo_name,k", [
-    pytest.param(t, k, id=f"{k}-{t}",
-                 marks=() if (t, k) == ("one_peer_exp", 4) else pytest.mark.slow)
+    pytest.param(t, k, id=f"{k}-{t}", marks=pytest.mark.slow)
     for t in ("one_peer_exp", "aer", "custom") for k in (4, 16)])
 def test_virtual_workers_follow_one_worker_per_device(topo_name, k):
   want = _cached("dadam", topo_name, 1)

@@ -129,6 +129,7 @@ def restore_as_the_runner_does(exp, workdir: str):
   return state, meta
 
 
+@pytest.mark.slow  # a checkpoint restored (the default run: ~3 min)
 def test_old_checkpoint_restores_the_saved_state(experiment, workdir):
   state, _ = restore_as_the_runner_does(experiment, workdir)
   saved = np.load(os.path.join(OLD, "state_at_57b480f.npz"))

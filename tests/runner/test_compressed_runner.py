@@ -117,12 +117,12 @@ def test_compare_sent_per_step_column_reads_the_compressed_bytes():
   assert sent["comm/ratio"] < 0.2
 
 
-_SLOW = pytest.mark.slow  # a training run each: one in the fast tier
+_SLOW = pytest.mark.slow  # a training run each (the default run: ~3 min)
 
 
 @pytest.mark.parametrize("extra,state_type", [
     pytest.param((*CHOCO, "--config.compression.format=int8"),
-                 choco.ChocoState, id="choco"),
+                 choco.ChocoState, id="choco", marks=_SLOW),
     pytest.param((*DILOCO, "--config.compression.format=topk",
                   "--config.compression.block=16",
                   "--config.compression.fraction=0.25",

@@ -138,6 +138,7 @@ def test_resume_on_another_layout_is_bit_exact(tmp_path, name):
   assert np.ptp(leaf, axis=0).max() > 0
 
 
+@pytest.mark.slow  # a training run and a resume (the default run: ~3 min)
 def test_another_number_of_workers_is_refused_saying_why(tmp_path):
   devices = require_devices(8)
   workdir = str(tmp_path / "run")

@@ -74,8 +74,8 @@ def test_micro_batch_split_is_strided():
       np.testing.assert_array_equal(split[j, i], x[3 * i + j])
 
 
-@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.slow), 4,
-                               pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("k", [pytest.param(k, marks=pytest.mark.slow)
+                               for k in (2, 4, 8)])
 def test_micro_batches_give_the_whole_batch_loss_and_gradient(k):
   params = models.gpt.init_params(CFG, jax.random.key(0))
   loss, batch = gpt_loss(CFG), gpt_batch()

@@ -103,6 +103,7 @@ def test_six_steps_checkpoint_every_three_resume_bit_exact(tmp_path):
   assert second[2]["train_time_s"] >= second[1]["train_time_s"] > 0
 
 
+@pytest.mark.slow  # two training runs (the default run: ~3 min)
 def test_finished_run_is_only_evaluated_and_a_shorter_one_refused(tmp_path,
                                                                   caplog):
   """A checkpoint of the last step (here the initial state saved as step
