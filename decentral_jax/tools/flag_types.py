@@ -260,8 +260,8 @@ def _check_path_names(path: str, flag: str) -> None:
 
 
 def _existing(path: str) -> str:
-  """The nearest existing directory at or above ``path``."""
-  while not os.path.isdir(path) and os.path.dirname(path) != path:
+  """The nearest existing file or directory at or above ``path``."""
+  while not os.path.exists(path) and os.path.dirname(path) != path:
     path = os.path.dirname(path)
   return path
 
@@ -324,9 +324,7 @@ def check_output_dir(path: str | None, flag: str) -> None:
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"{flag} {path!r} is a file, not a directory; give a "
                      "directory (it is created if missing).")
-  existing = os.path.abspath(path)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
+  existing = _existing(os.path.abspath(path))
   if not os.path.isdir(existing):
     raise ValueError(f"{flag} {path!r} cannot be created: {existing!r} is "
                      "a file.")
