@@ -62,6 +62,7 @@ _UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
 # How long close() waits for the writes of a failed save before removing
 # its temporary directory.
 _WRITERS_WAIT_S = 300.0
+_LATE_WRITES_S = 1.0  # a failed save's directory must stay gone this long
 
 
 class CheckpointError(ValueError):
@@ -87,12 +88,25 @@ def _orbax_threads_since(before: set) -> list[threading.Thread]:
           and type(t).__module__.split(".")[0] == "orbax"]
 
 
-def _remove_tree(path: str, tries: int = 50) -> None:
-  """``rmtree`` again while a late writer thread still adds files to
-  ``path`` (up to ``tries`` times, 0.1 s apart)."""
-  for _ in range(tries):
-    shutil.rmtree(path, ignore_errors=True)
-    if not os.path.exists(path):
+def _remove_tree(path: str, quiet_s: float = 0.0,
+                 timeout_s: float = 10.0) -> None:
+  """``rmtree`` until ``path`` has stayed absent for ``quiet_s`` seconds.
+
+  After a failed save TensorStore's own (C++) writer threads, which cannot
+  be joined, may still create files under ``path`` and so re-create it;
+  the removal repeats every 0.1 s until the path has been gone for
+  ``quiet_s`` seconds, for at most ``timeout_s`` seconds.
+  """
+  deadline = time.monotonic() + timeout_s
+  gone_since = None
+  while time.monotonic() < deadline:
+    now = time.monotonic()
+    if os.path.lexists(path):
+      shutil.rmtree(path, ignore_errors=True)
+      gone_since = None
+    elif gone_since is None:
+      gone_since = now
+    if gone_since is not None and now - gone_since >= quiet_s:
       return
     time.sleep(0.1)
 
@@ -198,11 +212,12 @@ class Checkpointer:
 
   # -- listing and verification ---------------------------------------------
 
-  def _remove_tmp_dirs(self) -> None:  # the directory is ours (locked)
+  def _remove_tmp_dirs(self, quiet_s: float = 0.0) -> None:
+    """Removes temporary save directories (the directory is ours: locked)."""
     for name in sorted(os.listdir(self.directory)):
       path = os.path.join(self.directory, name)
       if TMP_SUFFIX in name and os.path.isdir(path):
-        _remove_tree(path)
+        _remove_tree(path, quiet_s)
         logging.warning("removed %s, left by an interrupted checkpoint save.",
                         path)
 
@@ -401,7 +416,7 @@ class Checkpointer:
         pass  # Orbax raising the error of a failed save again
       if self._failed and self._main:
         self._wait_for_writers()
-        self._remove_tmp_dirs()
+        self._remove_tmp_dirs(quiet_s=_LATE_WRITES_S)
     finally:
       if self._echoes is not None:
         self._echoes.remove()

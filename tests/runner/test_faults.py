@@ -316,7 +316,7 @@ def test_full_file_system_on_a_save_is_one_line(cli_runs):
   assert errors == [f"error: checkpoint 5 could not be saved in {directory}: "
                     "File too large (EFBIG)"], run.output
   assert "Traceback" not in run.output and "Event loop" not in run.output
-  assert os.listdir(directory) == []  # the partial save was removed
+  assert os.listdir(directory) == [], run.output  # partial save removed
   assert lock_holder(run.workdir) == {}
 
 
