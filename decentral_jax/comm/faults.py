@@ -60,8 +60,10 @@ def check_mask(mask, n: int, name: str) -> jax.Array:
       ``name``).
   """
   try:
+    if mask is None:
+      raise TypeError
     m = jnp.asarray(mask)
-  except TypeError:
+  except (TypeError, ValueError):
     raise ValueError(f"{name} must be a bool array of shape ({n},) (one "
                      f"entry per worker, equal on all workers), got "
                      f"{type(mask).__name__} {str(mask)[:40]}.") from None

@@ -75,9 +75,11 @@ def resolve_timing(timing, reduction):
   if timing.mode != "none" and isinstance(reduction,
                                           reductions.CompressedMean):
     raise ValueError(
-        f"overlap={timing.mode!r} has no compressed form: a compressor "
-        "sends the pseudo-gradients of the exact mean; leave overlap at its "
-        "default ('none') or pass compressor=None.")
+        f"timing={timing!r} (a {timing.mode!r} outer step) has no "
+        "compressed form: an overlapped outer step needs the exact mean of "
+        "the pseudo-gradients; pass timing=outer_timing.Plain() or an "
+        "exact reduction instead of reductions.compressed(...) (runner: "
+        "outer_overlap='none' or compression.format='none').")
   return timing.resolve(reduction)
 
 

@@ -29,6 +29,7 @@ from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import RoundCost
 from decentral_jax.runtime_model.costs import round_cost
 from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.runtime_model.workload import wire_dtype
 
 METHOD_KINDS = ("all_reduce", "gossip", "local")
 OUTER_OVERLAPS = ("none", "delayed", "eager")
@@ -212,16 +213,10 @@ def floating_dtype_name(value, where: str) -> str:
     where: what to name in the error (the spec or the method).
 
   Raises:
-    ValueError: ``value`` is not a floating dtype.
+    ValueError: ``value`` is not a dtype the library sends
+      (:func:`~decentral_jax.runtime_model.workload.wire_dtype`).
   """
-  try:
-    dt = np.dtype(value)
-  except TypeError:
-    dt = None
-  if dt is None or dt.kind != "f" and "float" not in dt.name:
-    raise ValueError(f"{where}: comm_dtype={value!r} is not a floating dtype "
-                     "name; use e.g. bfloat16 or float16.")
-  return dt.name
+  return wire_dtype(f"{where}: comm_dtype", value).name
 
 
 def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,

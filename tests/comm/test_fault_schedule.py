@@ -83,6 +83,22 @@ def test_slow_workers_complete_steps_in_proportion():
   assert third.masks(0, 9)[1].sum(0).tolist() == [9, 3]
 
 
+def test_decimal_speeds_complete_floor_of_s_times_h_steps():
+  """Every round of H steps completes floor(sH) or ceil(sH) steps; the
+  reference counts the work with exact decimal fractions (0.7 * 90 is
+  62.99999999999999 in float64, and 63 steps are done)."""
+  import fractions  # pylint: disable=import-outside-toplevel
+  for hundredths in range(1, 100):
+    speed = hundredths / 100
+    sched = FaultSchedule.from_events(1, [(0, 0, None, speed)])
+    done = sched.masks(0, 300)[1][:, 0]
+    exact = fractions.Fraction(hundredths, 100)
+    for h in (7, 10, 50, 90):
+      for t0 in range(0, 300 - h, h):
+        want = int((exact * (t0 + h)) // 1 - (exact * t0) // 1)
+        assert done[t0:t0 + h].sum() == want, (speed, h, t0)
+
+
 def test_hand_worked_trace(tmp_path):
   # Worker 1 dead on [2, 5); worker 2 at half speed from step 4 on, and
   # dead on [6, 7) too (the lower speed wins where intervals overlap).

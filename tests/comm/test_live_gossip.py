@@ -359,7 +359,8 @@ def test_freeze_from_worker_neighbour_mean_refuse_bad_masks_and_workers():
   for mask, got in ((jnp.array([True, False]), r"got bool\[2\]"),
                     (np.array([1.0, 0.0, 1.0, 0.0]), r"got float32\[4\]"),
                     (np.array([1, 2, 0, 0]), r"got int32\[4\]"),
-                    ([True, False, True, "x"], "got list")):
+                    ([True, False, True, "x"], "got list"),
+                    (None, "got NoneType")):
     with pytest.raises(ValueError, match=shape + r".*" + got):
       call(lambda t, m=mask: faults.freeze(t, t * 0, m, axis))
   with pytest.raises(ValueError, match="freeze: new and old must be pytrees "

@@ -718,3 +718,16 @@ def test_deviceless_compile_of_the_trickled_step():
   (c,) = steps[0].report.collectives
   assert (c.kind, c.bytes) == ("all-reduce", _SLICE_BYTES)
   assert c.overlapped and c.backward > 0, steps[0].report.summary()
+
+
+def test_an_overlapped_outer_step_with_a_compressed_reduction_is_refused():
+  """The library refusal names the library's arguments (and the runner's
+  fields after them)."""
+  from decentral_jax.comm.compress import Compressor  # pylint: disable=import-outside-toplevel
+  from decentral_jax.optim import outer_timing, reductions  # pylint: disable=import-outside-toplevel
+  for timing in (outer_timing.Delayed(1), outer_timing.Eager(1)):
+    with pytest.raises(ValueError, match=r"^timing=.*has no compressed form.*"
+                       r"pass timing=outer_timing.Plain\(\) or an exact "
+                       r"reduction instead of reductions.compressed"):
+      optim.diloco(optax.sgd(LR), 2, timing=timing,
+                   reduction=reductions.compressed(Compressor("int8")))

@@ -61,7 +61,7 @@ def test_parse_specs_and_canonical_names():
     ("diloko:H=4", ("unknown local-update method 'diloko'", "diloco:H=10")),
     ("streaming_diloco:H=4,P=5", ("P=5", "<= H=4")),
     ("streaming_diloco:H=10,P=4,tau=3", ("tau * P < H",)),
-    ("streaming_diloco:H=10,comm_dtype=int8", ("comm_dtype='int8'",
+    ("streaming_diloco:H=10,comm_dtype=int8", ("comm_dtype 'int8'",
                                                "floating")),
     ("diloco:H=10,topology=hypercube", ("topology='hypercube'",)),
 ])

@@ -226,6 +226,8 @@ def test_every_library_algorithm_and_topology_is_priced():
 @pytest.mark.parametrize("spec, match", [
     ("accum_adam:H=3", "no parameter 'H'"),
     ("aer:comm_dtype=int8", "not a floating dtype"),
+    ("aer:comm_dtype=>f4", "comm_dtype '>f4' is not in this machine's byte"),
+    ("diloco:H=4,comm_dtype=float8_e4m3fn", "8-bit float.*compress=fp8"),
     ("all_reduce:comm_dtype=bfloat16", "no parameter 'comm_dtype'"),
     ("dadam:topology=hypercube", "not a topology"),
     ("aer:bucket_MiB=-1", "bucket_MiB"),

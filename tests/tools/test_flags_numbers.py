@@ -372,3 +372,17 @@ def test_dtype_flags_refuse_what_is_not_a_wire_float(flag, value):
   assert code == 2, err
   _one_error_naming(err, flag)
   assert "is not a floating dtype name" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--grad-dtype", "--param-dtype"])
+@pytest.mark.parametrize("value, words", [
+    (">f4", "byte order; use 'float32'"), ("float8_e4m3fn", "compress=fp8"),
+    ("float8_e5m2", "block scales")])
+def test_dtype_flags_refuse_what_the_library_does_not_send(flag, value, words):
+  """The library's wire rule (checks.check_comm_dtype): native byte order,
+  16 bits or wider."""
+  code, err = _run(runtime_main.main, ["predict", f"{flag}={value}"],
+                   "decentral-jax")
+  assert code == 2, err
+  _one_error_naming(err, flag)
+  assert words in err, err
