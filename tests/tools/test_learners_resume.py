@@ -219,6 +219,47 @@ def test_run_spec_names_a_bad_number(fields, words):
   assert str(e.value).startswith(words), e.value
 
 
+@pytest.mark.parametrize("fields, words", [
+    ({"inner_schedule": "warmup_cosine"}, "RunSpec.inner_schedule="
+     "'warmup_cosine' needs problem='runner'"),
+    ({"inner": "accum_adamw"}, "RunSpec.inner must be one of"),
+    ({"problem": "runner", "inner": ""}, "RunSpec.inner must be a non-empty"),
+    ({"problem": "runner", "inner_schedule": None},
+     "RunSpec.inner_schedule must be a non-empty")])
+def test_run_spec_names_a_schedule_it_does_not_run(fields, words):
+  with pytest.raises(ValueError) as e:
+    spec_lib.RunSpec(**{**BASE, **fields})
+  assert str(e.value).startswith(words), e.value
+  # a runner config's own optimizer and schedule
+  spec_lib.RunSpec(**{**BASE, "problem": "runner", "inner": "accum_adamw",
+                      "inner_schedule": "inverse_sqrt, warmup 2"})
+
+
+RUNNER = dict(BASE, problem="runner", inner="adamw", inner_lr=0.003,
+              inner_schedule="warmup_cosine, warmup 2, to 0.0003 at step 6",
+              problem_args=(("config", "c.py"), ("overrides", ("a=1",))))
+
+
+def test_a_checkpoint_written_before_the_inner_schedule_resumes():
+  """A checkpoint without ``inner_schedule`` ran a constant learning rate
+  (without a config) or recorded placeholders sgd/0.1 (with one): it
+  resumes; one that records another inner optimizer is refused."""
+  ours = spec_lib.RunSpec(**BASE).trajectory()
+  old = {k: v for k, v in ours.items() if k != "inner_schedule"}
+  spec_lib.check_resume(old, ours, "checkpoint 1")
+  with pytest.raises(ValueError, match="inner_lr=0.1, this run has 0.05"):
+    spec_lib.check_resume(old, spec_lib.RunSpec(
+        **{**BASE, "inner_lr": 0.05}).trajectory(), "checkpoint 1")
+  run = spec_lib.RunSpec(**RUNNER)
+  old = {**run.trajectory(), "inner": "sgd", "inner_lr": 0.1}
+  del old["inner_schedule"]
+  sync_lib.check_resume_meta(run, {"run": old}, "checkpoint 1")
+  other = {**run.trajectory(), "inner_schedule": "constant"}
+  with pytest.raises(ValueError, match="inner_schedule='constant', this run "
+                     "has 'warmup_cosine"):
+    sync_lib.check_resume_meta(run, {"run": other}, "checkpoint 1")
+
+
 def test_run_spec_takes_numpy_scalars():
   run = spec_lib.RunSpec(**{**BASE, "sync_every": 8, "merge_alpha":
                             np.float32(0.5), "inner_lr": np.float64(0.1)})

@@ -13,9 +13,11 @@ import pytest
 from conftest import require_devices
 from helpers import run_steps
 from helpers import to_host
+from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment
 from decentral_jax.runner import methods
 from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools import cli
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import records
@@ -68,9 +70,44 @@ def test_spec_fields_come_from_the_config():
       "compression.block=64"), 2)
   assert runner_problem.spec_fields(c) == {
       "shards": 2, "sync_every": 3, "periods": 2, "outer_lr": 0.5,
-      "outer_momentum": 0.8, "compressor": "int8", "block": 64}
+      "outer_momentum": 0.8, "compressor": "int8", "block": 64,
+      # gpt_tiny's peak 3e-3, final 3e-4; TINY's warmup 2, steps 6
+      "inner": "adamw", "inner_lr": 3e-3,
+      "inner_schedule": "warmup_cosine, warmup 2, to 0.0003 at step 6"}
   spec_lib.RunSpec(problem="runner", quorum=2,
                    **runner_problem.spec_fields(c))  # a valid RunSpec
+
+
+@pytest.mark.parametrize("extra, inner", [
+    (("schedule.final_lr=0.0002",), "inner adamw peak lr 0.002 "
+     "(warmup_cosine, warmup 2, to 0.0002 at step 6)"),
+    (("schedule.name=constant", "schedule.warmup_steps=30",
+      "schedule.final_lr=0.00015"),
+     "inner adamw lr 0.002"),
+    (("schedule.name=inverse_sqrt", "schedule.final_lr=0.00015",
+      "optimizer.name=accum_adamw",
+      "optimizer.accum_steps=2"),
+     "inner accum_adamw peak lr 0.002 (inverse_sqrt, warmup 2)")])
+def test_the_summary_and_json_of_a_config_name_what_the_learners_run(
+    extra, inner):
+  """The run line and --json's run describe the config's inner optimizer
+  and schedule, outer step and compression, not the flags' defaults (sgd,
+  lr 0.1, outer 0.7/0.9)."""
+  argv = ["--learners", "2", "--config", CONFIG, *(f"--config.{o}" for o in (
+      *TINY, "schedule.peak_lr=0.002", "outer_optimizer.lr=0.5",
+      "outer_optimizer.momentum=0.8", "compression.format=int8",
+      "compression.error_feedback=True", "compression.block=64", *extra))]
+  rest, overrides = config_lib.split_overrides(["learners", *argv])
+  run = main_lib.run_spec(main_lib.parser().parse_args(rest[1:]), overrides)
+  assert main_lib.describe(run) == (
+      f"run: sync, 2 learners, H=3, {inner}, outer Nesterov lr 0.5 momentum "
+      "0.8, int8 pseudo-gradients")
+  got = run.trajectory()
+  schedule = inner.partition(" (")[2].rstrip(")") or "constant"
+  assert (got["inner"], got["inner_lr"], got["inner_schedule"]) == (
+      inner.split()[1], 0.002, schedule)
+  assert (got["sync_every"], got["outer_lr"], got["outer_momentum"],
+          got["compressor"], got["block"]) == (3, 0.5, 0.8, "int8", 64)
 
 
 def test_a_runner_problem_without_a_config_is_one_line():

@@ -409,12 +409,18 @@ def _open_records(c, run, args, overrides):
 
 
 def describe(run: spec_lib.RunSpec) -> str:
-  """One line naming the run's method: the mode, the learners and sync
-  period, the inner and outer optimizers, fragments and compression."""
+  """One line naming the run's method from its fields (with ``--config``
+  the config's, :func:`~decentral_jax.tools.learners.runner_problem.
+  spec_fields`): the mode, the learners and sync period, the inner
+  optimizer and its learning rate (a schedule's peak and the schedule),
+  the outer optimizer, fragments and compression."""
   outer = (f"delayed Nesterov (buffer {run.delay_buffer})"
            if run.outer == "delayed_nesterov" else "Nesterov")
-  parts = [f"{run.mode}, {run.shards} learners, H={run.sync_every}",
-           f"inner {run.inner} lr {run.inner_lr:g}",
+  inner = f"inner {run.inner} lr {run.inner_lr:g}"
+  if run.inner_schedule != "constant":
+    inner = (f"inner {run.inner} peak lr {run.inner_lr:g} "
+             f"({run.inner_schedule})")
+  parts = [f"{run.mode}, {run.shards} learners, H={run.sync_every}", inner,
            f"outer {outer} lr {run.outer_lr:g} momentum "
            f"{run.outer_momentum:g}"]
   if run.fragments > 1:

@@ -201,14 +201,35 @@ def check_learner_fields(c: config_dict.ConfigDict) -> None:
                        f"learners: {fix}.")
 
 
+def schedule_text(c: config_dict.ConfigDict) -> str:
+  """``config.schedule`` in words, as :func:`decentral_jax.runner.builders.
+  make_schedule` steps it (``peak_lr`` is ``RunSpec.inner_lr``):
+  ``"constant"``, ``"inverse_sqrt, warmup W"`` or ``"warmup_cosine,
+  warmup W, to FINAL at step STEPS"`` (steps counted in inner steps)."""
+  s = c.schedule
+  if s.name == "constant":
+    return "constant"
+  if s.name == "inverse_sqrt":
+    return f"inverse_sqrt, warmup {int(s.warmup_steps)}"
+  return (f"{s.name}, warmup {int(s.warmup_steps)}, to {float(s.final_lr):g} "
+          f"at step {max(int(c.steps), int(s.warmup_steps) + 1)}")
+
+
 def spec_fields(c: config_dict.ConfigDict) -> dict:
   """The :class:`~decentral_jax.tools.learners.spec.RunSpec` fields the
-  config sets: ``shards`` (``n_workers``), ``sync_every``, ``periods``
-  (``steps // sync_every``, at least 1), ``outer_lr``, ``outer_momentum``,
-  ``compressor`` and ``block``."""
+  config sets, the one description of the run its learners train (the
+  command's summary and ``--json`` print it): ``shards`` (``n_workers``),
+  ``sync_every``, ``periods`` (``steps // sync_every``), the inner
+  optimizer the learners build (:meth:`RunnerTask.inner`: ``inner`` =
+  ``optimizer.name``, ``inner_lr`` = ``schedule.peak_lr``,
+  ``inner_schedule`` = :func:`schedule_text`), ``outer_lr``,
+  ``outer_momentum``, ``compressor`` and ``block``."""
   comp = c.compression
   return {"shards": int(c.n_workers), "sync_every": int(c.sync_every),
           "periods": max(1, int(c.steps) // int(c.sync_every)),
+          "inner": str(c.optimizer.name),
+          "inner_lr": float(c.schedule.peak_lr),
+          "inner_schedule": schedule_text(c),
           "outer_lr": float(c.outer_optimizer.lr),
           "outer_momentum": float(c.outer_optimizer.momentum),
           "compressor": str(comp.format), "block": int(comp.block)}

@@ -28,6 +28,11 @@ RESUME_FREE = ("shards", "periods", "mode", "quorum", "grace_s",
                "max_staleness", "dynamic_updates", "sleep_s", "keep_state")
 
 
+# Trajectory fields added after checkpoints first recorded their run: one
+# without such a field was written before it existed and ran its default.
+ADDED = ("inner_schedule",)
+
+
 class JoinRefused(ValueError):
   """A learner whose run does not match the synchronizer's."""
 
@@ -44,8 +49,14 @@ class RunSpec:
       reads shard ``i``).
     sync_every: the sync period ``H`` in inner steps.
     periods: merged periods (outer steps) the run ends after.
-    inner: inner optimizer, ``"sgd"`` or ``"adamw"``.
-    inner_lr: its learning rate.
+    inner: inner optimizer, ``"sgd"`` or ``"adamw"``; with ``problem=
+      "runner"`` the config's ``optimizer.name`` (the problem builds it).
+    inner_lr: its learning rate (``"runner"``: the schedule's peak,
+      ``schedule.peak_lr``).
+    inner_schedule: the learning-rate schedule by inner step: ``"constant"``
+      (``inner_lr`` throughout; the only one without a runner config), or
+      a runner config's schedule in words (``runner_problem.
+      schedule_text``).
     outer_lr, outer_momentum: the outer Nesterov SGD (DiLoCo's 0.7, 0.9).
     mode: ``"sync"`` (every active learner's pseudo-gradient of the period,
       as DiLoCo) or ``"decoupled"`` (Decoupled DiLoCo: quorum and grace).
@@ -91,6 +102,7 @@ class RunSpec:
   periods: int = 4
   inner: str = "sgd"
   inner_lr: float = 0.1
+  inner_schedule: str = "constant"
   outer_lr: float = 0.7
   outer_momentum: float = 0.9
   mode: str = "sync"
@@ -121,9 +133,7 @@ class RunSpec:
     if self.mode not in MODES:
       raise ValueError(f"RunSpec.mode must be one of {MODES}, got "
                        f"{self.mode!r}.")
-    if self.inner not in INNER:
-      raise ValueError(f"RunSpec.inner must be one of {INNER}, got "
-                       f"{self.inner!r}.")
+    check_inner(self)
     if self.quorum > self.shards:
       raise ValueError(f"RunSpec.quorum={self.quorum} exceeds shards="
                        f"{self.shards}; use quorum <= shards.")
@@ -162,12 +172,14 @@ class RunSpec:
   def fingerprint(self) -> dict:
     """The fields a learner must share with the synchronizer: the model
     (``problem``, ``problem_args``), the method (``inner``, ``inner_lr``,
-    ``sync_every``, ``mode``, ``dynamic_updates``, ``compressor``,
-    ``block``) and the data sharding
+    ``inner_schedule``, ``sync_every``, ``mode``, ``dynamic_updates``,
+    ``compressor``, ``block``) and the data sharding
     (``shards``)."""
     return {"problem": self.problem, "problem_args": tuple(self.problem_args),
             "shards": self.shards, "inner": self.inner,
-            "inner_lr": self.inner_lr, "sync_every": self.sync_every,
+            "inner_lr": self.inner_lr,
+            "inner_schedule": self.inner_schedule,
+            "sync_every": self.sync_every,
             "mode": self.mode, "dynamic_updates": self.dynamic_updates,
             "compressor": self.compressor, "block": self.block,
             "fragments": self.fragments, "overlap_steps": self.overlap_steps,
@@ -187,6 +199,9 @@ def check_resume(saved, ours: dict, where: str) -> None:
   """Refuses to resume checkpoint ``where``, written by a run whose
   :meth:`RunSpec.trajectory` was ``saved``, with the run ``ours``.
 
+  A field of :data:`ADDED` that ``saved`` lacks (a checkpoint written
+  before the field existed) counts as its :class:`RunSpec` default.
+
   Raises:
     ValueError: the first field that differs, with both values and the fix
       (a new checkpoint directory; ``--periods`` to extend a run).
@@ -194,8 +209,10 @@ def check_resume(saved, ours: dict, where: str) -> None:
   if not isinstance(saved, dict):
     raise ValueError(f"{where}: its run is {saved!r}, not a JSON object; "
                      "start a new checkpoint directory (or --workdir).")
+  defaults = RunSpec().trajectory()
   for field in [*ours, *(k for k in saved if k not in ours)]:
-    a, b = saved.get(field, "<missing>"), ours.get(field, "<missing>")
+    a = saved.get(field, defaults[field] if field in ADDED else "<missing>")
+    b = ours.get(field, "<missing>")
     if a != b:
       name, a, b = _narrow(field, a, b)
       raise ValueError(
@@ -247,6 +264,31 @@ def check_numbers(run: RunSpec) -> None:
       _real(x) and x >= 0 for x in run.sleep_s):
     raise ValueError("RunSpec.sleep_s must be a tuple of finite seconds >= 0 "
                      f"(one per learner), got {run.sleep_s!r}.")
+
+
+def check_inner(run: RunSpec) -> None:
+  """Checks ``inner`` and ``inner_schedule``: without a runner config
+  (``problem != "runner"``) one of :data:`INNER` at a ``"constant"``
+  learning rate (the learner builds it from ``inner`` and ``inner_lr``);
+  with one, the config's optimizer name and schedule (non-empty strings).
+
+  Raises:
+    ValueError: naming the field and what it may be.
+  """
+  for name in ("inner", "inner_schedule"):
+    value = getattr(run, name)
+    if not (isinstance(value, str) and value):
+      raise ValueError(f"RunSpec.{name} must be a non-empty string, got "
+                       f"{value!r}.")
+  if run.problem == "runner":
+    return
+  if run.inner not in INNER:
+    raise ValueError(f"RunSpec.inner must be one of {INNER}, got "
+                     f"{run.inner!r}.")
+  if run.inner_schedule != "constant":
+    raise ValueError(f"RunSpec.inner_schedule={run.inner_schedule!r} needs "
+                     "problem='runner' (a runner config's schedule); the "
+                     "other problems step at a constant inner_lr.")
 
 
 def check_outer_and_fragments(run: RunSpec) -> None:

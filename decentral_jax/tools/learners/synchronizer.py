@@ -125,8 +125,20 @@ def check_resume_meta(run: spec_lib.RunSpec, meta: dict, where: str) -> None:
     print(f"warning: {where} does not record its run (an older "
           "checkpoint); resuming it unchecked.", file=sys.stderr, flush=True)
     return
-  spec_lib.check_resume(_same_config(run, meta["run"], where),
-                        run.trajectory(), where)
+  spec_lib.check_resume(_same_config(run, _inner_of_config(run, meta["run"]),
+                                     where), run.trajectory(), where)
+
+
+def _inner_of_config(run: spec_lib.RunSpec, saved):
+  """``saved`` of a runner config written before its inner optimizer was
+  recorded (no ``inner_schedule``: ``inner`` and ``inner_lr`` held unused
+  defaults) with ours in their place: the config it records set them."""
+  if (run.problem != "runner" or not isinstance(saved, dict)
+      or saved.get("problem") != "runner" or "inner_schedule" in saved):
+    return saved
+  ours = run.trajectory()
+  return {**saved, **{k: ours[k] for k in ("inner", "inner_lr",
+                                            "inner_schedule")}}
 
 
 def _same_config(run: spec_lib.RunSpec, saved, where: str):
