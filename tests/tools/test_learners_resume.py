@@ -330,7 +330,7 @@ def test_learners_that_died_for_good_end_the_run():
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs",
                       "gpt_tiny.py")
 DILOCO = ("--config.algorithm=diloco", "--config.optimizer.name=adamw",
-          "--config.optimizer.accum_steps=1")
+          "--config.optimizer.accum_steps=1", "--config.sync_every=4")
 
 
 def _runner_run(*overrides):
@@ -432,7 +432,10 @@ def test_records_of_merged_periods_without_their_checkpoints_are_refused(
     (["--mode", "sync", "--grace", "3"], "--grace has no effect in --mode "
      "sync (a merge waits for every active learner); use --mode decoupled "
      "or drop --grace."),
-    (["--grace", "3"], "--grace has no effect in --mode sync")])
+    (["--grace", "3"], "--grace has no effect in --mode sync"),
+    (["--connect-timeout", "5"], "--connect-timeout has no effect without "
+     "--address (the Ray started on this machine is not waited for); add "
+     "--address HOST:PORT or drop --connect-timeout.")])
 def test_flags_that_change_nothing_are_refused_before_ray_starts(
     no_ray, capsys, flags, says):
   assert cli.main(["learners", *flags]) == 2

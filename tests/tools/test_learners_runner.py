@@ -43,6 +43,7 @@ TINY = ("algorithm=diloco", "optimizer.name=adamw", "optimizer.accum_steps=1",
     (("compression.format=int8", "compression.error_feedback=True",
       "compression.error_decay=0.9"), "config.compression.error_decay=0.9"),
     (("workers_per_device=2",), "config.workers_per_device=2"),
+    (("distributed.enabled=True",), "config.distributed.enabled=True"),
 ])
 def test_fields_without_meaning_for_learners_are_refused_by_name(
     override, field):
@@ -108,6 +109,33 @@ def test_the_summary_and_json_of_a_config_name_what_the_learners_run(
       inner.split()[1], 0.002, schedule)
   assert (got["sync_every"], got["outer_lr"], got["outer_momentum"],
           got["compressor"], got["block"]) == (3, 0.5, 0.8, "int8", 64)
+
+
+@pytest.mark.parametrize("steps, h, fix", [
+    (5, 10, "set --config.steps=10, or --config.sync_every=5."),
+    (25, 10, "set --config.steps=20 or --config.steps=30, or "
+     "--config.sync_every=5."),
+    (7, 3, "set --config.steps=6 or --config.steps=9, or "
+     "--config.sync_every=1."),
+    (8, 3, "set --config.steps=6 or --config.steps=9, or "
+     "--config.sync_every=2.")])  # divisors of 8: 2 and 4 tie, the smaller
+def test_steps_not_whole_sync_periods_are_refused_naming_both_fields(
+    capsys, steps, h, fix):
+  """steps // sync_every periods would run another length than steps (5
+  steps of H=10 ran 10, 25 ran 20): refused before Ray starts."""
+  over = TINY + (f"steps={steps}", f"sync_every={h}",
+                 "schedule.warmup_steps=1")
+  with pytest.raises(ValueError) as e:
+    runner_problem.load(CONFIG, over, 2)
+  assert str(e.value) == (
+      f"config.steps={steps} is not a multiple of config.sync_every={h}: "
+      f"learners run whole sync periods; {fix}"), e.value
+  assert cli.main(["learners", "--learners", "2", "--config", CONFIG,
+                   "--address", "127.0.0.1:1",
+                   *(f"--config.{o}" for o in over)]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [f"error: {e.value}"]
+  ok = runner_problem.load(CONFIG, TINY + ("steps=12",), 2)  # 12 = 4 x 3
+  assert runner_problem.spec_fields(ok)["periods"] == 4
 
 
 def test_a_runner_problem_without_a_config_is_one_line():

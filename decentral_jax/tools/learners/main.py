@@ -27,7 +27,8 @@ resumed, also with another ``--learners``)
 
 Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``) and flags
 that would change nothing (``--eval-every`` without ``--workdir``,
-``--grace`` in sync mode) are refused before Ray starts.
+``--grace`` in sync mode, ``--connect-timeout`` without ``--address``) are
+refused before Ray starts.
 
 Exit codes: 0; 1 for Ray missing, an unreachable ``--address``, a run
 that did not finish within ``--timeout`` or one whose learners all stopped
@@ -70,7 +71,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="number of learners K (= data shards; default %(default)s)")
   p.add_argument("--periods", type=_PERIODS, default=None,
                  help="merged periods (outer steps) to run (default 10; "
-                 "with --config: config.steps // config.sync_every)")
+                 "with --config: config.steps / config.sync_every)")
   p.add_argument("--mode", choices=spec_lib.MODES, default="sync",
                  help="sync: merge when every active learner sent the "
                  "current version (DiLoCo); decoupled: merge once --quorum "
@@ -153,6 +154,10 @@ NEEDS = (
     flag_types.Needs("--grace", lambda a: a.mode == "decoupled",
                      "in --mode sync (a merge waits for every active "
                      "learner)", "use --mode decoupled or drop --grace"),
+    flag_types.Needs("--connect-timeout", lambda a: a.address is not None,
+                     "without --address (the Ray started on this machine "
+                     "is not waited for)", "add --address HOST:PORT or drop "
+                     "--connect-timeout"),
 )
 
 

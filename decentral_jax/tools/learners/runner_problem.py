@@ -34,14 +34,17 @@ Fields that have no meaning for learners are refused by name
 ...), an outer Adam or plain momentum, ``outer_overlap``, simulated
 ``faults`` (learners fail for real), a ``tracker`` or ``tensorboard``
 (learners write ``metrics.jsonl`` only), ``comm_dtype``, a global average,
-several devices per worker, non-float32 parameters, top-k compression or
-compression without error feedback. An override of a field learners do
-not read (:data:`NO_EFFECT`: ``checkpoint_interval``, ``keep_checkpoints``,
+``distributed.enabled`` (learners are Ray actors), several devices per
+worker, non-float32 parameters, top-k compression or compression without
+error feedback; so is ``steps`` not a multiple of ``sync_every``
+(:func:`check_whole_periods`). An override of a field learners do not read
+(:data:`NO_EFFECT`: ``checkpoint_interval``, ``keep_checkpoints``,
 ``log_interval``) is refused too.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -104,7 +107,31 @@ def load(config: str, overrides=(), learners: int = 2
       config, [*overrides, f"--config.n_workers={learners}"])
   check_learner_fields(c)
   validation.check_config(c)
+  check_whole_periods(c)
   return c
+
+
+def check_whole_periods(c: config_dict.ConfigDict) -> None:
+  """Refuses ``config.steps`` not a multiple of ``config.sync_every``:
+  learners run whole sync periods (``periods = steps / sync_every``) and
+  the schedule decays over ``steps`` inner steps.
+
+  Raises:
+    ValueError: naming both fields, the nearest multiples of
+      ``sync_every`` and the divisor of ``steps`` nearest ``sync_every``.
+  """
+  steps, h = int(c.steps), int(c.sync_every)
+  if steps % h == 0:
+    return
+  near = [n for n in (steps // h * h, steps // h * h + h) if n > 0]
+  divisors = {d for i in range(1, math.isqrt(steps) + 1) if steps % i == 0
+              for d in (i, steps // i)}
+  divisor = min(sorted(divisors), key=lambda d: abs(d - h))
+  raise ValueError(
+      f"config.steps={steps} is not a multiple of config.sync_every={h}: "
+      "learners run whole sync periods; set "
+      + " or ".join(f"--config.steps={n}" for n in near)
+      + f", or --config.sync_every={divisor}.")
 
 
 def without_n_workers(overrides) -> tuple[str, ...]:
@@ -166,6 +193,10 @@ def _refusals(c) -> list[tuple[str, Any, bool, str]]:
        "learners write metrics.jsonl only; set it to False"),
       ("comm_dtype", c.comm_dtype, bool(c.comm_dtype),
        "pseudo-gradients travel in float32 or in config.compression"),
+      ("distributed.enabled", c.distributed.enabled,
+       bool(c.distributed.enabled),
+       "learners are Ray actors, not processes of one multi-process job "
+       "(--address attaches to a Ray cluster); set it to False"),
       ("global_avg_interval", c.global_avg_interval,
        int(c.global_avg_interval) != 0, "set it to 0"),
       ("workers_per_device", c.get("workers_per_device", 1),
@@ -219,14 +250,14 @@ def spec_fields(c: config_dict.ConfigDict) -> dict:
   """The :class:`~decentral_jax.tools.learners.spec.RunSpec` fields the
   config sets, the one description of the run its learners train (the
   command's summary and ``--json`` print it): ``shards`` (``n_workers``),
-  ``sync_every``, ``periods`` (``steps // sync_every``), the inner
+  ``sync_every``, ``periods`` (``steps / sync_every``), the inner
   optimizer the learners build (:meth:`RunnerTask.inner`: ``inner`` =
   ``optimizer.name``, ``inner_lr`` = ``schedule.peak_lr``,
   ``inner_schedule`` = :func:`schedule_text`), ``outer_lr``,
   ``outer_momentum``, ``compressor`` and ``block``."""
   comp = c.compression
   return {"shards": int(c.n_workers), "sync_every": int(c.sync_every),
-          "periods": max(1, int(c.steps) // int(c.sync_every)),
+          "periods": int(c.steps) // int(c.sync_every),
           "inner": str(c.optimizer.name),
           "inner_lr": float(c.schedule.peak_lr),
           "inner_schedule": schedule_text(c),
