@@ -147,6 +147,46 @@ def test_a_damaged_learners_json_is_one_error_naming_the_file(
   assert words in str(e.value), e.value
 
 
+def _meta(**top):
+  segs = [{"from_period": 0, "from_step": 0, "learners": 2, "n_workers": 2,
+           "sharding": "s"}, {"from_period": 2, "from_step": 6,
+                              "learners": 1, "n_workers": 1, "sharding": "s"}]
+  meta = {"config_source": "c", "overrides": [], "config": {"sync_every": 3},
+          "learners": 1, "segments": segs}
+  for key, value in top.items():
+    if key[:3] == "seg" and key[3].isdigit():
+      segs[int(key[3])][key[5:]] = value
+    else:
+      meta[key] = value
+  return meta
+
+
+@pytest.mark.parametrize("damage, words", [
+    ({"learners": 99}, '"learners" is 99, not the last segment\'s 1'),
+    ({"seg0_from_step": 10**9}, '"segments[0].from_step" is 1000000000, not '
+     "from_period * config.sync_every = 0 * 3 = 0"),
+    ({"seg1_from_step": 7}, '"segments[1].from_step" is 7, not from_period '
+     "* config.sync_every = 2 * 3 = 6"),
+    ({"seg0_from_period": 5, "seg0_from_step": 15},
+     '"segments[1].from_period" is 2, before segments[0]\'s 5'),
+    ({"seg1_n_workers": 2}, '"segments[1].n_workers" is 2, not its '
+     "learners 1"),
+    ({"segments": []}, '"segments" is empty')])
+def test_learners_json_values_that_contradict_each_other_are_named(
+    tmp_path, no_ray, capsys, damage, words):
+  path = tmp_path / "learners.json"
+  path.write_text(json.dumps(_meta()))
+  assert records.check_workdir(str(tmp_path)) == 6  # undamaged: period 2
+  path.write_text(json.dumps(_meta(**damage)))
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(e.value).startswith(f"{path}: {words}"), e.value
+  assert str(e.value).endswith("restore the file or start a new --workdir")
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py",
+                   *DILOCO, "--workdir", str(tmp_path)]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [f"error: {e.value}"]
+
+
 def test_a_damaged_metrics_jsonl_is_one_error_naming_the_file(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{broken\n{"step": 1}\n')
   with pytest.raises(ValueError, match="metrics.jsonl"):

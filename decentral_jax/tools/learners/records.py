@@ -67,6 +67,40 @@ def _segments_error(meta: dict):
                                    tuple(SEGMENT_SCHEMA), extra=True)
     if got:
       return got
+  return _values_error(meta)
+
+
+def _values_error(meta: dict):
+  """``(key, why)`` for the first value that contradicts the others, or
+  None: a file without segments, a segment whose ``n_workers`` is not its
+  ``learners``, whose ``from_period`` precedes the one before (a resume
+  starts where the run stood) or whose ``from_step`` is not ``from_period
+  * config.sync_every``, and a ``learners`` that is not the last segment's
+  (what :meth:`RunRecords.begin` writes)."""
+  segs, fix = meta["segments"], "restore the file or start a new --workdir"
+  if not segs:
+    return "segments", f'"segments" is empty (one per invocation); {fix}'
+  h = meta["config"].get("sync_every")
+  h = h if isinstance(h, int) and not isinstance(h, bool) and h >= 1 else None
+  for i, seg in enumerate(segs):
+    key = f"segments[{i}]"
+    if seg["n_workers"] != seg["learners"]:
+      return f"{key}.n_workers", (
+          f'"{key}.n_workers" is {seg["n_workers"]}, not its learners '
+          f'{seg["learners"]} (learner i reads worker i\'s shard); {fix}')
+    if i and seg["from_period"] < segs[i - 1]["from_period"]:
+      return f"{key}.from_period", (
+          f'"{key}.from_period" is {seg["from_period"]}, before segments'
+          f'[{i - 1}]\'s {segs[i - 1]["from_period"]}; {fix}')
+    if h is not None and seg["from_step"] != seg["from_period"] * h:
+      return f"{key}.from_step", (
+          f'"{key}.from_step" is {seg["from_step"]}, not from_period * '
+          f'config.sync_every = {seg["from_period"]} * {h} = '
+          f'{seg["from_period"] * h}; {fix}')
+  if meta["learners"] != segs[-1]["learners"]:
+    return "learners", (
+        f'"learners" is {meta["learners"]}, not the last segment\'s '
+        f'{segs[-1]["learners"]}; {fix}')
   return None
 
 
@@ -75,7 +109,9 @@ def read_meta(workdir: str) -> dict | None:
 
   Raises:
     ValueError: the file cannot be read or is damaged (not JSON, a key
-      missing or of the wrong type, a segment without ``learners``),
+      missing or of the wrong type, a segment without ``learners``, values
+      that contradict each other: a ``from_step`` not ``from_period *
+      config.sync_every``, a ``learners`` not the last segment's, ...),
       naming the file and the key.
   """
   path = os.path.join(workdir, META_FILE)
