@@ -64,7 +64,10 @@ def test_records_and_a_resume_with_fewer_learners(ray_session, tmp_path):
       "algorithm"] == "diloco"
   # The synchronizer's newest checkpoint: period 4, the theta evaluated.
   # (the run the command built: the config's absolute path, its overrides)
+  # (gpt_tiny's AdamW peak 3e-3 and final 3e-4; TINY's warmup and steps)
   run = spec_lib.RunSpec(problem="runner", shards=1, sync_every=3, periods=4,
+                         inner="adamw", inner_lr=3e-3, inner_schedule=(
+                             "warmup_cosine, warmup 2, to 0.0003 at step 12"),
                          problem_args=(
                              ("config", main_lib.config_source(
                                  "configs/gpt_tiny.py")),
