@@ -504,8 +504,11 @@ def test_full_changes_the_defaults_and_explicit_flags_win():
 
 # --- Whole invocations with training faked (nothing compiles) ---
 
+# param_count: one float32 worker model of 1 MB, as the faked
+# sent_per_step's ratio 1.0 of 1e6 bytes says.
 _FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
-          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
+          "param_count": 250_000}
 
 
 def _fake_job(monkeypatch, train_fn):
