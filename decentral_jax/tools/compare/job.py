@@ -119,8 +119,10 @@ def read_record(workdir: str, want: dict | None = None
   four required), ``diverged`` null or a string, exactly one of the two
   null; and, for a finished run of the config ``want`` (any config if
   None), a ``metrics.jsonl`` with a finite ``eval/loss`` curve ending at
-  the run's last step, every evaluation value in :data:`EVAL_RANGES`, and
-  the final ``eval/*`` values those of its last evaluation. Otherwise
+  the run's last step, every evaluation value in :data:`EVAL_RANGES`, the
+  final ``eval/*`` values those of its last evaluation, and the final
+  metrics and every row of ``metrics.jsonl`` possible
+  (:func:`.kept.final_error`, :func:`.kept.metrics_error`). Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
   (``.missing`` if :data:`RESULT_FILE` does not exist)."""
   path = os.path.join(workdir, RESULT_FILE)
@@ -429,7 +431,7 @@ def _shared_facts(arms, outcomes, outdir: str) -> dict[str, dict]:
     facts[arm.run.name] = {
         "seed": arm.seed, "method": arm.method.name, "job": 0,
         "step-0 eval/loss": step0,
-        **{k: (final or {}).get(k) for k, _, _ in kept.SHARED[1:]}}
+        **{k: (final or {}).get(k) for k, *_ in kept.SHARED[1:]}}
   return facts
 
 

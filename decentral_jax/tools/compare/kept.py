@@ -165,11 +165,14 @@ def metrics_error(rows: list[dict]) -> str | None:
 
 
 # The values every run of a group must share:
-# (name, what the runs of a group share, rel tolerance).
-SHARED = (("step-0 eval/loss", "seed", REL_TOL),
-          ("param_count", "job", 0.0),
-          ("comm/bytes_per_step", "method", 1e-9),
-          ("comm/ratio", "method", 1e-9))
+# (name, what the runs of a group share, rel tolerance, why they agree).
+_ONE_STEP = "the runs of one method compile the same train step"
+SHARED = (("step-0 eval/loss", "seed", REL_TOL,
+           "the runs of one seed start from the same parameters and "
+           "evaluate the same batches"),
+          ("param_count", "job", 0.0, "every run trains the same model"),
+          ("comm/bytes_per_step", "method", 1e-9, _ONE_STEP),
+          ("comm/ratio", "method", 1e-9, _ONE_STEP))
 
 
 def _reference(values: dict, trusted: set, tol: float):
@@ -200,7 +203,7 @@ def disagreeing(facts: dict[str, dict], trusted: set) -> dict[str, str]:
     ``{run name: why}`` of untrusted runs only.
   """
   out = {}
-  for key, by, tol in SHARED:
+  for key, by, tol, why in SHARED:
     groups = {}
     for name, f in facts.items():
       if records.is_real(f.get(key)):
@@ -213,7 +216,7 @@ def disagreeing(facts: dict[str, dict], trusted: set) -> dict[str, str]:
           continue
         others = ", ".join(sorted(set(values) - {name}))
         out[name] = (f"its {key} {v!r} differs from " + (
-            f"{ref!r} of the other runs of its {by}" if ref is not None else
+            f"{ref!r} of {others}" if ref is not None else
             f"that of {others}, and no run settles which is right")
-                     + f" ({others}; they must agree)")
+                     + f" ({why})")
   return out
