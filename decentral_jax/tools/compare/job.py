@@ -389,8 +389,8 @@ def train_all(arms: list[runs_lib.Arm], outdir: str, checkpoints: bool,
               "again.")
         progress.bar.total += int(arm.config.steps)
         progress.start(k + 1, arm)
-        outcomes[k] = _train_one(arms, k, outdir, checkpoints, True,
-                                 progress, statuses)
+        outcomes[k] = _train_one(arms, k, outdir, checkpoints, fresh,
+                                 progress, statuses, again=True)
   progress.close()
   finals = [final for final, _ in outcomes]
   diverged = [(a.run, reason) for a, (_, reason) in zip(arms, outcomes)
@@ -399,15 +399,16 @@ def train_all(arms: list[runs_lib.Arm], outdir: str, checkpoints: bool,
 
 
 def _train_one(arms, k: int, outdir: str, checkpoints: bool, fresh: bool,
-               progress, statuses: dict):
-  """:func:`run_arm` of ``arms[k]`` under the job's progress bar; its
-  status (``arm_status``'s first value) goes to ``statuses[run name]``."""
+               progress, statuses: dict, again: bool = False):
+  """:func:`run_arm` of ``arms[k]`` under the job's progress bar (``again``:
+  from step 0, whatever ``fresh``); its status (``arm_status``'s first
+  value) goes to ``statuses[run name]``."""
   arm = arms[k]
   runs = [a.run for a in arms]
   try:
     with progress.attach():
       return run_arm(arm.run, arm.config, os.path.join(outdir, arm.run.name),
-                     fresh, checkpoints, statuses)
+                     fresh or again, checkpoints, statuses)
   except ValueError as e:  # bad data or work directory: all runs share it
     progress.close()
     fail(f"run {arm.run.name!r} ({arm.run.label}): {e}")
