@@ -504,8 +504,11 @@ def test_full_changes_the_defaults_and_explicit_flags_win():
 
 # --- Whole invocations with training faked (nothing compiles) ---
 
+# param_count: one float32 worker model of 1 MB, as the faked
+# sent_per_step's ratio 1.0 of 1e6 bytes says.
 _FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
-          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
+          "param_count": 250_000}
 
 
 def _fake_job(monkeypatch, train_fn):
@@ -779,3 +782,26 @@ def test_the_default_configs_are_package_presets_without_a_checkout(
     compare_flags.load_base(compare_flags.QUICK_CONFIG, ["--config.nope=1"])
   assert str(info.value) == ("--config.nope=1: unknown config field 'nope' "
                              "in the gpt_quick preset.")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--nocheckpoints", "--config.checkpoint_interval=2"],
+     ("--nocheckpoints", "--config.checkpoint_interval=2")),
+    (["--config.workdir=/tmp/x"], ("--config.workdir=/tmp/x", "--outdir")),
+])
+def test_overrides_the_job_would_drop_are_refused(tmp_path, capsys, argv,
+                                                   words):
+  assert compare.main([f"--outdir={tmp_path / 'out'}", "--methods=dadam",
+                       *argv]) == 2
+  [line] = capsys.readouterr().err.splitlines()
+  assert line.startswith("error: ") and all(w in line for w in words), line
+  assert not (tmp_path / "out").exists()
+  # Consistent: no checkpoints and a zero interval.
+  flags = compare_flags.FLAGS
+  flags.unparse_flags()
+  flags(["compare.py", "--nocheckpoints"])
+  try:
+    assert compare_flags.job_settings(
+        ["--config.checkpoint_interval=0"])[3] is False
+  finally:
+    flags.unparse_flags()

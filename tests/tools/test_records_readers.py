@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -25,13 +26,17 @@ from decentral_jax.runtime_model import workload_file
 from decentral_jax.tools import compare
 from decentral_jax.tools import overlap
 from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.compare import kept
 
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 # -- the main job's kept runs ---------------------------------------------------
 
+# param_count: one float32 worker model of 1 MB, as the faked
+# sent_per_step's ratio 1.0 of 1e6 bytes says.
 _FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
-          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0}
+          "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
+          "param_count": 250_000}
 
 
 def _fake_job(monkeypatch, trained: list):
@@ -568,3 +573,157 @@ def test_a_curve_past_the_run_is_not_called_cut_short(tmp_path, capsys):
           '{"step": 0, "eval/loss": 4.0}\n{"step": 6, "eval/loss": 2.0}\n')
   assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
   assert "(longer than the run)" in capsys.readouterr().err
+
+
+# -- one rule set for every value of a kept run ---------------------------------
+
+
+class _GptConfig:
+  """A gpt run's config as compare_result.json holds it (8 workers)."""
+
+  def to_json(self) -> str:
+    return json.dumps({"steps": 3, "seed": 0, "n_workers": 8, "model": {
+        "name": "gpt", "param_dtype": "float32"}})
+
+
+# A run of 7344 float32 parameters (29376 bytes) sending 5140.8 bytes per
+# step: ratio 5140.8 / 29376 = 0.175 (by hand).
+_GPT_FINAL = {**_FINAL, "step": 3, "param_count": 7344, "train_time_s": 1.0,
+              "train/loss": 2.1, "eval/worker_loss_min": 1.9,
+              "eval/worker_loss_mean": 2.0, "eval/worker_loss_max": 2.1,
+              "comm/bytes_per_step": 5140.8, "comm/ratio": 0.175}
+
+FINAL_CASES = {
+    "ratio_contradicts_bytes": ({"comm/ratio": 0.5}, "final.comm/ratio is 0.5"),
+    "bytes_1e300": ({"comm/bytes_per_step": 1e300}, "final.comm/ratio is"),
+    # consistent (40 x 29376 bytes) but above 4 messages to each of 8 workers
+    "ratio_above_bound": ({"comm/bytes_per_step": 40 * 29376.0,
+                           "comm/ratio": 40.0}, "must be <= 4 x n_workers"),
+    "ratio_without_param_count": ({"param_count": None},
+                                  "final.param_count is None"),
+    "step_short": ({"step": 1}, "final.step is 1, but the run's config has "
+                                "steps 3"),
+    "step_fraction": ({"step": 3.5}, "final.step is 3.5"),
+    "param_count_0": ({"param_count": 0}, "final.param_count must be a whole"),
+    "param_count_half": ({"param_count": 7344.5},
+                         "final.param_count must be a whole number >= 1, got "
+                         "7344.5"),
+    "train_time_negative": ({"train_time_s": -1},
+                            "final.train_time_s must be >= 0, got -1"),
+    "worker_min_above_max": ({"eval/worker_loss_min": 99},
+                             "eval/worker_loss_min <= eval/worker_loss_mean"),
+    "worker_mean_negative": ({"eval/worker_loss_mean": -3},
+                             "final.eval/worker_loss_mean must be >= 0"),
+    "train_loss_negative": ({"train/loss": -2},
+                            "final.train/loss must be >= 0, got -2"),
+}
+
+
+def _gpt_kept_run(tmp_path) -> str:
+  run_dir = _kept_run(tmp_path)
+  _damage(os.path.join(run_dir, job_lib.RESULT_FILE), json.dumps(
+      {"config": json.loads(_GptConfig().to_json()), "final": _GPT_FINAL,
+       "diverged": None}))
+  return run_dir
+
+
+@pytest.mark.parametrize("case", sorted(FINAL_CASES))
+def test_a_kept_run_s_impossible_final_values_are_not_kept(
+    tmp_path, capsys, case):
+  edit, word = FINAL_CASES[case]
+  run_dir = _gpt_kept_run(tmp_path)
+  assert job_lib.arm_status(run_dir, _GptConfig())[0] == "finished"
+  assert capsys.readouterr().err == ""
+  path = os.path.join(run_dir, job_lib.RESULT_FILE)
+  _damage(path, _record_edit(final=edit))
+  assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
+  [line] = capsys.readouterr().err.splitlines()
+  assert line.startswith(f"warning: {path}: ") and word in line, line
+  assert line.endswith("resumed from its checkpoint or trained again."), line
+
+
+def test_an_impossible_value_in_any_metrics_row_trains_the_run_again(
+    tmp_path, capsys):
+  run_dir = _gpt_kept_run(tmp_path)
+  os.makedirs(os.path.join(run_dir, "checkpoints", "3"))
+  (tmp_path / "run" / "config.json").write_text(_GptConfig().to_json())
+  path = os.path.join(run_dir, metrics.METRICS_FILE)
+  _damage(path, '{"step": 0, "eval/loss": 4.0}\n'
+                '{"step": 2, "train/loss": -1.0}\n'
+                '{"step": 3, "eval/loss": 2.0}\n')
+  assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
+  assert capsys.readouterr().err.splitlines() == [
+      f"warning: {path}: at step 2: train/loss must be >= 0, got -1.0; the "
+      "run is not kept: it is trained again."]
+
+
+def test_shared_values_name_the_run_that_disagrees():
+  one = {"seed": 0, "method": "m", "job": 0, "param_count": 10.0}
+  facts = {"a": {**one, "step-0 eval/loss": 5.507034778594971},
+           "b": {**one, "step-0 eval/loss": 5.507035},  # float32 rounding
+           "c": {**one, "step-0 eval/loss": 9.0},
+           "d": {**one, "seed": 1, "step-0 eval/loss": 7.0}}  # another seed
+  assert set(kept.disagreeing(facts, set())) == {"c"}
+  assert "step-0 eval/loss 9.0 differs from 5.50" in kept.disagreeing(
+      facts, set())["c"]
+  # A trusted run (trained now) settles it, even against a majority.
+  assert set(kept.disagreeing(facts, {"c"})) == {"a", "b"}
+  # Two kept runs that disagree, none trusted: both are named.
+  two = {k: facts[k] for k in ("a", "c")}
+  assert set(kept.disagreeing(two, set())) == {"a", "c"}
+  # The parameter count is one across the job, the communication one per
+  # method.
+  facts["d"]["param_count"] = 11.0
+  assert set(kept.disagreeing(facts, {"a"})) == {"c", "d"}
+  comm = {"x": {**one, "comm/ratio": 0.175}, "y": {**one, "comm/ratio": 0.5},
+          "z": {**one, "method": "n", "comm/ratio": 1.75}}
+  assert set(kept.disagreeing(comm, {"x"})) == {"y"}
+
+
+def _main_methods(out, methods):
+  return compare.main([f"--outdir={out}", "--config.steps=3",
+                       "--config.eval_interval=3", f"--methods={methods}",
+                       "--clusters="])
+
+
+@pytest.mark.parametrize("methods, again", [
+    ("all_reduce,dadam,local_dadam", ["local_dadam"]),  # the majority wins
+    ("all_reduce,local_dadam", ["all_reduce", "local_dadam"]),  # no majority
+])
+def test_a_kept_run_whose_step_0_loss_disagrees_is_trained_again(
+    tmp_path, monkeypatch, capsys, methods, again):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  out = tmp_path / "out"
+  assert _main_methods(out, methods) == 0
+  first = len(trained)
+  path = out / "local_dadam" / metrics.METRICS_FILE
+  path.write_text(path.read_text().replace('"eval/loss": 4.0',
+                                           '"eval/loss": 9.0'))
+  capsys.readouterr()
+  assert _main_methods(out, methods) == 0
+  err = capsys.readouterr().err
+  assert trained[first:] == [str(out / m) for m in again], err
+  warnings = _job_warnings(err, tmp_path)
+  assert len(warnings) == len(again), err
+  assert all("step-0 eval/loss" in w and w.endswith("trained again.")
+             for w in warnings), warnings
+  assert _main_methods(out, methods) == 0 and len(trained) == first + len(
+      again)  # kept from now on
+
+
+def test_a_kept_run_disagreeing_with_a_fresh_run_is_trained_again(
+    tmp_path, monkeypatch, capsys):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  out = tmp_path / "out"
+  assert _main_methods(out, "all_reduce,local_dadam") == 0
+  path = out / "local_dadam" / metrics.METRICS_FILE
+  path.write_text(path.read_text().replace('"eval/loss": 4.0',
+                                           '"eval/loss": 9.0'))
+  shutil.rmtree(out / "all_reduce")  # trained now: it settles the value
+  del trained[:]
+  assert _main_methods(out, "all_reduce,local_dadam") == 0
+  assert trained == [str(out / "all_reduce"), str(out / "local_dadam")]
+  [warning] = _job_warnings(capsys.readouterr().err, tmp_path)
+  assert "its step-0 eval/loss 9.0 differs from 4.0" in warning, warning

@@ -109,7 +109,10 @@ command again keeps every run that finished with the same config (its
 metrics and timings as recorded), resumes an interrupted run from its last
 checkpoint (SIGTERM or Ctrl-C saves one; the message says so) and trains
 the others; a subdirectory of another config is replaced (one holding
-anything a run does not write is refused). The invocation holds a lock on
+anything a run does not write is refused). A kept run whose record is
+impossible (:mod:`.kept`), or whose step-0 loss, parameter count or
+communication disagrees with the other runs', is named in one
+``warning:`` line and trained again. The invocation holds a lock on
 ``--outdir`` itself (``<outdir>/run.lock``) from before the first run to
 the last results file, and each subdirectory's own while its run trains, so
 a second invocation on the same ``--outdir`` (any methods) is refused, not
@@ -119,7 +122,9 @@ interleaved. ``--fresh`` trains every run from step 0. Without
 once its outcome is recorded (about 20 KB per run remain); ``--checkpoints``
 (on under ``--full``, or with an explicit ``--config.checkpoint_interval``)
 keeps the config's periodic checkpoints, about 74 MB per run (DiLoCo
-123 MB).
+123 MB). ``--config.workdir`` (each run's work directory is
+``--outdir/<run>``) and ``--nocheckpoints`` with a nonzero
+``--config.checkpoint_interval`` are refused.
 
 Bad input (a missing or broken config file, an unknown field, a bad value in
 any run's config, an ``--outdir`` that is a file or cannot be created, a
@@ -133,7 +138,8 @@ file and key after training; the results are still written.
 returns the exit code.
 
 Modules: :mod:`.runs` (the method table and the run configs), :mod:`.job`
-(running, keeping and resuming the runs), :mod:`.progress`,
+(running, keeping and resuming the runs), :mod:`.kept` (the checks of a
+kept run), :mod:`.progress`,
 :mod:`.pricing` (the runtime model's prices), :mod:`.answer` (which
 method first reaches each target loss), :mod:`.results` and :mod:`.plots`
 (results.md and the figures), :mod:`.reference` (the stored reference),

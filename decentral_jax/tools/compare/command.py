@@ -112,7 +112,10 @@ def _run(overrides: list[str]) -> None:
     print(f"note: {explicit_lr[0]} given, so every run uses the config's "
           "learning rates (--per_method_lr ignored)", flush=True)
     per_method_lr = False
-  config, methods, seeds, checkpoints, job = flags.job_settings(overrides)
+  try:
+    config, methods, seeds, checkpoints, job = flags.job_settings(overrides)
+  except ValueError as e:  # an override the job would drop
+    job_lib.fail(e)
   base, accum, arms, workload, clusters, outdir = load_job(
       config, methods, seeds, checkpoints, per_method_lr, overrides)
   methods_once = list({a.method.name: a.method for a in arms}.values())

@@ -156,6 +156,39 @@ def load_base(config: str, overrides=()):
   return presets.load_named_or_file(config, overrides)
 
 
+def _override_value(overrides, field: str) -> tuple[str, str] | None:
+  """``(argument, value)`` of the last ``--config.<field>=value`` override,
+  or None."""
+  got = None
+  for arg in overrides:
+    name, _, value = arg[len("--config."):].partition("=")
+    if name == field:
+      got = (arg, value.strip())
+  return got
+
+
+def check_overrides(overrides=()) -> None:
+  """Refuses the ``--config.<field>`` overrides the job would drop:
+  ``--config.workdir`` (each run's work directory is ``--outdir/<run>``)
+  and a nonzero ``--config.checkpoint_interval`` with ``--nocheckpoints``
+  (which writes no periodic checkpoints).
+
+  Raises:
+    ValueError: one line naming the flags and the fix.
+  """
+  workdir = _override_value(overrides, "workdir")
+  if workdir is not None:
+    raise ValueError(f"{workdir[0]}: compare puts each run's work directory "
+                     "in --outdir/<run>; drop --config.workdir and give "
+                     "--outdir instead.")
+  interval = _override_value(overrides, "checkpoint_interval")
+  if (interval is not None and FLAGS["checkpoints"].present
+      and not CHECKPOINTS.value and interval[1] not in ("0", "0.0")):
+    raise ValueError(f"--nocheckpoints writes no periodic checkpoints, but "
+                     f"{interval[0]} asks for them; drop one of the two "
+                     "(--checkpoints keeps the config's checkpoints).")
+
+
 def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
   """``(config, methods, seeds, checkpoints, job)`` from :data:`FLAGS`
   and the ``--config.<field>=value`` ``overrides``.
@@ -165,7 +198,11 @@ def job_settings(overrides=()) -> tuple[str, str, str, bool, str | None]:
   explicit ``--config.checkpoint_interval`` turns checkpoints on).
   ``job`` is ``"quick"`` or ``"full"`` when the set-up is that job's
   default one (for the reference check), else None.
+
+  Raises:
+    ValueError: an override the job would drop (:func:`check_overrides`).
   """
+  check_overrides(overrides)
   given = lambda name: FLAGS[name].present
   full = FULL.value
   config = CONFIG.value if given("config") else (

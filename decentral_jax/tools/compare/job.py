@@ -29,6 +29,7 @@ from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.tools.compare import kept
 from decentral_jax.tools.compare import progress as progress_lib
 from decentral_jax.tools.compare import runs as runs_lib
 
@@ -118,8 +119,10 @@ def read_record(workdir: str, want: dict | None = None
   four required), ``diverged`` null or a string, exactly one of the two
   null; and, for a finished run of the config ``want`` (any config if
   None), a ``metrics.jsonl`` with a finite ``eval/loss`` curve ending at
-  the run's last step, every evaluation value in :data:`EVAL_RANGES`, and
-  the final ``eval/*`` values those of its last evaluation. Otherwise
+  the run's last step, every evaluation value in :data:`EVAL_RANGES`, the
+  final ``eval/*`` values those of its last evaluation, and the final
+  metrics and every row of ``metrics.jsonl`` possible
+  (:func:`.kept.final_error`, :func:`.kept.metrics_error`). Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
   (``.missing`` if :data:`RESULT_FILE` does not exist)."""
   path = os.path.join(workdir, RESULT_FILE)
@@ -132,7 +135,8 @@ def read_record(workdir: str, want: dict | None = None
                                               metrics_lib.METRICS_FILE))
   if record["final"] is None:  # diverged: what it evaluated must be possible
     return (record if isinstance(curve, records.Damaged)
-            else _eval_error(workdir, {}, curve) or record)
+            else _eval_error(workdir, {}, curve) or _rows_error(workdir)
+            or record)
   if isinstance(curve, records.Damaged):  # a missing one is damage here
     return dataclasses.replace(curve, missing=False)
   steps = record["config"].get("steps")
@@ -143,7 +147,27 @@ def read_record(workdir: str, want: dict | None = None
         f"its 'eval/loss' curve ends at step {float(curve[0][-1]):g}, "
         f"not at the run's last step {records.short(steps)} ({how})",
         key="eval/loss")
-  return _eval_error(workdir, record["final"], curve) or record
+  return (_eval_error(workdir, record["final"], curve)
+          or _final_error(workdir, record) or _rows_error(workdir) or record)
+
+
+def _final_error(workdir: str, record: dict) -> records.Damaged | None:
+  """:func:`.kept.final_error` of a finished run's record, as damage."""
+  got = kept.final_error(record["final"], record["config"])
+  return None if got is None else records.Damaged(
+      os.path.join(workdir, RESULT_FILE), f"final.{got[1]}",
+      key=f"final.{got[0]}")
+
+
+def _rows_error(workdir: str) -> records.Damaged | None:
+  """:func:`.kept.metrics_error` of a run's metrics.jsonl (read whole by
+  ``read_curve`` already), as damage that a resume would keep."""
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  got = records.read_jsonl(path)
+  why = None if isinstance(got, records.Damaged) else kept.metrics_error(
+      got.records)
+  return None if why is None else records.Damaged(
+      path, why, key="row" + _OUT_OF_RANGE)
 
 
 _OUT_OF_RANGE = " out of range"  # the key of a value outside EVAL_RANGES
@@ -244,7 +268,7 @@ def _record(workdir: str, config, final, reason) -> None:
 
 
 def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,
-            checkpoints: bool = True):
+            checkpoints: bool = True, statuses: dict | None = None):
   """Trains one arm in ``workdir``, or takes what an earlier invocation left.
 
   See :func:`arm_status` (``fresh``: always start at step 0). A finished
@@ -252,6 +276,7 @@ def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,
   ms/step and tokens/s are those of the steps after its checkpoint.
   Without ``checkpoints`` the run's checkpoints are deleted once its
   outcome is recorded (:func:`drop_checkpoints`), the lock still held.
+  ``statuses``: if given, ``statuses[run.name]`` is set to the status.
 
   The work directory is locked (``run.lock``) before anything in it is
   read or removed, so two invocations on the same ``--outdir`` cannot
@@ -270,15 +295,20 @@ def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,
   """
   # train_and_evaluate re-enters the lock; "--outdir" for the in-use error.
   with workdir_lib.hold(workdir, flag="--outdir"):
-    outcome = _run_arm_held(run, config, workdir, fresh)
+    status, record = (("fresh", None) if fresh
+                      else arm_status(workdir, config))
+    if statuses is not None:
+      statuses[run.name] = status
+    outcome = _run_arm_held(run, config, workdir, status, record)
     if not checkpoints:
       drop_checkpoints(workdir)
     return outcome
 
 
-def _run_arm_held(run: runs_lib.Run, config, workdir: str, fresh: bool):
-  """:func:`run_arm` with ``workdir``'s lock held."""
-  status, record = ("fresh", None) if fresh else arm_status(workdir, config)
+def _run_arm_held(run: runs_lib.Run, config, workdir: str, status: str,
+                  record):
+  """:func:`run_arm` with ``workdir``'s lock held; ``(status, record)``
+  from :func:`arm_status`."""
   if status == "finished":
     print(f"== {run.label}: finished by an earlier invocation, kept "
           f"({workdir})", flush=True)
@@ -326,7 +356,12 @@ def drop_checkpoints(workdir: str) -> None:
 
 def train_all(arms: list[runs_lib.Arm], outdir: str, checkpoints: bool,
               fresh: bool = False):
-  """Trains (or keeps, or resumes) every arm under one progress bar.
+  """Trains (or keeps, or resumes) every arm under one progress bar, then
+  trains again every kept or resumed run whose values disagree with those
+  the other runs of its group must share (:func:`.kept.disagreeing`: the
+  step-0 evaluation loss of one seed, the parameter count, the
+  communication figures of one method), each named in a ``warning:``
+  line.
 
   Returns:
     ``(finals, diverged)``: final metrics or None per arm, and
@@ -336,30 +371,69 @@ def train_all(arms: list[runs_lib.Arm], outdir: str, checkpoints: bool,
     JobExit: bad data or work directories (:func:`fail`, code 2), or
       stopped by SIGTERM/SIGINT (code 128 + signum).
   """
-  finals, diverged = [], []
-  runs = [a.run for a in arms]
+  outcomes, statuses = [], {}
   progress = progress_lib.JobProgress(arms)
   for k, arm in enumerate(arms):
-    workdir = os.path.join(outdir, arm.run.name)
     progress.start(k + 1, arm)
-    try:
-      with progress.attach():
-        final, reason = run_arm(arm.run, arm.config, workdir, fresh,
-                                checkpoints)
-    except ValueError as e:  # bad data or work directory: all runs share it
-      progress.close()
-      fail(f"run {arm.run.name!r} ({arm.run.label}): {e}")
-    except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
-      progress.close()
-      print("preempted: " + preempted_message(
-          e, arm.run, runs[:k], runs[k + 1:], fresh), file=sys.stderr)
-      raise JobExit(e.exit_code) from None
+    outcomes.append(_train_one(arms, k, outdir, checkpoints, fresh, progress,
+                               statuses))
     progress.finish(k + 1)
-    if reason is not None:
-      diverged.append((arm.run, reason))
-    finals.append(final)
+  for _ in range(2):  # a run trained again is trusted: one more pass settles
+    again = kept.disagreeing(
+        _shared_facts(arms, outcomes, outdir),
+        {a.run.name for a in arms if statuses.get(a.run.name) == "fresh"})
+    for k, arm in enumerate(arms):
+      if arm.run.name in again:
+        _warn(f"warning: {os.path.join(outdir, arm.run.name)}: "
+              f"{again[arm.run.name]}; the run is not kept: it is trained "
+              "again.")
+        progress.bar.total += int(arm.config.steps)
+        progress.start(k + 1, arm)
+        outcomes[k] = _train_one(arms, k, outdir, checkpoints, fresh,
+                                 progress, statuses, again=True)
   progress.close()
+  finals = [final for final, _ in outcomes]
+  diverged = [(a.run, reason) for a, (_, reason) in zip(arms, outcomes)
+              if reason is not None]
   return finals, diverged
+
+
+def _train_one(arms, k: int, outdir: str, checkpoints: bool, fresh: bool,
+               progress, statuses: dict, again: bool = False):
+  """:func:`run_arm` of ``arms[k]`` under the job's progress bar (``again``:
+  from step 0, whatever ``fresh``); its status (``arm_status``'s first
+  value) goes to ``statuses[run name]``."""
+  arm = arms[k]
+  runs = [a.run for a in arms]
+  try:
+    with progress.attach():
+      return run_arm(arm.run, arm.config, os.path.join(outdir, arm.run.name),
+                     fresh or again, checkpoints, statuses)
+  except ValueError as e:  # bad data or work directory: all runs share it
+    progress.close()
+    fail(f"run {arm.run.name!r} ({arm.run.label}): {e}")
+  except train.Preempted as e:  # SIGTERM/SIGINT: stop, 128 + signum
+    progress.close()
+    print("preempted: " + preempted_message(
+        e, arm.run, runs[:k], runs[k + 1:], fresh), file=sys.stderr)
+    raise JobExit(e.exit_code) from None
+
+
+def _shared_facts(arms, outcomes, outdir: str) -> dict[str, dict]:
+  """Each run's values of :data:`.kept.SHARED`, for
+  :func:`.kept.disagreeing`: the step-0 ``eval/loss`` of its
+  metrics.jsonl (if it evaluated at step 0) and its final metrics'."""
+  facts = {}
+  for arm, (final, _) in zip(arms, outcomes):
+    curve = metrics_lib.read_curve(os.path.join(
+        outdir, arm.run.name, metrics_lib.METRICS_FILE))
+    step0 = (None if isinstance(curve, records.Damaged) or curve[0][0] != 0
+             else float(curve[1][0]))
+    facts[arm.run.name] = {
+        "seed": arm.seed, "method": arm.method.name, "job": 0,
+        "step-0 eval/loss": step0,
+        **{k: (final or {}).get(k) for k, *_ in kept.SHARED[1:]}}
+  return facts
 
 
 def diverged_message(diverged, n_runs: int, results: str) -> str:

@@ -1,0 +1,222 @@
+"""The rules a run kept from an earlier invocation must satisfy.
+
+A kept run's record (``compare_result.json``'s ``final`` and every row of
+its ``metrics.jsonl``) is checked by one rule set, whatever field was
+damaged:
+
+* :func:`value_error`: every loss-like value (a key whose last part names
+  a loss, e.g. ``train/loss``, ``eval/worker_loss_mean``; the signed
+  ``eval/worker_excess_*`` apart) is >= 0, every accuracy in [0, 1],
+  every count or time (consensus distance, communication, timings) >= 0;
+* :func:`row_error`: those values of one row, and
+  ``eval/worker_loss_min <= eval/worker_loss_mean <= eval/worker_loss_max``;
+* :func:`final_error`: the final row, ``step`` equal to the config's
+  ``steps``, ``param_count`` a whole number >= 1, and the communication
+  figures consistent (:func:`comm_error`);
+* :func:`disagreeing`: across the runs of one job, the values every run
+  must share (:data:`SHARED`): the step-0 evaluation loss of the runs of
+  one seed (same initial parameters, same evaluation batches), the
+  parameter count of every run (one model), and the communication figures
+  of the runs of one method (one train step).
+
+Each returns one line naming the key and the rule, or None.
+"""
+
+from __future__ import annotations
+
+import math
+
+from decentral_jax import records
+
+# Bytes per parameter of the models whose parameter dtype the config sets
+# (a model of your own may hold several dtypes: its ratio is not checked
+# against its parameter count).
+_ITEMSIZE = {"float32": 4, "bfloat16": 2}
+# No method sends more than this many parameter-sized messages to each of
+# the n workers per step (a gossip round of the complete topology sends
+# n - 1, an all-reduce 2 (n - 1) / n).
+MAX_MESSAGES_PER_WORKER = 4
+# Relative slack of values one computation gives twice (float32 rounding
+# of a mean of per-worker losses, or of the same evaluation under another
+# sharding).
+REL_TOL = 1e-5
+
+
+def _last(key: str) -> str:
+  return key.rsplit("/", 1)[-1]
+
+
+def value_range(key: str) -> tuple[float | None, float | None]:
+  """``(lo, hi)`` of a metric ``key`` (None: unbounded)."""
+  last = _last(key)
+  if "excess" in last:  # a worker's loss minus x_bar's: signed
+    return None, None
+  if "loss" in last:
+    return 0.0, None
+  if "accuracy" in last:
+    return 0.0, 1.0
+  if (key.startswith("comm/") or last in (
+      "consensus_distance", "step_time_ms", "train_time_s", "param_count",
+      "tokens_per_sec", "samples_per_sec")):
+    return 0.0, None
+  return None, None
+
+
+def value_error(key: str, v) -> str | None:
+  """Why a number ``v`` of ``key`` is impossible (None for a null value,
+  which the metrics files write for a non-finite one)."""
+  if v is None or not records.is_real(v):
+    return None
+  lo, hi = value_range(key)
+  if (lo is not None and v < lo) or (hi is not None and v > hi):
+    rule = (f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}")
+    return f"{key} must be {rule}, got {records.short(v)}"
+  return None
+
+
+def row_error(row: dict) -> str | None:
+  """Why one row of metrics (or the final metrics) is impossible."""
+  for key, v in row.items():
+    why = value_error(key, v)
+    if why:
+      return why
+  lo, mean, hi = (row.get(f"eval/worker_loss_{k}") for k in
+                  ("min", "mean", "max"))
+  got = [x for x in (lo, mean, hi) if records.is_real(x)]
+  slack = REL_TOL * max([abs(x) for x in got] + [1.0])
+  if len(got) == 3 and not lo - slack <= mean <= hi + slack:
+    return (f"eval/worker_loss_min <= eval/worker_loss_mean <= "
+            f"eval/worker_loss_max must hold, got {records.short(lo)}, "
+            f"{records.short(mean)}, {records.short(hi)}")
+  if len(got) == 2 and lo is not None and hi is not None and lo > hi + slack:
+    return (f"eval/worker_loss_min {records.short(lo)} must be <= "
+            f"eval/worker_loss_max {records.short(hi)}")
+  return None
+
+
+def _get(config: dict, field: str):
+  node = config
+  for part in field.split("."):
+    if not isinstance(node, dict) or part not in node:
+      return None
+    node = node[part]
+  return node
+
+
+def comm_error(final: dict, config: dict) -> str | None:
+  """Why ``comm/bytes_per_step`` and ``comm/ratio`` contradict each other
+  or the job: ``ratio == bytes_per_step / (param_count * bytes per
+  parameter)`` (to 1e-9 relative; the bytes per parameter of
+  ``model.param_dtype``, for the gpt and cnn models), and ``ratio <=``
+  :data:`MAX_MESSAGES_PER_WORKER` ``* n_workers``. Both figures, and
+  ``param_count``, are required once either is there."""
+  keys = ("comm/bytes_per_step", "comm/ratio", "param_count")
+  if not any(k in final for k in keys[:2]):
+    return None
+  missing = [k for k in keys if not records.is_real(final.get(k))]
+  if missing:
+    return (f"{missing[0]} is {records.short(final.get(missing[0]))}, but a "
+            "run records it with its communication figures")
+  sent, ratio, count = (float(final[k]) for k in keys)
+  n = _get(config, "n_workers")
+  if records.is_real(n) and ratio > MAX_MESSAGES_PER_WORKER * n:
+    return (f"comm/ratio must be <= {MAX_MESSAGES_PER_WORKER} x n_workers "
+            f"= {MAX_MESSAGES_PER_WORKER * n:g} (parameter-sized messages "
+            f"to each worker per step), got {records.short(ratio)}")
+  model = _get(config, "model.name")
+  dtype = _get(config, "model.param_dtype") if model == "gpt" else "float32"
+  itemsize = _ITEMSIZE.get(dtype) if model in ("gpt", "cnn") else None
+  if itemsize is not None:
+    want = sent / (count * itemsize)
+    if not math.isclose(ratio, want, rel_tol=1e-9, abs_tol=1e-12):
+      return (f"comm/ratio is {records.short(ratio)}, but comm/bytes_per_step"
+              f" / (param_count x {itemsize} bytes) = "
+              f"{records.short(sent)} / ({count:g} x {itemsize}) = {want:.6g}")
+  return None
+
+
+def final_error(final: dict, config: dict) -> tuple[str, str] | None:
+  """``(key, why)`` if a finished run's final metrics are impossible for
+  its ``config`` (a dict, as ``compare_result.json`` holds it), else
+  None."""
+  why = row_error(final)
+  if why:
+    return why.split(" ", 1)[0], why
+  steps = _get(config, "steps")
+  if "step" in final and final["step"] != steps:
+    return "step", (f"step is {records.short(final['step'])}, but the run's "
+                    f"config has steps {records.short(steps)}")
+  count = final.get("param_count")
+  if count is not None and not (records.is_real(count) and count >= 1
+                                and float(count).is_integer()):
+    return "param_count", ("param_count must be a whole number >= 1, got "
+                           f"{records.short(count)}")
+  why = comm_error(final, config)
+  return ("comm/ratio", why) if why else None
+
+
+def metrics_error(rows: list[dict]) -> str | None:
+  """Why a row of ``metrics.jsonl`` is impossible (names its step)."""
+  for row in rows:
+    why = row_error(row)
+    if why:
+      return f"at step {records.short(row.get('step'))}: {why}"
+  return None
+
+
+# The values every run of a group must share:
+# (name, what the runs of a group share, rel tolerance, why they agree).
+_ONE_STEP = "the runs of one method compile the same train step"
+SHARED = (("step-0 eval/loss", "seed", REL_TOL,
+           "the runs of one seed start from the same parameters and "
+           "evaluate the same batches"),
+          ("param_count", "job", 0.0, "every run trains the same model"),
+          ("comm/bytes_per_step", "method", 1e-9, _ONE_STEP),
+          ("comm/ratio", "method", 1e-9, _ONE_STEP))
+
+
+def _reference(values: dict, trusted: set, tol: float):
+  """The value a group must have: a trusted run's, else that of a strict
+  majority of the group, else None."""
+  same = lambda a, b: math.isclose(a, b, rel_tol=tol, abs_tol=1e-12)
+  for name in values:
+    if name in trusted:
+      return values[name]
+  for v in values.values():
+    if sum(same(v, w) for w in values.values()) * 2 > len(values):
+      return v
+  return None
+
+
+def disagreeing(facts: dict[str, dict], trusted: set) -> dict[str, str]:
+  """The runs whose shared values (:data:`SHARED`) disagree with their
+  group's, with one line why.
+
+  Args:
+    facts: ``{run name: {"seed": .., "method": .., name of SHARED: value
+      or None}}``.
+    trusted: the runs trained from step 0 by this invocation; a group's
+      value is a trusted run's, else that of a strict majority of the
+      group; without either every untrusted run of the group is named.
+
+  Returns:
+    ``{run name: why}`` of untrusted runs only.
+  """
+  out = {}
+  for key, by, tol, why in SHARED:
+    groups = {}
+    for name, f in facts.items():
+      if records.is_real(f.get(key)):
+        groups.setdefault(f.get(by), {})[name] = float(f[key])
+    for values in groups.values():
+      ref = _reference(values, trusted, tol)
+      for name, v in values.items():
+        if name in trusted or name in out or (ref is not None and math.isclose(
+            v, ref, rel_tol=tol, abs_tol=1e-12)):
+          continue
+        others = ", ".join(sorted(set(values) - {name}))
+        out[name] = (f"its {key} {v!r} differs from " + (
+            f"{ref!r} of {others}" if ref is not None else
+            f"that of {others}, and no run settles which is right")
+                     + f" ({why})")
+  return out
