@@ -406,6 +406,19 @@ def test_simulated_device_limit():
   assert "config.n_workers=1048576" in message and str(limit) in message
 
 
+def test_a_cpu_devices_flag_below_the_config_is_named():
+  # --cpu_devices=4 with 8 workers: the flag set the limit, so it is named.
+  message = one_line_error(devices.check_asked_devices, 4, 4, 8,
+                           "--config.n_workers=8")
+  assert message == ("--cpu_devices=4 simulates 4 CPU devices in this "
+                     "process, but --config.n_workers=8 needs 8; raise "
+                     "--cpu_devices to 8 or drop it (0: as many as the "
+                     "config needs).")
+  devices.check_asked_devices(8, 8, 8, "x")  # enough
+  devices.check_asked_devices(16, 16, 8, "x")  # more than enough
+  devices.check_asked_devices(0, 4, 8, "x")  # not given: the mesh says it
+
+
 # -- config files and overrides --------------------------------------------------
 
 
