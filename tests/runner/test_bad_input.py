@@ -468,6 +468,26 @@ def test_beta_convention_override_with_adamw_is_refused():
   assert c.optimizer.beta_convention == "per_window"  # read by accum_adamw
 
 
+def test_beta_convention_override_at_one_accumulation_step_is_refused():
+  # AccumAdamW at T = accum_steps = 1 is AdamW: b ** T = b, one convention.
+  tiny = os.path.join(ROOT, "configs", "gpt_tiny.py")
+  one = ["optimizer.name=accum_adamw", "optimizer.accum_steps=1"]
+  for value in ("per_step", "per_window"):
+    for order in (one + [f"optimizer.beta_convention={value}"],
+                  [f"optimizer.beta_convention={value}"] + one[1:]):
+      message = one_line_error(config_lib.load_config, tiny, order)
+      assert message == (
+          f"--config.optimizer.beta_convention={value} has no effect with "
+          "config.optimizer.name='accum_adamw' and config.optimizer."
+          "accum_steps=1 (one step per window: both conventions are Adam); "
+          "drop it, or set --config.optimizer.accum_steps above 1."), message
+  # The file's own value stays; T = 2 reads the override.
+  validation.check_config(config_lib.load_config(tiny, one))
+  c = config_lib.load_config(tiny, ["optimizer.accum_steps=2",
+                                    "optimizer.beta_convention=per_window"])
+  assert c.optimizer.beta_convention == "per_window"
+
+
 def test_split_overrides():
   rest, overrides = config_lib.split_overrides([
       "prog", "--config", "c.py", "--config.steps", "3",
