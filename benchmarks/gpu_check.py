@@ -6,7 +6,7 @@ Two ways to run it.
 runner's own train-step programs of ``--config`` (default
 ``configs/gpt_tiny.py``; ``--set KEY=VALUE`` overrides) for a GPU target
 (``h200``, ``h100_sxm``, ``a100_sxm_80``; ``--topology``, default one host
-of as many GPUs as the config needs) on this machine
+of as many GPUs as the config needs, at most 4096 GPUs) on this machine
 (:mod:`decentral_jax.tools.gpu_compile`; ``pip install -r
 requirements-gpu-compile.txt``; ``JAX_PLATFORMS=cpu`` is set here), and
 prints each program's overlap report
@@ -338,7 +338,13 @@ def run_deviceless(args) -> dict:
   from decentral_jax.runner import validation
   c = _config(args)
   validation.check_config(c)  # before the default topology is sized by it
-  topology = args.topology or f"1x1x{_devices_needed(c)}"
+  needed = _devices_needed(c)
+  if not args.topology and needed > MAX_TOPOLOGY_GPUS:
+    raise ValueError(
+        f"the config needs {needed} GPUs (n_workers * devices_per_worker / "
+        f"workers_per_device), more than the {MAX_TOPOLOGY_GPUS} a "
+        "--deviceless topology describes; set fewer with --set n_workers=N.")
+  topology = args.topology or f"1x1x{needed}"
   exp, steps = gpu_compile.compile_steps(
       c, target=args.deviceless, topology=topology,
       programs=_programs(args.programs),
@@ -668,13 +674,23 @@ def check_needs(args: argparse.Namespace) -> None:
   flag_types.check_needs(_needs(), given, args)
 
 
+MAX_TOPOLOGY_GPUS = 4096  # --topology: GPUs in all (and so per factor)
+
+
 def check_topology(spec: str) -> None:
   """Raises ValueError unless ``spec`` is ``SLICESxHOSTSxGPUS``, three
-  positive ints (e.g. ``1x1x8``), before XLA sees it."""
+  positive ints (e.g. ``1x1x8``) whose product (the GPUs the target
+  describes) is at most MAX_TOPOLOGY_GPUS, before XLA sees it (XLA's mock
+  topology builds every device, so a huge one would not finish)."""
   parts = spec.split("x")
-  if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+  if len(parts) != 3 or not all(p.isdigit() and p.strip("0") for p in parts):
     raise ValueError(f"--topology {spec!r} must be SLICESxHOSTSxGPUS, three "
                      "positive ints such as 1x1x8 or 2x1x4.")
+  if (any(len(p.lstrip("0")) > len(str(MAX_TOPOLOGY_GPUS)) for p in parts)
+      or math.prod(int(p) for p in parts) > MAX_TOPOLOGY_GPUS):
+    raise ValueError(f"--topology {spec!r} describes more than "
+                     f"{MAX_TOPOLOGY_GPUS} GPUs (SLICES*HOSTS*GPUS); give "
+                     f"at most {MAX_TOPOLOGY_GPUS}, such as 1x1x8 or 2x1x4.")
 
 
 def check_flags(args: argparse.Namespace) -> None:
@@ -758,8 +774,9 @@ def _parser() -> argparse.ArgumentParser:
                   help="compile for this GPU target here (h200, h100_sxm, "
                   "a100_sxm_80 or a .txtpb file) and print the reports")
   ap.add_argument("--topology", default="",
-                  help="deviceless topology SLICESxHOSTSxGPUS (default "
-                  "1x1xN, N the devices the config needs)")
+                  help="deviceless topology SLICESxHOSTSxGPUS, at most "
+                  f"{MAX_TOPOLOGY_GPUS} GPUs in all (default 1x1xN, N the "
+                  "devices the config needs)")
   ap.add_argument("--config", default=TINY,
                   help="run config for schedule, gossip_timing and "
                   "--deviceless (default configs/gpt_tiny.py)")

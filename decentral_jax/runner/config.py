@@ -206,23 +206,33 @@ def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
 
 def _refuse_unread_overrides(config: config_dict.ConfigDict,
                              args: Sequence[str]) -> None:
-  """Refuses an explicit ``--config.optimizer.beta_convention`` with adamw.
+  """Refuses an explicit ``--config.optimizer.beta_convention`` where the
+  optimizer takes one step per window: adamw, or accum_adamw at
+  ``accum_steps=1``.
 
-  AdamW takes one step per window, where both conventions are Adam, so the
-  field changes nothing. It is refused only when given as an override: a
-  config file's own value (``configs/gpt_tiny.py`` sets ``per_step`` for
-  its AccumAdamW) stays accepted when an override switches to adamw.
-  (Other fields a run does not read are refused by
-  ``validation.check_config`` whatever set them.)
+  With one step per window both conventions are Adam (``b ** 1 = b``), so
+  the field changes nothing. It is refused only when given as an
+  override: a config file's own value (``configs/gpt_tiny.py`` sets
+  ``per_step`` for its AccumAdamW) stays accepted when an override
+  switches to adamw or to ``accum_steps=1``. (Other fields a run does not
+  read are refused by ``validation.check_config`` whatever set them.)
   """
-  name = config.get("optimizer", {}).get("name")
+  opt = config.get("optimizer", {})
+  name, steps = opt.get("name"), opt.get("accum_steps")
+  if name == "adamw":
+    setting, fix = ("config.optimizer.name='adamw'",
+                    "--config.optimizer.name=accum_adamw")
+  elif name == "accum_adamw" and steps == 1 and not isinstance(steps, bool):
+    setting, fix = ("config.optimizer.name='accum_adamw' and config."
+                    "optimizer.accum_steps=1",
+                    "--config.optimizer.accum_steps above 1")
+  else:
+    return
   for arg in args:
-    if arg.split("=", 1)[0] == "--config.optimizer.beta_convention" and \
-        name == "adamw":
+    if arg.split("=", 1)[0] == "--config.optimizer.beta_convention":
       raise ValueError(
-          f"{arg} has no effect with config.optimizer.name='adamw' (one step "
-          "per window: both conventions are Adam); drop it, or set "
-          "--config.optimizer.name=accum_adamw.")
+          f"{arg} has no effect with {setting} (one step per window: both "
+          f"conventions are Adam); drop it, or set {fix}.")
 
 
 def _read_config_file(path: str) -> config_dict.ConfigDict:

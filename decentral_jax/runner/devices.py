@@ -2,7 +2,8 @@
 
 :func:`devices_needed` counts the devices a run needs,
 :func:`check_simulated_devices` bounds the CPU devices an entry point
-simulates and :func:`check_distributed` checks the ``distributed`` group
+simulates, :func:`check_asked_devices` refuses a ``--cpu_devices`` below
+what the config needs and :func:`check_distributed` checks the ``distributed`` group
 alone (before a multi-process job is joined).
 """
 
@@ -81,6 +82,24 @@ def check_simulated_devices(n: int, source: str) -> int:
         "(start-up time and memory grow with the count); lower it, or set "
         "JAX_NUM_CPU_DEVICES yourself to simulate more.")
   return n
+
+
+def check_asked_devices(asked: int, available: int, needed: int,
+                        source: str, flag: str = "--cpu_devices") -> None:
+  """Refuses a device-count flag that set the limit a run hits: ``flag=
+  asked`` made the CPU backend simulate ``available`` devices in this
+  process, fewer than the ``needed`` per process that ``source`` (e.g.
+  ``"--config.n_workers=8"``) asks for.
+
+  Raises:
+    ValueError: naming ``flag`` and the count to raise it to (or 0, as
+      many as the config needs).
+  """
+  if asked and available < needed:
+    raise ValueError(
+        f"{flag}={asked} simulates {available} CPU devices in this process, "
+        f"but {source} needs {needed}; raise {flag} to {needed} or drop it "
+        "(0: as many as the config needs).")
 
 
 def check_distributed(c: config_dict.ConfigDict) -> None:

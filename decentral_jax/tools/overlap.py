@@ -45,7 +45,6 @@ package; JAX runs on the CPU (``JAX_PLATFORMS=cpu`` unless set). Exit codes:
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -57,6 +56,10 @@ import types
 from decentral_jax import records
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
+# The flags (re-exported: the command's parser and checks).
+from decentral_jax.tools.overlap_flags import (  # noqa: F401
+    MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
+    build_parser, check_needs)
 
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -396,8 +399,10 @@ def render(paths: list[str]) -> None:
   Raises:
     ValueError: no file given, a file missing, a directory, or damaged (a
       line not a JSON object, a key of :data:`ROW_SCHEMA` missing or of the
-      wrong kind), named in one line with the line and key. A file without
-      rows prints an empty table.
+      wrong kind), named in one line with the line and key; a file whose
+      only line is not JSON and has no newline (no readable record). An
+      empty file prints an empty table; a last line cut short after good
+      rows is left out with a note on stderr.
   """
   if not paths:
     raise ValueError("--render needs the JSON-lines files of earlier runs "
@@ -411,107 +416,19 @@ def render(paths: list[str]) -> None:
     got = records.read_jsonl(path, _row_error)
     if isinstance(got, records.Damaged):
       raise got.error("--render ")
+    if got.torn is not None:  # a last line without newline, not JSON
+      if not got.records:
+        raise ValueError(f"--render {path}: no readable record (line "
+                         f"{got.torn}, its only one, is not JSON); give the "
+                         "--out file of an earlier run.")
+      print(f"note: --render {path}: line {got.torn} (the last, without "
+            "its newline) is not JSON, a write cut short; left out.",
+            file=sys.stderr)
     rows += got.records
   print(table(rows))
   gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
   if gpt2:
     print("\n" + transfer_table(gpt2))
-
-
-# Bounds of the numeric flags: XLA's parallel collective limit (streams),
-# a link rate (Gbit/s) and a node's GPUs.
-MAX_OVERLAP_LIMIT = 64
-MAX_NETWORK_GBPS = 1e6
-MAX_GPUS_PER_NODE = 1024
-
-#: Flags read only with others (:func:`check_needs`; a list of flags with
-#: ``--render``, which only prints earlier runs' tables, is refused apart).
-NEEDS = (
-    flag_types.Needs("--gpus_per_node", lambda a: a.network_gbps > 0,
-                     "without --network_gbps above 0",
-                     "add --network_gbps or drop --gpus_per_node"),
-    flag_types.Needs("--profile", lambda a: a.timeline, "without --timeline",
-                     "add --timeline or drop --profile"),
-    flag_types.Needs("--fixture_cases", lambda a: bool(a.fixtures),
-                     "without --fixtures", "add --fixtures DIR or drop "
-                     "--fixture_cases"),
-    flag_types.Needs(
-        "--data_dir", lambda a: any(CASES.get(c, ("",))[0] == GPT2_SMALL
-                                    for c in a.cases.split(",")),
-        "without a gpt2_small case in --cases",
-        "add one or drop --data_dir"),
-)
-
-
-def check_needs(args, given: set) -> None:
-  """Refuses a flag given (``given``) where nothing reads it: any other
-  flag with ``--render``, or a row of :data:`NEEDS`.
-
-  Raises:
-    ValueError: one line naming the flag.
-  """
-  if args.render is not None:
-    other = sorted(given - {"--render"})
-    if other:
-      raise ValueError(f"{other[0]} has no effect with --render (it only "
-                       "prints the tables of earlier runs); drop one of "
-                       "them.")
-  flag_types.check_needs(NEEDS, given, args)
-
-
-def build_parser(prog: str) -> argparse.ArgumentParser:
-  """The command's flags (``prog`` names it in usage lines)."""
-  ap = flag_types.Parser(prog=prog, description=__doc__.split("\n")[0])
-  ap.add_argument("--cases", default="gpt_tiny,aer,virtual",
-                  help="comma list of configs to compile, of: "
-                  f"{', '.join(CASES)} (default %(default)s)")
-  ap.add_argument("--modes", default="before,after",
-                  help="before (switch rounds, consensus on log steps), "
-                  "after (the defaults) or both (default %(default)s)")
-  ap.add_argument("--targets", default="h200",
-                  help="comma list of GPU targets: h200, h100_sxm, "
-                  "a100_sxm_80 or a .txtpb file (default %(default)s)")
-  ap.add_argument("--all_programs", action="store_true",
-                  help="mode after: every round also with the consensus "
-                  "measurement (default: the first round only)")
-  ap.add_argument("--overlap_limit", type=flag_types.integer(
-      0, MAX_OVERLAP_LIMIT), default=0,
-                  help="xla_gpu_experimental_parallel_collective_overlap_"
-                  f"limit (0: XLA's default, 1; at most {MAX_OVERLAP_LIMIT})")
-  ap.add_argument("--out", default=os.path.join(
-      _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"),
-                  help="JSON lines file, one line per program, appended "
-                  "(default: benchmarks/results/gpu_overlap.jsonl)")
-  ap.add_argument("--fixtures", default="",
-                  help="directory for the stripped, gzipped scheduled HLO "
-                  "of --fixture_cases (test fixtures; default: none)")
-  ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual",
-                  help="with --fixtures: the cases written there (default "
-                  "%(default)s)")
-  ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",
-                  help="where the gpt2_small case writes its dummy token "
-                  "files")
-  ap.add_argument("--network_gbps", type=flag_types.real(
-      0, MAX_NETWORK_GBPS, " Gbit/s"), default=0.0,
-                  help="model an inter-node link of this many Gbit/s in "
-                  "XLA's latency estimator (Hopper targets), through "
-                  f"XLA_FLAGS; 0: XLA's own model (at most "
-                  f"{MAX_NETWORK_GBPS:g})")
-  ap.add_argument("--gpus_per_node", type=flag_types.integer(
-      1, MAX_GPUS_PER_NODE), default=4,
-                  help="with --network_gbps: GPUs per node in XLA's latency "
-                  f"estimator (default 4, at most {MAX_GPUS_PER_NODE})")
-  ap.add_argument("--xla", action="append", default=[],
-                  help="an extra XLA compile option KEY=VALUE (repeatable)")
-  ap.add_argument("--timeline", action="store_true",
-                  help="draw each case's step per target to a PNG next to "
-                  "--out")
-  ap.add_argument("--profile", default="",
-                  help="ProfiledInstructionsProto text pricing instructions "
-                  "(us) for --timeline's clock")
-  ap.add_argument("--render", nargs="*", default=None,
-                  help="only print the tables of these JSON-lines files")
-  return ap
 
 
 def _run(args) -> None:
@@ -559,12 +476,6 @@ def main(argv: list[str] | None = None,
       print(f"error: {e}", file=sys.stderr)
       return 2
     return 0
-  for case in args.cases.split(","):
-    if case not in CASES:
-      ap.error(f"unknown case {case!r}; one of {', '.join(CASES)}")
-  for mode in args.modes.split(","):
-    if mode not in ("before", "after"):
-      ap.error(f"--modes: unknown mode {mode!r}; before, after or both")
   try:  # before any compile
     flag_types.check_output_file(args.out, "--out")
   except ValueError as e:

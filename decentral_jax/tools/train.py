@@ -12,7 +12,8 @@ On a CPU-only machine the run needs ``config.n_workers`` x
 ``config.devices_per_worker`` devices; this command
 simulates them (``jax_num_cpu_devices``) before JAX starts its CPU backend,
 so the default 8-worker configs work out of the box. ``--cpu_devices=N``
-sets the number explicitly. At most
+sets the number explicitly (fewer than the run needs is refused naming
+it, before any compile). At most
 ``decentral_jax.runner.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
 process are simulated; more is refused before JAX starts (set
 ``JAX_NUM_CPU_DEVICES`` yourself to go beyond). Re-running with the same
@@ -159,13 +160,17 @@ def _prepare(overrides: list[str]):
   _check_data_files(config)  # before a multi-process job waits to join
   procs = expected_processes(config)
   needed, source = devices.devices_needed(config)
+  source = source.replace("config.", "--config.")  # the flags typed
+  source += f" over {procs} processes" if procs > 1 else ""
   simulate_cpu_devices(
       CPU_DEVICES.value or max(needed // procs, 1),
-      f"--cpu_devices={CPU_DEVICES.value}" if CPU_DEVICES.value else
-      source.replace("config.", "--config.")  # the flags typed
-      + (f" over {procs} processes" if procs > 1 else ""))
+      f"--cpu_devices={CPU_DEVICES.value}" if CPU_DEVICES.value else source)
   if launch.initialize_from_config(config) and jax.process_index() > 0:
     logging.set_verbosity(logging.WARNING)  # process 0 reports
+  if not os.environ.get("JAX_NUM_CPU_DEVICES") and \
+      jax.default_backend() == "cpu":  # --cpu_devices set the count
+    devices.check_asked_devices(CPU_DEVICES.value, jax.local_device_count(),
+                                max(needed // procs, 1), source)
   if jax.process_index() == 0:
     for line in validation.config_warnings(config):
       print(f"warning: {line}", file=sys.stderr)

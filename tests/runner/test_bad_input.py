@@ -406,6 +406,19 @@ def test_simulated_device_limit():
   assert "config.n_workers=1048576" in message and str(limit) in message
 
 
+def test_a_cpu_devices_flag_below_the_config_is_named():
+  # --cpu_devices=4 with 8 workers: the flag set the limit, so it is named.
+  message = one_line_error(devices.check_asked_devices, 4, 4, 8,
+                           "--config.n_workers=8")
+  assert message == ("--cpu_devices=4 simulates 4 CPU devices in this "
+                     "process, but --config.n_workers=8 needs 8; raise "
+                     "--cpu_devices to 8 or drop it (0: as many as the "
+                     "config needs).")
+  devices.check_asked_devices(8, 8, 8, "x")  # enough
+  devices.check_asked_devices(16, 16, 8, "x")  # more than enough
+  devices.check_asked_devices(0, 4, 8, "x")  # not given: the mesh says it
+
+
 # -- config files and overrides --------------------------------------------------
 
 
@@ -453,6 +466,26 @@ def test_beta_convention_override_with_adamw_is_refused():
   validation.check_config(c)
   c = config_lib.load_config(tiny, ["optimizer.beta_convention=per_window"])
   assert c.optimizer.beta_convention == "per_window"  # read by accum_adamw
+
+
+def test_beta_convention_override_at_one_accumulation_step_is_refused():
+  # AccumAdamW at T = accum_steps = 1 is AdamW: b ** T = b, one convention.
+  tiny = os.path.join(ROOT, "configs", "gpt_tiny.py")
+  one = ["optimizer.name=accum_adamw", "optimizer.accum_steps=1"]
+  for value in ("per_step", "per_window"):
+    for order in (one + [f"optimizer.beta_convention={value}"],
+                  [f"optimizer.beta_convention={value}"] + one[1:]):
+      message = one_line_error(config_lib.load_config, tiny, order)
+      assert message == (
+          f"--config.optimizer.beta_convention={value} has no effect with "
+          "config.optimizer.name='accum_adamw' and config.optimizer."
+          "accum_steps=1 (one step per window: both conventions are Adam); "
+          "drop it, or set --config.optimizer.accum_steps above 1."), message
+  # The file's own value stays; T = 2 reads the override.
+  validation.check_config(config_lib.load_config(tiny, one))
+  c = config_lib.load_config(tiny, ["optimizer.accum_steps=2",
+                                    "optimizer.beta_convention=per_window"])
+  assert c.optimizer.beta_convention == "per_window"
 
 
 def test_split_overrides():

@@ -138,6 +138,27 @@ def test_two_commands_with_the_same_flags_run_in_one_process(tmp_path,
   assert len(err.splitlines()) == 1 and "cpu_devices" in err, err
 
 
+def test_train_names_cpu_devices_when_it_set_too_few(tmp_path, capsys,
+                                                     monkeypatch):
+  # --cpu_devices=4 with 8 workers: the backend of this process already
+  # has its devices, so the four the flag would simulate are mocked here.
+  import jax
+  from decentral_jax.tools import train
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+  monkeypatch.setattr(train, "simulate_cpu_devices", lambda n, source: None)
+  monkeypatch.setattr(jax, "local_device_count", lambda *a: 4)
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--config", os.path.join(
+      ROOT, "configs", "gpt_tiny.py"), "--config.n_workers=8",
+                   "--cpu_devices=4", f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == ("error: --cpu_devices=4 simulates 4 CPU devices in this "
+                     "process, but --config.n_workers=8 needs 8; raise "
+                     "--cpu_devices to 8 or drop it (0: as many as the "
+                     "config needs)."), err
+  assert not workdir.exists()
+
+
 @pytest.mark.integration
 def test_sigterm_to_the_command_stops_train_with_a_checkpoint(tmp_path):
   # Sent to the `decentral-jax` process only (as `timeout` or a scheduler

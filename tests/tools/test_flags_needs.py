@@ -253,6 +253,9 @@ def _overlap_needs(argv):
     (["--data_dir", "d"], ["--cases", "aer"], ["--cases", "gpt2_small"],
      "without a gpt2_small case in --cases"),
     (["--cases", "aer"], ["--render", "a.jsonl"], [], "with --render"),
+    # Mode before compiles every program; --all_programs reads mode after.
+    (["--all_programs"], ["--modes", "before"], ["--modes", "before,after"],
+     "without mode after in --modes"),
 ])
 def test_overlap_flag_refused_where_nothing_reads_it(
     flag_args, refused, accepted, says):
@@ -260,6 +263,51 @@ def test_overlap_flag_refused_where_nothing_reads_it(
     _overlap_needs(refused + flag_args)
   assert str(e.value).startswith(f"{flag_args[0]} has no effect {says}")
   _overlap_needs(accepted + flag_args)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--cases", "gpt_tiny,gpt_tiny"], "argument --cases: 'gpt_tiny,gpt_tiny'"
+     ": entry 2 repeats entry 1 ('gpt_tiny'); give each value once"),
+    (["--modes", "after,after"], "argument --modes: 'after,after': entry 2 "
+     "repeats entry 1 ('after')"),
+    (["--targets", "h200, h200"], "argument --targets: 'h200, h200': entry 2 "
+     "repeats entry 1 ('h200')"),
+    (["--targets", "h999"], "argument --targets: unknown target 'h999'; one "
+     "of a100_sxm_80, h100_sxm, h200 or a .txtpb file"),
+    (["--targets", ""], "argument --targets: needs at least one target"),
+    (["--targets", "h200,"], "argument --targets: 'h200,': entry 2 is empty"),
+    (["--targets", "DIR/none.txtpb"], "argument --targets: target file "
+     "'DIR/none.txtpb' does not exist"),
+    (["--cases", "nosuch"], "argument --cases: unknown case 'nosuch'; one of "
+     "gpt_tiny, dadam"),
+    (["--modes", "during"], "argument --modes: unknown mode 'during'; one of "
+     "before, after"),
+])
+def test_overlap_list_flags_refused_at_parse_time(
+    monkeypatch, capsys, tmp_path, argv, says):
+  def compile_case(*a, **k):
+    raise AssertionError("compiled")
+  monkeypatch.setattr(overlap, "run_case", compile_case)
+  argv = [a.replace("DIR", str(tmp_path)) for a in argv]
+  with pytest.raises(SystemExit) as e:
+    overlap.main([*argv, "--out", str(tmp_path / "o.jsonl")])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      "error: " + says.replace("DIR", str(tmp_path))), err
+
+
+def test_overlap_list_flags_accept_each_entry_once(tmp_path):
+  ap = overlap.build_parser("overlap")
+  target = tmp_path / "t.txtpb"
+  target.write_text("")
+  args = ap.parse_args(["--cases", "gpt_tiny, aer", "--modes", "after",
+                        "--targets", f"h200,a100_sxm_80,{target}"])
+  assert (args.cases, args.modes, args.targets) == (
+      "gpt_tiny,aer", "after", f"h200,a100_sxm_80,{target}")
+  # The names the flag accepts are the targets gpu_compile compiles for.
+  from decentral_jax.tools import gpu_compile, overlap_flags
+  assert sorted(overlap_flags.shipped_targets()) == sorted(gpu_compile.TARGETS)
 
 
 def test_overlap_refusal_is_one_line_exit_2(capsys):

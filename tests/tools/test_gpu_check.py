@@ -91,6 +91,13 @@ def test_library_errors_exit_2(capsys):
     assert err.startswith("gpu_check: error: ") and says in err, err
     # The config is checked before the default topology is sized by it.
     assert "1x1x0" not in err, err
+  # The default topology (1x1xN, N the config's devices) is bounded too.
+  with pytest.raises(SystemExit) as e:
+    gpu_check.main(["--deviceless", "h200", "--set", "n_workers=8192",
+                    "--set", "global_batch=8192"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert "the config needs 8192 GPUs" in err and "4096" in err, err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -119,6 +126,11 @@ def test_library_errors_exit_2(capsys):
     (["--topology", "0x1x8"], "--topology '0x1x8' must be"),
     (["--topology", "1x1x-8"], "--topology '1x1x-8' must be"),
     (["--topology", "1xax8"], "--topology '1xax8' must be"),
+    # XLA's mock topology builds every GPU: at most 4096 in all.
+    (["--topology", "1x1x99999999"], "--topology '1x1x99999999' describes "
+     "more than 4096 GPUs (SLICES*HOSTS*GPUS); give at most 4096"),
+    (["--topology", "2x64x33"], "describes more than 4096 GPUs"),  # 4224
+    (["--topology", "1x1x" + "9" * 5000], "describes more than 4096 GPUs"),
 ])
 def test_bad_numbers_programs_and_topology_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
@@ -137,6 +149,9 @@ def test_good_numbers_programs_and_topology_pass():
       "--warmup", "0", "--peak_flops", "0", "--topology", "2x1x4",
       "--programs", "0:none,:input,None:none"])
   assert (args.min_fraction, args.topology) == (0.0, "2x1x4")
+  for edge in ("1x1x4096", "2x2x1024", "0004x1x1024"):  # product 4096
+    assert gpu_check.parse_args(["--deviceless", "h200", "--topology",
+                                 edge]).topology == edge
   assert gpu_check.parse_programs(args.programs) == [
       (0, "none"), (None, "input"), (None, "none")]
   assert gpu_check.parse_args(["--min_fraction", "1", "--peak_flops",

@@ -512,6 +512,27 @@ def test_overlap_render_refuses_damaged_rows(tmp_path, capsys, content, word):
       f"error: --render {path}: {word}"), lines
 
 
+def test_overlap_render_refuses_a_file_without_a_readable_record(
+    tmp_path, capsys):
+  # 100 bytes of noise without a newline: no row at all, named.
+  noise = bytes((7 * k + 3) % 256 for k in range(100)).replace(b"\n", b"x")
+  path = _write(tmp_path, noise, "noise.jsonl")
+  assert overlap.main(["--render", path]) == 2
+  lines = capsys.readouterr().err.strip().splitlines()
+  assert lines == [f"error: --render {path}: no readable record (line 1, "
+                   "its only one, is not JSON); give the --out file of an "
+                   "earlier run."], lines
+  # A write cut short after a good row: the row's table and a note.
+  path = _write(tmp_path, json.dumps(OVERLAP_ROW) + "\n"
+                + json.dumps(OVERLAP_ROW)[:30], "torn.jsonl")
+  assert overlap.main(["--render", path]) == 0
+  out = capsys.readouterr()
+  assert out.out.count("| gpt_tiny |") == 1, out.out
+  assert out.err.strip() == (f"note: --render {path}: line 2 (the last, "
+                             "without its newline) is not JSON, a write cut "
+                             "short; left out."), out.err
+
+
 @pytest.mark.parametrize("content, word", [
     (b"", "empty"), (b'{"step": ', "not JSON"), (BINARY, "not UTF-8"),
     (b"[" * 100_000, "nested too deeply")])

@@ -409,6 +409,38 @@ def test_a_list_flag_refuses_a_repeated_entry(argv, message, capsys):
   assert message in err, err
 
 
+@pytest.mark.parametrize("methods, k, j", [
+    ("ring,dadam:topology=ring", 2, 1),  # a bare topology is DAdam's gossip
+    ("diloco:H=10,diloco:H=10,overlap=none", 2, 1),  # overlap=none: default
+    ("aer,alternating_exp_ring", 2, 1),  # an alias
+    ("all_reduce,aer,ring:workers_per_node=8,ring", 4, 3),  # 8: one node
+    ("accum_adam:topology=ring,accum_adamw:T=4,topology=ring", 2, 1)])
+def test_one_method_in_two_spellings_is_refused(methods, k, j, capsys):
+  """Each spelling made its own row, the same numbers twice (exit 0)."""
+  specs = inputs.split_methods(methods)
+  rc, out, err = _run(capsys, "--n-workers", "16",
+                      "--methods", methods)
+  assert rc == 2 and out == "", out
+  assert err.strip().splitlines() == [
+      f"error: --methods: entry {k} ({specs[k - 1]}) is entry {j} "
+      f"({specs[j - 1]}) again (the same method, spelled otherwise); give "
+      "each method once."], err
+
+
+def test_methods_of_one_row_each_stay_apart_and_ar_is_the_baseline(capsys):
+  # AccumAdam at T=4 and DAdam cost the same but are two optimizers; a
+  # bucket size, T, a topology's workers per node change the method.
+  rc, out, err = _run(capsys, "--n-workers", "16",
+                      "--methods", "AR,ring,dadam:topology=aer,accum_adam:"
+                      "topology=aer,accum_adam:T=2,topology=aer,"
+                      "ring:workers_per_node=4,all_reduce:bucket_MiB=5")
+  assert rc == 0, err
+  rows = [r for r in _rows(out) if r != "*"]
+  assert len(rows) == 7, out  # AR is the baseline: no all_reduce added
+  assert rows.count("All-Reduce") == 1, rows
+  assert _line(out, "  All-Reduce ").split()[3] == "1.00x"
+
+
 def test_a_fault_table_of_huge_times_keeps_its_columns(capsys):
   """16 workers each up 1 / (1 + 0.1 * 10) = half the time: a step that
   waits for all of them takes sim ms / 0.5**16 (6.1e6 ms), which ran into

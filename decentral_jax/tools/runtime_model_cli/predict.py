@@ -12,6 +12,7 @@ Bad input raises ``ValueError`` with one line naming the flag. No JAX.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -53,12 +54,9 @@ def run(args) -> int:
             for n in args.n_workers]
   if not chosen:
     methods = default_methods(setups[0][1])
-  added = "all_reduce" not in methods
-  if added:
-    methods.insert(0, "all_reduce")  # the baseline every speedup refers to
   # Every spec is built and priced before anything is printed: a bad one,
-  # or a table the arithmetic overflowed, is one error line.
-  built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  # a repeat, or a table the arithmetic overflowed, is one error line.
+  built, added = _build_methods(args, methods, setups)
   setting = _Setting(args, setups, built)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
@@ -394,6 +392,62 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
     c, w = inputs.given_fields(args, c, workload_file.read_workload(
         args.workload_file))
   return c, w
+
+
+def full_form(m) -> tuple:
+  """What a built method is, its spelling aside: the optimizer family
+  (a bare topology name is DAdam's gossip over it; AccumAdam with its
+  ``T``), the topology (name, workers, workers per node) and every other
+  :class:`~decentral_jax.runtime_model.method.Method` field, defaults
+  filled in. ``ring`` and ``dadam:topology=ring``, ``AR`` and
+  ``all_reduce``, ``diloco:H=10`` and ``diloco:H=10,overlap=none`` have
+  one full form."""
+  head, _, rest = m.name.partition(":")
+  if m.kind == "gossip" and head not in ("accum_adam", "sgp",
+                                         "gradient_tracking"):
+    head = "dadam"
+  if head == "accum_adam":
+    head += ":" + rest.split(",")[0]  # T=k, spelled first
+  topo = m.topology and (m.topology.name, m.topology.n_workers,
+                         m.topology.local_size)
+  fields = tuple((f.name, getattr(m, f.name)) for f in dataclasses.fields(m)
+                 if f.name not in ("name", "topology"))
+  return head, topo, fields
+
+
+def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
+  """The specs built at every worker count (:func:`_make_methods`), with
+  ``all_reduce`` put first (the baseline every speedup refers to) unless
+  a spec is it (then spelled ``all_reduce``, e.g. ``AR``); returns
+  ``(built, added)``.
+
+  Raises:
+    ValueError: a bad spec, or two specs of one :func:`full_form` at every
+      worker count (one row twice), naming both.
+  """
+  built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  forms = [tuple(full_form(b[k][1]) for b in built)
+           for k in range(len(methods))]
+  seen = {}
+  for k, form in enumerate(forms):
+    if form in seen:
+      j = seen[form]
+      raise ValueError(
+          f"--methods: entry {k + 1} ({methods[k]}) is entry {j + 1} "
+          f"({methods[j]}) again (the same method, spelled otherwise); give "
+          "each method once.")
+    seen[form] = k
+  baseline = tuple(full_form(make_method("all_reduce", c))
+                   for _, c, _ in setups)
+  added = baseline not in seen
+  k = 0 if added else seen[baseline]
+  if added:
+    methods.insert(0, "all_reduce")
+  methods[k] = "all_reduce"  # the tables find the baseline by this key
+  ar = [_make_methods(args, ["all_reduce"], n, c) for n, c, _ in setups]
+  built = [a + b if added else b[:k] + a + b[k + 1:]
+           for a, b in zip(ar, built)]
+  return built, added
 
 
 def _make_methods(args, methods, n: int, c) -> list:

@@ -1,0 +1,181 @@
+"""The flags of ``decentral-jax overlap`` (:mod:`decentral_jax.tools.overlap`):
+the parser, their bounds, and the checks that run before JAX starts (a
+list flag's unknown or repeated entry, a flag nothing reads)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable
+
+from decentral_jax.tools import flag_types
+from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
+
+# The checkout that holds the imported package (tools/ is 2 deep).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# The shipped GPU target descriptions (NAME.txtpb), as gpu_compile reads
+# them (that module imports JAX; the flags are checked before it starts).
+_TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "gpu_targets")
+MODES = ("before", "after")
+
+# Bounds of the numeric flags: XLA's parallel collective limit (streams),
+# a link rate (Gbit/s) and a node's GPUs.
+MAX_OVERLAP_LIMIT = 64
+MAX_NETWORK_GBPS = 1e6
+MAX_GPUS_PER_NODE = 1024
+
+
+def shipped_targets() -> tuple[str, ...]:
+  """The names of the shipped GPU targets (``gpu_targets/NAME.txtpb``)."""
+  return tuple(sorted(n[:-len(".txtpb")] for n in os.listdir(_TARGETS_DIR)
+                      if n.endswith(".txtpb")))
+
+
+def _target_error(name: str) -> str | None:
+  if name.endswith(".txtpb"):
+    return None if os.path.isfile(name) else (
+        f"target file {name!r} does not exist (a .txtpb GPU target "
+        "description)")
+  if name in shipped_targets():
+    return None
+  return (f"unknown target {name!r}; one of {', '.join(shipped_targets())} "
+          "or a .txtpb file")
+
+
+def name_list(what: str, error: Callable[[str], str | None], example: str):
+  """An argparse ``type``: a comma list of names, returned as the text
+  with each entry stripped (``"a, b"`` -> ``"a,b"``).
+
+  Raises:
+    argparse.ArgumentTypeError: an empty list or entry, an entry that
+      ``error`` refuses (its words), or an entry given twice
+      (:func:`~decentral_jax.tools.flag_types.repeated_entry`).
+  """
+  def parse(text: str) -> str:
+    if not text.strip():
+      raise argparse.ArgumentTypeError(
+          f"needs at least one {what}, e.g. {example}")
+    parts = flag_types.comma_parts(text, example)
+    for part in parts:
+      why = error(part)
+      if why:
+        raise argparse.ArgumentTypeError(f"{why} (e.g. {example})")
+    why = flag_types.repeated_entry(text, parts, example)
+    if why:
+      raise argparse.ArgumentTypeError(why)
+    return ",".join(parts)
+  return parse
+
+
+def _known(kind: str, names) -> Callable[[str], str | None]:
+  return lambda n: None if n in names else (
+      f"unknown {kind} {n!r}; one of {', '.join(names)}")
+
+
+#: Flags read only with others (:func:`check_needs`; a list of flags with
+#: ``--render``, which only prints earlier runs' tables, is refused apart).
+NEEDS = (
+    flag_types.Needs("--all_programs",
+                     lambda a: "after" in a.modes.split(","),
+                     "without mode after in --modes (mode before compiles "
+                     "every program already)",
+                     "add after to --modes or drop --all_programs"),
+    flag_types.Needs("--gpus_per_node", lambda a: a.network_gbps > 0,
+                     "without --network_gbps above 0",
+                     "add --network_gbps or drop --gpus_per_node"),
+    flag_types.Needs("--profile", lambda a: a.timeline, "without --timeline",
+                     "add --timeline or drop --profile"),
+    flag_types.Needs("--fixture_cases", lambda a: bool(a.fixtures),
+                     "without --fixtures", "add --fixtures DIR or drop "
+                     "--fixture_cases"),
+    flag_types.Needs(
+        "--data_dir", lambda a: any(CASES.get(c, ("",))[0] == GPT2_SMALL
+                                    for c in a.cases.split(",")),
+        "without a gpt2_small case in --cases",
+        "add one or drop --data_dir"),
+)
+
+
+def check_needs(args, given: set) -> None:
+  """Refuses a flag given (``given``) where nothing reads it: any other
+  flag with ``--render``, or a row of :data:`NEEDS`.
+
+  Raises:
+    ValueError: one line naming the flag.
+  """
+  if args.render is not None:
+    other = sorted(given - {"--render"})
+    if other:
+      raise ValueError(f"{other[0]} has no effect with --render (it only "
+                       "prints the tables of earlier runs); drop one of "
+                       "them.")
+  flag_types.check_needs(NEEDS, given, args)
+
+
+def _list_flags(ap: argparse.ArgumentParser) -> None:
+  ap.add_argument("--cases", default="gpt_tiny,aer,virtual",
+                  type=name_list("case", _known("case", CASES),
+                                 "gpt_tiny,aer"),
+                  help="comma list of configs to compile, of: "
+                  f"{', '.join(CASES)} (default %(default)s)")
+  ap.add_argument("--modes", default="before,after",
+                  type=name_list("mode", _known("mode", MODES),
+                                 "before,after"),
+                  help="before (switch rounds, consensus on log steps), "
+                  "after (the defaults) or both (default %(default)s)")
+  ap.add_argument("--targets", default="h200",
+                  type=name_list("target", _target_error, "h200,a100_sxm_80"),
+                  help="comma list of GPU targets: "
+                  f"{', '.join(shipped_targets())} or a .txtpb file "
+                  "(default %(default)s)")
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+  """The command's flags (``prog`` names it in usage lines); a list flag
+  (``--cases``, ``--modes``, ``--targets``) with an unknown, empty or
+  repeated entry exits with code 2 after one line naming the flag."""
+  ap = flag_types.Parser(prog=prog, description=__doc__.split("\n")[0])
+  _list_flags(ap)
+  ap.add_argument("--all_programs", action="store_true",
+                  help="mode after: every round also with the consensus "
+                  "measurement (default: the first round only)")
+  ap.add_argument("--overlap_limit", type=flag_types.integer(
+      0, MAX_OVERLAP_LIMIT), default=0,
+                  help="xla_gpu_experimental_parallel_collective_overlap_"
+                  f"limit (0: XLA's default, 1; at most {MAX_OVERLAP_LIMIT})")
+  ap.add_argument("--out", default=os.path.join(
+      _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"),
+                  help="JSON lines file, one line per program, appended "
+                  "(default: benchmarks/results/gpu_overlap.jsonl)")
+  ap.add_argument("--fixtures", default="",
+                  help="directory for the stripped, gzipped scheduled HLO "
+                  "of --fixture_cases (test fixtures; default: none)")
+  ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual",
+                  help="with --fixtures: the cases written there (default "
+                  "%(default)s)")
+  ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",
+                  help="where the gpt2_small case writes its dummy token "
+                  "files")
+  ap.add_argument("--network_gbps", type=flag_types.real(
+      0, MAX_NETWORK_GBPS, " Gbit/s"), default=0.0,
+                  help="model an inter-node link of this many Gbit/s in "
+                  "XLA's latency estimator (Hopper targets), through "
+                  f"XLA_FLAGS; 0: XLA's own model (at most "
+                  f"{MAX_NETWORK_GBPS:g})")
+  ap.add_argument("--gpus_per_node", type=flag_types.integer(
+      1, MAX_GPUS_PER_NODE), default=4,
+                  help="with --network_gbps: GPUs per node in XLA's latency "
+                  f"estimator (default 4, at most {MAX_GPUS_PER_NODE})")
+  ap.add_argument("--xla", action="append", default=[],
+                  help="an extra XLA compile option KEY=VALUE (repeatable)")
+  ap.add_argument("--timeline", action="store_true",
+                  help="draw each case's step per target to a PNG next to "
+                  "--out")
+  ap.add_argument("--profile", default="",
+                  help="ProfiledInstructionsProto text pricing instructions "
+                  "(us) for --timeline's clock")
+  ap.add_argument("--render", nargs="*", default=None,
+                  help="only print the tables of these JSON-lines files")
+  return ap
