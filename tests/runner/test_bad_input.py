@@ -130,6 +130,12 @@ BAD_RELATIONS = [
                                    "--config.optimizer.accum_steps=1")),
     ({"data.val_fraction": 0.0}, ("config.data.val_fraction=0.0 leaves no",
                                   "--config.data.val_fraction=")),
+    # The evaluation set: 64 sequences x (64 + 1) tokens = 4160 a batch;
+    # 2**28 // 4160 = 64527 batches fit, one more does not.
+    ({"eval_batches": 64528}, ("config.eval_batches=64528 gives an "
+                               "evaluation set of 268436480 tokens",
+                               "--config.eval_batches=64527 or fewer")),
+    ({"eval_batches": 2**31 - 1}, ("config.eval_batches=2147483647",)),
     # Settings the schedule does not read (make_schedule: constant is
     # peak_lr at every step, inverse_sqrt has no final value).
     ({"schedule.name": "constant", "schedule.final_lr": 1e-4},
@@ -151,6 +157,11 @@ def test_bad_combination_is_one_line_naming_the_fields(fields, phrases):
   message = one_line_error(validation.check_config, make_config(**fields))
   for phrase in phrases:
     assert phrase in message, message
+
+
+def test_the_largest_evaluation_set_is_accepted():
+  """64527 batches x 64 sequences x 65 tokens = 268432320 <= 2**28."""
+  validation.check_config(make_config(eval_batches=64527))
 
 
 # --- Values at the edges of the rules are accepted, and used as given. ------
