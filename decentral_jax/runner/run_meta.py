@@ -337,10 +337,14 @@ def _kind(v) -> str | None:
       type(v), type(v).__name__)
 
 
-def _kind_error(theirs, like, key: str) -> str | None:
+def _kind_error(theirs, like, key: str, free=()) -> str | None:
   """Why the stored ``theirs`` is not of the JSON kind this run writes for
   ``key`` (``like``; None matches any kind), or None. Objects recurse over
-  their common keys; a number must be finite where this run's is."""
+  their common keys, less the dotted ``key`` paths in ``free`` (fields a
+  resume may change, kind included); a number must be finite where this
+  run's is."""
+  if key in free:
+    return None
   a, b = _kind(theirs), _kind(like)
   if a is not None and b is not None and a != b:
     return f"{key} must be {b} (what a run writes), got {records.short(theirs)}"
@@ -348,7 +352,7 @@ def _kind_error(theirs, like, key: str) -> str | None:
     return f"{key} must be a finite number, got {records.short(theirs)}"
   if a == b == "an object":
     for k in sorted(set(theirs) & set(like)):
-      why = _kind_error(theirs[k], like[k], f"{key}.{k}")
+      why = _kind_error(theirs[k], like[k], f"{key}.{k}", free)
       if why:
         return why
   return None
@@ -366,8 +370,9 @@ def _fields_error(meta: dict, like: dict) -> str | None:
     missing = [g for g in CONFIG_GROUPS if g not in config]
     if missing:
       return f"config misses the group(s) {missing}"
+  free = tuple(f"config.{f}" for f in RESUME_FREE)
   for key in sorted(set(meta) & set(like)):
-    why = _kind_error(meta[key], like[key], key)
+    why = _kind_error(meta[key], like[key], key, free)
     if why:
       return why
   return None

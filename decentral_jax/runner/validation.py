@@ -38,8 +38,6 @@ _ADAM_FIELDS = ("optimizer.b1", "optimizer.b2", "optimizer.eps",
 # Topologies whose rounds depend on config.workers_per_node (node-aware: the
 # others build the same rounds for any number of workers per node).
 _NODE_TOPOLOGIES = ("alternating_exp_ring",)
-#: Most tokens of a GPT run's evaluation set (2**28 int32: 1 GiB).
-MAX_EVAL_TOKENS = 2**28
 
 
 def _divisors(n: int, limit: int = 12) -> list[int]:
@@ -113,8 +111,6 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"config.model.n_head={c.model.n_head} must divide config.model."
         f"n_embd={c.model.n_embd}; set --config.model.n_head= one of "
         f"{_divisors(int(c.model.n_embd))}.")
-  if model == "gpt":
-    _check_eval_size(c)
   if c.data.source in _BYTE_SOURCES and not c.data.val_fraction > 0:
     raise ValueError(
         f"config.data.val_fraction={c.data.val_fraction!r} leaves no "
@@ -178,21 +174,6 @@ def _check_workers(c: config_dict.ConfigDict) -> None:
         f"config.workers_per_device={k} does not divide config.n_workers="
         f"{n} (each device holds the same number of workers); use one of "
         f"{_divisors(n)}.")
-
-
-def _check_eval_size(c: config_dict.ConfigDict) -> None:
-  """The GPT's evaluation set, ``eval_batches * global_batch`` windows of
-  ``block_size + 1`` tokens (int32, held in host memory), has at most
-  :data:`MAX_EVAL_TOKENS` tokens."""
-  nb, b = int(c.eval_batches), int(c.global_batch)
-  tokens = nb * b * (int(c.model.block_size) + 1)
-  if tokens > MAX_EVAL_TOKENS:
-    raise ValueError(
-        f"config.eval_batches={nb} gives an evaluation set of {tokens} "
-        f"tokens (eval_batches * global_batch={b} * (model.block_size + "
-        f"1)), more than the {MAX_EVAL_TOKENS} (2**28, 1 GiB of int32) an "
-        "evaluation may hold; set --config.eval_batches="
-        f"{max(1, MAX_EVAL_TOKENS // (tokens // nb))} or fewer.")
 
 
 def _check_micro_batches(local: int, dpw: int, k: int) -> None:

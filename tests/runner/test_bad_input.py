@@ -130,12 +130,6 @@ BAD_RELATIONS = [
                                    "--config.optimizer.accum_steps=1")),
     ({"data.val_fraction": 0.0}, ("config.data.val_fraction=0.0 leaves no",
                                   "--config.data.val_fraction=")),
-    # The evaluation set: 64 sequences x (64 + 1) tokens = 4160 a batch;
-    # 2**28 // 4160 = 64527 batches fit, one more does not.
-    ({"eval_batches": 64528}, ("config.eval_batches=64528 gives an "
-                               "evaluation set of 268436480 tokens",
-                               "--config.eval_batches=64527 or fewer")),
-    ({"eval_batches": 2**31 - 1}, ("config.eval_batches=2147483647",)),
     # Settings the schedule does not read (make_schedule: constant is
     # peak_lr at every step, inverse_sqrt has no final value).
     ({"schedule.name": "constant", "schedule.final_lr": 1e-4},
@@ -159,9 +153,18 @@ def test_bad_combination_is_one_line_naming_the_fields(fields, phrases):
     assert phrase in message, message
 
 
-def test_the_largest_evaluation_set_is_accepted():
-  """64527 batches x 64 sequences x 65 tokens = 268432320 <= 2**28."""
-  validation.check_config(make_config(eval_batches=64527))
+def test_the_evaluation_set_is_bounded_before_any_data_is_read():
+  """64 sequences x (64 + 1) tokens = 4160 a batch: 2**28 // 4160 = 64527
+  batches (268432320 tokens) fit, one more (268436480) does not; the
+  refusal comes before the data (here a missing file) is read."""
+  fields = {"data.source": "token_bins", "data.path": "/nonexistent/dir"}
+  for n in (64528, 2**31 - 1):
+    message = one_line_error(tasks.lm_task,
+                             make_config(eval_batches=n, **fields), 8, 8)
+    assert f"config.eval_batches={n} gives an evaluation set of " \
+        f"{n * 4160} tokens" in message, message
+    assert "--config.eval_batches=64527 or fewer" in message, message
+  tasks.check_eval_size(make_config(eval_batches=64527))
 
 
 # --- Values at the edges of the rules are accepted, and used as given. ------
