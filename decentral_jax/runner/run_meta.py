@@ -303,10 +303,11 @@ CONFIG_GROUPS = ("optimizer", "schedule", "model", "data", "compression",
 MAX_TRAIN_TIME_S = 1e9
 
 
-def _window_error(window) -> str | None:
+def _window_error(window, step: int) -> str | None:
   """Why a ``metrics_window`` entry is not one, or None: losses >= 0,
   accuracies in [0, 1], consensus distance >= 0 (finite; the rules of
-  ``metrics.jsonl``)."""
+  ``metrics.jsonl``), at most one loss and one accuracy per step of the
+  ``step`` the checkpoint has trained."""
   if window is None:
     return None
   if not isinstance(window, dict):
@@ -320,6 +321,9 @@ def _window_error(window) -> str | None:
                               "numbers", 0, hi)
     if why:
       return why
+    if len(window.get(key, [])) > step:
+      return (f"metrics_window.{key} holds {len(window[key])} values, more "
+              f"than the {step} steps trained")
   c = window.get("consensus")
   if c is not None:
     return records.value_error("metrics_window.consensus", c, "number", 0)
@@ -405,7 +409,7 @@ def meta_error(meta, step: int | None = None,
   if meta["data_position"] != meta["step"]:
     return (f"data_position must equal step {meta['step']} (the batches "
             f"consumed), got {records.short(meta['data_position'])}")
-  return _window_error(meta.get("metrics_window")) or (
+  return _window_error(meta.get("metrics_window"), meta["step"]) or (
       _fields_error(meta, like) if like is not None else None)
 
 
@@ -420,7 +424,8 @@ def check_run_meta(meta, where: str, step: int | None = None,
   (integers >= 0), ``train_time_s`` (a finite number in [0,
   :data:`MAX_TRAIN_TIME_S`], optional) and ``metrics_window`` (null or
   ``{"losses": [finite numbers >= 0], "accs": [finite numbers in [0, 1]],
-  "consensus": a finite number >= 0 or null}``). With ``like`` every other
+  "consensus": a finite number >= 0 or null}``, at most ``step`` values
+  in a list). With ``like`` every other
   stored field must have the JSON kind this run writes for it (a
   string, a number, true or false, an object, recursively; null matches
   any) and ``config``, if present, must be an object holding

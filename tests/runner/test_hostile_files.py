@@ -521,6 +521,10 @@ META_CASES = {
     "window_unknown_key": (
         _with(metrics_window={"losses": [], "accs": [], "consensus": None,
                               "junk": [math.nan]}), "metrics_window has unknown"),
+    "window_longer_than_the_run": (  # 6 losses after 5 steps
+        _with(metrics_window={"losses": [1.0] * 6, "accs": [],
+                              "consensus": None}),
+        "metrics_window.losses holds 6 values, more than the 5 steps"),
     "huge_train_time": (_with(train_time_s=1e308),
                         "train_time_s must be a finite number in [0, 1e+09]"),
     "config_list": (_with(config=[]), "config must be an object"),
