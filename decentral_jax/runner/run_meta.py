@@ -4,7 +4,9 @@ A checkpoint's JSON document (:func:`checkpoint_meta`) holds the step and
 data position, the training time and the metrics since the last log record
 (written by :func:`decentral_jax.runner.train.train_and_evaluate`), the
 config fields a resumed run must keep and the worker layout it ran on. On
-resume :func:`check_run_meta` checks the document's types,
+resume :func:`check_run_meta` checks the document's types and ranges
+against one schema (:func:`meta_file_error` makes a damaged one a corrupt
+checkpoint, so an older one is used),
 :func:`check_elastic_resume` the number of workers (the layout may change:
 elastic resume) and :func:`check_resumable` every other field.
 Checkpoints of older versions lack some fields (``RESUME_DEFAULTS``) and
