@@ -253,13 +253,19 @@ class Checkpointer:
     os.rename(src, dst)
     return dst
 
-  def select_restore_step(self) -> int | None:
+  def select_restore_step(self, check=None) -> int | None:
     """The newest intact checkpoint's step, moving corrupt newer ones away.
 
     Process 0 verifies from the newest down; corrupt ones are renamed
     ``<step>.corrupt`` if an older intact one exists, with one warning
     naming both. All processes of a job call this together and get the
     same answer.
+
+    Args:
+      check: ``check(step) -> why | None``, called on process 0 for a
+        checkpoint that passes its checksums: a reason (e.g. its JSON
+        document is damaged: ``run_meta.meta_file_error``) makes it
+        corrupt too.
 
     Returns:
       The step to restore, or None if the directory has no checkpoint.
@@ -273,6 +279,9 @@ class Checkpointer:
       bad = []
       for step in reversed(self.all_steps()):
         status, why = self.verify(step)
+        if status != "corrupt" and check is not None:
+          damaged = check(step)
+          status, why = ("corrupt", damaged) if damaged else (status, why)
         if status == "corrupt":
           bad.append((step, why))
           continue

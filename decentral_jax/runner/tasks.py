@@ -26,6 +26,9 @@ from decentral_jax import models
 from decentral_jax.data import fashion_mnist
 from decentral_jax.data import text
 
+#: Most tokens of the GPT's evaluation set (2**28 int32: 1 GiB).
+MAX_EVAL_TOKENS = 2**28
+
 PyTree = Any
 
 
@@ -170,6 +173,22 @@ def _lm_batches(c: config_dict.ConfigDict, train_tokens, val_tokens,
   return sampler.batch, eval_set
 
 
+def check_eval_size(c: config_dict.ConfigDict) -> None:
+  """Raises a one-line ValueError naming ``config.eval_batches`` if the
+  GPT's evaluation set, ``eval_batches * global_batch`` windows of
+  ``block_size + 1`` tokens (int32, held in host memory), has more than
+  :data:`MAX_EVAL_TOKENS` tokens; checked before any data is read."""
+  nb, b = int(c.eval_batches), int(c.global_batch)
+  per_batch = b * (int(c.model.block_size) + 1)
+  if nb * per_batch > MAX_EVAL_TOKENS:
+    raise ValueError(
+        f"config.eval_batches={nb} gives an evaluation set of "
+        f"{nb * per_batch} tokens (eval_batches * global_batch={b} * "
+        f"(model.block_size + 1)), more than the {MAX_EVAL_TOKENS} (2**28, "
+        "1 GiB of int32) an evaluation may hold; set --config.eval_batches="
+        f"{max(1, MAX_EVAL_TOKENS // per_batch)} or fewer.")
+
+
 def lm_task(config: config_dict.ConfigDict, n_workers: int,
             local_batch: int) -> Task:
   """Next-token prediction with the GPT on a byte corpus or token bins.
@@ -178,7 +197,9 @@ def lm_task(config: config_dict.ConfigDict, n_workers: int,
   config.model.block_size``; the loss is the mean token cross-entropy.
 
   Raises:
-    ValueError: a missing ``data.path``, a vocabulary smaller than the data's
+    ValueError: an evaluation set over :data:`MAX_EVAL_TOKENS` tokens
+      (:func:`check_eval_size`), a missing ``data.path``, a vocabulary
+      smaller than the data's
       token ids (for token bins: any id >= ``vocab_size``, named with its
       file; ``train.bin`` files above ``SCAN_TOKEN_BYTES`` are checked per
       batch, so :attr:`Task.host_batch` raises it), or a split too short
@@ -186,6 +207,7 @@ def lm_task(config: config_dict.ConfigDict, n_workers: int,
   """
   c, m = config, config.model
   t = int(m.block_size)
+  check_eval_size(c)
   train_tokens, val_tokens = _lm_tokens(c.data, int(m.vocab_size))
   host_batch, eval_set = _lm_batches(c, train_tokens, val_tokens, n_workers,
                                      local_batch)

@@ -73,7 +73,9 @@ class Preempted(Exception):
 
 def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   """(state, start step, earlier training seconds, metrics window state)."""
-  step = ckpt.select_restore_step()
+  like = run_meta.checkpoint_meta(exp, 0)  # the kinds of each field
+  step = ckpt.select_restore_step(lambda s: run_meta.meta_file_error(
+      ckpt.step_dir(s), s, like))
   if step is None:
     return exp.init_state(), 0, 0.0, None
   steps = int(exp.config.steps)
@@ -85,7 +87,7 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   where = ckpt.step_dir(step)
   state = exp.init_state()
   run_meta.check_resumable(
-      exp, run_meta.check_run_meta(ckpt.restore_meta(step), where, step),
+      exp, run_meta.check_run_meta(ckpt.restore_meta(step), where, step, like),
       ckpt.directory)
   try:
     state, meta = ckpt.restore(step, state)  # the document checked above

@@ -153,6 +153,20 @@ def test_bad_combination_is_one_line_naming_the_fields(fields, phrases):
     assert phrase in message, message
 
 
+def test_the_evaluation_set_is_bounded_before_any_data_is_read():
+  """64 sequences x (64 + 1) tokens = 4160 a batch: 2**28 // 4160 = 64527
+  batches (268432320 tokens) fit, one more (268436480) does not; the
+  refusal comes before the data (here a missing file) is read."""
+  fields = {"data.source": "token_bins", "data.path": "/nonexistent/dir"}
+  for n in (64528, 2**31 - 1):
+    message = one_line_error(tasks.lm_task,
+                             make_config(eval_batches=n, **fields), 8, 8)
+    assert f"config.eval_batches={n} gives an evaluation set of " \
+        f"{n * 4160} tokens" in message, message
+    assert "--config.eval_batches=64527 or fewer" in message, message
+  tasks.check_eval_size(make_config(eval_batches=64527))
+
+
 # --- Values at the edges of the rules are accepted, and used as given. ------
 # Each probe checks what the run makes of the value against a reference
 # written from the documentation (schedule formula, AccumAdam recursion,

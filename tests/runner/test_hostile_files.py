@@ -507,6 +507,41 @@ META_CASES = {
     "huge_step": (_with(step=10**30), "is not the checkpoint's number 5"),
     "nan_topology_round": (_with(topology_round=math.nan), "topology_round"),
     "string_n_workers": (_with(n_workers="8"), "n_workers"),
+    # Damaged, not a changed config: each named by its key, never compared.
+    "window_negative_loss": (
+        _with(metrics_window={"losses": [-5.0], "accs": [], "consensus": None}),
+        "metrics_window.losses must be a list of finite numbers >= 0"),
+    "window_accuracy_above_one": (
+        _with(metrics_window={"losses": [1.0], "accs": [2.0],
+                              "consensus": None}),
+        "metrics_window.accs must be a list of finite numbers in [0, 1]"),
+    "window_negative_consensus": (
+        _with(metrics_window={"losses": [], "accs": [], "consensus": -1.0}),
+        "metrics_window.consensus must be a finite number >= 0"),
+    "window_unknown_key": (
+        _with(metrics_window={"losses": [], "accs": [], "consensus": None,
+                              "junk": [math.nan]}), "metrics_window has unknown"),
+    "window_longer_than_the_run": (  # 6 losses after 5 steps
+        _with(metrics_window={"losses": [1.0] * 6, "accs": [],
+                              "consensus": None}),
+        "metrics_window.losses holds 6 values, more than the 5 steps"),
+    "huge_train_time": (_with(train_time_s=1e308),
+                        "train_time_s must be a finite number in [0, 1e+09]"),
+    "config_list": (_with(config=[]), "config must be an object"),
+    "config_without_model": (
+        lambda m: dict(m, config={k: v for k, v in m["config"].items()
+                                  if k != "model"}),
+        "config misses the group(s) ['model']"),
+    "string_seed": (_with(seed="0"), "seed must be a number"),
+    "string_compression": (_with(compression="x"),
+                           "compression must be an object"),
+    "list_model": (_with(model=[]), "model must be an object"),
+    "int_topology": (_with(topology=5), "topology must be a string"),
+    "string_b1": (
+        lambda m: dict(m, config=dict(m["config"], optimizer=dict(
+            m["config"]["optimizer"], b1="x"))),
+        "config.optimizer.b1 must be a number"),
+    "nan_lr": (_with(lr=math.nan), "lr must be a finite number"),
 }
 
 
@@ -527,6 +562,46 @@ def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
   with pytest.raises(ValueError) as info:
     train.train_and_evaluate(config, workdir, experiment=exp)
   _one_line(info.value, os.path.join(workdir, "checkpoints", "5"), needle)
+  assert "was written with" not in str(info.value)  # not a changed config
+  # Nothing older to fall back to: the damaged checkpoint stays in place.
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["5"]
+
+
+def test_damaged_metadata_falls_back_to_the_older_checkpoint(
+    tmp_path, tiny, caplog):
+  """The newest checkpoint's checksums match but its document is damaged
+  (as if re-signed after an edit): it is moved to ``<step>.corrupt`` with
+  one warning naming the file and key, and the older one is selected."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, state = tiny
+  like = run_meta.checkpoint_meta(exp, 0)
+  root = str(tmp_path / "checkpoints")
+  with checkpoint.Checkpointer(root) as ckpt:
+    for step in (3, 5):
+      meta = run_meta.checkpoint_meta(exp, step)
+      ckpt.save(step, state, dict(meta, seed="0") if step == 5 else meta)
+  caplog.set_level("WARNING")
+  with checkpoint.Checkpointer(root) as ckpt:
+    got = ckpt.select_restore_step(
+        lambda s: run_meta.meta_file_error(ckpt.step_dir(s), s, like))
+  assert got == 3
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
+  assert os.path.join(root, "5", "meta", "metadata") + ": seed must be a " \
+      "number" in caplog.text
+
+
+def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):
+  """``model.param_dtype`` at its default is left out of the stored model
+  group; a mismatch shows it as float32, not None."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  assert "param_dtype" not in meta["model"]  # this run: the default
+  meta["model"] = dict(meta["model"], param_dtype="bfloat16")
+  with pytest.raises(ValueError) as info:
+    run_meta.check_resumable(exp, meta, "ckpt")
+  assert ("config.model.param_dtype='bfloat16' but this run has float32 "
+          "(the default)") in str(info.value), info.value
 
 
 # -- the work directory's lock and checksums -----------------------------------
