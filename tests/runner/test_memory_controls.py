@@ -245,8 +245,10 @@ def test_a_resume_may_change_the_memory_controls_not_the_parameter_dtype():
   assert "param_dtype" not in saved["model"] and "remat" not in saved["model"]
   run_meta.check_resumable(experiment_lib.Experiment(
       tiny_run(micro_batches=2, model__remat="block")), saved, "ckpt")
-  # Named by the member that differs (absent in the old document: None).
-  with pytest.raises(ValueError, match="written with config.model."
-                     "param_dtype=None but this run has 'bfloat16'"):
+  # Named by the member that differs (absent in the old document: the
+  # default, float32, shown resolved).
+  with pytest.raises(ValueError, match=r"written with config.model."
+                     r"param_dtype=float32 \(the default\) but this run has "
+                     "'bfloat16'"):
     run_meta.check_resumable(experiment_lib.Experiment(
         tiny_run(model__param_dtype="bfloat16")), saved, "ckpt")
