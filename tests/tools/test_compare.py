@@ -788,6 +788,8 @@ def test_the_default_configs_are_package_presets_without_a_checkout(
     (["--nocheckpoints", "--config.checkpoint_interval=2"],
      ("--nocheckpoints", "--config.checkpoint_interval=2")),
     (["--config.workdir=/tmp/x"], ("--config.workdir=/tmp/x", "--outdir")),
+    (["--cpu_devices=2"], ("--cpu_devices=2 simulates 2 CPU devices",
+                           "--config.n_workers=8 needs 8")),
 ])
 def test_overrides_the_job_would_drop_are_refused(tmp_path, capsys, argv,
                                                    words):

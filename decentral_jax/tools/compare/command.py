@@ -61,6 +61,9 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
           asked or needed, f"--cpu_devices={asked}" if asked
           else source.replace("config.", "--config."))  # the flags typed
       jax.config.update("jax_num_cpu_devices", devices)
+      if asked and asked < needed and jax.default_backend() == "cpu":
+        devices_lib.check_asked_devices(
+            asked, asked, needed, source.replace("config.", "--config."))
     outdir = job_lib.make_outdir(flags.OUTDIR.value)
   except ValueError as e:
     job_lib.fail(e)
