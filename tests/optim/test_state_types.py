@@ -15,9 +15,9 @@ one program,
 and each must give the parameters and state of the same steps taken with a
 separately jitted ``init`` and a separately jitted one-step ``update``
 (state leaving and re-entering ``shard_map`` between steps), bit for bit.
-The default tier runs the transforms whose state type had to be fixed; the
-slow tier runs them all, and the fixed ones on a mesh of two vmapped
-workers per device too.
+Each runs with one worker per device and with two vmapped workers per
+device. The default tier runs one case of each failure the fix removed
+(``FAST``), the slow tier all of them.
 """
 
 from __future__ import annotations
@@ -197,21 +197,13 @@ def _check(name, mesh):
     _assert_same(result, want, way, exact=name not in REARRANGED)
 
 
-@pytest.mark.parametrize("name", sorted(FIXED))
-def test_state_carried_in_one_program(name):
-  require_devices(N)
-  _check(name, parallel.make_mesh(N))
+FAST = {("diloco_delayed", 1), ("sgp", 1)}  # one case of each failure
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(OTHERS))
-def test_state_carried_in_one_program_all(name):
-  require_devices(N)
-  _check(name, parallel.make_mesh(N))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(FIXED))
-def test_state_carried_with_vmapped_workers(name):
-  require_devices(N // 2)
-  _check(name, parallel.make_mesh(N, workers_per_device=2))
+@pytest.mark.parametrize("name,per_device", [
+    pytest.param(name, k, marks=() if (name, k) in FAST else pytest.mark.slow)
+    for k in (1, 2) for name in sorted(ALL)])
+def test_state_carried_in_one_program(name, per_device):
+  """``per_device`` workers per device (2: vmapped workers)."""
+  require_devices(N // per_device)
+  _check(name, parallel.make_mesh(N, workers_per_device=per_device))
