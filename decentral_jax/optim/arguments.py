@@ -10,8 +10,9 @@ checked with :mod:`decentral_jax.checks`, whose messages name
 into an array; hyperparameters that may be traced (learning rates, betas,
 eps) are checked here, when their values are known.
 
-:func:`per_worker_state` builds every transform here that keeps
-per-worker state, and gives that state one type inside ``jax.shard_map``.
+:func:`per_worker_state` builds every transform of :mod:`decentral_jax.optim`
+that keeps per-worker state, and gives that state one type inside
+``jax.shard_map``.
 """
 
 from __future__ import annotations
