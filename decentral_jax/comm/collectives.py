@@ -141,6 +141,44 @@ def match_varying(out, like):
   return out
 
 
+def tree_varying_axes(tree) -> frozenset:
+  """The union of :func:`varying_axes` over the array leaves of ``tree``."""
+  axes = frozenset()
+  for x in jax.tree.leaves(tree):
+    if isinstance(x, jax.Array):
+      axes |= varying_axes(x)
+  return axes
+
+
+def vary_over(tree, axes):
+  """Marks every array leaf of ``tree`` as varying over at least ``axes``.
+
+  A type-level cast (``lax.pcast``) as :func:`match_varying`: values are
+  unchanged, no collective runs. Outside ``shard_map`` (and under the
+  ``vmap`` over a device's workers) ``axes`` is empty and ``tree`` is
+  returned unchanged.
+
+  Args:
+    tree: pytree; leaves that are not JAX arrays are returned as they are.
+    axes: mesh axis names (e.g. :func:`tree_varying_axes` of the
+      parameters).
+
+  Returns:
+    ``tree`` with each array leaf varying over its own axes and ``axes``.
+  """
+  axes = frozenset(axes)
+  if not axes:
+    return tree
+
+  def cast(x):
+    if not isinstance(x, jax.Array):
+      return x
+    missing = tuple(sorted(axes - varying_axes(x)))
+    return lax.pcast(x, missing, to="varying") if missing else x
+
+  return jax.tree.map(cast, tree)
+
+
 def size(axis_name: AxisName) -> int:
   """Number of workers ``n`` (a Python int; reads the mesh axis sizes).
 

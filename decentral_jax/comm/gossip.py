@@ -500,10 +500,19 @@ def every(period, taken, true_fn, false_fn, *operands):
     What the chosen branch returns.
   """
   taken = collectives.uniform(taken)  # equal on all workers
+  # Fresh branch functions: lax.cond caches a branch's trace by function,
+  # and a trace under the vmap over a device's workers holds that trace's
+  # worker slot (collectives.virtual_slot), which must not leak into
+  # another trace of the same function (a later jit, a fori_loop body).
+  true_fn, false_fn = _fresh(true_fn), _fresh(false_fn)
   if checks.is_int(period) and period >= 1:
     with jax.named_scope(f"{PERIOD_SCOPE}{int(period)}"):
       return lax.cond(taken, true_fn, false_fn, *operands)
   return lax.cond(taken, true_fn, false_fn, *operands)
+
+
+def _fresh(fn):
+  return lambda *args: fn(*args)
 
 
 def consensus_distance(tree: PyTree, axis_name: AxisName = "workers"):

@@ -68,7 +68,7 @@ from decentral_jax.optim.streaming_sync import (
     default_fragments, global_params, streaming_diloco)
 from decentral_jax.optim.arguments import (
     NO_PARAMS, check_hyperparameter, check_learning_rate, check_period,
-    check_transform, concrete_float)
+    check_transform, concrete_float, per_worker_state)
 from decentral_jax.optim.precision import (
     as_dtype, compute_dtype, moment_dtype)
 from decentral_jax.optim.transforms import (
@@ -104,7 +104,8 @@ __all__ = ["all_reduce_gradients", "as_dtype", "BETA_CONVENTIONS",
            "mean_low_precision", "moment_dtype", "named", "NO_PARAMS",
            "ON_FAILURE", "one_peer_directed_exp", "outer_step", "OuterLoop",
            "OuterState", "param_delta", "Pending", "PipelinedState",
-           "pipelined_adamw", "pipelined_gossip", "Plain", "PushSumState",
+           "per_worker_state", "pipelined_adamw", "pipelined_gossip", "Plain",
+           "PushSumState",
            "Reduction", "REJOIN", "resolve_timing", "round_count",
            "round_of_step",
            "round_step", "scale_by_accum_adam", "ScaleByAccumAdamState",

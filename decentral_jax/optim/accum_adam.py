@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax import checks
+from decentral_jax.optim import arguments
 from decentral_jax.optim.arguments import check_hyperparameter
 from decentral_jax.optim.arguments import check_period
 from decentral_jax.optim.precision import as_dtype
@@ -169,7 +170,7 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     d, m, v, a = (treedef.unflatten([f[i] for f in flat]) for i in range(4))
     return d, ScaleByAccumAdamState(count, m, v, a)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn)
 
 
 def _leaf_update(g, m, v, a, hyper, big_t, window, commit, *, per_step,

@@ -9,6 +9,10 @@ checked with :mod:`decentral_jax.checks`, whose messages name
 ``static_args`` when ``optax.inject_hyperparams`` turned a static argument
 into an array; hyperparameters that may be traced (learning rates, betas,
 eps) are checked here, when their values are known.
+
+:func:`per_worker_state` builds every transform of :mod:`decentral_jax.optim`
+that keeps per-worker state, and gives that state one type inside
+``jax.shard_map``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from decentral_jax import checks
+from decentral_jax.comm import collectives
 
 NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
              "params) with params.")
@@ -103,3 +109,55 @@ def check_transform(name: str, tx) -> None:
           and callable(getattr(tx, "update", None))):
     raise ValueError(f"{name} must be an optax.GradientTransformation (e.g. "
                      f"optax.adamw(1e-3)), got {type(tx).__name__}.")
+
+
+def per_worker_state(init_fn, update_fn, *, extra_args: bool = False):
+  """An optax transform whose state has one type inside ``jax.shard_map``.
+
+  Inside ``shard_map`` an array's type names the mesh axes it varies over;
+  a ``lax.fori_loop`` carry and the branches of a ``lax.cond`` must agree
+  on it. State built from constants (a zero step count) is invariant,
+  state mixed with per-worker values is varying, and the same state
+  leaves ``shard_map`` and comes back in (a separately jitted ``init``)
+  varying over the worker axes. The rule, a type-level cast
+  (:func:`decentral_jax.comm.collectives.vary_over`; values unchanged, no
+  collective):
+
+  - ``init(params)``: every state leaf varies over every mesh axis a leaf
+    of ``params`` varies over (the worker axes under
+    :func:`decentral_jax.parallel.per_worker`);
+  - ``update(updates, state, params)``: every leaf of the new state varies
+    over at least the axes its leaf in ``state`` varies over.
+
+  So ``init`` and ``update`` in one trace, state carried through
+  ``lax.fori_loop``, and state from a separate ``jax.jit`` all see the
+  types the last of these sees. Outside ``shard_map`` and under the
+  ``vmap`` over a device's workers no axis varies and nothing changes.
+
+  Args:
+    init_fn, update_fn: the transform's ``init(params)`` and
+      ``update(updates, state, params=None, **extra_args)``.
+    extra_args: build an ``optax.GradientTransformationExtraArgs`` (the
+      update takes keyword arguments, e.g. ``round_index``).
+
+  Returns:
+    ``optax.GradientTransformation`` (or ``...ExtraArgs``).
+  """
+
+  def init(params):
+    return collectives.vary_over(init_fn(params),
+                                 collectives.tree_varying_axes(params))
+
+  def update(updates, state, params=None, **extra):
+    updates, new_state = update_fn(updates, state, params, **extra)
+    old, old_def = jax.tree.flatten(state)
+    new, new_def = jax.tree.flatten(new_state)
+    if old_def == new_def:
+      new_state = new_def.unflatten([
+          collectives.vary_over(y, collectives.tree_varying_axes(x))
+          for y, x in zip(new, old)])
+    return updates, new_state
+
+  if extra_args:
+    return optax.GradientTransformationExtraArgs(init, update)
+  return optax.GradientTransformation(init, update)

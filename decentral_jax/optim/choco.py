@@ -267,4 +267,4 @@ def choco_gossip(topology: topology_lib.Topology,
     return new_updates, ChocoState(optax.safe_increment(state.count), public,
                                    nsum)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn, extra_args=True)

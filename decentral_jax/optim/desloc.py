@@ -149,7 +149,7 @@ def desloc_adam(learning_rate, sync_x: int, sync_u: int, sync_v: int, *,
                            x_bar, d, params)
     return updates, DesLocState(optax.safe_increment(t), u, v)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn)
 
 
 def _step(u, v, t, lr, b1, b2, eps, bias_correction):

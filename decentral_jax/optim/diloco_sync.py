@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax.comm import gossip
+from decentral_jax.optim import arguments
 from decentral_jax.optim import local_steps
 from decentral_jax.optim import outer_timing
 from decentral_jax.optim import reductions
@@ -175,4 +176,4 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
     return local_steps.param_delta(x, params), DiLoCoState(
         count, inner_state, outer_state, red_state, in_flight)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn)

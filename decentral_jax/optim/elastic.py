@@ -281,8 +281,8 @@ def _elastic(inner, period: int, quorum: int, on_failure: str, rejoin: str,
     new = ElasticState(new_base, anchor, done, a, lost, skipped, useful)
     return local_steps.param_delta(x, params), new
 
-  return optax.GradientTransformationExtraArgs(
-      lambda params: _init(spec, params), update_fn)
+  return arguments.per_worker_state(
+      lambda params: _init(spec, params), update_fn, extra_args=True)
 
 
 def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,

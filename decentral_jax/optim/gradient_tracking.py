@@ -141,7 +141,7 @@ def gradient_tracking(topology: topology_lib.Topology,
     return tracker, GradientTrackingState(
         optax.safe_increment(state.count), tracker, updates)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn, extra_args=True)
 
 
 def _track(wy, g, g_prev):

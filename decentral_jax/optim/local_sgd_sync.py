@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax.comm import gossip
+from decentral_jax.optim import arguments
 from decentral_jax.optim import diloco_sync
 from decentral_jax.optim import local_steps
 from decentral_jax.optim import reductions
@@ -87,4 +88,4 @@ def local_sgd(inner: optax.GradientTransformation, sync_every: int, *,
     return local_steps.param_delta(x, params), LocalSGDState(count,
                                                              inner_state)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn)

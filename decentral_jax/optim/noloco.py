@@ -220,7 +220,7 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
     return local_steps.param_delta(x, params), NoLoCoState(
         count, inner_state, outer)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn)
 
 
 def outer_params(opt_state: optax.OptState):

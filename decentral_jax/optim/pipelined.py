@@ -144,7 +144,7 @@ def pipelined_gossip(inner: optax.GradientTransformation,
     return delta, PipelinedState(optax.safe_increment(state.count),
                                  inner_state, in_flight)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn, extra_args=True)
 
 
 def pipelined_adamw(learning_rate: optax.ScalarOrSchedule,

@@ -199,7 +199,7 @@ def push_sum(inner: optax.GradientTransformation,
     return new_updates, PushSumState(optax.safe_increment(state.count),
                                      weight, inner_state)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn, extra_args=True)
 
 
 def sgp(learning_rate: optax.ScalarOrSchedule,

@@ -24,6 +24,7 @@ from jax import lax
 
 from decentral_jax import checks
 from decentral_jax.comm import gossip
+from decentral_jax.optim import arguments
 from decentral_jax.optim import diloco_sync
 from decentral_jax.optim import local_steps
 from decentral_jax.optim import outer_timing
@@ -312,7 +313,7 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
     return local_steps.param_delta(treedef.unflatten(x_flat),
                                    params), new_state
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn)
 
 
 def _plain_step(loop, timing, tau, offsets, ids, count, x_flat, theta,

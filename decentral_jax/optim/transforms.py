@@ -133,7 +133,7 @@ def gossip_mixing(topology: topology_lib.Topology,
     updates = jax.tree.map(_add_correction, updates, mixed, params)
     return updates, GossipMixingState(optax.safe_increment(state.count))
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn, extra_args=True)
 
 
 def _add_correction(u, m, p):
@@ -278,7 +278,7 @@ def decentralized(inner: optax.GradientTransformation,
     return _difference(target, params), DecentralizedState(
         optax.safe_increment(state.count), inner_state)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return arguments.per_worker_state(init_fn, update_fn, extra_args=True)
 
 
 def _periodic_mix(topology, axis_name, tau, comm_dtype, bucket_bytes):

@@ -314,3 +314,35 @@ def test_1000_rounds_preserve_the_average_in_16_bit(name, n, local,
     # (values lie in [1, 2): eps is one unit in the last place).
     np.testing.assert_allclose(after, np.broadcast_to(before, after.shape),
                                rtol=0, atol=4 * eps)
+
+
+def test_every_reuses_a_branch_function_across_programs():
+  """One branch function in two programs on vmapped workers (2 per device).
+
+  ``lax.cond`` caches a branch's trace by function; that trace holds the
+  worker slot of the vmap it was traced in, so a second program (another
+  ``jax.jit`` of the same one-worker code, or a ``fori_loop`` body) that
+  reused it failed with a leaked tracer. Values: the mean of 0..3 on the
+  taken step, the worker's own value on the other.
+  """
+  require_devices(2)
+  mesh = parallel.make_mesh(4, workers_per_device=2)
+  axis = parallel.worker_axis(mesh)
+
+  def sync(x):
+    return gossip.mean(x, axis)
+
+  def once(x, step):
+    return gossip.every(2, step % 2 == 0, sync, lambda y: y, x)
+
+  def twice(x, step):
+    return once(once(x, step), step + 1)
+
+  x = parallel.shard(np.arange(4, dtype=np.float32)[:, None], mesh)
+  for fn, want in ((once, [1.5] * 4), (twice, [1.5] * 4)):
+    got = jax.jit(parallel.per_worker(fn, mesh, replicated_argnums=(1,)))(
+        x, jnp.int32(0))
+    np.testing.assert_array_equal(np.asarray(got)[:, 0], want)
+  got = jax.jit(parallel.per_worker(once, mesh, replicated_argnums=(1,)))(
+      x, jnp.int32(1))
+  np.testing.assert_array_equal(np.asarray(got)[:, 0], [0, 1, 2, 3])
