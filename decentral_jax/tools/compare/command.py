@@ -57,13 +57,12 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
     if not os.environ.get("JAX_NUM_CPU_DEVICES"):
       needed, source = devices_lib.devices_needed(base)
       asked = flags.CPU_DEVICES.value
+      devices_lib.check_asked_devices(  # below the config's count: refused
+          asked, asked, needed, source.replace("config.", "--config."))
       devices = devices_lib.check_simulated_devices(
           asked or needed, f"--cpu_devices={asked}" if asked
           else source.replace("config.", "--config."))  # the flags typed
       jax.config.update("jax_num_cpu_devices", devices)
-      if asked and asked < needed and jax.default_backend() == "cpu":
-        devices_lib.check_asked_devices(
-            asked, asked, needed, source.replace("config.", "--config."))
     outdir = job_lib.make_outdir(flags.OUTDIR.value)
   except ValueError as e:
     job_lib.fail(e)
