@@ -406,8 +406,9 @@ def test_resume_compares_only_the_fields_the_run_reads():
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("algorithm", ["local_sgd", "diloco",
-                                       "decentralized_diloco"])
+@pytest.mark.parametrize("algorithm", [
+    pytest.param("local_sgd", marks=pytest.mark.slow), "diloco",
+    pytest.param("decentralized_diloco", marks=pytest.mark.slow)])
 def test_comm_dtype_halves_the_local_update_methods_bytes(algorithm):
   """bfloat16: half the float32 bytes of each sync (H = 10 steps).
 

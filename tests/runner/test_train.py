@@ -295,6 +295,7 @@ def test_interrupted_save_never_replaces_last_good(tmp_path, monkeypatch):
                                 np.arange(6.0).reshape(2, 3))
 
 
+@pytest.mark.slow  # waits out the late-writes window (1 s) and more
 def test_failed_save_is_removed_after_its_other_writes_end(tmp_path,
                                                           monkeypatch):
   """Orbax reports the save's first failed item (here the JSON document)
