@@ -334,13 +334,18 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   ``compression.fraction`` unless ``topk``, ``compression.error_decay``
   without ``error_feedback``; ``optimizer.b1``, ``b2``, ``eps``,
   ``weight_decay`` and ``beta_convention`` with your own inner optimizer
-  (``optimizer.name`` neither adamw nor accum_adamw). A group
+  (``optimizer.name`` neither adamw nor accum_adamw); ``data.path`` with
+  ``data.source = "pydoc"`` (the bundled text). A group
   (``"outer_optimizer"``) is not read if none of its fields is.
 
   Returns:
     The setting that ignores it, with why (for a message), or None.
   """
   c = config
+  if field == "data.path" and c.data.get("source") == "pydoc":
+    return ("config.data.source='pydoc' (the bundled text; to train on "
+            "your own file set --config.data.source=text_file, or "
+            "token_bins for a directory of train.bin/val.bin)")
   if field in _ADAM_FIELDS and c.optimizer.name not in OPTIMIZERS:
     return (f"config.optimizer.name={c.optimizer.name!r} (your own inner "
             "optimizer reads none of the AdamW fields)")
@@ -405,8 +410,10 @@ def ignored_fields(config: config_dict.ConfigDict) -> list[str]:
   kind = _model_kind(c)
   default = base_config(c.model.name if kind == "custom" else kind)
   out = []
+  paths = ("data.path",) if "path" in c.data else ()
   for name in (*methods.method_fields(), "workers_per_node", "worker_layout",
-               "schedule.final_lr", "schedule.warmup_steps", *_ADAM_FIELDS):
+               "schedule.final_lr", "schedule.warmup_steps", *_ADAM_FIELDS,
+               *paths):
     value, want = field_rules.field(c, name), field_rules.field(default, name)
     if name == "topology":
       same = (topology_lib.canonical_name(value) ==

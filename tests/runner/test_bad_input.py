@@ -143,6 +143,11 @@ BAD_RELATIONS = [
      ("config.schedule.warmup_steps=5 has no effect with "
       "config.schedule.name='constant'",
       "--config.schedule.warmup_steps=30")),
+    # A file given without the source that reads it: the bundled text
+    # would be trained on instead.
+    ({"data.path": "/my/corpus.txt"},
+     ("config.data.path='/my/corpus.txt' has no effect with "
+      "config.data.source='pydoc'", "--config.data.source=text_file")),
 ]
 
 
