@@ -127,7 +127,8 @@ def test_more_fragments_than_leaves_is_refused_before_ray_starts(
   assert cli.main(["learners", "--fragments", "4"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: RunSpec.fragments=4 exceeds the 3 parameter leaves "
-                 "of the problem; use fragments <= 3."], err
+                 "of the problem; use fragments <= 3 (--fragments), or a "
+                 "problem with more leaves (--problem gpt, or --config)."], err
 
 
 @pytest.mark.parametrize("text, words", [

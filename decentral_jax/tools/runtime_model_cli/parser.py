@@ -164,7 +164,9 @@ _PREDICT_OWN = (
         "diloco:H=10,topology=ring, streaming_diloco:H=10,P=4"
         ",comm_dtype=bfloat16, local_dsgd:H=4,topology=aer, "
         "desloc:Kx=10,Ku=30,Kv=60, noloco:H=10, "
-        "gradient_tracking:topology=one_peer_exp; H, tau in "
+        "gradient_tracking:topology=one_peer_exp, gossip specs "
+        "dadam:topology=exponential,compress=int8,pipelined=1; a comma "
+        "followed by KEY=VALUE continues the spec before it; H, tau in "
         "steps, defaults H=10, P=1, tau=0; see docs/runtime_model_methods.md); "
         f"default {DEFAULT_METHODS}, on a cluster of several datacenters "
         f"also {WAN_DEFAULT_METHODS}")),
