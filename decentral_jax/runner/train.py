@@ -36,6 +36,7 @@ from ml_collections import config_dict
 
 from decentral_jax import parallel
 from decentral_jax.parallel import multiprocess
+from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import preemption
@@ -202,9 +203,20 @@ def _start_records(c, workdir: str, exp: Experiment, start: int) -> None:
   # Records logged after the restored checkpoint are about to be redone.
   metrics_lib.truncate_after(workdir, start)
   logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
-               "%s/step, mesh %s", c.algorithm, exp.n_workers,
+               "%s/step, mesh %s", _method_words(c), exp.n_workers,
                jax.process_count(), f"{exp.param_count:,}",
                exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
+
+
+def _method_words(c) -> str:
+  """``config.algorithm`` and its runtime-model spec (topology, messages,
+  compression, pipelining), e.g. ``decentralized (dadam:topology=...,
+  compress=int8,block=256,pipelined=1)``; the algorithm alone if the
+  method has no spec."""
+  try:
+    return f"{c.algorithm} ({builders.spec_for_config(c)[0]})"
+  except (ValueError, AttributeError, TypeError):
+    return str(c.algorithm)
 
 
 def _preempted(done: int, stop: preemption.StopRequest,
