@@ -338,9 +338,16 @@ def missing_hlo(out: str, hlo_dir: str) -> list[str]:
       os.path.join(hlo_dir, _stem(r) + ".hlo.gz"))]
 
 
+HEADER = (
+    "| case | program | buckets (bytes) | async | overlapped | fwd / bwd in "
+    "flight | step ms | A40 round ms: hidden to | H100-IB round ms: hidden "
+    "to | memory GB | compile s |\n" + "|---" * 11 + "|")
+
+
 def table(out: str, hlo_dir: str) -> str:
-  """Markdown rows of every program in ``out`` with its saved HLO."""
-  lines = []
+  """A Markdown table (:data:`HEADER`, then a row per program in ``out``
+  with its saved HLO)."""
+  lines = [HEADER]
   with open(out, encoding="utf-8") as f:
     rows = [json.loads(line) for line in f if line.strip()]
   for row in rows:
