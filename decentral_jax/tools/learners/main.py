@@ -46,6 +46,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from decentral_jax.runner import config as config_lib
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import problems
@@ -436,16 +438,31 @@ def describe(run: spec_lib.RunSpec) -> str:
   return "run: " + ", ".join(parts)
 
 
-def _summary(status, seconds, learners, args, run) -> None:
+def distance_to_optimum(run: spec_lib.RunSpec, theta: dict) -> float | None:
+  """``||theta - x*||`` (float64 over every leaf) for a problem whose
+  minimizer ``x*`` of the mean loss is known (the quadratic: ``mean_i
+  b_i``), else None."""
+  if run.problem != "quadratic":
+    return None
+  best = problems.build(run.problem, run.shards, run.problem_args).optimum
+  return float(np.sqrt(sum(np.sum((np.asarray(theta[k], np.float64)
+                                   - best[k]) ** 2) for k in best)))
+
+
+def _summary(status, seconds, learners, args, run, theta) -> None:
   tokens = sum(sum(t.values()) for t in status["log"]["tokens"])
   print(describe(run))
+  dist = distance_to_optimum(run, theta)
+  if dist is not None:
+    print(f"distance to the optimum ||theta - mean_i b_i||: {dist:.4g}")
   print(f"{status['version']} periods merged in {seconds:.1f} s; "
         f"{tokens} tokens merged ({tokens / seconds:.1f} tokens/s); "
         f"{len(status['log']['rejected'])} pseudo-gradients rejected")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump({"run": run.trajectory(), "status": status,
-                 "learners": learners, "seconds": seconds}, f, indent=1,
+                 "learners": learners, "seconds": seconds,
+                 "distance_to_optimum": dist}, f, indent=1,
                 default=str)
 
 
@@ -484,6 +501,7 @@ def main(argv=None, prog: str | None = None) -> int:
       c.add(i)
     status = _drive(c, args, records)
     learners = c.learner_status()
+    theta = _theta(c)[1]
   except (TimeoutError, Stalled) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
@@ -491,5 +509,5 @@ def main(argv=None, prog: str | None = None) -> int:
     c.close()
     if records is not None:
       records.close()
-  _summary(status, time.monotonic() - start, learners, args, run)
+  _summary(status, time.monotonic() - start, learners, args, run, theta)
   return 0

@@ -48,6 +48,8 @@ class Problem:
       ``inner_lr`` (``runner``: the config's).
     runner: ``runner``: the :class:`~decentral_jax.tools.learners.
       runner_problem.RunnerTask` (evaluation, learning rate), else None.
+    optimum: the minimizer of the mean loss (flat dict like ``params``,
+      float64) where it is known (the quadratic: ``mean_i b_i``), else None.
   """
   params: PyTree
   loss: Callable
@@ -55,6 +57,7 @@ class Problem:
   tokens_per_step: int
   inner: Any = None
   runner: Any = None
+  optimum: Any = None
 
 
 def quadratic_targets(shards: int, seed: int = 0):
@@ -84,7 +87,8 @@ def _quadratic(shards: int, seed: int = 0, noise: float = 0.1) -> Problem:
 
   return Problem({k: v[0].astype(np.float32) for k, v in x0.items()}, loss,
                  lambda shard, step: quadratic_batch(b, shard, step, seed,
-                                                     noise), 1)
+                                                     noise), 1,
+                 optimum={k: v.mean(0) for k, v in b.items()})
 
 
 def _gpt(shards: int, seed: int = 0, n_layer: int = 2, n_embd: int = 64,
