@@ -584,11 +584,17 @@ def test_the_summary_names_the_run():
                          compressor="int8", block=64)
   assert main_lib.describe(run) == (
       "run: sync, 3 learners, H=8, inner sgd lr 0.1, outer delayed Nesterov "
-      "(buffer 4) lr 0.7 momentum 0.9, 2 fragments (tau=1, alpha=0.5), "
-      "int8 pseudo-gradients")
+      "(buffer 4) lr 0.7 momentum 0.9, Streaming: 2 fragments (tau=1, "
+      "alpha=0.5), int8 pseudo-gradients")
   assert main_lib.describe(spec_lib.RunSpec()) == (
       "run: sync, 2 learners, H=4, inner sgd lr 0.1, outer Nesterov lr 0.7 "
       "momentum 0.9")
+  # One fragment with an overlap (or a merge alpha) is Streaming DiLoCo's
+  # schedule too, not plain DiLoCo.
+  for fields, words in (({"overlap_steps": 1}, "(tau=1, alpha=0)"),
+                        ({"merge_alpha": 0.3}, "(tau=0, alpha=0.3)")):
+    assert main_lib.describe(spec_lib.RunSpec(**fields)).endswith(
+        ", Streaming: 1 fragment " + words), fields
 
 
 def test_the_quadratic_run_reports_its_distance_to_the_optimum():

@@ -430,8 +430,9 @@ def describe(run: spec_lib.RunSpec) -> str:
   parts = [f"{run.mode}, {run.shards} learners, H={run.sync_every}", inner,
            f"outer {outer} lr {run.outer_lr:g} momentum "
            f"{run.outer_momentum:g}"]
-  if run.fragments > 1:
-    parts.append(f"{run.fragments} fragments (tau={run.overlap_steps}, "
+  if run.streaming:  # Streaming DiLoCo's schedule, one fragment included
+    parts.append(f"Streaming: {run.fragments} fragment"
+                 f"{'s' * (run.fragments > 1)} (tau={run.overlap_steps}, "
                  f"alpha={run.merge_alpha:g})")
   if run.compressor != "none":
     parts.append(f"{run.compressor} pseudo-gradients")
