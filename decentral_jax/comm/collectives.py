@@ -222,8 +222,10 @@ def _check_not_virtual(axis_name) -> None:
     raise ValueError(
         f"axis_name={axis_name!r} names mesh axes, but this code runs for "
         "several workers per device (a parallel.VirtualMesh): pass "
-        "parallel.worker_axis(mesh) as the axis_name (optimizers, gossip "
-        "and local-update methods all take one).")
+        "parallel.worker_axis(mesh) as the axis_name: gossip and the "
+        "optimizers take it as axis_name=, the local-update methods through "
+        "their reduction (reduction=reductions.uncompressed(axis_name=...) "
+        "or reductions.compressed(..., axis_name=...)).")
 
 
 def uniform(x):

@@ -230,6 +230,30 @@ def test_collectives_outside_per_worker_are_a_clear_error():
     fn(parallel.shard(jnp.zeros((N,)), mesh))
 
 
+def test_a_mesh_axis_name_on_virtual_workers_names_the_reduction_fix():
+  """DiLoCo's default reduction averages over the mesh axis 'workers'; on
+  virtual workers the error names reduction=..., and with it the run
+  averages (x = 1, 2, .., N: one SGD step at lr 0 leaves x, the sync takes
+  the mean (N + 1) / 2)."""
+  mesh = _mesh(2)
+  x = parallel.shard(jnp.arange(1.0, N + 1.0)[:, None], mesh)
+
+  def step(tx):
+    def one(p):
+      u, _ = tx.update(jnp.zeros_like(p), tx.init(p), p)
+      return optax.apply_updates(p, u)
+    return jax.jit(parallel.per_worker(one, mesh))(x)
+
+  with pytest.raises(ValueError, match=r"reduction=reductions.uncompressed"
+                     r"\(axis_name=...\)"):
+    step(optim.diloco(optax.sgd(0.0), 1))
+  from decentral_jax.optim import reductions  # pylint: disable=import-outside-toplevel
+  got = step(optim.diloco(optax.sgd(0.0), 1, outer=optax.sgd(1.0),
+                          reduction=reductions.uncompressed(
+                              axis_name=parallel.worker_axis(mesh))))
+  np.testing.assert_allclose(np.asarray(got), np.full((N, 1), (N + 1) / 2))
+
+
 def test_mesh_errors_name_the_fields():
   devices = require_devices(N)
   with pytest.raises(ValueError, match="workers_per_device=3 must divide"):
