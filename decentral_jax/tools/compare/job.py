@@ -94,7 +94,11 @@ RESULT_SCHEMA = {
               None, None, True),
     "diverged": ("str", None, None, True)}
 # Everything a run's subdirectory may hold (besides run.lock).
-RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
+RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp",
+               workdir_lib.SUMS_FILE, workdir_lib.SUMS_FILE + ".tmp")
+# The records of a run that its SHA256SUMS covers (:func:`sign`).
+SIGNED = (RESULT_FILE, metrics_lib.METRICS_FILE)
+_UNSIGNED = "SHA256SUMS"  # the key of a record its SHA256SUMS does not match
 
 
 def _warn(line: str) -> None:
@@ -124,7 +128,25 @@ def read_record(workdir: str, want: dict | None = None
   metrics and every row of ``metrics.jsonl`` possible
   (:func:`.kept.final_error`, :func:`.kept.metrics_error`). Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
-  (``.missing`` if :data:`RESULT_FILE` does not exist)."""
+  (``.missing`` if :data:`RESULT_FILE` does not exist). A record of the
+  config ``want`` whose values pass is then checked against the
+  ``SHA256SUMS`` the run wrote when it finished (:func:`sign`): a missing
+  manifest, or a record edited, truncated or damaged since, is damage too
+  (key ``"SHA256SUMS"``)."""
+  record = _read_values(workdir, want)
+  if (isinstance(record, records.Damaged)
+      or want is not None and record["config"] != want):
+    return record
+  state, why = workdir_lib.check_sums(workdir)
+  return record if state == "ok" else records.Damaged(
+      os.path.join(workdir, workdir_lib.SUMS_FILE),
+      why + " (the record was changed since the run finished)"
+      if state == "corrupt" else why, key=_UNSIGNED)
+
+
+def _read_values(workdir: str, want: dict | None
+                 ) -> dict | records.Damaged:
+  """:func:`read_record` but the checksums."""
   path = os.path.join(workdir, RESULT_FILE)
   record = records.read_json(path, RESULT_SCHEMA, tuple(RESULT_SCHEMA),
                              check=_outcome_error)
@@ -240,8 +262,10 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
   record = read_record(workdir, want)
   # Impossible values in metrics.jsonl would outlive a resume (it keeps the
   # records up to its checkpoint): such a run is trained again.
+  # So would edited records (their checksums do not match).
   redo = (isinstance(record, records.Damaged)
-          and str(record.key).endswith(_OUT_OF_RANGE))
+          and (str(record.key).endswith(_OUT_OF_RANGE)
+               or record.key == _UNSIGNED))
   if isinstance(record, records.Damaged):
     if not record.missing:
       _warn(record.warning("the run is not kept: it is " + (
@@ -263,8 +287,18 @@ def _record(workdir: str, config, final, reason) -> None:
       json.dump({"config": json.loads(config.to_json()), "final": final,
                  "diverged": reason}, f, indent=1)
     os.replace(path + ".tmp", path)
+    sign(workdir)
   except OSError as e:
     raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
+
+
+def sign(workdir: str) -> None:
+  """Writes ``workdir/SHA256SUMS`` over the run's :data:`SIGNED` records
+  that exist (``sha256sum -c SHA256SUMS`` checks it), so that a kept
+  run's record is tamper-evident like a checkpoint."""
+  rels = [os.path.relpath(os.path.join(here, name), workdir)
+          for here, _, names in os.walk(workdir) for name in names]
+  workdir_lib.write_sums(workdir, skip=[r for r in rels if r not in SIGNED])
 
 
 def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,
