@@ -506,7 +506,7 @@ def test_full_changes_the_defaults_and_explicit_flags_win():
 
 # param_count: one float32 worker model of 1 MB, as the faked
 # sent_per_step's ratio 1.0 of 1e6 bytes says.
-_FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+_FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
           "param_count": 250_000}
 
@@ -895,3 +895,42 @@ def test_a_record_without_its_checksums_is_trained_again(
   [line] = _warnings(capsys.readouterr().err, out)
   assert line.startswith(f"warning: {sums}: ") and line.endswith(
       "the run is not kept: it is trained again."), line
+
+
+def _edit_final(**changes):
+  def edit(path):
+    record = json.loads(path.read_text())
+    record["final"].update(changes)
+    record["final"] = {k: v for k, v in record["final"].items()
+                       if v is not None}
+    path.write_text(json.dumps(record))
+  return "compare_result.json", edit
+
+
+def _add_row(row):
+  return "metrics.jsonl", lambda path: path.write_text(
+      path.read_text() + json.dumps(row) + "\n")
+
+
+# Records re-signed after the edit: the rules of the values catch them (the
+# job's config: steps 3).
+@pytest.mark.parametrize("edit, says", [
+    (_edit_final(lr=-1), "final.lr must be >= 0, got -1"),
+    (_edit_final(lr=1e30), "final.lr must be <= schedule.peak_lr "),
+    (_edit_final(step=None), "final.step is missing"),
+    (_add_row({"step": 3, "lr": "x"}), "at step 3: lr must be a number, got "
+                                       "'x'"),
+    (_add_row({"step": 99, "train/loss": 2.0}),
+     "at step 99: step must be in [0, steps] = [0, 3]"),
+])
+def test_a_re_signed_record_with_an_impossible_value_is_not_kept(
+    tmp_path, monkeypatch, capsys, edit, says):
+  out, run, trained = _signed_job(monkeypatch, tmp_path)
+  name, change = edit
+  change(out / "diloco" / name)
+  job_lib.sign(str(out / "diloco"))
+  capsys.readouterr()
+  assert run() == 0 and trained[2:] == ["diloco"]
+  [line] = _warnings(capsys.readouterr().err, out)
+  assert line.startswith(f"warning: {out / 'diloco' / name}: ") and (
+      says in line) and line.endswith("trained again."), line

@@ -34,7 +34,7 @@ BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 # param_count: one float32 worker model of 1 MB, as the faked
 # sent_per_step's ratio 1.0 of 1e6 bytes says.
-_FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+_FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
           "param_count": 250_000}
 

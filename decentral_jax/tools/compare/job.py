@@ -157,7 +157,8 @@ def _read_values(workdir: str, want: dict | None
                                               metrics_lib.METRICS_FILE))
   if record["final"] is None:  # diverged: what it evaluated must be possible
     return (record if isinstance(curve, records.Damaged)
-            else _eval_error(workdir, {}, curve) or _rows_error(workdir)
+            else _eval_error(workdir, {}, curve)
+            or _rows_error(workdir, record["config"])
             or record)
   if isinstance(curve, records.Damaged):  # a missing one is damage here
     return dataclasses.replace(curve, missing=False)
@@ -170,7 +171,8 @@ def _read_values(workdir: str, want: dict | None
         f"not at the run's last step {records.short(steps)} ({how})",
         key="eval/loss")
   return (_eval_error(workdir, record["final"], curve)
-          or _final_error(workdir, record) or _rows_error(workdir) or record)
+          or _final_error(workdir, record)
+          or _rows_error(workdir, record["config"]) or record)
 
 
 def _final_error(workdir: str, record: dict) -> records.Damaged | None:
@@ -181,13 +183,13 @@ def _final_error(workdir: str, record: dict) -> records.Damaged | None:
       key=f"final.{got[0]}")
 
 
-def _rows_error(workdir: str) -> records.Damaged | None:
+def _rows_error(workdir: str, config: dict) -> records.Damaged | None:
   """:func:`.kept.metrics_error` of a run's metrics.jsonl (read whole by
   ``read_curve`` already), as damage that a resume would keep."""
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   got = records.read_jsonl(path)
   why = None if isinstance(got, records.Damaged) else kept.metrics_error(
-      got.records)
+      got.records, config)
   return None if why is None else records.Damaged(
       path, why, key="row" + _OUT_OF_RANGE)
 
