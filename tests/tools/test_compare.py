@@ -506,7 +506,7 @@ def test_full_changes_the_defaults_and_explicit_flags_win():
 
 # param_count: one float32 worker model of 1 MB, as the faked
 # sent_per_step's ratio 1.0 of 1e6 bytes says.
-_FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+_FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
           "param_count": 250_000}
 
@@ -807,3 +807,130 @@ def test_overrides_the_job_would_drop_are_refused(tmp_path, capsys, argv,
         ["--config.checkpoint_interval=0"])[3] is False
   finally:
     flags.unparse_flags()
+
+
+# --- A kept run's records are signed: edited ones are trained again ---
+
+
+def _signed_job(monkeypatch, tmp_path):
+  trained = []
+
+  def trains(config, workdir, experiment=None):
+    trained.append(os.path.basename(workdir))
+    _write_curve(workdir)
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write("{}")  # not signed: only the two records are
+    return dict(_FINAL)
+
+  _fake_job(monkeypatch, trains)
+  out = tmp_path / "out"
+  run = lambda: _main(out, "--methods=all_reduce,diloco", "--clusters=")
+  assert run() == 0 and trained == ["all_reduce", "diloco"]
+  return out, run, trained
+
+
+def _warnings(err: str, out) -> list[str]:
+  """The warning lines about the runs in ``out``."""
+  return [l for l in err.splitlines() if l.startswith(f"warning: {out}")]
+
+
+def test_a_finished_run_signs_its_records_with_sha256sums(
+    tmp_path, monkeypatch):
+  import hashlib
+  out, _, _ = _signed_job(monkeypatch, tmp_path)
+  run_dir = out / "diloco"
+  want = "".join(
+      f"{hashlib.sha256((run_dir / name).read_bytes()).hexdigest()}  {name}\n"
+      for name in ("compare_result.json", "metrics.jsonl"))
+  assert (run_dir / "SHA256SUMS").read_text() == want
+
+
+def test_consistently_edited_comm_figures_are_not_kept(
+    tmp_path, monkeypatch, capsys):
+  out, run, trained = _signed_job(monkeypatch, tmp_path)
+  path = out / "diloco" / "compare_result.json"
+  record = json.loads(path.read_text())
+  # Both doubled: 2e6 bytes / (250000 x 4 bytes) = 2.0, as the rules allow.
+  record["final"].update({"comm/bytes_per_step": 2e6, "comm/ratio": 2.0})
+  path.write_text(json.dumps(record))
+  capsys.readouterr()
+  assert run() == 0
+  assert trained[2:] == ["diloco"]
+  sums = out / "diloco" / "SHA256SUMS"
+  assert _warnings(capsys.readouterr().err, out) == [
+      f"warning: {sums}: compare_result.json does not match its checksum "
+      "(the record was changed since the run finished); the run is not "
+      "kept: it is trained again."]
+  [row] = [l for l in (out / "results.md").read_text().splitlines()
+           if l.startswith("| DiLoCo")]
+  assert row.endswith("| 1.000 (1.00) |"), row  # the trained ratio
+  assert run() == 0 and len(trained) == 3  # signed again: kept from now on
+
+
+def test_a_step_0_loss_edited_in_every_run_is_not_kept(
+    tmp_path, monkeypatch, capsys):
+  out, run, trained = _signed_job(monkeypatch, tmp_path)
+  for name in ("all_reduce", "diloco"):  # all agree: no cross-check fails
+    path = out / name / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"eval/loss": 4.0',
+                                             '"eval/loss": 9.0'))
+  capsys.readouterr()
+  assert run() == 0 and trained[2:] == ["all_reduce", "diloco"]
+  warnings = _warnings(capsys.readouterr().err, out)
+  assert len(warnings) == 2 and all(
+      "metrics.jsonl does not match its checksum" in w for w in warnings)
+
+
+@pytest.mark.parametrize("damage", ["remove", "truncate"])
+def test_a_record_without_its_checksums_is_trained_again(
+    tmp_path, monkeypatch, capsys, damage):
+  out, run, trained = _signed_job(monkeypatch, tmp_path)
+  sums = out / "all_reduce" / "SHA256SUMS"
+  if damage == "remove":  # an outdir an older version wrote
+    sums.unlink()
+  else:
+    sums.write_text(sums.read_text()[:30])
+  capsys.readouterr()
+  assert run() == 0 and trained[2:] == ["all_reduce"]
+  [line] = _warnings(capsys.readouterr().err, out)
+  assert line.startswith(f"warning: {sums}: ") and line.endswith(
+      "the run is not kept: it is trained again."), line
+
+
+def _edit_final(**changes):
+  def edit(path):
+    record = json.loads(path.read_text())
+    record["final"].update(changes)
+    record["final"] = {k: v for k, v in record["final"].items()
+                       if v is not None}
+    path.write_text(json.dumps(record))
+  return "compare_result.json", edit
+
+
+def _add_row(row):
+  return "metrics.jsonl", lambda path: path.write_text(
+      path.read_text() + json.dumps(row) + "\n")
+
+
+# Records re-signed after the edit: the rules of the values catch them (the
+# job's config: steps 3).
+@pytest.mark.parametrize("edit, says", [
+    (_edit_final(lr=-1), "final.lr must be >= 0, got -1"),
+    (_edit_final(lr=1e30), "final.lr must be <= schedule.peak_lr "),
+    (_edit_final(step=None), "final.step is missing"),
+    (_add_row({"step": 3, "lr": "x"}), "at step 3: lr must be a number, got "
+                                       "'x'"),
+    (_add_row({"step": 99, "train/loss": 2.0}),
+     "at step 99: step must be in [0, steps] = [0, 3]"),
+])
+def test_a_re_signed_record_with_an_impossible_value_is_not_kept(
+    tmp_path, monkeypatch, capsys, edit, says):
+  out, run, trained = _signed_job(monkeypatch, tmp_path)
+  name, change = edit
+  change(out / "diloco" / name)
+  job_lib.sign(str(out / "diloco"))
+  capsys.readouterr()
+  assert run() == 0 and trained[2:] == ["diloco"]
+  [line] = _warnings(capsys.readouterr().err, out)
+  assert line.startswith(f"warning: {out / 'diloco' / name}: ") and (
+      says in line) and line.endswith("trained again."), line

@@ -34,7 +34,7 @@ BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 # param_count: one float32 worker model of 1 MB, as the faked
 # sent_per_step's ratio 1.0 of 1e6 bytes says.
-_FINAL = {"eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+_FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
           "param_count": 250_000}
 
@@ -147,13 +147,18 @@ METRICS_CASES = {
 
 
 def _damage(path: str, content) -> None:
+  """Writes ``content`` to ``path`` (None: removes it); a kept run's
+  records are signed again, so the rules of the values catch them."""
   if content is None:
     os.remove(path)
-    return
-  if callable(content):
-    content = content(open(path, encoding="utf-8").read())
-  with open(path, "wb") as f:
-    f.write(content if isinstance(content, bytes) else content.encode())
+  else:
+    if callable(content):
+      content = content(open(path, encoding="utf-8").read())
+    with open(path, "wb") as f:
+      f.write(content if isinstance(content, bytes) else content.encode())
+  run_dir = os.path.dirname(path)
+  if os.path.isfile(os.path.join(run_dir, job_lib.RESULT_FILE)):
+    job_lib.sign(run_dir)
 
 
 class _Config:
@@ -172,6 +177,7 @@ def _kept_run(tmp_path) -> str:
        "diverged": None}, indent=1))
   (run_dir / metrics.METRICS_FILE).write_text(
       '{"step": 0, "eval/loss": 4.0}\n{"step": 3, "eval/loss": 2.0}\n')
+  job_lib.sign(str(run_dir))
   return str(run_dir)
 
 
@@ -719,8 +725,8 @@ def test_a_kept_run_whose_step_0_loss_disagrees_is_trained_again(
   assert _main_methods(out, methods) == 0
   first = len(trained)
   path = out / "local_dadam" / metrics.METRICS_FILE
-  path.write_text(path.read_text().replace('"eval/loss": 4.0',
-                                           '"eval/loss": 9.0'))
+  _damage(str(path), lambda t: t.replace('"eval/loss": 4.0',
+                                        '"eval/loss": 9.0'))  # re-signed
   capsys.readouterr()
   assert _main_methods(out, methods) == 0
   err = capsys.readouterr().err
@@ -740,8 +746,8 @@ def test_a_kept_run_disagreeing_with_a_fresh_run_is_trained_again(
   out = tmp_path / "out"
   assert _main_methods(out, "all_reduce,local_dadam") == 0
   path = out / "local_dadam" / metrics.METRICS_FILE
-  path.write_text(path.read_text().replace('"eval/loss": 4.0',
-                                           '"eval/loss": 9.0'))
+  _damage(str(path), lambda t: t.replace('"eval/loss": 4.0',
+                                        '"eval/loss": 9.0'))  # re-signed
   shutil.rmtree(out / "all_reduce")  # trained now: it settles the value
   del trained[:]
   assert _main_methods(out, "all_reduce,local_dadam") == 0

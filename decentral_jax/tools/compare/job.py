@@ -94,7 +94,11 @@ RESULT_SCHEMA = {
               None, None, True),
     "diverged": ("str", None, None, True)}
 # Everything a run's subdirectory may hold (besides run.lock).
-RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp")
+RUN_ENTRIES = (*train.RUN_FILES, RESULT_FILE, RESULT_FILE + ".tmp",
+               workdir_lib.SUMS_FILE, workdir_lib.SUMS_FILE + ".tmp")
+# The records of a run that its SHA256SUMS covers (:func:`sign`).
+SIGNED = (RESULT_FILE, metrics_lib.METRICS_FILE)
+_UNSIGNED = "SHA256SUMS"  # the key of a record its SHA256SUMS does not match
 
 
 def _warn(line: str) -> None:
@@ -124,7 +128,25 @@ def read_record(workdir: str, want: dict | None = None
   metrics and every row of ``metrics.jsonl`` possible
   (:func:`.kept.final_error`, :func:`.kept.metrics_error`). Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
-  (``.missing`` if :data:`RESULT_FILE` does not exist)."""
+  (``.missing`` if :data:`RESULT_FILE` does not exist). A record of the
+  config ``want`` whose values pass is then checked against the
+  ``SHA256SUMS`` the run wrote when it finished (:func:`sign`): a missing
+  manifest, or a record edited, truncated or damaged since, is damage too
+  (key ``"SHA256SUMS"``)."""
+  record = _read_values(workdir, want)
+  if (isinstance(record, records.Damaged)
+      or want is not None and record["config"] != want):
+    return record
+  state, why = workdir_lib.check_sums(workdir)
+  return record if state == "ok" else records.Damaged(
+      os.path.join(workdir, workdir_lib.SUMS_FILE),
+      why + " (the record was changed since the run finished)"
+      if state == "corrupt" else why, key=_UNSIGNED)
+
+
+def _read_values(workdir: str, want: dict | None
+                 ) -> dict | records.Damaged:
+  """:func:`read_record` but the checksums."""
   path = os.path.join(workdir, RESULT_FILE)
   record = records.read_json(path, RESULT_SCHEMA, tuple(RESULT_SCHEMA),
                              check=_outcome_error)
@@ -135,7 +157,8 @@ def read_record(workdir: str, want: dict | None = None
                                               metrics_lib.METRICS_FILE))
   if record["final"] is None:  # diverged: what it evaluated must be possible
     return (record if isinstance(curve, records.Damaged)
-            else _eval_error(workdir, {}, curve) or _rows_error(workdir)
+            else _eval_error(workdir, {}, curve)
+            or _rows_error(workdir, record["config"])
             or record)
   if isinstance(curve, records.Damaged):  # a missing one is damage here
     return dataclasses.replace(curve, missing=False)
@@ -148,7 +171,8 @@ def read_record(workdir: str, want: dict | None = None
         f"not at the run's last step {records.short(steps)} ({how})",
         key="eval/loss")
   return (_eval_error(workdir, record["final"], curve)
-          or _final_error(workdir, record) or _rows_error(workdir) or record)
+          or _final_error(workdir, record)
+          or _rows_error(workdir, record["config"]) or record)
 
 
 def _final_error(workdir: str, record: dict) -> records.Damaged | None:
@@ -159,13 +183,13 @@ def _final_error(workdir: str, record: dict) -> records.Damaged | None:
       key=f"final.{got[0]}")
 
 
-def _rows_error(workdir: str) -> records.Damaged | None:
+def _rows_error(workdir: str, config: dict) -> records.Damaged | None:
   """:func:`.kept.metrics_error` of a run's metrics.jsonl (read whole by
   ``read_curve`` already), as damage that a resume would keep."""
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   got = records.read_jsonl(path)
   why = None if isinstance(got, records.Damaged) else kept.metrics_error(
-      got.records)
+      got.records, config)
   return None if why is None else records.Damaged(
       path, why, key="row" + _OUT_OF_RANGE)
 
@@ -240,8 +264,10 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
   record = read_record(workdir, want)
   # Impossible values in metrics.jsonl would outlive a resume (it keeps the
   # records up to its checkpoint): such a run is trained again.
+  # So would edited records (their checksums do not match).
   redo = (isinstance(record, records.Damaged)
-          and str(record.key).endswith(_OUT_OF_RANGE))
+          and (str(record.key).endswith(_OUT_OF_RANGE)
+               or record.key == _UNSIGNED))
   if isinstance(record, records.Damaged):
     if not record.missing:
       _warn(record.warning("the run is not kept: it is " + (
@@ -263,8 +289,18 @@ def _record(workdir: str, config, final, reason) -> None:
       json.dump({"config": json.loads(config.to_json()), "final": final,
                  "diverged": reason}, f, indent=1)
     os.replace(path + ".tmp", path)
+    sign(workdir)
   except OSError as e:
     raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
+
+
+def sign(workdir: str) -> None:
+  """Writes ``workdir/SHA256SUMS`` over the run's :data:`SIGNED` records
+  that exist (``sha256sum -c SHA256SUMS`` checks it), so that a kept
+  run's record is tamper-evident like a checkpoint."""
+  rels = [os.path.relpath(os.path.join(here, name), workdir)
+          for here, _, names in os.walk(workdir) for name in names]
+  workdir_lib.write_sums(workdir, skip=[r for r in rels if r not in SIGNED])
 
 
 def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,

@@ -7,12 +7,15 @@ damaged:
 * :func:`value_error`: every loss-like value (a key whose last part names
   a loss, e.g. ``train/loss``, ``eval/worker_loss_mean``; the signed
   ``eval/worker_excess_*`` apart) is >= 0, every accuracy in [0, 1],
-  every count or time (consensus distance, communication, timings) >= 0;
+  every count or time (consensus distance, communication, timings) >= 0,
+  every learning rate ``lr`` >= 0, and each of these a number (or null);
 * :func:`row_error`: those values of one row, and
   ``eval/worker_loss_min <= eval/worker_loss_mean <= eval/worker_loss_max``;
-* :func:`final_error`: the final row, ``step`` equal to the config's
-  ``steps``, ``param_count`` a whole number >= 1, and the communication
-  figures consistent (:func:`comm_error`);
+  with the run's config (:func:`schedule_error`), ``step`` in
+  ``[0, steps]`` and ``lr <= schedule.peak_lr`` (no schedule exceeds it);
+* :func:`final_error`: the final row, ``step`` there and equal to the
+  config's ``steps``, ``param_count`` a whole number >= 1, and the
+  communication figures consistent (:func:`comm_error`);
 * :func:`disagreeing`: across the runs of one job, the values every run
   must share (:data:`SHARED`): the step-0 evaluation loss of the runs of
   one seed (same initial parameters, same evaluation batches), the
@@ -51,7 +54,7 @@ def value_range(key: str) -> tuple[float | None, float | None]:
   last = _last(key)
   if "excess" in last:  # a worker's loss minus x_bar's: signed
     return None, None
-  if "loss" in last:
+  if "loss" in last or last == "lr":
     return 0.0, None
   if "accuracy" in last:
     return 0.0, 1.0
@@ -63,11 +66,14 @@ def value_range(key: str) -> tuple[float | None, float | None]:
 
 
 def value_error(key: str, v) -> str | None:
-  """Why a number ``v`` of ``key`` is impossible (None for a null value,
-  which the metrics files write for a non-finite one)."""
-  if v is None or not records.is_real(v):
-    return None
+  """Why a value ``v`` of ``key`` is impossible (None for a null value,
+  which the metrics files write for a non-finite one): outside
+  :func:`value_range`, or not a number where the range is known."""
   lo, hi = value_range(key)
+  if v is None or (lo, hi) == (None, None):
+    return None
+  if not records.is_real(v):
+    return f"{key} must be a number, got {records.short(v)}"
   if (lo is not None and v < lo) or (hi is not None and v > hi):
     rule = (f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}")
     return f"{key} must be {rule}, got {records.short(v)}"
@@ -91,6 +97,23 @@ def row_error(row: dict) -> str | None:
   if len(got) == 2 and lo is not None and hi is not None and lo > hi + slack:
     return (f"eval/worker_loss_min {records.short(lo)} must be <= "
             f"eval/worker_loss_max {records.short(hi)}")
+  return None
+
+
+def schedule_error(row: dict, config: dict) -> str | None:
+  """Why a row's ``step`` or ``lr`` is impossible for the run's ``config``
+  (a dict): ``step`` outside ``[0, steps]``, or ``lr`` above
+  ``schedule.peak_lr`` (by more than float32 rounding, :data:`REL_TOL`)."""
+  steps, step = _get(config, "steps"), row.get("step")
+  if (records.is_real(steps) and records.is_real(step)
+      and not 0 <= step <= steps):
+    return (f"step must be in [0, steps] = [0, {records.short(steps)}] (the "
+            f"run's config), got {records.short(step)}")
+  peak, lr = _get(config, "schedule.peak_lr"), row.get("lr")
+  if (records.is_real(peak) and records.is_real(lr)
+      and lr > peak * (1 + REL_TOL)):
+    return (f"lr must be <= schedule.peak_lr {records.short(peak)} (no "
+            f"schedule exceeds it), got {records.short(lr)}")
   return None
 
 
@@ -143,6 +166,9 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
   if why:
     return why.split(" ", 1)[0], why
   steps = _get(config, "steps")
+  if "step" not in final and steps is not None:
+    return "step", ("step is missing, but a finished run records its last "
+                    f"step (the config's steps {records.short(steps)})")
   if "step" in final and final["step"] != steps:
     return "step", (f"step is {records.short(final['step'])}, but the run's "
                     f"config has steps {records.short(steps)}")
@@ -151,14 +177,21 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
                                 and float(count).is_integer()):
     return "param_count", ("param_count must be a whole number >= 1, got "
                            f"{records.short(count)}")
+  why = schedule_error(final, config)
+  if why:
+    return why.split(" ", 1)[0], why
   why = comm_error(final, config)
   return ("comm/ratio", why) if why else None
 
 
-def metrics_error(rows: list[dict]) -> str | None:
-  """Why a row of ``metrics.jsonl`` is impossible (names its step)."""
+def metrics_error(rows: list[dict], config: dict | None = None
+                  ) -> str | None:
+  """Why a row of ``metrics.jsonl`` is impossible (names its step):
+  :func:`row_error`, and :func:`schedule_error` given the run's
+  ``config``."""
   for row in rows:
-    why = row_error(row)
+    why = row_error(row) or (config is not None
+                             and schedule_error(row, config)) or None
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
   return None
