@@ -400,9 +400,9 @@ def render(paths: list[str]) -> None:
     ValueError: no file given, a file missing, a directory, or damaged (a
       line not a JSON object, a key of :data:`ROW_SCHEMA` missing or of the
       wrong kind), named in one line with the line and key; a file whose
-      only line is not JSON and has no newline (no readable record). An
-      empty file prints an empty table; a last line cut short after good
-      rows is left out with a note on stderr.
+      only line is not JSON and has no newline (no readable record); a
+      file without a record (empty, or blank lines only). A last line
+      cut short after good rows is left out with a note on stderr.
   """
   if not paths:
     raise ValueError("--render needs the JSON-lines files of earlier runs "
@@ -424,6 +424,10 @@ def render(paths: list[str]) -> None:
       print(f"note: --render {path}: line {got.torn} (the last, without "
             "its newline) is not JSON, a write cut short; left out.",
             file=sys.stderr)
+    if not got.records:  # an empty table said nothing was read
+      raise ValueError(f"--render {path}: no record (the file is empty or "
+                       "only blank lines); give the --out file of an "
+                       "earlier run.")
     rows += got.records
   print(table(rows))
   gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
