@@ -194,14 +194,9 @@ def is_local_spec(key: str) -> bool:
 
 
 def _int(spec, given, key: str, low: int, default: int) -> int:
-  """``given[key]`` (``default`` when absent) as an int ``>= low``: a
-  whole number in decimal digits (``010`` is 10; the canonical name
-  spells it ``10``).
-
-  Raises:
-    ValueError: anything else, naming the key as the spec wrote it (an
-      alias such as ``Kx`` for ``H`` too).
-  """
+  """``given[key]`` (``default`` when absent) as an int ``>= low`` in
+  decimal digits (``010`` is 10); else a ValueError naming the key as the
+  spec wrote it (an alias such as ``Kx`` for ``H`` too)."""
   if key not in given:
     return default
   value = given[key]
