@@ -512,7 +512,7 @@ def check_compiler_options(options: dict) -> None:
   ``True``/``False``, an int a whole number), by compiling a one-add
   program with them on the default backend (milliseconds; XLA's options
   are one set for every backend), so that the error comes before any
-  slow compile.
+  slow compile (a dump option dumps the probe to a temporary folder).
 
   Args:
     options: ``{name: value}``, as ``compiler_options`` of
@@ -525,11 +525,16 @@ def check_compiler_options(options: dict) -> None:
   """
   if not options:
     return
-  try:
-    jax.jit(lambda x: x + 1).lower(0.0).compile(dict(options))
-  except (RuntimeError, TypeError, OverflowError) as e:
-    line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    raise ValueError(line.removeprefix("INVALID_ARGUMENT: ")) from None
+  with tempfile.TemporaryDirectory() as tmp:
+    opts = dict(options)
+    if any(k.startswith("xla_dump") for k in opts):  # dump the probe there
+      opts["xla_dump_to"] = tmp if "xla_dump_to" not in opts or isinstance(
+          opts["xla_dump_to"], str) else opts["xla_dump_to"]
+    try:
+      jax.jit(lambda x: x + 1).lower(0.0).compile(opts)
+    except (RuntimeError, TypeError, OverflowError) as e:
+      line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(line.removeprefix("INVALID_ARGUMENT: ")) from None
 
 
 def _program_busy_us(texts: list[str], distinct, mode) -> float:

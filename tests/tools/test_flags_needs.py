@@ -350,8 +350,10 @@ def test_overlap_xla_option_xla_refuses_is_one_line_before_compiling(
       "error: --xla: XLA refuses it: ") and says in err[0], err
 
 
-def test_overlap_xla_values_are_spelled_as_xla_parses_them():
+def test_overlap_xla_values_are_spelled_as_xla_parses_them(
+    tmp_path, monkeypatch):
   from decentral_jax.tools import gpu_compile, overlap_flags
+  monkeypatch.chdir(tmp_path)  # the probe's dump goes to a temporary folder
   got = overlap_flags.xla_options([
       "xla_gpu_enable_latency_hiding_scheduler=true",
       "xla_gpu_enable_highest_priority_async_stream = FALSE",
@@ -362,6 +364,7 @@ def test_overlap_xla_values_are_spelled_as_xla_parses_them():
                  "xla_gpu_experimental_parallel_collective_overlap_limit":
                  "2", "xla_dump_to": "3"}
   gpu_compile.check_compiler_options(got)  # XLA takes each of them
+  assert list(tmp_path.iterdir()) == []  # no dump folder "3" left here
   with pytest.raises(ValueError, match="given twice"):
     overlap_flags.xla_options(["xla_dump_to=a", "xla_dump_to=b"])
 
