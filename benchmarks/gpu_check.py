@@ -239,8 +239,9 @@ def parse_programs(spec: str) -> list[tuple[int | None, str]] | None:
   round; ``MODE`` default ``none``.
 
   Raises:
-    ValueError: an empty entry (e.g. ``--programs ,``) or a round that is
-      not an int, naming the entry.
+    ValueError: an empty entry (e.g. ``--programs ,``), a round that is
+      not an int, or a program given twice (``0:none,0``: the mode's
+      default filled in), naming the entry.
   """
   if spec in ("all", "none"):
     return None
@@ -254,6 +255,14 @@ def parse_programs(spec: str) -> list[tuple[int | None, str]] | None:
       raise ValueError(f"--programs {spec!r}: entry {k} ({item!r}) has round "
                        f"{r!r}, not an int; give ROUND:MODE (e.g. 0:input).")
     out.append((None if r in ("", "None") else int(r), mode or "none"))
+  for k, pair in enumerate(out):
+    if pair in out[:k]:
+      raise ValueError(
+          f"--programs {spec!r}: entry {k + 1} repeats entry "
+          f"{out.index(pair) + 1} (the program of round "
+          f"{'every' if pair[0] is None else pair[0]}, mode {pair[1]}; "
+          "MODE defaults to none); give each program once, e.g. "
+          "0:none,0:input.")
   return out
 
 

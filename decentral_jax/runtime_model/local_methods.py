@@ -123,6 +123,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import numpy as np
 from scipy import special
@@ -192,17 +193,20 @@ def is_local_spec(key: str) -> bool:
   return ":" in key or key.strip() in _METHODS
 
 
-def _int(spec, key, value, low):
-  try:
-    v = int(value)
-    if str(v) != value.strip().lstrip("+"):
-      raise ValueError
-  except ValueError:
-    v = None
-  if v is None or v < low:
-    raise ValueError(f"{spec!r}: {key}={value!r} must be an integer >= {low} "
-                     f"({_KEY_HELP[key]}).")
-  return v
+def _int(spec, given, key: str, low: int, default: int) -> int:
+  """``given[key]`` (``default`` when absent) as an int ``>= low`` in
+  decimal digits (``010`` is 10); else a ValueError naming the key as the
+  spec wrote it (an alias such as ``Kx`` for ``H`` too)."""
+  if key not in given:
+    return default
+  value = given[key]
+  if re.fullmatch(r"\+?[0-9]+", value) and int(value) >= low:
+    return int(value)
+  written = getattr(given, "written", {}).get(key, key)
+  what = _KEY_HELP[key] if written.lower() == key.lower() else (
+      f"{written} is {key}: {_KEY_HELP[key]}")
+  raise ValueError(f"{spec!r}: {written}={value!r} must be an integer >= "
+                   f"{low} ({what}).")
 
 
 def parse_spec(spec: str, c: Cluster) -> Method:
@@ -243,7 +247,8 @@ def parse_spec(spec: str, c: Cluster) -> Method:
 
   Keys also accept the library's argument names (``sync_every``,
   ``gossip_every``, ``num_fragments``, ``overlap_steps``); ``H`` and ``P``
-  are case-insensitive. The returned method's ``name`` is the canonical
+  are case-insensitive; an error names the key as written. Whole numbers
+  are decimal digits (``H=010`` is ``H=10``). The returned method's ``name`` is the canonical
   spec with every parameter spelled out (e.g. ``streaming_diloco:H=10,P=4,
   tau=1``).
 
@@ -299,9 +304,9 @@ def parse_spec(spec: str, c: Cluster) -> Method:
 def _desloc(spec, given: dict) -> Method:
   """DES-LOC's method: a sync every ``Kx`` steps carrying the moments'
   share ``1 + Kx / Ku + Kx / Kv`` of parameter copies."""
-  kx = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
-  ku = _int(spec, "Ku", given["Ku"], 1) if "Ku" in given else 3 * kx
-  kv = _int(spec, "Kv", given["Kv"], 1) if "Kv" in given else 6 * kx
+  kx = _int(spec, given, "H", 1, DEFAULT_PERIOD)
+  ku = _int(spec, given, "Ku", 1, 3 * kx)
+  kv = _int(spec, given, "Kv", 1, 6 * kx)
   return Method(f"desloc:Kx={kx},Ku={ku},Kv={kv}", "local", None,
                 overlap=False, period=kx, message="params",
                 sync_share=1 + kx / ku + kx / kv)
@@ -309,10 +314,9 @@ def _desloc(spec, given: dict) -> Method:
 
 def _noloco(spec, given: dict, c: Cluster) -> Method:
   """NoLoCo's method: decentralized DiLoCo over seeded random pairs."""
-  period = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
-  seed = _int(spec, "seed", given["seed"], 0) if "seed" in given else 0
-  rounds = (_int(spec, "rounds", given["rounds"], 1) if "rounds" in given
-            else pairings.DEFAULT_ROUNDS)
+  period = _int(spec, given, "H", 1, DEFAULT_PERIOD)
+  seed = _int(spec, given, "seed", 0, 0)
+  rounds = _int(spec, given, "rounds", 1, pairings.DEFAULT_ROUNDS)
   try:
     topo = pairings.random_pairs(c.n_workers, seed=seed, rounds=rounds,
                                  local_size=c.local_size)
@@ -324,9 +328,9 @@ def _noloco(spec, given: dict, c: Cluster) -> Method:
 
 def _schedule(spec, given: dict) -> tuple[int, int, int]:
   """``(H, P, tau)`` of a spec's parameters, checked against each other."""
-  period = _int(spec, "H", given["H"], 1) if "H" in given else DEFAULT_PERIOD
-  frags = _int(spec, "P", given["P"], 1) if "P" in given else 1
-  tau = _int(spec, "tau", given["tau"], 0) if "tau" in given else 0
+  period = _int(spec, given, "H", 1, DEFAULT_PERIOD)
+  frags = _int(spec, given, "P", 1, 1)
+  tau = _int(spec, given, "tau", 0, 0)
   if frags > period:
     raise ValueError(f"{spec!r}: P={frags} must be <= H={period} (each "
                      "fragment syncs once per period); lower P or raise H.")

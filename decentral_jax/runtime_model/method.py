@@ -219,9 +219,20 @@ def floating_dtype_name(value, where: str) -> str:
   return wire_dtype(f"{where}: comm_dtype", value).name
 
 
+class SpecParameters(dict):
+  """Canonical key -> value (stripped text) of a spec's ``KEY=VALUE``
+  parts, with ``written``: canonical key -> the key as the spec wrote it
+  (an alias such as ``Kx`` or ``sync_every`` for ``H``), for errors that
+  name the part given."""
+
+  def __init__(self):
+    super().__init__()
+    self.written: dict[str, str] = {}
+
+
 def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,
                      aliases: dict, syntax: str | None = None
-                     ) -> dict[str, str]:
+                     ) -> SpecParameters:
   """The ``KEY=VALUE,...`` part of a spec ``NAME:KEY=VALUE,...`` as a dict.
 
   Args:
@@ -236,13 +247,14 @@ def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,
       syntax; else it is reported as a part that is not ``KEY=VALUE``.
 
   Returns:
-    Canonical key -> value (stripped text).
+    Canonical key -> value (stripped text), the keys as written in its
+    ``written`` (:class:`SpecParameters`).
 
   Raises:
     ValueError: a part that is not ``KEY=VALUE``, a key not in
       ``allowed``, or a key given twice; the message quotes the spec.
   """
-  given = {}
+  given = SpecParameters()
   for part in rest.split(",") if rest.strip() else []:
     if syntax is not None and not part.strip():
       raise ValueError(f"{spec!r}: empty parameter (stray comma); write "
@@ -260,6 +272,7 @@ def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,
     if k in given:
       raise ValueError(f"{spec!r}: {k} is given twice; give it once.")
     given[k] = value.strip()
+    given.written[k] = key.strip()
   return given
 
 

@@ -20,6 +20,9 @@ estimator (simulator, closed form, bytes) sees the same thing:
 * a worker of ``D`` devices is priced as one device
   (:mod:`~decentral_jax.runtime_model.worker_devices`).
 
+:func:`filled_in` spells out the defaults these fields stand for, so that
+two methods that send the same thing compare equal.
+
 Units: seconds, bytes.
 """
 
@@ -31,6 +34,7 @@ from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.runtime_model.workload import wire_dtype
 
 
 def codec_s_per_step(method, c: Cluster, w: Workload) -> float:
@@ -93,3 +97,42 @@ def effective(method, c: Cluster, w: Workload) -> tuple[Cluster, Workload]:
   if method.kind == "gossip" and share != 1:
     w = dataclasses.replace(w, param_count=w.param_count * share)
   return worker_devices.one_device_per_worker(c, w, inner)
+
+
+def filled_in(method, w: Workload):
+  """``method`` with the defaults its ``None`` fields stand for on ``w``
+  spelled out, so that two specs that send the same messages build equal
+  methods (``diloco:H=10`` is ``diloco:H=10,comm_dtype=float32``).
+
+  * ``comm_dtype`` (uncompressed gossip or local sync): the dtype on the
+    wire without it, by its numpy name: the parameters'
+    (``Workload.param_dtype``), for a local sync of ``message="theta"``
+    (DiLoCo's global copy) promoted to at least float32 (4 bytes, as
+    :func:`~decentral_jax.runtime_model.local_sync.wire_itemsize`); a
+    given one is canonicalised (``"f4"`` -> ``"float32"``);
+  * ``bucket_bytes``: ``Workload.bucket_bytes`` when the workload has no
+    measured buckets (``bucket_shares`` and ``bucket_ready`` None; a given
+    size replaces those, so it is then another method).
+
+  Args:
+    method: a :class:`~decentral_jax.runtime_model.method.Method`.
+    w: the workload it is priced on.
+
+  Returns:
+    A copy (``dataclasses.replace``); other fields as they are.
+  """
+  out = {}
+  if method.kind in ("gossip", "local") and method.compress is None:
+    if method.comm_dtype is not None:
+      out["comm_dtype"] = wire_dtype("comm_dtype", method.comm_dtype).name
+    else:
+      dt = wire_dtype("Workload.param_dtype", w.param_dtype)
+      theta = method.kind == "local" and method.message == "theta"
+      out["comm_dtype"] = ("float32" if theta and dt.itemsize < 4
+                           else dt.name)
+  if (method.bucket_bytes is None and w.bucket_shares is None
+      and w.bucket_ready is None):
+    out["bucket_bytes"] = float(w.bucket_bytes)
+  elif method.bucket_bytes is not None:
+    out["bucket_bytes"] = float(method.bucket_bytes)
+  return dataclasses.replace(method, **out)

@@ -60,6 +60,8 @@ Raises ``ValueError`` quoting the spec and naming the bad part.
 
 from __future__ import annotations
 
+import re
+
 from decentral_jax.topology import schedules as topology_lib
 from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model import local_methods
@@ -207,7 +209,8 @@ def _workers_per_node(spec, given: dict, c: Cluster) -> int:
     return c.local_size
   if raw.lower() in ("datacenter", "dc"):
     return c.dc_size
-  if not raw.isdigit() or int(raw) < 1 or c.n_workers % int(raw):
+  if (not re.fullmatch("[0-9]+", raw) or int(raw) < 1
+      or c.n_workers % int(raw)):
     raise ValueError(f"{spec!r}: workers_per_node={raw!r} must be an integer "
                      f"dividing n_workers={c.n_workers}, or datacenter.")
   return int(raw)
@@ -238,9 +241,10 @@ def _optimizer_parts(spec, label: str, given: dict) -> tuple[str, list[str]]:
                      f"{', '.join(topology_lib.NAMES)}.")
   if label == "accum_adam":
     t = given.get("T", str(DEFAULT_ACCUM_STEPS))
-    if not t.isdigit() or int(t) < 1:
-      raise ValueError(f"{spec!r}: T={t!r} must be an integer >= 1 "
-                       "(accum_steps).")
+    if not re.fullmatch("[0-9]+", t) or int(t) < 1:
+      key = getattr(given, "written", {}).get("T", "T")  # as written
+      raise ValueError(f"{spec!r}: {key}={t!r} must be an integer >= 1 "
+                       "(T, accum_steps).")
     parts.append(f"T={int(t)}")
   parts.append(f"topology={canon}")
   return canon, parts

@@ -506,6 +506,37 @@ def _compile(lowered, options: dict, dump: bool, profile: str | None = None):
   return compiled, texts
 
 
+def check_compiler_options(options: dict) -> None:
+  """Refuses XLA compile options XLA would refuse at the first compile: a
+  name it does not know, or a value its type does not parse (a bool takes
+  ``True``/``False``, an int a whole number), by compiling a one-add
+  program with them on the default backend (milliseconds; XLA's options
+  are one set for every backend), so that the error comes before any
+  slow compile (a dump option dumps the probe to a temporary folder).
+
+  Args:
+    options: ``{name: value}``, as ``compiler_options`` of
+      :func:`compile_steps`.
+
+  Raises:
+    ValueError: XLA's line, e.g. ``While setting option
+      xla_gpu_enable_latency_hiding_scheduler, 'maybe' is not a valid bool
+      value.`` or ``No such compile option: 'xla_x'``.
+  """
+  if not options:
+    return
+  with tempfile.TemporaryDirectory() as tmp:
+    opts = dict(options)
+    if any(k.startswith("xla_dump") for k in opts):  # dump the probe there
+      opts["xla_dump_to"] = tmp if "xla_dump_to" not in opts or isinstance(
+          opts["xla_dump_to"], str) else opts["xla_dump_to"]
+    try:
+      jax.jit(lambda x: x + 1).lower(0.0).compile(opts)
+    except (RuntimeError, TypeError, OverflowError) as e:
+      line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(line.removeprefix("INVALID_ARGUMENT: ")) from None
+
+
 def _program_busy_us(texts: list[str], distinct, mode) -> float:
   """:func:`~decentral_jax.tools.latency_profile.busy_us`, its error naming
   the program (not the temporary dump directory, gone by then)."""
@@ -517,6 +548,7 @@ def _program_busy_us(texts: list[str], distinct, mode) -> float:
 
 
 __all__ = ("OVERLAP_LIMIT_OPTION", "PEAK_BF16_FLOPS", "TARGETS",
-           "TARGETS_DIR", "CompiledStep", "cluster_overlap_limit",
+           "TARGETS_DIR", "CompiledStep", "check_compiler_options",
+           "cluster_overlap_limit",
            "compile_programs", "compile_steps", "gpu_devices",
            "target_config", "target_roofline")

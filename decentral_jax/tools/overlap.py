@@ -59,7 +59,7 @@ from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 # The flags (re-exported: the command's parser and checks).
 from decentral_jax.tools.overlap_flags import (  # noqa: F401
     MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
-    build_parser, check_needs)
+    build_parser, check_needs, xla_options)
 
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -209,13 +209,7 @@ def run_case(case: str, mode: str, target: str, args,
   options = dict(XLA_DEFAULTS) if mode == "before" else {}
   if args.overlap_limit:
     options[_LIMIT] = args.overlap_limit
-  for kv in args.xla:
-    key, eq, value = kv.partition("=")
-    if not (eq and key.startswith("xla_") and value):
-      raise ValueError(f"--xla {kv!r} must be KEY=VALUE with an XLA option "
-                       "name, e.g. --xla xla_gpu_enable_latency_hiding_"
-                       "scheduler=true.")
-    options[key] = int(value) if value.isdigit() else value
+  options.update(xla_options(args.xla))
   exp, steps = gpu_compile.compile_steps(
       config, target=target, topology=topology, compiler_options=options,
       programs=lambda e: _programs(e, mode, args.all_programs))
@@ -400,9 +394,9 @@ def render(paths: list[str]) -> None:
     ValueError: no file given, a file missing, a directory, or damaged (a
       line not a JSON object, a key of :data:`ROW_SCHEMA` missing or of the
       wrong kind), named in one line with the line and key; a file whose
-      only line is not JSON and has no newline (no readable record). An
-      empty file prints an empty table; a last line cut short after good
-      rows is left out with a note on stderr.
+      only line is not JSON and has no newline (no readable record); a
+      file without a record (empty, or blank lines only). A last line
+      cut short after good rows is left out with a note on stderr.
   """
   if not paths:
     raise ValueError("--render needs the JSON-lines files of earlier runs "
@@ -424,6 +418,10 @@ def render(paths: list[str]) -> None:
       print(f"note: --render {path}: line {got.torn} (the last, without "
             "its newline) is not JSON, a write cut short; left out.",
             file=sys.stderr)
+    if not got.records:  # an empty table said nothing was read
+      raise ValueError(f"--render {path}: no record (the file is empty or "
+                       "only blank lines); give the --out file of an "
+                       "earlier run.")
     rows += got.records
   print(table(rows))
   gpt2 = [r for r in rows if r["case"] == "gpt2_small"]
@@ -466,6 +464,7 @@ def main(argv: list[str] | None = None,
   args = ap.parse_args(argv)
   try:
     check_needs(args, flag_types.given_flags(ap, argv))
+    xla_options(args.xla)  # the form; XLA checks names and types below
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -488,6 +487,15 @@ def main(argv: list[str] | None = None,
                                             args.gpus_per_node)).strip()
   if "gpt2_small" in args.cases:
     _token_bins(args.data_dir)
+  from decentral_jax.tools import gpu_compile  # JAX starts here
+  try:  # XLA's own word on each --xla option, before the slow compiles
+    gpu_compile.check_compiler_options(xla_options(args.xla))
+  except ValueError as e:
+    fix = ("check the name against XLA's DebugOptions" if "No such" in str(e)
+           else "a bool takes true or false, an int a whole number")
+    print(f"error: --xla: XLA refuses it: {str(e).rstrip('.')}; {fix}.",
+          file=sys.stderr)
+    return 2
   try:
     _run(args)
   except ValueError as e:  # a missing config or a bad override: one line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Callable
 
 from decentral_jax.tools import flag_types
@@ -67,6 +68,34 @@ def name_list(what: str, error: Callable[[str], str | None], example: str):
       raise argparse.ArgumentTypeError(why)
     return ",".join(parts)
   return parse
+
+
+def xla_options(texts: list[str]) -> dict:
+  """``--xla KEY=VALUE`` entries as ``{KEY: VALUE}``, the value as XLA
+  parses it from text: ``true`` / ``false`` (any case) a bool, anything
+  else the text itself (an int, float or string option reads it by its
+  own type). Whether XLA knows the name and takes the value is asked of
+  XLA before the first compile
+  (:func:`~decentral_jax.tools.gpu_compile.check_compiler_options`).
+
+  Raises:
+    ValueError: one line naming ``--xla``: no ``=``, an empty value, a
+      key that is not an XLA option name (``xla_`` then lower-case
+      letters, digits and underscores), or a key given twice.
+  """
+  out = {}
+  for text in texts:
+    key, eq, value = (t.strip() for t in text.partition("="))
+    if not (eq and re.fullmatch(r"xla_[a-z0-9_]+", key) and value):
+      raise ValueError(f"--xla {text!r} must be KEY=VALUE with an XLA "
+                       "option name, e.g. --xla xla_gpu_enable_latency_"
+                       "hiding_scheduler=true.")
+    if key in out:
+      raise ValueError(f"--xla {key} is given twice; give each XLA option "
+                       "once.")
+    out[key] = (value.lower() == "true" if value.lower() in ("true", "false")
+                else value)
+  return out
 
 
 def _known(kind: str, names) -> Callable[[str], str | None]:
@@ -169,7 +198,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                   help="with --network_gbps: GPUs per node in XLA's latency "
                   f"estimator (default 4, at most {MAX_GPUS_PER_NODE})")
   ap.add_argument("--xla", action="append", default=[],
-                  help="an extra XLA compile option KEY=VALUE (repeatable)")
+                  help="an extra XLA compile option KEY=VALUE (repeatable; "
+                  "a bool takes true or false; XLA checks the name and the "
+                  "value's type before the first compile)")
   ap.add_argument("--timeline", action="store_true",
                   help="draw each case's step per target to a PNG next to "
                   "--out")

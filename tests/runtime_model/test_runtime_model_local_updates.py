@@ -38,6 +38,10 @@ def test_parse_specs_and_canonical_names():
                            "overlap_steps=1", c)
   assert alias.name == m.name
   assert make_method("diloco", c).name == "diloco:H=10"  # default H
+  # Leading zeros are the same whole number, spelled canonically.
+  assert make_method("diloco:H=010", c).name == "diloco:H=10"
+  assert make_method("desloc:Kx=08,Ku=+016", c).name == (
+      "desloc:Kx=8,Ku=16,Kv=48")
   d = make_method("diloco:h=5,topology=aer", c)
   assert d.topology.n_workers == 16 and d.name == "diloco:H=5,topology=aer"
   ld = make_method("local_dadam:gossip_every=4", c)
@@ -64,6 +68,13 @@ def test_parse_specs_and_canonical_names():
     ("streaming_diloco:H=10,comm_dtype=int8", ("comm_dtype 'int8'",
                                                "floating")),
     ("diloco:H=10,topology=hypercube", ("topology='hypercube'",)),
+    # An alias is named as written (it was named H), with what it stands for.
+    ("desloc:Kx=0", ("'desloc:Kx=0': Kx='0' must be an integer >= 1 (Kx is "
+                     "H: H=<steps >= 1>)",)),
+    ("diloco:sync_every=-2", ("sync_every='-2' must be an integer >= 1",)),
+    ("streaming_diloco:H=10,num_fragments=x", ("num_fragments='x'",)),
+    ("desloc:Kx=4,sync_every_u=0", ("sync_every_u='0'",)),
+    ("diloco:H=1e1", ("H='1e1'", "integer")),
 ])
 def test_bad_spec_raises_value_error_naming_the_part(spec, words):
   with pytest.raises(ValueError) as e:

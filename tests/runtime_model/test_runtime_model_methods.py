@@ -232,6 +232,12 @@ def test_every_library_algorithm_and_topology_is_priced():
     ("dadam:topology=hypercube", "not a topology"),
     ("aer:bucket_MiB=-1", "bucket_MiB"),
     ("accum_adam:T=0", "T="),
+    # An alias is named as written; a digit that is not 0-9 is refused.
+    ("accum_adam:accum_steps=0", r"'accum_adam:accum_steps=0': "
+     r"accum_steps='0' must be an integer >= 1 \(T, accum_steps\)"),
+    ("accum_adam:T=\u00b2", "T='\u00b2' must be an integer >= 1"),
+    ("ring:workers_per_node=\u00b2", "workers_per_node='\u00b2' must be an "
+     "integer dividing"),
     ("aer:comm_dtype", "not KEY=VALUE"),
 ])
 def test_bad_specs_name_the_bad_part(spec, match):

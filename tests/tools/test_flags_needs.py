@@ -325,6 +325,50 @@ def test_overlap_xla_option_must_be_key_value(capsys, tmp_path, xla):
                      "scheduler=true."), err
 
 
+@pytest.mark.parametrize("xla, says", [
+    # XLA's DebugOptions field is a bool: its parser takes True/False only.
+    ("xla_gpu_enable_latency_hiding_scheduler=maybe",
+     "While setting option xla_gpu_enable_latency_hiding_scheduler, 'maybe' "
+     "is not a valid bool value; a bool takes true or false"),
+    ("xla_gpu_experimental_parallel_collective_overlap_limit=two",
+     "'two' is not a valid int32 value; a bool takes true or false, an int "
+     "a whole number."),
+    ("xla_no_such_option=1", "No such compile option: 'xla_no_such_option'; "
+     "check the name against XLA's DebugOptions.")])
+def test_overlap_xla_option_xla_refuses_is_one_line_before_compiling(
+    monkeypatch, capsys, tmp_path, xla, says):
+  """A value of the wrong type ended the first case's compile in a
+  traceback (JaxRuntimeError INVALID_ARGUMENT)."""
+  def compile_case(*a, **k):
+    raise AssertionError("compiled")
+  monkeypatch.setattr(overlap, "run_case", compile_case)
+  assert overlap.main(["--cases", "gpt_tiny", "--modes", "before", "--xla",
+                       xla, "--out", str(tmp_path / "o.jsonl")]) == 2
+  err = [l for l in capsys.readouterr().err.strip().splitlines()
+         if l.startswith(("error", "Traceback"))]
+  assert len(err) == 1 and err[0].startswith(
+      "error: --xla: XLA refuses it: ") and says in err[0], err
+
+
+def test_overlap_xla_values_are_spelled_as_xla_parses_them(
+    tmp_path, monkeypatch):
+  from decentral_jax.tools import gpu_compile, overlap_flags
+  monkeypatch.chdir(tmp_path)  # the probe's dump goes to a temporary folder
+  got = overlap_flags.xla_options([
+      "xla_gpu_enable_latency_hiding_scheduler=true",
+      "xla_gpu_enable_highest_priority_async_stream = FALSE",
+      "xla_gpu_experimental_parallel_collective_overlap_limit=2",
+      "xla_dump_to=3"])
+  assert got == {"xla_gpu_enable_latency_hiding_scheduler": True,
+                 "xla_gpu_enable_highest_priority_async_stream": False,
+                 "xla_gpu_experimental_parallel_collective_overlap_limit":
+                 "2", "xla_dump_to": "3"}
+  gpu_compile.check_compiler_options(got)  # XLA takes each of them
+  assert list(tmp_path.iterdir()) == []  # no dump folder "3" left here
+  with pytest.raises(ValueError, match="given twice"):
+    overlap_flags.xla_options(["xla_dump_to=a", "xla_dump_to=b"])
+
+
 @pytest.mark.parametrize("out, says", [
     ("", "--out is empty; give a file name."),
     ("DIR", "--out 'DIR' is a directory; give a file name."),

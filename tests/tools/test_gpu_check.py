@@ -121,6 +121,11 @@ def test_library_errors_exit_2(capsys):
     (["--programs", ","], "--programs ',': entry 1 is empty"),
     (["--programs", "0:none,,0:input"], "entry 2 is empty"),
     (["--programs", "x:input"], "round 'x', not an int"),
+    (["--programs", "0:none,0:none"], "--programs '0:none,0:none': entry 2 "
+     "repeats entry 1"),
+    # The mode's default filled in: 1 and 1:none are one program.
+    (["--programs", "0:input,1,1:none"], "entry 3 repeats entry 2"),
+    (["--programs", ":input,None:input"], "entry 2 repeats entry 1"),
     (["--topology", "1x1"], "--topology '1x1' must be SLICESxHOSTSxGPUS, "
      "three positive ints"),
     (["--topology", "0x1x8"], "--topology '0x1x8' must be"),

@@ -414,7 +414,18 @@ def test_a_list_flag_refuses_a_repeated_entry(argv, message, capsys):
     ("diloco:H=10,diloco:H=10,overlap=none", 2, 1),  # overlap=none: default
     ("aer,alternating_exp_ring", 2, 1),  # an alias
     ("all_reduce,aer,ring:workers_per_node=8,ring", 4, 3),  # 8: one node
-    ("accum_adam:topology=ring,accum_adamw:T=4,topology=ring", 2, 1)])
+    ("accum_adam:topology=ring,accum_adamw:T=4,topology=ring", 2, 1),
+    # A default that stands for the workload's value, spelled out: the
+    # float32 parameters on the wire, 25 MiB buckets (--bucket-MiB).
+    ("diloco:H=10,comm_dtype=float32,diloco:H=10", 2, 1),
+    ("all_reduce:bucket_MiB=25,all_reduce", 2, 1),
+    ("streaming_diloco,streaming_diloco:comm_dtype=float32", 2, 1),
+    ("local_sgd:comm_dtype=float32,local_sgd", 2, 1),
+    ("dadam,dadam:comm_dtype=float32", 2, 1),
+    ("gradient_tracking,gradient_tracking:comm_dtype=float32", 2, 1),
+    ("sgp:comm_dtype=float32,sgp", 2, 1),
+    ("sgp:comm_dtype=f4,sgp", 2, 1),  # numpy's other name of float32
+    ("ring:bucket_MiB=25,ring", 2, 1)])
 def test_one_method_in_two_spellings_is_refused(methods, k, j, capsys):
   """Each spelling made its own row, the same numbers twice (exit 0)."""
   specs = inputs.split_methods(methods)
@@ -425,6 +436,21 @@ def test_one_method_in_two_spellings_is_refused(methods, k, j, capsys):
       f"error: --methods: entry {k} ({specs[k - 1]}) is entry {j} "
       f"({specs[j - 1]}) again (the same method, spelled otherwise); give "
       "each method once."], err
+
+
+@pytest.mark.parametrize("methods, same", [
+    # bfloat16 parameters: gossip sends them as they are (2 bytes), DiLoCo
+    # its global copy promoted to float32 (4 bytes).
+    ("dadam,dadam:comm_dtype=bfloat16", True),
+    ("diloco:H=10,diloco:H=10,comm_dtype=float32", True),
+    ("dadam,dadam:comm_dtype=float32", False),
+    ("diloco:H=10,diloco:H=10,comm_dtype=bfloat16", False),
+    ("local_sgd,local_sgd:comm_dtype=bfloat16", True)])
+def test_the_wire_dtype_default_follows_the_parameters(methods, same, capsys):
+  rc, out, err = _run(capsys, "--n-workers", "16", "--param-dtype",
+                      "bfloat16", "--methods", methods)
+  assert rc == (2 if same else 0), err
+  assert ("(the same method, spelled otherwise)" in err) == same, err
 
 
 def test_methods_of_one_row_each_stay_apart_and_ar_is_the_baseline(capsys):

@@ -19,6 +19,7 @@ import numpy as np
 
 from decentral_jax.runtime_model import workload_file
 from decentral_jax.runtime_model import cluster_file
+from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
@@ -394,14 +395,19 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
   return c, w
 
 
-def full_form(m) -> tuple:
+def full_form(m, w=None) -> tuple:
   """What a built method is, its spelling aside: the optimizer family
   (a bare topology name is DAdam's gossip over it; AccumAdam with its
   ``T``), the topology (name, workers, workers per node) and every other
   :class:`~decentral_jax.runtime_model.method.Method` field, defaults
-  filled in. ``ring`` and ``dadam:topology=ring``, ``AR`` and
-  ``all_reduce``, ``diloco:H=10`` and ``diloco:H=10,overlap=none`` have
-  one full form."""
+  filled in (with the workload ``w``, also those that stand for its
+  values: :func:`~decentral_jax.runtime_model.method_messages.filled_in`).
+  ``ring`` and ``dadam:topology=ring``, ``AR`` and ``all_reduce``,
+  ``diloco:H=10`` and ``diloco:H=10,overlap=none`` (and with ``w``
+  ``diloco:H=10,comm_dtype=float32``, ``all_reduce:bucket_MiB=25`` and
+  ``all_reduce`` at 25 MiB buckets) have one full form."""
+  if w is not None:
+    m = method_messages.filled_in(m, w)
   head, _, rest = m.name.partition(":")
   if m.kind == "gossip" and head not in ("accum_adam", "sgp",
                                          "gradient_tracking"):
@@ -426,7 +432,7 @@ def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
       worker count (one row twice), naming both.
   """
   built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
-  forms = [tuple(full_form(b[k][1]) for b in built)
+  forms = [tuple(full_form(b[k][1], w) for b, (_, _, w) in zip(built, setups))
            for k in range(len(methods))]
   seen = {}
   for k, form in enumerate(forms):
@@ -437,8 +443,8 @@ def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
           f"({methods[j]}) again (the same method, spelled otherwise); give "
           "each method once.")
     seen[form] = k
-  baseline = tuple(full_form(make_method("all_reduce", c))
-                   for _, c, _ in setups)
+  baseline = tuple(full_form(make_method("all_reduce", c), w)
+                   for _, c, w in setups)
   added = baseline not in seen
   k = 0 if added else seen[baseline]
   if added:
