@@ -13,9 +13,13 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
+
 from decentral_jax import records
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
+from decentral_jax.runner import field_rules
+from decentral_jax.runner import methods
 
 #: checkpoint_meta key -> the config field a resumed run must keep.
 RESUME_FIELDS = {"n_workers": "n_workers",
@@ -86,12 +90,37 @@ CONFIG_GROUPS = ("optimizer", "schedule", "model", "data", "compression",
                  "faults", "distributed")
 #: The most training seconds a checkpoint may record (about 31.7 years).
 MAX_TRAIN_TIME_S = 1e9
+#: The largest float32: no loss, consensus distance or learning rate the run
+#: computes in float32 exceeds it.
+F32_MAX = float(np.finfo(np.float32).max)
+#: The keys of the older format (``tests/fixtures/checkpoint_57b480f``, no
+#: ``config``): every writer of it wrote them (:func:`check_run_meta`).
+OLD_FORMAT_KEYS = (
+    "step", "data_position", "seed", "n_workers", "workers_per_node",
+    "algorithm", "topology", "topology_round", "optimizer", "accum_steps",
+    "global_batch", "model", "sync_every", "gossip_every", "num_fragments",
+    "overlap_steps", "merge_alpha", "outer_optimizer", "comm_dtype",
+    "devices_per_worker", "workers_per_device", "worker_layout")
+#: The keys of the current format (with ``config``): every writer of it
+#: writes them; a method's declared fields (added with the method) default.
+CONFIG_FORMAT_KEYS = (*OLD_FORMAT_KEYS, *RESUME_DEFAULTS, "lr", "layout",
+                      "config")
+
+
+def _float32_error(key: str, values: list) -> str | None:
+  """Why a finite value of ``values`` (a float32 the run computed) is not
+  one, or None: beyond :data:`F32_MAX` in size."""
+  big = [v for v in values if abs(v) > F32_MAX]
+  if big:
+    return (f"{key} holds {big[0]:g}, beyond the largest float32 "
+            f"{F32_MAX:.4g} (the run computes it in float32)")
+  return None
 
 
 def _window_error(window, step: int) -> str | None:
-  """Why a ``metrics_window`` entry is not one, or None: losses >= 0,
-  accuracies in [0, 1], consensus distance >= 0 (finite; the rules of
-  ``metrics.jsonl``), at most one loss and one accuracy per step of the
+  """Why a ``metrics_window`` entry is not one, or None: losses in [0,
+  :data:`F32_MAX`], accuracies in [0, 1], consensus distance in [0,
+  :data:`F32_MAX`] (float32 values; the rules of ``metrics.jsonl``), at most one loss and one accuracy per step of the
   ``step`` the checkpoint has trained."""
   if window is None:
     return None
@@ -106,12 +135,16 @@ def _window_error(window, step: int) -> str | None:
                               "numbers", 0, hi)
     if why:
       return why
+    why = _float32_error(f"metrics_window.{key}", window.get(key, []))
+    if why:
+      return why
     if len(window.get(key, [])) > step:
       return (f"metrics_window.{key} holds {len(window[key])} values, more "
               f"than the {step} steps trained")
   c = window.get("consensus")
   if c is not None:
-    return records.value_error("metrics_window.consensus", c, "number", 0)
+    return (records.value_error("metrics_window.consensus", c, "number", 0)
+            or _float32_error("metrics_window.consensus", [c]))
   return None
 
 
@@ -147,11 +180,37 @@ def _kind_error(theirs, like, key: str, free=()) -> str | None:
   return None
 
 
+def _keys_error(meta: dict) -> str | None:
+  """Why ``meta`` lacks a key its format's writers all write, or None.
+
+  Two formats are read: the current one (:data:`CONFIG_FORMAT_KEYS`,
+  ``config`` included) and the older one of
+  ``tests/fixtures/checkpoint_57b480f`` (:data:`OLD_FORMAT_KEYS`; neither
+  ``config`` nor ``lr``, the fields of :data:`RESUME_DEFAULTS` at their
+  defaults). A key missing from either is damage, never a field left
+  uncompared; so is a document recording ``lr`` (a later writer) without
+  ``config``.
+  """
+  if "config" not in meta and "lr" in meta:
+    return ("the document misses config (a checkpoint that records lr "
+            "holds its whole config)")
+  need = CONFIG_FORMAT_KEYS if "config" in meta else OLD_FORMAT_KEYS
+  missing = [k for k in need if k not in meta]
+  if missing:
+    return (f"the document misses {records.short(missing)} (every "
+            "checkpoint of its format holds them)")
+  return None
+
+
 def _fields_error(meta: dict, like: dict) -> str | None:
   """Why the stored fields of ``meta`` are not of the kinds this run's own
-  document ``like`` (:func:`checkpoint_meta`) has, or None. ``config``,
-  absent from checkpoints written before it was stored, must otherwise be
-  an object holding :data:`CONFIG_GROUPS`."""
+  document ``like`` (:func:`checkpoint_meta`) has, or None: first the keys
+  its format requires (:func:`_keys_error`); ``config``, absent from
+  checkpoints of the older format, must otherwise be an object holding
+  :data:`CONFIG_GROUPS`."""
+  why = _keys_error(meta)
+  if why:
+    return why
   config = meta.get("config")
   if "config" in meta:
     if not isinstance(config, dict):
@@ -167,12 +226,67 @@ def _fields_error(meta: dict, like: dict) -> str | None:
   return None
 
 
+#: Fields whose rule resolves a name against this process (a registered
+#: optimizer, model or data source; an installed tracker): a stored value is
+#: compared with the run's, not checked by the rule.
+RESOLVED_FIELDS = ("optimizer.name", "model.name", "tracker")
+
+
+def _stored_values(meta: dict) -> list:
+  """``(key, field, value)`` for each stored value of a config field: the
+  leaves of ``config`` (key ``config.<field>``) and the top-level keys
+  that repeat a field (:data:`RESUME_FIELDS`, a method's declared fields;
+  ``faults`` aside: its own shape)."""
+  declared = methods.declared_fields()
+  out = []
+  for key, name in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
+    value = meta.get(key)
+    if key == "faults" or value is None:
+      continue
+    leaves = (config_leaves(value, f"{name}.") if isinstance(value, dict)
+              else {name: value})
+    out += [(key + f[len(name):], f, v) for f, v in leaves.items()]
+  config = meta.get("config")
+  if isinstance(config, dict):
+    out += [(f"config.{f}", f, v) for f, v in config_leaves(config).items()]
+  return out
+
+
+def _rules_error(meta: dict) -> str | None:
+  """Why a stored value breaks its field's rule (the per-field rules a run
+  config passes: ``field_rules.RULES``, the model's ``MODEL_RULES``,
+  ``FAULT_RULES`` and the methods' declared fields; not the relations
+  between fields), naming the key, or None: a well-typed but impossible
+  value (``n_workers`` 0, ``compression.format`` "banana") is damage, not
+  a changed config."""
+  model = meta.get("model")
+  name = model.get("name", "gpt") if isinstance(model, dict) else "gpt"
+  kind = name if name in field_rules.MODEL_RULES else "custom"
+  rules = {**field_rules.RULES, **field_rules.MODEL_RULES[kind],
+           **field_rules.FAULT_RULES,
+           **{n: f.rule for n, f in methods.declared_fields().items()}}
+  skip = RESOLVED_FIELDS + (("data.source",) if kind == "custom" else ())
+  for key, field, value in _stored_values(meta):
+    rule = rules.get(field)
+    if rule is None or field in skip or (field in field_rules.UP_TO_ONE
+                                         and value == 1):
+      continue
+    try:
+      rule(field, value)
+    except ValueError as e:  # its fix (--config.<field>=) is not this one
+      why = str(e).split("; ")[0]
+      return why if key == f"config.{field}" else why.replace(
+          f"config.{field}", key, 1)
+  return None
+
+
 # key -> (kind, value when absent, upper bound) of the numbers a resumed run
 # reads.
 _META_FIELDS = {"step": ("int", None, None),
                 "data_position": ("int", None, None),
                 "train_time_s": ("number", 0.0, MAX_TRAIN_TIME_S),
-                "topology_round": ("int", 0, None), "n_workers": ("int", 1, None)}
+                "topology_round": ("int", 0, None), "n_workers": ("int", 1, None),
+                "lr": ("number", 0.0, None)}
 
 
 def meta_error(meta, step: int | None = None,
@@ -187,6 +301,9 @@ def meta_error(meta, step: int | None = None,
     why = records.value_error(key, meta.get(key, default), kind, 0, hi)
     if why:
       return why
+  why = _float32_error("lr", [meta.get("lr", 0.0)])
+  if why:
+    return why
   if step is not None and meta["step"] != step:
     return f"its step {meta['step']} is not the checkpoint's number {step}"
   # The next batch is get_batch(data_position) and training resumes at it:
@@ -195,7 +312,8 @@ def meta_error(meta, step: int | None = None,
     return (f"data_position must equal step {meta['step']} (the batches "
             f"consumed), got {records.short(meta['data_position'])}")
   return _window_error(meta.get("metrics_window"), meta["step"]) or (
-      _fields_error(meta, like) if like is not None else None)
+      (_fields_error(meta, like) or _rules_error(meta))
+      if like is not None else None)
 
 
 def check_run_meta(meta, where: str, step: int | None = None,
@@ -207,16 +325,23 @@ def check_run_meta(meta, where: str, step: int | None = None,
   checkpoint's number, ``data_position`` equal to it: the batches
   consumed, where training resumes), ``topology_round`` and ``n_workers``
   (integers >= 0), ``train_time_s`` (a finite number in [0,
-  :data:`MAX_TRAIN_TIME_S`], optional) and ``metrics_window`` (null or
-  ``{"losses": [finite numbers >= 0], "accs": [finite numbers in [0, 1]],
-  "consensus": a finite number >= 0 or null}``, at most ``step`` values
-  in a list). With ``like`` every other
-  stored field must have the JSON kind this run writes for it (a
-  string, a number, true or false, an object, recursively; null matches
-  any) and ``config``, if present, must be an object holding
-  :data:`CONFIG_GROUPS`: a damaged document is never compared as a
+  :data:`MAX_TRAIN_TIME_S`], optional), ``lr`` (a number in [0,
+  :data:`F32_MAX`], optional) and ``metrics_window`` (null or
+  ``{"losses": [numbers in [0, F32_MAX]], "accs": [numbers in [0, 1]],
+  "consensus": a number in [0, F32_MAX] or null}``, at most ``step``
+  values in a list: the run computes them in float32). With ``like``
+  the document must hold every key its format's writers write
+  (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
+  ``config``: a missing key is damage, never a field left uncompared);
+  every other stored field must have the JSON kind this run writes for it
+  (a string, a number, true or false, an object, recursively; null
+  matches any); ``config`` must be an object holding
+  :data:`CONFIG_GROUPS`; and every stored value of a config field (in
+  ``config`` or repeated at the top level) must pass that field's rule
+  (:func:`_rules_error`): a damaged document is never compared as a
   changed config. The values are then compared with the run's own by
-  :func:`check_resumable`.
+  :func:`check_resumable` (a field missing inside ``config`` as its
+  default).
 
   Args:
     meta: the document (``Checkpointer.restore_meta``).

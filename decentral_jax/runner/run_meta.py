@@ -25,6 +25,7 @@ import jax
 
 from decentral_jax import parallel
 from decentral_jax.runner import builders
+from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import fault_run
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import methods
@@ -142,9 +143,13 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   ``micro_batches`` and ``model.remat`` may change too (the same step up
   to float32 rounding), and so may the fields of :data:`RESUME_FREE`;
   any other field of the stored ``config`` that differs is refused.
-  Fields the run does not read are not compared; a field an older checkpoint lacks counts as
-  its value in ``RESUME_DEFAULTS`` (a method's own declared field: its
-  ``ConfigField.default``).
+  Fields the run does not read are not compared. A top-level key an older
+  format lacks counts as its value in ``RESUME_DEFAULTS`` (a method's own
+  declared field: its ``ConfigField.default``); a key its format requires
+  was checked present (:func:`check_run_meta`). A field missing inside the
+  stored ``config`` counts as its
+  :func:`~decentral_jax.runner.config.base_config` default (a field added
+  since: the older run ran at it), never as uncompared.
 
   Args:
     exp: this run.
@@ -161,7 +166,7 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   for key, field in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
     if validation.unread_reason(exp.config, field) is not None:
       continue  # ignored by this run (its algorithm is compared)
-    theirs = meta.get(key, defaults.get(key, mine[key]))
+    theirs = meta[key] if key in meta else defaults.get(key)
     if key == "model" and isinstance(theirs, dict):
       theirs = model_meta(theirs)
     if key == "faults":  # the trace by content; names the setting
@@ -194,14 +199,17 @@ def _check_other_fields(config, theirs, mine: dict, directory: str) -> None:
   """Refuses a changed config field that :data:`RESUME_FIELDS` does not
   name and :data:`RESUME_FREE` does not free (e.g. ``optimizer.b1``,
   ``grad_clip``, ``data.val_fraction``: each changes what the restored
-  state trains on or how). A checkpoint without ``config`` (written before
-  it was stored) and a field it lacks (added since) are not compared; a
-  field this run does not read is not either (it keeps its default)."""
+  state trains on or how). A checkpoint without ``config`` (the older
+  format) is not compared; a field its ``config`` lacks (added since)
+  counts as its ``base_config`` default, never as uncompared; a field this
+  run does not read is not compared (it keeps its default)."""
   if not isinstance(theirs, dict):
     return
   checked = (*RESUME_FREE, *RESUME_FIELDS.values(),
              *methods.declared_fields())
-  old = config_leaves(theirs)
+  base = config_lib.base_config(config.model.get("name", "gpt"))
+  old = {**config_leaves(json.loads(base.to_json())),
+         **config_leaves(theirs)}
   for field, ours in config_leaves(mine).items():
     if field not in old or old[field] == ours or _covered(field, checked) \
         or validation.unread_reason(config, field) is not None:
