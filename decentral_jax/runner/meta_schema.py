@@ -236,12 +236,12 @@ def _stored_values(meta: dict) -> list:
   """``(key, field, value)`` for each stored value of a config field: the
   leaves of ``config`` (key ``config.<field>``) and the top-level keys
   that repeat a field (:data:`RESUME_FIELDS`, a method's declared fields;
-  ``faults`` aside: its own shape)."""
+  ``faults`` is ``config.faults`` or {}, plus ``trace_sha256``)."""
   declared = methods.declared_fields()
   out = []
   for key, name in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
     value = meta.get(key)
-    if key == "faults" or value is None:
+    if value is None:
       continue
     leaves = (config_leaves(value, f"{name}.") if isinstance(value, dict)
               else {name: value})

@@ -579,6 +579,8 @@ META_CASES = {
         lambda m: dict(m, config=dict(m["config"], compression=dict(
             m["config"]["compression"], format="banana"))),
         "unknown config.compression.format='banana'"),
+    "faults_enabled_yes": (_with(faults={"enabled": "yes"}),
+                           "faults.enabled must be True or False, got 'yes'"),
     "string_steps_in_config": (  # a field a resume may change: still checked
         lambda m: dict(m, config=dict(m["config"], steps="x")),
         "config.steps must be an integer in [1, 2147483647], got 'x'"),
