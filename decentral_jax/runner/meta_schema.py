@@ -268,8 +268,8 @@ def _rules_error(meta: dict) -> str | None:
   skip = RESOLVED_FIELDS + (("data.source",) if kind == "custom" else ())
   for key, field, value in _stored_values(meta):
     rule = rules.get(field)
-    if rule is None or field in skip or (field in field_rules.UP_TO_ONE
-                                         and value == 1):
+    if rule is None or field in skip or (value == 1 and field in (
+        *field_rules.UP_TO_ONE, *field_rules.FAULT_UP_TO_ONE)):
       continue
     try:
       rule(field, value)

@@ -613,6 +613,23 @@ def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["5"]
 
 
+def test_stored_values_of_exactly_one_pass_their_rules(tiny):
+  """Fields whose rule reads [0, 1) or (0, 1] "or exactly 1" (a kept
+  fraction, a failure rate of 1) stored at 1 are intact, not damaged."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  like = copy.deepcopy(meta)
+  config = meta["config"]
+  config["faults"].update(failure_rate=1, slow_fraction=1.0, slow_speed=1)
+  config["compression"].update(fraction=1.0, error_decay=1)
+  meta["compression"] = dict(config["compression"])
+  assert run_meta.meta_error(meta, 5, like) is None
+  config["faults"]["failure_rate"] = 1.5  # beyond 1: damaged
+  assert run_meta.meta_error(meta, 5, like).startswith(
+      "config.faults.failure_rate must be a finite number in [0, 1)")
+
+
 def test_damaged_metadata_falls_back_to_the_older_checkpoint(
     tmp_path, tiny, caplog):
   """The newest checkpoint's checksums match but its document is damaged
