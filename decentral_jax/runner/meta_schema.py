@@ -236,12 +236,13 @@ def _stored_values(meta: dict) -> list:
   """``(key, field, value)`` for each stored value of a config field: the
   leaves of ``config`` (key ``config.<field>``) and the top-level keys
   that repeat a field (:data:`RESUME_FIELDS`, a method's declared fields;
-  ``faults`` is ``config.faults`` or {}, plus ``trace_sha256``)."""
+  ``faults`` is ``config.faults`` or {}, plus ``trace_sha256``), less
+  ``topology``: the built topology's name, "" for a method without one."""
   declared = methods.declared_fields()
   out = []
   for key, name in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
     value = meta.get(key)
-    if value is None:
+    if value is None or key == "topology":
       continue
     leaves = (config_leaves(value, f"{name}.") if isinstance(value, dict)
               else {name: value})

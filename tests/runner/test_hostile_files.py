@@ -613,9 +613,10 @@ def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["5"]
 
 
-def test_stored_values_of_exactly_one_pass_their_rules(tiny):
+def test_valid_stored_values_pass_their_rules(tiny):
   """Fields whose rule reads [0, 1) or (0, 1] "or exactly 1" (a kept
-  fraction, a failure rate of 1) stored at 1 are intact, not damaged."""
+  fraction, a failure rate of 1) stored at 1 are intact, not damaged; so
+  is the top-level topology "" of a method without one."""
   from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
   _, exp, _ = tiny
   meta = run_meta.checkpoint_meta(exp, 5)
@@ -625,6 +626,8 @@ def test_stored_values_of_exactly_one_pass_their_rules(tiny):
   config["compression"].update(fraction=1.0, error_decay=1)
   meta["compression"] = dict(config["compression"])
   assert run_meta.meta_error(meta, 5, like) is None
+  # A method without a topology (all_reduce, DiLoCo) stores topology "".
+  assert run_meta.meta_error(dict(meta, topology=""), 5, like) is None
   config["faults"]["failure_rate"] = 1.5  # beyond 1: damaged
   assert run_meta.meta_error(meta, 5, like).startswith(
       "config.faults.failure_rate must be a finite number in [0, 1)")
