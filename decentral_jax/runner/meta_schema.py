@@ -4,8 +4,13 @@ Which keys a checkpoint's document holds (:data:`RESUME_FIELDS`, the
 values older versions lacked: :data:`RESUME_DEFAULTS`), which config
 fields a resume may change (:data:`RESUME_FREE`), and the checks of a
 document read back on resume (:func:`check_run_meta`,
-:func:`meta_file_error`). :mod:`decentral_jax.runner.run_meta` writes the
-document and compares it with a run's own.
+:func:`meta_file_error`): a key its format always holds is required
+(:data:`CONFIG_FORMAT_KEYS`, :data:`OLD_FORMAT_KEYS`), every value must be
+of the kind a run writes and pass its config field's rule, and a float32
+value the run computed is at most :data:`F32_MAX`; anything else is a
+damaged document, never a changed config.
+:mod:`decentral_jax.runner.run_meta` writes the document and compares it
+with a run's own.
 """
 
 from __future__ import annotations
