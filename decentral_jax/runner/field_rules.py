@@ -221,3 +221,6 @@ FAULT_RULES = {
     "faults.on_failure": field_checks.one_of(elastic.ON_FAILURE),
     "faults.rejoin": field_checks.one_of(elastic.REJOIN),
 }
+# Fault fields in [0, 1) "or exactly 1" (their rule says [.., 1)).
+FAULT_UP_TO_ONE = ("faults.failure_rate", "faults.slow_fraction",
+                   "faults.slow_speed")

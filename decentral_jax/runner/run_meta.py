@@ -5,7 +5,8 @@ data position, the training time and the metrics since the last log record
 (written by :func:`decentral_jax.runner.train.train_and_evaluate`), the
 config fields a resumed run must keep and the worker layout it ran on. On
 resume :func:`check_run_meta` checks the document's types and ranges
-against one schema (:func:`meta_file_error` makes a damaged one a corrupt
+against one schema (:mod:`decentral_jax.runner.meta_schema`;
+:func:`meta_file_error` makes a damaged one a corrupt
 checkpoint, so an older one is used),
 :func:`check_elastic_resume` the number of workers (the layout may change:
 elastic resume) and :func:`check_resumable` every other field.
@@ -19,68 +20,28 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 
 import jax
 
 from decentral_jax import parallel
-from decentral_jax import records
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint as checkpoint_lib
-from decentral_jax.runner import config_groups
+from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import fault_run
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import methods
 from decentral_jax.runner import validation
+# The document's schema and checks, read by the runner through this module.
+from decentral_jax.runner.meta_schema import MODEL_DEFAULTS
+from decentral_jax.runner.meta_schema import MODEL_FREE
+from decentral_jax.runner.meta_schema import RESUME_DEFAULTS
+from decentral_jax.runner.meta_schema import RESUME_FIELDS
+from decentral_jax.runner.meta_schema import RESUME_FREE
+from decentral_jax.runner.meta_schema import check_run_meta
+from decentral_jax.runner.meta_schema import config_leaves
+from decentral_jax.runner.meta_schema import meta_error
+from decentral_jax.runner.meta_schema import meta_file
+from decentral_jax.runner.meta_schema import meta_file_error
 
-#: checkpoint_meta key -> the config field a resumed run must keep.
-RESUME_FIELDS = {"n_workers": "n_workers",
-                 "workers_per_node": "workers_per_node",
-                 "algorithm": "algorithm", "topology": "topology",
-                 "optimizer": "optimizer.name",
-                 "accum_steps": "optimizer.accum_steps",
-                 "beta_convention": "optimizer.beta_convention",
-                 "model": "model",
-                 "seed": "seed", "global_batch": "global_batch",
-                 "sync_every": "sync_every", "gossip_every": "gossip_every",
-                 "num_fragments": "num_fragments",
-                 "overlap_steps": "overlap_steps",
-                 "merge_alpha": "merge_alpha",
-                 "outer_overlap": "outer_overlap",
-                 "outer_latency": "outer_latency",
-                 "trickle_reduction": "trickle_reduction",
-                 "outer_optimizer": "outer_optimizer",
-                 "comm_dtype": "comm_dtype",
-                 "compression": "compression",
-                 "faults": "faults"}
-# The worker layout (processes, devices per worker, workers per device,
-# worker_layout) may change on resume: check_elastic_resume.
-#: Values assumed for checkpoints written before these fields existed.
-RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
-                   "outer_overlap": "none", "outer_latency": 1,
-                   "trickle_reduction": True,
-                   "compression": json.loads(
-                       config_groups.compression_group().to_json())}
-#: Fields of the ``model`` group added after the first checkpoints, with the
-#: value those were written with.
-MODEL_DEFAULTS = {"param_dtype": "float32"}
-#: Fields of the ``model`` group a resumed run may change: how much memory
-#: the step takes, not what it computes (activation checkpointing).
-MODEL_FREE = ("remat",)
-#: Config fields (or groups) a resumed run may change: the run's length and
-#: learning-rate schedule (an extension; the rate at the resumed step is
-#: logged), what is recorded where and how often, and how the same step is
-#: computed (memory controls, gossip buckets and program choice, process
-#: set-up; the worker layout: elastic resume). Every other field of the
-#: stored ``config`` must keep its value (:func:`check_resumable`).
-RESUME_FREE = ("steps", "schedule", "eval_interval", "log_interval",
-               "consensus_at", "checkpoint_interval", "keep_checkpoints",
-               "tensorboard", "tracker", "workdir", "micro_batches",
-               "model.remat", "bucket_bytes", "gossip_rounds", "distributed",
-               "devices_per_worker", "workers_per_device", "worker_layout",
-               # Where the data is (a moved file, a registered source's own
-               # options such as more batches) and what evaluation reads.
-               "data.path", "data.options", "eval_batches")
 
 
 def model_meta(model: dict) -> dict:
@@ -182,9 +143,13 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   ``micro_batches`` and ``model.remat`` may change too (the same step up
   to float32 rounding), and so may the fields of :data:`RESUME_FREE`;
   any other field of the stored ``config`` that differs is refused.
-  Fields the run does not read are not compared; a field an older checkpoint lacks counts as
-  its value in ``RESUME_DEFAULTS`` (a method's own declared field: its
-  ``ConfigField.default``).
+  Fields the run does not read are not compared. A top-level key an older
+  format lacks counts as its value in ``RESUME_DEFAULTS`` (a method's own
+  declared field: its ``ConfigField.default``); a key its format requires
+  was checked present (:func:`check_run_meta`). A field missing inside the
+  stored ``config`` counts as its
+  :func:`~decentral_jax.runner.config.base_config` default (a field added
+  since: the older run ran at it), never as uncompared.
 
   Args:
     exp: this run.
@@ -201,7 +166,7 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   for key, field in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
     if validation.unread_reason(exp.config, field) is not None:
       continue  # ignored by this run (its algorithm is compared)
-    theirs = meta.get(key, defaults.get(key, mine[key]))
+    theirs = meta[key] if key in meta else defaults.get(key)
     if key == "model" and isinstance(theirs, dict):
       theirs = model_meta(theirs)
     if key == "faults":  # the trace by content; names the setting
@@ -222,15 +187,8 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   _warn_changed_lr(meta, mine, directory)
 
 
-def _leaves(group: dict, prefix: str = "") -> dict:
-  """``{"a.b": value}`` for the leaves of a nested config dict."""
-  out = {}
-  for k, v in group.items():
-    if isinstance(v, dict):
-      out.update(_leaves(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _covered(field: str, groups) -> bool:
@@ -241,15 +199,18 @@ def _check_other_fields(config, theirs, mine: dict, directory: str) -> None:
   """Refuses a changed config field that :data:`RESUME_FIELDS` does not
   name and :data:`RESUME_FREE` does not free (e.g. ``optimizer.b1``,
   ``grad_clip``, ``data.val_fraction``: each changes what the restored
-  state trains on or how). A checkpoint without ``config`` (written before
-  it was stored) and a field it lacks (added since) are not compared; a
-  field this run does not read is not either (it keeps its default)."""
+  state trains on or how). A checkpoint without ``config`` (the older
+  format) is not compared; a field its ``config`` lacks (added since)
+  counts as its ``base_config`` default, never as uncompared; a field this
+  run does not read is not compared (it keeps its default)."""
   if not isinstance(theirs, dict):
     return
   checked = (*RESUME_FREE, *RESUME_FIELDS.values(),
              *methods.declared_fields())
-  old = _leaves(theirs)
-  for field, ours in _leaves(mine).items():
+  base = config_lib.base_config(config.model.get("name", "gpt"))
+  old = {**config_leaves(json.loads(base.to_json())),
+         **config_leaves(theirs)}
+  for field, ours in config_leaves(mine).items():
     if field not in old or old[field] == ours or _covered(field, checked) \
         or validation.unread_reason(config, field) is not None:
       continue
@@ -290,190 +251,6 @@ def _first_difference(field: str, theirs, ours) -> tuple:
       if theirs.get(k) != ours.get(k):
         return _first_difference(f"{field}.{k}", theirs.get(k), ours.get(k))
   return field, theirs, ours
-
-
-# -- the document read back on resume ----------------------------------------
-
-def _number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-#: The groups every stored ``config`` holds (all versions that store it).
-CONFIG_GROUPS = ("optimizer", "schedule", "model", "data", "compression",
-                 "faults", "distributed")
-#: The most training seconds a checkpoint may record (about 31.7 years).
-MAX_TRAIN_TIME_S = 1e9
-
-
-def _window_error(window, step: int) -> str | None:
-  """Why a ``metrics_window`` entry is not one, or None: losses >= 0,
-  accuracies in [0, 1], consensus distance >= 0 (finite; the rules of
-  ``metrics.jsonl``), at most one loss and one accuracy per step of the
-  ``step`` the checkpoint has trained."""
-  if window is None:
-    return None
-  if not isinstance(window, dict):
-    return f"metrics_window must be an object or null, got {window!r:.60}"
-  unknown = sorted(set(window) - {"losses", "accs", "consensus"})
-  if unknown:
-    return (f"metrics_window has unknown {records.short(unknown)} (the keys "
-            "it may have: losses, accs, consensus)")
-  for key, hi in (("losses", None), ("accs", 1)):
-    why = records.value_error(f"metrics_window.{key}", window.get(key, []),
-                              "numbers", 0, hi)
-    if why:
-      return why
-    if len(window.get(key, [])) > step:
-      return (f"metrics_window.{key} holds {len(window[key])} values, more "
-              f"than the {step} steps trained")
-  c = window.get("consensus")
-  if c is not None:
-    return records.value_error("metrics_window.consensus", c, "number", 0)
-  return None
-
-
-def _kind(v) -> str | None:
-  if v is None:
-    return None
-  if isinstance(v, bool):
-    return "true or false"
-  if isinstance(v, (int, float)):
-    return "a number"
-  return {str: "a string", list: "a list", dict: "an object"}.get(
-      type(v), type(v).__name__)
-
-
-def _kind_error(theirs, like, key: str, free=()) -> str | None:
-  """Why the stored ``theirs`` is not of the JSON kind this run writes for
-  ``key`` (``like``; None matches any kind), or None. Objects recurse over
-  their common keys, less the dotted ``key`` paths in ``free`` (fields a
-  resume may change, kind included); a number must be finite where this
-  run's is."""
-  if key in free:
-    return None
-  a, b = _kind(theirs), _kind(like)
-  if a is not None and b is not None and a != b:
-    return f"{key} must be {b} (what a run writes), got {records.short(theirs)}"
-  if b == "a number" and records.is_real(like) and not records.is_real(theirs):
-    return f"{key} must be a finite number, got {records.short(theirs)}"
-  if a == b == "an object":
-    for k in sorted(set(theirs) & set(like)):
-      why = _kind_error(theirs[k], like[k], f"{key}.{k}", free)
-      if why:
-        return why
-  return None
-
-
-def _fields_error(meta: dict, like: dict) -> str | None:
-  """Why the stored fields of ``meta`` are not of the kinds this run's own
-  document ``like`` (:func:`checkpoint_meta`) has, or None. ``config``,
-  absent from checkpoints written before it was stored, must otherwise be
-  an object holding :data:`CONFIG_GROUPS`."""
-  config = meta.get("config")
-  if "config" in meta:
-    if not isinstance(config, dict):
-      return f"config must be an object, got {records.short(config)}"
-    missing = [g for g in CONFIG_GROUPS if g not in config]
-    if missing:
-      return f"config misses the group(s) {missing}"
-  free = tuple(f"config.{f}" for f in RESUME_FREE)
-  for key in sorted(set(meta) & set(like)):
-    why = _kind_error(meta[key], like[key], key, free)
-    if why:
-      return why
-  return None
-
-
-# key -> (kind, value when absent, upper bound) of the numbers a resumed run
-# reads.
-_META_FIELDS = {"step": ("int", None, None),
-                "data_position": ("int", None, None),
-                "train_time_s": ("number", 0.0, MAX_TRAIN_TIME_S),
-                "topology_round": ("int", 0, None), "n_workers": ("int", 1, None)}
-
-
-def meta_error(meta, step: int | None = None,
-               like: dict | None = None) -> str | None:
-  """Why ``meta`` is not the JSON document of checkpoint ``step`` (naming
-  the key), or None; with ``like`` (this run's :func:`checkpoint_meta`)
-  every stored field must also be of the kind this run writes
-  (:func:`check_run_meta` states the rules)."""
-  if not isinstance(meta, dict):
-    return f"the document is a {type(meta).__name__}, not an object"
-  for key, (kind, default, hi) in _META_FIELDS.items():
-    why = records.value_error(key, meta.get(key, default), kind, 0, hi)
-    if why:
-      return why
-  if step is not None and meta["step"] != step:
-    return f"its step {meta['step']} is not the checkpoint's number {step}"
-  # The next batch is get_batch(data_position) and training resumes at it:
-  # written as the step, any other value skips or repeats steps.
-  if meta["data_position"] != meta["step"]:
-    return (f"data_position must equal step {meta['step']} (the batches "
-            f"consumed), got {records.short(meta['data_position'])}")
-  return _window_error(meta.get("metrics_window"), meta["step"]) or (
-      _fields_error(meta, like) if like is not None else None)
-
-
-def check_run_meta(meta, where: str, step: int | None = None,
-                   like: dict | None = None) -> dict:
-  """The JSON document of a training run's checkpoint, checked.
-
-  What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
-  resume: ``step`` and ``data_position`` (integers >= 0; ``step`` the
-  checkpoint's number, ``data_position`` equal to it: the batches
-  consumed, where training resumes), ``topology_round`` and ``n_workers``
-  (integers >= 0), ``train_time_s`` (a finite number in [0,
-  :data:`MAX_TRAIN_TIME_S`], optional) and ``metrics_window`` (null or
-  ``{"losses": [finite numbers >= 0], "accs": [finite numbers in [0, 1]],
-  "consensus": a finite number >= 0 or null}``, at most ``step`` values
-  in a list). With ``like`` every other
-  stored field must have the JSON kind this run writes for it (a
-  string, a number, true or false, an object, recursively; null matches
-  any) and ``config``, if present, must be an object holding
-  :data:`CONFIG_GROUPS`: a damaged document is never compared as a
-  changed config. The values are then compared with the run's own by
-  :func:`check_resumable`.
-
-  Args:
-    meta: the document (``Checkpointer.restore_meta``).
-    where: the checkpoint directory, for the message.
-    step: the checkpoint's number: ``meta["step"]`` must equal it.
-    like: this run's own document (:func:`checkpoint_meta`), or None.
-
-  Returns:
-    ``meta``.
-
-  Raises:
-    checkpoint.CheckpointError: one line naming the checkpoint and the key.
-  """
-  why = meta_error(meta, step, like)
-  if why:
-    raise checkpoint_lib.CheckpointError(
-        f"checkpoint metadata in {where} is not valid: {why}; move that "
-        "checkpoint directory away to resume from an older one, or use a "
-        "fresh --workdir.")
-  return meta
-
-
-def meta_file(step_dir: str) -> str:
-  """The file holding the JSON document of the checkpoint in ``step_dir``
-  (Orbax's ``meta`` item)."""
-  return os.path.join(step_dir, "meta", "metadata")
-
-
-def meta_file_error(step_dir: str, step: int, like: dict) -> str | None:
-  """Why the JSON document of the checkpoint in ``step_dir`` is damaged
-  (:func:`meta_error`; unreadable, not JSON), naming the file and the key,
-  or None: what :meth:`Checkpointer.select_restore_step
-  <decentral_jax.runner.checkpoint.Checkpointer.select_restore_step>`
-  treats as a corrupt checkpoint."""
-  path = meta_file(step_dir)
-  meta = records.read_json(path)
-  if isinstance(meta, records.Damaged):
-    return str(meta)
-  why = meta_error(meta, step, like)
-  return f"{path}: {why}" if why else None
 
 
 # -- elastic resume ------------------------------------------------------------

@@ -196,8 +196,7 @@ def _check_faults(c: config_dict.ConfigDict, method: methods.Method) -> None:
                            "faults")
   for name, rule in field_rules.FAULT_RULES.items():
     value = field_rules.field(c, name)
-    if name in ("faults.failure_rate", "faults.slow_fraction",
-                "faults.slow_speed") and value == 1 and \
+    if name in field_rules.FAULT_UP_TO_ONE and value == 1 and \
         not isinstance(value, bool):
       continue
     rule(name, value)

@@ -183,6 +183,27 @@ def test_checkpoint_meta_is_the_old_format_without_module_paths(
     assert "decentral_jax" not in text and "<class" not in text
 
 
+def test_the_old_format_is_read_with_its_keys_required(experiment):
+  """The fixture's document (no ``config``, no ``lr``) is the older format:
+  read as intact; without a key that format always holds (the seed, the
+  model) it is damaged, never resumed with that field uncompared."""
+  step_dir = os.path.join(OLD, "run", "checkpoints", str(SAVED_STEP))
+  like = run_meta.checkpoint_meta(experiment, SAVED_STEP)
+  assert run_meta.meta_file_error(step_dir, SAVED_STEP, like) is None
+  with open(run_meta.meta_file(step_dir), encoding="utf-8") as f:
+    meta = json.load(f)
+  assert "config" not in meta and "lr" not in meta
+  for key in ("seed", "model", "global_batch"):
+    damaged = {k: v for k, v in meta.items() if k != key}
+    assert run_meta.meta_error(damaged, SAVED_STEP, like) == (
+        f"the document misses ['{key}'] (every checkpoint of its format "
+        "holds them)")
+  # The fields older versions lacked (beta_convention here) default.
+  assert run_meta.meta_error({k: v for k, v in meta.items()
+                              if k != "beta_convention"},
+                             SAVED_STEP, like) is None
+
+
 @pytest.mark.slow
 def test_resuming_continues_as_the_old_code_did(experiment, workdir):
   config = experiment.config

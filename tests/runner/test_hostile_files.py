@@ -470,6 +470,10 @@ def _with(**changes):
   return edit
 
 
+def _without(key):
+  return lambda meta: {k: v for k, v in meta.items() if k != key}
+
+
 META_CASES = {
     "no_data_position": (lambda m: {k: v for k, v in m.items()
                                     if k != "data_position"},
@@ -542,6 +546,48 @@ META_CASES = {
             m["config"]["optimizer"], b1="x"))),
         "config.optimizer.b1 must be a number"),
     "nan_lr": (_with(lr=math.nan), "lr must be a finite number"),
+    # A key every writer of the format writes is required: missing, it
+    # would leave its field uncompared (a changed global_batch resumed).
+    "no_global_batch": (_without("global_batch"),
+                        "the document misses ['global_batch']"),
+    "no_seed": (_without("seed"), "the document misses ['seed']"),
+    "no_topology": (_without("topology"), "the document misses ['topology']"),
+    "no_n_workers": (_without("n_workers"), "misses ['n_workers']"),
+    "no_compression": (_without("compression"),
+                       "the document misses ['compression']"),
+    # lr is written since shortly before config: with lr, config is missing.
+    "no_config": (_without("config"), "the document misses config"),
+    # Float32 values the run computed: none exceeds 3.4028235e38.
+    "window_loss_beyond_float32": (
+        _with(metrics_window={"losses": [1e300], "accs": [],
+                              "consensus": None}),
+        "metrics_window.losses holds 1e+300, beyond the largest float32"),
+    "window_consensus_beyond_float32": (
+        _with(metrics_window={"losses": [], "accs": [], "consensus": 3.5e38}),
+        "metrics_window.consensus holds 3.5e+38, beyond the largest float32"),
+    "lr_beyond_float32": (_with(lr=1e39), "lr holds 1e+39, beyond"),
+    # Well-typed but impossible: damage naming the key, not a mismatch.
+    "negative_lr": (_with(lr=-1.0), "lr must be a finite number >= 0, got -1"),
+    "zero_n_workers": (_with(n_workers=0), "n_workers must be an integer in "
+                       "[1, 2147483647], got 0"),
+    "zero_sync_every": (_with(sync_every=0), "sync_every must be an integer "
+                        "in [1, 2147483647], got 0"),
+    "banana_format": (
+        lambda m: dict(m, compression=dict(m["compression"], format="banana")),
+        "unknown compression.format='banana'"),
+    "banana_format_in_config": (
+        lambda m: dict(m, config=dict(m["config"], compression=dict(
+            m["config"]["compression"], format="banana"))),
+        "unknown config.compression.format='banana'"),
+    "faults_enabled_yes": (_with(faults={"enabled": "yes"}),
+                           "faults.enabled must be True or False, got 'yes'"),
+    "string_steps_in_config": (  # a field a resume may change: still checked
+        lambda m: dict(m, config=dict(m["config"], steps="x")),
+        "config.steps must be an integer in [1, 2147483647], got 'x'"),
+    "b1_above_one_in_config": (
+        lambda m: dict(m, config=dict(m["config"], optimizer=dict(
+            m["config"]["optimizer"], b1=1.5))),
+        "config.optimizer.b1 must be a finite number in [0, 1), got 1.5"),
 }
 
 
@@ -565,6 +611,26 @@ def test_hostile_checkpoint_metadata_on_resume(tmp_path, tiny, case):
   assert "was written with" not in str(info.value)  # not a changed config
   # Nothing older to fall back to: the damaged checkpoint stays in place.
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["5"]
+
+
+def test_valid_stored_values_pass_their_rules(tiny):
+  """Fields whose rule reads [0, 1) or (0, 1] "or exactly 1" (a kept
+  fraction, a failure rate of 1) stored at 1 are intact, not damaged; so
+  is the top-level topology "" of a method without one."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  like = copy.deepcopy(meta)
+  config = meta["config"]
+  config["faults"].update(failure_rate=1, slow_fraction=1.0, slow_speed=1)
+  config["compression"].update(fraction=1.0, error_decay=1)
+  meta["compression"] = dict(config["compression"])
+  assert run_meta.meta_error(meta, 5, like) is None
+  # A method without a topology (all_reduce, DiLoCo) stores topology "".
+  assert run_meta.meta_error(dict(meta, topology=""), 5, like) is None
+  config["faults"]["failure_rate"] = 1.5  # beyond 1: damaged
+  assert run_meta.meta_error(meta, 5, like).startswith(
+      "config.faults.failure_rate must be a finite number in [0, 1)")
 
 
 def test_damaged_metadata_falls_back_to_the_older_checkpoint(
@@ -602,6 +668,34 @@ def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):
     run_meta.check_resumable(exp, meta, "ckpt")
   assert ("config.model.param_dtype='bfloat16' but this run has float32 "
           "(the default)") in str(info.value), info.value
+
+
+def test_a_field_missing_inside_the_stored_config_is_its_default(tiny):
+  """A field the stored ``config`` lacks (added since the checkpoint) ran
+  at its default: AdamW's b1 = 0.9 (Kingma & Ba's value, the base
+  config's). A run with b1 = 0.8 is refused, not resumed uncompared; an
+  emptied group is read the same way."""
+  from decentral_jax.runner import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  config, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  optimizer = {k: v for k, v in meta["config"]["optimizer"].items()
+               if k != "b1"}
+  run_meta.check_resumable(  # this run has b1 = 0.9: the same
+      exp, dict(meta, config=dict(meta["config"], optimizer=optimizer)), "c")
+  changed = config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ("--config.model.n_layer=1", "--config.model.n_embd=32",
+       "--config.model.n_head=2", "--config.model.block_size=16",
+       "--config.global_batch=16", "--config.eval_batches=1",
+       "--config.steps=10", "--config.optimizer.b1=0.8"))
+  other = experiment_lib.Experiment(changed)
+  for group in (optimizer, {}):
+    stored = dict(meta, config=dict(meta["config"], optimizer=group))
+    with pytest.raises(ValueError) as info:
+      run_meta.check_resumable(other, stored, "ckpt")
+    assert ("written with config.optimizer.b1=0.9 but this run has 0.8"
+            in str(info.value)), info.value
 
 
 # -- the work directory's lock and checksums -----------------------------------

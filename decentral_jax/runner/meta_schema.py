@@ -1,0 +1,390 @@
+"""The JSON document a checkpoint stores about its run: its schema.
+
+Which keys a checkpoint's document holds (:data:`RESUME_FIELDS`, the
+values older versions lacked: :data:`RESUME_DEFAULTS`), which config
+fields a resume may change (:data:`RESUME_FREE`), and the checks of a
+document read back on resume (:func:`check_run_meta`,
+:func:`meta_file_error`): a key its format always holds is required
+(:data:`CONFIG_FORMAT_KEYS`, :data:`OLD_FORMAT_KEYS`), every value must be
+of the kind a run writes and pass its config field's rule, and a float32
+value the run computed is at most :data:`F32_MAX`; anything else is a
+damaged document, never a changed config.
+:mod:`decentral_jax.runner.run_meta` writes the document and compares it
+with a run's own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from decentral_jax import records
+from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import config_groups
+from decentral_jax.runner import field_rules
+from decentral_jax.runner import methods
+
+#: checkpoint_meta key -> the config field a resumed run must keep.
+RESUME_FIELDS = {"n_workers": "n_workers",
+                 "workers_per_node": "workers_per_node",
+                 "algorithm": "algorithm", "topology": "topology",
+                 "optimizer": "optimizer.name",
+                 "accum_steps": "optimizer.accum_steps",
+                 "beta_convention": "optimizer.beta_convention",
+                 "model": "model",
+                 "seed": "seed", "global_batch": "global_batch",
+                 "sync_every": "sync_every", "gossip_every": "gossip_every",
+                 "num_fragments": "num_fragments",
+                 "overlap_steps": "overlap_steps",
+                 "merge_alpha": "merge_alpha",
+                 "outer_overlap": "outer_overlap",
+                 "outer_latency": "outer_latency",
+                 "trickle_reduction": "trickle_reduction",
+                 "outer_optimizer": "outer_optimizer",
+                 "comm_dtype": "comm_dtype",
+                 "compression": "compression",
+                 "faults": "faults"}
+# The worker layout (processes, devices per worker, workers per device,
+# worker_layout) may change on resume: check_elastic_resume.
+#: Values assumed for checkpoints written before these fields existed.
+RESUME_DEFAULTS = {"beta_convention": "per_window", "faults": {},
+                   "outer_overlap": "none", "outer_latency": 1,
+                   "trickle_reduction": True,
+                   "compression": json.loads(
+                       config_groups.compression_group().to_json())}
+#: Fields of the ``model`` group added after the first checkpoints, with the
+#: value those were written with.
+MODEL_DEFAULTS = {"param_dtype": "float32"}
+#: Fields of the ``model`` group a resumed run may change: how much memory
+#: the step takes, not what it computes (activation checkpointing).
+MODEL_FREE = ("remat",)
+#: Config fields (or groups) a resumed run may change: the run's length and
+#: learning-rate schedule (an extension; the rate at the resumed step is
+#: logged), what is recorded where and how often, and how the same step is
+#: computed (memory controls, gossip buckets and program choice, process
+#: set-up; the worker layout: elastic resume). Every other field of the
+#: stored ``config`` must keep its value (:func:`check_resumable`).
+RESUME_FREE = ("steps", "schedule", "eval_interval", "log_interval",
+               "consensus_at", "checkpoint_interval", "keep_checkpoints",
+               "tensorboard", "tracker", "workdir", "micro_batches",
+               "model.remat", "bucket_bytes", "gossip_rounds", "distributed",
+               "devices_per_worker", "workers_per_device", "worker_layout",
+               # Where the data is (a moved file, a registered source's own
+               # options such as more batches) and what evaluation reads.
+               "data.path", "data.options", "eval_batches")
+
+
+def config_leaves(group: dict, prefix: str = "") -> dict:
+  """``{"a.b": value}`` for the leaves of a nested config dict."""
+  out = {}
+  for k, v in group.items():
+    if isinstance(v, dict):
+      out.update(config_leaves(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+
+
+# -- the document read back on resume ----------------------------------------
+#: The groups every stored ``config`` holds (all versions that store it).
+CONFIG_GROUPS = ("optimizer", "schedule", "model", "data", "compression",
+                 "faults", "distributed")
+#: The most training seconds a checkpoint may record (about 31.7 years).
+MAX_TRAIN_TIME_S = 1e9
+#: The largest float32: no loss, consensus distance or learning rate the run
+#: computes in float32 exceeds it.
+F32_MAX = float(np.finfo(np.float32).max)
+#: The keys of the older format (``tests/fixtures/checkpoint_57b480f``, no
+#: ``config``): every writer of it wrote them (:func:`check_run_meta`).
+OLD_FORMAT_KEYS = (
+    "step", "data_position", "seed", "n_workers", "workers_per_node",
+    "algorithm", "topology", "topology_round", "optimizer", "accum_steps",
+    "global_batch", "model", "sync_every", "gossip_every", "num_fragments",
+    "overlap_steps", "merge_alpha", "outer_optimizer", "comm_dtype",
+    "devices_per_worker", "workers_per_device", "worker_layout")
+#: The keys of the current format (with ``config``): every writer of it
+#: writes them; a method's declared fields (added with the method) default.
+CONFIG_FORMAT_KEYS = (*OLD_FORMAT_KEYS, *RESUME_DEFAULTS, "lr", "layout",
+                      "config")
+
+
+def _float32_error(key: str, values: list) -> str | None:
+  """Why a finite value of ``values`` (a float32 the run computed) is not
+  one, or None: beyond :data:`F32_MAX` in size."""
+  big = [v for v in values if abs(v) > F32_MAX]
+  if big:
+    return (f"{key} holds {big[0]:g}, beyond the largest float32 "
+            f"{F32_MAX:.4g} (the run computes it in float32)")
+  return None
+
+
+def _window_error(window, step: int) -> str | None:
+  """Why a ``metrics_window`` entry is not one, or None: losses in [0,
+  :data:`F32_MAX`], accuracies in [0, 1], consensus distance in [0,
+  :data:`F32_MAX`] (float32 values; the rules of ``metrics.jsonl``), at most one loss and one accuracy per step of the
+  ``step`` the checkpoint has trained."""
+  if window is None:
+    return None
+  if not isinstance(window, dict):
+    return f"metrics_window must be an object or null, got {window!r:.60}"
+  unknown = sorted(set(window) - {"losses", "accs", "consensus"})
+  if unknown:
+    return (f"metrics_window has unknown {records.short(unknown)} (the keys "
+            "it may have: losses, accs, consensus)")
+  for key, hi in (("losses", None), ("accs", 1)):
+    why = records.value_error(f"metrics_window.{key}", window.get(key, []),
+                              "numbers", 0, hi)
+    if why:
+      return why
+    why = _float32_error(f"metrics_window.{key}", window.get(key, []))
+    if why:
+      return why
+    if len(window.get(key, [])) > step:
+      return (f"metrics_window.{key} holds {len(window[key])} values, more "
+              f"than the {step} steps trained")
+  c = window.get("consensus")
+  if c is not None:
+    return (records.value_error("metrics_window.consensus", c, "number", 0)
+            or _float32_error("metrics_window.consensus", [c]))
+  return None
+
+
+def _kind(v) -> str | None:
+  if v is None:
+    return None
+  if isinstance(v, bool):
+    return "true or false"
+  if isinstance(v, (int, float)):
+    return "a number"
+  return {str: "a string", list: "a list", dict: "an object"}.get(
+      type(v), type(v).__name__)
+
+
+def _kind_error(theirs, like, key: str, free=()) -> str | None:
+  """Why the stored ``theirs`` is not of the JSON kind this run writes for
+  ``key`` (``like``; None matches any kind), or None. Objects recurse over
+  their common keys, less the dotted ``key`` paths in ``free`` (fields a
+  resume may change, kind included); a number must be finite where this
+  run's is."""
+  if key in free:
+    return None
+  a, b = _kind(theirs), _kind(like)
+  if a is not None and b is not None and a != b:
+    return f"{key} must be {b} (what a run writes), got {records.short(theirs)}"
+  if b == "a number" and records.is_real(like) and not records.is_real(theirs):
+    return f"{key} must be a finite number, got {records.short(theirs)}"
+  if a == b == "an object":
+    for k in sorted(set(theirs) & set(like)):
+      why = _kind_error(theirs[k], like[k], f"{key}.{k}", free)
+      if why:
+        return why
+  return None
+
+
+def _keys_error(meta: dict) -> str | None:
+  """Why ``meta`` lacks a key its format's writers all write, or None.
+
+  Two formats are read: the current one (:data:`CONFIG_FORMAT_KEYS`,
+  ``config`` included) and the older one of
+  ``tests/fixtures/checkpoint_57b480f`` (:data:`OLD_FORMAT_KEYS`; neither
+  ``config`` nor ``lr``, the fields of :data:`RESUME_DEFAULTS` at their
+  defaults). A key missing from either is damage, never a field left
+  uncompared; so is a document recording ``lr`` (a later writer) without
+  ``config``.
+  """
+  if "config" not in meta and "lr" in meta:
+    return ("the document misses config (a checkpoint that records lr "
+            "holds its whole config)")
+  need = CONFIG_FORMAT_KEYS if "config" in meta else OLD_FORMAT_KEYS
+  missing = [k for k in need if k not in meta]
+  if missing:
+    return (f"the document misses {records.short(missing)} (every "
+            "checkpoint of its format holds them)")
+  return None
+
+
+def _fields_error(meta: dict, like: dict) -> str | None:
+  """Why the stored fields of ``meta`` are not of the kinds this run's own
+  document ``like`` (:func:`checkpoint_meta`) has, or None: first the keys
+  its format requires (:func:`_keys_error`); ``config``, absent from
+  checkpoints of the older format, must otherwise be an object holding
+  :data:`CONFIG_GROUPS`."""
+  why = _keys_error(meta)
+  if why:
+    return why
+  config = meta.get("config")
+  if "config" in meta:
+    if not isinstance(config, dict):
+      return f"config must be an object, got {records.short(config)}"
+    missing = [g for g in CONFIG_GROUPS if g not in config]
+    if missing:
+      return f"config misses the group(s) {missing}"
+  free = tuple(f"config.{f}" for f in RESUME_FREE)
+  for key in sorted(set(meta) & set(like)):
+    why = _kind_error(meta[key], like[key], key, free)
+    if why:
+      return why
+  return None
+
+
+#: Fields whose rule resolves a name against this process (a registered
+#: optimizer, model or data source; an installed tracker): a stored value is
+#: compared with the run's, not checked by the rule.
+RESOLVED_FIELDS = ("optimizer.name", "model.name", "tracker")
+
+
+def _stored_values(meta: dict) -> list:
+  """``(key, field, value)`` for each stored value of a config field: the
+  leaves of ``config`` (key ``config.<field>``) and the top-level keys
+  that repeat a field (:data:`RESUME_FIELDS`, a method's declared fields;
+  ``faults`` is ``config.faults`` or {}, plus ``trace_sha256``), less
+  ``topology``: the built topology's name, "" for a method without one."""
+  declared = methods.declared_fields()
+  out = []
+  for key, name in {**RESUME_FIELDS, **{n: n for n in declared}}.items():
+    value = meta.get(key)
+    if value is None or key == "topology":
+      continue
+    leaves = (config_leaves(value, f"{name}.") if isinstance(value, dict)
+              else {name: value})
+    out += [(key + f[len(name):], f, v) for f, v in leaves.items()]
+  config = meta.get("config")
+  if isinstance(config, dict):
+    out += [(f"config.{f}", f, v) for f, v in config_leaves(config).items()]
+  return out
+
+
+def _rules_error(meta: dict) -> str | None:
+  """Why a stored value breaks its field's rule (the per-field rules a run
+  config passes: ``field_rules.RULES``, the model's ``MODEL_RULES``,
+  ``FAULT_RULES`` and the methods' declared fields; not the relations
+  between fields), naming the key, or None: a well-typed but impossible
+  value (``n_workers`` 0, ``compression.format`` "banana") is damage, not
+  a changed config."""
+  model = meta.get("model")
+  name = model.get("name", "gpt") if isinstance(model, dict) else "gpt"
+  kind = name if name in field_rules.MODEL_RULES else "custom"
+  rules = {**field_rules.RULES, **field_rules.MODEL_RULES[kind],
+           **field_rules.FAULT_RULES,
+           **{n: f.rule for n, f in methods.declared_fields().items()}}
+  skip = RESOLVED_FIELDS + (("data.source",) if kind == "custom" else ())
+  for key, field, value in _stored_values(meta):
+    rule = rules.get(field)
+    if rule is None or field in skip or (value == 1 and field in (
+        *field_rules.UP_TO_ONE, *field_rules.FAULT_UP_TO_ONE)):
+      continue
+    try:
+      rule(field, value)
+    except ValueError as e:  # its fix (--config.<field>=) is not this one
+      why = str(e).split("; ")[0]
+      return why if key == f"config.{field}" else why.replace(
+          f"config.{field}", key, 1)
+  return None
+
+
+# key -> (kind, value when absent, upper bound) of the numbers a resumed run
+# reads.
+_META_FIELDS = {"step": ("int", None, None),
+                "data_position": ("int", None, None),
+                "train_time_s": ("number", 0.0, MAX_TRAIN_TIME_S),
+                "topology_round": ("int", 0, None), "n_workers": ("int", 1, None),
+                "lr": ("number", 0.0, None)}
+
+
+def meta_error(meta, step: int | None = None,
+               like: dict | None = None) -> str | None:
+  """Why ``meta`` is not the JSON document of checkpoint ``step`` (naming
+  the key), or None; with ``like`` (this run's :func:`checkpoint_meta`)
+  every stored field must also be of the kind this run writes
+  (:func:`check_run_meta` states the rules)."""
+  if not isinstance(meta, dict):
+    return f"the document is a {type(meta).__name__}, not an object"
+  for key, (kind, default, hi) in _META_FIELDS.items():
+    why = records.value_error(key, meta.get(key, default), kind, 0, hi)
+    if why:
+      return why
+  why = _float32_error("lr", [meta.get("lr", 0.0)])
+  if why:
+    return why
+  if step is not None and meta["step"] != step:
+    return f"its step {meta['step']} is not the checkpoint's number {step}"
+  # The next batch is get_batch(data_position) and training resumes at it:
+  # written as the step, any other value skips or repeats steps.
+  if meta["data_position"] != meta["step"]:
+    return (f"data_position must equal step {meta['step']} (the batches "
+            f"consumed), got {records.short(meta['data_position'])}")
+  return _window_error(meta.get("metrics_window"), meta["step"]) or (
+      (_fields_error(meta, like) or _rules_error(meta))
+      if like is not None else None)
+
+
+def check_run_meta(meta, where: str, step: int | None = None,
+                   like: dict | None = None) -> dict:
+  """The JSON document of a training run's checkpoint, checked.
+
+  What :func:`decentral_jax.runner.train.train_and_evaluate` reads back on
+  resume: ``step`` and ``data_position`` (integers >= 0; ``step`` the
+  checkpoint's number, ``data_position`` equal to it: the batches
+  consumed, where training resumes), ``topology_round`` and ``n_workers``
+  (integers >= 0), ``train_time_s`` (a finite number in [0,
+  :data:`MAX_TRAIN_TIME_S`], optional), ``lr`` (a number in [0,
+  :data:`F32_MAX`], optional) and ``metrics_window`` (null or
+  ``{"losses": [numbers in [0, F32_MAX]], "accs": [numbers in [0, 1]],
+  "consensus": a number in [0, F32_MAX] or null}``, at most ``step``
+  values in a list: the run computes them in float32). With ``like``
+  the document must hold every key its format's writers write
+  (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
+  ``config``: a missing key is damage, never a field left uncompared);
+  every other stored field must have the JSON kind this run writes for it
+  (a string, a number, true or false, an object, recursively; null
+  matches any); ``config`` must be an object holding
+  :data:`CONFIG_GROUPS`; and every stored value of a config field (in
+  ``config`` or repeated at the top level) must pass that field's rule
+  (:func:`_rules_error`): a damaged document is never compared as a
+  changed config. The values are then compared with the run's own by
+  :func:`check_resumable` (a field missing inside ``config`` as its
+  default).
+
+  Args:
+    meta: the document (``Checkpointer.restore_meta``).
+    where: the checkpoint directory, for the message.
+    step: the checkpoint's number: ``meta["step"]`` must equal it.
+    like: this run's own document (:func:`checkpoint_meta`), or None.
+
+  Returns:
+    ``meta``.
+
+  Raises:
+    checkpoint.CheckpointError: one line naming the checkpoint and the key.
+  """
+  why = meta_error(meta, step, like)
+  if why:
+    raise checkpoint_lib.CheckpointError(
+        f"checkpoint metadata in {where} is not valid: {why}; move that "
+        "checkpoint directory away to resume from an older one, or use a "
+        "fresh --workdir.")
+  return meta
+
+
+def meta_file(step_dir: str) -> str:
+  """The file holding the JSON document of the checkpoint in ``step_dir``
+  (Orbax's ``meta`` item)."""
+  return os.path.join(step_dir, "meta", "metadata")
+
+
+def meta_file_error(step_dir: str, step: int, like: dict) -> str | None:
+  """Why the JSON document of the checkpoint in ``step_dir`` is damaged
+  (:func:`meta_error`; unreadable, not JSON), naming the file and the key,
+  or None: what :meth:`Checkpointer.select_restore_step
+  <decentral_jax.runner.checkpoint.Checkpointer.select_restore_step>`
+  treats as a corrupt checkpoint."""
+  path = meta_file(step_dir)
+  meta = records.read_json(path)
+  if isinstance(meta, records.Damaged):
+    return str(meta)
+  why = meta_error(meta, step, like)
+  return f"{path}: {why}" if why else None
