@@ -374,8 +374,8 @@ ROW_SCHEMA = {"case": ("str", None, None, False),
               "mode": ("str", None, None, False),
               "consensus": ("str", None, None, False),
               "distinct_round": ("int", 0, None, True),
-              "gossip_rounds": ("int", 0, None, False),
-              "consensus_at": ("int", 0, None, False),
+              "gossip_rounds": ("str", None, None, False),  # "static", ..
+              "consensus_at": ("str", None, None, False),  # "log_step", ..
               "param_bytes": _COUNT, "total_flops": _COUNT,
               "flops_in_flight": _COUNT,
               "collectives": ("list", None, None, False)}

@@ -488,7 +488,8 @@ def test_a_cluster_file_without_measurements_names_what_it_must_have(
 
 OVERLAP_ROW = {"case": "gpt_tiny", "target": "h200", "mode": "after",
                "consensus": "none", "distinct_round": None,
-               "gossip_rounds": 1, "consensus_at": 0, "param_bytes": 1e6,
+               "gossip_rounds": "static", "consensus_at": "next_step",
+               "param_bytes": 1e6,
                "total_flops": 1e9, "flops_in_flight": 5e8,
                "collectives": []}
 
@@ -757,3 +758,21 @@ def test_a_kept_run_disagreeing_with_a_fresh_run_is_trained_again(
   assert trained == [str(out / "all_reduce"), str(out / "local_dadam")]
   [warning] = _job_warnings(capsys.readouterr().err, tmp_path)
   assert "its step-0 eval/loss 9.0 differs from 4.0" in warning, warning
+
+
+def test_overlap_render_reads_the_rows_overlap_writes(capsys):
+  """The rows of the shipped overlap results (written by ``overlap
+  --out``: gossip_rounds "static"/"switch", consensus_at "log_step"/
+  "next_step") render, one table row per record."""
+  results = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "benchmarks", "results", "gpu_overlap")
+  for name in ("gpt2.jsonl", "main.jsonl"):
+    path = os.path.join(results, name)
+    with open(path, encoding="utf-8") as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    assert {type(r["gossip_rounds"]) for r in rows} == {str}
+    assert overlap.main(["--render", path]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and "| case |" in out.out
+    assert all(f"| {r['case']} |" in out.out or r["case"] in out.out
+               for r in rows)
