@@ -59,6 +59,8 @@ SUMS_FILE = workdir_lib.SUMS_FILE
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
 # Top-level files Orbax writes after SUMS_FILE (commit time, commit marker).
 _UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
+# Files a checkpoint's SHA256SUMS must list (the JSON document it resumes by).
+_SUMMED = (os.path.join("meta", "metadata"),)
 # How long close() waits for the writes of a failed save before removing
 # its temporary directory.
 _WRITERS_WAIT_S = 300.0
@@ -119,7 +121,7 @@ def check_checkpoint(root: str) -> tuple[str, str]:
     ``("corrupt", why)`` naming the first bad file (missing, changed, or
     Orbax's step metadata unreadable).
   """
-  status, why = workdir_lib.check_sums(root)
+  status, why = workdir_lib.check_sums(root, required=_SUMMED)
   if status != "ok":
     return status, why
   got = records.read_json(os.path.join(root, _UNSUMMED[0]))

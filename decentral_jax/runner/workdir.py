@@ -352,14 +352,21 @@ def _outside(rel: str) -> bool:
           or ".." in rel.replace("\\", "/").split("/"))
 
 
-def check_sums(root: str) -> tuple[str, str]:
+def check_sums(root: str, required: tuple[str, ...] = ()) -> tuple[str, str]:
   """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
+
+  Args:
+    root: the directory.
+    required: paths (relative to ``root``) the manifest must list when
+      they exist: a manifest that leaves one out would let it be edited
+      unchecked.
 
   Returns:
     ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
-    or ``("corrupt", why)`` naming the first missing or changed file, or
-    a malformed manifest (a line that is not ``<sha256>  <path>``, or a
-    path outside ``root``, which is never read).
+    or ``("corrupt", why)`` naming the first missing or changed file, a
+    ``required`` file the manifest leaves out, or a malformed manifest (a
+    line that is not ``<sha256>  <path>``, or a path outside ``root``,
+    which is never read).
   """
   try:
     with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
@@ -379,6 +386,11 @@ def check_sums(root: str) -> tuple[str, str]:
       return "corrupt", (f"{SUMS_FILE} is malformed (entry {rel!r:.80}: a "
                          "64-digit hex SHA-256 and a path inside the "
                          "directory)")
+  listed = {os.path.normpath(r) for _, r in entries}
+  unlisted = [r for r in required if os.path.normpath(r) not in listed
+              and os.path.lexists(os.path.join(root, r))]
+  if unlisted:
+    return "corrupt", f"{SUMS_FILE} does not list {unlisted[0]}"
   missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
   if missing:
     more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""

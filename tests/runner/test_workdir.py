@@ -222,3 +222,25 @@ def test_the_in_use_message_names_the_tool_s_flag(tmp_path):
         workdir_lib.WorkdirLock(workdir, flag).acquire()
       assert str(info.value).endswith(
           f"wait for it to finish, stop it, or pass another {flag}.")
+
+
+def test_a_manifest_that_leaves_out_a_required_file_is_corrupt(tmp_path):
+  """A SHA256SUMS with a line deleted would let that file be edited
+  unchecked: a required file it does not list is damage (hashes by
+  hashlib, independent of the manifest writer)."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  (tmp_path / "meta").mkdir()
+  files = {"meta/metadata": b'{"step": 6}', "state.bin": b"\x00\x01"}
+  for rel, data in files.items():
+    (tmp_path / rel).write_bytes(data)
+  line = lambda rel: f"{hashlib.sha256(files[rel]).hexdigest()}  {rel}\n"  # noqa: E731
+  sums = tmp_path / workdir_lib.SUMS_FILE
+  sums.write_text(line("meta/metadata") + line("state.bin"))
+  required = ("meta/metadata",)
+  assert workdir_lib.check_sums(str(tmp_path), required) == ("ok", "")
+  sums.write_text(line("state.bin"))  # the metadata's line deleted
+  assert workdir_lib.check_sums(str(tmp_path)) == ("ok", "")  # not required
+  assert workdir_lib.check_sums(str(tmp_path), required) == (
+      "corrupt", "SHA256SUMS does not list meta/metadata")
+  (tmp_path / "meta" / "metadata").unlink()  # absent: nothing to list
+  assert workdir_lib.check_sums(str(tmp_path), required) == ("ok", "")

@@ -881,15 +881,23 @@ def test_a_step_0_loss_edited_in_every_run_is_not_kept(
       "metrics.jsonl does not match its checksum" in w for w in warnings)
 
 
-@pytest.mark.parametrize("damage", ["remove", "truncate"])
+@pytest.mark.parametrize("damage", ["remove", "truncate", "unlist_result",
+                                    "unlist_metrics"])
 def test_a_record_without_its_checksums_is_trained_again(
     tmp_path, monkeypatch, capsys, damage):
   out, run, trained = _signed_job(monkeypatch, tmp_path)
   sums = out / "all_reduce" / "SHA256SUMS"
   if damage == "remove":  # an outdir an older version wrote
     sums.unlink()
-  else:
+  elif damage == "truncate":
     sums.write_text(sums.read_text()[:30])
+  else:  # a line deleted: that file could be edited unchecked
+    name = {"unlist_result": "compare_result.json",
+            "unlist_metrics": "metrics.jsonl"}[damage]
+    kept = [l for l in sums.read_text().splitlines(True)
+            if not l.rstrip().endswith("  " + name)]
+    assert len(kept) == 1
+    sums.write_text("".join(kept))
   capsys.readouterr()
   assert run() == 0 and trained[2:] == ["all_reduce"]
   [line] = _warnings(capsys.readouterr().err, out)

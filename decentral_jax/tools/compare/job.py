@@ -137,7 +137,7 @@ def read_record(workdir: str, want: dict | None = None
   if (isinstance(record, records.Damaged)
       or want is not None and record["config"] != want):
     return record
-  state, why = workdir_lib.check_sums(workdir)
+  state, why = workdir_lib.check_sums(workdir, required=SIGNED)
   return record if state == "ok" else records.Damaged(
       os.path.join(workdir, workdir_lib.SUMS_FILE),
       why + " (the record was changed since the run finished)"
