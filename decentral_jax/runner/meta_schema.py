@@ -223,12 +223,41 @@ def _fields_error(meta: dict, like: dict) -> str | None:
     missing = [g for g in CONFIG_GROUPS if g not in config]
     if missing:
       return f"config misses the group(s) {missing}"
+    missing = _missing_fields(config, like.get("config"))
+    if missing:
+      return (f"config misses {records.short(missing)} (a checkpoint with a "
+              "config stores every field of it)")
   free = tuple(f"config.{f}" for f in RESUME_FREE)
   for key in sorted(set(meta) & set(like)):
     why = _kind_error(meta[key], like[key], key, free)
     if why:
       return why
   return None
+
+
+def _dotted(tree: dict, prefix: str = "") -> set:
+  """The dotted paths of the leaves of a JSON object (an empty object is
+  a leaf)."""
+  out = set()
+  for k, v in tree.items():
+    if isinstance(v, dict) and v:
+      out |= _dotted(v, f"{prefix}{k}.")
+    else:
+      out.add(prefix + k)
+  return out
+
+
+def _missing_fields(stored: dict, config) -> list[str]:
+  """The built-in config fields (those of the GPT and CNN base configs;
+  none was added since checkpoints store the config) that this run's
+  ``config`` has and ``stored`` lacks: a field deleted from the document
+  would otherwise go uncompared (a resume with another value of it)."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  if not isinstance(config, dict):
+    return []
+  builtin = set().union(*(_dotted(json.loads(config_lib.base_config(m).to_json()))
+                          for m in ("gpt", "cnn")))
+  return sorted((_dotted(config) & builtin) - _dotted(stored))
 
 
 #: Fields whose rule resolves a name against this process (a registered

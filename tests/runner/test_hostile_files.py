@@ -532,6 +532,17 @@ META_CASES = {
     "huge_train_time": (_with(train_time_s=1e308),
                         "train_time_s must be a finite number in [0, 1e+09]"),
     "config_list": (_with(config=[]), "config must be an object"),
+    # A field deleted inside the stored config would go uncompared.
+    "config_without_b1": (
+        lambda m: dict(m, config=dict(m["config"], optimizer={
+            k: v for k, v in m["config"]["optimizer"].items() if k != "b1"})),
+        "config misses ['optimizer.b1']"),
+    "config_empty_optimizer": (
+        lambda m: dict(m, config=dict(m["config"], optimizer={})),
+        "config misses ['optimizer.accum_steps', 'optimizer.b1'"),
+    "config_without_steps": (
+        lambda m: dict(m, config={k: v for k, v in m["config"].items()
+                                  if k != "steps"}), "config misses ['steps']"),
     "config_without_model": (
         lambda m: dict(m, config={k: v for k, v in m["config"].items()
                                   if k != "model"}),
