@@ -375,8 +375,9 @@ def check_run_meta(meta, where: str, step: int | None = None,
   ``config`` or repeated at the top level) must pass that field's rule
   (:func:`_rules_error`): a damaged document is never compared as a
   changed config. The values are then compared with the run's own by
-  :func:`check_resumable` (a field missing inside ``config`` as its
-  default).
+  :func:`check_resumable`. A built-in config field missing inside
+  ``config`` is damage too (:func:`_missing_fields`: none was added since
+  checkpoints store the config).
 
   Args:
     meta: the document (``Checkpointer.restore_meta``).

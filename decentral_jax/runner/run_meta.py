@@ -146,10 +146,11 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   Fields the run does not read are not compared. A top-level key an older
   format lacks counts as its value in ``RESUME_DEFAULTS`` (a method's own
   declared field: its ``ConfigField.default``); a key its format requires
-  was checked present (:func:`check_run_meta`). A field missing inside the
-  stored ``config`` counts as its
-  :func:`~decentral_jax.runner.config.base_config` default (a field added
-  since: the older run ran at it), never as uncompared.
+  was checked present (:func:`check_run_meta`), as was every built-in
+  field of the stored ``config``; a field beyond those (a config file's
+  own) missing there counts as its
+  :func:`~decentral_jax.runner.config.base_config` default, never as
+  uncompared.
 
   Args:
     exp: this run.
