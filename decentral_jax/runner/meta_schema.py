@@ -247,6 +247,36 @@ def _dotted(tree: dict, prefix: str = "") -> set:
   return out
 
 
+#: Top-level keys the writer copies from a config field (the key's
+#: dotted path in ``config``): the two must agree.
+COPIED_FIELDS = {k: k for k in (
+    "seed", "n_workers", "workers_per_node", "algorithm", "global_batch",
+    "sync_every", "gossip_every", "num_fragments", "overlap_steps",
+    "merge_alpha", "outer_overlap", "outer_latency", "trickle_reduction",
+    "comm_dtype")} | {"optimizer": "optimizer.name",
+                      "accum_steps": "optimizer.accum_steps"}
+
+
+def _contradiction(meta: dict, config: dict) -> str | None:
+  """Why a top-level copy of a config field disagrees with the stored
+  ``config`` (a document that contradicts itself), or None (also without
+  a ``config``: the older format)."""
+  if not isinstance(config, dict):
+    return None
+  for key, path in COPIED_FIELDS.items():
+    node = config
+    for part in path.split("."):
+      node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+    if key in meta and node is not _ABSENT and meta[key] != node:
+      return (f"{key} {records.short(meta[key])} disagrees with config."
+              f"{path} {records.short(node)} (the writer copies one from "
+              "the other)")
+  return None
+
+
+_ABSENT = object()
+
+
 def _missing_fields(stored: dict, config) -> list[str]:
   """The built-in config fields (those of the GPT and CNN base configs;
   none was added since checkpoints store the config) that this run's
@@ -347,7 +377,8 @@ def meta_error(meta, step: int | None = None,
     return (f"data_position must equal step {meta['step']} (the batches "
             f"consumed), got {records.short(meta['data_position'])}")
   return _window_error(meta.get("metrics_window"), meta["step"]) or (
-      (_fields_error(meta, like) or _rules_error(meta))
+      (_fields_error(meta, like) or _rules_error(meta)
+       or _contradiction(meta, meta.get("config")))
       if like is not None else None)
 
 

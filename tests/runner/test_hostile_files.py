@@ -540,6 +540,12 @@ META_CASES = {
     "config_empty_optimizer": (
         lambda m: dict(m, config=dict(m["config"], optimizer={})),
         "config misses ['optimizer.accum_steps', 'optimizer.b1'"),
+    "config_contradicts_n_workers": (
+        lambda m: dict(m, config=dict(m["config"], n_workers=4)),
+        "n_workers 8 disagrees with config.n_workers 4"),
+    "config_contradicts_seed": (
+        lambda m: dict(m, config=dict(m["config"], seed=1)),
+        "seed 0 disagrees with config.seed 1"),
     "config_without_steps": (
         lambda m: dict(m, config={k: v for k, v in m["config"].items()
                                   if k != "steps"}), "config misses ['steps']"),
