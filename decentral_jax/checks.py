@@ -210,16 +210,39 @@ def check_comm_dtype(comm_dtype: Any, name: str = "comm_dtype"
       16 bits (naming ``compression.format=fp8 or fp4`` as the fix).
   """
   dt = check_float_dtype(name, comm_dtype)
-  if dt is not None and not dt.isnative:
-    raise ValueError(f"{name}={comm_dtype!r} is not in this machine's byte "
-                     f"order; use {dt.newbyteorder('=').name!r}.")
-  if dt is not None and dt.itemsize < 2:
-    raise ValueError(
-        f"{name}={dt.name!r} has no scale (its largest value is "
-        f"{float(np.finfo(dt).max):g}): send values of fewer than 16 bits "
-        "with block scales (compression.format=fp8 or fp4, a Compressor), "
-        "or use bfloat16.")
+  if dt is not None:
+    shown = comm_dtype if isinstance(comm_dtype, str) else (
+        dt.name if dt.isnative else dt.str)
+    check_wire_width_and_order(
+        f"{name}={shown!r}", dt,
+        "compression.format=fp8 or fp4, a Compressor")
   return dt
+
+
+def check_wire_width_and_order(label: str, dt: np.dtype,
+                               scaled_fix: str) -> None:
+  """The wire rule beyond "a floating dtype", shared by the library and the
+  runtime model: native byte order and 16 bits or wider.
+
+  Args:
+    label: the field or flag and its value as the user wrote them, for the
+      message (``"comm_dtype='>f4'"``).
+    dt: the parsed floating dtype (NumPy or ``ml_dtypes``).
+    scaled_fix: how the caller's user sends 8-bit values with block scales
+      (``"compress=fp8 or fp4"``).
+
+  Raises:
+    ValueError: byte-swapped (naming the native name) or an 8-bit float
+      (naming ``scaled_fix``); float8 e4m3's largest value is 448.
+  """
+  if not dt.isnative:
+    raise ValueError(f"{label} is not in this machine's byte order; "
+                     f"use {dt.newbyteorder('=').name!r}.")
+  if dt.itemsize < 2:
+    raise ValueError(
+        f"{label} is an 8-bit float and has no scale (its largest value is "
+        f"{float(np.finfo(dt).max):g}): send values of fewer than 16 bits "
+        f"with block scales ({scaled_fix}), or use bfloat16.")
 
 
 def comma_entries(flag: str, spec: Any, what: str,

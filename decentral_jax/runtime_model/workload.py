@@ -54,8 +54,9 @@ def check_in_flight(value) -> tuple[float, float] | None:
 def wire_dtype(where: str, name) -> np.dtype:
   """``np.dtype(name)`` if the library can send values of that dtype.
 
-  The rule of :func:`decentral_jax.checks.check_comm_dtype`: a floating
-  dtype (bfloat16 included) of 2 to 8 bytes in native byte order (8-bit
+  The rule of :func:`decentral_jax.checks.check_comm_dtype` (width and byte
+  order through :func:`decentral_jax.checks.check_wire_width_and_order`): a
+  floating dtype (bfloat16 included) of 2 to 8 bytes in native byte order (8-bit
   floats travel only block-scaled: ``compress=fp8``). ``where`` names the
   field or flag in the one-line ValueError raised otherwise (an integer,
   complex, unknown, 8-bit or byte-swapped name; NumPy parses some strings
@@ -69,13 +70,8 @@ def wire_dtype(where: str, name) -> np.dtype:
       or dt.itemsize > 8):
     raise ValueError(f"{where} {name!r} is not a floating dtype name (values "
                      "on the wire are floats); use e.g. float32 or bfloat16.")
-  if not dt.isnative:
-    raise ValueError(f"{where} {name!r} is not in this machine's byte order; "
-                     f"use {dt.newbyteorder('=').name!r}.")
-  if dt.itemsize < 2:
-    raise ValueError(f"{where} {name!r} is an 8-bit float, which the library "
-                     "sends only with block scales (compress=fp8 or fp4); "
-                     "use bfloat16 or float16.")
+  checks.check_wire_width_and_order(f"{where} {name!r}", dt,
+                                   "compress=fp8 or fp4")
   return dt
 
 
