@@ -54,6 +54,13 @@ def test_fields_without_meaning_for_learners_are_refused_by_name(
   assert str(e.value).startswith(field), e.value
 
 
+def test_streaming_diloco_in_the_config_names_the_learners_flags():
+  base = tuple(o for o in TINY if not o.startswith("algorithm"))
+  with pytest.raises(ValueError, match="has no meaning for learners") as e:
+    runner_problem.load(CONFIG, base + ("algorithm=streaming_diloco",), 2)
+  assert "--fragments P --overlap-steps TAU" in str(e.value), e.value
+
+
 def test_n_workers_is_the_number_of_learners():
   c = runner_problem.load(CONFIG, TINY, 2)
   assert c.n_workers == 2

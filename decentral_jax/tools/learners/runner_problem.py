@@ -178,7 +178,10 @@ def _refusals(c) -> list[tuple[str, Any, bool, str]]:
   return [
       ("algorithm", c.algorithm, c.algorithm != ALGORITHM,
        "learners run DiLoCo through the synchronizer (no gossip topology, "
-       f"no other method); set --config.algorithm={ALGORITHM}"),
+       f"no other method); set --config.algorithm={ALGORITHM}"
+       + (" and give Streaming DiLoCo's fragments and overlap as "
+          "--fragments P --overlap-steps TAU"
+          if c.algorithm == "streaming_diloco" else "")),
       ("outer_optimizer.name", o.name, o.name != "sgd",
        "the synchronizer's outer optimizer is SGD with Nesterov momentum"),
       ("outer_optimizer.nesterov", o.nesterov, not o.nesterov,
