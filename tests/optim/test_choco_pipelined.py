@@ -213,6 +213,7 @@ def _walk(tx, mesh, x0, steps=4):
       parallel.shard(x0, mesh)))
 
 
+@pytest.mark.slow
 def test_resume_mid_run_is_bit_exact():
   """Three steps, the state through host memory (as a checkpoint holds
   it), three more: the straight six-step run, bit for bit."""

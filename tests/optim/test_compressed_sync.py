@@ -260,6 +260,7 @@ def test_identity_compressor_is_the_uncompressed_method_bit_for_bit(make):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_streaming_with_one_fragment_is_compressed_diloco():
   c = compress.Compressor("int4", block=8)
   _, s_d = _run(_diloco(c, error_feedback=True, error_decay=0.9))
@@ -279,6 +280,7 @@ def test_streaming_with_one_fragment_is_compressed_diloco():
   assert np.abs(np.asarray(s_d.reduction.error["w"])).max() > 0
 
 
+@pytest.mark.slow
 def test_compressed_local_sgd_is_diloco_with_outer_lr_one():
   c = compress.Compressor("fp8", block=8)
   x_l, s_l = _run(optim.local_sgd(optax.sgd(INNER_LR), H,

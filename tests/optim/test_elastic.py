@@ -189,6 +189,7 @@ def test_several_workers_per_device(x64):
     np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_no_faults_is_bit_identical():
   require_devices(N)
   x0, b = _problem(dtype=np.float32)
@@ -204,6 +205,7 @@ def test_no_faults_is_bit_identical():
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.slow
 def test_rejoining_counters_come_from_the_group():
   # Adam's step count (and the schedule's) of worker 3 after its rejoin is
   # the count of the first live worker, not its own stale one.
@@ -224,6 +226,7 @@ def test_rejoining_counters_come_from_the_group():
       assert c[0] == 6 and c[3] == 6, (rejoin, c)
 
 
+@pytest.mark.slow
 def test_rejoin_by_copying_leaves_a_smaller_consensus_distance(x64):
   del x64
   require_devices(N)

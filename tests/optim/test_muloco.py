@@ -133,6 +133,7 @@ def test_muon_steps_equal_numpy_newton_schulz(x64):
   assert not np.allclose(got["['wide']"], p0["wide"], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_the_other_branch_is_injectable():
   """``adam``: called with ``adam_lr_ratio * lr``; here plain SGD, so the
   non-matrix leaves step by exactly ``-0.5 * 0.1 * g``."""

@@ -162,6 +162,7 @@ def test_old_checkpoint_restores_the_saved_state(experiment, workdir):
                                err_msg=key)
 
 
+@pytest.mark.slow
 def test_checkpoint_meta_is_the_old_format_without_module_paths(
     experiment, workdir):
   _, old_meta = restore_as_the_runner_does(experiment, workdir)

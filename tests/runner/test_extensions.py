@@ -239,6 +239,7 @@ def _numpy_mse(kernel, bias, batch):
   return float(((out[:, 0] - y) ** 2).mean())
 
 
+@pytest.mark.slow
 def test_linen_and_nnx_adapters_init_and_loss():
   from flax import linen as nn
   from flax import nnx

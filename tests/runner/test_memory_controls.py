@@ -91,6 +91,7 @@ def test_micro_batches_give_the_whole_batch_loss_and_gradient(k):
   assert all(g.dtype == jnp.float32 for g in jax.tree.leaves(grads))
 
 
+@pytest.mark.slow
 def test_one_micro_batch_is_value_and_grad_bit_for_bit():
   params = models.gpt.init_params(CFG, jax.random.key(0))
   loss, batch = gpt_loss(CFG), gpt_batch()

@@ -125,6 +125,7 @@ def test_the_toy_transform_equals_numpy_dpsgd(toy):
                                atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_tiny_run_of_the_toy_method_trains(toy):
   require_devices(N)
   exp = experiment_lib.Experiment(_config())
@@ -285,6 +286,7 @@ def test_a_declared_field_is_kept_across_a_resume(toy_own):
     run_meta.check_resumable(exp, old, "ckpt")
 
 
+@pytest.mark.slow
 def test_an_arm_joins_the_main_job_method_table(toy_own):
   script = (
       "from decentral_jax.runner import methods\n"

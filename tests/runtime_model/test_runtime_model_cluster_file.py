@@ -107,6 +107,7 @@ def test_bad_cluster_files_are_refused_naming_the_problem(tmp_path, edit,
   assert cli.main(["predict", "--cluster", path]) == 2
 
 
+@pytest.mark.slow
 def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
     tmp_path, monkeypatch, capsys):
   """``measure`` on a host of 4 CPU devices: the 4 first of this process's
