@@ -205,7 +205,12 @@ class Compressor:
     return flat.reshape(like.shape).astype(like.dtype)
 
   def roundtrip(self, v: jax.Array) -> jax.Array:
-    """``deQ(Q(v))`` (``v`` any floating array-like, e.g. a list)."""
+    """``deQ(Q(v))`` (``v`` any floating array-like, e.g. a list).
+
+    Raises:
+      ValueError: ``v`` not of a floating dtype (a string named as such).
+    """
+    gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
     v = jnp.asarray(v)
     return self.decode(self.encode(v), v)
 

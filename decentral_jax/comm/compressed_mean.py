@@ -58,10 +58,12 @@ def _encode_mean(total, recv, n, compressor, shard) -> compress.Payload:
 
 def _mean_leaf(x, axis_name, compressor: compress.Compressor):
   """Compressed mean of one leaf: codes reduce-scattered, summed, gathered."""
+  if x.size == 0:  # nothing to send: the mean of no values
+    return x
   n = collectives.size(axis_name)
   flat = compress.to_float32(x.reshape(-1))
   unit = n * compressor.block
-  padded = max(unit, -(-flat.size // unit) * unit)
+  padded = -(-flat.size // unit) * unit
   flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), jnp.float32)])
   shard = jnp.zeros((padded // n,), jnp.float32)  # shape of one row
   sent = _rows(compressor.encode(flat), n)  # row j: my values of shard j
@@ -92,7 +94,7 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
   conventions: ``(n - 1) / n`` of the full payload for the all-to-all plus
   ``(n - 1)`` shard payloads for the all-gather, i.e. ``2 (n - 1) / n x
   payload_bytes(padded size)``, the ring figure of an all-reduce of the
-  codes.
+  codes; an empty leaf is returned as it is and sends nothing.
 
   Must run inside ``jax.shard_map`` over ``axis_name``. With
   ``Compressor("none")`` the values are exact but summed in another
@@ -136,7 +138,7 @@ def mean_payload_bytes(tree: PyTree, n_workers: int,
   total = 0.0
   for x in jax.tree.leaves(tree):
     size = int(np.prod(np.shape(x)))
-    padded = max(unit, -(-size // unit) * unit)
+    padded = -(-size // unit) * unit  # an empty leaf sends nothing
     total += 2 * (n - 1) / n * compressor.payload_bytes(padded, 4)
   return total
 

@@ -105,10 +105,22 @@ def check_float_leaves(tree, where: str, *, compressed: bool = False) -> None:
     compressed: the leaves are to be sent compressed
       (:mod:`decentral_jax.comm.compress`): real floating leaves only,
       complex ones refused too.
+
+  Raises:
+    ValueError: a leaf that is not an array (a string, an object) or not
+      of a floating dtype, naming the leaf's path.
   """
   kind = jnp.floating if compressed else jnp.inexact
   for path, x in jax.tree_util.tree_leaves_with_path(tree):
-    if jnp.issubdtype(jnp.result_type(x), kind):
+    try:  # a string would be read as a dtype name
+      dtype = None if isinstance(x, (str, bytes)) else jnp.result_type(x)
+    except TypeError:
+      dtype = None
+    if dtype is None:
+      raise ValueError(f"{where}: leaf {jax.tree_util.keystr(path)!r} is a "
+                       f"{type(x).__name__}, not an array; pass arrays of a "
+                       "floating dtype.")
+    if jnp.issubdtype(dtype, kind):
       continue
     rule = ("only floating-point leaves can be sent compressed." if compressed
             else "integer and bool leaves cannot be averaged, only "

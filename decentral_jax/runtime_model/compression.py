@@ -105,9 +105,10 @@ def payload_bytes(fmt: str, n_values: float, block: int = DEFAULT_BLOCK,
 
 
 def padded_values(n_values: float, n_workers: int, block: int) -> int:
-  """``N`` padded as the compressed all-reduce pads it: a multiple of ``n B``, at least ``n B``."""
+  """``N`` padded as the compressed all-reduce pads it: a multiple of ``n B``
+  (0 for no values: an empty leaf sends nothing)."""
   unit = n_workers * block
-  return max(unit, math.ceil(math.ceil(n_values) / unit) * unit)
+  return math.ceil(math.ceil(n_values) / unit) * unit
 
 
 def all_reduce_payload(fmt: str, n_values: float, n_workers: int,

@@ -114,3 +114,33 @@ def test_a_topk_chunk_with_more_non_finite_values_than_k_is_not_finite():
     assert not np.all(np.isfinite(chunk)), got
   sent = got[~np.isfinite(got) | (got != 0)]
   assert sent.size == 2  # k = 1 value per chunk, the others arrive as 0
+
+
+@pytest.mark.parametrize("leaf", ["abc", "float32", b"x", object()])
+def test_a_leaf_that_is_not_an_array_is_named(leaf):
+  """A string was read as a dtype name ("float32" got past the check)."""
+  c = compress.Compressor("int8", block=4)
+  for call in (c.encode, c.roundtrip):
+    with pytest.raises(ValueError, match=r"leaf '' is a \w+, not an array"):
+      call(leaf)
+
+
+def test_an_empty_leaf_sends_nothing_and_is_counted_as_nothing():
+  """The hand count of an empty leaf is 0 bytes, and the compiled program
+  holds no collective for it (counted in the HLO text), while a 1-value
+  leaf sends one padded unit of n x block values."""
+  n, c = 8, compress.Compressor("int8", block=256)
+  require_devices(n)
+  mesh = parallel.make_mesh(n)
+  ax = parallel.worker_axis(mesh)
+  f = jax.jit(parallel.per_worker(
+      lambda v: compressed_mean.mean_compressed(v, ax, compressor=c), mesh))
+  x = parallel.shard(np.zeros((n, 0), np.float32), mesh)
+  hlo = f.lower(x).compile().as_text()
+  assert not any(op in hlo for op in ("all-to-all", "all-gather")), hlo
+  assert jax.eval_shape(f, x).shape == (n, 0)
+  assert compressed_mean.mean_payload_bytes(jnp.zeros((0,)), n, c) == 0.0
+  # One value: n x block = 2048 int8 codes plus 8 float32 scales (one per
+  # block of 256), 2 (n - 1) / n of them on the wire.
+  assert compressed_mean.mean_payload_bytes(jnp.zeros((1,)), n, c) == (
+      2 * 7 / 8 * (2048 + 8 * 4))
