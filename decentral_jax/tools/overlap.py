@@ -31,8 +31,10 @@ each collective from start to done, on the profile's clock where
 next to ``--out`` (``<out>_<case>_<target>.png``): the first program of
 each mode, a before/after pair by default.
 ``--fixtures DIR`` also writes the scheduled HLO of the programs of
-``--fixture_cases``, stripped to what the overlap report reads and
-gzipped (the fixtures of ``tests/tools/test_overlap.py``).
+``--fixture_cases`` (at least one of them in ``--cases``), stripped to
+what the overlap report reads and gzipped (the fixtures of
+``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
+tried before the first compile.
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
@@ -59,7 +61,8 @@ from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 # The flags (re-exported: the command's parser and checks).
 from decentral_jax.tools.overlap_flags import (  # noqa: F401
     MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
-    build_parser, check_needs, xla_options)
+    OVERLAP_LIMIT_OPTION, build_parser, check_needs, check_paths,
+    xla_options)
 # The rows read back (re-exported: --render's reader and its schema).
 from decentral_jax.tools.overlap_rows import (  # noqa: F401
     ROW_SCHEMA, row_error, transfer_topology)
@@ -72,7 +75,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 # unless the config asks for static rounds (gpt2_small_owt does).
 BEFORE = {"gpt2_small": ("consensus_at=log_step",)}
 _BEFORE = ("gossip_rounds=switch", "consensus_at=log_step")
-_LIMIT = "xla_gpu_experimental_parallel_collective_overlap_limit"
+_LIMIT = OVERLAP_LIMIT_OPTION
 # XLA's defaults of the options the runner now sets on GPUs.
 XLA_DEFAULTS = {"xla_gpu_enable_latency_hiding_scheduler": False,
                 _LIMIT: 1}
@@ -451,8 +454,8 @@ def main(argv: list[str] | None = None,
   argv = sys.argv[1:] if argv is None else list(argv)
   args = ap.parse_args(argv)
   try:
-    check_needs(args, flag_types.given_flags(ap, argv))
     xla_options(args.xla)  # the form; XLA checks names and types below
+    check_needs(args, flag_types.given_flags(ap, argv))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -464,7 +467,7 @@ def main(argv: list[str] | None = None,
       return 2
     return 0
   try:  # before any compile
-    flag_types.check_output_file(args.out, "--out")
+    check_paths(args)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
