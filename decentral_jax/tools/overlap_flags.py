@@ -38,7 +38,9 @@ def shipped_targets() -> tuple[str, ...]:
                       if n.endswith(".txtpb")))
 
 
-def _target_error(name: str) -> str | None:
+def target_error(name: str) -> str | None:
+  """Why ``name`` is not a GPU target (a shipped one or an existing .txtpb
+  file), or None."""
   if name.endswith(".txtpb"):
     return None if os.path.isfile(name) else (
         f"target file {name!r} does not exist (a .txtpb GPU target "
@@ -229,7 +231,7 @@ def _list_flags(ap: argparse.ArgumentParser) -> None:
                   help="before (switch rounds, consensus on log steps), "
                   "after (the defaults) or both (default %(default)s)")
   ap.add_argument("--targets", default="h200",
-                  type=name_list("target", _target_error, "h200,a100_sxm_80"),
+                  type=name_list("target", target_error, "h200,a100_sxm_80"),
                   help="comma list of GPU targets: "
                   f"{', '.join(shipped_targets())} or a .txtpb file "
                   "(default %(default)s)")
