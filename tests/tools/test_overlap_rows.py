@@ -111,3 +111,15 @@ def test_a_program_without_matmuls_has_no_in_flight_share(tmp_path, capsys):
   assert rc == 0 and out.err == "", out.err
   transfer = out.out.split("| program | mode | matmul GFLOP/step |")[1]
   assert "| round 1, none | after + 25 Gbit/s model | 0 | - |" in transfer
+
+
+def test_the_row_schema_names_the_writers_values():
+  """The consensus modes a row may hold are the runner's; the keys of a
+  collective are those the overlap report writes."""
+  import dataclasses
+  from decentral_jax.analysis import overlap as report_lib
+  from decentral_jax.runner import step
+  from decentral_jax.tools import overlap_rows
+  assert overlap_rows.CONSENSUS_MODES == step.CONSENSUS_MODES
+  fields = {f.name for f in dataclasses.fields(report_lib.CollectiveOverlap)}
+  assert set(overlap_rows.COLLECTIVE_SCHEMA) == fields | {"between"}
