@@ -23,7 +23,6 @@ every variant are checked to be bit-identical to per-leaf gossip.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -35,7 +34,8 @@ import _common
 def main():
   from decentral_jax.tools import flag_types
   count = flag_types.integer  # a bounded integer flag
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--workers", type=count(1, 4096), default=8)
   ap.add_argument("--topology", default="one_peer_exp")
   ap.add_argument("--bucket_bytes", type=count(0, 2**40), nargs="+",

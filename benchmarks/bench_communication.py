@@ -18,7 +18,6 @@ order). Nothing is executed.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 
@@ -84,7 +83,8 @@ def build(n, method, topo_name, local_size, comm_dtype):
 def main():
   from decentral_jax.tools import flag_types
   count = flag_types.integer  # a bounded integer flag
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--n_workers", type=count(1, 4096), default=8)
   ap.add_argument("--json", default="")
   args = ap.parse_args()

@@ -31,7 +31,6 @@ again, so an interrupted benchmark resumes. ``--report`` prints the tables
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import os
@@ -240,7 +239,8 @@ def report(args) -> str:
 def main():
   from decentral_jax.tools import flag_types
   count, real = flag_types.integer, flag_types.real  # bounded flag types
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--steps", type=count(1, 10**7), default=200)
   ap.add_argument("--global_batch", type=count(1, 10**7), default=32)
   ap.add_argument("--eval_batches", type=count(1, 10**6), default=8)

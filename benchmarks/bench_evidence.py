@@ -39,7 +39,6 @@ an exact average every 50 steps, DAdam with b2 0.999.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -383,7 +382,8 @@ def report(records: list[dict]) -> str:
 def main() -> None:
   from decentral_jax.tools import flag_types
   count, real = flag_types.integer, flag_types.real  # bounded flag types
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  p = flag_types.Parser(description=__doc__.split("\n")[0])
   p.add_argument("--part", choices=("main", "scale", "cnn", "long",
                                     "overlap"))
   p.add_argument("--methods", default="", help="main: only these methods")

@@ -91,21 +91,42 @@ def measure(overrides: dict, target: str, tiny: bool) -> dict:
   return out
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--target", default="h100_sxm",
+def _target(text: str) -> str:
+  """An argparse ``type``: ``cpu``, a shipped GPU target or a .txtpb file."""
+  from decentral_jax.tools import overlap_flags
+  why = None if text == "cpu" else overlap_flags.target_error(text)
+  if why:
+    raise argparse.ArgumentTypeError(f"{why}, or cpu")
+  return text
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  """The flags; a bad one exits with code 2 after one ``error:`` line."""
+  from decentral_jax.tools import flag_types
+  parser = flag_types.Parser(description=__doc__.splitlines()[0])
+  parser.add_argument("--target", default="h100_sxm", type=_target,
                       help="h100_sxm, h200, a100_sxm_80 (deviceless) or cpu")
   parser.add_argument("--tiny", action="store_true",
                       help="a 2-layer, width-64 GPT instead of GPT-2 small")
-  parser.add_argument("--only", default="",
-                      help="comma-separated indices of COMBOS to compile")
+  parser.add_argument("--only", default=None, type=flag_types.number_list(
+      flag_types.integer(0, len(COMBOS) - 1), unique=True),
+                      help="comma-separated indices of COMBOS to compile "
+                      f"(0 to {len(COMBOS) - 1}; default all)")
   parser.add_argument("--json", default="", help="write the results here")
   args = parser.parse_args(argv)
+  try:
+    flag_types.check_output_file(args.json or None, "--json")
+  except ValueError as e:
+    parser.error(str(e))
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
   if args.target == "cpu":
     import _common  # pylint: disable=import-outside-toplevel
     _common.set_cpu_devices(8)
-  picks = [int(i) for i in args.only.split(",")] if args.only else range(
-      len(COMBOS))
+  picks = args.only if args.only is not None else range(len(COMBOS))
   rows = []
   gb = 2.0**(20 if args.tiny else 30)
   unit = "MiB" if args.tiny else "GiB"

@@ -59,9 +59,11 @@ from decentral_jax.analysis import overlap as overlap_lib  # noqa: E402
 from decentral_jax.runner import config as config_lib  # noqa: E402
 from decentral_jax.runner import programs as programs_lib  # noqa: E402
 from decentral_jax.runtime_model import presets  # noqa: E402
+from decentral_jax.tools import flag_types  # noqa: E402
 from decentral_jax.tools import gpu_compile  # noqa: E402
 from decentral_jax.tools import latency_profile  # noqa: E402
 from decentral_jax.tools import overlap as overlap_tool  # noqa: E402
+from decentral_jax.tools import overlap_flags  # noqa: E402
 
 TARGET = "h100_sxm"
 HBM_BYTES = 80e9  # H100 SXM5 80 GB
@@ -229,7 +231,7 @@ def run_case(case: str, args) -> list[dict]:
       c, target=TARGET, topology=topo,
       compiler_options=dict(programs_lib.GPU_COMPILER_OPTIONS),
       programs=lambda e: programs_of(e, layout, args.everything,
-                                     args.programs),
+                                     args.programs or ""),
       cluster=cluster_of(cluster[0] if cluster else LAYOUTS[layout][3],
                          layout), roofline=True,
       overlap_limit=args.overlap_limit or "cluster")
@@ -392,11 +394,48 @@ def _pct(x: float) -> str:
   return "any" if x >= 1 else f"{100 * x:.0f} %"
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+#: The model sizes of ``configs/gpt2_sizes.py`` (its ``SIZES``).
+SIZES = ("124m", "350m", "1.3b")
+
+
+def case_error(case: str) -> str | None:
+  """Why ``case`` is not ``SIZE:LAYOUT:METHOD[:CLUSTER]`` of
+  :data:`SIZES`, :data:`LAYOUTS`, :data:`METHODS` and the runtime model's
+  cluster presets, or None."""
+  parts = case.split(":")
+  if len(parts) not in (3, 4):
+    return f"case {case!r} must be SIZE:LAYOUT:METHOD[:CLUSTER]"
+  for what, part, names in (("size", parts[0], SIZES),
+                            ("layout", parts[1], tuple(LAYOUTS)),
+                            ("method", parts[2], tuple(METHODS)),
+                            ("cluster", (parts + [""])[3] or None,
+                             tuple(presets.CLUSTERS))):
+    if part is not None and part not in names:
+      return (f"case {case!r}: unknown {what} {part!r}; one of "
+              f"{', '.join(names)}")
+  return None
+
+
+def _programs_spec(text: str) -> str:
+  """An argparse ``type``: ``ROUND:MODE,...`` (a round >= 0, a consensus
+  mode of :data:`decentral_jax.runner.step.CONSENSUS_MODES`)."""
+  from decentral_jax.runner import step as step_lib
+  for part in flag_types.comma_parts(text, "1:none"):
+    r, _, mode = part.partition(":")
+    if not (r.isdigit() and mode in step_lib.CONSENSUS_MODES):
+      raise argparse.ArgumentTypeError(
+          f"entry {part!r} must be ROUND:MODE, a round >= 0 and a mode of "
+          f"{', '.join(step_lib.CONSENSUS_MODES)}, e.g. 1:none")
+  return text
+
+
+def _parser() -> argparse.ArgumentParser:
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--table", action="store_true",
                   help="print the study's table from --out and --hlo")
-  ap.add_argument("--cases", default="",
+  ap.add_argument("--cases", default=None,
+                  type=overlap_flags.name_list("case", case_error,
+                                               "124m:node:plain"),
                   help="comma list of SIZE:LAYOUT:METHOD[:CLUSTER] (sizes "
                   "124m, 350m, 1.3b; layouts node, 2nodes; methods plain, "
                   "choco, bf16; the cluster whose link times the profile "
@@ -405,14 +444,46 @@ def main(argv=None) -> int:
   ap.add_argument("--bins", default="/tmp/gpt2_token_bins")
   ap.add_argument("--hlo", default="")
   ap.add_argument("--fixtures", default="")
-  ap.add_argument("--programs", default="",
+  ap.add_argument("--programs", default=None, type=_programs_spec,
                   help="ROUND:MODE,... instead of the default programs")
-  ap.add_argument("--overlap_limit", type=int, default=0,
-                  help="collectives in flight at once (default: what the "
+  ap.add_argument("--overlap_limit", type=flag_types.integer(
+      0, overlap_flags.MAX_OVERLAP_LIMIT), default=0,
+                  help="collectives in flight at once (default 0: what the "
                   "profile cluster's links allow, runtime_model.links)")
   ap.add_argument("--everything", action="store_true",
                   help="also the first program with the consensus measurement")
+  return ap
+
+
+def check_paths(args) -> None:
+  """Refuses before any compile what would fail after it: no --cases to
+  compile, an --out to read (--table) or write that cannot be, and
+  directories (--bins, --hlo, --fixtures) that cannot be written.
+
+  Raises:
+    ValueError: one line naming the flag and the fix.
+  """
+  if args.table:
+    flag_types.check_input_file(args.out, "--out")
+    return
+  if not args.cases:
+    raise ValueError("--cases is needed to compile (e.g. --cases "
+                     "124m:node:plain), or --table to print the table of "
+                     "--out.")
+  flag_types.check_output_file(args.out, "--out")
+  flag_types.check_output_dir(args.bins, "--bins")
+  for flag in ("hlo", "fixtures"):
+    if getattr(args, flag):
+      flag_types.check_output_dir(getattr(args, flag), f"--{flag}")
+
+
+def main(argv=None) -> int:
+  ap = _parser()
   args = ap.parse_args(argv)
+  try:
+    check_paths(args)
+  except ValueError as e:
+    ap.error(str(e))
   if args.table:
     missing = missing_hlo(args.out, args.hlo)
     if missing:

@@ -26,7 +26,6 @@ are ``benchmarks/results/step_time.{json,log}`` and
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -107,7 +106,8 @@ def make(method, args):
 def main():
   from decentral_jax.tools import flag_types
   count = flag_types.integer  # a bounded integer flag
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--repeats", type=count(1, 10000), default=7)
   ap.add_argument("--steps", type=count(1, 10**6), default=10)
   ap.add_argument("--warmup", type=count(0, 10**6), default=3)

@@ -33,7 +33,6 @@ Prints Markdown tables and the 1-minute load average before and after.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import time
@@ -90,7 +89,8 @@ def _hlo_ops(jax, jnp, np, gossip, parallel, topo, n):
 def main():
   from decentral_jax.tools import flag_types
   count = flag_types.integer  # a bounded integer flag
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--ns", type=count(1, 2**20),
                   nargs="+", default=[1024, 4096, 16384])
   ap.add_argument("--repeats", type=count(1, 10000), default=3)

@@ -776,7 +776,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  """The flags; a refusal is one ``error:`` line (``flag_types.Parser``)."""
+  from decentral_jax.tools import flag_types
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--part", choices=("all", "timing", "schedule",
                                      "gossip_timing"), default="all")
   ap.add_argument("--deviceless", metavar="TARGET", default="",

@@ -20,13 +20,14 @@ merge timing, and hence the result, moves from run to run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
 
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
@@ -60,12 +61,29 @@ def run_once(outer: str, buffer: int, dylu: bool, seed: int,
           "load": os.getloadavg()[0]}
 
 
-def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+#: Bounds of --seeds (runs per variant) and --periods (merges per run).
+MAX_SEEDS, MAX_PERIODS = 1000, 100_000
+
+
+def parse_args(argv=None):
+  """The flags; a bad one exits with code 2 after one ``error:`` line
+  (a count below 1 would run nothing and print a table of NaN)."""
+  p = flag_types.Parser(description=__doc__.split("\n")[0])
   p.add_argument("--out", default=None, help="JSON lines written here")
-  p.add_argument("--seeds", type=int, default=3)
-  p.add_argument("--periods", type=int, default=60)
-  args = p.parse_args()
+  p.add_argument("--seeds", type=flag_types.integer(1, MAX_SEEDS),
+                 default=3, help="seeds per variant (default 3)")
+  p.add_argument("--periods", type=flag_types.integer(1, MAX_PERIODS),
+                 default=60, help="merges per run (default 60)")
+  args = p.parse_args(argv)
+  try:
+    flag_types.check_output_file(args.out, "--out")
+  except ValueError as e:
+    p.error(str(e))
+  return args
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
   rows = []
   for dylu in (False, True):
     for outer, buffer in (("nesterov", 1), ("delayed_nesterov", 2),
@@ -90,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  main()
+  main(sys.argv[1:])

@@ -28,7 +28,6 @@ same slow fraction and the measured failure rate and downtime.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
@@ -244,7 +243,8 @@ def _shared_flags(args) -> list[str]:
 
 
 def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  from decentral_jax.tools import flag_types  # one error: line
+  p = flag_types.Parser(description=__doc__.split("\n")[0])
   p.add_argument("--periods", type=int, default=16)
   p.add_argument("--sync-every", type=int, default=8)
   p.add_argument("--kill-every", type=int, default=4)

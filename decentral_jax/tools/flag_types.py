@@ -16,9 +16,10 @@ the runner refuses the equivalent config fields
 (:mod:`decentral_jax.runner.field_rules`). :func:`given_flags` tells which
 flags the command line gave (abbreviations resolved as argparse does).
 
-An output path is checked before the work that writes it
-(:func:`check_output_file`, :func:`check_output_dir`), so a typo does not
-cost the run.
+An output path is checked before the work that writes it, by trying the
+write (:func:`check_output_file`, :func:`check_output_dir`), and an input
+file by opening it (:func:`check_input_file`), so a typo does not cost the
+run.
 
 :class:`Parser` is argparse with its errors as one ``error:`` line and exit
 code 2. No JAX.
@@ -31,7 +32,9 @@ import contextlib
 import dataclasses
 import math
 import os
+import stat
 import sys
+import tempfile
 from typing import Any, Callable, Iterable
 
 #: Largest int32: step counters, periods and counts are int32 on device.
@@ -269,7 +272,8 @@ def _existing(path: str) -> str:
 def check_output_file(path: str | None, flag: str) -> None:
   """Refuses an output file ``path`` of ``flag`` that cannot be written:
   empty, a directory, in a parent that is missing or not a directory, or
-  not writable (None: the flag was not given).
+  not writable: the file is opened for append as the work will (and
+  removed again if it did not exist) (None: the flag was not given).
 
   Raises:
     ValueError: one line naming ``flag``, the path and the fix.
@@ -290,6 +294,25 @@ def check_output_file(path: str | None, flag: str) -> None:
   if not os.access(parent, os.W_OK | os.X_OK) or (
       os.path.exists(path) and not os.access(path, os.W_OK)):
     raise ValueError(f"{flag} {path!r} is not writable.")
+  _try_append(path, flag)
+
+
+def _try_append(path: str, flag: str) -> None:
+  """Opens ``path`` for append as the work will (a file it creates is
+  removed again): what the permission bits do not tell (a read-only or
+  virtual file system, a root user) is refused before the work. A FIFO or
+  device is left alone (opening one may block or act)."""
+  existed = os.path.exists(path)
+  if existed and not stat.S_ISREG(os.stat(path).st_mode):
+    return
+  try:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  except OSError as e:
+    raise ValueError(f"{flag} {path!r} cannot be written ({e.strerror}); "
+                     "give a file in a writable directory.") from None
+  os.close(fd)
+  if not existed:
+    os.remove(path)
 
 
 #: Image formats matplotlib writes without extra packages.
@@ -311,7 +334,8 @@ def check_image_name(path: str, flag: str) -> None:
 def check_output_dir(path: str | None, flag: str) -> None:
   """Refuses an output directory ``path`` of ``flag`` that cannot be used:
   empty, an existing file, or (existing or to be created) not writable
-  (None: the flag was not given). Creates nothing.
+  (None: the flag was not given). Leaves nothing behind: a directory or
+  file it creates to try the write is removed.
 
   Raises:
     ValueError: one line naming ``flag``, the path and the fix.
@@ -330,3 +354,52 @@ def check_output_dir(path: str | None, flag: str) -> None:
                      "a file.")
   if not os.access(existing, os.W_OK | os.X_OK):
     raise ValueError(f"{flag} {path!r} is not writable ({existing!r}).")
+  _try_directory(os.path.abspath(path), existing, flag)
+
+
+def _try_directory(path: str, existing: str, flag: str) -> None:
+  """Creates ``path`` (below its nearest ``existing`` ancestor) and a file
+  in it as the work will, then removes what it created: a read-only or
+  virtual file system is refused before the work."""
+  made = []
+  try:
+    for part in os.path.relpath(path, existing).split(os.sep):
+      if part in ("", os.curdir):
+        continue
+      existing = os.path.join(existing, part)
+      if not os.path.isdir(existing):
+        os.mkdir(existing)
+        made.append(existing)
+    fd, probe = tempfile.mkstemp(dir=path, prefix=".write_check_")
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f"{flag} {path!r} cannot be written ({e.strerror}); "
+                     "give a directory where files can be created.") from None
+  finally:
+    for made_dir in reversed(made):
+      with contextlib.suppress(OSError):
+        os.rmdir(made_dir)
+
+
+def check_input_file(path: str | None, flag: str) -> None:
+  """Refuses an input file ``path`` of ``flag`` that cannot be read:
+  empty, missing, a directory, or not readable (opened as the work will;
+  None or ``""``: the flag was not given).
+
+  Raises:
+    ValueError: one line naming ``flag``, the path and the fix.
+  """
+  if not path:
+    return
+  if os.path.isdir(path):
+    raise ValueError(f"{flag} {path!r} is a directory; give a file.")
+  if not os.path.exists(path):
+    raise ValueError(f"{flag} {path!r} does not exist; give an existing "
+                     "file.")
+  try:
+    with open(path, "rb"):
+      pass
+  except OSError as e:
+    raise ValueError(f"{flag} {path!r} cannot be read ({e.strerror}).") \
+        from None

@@ -31,8 +31,10 @@ each collective from start to done, on the profile's clock where
 next to ``--out`` (``<out>_<case>_<target>.png``): the first program of
 each mode, a before/after pair by default.
 ``--fixtures DIR`` also writes the scheduled HLO of the programs of
-``--fixture_cases``, stripped to what the overlap report reads and
-gzipped (the fixtures of ``tests/tools/test_overlap.py``).
+``--fixture_cases`` (at least one of them in ``--cases``), stripped to
+what the overlap report reads and gzipped (the fixtures of
+``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
+tried before the first compile.
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
@@ -59,7 +61,11 @@ from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 # The flags (re-exported: the command's parser and checks).
 from decentral_jax.tools.overlap_flags import (  # noqa: F401
     MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
-    build_parser, check_needs, xla_options)
+    OVERLAP_LIMIT_OPTION, build_parser, check_needs, check_paths,
+    xla_options)
+# The rows read back (re-exported: --render's reader and its schema).
+from decentral_jax.tools.overlap_rows import (  # noqa: F401
+    ROW_SCHEMA, row_error, transfer_topology)
 
 # The checkout that holds the imported package (tools/ is 2 deep).
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -69,7 +75,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 # unless the config asks for static rounds (gpt2_small_owt does).
 BEFORE = {"gpt2_small": ("consensus_at=log_step",)}
 _BEFORE = ("gossip_rounds=switch", "consensus_at=log_step")
-_LIMIT = "xla_gpu_experimental_parallel_collective_overlap_limit"
+_LIMIT = OVERLAP_LIMIT_OPTION
 # XLA's defaults of the options the runner now sets on GPUs.
 XLA_DEFAULTS = {"xla_gpu_enable_latency_hiding_scheduler": False,
                 _LIMIT: 1}
@@ -305,14 +311,12 @@ def transfer_table(rows: list[dict]) -> str:
   from decentral_jax.runtime_model.costs import all_reduce_cost
   from decentral_jax.runtime_model.costs import round_cost
   from decentral_jax.runtime_model import paper
-  from decentral_jax.topology import schedules
   out = ["| program | mode | matmul GFLOP/step | in flight | in-flight time "
          f"at {ASSUMED_MFU:.0%} MFU (ms) | transfer, A40 cluster (ms) | "
          "hidden up to MFU |", "|---|---|---|---|---|---|---|"]
   for r in rows:
-    n = 8
-    cluster, _ = paper.setup("A40", n)
-    topo = schedules.make("alternating_exp_ring", n, 4)
+    cluster, _ = paper.setup("A40", 8)
+    topo = transfer_topology()
     rnds = (topo.distinct_rounds if r["distinct_round"] is None
             else [topo.distinct_rounds[r["distinct_round"]]])
     transfer = max(float(round_cost(cluster, rnd).time(
@@ -325,10 +329,15 @@ def transfer_table(rows: list[dict]) -> str:
     prog = ("all rounds" if r["distinct_round"] is None
             else f"round {r['distinct_round']}") + f", {r['consensus']}"
     out.append(f"| {prog} | {_mode(r)} | {r['total_flops'] / 1e9:,.0f} | "
-               f"{r['flops_in_flight'] / r['total_flops']:.0%} | "
+               f"{_share(r['flops_in_flight'], r['total_flops'])} | "
                f"{1e3 * flight_s:,.0f} | {1e3 * transfer:,.0f} | "
                f"{limit:.0%} |")
   return "\n".join(out)
+
+
+def _share(part: float, total: float) -> str:
+  """``part / total`` as a percentage; ``-`` for a program without matmuls."""
+  return f"{part / total:.0%}" if total else "-"
 
 
 def _mode(r: dict) -> str:
@@ -367,33 +376,15 @@ def table(rows: list[dict]) -> str:
   return "\n".join(out)
 
 
-_COUNT = ("number", 0.0, None, False)
-#: The keys of an ``--out`` row the tables read.
-ROW_SCHEMA = {"case": ("str", None, None, False),
-              "target": ("str", None, None, False),
-              "mode": ("str", None, None, False),
-              "consensus": ("str", None, None, False),
-              "distinct_round": ("int", 0, None, True),
-              "gossip_rounds": ("str", None, None, False),  # "static", ..
-              "consensus_at": ("str", None, None, False),  # "log_step", ..
-              "param_bytes": _COUNT, "total_flops": _COUNT,
-              "flops_in_flight": _COUNT,
-              "collectives": ("list", None, None, False)}
-
-
-def _row_error(row: dict) -> str | None:
-  got = records.object_error(row, "", ROW_SCHEMA, tuple(ROW_SCHEMA),
-                             extra=True)
-  return got and got[1]
-
-
 def render(paths: list[str]) -> None:
   """Prints the tables of earlier runs (``--out`` files).
 
   Raises:
     ValueError: no file given, a file missing, a directory, or damaged (a
-      line not a JSON object, a key of :data:`ROW_SCHEMA` missing or of the
-      wrong kind), named in one line with the line and key; a file whose
+      line not a JSON object, or a row :func:`~decentral_jax.tools.
+      overlap_rows.row_error` refuses: a key of :data:`ROW_SCHEMA` missing,
+      any written key or collective of the wrong kind or range, more FLOPs
+      in flight than in all), named in one line with the line and key; a file whose
       only line is not JSON and has no newline (no readable record); a
       file without a record (empty, or blank lines only). A last line
       cut short after good rows is left out with a note on stderr.
@@ -407,7 +398,7 @@ def render(paths: list[str]) -> None:
     if os.path.isdir(path):
       raise ValueError(f"--render {path!r} is a directory; give the "
                        "JSON-lines files of earlier runs (their --out).")
-    got = records.read_jsonl(path, _row_error)
+    got = records.read_jsonl(path, row_error)
     if isinstance(got, records.Damaged):
       raise got.error("--render ")
     if got.torn is not None:  # a last line without newline, not JSON
@@ -463,8 +454,8 @@ def main(argv: list[str] | None = None,
   argv = sys.argv[1:] if argv is None else list(argv)
   args = ap.parse_args(argv)
   try:
-    check_needs(args, flag_types.given_flags(ap, argv))
     xla_options(args.xla)  # the form; XLA checks names and types below
+    check_needs(args, flag_types.given_flags(ap, argv))
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -476,7 +467,7 @@ def main(argv: list[str] | None = None,
       return 2
     return 0
   try:  # before any compile
-    flag_types.check_output_file(args.out, "--out")
+    check_paths(args)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -20,6 +20,10 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
 _TARGETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "gpu_targets")
 MODES = ("before", "after")
+#: The XLA option that ``--overlap_limit`` sets.
+OVERLAP_LIMIT_OPTION = "xla_gpu_experimental_parallel_collective_overlap_limit"
+#: The map-valued XLA option that ``--network_gbps`` sets (in XLA_FLAGS).
+NETWORK_OPTION = "xla_gpu_analytical_latency_estimator_options"
 
 # Bounds of the numeric flags: XLA's parallel collective limit (streams),
 # a link rate (Gbit/s) and a node's GPUs.
@@ -34,7 +38,9 @@ def shipped_targets() -> tuple[str, ...]:
                       if n.endswith(".txtpb")))
 
 
-def _target_error(name: str) -> str | None:
+def target_error(name: str) -> str | None:
+  """Why ``name`` is not a GPU target (a shipped one or an existing .txtpb
+  file), or None."""
   if name.endswith(".txtpb"):
     return None if os.path.isfile(name) else (
         f"target file {name!r} does not exist (a .txtpb GPU target "
@@ -43,6 +49,21 @@ def _target_error(name: str) -> str | None:
     return None
   return (f"unknown target {name!r}; one of {', '.join(shipped_targets())} "
           "or a .txtpb file")
+
+
+def is_hopper(name: str) -> bool:
+  """Whether the target ``name`` (shipped, or a .txtpb file) is a Hopper
+  GPU or newer (CUDA compute capability 9+): the targets whose latency
+  estimator is XLA's analytical one, which ``--network_gbps`` sets."""
+  path = name if name.endswith(".txtpb") else os.path.join(
+      _TARGETS_DIR, f"{name}.txtpb")
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError):
+    return False
+  got = re.search(r"cuda_compute_capability\s*\{\s*major:\s*(\d+)", text)
+  return bool(got) and int(got.group(1)) >= 9
 
 
 def name_list(what: str, error: Callable[[str], str | None], example: str):
@@ -111,6 +132,13 @@ NEEDS = (
                      "without mode after in --modes (mode before compiles "
                      "every program already)",
                      "add after to --modes or drop --all_programs"),
+    flag_types.Needs(
+        "--network_gbps", lambda a: a.network_gbps == 0 or any(
+            is_hopper(t) for t in a.targets.split(",")),
+        "without a Hopper target in --targets (XLA prices collectives with "
+        "the analytical latency estimator it sets only there: "
+        f"{', '.join(t for t in shipped_targets() if is_hopper(t))})",
+        "add one or drop --network_gbps"),
     flag_types.Needs("--gpus_per_node", lambda a: a.network_gbps > 0,
                      "without --network_gbps above 0",
                      "add --network_gbps or drop --gpus_per_node"),
@@ -129,7 +157,10 @@ NEEDS = (
 
 def check_needs(args, given: set) -> None:
   """Refuses a flag given (``given``) where nothing reads it: any other
-  flag with ``--render``, or a row of :data:`NEEDS`.
+  flag with ``--render``, a row of :data:`NEEDS`, ``--fixtures`` when no
+  case of ``--cases`` is in ``--fixture_cases`` (nothing would be
+  written), or an ``--xla`` option that a flag of its own also sets to
+  another value (:func:`xla_conflict`).
 
   Raises:
     ValueError: one line naming the flag.
@@ -141,6 +172,51 @@ def check_needs(args, given: set) -> None:
                        "prints the tables of earlier runs); drop one of "
                        "them.")
   flag_types.check_needs(NEEDS, given, args)
+  cases = args.cases.split(",")
+  if args.fixtures and not set(cases) & set(args.fixture_cases.split(",")):
+    raise ValueError(
+        f"--fixtures writes the programs of --fixture_cases "
+        f"({args.fixture_cases}), none of which is in --cases "
+        f"({args.cases}); give --fixture_cases {cases[0]} or drop "
+        "--fixtures.")
+  why = xla_conflict(args)
+  if why:
+    raise ValueError(why)
+
+
+def xla_conflict(args) -> str | None:
+  """Why ``--xla`` sets an option to another value than the flag of its
+  own that also sets it (``--overlap_limit``: :data:`OVERLAP_LIMIT_OPTION`;
+  ``--network_gbps``: :data:`NETWORK_OPTION`, only through ``XLA_FLAGS``),
+  or None."""
+  given = xla_options(args.xla)
+  if args.overlap_limit and OVERLAP_LIMIT_OPTION in given and str(
+      given[OVERLAP_LIMIT_OPTION]).strip() != str(args.overlap_limit):
+    return (f"--overlap_limit {args.overlap_limit} and --xla "
+            f"{OVERLAP_LIMIT_OPTION}={given[OVERLAP_LIMIT_OPTION]} set the "
+            "same XLA option to different values; give one of them.")
+  if args.network_gbps and NETWORK_OPTION in given:
+    return (f"--network_gbps {args.network_gbps:g} and --xla "
+            f"{NETWORK_OPTION} set the same XLA option; give one of them.")
+  return None
+
+
+def check_paths(args) -> None:
+  """Refuses, before any compile, an output that cannot be written
+  (``--out``, ``--fixtures``, ``--data_dir`` where a gpt2_small case
+  writes its token files) and a ``--profile`` that cannot be read
+  (:mod:`~decentral_jax.tools.flag_types`).
+
+  Raises:
+    ValueError: one line naming the flag, the path and the fix.
+  """
+  flag_types.check_output_file(args.out, "--out")
+  if args.fixtures:
+    flag_types.check_output_dir(args.fixtures, "--fixtures")
+  if args.timeline:
+    flag_types.check_input_file(args.profile, "--profile")
+  if any(CASES[c][0] == GPT2_SMALL for c in args.cases.split(",")):
+    flag_types.check_output_dir(args.data_dir, "--data_dir")
 
 
 def _list_flags(ap: argparse.ArgumentParser) -> None:
@@ -155,7 +231,7 @@ def _list_flags(ap: argparse.ArgumentParser) -> None:
                   help="before (switch rounds, consensus on log steps), "
                   "after (the defaults) or both (default %(default)s)")
   ap.add_argument("--targets", default="h200",
-                  type=name_list("target", _target_error, "h200,a100_sxm_80"),
+                  type=name_list("target", target_error, "h200,a100_sxm_80"),
                   help="comma list of GPU targets: "
                   f"{', '.join(shipped_targets())} or a .txtpb file "
                   "(default %(default)s)")
@@ -182,6 +258,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                   help="directory for the stripped, gzipped scheduled HLO "
                   "of --fixture_cases (test fixtures; default: none)")
   ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual",
+                  type=name_list("case", _known("case", CASES),
+                                 "gpt_tiny,aer"),
                   help="with --fixtures: the cases written there (default "
                   "%(default)s)")
   ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",

@@ -60,3 +60,36 @@ def test_a_chart_path_needs_an_image_extension(tmp_path, name, says, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and says in err[0] and "--png" in err[0], err
   assert os.listdir(tmp_path) == []  # nothing written, not chart.png
+
+
+def test_an_output_is_tried_not_guessed_and_nothing_is_left(tmp_path):
+  """procfs: the directory exists and the permission bits allow writing,
+  yet no file can be created there; the write is tried and refused. A
+  file or directory made to try it is removed; an existing one kept."""
+  with pytest.raises(ValueError) as e:
+    flag_types.check_output_file("/proc/x.jsonl", "--out")
+  assert str(e.value).startswith("--out '/proc/x.jsonl' cannot be written")
+  with pytest.raises(ValueError) as e:
+    flag_types.check_output_dir("/proc/new/dir", "--fixtures")
+  assert str(e.value).startswith("--fixtures '/proc/new/dir' cannot be "
+                                 "written")
+  kept = tmp_path / "kept.jsonl"
+  kept.write_text("row\n")
+  flag_types.check_output_file(str(kept), "--out")
+  flag_types.check_output_file(str(tmp_path / "new.jsonl"), "--out")
+  flag_types.check_output_dir(str(tmp_path), "--fixtures")
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.jsonl"]
+  assert kept.read_text() == "row\n"
+
+
+@pytest.mark.parametrize("name, says", [
+    ("none.txt", "'DIR/none.txt' does not exist; give an existing file."),
+    ("", "'DIR' is a directory; give a file.")])
+def test_an_input_file_that_cannot_be_read_is_named(tmp_path, name, says):
+  with pytest.raises(ValueError) as e:
+    flag_types.check_input_file(os.path.join(str(tmp_path), name) if name
+                                else str(tmp_path), "--profile")
+  assert str(e.value) == "--profile " + says.replace("DIR", str(tmp_path))
+  (tmp_path / "p.pbtxt").write_text("costs {}")
+  flag_types.check_input_file(str(tmp_path / "p.pbtxt"), "--profile")
+  flag_types.check_input_file("", "--profile")  # not given

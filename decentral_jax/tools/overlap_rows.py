@@ -1,0 +1,110 @@
+"""The rows of ``decentral-jax overlap --out`` read back (``--render``).
+
+One validating reader: every field :func:`decentral_jax.tools.overlap.
+run_case` writes is checked (its kind and range) before a table reads it,
+and so are the relations between them: the matmul FLOPs in flight, of the
+program and of each collective, are at most the program's total; a
+collective's bytes are a finite number >= 0; the distinct round a
+transfer-table row names is a round of its topology. A damaged row is
+refused in one line naming the file, the line and the key. No JAX.
+"""
+
+from __future__ import annotations
+
+from decentral_jax import records
+from decentral_jax.tools.overlap_flags import MAX_NETWORK_GBPS, MODES
+
+_COUNT = ("number", 0.0, None, False)
+_STR = ("str", None, None, False)
+_BOOL = ("bool", None, None, False)
+_OPS = ("int", 0, None, False)
+#: The consensus modes of a program (``runner.step.CONSENSUS_MODES``).
+CONSENSUS_MODES = ("logged", "input", "none")
+#: The keys of an ``--out`` row the tables read (each row must have them).
+ROW_SCHEMA = {"case": _STR, "target": _STR, "mode": _STR, "consensus": _STR,
+              "distinct_round": ("int", 0, None, True),
+              "gossip_rounds": _STR,  # "static", "switch"
+              "consensus_at": _STR,  # "log_step", "next_step"
+              "param_bytes": _COUNT, "total_flops": _COUNT,
+              "flops_in_flight": _COUNT,
+              "collectives": ("list", None, None, False)}
+#: The other keys the writer writes (rows of older runs may lack them).
+MORE_SCHEMA = {"topology": _STR, "overrides": ("strs", None, None, False),
+               "compile_s": _COUNT,
+               "network_gbps": ("number", 0.0, MAX_NETWORK_GBPS, True)}
+#: The keys of one element of a row's ``"collectives"``
+#: (:class:`decentral_jax.analysis.overlap.CollectiveOverlap`, ``between``).
+COLLECTIVE_SCHEMA = {"kind": _STR, "name": _STR, "computation": _STR,
+                     "op_name": _STR, "bytes": _COUNT, "is_async": _BOOL,
+                     "in_conditional": _BOOL, "in_loop": _BOOL,
+                     "forward": _OPS, "backward": _OPS, "other": _OPS,
+                     "between": _OPS, "flops": _COUNT, "overlapped": _BOOL}
+#: The keys of a collective the tables read.
+COLLECTIVE_READ = ("kind", "bytes", "is_async", "in_conditional", "forward",
+                   "backward", "flops")
+#: The transfer table's cluster: 8 workers, 4 per node, on this topology.
+TRANSFER_TOPOLOGY = ("alternating_exp_ring", 8, 4)
+
+
+def transfer_topology():
+  """The topology the transfer table prices a row's round on."""
+  from decentral_jax.topology import schedules
+  return schedules.make(*TRANSFER_TOPOLOGY)
+
+
+def _choice(row: dict, key: str, allowed) -> str | None:
+  if row[key] not in allowed:
+    return (f"{key} must be one of {', '.join(allowed)}, got "
+            f"{records.short(row[key])}")
+  return None
+
+
+def _collective_error(c, k: int, total: float) -> str | None:
+  got = records.object_error(c, f"collectives[{k}]", COLLECTIVE_SCHEMA,
+                             COLLECTIVE_READ, extra=True)
+  if got:
+    return got[1]
+  if c["flops"] > total:
+    return (f"collectives[{k}].flops ({c['flops']:g}) is more than the "
+            f"program's total_flops ({total:g})")
+  return None
+
+
+def row_error(row: dict) -> str | None:
+  """Why one ``--out`` row cannot be rendered (one line naming the key),
+  or None."""
+  got = records.object_error(row, "", {**ROW_SCHEMA, **MORE_SCHEMA},
+                             tuple(ROW_SCHEMA), extra=True)
+  if got:
+    return got[1]
+  options = row.get("compiler_options", "")
+  why = (_choice(row, "mode", MODES)
+         or _choice(row, "consensus", CONSENSUS_MODES)
+         or (None if isinstance(options, (str, dict)) else
+             "compiler_options must be an object or a string, got "
+             f"{records.short(options)}"))
+  if why:
+    return why
+  total = row["total_flops"]
+  if row["flops_in_flight"] > total:
+    return (f"flops_in_flight ({row['flops_in_flight']:g}) is more than "
+            f"total_flops ({total:g})")
+  for k, c in enumerate(row["collectives"]):
+    why = _collective_error(c, k, total)
+    if why:
+      return why
+  return _round_error(row)
+
+
+def _round_error(row: dict) -> str | None:
+  """A gpt2_small row (the transfer table's) must name a distinct round
+  of :data:`TRANSFER_TOPOLOGY`."""
+  d = row["distinct_round"]
+  if row["case"] != "gpt2_small" or d is None:
+    return None
+  n = len(transfer_topology().distinct_rounds)
+  if d >= n:
+    return (f"distinct_round must be in [0, {n - 1}] (the distinct rounds "
+            f"of {TRANSFER_TOPOLOGY[0]} on {TRANSFER_TOPOLOGY[1]} "
+            f"workers), got {d}")
+  return None

@@ -1,0 +1,117 @@
+"""The benchmark scripts' flags: a bad one is one ``error:`` line and exit
+code 2 (``flag_types.Parser``, no usage block), before any compile or run:
+counts below 1 that would run nothing and print NaN, indices and names
+outside the script's tables, paths that cannot be read or written."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+from helpers import ROOT, load_gpu_check
+
+
+def _script(name: str):
+  """``benchmarks/NAME.py`` imported as a module (once)."""
+  key = f"{name}_flags_under_test"
+  if key not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        key, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    spec.loader.exec_module(module)
+  return sys.modules[key]
+
+
+def _one_error(capsys, call) -> str:
+  with pytest.raises(SystemExit) as e:
+    call()
+  assert e.value.code == 2
+  err = [line for line in capsys.readouterr().err.splitlines()
+         if line.startswith(("error", "usage", " "))]
+  assert len(err) == 1, err
+  return err[0]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--seeds", "0"], "argument --seeds: must be an integer in [1, 1000], "
+     "got '0'"),
+    (["--seeds", "-1"], "argument --seeds: must be an integer in [1, 1000]"),
+    (["--periods", "0"], "argument --periods: must be an integer in "
+     "[1, 100000], got '0'"),
+    (["--out", "/proc/x.jsonl"], "--out '/proc/x.jsonl' cannot be written"),
+])
+def test_learners_delayed_nesterov_counts_are_bounded(capsys, argv, says):
+  script = _script("learners_delayed_nesterov")
+  assert _one_error(capsys, lambda: script.parse_args(argv)).startswith(
+      f"error: {says}")
+  args = script.parse_args(["--seeds", "1", "--periods", "2"])
+  assert (args.seeds, args.periods) == (1, 2)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--only", "bogus"], "argument --only: entry 1 of 'bogus' must be an "
+     "integer in [0, 7]"),
+    (["--only", "999"], "argument --only: entry 1 of '999' must be an "
+     "integer in [0, 7]"),
+    (["--only", "1,1"], "argument --only: '1,1': entry 2 repeats entry 1"),
+    (["--target", "bogus"], "argument --target: unknown target 'bogus'; one "
+     "of a100_sxm_80, h100_sxm, h200 or a .txtpb file, or cpu"),
+])
+def test_bench_memory_flags_name_the_table(capsys, argv, says):
+  script = _script("bench_memory")
+  assert len(script.COMBOS) == 8  # indices 0 to 7
+  assert _one_error(capsys, lambda: script.parse_args(argv)).startswith(
+      f"error: {says}")
+  args = script.parse_args(["--only", "0,7", "--target", "cpu"])
+  assert (args.only, args.target) == ([0, 7], "cpu")
+  assert script.parse_args([]).only is None  # every combination
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--out", "OUT"], "--cases is needed to compile (e.g. --cases "
+     "124m:node:plain), or --table"),
+    (["--out", "OUT", "--cases", "bogus"], "argument --cases: case 'bogus' "
+     "must be SIZE:LAYOUT:METHOD[:CLUSTER]"),
+    (["--out", "OUT", "--cases", "2b:node:plain"], "argument --cases: case "
+     "'2b:node:plain': unknown size '2b'; one of 124m, 350m, 1.3b"),
+    (["--out", "OUT", "--cases", "124m:node:plain:A41"], "argument --cases: "
+     "case '124m:node:plain:A41': unknown cluster 'A41'"),
+    (["--table", "--out", "DIR/none.jsonl"], "--out 'DIR/none.jsonl' does "
+     "not exist"),
+    (["--out", "OUT", "--cases", "124m:node:plain", "--bins", "DIR/afile"],
+     "--bins 'DIR/afile' is a file, not a directory"),
+    (["--out", "OUT", "--cases", "124m:node:plain", "--overlap_limit", "-5"],
+     "argument --overlap_limit: must be an integer in [0, 64], got '-5'"),
+    (["--out", "OUT", "--cases", "124m:node:plain", "--programs", "1:never"],
+     "argument --programs: entry '1:never' must be ROUND:MODE"),
+])
+def test_bench_overlap_at_scale_refuses_before_compiling(
+    capsys, tmp_path, monkeypatch, argv, says):
+  script = _script("bench_overlap_at_scale")
+  def compiles(*a, **k):
+    raise AssertionError("compiled")
+  monkeypatch.setattr(script, "run_case", compiles)
+  (tmp_path / "afile").write_text("x")
+  argv = [a.replace("DIR", str(tmp_path)).replace(
+      "OUT", str(tmp_path / "o.jsonl")) for a in argv]
+  got = _one_error(capsys, lambda: script.main(argv))
+  assert got.startswith("error: " + says.replace("DIR", str(tmp_path))), got
+  assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_bench_overlap_at_scale_sizes_are_the_configs():
+  spec = importlib.util.spec_from_file_location(
+      "gpt2_sizes_under_test", os.path.join(ROOT, "configs", "gpt2_sizes.py"))
+  config = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(config)
+  assert _script("bench_overlap_at_scale").SIZES == tuple(config.SIZES)
+
+
+def test_gpu_check_refusal_is_one_line(capsys):
+  got = _one_error(capsys, lambda: load_gpu_check().parse_args(
+      ["--steps", "0"]))
+  assert got.startswith("error: --steps must be an int >= 1"), got
