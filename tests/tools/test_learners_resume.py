@@ -503,3 +503,61 @@ def test_runner_fields_learners_do_not_read_are_refused_by_name(
   with pytest.raises(ValueError) as e:
     runner_problem.load(CONFIG, DILOCO + (f"--config.{override}",), 2)
   assert str(e.value) == says, e.value
+
+
+def _times(workdir, pairs):
+  (workdir / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": s, "train_time_s": t}) + "\n" for s, t in pairs))
+
+
+class _Task:
+  """What RunRecords.begin reads of a RunnerTask at a resumed period."""
+  config = __import__("ml_collections").ConfigDict({"sync_every": 5})
+
+
+@pytest.mark.parametrize("pairs, words", [
+    ([(0, 0.0), (5, 1e300), (10, 1e300)],
+     'the record of step 5: "train_time_s" must be a finite number in '
+     "[0, 1e+09], got 1e+300"),
+    ([(0, -50.0), (5, -50.0)],
+     'the record of step 0: "train_time_s" must be a finite number in '
+     "[0, 1e+09], got -50.0"),
+    ([(0, 0.0), (5, "5"), (10, 2.0)],
+     "the record of step 5: \"train_time_s\" must be a finite number in "
+     "[0, 1e+09], got '5'"),
+    ([(0, 0.0), (5, True)], 'the record of step 5: "train_time_s" must be'),
+    ([(0, 0.0), (5, 9.0), (10, 4.0)],
+     'the record of step 10: "train_time_s" is 4, fewer than the 9 of the '
+     "record before"),
+    ([(0, 0.0), (10, 1.0), (5, 2.0)],
+     "the record of step 5 follows the record of step 10 (the steps must "
+     "increase")])
+def test_damaged_train_seconds_or_steps_are_refused_by_preflight_and_resume(
+    tmp_path, pairs, words):
+  """One reader for the preflight and RunRecords.begin: a time offset out
+  of range, of the wrong type or going back, or steps that do not
+  increase, is one error naming the file (never trusted, never a
+  TypeError)."""
+  _times(tmp_path, pairs)
+  path = tmp_path / "metrics.jsonl"
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(e.value).startswith(f"{path}: {words}"), e.value
+  assert str(e.value).endswith("restore the file or start a new --workdir.")
+  run = spec_lib.RunSpec(shards=2, sync_every=5, periods=4, quorum=2)
+  rr = records.RunRecords(str(tmp_path), _Task(), run, "c", [], 1)
+  with pytest.raises(ValueError) as e2:
+    rr.begin(2, None)
+  assert str(e2.value) == str(e.value)
+
+
+def test_a_resume_adds_its_seconds_to_the_last_recorded(tmp_path):
+  """The offset of a resumed run is the last record's train_time_s (12.5
+  here, written by hand), an int or a float."""
+  _times(tmp_path, [(0, 0), (5, 3.25), (10, 12.5)])
+  assert records.check_workdir(str(tmp_path)) == 10
+  run = spec_lib.RunSpec(shards=2, sync_every=5, periods=4, quorum=2)
+  rr = records.RunRecords(str(tmp_path), _Task(), run, "c", [], 1)
+  rr.begin(2, None)
+  rr.close()
+  assert rr._offset == 12.5  # pylint: disable=protected-access
