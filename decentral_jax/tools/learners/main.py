@@ -73,7 +73,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="number of learners K (= data shards; default %(default)s)")
   p.add_argument("--periods", type=_PERIODS, default=None,
                  help="merged periods (outer steps) to run (default 10; "
-                 "with --config: config.steps / config.sync_every)")
+                 "with --config: config.steps / config.sync_every; a fresh run "
+                 "refuses one that contradicts --config.steps)")
   p.add_argument("--mode", choices=spec_lib.MODES, default="sync",
                  help="sync: merge when every active learner sent the "
                  "current version (DiLoCo); decoupled: merge once --quorum "
@@ -239,6 +240,9 @@ def _config_fields(args, overrides) -> dict:
   c = runner_problem.load(source, overrides, args.learners)
   fields = runner_problem.spec_fields(c)
   del fields["shards"]
+  args.config_steps = int(c.steps) if any(  # preflight: --periods' match
+      o[len("--config."):].partition("=")[0].strip() == "steps"
+      for o in overrides) else None
   if args.periods is not None:
     fields["periods"] = args.periods
   return {"problem": "runner", "problem_args": (
@@ -271,26 +275,38 @@ def run_spec(args, overrides=()) -> spec_lib.RunSpec:
 
 
 def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
-              workdir: str | None) -> None:
+              workdir: str | None, config_steps: int | None = None) -> None:
   """What the synchronizer and the run directory would refuse, checked
   before Ray starts: the problem builds and fits ``fragments``, the
   checkpoint to resume was written by the same run
   (:func:`~decentral_jax.tools.learners.synchronizer.check_run`), and the
   run directory's records read back; records of merged periods without a
   checkpoint to resume them from are refused (the run would restart from
-  period 0 under them).
+  period 0 under them). A fresh run (nothing to resume) whose ``--periods``
+  contradicts an explicit ``--config.steps`` (``config_steps``; None: not
+  given) is refused too: ``periods * sync_every`` must equal it (a resume
+  may extend a run past its steps with ``--periods``).
 
   Raises:
-    ValueError, OSError: naming the field, checkpoint or file.
+    ValueError, OSError: naming the field, flag, checkpoint or file.
   """
   from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax.tools.learners import synchronizer  # pylint: disable=import-outside-toplevel
   recorded = 0 if workdir is None else records_lib.check_workdir(workdir)
-  if synchronizer.check_run(run, checkpoint_dir) is None and recorded:
+  fresh = synchronizer.check_run(run, checkpoint_dir) is None
+  if fresh and recorded:
     raise ValueError(
         f"--workdir {workdir} records merged periods (up to inner step "
         f"{recorded}) but {checkpoint_dir} holds no checkpoint to resume "
         "them from (the checkpoints are gone); start a new --workdir.")
+  h = run.sync_every
+  if fresh and config_steps is not None and run.periods * h != config_steps:
+    raise ValueError(
+        f"--periods {run.periods} runs {run.periods} * config.sync_every "
+        f"{h} = {run.periods * h} inner steps but --config.steps="
+        f"{config_steps} asks for {config_steps}; drop --periods (then "
+        f"{config_steps // h} periods) or --config.steps, or make them "
+        "agree.")
 
 
 def progress_line(status: dict, learners: dict, seen=None) -> str:
@@ -484,7 +500,8 @@ def main(argv=None, prog: str | None = None) -> int:
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
   try:
-    preflight(run, checkpoint_dir, args.workdir)
+    preflight(run, checkpoint_dir, args.workdir,
+              getattr(args, "config_steps", None))
   except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
