@@ -126,8 +126,8 @@ def test_more_fragments_than_leaves_is_refused_before_ray_starts(
     no_ray, capsys):
   assert cli.main(["learners", "--fragments", "4"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == ["error: RunSpec.fragments=4 exceeds the 3 parameter leaves "
-                 "of the problem; use fragments <= 3 (--fragments), or a "
+  assert err == ["error: --fragments=4 exceeds the 3 parameter leaves "
+                 "of the problem; use --fragments <= 3, or a "
                  "problem with more leaves (--problem gpt, or --config)."], err
 
 
@@ -247,8 +247,11 @@ def test_the_driver_stops_when_no_learner_can_go_on(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"sleep_s": (-1.0,)}, "RunSpec.sleep_s must be a tuple of finite"),
-    ({"sleep_s": ("a",)}, "RunSpec.sleep_s must be a tuple of finite"),
+    ({"sleep_s": (-1.0,)}, "RunSpec.sleep_s must be a tuple of seconds in "
+     "[0, 86400]"),
+    ({"sleep_s": ("a",)}, "RunSpec.sleep_s must be a tuple of seconds in"),
+    ({"sleep_s": (1e30,)}, "RunSpec.sleep_s must be a tuple of seconds in "
+     "[0, 86400] (one per learner), got (1e+30,)"),
     ({"inner_lr": -0.1}, "RunSpec.inner_lr must be a finite number > 0"),
     ({"outer_lr": -0.7}, "RunSpec.outer_lr must be a finite number > 0"),
     ({"outer_lr": float("nan")}, "RunSpec.outer_lr must be"),
@@ -582,3 +585,21 @@ def test_periods_that_contradict_an_explicit_config_steps_are_refused(
   main_lib.preflight(run, str(tmp_path / "none"), None, 12)  # they agree
   main_lib.preflight(run, str(tmp_path / "none"), None, None)  # not given
   main_lib.preflight(run, saved, None, 20)  # a resume extends the run
+
+
+def test_run_spec_refusals_name_the_flags_typed(no_ray, capsys):
+  """A RunSpec refusal names the flag that sets each field: with --config
+  the sync period is config.sync_every; words of prose stay (worked by
+  hand)."""
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py", *DILOCO,
+                   "--fragments", "9"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: --fragments=9 exceeds --config.sync_every=4; use "
+                 "1 <= --fragments <= --config.sync_every."], err
+  said = ("RunSpec.periods must be an int >= 1; the merged periods of the "
+          "outer optimizer, quorum <= shards, outer='nesterov'")
+  assert spec_lib.flag_words(said, config=False) == (
+      "--periods must be an int >= 1; the merged periods of the outer "
+      "optimizer, --quorum <= --learners, --outer='nesterov'")
+  assert spec_lib.flag_words("RunSpec.inner_lr must be > 0", True) == (
+      "--config.schedule.peak_lr must be > 0")
