@@ -566,25 +566,28 @@ def test_a_resume_adds_its_seconds_to_the_last_recorded(tmp_path):
   assert rr._offset == 12.5  # pylint: disable=protected-access
 
 
-def test_periods_that_contradict_an_explicit_config_steps_are_refused(
+def test_periods_past_an_explicit_config_steps_are_refused(
     tmp_path, no_ray, capsys, saved):
-  """--config.steps=20 with sync_every 4 is 5 periods: --periods 3 (12
-  inner steps) contradicts it on a fresh run and is refused naming both;
-  a resume may extend the run (its checkpoint is there)."""
+  """--config.steps=20 with sync_every 4 is 5 periods: --periods 6 (24
+  inner steps) runs past it on a fresh run and is refused naming both;
+  fewer periods stop early, and a resume may extend the run (its
+  checkpoint is there)."""
   argv = ["learners", "--config", "configs/gpt_tiny.py", *DILOCO,
-          "--config.steps=20", "--periods", "3"]
+          "--config.steps=20", "--periods", "6"]
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [
-      "error: --periods 3 runs 3 * config.sync_every 4 = 12 inner steps but "
-      "--config.steps=20 asks for 20; drop --periods (then 5 periods) or "
-      "--config.steps, or make them agree."], err
+      "error: --periods 6 runs 6 * config.sync_every 4 = 24 inner steps, "
+      "past --config.steps=20 (the steps the schedule runs over); drop "
+      "--periods (then 5 periods), give at most 5 to stop early, or raise "
+      "--config.steps."], err
   run = spec_lib.RunSpec(**BASE)  # periods 3, H 4: 12 inner steps
-  with pytest.raises(ValueError, match="--config.steps=20 asks for 20"):
-    main_lib.preflight(run, str(tmp_path / "none"), None, 20)
+  with pytest.raises(ValueError, match="past --config.steps=11 "):
+    main_lib.preflight(run, str(tmp_path / "none"), None, 11)
   main_lib.preflight(run, str(tmp_path / "none"), None, 12)  # they agree
+  main_lib.preflight(run, str(tmp_path / "none"), None, 20)  # stops early
   main_lib.preflight(run, str(tmp_path / "none"), None, None)  # not given
-  main_lib.preflight(run, saved, None, 20)  # a resume extends the run
+  main_lib.preflight(run, saved, None, 4)  # a resume extends the run
 
 
 def test_run_spec_refusals_name_the_flags_typed(no_ray, capsys):

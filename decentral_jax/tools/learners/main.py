@@ -77,7 +77,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
   p.add_argument("--periods", type=_PERIODS, default=None,
                  help="merged periods (outer steps) to run (default 10; "
                  "with --config: config.steps / config.sync_every; a fresh run "
-                 "refuses one that contradicts --config.steps)")
+                 "refuses one past --config.steps)")
   p.add_argument("--mode", choices=spec_lib.MODES, default="sync",
                  help="sync: merge when every active learner sent the "
                  "current version (DiLoCo); decoupled: merge once --quorum "
@@ -316,9 +316,10 @@ def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
   run directory's records read back; records of merged periods without a
   checkpoint to resume them from are refused (the run would restart from
   period 0 under them). A fresh run (nothing to resume) whose ``--periods``
-  contradicts an explicit ``--config.steps`` (``config_steps``; None: not
-  given) is refused too: ``periods * sync_every`` must equal it (a resume
-  may extend a run past its steps with ``--periods``).
+  runs past an explicit ``--config.steps`` (``config_steps``; None: not
+  given) is refused too: ``periods * sync_every`` may not exceed it (fewer
+  stops the run early, to be resumed; a resume may extend a run past its
+  steps with ``--periods``).
 
   Raises:
     ValueError, OSError: naming the field, flag, checkpoint or file.
@@ -333,13 +334,13 @@ def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
         f"{recorded}) but {checkpoint_dir} holds no checkpoint to resume "
         "them from (the checkpoints are gone); start a new --workdir.")
   h = run.sync_every
-  if fresh and config_steps is not None and run.periods * h != config_steps:
+  if fresh and config_steps is not None and run.periods * h > config_steps:
     raise ValueError(
         f"--periods {run.periods} runs {run.periods} * config.sync_every "
-        f"{h} = {run.periods * h} inner steps but --config.steps="
-        f"{config_steps} asks for {config_steps}; drop --periods (then "
-        f"{config_steps // h} periods) or --config.steps, or make them "
-        "agree.")
+        f"{h} = {run.periods * h} inner steps, past --config.steps="
+        f"{config_steps} (the steps the schedule runs over); drop --periods "
+        f"(then {config_steps // h} periods), give at most "
+        f"{config_steps // h} to stop early, or raise --config.steps.")
 
 
 def progress_line(status: dict, learners: dict, seen=None) -> str:
