@@ -188,7 +188,7 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
     capsys):
   from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
   assert cli.main(["learners", "--learners", "2", "--quorum", "3"]) == 2
-  assert "RunSpec.quorum=3 exceeds shards=2" in capsys.readouterr().err
+  assert "--quorum=3 exceeds --learners=2" in capsys.readouterr().err
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -211,19 +211,45 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
     (("--learners", "99999999999999999999"), "argument --learners: must be "
      "an integer in [1, 1024]"),
     (("--periods", "1e30"), "argument --periods: must be an integer"),
-    (("--sleep", "a,b"), "--sleep='a,b' must be comma-separated seconds"),
+    (("--sleep", "a,b"), "--sleep='a,b': entry 1 must be a finite number "
+     "in [0, 86400] s, got 'a'"),
     (("--sleep", "0,0"), "--sleep has 2 values for --learners=4"),
-    (("--sleep", "0,0,-1,0"), "each value must be a finite number of "
-     "seconds >= 0"),
-    (("--delay-buffer", "3"), "RunSpec.delay_buffer=3 needs outer="),
+    (("--sleep", "0,0,-1,0"), "--sleep='0,0,-1,0': entry 3 must be a finite "
+     "number in [0, 86400] s, got '-1'"),
+    (("--sleep", "1e30,0,0,0"), "--sleep='1e30,0,0,0': entry 1 must be a "
+     "finite number in [0, 86400] s, got '1e30'"),
+    (("--sleep", ","), "--sleep=',': entry 1 is empty; separate the "
+     "seconds (one per learner) by single commas, e.g. --sleep=0,0,0,0.05."),
+    (("--sleep", "0,,0.5,0"), "--sleep='0,,0.5,0': entry 2 is empty"),
+    (("--delay-buffer", "3"), "--delay-buffer has no effect with --outer "
+     "nesterov (Nesterov SGD steps at every merge, it has no buffer); add "
+     "--outer delayed_nesterov or drop --delay-buffer."),
+    (("--delay-buffer", "1"), "--delay-buffer has no effect with --outer "
+     "nesterov"),
+    (("--kill-every", "100", "--periods", "5"), "--kill-every 100 never "
+     "kills a learner: the run ends after 5 merged periods (--periods 5); "
+     "use --kill-every below 5, more --periods, or drop --kill-every."),
+    (("--kill-every", "10"), "--kill-every 10 never kills a learner: the "
+     "run ends after 10 merged periods (--periods' default 10)"),
+    (("--quorum", "5"), "error: --quorum=5 exceeds --learners=4; use "
+     "--quorum <= --learners."),
+    (("--fragments", "9", "--sync-every", "8"), "error: --fragments=9 "
+     "exceeds --sync-every=8; use 1 <= --fragments <= --sync-every."),
+    (("--dynamic-updates", "--fragments", "2"), "error: --dynamic-updates "
+     "with --fragments/--overlap-steps/--merge-alpha: a fragment schedule"),
     (("--outer", "delayed_nesterov", "--delay-buffer", "0"),
      "argument --delay-buffer: must be an integer in [1, 1000000], got '0'"),
-    (("--fragments", "2", "--overlap-steps", "4"), "RunSpec.overlap_steps=4"),
+    (("--fragments", "2", "--overlap-steps", "4"), "error: "
+     "--overlap-steps=4 with --fragments=2 needs --overlap-steps * "
+     "--fragments < --sync-every=8"),
     (("--merge-alpha", "-0.5"), "argument --merge-alpha: must be a finite "
      "number in [0, 1], got '-0.5'")])
 def test_the_learners_command_names_a_bad_number_before_ray_starts(
-    capsys, flags, words):
+    capsys, monkeypatch, flags, words):
   from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
+  def start(*a, **k):
+    raise AssertionError("Ray started: the flags were accepted")
+  monkeypatch.setattr(cluster, "start", start)
   assert cli.main(["learners", "--learners", "4", *flags]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err

@@ -126,8 +126,8 @@ def test_more_fragments_than_leaves_is_refused_before_ray_starts(
     no_ray, capsys):
   assert cli.main(["learners", "--fragments", "4"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == ["error: RunSpec.fragments=4 exceeds the 3 parameter leaves "
-                 "of the problem; use fragments <= 3 (--fragments), or a "
+  assert err == ["error: --fragments=4 exceeds the 3 parameter leaves "
+                 "of the problem; use --fragments <= 3, or a "
                  "problem with more leaves (--problem gpt, or --config)."], err
 
 
@@ -247,8 +247,11 @@ def test_the_driver_stops_when_no_learner_can_go_on(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("fields, words", [
-    ({"sleep_s": (-1.0,)}, "RunSpec.sleep_s must be a tuple of finite"),
-    ({"sleep_s": ("a",)}, "RunSpec.sleep_s must be a tuple of finite"),
+    ({"sleep_s": (-1.0,)}, "RunSpec.sleep_s must be a tuple of seconds in "
+     "[0, 86400]"),
+    ({"sleep_s": ("a",)}, "RunSpec.sleep_s must be a tuple of seconds in"),
+    ({"sleep_s": (1e30,)}, "RunSpec.sleep_s must be a tuple of seconds in "
+     "[0, 86400] (one per learner), got (1e+30,)"),
     ({"inner_lr": -0.1}, "RunSpec.inner_lr must be a finite number > 0"),
     ({"outer_lr": -0.7}, "RunSpec.outer_lr must be a finite number > 0"),
     ({"outer_lr": float("nan")}, "RunSpec.outer_lr must be"),
@@ -503,3 +506,103 @@ def test_runner_fields_learners_do_not_read_are_refused_by_name(
   with pytest.raises(ValueError) as e:
     runner_problem.load(CONFIG, DILOCO + (f"--config.{override}",), 2)
   assert str(e.value) == says, e.value
+
+
+def _times(workdir, pairs):
+  (workdir / "metrics.jsonl").write_text("".join(
+      json.dumps({"step": s, "train_time_s": t}) + "\n" for s, t in pairs))
+
+
+class _Task:
+  """What RunRecords.begin reads of a RunnerTask at a resumed period."""
+  config = __import__("ml_collections").ConfigDict({"sync_every": 5})
+
+
+@pytest.mark.parametrize("pairs, words", [
+    ([(0, 0.0), (5, 1e300), (10, 1e300)],
+     'the record of step 5: "train_time_s" must be a finite number in '
+     "[0, 1e+09], got 1e+300"),
+    ([(0, -50.0), (5, -50.0)],
+     'the record of step 0: "train_time_s" must be a finite number in '
+     "[0, 1e+09], got -50.0"),
+    ([(0, 0.0), (5, "5"), (10, 2.0)],
+     "the record of step 5: \"train_time_s\" must be a finite number in "
+     "[0, 1e+09], got '5'"),
+    ([(0, 0.0), (5, True)], 'the record of step 5: "train_time_s" must be'),
+    ([(0, 0.0), (5, 9.0), (10, 4.0)],
+     'the record of step 10: "train_time_s" is 4, fewer than the 9 of the '
+     "record before"),
+    ([(0, 0.0), (10, 1.0), (5, 2.0)],
+     "the record of step 5 follows the record of step 10 (the steps must "
+     "increase")])
+def test_damaged_train_seconds_or_steps_are_refused_by_preflight_and_resume(
+    tmp_path, pairs, words):
+  """One reader for the preflight and RunRecords.begin: a time offset out
+  of range, of the wrong type or going back, or steps that do not
+  increase, is one error naming the file (never trusted, never a
+  TypeError)."""
+  _times(tmp_path, pairs)
+  path = tmp_path / "metrics.jsonl"
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(e.value).startswith(f"{path}: {words}"), e.value
+  assert str(e.value).endswith("restore the file or start a new --workdir.")
+  run = spec_lib.RunSpec(shards=2, sync_every=5, periods=4, quorum=2)
+  rr = records.RunRecords(str(tmp_path), _Task(), run, "c", [], 1)
+  with pytest.raises(ValueError) as e2:
+    rr.begin(2, None)
+  assert str(e2.value) == str(e.value)
+
+
+def test_a_resume_adds_its_seconds_to_the_last_recorded(tmp_path):
+  """The offset of a resumed run is the last record's train_time_s (12.5
+  here, written by hand), an int or a float."""
+  _times(tmp_path, [(0, 0), (5, 3.25), (10, 12.5)])
+  assert records.check_workdir(str(tmp_path)) == 10
+  run = spec_lib.RunSpec(shards=2, sync_every=5, periods=4, quorum=2)
+  rr = records.RunRecords(str(tmp_path), _Task(), run, "c", [], 1)
+  rr.begin(2, None)
+  rr.close()
+  assert rr._offset == 12.5  # pylint: disable=protected-access
+
+
+def test_periods_past_an_explicit_config_steps_are_refused(
+    tmp_path, no_ray, capsys, saved):
+  """--config.steps=20 with sync_every 4 is 5 periods: --periods 6 (24
+  inner steps) runs past it on a fresh run and is refused naming both;
+  fewer periods stop early, and a resume may extend the run (its
+  checkpoint is there)."""
+  argv = ["learners", "--config", "configs/gpt_tiny.py", *DILOCO,
+          "--config.steps=20", "--periods", "6"]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [
+      "error: --periods 6 runs 6 * config.sync_every 4 = 24 inner steps, "
+      "past --config.steps=20 (the steps the schedule runs over); drop "
+      "--periods (then 5 periods), give at most 5 to stop early, or raise "
+      "--config.steps."], err
+  run = spec_lib.RunSpec(**BASE)  # periods 3, H 4: 12 inner steps
+  with pytest.raises(ValueError, match="past --config.steps=11 "):
+    main_lib.preflight(run, str(tmp_path / "none"), None, 11)
+  main_lib.preflight(run, str(tmp_path / "none"), None, 12)  # they agree
+  main_lib.preflight(run, str(tmp_path / "none"), None, 20)  # stops early
+  main_lib.preflight(run, str(tmp_path / "none"), None, None)  # not given
+  main_lib.preflight(run, saved, None, 4)  # a resume extends the run
+
+
+def test_run_spec_refusals_name_the_flags_typed(no_ray, capsys):
+  """A RunSpec refusal names the flag that sets each field: with --config
+  the sync period is config.sync_every; words of prose stay (worked by
+  hand)."""
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py", *DILOCO,
+                   "--fragments", "9"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: --fragments=9 exceeds --config.sync_every=4; use "
+                 "1 <= --fragments <= --config.sync_every."], err
+  said = ("RunSpec.periods must be an int >= 1; the merged periods of the "
+          "outer optimizer, quorum <= shards, outer='nesterov'")
+  assert spec_lib.flag_words(said, config=False) == (
+      "--periods must be an int >= 1; the merged periods of the outer "
+      "optimizer, --quorum <= --learners, --outer='nesterov'")
+  assert spec_lib.flag_words("RunSpec.inner_lr must be > 0", True) == (
+      "--config.schedule.peak_lr must be > 0")

@@ -30,7 +30,7 @@ def fragment_keys(theta: dict, num_fragments: int) -> list[list[str]]:
   if num_fragments > len(names):
     raise ValueError(f"RunSpec.fragments={num_fragments} exceeds the "
                      f"{len(names)} parameter leaves of the problem; use "
-                     f"fragments <= {len(names)} (--fragments), or a problem "
+                     f"fragments <= {len(names)}, or a problem "
                      "with more leaves (--problem gpt, or --config).")
   ids = streaming_sync.default_fragments({k: theta[k] for k in names},
                                          num_fragments)

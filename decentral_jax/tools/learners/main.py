@@ -27,8 +27,9 @@ resumed, also with another ``--learners``)
 
 Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``) and flags
 that would change nothing (``--eval-every`` without ``--workdir``,
-``--grace`` in sync mode, ``--connect-timeout`` without ``--address``) are
-refused before Ray starts.
+``--grace`` in sync mode, ``--connect-timeout`` without ``--address``,
+``--delay-buffer`` with ``--outer nesterov``, ``--kill-every`` not below
+the run's periods) are refused before Ray starts.
 
 Exit codes: 0; 1 for Ray missing, an unreachable ``--address``, a run
 that did not finish within ``--timeout`` or one whose learners all stopped
@@ -48,6 +49,7 @@ import time
 
 import numpy as np
 
+from decentral_jax import checks
 from decentral_jax.runner import config as config_lib
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import problems
@@ -61,6 +63,7 @@ _STEPS = flag_types.integer(1, 1_000_000)
 _STEPS_OR_0 = flag_types.integer(0, 1_000_000)
 _SECONDS = flag_types.real(0, 86400, " s", open_lo=True)
 _SECONDS_OR_0 = flag_types.real(0, 86400, " s")
+_SLEEP = flag_types.real(0, spec_lib.MAX_SLEEP_S, " s")
 _RUN_SECONDS = flag_types.real(0, 30 * 86400, " s", open_lo=True)
 _LR = flag_types.real(0, 1e3, open_lo=True)
 _FRACTION = flag_types.real(0, 1)
@@ -73,7 +76,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="number of learners K (= data shards; default %(default)s)")
   p.add_argument("--periods", type=_PERIODS, default=None,
                  help="merged periods (outer steps) to run (default 10; "
-                 "with --config: config.steps / config.sync_every)")
+                 "with --config: config.steps / config.sync_every; a fresh run "
+                 "refuses one past --config.steps)")
   p.add_argument("--mode", choices=spec_lib.MODES, default="sync",
                  help="sync: merge when every active learner sent the "
                  "current version (DiLoCo); decoupled: merge once --quorum "
@@ -106,8 +110,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  "merges (default %(default)s)")
   p.add_argument("--dynamic-updates", action="store_true",
                  help="H_w = floor(v_w / v_max * H) per learner")
-  p.add_argument("--sleep", default="",
-                 help="comma-separated seconds per inner step per learner")
+  p.add_argument("--sleep", default="", help="comma-separated seconds "
+                 "per inner step per learner (each in [0, 86400])")
   p.add_argument("--address", default=None,
                  help="HOST:PORT of a `ray start --head` node")
   p.add_argument("--connect-timeout", type=_SECONDS, default=10.0,
@@ -160,6 +164,10 @@ NEEDS = (
                      "without --address (the Ray started on this machine "
                      "is not waited for)", "add --address HOST:PORT or drop "
                      "--connect-timeout"),
+    flag_types.Needs("--delay-buffer", lambda a: a.outer == "delayed_nesterov",
+                     "with --outer nesterov (Nesterov SGD steps at every "
+                     "merge, it has no buffer)", "add --outer "
+                     "delayed_nesterov or drop --delay-buffer"),
 )
 
 
@@ -191,20 +199,26 @@ def _check_flags(args) -> None:
 
 
 def _sleep(args) -> tuple[float, ...]:
-  """``--sleep``: one finite number >= 0 per learner, or none."""
-  parts = [s.strip() for s in args.sleep.split(",") if s.strip()]
-  try:
-    sleep = tuple(float(s) for s in parts)
-  except ValueError:
-    raise ValueError(f"--sleep={args.sleep!r} must be comma-separated "
-                     "seconds, e.g. --sleep=0,0,0.05,0") from None
+  """``--sleep``: one number of seconds in ``[0, MAX_SLEEP_S]`` per learner
+  (:data:`~decentral_jax.tools.learners.spec.MAX_SLEEP_S`), or none (an
+  empty value); an empty entry (a stray comma) is refused by its position
+  (:func:`decentral_jax.checks.comma_entries`)."""
+  k = args.learners
+  example = ("--sleep=" + ",".join(["0"] * (k - 1) + ["0.05"]) if k <= 4
+             else f"--sleep=0,0,...,0.05 ({k} values)")
+  sleep = []
+  for i, entry in enumerate(checks.comma_entries(
+      "--sleep", args.sleep, "seconds (one per learner)", example)):
+    try:
+      sleep.append(_SLEEP(entry))
+    except argparse.ArgumentTypeError as e:
+      raise ValueError(f"--sleep={args.sleep!r}: entry {i + 1} {e}; give "
+                       f"seconds per inner step, e.g. {example}.") from None
   if sleep and len(sleep) != args.learners:
     raise ValueError(f"--sleep has {len(sleep)} values for --learners="
-                     f"{args.learners}; give one per learner.")
-  if not all(math.isfinite(x) and x >= 0 for x in sleep):
-    raise ValueError(f"--sleep={args.sleep!r}: each value must be a finite "
-                     "number of seconds >= 0.")
-  return sleep
+                     f"{args.learners}; give one per learner, e.g. "
+                     f"{example}.")
+  return tuple(sleep)
 
 
 # Flags a runner config sets instead (--config): flag -> config field.
@@ -239,6 +253,9 @@ def _config_fields(args, overrides) -> dict:
   c = runner_problem.load(source, overrides, args.learners)
   fields = runner_problem.spec_fields(c)
   del fields["shards"]
+  args.config_steps = int(c.steps) if any(  # preflight: --periods' match
+      o[len("--config."):].partition("=")[0].strip() == "steps"
+      for o in overrides) else None
   if args.periods is not None:
     fields["periods"] = args.periods
   return {"problem": "runner", "problem_args": (
@@ -260,37 +277,70 @@ def run_spec(args, overrides=()) -> spec_lib.RunSpec:
     args.inner_lr = fields.get("inner_lr", 0.1)
   _check_flags(args)
   sleep = _sleep(args)
-  return spec_lib.RunSpec(
-      shards=args.learners, mode=args.mode, grace_s=args.grace,
-      quorum=args.quorum or (args.learners if args.mode == "sync" else 1),
-      dynamic_updates=args.dynamic_updates, sleep_s=sleep,
-      fragments=args.fragments, overlap_steps=args.overlap_steps,
-      merge_alpha=args.merge_alpha, outer=args.outer,
-      delay_buffer=1 if args.delay_buffer is None else args.delay_buffer,
-      keep_state=not args.drop_state, **fields)
+  try:
+    run = spec_lib.RunSpec(
+        shards=args.learners, mode=args.mode, grace_s=args.grace,
+        quorum=args.quorum or (args.learners if args.mode == "sync" else 1),
+        dynamic_updates=args.dynamic_updates, sleep_s=sleep,
+        fragments=args.fragments, overlap_steps=args.overlap_steps,
+        merge_alpha=args.merge_alpha, outer=args.outer,
+        delay_buffer=1 if args.delay_buffer is None else args.delay_buffer,
+        keep_state=not args.drop_state, **fields)
+  except ValueError as e:
+    raise ValueError(spec_lib.flag_words(
+        str(e), args.config is not None)) from None
+  _check_kill_every(args, run)
+  return run
+
+
+def _check_kill_every(args, run: spec_lib.RunSpec) -> None:
+  """``--kill-every N`` kills a learner at merged periods ``N, 2N, ...``
+  before the last: ``N >= periods`` never does (ValueError names both)."""
+  if not args.kill_every or args.kill_every < run.periods:
+    return
+  given = (f"--periods {run.periods}" if args.periods is not None else
+           f"--periods' default {run.periods}" + (
+               ", config.steps / config.sync_every" if args.config else ""))
+  raise ValueError(
+      f"--kill-every {args.kill_every} never kills a learner: the run ends "
+      f"after {run.periods} merged periods ({given}); use --kill-every "
+      f"below {run.periods}, more --periods, or drop --kill-every.")
 
 
 def preflight(run: spec_lib.RunSpec, checkpoint_dir: str | None,
-              workdir: str | None) -> None:
+              workdir: str | None, config_steps: int | None = None) -> None:
   """What the synchronizer and the run directory would refuse, checked
   before Ray starts: the problem builds and fits ``fragments``, the
   checkpoint to resume was written by the same run
   (:func:`~decentral_jax.tools.learners.synchronizer.check_run`), and the
   run directory's records read back; records of merged periods without a
   checkpoint to resume them from are refused (the run would restart from
-  period 0 under them).
+  period 0 under them). A fresh run (nothing to resume) whose ``--periods``
+  runs past an explicit ``--config.steps`` (``config_steps``; None: not
+  given) is refused too: ``periods * sync_every`` may not exceed it (fewer
+  stops the run early, to be resumed; a resume may extend a run past its
+  steps with ``--periods``).
 
   Raises:
-    ValueError, OSError: naming the field, checkpoint or file.
+    ValueError, OSError: naming the field, flag, checkpoint or file.
   """
   from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
   from decentral_jax.tools.learners import synchronizer  # pylint: disable=import-outside-toplevel
   recorded = 0 if workdir is None else records_lib.check_workdir(workdir)
-  if synchronizer.check_run(run, checkpoint_dir) is None and recorded:
+  fresh = synchronizer.check_run(run, checkpoint_dir) is None
+  if fresh and recorded:
     raise ValueError(
         f"--workdir {workdir} records merged periods (up to inner step "
         f"{recorded}) but {checkpoint_dir} holds no checkpoint to resume "
         "them from (the checkpoints are gone); start a new --workdir.")
+  h = run.sync_every
+  if fresh and config_steps is not None and run.periods * h > config_steps:
+    raise ValueError(
+        f"--periods {run.periods} runs {run.periods} * config.sync_every "
+        f"{h} = {run.periods * h} inner steps, past --config.steps="
+        f"{config_steps} (the steps the schedule runs over); drop --periods "
+        f"(then {config_steps // h} periods), give at most "
+        f"{config_steps // h} to stop early, or raise --config.steps.")
 
 
 def progress_line(status: dict, learners: dict, seen=None) -> str:
@@ -484,9 +534,13 @@ def main(argv=None, prog: str | None = None) -> int:
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
   try:
-    preflight(run, checkpoint_dir, args.workdir)
+    preflight(run, checkpoint_dir, args.workdir,
+              getattr(args, "config_steps", None))
   except (ValueError, OSError) as e:
-    print(f"error: {e}", file=sys.stderr)
+    why = str(e)
+    if isinstance(e, ValueError) and why.startswith("RunSpec."):
+      why = spec_lib.flag_words(why, args.config is not None)
+    print(f"error: {why}", file=sys.stderr)
     return 2
   from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
   try:

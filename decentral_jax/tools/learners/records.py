@@ -35,6 +35,7 @@ import os
 import time
 
 from decentral_jax import records as records_lib
+from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -124,10 +125,64 @@ def read_meta(workdir: str) -> dict | None:
   return meta
 
 
+def read_metrics(workdir: str) -> list[dict]:
+  """The records of ``<workdir>/metrics.jsonl`` a resume reads, checked
+  (``[]`` without the file): what :func:`check_workdir` and
+  :meth:`RunRecords.begin` read, one reader for both.
+
+  Each record is a runner metrics record
+  (:func:`decentral_jax.runner.metrics.read_jsonl`: an integer ``step >=
+  0``, finite JSON scalars); the steps increase from record to record (one
+  per merged period); ``train_time_s``, where present, is a number in
+  ``[0, MAX_TRAIN_TIME_S]`` (:data:`decentral_jax.runner.meta_schema.
+  MAX_TRAIN_TIME_S`, the runner's bound) not below the one before it (the
+  wall seconds of the run only grow; a resume adds its seconds to them).
+
+  Raises:
+    ValueError: one line naming the file, the record's step and the key,
+      and the fix (restore the file or start a new ``--workdir``).
+    workdir.PathError: the file cannot be read.
+  """
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  got = metrics_lib.read_jsonl(path)
+  why = _metrics_error(got)
+  if why:
+    raise ValueError(f"{path}: {why}; restore the file or start a new "
+                     "--workdir.")
+  return got
+
+
+def _metrics_error(got: list[dict]) -> str | None:
+  """Why the records ``got`` are not the learners' (see
+  :func:`read_metrics`), or None."""
+  step, seconds = None, 0.0
+  for rec in got:
+    at = f"the record of step {rec['step']}"
+    if step is not None and rec["step"] <= step:
+      return (f"{at} follows the record of step {step} (the steps must "
+              "increase, one record per merged period)")
+    step = rec["step"]
+    if "train_time_s" not in rec:
+      continue
+    t = rec["train_time_s"]
+    why = records_lib.value_error(f'{at}: "train_time_s"', t, "number", 0.0,
+                                  meta_schema.MAX_TRAIN_TIME_S)
+    if why:
+      return why + " (wall seconds of the run)"
+    if t < seconds:
+      return (f'{at}: "train_time_s" is {t:g}, fewer than the {seconds:g} '
+              "of the record before (the run's wall seconds only grow)")
+    seconds = t
+  return None
+
+
 def check_workdir(workdir: str) -> int:
   """Reads back what a resume of ``workdir`` uses (``learners.json``,
-  ``metrics.jsonl``) before the run starts; returns the last inner step
-  they record merged (0: none, or no records).
+  ``metrics.jsonl``: :func:`read_meta`, :func:`read_metrics`) before the
+  run starts; returns the last inner step they record merged (0: none, or
+  no records).
 
   Raises:
     ValueError: a damaged file, naming it (and the line or key).
@@ -135,11 +190,7 @@ def check_workdir(workdir: str) -> int:
   meta = read_meta(workdir) or {}
   step = max((int(s["from_step"]) for s in meta.get("segments", [])),
              default=0)
-  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
-  if os.path.exists(path):
-    steps = [r.get("step") for r in metrics_lib.read_jsonl(path)]
-    step = max([step, *(int(t) for t in steps if isinstance(t, int))])
-  return step
+  return max([step, *(r["step"] for r in read_metrics(workdir))])
 
 
 def segment(meta: dict | None, learners: int, version: int,
@@ -191,10 +242,9 @@ class RunRecords:
     initial evaluation. Returns the new segment."""
     h = self.run.sync_every
     metrics_lib.truncate_after(self.workdir, version * h)
-    path = os.path.join(self.workdir, metrics_lib.METRICS_FILE)
-    if version and os.path.exists(path):
-      self._offset = max([r.get("train_time_s") or 0.0
-                          for r in metrics_lib.read_jsonl(path)], default=0.0)
+    if version:  # the last seconds recorded (read_metrics: they only grow)
+      self._offset = max([float(r["train_time_s"]) for r in read_metrics(
+          self.workdir) if r.get("train_time_s") is not None], default=0.0)
     meta = read_meta(self.workdir)
     seg = segment(meta, self.run.shards, version, h)
     config = json.loads(self.task.config.to_json())

@@ -15,10 +15,15 @@ import dataclasses
 import json
 import math
 import numbers
+import re
 
 MODES = ("sync", "decoupled")
 INNER = ("sgd", "adamw")
 OUTER = ("nesterov", "delayed_nesterov")
+#: The most seconds a learner may sleep after an inner step (a day, the
+#: bound of the command's other seconds flags; ``time.sleep`` overflows far
+#: beyond it).
+MAX_SLEEP_S = 86400.0
 
 
 # Fields a resumed run may change: the learner count (learners of a former,
@@ -247,7 +252,7 @@ def _real(v) -> bool:
 
 def check_numbers(run: RunSpec) -> None:
   """Checks ``inner_lr``, ``outer_lr`` (finite, > 0), ``outer_momentum``
-  (in ``[0, 1)``) and ``sleep_s`` (finite seconds >= 0 each).
+  (in ``[0, 1)``) and ``sleep_s`` (seconds in ``[0, MAX_SLEEP_S]`` each).
 
   Raises:
     ValueError: naming the field, its value and its range.
@@ -261,9 +266,10 @@ def check_numbers(run: RunSpec) -> None:
     raise ValueError("RunSpec.outer_momentum must be a number in [0, 1), got "
                      f"{run.outer_momentum!r}.")
   if not isinstance(run.sleep_s, (tuple, list)) or not all(
-      _real(x) and x >= 0 for x in run.sleep_s):
-    raise ValueError("RunSpec.sleep_s must be a tuple of finite seconds >= 0 "
-                     f"(one per learner), got {run.sleep_s!r}.")
+      _real(x) and 0 <= x <= MAX_SLEEP_S for x in run.sleep_s):
+    raise ValueError("RunSpec.sleep_s must be a tuple of seconds in [0, "
+                     f"{MAX_SLEEP_S:g}] (one per learner), got "
+                     f"{run.sleep_s!r}.")
 
 
 def check_inner(run: RunSpec) -> None:
@@ -347,3 +353,46 @@ def check_join(learner: int, ours: dict, theirs: dict, shards: int) -> None:
           f"{theirs.get(field, '<missing>')!r} at the learner but {value!r} "
           "at the synchronizer; start the learner with the synchronizer's "
           "run spec.")
+
+
+#: The flag of the ``learners`` command that sets each RunSpec field: field
+#: -> (without --config, with --config); the command tells a refusal in
+#: RunSpec's words in its flags' (:func:`flag_words`). None: no flag sets it
+#: (a fixed default).
+FIELD_FLAGS = {
+    "shards": ("--learners",) * 2, "periods": ("--periods",) * 2,
+    "mode": ("--mode",) * 2, "quorum": ("--quorum",) * 2,
+    "grace_s": ("--grace",) * 2,
+    "dynamic_updates": ("--dynamic-updates",) * 2,
+    "sleep_s": ("--sleep",) * 2, "fragments": ("--fragments",) * 2,
+    "overlap_steps": ("--overlap-steps",) * 2,
+    "merge_alpha": ("--merge-alpha",) * 2, "outer": ("--outer",) * 2,
+    "delay_buffer": ("--delay-buffer",) * 2,
+    "keep_state": ("--drop-state",) * 2,
+    "problem": ("--problem", "--config"),
+    "sync_every": ("--sync-every", "--config.sync_every"),
+    "inner": ("--inner", "--config.optimizer.name"),
+    "inner_lr": ("--inner-lr", "--config.schedule.peak_lr"),
+    "outer_lr": (None, "--config.outer_optimizer.lr"),
+    "outer_momentum": (None, "--config.outer_optimizer.momentum"),
+    "compressor": (None, "--config.compression.format"),
+    "block": (None, "--config.compression.block")}
+# Field names that are also words of prose: named as fields only as
+# "RunSpec.<name>" or "<name>=".
+_PROSE = ("periods", "mode", "outer", "inner", "problem", "compressor",
+          "block")
+_FIELD = re.compile(r"(RunSpec\.)?\b([a-z_]+)\b(?=(=?))")
+
+
+def flag_words(message: str, config: bool) -> str:
+  """``message``, a :class:`RunSpec` refusal, with each field it names
+  replaced by the flag that sets it (:data:`FIELD_FLAGS`; ``config``: the
+  run has ``--config``), e.g. ``RunSpec.quorum=5 exceeds shards=2`` ->
+  ``--quorum=5 exceeds --learners=2``."""
+  def flag(m):
+    prefix, name, eq = m.groups()
+    got = FIELD_FLAGS.get(name, (None, None))[config]
+    if got is None or not (prefix or eq or name not in _PROSE):
+      return m.group(0)
+    return got
+  return _FIELD.sub(flag, message)
