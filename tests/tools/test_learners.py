@@ -461,6 +461,21 @@ def test_delayed_nesterov_one_buffer_is_nesterov_sgd():
     outer.delayed_nesterov(0.7, 0.9, 0)
 
 
+@pytest.mark.parametrize("name", ["nesterov", "delayed_nesterov"])
+@pytest.mark.parametrize("lr, beta, words", [
+    (-0.7, 0.9, "outer learning_rate"), (float("nan"), 0.9,
+                                         "outer learning_rate"),
+    (0.0, 0.9, "outer learning_rate"), (0.7, 1.0, "outer momentum"),
+    (0.7, 1.5, "outer momentum"), (0.7, -0.1, "outer momentum")])
+def test_outer_optimizers_refuse_numbers_that_would_step_uphill_or_diverge(
+    name, lr, beta, words):
+  """A negative or NaN rate stepped uphill or gave NaN; momentum >= 1 grows
+  the step without bound (the library function took them; RunSpec did not)."""
+  from decentral_jax.tools.learners import outer  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match=words):
+    outer.make(name, lr, beta)
+
+
 def test_delayed_nesterov_worked_example():
   """N = 2, lr 1, beta 0.5, scalar Deltas 1, 2, 3, 4 from theta = 0:
   merge 1: theta = -1/2; merge 2: m = (1 + 2)/2 = 1.5, theta = -0.5 -

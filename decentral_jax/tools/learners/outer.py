@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from decentral_jax import checks
+
 NAMES = ("nesterov", "delayed_nesterov")
 
 
@@ -37,6 +39,14 @@ class DelayedNesterovState(NamedTuple):
   count: jax.Array  # int32 []: merges taken k.
   momentum: optax.Updates  # m_k.
   buffer: optax.Updates  # d_k: pseudo-gradients since the last momentum step.
+
+
+def _check_numbers(learning_rate, momentum) -> None:
+  """``eta`` finite and > 0, ``beta`` in ``[0, 1)``, else a ValueError."""
+  checks.check_float("outer learning_rate", learning_rate, minimum=0.0,
+                     open_min=True)
+  checks.check_float("outer momentum", momentum, minimum=0.0, maximum=1.0,
+                     open_max=True)
 
 
 def delayed_nesterov(learning_rate: float, momentum: float, buffer: int
@@ -53,8 +63,10 @@ def delayed_nesterov(learning_rate: float, momentum: float, buffer: int
     gradient (updates ``theta_k - theta_{k-1}``, float32 like it).
 
   Raises:
-    ValueError: ``buffer`` not an int >= 1.
+    ValueError: ``buffer`` not an int >= 1; ``learning_rate`` or
+      ``momentum`` as in :func:`make`.
   """
+  _check_numbers(learning_rate, momentum)
   if not isinstance(buffer, int) or isinstance(buffer, bool) or buffer < 1:
     raise ValueError(f"delay buffer must be an int >= 1, got {buffer!r}.")
   n = float(buffer)
@@ -83,9 +95,17 @@ def make(name: str, learning_rate: float, momentum: float, buffer: int = 1
          ) -> optax.GradientTransformation:
   """The outer optimizer ``name`` (:data:`NAMES`).
 
+  Args:
+    name: one of :data:`NAMES`.
+    learning_rate: ``eta``, a finite number > 0.
+    momentum: ``beta``, in ``[0, 1)``.
+    buffer: ``N >= 1`` (Delayed Nesterov only).
+
   Raises:
-    ValueError: an unknown name or a bad buffer.
+    ValueError: an unknown name, a learning rate that is not finite and
+      > 0, a momentum outside ``[0, 1)``, or a bad buffer (naming it).
   """
+  _check_numbers(learning_rate, momentum)
   if name == "nesterov":
     return optax.sgd(learning_rate, momentum=momentum, nesterov=True)
   if name == "delayed_nesterov":
