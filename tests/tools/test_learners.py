@@ -379,6 +379,13 @@ def test_decoupled_fragments_merge_on_their_own_and_block_nobody():
 
 @pytest.mark.parametrize("fields,words", [
     ({"fragments": 0}, "RunSpec.fragments must be an int >= 1"),
+    ({"max_staleness": 1.5}, "RunSpec.max_staleness must be an int"),
+    ({"max_staleness": -1}, "RunSpec.max_staleness must be an int >= 0"),
+    ({"sync_every": 2**31}, "RunSpec.sync_every must be an int >= 1 and "
+                            "<= 2147483647"),
+    ({"sync_every": 2**16, "periods": 2**16}, "inner steps exceed"),
+    ({"grace_s": float("inf")}, "RunSpec.grace_s must be a finite number"),
+    ({"grace_s": 1e30}, "RunSpec.grace_s must be a finite number"),
     ({"fragments": 5}, "RunSpec.fragments=5 exceeds sync_every=4"),
     ({"fragments": 2, "overlap_steps": 2}, "RunSpec.overlap_steps=2"),
     ({"overlap_steps": 1.5}, "RunSpec.overlap_steps must be an int"),

@@ -17,6 +17,8 @@ import math
 import numbers
 import re
 
+from decentral_jax import checks
+
 MODES = ("sync", "decoupled")
 INNER = ("sgd", "adamw")
 OUTER = ("nesterov", "delayed_nesterov")
@@ -132,9 +134,13 @@ class RunSpec:
       ValueError: a field out of range, naming it.
     """
     for name in ("shards", "sync_every", "periods", "quorum"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"RunSpec.{name} must be an int >= 1, got {value!r}.")
+      checks.check_int(f"RunSpec.{name}", getattr(self, name), minimum=1,
+                       maximum=checks.INT32_MAX)
+    if self.periods * self.sync_every > checks.INT32_MAX:
+      raise ValueError(
+          f"RunSpec.periods={self.periods} x sync_every={self.sync_every} "
+          f"inner steps exceed {checks.INT32_MAX} (the step counters are "
+          "int32); use fewer periods or a shorter sync period.")
     if self.mode not in MODES:
       raise ValueError(f"RunSpec.mode must be one of {MODES}, got "
                        f"{self.mode!r}.")
@@ -142,9 +148,10 @@ class RunSpec:
     if self.quorum > self.shards:
       raise ValueError(f"RunSpec.quorum={self.quorum} exceeds shards="
                        f"{self.shards}; use quorum <= shards.")
-    if not self.grace_s >= 0 or not self.max_staleness >= 0:
-      raise ValueError("RunSpec.grace_s and max_staleness must be >= 0, got "
-                       f"{self.grace_s!r}, {self.max_staleness!r}.")
+    checks.check_float("RunSpec.grace_s", self.grace_s, minimum=0.0,
+                       maximum=MAX_SLEEP_S)
+    checks.check_int("RunSpec.max_staleness", self.max_staleness, minimum=0,
+                     maximum=checks.INT32_MAX)
     self.codec()  # checks compressor and block
     check_numbers(self)
     if len(self.sleep_s) > self.shards:
