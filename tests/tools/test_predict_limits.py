@@ -49,3 +49,44 @@ def test_the_bound_counts_every_method_s_simulated_steps(monkeypatch, limit,
   assert got == code, err
   if code:
     assert "simulate 640 worker-steps, more than 639" in err, err
+
+
+def _cluster_file(tmp_path, samples) -> str:
+  import dataclasses
+  import json
+  from decentral_jax.runtime_model import cluster_file, paper
+  c, _ = paper.setup("A40", 8)
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps({
+      "schema": cluster_file.SCHEMA, "cluster": dataclasses.asdict(c),
+      "workload": {"param_count": 1e6, "forward_s": 0.01, "backward_s": 0.02,
+                   "compute_cv": 0.0, "compute_samples_s": samples},
+      "measurements": {"sizes_bytes": [1e6, 2e6], "repeats": 3},
+      "meta": {}}))
+  return str(path)
+
+
+@pytest.mark.parametrize("samples", [[0.0, 0.0], [0.0, 0.03]])
+def test_compute_samples_must_be_positive_naming_file_and_key(tmp_path,
+                                                              samples):
+  # The samples are divided by their mean (a step's multiplier): a zero
+  # one is no step time, a zero mean no number at all.
+  from decentral_jax.tools.compare import pricing
+  path = _cluster_file(tmp_path, samples)
+  code, out, err = _predict("--cluster", path)
+  assert code == 2 and out == "", err
+  assert err.startswith(f"error: --cluster {path!r}: workload."
+                        "compute_samples_s must be >= 2 finite times > 0"), err
+  # compare reads the same file while it parses --clusters, before training
+  with pytest.raises(ValueError, match="workload.compute_samples_s must be"):
+    pricing.parse_clusters(path)
+  code, _, err = _predict("--n-workers", "16", "--compute-samples-ms",
+                          ",".join(str(1e3 * x) for x in samples))
+  assert code == 2 and "--compute-samples-ms needs at least 2 finite times "\
+      "in (0, " in err, err
+
+
+def test_positive_compute_samples_are_priced(tmp_path):
+  code, out, err = _predict("--cluster", _cluster_file(tmp_path,
+                                                       [0.02, 0.04]))
+  assert code == 0 and "compute 30.0 ms per step" in out, err

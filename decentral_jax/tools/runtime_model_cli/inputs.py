@@ -162,7 +162,7 @@ def check_predict_args(args) -> None:
   is one or two fractions in [0, 1] or a JSON file; worker counts
   are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
   ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
-  non-negative times; the parameter message fits in ``MAX_BUCKETS``
+  times > 0; the parameter message fits in ``MAX_BUCKETS``
   buckets; ``--steps`` is at most ``MAX_STEPS``; ``--png`` is writable.
 
   Raises:
@@ -196,9 +196,9 @@ def check_predict_args(args) -> None:
     itemsize = max(itemsize, float_dtype_flag(flag, _value(args, flag)).itemsize)
   samples = args.compute_samples_ms
   if samples is not None and (len(samples) < 2 or not all(
-      math.isfinite(x) and 0 <= x <= _MAX_MS for x in samples)):
+      math.isfinite(x) and 0 < x <= _MAX_MS for x in samples)):
     raise ValueError("--compute-samples-ms needs at least 2 finite times "
-                     f"in [0, {_MAX_MS:g}] (ms), got {samples!r}.")
+                     f"in (0, {_MAX_MS:g}] (ms), got {samples!r}.")
   _check_bucket_count(args, itemsize, "the simulator")
   check_output_path(args.png, "--png")
 
