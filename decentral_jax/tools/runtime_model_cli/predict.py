@@ -104,6 +104,30 @@ class _Setting:
   def quorum_method(self) -> bool:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
 
+  def reads_param_dtype(self) -> bool:
+    """Whether a price reads ``Workload.param_dtype``: the inner collectives
+    of a worker of several devices, an uncompressed gossip method or local
+    sync without its own ``comm_dtype`` (a sync of DiLoCo's global copy,
+    ``message="theta"``, sends at least float32: a narrower dtype changes
+    it only where a cluster or workload file may hold a wider one)."""
+    if any(w.devices_per_worker > 1 for w in self.workloads):
+      return True
+    wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
+    files = bool(self.args.cluster or self.args.workload_file)
+    return any(
+        m.kind in ("gossip", "local") and m.compress is None
+        and m.comm_dtype is None and not (
+            m.kind == "local" and m.message == "theta" and not wide
+            and not files) for m in self.methods)
+
+  def flow_cap_binds(self) -> bool:
+    """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
+    efficiency x NICs, halved half duplex): a flow's share of the NICs is
+    at most that, so a cap at or above it never binds."""
+    return any(c.flow_bandwidth_Bps is None
+               or c.flow_bandwidth_Bps < c.nic_capacity_Bps()
+               for _, c in self.clusters)
+
 
 _ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
              "workers per node)")
@@ -174,6 +198,17 @@ NEEDS = (
         "(one_peer_exp, aer, dadam:..., gradient_tracking:...; not sgp, "
         "which blocks, or the local-update methods)", "add one or drop "
         "--gossip-in-flight"),
+    flag_types.Needs(
+        "--param-dtype", _Setting.reads_param_dtype,
+        "with these --methods: all_reduce sends gradients (--grad-dtype), a "
+        "compressed method or one with comm_dtype its own format, and "
+        "DiLoCo's global copy at least float32", "add a gossip method or "
+        "local_sgd, or drop --param-dtype"),
+    flag_types.Needs(
+        "--flow-Gbps", _Setting.flow_cap_binds,
+        "at or above a node's NIC capacity (--nic-Gbps x --nic-efficiency x "
+        "--nics-per-node): no flow gets more, so the cap never binds",
+        "give a cap below it or drop --flow-Gbps"),
     flag_types.Needs(
         "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
         "without compute that varies (--compute-cv above 0 or "
