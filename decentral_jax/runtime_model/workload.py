@@ -23,6 +23,8 @@ MAX_PARAMS = 1e15
 #: simulator's work grows with them (1e12 float32 parameters in 25 MiB
 #: buckets, 152588 of them, took over a minute), and no real job has more.
 MAX_BUCKETS = 4096
+# Largest bucket size (MiB) a flag or a method spec's bucket_MiB takes.
+MAX_BUCKET_MIB = 1e9
 
 
 def bucket_count(param_count: float, itemsize: float,

@@ -90,3 +90,31 @@ def test_positive_compute_samples_are_priced(tmp_path):
   code, out, err = _predict("--cluster", _cluster_file(tmp_path,
                                                        [0.02, 0.04]))
   assert code == 0 and "compute 30.0 ms per step" in out, err
+
+
+@pytest.mark.parametrize("value", ["1e30", "1e308", "0", "-1", "nan"])
+def test_a_spec_s_bucket_mib_has_the_flag_s_bounds(value):
+  spec = f"one_peer_exp:bucket_MiB={value}"
+  code, _, err = _predict("--n-workers", "16", "--methods", spec)
+  assert code == 2 and err.strip().splitlines() == [
+      f"error: --methods {spec} at --n-workers 16: {spec!r}: "
+      f"bucket_MiB={value!r} must be a number in (0, 1e+09] (MiB)."], err
+  code, _, err = _predict("--bucket-MiB", value)
+  assert code == 2 and "--bucket-MiB" in err and "(0, 1e+09]" in err, err
+
+
+def test_a_spec_s_bucket_count_names_the_spec_key():
+  # 1e6 float32 parameters in 0.001 MiB (1048.576 bytes) buckets:
+  # ceil(4e6 / 1048.576) = 3815 <= 4096; 0.0009 MiB: ceil(4e6 / 943.7184)
+  # = 4239 > 4096 (by hand).
+  ok = "one_peer_exp:bucket_MiB=0.001"
+  code, _, err = _predict("--n-workers", "16", "--params", "1e6",
+                          "--steps", "2", "--methods", ok)
+  assert code == 0, err
+  bad = "one_peer_exp:bucket_MiB=0.0009"
+  code, _, err = _predict("--n-workers", "16", "--params", "1e6",
+                          "--methods", bad)
+  assert code == 2 and err.strip().splitlines() == [
+      f"error: --methods {bad} at --n-workers 16: bucket_MiB=0.0009 cuts "
+      "1e+06 4-byte values into 4239 buckets, more than the 4096 the model "
+      "handles; raise bucket_MiB."], err

@@ -24,6 +24,7 @@ from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import worker_devices
+from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
@@ -467,7 +468,7 @@ def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
     ValueError: a bad spec, or two specs of one :func:`full_form` at every
       worker count (one row twice), naming both.
   """
-  built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  built = [_make_methods(args, methods, n, c, w) for n, c, w in setups]
   forms = [tuple(full_form(b[k][1], w) for b, (_, _, w) in zip(built, setups))
            for k in range(len(methods))]
   seen = {}
@@ -486,26 +487,46 @@ def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
   if added:
     methods.insert(0, "all_reduce")
   methods[k] = "all_reduce"  # the tables find the baseline by this key
-  ar = [_make_methods(args, ["all_reduce"], n, c) for n, c, _ in setups]
+  ar = [_make_methods(args, ["all_reduce"], n, c, w) for n, c, w in setups]
   built = [a + b if added else b[:k] + a + b[k + 1:]
            for a, b in zip(ar, built)]
   return built, added
 
 
-def _make_methods(args, methods, n: int, c) -> list:
-  """``[(spec, Method, simulated steps)]`` of every spec at ``n`` workers.
+def _make_methods(args, methods, n: int, c, w) -> list:
+  """``[(spec, Method, simulated steps)]`` of every spec at ``n`` workers
+  (on the workload ``w``).
 
   Raises:
-    ValueError: a spec the cluster cannot run, naming it and ``n``.
+    ValueError: a spec the cluster cannot run, naming it and ``n``, or
+      whose ``bucket_MiB`` cuts ``w``'s message into more than
+      ``MAX_BUCKETS`` buckets.
   """
   out = []
   for spec in methods:
     try:
       m = make_method(spec, c)
+      _check_spec_buckets(m, w)
       out.append((spec, m, inputs.simulated_steps(m, args.steps)))
     except ValueError as e:
       raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
   return out
+
+
+def _check_spec_buckets(m, w) -> None:
+  """A spec's ``bucket_MiB`` cuts the message (the wider of the gradient
+  and parameter dtypes, as ``--bucket-MiB``) into at most
+  ``MAX_BUCKETS`` buckets."""
+  if m.bucket_bytes is None:
+    return
+  itemsize = max(np.dtype(w.grad_dtype).itemsize,
+                 np.dtype(w.param_dtype).itemsize)
+  count = workload_lib.bucket_count(w.param_count, itemsize, m.bucket_bytes)
+  if count > inputs.MAX_BUCKETS:
+    raise ValueError(
+        f"bucket_MiB={m.bucket_bytes / 2**20:g} cuts {w.param_count:g} "
+        f"{itemsize}-byte values into {count} buckets, more than the "
+        f"{inputs.MAX_BUCKETS} the model handles; raise bucket_MiB.")
 
 
 def _price(args, made_methods, c, w):
