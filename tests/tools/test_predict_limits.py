@@ -29,26 +29,33 @@ def test_workers_times_steps_is_bounded_before_any_work():
   t = time.perf_counter()
   code, out, err = _predict("--n-workers", "4096", "--compute-cv", "0.1",
                             "--steps", "100000")
-  assert time.perf_counter() - t < 30  # refused, not simulated (minutes)
-  # 4096 x 100000 x 3 default methods = 1.2288e9 (by hand)
+  assert time.perf_counter() - t < 30  # refused, not simulated (hours)
+  # 65e6 float32 parameters in 25 MiB buckets: ceil(2.6e8 / 26214400) = 10
+  # buckets; 4096 x 100000 x 10 x 3 default methods = 1.2288e10 (by hand)
   assert code == 2 and out == "", err
   assert err.strip().splitlines() == [
-      "error: --n-workers 4096 x --steps 100000 x 3 methods (--methods) "
-      "simulate 1.23e+09 worker-steps, more than 2e+07 (about a minute and "
-      "4 GB); lower --steps, --n-workers or the number of methods."]
+      "error: --n-workers 4096 x --steps 100000 x the buckets of 3 methods "
+      "(--methods, --params / --bucket-MiB) simulate 1.23e+10 "
+      "worker-step-buckets, more than 1e+08 (minutes and GBs beyond); lower "
+      "--steps, --n-workers or the number of methods, or raise --bucket-MiB."]
 
 
-@pytest.mark.parametrize("limit, code", [(640, 0), (639, 2)])
-def test_the_bound_counts_every_method_s_simulated_steps(monkeypatch, limit,
-                                                         code):
-  # all_reduce: 16 x 10; diloco:H=10 with warmup 10 // 5 = 2 starts at
-  # step 10 and needs two periods, 30 steps: 16 x 30. In all 640.
-  monkeypatch.setattr(inputs, "MAX_WORKER_STEPS", limit)
+@pytest.mark.parametrize("limit, code", [(2080, 0), (2079, 2)])
+def test_the_bound_counts_every_method_s_steps_and_buckets(monkeypatch, limit,
+                                                           code):
+  # all_reduce: 16 workers x 10 steps x 10 buckets = 1600; diloco:H=10
+  # (its sync whole) with warmup 10 // 5 = 2 starts at step 10 and needs two
+  # periods, 30 steps: 16 x 30 = 480. In all 2080.
+  monkeypatch.setattr(inputs, "MAX_SIMULATED", limit)
   got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
                          "all_reduce,diloco:H=10")
   assert got == code, err
   if code:
-    assert "simulate 640 worker-steps, more than 639" in err, err
+    assert "simulate 2.08e+03 worker-step-buckets, more than 2.08e+03" in err
+  # a larger bucket: one bucket of the all-reduce, 160 + 480 = 640
+  got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
+                         "all_reduce,diloco:H=10", "--bucket-MiB", "1000")
+  assert got == 0, err
 
 
 def _cluster_file(tmp_path, samples) -> str:

@@ -25,15 +25,15 @@ from decentral_jax.runtime_model import local_sync
 from decentral_jax.tools import flag_types
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
-# matrices) and with the simulated worker-steps (n x simulated steps,
-# summed over the methods and worker counts) x buckets: on 2 loaded cores
-# the default 3 methods at 4096 workers and 300 steps take about 30 s and
-# 1.1 GB, at 3000 steps (3.7e7 worker-steps) about 100 s and 2.3 GB; 15,000
-# buckets (1e11 float32 parameters in 25 MiB) of 16 workers about 100 s.
+# matrices) and with n x simulated steps x buckets (MAX_SIMULATED).
 MAX_WORKERS = 4096
-# At most this many simulated worker-steps in all (about 2 us and, within
-# one method, up to ~200 bytes each): a minute and 4 GB at worst.
-MAX_WORKER_STEPS = 20_000_000
+# At most this many simulated worker-step-buckets in all (workers x
+# simulated steps x buckets of a method, summed; an all-reduce holds
+# [steps, n, buckets] arrays): on 2 loaded cores 3.7e7 (the default 3
+# methods of 10 buckets at 4096 workers, 300 steps) took 30 s and 1.1 GB,
+# 2e8 (1620 steps) 172 s and 1.3 GB, and one all-reduce of 2e8 ran past
+# 400 s in 3.7 GB.
+MAX_SIMULATED = 100_000_000
 
 # The runtime model's bounds on a workload (the same for flags and files).
 MAX_BUCKETS = workload_lib.MAX_BUCKETS
@@ -380,27 +380,27 @@ def simulated_steps(m: Method, steps: int) -> int:
   return need
 
 
-def check_simulated_work(args, built: list) -> None:
+def check_simulated_work(args, work: list) -> None:
   """Refuses a ``predict`` whose simulation is too large to wait for.
 
   Args:
     args: the parsed flags (``--n-workers``, ``--steps``, ``--methods``).
-    built: per worker count, ``[(spec, Method, simulated steps)]``.
+    work: per method and worker count, ``(workers, simulated steps,
+      buckets)`` (1 bucket for a method that sends its message whole).
 
   Raises:
-    ValueError: the simulated worker-steps (workers x simulated steps,
-      summed over the methods and worker counts) exceed
-      :data:`MAX_WORKER_STEPS`, naming the flags and the limit.
+    ValueError: the simulated worker-step-buckets (the product, summed)
+      exceed :data:`MAX_SIMULATED`, naming the flags and the limit.
   """
-  work = sum(n * steps for n, made in zip(args.n_workers, built)
-             for _, _, steps in made)
-  if work > MAX_WORKER_STEPS:
+  total = sum(n * steps * buckets for n, steps, buckets in work)
+  if total > MAX_SIMULATED:
     raise ValueError(
         f"--n-workers {','.join(map(str, args.n_workers))} x --steps "
-        f"{args.steps} x {len(built[0])} methods (--methods) simulate "
-        f"{work:.3g} worker-steps, more than {MAX_WORKER_STEPS:.3g} (about a "
-        "minute and 4 GB); lower --steps, --n-workers or the number of "
-        "methods.")
+        f"{args.steps} x the buckets of {len(work) // len(args.n_workers)} "
+        f"methods (--methods, --params / --bucket-MiB) simulate {total:.3g} "
+        f"worker-step-buckets, more than {MAX_SIMULATED:.3g} (minutes and "
+        "GBs beyond); lower --steps, --n-workers or the number of methods, "
+        "or raise --bucket-MiB.")
 
 
 def cluster_fields(args) -> dict:
