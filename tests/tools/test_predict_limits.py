@@ -125,3 +125,19 @@ def test_a_spec_s_bucket_count_names_the_spec_key():
       f"error: --methods {bad} at --n-workers 16: bucket_MiB=0.0009 cuts "
       "1e+06 4-byte values into 4239 buckets, more than the 4096 the model "
       "handles; raise bucket_MiB."], err
+
+
+def test_in_flight_fractions_file_of_any_name_is_read(tmp_path, monkeypatch):
+  import json
+  from decentral_jax.runtime_model import in_flight
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "fractions.txt").write_text(json.dumps(
+      {"in_flight_fractions": {"forward": 0.2, "backward": 0.5}}))
+  assert in_flight.read_in_flight("fractions.txt") == (0.2, 0.5)
+  # a name that is fractions stays fractions, even if such a file exists
+  (tmp_path / "0.5").write_text("{}")
+  assert in_flight.read_in_flight("0.5") == (0.5, 0.5)
+  with pytest.raises(ValueError, match=r"--gossip-in-flight 'nosuch.txt': "
+                     r"give a fraction, FORWARD,BACKWARD fractions or an "
+                     r"existing JSON file \(no file of that name\)\."):
+    in_flight.read_in_flight("nosuch.txt")
