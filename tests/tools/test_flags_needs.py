@@ -200,6 +200,12 @@ GPU_CHECK_CASES = [
     (["--quiet"], [], _DEVICELESS, "without --deviceless"),
     (["--part", "timing"], _DEVICELESS, [], "with --deviceless"),
     (["--smoke"], _DEVICELESS, [], "with --deviceless"),
+    # no part runs with --deviceless: the parts' numbers are read by none
+    (["--steps", "3"], _DEVICELESS, [], "with --deviceless (it is read by "
+     "--part timing on this machine's devices)"),
+    (["--batch", "4"], _DEVICELESS, ["--part", "timing"], "with --deviceless"),
+    (["--repeats", "2"], _DEVICELESS, [], "with --deviceless"),
+    (["--peak_flops", "1e15"], _DEVICELESS, [], "with --deviceless"),
     (["--smoke"], ["--part", "schedule"], ["--part", "timing"],
      "without --part timing (or all)"),
     (["--child_timeout", "10"], ["--part", "timing"], ["--part", "schedule"],
