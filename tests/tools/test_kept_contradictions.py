@@ -96,3 +96,16 @@ def test_a_divergence_the_rows_go_past_is_not_kept(tmp_path, capsys):
     run_dir = _run(tmp_path, diverged=f"non-finite training loss at step "
                    f"{step}")
     assert _status(run_dir, capsys) == ("finished", "")
+
+
+def test_a_non_finite_final_value_matches_its_null_row(tmp_path, capsys):
+  # metrics.jsonl writes NaN as null; compare_result.json keeps NaN (of a
+  # key without a range: a NaN loss is refused by its range already)
+  rows = [_ROWS[0], {**_ROWS[1], "faults/goodput": None}]
+  final = {**_FINAL, "faults/goodput": float("nan")}
+  assert _status(_run(tmp_path, final=final, rows=rows), capsys) == (
+      "finished", "")
+  final = {**_FINAL, "faults/goodput": 3.0}
+  status, err = _status(_run(tmp_path, final=final, rows=rows), capsys)
+  assert status == "fresh" and "final.faults/goodput is 3.0, but the " \
+      "last row of metrics.jsonl that records it (step 3) has None" in err, err

@@ -242,8 +242,8 @@ def final_rows_error(final: dict, rows: list[dict]) -> tuple[str, str] | None:
   """``(key, why)`` if a final value other than :data:`RUN_TOTALS`
   differs from that of the last row of ``metrics.jsonl`` (``rows``)
   holding its key: the final metrics are the run's last record, so the
-  two are one value (1e-9 relative for numbers; a null row value is a
-  non-finite one, which no finished run's final holds)."""
+  two are one value (1e-9 relative for numbers; a null row value is the
+  non-finite float the final holds)."""
   last = {}
   for row in rows:
     last.update(row)
@@ -251,8 +251,11 @@ def final_rows_error(final: dict, rows: list[dict]) -> tuple[str, str] | None:
     if key in RUN_TOTALS or key not in last:
       continue
     w = last[key]
-    same = (math.isclose(float(v), float(w), rel_tol=1e-9, abs_tol=1e-12)
-            if records.is_real(v) and records.is_real(w) else v == w)
+    if records.is_real(v) and records.is_real(w):
+      same = math.isclose(float(v), float(w), rel_tol=1e-9, abs_tol=1e-12)
+    else:  # metrics.jsonl writes a non-finite float as null
+      same = v == w or (w is None and isinstance(v, float)
+                        and not math.isfinite(v))
     if not same:
       step = [r.get("step") for r in rows if key in r][-1]
       return key, (f"{key} is {records.short(v)}, but the last row of "
