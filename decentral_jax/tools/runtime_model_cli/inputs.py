@@ -29,10 +29,10 @@ from decentral_jax.tools import flag_types
 MAX_WORKERS = 4096
 # At most this many simulated worker-step-buckets in all (workers x
 # simulated steps x buckets of a method, summed; an all-reduce holds
-# [steps, n, buckets] arrays): on 2 loaded cores 3.7e7 (the default 3
-# methods of 10 buckets at 4096 workers, 300 steps) took 30 s and 1.1 GB,
-# 2e8 (1620 steps) 172 s and 1.3 GB, and one all-reduce of 2e8 ran past
-# 400 s in 3.7 GB.
+# [steps, n, buckets] arrays). Measured on 2 shared cores (load 5 to 9) at
+# 4096 workers, 10 buckets: the default 3 methods at 813 steps (1e8) 67 s
+# and 1.2 GB; all_reduce alone at 2441 steps (1e8) 170 s and 2.0 GB; at
+# twice that (4880 steps) it ran past 400 s in 3.7 GB.
 MAX_SIMULATED = 100_000_000
 
 # The runtime model's bounds on a workload (the same for flags and files).
