@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import simulated_work
 from decentral_jax.tools.runtime_model_cli import main as runtime_main
 
 
@@ -46,7 +46,7 @@ def test_the_bound_counts_every_method_s_steps_and_buckets(monkeypatch, limit,
   # all_reduce: 16 workers x 10 steps x 10 buckets = 1600; diloco:H=10
   # (its sync whole) with warmup 10 // 5 = 2 starts at step 10 and needs two
   # periods, 30 steps: 16 x 30 = 480. In all 2080.
-  monkeypatch.setattr(inputs, "MAX_SIMULATED", limit)
+  monkeypatch.setattr(simulated_work, "MAX_SIMULATED", limit)
   got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
                          "all_reduce,diloco:H=10")
   assert got == code, err

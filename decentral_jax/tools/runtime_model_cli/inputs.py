@@ -25,15 +25,9 @@ from decentral_jax.runtime_model import local_sync
 from decentral_jax.tools import flag_types
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
-# matrices) and with n x simulated steps x buckets (MAX_SIMULATED).
+# matrices) and with n x simulated steps x buckets
+# (simulated_work.MAX_SIMULATED).
 MAX_WORKERS = 4096
-# At most this many simulated worker-step-buckets in all (workers x
-# simulated steps x buckets of a method, summed; an all-reduce holds
-# [steps, n, buckets] arrays). Measured on 2 shared cores (load 5 to 9) at
-# 4096 workers, 10 buckets: the default 3 methods at 813 steps (1e8) 67 s
-# and 1.2 GB; all_reduce alone at 2441 steps (1e8) 170 s and 2.0 GB; at
-# twice that (4880 steps) it ran past 400 s in 3.7 GB.
-MAX_SIMULATED = 100_000_000
 
 # The runtime model's bounds on a workload (the same for flags and files).
 MAX_BUCKETS = workload_lib.MAX_BUCKETS
@@ -378,29 +372,6 @@ def simulated_steps(m: Method, steps: int) -> int:
                      f"{period} steps and needs {need} simulated steps, more "
                      f"than {MAX_STEPS}; lower H.")
   return need
-
-
-def check_simulated_work(args, work: list) -> None:
-  """Refuses a ``predict`` whose simulation is too large to wait for.
-
-  Args:
-    args: the parsed flags (``--n-workers``, ``--steps``, ``--methods``).
-    work: per method and worker count, ``(workers, simulated steps,
-      buckets)`` (1 bucket for a method that sends its message whole).
-
-  Raises:
-    ValueError: the simulated worker-step-buckets (the product, summed)
-      exceed :data:`MAX_SIMULATED`, naming the flags and the limit.
-  """
-  total = sum(n * steps * buckets for n, steps, buckets in work)
-  if total > MAX_SIMULATED:
-    raise ValueError(
-        f"--n-workers {','.join(map(str, args.n_workers))} x --steps "
-        f"{args.steps} x the buckets of {len(work) // len(args.n_workers)} "
-        f"methods (--methods, --params / --bucket-MiB) simulate {total:.3g} "
-        f"worker-step-buckets, more than {MAX_SIMULATED:.3g} (minutes and "
-        "GBs beyond); lower --steps, --n-workers or the number of methods, "
-        "or raise --bucket-MiB.")
 
 
 def cluster_fields(args) -> dict:

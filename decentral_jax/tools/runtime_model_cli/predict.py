@@ -29,6 +29,7 @@ from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
+from decentral_jax.tools.runtime_model_cli import simulated_work
 from decentral_jax.tools.runtime_model_cli import tables
 
 
@@ -59,7 +60,7 @@ def run(args) -> int:
   # Every spec is built and priced before anything is printed: a bad one,
   # a repeat, or a table the arithmetic overflowed, is one error line.
   built, added = _build_methods(args, methods, setups)
-  inputs.check_simulated_work(args, _simulated_work(setups, built))
+  simulated_work.check(args, simulated_work.work(setups, built))
   setting = _Setting(args, setups, built)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
@@ -510,23 +511,6 @@ def _make_methods(args, methods, n: int, c, w) -> list:
       out.append((spec, m, inputs.simulated_steps(m, args.steps)))
     except ValueError as e:
       raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
-  return out
-
-
-def _simulated_work(setups, built) -> list:
-  """``[(workers, simulated steps, buckets)]`` of every method and worker
-  count: an all-reduce or overlapped gossip simulates each bucket of its
-  message (``method_messages.effective``'s workload), the others the
-  message whole."""
-  out = []
-  for (n, c, w), made in zip(setups, built):
-    for _, m, steps in made:
-      buckets = 1
-      if m.kind == "all_reduce" or (m.kind == "gossip" and m.overlap):
-        we = method_messages.effective(m, c, w)[1]
-        message = we.grad_bytes if m.kind == "all_reduce" else we.param_bytes
-        buckets = len(we.buckets(message)[0])
-      out.append((n, steps, buckets))
   return out
 
 
