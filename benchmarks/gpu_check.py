@@ -616,7 +616,7 @@ _PARTS = ("timing", "schedule", "gossip_timing")
 #: What reads each flag: ``deviceless`` (``--deviceless`` compiles) and the
 #: parts run on this machine's devices (:func:`check_needs`). Under
 #: ``--deviceless`` the parts' numbers (:data:`INT_FLAGS`, ``--peak_flops``)
-#: are checked but not refused.
+#: are checked (:func:`check_numbers`, first) and then refused: no part runs.
 FLAG_READERS = {
     "--topology": ("deviceless",), "--workload": ("deviceless",),
     "--quiet": ("deviceless",), "--part": _PARTS,
@@ -669,17 +669,15 @@ def _needs() -> tuple:
 def check_needs(args: argparse.Namespace) -> None:
   """Refuses a flag given (``args.given``) where nothing reads it: a
   ``--deviceless`` flag without it, a part's flag with another ``--part``
-  (or ``--part`` with ``--deviceless``), a roofline share without
-  ``--roofline``. The parts' numbers given with ``--deviceless`` are
-  checked (:func:`check_numbers`) but not refused.
+  (or ``--part`` with ``--deviceless``, or a part's number such as
+  ``--steps``, ``--batch``, ``--repeats``), a roofline share without
+  ``--roofline``.
 
   Raises:
     ValueError: ``--topology has no effect without --deviceless; ...``.
   """
   from decentral_jax.tools import flag_types
   given = set(getattr(args, "given", ()))
-  if args.deviceless:  # checked, not refused (see FLAG_READERS)
-    given -= {f for f, _, _ in INT_FLAGS} | {"--peak_flops"}
   flag_types.check_needs(_needs(), given, args)
 
 

@@ -74,7 +74,8 @@ def read_in_flight(value: str) -> tuple[float, float]:
   Args:
     value: one fraction ``"0.36"`` (the same share of both passes),
       ``"FORWARD,BACKWARD"`` (e.g. ``"0,0.55"``), or the path of a JSON
-      file with ``{"in_flight_fractions": {"forward": .., "backward":
+      file (named ``*.json``, given with a directory, or any existing file
+      whose name is not fractions) with ``{"in_flight_fractions": {"forward": .., "backward":
       ..}}`` (``OverlapReport.to_json()``; ``benchmarks/gpu_check.py
       --deviceless ... --json FILE`` writes the least of its programs).
 
@@ -83,7 +84,15 @@ def read_in_flight(value: str) -> tuple[float, float]:
       field (the message names the value).
   """
   text = str(value).strip()
-  if text.endswith(".json") or os.path.sep in text:
+  parts = text.split(",")
+  try:
+    nums = [float(p) for p in parts]
+  except ValueError:
+    nums = []
+  # A file: named *.json, given with a directory, or any other existing
+  # file whose name is not fractions (e.g. ./fractions.txt as fractions.txt).
+  if (text.endswith(".json") or os.path.sep in text
+      or (not nums and os.path.isfile(text))):
     fraction = ("number", 0.0, 1.0, False)
     got = records.read_json(text, {"in_flight_fractions": (records.Obj(
         {"forward": fraction, "backward": fraction}, ("forward", "backward"),
@@ -94,14 +103,10 @@ def read_in_flight(value: str) -> tuple[float, float]:
                        "in_flight_fractions.forward/.backward.")
     got = got["in_flight_fractions"]
     return check_in_flight((got["forward"], got["backward"]))
-  parts = text.split(",")
-  try:
-    nums = [float(p) for p in parts]
-  except ValueError:
-    nums = []
   if len(nums) not in (1, 2):
     raise ValueError(f"--gossip-in-flight {text!r}: give a fraction, "
-                     "FORWARD,BACKWARD fractions or a JSON file.")
+                     "FORWARD,BACKWARD fractions or an existing JSON file "
+                     "(no file of that name).")
   return check_in_flight(nums * 2 if len(nums) == 1 else nums)
 
 

@@ -71,12 +71,13 @@ from decentral_jax.runtime_model.method import check_method
 from decentral_jax.runtime_model.method import floating_dtype_name
 from decentral_jax.runtime_model.method import parse_parameters
 from decentral_jax.runtime_model.method import sgp_topology
+from decentral_jax.runtime_model import workload as workload_lib
 
 ALL_REDUCE = ("all_reduce", "allreduce", "ar")
 OPTIMIZER_NAMES = {"dadam": "dadam", "accum_adam": "accum_adam",
                    "accum_adamw": "accum_adam"}
 _KEYS_HELP = {"comm_dtype": "comm_dtype=<dtype, e.g. bfloat16>",
-              "bucket_MiB": "bucket_MiB=<MiB > 0>",
+              "bucket_MiB": "bucket_MiB=<MiB in (0, 1e9]>",
               "topology": "topology=<name, e.g. aer>",
               "T": "T=<accum_steps >= 1>",
               "compress": "compress=<int8|fp8|int4|fp4|topk>",
@@ -217,17 +218,19 @@ def _workers_per_node(spec, given: dict, c: Cluster) -> int:
 
 
 def _bucket_bytes(spec, given: dict) -> float | None:
-  """``bucket_MiB`` in bytes (None if not given); refuses values <= 0."""
+  """``bucket_MiB`` in bytes (None if not given); refuses a value outside
+  ``(0, MAX_BUCKET_MIB]`` (the bounds of ``--bucket-MiB``)."""
   if "bucket_MiB" not in given:
     return None
   try:
-    bucket = float(given["bucket_MiB"]) * 2**20
+    mib = float(given["bucket_MiB"])
   except ValueError:
-    bucket = -1.0
-  if not bucket > 0 or bucket == float("inf"):
+    mib = -1.0
+  if not 0 < mib <= workload_lib.MAX_BUCKET_MIB:
     raise ValueError(f"{spec!r}: bucket_MiB={given['bucket_MiB']!r} must "
-                     "be a number > 0 (MiB).")
-  return bucket
+                     f"be a number in (0, {workload_lib.MAX_BUCKET_MIB:g}] "
+                     "(MiB).")
+  return mib * 2**20
 
 
 def _optimizer_parts(spec, label: str, given: dict) -> tuple[str, list[str]]:

@@ -23,6 +23,8 @@ MAX_PARAMS = 1e15
 #: simulator's work grows with them (1e12 float32 parameters in 25 MiB
 #: buckets, 152588 of them, took over a minute), and no real job has more.
 MAX_BUCKETS = 4096
+# Largest bucket size (MiB) a flag or a method spec's bucket_MiB takes.
+MAX_BUCKET_MIB = 1e9
 
 
 def bucket_count(param_count: float, itemsize: float,
@@ -87,8 +89,9 @@ class Workload:
     optimizer_s: optimizer step time (seconds), spread over buckets.
     compute_cv: coefficient of variation of forward + backward (Gaussian,
       independent per worker and step; truncated at 5% of the mean).
-    compute_samples_s: optional samples of forward + backward time (seconds);
-      when given they replace ``forward_s + backward_s`` and ``compute_cv``,
+    compute_samples_s: optional samples of forward + backward time (seconds,
+      at least 2, each finite and > 0: they are divided by their mean); when
+      given they replace ``forward_s + backward_s`` and ``compute_cv``,
       and ``forward_s : backward_s`` only sets the split.
     grad_dtype: dtype of communicated gradients (numpy name, e.g. "float32").
     param_dtype: dtype of communicated parameters.
@@ -150,9 +153,10 @@ class Workload:
     self._check_size()
     s = np.asarray([1.0, 1.0] if self.compute_samples_s is None
                    else self.compute_samples_s, float)
-    if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s >= 0)):
-      raise ValueError("compute_samples_s must be >= 2 finite non-negative "
-                       "times in seconds.")
+    if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s > 0)):
+      # the samples are divided by their mean: a step takes some time
+      raise ValueError("compute_samples_s must be >= 2 finite times > 0 in "
+                       f"seconds, got {list(self.compute_samples_s)!r}.")
     sh = np.asarray([1.0] if self.bucket_shares is None
                     else self.bucket_shares, float)
     if sh.ndim != 1 or sh.size < 1 or np.any(sh <= 0) or abs(sh.sum() - 1) > 1e-6:

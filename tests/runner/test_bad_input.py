@@ -719,7 +719,7 @@ def _runtime_cli(argv) -> int:
                                                   "[0, 1e+09]")),
     (["predict", "--compute-cv", "1e300"], ("--compute-cv", "[0, 10]")),
     (["predict", "--compute-samples-ms", "1e300,1"], ("--compute-samples-ms",
-                                                      "[0, 1e+06]")),
+                                                      "(0, 1e+06]")),
     (["predict", "--flow-Gbps", "1e-300"], ("--flow-Gbps", "0 (no cap)",
                                             "got 1e-300")),
     (["predict", "--nic-efficiency", "1e-300"], ("--nic-efficiency",

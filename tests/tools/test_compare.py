@@ -788,6 +788,13 @@ def test_the_default_configs_are_package_presets_without_a_checkout(
     (["--nocheckpoints", "--config.checkpoint_interval=2"],
      ("--nocheckpoints", "--config.checkpoint_interval=2")),
     (["--config.workdir=/tmp/x"], ("--config.workdir=/tmp/x", "--outdir")),
+    # the seeds of --seeds (or --full's) replace config.seed in every run
+    (["--seeds=0,1", "--config.seed=5"],
+     ("error: --config.seed=5: --seeds=0,1 sets every run's seed, so "
+      "config.seed is not used; give the seeds with --seeds and drop "
+      "--config.seed.",)),
+    (["--full", "--config.seed=5"], ("--config.seed=5: --full's "
+                                     "--seeds=0,1,2 sets every run's seed",)),
     (["--cpu_devices=2"], ("--cpu_devices=2 simulates 2 CPU devices",
                            "--config.n_workers=8 needs 8")),
 ])
@@ -805,6 +812,8 @@ def test_overrides_the_job_would_drop_are_refused(tmp_path, capsys, argv,
   try:
     assert compare_flags.job_settings(
         ["--config.checkpoint_interval=0"])[3] is False
+    # without --seeds, config.seed is the job's one seed
+    assert compare_flags.job_settings(["--config.seed=5"])[2] == ""
   finally:
     flags.unparse_flags()
 

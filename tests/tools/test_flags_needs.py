@@ -71,6 +71,17 @@ PREDICT_CASES = [
      ["--n-workers", "16", "--methods", "all_reduce,aer"]),
     (["--seed", "7"], ["--n-workers", "16"],
      ["--n-workers", "16", "--compute-cv", "0.2"]),
+    # all_reduce sends gradients, DiLoCo's global copy goes as float32
+    # at least; local_sgd averages the parameters in their dtype.
+    (["--param-dtype", "bfloat16"], ["--n-workers", "16", "--methods",
+                                     _AR_DILOCO],
+     ["--n-workers", "16", "--methods", "all_reduce,local_sgd:H=4"]),
+    (["--param-dtype", "float64"], ["--n-workers", "16", "--methods",
+                                    "all_reduce,diloco:H=10,compress=int8"],
+     ["--n-workers", "16", "--methods", _AR_DILOCO]),
+    # a 50 Gbit/s cap on 10 Gbit/s NICs never binds; on 100 Gbit/s it does
+    (["--flow-Gbps", "50"], ["--n-workers", "16", "--nic-Gbps", "10"],
+     ["--n-workers", "16"]),
 ]
 
 
@@ -189,6 +200,12 @@ GPU_CHECK_CASES = [
     (["--quiet"], [], _DEVICELESS, "without --deviceless"),
     (["--part", "timing"], _DEVICELESS, [], "with --deviceless"),
     (["--smoke"], _DEVICELESS, [], "with --deviceless"),
+    # no part runs with --deviceless: the parts' numbers are read by none
+    (["--steps", "3"], _DEVICELESS, [], "with --deviceless (it is read by "
+     "--part timing on this machine's devices)"),
+    (["--batch", "4"], _DEVICELESS, ["--part", "timing"], "with --deviceless"),
+    (["--repeats", "2"], _DEVICELESS, [], "with --deviceless"),
+    (["--peak_flops", "1e15"], _DEVICELESS, [], "with --deviceless"),
     (["--smoke"], ["--part", "schedule"], ["--part", "timing"],
      "without --part timing (or all)"),
     (["--child_timeout", "10"], ["--part", "timing"], ["--part", "schedule"],

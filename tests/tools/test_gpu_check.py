@@ -150,10 +150,13 @@ def test_bad_numbers_programs_and_topology_exit_2(argv, message, capsys):
 def test_good_numbers_programs_and_topology_pass():
   gpu_check = _script()
   args = gpu_check.parse_args([
-      "--deviceless", "h200", "--min_fraction", "0", "--batch", "0",
-      "--warmup", "0", "--peak_flops", "0", "--topology", "2x1x4",
+      "--deviceless", "h200", "--min_fraction", "0", "--topology", "2x1x4",
       "--programs", "0:none,:input,None:none"])
   assert (args.min_fraction, args.topology) == (0.0, "2x1x4")
+  # the timing part's numbers (refused with --deviceless: no part runs)
+  timing = gpu_check.parse_args(["--part", "timing", "--batch", "0",
+                                 "--warmup", "0", "--peak_flops", "0"])
+  assert (timing.batch, timing.warmup, timing.peak_flops) == (0, 0, 0.0)
   for edge in ("1x1x4096", "2x2x1024", "0004x1x1024"):  # product 4096
     assert gpu_check.parse_args(["--deviceless", "h200", "--topology",
                                  edge]).topology == edge

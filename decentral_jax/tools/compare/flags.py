@@ -171,7 +171,8 @@ def check_overrides(overrides=()) -> None:
   """Refuses the ``--config.<field>`` overrides the job would drop:
   ``--config.workdir`` (each run's work directory is ``--outdir/<run>``)
   and a nonzero ``--config.checkpoint_interval`` with ``--nocheckpoints``
-  (which writes no periodic checkpoints).
+  (which writes no periodic checkpoints), and ``--config.seed`` with
+  ``--seeds`` (or ``--full``'s seeds), which set every run's seed.
 
   Raises:
     ValueError: one line naming the flags and the fix.
@@ -181,6 +182,13 @@ def check_overrides(overrides=()) -> None:
     raise ValueError(f"{workdir[0]}: compare puts each run's work directory "
                      "in --outdir/<run>; drop --config.workdir and give "
                      "--outdir instead.")
+  seed = _override_value(overrides, "seed")
+  if seed is not None and (FLAGS["seeds"].present or FULL.value):
+    seeds = (f"--seeds={SEEDS.value}" if FLAGS["seeds"].present
+             else "--full's --seeds=0,1,2")
+    raise ValueError(f"{seed[0]}: {seeds} sets every run's seed, so "
+                     "config.seed is not used; give the seeds with --seeds "
+                     "and drop --config.seed.")
   interval = _override_value(overrides, "checkpoint_interval")
   if (interval is not None and FLAGS["checkpoints"].present
       and not CHECKPOINTS.value and interval[1] not in ("0", "0.0")):

@@ -126,7 +126,10 @@ def read_record(workdir: str, want: dict | None = None
   the run's last step, every evaluation value in :data:`EVAL_RANGES`, the
   final ``eval/*`` values those of its last evaluation, and the final
   metrics and every row of ``metrics.jsonl`` possible
-  (:func:`.kept.final_error`, :func:`.kept.metrics_error`). Otherwise
+  (:func:`.kept.final_error`, :func:`.kept.metrics_error`), every other
+  final value that ``metrics.jsonl`` records its last row's
+  (:func:`.kept.final_rows_error`), and a diverged run's rows not past the
+  step its reason names (:func:`.kept.diverged_error`). Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
   (``.missing`` if :data:`RESULT_FILE` does not exist). A record of the
   config ``want`` whose values pass is then checked against the
@@ -159,7 +162,7 @@ def _read_values(workdir: str, want: dict | None
     return (record if isinstance(curve, records.Damaged)
             else _eval_error(workdir, {}, curve)
             or _rows_error(workdir, record["config"])
-            or record)
+            or _against_rows(workdir, record) or record)
   if isinstance(curve, records.Damaged):  # a missing one is damage here
     return dataclasses.replace(curve, missing=False)
   steps = record["config"].get("steps")
@@ -172,7 +175,8 @@ def _read_values(workdir: str, want: dict | None
         key="eval/loss")
   return (_eval_error(workdir, record["final"], curve)
           or _final_error(workdir, record)
-          or _rows_error(workdir, record["config"]) or record)
+          or _rows_error(workdir, record["config"])
+          or _against_rows(workdir, record) or record)
 
 
 def _final_error(workdir: str, record: dict) -> records.Damaged | None:
@@ -192,6 +196,23 @@ def _rows_error(workdir: str, config: dict) -> records.Damaged | None:
       got.records, config)
   return None if why is None else records.Damaged(
       path, why, key="row" + _OUT_OF_RANGE)
+
+
+def _against_rows(workdir: str, record: dict) -> records.Damaged | None:
+  """A record that contradicts its run's metrics.jsonl, as damage: a final
+  value other than the last row's (:func:`.kept.final_rows_error`), or a
+  divergence at a step the rows go past (:func:`.kept.diverged_error`)."""
+  got = records.read_jsonl(os.path.join(workdir, metrics_lib.METRICS_FILE))
+  if isinstance(got, records.Damaged):
+    return None
+  path = os.path.join(workdir, RESULT_FILE)
+  if record["final"] is None:
+    why = kept.diverged_error(record["diverged"], got.records)
+    return None if why is None else records.Damaged(path, why,
+                                                    key="diverged")
+  bad = kept.final_rows_error(record["final"], got.records)
+  return None if bad is None else records.Damaged(
+      path, f"final.{bad[1]}", key=f"final.{bad[0]}")
 
 
 _OUT_OF_RANGE = " out of range"  # the key of a value outside EVAL_RANGES

@@ -16,6 +16,14 @@ damaged:
 * :func:`final_error`: the final row, ``step`` there and equal to the
   config's ``steps``, ``param_count`` a whole number >= 1, and the
   communication figures consistent (:func:`comm_error`);
+* :func:`throughput_error`: with the run's config, ``tokens_per_sec`` (or
+  ``samples_per_sec``) equal to the tokens (samples) of one step over
+  ``step_time_ms``, in every row and in the final metrics;
+* :func:`final_rows_error`: every final value that ``metrics.jsonl`` also
+  records equal to that of its last row holding the key (the final metrics
+  are the last record; the run's mean timings apart);
+* :func:`diverged_error`: a diverged run's ``metrics.jsonl`` ends before
+  the step its reason names (training stops there);
 * :func:`disagreeing`: across the runs of one job, the values every run
   must share (:data:`SHARED`): the step-0 evaluation loss of the runs of
   one seed (same initial parameters, same evaluation batches), the
@@ -28,6 +36,7 @@ Each returns one line naming the key and the rule, or None.
 from __future__ import annotations
 
 import math
+import re
 
 from decentral_jax import records
 
@@ -181,17 +190,108 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
   if why:
     return why.split(" ", 1)[0], why
   why = comm_error(final, config)
-  return ("comm/ratio", why) if why else None
+  if why:
+    return "comm/ratio", why
+  why = throughput_error(final, config)
+  return (why.split(" ", 1)[0], why) if why else None
+
+
+def units_per_step(config: dict) -> tuple[str, float] | None:
+  """``(throughput key, units per step)`` of a run's ``config``: a gpt
+  model trains ``global_batch x model.block_size`` tokens per step
+  (``tokens_per_sec``), the cnn ``global_batch`` samples
+  (``samples_per_sec``); None for a model of your own or a config without
+  these numbers."""
+  model, batch = _get(config, "model.name"), _get(config, "global_batch")
+  if model == "gpt":
+    t = _get(config, "model.block_size")
+    if records.is_real(batch) and records.is_real(t):
+      return "tokens_per_sec", float(batch) * float(t)
+  if model == "cnn" and records.is_real(batch):
+    return "samples_per_sec", float(batch)
+  return None
+
+
+def throughput_error(row: dict, config: dict) -> str | None:
+  """Why a row's throughput contradicts its step time: the recorder writes
+  ``tokens_per_sec = units per step / (step_time_ms / 1000)``
+  (:func:`units_per_step`), so both are there or neither, and they agree
+  to 1e-9 relative."""
+  got = units_per_step(config)
+  if got is None:
+    return None
+  key, units = got
+  ms, rate = row.get("step_time_ms"), row.get(key)
+  if not (records.is_real(ms) and records.is_real(rate)):
+    return None
+  want = units / (float(ms) / 1e3) if ms > 0 else math.inf
+  if not math.isclose(float(rate), want, rel_tol=1e-9):
+    return (f"{key} is {records.short(rate)}, but {units:g} "
+            f"{key.split('_')[0]} per step (the run's config) / step_time_ms "
+            f"{records.short(ms)} ms = {want:.6g}")
+  return None
+
+
+# The final values that are the run's totals, not its last record's: the
+# mean step time and throughput of the invocation, the training time.
+RUN_TOTALS = ("step_time_ms", "tokens_per_sec", "samples_per_sec",
+              "train_time_s")
+
+
+def final_rows_error(final: dict, rows: list[dict]) -> tuple[str, str] | None:
+  """``(key, why)`` if a final value other than :data:`RUN_TOTALS`
+  differs from that of the last row of ``metrics.jsonl`` (``rows``)
+  holding its key: the final metrics are the run's last record, so the
+  two are one value (1e-9 relative for numbers; a null row value is the
+  non-finite float the final holds)."""
+  last = {}
+  for row in rows:
+    last.update(row)
+  for key, v in final.items():
+    if key in RUN_TOTALS or key not in last:
+      continue
+    w = last[key]
+    if records.is_real(v) and records.is_real(w):
+      same = math.isclose(float(v), float(w), rel_tol=1e-9, abs_tol=1e-12)
+    else:  # metrics.jsonl writes a non-finite float as null
+      same = v == w or (w is None and isinstance(v, float)
+                        and not math.isfinite(v))
+    if not same:
+      step = [r.get("step") for r in rows if key in r][-1]
+      return key, (f"{key} is {records.short(v)}, but the last row of "
+                   f"metrics.jsonl that records it (step "
+                   f"{records.short(step)}) has {records.short(w)}")
+  return None
+
+
+_AT_STEP = re.compile(r"\bat step (\d+)\b")
+
+
+def diverged_error(reason: str, rows: list[dict]) -> str | None:
+  """Why a diverged run's ``reason`` contradicts its ``metrics.jsonl``:
+  training stops at the step whose loss or parameters are non-finite
+  (the reason's ``at step N``), so no row is past step N (a reason
+  naming no step is not checked)."""
+  m = _AT_STEP.search(reason or "")
+  if m is None:
+    return None
+  named = int(m.group(1))
+  past = [r.get("step") for r in rows if records.is_real(r.get("step"))
+          and r["step"] > named]
+  if past:
+    return (f"diverged says training stopped at step {named}, but "
+            f"metrics.jsonl has rows up to step {records.short(max(past))}")
+  return None
 
 
 def metrics_error(rows: list[dict], config: dict | None = None
                   ) -> str | None:
   """Why a row of ``metrics.jsonl`` is impossible (names its step):
-  :func:`row_error`, and :func:`schedule_error` given the run's
-  ``config``."""
+  :func:`row_error`, and :func:`schedule_error` and
+  :func:`throughput_error` given the run's ``config``."""
   for row in rows:
-    why = row_error(row) or (config is not None
-                             and schedule_error(row, config)) or None
+    why = row_error(row) or (config is not None and (
+        schedule_error(row, config) or throughput_error(row, config))) or None
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
   return None

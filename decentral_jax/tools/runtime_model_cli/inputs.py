@@ -25,9 +25,8 @@ from decentral_jax.runtime_model import local_sync
 from decentral_jax.tools import flag_types
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
-# matrices) and with steps x n x buckets: on 2 cores 4096 workers take about
-# 3 minutes and 7 GB, 15,000 buckets (1e11 float32 parameters in 25 MiB)
-# of 16 workers about 100 s.
+# matrices) and with n x simulated steps x buckets
+# (simulated_work.MAX_SIMULATED).
 MAX_WORKERS = 4096
 
 # The runtime model's bounds on a workload (the same for flags and files).
@@ -73,7 +72,7 @@ FLAG_BOUNDS = {
     "--forward-ms": (0, False, _MAX_MS),
     "--backward-ms": (0, False, _MAX_MS),
     "--optimizer-ms": (0, False, _MAX_MS), "--compute-cv": (0, False, 10),
-    "--bucket-MiB": (0, True, 1e9),
+    "--bucket-MiB": (0, True, workload_lib.MAX_BUCKET_MIB),
     "--devices-per-worker": (1, False, MAX_WORKERS),
     "--seed": (0, False, MAX_SEED),
     "--datacenters": (1, False, MAX_WORKERS), "--wan-Gbps": _RATE,
@@ -87,7 +86,8 @@ FLAG_BOUNDS = {
 UTILISATION_FLAG_BOUNDS = {
     "--step-ms": (0, True, _MAX_MS),
     "--H": (1, False, MAX_STEPS), "--latency-ms": (0, False, _MAX_MS),
-    "--codec-GBps": _RATE, "--bucket-MiB": (0, True, 1e9),
+    "--codec-GBps": _RATE,
+    "--bucket-MiB": (0, True, workload_lib.MAX_BUCKET_MIB),
 }
 
 
@@ -157,7 +157,7 @@ def check_predict_args(args) -> None:
   is one or two fractions in [0, 1] or a JSON file; worker counts
   are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
   ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
-  non-negative times; the parameter message fits in ``MAX_BUCKETS``
+  times > 0; the parameter message fits in ``MAX_BUCKETS``
   buckets; ``--steps`` is at most ``MAX_STEPS``; ``--png`` is writable.
 
   Raises:
@@ -191,9 +191,9 @@ def check_predict_args(args) -> None:
     itemsize = max(itemsize, float_dtype_flag(flag, _value(args, flag)).itemsize)
   samples = args.compute_samples_ms
   if samples is not None and (len(samples) < 2 or not all(
-      math.isfinite(x) and 0 <= x <= _MAX_MS for x in samples)):
+      math.isfinite(x) and 0 < x <= _MAX_MS for x in samples)):
     raise ValueError("--compute-samples-ms needs at least 2 finite times "
-                     f"in [0, {_MAX_MS:g}] (ms), got {samples!r}.")
+                     f"in (0, {_MAX_MS:g}] (ms), got {samples!r}.")
   _check_bucket_count(args, itemsize, "the simulator")
   check_output_path(args.png, "--png")
 

@@ -24,10 +24,12 @@ from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import worker_devices
+from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
+from decentral_jax.tools.runtime_model_cli import simulated_work
 from decentral_jax.tools.runtime_model_cli import tables
 
 
@@ -58,6 +60,7 @@ def run(args) -> int:
   # Every spec is built and priced before anything is printed: a bad one,
   # a repeat, or a table the arithmetic overflowed, is one error line.
   built, added = _build_methods(args, methods, setups)
+  simulated_work.check(args, simulated_work.work(setups, built))
   setting = _Setting(args, setups, built)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
@@ -102,6 +105,30 @@ class _Setting:
 
   def quorum_method(self) -> bool:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
+
+  def reads_param_dtype(self) -> bool:
+    """Whether a price reads ``Workload.param_dtype``: the inner collectives
+    of a worker of several devices, an uncompressed gossip method or local
+    sync without its own ``comm_dtype`` (a sync of DiLoCo's global copy,
+    ``message="theta"``, sends at least float32: a narrower dtype changes
+    it only where a cluster or workload file may hold a wider one)."""
+    if any(w.devices_per_worker > 1 for w in self.workloads):
+      return True
+    wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
+    files = bool(self.args.cluster or self.args.workload_file)
+    return any(
+        m.kind in ("gossip", "local") and m.compress is None
+        and m.comm_dtype is None and not (
+            m.kind == "local" and m.message == "theta" and not wide
+            and not files) for m in self.methods)
+
+  def flow_cap_binds(self) -> bool:
+    """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
+    efficiency x NICs, halved half duplex): a flow's share of the NICs is
+    at most that, so a cap at or above it never binds."""
+    return any(c.flow_bandwidth_Bps is None
+               or c.flow_bandwidth_Bps < c.nic_capacity_Bps()
+               for _, c in self.clusters)
 
 
 _ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
@@ -173,6 +200,17 @@ NEEDS = (
         "(one_peer_exp, aer, dadam:..., gradient_tracking:...; not sgp, "
         "which blocks, or the local-update methods)", "add one or drop "
         "--gossip-in-flight"),
+    flag_types.Needs(
+        "--param-dtype", _Setting.reads_param_dtype,
+        "with these --methods: all_reduce sends gradients (--grad-dtype), a "
+        "compressed method or one with comm_dtype its own format, and "
+        "DiLoCo's global copy at least float32", "add a gossip method or "
+        "local_sgd, or drop --param-dtype"),
+    flag_types.Needs(
+        "--flow-Gbps", _Setting.flow_cap_binds,
+        "at or above a node's NIC capacity (--nic-Gbps x --nic-efficiency x "
+        "--nics-per-node): no flow gets more, so the cap never binds",
+        "give a cap below it or drop --flow-Gbps"),
     flag_types.Needs(
         "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
         "without compute that varies (--compute-cv above 0 or "
@@ -431,7 +469,7 @@ def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
     ValueError: a bad spec, or two specs of one :func:`full_form` at every
       worker count (one row twice), naming both.
   """
-  built = [_make_methods(args, methods, n, c) for n, c, _ in setups]
+  built = [_make_methods(args, methods, n, c, w) for n, c, w in setups]
   forms = [tuple(full_form(b[k][1], w) for b, (_, _, w) in zip(built, setups))
            for k in range(len(methods))]
   seen = {}
@@ -450,26 +488,46 @@ def _build_methods(args, methods: list, setups) -> tuple[list, bool]:
   if added:
     methods.insert(0, "all_reduce")
   methods[k] = "all_reduce"  # the tables find the baseline by this key
-  ar = [_make_methods(args, ["all_reduce"], n, c) for n, c, _ in setups]
+  ar = [_make_methods(args, ["all_reduce"], n, c, w) for n, c, w in setups]
   built = [a + b if added else b[:k] + a + b[k + 1:]
            for a, b in zip(ar, built)]
   return built, added
 
 
-def _make_methods(args, methods, n: int, c) -> list:
-  """``[(spec, Method, simulated steps)]`` of every spec at ``n`` workers.
+def _make_methods(args, methods, n: int, c, w) -> list:
+  """``[(spec, Method, simulated steps)]`` of every spec at ``n`` workers
+  (on the workload ``w``).
 
   Raises:
-    ValueError: a spec the cluster cannot run, naming it and ``n``.
+    ValueError: a spec the cluster cannot run, naming it and ``n``, or
+      whose ``bucket_MiB`` cuts ``w``'s message into more than
+      ``MAX_BUCKETS`` buckets.
   """
   out = []
   for spec in methods:
     try:
       m = make_method(spec, c)
+      _check_spec_buckets(m, w)
       out.append((spec, m, inputs.simulated_steps(m, args.steps)))
     except ValueError as e:
       raise ValueError(f"--methods {spec} at --n-workers {n}: {e}") from None
   return out
+
+
+def _check_spec_buckets(m, w) -> None:
+  """A spec's ``bucket_MiB`` cuts the message (the wider of the gradient
+  and parameter dtypes, as ``--bucket-MiB``) into at most
+  ``MAX_BUCKETS`` buckets."""
+  if m.bucket_bytes is None:
+    return
+  itemsize = max(np.dtype(w.grad_dtype).itemsize,
+                 np.dtype(w.param_dtype).itemsize)
+  count = workload_lib.bucket_count(w.param_count, itemsize, m.bucket_bytes)
+  if count > inputs.MAX_BUCKETS:
+    raise ValueError(
+        f"bucket_MiB={m.bucket_bytes / 2**20:g} cuts {w.param_count:g} "
+        f"{itemsize}-byte values into {count} buckets, more than the "
+        f"{inputs.MAX_BUCKETS} the model handles; raise bucket_MiB.")
 
 
 def _price(args, made_methods, c, w):

@@ -1,0 +1,111 @@
+"""A kept run whose record contradicts its own metrics.jsonl is not kept.
+
+The records are signed again after each edit (as a run signs them), so
+the checksums pass and only the rules between the two files can catch
+them: a final value other than the last row's, a throughput other than
+tokens per step / step time, a divergence at a step the rows go past.
+All in process, nothing trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from decentral_jax.runner import metrics
+from decentral_jax.tools.compare import job as job_lib
+
+# A gpt run of 3 steps, global_batch 16 x block_size 8 = 128 tokens a step
+# (by hand).
+_CONFIG = {"steps": 3, "seed": 0, "n_workers": 8, "global_batch": 16,
+           "model": {"name": "gpt", "param_dtype": "float32",
+                     "block_size": 8}}
+# 128 tokens / 0.004 s = 32000 tokens/s; 128 / 0.005 s = 25600 tokens/s.
+_ROWS = [{"step": 0, "eval/loss": 4.0, "consensus_distance": 1e-14},
+         {"step": 3, "train/loss": 2.5, "consensus_distance": 2.26e-13,
+          "step_time_ms": 5.0, "tokens_per_sec": 25600.0, "eval/loss": 2.0}]
+_FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
+          "eval/worker_excess_max": 0.0, "consensus_distance": 2.26e-13,
+          "train/loss": 2.5, "step_time_ms": 4.0, "tokens_per_sec": 32000.0}
+
+
+class _Config:
+  def to_json(self) -> str:
+    return json.dumps(_CONFIG)
+
+
+def _run(tmp_path, final=None, diverged=None, rows=None) -> str:
+  run_dir = tmp_path / "run"
+  run_dir.mkdir(exist_ok=True)
+  (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
+      {"config": _CONFIG, "final": final, "diverged": diverged}))
+  (run_dir / metrics.METRICS_FILE).write_text(
+      "".join(json.dumps(r) + "\n" for r in rows or _ROWS))
+  job_lib.sign(str(run_dir))
+  return str(run_dir)
+
+
+def _status(run_dir, capsys):
+  status = job_lib.arm_status(run_dir, _Config())[0]
+  return status, capsys.readouterr().err
+
+
+def test_a_consistent_record_is_kept(tmp_path, capsys):
+  assert _status(_run(tmp_path, final=dict(_FINAL)), capsys) == (
+      "finished", "")
+
+
+@pytest.mark.parametrize("edit, says", [
+    ({"consensus_distance": 5.0}, "final.consensus_distance is 5.0, but the "
+     "last row of metrics.jsonl that records it (step 3) has 2.26e-13"),
+    ({"train/loss": 9.0}, "final.train/loss is 9.0, but the last row"),
+    # consistent with a step time, but not the final's 4 ms
+    ({"tokens_per_sec": 1e12}, "final.tokens_per_sec is 1000000000000.0, but 128 "
+     "tokens per step (the run's config) / step_time_ms 4.0 ms = 32000"),
+    ({"step_time_ms": 1e-6}, "final.tokens_per_sec is 32000.0, but 128"),
+])
+def test_a_final_value_the_rows_contradict_is_not_kept(tmp_path, capsys,
+                                                       edit, says):
+  run_dir = _run(tmp_path, final={**_FINAL, **edit})
+  status, err = _status(run_dir, capsys)
+  path = os.path.join(run_dir, job_lib.RESULT_FILE)
+  assert status == "fresh" and err.startswith(f"warning: {path}: ")
+  assert says in err, err
+
+
+def test_a_row_whose_throughput_contradicts_its_step_time_is_not_kept(
+    tmp_path, capsys):
+  rows = [_ROWS[0], {**_ROWS[1], "tokens_per_sec": 1e12}]
+  status, err = _status(_run(tmp_path, final=dict(_FINAL), rows=rows), capsys)
+  assert status == "fresh"
+  assert ("at step 3: tokens_per_sec is 1000000000000.0, but 128 tokens "
+          "per step (the run's config) / step_time_ms 5.0 ms = 25600") in err, err
+
+
+def test_a_divergence_the_rows_go_past_is_not_kept(tmp_path, capsys):
+  # rows at steps 0 and 3: training cannot have stopped at step 2
+  run_dir = _run(tmp_path, diverged="non-finite training loss at step 2")
+  status, err = _status(run_dir, capsys)
+  assert status == "fresh", err
+  assert ("diverged says training stopped at step 2, but metrics.jsonl has "
+          "rows up to step 3") in err, err
+  # stopping at the last logged step or after it agrees with the rows
+  for step in (3, 4):
+    run_dir = _run(tmp_path, diverged=f"non-finite training loss at step "
+                   f"{step}")
+    assert _status(run_dir, capsys) == ("finished", "")
+
+
+def test_a_non_finite_final_value_matches_its_null_row(tmp_path, capsys):
+  # metrics.jsonl writes NaN as null; compare_result.json keeps NaN (of a
+  # key without a range: a NaN loss is refused by its range already)
+  rows = [_ROWS[0], {**_ROWS[1], "faults/goodput": None}]
+  final = {**_FINAL, "faults/goodput": float("nan")}
+  assert _status(_run(tmp_path, final=final, rows=rows), capsys) == (
+      "finished", "")
+  final = {**_FINAL, "faults/goodput": 3.0}
+  status, err = _status(_run(tmp_path, final=final, rows=rows), capsys)
+  assert status == "fresh" and "final.faults/goodput is 3.0, but the " \
+      "last row of metrics.jsonl that records it (step 3) has None" in err, err

@@ -1,0 +1,143 @@
+"""``predict`` refuses, before it simulates, what it could not finish.
+
+The simulated work is workers x simulated steps summed over the methods
+and worker counts (a local-update method simulates at least two whole
+sync periods past the warmup); each case is one ``error:`` line, exit 2.
+"""
+
+import contextlib
+import io
+import time
+
+import pytest
+
+from decentral_jax.tools.runtime_model_cli import simulated_work
+from decentral_jax.tools.runtime_model_cli import main as runtime_main
+
+
+def _predict(*argv):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      code = runtime_main.main(["predict", *argv])
+    except SystemExit as e:
+      code = e.code
+  return code, out.getvalue(), err.getvalue()
+
+
+def test_workers_times_steps_is_bounded_before_any_work():
+  t = time.perf_counter()
+  code, out, err = _predict("--n-workers", "4096", "--compute-cv", "0.1",
+                            "--steps", "100000")
+  assert time.perf_counter() - t < 30  # refused, not simulated (hours)
+  # 65e6 float32 parameters in 25 MiB buckets: ceil(2.6e8 / 26214400) = 10
+  # buckets; 4096 x 100000 x 10 x 3 default methods = 1.2288e10 (by hand)
+  assert code == 2 and out == "", err
+  assert err.strip().splitlines() == [
+      "error: --n-workers 4096 x --steps 100000 x the buckets of 3 methods "
+      "(--methods, --params / --bucket-MiB) simulate 1.23e+10 "
+      "worker-step-buckets, more than 1e+08 (minutes and GBs beyond); lower "
+      "--steps, --n-workers or the number of methods, or raise --bucket-MiB."]
+
+
+@pytest.mark.parametrize("limit, code", [(2080, 0), (2079, 2)])
+def test_the_bound_counts_every_method_s_steps_and_buckets(monkeypatch, limit,
+                                                           code):
+  # all_reduce: 16 workers x 10 steps x 10 buckets = 1600; diloco:H=10
+  # (its sync whole) with warmup 10 // 5 = 2 starts at step 10 and needs two
+  # periods, 30 steps: 16 x 30 = 480. In all 2080.
+  monkeypatch.setattr(simulated_work, "MAX_SIMULATED", limit)
+  got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
+                         "all_reduce,diloco:H=10")
+  assert got == code, err
+  if code:
+    assert "simulate 2.08e+03 worker-step-buckets, more than 2.08e+03" in err
+  # a larger bucket: one bucket of the all-reduce, 160 + 480 = 640
+  got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
+                         "all_reduce,diloco:H=10", "--bucket-MiB", "1000")
+  assert got == 0, err
+
+
+def _cluster_file(tmp_path, samples) -> str:
+  import dataclasses
+  import json
+  from decentral_jax.runtime_model import cluster_file, paper
+  c, _ = paper.setup("A40", 8)
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps({
+      "schema": cluster_file.SCHEMA, "cluster": dataclasses.asdict(c),
+      "workload": {"param_count": 1e6, "forward_s": 0.01, "backward_s": 0.02,
+                   "compute_cv": 0.0, "compute_samples_s": samples},
+      "measurements": {"sizes_bytes": [1e6, 2e6], "repeats": 3},
+      "meta": {}}))
+  return str(path)
+
+
+@pytest.mark.parametrize("samples", [[0.0, 0.0], [0.0, 0.03]])
+def test_compute_samples_must_be_positive_naming_file_and_key(tmp_path,
+                                                              samples):
+  # The samples are divided by their mean (a step's multiplier): a zero
+  # one is no step time, a zero mean no number at all.
+  from decentral_jax.tools.compare import pricing
+  path = _cluster_file(tmp_path, samples)
+  code, out, err = _predict("--cluster", path)
+  assert code == 2 and out == "", err
+  assert err.startswith(f"error: --cluster {path!r}: workload."
+                        "compute_samples_s must be >= 2 finite times > 0"), err
+  # compare reads the same file while it parses --clusters, before training
+  with pytest.raises(ValueError, match="workload.compute_samples_s must be"):
+    pricing.parse_clusters(path)
+  code, _, err = _predict("--n-workers", "16", "--compute-samples-ms",
+                          ",".join(str(1e3 * x) for x in samples))
+  assert code == 2 and "--compute-samples-ms needs at least 2 finite times "\
+      "in (0, " in err, err
+
+
+def test_positive_compute_samples_are_priced(tmp_path):
+  code, out, err = _predict("--cluster", _cluster_file(tmp_path,
+                                                       [0.02, 0.04]))
+  assert code == 0 and "compute 30.0 ms per step" in out, err
+
+
+@pytest.mark.parametrize("value", ["1e30", "1e308", "0", "-1", "nan"])
+def test_a_spec_s_bucket_mib_has_the_flag_s_bounds(value):
+  spec = f"one_peer_exp:bucket_MiB={value}"
+  code, _, err = _predict("--n-workers", "16", "--methods", spec)
+  assert code == 2 and err.strip().splitlines() == [
+      f"error: --methods {spec} at --n-workers 16: {spec!r}: "
+      f"bucket_MiB={value!r} must be a number in (0, 1e+09] (MiB)."], err
+  code, _, err = _predict("--bucket-MiB", value)
+  assert code == 2 and "--bucket-MiB" in err and "(0, 1e+09]" in err, err
+
+
+def test_a_spec_s_bucket_count_names_the_spec_key():
+  # 1e6 float32 parameters in 0.001 MiB (1048.576 bytes) buckets:
+  # ceil(4e6 / 1048.576) = 3815 <= 4096; 0.0009 MiB: ceil(4e6 / 943.7184)
+  # = 4239 > 4096 (by hand).
+  ok = "one_peer_exp:bucket_MiB=0.001"
+  code, _, err = _predict("--n-workers", "16", "--params", "1e6",
+                          "--steps", "2", "--methods", ok)
+  assert code == 0, err
+  bad = "one_peer_exp:bucket_MiB=0.0009"
+  code, _, err = _predict("--n-workers", "16", "--params", "1e6",
+                          "--methods", bad)
+  assert code == 2 and err.strip().splitlines() == [
+      f"error: --methods {bad} at --n-workers 16: bucket_MiB=0.0009 cuts "
+      "1e+06 4-byte values into 4239 buckets, more than the 4096 the model "
+      "handles; raise bucket_MiB."], err
+
+
+def test_in_flight_fractions_file_of_any_name_is_read(tmp_path, monkeypatch):
+  import json
+  from decentral_jax.runtime_model import in_flight
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "fractions.txt").write_text(json.dumps(
+      {"in_flight_fractions": {"forward": 0.2, "backward": 0.5}}))
+  assert in_flight.read_in_flight("fractions.txt") == (0.2, 0.5)
+  # a name that is fractions stays fractions, even if such a file exists
+  (tmp_path / "0.5").write_text("{}")
+  assert in_flight.read_in_flight("0.5") == (0.5, 0.5)
+  with pytest.raises(ValueError, match=r"--gossip-in-flight 'nosuch.txt': "
+                     r"give a fraction, FORWARD,BACKWARD fractions or an "
+                     r"existing JSON file \(no file of that name\)\."):
+    in_flight.read_in_flight("nosuch.txt")
