@@ -18,7 +18,7 @@ deleted only after a newer one is committed.
 
 Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
 (every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
-hand) in Orbax's background thread, so saves stay asynchronous. Only
+hand; a file present but not listed there counts as damage) in Orbax's background thread, so saves stay asynchronous. Only
 Orbax's top-level ``_CHECKPOINT_METADATA`` and ``commit_success.txt`` come
 later (the first must parse). :meth:`Checkpointer.select_restore_step`
 verifies before a restore: a corrupt newest checkpoint is moved to
@@ -118,10 +118,12 @@ def check_checkpoint(root: str) -> tuple[str, str]:
 
   Returns:
     ``("ok", "")``; ``("unverified", why)`` without a ``SHA256SUMS``; or
-    ``("corrupt", why)`` naming the first bad file (missing, changed, or
-    Orbax's step metadata unreadable).
+    ``("corrupt", why)`` naming the first bad file (missing, changed,
+    present but not listed in ``SHA256SUMS``, or Orbax's step metadata
+    unreadable).
   """
-  status, why = workdir_lib.check_sums(root, required=_SUMMED)
+  status, why = workdir_lib.check_sums(root, required=_SUMMED,
+                                       complete_except=_UNSUMMED)
   if status != "ok":
     return status, why
   got = records.read_json(os.path.join(root, _UNSUMMED[0]))
