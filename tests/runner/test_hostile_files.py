@@ -650,6 +650,62 @@ def test_valid_stored_values_pass_their_rules(tiny):
       "config.faults.failure_rate must be a finite number in [0, 1)")
 
 
+def _top(key, value):
+  return lambda m: dict(m, **{key: value})
+
+
+def _top_in(group, key, value):
+  return lambda m: dict(m, **{group: dict(m[group], **{key: value})})
+
+
+def _in_config(group, key, value):
+  def edit(m):
+    config = copy.deepcopy(m["config"])
+    (config[group] if group else config)[key] = value
+    return dict(m, config=config)
+  return edit
+
+
+# Each edit makes the two copies of one field disagree (values valid under
+# the field's rule): "<top-level key> ... disagrees with config.<field>".
+COPY_CASES = {
+    "model.dropout": (_top_in("model", "dropout", 0.1), "config.model.dropout"),
+    "model.n_embd": (_top_in("model", "n_embd", 64), "config.model.n_embd"),
+    "compression.format": (_top_in("compression", "format", "int8"),
+                           "config.compression.format"),
+    "compression.block": (_top_in("compression", "block", 128),
+                          "config.compression.block"),
+    "outer_optimizer.lr": (_top_in("outer_optimizer", "lr", 0.5),
+                           "config.outer_optimizer.lr"),
+    # gpt_tiny: accum_adamw, 4 steps per window, per_step betas.
+    "beta_convention": (_top("beta_convention", "per_window"),
+                        "config.optimizer.beta_convention"),
+    "topology_config_copy": (_in_config("", "topology", "ring"),
+                             "config.topology"),
+    "topology_top": (_top("topology", "ring"), "config.topology"),
+    "faults": (_in_config("faults", "enabled", True), "config.faults"),
+    "sync_every_u": (_top("sync_every_u", 31), "config.sync_every_u"),
+    "noloco.alpha": (_top("noloco.alpha", 0.25), "config.noloco.alpha"),
+    "pipelined_gossip": (_top("pipelined_gossip", True),
+                         "config.pipelined_gossip"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COPY_CASES))
+def test_the_two_copies_of_a_field_must_agree(tiny, case):
+  """Every top-level key that is also a config field or group is a copy
+  of the stored ``config``'s value (or derived from it): a document whose
+  copies disagree is damaged, whichever copy was edited."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  like = copy.deepcopy(meta)
+  assert run_meta.meta_error(copy.deepcopy(meta), 5, like) is None
+  edit, field = COPY_CASES[case]
+  why = run_meta.meta_error(edit(copy.deepcopy(meta)), 5, like)
+  assert why is not None and " disagrees with " + field in why, why
+
+
 def test_damaged_metadata_falls_back_to_the_older_checkpoint(
     tmp_path, tiny, caplog):
   """The newest checkpoint's checksums match but its document is damaged
