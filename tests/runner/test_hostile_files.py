@@ -16,8 +16,10 @@ import copy
 import gzip
 import hashlib
 import json
+import logging
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -727,6 +729,37 @@ def test_damaged_metadata_falls_back_to_the_older_checkpoint(
   assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
   assert os.path.join(root, "5", "meta", "metadata") + ": seed must be a " \
       "number" in caplog.text
+
+
+def test_damaged_step_entries_fall_back_with_one_warning_each(
+    tmp_path, tiny, caplog):
+  """A step entry that is a regular file, an empty directory, or one whose
+  Orbax metadata is cut short is damage found before Orbax reads it: each
+  is moved aside with the one warning naming it (no Orbax log line about
+  it), and the older intact checkpoint is selected."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, state = tiny
+  root = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(str(root), max_to_keep=3) as ckpt:
+    for step in (1, 3, 5):
+      ckpt.save(step, state, run_meta.checkpoint_meta(exp, step))
+  (root / "5" / "_CHECKPOINT_METADATA").write_text("{")
+  shutil.rmtree(root / "3")
+  (root / "3").write_text("x")
+  (root / "7").mkdir()
+  caplog.set_level("WARNING")  # Orbax's own (W/E) lines are counted too
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 1
+  assert sorted(os.listdir(root)) == ["1", "3.corrupt", "5.corrupt",
+                                      "7.corrupt"]
+  lines = [r.getMessage() for r in caplog.records
+           if r.levelno >= logging.WARNING]
+  assert len(lines) == 3, lines
+  for step, why in ((7, "the directory is empty"),
+                    (5, "_CHECKPOINT_METADATA unreadable"),
+                    (3, "it is not a directory")):
+    assert any(line.startswith(f"checkpoint {step} (") and why in line
+               for line in lines), (step, lines)
 
 
 def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):
