@@ -18,10 +18,12 @@ deleted only after a newer one is committed.
 
 Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
 (every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
-hand) in Orbax's background thread, so saves stay asynchronous. Only
+hand; a file present but not listed there counts as damage) in Orbax's background thread, so saves stay asynchronous. Only
 Orbax's top-level ``_CHECKPOINT_METADATA`` and ``commit_success.txt`` come
 later (the first must parse). :meth:`Checkpointer.select_restore_step`
-verifies before a restore: a corrupt newest checkpoint is moved to
+verifies before a restore, listing the step entries itself (a regular
+file or an empty directory named like a step is damage too, found before
+Orbax reads it): a corrupt newest checkpoint is moved to
 ``<step>.corrupt`` and the previous one used, with one warning naming both;
 one without ``SHA256SUMS`` (an older version's) is used unverified.
 
@@ -118,10 +120,14 @@ def check_checkpoint(root: str) -> tuple[str, str]:
 
   Returns:
     ``("ok", "")``; ``("unverified", why)`` without a ``SHA256SUMS``; or
-    ``("corrupt", why)`` naming the first bad file (missing, changed, or
-    Orbax's step metadata unreadable).
+    ``("corrupt", why)`` naming the first bad file (missing, changed,
+    present but not listed in ``SHA256SUMS``, or Orbax's step metadata
+    unreadable).
   """
-  status, why = workdir_lib.check_sums(root, required=_SUMMED)
+  if os.path.lexists(root) and not os.path.isdir(root):
+    return "corrupt", "it is not a directory"
+  status, why = workdir_lib.check_sums(root, required=_SUMMED,
+                                       complete_except=_UNSUMMED)
   if status != "ok":
     return status, why
   got = records.read_json(os.path.join(root, _UNSUMMED[0]))
@@ -237,6 +243,18 @@ class Checkpointer:
     self._manager.reload()
     return sorted(self._manager.all_steps())
 
+  def _step_entries(self) -> list[int]:
+    """Steps of every entry named like a checkpoint (``<step>``), damaged
+    ones too (a file, an empty directory, unreadable Orbax metadata),
+    ascending: read from the directory, not through Orbax, which logs
+    about a damaged one and skips some."""
+    try:
+      names = os.listdir(self.directory)
+    except OSError:
+      return self.all_steps()
+    return sorted(int(n) for n in names
+                  if n.isdigit() and str(int(n)) == n)
+
   def verify(self, step: int) -> tuple[str, str]:
     """Checks checkpoint ``step`` against its checksums (reads every file).
 
@@ -279,7 +297,7 @@ class Checkpointer:
     answer = ""
     if self._main:
       bad = []
-      for step in reversed(self.all_steps()):
+      for step in reversed(self._step_entries()):
         status, why = self.verify(step)
         if status != "corrupt" and check is not None:
           damaged = check(step)

@@ -311,9 +311,11 @@ def optimizer_group() -> config_dict.ConfigDict:
   # Adam first- and second-moment decays, in [0, 1).
   g.b1 = 0.9
   g.b2 = 0.95
-  # Added to the denominator outside the square root.
+  # Added to the denominator outside the square root, in [0, 1] (larger
+  # turns Adam into a rescaled SGD and is refused as a typo).
   g.eps = 1e-8
-  # Decoupled weight decay, applied to parameters with ndim >= 2 only.
+  # Decoupled weight decay, applied to parameters with ndim >= 2 only, in
+  # [0, 1e3] (multiplied by the learning rate).
   g.weight_decay = 0.1
   # AccumAdam window T (moments refreshed every T steps); must be 1 for adamw.
   g.accum_steps = 4
@@ -332,13 +334,14 @@ def schedule_group() -> config_dict.ConfigDict:
   # final_lr at `steps`), "inverse_sqrt" (paper Sec. 2.3 Transformer rule) or
   # "constant".
   g.name = "warmup_cosine"
-  # Peak learning rate (finite, > 0).
+  # Peak learning rate, in (0, 1e3] (as the learners' --inner-lr; a larger
+  # one only diverges).
   g.peak_lr = 1.5e-3
   # Linear-warmup length in steps (longer than `steps` is allowed, with a
   # warning: the learning rate then never reaches peak_lr).
   g.warmup_steps = 30
   # Learning rate reached at the last step (warmup_cosine only), in
-  # [0, peak_lr].
+  # [0, peak_lr] and at most 1e3.
   g.final_lr = 1.5e-4
   return g
 

@@ -108,6 +108,11 @@ def _features(name, value):
 
 # Every field of base_config() outside `model`, `data.source` and
 # `distributed` (see check_distributed), checked in this order.
+#: Upper bound of the learning rates and the weight decay (as the learners'
+#: ``--inner-lr``): a larger value only diverges, so it is refused as a
+#: typo before training instead of stopping at a non-finite loss.
+MAX_LR = 1e3
+
 RULES = {
     "algorithm": lambda name, value: field_checks.choice(
         value, name, tuple(methods.ALGORITHMS)),
@@ -162,14 +167,16 @@ RULES = {
     "optimizer.name": _builder("optimizer", OPTIMIZERS),
     "optimizer.b1": field_checks.real(0.0, 1.0),
     "optimizer.b2": field_checks.real(0.0, 1.0),
-    "optimizer.eps": field_checks.real(0.0),
-    "optimizer.weight_decay": field_checks.real(0.0),
+    "optimizer.eps": field_checks.real(0.0, 1.0, hi_closed=True),
+    "optimizer.weight_decay": field_checks.real(0.0, MAX_LR,
+                                                hi_closed=True),
     "optimizer.accum_steps": field_checks.integer(1),
     "optimizer.beta_convention": field_checks.one_of(BETA_CONVENTIONS),
     "schedule.name": field_checks.one_of(SCHEDULES),
-    "schedule.peak_lr": field_checks.real(0.0, lo_open=True),
+    "schedule.peak_lr": field_checks.real(0.0, MAX_LR, lo_open=True,
+                                          hi_closed=True),
     "schedule.warmup_steps": field_checks.integer(0),
-    "schedule.final_lr": field_checks.real(0.0),
+    "schedule.final_lr": field_checks.real(0.0, MAX_LR, hi_closed=True),
 }
 MODEL_RULES = {
     "gpt": {

@@ -247,30 +247,129 @@ def _dotted(tree: dict, prefix: str = "") -> set:
   return out
 
 
-#: Top-level keys the writer copies from a config field (the key's
-#: dotted path in ``config``): the two must agree.
-COPIED_FIELDS = {k: k for k in (
-    "seed", "n_workers", "workers_per_node", "algorithm", "global_batch",
-    "sync_every", "gossip_every", "num_fragments", "overlap_steps",
-    "merge_alpha", "outer_overlap", "outer_latency", "trickle_reduction",
-    "comm_dtype")} | {"optimizer": "optimizer.name",
-                      "accum_steps": "optimizer.accum_steps"}
+def _at(tree, path: str):
+  """The value at dotted ``path`` in a nested dict, or :data:`_ABSENT`."""
+  for part in path.split("."):
+    tree = tree.get(part, _ABSENT) if isinstance(tree, dict) else _ABSENT
+  return tree
+
+
+def _topology_written(meta: dict, config: dict):
+  """``topology`` as the writer stores it: the canonical name, or "" for an
+  algorithm without a gossip topology (a stored "" is taken as is: the
+  resume compares it with the run's own)."""
+  if meta.get("topology") == "":
+    return ""
+  from decentral_jax import topology as topology_lib  # pylint: disable=import-outside-toplevel
+  algo = methods.ALGORITHMS.get(config.get("algorithm"))
+  if algo is None or not isinstance(config.get("topology"), str):
+    return _ABSENT
+  if not algo.uses_topology:
+    return ""
+  try:
+    return topology_lib.canonical_name(config["topology"])
+  except (ValueError, KeyError):
+    return _ABSENT
+
+
+def _faults_written(meta: dict, config: dict):
+  """``faults`` as the writer stores it: ``{}`` unless enabled, else the
+  group plus the stored trace hash (not a config field)."""
+  group = config.get("faults")
+  if not isinstance(group, dict):
+    return _ABSENT
+  if not group.get("enabled"):
+    return {}
+  stored = meta.get("faults")
+  extra = ({"trace_sha256": stored["trace_sha256"]}
+           if isinstance(stored, dict) and "trace_sha256" in stored else {})
+  return {**group, **extra}
+
+
+def _beta_written(config: dict):
+  """``beta_convention`` as written: the field for AccumAdamW with more
+  than one step per window, else ``"per_window"`` (both are Adam then)."""
+  opt = config.get("optimizer")
+  if not isinstance(opt, dict) or not isinstance(
+      opt.get("accum_steps"), int) or "beta_convention" not in opt:
+    return _ABSENT
+  return (opt["beta_convention"] if opt.get("name") == "accum_adamw"
+          and opt["accum_steps"] > 1 else "per_window")
+
+
+def _layout_written(config: dict):
+  """``worker_layout`` as written: the field with several devices per
+  worker, else ""."""
+  dpw, mode = config.get("devices_per_worker"), config.get("worker_layout")
+  if not isinstance(dpw, int) or not isinstance(mode, str):
+    return _ABSENT
+  return mode if dpw > 1 else ""
+
+
+#: Top-level keys the writer stores transformed: key -> (the config field
+#: named in a message, ``written(meta, config)``: the value it writes).
+#: ``model`` is compared key by key (:data:`MODEL_FREE` and defaults left
+#: out); every other top-level key that is also a config field or group
+#: (a dotted path into ``config``) is a plain copy.
+DERIVED_FIELDS = {
+    "optimizer": ("optimizer.name", lambda m, c: _at(c, "optimizer.name")),
+    "accum_steps": ("optimizer.accum_steps",
+                    lambda m, c: _at(c, "optimizer.accum_steps")),
+    "beta_convention": ("optimizer.beta_convention",
+                        lambda m, c: _beta_written(c)),
+    "topology": ("topology", _topology_written),
+    "faults": ("faults", _faults_written),
+    "worker_layout": ("worker_layout", lambda m, c: _layout_written(c)),
+}
+
+
+def _first_difference(a, b, path: str) -> str:
+  """The dotted path of the first leaf where ``a`` and ``b`` differ."""
+  if isinstance(a, dict) and isinstance(b, dict):
+    for k in sorted(set(a) | set(b)):
+      if a.get(k, _ABSENT) != b.get(k, _ABSENT):
+        return _first_difference(a.get(k, _ABSENT), b.get(k, _ABSENT),
+                                 f"{path}.{k}")
+  return path
+
+
+def _shown(tree, where: str) -> str:
+  """The value at ``where`` (a ``_first_difference`` path) for a message."""
+  value = _at(tree, where[1:]) if where else tree
+  return "(absent)" if value is _ABSENT else records.short(value)
+
+
+def _copies(meta: dict, config: dict):
+  """``(key, config path, stored copy, the value written from config)``
+  for every top-level key of ``meta`` that comes from a config field."""
+  for key in sorted(meta):
+    if key == "config":
+      continue
+    if key in DERIVED_FIELDS:
+      path, written = DERIVED_FIELDS[key]
+      yield key, path, meta[key], written(meta, config)
+    elif key == "model" and isinstance(meta[key], dict):
+      for k in sorted(meta[key]):
+        yield f"model.{k}", f"model.{k}", meta[key][k], _at(config, f"model.{k}")
+    else:
+      yield key, key, meta[key], _at(config, key)
 
 
 def _contradiction(meta: dict, config: dict) -> str | None:
   """Why a top-level copy of a config field disagrees with the stored
   ``config`` (a document that contradicts itself), or None (also without
-  a ``config``: the older format)."""
+  a ``config``: the older format). Every top-level key that is also a
+  config field or group is compared (:data:`DERIVED_FIELDS` as written)."""
   if not isinstance(config, dict):
     return None
-  for key, path in COPIED_FIELDS.items():
-    node = config
-    for part in path.split("."):
-      node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
-    if key in meta and node is not _ABSENT and meta[key] != node:
-      return (f"{key} {records.short(meta[key])} disagrees with config."
-              f"{path} {records.short(node)} (the writer copies one from "
-              "the other)")
+  for key, path, stored, node in _copies(meta, config):
+    if node is _ABSENT or stored == node:
+      continue
+    where = _first_difference(stored, node, "")
+    how = "derives" if key in DERIVED_FIELDS else "copies"
+    return (f"{key}{where} {_shown(stored, where)} disagrees with config."
+            f"{path}{where} {_shown(node, where)} (the writer {how} one "
+            "from the other)")
   return None
 
 

@@ -29,7 +29,10 @@ Non-finite floats are written as ``null`` (strict JSON). Every record is
 one ``write`` of a line ending in a newline, so a run that dies while
 writing leaves at most an incomplete last line; :func:`truncate_after`
 (called when a run resumes) drops it with a warning, since it belongs to a
-step after the checkpoint, which the resumed run logs again.
+step after the checkpoint, which the resumed run logs again. The reader
+applies the rules ``compare`` keeps a run by (:func:`row_error`, steps
+strictly increasing); a file that breaks them raises :class:`MetricsError`
+(a resumed train run moves it aside: ``runner.train.resume_metrics``).
 """
 
 from __future__ import annotations
@@ -49,6 +52,20 @@ from decentral_jax import records as records_lib
 from decentral_jax.runner import workdir as workdir_lib
 
 METRICS_FILE = "metrics.jsonl"
+#: Where a resumed run moves a damaged ``metrics.jsonl`` (:func:`set_aside`).
+CORRUPT_FILE = METRICS_FILE + ".corrupt"
+# Relative slack of values one computation gives twice (float32 rounding
+# of a mean of per-worker losses).
+REL_TOL = 1e-5
+
+
+class MetricsError(ValueError):
+  """A damaged ``metrics.jsonl`` (one line naming the file and line);
+  ``path`` and ``reason`` (without the fix) as attributes."""
+
+  def __init__(self, message: str, path: str = "", reason: str = ""):
+    super().__init__(message)
+    self.path, self.reason = path, reason
 
 
 def _plain(value: Any) -> Any:
@@ -184,6 +201,61 @@ class WandbTracker:
     self._run.finish()
 
 
+def _last(key: str) -> str:
+  return key.rsplit("/", 1)[-1]
+
+
+def value_range(key: str) -> tuple[float | None, float | None]:
+  """``(lo, hi)`` of a metric ``key`` (None: unbounded)."""
+  last = _last(key)
+  if "excess" in last:  # a worker's loss minus x_bar's: signed
+    return None, None
+  if "loss" in last or last == "lr":
+    return 0.0, None
+  if "accuracy" in last:
+    return 0.0, 1.0
+  if (key.startswith("comm/") or last in (
+      "consensus_distance", "step_time_ms", "train_time_s", "param_count",
+      "tokens_per_sec", "samples_per_sec")):
+    return 0.0, None
+  return None, None
+
+
+def value_error(key: str, v) -> str | None:
+  """Why a value ``v`` of ``key`` is impossible (None for a null value,
+  which the metrics files write for a non-finite one): outside
+  :func:`value_range`, or not a number where the range is known."""
+  lo, hi = value_range(key)
+  if v is None or (lo, hi) == (None, None):
+    return None
+  if not records_lib.is_real(v):
+    return f"{key} must be a number, got {records_lib.short(v)}"
+  if (lo is not None and v < lo) or (hi is not None and v > hi):
+    rule = (f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}")
+    return f"{key} must be {rule}, got {records_lib.short(v)}"
+  return None
+
+
+def row_error(row: dict) -> str | None:
+  """Why one row of metrics (or the final metrics) is impossible."""
+  for key, v in row.items():
+    why = value_error(key, v)
+    if why:
+      return why
+  lo, mean, hi = (row.get(f"eval/worker_loss_{k}") for k in
+                  ("min", "mean", "max"))
+  got = [x for x in (lo, mean, hi) if records_lib.is_real(x)]
+  slack = REL_TOL * max([abs(x) for x in got] + [1.0])
+  if len(got) == 3 and not lo - slack <= mean <= hi + slack:
+    return (f"eval/worker_loss_min <= eval/worker_loss_mean <= "
+            f"eval/worker_loss_max must hold, got {records_lib.short(lo)}, "
+            f"{records_lib.short(mean)}, {records_lib.short(hi)}")
+  if len(got) == 2 and lo is not None and hi is not None and lo > hi + slack:
+    return (f"eval/worker_loss_min {records_lib.short(lo)} must be <= "
+            f"eval/worker_loss_max {records_lib.short(hi)}")
+  return None
+
+
 def _record_error(record: dict) -> str | None:
   """Why ``record`` is not a metrics record, or None.
 
@@ -205,16 +277,46 @@ def _record_error(record: dict) -> str | None:
   return None
 
 
+def order_error(rows: list[dict]) -> str | None:
+  """Why the rows of a metrics file are out of order: each ``step`` must
+  be larger than the one before (one record per logged step, in the order
+  logged), or None."""
+  for a, b in zip(rows, rows[1:]):
+    sa, sb = a.get("step"), b.get("step")
+    if records_lib.is_real(sa) and records_lib.is_real(sb) and sb <= sa:
+      return (f"step must increase from row to row, got {records_lib.short(sb)}"
+              f" after {records_lib.short(sa)} (rows repeated or out of order)")
+  return None
+
+
+def _file_checker():
+  """``check(record) -> why | None`` for the lines of one file in order:
+  :func:`_record_error`, :func:`row_error`, and each step larger than the
+  previous line's."""
+  last = []
+
+  def check(record: dict) -> str | None:
+    why = _record_error(record) or row_error(record)
+    if why is None and last and record["step"] <= last[-1]:
+      why = (f"\"step\" must increase from line to line, got "
+             f"{record['step']} after {last[-1]} (lines repeated or out of "
+             "order)")
+    last.append(record.get("step"))
+    return why
+  return check
+
+
 def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
   """Records of a JSON-lines file, the line number of a torn last line,
   whether the file needs rewriting (torn or unterminated last line) and the
   bytes after its last newline.
 
   Raises:
-    ValueError: a line other than the last is not a JSON object, or a
-      record has no integer ``"step" >= 0`` or a value that is not a JSON
-      scalar or is NaN or infinite; names the file, the line, the key and
-      the fix.
+    MetricsError: a line other than the last is not a JSON object, or a
+      record has no integer ``"step" >= 0``, a value that is not a JSON
+      scalar or is NaN or infinite or outside its key's range
+      (:func:`row_error`), or a step not larger than the line before's;
+      names the file, the line, the key and the fix.
     workdir.PathError: the file cannot be read.
   """
   try:
@@ -222,13 +324,13 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
       data = f.read()
   except OSError as e:
     raise workdir_lib.path_error("read", path, e) from None
-  got = records_lib.parse_jsonl(data, path, _record_error)
+  got = records_lib.parse_jsonl(data, path, _file_checker())
   if isinstance(got, records_lib.Damaged):
     fix = ("the file is corrupt: fix or delete that line (one JSON object "
            "per line)" if "not a JSON record" in got.reason else
            "fix or delete that line")
-    raise ValueError(f"{path}, {got.reason}; {fix}, or move the file away, "
-                     "and run again.")
+    raise MetricsError(f"{path}, {got.reason}; {fix}, or move the file "
+                       "away, and run again.", path, got.reason)
   return got.records, got.torn, got.dirty, data.rsplit(b"\n", 1)[-1]
 
 
@@ -259,9 +361,11 @@ def read_jsonl(path: str) -> list[dict]:
   An incomplete last line (a run died while writing it) is ignored.
 
   Raises:
-    ValueError: another line is not a JSON object, or a record has no
-      integer ``"step" >= 0`` or a value that is not a JSON scalar (names
-      file, line and key); the file cannot be read (``workdir.PathError``).
+    MetricsError: another line is not a JSON object, or a record has no
+      integer ``"step" >= 0``, a value that is not a JSON scalar or is
+      outside its key's range, or a step not larger than the previous
+      line's (names file, line and key); the file cannot be read
+      (``workdir.PathError``).
   """
   return _parse(path)[0]
 
@@ -299,8 +403,9 @@ def truncate_after(workdir: str, step: int) -> int:
     How many complete records were removed (0 if the file does not exist).
 
   Raises:
-    ValueError: a line before the last is corrupt (names file, line, key
-      and fix).
+    MetricsError: a line before the last is corrupt, breaks its key's
+      range, or repeats or goes back in step (names file, line, key and
+      fix; nothing is rewritten).
     workdir.PathError: the file cannot be read or rewritten.
   """
   path = os.path.join(workdir, METRICS_FILE)
@@ -330,6 +435,21 @@ def truncate_after(workdir: str, step: int) -> int:
   except OSError as e:
     raise workdir_lib.path_error("rewrite", path, e) from None
   return removed
+
+
+def set_aside(workdir: str) -> str:
+  """Renames ``<workdir>/metrics.jsonl`` to :data:`CORRUPT_FILE` (or
+  ``.corrupt-2``, ... if taken) and returns the new path."""
+  src = os.path.join(workdir, METRICS_FILE)
+  dst, n = os.path.join(workdir, CORRUPT_FILE), 1
+  while os.path.lexists(dst):
+    n += 1
+    dst = os.path.join(workdir, f"{CORRUPT_FILE}-{n}")
+  try:
+    os.rename(src, dst)
+  except OSError as e:
+    raise workdir_lib.path_error("move", src, e) from None
+  return dst
 
 
 def series(records: Iterable[dict], key: str,

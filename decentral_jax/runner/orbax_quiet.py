@@ -6,9 +6,11 @@ through ``sys.unraisablehook``, while :mod:`decentral_jax.runner.checkpoint`
 raises the same error to the caller in one line. :class:`EchoFilter`
 drops those echoes while a
 :class:`~decentral_jax.runner.checkpoint.Checkpointer` is open and
-restores the loggers and the hook afterwards; :func:`quiet_orbax_logs`
+restores the loggers and the hook afterwards, as well as Orbax's reports
+of a step directory's damaged metadata (the checkpoint's verification
+names that damage in its one fallback warning); :func:`quiet_orbax_logs`
 also hides Orbax's INFO records, for the rest of the process (the
-command-line programs call it). Warnings stay.
+command-line programs call it). Other warnings stay.
 """
 
 from __future__ import annotations
@@ -17,8 +19,16 @@ import logging
 import sys
 
 
+#: Orbax's records about a step directory's damaged or missing metadata:
+#: the checkpoint's own verification reports the same damage in one
+#: warning (and falls back), or tolerates a missing file.
+_METADATA_ECHOES = ("Metadata file does not exist",
+                    "Failed to json parse Metadata file")
+
+
 class OrbaxNoise(logging.Filter):
-  """Drops Orbax's INFO records and its tracebacks of errors raised here."""
+  """Drops Orbax's INFO records, its tracebacks of errors raised here, and
+  its reports of a step's damaged metadata (:data:`_METADATA_ECHOES`)."""
 
   def __init__(self, quiet_info: bool):
     super().__init__()
@@ -31,6 +41,8 @@ class OrbaxNoise(logging.Filter):
       return True
     if record.exc_info or "exception was never retrieved" in msg:
       return False  # the same error is raised to the caller, in one line
+    if msg.startswith(_METADATA_ECHOES):
+      return False  # the checkpoint's verification names it, once
     return record.levelno >= logging.WARNING or not self.quiet_info
 
 

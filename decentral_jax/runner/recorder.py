@@ -75,8 +75,23 @@ class Window:
     return out
 
 
+def _fields_at_fault(c) -> str:
+  """The fields most likely at fault for a non-finite loss, with their
+  values: the peak learning rate and the gradient clip."""
+  if c is None:
+    return "Lower config.schedule.peak_lr or enable config.grad_clip."
+  peak, clip = float(c.schedule.peak_lr), float(c.grad_clip)
+  return (f"Lower config.schedule.peak_lr (now {peak:g}) or "
+          + ("enable config.grad_clip (now 0: off)." if clip == 0 else
+             f"lower config.grad_clip (now {clip:g})."))
+
+
 def non_finite_error(step: int, metrics: dict,
-                      ckpt: checkpoint_lib.Checkpointer) -> FloatingPointError:
+                     ckpt: checkpoint_lib.Checkpointer,
+                     c=None) -> FloatingPointError:
+  """The error of a step whose loss or parameters are not finite: the
+  step, the workers, the checkpoint kept, and the fields most likely at
+  fault with their values (of the run's config ``c``, if given)."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
   good, verified = ckpt.last_good_step()
@@ -91,7 +106,7 @@ def non_finite_error(step: int, metrics: dict,
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{where}. Lower config.schedule.peak_lr or enable config.grad_clip.")
+      f"{where}. {_fields_at_fault(c)}")
 
 
 class Recorder:
@@ -111,6 +126,7 @@ class Recorder:
                c: config_dict.ConfigDict, workdir: str, start: int,
                time_offset: float, window_state: dict | None, main: bool):
     self._exp, self._ckpt, self._main = exp, ckpt, main
+    self._config = c
     self._window = Window.from_state(window_state)
     self._timed = []
     self._time_offset = time_offset
@@ -159,7 +175,7 @@ class Recorder:
     seconds = None if self._t_prev is None else now - self._t_prev
     self._t_prev = now
     if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
-      raise non_finite_error(done, m, self._ckpt)
+      raise non_finite_error(done, m, self._ckpt, self._config)
     if seconds is not None:
       self._timed.append(seconds)
     self._window.add(m, seconds)

@@ -47,7 +47,8 @@ from decentral_jax.runner.experiment import Experiment
 
 #: What a run writes in its work directory, besides ``run.lock``.
 RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
-             metrics_lib.METRICS_FILE + ".tmp", "checkpoints", "tensorboard",
+             metrics_lib.METRICS_FILE + ".tmp", metrics_lib.CORRUPT_FILE,
+             "checkpoints", "tensorboard",
              *metrics_lib.TRACKER_FILES)
 
 
@@ -201,11 +202,25 @@ def _start_records(c, workdir: str, exp: Experiment, start: int) -> None:
   # not overwrite the record of the original run).
   _write_config(workdir, c)
   # Records logged after the restored checkpoint are about to be redone.
-  metrics_lib.truncate_after(workdir, start)
+  resume_metrics(workdir, start)
   logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
                "%s/step, mesh %s", _method_words(c), exp.n_workers,
                jax.process_count(), f"{exp.param_count:,}",
                exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
+
+
+def resume_metrics(workdir: str, start: int) -> None:
+  """``metrics.truncate_after``; a damaged metrics.jsonl (a log, not the
+  state the run resumes from) is moved aside with one warning and the run
+  writes a fresh file from ``start`` on."""
+  try:
+    metrics_lib.truncate_after(workdir, start)
+  except metrics_lib.MetricsError as e:
+    moved = metrics_lib.set_aside(workdir)
+    logging.warning(
+        "%s, %s; moved it to %s, and the resumed run writes a fresh %s from "
+        "step %d on (the records up to step %d stay in the moved file).",
+        e.path, e.reason, moved, metrics_lib.METRICS_FILE, start + 1, start)
 
 
 def _method_words(c) -> str:

@@ -352,7 +352,22 @@ def _outside(rel: str) -> bool:
           or ".." in rel.replace("\\", "/").split("/"))
 
 
-def check_sums(root: str, required: tuple[str, ...] = ()) -> tuple[str, str]:
+def _unlisted_file(root: str, listed: set, exempt: Iterable[str]) -> str | None:
+  """The first file under ``root`` (sorted walk) neither in ``listed`` nor
+  ``exempt`` nor the manifest itself, or None."""
+  exempt = {os.path.normpath(r) for r in (SUMS_FILE, *exempt)}
+  for here, dirs, names in os.walk(root):
+    dirs.sort()
+    for name in sorted(names):
+      rel = os.path.normpath(os.path.relpath(os.path.join(here, name), root))
+      if rel not in listed and rel not in exempt:
+        return rel
+  return None
+
+
+def check_sums(root: str, required: tuple[str, ...] = (),
+               complete_except: Iterable[str] | None = None
+               ) -> tuple[str, str]:
   """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
 
   Args:
@@ -360,11 +375,15 @@ def check_sums(root: str, required: tuple[str, ...] = ()) -> tuple[str, str]:
     required: paths (relative to ``root``) the manifest must list when
       they exist: a manifest that leaves one out would let it be edited
       unchecked.
+    complete_except: if given, EVERY file under ``root`` but these paths
+      (and the manifest) must be listed: a file present but unlisted is
+      damage (a manifest written by :func:`write_sums` lists them all).
 
   Returns:
     ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
     or ``("corrupt", why)`` naming the first missing or changed file, a
-    ``required`` file the manifest leaves out, or a malformed manifest (a
+    ``required`` file (or with ``complete_except``, any file) the manifest
+    leaves out, or a malformed manifest (a
     line that is not ``<sha256>  <path>``, or a path outside ``root``,
     which is never read).
   """
@@ -389,6 +408,8 @@ def check_sums(root: str, required: tuple[str, ...] = ()) -> tuple[str, str]:
   listed = {os.path.normpath(r) for _, r in entries}
   unlisted = [r for r in required if os.path.normpath(r) not in listed
               and os.path.lexists(os.path.join(root, r))]
+  if not unlisted and complete_except is not None:
+    unlisted = [r for r in [_unlisted_file(root, listed, complete_except)] if r]
   if unlisted:
     return "corrupt", f"{SUMS_FILE} does not list {unlisted[0]}"
   missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]

@@ -12,8 +12,9 @@ On a CPU-only machine the run needs ``config.n_workers`` x
 ``config.devices_per_worker`` devices; this command
 simulates them (``jax_num_cpu_devices``) before JAX starts its CPU backend,
 so the default 8-worker configs work out of the box. ``--cpu_devices=N``
-sets the number explicitly (fewer than the run needs is refused naming
-it, before any compile). At most
+sets the number explicitly, over ``JAX_NUM_CPU_DEVICES`` and ``XLA_FLAGS``'
+``--xla_force_host_platform_device_count`` (fewer than the run needs is
+refused naming it, before any compile). At most
 ``decentral_jax.runner.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
 process are simulated; more is refused before JAX starts (set
 ``JAX_NUM_CPU_DEVICES`` yourself to go beyond). Re-running with the same
@@ -80,12 +81,14 @@ HELP_FLAGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 def simulate_cpu_devices(n: int, source: str = "--cpu_devices=N") -> None:
   """Asks JAX for ``n`` CPU devices; must run before any JAX computation.
 
+  The count set here wins over ``JAX_NUM_CPU_DEVICES`` and ``XLA_FLAGS``'
+  ``--xla_force_host_platform_device_count``; :func:`main` calls it when
+  ``--cpu_devices`` is given, or when neither variable sets a count.
+
   Raises:
     ValueError: ``n`` above ``config.MAX_SIMULATED_CPU_DEVICES`` (``source``
       names what set it); nothing is simulated then.
   """
-  if os.environ.get("JAX_NUM_CPU_DEVICES"):
-    return
   devices.check_simulated_devices(int(n), source)
   jax.config.update("jax_num_cpu_devices", int(n))
 
@@ -162,13 +165,16 @@ def _prepare(overrides: list[str]):
   needed, source = devices.devices_needed(config)
   source = source.replace("config.", "--config.")  # the flags typed
   source += f" over {procs} processes" if procs > 1 else ""
-  simulate_cpu_devices(
-      CPU_DEVICES.value or max(needed // procs, 1),
-      f"--cpu_devices={CPU_DEVICES.value}" if CPU_DEVICES.value else source)
+  # --cpu_devices wins over the environment's count; without it a count
+  # the environment sets is kept.
+  ours = bool(CPU_DEVICES.value) or not os.environ.get("JAX_NUM_CPU_DEVICES")
+  if ours:
+    simulate_cpu_devices(
+        CPU_DEVICES.value or max(needed // procs, 1),
+        f"--cpu_devices={CPU_DEVICES.value}" if CPU_DEVICES.value else source)
   if launch.initialize_from_config(config) and jax.process_index() > 0:
     logging.set_verbosity(logging.WARNING)  # process 0 reports
-  if not os.environ.get("JAX_NUM_CPU_DEVICES") and \
-      jax.default_backend() == "cpu":  # --cpu_devices set the count
+  if ours and jax.default_backend() == "cpu":  # we set the count
     devices.check_asked_devices(CPU_DEVICES.value, jax.local_device_count(),
                                 max(needed // procs, 1), source)
   if jax.process_index() == 0:

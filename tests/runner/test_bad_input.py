@@ -71,6 +71,12 @@ BAD_FIELDS = [
     ("schedule.peak_lr", -1e-3, "gpt"),
     ("schedule.peak_lr", INF, "gpt"), ("schedule.peak_lr", NAN, "gpt"),
     ("schedule.warmup_steps", -1, "gpt"), ("schedule.warmup_steps", BIG, "gpt"),
+    # Upper bounds: a learning rate or decay above 1e3 (as the learners'
+    # --inner-lr), an Adam eps above 1, only diverge.
+    ("schedule.peak_lr", 1e30, "gpt"), ("schedule.peak_lr", 1000.5, "gpt"),
+    ("schedule.final_lr", 2e3, "gpt"), ("optimizer.weight_decay", 1e30, "gpt"),
+    ("optimizer.eps", 1e30, "gpt"), ("optimizer.eps", 2**63, "gpt"),
+    ("optimizer.eps", 1.5, "gpt"),
     ("optimizer.eps", NAN, "gpt"), ("optimizer.eps", -1e-8, "gpt"),
     ("optimizer.eps", INF, "gpt"), ("optimizer.weight_decay", -0.1, "gpt"),
     ("optimizer.weight_decay", NAN, "gpt"), ("optimizer.b1", 1.0, "gpt"),
@@ -103,6 +109,34 @@ BAD_FIELDS = [
     ("model.features", (8,) * 5, "cnn"), ("model.features", (8.0,), "cnn"),
     ("model.dense", 0, "cnn"), ("model.num_classes", 1, "cnn"),
 ]
+
+
+def test_the_upper_bounds_are_inclusive():
+  """peak_lr and weight_decay of exactly 1e3, eps of exactly 1, pass."""
+  validation.check_config(make_config(**{
+      "schedule.peak_lr": 1e3, "schedule.final_lr": 0.0,
+      "optimizer.weight_decay": 1e3, "optimizer.eps": 1.0}))
+
+
+def test_a_non_finite_loss_names_the_fields_at_fault_with_their_values():
+  from decentral_jax.runner import recorder  # pylint: disable=g-import-not-at-top
+
+  class NoCheckpoint:
+    directory = "ckpt"
+
+    def last_good_step(self):
+      return None, False
+
+  metrics = {"loss": np.array([2.0, np.nan]), "finite": np.array([True, False])}
+  off = make_config(**{"schedule.peak_lr": 0.5, "grad_clip": 0.0})
+  on = make_config(**{"schedule.peak_lr": 0.5, "grad_clip": 2.5})
+  text = str(recorder.non_finite_error(2, metrics, NoCheckpoint(), off))
+  assert "worker(s) [1]" in text, text
+  assert text.endswith("Lower config.schedule.peak_lr (now 0.5) or enable "
+                       "config.grad_clip (now 0: off)."), text
+  text = str(recorder.non_finite_error(2, metrics, NoCheckpoint(), on))
+  assert text.endswith("Lower config.schedule.peak_lr (now 0.5) or lower "
+                       "config.grad_clip (now 2.5)."), text
 
 
 @pytest.mark.parametrize("field, value, model", BAD_FIELDS)

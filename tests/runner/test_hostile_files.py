@@ -16,8 +16,10 @@ import copy
 import gzip
 import hashlib
 import json
+import logging
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -650,6 +652,62 @@ def test_valid_stored_values_pass_their_rules(tiny):
       "config.faults.failure_rate must be a finite number in [0, 1)")
 
 
+def _top(key, value):
+  return lambda m: dict(m, **{key: value})
+
+
+def _top_in(group, key, value):
+  return lambda m: dict(m, **{group: dict(m[group], **{key: value})})
+
+
+def _in_config(group, key, value):
+  def edit(m):
+    config = copy.deepcopy(m["config"])
+    (config[group] if group else config)[key] = value
+    return dict(m, config=config)
+  return edit
+
+
+# Each edit makes the two copies of one field disagree (values valid under
+# the field's rule): "<top-level key> ... disagrees with config.<field>".
+COPY_CASES = {
+    "model.dropout": (_top_in("model", "dropout", 0.1), "config.model.dropout"),
+    "model.n_embd": (_top_in("model", "n_embd", 64), "config.model.n_embd"),
+    "compression.format": (_top_in("compression", "format", "int8"),
+                           "config.compression.format"),
+    "compression.block": (_top_in("compression", "block", 128),
+                          "config.compression.block"),
+    "outer_optimizer.lr": (_top_in("outer_optimizer", "lr", 0.5),
+                           "config.outer_optimizer.lr"),
+    # gpt_tiny: accum_adamw, 4 steps per window, per_step betas.
+    "beta_convention": (_top("beta_convention", "per_window"),
+                        "config.optimizer.beta_convention"),
+    "topology_config_copy": (_in_config("", "topology", "ring"),
+                             "config.topology"),
+    "topology_top": (_top("topology", "ring"), "config.topology"),
+    "faults": (_in_config("faults", "enabled", True), "config.faults"),
+    "sync_every_u": (_top("sync_every_u", 31), "config.sync_every_u"),
+    "noloco.alpha": (_top("noloco.alpha", 0.25), "config.noloco.alpha"),
+    "pipelined_gossip": (_top("pipelined_gossip", True),
+                         "config.pipelined_gossip"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COPY_CASES))
+def test_the_two_copies_of_a_field_must_agree(tiny, case):
+  """Every top-level key that is also a config field or group is a copy
+  of the stored ``config``'s value (or derived from it): a document whose
+  copies disagree is damaged, whichever copy was edited."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  like = copy.deepcopy(meta)
+  assert run_meta.meta_error(copy.deepcopy(meta), 5, like) is None
+  edit, field = COPY_CASES[case]
+  why = run_meta.meta_error(edit(copy.deepcopy(meta)), 5, like)
+  assert why is not None and " disagrees with " + field in why, why
+
+
 def test_damaged_metadata_falls_back_to_the_older_checkpoint(
     tmp_path, tiny, caplog):
   """The newest checkpoint's checksums match but its document is damaged
@@ -671,6 +729,37 @@ def test_damaged_metadata_falls_back_to_the_older_checkpoint(
   assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
   assert os.path.join(root, "5", "meta", "metadata") + ": seed must be a " \
       "number" in caplog.text
+
+
+def test_damaged_step_entries_fall_back_with_one_warning_each(
+    tmp_path, tiny, caplog):
+  """A step entry that is a regular file, an empty directory, or one whose
+  Orbax metadata is cut short is damage found before Orbax reads it: each
+  is moved aside with the one warning naming it (no Orbax log line about
+  it), and the older intact checkpoint is selected."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, state = tiny
+  root = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(str(root), max_to_keep=3) as ckpt:
+    for step in (1, 3, 5):
+      ckpt.save(step, state, run_meta.checkpoint_meta(exp, step))
+  (root / "5" / "_CHECKPOINT_METADATA").write_text("{")
+  shutil.rmtree(root / "3")
+  (root / "3").write_text("x")
+  (root / "7").mkdir()
+  caplog.set_level("WARNING")  # Orbax's own (W/E) lines are counted too
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 1
+  assert sorted(os.listdir(root)) == ["1", "3.corrupt", "5.corrupt",
+                                      "7.corrupt"]
+  lines = [r.getMessage() for r in caplog.records
+           if r.levelno >= logging.WARNING]
+  assert len(lines) == 3, lines
+  for step, why in ((7, "the directory is empty"),
+                    (5, "_CHECKPOINT_METADATA unreadable"),
+                    (3, "it is not a directory")):
+    assert any(line.startswith(f"checkpoint {step} (") and why in line
+               for line in lines), (step, lines)
 
 
 def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):

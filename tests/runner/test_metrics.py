@@ -6,6 +6,8 @@ and tests/runner/test_faults.py (a torn last line, integration tier).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from decentral_jax.runner import metrics
@@ -45,3 +47,59 @@ def test_torn_last_line_says_whether_its_record_is_lost(
   assert line.startswith(f"{path}: line 4 is incomplete"), line
   assert says in line, line
   assert path.read_text() == '{"step": 0}\n{"step": 5}\n{"step": 10}\n'
+
+
+DAMAGED = {  # lines 1-3 of a file a resume after step 5 reads
+    "repeated": ('{"step": 0}\n{"step": 0}\n{"step": 5}\n',
+                 'line 2: "step" must increase from line to line, got 0 '
+                 "after 0"),
+    "reversed": ('{"step": 5}\n{"step": 3}\n{"step": 0}\n',
+                 'line 2: "step" must increase from line to line, got 3 '
+                 "after 5"),
+    "negative_loss": ('{"step": 0}\n{"step": 3, "eval/loss": -3.0}\n'
+                      '{"step": 5}\n', "line 2: eval/loss must be >= 0, got "
+                      "-3"),
+    "accuracy_above_one": ('{"step": 0, "eval/accuracy": 1.5}\n',
+                           "line 1: eval/accuracy must be in [0, 1], got "
+                           "1.5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_a_resume_reads_metrics_by_the_rules_compare_reads_them(
+    tmp_path, case):
+  """Lines repeated, out of order, or with an impossible value are damage
+  to truncate_after (nothing rewritten), as to compare's kept-run check."""
+  from decentral_jax.tools.compare import kept  # pylint: disable=import-outside-toplevel
+  text, why = DAMAGED[case]
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text(text)
+  with pytest.raises(metrics.MetricsError) as info:
+    metrics.truncate_after(str(tmp_path), 5)
+  assert str(info.value).startswith(f"{path}, {why}"), str(info.value)
+  assert path.read_text() == text
+  rows = [json.loads(line) for line in text.splitlines()]
+  assert kept.metrics_error(rows) is not None
+
+
+def test_a_resumed_run_moves_a_damaged_metrics_file_aside(tmp_path, caplog):
+  """The run resumes (its checkpoint is intact): the damaged log is moved
+  to metrics.jsonl.corrupt (then .corrupt-2) with one warning naming it,
+  and the run writes a fresh file."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  text = DAMAGED["reversed"][0]
+  caplog.set_level("WARNING")
+  for n, name in ((1, "metrics.jsonl.corrupt"), (2, "metrics.jsonl.corrupt-2")):
+    path.write_text(text)
+    train.resume_metrics(str(tmp_path), 5)
+    assert not path.exists()
+    assert (tmp_path / name).read_text() == text
+    assert len(caplog.records) == n
+    line = caplog.records[-1].getMessage()
+    assert line.startswith(f"{path}, line 2: \"step\" must increase"), line
+    assert f"moved it to {tmp_path / name}" in line, line
+  path.write_text('{"step": 0}\n{"step": 5}\n{"step": 7}\n')  # intact: cut
+  train.resume_metrics(str(tmp_path), 5)
+  assert path.read_text() == '{"step": 0}\n{"step": 5}\n'
+  assert len(caplog.records) == 2

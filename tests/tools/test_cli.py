@@ -290,3 +290,32 @@ def test_the_installed_entry_point_outside_and_inside_a_checkout(tmp_path):
       "error: config file 'configs/no_such.py' does not exist (relative to "
       f"the current directory, {os.path.join(ROOT, 'docs')}).")
 
+
+
+@pytest.mark.slow  # four interpreters, ~8 s each
+@pytest.mark.parametrize("env", [
+    {"JAX_NUM_CPU_DEVICES": "8"},
+    {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}])
+def test_cpu_devices_wins_over_the_environment_s_count(tmp_path, env):
+  """--cpu_devices=4 with 8 devices set by the environment: the flag's 4
+  are simulated (so 8 workers are refused naming the flag), for train and
+  compare alike, not the environment's 8 silently."""
+  base = {k: v for k, v in os.environ.items()
+          if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+  base.update(env, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+  tiny = ["--config.model.n_layer=1", "--config.model.n_embd=16",
+          "--config.model.n_head=2", "--config.model.block_size=8",
+          "--config.global_batch=16", "--config.steps=1"]
+  for argv in (
+      ["-m", "decentral_jax.tools.cli", "train", "--config",
+       os.path.join(ROOT, "configs", "gpt_tiny.py"), "--cpu_devices=4",
+       f"--workdir={tmp_path / 'w'}", *tiny],
+      ["-m", "decentral_jax.tools.compare", "--cpu_devices=4",
+       "--methods=dadam", f"--outdir={tmp_path / 'out'}", *tiny]):
+    proc = subprocess.run([sys.executable, *argv], capture_output=True,
+                          text=True, env=base, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --cpu_devices=4 simulates 4 CPU devices"), \
+        last
+  assert not (tmp_path / "w").exists() and not (tmp_path / "out").exists()

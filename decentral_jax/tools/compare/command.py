@@ -54,7 +54,9 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
     workload = pricing.check_workload(flags.WORKLOAD.value)
     clusters = pricing.parse_clusters(flags.CLUSTERS.value, workload)
     flags.check_needs(clusters)
-    if not os.environ.get("JAX_NUM_CPU_DEVICES"):
+    # --cpu_devices wins over the environment's count (JAX_NUM_CPU_DEVICES,
+    # XLA_FLAGS); without it a count the environment sets is kept.
+    if flags.CPU_DEVICES.value or not os.environ.get("JAX_NUM_CPU_DEVICES"):
       needed, source = devices_lib.devices_needed(base)
       asked = flags.CPU_DEVICES.value
       devices_lib.check_asked_devices(  # below the config's count: refused

@@ -39,6 +39,7 @@ import math
 import re
 
 from decentral_jax import records
+from decentral_jax.runner import metrics as metrics_lib
 
 # Bytes per parameter of the models whose parameter dtype the config sets
 # (a model of your own may hold several dtypes: its ratio is not checked
@@ -51,62 +52,11 @@ MAX_MESSAGES_PER_WORKER = 4
 # Relative slack of values one computation gives twice (float32 rounding
 # of a mean of per-worker losses, or of the same evaluation under another
 # sharding).
-REL_TOL = 1e-5
-
-
-def _last(key: str) -> str:
-  return key.rsplit("/", 1)[-1]
-
-
-def value_range(key: str) -> tuple[float | None, float | None]:
-  """``(lo, hi)`` of a metric ``key`` (None: unbounded)."""
-  last = _last(key)
-  if "excess" in last:  # a worker's loss minus x_bar's: signed
-    return None, None
-  if "loss" in last or last == "lr":
-    return 0.0, None
-  if "accuracy" in last:
-    return 0.0, 1.0
-  if (key.startswith("comm/") or last in (
-      "consensus_distance", "step_time_ms", "train_time_s", "param_count",
-      "tokens_per_sec", "samples_per_sec")):
-    return 0.0, None
-  return None, None
-
-
-def value_error(key: str, v) -> str | None:
-  """Why a value ``v`` of ``key`` is impossible (None for a null value,
-  which the metrics files write for a non-finite one): outside
-  :func:`value_range`, or not a number where the range is known."""
-  lo, hi = value_range(key)
-  if v is None or (lo, hi) == (None, None):
-    return None
-  if not records.is_real(v):
-    return f"{key} must be a number, got {records.short(v)}"
-  if (lo is not None and v < lo) or (hi is not None and v > hi):
-    rule = (f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}")
-    return f"{key} must be {rule}, got {records.short(v)}"
-  return None
-
-
-def row_error(row: dict) -> str | None:
-  """Why one row of metrics (or the final metrics) is impossible."""
-  for key, v in row.items():
-    why = value_error(key, v)
-    if why:
-      return why
-  lo, mean, hi = (row.get(f"eval/worker_loss_{k}") for k in
-                  ("min", "mean", "max"))
-  got = [x for x in (lo, mean, hi) if records.is_real(x)]
-  slack = REL_TOL * max([abs(x) for x in got] + [1.0])
-  if len(got) == 3 and not lo - slack <= mean <= hi + slack:
-    return (f"eval/worker_loss_min <= eval/worker_loss_mean <= "
-            f"eval/worker_loss_max must hold, got {records.short(lo)}, "
-            f"{records.short(mean)}, {records.short(hi)}")
-  if len(got) == 2 and lo is not None and hi is not None and lo > hi + slack:
-    return (f"eval/worker_loss_min {records.short(lo)} must be <= "
-            f"eval/worker_loss_max {records.short(hi)}")
-  return None
+REL_TOL = metrics_lib.REL_TOL
+# The rules of one row: the runner's, which a resumed run applies too.
+value_range = metrics_lib.value_range
+value_error = metrics_lib.value_error
+row_error = metrics_lib.row_error
 
 
 def schedule_error(row: dict, config: dict) -> str | None:
@@ -288,13 +238,14 @@ def metrics_error(rows: list[dict], config: dict | None = None
                   ) -> str | None:
   """Why a row of ``metrics.jsonl`` is impossible (names its step):
   :func:`row_error`, and :func:`schedule_error` and
-  :func:`throughput_error` given the run's ``config``."""
+  :func:`throughput_error` given the run's ``config``; or why the rows are
+  out of order (:func:`decentral_jax.runner.metrics.order_error`)."""
   for row in rows:
     why = row_error(row) or (config is not None and (
         schedule_error(row, config) or throughput_error(row, config))) or None
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
-  return None
+  return metrics_lib.order_error(rows)
 
 
 # The values every run of a group must share:

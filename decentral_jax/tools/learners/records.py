@@ -241,10 +241,12 @@ class RunRecords:
     ``config.json`` and the new segment of ``learners.json``, and at 0 the
     initial evaluation. Returns the new segment."""
     h = self.run.sync_every
+    rows = read_metrics(self.workdir)  # checked before anything is dropped
     metrics_lib.truncate_after(self.workdir, version * h)
     if version:  # the last seconds recorded (read_metrics: they only grow)
-      self._offset = max([float(r["train_time_s"]) for r in read_metrics(
-          self.workdir) if r.get("train_time_s") is not None], default=0.0)
+      self._offset = max([float(r["train_time_s"]) for r in rows
+                          if r.get("train_time_s") is not None
+                          and r["step"] <= version * h], default=0.0)
     meta = read_meta(self.workdir)
     seg = segment(meta, self.run.shards, version, h)
     config = json.loads(self.task.config.to_json())
