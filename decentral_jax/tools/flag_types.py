@@ -301,8 +301,12 @@ def _try_append(path: str, flag: str) -> None:
   """Opens ``path`` for append as the work will (a file it creates is
   removed again): what the permission bits do not tell (a read-only or
   virtual file system, a root user) is refused before the work. A FIFO or
-  device is left alone (opening one may block or act)."""
+  device is left alone (opening one may block or act: ``/dev/stdout`` is
+  fine); a socket is refused."""
   existed = os.path.exists(path)
+  if existed and stat.S_ISSOCK(os.stat(path).st_mode):
+    raise ValueError(f"{flag} {path!r} is a socket, which cannot be opened "
+                     "as a file; give a file.")
   if existed and not stat.S_ISREG(os.stat(path).st_mode):
     return
   try:
@@ -384,7 +388,7 @@ def _try_directory(path: str, existing: str, flag: str) -> None:
 
 def check_input_file(path: str | None, flag: str) -> None:
   """Refuses an input file ``path`` of ``flag`` that cannot be read:
-  empty, missing, a directory, or not readable (opened as the work will;
+  empty, missing, a directory, not a regular file, or not readable (opened as the work will;
   None or ``""``: the flag was not given).
 
   Raises:
@@ -397,6 +401,10 @@ def check_input_file(path: str | None, flag: str) -> None:
   if not os.path.exists(path):
     raise ValueError(f"{flag} {path!r} does not exist; give an existing "
                      "file.")
+  # Opening a FIFO blocks until a writer comes; /dev/zero never ends.
+  if not os.path.isfile(path):
+    raise ValueError(f"{flag} {path!r} is not a regular file (a pipe, a "
+                     "device or a socket); give a file.")
   try:
     with open(path, "rb"):
       pass

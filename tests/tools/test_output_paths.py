@@ -93,3 +93,23 @@ def test_an_input_file_that_cannot_be_read_is_named(tmp_path, name, says):
   (tmp_path / "p.pbtxt").write_text("costs {}")
   flag_types.check_input_file(str(tmp_path / "p.pbtxt"), "--profile")
   flag_types.check_input_file("", "--profile")  # not given
+
+
+def test_a_pipe_or_device_as_an_input_file_is_refused_without_blocking(
+    tmp_path):
+  """Opening a FIFO without a writer blocked the check for ever; /dev/zero
+  never ends."""
+  fifo = tmp_path / "pipe"
+  os.mkfifo(fifo)
+  for path in (str(fifo), "/dev/zero"):
+    with pytest.raises(ValueError, match="is not a regular file"):
+      flag_types.check_input_file(path, "--profile")
+
+
+def test_a_socket_as_an_output_file_is_refused(tmp_path):
+  import socket  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "s")
+  with socket.socket(socket.AF_UNIX) as s:
+    s.bind(path)
+    with pytest.raises(ValueError, match="--out .* is a socket"):
+      flag_types.check_output_file(path, "--out")
