@@ -380,6 +380,10 @@ def test_decoupled_fragments_merge_on_their_own_and_block_nobody():
 @pytest.mark.parametrize("fields,words", [
     ({"fragments": 0}, "RunSpec.fragments must be an int >= 1"),
     ({"max_staleness": 1.5}, "RunSpec.max_staleness must be an int"),
+    ({"dynamic_updates": "no"}, "RunSpec.dynamic_updates must be a bool"),
+    ({"keep_state": "yes"}, "RunSpec.keep_state must be a bool"),
+    ({"delay_buffer": 2**40, "outer": "delayed_nesterov"},
+     "RunSpec.delay_buffer must be an int >= 1 and <= 2147483647"),
     ({"max_staleness": -1}, "RunSpec.max_staleness must be an int >= 0"),
     ({"sync_every": 2**31}, "RunSpec.sync_every must be an int >= 1 and "
                             "<= 2147483647"),

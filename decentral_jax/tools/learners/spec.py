@@ -313,10 +313,8 @@ def check_outer_and_fragments(run: RunSpec) -> None:
   """
   for name, lo in (("fragments", 1), ("overlap_steps", 0),
                    ("delay_buffer", 1)):
-    value = getattr(run, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-      raise ValueError(f"RunSpec.{name} must be an int >= {lo}, got "
-                       f"{value!r}.")
+    checks.check_int(f"RunSpec.{name}", getattr(run, name), minimum=lo,
+                     maximum=checks.INT32_MAX)
   if run.fragments > run.sync_every:
     raise ValueError(f"RunSpec.fragments={run.fragments} exceeds sync_every="
                      f"{run.sync_every}; use 1 <= fragments <= sync_every.")
@@ -334,9 +332,8 @@ def check_outer_and_fragments(run: RunSpec) -> None:
   if run.outer == "nesterov" and run.delay_buffer != 1:
     raise ValueError(f"RunSpec.delay_buffer={run.delay_buffer} needs outer="
                      "'delayed_nesterov' (Nesterov SGD has no buffer).")
-  if not isinstance(run.keep_state, bool):
-    raise ValueError(f"RunSpec.keep_state must be True or False, got "
-                     f"{run.keep_state!r}.")
+  for name in ("keep_state", "dynamic_updates"):
+    checks.check_bool(f"RunSpec.{name}", getattr(run, name))
   if run.streaming and run.dynamic_updates:
     raise ValueError("RunSpec.dynamic_updates with fragments/overlap_steps/"
                      "merge_alpha: a fragment schedule has one sync period "
