@@ -25,6 +25,7 @@ from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import methods
+from decentral_jax.runner import metrics as metrics_lib
 
 #: checkpoint_meta key -> the config field a resumed run must keep.
 RESUME_FIELDS = {"n_workers": "n_workers",
@@ -93,8 +94,8 @@ def config_leaves(group: dict, prefix: str = "") -> dict:
 #: The groups every stored ``config`` holds (all versions that store it).
 CONFIG_GROUPS = ("optimizer", "schedule", "model", "data", "compression",
                  "faults", "distributed")
-#: The most training seconds a checkpoint may record (about 31.7 years).
-MAX_TRAIN_TIME_S = 1e9
+#: The most training seconds a checkpoint may record (the metrics' bound).
+MAX_TRAIN_TIME_S = metrics_lib.MAX_TRAIN_TIME_S
 #: The largest float32: no loss, consensus distance or learning rate the run
 #: computes in float32 exceeds it.
 F32_MAX = float(np.finfo(np.float32).max)

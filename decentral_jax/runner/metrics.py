@@ -205,9 +205,16 @@ def _last(key: str) -> str:
   return key.rsplit("/", 1)[-1]
 
 
+#: The most training seconds a record may hold (about 31.7 years): a larger
+#: ``train_time_s`` is damage, never a run's time.
+MAX_TRAIN_TIME_S = 1e9
+
+
 def value_range(key: str) -> tuple[float | None, float | None]:
   """``(lo, hi)`` of a metric ``key`` (None: unbounded)."""
   last = _last(key)
+  if last == "train_time_s":
+    return 0.0, MAX_TRAIN_TIME_S
   if "excess" in last:  # a worker's loss minus x_bar's: signed
     return None, None
   if "loss" in last or last == "lr":

@@ -105,3 +105,15 @@ def test_a_resumed_run_moves_a_damaged_metrics_file_aside(tmp_path, caplog):
   train.resume_metrics(str(tmp_path), 5)
   assert path.read_text() == '{"step": 0}\n{"step": 5}\n'
   assert len(caplog.records) == 2
+
+
+@pytest.mark.parametrize("seconds, bad", [(0.0, False), (1e9, False),
+                                          (1e9 * (1 + 1e-15) + 1, True),
+                                          (1e300, True), (-1.0, True)])
+def test_train_seconds_are_bounded_in_every_record(seconds, bad):
+  """A final record of 1e300 training seconds was kept by compare (the
+  checkpoint's bound, 1e9 s, now holds for every metrics record)."""
+  why = metrics.row_error({"step": 3, "train_time_s": seconds})
+  assert (why is not None) == bad, why
+  if bad:
+    assert why.startswith("train_time_s must be in [0, 1e+09]"), why

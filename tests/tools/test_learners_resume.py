@@ -527,10 +527,9 @@ RUNNERS = "fix or delete that line, or move the file away, and run again."
 # name the record's step.
 @pytest.mark.parametrize("pairs, words, fix", [
     ([(0, 0.0), (5, 1e300), (10, 1e300)],
-     ': the record of step 5: "train_time_s" must be a finite number in '
-     "[0, 1e+09], got 1e+300", OURS),
+     ", line 2: train_time_s must be in [0, 1e+09], got 1e+300", RUNNERS),
     ([(0, -50.0), (5, -50.0)],
-     ", line 1: train_time_s must be >= 0, got -50.0", RUNNERS),
+     ", line 1: train_time_s must be in [0, 1e+09], got -50.0", RUNNERS),
     ([(0, 0.0), (5, "5"), (10, 2.0)],
      ", line 2: train_time_s must be a number, got '5'", RUNNERS),
     ([(0, 0.0), (5, True)], ", line 2: train_time_s must be a number",

@@ -640,7 +640,7 @@ FINAL_CASES = {
                          "final.param_count must be a whole number >= 1, got "
                          "7344.5"),
     "train_time_negative": ({"train_time_s": -1},
-                            "final.train_time_s must be >= 0, got -1"),
+                            "final.train_time_s must be in [0, 1e+09], got -1"),
     "worker_min_above_max": ({"eval/worker_loss_min": 99},
                              "eval/worker_loss_min <= eval/worker_loss_mean"),
     "worker_mean_negative": ({"eval/worker_loss_mean": -3},
