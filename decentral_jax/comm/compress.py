@@ -165,7 +165,7 @@ class Compressor:
     Raises:
       ValueError: ``v`` not of a floating dtype.
     """
-    gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
+    _check_value(v)
     if self.format == "none":
       return {"values": v}
     blocks = _blocks(v, self.block)
@@ -210,9 +210,17 @@ class Compressor:
     Raises:
       ValueError: ``v`` not of a floating dtype (a string named as such).
     """
-    gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
+    _check_value(v)
     v = jnp.asarray(v)
     return self.decode(self.encode(v), v)
+
+
+def _check_value(v) -> None:
+  """A ValueError unless ``v`` is one floating array (or array-like)."""
+  if v is None:
+    raise ValueError("Compressor.encode: the value is None; pass a floating "
+                     "array.")
+  gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
 
 
 def to_float32(x) -> jax.Array:
