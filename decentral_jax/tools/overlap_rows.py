@@ -4,7 +4,8 @@ One validating reader: every field :func:`decentral_jax.tools.overlap.
 run_case` writes is checked (its kind and range) before a table reads it,
 and so are the relations between them: the matmul FLOPs in flight, of the
 program and of each collective, are at most the program's total; a
-collective's bytes are a finite number >= 0; the distinct round a
+collective's bytes are a finite number >= 0; ``param_bytes`` is in (0,
+1 PiB]; the build modes are the resolved ones; the distinct round a
 transfer-table row names is a round of its topology. A damaged row is
 refused in one line naming the file, the line and the key. No JAX.
 """
@@ -20,6 +21,12 @@ _BOOL = ("bool", None, None, False)
 _OPS = ("int", 0, None, False)
 #: The consensus modes of a program (``runner.step.CONSENSUS_MODES``).
 CONSENSUS_MODES = ("logged", "input", "none")
+#: How a program's gossip rounds and consensus were built, as resolved
+#: (``runner.config.GOSSIP_ROUNDS`` / ``CONSENSUS_AT`` without ``auto``).
+GOSSIP_ROUNDS = ("switch", "static")
+CONSENSUS_AT = ("log_step", "next_step")
+#: The most parameter bytes a row may hold (1 PiB): a model's size.
+MAX_PARAM_BYTES = 2.0 ** 50
 #: The keys of an ``--out`` row the tables read (each row must have them).
 ROW_SCHEMA = {"case": _STR, "target": _STR, "mode": _STR, "consensus": _STR,
               "distinct_round": ("int", 0, None, True),
@@ -70,6 +77,13 @@ def _collective_error(c, k: int, total: float) -> str | None:
   return None
 
 
+def _param_bytes_error(n: float) -> str | None:
+  if not 0 < n <= MAX_PARAM_BYTES:  # the transfer times divide by it
+    return (f"param_bytes must be in (0, {MAX_PARAM_BYTES:.0f}] (a model's "
+            f"parameter bytes), got {records.short(n)}")
+  return None
+
+
 def row_error(row: dict) -> str | None:
   """Why one ``--out`` row cannot be rendered (one line naming the key),
   or None."""
@@ -80,6 +94,9 @@ def row_error(row: dict) -> str | None:
   options = row.get("compiler_options", "")
   why = (_choice(row, "mode", MODES)
          or _choice(row, "consensus", CONSENSUS_MODES)
+         or _choice(row, "gossip_rounds", GOSSIP_ROUNDS)
+         or _choice(row, "consensus_at", CONSENSUS_AT)
+         or _param_bytes_error(row["param_bytes"])
          or (None if isinstance(options, (str, dict)) else
              "compiler_options must be an object or a string, got "
              f"{records.short(options)}"))

@@ -82,6 +82,13 @@ def _edit_collective(key, value):
     (_edit("overrides", "n_workers=8"), "overrides must be a list of strings"),
     (_edit("compiler_options", 7),
      "compiler_options must be an object or a string, got 7"),
+    (_edit("gossip_rounds", "bogus"),
+     "gossip_rounds must be one of switch, static, got 'bogus'"),
+    (_edit("consensus_at", "auto"),
+     "consensus_at must be one of log_step, next_step, got 'auto'"),
+    (_edit("param_bytes", 0.0), "param_bytes must be in (0, 1125899906842624]"),
+    (_edit("param_bytes", 1e308),
+     "param_bytes must be in (0, 1125899906842624]"),
 ])
 def test_a_damaged_row_is_refused_naming_file_line_and_key(
     tmp_path, capsys, row, says):
@@ -121,5 +128,10 @@ def test_the_row_schema_names_the_writers_values():
   from decentral_jax.runner import step
   from decentral_jax.tools import overlap_rows
   assert overlap_rows.CONSENSUS_MODES == step.CONSENSUS_MODES
+  from decentral_jax.runner import config as config_lib
+  assert set(overlap_rows.GOSSIP_ROUNDS) | {"auto"} == set(
+      config_lib.GOSSIP_ROUNDS)
+  assert set(overlap_rows.CONSENSUS_AT) | {"auto"} == set(
+      config_lib.CONSENSUS_AT)
   fields = {f.name for f in dataclasses.fields(report_lib.CollectiveOverlap)}
   assert set(overlap_rows.COLLECTIVE_SCHEMA) == fields | {"between"}
