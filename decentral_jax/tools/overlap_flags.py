@@ -184,14 +184,22 @@ def check_needs(args, given: set) -> None:
     raise ValueError(why)
 
 
+def _as_int(value):
+  """``int(value)`` of an option's text (``03`` is 3), or the text."""
+  try:
+    return int(str(value).strip(), 10)
+  except ValueError:
+    return value
+
+
 def xla_conflict(args) -> str | None:
   """Why ``--xla`` sets an option to another value than the flag of its
   own that also sets it (``--overlap_limit``: :data:`OVERLAP_LIMIT_OPTION`;
   ``--network_gbps``: :data:`NETWORK_OPTION`, only through ``XLA_FLAGS``),
   or None."""
   given = xla_options(args.xla)
-  if args.overlap_limit and OVERLAP_LIMIT_OPTION in given and str(
-      given[OVERLAP_LIMIT_OPTION]).strip() != str(args.overlap_limit):
+  if args.overlap_limit and OVERLAP_LIMIT_OPTION in given and _as_int(
+      given[OVERLAP_LIMIT_OPTION]) != int(args.overlap_limit):
     return (f"--overlap_limit {args.overlap_limit} and --xla "
             f"{OVERLAP_LIMIT_OPTION}={given[OVERLAP_LIMIT_OPTION]} set the "
             "same XLA option to different values; give one of them.")

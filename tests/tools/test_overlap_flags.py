@@ -90,6 +90,7 @@ def _args(argv):
 
 @pytest.mark.parametrize("argv", [
     ["--overlap_limit", "3", "--xla", f"{_LIMIT}=3"],  # the same value
+    ["--overlap_limit", "3", "--xla", f"{_LIMIT}=03"],  # written otherwise
     ["--xla", f"{_LIMIT}=5"], ["--overlap_limit", "5"],
     ["--network_gbps", "25", "--xla", f"{_LIMIT}=2"]])
 def test_an_xla_option_set_once_or_alike_is_accepted(argv):
