@@ -267,7 +267,7 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   if isinstance(reduction, reductions.GossipRound):
     raise ValueError("reduction=GossipRound(...): Streaming DiLoCo reduces "
                      "over all workers; use ExactMean or LowPrecisionMean.")
-  timing = diloco_sync.resolve_timing(timing, reduction)
+  timing = diloco_sync.resolve_timing(timing, reduction, period, p_count)
   outer = local_steps.default_outer_optimizer() if outer is None else outer
   loop = outer_timing.OuterLoop(period, outer, reduction, alpha)
   offsets = fragment_offsets(period, p_count)

@@ -444,3 +444,40 @@ def test_float_dtype_accepts_scalar_types_and_refuses_arrays():
   for array in (np.zeros(2, np.float16), jnp.zeros((), jnp.float32)):
     with pytest.raises(ValueError, match="got an array; under optax"):
       checks.check_float_dtype("d", array)
+
+
+# -- buffers an overlapped outer step must hold -------------------------------
+
+
+@pytest.mark.parametrize("build, held", [
+    (lambda t: optim.diloco(SGD, 2**26 // t.latency, timing=t), True),
+    (lambda t: optim.diloco(SGD, 2**26 // t.latency + 1, timing=t), False),
+    (lambda t: optim.streaming_diloco(SGD, 2**25 // t.latency,
+                                      num_fragments=2, timing=t), True),
+    (lambda t: optim.streaming_diloco(SGD, 2**25 // t.latency + 1,
+                                      num_fragments=2, timing=t), False),
+], ids=["diloco-at-limit", "diloco-above", "streaming-at-limit",
+        "streaming-above"])
+@pytest.mark.parametrize("timing", [optim.Delayed(1, trickle=True),
+                                    optim.Delayed(4, trickle=False),
+                                    optim.Eager(2)], ids=repr)
+def test_in_flight_slices_bounded_at_construction(build, held, timing):
+  """latency * sync_every (* fragments) <= 2**26: each in-flight buffer is
+  [d, H, S] with S >= 1 (2**31 - 1 of either ran out of memory)."""
+  if held:
+    build(timing)
+    return
+  message = _one_line(build, timing)
+  assert "latency x sync_every" in message and "67108864" in message, message
+
+
+@pytest.mark.parametrize("period, timing", [
+    (2**31 - 1, optim.Delayed(1, trickle=True)), (2**31 - 1, optim.Eager(1)),
+    (2, optim.Delayed(2**31 - 1))])
+def test_in_flight_refusal_names_the_values(period, timing):
+  message = _one_line(lambda: optim.diloco(SGD, period, timing=timing))
+  assert f"sync_every={period}" in message, message
+  assert f"latency={timing.latency}" in message, message
+  # Plain DiLoCo holds no buffer: the same period is accepted.
+  optim.diloco(SGD, period)
+  optim.diloco(SGD, 100000, timing=optim.Eager(8))
