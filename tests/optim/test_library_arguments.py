@@ -481,3 +481,19 @@ def test_in_flight_refusal_names_the_values(period, timing):
   # Plain DiLoCo holds no buffer: the same period is accepted.
   optim.diloco(SGD, period)
   optim.diloco(SGD, 100000, timing=optim.Eager(8))
+
+
+@pytest.mark.parametrize("args, phrase", [
+    ((0, 1), "sync_every must be an int >= 1"),
+    ((-4, 2), "sync_every must be an int >= 1"),
+    ((4, 5), "num_fragments=5 must be in [1, sync_every=4]"),
+    ((4, 0), "num_fragments must be an int >= 1, got 0"),
+    ((4, 2.0), "num_fragments must be an int >= 1, got 2.0")])
+def test_fragment_offsets_checks_its_arguments(args, phrase):
+  # (0, 1) divided by zero, (4, 5) gave [0, 0, 1, 2, 3], (-4, 2) [0, -2].
+  from decentral_jax.optim import streaming_sync
+  assert phrase in _one_line(streaming_sync.fragment_offsets, *args)
+  # p H // P by hand: distinct offsets in [0, H).
+  assert streaming_sync.fragment_offsets(4, 2) == [0, 2]
+  assert streaming_sync.fragment_offsets(5, 3) == [0, 1, 3]
+  assert streaming_sync.fragment_offsets(4, 4) == [0, 1, 2, 3]
