@@ -497,3 +497,51 @@ def test_fragment_offsets_checks_its_arguments(args, phrase):
   assert streaming_sync.fragment_offsets(4, 2) == [0, 2]
   assert streaming_sync.fragment_offsets(5, 3) == [0, 1, 3]
   assert streaming_sync.fragment_offsets(4, 4) == [0, 1, 2, 3]
+
+
+# -- axis names: by type at construction, against the mesh when traced --------
+
+
+@pytest.mark.parametrize("build", [
+    lambda ax: optim.gossip_mixing(topology.make("one_peer_exp", 4), ax),
+    lambda ax: optim.decentralized_adamw(0.1, topology.make("ring", 4),
+                                         axis_name=ax),
+    lambda ax: optim.sgp(0.1, optim.one_peer_directed_exp(4), axis_name=ax),
+    lambda ax: optim.all_reduce_gradients(ax),
+    lambda ax: optim.elastic_diloco(SGD, 2, axis_name=ax),
+    lambda ax: optim.desloc_adam(0.1, 1, 2, 3, axis_name=ax),
+    lambda ax: optim.gradient_tracking_sgd(0.1, topology.make("ring", 4),
+                                           axis_name=ax),
+    lambda ax: optim.pipelined_adamw(0.1, topology.make("ring", 4),
+                                     axis_name=ax),
+    lambda ax: optim.ExactMean(ax)],
+    ids=["gossip_mixing", "decentralized_adamw", "sgp", "all_reduce",
+         "elastic_diloco", "desloc_adam", "gradient_tracking", "pipelined",
+         "ExactMean"])
+@pytest.mark.parametrize("axis", [None, 1, "", (), ("nodes", 2)], ids=repr)
+def test_axis_name_refused_by_type_at_construction(build, axis):
+  # None and 1 failed later as "'NoneType' object is not iterable".
+  message = _one_line(build, axis)
+  assert "axis_name must be a mesh axis name" in message, message
+  assert repr(axis) in message, message
+
+
+@pytest.mark.parametrize("make, axis", [
+    (lambda: optim.diloco(SGD, 2, reduction=optim.ExactMean("nodes")),
+     "nodes"),
+    (lambda: optax.chain(SGD, optim.gossip_mixing(
+        topology.make("one_peer_exp", 4), ("workers", "local"))), "local")])
+def test_axis_the_mesh_lacks_is_named_when_traced(make, axis):
+  # ExactMean("nodes") on a ("workers",) mesh: a bare AssertionError.
+  require_devices(4)
+  mesh = parallel.make_mesh(4)
+  tx = make()
+  p = parallel.replicate({"w": jnp.ones(3)}, mesh)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+
+  def step(p, s):
+    return tx.update(p, s, p)
+
+  message = _one_line(jax.jit(parallel.per_worker(step, mesh)), p, s)
+  assert f"the mesh has no axis {axis!r}" in message, message
+  assert "('workers',)" in message, message
