@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 from typing import Sequence
 
 import jax
@@ -51,40 +50,16 @@ from jax import lax
 
 from decentral_jax import checks
 from decentral_jax.comm import virtual_plans
-
-
-@dataclasses.dataclass(frozen=True)
-class VirtualAxes:
-  """``per_device`` workers on every device of the mesh axis ``device``.
-
-  Attributes:
-    device: the ``shard_map`` mesh axis over devices (size ``M``).
-    per_device: workers per device ``K >= 1``; ``n = M K`` workers, worker
-      ``i`` is slot ``i % K`` of device ``i // K``.
-    virtual: the ``jax.vmap`` axis name over a device's workers.
-  """
-  device: str
-  per_device: int
-  virtual: str = "virtual"
-
-
-AxisName = str | tuple[str, ...] | VirtualAxes
-
-
-def is_virtual(axis_name: AxisName) -> bool:
-  """True if ``axis_name`` is a :class:`VirtualAxes`."""
-  return isinstance(axis_name, VirtualAxes)
-
-
-def mesh_axes(axis_name: AxisName) -> tuple[str, ...]:
-  """The ``shard_map`` mesh axes the workers lie on."""
-  if is_virtual(axis_name):
-    return (axis_name.device,)
-  return (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+from decentral_jax.comm.axes import AxisName
+from decentral_jax.comm.axes import VirtualAxes
+from decentral_jax.comm.axes import bound_axes
+from decentral_jax.comm.axes import check_axis_name
+from decentral_jax.comm.axes import is_virtual
+from decentral_jax.comm.axes import mesh_axes
 
 
 def _lax_axis(axis_name):
-  axes = mesh_axes(axis_name)
+  axes = bound_axes(axis_name)
   return axes[0] if len(axes) == 1 else axes
 
 
@@ -183,12 +158,13 @@ def size(axis_name: AxisName) -> int:
   """Number of workers ``n`` (a Python int; reads the mesh axis sizes).
 
   Raises:
-    NameError: not inside ``shard_map`` over the axis (from JAX).
+    ValueError: an axis the enclosing mesh lacks, or not inside
+      ``shard_map`` (:func:`bound_axes`).
   """
   n = 1
   if not is_virtual(axis_name):
     _check_not_virtual(axis_name)
-  for a in mesh_axes(axis_name):
+  for a in bound_axes(axis_name):
     n *= lax.axis_size(a)
   if is_virtual(axis_name):
     n *= axis_name.per_device

@@ -65,12 +65,7 @@ def check_axis(topology: topology_lib.Topology, axis_name: AxisName) -> None:
 
   Must be called inside ``shard_map`` (it reads the mesh axis sizes).
   """
-  try:
-    size = _axis_size(axis_name)
-  except NameError as e:
-    raise ValueError(
-        f"gossip over axis {axis_name!r} must run inside jax.shard_map over a "
-        f"mesh with that axis (parallel.per_worker): {e}") from None
+  size = _axis_size(axis_name)  # ValueError naming a missing mesh axis
   if size != topology.n_workers:
     raise ValueError(
         f"topology {topology.name!r} has n_workers={topology.n_workers} but "
@@ -408,9 +403,10 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
     raise ValueError(f"step must be an int or a traced integer scalar, got "
                      f"{step!r}.")
   if topology.n_workers == 1:
+    collectives.check_axis_name(axis_name)
     try:  # a one-worker topology on a larger mesh would silently not mix
       size = _axis_size(axis_name)
-    except NameError:
+    except ValueError:
       return tree  # not inside shard_map: nothing to communicate
     if size != 1:
       check_axis(topology, axis_name)

@@ -105,8 +105,10 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     b1: first-moment decay, in [0, 1).
     b2: second-moment decay, in [0, 1).
     eps: added to the denominator outside the square root; finite, >= 0.
-    accum_steps: window length ``T >= 1`` (``accum_iter`` in ``decent-dp``);
-      may be a traced integer (``optax.inject_hyperparams``).
+    accum_steps: window length ``T``, an int in ``[1, 2**31 - 1]``
+      (``accum_iter`` in ``decent-dp``; the whole range holds, the window
+      index is computed without wrapping the int32 step counter); may be a
+      traced integer (``optax.inject_hyperparams``).
     mu_dtype: optional floating dtype of ``M`` and ``A`` (default: the param
       dtype).
     nu_dtype: optional floating dtype of ``V`` (default: the param dtype).
@@ -157,7 +159,9 @@ def scale_by_accum_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
     count = optax.safe_increment(state.count)
     big_t = (accum_steps if static_t
              else jnp.asarray(accum_steps).astype(jnp.int32))
-    window = (count + big_t - 1) // big_t  # c = ceil(t / T)
+    # c = ceil(t / T) as (t - 1) // T + 1: no intermediate exceeds t, so
+    # T up to INT32_MAX does not wrap the int32 counter (t + T - 1 would).
+    window = (count - 1) // big_t + 1
     commit = count % big_t == 0
 
     def leaf(g, m, v, a):

@@ -239,6 +239,7 @@ def choco_gossip(topology: topology_lib.Topology,
       ``update``, or a worker axis whose size is not ``topology.n_workers``
       (``update``).
   """
+  collectives.check_axis_name(axis_name)
   gamma = checks.check_float("consensus_step", consensus_step, minimum=0.0,
                              maximum=1.0, open_min=True)
   compress.check_compressor(compressor)

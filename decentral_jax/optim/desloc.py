@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax import checks
+from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import arguments
 
@@ -111,6 +112,7 @@ def desloc_adam(learning_rate, sync_x: int, sync_u: int, sync_v: int, *,
       callable (at construction); an integer or bool parameter leaf
       (``init``, ``update``); ``params`` not passed to ``update``.
   """
+  collectives.check_axis_name(axis_name)
   k_x, k_u, k_v = check_desloc_periods(sync_x, sync_u, sync_v)
   arguments.check_learning_rate(learning_rate)
   arguments.check_hyperparameter("b1", b1, below_one=True)

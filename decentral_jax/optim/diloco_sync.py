@@ -59,13 +59,18 @@ def check_reduction(reduction) -> reductions.Reduction:
   return reduction
 
 
-def resolve_timing(timing, reduction):
+def resolve_timing(timing, reduction, period: int | None = None,
+                   fragments: int = 1):
   """``timing`` resolved for ``reduction`` (None: ``Plain()``).
+
+  With ``period`` (``H``) given, an overlapped timing is also checked by
+  :func:`~decentral_jax.optim.outer_timing.check_in_flight`.
 
   Raises:
     ValueError: not a timing of :mod:`decentral_jax.optim.outer_timing`;
       an overlapped timing with a compressed reduction; ``trickle=True``
-      with a time-varying gossip round.
+      with a time-varying gossip round; ``latency * period * fragments``
+      above ``outer_timing.MAX_IN_FLIGHT_SLICES``.
   """
   if timing is None:
     return outer_timing.Plain()
@@ -81,6 +86,8 @@ def resolve_timing(timing, reduction):
         "the pseudo-gradients; pass timing=outer_timing.Plain() or an "
         "exact reduction instead of reductions.compressed(...) (runner: "
         "outer_overlap='none' or compression.format='none').")
+  if period is not None:
+    outer_timing.check_in_flight(timing, period, fragments)
   return timing.resolve(reduction)
 
 
@@ -155,7 +162,7 @@ def diloco(inner: optax.GradientTransformation, sync_every: int, *,
   period = local_steps.check_common(inner, sync_every, outer)
   outer = local_steps.default_outer_optimizer() if outer is None else outer
   reduction = check_reduction(reduction)
-  timing = resolve_timing(timing, reduction)
+  timing = resolve_timing(timing, reduction, period)
   loop = outer_timing.OuterLoop(period, outer, reduction)
 
   def init_fn(params):

@@ -318,6 +318,7 @@ def elastic_diloco(inner: optax.GradientTransformation, sync_every: int, *,
       parameter leaf or ``min_quorum > n`` (in ``init`` and ``update``);
       ``params`` not passed; a mask not bool of shape ``(n,)``.
   """
+  collectives.check_axis_name(axis_name)
   period, quorum = _check(inner, outer, sync_every, min_quorum, on_failure,
                           rejoin)
   outer = local_steps.default_outer_optimizer() if outer is None else outer
@@ -337,6 +338,7 @@ def elastic_local_sgd(inner: optax.GradientTransformation, sync_every: int, *,
   than :func:`~decentral_jax.optim.local_sgd_sync.local_sgd`).
   Arguments, returns and errors as :func:`elastic_diloco`.
   """
+  collectives.check_axis_name(axis_name)
   period, quorum = _check(inner, None, sync_every, min_quorum, on_failure,
                           rejoin)
   return _elastic(inner, period, quorum, on_failure, rejoin, axis_name, None,

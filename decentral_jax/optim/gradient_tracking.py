@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax import checks
+from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import arguments
 from decentral_jax.optim import precision
@@ -116,6 +117,7 @@ def gradient_tracking(topology: topology_lib.Topology,
       arguments ``alive``/``working``/``rejoining`` (gradient tracking does
       not run over failing workers); errors of :func:`gossip.mix`.
   """
+  collectives.check_axis_name(axis_name)
   gossip.check_topology(topology)
   checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
@@ -190,6 +192,7 @@ def tracked_decentralized(inner: optax.GradientTransformation,
     ValueError: an unknown ``form``, and the errors of
       :func:`gradient_tracking` and ``decentralized``.
   """
+  collectives.check_axis_name(axis_name)
   atc = check_tracking_form(form) == "atc"
   return optax.chain(
       gradient_tracking(topology, axis_name, comm_dtype=comm_dtype,

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import arguments
 from decentral_jax.optim import local_steps
@@ -186,6 +187,7 @@ def noloco(inner: optax.GradientTransformation, sync_every: int,
       ``update``); ``params`` not passed to ``update``; a worker axis whose
       size differs from ``pairing.n_workers`` (``update``).
   """
+  collectives.check_axis_name(axis_name)
   period = local_steps.check_common(inner, sync_every)
   pairings_lib.check_groups(pairing, 2, "pairing")
   alpha, beta, gamma = check_outer(alpha, beta, gamma)

@@ -61,6 +61,11 @@ from decentral_jax.optim import local_steps
 
 PyTree = Any
 TIMINGS = ("none", "delayed", "eager")
+# The most slices ``latency * H`` (times the fragments of Streaming DiLoCo)
+# an overlapped timing may hold: each buffer is ``[d, H, S]`` with ``S >=
+# 1``, so it holds at least ``d * H`` elements whatever the model's size
+# (2**26 float32 elements: 256 MiB per buffer).
+MAX_IN_FLIGHT_SLICES = 2**26
 
 
 def check_timing(overlap, latency, trickle, *, one_round: bool = True
@@ -102,6 +107,30 @@ def check_timing(overlap, latency, trickle, *, one_round: bool = True
         "selects its round with a conditional around the collectives, which "
         "XLA cannot overlap; pass trickle=False.")
   return overlap, latency, bool(one_round if trickle is None else trickle)
+
+
+def check_in_flight(timing, period: int, fragments: int = 1) -> None:
+  """Refuses an overlapped timing whose buffers cannot be held.
+
+  The pseudo-gradients in flight are ``[d, H, S]`` buffers (``S >= 1``,
+  one or two per dtype group and fragment), so ``d * H * fragments`` is
+  bounded by :data:`MAX_IN_FLIGHT_SLICES` (``H = 100000`` allows ``d`` up
+  to 671). :class:`Plain` holds none and is never refused.
+
+  Raises:
+    ValueError: ``latency * sync_every`` (times ``num_fragments``) above
+      :data:`MAX_IN_FLIGHT_SLICES`, naming both and the limit.
+  """
+  if timing.mode == "none":
+    return
+  slices = timing.latency * period * fragments
+  if slices > MAX_IN_FLIGHT_SLICES:
+    times = f" x num_fragments={fragments}" if fragments > 1 else ""
+    raise ValueError(
+        f"timing={timing!r} with sync_every={period}{times}: the "
+        f"pseudo-gradients in flight are held as latency x sync_every{times}"
+        f" = {slices} slices of at least one element each, above the limit "
+        f"{MAX_IN_FLIGHT_SLICES} (2**26); lower latency or sync_every.")
 
 
 class FlatLayout(NamedTuple):

@@ -57,6 +57,7 @@ import jax.numpy as jnp
 import optax
 
 from decentral_jax import checks
+from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
@@ -116,6 +117,7 @@ def pipelined_gossip(inner: optax.GradientTransformation,
       ``alive``/``working``/``rejoining`` given (pipelined gossip does not
       run with faults); errors of :func:`decentral_jax.comm.gossip.mix`.
   """
+  collectives.check_axis_name(axis_name)
   arguments.check_transform("inner", inner)
   gossip.check_topology(topology)
   checks.check_comm_dtype(comm_dtype)
@@ -165,6 +167,7 @@ def pipelined_adamw(learning_rate: optax.ScalarOrSchedule,
     ValueError: those of :func:`~decentral_jax.optim.transforms.
       local_adamw` and :func:`pipelined_gossip`.
   """
+  collectives.check_axis_name(axis_name)
   return pipelined_gossip(transforms.local_adamw(learning_rate, **adamw),
                           topology, axis_name, comm_dtype=comm_dtype,
                           bucket_bytes=bucket_bytes)

@@ -38,6 +38,7 @@ import numpy as np
 import optax
 
 from decentral_jax import checks
+from decentral_jax.comm import collectives
 from decentral_jax.comm import gossip
 from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
@@ -165,6 +166,7 @@ def push_sum(inner: optax.GradientTransformation,
   References:
     Assran et al., ICML 2019 (arXiv 1811.10792), Alg. 1.
   """
+  collectives.check_axis_name(axis_name)
   arguments.check_transform("inner", inner)
   check_column_stochastic(topology)
   checks.check_comm_dtype(comm_dtype)

@@ -70,15 +70,8 @@ class Reduction:
   one_round = True
 
   def __init__(self, axis_name: gossip.AxisName = "workers"):
-    names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
-    named = all(isinstance(a, str) and a for a in names)
-    if not isinstance(axis_name, collectives.VirtualAxes) and not (
-        names and named):
-      raise ValueError(f"{type(self).__name__}: axis_name must be a mesh "
-                       "axis name (a non-empty string), a tuple of them or "
-                       f"the VirtualAxes of a virtual layout, got "
-                       f"{axis_name!r}.")
-    self.axis_name = axis_name
+    self.axis_name = collectives.check_axis_name(
+        axis_name, f"{type(self).__name__}: ")
 
   def __repr__(self):
     return f"{type(self).__name__}(axis_name={self.axis_name!r})"

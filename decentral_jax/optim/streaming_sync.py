@@ -94,10 +94,20 @@ def check_fragments(fragments: PyTree, params: PyTree,
 def fragment_offsets(sync_every: int, num_fragments: int) -> list[int]:
   """The send offset ``o_p = (p H // P) % H`` of each fragment ``p``:
   fragment ``p`` is sent at the inner steps ``t >= max(o_p, 1)`` with ``t %
-  H == o_p`` (ints, no checks: see :func:`streaming_diloco` for the ranges).
+  H == o_p``; distinct offsets in ``[0, H)``, e.g. ``(4, 2) -> [0, 2]``.
+
+  Raises:
+    ValueError: ``sync_every`` (``H``) not an int in ``[1, 2**31 - 1]`` or
+      ``num_fragments`` (``P``) not an int in ``[1, H]`` (``P > H`` would
+      give two fragments the same offset).
   """
-  return [(p * sync_every // num_fragments) % sync_every
-          for p in range(num_fragments)]
+  period = checks.check_int("sync_every", sync_every, minimum=1,
+                           maximum=checks.INT32_MAX)
+  p_count = checks.check_int("num_fragments", num_fragments, minimum=1)
+  if p_count > period:
+    raise ValueError(f"num_fragments={num_fragments!r} must be in [1, "
+                     f"sync_every={period}].")
+  return [(p * period // p_count) % period for p in range(p_count)]
 
 
 class Pending(NamedTuple):
@@ -129,16 +139,13 @@ class StreamingDiLoCoState(NamedTuple):
 def _check_streaming(period: int, num_fragments, overlap_steps,
                      merge_alpha) -> tuple[int, int, float]:
   """``(P, tau, alpha)`` of :func:`streaming_diloco`, checked against ``H``."""
-  p_count = checks.check_int("num_fragments", num_fragments, minimum=1)
+  p_count = len(fragment_offsets(period, num_fragments))
   tau = checks.check_int("overlap_steps", overlap_steps, minimum=0)
   if tau * p_count >= period:
     raise ValueError(
         f"overlap_steps={overlap_steps!r} must be an integer with 0 <= tau "
         f"and tau * num_fragments < sync_every ({p_count} * tau < {period}), "
         "so a fragment is merged before the next one is sent.")
-  if p_count > period:
-    raise ValueError(f"num_fragments={num_fragments!r} must be in [1, "
-                     f"sync_every={period}].")
   return p_count, tau, checks.check_probability("merge_alpha", merge_alpha)
 
 
@@ -267,7 +274,7 @@ def streaming_diloco(inner: optax.GradientTransformation, sync_every: int, *,
   if isinstance(reduction, reductions.GossipRound):
     raise ValueError("reduction=GossipRound(...): Streaming DiLoCo reduces "
                      "over all workers; use ExactMean or LowPrecisionMean.")
-  timing = diloco_sync.resolve_timing(timing, reduction)
+  timing = diloco_sync.resolve_timing(timing, reduction, period, p_count)
   outer = local_steps.default_outer_optimizer() if outer is None else outer
   loop = outer_timing.OuterLoop(period, outer, reduction, alpha)
   offsets = fragment_offsets(period, p_count)

@@ -116,6 +116,7 @@ def gossip_mixing(topology: topology_lib.Topology,
       construction); ``params`` not passed to ``update``; errors of
       :func:`decentral_jax.comm.gossip.mix` (mesh axis size, non-floating leaves).
   """
+  collectives.check_axis_name(axis_name)
   gossip.check_topology(topology)
   checks.check_comm_dtype(comm_dtype)
   bucket_bytes = gossip.check_bucket_bytes(bucket_bytes)
@@ -241,6 +242,7 @@ def decentralized(inner: optax.GradientTransformation,
       ``gossip_every``; errors of :func:`decentral_jax.comm.gossip.mix`
       (mesh axis size, non-floating leaves).
   """
+  collectives.check_axis_name(axis_name)
   arguments.check_transform("inner", inner)
   gossip.check_topology(topology)
   checks.check_bool("mix_after_update", mix_after_update)
@@ -540,6 +542,7 @@ def all_reduce_gradients(axis_name: gossip.AxisName = "workers"
   mean of bfloat16/float16 gradients is reduced by the backend in that
   dtype).
   """
+  collectives.check_axis_name(axis_name)
 
   def init_fn(params):
     del params

@@ -323,6 +323,13 @@ def first_bad_sum(w, axis: int) -> tuple[int | None, float]:
   return (int(bad[0]), float(sums[bad[0]])) if bad.size else (None, 1.0)
 
 
+def sum_text(total: float) -> str:
+  """``total`` for a message: its shortest exact repr, ``|total - 1|`` and
+  :data:`TOL` (``.6g`` printed 1 + 1e-9 as 1)."""
+  return (f"{float(total)!r} (|sum - 1| = {abs(total - 1.0):.9g} > "
+          f"tolerance {TOL:g})")
+
+
 def check_column_sums(w, where: str) -> None:
   """Raises ``ValueError`` unless every column of ``w`` sums to 1.
 
@@ -338,7 +345,7 @@ def check_column_sums(w, where: str) -> None:
   if k is not None:
     raise ValueError(
         f"{where} is not column stochastic: column {k} sums to "
-        f"{total:.6g}, expected 1 (column j holds what worker j keeps and "
+        f"{sum_text(total)}, expected 1 (column j holds what worker j keeps and "
         "sends; together it must be all of its mass).")
 
 
@@ -376,6 +383,6 @@ def validate_matrix(w, index: int, n: int | None,
     if k is not None:
       raise ValueError(
           f"{where} is not doubly stochastic: {label} {k} sums to "
-          f"{total:.6g}, expected 1 (every row and column of W must sum to "
+          f"{sum_text(total)}, expected 1 (every row and column of W must sum to "
           "1).")
   return w

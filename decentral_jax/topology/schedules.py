@@ -62,9 +62,10 @@ from decentral_jax.topology.spectral import deviation_norm
 from decentral_jax.topology.spectral import maps_to_mean
 from decentral_jax.topology.terms import Partition
 
-__all__ = ["NAMES", "Topology", "alternating_exp_ring", "canonical_name",
-           "check_n_workers", "complete", "exponential", "from_matrices", "from_permutations",
-           "make", "one_peer_exp", "ring", "static_ring", "torus"]
+__all__ = ["MAX_WORKERS", "NAMES", "Topology", "alternating_exp_ring",
+           "canonical_name", "check_n_workers", "complete", "exponential",
+           "from_matrices", "from_permutations", "make", "one_peer_exp",
+           "ring", "static_ring", "torus"]
 
 
 
@@ -316,13 +317,29 @@ def _permutation_term(term, where: str) -> tuple[list, float]:
   return perm, checks.check_float(f"{where} weight", weight)
 
 
+# The most workers a topology is built for (check_n_workers).
+MAX_WORKERS = 2**16
+
+
 def check_n_workers(n_workers) -> int:
-  """Returns ``int(n_workers)`` if it is an integer >= 1.
+  """Returns ``int(n_workers)`` if it is an integer in ``[1, MAX_WORKERS]``.
+
+  :data:`MAX_WORKERS` (65536) bounds what a schedule is built for: its
+  rounds hold per-worker arrays and building them grows with ``n`` (65536:
+  about a second for ``exponential``; 2**24 took minutes, 2**40 ran out of
+  memory).
 
   Raises:
-    ValueError: a float (2.5, 4.0), a bool, an array or a value < 1.
+    ValueError: a float (2.5, 4.0), a bool, an array, a value < 1 or above
+      :data:`MAX_WORKERS`.
   """
-  return checks.check_int("n_workers", n_workers, minimum=1)
+  n = checks.check_int("n_workers", n_workers, minimum=1)
+  if n > MAX_WORKERS:
+    raise ValueError(
+        f"n_workers={n} is above MAX_WORKERS={MAX_WORKERS}, the most "
+        "workers a topology is built for (building its rounds grows with "
+        f"n); use n_workers <= {MAX_WORKERS}.")
+  return n
 
 
 def _check_local_size(n: int, local_size: int) -> None:

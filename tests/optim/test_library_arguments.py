@@ -444,3 +444,104 @@ def test_float_dtype_accepts_scalar_types_and_refuses_arrays():
   for array in (np.zeros(2, np.float16), jnp.zeros((), jnp.float32)):
     with pytest.raises(ValueError, match="got an array; under optax"):
       checks.check_float_dtype("d", array)
+
+
+# -- buffers an overlapped outer step must hold -------------------------------
+
+
+@pytest.mark.parametrize("build, held", [
+    (lambda t: optim.diloco(SGD, 2**26 // t.latency, timing=t), True),
+    (lambda t: optim.diloco(SGD, 2**26 // t.latency + 1, timing=t), False),
+    (lambda t: optim.streaming_diloco(SGD, 2**25 // t.latency,
+                                      num_fragments=2, timing=t), True),
+    (lambda t: optim.streaming_diloco(SGD, 2**25 // t.latency + 1,
+                                      num_fragments=2, timing=t), False),
+], ids=["diloco-at-limit", "diloco-above", "streaming-at-limit",
+        "streaming-above"])
+@pytest.mark.parametrize("timing", [optim.Delayed(1, trickle=True),
+                                    optim.Delayed(4, trickle=False),
+                                    optim.Eager(2)], ids=repr)
+def test_in_flight_slices_bounded_at_construction(build, held, timing):
+  """latency * sync_every (* fragments) <= 2**26: each in-flight buffer is
+  [d, H, S] with S >= 1 (2**31 - 1 of either ran out of memory)."""
+  if held:
+    build(timing)
+    return
+  message = _one_line(build, timing)
+  assert "latency x sync_every" in message and "67108864" in message, message
+
+
+@pytest.mark.parametrize("period, timing", [
+    (2**31 - 1, optim.Delayed(1, trickle=True)), (2**31 - 1, optim.Eager(1)),
+    (2, optim.Delayed(2**31 - 1))])
+def test_in_flight_refusal_names_the_values(period, timing):
+  message = _one_line(lambda: optim.diloco(SGD, period, timing=timing))
+  assert f"sync_every={period}" in message, message
+  assert f"latency={timing.latency}" in message, message
+  # Plain DiLoCo holds no buffer: the same period is accepted.
+  optim.diloco(SGD, period)
+  optim.diloco(SGD, 100000, timing=optim.Eager(8))
+
+
+@pytest.mark.parametrize("args, phrase", [
+    ((0, 1), "sync_every must be an int >= 1"),
+    ((-4, 2), "sync_every must be an int >= 1"),
+    ((4, 5), "num_fragments=5 must be in [1, sync_every=4]"),
+    ((4, 0), "num_fragments must be an int >= 1, got 0"),
+    ((4, 2.0), "num_fragments must be an int >= 1, got 2.0")])
+def test_fragment_offsets_checks_its_arguments(args, phrase):
+  # (0, 1) divided by zero, (4, 5) gave [0, 0, 1, 2, 3], (-4, 2) [0, -2].
+  from decentral_jax.optim import streaming_sync
+  assert phrase in _one_line(streaming_sync.fragment_offsets, *args)
+  # p H // P by hand: distinct offsets in [0, H).
+  assert streaming_sync.fragment_offsets(4, 2) == [0, 2]
+  assert streaming_sync.fragment_offsets(5, 3) == [0, 1, 3]
+  assert streaming_sync.fragment_offsets(4, 4) == [0, 1, 2, 3]
+
+
+# -- axis names: by type at construction, against the mesh when traced --------
+
+
+@pytest.mark.parametrize("build", [
+    lambda ax: optim.gossip_mixing(topology.make("one_peer_exp", 4), ax),
+    lambda ax: optim.decentralized_adamw(0.1, topology.make("ring", 4),
+                                         axis_name=ax),
+    lambda ax: optim.sgp(0.1, optim.one_peer_directed_exp(4), axis_name=ax),
+    lambda ax: optim.all_reduce_gradients(ax),
+    lambda ax: optim.elastic_diloco(SGD, 2, axis_name=ax),
+    lambda ax: optim.desloc_adam(0.1, 1, 2, 3, axis_name=ax),
+    lambda ax: optim.gradient_tracking_sgd(0.1, topology.make("ring", 4),
+                                           axis_name=ax),
+    lambda ax: optim.pipelined_adamw(0.1, topology.make("ring", 4),
+                                     axis_name=ax),
+    lambda ax: optim.ExactMean(ax)],
+    ids=["gossip_mixing", "decentralized_adamw", "sgp", "all_reduce",
+         "elastic_diloco", "desloc_adam", "gradient_tracking", "pipelined",
+         "ExactMean"])
+@pytest.mark.parametrize("axis", [None, 1, "", (), ("nodes", 2)], ids=repr)
+def test_axis_name_refused_by_type_at_construction(build, axis):
+  # None and 1 failed later as "'NoneType' object is not iterable".
+  message = _one_line(build, axis)
+  assert "axis_name must be a mesh axis name" in message, message
+  assert repr(axis) in message, message
+
+
+@pytest.mark.parametrize("make, axis", [
+    (lambda: optim.diloco(SGD, 2, reduction=optim.ExactMean("nodes")),
+     "nodes"),
+    (lambda: optax.chain(SGD, optim.gossip_mixing(
+        topology.make("one_peer_exp", 4), ("workers", "local"))), "local")])
+def test_axis_the_mesh_lacks_is_named_when_traced(make, axis):
+  # ExactMean("nodes") on a ("workers",) mesh: a bare AssertionError.
+  require_devices(4)
+  mesh = parallel.make_mesh(4)
+  tx = make()
+  p = parallel.replicate({"w": jnp.ones(3)}, mesh)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+
+  def step(p, s):
+    return tx.update(p, s, p)
+
+  message = _one_line(jax.jit(parallel.per_worker(step, mesh)), p, s)
+  assert f"the mesh has no axis {axis!r}" in message, message
+  assert "('workers',)" in message, message

@@ -190,6 +190,35 @@ def test_accum_adam_per_step_betas_with_t1_is_adam():
     np.testing.assert_array_equal(np.asarray(u1), np.asarray(u2))
 
 
+@pytest.mark.parametrize("convention", ["per_window", "per_step"])
+def test_accum_adam_window_at_int32_max(convention):
+  """T = 2**31 - 1 (the top of the accepted range): every step is in window 1.
+
+  The window index ceil(t / T) must not wrap the int32 counter (t + T - 1
+  does from t = 2), which made the direction NaN or 0 from step 2.
+  """
+  big_t = 2**31 - 1
+  grads = np.array([[1.5, -2.0], [-0.25, 3.0], [0.5, 0.75]])
+  tx = optim.scale_by_accum_adam(0.9, 0.999, 1e-8, accum_steps=big_t,
+                                 beta_convention=convention)
+  state = tx.init(jnp.zeros(2, jnp.float32))
+  update = jax.jit(tx.update)
+  out = []
+  for g in grads:
+    d, state = update(jnp.asarray(g, jnp.float32), state)
+    out.append(np.asarray(d))
+  # In window 1 with M = V = 0 (no window ends): m_hat = g, v_hat = g**2,
+  # so d = g / (|g| + eps) whatever the decays (by hand; per_step's
+  # 0.9**T is 0 in float32 and still gives m_hat = g); float32 rounding of
+  # the decays keeps it within 1e-5 of that.
+  np.testing.assert_allclose(np.array(out), grads / (np.abs(grads) + 1e-8),
+                             rtol=1e-4)
+  np.testing.assert_allclose(np.array(out),
+                             np_accum_adam(grads, 0.9, 0.999, 1e-8, big_t),
+                             rtol=1e-4)
+  assert int(state.count) == 3
+
+
 def test_accum_adam_bad_beta_convention():
   with pytest.raises(ValueError, match="beta_convention must be one of"):
     optim.scale_by_accum_adam(accum_steps=2, beta_convention="per_epoch")

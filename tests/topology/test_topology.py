@@ -309,6 +309,18 @@ def test_from_matrices_errors():
     topology.from_matrices([])
 
 
+@pytest.mark.parametrize("column_stochastic", [False, True])
+def test_bad_sum_printed_exactly_with_the_tolerance(column_stochastic):
+  # Row/column 0 sums to 1 + 1e-9 (just outside the 1e-9 tolerance): the
+  # message showed "sums to 1, expected 1".
+  w = np.array([[0.5 + 1e-9, 0.5], [0.5, 0.5 - 1e-9]])
+  with pytest.raises(ValueError) as info:
+    topology.from_matrices([w], column_stochastic=column_stochastic)
+  message = str(info.value)
+  assert "0 sums to 1.000000001 (|sum - 1| = 1.0000000" in message, message
+  assert "tolerance 1e-09" in message, message
+
+
 def test_from_permutations():
   topo = topology.from_permutations([[([0, 1, 2], 0.5), ([1, 2, 0], 0.5)]])
   np.testing.assert_allclose(topo.mixing_matrix(0),

@@ -397,3 +397,16 @@ def test_dense_access_changes_nothing():
   assert rnd.is_symmetric() and topo.is_symmetric()
   assert topology.make("complete", 64).max_messages_per_step() == 63
   assert topology.make("exponential", 64).max_messages_per_step() == 6
+
+
+@pytest.mark.parametrize("name, n", [("ring", 2**40), ("static_ring", 2**24),
+                                     ("exponential", 2**16 + 1)])
+def test_n_workers_above_max_workers_refused_at_once(name, n):
+  """65536 workers at most (2**40 ran out of memory, 2**24 took minutes)."""
+  with pytest.raises(ValueError) as info:
+    topology.make(name, n)
+  message = str(info.value)
+  assert "\n" not in message
+  assert f"n_workers={n}" in message and "65536" in message, message
+  assert topology.MAX_WORKERS == 65536
+  assert topology.make("ring", 65536).n_workers == 65536
