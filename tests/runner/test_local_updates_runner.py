@@ -170,6 +170,16 @@ def test_diloco_evaluates_theta():
     (("--config.algorithm=diloco", "--config.outer_overlap=eager",
       "--config.faults.enabled=True"),
      "config.outer_overlap='eager' and config.faults.enabled=True"),
+    # 100000 x 100000 slices in flight: the library refused it only once
+    # the experiment was built, naming its own arguments.
+    (("--config.algorithm=diloco", "--config.outer_overlap=delayed",
+      "--config.outer_latency=100000", "--config.sync_every=100000"),
+     r"config.outer_latency=100000 x config.sync_every=100000 = "
+     r"10000000000 in-flight slices, above 67108864"),
+    (("--config.algorithm=streaming_diloco", "--config.outer_overlap=eager",
+      "--config.outer_latency=8193", "--config.sync_every=4096",
+      "--config.num_fragments=2"),
+     r"x config.num_fragments = 67117056 in-flight slices"),
 ])
 def test_bad_local_update_fields_name_the_field(extra, match):
   config = config_lib.load_config(

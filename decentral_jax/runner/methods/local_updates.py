@@ -193,6 +193,17 @@ def _check_outer_overlap(c) -> None:
         f"config.outer_overlap={c.outer_overlap!r} and config.faults.enabled="
         "True: the elastic sync has no overlapped outer step; set "
         "--config.outer_overlap=none or --config.faults.enabled=False.")
+  fragments = int(c.num_fragments) if c.algorithm == "streaming_diloco" \
+      else 1
+  held = int(c.outer_latency) * int(c.sync_every) * fragments
+  if held > outer_timing.MAX_IN_FLIGHT_SLICES:
+    what = " x config.num_fragments" if fragments > 1 else ""
+    raise ValueError(
+        f"config.outer_latency={c.outer_latency} x config.sync_every="
+        f"{c.sync_every}{what} = {held} in-flight slices, above "
+        f"{outer_timing.MAX_IN_FLIGHT_SLICES} (2**26; the overlapped outer "
+        "step holds a slice per step and round in flight); lower "
+        "config.outer_latency or config.sync_every.")
   if c.trickle_reduction and c.algorithm == "decentralized_diloco":
     rounds = len(topology_lib.make(c.topology, int(c.n_workers),
                                    int(c.workers_per_node)).distinct_rounds)
