@@ -60,7 +60,8 @@ def run(args) -> int:
   # Every spec is built and priced before anything is printed: a bad one,
   # a repeat, or a table the arithmetic overflowed, is one error line.
   built, added = _build_methods(args, methods, setups)
-  simulated_work.check(args, simulated_work.work(setups, built))
+  simulated_work.check(args, simulated_work.work(setups, built), methods,
+                       added)
   setting = _Setting(args, setups, built)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
