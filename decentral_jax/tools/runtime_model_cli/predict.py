@@ -94,6 +94,8 @@ class _Setting:
     self.clusters = [(n, c) for n, c, _ in setups]
     self.workloads = [w for _, _, w in setups]
     self.methods = [m for made in built for _, m, _ in made]
+    self.per_setup = [(m, c, w) for (_, c, w), made in zip(setups, built)
+                      for _, m, _ in made]
 
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
@@ -108,11 +110,14 @@ class _Setting:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
 
   def reads_param_dtype(self) -> bool:
-    """Whether a price reads ``Workload.param_dtype``: the inner collectives
-    of a worker of several devices, an uncompressed gossip method or local
-    sync without its own ``comm_dtype`` (a sync of DiLoCo's global copy,
-    ``message="theta"``, sends at least float32: a narrower dtype changes
-    it only where a cluster or workload file may hold a wider one)."""
+    """Whether a printed number reads ``Workload.param_dtype``: the inner
+    collectives of a worker of several devices, an uncompressed gossip
+    method or local sync without its own ``comm_dtype`` (a sync of
+    DiLoCo's global copy, ``message="theta"``, sends at least float32: a
+    narrower dtype changes it only where a cluster or workload file may
+    hold a wider one), or a compressed method's break-even line (its
+    uncompressed baseline sends the parameters: decided by computing the
+    line at the given dtype and at the default, both closed forms)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
     wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
@@ -121,7 +126,9 @@ class _Setting:
         m.kind in ("gossip", "local") and m.compress is None
         and m.comm_dtype is None and not (
             m.kind == "local" and m.message == "theta" and not wide
-            and not files) for m in self.methods)
+            and not files) for m in self.methods) or any(
+                _break_even_reads_param_dtype(m, c, w)
+                for m, c, w in self.per_setup if m.compress is not None)
 
   def flow_cap_binds(self) -> bool:
     """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
@@ -204,8 +211,9 @@ NEEDS = (
     flag_types.Needs(
         "--param-dtype", _Setting.reads_param_dtype,
         "with these --methods: all_reduce sends gradients (--grad-dtype), a "
-        "compressed method or one with comm_dtype its own format, and "
-        "DiLoCo's global copy at least float32", "add a gossip method or "
+        "compressed method or one with comm_dtype its own format (and no "
+        "break-even line changes), and DiLoCo's global copy at least "
+        "float32", "add a gossip method or "
         "local_sgd, or drop --param-dtype"),
     flag_types.Needs(
         "--flow-Gbps", _Setting.flow_cap_binds,
@@ -543,6 +551,22 @@ def _price(args, made_methods, c, w):
                           warmup=args.steps // 5, seed=args.seed)
     table[p.key], made[p.key] = p, m
   return table, made
+
+
+def _break_even_reads_param_dtype(m, c, w) -> bool:
+  """Whether compressed ``m``'s break-even line (:func:`recommend.
+  break_even_line`) at ``w`` differs from the line at ``w`` with the
+  default ``param_dtype`` (a workload the default cannot hold: True)."""
+  default = workload_lib.Workload.param_dtype
+  if w.param_dtype == default:
+    return False
+  try:
+    plain = dataclasses.replace(w, param_dtype=default)
+  except ValueError:
+    return True
+  line = lambda wl: recommend.break_even_line("", recommend.break_even(
+      m, c, wl))
+  return line(w) != line(plain)
 
 
 def _faults_from_args(args) -> stragglers.Faults:
