@@ -75,7 +75,7 @@ def run(args) -> int:
     print(workers_note)
   groups = []
   for (n, c, w), (table, made) in zip(setups, priced):
-    tables.print_table(n, c, w, table, made)
+    tables.print_table(n, c, w, table, made, setting.break_even)
     if not faults.none:
       tables.print_faults(n, w, table, made, faults, args.on_failure)
     groups.append((f"{n} GPUs", {k: 1e3 * p.simulated_s
@@ -96,6 +96,7 @@ class _Setting:
     self.methods = [m for made in built for _, m, _ in made]
     self.per_setup = [(m, c, w) for (_, c, w), made in zip(setups, built)
                       for _, m, _ in made]
+    self._break_evens = {}
 
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
@@ -115,20 +116,44 @@ class _Setting:
     method or local sync without its own ``comm_dtype`` (a sync of
     DiLoCo's global copy, ``message="theta"``, sends at least float32: a
     narrower dtype changes it only where a cluster or workload file may
-    hold a wider one), or a compressed method's break-even line (its
-    uncompressed baseline sends the parameters: decided by computing the
-    line at the given dtype and at the default, both closed forms)."""
+    hold a wider one), or a compressed method's break-even line (priced
+    against its uncompressed form: where that form reads the dtype, the
+    line is computed at the given dtype and at the default and compared;
+    the first is kept for printing, :meth:`break_even`)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
     wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
     files = bool(self.args.cluster or self.args.workload_file)
+    if any(m.compress is None and _sends_params(m, wide, files)
+           for m in self.methods):
+      return True
     return any(
-        m.kind in ("gossip", "local") and m.compress is None
-        and m.comm_dtype is None and not (
-            m.kind == "local" and m.message == "theta" and not wide
-            and not files) for m in self.methods) or any(
-                _break_even_reads_param_dtype(m, c, w)
-                for m, c, w in self.per_setup if m.compress is not None)
+        m.compress is not None and _sends_params(
+            recommend.uncompressed(m, c), wide, files)
+        and self._break_even_moves(m, c, w) for m, c, w in self.per_setup)
+
+  def _break_even_moves(self, m, c, w) -> bool:
+    """Whether ``m``'s break-even line at ``w`` differs from the line at
+    ``w`` with the default ``param_dtype`` (a workload the default cannot
+    hold: True)."""
+    default = workload_lib.Workload.param_dtype
+    if w.param_dtype == default:
+      return False
+    try:
+      plain = dataclasses.replace(w, param_dtype=default)
+    except ValueError:
+      return True
+    line = recommend.break_even_line
+    return (line("", self.break_even(m, c, w))
+            != line("", recommend.break_even(m, c, plain)))
+
+  def break_even(self, m, c, w):
+    """:func:`recommend.break_even`, each ``(m, c, w)`` computed once
+    (the check above and the table print the same line)."""
+    key = (id(m), id(c), id(w))
+    if key not in self._break_evens:
+      self._break_evens[key] = (m, c, w, recommend.break_even(m, c, w))
+    return self._break_evens[key][3]
 
   def flow_cap_binds(self) -> bool:
     """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
@@ -553,20 +578,15 @@ def _price(args, made_methods, c, w):
   return table, made
 
 
-def _break_even_reads_param_dtype(m, c, w) -> bool:
-  """Whether compressed ``m``'s break-even line (:func:`recommend.
-  break_even_line`) at ``w`` differs from the line at ``w`` with the
-  default ``param_dtype`` (a workload the default cannot hold: True)."""
-  default = workload_lib.Workload.param_dtype
-  if w.param_dtype == default:
-    return False
-  try:
-    plain = dataclasses.replace(w, param_dtype=default)
-  except ValueError:
-    return True
-  line = lambda wl: recommend.break_even_line("", recommend.break_even(
-      m, c, wl))
-  return line(w) != line(plain)
+def _sends_params(m, wide: bool, files: bool) -> bool:
+  """Whether uncompressed ``m``'s messages are its parameters in
+  ``Workload.param_dtype``: gossip or local sync without ``comm_dtype``,
+  but DiLoCo's global copy (``message="theta"``, at least float32) unless
+  a dtype is wider (``wide``) or a cluster or workload file may give one
+  (``files``)."""
+  return (m.kind in ("gossip", "local") and m.comm_dtype is None and not (
+      m.kind == "local" and m.message == "theta" and not wide
+      and not files))
 
 
 def _faults_from_args(args) -> stragglers.Faults:
