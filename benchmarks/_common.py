@@ -161,3 +161,60 @@ def format_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
   for r in rows:
     out.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
   return "\n".join(out)
+
+
+def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
+                rules=()) -> None:
+  """Refuses, before any work, what a script's flags cannot do: an output
+  file (``outputs``) or directory (``dirs``) that cannot be written, an
+  input file (``inputs``) that cannot be read, and each of ``rules``
+  (callables of ``args`` raising ValueError, e.g. a topology the worker
+  count does not allow). Flags are named as given (``"--json"``), read
+  from ``args`` by their dest; an empty value or None is "not given".
+
+  Raises:
+    SystemExit: code 2 after one ``error:`` line (``parser.error``).
+  """
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+
+  def value(flag):
+    return getattr(args, flag.lstrip("-").replace("-", "_")) or None
+
+  try:
+    for flag in outputs:
+      flag_types.check_output_file(value(flag), flag)
+    for flag in dirs:
+      flag_types.check_output_dir(value(flag), flag)
+    for flag in inputs:
+      flag_types.check_input_file(value(flag), flag)
+    for rule in rules:
+      rule(args)
+  except ValueError as e:
+    parser.error(str(e))
+
+
+def check_topology(flag: str, name: str, n: int, where: str) -> None:
+  """Refuses topology ``name`` (given by ``flag``) at ``n`` workers
+  (``where`` says whence, e.g. ``"--workers 3"``) when it cannot be built
+  (NumPy only, before JAX).
+
+  Raises:
+    ValueError: one line naming both flags and the topology's own reason.
+  """
+  from decentral_jax import topology  # pylint: disable=import-outside-toplevel
+  try:
+    topology.make(name, n)
+  except ValueError as e:
+    raise ValueError(f"{flag} {name} at {where}: {e}") from None
+
+
+def check_comm_dtype(flag: str, name: str) -> None:
+  """Refuses a wire dtype the library does not send (not a float of 16
+  bits or more; empty: not given).
+
+  Raises:
+    ValueError: one line naming ``flag``.
+  """
+  from decentral_jax import checks  # pylint: disable=import-outside-toplevel
+  if name:
+    checks.check_comm_dtype(name, flag)

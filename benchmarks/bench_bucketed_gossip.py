@@ -31,10 +31,10 @@ import time
 import _common
 
 
-def main():
-  from decentral_jax.tools import flag_types
-  count = flag_types.integer  # a bounded integer flag
+def parse_args(argv=None):
+  """The flags, each checked before any work (one ``error:`` line)."""
   from decentral_jax.tools import flag_types  # one error: line
+  count = flag_types.integer  # a bounded integer flag
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--workers", type=count(1, 4096), default=8)
   ap.add_argument("--topology", default="one_peer_exp")
@@ -47,7 +47,16 @@ def main():
   ap.add_argument("--n_embd", type=count(1, 65536), default=256)
   ap.add_argument("--vocab", type=count(1, 2**24), default=4096)
   ap.add_argument("--comm_dtype", default="", help="e.g. bfloat16")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
+  _common.check_flags(ap, args, rules=(
+      lambda a: _common.check_topology("--topology", a.topology, a.workers,
+                                       f"--workers {a.workers}"),
+      lambda a: _common.check_comm_dtype("--comm_dtype", a.comm_dtype)))
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
   _common.set_cpu_devices(args.workers)
   import jax
   import jax.numpy as jnp

@@ -80,14 +80,20 @@ def build(n, method, topo_name, local_size, comm_dtype):
   return step.lower(params, state, tokens), p1
 
 
-def main():
-  from decentral_jax.tools import flag_types
-  count = flag_types.integer  # a bounded integer flag
+def parse_args(argv=None):
+  """The flags, each checked before any work (one ``error:`` line)."""
   from decentral_jax.tools import flag_types  # one error: line
+  count = flag_types.integer  # a bounded integer flag
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--n_workers", type=count(1, 4096), default=8)
-  ap.add_argument("--json", default="")
-  args = ap.parse_args()
+  ap.add_argument("--json", default="", help="write the rows here")
+  args = ap.parse_args(argv)
+  _common.check_flags(ap, args, outputs=("--json",))
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
   _common.set_cpu_devices(args.n_workers)
   from decentral_jax import analysis
   print("machine:", json.dumps(_common.machine_info()), flush=True)

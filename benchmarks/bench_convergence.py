@@ -236,10 +236,11 @@ def report(args) -> str:
   return "\n".join(lines)
 
 
-def main():
-  from decentral_jax.tools import flag_types
-  count, real = flag_types.integer, flag_types.real  # bounded flag types
+def parse_args(argv=None):
+  """The flags, each checked before any work (one ``error:`` line): with
+  ``--report`` ``--out`` is read, else written (and ``--cache_dir``)."""
   from decentral_jax.tools import flag_types  # one error: line
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--steps", type=count(1, 10**7), default=200)
   ap.add_argument("--global_batch", type=count(1, 10**7), default=32)
@@ -259,8 +260,25 @@ def main():
   ap.add_argument("--cache_dir", default="/tmp/decentral_jax_bench_cache",
                   help="JAX persistent compilation cache (seeds reuse "
                        "compiled steps)")
-  args = ap.parse_args()
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  args = ap.parse_args(argv)
+  _common.check_flags(
+      ap, args, inputs=("--out",) if args.report else (),
+      outputs=() if args.report else ("--out",),
+      dirs=() if args.report else ("--cache_dir",),
+      rules=(_check_topologies,))
+  return args
+
+
+def _check_topologies(args) -> None:
+  """Each topology of :func:`plan` builds at its worker count."""
+  for fam, topo, n in plan(args):
+    if topo != "-":
+      flag = "--topologies" if n == 8 else "--topologies_16"
+      _common.check_topology(flag, topo, n, f"{n} workers ({fam})")
+
+
+def main(argv=None):
+  args = parse_args(argv)
   if not args.report:
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

@@ -379,10 +379,12 @@ def report(records: list[dict]) -> str:
   return "\n".join(out)
 
 
-def main() -> None:
-  from decentral_jax.tools import flag_types
-  count, real = flag_types.integer, flag_types.real  # bounded flag types
+def parse_args(argv=None):
+  """The flags, each checked before any training (one ``error:`` line):
+  ``--out`` is appended to by ``--part`` (else only read, if it exists),
+  ``--methods`` names methods of the main part."""
   from decentral_jax.tools import flag_types  # one error: line
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
   p = flag_types.Parser(description=__doc__.split("\n")[0])
   p.add_argument("--part", choices=("main", "scale", "cnn", "long",
                                     "overlap"))
@@ -401,7 +403,26 @@ def main() -> None:
                  nargs="+", default=[0])
   p.add_argument("--overlap_h", type=count(1, 2**31 - 1),
                  nargs="+", default=[10, 30])
-  args = p.parse_args()
+  args = p.parse_args(argv)
+  writes = bool(args.part) and not args.report
+  _common.check_flags(
+      p, args, outputs=("--out",) if writes else (),
+      inputs=("--out",) if not writes and os.path.lexists(args.out) else (),
+      rules=(_check_methods,))
+  return args
+
+
+def _check_methods(args) -> None:
+  """``--methods`` names methods of :data:`MAIN_TUNED`."""
+  known = [r.name for r in MAIN_TUNED]
+  for name in filter(None, args.methods.split(",")):
+    if name not in known:
+      raise ValueError(f"--methods: unknown method {name!r}; give some of "
+                       f"{','.join(known)}.")
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
   study = Study(args.out)
   if args.part and not args.report:
     run_part(args, study)

@@ -69,7 +69,21 @@ def measure(name: str, base, clusters) -> dict:
           "ms": pricing.predicted_ms(config, clusters, pricing.OWN)}
 
 
-def main() -> None:
+def parse_args(argv=None):
+  """No flags (the arms, clusters and output are fixed above); anything
+  given is refused in one ``error:`` line before any training."""
+  from decentral_jax.tools import flag_types  # one error: line
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
+  args = ap.parse_args(argv)
+  try:
+    flag_types.check_output_file(OUT, "the output file")
+  except ValueError as e:
+    ap.error(str(e))
+  return args
+
+
+def main(argv=None) -> None:
+  parse_args(argv)
   base = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                 ["--config.checkpoint_interval=0"])
   clusters = pricing.parse_clusters(CLUSTERS, pricing.OWN)

@@ -477,13 +477,19 @@ def check_paths(args) -> None:
       flag_types.check_output_dir(getattr(args, flag), f"--{flag}")
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
+  """The flags, paths checked (:func:`check_paths`) before any compile."""
   ap = _parser()
   args = ap.parse_args(argv)
   try:
     check_paths(args)
   except ValueError as e:
     ap.error(str(e))
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
   if args.table:
     missing = missing_hlo(args.out, args.hlo)
     if missing:

@@ -103,10 +103,11 @@ def make(method, args):
   return experiment.Experiment(c)
 
 
-def main():
-  from decentral_jax.tools import flag_types
-  count = flag_types.integer  # a bounded integer flag
+def parse_args(argv=None):
+  """The flags, each checked before any work (one ``error:`` line):
+  ``--report`` is read, ``--json`` written (unless ``--report``)."""
   from decentral_jax.tools import flag_types  # one error: line
+  count = flag_types.integer  # a bounded integer flag
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--repeats", type=count(1, 10000), default=7)
   ap.add_argument("--steps", type=count(1, 10**6), default=10)
@@ -119,7 +120,14 @@ def main():
       _ROOT, "benchmarks", "results", "step_time.json"))
   ap.add_argument("--report", default="",
                   help="only print the table of a JSON file written before")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
+  _common.check_flags(ap, args, inputs=("--report",),
+                      outputs=() if args.report else ("--json",))
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
   if args.report:
     with open(args.report) as f:
       saved = json.load(f)

@@ -86,17 +86,21 @@ def _hlo_ops(jax, jnp, np, gossip, parallel, topo, n):
   return len(re.findall(r"\bstablehlo\.[a-z_]+", text)), len(text)
 
 
-def main():
-  from decentral_jax.tools import flag_types
-  count = flag_types.integer  # a bounded integer flag
+def parse_args(argv=None):
+  """The flags, each checked before any work (one ``error:`` line)."""
   from decentral_jax.tools import flag_types  # one error: line
+  count = flag_types.integer  # a bounded integer flag
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
   ap.add_argument("--ns", type=count(1, 2**20),
                   nargs="+", default=[1024, 4096, 16384])
   ap.add_argument("--repeats", type=count(1, 10000), default=3)
   ap.add_argument("--sparse_max_n", type=count(1, 2**20), default=4096)
   ap.add_argument("--skip_hlo", action="store_true")
-  args = ap.parse_args()
+  return ap.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
   _common.set_cpu_devices(16)
   import jax
   import jax.numpy as jnp

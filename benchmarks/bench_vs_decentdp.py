@@ -445,16 +445,21 @@ DEFAULT_JAX_SIDES = ("tree:1t", "tree:1t:8x1", "flat:1t:8x1",
                      "flat:1t:8x1:pool1", "tree:1t:8x1:pool1")
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--steps", type=int, default=30)
-  ap.add_argument("--warmup", type=int, default=5)
-  ap.add_argument("--workers", type=int, default=8)
-  ap.add_argument("--local_batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=64)
-  ap.add_argument("--accum_steps", type=int, default=4)
-  ap.add_argument("--lr", type=float, default=3e-3)
+def parse_args(argv=None):
+  """The flags, each checked before any work (one ``error:`` line): counts
+  and rates bounded, ``--out`` writable, each ``--jax_sides`` variant
+  valid."""
+  from decentral_jax.tools import flag_types  # one error: line
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
+  ap.add_argument("--repeats", type=count(1, 1000), default=5)
+  ap.add_argument("--steps", type=count(1, 10**6), default=30)
+  ap.add_argument("--warmup", type=count(0, 10**6), default=5)
+  ap.add_argument("--workers", type=count(1, 4096), default=8)
+  ap.add_argument("--local_batch", type=count(1, 10**6), default=8)
+  ap.add_argument("--context", type=count(1, 10**6), default=64)
+  ap.add_argument("--accum_steps", type=count(1, 10**6), default=4)
+  ap.add_argument("--lr", type=real(0, 10, open_lo=True), default=3e-3)
   ap.add_argument("--jax_sides", nargs="+", default=list(DEFAULT_JAX_SIDES),
                   help="decentral_jax variants LAYOUT[:OPTION...]: LAYOUT in "
                        "tree, flat, bucketed; options 1t "
@@ -465,29 +470,47 @@ def main():
                        "parse_jax_side")
   ap.add_argument("--no_torch", action="store_true",
                   help="leave out the decent-dp side (exploration runs)")
-  ap.add_argument("--timeout", type=int, default=600)
+  ap.add_argument("--timeout", type=count(1, 86400, " (seconds)"),
+                  default=600)
   ap.add_argument("--out", default=os.path.join(_ROOT, "benchmarks", "results",
                                                 "vs_decentdp.jsonl"))
   for flag in ("--child_jax", "--one_thread", "--sync", "--no_comm",
                "--pool1"):
     ap.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-  ap.add_argument("--layout", default="tree", help=argparse.SUPPRESS)
-  ap.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
-  ap.add_argument("--per_device", type=int, default=1,
+  ap.add_argument("--layout", choices=("tree", "flat", "bucketed"),
+                  default="tree", help=argparse.SUPPRESS)
+  ap.add_argument("--procs", type=count(1, 4096), default=1,
                   help=argparse.SUPPRESS)
-  ap.add_argument("--process_id", type=int, default=0, help=argparse.SUPPRESS)
-  ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-  args = ap.parse_args()
+  ap.add_argument("--per_device", type=count(1, 4096), default=1,
+                  help=argparse.SUPPRESS)
+  ap.add_argument("--process_id", type=count(0, 4095), default=0,
+                  help=argparse.SUPPRESS)
+  ap.add_argument("--port", type=count(0, 65535), default=0,
+                  help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if not args.child_jax:
+    import _common  # pylint: disable=import-outside-toplevel
+    _common.check_flags(ap, args, outputs=("--out",),
+                        rules=(_check_jax_sides,))
+  return args
+
+
+def _check_jax_sides(args) -> None:
+  """Each ``--jax_sides`` variant parses at ``--workers``."""
+  for v in args.jax_sides:
+    try:
+      parse_jax_side(v, args.workers)
+    except ValueError as e:
+      raise ValueError(f"--jax_sides: {e}") from None
+
+
+def main(argv=None):
+  args = parse_args(argv)
   if args.child_jax:
     res = jax_side(args)
     if res is not None:
       print(json.dumps(res), flush=True)
     return
-  for v in args.jax_sides:
-    try:
-      parse_jax_side(v, args.workers)  # fail early on a bad variant
-    except ValueError as e:
-      ap.error(str(e))
 
   import statistics
   import _common

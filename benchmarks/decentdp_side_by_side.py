@@ -26,7 +26,6 @@ all ranks over the same steps.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -99,16 +98,26 @@ def corpus() -> np.ndarray:
   return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--steps", type=int, default=30)
-  ap.add_argument("--warmup", type=int, default=5)
-  ap.add_argument("--local_batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=64)
-  ap.add_argument("--accum_steps", type=int, default=4)
-  ap.add_argument("--topology", default="one-peer-exp")
-  ap.add_argument("--lr", type=float, default=3e-3)
-  args = ap.parse_args()
+def parse_args(argv=None):
+  """The flags, bounded before any work (one ``error:`` line)."""
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+      __file__))))
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
+  ap = flag_types.Parser(description=__doc__.split("\n")[0])
+  ap.add_argument("--steps", type=count(1, 10**6), default=30)
+  ap.add_argument("--warmup", type=count(0, 10**6), default=5)
+  ap.add_argument("--local_batch", type=count(1, 10**6), default=8)
+  ap.add_argument("--context", type=count(1, 10**6), default=64)
+  ap.add_argument("--accum_steps", type=count(1, 10**6), default=4)
+  ap.add_argument("--topology", default="one-peer-exp",
+                  help="a decent-dp topology name")
+  ap.add_argument("--lr", type=real(0, 10, open_lo=True), default=3e-3)
+  return ap.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
 
   from decent_dp import ddp as ddp_lib
   from decent_dp import optim as optim_lib

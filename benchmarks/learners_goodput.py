@@ -28,6 +28,7 @@ same slow fraction and the measured failure rate and downtime.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pickle
@@ -242,22 +243,77 @@ def _shared_flags(args) -> list[str]:
           "--lr", str(args.lr)]
 
 
-def main() -> None:
+MODES = ("spmd", "sync", "decoupled")
+
+
+def parse_args(argv=None):
+  """The flags, each checked before any work and before Ray starts (one
+  ``error:`` line): counts and times bounded, ``--kill-every`` below
+  ``--periods`` (it kills at merged periods ``N, 2N, ...`` before the
+  last), ``--modes`` known, ``--out`` writable (read by ``--reprice``)."""
   from decentral_jax.tools import flag_types  # one error: line
+  count, real = flag_types.integer, flag_types.real  # bounded flag types
   p = flag_types.Parser(description=__doc__.split("\n")[0])
-  p.add_argument("--periods", type=int, default=16)
-  p.add_argument("--sync-every", type=int, default=8)
-  p.add_argument("--kill-every", type=int, default=4)
-  p.add_argument("--slow-sleep", type=float, default=0.03)
-  p.add_argument("--lr", type=float, default=3e-3)
-  p.add_argument("--modes", default="spmd,sync,decoupled")
+  p.add_argument("--periods", type=count(1, 10**4), default=16)
+  p.add_argument("--sync-every", type=count(1, 10**4), default=8)
+  p.add_argument("--kill-every", type=count(1, 10**4), default=4)
+  p.add_argument("--slow-sleep", type=real(0, 60, " (seconds)"),
+                 default=0.03)
+  p.add_argument("--lr", type=real(0, 10, open_lo=True), default=3e-3)
+  p.add_argument("--modes", default=",".join(MODES),
+                 help="comma-separated, of " + ", ".join(MODES))
   p.add_argument("--out", default=None,
                  help="JSON results; the modes not run are kept from it")
   p.add_argument("--reprice", action="store_true",
                  help="run nothing: price the stored results again")
-  p.add_argument("--spmd-worker", action="store_true")
-  p.add_argument("--ckpt"), p.add_argument("--progress")
-  args = p.parse_args()
+  p.add_argument("--spmd-worker", action="store_true",
+                 help=argparse.SUPPRESS)
+  p.add_argument("--ckpt", help=argparse.SUPPRESS)
+  p.add_argument("--progress", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.spmd_worker:
+    _common_check(p, args, outputs=("--ckpt", "--progress"))
+    return args
+  _common_check(p, args, outputs=("--out",),
+                inputs=("--out",) if args.reprice else (),
+                rules=(_check_modes, _check_kill_every))
+  return args
+
+
+def _common_check(parser, args, **kw) -> None:
+  import _common  # pylint: disable=import-outside-toplevel
+  _common.check_flags(parser, args, **kw)
+
+
+def _check_modes(args) -> None:
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  try:
+    modes = flag_types.comma_parts(args.modes, "spmd,sync")
+  except argparse.ArgumentTypeError as e:
+    raise ValueError(f"--modes {e}") from None
+  unknown = [m for m in modes if m not in MODES]
+  if unknown:
+    raise ValueError(f"--modes: unknown mode {unknown[0]!r}; give some of "
+                     f"{','.join(MODES)}.")
+  why = flag_types.repeated_entry(args.modes, modes, "spmd,sync")
+  if why:
+    raise ValueError(f"--modes {why}")
+
+
+def _check_kill_every(args) -> None:
+  """--reprice reads --out; --kill-every kills before the last period."""
+  if args.reprice and not args.out:
+    raise ValueError("--reprice prices the results stored in --out; give "
+                     "--out FILE.")
+  if args.kill_every >= args.periods and not args.reprice:
+    raise ValueError(
+        f"--kill-every {args.kill_every} never kills a learner: the run "
+        f"ends after --periods {args.periods} merged periods; use "
+        f"--kill-every below {args.periods}.")
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
   if args.spmd_worker:
     spmd_worker(args)
     return

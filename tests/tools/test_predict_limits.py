@@ -34,10 +34,25 @@ def test_workers_times_steps_is_bounded_before_any_work():
   # buckets; 4096 x 100000 x 10 x 3 default methods = 1.2288e10 (by hand)
   assert code == 2 and out == "", err
   assert err.strip().splitlines() == [
-      "error: --n-workers 4096 x --steps 100000 x the buckets of 3 methods "
-      "(--methods, --params / --bucket-MiB) simulate 1.23e+10 "
+      "error: --n-workers 4096 x --steps 100000 x the buckets of 3 methods: "
+      "all_reduce, one_peer_exp and aer (--methods, --params / --bucket-MiB) simulate 1.23e+10 "
       "worker-step-buckets, more than 1e+08 (minutes and GBs beyond); lower "
       "--steps, --n-workers or the number of methods, or raise --bucket-MiB."]
+
+
+def test_the_bound_names_the_reference_predict_adds(monkeypatch):
+  # one method given: predict adds the all_reduce reference; the refusal
+  # names both (2 methods, not "2" of one given) and does not ask for fewer
+  # methods (one cannot give fewer than one).
+  monkeypatch.setattr(simulated_work, "MAX_SIMULATED", 100)
+  code, out, err = _predict("--n-workers", "16", "--steps", "10",
+                            "--methods", "diloco:H=10")
+  assert code == 2 and out == "", err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1, err
+  assert ("x the buckets of 2 methods: diloco:H=10 and the all_reduce "
+          "reference (--methods" in lines[0]), err
+  assert "number of methods" not in lines[0], err
 
 
 @pytest.mark.parametrize("limit, code", [(2080, 0), (2079, 2)])

@@ -60,7 +60,8 @@ def run(args) -> int:
   # Every spec is built and priced before anything is printed: a bad one,
   # a repeat, or a table the arithmetic overflowed, is one error line.
   built, added = _build_methods(args, methods, setups)
-  simulated_work.check(args, simulated_work.work(setups, built))
+  simulated_work.check(args, simulated_work.work(setups, built), methods,
+                       added)
   setting = _Setting(args, setups, built)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
@@ -74,7 +75,7 @@ def run(args) -> int:
     print(workers_note)
   groups = []
   for (n, c, w), (table, made) in zip(setups, priced):
-    tables.print_table(n, c, w, table, made)
+    tables.print_table(n, c, w, table, made, setting.break_even)
     if not faults.none:
       tables.print_faults(n, w, table, made, faults, args.on_failure)
     groups.append((f"{n} GPUs", {k: 1e3 * p.simulated_s
@@ -93,6 +94,9 @@ class _Setting:
     self.clusters = [(n, c) for n, c, _ in setups]
     self.workloads = [w for _, _, w in setups]
     self.methods = [m for made in built for _, m, _ in made]
+    self.per_setup = [(m, c, w) for (_, c, w), made in zip(setups, built)
+                      for _, m, _ in made]
+    self._break_evens = {}
 
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
@@ -107,20 +111,49 @@ class _Setting:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
 
   def reads_param_dtype(self) -> bool:
-    """Whether a price reads ``Workload.param_dtype``: the inner collectives
-    of a worker of several devices, an uncompressed gossip method or local
-    sync without its own ``comm_dtype`` (a sync of DiLoCo's global copy,
-    ``message="theta"``, sends at least float32: a narrower dtype changes
-    it only where a cluster or workload file may hold a wider one)."""
+    """Whether a printed number reads ``Workload.param_dtype``: the inner
+    collectives of a worker of several devices, an uncompressed gossip
+    method or local sync without its own ``comm_dtype`` (a sync of
+    DiLoCo's global copy, ``message="theta"``, sends at least float32: a
+    narrower dtype changes it only where a cluster or workload file may
+    hold a wider one), or a compressed method's break-even line (priced
+    against its uncompressed form: where that form reads the dtype, the
+    line is computed at the given dtype and at the default and compared;
+    the first is kept for printing, :meth:`break_even`)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
     wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
     files = bool(self.args.cluster or self.args.workload_file)
+    if any(m.compress is None and _sends_params(m, wide, files)
+           for m in self.methods):
+      return True
     return any(
-        m.kind in ("gossip", "local") and m.compress is None
-        and m.comm_dtype is None and not (
-            m.kind == "local" and m.message == "theta" and not wide
-            and not files) for m in self.methods)
+        m.compress is not None and _sends_params(
+            recommend.uncompressed(m, c), wide, files)
+        and self._break_even_moves(m, c, w) for m, c, w in self.per_setup)
+
+  def _break_even_moves(self, m, c, w) -> bool:
+    """Whether ``m``'s break-even line at ``w`` differs from the line at
+    ``w`` with the default ``param_dtype`` (a workload the default cannot
+    hold: True)."""
+    default = workload_lib.Workload.param_dtype
+    if w.param_dtype == default:
+      return False
+    try:
+      plain = dataclasses.replace(w, param_dtype=default)
+    except ValueError:
+      return True
+    line = recommend.break_even_line
+    return (line("", self.break_even(m, c, w))
+            != line("", recommend.break_even(m, c, plain)))
+
+  def break_even(self, m, c, w):
+    """:func:`recommend.break_even`, each ``(m, c, w)`` computed once
+    (the check above and the table print the same line)."""
+    key = (id(m), id(c), id(w))
+    if key not in self._break_evens:
+      self._break_evens[key] = (m, c, w, recommend.break_even(m, c, w))
+    return self._break_evens[key][3]
 
   def flow_cap_binds(self) -> bool:
     """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
@@ -203,8 +236,9 @@ NEEDS = (
     flag_types.Needs(
         "--param-dtype", _Setting.reads_param_dtype,
         "with these --methods: all_reduce sends gradients (--grad-dtype), a "
-        "compressed method or one with comm_dtype its own format, and "
-        "DiLoCo's global copy at least float32", "add a gossip method or "
+        "compressed method or one with comm_dtype its own format (and no "
+        "break-even line changes), and DiLoCo's global copy at least "
+        "float32", "add a gossip method or "
         "local_sgd, or drop --param-dtype"),
     flag_types.Needs(
         "--flow-Gbps", _Setting.flow_cap_binds,
@@ -542,6 +576,17 @@ def _price(args, made_methods, c, w):
                           warmup=args.steps // 5, seed=args.seed)
     table[p.key], made[p.key] = p, m
   return table, made
+
+
+def _sends_params(m, wide: bool, files: bool) -> bool:
+  """Whether uncompressed ``m``'s messages are its parameters in
+  ``Workload.param_dtype``: gossip or local sync without ``comm_dtype``,
+  but DiLoCo's global copy (``message="theta"``, at least float32) unless
+  a dtype is wider (``wide``) or a cluster or workload file may give one
+  (``files``)."""
+  return (m.kind in ("gossip", "local") and m.comm_dtype is None and not (
+      m.kind == "local" and m.message == "theta" and not wide
+      and not files))
 
 
 def _faults_from_args(args) -> stragglers.Faults:

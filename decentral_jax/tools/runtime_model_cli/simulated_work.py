@@ -37,24 +37,36 @@ def work(setups, built) -> list:
   return out
 
 
-def check(args, items: list) -> None:
+def check(args, items: list, methods=None, added: bool = False) -> None:
   """Refuses a ``predict`` whose simulation is too large to wait for.
 
   Args:
     args: the parsed flags (``--n-workers``, ``--steps``, ``--methods``).
     items: per method and worker count, ``(workers, simulated steps,
       buckets)`` (1 bucket for a method that sends its message whole).
+    methods: the specs simulated, named in the refusal (None: counted
+      only).
+    added: ``methods[0]`` is the ``all_reduce`` reference ``predict``
+      added (named as such: it is not one of ``--methods``).
 
   Raises:
     ValueError: the simulated worker-step-buckets (the product, summed)
-      exceed :data:`MAX_SIMULATED`, naming the flags and the limit.
+      exceed :data:`MAX_SIMULATED`, naming the flags, the methods and the
+      limit.
   """
   total = sum(n * steps * buckets for n, steps, buckets in items)
   if total > MAX_SIMULATED:
+    count = len(items) // len(args.n_workers)
+    given = list(methods or [])[1 if added else 0:]
+    names = given + ["the all_reduce reference"] * bool(added)
+    which = (", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1
+             else "".join(names))
+    which = f": {which}" if methods else ""
+    fewer = " or the number of methods" if len(given) > 1 else ""
     raise ValueError(
         f"--n-workers {','.join(map(str, args.n_workers))} x --steps "
-        f"{args.steps} x the buckets of {len(items) // len(args.n_workers)} "
-        f"methods (--methods, --params / --bucket-MiB) simulate {total:.3g} "
+        f"{args.steps} x the buckets of {count} methods{which} (--methods, "
+        f"--params / --bucket-MiB) simulate {total:.3g} "
         f"worker-step-buckets, more than {MAX_SIMULATED:.3g} (minutes and "
-        "GBs beyond); lower --steps, --n-workers or the number of methods, "
-        "or raise --bucket-MiB.")
+        f"GBs beyond); lower --steps, --n-workers{fewer}, or raise "
+        "--bucket-MiB.")

@@ -86,11 +86,13 @@ def _shape(c) -> str:
 
 
 def print_table(n: int, c, w, table: dict[str, recommend.Prediction],
-                 methods: dict | None = None) -> None:
+                 methods: dict | None = None,
+                 break_even=recommend.break_even) -> None:
   """``predict``'s table at ``n`` workers, its footnotes and recommendation.
 
   ``methods``: ``{key: Method}`` of the table, for the break-even lines of
-  compressed methods.
+  compressed methods, found by ``break_even(m, c, w)`` (predict passes
+  one that reuses the lines its flag check computed).
   """
   ar = table["all_reduce"].simulated_s if "all_reduce" in table else None
   span = (f" of {w.devices_per_worker} devices ({w.worker_layout})"
@@ -136,7 +138,7 @@ def print_table(n: int, c, w, table: dict[str, recommend.Prediction],
           "only, not the loss per iteration")
   for key, m in (methods or {}).items():
     if m.compress is not None:
-      print(recommend.break_even_line(key, recommend.break_even(m, c, w)))
+      print(recommend.break_even_line(key, break_even(m, c, w)))
   line = recommend.recommend(table)
   print("  recommendation: " + line)
   if recommend.quality_caveat(line):
