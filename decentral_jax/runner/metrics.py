@@ -445,13 +445,16 @@ def truncate_after(workdir: str, step: int) -> int:
 
 
 def set_aside(workdir: str) -> str:
-  """Renames ``<workdir>/metrics.jsonl`` to :data:`CORRUPT_FILE` and returns
-  that path; an older damaged log there is replaced (one name, which
-  compare's run directories allow)."""
+  """Renames ``<workdir>/metrics.jsonl`` to :data:`CORRUPT_FILE` (or
+  ``.corrupt-2``, ... if taken: an older damaged log is kept too) and
+  returns the new path."""
   src = os.path.join(workdir, METRICS_FILE)
-  dst = os.path.join(workdir, CORRUPT_FILE)
+  dst, n = os.path.join(workdir, CORRUPT_FILE), 1
+  while os.path.lexists(dst):
+    n += 1
+    dst = os.path.join(workdir, f"{CORRUPT_FILE}-{n}")
   try:
-    os.replace(src, dst)
+    os.rename(src, dst)
   except OSError as e:
     raise workdir_lib.path_error("move", src, e) from None
   return dst

@@ -45,9 +45,11 @@ from decentral_jax.runner import run_meta
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.runner.experiment import Experiment
 
-#: What a run writes in its work directory, besides ``run.lock``.
+#: What a run writes in its work directory, besides ``run.lock`` (names or
+#: shell patterns: the damaged logs set aside are numbered).
 RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
-             metrics_lib.METRICS_FILE + ".tmp", metrics_lib.CORRUPT_FILE,
+             metrics_lib.METRICS_FILE + ".tmp",
+             metrics_lib.CORRUPT_FILE + "*",
              "checkpoints", "tensorboard",
              *metrics_lib.TRACKER_FILES)
 

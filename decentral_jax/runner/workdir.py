@@ -53,6 +53,7 @@ import contextlib
 import datetime
 import errno
 import fcntl
+import fnmatch
 import hashlib
 import json
 import logging
@@ -513,7 +514,8 @@ def clear(workdir: str, entries: Iterable[str]) -> None:
   """Empties a run's work directory, keeping its lock file.
 
   Removes each of ``entries`` (names of files and directories a run
-  writes, e.g. ``config.json``, ``checkpoints``) found in ``workdir``; hold
+  writes, e.g. ``config.json``, ``checkpoints``, or shell patterns such as
+  ``metrics.jsonl.corrupt*``) found in ``workdir``; hold
   the directory (:func:`hold`) while calling it. Nothing is removed if the
   directory is a symbolic link (its target may be anyone's) or holds any
   other entry: it is then not recognisably a run directory, and may be
@@ -533,9 +535,10 @@ def clear(workdir: str, entries: Iterable[str]) -> None:
   if not os.path.isdir(workdir):
     raise NotARunDirectory(f"{workdir} is not a directory; move it away or "
                            "choose another output directory.")
-  allowed = set(entries) | {LOCK_FILE}
+  allowed = [*entries, LOCK_FILE]
   names = sorted(os.listdir(workdir))
-  foreign = [n for n in names if n not in allowed]
+  foreign = [n for n in names
+             if not any(fnmatch.fnmatchcase(n, e) for e in allowed)]
   if foreign:
     raise NotARunDirectory(
         f"{workdir} is not a run directory of this project (it holds "

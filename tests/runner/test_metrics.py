@@ -84,15 +84,13 @@ def test_a_resume_reads_metrics_by_the_rules_compare_reads_them(
 
 def test_a_resumed_run_moves_a_damaged_metrics_file_aside(tmp_path, caplog):
   """The run resumes (its checkpoint is intact): the damaged log is moved
-  to metrics.jsonl.corrupt (a later one replaces it: compare's run
-  directories allow that one name) with one warning naming it, and the
-  run writes a fresh file."""
+  to metrics.jsonl.corrupt (then .corrupt-2: an older one is kept) with
+  one warning naming it, and the run writes a fresh file."""
   from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
   path = tmp_path / metrics.METRICS_FILE
-  name = "metrics.jsonl.corrupt"
+  text = DAMAGED["reversed"][0]
   caplog.set_level("WARNING")
-  for n in (1, 2):
-    text = DAMAGED["reversed"][0] + "\n" * (n - 1)  # the second one differs
+  for n, name in ((1, "metrics.jsonl.corrupt"), (2, "metrics.jsonl.corrupt-2")):
     path.write_text(text)
     train.resume_metrics(str(tmp_path), 5)
     assert not path.exists()

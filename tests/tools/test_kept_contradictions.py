@@ -109,3 +109,39 @@ def test_a_non_finite_final_value_matches_its_null_row(tmp_path, capsys):
   status, err = _status(_run(tmp_path, final=final, rows=rows), capsys)
   assert status == "fresh" and "final.faults/goodput is 3.0, but the " \
       "last row of metrics.jsonl that records it (step 3) has None" in err, err
+
+
+def test_a_run_whose_log_was_set_aside_is_not_kept(tmp_path, capsys):
+  """A resume that met a damaged metrics.jsonl set it aside and wrote a
+  fresh one from the resumed step: the results would read a curve that
+  starts there (a recommendation flipped). Such a run is trained again;
+  its directory, numbered copies included, is one compare may clear."""
+  run_dir = _run(tmp_path, final=dict(_FINAL))
+  for name in (metrics.CORRUPT_FILE, metrics.CORRUPT_FILE + "-2"):
+    (tmp_path / "run" / name).write_text("{}\n")
+  status, err = _status(run_dir, capsys)
+  assert status == "fresh", err
+  assert err == (f"warning: {run_dir}: a damaged log was set aside as "
+                 "metrics.jsonl.corrupt, so metrics.jsonl lacks the records "
+                 "before its resume; the run is not kept: it is trained "
+                 "again.\n"), err
+  from decentral_jax.runner import workdir  # pylint: disable=import-outside-toplevel
+  workdir.clear(run_dir, job_lib.RUN_ENTRIES)
+  assert os.listdir(run_dir) == []
+
+
+def test_a_run_to_resume_with_a_damaged_log_starts_again(tmp_path, capsys):
+  """Its checkpoint would resume and set the log aside (above): compare
+  trains it again from step 0 instead, saying why."""
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  (run_dir / "config.json").write_text(json.dumps(_CONFIG))
+  (run_dir / "checkpoints" / "2").mkdir(parents=True)
+  (run_dir / metrics.METRICS_FILE).write_text(
+      '{"step": 2}\n{"step": 1}\n')  # out of order
+  status, err = _status(str(run_dir), capsys)
+  assert status == "fresh", err
+  assert err.startswith(f"warning: {run_dir}: metrics.jsonl is damaged ("
+                        "line 2: \"step\" must increase"), err
+  assert err.endswith("the run is not resumed: it is trained again from "
+                      "step 0.\n"), err

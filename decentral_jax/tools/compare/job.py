@@ -13,6 +13,7 @@ raises :class:`JobExit` with the exit code (2: bad input, 3: diverged runs,
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import math
 import os
@@ -295,11 +296,41 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
           "trained again." if redo else
           "resumed from its checkpoint or trained again.")))
   elif record["config"] == want:
-    return "finished", record
+    why = curve_error(workdir)
+    if why is None:
+      return "finished", record
+    _warn(f"warning: {workdir}: {why}; the run is not kept: it is trained "
+          "again.")
+    return "fresh", None
   if (not redo and _has_checkpoint(workdir)
       and _read_config(workdir) == want):
-    return "resume", None
+    why = curve_error(workdir)
+    if why is None:
+      return "resume", None
+    _warn(f"warning: {workdir}: {why}; the run is not resumed: it is "
+          "trained again from step 0.")
   return "fresh", None
+
+
+def curve_error(workdir: str) -> str | None:
+  """Why a run's ``metrics.jsonl`` cannot give its whole curve (the
+  results' targets and times read it), or None: a damaged file
+  (:class:`decentral_jax.runner.metrics.MetricsError`), which a resume
+  would set aside, or a log set aside before
+  (:data:`decentral_jax.runner.metrics.CORRUPT_FILE`: the records
+  before the resume are not in ``metrics.jsonl``)."""
+  if glob.glob(glob.escape(os.path.join(workdir, metrics_lib.CORRUPT_FILE))
+               + "*"):
+    return (f"a damaged log was set aside as {metrics_lib.CORRUPT_FILE}, so "
+            f"{metrics_lib.METRICS_FILE} lacks the records before its resume")
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    metrics_lib.read_jsonl(path)
+  except metrics_lib.MetricsError as e:
+    return f"{metrics_lib.METRICS_FILE} is damaged ({e.reason})"
+  return None
 
 
 def _record(workdir: str, config, final, reason) -> None:
