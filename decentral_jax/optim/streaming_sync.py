@@ -91,6 +91,11 @@ def check_fragments(fragments: PyTree, params: PyTree,
   return ids
 
 
+#: The most fragments: each holds at least one parameter leaf, and the
+#: schedule is built as a list (2**30 fragments never finished).
+MAX_FRAGMENTS = 2**16
+
+
 def fragment_offsets(sync_every: int, num_fragments: int) -> list[int]:
   """The send offset ``o_p = (p H // P) % H`` of each fragment ``p``:
   fragment ``p`` is sent at the inner steps ``t >= max(o_p, 1)`` with ``t %
@@ -98,12 +103,14 @@ def fragment_offsets(sync_every: int, num_fragments: int) -> list[int]:
 
   Raises:
     ValueError: ``sync_every`` (``H``) not an int in ``[1, 2**31 - 1]`` or
-      ``num_fragments`` (``P``) not an int in ``[1, H]`` (``P > H`` would
-      give two fragments the same offset).
+      ``num_fragments`` (``P``) not an int in ``[1, min(H,``
+      :data:`MAX_FRAGMENTS` ``)]`` (``P > H`` would give two fragments the
+      same offset).
   """
   period = checks.check_int("sync_every", sync_every, minimum=1,
                            maximum=checks.INT32_MAX)
-  p_count = checks.check_int("num_fragments", num_fragments, minimum=1)
+  p_count = checks.check_int("num_fragments", num_fragments, minimum=1,
+                             maximum=MAX_FRAGMENTS)
   if p_count > period:
     raise ValueError(f"num_fragments={num_fragments!r} must be in [1, "
                      f"sync_every={period}].")

@@ -147,7 +147,7 @@ OPTIM = [
           lambda: optim.diloco(SGD, 2,
                                **sync_args(topology="ring")),
                                    "diloco-topology"),
-    _case("num_fragments must be an int >= 1, got 2.5",
+    _case("num_fragments must be an int >= 1 and <= 65536, got 2.5",
           lambda: optim.streaming_diloco(SGD, 4, num_fragments=2.5),
           "streaming-float-fragments"),
     _case("merge_alpha must be a finite number >= 0.0 and <= 1.0, got '0.5'",
@@ -487,8 +487,11 @@ def test_in_flight_refusal_names_the_values(period, timing):
     ((0, 1), "sync_every must be an int >= 1"),
     ((-4, 2), "sync_every must be an int >= 1"),
     ((4, 5), "num_fragments=5 must be in [1, sync_every=4]"),
-    ((4, 0), "num_fragments must be an int >= 1, got 0"),
-    ((4, 2.0), "num_fragments must be an int >= 1, got 2.0")])
+    ((4, 0), "num_fragments must be an int >= 1 and <= 65536, got 0"),
+    ((4, 2.0), "num_fragments must be an int >= 1"),
+    # 2**30 fragments built a list of 2**30 offsets and never returned.
+    ((2**31 - 1, 2**30), "num_fragments must be an int >= 1 and <= 65536, "
+     "got 1073741824")])
 def test_fragment_offsets_checks_its_arguments(args, phrase):
   # (0, 1) divided by zero, (4, 5) gave [0, 0, 1, 2, 3], (-4, 2) [0, -2].
   from decentral_jax.optim import streaming_sync

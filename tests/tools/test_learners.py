@@ -380,6 +380,8 @@ def test_decoupled_fragments_merge_on_their_own_and_block_nobody():
 @pytest.mark.parametrize("fields,words", [
     ({"fragments": 0}, "RunSpec.fragments must be an int >= 1"),
     ({"max_staleness": 1.5}, "RunSpec.max_staleness must be an int"),
+    ({"sync_every": 2**31 - 1, "periods": 1, "fragments": 2**30},
+     "RunSpec.fragments must be an int >= 1 and <= 65536"),
     ({"dynamic_updates": "no"}, "RunSpec.dynamic_updates must be a bool"),
     ({"keep_state": "yes"}, "RunSpec.keep_state must be a bool"),
     ({"delay_buffer": 2**40, "outer": "delayed_nesterov"},
@@ -665,3 +667,8 @@ def test_the_quadratic_run_reports_its_distance_to_the_optimum():
                                                                    rel=1e-12)
   assert main_lib.distance_to_optimum(
       spec_lib.RunSpec(problem="gpt", shards=4), zeros) is None
+
+
+def test_the_fragment_bound_is_the_one_program_methods():
+  from decentral_jax.optim import streaming_sync  # pylint: disable=import-outside-toplevel
+  assert spec_lib.MAX_FRAGMENTS == streaming_sync.MAX_FRAGMENTS

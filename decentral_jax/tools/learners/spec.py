@@ -20,6 +20,9 @@ import re
 from decentral_jax import checks
 
 MODES = ("sync", "decoupled")
+#: The most fragments (the one-program method's
+#: ``optim.streaming_sync.MAX_FRAGMENTS``; this module does not load JAX).
+MAX_FRAGMENTS = 2**16
 INNER = ("sgd", "adamw")
 OUTER = ("nesterov", "delayed_nesterov")
 #: The most seconds a learner may sleep after an inner step (a day, the
@@ -311,10 +314,11 @@ def check_outer_and_fragments(run: RunSpec) -> None:
   Raises:
     ValueError: a field out of range, naming it and its range.
   """
-  for name, lo in (("fragments", 1), ("overlap_steps", 0),
-                   ("delay_buffer", 1)):
+  for name, lo, hi in (("fragments", 1, MAX_FRAGMENTS),
+                       ("overlap_steps", 0, checks.INT32_MAX),
+                       ("delay_buffer", 1, checks.INT32_MAX)):
     checks.check_int(f"RunSpec.{name}", getattr(run, name), minimum=lo,
-                     maximum=checks.INT32_MAX)
+                     maximum=hi)
   if run.fragments > run.sync_every:
     raise ValueError(f"RunSpec.fragments={run.fragments} exceeds sync_every="
                      f"{run.sync_every}; use 1 <= fragments <= sync_every.")
