@@ -108,8 +108,8 @@ def _features(name, value):
 
 # Every field of base_config() outside `model`, `data.source` and
 # `distributed` (see check_distributed), checked in this order.
-#: Upper bound of the learning rates and the weight decay (as the learners'
-#: ``--inner-lr``): a larger value only diverges, so it is refused as a
+#: Upper bound of the learning rates (inner and outer) and the weight decay
+#: (as the learners' ``--inner-lr``): a larger value only diverges, so it is refused as a
 #: typo before training instead of stopping at a non-finite loss.
 MAX_LR = 1e3
 
@@ -129,7 +129,8 @@ RULES = {
     "gossip_every": field_checks.integer(1),
     "sync_every": field_checks.integer(1),
     "outer_optimizer.name": field_checks.one_of(local_updates.OUTER_OPTIMIZERS),
-    "outer_optimizer.lr": field_checks.real(0.0, lo_open=True),
+    "outer_optimizer.lr": field_checks.real(0.0, MAX_LR, lo_open=True,
+                                            hi_closed=True),
     "outer_optimizer.momentum": field_checks.real(0.0, 1.0),
     "outer_optimizer.nesterov": field_checks.boolean,
     "num_fragments": field_checks.integer(1),

@@ -19,6 +19,7 @@ from ml_collections import config_dict
 
 from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import methods
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import run_meta
 
@@ -77,11 +78,16 @@ class Window:
 
 def _fields_at_fault(c) -> str:
   """The fields most likely at fault for a non-finite loss, with their
-  values: the peak learning rate and the gradient clip."""
+  values: the peak learning rate, the outer learning rate (a method with
+  an outer optimizer) and the gradient clip."""
   if c is None:
     return "Lower config.schedule.peak_lr or enable config.grad_clip."
   peak, clip = float(c.schedule.peak_lr), float(c.grad_clip)
-  return (f"Lower config.schedule.peak_lr (now {peak:g}) or "
+  outer = " "
+  if "outer_optimizer.lr" in methods.lookup(c.algorithm).fields:
+    outer = (f", config.outer_optimizer.lr (now "
+             f"{float(c.outer_optimizer.lr):g}), ")
+  return (f"Lower config.schedule.peak_lr (now {peak:g}){outer}or "
           + ("enable config.grad_clip (now 0: off)." if clip == 0 else
              f"lower config.grad_clip (now {clip:g})."))
 

@@ -76,7 +76,8 @@ BAD_FIELDS = [
     ("schedule.peak_lr", 1e30, "gpt"), ("schedule.peak_lr", 1000.5, "gpt"),
     ("schedule.final_lr", 2e3, "gpt"), ("optimizer.weight_decay", 1e30, "gpt"),
     ("optimizer.eps", 1e30, "gpt"), ("optimizer.eps", 2**63, "gpt"),
-    ("optimizer.eps", 1.5, "gpt"),
+    ("optimizer.eps", 1.5, "gpt"), ("outer_optimizer.lr", 1e30, "gpt"),
+    ("outer_optimizer.lr", 1000.5, "gpt"),
     ("optimizer.eps", NAN, "gpt"), ("optimizer.eps", -1e-8, "gpt"),
     ("optimizer.eps", INF, "gpt"), ("optimizer.weight_decay", -0.1, "gpt"),
     ("optimizer.weight_decay", NAN, "gpt"), ("optimizer.b1", 1.0, "gpt"),
@@ -136,6 +137,14 @@ def test_a_non_finite_loss_names_the_fields_at_fault_with_their_values():
                        "config.grad_clip (now 0: off)."), text
   text = str(recorder.non_finite_error(2, metrics, NoCheckpoint(), on))
   assert text.endswith("Lower config.schedule.peak_lr (now 0.5) or lower "
+                       "config.grad_clip (now 2.5)."), text
+  # A method with an outer optimizer: its learning rate too (1e30 passed
+  # validation and the message named only the inner one).
+  outer = make_config(**{"schedule.peak_lr": 0.5, "grad_clip": 2.5,
+                         "algorithm": "diloco", "outer_optimizer.lr": 0.7})
+  text = str(recorder.non_finite_error(2, metrics, NoCheckpoint(), outer))
+  assert text.endswith("Lower config.schedule.peak_lr (now 0.5), "
+                       "config.outer_optimizer.lr (now 0.7), or lower "
                        "config.grad_clip (now 2.5)."), text
 
 
