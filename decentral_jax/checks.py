@@ -245,6 +245,29 @@ def check_wire_width_and_order(label: str, dt: np.dtype,
         f"with block scales ({scaled_fix}), or use bfloat16.")
 
 
+def environment_count(variable: str, maximum: int | None = None
+                      ) -> int | None:
+  """The whole number ``>= 1`` (and ``<= maximum``) an environment variable
+  holds, or None if it is unset or empty (e.g. ``JAX_NUM_CPU_DEVICES``,
+  which JAX reads when it is imported and refuses with a traceback).
+
+  Raises:
+    ValueError: ``"the environment variable {variable}='...' must be a
+      whole number in [1, ...]; fix or unset it."``.
+  """
+  import os  # pylint: disable=import-outside-toplevel
+  text = os.environ.get(variable, "").strip()
+  if not text:
+    return None
+  if not text.isdigit() or int(text) < 1 or (
+      maximum is not None and int(text) > maximum):
+    bound = f"[1, {maximum}]" if maximum is not None else ">= 1"
+    raise ValueError(f"the environment variable {variable}={text!r} must be "
+                     f"a whole number {'in ' if maximum else ''}{bound}; fix "
+                     "or unset it.")
+  return int(text)
+
+
 def comma_entries(flag: str, spec: Any, what: str,
                   example: str) -> Iterator[str]:
   """Yields the entries of a comma-separated flag value, stripped, in order.

@@ -14,6 +14,7 @@ import os
 import numpy as np
 from ml_collections import config_dict
 
+from decentral_jax import checks
 from decentral_jax.runner.config import MAX_SIMULATED_CPU_DEVICES
 from decentral_jax.runner.config_groups import distributed_group
 from decentral_jax.runner.field_rules import field
@@ -100,6 +101,35 @@ def check_asked_devices(asked: int, available: int, needed: int,
         f"{flag}={asked} simulates {available} CPU devices in this process, "
         f"but {source} needs {needed}; raise {flag} to {needed} or drop it "
         "(0: as many as the config needs).")
+
+
+def environment_cpu_devices() -> int | None:
+  """The CPU device count ``JAX_NUM_CPU_DEVICES`` sets, or None if unset
+  (or empty).
+
+  Raises:
+    ValueError: not a whole number in ``[1, MAX_SIMULATED_CPU_DEVICES]``
+      (:func:`decentral_jax.checks.environment_count`), naming it.
+  """
+  return checks.environment_count("JAX_NUM_CPU_DEVICES",
+                                  MAX_SIMULATED_CPU_DEVICES)
+
+
+def check_environment_devices(env: int, available: int, needed: int,
+                              source: str) -> None:
+  """Refuses a run whose devices the environment's ``JAX_NUM_CPU_DEVICES=
+  env`` set too few (``available < needed``), naming the variable and
+  ``--cpu_devices``, which wins over it.
+
+  Raises:
+    ValueError: one line naming both and the count to give.
+  """
+  if available < needed:
+    raise ValueError(
+        f"the environment variable JAX_NUM_CPU_DEVICES={env} simulates "
+        f"{available} CPU devices in this process, but {source} needs "
+        f"{needed}; raise it to {needed}, unset it, or give --cpu_devices="
+        f"{needed} (which wins over it).")
 
 
 def check_distributed(c: config_dict.ConfigDict) -> None:

@@ -28,6 +28,8 @@ import dataclasses
 import importlib
 import sys
 
+from decentral_jax import checks
+
 PROG = "decentral-jax"
 
 
@@ -102,6 +104,10 @@ def run_command(command: Command, args: list[str]) -> int:
     Its exit code; a ``SystemExit`` it raises with an int (or None, 0) is
     returned as that code (argparse's ``--help`` and flag errors).
   """
+  try:  # JAX reads it when imported, and stops with a traceback
+    checks.environment_count("JAX_NUM_CPU_DEVICES")
+  except ValueError as e:
+    return _error(str(e).rstrip("."))
   main_fn = importlib.import_module(command.module).main
   argv = [*command.args, *args]
   try:

@@ -167,7 +167,8 @@ def _prepare(overrides: list[str]):
   source += f" over {procs} processes" if procs > 1 else ""
   # --cpu_devices wins over the environment's count; without it a count
   # the environment sets is kept.
-  ours = bool(CPU_DEVICES.value) or not os.environ.get("JAX_NUM_CPU_DEVICES")
+  env = devices.environment_cpu_devices()
+  ours = bool(CPU_DEVICES.value) or env is None
   if ours:
     simulate_cpu_devices(
         CPU_DEVICES.value or max(needed // procs, 1),
@@ -177,6 +178,9 @@ def _prepare(overrides: list[str]):
   if ours and jax.default_backend() == "cpu":  # we set the count
     devices.check_asked_devices(CPU_DEVICES.value, jax.local_device_count(),
                                 max(needed // procs, 1), source)
+  elif jax.default_backend() == "cpu":  # the environment set it
+    devices.check_environment_devices(env, jax.local_device_count(),
+                                      max(needed // procs, 1), source)
   if jax.process_index() == 0:
     for line in validation.config_warnings(config):
       print(f"warning: {line}", file=sys.stderr)

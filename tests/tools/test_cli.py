@@ -319,3 +319,36 @@ def test_cpu_devices_wins_over_the_environment_s_count(tmp_path, env):
     assert last.startswith("error: --cpu_devices=4 simulates 4 CPU devices"), \
         last
   assert not (tmp_path / "w").exists() and not (tmp_path / "out").exists()
+
+
+def test_train_names_the_environment_s_count_when_it_set_too_few(
+    tmp_path, capsys, monkeypatch):
+  """JAX_NUM_CPU_DEVICES=4 (no --cpu_devices) with 8 workers: the hint
+  named XLA_FLAGS, which that variable overrides; it names the variable
+  and --cpu_devices. (The backend already has its devices: the four are
+  mocked.)"""
+  import jax
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "4")
+  monkeypatch.setattr(jax, "local_device_count", lambda *a: 4)
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--config", os.path.join(
+      ROOT, "configs", "gpt_tiny.py"), "--config.n_workers=8",
+                   f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (
+      "error: the environment variable JAX_NUM_CPU_DEVICES=4 simulates 4 "
+      "CPU devices in this process, but --config.n_workers=8 needs 8; raise "
+      "it to 8, unset it, or give --cpu_devices=8 (which wins over it)."), err
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_a_bad_environment_count_is_one_line_before_jax_reads_it(
+    capsys, monkeypatch, value):
+  """JAX reads JAX_NUM_CPU_DEVICES when it is imported and stopped with a
+  traceback ('Invalid value "abc" for JAX flag')."""
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", value)
+  assert cli.main(["train", "--config", "x.py"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: the environment variable JAX_NUM_CPU_DEVICES="
+                 f"{value!r} must be a whole number >= 1; fix or unset it"], err

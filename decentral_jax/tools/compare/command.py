@@ -56,8 +56,14 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
     flags.check_needs(clusters)
     # --cpu_devices wins over the environment's count (JAX_NUM_CPU_DEVICES,
     # XLA_FLAGS); without it a count the environment sets is kept.
-    if flags.CPU_DEVICES.value or not os.environ.get("JAX_NUM_CPU_DEVICES"):
-      needed, source = devices_lib.devices_needed(base)
+    env = devices_lib.environment_cpu_devices()
+    needed, source = devices_lib.devices_needed(base)
+    if not flags.CPU_DEVICES.value and env is not None and \
+        jax.default_backend() == "cpu":
+      devices_lib.check_environment_devices(
+          env, jax.local_device_count(), needed,
+          source.replace("config.", "--config."))
+    if flags.CPU_DEVICES.value or env is None:
       asked = flags.CPU_DEVICES.value
       devices_lib.check_asked_devices(  # below the config's count: refused
           asked, asked, needed, source.replace("config.", "--config."))
