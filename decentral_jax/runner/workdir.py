@@ -344,9 +344,6 @@ def write_sums(root: str, skip: Iterable[str] = ()) -> None:
   os.replace(tmp, os.path.join(root, SUMS_FILE))
 
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
 def _outside(rel: str) -> bool:
   """True if a manifest path leaves its directory (absolute, or ``..``)."""
   return (not rel or os.path.isabs(rel)
@@ -364,6 +361,30 @@ def _unlisted_file(root: str, listed: set, exempt: Iterable[str]) -> str | None:
       if rel not in listed and rel not in exempt:
         return rel
   return None
+
+
+_SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
+
+
+def _parse_sums(text: str) -> list[tuple[str, str]] | str:
+  """The ``(sha256, path)`` entries of a manifest in ``sha256sum``'s
+  format (text `` `` or binary ``*`` mode; an identical line repeated
+  counts once), or why it is malformed (naming the line)."""
+  entries, seen = [], {}
+  for k, line in enumerate(text.split("\n"), 1):
+    if not line.strip():
+      continue
+    m = _SUMS_LINE.fullmatch(line)
+    if m is None or _outside(m.group(2)):
+      return (f"line {k} {line!r:.80} is not a 64-digit hex SHA-256, a "
+              "space, a space or '*', and a path inside the directory")
+    digest, rel = m.group(1).lower(), m.group(2)
+    if seen.get(os.path.normpath(rel), digest) != digest:
+      return f"line {k} lists {rel!r:.80} again with another checksum"
+    if os.path.normpath(rel) not in seen:
+      seen[os.path.normpath(rel)] = digest
+      entries.append((digest, rel))
+  return entries or "it lists no file"
 
 
 def check_sums(root: str, required: tuple[str, ...] = (),
@@ -385,12 +406,13 @@ def check_sums(root: str, required: tuple[str, ...] = (),
     or ``("corrupt", why)`` naming the first missing or changed file, a
     ``required`` file (or with ``complete_except``, any file) the manifest
     leaves out, or a malformed manifest (a
-    line that is not ``<sha256>  <path>``, or a path outside ``root``,
-    which is never read).
+    line that is not ``<sha256>  <path>`` or ``<sha256> *<path>``, a path
+    outside ``root``, which is never read, or one path with two
+    checksums).
   """
   try:
     with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
-      entries = [line.rstrip("\n").split("  ", 1) for line in f if line.strip()]
+      entries = _parse_sums(f.read())
   except FileNotFoundError:
     if not os.path.isdir(root):
       return "corrupt", "the directory is missing"
@@ -399,13 +421,8 @@ def check_sums(root: str, required: tuple[str, ...] = (),
     return "unverified", f"no {SUMS_FILE} (written by an older version?)"
   except (OSError, UnicodeDecodeError) as e:
     return "corrupt", f"{SUMS_FILE} unreadable: {e}"
-  if not entries or any(len(e) != 2 for e in entries):
-    return "corrupt", f"{SUMS_FILE} is malformed"
-  for digest, rel in entries:
-    if not _SHA256.fullmatch(digest) or _outside(rel):
-      return "corrupt", (f"{SUMS_FILE} is malformed (entry {rel!r:.80}: a "
-                         "64-digit hex SHA-256 and a path inside the "
-                         "directory)")
+  if isinstance(entries, str):
+    return "corrupt", f"{SUMS_FILE} is malformed ({entries})"
   listed = {os.path.normpath(r) for _, r in entries}
   unlisted = [r for r in required if os.path.normpath(r) not in listed
               and os.path.lexists(os.path.join(root, r))]

@@ -272,3 +272,29 @@ def test_a_checkpoint_manifest_must_list_every_file(tmp_path):
   sums.write_text(line("meta/metadata") + line("state/_METADATA"))
   assert checkpoint.check_checkpoint(str(tmp_path)) == (
       "corrupt", "SHA256SUMS does not list state/d/arr")
+
+
+def test_a_manifest_in_sha256sum_s_binary_form_or_with_a_line_repeated_is_read(
+    tmp_path):
+  """``sha256sum -b`` writes ``HASH *PATH``, and ``sha256sum -c`` accepts
+  it and a repeated line; both were "malformed" (the intact checkpoint was
+  moved aside). One path with two checksums is malformed, naming the line."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  root = tmp_path / "ckpt"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  (root / "b").write_bytes(b"b")
+  da, db = (hashlib.sha256(x).hexdigest() for x in (b"a", b"b"))
+  sums = root / workdir_lib.SUMS_FILE
+  sums.write_text(f"{da} *a\n{db}  b\n{db}  b\n")
+  assert workdir_lib.check_sums(str(root)) == ("ok", "")
+  sums.write_text(f"{da.upper()}  a\n{db}  b\n")
+  assert workdir_lib.check_sums(str(root)) == ("ok", "")
+  sums.write_text(f"{da}  a\n{db}  a\n")
+  assert workdir_lib.check_sums(str(root)) == (
+      "corrupt", "SHA256SUMS is malformed (line 2 lists 'a' again with "
+      "another checksum)")
+  sums.write_text(f"{da}  a\nnot a line\n")
+  status, why = workdir_lib.check_sums(str(root))
+  assert status == "corrupt" and why.startswith(
+      "SHA256SUMS is malformed (line 2 'not a line' is not"), why
