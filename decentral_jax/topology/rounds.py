@@ -349,6 +349,27 @@ def check_column_sums(w, where: str) -> None:
         "sends; together it must be all of its mass).")
 
 
+def check_matrices_argument(matrices, name) -> None:
+  """``from_matrices``' arguments: a string ``name`` and an iterable of
+  matrices, not one bare matrix (its rows would be read as 1-worker
+  rounds) or None.
+
+  Raises:
+    ValueError: naming the argument and what was given.
+  """
+  if not isinstance(name, str):
+    raise ValueError(f"name must be a string, got {name!r}.")
+  bare = (isinstance(matrices, np.ndarray) and matrices.ndim == 2) or (
+      isinstance(matrices, (list, tuple)) and len(matrices) > 0
+      and np.ndim(matrices[0]) == 1)  # a matrix's rows, not matrices
+  if (isinstance(matrices, (str, bytes)) or not hasattr(matrices, "__iter__")
+      or bare):
+    raise ValueError(
+        "matrices must be a list of [n, n] mixing matrices (one per round; "
+        f"[W] for one round), got {type(matrices).__name__}"
+        + (" of shape " + str(np.shape(matrices)) if bare else "") + ".")
+
+
 def validate_matrix(w, index: int, n: int | None,
                     column_stochastic: bool = False) -> np.ndarray:
   """Checks a dense mixing matrix; returns it as float64 [n, n].
@@ -359,6 +380,8 @@ def validate_matrix(w, index: int, n: int | None,
       (within :data:`TOL`; rows only checked unless ``column_stochastic``).
   """
   where = f"mixing matrix {index}"
+  if np.iscomplexobj(w):  # float64() would drop the imaginary parts
+    raise ValueError(f"{where} is complex; mixing weights are real.")
   try:
     w = np.array(w, dtype=np.float64)
   except (TypeError, ValueError) as e:

@@ -55,6 +55,7 @@ import numpy as np
 
 from decentral_jax import checks
 from decentral_jax.topology.rounds import TOL
+from decentral_jax.topology.rounds import check_matrices_argument
 from decentral_jax.topology.rounds import Round
 from decentral_jax.topology.rounds import validate_matrix
 from decentral_jax.topology.spectral import apply_period
@@ -248,6 +249,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
       row/column not summing to 1 (the message names it and its sum).
   """
   checks.check_bool("column_stochastic", column_stochastic)
+  check_matrices_argument(matrices, name)
   matrices = list(matrices)
   if not matrices:
     raise ValueError("from_matrices needs at least one [n, n] matrix.")

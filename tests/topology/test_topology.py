@@ -307,6 +307,18 @@ def test_from_matrices_errors():
     topology.from_matrices([np.eye(2), np.eye(3)])
   with pytest.raises(ValueError, match=r"at least one"):
     topology.from_matrices([])
+  # A bare matrix, None, a complex matrix (float64() dropped the imaginary
+  # parts with a warning only) and a non-string name.
+  with pytest.raises(ValueError, match=r"a list of \[n, n\] mixing matrices"
+                     r".*got ndarray of shape \(2, 2\)"):
+    topology.from_matrices(np.eye(2))
+  with pytest.raises(ValueError, match=r"got NoneType"):
+    topology.from_matrices(None)
+  with pytest.raises(ValueError, match=r"mixing matrix 0 is complex"):
+    topology.from_matrices([[[0.5 + 1j, 0.5], [0.5, 0.5]]])
+  with pytest.raises(ValueError, match=r"name must be a string, got 5"):
+    topology.from_matrices([np.eye(2)], name=5)
+  assert topology.from_matrices(w for w in [np.eye(2)]).period == 1
 
 
 @pytest.mark.parametrize("column_stochastic", [False, True])
