@@ -60,10 +60,12 @@ def main(argv=None) -> dict:
   params = dj.parallel.replicate(  # identical start, stacked [n, ...]
       {"w": jnp.zeros((4, 1)), "b": jnp.zeros((1,))}, mesh)
   opt_state = init(params)
-  for _ in range(args.steps):
+  for k in range(args.steps):
     x = rng.normal(size=(n, 16, 4)).astype(np.float32)  # [workers, batch, 4]
     batch = dj.parallel.shard((x, x @ w_true), mesh)
     params, opt_state, loss = step(params, opt_state, batch)
+    if k % 16 == 15:  # bound the steps in flight (docs/optax.md)
+      jax.block_until_ready(loss)
   out = {"loss": float(np.mean(loss)),
          "consensus_distance": float(np.asarray(distance(params))[0]),
          "worker0_w": dj.parallel.unstack(params, 0)["w"].ravel().tolist()}

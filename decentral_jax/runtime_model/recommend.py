@@ -106,7 +106,8 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
 
   Returns:
     ``"All-Reduce (no decentralized method is >5% faster)"`` (with a
-    clause when a starred method is faster but not recommended) or
+    clause when a method marked ``*`` (slow mixing) or ``^`` (not in the
+    library yet) is faster but not recommended) or
     ``"<label>: <ms> ms/iteration, <x>x faster than All-Reduce"``.
   """
   best = min((m for m in table if m == "all_reduce" or not (
@@ -119,8 +120,8 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
     starred = [m for m in table if m != best and ar / table[m].simulated_s
                >= 1 + margin]
     return ("All-Reduce (no decentralized method is >5% faster"
-            + ("; the faster starred ones are not recommended: see their "
-               "notes)" if starred else ")"))
+            + ("; the faster ones marked * or ^ are not recommended: see "
+               "their notes)" if starred else ")"))
   return (f"{label(best)}: {1e3 * fastest:.1f} ms/iteration, "
           f"{ar / fastest:.2f}x faster than All-Reduce")
 

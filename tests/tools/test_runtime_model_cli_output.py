@@ -496,7 +496,7 @@ def test_a_faster_starred_method_is_named_in_the_recommendation(capsys):
   assert rc == 0
   assert _line(out, "  recommendation:") == (
       "  recommendation: All-Reduce (no decentralized method is >5% faster; "
-      "the faster starred ones are not recommended: see their notes)")
+      "the faster ones marked * or ^ are not recommended: see their notes)")
   rc, out, _ = _run(capsys, "--preset", "A40", "--workload", "gpt2_small",
                     "--n-workers", "8", "--methods", "all_reduce")
   assert _line(out, "  recommendation:") == (
