@@ -32,6 +32,20 @@ class VirtualAxes:
   per_device: int
   virtual: str = "virtual"
 
+  def __post_init__(self):
+    """Raises ValueError naming a field that cannot name the layout."""
+    for name in ("device", "virtual"):
+      if not isinstance(getattr(self, name), str) or not getattr(self, name):
+        raise ValueError(f"VirtualAxes.{name} must be a non-empty axis name, "
+                         f"got {getattr(self, name)!r}.")
+    if self.device == self.virtual:
+      raise ValueError(f"VirtualAxes.device and .virtual are both "
+                       f"{self.device!r}; name two axes.")
+    if (not isinstance(self.per_device, int) or isinstance(
+        self.per_device, bool) or self.per_device < 1):
+      raise ValueError("VirtualAxes.per_device must be an int >= 1 (workers "
+                       f"per device), got {self.per_device!r}.")
+
 
 AxisName = str | tuple[str, ...] | VirtualAxes
 
@@ -54,11 +68,13 @@ def check_axis_name(axis_name, where: str = "") -> AxisName:
     where: prefix of the message (e.g. ``"ExactMean: "``).
 
   Raises:
-    ValueError: anything else (None, an int, an empty string or tuple).
+    ValueError: anything else (None, an int, an empty string or tuple, a
+      tuple naming one axis twice).
   """
   names = axis_name if isinstance(axis_name, tuple) else (axis_name,)
   if isinstance(axis_name, VirtualAxes) or (
-      names and all(isinstance(a, str) and a for a in names)):
+      names and all(isinstance(a, str) and a for a in names)
+      and len(set(names)) == len(names)):
     return axis_name
   raise ValueError(f"{where}axis_name must be a mesh axis name (a non-empty "
                    "string), a tuple of them or the VirtualAxes of a virtual "
@@ -90,10 +106,16 @@ def bound_axes(axis_name: AxisName) -> tuple[str, ...]:
     try:
       lax.axis_size(a)
     except NameError:
-      have = tuple(jax.sharding.get_abstract_mesh().axis_names)
+      mesh = jax.sharding.get_abstract_mesh()
+      have = tuple(mesh.axis_names)
+      mapped = tuple(getattr(mesh, "manual_axes", have))
+      where = (f"the mesh's axis {a!r} is not mapped by this shard_map "
+               f"(it maps {mapped}: a worker's devices lie on the others)"
+               if a in have else
+               f"the mesh has no axis {a!r} (its axes: {have}; none: not "
+               "inside jax.shard_map)")
       raise ValueError(
-          f"axis_name={axis_name!r}: the mesh has no axis {a!r} (its axes: "
-          f"{have}; none: not inside jax.shard_map); pass "
+          f"axis_name={axis_name!r}: {where}; pass "
           "parallel.worker_axis(mesh) and run inside parallel.per_worker."
       ) from None
   return axes

@@ -521,7 +521,8 @@ def test_fragment_offsets_checks_its_arguments(args, phrase):
     ids=["gossip_mixing", "decentralized_adamw", "sgp", "all_reduce",
          "elastic_diloco", "desloc_adam", "gradient_tracking", "pipelined",
          "ExactMean"])
-@pytest.mark.parametrize("axis", [None, 1, "", (), ("nodes", 2)], ids=repr)
+@pytest.mark.parametrize("axis", [None, 1, "", (), ("nodes", 2),
+                                  ("nodes", "nodes")], ids=repr)
 def test_axis_name_refused_by_type_at_construction(build, axis):
   # None and 1 failed later as "'NoneType' object is not iterable".
   message = _one_line(build, axis)
@@ -548,3 +549,28 @@ def test_axis_the_mesh_lacks_is_named_when_traced(make, axis):
   message = _one_line(jax.jit(parallel.per_worker(step, mesh)), p, s)
   assert f"the mesh has no axis {axis!r}" in message, message
   assert "('workers',)" in message, message
+
+
+def test_an_axis_of_the_mesh_that_the_shard_map_does_not_map_is_named():
+  """devices_per_worker=2: the mesh has an 'inner' axis over a worker's
+  devices, which per_worker does not map; the message said the mesh had no
+  axis 'inner' while listing it."""
+  require_devices(8)
+  mesh = parallel.make_mesh(4, devices_per_worker=2)
+  tx = optax.chain(SGD, optim.all_reduce_gradients("inner"))
+  p = parallel.replicate({"w": jnp.ones(3)}, mesh)
+  s = jax.jit(parallel.per_worker(tx.init, mesh))(p)
+  message = _one_line(jax.jit(parallel.per_worker(
+      lambda p, s: tx.update(p, s, p), mesh)), p, s)
+  assert "the mesh's axis 'inner' is not mapped by this shard_map (it maps " \
+      "('workers',)" in message, message
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"device": "workers", "per_device": 0}, "per_device must be an int >= 1"),
+    ({"device": "workers", "per_device": 2.0}, "per_device must be an int"),
+    ({"device": "", "per_device": 2}, "device must be a non-empty axis name"),
+    ({"device": "v", "per_device": 2, "virtual": "v"}, "are both 'v'")])
+def test_virtual_axes_refuse_a_layout_they_cannot_name(kwargs, says):
+  from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
+  assert says in _one_line(lambda: axes.VirtualAxes(**kwargs))
