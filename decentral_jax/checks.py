@@ -191,7 +191,7 @@ def check_float_dtype(name: str, dtype: Any, *,
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
     dt = jnp.dtype(dtype)
     ok = bool(jnp.issubdtype(dt, jnp.floating))
-  except TypeError:
+  except (TypeError, ValueError, SyntaxError):  # NumPy parses "1,,2" as code
     ok = False
   if not ok:
     raise ValueError(f"{name} must be {rule}, got {dtype!r}.")

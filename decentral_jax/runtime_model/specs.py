@@ -219,17 +219,18 @@ def _workers_per_node(spec, given: dict, c: Cluster) -> int:
 
 def _bucket_bytes(spec, given: dict) -> float | None:
   """``bucket_MiB`` in bytes (None if not given); refuses a value outside
-  ``(0, MAX_BUCKET_MIB]`` (the bounds of ``--bucket-MiB``)."""
+  ``[MIN_BUCKET_MIB, MAX_BUCKET_MIB]`` (the bounds of ``--bucket-MiB``)."""
   if "bucket_MiB" not in given:
     return None
   try:
     mib = float(given["bucket_MiB"])
   except ValueError:
     mib = -1.0
-  if not 0 < mib <= workload_lib.MAX_BUCKET_MIB:
+  if not workload_lib.MIN_BUCKET_MIB <= mib <= workload_lib.MAX_BUCKET_MIB:
     raise ValueError(f"{spec!r}: bucket_MiB={given['bucket_MiB']!r} must "
-                     f"be a number in (0, {workload_lib.MAX_BUCKET_MIB:g}] "
-                     "(MiB).")
+                     f"be a number in [{workload_lib.MIN_BUCKET_MIB:g}, "
+                     f"{workload_lib.MAX_BUCKET_MIB:g}] (MiB: one byte to "
+                     "1e9 MiB).")
   return mib * 2**20
 
 

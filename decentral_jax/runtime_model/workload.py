@@ -25,6 +25,8 @@ MAX_PARAMS = 1e15
 MAX_BUCKETS = 4096
 # Largest bucket size (MiB) a flag or a method spec's bucket_MiB takes.
 MAX_BUCKET_MIB = 1e9
+#: The smallest bucket, one byte (a subnormal size overflowed the count).
+MIN_BUCKET_MIB = 2.0 ** -20
 
 
 def bucket_count(param_count: float, itemsize: float,

@@ -49,3 +49,12 @@ def test_both_readers_give_the_same_reason(name, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")
                        .replace(")", r"\)")):
       check()
+
+
+@pytest.mark.parametrize("name", ["1,,2", "1e-320", "(", "f4,f4"])
+def test_names_numpy_reads_as_code_or_records_are_one_line(name):
+  """check_comm_dtype passed NumPy's own parser errors through (a
+  SyntaxError traceback for "1,,2")."""
+  with pytest.raises(ValueError, match=r"comm_dtype must be a floating "
+                     r"dtype or None, got"):
+    checks.check_comm_dtype(name)

@@ -114,15 +114,19 @@ def test_positive_compute_samples_are_priced(tmp_path):
   assert code == 0 and "compute 30.0 ms per step" in out, err
 
 
-@pytest.mark.parametrize("value", ["1e30", "1e308", "0", "-1", "nan"])
+# 1e-320 MiB (subnormal) passed "> 0" and overflowed the bucket count.
+@pytest.mark.parametrize("value", ["1e30", "1e308", "0", "-1", "nan",
+                                   "1e-320", "1e-7"])
 def test_a_spec_s_bucket_mib_has_the_flag_s_bounds(value):
   spec = f"one_peer_exp:bucket_MiB={value}"
   code, _, err = _predict("--n-workers", "16", "--methods", spec)
   assert code == 2 and err.strip().splitlines() == [
       f"error: --methods {spec} at --n-workers 16: {spec!r}: "
-      f"bucket_MiB={value!r} must be a number in (0, 1e+09] (MiB)."], err
+      f"bucket_MiB={value!r} must be a number in [9.53674e-07, 1e+09] "
+      "(MiB: one byte to 1e9 MiB)."], err
   code, _, err = _predict("--bucket-MiB", value)
-  assert code == 2 and "--bucket-MiB" in err and "(0, 1e+09]" in err, err
+  assert code == 2 and "--bucket-MiB" in err and "[9.53674e-07, 1e+09]" in err, \
+      err
 
 
 def test_a_spec_s_bucket_count_names_the_spec_key():

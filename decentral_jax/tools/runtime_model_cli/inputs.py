@@ -72,7 +72,8 @@ FLAG_BOUNDS = {
     "--forward-ms": (0, False, _MAX_MS),
     "--backward-ms": (0, False, _MAX_MS),
     "--optimizer-ms": (0, False, _MAX_MS), "--compute-cv": (0, False, 10),
-    "--bucket-MiB": (0, True, workload_lib.MAX_BUCKET_MIB),
+    "--bucket-MiB": (workload_lib.MIN_BUCKET_MIB, False,
+                     workload_lib.MAX_BUCKET_MIB),
     "--devices-per-worker": (1, False, MAX_WORKERS),
     "--seed": (0, False, MAX_SEED),
     "--datacenters": (1, False, MAX_WORKERS), "--wan-Gbps": _RATE,
@@ -87,7 +88,8 @@ UTILISATION_FLAG_BOUNDS = {
     "--step-ms": (0, True, _MAX_MS),
     "--H": (1, False, MAX_STEPS), "--latency-ms": (0, False, _MAX_MS),
     "--codec-GBps": _RATE,
-    "--bucket-MiB": (0, True, workload_lib.MAX_BUCKET_MIB),
+    "--bucket-MiB": (workload_lib.MIN_BUCKET_MIB, False,
+                     workload_lib.MAX_BUCKET_MIB),
 }
 
 
