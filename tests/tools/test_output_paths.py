@@ -113,3 +113,13 @@ def test_a_socket_as_an_output_file_is_refused(tmp_path):
     s.bind(path)
     with pytest.raises(ValueError, match="--out .* is a socket"):
       flag_types.check_output_file(path, "--out")
+
+
+def test_a_full_device_as_an_output_is_one_line(capsys):
+  """/dev/full passes the output check (a device is left alone) and the
+  write fails: one error line, not an OSError traceback."""
+  from decentral_jax.tools.runtime_model_cli import main as rm_main  # pylint: disable=import-outside-toplevel
+  assert rm_main.main(["utilisation", "--table", "/dev/full"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: cannot write: No space left on device; give "
+                 "another output path."], err

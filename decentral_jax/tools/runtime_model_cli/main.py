@@ -46,11 +46,17 @@ def main(argv=None, prog: str = parser_lib.PROG) -> int:
   args = parser.parse_args(argv)
   args.explicit_flags = flag_types.given_flags(parser, argv, args.command)
   if getattr(args, "steps", 2) < 2:
-    print("error: --steps must be >= 2", file=sys.stderr)
+    print(f"error: argument --steps: must be >= 2, got {args.steps} (see "
+          "--help)", file=sys.stderr)
     return 2
   module, function = RUNS[args.command]
   try:
     return getattr(importlib.import_module(module), function)(args)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:  # an output the checks let through (a full device)
+    where = f" {e.filename}" if e.filename else ""
+    print(f"error: cannot write{where}: {e.strerror or e}; give another "
+          "output path.", file=sys.stderr)
     return 2
