@@ -113,10 +113,36 @@ def row_error(row: dict) -> str | None:
   return _round_error(row)
 
 
+def _workers(row: dict) -> int | None:
+  """The workers of a row: its ``n_workers=`` override, else the GPUs of
+  its target topology ``"AxBxC"`` times its ``workers_per_device=``
+  override (1 if none); None if the row does not say."""
+  given = dict(o.split("=", 1) for o in row.get("overrides") or []
+               if isinstance(o, str) and "=" in o)
+  if given.get("n_workers", "").isdigit():
+    return int(given["n_workers"])
+  parts = str(row.get("topology") or "").split("x")
+  per_device = given.get("workers_per_device", "1")
+  if not all(p.isdigit() for p in parts) or not per_device.isdigit():
+    return None
+  n = int(per_device)
+  for p in parts:
+    n *= int(p)
+  return n
+
+
 def _round_error(row: dict) -> str | None:
   """A gpt2_small row (the transfer table's) must name a distinct round
   of :data:`TRANSFER_TOPOLOGY`."""
   d = row["distinct_round"]
+  if d is not None and row["gossip_rounds"] == "switch":
+    return ("distinct_round must be null with gossip_rounds switch (one "
+            f"program holds every round), got {d}")
+  workers = _workers(row)
+  if (d is not None and workers is not None and d >= workers
+      and row["case"] != "gpt2_small"):  # its own, tighter bound below
+    return (f"distinct_round must be below the row's {workers} workers (a "
+            f"schedule has fewer distinct rounds), got {d}")
   if row["case"] != "gpt2_small" or d is None:
     return None
   n = len(transfer_topology().distinct_rounds)

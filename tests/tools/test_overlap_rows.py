@@ -87,6 +87,13 @@ def _edit_collective(key, value):
     (_edit("consensus_at", "auto"),
      "consensus_at must be one of log_step, next_step, got 'auto'"),
     (_edit("param_bytes", 0.0), "param_bytes must be in (0, 1125899906842624]"),
+    (_edit("gossip_rounds", "switch"),
+     "distinct_round must be null with gossip_rounds switch"),
+    ({**_edit("case", "gpt_tiny"), "distinct_round": 8},
+     "distinct_round must be below the row's 8 workers"),
+    ({**_edit("case", "virtual"), "overrides": ["workers_per_device=4"],
+      "topology": "1x1x2", "distinct_round": 8},
+     "distinct_round must be below the row's 8 workers"),
     (_edit("param_bytes", 1e308),
      "param_bytes must be in (0, 1125899906842624]"),
 ])
