@@ -123,9 +123,10 @@ def _float32_error(key: str, values: list) -> str | None:
   return None
 
 
-def _window_error(window, step: int) -> str | None:
+def _window_error(window, step: int, signed_losses: bool = False
+                  ) -> str | None:
   """Why a ``metrics_window`` entry is not one, or None: losses in [0,
-  :data:`F32_MAX`], accuracies in [0, 1], consensus distance in [0,
+  :data:`F32_MAX`] (any finite float32 for a model of your own), accuracies in [0, 1], consensus distance in [0,
   :data:`F32_MAX`] (float32 values; the rules of ``metrics.jsonl``), at most one loss and one accuracy per step of the
   ``step`` the checkpoint has trained."""
   if window is None:
@@ -136,9 +137,10 @@ def _window_error(window, step: int) -> str | None:
   if unknown:
     return (f"metrics_window has unknown {records.short(unknown)} (the keys "
             "it may have: losses, accs, consensus)")
-  for key, hi in (("losses", None), ("accs", 1)):
+  for key, lo, hi in (("losses", None if signed_losses else 0, None),
+                      ("accs", 0, 1)):
     why = records.value_error(f"metrics_window.{key}", window.get(key, []),
-                              "numbers", 0, hi)
+                              "numbers", lo, hi)
     if why:
       return why
     why = _float32_error(f"metrics_window.{key}", window.get(key, []))
@@ -476,7 +478,11 @@ def meta_error(meta, step: int | None = None,
   if meta["data_position"] != meta["step"]:
     return (f"data_position must equal step {meta['step']} (the batches "
             f"consumed), got {records.short(meta['data_position'])}")
-  return _window_error(meta.get("metrics_window"), meta["step"]) or (
+  config = meta.get("config")
+  model = config.get("model") if isinstance(config, dict) else None
+  signed = metrics_lib.losses_signed(
+      model.get("name") if isinstance(model, dict) else None)
+  return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
       (_fields_error(meta, like) or _rules_error(meta)
        or _contradiction(meta, meta.get("config")))
       if like is not None else None)

@@ -210,12 +210,39 @@ def _last(key: str) -> str:
 MAX_TRAIN_TIME_S = 1e9
 
 
-def value_range(key: str) -> tuple[float | None, float | None]:
-  """``(lo, hi)`` of a metric ``key`` (None: unbounded)."""
+#: The models whose losses are >= 0 (cross-entropies); a model of your own
+#: may return any finite loss (docs/extending.md).
+BUILT_IN_MODELS = ("gpt", "cnn")
+
+
+def losses_signed(model_name) -> bool:
+  """Whether a run of ``model_name`` may log negative losses (a model of
+  your own; None, unknown, counts as built in)."""
+  return model_name is not None and model_name not in BUILT_IN_MODELS
+
+
+def workdir_losses_signed(workdir: str) -> bool:
+  """:func:`losses_signed` for the run whose ``config.json`` is in
+  ``workdir`` (False without a readable one)."""
+  try:
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+      model = json.load(f).get("model", {})
+  except (OSError, ValueError, AttributeError):
+    return False
+  return losses_signed(model.get("name") if isinstance(model, dict)
+                       else None)
+
+
+def value_range(key: str, signed_losses: bool = False
+                ) -> tuple[float | None, float | None]:
+  """``(lo, hi)`` of a metric ``key`` (None: unbounded); a loss is signed
+  for a model of your own (``signed_losses``)."""
   last = _last(key)
   if last == "train_time_s":
     return 0.0, MAX_TRAIN_TIME_S
   if "excess" in last:  # a worker's loss minus x_bar's: signed
+    return None, None
+  if "loss" in last and signed_losses:
     return None, None
   if "loss" in last or last == "lr":
     return 0.0, None
@@ -228,13 +255,16 @@ def value_range(key: str) -> tuple[float | None, float | None]:
   return None, None
 
 
-def value_error(key: str, v) -> str | None:
+def value_error(key: str, v, signed_losses: bool = False) -> str | None:
   """Why a value ``v`` of ``key`` is impossible (None for a null value,
   which the metrics files write for a non-finite one): outside
   :func:`value_range`, or not a number where the range is known."""
-  lo, hi = value_range(key)
-  if v is None or (lo, hi) == (None, None):
+  lo, hi = value_range(key, signed_losses)
+  if v is None:
     return None
+  if (lo, hi) == (None, None):
+    return (None if records_lib.is_real(v) or "loss" not in _last(key)
+            else f"{key} must be a number, got {records_lib.short(v)}")
   if not records_lib.is_real(v):
     return f"{key} must be a number, got {records_lib.short(v)}"
   if (lo is not None and v < lo) or (hi is not None and v > hi):
@@ -243,10 +273,10 @@ def value_error(key: str, v) -> str | None:
   return None
 
 
-def row_error(row: dict) -> str | None:
+def row_error(row: dict, signed_losses: bool = False) -> str | None:
   """Why one row of metrics (or the final metrics) is impossible."""
   for key, v in row.items():
-    why = value_error(key, v)
+    why = value_error(key, v, signed_losses)
     if why:
       return why
   lo, mean, hi = (row.get(f"eval/worker_loss_{k}") for k in
@@ -296,14 +326,14 @@ def order_error(rows: list[dict]) -> str | None:
   return None
 
 
-def _file_checker():
+def _file_checker(signed_losses: bool = False):
   """``check(record) -> why | None`` for the lines of one file in order:
   :func:`_record_error`, :func:`row_error`, and each step larger than the
   previous line's."""
   last = []
 
   def check(record: dict) -> str | None:
-    why = _record_error(record) or row_error(record)
+    why = _record_error(record) or row_error(record, signed_losses)
     if why is None and last and record["step"] <= last[-1]:
       why = (f"\"step\" must increase from line to line, got "
              f"{record['step']} after {last[-1]} (lines repeated or out of "
@@ -331,7 +361,8 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
       data = f.read()
   except OSError as e:
     raise workdir_lib.path_error("read", path, e) from None
-  got = records_lib.parse_jsonl(data, path, _file_checker())
+  got = records_lib.parse_jsonl(data, path, _file_checker(
+      workdir_losses_signed(os.path.dirname(path))))
   if isinstance(got, records_lib.Damaged):
     fix = ("the file is corrupt: fix or delete that line (one JSON object "
            "per line)" if "not a JSON record" in got.reason else

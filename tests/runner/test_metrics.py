@@ -115,3 +115,30 @@ def test_train_seconds_are_bounded_in_every_record(seconds, bad):
   assert (why is not None) == bad, why
   if bad:
     assert why.startswith("train_time_s must be in [0, 1e+09]"), why
+
+
+def test_a_model_of_your_own_may_log_negative_losses(tmp_path):
+  """A custom task's loss (MSE - 10) was read as damage: its intact log
+  was set aside on resume and its checkpoints refused. Built-in models'
+  cross-entropies stay >= 0."""
+  row = {"step": 0, "eval/loss": -8.57, "train/loss": -9.1}
+  assert metrics.row_error(row) == "eval/loss must be >= 0, got -8.57"
+  assert metrics.row_error(row, signed_losses=True) is None
+  assert metrics.row_error({"step": 0, "eval/loss": "x"},
+                           signed_losses=True) is not None
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text(json.dumps(row) + "\n")
+  for name, signed in (("gpt", False), ("cnn", False),
+                       ("my_pkg.model:Net", True)):
+    (tmp_path / "config.json").write_text(json.dumps({"model": {"name": name}}))
+    assert metrics.workdir_losses_signed(str(tmp_path)) == signed
+    if signed:
+      assert metrics.read_jsonl(str(path)) == [row]
+    else:
+      with pytest.raises(metrics.MetricsError, match="eval/loss must be >= 0"):
+        metrics.read_jsonl(str(path))
+
+
+def test_the_built_in_models_are_the_runner_s():
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  assert set(metrics.BUILT_IN_MODELS) == set(config_lib.DATA_SOURCES)

@@ -76,6 +76,12 @@ def schedule_error(row: dict, config: dict) -> str | None:
   return None
 
 
+def _signed(config) -> bool:
+  """Whether the run's losses may be negative (a model of your own)."""
+  return isinstance(config, dict) and metrics_lib.losses_signed(
+      _get(config, "model.name"))
+
+
 def _get(config: dict, field: str):
   node = config
   for part in field.split("."):
@@ -121,7 +127,7 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
   """``(key, why)`` if a finished run's final metrics are impossible for
   its ``config`` (a dict, as ``compare_result.json`` holds it), else
   None."""
-  why = row_error(final)
+  why = row_error(final, _signed(config))
   if why:
     return why.split(" ", 1)[0], why
   steps = _get(config, "steps")
@@ -241,7 +247,7 @@ def metrics_error(rows: list[dict], config: dict | None = None
   :func:`throughput_error` given the run's ``config``; or why the rows are
   out of order (:func:`decentral_jax.runner.metrics.order_error`)."""
   for row in rows:
-    why = row_error(row) or (config is not None and (
+    why = row_error(row, _signed(config)) or (config is not None and (
         schedule_error(row, config) or throughput_error(row, config))) or None
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
