@@ -248,17 +248,17 @@ def check_wire_width_and_order(label: str, dt: np.dtype,
 def environment_count(variable: str, maximum: int | None = None
                       ) -> int | None:
   """The whole number ``>= 1`` (and ``<= maximum``) an environment variable
-  holds, or None if it is unset or empty (e.g. ``JAX_NUM_CPU_DEVICES``,
-  which JAX reads when it is imported and refuses with a traceback).
+  holds, or None if it is unset (e.g. ``JAX_NUM_CPU_DEVICES``, which JAX
+  reads when it is imported and refuses with a traceback, empty too).
 
   Raises:
     ValueError: ``"the environment variable {variable}='...' must be a
       whole number in [1, ...]; fix or unset it."``.
   """
   import os  # pylint: disable=import-outside-toplevel
-  text = os.environ.get(variable, "").strip()
-  if not text:
+  if variable not in os.environ:
     return None
+  text = os.environ[variable].strip()
   if not text.isdigit() or int(text) < 1 or (
       maximum is not None and int(text) > maximum):
     bound = f"[1, {maximum}]" if maximum is not None else ">= 1"

@@ -10,7 +10,12 @@ runs the same job from an installed package.
 
 import sys
 
-from decentral_jax.tools import compare
+from decentral_jax.tools import cli
+
+if cli.environment_error():  # before JAX reads it
+  sys.exit(2)
+
+from decentral_jax.tools import compare  # noqa: E402
 
 if __name__ == "__main__":
   sys.exit(compare.main(sys.argv[1:], prog="python experiments/compare.py"))

@@ -11,7 +11,12 @@ multi-host runs; e.g.::
 
 import sys
 
-from decentral_jax.tools import train
+from decentral_jax.tools import cli
+
+if cli.environment_error():  # before JAX reads it
+  sys.exit(2)
+
+from decentral_jax.tools import train  # noqa: E402
 
 if __name__ == "__main__":
   sys.exit(train.main(sys.argv[1:], prog="python experiments/train.py"))

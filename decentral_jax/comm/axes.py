@@ -76,6 +76,9 @@ def check_axis_name(axis_name, where: str = "") -> AxisName:
       names and all(isinstance(a, str) and a for a in names)
       and len(set(names)) == len(names)):
     return axis_name
+  if names and all(isinstance(a, str) and a for a in names):
+    raise ValueError(f"{where}axis_name={axis_name!r} names an axis twice; "
+                     "name each mesh axis once.")
   raise ValueError(f"{where}axis_name must be a mesh axis name (a non-empty "
                    "string), a tuple of them or the VirtualAxes of a virtual "
                    f"layout, got {axis_name!r}; pass "

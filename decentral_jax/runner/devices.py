@@ -104,8 +104,7 @@ def check_asked_devices(asked: int, available: int, needed: int,
 
 
 def environment_cpu_devices() -> int | None:
-  """The CPU device count ``JAX_NUM_CPU_DEVICES`` sets, or None if unset
-  (or empty).
+  """The CPU device count ``JAX_NUM_CPU_DEVICES`` sets, or None if unset.
 
   Raises:
     ValueError: not a whole number in ``[1, MAX_SIMULATED_CPU_DEVICES]``

@@ -97,6 +97,17 @@ def _error(message: str) -> int:
   return 2
 
 
+def environment_error() -> int | None:
+  """2 after one ``error:`` line if ``JAX_NUM_CPU_DEVICES`` is set to
+  something JAX refuses when it is imported (with a traceback), else None;
+  call it before anything imports JAX."""
+  try:
+    checks.environment_count("JAX_NUM_CPU_DEVICES")
+  except ValueError as e:
+    return _error(str(e).rstrip("."))
+  return None
+
+
 def run_command(command: Command, args: list[str]) -> int:
   """Calls ``command``'s ``main`` with ``args`` in this process.
 
@@ -104,10 +115,9 @@ def run_command(command: Command, args: list[str]) -> int:
     Its exit code; a ``SystemExit`` it raises with an int (or None, 0) is
     returned as that code (argparse's ``--help`` and flag errors).
   """
-  try:  # JAX reads it when imported, and stops with a traceback
-    checks.environment_count("JAX_NUM_CPU_DEVICES")
-  except ValueError as e:
-    return _error(str(e).rstrip("."))
+  code = environment_error()
+  if code:
+    return code
   main_fn = importlib.import_module(command.module).main
   argv = [*command.args, *args]
   try:

@@ -521,8 +521,7 @@ def test_fragment_offsets_checks_its_arguments(args, phrase):
     ids=["gossip_mixing", "decentralized_adamw", "sgp", "all_reduce",
          "elastic_diloco", "desloc_adam", "gradient_tracking", "pipelined",
          "ExactMean"])
-@pytest.mark.parametrize("axis", [None, 1, "", (), ("nodes", 2),
-                                  ("nodes", "nodes")], ids=repr)
+@pytest.mark.parametrize("axis", [None, 1, "", (), ("nodes", 2)], ids=repr)
 def test_axis_name_refused_by_type_at_construction(build, axis):
   # None and 1 failed later as "'NoneType' object is not iterable".
   message = _one_line(build, axis)
@@ -574,3 +573,9 @@ def test_an_axis_of_the_mesh_that_the_shard_map_does_not_map_is_named():
 def test_virtual_axes_refuse_a_layout_they_cannot_name(kwargs, says):
   from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
   assert says in _one_line(lambda: axes.VirtualAxes(**kwargs))
+
+
+def test_an_axis_named_twice_is_named_as_such():
+  from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
+  assert _one_line(lambda: axes.check_axis_name(("a", "a"))) == (
+      "axis_name=('a', 'a') names an axis twice; name each mesh axis once.")

@@ -342,7 +342,7 @@ def test_train_names_the_environment_s_count_when_it_set_too_few(
   assert not workdir.exists()
 
 
-@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", ""])
 def test_a_bad_environment_count_is_one_line_before_jax_reads_it(
     capsys, monkeypatch, value):
   """JAX reads JAX_NUM_CPU_DEVICES when it is imported and stopped with a
@@ -352,3 +352,17 @@ def test_a_bad_environment_count_is_one_line_before_jax_reads_it(
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f"error: the environment variable JAX_NUM_CPU_DEVICES="
                  f"{value!r} must be a whole number >= 1; fix or unset it"], err
+
+
+@pytest.mark.parametrize("script", ["train.py", "compare.py"])
+def test_the_experiment_scripts_check_the_environment_before_jax(script):
+  """`python experiments/train.py` imported JAX first: JAX_NUM_CPU_DEVICES
+  =abc ended in JAX's import-time traceback."""
+  env = {**os.environ, "JAX_NUM_CPU_DEVICES": "abc", "PYTHONPATH": ROOT}
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", script)],
+      capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      "error: the environment variable JAX_NUM_CPU_DEVICES='abc' must be a "
+      "whole number >= 1; fix or unset it"], proc.stderr
