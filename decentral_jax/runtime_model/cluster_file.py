@@ -120,7 +120,7 @@ CLUSTER_SCHEMA = {
     "nic_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, False),
     "flow_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, True),
     "nics_per_node": ("int", 1, _COUNT, False),
-    "nic_efficiency": ("number", 0.0, 1.0, False),
+    "nic_efficiency": ("number", 0.01, 1.0, False),  # --nic-efficiency's
     "full_duplex": ("bool", None, None, False),
     "multi_node": ("str", None, None, False),
     "intra_link": ("str", None, None, False),
@@ -149,8 +149,8 @@ MEASUREMENTS_SCHEMA = {
     "intra_pair_s": ("numbers", 0.0, _DAY_S, True),
     "inter_pair_s": ("numbers", 0.0, _DAY_S, True),
     "inter_concurrent_s": ("numbers", 0.0, _DAY_S, True),
-    "all_reduce_bytes": ("number", 0.0, 1e18, True),
-    "all_reduce_s": ("number", 0.0, _DAY_S, True),
+    "all_reduce_bytes": ("whole", 1.0, 1e18, True),  # a measured message
+    "all_reduce_s": ("number", 1e-9, _DAY_S, True),  # takes some time
     "forward_samples_s": ("numbers", 0.0, _DAY_S, True),
     "forward_backward_samples_s": ("numbers", 0.0, _DAY_S, True),
 }

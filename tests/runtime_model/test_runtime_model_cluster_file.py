@@ -93,6 +93,14 @@ def test_predict_cluster_flags_override_the_file(tmp_path, capsys):
     (lambda d: d["cluster"].update(nic_bandwidth_Bps=-1.0),
      "nic_bandwidth_Bps"),
     (lambda d: d["workload"].update(forward_s="fast"), "forward_s"),
+    # Accepted before, then a model of non-finite times naming no key, or
+    # a measured All-Reduce of 0 bytes compared with the model.
+    (lambda d: d["cluster"].update(nic_efficiency=1e-320), "nic_efficiency"),
+    (lambda d: d["measurements"].update(all_reduce_bytes=0.5,
+                                        all_reduce_s=0.01),
+     "all_reduce_bytes"),
+    (lambda d: d["measurements"].update(all_reduce_bytes=1e6,
+                                        all_reduce_s=0.0), "all_reduce_s"),
 ])
 def test_bad_cluster_files_are_refused_naming_the_problem(tmp_path, edit,
                                                          match):
