@@ -124,7 +124,7 @@ def test_a_run_whose_log_was_set_aside_is_not_kept(tmp_path, capsys):
   assert err == (f"warning: {run_dir}: a damaged log was set aside as "
                  "metrics.jsonl.corrupt, so metrics.jsonl lacks the records "
                  "before its resume; the run is not kept: it is trained "
-                 "again.\n"), err
+                 "again from step 0.\n"), err
   from decentral_jax.runner import workdir  # pylint: disable=import-outside-toplevel
   workdir.clear(run_dir, job_lib.RUN_ENTRIES)
   assert os.listdir(run_dir) == []

@@ -296,20 +296,23 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
           "trained again." if redo else
           "resumed from its checkpoint or trained again.")))
   elif record["config"] == want:
-    why = curve_error(workdir)
-    if why is None:
-      return "finished", record
-    _warn(f"warning: {workdir}: {why}; the run is not kept: it is trained "
-          "again.")
-    return "fresh", None
+    return (("finished", record) if _whole_curve(workdir, "kept")
+            else ("fresh", None))
   if (not redo and _has_checkpoint(workdir)
-      and _read_config(workdir) == want):
-    why = curve_error(workdir)
-    if why is None:
-      return "resume", None
-    _warn(f"warning: {workdir}: {why}; the run is not resumed: it is "
-          "trained again from step 0.")
+      and _read_config(workdir) == want and _whole_curve(workdir, "resumed")):
+    return "resume", None
   return "fresh", None
+
+
+def _whole_curve(workdir: str, use: str) -> bool:
+  """Whether the run's curve is whole (:func:`curve_error`); else one
+  ``warning:`` line saying the run is not ``use`` (kept, resumed) but
+  trained again from step 0."""
+  why = curve_error(workdir)
+  if why is not None:
+    _warn(f"warning: {workdir}: {why}; the run is not {use}: it is trained "
+          "again from step 0.")
+  return why is None
 
 
 def curve_error(workdir: str) -> str | None:
