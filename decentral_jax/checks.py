@@ -17,6 +17,7 @@ This module imports nothing else from the library.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -255,7 +256,6 @@ def environment_count(variable: str, maximum: int | None = None
     ValueError: ``"the environment variable {variable}='...' must be a
       whole number in [1, ...]; fix or unset it."``.
   """
-  import os  # pylint: disable=import-outside-toplevel
   if variable not in os.environ:
     return None
   text = os.environ[variable].strip()
