@@ -59,6 +59,8 @@ PREDICT_CASES = [
      ["--preset", "A40"]),
     (["--intra-link", "nvlink"], ["--n-workers", "16", "--local-size", "1"],
      ["--n-workers", "16"]),
+    # On one node no traffic goes to a NIC: the link kind changes nothing.
+    (["--intra-link", "nvlink"], ["--n-workers", "8"], ["--n-workers", "16"]),
     (["--worker-layout", "data"], ["--n-workers", "16"],
      ["--n-workers", "16", "--devices-per-worker", "2"]),
     (["--compute-cv", "0.1"],
@@ -131,6 +133,13 @@ def test_predict_flag_refused_where_it_has_no_effect(
   assert code == 0
   assert _predict(refused + flag_args)[1] == alone
   assert _predict(accepted)[1] != with_flag
+
+
+def test_intra_link_refused_on_one_node_preset():
+  # h100_node is one node of 8 (NVLink): pcie would change no number.
+  code, _, err = _predict(["--preset", "h100_node", "--intra-link", "pcie"])
+  assert code == 2 and err.startswith(
+      "error: --intra-link has no effect on one node"), err
 
 
 def test_the_issue_cases_one_line_each():

@@ -6,7 +6,8 @@ subcommands), :mod:`~decentral_jax.tools.runtime_model_cli.parser` (the
 flag tables), :mod:`~decentral_jax.tools.runtime_model_cli.inputs` (flags to
 a cluster and workload), :mod:`~decentral_jax.tools.runtime_model_cli.tables`
 (printing and charts), one module per subcommand's flow
-(:mod:`~decentral_jax.tools.runtime_model_cli.predict`,
+(:mod:`~decentral_jax.tools.runtime_model_cli.predict`, with its dependency
+table in :mod:`~decentral_jax.tools.runtime_model_cli.predict_needs`,
 :mod:`~decentral_jax.tools.runtime_model_cli.paper_checks`), and
 :mod:`~decentral_jax.tools.runtime_model_cli.measure` and
 :mod:`~decentral_jax.tools.runtime_model_cli.calibrate` (measurements on this

@@ -1,0 +1,223 @@
+"""``predict``'s dependency table: flags that have an effect only with others.
+
+:class:`Setting` is what the rows look at (the flags, the clusters and
+workloads at every worker count, the methods built); :data:`NEEDS` is the
+table :func:`~decentral_jax.tools.flag_types.check_needs` reads (each flag
+given where no printed number reads it is refused, in one line naming it
+and why). No JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from decentral_jax.runtime_model import recommend
+from decentral_jax.runtime_model import workload as workload_lib
+from decentral_jax.tools import flag_types
+from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import tables
+
+
+class Setting:
+  """What :data:`NEEDS` looks at: the flags, the clusters and workloads at
+  every worker count (preset, file or flags) and the methods built."""
+
+  def __init__(self, args, setups, built):
+    self.args = args
+    self.clusters = [(n, c) for n, c, _ in setups]
+    self.workloads = [w for _, _, w in setups]
+    self.methods = [m for made in built for _, m, _ in made]
+    self.per_setup = [(m, c, w) for (_, c, w), made in zip(setups, built)
+                      for _, m, _ in made]
+    self._break_evens = {}
+
+  def several_nodes(self) -> bool:
+    return any(n > c.local_size for n, c in self.clusters)
+
+  def intra_node_hops(self) -> bool:
+    """Whether a node holds two workers or a worker several devices (an
+    intra-node hop's latency and link type enter the price)."""
+    return (any(min(n, c.local_size) > 1 for n, c in self.clusters)
+            or any(w.devices_per_worker > 1 for w in self.workloads))
+
+  def quorum_method(self) -> bool:
+    return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
+
+  def reads_param_dtype(self) -> bool:
+    """Whether a printed number reads ``Workload.param_dtype``: the inner
+    collectives of a worker of several devices, an uncompressed gossip
+    method or local sync without its own ``comm_dtype`` (a sync of
+    DiLoCo's global copy, ``message="theta"``, sends at least float32: a
+    narrower dtype changes it only where a cluster or workload file may
+    hold a wider one), or a compressed method's break-even line (priced
+    against its uncompressed form: where that form reads the dtype, the
+    line is computed at the given dtype and at the default and compared;
+    the first is kept for printing, :meth:`break_even`)."""
+    if any(w.devices_per_worker > 1 for w in self.workloads):
+      return True
+    wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
+    files = bool(self.args.cluster or self.args.workload_file)
+    if any(m.compress is None and sends_params(m, wide, files)
+           for m in self.methods):
+      return True
+    return any(
+        m.compress is not None and sends_params(
+            recommend.uncompressed(m, c), wide, files)
+        and self._break_even_moves(m, c, w) for m, c, w in self.per_setup)
+
+  def _break_even_moves(self, m, c, w) -> bool:
+    """Whether ``m``'s break-even line at ``w`` differs from the line at
+    ``w`` with the default ``param_dtype`` (a workload the default cannot
+    hold: True)."""
+    default = workload_lib.Workload.param_dtype
+    if w.param_dtype == default:
+      return False
+    try:
+      plain = dataclasses.replace(w, param_dtype=default)
+    except ValueError:
+      return True
+    line = recommend.break_even_line
+    return (line("", self.break_even(m, c, w))
+            != line("", recommend.break_even(m, c, plain)))
+
+  def break_even(self, m, c, w):
+    """:func:`recommend.break_even`, each ``(m, c, w)`` computed once
+    (the check above and the table print the same line)."""
+    key = (id(m), id(c), id(w))
+    if key not in self._break_evens:
+      self._break_evens[key] = (m, c, w, recommend.break_even(m, c, w))
+    return self._break_evens[key][3]
+
+  def flow_cap_binds(self) -> bool:
+    """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
+    efficiency x NICs, halved half duplex): a flow's share of the NICs is
+    at most that, so a cap at or above it never binds."""
+    return any(c.flow_bandwidth_Bps is None
+               or c.flow_bandwidth_Bps < c.nic_capacity_Bps()
+               for _, c in self.clusters)
+
+
+_ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
+             "workers per node)")
+_INTER_NODE = ("--nic-Gbps", "--nics-per-node", "--nic-efficiency",
+               "--flow-Gbps", "--inter-latency-us", "--multi-node",
+               "--half-duplex")
+# --intra-GBps is not among them: one worker's PCIe link also carries its
+# traffic to the NIC (costs.all_reduce_cost's ring over nodes).
+_INTRA_NODE = ("--intra-latency-us", "--intra-link")
+_NO_FAILURES = "without --failure-rate above 0"
+
+#: ``predict``'s flags that have an effect only with others (checked once
+#: the cluster, workload and methods are built, so a preset's or a cluster
+#: file's fields count): each given where it has none is refused.
+NEEDS = (
+    flag_types.Needs(
+        "--slow-speed", lambda s: s.args.slow_fraction > 0,
+        "without --slow-fraction above 0", "add --slow-fraction F (the share "
+        "of slow workers) or drop --slow-speed"),
+    flag_types.Needs(
+        "--slow-fraction",
+        lambda s: s.args.slow_fraction == 0 or s.args.slow_speed < 1,
+        "with --slow-speed 1 (the slow workers run at full speed)",
+        "give --slow-speed below 1 or drop --slow-fraction"),
+    flag_types.Needs(
+        "--mean-downtime", lambda s: s.args.failure_rate > 0, _NO_FAILURES,
+        "add --failure-rate P or drop --mean-downtime"),
+    flag_types.Needs(
+        "--on-failure", lambda s: s.args.failure_rate > 0, _NO_FAILURES,
+        "add --failure-rate P or drop --on-failure"),
+    flag_types.Needs(
+        "--on-failure", Setting.quorum_method, "without a method that "
+        "syncs by a quorum in --methods (diloco, local_sgd and the other "
+        "local-update methods over an exact all-reduce)", "add one, e.g. "
+        "diloco:H=10, or drop --on-failure"),
+    *(flag_types.Needs(
+        flag, lambda s: any(c.datacenters > 1 for _, c in s.clusters),
+        "without --datacenters above 1 (this cluster is one datacenter)",
+        f"add --datacenters 2 (or a cross_region --preset) or drop {flag}")
+      for flag in ("--wan-Gbps", "--wan-latency-ms")),
+    *(flag_types.Needs(flag, Setting.several_nodes, _ONE_NODE,
+                       f"add workers beyond one node or drop {flag}")
+      for flag in _INTER_NODE),
+    *(flag_types.Needs(
+        flag, Setting.intra_node_hops, "with one worker per node (--local-"
+        "size 1, or --n-workers 1) of one device (--devices-per-worker 1): "
+        "no message stays inside a node", f"add workers per node or drop "
+        f"{flag}") for flag in _INTRA_NODE),
+    # pcie vs nvlink says only whether a device's NIC traffic shares its
+    # one link (costs.Cluster.intra_link, links.py): no NIC traffic on one
+    # node, where the link's rate is --intra-GBps alone.
+    flag_types.Needs(
+        "--intra-link", Setting.several_nodes, _ONE_NODE + ": no message "
+        "goes to a NIC, so whether NIC traffic shares the accelerators' "
+        "link (pcie) or not (nvlink) changes nothing; the intra-node rate "
+        "is --intra-GBps", "give --intra-GBps for the link's rate, add "
+        "workers beyond one node, or drop --intra-link"),
+    flag_types.Needs(
+        "--worker-layout",
+        lambda s: any(w.devices_per_worker > 1 for w in s.workloads),
+        "without --devices-per-worker above 1", "add --devices-per-worker "
+        "D or drop --worker-layout"),
+    flag_types.Needs(
+        "--compute-cv",
+        lambda s: all(w.compute_samples_s is None for w in s.workloads),
+        "with --compute-samples-ms (the samples give the spread)",
+        "drop one of them"),
+    flag_types.Needs(
+        "--codec-GBps",
+        lambda s: any(m.compress is not None for m in s.methods),
+        "without a compressed method in --methods", "add one, e.g. "
+        "dadam:topology=static_ring,compress=int8, or drop --codec-GBps"),
+    flag_types.Needs(
+        "--gossip-in-flight",
+        lambda s: any(m.kind == "gossip" and m.overlap for m in s.methods),
+        "without a gossip method that overlaps its step in --methods "
+        "(one_peer_exp, aer, dadam:..., gradient_tracking:...; not sgp, "
+        "which blocks, or the local-update methods)", "add one or drop "
+        "--gossip-in-flight"),
+    flag_types.Needs(
+        "--param-dtype", Setting.reads_param_dtype,
+        "with these --methods: all_reduce sends gradients (--grad-dtype), a "
+        "compressed method or one with comm_dtype its own format (and no "
+        "break-even line changes), and DiLoCo's global copy at least "
+        "float32", "add a gossip method or "
+        "local_sgd, or drop --param-dtype"),
+    flag_types.Needs(
+        "--flow-Gbps", Setting.flow_cap_binds,
+        "at or above a node's NIC capacity (--nic-Gbps x --nic-efficiency x "
+        "--nics-per-node): no flow gets more, so the cap never binds",
+        "give a cap below it or drop --flow-Gbps"),
+    flag_types.Needs(
+        "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
+        "without compute that varies (--compute-cv above 0 or "
+        "--compute-samples-ms; the seed draws the compute times)",
+        "add one or drop --seed"),
+)
+
+
+def unused_file_keys(path: str, measured: dict, setting) -> list[str]:
+  """A ``warning:`` line per optional key of a cluster file that has no
+  effect in ``setting`` (a :class:`Setting`), where the equivalent flag
+  is refused by :data:`NEEDS`: ``wan_latency_s``, ``wan_bandwidth_Bps``
+  on one datacenter, ``codec_Bps`` without a compressed method."""
+  given = measured["cluster"]
+  rules = (("wan_latency_s", "--wan-latency-ms"),
+           ("wan_bandwidth_Bps", "--wan-Gbps"), ("codec_Bps", "--codec-GBps"))
+  rows = {r.flag: r for r in NEEDS}
+  return [f"warning: --cluster {path!r}: cluster.{key} has no effect "
+          f"{rows[flag].unless} (as {flag}); it is ignored."
+          for key, flag in rules
+          if given.get(key) is not None and not rows[flag].holds(setting)]
+
+
+def sends_params(m, wide: bool, files: bool) -> bool:
+  """Whether uncompressed ``m``'s messages are its parameters in
+  ``Workload.param_dtype``: gossip or local sync without ``comm_dtype``,
+  but DiLoCo's global copy (``message="theta"``, at least float32) unless
+  a dtype is wider (``wide``) or a cluster or workload file may give one
+  (``files``)."""
+  return (m.kind in ("gossip", "local") and m.comm_dtype is None and not (
+      m.kind == "local" and m.message == "theta" and not wide
+      and not files))
