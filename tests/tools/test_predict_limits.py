@@ -160,3 +160,21 @@ def test_in_flight_fractions_file_of_any_name_is_read(tmp_path, monkeypatch):
                      r"give a fraction, FORWARD,BACKWARD fractions or an "
                      r"existing JSON file \(no file of that name\)\."):
     in_flight.read_in_flight("nosuch.txt")
+
+
+@pytest.mark.parametrize("flag", ["--cluster", "--workload-file"])
+def test_an_empty_input_path_is_refused_not_taken_as_left_out(flag):
+  code, out, err = _predict("--n-workers", "16", flag, "")
+  assert code == 2 and out == "" and err == (
+      f"error: {flag} is empty; give a JSON file's path or drop {flag}.\n")
+
+
+@pytest.mark.parametrize("command", ["predict", "utilisation"])
+@pytest.mark.parametrize("params", ["1e300", "1e308", "1.0000001e15"])
+def test_params_bound_fires_before_the_bucket_count(command, params):
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    code = runtime_main.main([command, "--params", params])
+  assert code == 2 and err.getvalue() == (
+      f"error: --params must be a finite number in [1, 1e+15], got "
+      f"{float(params)!r}.\n"), err.getvalue()

@@ -151,6 +151,20 @@ def check_output_path(path: str | None, flag: str) -> None:
     flag_types.check_image_name(path, flag)
 
 
+def check_input_paths(args) -> None:
+  """Refuses an empty ``--cluster`` or ``--workload-file`` of ``predict``
+  (an empty path is no file, not the flag left out: the default cluster or
+  workload would be priced in its place).
+
+  Raises:
+    ValueError: one line naming the flag.
+  """
+  for flag in ("--cluster", "--workload-file"):
+    if _value(args, flag) == "":
+      raise ValueError(f"{flag} is empty; give a JSON file's path or drop "
+                       f"{flag}.")
+
+
 def check_predict_args(args) -> None:
   """Validates the flags of ``predict``.
 
@@ -202,7 +216,9 @@ def check_predict_args(args) -> None:
 
 def _check_bucket_count(args, itemsize: float, handler: str) -> None:
   """``--params`` in ``--bucket-MiB`` buckets of ``itemsize``-byte values:
-  at most ``MAX_BUCKETS`` (what ``handler`` handles), then its bounds."""
+  at most ``MAX_BUCKETS`` (what ``handler`` handles); its bounds first
+  (a count near the float maximum overflows the bucket arithmetic)."""
+  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
   buckets = workload_lib.bucket_count(args.params, itemsize,
                                      args.bucket_MiB * 2**20)
   if buckets > MAX_BUCKETS:
@@ -210,7 +226,6 @@ def _check_bucket_count(args, itemsize: float, handler: str) -> None:
         f"--params {args.params:g} in --bucket-MiB {args.bucket_MiB:g} makes "
         f"{buckets} buckets, more than the {MAX_BUCKETS} {handler} "
         "handles; raise --bucket-MiB or lower --params.")
-  _check_bounds(args, {"--params": (1, False, MAX_PARAMS)})
 
 
 def check_param_count(params) -> None:

@@ -41,6 +41,7 @@ def run(args) -> int:
   if not methods:
     raise ValueError("--methods is empty; give e.g. "
                      "--methods all_reduce,one_peer_exp,aer.")
+  inputs.check_input_paths(args)
   _check_figure6(args)
   workers_note = None
   if "--n-workers" not in inputs.explicit_flags(args) and not args.cluster:
