@@ -164,6 +164,37 @@ def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
   assert "n=8 workers (2 nodes x 4)" in out and "recommendation:" in out
 
 
+@pytest.mark.parametrize("param_dtype, comm_dtype, grad, wire", [
+    ("bfloat16", "bfloat16", "bfloat16", "bfloat16"),
+    # "": the values' own dtype; all_reduce ignores comm_dtype.
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in (
+        ("bfloat16", "", "bfloat16", "bfloat16"),
+        ("bfloat16", "float32", "bfloat16", "float32"),
+        ("float32", "bfloat16", "float32", "bfloat16"))),
+])
+def test_measured_workload_has_the_config_s_wire_dtypes(
+    param_dtype, comm_dtype, grad, wire, tmp_path, monkeypatch, capsys):
+  """The workload ``measure`` writes: gradients in the parameters' dtype
+  (the All-Reduce sends them), parameters in ``comm_dtype`` where set."""
+  all_devices = jax.devices()
+  monkeypatch.setattr(jax, "devices", lambda *a, **k: all_devices[:2])
+  path = str(tmp_path / "cluster.json")
+  argv = ["measure", "--config", "gpt_tiny", "--out", path,
+          "--sizes-MB", "0.004,0.04", "--repeats", "2"]
+  for kv in ("model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+             "model.block_size=8", "global_batch=4", "n_workers=2",
+             f"model.param_dtype={param_dtype}", f"comm_dtype={comm_dtype}"):
+    argv += ["--set", kv]
+  assert cli.main(argv) == 0, capsys.readouterr().err
+  monkeypatch.undo()
+  w = cluster_file.read(path)["workload"]
+  assert (w["grad_dtype"], w["param_dtype"]) == (grad, wire)
+  capsys.readouterr()
+  assert cli.main(["predict", "--cluster", path, "--steps", "20"]) == 0
+  assert (f"({grad} gradients, {wire} parameters on the wire)"
+          in capsys.readouterr().out)
+
+
 def test_python_m_entry_point_exits_with_the_status_of_main(
     tmp_path, monkeypatch, capsys):
   """``python -m decentral_jax.runtime_model predict --cluster FILE``."""

@@ -114,8 +114,20 @@ def _compute(config, repeats: int) -> tuple[dict, dict]:
   work = dict(param_count=count, forward_s=f, backward_s=max(fb - f, 0.0),
               compute_cv=float(samples.std() / max(samples.mean(), 1e-300)),
               compute_samples_s=[float(x) for x in fb_s],
-              grad_dtype="float32", param_dtype="float32")
+              **wire_dtypes(config, [x.dtype for x in jax.tree.leaves(shapes)]))
   return work, {"forward_samples_s": f_s, "forward_backward_samples_s": fb_s}
+
+
+def wire_dtypes(config, leaf_dtypes) -> dict:
+  """``grad_dtype`` and ``param_dtype`` of the workload as the runner
+  sends them: gradients (All-Reduce) in the parameters' own dtype (the
+  widest of ``leaf_dtypes``, e.g. bfloat16 with ``model.param_dtype=
+  bfloat16``), parameters (gossip, local sync) in ``config.comm_dtype``
+  where set, else in that dtype. Names, e.g. ``"bfloat16"``."""
+  own = max((np.dtype(d) for d in leaf_dtypes), key=lambda d: d.itemsize,
+            default=np.dtype(np.float32))
+  comm = str(getattr(config, "comm_dtype", "") or "")
+  return dict(grad_dtype=own.name, param_dtype=comm or own.name)
 
 
 def host_bytes(devices) -> tuple[float, str]:
