@@ -715,7 +715,10 @@ def _runtime_cli(argv) -> int:
 
 
 @pytest.mark.parametrize("argv, names", [
-    (["predict", "--params", "1e30"], ("--params", "buckets")),
+    # The 1e15 bound first (1e308 overflowed the bucket count); within it,
+    # the buckets of --bucket-MiB.
+    (["predict", "--params", "1e30"], ("--params", "1e+15", "got 1e+30")),
+    (["predict", "--params", "1e15"], ("--params", "buckets")),
     (["predict", "--n-workers", "1048576"], ("--n-workers 1048576", "4096")),
     (["predict", "--nic-Gbps", "0"], ("--nic-Gbps", "[0.001, 1e+06]",
                                       "got 0.0")),
