@@ -376,6 +376,48 @@ def test_measure_and_calibrate_take_a_preset_name(monkeypatch, capsys,
   assert err == ["error: stop here"] * 2, err
 
 
+_NOT_READ = ("(it times one worker's forward and backward at the local batch "
+             "and the links; the run's length, schedule, method and records "
+             "are no part of it)")
+
+
+@pytest.mark.parametrize("command, item, says", [
+    ("measure", "workdir=/tmp/elsewhere",
+     "--set workdir=/tmp/elsewhere: measure does not read config.workdir "
+     + _NOT_READ),
+    ("measure", "steps=5", "--set steps=5: measure does not read "
+     "config.steps " + _NOT_READ),
+    ("measure", "checkpoint_interval=3", "config.checkpoint_interval"),
+    ("measure", "schedule.peak_lr=0.5", "config.schedule.peak_lr"),
+    # calibrate times all_reduce and one_peer_exp whatever these say.
+    ("calibrate", "topology=ring", "--set topology=ring: calibrate does not "
+     "read config.topology"),
+    ("calibrate", "algorithm=diloco", "config.algorithm"),
+    ("calibrate", "steps=5", "config.steps"),
+    # Spelled as this command line takes them, not as --config.FIELD.
+    ("measure", "bogus", "error: --set 'bogus' is not FIELD=VALUE; give "
+     "e.g. --set n_workers=4."),
+    ("calibrate", "n_workers=nan", "error: the gpt_tiny preset: --set "
+     "n_workers=nan: "),
+    ("measure", "model.bogus=1", "--set model.bogus"),
+])
+def test_a_set_of_a_field_the_command_does_not_read_is_refused(
+    command, item, says, monkeypatch, capsys, tmp_path):
+  """Such an override was only copied into meta.overrides, or (calibrate's
+  topology and algorithm) replaced by the command's own, with no word."""
+  from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.runtime_model_cli import calibrate, measure  # pylint: disable=import-outside-toplevel
+  def ran(*a, **k):
+    raise AssertionError("ran")
+  monkeypatch.setattr(measure, "measure", ran)
+  monkeypatch.setattr(calibrate, "calibrate", ran)
+  monkeypatch.setattr(devices, "check_simulated_devices", lambda *a: None)
+  out = ["--out", str(tmp_path / "c.json")] if command == "measure" else []
+  assert cli.main([command, "--config", "gpt_tiny", *out, "--set", item]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and says in err[0] and "--config." not in err[0], err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["predict", "--png", ""], "--png"),
     (["utilisation", "--png="], "--png"),

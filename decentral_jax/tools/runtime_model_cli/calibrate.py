@@ -21,6 +21,7 @@ from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model.step_time import simulate
 from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.tools.runtime_model_cli import config_sets
 
 
 def fit_ring_alpha_beta(n: int, nbytes, seconds) -> tuple[float, float]:
@@ -202,12 +203,9 @@ def run(args) -> int:
   Raises:
     ValueError: a bad flag or config (one line naming it).
   """
-  from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
-  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
-  config = presets.load_named_or_file(args.config, args.set)
-  validation.check_config(config)
+  config = config_sets.load("calibrate", args.config, args.set)
   devices.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")
   import jax  # pylint: disable=import-outside-toplevel

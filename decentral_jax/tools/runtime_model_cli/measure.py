@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
+from decentral_jax.tools.runtime_model_cli import config_sets
 from decentral_jax.tools.runtime_model_cli import inputs
 
 
@@ -255,16 +256,13 @@ def run(args) -> int:
   Raises:
     ValueError: a bad flag or config (one line naming it).
   """
-  from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import launch  # pylint: disable=import-outside-toplevel
   from decentral_jax.parallel import multiprocess
-  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   inputs.check_output_path(args.out, "--out")
   if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
     raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
                      f"timings), got {args.repeats}.")
-  config = presets.load_named_or_file(args.config, args.set)
-  validation.check_config(config)
+  config = config_sets.load("measure", args.config, args.set)
   launch.initialize_from_config(config)  # SLURM-aware, as the runner
   data = measure(config, local_size=args.local_size,
                          sizes_bytes=[x * 1e6 for x in args.sizes_MB],
