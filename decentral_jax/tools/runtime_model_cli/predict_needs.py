@@ -90,6 +90,14 @@ class Setting:
       self._break_evens[key] = (m, c, w, recommend.break_even(m, c, w))
     return self._break_evens[key][3]
 
+  def reads_in_flight(self) -> bool:
+    """Whether a printed number reads ``Workload.gossip_in_flight``: a
+    gossip method that overlaps its step, or a compressed method whose
+    uncompressed form (its break-even line's reference) is one."""
+    overlaps = lambda m: m.kind == "gossip" and m.overlap  # noqa: E731
+    return any(overlaps(m) or (m.compress is not None and overlaps(
+        recommend.uncompressed(m, c))) for m, c, _ in self.per_setup)
+
   def flow_cap_binds(self) -> bool:
     """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
     efficiency x NICs, halved half duplex): a flow's share of the NICs is
@@ -172,10 +180,11 @@ NEEDS = (
         "dadam:topology=static_ring,compress=int8, or drop --codec-GBps"),
     flag_types.Needs(
         "--gossip-in-flight",
-        lambda s: any(m.kind == "gossip" and m.overlap for m in s.methods),
+        Setting.reads_in_flight,
         "without a gossip method that overlaps its step in --methods "
         "(one_peer_exp, aer, dadam:..., gradient_tracking:...; not sgp, "
-        "which blocks, or the local-update methods)", "add one or drop "
+        "which blocks, or the local-update methods), nor a compressed one "
+        "whose break-even line prices such a method", "add one or drop "
         "--gossip-in-flight"),
     flag_types.Needs(
         "--param-dtype", Setting.reads_param_dtype,
