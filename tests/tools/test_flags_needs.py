@@ -89,6 +89,10 @@ PREDICT_CASES = [
     # a 50 Gbit/s cap on 10 Gbit/s NICs never binds; on 100 Gbit/s it does
     (["--flow-Gbps", "50"], ["--n-workers", "16", "--nic-Gbps", "10"],
      ["--n-workers", "16"]),
+    # A40's own 25 Gbit/s cap binds (NIC capacity 58.96 Gbit/s): 99.9
+    # replaces it, so it has an effect; on h100_node (one node) none.
+    (["--flow-Gbps", "99.9"], ["--n-workers", "16", "--nic-Gbps", "10"],
+     ["--preset", "A40", "--n-workers", "16", "--methods", _AR_DILOCO]),
 ]
 
 

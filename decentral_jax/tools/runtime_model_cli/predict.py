@@ -65,7 +65,8 @@ def run(args) -> int:
   built, added = _build_methods(args, methods, setups)
   simulated_work.check(args, simulated_work.work(setups, built), methods,
                        added)
-  setting = predict_needs.Setting(args, setups, built)
+  setting = predict_needs.Setting(args, setups, built, [
+      _base_flow(args, n, measured) for n, _, _ in setups])
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
@@ -285,6 +286,17 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
     c, w = inputs.given_fields(args, c, workload_file.read_workload(
         args.workload_file))
   return c, w
+
+
+def _base_flow(args, n: int, measured: dict | None):
+  """The flow cap (bytes/s) of ``--preset`` or the ``--cluster`` file at
+  ``n`` workers, which ``--flow-Gbps`` replaces (None: none)."""
+  if args.preset:
+    return presets.setup(args.preset, n, args.workload, default=(
+        inputs.workload_from_args(args)))[0].flow_bandwidth_Bps
+  if measured is not None:
+    return measured["cluster"].get("flow_bandwidth_Bps")
+  return None
 
 
 def full_form(m, w=None) -> tuple:

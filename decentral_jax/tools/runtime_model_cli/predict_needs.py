@@ -24,8 +24,11 @@ class Setting:
   """What :data:`NEEDS` looks at: the flags, the clusters and workloads at
   every worker count (preset, file or flags) and the methods built."""
 
-  def __init__(self, args, setups, built):
+  def __init__(self, args, setups, built, base_flows=None):
     self.args = args
+    # The flow cap of the preset or cluster file at each worker count
+    # (None: none), which --flow-Gbps replaces.
+    self.base_flows = base_flows or [None] * len(setups)
     self.clusters = [(n, c) for n, c, _ in setups]
     self.workloads = [w for _, _, w in setups]
     self.methods = [m for made in built for _, m, _ in made]
@@ -100,11 +103,13 @@ class Setting:
 
   def flow_cap_binds(self) -> bool:
     """Whether ``--flow-Gbps`` is below a node's NIC capacity (line rate x
-    efficiency x NICs, halved half duplex): a flow's share of the NICs is
-    at most that, so a cap at or above it never binds."""
-    return any(c.flow_bandwidth_Bps is None
-               or c.flow_bandwidth_Bps < c.nic_capacity_Bps()
-               for _, c in self.clusters)
+    efficiency x NICs, halved half duplex), or replaces a preset's or
+    cluster file's cap below it: a flow's share of the NICs is at most
+    that capacity, so caps at or above it never bind."""
+    below = lambda cap, c: cap is None or cap < c.nic_capacity_Bps()  # noqa: E731
+    return any(below(c.flow_bandwidth_Bps, c) or (
+        base is not None and below(base, c))
+        for (_, c), base in zip(self.clusters, self.base_flows))
 
 
 _ONE_NODE = ("on one node (every --n-workers fits in its --local-size "
@@ -196,7 +201,8 @@ NEEDS = (
     flag_types.Needs(
         "--flow-Gbps", Setting.flow_cap_binds,
         "at or above a node's NIC capacity (--nic-Gbps x --nic-efficiency x "
-        "--nics-per-node): no flow gets more, so the cap never binds",
+        "--nics-per-node), replacing no lower cap of a --preset or "
+        "--cluster file: no flow gets more, so the cap never binds",
         "give a cap below it or drop --flow-Gbps"),
     flag_types.Needs(
         "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
