@@ -121,5 +121,24 @@ def test_a_full_device_as_an_output_is_one_line(capsys):
   from decentral_jax.tools.runtime_model_cli import main as rm_main  # pylint: disable=import-outside-toplevel
   assert rm_main.main(["utilisation", "--table", "/dev/full"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == ["error: cannot write: No space left on device; give "
-                 "another output path."], err
+  # The line names the flag and the path (it named neither).
+  assert err == ["error: --table '/dev/full' could not be written: No space "
+                 "left on device; give another path."], err
+
+
+def test_measure_names_its_out_flag_when_the_write_fails(monkeypatch,
+                                                         capsys, tmp_path):
+  from decentral_jax.runtime_model import cluster_file  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.runtime_model_cli import main as rm_main  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.runtime_model_cli import measure  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(measure, "measure", lambda *a, **k: {})
+  monkeypatch.setattr("decentral_jax.runner.launch.initialize_from_config",
+                      lambda c: None)
+  def full(path, data):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(cluster_file, "write", full)
+  out = str(tmp_path / "c.json")
+  assert rm_main.main(["measure", "--config", "gpt_tiny", "--out", out]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f"error: --out {out!r} could not be written: No space left "
+                 "on device; give another path."], err

@@ -35,6 +35,7 @@ import numpy as np
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.tools.runtime_model_cli import config_sets
 from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools.runtime_model_cli import tables
 
 
 def _timed(fn, *args, repeats: int) -> list[float]:
@@ -269,7 +270,8 @@ def run(args) -> int:
                          repeats=args.repeats, config_path=args.config,
                          overrides=args.set)
   if multiprocess.is_main_process():
-    cluster_file.write(args.out, data)
+    tables.write_output("--out", args.out,
+                        lambda: cluster_file.write(args.out, data))
     w = data["workload"]
     print(inputs.describe_cluster_file(args.out, {"schema": cluster_file.SCHEMA,
                                            **data}))

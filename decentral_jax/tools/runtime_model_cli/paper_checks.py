@@ -93,8 +93,10 @@ def run_utilisation(args) -> int:
   text = tables.utilisation_table(setting, rows)
   print(text)
   if args.table:
-    with open(args.table, "w", encoding="utf-8") as f:
-      f.write(text + "\n")
+    def write():
+      with open(args.table, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    tables.write_output("--table", args.table, write)
     print(f"wrote {args.table}")
   if args.png:
     rates = np.logspace(np.log10(0.1e9 / 8), np.log10(1e12 / 8), 121)

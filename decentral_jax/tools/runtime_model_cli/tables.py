@@ -63,13 +63,25 @@ def bar_chart(panels, path: str, ylabel: str = "ms / iteration") -> None:
   plt.close(fig)
 
 
-def write_chart(panels, path: str) -> None:
-  """``bar_chart`` to ``--png path``; an OS error names the path."""
+def write_output(flag: str, path: str, write) -> None:
+  """Calls ``write()``, which writes the output file ``path`` of ``flag``
+  (``--png``, ``--table``, ``--out``); an OS error (a full device, a
+  file system gone read-only) is one line naming both.
+
+  Raises:
+    ValueError: ``--table '/dev/full' could not be written: No space
+      left on device; give another path.``
+  """
   try:
-    bar_chart(panels, path)
+    write()
   except OSError as e:
-    raise ValueError(f"--png {path!r} could not be written: "
-                     f"{e.strerror or e}.") from None
+    raise ValueError(f"{flag} {path!r} could not be written: "
+                     f"{e.strerror or e}; give another path.") from None
+
+
+def write_chart(panels, path: str) -> None:
+  """``bar_chart`` to ``--png path`` (:func:`write_output`)."""
+  write_output("--png", path, lambda: bar_chart(panels, path))
   print(f"wrote {path}")
 
 
@@ -305,10 +317,7 @@ def utilisation_chart(setting, rates, rows, path: str) -> None:
   ax.legend(fontsize=8, loc="lower right")
   fig.tight_layout()
   try:
-    fig.savefig(path, dpi=120)
-  except OSError as e:
-    raise ValueError(f"--png {path!r} could not be written: "
-                     f"{e.strerror or e}.") from None
+    write_output("--png", path, lambda: fig.savefig(path, dpi=120))
   finally:
     plt.close(fig)
   print(f"wrote {path}")
