@@ -193,6 +193,29 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
     parser.error(str(e))
 
 
+def check_report_flags(parser, argv, *, mode: str, reads) -> None:
+  """Refuses, by name, each flag given in a script's report mode (named by
+  ``mode``, e.g. ``"--report"``) that the report does not read: the report
+  only prints tables from a file written before, so a run flag given with
+  it (``--repeats``) would change nothing. ``reads`` lists the long flags
+  the report mode reads (its mode flags included); ``argv`` is the command
+  line (None: ``sys.argv[1:]``).
+
+  Raises:
+    SystemExit: code 2 after one ``error:`` line (``parser.error``).
+  """
+  import sys  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  given = flag_types.given_flags(parser, sys.argv[1:] if argv is None else argv)
+  unread = sorted(given - set(reads) - {"--help"})
+  if unread:
+    parser.error(
+        f"{', '.join(unread)} {'has' if len(unread) == 1 else 'have'} no "
+        f"effect {mode}: the report only prints the tables of results "
+        f"written before and reads {', '.join(sorted(reads))}; drop "
+        f"{'it' if len(unread) == 1 else 'them'}.")
+
+
 def check_topology(flag: str, name: str, n: int, where: str) -> None:
   """Refuses topology ``name`` (given by ``flag``) at ``n`` workers
   (``where`` says whence, e.g. ``"--workers 3"``) when it cannot be built

@@ -35,6 +35,9 @@ an exact average every 50 steps, DAdam with b2 0.999.
 
   python benchmarks/bench_evidence.py --part main      # runs, then its report
   python benchmarks/bench_evidence.py --report         # every part, from --out
+
+The report (``--report``, or no ``--part``) reads only ``--out``; a run flag
+given with it is refused.
 """
 
 from __future__ import annotations
@@ -405,6 +408,10 @@ def parse_args(argv=None):
                  nargs="+", default=[10, 30])
   args = p.parse_args(argv)
   writes = bool(args.part) and not args.report
+  if not writes:
+    _common.check_report_flags(
+        p, argv, mode="with --report" if args.report else "without --part",
+        reads=("--out", "--report"))
   _common.check_flags(
       p, args, outputs=("--out",) if writes else (),
       inputs=("--out",) if not writes and os.path.lexists(args.out) else (),
