@@ -193,13 +193,17 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
     parser.error(str(e))
 
 
-def check_report_flags(parser, argv, *, mode: str, reads) -> None:
+REPORT_WHY = "the report only prints the tables of results written before"
+
+
+def check_report_flags(parser, argv, *, mode: str, reads,
+                       why: str = REPORT_WHY) -> None:
   """Refuses, by name, each flag given in a script's report mode (named by
   ``mode``, e.g. ``"--report"``) that the report does not read: the report
   only prints tables from a file written before, so a run flag given with
   it (``--repeats``) would change nothing. ``reads`` lists the long flags
   the report mode reads (its mode flags included); ``argv`` is the command
-  line (None: ``sys.argv[1:]``).
+  line (None: ``sys.argv[1:]``); ``why`` says what the mode does instead.
 
   Raises:
     SystemExit: code 2 after one ``error:`` line (``parser.error``).
@@ -211,8 +215,7 @@ def check_report_flags(parser, argv, *, mode: str, reads) -> None:
   if unread:
     parser.error(
         f"{', '.join(unread)} {'has' if len(unread) == 1 else 'have'} no "
-        f"effect {mode}: the report only prints the tables of results "
-        f"written before and reads {', '.join(sorted(reads))}; drop "
+        f"effect {mode}: {why} and reads {', '.join(sorted(reads))}; drop "
         f"{'it' if len(unread) == 1 else 'them'}.")
 
 
