@@ -34,7 +34,8 @@ each mode, a before/after pair by default.
 ``--fixture_cases`` (at least one of them in ``--cases``), stripped to
 what the overlap report reads and gzipped (the fixtures of
 ``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
-tried before the first compile.
+tried before the first compile (an empty one is refused, not read as "not
+given").
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
