@@ -219,6 +219,15 @@ def check_report_flags(parser, argv, *, mode: str, reads,
         f"{'it' if len(unread) == 1 else 'them'}.")
 
 
+def write_output(path: str, flag: str, write, **kw) -> None:
+  """A script's output written through
+  :func:`decentral_jax.tools.flag_types.write_output`: a write the checks
+  could not foresee (a full device) is one ``error:`` line naming ``flag``
+  and ``path`` (exit code 2), not a traceback."""
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  flag_types.write_output(path, flag, write, **kw)
+
+
 def check_topology(flag: str, name: str, n: int, where: str) -> None:
   """Refuses topology ``name`` (given by ``flag``) at ``n`` workers
   (``where`` says whence, e.g. ``"--workers 3"``) when it cannot be built

@@ -134,8 +134,9 @@ def _run_cached(done, family, topology, n, lr, seed, args):
         flush=True)
   r = run_one(family, topology, n, lr, seed, args)
   r["date_utc"] = _common.machine_info()["date_utc"]
-  with open(args.out, "a") as f:
-    f.write(json.dumps(r) + "\n")
+  _common.write_output(args.out, "--out",
+                       lambda f: f.write(json.dumps(r) + "\n"), mode="a",
+                       kept="the runs before this one are in it")
   done.append(r)
   print(f"  eval_loss={r['eval_loss']:.4f} wall={r['wall_s']}s", flush=True)
   return r

@@ -195,9 +195,9 @@ def main(argv=None):
   print()
   print(_common.format_table(_table(records), TABLE_COLS))
   os.makedirs(os.path.dirname(args.json), exist_ok=True)
-  with open(args.json, "w") as f:
-    json.dump({"machine": info, "args": vars(args), "rows": records}, f,
-              indent=1)
+  _common.write_output(args.json, "--json", lambda f: json.dump(
+      {"machine": info, "args": vars(args), "rows": records}, f, indent=1),
+                       kept="the table was printed above")
 
 
 if __name__ == "__main__":

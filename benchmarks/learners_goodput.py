@@ -392,9 +392,10 @@ def main(argv=None) -> None:
   print("runtime model tokens/s:", {k: round(v["tokens_per_s"]) for k, v in
                                     measured["model"].items()})
   if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      json.dump({"args": settings, "measured": measured}, f, indent=1,
-                default=str)
+    import _common  # pylint: disable=import-outside-toplevel
+    _common.write_output(args.out, "--out", lambda f: json.dump(
+        {"args": settings, "measured": measured}, f, indent=1, default=str),
+                         kept="the tokens/s were printed above")
 
 
 if __name__ == "__main__":

@@ -522,11 +522,12 @@ def _summary(status, seconds, learners, args, run, theta) -> None:
         f"{tokens} tokens merged ({tokens / seconds:.1f} tokens/s); "
         f"{len(status['log']['rejected'])} pseudo-gradients rejected")
   if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump({"run": run.trajectory(), "status": status,
-                 "learners": learners, "seconds": seconds,
-                 "distance_to_optimum": dist}, f, indent=1,
-                default=str)
+    flag_types.write_output(args.json, "--json", lambda f: json.dump(
+        {"run": run.trajectory(), "status": status, "learners": learners,
+         "seconds": seconds, "distance_to_optimum": dist}, f, indent=1,
+        default=str), kept="the summary above was printed" + (
+            f" and the run's records are in --workdir {args.workdir}"
+            if args.workdir else ""))
 
 
 def main(argv=None, prog: str | None = None) -> int:
