@@ -168,3 +168,23 @@ def test_learners_goodput_reprice_keeps_the_measured_settings(tmp_path):
   code, _, err = _goodput("--reprice", "--out", str(out))
   assert code == 2 and len(err) == 1 and err[0].startswith(
       f"error: --out '{out}' cannot be read as results of this script"), err
+
+
+@pytest.mark.parametrize("ns, says", [
+    # topology.MAX_WORKERS = 2**16, by hand
+    ("131072", "argument --ns: must be an integer in [1, 65536], got "
+     "'131072'"),
+    # 12 is not a power of two (one_peer_exp), 3 is odd (ring), 4 is not
+    # a multiple of alternating_exp_ring's 8 workers per node
+    ("12", "--ns 12: every built-in topology is measured at each n, and "
+     "topology 'one_peer_exp' needs n_workers to be a power of two"),
+    ("3", "--ns 3: every built-in topology is measured at each n, and "
+     "topology 'ring' needs an even number of workers"),
+    ("4", "--ns 4: every built-in topology is measured at each n, and "
+     "n_workers=4 is not divisible by local_size=8")])
+def test_bench_topology_scale_ns_are_what_every_topology_builds(
+    capsys, ns, says):
+  script = _script("bench_topology_scale")
+  got = _one_error(capsys, lambda: script.parse_args(["--ns", "8", ns]))
+  assert got.startswith(f"error: {says}"), got
+  assert script.parse_args(["--ns", "8", "1024"]).ns == [8, 1024]
