@@ -339,7 +339,8 @@ def write_output(path: str, flag: str, write: Callable[[Any], Any], *,
       write(f)
   except OSError as e:
     print(f"error: {flag} {path!r} could not be written ({e.strerror or e})"
-          f"{'; ' + kept if kept else ''}; give another {flag}.",
+          f"{'; ' + kept if kept else ''}; give another "
+          f"{flag if flag.startswith('--') else 'path'}.",
           file=sys.stderr)
     raise SystemExit(2) from None
 
