@@ -193,6 +193,41 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
     parser.error(str(e))
 
 
+REPORT_WHY = "the report only prints the tables of results written before"
+
+
+def check_report_flags(parser, argv, *, mode: str, reads,
+                       why: str = REPORT_WHY) -> None:
+  """Refuses, by name, each flag given in a script's report mode (named by
+  ``mode``, e.g. ``"--report"``) that the report does not read: the report
+  only prints tables from a file written before, so a run flag given with
+  it (``--repeats``) would change nothing. ``reads`` lists the long flags
+  the report mode reads (its mode flags included); ``argv`` is the command
+  line (None: ``sys.argv[1:]``); ``why`` says what the mode does instead.
+
+  Raises:
+    SystemExit: code 2 after one ``error:`` line (``parser.error``).
+  """
+  import sys  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  given = flag_types.given_flags(parser, sys.argv[1:] if argv is None else argv)
+  unread = sorted(given - set(reads) - {"--help"})
+  if unread:
+    parser.error(
+        f"{', '.join(unread)} {'has' if len(unread) == 1 else 'have'} no "
+        f"effect {mode}: {why} and reads {', '.join(sorted(reads))}; drop "
+        f"{'it' if len(unread) == 1 else 'them'}.")
+
+
+def write_output(path: str, flag: str, write, **kw) -> None:
+  """A script's output written through
+  :func:`decentral_jax.tools.flag_types.write_output`: a write the checks
+  could not foresee (a full device) is one ``error:`` line naming ``flag``
+  and ``path`` (exit code 2), not a traceback."""
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  flag_types.write_output(path, flag, write, **kw)
+
+
 def check_topology(flag: str, name: str, n: int, where: str) -> None:
   """Refuses topology ``name`` (given by ``flag``) at ``n`` workers
   (``where`` says whence, e.g. ``"--workers 3"``) when it cannot be built

@@ -133,8 +133,9 @@ def main(argv=None):
   print(f"\nparameter bytes per worker: {pb:,}\n")
   print(_common.format_table(rows, list(rows[0])))
   if args.json:
-    with open(args.json, "w") as f:
-      json.dump(records, f, indent=1)
+    _common.write_output(args.json, "--json",
+                         lambda f: json.dump(records, f, indent=1),
+                         kept="the records were printed above")
 
 
 if __name__ == "__main__":

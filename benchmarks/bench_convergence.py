@@ -23,7 +23,8 @@ and complete; 16 workers: All-Reduce AdamW and AccumAdamW on one_peer_exp
 and alternating_exp_ring (4 workers per node); seeds 0, 1, 2. Each finished
 run is appended to ``--out`` (JSON lines) and skipped when the script is run
 again, so an interrupted benchmark resumes. ``--report`` prints the tables
-(mean +- 2 sample standard deviations over seeds).
+(mean +- 2 sample standard deviations over seeds) and refuses the flags it
+does not read (``--cache_dir``, ``--eval_batches``).
 
   python benchmarks/bench_convergence.py            # runs, then the report
   python benchmarks/bench_convergence.py --report   # tables from --out only
@@ -133,8 +134,9 @@ def _run_cached(done, family, topology, n, lr, seed, args):
         flush=True)
   r = run_one(family, topology, n, lr, seed, args)
   r["date_utc"] = _common.machine_info()["date_utc"]
-  with open(args.out, "a") as f:
-    f.write(json.dumps(r) + "\n")
+  _common.write_output(args.out, "--out",
+                       lambda f: f.write(json.dumps(r) + "\n"), mode="a",
+                       kept="the runs before this one are in it")
   done.append(r)
   print(f"  eval_loss={r['eval_loss']:.4f} wall={r['wall_s']}s", flush=True)
   return r
@@ -261,6 +263,10 @@ def parse_args(argv=None):
                   help="JAX persistent compilation cache (seeds reuse "
                        "compiled steps)")
   args = ap.parse_args(argv)
+  if args.report:  # the report selects runs by the plan's flags
+    _common.check_report_flags(ap, argv, mode="with --report", reads=(
+        "--report", "--out", "--steps", "--global_batch", "--lr_grid",
+        "--seeds", "--topologies", "--topologies_16", "--plan"))
   _common.check_flags(
       ap, args, inputs=("--out",) if args.report else (),
       outputs=() if args.report else ("--out",),

@@ -35,6 +35,9 @@ an exact average every 50 steps, DAdam with b2 0.999.
 
   python benchmarks/bench_evidence.py --part main      # runs, then its report
   python benchmarks/bench_evidence.py --report         # every part, from --out
+
+The report (``--report``, or no ``--part``) reads only ``--out``; a run flag
+given with it is refused.
 """
 
 from __future__ import annotations
@@ -196,8 +199,9 @@ class Study:
       rec = train_one(part, setting, cfg, overrides, run, lr, seed, accum)
       if parent:
         rec["at_lr_of"] = parent
-      with open(self.out, "a", encoding="utf-8") as f:
-        f.write(json.dumps(rec) + "\n")
+      _common.write_output(self.out, "--out",
+                           lambda f: f.write(json.dumps(rec) + "\n"),
+                           mode="a", kept="the runs before this one are in it")
       self.done[key] = rec
       loss = rec["eval_loss"]
       print(f"    val loss {'diverged' if loss is None else f'{loss:.4f}'}"
@@ -214,8 +218,8 @@ class Study:
       new = dict(rec, part=new_part, setting=new_setting, method=run.name,
                  label=run.label, same_run_as=f"{part}/{setting}/{method}")
       if record_key(new) not in self.done:
-        with open(self.out, "a", encoding="utf-8") as f:
-          f.write(json.dumps(new) + "\n")
+        _common.write_output(self.out, "--out", lambda f, new=new: f.write(
+            json.dumps(new) + "\n"), mode="a")
         self.done[record_key(new)] = new
 
   def tune(self, part, setting, cfg, overrides, run, grid=tuning.LR_GRID,
@@ -405,6 +409,10 @@ def parse_args(argv=None):
                  nargs="+", default=[10, 30])
   args = p.parse_args(argv)
   writes = bool(args.part) and not args.report
+  if not writes:
+    _common.check_report_flags(
+        p, argv, mode="with --report" if args.report else "without --part",
+        reads=("--out", "--report"))
   _common.check_flags(
       p, args, outputs=("--out",) if writes else (),
       inputs=("--out",) if not writes and os.path.lexists(args.out) else (),

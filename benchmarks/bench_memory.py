@@ -141,9 +141,10 @@ def main(argv=None) -> int:
           f"{r['temporaries'] / gb:.3f} | {r['peak'] / gb:.3f} | "
           f"{r['compile_s']} |", flush=True)
     if args.json:
-      with open(args.json, "w", encoding="utf-8") as f:
-        json.dump({"target": args.target, "tiny": args.tiny, "rows": rows},
-                  f, indent=1)
+      from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+      flag_types.write_output(args.json, "--json", lambda f: json.dump(
+          {"target": args.target, "tiny": args.tiny, "rows": rows}, f,
+          indent=1), kept="the rows were printed above")
   return 0
 
 

@@ -88,9 +88,7 @@ def main(argv=None) -> None:
                                 ["--config.checkpoint_interval=0"])
   clusters = pricing.parse_clusters(CLUSTERS, pricing.OWN)
   rows = [measure(name, base, clusters) for name in ARMS]
-  with open(OUT, "w", encoding="utf-8") as f:
-    json.dump({"clusters": CLUSTERS, "workload": pricing.OWN,
-               "load_1min": os.getloadavg()[0], "rows": rows}, f, indent=1)
+  load = os.getloadavg()[0]
   names = [c.label for c in clusters]
   print("| arm | peak lr | final val loss, mean +- 2 sigma | bytes/step "
         "(x params) | " + " | ".join(f"{n} ms/step" for n in names) + " |")
@@ -103,6 +101,9 @@ def main(argv=None) -> None:
           + " | ".join(cells) + " |")
   print(f"load average {os.getloadavg()[0]:.1f}; "
         f"{np.mean([len(r['finals']) for r in rows]):.1f} seeds per arm")
+  _common.write_output(OUT, "the output file", lambda f: json.dump(
+      {"clusters": CLUSTERS, "workload": pricing.OWN, "load_1min": load,
+       "rows": rows}, f, indent=1), kept="the table was printed above")
 
 
 if __name__ == "__main__":

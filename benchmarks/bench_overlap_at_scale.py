@@ -512,8 +512,9 @@ def main(argv=None) -> int:
     if case in done:
       continue
     for row in run_case(case, args):
-      with open(args.out, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
+      flag_types.write_output(args.out, "--out", lambda f, row=row: f.write(
+          json.dumps(row) + "\n"), mode="a",
+                           kept="the cases before this one are in it")
       print(json.dumps({k: row[k] for k in ("case", "round", "consensus",
                                             "compile_s")}), flush=True)
   return 0

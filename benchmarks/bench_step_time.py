@@ -17,7 +17,8 @@ median over rounds of ms/step, tokens/s, and the ratio to All-Reduce AdamW's
 median (target <= 1.05 on CPU, where communication is memory copies), and
 the ratio of the fastest rounds (interference from other jobs on a shared
 machine only adds time, so the minimum is the least disturbed estimate).
-``--report FILE`` prints the table of a saved run again. The recorded runs
+``--report FILE`` prints the table of a saved run again (and refuses the
+run's flags, which it does not read). The recorded runs
 are ``benchmarks/results/step_time.{json,log}`` and
 ``step_time_run2.{json,log}`` (the logs hold each round's load average).
 
@@ -121,6 +122,9 @@ def parse_args(argv=None):
   ap.add_argument("--report", default="",
                   help="only print the table of a JSON file written before")
   args = ap.parse_args(argv)
+  if args.report:
+    _common.check_report_flags(ap, argv, mode="with --report",
+                               reads=("--report",))
   _common.check_flags(ap, args, inputs=("--report",),
                       outputs=() if args.report else ("--json",))
   return args
@@ -191,9 +195,9 @@ def main(argv=None):
   print()
   print(_common.format_table(_table(records), TABLE_COLS))
   os.makedirs(os.path.dirname(args.json), exist_ok=True)
-  with open(args.json, "w") as f:
-    json.dump({"machine": info, "args": vars(args), "rows": records}, f,
-              indent=1)
+  _common.write_output(args.json, "--json", lambda f: json.dump(
+      {"machine": info, "args": vars(args), "rows": records}, f, indent=1),
+                       kept="the table was printed above")
 
 
 if __name__ == "__main__":

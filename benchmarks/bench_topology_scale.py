@@ -29,6 +29,11 @@ Prints Markdown tables and the 1-minute load average before and after.
 
   python benchmarks/bench_topology_scale.py
   python benchmarks/bench_topology_scale.py --ns 1024 4096 --repeats 3
+
+Each ``--ns`` entry must be a worker count every built-in topology builds
+(a power of two from 8, with 8 workers per node for
+``alternating_exp_ring``, up to ``topology.MAX_WORKERS``), checked before
+any work.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def _load() -> float:
 
 
 def _measure(topology, name, n, repeats, sparse_max_n):
-  local = 8 if name == "alternating_exp_ring" else 1
+  local = _local(name)
   build = []
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -89,14 +94,34 @@ def _hlo_ops(jax, jnp, np, gossip, parallel, topo, n):
 def parse_args(argv=None):
   """The flags, each checked before any work (one ``error:`` line)."""
   from decentral_jax.tools import flag_types  # one error: line
+  from decentral_jax.topology import MAX_WORKERS  # NumPy only, no JAX
   count = flag_types.integer  # a bounded integer flag
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
-  ap.add_argument("--ns", type=count(1, 2**20),
+  ap.add_argument("--ns", type=count(1, MAX_WORKERS),  # what make() builds
                   nargs="+", default=[1024, 4096, 16384])
   ap.add_argument("--repeats", type=count(1, 10000), default=3)
   ap.add_argument("--sparse_max_n", type=count(1, 2**20), default=4096)
   ap.add_argument("--skip_hlo", action="store_true")
-  return ap.parse_args(argv)
+  args = ap.parse_args(argv)
+  _common.check_flags(ap, args, rules=(_check_ns,))
+  return args
+
+
+def _local(name: str) -> int:
+  return 8 if name == "alternating_exp_ring" else 1
+
+
+def _check_ns(args) -> None:
+  """Every built-in topology builds at each ``--ns`` entry (NumPy only,
+  about 3 s in all at 65536): the table has a row for each."""
+  from decentral_jax import topology  # pylint: disable=import-outside-toplevel
+  for n in dict.fromkeys(args.ns):
+    for name in topology.NAMES:
+      try:
+        topology.make(name, n, _local(name))
+      except ValueError as e:
+        raise ValueError(f"--ns {n}: every built-in topology is measured "
+                         f"at each n, and {e}") from None
 
 
 def main(argv=None):

@@ -532,8 +532,9 @@ def main(argv=None):
                  load_avg_1m_before=load_before,
                  load_avg_1m=info.get("load_avg_1m"))
       results[side].append(res)
-      with open(args.out, "a") as f:
-        f.write(json.dumps(res) + "\n")
+      _common.write_output(args.out, "--out", lambda f, res=res: f.write(
+          json.dumps(res) + "\n"), mode="a",
+                           kept="the repeats before this one are in it")
       print(f"repeat {rep} {side:<24} {res['tokens_per_s']:>10,.0f} "
             f"tokens/s  {res['ms_per_step']:.1f} ms/step  (load "
             f"{load_before} -> {res['load_avg_1m']}, "

@@ -560,11 +560,13 @@ def main(argv=None):
   except ValueError as e:  # bad input (config, target, programs): one line
     print(f"gpu_check: error: {e}", file=sys.stderr)
     sys.exit(2)
+  if args.json_only:  # before the write: a failed one loses nothing
+    print(json.dumps(result), flush=True)
   if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=1)
-  if args.json_only:
-    print(json.dumps(result))
+    from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+    flag_types.write_output(
+        args.json, "--json", lambda f: json.dump(result, f, indent=1),
+        kept="the results were printed above")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

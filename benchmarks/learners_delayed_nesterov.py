@@ -102,9 +102,9 @@ def main(argv=None) -> None:
       print(f"| {outer} | {buffer} | {'on' if dylu else 'off'} | "
             f"{np.median(d):.3g} ({', '.join(f'{x:.3g}' for x in d)}) |")
   if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
+    flag_types.write_output(args.out, "--out", lambda f: f.writelines(
+        json.dumps(r) + "\n" for r in rows),
+                         kept="the table was printed above")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ for spmd/sync, "quorum" with on_failure="proceed" for decoupled) of the
 same slow fraction and the measured failure rate and downtime.
 
   nice python benchmarks/learners_goodput.py --out benchmarks/results/learners_goodput.json
+
+``--reprice`` runs nothing: it prices the runs stored in ``--out`` again
+at the settings they were measured with (the file's ``"args"``, left as
+they are) and refuses every other flag. A run that keeps modes from
+``--out`` must use the settings they were measured with.
 """
 
 from __future__ import annotations
@@ -271,18 +276,64 @@ def parse_args(argv=None):
   p.add_argument("--ckpt", help=argparse.SUPPRESS)
   p.add_argument("--progress", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
+  import _common  # pylint: disable=import-outside-toplevel
   if args.spmd_worker:
-    _common_check(p, args, outputs=("--ckpt", "--progress"))
+    _common.check_flags(p, args, outputs=("--ckpt", "--progress"))
     return args
-  _common_check(p, args, outputs=("--out",),
-                inputs=("--out",) if args.reprice else (),
-                rules=(_check_modes, _check_kill_every))
+  if args.reprice:
+    _common.check_report_flags(
+        p, argv, mode="with --reprice", reads=("--out", "--reprice"),
+        why="it prices the runs stored in --out again at the settings they "
+        "were measured with (the file's \"args\")")
+  _common.check_flags(p, args, outputs=("--out",),
+                      inputs=("--out",) if args.reprice else (),
+                      rules=(_check_modes, _check_kill_every, _check_kept))
   return args
 
 
-def _common_check(parser, args, **kw) -> None:
-  import _common  # pylint: disable=import-outside-toplevel
-  _common.check_flags(parser, args, **kw)
+#: The flags that set what a measured run did (keys of the file's "args").
+SETTINGS = ("periods", "sync_every", "kill_every", "slow_sleep", "lr")
+
+
+def stored(path: str) -> dict:
+  """``{"args": ..., "measured": ...}`` of a results file, the ``args``
+  holding every one of :data:`SETTINGS` (ValueError names ``--out``)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    ok = (isinstance(saved.get("args"), dict)
+          and isinstance(saved.get("measured"), dict)
+          and all(k in saved["args"] for k in SETTINGS))
+  except (OSError, ValueError, AttributeError) as e:
+    raise ValueError(f"--out {path!r} cannot be read as results of this "
+                     f"script ({e}); give a file it wrote.") from None
+  if not ok:
+    raise ValueError(f"--out {path!r} lacks \"args\" with "
+                     f"{', '.join(SETTINGS)} or \"measured\"; give a file "
+                     "this script wrote.")
+  return saved
+
+
+def _check_kept(args) -> None:
+  """The modes kept from --out (not rerun) were measured at the settings
+  of its "args": this run must use the same ones (one file, one setting).
+  ``--reprice`` reads the file: it must be one this script wrote."""
+  if not args.out or not os.path.exists(args.out):
+    return
+  saved = stored(args.out)
+  if args.reprice:
+    return
+  kept = sorted(set(saved["measured"]) - {"model"}
+                - set(args.modes.split(",")))
+  for key in SETTINGS if kept else ():
+    if getattr(args, key) != saved["args"][key]:
+      flag = "--" + key.replace("_", "-")
+      raise ValueError(
+          f"{flag} {getattr(args, key)}: --out {args.out!r} keeps "
+          f"{','.join(kept)} measured at {flag} {saved['args'][key]}, "
+          "which the file's \"args\" would no longer say; use "
+          f"{flag} {saved['args'][key]}, rerun every mode (--modes "
+          f"{','.join(MODES)}) or give a new --out.")
 
 
 def _check_modes(args) -> None:
@@ -318,11 +369,15 @@ def main(argv=None) -> None:
     spmd_worker(args)
     return
   import tempfile  # pylint: disable=import-outside-toplevel
-  measured = {}
+  measured, settings = {}, vars(args)
   if args.out and os.path.exists(args.out):  # keep the modes not rerun
-    with open(args.out, encoding="utf-8") as f:
-      measured = json.load(f)["measured"]
+    saved = stored(args.out)
+    measured = saved["measured"]
     measured.pop("model", None)
+    if args.reprice:  # priced at the settings the runs were measured with
+      settings = saved["args"]
+      args = argparse.Namespace(**{**vars(args), **{
+          k: settings[k] for k in SETTINGS}})
   with tempfile.TemporaryDirectory() as tmp:
     for mode in ([] if args.reprice else args.modes.split(",")):
       r = run_spmd(args, tmp) if mode == "spmd" else run_learners(args, mode)
@@ -337,9 +392,10 @@ def main(argv=None) -> None:
   print("runtime model tokens/s:", {k: round(v["tokens_per_s"]) for k, v in
                                     measured["model"].items()})
   if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      json.dump({"args": vars(args), "measured": measured}, f, indent=1,
-                default=str)
+    import _common  # pylint: disable=import-outside-toplevel
+    _common.write_output(args.out, "--out", lambda f: json.dump(
+        {"args": settings, "measured": measured}, f, indent=1, default=str),
+                         kept="the tokens/s were printed above")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ flags the command line gave (abbreviations resolved as argparse does).
 An output path is checked before the work that writes it, by trying the
 write (:func:`check_output_file`, :func:`check_output_dir`), and an input
 file by opening it (:func:`check_input_file`), so a typo does not cost the
-run.
+run; the final write itself goes through :func:`write_output` (a full
+device: one ``error:`` line naming the flag and path, not a traceback).
 
 :class:`Parser` is argparse with its errors as one ``error:`` line and exit
 code 2. No JAX.
@@ -317,6 +318,31 @@ def _try_append(path: str, flag: str) -> None:
   os.close(fd)
   if not existed:
     os.remove(path)
+
+
+def write_output(path: str, flag: str, write: Callable[[Any], Any], *,
+                 mode: str = "w", kept: str = "") -> None:
+  """The write of a command's output ``path`` (of ``flag``): opens it in
+  ``mode`` (``"w"``, ``"a"``, ``"wb"``; text as UTF-8) and calls
+  ``write(file)``. A failure the checks before the work cannot foresee (a
+  full device, a disk gone) ends the command in one ``error:`` line
+  naming the flag and the path, with ``kept`` (where the results still
+  are, e.g. ``"the rows were printed above"``), and exit code 2, not a
+  traceback.
+
+  Raises:
+    SystemExit: code 2 after the ``error:`` line on stderr.
+  """
+  try:
+    with open(path, mode, **({} if "b" in mode else
+                             {"encoding": "utf-8"})) as f:
+      write(f)
+  except OSError as e:
+    print(f"error: {flag} {path!r} could not be written ({e.strerror or e})"
+          f"{'; ' + kept if kept else ''}; give another "
+          f"{flag if flag.startswith('--') else 'path'}.",
+          file=sys.stderr)
+    raise SystemExit(2) from None
 
 
 #: Image formats matplotlib writes without extra packages.

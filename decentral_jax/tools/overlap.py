@@ -34,7 +34,8 @@ each mode, a before/after pair by default.
 ``--fixture_cases`` (at least one of them in ``--cases``), stripped to
 what the overlap report reads and gzipped (the fixtures of
 ``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
-tried before the first compile.
+tried before the first compile (an empty one is refused, not read as "not
+given").
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
@@ -247,9 +248,9 @@ def run_case(case: str, mode: str, target: str, args,
       from decentral_jax.analysis import overlap
       assert overlap.overlap_report(text) == s.report, name
       os.makedirs(args.fixtures, exist_ok=True)
-      with gzip.open(os.path.join(args.fixtures, name), "wt",
-                     compresslevel=9) as f:
-        f.write(text)
+      flag_types.write_output(
+          os.path.join(args.fixtures, name), "--fixtures",
+          lambda f, t=text: f.write(gzip.compress(t.encode(), 9)), mode="wb")
   return rows
 
 
@@ -430,12 +431,14 @@ def _run(args) -> None:
       for mode in args.modes.split(","):
         new = run_case(case, mode, target, args, timelines)
         rows += new
-        with open(args.out, "a", encoding="utf-8") as f:
-          for r in new:
-            f.write(json.dumps(r) + "\n")
-        # Progress: each case's rows as it compiles (the header once).
+        # Progress: each case's rows as it compiles (the header once),
+        # printed before the append, so a failed one loses nothing.
         print(table(new) if len(rows) == len(new)
               else table(new).split("\n", 2)[-1], flush=True)
+        flag_types.write_output(
+            args.out, "--out", lambda f, new=new: f.writelines(
+                json.dumps(r) + "\n" for r in new), mode="a",
+            kept="the rows of the table above were compiled")
       if timelines:
         print(f"timeline: {write_timeline(args, case, target, timelines)}")
   print(f"\n{len(rows)} programs in {time.time() - t0:.0f} s; rows "

@@ -219,8 +219,10 @@ def check_paths(args) -> None:
     ValueError: one line naming the flag, the path and the fix.
   """
   flag_types.check_output_file(args.out, "--out")
-  if args.fixtures:
-    flag_types.check_output_dir(args.fixtures, "--fixtures")
+  flag_types.check_output_dir(args.fixtures, "--fixtures")  # None: not given
+  if args.profile is not None and not args.profile.strip():
+    raise ValueError("--profile is empty; give a ProfiledInstructionsProto "
+                     "text file or drop --profile.")
   if args.timeline:
     flag_types.check_input_file(args.profile, "--profile")
   if any(CASES[c][0] == GPT2_SMALL for c in args.cases.split(",")):
@@ -262,7 +264,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
       _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"),
                   help="JSON lines file, one line per program, appended "
                   "(default: benchmarks/results/gpu_overlap.jsonl)")
-  ap.add_argument("--fixtures", default="",
+  ap.add_argument("--fixtures", default=None,
                   help="directory for the stripped, gzipped scheduled HLO "
                   "of --fixture_cases (test fixtures; default: none)")
   ap.add_argument("--fixture_cases", default="gpt_tiny,aer,virtual",
@@ -290,7 +292,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
   ap.add_argument("--timeline", action="store_true",
                   help="draw each case's step per target to a PNG next to "
                   "--out")
-  ap.add_argument("--profile", default="",
+  ap.add_argument("--profile", default=None,
                   help="ProfiledInstructionsProto text pricing instructions "
                   "(us) for --timeline's clock")
   ap.add_argument("--render", nargs="*", default=None,

@@ -75,7 +75,10 @@ def save_png(path: str, timelines: Sequence[timeline_lib.Timeline],
                             label="priced transfer")]
   fig.legend(handles=handles, fontsize=7, ncol=6, loc="upper center")
   fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
-  fig.savefig(path, dpi=110)
+  from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
+  flag_types.write_output(path, "--timeline",
+                          lambda f: fig.savefig(f, dpi=110, format="png"),
+                          mode="wb")
   plt.close(fig)
   return drawn
 

@@ -217,3 +217,55 @@ def test_every_benchmark_flag_is_refused_before_any_work():
   assert ("bench_communication", "--json /proc/no_such_dir/x.json") in tried
   assert ("bench_bucketed_gossip", "--topology bogus") in tried
   assert ("learners_goodput", "--periods=0") in tried
+
+
+# Report modes: each flag the report does not read, with the lines that
+# make it a report (the tables of a file written before: nothing runs).
+_STEP = ["--report", os.path.join(BENCH, "results", "step_time.json")]
+REPORT_UNREAD = {
+    "bench_step_time": [_STEP + ["--repeats", "3"], _STEP + ["--steps", "2"],
+                        _STEP + ["--warmup", "9"],
+                        _STEP + ["--global_batch", "8"],
+                        _STEP + ["--no_prototype"],
+                        _STEP + ["--json", "/tmp/_unused_step_time.json"]],
+    "bench_evidence": [["--report", "--part", "main"],
+                       ["--report", "--workers", "8"],
+                       ["--report", "--scale_steps", "5"],
+                       ["--overlap_h", "3"],  # no --part: the report too
+                       ["--methods", "dadam"]],
+    "bench_convergence": [["--report", "--cache_dir", "/tmp/_unused_cache"],
+                          ["--report", "--eval_batches", "3"]],
+}
+# What each report mode reads: accepted.
+REPORT_READ = {
+    "bench_step_time": [_STEP],
+    "bench_evidence": [["--report"], []],
+    "bench_convergence": [["--report", "--steps", "200", "--plan", "8"]],
+}
+
+
+def _flag_of(argv: list[str]) -> str:
+  return [a for a in argv if a.startswith("--") and a != "--report"][-1]
+
+
+def test_report_modes_refuse_the_flags_they_do_not_read():
+  names = sorted(REPORT_UNREAD)
+  plan = {n: REPORT_UNREAD[n] + REPORT_READ[n] for n in names}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  got = subprocess.run(
+      [sys.executable, "-c", _CHILD, BENCH, ",".join(names),
+       json.dumps(plan)], capture_output=True, text=True, timeout=300,
+      env=env, check=False)
+  assert got.returncode == 0, got.stderr[-3000:]
+  results = json.loads(got.stdout.strip().splitlines()[-1])
+  for name in names:
+    rows = results[name]["rows"]
+    refused, accepted = rows[:len(REPORT_UNREAD[name])], rows[
+        len(REPORT_UNREAD[name]):]
+    for argv, (code, err) in refused:
+      lines = [x for x in err.splitlines() if x.startswith("error:")]
+      assert code == 2 and len(lines) == 1, (name, argv, code, err[-300:])
+      assert lines[0].startswith(f"error: {_flag_of(argv)} has no effect "), (
+          name, lines)
+    for argv, (code, err) in accepted:
+      assert code == 0, (name, argv, err[-300:])

@@ -115,3 +115,76 @@ def test_gpu_check_refusal_is_one_line(capsys):
   got = _one_error(capsys, lambda: load_gpu_check().parse_args(
       ["--steps", "0"]))
   assert got.startswith("error: --steps must be an int >= 1"), got
+
+
+def _goodput(*argv):
+  """``benchmarks/learners_goodput.py ARGV`` (``--reprice`` runs nothing
+  but the NumPy runtime model): (exit code, stdout, error lines)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  got = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "benchmarks", "learners_goodput.py"),
+       *argv], capture_output=True, text=True, timeout=120, check=False,
+      env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT})
+  return got.returncode, got.stdout, [
+      x for x in got.stderr.splitlines() if x.startswith(("error", "Trace"))]
+
+
+def test_learners_goodput_reprice_keeps_the_measured_settings(tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  recorded = os.path.join(ROOT, "benchmarks", "results",
+                          "learners_goodput.json")
+  with open(recorded, encoding="utf-8") as f:
+    text = f.read()
+  saved = json.loads(text)
+  out = tmp_path / "goodput.json"
+  out.write_text(text)
+  # Flags that would contradict the stored runs' settings, or that the
+  # reprice does not read: refused by name, the file untouched.
+  code, _, err = _goodput("--reprice", "--out", str(out), "--sync-every",
+                          "2", "--periods", "64", "--kill-every", "1")
+  assert code == 2 and len(err) == 1, err
+  assert err[0].startswith("error: --kill-every, --periods, --sync-every "
+                           "have no effect with --reprice"), err
+  code, _, err = _goodput("--reprice", "--out", str(out), "--lr", "5")
+  assert code == 2 and err[0].startswith("error: --lr has no effect"), err
+  assert out.read_text() == text
+  # Repriced at the stored settings: the file's "args" as they were and
+  # the prices of the recorded run (made at those settings).
+  code, stdout, err = _goodput("--reprice", "--out", str(out))
+  assert code == 0 and not err, err
+  again = json.loads(out.read_text())
+  assert again["args"] == saved["args"]
+  assert again["measured"] == saved["measured"]
+  assert "runtime model tokens/s: {'spmd': 37, 'sync': 411, " \
+      "'decoupled': 4602}" in stdout
+  # A run keeping modes from --out at other settings would mix them.
+  code, _, err = _goodput("--modes", "sync", "--periods", "8", "--out",
+                          str(out))
+  assert code == 2 and len(err) == 1 and err[0].startswith(
+      f"error: --periods 8: --out '{out}' keeps decoupled,spmd measured at "
+      "--periods 16"), err
+  # A file this script did not write is named before any work.
+  out.write_text("{")
+  code, _, err = _goodput("--reprice", "--out", str(out))
+  assert code == 2 and len(err) == 1 and err[0].startswith(
+      f"error: --out '{out}' cannot be read as results of this script"), err
+
+
+@pytest.mark.parametrize("ns, says", [
+    # topology.MAX_WORKERS = 2**16, by hand
+    ("131072", "argument --ns: must be an integer in [1, 65536], got "
+     "'131072'"),
+    # 12 is not a power of two (one_peer_exp), 3 is odd (ring), 4 is not
+    # a multiple of alternating_exp_ring's 8 workers per node
+    ("12", "--ns 12: every built-in topology is measured at each n, and "
+     "topology 'one_peer_exp' needs n_workers to be a power of two"),
+    ("3", "--ns 3: every built-in topology is measured at each n, and "
+     "topology 'ring' needs an even number of workers"),
+    ("4", "--ns 4: every built-in topology is measured at each n, and "
+     "n_workers=4 is not divisible by local_size=8")])
+def test_bench_topology_scale_ns_are_what_every_topology_builds(
+    capsys, ns, says):
+  script = _script("bench_topology_scale")
+  got = _one_error(capsys, lambda: script.parse_args(["--ns", "8", ns]))
+  assert got.startswith(f"error: {says}"), got
+  assert script.parse_args(["--ns", "8", "1024"]).ns == [8, 1024]

@@ -231,3 +231,20 @@ def test_cpu_smoke_run_says_it_did_not_run_on_a_gpu(tmp_path):
   for key in ("gossip_ms_per_step", "no_gossip_ms_per_step",
               "pipelined_ms_per_step"):
     assert g[key] > 0, g
+
+
+def test_json_on_a_full_device_is_one_line_after_the_printed_result(
+    monkeypatch, capsys):
+  """/dev/full passes the check (a device is left alone); the write after
+  the run fails: one error line, the result printed before it."""
+  script = _script()
+  monkeypatch.setattr(script, "_run", lambda args: {"least": 0.25})
+  with pytest.raises(SystemExit) as e:
+    script.main(["--deviceless", "h200", "--json", "/dev/full",
+                 "--json_only"])
+  assert e.value.code == 2
+  out, err = capsys.readouterr()
+  assert out.strip().splitlines() == ['{"least": 0.25}']
+  assert err.strip().splitlines() == [
+      "error: --json '/dev/full' could not be written (No space left on "
+      "device); the results were printed above; give another --json."]

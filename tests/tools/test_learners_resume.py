@@ -477,6 +477,19 @@ def test_records_of_merged_periods_without_their_checkpoints_are_refused(
      "sync (a merge waits for every active learner); use --mode decoupled "
      "or drop --grace."),
     (["--grace", "3"], "--grace has no effect in --mode sync"),
+    # decoupled, quorum = K: the quorum is every learner, nothing to wait for
+    (["--mode", "decoupled", "--learners", "2", "--quorum", "2", "--grace",
+      "3"], "--grace has no effect with --quorum equal to --learners (the "
+     "default quorum 1 with --learners 1): a merge needs every learner's "
+     "pseudo-gradient, so it never waits; give --quorum below --learners or "
+     "drop --grace."),
+    (["--learners", "1", "--mode", "decoupled", "--grace", "30"],
+     "--grace has no effect with --quorum equal to --learners"),
+    # optax.sgd's state is empty and no compressor keeps a residual
+    (["--drop-state"], "--drop-state has no effect with --inner sgd and no "
+     "--config (SGD keeps no state and there is no compressor residual: "
+     "nothing is sent either way); use --inner adamw or drop --drop-state."),
+    (["--inner", "sgd", "--drop-state"], "--drop-state has no effect"),
     (["--connect-timeout", "5"], "--connect-timeout has no effect without "
      "--address (the Ray started on this machine is not waited for); add "
      "--address HOST:PORT or drop --connect-timeout.")])
@@ -487,6 +500,11 @@ def test_flags_that_change_nothing_are_refused_before_ray_starts(
   assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
   args = main_lib.parser().parse_args(["--mode", "decoupled", "--grace", "3"])
   flag_types.check_needs(main_lib.NEEDS, {"--grace"}, args)  # read there
+  args = main_lib.parser().parse_args(["--mode", "decoupled", "--learners",
+                                       "3", "--quorum", "2"])
+  flag_types.check_needs(main_lib.NEEDS, {"--grace"}, args)  # 2 of 3 waits
+  args = main_lib.parser().parse_args(["--inner", "adamw"])
+  flag_types.check_needs(main_lib.NEEDS, {"--drop-state"}, args)  # moments
 
 
 @pytest.mark.parametrize("override, says", [

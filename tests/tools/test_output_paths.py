@@ -122,8 +122,8 @@ def test_a_full_device_as_an_output_is_one_line(capsys):
   assert rm_main.main(["utilisation", "--table", "/dev/full"]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   # The line names the flag and the path (it named neither).
-  assert err == ["error: --table '/dev/full' could not be written: No space "
-                 "left on device; give another path."], err
+  assert err == ["error: --table '/dev/full' could not be written (No space "
+                 "left on device); give another --table."], err
 
 
 def test_measure_names_its_out_flag_when_the_write_fails(monkeypatch,
@@ -140,5 +140,64 @@ def test_measure_names_its_out_flag_when_the_write_fails(monkeypatch,
   out = str(tmp_path / "c.json")
   assert rm_main.main(["measure", "--config", "gpt_tiny", "--out", out]) == 2
   err = capsys.readouterr().err.strip().splitlines()
-  assert err == [f"error: --out {out!r} could not be written: No space left "
-                 "on device; give another path."], err
+  assert err == [f"error: --out {out!r} could not be written (No space left "
+                 "on device); give another --out."], err
+
+
+_FULL = ("could not be written (No space left on device)")
+
+
+def test_a_failed_final_write_is_one_line_naming_the_flag(tmp_path, capsys):
+  with pytest.raises(SystemExit) as e:
+    flag_types.write_output("/dev/full", "--json", lambda f: f.write("x" *
+                                                                    10**5),
+                            kept="the rows were printed above")
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f"error: --json '/dev/full' {_FULL}; the rows were printed above; "
+      "give another --json."]
+  path = tmp_path / "o.jsonl"  # a write that works: the text, as given
+  flag_types.write_output(str(path), "--out", lambda f: f.write("a\n"))
+  flag_types.write_output(str(path), "--out", lambda f: f.write("b\n"),
+                          mode="a")
+  assert path.read_text() == "a\nb\n"
+
+
+def test_overlap_out_on_a_full_device_keeps_the_printed_rows(monkeypatch,
+                                                             capsys):
+  """The compile is replaced by one stored row; the rest is the command."""
+  import json  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools import gpu_compile, overlap  # pylint: disable=import-outside-toplevel
+  from helpers import ROOT  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(ROOT, "benchmarks", "results", "gpu_overlap",
+                         "main.jsonl"), encoding="utf-8") as f:
+    row = json.loads(f.readline())
+  monkeypatch.setattr(gpu_compile, "check_compiler_options", lambda o: None)
+  monkeypatch.setattr(overlap, "run_case", lambda case, mode, target, args,
+                      timelines=None: [dict(row, case=case, mode=mode,
+                                            target=target)])
+  with pytest.raises(SystemExit) as e:
+    overlap.main(["--cases", "gpt_tiny", "--modes", "after", "--out",
+                  "/dev/full"])
+  assert e.value.code == 2
+  out, err = capsys.readouterr()
+  assert "| gpt_tiny | " in out  # the row was printed before the append
+  assert err.strip().splitlines() == [
+      f"error: --out '/dev/full' {_FULL}; the rows of the table above were "
+      "compiled; give another --out."]
+
+
+def test_learners_json_on_a_full_device_after_the_run(monkeypatch, capsys):
+  from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
+  args = learners.parser().parse_args(["--json", "/dev/full"])
+  run = learners.run_spec(args)
+  monkeypatch.setattr(learners, "distance_to_optimum", lambda r, t: None)
+  status = {"version": 10, "log": {"tokens": [{0: 64}], "rejected": []}}
+  with pytest.raises(SystemExit) as e:
+    learners._summary(status, 2.0, {}, args, run, {})  # pylint: disable=protected-access
+  assert e.value.code == 2
+  out, err = capsys.readouterr()
+  assert "10 periods merged in 2.0 s; 64 tokens merged (32.0 tokens/s)" in out
+  assert err.strip().splitlines() == [
+      f"error: --json '/dev/full' {_FULL}; the summary above was printed; "
+      "give another --json."]

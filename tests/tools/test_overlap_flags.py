@@ -65,6 +65,10 @@ def _refused(capsys, tmp_path, argv) -> str:
      "file."),
     (["--timeline", "--profile", "DIR"], "error: --profile 'DIR' is a "
      "directory; give a file."),
+    # An empty path is not "not given": it names the flag.
+    (["--fixtures", ""], "error: --fixtures is empty; give a directory."),
+    (["--timeline", "--profile", ""], "error: --profile is empty; give a "
+     "ProfiledInstructionsProto text file or drop --profile."),
     (["--cases", "gpt2_small", "--data_dir", "DIR/afile"],
      "error: --data_dir 'DIR/afile' is a file, not a directory"),
     (["--cases", "gpt2_small", "--data_dir", "DIR/afile/sub"],

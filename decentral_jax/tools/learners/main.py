@@ -27,7 +27,9 @@ resumed, also with another ``--learners``)
 
 Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``) and flags
 that would change nothing (``--eval-every`` without ``--workdir``,
-``--grace`` in sync mode, ``--connect-timeout`` without ``--address``,
+``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
+``--drop-state`` with ``--inner sgd`` and no ``--config``,
+``--connect-timeout`` without ``--address``,
 ``--delay-buffer`` with ``--outer nesterov``, ``--kill-every`` not below
 the run's periods) are refused before Ray starts.
 
@@ -160,6 +162,11 @@ NEEDS = (
     flag_types.Needs("--grace", lambda a: a.mode == "decoupled",
                      "in --mode sync (a merge waits for every active "
                      "learner)", "use --mode decoupled or drop --grace"),
+    flag_types.Needs("--grace", lambda a: (a.quorum or 1) != a.learners,
+                     "with --quorum equal to --learners (the default "
+                     "quorum 1 with --learners 1): a merge needs every "
+                     "learner's pseudo-gradient, so it never waits", "give "
+                     "--quorum below --learners or drop --grace"),
     flag_types.Needs("--connect-timeout", lambda a: a.address is not None,
                      "without --address (the Ray started on this machine "
                      "is not waited for)", "add --address HOST:PORT or drop "
@@ -168,6 +175,11 @@ NEEDS = (
                      "with --outer nesterov (Nesterov SGD steps at every "
                      "merge, it has no buffer)", "add --outer "
                      "delayed_nesterov or drop --delay-buffer"),
+    flag_types.Needs("--drop-state", lambda a: a.config is not None or (
+        a.inner or "sgd") != "sgd", "with --inner sgd and no --config (SGD "
+                     "keeps no state and there is no compressor residual: "
+                     "nothing is sent either way)", "use --inner adamw or "
+                     "drop --drop-state"),
 )
 
 
@@ -510,11 +522,12 @@ def _summary(status, seconds, learners, args, run, theta) -> None:
         f"{tokens} tokens merged ({tokens / seconds:.1f} tokens/s); "
         f"{len(status['log']['rejected'])} pseudo-gradients rejected")
   if args.json:
-    with open(args.json, "w", encoding="utf-8") as f:
-      json.dump({"run": run.trajectory(), "status": status,
-                 "learners": learners, "seconds": seconds,
-                 "distance_to_optimum": dist}, f, indent=1,
-                default=str)
+    flag_types.write_output(args.json, "--json", lambda f: json.dump(
+        {"run": run.trajectory(), "status": status, "learners": learners,
+         "seconds": seconds, "distance_to_optimum": dist}, f, indent=1,
+        default=str), kept="the summary above was printed" + (
+            f" and the run's records are in --workdir {args.workdir}"
+            if args.workdir else ""))
 
 
 def main(argv=None, prog: str | None = None) -> int:

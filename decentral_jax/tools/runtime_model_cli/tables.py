@@ -69,14 +69,15 @@ def write_output(flag: str, path: str, write) -> None:
   file system gone read-only) is one line naming both.
 
   Raises:
-    ValueError: ``--table '/dev/full' could not be written: No space
-      left on device; give another path.``
+    ValueError: ``--table '/dev/full' could not be written (No space
+      left on device); give another --table.`` (the form of
+      :func:`decentral_jax.tools.flag_types.write_output`).
   """
   try:
     write()
   except OSError as e:
-    raise ValueError(f"{flag} {path!r} could not be written: "
-                     f"{e.strerror or e}; give another path.") from None
+    raise ValueError(f"{flag} {path!r} could not be written "
+                     f"({e.strerror or e}); give another {flag}.") from None
 
 
 def write_chart(panels, path: str) -> None:
