@@ -31,6 +31,7 @@ from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 from decentral_jax.tools.runtime_model_cli import simulated_work
 from decentral_jax.tools.runtime_model_cli import tables
+from decentral_jax.tools.runtime_model_cli import wire_dtype
 
 
 def run(args) -> int:
@@ -62,14 +63,14 @@ def run(args) -> int:
   built, added = _build_methods(args, methods, setups)
   simulated_work.check(args, simulated_work.work(setups, built), methods,
                        added)
-  setting = _Setting(args, setups, built)
+  setting = _Setting(args, setups, built, measured)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
     for line in unused_file_keys(args.cluster, measured, setting):
       print(line, file=sys.stderr)
     print(inputs.describe_cluster_file(args.cluster, measured))
-  print(workload_line(args, setups, measured))
+  print(workload_line(args, setups, measured, setting.methods))
   print(methods_line(methods, chosen, setups[0][1], added))
   if workers_note:
     print(workers_note)
@@ -89,8 +90,9 @@ class _Setting:
   """What :data:`NEEDS` looks at: the flags, the clusters and workloads at
   every worker count (preset, file or flags) and the methods built."""
 
-  def __init__(self, args, setups, built):
+  def __init__(self, args, setups, built, measured=None):
     self.args = args
+    self.measured = measured
     self.clusters = [(n, c) for n, c, _ in setups]
     self.workloads = [w for _, _, w in setups]
     self.methods = [m for made in built for _, m, _ in made]
@@ -114,22 +116,25 @@ class _Setting:
     """Whether a printed number reads ``Workload.param_dtype``: the inner
     collectives of a worker of several devices, an uncompressed gossip
     method or local sync without its own ``comm_dtype`` (a sync of
-    DiLoCo's global copy, ``message="theta"``, sends at least float32: a
-    narrower dtype changes it only where a cluster or workload file may
-    hold a wider one), or a compressed method's break-even line (priced
+    DiLoCo's global copy, ``message="theta"``, sends at least float32: the
+    flag changes it only where that differs from the workload's without
+    the flag, :func:`wire_dtype.theta_dtype_moves`), or a compressed
+    method's break-even line (priced
     against its uncompressed form: where that form reads the dtype, the
     line is computed at the given dtype and at the default and compared;
     the first is kept for printing, :meth:`break_even`)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
-    wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
-    files = bool(self.args.cluster or self.args.workload_file)
-    if any(m.compress is None and _sends_params(m, wide, files)
+    counts = [n for n, _ in self.clusters]
+    moves = wire_dtype.theta_dtype_moves(
+        self.args, list(zip(counts, self.workloads)), self.measured,
+        _cluster_and_workload)
+    if any(m.compress is None and wire_dtype.sends_params(m, moves)
            for m in self.methods):
       return True
     return any(
-        m.compress is not None and _sends_params(
-            recommend.uncompressed(m, c), wide, files)
+        m.compress is not None and wire_dtype.sends_params(
+            recommend.uncompressed(m, c), moves)
         and self._break_even_moves(m, c, w) for m, c, w in self.per_setup)
 
   def _break_even_moves(self, m, c, w) -> bool:
@@ -393,7 +398,7 @@ def _default_workers(args) -> str:
           "--n-workers N[,N...])")
 
 
-def workload_line(args, setups, measured: dict | None) -> str:
+def workload_line(args, setups, measured: dict | None, methods=()) -> str:
   """One line: the workload ``predict`` prices, its source, how to change it.
 
   Args:
@@ -433,7 +438,8 @@ def workload_line(args, setups, measured: dict | None) -> str:
   words = (f"{count / 1e9:.4g}B" if count >= 1e9 else f"{count / 1e6:.4g}M"
            if count >= 1e6 else f"{count:,.0f}")
   return (f"workload: {words} parameters ({w.grad_dtype} gradients, "
-          f"{w.param_dtype} parameters on the wire), compute {compute} per "
+          f"{w.param_dtype} parameters on the wire"
+          f"{wire_dtype.theta_note(methods, w)}), compute {compute} per "
           f"step, from {source}. Change it with --workload "
           f"{'|'.join(presets.WORKLOAD_NAMES)} or --params, --forward-ms, "
           "--backward-ms.")
@@ -576,17 +582,6 @@ def _price(args, made_methods, c, w):
                           warmup=args.steps // 5, seed=args.seed)
     table[p.key], made[p.key] = p, m
   return table, made
-
-
-def _sends_params(m, wide: bool, files: bool) -> bool:
-  """Whether uncompressed ``m``'s messages are its parameters in
-  ``Workload.param_dtype``: gossip or local sync without ``comm_dtype``,
-  but DiLoCo's global copy (``message="theta"``, at least float32) unless
-  a dtype is wider (``wide``) or a cluster or workload file may give one
-  (``files``)."""
-  return (m.kind in ("gossip", "local") and m.comm_dtype is None and not (
-      m.kind == "local" and m.message == "theta" and not wide
-      and not files))
 
 
 def _faults_from_args(args) -> stragglers.Faults:
