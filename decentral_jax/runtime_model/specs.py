@@ -4,7 +4,7 @@ Names (``make_method`` and ``predict --methods``; defaults in brackets):
 
 * ``all_reduce`` (``allreduce``, ``ar``): ``bucket_MiB`` [the workload's].
 * ``sgp`` (push-sum on the directed one-peer exponential graph, blocking):
-  ``comm_dtype`` [the parameters'], ``bucket_MiB``.
+  ``comm_dtype`` [the parameters'] (``bucket_MiB`` is refused, below).
 * a topology of :mod:`decentral_jax.topology` (``complete``, ``ring``,
   ``one_peer_exp`` / ``exp``, ``alternating_exp_ring`` / ``aer``,
   ``exponential``, ``torus``, ``static_ring``): overlapped gossip
@@ -48,7 +48,12 @@ Gossip specs (topology names, ``dadam``, ``accum_adam``) also take:
   ``n``, or ``datacenter`` for the workers of one datacenter, so that
   ``aer:workers_per_node=datacenter`` alternates means inside each
   datacenter with means across datacenters. Node-aware topologies keep
-  most traffic inside a group of that size.
+  most traffic inside a group of that size; only they
+  (:data:`NODE_AWARE`) read it, and it is refused with any other topology.
+
+``bucket_MiB`` is read where the round is sent bucket by bucket (All-Reduce,
+overlapped gossip); a blocking gossip round (``sgp``, CHOCO without
+``pipelined=1``) is priced as one message, so there it is refused.
 
 Raises ``ValueError`` quoting the spec and naming the bad part.
 
@@ -89,6 +94,11 @@ _ALIASES = {"bucket_mib": "bucket_MiB", "t": "T", "accum_steps": "T",
             "compress": "compress", "block": "block", "fraction": "fraction",
             "workers_per_node": "workers_per_node"}
 _GOSSIP_EXTRA = ("compress", "block", "fraction", "workers_per_node")
+#: The topologies whose mixing matrices depend on the group size they are
+#: built for (``workers_per_node``, ``local_size``): the node-aware ones.
+#: Every other topology of :data:`decentral_jax.topology.NAMES` builds the
+#: same matrices at any group size, so ``workers_per_node`` is refused there.
+NODE_AWARE = ("alternating_exp_ring",)
 DEFAULT_ACCUM_STEPS = 4
 #: Gradient tracking: the parameters and the tracker, one copy each a round.
 GRADIENT_TRACKING = "gradient_tracking"
@@ -113,7 +123,11 @@ def is_gossip_spec(key: str) -> bool:
   return name in ALL_REDUCE or name == "sgp" or _topology_name(name) is not None
 
 
-def _keys(name: str) -> tuple[str, ...]:
+def spec_keys(name: str) -> tuple[str, ...]:
+  """The keys the spec of method ``name`` (lower case, a name of the module
+  docstring) reads; a key given in one context where it reads nothing (a
+  bucket size of a blocking round, a group size of a topology that is not
+  :data:`NODE_AWARE`) is refused by :func:`parse`."""
   if name in ALL_REDUCE:
     return ("bucket_MiB",)
   if name in OPTIMIZER_NAMES:
@@ -141,7 +155,7 @@ def parse(spec: str, c: Cluster) -> Method:
   text = str(spec).strip()
   head, _, rest = text.partition(":")
   name = head.strip().lower().replace("-", "_")
-  given = parse_parameters(spec, name, rest, _keys(name), _KEYS_HELP,
+  given = parse_parameters(spec, name, rest, spec_keys(name), _KEYS_HELP,
                            _ALIASES)
   bucket = _bucket_bytes(spec, given)
   comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
@@ -163,6 +177,7 @@ def parse(spec: str, c: Cluster) -> Method:
       label = canon
     kind, overlap = "gossip", True
     group = _workers_per_node(spec, given, c)
+    _check_node_aware(spec, name, canon, given)
     try:
       topo = topology_lib.make(canon, c.n_workers, group)
     except ValueError as e:
@@ -185,6 +200,12 @@ def parse(spec: str, c: Cluster) -> Method:
     overlap, piped_round = piped, False
   else:
     piped_round = piped
+  if bucket is not None and kind == "gossip" and not overlap:
+    raise ValueError(
+        f"{spec!r}: bucket_MiB has no effect here: a blocking gossip round "
+        "(sgp, or compress= without pipelined=1) is priced as one message "
+        "of the whole parameters, whatever the bucket size; drop "
+        "bucket_MiB.")
   if piped:
     parts.append("pipelined=1")
   full = label + (":" + ",".join(parts) if parts else "")
@@ -193,6 +214,19 @@ def parse(spec: str, c: Cluster) -> Method:
                              compress=fmt, compress_block=block,
                              compress_fraction=fraction, sync_share=share,
                              pipelined=piped_round), c)
+
+
+def _check_node_aware(spec, name: str, canon: str, given: dict) -> None:
+  """``workers_per_node`` only with a :data:`NODE_AWARE` topology."""
+  if "workers_per_node" not in given or canon in NODE_AWARE:
+    return
+  fix = ("topology=aer" if name in OPTIMIZER_NAMES or name == GRADIENT_TRACKING
+         else "aer")
+  raise ValueError(
+      f"{spec!r}: workers_per_node has no effect on topology {canon!r}: its "
+      "mixing matrices are the same at any group size (only "
+      f"{', '.join(NODE_AWARE)} is built for one); drop workers_per_node "
+      f"or use {fix}.")
 
 
 def _pipelined(spec, given: dict) -> bool:

@@ -13,6 +13,7 @@ import io
 
 import pytest
 
+from decentral_jax.runtime_model import cluster_file
 from decentral_jax.tools.runtime_model_cli import main as runtime_main
 from decentral_jax.tools.runtime_model_cli import predict
 
@@ -100,3 +101,63 @@ def test_the_sweep_sees_both_verdicts(monkeypatch):
   assert not _check("diloco:H=10", "bfloat16", monkeypatch)
   assert _check("dadam:topology=static_ring,compress=int8", "bfloat16",
                 monkeypatch)
+
+
+def _cluster_file(tmp_path, param_dtype):
+  """A cluster file of 16 workers, 4 per node, whose workload (None: no
+  workload) has ``param_dtype`` parameters."""
+  sizes = [1e6, 4e6, 16e6]
+  meas = {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": 4,
+          "intra_pair_s": [5e-6 + m / 20e9 for m in sizes],
+          "inter_pair_s": [1e-5 + m / 3e9 for m in sizes],
+          "inter_concurrent_s": [1e-5 + 4 * m / 6e9 for m in sizes],
+          "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
+  w = None if param_dtype is None else {
+      "param_count": 65e6, "forward_s": 0.03, "backward_s": 0.06,
+      "grad_dtype": "float32", "param_dtype": param_dtype}
+  path = str(tmp_path / f"cluster_{param_dtype}.json")
+  cluster_file.write(path, {"cluster": cluster_file.fit_links(meas, 16, 4),
+                            "workload": w, "measurements": meas,
+                            "meta": {"devices": 16}})
+  return path
+
+
+@pytest.mark.parametrize("file_dtype, flag, changes", [
+    # DiLoCo's global copy goes as max(float32, parameters): by hand, 4
+    # bytes both ways in the first three, 4 vs 8 in the last two.
+    ("float32", "bfloat16", False), ("bfloat16", "float32", False),
+    (None, "bfloat16", False), ("float64", "float32", True),
+    ("float32", "float64", True)])
+def test_a_cluster_file_refuses_the_flag_where_nothing_changes(
+    tmp_path, file_dtype, flag, changes, monkeypatch):
+  argv = ["--cluster", _cluster_file(tmp_path, file_dtype), "--methods",
+          "all_reduce,diloco:H=10"]
+  code, plain, err = _predict(argv, monkeypatch)
+  assert code == 0, err
+  code, with_flag, err = _predict(argv + ["--param-dtype", flag], monkeypatch)
+  assert code == 0, err
+  assert (plain != with_flag) == changes  # the hand verdict, seen
+  code, _, err = _predict(argv + ["--param-dtype", flag])
+  if changes:
+    assert code == 0, err
+  else:
+    lines = [x for x in err.splitlines() if "error:" in x]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: --param-dtype has no effect"), err
+
+
+@pytest.mark.parametrize("methods, note", [
+    ("all_reduce,diloco:H=10", True), ("all_reduce,one_peer_exp", False),
+    ("all_reduce,diloco:H=10,comm_dtype=bfloat16", False)])
+def test_the_workload_line_names_diloco_s_float32_sync(tmp_path, capsys,
+                                                      methods, note):
+  """bfloat16 parameters from the file: gossip sends them as they are,
+  a sync of DiLoCo's global copy at float32; the line says which."""
+  code = runtime_main.main(["predict", "--cluster",
+                            _cluster_file(tmp_path, "bfloat16"), "--steps",
+                            "40", "--methods", methods])
+  out = capsys.readouterr().out
+  assert code == 0
+  line = [x for x in out.splitlines() if x.startswith("workload:")][0]
+  assert "bfloat16 parameters on the wire" in line, line
+  assert (", float32 in a sync of DiLoCo's global copy)" in line) == note, line

@@ -455,7 +455,7 @@ def test_a_list_flag_refuses_a_repeated_entry(argv, message, capsys):
     ("ring,dadam:topology=ring", 2, 1),  # a bare topology is DAdam's gossip
     ("diloco:H=10,diloco:H=10,overlap=none", 2, 1),  # overlap=none: default
     ("aer,alternating_exp_ring", 2, 1),  # an alias
-    ("all_reduce,aer,ring:workers_per_node=8,ring", 4, 3),  # 8: one node
+    ("all_reduce,ring,aer:workers_per_node=8,aer", 4, 3),  # 8: one node
     ("accum_adam:topology=ring,accum_adamw:T=4,topology=ring", 2, 1),
     # A default that stands for the workload's value, spelled out: the
     # float32 parameters on the wire, 25 MiB buckets (--bucket-MiB).
@@ -503,7 +503,7 @@ def test_methods_of_one_row_each_stay_apart_and_ar_is_the_baseline(capsys):
   rc, out, err = _run(capsys, "--n-workers", "16",
                       "--methods", "AR,ring,dadam:topology=aer,accum_adam:"
                       "topology=aer,accum_adam:T=2,topology=aer,"
-                      "ring:workers_per_node=4,all_reduce:bucket_MiB=5")
+                      "aer:workers_per_node=4,all_reduce:bucket_MiB=5")
   assert rc == 0, err
   rows = [r for r in _rows(out) if r != "*"]
   assert len(rows) == 7, out  # AR is the baseline: no all_reduce added

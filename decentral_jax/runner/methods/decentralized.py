@@ -83,8 +83,11 @@ def build(config, schedule, topology, axis_name):
 def runtime_spec(config) -> str:
   """``dadam:topology=T`` or ``accum_adam:T=..,topology=T`` with the
   message settings; ``local_dsgd:H=..,topology=T[,comm_dtype=..]`` for
-  ``gossip_every = H > 1``."""
-  extra = parts.message_settings(config, FIELDS, buckets=True)
+  ``gossip_every = H > 1``. No ``bucket_MiB`` for blocking CHOCO-gossip
+  (compressed, not pipelined): the model prices its round as one message."""
+  blocking = (config.compression.format != "none"
+              and not config.pipelined_gossip)
+  extra = parts.message_settings(config, FIELDS, buckets=not blocking)
   every = int(config.gossip_every)
   if every > 1:
     spec = f"local_dsgd:H={every},topology={config.topology}"

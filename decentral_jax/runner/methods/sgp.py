@@ -35,9 +35,9 @@ FIELDS = (*decentralized.GOSSIP_FIELDS, "global_avg_interval")
 
 
 def runtime_spec(config) -> str:
-  """``sgp[:comm_dtype=..,bucket_MiB=..]``."""
-  return parts.with_settings(
-      "sgp", parts.message_settings(config, FIELDS, buckets=True))
+  """``sgp[:comm_dtype=..]``: the model prices the blocking round as one
+  message, so ``config.bucket_bytes`` does not enter the spec."""
+  return parts.with_settings("sgp", parts.message_settings(config, FIELDS))
 
 
 SGP = registry.register(registry.Method(

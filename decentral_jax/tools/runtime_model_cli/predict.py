@@ -33,6 +33,7 @@ from decentral_jax.tools.runtime_model_cli import predict_needs
 from decentral_jax.tools.runtime_model_cli.predict_needs import NEEDS
 from decentral_jax.tools.runtime_model_cli import simulated_work
 from decentral_jax.tools.runtime_model_cli import tables
+from decentral_jax.tools.runtime_model_cli import wire_dtype
 
 
 def run(args) -> int:
@@ -66,14 +67,15 @@ def run(args) -> int:
   simulated_work.check(args, simulated_work.work(setups, built), methods,
                        added)
   setting = predict_needs.Setting(args, setups, built, [
-      _base_flow(args, n, measured) for n, _, _ in setups])
+      _base_flow(args, n, measured) for n, _, _ in setups], measured,
+      _cluster_and_workload)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
     for line in predict_needs.unused_file_keys(args.cluster, measured, setting):
       print(line, file=sys.stderr)
     print(inputs.describe_cluster_file(args.cluster, measured))
-  print(workload_line(args, setups, measured))
+  print(workload_line(args, setups, measured, setting.methods))
   print(methods_line(methods, chosen, setups[0][1], added))
   if workers_note:
     print(workers_note)
@@ -214,7 +216,7 @@ def _default_workers(args) -> str:
           "--n-workers N[,N...])")
 
 
-def workload_line(args, setups, measured: dict | None) -> str:
+def workload_line(args, setups, measured: dict | None, methods=()) -> str:
   """One line: the workload ``predict`` prices, its source, how to change it.
 
   Args:
@@ -254,7 +256,8 @@ def workload_line(args, setups, measured: dict | None) -> str:
   words = (f"{count / 1e9:.4g}B" if count >= 1e9 else f"{count / 1e6:.4g}M"
            if count >= 1e6 else f"{count:,.0f}")
   return (f"workload: {words} parameters ({w.grad_dtype} gradients, "
-          f"{w.param_dtype} parameters on the wire), compute {compute} per "
+          f"{w.param_dtype} parameters on the wire"
+          f"{wire_dtype.theta_note(methods, w)}), compute {compute} per "
           f"step, from {source}. Change it with --workload "
           f"{'|'.join(presets.WORKLOAD_NAMES)} or --params, --forward-ms, "
           "--backward-ms.")

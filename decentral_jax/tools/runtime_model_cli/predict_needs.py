@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import tables
+from decentral_jax.tools.runtime_model_cli import wire_dtype
 
 
 class Setting:
   """What :data:`NEEDS` looks at: the flags, the clusters and workloads at
   every worker count (preset, file or flags) and the methods built."""
 
-  def __init__(self, args, setups, built, base_flows=None):
+  def __init__(self, args, setups, built, base_flows=None, measured=None,
+               build=None):
     self.args = args
+    # The --cluster file's contents (or None) and predict's way of building
+    # a cluster and workload, for the --param-dtype rule.
+    self.measured, self._build = measured, build
     # The flow cap of the preset or cluster file at each worker count
     # (None: none), which --flow-Gbps replaces.
     self.base_flows = base_flows or [None] * len(setups)
@@ -52,22 +55,25 @@ class Setting:
     """Whether a printed number reads ``Workload.param_dtype``: the inner
     collectives of a worker of several devices, an uncompressed gossip
     method or local sync without its own ``comm_dtype`` (a sync of
-    DiLoCo's global copy, ``message="theta"``, sends at least float32: a
-    narrower dtype changes it only where a cluster or workload file may
-    hold a wider one), or a compressed method's break-even line (priced
+    DiLoCo's global copy, ``message="theta"``, sends at least float32: the
+    flag changes it only where that differs from the workload's without
+    the flag, :func:`wire_dtype.theta_dtype_moves`), or a compressed
+    method's break-even line (priced
     against its uncompressed form: where that form reads the dtype, the
     line is computed at the given dtype and at the default and compared;
     the first is kept for printing, :meth:`break_even`)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
-    wide = any(np.dtype(w.param_dtype).itemsize > 4 for w in self.workloads)
-    files = bool(self.args.cluster or self.args.workload_file)
-    if any(m.compress is None and sends_params(m, wide, files)
+    counts = [n for n, _ in self.clusters]
+    moves = wire_dtype.theta_dtype_moves(
+        self.args, list(zip(counts, self.workloads)), self.measured,
+        self._build)
+    if any(m.compress is None and wire_dtype.sends_params(m, moves)
            for m in self.methods):
       return True
     return any(
-        m.compress is not None and sends_params(
-            recommend.uncompressed(m, c), wide, files)
+        m.compress is not None and wire_dtype.sends_params(
+            recommend.uncompressed(m, c), moves)
         and self._break_even_moves(m, c, w) for m, c, w in self.per_setup)
 
   def _break_even_moves(self, m, c, w) -> bool:
@@ -227,12 +233,3 @@ def unused_file_keys(path: str, measured: dict, setting) -> list[str]:
           if given.get(key) is not None and not rows[flag].holds(setting)]
 
 
-def sends_params(m, wide: bool, files: bool) -> bool:
-  """Whether uncompressed ``m``'s messages are its parameters in
-  ``Workload.param_dtype``: gossip or local sync without ``comm_dtype``,
-  but DiLoCo's global copy (``message="theta"``, at least float32) unless
-  a dtype is wider (``wide``) or a cluster or workload file may give one
-  (``files``)."""
-  return (m.kind in ("gossip", "local") and m.comm_dtype is None and not (
-      m.kind == "local" and m.message == "theta" and not wide
-      and not files))
