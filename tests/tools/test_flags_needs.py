@@ -419,3 +419,30 @@ def test_overlap_out_is_checked_before_compiling(
   assert err == [f"error: {says.replace('DIR', str(tmp_path))}"
                  + ("" if "exist" not in says else
                     "; give a file in an existing directory.")], err
+
+
+def test_pipelined_gossip_without_in_flight_fractions_is_refused(monkeypatch):
+  """``dadam:pipelined=1`` differs from ``dadam`` only in hiding the
+  optimizer's update inside the in-flight window: without fractions the
+  tables are the same, so the key is refused; with them it is read."""
+  base = ["--preset", "A40", "--n-workers", "16", "--methods",
+          "all_reduce,dadam"]
+  piped = ["--preset", "A40", "--n-workers", "16", "--methods",
+           "all_reduce,dadam:pipelined=1"]
+  code, _, err = _predict(piped)
+  assert code == 2 and "pipelined=1 has no effect" in err, err
+  assert "--gossip-in-flight" in err
+  # The rule switched off: the numbers are those of plain dadam.
+  monkeypatch.setattr(predict.predict_needs, "check_pipelined",
+                      lambda s: None)
+  assert _values(_predict(piped)[1]) == _values(_predict(base)[1])
+  monkeypatch.undo()
+  fractions = ["--gossip-in-flight", "0.5,0.5"]
+  code, numbers, err = _predict(piped + fractions)
+  assert code == 0, err
+  assert _values(numbers) != _values(_predict(base + fractions)[1])
+
+
+def _values(lines):
+  """The words of ``lines`` but the method labels (which spell the spec)."""
+  return [t for line in lines for t in line.split() if "dadam" not in t]

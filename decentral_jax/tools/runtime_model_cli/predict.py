@@ -70,6 +70,7 @@ def run(args) -> int:
       _base_flow(args, n, measured) for n, _, _ in setups], measured,
       _cluster_and_workload)
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
+  predict_needs.check_pipelined(setting)
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
     for line in predict_needs.unused_file_keys(args.cluster, measured, setting):

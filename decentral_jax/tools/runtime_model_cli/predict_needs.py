@@ -218,6 +218,29 @@ NEEDS = (
 )
 
 
+def check_pipelined(setting: Setting) -> None:
+  """Refuses ``pipelined=1`` on an uncompressed gossip spec of
+  ``--methods`` where no workload has in-flight fractions: the pipelined
+  round differs from the default one only in hiding the optimizer's
+  update too (:mod:`~decentral_jax.runtime_model.in_flight`), which only
+  ``Workload.gossip_in_flight`` prices.
+
+  Raises:
+    ValueError: one line naming the spec, ``pipelined=1`` and the fix.
+  """
+  if any(w.gossip_in_flight is not None for w in setting.workloads):
+    return
+  for m in setting.methods:
+    if m.pipelined:
+      raise ValueError(
+          f"--methods {m.name!r}: pipelined=1 has no effect without "
+          "in-flight fractions (a round already hides behind the next "
+          "forward and backward; pipelining also hides the optimizer's "
+          "update, which only --gossip-in-flight or a workload file's "
+          "gossip_in_flight prices); give --gossip-in-flight or drop "
+          "pipelined=1.")
+
+
 def unused_file_keys(path: str, measured: dict, setting) -> list[str]:
   """A ``warning:`` line per optional key of a cluster file that has no
   effect in ``setting`` (a :class:`Setting`), where the equivalent flag
