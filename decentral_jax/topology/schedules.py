@@ -277,16 +277,27 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
     A :class:`Topology` (through :func:`from_matrices`).
 
   Raises:
-    ValueError: an entry of a ``perm`` that is not an int in ``[0, n)`` (a
+    ValueError: ``rounds`` empty or not a list, a round without terms, an
+      entry of a ``perm`` that is not an int in ``[0, n)`` (a
       float such as 1.5 or a bool; the message names ``rounds[r][s]``), a
       ``perm`` that is not a bijection of ``0..n-1`` (the message names the
       repeated or missing worker), a weight that is not a finite number, or
       a resulting matrix that is not doubly stochastic.
   """
+  if isinstance(rounds, (str, bytes)) or not hasattr(rounds, "__iter__"):
+    raise ValueError("from_permutations: rounds must be a list of rounds, "
+                     "each a list of (perm, weight) terms, got "
+                     f"{type(rounds).__name__}.")
+  rounds = list(rounds)
+  if not rounds:
+    raise ValueError("from_permutations: rounds is empty; give at least one "
+                     "permutation (rounds=[[(perm, 1.0)]] for one round).")
   mats = []
   for r, terms in enumerate(rounds):
-    if not terms:
-      raise ValueError(f"round {r} has no (perm, weight) terms.")
+    if isinstance(terms, (str, bytes)) or not hasattr(terms, "__len__") \
+        or not terms:
+      raise ValueError(f"from_permutations: rounds[{r}] is {terms!r}; give "
+                       "a list of at least one (perm, weight) term.")
     n = len(_permutation_term(terms[0], f"rounds[{r}][0]")[0])
     w = np.zeros((n, n))
     for s, term in enumerate(terms):
