@@ -56,6 +56,7 @@ import numpy as np
 from decentral_jax import checks
 from decentral_jax.topology.rounds import TOL
 from decentral_jax.topology.rounds import check_matrices_argument
+from decentral_jax.topology.rounds import check_rounds_argument
 from decentral_jax.topology.rounds import Round
 from decentral_jax.topology.rounds import validate_matrix
 from decentral_jax.topology.spectral import apply_period
@@ -284,20 +285,8 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
       repeated or missing worker), a weight that is not a finite number, or
       a resulting matrix that is not doubly stochastic.
   """
-  if isinstance(rounds, (str, bytes)) or not hasattr(rounds, "__iter__"):
-    raise ValueError("from_permutations: rounds must be a list of rounds, "
-                     "each a list of (perm, weight) terms, got "
-                     f"{type(rounds).__name__}.")
-  rounds = list(rounds)
-  if not rounds:
-    raise ValueError("from_permutations: rounds is empty; give at least one "
-                     "permutation (rounds=[[(perm, 1.0)]] for one round).")
   mats = []
-  for r, terms in enumerate(rounds):
-    if isinstance(terms, (str, bytes)) or not hasattr(terms, "__len__") \
-        or not terms:
-      raise ValueError(f"from_permutations: rounds[{r}] is {terms!r}; give "
-                       "a list of at least one (perm, weight) term.")
+  for r, terms in enumerate(check_rounds_argument(rounds)):
     n = len(_permutation_term(terms[0], f"rounds[{r}][0]")[0])
     w = np.zeros((n, n))
     for s, term in enumerate(terms):
