@@ -24,7 +24,10 @@ Delta_m^(j) = 0`` for ``j <= 0``, ``d >= 1`` the latency in rounds and
   sync ``j`` (``1/M`` for the mean: ``Delta~_m^(k) = Delta^(k-d) + (1/M)
   (Delta_m^(k) - Delta_m^(k-d))``; ``W_j[m, m]`` with a topology). Rounds
   ``k <= d`` step on ``w_m Delta_m^(k)`` alone (the paper's first-round
-  convention). With ``M = 1`` it is plain DiLoCo bit for bit.
+  convention). With ``M = 1`` it is plain DiLoCo bit for bit when each
+  compiled program holds one step (one jitted step per call, as the runner
+  does, or the steps in a ``lax`` loop); several steps unrolled by a Python
+  loop in one jitted program may differ by an ulp (XLA fuses across steps).
 
 Trickled reduction (``trickle=True``) makes the overlap real inside one
 jitted SPMD step: the own pseudo-gradients of the last sync are held
@@ -37,7 +40,10 @@ sync, the whole reduction is there. Every step sends ``|B| / H`` elements;
 no collective sits inside a conditional. Without it (``trickle=False``) the
 reduction runs at once inside the sync step's conditional, as plain DiLoCo's
 does; both give bit-identical results on XLA:CPU (each reduction is
-elementwise, the same sums in the same order).
+elementwise, the same sums in the same order) with one step per compiled
+program or a ``lax`` loop, and may differ by an ulp where a Python loop
+unrolls several steps in one jitted program
+(``tests/optim/test_outer_timing_program_shape.py``).
 
 The buffers (:class:`InFlight`) live in the optax state and hence in
 checkpoints: a run resumes bit-exactly mid-round and at a sync step.

@@ -13,16 +13,19 @@ Everything is checked before any compile, each failure one line naming the
 model or the source and what was expected: a batch of step 0 that is not a
 tuple of numeric arrays ``[n_workers, local_batch, ...]``, evaluation
 examples of other shapes or dtypes than the training ones, fewer examples
-than one step (or the evaluation set) needs, and a loss that is not a float
+than one step (or the evaluation set) needs, a parameter leaf of ``init``
+that is not a float array or has no elements, and a loss that is not a float
 scalar (traced with ``jax.eval_shape``, nothing compiled). Later batches are
 compared with step 0's shapes and dtypes as they are read.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_dict
 
@@ -241,6 +244,27 @@ def _check_loss(model, params, batch, what: str, key) -> bool:
   return "accuracy" in aux
 
 
+def _check_params(params, what: str) -> None:
+  """Each parameter leaf (from ``jax.eval_shape`` of ``init``) must be a
+  float array of at least one element: gradients are taken of every leaf,
+  and a zero-size array cannot be checkpointed."""
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    where = f"{what}: init's parameter leaf {jax.tree_util.keystr(path)}"
+    dtype, shape = getattr(leaf, "dtype", None), getattr(leaf, "shape", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+      got = (f"{np.dtype(dtype).name}{list(shape)}" if dtype is not None
+             else type(leaf).__name__)
+      raise ValueError(
+          f"{where} is {got}; every leaf must be a float array (gradients "
+          "are taken of all of them): cast it (.astype(jnp.float32)) or "
+          "keep integer values out of the parameters.")
+    if math.prod(shape) == 0:
+      raise ValueError(
+          f"{where} has shape {list(shape)} (no elements), which can be "
+          "neither trained nor checkpointed; leave it out of the "
+          "parameters.")
+
+
 def _normalised_loss(loss: Callable) -> Callable:
   def task_loss(params, batch, key):
     out = loss(params, batch, key)
@@ -285,6 +309,7 @@ def custom_task(config: config_dict.ConfigDict, n_workers: int,
     return model.init(key, one)
 
   params = jax.eval_shape(init_params, jax.random.key(0))
+  _check_params(params, name)
   key = jax.random.key(1) if bool(config.model.needs_key) else None
   accuracy = _check_loss(model, params, one, name, key)
   return task_type(init_params, _normalised_loss(model.loss),

@@ -18,6 +18,12 @@ from decentral_jax import checks
 
 # Largest integer field value: step counters and sizes are int32 on device.
 INT_MAX = checks.INT32_MAX
+#: Upper bound of the learning rates (inner and outer), the weight decay
+#: (as the learners' ``--inner-lr``) and the factors that scale a learning
+#: rate (Muon's ``consistent_rms``, ``adam_lr_ratio``): a larger value only
+#: diverges, so it is refused as a typo before training instead of stopping
+#: at a non-finite loss.
+MAX_LR = 1e3
 
 
 def choice(value, name: str, allowed) -> str:

@@ -108,10 +108,9 @@ def _features(name, value):
 
 # Every field of base_config() outside `model`, `data.source` and
 # `distributed` (see check_distributed), checked in this order.
-#: Upper bound of the learning rates (inner and outer) and the weight decay
-#: (as the learners' ``--inner-lr``): a larger value only diverges, so it is refused as a
-#: typo before training instead of stopping at a non-finite loss.
-MAX_LR = 1e3
+#: Upper bound of the learning rates and the weight decay (see
+#: :data:`field_checks.MAX_LR`).
+MAX_LR = field_checks.MAX_LR
 
 RULES = {
     "algorithm": lambda name, value: field_checks.choice(

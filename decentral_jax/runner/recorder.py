@@ -79,14 +79,17 @@ class Window:
 def _fields_at_fault(c) -> str:
   """The fields most likely at fault for a non-finite loss, with their
   values: the peak learning rate, the outer learning rate (a method with
-  an outer optimizer) and the gradient clip."""
+  an outer optimizer), the factors of the inner learning rate (Muon's,
+  with MuLoCo) and the gradient clip."""
   if c is None:
     return "Lower config.schedule.peak_lr or enable config.grad_clip."
   peak, clip = float(c.schedule.peak_lr), float(c.grad_clip)
-  outer = " "
-  if "outer_optimizer.lr" in methods.lookup(c.algorithm).fields:
-    outer = (f", config.outer_optimizer.lr (now "
-             f"{float(c.outer_optimizer.lr):g}), ")
+  read = methods.lookup(c.algorithm).fields
+  outer = "".join(
+      f", config.{f} (now {float(c[f.split('.')[0]][f.split('.')[1]]):g})"
+      for f in ("muon.consistent_rms", "muon.adam_lr_ratio",
+                "outer_optimizer.lr") if f in read)
+  outer = f"{outer}, " if outer else " "
   return (f"Lower config.schedule.peak_lr (now {peak:g}){outer}or "
           + ("enable config.grad_clip (now 0: off)." if clip == 0 else
              f"lower config.grad_clip (now {clip:g})."))

@@ -325,7 +325,8 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   topology (``alternating_exp_ring``, the only one whose rounds depend on
   it); ``worker_layout`` with ``devices_per_worker = 1``;
   ``outer_optimizer.momentum`` and ``nesterov`` with
-  ``outer_optimizer.name = "adam"``; ``outer_latency`` and
+  ``outer_optimizer.name = "adam"``, ``nesterov`` with
+  ``outer_optimizer.momentum = 0``; ``outer_latency`` and
   ``trickle_reduction`` with ``outer_overlap = "none"``;
   ``schedule.final_lr`` unless ``schedule.name = "warmup_cosine"``;
   ``schedule.warmup_steps`` with ``schedule.name = "constant"``; the other
@@ -364,6 +365,10 @@ def unread_reason(config: config_dict.ConfigDict, field: str) -> str | None:
   if field in ("outer_optimizer.momentum", "outer_optimizer.nesterov") and \
       c.outer_optimizer.name == "adam":
     return "config.outer_optimizer.name='adam' (Adam with its default betas)"
+  if field == "outer_optimizer.nesterov" and \
+      float(c.outer_optimizer.momentum) == 0:
+    return ("config.outer_optimizer.momentum=0.0 (Nesterov without momentum "
+            "is plain SGD)")
   if field == "workers_per_node" and not (
       entry.uses_topology and
       topology_lib.canonical_name(c.topology) in _NODE_TOPOLOGIES):

@@ -349,6 +349,29 @@ def check_column_sums(w, where: str) -> None:
         "sends; together it must be all of its mass).")
 
 
+def check_rounds_argument(rounds) -> list:
+  """``from_permutations``' ``rounds`` as a list: a non-empty iterable of
+  rounds, each a non-empty list of ``(perm, weight)`` terms.
+
+  Raises:
+    ValueError: naming ``from_permutations``, the argument and the fix.
+  """
+  if isinstance(rounds, (str, bytes)) or not hasattr(rounds, "__iter__"):
+    raise ValueError("from_permutations: rounds must be a list of rounds, "
+                     "each a list of (perm, weight) terms, got "
+                     f"{type(rounds).__name__}.")
+  rounds = list(rounds)
+  if not rounds:
+    raise ValueError("from_permutations: rounds is empty; give at least one "
+                     "permutation (rounds=[[(perm, 1.0)]] for one round).")
+  for r, terms in enumerate(rounds):
+    if isinstance(terms, (str, bytes)) or not hasattr(terms, "__len__") \
+        or not terms:
+      raise ValueError(f"from_permutations: rounds[{r}] is {terms!r}; give "
+                       "a list of at least one (perm, weight) term.")
+  return rounds
+
+
 def check_matrices_argument(matrices, name) -> None:
   """``from_matrices``' arguments: a string ``name`` and an iterable of
   matrices, not one bare matrix (its rows would be read as 1-worker

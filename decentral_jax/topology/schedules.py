@@ -56,6 +56,7 @@ import numpy as np
 from decentral_jax import checks
 from decentral_jax.topology.rounds import TOL
 from decentral_jax.topology.rounds import check_matrices_argument
+from decentral_jax.topology.rounds import check_rounds_argument
 from decentral_jax.topology.rounds import Round
 from decentral_jax.topology.rounds import validate_matrix
 from decentral_jax.topology.spectral import apply_period
@@ -277,16 +278,15 @@ def from_permutations(rounds: Sequence[Sequence[tuple[Sequence[int], float]]],
     A :class:`Topology` (through :func:`from_matrices`).
 
   Raises:
-    ValueError: an entry of a ``perm`` that is not an int in ``[0, n)`` (a
+    ValueError: ``rounds`` empty or not a list, a round without terms, an
+      entry of a ``perm`` that is not an int in ``[0, n)`` (a
       float such as 1.5 or a bool; the message names ``rounds[r][s]``), a
       ``perm`` that is not a bijection of ``0..n-1`` (the message names the
       repeated or missing worker), a weight that is not a finite number, or
       a resulting matrix that is not doubly stochastic.
   """
   mats = []
-  for r, terms in enumerate(rounds):
-    if not terms:
-      raise ValueError(f"round {r} has no (perm, weight) terms.")
+  for r, terms in enumerate(check_rounds_argument(rounds)):
     n = len(_permutation_term(terms[0], f"rounds[{r}][0]")[0])
     w = np.zeros((n, n))
     for s, term in enumerate(terms):

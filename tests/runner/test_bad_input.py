@@ -146,6 +146,17 @@ def test_a_non_finite_loss_names_the_fields_at_fault_with_their_values():
   assert text.endswith("Lower config.schedule.peak_lr (now 0.5), "
                        "config.outer_optimizer.lr (now 0.7), or lower "
                        "config.grad_clip (now 2.5)."), text
+  # MuLoCo: Muon's factors of the inner learning rates too.
+  muloco = make_config(**{"schedule.peak_lr": 0.5, "grad_clip": 2.5,
+                          "algorithm": "muloco", "outer_optimizer.lr": 0.7,
+                          "muon.consistent_rms": 0.25,
+                          "muon.adam_lr_ratio": 3.0})
+  text = str(recorder.non_finite_error(2, metrics, NoCheckpoint(), muloco))
+  assert text.endswith("Lower config.schedule.peak_lr (now 0.5), "
+                       "config.muon.consistent_rms (now 0.25), "
+                       "config.muon.adam_lr_ratio (now 3), "
+                       "config.outer_optimizer.lr (now 0.7), or lower "
+                       "config.grad_clip (now 2.5)."), text
 
 
 @pytest.mark.parametrize("field, value, model", BAD_FIELDS)

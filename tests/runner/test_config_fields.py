@@ -488,3 +488,26 @@ def test_disabled_fault_fields_are_refused(field, value):
   c.faults[field] = value
   with pytest.raises(ValueError, match=f"config.faults.{field}"):
     validation.check_config(c)
+
+
+def test_nesterov_is_refused_without_outer_momentum():
+  """Nesterov SGD with momentum 0 is plain SGD: optax's updates agree."""
+  import optax
+  g = {"w": np.arange(3.0, dtype=np.float32)}
+  a, b = (optax.sgd(0.7, momentum=None, nesterov=n) for n in (True, False))
+  ua, _ = a.update(g, a.init(g))
+  ub, _ = b.update(g, b.init(g))
+  np.testing.assert_array_equal(ua["w"], ub["w"])
+  config = _config("gpt", "diloco", **{"outer_optimizer.momentum": 0.0,
+                                       "outer_optimizer.nesterov": False})
+  with pytest.raises(ValueError, match=(
+      r"config.outer_optimizer.nesterov=False has no effect with "
+      r"config.outer_optimizer.momentum=0.0 .*--config.outer_optimizer."
+      r"nesterov=True")):
+    validation.check_config(config)
+  # Momentum 0 alone (plain SGD outer step) and nesterov=False with
+  # momentum stay valid.
+  validation.check_config(_config("gpt", "diloco",
+                                  **{"outer_optimizer.momentum": 0.0}))
+  validation.check_config(_config("gpt", "diloco",
+                                  **{"outer_optimizer.nesterov": False}))

@@ -31,11 +31,17 @@ _Y = (_X @ np.array([1.0, -2.0, 0.5], np.float32)).astype(np.float32)
 EXAMPLES = [(_X[i], _Y[i]) for i in range(SIZE)]
 
 
-def make_linear(scale=0.0):
-  """A linear model w [D] with the mean squared error."""
+def make_linear(scale=0.0, extra=""):
+  """A linear model w [D] with the mean squared error (``extra``: one more
+  parameter leaf, an int32 ``"int"`` or a zero-size ``"empty"`` one)."""
   def init(key, batch):
     x, _ = batch
-    return {"w": scale * jax.random.normal(key, (x.shape[-1],))}
+    params = {"w": scale * jax.random.normal(key, (x.shape[-1],))}
+    if extra == "int":
+      params["layer"] = {"count": jax.numpy.zeros((2,), jax.numpy.int32)}
+    if extra == "empty":
+      params["e"] = jax.numpy.zeros((3, 0))
+    return params
 
   def loss(params, batch, key):
     del key
@@ -192,6 +198,12 @@ def test_names_that_do_not_resolve_are_refused_by_the_config_check(
     ({"model.name": "test_vector_loss"},
      "model 'test_vector_loss': the loss returned float32[2], expected a "
      "float scalar"),
+    ({"model.options.extra": "int"},
+     "model 'test_linear': init's parameter leaf ['layer']['count'] is "
+     "int32[2]; every leaf must be a float array"),
+    ({"model.options.extra": "empty"},
+     "model 'test_linear': init's parameter leaf ['e'] has shape [3, 0] (no "
+     "elements)"),
     ({"data.options.bad": "short"},
      "data source 'test_examples' has 7 training examples, fewer than one "
      "step needs (4 workers x 2 = 8)"),

@@ -75,9 +75,15 @@ def test_the_shipped_config_is_valid_and_priced():
     (("--config.muon.beta=1.0",), "config.muon.beta must be a finite number "
      "in [0, 1)"),
     (("--config.muon.consistent_rms=-1.0",), "config.muon.consistent_rms "
-     "must be a finite number >= 0"),
+     "must be a finite number in [0, 1000]"),
     (("--config.muon.adam_lr_ratio=0.0",), "config.muon.adam_lr_ratio must "
-     "be a finite number > 0"),
+     "be a finite number in (0, 1000]"),
+    # Factors of a learning rate, bounded as the rates are (1e300 passed and
+    # the run diverged at step 1 naming other fields).
+    (("--config.muon.consistent_rms=1e300",), "config.muon.consistent_rms "
+     "must be a finite number in [0, 1000], got 1e"),
+    (("--config.muon.adam_lr_ratio=1000.5",), "config.muon.adam_lr_ratio "
+     "must be a finite number in (0, 1000], got 1000.5"),
     (("--config.num_fragments=5",), "config.num_fragments=5 exceeds "
      "config.sync_every=4"),
     (("--config.overlap_steps=1",), "config.overlap_steps=1 has no effect "
@@ -94,6 +100,11 @@ def test_bad_fields_are_refused_by_name(extra, words):
   with pytest.raises(ValueError, match=words.replace("[", r"\[")
                      .replace("(", r"\(").replace(")", r"\)")):
     validation.check_config(_config(*extra))
+
+
+def test_the_rate_factors_accept_their_bound():
+  validation.check_config(_config("--config.muon.consistent_rms=1000.0",
+                                  "--config.muon.adam_lr_ratio=1000.0"))
 
 
 def test_the_other_leaves_take_the_runs_adam():

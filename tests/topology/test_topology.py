@@ -342,3 +342,15 @@ def test_from_permutations():
   with pytest.raises(ValueError, match=r"rounds\[0\]\[0\] perm\[2\] must be "
                      r"an int >= 0 and <= 2, got 3"):  # out of range
     topology.from_permutations([[([0, 1, 3], 1.0)]])
+
+
+@pytest.mark.parametrize("rounds, message", [
+    ([], "from_permutations: rounds is empty; give at least one permutation"),
+    (3, "from_permutations: rounds must be a list of rounds"),
+    ([[([0, 1], 1.0)], []], "from_permutations: rounds[1] is []; give a "
+     "list of at least one (perm, weight) term"),
+])
+def test_from_permutations_names_itself_and_the_argument(rounds, message):
+  with pytest.raises(ValueError) as info:
+    topology.from_permutations(rounds)
+  assert str(info.value).startswith(message), str(info.value)

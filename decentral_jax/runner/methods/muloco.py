@@ -49,11 +49,12 @@ CONFIG_FIELDS = {
         0.95, field_checks.real(0.0, 1.0),
         "muloco: Muon's (Nesterov) momentum, in [0, 1)"),
     "muon.consistent_rms": registry.ConfigField(
-        0.2, field_checks.real(0.0),
+        0.2, field_checks.real(0.0, field_checks.MAX_LR, hi_closed=True),
         "muloco: RMS of Muon's update per unit learning rate (0.2: AdamW's; "
         "0: Muon's width scaling sqrt(max(1, fan_out / fan_in)))"),
     "muon.adam_lr_ratio": registry.ConfigField(
-        1.0, field_checks.real(0.0, lo_open=True),
+        1.0, field_checks.real(0.0, field_checks.MAX_LR, lo_open=True,
+                               hi_closed=True),
         "muloco: learning rate of the AdamW leaves (embeddings, scales, "
         "biases) over Muon's"),
 }
