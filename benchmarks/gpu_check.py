@@ -66,7 +66,7 @@ workload read from the first compiled program
 --workload-file`` reads.
 
 On a CPU without ``--deviceless``, ``--smoke`` shrinks the timing model
-and runs ``schedule`` and ``gossip_timing`` on 8 simulated CPU devices
+(4 sequences per step unless ``--batch`` says otherwise) and runs ``schedule`` and ``gossip_timing`` on 8 simulated CPU devices
 (XLA:CPU's collectives are synchronous and its HLO is not scheduled: a
 check of the script, not of overlap).
 """
@@ -128,8 +128,13 @@ def peak_flops(device_kind: str) -> float | None:
   return None
 
 
+SMOKE_BATCH = 4  # --smoke: sequences per step when --batch is 0
+
+
 def _gpt_cfg(args, n_layer=None):
-  """(GPTConfig, run config, sequences per step) of the decentralized run."""
+  """(GPTConfig, run config, sequences per step) of the decentralized run;
+  the sequences per step are ``--batch`` when given (> 0), else the
+  config's per-worker batch (SMOKE_BATCH under ``--smoke``)."""
   from decentral_jax.runner import config
   from decentral_jax.models import gpt
   import jax.numpy as jnp
@@ -138,7 +143,7 @@ def _gpt_cfg(args, n_layer=None):
   if args.smoke:
     return gpt.GPTConfig(vocab_size=256, block_size=64, n_layer=n_layer or 2,
                          n_head=4, n_embd=128, bias=False, dropout=0.0,
-                         dtype=jnp.float32), c, 4
+                         dtype=jnp.float32), c, args.batch or SMOKE_BATCH
   return gpt.GPTConfig(
       vocab_size=m.vocab_size, block_size=m.block_size,
       n_layer=n_layer or m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
@@ -829,7 +834,8 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--smoke", action="store_true",
                   help="tiny timing model (CPU check of the script itself)")
   ap.add_argument("--batch", type=int, default=0,
-                  help="sequences per step (default: the config's 30)")
+                  help="sequences per step (default: the config's 30, "
+                  "4 under --smoke)")
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--steps", type=int, default=5, help="steps per repeat")
   ap.add_argument("--repeats", type=int, default=5)

@@ -231,3 +231,13 @@ def test_cpu_smoke_run_says_it_did_not_run_on_a_gpu(tmp_path):
   for key in ("gossip_ms_per_step", "no_gossip_ms_per_step",
               "pipelined_ms_per_step"):
     assert g[key] > 0, g
+
+
+@pytest.mark.parametrize("batch, expected", [(1, 1), (64, 64), (0, 4)])
+def test_smoke_timing_uses_the_batch_flag(batch, expected):
+  """--smoke --batch 1 and --batch 64 both timed 4 sequences per step."""
+  gpu_check = _script()
+  args = gpu_check.parse_args(["--part", "timing", "--smoke", "--batch",
+                               str(batch)])
+  cfg, _, sequences = gpu_check._gpt_cfg(args)
+  assert (sequences, cfg.n_layer) == (expected, 2)
