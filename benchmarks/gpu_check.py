@@ -705,6 +705,19 @@ def check_topology(spec: str) -> None:
                      f"at most {MAX_TOPOLOGY_GPUS}, such as 1x1x8 or 2x1x4.")
 
 
+def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
+  """Raises ValueError when ``--json`` or ``--workload`` names the
+  ``--config`` or ``--deviceless`` file, or both name one file
+  (:func:`decentral_jax.tools.distinct_paths.check_distinct_paths`)."""
+  from decentral_jax.tools import distinct_paths
+  txtpb = args.deviceless if (args.deviceless or "").endswith(".txtpb") \
+      else None
+  distinct_paths.check_distinct_paths(
+      [("--json", args.json), ("--workload", args.workload)],
+      [("--config", distinct_paths.config_file(args.config)),
+       ("--deviceless", txtpb)])
+
+
 def check_flags(args: argparse.Namespace) -> None:
   """Checks the latency-profile flags, in the units typed; ``--cluster``
   becomes the preset's own spelling (case ignored, as
@@ -718,7 +731,8 @@ def check_flags(args: argparse.Namespace) -> None:
       > 0, or without ``--cluster`` or ``--collective_us``; the numbers of
       :func:`check_numbers`, ``--programs`` (:func:`parse_programs`),
       ``--topology`` (:func:`check_topology`) or ``--json`` (a folder that
-      does not exist, not writable) bad.
+      does not exist, not writable) bad; an output naming an input or the
+      other output (:func:`check_outputs_are_not_inputs`).
   """
   from decentral_jax.runtime_model import presets
   from decentral_jax.tools.runtime_model_cli import inputs
@@ -728,6 +742,7 @@ def check_flags(args: argparse.Namespace) -> None:
     check_topology(args.topology)
   inputs.check_output_path(args.json, "--json")
   inputs.check_output_path(args.workload, "--workload")
+  check_outputs_are_not_inputs(args)
   given = [f for f, v in (("--cluster", args.cluster),
                           ("--collective_us", args.collective_us),
                           ("--compute_ms", args.compute_ms)) if v is not None]

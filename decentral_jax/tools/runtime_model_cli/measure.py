@@ -34,6 +34,7 @@ import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.tools.runtime_model_cli import inputs
+from decentral_jax.tools import distinct_paths
 
 
 def _timed(fn, *args, repeats: int) -> list[float]:
@@ -248,6 +249,9 @@ def run(args) -> int:
   from decentral_jax.parallel import multiprocess
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   inputs.check_output_path(args.out, "--out")
+  distinct_paths.check_distinct_paths(
+      [("--out", args.out)],
+      [("--config", distinct_paths.config_file(args.config, presets.PRESETS))])
   if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
     raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
                      f"timings), got {args.repeats}.")
