@@ -84,6 +84,13 @@ def check_cpu_devices(n: int, source: str) -> None:
   raise SystemExit(2)
 
 
+def make_parent_dir(path: str) -> None:
+  """Creates the folder an output file ``path`` goes in; a bare file name
+  (``vs.jsonl``) goes in the current directory, which exists
+  (``os.makedirs("")`` raised FileNotFoundError)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+
+
 def machine_info() -> dict[str, Any]:
   """Date, CPU model, core count, memory, Python/JAX versions, devices."""
   import jax

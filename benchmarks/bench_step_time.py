@@ -190,7 +190,7 @@ def main(argv=None):
         "times_s": r["times"]})
   print()
   print(_common.format_table(_table(records), TABLE_COLS))
-  os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  _common.make_parent_dir(args.json)
   with open(args.json, "w") as f:
     json.dump({"machine": info, "args": vars(args), "rows": records}, f,
               indent=1)

@@ -54,3 +54,28 @@ def test_bench_communication_refuses_before_any_work():
   assert r.returncode == 2, r.stderr[-2000:]
   assert "Traceback" not in r.stderr and "machine:" not in r.stdout
   assert "but --n_workers=16 needs 16" in r.stderr
+
+
+def test_an_output_given_as_a_bare_file_name_goes_in_the_current_dir(
+    tmp_path, monkeypatch):
+  """bench_vs_decentdp --out vs.jsonl and bench_step_time --json step.json
+  raised FileNotFoundError from os.makedirs('') (the latter after all its
+  timing work)."""
+  monkeypatch.chdir(tmp_path)
+  _common.make_parent_dir("vs.jsonl")  # no error, nothing made
+  assert os.listdir(tmp_path) == []
+  _common.make_parent_dir(os.path.join("a", "b", "step.json"))
+  assert os.path.isdir(tmp_path / "a" / "b")
+
+
+def test_no_benchmark_makes_an_output_folder_by_hand():
+  """Every output folder is made by _common.make_parent_dir, which takes a
+  bare file name."""
+  bad = []
+  for folder in ("benchmarks", os.path.join("benchmarks", "studies")):
+    for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+      if name.endswith(".py") and name != "_common.py":
+        with open(os.path.join(ROOT, folder, name)) as f:
+          if "makedirs(os.path.dirname(" in f.read():
+            bad.append(name)
+  assert not bad, bad
