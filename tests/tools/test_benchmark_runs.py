@@ -79,3 +79,72 @@ def test_no_benchmark_makes_an_output_folder_by_hand():
           if "makedirs(os.path.dirname(" in f.read():
             bad.append(name)
   assert not bad, bad
+
+
+# The scripts set XLA_FLAGS when imported: loaded in a child process with
+# that stubbed, each argv parsed (nothing runs); prints [code, stderr].
+_PARSE_CHILD = r"""
+import contextlib, importlib.util, io, json, os, sys
+bench, name, argv = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sys.path.insert(0, bench)
+import _common
+_common.set_cpu_devices = lambda *a, **k: None
+spec = importlib.util.spec_from_file_location(name, os.path.join(
+    bench, name + ".py"))
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+out = []
+for args in argv:
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    try:
+      module.parse_args(args)
+      code = 0
+    except SystemExit as e:
+      code = e.code
+  out.append([code, err.getvalue().strip().splitlines()])
+print(json.dumps(out))
+"""
+
+
+def _parse(name: str, argvs: list, tmp_path) -> list:
+  import json
+  r = subprocess.run(
+      [sys.executable, "-c", _PARSE_CHILD, os.path.join(ROOT, "benchmarks"),
+       name, json.dumps(argvs)], capture_output=True, text=True, timeout=300,
+      env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"),
+      cwd=tmp_path, check=False)
+  assert r.returncode == 0, r.stderr[-2000:]
+  rows = json.loads(r.stdout.strip().splitlines()[-1])
+  # one line each; the parser adds "(see PROG --help)"
+  return [[code, [e.split(" (see ")[0] for e in err]] for code, err in rows]
+
+
+def test_a_global_batch_the_workers_cannot_share_is_one_line(tmp_path):
+  """bench_convergence --global_batch 7 and bench_evidence --part scale
+  --workers 3 ended in validation.py's traceback naming
+  --config.global_batch, a flag these scripts do not have."""
+  out = str(tmp_path / "o.jsonl")
+  conv = _parse("bench_convergence", [
+      ["--global_batch", "7", "--plan", "8", "--out", out],
+      ["--global_batch", "24", "--out", out],  # 8 divides it, 16 does not
+      ["--global_batch", "24", "--plan", "8", "--out", out],
+      ["--global_batch", "48", "--out", out]], tmp_path)
+  assert conv[0] == [2, [
+      "error: --global_batch 7 is not divisible by the worker counts of "
+      "--plan 8 (8; the global batch is split evenly across workers); use "
+      "e.g. --global_batch 8 or 16."]]
+  assert conv[1] == [2, [
+      "error: --global_batch 24 is not divisible by the worker counts of "
+      "--plan full (8, 16; the global batch is split evenly across "
+      "workers); use e.g. --global_batch 16 or 32."]]
+  assert conv[2] == [0, []] and conv[3] == [0, []]
+  ev = _parse("bench_evidence", [
+      ["--part", "scale", "--workers", "8", "3", "--out", out],
+      ["--part", "scale", "--workers", "1", "64", "--out", out],
+      ["--part", "main", "--out", out]], tmp_path)
+  assert ev[0] == [2, [
+      "error: --workers 3: --part scale splits its global batch of 64 "
+      "sequences evenly across the workers; give worker counts that divide "
+      "it (1, 2, 4, 8, 16, 32, 64)."]]
+  assert ev[1] == [0, []] and ev[2] == [0, []]
