@@ -123,15 +123,15 @@ def xla_options(texts: list[str]) -> dict:
 
 def check_xla_bounds(key: str, value) -> None:
   """Refuses an ``--xla`` value of an option a flag of this command also
-  sets outside that flag's bounds: :data:`OVERLAP_LIMIT_OPTION` an int in
-  ``[1, MAX_OVERLAP_LIMIT]`` (``--overlap_limit``'s bound; below 1 XLA's
-  GPU scheduler aborts the process: its collective-broadcast limit, 1,
-  may not exceed it)."""
-  if key != OVERLAP_LIMIT_OPTION:
-    return
+  sets outside that flag's bounds: :data:`OVERLAP_LIMIT_OPTION`, a whole
+  number, in ``[1, MAX_OVERLAP_LIMIT]`` (``--overlap_limit``'s bound;
+  below 1 XLA's GPU scheduler aborts the process: its collective-broadcast
+  limit, 1, may not exceed it). Other text is left to XLA's parser."""
   n = _as_int(value)
-  if isinstance(value, bool) or not isinstance(n, int) or not (
-      1 <= n <= MAX_OVERLAP_LIMIT):
+  if key != OVERLAP_LIMIT_OPTION or isinstance(value, bool) or not \
+      isinstance(n, int):  # not a whole number: XLA's parser refuses it
+    return
+  if not 1 <= n <= MAX_OVERLAP_LIMIT:
     raise ValueError(f"--xla {key}={value} must be an int in [1, "
                      f"{MAX_OVERLAP_LIMIT}] (as --overlap_limit; XLA aborts "
                      "below 1); give one in that range or use "

@@ -119,7 +119,7 @@ def test_a_target_file_is_hopper_from_compute_capability_9(
           ("a100_sxm_80", "h100_sxm", "h200")] == [False, True, True]
 
 
-@pytest.mark.parametrize("value", ["-5", "0", "65", "1.5", "true"])
+@pytest.mark.parametrize("value", ["-5", "0", "65", "-0"])
 def test_the_xla_spelling_of_the_overlap_limit_takes_its_bounds(
     capsys, tmp_path, no_compile, value):
   """-5 and 0 passed the checks and aborted XLA at the first GPU compile
