@@ -19,8 +19,14 @@ from typing import Any, Callable
 PyTree = Any
 
 
-def set_cpu_devices(n: int, single_thread_eigen: bool = False) -> None:
+def set_cpu_devices(n: int, single_thread_eigen: bool = False,
+                    source: str | None = None) -> None:
   """Asks XLA for ``n`` simulated CPU devices; call before importing jax.
+
+  A count the environment already sets (``XLA_FLAGS``'
+  ``--xla_force_host_platform_device_count`` or ``JAX_NUM_CPU_DEVICES``) is
+  kept; with ``source`` given, fewer than ``n`` is refused at once
+  (:func:`check_cpu_devices`).
 
   Args:
     n: number of simulated CPU devices.
@@ -29,9 +35,12 @@ def set_cpu_devices(n: int, single_thread_eigen: bool = False) -> None:
       devices themselves still run concurrently). With many simulated
       devices on few cores this avoids oversubscribing the cores, the
       analogue of ``OMP_NUM_THREADS=1`` for one PyTorch process per worker.
+    source: the flag that asks for ``n`` (``"--n_workers=16"``), for the
+      refusal; None: not checked here.
 
   Raises:
     RuntimeError: jax was already imported (the flags would be ignored).
+    SystemExit: code 2 after one ``error:`` line (:func:`check_cpu_devices`).
   """
   import sys
   if "jax" in sys.modules:
@@ -42,6 +51,44 @@ def set_cpu_devices(n: int, single_thread_eigen: bool = False) -> None:
   if single_thread_eigen and "xla_cpu_multi_thread_eigen" not in flags:
     flags = f"{flags} --xla_cpu_multi_thread_eigen=false"
   os.environ["XLA_FLAGS"] = flags.strip()
+  if source is not None:
+    check_cpu_devices(n, source)
+
+
+def check_cpu_devices(n: int, source: str) -> None:
+  """Refuses, before any work, a CPU run whose environment simulates fewer
+  than the ``n`` devices ``source`` asks for (the count JAX made, so no
+  spelling of ``XLA_FLAGS`` is re-parsed here).
+
+  Raises:
+    SystemExit: code 2 after one ``error:`` line naming the variable that
+      set the count, ``source`` and the fix; a bad ``JAX_NUM_CPU_DEVICES``
+      (:func:`decentral_jax.checks.environment_count`) too.
+  """
+  import sys
+  from decentral_jax import checks  # NumPy only: before JAX reads it
+  try:
+    env = checks.environment_count("JAX_NUM_CPU_DEVICES")
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+  import jax
+  if jax.default_backend() != "cpu" or jax.local_device_count() >= n:
+    return
+  var = (f"JAX_NUM_CPU_DEVICES={env}" if env is not None else
+         f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  print(f"error: the environment ({var}) simulates "
+        f"{jax.local_device_count()} CPU devices in this process, but "
+        f"{source} needs {n}; raise its count to {n}, unset it, or lower "
+        f"{source.partition('=')[0]}.", file=sys.stderr)
+  raise SystemExit(2)
+
+
+def make_parent_dir(path: str) -> None:
+  """Creates the folder an output file ``path`` goes in; a bare file name
+  (``vs.jsonl``) goes in the current directory, which exists
+  (``os.makedirs("")`` raised FileNotFoundError)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
 
 
 def machine_info() -> dict[str, Any]:

@@ -57,7 +57,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args = parse_args(argv)
-  _common.set_cpu_devices(args.workers)
+  _common.set_cpu_devices(args.workers,
+                          source=f"--workers={args.workers}")
   import jax
   import jax.numpy as jnp
   import numpy as np

@@ -94,7 +94,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
   args = parse_args(argv)
-  _common.set_cpu_devices(args.n_workers)
+  _common.set_cpu_devices(args.n_workers,
+                          source=f"--n_workers={args.n_workers}")
   from decentral_jax import analysis
   print("machine:", json.dumps(_common.machine_info()), flush=True)
   n = args.n_workers

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import time
 
@@ -271,8 +272,22 @@ def parse_args(argv=None):
       ap, args, inputs=("--out",) if args.report else (),
       outputs=() if args.report else ("--out",),
       dirs=() if args.report else ("--cache_dir",),
-      rules=(_check_topologies,))
+      rules=(_check_topologies, _check_global_batch))
   return args
+
+
+def _check_global_batch(args) -> None:
+  """``--global_batch`` divides evenly across every worker count of the
+  run (8 for the tuning and --plan 8, 16 too with --plan full)."""
+  counts = sorted({8} | {n for _, _, n in plan(args)})
+  step = math.lcm(*counts)
+  if args.global_batch % step:
+    lo = max(step, args.global_batch // step * step)
+    raise ValueError(
+        f"--global_batch {args.global_batch} is not divisible by the worker "
+        f"counts of --plan {args.plan} ({', '.join(map(str, counts))}; the "
+        f"global batch is split evenly across workers); use e.g. "
+        f"--global_batch {lo} or {lo + step}.")
 
 
 def _check_topologies(args) -> None:

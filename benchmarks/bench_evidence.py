@@ -97,6 +97,7 @@ MAIN_VARIANTS = (
     (DADAM, variant(DADAM, "b2_0.999", ("optimizer.b2", 0.999))),
 )
 SCALE_MODEL = ("model.n_embd=64",)
+SCALE_BATCH = 64  # the scale setting's global batch, split across --workers
 
 
 def overlap_runs(h: int) -> tuple[Run, ...]:
@@ -122,7 +123,8 @@ def part_setting(part: str, n: int = 16, steps: int = 600) -> tuple:
     return CNN, common + ("eval_interval=100",)
   k = max(n // 8, 1)
   return GPT_TINY, common + SCALE_MODEL + (
-      f"n_workers={n}", f"workers_per_device={k}", "global_batch=64",
+      f"n_workers={n}", f"workers_per_device={k}",
+      f"global_batch={SCALE_BATCH}",
       f"steps={steps}", f"eval_interval={max(steps // 10, 10)}",
       f"schedule.warmup_steps={max(steps // 10, 30)}")
 
@@ -416,8 +418,20 @@ def parse_args(argv=None):
   _common.check_flags(
       p, args, outputs=("--out",) if writes else (),
       inputs=("--out",) if not writes and os.path.lexists(args.out) else (),
-      rules=(_check_methods,))
+      rules=(_check_methods, _check_workers))
   return args
+
+
+def _check_workers(args) -> None:
+  """``--part scale``: each of ``--workers`` divides the setting's global
+  batch of SCALE_BATCH sequences (split evenly across the workers)."""
+  bad = [n for n in args.workers if SCALE_BATCH % n]
+  if args.part == "scale" and bad:
+    fits = [d for d in range(1, SCALE_BATCH + 1) if SCALE_BATCH % d == 0]
+    raise ValueError(f"--workers {bad[0]}: --part scale splits its global "
+                     f"batch of {SCALE_BATCH} sequences evenly across the "
+                     "workers; give worker counts that divide it "
+                     f"({', '.join(map(str, fits))}).")
 
 
 def _check_methods(args) -> None:

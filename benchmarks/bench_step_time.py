@@ -194,7 +194,7 @@ def main(argv=None):
         "times_s": r["times"]})
   print()
   print(_common.format_table(_table(records), TABLE_COLS))
-  os.makedirs(os.path.dirname(args.json), exist_ok=True)
+  _common.make_parent_dir(args.json)
   _common.write_output(args.json, "--json", lambda f: json.dump(
       {"machine": info, "args": vars(args), "rows": records}, f, indent=1),
                        kept="the table was printed above")

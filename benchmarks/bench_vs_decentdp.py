@@ -521,7 +521,7 @@ def main(argv=None):
   sides = ["torch"] * (not args.no_torch) + [f"jax:{v}"
                                               for v in args.jax_sides]
   results = {side: [] for side in sides}
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  _common.make_parent_dir(args.out)
   for rep in range(args.repeats):
     k = rep % len(sides)
     for side in sides[k:] + sides[:k]:  # rotate the order every repeat

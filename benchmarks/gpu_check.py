@@ -66,7 +66,7 @@ workload read from the first compiled program
 --workload-file`` reads.
 
 On a CPU without ``--deviceless``, ``--smoke`` shrinks the timing model
-and runs ``schedule`` and ``gossip_timing`` on 8 simulated CPU devices
+(4 sequences per step unless ``--batch`` says otherwise) and runs ``schedule`` and ``gossip_timing`` on 8 simulated CPU devices
 (XLA:CPU's collectives are synchronous and its HLO is not scheduled: a
 check of the script, not of overlap).
 """
@@ -128,8 +128,13 @@ def peak_flops(device_kind: str) -> float | None:
   return None
 
 
+SMOKE_BATCH = 4  # --smoke: sequences per step when --batch is 0
+
+
 def _gpt_cfg(args, n_layer=None):
-  """(GPTConfig, run config, sequences per step) of the decentralized run."""
+  """(GPTConfig, run config, sequences per step) of the decentralized run;
+  the sequences per step are ``--batch`` when given (> 0), else the
+  config's per-worker batch (SMOKE_BATCH under ``--smoke``)."""
   from decentral_jax.runner import config
   from decentral_jax.models import gpt
   import jax.numpy as jnp
@@ -138,7 +143,7 @@ def _gpt_cfg(args, n_layer=None):
   if args.smoke:
     return gpt.GPTConfig(vocab_size=256, block_size=64, n_layer=n_layer or 2,
                          n_head=4, n_embd=128, bias=False, dropout=0.0,
-                         dtype=jnp.float32), c, 4
+                         dtype=jnp.float32), c, args.batch or SMOKE_BATCH
   return gpt.GPTConfig(
       vocab_size=m.vocab_size, block_size=m.block_size,
       n_layer=n_layer or m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
@@ -702,6 +707,19 @@ def check_topology(spec: str) -> None:
                      f"at most {MAX_TOPOLOGY_GPUS}, such as 1x1x8 or 2x1x4.")
 
 
+def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
+  """Raises ValueError when ``--json`` or ``--workload`` names the
+  ``--config`` or ``--deviceless`` file, or both name one file
+  (:func:`decentral_jax.tools.distinct_paths.check_distinct_paths`)."""
+  from decentral_jax.tools import distinct_paths
+  txtpb = args.deviceless if (args.deviceless or "").endswith(".txtpb") \
+      else None
+  distinct_paths.check_distinct_paths(
+      [("--json", args.json), ("--workload", args.workload)],
+      [("--config", distinct_paths.config_file(args.config)),
+       ("--deviceless", txtpb)])
+
+
 def check_flags(args: argparse.Namespace) -> None:
   """Checks the latency-profile flags, in the units typed; ``--cluster``
   becomes the preset's own spelling (case ignored, as
@@ -715,7 +733,8 @@ def check_flags(args: argparse.Namespace) -> None:
       > 0, or without ``--cluster`` or ``--collective_us``; the numbers of
       :func:`check_numbers`, ``--programs`` (:func:`parse_programs`),
       ``--topology`` (:func:`check_topology`) or ``--json`` (a folder that
-      does not exist, not writable) bad.
+      does not exist, not writable) bad; an output naming an input or the
+      other output (:func:`check_outputs_are_not_inputs`).
   """
   from decentral_jax.runtime_model import presets
   from decentral_jax.tools.runtime_model_cli import inputs
@@ -725,6 +744,7 @@ def check_flags(args: argparse.Namespace) -> None:
     check_topology(args.topology)
   inputs.check_output_path(args.json, "--json")
   inputs.check_output_path(args.workload, "--workload")
+  check_outputs_are_not_inputs(args)
   given = [f for f, v in (("--cluster", args.cluster),
                           ("--collective_us", args.collective_us),
                           ("--compute_ms", args.compute_ms)) if v is not None]
@@ -831,7 +851,8 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--smoke", action="store_true",
                   help="tiny timing model (CPU check of the script itself)")
   ap.add_argument("--batch", type=int, default=0,
-                  help="sequences per step (default: the config's 30)")
+                  help="sequences per step (default: the config's 30, "
+                  "4 under --smoke)")
   ap.add_argument("--warmup", type=int, default=3)
   ap.add_argument("--steps", type=int, default=5, help="steps per repeat")
   ap.add_argument("--repeats", type=int, default=5)

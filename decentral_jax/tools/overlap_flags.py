@@ -102,7 +102,8 @@ def xla_options(texts: list[str]) -> dict:
   Raises:
     ValueError: one line naming ``--xla``: no ``=``, an empty value, a
       key that is not an XLA option name (``xla_`` then lower-case
-      letters, digits and underscores), or a key given twice.
+      letters, digits and underscores), a key given twice, or a value
+      out of its flag's bounds (:func:`check_xla_bounds`).
   """
   out = {}
   for text in texts:
@@ -116,7 +117,25 @@ def xla_options(texts: list[str]) -> dict:
                        "once.")
     out[key] = (value.lower() == "true" if value.lower() in ("true", "false")
                 else value)
+    check_xla_bounds(key, out[key])
   return out
+
+
+def check_xla_bounds(key: str, value) -> None:
+  """Refuses an ``--xla`` value of an option a flag of this command also
+  sets outside that flag's bounds: :data:`OVERLAP_LIMIT_OPTION`, a whole
+  number, in ``[1, MAX_OVERLAP_LIMIT]`` (``--overlap_limit``'s bound;
+  below 1 XLA's GPU scheduler aborts the process: its collective-broadcast
+  limit, 1, may not exceed it). Other text is left to XLA's parser."""
+  n = _as_int(value)
+  if key != OVERLAP_LIMIT_OPTION or isinstance(value, bool) or not \
+      isinstance(n, int):  # not a whole number: XLA's parser refuses it
+    return
+  if not 1 <= n <= MAX_OVERLAP_LIMIT:
+    raise ValueError(f"--xla {key}={value} must be an int in [1, "
+                     f"{MAX_OVERLAP_LIMIT}] (as --overlap_limit; XLA aborts "
+                     "below 1); give one in that range or use "
+                     "--overlap_limit.")
 
 
 def _known(kind: str, names) -> Callable[[str], str | None]:

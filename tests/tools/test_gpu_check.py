@@ -248,3 +248,13 @@ def test_json_on_a_full_device_is_one_line_after_the_printed_result(
   assert err.strip().splitlines() == [
       "error: --json '/dev/full' could not be written (No space left on "
       "device); the results were printed above; give another --json."]
+
+
+@pytest.mark.parametrize("batch, expected", [(1, 1), (64, 64), (0, 4)])
+def test_smoke_timing_uses_the_batch_flag(batch, expected):
+  """--smoke --batch 1 and --batch 64 both timed 4 sequences per step."""
+  gpu_check = _script()
+  args = gpu_check.parse_args(["--part", "timing", "--smoke", "--batch",
+                               str(batch)])
+  cfg, _, sequences = gpu_check._gpt_cfg(args)
+  assert (sequences, cfg.n_layer) == (expected, 2)

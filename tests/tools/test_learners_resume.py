@@ -79,7 +79,7 @@ def test_a_resume_of_another_run_is_refused_naming_the_field(
 
 def test_a_changed_override_of_a_config_is_named_alone():
   def run(*overrides):
-    return spec_lib.RunSpec(problem="gpt", problem_args=(
+    return spec_lib.RunSpec(problem="runner", problem_args=(
         ("config", "c.py"), ("overrides", overrides)), sync_every=3)
   with pytest.raises(ValueError) as e:
     spec_lib.check_resume(run("--config.steps=6").trajectory(), run(
@@ -629,3 +629,48 @@ def test_run_spec_refusals_name_the_flags_typed(no_ray, capsys):
       "optimizer, --quorum <= --learners, --outer='nesterov'")
   assert spec_lib.flag_words("RunSpec.inner_lr must be > 0", True) == (
       "--config.schedule.peak_lr must be > 0")
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"problem": "nope"}, "RunSpec.problem must be one of ('quadratic', "
+     "'gpt', 'runner'), got 'nope'."),
+    ({"problem_args": (("noise", float("nan")),)},
+     "RunSpec.problem_args.noise must be a finite number in [0, 1000], got "
+     "nan."),
+    ({"problem_args": (("noise", -0.1),)}, "RunSpec.problem_args.noise must"),
+    ({"problem_args": (("seed", 1.5),)}, "RunSpec.problem_args.seed must be "
+     "an int in [0, 4294967295], got 1.5."),
+    ({"problem_args": (("seed", 1), ("seed", 2))},
+     "RunSpec.problem_args has 'seed' twice"),
+    ({"problem_args": (("n_layer", 2),)}, "RunSpec.problem_args has "
+     "'n_layer' for problem 'quadratic'; its keys are seed, noise"),
+    ({"problem": "gpt", "problem_args": (("n_embd", 0),)},
+     "RunSpec.problem_args.n_embd must be an int in [1, 65536], got 0."),
+    ({"problem": "runner", "problem_args": (("config", ""),)},
+     "RunSpec.problem_args.config must be a non-empty string"),
+    ({"problem_args": ("seed",)}, "RunSpec.problem_args must be a tuple of "
+     "(key, value) pairs"),
+    ({"inner_lr": 1e300}, "RunSpec.inner_lr must be a finite number > 0 and "
+     "at most 1000"),
+    ({"outer_lr": 1000.5}, "RunSpec.outer_lr must be a finite number > 0 and "
+     "at most 1000")])
+def test_run_spec_names_a_bad_problem_or_learning_rate(fields, words):
+  """A NaN quadratic noise, an unknown problem and a learning rate of
+  1e300 were accepted (every loss NaN, or a refusal only in an actor)."""
+  with pytest.raises(ValueError) as e:
+    spec_lib.RunSpec(**{**BASE, **fields})
+  assert str(e.value).startswith(words), e.value
+
+
+def test_run_spec_takes_the_problems_and_bounds_it_names():
+  from decentral_jax.runner import field_rules
+  from decentral_jax.tools.learners import problems
+  assert tuple(spec_lib.PROBLEM_ARGS) == problems.NAMES
+  assert spec_lib.MAX_LR == field_rules.MAX_LR
+  run = spec_lib.RunSpec(**{**BASE, "inner_lr": 1000.0, "outer_lr": 1000,
+                            "problem_args": (("seed", 3), ("noise", 0.0))})
+  assert run.problem_args == (("seed", 3), ("noise", 0.0))
+  spec_lib.RunSpec(problem="gpt", problem_args=(("n_layer", 1), (
+      "context", 8)))
+  assert "--inner-lr must" in spec_lib.flag_words(str(pytest.raises(
+      ValueError, spec_lib.RunSpec, inner_lr=2e3).value), False)

@@ -121,3 +121,23 @@ def test_a_target_file_is_hopper_from_compute_capability_9(
   assert rows["--network_gbps"].holds(_args(argv)) is hopper
   assert [overlap_flags.is_hopper(t) for t in
           ("a100_sxm_80", "h100_sxm", "h200")] == [False, True, True]
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "65", "-0"])
+def test_the_xla_spelling_of_the_overlap_limit_takes_its_bounds(
+    capsys, tmp_path, no_compile, value):
+  """-5 and 0 passed the checks and aborted XLA at the first GPU compile
+  (collective_broadcast_overlap_limit <= parallel_collective_overlap_limit
+  failed); --overlap_limit itself is bounded."""
+  says = _refused(capsys, tmp_path, ["--cases", "gpt_tiny", "--modes",
+                                     "after", "--targets", "h200", "--xla",
+                                     f"{_LIMIT}={value}"])
+  assert says.startswith(f"error: --xla {_LIMIT}=") and (
+      "must be an int in [1, 64]") in says, says
+  assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.parametrize("value, n", [("1", 1), ("64", 64), ("08", 8)])
+def test_an_xla_overlap_limit_in_bounds_is_kept(value, n):
+  given = overlap_flags.xla_options([f"{_LIMIT}={value}"])
+  assert int(given[_LIMIT]) == n

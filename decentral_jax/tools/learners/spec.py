@@ -24,6 +24,19 @@ MODES = ("sync", "decoupled")
 #: ``optim.streaming_sync.MAX_FRAGMENTS``; this module does not load JAX).
 MAX_FRAGMENTS = 2**16
 INNER = ("sgd", "adamw")
+#: The problems (``problems.NAMES``; this module does not load JAX) and the
+#: ``problem_args`` each takes: key -> (kind, least, most), kind ``int``,
+#: ``real`` (finite), ``str`` (non-empty) or ``strs`` (a tuple of strings).
+PROBLEM_ARGS = {
+    "quadratic": {"seed": ("int", 0, 2**32 - 1), "noise": ("real", 0.0, 1e3)},
+    "gpt": {"seed": ("int", 0, 2**32 - 1),
+            **{k: ("int", 1, 2**16) for k in ("n_layer", "n_embd", "n_head",
+                                              "context", "batch")}},
+    "runner": {"config": ("str", None, None),
+               "overrides": ("strs", None, None)}}
+#: The largest inner_lr / outer_lr, the runner's bound on learning rates
+#: (``runner.field_rules.MAX_LR``).
+MAX_LR = 1e3
 OUTER = ("nesterov", "delayed_nesterov")
 #: The most seconds a learner may sleep after an inner step (a day, the
 #: bound of the command's other seconds flags; ``time.sleep`` overflows far
@@ -161,6 +174,7 @@ class RunSpec:
       raise ValueError(f"RunSpec.sleep_s has {len(self.sleep_s)} entries for "
                        f"{self.shards} shards.")
     check_outer_and_fragments(self)
+    check_problem(self)
 
   @property
   def streaming(self) -> bool:
@@ -261,7 +275,7 @@ def _real(v) -> bool:
 
 
 def check_numbers(run: RunSpec) -> None:
-  """Checks ``inner_lr``, ``outer_lr`` (finite, > 0), ``outer_momentum``
+  """Checks ``inner_lr``, ``outer_lr`` (in ``(0, MAX_LR]``), ``outer_momentum``
   (in ``[0, 1)``) and ``sleep_s`` (seconds in ``[0, MAX_SLEEP_S]`` each).
 
   Raises:
@@ -269,9 +283,10 @@ def check_numbers(run: RunSpec) -> None:
   """
   for name in ("inner_lr", "outer_lr"):
     value = getattr(run, name)
-    if not (_real(value) and value > 0):
-      raise ValueError(f"RunSpec.{name} must be a finite number > 0, got "
-                       f"{value!r}.")
+    if not (_real(value) and 0 < value <= MAX_LR):
+      raise ValueError(f"RunSpec.{name} must be a finite number > 0 and at "
+                       f"most {MAX_LR:g} (the runner's bound on learning "
+                       f"rates), got {value!r}.")
   if not (_real(run.outer_momentum) and 0 <= run.outer_momentum < 1):
     raise ValueError("RunSpec.outer_momentum must be a number in [0, 1), got "
                      f"{run.outer_momentum!r}.")
@@ -280,6 +295,57 @@ def check_numbers(run: RunSpec) -> None:
     raise ValueError("RunSpec.sleep_s must be a tuple of seconds in [0, "
                      f"{MAX_SLEEP_S:g}] (one per learner), got "
                      f"{run.sleep_s!r}.")
+
+
+def _arg_ok(kind: str, lo, hi, value) -> bool:
+  """Whether ``value`` is a ``problem_args`` value of ``kind`` in
+  ``[lo, hi]`` (:data:`PROBLEM_ARGS`)."""
+  if kind == "str":
+    return isinstance(value, str) and bool(value)
+  if kind == "strs":
+    return isinstance(value, (tuple, list)) and all(
+        isinstance(v, str) for v in value)
+  if kind == "int" and not (isinstance(value, numbers.Integral)
+                            and not isinstance(value, bool)):
+    return False
+  return _real(value) and lo <= value <= hi
+
+
+def check_problem(run: RunSpec) -> None:
+  """Checks ``problem`` (a key of :data:`PROBLEM_ARGS`) and
+  ``problem_args``: ``(key, value)`` pairs, each key once and one the
+  problem takes, each value of its kind and range (a NaN ``noise`` made
+  every loss NaN).
+
+  Raises:
+    ValueError: naming the field (``RunSpec.problem_args.noise``), its value
+      and what it may be.
+  """
+  takes = PROBLEM_ARGS.get(run.problem) if isinstance(run.problem, str) \
+      else None
+  if takes is None:
+    raise ValueError(f"RunSpec.problem must be one of {tuple(PROBLEM_ARGS)}, "
+                     f"got {run.problem!r}.")
+  pairs = run.problem_args
+  if not (isinstance(pairs, (tuple, list)) and all(
+      isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str)
+      for p in pairs)):
+    raise ValueError("RunSpec.problem_args must be a tuple of (key, value) "
+                     f"pairs, got {pairs!r}.")
+  seen = set()
+  for key, value in pairs:
+    if key not in takes or key in seen:
+      why = "twice" if key in seen else f"for problem {run.problem!r}"
+      raise ValueError(f"RunSpec.problem_args has {key!r} {why}; its keys "
+                       f"are {', '.join(takes)} (each at most once).")
+    seen.add(key)
+    kind, lo, hi = takes[key]
+    if not _arg_ok(kind, lo, hi, value):
+      rule = {"str": "a non-empty string", "strs": "a tuple of strings",
+              "int": f"an int in [{lo}, {hi}]"}.get(kind)
+      rule = rule or f"a finite number in [{lo:g}, {hi:g}]"
+      raise ValueError(f"RunSpec.problem_args.{key} must be {rule}, got "
+                       f"{value!r}.")
 
 
 def check_inner(run: RunSpec) -> None:

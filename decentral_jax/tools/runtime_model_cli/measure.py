@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
+from decentral_jax.tools import distinct_paths
 from decentral_jax.tools.runtime_model_cli import config_sets
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import tables
@@ -258,8 +259,12 @@ def run(args) -> int:
     ValueError: a bad flag or config (one line naming it).
   """
   from decentral_jax.runner import launch  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   from decentral_jax.parallel import multiprocess
   inputs.check_output_path(args.out, "--out")
+  distinct_paths.check_distinct_paths(
+      [("--out", args.out)],
+      [("--config", distinct_paths.config_file(args.config, presets.PRESETS))])
   if args.repeats < 2:  # predict needs >= 2 compute samples for the spread
     raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
                      f"timings), got {args.repeats}.")

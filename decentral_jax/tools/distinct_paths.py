@@ -1,0 +1,61 @@
+"""A command's output paths are neither its input files nor each other.
+
+An output that names an input file (``measure --config my.py --out my.py``)
+would replace the input by the result after the work, and two outputs
+naming one file (``--json F --workload F``) would keep only the second
+write. :func:`check_distinct_paths` refuses both before any work, naming
+the two flags. No JAX.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _same_file(a: str, b: str) -> bool:
+  """True when ``a`` and ``b`` are one file: equal after
+  :func:`os.path.realpath` (links and ``..`` resolved, so for files that do
+  not exist yet too), or :func:`os.path.samefile` (hard links)."""
+  if os.path.realpath(a) == os.path.realpath(b):
+    return True
+  try:
+    return os.path.samefile(a, b)
+  except OSError:  # one of them does not exist yet: not the same file
+    return False
+
+
+def config_file(config: str | None, presets=()) -> str | None:
+  """The file a ``--config FILE.py[:ARG]`` value reads, or None for a
+  preset name in ``presets`` or a path that is not an existing file."""
+  if not config or config in presets:
+    return None
+  path = str(config).split(":", 1)[0]
+  return path if os.path.isfile(path) else None
+
+
+def check_distinct_paths(outputs, inputs=()) -> None:
+  """Refuses an output path equal to an input file or to another output.
+
+  Args:
+    outputs: ``(flag, path)`` pairs of the files the command writes; a
+      None or empty path (the flag not given) is skipped.
+    inputs: ``(flag, path)`` pairs of the files it reads, the same way.
+
+  Raises:
+    ValueError: ``--out 'my.py' is the file --config reads; give --out
+      another path`` (or ``... is also --json's file``), the first clash
+      in the order given.
+  """
+  outs = [(f, p) for f, p in outputs if p]
+  ins = [(f, p) for f, p in inputs if p]
+  for i, (flag, path) in enumerate(outs):
+    for in_flag, in_path in ins:
+      if _same_file(path, in_path):
+        raise ValueError(f"{flag} {path!r} is the file {in_flag} reads "
+                         f"({in_path!r}): writing it would replace that "
+                         f"input; give {flag} another path.")
+    for other_flag, other in outs[:i]:
+      if _same_file(path, other):
+        raise ValueError(f"{flag} {path!r} is also {other_flag}'s file "
+                         f"({other!r}): the second write would replace "
+                         f"the first; give {flag} another path.")

@@ -1,0 +1,76 @@
+"""An output path naming an input file, or another output, is refused
+before any work (measure's --out over its --config; gpu_check's --json
+and --workload over each other or over --config)."""
+
+import os
+import shutil
+
+import pytest
+
+from decentral_jax.tools import distinct_paths
+from decentral_jax.tools.runtime_model_cli import main as cli
+from helpers import ROOT, load_gpu_check
+
+
+def test_an_output_equal_to_an_input_is_refused_by_its_real_path(tmp_path):
+  cfg = tmp_path / "my.py"
+  cfg.write_text("x = 1\n")
+  (tmp_path / "sub").mkdir()
+  spelled = str(tmp_path / "sub" / ".." / "my.py")  # the same file
+  with pytest.raises(ValueError) as e:
+    distinct_paths.check_distinct_paths([("--out", spelled)],
+                                        [("--config", str(cfg))])
+  assert str(e.value).startswith(f"--out {spelled!r} is the file --config "
+                                 "reads"), e.value
+  assert "give --out another path" in str(e.value)
+  os.symlink(cfg, tmp_path / "link.py")
+  with pytest.raises(ValueError, match="is the file --config reads"):
+    distinct_paths.check_distinct_paths(
+        [("--out", str(tmp_path / "link.py"))], [("--config", str(cfg))])
+
+
+def test_two_outputs_naming_one_file_are_refused(tmp_path):
+  f = str(tmp_path / "f.json")
+  with pytest.raises(ValueError) as e:
+    distinct_paths.check_distinct_paths([("--json", f), ("--workload", f)])
+  assert str(e.value).startswith(f"--workload {f!r} is also --json's file")
+
+
+def test_distinct_or_absent_paths_pass(tmp_path):
+  cfg = tmp_path / "my.py"
+  cfg.write_text("x = 1\n")
+  distinct_paths.check_distinct_paths(
+      [("--json", str(tmp_path / "a.json")), ("--workload", None),
+       ("--out", str(tmp_path / "b.json"))], [("--config", str(cfg))])
+  # a preset name or a FILE.py:ARG value reads a file only when it exists
+  assert distinct_paths.config_file("gpt_tiny", ("gpt_tiny",)) is None
+  assert distinct_paths.config_file(f"{cfg}:decentralized") == str(cfg)
+  assert distinct_paths.config_file(str(tmp_path / "no.py")) is None
+
+
+def test_measure_out_over_its_config_is_refused_before_measuring(
+    tmp_path, capsys):
+  cfg = tmp_path / "my.py"
+  shutil.copy(os.path.join(ROOT, "configs", "gpt_tiny.py"), cfg)
+  before = cfg.read_text()
+  code = cli.main(["measure", "--config", str(cfg), "--out", str(cfg),
+                   "--repeats", "2"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert f"error: --out {str(cfg)!r} is the file --config reads" in err, err
+  assert cfg.read_text() == before
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workload", "F"], "--workload {F!r} is also --json's file"),
+    (["--config", "F"], "--json {F!r} is the file --config reads")])
+def test_gpu_check_outputs_over_each_other_or_config_are_refused(
+    tmp_path, capsys, extra, message):
+  f = str(tmp_path / "f.py")
+  shutil.copy(os.path.join(ROOT, "configs", "gpt_tiny.py"), f)
+  argv = ["--deviceless", "h200", "--json", f] + [
+      f if a == "F" else a for a in extra]
+  with pytest.raises(SystemExit) as e:
+    load_gpu_check("gpu_check_distinct").parse_args(argv)
+  assert e.value.code == 2
+  assert "error: " + message.format(F=f) in capsys.readouterr().err
