@@ -45,6 +45,12 @@ LossFn = Callable[..., tuple[jax.Array, dict]]
 #: Values of :func:`train_step`'s ``consensus`` argument.
 CONSENSUS_MODES = ("logged", "input", "none")
 
+#: The per-step metrics :func:`train_step` writes beside the loss's aux
+#: values, and the prefix of the fault counters (``faults/...``): a model's
+#: aux dict may not use them (its value would replace the runner's).
+STEP_METRICS = ("loss", "grad_norm", "finite", "consensus_distance")
+COUNTER_PREFIX = "faults/"
+
 
 @flax.struct.dataclass
 class TrainState:
