@@ -25,6 +25,7 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import extensions
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import recorder as recorder_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
 
@@ -398,3 +399,54 @@ def test_an_accuracy_outside_0_1_is_written_and_resumed(tmp_path):
   assert all(r["eval/accuracy"] == 2.0 for r in rows if "eval/accuracy" in r)
   assert [r["train/accuracy"] for r in rows if "train/accuracy" in r] == \
       [2.0] * 6
+
+
+def test_a_mean_of_finite_float32_losses_is_finite():
+  """Two workers' losses 3e38: their float32 mean overflowed to inf (null
+  in metrics.jsonl); the window averages in float64."""
+  window = recorder_lib.Window()
+  for loss in ([3e38, 3e38], [3e38, 2e38]):
+    window.add({"loss": np.float32(loss), "accuracy": np.float32([1, 0])},
+               None)
+  got = window.summary(1, "samples")
+  want = (2 * float(np.float32(3e38)) + float(np.float32(3e38)) +
+          float(np.float32(2e38))) / 4
+  assert got["train/loss"] == pytest.approx(want, rel=1e-15)
+  assert got["train/accuracy"] == 0.5
+
+
+@pytest.mark.slow
+def test_finite_losses_near_the_float32_limit_are_logged_finite(tmp_path):
+  """Loss = mse + 3e38 on 4 workers (finite): train/loss and eval/loss were
+  null (their float32 mean overflowed) in a run that finished."""
+  require_devices(N)
+  workdir = str(tmp_path / "run")
+  c = linear_config(AUX, **{"model.options.offset": 3e38, "steps": 3})
+  train.train_and_evaluate(c, workdir)
+  want = float(np.float32(3e38))  # mse ~ 10 vanishes beside float32's ulp
+  for row in _rows(workdir):
+    for key in ("train/loss", "eval/loss", "eval/worker_loss_mean"):
+      if key in row:
+        assert row[key] == pytest.approx(want, rel=1e-7), (key, row)
+
+
+def make_eval_inf():
+  """The linear model; its loss is inf in evaluation (key None) alone."""
+  model = make_linear()
+  return extensions.Model(model.init, lambda p, b, k: model.loss(p, b, k) + (
+      jnp.inf if k is None else 0.0))
+
+
+def test_a_non_finite_evaluation_loss_stops_the_run(tmp_path):
+  """A record whose loss is not finite is never written (it was null, and
+  the run finished with rc 0)."""
+  require_devices(N)
+  here = AUX.split(":")[0]
+  c = linear_config(f"{here}:make_eval_inf", **{"model.needs_key": True})
+  workdir = str(tmp_path / "run")
+  with pytest.raises(FloatingPointError, match=r"^non-finite eval/loss at "
+                     r"step 0 \(inf\); stopping, no intact checkpoint had "
+                     "been written yet. Lower config.schedule.peak_lr"):
+    train.train_and_evaluate(c, workdir)
+  assert not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
+      not _rows(workdir)
