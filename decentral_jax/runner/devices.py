@@ -128,10 +128,13 @@ def check_environment_devices(env: int, available: int, needed: int,
   ``--cpu_devices``, which wins over both.
 
   Raises:
-    ValueError: one line naming both and the count to give.
+    ValueError: one line naming both and the count to give; a ``needed``
+      above ``MAX_SIMULATED_CPU_DEVICES`` (which ``--cpu_devices`` cannot
+      give) is named as :func:`check_simulated_devices` names it.
   """
   if available >= needed:
     return
+  check_simulated_devices(needed, source)
   if "JAX_NUM_CPU_DEVICES" in os.environ:
     what, drop = f"the environment variable JAX_NUM_CPU_DEVICES={env}", \
         "unset it"
