@@ -14,7 +14,8 @@ Keys written by :func:`decentral_jax.runner.train.train_and_evaluate`:
 * ``step``: completed optimizer steps (0 = the initial evaluation);
 * ``lr``: learning rate of the last update;
 * ``train/loss`` (and ``train/accuracy``): mean over workers and over the
-  steps since the previous record (nats);
+  steps since the previous record (nats; taken in float64, as the ``eval/*``
+  means are, so finite float32 losses give a finite mean);
 * ``consensus_distance``: ``(1/n) sum_i ||x_i - x_bar||^2`` at that step;
 * ``step_time_ms``, ``tokens_per_sec`` (or ``samples_per_sec``): mean over
   the timed steps since the previous record (wall time between consecutive
@@ -25,9 +26,11 @@ Keys written by :func:`decentral_jax.runner.train.train_and_evaluate`:
   resume);
 * ``eval/*`` at evaluation points (see ``Experiment.evaluate``).
 
-Non-finite floats are written as ``null`` (strict JSON). Every record is
-one ``write`` of a line ending in a newline, so a run that dies while
-writing leaves at most an incomplete last line; :func:`truncate_after`
+Non-finite floats are written as ``null`` (strict JSON); a record whose
+loss is not finite is never written, the run stops instead
+(:func:`decentral_jax.runner.recorder.non_finite_record_error`). Every
+record is one ``write`` of a line ending in a newline, so a run that dies
+while writing leaves at most an incomplete last line; :func:`truncate_after`
 (called when a run resumes) drops it with a warning, since it belongs to a
 step after the checkpoint, which the resumed run logs again. The reader
 applies the rules ``compare`` keeps a run by (:func:`row_error`, steps
