@@ -268,6 +268,33 @@ def environment_count(variable: str, maximum: int | None = None
   return int(text)
 
 
+#: The XLA option that sets the CPU device count (read from ``XLA_FLAGS``).
+XLA_DEVICE_COUNT_OPTION = "xla_force_host_platform_device_count"
+
+
+def xla_flags_device_count() -> int | None:
+  """The CPU device count ``XLA_FLAGS``' ``--xla_force_host_platform_
+  device_count=N`` sets (the last one given), or None if it sets none.
+  XLA reads it when JAX starts its CPU backend and aborts the process on a
+  value that is not a whole number, printing its whole list of flags.
+
+  Raises:
+    ValueError: ``"XLA_FLAGS' --xla_force_host_platform_device_count='...'
+      must be a whole number >= 1; fix it or drop it from XLA_FLAGS."``.
+  """
+  count = None
+  for token in os.environ.get("XLA_FLAGS", "").split():
+    name, eq, text = token.lstrip("-").partition("=")
+    if name != XLA_DEVICE_COUNT_OPTION:
+      continue
+    if not eq or not text.isdigit() or int(text) < 1:
+      raise ValueError(f"XLA_FLAGS' --{XLA_DEVICE_COUNT_OPTION}={text!r} "
+                       "must be a whole number >= 1; fix it or drop it from "
+                       "XLA_FLAGS.")
+    count = int(text)
+  return count
+
+
 def comma_entries(flag: str, spec: Any, what: str,
                   example: str) -> Iterator[str]:
   """Yields the entries of a comma-separated flag value, stripped, in order.

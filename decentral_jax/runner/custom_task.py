@@ -15,7 +15,8 @@ tuple of numeric arrays ``[n_workers, local_batch, ...]``, evaluation
 examples of other shapes or dtypes than the training ones, fewer examples
 than one step (or the evaluation set) needs, a parameter leaf of ``init``
 that is not a float array or has no elements, and a loss that is not a float
-scalar (traced with ``jax.eval_shape``, nothing compiled). Later batches are
+scalar or an aux dict that uses a name of the runner's own per-step metrics
+(traced with ``jax.eval_shape``, nothing compiled). Later batches are
 compared with step 0's shapes and dtypes as they are read.
 """
 
@@ -31,6 +32,7 @@ from ml_collections import config_dict
 
 from decentral_jax.data import sharding
 from decentral_jax.runner import extensions
+from decentral_jax.runner import step as step_lib
 
 
 def _options(group: config_dict.ConfigDict) -> dict:
@@ -231,7 +233,7 @@ def _check_loss(model, params, batch, what: str, key) -> bool:
                      f"{' '.join(str(e).split())[:300]}") from None
   value, aux = out if isinstance(out, tuple) and len(out) == 2 else (out, {})
   if not hasattr(value, "shape") or value.shape != () or \
-      not np.issubdtype(value.dtype, np.floating):
+      not jnp.issubdtype(value.dtype, jnp.floating):  # bfloat16 too
     got = (f"{np.dtype(value.dtype).name}{list(value.shape)}"
            if hasattr(value, "shape") else type(value).__name__)
     raise ValueError(f"{what}: the loss returned {got}, expected a float "
@@ -241,6 +243,13 @@ def _check_loss(model, params, batch, what: str, key) -> bool:
       getattr(v, "shape", None) != () for v in aux.values()):
     raise ValueError(f"{what}: the loss's aux must be a dict of scalars, "
                      f"got {jax.tree.map(lambda v: v.shape, aux)}.")
+  taken = [k for k in aux if k in step_lib.STEP_METRICS or
+           str(k).startswith(step_lib.COUNTER_PREFIX)]
+  if taken:
+    raise ValueError(
+        f"{what}: the loss's aux uses {taken[0]!r}, a name of the runner's "
+        f"own per-step metrics ({', '.join(step_lib.STEP_METRICS)}, "
+        f"{step_lib.COUNTER_PREFIX}*); rename that aux key.")
   return "accuracy" in aux
 
 

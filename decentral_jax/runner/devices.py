@@ -104,31 +104,47 @@ def check_asked_devices(asked: int, available: int, needed: int,
 
 
 def environment_cpu_devices() -> int | None:
-  """The CPU device count ``JAX_NUM_CPU_DEVICES`` sets, or None if unset.
+  """The CPU device count the environment sets, or None if it sets none:
+  ``JAX_NUM_CPU_DEVICES``, else (JAX reads that variable over it)
+  ``XLA_FLAGS``' ``--xla_force_host_platform_device_count``.
 
   Raises:
-    ValueError: not a whole number in ``[1, MAX_SIMULATED_CPU_DEVICES]``
-      (:func:`decentral_jax.checks.environment_count`), naming it.
+    ValueError: ``JAX_NUM_CPU_DEVICES`` not a whole number in ``[1,
+      MAX_SIMULATED_CPU_DEVICES]`` (:func:`decentral_jax.checks.
+      environment_count`), or the ``XLA_FLAGS`` count not a whole number
+      ``>= 1`` (:func:`decentral_jax.checks.xla_flags_device_count`),
+      naming it.
   """
-  return checks.environment_count("JAX_NUM_CPU_DEVICES",
-                                  MAX_SIMULATED_CPU_DEVICES)
+  env = checks.environment_count("JAX_NUM_CPU_DEVICES",
+                                 MAX_SIMULATED_CPU_DEVICES)
+  return env if env is not None else checks.xla_flags_device_count()
 
 
 def check_environment_devices(env: int, available: int, needed: int,
                               source: str) -> None:
-  """Refuses a run whose devices the environment's ``JAX_NUM_CPU_DEVICES=
-  env`` set too few (``available < needed``), naming the variable and
-  ``--cpu_devices``, which wins over it.
+  """Refuses a run whose devices the environment set too few (``available
+  < needed``): ``JAX_NUM_CPU_DEVICES=env``, or without it ``XLA_FLAGS``'
+  ``--xla_force_host_platform_device_count=env``, naming it and
+  ``--cpu_devices``, which wins over both.
 
   Raises:
-    ValueError: one line naming both and the count to give.
+    ValueError: one line naming both and the count to give; a ``needed``
+      above ``MAX_SIMULATED_CPU_DEVICES`` (which ``--cpu_devices`` cannot
+      give) is named as :func:`check_simulated_devices` names it.
   """
-  if available < needed:
-    raise ValueError(
-        f"the environment variable JAX_NUM_CPU_DEVICES={env} simulates "
-        f"{available} CPU devices in this process, but {source} needs "
-        f"{needed}; raise it to {needed}, unset it, or give --cpu_devices="
-        f"{needed} (which wins over it).")
+  if available >= needed:
+    return
+  check_simulated_devices(needed, source)
+  if "JAX_NUM_CPU_DEVICES" in os.environ:
+    what, drop = f"the environment variable JAX_NUM_CPU_DEVICES={env}", \
+        "unset it"
+  else:
+    what = f"XLA_FLAGS' --{checks.XLA_DEVICE_COUNT_OPTION}={env}"
+    drop = "drop it from XLA_FLAGS"
+  raise ValueError(
+      f"{what} simulates {available} CPU devices in this process, but "
+      f"{source} needs {needed}; raise it to {needed}, {drop}, or give "
+      f"--cpu_devices={needed} (which wins over it).")
 
 
 def check_distributed(c: config_dict.ConfigDict) -> None:

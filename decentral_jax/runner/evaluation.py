@@ -118,7 +118,8 @@ class Evaluator:
     it), so own-model and averaged-model losses compare on the same data.
 
     Returns:
-      Floats: ``eval/loss`` (averaged model, whole eval set, nats);
+      Floats, means taken in float64 on the host: ``eval/loss`` (averaged
+      model, whole eval set, nats);
       ``eval/worker_loss_mean``, ``_min``, ``_max``, ``_std`` (the workers'
       own models on the subset); ``eval/loss_subset`` (averaged model on the
       subset); ``eval/worker_excess_mean`` and ``_max`` (own-model loss minus
@@ -129,10 +130,24 @@ class Evaluator:
       self._eval_set = self._place_eval_set()
     out = multiprocess.to_host(self._eval_step(state.params, state.opt_state,
                                               *self._eval_set))
-    own = np.asarray(out["own_loss"], np.float64)
-    subset = float(out["avg_subset_loss"][0])
-    result = {
-        "eval/loss": float(out["avg_loss"][0]),
+    # [n, E] per worker and eval batch, averaged in float64: finite float32
+    # losses keep a finite mean.
+    per = {k: np.asarray(out[k], np.float64).reshape(self._n, -1)
+           for k in ("avg_loss", "avg_accuracy", "own_loss",
+                     "avg_subset_loss")}
+    own = per["own_loss"].mean(axis=1)
+    subset = float(per["avg_subset_loss"][0].mean())
+    with np.errstate(invalid="ignore"):  # inf - inf: the record is refused
+      result = self._result(per, own, subset, out)
+    accuracy = self._task.has_accuracy
+    if accuracy or (accuracy is None and self._task.unit == "samples"):
+      result["eval/accuracy"] = float(per["avg_accuracy"].mean())
+    return result
+
+  @staticmethod
+  def _result(per: dict, own: np.ndarray, subset: float, out: dict) -> dict:
+    return {
+        "eval/loss": float(per["avg_loss"].mean()),
         "eval/worker_loss_mean": float(own.mean()),
         "eval/worker_loss_min": float(own.min()),
         "eval/worker_loss_max": float(own.max()),
@@ -142,7 +157,3 @@ class Evaluator:
         "eval/worker_excess_max": float(own.max() - subset),
         "consensus_distance": float(out["consensus_distance"][0]),
     }
-    accuracy = self._task.has_accuracy
-    if accuracy or (accuracy is None and self._task.unit == "samples"):
-      result["eval/accuracy"] = float(out["avg_accuracy"][0])
-    return result

@@ -126,9 +126,10 @@ def _float32_error(key: str, values: list) -> str | None:
 def _window_error(window, step: int, signed_losses: bool = False
                   ) -> str | None:
   """Why a ``metrics_window`` entry is not one, or None: losses in [0,
-  :data:`F32_MAX`] (any finite float32 for a model of your own), accuracies in [0, 1], consensus distance in [0,
-  :data:`F32_MAX`] (float32 values; the rules of ``metrics.jsonl``), at most one loss and one accuracy per step of the
-  ``step`` the checkpoint has trained."""
+  :data:`F32_MAX`] and accuracies in [0, 1] (any finite float32 for a model
+  of your own), consensus distance in [0, :data:`F32_MAX`] (float32 values;
+  the rules of ``metrics.jsonl``), at most one loss and one accuracy per
+  step of the ``step`` the checkpoint has trained."""
   if window is None:
     return None
   if not isinstance(window, dict):
@@ -138,6 +139,7 @@ def _window_error(window, step: int, signed_losses: bool = False
     return (f"metrics_window has unknown {records.short(unknown)} (the keys "
             "it may have: losses, accs, consensus)")
   for key, lo, hi in (("losses", None if signed_losses else 0, None),
+                      ("accs", None, None) if signed_losses else
                       ("accs", 0, 1)):
     why = records.value_error(f"metrics_window.{key}", window.get(key, []),
                               "numbers", lo, hi)

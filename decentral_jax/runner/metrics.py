@@ -14,7 +14,8 @@ Keys written by :func:`decentral_jax.runner.train.train_and_evaluate`:
 * ``step``: completed optimizer steps (0 = the initial evaluation);
 * ``lr``: learning rate of the last update;
 * ``train/loss`` (and ``train/accuracy``): mean over workers and over the
-  steps since the previous record (nats);
+  steps since the previous record (nats; taken in float64, as the ``eval/*``
+  means are, so finite float32 losses give a finite mean);
 * ``consensus_distance``: ``(1/n) sum_i ||x_i - x_bar||^2`` at that step;
 * ``step_time_ms``, ``tokens_per_sec`` (or ``samples_per_sec``): mean over
   the timed steps since the previous record (wall time between consecutive
@@ -25,9 +26,11 @@ Keys written by :func:`decentral_jax.runner.train.train_and_evaluate`:
   resume);
 * ``eval/*`` at evaluation points (see ``Experiment.evaluate``).
 
-Non-finite floats are written as ``null`` (strict JSON). Every record is
-one ``write`` of a line ending in a newline, so a run that dies while
-writing leaves at most an incomplete last line; :func:`truncate_after`
+Non-finite floats are written as ``null`` (strict JSON); a record whose
+loss is not finite is never written, the run stops instead
+(:func:`decentral_jax.runner.recorder.non_finite_record_error`). Every
+record is one ``write`` of a line ending in a newline, so a run that dies
+while writing leaves at most an incomplete last line; :func:`truncate_after`
 (called when a run resumes) drops it with a warning, since it belongs to a
 step after the checkpoint, which the resumed run logs again. The reader
 applies the rules ``compare`` keeps a run by (:func:`row_error`, steps
@@ -210,14 +213,16 @@ def _last(key: str) -> str:
 MAX_TRAIN_TIME_S = 1e9
 
 
-#: The models whose losses are >= 0 (cross-entropies); a model of your own
-#: may return any finite loss (docs/extending.md).
+#: The models whose losses are >= 0 (cross-entropies) and accuracies in
+#: [0, 1]; a model of your own may return any finite loss and any finite
+#: "accuracy" aux value (docs/extending.md).
 BUILT_IN_MODELS = ("gpt", "cnn")
 
 
 def losses_signed(model_name) -> bool:
-  """Whether a run of ``model_name`` may log negative losses (a model of
-  your own; None, unknown, counts as built in)."""
+  """Whether a run of ``model_name`` may log any finite loss and accuracy
+  (a model of your own, whose "accuracy" aux value the runner logs as it
+  is; None, unknown, counts as built in)."""
   return model_name is not None and model_name not in BUILT_IN_MODELS
 
 
@@ -235,14 +240,14 @@ def workdir_losses_signed(workdir: str) -> bool:
 
 def value_range(key: str, signed_losses: bool = False
                 ) -> tuple[float | None, float | None]:
-  """``(lo, hi)`` of a metric ``key`` (None: unbounded); a loss is signed
-  for a model of your own (``signed_losses``)."""
+  """``(lo, hi)`` of a metric ``key`` (None: unbounded); a loss and an
+  accuracy are any number for a model of your own (``signed_losses``)."""
   last = _last(key)
   if last == "train_time_s":
     return 0.0, MAX_TRAIN_TIME_S
   if "excess" in last:  # a worker's loss minus x_bar's: signed
     return None, None
-  if "loss" in last and signed_losses:
+  if ("loss" in last or "accuracy" in last) and signed_losses:
     return None, None
   if "loss" in last or last == "lr":
     return 0.0, None
@@ -263,7 +268,8 @@ def value_error(key: str, v, signed_losses: bool = False) -> str | None:
   if v is None:
     return None
   if (lo, hi) == (None, None):
-    return (None if records_lib.is_real(v) or "loss" not in _last(key)
+    return (None if records_lib.is_real(v) or not any(
+        word in _last(key) for word in ("loss", "accuracy"))
             else f"{key} must be a number, got {records_lib.short(v)}")
   if not records_lib.is_real(v):
     return f"{key} must be a number, got {records_lib.short(v)}"

@@ -33,9 +33,13 @@ class Window:
     self.counters = {}
 
   def add(self, metrics: dict, seconds: float | None) -> None:
-    self.losses.append(float(np.mean(metrics["loss"])))
+    # Means over the workers in float64: finite float32 losses near the
+    # float32 limit keep a finite mean.
+    self.losses.append(float(np.mean(np.asarray(metrics["loss"],
+                                                np.float64))))
     if "accuracy" in metrics:
-      self.accs.append(float(np.mean(metrics["accuracy"])))
+      self.accs.append(float(np.mean(np.asarray(metrics["accuracy"],
+                                                np.float64))))
     if seconds is not None:
       self.times.append(seconds)
     if "consensus_distance" in metrics:
@@ -103,19 +107,38 @@ def non_finite_error(step: int, metrics: dict,
   fault with their values (of the run's config ``c``, if given)."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
-  good, verified = ckpt.last_good_step()
-  if good is None:
-    where = "no intact checkpoint had been written yet"
-  elif verified:
-    where = (f"the last good checkpoint (step {good}) is kept in "
-             f"{ckpt.directory}")
-  else:
-    where = (f"checkpoint {good} (unverified: no checksums) is kept in "
-             f"{ckpt.directory}")
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{where}. {_fields_at_fault(c)}")
+      f"{_kept(ckpt)}. {_fields_at_fault(c)}")
+
+
+def _kept(ckpt: checkpoint_lib.Checkpointer) -> str:
+  """Which checkpoint a stopped run keeps, for its error message."""
+  good, verified = ckpt.last_good_step()
+  if good is None:
+    return "no intact checkpoint had been written yet"
+  if verified:
+    return (f"the last good checkpoint (step {good}) is kept in "
+            f"{ckpt.directory}")
+  return (f"checkpoint {good} (unverified: no checksums) is kept in "
+          f"{ckpt.directory}")
+
+
+def non_finite_record_error(step: int, record: dict,
+                            ckpt: checkpoint_lib.Checkpointer,
+                            c=None) -> FloatingPointError | None:
+  """The error of a log or eval record whose loss (a mean over workers,
+  batches or steps, taken in float64) is not finite, or None: such a
+  record is never written (a null loss in ``metrics.jsonl`` of a run that
+  finished)."""
+  bad = [k for k, v in record.items() if "loss" in k and
+         isinstance(v, float) and not np.isfinite(v)]
+  if not bad:
+    return None
+  return FloatingPointError(
+      f"non-finite {bad[0]} at step {step} ({record[bad[0]]}); stopping, "
+      f"{_kept(ckpt)}. {_fields_at_fault(c)}")
 
 
 class Recorder:
@@ -208,7 +231,12 @@ class Recorder:
     self.record(done, extra)
 
   def record(self, done: int, extra: dict | None = None) -> None:
-    """Writes the record of step ``done`` and starts a new window."""
+    """Writes the record of step ``done`` and starts a new window.
+
+    Raises:
+      FloatingPointError: a loss of the record is not finite
+        (:func:`non_finite_record_error`); nothing is written.
+    """
     exp = self._exp
     rec = {"step": done, "lr": exp.learning_rate(max(done, 1)),
            **self._window.summary(exp.tokens_per_step, exp.unit),
@@ -217,6 +245,9 @@ class Recorder:
       rec["faults/goodput"] = rec["faults/useful_steps"] / (exp.n_workers *
                                                             done)
     rec["train_time_s"] = self.train_time()
+    error = non_finite_record_error(done, rec, self._ckpt, self._config)
+    if error is not None:
+      raise error
     self.last.update(rec)
     self._window = Window()
     if not self._main:

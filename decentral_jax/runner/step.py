@@ -45,6 +45,12 @@ LossFn = Callable[..., tuple[jax.Array, dict]]
 #: Values of :func:`train_step`'s ``consensus`` argument.
 CONSENSUS_MODES = ("logged", "input", "none")
 
+#: The per-step metrics :func:`train_step` writes beside the loss's aux
+#: values, and the prefix of the fault counters (``faults/...``): a model's
+#: aux dict may not use them (its value would replace the runner's).
+STEP_METRICS = ("loss", "grad_norm", "finite", "consensus_distance")
+COUNTER_PREFIX = "faults/"
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -286,10 +292,12 @@ def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,
       parameters ``theta``).
 
   Returns:
-    Float32 scalars: ``avg_loss``, ``avg_accuracy`` (the averaged model on
-    all workers' rows; accuracy 0 if the task has none), ``own_loss`` and
-    ``avg_subset_loss`` (``x_i`` and ``x_bar`` on ``common``), and
-    ``consensus_distance``.
+    Per eval batch, arrays ``[E]`` of the loss's dtype: ``avg_loss``,
+    ``avg_accuracy`` (the averaged model on this worker's rows; accuracy 0
+    if the task has none), ``own_loss`` and ``avg_subset_loss`` (``x_i``
+    and ``x_bar`` on ``common``); and the float32 scalar
+    ``consensus_distance``. The host averages them in float64, so finite
+    losses near the float32 limit keep a finite mean.
   """
   avg = gossip.mean(params if averaged is None else averaged, axis_name,
                     varying=False)
@@ -298,14 +306,11 @@ def eval_step(params: PyTree, rows: Batch, common: Batch, *, loss_fn: LossFn,
     def one(batch):
       value, aux = loss_fn(p, batch, None)
       return value, aux.get("accuracy", jnp.zeros([], jnp.float32))
-    losses, accs = lax.map(one, data)
-    return jnp.mean(losses), jnp.mean(accs)
+    return lax.map(one, data)
 
   avg_loss, avg_acc = run(avg, rows)
   own_loss, _ = run(params, common)
   subset_loss, _ = run(avg, common)
-  return {"avg_loss": gossip.mean(avg_loss, axis_name, varying=False),
-          "avg_accuracy": gossip.mean(avg_acc, axis_name, varying=False),
-          "own_loss": own_loss,
-          "avg_subset_loss": subset_loss,
+  return {"avg_loss": avg_loss, "avg_accuracy": avg_acc,
+          "own_loss": own_loss, "avg_subset_loss": subset_loss,
           "consensus_distance": gossip.consensus_distance(params, axis_name)}

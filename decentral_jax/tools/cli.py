@@ -99,10 +99,12 @@ def _error(message: str) -> int:
 
 def environment_error() -> int | None:
   """2 after one ``error:`` line if ``JAX_NUM_CPU_DEVICES`` is set to
-  something JAX refuses when it is imported (with a traceback), else None;
-  call it before anything imports JAX."""
+  something JAX refuses when it is imported (with a traceback), or
+  ``XLA_FLAGS``' device count to something XLA aborts on when the CPU
+  backend starts, else None; call it before anything imports JAX."""
   try:
     checks.environment_count("JAX_NUM_CPU_DEVICES")
+    checks.xla_flags_device_count()
   except ValueError as e:
     return _error(str(e).rstrip("."))
   return None

@@ -13,8 +13,9 @@ On a CPU-only machine the run needs ``config.n_workers`` x
 simulates them (``jax_num_cpu_devices``) before JAX starts its CPU backend,
 so the default 8-worker configs work out of the box. ``--cpu_devices=N``
 sets the number explicitly, over ``JAX_NUM_CPU_DEVICES`` and ``XLA_FLAGS``'
-``--xla_force_host_platform_device_count`` (fewer than the run needs is
-refused naming it, before any compile). At most
+``--xla_force_host_platform_device_count``; without it the count either of
+those sets is kept (the variable's over the option's). Fewer devices than
+the run needs is refused naming what set the count, before any compile. At most
 ``decentral_jax.runner.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
 process are simulated; more is refused before JAX starts (set
 ``JAX_NUM_CPU_DEVICES`` yourself to go beyond). Re-running with the same
@@ -83,7 +84,7 @@ def simulate_cpu_devices(n: int, source: str = "--cpu_devices=N") -> None:
 
   The count set here wins over ``JAX_NUM_CPU_DEVICES`` and ``XLA_FLAGS``'
   ``--xla_force_host_platform_device_count``; :func:`main` calls it when
-  ``--cpu_devices`` is given, or when neither variable sets a count.
+  ``--cpu_devices`` is given, or when neither of those sets a count.
 
   Raises:
     ValueError: ``n`` above ``config.MAX_SIMULATED_CPU_DEVICES`` (``source``

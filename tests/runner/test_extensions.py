@@ -10,9 +10,11 @@ before any compile with one line naming the model or the source.
 
 from __future__ import annotations
 
+import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -22,6 +24,8 @@ from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import extensions
+from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import recorder as recorder_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
 
@@ -326,3 +330,135 @@ def test_a_source_that_runs_out_keeps_the_checkpoints_already_written(
                        "data.options.stop_at": 4, "checkpoint_interval": 3})
   c.data.options.stop_at = 6
   assert train.train_and_evaluate(c, workdir)["step"] == 6
+
+
+def make_aux_model(key="accuracy", value=0.5, dtype="float32", offset=0.0):
+  """The linear model; its loss (``+ offset``, cast to ``dtype``) returns
+  ``{key: value}`` as aux."""
+  model = make_linear()
+
+  def loss(params, batch, rng):
+    value_ = model.loss(params, batch, rng) + offset
+    return value_.astype(dtype), {key: jnp.float32(value)}
+
+  return extensions.Model(model.init, loss)
+
+
+#: The aux model by module:attribute (registering it would change the list
+#: of registered names another test expects).
+AUX = f"{os.path.splitext(os.path.basename(__file__))[0]}:make_aux_model"
+
+
+def _rows(workdir):
+  with open(os.path.join(str(workdir), "metrics.jsonl"),
+            encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("key", ["loss", "consensus_distance", "finite",
+                                 "grad_norm", "faults/useful_steps"])
+def test_an_aux_key_of_the_runner_s_own_metrics_is_refused(key):
+  """aux {"loss": 1.0} replaced the logged train/loss, {"consensus_distance":
+  -5.0} was logged as the run's: the model check names the key."""
+  require_devices(N)
+  c = linear_config(AUX, **{"model.options.key": key})
+  with pytest.raises(ValueError) as e:
+    experiment_lib.Experiment(c)
+  assert str(e.value) == (
+      f"model {AUX!r}: the loss's aux uses {key!r}, a name of the "
+      "runner's own per-step metrics (loss, grad_norm, finite, "
+      "consensus_distance, faults/*); rename that aux key.")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_every_float_dtype_of_loss_is_accepted(dtype):
+  """A bfloat16 loss was refused as "not a float scalar" (NumPy does not
+  count bfloat16 as floating); an integer loss still is."""
+  require_devices(N)
+  c = linear_config(AUX, **{"model.options.dtype": dtype})
+  assert experiment_lib.Experiment(c).task.has_accuracy
+  c = linear_config(AUX, **{"model.options.dtype": "int32"})
+  with pytest.raises(ValueError, match=r"the loss returned int32\[\], "
+                     "expected a float scalar"):
+    experiment_lib.Experiment(c)
+
+
+def test_any_finite_accuracy_of_a_model_of_your_own_is_read_back():
+  """The reader's range of an accuracy: [0, 1] for the built-in models,
+  any finite number for a model of your own (as its losses)."""
+  for key in ("eval/accuracy", "train/accuracy"):
+    assert metrics_lib.value_error(key, 2.0, True) is None
+    assert metrics_lib.value_error(key, -0.5, True) is None
+    assert metrics_lib.value_error(key, 2.0, False) == (
+        f"{key} must be in [0, 1], got 2.0")
+    assert metrics_lib.value_error(key, "x", True) == (
+        f"{key} must be a number, got 'x'")
+
+
+@pytest.mark.slow
+def test_an_accuracy_outside_0_1_is_written_and_resumed(tmp_path):
+  """A model of your own reporting "accuracy" 2.0: the resumed run used to
+  call its own intact metrics.jsonl damaged and move it aside."""
+  require_devices(N)
+  workdir = str(tmp_path / "run")
+  c = linear_config(AUX, **{"model.options.value": 2.0, "steps": 3})
+  train.train_and_evaluate(c, workdir)
+  c = linear_config(AUX, **{"model.options.value": 2.0})
+  assert train.train_and_evaluate(c, workdir)["step"] == 6
+  assert not [f for f in os.listdir(workdir) if "corrupt" in f]
+  rows = _rows(workdir)
+  assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 3, 6]
+  assert all(r["eval/accuracy"] == 2.0 for r in rows if "eval/accuracy" in r)
+  assert [r["train/accuracy"] for r in rows if "train/accuracy" in r] == \
+      [2.0] * 6
+
+
+def test_a_mean_of_finite_float32_losses_is_finite():
+  """Two workers' losses 3e38: their float32 mean overflowed to inf (null
+  in metrics.jsonl); the window averages in float64."""
+  window = recorder_lib.Window()
+  for loss in ([3e38, 3e38], [3e38, 2e38]):
+    window.add({"loss": np.float32(loss), "accuracy": np.float32([1, 0])},
+               None)
+  got = window.summary(1, "samples")
+  want = (2 * float(np.float32(3e38)) + float(np.float32(3e38)) +
+          float(np.float32(2e38))) / 4
+  assert got["train/loss"] == pytest.approx(want, rel=1e-15)
+  assert got["train/accuracy"] == 0.5
+
+
+@pytest.mark.slow
+def test_finite_losses_near_the_float32_limit_are_logged_finite(tmp_path):
+  """Loss = mse + 3e38 on 4 workers (finite): train/loss and eval/loss were
+  null (their float32 mean overflowed) in a run that finished."""
+  require_devices(N)
+  workdir = str(tmp_path / "run")
+  c = linear_config(AUX, **{"model.options.offset": 3e38, "steps": 3})
+  train.train_and_evaluate(c, workdir)
+  want = float(np.float32(3e38))  # mse ~ 10 vanishes beside float32's ulp
+  for row in _rows(workdir):
+    for key in ("train/loss", "eval/loss", "eval/worker_loss_mean"):
+      if key in row:
+        assert row[key] == pytest.approx(want, rel=1e-7), (key, row)
+
+
+def make_eval_inf():
+  """The linear model; its loss is inf in evaluation (key None) alone."""
+  model = make_linear()
+  return extensions.Model(model.init, lambda p, b, k: model.loss(p, b, k) + (
+      jnp.inf if k is None else 0.0))
+
+
+def test_a_non_finite_evaluation_loss_stops_the_run(tmp_path):
+  """A record whose loss is not finite is never written (it was null, and
+  the run finished with rc 0)."""
+  require_devices(N)
+  here = AUX.split(":")[0]
+  c = linear_config(f"{here}:make_eval_inf", **{"model.needs_key": True})
+  workdir = str(tmp_path / "run")
+  with pytest.raises(FloatingPointError, match=r"^non-finite eval/loss at "
+                     r"step 0 \(inf\); stopping, no intact checkpoint had "
+                     "been written yet. Lower config.schedule.peak_lr"):
+    train.train_and_evaluate(c, workdir)
+  assert not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
+      not _rows(workdir)

@@ -354,6 +354,59 @@ def test_a_bad_environment_count_is_one_line_before_jax_reads_it(
                  f"{value!r} must be a whole number >= 1; fix or unset it"], err
 
 
+def test_train_names_xla_flags_when_its_count_is_too_few(
+    tmp_path, capsys, monkeypatch):
+  """XLA_FLAGS' device count 4 (no --cpu_devices, no JAX_NUM_CPU_DEVICES)
+  with 8 workers: it was overridden to 8 without a word; it is kept, and
+  too few is refused naming it and --cpu_devices. (The four are mocked.)"""
+  import jax
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false "
+                     "--xla_force_host_platform_device_count=4")
+  monkeypatch.setattr(jax, "local_device_count", lambda *a: 4)
+  workdir = tmp_path / "w"
+  assert cli.main(["train", "--config", os.path.join(
+      ROOT, "configs", "gpt_tiny.py"), "--config.n_workers=8",
+                   f"--workdir={workdir}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (
+      "error: XLA_FLAGS' --xla_force_host_platform_device_count=4 simulates "
+      "4 CPU devices in this process, but --config.n_workers=8 needs 8; "
+      "raise it to 8, drop it from XLA_FLAGS, or give --cpu_devices=8 "
+      "(which wins over it)."), err
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", ""])
+def test_a_bad_xla_flags_count_is_one_line_before_xla_reads_it(
+    capsys, monkeypatch, value):
+  """XLA aborted on --xla_force_host_platform_device_count=abc with its
+  whole list of flags and "Check failed: tsl::Flags::Parse"."""
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+  monkeypatch.setenv("XLA_FLAGS",
+                     f"--xla_force_host_platform_device_count={value}")
+  assert cli.main(["train", "--config", "x.py"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: XLA_FLAGS' --xla_force_host_platform_device_count="
+                 f"{value!r} must be a whole number >= 1; fix it or drop it "
+                 "from XLA_FLAGS"], err
+
+
+def test_the_xla_flags_device_count_is_read_as_xla_reads_it(monkeypatch):
+  """The last occurrence counts; other options and their values are
+  passed by; absent, there is none."""
+  from decentral_jax import checks
+  for flags_, want in [
+      ("", None), ("--xla_cpu_enable_fast_math=false", None),
+      ("--xla_force_host_platform_device_count=4", 4),
+      ("--xla_force_host_platform_device_count=4 --xla_dump_to=/tmp/x "
+       "--xla_force_host_platform_device_count=16", 16)]:
+    monkeypatch.setenv("XLA_FLAGS", flags_)
+    assert checks.xla_flags_device_count() == want, flags_
+  monkeypatch.delenv("XLA_FLAGS")
+  assert checks.xla_flags_device_count() is None
+
+
 @pytest.mark.parametrize("script", ["train.py", "compare.py"])
 def test_the_experiment_scripts_check_the_environment_before_jax(script):
   """`python experiments/train.py` imported JAX first: JAX_NUM_CPU_DEVICES
@@ -366,3 +419,13 @@ def test_the_experiment_scripts_check_the_environment_before_jax(script):
   assert proc.stderr.strip().splitlines() == [
       "error: the environment variable JAX_NUM_CPU_DEVICES='abc' must be a "
       "whole number >= 1; fix or unset it"], proc.stderr
+  env = {**os.environ, "PYTHONPATH": ROOT,
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=abc"}
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  proc = subprocess.run(
+      [sys.executable, os.path.join(ROOT, "experiments", script)],
+      capture_output=True, text=True, env=env, timeout=120, check=False)
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert proc.stderr.strip().splitlines() == [
+      "error: XLA_FLAGS' --xla_force_host_platform_device_count='abc' must "
+      "be a whole number >= 1; fix it or drop it from XLA_FLAGS"], proc.stderr
