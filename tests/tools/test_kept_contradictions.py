@@ -32,23 +32,26 @@ _FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
 
 
 class _Config:
+  def __init__(self, config=None):
+    self.config = config or _CONFIG
+
   def to_json(self) -> str:
-    return json.dumps(_CONFIG)
+    return json.dumps(self.config)
 
 
-def _run(tmp_path, final=None, diverged=None, rows=None) -> str:
+def _run(tmp_path, final=None, diverged=None, rows=None, config=None) -> str:
   run_dir = tmp_path / "run"
   run_dir.mkdir(exist_ok=True)
   (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
-      {"config": _CONFIG, "final": final, "diverged": diverged}))
+      {"config": config or _CONFIG, "final": final, "diverged": diverged}))
   (run_dir / metrics.METRICS_FILE).write_text(
       "".join(json.dumps(r) + "\n" for r in rows or _ROWS))
   job_lib.sign(str(run_dir))
   return str(run_dir)
 
 
-def _status(run_dir, capsys):
-  status = job_lib.arm_status(run_dir, _Config())[0]
+def _status(run_dir, capsys, config=None):
+  status = job_lib.arm_status(run_dir, _Config(config))[0]
   return status, capsys.readouterr().err
 
 
@@ -145,3 +148,24 @@ def test_a_run_to_resume_with_a_damaged_log_starts_again(tmp_path, capsys):
                         "line 2: \"step\" must increase"), err
   assert err.endswith("the run is not resumed: it is trained again from "
                       "step 0.\n"), err
+
+
+@pytest.mark.parametrize("model, kept", [("mymodel:make", True),
+                                         ("gpt", False)])
+def test_a_model_of_your_own_may_log_any_finite_loss_and_accuracy(
+    tmp_path, capsys, model, kept):
+  """The runner logs a model of your own's loss and "accuracy" aux value as
+  they are (docs/extending.md); a kept run of it is not damaged by a
+  negative loss or an accuracy of 2, a gpt run is."""
+  rows = [{"step": 0, "eval/loss": -1.0, "eval/accuracy": 2.0},
+          {**_ROWS[1], "eval/loss": -3.0, "eval/accuracy": 2.0}]
+  final = {**_FINAL, "eval/loss": -3.0, "eval/accuracy": 2.0}
+  config = {**_CONFIG, "model": {**_CONFIG["model"], "name": model}}
+  run_dir = _run(tmp_path, final=final, rows=rows, config=config)
+  with open(os.path.join(run_dir, "config.json"), "w",
+            encoding="utf-8") as f:
+    json.dump(config, f)  # the runner's copy, as a run writes it
+  status, err = _status(run_dir, capsys, config)
+  assert (status == "finished") == kept, err
+  if not kept:
+    assert "eval/loss" in err, err

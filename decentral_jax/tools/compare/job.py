@@ -77,18 +77,19 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
 RESULT_FILE = "compare_result.json"
 _NUMBER = ("number", None, None, False)
 _COUNT = ("number", 0.0, None, False)
-# The ranges of a kept run's evaluation values: a cross-entropy loss is
-# >= 0, an accuracy a fraction (others unbounded).
-EVAL_RANGES = {"eval/loss": (0.0, None), "eval/accuracy": (0.0, 1.0),
-               "eval/worker_excess_mean": (None, None),
-               "eval/worker_excess_max": (None, None)}
-# The final metrics a kept run's results use (others are kept unchecked).
-FINAL_SCHEMA = {"eval/loss": _COUNT, "eval/worker_excess_mean": _NUMBER,
+# A kept run's evaluation values, each in metrics_lib.value_range (a
+# cross-entropy loss >= 0 and an accuracy a fraction; any finite number for
+# a model of your own).
+EVAL_KEYS = ("eval/loss", "eval/accuracy", "eval/worker_excess_mean",
+             "eval/worker_excess_max")
+# The final metrics a kept run's results use (others are kept unchecked);
+# the final eval/* values must equal the last evaluation (_eval_error).
+FINAL_SCHEMA = {"eval/loss": _NUMBER, "eval/worker_excess_mean": _NUMBER,
                 "eval/worker_excess_max": _NUMBER,
                 "consensus_distance": _COUNT, "comm/ratio": _COUNT,
                 "comm/bytes_per_step": _COUNT, "step_time_ms": _COUNT,
                 "tokens_per_sec": _COUNT, "samples_per_sec": _COUNT,
-                "eval/accuracy": ("number", 0.0, 1.0, False)}
+                "eval/accuracy": _NUMBER}
 RESULT_SCHEMA = {
     "config": ("object", None, None, False),
     "final": (records.Obj(FINAL_SCHEMA, tuple(FINAL_SCHEMA)[:4], extra=True),
@@ -124,7 +125,7 @@ def read_record(workdir: str, want: dict | None = None
   four required), ``diverged`` null or a string, exactly one of the two
   null; and, for a finished run of the config ``want`` (any config if
   None), a ``metrics.jsonl`` with a finite ``eval/loss`` curve ending at
-  the run's last step, every evaluation value in :data:`EVAL_RANGES`, the
+  the run's last step, every evaluation value of :data:`EVAL_KEYS` in its range, the
   final ``eval/*`` values those of its last evaluation, and the final
   metrics and every row of ``metrics.jsonl`` possible
   (:func:`.kept.final_error`, :func:`.kept.metrics_error`), every other
@@ -216,21 +217,24 @@ def _against_rows(workdir: str, record: dict) -> records.Damaged | None:
       path, f"final.{bad[1]}", key=f"final.{bad[0]}")
 
 
-_OUT_OF_RANGE = " out of range"  # the key of a value outside EVAL_RANGES
+_OUT_OF_RANGE = " out of range"  # the key of a value out of its range
 
 
 def _eval_error(workdir: str, final: dict, loss_curve
                 ) -> records.Damaged | None:
   """Why a finished run's evaluations are not to be kept: a value of
-  ``metrics.jsonl`` outside :data:`EVAL_RANGES`, or a final ``eval/*``
+  ``metrics.jsonl`` outside :func:`metrics_lib.value_range` (signed for
+  a model of your own), or a final ``eval/*``
   value of :data:`RESULT_FILE` other than the last evaluation's."""
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   last = loss_curve[0][-1]
-  for key, (lo, hi) in EVAL_RANGES.items():
+  signed = metrics_lib.workdir_losses_signed(workdir)
+  for key in EVAL_KEYS:
+    lo, hi = metrics_lib.value_range(key, signed)
     curve = (loss_curve if key == "eval/loss" else
              metrics_lib.read_curve(path, key))
     if isinstance(curve, records.Damaged):  # not evaluated
-      if final.get(key) is not None and (lo, hi) != (None, None):
+      if final.get(key) is not None and "excess" not in key:
         return records.Damaged(
             os.path.join(workdir, RESULT_FILE),
             f"final.{key} is {records.short(final[key])}, but {path} has no "
