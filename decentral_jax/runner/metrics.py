@@ -43,6 +43,7 @@ import logging
 import math
 import re
 import os
+import stat
 from typing import Any, Iterable
 
 import numpy as np
@@ -343,24 +344,57 @@ def _file_checker(signed_losses: bool = False):
   return check
 
 
+def _kind_error(mode: int) -> str | None:
+  """Why a file of ``mode`` (``lstat``) is not a metrics file, or None."""
+  if stat.S_ISREG(mode):
+    return None
+  if stat.S_ISLNK(mode):
+    return ("is a symbolic link (the run writes its records into "
+            "metrics.jsonl itself, not through a link)")
+  return ("is a directory" if stat.S_ISDIR(mode) else
+          "is not a regular file (a FIFO, a socket or a device)")
+
+
+def _read_regular(path: str) -> bytes:
+  """The bytes of ``path``, refused in one line before any blocking open
+  if it is not a regular file (a FIFO would block the read for ever).
+
+  Raises:
+    MetricsError: a symbolic link, a directory, a FIFO, a socket or a
+      device (names the file and the fix).
+    workdir.PathError: the file cannot be read.
+  """
+  try:
+    why = _kind_error(os.lstat(path).st_mode)
+    if why is None:
+      fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                   | getattr(os, "O_NOFOLLOW", 0))
+      why = _kind_error(os.fstat(fd).st_mode)
+      if why is None:
+        with os.fdopen(fd, "rb") as f:
+          return f.read()
+      os.close(fd)
+  except OSError as e:
+    raise workdir_lib.path_error("read", path, e) from None
+  raise MetricsError(f"{path} {why}; move it away (a fresh file is "
+                     "written), and run again.", path, why)
+
+
 def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
   """Records of a JSON-lines file, the line number of a torn last line,
   whether the file needs rewriting (torn or unterminated last line) and the
   bytes after its last newline.
 
   Raises:
-    MetricsError: a line other than the last is not a JSON object, or a
-      record has no integer ``"step" >= 0``, a value that is not a JSON
+    MetricsError: the file is a symbolic link or not a regular file
+      (refused before opening), a line other than the last is not a JSON
+      object, or a record has no integer ``"step" >= 0``, a value that is not a JSON
       scalar or is NaN or infinite or outside its key's range
       (:func:`row_error`), or a step not larger than the line before's;
       names the file, the line, the key and the fix.
     workdir.PathError: the file cannot be read.
   """
-  try:
-    with open(path, "rb") as f:
-      data = f.read()
-  except OSError as e:
-    raise workdir_lib.path_error("read", path, e) from None
+  data = _read_regular(path)
   got = records_lib.parse_jsonl(data, path, _file_checker(
       workdir_losses_signed(os.path.dirname(path))))
   if isinstance(got, records_lib.Damaged):
@@ -441,20 +475,18 @@ def truncate_after(workdir: str, step: int) -> int:
     How many complete records were removed (0 if the file does not exist).
 
   Raises:
-    MetricsError: a line before the last is corrupt, breaks its key's
-      range, or repeats or goes back in step (names file, line, key and
-      fix; nothing is rewritten).
+    MetricsError: the file is a symbolic link or not a regular file (a
+      FIFO, a directory: refused before opening), or a line before the
+      last is corrupt, breaks its key's range, or repeats or goes back in
+      step (names file, line, key and fix; nothing is rewritten).
     workdir.PathError: the file cannot be read or rewritten.
   """
   path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
     return 0
   if step == 0:  # everything is redone: no need to parse
-    try:
-      with open(path, "rb") as f:
-        removed = sum(1 for line in f if line.strip(b" \t\r\n\0"))
-    except OSError as e:
-      raise workdir_lib.path_error("read", path, e) from None
+    removed = sum(1 for line in _read_regular(path).split(b"\n")
+                  if line.strip(b" \t\r\n\0"))
     keep, torn, dirty = [], None, removed > 0
   else:
     records, torn, dirty, tail = _parse(path)

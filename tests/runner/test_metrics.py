@@ -142,3 +142,33 @@ def test_a_model_of_your_own_may_log_negative_losses(tmp_path):
 def test_the_built_in_models_are_the_runner_s():
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   assert set(metrics.BUILT_IN_MODELS) == set(config_lib.DATA_SOURCES)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link_to_devnull",
+                                  "link_to_file"])
+@pytest.mark.parametrize("resumed_after", [0, 5])
+def test_a_metrics_file_that_is_not_a_regular_file_is_moved_aside(
+    tmp_path, caplog, kind, resumed_after):
+  """A FIFO would block the resume's read for ever, a link would send the
+  resumed run's records elsewhere (/dev/null: lost): refused before any
+  open, moved aside with one warning; the readers of compare and the
+  learners refuse it too instead of blocking."""
+  import os  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  target = tmp_path / "elsewhere.jsonl"
+  target.write_text('{"step": 0}\n')
+  {"fifo": lambda: os.mkfifo(path), "directory": path.mkdir,
+   "link_to_devnull": lambda: os.symlink("/dev/null", path),
+   "link_to_file": lambda: os.symlink(target, path)}[kind]()
+  with pytest.raises(metrics.MetricsError) as info:
+    metrics.read_jsonl(str(path))
+  assert str(info.value).startswith(f"{path} is "), str(info.value)
+  caplog.set_level("WARNING")
+  train.resume_metrics(str(tmp_path), resumed_after)
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line.startswith(f"{path}, is "), line
+  assert "moved it to" in line, line
+  assert not os.path.lexists(path)
+  assert os.path.lexists(tmp_path / metrics.CORRUPT_FILE)
+  assert target.read_text() == '{"step": 0}\n'
