@@ -600,6 +600,22 @@ META_CASES = {
         "unknown config.compression.format='banana'"),
     "faults_enabled_yes": (_with(faults={"enabled": "yes"}),
                            "faults.enabled must be True or False, got 'yes'"),
+    # The window holds one loss per step since the last record: empty at a
+    # step the writer logs (here log_interval 5 at step 5), else not.
+    "window_at_a_logged_step": (
+        lambda m: dict(m, config=dict(m["config"], log_interval=5)),
+        "metrics_window.losses holds 1 values at step 5, which the writer "
+        "logs"),
+    "window_at_the_last_step": (
+        lambda m: dict(m, config=dict(m["config"], steps=5)),
+        "metrics_window.losses holds 1 values at step 5"),
+    "empty_window_between_records": (
+        _with(metrics_window={"losses": [], "accs": [], "consensus": None}),
+        "metrics_window.losses is empty at step 5"),
+    "accuracies_not_one_per_loss": (
+        _with(metrics_window={"losses": [2.0], "accs": [0.5, 0.5],
+                              "consensus": None}),
+        "metrics_window.accs holds 2 values, losses 1"),
     "string_steps_in_config": (  # a field a resume may change: still checked
         lambda m: dict(m, config=dict(m["config"], steps="x")),
         "config.steps must be an integer in [1, 2147483647], got 'x'"),
