@@ -293,10 +293,8 @@ def _at(tree, path: str):
 
 def _topology_written(meta: dict, config: dict):
   """``topology`` as the writer stores it: the canonical name, or "" for an
-  algorithm without a gossip topology (a stored "" is taken as is: the
-  resume compares it with the run's own)."""
-  if meta.get("topology") == "":
-    return ""
+  algorithm without a gossip topology (a stored "" for one with a topology
+  contradicts ``config``: damage, not a changed config)."""
   from decentral_jax import topology as topology_lib  # pylint: disable=import-outside-toplevel
   algo = methods.ALGORITHMS.get(config.get("algorithm"))
   if algo is None or not isinstance(config.get("topology"), str):

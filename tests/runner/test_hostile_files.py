@@ -662,7 +662,9 @@ def test_valid_stored_values_pass_their_rules(tiny):
   meta["compression"] = dict(config["compression"])
   assert run_meta.meta_error(meta, 5, like) is None
   # A method without a topology (all_reduce, DiLoCo) stores topology "".
-  assert run_meta.meta_error(dict(meta, topology=""), 5, like) is None
+  assert run_meta.meta_error(dict(
+      meta, topology="", algorithm="all_reduce",
+      config=dict(config, algorithm="all_reduce")), 5, like) is None
   config["faults"]["failure_rate"] = 1.5  # beyond 1: damaged
   assert run_meta.meta_error(meta, 5, like).startswith(
       "config.faults.failure_rate must be a finite number in [0, 1)")
@@ -701,6 +703,8 @@ COPY_CASES = {
     "topology_config_copy": (_in_config("", "topology", "ring"),
                              "config.topology"),
     "topology_top": (_top("topology", "ring"), "config.topology"),
+    # "" is what a method without a topology stores; this one gossips.
+    "topology_top_empty": (_top("topology", ""), "config.topology"),
     "faults": (_in_config("faults", "enabled", True), "config.faults"),
     "sync_every_u": (_top("sync_every_u", 31), "config.sync_every_u"),
     "noloco.alpha": (_top("noloco.alpha", 0.25), "config.noloco.alpha"),
