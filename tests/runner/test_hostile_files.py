@@ -782,6 +782,45 @@ def test_damaged_step_entries_fall_back_with_one_warning_each(
                for line in lines), (step, lines)
 
 
+@pytest.mark.parametrize("name, text", [
+    ("_CHECKPOINT_METADATA", "[1, 2]"),  # not summed: Orbax reads it first
+    (os.path.join("state", "_sharding"), "[]"),  # summed: re-signed
+    (os.path.join("state", "_METADATA"), "7"),
+])
+def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
+    tmp_path, tiny, caplog, name, text):
+  """Valid JSON of the wrong top-level type in a file Orbax reads (Orbax
+  stopped with "Metadata dict must be a dictionary, but got list", naming
+  no file): the checkpoint is moved aside with one warning naming the
+  file, and the older one is selected; listing the steps before that is
+  one line naming the checkpoint."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, state = tiny
+  root = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    for step in (3, 5):
+      ckpt.save(step, state, run_meta.checkpoint_meta(exp, step))
+  (root / "5" / name).write_text(text)
+  if name != "_CHECKPOINT_METADATA":
+    workdir_lib.write_sums(str(root / "5"), skip=checkpoint._UNSUMMED)  # pylint: disable=protected-access
+  assert checkpoint.check_checkpoint(str(root / "5"))[0] == "corrupt"
+  if name == "_CHECKPOINT_METADATA":
+    with checkpoint.Checkpointer(str(root)) as ckpt:
+      with pytest.raises(checkpoint.CheckpointError) as info:
+        ckpt.all_steps()
+    _one_line(info.value, f"checkpoint 5 ({root / '5'}) is corrupt: {name}")
+  caplog.set_level("WARNING")
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 3
+    assert ckpt.all_steps() == [3]
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
+  lines = [r.getMessage() for r in caplog.records
+           if r.levelno >= logging.WARNING]
+  assert len(lines) == 1, lines
+  assert lines[0].startswith("checkpoint 5 (") and f"{name} holds a JSON " \
+      "" in lines[0] and "not an object" in lines[0], lines
+
+
 def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):
   """``model.param_dtype`` at its default is left out of the stored model
   group; a mismatch shows it as float32, not None."""
