@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import os
 
+from ml_collections import config_dict
 import numpy as np
 
 from decentral_jax import records
+from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import field_rules
@@ -188,6 +190,27 @@ def _window_steps_error(meta: dict, config) -> str | None:
     return (f"metrics_window.accs holds {accs} values, losses {n} (one "
             "of each per step, or no accuracy)")
   return None
+
+
+def _lr_error(meta: dict, config) -> str | None:
+  """Why the document's ``lr`` is not its stored config's schedule at its
+  step (the writer derives one from the other: a disagreement is damage,
+  not a changed ``steps`` or ``schedule``), or None (no ``lr`` or no
+  ``config``: the older formats)."""
+  lr, step = meta.get("lr"), meta.get("step")
+  if not isinstance(config, dict) or isinstance(lr, bool) \
+      or not isinstance(lr, (int, float)) or not isinstance(step, int):
+    return None
+  try:
+    c = config_dict.ConfigDict({"schedule": dict(config["schedule"]),
+                                "steps": config["steps"]})
+    written = float(builders.make_schedule(c)(step))
+  except (KeyError, TypeError, ValueError, AttributeError):
+    return None  # a config the rules refused, or without a schedule
+  if abs(lr - written) <= 1e-5 * abs(written) + 1e-12:
+    return None
+  return (f"lr {lr:.6g} disagrees with config.schedule at step {step} "
+          f"({written:.6g}; the writer derives one from the other)")
 
 
 def _kind(v) -> str | None:
@@ -517,7 +540,8 @@ def meta_error(meta, step: int | None = None,
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
       (_fields_error(meta, like) or _rules_error(meta)
        or _contradiction(meta, meta.get("config"))
-       or _window_steps_error(meta, meta.get("config")))
+       or _window_steps_error(meta, meta.get("config"))
+       or _lr_error(meta, meta.get("config")))
       if like is not None else None)
 
 
@@ -535,7 +559,8 @@ def check_run_meta(meta, where: str, step: int | None = None,
   ``{"losses": [numbers in [0, F32_MAX]], "accs": [numbers in [0, 1]],
   "consensus": a number in [0, F32_MAX] or null}``, at most ``step``
   values in a list: the run computes them in float32; empty at a step
-  the stored config logs, else not: :func:`_window_steps_error`). With ``like``
+  the stored config logs, else not: :func:`_window_steps_error`; ``lr``
+  the stored schedule's at ``step``: :func:`_lr_error`). With ``like``
   the document must hold every key its format's writers write
   (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
   ``config``: a missing key is damage, never a field left uncompared);

@@ -616,6 +616,9 @@ META_CASES = {
         _with(metrics_window={"losses": [2.0], "accs": [0.5, 0.5],
                               "consensus": None}),
         "metrics_window.accs holds 2 values, losses 1"),
+    # The writer derives lr from its config's schedule at its step.
+    "lr_not_its_schedule": (_with(lr=0.5), "lr 0.5 disagrees with "
+                            "config.schedule at step 5"),
     "string_steps_in_config": (  # a field a resume may change: still checked
         lambda m: dict(m, config=dict(m["config"], steps="x")),
         "config.steps must be an integer in [1, 2147483647], got 'x'"),
@@ -819,6 +822,30 @@ def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
   assert len(lines) == 1, lines
   assert lines[0].startswith("checkpoint 5 (") and f"{name} holds a JSON " \
       "" in lines[0] and "not an object" in lines[0], lines
+
+
+def test_the_document_lr_is_its_own_schedule_at_its_step(tiny):
+  """``lr`` is what the stored schedule gives at the stored step (linear
+  warmup from peak/W, by hand): another value is damage naming both, not
+  a changed schedule; a changed schedule inside ``config`` moves both."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  like = copy.deepcopy(meta)
+  sched = meta["config"]["schedule"]
+  peak, warm = sched["peak_lr"], sched["warmup_steps"]
+  assert sched["name"] == "warmup_cosine" and warm > 5
+  by_hand = peak / warm + (peak - peak / warm) * 5 / warm
+  assert meta["lr"] == pytest.approx(by_hand, rel=1e-6)
+  assert run_meta.meta_error(meta, 5, like) is None
+  why = run_meta.meta_error(dict(meta, lr=by_hand * 1.01), 5, like)
+  assert why == (f"lr {by_hand * 1.01:.6g} disagrees with config.schedule "
+                 f"at step 5 ({by_hand:.6g}; the writer derives one from "
+                 "the other)"), why
+  doubled = copy.deepcopy(meta)  # both copies changed together: intact
+  doubled["config"]["schedule"]["peak_lr"] = 2 * peak
+  doubled["lr"] = 2 * by_hand
+  assert run_meta.meta_error(doubled, 5, like) is None
 
 
 def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):
