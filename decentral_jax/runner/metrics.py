@@ -49,6 +49,7 @@ from typing import Any, Iterable
 import numpy as np
 import tqdm
 
+from decentral_jax import checks
 from decentral_jax import records as records_lib
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -471,18 +472,28 @@ def truncate_after(workdir: str, step: int) -> int:
   ``step``) or lost (``step`` or before, as read from the line; the rest
   of a torn record is not kept). The file is rewritten atomically.
 
+  A missing file after ``step > 0`` is a warning (the earlier records
+  are lost); a record of a step beyond ``config.steps``' largest value is
+  damage, not a redone record.
+
   Returns:
     How many complete records were removed (0 if the file does not exist).
 
   Raises:
     MetricsError: the file is a symbolic link or not a regular file (a
-      FIFO, a directory: refused before opening), or a line before the
+      FIFO, a directory: refused before opening), a record's step is
+      beyond any run's last, or a line before the
       last is corrupt, breaks its key's range, or repeats or goes back in
       step (names file, line, key and fix; nothing is rewritten).
     workdir.PathError: the file cannot be read or rewritten.
   """
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.lexists(path):
+    if step > 0:
+      logging.warning(
+          "%s is missing although the run resumes after step %d: the "
+          "records of steps 0 to %d are lost; the resumed run writes a new "
+          "file from step %d on.", path, step, step, step + 1)
     return 0
   if step == 0:  # everything is redone: no need to parse
     removed = sum(1 for line in _read_regular(path).split(b"\n")
@@ -490,6 +501,7 @@ def truncate_after(workdir: str, step: int) -> int:
     keep, torn, dirty = [], None, removed > 0
   else:
     records, torn, dirty, tail = _parse(path)
+    _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)
   if torn is not None:
@@ -505,6 +517,19 @@ def truncate_after(workdir: str, step: int) -> int:
   except OSError as e:
     raise workdir_lib.path_error("rewrite", path, e) from None
   return removed
+
+
+def _check_reachable(path: str, records: list[dict]) -> None:
+  """Raises :class:`MetricsError` for a record of a step no run reaches
+  (beyond ``config.steps``' largest value): damage, not a record a
+  resumed run redoes."""
+  for n, r in enumerate(records):
+    if r.get("step", 0) > checks.INT32_MAX:
+      why = (f"record {n + 1} has step {records_lib.short(r['step'])}, "
+             f"beyond the last step any run reaches (config.steps <= "
+             f"{checks.INT32_MAX})")
+      raise MetricsError(f"{path}, {why}; fix or delete that line, or move "
+                         "the file away, and run again.", path, why)
 
 
 def set_aside(workdir: str) -> str:

@@ -172,3 +172,41 @@ def test_a_metrics_file_that_is_not_a_regular_file_is_moved_aside(
   assert not os.path.lexists(path)
   assert os.path.lexists(tmp_path / metrics.CORRUPT_FILE)
   assert target.read_text() == '{"step": 0}\n'
+
+
+def test_a_missing_metrics_file_on_resume_says_the_records_are_lost(
+    tmp_path, caplog):
+  """Deleted between the runs: one warning that the records up to the
+  checkpoint are gone (a fresh start, after step 0, says nothing)."""
+  caplog.set_level("WARNING")
+  assert metrics.truncate_after(str(tmp_path), 0) == 0
+  assert not caplog.records
+  assert metrics.truncate_after(str(tmp_path), 6) == 0
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line == (f"{tmp_path / metrics.METRICS_FILE} is missing although "
+                  "the run resumes after step 6: the records of steps 0 to "
+                  "6 are lost; the resumed run writes a new file from step "
+                  "7 on."), line
+
+
+def test_a_step_no_run_reaches_is_damage_not_a_redone_record(
+    tmp_path, caplog):
+  """A record of step 10**30 (config.steps is at most 2**31 - 1) was not
+  written by a run: the file is moved aside with one warning naming the
+  record, not cut silently as a step the resumed run logs again; a step
+  after the checkpoint within reach is cut without a word."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  text = '{"step": 0}\n{"step": %d}\n' % 10**30
+  path.write_text(text)
+  caplog.set_level("WARNING")
+  train.resume_metrics(str(tmp_path), 6)
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line.startswith(f"{path}, record 2 has step {10**30}, beyond the "
+                         "last step any run reaches"), line
+  assert (tmp_path / metrics.CORRUPT_FILE).read_text() == text
+  assert not path.exists()
+  path.write_text('{"step": 0}\n{"step": %d}\n' % (2**31 - 1))
+  assert metrics.truncate_after(str(tmp_path), 6) == 1
+  assert path.read_text() == '{"step": 0}\n'
+  assert len(caplog.records) == 1
