@@ -226,11 +226,8 @@ def losses_signed(model_name) -> bool:
 def workdir_losses_signed(workdir: str) -> bool:
   """:func:`losses_signed` for the run whose ``config.json`` is in
   ``workdir`` (False without a readable one)."""
-  try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-      model = json.load(f).get("model", {})
-  except (OSError, ValueError, AttributeError):
-    return False
+  got = records_lib.read_json(os.path.join(workdir, "config.json"))
+  model = got.get("model", {}) if isinstance(got, dict) else {}
   return losses_signed(model.get("name") if isinstance(model, dict)
                        else None)
 
