@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import os
 
-from ml_collections import config_dict
 import numpy as np
 
 from decentral_jax import records
-from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import field_rules
+from decentral_jax.runner import meta_derived
 from decentral_jax.runner import methods
 from decentral_jax.runner import metrics as metrics_lib
 
@@ -156,61 +155,6 @@ def _window_error(window, step: int, signed_losses: bool = False
     return (records.value_error("metrics_window.consensus", c, "number", 0)
             or _float32_error("metrics_window.consensus", [c]))
   return None
-
-
-def _window_steps_error(meta: dict, config) -> str | None:
-  """Why ``metrics_window`` contradicts the step and the stored config, or
-  None. The window holds one loss per step since the last record: empty
-  at a step the writer logs (a multiple of ``log_interval`` or
-  ``eval_interval``, or ``steps``), else it holds at least that step's
-  loss; ``accs`` is empty or as long as ``losses``. (Its exact length
-  depends on ``log_interval`` before the last resume, which a resume may
-  change: not checked.)"""
-  window, step = meta.get("metrics_window"), meta.get("step")
-  if not isinstance(window, dict) or not isinstance(config, dict) \
-      or not step:
-    return None
-  ints = [config.get(k) for k in ("log_interval", "eval_interval", "steps")]
-  if any(isinstance(v, bool) or not isinstance(v, int) for v in ints):
-    return None
-  log, ev, total = ints
-  n = len(window.get("losses", []))
-  logged = (log > 0 and step % log == 0) or (ev > 0 and step % ev == 0) \
-      or step == total
-  if logged and n:
-    return (f"metrics_window.losses holds {n} values at step {step}, which "
-            f"the writer logs (config.log_interval={log}, eval_interval="
-            f"{ev}, steps={total}): its window is empty there")
-  if not logged and not n:
-    return (f"metrics_window.losses is empty at step {step}, which the "
-            f"writer does not log (config.log_interval={log}, "
-            f"eval_interval={ev}, steps={total}): it holds that step's loss")
-  accs = len(window.get("accs", []))
-  if accs not in (0, n):
-    return (f"metrics_window.accs holds {accs} values, losses {n} (one "
-            "of each per step, or no accuracy)")
-  return None
-
-
-def _lr_error(meta: dict, config) -> str | None:
-  """Why the document's ``lr`` is not its stored config's schedule at its
-  step (the writer derives one from the other: a disagreement is damage,
-  not a changed ``steps`` or ``schedule``), or None (no ``lr`` or no
-  ``config``: the older formats)."""
-  lr, step = meta.get("lr"), meta.get("step")
-  if not isinstance(config, dict) or isinstance(lr, bool) \
-      or not isinstance(lr, (int, float)) or not isinstance(step, int):
-    return None
-  try:
-    c = config_dict.ConfigDict({"schedule": dict(config["schedule"]),
-                                "steps": config["steps"]})
-    written = float(builders.make_schedule(c)(step))
-  except (KeyError, TypeError, ValueError, AttributeError):
-    return None  # a config the rules refused, or without a schedule
-  if abs(lr - written) <= 1e-5 * abs(written) + 1e-12:
-    return None
-  return (f"lr {lr:.6g} disagrees with config.schedule at step {step} "
-          f"({written:.6g}; the writer derives one from the other)")
 
 
 def _kind(v) -> str | None:
@@ -540,8 +484,8 @@ def meta_error(meta, step: int | None = None,
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
       (_fields_error(meta, like) or _rules_error(meta)
        or _contradiction(meta, meta.get("config"))
-       or _window_steps_error(meta, meta.get("config"))
-       or _lr_error(meta, meta.get("config")))
+       or meta_derived.window_steps_error(meta, meta.get("config"))
+       or meta_derived.lr_error(meta, meta.get("config")))
       if like is not None else None)
 
 
@@ -559,8 +503,8 @@ def check_run_meta(meta, where: str, step: int | None = None,
   ``{"losses": [numbers in [0, F32_MAX]], "accs": [numbers in [0, 1]],
   "consensus": a number in [0, F32_MAX] or null}``, at most ``step``
   values in a list: the run computes them in float32; empty at a step
-  the stored config logs, else not: :func:`_window_steps_error`; ``lr``
-  the stored schedule's at ``step``: :func:`_lr_error`). With ``like``
+  the stored config logs, else not, and ``lr`` the stored schedule's at
+  ``step``: :mod:`~decentral_jax.runner.meta_derived`). With ``like``
   the document must hold every key its format's writers write
   (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
   ``config``: a missing key is damage, never a field left uncompared);
