@@ -178,6 +178,10 @@ class WandbTracker:
           "config.tracker='wandb' needs the wandb package: `pip install -r "
           "requirements-extras.txt`, or set --config.tracker=''.") from None
     id_path = os.path.join(workdir, WANDB_ID_FILE)
+    why = workdir_lib.not_regular_error(id_path)  # a FIFO blocks the open
+    if why:
+      raise ValueError(f"{id_path} {why}; move it away (a new W&B run is "
+                       "started) and run again.")
     try:
       with open(id_path, encoding="utf-8") as f:
         run_id = f.read().strip()

@@ -210,3 +210,23 @@ def test_a_step_no_run_reaches_is_damage_not_a_redone_record(
   assert metrics.truncate_after(str(tmp_path), 6) == 1
   assert path.read_text() == '{"step": 0}\n'
   assert len(caplog.records) == 1
+
+
+def test_a_wandb_run_id_file_that_is_a_fifo_is_named_not_opened(
+    tmp_path, monkeypatch):
+  """The id file of the W&B run, read on resume: a FIFO would block the
+  open for ever; one line names it (before W&B starts a run)."""
+  import os  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  started = []
+  monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
+      init=lambda **kw: started.append(kw)))
+  path = tmp_path / metrics.WANDB_ID_FILE
+  os.mkfifo(path)
+  with pytest.raises(ValueError) as info:
+    metrics.WandbTracker(str(tmp_path), {})
+  assert str(info.value) == (
+      f"{path} is not a regular file (a FIFO, a socket or a device); move "
+      "it away (a new W&B run is started) and run again."), info.value
+  assert not started
