@@ -20,7 +20,8 @@ Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
 (every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
 hand; a file present but not listed there counts as damage) in Orbax's background thread, so saves stay asynchronous. Only
 Orbax's top-level ``_CHECKPOINT_METADATA`` and ``commit_success.txt`` come
-later (the first must parse). :meth:`Checkpointer.select_restore_step`
+later (the first must parse, as a JSON object like every JSON file Orbax
+reads). :meth:`Checkpointer.select_restore_step`
 verifies before a restore, listing the step entries itself (a regular
 file or an empty directory named like a step is damage too, found before
 Orbax reads it): a corrupt newest checkpoint is moved to
@@ -41,6 +42,7 @@ command-line programs call).
 from __future__ import annotations
 
 import errno
+import glob
 import logging
 import os
 import re
@@ -63,6 +65,12 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"
 _UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
 # Files a checkpoint's SHA256SUMS must list (the JSON document it resumes by).
 _SUMMED = (os.path.join("meta", "metadata"),)
+# The JSON files of a checkpoint Orbax reads, each a JSON object at the top
+# level; globs relative to the step directory. (The document, meta/metadata,
+# is checked key by key: run_meta.meta_file_error.)
+_JSON_FILES = ("_CHECKPOINT_METADATA", os.path.join("state", "_METADATA"),
+               os.path.join("state", "_sharding"),
+               os.path.join("state", "array_metadatas", "process_*"))
 # How long close() waits for the writes of a failed save before removing
 # its temporary directory.
 _WRITERS_WAIT_S = 300.0
@@ -121,20 +129,38 @@ def check_checkpoint(root: str) -> tuple[str, str]:
   Returns:
     ``("ok", "")``; ``("unverified", why)`` without a ``SHA256SUMS``; or
     ``("corrupt", why)`` naming the first bad file (missing, changed,
-    present but not listed in ``SHA256SUMS``, or Orbax's step metadata
-    unreadable).
+    present but not listed in ``SHA256SUMS``, or one of its JSON files,
+    :data:`_JSON_FILES`, unreadable or not a JSON object at the top level:
+    checked with or without ``SHA256SUMS``, since Orbax's step metadata is
+    not summed).
   """
   if os.path.lexists(root) and not os.path.isdir(root):
     return "corrupt", "it is not a directory"
   status, why = workdir_lib.check_sums(root, required=_SUMMED,
                                        complete_except=_UNSUMMED)
-  if status != "ok":
+  if status == "corrupt":
     return status, why
-  got = records.read_json(os.path.join(root, _UNSUMMED[0]))
-  if isinstance(got, records.Damaged) and not got.missing:  # not every
-    # Orbax version writes it
-    return "corrupt", f"{_UNSUMMED[0]} unreadable ({got.reason})"
-  return "ok", ""
+  json_why = _json_files_error(root)
+  if json_why:
+    return "corrupt", json_why
+  return status, why
+
+
+def _json_files_error(root: str) -> str | None:
+  """Why a JSON file of the checkpoint in ``root`` is damaged (unreadable,
+  not JSON, or not an object at the top level), naming it, or None; a
+  file left out is not (not every Orbax version writes each)."""
+  for pattern in _JSON_FILES:
+    for path in sorted(glob.glob(os.path.join(glob.escape(root), pattern))):
+      name = os.path.relpath(path, root)
+      got = records.read_json(path)
+      if isinstance(got, records.Damaged):
+        if not got.missing:
+          return f"{name} unreadable ({got.reason})"
+      elif not isinstance(got, dict):
+        return (f"{name} holds a JSON {type(got).__name__}, not an object "
+                "(the file is damaged)")
+  return None
 
 
 class Checkpointer:
@@ -198,8 +224,11 @@ class Checkpointer:
                                    self.directory, e) from None
     if self._main:
       self._remove_tmp_dirs()
+    # Step metadata is read at the first reload, after selection: a step
+    # whose Orbax metadata is damaged must reach select_restore_step (moved
+    # aside there), not stop the open with Orbax's error naming no file.
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=True,
+        max_to_keep=max_to_keep, create=True, lightweight_initialize=True,
         enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(
             post_finalization_callback=self._before_commit))
@@ -234,24 +263,54 @@ class Checkpointer:
     return os.path.join(self.directory, str(int(step)))
 
   def latest_step(self) -> int | None:
-    """Step of the newest committed checkpoint, or None if there is none."""
-    self._manager.reload()
+    """Step of the newest committed checkpoint, or None if there is none.
+
+    Raises:
+      CheckpointError: a step's Orbax metadata is damaged (names it).
+    """
+    self._reload()
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
-    """Steps of all committed checkpoints, ascending."""
-    self._manager.reload()
+    """Steps of all committed checkpoints, ascending.
+
+    Raises:
+      CheckpointError: a step's Orbax metadata is damaged (names it).
+    """
+    self._reload()
     return sorted(self._manager.all_steps())
+
+  def _reload(self) -> None:
+    """Orbax's ``reload``; its error on a damaged step's metadata (e.g. a
+    JSON list) becomes one line naming that step and the fix."""
+    try:
+      self._manager.reload()
+    except (ValueError, TypeError, KeyError) as e:
+      bad = [(s, why) for s in self._step_entries_listed() or []
+             for why in [_json_files_error(self.step_dir(s))] if why]
+      if not bad:
+        raise
+      step, why = bad[-1]
+      raise CheckpointError(
+          f"checkpoint {step} ({self.step_dir(step)}) is corrupt: {why}; "
+          "move that step directory away to use an older one, or use a "
+          f"fresh --workdir (Orbax: {str(e).splitlines()[0]})") from None
 
   def _step_entries(self) -> list[int]:
     """Steps of every entry named like a checkpoint (``<step>``), damaged
     ones too (a file, an empty directory, unreadable Orbax metadata),
     ascending: read from the directory, not through Orbax, which logs
     about a damaged one and skips some."""
+    got = self._step_entries_listed()
+    return self.all_steps() if got is None else got
+
+  def _step_entries_listed(self) -> list[int] | None:
+    """:meth:`_step_entries` from the directory listing (None if it
+    cannot be listed)."""
     try:
       names = os.listdir(self.directory)
     except OSError:
-      return self.all_steps()
+      return None
     return sorted(int(n) for n in names
                   if n.isdigit() and str(int(n)) == n)
 
@@ -325,7 +384,7 @@ class Checkpointer:
     answer = workdir_lib.broadcast_from_main(answer)
     if answer.startswith("error:"):
       raise CheckpointError(answer[len("error:"):])
-    self._manager.reload()
+    self._reload()
     return int(answer) if answer else None
 
   def last_good_step(self) -> tuple[int | None, bool]:

@@ -24,6 +24,7 @@ from decentral_jax import records
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import field_rules
+from decentral_jax.runner import meta_derived
 from decentral_jax.runner import methods
 from decentral_jax.runner import metrics as metrics_lib
 
@@ -261,10 +262,8 @@ def _at(tree, path: str):
 
 def _topology_written(meta: dict, config: dict):
   """``topology`` as the writer stores it: the canonical name, or "" for an
-  algorithm without a gossip topology (a stored "" is taken as is: the
-  resume compares it with the run's own)."""
-  if meta.get("topology") == "":
-    return ""
+  algorithm without a gossip topology (a stored "" for one with a topology
+  contradicts ``config``: damage, not a changed config)."""
   from decentral_jax import topology as topology_lib  # pylint: disable=import-outside-toplevel
   algo = methods.ALGORITHMS.get(config.get("algorithm"))
   if algo is None or not isinstance(config.get("topology"), str):
@@ -486,7 +485,9 @@ def meta_error(meta, step: int | None = None,
       model.get("name") if isinstance(model, dict) else None)
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
       (_fields_error(meta, like) or _rules_error(meta)
-       or _contradiction(meta, meta.get("config")))
+       or _contradiction(meta, meta.get("config"))
+       or meta_derived.window_steps_error(meta, meta.get("config"))
+       or meta_derived.lr_error(meta, meta.get("config")))
       if like is not None else None)
 
 
@@ -503,7 +504,9 @@ def check_run_meta(meta, where: str, step: int | None = None,
   :data:`F32_MAX`], optional) and ``metrics_window`` (null or
   ``{"losses": [numbers in [0, F32_MAX]], "accs": [numbers in [0, 1]],
   "consensus": a number in [0, F32_MAX] or null}``, at most ``step``
-  values in a list: the run computes them in float32). With ``like``
+  values in a list: the run computes them in float32; empty at a step
+  the stored config logs, else not, and ``lr`` the stored schedule's at
+  ``step``: :mod:`~decentral_jax.runner.meta_derived`). With ``like``
   the document must hold every key its format's writers write
   (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
   ``config``: a missing key is damage, never a field left uncompared);

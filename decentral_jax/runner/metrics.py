@@ -46,11 +46,13 @@ import logging
 import math
 import re
 import os
+import stat
 from typing import Any, Iterable
 
 import numpy as np
 import tqdm
 
+from decentral_jax import checks
 from decentral_jax import records as records_lib
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -179,6 +181,10 @@ class WandbTracker:
           "config.tracker='wandb' needs the wandb package: `pip install -r "
           "requirements-extras.txt`, or set --config.tracker=''.") from None
     id_path = os.path.join(workdir, WANDB_ID_FILE)
+    why = workdir_lib.not_regular_error(id_path)  # a FIFO blocks the open
+    if why:
+      raise ValueError(f"{id_path} {why}; move it away (a new W&B run is "
+                       "started) and run again.")
     try:
       with open(id_path, encoding="utf-8") as f:
         run_id = f.read().strip()
@@ -229,11 +235,8 @@ def losses_signed(model_name) -> bool:
 def workdir_losses_signed(workdir: str) -> bool:
   """:func:`losses_signed` for the run whose ``config.json`` is in
   ``workdir`` (False without a readable one)."""
-  try:
-    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-      model = json.load(f).get("model", {})
-  except (OSError, ValueError, AttributeError):
-    return False
+  got = records_lib.read_json(os.path.join(workdir, "config.json"))
+  model = got.get("model", {}) if isinstance(got, dict) else {}
   return losses_signed(model.get("name") if isinstance(model, dict)
                        else None)
 
@@ -349,24 +352,57 @@ def _file_checker(signed_losses: bool = False):
   return check
 
 
+def _kind_error(mode: int) -> str | None:
+  """Why a file of ``mode`` (``lstat``) is not a metrics file, or None."""
+  if stat.S_ISREG(mode):
+    return None
+  if stat.S_ISLNK(mode):
+    return ("is a symbolic link (the run writes its records into "
+            "metrics.jsonl itself, not through a link)")
+  return ("is a directory" if stat.S_ISDIR(mode) else
+          "is not a regular file (a FIFO, a socket or a device)")
+
+
+def _read_regular(path: str) -> bytes:
+  """The bytes of ``path``, refused in one line before any blocking open
+  if it is not a regular file (a FIFO would block the read for ever).
+
+  Raises:
+    MetricsError: a symbolic link, a directory, a FIFO, a socket or a
+      device (names the file and the fix).
+    workdir.PathError: the file cannot be read.
+  """
+  try:
+    why = _kind_error(os.lstat(path).st_mode)
+    if why is None:
+      fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                   | getattr(os, "O_NOFOLLOW", 0))
+      why = _kind_error(os.fstat(fd).st_mode)
+      if why is None:
+        with os.fdopen(fd, "rb") as f:
+          return f.read()
+      os.close(fd)
+  except OSError as e:
+    raise workdir_lib.path_error("read", path, e) from None
+  raise MetricsError(f"{path} {why}; move it away (a fresh file is "
+                     "written), and run again.", path, why)
+
+
 def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
   """Records of a JSON-lines file, the line number of a torn last line,
   whether the file needs rewriting (torn or unterminated last line) and the
   bytes after its last newline.
 
   Raises:
-    MetricsError: a line other than the last is not a JSON object, or a
-      record has no integer ``"step" >= 0``, a value that is not a JSON
+    MetricsError: the file is a symbolic link or not a regular file
+      (refused before opening), a line other than the last is not a JSON
+      object, or a record has no integer ``"step" >= 0``, a value that is not a JSON
       scalar or is NaN or infinite or outside its key's range
       (:func:`row_error`), or a step not larger than the line before's;
       names the file, the line, the key and the fix.
     workdir.PathError: the file cannot be read.
   """
-  try:
-    with open(path, "rb") as f:
-      data = f.read()
-  except OSError as e:
-    raise workdir_lib.path_error("read", path, e) from None
+  data = _read_regular(path)
   got = records_lib.parse_jsonl(data, path, _file_checker(
       workdir_losses_signed(os.path.dirname(path))))
   if isinstance(got, records_lib.Damaged):
@@ -443,27 +479,36 @@ def truncate_after(workdir: str, step: int) -> int:
   ``step``) or lost (``step`` or before, as read from the line; the rest
   of a torn record is not kept). The file is rewritten atomically.
 
+  A missing file after ``step > 0`` is a warning (the earlier records
+  are lost); a record of a step beyond ``config.steps``' largest value is
+  damage, not a redone record.
+
   Returns:
     How many complete records were removed (0 if the file does not exist).
 
   Raises:
-    MetricsError: a line before the last is corrupt, breaks its key's
-      range, or repeats or goes back in step (names file, line, key and
-      fix; nothing is rewritten).
+    MetricsError: the file is a symbolic link or not a regular file (a
+      FIFO, a directory: refused before opening), a record's step is
+      beyond any run's last, or a line before the
+      last is corrupt, breaks its key's range, or repeats or goes back in
+      step (names file, line, key and fix; nothing is rewritten).
     workdir.PathError: the file cannot be read or rewritten.
   """
   path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  if not os.path.lexists(path):
+    if step > 0:
+      logging.warning(
+          "%s is missing although the run resumes after step %d: the "
+          "records of steps 0 to %d are lost; the resumed run writes a new "
+          "file from step %d on.", path, step, step, step + 1)
     return 0
   if step == 0:  # everything is redone: no need to parse
-    try:
-      with open(path, "rb") as f:
-        removed = sum(1 for line in f if line.strip(b" \t\r\n\0"))
-    except OSError as e:
-      raise workdir_lib.path_error("read", path, e) from None
+    removed = sum(1 for line in _read_regular(path).split(b"\n")
+                  if line.strip(b" \t\r\n\0"))
     keep, torn, dirty = [], None, removed > 0
   else:
     records, torn, dirty, tail = _parse(path)
+    _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)
   if torn is not None:
@@ -479,6 +524,19 @@ def truncate_after(workdir: str, step: int) -> int:
   except OSError as e:
     raise workdir_lib.path_error("rewrite", path, e) from None
   return removed
+
+
+def _check_reachable(path: str, records: list[dict]) -> None:
+  """Raises :class:`MetricsError` for a record of a step no run reaches
+  (beyond ``config.steps``' largest value): damage, not a record a
+  resumed run redoes."""
+  for n, r in enumerate(records):
+    if r.get("step", 0) > checks.INT32_MAX:
+      why = (f"record {n + 1} has step {records_lib.short(r['step'])}, "
+             f"beyond the last step any run reaches (config.steps <= "
+             f"{checks.INT32_MAX})")
+      raise MetricsError(f"{path}, {why}; fix or delete that line, or move "
+                         "the file away, and run again.", path, why)
 
 
 def set_aside(workdir: str) -> str:

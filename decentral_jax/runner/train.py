@@ -116,6 +116,10 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
 
 def _write_config(workdir: str, c: config_dict.ConfigDict) -> None:
   path = os.path.join(workdir, "config.json")
+  why = workdir_lib.not_regular_error(path)  # a FIFO blocks the open
+  if why:
+    raise ValueError(f"{path} {why}; move it away (the run writes its "
+                     "own) and run again.")
   try:
     with open(path, "w", encoding="utf-8") as f:
       f.write(c.to_json(indent=2))

@@ -107,6 +107,25 @@ def path_error(what: str, path: str, err: OSError) -> PathError:
   return e
 
 
+def not_regular_error(path: str) -> str | None:
+  """Why ``path``, if it exists, is not a regular file a run may read or
+  rewrite (checked with ``lstat``, before any open: opening a FIFO blocks
+  for ever), or None: a symbolic link, a directory, a FIFO, a socket or a
+  device."""
+  try:
+    mode = os.lstat(path).st_mode
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    return f"cannot be read: {e.strerror or e}"
+  if stat.S_ISREG(mode):
+    return None
+  if stat.S_ISLNK(mode):
+    return "is a symbolic link, not the run's own file"
+  return ("is a directory" if stat.S_ISDIR(mode) else
+          "is not a regular file (a FIFO, a socket or a device)")
+
+
 def _describe(holder: dict) -> str:
   parts = [f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}"]
   if holder.get("started"):
@@ -404,14 +423,19 @@ def check_sums(root: str, required: tuple[str, ...] = (),
   Returns:
     ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
     or ``("corrupt", why)`` naming the first missing or changed file, a
+    manifest that is not a regular file (a FIFO: refused unopened), a
     ``required`` file (or with ``complete_except``, any file) the manifest
     leaves out, or a malformed manifest (a
     line that is not ``<sha256>  <path>`` or ``<sha256> *<path>``, a path
     outside ``root``, which is never read, or one path with two
     checksums).
   """
+  sums = os.path.join(root, SUMS_FILE)
+  why = not_regular_error(sums)
+  if why:  # a FIFO would block the read for ever
+    return "corrupt", f"{SUMS_FILE} {why}"
   try:
-    with open(os.path.join(root, SUMS_FILE), encoding="utf-8") as f:
+    with open(sums, encoding="utf-8") as f:
       entries = _parse_sums(f.read())
   except FileNotFoundError:
     if not os.path.isdir(root):

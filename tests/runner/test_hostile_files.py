@@ -600,6 +600,25 @@ META_CASES = {
         "unknown config.compression.format='banana'"),
     "faults_enabled_yes": (_with(faults={"enabled": "yes"}),
                            "faults.enabled must be True or False, got 'yes'"),
+    # The window holds one loss per step since the last record: empty at a
+    # step the writer logs (here log_interval 5 at step 5), else not.
+    "window_at_a_logged_step": (
+        lambda m: dict(m, config=dict(m["config"], log_interval=5)),
+        "metrics_window.losses holds 1 values at step 5, which the writer "
+        "logs"),
+    "window_at_the_last_step": (
+        lambda m: dict(m, config=dict(m["config"], steps=5)),
+        "metrics_window.losses holds 1 values at step 5"),
+    "empty_window_between_records": (
+        _with(metrics_window={"losses": [], "accs": [], "consensus": None}),
+        "metrics_window.losses is empty at step 5"),
+    "accuracies_not_one_per_loss": (
+        _with(metrics_window={"losses": [2.0], "accs": [0.5, 0.5],
+                              "consensus": None}),
+        "metrics_window.accs holds 2 values, losses 1"),
+    # The writer derives lr from its config's schedule at its step.
+    "lr_not_its_schedule": (_with(lr=0.5), "lr 0.5 disagrees with "
+                            "config.schedule at step 5"),
     "string_steps_in_config": (  # a field a resume may change: still checked
         lambda m: dict(m, config=dict(m["config"], steps="x")),
         "config.steps must be an integer in [1, 2147483647], got 'x'"),
@@ -646,7 +665,9 @@ def test_valid_stored_values_pass_their_rules(tiny):
   meta["compression"] = dict(config["compression"])
   assert run_meta.meta_error(meta, 5, like) is None
   # A method without a topology (all_reduce, DiLoCo) stores topology "".
-  assert run_meta.meta_error(dict(meta, topology=""), 5, like) is None
+  assert run_meta.meta_error(dict(
+      meta, topology="", algorithm="all_reduce",
+      config=dict(config, algorithm="all_reduce")), 5, like) is None
   config["faults"]["failure_rate"] = 1.5  # beyond 1: damaged
   assert run_meta.meta_error(meta, 5, like).startswith(
       "config.faults.failure_rate must be a finite number in [0, 1)")
@@ -685,6 +706,8 @@ COPY_CASES = {
     "topology_config_copy": (_in_config("", "topology", "ring"),
                              "config.topology"),
     "topology_top": (_top("topology", "ring"), "config.topology"),
+    # "" is what a method without a topology stores; this one gossips.
+    "topology_top_empty": (_top("topology", ""), "config.topology"),
     "faults": (_in_config("faults", "enabled", True), "config.faults"),
     "sync_every_u": (_top("sync_every_u", 31), "config.sync_every_u"),
     "noloco.alpha": (_top("noloco.alpha", 0.25), "config.noloco.alpha"),
@@ -760,6 +783,69 @@ def test_damaged_step_entries_fall_back_with_one_warning_each(
                     (3, "it is not a directory")):
     assert any(line.startswith(f"checkpoint {step} (") and why in line
                for line in lines), (step, lines)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("_CHECKPOINT_METADATA", "[1, 2]"),  # not summed: Orbax reads it first
+    (os.path.join("state", "_sharding"), "[]"),  # summed: re-signed
+    (os.path.join("state", "_METADATA"), "7"),
+])
+def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
+    tmp_path, tiny, caplog, name, text):
+  """Valid JSON of the wrong top-level type in a file Orbax reads (Orbax
+  stopped with "Metadata dict must be a dictionary, but got list", naming
+  no file): the checkpoint is moved aside with one warning naming the
+  file, and the older one is selected; listing the steps before that is
+  one line naming the checkpoint."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, state = tiny
+  root = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    for step in (3, 5):
+      ckpt.save(step, state, run_meta.checkpoint_meta(exp, step))
+  (root / "5" / name).write_text(text)
+  if name != "_CHECKPOINT_METADATA":
+    workdir_lib.write_sums(str(root / "5"), skip=checkpoint._UNSUMMED)  # pylint: disable=protected-access
+  assert checkpoint.check_checkpoint(str(root / "5"))[0] == "corrupt"
+  if name == "_CHECKPOINT_METADATA":
+    with checkpoint.Checkpointer(str(root)) as ckpt:
+      with pytest.raises(checkpoint.CheckpointError) as info:
+        ckpt.all_steps()
+    _one_line(info.value, f"checkpoint 5 ({root / '5'}) is corrupt: {name}")
+  caplog.set_level("WARNING")
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 3
+    assert ckpt.all_steps() == [3]
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
+  lines = [r.getMessage() for r in caplog.records
+           if r.levelno >= logging.WARNING]
+  assert len(lines) == 1, lines
+  assert lines[0].startswith("checkpoint 5 (") and f"{name} holds a JSON " \
+      "" in lines[0] and "not an object" in lines[0], lines
+
+
+def test_the_document_lr_is_its_own_schedule_at_its_step(tiny):
+  """``lr`` is what the stored schedule gives at the stored step (linear
+  warmup from peak/W, by hand): another value is damage naming both, not
+  a changed schedule; a changed schedule inside ``config`` moves both."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  _, exp, _ = tiny
+  meta = run_meta.checkpoint_meta(exp, 5)
+  like = copy.deepcopy(meta)
+  sched = meta["config"]["schedule"]
+  peak, warm = sched["peak_lr"], sched["warmup_steps"]
+  assert sched["name"] == "warmup_cosine" and warm > 5
+  by_hand = peak / warm + (peak - peak / warm) * 5 / warm
+  assert meta["lr"] == pytest.approx(by_hand, rel=1e-6)
+  assert run_meta.meta_error(meta, 5, like) is None
+  why = run_meta.meta_error(dict(meta, lr=by_hand * 1.01), 5, like)
+  assert why == (f"lr {by_hand * 1.01:.6g} disagrees with config.schedule "
+                 f"at step 5 ({by_hand:.6g}; the writer derives one from "
+                 "the other)"), why
+  doubled = copy.deepcopy(meta)  # both copies changed together: intact
+  doubled["config"]["schedule"]["peak_lr"] = 2 * peak
+  doubled["lr"] = 2 * by_hand
+  assert run_meta.meta_error(doubled, 5, like) is None
 
 
 def test_a_changed_model_field_at_its_default_is_shown_resolved(tiny):

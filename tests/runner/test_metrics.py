@@ -142,3 +142,91 @@ def test_a_model_of_your_own_may_log_negative_losses(tmp_path):
 def test_the_built_in_models_are_the_runner_s():
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   assert set(metrics.BUILT_IN_MODELS) == set(config_lib.DATA_SOURCES)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "link_to_devnull",
+                                  "link_to_file"])
+@pytest.mark.parametrize("resumed_after", [0, 5])
+def test_a_metrics_file_that_is_not_a_regular_file_is_moved_aside(
+    tmp_path, caplog, kind, resumed_after):
+  """A FIFO would block the resume's read for ever, a link would send the
+  resumed run's records elsewhere (/dev/null: lost): refused before any
+  open, moved aside with one warning; the readers of compare and the
+  learners refuse it too instead of blocking."""
+  import os  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  target = tmp_path / "elsewhere.jsonl"
+  target.write_text('{"step": 0}\n')
+  {"fifo": lambda: os.mkfifo(path), "directory": path.mkdir,
+   "link_to_devnull": lambda: os.symlink("/dev/null", path),
+   "link_to_file": lambda: os.symlink(target, path)}[kind]()
+  with pytest.raises(metrics.MetricsError) as info:
+    metrics.read_jsonl(str(path))
+  assert str(info.value).startswith(f"{path} is "), str(info.value)
+  caplog.set_level("WARNING")
+  train.resume_metrics(str(tmp_path), resumed_after)
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line.startswith(f"{path}, is "), line
+  assert "moved it to" in line, line
+  assert not os.path.lexists(path)
+  assert os.path.lexists(tmp_path / metrics.CORRUPT_FILE)
+  assert target.read_text() == '{"step": 0}\n'
+
+
+def test_a_missing_metrics_file_on_resume_says_the_records_are_lost(
+    tmp_path, caplog):
+  """Deleted between the runs: one warning that the records up to the
+  checkpoint are gone (a fresh start, after step 0, says nothing)."""
+  caplog.set_level("WARNING")
+  assert metrics.truncate_after(str(tmp_path), 0) == 0
+  assert not caplog.records
+  assert metrics.truncate_after(str(tmp_path), 6) == 0
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line == (f"{tmp_path / metrics.METRICS_FILE} is missing although "
+                  "the run resumes after step 6: the records of steps 0 to "
+                  "6 are lost; the resumed run writes a new file from step "
+                  "7 on."), line
+
+
+def test_a_step_no_run_reaches_is_damage_not_a_redone_record(
+    tmp_path, caplog):
+  """A record of step 10**30 (config.steps is at most 2**31 - 1) was not
+  written by a run: the file is moved aside with one warning naming the
+  record, not cut silently as a step the resumed run logs again; a step
+  after the checkpoint within reach is cut without a word."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  text = '{"step": 0}\n{"step": %d}\n' % 10**30
+  path.write_text(text)
+  caplog.set_level("WARNING")
+  train.resume_metrics(str(tmp_path), 6)
+  (line,) = [r.getMessage() for r in caplog.records]
+  assert line.startswith(f"{path}, record 2 has step {10**30}, beyond the "
+                         "last step any run reaches"), line
+  assert (tmp_path / metrics.CORRUPT_FILE).read_text() == text
+  assert not path.exists()
+  path.write_text('{"step": 0}\n{"step": %d}\n' % (2**31 - 1))
+  assert metrics.truncate_after(str(tmp_path), 6) == 1
+  assert path.read_text() == '{"step": 0}\n'
+  assert len(caplog.records) == 1
+
+
+def test_a_wandb_run_id_file_that_is_a_fifo_is_named_not_opened(
+    tmp_path, monkeypatch):
+  """The id file of the W&B run, read on resume: a FIFO would block the
+  open for ever; one line names it (before W&B starts a run)."""
+  import os  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  started = []
+  monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(
+      init=lambda **kw: started.append(kw)))
+  path = tmp_path / metrics.WANDB_ID_FILE
+  os.mkfifo(path)
+  with pytest.raises(ValueError) as info:
+    metrics.WandbTracker(str(tmp_path), {})
+  assert str(info.value) == (
+      f"{path} is not a regular file (a FIFO, a socket or a device); move "
+      "it away (a new W&B run is started) and run again."), info.value
+  assert not started

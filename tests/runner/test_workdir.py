@@ -298,3 +298,65 @@ def test_a_manifest_in_sha256sum_s_binary_form_or_with_a_line_repeated_is_read(
   status, why = workdir_lib.check_sums(str(root))
   assert status == "corrupt" and why.startswith(
       "SHA256SUMS is malformed (line 2 'not a line' is not"), why
+
+
+def _returns_within(fn, seconds: float = 10.0):
+  """``fn()``'s value; fails (instead of hanging the suite) if it blocks."""
+  import threading  # pylint: disable=import-outside-toplevel
+  out = []
+  t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+  t.start()
+  t.join(seconds)
+  assert not t.is_alive(), "blocked (opened a FIFO?)"
+  return out[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink", "socket"])
+def test_a_run_file_that_is_not_a_regular_file_is_named_unopened(
+    tmp_path, kind):
+  """A FIFO (an open blocks for ever), a socket, a directory or a link in
+  place of a file the run keeps is refused by ``lstat`` before any open."""
+  path = tmp_path / "config.json"
+  target = tmp_path / "target"
+  target.write_text("{}")
+  sock = None
+  if kind == "fifo":
+    os.mkfifo(path)
+  elif kind == "directory":
+    path.mkdir()
+  elif kind == "symlink":
+    os.symlink(target, path)
+  else:
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(path))
+  try:
+    why = workdir_lib.not_regular_error(str(path))
+  finally:
+    if sock is not None:
+      sock.close()
+  assert why == {"fifo": "is not a regular file (a FIFO, a socket or a "
+                         "device)",
+                 "socket": "is not a regular file (a FIFO, a socket or a "
+                           "device)",
+                 "directory": "is a directory",
+                 "symlink": "is a symbolic link, not the run's own file"
+                 }[kind], why
+  assert workdir_lib.not_regular_error(str(target)) is None
+  assert workdir_lib.not_regular_error(str(tmp_path / "absent")) is None
+
+
+def test_a_manifest_that_is_a_fifo_is_corrupt_not_a_hang(tmp_path):
+  (tmp_path / "a").write_text("x")
+  os.mkfifo(tmp_path / workdir_lib.SUMS_FILE)
+  got = _returns_within(lambda: workdir_lib.check_sums(str(tmp_path)))
+  assert got == ("corrupt", f"{workdir_lib.SUMS_FILE} is not a regular file "
+                 "(a FIFO, a socket or a device)"), got
+
+
+def test_the_losses_rule_of_a_run_reads_no_fifo_config(tmp_path):
+  """``metrics.workdir_losses_signed`` (every metrics reader asks it)
+  with a FIFO as config.json: built-in rules, at once."""
+  from decentral_jax.runner import metrics  # pylint: disable=import-outside-toplevel
+  os.mkfifo(tmp_path / "config.json")
+  assert _returns_within(
+      lambda: metrics.workdir_losses_signed(str(tmp_path))) is False
