@@ -354,7 +354,7 @@ def _trace_event(e: Any, n: int, where: str, key: str) -> tuple:
       raise ValueError(f"{where}: {key}.speed is only for state 'slow' "
                        "(a dead worker has speed 0); remove it.")
     return (worker, start, end, 0.0)
-  speed = _field(e, "speed", where, f"{key}.speed", float, 0.0, 1.0)
+  speed = _field(e, "speed", where, f"{key}.speed", float)
   if not 0.0 < speed < 1.0:
     raise ValueError(f"{where}: {key}.speed must be > 0 and < 1 (0 is "
                      f"'dead', 1 healthy), got {speed!r}.")

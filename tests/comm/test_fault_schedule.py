@@ -141,6 +141,13 @@ def test_hand_worked_trace(tmp_path):
      r"events\[0\]\.speed is missing"),
     ('{"events": [{"worker": 1, "start": 0, "state": "slow", "speed": 1}]}',
      r"events\[0\]\.speed must be > 0 and < 1"),
+    # one message for the whole range (0, 1), as docs/faults.md quotes it
+    ('{"events": [{"worker": 1, "start": 0, "state": "slow", "speed": 1.5}]}',
+     r"events\[0\]\.speed must be > 0 and < 1 \(0 is 'dead', 1 healthy\), "
+     r"got 1\.5\.$"),
+    ('{"events": [{"worker": 1, "start": 0, "state": "slow", "speed": -2}]}',
+     r"events\[0\]\.speed must be > 0 and < 1 \(0 is 'dead', 1 healthy\), "
+     r"got -2\.0\.$"),
     ('{"events": [{"worker": 1, "start": 0, "state": "dead", "speed": 0.5}]}',
      r"events\[0\]\.speed is only for state 'slow'"),
     ('{"events": [{"worker": 1, "start": 0, "state": "dead", "when": 2}]}',

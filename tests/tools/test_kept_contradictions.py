@@ -94,11 +94,32 @@ def test_a_divergence_the_rows_go_past_is_not_kept(tmp_path, capsys):
   assert status == "fresh", err
   assert ("diverged says training stopped at step 2, but metrics.jsonl has "
           "rows up to step 3") in err, err
-  # stopping at the last logged step or after it agrees with the rows
-  for step in (3, 4):
-    run_dir = _run(tmp_path, diverged=f"non-finite training loss at step "
-                   f"{step}")
-    assert _status(run_dir, capsys) == ("finished", "")
+  # stopping after the last row, within the run's 3 steps, agrees with
+  # rows that end at step 2 without evaluating there
+  rows = [_ROWS[0], {"step": 2, "train/loss": 2.5}]
+  run_dir = _run(tmp_path, diverged="non-finite training loss at step 3",
+                 rows=rows)
+  assert _status(run_dir, capsys) == ("finished", "")
+
+
+@pytest.mark.parametrize("step, rows, says", [
+    # the run has 3 steps: it cannot stop at step 99 (or 0)
+    (99, None, "step 99, not a step of the run (1 to config.steps = 3)"),
+    (4, None, "step 4, not a step of the run (1 to config.steps = 3)"),
+    (0, None, "step 0, not a step of the run"),
+    # the final evaluation at step 3 is finite: the run did not stop there
+    (3, None, "step 3, but metrics.jsonl holds a finite eval/loss at step 3"),
+    (2, [_ROWS[0], {"step": 2, "eval/loss": 3.0}],
+     "step 2, but metrics.jsonl holds a finite eval/loss at step 2")])
+def test_a_divergence_the_run_contradicts_is_not_kept(tmp_path, capsys, step,
+                                                      rows, says):
+  run_dir = _run(tmp_path, diverged=f"non-finite training loss at step {step}",
+                 rows=rows)
+  status, err = _status(run_dir, capsys)
+  path = os.path.join(run_dir, job_lib.RESULT_FILE)
+  assert status == "fresh" and err.startswith(f"warning: {path}: "), err
+  assert f"diverged says training stopped at {says}" in err, err
+  assert len(err.strip().splitlines()) == 1, err
 
 
 def test_a_non_finite_final_value_matches_its_null_row(tmp_path, capsys):

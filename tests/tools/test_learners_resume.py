@@ -674,3 +674,40 @@ def test_run_spec_takes_the_problems_and_bounds_it_names():
       "context", 8)))
   assert "--inner-lr must" in spec_lib.flag_words(str(pytest.raises(
       ValueError, spec_lib.RunSpec, inner_lr=2e3).value), False)
+
+
+_META4 = {"config_source": "c", "overrides": [], "config": {"sync_every": 10},
+          "learners": 4, "segments": [
+              {"from_period": 0, "from_step": 0, "learners": 4,
+               "n_workers": 4, "sharding": "s"}]}
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("tokens", 5, '"tokens" is 5, fewer than the 1280 before it'),
+    ("tokens", -5, '"tokens" must be an integer >= 0, got -5'),
+    ("learners/merged", 99, '"learners/merged" must be an integer in [1, 4], '
+     "got 99"),
+    ("learners/merged", 0, '"learners/merged" must be an integer in [1, 4]'),
+    ("learners/tokens/7", 3, '"learners/tokens/7" names no learner'),
+    ("step", 27, '"step" is not a multiple of config.sync_every = 10'),
+    ("step", 10**12, '"step" is past 2147483647')])
+def test_records_the_writer_cannot_write_are_damage(tmp_path, key, value,
+                                                    words):
+  """4 learners, sync_every 10: tokens only grow from 0, at most 4 merged
+  (ids 0..3), steps k * 10 within int32; anything else is named."""
+  (tmp_path / "learners.json").write_text(json.dumps(_META4))
+  recs = [{"step": 0, "tokens": 0, "train_time_s": 0.0},
+          {"step": 10, "tokens": 1280, "learners/merged": 4,
+           "learners/tokens/3": 320, "train_time_s": 1.0},
+          {"step": 20, "tokens": 2560, "learners/merged": 4,
+           "train_time_s": 2.0}]
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  assert records.check_workdir(str(tmp_path)) == 20
+  recs[2][key] = value
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(e.value).startswith(f"{path}: the record of step "), e.value
+  assert words in str(e.value), e.value
+  assert str(e.value).endswith(OURS), e.value

@@ -130,8 +130,9 @@ def read_record(workdir: str, want: dict | None = None
   metrics and every row of ``metrics.jsonl`` possible
   (:func:`.kept.final_error`, :func:`.kept.metrics_error`), every other
   final value that ``metrics.jsonl`` records its last row's
-  (:func:`.kept.final_rows_error`), and a diverged run's rows not past the
-  step its reason names (:func:`.kept.diverged_error`). Otherwise
+  (:func:`.kept.final_rows_error`), and a diverged run's reason naming a
+  step of the run that its rows neither pass nor evaluate finitely at or
+  after (:func:`.kept.diverged_error`). Otherwise
   :class:`~decentral_jax.records.Damaged` naming the file and the key
   (``.missing`` if :data:`RESULT_FILE` does not exist). A record of the
   config ``want`` whose values pass is then checked against the
@@ -209,7 +210,8 @@ def _against_rows(workdir: str, record: dict) -> records.Damaged | None:
     return None
   path = os.path.join(workdir, RESULT_FILE)
   if record["final"] is None:
-    why = kept.diverged_error(record["diverged"], got.records)
+    why = kept.diverged_error(record["diverged"], got.records,
+                               record["config"])
     return None if why is None else records.Damaged(path, why,
                                                     key="diverged")
   bad = kept.final_rows_error(record["final"], got.records)

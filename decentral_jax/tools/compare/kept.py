@@ -22,8 +22,9 @@ damaged:
 * :func:`final_rows_error`: every final value that ``metrics.jsonl`` also
   records equal to that of its last row holding the key (the final metrics
   are the last record; the run's mean timings apart);
-* :func:`diverged_error`: a diverged run's ``metrics.jsonl`` ends before
-  the step its reason names (training stops there);
+* :func:`diverged_error`: the step a diverged run's reason names is one
+  of the run's steps, and its ``metrics.jsonl`` neither goes past it nor
+  holds a finite evaluation at or after it (training stops there);
 * :func:`disagreeing`: across the runs of one job, the values every run
   must share (:data:`SHARED`): the step-0 evaluation loss of the runs of
   one seed (same initial parameters, same evaluation batches), the
@@ -223,20 +224,34 @@ def final_rows_error(final: dict, rows: list[dict]) -> tuple[str, str] | None:
 _AT_STEP = re.compile(r"\bat step (\d+)\b")
 
 
-def diverged_error(reason: str, rows: list[dict]) -> str | None:
-  """Why a diverged run's ``reason`` contradicts its ``metrics.jsonl``:
-  training stops at the step whose loss or parameters are non-finite
-  (the reason's ``at step N``), so no row is past step N (a reason
-  naming no step is not checked)."""
+def diverged_error(reason: str, rows: list[dict],
+                   config: dict | None = None) -> str | None:
+  """Why a diverged run's ``reason`` contradicts its ``metrics.jsonl``
+  (``rows``) or its ``config``: training stops at the step ``N`` whose
+  loss or parameters are non-finite (the reason's ``at step N``), before
+  recording it, so ``N`` is a step of the run (``1 <= N <= config.steps``),
+  no row is past step ``N``, and no row at or after ``N`` holds a finite
+  ``eval/loss`` (a run evaluated there did not stop there). A reason
+  naming no step is not checked."""
   m = _AT_STEP.search(reason or "")
   if m is None:
     return None
   named = int(m.group(1))
+  steps = _get(config or {}, "steps")
+  if named < 1 or (records.is_real(steps) and named > steps):
+    return (f"diverged says training stopped at step {named}, not a step "
+            f"of the run (1 to config.steps = {records.short(steps)})")
   past = [r.get("step") for r in rows if records.is_real(r.get("step"))
           and r["step"] > named]
   if past:
     return (f"diverged says training stopped at step {named}, but "
             f"metrics.jsonl has rows up to step {records.short(max(past))}")
+  evals = [r["step"] for r in rows if records.is_real(r.get("step"))
+           and r["step"] >= named and records.is_real(r.get("eval/loss"))]
+  if evals:
+    return (f"diverged says training stopped at step {named}, but "
+            f"metrics.jsonl holds a finite eval/loss at step "
+            f"{records.short(evals[-1])}")
   return None
 
 

@@ -34,6 +34,7 @@ import json
 import os
 import time
 
+from decentral_jax import checks
 from decentral_jax import records as records_lib
 from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics as metrics_lib
@@ -137,6 +138,15 @@ def read_metrics(workdir: str) -> list[dict]:
   ``[0, MAX_TRAIN_TIME_S]`` (:data:`decentral_jax.runner.meta_schema.
   MAX_TRAIN_TIME_S`, the runner's bound) not below the one before it (the
   wall seconds of the run only grow; a resume adds its seconds to them).
+  Each field :class:`RunRecords` writes is checked where present against
+  what it can write (with ``learners.json``'s ``config.sync_every`` ``H``
+  and segments, :func:`read_meta`): ``step`` a multiple of ``H`` and at
+  most ``INT32_MAX`` (the :class:`~decentral_jax.tools.learners.spec.
+  RunSpec` bound); ``tokens`` / ``samples`` an integer ``>= 0`` (0 at step
+  0) that never decreases; ``learners/merged`` an integer in ``[1, K]``
+  (``K`` the learners of the segment that wrote the record) and no more
+  ``learners/tokens/<i>`` keys, each ``i`` in ``[0, K)`` with an integer
+  ``>= 0``.
 
   Raises:
     ValueError: one line naming the file, the record's step and the key,
@@ -146,8 +156,9 @@ def read_metrics(workdir: str) -> list[dict]:
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   if not os.path.exists(path):
     return []
+  meta = read_meta(workdir)
   got = metrics_lib.read_jsonl(path)
-  why = _metrics_error(got)
+  why = _metrics_error(got) or _fields_error(got, meta)
   if why:
     raise ValueError(f"{path}: {why}; restore the file or start a new "
                      "--workdir.")
@@ -175,6 +186,80 @@ def _metrics_error(got: list[dict]) -> str | None:
       return (f'{at}: "train_time_s" is {t:g}, fewer than the {seconds:g} '
               "of the record before (the run's wall seconds only grow)")
     seconds = t
+  return None
+
+
+def _meta_h(meta: dict | None) -> int | None:
+  h = (meta or {}).get("config", {}).get("sync_every")
+  return h if isinstance(h, int) and not isinstance(h, bool) and h >= 1 \
+      else None
+
+
+def _learners_at(meta: dict | None, step: int) -> int | None:
+  """The learners of the segment that wrote the record of ``step`` (the
+  last one starting before it: a resume drops the later records), or
+  None without segments."""
+  segs = [s for s in (meta or {}).get("segments", [])
+          if s["from_step"] < step]
+  return segs[-1]["learners"] if segs else None
+
+
+def _fields_error(got: list[dict], meta: dict | None) -> str | None:
+  """Why a record of ``got`` is not one :meth:`RunRecords.update` or
+  :meth:`RunRecords.begin` writes (see :func:`read_metrics`), or None."""
+  h, merged_so_far = _meta_h(meta), None
+  for rec in got:
+    step, at = rec["step"], f"the record of step {rec['step']}"
+    if step > checks.INT32_MAX:
+      return (f'{at}: "step" is past {checks.INT32_MAX} (periods * '
+              "sync_every of a run fit int32)")
+    if h is not None and step % h:
+      return (f'{at}: "step" is not a multiple of config.sync_every = {h} '
+              "(one record per merged period)")
+    for unit in ("tokens", "samples"):
+      if unit not in rec:
+        continue
+      n = rec[unit]
+      why = records_lib.value_error(f'{at}: "{unit}"', n, "int", 0)
+      if why:
+        return why + " (all merged since the start)"
+      if (step == 0 and n) or (merged_so_far is not None
+                               and n < merged_so_far):
+        return (f'{at}: "{unit}" is {n}, fewer than the '
+                f"{0 if step == 0 else merged_so_far} before it (all merged "
+                "since the start only grow, 0 at step 0)")
+      merged_so_far = n
+    why = _merged_error(rec, at, _learners_at(meta, step))
+    if why:
+      return why
+  return None
+
+
+def _merged_error(rec: dict, at: str, k: int | None) -> str | None:
+  """Why ``rec``'s ``learners/merged`` and ``learners/tokens/<i>`` are not
+  a merge of at most ``k`` learners (None: unknown), or None."""
+  ids = [key[len("learners/tokens/"):] for key in rec
+         if key.startswith("learners/tokens/")]
+  if "learners/merged" not in rec:
+    return None if not ids else (
+        f'{at}: has "learners/tokens/{ids[0]}" without "learners/merged"')
+  m = rec["learners/merged"]
+  why = records_lib.value_error(f'{at}: "learners/merged"', m, "int", 1,
+                                k)
+  if why:
+    return why + f" (of the {k} learners of that segment)" if k else why
+  for i in ids:
+    v = rec[f"learners/tokens/{i}"]
+    if not (i.isdigit() and (k is None or int(i) < k)):
+      return (f'{at}: "learners/tokens/{i}" names no learner (0 to '
+              f"{'K' if k is None else k - 1})")
+    why = records_lib.value_error(f'{at}: "learners/tokens/{i}"', v, "int",
+                                  0)
+    if why:
+      return why
+  if len(ids) > m:
+    return (f'{at}: "learners/merged" is {m} but the record holds '
+            f"{len(ids)} learners/tokens/<i> (one per learner merged)")
   return None
 
 
