@@ -55,10 +55,13 @@ def set_cpu_devices(n: int, single_thread_eigen: bool = False,
     check_cpu_devices(n, source)
 
 
-def check_cpu_devices(n: int, source: str) -> None:
+def check_cpu_devices(n: int, source: str, flag: bool = True) -> None:
   """Refuses, before any work, a CPU run whose environment simulates fewer
   than the ``n`` devices ``source`` asks for (the count JAX made, so no
-  spelling of ``XLA_FLAGS`` is re-parsed here).
+  spelling of ``XLA_FLAGS`` is re-parsed here). ``source`` is the flag
+  that asks for ``n`` (``"--n_workers=16"``: the line offers to lower it),
+  or with ``flag=False`` the script whose count is fixed (``"bench_step_time
+  .py"``).
 
   Raises:
     SystemExit: code 2 after one ``error:`` line naming the variable that
@@ -77,10 +80,11 @@ def check_cpu_devices(n: int, source: str) -> None:
     return
   var = (f"JAX_NUM_CPU_DEVICES={env}" if env is not None else
          f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+  lower = f", or lower {source.partition('=')[0]}" if flag else " or unset it"
   print(f"error: the environment ({var}) simulates "
         f"{jax.local_device_count()} CPU devices in this process, but "
-        f"{source} needs {n}; raise its count to {n}, unset it, or lower "
-        f"{source.partition('=')[0]}.", file=sys.stderr)
+        f"{source} needs {n}; raise its count to {n}"
+        f"{', unset it' if flag else ''}{lower}.", file=sys.stderr)
   raise SystemExit(2)
 
 

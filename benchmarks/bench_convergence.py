@@ -301,6 +301,7 @@ def _check_topologies(args) -> None:
 def main(argv=None):
   args = parse_args(argv)
   if not args.report:
+    _common.check_cpu_devices(16, "bench_convergence.py", flag=False)
     jax.config.update("jax_compilation_cache_dir", args.cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     print("machine:", json.dumps(_common.machine_info()), flush=True)

@@ -447,6 +447,7 @@ def main(argv=None) -> None:
   args = parse_args(argv)
   study = Study(args.out)
   if args.part and not args.report:
+    _common.check_cpu_devices(8, "bench_evidence.py", flag=False)
     run_part(args, study)
   print(report(list(study.done.values())))
 

@@ -126,6 +126,7 @@ def main(argv=None) -> int:
   if args.target == "cpu":
     import _common  # pylint: disable=import-outside-toplevel
     _common.set_cpu_devices(8)
+    _common.check_cpu_devices(8, "bench_memory.py --target cpu", flag=False)
   picks = args.only if args.only is not None else range(len(COMBOS))
   rows = []
   gb = 2.0**(20 if args.tiny else 30)

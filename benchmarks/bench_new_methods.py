@@ -84,6 +84,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
   parse_args(argv)
+  _common.check_cpu_devices(8, "bench_new_methods.py", flag=False)
   base = config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
                                 ["--config.checkpoint_interval=0"])
   clusters = pricing.parse_clusters(CLUSTERS, pricing.OWN)

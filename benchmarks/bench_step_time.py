@@ -140,6 +140,7 @@ def main(argv=None):
       r.setdefault("tokens_per_step", saved["args"]["global_batch"] * 64)
     print(_common.format_table(_table(saved["rows"]), TABLE_COLS))
     return
+  _common.check_cpu_devices(8, "bench_step_time.py", flag=False)
   info = _common.machine_info()
   print("machine:", json.dumps(info), flush=True)
   import bench_vs_decentdp  # pylint: disable=import-outside-toplevel

@@ -127,6 +127,7 @@ def _check_ns(args) -> None:
 def main(argv=None):
   args = parse_args(argv)
   _common.set_cpu_devices(16)
+  _common.check_cpu_devices(16, "bench_topology_scale.py", flag=False)
   import jax
   import jax.numpy as jnp
   import numpy as np

@@ -34,6 +34,26 @@ def test_more_workers_than_the_environment_simulates_is_one_line(capsys):
   _common.check_cpu_devices(have, f"--n_workers={have}")  # enough: passes
 
 
+@pytest.mark.parametrize("script", ["bench_convergence", "bench_step_time",
+                                    "bench_new_methods"])
+def test_a_script_of_a_fixed_count_names_itself_under_too_few_devices(
+    script):
+  """Scripts that simulate a fixed count at import (8 or 16) kept an
+  environment's lower count and ended in make_mesh's traceback."""
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+         "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  got = subprocess.run([sys.executable, os.path.join(
+      ROOT, "benchmarks", f"{script}.py")], env=env, capture_output=True,
+                       text=True, timeout=300, check=False)
+  need = 16 if script == "bench_convergence" else 8
+  assert got.returncode == 2, got.stderr[-2000:]
+  assert got.stderr.strip().splitlines()[-1] == (
+      "error: the environment (XLA_FLAGS='--xla_force_host_platform_device_"
+      f"count=2') simulates 2 CPU devices in this process, but {script}.py "
+      f"needs {need}; raise its count to {need} or unset it."), got.stderr
+
+
 def test_a_bad_jax_num_cpu_devices_is_named(capsys, monkeypatch):
   monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "x")
   with pytest.raises(SystemExit) as e:
