@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -254,25 +255,32 @@ def environment_count(variable: str, maximum: int | None = None
 
   Raises:
     ValueError: ``"the environment variable {variable}='...' must be a
-      whole number in [1, ...]; fix or unset it."``.
+      whole number in [1, maximum]; fix or unset it."`` (ASCII digits;
+      ``maximum`` None: int32's largest).
   """
   if variable not in os.environ:
     return None
   text = os.environ[variable].strip()
-  if not text.isdigit() or int(text) < 1 or (
-      maximum is not None and int(text) > maximum):
-    bound = f"[1, {maximum}]" if maximum is not None else ">= 1"
+  maximum = INT32_MAX if maximum is None else maximum
+  if not _whole_in(text, maximum):
+    bound = f"[1, {maximum}]"
     raise ValueError(f"the environment variable {variable}={text!r} must be "
-                     f"a whole number {'in ' if maximum else ''}{bound}; fix "
-                     "or unset it.")
+                     f"a whole number in {bound}; fix or unset it.")
   return int(text)
+
+
+def _whole_in(text: str, maximum: int) -> bool:
+  """Whether ``text`` is ASCII digits (``str.isdigit`` also takes "²" and
+  "８", which ``int`` or XLA then refuse) of a number in [1, maximum]."""
+  return (re.fullmatch(r"[0-9]+", text) is not None
+          and 1 <= int(text) <= maximum)
 
 
 #: The XLA option that sets the CPU device count (read from ``XLA_FLAGS``).
 XLA_DEVICE_COUNT_OPTION = "xla_force_host_platform_device_count"
 
 
-def xla_flags_device_count() -> int | None:
+def xla_flags_device_count(maximum: int = INT32_MAX) -> int | None:
   """The CPU device count ``XLA_FLAGS``' ``--xla_force_host_platform_
   device_count=N`` sets (the last one given), or None if it sets none.
   XLA reads it when JAX starts its CPU backend and aborts the process on a
@@ -280,17 +288,19 @@ def xla_flags_device_count() -> int | None:
 
   Raises:
     ValueError: ``"XLA_FLAGS' --xla_force_host_platform_device_count='...'
-      must be a whole number >= 1; fix it or drop it from XLA_FLAGS."``.
+      must be a whole number in [1, maximum]; fix it or drop it from
+      XLA_FLAGS."`` (ASCII digits; XLA reads an int32, the default
+      ``maximum``, and aborts the process on anything else).
   """
   count = None
   for token in os.environ.get("XLA_FLAGS", "").split():
     name, eq, text = token.lstrip("-").partition("=")
     if name != XLA_DEVICE_COUNT_OPTION:
       continue
-    if not eq or not text.isdigit() or int(text) < 1:
+    if not eq or not _whole_in(text, maximum):
       raise ValueError(f"XLA_FLAGS' --{XLA_DEVICE_COUNT_OPTION}={text!r} "
-                       "must be a whole number >= 1; fix it or drop it from "
-                       "XLA_FLAGS.")
+                       f"must be a whole number in [1, {maximum}]; fix it or "
+                       "drop it from XLA_FLAGS.")
     count = int(text)
   return count
 

@@ -117,7 +117,8 @@ def environment_cpu_devices() -> int | None:
   """
   env = checks.environment_count("JAX_NUM_CPU_DEVICES",
                                  MAX_SIMULATED_CPU_DEVICES)
-  return env if env is not None else checks.xla_flags_device_count()
+  return env if env is not None else checks.xla_flags_device_count(
+      MAX_SIMULATED_CPU_DEVICES)
 
 
 def check_environment_devices(env: int, available: int, needed: int,

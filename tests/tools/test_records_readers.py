@@ -105,10 +105,11 @@ RECORD_CASES = {
     # Impossible or inconsistent values: a cross-entropy loss < 0, an
     # accuracy outside [0, 1], a final loss other than the last evaluation's
     # (metrics.jsonl's step 3 says 2.0).
+    # (the ranges are the run's model's: the evaluation they must equal)
     "loss_negative": (_record_edit(final={"eval/loss": -3.0}),
-                      "final.eval/loss must be a finite number >= 0, got -3.0"),
+                      "final.eval/loss is -3.0, but the last evaluation"),
     "accuracy_above_one": (_record_edit(final={"eval/accuracy": 1.5}),
-                           "final.eval/accuracy must be a finite number in [0, 1]"),
+                           "final.eval/accuracy is 1.5, but "),
     "loss_not_the_last_evaluation": (
         _record_edit(final={"eval/loss": 1.0}),
         "final.eval/loss is 1.0, but the last evaluation in"),
