@@ -43,6 +43,7 @@ import optax
 from optax import contrib as optax_contrib
 
 from decentral_jax import checks
+from decentral_jax.optim import arguments
 from decentral_jax.optim import transforms
 
 PyTree = Any
@@ -89,8 +90,13 @@ def _scaled(schedule: optax.ScalarOrSchedule, ratio: float):
   return ratio * schedule
 
 
+#: The most Newton-Schulz iterations (5 reach the orthogonal factor's
+#: neighbourhood; each is three matmuls per matrix and step).
+MAX_NS_STEPS = 100
+
+
 def _check(ns_steps, beta, consistent_rms, adam_lr_ratio, embeddings):
-  checks.check_int("ns_steps", ns_steps, minimum=1, maximum=checks.INT32_MAX)
+  checks.check_int("ns_steps", ns_steps, minimum=1, maximum=MAX_NS_STEPS)
   checks.check_probability("beta", beta, open_max=True)
   checks.check_float("consistent_rms", consistent_rms, minimum=0.0)
   checks.check_float("adam_lr_ratio", adam_lr_ratio, minimum=0.0,
@@ -138,14 +144,15 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
 
   Args:
     learning_rate: ``eta``, a float or a schedule of the step count.
-    ns_steps: Newton-Schulz iterations (integer >= 1).
+    ns_steps: Newton-Schulz iterations (integer in [1, :data:`MAX_NS_STEPS`]).
     beta: Muon's momentum in [0, 1).
     consistent_rms: RMS of Muon's update relative to its learning rate
       (>= 0; 0: width scaling).
     adam_lr_ratio: the other branch's learning rate over ``eta`` (> 0).
-    b1, b2, eps: the default AdamW's moments and epsilon.
-    weight_decay: ``lambda``, decoupled, on every Muon matrix and (default
-      AdamW) every 2-D leaf of the other branch.
+    b1, b2, eps: the default AdamW's moments (in [0, 1)) and epsilon
+      (finite, >= 0).
+    weight_decay: ``lambda`` (finite, >= 0), decoupled, on every Muon
+      matrix and (default AdamW) every 2-D leaf of the other branch.
     embeddings: leaf names trained by the other branch although 2-D.
     adam: ``lr -> optax transform`` of the other branch (None: AdamW).
 
@@ -162,6 +169,11 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
     Scalable for LLM Training, arXiv 2502.16982.
   """
   _check(ns_steps, beta, consistent_rms, adam_lr_ratio, embeddings)
+  arguments.check_learning_rate(learning_rate)
+  for name, value, below_one in (("b1", b1, True), ("b2", b2, True),
+                                 ("eps", eps, False),
+                                 ("weight_decay", weight_decay, False)):
+    arguments.check_hyperparameter(name, value, below_one=below_one)
   if adam is not None and not callable(adam):
     raise ValueError(f"adam={adam!r} must be a function lr -> optax "
                      "transform, or None for AdamW.")

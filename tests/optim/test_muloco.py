@@ -277,8 +277,16 @@ def test_two_workers_int4_error_feedback_equal_the_numpy_codec():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(ns_steps=0), "ns_steps must be an int >= 1"),
+    (dict(ns_steps=0), "ns_steps must be an int >= 1 and <= 100"),
+    (dict(ns_steps=10**9), "ns_steps must be an int >= 1 and <= 100"),
     (dict(ns_steps=2.0), "ns_steps must be an int"),
+    # The default AdamW branch's arguments (NaN, negative or >= 1 updates
+    # were returned without a word).
+    (dict(weight_decay=-1.0), "weight_decay must be a finite number >= 0"),
+    (dict(weight_decay=float("nan")), "weight_decay must be a finite"),
+    (dict(b1=1.5), "b1 must be a number in \\[0, 1\\)"),
+    (dict(b2=float("nan")), "b2 must be a number in \\[0, 1\\)"),
+    (dict(eps=-1.0), "eps must be a finite number >= 0"),
     (dict(beta=1.0), "beta must be a finite number >= 0.0 and < 1.0"),
     (dict(consistent_rms=-0.1), "consistent_rms must be a finite number >= 0"),
     (dict(adam_lr_ratio=0.0), "adam_lr_ratio must be a finite number > 0"),
@@ -289,3 +297,10 @@ def test_two_workers_int4_error_feedback_equal_the_numpy_codec():
 def test_bad_arguments_are_refused_by_name(kwargs, words):
   with pytest.raises(ValueError, match=words):
     muloco.muon_inner(1e-3, **kwargs)
+
+
+@pytest.mark.parametrize("lr", [float("nan"), -0.1, float("inf")])
+def test_a_bad_learning_rate_is_refused(lr):
+  with pytest.raises(ValueError, match="learning_rate must be a finite "
+                     "number >= 0"):
+    muloco.muon_inner(lr)

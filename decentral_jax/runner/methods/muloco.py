@@ -43,7 +43,7 @@ FIELDS = ("sync_every", "outer_optimizer.name", "outer_optimizer.lr",
           "compression.error_feedback", "compression.error_decay")
 CONFIG_FIELDS = {
     "muon.ns_steps": registry.ConfigField(
-        5, field_checks.integer(1, 100),
+        5, field_checks.integer(1, muloco.MAX_NS_STEPS),
         "muloco: Newton-Schulz iterations of Muon's orthogonalization"),
     "muon.beta": registry.ConfigField(
         0.95, field_checks.real(0.0, 1.0),
