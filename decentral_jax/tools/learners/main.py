@@ -269,6 +269,8 @@ def _config_fields(args, overrides) -> dict:
       raise ValueError(f"--{flag.replace('_', '-')} does not apply with "
                        f"--config (the config sets it): {fix}.")
   from decentral_jax.tools.learners import runner_problem  # pylint: disable=import-outside-toplevel
+  runner_problem.check_evaluation_overrides(
+      overrides, args.workdir is not None, args.eval_every is not None)
   source = config_source(args.config)
   c = runner_problem.load(source, overrides, args.learners)
   fields = runner_problem.spec_fields(c)
