@@ -77,6 +77,7 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -693,11 +694,13 @@ MAX_TOPOLOGY_GPUS = 4096  # --topology: GPUs in all (and so per factor)
 
 def check_topology(spec: str) -> None:
   """Raises ValueError unless ``spec`` is ``SLICESxHOSTSxGPUS``, three
-  positive ints (e.g. ``1x1x8``) whose product (the GPUs the target
-  describes) is at most MAX_TOPOLOGY_GPUS, before XLA sees it (XLA's mock
-  topology builds every device, so a huge one would not finish)."""
+  positive ints of ASCII digits (e.g. ``1x1x8``; ``str.isdigit`` would
+  take ``'²'`` and ``'١'``) whose product (the GPUs the target describes)
+  is at most MAX_TOPOLOGY_GPUS, before XLA sees it (XLA's mock topology
+  builds every device, so a huge one would not finish)."""
   parts = spec.split("x")
-  if len(parts) != 3 or not all(p.isdigit() and p.strip("0") for p in parts):
+  if len(parts) != 3 or not all(
+      re.fullmatch(r"[0-9]+", p) and p.strip("0") for p in parts):
     raise ValueError(f"--topology {spec!r} must be SLICESxHOSTSxGPUS, three "
                      "positive ints such as 1x1x8 or 2x1x4.")
   if (any(len(p.lstrip("0")) > len(str(MAX_TOPOLOGY_GPUS)) for p in parts)

@@ -28,7 +28,11 @@ same slow fraction and the measured failure rate and downtime.
 ``--reprice`` runs nothing: it prices the runs stored in ``--out`` again
 at the settings they were measured with (the file's ``"args"``, left as
 they are) and refuses every other flag. A run that keeps modes from
-``--out`` must use the settings they were measured with.
+``--out`` must use the settings they were measured with. The file is
+checked before any of its numbers is used (types and bounds of ``"args"``
+as the flags', one resume or downtime entry per kill, kills within the
+schedule): a damaged one is one ``error:`` line naming ``--out``, the file
+and the key.
 """
 
 from __future__ import annotations
@@ -295,23 +299,94 @@ def parse_args(argv=None):
 SETTINGS = ("periods", "sync_every", "kill_every", "slow_sleep", "lr")
 
 
+def _results_schema() -> dict:
+  """The results file's fields (decentral_jax.records' schema): "args"
+  bounded as the flags are, each mode's measured counts and seconds."""
+  from decentral_jax import records  # pylint: disable=import-outside-toplevel
+  count, secs = ("int", 1, 10**4, False), ("number", 0, 1e9, False)
+  args = records.Obj({"periods": count, "sync_every": count,
+                      "kill_every": count,
+                      "slow_sleep": ("number", 0, 60, False),
+                      "lr": ("number", 0, 10, False)}, SETTINGS, extra=True)
+  kills = ("int", 0, 10**4, False)
+  spmd = records.Obj({"period_s": secs, "kills": kills,
+                      "resume_s": ("numbers", 0, 1e9, False)},
+                     ("period_s", "kills", "resume_s"), extra=True)
+  log = records.Obj({"merge_time": ("numbers", 0, None, False)},
+                    ("merge_time",), extra=True)
+  learners = {"kills": kills, "downtime_s": ("list", None, None, False)}
+  measured = records.Obj({
+      "spmd": (spmd, None, None, False),
+      "sync": (records.Obj({**learners, "log": (log, None, None, False)},
+                           ("kills", "downtime_s", "log"), extra=True),
+               None, None, False),
+      "decoupled": (records.Obj(learners, tuple(learners), extra=True),
+                    None, None, False),
+      "model": ("object", None, None, False)})
+  return {"args": (args, None, None, False),
+          "measured": (measured, None, None, False)}
+
+
+def _results_agree(saved: dict):
+  """``(key, why)`` for results that disagree with themselves, or None:
+  ``lr > 0``; each mode's kills at most the kill schedule's (one per
+  ``kill_every`` merged periods before the last) and as many resume or
+  downtime entries as kills (each null or seconds in [0, 1e9]); the sync
+  run's merge times in order (not decreasing)."""
+  from decentral_jax import records  # pylint: disable=import-outside-toplevel
+  a, measured = saved["args"], saved["measured"]
+  if a["lr"] <= 0:
+    return "args.lr", f"args.lr must be > 0, got {records.short(a['lr'])}"
+  most = (a["periods"] - 1) // a["kill_every"]
+  for mode in MODES:
+    if mode not in measured:
+      continue
+    r, key = measured[mode], f"measured.{mode}"
+    if r["kills"] > most:
+      return f"{key}.kills", (
+          f"{key}.kills is {r['kills']}, more than the {most} kills of "
+          f"args.periods {a['periods']} with args.kill_every "
+          f"{a['kill_every']}")
+    times = "resume_s" if mode == "spmd" else "downtime_s"
+    bad = next((i for i, d in enumerate(r[times]) if d is not None and (
+        not records.is_real(d) or not 0 <= d <= 1e9)), None)
+    if bad is not None:
+      return f"{key}.{times}", (
+          f"{key}.{times}[{bad}] must be null or seconds in [0, 1e9], got "
+          f"{records.short(r[times][bad])}")
+    if len(r[times]) != r["kills"]:
+      return f"{key}.{times}", (
+          f"{key}.{times} has {len(r[times])} entries for {key}.kills "
+          f"{r['kills']} (one per kill)")
+  merge = measured.get("sync", {"log": {"merge_time": []}})["log"][
+      "merge_time"]
+  if any(b < a_ for a_, b in zip(merge, merge[1:])):
+    return "measured.sync.log.merge_time", (
+        "measured.sync.log.merge_time must not decrease (merge times in "
+        "order)")
+  return None
+
+
 def stored(path: str) -> dict:
-  """``{"args": ..., "measured": ...}`` of a results file, the ``args``
-  holding every one of :data:`SETTINGS` (ValueError names ``--out``)."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      saved = json.load(f)
-    ok = (isinstance(saved.get("args"), dict)
-          and isinstance(saved.get("measured"), dict)
-          and all(k in saved["args"] for k in SETTINGS))
-  except (OSError, ValueError, AttributeError) as e:
+  """``{"args": ..., "measured": ...}`` of a results file, checked before
+  any number of it is used (decentral_jax.records: types and ranges of
+  ``args`` as the flags bound them, each mode's measured values, counts
+  that agree; see :func:`_results_agree`).
+
+  Raises:
+    ValueError: one line naming ``--out``, the file and the key.
+  """
+  from decentral_jax import records  # pylint: disable=import-outside-toplevel
+  got = records.read_json(path, _results_schema(), ("args", "measured"),
+                          check=_results_agree)
+  if isinstance(got, records.Damaged) and got.key is None:
     raise ValueError(f"--out {path!r} cannot be read as results of this "
-                     f"script ({e}); give a file it wrote.") from None
-  if not ok:
-    raise ValueError(f"--out {path!r} lacks \"args\" with "
-                     f"{', '.join(SETTINGS)} or \"measured\"; give a file "
-                     "this script wrote.")
-  return saved
+                     f"script ({got.reason}); give a file it wrote.")
+  if isinstance(got, records.Damaged):
+    raise ValueError(f"--out {path!r} is not results of this script: "
+                     f"{got.reason}; give a file it wrote (or rerun every "
+                     f"mode into a new --out).")
+  return got
 
 
 def _check_kept(args) -> None:

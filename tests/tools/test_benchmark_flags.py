@@ -170,6 +170,83 @@ def test_learners_goodput_reprice_keeps_the_measured_settings(tmp_path):
       f"error: --out '{out}' cannot be read as results of this script"), err
 
 
+def _goodput_file(**changes):
+  """A results file of learners_goodput.py that agrees with itself (16
+  periods, a kill every 4: at most 3 kills, one resume/downtime each),
+  with ``changes`` ("args.periods": value) applied."""
+  saved = {"args": {"periods": 16, "sync_every": 8, "kill_every": 4,
+                    "slow_sleep": 0.03, "lr": 3e-3},
+           "measured": {
+               "spmd": {"period_s": 1.0, "resume_s": [3.0, 3.0], "kills": 2},
+               "sync": {"log": {"merge_time": [1, 2, 3, 4]}, "kills": 0,
+                        "downtime_s": []},
+               "decoupled": {"kills": 3, "downtime_s": [1.0, None, 2.0]}}}
+  for path, value in changes.items():
+    *keys, last = path.split(".")
+    obj = saved
+    for key in keys:
+      obj = obj[key]
+    if value is KeyError:
+      del obj[last]
+    else:
+      obj[last] = value
+  return saved
+
+
+@pytest.mark.parametrize("changes, says", [
+    # wrong types and ranges in "args" (bounded as the flags are)
+    ({"args.periods": True}, "args.periods must be an integer in "
+     "[1, 10000], got True"),
+    ({"args.periods": 16.5}, "args.periods must be an integer"),
+    ({"args.periods": "x"}, "args.periods must be an integer"),
+    ({"args.periods": -3}, "args.periods must be an integer"),
+    ({"args.sync_every": 0}, "args.sync_every must be an integer in "
+     "[1, 10000], got 0"),
+    ({"args.lr": 0}, "args.lr must be > 0, got 0"),
+    # measured values of the wrong shape, missing or disagreeing
+    ({"measured.sync": "x"}, "\"measured.sync\" must be an object"),
+    ({"measured.spmd.period_s": KeyError}, "\"measured.spmd\" misses "
+     "['period_s']"),
+    ({"measured.spmd.resume_s": []}, "measured.spmd.resume_s has 0 entries "
+     "for measured.spmd.kills 2 (one per kill)"),
+    ({"measured.decoupled.downtime_s": [1.0, None]},
+     "measured.decoupled.downtime_s has 2 entries for "
+     "measured.decoupled.kills 3"),
+    # kills at periods 4, 8, 12 only (below 16): 3 at most
+    ({"measured.decoupled.kills": 4,
+      "measured.decoupled.downtime_s": [1.0] * 4},
+     "measured.decoupled.kills is 4, more than the 3 kills"),
+    ({"measured.decoupled.downtime_s": [1.0, "x", None]},
+     "measured.decoupled.downtime_s[1] must be null or seconds"),
+    ({"measured.sync.log.merge_time": [1, 3, 2]},
+     "measured.sync.log.merge_time must not decrease"),
+])
+def test_learners_goodput_reprice_refuses_a_damaged_file(
+    capsys, monkeypatch, tmp_path, changes, says):
+  import json  # pylint: disable=import-outside-toplevel
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))  # _common
+  out = tmp_path / "goodput.json"
+  out.write_text(json.dumps(_goodput_file(**changes)))
+  text = out.read_text()
+  got = _one_error(capsys, lambda: _script("learners_goodput").main(
+      ["--reprice", "--out", str(out)]))
+  assert got.startswith(f"error: --out '{out}' is not results of this "
+                        f"script: {says}"), got
+  assert out.read_text() == text
+
+
+def test_learners_goodput_reprices_a_file_that_agrees(
+    capsys, monkeypatch, tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))  # _common
+  out = tmp_path / "goodput.json"
+  out.write_text(json.dumps(_goodput_file()))
+  _script("learners_goodput").main(["--reprice", "--out", str(out)])
+  assert "runtime model tokens/s:" in capsys.readouterr().out
+  assert set(json.loads(out.read_text())["measured"]["model"]) == {
+      "spmd", "sync", "decoupled"}
+
+
 @pytest.mark.parametrize("ns, says", [
     # topology.MAX_WORKERS = 2**16, by hand
     ("131072", "argument --ns: must be an integer in [1, 65536], got "

@@ -131,6 +131,11 @@ def test_library_errors_exit_2(capsys):
     (["--topology", "0x1x8"], "--topology '0x1x8' must be"),
     (["--topology", "1x1x-8"], "--topology '1x1x-8' must be"),
     (["--topology", "1xax8"], "--topology '1xax8' must be"),
+    # Unicode digits: str.isdigit takes them, int() or XLA does not.
+    (["--topology", "1x1x\u00b2"], "--topology '1x1x\u00b2' must be "
+     "SLICESxHOSTSxGPUS, three positive ints"),
+    (["--topology", "\u0661x1x8"], "--topology '\u0661x1x8' must be"),
+    (["--topology", "1x1x8\n"], "must be SLICESxHOSTSxGPUS"),
     # XLA's mock topology builds every GPU: at most 4096 in all.
     (["--topology", "1x1x99999999"], "--topology '1x1x99999999' describes "
      "more than 4096 GPUs (SLICES*HOSTS*GPUS); give at most 4096"),

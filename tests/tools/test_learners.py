@@ -226,6 +226,14 @@ def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
      "--outer delayed_nesterov or drop --delay-buffer."),
     (("--delay-buffer", "1"), "--delay-buffer has no effect with --outer "
      "nesterov"),
+    # Delayed Nesterov with N = 1 is Nesterov SGD (outer.py's recursion)
+    (("--outer", "delayed_nesterov"), "--outer delayed_nesterov with "
+     "--delay-buffer 1 (the default) is Nesterov SGD, the default --outer "
+     "nesterov (the momentum steps at every merge); give --delay-buffer "
+     "N > 1"),
+    (("--outer", "delayed_nesterov", "--delay-buffer", "1"),
+     "--outer delayed_nesterov with --delay-buffer 1 (the default) is "
+     "Nesterov SGD"),
     (("--kill-every", "100", "--periods", "5"), "--kill-every 100 never "
      "kills a learner: the run ends after 5 merged periods (--periods 5); "
      "use --kill-every below 5, more --periods, or drop --kill-every."),

@@ -518,12 +518,48 @@ def test_flags_that_change_nothing_are_refused_before_ray_starts(
     ("keep_checkpoints=9", "--config.keep_checkpoints=9 has no effect for "
      "learners: the synchronizer keeps its newest 2 checkpoints; drop it."),
     ("log_interval=3", "--config.log_interval=3 has no effect for learners: "
-     "learners write one metrics record per merged period; drop it.")])
+     "learners write one metrics record per merged period; drop it."),
+    # nothing under tools/learners reads them (no per-step program; the
+    # run directory is --workdir)
+    ("consensus_at=next_step", "--config.consensus_at=next_step has no "
+     "effect for learners: learners have no per-step program; theta is the "
+     "synchronizer's, evaluated in --workdir's metrics.jsonl; drop it."),
+    ("workdir=/tmp/elsewhere", "--config.workdir=/tmp/elsewhere has no "
+     "effect for learners: the learners' run directory is --workdir DIR; "
+     "drop it.")])
 def test_runner_fields_learners_do_not_read_are_refused_by_name(
     override, says):
   with pytest.raises(ValueError) as e:
     runner_problem.load(CONFIG, DILOCO + (f"--config.{override}",), 2)
   assert str(e.value) == says, e.value
+
+
+@pytest.mark.parametrize("flags, says", [
+    # the evaluation runs only into --workdir's metrics.jsonl
+    (["--config.eval_interval=8"], "--config.eval_interval=8 has no effect "
+     "for learners without --workdir (theta is evaluated only into "
+     "--workdir's metrics.jsonl); add --workdir DIR or drop it."),
+    (["--config.eval_batches=1"], "--config.eval_batches=1 has no effect "
+     "for learners without --workdir"),
+    # --eval-every sets the period config.eval_interval would
+    (["--workdir", "WORKDIR", "--eval-every", "2",
+      "--config.eval_interval=8"], "--config.eval_interval=8 has no effect "
+     "with --eval-every (it sets the merged periods between evaluations); "
+     "drop one of them.")])
+def test_evaluation_overrides_the_run_would_not_read_are_refused(
+    no_ray, capsys, tmp_path, flags, says):
+  flags = [str(tmp_path / "w") if f == "WORKDIR" else f for f in flags]
+  assert cli.main(["learners", "--learners", "2", "--config", CONFIG,
+                   *DILOCO, *flags]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
+  assert not (tmp_path / "w").exists()
+  # read with --workdir: eval_batches always, eval_interval without
+  # --eval-every
+  runner_problem.check_evaluation_overrides(
+      ["--config.eval_interval=8", "--config.eval_batches=1"], True, False)
+  runner_problem.check_evaluation_overrides(
+      ["--config.eval_batches=1"], True, True)
 
 
 def _times(workdir, pairs):

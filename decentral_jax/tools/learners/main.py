@@ -30,8 +30,9 @@ that would change nothing (``--eval-every`` without ``--workdir``,
 ``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
 ``--drop-state`` with ``--inner sgd`` and no ``--config``,
 ``--connect-timeout`` without ``--address``,
-``--delay-buffer`` with ``--outer nesterov``, ``--kill-every`` not below
-the run's periods) are refused before Ray starts.
+``--delay-buffer`` with ``--outer nesterov``, ``--outer delayed_nesterov``
+without ``--delay-buffer`` above 1, ``--kill-every`` not below the run's
+periods) are refused before Ray starts.
 
 Exit codes: 0; 1 for Ray missing, an unreachable ``--address``, a run
 that did not finish within ``--timeout`` or one whose learners all stopped
@@ -146,8 +147,8 @@ def _outer_flags(p: argparse.ArgumentParser) -> None:
   p.add_argument("--outer", choices=spec_lib.OUTER, default="nesterov",
                  help="outer optimizer (delayed_nesterov: Async Local-SGD)")
   p.add_argument("--delay-buffer", type=_STEPS, default=None,
-                 help="Delayed Nesterov's buffer N: merges per momentum "
-                 "step (default 1; only with --outer delayed_nesterov)")
+                 help="Delayed Nesterov's buffer N > 1: merges per momentum "
+                 "step (only and always with --outer delayed_nesterov)")
   p.add_argument("--drop-state", action="store_true",
                  help="learners do not send their inner optimizer state and "
                  "error feedback residual (a restarted learner starts them "
@@ -193,7 +194,8 @@ def check_outputs(args) -> None:
 
 
 def _check_flags(args) -> None:
-  """Each numeric flag finite and in its range (ValueError names it)."""
+  """Each numeric flag finite and in its range, and ``--outer
+  delayed_nesterov`` with a buffer above 1 (ValueError names the flag)."""
   ranges = (("--inner-lr", args.inner_lr, 0.0, True),
             ("--grace", args.grace, 0.0, False),
             ("--connect-timeout", args.connect_timeout, 0.0, True),
@@ -204,6 +206,12 @@ def _check_flags(args) -> None:
     if not (math.isfinite(value) and (value > lo if open_lo else value >= lo)):
       raise ValueError(f"{flag}={value!r} must be a finite number "
                        f"{'>' if open_lo else '>='} {lo} (e.g. {flag}=1).")
+  if args.outer == "delayed_nesterov" and (args.delay_buffer or 1) == 1:
+    raise ValueError(
+        "--outer delayed_nesterov with --delay-buffer 1 (the default) is "
+        "Nesterov SGD, the default --outer nesterov (the momentum steps at "
+        "every merge); give --delay-buffer N > 1 (merges per momentum step, "
+        "e.g. --delay-buffer 4) or drop --outer delayed_nesterov.")
   if args.quorum is not None and args.quorum < 1:
     raise ValueError(f"--quorum={args.quorum} must be >= 1 (learners whose "
                      "pseudo-gradients a merge needs); leave it unset for "
@@ -261,6 +269,8 @@ def _config_fields(args, overrides) -> dict:
       raise ValueError(f"--{flag.replace('_', '-')} does not apply with "
                        f"--config (the config sets it): {fix}.")
   from decentral_jax.tools.learners import runner_problem  # pylint: disable=import-outside-toplevel
+  runner_problem.check_evaluation_overrides(
+      overrides, args.workdir is not None, args.eval_every is not None)
   source = config_source(args.config)
   c = runner_problem.load(source, overrides, args.learners)
   fields = runner_problem.spec_fields(c)

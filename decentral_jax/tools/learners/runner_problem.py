@@ -39,7 +39,9 @@ worker, non-float32 parameters, top-k compression or compression without
 error feedback; so is ``steps`` not a multiple of ``sync_every``
 (:func:`check_whole_periods`). An override of a field learners do not read
 (:data:`NO_EFFECT`: ``checkpoint_interval``, ``keep_checkpoints``,
-``log_interval``) is refused too.
+``log_interval``, ``consensus_at``, ``workdir``) is refused too, as is one
+of the evaluation's ``eval_interval`` or ``eval_batches`` without
+``--workdir`` (:func:`check_evaluation_overrides`).
 """
 
 from __future__ import annotations
@@ -75,7 +77,42 @@ NO_EFFECT = {
                            "merge (the newest 2 kept)",
     "keep_checkpoints": "the synchronizer keeps its newest 2 checkpoints",
     "log_interval": "learners write one metrics record per merged period",
+    "consensus_at": "learners have no per-step program; theta is the "
+                    "synchronizer's, evaluated in --workdir's metrics.jsonl",
+    "workdir": "the learners' run directory is --workdir DIR",
 }
+
+# Runner fields learners read only for their evaluation, which goes into
+# --workdir's metrics.jsonl (every --eval-every merged periods when given).
+EVAL_FIELDS = ("eval_interval", "eval_batches")
+
+
+def override_key(override: str) -> str:
+  """The field of ``"--config.FIELD=VALUE"`` (or ``"FIELD=VALUE"``)."""
+  if override.startswith("--config."):
+    override = override[len("--config."):]
+  return override.partition("=")[0].strip()
+
+
+def check_evaluation_overrides(overrides, workdir: bool, eval_every: bool
+                               ) -> None:
+  """Refuses an override of :data:`EVAL_FIELDS` that the run would not
+  read: any without ``--workdir`` (no evaluation is run), and
+  ``eval_interval`` with ``--eval-every`` (which sets the period).
+
+  Raises:
+    ValueError: naming the override and the flag, with the fix.
+  """
+  for o in overrides:
+    key = override_key(o)
+    if key in EVAL_FIELDS and not workdir:
+      raise ValueError(f"{o} has no effect for learners without --workdir "
+                       "(theta is evaluated only into --workdir's "
+                       "metrics.jsonl); add --workdir DIR or drop it.")
+    if key == "eval_interval" and eval_every:
+      raise ValueError(f"{o} has no effect with --eval-every (it sets the "
+                       "merged periods between evaluations); drop one of "
+                       "them.")
 
 
 def load(config: str, overrides=(), learners: int = 2
@@ -96,10 +133,10 @@ def load(config: str, overrides=(), learners: int = 2
   overrides = [o if o.startswith("--") else f"--config.{o}"
                for o in overrides]
   for o in overrides:
-    key, _, value = o[len("--config."):].partition("=")
-    if key.strip() in NO_EFFECT:
+    key, value = override_key(o), o.partition("=")[2]
+    if key in NO_EFFECT:
       raise ValueError(f"{o} has no effect for learners: "
-                       f"{NO_EFFECT[key.strip()]}; drop it.")
+                       f"{NO_EFFECT[key]}; drop it.")
     if key == "n_workers" and value.strip() != str(learners):
       raise ValueError(f"{o}: learners set config.n_workers to --learners="
                        f"{learners}; drop the override.")
@@ -137,10 +174,7 @@ def check_whole_periods(c: config_dict.ConfigDict) -> None:
 def without_n_workers(overrides) -> tuple[str, ...]:
   """``overrides`` less those of ``config.n_workers`` (the learner count,
   which ``--learners`` sets: a run may resume with another)."""
-  def key(o):
-    o = o[len("--config."):] if o.startswith("--config.") else o
-    return o.partition("=")[0].strip()
-  return tuple(o for o in overrides if key(o) != "n_workers")
+  return tuple(o for o in overrides if override_key(o) != "n_workers")
 
 
 def config_difference(saved_args, ours_args, learners: int
