@@ -180,11 +180,14 @@ RULES = {
 }
 MODEL_RULES = {
     "gpt": {
-        "model.vocab_size": field_checks.integer(1),
-        "model.block_size": field_checks.integer(1),
-        "model.n_layer": field_checks.integer(1),
-        "model.n_head": field_checks.integer(1),
-        "model.n_embd": field_checks.integer(1),
+        # Bounds well above any model trained (GPT-3: 96 layers of 12288,
+        # a 50257 vocabulary); 100000 layers compiled for many minutes
+        # before training or failing.
+        "model.vocab_size": field_checks.integer(1, 2**24),
+        "model.block_size": field_checks.integer(1, 2**20),
+        "model.n_layer": field_checks.integer(1, 1024),
+        "model.n_head": field_checks.integer(1, 2**16),
+        "model.n_embd": field_checks.integer(1, 2**17),
         "model.bias": field_checks.boolean,
         "model.dropout": field_checks.real(0.0, 1.0),
         "model.dtype": field_checks.one_of(COMPUTE_DTYPES),

@@ -181,12 +181,15 @@ def check_eval_size(c: config_dict.ConfigDict) -> None:
   nb, b = int(c.eval_batches), int(c.global_batch)
   per_batch = b * (int(c.model.block_size) + 1)
   if nb * per_batch > MAX_EVAL_TOKENS:
+    fix = (f"set --config.eval_batches={MAX_EVAL_TOKENS // per_batch} or "
+           "fewer" if per_batch <= MAX_EVAL_TOKENS else
+           "one batch is already too many: lower --config.global_batch or "
+           "--config.model.block_size")
     raise ValueError(
         f"config.eval_batches={nb} gives an evaluation set of "
         f"{nb * per_batch} tokens (eval_batches * global_batch={b} * "
         f"(model.block_size + 1)), more than the {MAX_EVAL_TOKENS} (2**28, "
-        "1 GiB of int32) an evaluation may hold; set --config.eval_batches="
-        f"{max(1, MAX_EVAL_TOKENS // per_batch)} or fewer.")
+        f"1 GiB of int32) an evaluation may hold; {fix}.")
 
 
 def lm_task(config: config_dict.ConfigDict, n_workers: int,

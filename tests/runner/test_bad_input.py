@@ -103,6 +103,10 @@ BAD_FIELDS = [
     ("data.val_fraction", -0.1, "gpt"),
     ("model.dropout", 1.0, "gpt"), ("model.dropout", -0.1, "gpt"),
     ("model.n_layer", 0, "gpt"), ("model.n_embd", 0, "gpt"),
+    # Beyond any model trained: 100000 layers compiled for minutes.
+    ("model.n_layer", 100000, "gpt"), ("model.n_embd", 2**30, "gpt"),
+    ("model.n_head", 2**17, "gpt"), ("model.vocab_size", 2**25, "gpt"),
+    ("model.block_size", 2**31 - 1, "gpt"),
     ("model.block_size", 0, "gpt"),
     ("model.vocab_size", BIG, "gpt"), ("model.bias", 1, "gpt"),
     ("model.dtype", "float16", "gpt"),
@@ -224,6 +228,13 @@ def test_the_evaluation_set_is_bounded_before_any_data_is_read():
         f"{n * 4160} tokens" in message, message
     assert "--config.eval_batches=64527 or fewer" in message, message
   tasks.check_eval_size(make_config(eval_batches=64527))
+  # One batch of 2**20 windows of 2**20 + 1 tokens is over the bound by
+  # itself: the line named eval_batches=1, the value already set.
+  message = one_line_error(tasks.check_eval_size, make_config(
+      eval_batches=1, global_batch=2**20, **{"model.block_size": 2**20}))
+  assert message.endswith("one batch is already too many: lower "
+                          "--config.global_batch or --config.model.block_size"
+                          "."), message
 
 
 # --- Values at the edges of the rules are accepted, and used as given. ------
