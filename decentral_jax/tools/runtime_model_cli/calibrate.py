@@ -206,6 +206,12 @@ def run(args) -> int:
   from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
   config = config_sets.load("calibrate", args.config, args.set)
+  if int(config.n_workers) < 2:
+    raise ValueError(
+        f"config.n_workers={config.n_workers}: calibrate needs at least 2 "
+        "workers (it fits the all-reduce's latency and bandwidth from "
+        "collectives between workers, and one worker sends nothing); give "
+        "--set n_workers=2 or more.")
   devices.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")
   import jax  # pylint: disable=import-outside-toplevel
