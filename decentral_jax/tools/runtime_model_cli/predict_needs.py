@@ -9,10 +9,7 @@ and why). No JAX.
 
 from __future__ import annotations
 
-import dataclasses
-
 from decentral_jax.runtime_model import recommend
-from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import tables
@@ -38,6 +35,7 @@ class Setting:
     self.per_setup = [(m, c, w) for (_, c, w), made in zip(setups, built)
                       for _, m, _ in made]
     self._break_evens = {}
+    self._plain = None  # id(workload) -> the one without --param-dtype
 
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
@@ -82,7 +80,8 @@ class Setting:
     the flag, :func:`wire_dtype.theta_dtype_moves`), or a compressed
     method's break-even line (priced
     against its uncompressed form: where that form reads the dtype, the
-    line is computed at the given dtype and at the default and compared;
+    line is computed at the given dtype and at the workload's without
+    the flag and compared;
     the first is kept for printing, :meth:`break_even`)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
@@ -100,18 +99,22 @@ class Setting:
 
   def _break_even_moves(self, m, c, w) -> bool:
     """Whether ``m``'s break-even line at ``w`` differs from the line at
-    ``w`` with the default ``param_dtype`` (a workload the default cannot
-    hold: True)."""
-    default = workload_lib.Workload.param_dtype
-    if w.param_dtype == default:
-      return False
-    try:
-      plain = dataclasses.replace(w, param_dtype=default)
-    except ValueError:
+    the workload built without ``--param-dtype`` (the one the flag
+    replaces: a preset's, a cluster or workload file's, or the default;
+    one that cannot be built: True)."""
+    if self._plain is None:
+      counts = [n for n, _ in self.clusters]
+      bases = wire_dtype.plain_workloads(self.args, counts, self.measured,
+                                         self._build)
+      self._plain = {id(wk): base for wk, base in zip(self.workloads, bases)}
+    base = self._plain[id(w)]
+    if base is None:
       return True
+    if base.param_dtype == w.param_dtype:
+      return False
     line = recommend.break_even_line
     return (line("", self.break_even(m, c, w))
-            != line("", recommend.break_even(m, c, plain)))
+            != line("", recommend.break_even(m, c, base)))
 
   def break_even(self, m, c, w):
     """:func:`recommend.break_even`, each ``(m, c, w)`` computed once
