@@ -115,7 +115,7 @@ def test_command_line_flag(capsys):
   base = ["predict", "--n-workers", "4", "--methods", "one_peer_exp",
           "--params", str(N), "--forward-ms", "100", "--backward-ms", "200",
           "--inter-latency-us", "100", "--nic-Gbps", "10", "--local-size",
-          "1", "--multi-node", "ring", "--bucket-MiB", "1e9"]
+          "1", "--bucket-MiB", "1e9"]
   cli.main(base)
   plain = capsys.readouterr().out
   cli.main(base + ["--gossip-in-flight", "0,0.5"])

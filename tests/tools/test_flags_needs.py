@@ -53,6 +53,20 @@ PREDICT_CASES = [
     (["--multi-node", "ring"], _ONE_NODE,
      _TWO_NODES + ["--n-workers", "32", "--local-size", "4"]),
     (["--half-duplex"], _ONE_NODE, _TWO_NODES),
+    # One worker per node, or one node per datacenter: a group mean over
+    # nodes has no intra-node stage, tree and ring are one schedule.
+    (["--multi-node", "ring"], ["--n-workers", "4", "--local-size", "1"],
+     ["--n-workers", "32", "--local-size", "4"]),
+    (["--multi-node", "ring"], ["--n-workers", "16", "--datacenters", "2"],
+     ["--n-workers", "32", "--local-size", "4", "--datacenters", "2"]),
+    # One worker per node and at most two per datacenter: every message
+    # between workers is a NIC pair exchange; with more, the All-Reduce's
+    # ring over nodes runs at the slower of the intra link and the flow.
+    (["--intra-GBps", "0.01"], ["--n-workers", "2", "--local-size", "1"],
+     ["--n-workers", "4", "--local-size", "1"]),
+    (["--intra-GBps", "0.01"], ["--n-workers", "4", "--local-size", "1",
+                                "--datacenters", "2"],
+     ["--n-workers", "8", "--local-size", "1", "--datacenters", "2"]),
     # One worker per node of one device: no intra-node hop (--intra-GBps
     # is not refused: a worker's PCIe link carries its NIC traffic too).
     (["--intra-latency-us", "3000"], ["--preset", "A40", "--local-size", "1"],

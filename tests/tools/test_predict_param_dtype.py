@@ -161,3 +161,30 @@ def test_the_workload_line_names_diloco_s_float32_sync(tmp_path, capsys,
   line = [x for x in out.splitlines() if x.startswith("workload:")][0]
   assert "bfloat16 parameters on the wire" in line, line
   assert (", float32 in a sync of DiLoCo's global copy)" in line) == note, line
+
+
+@pytest.mark.parametrize("file_dtype, flag, changes", [
+    # the uncompressed static ring the break-even line prices sends the
+    # parameters: by hand 2 vs 4 bytes and 8 vs 4 bytes move the line; the
+    # file's own dtype again moves nothing
+    ("bfloat16", "float32", True), ("float64", "float32", True),
+    ("float32", "float32", False), ("bfloat16", "bfloat16", False)])
+def test_a_break_even_line_is_compared_with_the_file_s_dtype(
+    tmp_path, file_dtype, flag, changes, monkeypatch):
+  """The flag replaces the file's dtype, not the default float32: float32
+  over a bfloat16 file was refused although the line moved."""
+  argv = ["--cluster", _cluster_file(tmp_path, file_dtype), "--methods",
+          "all_reduce,dadam:topology=static_ring,compress=int8"]
+  code, plain, err = _predict(argv, monkeypatch)
+  assert code == 0, err
+  code, with_flag, err = _predict(argv + ["--param-dtype", flag], monkeypatch)
+  assert code == 0, err
+  moved = [x for x in with_flag if "break-even:" in x]
+  assert (moved != [x for x in plain if "break-even:" in x]) == changes
+  code, _, err = _predict(argv + ["--param-dtype", flag])
+  if changes:
+    assert code == 0, err
+  else:
+    lines = [x for x in err.splitlines() if "error:" in x]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith("error: --param-dtype has no effect"), err

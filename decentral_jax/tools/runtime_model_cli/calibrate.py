@@ -101,9 +101,7 @@ def _train_step_timers(config):
   from decentral_jax.runner import experiment  # pylint: disable=import-outside-toplevel
   timers = {}
   for algo in ("all_reduce", "decentralized"):
-    cfg = copy.deepcopy(config)
-    cfg.algorithm, cfg.topology = algo, "one_peer_exp"
-    exp = experiment.Experiment(cfg)
+    exp = experiment.Experiment(run_config(config, algo))
     box = {"state": exp.init_state(), "k": 0}
 
     def run(exp=exp, box=box):
@@ -116,6 +114,32 @@ def _train_step_timers(config):
 
     timers[algo] = run
   return timers, exp, jax.tree.map(lambda x: x.copy(), box["state"].params)
+
+
+def run_config(config, algorithm: str):
+  """The config of one of calibrate's runs: ``config`` with ``algorithm``
+  over ``one_peer_exp``, and every method field that run does not read
+  (:func:`decentral_jax.runner.validation.unread_reason`, e.g.
+  ``comm_dtype`` or ``global_avg_interval`` for ``all_reduce``, a local
+  method's ``sync_every``) at its default, so a field one run reads does
+  not make the other's config invalid."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import methods  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
+  cfg = copy.deepcopy(config)
+  cfg.algorithm, cfg.topology = algorithm, "one_peer_exp"
+  default = config_lib.base_config(str(cfg.model.name))
+  for name in methods.method_fields():
+    if validation.unread_reason(cfg, name) is not None:
+      *group, leaf = name.split(".")
+      parent = cfg
+      for part in group:
+        parent = parent[part]
+      want = default
+      for part in name.split("."):
+        want = want[part]
+      parent[leaf] = want
+  return cfg
 
 
 def _operation_timers(exp, params, sizes) -> dict:
@@ -206,6 +230,17 @@ def run(args) -> int:
   from decentral_jax.runner import devices  # pylint: disable=import-outside-toplevel
   # The config and its device count are checked before JAX starts.
   config = config_sets.load("calibrate", args.config, args.set)
+  if config.compression.format != "none":
+    raise ValueError(
+        f"config.compression.format={config.compression.format!r} (from "
+        f"--config {args.config}): {config_sets.NO_COMPRESSION}; use a "
+        "config without compression.")
+  if int(config.n_workers) < 2:
+    raise ValueError(
+        f"config.n_workers={config.n_workers}: calibrate needs at least 2 "
+        "workers (it fits the all-reduce's latency and bandwidth from "
+        "collectives between workers, and one worker sends nothing); give "
+        "--set n_workers=2 or more.")
   devices.check_simulated_devices(int(config.n_workers),
                                      f"config.n_workers={config.n_workers}")
   import jax  # pylint: disable=import-outside-toplevel
@@ -213,6 +248,7 @@ def run(args) -> int:
     jax.config.update("jax_num_cpu_devices", max(int(config.n_workers), 1))
   except RuntimeError:  # backend already started; use the devices it has
     pass
-  report = calibrate(config, steps=args.steps)
+  with config_sets.set_spelling():
+    report = calibrate(config, steps=args.steps)
   print(format_report(report))
   return 0

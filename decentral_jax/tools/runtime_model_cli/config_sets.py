@@ -13,24 +13,37 @@ record, or be replaced by the command's own choice: ``calibrate`` times
 
 from __future__ import annotations
 
+import contextlib
+
 #: Command -> (the config fields it reads, what it does instead of the rest).
 READS = {
     "measure": (
-        ("n_workers", "global_batch", "comm_dtype", "seed", "model.",
-         "data.", "distributed."),
+        ("n_workers", "global_batch", "eval_batches", "comm_dtype", "seed",
+         "model.", "data.", "distributed."),
         "it times one worker's forward and backward at the local batch and "
         "the links; the run's length, schedule, method and records are no "
         "part of it"),
     "calibrate": (
-        ("n_workers", "global_batch", "micro_batches", "devices_per_worker",
-         "workers_per_device", "workers_per_node", "worker_layout",
-         "comm_dtype", "bucket_bytes", "gossip_every", "gossip_rounds",
-         "pipelined_gossip", "grad_clip", "seed", "model.", "data.",
-         "optimizer.", "compression."),
+        ("n_workers", "global_batch", "eval_batches", "micro_batches",
+         "devices_per_worker", "workers_per_device", "workers_per_node",
+         "worker_layout", "comm_dtype", "bucket_bytes", "gossip_every",
+         "gossip_rounds", "pipelined_gossip", "global_avg_interval",
+         "log_interval", "consensus_at", "grad_clip", "seed", "model.",
+         "data.", "optimizer."),
         "it times a few steps of its own all_reduce and one_peer_exp runs; "
         "the run's length, schedule, method, topology and records are no "
         "part of it"),
 }
+
+
+#: Why ``calibrate`` cannot time a compressed run.
+NO_COMPRESSION = (
+    "calibrate cannot time compression (its all_reduce run sends "
+    "uncompressed gradients, and compressed gossip needs a static mixing "
+    "matrix, not its one_peer_exp)")
+#: Command -> ``(group, why)`` of config fields it cannot time: refused
+#: with that reason, not as a field it does not read.
+CANNOT = {"calibrate": (("compression.", NO_COMPRESSION),), "measure": ()}
 
 
 def _reads(command: str, field: str) -> bool:
@@ -54,6 +67,9 @@ def check_sets(command: str, sets) -> None:
     if not eq or not field:
       raise ValueError(f"--set {item!r} is not FIELD=VALUE; give e.g. "
                        "--set n_workers=4.")
+    for group, reason in CANNOT[command]:
+      if field.startswith(group):
+        raise ValueError(f"--set {item}: {reason}; drop it.")
     if not _reads(command, field):
       names = ", ".join(r + "*" if r.endswith(".") else r for r in reads)
       raise ValueError(
@@ -61,11 +77,24 @@ def check_sets(command: str, sets) -> None:
           f"drop it (it reads {names}).")
 
 
+@contextlib.contextmanager
+def set_spelling():
+  """Re-raises a ``ValueError`` of the runner inside (a config check, a
+  task's data or evaluation set) with its fixes spelled as this command
+  line takes them: ``--config.FIELD=VALUE`` (``flag --config.FIELD``)
+  becomes ``--set FIELD=VALUE``."""
+  try:
+    yield
+  except ValueError as e:
+    raise ValueError(str(e).replace("flag --config.", "--set ")
+                     .replace("--config.", "--set ")) from None
+
+
 def load(command: str, config: str, sets):
   """The config ``--config`` names with the ``--set`` overrides, checked
   by :func:`check_sets` first, then loaded and validated
   (:func:`decentral_jax.runner.validation.check_config`); the loader's
-  errors in ``--set`` spelling.
+  errors in ``--set`` spelling (:func:`set_spelling`).
 
   Raises:
     ValueError: one line naming ``--set FIELD=VALUE`` or ``--config``.
@@ -73,10 +102,7 @@ def load(command: str, config: str, sets):
   from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   from decentral_jax.runner import validation  # pylint: disable=import-outside-toplevel
   check_sets(command, sets)
-  try:
+  with set_spelling():
     loaded = presets.load_named_or_file(config, sets)
     validation.check_config(loaded)
-    return loaded
-  except ValueError as e:
-    raise ValueError(str(e).replace("flag --config.", "--set ")
-                     .replace("--config.", "--set ")) from None
+  return loaded

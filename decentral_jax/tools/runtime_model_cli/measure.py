@@ -78,13 +78,18 @@ def _all_reduce(mesh, size: int, repeats: int) -> float:
   return float(np.median(_timed(fn, x, repeats=repeats)))
 
 
-def _compute(config, repeats: int) -> tuple[dict, dict]:
-  """One worker's forward and forward + backward seconds on one device."""
-  import jax  # pylint: disable=import-outside-toplevel
+def _task(config):
+  """The config's task at its local batch (``global_batch / n_workers``);
+  built before anything is timed, so its errors (data, evaluation set)
+  cost no measurement."""
   from decentral_jax.runner import tasks  # pylint: disable=import-outside-toplevel
   n = int(config.n_workers)
-  local_batch = int(config.global_batch) // n
-  task = tasks.make_task(config, n, local_batch)
+  return tasks.make_task(config, n, int(config.global_batch) // n)
+
+
+def _compute(config, task, repeats: int) -> tuple[dict, dict]:
+  """One worker's forward and forward + backward seconds on one device."""
+  import jax  # pylint: disable=import-outside-toplevel
   device = jax.local_devices()[0]
   # Zeros of the parameters' shapes: the timing of dense ops does not depend
   # on the values, and tracing the initializer is much cheaper than running
@@ -200,8 +205,10 @@ def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
   Raises:
     ValueError: fewer than 2 devices, ``local_size`` not dividing the
       device count, fewer than 2 sizes, a size that is not finite or that
-      this host's devices cannot hold (:func:`check_sizes_fit`), or
-      ``repeats < 1``.
+      this host's devices cannot hold (:func:`check_sizes_fit`),
+      ``repeats < 1``, or the config's task
+      (:func:`decentral_jax.runner.tasks.make_task`: its data, its
+      evaluation set), before anything is timed.
   """
   import jax  # pylint: disable=import-outside-toplevel
   from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
@@ -221,6 +228,7 @@ def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
     raise ValueError("--sizes-MB needs >= 2 distinct sizes of >= 4 bytes.")
   if repeats < 1:
     raise ValueError(f"--repeats must be >= 1, got {repeats}.")
+  task = _task(config)
   mesh = Mesh(np.array(devices), ("d",))
   elems = [max(1, s // 4) for s in sizes]
   meas = {"sizes_bytes": [4 * e for e in elems], "repeats": int(repeats),
@@ -237,7 +245,7 @@ def measure(config, *, local_size: int = 0, sizes_bytes=(1e6, 16e6),
     meas["inter_concurrent_s"] = [_exchange(mesh, many, e, repeats)
                                   for e in elems]
     meas["concurrent_flows"] = big_l
-  work, comp = _compute(config, repeats)
+  work, comp = _compute(config, task, repeats)
   meas.update(comp)
   meas["all_reduce_bytes"] = 4 * work["param_count"]
   meas["all_reduce_s"] = _all_reduce(mesh, work["param_count"], repeats)
@@ -270,10 +278,11 @@ def run(args) -> int:
                      f"timings), got {args.repeats}.")
   config = config_sets.load("measure", args.config, args.set)
   launch.initialize_from_config(config)  # SLURM-aware, as the runner
-  data = measure(config, local_size=args.local_size,
-                         sizes_bytes=[x * 1e6 for x in args.sizes_MB],
-                         repeats=args.repeats, config_path=args.config,
-                         overrides=args.set)
+  with config_sets.set_spelling():  # the task's errors name --set FIELD
+    data = measure(config, local_size=args.local_size,
+                   sizes_bytes=[x * 1e6 for x in args.sizes_MB],
+                   repeats=args.repeats, config_path=args.config,
+                   overrides=args.set)
   if multiprocess.is_main_process():
     tables.write_output("--out", args.out,
                         lambda: cluster_file.write(args.out, data))

@@ -15,6 +15,7 @@ import numpy as np
 from decentral_jax.runtime_model import holdout
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import utilisation
+from decentral_jax.tools import distinct_paths
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import tables
 
@@ -78,6 +79,8 @@ def run_utilisation(args) -> int:
   """The ``utilisation`` command: table, check against the paper, PNG."""
   inputs.check_output_path(args.png, "--png")
   inputs.check_output_path(args.table, "--table")
+  distinct_paths.check_distinct_paths([("--table", args.table),
+                                       ("--png", args.png)])
   inputs.check_utilisation_args(args)
   setting = utilisation.Setting(
       n_workers=args.n_workers, param_count=args.params,

@@ -13,6 +13,7 @@ Bad input raises ``ValueError`` with one line naming the flag. No JAX.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import numpy as np
@@ -26,6 +27,7 @@ from decentral_jax.runtime_model import recommend
 from decentral_jax.runtime_model import worker_devices
 from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model import stragglers
+from decentral_jax.tools import distinct_paths
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
@@ -43,6 +45,7 @@ def run(args) -> int:
     raise ValueError("--methods is empty; give e.g. "
                      "--methods all_reduce,one_peer_exp,aer.")
   inputs.check_input_paths(args)
+  _check_distinct_files(args)
   _check_figure6(args)
   workers_note = None
   if "--n-workers" not in inputs.explicit_flags(args) and not args.cluster:
@@ -182,6 +185,18 @@ def methods_line(methods, chosen: bool, c, added: bool = False) -> str:
   return (f"methods: {names} (the default within one datacenter; add "
           "local-update methods with e.g. --methods "
           f"{parser_lib.DEFAULT_METHODS},diloco:H=10)")
+
+
+def _check_distinct_files(args) -> None:
+  """``--png`` names none of the files ``predict`` reads (``--cluster``,
+  ``--workload-file``, a ``--gossip-in-flight`` file): the chart is
+  written after the tables and would replace that input."""
+  in_flight = args.gossip_in_flight
+  distinct_paths.check_distinct_paths(
+      [("--png", args.png)],
+      [("--cluster", args.cluster), ("--workload-file", args.workload_file),
+       ("--gossip-in-flight",
+        in_flight if in_flight and os.path.isfile(in_flight) else None)])
 
 
 def _check_figure6(args) -> None:

@@ -9,10 +9,7 @@ and why). No JAX.
 
 from __future__ import annotations
 
-import dataclasses
-
 from decentral_jax.runtime_model import recommend
-from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import tables
@@ -38,6 +35,7 @@ class Setting:
     self.per_setup = [(m, c, w) for (_, c, w), made in zip(setups, built)
                       for _, m, _ in made]
     self._break_evens = {}
+    self._plain = None  # id(workload) -> the one without --param-dtype
 
   def several_nodes(self) -> bool:
     return any(n > c.local_size for n, c in self.clusters)
@@ -47,6 +45,28 @@ class Setting:
     intra-node hop's latency and link type enter the price)."""
     return (any(min(n, c.local_size) > 1 for n, c in self.clusters)
             or any(w.devices_per_worker > 1 for w in self.workloads))
+
+  def tree_or_ring(self) -> bool:
+    """Whether a group mean spans several nodes of two or more workers in
+    one datacenter (a datacenter of several nodes, ``local_size > 1``):
+    only there do the tree (an intra-node stage, then the nodes) and the
+    ring differ (:func:`~decentral_jax.runtime_model.costs._group_cost`
+    reads ``multi_node`` only when ``per_node > 1``; a group over
+    datacenters runs each datacenter's part on its own nodes)."""
+    return any(c.local_size > 1 and c.dc_size > c.local_size
+               for _, c in self.clusters)
+
+  def reads_intra_bandwidth(self) -> bool:
+    """Whether ``Cluster.intra_bandwidth_Bps`` enters a price: an
+    intra-node hop (:meth:`intra_node_hops`), or a group mean of more
+    than two workers in one datacenter, a ring over nodes at the slower of
+    the intra-node link and the flow (every price includes the
+    All-Reduce, a group mean over each datacenter's workers; a larger
+    group has no more workers in a datacenter). With one worker per node
+    and at most two per datacenter every message between workers is a
+    pair exchange over the NICs, which the intra-node rate never prices."""
+    return self.intra_node_hops() or any(c.dc_size > 2
+                                         for _, c in self.clusters)
 
   def quorum_method(self) -> bool:
     return any(tables.fault_mode(m)[0] == "quorum" for m in self.methods)
@@ -60,7 +80,8 @@ class Setting:
     the flag, :func:`wire_dtype.theta_dtype_moves`), or a compressed
     method's break-even line (priced
     against its uncompressed form: where that form reads the dtype, the
-    line is computed at the given dtype and at the default and compared;
+    line is computed at the given dtype and at the workload's without
+    the flag and compared;
     the first is kept for printing, :meth:`break_even`)."""
     if any(w.devices_per_worker > 1 for w in self.workloads):
       return True
@@ -78,18 +99,22 @@ class Setting:
 
   def _break_even_moves(self, m, c, w) -> bool:
     """Whether ``m``'s break-even line at ``w`` differs from the line at
-    ``w`` with the default ``param_dtype`` (a workload the default cannot
-    hold: True)."""
-    default = workload_lib.Workload.param_dtype
-    if w.param_dtype == default:
-      return False
-    try:
-      plain = dataclasses.replace(w, param_dtype=default)
-    except ValueError:
+    the workload built without ``--param-dtype`` (the one the flag
+    replaces: a preset's, a cluster or workload file's, or the default;
+    one that cannot be built: True)."""
+    if self._plain is None:
+      counts = [n for n, _ in self.clusters]
+      bases = wire_dtype.plain_workloads(self.args, counts, self.measured,
+                                         self._build)
+      self._plain = {id(wk): base for wk, base in zip(self.workloads, bases)}
+    base = self._plain[id(w)]
+    if base is None:
       return True
+    if base.param_dtype == w.param_dtype:
+      return False
     line = recommend.break_even_line
     return (line("", self.break_even(m, c, w))
-            != line("", recommend.break_even(m, c, plain)))
+            != line("", recommend.break_even(m, c, base)))
 
   def break_even(self, m, c, w):
     """:func:`recommend.break_even`, each ``(m, c, w)`` computed once
@@ -124,7 +149,8 @@ _INTER_NODE = ("--nic-Gbps", "--nics-per-node", "--nic-efficiency",
                "--flow-Gbps", "--inter-latency-us", "--multi-node",
                "--half-duplex")
 # --intra-GBps is not among them: one worker's PCIe link also carries its
-# traffic to the NIC (costs.all_reduce_cost's ring over nodes).
+# traffic to the NIC (costs.all_reduce_cost's ring over nodes); its own
+# row (Setting.reads_intra_bandwidth) follows.
 _INTRA_NODE = ("--intra-latency-us", "--intra-link")
 _NO_FAILURES = "without --failure-rate above 0"
 
@@ -174,6 +200,19 @@ NEEDS = (
         "link (pcie) or not (nvlink) changes nothing; the intra-node rate "
         "is --intra-GBps", "give --intra-GBps for the link's rate, add "
         "workers beyond one node, or drop --intra-link"),
+    flag_types.Needs(
+        "--multi-node", Setting.tree_or_ring, "where no datacenter holds "
+        "several nodes of two or more workers (--local-size 1, or one node "
+        "per --datacenters): a group mean over nodes has no intra-node "
+        "stage there, so tree and ring are one schedule", "add workers per "
+        "node and nodes per datacenter, or drop --multi-node"),
+    flag_types.Needs(
+        "--intra-GBps", Setting.reads_intra_bandwidth, "with one worker "
+        "per node (--local-size 1, or --n-workers 1) of one device "
+        "(--devices-per-worker 1) and at most two workers per datacenter: "
+        "every message between workers is a pair exchange over the NICs, "
+        "which no intra-node link prices", "add workers per node or more "
+        "than two workers per datacenter, or drop --intra-GBps"),
     flag_types.Needs(
         "--worker-layout",
         lambda s: any(w.devices_per_worker > 1 for w in s.workloads),

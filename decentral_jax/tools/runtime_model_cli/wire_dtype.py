@@ -44,29 +44,47 @@ def _theta_itemsize(dtype) -> int:
   return max(np.dtype(dtype).itemsize, 4)
 
 
-def theta_dtype_moves(args, workloads, measured, build) -> bool:
-  """Whether ``--param-dtype`` changes the wire dtype of a sync of DiLoCo's
-  global copy at some worker count.
+def plain_workloads(args, counts, measured, build) -> list:
+  """The workloads ``predict`` builds without ``--param-dtype``, the ones
+  the flag replaces (a preset's, a cluster or workload file's, or the
+  default float32 parameters).
 
   Args:
     args: ``predict``'s parsed flags (``--param-dtype`` among those given).
-    workloads: ``[(n, Workload)]`` as built with the flags.
+    counts: the worker counts.
     measured: the ``--cluster`` file's contents, or None.
     build: ``build(args, n, measured) -> (Cluster, Workload)``, the way
       ``predict`` builds them.
 
   Returns:
-    True where the workload built without the flag sends that sync in
-    another dtype, or cannot be built without it.
+    One ``Workload`` per count, None where it cannot be built without the
+    flag.
   """
   plain = copy.copy(args)
   plain.explicit_flags = inputs.explicit_flags(args) - {"--param-dtype"}
   plain.param_dtype = workload_lib.Workload.param_dtype
-  for n, w in workloads:
+  out = []
+  for n in counts:
     try:
-      base = build(plain, n, measured)[1]
+      out.append(build(plain, n, measured)[1])
     except ValueError:
-      return True
-    if _theta_itemsize(w.param_dtype) != _theta_itemsize(base.param_dtype):
-      return True
-  return False
+      out.append(None)
+  return out
+
+
+def theta_dtype_moves(args, workloads, measured, build) -> bool:
+  """Whether ``--param-dtype`` changes the wire dtype of a sync of DiLoCo's
+  global copy at some worker count.
+
+  Args:
+    args, measured, build: as :func:`plain_workloads`.
+    workloads: ``[(n, Workload)]`` as built with the flags.
+
+  Returns:
+    True where the workload built without the flag sends that sync in
+    another dtype, or cannot be built without it.
+  """
+  bases = plain_workloads(args, [n for n, _ in workloads], measured, build)
+  return any(base is None or _theta_itemsize(w.param_dtype)
+             != _theta_itemsize(base.param_dtype)
+             for (_, w), base in zip(workloads, bases))
