@@ -87,6 +87,7 @@ def set_spelling():
     yield
   except ValueError as e:
     raise ValueError(str(e).replace("flag --config.", "--set ")
+                     .replace("set --config.", "--set ")
                      .replace("--config.", "--set ")) from None
 
 
