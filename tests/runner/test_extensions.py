@@ -458,7 +458,8 @@ def test_a_non_finite_evaluation_loss_stops_the_run(tmp_path):
   workdir = str(tmp_path / "run")
   with pytest.raises(FloatingPointError, match=r"^non-finite eval/loss at "
                      r"step 0 \(inf\); stopping, no intact checkpoint had "
-                     "been written yet. Lower config.schedule.peak_lr"):
+                     "been written yet. No parameter update had been "
+                     "applied yet"):
     train.train_and_evaluate(c, workdir)
   assert not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
       not _rows(workdir)
