@@ -25,7 +25,8 @@ def set_cpu_devices(n: int, single_thread_eigen: bool = False,
 
   A count the environment already sets (``XLA_FLAGS``'
   ``--xla_force_host_platform_device_count`` or ``JAX_NUM_CPU_DEVICES``) is
-  kept; with ``source`` given, fewer than ``n`` is refused at once
+  kept once checked to be a whole number >= 1 (XLA aborts on 'abc', JAX
+  fails on 0); with ``source`` given, fewer than ``n`` is refused at once
   (:func:`check_cpu_devices`).
 
   Args:
@@ -40,13 +41,24 @@ def set_cpu_devices(n: int, single_thread_eigen: bool = False,
 
   Raises:
     RuntimeError: jax was already imported (the flags would be ignored).
-    SystemExit: code 2 after one ``error:`` line (:func:`check_cpu_devices`).
+    SystemExit: code 2 after one ``error:`` line: a count of the
+      environment that is not a whole number >= 1
+      (:func:`decentral_jax.checks.xla_flags_device_count`,
+      :func:`~decentral_jax.checks.environment_count`), or fewer devices
+      than ``n`` (:func:`check_cpu_devices`).
   """
   import sys
   if "jax" in sys.modules:
     raise RuntimeError("set_cpu_devices must run before jax is imported.")
+  from decentral_jax import checks  # NumPy only: before JAX reads them
+  try:
+    count = checks.xla_flags_device_count()
+    checks.environment_count("JAX_NUM_CPU_DEVICES")
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
   flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in flags:
+  if count is None:
     flags = f"{flags} --xla_force_host_platform_device_count={n}"
   if single_thread_eigen and "xla_cpu_multi_thread_eigen" not in flags:
     flags = f"{flags} --xla_cpu_multi_thread_eigen=false"

@@ -11,8 +11,31 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from decentral_jax import checks  # NumPy only: before JAX reads XLA_FLAGS
+
+N_WORKERS = 8
+
+
+def _simulate_devices() -> None:
+  """Asks XLA for ``N_WORKERS`` simulated CPU devices unless the
+  environment sets a count (``XLA_FLAGS`` or ``JAX_NUM_CPU_DEVICES``); a
+  count that is not a whole number >= 1 is one ``error:`` line and exit 2
+  (XLA aborts the process on it)."""
+  try:
+    count = checks.xla_flags_device_count()
+    env = checks.environment_count("JAX_NUM_CPU_DEVICES")
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+  if count is None and env is None:  # an empty XLA_FLAGS too
+    os.environ["XLA_FLAGS"] = (
+        f"{os.environ.get('XLA_FLAGS', '')} "
+        f"--{checks.XLA_DEVICE_COUNT_OPTION}={N_WORKERS}").strip()
+
+
+_simulate_devices()
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import jax.numpy as jnp  # noqa: E402
@@ -22,6 +45,30 @@ import optax  # noqa: E402
 import decentral_jax as dj  # noqa: E402
 
 
+def _checked_setup(p: argparse.ArgumentParser, args, n: int):
+  """The topology and mesh of the flags; a bad flag is ``p.error`` (exit 2)
+  and too few devices one ``error:`` line (exit 2), before any compile."""
+  if args.steps < 1:
+    p.error(f"--steps={args.steps} must be a whole number >= 1.")
+  if args.local_size < 1 or n % args.local_size:
+    p.error(f"--local_size={args.local_size} must divide the {n} workers "
+            "(1, 2, 4 or 8).")
+  try:
+    topo = dj.topology.make(args.topology, n, args.local_size)
+  except ValueError as e:
+    p.error(f"--topology={args.topology!r}: {e}")
+  if jax.device_count() < n:
+    print(f"error: this script runs {n} workers, one per device, but JAX "
+          f"sees {jax.device_count()} ({jax.default_backend()}); on CPU set "
+          f"XLA_FLAGS=--{checks.XLA_DEVICE_COUNT_OPTION}={n} (or leave it "
+          "and JAX_NUM_CPU_DEVICES unset).", file=sys.stderr)
+    raise SystemExit(2)
+  # A (nodes, local) mesh lets node-aware rounds use fast intra-node means.
+  mesh = dj.parallel.make_mesh(n, args.local_size,
+                               node_aware=args.local_size > 1)
+  return topo, mesh
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--topology", default="one_peer_exp")
@@ -29,11 +76,8 @@ def main(argv=None) -> dict:
   p.add_argument("--all_reduce", action="store_true")
   p.add_argument("--steps", type=int, default=100)
   args = p.parse_args(argv)
-  n = 8
-  topo = dj.topology.make(args.topology, n, args.local_size)
-  # A (nodes, local) mesh lets node-aware rounds use fast intra-node means.
-  mesh = dj.parallel.make_mesh(n, args.local_size,
-                               node_aware=args.local_size > 1)
+  n = N_WORKERS
+  topo, mesh = _checked_setup(p, args, n)
   axis = dj.parallel.worker_axis(mesh)  # "workers" or ("nodes", "local")
   if args.all_reduce:
     tx = optax.chain(dj.all_reduce_gradients(axis), optax.adamw(1e-2))

@@ -25,7 +25,9 @@ to nearest, so the round-trip error of one value is at most ``s_b / 2`` for
 int8/int4, ``max(2^-4 |v|, 2^-10 s_b)`` for fp8 (3 mantissa bits; values
 below ``2^-6 s_b`` fall on e4m3's subnormals, spaced ``2^-9 s_b``), and
 half the gap between neighbouring e2m1 values times ``s_b`` for fp4; top-k
-drops the other values entirely. The decoded value is cast to the leaf's
+drops the other values entirely; the float32 rounding of the scale, of
+``v / s_b`` and of ``code * s_b`` adds at most ``2^-22 max_b |v|``
+(:func:`relative_error_bound`). The decoded value is cast to the leaf's
 dtype: a bfloat16 or float16 leaf adds that cast's rounding, up to
 ``u |deQ(Q(v))|`` (``u`` = 2^-8 for bfloat16, 2^-11 for float16). A block whose ``max_b |v| / qmax`` is
 below float32's smallest normal number (about 1.18e-38, i.e. ``max_b |v|``
@@ -71,7 +73,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -470,7 +471,12 @@ def relative_error_bound(compressor: Compressor) -> float:
   subnormal input flushed to zero); a bfloat16 or float16 leaf adds the
   cast of the decoded value to its dtype (``u |deQ(Q(v))|``, ``u`` its
   unit roundoff); for float64 leaves the bound holds for blocks within
-  float32's range (a value beyond it saturates to ``F32_MAX``).
+  float32's range (a value beyond it saturates to ``F32_MAX``). Each bound
+  carries ``2^-22`` of slack (four float32 unit roundoffs ``u = 2^-24``):
+  the scale ``max_b |v| / qmax``, the quotient ``v / s_b`` and the decoded
+  ``code * s_b`` are each rounded to float32, which adds at most about
+  ``2u max_b |v|`` to the half step (e.g. int8 ``[4.3447204, 4.2591944,
+  -4.2591944, 0.5101005]`` is off by ``1/254 + 1.5u`` of its block max).
   Raises ValueError for ``none`` and ``topk``, and for a ``compressor``
   that is not a :class:`Compressor`.
   """
@@ -479,4 +485,4 @@ def relative_error_bound(compressor: Compressor) -> float:
   if compressor.format not in bounds:
     raise ValueError(f"format {compressor.format!r} has no relative error "
                      "bound (none is exact; topk drops values).")
-  return bounds[compressor.format] * (1 + 1e-6) + math.ulp(1.0)
+  return bounds[compressor.format] + 2.0 ** -22

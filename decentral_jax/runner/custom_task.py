@@ -13,9 +13,11 @@ Everything is checked before any compile, each failure one line naming the
 model or the source and what was expected: a batch of step 0 that is not a
 tuple of numeric arrays ``[n_workers, local_batch, ...]``, evaluation
 examples of other shapes or dtypes than the training ones, fewer examples
-than one step (or the evaluation set) needs, a parameter leaf of ``init``
-that is not a float array or has no elements, and a loss that is not a float
-scalar or an aux dict that uses a name of the runner's own per-step metrics
+than one step (or the evaluation set) needs, an ``init``
+that fails, a parameter leaf of it that is not a float16, bfloat16,
+float32 or float64 array or has no elements, and a loss that is not a float
+scalar or an aux dict whose keys are not strings, whose values are not
+float scalars or that uses a name of the runner's own per-step metrics
 (traced with ``jax.eval_shape``, nothing compiled). Later batches are
 compared with step 0's shapes and dtypes as they are read.
 """
@@ -71,12 +73,7 @@ def build_data(config: config_dict.ConfigDict) -> extensions.Data:
     raise ValueError(
         f"config.data.source={name!r} returned a {type(data).__name__}, not "
         "a decentral_jax.runner.extensions.Data(train, eval).")
-  if data.unit not in ("samples", "tokens") or \
-      int(data.units_per_example) < 1:
-    raise ValueError(
-        f"config.data.source={name!r}: Data.unit={data.unit!r} must be "
-        "'samples' or 'tokens' and units_per_example >= 1, got "
-        f"{data.units_per_example!r}.")
+  extensions.check_data(data, f"config.data.source={name!r}")
   return data
 
 
@@ -239,10 +236,12 @@ def _check_loss(model, params, batch, what: str, key) -> bool:
     raise ValueError(f"{what}: the loss returned {got}, expected a float "
                      "scalar (the mean loss over the batch), or (loss, aux "
                      "dict).")
+  _check_aux_keys(aux, what)
   if not isinstance(aux, dict) or any(
       getattr(v, "shape", None) != () for v in aux.values()):
     raise ValueError(f"{what}: the loss's aux must be a dict of scalars, "
                      f"got {jax.tree.map(lambda v: v.shape, aux)}.")
+  _check_aux_values(aux, what)
   taken = [k for k in aux if k in step_lib.STEP_METRICS or
            str(k).startswith(step_lib.COUNTER_PREFIX)]
   if taken:
@@ -251,6 +250,47 @@ def _check_loss(model, params, batch, what: str, key) -> bool:
         f"own per-step metrics ({', '.join(step_lib.STEP_METRICS)}, "
         f"{step_lib.COUNTER_PREFIX}*); rename that aux key.")
   return "accuracy" in aux
+
+
+def _check_aux_keys(aux, what: str) -> None:
+  """Aux keys are strings (metric names; JAX cannot sort mixed keys)."""
+  for k in aux if isinstance(aux, dict) else ():
+    if not isinstance(k, str):
+      raise ValueError(
+          f"{what}: the loss's aux has the key {k!r} ({type(k).__name__}); "
+          f"aux keys are metric names: use strings, e.g. {str(k)!r}.")
+
+
+def _check_aux_values(aux: dict, what: str) -> None:
+  """Aux values are float scalars (averaged over micro-batches, workers
+  and steps: an integer or bool mean would be cast back, truncated or
+  rounded)."""
+  for k, v in aux.items():
+    if not jnp.issubdtype(v.dtype, jnp.floating):
+      raise ValueError(
+          f"{what}: the loss's aux {k!r} is {np.dtype(v.dtype).name}; aux "
+          "values are averaged over micro-batches, workers and steps, so "
+          f"they must be float scalars: return {k!r}: "
+          "value.astype(jnp.float32).")
+
+
+def _init_shapes(init_params, what: str, model, one):
+  """``jax.eval_shape`` of ``init`` (nothing compiled); its failures as
+  one line naming the model."""
+  if not callable(model.init):
+    raise ValueError(
+        f"{what}: Model.init is a {type(model.init).__name__}, not a "
+        "callable init(key, example) -> parameters.")
+  try:
+    return jax.eval_shape(init_params, jax.random.key(0))
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"{what}: init fails on one worker's example "
+                     f"{_show(_spec(one))}: {type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:300]}") from None
+
+
+#: Parameter dtypes: those an optax update promotes with float32.
+PARAM_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _check_params(params, what: str) -> None:
@@ -267,6 +307,13 @@ def _check_params(params, what: str) -> None:
           f"{where} is {got}; every leaf must be a float array (gradients "
           "are taken of all of them): cast it (.astype(jnp.float32)) or "
           "keep integer values out of the parameters.")
+    if np.dtype(dtype).name not in PARAM_DTYPES:
+      raise ValueError(
+          f"{where} is {np.dtype(dtype).name}{list(shape)}; parameters must "
+          f"be {', '.join(PARAM_DTYPES)} (the optimizers' float32 updates "
+          f"do not promote with {np.dtype(dtype).name}): keep the parameter "
+          "in float32 or bfloat16 and cast it to "
+          f"{np.dtype(dtype).name} inside the loss.")
     if math.prod(shape) == 0:
       raise ValueError(
           f"{where} has shape {list(shape)} (no elements), which can be "
@@ -317,7 +364,7 @@ def custom_task(config: config_dict.ConfigDict, n_workers: int,
   def init_params(key):
     return model.init(key, one)
 
-  params = jax.eval_shape(init_params, jax.random.key(0))
+  params = _init_shapes(init_params, name, model, one)
   _check_params(params, name)
   key = jax.random.key(1) if bool(config.model.needs_key) else None
   accuracy = _check_loss(model, params, one, name, key)

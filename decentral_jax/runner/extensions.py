@@ -29,6 +29,8 @@ runner's task from a model and a data source (docs/extending.md).
 from __future__ import annotations
 
 import importlib
+import math
+import numbers
 from typing import Any, Callable, NamedTuple
 
 BUILT_IN_MODELS = ("gpt", "cnn")
@@ -82,6 +84,27 @@ class Data(NamedTuple):
   eval: Any
   unit: str = "samples"
   units_per_example: int = 1
+
+
+def check_data(data: Data, what: str) -> None:
+  """Refuses a :class:`Data` whose ``unit`` is not ``"samples"`` or
+  ``"tokens"`` or whose ``units_per_example`` is not a whole number >= 1
+  (an int, or a float such as 2.0; not a bool, a string or 1.5).
+
+  Raises:
+    ValueError: one line naming ``what`` and the field.
+  """
+  if data.unit not in ("samples", "tokens"):
+    raise ValueError(f"{what}: Data.unit={data.unit!r} must be 'samples' "
+                     "or 'tokens'.")
+  n = data.units_per_example
+  whole = (isinstance(n, numbers.Real) and not isinstance(n, bool)
+           and math.isfinite(float(n)) and float(n).is_integer())
+  if not whole or n < 1:
+    raise ValueError(
+        f"{what}: Data.units_per_example={n!r} must be a whole number >= 1 "
+        "(units in one example: tokens per sequence, 1 for samples); pass "
+        "e.g. units_per_example=1.")
 
 
 def register_model(name: str, build: Callable[..., Model]) -> None:

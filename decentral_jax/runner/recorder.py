@@ -80,11 +80,22 @@ class Window:
     return out
 
 
-def _fields_at_fault(c) -> str:
+#: The cause of a non-finite loss taken before any parameter update.
+BEFORE_ANY_UPDATE = (
+    "No parameter update had been applied yet (the loss is taken at the "
+    "initial parameters), so the learning rate and the gradient clip play "
+    "no part: the model's init overflows or gives NaN/inf parameters, or "
+    "the data holds NaN/inf (or values that overflow the loss); check them.")
+
+
+def _fields_at_fault(c, initial: bool = False) -> str:
   """The fields most likely at fault for a non-finite loss, with their
   values: the peak learning rate, the outer learning rate (a method with
   an outer optimizer), the factors of the inner learning rate (Muon's,
-  with MuLoCo) and the gradient clip."""
+  with MuLoCo) and the gradient clip; :data:`BEFORE_ANY_UPDATE` where
+  the loss was taken before any update (``initial``)."""
+  if initial:
+    return BEFORE_ANY_UPDATE
   if c is None:
     return "Lower config.schedule.peak_lr or enable config.grad_clip."
   peak, clip = float(c.schedule.peak_lr), float(c.grad_clip)
@@ -104,13 +115,16 @@ def non_finite_error(step: int, metrics: dict,
                      c=None) -> FloatingPointError:
   """The error of a step whose loss or parameters are not finite: the
   step, the workers, the checkpoint kept, and the fields most likely at
-  fault with their values (of the run's config ``c``, if given)."""
+  fault with their values (of the run's config ``c``, if given). Step 1's
+  loss is taken at the initial parameters: a non-finite one there is
+  blamed on the init or the data, not on the learning rate."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
+  initial = int(step) <= 1 and not np.all(np.isfinite(loss))
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{_kept(ckpt)}. {_fields_at_fault(c)}")
+      f"{_kept(ckpt)}. {_fields_at_fault(c, initial)}")
 
 
 def _kept(ckpt: checkpoint_lib.Checkpointer) -> str:
@@ -131,14 +145,16 @@ def non_finite_record_error(step: int, record: dict,
   """The error of a log or eval record whose loss (a mean over workers,
   batches or steps, taken in float64) is not finite, or None: such a
   record is never written (a null loss in ``metrics.jsonl`` of a run that
-  finished)."""
+  finished). Step 0's evaluation and step 1's training loss are taken at
+  the initial parameters: blamed on the init or the data."""
   bad = [k for k, v in record.items() if "loss" in k and
          isinstance(v, float) and not np.isfinite(v)]
   if not bad:
     return None
+  initial = int(step) == 0 or (int(step) == 1 and bad[0] == "train/loss")
   return FloatingPointError(
       f"non-finite {bad[0]} at step {step} ({record[bad[0]]}); stopping, "
-      f"{_kept(ckpt)}. {_fields_at_fault(c)}")
+      f"{_kept(ckpt)}. {_fields_at_fault(c, initial)}")
 
 
 class Recorder:

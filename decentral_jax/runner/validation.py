@@ -279,6 +279,15 @@ def _unread_fault_reason(c: config_dict.ConfigDict, key: str) -> str | None:
     return "config.faults.failure_rate=0 (no worker fails)"
   if key == "slow_speed" and not f.slow_fraction:
     return "config.faults.slow_fraction=0 (no worker is slow)"
+  no_trace = " and no config.faults.trace"
+  if key == "rejoin" and not f.failure_rate and not f.trace:
+    return f"config.faults.failure_rate=0{no_trace} (no worker fails)"
+  if key == "stragglers" and not f.slow_fraction and not f.trace:
+    return f"config.faults.slow_fraction=0{no_trace} (no worker is slow)"
+  if (key == "on_failure" and not f.failure_rate and not f.slow_fraction
+      and not f.trace):
+    return (f"config.faults.failure_rate=0, slow_fraction=0{no_trace} (no "
+            "worker fails or misses the quorum)")
   if key == "seed" and not f.failure_rate and not f.slow_fraction:
     return ("config.faults.failure_rate=0 and slow_fraction=0 (nothing is "
             "drawn)")
@@ -291,7 +300,8 @@ def _check_unread_faults(c: config_dict.ConfigDict) -> None:
   f, defaults = c.faults, base_config().faults
   for key, default in defaults.items():
     why = _unread_fault_reason(c, key)
-    if why is not None and f[key] != default:
+    if why is not None and f[key] != default and _method_allows(c, key,
+                                                                default):
       raise ValueError(
           f"config.faults.{key}={f[key]!r} has no effect with {why}; leave "
           f"it at its default: --config.faults.{key}={_setting(default)}.")
@@ -308,6 +318,19 @@ def _check_unread_faults(c: config_dict.ConfigDict) -> None:
           f"config.faults.slow_fraction={f.slow_fraction!r} with config."
           "faults.slow_speed=1 slows no worker down; set --config.faults."
           "slow_speed below 1, or --config.faults.slow_fraction=0.")
+
+
+def _method_allows(c: config_dict.ConfigDict, key: str, default) -> bool:
+  """Whether the method's fault check accepts ``config.faults.<key>`` at
+  its default (decentralized requires ``rejoin='copy_mean'`` whatever the
+  schedule: its value is then the method's, never an unread setting)."""
+  trial = c.copy_and_resolve_references()
+  trial.faults[key] = default
+  try:
+    methods.lookup(c.algorithm).faults(trial)
+  except ValueError:
+    return False
+  return True
 
 
 def _setting(value) -> str:

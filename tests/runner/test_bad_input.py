@@ -163,6 +163,41 @@ def test_a_non_finite_loss_names_the_fields_at_fault_with_their_values():
                        "config.grad_clip (now 2.5)."), text
 
 
+def test_a_non_finite_loss_before_any_update_blames_the_init_or_data():
+  """Step 0's evaluation and step 1's training loss are taken at the
+  initial parameters: the learning rate cannot be at fault there (the
+  message named it); later losses, and step 1's parameters after its
+  update, still name it."""
+  from decentral_jax.runner import recorder  # pylint: disable=g-import-not-at-top
+
+  class NoCheckpoint:
+    directory = "ckpt"
+
+    def last_good_step(self):
+      return None, False
+
+  c = make_config(**{"schedule.peak_lr": 0.5, "grad_clip": 2.5})
+  initial = ("No parameter update had been applied yet (the loss is taken "
+             "at the initial parameters), so the learning rate and the "
+             "gradient clip play no part: the model's init overflows or "
+             "gives NaN/inf parameters, or the data holds NaN/inf (or values "
+             "that overflow the loss); check them.")
+  lr = "Lower config.schedule.peak_lr (now 0.5) or lower config.grad_clip"
+  nan_loss = {"loss": np.array([2.0, np.nan]),
+              "finite": np.array([True, False])}
+  bad_params = {"loss": np.array([2.0, 2.0]),
+                "finite": np.array([True, False])}
+  ck = NoCheckpoint()
+  assert str(recorder.non_finite_error(1, nan_loss, ck, c)).endswith(initial)
+  assert lr in str(recorder.non_finite_error(1, bad_params, ck, c))
+  assert lr in str(recorder.non_finite_error(2, nan_loss, ck, c))
+  record = recorder.non_finite_record_error
+  assert str(record(0, {"eval/loss": np.nan}, ck, c)).endswith(initial)
+  assert str(record(1, {"train/loss": np.inf}, ck, c)).endswith(initial)
+  assert lr in str(record(1, {"eval/loss": np.nan}, ck, c))
+  assert lr in str(record(3, {"train/loss": np.nan}, ck, c))
+
+
 @pytest.mark.parametrize("field, value, model", BAD_FIELDS)
 def test_bad_field_is_one_line_naming_it(field, value, model):
   message = one_line_error(validation.check_config,

@@ -45,6 +45,12 @@ def make_linear(scale=0.0, extra=""):
       params["layer"] = {"count": jax.numpy.zeros((2,), jax.numpy.int32)}
     if extra == "empty":
       params["e"] = jax.numpy.zeros((3, 0))
+    if extra == "float8":
+      params["f8"] = jax.numpy.zeros((2,), jax.numpy.float8_e4m3fn)
+    if extra == "str":
+      params["s"] = "abc"
+    if extra == "raises":
+      raise RuntimeError("boom in init")
     return params
 
   def loss(params, batch, key):
@@ -52,7 +58,7 @@ def make_linear(scale=0.0, extra=""):
     x, y = batch
     return ((x @ params["w"] - y) ** 2).mean()
 
-  return extensions.Model(init, loss)
+  return extensions.Model(5 if extra == "not_callable" else init, loss)
 
 
 def make_data(bad=""):
@@ -62,7 +68,9 @@ def make_data(bad=""):
     train_set = EXAMPLES[:N * B - 1]
   elif bad == "dtype":
     train_set = [(x.astype(np.float64), y) for x, y in EXAMPLES]
-  return extensions.Data(train=train_set, eval=EXAMPLES)
+  units = {"units_str": "x", "units_half": 1.5, "units_bool": True}.get(bad, 1)
+  return extensions.Data(train=train_set, eval=EXAMPLES,
+                         units_per_example=units)
 
 
 extensions.register_model("test_linear", make_linear)
@@ -208,6 +216,32 @@ def test_names_that_do_not_resolve_are_refused_by_the_config_check(
     ({"model.options.extra": "empty"},
      "model 'test_linear': init's parameter leaf ['e'] has shape [3, 0] (no "
      "elements)"),
+    # float8 passed as "floating" and failed in the optimizer's update
+    # with JAX's promotion message.
+    ({"model.options.extra": "float8"},
+     "model 'test_linear': init's parameter leaf ['f8'] is "
+     "float8_e4m3fn[2]; parameters must be float16, bfloat16, float32, "
+     "float64"),
+    # init's own failures were tracebacks (the loss's were one line).
+    ({"model.options.extra": "raises"},
+     "model 'test_linear': init fails on one worker's example float32[2, "
+     "3], float32[2]: RuntimeError: boom in init"),
+    ({"model.options.extra": "str"},
+     "model 'test_linear': init fails on one worker's example float32[2, "
+     "3], float32[2]: TypeError: "),
+    ({"model.options.extra": "not_callable"},
+     "model 'test_linear': Model.init is a int, not a callable init(key, "
+     "example) -> parameters."),
+    # "x" failed in int(); 1.5 was truncated to 1 unit per example.
+    ({"data.options.bad": "units_str"},
+     "config.data.source='test_examples': Data.units_per_example='x' must "
+     "be a whole number >= 1"),
+    ({"data.options.bad": "units_half"},
+     "config.data.source='test_examples': Data.units_per_example=1.5 must "
+     "be a whole number >= 1"),
+    ({"data.options.bad": "units_bool"},
+     "config.data.source='test_examples': Data.units_per_example=True must "
+     "be a whole number >= 1"),
     ({"data.options.bad": "short"},
      "data source 'test_examples' has 7 training examples, fewer than one "
      "step needs (4 workers x 2 = 8)"),
@@ -332,14 +366,17 @@ def test_a_source_that_runs_out_keeps_the_checkpoints_already_written(
   assert train.train_and_evaluate(c, workdir)["step"] == 6
 
 
-def make_aux_model(key="accuracy", value=0.5, dtype="float32", offset=0.0):
+def make_aux_model(key="accuracy", value=0.5, dtype="float32", offset=0.0,
+                   aux_dtype="float32"):
   """The linear model; its loss (``+ offset``, cast to ``dtype``) returns
-  ``{key: value}`` as aux."""
+  ``{key: value}`` as aux (``value`` of ``aux_dtype``; ``key`` "tuple":
+  the key ("a", 1))."""
   model = make_linear()
+  key = ("a", 1) if key == "tuple" else key
 
   def loss(params, batch, rng):
     value_ = model.loss(params, batch, rng) + offset
-    return value_.astype(dtype), {key: jnp.float32(value)}
+    return value_.astype(dtype), {key: jnp.asarray(value, aux_dtype)}
 
   return extensions.Model(model.init, loss)
 
@@ -368,6 +405,34 @@ def test_an_aux_key_of_the_runner_s_own_metrics_is_refused(key):
       f"model {AUX!r}: the loss's aux uses {key!r}, a name of the "
       "runner's own per-step metrics (loss, grad_norm, finite, "
       "consensus_distance, faults/*); rename that aux key.")
+
+
+@pytest.mark.parametrize("fields, message", [
+    # Averaged over micro-batches, then cast back: an int32 accuracy was
+    # truncated, a bool one rounded up.
+    ({"model.options.aux_dtype": "int32"},
+     "the loss's aux 'accuracy' is int32; aux values are averaged over "
+     "micro-batches, workers and steps, so they must be float scalars: "
+     "return 'accuracy': value.astype(jnp.float32)."),
+    ({"model.options.aux_dtype": "bool"},
+     "the loss's aux 'accuracy' is bool; aux values are averaged"),
+    # Non-string keys failed after step 0's evaluation with JAX's
+    # "Comparator raised exception while sorting pytree dictionary keys".
+    ({"model.options.key": 1},
+     "the loss's aux has the key 1 (int); aux keys are metric names: use "
+     "strings, e.g. '1'."),
+    ({"model.options.key": "tuple"},
+     "the loss's aux has the key ('a', 1) (tuple); aux keys are metric "
+     "names"),
+])
+def test_aux_values_not_float_and_keys_not_strings_are_refused(fields,
+                                                                message):
+  require_devices(N)
+  c = linear_config(AUX, **fields)
+  with pytest.raises(ValueError) as e:
+    experiment_lib.Experiment(c)
+  assert str(e.value).startswith(f"model {AUX!r}: {message}"), str(e.value)
+  assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -458,7 +523,8 @@ def test_a_non_finite_evaluation_loss_stops_the_run(tmp_path):
   workdir = str(tmp_path / "run")
   with pytest.raises(FloatingPointError, match=r"^non-finite eval/loss at "
                      r"step 0 \(inf\); stopping, no intact checkpoint had "
-                     "been written yet. Lower config.schedule.peak_lr"):
+                     "been written yet. No parameter update had been "
+                     "applied yet"):
     train.train_and_evaluate(c, workdir)
   assert not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
       not _rows(workdir)

@@ -214,6 +214,21 @@ _DECENTRALIZED = ("--config.algorithm=decentralized",
     (("--config.algorithm=diloco", "--config.faults.seed=3"),
      r"^config.faults.seed=3 has no effect with config.faults.failure_rate=0 "
      r"and slow_fraction=0"),
+    # Nothing reads the straggler policy without a slow worker, nor the
+    # rejoin policy without a failing one, nor on_failure without either
+    # (the masks of "wait" and "deadline" are then equal).
+    (("--config.algorithm=diloco", "--config.faults.failure_rate=0.1",
+      "--config.faults.stragglers=wait"),
+     r"^config.faults.stragglers='wait' has no effect with config.faults."
+     r"slow_fraction=0 and no config.faults.trace \(no worker is slow\); "
+     r"leave it at its default: --config.faults.stragglers='deadline'\.$"),
+    (("--config.algorithm=diloco", "--config.faults.slow_fraction=0.25",
+      "--config.faults.rejoin=keep"),
+     r"^config.faults.rejoin='keep' has no effect with config.faults."
+     r"failure_rate=0 and no config.faults.trace \(no worker fails\)"),
+    (("--config.algorithm=local_sgd", "--config.faults.on_failure=rollback"),
+     r"^config.faults.on_failure='rollback' has no effect with config.faults."
+     r"failure_rate=0, slow_fraction=0 and no config.faults.trace"),
     # round(0.05 x 8) = round(0.4) = 0 slow workers; 1/8 makes one.
     (("--config.algorithm=diloco", "--config.faults.slow_fraction=0.05"),
      r"^config.faults.slow_fraction=0.05 makes round\(0.05 x config.n_workers"
@@ -229,14 +244,23 @@ def test_fault_settings_the_schedule_ignores_are_refused(overrides, match):
     validation.check_config(config)
 
 
-def test_fault_settings_that_are_read_are_accepted():
+def test_fault_settings_that_are_read_are_accepted(tmp_path):
+  trace = _trace(tmp_path / "t.json",
+                 {"worker": 1, "start": 3, "end": 5, "state": "dead"})
   for overrides in (
       ("--config.algorithm=diloco", "--config.faults.slow_fraction=0.125",
        "--config.faults.slow_speed=0.25", "--config.faults.seed=3"),
       ("--config.algorithm=diloco", "--config.faults.failure_rate=0.01",
        "--config.faults.mean_downtime=5", "--config.faults.min_quorum=2",
        "--config.faults.on_failure=rollback"),
-      (*_DECENTRALIZED, "--config.faults.failure_rate=0.01")):
+      (*_DECENTRALIZED, "--config.faults.failure_rate=0.01"),
+      _DECENTRALIZED,  # rejoin=copy_mean is decentralized's, failures or not
+      ("--config.algorithm=diloco", "--config.faults.slow_fraction=0.125",
+       "--config.faults.stragglers=wait", "--config.faults.on_failure="
+       "rollback"),
+      ("--config.algorithm=diloco", "--config.faults.trace=" + trace,
+       "--config.faults.stragglers=wait", "--config.faults.rejoin=keep",
+       "--config.faults.on_failure=rollback")):
     validation.check_config(_config("--config.faults.enabled=True",
                                     *overrides))
   # One slow worker of eight at 0.125, as the schedule draws it.

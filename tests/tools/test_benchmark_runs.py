@@ -168,3 +168,30 @@ def test_a_global_batch_the_workers_cannot_share_is_one_line(tmp_path):
       "sequences evenly across the workers; give worker counts that divide "
       "it (1, 2, 4, 8, 16, 32, 64)."]]
   assert ev[1] == [0, []] and ev[2] == [0, []]
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("XLA_FLAGS", "--xla_force_host_platform_device_count=abc",
+     "error: XLA_FLAGS' --xla_force_host_platform_device_count='abc' must be "
+     "a whole number in [1, 2147483647]; fix it or drop it from XLA_FLAGS."),
+    ("XLA_FLAGS", "--xla_force_host_platform_device_count=0",
+     "error: XLA_FLAGS' --xla_force_host_platform_device_count='0' must be "
+     "a whole number in [1, 2147483647]; fix it or drop it from XLA_FLAGS."),
+    ("JAX_NUM_CPU_DEVICES", "x",
+     "error: the environment variable JAX_NUM_CPU_DEVICES='x' must be a "
+     "whole number in [1, 2147483647]; fix or unset it."),
+])
+def test_set_cpu_devices_checks_the_environment_s_count(variable, value,
+                                                        message):
+  """A count kept from the environment was not checked: 'abc' made XLA
+  abort printing its flag list, 0 ended in a JAX traceback."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
+         variable: value}
+  child = ("import sys; sys.path.insert(0, sys.argv[1]); import _common; "
+           "_common.set_cpu_devices(4); print('jax' in sys.modules)")
+  got = subprocess.run([sys.executable, "-c", child,
+                        os.path.join(ROOT, "benchmarks")], env=env,
+                       capture_output=True, text=True, timeout=300,
+                       check=False)
+  assert got.returncode == 2 and got.stdout == "", (got.stdout, got.stderr)
+  assert got.stderr.strip().splitlines() == [message], got.stderr

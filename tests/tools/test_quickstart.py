@@ -1,9 +1,12 @@
-"""experiments/optax_quickstart.py (the README's optax composition) runs."""
+"""experiments/optax_quickstart.py (the README's optax composition) runs,
+and refuses bad flags and device counts in one error line."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -31,3 +34,51 @@ def test_quickstart_trains(args):
   out = _load().main(args + ["--steps", "40"])
   assert out["loss"] < 0.25 * float(np.sum(w_true ** 2))
   assert np.isfinite(out["consensus_distance"]) and len(out["worker0_w"]) == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps=0 must be a whole number >= 1."),
+    (["--steps", "-1"], "--steps=-1 must be a whole number >= 1."),
+    (["--local_size", "3"], "--local_size=3 must divide the 8 workers"),
+    (["--local_size", "0"], "--local_size=0 must divide the 8 workers"),
+    (["--topology", "nope"], "--topology='nope': unknown topology 'nope'"),
+])
+def test_bad_flags_are_one_error_line_before_any_work(args, message, capsys):
+  """--steps 0 ended in an UnboundLocalError, --local_size 3 in a
+  traceback of the topology."""
+  with pytest.raises(SystemExit) as e:
+    _load().main(args)
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].partition(" error: ")[2].startswith(message), err
+
+
+def test_an_empty_xla_flags_gets_the_device_count(monkeypatch):
+  """An empty XLA_FLAGS kept setdefault from adding the count: make_mesh's
+  "8 workers need 8 devices" traceback."""
+  module = _load()
+  monkeypatch.setenv("XLA_FLAGS", "")
+  monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+  module._simulate_devices()  # pylint: disable=protected-access
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+  module._simulate_devices()  # pylint: disable=protected-access
+  assert os.environ["XLA_FLAGS"] == ("--xla_cpu_multi_thread_eigen=false "
+                                     "--xla_force_host_platform_device_count=8")
+
+
+@pytest.mark.parametrize("count", ["abc", "0"])
+def test_a_bad_xla_flags_count_is_one_error_line(count):
+  """'abc' made XLA abort the process printing its whole flag list; the
+  check runs before JAX is imported."""
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count"
+         f"={count}", "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT}
+  got = subprocess.run([sys.executable, os.path.join(
+      ROOT, "experiments", "optax_quickstart.py")], env=env,
+                       capture_output=True, text=True, timeout=300,
+                       check=False)
+  assert got.returncode == 2, got.stderr[-2000:]
+  assert got.stderr.strip().splitlines() == [
+      f"error: XLA_FLAGS' --xla_force_host_platform_device_count='{count}' "
+      "must be a whole number in [1, 2147483647]; fix it or drop it from "
+      "XLA_FLAGS."], got.stderr
