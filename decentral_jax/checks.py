@@ -27,6 +27,11 @@ import numpy as np
 #: and periods are int32 on the device (``count % period`` of an int32
 #: counter); a larger Python int fails only when the step is traced.
 INT32_MAX = 2**31 - 1
+#: Most CPU devices the entry points simulate in one process. Start-up grows
+#: with the count (on 2 cores: 1024 devices about a minute to the first
+#: gossip step; 65536 not started after 2 minutes; 10**6 killed for memory).
+MAX_SIMULATED_CPU_DEVICES = 1024
+
 
 INJECT_HINT = ("under optax.inject_hyperparams list {!r} in static_args "
                "(optax takes callables, dtype classes included, for "
@@ -247,7 +252,8 @@ def check_wire_width_and_order(label: str, dt: np.dtype,
         f"with block scales ({scaled_fix}), or use bfloat16.")
 
 
-def environment_count(variable: str, maximum: int | None = None
+def environment_count(variable: str,
+                      maximum: int = MAX_SIMULATED_CPU_DEVICES
                       ) -> int | None:
   """The whole number ``>= 1`` (and ``<= maximum``) an environment variable
   holds, or None if it is unset (e.g. ``JAX_NUM_CPU_DEVICES``, which JAX
@@ -256,12 +262,11 @@ def environment_count(variable: str, maximum: int | None = None
   Raises:
     ValueError: ``"the environment variable {variable}='...' must be a
       whole number in [1, maximum]; fix or unset it."`` (ASCII digits;
-      ``maximum`` None: int32's largest).
+      by default :data:`MAX_SIMULATED_CPU_DEVICES`).
   """
   if variable not in os.environ:
     return None
   text = os.environ[variable].strip()
-  maximum = INT32_MAX if maximum is None else maximum
   if not _whole_in(text, maximum):
     bound = f"[1, {maximum}]"
     raise ValueError(f"the environment variable {variable}={text!r} must be "
@@ -280,7 +285,8 @@ def _whole_in(text: str, maximum: int) -> bool:
 XLA_DEVICE_COUNT_OPTION = "xla_force_host_platform_device_count"
 
 
-def xla_flags_device_count(maximum: int = INT32_MAX) -> int | None:
+def xla_flags_device_count(maximum: int = MAX_SIMULATED_CPU_DEVICES
+                           ) -> int | None:
   """The CPU device count ``XLA_FLAGS``' ``--xla_force_host_platform_
   device_count=N`` sets (the last one given), or None if it sets none.
   XLA reads it when JAX starts its CPU backend and aborts the process on a
@@ -289,8 +295,9 @@ def xla_flags_device_count(maximum: int = INT32_MAX) -> int | None:
   Raises:
     ValueError: ``"XLA_FLAGS' --xla_force_host_platform_device_count='...'
       must be a whole number in [1, maximum]; fix it or drop it from
-      XLA_FLAGS."`` (ASCII digits; XLA reads an int32, the default
-      ``maximum``, and aborts the process on anything else).
+      XLA_FLAGS."`` (ASCII digits, by default at most
+      :data:`MAX_SIMULATED_CPU_DEVICES`; XLA aborts the process on a value
+      that is not an int32).
   """
   count = None
   for token in os.environ.get("XLA_FLAGS", "").split():

@@ -26,6 +26,7 @@ from absl import flags
 from ml_collections import config_dict
 from ml_collections import config_flags
 
+from decentral_jax import checks
 from decentral_jax import layout_modes
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import extensions
@@ -47,10 +48,9 @@ REMAT_MODES = ("none", "block", "block_dots")
 GPT2_VOCAB = 50257  # token ids in nanoGPT's train.bin / val.bin
 # Largest seed: jax.random.key keeps 32 bits (2**32 would be seed 0).
 SEED_MAX = 2**32 - 1
-# Most CPU devices the entry points simulate in one process. Start-up grows
-# with the count (on 2 cores: 1024 devices about a minute to the first
-# gossip step; 65536 not started after 2 minutes; 10**6 killed for memory).
-MAX_SIMULATED_CPU_DEVICES = 1024
+# Most CPU devices the entry points simulate in one process (the limit and
+# why: decentral_jax.checks).
+MAX_SIMULATED_CPU_DEVICES = checks.MAX_SIMULATED_CPU_DEVICES
 
 
 def base_config(model: str = "gpt") -> config_dict.ConfigDict:

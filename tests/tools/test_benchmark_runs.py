@@ -173,13 +173,13 @@ def test_a_global_batch_the_workers_cannot_share_is_one_line(tmp_path):
 @pytest.mark.parametrize("variable, value, message", [
     ("XLA_FLAGS", "--xla_force_host_platform_device_count=abc",
      "error: XLA_FLAGS' --xla_force_host_platform_device_count='abc' must be "
-     "a whole number in [1, 2147483647]; fix it or drop it from XLA_FLAGS."),
+     "a whole number in [1, 1024]; fix it or drop it from XLA_FLAGS."),
     ("XLA_FLAGS", "--xla_force_host_platform_device_count=0",
      "error: XLA_FLAGS' --xla_force_host_platform_device_count='0' must be "
-     "a whole number in [1, 2147483647]; fix it or drop it from XLA_FLAGS."),
+     "a whole number in [1, 1024]; fix it or drop it from XLA_FLAGS."),
     ("JAX_NUM_CPU_DEVICES", "x",
      "error: the environment variable JAX_NUM_CPU_DEVICES='x' must be a "
-     "whole number in [1, 2147483647]; fix or unset it."),
+     "whole number in [1, 1024]; fix or unset it."),
 ])
 def test_set_cpu_devices_checks_the_environment_s_count(variable, value,
                                                         message):

@@ -80,5 +80,5 @@ def test_a_bad_xla_flags_count_is_one_error_line(count):
   assert got.returncode == 2, got.stderr[-2000:]
   assert got.stderr.strip().splitlines() == [
       f"error: XLA_FLAGS' --xla_force_host_platform_device_count='{count}' "
-      "must be a whole number in [1, 2147483647]; fix it or drop it from "
+      "must be a whole number in [1, 1024]; fix it or drop it from "
       "XLA_FLAGS."], got.stderr
