@@ -209,7 +209,8 @@ class Compressor:
     """``deQ(Q(v))`` (``v`` any floating array-like, e.g. a list).
 
     Raises:
-      ValueError: ``v`` not of a floating dtype (a string named as such).
+      ValueError: ``v`` not of a floating dtype (a string named as such),
+        a dict, or a ragged list.
     """
     _check_value(v)
     v = jnp.asarray(v)
@@ -221,6 +222,17 @@ def _check_value(v) -> None:
   if v is None:
     raise ValueError("Compressor.encode: the value is None; pass a floating "
                      "array.")
+  if isinstance(v, dict):
+    raise ValueError("Compressor.encode: the value is a dict (a pytree); "
+                     "pass one floating array (jax.tree.map over the leaves "
+                     "for a pytree).")
+  if isinstance(v, (list, tuple)):
+    try:
+      np.asarray(v, dtype=np.float64)
+    except (ValueError, TypeError):
+      raise ValueError("Compressor.encode: the value is a list that is not "
+                       "a rectangular array of numbers (ragged or nested "
+                       "objects); pass one floating array.") from None
   gossip.check_float_leaves(v, "Compressor.encode", compressed=True)
 
 
@@ -333,10 +345,16 @@ def compress_with_feedback(compressor: Compressor, v: jax.Array,
     residual.
 
   Raises:
-    ValueError: ``v`` or ``error`` not of a floating dtype.
+    ValueError: ``v`` or ``error`` not of a floating dtype, or ``error``
+      not of ``v``'s shape (it was broadcast).
   """
   gossip.check_float_leaves((v, error), "compress_with_feedback",
                             compressed=True)
+  if jnp.shape(error) != jnp.shape(v):
+    raise ValueError(f"compress_with_feedback: error has shape "
+                     f"{tuple(jnp.shape(error))}, but it must have v's "
+                     f"{tuple(jnp.shape(v))} (the residual of the same "
+                     "message; zeros at the start).")
   target = v + error
   payload = compressor.encode(target)
   sent = compressor.decode(payload, target)

@@ -608,3 +608,23 @@ def test_int8_blocks_rounded_past_the_half_step():
     got = np.asarray(comp.roundtrip(jnp.asarray(v)), np.float64)
     ratio = np.abs(got - v).max() / np.abs(v).max()
     assert 1 / 254 < ratio <= bound, ratio
+
+
+@pytest.mark.parametrize("shape", [(3,), (1,), (2, 4)])
+def test_an_error_of_another_shape_than_v_is_named(shape):
+  """A residual of shape (1,) or (2, 4) was broadcast against v's (4,)
+  (sent and the new residual came back (2, 4)); (3,) gave JAX's
+  broadcasting message naming no argument."""
+  c = compress.Compressor("int8", block=4)
+  with pytest.raises(ValueError, match=r"compress_with_feedback: error has "
+                     rf"shape \({shape[0]},"):
+    compress.compress_with_feedback(c, jnp.ones((4,), jnp.float32),
+                                    jnp.zeros(shape, jnp.float32))
+
+
+@pytest.mark.parametrize("value, words", [
+    ({"a": np.ones(3, np.float32)}, "is a dict"),
+    ([[1.0, 2.0], [3.0]], "not a rectangular array")])
+def test_roundtrip_names_a_pytree_or_a_ragged_list(value, words):
+  with pytest.raises(ValueError, match=words):
+    compress.Compressor("int8", block=4).roundtrip(value)
