@@ -35,7 +35,7 @@ each mode, a before/after pair by default.
 what the overlap report reads and gzipped (the fixtures of
 ``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
 tried before the first compile (an empty one is refused, not read as "not
-given").
+given"), and ``--out`` naming a file the command reads is refused.
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
