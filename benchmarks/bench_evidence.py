@@ -425,7 +425,8 @@ def parse_args(argv=None):
         reads=("--out", "--report"))
   _common.check_flags(
       p, args, outputs=("--out",) if writes else (),
-      inputs=("--out",) if not writes and os.path.lexists(args.out) else (),
+      inputs=("--out",) if not writes and (
+          not args.out.strip() or os.path.lexists(args.out)) else (),
       rules=(_check_methods, _check_workers))
   return args
 
