@@ -122,6 +122,22 @@ def xla_options(texts: list[str]) -> dict:
   return out
 
 
+
+def xla_refusal(texts: list[str], message: str) -> str:
+  """The ``error:`` line of XLA's refusal ``message`` of an ``--xla``
+  option (``texts`` as typed): XLA quotes the value it was handed, and
+  :func:`xla_options` hands a bool for ``true`` / ``false`` (XLA then shows
+  ``'1'`` or ``'0'``), so the value is quoted as the user typed it (the
+  message names the option)."""
+  m = re.match(r"While setting option (xla_[a-z0-9_]+), '([^']*)'", message)
+  typed = {k.strip(): v.strip() for k, _, v in (t.partition("=")
+                                                 for t in texts)}
+  if m and m.group(1) in typed:
+    message = message.replace(f"'{m.group(2)}'", repr(typed[m.group(1)]), 1)
+  fix = ("check the name against XLA's DebugOptions" if "No such" in message
+         else "a bool takes true or false, an int a whole number")
+  return f"--xla: XLA refuses it: {message.rstrip('.')}; {fix}."
+
 def check_xla_bounds(key: str, value) -> None:
   """Refuses an ``--xla`` value of an option a flag of this command also
   sets outside that flag's bounds: :data:`OVERLAP_LIMIT_OPTION`, a whole
