@@ -233,7 +233,10 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
   input file (``inputs``) that cannot be read, and each of ``rules``
   (callables of ``args`` raising ValueError, e.g. a topology the worker
   count does not allow). Flags are named as given (``"--json"``), read
-  from ``args`` by their dest; an empty value or None is "not given".
+  from ``args`` by their dest; None, or an empty value where the flag's
+  default is empty too, is "not given"; an empty path typed over a default
+  path is refused (``--out ''`` would fail at the first write, after the
+  work), as :func:`~decentral_jax.tools.flag_types.check_output_file` does.
 
   Raises:
     SystemExit: code 2 after one ``error:`` line (``parser.error``).
@@ -241,7 +244,12 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
   from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
 
   def value(flag):
-    return getattr(args, flag.lstrip("-").replace("-", "_")) or None
+    dest = flag.lstrip("-").replace("-", "_")
+    got = getattr(args, dest)
+    if got is not None and not str(got).strip() and parser.get_default(dest):
+      raise ValueError(f"{flag} is empty; give a "
+                       f"{'directory' if flag in dirs else 'file name'}.")
+    return got or None
 
   try:
     for flag in outputs:
@@ -316,3 +324,95 @@ def check_comm_dtype(flag: str, name: str) -> None:
   from decentral_jax import checks  # pylint: disable=import-outside-toplevel
   if name:
     checks.check_comm_dtype(name, flag)
+
+
+def _field_error(r: dict, fields: dict) -> str | None:
+  """Why the record ``r`` lacks a field of ``fields`` (``{key: kind}``,
+  each required; a kind of :mod:`decentral_jax.records`, ``"real"`` any
+  JSON number (NaN of a diverged run included), a trailing ``?`` allowing
+  null, a dict an object with those fields), or None."""
+  from decentral_jax import records  # pylint: disable=import-outside-toplevel
+  for key, kind in fields.items():
+    if key not in r:
+      return f"misses {key!r} (the keys it must have: {list(fields)})"
+    v = r[key]
+    if isinstance(kind, dict):
+      why = (_field_error(v, kind) if isinstance(v, dict) else
+             f"must be an object, got {records.short(v)}")
+      if why:
+        return f"{key} {why}"
+      continue
+    kind = kind.rstrip("?")
+    if v is None and fields[key].endswith("?"):
+      continue
+    if kind == "real":
+      if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"{key} must be a number, got {records.short(v)}"
+      continue
+    why = records.value_error(key, v, kind)
+    if why:
+      return why
+  return None
+
+
+def _refuse_results(damaged, flag: str) -> None:
+  import sys  # pylint: disable=import-outside-toplevel
+  print(f"error: {flag} {damaged.file}: {damaged.reason}; give the results "
+        f"file this script wrote, or another {flag} path.", file=sys.stderr)
+  raise SystemExit(2)
+
+
+def read_rows(path: str, flag: str, fields: dict) -> list[dict]:
+  """The rows of a JSON-lines results file a script wrote before (``flag``
+  names it), each checked for ``fields`` (:func:`_field_error`) before a
+  number of it is used; ``[]`` when ``path`` does not exist. A last line
+  cut short (a run killed while appending) is refused too: the next row
+  appended would join it.
+
+  Raises:
+    SystemExit: code 2 after one ``error:`` line naming ``flag``, the file,
+      the line and the key (not JSON lines, a row without a field).
+  """
+  from decentral_jax import records  # pylint: disable=import-outside-toplevel
+  got = records.read_jsonl(path, lambda r: _field_error(r, fields))
+  if not isinstance(got, records.Damaged) and got.torn:  # an append joins it
+    got = records.Damaged(path, f"line {got.torn}: not a JSON record (cut "
+                          "short, without its newline); remove that line")
+  if isinstance(got, records.Damaged):
+    if got.missing:
+      return []
+    _refuse_results(got, flag)
+  return got.records
+
+
+def read_document(path: str, flag: str, fields: dict,
+                  row_fields: dict | None = None) -> dict:
+  """The JSON object of a results file a script wrote before, checked for
+  ``fields`` (:func:`_field_error`) and, with ``row_fields``, each entry of
+  its ``"rows"`` list (``fields`` names it a ``"list"``; not empty) for
+  those.
+
+  Raises:
+    SystemExit: code 2 after one ``error:`` line naming ``flag``, the file
+      and the key.
+  """
+  from decentral_jax import records  # pylint: disable=import-outside-toplevel
+  got = records.read_json(path)
+  if not isinstance(got, records.Damaged):
+    why = (_field_error(got, fields) if isinstance(got, dict) else
+           f"must be a JSON object with {list(fields)}, got "
+           f"{records.short(got)}")
+    if not why and row_fields and not got.get("rows"):
+      why = "rows must be a non-empty list of the rows of a run"
+    for i, row in enumerate(got.get("rows") if row_fields and not why
+                            else []):
+      why = (_field_error(row, row_fields) if isinstance(row, dict)
+             else f"must be an object, got {records.short(row)}")
+      if why:
+        why = f"rows[{i}] {why}"
+        break
+    if why:
+      got = records.Damaged(path, why)
+  if isinstance(got, records.Damaged):
+    _refuse_results(got, flag)
+  return got

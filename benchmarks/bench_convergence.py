@@ -118,11 +118,19 @@ def _key(r):
           r["seed"], r["steps"], r["global_batch"])
 
 
+#: The fields of a row of ``--out`` the cache and the report read
+#: (``_common.read_rows``; ``eval_loss`` NaN for a run that diverged).
+ROW_FIELDS = {"family": "str", "topology": "str", "n_workers": "int",
+              "workers_per_node": "int", "lr": "number", "seed": "int",
+              "steps": "int", "global_batch": "int", "eval_loss": "real",
+              "consensus_distance": "real", "finite": "bool",
+              "wall_s": "number", "date_utc": "str"}
+
+
 def _load(path):
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The runs of ``--out`` (none if it does not exist); a damaged file is
+  one ``error:`` line naming ``--out`` and the key (exit code 2)."""
+  return _common.read_rows(path, "--out", ROW_FIELDS)
 
 
 def _run_cached(done, family, topology, n, lr, seed, args):

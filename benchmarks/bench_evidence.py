@@ -133,11 +133,19 @@ def record_key(r: dict) -> tuple:
   return (r["part"], r["setting"], r["method"], float(r["lr"]), r["seed"])
 
 
+#: The fields of a row of ``--out`` the cache and the report read
+#: (``_common.read_rows``; ``eval_loss`` null for a run that diverged).
+ROW_FIELDS = {"part": "str", "setting": "str", "method": "str",
+              "label": "str", "lr": "number", "seed": "int",
+              "overrides": "strs", "n_workers": "int", "steps": "int",
+              "global_batch": "int", "eval_loss": "real?",
+              "wall_s": "number", "date_utc": "str", "load_1min": "number"}
+
+
 def load(path: str) -> list[dict]:
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The runs of ``--out`` (none if it does not exist); a damaged file is
+  one ``error:`` line naming ``--out`` and the key (exit code 2)."""
+  return _common.read_rows(path, "--out", ROW_FIELDS)
 
 
 def train_one(part, setting_name, cfg_file, overrides, run: Run, lr, seed,
@@ -417,7 +425,8 @@ def parse_args(argv=None):
         reads=("--out", "--report"))
   _common.check_flags(
       p, args, outputs=("--out",) if writes else (),
-      inputs=("--out",) if not writes and os.path.lexists(args.out) else (),
+      inputs=("--out",) if not writes and (
+          not args.out.strip() or os.path.lexists(args.out)) else (),
       rules=(_check_methods, _check_workers))
   return args
 

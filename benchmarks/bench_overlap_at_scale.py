@@ -54,6 +54,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+import _common  # noqa: E402  benchmarks/_common.py, next to this script
+
 from decentral_jax.analysis import accounting  # noqa: E402
 from decentral_jax.analysis import overlap as overlap_lib  # noqa: E402
 from decentral_jax.runner import config as config_lib  # noqa: E402
@@ -332,10 +334,25 @@ def _stem(row: dict) -> str:
   return f"{row['case'].replace(':', '_')}_r{row['round']}_{row['consensus']}"
 
 
+#: The fields of a row of ``--out`` the cache and ``--table`` read
+#: (``_common.read_rows``).
+ROW_FIELDS = {"case": "str", "round": "int?", "consensus": "str",
+              "compile_s": "number", "xla_busy_ms": "number",
+              "xla_alone": {"forward_in_flight": "number",
+                            "backward_in_flight": "number",
+                            "overlapped": "int"},
+              "memory": {"used": "number", "fits": "bool"}}
+
+
+def read_rows(out: str) -> list[dict]:
+  """The rows of ``--out`` (none if it does not exist); a damaged file is
+  one ``error:`` line naming ``--out`` and the key (exit code 2)."""
+  return _common.read_rows(out, "--out", ROW_FIELDS)
+
+
 def missing_hlo(out: str, hlo_dir: str) -> list[str]:
   """The ``.hlo.gz`` files the rows of ``out`` need that ``hlo_dir`` lacks."""
-  with open(out, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = read_rows(out)
   return [_stem(r) + ".hlo.gz" for r in rows if not os.path.isfile(
       os.path.join(hlo_dir, _stem(r) + ".hlo.gz"))]
 
@@ -350,8 +367,7 @@ def table(out: str, hlo_dir: str) -> str:
   """A Markdown table (:data:`HEADER`, then a row per program in ``out``
   with its saved HLO)."""
   lines = [HEADER]
-  with open(out, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = read_rows(out)
   for row in rows:
     with gzip.open(os.path.join(hlo_dir, _stem(row) + ".hlo.gz"),
                    "rt") as f:
@@ -504,10 +520,7 @@ def main(argv=None) -> int:
   os.makedirs(args.bins, exist_ok=True)  # zeros: compiles read no text
   for name, n in (("train.bin", 2_000_000), ("val.bin", 20_000)):
     np.zeros(n, np.uint16).tofile(os.path.join(args.bins, name))
-  done = set()
-  if os.path.exists(args.out):
-    with open(args.out, encoding="utf-8") as f:
-      done = {json.loads(line)["case"] for line in f if line.strip()}
+  done = {r["case"] for r in read_rows(args.out)}
   for case in args.cases.split(","):
     if case in done:
       continue

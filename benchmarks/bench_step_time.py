@@ -66,6 +66,11 @@ TABLE_COLS = ["method", "topology", "ms/step (median)",
               "ratio to All-Reduce (medians)", "ratio to All-Reduce (minima)"]
 
 
+#: The fields of a row of ``--json`` a report reads (``_common.read_document``;
+#: ``tokens_per_step`` is absent in files of older versions).
+ROW_FIELDS = {"method": "str", "topology": "str", "times_s": "series"}
+
+
 def _table(records):
   """Table rows from ``{"method", "topology", "tokens_per_step", "times_s"}``.
 
@@ -133,8 +138,9 @@ def parse_args(argv=None):
 def main(argv=None):
   args = parse_args(argv)
   if args.report:
-    with open(args.report) as f:
-      saved = json.load(f)
+    saved = _common.read_document(
+        args.report, "--report", {"machine": "object", "args": {
+            "global_batch": "int"}, "rows": "list"}, ROW_FIELDS)
     print("machine:", json.dumps(saved["machine"]))
     for r in saved["rows"]:  # context 64 tokens (configs/gpt_tiny.py)
       r.setdefault("tokens_per_step", saved["args"]["global_batch"] * 64)

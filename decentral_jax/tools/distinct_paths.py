@@ -59,3 +59,17 @@ def check_distinct_paths(outputs, inputs=()) -> None:
         raise ValueError(f"{flag} {path!r} is also {other_flag}'s file "
                          f"({other!r}): the second write would replace "
                          f"the first; give {flag} another path.")
+
+
+def data_inputs(path, flag: str) -> list:
+  """The ``(flag, file)`` pairs of a config's ``data.path`` (``path``;
+  None or empty: none): the file itself, or for a directory (token bins,
+  an image set) the files directly in it, each one an input a command's
+  output may not replace."""
+  if not path:
+    return []
+  path = str(path)
+  if not os.path.isdir(path):
+    return [(flag, path)]
+  return [(flag, os.path.join(path, name)) for name in sorted(os.listdir(path))
+          if os.path.isfile(os.path.join(path, name))]

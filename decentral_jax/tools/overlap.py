@@ -35,7 +35,7 @@ each mode, a before/after pair by default.
 what the overlap report reads and gzipped (the fixtures of
 ``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
 tried before the first compile (an empty one is refused, not read as "not
-given").
+given"), and ``--out`` naming a file the command reads is refused.
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
@@ -63,7 +63,7 @@ from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 from decentral_jax.tools.overlap_flags import (  # noqa: F401
     MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
     OVERLAP_LIMIT_OPTION, build_parser, check_needs, check_paths,
-    xla_options)
+    xla_options, xla_refusal)
 # The rows read back (re-exported: --render's reader and its schema).
 from decentral_jax.tools.overlap_rows import (  # noqa: F401
     ROW_SCHEMA, row_error, transfer_topology)
@@ -485,10 +485,7 @@ def main(argv: list[str] | None = None,
   try:  # XLA's own word on each --xla option, before the slow compiles
     gpu_compile.check_compiler_options(xla_options(args.xla))
   except ValueError as e:
-    fix = ("check the name against XLA's DebugOptions" if "No such" in str(e)
-           else "a bool takes true or false, an int a whole number")
-    print(f"error: --xla: XLA refuses it: {str(e).rstrip('.')}; {fix}.",
-          file=sys.stderr)
+    print(f"error: {xla_refusal(args.xla, str(e))}", file=sys.stderr)
     return 2
   try:
     _run(args)

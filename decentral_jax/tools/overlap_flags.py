@@ -9,6 +9,7 @@ import os
 import re
 from typing import Callable
 
+from decentral_jax.tools import distinct_paths
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 
@@ -120,6 +121,22 @@ def xla_options(texts: list[str]) -> dict:
     check_xla_bounds(key, out[key])
   return out
 
+
+
+def xla_refusal(texts: list[str], message: str) -> str:
+  """The ``error:`` line of XLA's refusal ``message`` of an ``--xla``
+  option (``texts`` as typed): XLA quotes the value it was handed, and
+  :func:`xla_options` hands a bool for ``true`` / ``false`` (XLA then shows
+  ``'1'`` or ``'0'``), so the value is quoted as the user typed it (the
+  message names the option)."""
+  m = re.match(r"While setting option (xla_[a-z0-9_]+), '([^']*)'", message)
+  typed = {k.strip(): v.strip() for k, _, v in (t.partition("=")
+                                                 for t in texts)}
+  if m and m.group(1) in typed:
+    message = message.replace(f"'{m.group(2)}'", repr(typed[m.group(1)]), 1)
+  fix = ("check the name against XLA's DebugOptions" if "No such" in message
+         else "a bool takes true or false, an int a whole number")
+  return f"--xla: XLA refuses it: {message.rstrip('.')}; {fix}."
 
 def check_xla_bounds(key: str, value) -> None:
   """Refuses an ``--xla`` value of an option a flag of this command also
@@ -244,8 +261,27 @@ def check_paths(args) -> None:
                      "text file or drop --profile.")
   if args.timeline:
     flag_types.check_input_file(args.profile, "--profile")
-  if any(CASES[c][0] == GPT2_SMALL for c in args.cases.split(",")):
+  gpt2 = any(CASES[c][0] == GPT2_SMALL for c in args.cases.split(","))
+  if gpt2:
     flag_types.check_output_dir(args.data_dir, "--data_dir")
+  _check_distinct(args, gpt2)
+
+
+def _check_distinct(args, gpt2: bool) -> None:
+  """``--out`` (rows appended) names none of the files the command reads
+  (``--profile``, each ``--targets`` description, shipped or a .txtpb
+  file, each case's config) nor the token files a gpt2_small case writes
+  in ``--data_dir`` (ValueError names both flags)."""
+  inputs = [("--profile", args.profile if args.timeline else None)]
+  inputs += [("--targets", t if t.endswith(".txtpb") else os.path.join(
+      _TARGETS_DIR, f"{t}.txtpb")) for t in args.targets.split(",")]
+  inputs += [("--cases", os.path.join(_ROOT, CASES[c][0].split(":")[0]))
+             for c in args.cases.split(",")]
+  outputs = [("--out", args.out)]
+  if gpt2:
+    outputs += [(f"--data_dir ({name})", os.path.join(args.data_dir, name))
+                for name in ("train.bin", "val.bin")]
+  distinct_paths.check_distinct_paths(outputs, inputs)
 
 
 def _list_flags(ap: argparse.ArgumentParser) -> None:

@@ -74,3 +74,37 @@ def test_gpu_check_outputs_over_each_other_or_config_are_refused(
     load_gpu_check("gpu_check_distinct").parse_args(argv)
   assert e.value.code == 2
   assert "error: " + message.format(F=f) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["corpus.txt", "bins/train.bin"])
+def test_measure_out_over_the_configs_data_is_refused_before_measuring(
+    tmp_path, capsys, monkeypatch, target):
+  from decentral_jax.tools.runtime_model_cli import measure  # pylint: disable=import-outside-toplevel
+  def no_measure(*a, **k):
+    raise AssertionError("measured: --out was accepted")
+  monkeypatch.setattr(measure, "measure", no_measure)
+  (tmp_path / "corpus.txt").write_text("alpha beta gamma " * 3000)
+  (tmp_path / "bins").mkdir()
+  (tmp_path / "bins" / "train.bin").write_bytes(b"\0" * 64)
+  source, path = (("text_file", tmp_path / "corpus.txt")
+                  if target == "corpus.txt" else
+                  ("token_bins", tmp_path / "bins"))
+  out = tmp_path / target
+  before = out.read_bytes()
+  code = cli.main(["measure", "--config", "gpt_tiny", "--set",
+                   f"data.source={source}", "--set", f"data.path={path}",
+                   "--out", str(out), "--repeats", "2"])
+  assert code == 2
+  err = capsys.readouterr().err
+  assert f"error: --out {str(out)!r} is the file --set data.path reads" in err
+  assert out.read_bytes() == before
+
+
+def test_a_data_directory_reads_the_files_in_it(tmp_path):
+  (tmp_path / "train.bin").write_bytes(b"x")
+  (tmp_path / "val.bin").write_bytes(b"y")
+  (tmp_path / "sub").mkdir()
+  assert distinct_paths.data_inputs(str(tmp_path), "F") == [
+      ("F", str(tmp_path / "train.bin")), ("F", str(tmp_path / "val.bin"))]
+  assert distinct_paths.data_inputs(None, "F") == []
+  assert distinct_paths.data_inputs("x.txt", "F") == [("F", "x.txt")]

@@ -383,7 +383,15 @@ def test_overlap_xla_option_must_be_key_value(capsys, tmp_path, xla):
      "'two' is not a valid int32 value; a bool takes true or false, an int "
      "a whole number."),
     ("xla_no_such_option=1", "No such compile option: 'xla_no_such_option'; "
-     "check the name against XLA's DebugOptions.")])
+     "check the name against XLA's DebugOptions."),
+    # "true" is handed to XLA as a bool, which XLA quotes as '1': the
+    # refusal quotes what was typed.
+    ("xla_gpu_experimental_parallel_collective_overlap_limit=true",
+     "While setting option xla_gpu_experimental_parallel_collective_overlap_"
+     "limit, 'true' is not a valid int32 value; a bool takes true or false, "
+     "an int a whole number."),
+    ("xla_gpu_experimental_parallel_collective_overlap_limit=FALSE",
+     "limit, 'FALSE' is not a valid int32 value")])
 def test_overlap_xla_option_xla_refuses_is_one_line_before_compiling(
     monkeypatch, capsys, tmp_path, xla, says):
   """A value of the wrong type ended the first case's compile in a

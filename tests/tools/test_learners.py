@@ -263,6 +263,47 @@ def test_the_learners_command_names_a_bad_number_before_ray_starts(
   assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
 
 
+
+def _refused_before_ray(monkeypatch, capsys, argv):
+  from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
+  def start(*a, **k):
+    raise AssertionError("Ray started: the flags were accepted")
+  monkeypatch.setattr(cluster, "start", start)
+  assert cli.main(["learners", *argv]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: "), err
+  return err[0]
+
+
+def test_dynamic_updates_with_one_learner_is_refused(capsys, monkeypatch):
+  # H_w = max(1, floor(v_w / v_max * H)) with v_w = v_max: always H.
+  err = _refused_before_ray(monkeypatch, capsys,
+                            ["--learners", "1", "--dynamic-updates"])
+  assert "--dynamic-updates has no effect with --learners 1" in err
+  assert "drop --dynamic-updates" in err
+
+
+@pytest.mark.parametrize("name", ["cfg", "metrics.jsonl", "config.json",
+                                  "learners.json", "corpus"])
+def test_json_naming_an_input_or_a_record_is_refused(capsys, monkeypatch,
+                                                     tmp_path, name):
+  cfg = tmp_path / "cfg.py"
+  cfg.write_text(open("configs/gpt_tiny.py").read())
+  corpus = tmp_path / "corpus"
+  corpus.write_text("alpha beta gamma " * 2000)
+  before = {p.name: p.read_bytes() for p in (cfg, corpus)}
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  target = {"cfg": cfg, "corpus": corpus}.get(name, wd / name)
+  err = _refused_before_ray(monkeypatch, capsys, [
+      "--config", str(cfg), "--config.algorithm=diloco",
+      "--config.data.source=text_file", f"--config.data.path={corpus}",
+      "--workdir", str(wd), "--json", str(target)])
+  assert f"--json '{target}' is the file" in err, err
+  assert "give --json another path" in err
+  assert {p.name: p.read_bytes() for p in (cfg, corpus)} == before
+
+
 @pytest.mark.slow
 def test_int8_pseudo_gradients_with_error_feedback():
   """int8 payloads (block 2: one scale per two values): a quarter of the

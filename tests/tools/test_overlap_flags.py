@@ -7,6 +7,8 @@ function that fails if it is reached."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from decentral_jax.tools import overlap
@@ -86,6 +88,31 @@ def test_refused_in_one_line_before_compiling(
   (tmp_path / "afile").write_text("x")
   assert _refused(capsys, tmp_path, argv).startswith(says)
   assert not (tmp_path / "fx").exists() and not (tmp_path / "o.jsonl").exists()
+
+
+
+_SHIPPED_H200 = os.path.join(os.path.dirname(overlap_flags.__file__),
+                             "gpu_targets", "h200.txtpb")
+_TINY_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(overlap_flags.__file__)))), "configs", "gpt_tiny.py")
+
+
+@pytest.mark.parametrize("argv, out, reads", [
+    (["--targets", "DIR/t.txtpb"], "DIR/t.txtpb", "--targets"),
+    (["--targets", "h200"], _SHIPPED_H200, "--targets"),
+    (["--timeline", "--profile", "DIR/p.txt"], "DIR/p.txt", "--profile"),
+    ([], _TINY_CONFIG, "--cases")])
+def test_out_naming_an_input_is_refused_before_compiling(
+    capsys, tmp_path, no_compile, argv, out, reads):
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copy(_SHIPPED_H200, tmp_path / "t.txtpb")
+  (tmp_path / "p.txt").write_text("x\n")
+  path = out.replace("DIR", str(tmp_path))
+  before = open(path, "rb").read()
+  err = _refused(capsys, tmp_path, ["--cases", "gpt_tiny", *argv, "--out",
+                                    path])
+  assert err.startswith(f"error: --out '{out}' is the file {reads} reads"), err
+  assert open(path, "rb").read() == before
 
 
 def _args(argv):

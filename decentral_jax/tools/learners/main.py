@@ -25,9 +25,10 @@ then holds the runner's ``metrics.jsonl`` and ``config.json``,
 resumed, also with another ``--learners``)
 (:mod:`decentral_jax.tools.learners.records`).
 
-Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``) and flags
-that would change nothing (``--eval-every`` without ``--workdir``,
-``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
+Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``; ``--json``
+none of the files the run reads or keeps), and flags that would change
+nothing (``--eval-every`` without ``--workdir``, ``--dynamic-updates`` with
+``--learners 1``, ``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
 ``--drop-state`` with ``--inner sgd`` and no ``--config``,
 ``--connect-timeout`` without ``--address``,
 ``--delay-buffer`` with ``--outer nesterov``, ``--outer delayed_nesterov``
@@ -168,6 +169,10 @@ NEEDS = (
                      "quorum 1 with --learners 1): a merge needs every "
                      "learner's pseudo-gradient, so it never waits", "give "
                      "--quorum below --learners or drop --grace"),
+    flag_types.Needs("--dynamic-updates", lambda a: a.learners > 1,
+                     "with --learners 1 (H_w = floor(v_w / v_max * H) is H "
+                     "when the one learner is the fastest)", "give "
+                     "--learners 2 or more or drop --dynamic-updates"),
     flag_types.Needs("--connect-timeout", lambda a: a.address is not None,
                      "without --address (the Ray started on this machine "
                      "is not waited for)", "add --address HOST:PORT or drop "
@@ -275,6 +280,7 @@ def _config_fields(args, overrides) -> dict:
   c = runner_problem.load(source, overrides, args.learners)
   fields = runner_problem.spec_fields(c)
   del fields["shards"]
+  args.data_path = c.data.get("path")  # an input --json may not replace
   args.config_steps = int(c.steps) if any(  # preflight: --periods' match
       o[len("--config."):].partition("=")[0].strip() == "steps"
       for o in overrides) else None
@@ -550,6 +556,9 @@ def main(argv=None, prog: str | None = None) -> int:
     flag_types.check_needs(NEEDS, flag_types.given_flags(p, rest[1:]), args)
     check_outputs(args)
     run = run_spec(args, overrides)
+    from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
+    records_lib.check_json_output(args.json, args.config, getattr(
+        args, "data_path", None), args.workdir)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -39,9 +39,28 @@ from decentral_jax import records as records_lib
 from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.tools import distinct_paths
 
 META_FILE = "learners.json"
 
+
+
+def check_json_output(json_path, config, data_path, workdir) -> None:
+  """``learners --json`` (written last, replacing the file) names none of
+  the files the run reads or keeps: the ``--config`` file, the config's
+  ``data.path`` (``data_path``), and ``workdir``'s ``metrics.jsonl``,
+  ``config.json`` and :data:`META_FILE` (None: not given).
+
+  Raises:
+    ValueError: naming ``--json`` and the input's flag.
+  """
+  from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
+  inputs = [("--config", distinct_paths.config_file(config, presets.PRESETS))]
+  inputs += distinct_paths.data_inputs(data_path, "--config.data.path")
+  if workdir is not None:
+    inputs += [(f"--workdir's {name}", os.path.join(workdir, name)) for name
+               in (metrics_lib.METRICS_FILE, "config.json", META_FILE)]
+  distinct_paths.check_distinct_paths([("--json", json_path)], inputs)
 
 def _write_json(path: str, value) -> None:
   try:

@@ -277,6 +277,9 @@ def run(args) -> int:
     raise ValueError(f"--repeats must be >= 2 (the compute spread needs two "
                      f"timings), got {args.repeats}.")
   config = config_sets.load("measure", args.config, args.set)
+  distinct_paths.check_distinct_paths(  # the corpus or token files it reads
+      [("--out", args.out)], distinct_paths.data_inputs(
+          config.data.get("path"), "--set data.path"))
   launch.initialize_from_config(config)  # SLURM-aware, as the runner
   with config_sets.set_spelling():  # the task's errors name --set FIELD
     data = measure(config, local_size=args.local_size,
