@@ -12,7 +12,9 @@ Bad input raises ``ValueError`` with one line naming the flag. No JAX.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import sys
 
@@ -71,7 +73,8 @@ def run(args) -> int:
                        added)
   setting = predict_needs.Setting(args, setups, built, [
       _base_flow(args, n, measured) for n, _, _ in setups], measured,
-      _cluster_and_workload)
+      _cluster_and_workload,
+      lambda n, c, w, made: _printed(args, n, c, w, made, faults))
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   predict_needs.check_pipelined(setting)
   priced = _price_all(args, setups, built, faults)
@@ -93,6 +96,19 @@ def run(args) -> int:
   if args.png:
     tables.write_chart([(args.preset or "predicted", groups)], args.png)
   return 0
+
+
+def _printed(args, n: int, c, w, made_methods, faults) -> str:
+  """What the tables at ``n`` workers print for cluster ``c``, workload
+  ``w`` and the methods built (for a flag's no-effect rule: a field that
+  leaves this unchanged changes no printed number)."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), np.errstate(all="ignore"):
+    table, made = _price(args, made_methods, c, w)
+    tables.print_table(n, c, w, table, made)
+    if not faults.none:
+      tables.print_faults(n, w, table, made, faults, args.on_failure)
+  return out.getvalue()
 
 
 def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):
