@@ -31,6 +31,7 @@ from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools import distinct_paths
 from decentral_jax.tools import flag_types
+from decentral_jax.tools.runtime_model_cli import cluster_header
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 from decentral_jax.tools.runtime_model_cli import predict_needs
@@ -81,7 +82,8 @@ def run(args) -> int:
   if measured is not None:
     for line in predict_needs.unused_file_keys(args.cluster, measured, setting):
       print(line, file=sys.stderr)
-    print(inputs.describe_cluster_file(args.cluster, measured))
+    print(cluster_header.describe_cluster_file(args.cluster, measured,
+                                               setups[0][1]))
   print(workload_line(args, setups, measured, setting.methods))
   print(methods_line(methods, chosen, setups[0][1], added))
   if workers_note:
