@@ -101,6 +101,10 @@ PREDICT_CASES = [
      ["--n-workers", "16", "--methods", _COMPRESSED]),
     (["--seed", "7"], ["--n-workers", "16"],
      ["--n-workers", "16", "--compute-cv", "0.2"]),
+    # equal samples have no spread: every draw is 100 ms
+    (["--seed", "5"], ["--n-workers", "16", "--compute-samples-ms",
+                       "100,100"],
+     ["--n-workers", "16", "--compute-samples-ms", "80,100"]),
     # all_reduce sends gradients, DiLoCo's global copy goes as float32
     # at least; local_sgd averages the parameters in their dtype.
     (["--param-dtype", "bfloat16"], ["--n-workers", "16", "--methods",
@@ -195,6 +199,14 @@ def test_intra_link_accepted_exactly_where_it_moves_a_number(monkeypatch):
     n, ls, dc = int(s[1]), int(s[3]), int(s[7])
     assert (code == 0) == moves, s
     assert not moves or (s[5] == "tree" and 1 < ls < n // dc), s
+
+
+def test_seed_with_equal_samples_says_they_do_not_vary():
+  code, _, err = _predict(["--n-workers", "16", "--compute-samples-ms",
+                           "100,100", "--seed", "5"])
+  assert code == 2 and err.startswith(
+      "error: --seed has no effect with compute samples that do not vary"
+  ) and "give samples that differ" in err, err
 
 
 def test_the_issue_cases_one_line_each():

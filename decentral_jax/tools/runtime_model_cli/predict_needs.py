@@ -291,6 +291,12 @@ NEEDS = (
         "--cluster file: no flow gets more, so the cap never binds",
         "give a cap below it or drop --flow-Gbps"),
     flag_types.Needs(
+        "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads)
+        or all(w.compute_samples_s is None for w in s.workloads),
+        "with compute samples that do not vary (--compute-samples-ms or the "
+        "--cluster file's: every sample equal, so every draw is the same)",
+        "give samples that differ or drop --seed"),
+    flag_types.Needs(
         "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
         "without compute that varies (--compute-cv above 0 or "
         "--compute-samples-ms; the seed draws the compute times)",
