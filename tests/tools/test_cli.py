@@ -67,6 +67,19 @@ def test_a_missing_or_unknown_command_is_one_error_line(capsys, argv, start):
     assert name in err
 
 
+@pytest.mark.parametrize("name", ["calibrate", "fig6", "utilisation"])
+def test_a_runtime_model_only_subcommand_says_where_it_lives(capsys, name):
+  assert cli.main([name, "--config", "configs/gpt_tiny.py"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1, err
+  assert err.startswith(f"error: {name!r} is a runtime-model subcommand, "
+                        "not one of decentral-jax's ("), err
+  assert err.endswith("); run it as python -m decentral_jax.runtime_model "
+                      f"{name} ...\n"), err
+  for command in EXPECTED:
+    assert command in err
+
+
 def test_version_is_the_package_version(capsys):
   assert cli.main(["--version"]) == 0
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
