@@ -446,3 +446,24 @@ def test_the_experiment_scripts_check_the_environment_before_jax(script):
       "error: XLA_FLAGS' --xla_force_host_platform_device_count='abc' must "
       "be a whole number in [1, 2147483647]; fix it or drop it from "
       "XLA_FLAGS"], proc.stderr
+
+
+def test_a_non_boolean_value_of_a_boolean_flag_names_the_accepted_values():
+  # compare's --per_method_lr and a config's boolean field: absl's parser
+  # refuses 'maybe'; the line names the flag or field and true / false.
+  from decentral_jax.runner import config as config_lib
+  from decentral_jax.tools.compare import flags as compare_flags
+  with pytest.raises(ValueError) as e:
+    compare_flags.parse(["--per_method_lr=maybe"])
+  assert str(e.value) == ("flag --per_method_lr=maybe: 'maybe' is not a "
+                          "boolean; give true or false (also 1 or 0)")
+  with pytest.raises(ValueError) as e:
+    config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+                           ["distributed.enabled=maybe"])
+  said = str(e.value)
+  assert "distributed.enabled=maybe: 'maybe' is not a boolean; give true or " \
+      "false (also 1 or 0)" in said and "Non-boolean" not in said, said
+  # the values the line names are accepted
+  assert config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+                                ["distributed.enabled=1"]).distributed.enabled
+  compare_flags.parse([])  # the flags back at their defaults
