@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import re
 from typing import Callable, Sequence
 
 import jax.numpy as jnp
@@ -285,14 +286,21 @@ def _root_cause(error: BaseException) -> str:
   return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
+# absl's boolean parser raises ValueError(this, value), shown as a tuple.
+_NON_BOOLEAN = re.compile(
+    r"""\('Non-boolean argument to boolean flag', (['"])(.*?)\1\)""")
+
+
 def config_error_message(error: BaseException) -> str:
-  """One line from an ml_collections / absl flag-parsing exception."""
+  """One line from an ml_collections / absl flag-parsing exception (a
+  non-boolean value of a boolean flag or field says what is accepted)."""
   msg = str(error.args[0] if error.args else error)
   msg = msg.replace("\\'", "'").replace("\\n", " ").replace("\n", " ")
   msg = " ".join(msg.split())
   if len(msg) > 1 and msg[0] == msg[-1] and msg[0] in "'\"":
     msg = msg[1:-1]  # KeyError quotes its message
-  return msg
+  return _NON_BOOLEAN.sub(lambda m: f"{m.group(2)!r} is not a boolean; give "
+                          "true or false (also 1 or 0)", msg)
 
 
 def parse_command_line(flag_values: flags.FlagValues, program: str,

@@ -231,8 +231,8 @@ class SpecParameters(dict):
 
 
 def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,
-                     aliases: dict, syntax: str | None = None
-                     ) -> SpecParameters:
+                     aliases: dict, syntax: str | None = None,
+                     refused=()) -> SpecParameters:
   """The ``KEY=VALUE,...`` part of a spec ``NAME:KEY=VALUE,...`` as a dict.
 
   Args:
@@ -245,6 +245,8 @@ def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,
       written).
     syntax: if given, an empty part (a stray comma) is refused with this
       syntax; else it is reported as a part that is not ``KEY=VALUE``.
+    refused: keys also taken, never listed in errors (the method reads
+      them nowhere; the caller refuses them with its own reason).
 
   Returns:
     Canonical key -> value (stripped text), the keys as written in its
@@ -265,7 +267,7 @@ def parse_parameters(spec, name: str, rest: str, allowed, key_help: dict,
                        f"write e.g. {name}:"
                        + ",".join(key_help[k] for k in allowed) + ".")
     k = aliases.get(key.strip().lower(), key.strip())
-    if k not in allowed:
+    if k not in allowed and k not in refused:
       raise ValueError(f"{spec!r}: {name} has no parameter {key.strip()!r}; "
                        "its parameters are "
                        + ", ".join(key_help[k] for k in allowed) + ".")

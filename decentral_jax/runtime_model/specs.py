@@ -99,6 +99,9 @@ _GOSSIP_EXTRA = ("compress", "block", "fraction", "workers_per_node")
 #: Every other topology of :data:`decentral_jax.topology.NAMES` builds the
 #: same matrices at any group size, so ``workers_per_node`` is refused there.
 NODE_AWARE = ("alternating_exp_ring",)
+# Keys a method reads in no context, taken only to be refused with the
+# reason (sgp blocks: one message of the whole parameters, no buckets).
+_REFUSED_KEYS = {"sgp": ("bucket_MiB",)}
 DEFAULT_ACCUM_STEPS = 4
 #: Gradient tracking: the parameters and the tracker, one copy each a round.
 GRADIENT_TRACKING = "gradient_tracking"
@@ -125,9 +128,11 @@ def is_gossip_spec(key: str) -> bool:
 
 def spec_keys(name: str) -> tuple[str, ...]:
   """The keys the spec of method ``name`` (lower case, a name of the module
-  docstring) reads; a key given in one context where it reads nothing (a
-  bucket size of a blocking round, a group size of a topology that is not
-  :data:`NODE_AWARE`) is refused by :func:`parse`."""
+  docstring) reads in some context, the ones an unknown key's error lists;
+  a key given in one context where it reads nothing (a bucket size of a
+  blocking round, a group size of a topology that is not
+  :data:`NODE_AWARE`) is refused by :func:`parse`, and so is ``sgp``'s
+  ``bucket_MiB`` (read in no context, :data:`_REFUSED_KEYS`)."""
   if name in ALL_REDUCE:
     return ("bucket_MiB",)
   if name in OPTIMIZER_NAMES:
@@ -135,7 +140,7 @@ def spec_keys(name: str) -> tuple[str, ...]:
     return (("topology", "comm_dtype", "bucket_MiB") + extra + _GOSSIP_EXTRA
             + ("pipelined",))
   if name == "sgp":
-    return ("comm_dtype", "bucket_MiB")
+    return ("comm_dtype",)
   if name == GRADIENT_TRACKING:
     return ("topology", "comm_dtype", "bucket_MiB", "workers_per_node")
   return ("comm_dtype", "bucket_MiB") + _GOSSIP_EXTRA
@@ -156,7 +161,7 @@ def parse(spec: str, c: Cluster) -> Method:
   head, _, rest = text.partition(":")
   name = head.strip().lower().replace("-", "_")
   given = parse_parameters(spec, name, rest, spec_keys(name), _KEYS_HELP,
-                           _ALIASES)
+                           _ALIASES, refused=_REFUSED_KEYS.get(name, ()))
   bucket = _bucket_bytes(spec, given)
   comm = (floating_dtype_name(given["comm_dtype"], repr(spec))
           if "comm_dtype" in given else None)

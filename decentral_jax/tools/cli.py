@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
   name, args = argv[0], argv[1:]
   command = COMMANDS.get(name)
   if command is None:
+    runs = importlib.import_module(_RUNTIME_MODEL).RUNS
+    if name in runs:  # fig6, utilisation, calibrate
+      return _error(f"{name!r} is a runtime-model subcommand, not one of "
+                    f"{PROG}'s ({choices}); run it as python -m "
+                    f"decentral_jax.runtime_model {name} ...")
     return _error(f"unknown command {name!r}; one of: {choices} "
                   f"(see {PROG} --help)")
   return run_command(command, args)

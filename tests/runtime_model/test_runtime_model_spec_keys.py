@@ -131,3 +131,17 @@ def test_a_key_that_reads_nothing_is_named_with_the_fix(spec, words):
     specs.make_method(spec, C)
   assert str(e.value).startswith(repr(spec) + ": "), str(e.value)
   assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_an_unknown_key_lists_only_the_keys_the_method_reads():
+  # sgp blocks: it reads comm_dtype and never bucket_MiB (refused with its
+  # reason above), so an unknown key's error lists comm_dtype alone.
+  with pytest.raises(ValueError) as e:
+    specs.make_method("sgp:compress=int8", C)
+  assert str(e.value).endswith(
+      "sgp has no parameter 'compress'; its parameters are "
+      "comm_dtype=<dtype, e.g. bfloat16>."), str(e.value)
+  with pytest.raises(ValueError) as e:
+    specs.make_method("all_reduce:comm_dtype=bfloat16", C)
+  assert str(e.value).endswith(
+      "its parameters are bucket_MiB=<MiB in (0, 1e9]>."), str(e.value)

@@ -67,6 +67,19 @@ def test_a_missing_or_unknown_command_is_one_error_line(capsys, argv, start):
     assert name in err
 
 
+@pytest.mark.parametrize("name", ["calibrate", "fig6", "utilisation"])
+def test_a_runtime_model_only_subcommand_says_where_it_lives(capsys, name):
+  assert cli.main([name, "--config", "configs/gpt_tiny.py"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1, err
+  assert err.startswith(f"error: {name!r} is a runtime-model subcommand, "
+                        "not one of decentral-jax's ("), err
+  assert err.endswith("); run it as python -m decentral_jax.runtime_model "
+                      f"{name} ...\n"), err
+  for command in EXPECTED:
+    assert command in err
+
+
 def test_version_is_the_package_version(capsys):
   assert cli.main(["--version"]) == 0
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
@@ -433,3 +446,24 @@ def test_the_experiment_scripts_check_the_environment_before_jax(script):
       "error: XLA_FLAGS' --xla_force_host_platform_device_count='abc' must "
       "be a whole number in [1, 1024]; fix it or drop it from "
       "XLA_FLAGS"], proc.stderr
+
+
+def test_a_non_boolean_value_of_a_boolean_flag_names_the_accepted_values():
+  # compare's --per_method_lr and a config's boolean field: absl's parser
+  # refuses 'maybe'; the line names the flag or field and true / false.
+  from decentral_jax.runner import config as config_lib
+  from decentral_jax.tools.compare import flags as compare_flags
+  with pytest.raises(ValueError) as e:
+    compare_flags.parse(["--per_method_lr=maybe"])
+  assert str(e.value) == ("flag --per_method_lr=maybe: 'maybe' is not a "
+                          "boolean; give true or false (also 1 or 0)")
+  with pytest.raises(ValueError) as e:
+    config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+                           ["distributed.enabled=maybe"])
+  said = str(e.value)
+  assert "distributed.enabled=maybe: 'maybe' is not a boolean; give true or " \
+      "false (also 1 or 0)" in said and "Non-boolean" not in said, said
+  # the values the line names are accepted
+  assert config_lib.load_config(os.path.join(ROOT, "configs", "gpt_tiny.py"),
+                                ["distributed.enabled=1"]).distributed.enabled
+  compare_flags.parse([])  # the flags back at their defaults

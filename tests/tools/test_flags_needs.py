@@ -75,6 +75,15 @@ PREDICT_CASES = [
      ["--n-workers", "16"]),
     # On one node no traffic goes to a NIC: the link kind changes nothing.
     (["--intra-link", "nvlink"], ["--n-workers", "8"], ["--n-workers", "16"]),
+    # A ring over nodes never reads the link kind; only the tree's
+    # intra-node stage charges the NIC share to a PCIe link.
+    (["--intra-link", "nvlink"], ["--n-workers", "16", "--multi-node",
+                                  "ring"], ["--n-workers", "16"]),
+    # Workers of two devices: the tree's NIC stage bounds it, pcie and
+    # nvlink price alike.
+    (["--intra-link", "nvlink"], ["--n-workers", "16",
+                                  "--devices-per-worker", "2"],
+     ["--n-workers", "16"]),
     (["--worker-layout", "data"], ["--n-workers", "16"],
      ["--n-workers", "16", "--devices-per-worker", "2"]),
     (["--compute-cv", "0.1"],
@@ -92,6 +101,10 @@ PREDICT_CASES = [
      ["--n-workers", "16", "--methods", _COMPRESSED]),
     (["--seed", "7"], ["--n-workers", "16"],
      ["--n-workers", "16", "--compute-cv", "0.2"]),
+    # equal samples have no spread: every draw is 100 ms
+    (["--seed", "5"], ["--n-workers", "16", "--compute-samples-ms",
+                       "100,100"],
+     ["--n-workers", "16", "--compute-samples-ms", "80,100"]),
     # all_reduce sends gradients, DiLoCo's global copy goes as float32
     # at least; local_sgd averages the parameters in their dtype.
     (["--param-dtype", "bfloat16"], ["--n-workers", "16", "--methods",
@@ -163,6 +176,37 @@ def test_intra_link_refused_on_one_node_preset():
   code, _, err = _predict(["--preset", "h100_node", "--intra-link", "pcie"])
   assert code == 2 and err.startswith(
       "error: --intra-link has no effect on one node"), err
+
+
+def test_intra_link_accepted_exactly_where_it_moves_a_number(monkeypatch):
+  # Over a sweep of clusters, --intra-link is accepted exactly where a
+  # group mean runs the tree over nodes of several workers: with the
+  # checks off, there it changes the printed numbers, elsewhere none.
+  methods = "all_reduce,one_peer_exp,aer,sgp,diloco:H=10,local_sgd:H=4"
+  settings = [["--n-workers", str(n), "--local-size", str(ls),
+               "--multi-node", mn, "--datacenters", str(dc),
+               "--methods", methods] + extra
+              for n, ls in ((8, 8), (16, 8), (16, 4), (16, 1), (32, 2))
+              for mn in ("ring", "tree") for dc in (1, 2)
+              for extra in ([], ["--devices-per-worker", "2"])]
+  accepted = [_predict(s + ["--intra-link", "nvlink"])[0] for s in settings]
+  assert set(accepted) == {0, 2}
+  monkeypatch.setattr(predict, "NEEDS", ())
+  for s, code in zip(settings, accepted):
+    moves = _predict(s)[1] != _predict(s + ["--intra-link", "nvlink"])[1]
+    # by hand: tree, two or more workers per node, several nodes in a
+    # datacenter (n / datacenters workers above --local-size)
+    n, ls, dc = int(s[1]), int(s[3]), int(s[7])
+    assert (code == 0) == moves, s
+    assert not moves or (s[5] == "tree" and 1 < ls < n // dc), s
+
+
+def test_seed_with_equal_samples_says_they_do_not_vary():
+  code, _, err = _predict(["--n-workers", "16", "--compute-samples-ms",
+                           "100,100", "--seed", "5"])
+  assert code == 2 and err.startswith(
+      "error: --seed has no effect with compute samples that do not vary"
+  ) and "give samples that differ" in err, err
 
 
 def test_the_issue_cases_one_line_each():

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
+import json
 import re
 
 import pytest
 
 
+from decentral_jax.tools.runtime_model_cli import cluster_header
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.tools.runtime_model_cli import tables
 from decentral_jax.tools.runtime_model_cli import main as cli
 from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import paper
 from decentral_jax.runtime_model import presets
 from decentral_jax.runtime_model import recommend
@@ -282,18 +286,18 @@ def _file(measured_s: float, backend: str) -> dict:
 
 
 def test_the_all_reduce_check_says_what_the_model_number_is():
-  text = inputs.describe_cluster_file("c.json", _file(2.4e-3, "cpu"))
+  text = cluster_header.describe_cluster_file("c.json", _file(2.4e-3, "cpu"))
   measured, check = text.splitlines()[1:]
   assert "2.4 ms (model: 12 ms)" in measured
   assert check.startswith("  model: the model's All-Reduce of that size on "
                           "the links fitted from this file's pair exchanges"
                           ", 5x the measured; beyond 2x")
   assert "simulated CPU devices" in check
-  near = inputs.describe_cluster_file("c.json", _file(8e-3, "gpu"))
+  near = cluster_header.describe_cluster_file("c.json", _file(8e-3, "gpu"))
   assert near.splitlines()[2].endswith(
       "1.5x the measured; within 2x, so the fitted links describe this "
       "collective")
-  far = inputs.describe_cluster_file("c.json", _file(30e-3, "gpu"))
+  far = cluster_header.describe_cluster_file("c.json", _file(30e-3, "gpu"))
   assert "0.4x the measured; beyond 2x" in far
   assert "CPU" not in far
 
@@ -543,3 +547,31 @@ def test_a_faster_starred_method_is_named_in_the_recommendation(capsys):
                     "--n-workers", "8", "--methods", "all_reduce")
   assert _line(out, "  recommendation:") == (
       "  recommendation: All-Reduce (no decentralized method is >5% faster)")
+
+
+def test_cluster_file_header_names_the_links_flags_replaced(tmp_path):
+  # The header describes the cluster priced: 31.5 GB/s inside a node and
+  # 59 Gbit/s NICs from the file, replaced by --intra-GBps 0.01 and
+  # --nic-Gbps 1 (the printed values are the flags', each naming the file's).
+  c = Cluster(n_workers=8, local_size=4, intra_bandwidth_Bps=31.5e9,
+              nic_bandwidth_Bps=59e9 / 8)
+  keys = [k for k in cluster_file.CLUSTER_SCHEMA
+          if k not in cluster_file.OPTIONAL_CLUSTER_KEYS]
+  doc = {"schema": cluster_file.SCHEMA,
+         "cluster": {k: getattr(c, k) for k in keys},
+         "workload": {"param_count": 434816, "forward_s": 0.06,
+                      "backward_s": 0.12},
+         "measurements": {"sizes_bytes": [262144, 1048576], "repeats": 2,
+                          "intra_pair_s": [0.001, 0.003]}, "meta": {}}
+  path = tmp_path / "c.json"
+  path.write_text(json.dumps(doc))
+  heads = []
+  for extra in ([], ["--intra-GBps", "0.01", "--nic-Gbps", "1"]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      assert cli.main(["predict", "--cluster", str(path), *extra]) == 0
+    heads.append(out.getvalue().splitlines()[0])
+  assert heads[0].endswith("intra 31.5 GB/s, node NIC 59 Gbit/s"), heads[0]
+  assert heads[1].endswith(
+      "intra 0.01 GB/s (by --intra-GBps; the file's 31.5), node NIC 1 Gbit/s"
+      " (by --nic-Gbps; the file's 59)"), heads[1]

@@ -17,7 +17,6 @@ import numpy as np
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model.costs import Cluster
-from decentral_jax.runtime_model.costs import all_reduce_cost
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model.workload import Workload
@@ -457,7 +456,7 @@ def given_fields(args, c: Cluster, w: Workload):
   """
   given = explicit_flags(args)
   flags_c, flags_w = cluster_fields(args), workload_fields(args)
-  over_c = {f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()
+  over_c = {f: flags_c[f] for flag, f in CLUSTER_FIELDS.items()
             if flag in given}
   over_w = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
             if flag in given}
@@ -475,7 +474,7 @@ def given_fields(args, c: Cluster, w: Workload):
 
 
 # predict flag -> (Cluster or Workload field, value from the parsed flags).
-_CLUSTER_FIELDS = {
+CLUSTER_FIELDS = {
     "--local-size": "local_size", "--intra-GBps": "intra_bandwidth_Bps",
     "--intra-latency-us": "intra_latency_s",
     "--nic-Gbps": "nic_bandwidth_Bps", "--nics-per-node": "nics_per_node",
@@ -520,7 +519,7 @@ def from_cluster_file(data: dict, args, n: int):
   given = explicit_flags(args)
   flags_c = cluster_fields(args)
   kw = dict(data["cluster"], n_workers=n)
-  kw.update({f: flags_c[f] for flag, f in _CLUSTER_FIELDS.items()
+  kw.update({f: flags_c[f] for flag, f in CLUSTER_FIELDS.items()
              if flag in given})
   if "--datacenters" in given:  # the wide-area link of the flags
     kw.setdefault("wan_bandwidth_Bps", flags_c["wan_bandwidth_Bps"])
@@ -539,59 +538,3 @@ def from_cluster_file(data: dict, args, n: int):
     over = {**flags_w, **over}
   over.setdefault("bucket_bytes", flags_w["bucket_bytes"])
   return c, cluster_file.workload(data, **over)
-
-
-def describe_cluster_file(path: str, data: dict) -> str:
-  """Two lines: where the file was measured, and its All-Reduce check."""
-  meta, c, meas = data.get("meta", {}), data["cluster"], data["measurements"]
-  flow = c["flow_bandwidth_Bps"]
-  lines = [
-      f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
-      f"{meta.get('device_kind', '?')} devices, {c['local_size']} per node, "
-      f"{meta.get('process_count', '?')} process(es); intra "
-      f"{c['intra_bandwidth_Bps'] / 1e9:.3g} GB/s, node NIC "
-      f"{8 * c['nic_bandwidth_Bps'] / 1e9:.3g} Gbit/s"
-      + (f", one flow {8 * flow / 1e9:.3g} Gbit/s" if flow else "")]
-  if meas.get("all_reduce_s"):
-    cl = Cluster(**c)
-    model = all_reduce_cost(cl).time(meas["all_reduce_bytes"])[0]
-    lines.append(f"  measured All-Reduce of {meas['all_reduce_bytes'] / 1e6:.3g}"
-                 f" MB on {c['n_workers']} workers: "
-                 f"{1e3 * meas['all_reduce_s']:.3g} ms (model: "
-                 f"{1e3 * model:.3g} ms)")
-    lines.append(all_reduce_check(meas["all_reduce_s"], model,
-                                  meta.get("backend")))
-  return "\n".join(lines)
-
-
-# Ratio of the model's All-Reduce to the measured one beyond which (either
-# way) describe_cluster_file says the fitted links do not describe it.
-CHECK_RATIO = 2.0
-
-
-def all_reduce_check(measured_s: float, model_s: float,
-                     backend: str | None) -> str:
-  """One line: what the model's All-Reduce beside the measured one is, and
-  what their gap means.
-
-  The model's number is the alpha-beta All-Reduce (``costs.all_reduce_cost``)
-  of the same bytes on the links fitted from the file's pair exchanges
-  (``cluster_file.fit_links``), not a preset's. Within a factor
-  :data:`CHECK_RATIO` either way the fitted links describe the collective;
-  beyond it predictions from the file are off by about as much, which on
-  ``backend == "cpu"`` (simulated devices in one process, whose exchanges
-  are memory copies) is expected.
-  """
-  ratio = model_s / max(measured_s, 1e-300)
-  head = (f"  model: the model's All-Reduce of that size on the links "
-          f"fitted from this file's pair exchanges, {ratio:.2g}x the "
-          "measured; ")
-  if 1 / CHECK_RATIO <= ratio <= CHECK_RATIO:
-    return head + (f"within {CHECK_RATIO:g}x, so the fitted links describe "
-                   "this collective")
-  return head + (f"beyond {CHECK_RATIO:g}x the pair exchanges do not predict "
-                 "this collective, so predictions from this file may be off "
-                 "by as much" + (
-                     " (expected here: simulated CPU devices exchange by "
-                     "memory copies in one process, not over network links)"
-                     if backend == "cpu" else ""))

@@ -34,6 +34,7 @@ import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.tools import distinct_paths
+from decentral_jax.tools.runtime_model_cli import cluster_header
 from decentral_jax.tools.runtime_model_cli import config_sets
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import tables
@@ -290,8 +291,8 @@ def run(args) -> int:
     tables.write_output("--out", args.out,
                         lambda: cluster_file.write(args.out, data))
     w = data["workload"]
-    print(inputs.describe_cluster_file(args.out, {"schema": cluster_file.SCHEMA,
-                                           **data}))
+    print(cluster_header.describe_cluster_file(
+        args.out, {"schema": cluster_file.SCHEMA, **data}))
     print(f"  compute of one worker: forward {1e3 * w['forward_s']:.3g} ms, "
           f"backward {1e3 * w['backward_s']:.3g} ms (CV "
           f"{w['compute_cv']:.2f}), {w['param_count']:,} parameters")

@@ -12,7 +12,9 @@ Bad input raises ``ValueError`` with one line naming the flag. No JAX.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import sys
 
@@ -29,6 +31,7 @@ from decentral_jax.runtime_model import workload as workload_lib
 from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools import distinct_paths
 from decentral_jax.tools import flag_types
+from decentral_jax.tools.runtime_model_cli import cluster_header
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 from decentral_jax.tools.runtime_model_cli import predict_needs
@@ -71,14 +74,16 @@ def run(args) -> int:
                        added)
   setting = predict_needs.Setting(args, setups, built, [
       _base_flow(args, n, measured) for n, _, _ in setups], measured,
-      _cluster_and_workload)
+      _cluster_and_workload,
+      lambda n, c, w, made: _printed(args, n, c, w, made, faults))
   flag_types.check_needs(NEEDS, inputs.explicit_flags(args), setting)
   predict_needs.check_pipelined(setting)
   priced = _price_all(args, setups, built, faults)
   if measured is not None:
     for line in predict_needs.unused_file_keys(args.cluster, measured, setting):
       print(line, file=sys.stderr)
-    print(inputs.describe_cluster_file(args.cluster, measured))
+    print(cluster_header.describe_cluster_file(args.cluster, measured,
+                                               setups[0][1]))
   print(workload_line(args, setups, measured, setting.methods))
   print(methods_line(methods, chosen, setups[0][1], added))
   if workers_note:
@@ -93,6 +98,19 @@ def run(args) -> int:
   if args.png:
     tables.write_chart([(args.preset or "predicted", groups)], args.png)
   return 0
+
+
+def _printed(args, n: int, c, w, made_methods, faults) -> str:
+  """What the tables at ``n`` workers print for cluster ``c``, workload
+  ``w`` and the methods built (for a flag's no-effect rule: a field that
+  leaves this unchanged changes no printed number)."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out), np.errstate(all="ignore"):
+    table, made = _price(args, made_methods, c, w)
+    tables.print_table(n, c, w, table, made)
+    if not faults.none:
+      tables.print_faults(n, w, table, made, faults, args.on_failure)
+  return out.getvalue()
 
 
 def _table_numbers(n: int, c, w, table, made, faults, on_failure: str):

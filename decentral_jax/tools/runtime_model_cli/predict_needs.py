@@ -9,6 +9,8 @@ and why). No JAX.
 
 from __future__ import annotations
 
+import dataclasses
+
 from decentral_jax.runtime_model import recommend
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import inputs
@@ -21,8 +23,11 @@ class Setting:
   every worker count (preset, file or flags) and the methods built."""
 
   def __init__(self, args, setups, built, base_flows=None, measured=None,
-               build=None):
+               build=None, printed=None):
     self.args = args
+    # printed(n, cluster, workload, built methods): the tables' text, for
+    # the --intra-link rule (None: taken to change).
+    self._printed, self._built = printed, built
     # The --cluster file's contents (or None) and predict's way of building
     # a cluster and workload, for the --param-dtype rule.
     self.measured, self._build = measured, build
@@ -55,6 +60,30 @@ class Setting:
     datacenters runs each datacenter's part on its own nodes)."""
     return any(c.local_size > 1 and c.dc_size > c.local_size
                for _, c in self.clusters)
+
+  def tree_over_nodes(self) -> bool:
+    """Whether a group mean runs the tree over nodes (the cluster's
+    ``multi_node`` is ``"tree"`` where :meth:`tree_or_ring` holds): the
+    only price that reads ``Cluster.intra_link``
+    (:func:`~decentral_jax.runtime_model.costs._group_cost` charges the
+    tree's NIC share to a PCIe link; a ring over nodes, a pair exchange and
+    a mean inside one node never read it)."""
+    return any(c.multi_node == "tree" and c.local_size > 1
+               and c.dc_size > c.local_size for _, c in self.clusters)
+
+  def intra_link_moves(self) -> bool:
+    """Whether the other ``intra_link`` prints another table at some worker
+    count: the tree's per-byte time is the larger of its PCIe-or-NVLink
+    stage and its NIC stage, so where the NICs bind everywhere the link
+    kind changes nothing (checked by pricing both)."""
+    if self._printed is None:
+      return True
+    other = {"pcie": "nvlink", "nvlink": "pcie"}
+    for (n, c), w, made in zip(self.clusters, self.workloads, self._built):
+      flipped = dataclasses.replace(c, intra_link=other[c.intra_link])
+      if self._printed(n, c, w, made) != self._printed(n, flipped, w, made):
+        return True
+    return False
 
   def reads_intra_bandwidth(self) -> bool:
     """Whether ``Cluster.intra_bandwidth_Bps`` enters a price: an
@@ -201,6 +230,18 @@ NEEDS = (
         "is --intra-GBps", "give --intra-GBps for the link's rate, add "
         "workers beyond one node, or drop --intra-link"),
     flag_types.Needs(
+        "--intra-link", Setting.tree_over_nodes, "where no group mean runs "
+        "the tree over nodes (--multi-node ring, or no datacenter of several "
+        "nodes of two or more workers): only the tree's intra-node stage "
+        "shares the accelerators' link with NIC traffic", "give --multi-node "
+        "tree with workers per node and nodes per datacenter, or drop "
+        "--intra-link"),
+    flag_types.Needs(
+        "--intra-link", Setting.intra_link_moves, "with these clusters and "
+        "--methods: every tree's time per byte is set by its NIC stage, not "
+        "by the accelerators' link, so pcie and nvlink price alike", "give "
+        "a faster --nic-Gbps or more --nics-per-node, or drop --intra-link"),
+    flag_types.Needs(
         "--multi-node", Setting.tree_or_ring, "where no datacenter holds "
         "several nodes of two or more workers (--local-size 1, or one node "
         "per --datacenters): a group mean over nodes has no intra-node "
@@ -249,6 +290,12 @@ NEEDS = (
         "--nics-per-node), replacing no lower cap of a --preset or "
         "--cluster file: no flow gets more, so the cap never binds",
         "give a cap below it or drop --flow-Gbps"),
+    flag_types.Needs(
+        "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads)
+        or all(w.compute_samples_s is None for w in s.workloads),
+        "with compute samples that do not vary (--compute-samples-ms or the "
+        "--cluster file's: every sample equal, so every draw is the same)",
+        "give samples that differ or drop --seed"),
     flag_types.Needs(
         "--seed", lambda s: any(w.compute_std_s > 0 for w in s.workloads),
         "without compute that varies (--compute-cv above 0 or "
