@@ -54,6 +54,7 @@ import tqdm
 
 from decentral_jax import checks
 from decentral_jax import records as records_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.runner import workdir as workdir_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -515,12 +516,8 @@ def truncate_after(workdir: str, step: int) -> int:
     logging.warning("%s", _torn_message(path, torn, tail, step))
   if not removed and not dirty:
     return 0
-  tmp = path + ".tmp"
   try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      for r in keep:
-        f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    tmpfile.replace(path, "".join(json.dumps(r) + "\n" for r in keep))
   except OSError as e:
     raise workdir_lib.path_error("rewrite", path, e) from None
   return removed

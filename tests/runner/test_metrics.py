@@ -6,11 +6,16 @@ and tests/runner/test_faults.py (a torn last line, integration tier).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from decentral_jax.runner import metrics
+from decentral_jax.runner import workdir as workdir_lib
 
 
 def test_corrupt_metrics_line_in_the_middle_is_an_error(tmp_path):
@@ -230,3 +235,60 @@ def test_a_wandb_run_id_file_that_is_a_fifo_is_named_not_opened(
       f"{path} is not a regular file (a FIFO, a socket or a device); move "
       "it away (a new W&B run is started) and run again."), info.value
   assert not started
+
+
+def _log_past_step_1(tmp_path) -> str:
+  """A log with records at steps 1 and 2 (the run resumes after step 1)."""
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text('{"step": 1, "train/loss": 2.0}\n'
+                  '{"step": 2, "train/loss": 1.5}\n')
+  return str(path)
+
+
+def test_a_link_at_the_rewrite_s_temporary_name_is_not_followed(tmp_path):
+  """The .tmp name's link is removed, its target kept as it was, and
+  metrics.jsonl stays a regular file holding the kept record."""
+  path = _log_past_step_1(tmp_path)
+  victim = tmp_path.parent / (tmp_path.name + "_victim")
+  victim.write_text("OTHER FILE\n")
+  os.symlink(victim, path + ".tmp")
+  assert metrics.truncate_after(str(tmp_path), 1) == 1
+  assert victim.read_text() == "OTHER FILE\n"
+  assert not os.path.islink(path)
+  assert open(path).read() == '{"step": 1, "train/loss": 2.0}\n'
+
+
+def test_a_fifo_at_the_rewrite_s_temporary_name_does_not_block(tmp_path):
+  path = _log_past_step_1(tmp_path)
+  os.mkfifo(path + ".tmp")
+  code = ("import sys; from decentral_jax.runner import metrics; "
+          "print(metrics.truncate_after(sys.argv[1], 1))")
+  out = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
+  assert open(path).read() == '{"step": 1, "train/loss": 2.0}\n'
+  assert not os.path.lexists(path + ".tmp")
+
+
+def test_a_directory_at_the_rewrite_s_temporary_name_is_named(tmp_path):
+  path = _log_past_step_1(tmp_path)
+  os.mkdir(path + ".tmp")
+  with pytest.raises(ValueError) as e:
+    metrics.truncate_after(str(tmp_path), 1)
+  text_ = str(e.value)
+  assert "\n" not in text_ and f"{path}.tmp is a directory" in text_
+  assert "move it away" in text_
+
+
+def test_a_link_at_the_manifest_s_temporary_name_is_not_followed(tmp_path):
+  root = tmp_path / "ckpt"
+  root.mkdir()
+  (root / "a").write_bytes(b"abc")
+  victim = tmp_path / "victim"
+  victim.write_text("OTHER FILE\n")
+  os.symlink(victim, root / "SHA256SUMS.tmp")
+  workdir_lib.write_sums(str(root))
+  assert victim.read_text() == "OTHER FILE\n"
+  assert (root / "SHA256SUMS").read_text() == (
+      hashlib.sha256(b"abc").hexdigest() + "  a\n")
+  assert not os.path.lexists(root / "SHA256SUMS.tmp")
