@@ -360,3 +360,28 @@ def test_the_losses_rule_of_a_run_reads_no_fifo_config(tmp_path):
   os.mkfifo(tmp_path / "config.json")
   assert _returns_within(
       lambda: metrics.workdir_losses_signed(str(tmp_path))) is False
+
+
+def test_train_refuses_workdir_given_twice(tmp_path, monkeypatch, capsys):
+  """``--workdir A --config.workdir=B``: one directory would be dropped
+  silently; refused naming both, before anything is written. Either alone
+  names the directory trained in."""
+  from decentral_jax.tools import train as train_cli  # pylint: disable=import-outside-toplevel
+  seen = []
+  monkeypatch.setattr(train_cli.train, "train_and_evaluate",
+                      lambda config, workdir: seen.append(workdir) or {})
+  a, b = str(tmp_path / "A"), str(tmp_path / "B")
+  config = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "configs", "gpt_tiny.py")
+  for argv in (["--workdir", a, f"--config.workdir={b}"],
+               [f"--config.workdir={b}", "--workdir", a],
+               ["--workdir", a, "--config.workdir", b]):
+    assert train_cli.main(["--config", config, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert f"--workdir={a}" in err[0] and f"--config.workdir={b}" in err[0]
+    assert "give one of them" in err[0]
+  assert seen == [] and not os.path.exists(a) and not os.path.exists(b)
+  assert train_cli.main(["--config", config, f"--config.workdir={b}"]) == 0
+  assert train_cli.main(["--config", config, "--workdir", a]) == 0
+  assert seen == [b, a]
