@@ -840,6 +840,40 @@ def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
       "" in lines[0] and "not an object" in lines[0], lines
 
 
+@pytest.mark.parametrize("field, value, kind", [
+    ("item_handlers", 5, "a JSON integer, not an object or a string"),
+    ("commit_timestamp_nsecs", "x", "a JSON string, not an integer"),
+    ("custom_metadata", "x", "a JSON string, not an object"),
+    ("metrics", [1], "a JSON array, not an object"),
+    ("performance_metrics", 1.5, "a JSON number, not an object"),
+])
+def test_orbax_step_metadata_with_a_field_of_another_type_is_damage(
+    tmp_path, tiny, caplog, field, value, kind):
+  """``_CHECKPOINT_METADATA`` (not summed) a JSON object whose field Orbax
+  reads is of another type (Orbax stopped with "Object must be of type
+  <class 'dict'>, got <class 'list'>", naming no file, no fallback): the
+  checkpoint is moved aside with one warning naming the file and field,
+  and the older one is selected."""
+  _, exp, state = tiny
+  root = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    for step in (3, 5):
+      ckpt.save(step, state, _written(exp, step))
+  path = root / "5" / "_CHECKPOINT_METADATA"
+  doc = json.loads(path.read_text())
+  assert doc.get(field) is None or isinstance(doc[field], (dict, int, str))
+  path.write_text(json.dumps(dict(doc, **{field: value})))
+  caplog.set_level("WARNING")
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 3
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
+  lines = [r.getMessage() for r in caplog.records
+           if r.levelno >= logging.WARNING]
+  assert len(lines) == 1, lines
+  assert lines[0].startswith("checkpoint 5 (") and (
+      f"_CHECKPOINT_METADATA: field '{field}' holds {kind}") in lines[0], lines
+
+
 def test_the_document_lr_is_its_own_schedule_at_its_step(tiny):
   """``lr`` is what the stored schedule gives at the stored step (linear
   warmup from peak/W, by hand): another value is damage naming both, not
