@@ -193,6 +193,14 @@ class Checkpointer:
     self._failed = False
     self._writers = []  # Orbax's write threads of the latest save
     self.sums_seconds = []
+    if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+      kind = ("a symbolic link that leads to no directory"
+              if os.path.islink(self.directory) else "a regular file"
+              if os.path.isfile(self.directory) else
+              "not a directory (a FIFO, a socket or a device)")
+      raise workdir_lib.PathError(
+          f"{self.directory} is {kind}; move it away (the run creates its "
+          "own checkpoint directory) and run again.")
     try:
       os.makedirs(self.directory, exist_ok=True)
     except OSError as e:

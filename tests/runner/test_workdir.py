@@ -385,3 +385,26 @@ def test_train_refuses_workdir_given_twice(tmp_path, monkeypatch, capsys):
   assert train_cli.main(["--config", config, f"--config.workdir={b}"]) == 0
   assert train_cli.main(["--config", config, "--workdir", a]) == 0
   assert seen == [b, a]
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda p: p.write_text("x"), "a regular file"),
+    (lambda p: os.symlink(p, p), "a symbolic link that leads to no directory"),
+    (lambda p: os.symlink(p.parent / "gone", p),
+     "a symbolic link that leads to no directory"),
+    (lambda p: os.mkfifo(p), "not a directory (a FIFO"),
+])
+def test_a_checkpoints_entry_that_is_no_directory_is_named(
+    tmp_path, make, kind):
+  """``<workdir>/checkpoints`` of the wrong kind: one line naming what is
+  there and the fix, not the OS's "File exists"; nothing is created."""
+  from decentral_jax.runner import checkpoint  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "checkpoints"
+  make(path)
+  with pytest.raises(workdir_lib.PathError) as info:
+    checkpoint.Checkpointer(str(path))
+  text = str(info.value)
+  assert "\n" not in text and f"{path} is {kind}" in text, text
+  assert "move it away" in text and "File exists" not in text, text
+  assert os.listdir(tmp_path) == ["checkpoints"]
+  assert not os.path.isdir(path)
