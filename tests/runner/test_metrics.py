@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from decentral_jax.runner import metrics
+from decentral_jax.runner import metrics_resume
 from decentral_jax.runner import workdir as workdir_lib
 
 
@@ -292,3 +293,64 @@ def test_a_link_at_the_manifest_s_temporary_name_is_not_followed(tmp_path):
   assert (root / "SHA256SUMS").read_text() == (
       hashlib.sha256(b"abc").hexdigest() + "  a\n")
   assert not os.path.lexists(root / "SHA256SUMS.tmp")
+
+
+# The checkpoint's stored config (the fields the log's rules read).
+WRITTEN = {"steps": 10, "log_interval": 1, "eval_interval": 3,
+           "schedule": {"peak_lr": 3e-3}}
+
+
+def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
+    tmp_path, caplog):
+  """An ``lr`` above ``schedule.peak_lr`` (no schedule exceeds it; compare
+  rules it out) is damage of the log on resume, as in compare."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  ok = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(6))
+  path.write_text(ok)  # at the peak exactly: intact
+  assert metrics.truncate_after(str(tmp_path), 5, WRITTEN) == 0
+  bad = ok.replace('{"step": 1, "lr": 0.003}', '{"step": 1, "lr": 1000000.0}')
+  path.write_text(bad)
+  with pytest.raises(metrics.MetricsError) as e:
+    metrics.truncate_after(str(tmp_path), 5, WRITTEN)
+  assert "lr must be <= schedule.peak_lr 0.003" in str(e.value)
+  caplog.set_level("WARNING")
+  train.resume_metrics(str(tmp_path), 5, WRITTEN)
+  assert not path.exists()
+  assert (tmp_path / metrics.CORRUPT_FILE).read_text() == bad
+  assert len(caplog.records) == 1 and "line 2: lr must be <=" in \
+      caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("step, log, ev, steps, want", [
+    (6, 1, 3, 10, 6), (7, 4, 6, 10, 6), (9, 4, 6, 10, 8), (5, 10, 30, 10, 0),
+    (5, 10, 0, 10, None), (10, 4, 0, 10, 10), (3, 10, 0, 3, 3)])
+def test_the_last_step_a_config_logs(step, log, ev, steps, want):
+  """By hand: the largest multiple of log_interval or eval_interval up to
+  the step (0: the starting evaluation, with eval_interval > 0), or the
+  run's last step."""
+  config = {"steps": steps, "log_interval": log, "eval_interval": ev}
+  assert metrics_resume.last_logged(step, config) == want
+
+
+def test_a_log_cut_back_before_the_checkpoint_is_one_warning(
+    tmp_path, caplog):
+  """Records deleted before the checkpoint (as a missing file is): one
+  warning naming the steps lost; the kept records stay."""
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  path.write_text("".join(f'{{"step": {s}}}\n' for s in range(7)))
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
+  assert caplog.records == []  # whole up to the checkpoint
+  path.write_text('{"step": 0}\n{"step": 1}\n')
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
+  assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+  [record] = caplog.records
+  assert record.getMessage().startswith(
+      f"{path} ends at step 1 although the checkpoint's config logs step 6 "
+      "(log_interval=1, eval_interval=3): the records of steps 2 to 6 are "
+      "lost"), record.getMessage()
+  path.write_text("")
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN)
+  assert "holds no record" in caplog.records[-1].getMessage()
+  assert "up to step 6" in caplog.records[-1].getMessage()
