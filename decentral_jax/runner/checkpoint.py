@@ -42,7 +42,6 @@ command-line programs call).
 from __future__ import annotations
 
 import errno
-import glob
 import logging
 import os
 import re
@@ -54,7 +53,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from decentral_jax import records
+from decentral_jax.runner import checkpoint_json
 from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -65,12 +64,6 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"
 _UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
 # Files a checkpoint's SHA256SUMS must list (the JSON document it resumes by).
 _SUMMED = (os.path.join("meta", "metadata"),)
-# The JSON files of a checkpoint Orbax reads, each a JSON object at the top
-# level; globs relative to the step directory. (The document, meta/metadata,
-# is checked key by key: run_meta.meta_file_error.)
-_JSON_FILES = ("_CHECKPOINT_METADATA", os.path.join("state", "_METADATA"),
-               os.path.join("state", "_sharding"),
-               os.path.join("state", "array_metadatas", "process_*"))
 # How long close() waits for the writes of a failed save before removing
 # its temporary directory.
 _WRITERS_WAIT_S = 300.0
@@ -129,10 +122,10 @@ def check_checkpoint(root: str) -> tuple[str, str]:
   Returns:
     ``("ok", "")``; ``("unverified", why)`` without a ``SHA256SUMS``; or
     ``("corrupt", why)`` naming the first bad file (missing, changed,
-    present but not listed in ``SHA256SUMS``, or one of its JSON files,
-    :data:`_JSON_FILES`, unreadable or not a JSON object at the top level:
-    checked with or without ``SHA256SUMS``, since Orbax's step metadata is
-    not summed).
+    present but not listed in ``SHA256SUMS``, or one of the JSON files
+    Orbax reads damaged: :func:`checkpoint_json.json_files_error`, checked
+    with or without ``SHA256SUMS``, since Orbax's step metadata is not
+    summed).
   """
   if os.path.lexists(root) and not os.path.isdir(root):
     return "corrupt", "it is not a directory"
@@ -140,27 +133,10 @@ def check_checkpoint(root: str) -> tuple[str, str]:
                                        complete_except=_UNSUMMED)
   if status == "corrupt":
     return status, why
-  json_why = _json_files_error(root)
+  json_why = checkpoint_json.json_files_error(root)
   if json_why:
     return "corrupt", json_why
   return status, why
-
-
-def _json_files_error(root: str) -> str | None:
-  """Why a JSON file of the checkpoint in ``root`` is damaged (unreadable,
-  not JSON, or not an object at the top level), naming it, or None; a
-  file left out is not (not every Orbax version writes each)."""
-  for pattern in _JSON_FILES:
-    for path in sorted(glob.glob(os.path.join(glob.escape(root), pattern))):
-      name = os.path.relpath(path, root)
-      got = records.read_json(path)
-      if isinstance(got, records.Damaged):
-        if not got.missing:
-          return f"{name} unreadable ({got.reason})"
-      elif not isinstance(got, dict):
-        return (f"{name} holds a JSON {type(got).__name__}, not an object "
-                "(the file is damaged)")
-  return None
 
 
 class Checkpointer:
@@ -217,6 +193,14 @@ class Checkpointer:
     self._failed = False
     self._writers = []  # Orbax's write threads of the latest save
     self.sums_seconds = []
+    if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+      kind = ("a symbolic link that leads to no directory"
+              if os.path.islink(self.directory) else "a regular file"
+              if os.path.isfile(self.directory) else
+              "not a directory (a FIFO, a socket or a device)")
+      raise workdir_lib.PathError(
+          f"{self.directory} is {kind}; move it away (the run creates its "
+          "own checkpoint directory) and run again.")
     try:
       os.makedirs(self.directory, exist_ok=True)
     except OSError as e:
@@ -286,8 +270,8 @@ class Checkpointer:
     try:
       self._manager.reload()
     except (ValueError, TypeError, KeyError) as e:
-      bad = [(s, why) for s in self._step_entries_listed() or []
-             for why in [_json_files_error(self.step_dir(s))] if why]
+      bad = [(s, why) for s in self._step_entries_listed() or [] for why
+             in [checkpoint_json.json_files_error(self.step_dir(s))] if why]
       if not bad:
         raise
       step, why = bad[-1]

@@ -21,8 +21,13 @@ def window_steps_error(meta: dict, config) -> str | None:
   ``eval_interval``, or ``steps``), else it holds at least that step's
   loss; ``accs`` is empty or as long as ``losses``. (Its exact length
   depends on ``log_interval`` before the last resume, which a resume may
-  change: not checked.)"""
+  change: not checked.) A missing or null window counts as an empty one:
+  the writer always writes one, so at a step it does not log that is
+  damage (the resumed run's next record would average the later steps
+  only)."""
   window, step = meta.get("metrics_window"), meta.get("step")
+  if window is None:
+    window = {}
   if not isinstance(window, dict) or not isinstance(config, dict) \
       or not step:
     return None
@@ -38,7 +43,10 @@ def window_steps_error(meta: dict, config) -> str | None:
             f"the writer logs (config.log_interval={log}, eval_interval="
             f"{ev}, steps={total}): its window is empty there")
   if not logged and not n:
-    return (f"metrics_window.losses is empty at step {step}, which the "
+    what = ("metrics_window.losses is empty" if meta.get("metrics_window")
+            else "metrics_window is " + ("null" if "metrics_window" in meta
+                                         else "missing"))
+    return (f"{what} at step {step}, which the "
             f"writer does not log (config.log_interval={log}, "
             f"eval_interval={ev}, steps={total}): it holds that step's loss")
   accs = len(window.get("accs", []))

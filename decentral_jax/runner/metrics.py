@@ -54,6 +54,8 @@ import tqdm
 
 from decentral_jax import checks
 from decentral_jax import records as records_lib
+from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import tmpfile
 from decentral_jax.runner import workdir as workdir_lib
 
 METRICS_FILE = "metrics.jsonl"
@@ -61,7 +63,7 @@ METRICS_FILE = "metrics.jsonl"
 CORRUPT_FILE = METRICS_FILE + ".corrupt"
 # Relative slack of values one computation gives twice (float32 rounding
 # of a mean of per-worker losses).
-REL_TOL = 1e-5
+REL_TOL = metrics_resume.REL_TOL
 
 
 class MetricsError(ValueError):
@@ -335,14 +337,16 @@ def order_error(rows: list[dict]) -> str | None:
   return None
 
 
-def _file_checker(signed_losses: bool = False):
+def _file_checker(signed_losses: bool = False, config=None):
   """``check(record) -> why | None`` for the lines of one file in order:
-  :func:`_record_error`, :func:`row_error`, and each step larger than the
+  :func:`_record_error`, :func:`row_error`, ``lr`` within ``config``'s
+  schedule (:func:`metrics_resume.lr_error`), and each step larger than the
   previous line's."""
   last = []
 
   def check(record: dict) -> str | None:
-    why = _record_error(record) or row_error(record, signed_losses)
+    why = (_record_error(record) or row_error(record, signed_losses)
+           or metrics_resume.lr_error(record, config))
     if why is None and last and record["step"] <= last[-1]:
       why = (f"\"step\" must increase from line to line, got "
              f"{record['step']} after {last[-1]} (lines repeated or out of "
@@ -388,7 +392,8 @@ def _read_regular(path: str) -> bytes:
                      "written), and run again.", path, why)
 
 
-def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
+def _parse(path: str, config=None
+           ) -> tuple[list[dict], int | None, bool, bytes]:
   """Records of a JSON-lines file, the line number of a torn last line,
   whether the file needs rewriting (torn or unterminated last line) and the
   bytes after its last newline.
@@ -404,7 +409,7 @@ def _parse(path: str) -> tuple[list[dict], int | None, bool, bytes]:
   """
   data = _read_regular(path)
   got = records_lib.parse_jsonl(data, path, _file_checker(
-      workdir_losses_signed(os.path.dirname(path))))
+      workdir_losses_signed(os.path.dirname(path)), config))
   if isinstance(got, records_lib.Damaged):
     fix = ("the file is corrupt: fix or delete that line (one JSON object "
            "per line)" if "not a JSON record" in got.reason else
@@ -469,7 +474,7 @@ def read_curve(path: str, key: str = "eval/loss", x: str = "step"):
   return np.asarray(pts[0], np.float64), np.asarray(pts[1], np.float64)
 
 
-def truncate_after(workdir: str, step: int) -> int:
+def truncate_after(workdir: str, step: int, config=None) -> int:
   """Drops records of ``<workdir>/metrics.jsonl`` that a resumed run redoes.
 
   A run resumed from a checkpoint after ``step`` steps logs every later step
@@ -481,7 +486,10 @@ def truncate_after(workdir: str, step: int) -> int:
 
   A missing file after ``step > 0`` is a warning (the earlier records
   are lost); a record of a step beyond ``config.steps``' largest value is
-  damage, not a redone record.
+  damage, not a redone record. With the checkpoint's stored ``config`` (a
+  dict), an ``lr`` above its ``schedule.peak_lr`` is damage too, and a
+  log that ends before the last step that config logs up to ``step`` is
+  a warning (records lost: :func:`metrics_resume.lost_warning`).
 
   Returns:
     How many complete records were removed (0 if the file does not exist).
@@ -507,20 +515,19 @@ def truncate_after(workdir: str, step: int) -> int:
                   if line.strip(b" \t\r\n\0"))
     keep, torn, dirty = [], None, removed > 0
   else:
-    records, torn, dirty, tail = _parse(path)
+    records, torn, dirty, tail = _parse(path, config)
     _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)
+    lost = metrics_resume.lost_warning(path, keep, step, config)
+    if lost and torn is None:  # a torn record says it is lost itself
+      logging.warning("%s", lost)
   if torn is not None:
     logging.warning("%s", _torn_message(path, torn, tail, step))
   if not removed and not dirty:
     return 0
-  tmp = path + ".tmp"
   try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      for r in keep:
-        f.write(json.dumps(r) + "\n")
-    os.replace(tmp, path)
+    tmpfile.replace(path, "".join(json.dumps(r) + "\n" for r in keep))
   except OSError as e:
     raise workdir_lib.path_error("rewrite", path, e) from None
   return removed

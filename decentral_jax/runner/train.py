@@ -76,7 +76,8 @@ class Preempted(Exception):
 
 
 def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
-  """(state, start step, earlier training seconds, metrics window state)."""
+  """(state, start step, earlier training seconds, the checkpoint's
+  document or None)."""
   like = run_meta.checkpoint_meta(exp, 0)  # the kinds of each field
   step = ckpt.select_restore_step(lambda s: run_meta.meta_file_error(
       ckpt.step_dir(s), s, like))
@@ -111,7 +112,7 @@ def _resume(exp: Experiment, ckpt: checkpoint_lib.Checkpointer, main: bool):
   elif main:
     logging.info("resumed from %s at step %d", ckpt.step_dir(step), step)
   return (state, int(meta["data_position"]),
-          float(meta.get("train_time_s", 0.0)), meta.get("metrics_window"))
+          float(meta.get("train_time_s", 0.0)), meta)
 
 
 def _write_config(workdir: str, c: config_dict.ConfigDict) -> None:
@@ -202,25 +203,27 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
       return _loop(c, workdir, exp, ckpt, stop)
 
 
-def _start_records(c, workdir: str, exp: Experiment, start: int) -> None:
+def _start_records(c, workdir: str, exp: Experiment, start: int,
+                   written=None) -> None:
   """Process 0, before the first step: config.json, metrics, a log line."""
   # Written only once the run is known to be valid (a rejected resume must
   # not overwrite the record of the original run).
   _write_config(workdir, c)
   # Records logged after the restored checkpoint are about to be redone.
-  resume_metrics(workdir, start)
+  resume_metrics(workdir, start, written)
   logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
                "%s/step, mesh %s", _method_words(c), exp.n_workers,
                jax.process_count(), f"{exp.param_count:,}",
                exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
 
 
-def resume_metrics(workdir: str, start: int) -> None:
-  """``metrics.truncate_after``; a damaged metrics.jsonl (a log, not the
-  state the run resumes from) is moved aside with one warning and the run
-  writes a fresh file from ``start`` on."""
+def resume_metrics(workdir: str, start: int, written=None) -> None:
+  """``metrics.truncate_after`` by the rules of ``written`` (the
+  checkpoint's stored config, or None); a damaged metrics.jsonl (a log,
+  not the state the run resumes from) is moved aside with one warning and
+  the run writes a fresh file from ``start`` on."""
   try:
-    metrics_lib.truncate_after(workdir, start)
+    metrics_lib.truncate_after(workdir, start, written)
   except metrics_lib.MetricsError as e:
     moved = metrics_lib.set_aside(workdir)
     logging.warning(
@@ -260,9 +263,10 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
   """
   total = int(c.steps)
   main = multiprocess.is_main_process()
-  state, start, time_offset, window_state = _resume(exp, ckpt, main)
+  state, start, time_offset, meta = _resume(exp, ckpt, main)
+  window_state = (meta or {}).get("metrics_window")
   if main:
-    _start_records(c, workdir, exp, start)
+    _start_records(c, workdir, exp, start, (meta or {}).get("config"))
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
   log_every = int(c.log_interval)
   with recorder_lib.Recorder(exp, ckpt, c, workdir, start, time_offset,

@@ -69,6 +69,8 @@ from typing import Iterable, Iterator
 import jax
 import numpy as np
 
+from decentral_jax.runner import tmpfile
+
 LOCK_FILE = "run.lock"
 SUMS_FILE = "SHA256SUMS"
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
@@ -350,17 +352,12 @@ def write_sums(root: str, skip: Iterable[str] = ()) -> None:
   Files are hashed in parallel threads; the manifest is written to a
   temporary name, flushed to disk and renamed.
   """
-  skip = {SUMS_FILE, *skip}
+  skip = {SUMS_FILE, SUMS_FILE + ".tmp", *skip}  # the .tmp is replaced
   rels = sorted(os.path.relpath(os.path.join(here, name), root)
                 for here, _, names in os.walk(root) for name in names)
   rels = [r for r in rels if r not in skip]
   lines = "".join(f"{h}  {r}\n" for h, r in zip(_hash_all(root, rels), rels))
-  tmp = os.path.join(root, SUMS_FILE + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(lines)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(root, SUMS_FILE))
+  tmpfile.replace(os.path.join(root, SUMS_FILE), lines, fsync=True)
 
 
 def _outside(rel: str) -> bool:

@@ -149,6 +149,16 @@ def _check_data_files(config) -> None:
         "an existing file.")
 
 
+def _check_one_workdir(overrides: list[str]) -> None:
+  """Refuses ``--workdir`` together with a ``--config.workdir`` override:
+  one of the two directories would be silently dropped (a config file's
+  own ``workdir`` is only the default ``--workdir`` replaces)."""
+  given = [a for a in overrides if a.partition("=")[0] == "--config.workdir"]
+  if WORKDIR.value is not None and given:
+    raise ValueError(f"--workdir={WORKDIR.value} and {given[-1]} both name "
+                     "the work directory; give one of them.")
+
+
 def _prepare(overrides: list[str]):
   """The checked config and workdir; simulated devices; the job joined.
 
@@ -156,6 +166,7 @@ def _prepare(overrides: list[str]):
     ValueError: bad config, workdir or device count (one line).
   """
   # Everything about the config is checked before JAX starts.
+  _check_one_workdir(overrides)
   config = presets.load_named_or_file(CONFIG.value, overrides)
   validation.check_config(config)
   workdir = WORKDIR.value or config.workdir

@@ -472,6 +472,14 @@ def _with(**changes):
   return edit
 
 
+def _written(exp, step: int) -> dict:
+  """The document the loop writes at ``step``, a step gpt_tiny does not log
+  (log_interval 10): the run facts and a window of that step's loss."""
+  from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
+  return dict(run_meta.checkpoint_meta(exp, step), metrics_window={
+      "losses": [2.0], "accs": [], "consensus": None})
+
+
 def _without(key):
   return lambda meta: {k: v for k, v in meta.items() if k != key}
 
@@ -612,6 +620,13 @@ META_CASES = {
     "empty_window_between_records": (
         _with(metrics_window={"losses": [], "accs": [], "consensus": None}),
         "metrics_window.losses is empty at step 5"),
+    # The writer always writes a window: null or missing at a step it does
+    # not log, the next record would average the resumed steps only.
+    "null_window_between_records": (
+        _with(metrics_window=None), "metrics_window is null at step 5, "
+        "which the writer does not log"),
+    "missing_window_between_records": (
+        _without("metrics_window"), "metrics_window is missing at step 5"),
     "accuracies_not_one_per_loss": (
         _with(metrics_window={"losses": [2.0], "accs": [0.5, 0.5],
                               "consensus": None}),
@@ -657,7 +672,8 @@ def test_valid_stored_values_pass_their_rules(tiny):
   is the top-level topology "" of a method without one."""
   from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
   _, exp, _ = tiny
-  meta = run_meta.checkpoint_meta(exp, 5)
+  meta = dict(run_meta.checkpoint_meta(exp, 5),  # the loop adds its window
+              metrics_window={"losses": [2.0], "accs": [], "consensus": None})
   like = copy.deepcopy(meta)
   config = meta["config"]
   config["faults"].update(failure_rate=1, slow_fraction=1.0, slow_speed=1)
@@ -723,7 +739,7 @@ def test_the_two_copies_of_a_field_must_agree(tiny, case):
   copies disagree is damaged, whichever copy was edited."""
   from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
   _, exp, _ = tiny
-  meta = run_meta.checkpoint_meta(exp, 5)
+  meta = _written(exp, 5)
   like = copy.deepcopy(meta)
   assert run_meta.meta_error(copy.deepcopy(meta), 5, like) is None
   edit, field = COPY_CASES[case]
@@ -742,7 +758,7 @@ def test_damaged_metadata_falls_back_to_the_older_checkpoint(
   root = str(tmp_path / "checkpoints")
   with checkpoint.Checkpointer(root) as ckpt:
     for step in (3, 5):
-      meta = run_meta.checkpoint_meta(exp, step)
+      meta = _written(exp, step)
       ckpt.save(step, state, dict(meta, seed="0") if step == 5 else meta)
   caplog.set_level("WARNING")
   with checkpoint.Checkpointer(root) as ckpt:
@@ -765,7 +781,7 @@ def test_damaged_step_entries_fall_back_with_one_warning_each(
   root = tmp_path / "checkpoints"
   with checkpoint.Checkpointer(str(root), max_to_keep=3) as ckpt:
     for step in (1, 3, 5):
-      ckpt.save(step, state, run_meta.checkpoint_meta(exp, step))
+      ckpt.save(step, state, _written(exp, step))
   (root / "5" / "_CHECKPOINT_METADATA").write_text("{")
   shutil.rmtree(root / "3")
   (root / "3").write_text("x")
@@ -802,7 +818,7 @@ def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
   root = tmp_path / "checkpoints"
   with checkpoint.Checkpointer(str(root)) as ckpt:
     for step in (3, 5):
-      ckpt.save(step, state, run_meta.checkpoint_meta(exp, step))
+      ckpt.save(step, state, _written(exp, step))
   (root / "5" / name).write_text(text)
   if name != "_CHECKPOINT_METADATA":
     workdir_lib.write_sums(str(root / "5"), skip=checkpoint._UNSUMMED)  # pylint: disable=protected-access
@@ -824,13 +840,47 @@ def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
       "" in lines[0] and "not an object" in lines[0], lines
 
 
+@pytest.mark.parametrize("field, value, kind", [
+    ("item_handlers", 5, "a JSON integer, not an object or a string"),
+    ("commit_timestamp_nsecs", "x", "a JSON string, not an integer"),
+    ("custom_metadata", "x", "a JSON string, not an object"),
+    ("metrics", [1], "a JSON array, not an object"),
+    ("performance_metrics", 1.5, "a JSON number, not an object"),
+])
+def test_orbax_step_metadata_with_a_field_of_another_type_is_damage(
+    tmp_path, tiny, caplog, field, value, kind):
+  """``_CHECKPOINT_METADATA`` (not summed) a JSON object whose field Orbax
+  reads is of another type (Orbax stopped with "Object must be of type
+  <class 'dict'>, got <class 'list'>", naming no file, no fallback): the
+  checkpoint is moved aside with one warning naming the file and field,
+  and the older one is selected."""
+  _, exp, state = tiny
+  root = tmp_path / "checkpoints"
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    for step in (3, 5):
+      ckpt.save(step, state, _written(exp, step))
+  path = root / "5" / "_CHECKPOINT_METADATA"
+  doc = json.loads(path.read_text())
+  assert doc.get(field) is None or isinstance(doc[field], (dict, int, str))
+  path.write_text(json.dumps(dict(doc, **{field: value})))
+  caplog.set_level("WARNING")
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 3
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
+  lines = [r.getMessage() for r in caplog.records
+           if r.levelno >= logging.WARNING]
+  assert len(lines) == 1, lines
+  assert lines[0].startswith("checkpoint 5 (") and (
+      f"_CHECKPOINT_METADATA: field '{field}' holds {kind}") in lines[0], lines
+
+
 def test_the_document_lr_is_its_own_schedule_at_its_step(tiny):
   """``lr`` is what the stored schedule gives at the stored step (linear
   warmup from peak/W, by hand): another value is damage naming both, not
   a changed schedule; a changed schedule inside ``config`` moves both."""
   from decentral_jax.runner import run_meta  # pylint: disable=g-import-not-at-top
   _, exp, _ = tiny
-  meta = run_meta.checkpoint_meta(exp, 5)
+  meta = _written(exp, 5)
   like = copy.deepcopy(meta)
   sched = meta["config"]["schedule"]
   peak, warm = sched["peak_lr"], sched["warmup_steps"]

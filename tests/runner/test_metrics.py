@@ -6,11 +6,17 @@ and tests/runner/test_faults.py (a torn last line, integration tier).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from decentral_jax.runner import metrics
+from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import workdir as workdir_lib
 
 
 def test_corrupt_metrics_line_in_the_middle_is_an_error(tmp_path):
@@ -230,3 +236,121 @@ def test_a_wandb_run_id_file_that_is_a_fifo_is_named_not_opened(
       f"{path} is not a regular file (a FIFO, a socket or a device); move "
       "it away (a new W&B run is started) and run again."), info.value
   assert not started
+
+
+def _log_past_step_1(tmp_path) -> str:
+  """A log with records at steps 1 and 2 (the run resumes after step 1)."""
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text('{"step": 1, "train/loss": 2.0}\n'
+                  '{"step": 2, "train/loss": 1.5}\n')
+  return str(path)
+
+
+def test_a_link_at_the_rewrite_s_temporary_name_is_not_followed(tmp_path):
+  """The .tmp name's link is removed, its target kept as it was, and
+  metrics.jsonl stays a regular file holding the kept record."""
+  path = _log_past_step_1(tmp_path)
+  victim = tmp_path.parent / (tmp_path.name + "_victim")
+  victim.write_text("OTHER FILE\n")
+  os.symlink(victim, path + ".tmp")
+  assert metrics.truncate_after(str(tmp_path), 1) == 1
+  assert victim.read_text() == "OTHER FILE\n"
+  assert not os.path.islink(path)
+  assert open(path).read() == '{"step": 1, "train/loss": 2.0}\n'
+
+
+def test_a_fifo_at_the_rewrite_s_temporary_name_does_not_block(tmp_path):
+  path = _log_past_step_1(tmp_path)
+  os.mkfifo(path + ".tmp")
+  code = ("import sys; from decentral_jax.runner import metrics; "
+          "print(metrics.truncate_after(sys.argv[1], 1))")
+  out = subprocess.run([sys.executable, "-c", code, str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
+  assert open(path).read() == '{"step": 1, "train/loss": 2.0}\n'
+  assert not os.path.lexists(path + ".tmp")
+
+
+def test_a_directory_at_the_rewrite_s_temporary_name_is_named(tmp_path):
+  path = _log_past_step_1(tmp_path)
+  os.mkdir(path + ".tmp")
+  with pytest.raises(ValueError) as e:
+    metrics.truncate_after(str(tmp_path), 1)
+  text_ = str(e.value)
+  assert "\n" not in text_ and f"{path}.tmp is a directory" in text_
+  assert "move it away" in text_
+
+
+def test_a_link_at_the_manifest_s_temporary_name_is_not_followed(tmp_path):
+  root = tmp_path / "ckpt"
+  root.mkdir()
+  (root / "a").write_bytes(b"abc")
+  victim = tmp_path / "victim"
+  victim.write_text("OTHER FILE\n")
+  os.symlink(victim, root / "SHA256SUMS.tmp")
+  workdir_lib.write_sums(str(root))
+  assert victim.read_text() == "OTHER FILE\n"
+  assert (root / "SHA256SUMS").read_text() == (
+      hashlib.sha256(b"abc").hexdigest() + "  a\n")
+  assert not os.path.lexists(root / "SHA256SUMS.tmp")
+
+
+# The checkpoint's stored config (the fields the log's rules read).
+WRITTEN = {"steps": 10, "log_interval": 1, "eval_interval": 3,
+           "schedule": {"peak_lr": 3e-3}}
+
+
+def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
+    tmp_path, caplog):
+  """An ``lr`` above ``schedule.peak_lr`` (no schedule exceeds it; compare
+  rules it out) is damage of the log on resume, as in compare."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  ok = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(6))
+  path.write_text(ok)  # at the peak exactly: intact
+  assert metrics.truncate_after(str(tmp_path), 5, WRITTEN) == 0
+  bad = ok.replace('{"step": 1, "lr": 0.003}', '{"step": 1, "lr": 1000000.0}')
+  path.write_text(bad)
+  with pytest.raises(metrics.MetricsError) as e:
+    metrics.truncate_after(str(tmp_path), 5, WRITTEN)
+  assert "lr must be <= schedule.peak_lr 0.003" in str(e.value)
+  caplog.set_level("WARNING")
+  train.resume_metrics(str(tmp_path), 5, WRITTEN)
+  assert not path.exists()
+  assert (tmp_path / metrics.CORRUPT_FILE).read_text() == bad
+  assert len(caplog.records) == 1 and "line 2: lr must be <=" in \
+      caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("step, log, ev, steps, want", [
+    (6, 1, 3, 10, 6), (7, 4, 6, 10, 6), (9, 4, 6, 10, 8), (5, 10, 30, 10, 0),
+    (5, 10, 0, 10, None), (10, 4, 0, 10, 10), (3, 10, 0, 3, 3)])
+def test_the_last_step_a_config_logs(step, log, ev, steps, want):
+  """By hand: the largest multiple of log_interval or eval_interval up to
+  the step (0: the starting evaluation, with eval_interval > 0), or the
+  run's last step."""
+  config = {"steps": steps, "log_interval": log, "eval_interval": ev}
+  assert metrics_resume.last_logged(step, config) == want
+
+
+def test_a_log_cut_back_before_the_checkpoint_is_one_warning(
+    tmp_path, caplog):
+  """Records deleted before the checkpoint (as a missing file is): one
+  warning naming the steps lost; the kept records stay."""
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  path.write_text("".join(f'{{"step": {s}}}\n' for s in range(7)))
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
+  assert caplog.records == []  # whole up to the checkpoint
+  path.write_text('{"step": 0}\n{"step": 1}\n')
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
+  assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+  [record] = caplog.records
+  assert record.getMessage().startswith(
+      f"{path} ends at step 1 although the checkpoint's config logs step 6 "
+      "(log_interval=1, eval_interval=3): the records of steps 2 to 6 are "
+      "lost"), record.getMessage()
+  path.write_text("")
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN)
+  assert "holds no record" in caplog.records[-1].getMessage()
+  assert "up to step 6" in caplog.records[-1].getMessage()

@@ -360,3 +360,51 @@ def test_the_losses_rule_of_a_run_reads_no_fifo_config(tmp_path):
   os.mkfifo(tmp_path / "config.json")
   assert _returns_within(
       lambda: metrics.workdir_losses_signed(str(tmp_path))) is False
+
+
+def test_train_refuses_workdir_given_twice(tmp_path, monkeypatch, capsys):
+  """``--workdir A --config.workdir=B``: one directory would be dropped
+  silently; refused naming both, before anything is written. Either alone
+  names the directory trained in."""
+  from decentral_jax.tools import train as train_cli  # pylint: disable=import-outside-toplevel
+  seen = []
+  monkeypatch.setattr(train_cli.train, "train_and_evaluate",
+                      lambda config, workdir: seen.append(workdir) or {})
+  a, b = str(tmp_path / "A"), str(tmp_path / "B")
+  config = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "configs", "gpt_tiny.py")
+  for argv in (["--workdir", a, f"--config.workdir={b}"],
+               [f"--config.workdir={b}", "--workdir", a],
+               ["--workdir", a, "--config.workdir", b]):
+    assert train_cli.main(["--config", config, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert f"--workdir={a}" in err[0] and f"--config.workdir={b}" in err[0]
+    assert "give one of them" in err[0]
+  assert seen == [] and not os.path.exists(a) and not os.path.exists(b)
+  assert train_cli.main(["--config", config, f"--config.workdir={b}"]) == 0
+  assert train_cli.main(["--config", config, "--workdir", a]) == 0
+  assert seen == [b, a]
+
+
+@pytest.mark.parametrize("make, kind", [
+    (lambda p: p.write_text("x"), "a regular file"),
+    (lambda p: os.symlink(p, p), "a symbolic link that leads to no directory"),
+    (lambda p: os.symlink(p.parent / "gone", p),
+     "a symbolic link that leads to no directory"),
+    (lambda p: os.mkfifo(p), "not a directory (a FIFO"),
+])
+def test_a_checkpoints_entry_that_is_no_directory_is_named(
+    tmp_path, make, kind):
+  """``<workdir>/checkpoints`` of the wrong kind: one line naming what is
+  there and the fix, not the OS's "File exists"; nothing is created."""
+  from decentral_jax.runner import checkpoint  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "checkpoints"
+  make(path)
+  with pytest.raises(workdir_lib.PathError) as info:
+    checkpoint.Checkpointer(str(path))
+  text = str(info.value)
+  assert "\n" not in text and f"{path} is {kind}" in text, text
+  assert "move it away" in text and "File exists" not in text, text
+  assert os.listdir(tmp_path) == ["checkpoints"]
+  assert not os.path.isdir(path)

@@ -41,6 +41,7 @@ import re
 
 from decentral_jax import records
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import metrics_resume
 
 # Bytes per parameter of the models whose parameter dtype the config sets
 # (a model of your own may hold several dtypes: its ratio is not checked
@@ -58,23 +59,7 @@ REL_TOL = metrics_lib.REL_TOL
 value_range = metrics_lib.value_range
 value_error = metrics_lib.value_error
 row_error = metrics_lib.row_error
-
-
-def schedule_error(row: dict, config: dict) -> str | None:
-  """Why a row's ``step`` or ``lr`` is impossible for the run's ``config``
-  (a dict): ``step`` outside ``[0, steps]``, or ``lr`` above
-  ``schedule.peak_lr`` (by more than float32 rounding, :data:`REL_TOL`)."""
-  steps, step = _get(config, "steps"), row.get("step")
-  if (records.is_real(steps) and records.is_real(step)
-      and not 0 <= step <= steps):
-    return (f"step must be in [0, steps] = [0, {records.short(steps)}] (the "
-            f"run's config), got {records.short(step)}")
-  peak, lr = _get(config, "schedule.peak_lr"), row.get("lr")
-  if (records.is_real(peak) and records.is_real(lr)
-      and lr > peak * (1 + REL_TOL)):
-    return (f"lr must be <= schedule.peak_lr {records.short(peak)} (no "
-            f"schedule exceeds it), got {records.short(lr)}")
-  return None
+schedule_error = metrics_resume.schedule_error
 
 
 def _signed(config) -> bool:
