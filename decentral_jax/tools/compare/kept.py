@@ -65,16 +65,7 @@ schedule_error = metrics_resume.schedule_error
 def _signed(config) -> bool:
   """Whether the run's losses may be negative (a model of your own)."""
   return isinstance(config, dict) and metrics_lib.losses_signed(
-      _get(config, "model.name"))
-
-
-def _get(config: dict, field: str):
-  node = config
-  for part in field.split("."):
-    if not isinstance(node, dict) or part not in node:
-      return None
-    node = node[part]
-  return node
+      metrics_resume.field(config, "model.name"))
 
 
 def comm_error(final: dict, config: dict) -> str | None:
@@ -92,13 +83,13 @@ def comm_error(final: dict, config: dict) -> str | None:
     return (f"{missing[0]} is {records.short(final.get(missing[0]))}, but a "
             "run records it with its communication figures")
   sent, ratio, count = (float(final[k]) for k in keys)
-  n = _get(config, "n_workers")
+  n = metrics_resume.field(config, "n_workers")
   if records.is_real(n) and ratio > MAX_MESSAGES_PER_WORKER * n:
     return (f"comm/ratio must be <= {MAX_MESSAGES_PER_WORKER} x n_workers "
             f"= {MAX_MESSAGES_PER_WORKER * n:g} (parameter-sized messages "
             f"to each worker per step), got {records.short(ratio)}")
-  model = _get(config, "model.name")
-  dtype = _get(config, "model.param_dtype") if model == "gpt" else "float32"
+  model = metrics_resume.field(config, "model.name")
+  dtype = metrics_resume.field(config, "model.param_dtype") if model == "gpt" else "float32"
   itemsize = _ITEMSIZE.get(dtype) if model in ("gpt", "cnn") else None
   if itemsize is not None:
     want = sent / (count * itemsize)
@@ -116,7 +107,7 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
   why = row_error(final, _signed(config))
   if why:
     return why.split(" ", 1)[0], why
-  steps = _get(config, "steps")
+  steps = metrics_resume.field(config, "steps")
   if "step" not in final and steps is not None:
     return "step", ("step is missing, but a finished run records its last "
                     f"step (the config's steps {records.short(steps)})")
@@ -144,9 +135,9 @@ def units_per_step(config: dict) -> tuple[str, float] | None:
   (``tokens_per_sec``), the cnn ``global_batch`` samples
   (``samples_per_sec``); None for a model of your own or a config without
   these numbers."""
-  model, batch = _get(config, "model.name"), _get(config, "global_batch")
+  model, batch = metrics_resume.field(config, "model.name"), metrics_resume.field(config, "global_batch")
   if model == "gpt":
-    t = _get(config, "model.block_size")
+    t = metrics_resume.field(config, "model.block_size")
     if records.is_real(batch) and records.is_real(t):
       return "tokens_per_sec", float(batch) * float(t)
   if model == "cnn" and records.is_real(batch):
@@ -222,7 +213,7 @@ def diverged_error(reason: str, rows: list[dict],
   if m is None:
     return None
   named = int(m.group(1))
-  steps = _get(config or {}, "steps")
+  steps = metrics_resume.field(config or {}, "steps")
   if named < 1 or (records.is_real(steps) and named > steps):
     return (f"diverged says training stopped at step {named}, not a step "
             f"of the run (1 to config.steps = {records.short(steps)})")
