@@ -71,11 +71,14 @@ _COMPRESSION = ({}, {"compression.format": "int8", "compression.block": 8},
                  "compression.error_feedback": True,
                  "compression.error_decay": 0.95},
                 {"compression.format": "int4", "compression.block": 8})
+# (a failure rate, which the fixed masks replace, makes the runner read
+# rejoin and on_failure: without one it refuses them as having no effect)
+_FAILING = {"faults.enabled": True, "faults.failure_rate": 0.01}
 _FAULTS = ({}, {"faults.enabled": True},
-           {"faults.enabled": True, "faults.on_failure": "rollback",
+           {**_FAILING, "faults.on_failure": "rollback",
             "faults.min_quorum": 3},
-           {"faults.enabled": True, "faults.rejoin": "copy_mean"},
-           {"faults.enabled": True, "faults.rejoin": "keep"})
+           {**_FAILING, "faults.rejoin": "copy_mean"},
+           {**_FAILING, "faults.rejoin": "keep"})
 _OUTER = ({}, {"outer_optimizer.name": "adam", "outer_optimizer.lr": 0.1},
           {"outer_optimizer.momentum": 0.0, "outer_optimizer.nesterov": False,
            "outer_optimizer.lr": 1.0})
