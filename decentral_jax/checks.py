@@ -304,6 +304,10 @@ def xla_flags_device_count(maximum: int = MAX_SIMULATED_CPU_DEVICES
     name, eq, text = token.lstrip("-").partition("=")
     if name != XLA_DEVICE_COUNT_OPTION:
       continue
+    if not token.startswith("--") or token.startswith("---"):
+      raise ValueError(f"XLA_FLAGS' {token.partition('=')[0]!r} is not "
+                       "spelled as XLA reads it (it aborts the process); "
+                       f"write --{XLA_DEVICE_COUNT_OPTION}=N.")
     if not eq or not _whole_in(text, maximum):
       raise ValueError(f"XLA_FLAGS' --{XLA_DEVICE_COUNT_OPTION}={text!r} "
                        f"must be a whole number in [1, {maximum}]; fix it or "

@@ -281,8 +281,14 @@ def _init_shapes(init_params, what: str, model, one):
     raise ValueError(
         f"{what}: Model.init is a {type(model.init).__name__}, not a "
         "callable init(key, example) -> parameters.")
+  def keyed(key):  # the keys checked before JAX sorts them
+    params = init_params(key)
+    _check_param_keys(params, what)
+    return params
   try:
-    return jax.eval_shape(init_params, jax.random.key(0))
+    return jax.eval_shape(keyed, jax.random.key(0))
+  except _ParamKeyError as e:
+    raise ValueError(str(e)) from None
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{what}: init fails on one worker's example "
                      f"{_show(_spec(one))}: {type(e).__name__}: "
@@ -293,6 +299,26 @@ def _init_shapes(init_params, what: str, model, one):
 PARAM_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
+class _ParamKeyError(ValueError):
+  """A dict key of ``init``'s parameters that is not a string."""
+
+
+def _check_param_keys(node, what: str, at: str = "") -> None:
+  """Every dict key of ``init``'s parameters a string (JAX cannot sort
+  mixed keys; a checkpoint names leaves by them)."""
+  if isinstance(node, dict):
+    for key, value in node.items():
+      if not isinstance(key, str):
+        raise _ParamKeyError(
+            f"{what}: init's parameters have the key {key!r} "
+            f"({type(key).__name__}) at {at or 'the top'}; parameter dict "
+            "keys must be strings: use str(key).")
+      _check_param_keys(value, what, f"{at}[{key!r}]")
+  elif isinstance(node, (list, tuple)):
+    for i, value in enumerate(node):
+      _check_param_keys(value, what, f"{at}[{i}]")
+
+
 def _check_params(params, what: str) -> None:
   """Each parameter leaf (from ``jax.eval_shape`` of ``init``) must be a
   float array of at least one element: gradients are taken of every leaf,
@@ -300,8 +326,8 @@ def _check_params(params, what: str) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     where = f"{what}: init's parameter leaf {jax.tree_util.keystr(path)}"
     dtype, shape = getattr(leaf, "dtype", None), getattr(leaf, "shape", None)
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-      got = (f"{np.dtype(dtype).name}{list(shape)}" if dtype is not None
+    if dtype is None or not jax.dtypes.issubdtype(dtype, jnp.floating):
+      got = (f"{dtype}{list(shape)}" if dtype is not None  # key<fry> too
              else type(leaf).__name__)
       raise ValueError(
           f"{where} is {got}; every leaf must be a float array (gradients "

@@ -51,6 +51,10 @@ def make_linear(scale=0.0, extra=""):
       params["s"] = "abc"
     if extra == "raises":
       raise RuntimeError("boom in init")
+    if extra == "key":  # init returning (params, key), a common slip
+      return params, key
+    if extra == "int_key":
+      params[0] = jax.numpy.zeros((2,))
     return params
 
   def loss(params, batch, key):
@@ -232,6 +236,14 @@ def test_names_that_do_not_resolve_are_refused_by_the_config_check(
     ({"model.options.extra": "not_callable"},
      "model 'test_linear': Model.init is a int, not a callable init(key, "
      "example) -> parameters."),
+    # A PRNG key leaf crashed the check itself (np.dtype('key<fry>')); an
+    # int dict key gave JAX's "Comparator raised exception" naming no key.
+    ({"model.options.extra": "key"},
+     "model 'test_linear': init's parameter leaf [1] is key<fry>[]; every "
+     "leaf must be a float array"),
+    ({"model.options.extra": "int_key"},
+     "model 'test_linear': init's parameters have the key 0 (int) at the "
+     "top; parameter dict keys must be strings: use str(key)."),
     # "x" failed in int(); 1.5 was truncated to 1 unit per example.
     ({"data.options.bad": "units_str"},
      "config.data.source='test_examples': Data.units_per_example='x' must "

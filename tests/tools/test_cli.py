@@ -408,6 +408,19 @@ def test_a_bad_xla_flags_count_is_one_line_before_xla_reads_it(
                  "it or drop it from XLA_FLAGS"], err
 
 
+@pytest.mark.parametrize("token", [
+    "xla_force_host_platform_device_count=8",
+    "-xla_force_host_platform_device_count=8",
+    "---xla_force_host_platform_device_count=8"])
+def test_a_misspelled_xla_flags_count_is_named(monkeypatch, token):
+  """XLA aborts on an option that is not --name=value ('Unknown flag in
+  XLA_FLAGS'); the check read the count as 8 and let it through."""
+  from decentral_jax import checks
+  monkeypatch.setenv("XLA_FLAGS", token)
+  with pytest.raises(ValueError, match="is not spelled as XLA reads it"):
+    checks.xla_flags_device_count()
+
+
 def test_the_xla_flags_device_count_is_read_as_xla_reads_it(monkeypatch):
   """The last occurrence counts; other options and their values are
   passed by; absent, there is none."""
