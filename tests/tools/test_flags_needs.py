@@ -28,6 +28,10 @@ _COMPRESSED = "all_reduce,dadam:topology=static_ring,compress=int8"
 _ONE_NODE, _TWO_NODES = ["--preset", "h100_node"], ["--n-workers", "16"]
 # (flag and value, a setting where it has no effect, one where it has one)
 PREDICT_CASES = [
+    # one node per datacenter: every inter-node hop pays the WAN latency
+    (["--inter-latency-us", "900000"],
+     ["--preset", "cross_region_2dc", "--n-workers", "16"],
+     ["--preset", "cross_region_2dc", "--n-workers", "32"]),
     (["--slow-speed", "0.3"], ["--preset", "A40"],
      ["--preset", "A40", "--slow-fraction", "0.25"]),
     (["--slow-fraction", "0.25"], ["--preset", "A40", "--slow-speed", "1"],

@@ -215,6 +215,15 @@ NEEDS = (
     *(flag_types.Needs(flag, Setting.several_nodes, _ONE_NODE,
                        f"add workers beyond one node or drop {flag}")
       for flag in _INTER_NODE),
+    # Across datacenters the wide-area latency replaces it on every hop
+    # between nodes of two datacenters (costs.Cluster.wan_latency_s).
+    flag_types.Needs(
+        "--inter-latency-us", lambda s: any(
+            n // c.datacenters > c.local_size for n, c in s.clusters),
+        "with one node per datacenter: every hop between nodes crosses "
+        "datacenters and pays --wan-latency-ms instead",
+        "give --wan-latency-ms, add nodes per datacenter, or drop "
+        "--inter-latency-us"),
     *(flag_types.Needs(
         flag, Setting.intra_node_hops, "with one worker per node (--local-"
         "size 1, or --n-workers 1) of one device (--devices-per-worker 1): "
