@@ -284,10 +284,12 @@ def _unread_fault_reason(c: config_dict.ConfigDict, key: str) -> str | None:
     return f"config.faults.failure_rate=0{no_trace} (no worker fails)"
   if key == "stragglers" and not f.slow_fraction and not f.trace:
     return f"config.faults.slow_fraction=0{no_trace} (no worker is slow)"
-  if (key == "on_failure" and not f.failure_rate and not f.slow_fraction
-      and not f.trace):
-    return (f"config.faults.failure_rate=0, slow_fraction=0{no_trace} (no "
-            "worker fails or misses the quorum)")
+  misses = f.failure_rate or f.trace or (f.slow_fraction
+                                         and f.stragglers != "wait")
+  if key in ("on_failure", "min_quorum") and not misses:
+    return (f"config.faults.failure_rate=0{no_trace}, and no slow worker "
+            "left behind (slow_fraction=0 or stragglers='wait'): no worker "
+            "fails or misses the quorum")
   if key == "seed" and not f.failure_rate and not f.slow_fraction:
     return ("config.faults.failure_rate=0 and slow_fraction=0 (nothing is "
             "drawn)")

@@ -228,7 +228,19 @@ _DECENTRALIZED = ("--config.algorithm=decentralized",
      r"failure_rate=0 and no config.faults.trace \(no worker fails\)"),
     (("--config.algorithm=local_sgd", "--config.faults.on_failure=rollback"),
      r"^config.faults.on_failure='rollback' has no effect with config.faults."
-     r"failure_rate=0, slow_fraction=0 and no config.faults.trace"),
+     r"failure_rate=0 and no config.faults.trace, and no slow worker left "
+     r"behind"),
+    # the quorum without failures or a slow worker that misses it ("wait":
+    # every live worker completes every step)
+    (("--config.algorithm=diloco", "--config.faults.min_quorum=3"),
+     r"^config.faults.min_quorum=3 has no effect with config.faults."
+     r"failure_rate=0 and no config.faults.trace, and no slow worker left "
+     r"behind"),
+    (("--config.algorithm=diloco", "--config.faults.slow_fraction=0.125",
+      "--config.faults.stragglers=wait", "--config.faults.on_failure="
+      "rollback"),
+     r"^config.faults.on_failure='rollback' has no effect with config.faults."
+     r"failure_rate=0"),
     # round(0.05 x 8) = round(0.4) = 0 slow workers; 1/8 makes one.
     (("--config.algorithm=diloco", "--config.faults.slow_fraction=0.05"),
      r"^config.faults.slow_fraction=0.05 makes round\(0.05 x config.n_workers"
@@ -256,8 +268,8 @@ def test_fault_settings_that_are_read_are_accepted(tmp_path):
       (*_DECENTRALIZED, "--config.faults.failure_rate=0.01"),
       _DECENTRALIZED,  # rejoin=copy_mean is decentralized's, failures or not
       ("--config.algorithm=diloco", "--config.faults.slow_fraction=0.125",
-       "--config.faults.stragglers=wait", "--config.faults.on_failure="
-       "rollback"),
+       "--config.faults.on_failure=rollback", "--config.faults.min_quorum="
+       "8"),  # a slow worker past the deadline misses the quorum
       ("--config.algorithm=diloco", "--config.faults.trace=" + trace,
        "--config.faults.stragglers=wait", "--config.faults.rejoin=keep",
        "--config.faults.on_failure=rollback")):
