@@ -79,8 +79,11 @@ def load_text_file(path: str | os.PathLike) -> bytes:
   """
   path = os.fspath(path)
   if not os.path.isfile(path):
+    what = ("is a directory, not a file" if os.path.isdir(path) else
+            "is not a regular file" if os.path.exists(path) else
+            "does not exist")
     raise sharding.DataNotFoundError(
-        f"text file {path!r} does not exist; pass an existing file as "
+        f"text file {path!r} {what}; pass an existing file as "
         "--config.data.path or use the bundled corpus "
         "(--config.data.source=pydoc).")
   try:

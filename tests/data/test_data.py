@@ -323,3 +323,10 @@ def test_package_reexports():
   assert data.LMSampler is text.LMSampler
   assert data.ArraySampler is fashion_mnist.ArraySampler
   assert fashion_mnist.DEFAULT_DIR == "/usr/share/datasets/fashion-mnist"
+
+
+def test_a_text_path_that_is_a_directory_is_named_as_one(tmp_path):
+  """A directory was reported as a file that "does not exist"."""
+  from decentral_jax.data import text as text_lib  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="is a directory, not a file"):
+    text_lib.load_text_file(tmp_path)
