@@ -126,10 +126,16 @@ def cpu_command(argv, workdir: str, **replace) -> list[str]:
 
 def run_env():
   """CPU, this checkout, and this interpreter first on PATH (an activated
-  environment: gpu_check.sh calls `python`)."""
+  environment: gpu_check.sh calls `python`); without the suite's own
+  simulated-device count, which the runner keeps (each process then
+  simulates as many devices as its config needs, as on a user's host)."""
   path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
-          "PATH": path}
+  flags = " ".join(t for t in os.environ.get("XLA_FLAGS", "").split()
+                   if "xla_force_host_platform_device_count" not in t)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
+         "PATH": path, "XLA_FLAGS": flags}
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  return env
 
 
 @pytest.mark.integration
