@@ -761,6 +761,7 @@ def test_damaged_metadata_falls_back_to_the_older_checkpoint(
       meta = _written(exp, step)
       ckpt.save(step, state, dict(meta, seed="0") if step == 5 else meta)
   caplog.set_level("WARNING")
+  caplog.clear()  # only the restore's lines (a save may log a wait)
   with checkpoint.Checkpointer(root) as ckpt:
     got = ckpt.select_restore_step(
         lambda s: run_meta.meta_file_error(ckpt.step_dir(s), s, like))
@@ -787,6 +788,7 @@ def test_damaged_step_entries_fall_back_with_one_warning_each(
   (root / "3").write_text("x")
   (root / "7").mkdir()
   caplog.set_level("WARNING")  # Orbax's own (W/E) lines are counted too
+  caplog.clear()  # only the restore's lines (a save may log a wait)
   with checkpoint.Checkpointer(str(root)) as ckpt:
     assert ckpt.select_restore_step() == 1
   assert sorted(os.listdir(root)) == ["1", "3.corrupt", "5.corrupt",
@@ -829,6 +831,7 @@ def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
         ckpt.all_steps()
     _one_line(info.value, f"checkpoint 5 ({root / '5'}) is corrupt: {name}")
   caplog.set_level("WARNING")
+  caplog.clear()  # only the restore's lines (a save may log a wait)
   with checkpoint.Checkpointer(str(root)) as ckpt:
     assert ckpt.select_restore_step() == 3
     assert ckpt.all_steps() == [3]
@@ -864,6 +867,7 @@ def test_orbax_step_metadata_with_a_field_of_another_type_is_damage(
   assert doc.get(field) is None or isinstance(doc[field], (dict, int, str))
   path.write_text(json.dumps(dict(doc, **{field: value})))
   caplog.set_level("WARNING")
+  caplog.clear()  # only the restore's lines (a save may log a wait)
   with checkpoint.Checkpointer(str(root)) as ckpt:
     assert ckpt.select_restore_step() == 3
   assert sorted(os.listdir(root)) == ["3", "5.corrupt"]
