@@ -352,7 +352,8 @@ def test_measure_sizes_must_fit_what_a_device_holds():
 
 def test_learners_numeric_flags_refuse_unusable_values():
   from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
-  flags = _numeric_flags(learners.parser("learners"))
+  from decentral_jax.tools.learners import flags as learners_flags  # pylint: disable=import-outside-toplevel
+  flags = _numeric_flags(learners_flags.parser("learners"))
   assert {"--learners", "--periods", "--grace", "--fragments",
           "--merge-alpha", "--delay-buffer"} <= set(flags)
   for flag in flags:

@@ -18,6 +18,7 @@ from decentral_jax.tools import cli
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import cluster
 from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import flags as flags_lib
 from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools.learners import records
 from decentral_jax.tools.learners import runner_problem
@@ -498,13 +499,13 @@ def test_flags_that_change_nothing_are_refused_before_ray_starts(
   assert cli.main(["learners", *flags]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
-  args = main_lib.parser().parse_args(["--mode", "decoupled", "--grace", "3"])
-  flag_types.check_needs(main_lib.NEEDS, {"--grace"}, args)  # read there
-  args = main_lib.parser().parse_args(["--mode", "decoupled", "--learners",
+  args = flags_lib.parser().parse_args(["--mode", "decoupled", "--grace", "3"])
+  flag_types.check_needs(flags_lib.NEEDS, {"--grace"}, args)  # read there
+  args = flags_lib.parser().parse_args(["--mode", "decoupled", "--learners",
                                        "3", "--quorum", "2"])
-  flag_types.check_needs(main_lib.NEEDS, {"--grace"}, args)  # 2 of 3 waits
-  args = main_lib.parser().parse_args(["--inner", "adamw"])
-  flag_types.check_needs(main_lib.NEEDS, {"--drop-state"}, args)  # moments
+  flag_types.check_needs(flags_lib.NEEDS, {"--grace"}, args)  # 2 of 3 waits
+  args = flags_lib.parser().parse_args(["--inner", "adamw"])
+  flag_types.check_needs(flags_lib.NEEDS, {"--drop-state"}, args)  # moments
 
 
 @pytest.mark.parametrize("override, says", [

@@ -17,6 +17,7 @@ from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment
 from decentral_jax.runner import methods
 from decentral_jax.tools.learners import learner as learner_lib
+from decentral_jax.tools.learners import flags as flags_lib
 from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools import cli
 from decentral_jax.tools.learners import problems
@@ -109,7 +110,7 @@ def test_the_summary_and_json_of_a_config_name_what_the_learners_run(
       "outer_optimizer.momentum=0.8", "compression.format=int8",
       "compression.error_feedback=True", "compression.block=64", *extra))]
   rest, overrides = config_lib.split_overrides(["learners", *argv])
-  run = main_lib.run_spec(main_lib.parser().parse_args(rest[1:]), overrides)
+  run = flags_lib.run_spec(flags_lib.parser().parse_args(rest[1:]), overrides)
   assert main_lib.describe(run) == (
       f"run: sync, 2 learners, H=3, {inner}, outer Nesterov lr 0.5 momentum "
       "0.8, int8 pseudo-gradients")

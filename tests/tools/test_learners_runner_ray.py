@@ -12,7 +12,7 @@ import pytest
 
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.tools import cli
-from decentral_jax.tools.learners import main as main_lib
+from decentral_jax.tools.learners import flags as flags_lib
 from decentral_jax.tools.learners import problems
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
@@ -69,7 +69,7 @@ def test_records_and_a_resume_with_fewer_learners(ray_session, tmp_path):
                          inner="adamw", inner_lr=3e-3, inner_schedule=(
                              "warmup_cosine, warmup 2, to 0.0003 at step 12"),
                          problem_args=(
-                             ("config", main_lib.config_source(
+                             ("config", flags_lib.config_source(
                                  "configs/gpt_tiny.py")),
                              ("overrides", tuple(f"--config.{o}"
                                                  for o in TINY))))

@@ -189,8 +189,9 @@ def test_overlap_out_on_a_full_device_keeps_the_printed_rows(monkeypatch,
 
 def test_learners_json_on_a_full_device_after_the_run(monkeypatch, capsys):
   from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
-  args = learners.parser().parse_args(["--json", "/dev/full"])
-  run = learners.run_spec(args)
+  from decentral_jax.tools.learners import flags as learners_flags  # pylint: disable=import-outside-toplevel
+  args = learners_flags.parser().parse_args(["--json", "/dev/full"])
+  run = learners_flags.run_spec(args)
   monkeypatch.setattr(learners, "distance_to_optimum", lambda r, t: None)
   status = {"version": 10, "log": {"tokens": [{0: 64}], "rejected": []}}
   with pytest.raises(SystemExit) as e:

@@ -12,5 +12,7 @@ synchronizer through Ray (docs/learners.md).
   (Nesterov SGD, Delayed Nesterov);
 * :mod:`~decentral_jax.tools.learners.cluster`: both as Ray actors (Ray is
   imported only there, only when used);
+* :mod:`~decentral_jax.tools.learners.flags`: its flags and the run they
+  describe;
 * :mod:`~decentral_jax.tools.learners.main`: ``decentral-jax learners``.
 """
