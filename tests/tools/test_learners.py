@@ -283,6 +283,24 @@ def test_dynamic_updates_with_one_learner_is_refused(capsys, monkeypatch):
   assert "drop --dynamic-updates" in err
 
 
+def test_dynamic_updates_with_a_sync_period_of_one_is_refused(capsys,
+                                                             monkeypatch):
+  # H_w = max(1, floor(v_w / v_max * 1)) = 1 for every speed v_w <= v_max:
+  # the learners at 0 s and 0.5 s per step both run one inner step.
+  err = _refused_before_ray(monkeypatch, capsys, [
+      "--learners", "2", "--sync-every", "1", "--dynamic-updates",
+      "--sleep", "0,0.5"])
+  assert err == ("error: --dynamic-updates has no effect with --sync-every 1 "
+                 "(H_w = max(1, floor(v_w / v_max * H)) is 1 for every "
+                 "learner when H = 1); give --sync-every 2 or more or drop "
+                 "--dynamic-updates.")
+  # H = 2 is accepted: the slow learner runs max(1, floor(0 * 2)) = 1 step.
+  from decentral_jax.tools.learners import flags as flags_lib  # pylint: disable=import-outside-toplevel
+  run = flags_lib.run_spec(flags_lib.parser().parse_args([
+      "--learners", "2", "--sync-every", "2", "--dynamic-updates"]))
+  assert run.dynamic_updates and run.sync_every == 2
+
+
 @pytest.mark.parametrize("name", ["cfg", "metrics.jsonl", "config.json",
                                   "learners.json", "corpus"])
 def test_json_naming_an_input_or_a_record_is_refused(capsys, monkeypatch,

@@ -16,8 +16,8 @@ from helpers import to_host
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import experiment
 from decentral_jax.runner import methods
-from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import flags as flags_lib
+from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import main as main_lib
 from decentral_jax.tools import cli
 from decentral_jax.tools.learners import problems
@@ -88,6 +88,24 @@ def test_spec_fields_come_from_the_config():
       "inner_schedule": "warmup_cosine, warmup 2, to 0.0003 at step 6"}
   spec_lib.RunSpec(problem="runner", quorum=2,
                    **runner_problem.spec_fields(c))  # a valid RunSpec
+
+
+def test_dynamic_updates_with_a_config_sync_period_of_one_is_refused(
+    capsys, monkeypatch):
+  # H_w = max(1, floor(v_w / v_max * 1)) = 1 for every speed v_w <= v_max.
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  def start(*a, **k):
+    raise AssertionError("Ray started: the flags were accepted")
+  monkeypatch.setattr(cluster, "start", start)
+  argv = ["learners", "--learners", "2", "--dynamic-updates", "--sleep",
+          "0,0.5", "--config", CONFIG, *(f"--config.{o}" for o in (
+              *NO_WORKDIR, "sync_every=1"))]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["error: --dynamic-updates has no effect with "
+                 "config.sync_every = 1 (H_w = max(1, floor(v_w / v_max * "
+                 "H)) is 1 for every learner when H = 1); set "
+                 "--config.sync_every=2 or more or drop --dynamic-updates."]
 
 
 @pytest.mark.parametrize("extra, inner", [

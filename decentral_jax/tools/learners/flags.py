@@ -283,7 +283,25 @@ def run_spec(args, overrides=()) -> spec_lib.RunSpec:
     raise ValueError(spec_lib.flag_words(
         str(e), args.config is not None)) from None
   _check_kill_every(args, run)
+  _check_dynamic_updates(args, run)
   return run
+
+
+def _check_dynamic_updates(args, run: spec_lib.RunSpec) -> None:
+  """``--dynamic-updates`` with a sync period ``H = 1`` (from
+  ``--sync-every`` or ``config.sync_every``) is refused as the flag with
+  ``--learners 1`` is: ``H_w = max(1, floor(v_w / v_max * H))`` is 1 for
+  every learner, so it changes nothing (ValueError, one line)."""
+  if not args.dynamic_updates or run.sync_every != 1:
+    return
+  given = ("config.sync_every = 1" if args.config is not None
+           else "--sync-every 1")
+  fix = ("set --config.sync_every=2 or more" if args.config is not None
+         else "give --sync-every 2 or more")
+  raise ValueError(flag_types.Needs(
+      "--dynamic-updates", lambda a: False,
+      f"with {given} (H_w = max(1, floor(v_w / v_max * H)) is 1 for every "
+      "learner when H = 1)", f"{fix} or drop --dynamic-updates").message())
 
 
 def _check_kill_every(args, run: spec_lib.RunSpec) -> None:

@@ -28,7 +28,7 @@ resumed, also with another ``--learners``)
 Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``; ``--json``
 none of the files the run reads or keeps), and flags that would change
 nothing (``--eval-every`` without ``--workdir``, ``--dynamic-updates`` with
-``--learners 1``, ``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
+``--learners 1`` or a sync period of 1, ``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
 ``--drop-state`` with ``--inner sgd`` and no ``--config``,
 ``--connect-timeout`` without ``--address``,
 ``--delay-buffer`` with ``--outer nesterov``, ``--outer delayed_nesterov``
