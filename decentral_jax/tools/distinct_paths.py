@@ -4,7 +4,10 @@ An output that names an input file (``measure --config my.py --out my.py``)
 would replace the input by the result after the work, and two outputs
 naming one file (``--json F --workload F``) would keep only the second
 write. :func:`check_distinct_paths` refuses both before any work, naming
-the two flags. No JAX.
+the two flags. It refuses an output ending in ``.py`` too: a config file
+may import Python modules (a helper next to it, or one it puts on
+``sys.path``), none of them named on the command line, and no command writes
+Python source. No JAX.
 """
 
 from __future__ import annotations
@@ -41,10 +44,14 @@ def check_distinct_paths(outputs, inputs=()) -> None:
       None or empty path (the flag not given) is skipped.
     inputs: ``(flag, path)`` pairs of the files it reads, the same way.
 
+  An output ending in ``.py`` is refused as well (after the clashes): it
+  may be a module the ``--config`` file imports, which is not among
+  ``inputs``, and no output is Python source.
+
   Raises:
     ValueError: ``--out 'my.py' is the file --config reads; give --out
       another path`` (or ``... is also --json's file``), the first clash
-      in the order given.
+      in the order given; or ``--out 'helper.py' ends in .py ...``.
   """
   outs = [(f, p) for f, p in outputs if p]
   ins = [(f, p) for f, p in inputs if p]
@@ -59,6 +66,13 @@ def check_distinct_paths(outputs, inputs=()) -> None:
         raise ValueError(f"{flag} {path!r} is also {other_flag}'s file "
                          f"({other!r}): the second write would replace "
                          f"the first; give {flag} another path.")
+  for flag, path in outs:
+    if str(path).endswith(".py"):
+      raise ValueError(
+          f"{flag} {path!r} ends in .py: it may be a Python module the "
+          "config file imports, which the output would replace (no output "
+          f"of this command is Python source); give {flag} a path not "
+          "ending in .py.")
 
 
 def data_inputs(path, flag: str) -> list:

@@ -4,6 +4,7 @@ and --workload over each other or over --config)."""
 
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -108,3 +109,80 @@ def test_a_data_directory_reads_the_files_in_it(tmp_path):
       ("F", str(tmp_path / "train.bin")), ("F", str(tmp_path / "val.bin"))]
   assert distinct_paths.data_inputs(None, "F") == []
   assert distinct_paths.data_inputs("x.txt", "F") == [("F", "x.txt")]
+
+
+def _config_importing_a_helper(tmp_path, monkeypatch):
+  """``c.py``, a gpt_tiny config whose n_layer comes from ``helper.py`` next
+  to it (imported, so not a file any flag names); ``sys.path`` and the
+  modules it imports are restored after the test."""
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  for name in ("helper", "gpt_tiny"):
+    if name in sys.modules:
+      monkeypatch.setitem(sys.modules, name, sys.modules[name])
+    else:
+      monkeypatch.setitem(sys.modules, name, None)
+      monkeypatch.delitem(sys.modules, name)
+  (tmp_path / "helper.py").write_text("N_LAYER = 1\n")
+  (tmp_path / "c.py").write_text(
+      "import os, sys\n"
+      "sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))\n"
+      f"sys.path.insert(0, {os.path.join(ROOT, 'configs')!r})\n"
+      "import helper\nimport gpt_tiny\n"
+      "def get_config():\n"
+      "  c = gpt_tiny.get_config()\n"
+      "  c.model.n_layer = helper.N_LAYER\n"
+      "  return c\n")
+  return tmp_path / "c.py", tmp_path / "helper.py"
+
+
+def test_an_output_ending_in_py_is_refused_after_the_clashes(tmp_path):
+  helper = str(tmp_path / "helper.py")
+  with pytest.raises(ValueError) as e:
+    distinct_paths.check_distinct_paths([("--out", helper)],
+                                        [("--config", str(tmp_path / "c.py"))])
+  assert str(e.value) == (
+      f"--out {helper!r} ends in .py: it may be a Python module the config "
+      "file imports, which the output would replace (no output of this "
+      "command is Python source); give --out a path not ending in .py.")
+  # a clash with an input is named first, as before
+  with pytest.raises(ValueError, match="is the file --config reads"):
+    distinct_paths.check_distinct_paths([("--out", helper)],
+                                        [("--config", helper)])
+  distinct_paths.check_distinct_paths([("--out", helper + "on")])  # .pyon
+
+
+def test_measure_out_over_a_module_the_config_imports_is_refused(
+    tmp_path, capsys, monkeypatch):
+  from decentral_jax.tools.runtime_model_cli import measure  # pylint: disable=import-outside-toplevel
+  def no_measure(*a, **k):
+    raise AssertionError("measured: --out was accepted")
+  monkeypatch.setattr(measure, "measure", no_measure)
+  cfg, helper = _config_importing_a_helper(tmp_path, monkeypatch)
+  code = cli.main(["measure", "--config", str(cfg), "--out", str(helper),
+                   "--repeats", "2"])
+  assert code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      f"error: --out {str(helper)!r} ends in .py"), err
+  assert helper.read_text() == "N_LAYER = 1\n"
+
+
+def test_learners_json_over_a_module_the_config_imports_is_refused(
+    tmp_path, capsys, monkeypatch):
+  from decentral_jax.tools import cli as main_cli  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  def start(*a, **k):
+    raise AssertionError("Ray started: --json was accepted")
+  monkeypatch.setattr(cluster, "start", start)
+  cfg, helper = _config_importing_a_helper(tmp_path, monkeypatch)
+  code = main_cli.main([
+      "learners", "--learners", "2", "--config", str(cfg),
+      *(f"--config.{o}" for o in (
+          "algorithm=diloco", "optimizer.name=adamw",
+          "optimizer.accum_steps=1", "global_batch=4", "sync_every=3",
+          "steps=6", "schedule.warmup_steps=2")), "--json", str(helper)])
+  assert code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      f"error: --json {str(helper)!r} ends in .py"), err
+  assert helper.read_text() == "N_LAYER = 1\n"
