@@ -20,7 +20,8 @@ format      code of one value (scale ``s_b = max_b |v| / qmax``)        bytes se
             indices (int16 if ``B <= 32768``, else int32)
 ==========  ========================================================  ===========================
 
-The last block (chunk) is zero-padded, and the padding is sent. Rounding is
+The last block (chunk) is zero-padded, and the padding is sent; an empty
+array has no block and sends nothing (``nb = 0``). Rounding is
 to nearest, so the round-trip error of one value is at most ``s_b / 2`` for
 int8/int4, ``max(2^-4 |v|, 2^-10 s_b)`` for fp8 (3 mantissa bits; values
 below ``2^-6 s_b`` fall on e4m3's subnormals, spaced ``2^-9 s_b``), and
@@ -248,12 +249,13 @@ def to_float32(x) -> jax.Array:
 
 def _blocks(v, block: int) -> jax.Array:
   """``v`` flattened to float32 (:func:`to_float32`), zero-padded to
-  ``[nb, block]``."""
+  ``[nb, block]``, ``nb = ceil(N / B)``: ``[0, block]`` for an empty ``v``
+  (nothing is sent, as :meth:`Compressor.payload_bytes` counts)."""
   flat = to_float32(jnp.asarray(v).reshape(-1))
   pad = (-flat.size) % block
-  if pad or flat.size == 0:
-    flat = jnp.concatenate([flat, jnp.zeros((pad or block,), jnp.float32)])
-  return flat.reshape(-1, block)
+  if pad:
+    flat = jnp.concatenate([flat, jnp.zeros((pad,), jnp.float32)])
+  return flat.reshape(flat.size // block, block)
 
 
 #: float32's largest finite value: what a finite value decodes to at most.
@@ -291,7 +293,8 @@ def _pack4(codes_u8) -> jax.Array:
 
 def _unpack4(packed) -> jax.Array:
   low, high = packed & 0xF, packed >> 4
-  return jnp.stack([low, high], axis=-1).reshape(packed.shape[0], -1)
+  return jnp.stack([low, high], axis=-1).reshape(packed.shape[0],
+                                                 2 * packed.shape[1])
 
 
 def _e2m1_codes(y) -> jax.Array:

@@ -280,6 +280,37 @@ def test_choco_with_the_identity_and_gamma_one_is_plain_gossip(x64):
 
 
 @pytest.mark.parametrize("fmt", wire_format.FORMATS)
+def test_an_empty_leaf_sends_nothing_in_compressed_gossip(fmt):
+  """A size-0 leaf encodes to arrays of 0 bytes (no padded block), so the
+  bytes of the encoded arrays equal the hand count (int8, block 64: 5
+  blocks of 64 codes + 4 scale bytes for 300 values, 0 for the empty leaf),
+  and the gossip round returns it empty beside the mixed values (``W x``
+  with worker ``i``'s values all ``i``)."""
+  require_devices(8)
+  c = _comp(fmt, 64, 0.125)
+  tree = {"w": np.ones(300, np.float32), "e": np.zeros((3, 0), np.float32)}
+  sent = {k: sum(a.size * a.dtype.itemsize for a in c.encode(v).values())
+          for k, v in tree.items()}
+  assert sent["e"] == 0
+  topo = topology.make("ring", 8)  # one permute term per round
+  assert compress.payload_bytes_per_round(tree, topo, 0, c) == sum(
+      sent.values())
+  if fmt == "int8":
+    assert sent["w"] == 5 * (64 + 4)
+  mesh = parallel.make_mesh(8)
+  axis = parallel.worker_axis(mesh)
+  x = {"w": np.tile(np.arange(8, dtype=np.float32)[:, None], (1, 300)),
+       "e": np.zeros((8, 3, 0), np.float32)}
+  out = jax.jit(parallel.per_worker(
+      lambda t: compress.mix_compressed(t, topo, 0, axis, compressor=c),
+      mesh))(parallel.shard(x, mesh))
+  assert out["e"].shape == (8, 3, 0)
+  if fmt != "topk":  # a constant block is exact in every scaled format
+    np.testing.assert_allclose(  # (code = qmax, scale = the value / qmax)
+        np.asarray(out["w"]), topo.mixing_matrix(0) @ x["w"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", wire_format.FORMATS)
 def test_bytes_in_the_compiled_program_equal_the_hand_count(fmt):
   require_devices(8)
   topo = topology.make("ring", 8)  # one permute term per round
