@@ -59,8 +59,9 @@ benchmarks/gpu_check.sh``, under 5 minutes):
   (``pipelined_gossip=True``: the round mixed one step later).
 
 Every run without a GPU says so (``NOT RUN ON A GPU`` and ``"ran_on_gpu":
-false`` in the JSON): as of this writing the check has not been run on a
-GPU. ``--deviceless TARGET --workload FILE`` also writes the runtime-model
+false`` in the JSON). On one H100 the timing part has run (study 5); the
+schedule comparison and the gossip timing need 2 or more GPUs with the
+jax of that run (its mock GPU topology gave one device). ``--deviceless TARGET --workload FILE`` also writes the runtime-model
 workload read from the first compiled program
 (:mod:`decentral_jax.analysis.compiled_workload`), which ``predict
 --workload-file`` reads.
@@ -94,8 +95,8 @@ import _common  # benchmarks/_common.py, next to this script  # noqa: E402
 GPT2_SMALL = os.path.join(_ROOT, "configs", "gpt2_small_owt.py")
 #: Said in the output and the JSON of every run without a GPU.
 NOT_ON_GPU = ("no GPU: these numbers check the script on CPU devices "
-              "(synchronous collectives, unscheduled HLO); the check has "
-              "not been run on a GPU.")
+              "(synchronous collectives, unscheduled HLO), not a GPU; one "
+              "GPU's numbers: benchmarks/studies/05_gpu_check.md.")
 TINY = os.path.join(_ROOT, "configs", "gpt_tiny.py")
 # Deviceless target of a device kind (substring, first match wins).
 TARGET_OF_KIND = (("H200", "h200"), ("H100", "h100_sxm"),
@@ -465,6 +466,11 @@ def part_schedule(args) -> dict:
   devices = jax.devices()
   kind = devices[0].device_kind
   if len(devices) == 1 and jax.default_backend() == "gpu":
+    if os.environ.get("JAX_MOCK_GPU_TOPOLOGY"):  # the child: mock ignored
+      return {"result": f"XLA's mock GPU topology "
+              f"{os.environ['JAX_MOCK_GPU_TOPOLOGY']} gave 1 device with "
+              f"jax {jax.__version__}: no multi-GPU program to compile on "
+              "one GPU (run on 2 or more GPUs, or --deviceless TARGET)"}
     env = dict(os.environ, JAX_MOCK_GPU_TOPOLOGY="1x8x1")
     res = _child([sys.executable, os.path.abspath(__file__), "--part",
                   "schedule", "--json_only"] + _common_flags(args, 8), env,

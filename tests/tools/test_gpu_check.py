@@ -229,7 +229,7 @@ def test_cpu_smoke_run_says_it_did_not_run_on_a_gpu(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   assert "NOT RUN ON A GPU" in r.stdout
   got = json.loads(out.read_text())
-  assert got["ran_on_gpu"] is False and "not been run on a GPU" in got["note"]
+  assert got["ran_on_gpu"] is False and "not a GPU" in got["note"]
   assert {"timing", "schedule", "gossip_timing"} <= set(got)
   g = got["gossip_timing"]
   assert g["n_devices"] == 8
@@ -263,3 +263,26 @@ def test_smoke_timing_uses_the_batch_flag(batch, expected):
                                str(batch)])
   cfg, _, sequences = gpu_check._gpt_cfg(args)
   assert (sequences, cfg.n_layer) == (expected, 2)
+
+
+def test_one_gpu_whose_mock_topology_gives_one_device_says_so(monkeypatch):
+  """On one GPU the schedule part compiles in a child on XLA's mock 8-GPU
+  topology; a jax that ignores the mock (one H100, jax 0.11.2: still one
+  device) made that child start another child until the timeout. The
+  child now says the mock gave one device and starts nothing."""
+  import jax  # pylint: disable=import-outside-toplevel
+  script = _script()
+
+  class OneGpu:
+    device_kind = "NVIDIA H100 80GB HBM3"
+
+  def no_child(*unused):
+    raise AssertionError("a child process was started")
+
+  monkeypatch.setenv("JAX_MOCK_GPU_TOPOLOGY", "1x8x1")
+  monkeypatch.setattr(jax, "devices", lambda: [OneGpu()])
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(script, "_child", no_child)
+  got = script.part_schedule(script.parse_args(["--part", "schedule"]))
+  assert got["result"].startswith(
+      "XLA's mock GPU topology 1x8x1 gave 1 device"), got
