@@ -19,7 +19,9 @@ float32 or float64 array or has no elements, and a loss that is not a float
 scalar or an aux dict whose keys are not strings, whose values are not
 float scalars or that uses a name of the runner's own per-step metrics
 (traced with ``jax.eval_shape``, nothing compiled). Later batches are
-compared with step 0's shapes and dtypes as they are read.
+compared with step 0's shapes and dtypes as they are read; the initial
+parameters' values are checked finite (:func:`check_finite_params`) when
+the run first builds its state, before the first step.
 """
 
 from __future__ import annotations
@@ -345,6 +347,28 @@ def _check_params(params, what: str) -> None:
           f"{where} has shape {list(shape)} (no elements), which can be "
           "neither trained nor checkpointed; leave it out of the "
           "parameters.")
+
+
+def check_finite_params(params, what: str) -> None:
+  """Every value of the initial parameters (``init``'s output, one
+  worker's tree) finite: a NaN or inf there makes the first step's update
+  non-finite whatever the learning rate (a leaf the loss does not read
+  too). Checked on the device, one count per leaf.
+
+  Raises:
+    ValueError: the first leaf holding NaN/inf, by its path, with the
+      count.
+  """
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  counts = jax.device_get([jnp.sum(~jnp.isfinite(jnp.asarray(leaf)))
+                           for _, leaf in flat])
+  for (path, leaf), bad in zip(flat, counts):
+    if int(bad):
+      raise ValueError(
+          f"{what}: init's parameter leaf {jax.tree_util.keystr(path)} "
+          f"holds {int(bad)} NaN/inf value(s) of {math.prod(leaf.shape)}; "
+          "the initial parameters must be finite: fix the model's init "
+          "(or its options).")
 
 
 def _normalised_loss(loss: Callable) -> Callable:

@@ -60,6 +60,7 @@ from ml_collections import config_dict
 from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
+from decentral_jax.runner import custom_task
 from decentral_jax.runner import methods
 from decentral_jax.runner import evaluation
 from decentral_jax.runner import fault_run
@@ -275,6 +276,7 @@ class Experiment:
     self._batch_sharding = layouts.batch_sharding(self.mesh)
     self._init_key, self._dropout_key = run_keys(c)
     self._params0 = None
+    self._params0_finite = False
     self.task = (self._agreed_task() if multi_process else
                  tasks.make_task(c, n, self.local_batch))
     self.unit = self.task.unit
@@ -352,9 +354,16 @@ class Experiment:
     Returns:
       A :class:`~decentral_jax.runner.step.TrainState` whose leaves are
       ``[n_workers, ...]`` arrays sharded over the worker axis (``step`` 0).
+
+    Raises:
+      ValueError: an initial parameter holds NaN/inf (names the leaf).
     """
     if self._params0 is None:
       self._params0 = self.task.init_params(self._init_key)
+    if not self._params0_finite:  # before the first step: names the leaf
+      custom_task.check_finite_params(self._params0,
+                                      f"model {self.config.model.name!r}")
+      self._params0_finite = True
     everywhere = NamedSharding(parallel.device_mesh(self.mesh), P())
     params, rng = multiprocess.put_global(
         (self._params0, jax.random.key_data(self._dropout_key)), everywhere)

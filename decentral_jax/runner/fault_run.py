@@ -128,27 +128,30 @@ def resume_meta(config: config_dict.ConfigDict,
   return meta
 
 
-def resume_mismatch(theirs, mine: dict) -> str | None:
+def resume_mismatch(theirs, mine: dict,
+                    unread: tuple[str, ...] = ()) -> str | None:
   """The first fault setting in which a checkpoint's :func:`resume_meta`
   ``theirs`` differs from this run's ``mine``, for a message
   (``"config.faults.<key>=<theirs> but this run has <mine>"``), or None.
 
   The trace is compared by content (``trace_sha256``), not by path; a
   checkpoint written before the hash was recorded is compared by path.
+  A key of ``unread`` (settings this run's schedule does not read, e.g.
+  ``rejoin`` without failures) is not compared.
   """
   if not isinstance(theirs, dict):
     return f"config.faults={theirs!r:.80} (not a settings object)"
   if bool(theirs) != bool(mine):  # {} is faults.enabled=False
     return (f"config.faults.enabled={bool(theirs)} but this run has "
             f"{bool(mine)}")
-  skip = ("trace_sha256",)  # not in a checkpoint of an older version
+  skip = ("trace_sha256", *unread)  # hash: not in an older checkpoint
   if "trace_sha256" in theirs:
     a, b = theirs["trace_sha256"], mine.get("trace_sha256")
     if a != b:
       return (f"config.faults.trace={theirs.get('trace')!r} (content SHA-256 "
               f"{str(a)[:12]}) but this run's config.faults.trace="
               f"{mine.get('trace')!r} has content SHA-256 {str(b)[:12]}")
-    skip = ("trace", "trace_sha256")  # the same content, moved or renamed
+    skip = ("trace", "trace_sha256", *unread)  # the same content, moved
   for key in sorted(set(theirs) | set(mine)):
     if key not in skip and theirs.get(key) != mine.get(key):
       return (f"config.faults.{key}={theirs.get(key)!r} but this run has "

@@ -27,6 +27,7 @@ from decentral_jax.runner import field_rules
 from decentral_jax.runner import meta_derived
 from decentral_jax.runner import methods
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import metrics_resume
 
 #: checkpoint_meta key -> the config field a resumed run must keep.
 RESUME_FIELDS = {"n_workers": "n_workers",
@@ -484,6 +485,8 @@ def meta_error(meta, step: int | None = None,
   signed = metrics_lib.losses_signed(
       model.get("name") if isinstance(model, dict) else None)
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
+      metrics_resume.schedule_error(meta.get(metrics_resume.SCHEDULE_KEY),
+                                    meta["step"], meta.get("config"))) or (
       (_fields_error(meta, like) or _rules_error(meta)
        or _contradiction(meta, meta.get("config"))
        or meta_derived.window_steps_error(meta, meta.get("config"))
@@ -506,7 +509,8 @@ def check_run_meta(meta, where: str, step: int | None = None,
   "consensus": a number in [0, F32_MAX] or null}``, at most ``step``
   values in a list: the run computes them in float32; empty at a step
   the stored config logs, else not, and ``lr`` the stored schedule's at
-  ``step``: :mod:`~decentral_jax.runner.meta_derived`). With ``like``
+  ``step``: :mod:`~decentral_jax.runner.meta_derived`); ``log_schedule``
+  (optional) as :func:`metrics_resume.schedule_error` states. With ``like``
   the document must hold every key its format's writers write
   (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
   ``config``: a missing key is damage, never a field left uncompared);

@@ -474,7 +474,8 @@ def read_curve(path: str, key: str = "eval/loss", x: str = "step"):
   return np.asarray(pts[0], np.float64), np.asarray(pts[1], np.float64)
 
 
-def truncate_after(workdir: str, step: int, config=None) -> int:
+def truncate_after(workdir: str, step: int, config=None,
+                   schedule=None) -> int:
   """Drops records of ``<workdir>/metrics.jsonl`` that a resumed run redoes.
 
   A run resumed from a checkpoint after ``step`` steps logs every later step
@@ -489,7 +490,9 @@ def truncate_after(workdir: str, step: int, config=None) -> int:
   damage, not a redone record. With the checkpoint's stored ``config`` (a
   dict), an ``lr`` above its ``schedule.peak_lr`` is damage too, and a
   log that ends before the last step that config logs up to ``step`` is
-  a warning (records lost: :func:`metrics_resume.lost_warning`).
+  a warning (records lost: :func:`metrics_resume.lost_warning`), as is
+  a step its log ``schedule`` (the document's history) logs and the log
+  lacks.
 
   Returns:
     How many complete records were removed (0 if the file does not exist).
@@ -519,7 +522,7 @@ def truncate_after(workdir: str, step: int, config=None) -> int:
     _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)
-    lost = metrics_resume.lost_warning(path, keep, step, config)
+    lost = metrics_resume.lost_warning(path, keep, step, config, schedule)
     if lost and torn is None:  # a torn record says it is lost itself
       logging.warning("%s", lost)
   if torn is not None:

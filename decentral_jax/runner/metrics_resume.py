@@ -6,9 +6,17 @@ checks a kept run's rows by :func:`schedule_error`; a resumed train run
 applies :func:`lr_error` to every record (its ``steps`` may have changed,
 its schedule may not) and warns of records lost before the checkpoint
 (:func:`lost_warning`), so that both read the log by the same rules.
+
+A checkpoint's document records the history of the log schedule
+(:data:`SCHEDULE_KEY`: segments ``[from_step, log_interval,
+eval_interval]``, :func:`schedule_history`), since a resume may change the
+intervals; a resume then names every step that history logs up to the
+checkpoint and the kept log lacks (:func:`scheduled_steps`).
 """
 
 from __future__ import annotations
+
+import os
 
 from decentral_jax import records
 
@@ -67,13 +75,95 @@ def last_logged(step: int, config) -> int | None:
   return max(found, default=None)
 
 
+#: The checkpoint document's key of the log schedule's history.
+SCHEDULE_KEY = "log_schedule"
+
+
+def schedule_history(history, start: int, log_interval: int,
+                     eval_interval: int) -> list[list[int]]:
+  """The log schedule's history that a run started at step ``start`` (0: a
+  fresh run) records with its checkpoints.
+
+  ``history`` is the restored document's (:data:`SCHEDULE_KEY`; None for
+  a fresh run or a document of an older version, whose steps up to
+  ``start`` are then not known): segments ``[from_step, log_interval,
+  eval_interval]``, ``from_step`` increasing, the first logging the steps
+  after its ``from_step`` (0: also step 0's evaluation, with
+  ``eval_interval > 0``) up to the next segment's ``from_step``. Its
+  segments from ``start`` on are dropped, and ``[start, log_interval,
+  eval_interval]`` is appended unless the last segment has those
+  intervals."""
+  kept = [list(seg) for seg in history or () if seg[0] < start]
+  if not kept or kept[-1][1:] != [log_interval, eval_interval]:
+    kept.append([int(start), int(log_interval), int(eval_interval)])
+  return kept
+
+
+def schedule_error(history, step: int, config=None) -> str | None:
+  """Why a document's :data:`SCHEDULE_KEY` (at checkpoint ``step``, with
+  the stored ``config``, a dict or None) is not one
+  :func:`schedule_history` writes, or None (None when absent: an older
+  version). Its last segment holds the config's own intervals."""
+  if history is None:
+    return None
+  good = isinstance(history, list) and history and all(
+      isinstance(seg, list) and len(seg) == 3 and all(
+          isinstance(v, int) and not isinstance(v, bool) and v >= 0
+          for v in seg) and seg[1] >= 1 for seg in history)
+  starts = [seg[0] for seg in history] if good else []
+  if not good or starts != sorted(set(starts)) or starts[-1] > step:
+    return (f"{SCHEDULE_KEY} must be a list of [from_step, log_interval >= "
+            f"1, eval_interval >= 0] integer segments, from_step increasing "
+            f"and at most the step {step}, got {records.short(history)}")
+  ints = [field(config, k) for k in ("log_interval", "eval_interval")]
+  if all(isinstance(v, int) for v in ints) and history[-1][1:] != ints:
+    return (f"{SCHEDULE_KEY}'s last segment {history[-1]} disagrees with "
+            f"config.log_interval={ints[0]}, eval_interval={ints[1]} (the "
+            "writer records the config's intervals)")
+  return None
+
+
+def scheduled_steps(history: list, step: int) -> list[int]:
+  """The steps up to ``step`` that the log schedule's ``history``
+  (:func:`schedule_history`) logs, by its intervals: a multiple of a
+  segment's ``log_interval`` or ``eval_interval`` after its ``from_step``
+  and up to the next segment's, and 0 if the first segment starts there
+  with ``eval_interval > 0`` (the run's last step, logged too, is
+  :func:`last_logged`'s)."""
+  out = [0] if history[0][0] == 0 and history[0][2] > 0 else []
+  ends = [seg[0] for seg in history[1:]] + [step]
+  for (lo, log, ev), hi in zip(history, ends):
+    out += [t for t in range(lo + 1, min(hi, step) + 1)
+            if t % log == 0 or (ev > 0 and t % ev == 0)]
+  return out
+
+
+def _steps_text(steps: list[int]) -> str:
+  shown = ", ".join(map(str, steps[:8]))
+  return shown + (f", ... ({len(steps)} in all)" if len(steps) > 8 else "")
+
+
 def lost_warning(path: str, kept: list[dict], step: int,
-                 config) -> str | None:
+                 config, history=None) -> str | None:
   """The warning for a log whose last record before the checkpoint at
   ``step`` is of an earlier step than the checkpoint's ``config`` logs
-  there (:func:`last_logged`): the records between are lost; or None."""
+  there (:func:`last_logged`): the records between are lost; with the
+  document's log schedule ``history`` also a step it logs before the
+  last kept record (a hole) names all the steps lost; or None."""
   want = last_logged(step, config)
   have = max((r.get("step", 0) for r in kept), default=None)
+  if history and have is not None:
+    got = {r.get("step", 0) for r in kept}
+    first = min(got) if os.path.lexists(path + ".corrupt") else 0
+    missing = [t for t in scheduled_steps(history, step)
+               if t not in got and t >= first]  # a moved-aside log: its own
+    missing += [want] if want is not None and want > max(
+        [have, *missing]) else []
+    if missing and missing[0] < have:
+      return (f"{path} lacks records the checkpoint's log schedule "
+              "writes (segments [from_step, log_interval, eval_interval]: "
+              f"{history}): the records of steps {_steps_text(missing)} "
+              f"are lost; the resumed run logs from step {step + 1} on.")
   if want is None or (have is not None and have >= want):
     return None
   lost = (f"up to step {want}" if have is None

@@ -21,6 +21,7 @@ from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import methods
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import metrics_resume
 from decentral_jax.runner import run_meta
 
 
@@ -172,8 +173,10 @@ class Recorder:
 
   def __init__(self, exp, ckpt: checkpoint_lib.Checkpointer,
                c: config_dict.ConfigDict, workdir: str, start: int,
-               time_offset: float, window_state: dict | None, main: bool):
+               time_offset: float, window_state: dict | None, main: bool,
+               log_schedule: list | None = None):
     self._exp, self._ckpt, self._main = exp, ckpt, main
+    self._log_schedule = log_schedule  # metrics_resume.schedule_history
     self._config = c
     self._window = Window.from_state(window_state)
     self._timed = []
@@ -278,10 +281,12 @@ class Recorder:
 
   def checkpoint_meta(self, done: int) -> dict:
     """The run's checkpoint facts (:func:`run_meta.checkpoint_meta`), the
-    training time and the window."""
+    training time, the window and the log schedule's history."""
     meta = run_meta.checkpoint_meta(self._exp, done)
     meta["train_time_s"] = self.train_time()
     meta["metrics_window"] = self._window.state()
+    if self._log_schedule is not None:
+      meta[metrics_resume.SCHEDULE_KEY] = self._log_schedule
     return meta
 
   def final(self) -> dict:

@@ -171,7 +171,8 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
     if key == "model" and isinstance(theirs, dict):
       theirs = model_meta(theirs)
     if key == "faults":  # the trace by content; names the setting
-      why = fault_run.resume_mismatch(theirs, mine[key])
+      why = fault_run.resume_mismatch(
+          theirs, mine[key], validation.unread_fault_keys(exp.config))
       if why is not None:
         raise ValueError(
             f"the checkpoint in {directory} was written with {why}; resume "

@@ -39,6 +39,7 @@ from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import metrics_resume
 from decentral_jax.runner import preemption
 from decentral_jax.runner import recorder as recorder_lib
 from decentral_jax.runner import run_meta
@@ -204,26 +205,28 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
 
 
 def _start_records(c, workdir: str, exp: Experiment, start: int,
-                   written=None) -> None:
+                   written=None, schedule=None) -> None:
   """Process 0, before the first step: config.json, metrics, a log line."""
   # Written only once the run is known to be valid (a rejected resume must
   # not overwrite the record of the original run).
   _write_config(workdir, c)
   # Records logged after the restored checkpoint are about to be redone.
-  resume_metrics(workdir, start, written)
+  resume_metrics(workdir, start, written, schedule)
   logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
                "%s/step, mesh %s", _method_words(c), exp.n_workers,
                jax.process_count(), f"{exp.param_count:,}",
                exp.tokens_per_step, exp.unit, parallel.mesh_shape(exp.mesh))
 
 
-def resume_metrics(workdir: str, start: int, written=None) -> None:
+def resume_metrics(workdir: str, start: int, written=None,
+                   schedule=None) -> None:
   """``metrics.truncate_after`` by the rules of ``written`` (the
-  checkpoint's stored config, or None); a damaged metrics.jsonl (a log,
+  checkpoint's stored config, or None) and its log ``schedule`` (the
+  document's history, or None); a damaged metrics.jsonl (a log,
   not the state the run resumes from) is moved aside with one warning and
   the run writes a fresh file from ``start`` on."""
   try:
-    metrics_lib.truncate_after(workdir, start, written)
+    metrics_lib.truncate_after(workdir, start, written, schedule)
   except metrics_lib.MetricsError as e:
     moved = metrics_lib.set_aside(workdir)
     logging.warning(
@@ -265,12 +268,16 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
   main = multiprocess.is_main_process()
   state, start, time_offset, meta = _resume(exp, ckpt, main)
   window_state = (meta or {}).get("metrics_window")
+  restored = (meta or {}).get(metrics_resume.SCHEDULE_KEY)
   if main:
-    _start_records(c, workdir, exp, start, (meta or {}).get("config"))
+    _start_records(c, workdir, exp, start, (meta or {}).get("config"),
+                   restored)
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
   log_every = int(c.log_interval)
+  history = metrics_resume.schedule_history(restored, start, log_every,
+                                            eval_every)
   with recorder_lib.Recorder(exp, ckpt, c, workdir, start, time_offset,
-                             window_state, main) as recorder:
+                             window_state, main, history) as recorder:
     if start == 0 and eval_every:  # the common starting point of all runs
       recorder.record(0, exp.evaluate(state))
     pending = None

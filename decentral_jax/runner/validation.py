@@ -296,6 +296,17 @@ def _unread_fault_reason(c: config_dict.ConfigDict, key: str) -> str | None:
   return None
 
 
+def unread_fault_keys(c: config_dict.ConfigDict) -> tuple[str, ...]:
+  """The ``config.faults`` fields the enabled schedule of ``c`` does not
+  read (() without faults); a resume does not compare them (a checkpoint
+  of an older version may hold a value the method then required, e.g.
+  decentralized's ``rejoin='copy_mean'`` without failures)."""
+  if "faults" not in c or not c.faults.enabled:
+    return ()
+  return tuple(k for k in base_config().faults.keys()
+               if k != "enabled" and _unread_fault_reason(c, k) is not None)
+
+
 def _check_unread_faults(c: config_dict.ConfigDict) -> None:
   """Refuses a fault setting the enabled schedule would not read, and a
   ``slow_fraction`` that makes no worker slow."""
@@ -324,8 +335,8 @@ def _check_unread_faults(c: config_dict.ConfigDict) -> None:
 
 def _method_allows(c: config_dict.ConfigDict, key: str, default) -> bool:
   """Whether the method's fault check accepts ``config.faults.<key>`` at
-  its default (decentralized requires ``rejoin='copy_mean'`` whatever the
-  schedule: its value is then the method's, never an unread setting)."""
+  its default (decentralized requires ``rejoin='copy_mean'`` where workers
+  can fail: its value is then the method's, never an unread setting)."""
   trial = c.copy_and_resolve_references()
   trial.faults[key] = default
   try:

@@ -55,6 +55,8 @@ def make_linear(scale=0.0, extra=""):
       return params, key
     if extra == "int_key":
       params[0] = jax.numpy.zeros((2,))
+    if extra == "nan":  # a leaf the loss never reads: losses stay finite
+      params["layer"] = {"b": jax.numpy.array([0.0, jnp.nan, jnp.inf])}
     return params
 
   def loss(params, batch, key):
@@ -273,6 +275,22 @@ def test_bad_models_and_sources_are_refused_before_training(fields, message):
   with pytest.raises(ValueError) as e:
     experiment_lib.Experiment(c)
   assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_non_finite_initial_parameter_is_named_before_the_first_step(
+    tmp_path):
+  # It stopped the run at step 1 as a diverged run (FloatingPointError),
+  # blaming the learning rate and the clip although the losses were finite.
+  require_devices(N)
+  c = linear_config(**{"model.options.extra": "nan"})
+  with pytest.raises(ValueError) as e:
+    train.train_and_evaluate(c, str(tmp_path))
+  assert str(e.value) == (
+      "model 'test_linear': init's parameter leaf ['layer']['b'] holds 2 "
+      "NaN/inf value(s) of 3; the initial parameters must be finite: fix "
+      "the model's init (or its options).")
+  assert not isinstance(e.value, FloatingPointError)
+  assert not os.path.exists(tmp_path / metrics_lib.METRICS_FILE)  # no step
 
 
 def test_an_iterator_source_is_checked_step_by_step():

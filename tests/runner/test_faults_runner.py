@@ -154,8 +154,7 @@ def test_decentralized_without_faults_is_the_plain_run():
   require_devices(N)
   plain = _params_after(_config("--config.algorithm=decentralized"), 4)
   healthy = _params_after(_config("--config.algorithm=decentralized",
-                                  "--config.faults.enabled=True",
-                                  "--config.faults.rejoin=copy_mean"), 4)
+                                  "--config.faults.enabled=True"), 4)
   for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(healthy)):
     np.testing.assert_array_equal(a, b)
 
@@ -164,7 +163,9 @@ def test_decentralized_without_faults_is_the_plain_run():
     (("--config.algorithm=sgp",),
      r"config.faults.enabled=True needs config.algorithm in local_sgd, "
      r"diloco, decentralized, got 'sgp'"),
-    (("--config.algorithm=decentralized",),
+    (("--config.algorithm=decentralized", "--config.faults.failure_rate=0.1"),
+     r"config.faults.rejoin='copy_theta': config.algorithm=decentralized"),
+    (("--config.algorithm=decentralized", "--config.faults.trace=/x.json"),
      r"config.faults.rejoin='copy_theta': config.algorithm=decentralized"),
     (("--config.algorithm=diloco", "--config.faults.min_quorum=9"),
      r"config.faults.min_quorum=9 exceeds config.n_workers=8"),
@@ -187,8 +188,7 @@ def test_bad_faults_config(overrides, match):
 
 
 # Settings the enabled schedule would not read, each refused by name.
-_DECENTRALIZED = ("--config.algorithm=decentralized",
-                  "--config.faults.rejoin=copy_mean")
+_DECENTRALIZED = ("--config.algorithm=decentralized",)
 
 
 @pytest.mark.parametrize("overrides,match", [
@@ -226,6 +226,13 @@ _DECENTRALIZED = ("--config.algorithm=decentralized",
       "--config.faults.rejoin=keep"),
      r"^config.faults.rejoin='keep' has no effect with config.faults."
      r"failure_rate=0 and no config.faults.trace \(no worker fails\)"),
+    # decentralized rejoins with the live neighbours' mean where workers can
+    # fail; without failures its copy_mean is as unread as diloco's.
+    *[((*_DECENTRALIZED, *slow, "--config.faults.rejoin=copy_mean"),
+       r"^config.faults.rejoin='copy_mean' has no effect with config.faults."
+       r"failure_rate=0 and no config.faults.trace \(no worker fails\); "
+       r"leave it at its default: --config.faults.rejoin='copy_theta'\.$")
+      for slow in ((), ("--config.faults.slow_fraction=0.25",))],
     (("--config.algorithm=local_sgd", "--config.faults.on_failure=rollback"),
      r"^config.faults.on_failure='rollback' has no effect with config.faults."
      r"failure_rate=0 and no config.faults.trace, and no slow worker left "
@@ -265,8 +272,10 @@ def test_fault_settings_that_are_read_are_accepted(tmp_path):
       ("--config.algorithm=diloco", "--config.faults.failure_rate=0.01",
        "--config.faults.mean_downtime=5", "--config.faults.min_quorum=2",
        "--config.faults.on_failure=rollback"),
-      (*_DECENTRALIZED, "--config.faults.failure_rate=0.01"),
-      _DECENTRALIZED,  # rejoin=copy_mean is decentralized's, failures or not
+      (*_DECENTRALIZED, "--config.faults.failure_rate=0.01",
+       "--config.faults.rejoin=copy_mean"),
+      _DECENTRALIZED,  # nothing rejoins: rejoin at its default
+      (*_DECENTRALIZED, "--config.faults.slow_fraction=0.125"),
       ("--config.algorithm=diloco", "--config.faults.slow_fraction=0.125",
        "--config.faults.on_failure=rollback", "--config.faults.min_quorum="
        "8"),  # a slow worker past the deadline misses the quorum
@@ -302,6 +311,26 @@ def test_trace_event_after_the_last_step_is_refused(tmp_path):
   late["start"] = 11  # the last step
   trace = _trace(tmp_path / "t.json", dead, late)
   assert fault_run.make(config).schedule.speed(11).tolist()[2] == 0.5
+
+
+def test_resume_skips_a_fault_setting_this_run_does_not_read():
+  # A checkpoint of decentralized with slow workers only, written when the
+  # method required rejoin='copy_mean' whatever the schedule: this run
+  # leaves rejoin at its default (nothing rejoins), and a resume goes on.
+  c = _config("--config.algorithm=decentralized", "--config.faults.enabled=True",
+              "--config.faults.slow_fraction=0.25")
+  mine = json.loads(c.faults.to_json())
+  older = dict(mine, rejoin="copy_mean")
+  assert set(validation.unread_fault_keys(c)) == {
+      "min_quorum", "on_failure", "mean_downtime", "rejoin"}
+  assert fault_run.resume_mismatch(older, mine) == (
+      "config.faults.rejoin='copy_mean' but this run has 'copy_theta'")
+  assert fault_run.resume_mismatch(
+      older, mine, validation.unread_fault_keys(c)) is None
+  # A setting the run reads is still compared.
+  assert fault_run.resume_mismatch(
+      dict(older, slow_fraction=0.5), mine, validation.unread_fault_keys(c)
+  ) == "config.faults.slow_fraction=0.5 but this run has 0.25"
 
 
 def test_resume_compares_the_trace_by_content_and_names_the_setting(

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from decentral_jax.runner import metrics
+from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics_resume
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -354,3 +355,108 @@ def test_a_log_cut_back_before_the_checkpoint_is_one_warning(
   metrics.truncate_after(str(tmp_path), 6, WRITTEN)
   assert "holds no record" in caplog.records[-1].getMessage()
   assert "up to step 6" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("history, start, log, ev, want", [
+    (None, 0, 1, 3, [[0, 1, 3]]),  # a fresh run
+    ([[0, 1, 3]], 6, 1, 3, [[0, 1, 3]]),  # the same intervals: unchanged
+    ([[0, 1, 3]], 6, 2, 3, [[0, 1, 3], [6, 2, 3]]),
+    # resumed at 6 again, with the first intervals: the segment from 6 goes
+    ([[0, 1, 3], [6, 2, 3]], 6, 1, 3, [[0, 1, 3]]),
+    (None, 4, 2, 0, [[4, 2, 0]])])  # an older document: steps <= 4 unknown
+def test_the_log_schedule_history(history, start, log, ev, want):
+  assert metrics_resume.schedule_history(history, start, log, ev) == want
+
+
+@pytest.mark.parametrize("history, step, want", [
+    ([[0, 1, 3]], 5, [0, 1, 2, 3, 4, 5]),
+    # log 2 / eval 3 up to 6, then log 4 without evaluations up to 12
+    ([[0, 2, 3], [6, 4, 0]], 12, [0, 2, 3, 4, 6, 8, 12]),
+    ([[0, 2, 0]], 5, [2, 4]),  # no starting evaluation
+    ([[4, 2, 0]], 9, [6, 8])])  # nothing known up to step 4
+def test_the_steps_a_log_schedule_logs(history, step, want):
+  assert metrics_resume.scheduled_steps(history, step) == want
+
+
+def _steps_file(path, steps):
+  path.write_text("".join(f'{{"step": {s}}}\n' for s in steps))
+
+
+def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
+    tmp_path, caplog):
+  """A record deleted in the middle (log_interval=1: steps 0..6, step 2
+  gone) is named by the document's log schedule; the kept records stay.
+  Without a schedule (an older document) only a log cut short is named."""
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  _steps_file(path, [0, 1, 3, 4, 5, 6])
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
+  assert caplog.records == []  # the older rule: it ends at step 6
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]]) == 0
+  [record] = caplog.records
+  assert record.getMessage() == (
+      f"{path} lacks records the checkpoint's log schedule writes (segments "
+      "[from_step, log_interval, eval_interval]: [[0, 1, 3]]): the records "
+      "of steps 2 are lost; the resumed run logs from step 7 on.")
+  assert [r["step"] for r in metrics.read_jsonl(str(path))] == [
+      0, 1, 3, 4, 5, 6]
+  # A hole and a log cut short: all the steps lost, in one warning.
+  _steps_file(path, [0, 1, 3])
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
+  assert len(caplog.records) == 2
+  assert "the records of steps 2, 4, 5, 6 are lost" in \
+      caplog.records[-1].getMessage()
+
+
+def test_a_log_whose_intervals_changed_is_read_by_its_history(
+    tmp_path, caplog):
+  """log_interval 2 (eval 3) up to step 4, then 1: steps 0, 2, 3, 4 then
+  5, 6 (by hand). The whole log draws no warning (the stored config's
+  log_interval=1 alone would ask for step 1); without step 3 it names 3."""
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  history = [[0, 2, 3], [4, 1, 3]]
+  _steps_file(path, [0, 2, 3, 4, 5, 6])
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, history) == 0
+  assert caplog.records == []
+  _steps_file(path, [0, 2, 4, 5, 6])
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, history)
+  [record] = caplog.records
+  assert "the records of steps 3 are lost" in record.getMessage()
+
+
+def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
+  """After a damaged log was moved aside, the new file starts after the
+  step it resumed at: its earlier steps are in the moved file (named once
+  then), not lost again at every resume; a hole after its first record
+  still is."""
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  _steps_file(path, [5, 6])
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
+  assert "the records of steps 0, 1, 2, 3, 4 are lost" in \
+      caplog.records[-1].getMessage()
+  (tmp_path / metrics.CORRUPT_FILE).write_text('{"step": 0}\n')
+  caplog.clear()
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
+  assert caplog.records == []
+  _steps_file(path, [4, 6])
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
+  assert "the records of steps 5 are lost" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("history, why", [
+    ([[0, 1]], "must be a list of [from_step, log_interval >= 1"),
+    ([[0, 0, 3]], "must be a list of [from_step, log_interval >= 1"),
+    ([[0, 1, 3], [0, 2, 3]], "from_step increasing"),
+    ([[0, 1, 3], [7, 1, 3]], "at most the step 6"),
+    ([[0, 1, True]], "integer segments"),
+    ([[0, 1, 3], [4, 2, 3]], "last segment [4, 2, 3] disagrees with "
+     "config.log_interval=1, eval_interval=3")])
+def test_a_damaged_log_schedule_is_a_damaged_document(history, why):
+  meta = {"step": 6, "data_position": 6, "config": WRITTEN,
+          metrics_resume.SCHEDULE_KEY: history}
+  assert why in meta_schema.meta_error(meta)
+  assert meta_schema.meta_error(
+      dict(meta, **{metrics_resume.SCHEDULE_KEY: [[0, 2, 0], [3, 1, 3]]})
+  ) is None

@@ -140,3 +140,43 @@ def test_finished_run_is_only_evaluated_and_a_shorter_one_refused(tmp_path,
       "the end of this run (config.steps=4); set --config.steps=6 or more")
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     assert json.load(f)["steps"] == STEPS  # the run's record is kept
+
+
+@pytest.mark.slow  # three training runs: the slow tier
+def test_resumes_that_change_the_log_interval_name_a_hole_in_the_log(
+    tmp_path, caplog):
+  """3 steps logged every 3, resumed to 6 logged every step: the document
+  records both segments and the log holds steps 0, 3, 4, 5, 6 (by hand).
+  With step 4's record deleted, the resume to 7 names it in one warning."""
+  require_devices(N)
+  workdir = str(tmp_path / "run")
+
+  def run(steps, log):
+    config = config_lib.load_config(
+        os.path.join(ROOT, "configs", "gpt_tiny.py"),
+        [*_SMALL, f"steps={steps}", f"log_interval={log}"])
+    train.train_and_evaluate(config, workdir)
+
+  caplog.set_level("WARNING")
+  run(3, 3)
+  run(6, 1)
+  path = os.path.join(workdir, metrics.METRICS_FILE)
+  assert [r["step"] for r in metrics.read_jsonl(path)] == [0, 3, 4, 5, 6]
+  _, _, meta = restore(experiment_lib.Experiment(six_step_config()),
+                       workdir, 6)
+  assert meta["log_schedule"] == [[0, 3, 3], [3, 1, 3]]
+  assert not [r for r in caplog.records if "are lost" in r.getMessage()]
+  lines = open(path).read().splitlines(keepends=True)
+  with open(path, "w") as f:
+    f.writelines(line for line in lines if json.loads(line)["step"] != 4)
+  run(7, 1)
+  [lost] = [r for r in caplog.records if "are lost" in r.getMessage()]
+  assert "the records of steps 4 are lost" in lost.getMessage()
+  assert [r["step"] for r in metrics.read_jsonl(path)] == [0, 3, 5, 6, 7]
+
+
+_SMALL = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+          "model.block_size=16", "model.dropout=0.1", "global_batch=16",
+          f"n_workers={N}", "topology=one_peer_exp", "optimizer.accum_steps=4",
+          "schedule.warmup_steps=2", "eval_batches=1", "eval_interval=3",
+          "checkpoint_interval=3"]

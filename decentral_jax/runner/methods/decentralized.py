@@ -140,13 +140,17 @@ def check_pipelined(config) -> None:
 
 
 def check_faults(config) -> None:
-  """A rejoining worker takes the mean of its live neighbours (no theta)."""
+  """A rejoining worker takes the mean of its live neighbours (no theta):
+  where a worker can fail and come back (``failure_rate > 0`` or a trace),
+  ``rejoin`` must say so (``copy_mean``); without failures nothing rejoins
+  and ``rejoin`` is left at its default like any unread fault setting."""
   if config.pipelined_gossip:
     raise ValueError(
         "config.pipelined_gossip=True with config.faults: pipelined gossip "
         "has no live-worker round; set --config.pipelined_gossip=False.")
   f = config.faults
-  if f.rejoin != "copy_mean":
+  rejoins = bool(f.failure_rate) or bool(f.trace)
+  if rejoins and f.rejoin != "copy_mean":
     raise ValueError(
         f"config.faults.rejoin={f.rejoin!r}: config.algorithm=decentralized "
         "has no theta and rejoins a worker with the mean of its live "
