@@ -185,6 +185,21 @@ def test_functions_and_modules_stay_short():
       f"{sorted(LONG_MODULES - still_long)}")
 
 
+def test_no_module_defines_a_top_level_name_twice():
+  """A second ``def`` of a name silently replaces the first for every
+  caller (a resume rule once shadowed compare's row rule of the same
+  name): each module-level function or class name appears once."""
+  twice = []
+  for _, path in _modules():
+    with open(path, encoding="utf-8") as f:
+      body = ast.parse(f.read()).body
+    names = [n.name for n in body if isinstance(
+        n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    twice += [f"{os.path.relpath(path, ROOT)}: {n}"
+              for n in sorted({n for n in names if names.count(n) > 1})]
+  assert not twice, "defined twice:\n" + "\n".join(twice)
+
+
 def _python(code: str) -> subprocess.CompletedProcess:
   """Runs ``python -c code`` in a fresh interpreter at the repository root."""
   return subprocess.run([sys.executable, "-c", code], capture_output=True,

@@ -485,8 +485,9 @@ def meta_error(meta, step: int | None = None,
   signed = metrics_lib.losses_signed(
       model.get("name") if isinstance(model, dict) else None)
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
-      metrics_resume.schedule_error(meta.get(metrics_resume.SCHEDULE_KEY),
-                                    meta["step"], meta.get("config"))) or (
+      metrics_resume.log_schedule_error(
+          meta.get(metrics_resume.SCHEDULE_KEY), meta["step"],
+          meta.get("config"))) or (
       (_fields_error(meta, like) or _rules_error(meta)
        or _contradiction(meta, meta.get("config"))
        or meta_derived.window_steps_error(meta, meta.get("config"))
@@ -510,7 +511,7 @@ def check_run_meta(meta, where: str, step: int | None = None,
   values in a list: the run computes them in float32; empty at a step
   the stored config logs, else not, and ``lr`` the stored schedule's at
   ``step``: :mod:`~decentral_jax.runner.meta_derived`); ``log_schedule``
-  (optional) as :func:`metrics_resume.schedule_error` states. With ``like``
+  (optional) as :func:`metrics_resume.log_schedule_error` states. With ``like``
   the document must hold every key its format's writers write
   (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
   ``config``: a missing key is damage, never a field left uncompared);

@@ -99,7 +99,7 @@ def schedule_history(history, start: int, log_interval: int,
   return kept
 
 
-def schedule_error(history, step: int, config=None) -> str | None:
+def log_schedule_error(history, step: int, config=None) -> str | None:
   """Why a document's :data:`SCHEDULE_KEY` (at checkpoint ``step``, with
   the stored ``config``, a dict or None) is not one
   :func:`schedule_history` writes, or None (None when absent: an older
