@@ -53,7 +53,9 @@ def message_bytes(m: Method, w: Workload, n_workers: int = 1) -> float:
   (:func:`~decentral_jax.runtime_model.compression.sync_payload`): for the
   scaled formats that of the parameter count padded as the compressed
   all-reduce over ``n_workers`` pads it, all-reduced; for top-k that of
-  the parameter count, all-gathered (:func:`sync_cost`).
+  the parameter count, all-gathered (:func:`sync_cost`; a lower bound:
+  the library pads every leaf, see
+  :func:`~decentral_jax.runtime_model.compression.topk_leaf_padding_bytes`).
   """
   if m.compress is not None:
     return compression.sync_payload(

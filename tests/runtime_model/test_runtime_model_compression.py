@@ -129,6 +129,44 @@ def test_topk_sync_bytes_equal_the_librarys_count(n_workers, local_size,
         compress.Compressor("topk", block, fraction))
 
 
+def test_topk_priced_sync_is_short_of_the_per_leaf_payload_by_at_most_a_chunk_per_leaf():
+  # The library encodes top-k leaf by leaf; the model prices N as one
+  # buffer. The tests' tiny GPT (1 layer, width 16, vocabulary 256, context
+  # 8, no biases): wte 256x16, wpe 8x16, ln 16, qkv 16x48, proj 16x16, ln
+  # 16, fc 16x64, proj 64x16, ln_f 16. B = 256, fraction 1/8: k = 32
+  # values of 4 + 2 bytes per chunk; ceil(7344 / 256) = 29 chunks priced,
+  # 16+1+1+3+1+1+4+4+1 = 32 sent.
+  leaves = [4096, 128, 16, 768, 256, 16, 1024, 1024, 16]
+  assert sum(leaves) == 7344
+  chunk = 32 * 6
+  priced = compression.sync_payload("topk", 7344, 8, 256, 0.125)
+  sent = sum(_topk_sent_per_sync(s, 2, 256, 0.125) for s in leaves)
+  assert priced == 29 * chunk == 5568
+  assert sent == 32 * chunk == 6144
+  assert compression.topk_leaf_padding_bytes(9, 256, 0.125) == 8 * chunk
+  assert 7 * sent == compressed_mean.gather_payload_bytes(
+      [np.zeros(s, np.float32) for s in leaves], 8,
+      compress.Compressor("topk", 256, 0.125))
+  rng = np.random.default_rng(0)
+  for _ in range(20):
+    sizes = [int(v) for v in rng.integers(1, 3000, rng.integers(1, 12))]
+    block = int(rng.choice([8, 64, 256]))
+    priced = compression.sync_payload("topk", sum(sizes), 4, block, 0.25)
+    sent = sum(_topk_sent_per_sync(s, 2, block, 0.25) for s in sizes)
+    bound = compression.topk_leaf_padding_bytes(len(sizes), block, 0.25)
+    assert priced <= sent <= priced + bound, (sizes, block)
+  # The bound is reached (L leaves of one value: L chunks against 1) and
+  # is 0 where the leaves hold multiples of B (GPT-2 small at B = 256).
+  k_bytes = 64 * 6
+  assert sum(_topk_sent_per_sync(1, 2, 256, 0.25) for _ in range(5)) == \
+      compression.sync_payload("topk", 5, 2, 256, 0.25) + 4 * k_bytes == \
+      compression.sync_payload("topk", 5, 2, 256, 0.25) + \
+      compression.topk_leaf_padding_bytes(5, 256, 0.25)
+  assert compression.topk_leaf_padding_bytes(1, 256, 0.25) == 0
+  with pytest.raises(ValueError, match="n_leaves"):
+    compression.topk_leaf_padding_bytes(0, 256, 0.25)
+
+
 def test_topk_diloco_sync_is_an_all_gather_by_hand():
   # 8 workers on 8 nodes, one link class (flat ring, a, b): N = 1e6, B =
   # 256, fraction 1/32 -> k = 8 per chunk, 3907 chunks, P = 3907 * 8 * (4
