@@ -589,10 +589,34 @@ def parse_args(argv=None) -> argparse.Namespace:
   args.given = flag_types.given_flags(
       ap, sys.argv[1:] if argv is None else argv)
   try:
+    check_not_empty(ap, args)
     check_flags(args)
   except ValueError as e:
     ap.error(str(e))
   return args
+
+
+#: What to give each flag whose default, "", stands for the flag left out.
+EMPTY_MEANS_ABSENT = {
+    "--deviceless": "a GPU target (h200, h100_sxm, a100_sxm_80) or a "
+                    ".txtpb file",
+    "--topology": "SLICESxHOSTSxGPUS (e.g. 1x2x4)"}
+
+
+def check_not_empty(ap: argparse.ArgumentParser, args) -> None:
+  """Refuses a flag given (``args.given``) with an empty value where its
+  default, ``""``, means the flag left out (``--deviceless ''`` would run
+  on this machine's devices instead of compiling for a target).
+
+  Raises:
+    ValueError: ``--deviceless is empty; give ... or drop --deviceless.``
+  """
+  for flag in sorted(args.given):
+    dest = flag[2:].replace("-", "_")
+    if ap.get_default(dest) == "" and getattr(args, dest, None) == "":
+      give = EMPTY_MEANS_ABSENT.get(flag, "a value")
+      raise ValueError(f"{flag} is empty, which reads as {flag} left out; "
+                       f"give {give} or drop {flag}.")
 
 
 # (flag, least, most) of the integer flags, in their units (steps,

@@ -31,7 +31,7 @@ they are) and refuses every other flag. A run that keeps modes from
 ``--out`` must use the settings they were measured with. The file is
 checked before any of its numbers is used (types and bounds of ``"args"``
 as the flags', one resume or downtime entry per kill, kills within the
-schedule): a damaged one is one ``error:`` line naming ``--out``, the file
+schedule, at least 2 merge times, a period above 0 s): a damaged one is one ``error:`` line naming ``--out``, the file
 and the key.
 """
 
@@ -281,14 +281,14 @@ def parse_args(argv=None):
   p.add_argument("--progress", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   import _common  # pylint: disable=import-outside-toplevel
-  if args.spmd_worker:
-    _common.check_flags(p, args, outputs=("--ckpt", "--progress"))
-    return args
-  if args.reprice:
+  if args.reprice:  # before --spmd-worker: the reprice runs no program
     _common.check_report_flags(
         p, argv, mode="with --reprice", reads=("--out", "--reprice"),
         why="it prices the runs stored in --out again at the settings they "
         "were measured with (the file's \"args\")")
+  if args.spmd_worker:
+    _common.check_flags(p, args, outputs=("--ckpt", "--progress"))
+    return args
   _common.check_flags(p, args, outputs=("--out",),
                       inputs=("--out",) if args.reprice else (),
                       rules=(_check_modes, _check_kill_every, _check_kept))
@@ -331,8 +331,9 @@ def _results_agree(saved: dict):
   """``(key, why)`` for results that disagree with themselves, or None:
   ``lr > 0``; each mode's kills at most the kill schedule's (one per
   ``kill_every`` merged periods before the last) and as many resume or
-  downtime entries as kills (each null or seconds in [0, 1e9]); the sync
-  run's merge times in order (not decreasing)."""
+  downtime entries as kills (each null or seconds in [0, 1e9]); the SPMD
+  run's period above 0 seconds; the sync run's merge times at least 2 (the
+  period is their median gap) and in order (not decreasing)."""
   from decentral_jax import records  # pylint: disable=import-outside-toplevel
   a, measured = saved["args"], saved["measured"]
   if a["lr"] <= 0:
@@ -358,8 +359,17 @@ def _results_agree(saved: dict):
       return f"{key}.{times}", (
           f"{key}.{times} has {len(r[times])} entries for {key}.kills "
           f"{r['kills']} (one per kill)")
-  merge = measured.get("sync", {"log": {"merge_time": []}})["log"][
+  if "spmd" in measured and measured["spmd"]["period_s"] <= 0:
+    return "measured.spmd.period_s", (
+        "measured.spmd.period_s must be > 0 seconds (a median period), got "
+        f"{records.short(measured['spmd']['period_s'])}")
+  merge = measured.get("sync", {"log": {"merge_time": [0, 0]}})["log"][
       "merge_time"]
+  if len(merge) < 2:
+    return "measured.sync.log.merge_time", (
+        f"measured.sync.log.merge_time has {len(merge)} entries; a run "
+        "merges at least twice (--kill-every below --periods), and its "
+        "period is the median gap between merges")
   if any(b < a_ for a_, b in zip(merge, merge[1:])):
     return "measured.sync.log.merge_time", (
         "measured.sync.log.merge_time must not decrease (merge times in "

@@ -134,9 +134,23 @@ def xla_refusal(texts: list[str], message: str) -> str:
                                                  for t in texts)}
   if m and m.group(1) in typed:
     message = message.replace(f"'{m.group(2)}'", repr(typed[m.group(1)]), 1)
-  fix = ("check the name against XLA's DebugOptions" if "No such" in message
-         else "a bool takes true or false, an int a whole number")
-  return f"--xla: XLA refuses it: {message.rstrip('.')}; {fix}."
+  return f"--xla: XLA refuses it: {message.rstrip('.')}; {_xla_fix(message)}."
+
+
+def _xla_fix(message: str) -> str:
+  """The fix of XLA's refusal ``message``, by what it refuses: an unknown
+  name, a value of a message-valued (map or proto) option, which XLA's
+  compile options cannot set at all, or a scalar of the wrong type."""
+  if "No such" in message:
+    return "check the name against XLA's DebugOptions"
+  m = re.match(r"While setting option (xla_[a-z0-9_]+), .* is not a valid "
+               r"message value", message)
+  if m is None:
+    return "a bool takes true or false, an int a whole number"
+  where = ("use --network_gbps and --gpus_per_node" if m.group(1) ==
+           NETWORK_OPTION else f"set it in XLA_FLAGS (--{m.group(1)}=...)")
+  return (f"--xla sets only bool, number, string and enum options, and "
+          f"{m.group(1)} takes a message (a map or proto); {where} instead")
 
 def check_xla_bounds(key: str, value) -> None:
   """Refuses an ``--xla`` value of an option a flag of this command also
@@ -343,7 +357,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
   ap.add_argument("--xla", action="append", default=[],
                   help="an extra XLA compile option KEY=VALUE (repeatable; "
                   "a bool takes true or false; XLA checks the name and the "
-                  "value's type before the first compile)")
+                  "value's type before the first compile; a message-valued "
+                  "option such as a map goes in XLA_FLAGS)")
   ap.add_argument("--timeline", action="store_true",
                   help="draw each case's step per target to a PNG next to "
                   "--out")

@@ -147,6 +147,10 @@ def test_learners_goodput_reprice_keeps_the_measured_settings(tmp_path):
                            "have no effect with --reprice"), err
   code, _, err = _goodput("--reprice", "--out", str(out), "--lr", "5")
   assert code == 2 and err[0].startswith("error: --lr has no effect"), err
+  # The hidden worker flag runs a program: refused with --reprice too.
+  code, _, err = _goodput("--reprice", "--out", str(out), "--spmd-worker")
+  assert code == 2 and len(err) == 1 and err[0].startswith(
+      "error: --spmd-worker has no effect with --reprice"), err
   assert out.read_text() == text
   # Repriced at the stored settings: the file's "args" as they were and
   # the prices of the recorded run (made at those settings).
@@ -220,6 +224,14 @@ def _goodput_file(**changes):
      "measured.decoupled.downtime_s[1] must be null or seconds"),
     ({"measured.sync.log.merge_time": [1, 3, 2]},
      "measured.sync.log.merge_time must not decrease"),
+    # no period to price: fewer than 2 merges, or a period of 0 s
+    ({"measured.sync.log.merge_time": []},
+     "measured.sync.log.merge_time has 0 entries; a run merges at least "
+     "twice"),
+    ({"measured.sync.log.merge_time": [5.0]},
+     "measured.sync.log.merge_time has 1 entries"),
+    ({"measured.spmd.period_s": 0}, "measured.spmd.period_s must be > 0 "
+     "seconds (a median period), got 0"),
 ])
 def test_learners_goodput_reprice_refuses_a_damaged_file(
     capsys, monkeypatch, tmp_path, changes, says):

@@ -797,6 +797,13 @@ def test_the_default_configs_are_package_presets_without_a_checkout(
                                      "--seeds=0,1,2 sets every run's seed",)),
     (["--cpu_devices=2"], ("--cpu_devices=2 simulates 2 CPU devices",
                            "--config.n_workers=8 needs 8")),
+    # an explicit --per_method_lr and an explicit lr contradict each other
+    (["--per_method_lr", "--config.schedule.peak_lr=1e-3"],
+     ("error: --per_method_lr runs each method at its tuned peak lr, but "
+      "--config.schedule.peak_lr=1e-3 sets every run's; drop one of the "
+      "two",)),
+    (["--per_method_lr=true", "--config.schedule.final_lr=0.5"],
+     ("error: --per_method_lr ", "--config.schedule.final_lr=0.5")),
 ])
 def test_overrides_the_job_would_drop_are_refused(tmp_path, capsys, argv,
                                                    words):
@@ -814,6 +821,13 @@ def test_overrides_the_job_would_drop_are_refused(tmp_path, capsys, argv,
         ["--config.checkpoint_interval=0"])[3] is False
     # without --seeds, config.seed is the job's one seed
     assert compare_flags.job_settings(["--config.seed=5"])[2] == ""
+    # an explicit lr without an explicit --per_method_lr: the lr wins
+    assert compare_flags.job_settings(
+        ["--config.schedule.peak_lr=1e-3"])[4] is None
+    flags.unparse_flags()
+    flags(["compare.py", "--noper_method_lr"])
+    assert compare_flags.job_settings(
+        ["--config.schedule.peak_lr=1e-3"])[4] is None
   finally:
     flags.unparse_flags()
 

@@ -439,7 +439,16 @@ def test_overlap_xla_option_must_be_key_value(capsys, tmp_path, xla):
      "limit, 'true' is not a valid int32 value; a bool takes true or false, "
      "an int a whole number."),
     ("xla_gpu_experimental_parallel_collective_overlap_limit=FALSE",
-     "limit, 'FALSE' is not a valid int32 value")])
+     "limit, 'FALSE' is not a valid int32 value"),
+    # a map-valued option: no value of --xla sets it, the fix says where
+    ("xla_gpu_analytical_latency_estimator_options=nic_speed_gbps=100",
+     "'nic_speed_gbps=100' is not a valid message value; --xla sets only "
+     "bool, number, string and enum options, and xla_gpu_analytical_"
+     "latency_estimator_options takes a message (a map or proto); use "
+     "--network_gbps and --gpus_per_node instead."),
+    ("xla_gpu_analytical_latency_estimator_options=nic_speed_gbps: 100",
+     "is not a valid message value; --xla sets only bool, number, string "
+     "and enum options")])
 def test_overlap_xla_option_xla_refuses_is_one_line_before_compiling(
     monkeypatch, capsys, tmp_path, xla, says):
   """A value of the wrong type ended the first case's compile in a
@@ -453,6 +462,19 @@ def test_overlap_xla_option_xla_refuses_is_one_line_before_compiling(
          if l.startswith(("error", "Traceback"))]
   assert len(err) == 1 and err[0].startswith(
       "error: --xla: XLA refuses it: ") and says in err[0], err
+
+
+def test_overlap_xla_message_option_without_a_flag_goes_to_xla_flags():
+  from decentral_jax.tools import overlap_flags
+  got = overlap_flags.xla_refusal(
+      ["xla_backend_extra_options=a"], "While setting option "
+      "xla_backend_extra_options, 'a' is not a valid message value.")
+  assert got == ("--xla: XLA refuses it: While setting option "
+                 "xla_backend_extra_options, 'a' is not a valid message "
+                 "value; --xla sets only bool, number, string and enum "
+                 "options, and xla_backend_extra_options takes a message (a "
+                 "map or proto); set it in XLA_FLAGS "
+                 "(--xla_backend_extra_options=...) instead.")
 
 
 def test_overlap_xla_values_are_spelled_as_xla_parses_them(

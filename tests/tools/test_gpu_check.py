@@ -200,6 +200,34 @@ def test_an_empty_output_path_is_refused(argv, flag, capsys):
       capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--deviceless", ""], "--deviceless is empty, which reads as "
+     "--deviceless left out; give a GPU target (h200, h100_sxm, "
+     "a100_sxm_80) or a .txtpb file or drop --deviceless."),
+    (["--deviceless=", "--part", "timing"], "--deviceless is empty"),
+    (["--deviceless", "h200", "--topology", ""], "--topology is empty, "
+     "which reads as --topology left out; give SLICESxHOSTSxGPUS (e.g. "
+     "1x2x4) or drop --topology.")])
+def test_an_empty_flag_that_would_read_as_left_out_is_refused(
+    argv, says, capsys):
+  """``--deviceless ''`` ran on this machine's devices, ``--topology ''``
+  compiled at the default topology."""
+  with pytest.raises(SystemExit) as e:
+    _script().parse_args(argv)
+  assert e.value.code == 2
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
+
+
+def test_every_flag_whose_empty_value_is_absent_says_what_to_give():
+  gpu_check = _script()
+  ap = gpu_check._parser()  # pylint: disable=protected-access
+  empty = {a.option_strings[-1] for a in ap._actions  # pylint: disable=protected-access
+           if a.option_strings and a.default == ""}
+  assert empty == set(gpu_check.EMPTY_MEANS_ABSENT) == {"--deviceless",
+                                                        "--topology"}
+
+
 def test_one_profile_flag_without_deviceless_says_applies(capsys):
   with pytest.raises(SystemExit) as e:
     _script().parse_args(["--cluster", "A40"])

@@ -114,18 +114,18 @@ def _run(overrides: list[str]) -> None:
   absl_logging.use_absl_handler()
   orbax_quiet.quiet_orbax_logs()
   absl_logging.set_verbosity(absl_logging.WARNING)  # no per-step lines
+  try:  # first: an explicit --per_method_lr with an explicit lr is refused
+    config, methods, seeds, checkpoints, job = flags.job_settings(overrides)
+  except ValueError as e:  # an override the job would drop
+    job_lib.fail(e)
   per_method_lr = flags.PER_METHOD_LR.value
   explicit_lr = [a for a in overrides if a.startswith(
       ("--config.schedule.peak_lr", "--config.schedule.final_lr"))]
   if per_method_lr and explicit_lr:
-    # An explicit learning rate wins over the tuned per-method table.
+    # An explicit learning rate wins over the default tuned table.
     print(f"note: {explicit_lr[0]} given, so every run uses the config's "
           "learning rates (--per_method_lr ignored)", flush=True)
     per_method_lr = False
-  try:
-    config, methods, seeds, checkpoints, job = flags.job_settings(overrides)
-  except ValueError as e:  # an override the job would drop
-    job_lib.fail(e)
   base, accum, arms, workload, clusters, outdir = load_job(
       config, methods, seeds, checkpoints, per_method_lr, overrides)
   methods_once = list({a.method.name: a.method for a in arms}.values())

@@ -87,7 +87,8 @@ PER_METHOD_LR = absl_flags.DEFINE_bool(
     "per_method_lr", True,
     "Use each method's tuned peak lr for gpt_tiny (TUNED_PEAK_LR; "
     "BENCHMARKS.md) instead of config.schedule.peak_lr; an explicit "
-    "--config.schedule.peak_lr or final_lr turns this off.",
+    "--config.schedule.peak_lr or final_lr turns this default off (given "
+    "with an explicit --per_method_lr, it is refused).",
     flag_values=FLAGS)
 METHODS = absl_flags.DEFINE_string(
     "methods", ",".join(runs.DEFAULT_METHODS),
@@ -172,7 +173,9 @@ def check_overrides(overrides=()) -> None:
   ``--config.workdir`` (each run's work directory is ``--outdir/<run>``)
   and a nonzero ``--config.checkpoint_interval`` with ``--nocheckpoints``
   (which writes no periodic checkpoints), and ``--config.seed`` with
-  ``--seeds`` (or ``--full``'s seeds), which set every run's seed.
+  ``--seeds`` (or ``--full``'s seeds), which set every run's seed, and an
+  explicit ``--config.schedule.peak_lr`` or ``final_lr`` with an explicit
+  ``--per_method_lr`` (the tuned per-method table).
 
   Raises:
     ValueError: one line naming the flags and the fix.
@@ -189,6 +192,12 @@ def check_overrides(overrides=()) -> None:
     raise ValueError(f"{seed[0]}: {seeds} sets every run's seed, so "
                      "config.seed is not used; give the seeds with --seeds "
                      "and drop --config.seed.")
+  lr = (_override_value(overrides, "schedule.peak_lr")
+        or _override_value(overrides, "schedule.final_lr"))
+  if lr is not None and FLAGS["per_method_lr"].present and PER_METHOD_LR.value:
+    raise ValueError(f"--per_method_lr runs each method at its tuned peak "
+                     f"lr, but {lr[0]} sets every run's; drop one of the "
+                     "two (without --per_method_lr the explicit lr wins).")
   interval = _override_value(overrides, "checkpoint_interval")
   if (interval is not None and FLAGS["checkpoints"].present
       and not CHECKPOINTS.value and interval[1] not in ("0", "0.0")):
