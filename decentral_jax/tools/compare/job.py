@@ -28,6 +28,7 @@ from decentral_jax import checks
 from decentral_jax import records
 from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.runner import train
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools.compare import kept
@@ -343,13 +344,15 @@ def curve_error(workdir: str) -> str | None:
 
 
 def _record(workdir: str, config, final, reason) -> None:
+  """Writes the run's :data:`RESULT_FILE` through its ``.tmp`` name
+  (:func:`decentral_jax.runner.tmpfile.replace`: a link or FIFO left there
+  is removed, never followed nor opened), then signs it (:func:`sign`)."""
   path = os.path.join(workdir, RESULT_FILE)
   try:
     os.makedirs(workdir, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"config": json.loads(config.to_json()), "final": final,
-                 "diverged": reason}, f, indent=1)
-    os.replace(path + ".tmp", path)
+    tmpfile.replace(path, json.dumps(
+        {"config": json.loads(config.to_json()), "final": final,
+         "diverged": reason}, indent=1))
     sign(workdir)
   except OSError as e:
     raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
