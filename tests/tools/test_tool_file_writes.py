@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import types
 
@@ -98,3 +99,62 @@ def test_a_plot_never_follows_a_link_at_its_name_or_temporary_name(
   with pytest.raises(ValueError, match=r"x\.png\.tmp is a directory"):
     plots.save_png(fig, str(tmp_path / "x.png"))
   plt.close(fig)
+
+
+def _run_records(workdir):
+  task = types.SimpleNamespace(
+      config=config_dict.ConfigDict({"sync_every": 5}),
+      task=types.SimpleNamespace(unit="tokens"),
+      evaluate=lambda theta: {"eval/loss": 5.0})
+  return records.RunRecords(str(workdir), task,
+                            types.SimpleNamespace(sync_every=5, shards=4),
+                            "gpt_tiny", [], 1)
+
+
+@pytest.mark.parametrize("name", ["config.json", "config.json.tmp",
+                                  "learners.json.tmp"])
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_learners_documents_replace_a_link_or_fifo_never_follow_it(
+    tmp_path, name, kind):
+  run = tmp_path / "run"
+  run.mkdir()
+  victim = _victim(tmp_path)
+  at = run / name
+  os.symlink(victim, at) if kind == "symlink" else os.mkfifo(at)
+  rr = _run_records(run)
+  assert _in_thread(rr.begin, 0, None) is None
+  rr.close()
+  assert victim.read_text() == "precious\n"
+  for doc in ("config.json", "learners.json"):
+    assert not (run / doc).is_symlink() and (run / doc).is_file()
+  assert json.loads((run / "config.json").read_text()) == {"sync_every": 5}
+  meta = json.loads((run / "learners.json").read_text())
+  assert (meta["learners"], meta["segments"][0]["from_period"]) == (4, 0)
+  assert [json.loads(x) for x in (run / "metrics.jsonl").read_text(
+  ).splitlines()] == [{"step": 0, "tokens": 0, "eval/loss": 5.0,
+                       "train_time_s": 0.0}]
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("symlink", "is a symbolic link"), ("dangling", "is a symbolic link"),
+    ("fifo", "is not a regular file"), ("dir", "is a directory")])
+@pytest.mark.parametrize("name", ["metrics.jsonl", "learners.json"])
+def test_a_record_the_run_reads_back_must_be_a_regular_file(
+    tmp_path, kind, words, name):
+  """metrics.jsonl (appended to) and learners.json (read, then rewritten)
+  are refused, naming them, before anything is written."""
+  run = tmp_path / "run"
+  run.mkdir()
+  victim = _victim(tmp_path)
+  at = run / name
+  {"symlink": lambda: os.symlink(victim, at),
+   "dangling": lambda: os.symlink(tmp_path / "nowhere", at),
+   "fifo": lambda: os.mkfifo(at), "dir": at.mkdir}[kind]()
+  want = re.escape(str(at)) + " " + words + ".*move it away"
+  err = _in_thread(records.check_workdir, str(run))
+  assert isinstance(err, ValueError) and re.search(want, str(err)), err
+  err = _in_thread(_run_records(run).begin, 0, None)
+  assert isinstance(err, ValueError) and re.search(want, str(err)), err
+  assert victim.read_text() == "precious\n"
+  assert not (tmp_path / "nowhere").exists()
+  assert not (run / "config.json").exists()  # refused before any write

@@ -38,6 +38,7 @@ from decentral_jax import checks
 from decentral_jax import records as records_lib
 from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools import distinct_paths
 
@@ -63,11 +64,29 @@ def check_json_output(json_path, config, data_path, workdir) -> None:
   distinct_paths.check_distinct_paths([("--json", json_path)], inputs)
 
 def _write_json(path: str, value) -> None:
+  """Writes ``value`` to ``path`` whole through ``path + ".tmp"``
+  (:func:`decentral_jax.runner.tmpfile.replace`: a link or FIFO left at
+  either name is replaced, never followed nor opened)."""
   try:
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=1)
+    tmpfile.replace(path, json.dumps(value, indent=1))
   except OSError as e:
     raise workdir_lib.path_error("write", path, e) from None
+
+
+def check_appended(workdir: str) -> None:
+  """``<workdir>/metrics.jsonl``, which the run appends to, is a regular
+  file or missing (``lstat``, before any open: a symbolic link would send
+  the records into its target, a FIFO would block for ever).
+
+  Raises:
+    ValueError: a link, a directory, a FIFO, a socket or a device there,
+      naming the file and the fix.
+  """
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  why = workdir_lib.not_regular_error(path)
+  if why:
+    raise ValueError(f"{path} {why}; move it away (the run appends its "
+                     "records to its own file) and run again.")
 
 
 _INT = ("int", 0, None, False)
@@ -133,9 +152,14 @@ def read_meta(workdir: str) -> dict | None:
       missing or of the wrong type, a segment without ``learners``, values
       that contradict each other: a ``from_step`` not ``from_period *
       config.sync_every``, a ``learners`` not the last segment's, ...),
-      naming the file and the key.
+      naming the file and the key; or it is not a regular file (a
+      symbolic link, a FIFO, a directory), naming it.
   """
   path = os.path.join(workdir, META_FILE)
+  why = workdir_lib.not_regular_error(path)  # a dangling link: not missing
+  if why:
+    raise ValueError(f"{path} {why}; move it away (the run writes its own) "
+                     "and run again.")
   if not os.path.exists(path):
     return None
   meta = records_lib.read_json(path, META_SCHEMA, tuple(META_SCHEMA),
@@ -169,9 +193,11 @@ def read_metrics(workdir: str) -> list[dict]:
 
   Raises:
     ValueError: one line naming the file, the record's step and the key,
-      and the fix (restore the file or start a new ``--workdir``).
+      and the fix (restore the file or start a new ``--workdir``); a
+      ``metrics.jsonl`` that is not a regular file (:func:`check_appended`).
     workdir.PathError: the file cannot be read.
   """
+  check_appended(workdir)
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   if not os.path.exists(path):
     return []
