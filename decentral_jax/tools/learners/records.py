@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 
 from decentral_jax import checks
@@ -42,6 +41,7 @@ from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import tmpfile
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools import distinct_paths
+from decentral_jax.tools import flag_types
 
 META_FILE = "learners.json"
 
@@ -91,10 +91,7 @@ def check_appended(workdir: str) -> None:
 
 
 _INT = ("int", 0, None, False)
-# A learner id as the writer spells it: ASCII digits, no leading zero
-# (str.isdigit() also takes "²", which int() refuses; "01" would be a
-# second key for learner 1).
-_CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
+
 SEGMENT_SCHEMA = {"from_period": _INT, "from_step": _INT,
                   "learners": ("int", 1, None, False),
                   "n_workers": ("int", 1, None, False),
@@ -351,7 +348,8 @@ def _merged_error(rec: dict, at: str, k: int | None) -> str | None:
     return why + f" (of the {k} learners of that segment)" if k else why
   for i in ids:
     v = rec[f"learners/tokens/{i}"]
-    if not (_CANONICAL_INT.fullmatch(i) and (k is None or int(i) < k)):
+    n = flag_types.ascii_int(i)  # "²" or "01" (a 2nd learner 1) name none
+    if n is None or (k is not None and n >= k):
       return (f'{at}: "learners/tokens/{i}" names no learner (0 to '
               f"{'K' if k is None else k - 1}, in ASCII digits without "
               "leading zeros)")
