@@ -438,7 +438,8 @@ def _programs_spec(text: str) -> str:
   from decentral_jax.runner import step as step_lib
   for part in flag_types.comma_parts(text, "1:none"):
     r, _, mode = part.partition(":")
-    if not (r.isdigit() and mode in step_lib.CONSENSUS_MODES):
+    if not (flag_types.ascii_int(r) is not None
+            and mode in step_lib.CONSENSUS_MODES):
       raise argparse.ArgumentTypeError(
           f"entry {part!r} must be ROUND:MODE, a round >= 0 and a mode of "
           f"{', '.join(step_lib.CONSENSUS_MODES)}, e.g. 1:none")

@@ -258,7 +258,8 @@ def parse_programs(spec: str) -> list[tuple[int | None, str]] | None:
       raise ValueError(f"--programs {spec!r}: entry {k} is empty; give "
                        "all, none or ROUND:MODE,... (e.g. 0:none,0:input).")
     r, _, mode = item.strip().partition(":")
-    if r not in ("", "None") and not r.lstrip("-").isdigit():
+    # ASCII digits without a leading zero ("²" passes str.isdigit()).
+    if r not in ("", "None") and not re.fullmatch(r"-?(0|[1-9][0-9]*)", r):
       raise ValueError(f"--programs {spec!r}: entry {k} ({item!r}) has round "
                        f"{r!r}, not an int; give ROUND:MODE (e.g. 0:input).")
     out.append((None if r in ("", "None") else int(r), mode or "none"))

@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -74,6 +75,21 @@ def integer(lo: int, hi: int, unit: str = ""):
     return value
   parse.bounds, parse.kind, parse.unit = (lo, hi, False), "integer", unit
   return parse
+
+
+# An integer's canonical text: ASCII digits without a leading zero.
+_CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
+
+
+def ascii_int(text: str) -> int | None:
+  """``text`` as an int if it is the canonical spelling of one (ASCII
+  digits without a leading zero: ``"0"``, ``"16"``), else None.
+  ``str.isdigit()`` also takes ``"²"``, which ``int`` refuses, and ``int``
+  reads ``"٣"``, ``"01"`` or ``" 1"`` as 3 and 1: a value another one could
+  spell differently."""
+  if not isinstance(text, str) or not _CANONICAL_INT.fullmatch(text):
+    return None
+  return int(text)
 
 
 def _whole(text: str) -> int | None:

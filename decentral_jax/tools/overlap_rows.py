@@ -13,6 +13,7 @@ refused in one line naming the file, the line and the key. No JAX.
 from __future__ import annotations
 
 from decentral_jax import records
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.overlap_flags import MAX_NETWORK_GBPS, MODES
 
 _COUNT = ("number", 0.0, None, False)
@@ -102,6 +103,9 @@ def row_error(row: dict) -> str | None:
              f"{records.short(options)}"))
   if why:
     return why
+  why = _counts_error(row)
+  if why:
+    return why
   total = row["total_flops"]
   if row["flops_in_flight"] > total:
     return (f"flops_in_flight ({row['flops_in_flight']:g}) is more than "
@@ -113,20 +117,43 @@ def row_error(row: dict) -> str | None:
   return _round_error(row)
 
 
+def _given(row: dict) -> dict[str, str]:
+  """A row's ``key=value`` overrides."""
+  return dict(o.split("=", 1) for o in row.get("overrides") or []
+              if isinstance(o, str) and "=" in o)
+
+
+def _counts_error(row: dict) -> str | None:
+  """Why the counts :func:`_workers` reads are not whole numbers >= 1 in
+  ASCII digits without a leading zero (``str.isdigit()`` also takes
+  ``"²"``, which ``int`` refuses), or None: the ``n_workers=`` and
+  ``workers_per_device=`` overrides and each part of ``topology``
+  (``"slices x hosts x devices"``)."""
+  given = _given(row)
+  for key in ("n_workers", "workers_per_device"):
+    if key in given and not flag_types.ascii_int(given[key]):
+      return (f'overrides: "{key}={given[key]}" must be a whole number >= 1 '
+              "in ASCII digits without a leading zero")
+  topology = row.get("topology")
+  if topology and not all(flag_types.ascii_int(p)
+                          for p in topology.split("x")):
+    return ("topology must be slices x hosts x devices, whole numbers >= 1 "
+            f"in ASCII digits (e.g. 2x1x4), got {records.short(topology)}")
+  return None
+
+
 def _workers(row: dict) -> int | None:
-  """The workers of a row: its ``n_workers=`` override, else the GPUs of
-  its target topology ``"AxBxC"`` times its ``workers_per_device=``
-  override (1 if none); None if the row does not say."""
-  given = dict(o.split("=", 1) for o in row.get("overrides") or []
-               if isinstance(o, str) and "=" in o)
-  if given.get("n_workers", "").isdigit():
+  """The workers of a row (its counts checked by :func:`_counts_error`):
+  its ``n_workers=`` override, else the GPUs of its target topology
+  ``"AxBxC"`` times its ``workers_per_device=`` override (1 if none);
+  None if the row does not say."""
+  given = _given(row)
+  if "n_workers" in given:
     return int(given["n_workers"])
-  parts = str(row.get("topology") or "").split("x")
-  per_device = given.get("workers_per_device", "1")
-  if not all(p.isdigit() for p in parts) or not per_device.isdigit():
+  if not row.get("topology"):
     return None
-  n = int(per_device)
-  for p in parts:
+  n = int(given.get("workers_per_device", "1"))
+  for p in row["topology"].split("x"):
     n *= int(p)
   return n
 

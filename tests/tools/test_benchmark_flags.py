@@ -88,6 +88,9 @@ def test_bench_memory_flags_name_the_table(capsys, argv, says):
      "argument --overlap_limit: must be an integer in [0, 64], got '-5'"),
     (["--out", "OUT", "--cases", "124m:node:plain", "--programs", "1:never"],
      "argument --programs: entry '1:never' must be ROUND:MODE"),
+    (["--out", "OUT", "--cases", "124m:node:plain", "--programs",
+      "\u00b2:none"],
+     "argument --programs: entry '\u00b2:none' must be ROUND:MODE"),
 ])
 def test_bench_overlap_at_scale_refuses_before_compiling(
     capsys, tmp_path, monkeypatch, argv, says):

@@ -391,6 +391,51 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
 
 
 
+@pytest.mark.integration  # trains two short runs
+def test_a_checkpoint_of_another_run_is_set_aside_and_the_run_retrained(
+    tmp_path, monkeypatch, capsys):
+  """A run whose config.json is this config's but whose checkpoint another
+  config wrote (copied in): compare's own decision to resume is wrong, not
+  the job's input; the run is moved aside whole, named in one warning, and
+  trained from step 0 (steps 0 to 3), the job going on."""
+  import shutil
+  (ar, ar_config, ar_dir), (dadam, dadam_config, dadam_dir) = _tiny_arms(
+      tmp_path, "all_reduce,dadam")
+  steps = []
+  plain_step = job_lib.experiment.Experiment.train_step
+
+  def step(self, state, batch, s=None):
+    steps.append((self.config.algorithm, s))
+    return plain_step(self, state, batch, s)
+
+  monkeypatch.setattr(job_lib.experiment.Experiment, "train_step", step)
+  job_lib.run_arm(ar, ar_config, ar_dir)
+  ckpts = os.listdir(os.path.join(ar_dir, "checkpoints"))
+  assert "4" in ckpts, ckpts
+  shutil.copytree(os.path.join(ar_dir, "checkpoints"),
+                  os.path.join(dadam_dir, "checkpoints"))
+  with open(os.path.join(dadam_dir, "config.json"), "w") as f:
+    f.write(dadam_config.to_json(indent=2))
+  assert job_lib.arm_status(dadam_dir, dadam_config) == ("resume", None)
+  steps.clear()
+  capsys.readouterr()
+  final, reason = job_lib.run_arm(dadam, dadam_config, dadam_dir)
+  assert reason is None and final["step"] == 4
+  assert steps == [("decentralized", s) for s in range(4)]
+  aside = dadam_dir + ".not_resumed"
+  assert sorted(os.listdir(os.path.join(aside, "checkpoints"))) == sorted(
+      ckpts)
+  warned = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("warning: ")]
+  assert warned == [
+      f"warning: {dadam_dir}: its checkpoint is not resumed (the checkpoint "
+      f"in {os.path.abspath(os.path.join(dadam_dir, 'checkpoints'))} was "
+      "written with config.algorithm='all_reduce' but this run has "
+      f"'decentralized'); the run was moved to {aside} and is trained again "
+      "from step 0."], warned
+  assert job_lib.arm_status(dadam_dir, dadam_config)[0] == "finished"
+
+
 # --- The job: seeds, checkpoints, progress, reference ---
 
 

@@ -155,7 +155,10 @@ def test_absl_commands_numeric_flags_refuse_unusable_values(parse, registry):
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e30",
-                                   "99999999999999999999", "4294967296"])
+                                   "99999999999999999999", "4294967296",
+                                   # str.isdigit() takes these; int() refuses
+                                   # "²" or reads "٣" as 3, "07" as 7.
+                                   "\u00b2", "\u0663", "07"])
 def test_compare_seeds_refuse_unusable_values(value):
   with pytest.raises(ValueError, match="--seeds"):
     runs.parse_seeds(f"0,{value}")

@@ -121,6 +121,9 @@ def test_library_errors_exit_2(capsys):
     (["--programs", ","], "--programs ',': entry 1 is empty"),
     (["--programs", "0:none,,0:input"], "entry 2 is empty"),
     (["--programs", "x:input"], "round 'x', not an int"),
+    # str.isdigit() takes "²", int() does not; int() reads "٣" as 3.
+    (["--programs", "\u00b2:input"], "round '\u00b2', not an int"),
+    (["--programs", "\u0663:input"], "round '\u0663', not an int"),
     (["--programs", "0:none,0:none"], "--programs '0:none,0:none': entry 2 "
      "repeats entry 1"),
     # The mode's default filled in: 1 and 1:none are one program.

@@ -182,6 +182,10 @@ def test_an_unreachable_address_is_one_line_after_a_bounded_wait():
   assert time.monotonic() - start < 3
   with pytest.raises(ConnectionError, match="host:port"):
     cluster.probe("nowhere", 0.5)
+  # str.isdigit() takes "²", which int() refuses (a ValueError before).
+  for bad in ("127.0.0.1:\u00b2", "127.0.0.1:\u0663", "127.0.0.1:080"):
+    with pytest.raises(ConnectionError, match="--address must be host:port"):
+      cluster.probe(bad, 0.5)
 
 
 def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(

@@ -748,3 +748,79 @@ def test_records_the_writer_cannot_write_are_damage(tmp_path, key, value,
   assert str(e.value).startswith(f"{path}: the record of step "), e.value
   assert words in str(e.value), e.value
   assert str(e.value).endswith(OURS), e.value
+
+
+def _merges(tmp_path, rows, sync_every=5):
+  """learners.json of 4 learners, ``sync_every``; metrics.jsonl ``rows``
+  (a blank line after the first, so line numbers are not record indices);
+  returns the metrics path."""
+  meta = dict(_META4, config={"sync_every": sync_every})
+  (tmp_path / "learners.json").write_text(json.dumps(meta))
+  path = tmp_path / "metrics.jsonl"
+  lines = [json.dumps(r, ensure_ascii=False) + "\n" for r in rows]
+  path.write_text(lines[0] + "\n" + "".join(lines[1:]), encoding="utf-8")
+  return path
+
+
+_PER = {f"learners/tokens/{i}": 80 for i in range(4)}
+
+
+@pytest.mark.parametrize("tokens, at, words", [
+    (1_000_000, 10, '"tokens" is 1000000, but the record before (step 5) '
+     "has 320 and this merge adds 320 (its learners/tokens/<i>), so it must "
+     "be 320 + 320 = 640"),
+    (639, 10, '"tokens" is 639, but the record before (step 5) has 320 and '
+     "this merge adds 320 (its learners/tokens/<i>), so it must be 320 + "
+     "320 = 640")])
+def test_tokens_that_contradict_the_tokens_merged_are_named_with_the_line(
+    tmp_path, tokens, at, words):
+  """The writer's tokens_k = tokens_{k-1} + sum_i learners/tokens/i (one
+  record per merged period): by hand, 320 + 4 * 80 = 640 at step 10."""
+  rows = [{"step": 0, "tokens": 0, "train_time_s": 0.0},
+          {"step": 5, "tokens": 320, "train_time_s": 1.0,
+           "learners/merged": 4, **_PER},
+          {"step": 10, "tokens": 640, "train_time_s": 2.0,
+           "learners/merged": 4, **_PER}]
+  path = _merges(tmp_path, rows)
+  assert records.check_workdir(str(tmp_path)) == 10
+  rows[2]["tokens"] = tokens
+  path = _merges(tmp_path, rows)
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(e.value) == (f"{path}: the record of step {at} (line 4): "
+                          f"{words} (all merged since the start); {OURS}")
+
+
+def test_tokens_across_an_unrecorded_period_need_only_be_at_least_the_sum(
+    tmp_path):
+  """Step 5 -> 15 skips period 2 (its record lost): 320 + 320 = 640 is a
+  lower bound; 1000 passes, 600 is named."""
+  rows = [{"step": 0, "tokens": 0}, {"step": 5, "tokens": 320,
+                                     "learners/merged": 4, **_PER},
+          {"step": 15, "tokens": 1000, "learners/merged": 4, **_PER}]
+  _merges(tmp_path, rows)
+  assert records.check_workdir(str(tmp_path)) == 15
+  rows[2]["tokens"] = 600
+  _merges(tmp_path, rows)
+  with pytest.raises(ValueError, match=re.escape(
+      "so it must be at least 320 + 320 = 640")):
+    records.check_workdir(str(tmp_path))
+
+
+@pytest.mark.parametrize("key", ["learners/tokens/²", "learners/tokens/01",
+                                 "learners/tokens/+1", "learners/tokens/ 1",
+                                 "learners/tokens/١"])
+def test_a_learner_id_not_in_ascii_digits_is_named_with_file_and_line(
+    tmp_path, key):
+  """Only canonical ASCII integers name a learner: "²" and "١" pass
+  str.isdigit(), "01" and "+1" pass int() as learner 1."""
+  per = {"learners/tokens/0": 80, "learners/tokens/2": 80,
+         "learners/tokens/3": 80, key: 80}
+  path = _merges(tmp_path, [{"step": 0, "tokens": 0},
+                            {"step": 5, "tokens": 320,
+                             "learners/merged": 4, **per}])
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert str(e.value) == (
+      f'{path}: the record of step 5 (line 3): "{key}" names no learner (0 '
+      f"to 3, in ASCII digits without leading zeros); {OURS}")

@@ -96,6 +96,19 @@ def _edit_collective(key, value):
      "distinct_round must be below the row's 8 workers"),
     (_edit("param_bytes", 1e308),
      "param_bytes must be in (0, 1125899906842624]"),
+    # str.isdigit() takes "²" and "³", which int() refuses; "08" would
+    # be a second spelling of 8.
+    (_edit("overrides", ["n_workers=\u00b2"]),
+     'overrides: "n_workers=\u00b2" must be a whole number >= 1 in ASCII '
+     "digits without a leading zero"),
+    (_edit("overrides", ["n_workers=08"]), 'overrides: "n_workers=08" must'),
+    (_edit("overrides", ["n_workers=0"]), 'overrides: "n_workers=0" must'),
+    ({**_edit("overrides", ["workers_per_device=\u00b3"]),
+      "topology": "1x1x2"},
+     'overrides: "workers_per_device=\u00b3" must be a whole number'),
+    (_edit("topology", "\u00b2x8"),
+     "topology must be slices x hosts x devices, whole numbers >= 1 in "
+     "ASCII digits (e.g. 2x1x4), got '\u00b2x8'"),
 ])
 def test_a_damaged_row_is_refused_naming_file_line_and_key(
     tmp_path, capsys, row, says):

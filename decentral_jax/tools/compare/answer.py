@@ -37,6 +37,7 @@ import os
 
 import numpy as np
 
+from decentral_jax.tools.compare import plots
 from decentral_jax.tools.compare import pricing
 
 PLOT_NAME = "loss_vs_predicted_time.png"
@@ -385,6 +386,6 @@ def plot_frontier(clusters, curves: dict, prices: dict, labels: dict,
       ax.legend(fontsize=7)
   fig.tight_layout()
   out = os.path.join(outdir, PLOT_NAME)
-  fig.savefig(out, dpi=120)
+  plots.save_png(fig, out)
   plt.close(fig)
   return out

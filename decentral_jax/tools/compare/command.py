@@ -170,6 +170,8 @@ def _run_job(arms, outdir, checkpoints, job, base, accum, per_method_lr,
         arms, finals, diverged, outdir, base, accum, per_method_lr, start,
         load_before, clusters, workload, prices, reference_line,
         flags.CPU_TIMING.value)
+  except ValueError as e:  # a directory at a temporary name
+    job_lib.fail(str(e))
   except OSError as e:
     job_lib.fail(f"cannot write the results to --outdir {outdir!r}: "
          f"{e.strerror or e} ({e.filename or outdir}).")

@@ -28,6 +28,7 @@ from decentral_jax import checks
 from decentral_jax import records
 from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.runner import train
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools.compare import kept
@@ -343,13 +344,15 @@ def curve_error(workdir: str) -> str | None:
 
 
 def _record(workdir: str, config, final, reason) -> None:
+  """Writes the run's :data:`RESULT_FILE` through its ``.tmp`` name
+  (:func:`decentral_jax.runner.tmpfile.replace`: a link or FIFO left there
+  is removed, never followed nor opened), then signs it (:func:`sign`)."""
   path = os.path.join(workdir, RESULT_FILE)
   try:
     os.makedirs(workdir, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump({"config": json.loads(config.to_json()), "final": final,
-                 "diverged": reason}, f, indent=1)
-    os.replace(path + ".tmp", path)
+    tmpfile.replace(path, json.dumps(
+        {"config": json.loads(config.to_json()), "final": final,
+         "diverged": reason}, indent=1))
     sign(workdir)
   except OSError as e:
     raise ValueError(f"cannot write {path}: {e.strerror or e}.") from None
@@ -419,7 +422,7 @@ def _run_arm_held(run: runs_lib.Run, config, workdir: str, status: str,
   final = reason = None
   try:
     exp = experiment.Experiment(config)
-    final = train.train_and_evaluate(config, workdir, experiment=exp)
+    final = _train(config, workdir, exp, status)
     final.update(sent_per_step(exp))
     print(f"   val loss {final['eval/loss']:.4f}, sends "
           f"{final['comm/ratio']:.3f} x params per step, "
@@ -429,6 +432,51 @@ def _run_arm_held(run: runs_lib.Run, config, workdir: str, status: str,
     reason = str(e)
   _record(workdir, config, final, reason)
   return final, reason
+
+
+def _train(config, workdir: str, exp, status: str) -> dict:
+  """``train_and_evaluate`` in ``workdir``. A resume its checkpoint refuses
+  (a ``ValueError`` naming ``workdir/checkpoints``: written by another
+  config, past this run's end, none intact) is not the job's bad input:
+  ``arm_status`` judged the run by its ``config.json`` alone. The run is
+  then set aside (:func:`set_aside`: nothing trained is deleted), named in
+  one ``warning:`` line, and trained again from step 0."""
+  try:
+    return train.train_and_evaluate(config, workdir, experiment=exp)
+  except ValueError as e:
+    ckpts = os.path.abspath(os.path.join(workdir, "checkpoints"))
+    if status != "resume" or ckpts not in str(e):
+      raise
+    why = str(e).split("; ")[0].rstrip(".")
+    aside = set_aside(workdir)
+    _warn(f"warning: {workdir}: its checkpoint is not resumed ({why}); the "
+          f"run was moved to {aside} and is trained again from step 0.")
+  return train.train_and_evaluate(config, workdir, experiment=exp)
+
+
+def set_aside(workdir: str) -> str:
+  """Moves every entry of the run directory ``workdir`` but its lock into
+  a new sibling directory ``<workdir>.not_resumed`` (``.not_resumed.2``,
+  ``.3``, ... if taken) and returns its path: the lock stays held, and
+  nothing a run trained is deleted.
+
+  Raises:
+    ValueError: the directory cannot be created or an entry moved.
+  """
+  aside, k = workdir + ".not_resumed", 1
+  while os.path.lexists(aside):
+    k += 1
+    aside = f"{workdir}.not_resumed.{k}"
+  try:
+    os.makedirs(aside)
+    for name in sorted(os.listdir(workdir)):
+      if name != workdir_lib.LOCK_FILE:
+        os.replace(os.path.join(workdir, name), os.path.join(aside, name))
+  except OSError as e:
+    raise ValueError(f"cannot move {workdir} aside to {aside}: "
+                     f"{e.strerror or e}; move it away yourself and run "
+                     "again.") from None
+  return aside
 
 
 def preempted_message(e: train.Preempted, run: runs_lib.Run, done, rest,

@@ -9,6 +9,7 @@ invocation left and this one did not write (:func:`remove_stale_plots`).
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ import jax
 import numpy as np
 
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.tools.compare import answer as answer_lib
 from decentral_jax.tools.compare import plots
 from decentral_jax.tools.compare import pricing
@@ -195,7 +197,7 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
   specs = {a.method.label: pricing.method_spec(a.config)
            for a in arms}
   total = time.perf_counter() - start
-  with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
+  with io.StringIO() as f:  # written whole through results.md.tmp
     f.write(f"# Which method on which cluster ({base.model.name} proxy, {n} "
             f"workers, {int(base.steps)} steps)\n\n")
     f.write(_setup_words(base, arms, accum, per_method_lr, unit))
@@ -219,6 +221,7 @@ def write_results(arms: list[runs_lib.Arm], finals: list, diverged, outdir: str,
             f"{os.cpu_count()} CPU cores, 1-minute load average "
             f"{load_before:.1f} at the start and {os.getloadavg()[0]:.1f} at "
             "the end.\n")
+    tmpfile.replace(os.path.join(outdir, "results.md"), f.getvalue())
   pngs = plots.plot(logs, outdir, cpu_timing)
   if clusters:
     pngs.append(answer_lib.plot_frontier(clusters, curves, prices, labels,

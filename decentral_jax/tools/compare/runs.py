@@ -25,6 +25,7 @@ from decentral_jax import topology as topology_lib
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import methods
 from decentral_jax.runner import validation
+from decentral_jax.tools import flag_types
 
 # The methods of the quick default job (see RUNS) and of --full.
 DEFAULT_METHODS = ("all_reduce", "dadam", "diloco", "local_sgd")
@@ -322,7 +323,7 @@ def parse_seeds(spec: str) -> tuple[int, ...]:
   """
   out = []
   for x in checks.comma_entries("--seeds", spec, "seeds", "--seeds=0,1,2"):
-    if not x.isdigit() or int(x) > config_lib.SEED_MAX:
+    if flag_types.ascii_int(x) is None or int(x) > config_lib.SEED_MAX:
       raise ValueError(f"--seeds={spec!r}: {x!r} is not a seed; give "
                        "comma-separated integers in [0, "
                        f"{config_lib.SEED_MAX}], e.g. --seeds=0,1,2.")

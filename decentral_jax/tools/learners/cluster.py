@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.learners import learner as learner_lib
 from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
@@ -68,7 +69,7 @@ def probe(address: str, timeout_s: float) -> None:
     ConnectionError: a malformed address, or nothing answers in time.
   """
   host, _, port = address.rpartition(":")
-  if not host or not port.isdigit():
+  if not host or flag_types.ascii_int(port) is None:
     raise ConnectionError(f"--address must be host:port (the head node's "
                           f"`ray start --head` address), got {address!r}.")
   deadline = time.monotonic() + timeout_s

@@ -38,8 +38,10 @@ from decentral_jax import checks
 from decentral_jax import records as records_lib
 from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools import distinct_paths
+from decentral_jax.tools import flag_types
 
 META_FILE = "learners.json"
 
@@ -63,14 +65,33 @@ def check_json_output(json_path, config, data_path, workdir) -> None:
   distinct_paths.check_distinct_paths([("--json", json_path)], inputs)
 
 def _write_json(path: str, value) -> None:
+  """Writes ``value`` to ``path`` whole through ``path + ".tmp"``
+  (:func:`decentral_jax.runner.tmpfile.replace`: a link or FIFO left at
+  either name is replaced, never followed nor opened)."""
   try:
-    with open(path, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=1)
+    tmpfile.replace(path, json.dumps(value, indent=1))
   except OSError as e:
     raise workdir_lib.path_error("write", path, e) from None
 
 
+def check_appended(workdir: str) -> None:
+  """``<workdir>/metrics.jsonl``, which the run appends to, is a regular
+  file or missing (``lstat``, before any open: a symbolic link would send
+  the records into its target, a FIFO would block for ever).
+
+  Raises:
+    ValueError: a link, a directory, a FIFO, a socket or a device there,
+      naming the file and the fix.
+  """
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  why = workdir_lib.not_regular_error(path)
+  if why:
+    raise ValueError(f"{path} {why}; move it away (the run appends its "
+                     "records to its own file) and run again.")
+
+
 _INT = ("int", 0, None, False)
+
 SEGMENT_SCHEMA = {"from_period": _INT, "from_step": _INT,
                   "learners": ("int", 1, None, False),
                   "n_workers": ("int", 1, None, False),
@@ -133,9 +154,14 @@ def read_meta(workdir: str) -> dict | None:
       missing or of the wrong type, a segment without ``learners``, values
       that contradict each other: a ``from_step`` not ``from_period *
       config.sync_every``, a ``learners`` not the last segment's, ...),
-      naming the file and the key.
+      naming the file and the key; or it is not a regular file (a
+      symbolic link, a FIFO, a directory), naming it.
   """
   path = os.path.join(workdir, META_FILE)
+  why = workdir_lib.not_regular_error(path)  # a dangling link: not missing
+  if why:
+    raise ValueError(f"{path} {why}; move it away (the run writes its own) "
+                     "and run again.")
   if not os.path.exists(path):
     return None
   meta = records_lib.read_json(path, META_SCHEMA, tuple(META_SCHEMA),
@@ -164,20 +190,25 @@ def read_metrics(workdir: str) -> list[dict]:
   RunSpec` bound); ``tokens`` / ``samples`` an integer ``>= 0`` (0 at step
   0) that never decreases; ``learners/merged`` an integer in ``[1, K]``
   (``K`` the learners of the segment that wrote the record) and no more
-  ``learners/tokens/<i>`` keys, each ``i`` in ``[0, K)`` with an integer
-  ``>= 0``.
+  ``learners/tokens/<i>`` keys, each ``i`` in ``[0, K)`` (ASCII digits
+  without leading zeros) with an integer ``>= 0``; and ``tokens_k =
+  tokens_{k-1} + sum_i learners/tokens/i`` from one merged period's record
+  to the next (at least that across periods not recorded, or where the
+  record holds fewer than ``learners/merged`` learners).
 
   Raises:
     ValueError: one line naming the file, the record's step and the key,
-      and the fix (restore the file or start a new ``--workdir``).
+      and the fix (restore the file or start a new ``--workdir``); a
+      ``metrics.jsonl`` that is not a regular file (:func:`check_appended`).
     workdir.PathError: the file cannot be read.
   """
+  check_appended(workdir)
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   if not os.path.exists(path):
     return []
   meta = read_meta(workdir)
   got = metrics_lib.read_jsonl(path)
-  why = _metrics_error(got) or _fields_error(got, meta)
+  why = _metrics_error(got) or _fields_error(got, meta, _line_numbers(path))
   if why:
     raise ValueError(f"{path}: {why}; restore the file or start a new "
                      "--workdir.")
@@ -208,6 +239,16 @@ def _metrics_error(got: list[dict]) -> str | None:
   return None
 
 
+def _line_numbers(path: str) -> list[int]:
+  """The line number of each record of ``path`` (blank lines skipped, as
+  :func:`decentral_jax.records.parse_jsonl` skips them)."""
+  data = records_lib.read_bytes(path)
+  if isinstance(data, records_lib.Damaged):
+    raise data.error()
+  return [n for n, raw in enumerate(data.split(b"\n"), start=1)
+          if raw.strip(b" \t\r\0")]
+
+
 def _meta_h(meta: dict | None) -> int | None:
   h = (meta or {}).get("config", {}).get("sync_every")
   return h if isinstance(h, int) and not isinstance(h, bool) and h >= 1 \
@@ -223,12 +264,15 @@ def _learners_at(meta: dict | None, step: int) -> int | None:
   return segs[-1]["learners"] if segs else None
 
 
-def _fields_error(got: list[dict], meta: dict | None) -> str | None:
+def _fields_error(got: list[dict], meta: dict | None, lines: list[int]
+                  ) -> str | None:
   """Why a record of ``got`` is not one :meth:`RunRecords.update` or
-  :meth:`RunRecords.begin` writes (see :func:`read_metrics`), or None."""
+  :meth:`RunRecords.begin` writes (see :func:`read_metrics`), or None
+  (``lines``: the line number of each record)."""
   h, merged_so_far = _meta_h(meta), None
-  for rec in got:
-    step, at = rec["step"], f"the record of step {rec['step']}"
+  for n_rec, rec in enumerate(got):
+    step = rec["step"]
+    at = f"the record of step {step} (line {lines[n_rec]})"
     if step > checks.INT32_MAX:
       return (f'{at}: "step" is past {checks.INT32_MAX} (periods * '
               "sync_every of a run fit int32)")
@@ -248,9 +292,44 @@ def _fields_error(got: list[dict], meta: dict | None) -> str | None:
                 f"{0 if step == 0 else merged_so_far} before it (all merged "
                 "since the start only grow, 0 at step 0)")
       merged_so_far = n
-    why = _merged_error(rec, at, _learners_at(meta, step))
+    why = (_merged_error(rec, at, _learners_at(meta, step))
+           or _sum_error(rec, got[n_rec - 1] if n_rec else None, at, h))
     if why:
       return why
+  return None
+
+
+def _learner_tokens(rec: dict) -> dict[str, int]:
+  """``rec``'s ``learners/tokens/<i>`` values by key."""
+  return {key: v for key, v in rec.items()
+          if key.startswith("learners/tokens/")}
+
+
+def _sum_error(rec: dict, prev: dict | None, at: str, h: int | None
+               ) -> str | None:
+  """Why ``rec``'s ``tokens`` (``samples``) contradicts the record before
+  it, ``prev``, and the merge it records, or None. The writer sets
+  ``tokens_k = tokens_{k-1} + sum_i learners/tokens/i`` (one record per
+  merged period), so the next period's record (``step`` one ``H`` on)
+  that holds all ``learners/merged`` of its learners must have exactly
+  that; any later record (periods between them not recorded) or one
+  holding fewer learners at least that."""
+  per = _learner_tokens(rec)
+  if prev is None or "learners/merged" not in rec:
+    return None
+  added = sum(per.values())
+  exact = (len(per) == rec["learners/merged"] and h is not None
+           and rec["step"] == prev["step"] + h)
+  for unit in ("tokens", "samples"):
+    if unit not in rec or unit not in prev:
+      continue
+    want = prev[unit] + added
+    if rec[unit] < want or (exact and rec[unit] != want):
+      return (f'{at}: "{unit}" is {rec[unit]}, but the record before (step '
+              f'{prev["step"]}) has {prev[unit]} and this merge adds {added} '
+              f"(its learners/tokens/<i>), so it must be "
+              f"{'' if exact else 'at least '}{prev[unit]} + {added} = "
+              f"{want} (all merged since the start)")
   return None
 
 
@@ -269,9 +348,11 @@ def _merged_error(rec: dict, at: str, k: int | None) -> str | None:
     return why + f" (of the {k} learners of that segment)" if k else why
   for i in ids:
     v = rec[f"learners/tokens/{i}"]
-    if not (i.isdigit() and (k is None or int(i) < k)):
+    n = flag_types.ascii_int(i)  # "²" or "01" (a 2nd learner 1) name none
+    if n is None or (k is not None and n >= k):
       return (f'{at}: "learners/tokens/{i}" names no learner (0 to '
-              f"{'K' if k is None else k - 1})")
+              f"{'K' if k is None else k - 1}, in ASCII digits without "
+              "leading zeros)")
     why = records_lib.value_error(f'{at}: "learners/tokens/{i}"', v, "int",
                                   0)
     if why:
