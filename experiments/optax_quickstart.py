@@ -48,9 +48,10 @@ import decentral_jax as dj  # noqa: E402
 def _checked_setup(p: argparse.ArgumentParser, args, n: int):
   """The topology and mesh of the flags; a bad flag is ``p.error`` (exit 2)
   and too few devices one ``error:`` line (exit 2), before any compile."""
-  if not 1 <= args.steps <= checks.INT32_MAX:  # the runner's config.steps
-    p.error(f"--steps={args.steps} must be a whole number in [1, "
-            f"{checks.INT32_MAX}].")
+  if args.steps < 1:
+    p.error(f"--steps={args.steps} must be a whole number >= 1.")
+  if args.steps > checks.INT32_MAX:  # the runner's bound of config.steps
+    p.error(f"--steps={args.steps} must be at most {checks.INT32_MAX}.")
   if args.local_size < 1 or n % args.local_size:
     p.error(f"--local_size={args.local_size} must divide the {n} workers "
             "(1, 2, 4 or 8).")
