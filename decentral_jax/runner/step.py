@@ -186,17 +186,25 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
           model(params, opt_state))
   elif consensus == "none":
     measured = jnp.full([], jnp.nan, jnp.float32)
-  # A gradient norm past float32's range (gradients beyond ~1.8e19) makes
-  # Adam's second moment and the clip's scale overflow: every update is 0.
   grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-  for leaf in jax.tree.leaves(params):
-    finite = finite & jnp.all(jnp.isfinite(leaf))
   metrics = {"loss": loss, "grad_norm": grad_norm,
-             "finite": finite, "consensus_distance": measured, **aux,
+             "finite": _finite(loss, grad_norm, params),
+             "consensus_distance": measured, **aux,
              **elastic.counters(opt_state)}
   new_state = state.replace(step=step, params=params, opt_state=opt_state)
   return new_state, metrics
+
+
+def _finite(loss: jax.Array, grad_norm: jax.Array,
+            params: PyTree) -> jax.Array:
+  """Bool scalar: the loss, the gradient norm and every parameter finite.
+  A gradient norm past float32's range (gradients beyond ~1.8e19) makes
+  Adam's second moment and the clip's scale overflow: every update is 0
+  while the loss and parameters stay finite."""
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  for leaf in jax.tree.leaves(params):
+    finite = finite & jnp.all(jnp.isfinite(leaf))
+  return finite
 
 
 def micro_batch_split(batch: Batch, micro_batches: int) -> Batch:
@@ -237,9 +245,9 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
   each term divided by ``k`` before the float32 sum (then cast to the
   gradient's dtype), as are the aux values, so that a loss or gradient
   float32 holds never overflows the sum (with ``k`` a power of two this is
-  bit for bit the sum divided by ``k``). For a loss that is a mean over equally sized rows (the tasks'
-  token and image cross-entropies) this is the loss and gradient of the
-  whole batch up to float32 rounding. Micro-batch ``j`` gets the dropout
+  bit for bit the sum divided by ``k``). For a loss that is a mean over
+  equally sized rows (the tasks' token and image cross-entropies) this is
+  the loss and gradient of the whole batch up to float32 rounding. Micro-batch ``j`` gets the dropout
   key ``fold_in(key, j)``.
 
   Args:
