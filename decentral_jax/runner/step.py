@@ -247,8 +247,8 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
   float32 holds never overflows the sum (with ``k`` a power of two this is
   bit for bit the sum divided by ``k``). For a loss that is a mean over
   equally sized rows (the tasks' token and image cross-entropies) this is
-  the loss and gradient of the whole batch up to float32 rounding. Micro-batch ``j`` gets the dropout
-  key ``fold_in(key, j)``.
+  the loss and gradient of the whole batch up to float32 rounding.
+  Micro-batch ``j`` gets the dropout key ``fold_in(key, j)``.
 
   Args:
     loss_fn: ``loss_fn(params, batch, key or None) -> (loss, aux)``.
