@@ -143,7 +143,8 @@ def non_finite_error(step: int, metrics: dict,
         "when squared, so Adam's second moment and the global norm (and the "
         f"gradient clip) are inf and every update is 0; stopping, {kept}. "
         "Scale the loss down (divide it by a constant) so that its "
-        "gradients stay well below 1e19.")
+        "gradients stay well below 1e19, or, if the loss grew during the "
+        "run, lower config.schedule.peak_lr.")
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "

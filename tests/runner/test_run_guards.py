@@ -89,7 +89,9 @@ def test_a_gradient_overflow_is_named_with_its_fix():
   assert text.startswith("gradient norm overflow at step 4 on worker(s) [1] "
                          "(losses [5e+29], gradient norms [inf])"), text
   assert text.endswith("Scale the loss down (divide it by a constant) so "
-                       "that its gradients stay well below 1e19."), text
+                       "that its gradients stay well below 1e19, or, if the "
+                       "loss grew during the run, lower "
+                       "config.schedule.peak_lr."), text
   # A non-finite loss keeps naming the learning rate (its norm is NaN too).
   metrics["loss"] = np.array([2.0, np.nan])
   metrics["grad_norm"] = np.array([1.0, np.nan], np.float32)
