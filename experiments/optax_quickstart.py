@@ -50,6 +50,8 @@ def _checked_setup(p: argparse.ArgumentParser, args, n: int):
   and too few devices one ``error:`` line (exit 2), before any compile."""
   if args.steps < 1:
     p.error(f"--steps={args.steps} must be a whole number >= 1.")
+  if args.steps > checks.INT32_MAX:  # the runner's bound of config.steps
+    p.error(f"--steps={args.steps} must be at most {checks.INT32_MAX}.")
   if args.local_size < 1 or n % args.local_size:
     p.error(f"--local_size={args.local_size} must divide the {n} workers "
             "(1, 2, 4 or 8).")

@@ -28,6 +28,8 @@ import argparse
 import os
 import sys
 
+from decentral_jax.checks import INT32_MAX  # NumPy only
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
   sys.path.insert(0, HERE)  # `mixer` is the user's module beside this file
@@ -66,7 +68,16 @@ def _parse(argv):
   p.add_argument("--forward-ms", type=float, default=None,
                  help="forward time per step on the priced GPU (default: a "
                       "third of this machine's measured step)")
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  # The runner's bound of config.steps; predict's of --forward-ms (the
+  # backward pass priced is twice the forward).
+  if not 2 <= args.steps <= INT32_MAX:
+    p.error(f"--steps={args.steps} must be a whole number in [2, "
+            f"{INT32_MAX}] (the run resumes from its half).")
+  if args.forward_ms is not None and not 0 <= args.forward_ms <= 5e5:
+    p.error(f"--forward-ms={args.forward_ms} must be a time in [0, 5e5] ms "
+            "(0: a third of the measured step).")
+  return args
 
 
 def _final_params(config, workdir):

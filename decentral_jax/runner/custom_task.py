@@ -120,10 +120,34 @@ def _show(spec) -> str:
   return ", ".join(f"{d}{list(s)}" for s, d in spec)
 
 
+#: The most examples a random-access source may have (the per-epoch
+#: permutation holds one int64 per example: 16 GiB at this size).
+MAX_EXAMPLES = 2**31 - 1
+
+
+def _length(source, what: str, role: str) -> int:
+  """``len(source)`` of ``Data.<role>``, checked: in [1, MAX_EXAMPLES].
+
+  Raises:
+    TypeError: ``source`` has no ``len`` (the caller names what it needs).
+    ValueError: ``len`` fails or is out of range; names the source.
+  """
+  try:
+    size = len(source)
+    got = f"is {size}"
+  except (ValueError, OverflowError) as e:  # a negative or huge __len__
+    size, got = None, f"fails ({type(e).__name__}: {e})"
+  if size is not None and 1 <= size <= MAX_EXAMPLES:
+    return size
+  raise ValueError(
+      f"{what}: len(Data.{role}) {got}, expected a whole number of "
+      f"examples in [1, {MAX_EXAMPLES}]; fix the source's __len__.")
+
+
 def _random_access(train, what: str, n: int, b: int, seed: int):
   """``host_batch`` of a random-access source (the per-epoch sharding)."""
   try:
-    size = len(train)
+    size = _length(train, what, "train")
   except TypeError:
     raise ValueError(f"{what}: Data.train is neither a random-access source "
                      "(len and [i]) nor a callable start_step -> iterator."
@@ -201,7 +225,7 @@ def _eval_set(source, what: str, batches: int, global_batch: int,
   """The first ``batches * global_batch`` examples as ``[E, G, ...]``."""
   need = batches * global_batch
   try:
-    size = len(source)
+    size = _length(source, what, "eval")
   except TypeError:
     raise ValueError(f"{what}: Data.eval must be a random-access source "
                      "(len and [i]).") from None

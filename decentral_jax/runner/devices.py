@@ -80,8 +80,10 @@ def check_simulated_devices(n: int, source: str) -> int:
     raise ValueError(
         f"{source} asks for {n} simulated CPU devices in this process, more "
         f"than the {MAX_SIMULATED_CPU_DEVICES} the entry points simulate "
-        "(start-up time and memory grow with the count); lower it, or set "
-        "JAX_NUM_CPU_DEVICES yourself to simulate more.")
+        "(start-up time and memory grow with the count; JAX_NUM_CPU_DEVICES "
+        "and XLA_FLAGS' device count have the same limit); lower it (config."
+        "workers_per_device > 1 puts several workers on one device), or run "
+        "on that many real devices.")
   return n
 
 

@@ -356,18 +356,30 @@ class Experiment:
       ``[n_workers, ...]`` arrays sharded over the worker axis (``step`` 0).
 
     Raises:
-      ValueError: an initial parameter holds NaN/inf (names the leaf).
+      ValueError: an initial parameter holds NaN/inf (names the leaf), or
+        the parameters and optimizer state do not fit in memory (names
+        the parameter count).
     """
-    if self._params0 is None:
-      self._params0 = self.task.init_params(self._init_key)
-    if not self._params0_finite:  # before the first step: names the leaf
-      custom_task.check_finite_params(self._params0,
-                                      f"model {self.config.model.name!r}")
-      self._params0_finite = True
-    everywhere = NamedSharding(parallel.device_mesh(self.mesh), P())
-    params, rng = multiprocess.put_global(
-        (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
-    return self._init_fn(params, rng)
+    try:
+      if self._params0 is None:
+        self._params0 = self.task.init_params(self._init_key)
+      if not self._params0_finite:  # before the first step: names the leaf
+        custom_task.check_finite_params(self._params0,
+                                        f"model {self.config.model.name!r}")
+        self._params0_finite = True
+      everywhere = NamedSharding(parallel.device_mesh(self.mesh), P())
+      params, rng = multiprocess.put_global(
+          (self._params0, jax.random.key_data(self._dropout_key)), everywhere)
+      return self._init_fn(params, rng)
+    except jax.errors.JaxRuntimeError as e:
+      if "RESOURCE_EXHAUSTED" not in str(e) and "Out of memory" not in str(e):
+        raise
+      raise ValueError(
+          f"model {self.config.model.name!r} with {self.param_count:,} "
+          f"parameters per worker ({self.n_workers} workers) does not fit "
+          "in memory at init (the parameters and optimizer state): lower "
+          "the model's size (config.model.n_embd, n_layer) or "
+          "config.n_workers.") from None
 
   def get_batch(self, step: int) -> Batch:
     """The training batch of ``step`` (0-based) for all workers, on device.

@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 import importlib.util
+import netrc
+import os
+import urllib.parse
 
 from decentral_jax import wire_format
 from decentral_jax.comm import compress
@@ -73,8 +76,44 @@ def _builder(kind: str, built_in=()):
   return check
 
 
+def wandb_can_log() -> bool:
+  """Whether W&B can start a run without asking for a key (read from its
+  environment and files, without importing it): ``WANDB_MODE`` offline,
+  dryrun or disabled, ``WANDB_DISABLED``, ``WANDB_API_KEY`` or
+  ``WANDB_IDENTITY_TOKEN_FILE`` set, a ``.netrc`` entry of the W&B host
+  (``wandb login``), or a W&B settings file naming a key or a mode."""
+  env = os.environ
+  if env.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled"):
+    return True
+  if env.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes") or \
+      env.get("WANDB_API_KEY") or env.get("WANDB_IDENTITY_TOKEN_FILE"):
+    return True
+  host = urllib.parse.urlparse(env.get("WANDB_BASE_URL") or
+                               "https://api.wandb.ai").hostname
+  paths = [env["NETRC"]] if env.get("NETRC") else ["~/.netrc", "~/_netrc"]
+  for path in paths:
+    try:
+      if netrc.netrc(os.path.expanduser(path)).authenticators(host):
+        return True
+    except (OSError, netrc.NetrcParseError):
+      pass
+  config_dir = env.get("WANDB_CONFIG_DIR") or os.path.expanduser(
+      "~/.config/wandb")
+  for path in (os.path.join(config_dir, "settings"),
+               os.path.join(env.get("WANDB_DIR") or ".", "wandb", "settings")):
+    try:
+      with open(path, encoding="utf-8") as f:
+        if any(line.split("=")[0].strip() in ("api_key", "mode")
+               for line in f):
+          return True
+    except (OSError, UnicodeDecodeError):
+      pass
+  return False
+
+
 def _tracker(name, value):
-  """``""`` or ``"wandb"``, whose package must be installed."""
+  """``""`` or ``"wandb"``, whose package must be installed and which must
+  be able to log (:func:`wandb_can_log`)."""
   if value not in TRACKERS:
     raise ValueError(f"unknown config.{name}={value!r}; use '' (none) or "
                      f"'wandb' (--config.{name}=wandb).")
@@ -82,6 +121,11 @@ def _tracker(name, value):
     raise ValueError(f"config.{name}='wandb' needs the wandb package: `pip "
                      "install -r requirements-extras.txt`, or set "
                      f"--config.{name}='' (metrics.jsonl is always written).")
+  if value == "wandb" and not wandb_can_log():
+    raise ValueError(f"config.{name}='wandb' has no W&B API key (no "
+                     "WANDB_API_KEY, no `wandb login` entry in ~/.netrc): run "
+                     "`wandb login`, or set WANDB_MODE=offline to log to "
+                     f"local files, or set --config.{name}=''.")
 
 
 def _topology(name, value):

@@ -113,19 +113,59 @@ def _fields_at_fault(c, initial: bool = False) -> str:
 
 def non_finite_error(step: int, metrics: dict,
                      ckpt: checkpoint_lib.Checkpointer,
-                     c=None) -> FloatingPointError:
-  """The error of a step whose loss or parameters are not finite: the
-  step, the workers, the checkpoint kept, and the fields most likely at
-  fault with their values (of the run's config ``c``, if given). Step 1's
-  loss is taken at the initial parameters: a non-finite one there is
-  blamed on the init or the data, not on the learning rate."""
+                     c=None, bad_data=None) -> FloatingPointError:
+  """The error of a step whose loss, gradient norm or parameters are not
+  finite: the step, the workers, the checkpoint kept, and the cause. A
+  step's training batch holding NaN/inf (``bad_data``: the workers whose
+  float arrays do, from :func:`non_finite_rows`) names the data; a finite
+  loss whose gradient norm is not (``metrics["grad_norm"]``) names the
+  gradient overflow; otherwise the fields most likely at fault with their
+  values (of the run's config ``c``, if given). Step 1's loss is taken at
+  the initial parameters: a non-finite one there is blamed on the init or
+  the data, not on the learning rate."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
   initial = int(step) <= 1 and not np.all(np.isfinite(loss))
+  kept = _kept(ckpt)
+  if bad_data:
+    return FloatingPointError(
+        f"the training batch of step {step} holds NaN/inf on worker(s) "
+        f"{list(bad_data)} (losses {np.round(loss[bad], 4).tolist()}); "
+        f"stopping, {kept}. The data is at fault, not the learning rate: "
+        "fix the data source (config.data.source).")
+  norm = np.asarray(metrics.get("grad_norm", np.zeros_like(loss)),
+                    np.float64)
+  if np.all(np.isfinite(loss)) and not np.all(np.isfinite(norm[bad])):
+    return FloatingPointError(
+        f"gradient norm overflow at step {step} on worker(s) {bad.tolist()} "
+        f"(losses {np.round(loss[bad], 4).tolist()}, gradient norms "
+        f"{norm[bad].tolist()}): gradients beyond ~1.8e19 overflow float32 "
+        "when squared, so Adam's second moment and the global norm (and the "
+        f"gradient clip) are inf and every update is 0; stopping, {kept}. "
+        "Scale the loss down (divide it by a constant) so that its "
+        "gradients stay well below 1e19, or, if the loss grew during the "
+        "run, lower config.schedule.peak_lr.")
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{_kept(ckpt)}. {_fields_at_fault(c, initial)}")
+      f"{kept}. {_fields_at_fault(c, initial)}")
+
+
+def non_finite_rows(exp, step: int) -> list | None:
+  """The workers whose training batch of ``step`` (0-based) holds NaN/inf
+  in a float array (this process's workers, read again from the task's
+  data), ``[]`` if none does, None if the batch cannot be read again."""
+  try:
+    workers = np.asarray(exp.local_workers)
+    rows = exp.task.host_batch(int(step), workers)
+    bad = np.zeros(len(workers), bool)
+    for x in rows:
+      x = np.asarray(x)
+      if np.issubdtype(x.dtype, np.inexact):
+        bad |= ~np.isfinite(x.reshape(x.shape[0], -1)).all(axis=1)
+    return workers[bad].tolist()
+  except Exception:  # pylint: disable=broad-except
+    return None  # a stopped run's message does not need it
 
 
 def _kept(ckpt: checkpoint_lib.Checkpointer) -> str:
@@ -226,7 +266,8 @@ class Recorder:
     seconds = None if self._t_prev is None else now - self._t_prev
     self._t_prev = now
     if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
-      raise non_finite_error(done, m, self._ckpt, self._config)
+      raise non_finite_error(done, m, self._ckpt, self._config,
+                             non_finite_rows(self._exp, done - 1))
     if seconds is not None:
       self._timed.append(seconds)
     self._window.add(m, seconds)

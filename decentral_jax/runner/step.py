@@ -133,7 +133,8 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
     nats), ``grad_norm`` (global norm of the local gradient before
     clipping), ``consensus_distance`` (see ``consensus``; NaN when not
     computed), bool
-    ``finite`` (loss and updated parameters finite), plus the task's aux.
+    ``finite`` (loss, gradient norm and updated parameters finite), plus
+    the task's aux.
 
   Raises:
     ValueError: ``consensus`` not one of ``"logged"``, ``"input"``,
@@ -185,14 +186,25 @@ def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
           model(params, opt_state))
   elif consensus == "none":
     measured = jnp.full([], jnp.nan, jnp.float32)
-  finite = jnp.isfinite(loss)
-  for leaf in jax.tree.leaves(params):
-    finite = finite & jnp.all(jnp.isfinite(leaf))
-  metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-             "finite": finite, "consensus_distance": measured, **aux,
+  grad_norm = optax.tree.norm(grads)
+  metrics = {"loss": loss, "grad_norm": grad_norm,
+             "finite": _finite(loss, grad_norm, params),
+             "consensus_distance": measured, **aux,
              **elastic.counters(opt_state)}
   new_state = state.replace(step=step, params=params, opt_state=opt_state)
   return new_state, metrics
+
+
+def _finite(loss: jax.Array, grad_norm: jax.Array,
+            params: PyTree) -> jax.Array:
+  """Bool scalar: the loss, the gradient norm and every parameter finite.
+  A gradient norm past float32's range (gradients beyond ~1.8e19) makes
+  Adam's second moment and the clip's scale overflow: every update is 0
+  while the loss and parameters stay finite."""
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  for leaf in jax.tree.leaves(params):
+    finite = finite & jnp.all(jnp.isfinite(leaf))
+  return finite
 
 
 def micro_batch_split(batch: Batch, micro_batches: int) -> Batch:
@@ -228,13 +240,15 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
   so the activations kept for the backward pass are those of ``B / k``
   rows::
 
-    loss = (1/k) sum_j loss_fn(params, b_j),  g = (1/k) sum_j grad_j
+    loss = sum_j loss_fn(params, b_j) / k,  g = sum_j grad_j / k
 
-  summed in float32 (then cast to the gradient's dtype), as are the aux
-  values. For a loss that is a mean over equally sized rows (the tasks'
-  token and image cross-entropies) this is the loss and gradient of the
-  whole batch up to float32 rounding. Micro-batch ``j`` gets the dropout
-  key ``fold_in(key, j)``.
+  each term divided by ``k`` before the float32 sum (then cast to the
+  gradient's dtype), as are the aux values, so that a loss or gradient
+  float32 holds never overflows the sum (with ``k`` a power of two this is
+  bit for bit the sum divided by ``k``). For a loss that is a mean over
+  equally sized rows (the tasks' token and image cross-entropies) this is
+  the loss and gradient of the whole batch up to float32 rounding.
+  Micro-batch ``j`` gets the dropout key ``fold_in(key, j)``.
 
   Args:
     loss_fn: ``loss_fn(params, batch, key or None) -> (loss, aux)``.
@@ -251,7 +265,7 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
   if micro_batches == 1:
     return grad_fn(params, batch, key)
   k = micro_batches
-  f32 = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32), t)
+  part = lambda t: jax.tree.map(lambda x: x.astype(jnp.float32) / k, t)
   micro = micro_batch_split(batch, k)
   sub = lambda j: None if key is None else jax.random.fold_in(key, j)
   (loss, aux), grads = grad_fn(params, tuple(x[0] for x in micro), sub(0))
@@ -260,17 +274,17 @@ def loss_and_grad(loss_fn: LossFn, params: PyTree, batch: Batch,
   def body(total, xs):
     j, rows = xs
     (loss, aux), grads = grad_fn(params, rows, sub(j))
-    return jax.tree.map(jnp.add, total, f32((loss, aux, grads))), None
+    return jax.tree.map(jnp.add, total, part((loss, aux, grads))), None
 
   # The first micro-batch outside the scan gives the sum its start (and
   # the types the scan carries, varying over the workers like the rest);
   # the barrier makes the others wait for it, so that XLA does not run two
   # micro-batches at once (and keep both one's activations).
   first, rest = lax.optimization_barrier(
-      (f32(like), tuple(x[1:] for x in micro)))
+      (part(like), tuple(x[1:] for x in micro)))
   total, _ = lax.scan(body, first, (jnp.arange(1, k), rest))
-  loss, aux, grads = jax.tree.map(lambda t, s: (t / k).astype(s.dtype),
-                                  total, like)
+  loss, aux, grads = jax.tree.map(lambda t, s: t.astype(s.dtype), total,
+                                  like)
   return (loss, aux), grads
 
 

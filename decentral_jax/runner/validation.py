@@ -40,6 +40,23 @@ _ADAM_FIELDS = ("optimizer.b1", "optimizer.b2", "optimizer.eps",
 _NODE_TOPOLOGIES = ("alternating_exp_ring",)
 
 
+#: The most parameters a GPT worker may have (6.9e10: 256 GiB in float32,
+#: beyond one accelerator's memory and several times any GPT this runner
+#: has trained); the size fields are bounded one by one, their product here.
+MAX_GPT_PARAMS = 2**36
+
+
+def gpt_param_count(model: config_dict.ConfigDict) -> int:
+  """Parameters of one worker's GPT (``config.model``), by formula: tied
+  token embedding ``V C``, positions ``T C``, per block ``12 C^2 + 2 C``
+  (``c_attn``, ``c_proj``, ``c_fc``, ``c_proj`` kernels and two LayerNorm
+  scales) plus ``11 C`` biases, and the final LayerNorm ``C`` (+ ``C``)."""
+  v, t = int(model.vocab_size), int(model.block_size)
+  c, layers, bias = int(model.n_embd), int(model.n_layer), bool(model.bias)
+  block = 12 * c * c + 2 * c + 11 * c * bias
+  return v * c + t * c + layers * block + c + c * bias
+
+
 def _divisors(n: int, limit: int = 12) -> list[int]:
   """The first ``limit`` divisors of ``n`` (O(sqrt n), for messages)."""
   small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
@@ -62,7 +79,9 @@ def check_config(config: config_dict.ConfigDict) -> None:
   divides ``global_batch``; ``devices_per_worker`` divides the local batch
   ``global_batch / n_workers``, and ``micro_batches`` the local batch per
   device; ``optimizer.accum_steps`` is 1 for ``adamw``;
-  ``model.n_head`` divides ``model.n_embd``; ``schedule.final_lr <=
+  ``model.n_head`` divides ``model.n_embd`` and the GPT has at most
+  :data:`MAX_GPT_PARAMS` parameters (:func:`gpt_param_count`);
+  ``schedule.final_lr <=
   peak_lr`` for ``warmup_cosine`` (a cosine "decay" upwards is refused);
   ``data.val_fraction > 0`` for byte corpora (pydoc, text_file). A warmup
   longer than the run is allowed (see :func:`config_warnings`). Device
@@ -111,6 +130,14 @@ def check_config(config: config_dict.ConfigDict) -> None:
         f"config.model.n_head={c.model.n_head} must divide config.model."
         f"n_embd={c.model.n_embd}; set --config.model.n_head= one of "
         f"{_divisors(int(c.model.n_embd))}.")
+  if model == "gpt" and gpt_param_count(c.model) > MAX_GPT_PARAMS:
+    raise ValueError(
+        f"config.model.n_embd={c.model.n_embd}, n_layer={c.model.n_layer}, "
+        f"vocab_size={c.model.vocab_size} and block_size="
+        f"{c.model.block_size} give {gpt_param_count(c.model):.3g} "
+        f"parameters per worker, more than the {MAX_GPT_PARAMS:.3g} "
+        "(2**36) a worker may hold; lower config.model.n_embd or "
+        "config.model.n_layer.")
   if c.data.source in _BYTE_SOURCES and not c.data.val_fraction > 0:
     raise ValueError(
         f"config.data.val_fraction={c.data.val_fraction!r} leaves no "

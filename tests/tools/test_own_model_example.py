@@ -68,3 +68,22 @@ def test_own_model_config_runs_through_the_train_command(tmp_path):
   assert run.returncode == 0, run.stderr[-3000:]
   lines = [json.loads(s) for s in open(tmp_path / "run" / "metrics.jsonl")]
   assert lines[-1]["step"] == 4 and "eval/accuracy" in lines[-1]
+
+
+@pytest.mark.parametrize("args, message", [
+    # Accepted: a run of 1e11 steps, or a price at a NaN forward time after
+    # the whole training.
+    (["--steps", "99999999999"], "--steps=99999999999 must be a whole "
+     "number in [2, 2147483647]"),
+    (["--steps", "1"], "--steps=1 must be a whole number in [2, "),
+    (["--forward-ms", "nan"], "--forward-ms=nan must be a time in [0, 5e5]"),
+    (["--forward-ms", "-1"], "--forward-ms=-1.0 must be a time in [0, 5e5]"),
+])
+def test_bad_numeric_flags_are_one_error_line_before_any_work(
+    args, message, capsys, tmp_path):
+  with pytest.raises(SystemExit) as e:
+    _load().main(args + ["--workdir", str(tmp_path)])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].partition(" error: ")[2].startswith(message), err
+  assert not os.listdir(tmp_path)  # no data written

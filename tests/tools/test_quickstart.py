@@ -42,6 +42,9 @@ def test_quickstart_trains(args):
     (["--local_size", "3"], "--local_size=3 must divide the 8 workers"),
     (["--local_size", "0"], "--local_size=0 must divide the 8 workers"),
     (["--topology", "nope"], "--topology='nope': unknown topology 'nope'"),
+    # Accepted, and the script ran for ever (the runner bounds config.steps).
+    (["--steps", "99999999999"],
+     "--steps=99999999999 must be at most 2147483647."),
 ])
 def test_bad_flags_are_one_error_line_before_any_work(args, message, capsys):
   """--steps 0 ended in an UnboundLocalError, --local_size 3 in a
