@@ -113,19 +113,41 @@ def _fields_at_fault(c, initial: bool = False) -> str:
 
 def non_finite_error(step: int, metrics: dict,
                      ckpt: checkpoint_lib.Checkpointer,
-                     c=None) -> FloatingPointError:
+                     c=None, resumed_at: int | None = None
+                     ) -> FloatingPointError:
   """The error of a step whose loss or parameters are not finite: the
   step, the workers, the checkpoint kept, and the fields most likely at
   fault with their values (of the run's config ``c``, if given). Step 1's
   loss is taken at the initial parameters: a non-finite one there is
-  blamed on the init or the data, not on the learning rate."""
+  blamed on the init or the data, not on the learning rate; so is the
+  first loss of an invocation resumed from checkpoint ``resumed_at``,
+  taken at the restored state: blamed on that checkpoint
+  (:func:`_restored_at_fault`)."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
-  initial = int(step) <= 1 and not np.all(np.isfinite(loss))
+  at_loaded = not np.all(np.isfinite(loss))
+  fault = (_restored_at_fault(ckpt, resumed_at)
+           if resumed_at and int(step) == resumed_at + 1 and at_loaded else
+           _fields_at_fault(c, int(step) <= 1 and at_loaded))
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{_kept(ckpt)}. {_fields_at_fault(c, initial)}")
+      f"{_kept(ckpt)}. {fault}")
+
+
+def _restored_at_fault(ckpt: checkpoint_lib.Checkpointer, step: int) -> str:
+  """Why a non-finite first loss of an invocation resumed from checkpoint
+  ``step`` is that checkpoint's (restored unverified when it has no
+  checksums), not the learning rate's."""
+  status, _ = ckpt.verify(step)
+  how = (" unverified (it has no SHA256SUMS)" if status == "unverified"
+         else "")
+  return (f"No update of this invocation had been applied yet (the loss is "
+          f"taken at the state restored{how} from checkpoint {step}, "
+          f"{ckpt.step_dir(step)}), so the learning rate and the gradient "
+          "clip play no part: that checkpoint's arrays are likely damaged "
+          "(or the data holds NaN/inf); move it away to resume from an "
+          "older checkpoint, or use a fresh --workdir.")
 
 
 def _kept(ckpt: checkpoint_lib.Checkpointer) -> str:
@@ -183,6 +205,7 @@ class Recorder:
     self._time_offset = time_offset
     self._t_prev = None
     self.last = {"step": start}
+    self._start = start  # > 0: the invocation resumed from a checkpoint
     self._writer = (metrics_lib.MetricsWriter(
         workdir, tensorboard=bool(c.tensorboard), tracker=str(c.tracker),
         run_config=c.to_dict()) if main else None)
@@ -226,7 +249,8 @@ class Recorder:
     seconds = None if self._t_prev is None else now - self._t_prev
     self._t_prev = now
     if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
-      raise non_finite_error(done, m, self._ckpt, self._config)
+      raise non_finite_error(done, m, self._ckpt, self._config,
+                             resumed_at=self._start)
     if seconds is not None:
       self._timed.append(seconds)
     self._window.add(m, seconds)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -218,3 +219,87 @@ def test_the_history_records_a_changed_peak_as_a_new_segment():
           CHANGED}
   assert ("last segment [6, 1, 2, 0.0004] disagrees with "
           "config.schedule.peak_lr=0.0005") in meta_schema.meta_error(meta)
+
+
+# -- a non-finite loss at the first step of a resumed invocation -------------
+
+
+class _Restored:
+  """The checkpointer a stopped resumed run holds: checkpoint 6 restored,
+  without checksums (``verify``: unverified), none kept."""
+  directory = "ckpts"
+
+  def last_good_step(self):
+    return None, False
+
+  def verify(self, step):
+    return "unverified", "no SHA256SUMS"
+
+  def step_dir(self, step):
+    return f"ckpts/{step}"
+
+
+def test_a_non_finite_first_loss_after_a_resume_names_the_checkpoint():
+  """Resumed from checkpoint 6, step 7's loss is taken at the restored
+  state before any update of this invocation: the learning rate plays no
+  part; the restored (unverified) checkpoint is named. Step 8's loss, or
+  step 7's parameters after an update, still name the rates."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import recorder  # pylint: disable=g-import-not-at-top
+  c = config_lib.base_config()
+  nan_loss = {"loss": np.array([2.0, np.nan]),
+              "finite": np.array([True, False])}
+  bad_params = {"loss": np.array([2.0, 2.0]),
+                "finite": np.array([True, False])}
+  text = str(recorder.non_finite_error(7, nan_loss, _Restored(), c,
+                                       resumed_at=6))
+  assert ("the state restored unverified (it has no SHA256SUMS) from "
+          "checkpoint 6, ckpts/6)") in text, text
+  assert "Lower config.schedule.peak_lr" not in text, text
+  for step, m in ((8, nan_loss), (7, bad_params)):
+    text = str(recorder.non_finite_error(step, m, _Restored(), c,
+                                         resumed_at=6))
+    assert "Lower config.schedule.peak_lr" in text, text
+
+
+@pytest.mark.slow  # two tiny training runs
+def test_a_restored_checkpoint_with_nan_parameters_is_named(tmp_path):
+  """Checkpoint 2 re-saved with NaN parameters and its SHA256SUMS removed
+  (restored unverified, as documented): the resumed run stops at step 3
+  naming that checkpoint, not the learning rate."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from conftest import require_devices  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import config as config_lib  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
+  require_devices(8)
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  workdir = str(tmp_path / "run")
+
+  def config(steps):
+    return config_lib.load_config(
+        os.path.join(root, "configs", "gpt_tiny.py"),
+        ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+         "model.block_size=8", "global_batch=16", "eval_interval=0",
+         "checkpoint_interval=2", f"steps={steps}"])
+
+  exp = experiment_lib.Experiment(config(2))
+  train.train_and_evaluate(config(2), workdir, experiment=exp)
+  ckpts = os.path.join(workdir, "checkpoints")
+  with checkpoint.Checkpointer(ckpts) as ckpt:
+    state, meta = ckpt.restore(2, exp.init_state())
+  poisoned = jax.tree_util.tree_map(
+      lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
+      state)
+  shutil.rmtree(os.path.join(ckpts, "2"))
+  with checkpoint.Checkpointer(ckpts) as ckpt:
+    ckpt.save(2, poisoned, meta)
+  os.remove(os.path.join(ckpts, "2", workdir_lib.SUMS_FILE))
+  with pytest.raises(FloatingPointError) as info:
+    train.train_and_evaluate(config(4), workdir)
+  text = str(info.value)
+  assert "at step 3" in text and "restored unverified" in text, text
+  assert os.path.join(ckpts, "2") in text, text
+  assert "Lower config.schedule.peak_lr" not in text, text
