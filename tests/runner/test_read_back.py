@@ -303,3 +303,13 @@ def test_a_restored_checkpoint_with_nan_parameters_is_named(tmp_path):
   assert "at step 3" in text and "restored unverified" in text, text
   assert os.path.join(ckpts, "2") in text, text
   assert "Lower config.schedule.peak_lr" not in text, text
+
+
+def test_a_log_line_with_an_over_long_integer_is_a_damaged_log(tmp_path):
+  """A resumed run sets such a log aside (MetricsError naming the line),
+  it does not stop with Python's raw digit-limit ValueError."""
+  workdir = _log(tmp_path)
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text(path.read_text().replace('"train_time_s": 2.0',
+                                           f'"train_time_s": {BIG}'))
+  assert "line 3: not a JSON record" in _resume_error(workdir)
