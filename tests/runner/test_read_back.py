@@ -223,6 +223,19 @@ def test_the_history_records_a_changed_peak_as_a_new_segment():
 
 # -- a non-finite loss at the first step of a resumed invocation -------------
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _tiny(steps: int, *extra: str):
+  """A tiny gpt_tiny config of ``steps`` steps, checkpointed every 2."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+       "model.block_size=8", "global_batch=16", "eval_interval=0",
+       "checkpoint_interval=2", f"steps={steps}", *extra])
+
 
 class _Restored:
   """The checkpointer a stopped resumed run holds: checkpoint 6 restored,
@@ -270,21 +283,11 @@ def test_a_restored_checkpoint_with_nan_parameters_is_named(tmp_path):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from conftest import require_devices  # pylint: disable=g-import-not-at-top
-  from decentral_jax.runner import config as config_lib  # pylint: disable=g-import-not-at-top
   from decentral_jax.runner import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
   from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
   require_devices(8)
-  root = os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))))
   workdir = str(tmp_path / "run")
-
-  def config(steps):
-    return config_lib.load_config(
-        os.path.join(root, "configs", "gpt_tiny.py"),
-        ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
-         "model.block_size=8", "global_batch=16", "eval_interval=0",
-         "checkpoint_interval=2", f"steps={steps}"])
-
+  config = _tiny
   exp = experiment_lib.Experiment(config(2))
   train.train_and_evaluate(config(2), workdir, experiment=exp)
   ckpts = os.path.join(workdir, "checkpoints")
@@ -313,3 +316,31 @@ def test_a_log_line_with_an_over_long_integer_is_a_damaged_log(tmp_path):
   path.write_text(path.read_text().replace('"train_time_s": 2.0',
                                            f'"train_time_s": {BIG}'))
   assert "line 3: not a JSON record" in _resume_error(workdir)
+
+
+@pytest.mark.slow  # three tiny training runs
+def test_a_log_written_before_a_lowered_peak_stays_whole(tmp_path, caplog):
+  """peak_lr 3e-3 for 6 steps, resumed to 8 with peak 4e-4 (accepted), then
+  to 10: the records of steps 1-6 (lr above 4e-4 at step 6 of the
+  warmup, by hand) are intact, not set aside; the document records the
+  two peaks."""
+  from conftest import require_devices  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
+  require_devices(8)
+  workdir = str(tmp_path / "run")
+  low = ("schedule.peak_lr=0.0004", "schedule.final_lr=0.00001")
+  train.train_and_evaluate(_tiny(6, "log_interval=1"), workdir)
+  caplog.set_level("WARNING")
+  for steps in (8, 10):
+    train.train_and_evaluate(_tiny(steps, "log_interval=1", *low), workdir)
+  assert not [r for r in caplog.records if "moved it to" in r.getMessage()]
+  got = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
+  assert [r["step"] for r in got] == list(range(1, 11))
+  # Warmup from peak / 30 = 1e-4, rising (3e-3 - 1e-4) / 30 per step.
+  assert got[5]["lr"] == pytest.approx(1e-4 + 5 * 2.9e-3 / 30, rel=1e-6)
+  assert got[5]["lr"] > 4e-4
+  assert not os.path.lexists(os.path.join(workdir, metrics.CORRUPT_FILE))
+  with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
+    meta = ckpt.restore_meta(10)
+  assert meta[metrics_resume.SCHEDULE_KEY] == [[0, 1, 0, 3e-3],
+                                               [6, 1, 0, 4e-4]]
