@@ -216,7 +216,8 @@ def read_bytes(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes | Damaged:
 
 def parse_json(raw: bytes, path: str):
   """The JSON value of ``raw`` (the bytes of ``path``), or :class:`Damaged`:
-  not UTF-8, empty, not JSON (truncated, binary), or nested too deeply."""
+  not UTF-8, empty, not JSON (truncated, binary), nested too deeply, or
+  holding an integer longer than Python converts (4,300 digits)."""
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -230,6 +231,8 @@ def parse_json(raw: bytes, path: str):
     return Damaged(path, f"is not JSON: {e}")
   except RecursionError:
     return Damaged(path, "is not JSON: nested too deeply")
+  except ValueError as e:  # an integer longer than Python converts
+    return Damaged(path, f"is not JSON: {e}")
 
 
 def read_json(path: str, schema: dict | None = None, required=(), *,

@@ -295,8 +295,8 @@ class Checkpointer:
       names = os.listdir(self.directory)
     except OSError:
       return None
-    return sorted(int(n) for n in names
-                  if n.isdigit() and str(int(n)) == n)
+    return sorted(int(n) for n in names  # ASCII: int() refuses "²"
+                  if n.isascii() and n.isdigit() and str(int(n)) == n)
 
   def verify(self, step: int) -> tuple[str, str]:
     """Checks checkpoint ``step`` against its checksums (reads every file).

@@ -117,7 +117,8 @@ def coordinator_port(address: str) -> int:
     ValueError: ``address`` is not ``host:port`` with a port in 1..65535.
   """
   host, _, port = address.rpartition(":")
-  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+  ascii_digits = port.isascii() and port.isdigit()  # int() refuses "²"
+  if not host or not ascii_digits or not 0 < int(port) < 65536:
     raise ValueError(f"coordinator_address={address!r} must be 'host:port' "
                      "with a port in 1..65535, e.g. '10.0.0.1:12355'.")
   return int(port)

@@ -55,6 +55,7 @@ import tqdm
 from decentral_jax import checks
 from decentral_jax import records as records_lib
 from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import metrics_rules
 from decentral_jax.runner import tmpfile
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -212,146 +213,45 @@ class WandbTracker:
     self._run.finish()
 
 
-def _last(key: str) -> str:
-  return key.rsplit("/", 1)[-1]
+# The rules of one record and of the rows of one file (re-exported).
+MAX_TRAIN_TIME_S = metrics_rules.MAX_TRAIN_TIME_S
+BUILT_IN_MODELS = metrics_rules.BUILT_IN_MODELS
+losses_signed = metrics_rules.losses_signed
+workdir_losses_signed = metrics_rules.workdir_losses_signed
+value_range = metrics_rules.value_range
+value_error = metrics_rules.value_error
+row_error = metrics_rules.row_error
+order_error = metrics_rules.order_error
 
 
-#: The most training seconds a record may hold (about 31.7 years): a larger
-#: ``train_time_s`` is damage, never a run's time.
-MAX_TRAIN_TIME_S = 1e9
-
-
-#: The models whose losses are >= 0 (cross-entropies) and accuracies in
-#: [0, 1]; a model of your own may return any finite loss and any finite
-#: "accuracy" aux value (docs/extending.md).
-BUILT_IN_MODELS = ("gpt", "cnn")
-
-
-def losses_signed(model_name) -> bool:
-  """Whether a run of ``model_name`` may log any finite loss and accuracy
-  (a model of your own, whose "accuracy" aux value the runner logs as it
-  is; None, unknown, counts as built in)."""
-  return model_name is not None and model_name not in BUILT_IN_MODELS
-
-
-def workdir_losses_signed(workdir: str) -> bool:
-  """:func:`losses_signed` for the run whose ``config.json`` is in
-  ``workdir`` (False without a readable one)."""
-  got = records_lib.read_json(os.path.join(workdir, "config.json"))
-  model = got.get("model", {}) if isinstance(got, dict) else {}
-  return losses_signed(model.get("name") if isinstance(model, dict)
-                       else None)
-
-
-def value_range(key: str, signed_losses: bool = False
-                ) -> tuple[float | None, float | None]:
-  """``(lo, hi)`` of a metric ``key`` (None: unbounded); a loss and an
-  accuracy are any number for a model of your own (``signed_losses``)."""
-  last = _last(key)
-  if last == "train_time_s":
-    return 0.0, MAX_TRAIN_TIME_S
-  if "excess" in last:  # a worker's loss minus x_bar's: signed
-    return None, None
-  if ("loss" in last or "accuracy" in last) and signed_losses:
-    return None, None
-  if "loss" in last or last == "lr":
-    return 0.0, None
-  if "accuracy" in last:
-    return 0.0, 1.0
-  if (key.startswith("comm/") or last in (
-      "consensus_distance", "step_time_ms", "train_time_s", "param_count",
-      "tokens_per_sec", "samples_per_sec")):
-    return 0.0, None
-  return None, None
-
-
-def value_error(key: str, v, signed_losses: bool = False) -> str | None:
-  """Why a value ``v`` of ``key`` is impossible (None for a null value,
-  which the metrics files write for a non-finite one): outside
-  :func:`value_range`, or not a number where the range is known."""
-  lo, hi = value_range(key, signed_losses)
-  if v is None:
-    return None
-  if (lo, hi) == (None, None):
-    return (None if records_lib.is_real(v) or not any(
-        word in _last(key) for word in ("loss", "accuracy"))
-            else f"{key} must be a number, got {records_lib.short(v)}")
-  if not records_lib.is_real(v):
-    return f"{key} must be a number, got {records_lib.short(v)}"
-  if (lo is not None and v < lo) or (hi is not None and v > hi):
-    rule = (f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}")
-    return f"{key} must be {rule}, got {records_lib.short(v)}"
-  return None
-
-
-def row_error(row: dict, signed_losses: bool = False) -> str | None:
-  """Why one row of metrics (or the final metrics) is impossible."""
-  for key, v in row.items():
-    why = value_error(key, v, signed_losses)
-    if why:
-      return why
-  lo, mean, hi = (row.get(f"eval/worker_loss_{k}") for k in
-                  ("min", "mean", "max"))
-  got = [x for x in (lo, mean, hi) if records_lib.is_real(x)]
-  slack = REL_TOL * max([abs(x) for x in got] + [1.0])
-  if len(got) == 3 and not lo - slack <= mean <= hi + slack:
-    return (f"eval/worker_loss_min <= eval/worker_loss_mean <= "
-            f"eval/worker_loss_max must hold, got {records_lib.short(lo)}, "
-            f"{records_lib.short(mean)}, {records_lib.short(hi)}")
-  if len(got) == 2 and lo is not None and hi is not None and lo > hi + slack:
-    return (f"eval/worker_loss_min {records_lib.short(lo)} must be <= "
-            f"eval/worker_loss_max {records_lib.short(hi)}")
-  return None
-
-
-def _record_error(record: dict) -> str | None:
-  """Why ``record`` is not a metrics record, or None.
-
-  A record has an integer ``"step" >= 0``; every value is a JSON scalar
-  (what :class:`MetricsWriter` writes: a number, null, a string or a bool).
-  """
-  step = record.get("step")
-  if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-    return f"\"step\" must be an integer >= 0, got {step!r:.40}"
-  for key, value in record.items():
-    if not (value is None or isinstance(value, (int, float, str, bool))):
-      return (f"{key!r:.60} must be a number, a string or null, got "
-              f"{type(value).__name__}")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and not records_lib.is_real(value):
-      return (f"{key!r:.60} must be a finite number or null (the writer "
-              f"writes null for a non-finite value), got "
-              f"{records_lib.short(value)}")
-  return None
-
-
-def order_error(rows: list[dict]) -> str | None:
-  """Why the rows of a metrics file are out of order: each ``step`` must
-  be larger than the one before (one record per logged step, in the order
-  logged), or None."""
-  for a, b in zip(rows, rows[1:]):
-    sa, sb = a.get("step"), b.get("step")
-    if records_lib.is_real(sa) and records_lib.is_real(sb) and sb <= sa:
-      return (f"step must increase from row to row, got {records_lib.short(sb)}"
-              f" after {records_lib.short(sa)} (rows repeated or out of order)")
-  return None
-
-
-def _file_checker(signed_losses: bool = False, config=None):
+def _file_checker(signed_losses: bool = False, config=None, schedule=None):
   """``check(record) -> why | None`` for the lines of one file in order:
-  :func:`_record_error`, :func:`row_error`, ``lr`` within ``config``'s
-  schedule (:func:`metrics_resume.lr_error`), and each step larger than the
-  previous line's."""
-  last = []
+  :func:`metrics_rules.record_error`, :func:`row_error`,
+  :func:`metrics_rules.null_error` (a loss too with ``config``: a train
+  run's log), ``lr`` within the ``schedule.peak_lr`` its log ``schedule``
+  segment records (:func:`metrics_resume.logged_lr_error`), with
+  ``config`` the throughput (:func:`metrics_rules.throughput_error`) and
+  ``train_time_s`` never smaller (:func:`metrics_rules.train_time_error`;
+  the learners' reader applies it by their record), and each step larger
+  than the previous line's."""
+  last, timed = [], []
 
   def check(record: dict) -> str | None:
-    why = (_record_error(record) or row_error(record, signed_losses)
-           or metrics_resume.lr_error(record, config))
+    why = (metrics_rules.record_error(record)
+           or row_error(record, signed_losses)
+           or metrics_rules.null_error(record, runner=config is not None)
+           or metrics_resume.logged_lr_error(record, schedule)
+           or (config is not None
+               and metrics_rules.throughput_error(record, config)) or None)
     if why is None and last and record["step"] <= last[-1]:
       why = (f"\"step\" must increase from line to line, got "
              f"{record['step']} after {last[-1]} (lines repeated or out of "
              "order)")
+    if config is not None:  # the learners' reader names their own record
+      why = why or metrics_rules.train_time_error(timed[-1:] + [record])
     last.append(record.get("step"))
+    if "train_time_s" in record:
+      timed.append(record)
     return why
   return check
 
@@ -392,7 +292,7 @@ def _read_regular(path: str) -> bytes:
                      "written), and run again.", path, why)
 
 
-def _parse(path: str, config=None
+def _parse(path: str, config=None, schedule=None
            ) -> tuple[list[dict], int | None, bool, bytes]:
   """Records of a JSON-lines file, the line number of a torn last line,
   whether the file needs rewriting (torn or unterminated last line) and the
@@ -409,7 +309,7 @@ def _parse(path: str, config=None
   """
   data = _read_regular(path)
   got = records_lib.parse_jsonl(data, path, _file_checker(
-      workdir_losses_signed(os.path.dirname(path)), config))
+      workdir_losses_signed(os.path.dirname(path)), config, schedule))
   if isinstance(got, records_lib.Damaged):
     fix = ("the file is corrupt: fix or delete that line (one JSON object "
            "per line)" if "not a JSON record" in got.reason else
@@ -465,7 +365,7 @@ def read_curve(path: str, key: str = "eval/loss", x: str = "step"):
     (``.missing``), unreadable, a corrupt line, or no finite ``key`` record
     (e.g. a file truncated before its first evaluation).
   """
-  got = records_lib.read_jsonl(path, _record_error)
+  got = records_lib.read_jsonl(path, metrics_rules.record_error)
   if isinstance(got, records_lib.Damaged):
     return got
   pts = records_lib.finite_series(got.records, key, x)
@@ -487,12 +387,17 @@ def truncate_after(workdir: str, step: int, config=None,
 
   A missing file after ``step > 0`` is a warning (the earlier records
   are lost); a record of a step beyond ``config.steps``' largest value is
-  damage, not a redone record. With the checkpoint's stored ``config`` (a
-  dict), an ``lr`` above its ``schedule.peak_lr`` is damage too, and a
-  log that ends before the last step that config logs up to ``step`` is
-  a warning (records lost: :func:`metrics_resume.lost_warning`), as is
-  a step its log ``schedule`` (the document's history) logs and the log
-  lacks.
+  damage, not a redone record. Every record is checked by
+  :mod:`decentral_jax.runner.metrics_rules` (values, nulls, order,
+  ``train_time_s``). With the checkpoint's stored ``config`` (a dict), a
+  null loss and a throughput that disagrees with its step time are damage
+  too, and a log that ends before the last step that config logs up to
+  ``step`` is a warning (records lost:
+  :func:`metrics_resume.lost_warning`), as is a step its log ``schedule``
+  (the document's history) logs and the log lacks. An ``lr`` above the
+  ``schedule.peak_lr`` of its record's ``schedule`` segment is damage; a
+  record no segment with a peak covers (no history: an older document) is
+  not checked for it, since a resume may have changed the peak.
 
   Returns:
     How many complete records were removed (0 if the file does not exist).
@@ -518,7 +423,7 @@ def truncate_after(workdir: str, step: int, config=None,
                   if line.strip(b" \t\r\n\0"))
     keep, torn, dirty = [], None, removed > 0
   else:
-    records, torn, dirty, tail = _parse(path, config)
+    records, torn, dirty, tail = _parse(path, config, schedule)
     _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)

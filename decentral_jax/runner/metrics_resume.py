@@ -3,15 +3,18 @@
 :mod:`decentral_jax.runner.metrics` checks each record by itself (types and
 ranges) and the file's order; these rules read the config too. ``compare``
 checks a kept run's rows by :func:`schedule_error`; a resumed train run
-applies :func:`lr_error` to every record (its ``steps`` may have changed,
-its schedule may not) and warns of records lost before the checkpoint
-(:func:`lost_warning`), so that both read the log by the same rules.
+checks every record's ``lr`` against the peak of the schedule that wrote
+it (:func:`logged_lr_error`: its ``steps`` and schedule may have changed)
+and warns of records lost before the checkpoint (:func:`lost_warning`).
 
 A checkpoint's document records the history of the log schedule
 (:data:`SCHEDULE_KEY`: segments ``[from_step, log_interval,
-eval_interval]``, :func:`schedule_history`), since a resume may change the
-intervals; a resume then names every step that history logs up to the
-checkpoint and the kept log lacks (:func:`scheduled_steps`).
+eval_interval, peak_lr]``, :func:`schedule_history`), since a resume may
+change the intervals and the learning rate's peak; a resume then names
+every step that history logs up to the checkpoint and the kept log lacks
+(:func:`scheduled_steps`), and checks each record's ``lr`` against its
+segment's ``schedule.peak_lr`` (:func:`peak_at`; a segment of three,
+written before the peak was recorded, leaves ``lr`` unchecked).
 """
 
 from __future__ import annotations
@@ -80,46 +83,86 @@ SCHEDULE_KEY = "log_schedule"
 
 
 def schedule_history(history, start: int, log_interval: int,
-                     eval_interval: int) -> list[list[int]]:
+                     eval_interval: int, peak_lr: float | None = None
+                     ) -> list[list]:
   """The log schedule's history that a run started at step ``start`` (0: a
   fresh run) records with its checkpoints.
 
   ``history`` is the restored document's (:data:`SCHEDULE_KEY`; None for
   a fresh run or a document of an older version, whose steps up to
   ``start`` are then not known): segments ``[from_step, log_interval,
-  eval_interval]``, ``from_step`` increasing, the first logging the steps
-  after its ``from_step`` (0: also step 0's evaluation, with
-  ``eval_interval > 0``) up to the next segment's ``from_step``. Its
-  segments from ``start`` on are dropped, and ``[start, log_interval,
-  eval_interval]`` is appended unless the last segment has those
-  intervals."""
+  eval_interval, peak_lr]``, ``from_step`` increasing, the first logging
+  the steps after its ``from_step`` (0: also step 0's evaluation, with
+  ``eval_interval > 0``) up to the next segment's ``from_step``, each
+  record's ``lr`` at most the segment's ``schedule.peak_lr`` (left out
+  with ``peak_lr`` None: not known). Its segments from ``start`` on are
+  dropped, and ``[start, log_interval, eval_interval, peak_lr]`` is
+  appended unless the last segment has those values."""
+  values = [int(log_interval), int(eval_interval)]
+  values += [] if peak_lr is None else [float(peak_lr)]
   kept = [list(seg) for seg in history or () if seg[0] < start]
-  if not kept or kept[-1][1:] != [log_interval, eval_interval]:
-    kept.append([int(start), int(log_interval), int(eval_interval)])
+  if not kept or kept[-1][1:] != values:
+    kept.append([int(start), *values])
   return kept
+
+
+def peak_at(history, step: int) -> float | None:
+  """The ``schedule.peak_lr`` under which the record of ``step`` was
+  written, by the log schedule's ``history`` (:func:`schedule_history`):
+  that of the last segment whose ``from_step`` is before ``step`` (or is
+  0, for step 0); None when not known (no history, a step no segment
+  covers, a segment without its peak)."""
+  segs = [seg for seg in history or ()
+          if seg[0] < step or seg[0] == step == 0]
+  return segs[-1][3] if segs and len(segs[-1]) > 3 else None
+
+
+def logged_lr_error(row: dict, history) -> str | None:
+  """:func:`lr_error` of ``row`` against the peak of its segment of the
+  log schedule's ``history`` (:func:`peak_at`); None if not known."""
+  peak = peak_at(history, row.get("step"))
+  return None if peak is None else lr_error(
+      row, {"schedule": {"peak_lr": peak}})
+
+
+def _segment_ok(seg) -> bool:
+  """Whether ``seg`` is ``[from_step >= 0, log_interval >= 1,
+  eval_interval >= 0]`` integers, then an optional finite ``peak_lr >=
+  0``."""
+  if not isinstance(seg, list) or len(seg) not in (3, 4):
+    return False
+  ints = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+             for v in seg[:3])
+  peak = len(seg) == 3 or (records.is_real(seg[3]) and seg[3] >= 0)
+  return ints and peak and seg[1] >= 1
 
 
 def log_schedule_error(history, step: int, config=None) -> str | None:
   """Why a document's :data:`SCHEDULE_KEY` (at checkpoint ``step``, with
   the stored ``config``, a dict or None) is not one
   :func:`schedule_history` writes, or None (None when absent: an older
-  version). Its last segment holds the config's own intervals."""
+  version). Its last segment holds the config's own intervals and, where
+  it records one, its ``schedule.peak_lr``."""
   if history is None:
     return None
   good = isinstance(history, list) and history and all(
-      isinstance(seg, list) and len(seg) == 3 and all(
-          isinstance(v, int) and not isinstance(v, bool) and v >= 0
-          for v in seg) and seg[1] >= 1 for seg in history)
+      _segment_ok(seg) for seg in history)
   starts = [seg[0] for seg in history] if good else []
   if not good or starts != sorted(set(starts)) or starts[-1] > step:
     return (f"{SCHEDULE_KEY} must be a list of [from_step, log_interval >= "
-            f"1, eval_interval >= 0] integer segments, from_step increasing "
-            f"and at most the step {step}, got {records.short(history)}")
+            f"1, eval_interval >= 0] integer segments (then peak_lr >= 0), "
+            f"from_step increasing and at most the step {step}, got "
+            f"{records.short(history)}")
   ints = [field(config, k) for k in ("log_interval", "eval_interval")]
-  if all(isinstance(v, int) for v in ints) and history[-1][1:] != ints:
+  if all(isinstance(v, int) for v in ints) and history[-1][1:3] != ints:
     return (f"{SCHEDULE_KEY}'s last segment {history[-1]} disagrees with "
             f"config.log_interval={ints[0]}, eval_interval={ints[1]} (the "
             "writer records the config's intervals)")
+  peak = field(config, "schedule.peak_lr")
+  if len(history[-1]) > 3 and records.is_real(peak) and history[-1][3] != peak:
+    return (f"{SCHEDULE_KEY}'s last segment {history[-1]} disagrees with "
+            f"config.schedule.peak_lr={records.short(peak)} (the writer "
+            "records the config's peak)")
   return None
 
 
@@ -132,7 +175,7 @@ def scheduled_steps(history: list, step: int) -> list[int]:
   :func:`last_logged`'s)."""
   out = [0] if history[0][0] == 0 and history[0][2] > 0 else []
   ends = [seg[0] for seg in history[1:]] + [step]
-  for (lo, log, ev), hi in zip(history, ends):
+  for (lo, log, ev, *_), hi in zip(history, ends):
     out += [t for t in range(lo + 1, min(hi, step) + 1)
             if t % log == 0 or (ev > 0 and t % ev == 0)]
   return out

@@ -113,7 +113,8 @@ def _fields_at_fault(c, initial: bool = False) -> str:
 
 def non_finite_error(step: int, metrics: dict,
                      ckpt: checkpoint_lib.Checkpointer,
-                     c=None, bad_data=None) -> FloatingPointError:
+                     c=None, bad_data=None, resumed_at: int | None = None
+                     ) -> FloatingPointError:
   """The error of a step whose loss, gradient norm or parameters are not
   finite: the step, the workers, the checkpoint kept, and the cause. A
   step's training batch holding NaN/inf (``bad_data``: the workers whose
@@ -122,10 +123,12 @@ def non_finite_error(step: int, metrics: dict,
   gradient overflow; otherwise the fields most likely at fault with their
   values (of the run's config ``c``, if given). Step 1's loss is taken at
   the initial parameters: a non-finite one there is blamed on the init or
-  the data, not on the learning rate."""
+  the data, not on the learning rate; so is the first loss of an
+  invocation resumed from checkpoint ``resumed_at``, taken at the restored
+  state: blamed on that checkpoint (:func:`_restored_at_fault`)."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
-  initial = int(step) <= 1 and not np.all(np.isfinite(loss))
+  at_loaded = not np.all(np.isfinite(loss))
   kept = _kept(ckpt)
   if bad_data:
     return FloatingPointError(
@@ -145,10 +148,13 @@ def non_finite_error(step: int, metrics: dict,
         "Scale the loss down (divide it by a constant) so that its "
         "gradients stay well below 1e19, or, if the loss grew during the "
         "run, lower config.schedule.peak_lr.")
+  fault = (_restored_at_fault(ckpt, resumed_at)
+           if resumed_at and int(step) == resumed_at + 1 and at_loaded else
+           _fields_at_fault(c, int(step) <= 1 and at_loaded))
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
       f"{bad.tolist()} (losses {np.round(loss[bad], 4).tolist()}); stopping, "
-      f"{kept}. {_fields_at_fault(c, initial)}")
+      f"{kept}. {fault}")
 
 
 def non_finite_rows(exp, step: int) -> list | None:
@@ -166,6 +172,21 @@ def non_finite_rows(exp, step: int) -> list | None:
     return workers[bad].tolist()
   except Exception:  # pylint: disable=broad-except
     return None  # a stopped run's message does not need it
+
+
+def _restored_at_fault(ckpt: checkpoint_lib.Checkpointer, step: int) -> str:
+  """Why a non-finite first loss of an invocation resumed from checkpoint
+  ``step`` is that checkpoint's (restored unverified when it has no
+  checksums), not the learning rate's."""
+  status, _ = ckpt.verify(step)
+  how = (" unverified (it has no SHA256SUMS)" if status == "unverified"
+         else "")
+  return (f"No update of this invocation had been applied yet (the loss is "
+          f"taken at the state restored{how} from checkpoint {step}, "
+          f"{ckpt.step_dir(step)}), so the learning rate and the gradient "
+          "clip play no part: that checkpoint's arrays are likely damaged "
+          "(or the data holds NaN/inf); move it away to resume from an "
+          "older checkpoint, or use a fresh --workdir.")
 
 
 def _kept(ckpt: checkpoint_lib.Checkpointer) -> str:
@@ -223,6 +244,7 @@ class Recorder:
     self._time_offset = time_offset
     self._t_prev = None
     self.last = {"step": start}
+    self._start = start  # > 0: the invocation resumed from a checkpoint
     self._writer = (metrics_lib.MetricsWriter(
         workdir, tensorboard=bool(c.tensorboard), tracker=str(c.tracker),
         run_config=c.to_dict()) if main else None)
@@ -267,7 +289,8 @@ class Recorder:
     self._t_prev = now
     if not np.all(m["finite"]) or not np.all(np.isfinite(m["loss"])):
       raise non_finite_error(done, m, self._ckpt, self._config,
-                             non_finite_rows(self._exp, done - 1))
+                             non_finite_rows(self._exp, done - 1),
+                             resumed_at=self._start)
     if seconds is not None:
       self._timed.append(seconds)
     self._window.add(m, seconds)

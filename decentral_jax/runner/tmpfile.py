@@ -61,3 +61,22 @@ def replace(path: str, text: str, fsync: bool = False) -> None:
       f.flush()
       os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def not_regular_error(path: str) -> str | None:
+  """Why ``path``, if it exists, is not a regular file a run may read or
+  rewrite (checked with ``lstat``, before any open: opening a FIFO blocks
+  for ever), or None: a symbolic link, a directory, a FIFO, a socket or a
+  device."""
+  try:
+    mode = os.lstat(path).st_mode
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    return f"cannot be read: {e.strerror or e}"
+  if stat.S_ISREG(mode):
+    return None
+  if stat.S_ISLNK(mode):
+    return "is a symbolic link, not the run's own file"
+  return ("is a directory" if stat.S_ISDIR(mode) else
+          "is not a regular file (a FIFO, a socket or a device)")

@@ -40,21 +40,19 @@ hold the directory over a whole run (e.g. clear it with :func:`clear`,
 then train in it) without another run slipping in between.
 
 Also here, for the files a run keeps in its work directory: one-line OS
-errors (:class:`PathError`, :func:`os_error_text`) and ``SHA256SUMS``
-checksum manifests of directories (:func:`write_sums`, :func:`check_sums`;
-``sha256sum -c`` reads them too), which
-:mod:`decentral_jax.runner.checkpoint` writes into every checkpoint.
+errors (:class:`PathError`, :func:`os_error_text`); ``SHA256SUMS``
+manifests (:func:`write_sums`, :func:`check_sums`) and
+:func:`not_regular_error` are re-exported from
+:mod:`decentral_jax.runner.checksums` and :mod:`decentral_jax.runner.tmpfile`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import datetime
 import errno
 import fcntl
 import fnmatch
-import hashlib
 import json
 import logging
 import os
@@ -70,9 +68,11 @@ import jax
 import numpy as np
 
 from decentral_jax.runner import tmpfile
+# Re-exported: the manifests and the file-kind check live in their modules.
+from decentral_jax.runner.checksums import SUMS_FILE, check_sums, write_sums  # pylint: disable=unused-import
+from decentral_jax.runner.tmpfile import not_regular_error  # pylint: disable=unused-import
 
 LOCK_FILE = "run.lock"
-SUMS_FILE = "SHA256SUMS"
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP)
 _MESSAGE_BYTES = 4096
 # Work directories held by this process: abspath -> (thread id, lock).
@@ -107,25 +107,6 @@ def path_error(what: str, path: str, err: OSError) -> PathError:
                 + (f" ({code})" if code else ""))
   e.errno = err.errno  # str() stays the one-line message
   return e
-
-
-def not_regular_error(path: str) -> str | None:
-  """Why ``path``, if it exists, is not a regular file a run may read or
-  rewrite (checked with ``lstat``, before any open: opening a FIFO blocks
-  for ever), or None: a symbolic link, a directory, a FIFO, a socket or a
-  device."""
-  try:
-    mode = os.lstat(path).st_mode
-  except FileNotFoundError:
-    return None
-  except OSError as e:
-    return f"cannot be read: {e.strerror or e}"
-  if stat.S_ISREG(mode):
-    return None
-  if stat.S_ISLNK(mode):
-    return "is a symbolic link, not the run's own file"
-  return ("is a directory" if stat.S_ISDIR(mode) else
-          "is not a regular file (a FIFO, a socket or a device)")
 
 
 def _describe(holder: dict) -> str:
@@ -330,135 +311,6 @@ def os_error_text(e: BaseException) -> tuple[int | None, str]:
   text = status if status is not None else str(e)
   line = (text.strip().splitlines() or [type(e).__name__])[0]
   return None, line[:300]
-
-
-def _sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(1 << 20):
-      h.update(chunk)  # releases the GIL: files are hashed in parallel
-  return h.hexdigest()
-
-
-def _hash_all(root: str, rels: list[str]) -> list[str]:
-  workers = max(1, min(8, os.cpu_count() or 1, len(rels)))
-  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return list(pool.map(lambda r: _sha256(os.path.join(root, r)), rels))
-
-
-def write_sums(root: str, skip: Iterable[str] = ()) -> None:
-  """Writes ``<root>/SHA256SUMS``: every file under ``root`` but ``skip``.
-
-  Files are hashed in parallel threads; the manifest is written to a
-  temporary name, flushed to disk and renamed.
-  """
-  skip = {SUMS_FILE, SUMS_FILE + ".tmp", *skip}  # the .tmp is replaced
-  rels = sorted(os.path.relpath(os.path.join(here, name), root)
-                for here, _, names in os.walk(root) for name in names)
-  rels = [r for r in rels if r not in skip]
-  lines = "".join(f"{h}  {r}\n" for h, r in zip(_hash_all(root, rels), rels))
-  tmpfile.replace(os.path.join(root, SUMS_FILE), lines, fsync=True)
-
-
-def _outside(rel: str) -> bool:
-  """True if a manifest path leaves its directory (absolute, or ``..``)."""
-  return (not rel or os.path.isabs(rel)
-          or ".." in rel.replace("\\", "/").split("/"))
-
-
-def _unlisted_file(root: str, listed: set, exempt: Iterable[str]) -> str | None:
-  """The first file under ``root`` (sorted walk) neither in ``listed`` nor
-  ``exempt`` nor the manifest itself, or None."""
-  exempt = {os.path.normpath(r) for r in (SUMS_FILE, *exempt)}
-  for here, dirs, names in os.walk(root):
-    dirs.sort()
-    for name in sorted(names):
-      rel = os.path.normpath(os.path.relpath(os.path.join(here, name), root))
-      if rel not in listed and rel not in exempt:
-        return rel
-  return None
-
-
-_SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
-
-
-def _parse_sums(text: str) -> list[tuple[str, str]] | str:
-  """The ``(sha256, path)`` entries of a manifest in ``sha256sum``'s
-  format (text `` `` or binary ``*`` mode; an identical line repeated
-  counts once), or why it is malformed (naming the line)."""
-  entries, seen = [], {}
-  for k, line in enumerate(text.split("\n"), 1):
-    if not line.strip():
-      continue
-    m = _SUMS_LINE.fullmatch(line)
-    if m is None or _outside(m.group(2)):
-      return (f"line {k} {line!r:.80} is not a 64-digit hex SHA-256, a "
-              "space, a space or '*', and a path inside the directory")
-    digest, rel = m.group(1).lower(), m.group(2)
-    if seen.get(os.path.normpath(rel), digest) != digest:
-      return f"line {k} lists {rel!r:.80} again with another checksum"
-    if os.path.normpath(rel) not in seen:
-      seen[os.path.normpath(rel)] = digest
-      entries.append((digest, rel))
-  return entries or "it lists no file"
-
-
-def check_sums(root: str, required: tuple[str, ...] = (),
-               complete_except: Iterable[str] | None = None
-               ) -> tuple[str, str]:
-  """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
-
-  Args:
-    root: the directory.
-    required: paths (relative to ``root``) the manifest must list when
-      they exist: a manifest that leaves one out would let it be edited
-      unchecked.
-    complete_except: if given, EVERY file under ``root`` but these paths
-      (and the manifest) must be listed: a file present but unlisted is
-      damage (a manifest written by :func:`write_sums` lists them all).
-
-  Returns:
-    ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
-    or ``("corrupt", why)`` naming the first missing or changed file, a
-    manifest that is not a regular file (a FIFO: refused unopened), a
-    ``required`` file (or with ``complete_except``, any file) the manifest
-    leaves out, or a malformed manifest (a
-    line that is not ``<sha256>  <path>`` or ``<sha256> *<path>``, a path
-    outside ``root``, which is never read, or one path with two
-    checksums).
-  """
-  sums = os.path.join(root, SUMS_FILE)
-  why = not_regular_error(sums)
-  if why:  # a FIFO would block the read for ever
-    return "corrupt", f"{SUMS_FILE} {why}"
-  try:
-    with open(sums, encoding="utf-8") as f:
-      entries = _parse_sums(f.read())
-  except FileNotFoundError:
-    if not os.path.isdir(root):
-      return "corrupt", "the directory is missing"
-    if not os.listdir(root):
-      return "corrupt", "the directory is empty"
-    return "unverified", f"no {SUMS_FILE} (written by an older version?)"
-  except (OSError, UnicodeDecodeError) as e:
-    return "corrupt", f"{SUMS_FILE} unreadable: {e}"
-  if isinstance(entries, str):
-    return "corrupt", f"{SUMS_FILE} is malformed ({entries})"
-  listed = {os.path.normpath(r) for _, r in entries}
-  unlisted = [r for r in required if os.path.normpath(r) not in listed
-              and os.path.lexists(os.path.join(root, r))]
-  if not unlisted and complete_except is not None:
-    unlisted = [r for r in [_unlisted_file(root, listed, complete_except)] if r]
-  if unlisted:
-    return "corrupt", f"{SUMS_FILE} does not list {unlisted[0]}"
-  missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
-  if missing:
-    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return "corrupt", f"missing {missing[0]}{more}"
-  for (want, rel), got in zip(entries, _hash_all(root, [r for _, r in entries])):
-    if got != want:
-      return "corrupt", f"{rel} does not match its checksum"
-  return "ok", ""
 
 
 def broadcast_from_main(text: str) -> str:

@@ -299,6 +299,8 @@ def test_a_link_at_the_manifest_s_temporary_name_is_not_followed(tmp_path):
 # The checkpoint's stored config (the fields the log's rules read).
 WRITTEN = {"steps": 10, "log_interval": 1, "eval_interval": 3,
            "schedule": {"peak_lr": 3e-3}}
+# Its log schedule's history: one segment, which records that peak.
+PEAKED = [[0, 1, 3, 3e-3]]
 
 
 def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
@@ -309,14 +311,14 @@ def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
   path = tmp_path / metrics.METRICS_FILE
   ok = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(6))
   path.write_text(ok)  # at the peak exactly: intact
-  assert metrics.truncate_after(str(tmp_path), 5, WRITTEN) == 0
+  assert metrics.truncate_after(str(tmp_path), 5, WRITTEN, PEAKED) == 0
   bad = ok.replace('{"step": 1, "lr": 0.003}', '{"step": 1, "lr": 1000000.0}')
   path.write_text(bad)
   with pytest.raises(metrics.MetricsError) as e:
-    metrics.truncate_after(str(tmp_path), 5, WRITTEN)
+    metrics.truncate_after(str(tmp_path), 5, WRITTEN, PEAKED)
   assert "lr must be <= schedule.peak_lr 0.003" in str(e.value)
   caplog.set_level("WARNING")
-  train.resume_metrics(str(tmp_path), 5, WRITTEN)
+  train.resume_metrics(str(tmp_path), 5, WRITTEN, PEAKED)
   assert not path.exists()
   assert (tmp_path / metrics.CORRUPT_FILE).read_text() == bad
   assert len(caplog.records) == 1 and "line 2: lr must be <=" in \

@@ -164,7 +164,8 @@ def test_resumes_that_change_the_log_interval_name_a_hole_in_the_log(
   assert [r["step"] for r in metrics.read_jsonl(path)] == [0, 3, 4, 5, 6]
   _, _, meta = restore(experiment_lib.Experiment(six_step_config()),
                        workdir, 6)
-  assert meta["log_schedule"] == [[0, 3, 3], [3, 1, 3]]
+  peak = float(six_step_config().schedule.peak_lr)  # unchanged: one peak
+  assert meta["log_schedule"] == [[0, 3, 3, peak], [3, 1, 3, peak]]
   assert not [r for r in caplog.records if "are lost" in r.getMessage()]
   lines = open(path).read().splitlines(keepends=True)
   with open(path, "w") as f:

@@ -8,7 +8,9 @@ damaged:
   a loss, e.g. ``train/loss``, ``eval/worker_loss_mean``; the signed
   ``eval/worker_excess_*`` apart) is >= 0, every accuracy in [0, 1],
   every count or time (consensus distance, communication, timings) >= 0,
-  every learning rate ``lr`` >= 0, and each of these a number (or null);
+  every learning rate ``lr`` >= 0, and each of these a number (or null,
+  but not a loss or ``lr``, which the writer always writes finite), none
+  beyond the largest float32 (:mod:`decentral_jax.runner.metrics_rules`);
 * :func:`row_error`: those values of one row, and
   ``eval/worker_loss_min <= eval/worker_loss_mean <= eval/worker_loss_max``;
   with the run's config (:func:`schedule_error`), ``step`` in
@@ -42,6 +44,7 @@ import re
 from decentral_jax import records
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import metrics_rules
 
 # Bytes per parameter of the models whose parameter dtype the config sets
 # (a model of your own may hold several dtypes: its ratio is not checked
@@ -60,6 +63,8 @@ value_range = metrics_lib.value_range
 value_error = metrics_lib.value_error
 row_error = metrics_lib.row_error
 schedule_error = metrics_resume.schedule_error
+units_per_step = metrics_rules.units_per_step
+throughput_error = metrics_rules.throughput_error
 
 
 def _signed(config) -> bool:
@@ -127,42 +132,6 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
     return "comm/ratio", why
   why = throughput_error(final, config)
   return (why.split(" ", 1)[0], why) if why else None
-
-
-def units_per_step(config: dict) -> tuple[str, float] | None:
-  """``(throughput key, units per step)`` of a run's ``config``: a gpt
-  model trains ``global_batch x model.block_size`` tokens per step
-  (``tokens_per_sec``), the cnn ``global_batch`` samples
-  (``samples_per_sec``); None for a model of your own or a config without
-  these numbers."""
-  model, batch = metrics_resume.field(config, "model.name"), metrics_resume.field(config, "global_batch")
-  if model == "gpt":
-    t = metrics_resume.field(config, "model.block_size")
-    if records.is_real(batch) and records.is_real(t):
-      return "tokens_per_sec", float(batch) * float(t)
-  if model == "cnn" and records.is_real(batch):
-    return "samples_per_sec", float(batch)
-  return None
-
-
-def throughput_error(row: dict, config: dict) -> str | None:
-  """Why a row's throughput contradicts its step time: the recorder writes
-  ``tokens_per_sec = units per step / (step_time_ms / 1000)``
-  (:func:`units_per_step`), so both are there or neither, and they agree
-  to 1e-9 relative."""
-  got = units_per_step(config)
-  if got is None:
-    return None
-  key, units = got
-  ms, rate = row.get("step_time_ms"), row.get(key)
-  if not (records.is_real(ms) and records.is_real(rate)):
-    return None
-  want = units / (float(ms) / 1e3) if ms > 0 else math.inf
-  if not math.isclose(float(rate), want, rel_tol=1e-9):
-    return (f"{key} is {records.short(rate)}, but {units:g} "
-            f"{key.split('_')[0]} per step (the run's config) / step_time_ms "
-            f"{records.short(ms)} ms = {want:.6g}")
-  return None
 
 
 # The final values that are the run's totals, not its last record's: the
@@ -234,12 +203,17 @@ def diverged_error(reason: str, rows: list[dict],
 def metrics_error(rows: list[dict], config: dict | None = None
                   ) -> str | None:
   """Why a row of ``metrics.jsonl`` is impossible (names its step):
-  :func:`row_error`, and :func:`schedule_error` and
+  :func:`row_error`, a null where the writer writes a number
+  (:func:`decentral_jax.runner.metrics_rules.null_error`), and
+  :func:`schedule_error` and
   :func:`throughput_error` given the run's ``config``; or why the rows are
-  out of order (:func:`decentral_jax.runner.metrics.order_error`)."""
+  out of order or ``train_time_s`` decreases
+  (:func:`decentral_jax.runner.metrics.order_error`)."""
   for row in rows:
-    why = row_error(row, _signed(config)) or (config is not None and (
-        schedule_error(row, config) or throughput_error(row, config))) or None
+    why = (row_error(row, _signed(config)) or metrics_rules.null_error(row)
+           or (config is not None and (schedule_error(row, config)
+                                       or throughput_error(row, config)))
+           or None)
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
   return metrics_lib.order_error(rows)

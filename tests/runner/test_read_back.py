@@ -1,0 +1,346 @@
+"""Files a run reads back (checkpoints, their manifests, ``metrics.jsonl``):
+damage is named and set aside, never trusted, raised raw, or hung on."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from decentral_jax import records
+from decentral_jax.runner import checkpoint
+from decentral_jax.runner import meta_schema
+from decentral_jax.runner import metrics
+from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import metrics_rules
+from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.tools.compare import kept
+from decentral_jax.tools.learners import records as learner_records
+
+BIG = "1" + "0" * 5000  # past Python's 4,300-digit int conversion limit
+
+
+def test_an_integer_too_long_to_convert_is_damage_naming_the_file():
+  got = records.parse_json(b'{"step": ' + BIG.encode() + b"}", "f.json")
+  assert isinstance(got, records.Damaged), got
+  assert got.file == "f.json" and got.reason.startswith("is not JSON"), got
+
+
+def test_a_checkpoint_with_an_over_long_integer_is_corrupt(tmp_path):
+  """Orbax's unsummed step metadata with a 5,001-digit integer: the
+  checkpoint is corrupt (so an older one is used), not a raw ValueError."""
+  root = tmp_path / "5"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  workdir_lib.write_sums(str(root))
+  (root / "_CHECKPOINT_METADATA").write_text('{"init_timestamp_nsecs": '
+                                             + BIG + "}")
+  status, why = checkpoint.check_checkpoint(str(root))
+  assert status == "corrupt" and "_CHECKPOINT_METADATA" in why, why
+
+
+def test_a_step_entry_of_non_ascii_digits_is_not_a_checkpoint(tmp_path):
+  """"²" passes ``str.isdigit`` but not ``int``: the entry is ignored and
+  the directory has no checkpoint (it raised "invalid literal" before)."""
+  root = tmp_path / "checkpoints"
+  (root / "\u00b2").mkdir(parents=True)
+  (root / "\uff18").mkdir()  # fullwidth 8
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() is None
+  assert sorted(os.listdir(root)) == ["\u00b2", "\uff18"]
+
+
+def test_a_listed_file_replaced_by_a_link_is_never_followed(tmp_path):
+  """A listed file replaced by a link to a file of the same bytes (whose
+  checksum matches): damage naming it; a link to ``/proc/kmsg`` or a FIFO
+  would be read for ever."""
+  root = tmp_path / "5"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  (root / "b").write_bytes(b"b")
+  workdir_lib.write_sums(str(root))
+  outside = tmp_path / "outside"
+  outside.write_bytes(b"b")
+  assert hashlib.sha256(outside.read_bytes()).hexdigest() in (
+      root / workdir_lib.SUMS_FILE).read_text()
+  os.remove(root / "b")
+  os.symlink(outside, root / "b")
+  status, why = workdir_lib.check_sums(str(root))
+  assert status == "corrupt" and why.startswith("b is not a regular file"), why
+
+
+def test_a_listed_fifo_is_damage_without_blocking(tmp_path):
+  root = tmp_path / "5"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  digest = hashlib.sha256(b"").hexdigest()
+  os.mkfifo(root / "f")
+  (root / workdir_lib.SUMS_FILE).write_text(
+      f"{hashlib.sha256(b'a').hexdigest()}  a\n{digest}  f\n")
+  status, why = workdir_lib.check_sums(str(root))
+  assert status == "corrupt" and "f" in why, why
+
+
+# -- metrics.jsonl: one rule set for every reader -----------------------------
+
+# A gpt run's stored config: 16 x 8 = 128 tokens per step (by hand).
+CONFIG = {"steps": 10, "log_interval": 1, "eval_interval": 2,
+          "global_batch": 16, "schedule": {"peak_lr": 3e-3},
+          "model": {"name": "gpt", "block_size": 8}}
+PEAKED = [[0, 1, 2, 3e-3]]  # its log schedule: one segment with its peak
+GOOD = [{"step": 0, "lr": 1e-4, "eval/loss": 5.5},
+        {"step": 1, "lr": 1e-4, "train/loss": 5.5, "train_time_s": 1.0},
+        {"step": 2, "lr": 2e-4, "train/loss": 5.4, "train_time_s": 2.0,
+         "step_time_ms": 10.0, "tokens_per_sec": 12800.0},  # 128 / 0.01 s
+        {"step": 3, "lr": 3e-4, "train/loss": 5.3, "train_time_s": 3.0}]
+
+
+def _log(tmp_path, edit: dict | None = None, at: int = 1) -> str:
+  rows = [dict(r) for r in GOOD]
+  rows[at].update(edit or {})
+  (tmp_path / metrics.METRICS_FILE).write_text(
+      "".join(json.dumps(r) + "\n" for r in rows))
+  return str(tmp_path)
+
+
+def _resume_error(workdir: str, step: int = 3, schedule=PEAKED) -> str:
+  with pytest.raises(metrics.MetricsError) as info:
+    metrics.truncate_after(workdir, step, CONFIG, schedule)
+  return str(info.value)
+
+
+def test_the_intact_log_is_kept_whole(tmp_path):
+  workdir = _log(tmp_path)
+  assert metrics.truncate_after(workdir, 3, CONFIG, PEAKED) == 0
+  assert metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE)) \
+      == GOOD
+  assert kept.metrics_error(GOOD, CONFIG) is None
+
+
+@pytest.mark.parametrize("key", ["train/loss", "consensus_distance", "lr",
+                                 "eval/worker_excess_max"])
+def test_a_value_beyond_float32_is_damage_for_every_reader(tmp_path, key):
+  """float32 tops out at 3.4028e38 (numpy.finfo): 1e40 is no value the
+  run computes, in a resumed log, a kept compare run and a learners' log
+  alike (a checkpoint's window refuses it too)."""
+  assert 1e40 > float(np.finfo(np.float32).max)
+  workdir = _log(tmp_path, {key: 1e40}, at=1)
+  needle = f"{key} is 1e+40, beyond the largest float32"
+  assert "line 2: " + needle in _resume_error(workdir)
+  assert needle in kept.metrics_error([dict(GOOD[1], **{key: 1e40})])
+  with pytest.raises(ValueError, match="beyond the largest float32"):
+    learner_records.read_metrics(workdir)
+  # A byte count is taken in float64: no float32 bound there.
+  assert metrics.row_error({"step": 1, "comm/bytes_per_step": 1e40}) is None
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ({"train/loss": None}, "train/loss is null"),
+    ({"lr": None}, "lr is null"),
+    ({"eval/worker_loss_mean": None}, "eval/worker_loss_mean is null")])
+def test_a_null_the_writer_never_writes_is_damage(tmp_path, edit, needle):
+  """A non-finite loss stops the run before its record is written and lr
+  is always finite: a null there before the checkpoint is damage."""
+  workdir = _log(tmp_path, edit, at=2)
+  assert "line 3: " + needle in _resume_error(workdir)
+  assert needle in kept.metrics_error([dict(GOOD[2], **edit)], CONFIG)
+  # A null accuracy (a model's own aux value may be NaN) is not damage.
+  assert metrics_rules.null_error({"step": 1, "train/accuracy": None}) is None
+
+
+def test_a_throughput_that_is_not_its_step_time_is_damage(tmp_path):
+  """128 tokens per step over 10 ms is 12,800 tokens/s, not 9,999."""
+  workdir = _log(tmp_path, {"tokens_per_sec": 9999.0}, at=2)
+  assert "line 3: tokens_per_sec is 9999.0, but 128 tokens per step" in \
+      _resume_error(workdir)
+
+
+def test_a_decreasing_train_time_is_damage(tmp_path):
+  """Cumulative timed seconds 1.0 then 0.5: they never decrease."""
+  workdir = _log(tmp_path, {"train_time_s": 0.5}, at=2)
+  assert ("line 3: train_time_s must not decrease (cumulative seconds), "
+          "got 0.5 at step 2 after 1.0 at step 1") in _resume_error(workdir)
+  rows = [GOOD[1], dict(GOOD[2], train_time_s=0.5)]
+  assert "train_time_s must not decrease" in metrics.order_error(rows)
+
+
+def test_an_excess_loss_that_is_not_its_row_s_is_damage(tmp_path):
+  """excess_max = worker_loss_max - loss_subset = 5.25 - 5.0 = 0.25."""
+  row = {"step": 2, "eval/loss": 5.0, "eval/loss_subset": 5.0,
+         "eval/worker_loss_mean": 5.125, "eval/worker_loss_max": 5.25,
+         "eval/worker_excess_mean": 0.125, "eval/worker_excess_max": 0.25}
+  assert metrics.row_error(row) is None
+  workdir = _log(tmp_path, dict(row, **{"eval/worker_excess_max": 0.5}), 2)
+  assert ("line 3: eval/worker_excess_max is 0.5, but eval/worker_loss_max "
+          "5.25 - eval/loss_subset 5.0 = 0.25") in _resume_error(workdir)
+
+
+# A log across a schedule change: peak 3e-3 up to step 6 (warmup lr by
+# hand 5.8e-4 at step 6), then peak 4e-4 from step 7 on.
+CHANGED = [[0, 1, 2, 3e-3], [6, 1, 2, 4e-4]]
+
+
+@pytest.mark.parametrize("history, step, want", [
+    (CHANGED, 0, 3e-3), (CHANGED, 6, 3e-3), (CHANGED, 7, 4e-4),
+    ([[0, 1, 2]], 3, None),  # a segment without its peak: not known
+    ([[4, 1, 2, 1e-3]], 4, None), ([[4, 1, 2, 1e-3]], 5, 1e-3),
+    (None, 3, None)])
+def test_the_peak_a_record_was_written_under(history, step, want):
+  assert metrics_resume.peak_at(history, step) == want
+
+
+def test_records_are_checked_against_their_own_segment_s_peak(tmp_path):
+  """Records written before a resume lowered the peak (lr 5.8e-4 > 4e-4)
+  stay intact; one after it above 4e-4 is damage; without a history the
+  lr rule is skipped (a resume may have changed the peak)."""
+  path = tmp_path / metrics.METRICS_FILE
+  lrs = [(5, 4.9e-4), (6, 5.8e-4), (7, 1.0e-4), (8, 1.04e-4)]
+  path.write_text("".join(json.dumps({"step": s, "lr": lr}) + "\n"
+                          for s, lr in lrs))
+  config = dict(CONFIG, schedule={"peak_lr": 4e-4})
+  assert metrics.truncate_after(str(tmp_path), 8, config, CHANGED) == 0
+  path.write_text(path.read_text().replace("0.000104", "0.0005"))
+  with pytest.raises(metrics.MetricsError, match="line 4: lr must be <= "
+                     "schedule.peak_lr 0.0004"):
+    metrics.truncate_after(str(tmp_path), 8, config, CHANGED)
+  assert metrics.truncate_after(str(tmp_path), 8, config, None) == 0
+
+
+def test_the_history_records_a_changed_peak_as_a_new_segment():
+  assert metrics_resume.schedule_history(
+      [[0, 1, 2, 3e-3]], 6, 1, 2, 4e-4) == CHANGED
+  assert metrics_resume.schedule_history(CHANGED, 8, 1, 2, 4e-4) == CHANGED
+  meta = {"step": 8, "data_position": 8, "config": dict(
+      CONFIG, schedule={"peak_lr": 5e-4}), metrics_resume.SCHEDULE_KEY:
+          CHANGED}
+  assert ("last segment [6, 1, 2, 0.0004] disagrees with "
+          "config.schedule.peak_lr=0.0005") in meta_schema.meta_error(meta)
+
+
+# -- a non-finite loss at the first step of a resumed invocation -------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _tiny(steps: int, *extra: str):
+  """A tiny gpt_tiny config of ``steps`` steps, checkpointed every 2."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.load_config(
+      os.path.join(ROOT, "configs", "gpt_tiny.py"),
+      ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
+       "model.block_size=8", "global_batch=16", "eval_interval=0",
+       "checkpoint_interval=2", f"steps={steps}", *extra])
+
+
+class _Restored:
+  """The checkpointer a stopped resumed run holds: checkpoint 6 restored,
+  without checksums (``verify``: unverified), none kept."""
+  directory = "ckpts"
+
+  def last_good_step(self):
+    return None, False
+
+  def verify(self, step):
+    return "unverified", "no SHA256SUMS"
+
+  def step_dir(self, step):
+    return f"ckpts/{step}"
+
+
+def test_a_non_finite_first_loss_after_a_resume_names_the_checkpoint():
+  """Resumed from checkpoint 6, step 7's loss is taken at the restored
+  state before any update of this invocation: the learning rate plays no
+  part; the restored (unverified) checkpoint is named. Step 8's loss, or
+  step 7's parameters after an update, still name the rates."""
+  from decentral_jax.runner import config as config_lib  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import recorder  # pylint: disable=g-import-not-at-top
+  c = config_lib.base_config()
+  nan_loss = {"loss": np.array([2.0, np.nan]),
+              "finite": np.array([True, False])}
+  bad_params = {"loss": np.array([2.0, 2.0]),
+                "finite": np.array([True, False])}
+  text = str(recorder.non_finite_error(7, nan_loss, _Restored(), c,
+                                       resumed_at=6))
+  assert ("the state restored unverified (it has no SHA256SUMS) from "
+          "checkpoint 6, ckpts/6)") in text, text
+  assert "Lower config.schedule.peak_lr" not in text, text
+  for step, m in ((8, nan_loss), (7, bad_params)):
+    text = str(recorder.non_finite_error(step, m, _Restored(), c,
+                                         resumed_at=6))
+    assert "Lower config.schedule.peak_lr" in text, text
+
+
+@pytest.mark.slow  # two tiny training runs
+def test_a_restored_checkpoint_with_nan_parameters_is_named(tmp_path):
+  """Checkpoint 2 re-saved with NaN parameters and its SHA256SUMS removed
+  (restored unverified, as documented): the resumed run stops at step 3
+  naming that checkpoint, not the learning rate."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from conftest import require_devices  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import experiment as experiment_lib  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
+  require_devices(8)
+  workdir = str(tmp_path / "run")
+  config = _tiny
+  exp = experiment_lib.Experiment(config(2))
+  train.train_and_evaluate(config(2), workdir, experiment=exp)
+  ckpts = os.path.join(workdir, "checkpoints")
+  with checkpoint.Checkpointer(ckpts) as ckpt:
+    state, meta = ckpt.restore(2, exp.init_state())
+  poisoned = jax.tree_util.tree_map(
+      lambda x: x * jnp.nan if jnp.issubdtype(x.dtype, jnp.floating) else x,
+      state)
+  shutil.rmtree(os.path.join(ckpts, "2"))
+  with checkpoint.Checkpointer(ckpts) as ckpt:
+    ckpt.save(2, poisoned, meta)
+  os.remove(os.path.join(ckpts, "2", workdir_lib.SUMS_FILE))
+  with pytest.raises(FloatingPointError) as info:
+    train.train_and_evaluate(config(4), workdir)
+  text = str(info.value)
+  assert "at step 3" in text and "restored unverified" in text, text
+  assert os.path.join(ckpts, "2") in text, text
+  assert "Lower config.schedule.peak_lr" not in text, text
+
+
+def test_a_log_line_with_an_over_long_integer_is_a_damaged_log(tmp_path):
+  """A resumed run sets such a log aside (MetricsError naming the line),
+  it does not stop with Python's raw digit-limit ValueError."""
+  workdir = _log(tmp_path)
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text(path.read_text().replace('"train_time_s": 2.0',
+                                           f'"train_time_s": {BIG}'))
+  assert "line 3: not a JSON record" in _resume_error(workdir)
+
+
+@pytest.mark.slow  # three tiny training runs
+def test_a_log_written_before_a_lowered_peak_stays_whole(tmp_path, caplog):
+  """peak_lr 3e-3 for 6 steps, resumed to 8 with peak 4e-4 (accepted), then
+  to 10: the records of steps 1-6 (lr above 4e-4 at step 6 of the
+  warmup, by hand) are intact, not set aside; the document records the
+  two peaks."""
+  from conftest import require_devices  # pylint: disable=g-import-not-at-top
+  from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
+  require_devices(8)
+  workdir = str(tmp_path / "run")
+  low = ("schedule.peak_lr=0.0004", "schedule.final_lr=0.00001")
+  train.train_and_evaluate(_tiny(6, "log_interval=1"), workdir)
+  caplog.set_level("WARNING")
+  for steps in (8, 10):
+    train.train_and_evaluate(_tiny(steps, "log_interval=1", *low), workdir)
+  assert not [r for r in caplog.records if "moved it to" in r.getMessage()]
+  got = metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
+  assert [r["step"] for r in got] == list(range(1, 11))
+  # Warmup from peak / 30 = 1e-4, rising (3e-3 - 1e-4) / 30 per step.
+  assert got[5]["lr"] == pytest.approx(1e-4 + 5 * 2.9e-3 / 30, rel=1e-6)
+  assert got[5]["lr"] > 4e-4
+  assert not os.path.lexists(os.path.join(workdir, metrics.CORRUPT_FILE))
+  with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
+    meta = ckpt.restore_meta(10)
+  assert meta[metrics_resume.SCHEDULE_KEY] == [[0, 1, 0, 3e-3],
+                                               [6, 1, 0, 4e-4]]
