@@ -226,8 +226,15 @@ def make_linear():
   return extensions.Model(init, loss)
 
 
-extensions.register_model("guard_linear", make_linear)
-extensions.register_data("guard_len", make_len_data)
+@pytest.fixture(autouse=True)
+def guard_names():
+  """Registers this file's model and data source for its tests only (other
+  files assert the exact list of registered names)."""
+  extensions.register_model("guard_linear", make_linear)
+  extensions.register_data("guard_len", make_len_data)
+  yield
+  extensions._REGISTRY["model"].pop("guard_linear")  # pylint: disable=protected-access
+  extensions._REGISTRY["data"].pop("guard_len")  # pylint: disable=protected-access
 
 
 def linear_config(**options):
