@@ -313,6 +313,27 @@ NEEDS = (
 )
 
 
+def check_slow_workers(args) -> None:
+  """Refuses a ``--slow-fraction`` ``f`` above 0 that makes ``k = round(f
+  n)`` no worker at a ``--n-workers`` count ``n``, as the runner refuses
+  ``config.faults.slow_fraction``: no worker runs at ``--slow-speed``, so
+  the faults table prints the fault-free numbers. The fix is ``1 / n`` at
+  the smallest count (one worker there, at least one at every larger one).
+
+  Raises:
+    ValueError: one line naming ``--slow-fraction``, the count and the fix.
+  """
+  f = args.slow_fraction
+  if not f:
+    return
+  n = min(args.n_workers)
+  if int(round(f * n)) == 0:  # as stragglers.Faults.slow_workers counts
+    raise ValueError(
+        f"--slow-fraction {f:g} makes round({f:g} x --n-workers {n}) = 0 "
+        f"workers slow; set --slow-fraction {1 / n:.6g} (one worker) or "
+        "more, or 0.")
+
+
 def check_pipelined(setting: Setting) -> None:
   """Refuses ``pipelined=1`` on an uncompressed gossip spec of
   ``--methods`` where no workload has in-flight fractions: the pipelined

@@ -173,11 +173,8 @@ def faults_line(n: int, faults, on_failure: str) -> str:
   """The faults of ``n`` workers, only the kinds that are set: slow workers
   (``k`` at speed ``s < 1``) and failures (rate, downtime, ``on_failure``)."""
   k, parts = faults.slow_workers(n), []
-  if k and faults.slow_speed < 1.0:
+  if k and faults.slow_speed < 1.0:  # k = 0 is refused (check_slow_workers)
     parts.append(f"{k} of {n} workers at speed {faults.slow_speed:g}")
-  elif not faults.failure_rate:  # --slow-fraction too small for n
-    parts.append(f"0 of {n} workers slow (--slow-fraction "
-                 f"{faults.slow_fraction:g} x {n} rounds to 0)")
   if faults.failure_rate:
     parts.append(f"failure rate {faults.failure_rate:g}/step, mean downtime "
                  f"{faults.mean_downtime:g} steps (up "
