@@ -20,9 +20,10 @@ _SHOWN = (("intra_bandwidth_Bps", "intra", 1e-9, "GB/s"),
           ("flow_bandwidth_Bps", "one flow", 8e-9, "Gbit/s"))
 
 
-def _links(c: dict, priced: dict) -> str:
+def _links(c: dict, priced: dict, inter_measured: bool = True) -> str:
   """The links of ``priced`` (Cluster fields), each one a flag replaced
-  naming the flag and the file's value ``c[field]``."""
+  naming the flag and the file's value ``c[field]``; without inter-node
+  measurements the node NIC is named a default or the flag's."""
   flag_of = {f: flag for flag, f in inputs.CLUSTER_FIELDS.items()}
   out = []
   for field, label, scale, unit in _SHOWN:
@@ -30,7 +31,11 @@ def _links(c: dict, priced: dict) -> str:
     if value is None:
       continue
     text = f"{label} {value * scale:.3g} {unit}"
-    if value != was:
+    if field == "nic_bandwidth_Bps" and not inter_measured:
+      text += (f" (by {flag_of[field]}; the file measured no inter-node "
+               "link)" if value != was else " (a default: the file "
+               "measured no inter-node link)")
+    elif value != was:
       text += (f" (by {flag_of[field]}; the file's "
                + (f"{was * scale:.3g})" if was else "none)"))
     out.append(text)
@@ -64,7 +69,7 @@ def describe_cluster_file(path: str, data: dict,
       f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
       f"{meta.get('device_kind', '?')} devices, {per_node} per node, "
       f"{meta.get('process_count', '?')} process(es); "
-      + _links(c, fields)
+      + _links(c, fields, bool(meas.get("inter_pair_s")))
       + (f"; also replaced by flags: {', '.join(other)}" if other else "")]
   if meas.get("all_reduce_s"):
     cl = Cluster(**c)

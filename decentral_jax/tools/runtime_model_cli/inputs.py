@@ -504,6 +504,35 @@ def explicit_flags(args) -> set:
   return getattr(args, "explicit_flags", set())
 
 
+#: The flags that price the inter-node link a one-node cluster file lacks.
+INTER_NODE_LINK_FLAGS = ("--nic-Gbps", "--inter-latency-us")
+
+
+def _check_inter_node_measured(data: dict, args, n: int, per_node: int,
+                               datacenters: int) -> None:
+  """Refuses ``n`` workers over several nodes of a cluster file that
+  measured no inter-node link (``measurements.inter_pair_s`` null: one
+  node, whose inter-node fields are the ``Cluster`` defaults
+  ``fit_links`` left), unless :data:`INTER_NODE_LINK_FLAGS` give them
+  (``--inter-latency-us`` only where a datacenter holds several nodes:
+  between datacenters the wide-area latency replaces it).
+
+  Raises:
+    ValueError: naming ``--cluster``, the count and the missing flags.
+  """
+  if n <= per_node or data["measurements"].get("inter_pair_s"):
+    return
+  needed = INTER_NODE_LINK_FLAGS[:1 if n // datacenters <= per_node else 2]
+  missing = [f for f in needed if f not in explicit_flags(args)]
+  if missing:
+    raise ValueError(
+        f"--cluster {args.cluster!r} measured no inter-node link "
+        "(measurements.inter_pair_s is null: one node; its inter-node "
+        f"fields are defaults), but --n-workers {n} at {per_node} per node "
+        f"spans {-(-n // per_node)} nodes; give {' and '.join(missing)} for "
+        f"that link, or at most {per_node} workers.")
+
+
 def from_cluster_file(data: dict, args, n: int):
   """Cluster and workload of ``predict --cluster FILE`` for ``n`` workers.
 
@@ -527,6 +556,8 @@ def from_cluster_file(data: dict, args, n: int):
   if n % kw["local_size"]:
     raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
                      f"file's {kw['local_size']} workers per node.")
+  _check_inter_node_measured(data, args, n, kw["local_size"],
+                             kw.get("datacenters") or 1)
   c = Cluster(**kw)
   flags_w = dataclasses.asdict(workload_from_args(args))
   over = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
