@@ -335,3 +335,12 @@ def test_a_one_node_file_prices_more_nodes_only_with_the_link_flags(
   head = capsys.readouterr().out.splitlines()[0]
   assert "node NIC 10 Gbit/s (by --nic-Gbps; the file measured no " \
       "inter-node link); also replaced by flags: --inter-latency-us" in head
+  # A link written by hand (a NIC rate other than the default) is the
+  # file's own, measured or not: priced on 2 nodes as written.
+  doc = json.load(open(path))
+  doc["cluster"]["nic_bandwidth_Bps"] = 50e9 / 8
+  with open(path, "w") as f:
+    json.dump(doc, f)
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20"]) == 0
+  assert capsys.readouterr().out.splitlines()[0].endswith("node NIC 50 Gbit/s")

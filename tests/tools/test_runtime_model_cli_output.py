@@ -562,10 +562,7 @@ def test_cluster_file_header_names_the_links_flags_replaced(tmp_path):
          "workload": {"param_count": 434816, "forward_s": 0.06,
                       "backward_s": 0.12},
          "measurements": {"sizes_bytes": [262144, 1048576], "repeats": 2,
-                          "intra_pair_s": [0.001, 0.003],
-                          "inter_pair_s": [0.002, 0.004],
-                          "inter_concurrent_s": [0.002, 0.004],
-                          "concurrent_flows": 4}, "meta": {}}
+                          "intra_pair_s": [0.001, 0.003]}, "meta": {}}
   path = tmp_path / "c.json"
   path.write_text(json.dumps(doc))
   heads = []

@@ -69,7 +69,8 @@ def describe_cluster_file(path: str, data: dict,
       f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
       f"{meta.get('device_kind', '?')} devices, {per_node} per node, "
       f"{meta.get('process_count', '?')} process(es); "
-      + _links(c, fields, bool(meas.get("inter_pair_s")))
+      + _links(c, fields,
+               "--nic-Gbps" not in inputs.unmeasured_inter_node(data))
       + (f"; also replaced by flags: {', '.join(other)}" if other else "")]
   if meas.get("all_reduce_s"):
     cl = Cluster(**c)
