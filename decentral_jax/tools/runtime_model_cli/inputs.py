@@ -512,11 +512,13 @@ INTER_NODE_LINK_FLAGS = (("--nic-Gbps", "nic_bandwidth_Bps"),
 
 def unmeasured_inter_node(data: dict) -> list[str]:
   """The flags of :data:`INTER_NODE_LINK_FLAGS` where a cluster file holds
-  the inter-node link without measuring it: no inter-node exchange
-  (``measurements.inter_pair_s`` null, one node) and every field at the
-  ``Cluster`` default, as ``cluster_file.fit_links`` leaves them (a link
-  written by hand, a field differing, is the file's own); else none."""
-  if data["measurements"].get("inter_pair_s") or any(
+  the inter-node link without measuring it, as ``measure`` writes one
+  node: ``measurements.inter_pair_s`` null (not left out) and every field
+  at the ``Cluster`` default, as ``cluster_file.fit_links`` leaves them (a
+  link written by hand, a field differing or no measurements, is the
+  file's own); else none."""
+  meas = data["measurements"]
+  if "inter_pair_s" not in meas or meas["inter_pair_s"] is not None or any(
       data["cluster"][field] != getattr(Cluster, field)
       for _, field in INTER_NODE_LINK_FLAGS):
     return []
