@@ -155,10 +155,17 @@ def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
   assert len(meas["forward_samples_s"]) == 2
   assert w["compute_samples_s"] == meas["forward_backward_samples_s"]
   assert w["forward_s"] > 0 and w["backward_s"] >= 0
-  # predict prices 2 such nodes from the one measured.
+  # predict prices 2 such nodes from the one measured, with the inter-node
+  # link the file lacks given by flags (refused without them).
   assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
-                   "--steps", "20"]) == 0
+                   "--steps", "20"]) == 2
+  assert "measured no inter-node link" in capsys.readouterr().err
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20", "--nic-Gbps", "100",
+                   "--inter-latency-us", "10"]) == 0
   out = capsys.readouterr().out
+  assert "node NIC 100 Gbit/s (by --nic-Gbps; the file measured no " \
+      "inter-node link)" in out
   assert f"cluster from {path}: 4 cpu devices, 4 per node, 1 process(es)" \
       in out
   assert "n=8 workers (2 nodes x 4)" in out and "recommendation:" in out
