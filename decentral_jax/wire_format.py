@@ -41,6 +41,10 @@ FORMATS = ("none",) + COMPRESSED
 FOUR_BIT = ("int4", "fp4")
 #: Values per float32 scale or per top-k chunk when none is given.
 DEFAULT_BLOCK = 256
+#: Largest ``block`` the codec and the runtime model accept: every leaf is
+#: padded to at least one block (and a compressed mean to ``n`` blocks), so
+#: a larger one only costs memory.
+MAX_BLOCK = 2 ** 20
 #: ``topk``'s fraction of each chunk when none is given.
 DEFAULT_FRACTION = 0.01
 #: Bytes of one block's float32 scale, and of one top-k value.

@@ -94,9 +94,8 @@ Payload = dict
 QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0, "fp4": 6.0}
 #: The non-negative values of e2m1 (fp4), in code order 0..7.
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-#: Largest ``block``: every leaf is padded to at least one block (and
-#: a compressed mean to ``n`` blocks), so a larger one only costs memory.
-MAX_BLOCK = 2 ** 20
+#: Largest ``block`` (:data:`decentral_jax.wire_format.MAX_BLOCK`).
+MAX_BLOCK = wire_format.MAX_BLOCK
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,14 +80,16 @@ def check(fmt: str, block, fraction, where: str) -> None:
 
   Raises:
     ValueError: naming ``where``: an unknown format, a block that is not an
-      integer >= 2 (even for the 4-bit formats), a fraction outside (0, 1].
+      integer in ``[2, wire_format.MAX_BLOCK]`` (even for the 4-bit
+      formats; the codec's bound), a fraction outside (0, 1].
   """
   if fmt not in COMPRESSED:
     raise ValueError(f"{where}: compress={fmt!r} is not a format; use one of "
                      f"{', '.join(COMPRESSED)}.")
-  if not checks.is_int(block) or block < 2:
-    raise ValueError(f"{where}: block={block!r} must be an integer >= 2 "
-                     "(values per scale or per top-k chunk).")
+  if not checks.is_int(block) or not 2 <= block <= wire_format.MAX_BLOCK:
+    raise ValueError(f"{where}: block={block!r} must be an integer in [2, "
+                     f"{wire_format.MAX_BLOCK}] (values per scale or per "
+                     "top-k chunk; the codec's bound).")
   if fmt in FOUR_BIT and block % 2:
     raise ValueError(f"{where}: block={block} must be even for {fmt} (two "
                      "values per byte).")

@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None,
     return 0
   try:
     positional, overrides = parse(argv)
-  except ValueError as e:
-    return _error(e)
+  except ValueError as e:  # a flag: its list is in this command's help
+    return _error(f"{e} (see {prog} --help)")
   if positional:
     return _error(f"unexpected arguments: {' '.join(positional)}")
   if not CONFIG.value:

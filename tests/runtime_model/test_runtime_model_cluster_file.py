@@ -155,10 +155,17 @@ def test_one_process_measure_on_one_node_writes_a_file_predict_reads(
   assert len(meas["forward_samples_s"]) == 2
   assert w["compute_samples_s"] == meas["forward_backward_samples_s"]
   assert w["forward_s"] > 0 and w["backward_s"] >= 0
-  # predict prices 2 such nodes from the one measured.
+  # predict prices 2 such nodes from the one measured, with the inter-node
+  # link the file lacks given by flags (refused without them).
   assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
-                   "--steps", "20"]) == 0
+                   "--steps", "20"]) == 2
+  assert "measured no inter-node link" in capsys.readouterr().err
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20", "--nic-Gbps", "100",
+                   "--inter-latency-us", "10"]) == 0
   out = capsys.readouterr().out
+  assert "node NIC 100 Gbit/s (by --nic-Gbps; the file measured no " \
+      "inter-node link)" in out
   assert f"cluster from {path}: 4 cpu devices, 4 per node, 1 process(es)" \
       in out
   assert "n=8 workers (2 nodes x 4)" in out and "recommendation:" in out
@@ -301,3 +308,46 @@ def test_a_file_key_without_effect_is_named_in_a_warning(tmp_path, capsys):
   assert cli.main(argv + ["all_reduce,dadam:topology=static_ring,"
                           "compress=int8", "--datacenters", "2"]) == 0
   assert capsys.readouterr().err == ""
+
+
+def test_a_one_node_file_prices_more_nodes_only_with_the_link_flags(
+    tmp_path, capsys):
+  # A file of one node of 4 (inter_pair_s null) holds the Cluster defaults
+  # for the inter-node link (100 Gbit/s = 12.5e9 B/s, 10 us), never
+  # measured: 8 workers (2 nodes) or --local-size 2 are refused unless
+  # --nic-Gbps and --inter-latency-us give that link; the header says which.
+  one = _synthetic()
+  one.update(inter_pair_s=None, inter_concurrent_s=None)
+  path = str(tmp_path / "one.json")
+  cluster_file.write(path, {"cluster": cluster_file.fit_links(one, 4, 4),
+                            "workload": None, "measurements": one,
+                            "meta": {"devices": 4}})
+  assert cli.main(["predict", "--cluster", path, "--steps", "20"]) == 0
+  head = capsys.readouterr().out.splitlines()[0]
+  assert head.endswith("node NIC 100 Gbit/s (a default: the file measured "
+                       "no inter-node link)"), head
+  for extra, nodes in ((["--n-workers", "8"], "spans 2 nodes"),
+                       (["--local-size", "2"], "spans 2 nodes")):
+    assert cli.main(["predict", "--cluster", path, *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"error: --cluster {path!r} measured no inter-node link"), err
+    assert nodes in err and "give --nic-Gbps and --inter-latency-us" in err
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--nic-Gbps", "10"]) == 2
+  assert "give --inter-latency-us for that link" in capsys.readouterr().err
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20", "--nic-Gbps", "10",
+                   "--inter-latency-us", "20"]) == 0
+  head = capsys.readouterr().out.splitlines()[0]
+  assert "node NIC 10 Gbit/s (by --nic-Gbps; the file measured no " \
+      "inter-node link); also replaced by flags: --inter-latency-us" in head
+  # A link written by hand (a NIC rate other than the default) is the
+  # file's own, measured or not: priced on 2 nodes as written.
+  doc = json.load(open(path))
+  doc["cluster"]["nic_bandwidth_Bps"] = 50e9 / 8
+  with open(path, "w") as f:
+    json.dump(doc, f)
+  assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
+                   "--steps", "20"]) == 0
+  assert capsys.readouterr().out.splitlines()[0].endswith("node NIC 50 Gbit/s")

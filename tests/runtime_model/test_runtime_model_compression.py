@@ -375,6 +375,27 @@ def test_compressed_specs_parse_and_refuse():
       make_method(bad, c)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "fp4", "topk"])
+def test_the_model_and_the_codec_bound_block_alike(fmt):
+  # The codec refuses a block above 2**20 = 1048576 values; a spec the
+  # model prices must be one the library runs, so the model refuses the same
+  # blocks (and accepts the largest one).
+  c = _cluster(n_workers=16)
+  for block, ok in ((1_048_576, True), (1_048_578, False),
+                    (99_999_999_998, False)):
+    spec = f"dadam:topology=ring,compress={fmt},block={block}"
+    if ok:
+      assert make_method(spec, c).compress_block == block
+      compress.Compressor(fmt, block)
+      continue
+    with pytest.raises(ValueError, match=rf"block={block} .*1048576"):
+      make_method(spec, c)
+    with pytest.raises(ValueError, match="block"):
+      compress.Compressor(fmt, block)
+  assert cli.main(["predict", "--n-workers", "16", "--methods",
+                   f"all_reduce,dadam:compress={fmt},block=99999999998"]) == 2
+
+
 def test_one_worker_pays_no_codec():
   c = _cluster(n_workers=1)
   w = _workload()

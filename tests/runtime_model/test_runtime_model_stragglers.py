@@ -134,20 +134,41 @@ def test_predict_prints_what_faults_cost_each_method(capsys):
 
 def test_predict_names_only_the_faults_that_are_set(capsys):
   """Failures alone: no slow workers in the line; slow workers alone: no
-  failure rate; a fraction that rounds to no worker says so."""
+  failure rate."""
   base = ["predict", "--n-workers", "8", "--methods", "all_reduce",
           "--steps", "20"]
   for flags, want in (
       (["--failure-rate", "0.01"], "  with faults: failure rate 0.01/step, "
        "mean downtime 10 steps (up 90.9% of the time); on_failure=proceed"),
       (["--slow-fraction", "0.25"], "  with faults: 2 of 8 workers at speed "
-       "0.5"),
-      (["--slow-fraction", "0.01"], "  with faults: 0 of 8 workers slow "
-       "(--slow-fraction 0.01 x 8 rounds to 0)")):
+       "0.5")):
     assert cli.main(base + flags) == 0
     lines = [l for l in capsys.readouterr().out.splitlines()
              if "with faults" in l]
     assert lines == [want]
+
+
+def test_predict_refuses_a_slow_fraction_of_no_worker(capsys):
+  # As the runner: round(0.03 x 16) = round(0.48) = 0 slow workers would
+  # print the fault-free table whatever --slow-speed says; 1/16 = 0.0625 is
+  # one worker. With several counts the smallest decides (round(0.03 x 32)
+  # = 1, but round(0.03 x 16) = 0).
+  for counts in ("16", "16,32"):
+    assert cli.main(["predict", "--n-workers", counts, "--slow-fraction",
+                     "0.03", "--slow-speed", "0.1"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --slow-fraction 0.03 makes round(0.03 x --n-workers 16) = 0 "
+        "workers slow; set --slow-fraction 0.0625 (one worker) or more, "
+        "or 0.\n")
+  # 0.01 x 8 = 0.08 rounds to 0 with failures too (no worker is slow).
+  assert cli.main(["predict", "--n-workers", "8", "--slow-fraction", "0.01",
+                   "--failure-rate", "0.01"]) == 2
+  assert "set --slow-fraction 0.125 (one worker)" in capsys.readouterr().err
+  assert cli.main(["predict", "--n-workers", "16", "--methods", "all_reduce",
+                   "--steps", "20", "--slow-fraction", "0.0625",
+                   "--slow-speed", "0.1"]) == 0
+  assert "  with faults: 1 of 16 workers at speed 0.1" in \
+      capsys.readouterr().out
 
 
 def test_predict_fault_flags_are_checked(capsys):

@@ -116,7 +116,8 @@ def test_usage_lines_name_the_command_as_typed(capsys):
   assert capsys.readouterr().out.startswith("usage: decentral-jax predict ")
   assert cli.main(["predict", "--bogus"]) == 2
   assert capsys.readouterr().err == (
-      "error: unrecognized arguments: --bogus (see decentral-jax --help)\n")
+      "error: unrecognized arguments: --bogus (see decentral-jax predict "
+      "--help)\n")
   assert cli.main(["predict", "--n-workers", "x"]) == 2
   assert capsys.readouterr().err.startswith(
       "error: argument --n-workers: ")
@@ -131,6 +132,20 @@ def test_usage_lines_name_the_command_as_typed(capsys):
     runtime_model_main.main(["predict", "--help"])
   assert capsys.readouterr().out.startswith(
       "usage: python -m decentral_jax.runtime_model predict ")
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_an_unknown_flag_points_at_the_commands_own_help(name, capsys):
+  # The top-level help lists commands, not flags: the line names the help
+  # that lists this command's flags. Refused while parsing, before work.
+  argv = [name, "--nope"]
+  if name == "measure":
+    argv += ["--config", "configs/gpt_tiny.py", "--out", "x.json"]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert len(err.splitlines()) == 1 and "nope" in err, err
+  assert err.startswith("error: ") and err.rstrip().endswith(
+      f"(see decentral-jax {name} --help)"), err
 
 
 def test_two_commands_with_the_same_flags_run_in_one_process(tmp_path,

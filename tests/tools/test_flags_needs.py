@@ -535,6 +535,38 @@ def test_pipelined_gossip_without_in_flight_fractions_is_refused(monkeypatch):
   assert _values(numbers) != _values(_predict(base + fractions)[1])
 
 
+def test_pipelined_gossip_without_optimizer_time_is_refused(monkeypatch):
+  """With in-flight fractions a pipelined round hides the optimizer's
+  update too (C + O + max(0, tau - W - O)): with O = 0 and a one-round
+  topology (static_ring) nothing is hidden and the rounds run in the same
+  order, so the tables equal plain dadam's and the key is refused, naming
+  --optimizer-ms; with O > 0 it is read."""
+  flags = ["--n-workers", "16", "--gossip-in-flight", "0.1,0.1"]
+  base = [*flags, "--methods", "all_reduce,dadam:topology=static_ring"]
+  piped = [*flags, "--methods",
+           "all_reduce,dadam:topology=static_ring,pipelined=1"]
+  code, _, err = _predict(piped)
+  assert code == 2 and err.count("\n") == 1, err
+  assert "pipelined=1 has no effect with an optimizer time of 0" in err
+  assert "give --optimizer-ms above 0 or drop pipelined=1" in err
+  monkeypatch.setattr(predict.predict_needs, "check_pipelined",
+                      lambda s: None)
+  assert _values(_predict(piped)[1]) == _values(_predict(base)[1])
+  monkeypatch.undo()
+  optimizer = ["--optimizer-ms", "10"]
+  code, numbers, err = _predict(piped + optimizer)
+  assert code == 0, err
+  assert _values(numbers) != _values(_predict(base + optimizer)[1])
+  # O = 0 on a ring (two rounds) whose compute varies: the simulation's
+  # round order floor(k/2) changes which neighbour a slow step waits for.
+  noisy = ["--compute-cv", "0.3", "--methods"]
+  code, numbers, err = _predict(
+      [*flags, *noisy, "all_reduce,dadam:topology=ring,pipelined=1"])
+  assert code == 0, err
+  assert _values(numbers) != _values(_predict(
+      [*flags, *noisy, "all_reduce,dadam:topology=ring"])[1])
+
+
 def _values(lines):
   """The words of ``lines`` but the method labels (which spell the spec)."""
   return [t for line in lines for t in line.split() if "dadam" not in t]

@@ -96,8 +96,8 @@ def main(argv: list[str] | None = None,
   try:
     try:
       positional, overrides = flags.parse(argv)
-    except ValueError as e:
-      job_lib.fail(e)
+    except ValueError as e:  # a flag: its list is in this command's help
+      job_lib.fail(f"{e} (see {prog} --help)")
     if positional:
       job_lib.fail(f"unexpected arguments: {' '.join(positional)}")
     _run(overrides)

@@ -20,9 +20,12 @@ _SHOWN = (("intra_bandwidth_Bps", "intra", 1e-9, "GB/s"),
           ("flow_bandwidth_Bps", "one flow", 8e-9, "Gbit/s"))
 
 
-def _links(c: dict, priced: dict) -> str:
+def _links(c: dict, priced: dict, inter_measured: bool = True,
+           given=()) -> str:
   """The links of ``priced`` (Cluster fields), each one a flag replaced
-  naming the flag and the file's value ``c[field]``."""
+  naming the flag and the file's value ``c[field]``; without inter-node
+  measurements the node NIC is named a default or the flag's (a flag in
+  ``given``, or a value other than the file's)."""
   flag_of = {f: flag for flag, f in inputs.CLUSTER_FIELDS.items()}
   out = []
   for field, label, scale, unit in _SHOWN:
@@ -30,7 +33,12 @@ def _links(c: dict, priced: dict) -> str:
     if value is None:
       continue
     text = f"{label} {value * scale:.3g} {unit}"
-    if value != was:
+    if field == "nic_bandwidth_Bps" and not inter_measured:
+      text += (f" (by {flag_of[field]}; the file measured no inter-node "
+               "link)" if value != was or flag_of[field] in given
+               else " (a default: the file "
+               "measured no inter-node link)")
+    elif value != was:
       text += (f" (by {flag_of[field]}; the file's "
                + (f"{was * scale:.3g})" if was else "none)"))
     out.append(text)
@@ -38,7 +46,7 @@ def _links(c: dict, priced: dict) -> str:
 
 
 def describe_cluster_file(path: str, data: dict,
-                          priced: Cluster | None = None) -> str:
+                          priced: Cluster | None = None, given=()) -> str:
   """Two lines or more: where the file was measured and the links priced,
   and the file's All-Reduce check.
 
@@ -50,6 +58,8 @@ def describe_cluster_file(path: str, data: dict,
       :func:`inputs.from_cluster_file`); None: the file's own. Each link
       it prints that differs from the file's names its flag and the file's
       value, and any other field a flag replaced is listed by its flag.
+    given: the flags given (a node NIC the file did not measure is named
+      the flag's where ``--nic-Gbps`` is among them, else a default).
   """
   meta, c, meas = data.get("meta", {}), data["cluster"], data["measurements"]
   fields = {**c, **(dataclasses.asdict(priced) if priced else {}),
@@ -64,7 +74,8 @@ def describe_cluster_file(path: str, data: dict,
       f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
       f"{meta.get('device_kind', '?')} devices, {per_node} per node, "
       f"{meta.get('process_count', '?')} process(es); "
-      + _links(c, fields)
+      + _links(c, fields,
+               "--nic-Gbps" not in inputs.unmeasured_inter_node(data), given)
       + (f"; also replaced by flags: {', '.join(other)}" if other else "")]
   if meas.get("all_reduce_s"):
     cl = Cluster(**c)

@@ -504,6 +504,53 @@ def explicit_flags(args) -> set:
   return getattr(args, "explicit_flags", set())
 
 
+#: The flags that price the inter-node link a one-node cluster file lacks,
+#: with their ``Cluster`` fields.
+INTER_NODE_LINK_FLAGS = (("--nic-Gbps", "nic_bandwidth_Bps"),
+                         ("--inter-latency-us", "inter_latency_s"))
+
+
+def unmeasured_inter_node(data: dict) -> list[str]:
+  """The flags of :data:`INTER_NODE_LINK_FLAGS` where a cluster file holds
+  the inter-node link without measuring it, as ``measure`` writes one
+  node: ``measurements.inter_pair_s`` null (not left out) and every field
+  at the ``Cluster`` default, as ``cluster_file.fit_links`` leaves them (a
+  link written by hand, a field differing or no measurements, is the
+  file's own); else none."""
+  meas = data["measurements"]
+  if "inter_pair_s" not in meas or meas["inter_pair_s"] is not None or any(
+      data["cluster"][field] != getattr(Cluster, field)
+      for _, field in INTER_NODE_LINK_FLAGS):
+    return []
+  return [flag for flag, _ in INTER_NODE_LINK_FLAGS]
+
+
+def _check_inter_node_measured(data: dict, args, n: int, per_node: int,
+                               datacenters: int) -> None:
+  """Refuses ``n`` workers over several nodes of a cluster file whose
+  inter-node link is a default it never measured
+  (:func:`unmeasured_inter_node`), unless the flags give it
+  (``--inter-latency-us`` only where a datacenter holds several nodes:
+  between datacenters the wide-area latency replaces it).
+
+  Raises:
+    ValueError: naming ``--cluster``, the count and the missing flags.
+  """
+  if n <= per_node:
+    return
+  given = explicit_flags(args)
+  missing = [f for f in unmeasured_inter_node(data) if f not in given and (
+      f == "--nic-Gbps" or n // datacenters > per_node)]
+  if missing:
+    raise ValueError(
+        f"--cluster {args.cluster!r} measured no inter-node link "
+        "(measurements.inter_pair_s is null: one node; its NIC rate and "
+        f"latency are the defaults), but --n-workers {n} "
+        f"at {per_node} per node spans {-(-n // per_node)} nodes; give "
+        f"{' and '.join(missing)} for that link, or at most {per_node} "
+        "workers.")
+
+
 def from_cluster_file(data: dict, args, n: int):
   """Cluster and workload of ``predict --cluster FILE`` for ``n`` workers.
 
@@ -527,6 +574,8 @@ def from_cluster_file(data: dict, args, n: int):
   if n % kw["local_size"]:
     raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
                      f"file's {kw['local_size']} workers per node.")
+  _check_inter_node_measured(data, args, n, kw["local_size"],
+                             kw.get("datacenters") or 1)
   c = Cluster(**kw)
   flags_w = dataclasses.asdict(workload_from_args(args))
   over = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()

@@ -43,7 +43,7 @@ def main(argv=None, prog: str = parser_lib.PROG) -> int:
   """
   argv = sys.argv[1:] if argv is None else list(argv)
   parser = parser_lib.build_parser(prog)
-  args = parser.parse_args(argv)
+  args = parser_lib.parse(parser, argv)
   args.explicit_flags = flag_types.given_flags(parser, argv, args.command)
   if getattr(args, "steps", 2) < 2:
     print(f"error: argument --steps: must be >= 2, got {args.steps} (see "

@@ -334,6 +334,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
       "and topology, speedup over All-Reduce and a recommendation.",
       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
   sub = p.add_subparsers(dest="command", required=True)
+  p.subcommands = sub.choices  # name -> its parser, for parse()
   for name, text, sections in SUBCOMMANDS:
     s = sub.add_parser(name, help=text)
     for title, flags in sections:
@@ -341,3 +342,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
       for flag, keywords in flags:
         target.add_argument(flag, **keywords)
   return p
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]):
+  """``parser.parse_args(argv)`` (a :func:`build_parser` parser), but a
+  flag the subcommand does not know is refused by the subcommand's own
+  parser, so the ``error:`` line points at its help (``see decentral-jax
+  predict --help``), which lists the flags, not at the top-level help,
+  which lists the subcommands (exit code 2)."""
+  args, unknown = parser.parse_known_args(argv)
+  if unknown:
+    parser.subcommands[args.command].error(
+        f"unrecognized arguments: {' '.join(unknown)}")
+  return args

@@ -63,6 +63,7 @@ def run(args) -> int:
     if "--n-workers" not in inputs.explicit_flags(args):
       args.n_workers = [measured["cluster"]["n_workers"]]
       inputs.check_file_workers(args.cluster, args.n_workers[0])
+  predict_needs.check_slow_workers(args)
   setups = [(n, *_cluster_and_workload(args, n, measured))
             for n in args.n_workers]
   if not chosen:
@@ -82,8 +83,8 @@ def run(args) -> int:
   if measured is not None:
     for line in predict_needs.unused_file_keys(args.cluster, measured, setting):
       print(line, file=sys.stderr)
-    print(cluster_header.describe_cluster_file(args.cluster, measured,
-                                               setups[0][1]))
+    print(cluster_header.describe_cluster_file(
+        args.cluster, measured, setups[0][1], inputs.explicit_flags(args)))
   print(workload_line(args, setups, measured, setting.methods))
   print(methods_line(methods, chosen, setups[0][1], added))
   if workers_note:

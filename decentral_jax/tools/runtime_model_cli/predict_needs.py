@@ -313,20 +313,56 @@ NEEDS = (
 )
 
 
+def check_slow_workers(args) -> None:
+  """Refuses a ``--slow-fraction`` ``f`` above 0 that makes ``k = round(f
+  n)`` no worker at a ``--n-workers`` count ``n``, as the runner refuses
+  ``config.faults.slow_fraction``: no worker runs at ``--slow-speed``, so
+  the faults table prints the fault-free numbers. The fix is ``1 / n`` at
+  the smallest count (one worker there, at least one at every larger one).
+
+  Raises:
+    ValueError: one line naming ``--slow-fraction``, the count and the fix.
+  """
+  f = args.slow_fraction
+  if not f:
+    return
+  n = min(args.n_workers)
+  if int(round(f * n)) == 0:  # as stragglers.Faults.slow_workers counts
+    raise ValueError(
+        f"--slow-fraction {f:g} makes round({f:g} x --n-workers {n}) = 0 "
+        f"workers slow; set --slow-fraction {1 / n:.6g} (one worker) or "
+        "more, or 0.")
+
+
+def _pipelining_moves(m, c, w) -> bool:
+  """Whether ``pipelined=1`` changes a number of ``m`` on ``c`` and ``w``
+  (:mod:`~decentral_jax.runtime_model.in_flight`): only with in-flight
+  fractions, and there either by hiding the optimizer's update (``C + O +
+  max(0, tau - W - O)``: ``O > 0``) or, in the simulation, by its round
+  order ``floor(k / 2)`` (a topology of several rounds and compute that
+  varies: which neighbours a slow step waits for changes)."""
+  if w.gossip_in_flight is None:
+    return False
+  return w.optimizer_s > 0 or (len(m.topology.rounds) > 1
+                               and w.compute_std_s > 0)
+
+
 def check_pipelined(setting: Setting) -> None:
   """Refuses ``pipelined=1`` on an uncompressed gossip spec of
-  ``--methods`` where no workload has in-flight fractions: the pipelined
-  round differs from the default one only in hiding the optimizer's
-  update too (:mod:`~decentral_jax.runtime_model.in_flight`), which only
-  ``Workload.gossip_in_flight`` prices.
+  ``--methods`` where it changes no printed number at any worker count:
+  the pipelined round differs from the default one only in hiding the
+  optimizer's update too and in its round order (:func:`_pipelining_moves`),
+  which only ``Workload.gossip_in_flight`` prices, the update only where
+  its time (``--optimizer-ms``, a workload's ``optimizer_s``) is above 0.
 
   Raises:
     ValueError: one line naming the spec, ``pipelined=1`` and the fix.
   """
-  if any(w.gossip_in_flight is not None for w in setting.workloads):
-    return
-  for m in setting.methods:
-    if m.pipelined:
+  for m, _, _ in setting.per_setup:
+    if not m.pipelined or any(_pipelining_moves(m2, c, w) for m2, c, w
+                              in setting.per_setup if m2.name == m.name):
+      continue
+    if all(w.gossip_in_flight is None for w in setting.workloads):
       raise ValueError(
           f"--methods {m.name!r}: pipelined=1 has no effect without "
           "in-flight fractions (a round already hides behind the next "
@@ -334,6 +370,13 @@ def check_pipelined(setting: Setting) -> None:
           "update, which only --gossip-in-flight or a workload file's "
           "gossip_in_flight prices); give --gossip-in-flight or drop "
           "pipelined=1.")
+    raise ValueError(
+        f"--methods {m.name!r}: pipelined=1 has no effect with an optimizer "
+        "time of 0 (--optimizer-ms, or the workload's optimizer_s): it hides "
+        "only the optimizer's update behind the round, C + O + max(0, tau - "
+        "W - O) (its round order floor(k/2) matters only on a topology of "
+        "several rounds with compute that varies); give --optimizer-ms "
+        "above 0 or drop pipelined=1.")
 
 
 def unused_file_keys(path: str, measured: dict, setting) -> list[str]:
