@@ -29,6 +29,7 @@ from decentral_jax.data import sharding
 from decentral_jax.data import text
 from decentral_jax.models import cnn
 from decentral_jax.models import gpt
+from decentral_jax.optim import muloco
 from decentral_jax.optim import push_sum
 from decentral_jax.parallel import layouts
 from decentral_jax.parallel import multiprocess
@@ -193,6 +194,25 @@ OPTIM += [
           "array; under optax.inject_hyperparams list 'merge_alpha' in "
           "static_args", _inject_merge_alpha, "streaming-inject-alpha"),
 ]
+
+# A concrete array of several values is not a hyperparameter: refused by
+# shape before its values could skip the range check (all are out of range).
+TWO = np.array([-0.5, -0.5])
+OPTIM += [_case(f"{name} must be a scalar{hint}, got an array of shape (2,)",
+                call, f"array-{label}") for name, hint, call, label in [
+    ("learning_rate", " or a schedule", lambda: optim.local_adamw(TWO),
+     "adamw-lr"),
+    ("b1", "", lambda: optim.local_adamw(1e-3, b1=TWO), "adamw-b1"),
+    ("b2", "", lambda: optim.scale_by_accum_adam(b2=jnp.asarray(TWO)),
+     "accum-b2"),
+    ("eps", "", lambda: optim.scale_by_accum_adam(eps=TWO), "accum-eps"),
+    ("weight_decay", "", lambda: optim.local_adamw(1e-3, weight_decay=TWO),
+     "adamw-wd"),
+    ("b2", "", lambda: optim.desloc_adam(1e-3, 1, 1, 1, b2=TWO), "desloc-b2"),
+    ("momentum", "", lambda: push_sum.sgp(0.1, _ring4(), momentum=TWO),
+     "sgp-momentum"),
+    ("learning_rate", " or a schedule",
+     lambda: muloco.muon_inner(jnp.asarray(TWO)), "muloco-lr")]]
 
 GOSSIP_ONE = topology.make("ring", 1)
 COMM = [
