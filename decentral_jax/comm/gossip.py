@@ -383,8 +383,9 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
     ValueError: ``topology`` not a Topology, called outside ``shard_map``
       over ``axis_name``, the axis size differs from ``topology.n_workers``,
       a non-floating leaf, a non-floating ``comm_dtype``, ``bucket_bytes``
-      not None or an integer >= 0, a bool ``step``, or a topology that is
-      not doubly stochastic without ``column_stochastic=True``.
+      not None or an integer >= 0, a ``step`` that is not an int or an
+      integer scalar (:func:`check_step`), or a topology that is not
+      doubly stochastic without ``column_stochastic=True``.
   """
   check_topology(topology)
   if not checks.check_bool("column_stochastic", column_stochastic) and \
@@ -399,9 +400,7 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
   checks.check_comm_dtype(comm_dtype)
   bucket_bytes = 0 if bucket_bytes is None else check_bucket_bytes(
       bucket_bytes)
-  if isinstance(step, (bool, np.bool_)):
-    raise ValueError(f"step must be an int or a traced integer scalar, got "
-                     f"{step!r}.")
+  check_step(step)
   if topology.n_workers == 1:
     collectives.check_axis_name(axis_name)
     try:  # a one-worker topology on a larger mesh would silently not mix
@@ -415,6 +414,23 @@ def mix(tree: PyTree, topology: topology_lib.Topology, step,
   return map_round(
       lambda rnd, t: _mix_round(t, rnd, topology, axis_name, comm_dtype,
                                 bucket_bytes), topology, step, tree)
+
+
+def check_step(step) -> None:
+  """Raises ValueError unless ``step`` (a round index) is a Python or NumPy
+  int, or an integer scalar array, possibly traced (not a bool, a string,
+  None, a float or a non-scalar array)."""
+  if checks.is_int(step):
+    return
+  if isinstance(step, (np.ndarray, jax.Array)):
+    if jnp.issubdtype(step.dtype, jnp.integer) and step.ndim == 0:
+      return
+    got = f"a {step.dtype} array of shape {tuple(step.shape)}"
+  else:
+    got = repr(step)
+  raise ValueError(
+      f"step must be an int or a traced integer scalar, got {got}; pass the "
+      "round index, e.g. 0 or jnp.int32(k).")
 
 
 def map_round(fn, topology: topology_lib.Topology, step, *operands):
@@ -434,14 +450,12 @@ def map_round(fn, topology: topology_lib.Topology, step, *operands):
   Raises:
     ValueError: ``step`` neither an int nor an integer scalar.
   """
+  check_step(step)
   if checks.is_int(step):
     return fn(topology.round(int(step)), *operands)
   if len(topology.distinct_rounds) == 1:
     return fn(topology.distinct_rounds[0], *operands)
   step = jnp.asarray(step)
-  if not jnp.issubdtype(step.dtype, jnp.integer) or step.ndim:
-    raise ValueError(f"step must be an integer scalar, got {step.dtype} "
-                     f"{step.shape}.")
   table = jnp.asarray(topology.round_to_distinct, jnp.int32)
   index = collectives.uniform(table[step.astype(jnp.int32) % topology.period])
   branches = [lambda *ops, r=r: fn(r, *ops) for r in topology.distinct_rounds]

@@ -24,6 +24,7 @@ from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
 from decentral_jax.comm import collectives
+from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.data import sharding
 from decentral_jax.data import text
@@ -223,6 +224,22 @@ COMM = [
           "mix-int-flag"),
     _case("step must be an int or a traced integer scalar, got True",
           lambda: gossip.mix(PARAMS, GOSSIP_ONE, True), "mix-bool-step"),
+    _case("step must be an int or a traced integer scalar, got '1'",
+          lambda: gossip.mix(PARAMS, _ring4(), "1"), "mix-string-step"),
+    _case("step must be an int or a traced integer scalar, got None",
+          lambda: gossip.mix(PARAMS, _ring4(), None), "mix-none-step"),
+    _case("step must be an int or a traced integer scalar, got a float32 "
+          "array of shape ()", lambda: gossip.mix(PARAMS, _ring4(),
+                                                  jnp.float32(1)),
+          "mix-float-array-step"),
+    _case("step must be an int or a traced integer scalar, got None",
+          lambda: compress.mix_compressed(PARAMS, _ring4(), None,
+                                          compressor=compress.Compressor()),
+          "mix_compressed-none-step"),
+    _case("step must be an int or a traced integer scalar, got '1'",
+          lambda: compress.mix_compressed(PARAMS, _ring4(), "1",
+                                          compressor=compress.Compressor()),
+          "mix_compressed-string-step"),
 ]
 
 PARALLEL = [
