@@ -612,6 +612,14 @@ def test_virtual_axes_refuse_a_layout_they_cannot_name(kwargs, says):
   assert says in _one_line(lambda: axes.VirtualAxes(**kwargs))
 
 
+def test_virtual_axes_take_a_numpy_integer_as_the_other_integers_do():
+  from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
+  v = axes.VirtualAxes("workers", np.int64(2))
+  assert v == axes.VirtualAxes("workers", 2) and type(v.per_device) is int
+  assert "got np.True_" in _one_line(
+      lambda: axes.VirtualAxes("workers", np.bool_(True)))
+
+
 def test_an_axis_named_twice_is_named_as_such():
   from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
   assert _one_line(lambda: axes.check_axis_name(("a", "a"))) == (
