@@ -14,6 +14,8 @@ import dataclasses
 import jax
 from jax import lax
 
+from decentral_jax import checks
+
 __all__ = ["AxisName", "VirtualAxes", "bound_axes", "check_axis_name",
            "is_virtual", "mesh_axes"]
 
@@ -24,8 +26,9 @@ class VirtualAxes:
 
   Attributes:
     device: the ``shard_map`` mesh axis over devices (size ``M``).
-    per_device: workers per device ``K >= 1``; ``n = M K`` workers, worker
-      ``i`` is slot ``i % K`` of device ``i // K``.
+    per_device: workers per device ``K >= 1`` (a Python or NumPy int,
+      kept as ``int``); ``n = M K`` workers, worker ``i`` is slot ``i % K``
+      of device ``i // K``.
     virtual: the ``jax.vmap`` axis name over a device's workers.
   """
   device: str
@@ -41,10 +44,10 @@ class VirtualAxes:
     if self.device == self.virtual:
       raise ValueError(f"VirtualAxes.device and .virtual are both "
                        f"{self.device!r}; name two axes.")
-    if (not isinstance(self.per_device, int) or isinstance(
-        self.per_device, bool) or self.per_device < 1):
+    if not checks.is_int(self.per_device) or self.per_device < 1:
       raise ValueError("VirtualAxes.per_device must be an int >= 1 (workers "
                        f"per device), got {self.per_device!r}.")
+    object.__setattr__(self, "per_device", int(self.per_device))
 
 
 AxisName = str | tuple[str, ...] | VirtualAxes

@@ -454,6 +454,7 @@ def mix_compressed(tree: PyTree, topology: topology_lib.Topology, step,
   check_compressor(compressor)
   gossip.check_topology(topology)
   gossip.check_float_leaves(tree, "compressed gossip", compressed=True)
+  gossip.check_step(step)
   gossip.check_axis(topology, axis_name)
   return gossip.map_round(
       lambda rnd, t: jax.tree.map(

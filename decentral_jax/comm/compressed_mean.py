@@ -61,11 +61,13 @@ def _mean_leaf(x, axis_name, compressor: compress.Compressor):
   if x.size == 0:  # nothing to send: the mean of no values
     return x
   n = collectives.size(axis_name)
-  flat = compress.to_float32(x.reshape(-1))
+  acc = _sum_dtype(x, compressor)
+  flat = (compress.to_float32(x.reshape(-1)) if acc == jnp.float32
+          else x.reshape(-1).astype(acc))
   unit = n * compressor.block
   padded = -(-flat.size // unit) * unit
-  flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), jnp.float32)])
-  shard = jnp.zeros((padded // n,), jnp.float32)  # shape of one row
+  flat = jnp.concatenate([flat, jnp.zeros((padded - flat.size,), acc)])
+  shard = jnp.zeros((padded // n,), acc)  # shape of one row
   sent = _rows(compressor.encode(flat), n)  # row j: my values of shard j
   recv = {k: collectives.all_to_all(a, axis_name) for k, a in sent.items()}
   total = jnp.zeros_like(shard)
@@ -77,6 +79,14 @@ def _mean_leaf(x, axis_name, compressor: compress.Compressor):
           for j in range(n)]
   out = jnp.concatenate(rows)[:x.size].reshape(x.shape).astype(x.dtype)
   return collectives.match_varying(out, x)
+
+
+def _sum_dtype(x, compressor: compress.Compressor):
+  """float32, or for ``none`` (values sent as they are) the leaf's own
+  dtype if wider (float64 is summed in float64, as sent)."""
+  if compressor.is_identity:
+    return jnp.promote_types(jnp.result_type(x), jnp.float32)
+  return jnp.dtype(jnp.float32)
 
 
 def mean_compressed(tree: PyTree, axis_name="workers", *,
@@ -97,8 +107,9 @@ def mean_compressed(tree: PyTree, axis_name="workers", *,
   codes; an empty leaf is returned as it is and sends nothing.
 
   Must run inside ``jax.shard_map`` over ``axis_name``. With
-  ``Compressor("none")`` the values are exact but summed in another
-  order than ``pmean``; use :func:`decentral_jax.comm.gossip.mean` for the exact
+  ``Compressor("none")`` the values are exact (sent and summed in the
+  leaf's dtype, float32 at least) but summed in another order than
+  ``pmean``; use :func:`decentral_jax.comm.gossip.mean` for the exact
   mean.
 
   Args:
@@ -139,7 +150,8 @@ def mean_payload_bytes(tree: PyTree, n_workers: int,
   for x in jax.tree.leaves(tree):
     size = int(np.prod(np.shape(x)))
     padded = -(-size // unit) * unit  # an empty leaf sends nothing
-    total += 2 * (n - 1) / n * compressor.payload_bytes(padded, 4)
+    itemsize = jnp.dtype(_sum_dtype(x, compressor)).itemsize
+    total += 2 * (n - 1) / n * compressor.payload_bytes(padded, itemsize)
   return total
 
 

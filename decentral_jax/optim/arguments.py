@@ -40,12 +40,15 @@ def concrete_float(x) -> float | None:
 
 
 def check_hyperparameter(name: str, value, *, below_one: bool,
-                         wide: bool = True) -> None:
+                         wide: bool = True, schedule: bool = False) -> None:
   """Raises ValueError unless ``value`` is finite, >= 0 (and < 1 if asked).
 
   ``value`` is a Python or NumPy number or an array (possibly traced, e.g.
   from ``optax.inject_hyperparams``); a bool, a string or anything else is
-  refused. Traced values are only checked for their dtype: with ``wide``
+  refused, and so is a concrete array that is not a scalar (its values
+  would skip the range check and broadcast against the parameters;
+  ``schedule`` says a schedule is the way to vary it). Traced values are
+  only checked for their dtype: with ``wide``
   a floating array with fewer than 32 bits is rejected, since ``b2 =
   0.999`` rounds to 1.0 in bfloat16 (a zero bias correction) and ``eps =
   1e-8`` to 0 in float16.
@@ -62,6 +65,10 @@ def check_hyperparameter(name: str, value, *, below_one: bool,
         "Python floats or float32/float64 arrays (under "
         "optax.inject_hyperparams with low-precision params pass "
         "hyperparam_dtype=jnp.float32).")
+  if np.ndim(value) and not isinstance(value, jax.core.Tracer):
+    expected = "a scalar or a schedule" if schedule else "a scalar"
+    raise ValueError(f"{name} must be {expected}, got an array of shape "
+                     f"{tuple(np.shape(value))}.")
   v = concrete_float(value)
   if v is None:
     return
@@ -100,7 +107,7 @@ def check_learning_rate(learning_rate) -> None:
   """
   if not callable(learning_rate):
     check_hyperparameter("learning_rate", learning_rate, below_one=False,
-                         wide=False)
+                         wide=False, schedule=True)
 
 
 def check_transform(name: str, tx) -> None:

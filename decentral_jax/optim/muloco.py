@@ -31,11 +31,14 @@ leaf                                           branch
 A leaf is an embedding when its name (the last key of its path) is in
 ``embeddings`` (``("embedding",)``: the parameter name of
 ``flax.linen.Embed``); ``embeddings=()`` gives optax's rule (every 2-D leaf
-to Muon).
+to Muon). A name given explicitly that is no leaf's name (a typo, or a
+module's name such as ``"wte"``) is refused when the leaves are labelled;
+the default matches none in a model without embedding tables.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Callable, Sequence
 
 import jax
@@ -73,12 +76,40 @@ def muon_labels(params: PyTree, embeddings: Sequence[str] = EMBEDDINGS
 
   Returns:
     A pytree of strings with the structure of ``params``.
+
+  Raises:
+    ValueError: ``embeddings`` not a tuple of strings, or (given explicitly,
+      not the default :data:`EMBEDDINGS`) naming no leaf of ``params``.
   """
+  _check_embeddings(embeddings)
+  return _labels(params, tuple(embeddings), embeddings is not EMBEDDINGS)
+
+
+def _labels(params: PyTree, embeddings: tuple[str, ...], strict: bool
+            ) -> PyTree:
+  """:func:`muon_labels`; ``strict``: every name must be a leaf's name."""
+  paths = jax.tree_util.tree_flatten_with_path(params)[0]
+  leaves = sorted({_leaf_name(path) for path, _ in paths})
+  for name in embeddings if strict else ():
+    if name not in leaves:
+      near = difflib.get_close_matches(name, leaves, n=1)
+      hint = f" (nearest: {near[0]!r})" if near else ""
+      shown = ", ".join(leaves[:12]) + (", ..." if len(leaves) > 12 else "")
+      raise ValueError(
+          f"embeddings names {name!r}, which is no leaf's name{hint}; a "
+          f"leaf's name is the last key of its path, here one of: {shown}.")
   names = frozenset(embeddings)
   return jax.tree_util.tree_map_with_path(
       lambda path, p: ("muon" if len(p.shape) == 2
                        and _leaf_name(path) not in names else "adam"),
       params)
+
+
+def _check_embeddings(embeddings) -> None:
+  if not isinstance(embeddings, (tuple, list)) or not all(
+      isinstance(e, str) for e in embeddings):
+    raise ValueError(f"embeddings={embeddings!r} must be a tuple of leaf "
+                     "names, e.g. ('embedding',) or ().")
 
 
 def _scaled(schedule: optax.ScalarOrSchedule, ratio: float):
@@ -101,10 +132,7 @@ def _check(ns_steps, beta, consistent_rms, adam_lr_ratio, embeddings):
   checks.check_float("consistent_rms", consistent_rms, minimum=0.0)
   checks.check_float("adam_lr_ratio", adam_lr_ratio, minimum=0.0,
                      open_min=True)
-  if isinstance(embeddings, str) or not all(
-      isinstance(e, str) for e in embeddings):
-    raise ValueError(f"embeddings={embeddings!r} must be a tuple of leaf "
-                     "names, e.g. ('embedding',) or ().")
+  _check_embeddings(embeddings)
 
 
 def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
@@ -153,15 +181,19 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
       (finite, >= 0).
     weight_decay: ``lambda`` (finite, >= 0), decoupled, on every Muon
       matrix and (default AdamW) every 2-D leaf of the other branch.
-    embeddings: leaf names trained by the other branch although 2-D.
-    adam: ``lr -> optax transform`` of the other branch (None: AdamW).
+    embeddings: leaf names trained by the other branch although 2-D (a
+      tuple of strings; given explicitly, each must be a leaf's name).
+    adam: ``lr -> optax transform`` of the other branch (None: AdamW),
+      called here.
 
   Returns:
     An ``optax.GradientTransformation`` (``optax.partition`` of the two
     branches); updates have the params' shapes and dtypes.
 
   Raises:
-    ValueError: an argument outside its range, named.
+    ValueError: an argument outside its range, named; ``adam(lr)`` not an
+      optax transform; at ``init``, an explicit ``embeddings`` name that is
+      no leaf's name (:func:`muon_labels`).
 
   References:
     Therien et al., MuLoCo: Muon is a practical inner optimizer for DiLoCo,
@@ -185,6 +217,7 @@ def muon_inner(learning_rate: optax.ScalarOrSchedule, *, ns_steps: int = 5,
   other = adam(lr) if adam is not None else optax.adamw(
       lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
       mask=transforms.default_weight_decay_mask)
-  embeddings = tuple(embeddings)
+  arguments.check_transform("adam(lr)", other)
+  strict, embeddings = embeddings is not EMBEDDINGS, tuple(embeddings)
   return optax.partition({"muon": muon, "adam": other},
-                         lambda params: muon_labels(params, embeddings))
+                         lambda params: _labels(params, embeddings, strict))

@@ -384,7 +384,7 @@ def check_matrices_argument(matrices, name) -> None:
     raise ValueError(f"name must be a string, got {name!r}.")
   bare = (isinstance(matrices, np.ndarray) and matrices.ndim == 2) or (
       isinstance(matrices, (list, tuple)) and len(matrices) > 0
-      and np.ndim(matrices[0]) == 1)  # a matrix's rows, not matrices
+      and _ndim(matrices[0]) == 1)  # a matrix's rows, not matrices
   if (isinstance(matrices, (str, bytes)) or not hasattr(matrices, "__iter__")
       or bare):
     raise ValueError(
@@ -393,22 +393,46 @@ def check_matrices_argument(matrices, name) -> None:
         + (" of shape " + str(np.shape(matrices)) if bare else "") + ".")
 
 
+def _ndim(x) -> int | None:
+  """``np.ndim(x)``, or None for a ragged nested list (no array shape)."""
+  try:
+    return np.ndim(x)
+  except ValueError:
+    return None
+
+
+def _row_lengths(w) -> list[int]:
+  """The distinct lengths of the rows of a nested list ([] if not one)."""
+  try:
+    return sorted({len(row) for row in w})
+  except TypeError:
+    return []
+
+
 def validate_matrix(w, index: int, n: int | None,
                     column_stochastic: bool = False) -> np.ndarray:
   """Checks a dense mixing matrix; returns it as float64 [n, n].
 
   Raises:
-    ValueError: not numeric, not square, a size other than ``n``,
+    ValueError: not numeric, ragged (rows of different lengths, naming
+      ``matrices[index]``), not square, a size other than ``n``,
       non-finite or negative entries, or a row / column sum other than 1
       (within :data:`TOL`; rows only checked unless ``column_stochastic``).
   """
   where = f"mixing matrix {index}"
-  if np.iscomplexobj(w):  # float64() would drop the imaginary parts
-    raise ValueError(f"{where} is complex; mixing weights are real.")
+  lengths = _row_lengths(w) if isinstance(w, (list, tuple)) else []
+  if len(lengths) > 1:
+    raise ValueError(
+        f"matrices[{index}] ({where}) is ragged: its rows have "
+        f"{', '.join(map(str, lengths))} entries; a mixing matrix is a "
+        "square [n, n] array.")
   try:
-    w = np.array(w, dtype=np.float64)
+    is_complex = np.iscomplexobj(w)  # float64() would drop imaginary parts
+    w = w if is_complex else np.array(w, dtype=np.float64)
   except (TypeError, ValueError) as e:
     raise ValueError(f"{where} is not a numeric array: {e}") from None
+  if is_complex:
+    raise ValueError(f"{where} is complex; mixing weights are real.")
   if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] < 1:
     raise ValueError(f"{where} must be a square [n, n] array, got shape "
                      f"{w.shape}.")

@@ -424,6 +424,25 @@ def test_compressed_mean_matches_a_numpy_reference(fmt):
     np.testing.assert_allclose(out[0], x.mean(0), atol=0.05)
 
 
+def test_compressed_mean_none_keeps_float64(x64):
+  """``none`` sends the values as they are: a float64 leaf's mean is the
+  float64 sum in worker order over n (was summed in float32: 1e-7)."""
+  del x64
+  require_devices(8)
+  mesh = parallel.make_mesh(8)
+  x = np.random.default_rng(11).normal(size=(8, 5, 3))
+  c = compress.Compressor("none", block=2)
+  out = np.asarray(_mean_fn(mesh, c)(parallel.shard(x, mesh)))
+  total = np.zeros((5, 3))
+  for j in range(8):
+    total = total + x[j]
+  assert out.dtype == np.float64
+  for i in range(8):
+    np.testing.assert_allclose(out[i], total / 8, rtol=0, atol=1e-15)
+  assert compressed_mean.mean_payload_bytes({"w": jnp.zeros((5, 3))}, 8, c) \
+      == 2 * 7 / 8 * 16 * 8  # 15 values padded to 8 x 2, 8 bytes each
+
+
 @pytest.mark.parametrize("fmt", [
     "int8", pytest.param("int4", marks=pytest.mark.slow),
     pytest.param("topk", marks=pytest.mark.slow)])

@@ -24,11 +24,13 @@ from decentral_jax import optim
 from decentral_jax import parallel
 from decentral_jax import topology
 from decentral_jax.comm import collectives
+from decentral_jax.comm import compress
 from decentral_jax.comm import gossip
 from decentral_jax.data import sharding
 from decentral_jax.data import text
 from decentral_jax.models import cnn
 from decentral_jax.models import gpt
+from decentral_jax.optim import muloco
 from decentral_jax.optim import push_sum
 from decentral_jax.parallel import layouts
 from decentral_jax.parallel import multiprocess
@@ -194,6 +196,25 @@ OPTIM += [
           "static_args", _inject_merge_alpha, "streaming-inject-alpha"),
 ]
 
+# A concrete array of several values is not a hyperparameter: refused by
+# shape before its values could skip the range check (all are out of range).
+TWO = np.array([-0.5, -0.5])
+OPTIM += [_case(f"{name} must be a scalar{hint}, got an array of shape (2,)",
+                call, f"array-{label}") for name, hint, call, label in [
+    ("learning_rate", " or a schedule", lambda: optim.local_adamw(TWO),
+     "adamw-lr"),
+    ("b1", "", lambda: optim.local_adamw(1e-3, b1=TWO), "adamw-b1"),
+    ("b2", "", lambda: optim.scale_by_accum_adam(b2=jnp.asarray(TWO)),
+     "accum-b2"),
+    ("eps", "", lambda: optim.scale_by_accum_adam(eps=TWO), "accum-eps"),
+    ("weight_decay", "", lambda: optim.local_adamw(1e-3, weight_decay=TWO),
+     "adamw-wd"),
+    ("b2", "", lambda: optim.desloc_adam(1e-3, 1, 1, 1, b2=TWO), "desloc-b2"),
+    ("momentum", "", lambda: push_sum.sgp(0.1, _ring4(), momentum=TWO),
+     "sgp-momentum"),
+    ("learning_rate", " or a schedule",
+     lambda: muloco.muon_inner(jnp.asarray(TWO)), "muloco-lr")]]
+
 GOSSIP_ONE = topology.make("ring", 1)
 COMM = [
     _case("topology must be a decentral_jax.topology.Topology",
@@ -203,6 +224,22 @@ COMM = [
           "mix-int-flag"),
     _case("step must be an int or a traced integer scalar, got True",
           lambda: gossip.mix(PARAMS, GOSSIP_ONE, True), "mix-bool-step"),
+    _case("step must be an int or a traced integer scalar, got '1'",
+          lambda: gossip.mix(PARAMS, _ring4(), "1"), "mix-string-step"),
+    _case("step must be an int or a traced integer scalar, got None",
+          lambda: gossip.mix(PARAMS, _ring4(), None), "mix-none-step"),
+    _case("step must be an int or a traced integer scalar, got a float32 "
+          "array of shape ()", lambda: gossip.mix(PARAMS, _ring4(),
+                                                  jnp.float32(1)),
+          "mix-float-array-step"),
+    _case("step must be an int or a traced integer scalar, got None",
+          lambda: compress.mix_compressed(PARAMS, _ring4(), None,
+                                          compressor=compress.Compressor()),
+          "mix_compressed-none-step"),
+    _case("step must be an int or a traced integer scalar, got '1'",
+          lambda: compress.mix_compressed(PARAMS, _ring4(), "1",
+                                          compressor=compress.Compressor()),
+          "mix_compressed-string-step"),
 ]
 
 PARALLEL = [
@@ -573,6 +610,14 @@ def test_an_axis_of_the_mesh_that_the_shard_map_does_not_map_is_named():
 def test_virtual_axes_refuse_a_layout_they_cannot_name(kwargs, says):
   from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
   assert says in _one_line(lambda: axes.VirtualAxes(**kwargs))
+
+
+def test_virtual_axes_take_a_numpy_integer_as_the_other_integers_do():
+  from decentral_jax.comm import axes  # pylint: disable=import-outside-toplevel
+  v = axes.VirtualAxes("workers", np.int64(2))
+  assert v == axes.VirtualAxes("workers", 2) and type(v.per_device) is int
+  assert "got np.True_" in _one_line(
+      lambda: axes.VirtualAxes("workers", np.bool_(True)))
 
 
 def test_an_axis_named_twice_is_named_as_such():

@@ -50,6 +50,26 @@ def test_labels_send_matrices_to_muon_and_the_rest_to_adam():
       "wte": {"embedding": "adam"}, "b": "adam"}
   # optax's own rule: every 2-D leaf to Muon.
   assert muloco.muon_labels(p, ())["wte"] == {"embedding": "muon"}
+  # The default names no leaf of a model without embedding tables: all Muon.
+  assert muloco.muon_labels({"k": p["wide"]}) == {"k": "muon"}
+
+
+@pytest.mark.parametrize("names, words", [
+    (("embeding",), "embeddings names 'embeding', which is no leaf's name "
+     "(nearest: 'embedding'); a leaf's name is the last key of its path, "
+     "here one of: b, embedding, kernel, wide."),
+    (("embedding", "wte"), "embeddings names 'wte', which is no leaf's name;"),
+])
+def test_an_embedding_name_that_is_no_leaf_is_refused(names, words):
+  """A typo would send the embedding table to Muon: refused by name, when
+  the labels are made (muon_labels, or tx.init of muon_inner)."""
+  p = _params(np.random.default_rng(0))
+  with pytest.raises(ValueError) as info:
+    muloco.muon_labels(p, names)
+  assert words in str(info.value) and "\n" not in str(info.value)
+  tx = muloco.muon_inner(0.1, embeddings=names)
+  with pytest.raises(ValueError, match="embeddings names"):
+    tx.init(p)
 
 
 # -- NumPy re-implementation ----------------------------------------------
@@ -291,6 +311,9 @@ def test_two_workers_int4_error_feedback_equal_the_numpy_codec():
     (dict(consistent_rms=-0.1), "consistent_rms must be a finite number >= 0"),
     (dict(adam_lr_ratio=0.0), "adam_lr_ratio must be a finite number > 0"),
     (dict(embeddings="embedding"), "embeddings='embedding' must be a tuple"),
+    (dict(embeddings=None), "embeddings=None must be a tuple of leaf names"),
+    (dict(adam=lambda lr: 5), "adam\\(lr\\) must be an "
+     "optax.GradientTransformation .*got int"),
     (dict(adam=optax.sgd(0.1)), "adam=.* must be a function lr -> optax "
      "transform"),
 ])

@@ -319,6 +319,14 @@ def test_from_matrices_errors():
   with pytest.raises(ValueError, match=r"name must be a string, got 5"):
     topology.from_matrices([np.eye(2)], name=5)
   assert topology.from_matrices(w for w in [np.eye(2)]).period == 1
+  # A ragged matrix, first or later: named by its index (NumPy's
+  # "inhomogeneous shape" named neither the argument nor the matrix).
+  for matrices, k in (([[[1.0, 0.0], [1.0]]], 0),
+                      ([np.eye(2), [[1.0, 0.0], [1.0]]], 1)):
+    with pytest.raises(ValueError, match=(
+        rf"^matrices\[{k}\] \(mixing matrix {k}\) is ragged: its rows have "
+        r"1, 2 entries; a mixing matrix is a square \[n, n\] array\.$")):
+      topology.from_matrices(matrices)
 
 
 @pytest.mark.parametrize("column_stochastic", [False, True])
