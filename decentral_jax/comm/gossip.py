@@ -540,13 +540,6 @@ def _fresh(fn):
 def consensus_distance(tree: PyTree, axis_name: AxisName = "workers"):
   """``(1/n) sum_i ||x_i - x_bar||^2``, summed over all leaves.
 
-  Computed from the deviations from worker 0, ``d_i = x_i - x_0`` (worker
-  0's values broadcast by a ``psum`` in which the others add zeros, exact),
-  as ``(1/n) sum_i ||d_i - d_bar||^2``: exactly 0 when every worker holds
-  worker 0's values (``x_bar`` itself, a rounded sum over ``n``, is not),
-  and without the cancellation of ``x - x_bar`` for values far from 0.
-  One more all-reduce of the leaves than the mean alone.
-
   Args:
     tree: pytree of per-worker float arrays.
     axis_name: worker mesh axis (or axes).
@@ -558,12 +551,8 @@ def consensus_distance(tree: PyTree, axis_name: AxisName = "workers"):
   if not leaves:
     return jnp.zeros((), jnp.float32)
   dtype = jnp.result_type(jnp.float32, *[x.dtype for x in leaves])
-  is_ref = collectives.index(axis_name) == 0
   total = jnp.zeros((), dtype)
   for x in leaves:
     x = x.astype(dtype)
-    ref = collectives.psum(jnp.where(is_ref, x, jnp.zeros_like(x)),
-                           axis_name)
-    d = x - ref
-    total = total + jnp.sum(jnp.square(d - mean(d, axis_name)))
+    total = total + jnp.sum(jnp.square(x - mean(x, axis_name)))
   return mean(total, axis_name, varying=False)

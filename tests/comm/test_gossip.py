@@ -193,45 +193,6 @@ def test_mean_and_consensus_distance():
   np.testing.assert_allclose(np.asarray(dist), np.full(6, ref), rtol=1e-5)
 
 
-def _consensus(mesh, tree):
-  axis = parallel.worker_axis(mesh)
-  fn = jax.jit(parallel.per_worker(
-      lambda t: gossip.consensus_distance(t, axis), mesh))
-  return np.asarray(fn(parallel.shard(tree, mesh)))
-
-
-MESHES = {"real": lambda: parallel.make_mesh(8),
-          "virtual": lambda: parallel.make_mesh(8, workers_per_device=2),
-          "nodes": lambda: parallel.make_mesh(8, 4, node_aware=True)}
-
-
-@pytest.mark.parametrize("layout", list(MESHES))
-def test_consensus_distance_of_identical_workers_is_zero(layout):
-  """Every worker holds the same values (all-reduce, a fresh replica): 0,
-  not the rounding of the float32 mean of 8 equal values (2.8e-17 on this
-  data before)."""
-  require_devices(8)
-  rng = np.random.default_rng(5)
-  rows = {"a": 100 + rng.normal(size=(3, 7)).astype(np.float32),
-          "b": rng.normal(size=(1000,)).astype(np.float32)}
-  tree = {k: np.broadcast_to(v, (8,) + v.shape).copy() for k, v in rows.items()}
-  assert (_consensus(MESHES[layout](), tree) == 0).all()
-
-
-@pytest.mark.parametrize("layout", list(MESHES))
-def test_consensus_distance_matches_float64_numpy(layout):
-  """Workers near 1000 that differ by about 0.001: the float64 NumPy value
-  to float32 rounding (x - x_bar with a float32 x_bar was 1e-3 off here)."""
-  require_devices(8)
-  rng = np.random.default_rng(6)
-  tree = {"a": (1000 + 1e-3 * rng.normal(size=(8, 4, 5))).astype(np.float32),
-          "b": rng.normal(size=(8, 3)).astype(np.float32) * 1e-3}
-  ref = sum(np.sum((v.astype(np.float64) - v.astype(np.float64).mean(0)) ** 2)
-            for v in tree.values()) / 8
-  np.testing.assert_allclose(_consensus(MESHES[layout](), tree),
-                             np.full(8, ref), rtol=1e-5)
-
-
 def test_axis_size_mismatch_is_a_clear_error():
   require_devices(8)
   topo = topology.make("one_peer_exp", 4)
