@@ -472,7 +472,9 @@ def test_end_to_end_answer_per_cluster(tmp_path):
   assert "ms/step |" not in md.replace("predicted ms/step", "")  # no CPU ms
   # The recommendations are printed, one per cluster.
   out = proc.stdout.splitlines()
-  rec = out.index("recommendations (predicted, for workload gpt2_small):")
+  # mine.json is priced on its own measured workload, not gpt2_small.
+  rec = out.index("recommendations (predicted, for workload gpt2_small; "
+                  "cluster files: their own measured workload):")
   assert [x.split(":")[0].strip() for x in out[rec + 1:rec + 4]] == [
       "h100_node", "cross_region_2dc", "mine.json"]
   assert "run 4 of 4 (dadam_seed1)" in proc.stderr

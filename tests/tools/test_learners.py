@@ -168,7 +168,7 @@ def test_a_slow_learner_takes_fewer_inner_steps_and_blocks_nobody():
 
 def test_ray_missing_is_one_line_naming_the_extra(monkeypatch):
   monkeypatch.setitem(sys.modules, "ray", None)
-  with pytest.raises(ImportError, match=r"decentral_jax\[ray\]"):
+  with pytest.raises(ImportError, match=r"requirements-ray.txt"):
     cluster.require_ray()
 
 

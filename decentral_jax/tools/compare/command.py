@@ -177,10 +177,15 @@ def _run_job(arms, outdir, checkpoints, job, base, accum, per_method_lr,
          f"{e.strerror or e} ({e.filename or outdir}).")
   print("\n" + (answer or table))
   if lines:
-    named = {cl.workload_of(workload) for cl in clusters} - {None}
+    named = {cl.workload_of(workload) for cl in clusters}
+    files = None in named  # a cluster file: its own measured workload
+    named.discard(None)
     shown = (named.pop() if len(named) == 1 else
              "of each cluster's own GPUs" if workload == pricing.OWN
              else workload)
+    if files:
+      shown = (f"{shown}; cluster files: their own measured workload"
+               if named or len(clusters) > 1 else "the cluster file's own")
     print(f"recommendations (predicted, for workload {shown}):")
   for line in lines:
     print(f"  {line.replace('**', '')}")

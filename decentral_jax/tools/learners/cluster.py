@@ -1,5 +1,5 @@
 """Learners and a synchronizer as Ray actors (Ray: ``pip install
-'decentral_jax[ray]'``; imported only here, only when used).
+'.[ray]'`` from a clone; imported only here, only when used).
 
 :class:`Cluster` starts the synchronizer actor (restarted by Ray up to
 ``sync_restarts`` times; it resumes from its Orbax checkpoint) and one
@@ -21,7 +21,8 @@ from decentral_jax.tools.learners import spec as spec_lib
 from decentral_jax.tools.learners import synchronizer as sync_lib
 
 RAY_MISSING = ("Ray is not installed; install the learners' extra: "
-               "pip install 'decentral_jax[ray]' (or -r requirements-ray.txt).")
+               "pip install -r requirements-ray.txt (or pip install '.[ray]' "
+               "from a clone).")
 
 
 def require_ray():

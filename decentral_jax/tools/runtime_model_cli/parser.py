@@ -153,9 +153,9 @@ _PREDICT_OWN = (
     ("--n-workers", dict(
         type=inputs.comma_list(int, unique=True), default=[16],
         help="comma-separated worker counts n (default 16; with --preset the "
-        "smallest count from 16 on that it holds, e.g. 32 on "
-        "cross_region_4dc, 8 on h100_node; with --cluster its worker "
-        "count)")),
+        "count it holds closest to 16 (at least 16 where it holds that "
+        "many), e.g. 32 on cross_region_4dc, 8 on h100_node; with "
+        "--cluster its worker count)")),
     ("--methods", dict(
         default=DEFAULT_METHODS,
         help="comma-separated: all_reduce, sgp, topology names (complete, "
