@@ -8,7 +8,9 @@ data files, trains with DAdam (decentralized AdamW on one-peer exponential
 gossip) with checkpoints, trains a second copy in two halves (stopped, then
 resumed from its checkpoint) and checks that both end bit for bit equal,
 then prices the run on a cluster with the runtime model (``decentral-jax
-predict``) from the model's parameter count::
+predict``) from the model's parameter count. Every flag, ``--preset`` and
+``--n-workers-priced`` by predict's own rules too, is checked before any
+training (one ``error:`` line, exit 2)::
 
   pip install -r requirements-extras.txt      # grain
   python experiments/own_model.py --workdir runs/own_model
@@ -77,7 +79,32 @@ def _parse(argv):
   if args.forward_ms is not None and not 0 <= args.forward_ms <= 5e5:
     p.error(f"--forward-ms={args.forward_ms} must be a time in [0, 5e5] ms "
             "(0: a third of the measured step).")
+  if not args.workdir:
+    p.error("--workdir is empty; give the directory the data and both runs "
+            "are written to, e.g. --workdir runs/own_model.")
+  _check_pricing(p, args)
   return args
+
+
+def _check_pricing(p, args) -> None:
+  """Runs ``predict``'s own checks of ``--preset`` and ``--n-workers-priced``
+  (positive, unique, at most its bound, a multiple of the preset's workers
+  per node) before any training, on a placeholder workload: a bad value is
+  ``p.error`` (exit 2) naming this script's flag."""
+  # pylint: disable=import-outside-toplevel
+  import contextlib
+  import io
+  err = io.StringIO()
+  with contextlib.redirect_stdout(io.StringIO()), \
+      contextlib.redirect_stderr(err):
+    try:
+      code = _predict(get_config(), 10**6, args.forward_ms or 1.0, args)[0]
+    except SystemExit as e:  # a flag predict's parser refuses
+      code = e.code
+  if code:
+    why = err.getvalue().strip().splitlines()[-1].partition("error: ")[2]
+    why = why.replace("--n-workers", "--n-workers-priced")
+    p.error(why.split(" (see ")[0])  # predict's --help is not this script's
 
 
 def _final_params(config, workdir):
@@ -93,16 +120,15 @@ def _final_params(config, workdir):
   return jax.device_get(state.params), exp.param_count
 
 
-def _price(config, param_count, step_ms, args) -> str:
-  """The runtime model's ``predict`` of this run's method against
-  All-Reduce on ``args.preset`` (its text)."""
+def _predict(config, param_count, forward, args) -> tuple[int, str]:
+  """``predict``'s exit code and printed text for this run's method against
+  All-Reduce on ``args.preset`` (errors go to stderr)."""
   # pylint: disable=import-outside-toplevel
   import contextlib
   import io
   from decentral_jax.runner import builders
   from decentral_jax.tools.runtime_model_cli import main as predict_cli
   spec, _ = builders.spec_for_config(config)
-  forward = args.forward_ms if args.forward_ms else step_ms / 3
   out = io.StringIO()
   with contextlib.redirect_stdout(out):
     code = predict_cli.main([
@@ -110,9 +136,17 @@ def _price(config, param_count, step_ms, args) -> str:
         "--forward-ms", f"{forward:.3f}", "--backward-ms",
         f"{2 * forward:.3f}", "--n-workers", args.n_workers_priced,
         "--methods", f"all_reduce,{spec}"])
+  return code, out.getvalue()
+
+
+def _price(config, param_count, step_ms, args) -> str:
+  """The runtime model's ``predict`` of this run's method against
+  All-Reduce on ``args.preset`` (its text)."""
+  forward = args.forward_ms if args.forward_ms else step_ms / 3
+  code, text = _predict(config, param_count, forward, args)
   if code:
-    raise SystemExit(f"predict failed ({code}): {out.getvalue()}")
-  return out.getvalue()
+    raise SystemExit(f"predict failed ({code}): {text}")
+  return text
 
 
 def main(argv=None) -> dict:

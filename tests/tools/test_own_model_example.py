@@ -78,6 +78,19 @@ def test_own_model_config_runs_through_the_train_command(tmp_path):
     (["--steps", "1"], "--steps=1 must be a whole number in [2, "),
     (["--forward-ms", "nan"], "--forward-ms=nan must be a time in [0, 5e5]"),
     (["--forward-ms", "-1"], "--forward-ms=-1.0 must be a time in [0, 5e5]"),
+    # Trained both runs (~30 s), then a traceback from predict.
+    (["--n-workers-priced", ""], "argument --n-workers-priced: '': entry 1 "
+     "is empty"),
+    (["--n-workers-priced", "8,8"], "argument --n-workers-priced: '8,8': "
+     "entry 2 repeats entry 1 (8)"),
+    (["--n-workers-priced", "0"], "--n-workers-priced 0 is outside [1, "
+     "4096]"),
+    (["--n-workers-priced", "99999999"], "--n-workers-priced 99999999 is "
+     "outside [1, 4096]"),
+    # The A40 preset holds 4 GPUs per node.
+    (["--n-workers-priced", "6"], "--n-workers-priced 6 with --preset A40: "
+     "local_size=4 must be a positive integer dividing n_workers=6"),
+    (["--preset", "nope"], "argument --preset: invalid choice: 'nope'"),
 ])
 def test_bad_numeric_flags_are_one_error_line_before_any_work(
     args, message, capsys, tmp_path):
@@ -87,3 +100,15 @@ def test_bad_numeric_flags_are_one_error_line_before_any_work(
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].partition(" error: ")[2].startswith(message), err
   assert not os.listdir(tmp_path)  # no data written
+  assert "(see " not in err[-1]  # predict's --help is not this script's
+
+
+def test_an_empty_workdir_is_refused_before_any_work(capsys, tmp_path,
+                                                      monkeypatch):
+  monkeypatch.chdir(tmp_path)  # wrote data/, straight/, resumed/ here
+  with pytest.raises(SystemExit) as e:
+    _load().main(["--workdir", ""])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].partition(" error: ")[2].startswith("--workdir is empty")
+  assert not os.listdir(tmp_path)
