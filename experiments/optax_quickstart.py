@@ -5,6 +5,9 @@ AccumAdamW on a gossip topology (or the All-Reduce baseline)::
 
   python experiments/optax_quickstart.py --topology alternating_exp_ring --local_size 4
   python experiments/optax_quickstart.py --all_reduce
+
+``--topology`` is refused with ``--all_reduce``, which does not read it
+(``--local_size`` shapes the mesh in both modes).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 from decentral_jax import checks  # NumPy only: before JAX reads XLA_FLAGS
 
 N_WORKERS = 8
+DEFAULT_TOPOLOGY = "one_peer_exp"
 
 
 def _simulate_devices() -> None:
@@ -46,19 +50,28 @@ import decentral_jax as dj  # noqa: E402
 
 
 def _checked_setup(p: argparse.ArgumentParser, args, n: int):
-  """The topology and mesh of the flags; a bad flag is ``p.error`` (exit 2)
-  and too few devices one ``error:`` line (exit 2), before any compile."""
+  """The topology (None with ``--all_reduce``) and mesh of the flags; a bad
+  flag, or one the chosen mode does not read (``--topology`` with
+  ``--all_reduce``), is ``p.error`` (exit 2) and too few devices one
+  ``error:`` line (exit 2), before any compile."""
   if args.steps < 1:
     p.error(f"--steps={args.steps} must be a whole number >= 1.")
   if args.steps > checks.INT32_MAX:  # the runner's bound of config.steps
     p.error(f"--steps={args.steps} must be at most {checks.INT32_MAX}.")
+  if args.all_reduce and args.topology is not None:
+    p.error(f"--topology={args.topology!r} is not read with --all_reduce "
+            "(the gradients are averaged over all workers); drop --topology "
+            "or --all_reduce.")
   if args.local_size < 1 or n % args.local_size:
     p.error(f"--local_size={args.local_size} must divide the {n} workers "
             "(1, 2, 4 or 8).")
-  try:
-    topo = dj.topology.make(args.topology, n, args.local_size)
-  except ValueError as e:
-    p.error(f"--topology={args.topology!r}: {e}")
+  topo = None
+  if not args.all_reduce:
+    args.topology = args.topology or DEFAULT_TOPOLOGY
+    try:
+      topo = dj.topology.make(args.topology, n, args.local_size)
+    except ValueError as e:
+      p.error(f"--topology={args.topology!r}: {e}")
   if jax.device_count() < n:
     print(f"error: this script runs {n} workers, one per device, but JAX "
           f"sees {jax.device_count()} ({jax.default_backend()}); on CPU set "
@@ -73,7 +86,9 @@ def _checked_setup(p: argparse.ArgumentParser, args, n: int):
 
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--topology", default="one_peer_exp")
+  p.add_argument("--topology", default=None,
+                 help=f"gossip topology (default {DEFAULT_TOPOLOGY}; not "
+                      "with --all_reduce)")
   p.add_argument("--local_size", type=int, default=1)
   p.add_argument("--all_reduce", action="store_true")
   p.add_argument("--steps", type=int, default=100)

@@ -42,6 +42,11 @@ def test_quickstart_trains(args):
     (["--local_size", "3"], "--local_size=3 must divide the 8 workers"),
     (["--local_size", "0"], "--local_size=0 must divide the 8 workers"),
     (["--topology", "nope"], "--topology='nope': unknown topology 'nope'"),
+    # Accepted and ignored: All-Reduce averages over all workers.
+    (["--all_reduce", "--topology", "ring"], "--topology='ring' is not read "
+     "with --all_reduce"),
+    (["--topology", "one_peer_exp", "--all_reduce"], "--topology="
+     "'one_peer_exp' is not read with --all_reduce"),
     # Accepted, and the script ran for ever (the runner bounds config.steps).
     (["--steps", "99999999999"],
      "--steps=99999999999 must be at most 2147483647."),
