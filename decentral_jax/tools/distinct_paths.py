@@ -4,10 +4,10 @@ An output that names an input file (``measure --config my.py --out my.py``)
 would replace the input by the result after the work, and two outputs
 naming one file (``--json F --workload F``) would keep only the second
 write. :func:`check_distinct_paths` refuses both before any work, naming
-the two flags. It refuses an output ending in ``.py`` too: a config file
-may import Python modules (a helper next to it, or one it puts on
-``sys.path``), none of them named on the command line, and no command writes
-Python source. No JAX.
+the two flags, links resolved. It refuses an output ending in ``.py`` (or a
+link to such a file) too: a config file may import Python modules (a helper
+next to it, or one it puts on ``sys.path``), none of them named on the
+command line, and no command writes Python source. No JAX.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ def check_distinct_paths(outputs, inputs=()) -> None:
       None or empty path (the flag not given) is skipped.
     inputs: ``(flag, path)`` pairs of the files it reads, the same way.
 
-  An output ending in ``.py`` is refused as well (after the clashes): it
-  may be a module the ``--config`` file imports, which is not among
-  ``inputs``, and no output is Python source.
+  An output ending in ``.py``, or a symbolic link whose target
+  (:func:`os.path.realpath`) does, is refused as well (after the clashes):
+  it may be a module the ``--config`` file imports, which is not among
+  ``inputs``, and no output is Python source. Clashes compare resolved
+  paths too, so a link to an input is that input.
 
   Raises:
     ValueError: ``--out 'my.py' is the file --config reads; give --out
@@ -67,12 +69,15 @@ def check_distinct_paths(outputs, inputs=()) -> None:
                          f"({other!r}): the second write would replace "
                          f"the first; give {flag} another path.")
   for flag, path in outs:
-    if str(path).endswith(".py"):
+    target = os.path.realpath(path)  # a link is written through
+    if str(path).endswith(".py") or target.endswith(".py"):
+      what = (f"{flag} {path!r} ends in .py" if str(path).endswith(".py")
+              else f"{flag} {path!r} is a link to {target!r}, which ends "
+              "in .py")
       raise ValueError(
-          f"{flag} {path!r} ends in .py: it may be a Python module the "
-          "config file imports, which the output would replace (no output "
-          f"of this command is Python source); give {flag} a path not "
-          "ending in .py.")
+          f"{what}: it may be a Python module the config file imports, "
+          "which the output would replace (no output of this command is "
+          f"Python source); give {flag} a path not ending in .py.")
 
 
 def data_inputs(path, flag: str) -> list:

@@ -151,6 +151,42 @@ def test_an_output_ending_in_py_is_refused_after_the_clashes(tmp_path):
   distinct_paths.check_distinct_paths([("--out", helper + "on")])  # .pyon
 
 
+def test_a_link_to_a_module_or_to_an_input_is_refused(tmp_path):
+  """A link's target is what gets written: chart.png -> helper.py was
+  followed and the module overwritten."""
+  config, helper = tmp_path / "c.py", tmp_path / "helper.py"
+  config.write_text("def get_config(): ...\n")
+  helper.write_text("X = 1\n")
+  chart = tmp_path / "chart.png"
+  chart.symlink_to(helper)
+  with pytest.raises(ValueError) as e:
+    distinct_paths.check_distinct_paths([("--png", str(chart))])
+  assert str(e.value).startswith(
+      f"--png {str(chart)!r} is a link to {str(helper)!r}, which ends in "
+      ".py: it may be a Python module"), e.value
+  assert str(e.value).endswith("give --png a path not ending in .py.")
+  other = tmp_path / "other.png"
+  other.symlink_to(config)
+  with pytest.raises(ValueError, match="is the file --config reads"):
+    distinct_paths.check_distinct_paths([("--png", str(other))],
+                                        [("--config", str(config))])
+  png = tmp_path / "real.png"  # a link to a file not ending in .py passes
+  (tmp_path / "link.png").symlink_to(png)
+  distinct_paths.check_distinct_paths([("--png", str(tmp_path / "link.png"))])
+
+
+def test_predict_png_linked_to_a_module_leaves_the_module(tmp_path, capsys):
+  helper = tmp_path / "helper.py"
+  helper.write_text("X = 1\n")
+  (tmp_path / "chart.png").symlink_to(helper)
+  code = cli.main(["predict", "--n-workers", "16", "--png",
+                    str(tmp_path / "chart.png")])
+  assert code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: --png ") and "is a link to" in err[-1]
+  assert helper.read_text() == "X = 1\n"
+
+
 def test_measure_out_over_a_module_the_config_imports_is_refused(
     tmp_path, capsys, monkeypatch):
   from decentral_jax.tools.runtime_model_cli import measure  # pylint: disable=import-outside-toplevel
