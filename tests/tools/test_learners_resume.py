@@ -750,6 +750,28 @@ def test_records_the_writer_cannot_write_are_damage(tmp_path, key, value,
   assert str(e.value).endswith(OURS), e.value
 
 
+def test_a_count_that_does_not_grow_names_its_own_last_value(tmp_path):
+  """Said '"tokens" is 5, fewer than the 0 before it' at step 0, and
+  compared "samples" with the "tokens" value before it."""
+  (tmp_path / "learners.json").write_text(json.dumps(_META4))
+  path = tmp_path / "metrics.jsonl"
+  path.write_text(json.dumps({"step": 0, "tokens": 5}) + "\n")
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert '"tokens" is 5, not 0 (all merged since the start: nothing is ' \
+      'merged at step 0)' in str(e.value), e.value
+  assert "fewer than" not in str(e.value)
+  recs = [{"step": 0, "tokens": 0, "samples": 0},
+          {"step": 10, "tokens": 1280, "samples": 900, "learners/merged": 4,
+           "learners/tokens/3": 320},
+          {"step": 20, "tokens": 2560, "samples": 7}]
+  path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+  with pytest.raises(ValueError) as e:
+    records.check_workdir(str(tmp_path))
+  assert '"samples" is 7, fewer than the 900 before it' in str(e.value), \
+      e.value
+
+
 def _merges(tmp_path, rows, sync_every=5):
   """learners.json of 4 learners, ``sync_every``; metrics.jsonl ``rows``
   (a blank line after the first, so line numbers are not record indices);

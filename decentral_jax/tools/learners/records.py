@@ -269,7 +269,7 @@ def _fields_error(got: list[dict], meta: dict | None, lines: list[int]
   """Why a record of ``got`` is not one :meth:`RunRecords.update` or
   :meth:`RunRecords.begin` writes (see :func:`read_metrics`), or None
   (``lines``: the line number of each record)."""
-  h, merged_so_far = _meta_h(meta), None
+  h, merged_so_far = _meta_h(meta), {}  # the last value of each unit
   for n_rec, rec in enumerate(got):
     step = rec["step"]
     at = f"the record of step {step} (line {lines[n_rec]})"
@@ -286,12 +286,14 @@ def _fields_error(got: list[dict], meta: dict | None, lines: list[int]
       why = records_lib.value_error(f'{at}: "{unit}"', n, "int", 0)
       if why:
         return why + " (all merged since the start)"
-      if (step == 0 and n) or (merged_so_far is not None
-                               and n < merged_so_far):
+      if step == 0 and n:
+        return (f'{at}: "{unit}" is {n}, not 0 (all merged since the start: '
+                "nothing is merged at step 0)")
+      if n < merged_so_far.get(unit, 0):
         return (f'{at}: "{unit}" is {n}, fewer than the '
-                f"{0 if step == 0 else merged_so_far} before it (all merged "
-                "since the start only grow, 0 at step 0)")
-      merged_so_far = n
+                f"{merged_so_far[unit]} before it (all merged since the "
+                "start only grow)")
+      merged_so_far[unit] = n
     why = (_merged_error(rec, at, _learners_at(meta, step))
            or _sum_error(rec, got[n_rec - 1] if n_rec else None, at, h))
     if why:
