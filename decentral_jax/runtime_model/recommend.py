@@ -122,7 +122,9 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
     return ("All-Reduce (no decentralized method is >5% faster"
             + ("; the faster ones marked * or ^ are not recommended: see "
                "their notes)" if starred else ")"))
-  return (f"{label(best)}: {1e3 * fastest:.1f} ms/iteration, "
+  ms = 1e3 * fastest
+  digits = ".2g" if ms < 0.05 else ".1f"  # not 0.0 beside a speed-up
+  return (f"{label(best)}: {ms:{digits}} ms/iteration, "
           f"{ar / fastest:.2f}x faster than All-Reduce")
 
 

@@ -55,3 +55,45 @@ def test_aligned_widens_a_column_to_its_longest_cell():
       "  m        a", "  x   123456"]
   assert tables.aligned([["m", "a"], ["x", "12"]], [3, 4]) == [
       "  m     a", "  x    12"]
+
+
+def _row(out: str, name: str) -> list[str]:
+  return next(l.split() for l in out.splitlines()
+              if l.startswith(f"  {name} "))
+
+
+def test_sub_tenth_ms_times_keep_their_digits_beside_the_ratio(capsys):
+  """With no compute and 1 parameter a gossip step takes a few
+  microseconds: it printed 0.0 ms beside 14.40x (and a recommendation of
+  "0.0 ms/iteration, 14.40x faster"), a ratio of zeros to the eye."""
+  rc, out, err = _run(capsys, "--params", "1", "--forward-ms", "0",
+                      "--backward-ms", "0", "--n-workers", "16",
+                      "--methods", "all_reduce,one_peer_exp")
+  assert rc == 0, err
+  ar, exp = _row(out, "All-Reduce"), _row(out, "DAdam")
+  exp_ms = float(exp[2])  # ["DAdam", "(Exp)", sim ms, closed ms, vs AR, ..]
+  assert 0 < exp_ms < 0.05 and len(exp[2].lstrip("0.")) == 2, exp
+  # The printed ratio is the printed times' (All-Reduce's to 0.05 ms).
+  ratio = float(exp[4].rstrip("x"))
+  assert abs(ratio * exp_ms - float(ar[1])) <= 0.05 + ratio * exp_ms * 0.01
+  rec = next(l for l in out.splitlines() if "recommendation:" in l)
+  assert f"DAdam (Exp): {exp[2]} ms/iteration, {exp[4]} faster" in rec, rec
+  assert ar[3] == "1.00x" and exp[6] == "0.0"  # var ms: an exact 0
+
+
+def test_one_worker_with_no_compute_is_refused_by_name(capsys):
+  """Every time 0: the ratios divided by zero (a ZeroDivisionError)."""
+  rc, out, err = _run(capsys, "--forward-ms", "0", "--backward-ms", "0",
+                      "--n-workers", "1", "--local-size", "1")
+  assert rc == 2 and not out
+  assert err.strip() == (
+      "error: --n-workers 1 with no compute (--forward-ms, --backward-ms "
+      "and --optimizer-ms all 0): one worker sends nothing, so every method "
+      "takes 0 ms per iteration and none is faster than another; give a "
+      "compute time > 0 or --n-workers >= 2.")
+  # An optimizer step alone is a time: 1 ms for every method, 1.00x.
+  rc, out, err = _run(capsys, "--forward-ms", "0", "--backward-ms", "0",
+                      "--optimizer-ms", "1", "--n-workers", "1",
+                      "--local-size", "1", "--methods", "all_reduce,ring")
+  assert rc == 0, err
+  assert _row(out, "All-Reduce")[1:5] == ["1.0", "1.0", "1.00x", "0.0"]

@@ -66,6 +66,7 @@ def run(args) -> int:
   predict_needs.check_slow_workers(args)
   setups = [(n, *_cluster_and_workload(args, n, measured))
             for n in args.n_workers]
+  _check_some_time(setups)
   if not chosen:
     methods = default_methods(setups[0][1])
   # Every spec is built and priced before anything is printed: a bad one,
@@ -204,6 +205,20 @@ def methods_line(methods, chosen: bool, c, added: bool = False) -> str:
   return (f"methods: {names} (the default within one datacenter; add "
           "local-update methods with e.g. --methods "
           f"{parser_lib.DEFAULT_METHODS},diloco:H=10)")
+
+
+def _check_some_time(setups) -> None:
+  """Refuses one worker with no compute (forward, backward and optimizer
+  times all 0): with nothing sent either, every method takes 0 ms per
+  iteration and no speed-up is defined. Zero compute with 2 or more workers
+  prices the communication alone and is kept."""
+  for n, _, w in setups:
+    if n == 1 and w.compute_mean_s == 0 and w.optimizer_s == 0:
+      raise ValueError(
+          "--n-workers 1 with no compute (--forward-ms, --backward-ms and "
+          "--optimizer-ms all 0): one worker sends nothing, so every method "
+          "takes 0 ms per iteration and none is faster than another; give a "
+          "compute time > 0 or --n-workers >= 2.")
 
 
 def _check_distinct_files(args) -> None:

@@ -122,12 +122,12 @@ def print_table(n: int, c, w, table: dict[str, recommend.Prediction],
     speed = ("-" if ratio is None else f"{ratio:.2f}x" if ratio < 99.995
              else f" {ratio:.0f}x")
     star = ("*" if p.slow_mixing else "") + ("^" if p.library_gap else "")
-    rows.append([label(key) + star] + [f"{v:.1f}" for v in (
-        1e3 * p.simulated_s, 1e3 * p.estimate.iteration_s)] + [speed] + [
+    rows.append([label(key) + star] + [_ms_text(v) for v in (
+        p.simulated_s, p.estimate.iteration_s)] + [speed] + [
+            _ms_text(p.estimate.exposed_comm_s),
+            _ms_text(p.estimate.variability_s)] + [
             f"{v:.1f}" for v in (
-                1e3 * p.estimate.exposed_comm_s,
-                1e3 * p.estimate.variability_s, p.sent.worker_bytes / 1e6,
-                p.sent.node_bytes / 1e6)
+                p.sent.worker_bytes / 1e6, p.sent.node_bytes / 1e6)
             + ((p.sent.dc_bytes / 1e6,) if wan else ())])
   print("\n".join(aligned(rows, [width, 9, 10, 7, 9, 8, 9, 11, 10])))
   print("  MB/it: MB (1e6 bytes) the busiest worker sends per iteration; "
@@ -219,8 +219,11 @@ def aligned(rows: list[list[str]], widths: list[int]) -> list[str]:
 def _ms_text(seconds: float) -> str:
   """``seconds`` in ms: one decimal, or 3 significant digits from 1e6 ms
   on (e.g. ``6.11e+06``: every step waiting for all of 16 workers each up
-  half the time)."""
+  half the time), or 2 below 0.05 ms (``0.0072``, not a ``0.0`` beside a
+  speed-up of 14x)."""
   ms = 1e3 * seconds
+  if 0 < abs(ms) < 0.05:
+    return f"{ms:.2g}"
   if abs(ms) < 1e6 or not math.isfinite(ms):
     return f"{ms:.1f}"
   return f"{ms:.3g}"
