@@ -325,6 +325,27 @@ def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
       caplog.records[0].getMessage()
 
 
+def test_records_after_the_checkpoint_are_dropped_unchecked_against_its_peak(
+    tmp_path, caplog):
+  """Records after the resumed step were written by a later invocation
+  (here one that raised the peak to 0.05 and stopped before its next
+  checkpoint): they are dropped and redone, not held to the checkpoint's
+  peak; the records up to the step stay, byte for byte, with no warning.
+  A record up to the step above the peak is still damage."""
+  path = tmp_path / metrics.METRICS_FILE
+  kept = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(7))
+  path.write_text(kept + '{"step": 7, "lr": 0.0113}\n'
+                  '{"step": 8, "lr": 0.02}\n')
+  caplog.set_level("WARNING")
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED) == 2
+  assert path.read_text() == kept
+  assert not caplog.records
+  path.write_text(kept.replace('"step": 6, "lr": 0.003',
+                               '"step": 6, "lr": 0.0113'))
+  with pytest.raises(metrics.MetricsError, match="line 7: lr must be <="):
+    metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
+
+
 @pytest.mark.parametrize("step, log, ev, steps, want", [
     (6, 1, 3, 10, 6), (7, 4, 6, 10, 6), (9, 4, 6, 10, 8), (5, 10, 30, 10, 0),
     (5, 10, 0, 10, None), (10, 4, 0, 10, 10), (3, 10, 0, 3, 3)])
