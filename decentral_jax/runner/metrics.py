@@ -106,7 +106,8 @@ class MetricsWriter:
 
     Raises:
       ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing,
-        or ``tracker="wandb"`` without the ``wandb`` package.
+        or ``tracker="wandb"`` without the ``wandb`` package or whose
+        ``wandb.init`` fails (a key W&B refuses: one line with its reason).
       workdir.PathError: the file cannot be created or opened for writing.
     """
     self.path = os.path.join(workdir, METRICS_FILE)
@@ -115,7 +116,7 @@ class MetricsWriter:
       self._file = open(self.path, "a", encoding="utf-8")
     except OSError as e:
       raise workdir_lib.path_error("write", self.path, e) from None
-    self._tb = None
+    self._tb = self._tracker = None
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
@@ -125,8 +126,12 @@ class MetricsWriter:
             "`pip install tensorboardX`, or set --config.tensorboard=False "
             "(metrics.jsonl is always written).") from None
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-    self._tracker = (WandbTracker(workdir, run_config or {})
-                     if tracker == "wandb" else None)
+    try:
+      self._tracker = (WandbTracker(workdir, run_config or {})
+                       if tracker == "wandb" else None)
+    except BaseException:
+      self.close()
+      raise
 
   def write(self, record: dict) -> None:
     """Appends one record; it must contain an integer ``"step"``.
@@ -198,11 +203,19 @@ class WandbTracker:
           f.write(run_id + "\n")
       except OSError as e:
         raise workdir_lib.path_error("write", id_path, e) from None
-    self._run = wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "decentral_jax"),
-        dir=os.environ.get("WANDB_DIR") or workdir, id=run_id,
-        resume="allow", config=run_config,
-        name=os.path.basename(os.path.abspath(workdir)))
+    try:
+      self._run = wandb.init(
+          project=os.environ.get("WANDB_PROJECT", "decentral_jax"),
+          dir=os.environ.get("WANDB_DIR") or workdir, id=run_id,
+          resume="allow", config=run_config,
+          name=os.path.basename(os.path.abspath(workdir)))
+    except Exception as e:  # pylint: disable=broad-except
+      said = " ".join(str(e).split())[:300] or type(e).__name__
+      raise ValueError(
+          f"config.tracker='wandb': W&B refused to start the run "
+          f"({type(e).__name__}: {said}); log in with `wandb login` (or set "
+          "a valid WANDB_API_KEY), set WANDB_MODE=offline, or set "
+          "--config.tracker='' (metrics.jsonl is always written).") from None
 
   def log(self, record: dict) -> None:
     """Logs ``record``'s values (not its step) at ``record["step"]``."""
