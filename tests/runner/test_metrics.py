@@ -419,8 +419,8 @@ def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
   [record] = caplog.records
   assert record.getMessage() == (
       f"{path} lacks records the checkpoint's log schedule writes (segments "
-      "[from_step, log_interval, eval_interval]: [[0, 1, 3]]): the records "
-      "of steps 2 are lost; the resumed run logs from step 7 on.")
+      "[from_step, log_interval, eval_interval]: [[0, 1, 3]]): the record "
+      "of step 2 is lost; the resumed run logs from step 7 on.")
   assert [r["step"] for r in metrics.read_jsonl(str(path))] == [
       0, 1, 3, 4, 5, 6]
   # A hole and a log cut short: all the steps lost, in one warning.
@@ -429,6 +429,14 @@ def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
   assert len(caplog.records) == 2
   assert "the records of steps 2, 4, 5, 6 are lost" in \
       caplog.records[-1].getMessage()
+  # A history whose segments record the peak: the label names it too.
+  caplog.clear()
+  _steps_file(path, [0, 1, 3, 4, 5, 6])
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
+  [record] = caplog.records
+  assert ("(segments [from_step, log_interval, eval_interval, peak_lr]: "
+          "[[0, 1, 3, 0.003]]): the record of step 2 is lost;"
+          ) in record.getMessage(), record.getMessage()
 
 
 def test_a_log_whose_intervals_changed_is_read_by_its_history(
@@ -445,7 +453,7 @@ def test_a_log_whose_intervals_changed_is_read_by_its_history(
   _steps_file(path, [0, 2, 4, 5, 6])
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, history)
   [record] = caplog.records
-  assert "the records of steps 3 are lost" in record.getMessage()
+  assert "the record of step 3 is lost" in record.getMessage()
 
 
 def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
@@ -465,7 +473,7 @@ def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
   assert caplog.records == []
   _steps_file(path, [4, 6])
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
-  assert "the records of steps 5 are lost" in caplog.records[-1].getMessage()
+  assert "the record of step 5 is lost" in caplog.records[-1].getMessage()
 
 
 @pytest.mark.parametrize("history, why", [
