@@ -231,8 +231,9 @@ def parse_json(raw: bytes, path: str):
     return Damaged(path, f"is not JSON: {e}")
   except RecursionError:
     return Damaged(path, "is not JSON: nested too deeply")
-  except ValueError as e:  # an integer longer than Python converts
-    return Damaged(path, f"is not JSON: {e}")
+  except ValueError:  # an integer longer than Python converts
+    return Damaged(path, "is not JSON: it holds a number of more than "
+                   "4300 digits (no run writes one)")
 
 
 def read_json(path: str, schema: dict | None = None, required=(), *,

@@ -17,9 +17,13 @@ import re
 import stat
 from typing import Iterable
 
+from decentral_jax import records
 from decentral_jax.runner import tmpfile
 
 SUMS_FILE = "SHA256SUMS"
+#: The largest manifest read: a line per file (~100 bytes), far more
+#: than the files a checkpoint holds; a larger one is damage, unread.
+MAX_SUMS_BYTES = 64 * 2**20
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
@@ -130,7 +134,8 @@ def check_sums(root: str, required: tuple[str, ...] = (),
     or ``("corrupt", why)`` naming the first missing or changed file, a
     listed file that is not a regular file (a link, a FIFO, a device:
     never followed nor read), a
-    manifest that is not a regular file (a FIFO: refused unopened), a
+    manifest that is not a regular file (a FIFO: refused unopened) or is
+    larger than :data:`MAX_SUMS_BYTES` (not read), a
     ``required`` file (or with ``complete_except``, any file) the manifest
     leaves out, or a malformed manifest (a
     line that is not ``<sha256>  <path>`` or ``<sha256> *<path>``, a path
@@ -141,16 +146,18 @@ def check_sums(root: str, required: tuple[str, ...] = (),
   why = tmpfile.not_regular_error(sums)
   if why:  # a FIFO would block the read for ever
     return "corrupt", f"{SUMS_FILE} {why}"
-  try:
-    with open(sums, encoding="utf-8") as f:
-      entries = _parse_sums(f.read())
-  except FileNotFoundError:
+  raw = records.read_bytes(sums, MAX_SUMS_BYTES)  # larger: damage
+  if isinstance(raw, records.Damaged) and raw.missing:
     if not os.path.isdir(root):
       return "corrupt", "the directory is missing"
     if not os.listdir(root):
       return "corrupt", "the directory is empty"
     return "unverified", f"no {SUMS_FILE} (written by an older version?)"
-  except (OSError, UnicodeDecodeError) as e:
+  if isinstance(raw, records.Damaged):
+    return "corrupt", f"{SUMS_FILE} {raw.reason}"
+  try:
+    entries = _parse_sums(raw.decode("utf-8"))
+  except UnicodeDecodeError as e:
     return "corrupt", f"{SUMS_FILE} unreadable: {e}"
   if isinstance(entries, str):
     return "corrupt", f"{SUMS_FILE} is malformed ({entries})"

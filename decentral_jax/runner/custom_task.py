@@ -129,19 +129,39 @@ def _length(source, what: str, role: str) -> int:
   """``len(source)`` of ``Data.<role>``, checked: in [1, MAX_EXAMPLES].
 
   Raises:
-    TypeError: ``source`` has no ``len`` (the caller names what it needs).
-    ValueError: ``len`` fails or is out of range; names the source.
+    TypeError: ``source`` has no ``__len__`` (the caller names what it
+      needs).
+    ValueError: ``len`` raises (any exception: named with its message),
+      ``__len__`` returns a non-integer (its type named), or the length is
+      out of range; names the source.
   """
+  if not hasattr(type(source), "__len__"):
+    raise TypeError(f"Data.{role} has no __len__")
   try:
     size = len(source)
     got = f"is {size}"
-  except (ValueError, OverflowError) as e:  # a negative or huge __len__
-    size, got = None, f"fails ({type(e).__name__}: {e})"
+  except Exception as e:  # pylint: disable=broad-except
+    size, got = None, _len_failure(source, e)
   if size is not None and 1 <= size <= MAX_EXAMPLES:
     return size
   raise ValueError(
       f"{what}: len(Data.{role}) {got}, expected a whole number of "
       f"examples in [1, {MAX_EXAMPLES}]; fix the source's __len__.")
+
+
+def _len_failure(source, error: Exception) -> str:
+  """What went wrong with ``len(source)`` that raised ``error``: the
+  type ``__len__`` returned where it is not an integer, else the
+  exception and its message."""
+  if isinstance(error, TypeError):
+    try:
+      raw = type(source).__len__(source)
+    except Exception:  # pylint: disable=broad-except
+      raw = None  # __len__ itself raised: named below
+    if raw is not None and not hasattr(type(raw), "__index__"):
+      return f"returns a {type(raw).__name__} ({str(raw)[:40]}), not an int"
+  said = " ".join(str(error).split())[:200]
+  return f"fails ({type(error).__name__}: {said})"
 
 
 def _random_access(train, what: str, n: int, b: int, seed: int):

@@ -106,7 +106,8 @@ class MetricsWriter:
 
     Raises:
       ValueError: ``tensorboard`` requested but ``tensorboardX`` is missing,
-        or ``tracker="wandb"`` without the ``wandb`` package.
+        or ``tracker="wandb"`` without the ``wandb`` package or whose
+        ``wandb.init`` fails (a key W&B refuses: one line with its reason).
       workdir.PathError: the file cannot be created or opened for writing.
     """
     self.path = os.path.join(workdir, METRICS_FILE)
@@ -115,7 +116,7 @@ class MetricsWriter:
       self._file = open(self.path, "a", encoding="utf-8")
     except OSError as e:
       raise workdir_lib.path_error("write", self.path, e) from None
-    self._tb = None
+    self._tb = self._tracker = None
     if tensorboard:
       try:
         from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
@@ -125,8 +126,12 @@ class MetricsWriter:
             "`pip install tensorboardX`, or set --config.tensorboard=False "
             "(metrics.jsonl is always written).") from None
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-    self._tracker = (WandbTracker(workdir, run_config or {})
-                     if tracker == "wandb" else None)
+    try:
+      self._tracker = (WandbTracker(workdir, run_config or {})
+                       if tracker == "wandb" else None)
+    except BaseException:
+      self.close()
+      raise
 
   def write(self, record: dict) -> None:
     """Appends one record; it must contain an integer ``"step"``.
@@ -198,11 +203,19 @@ class WandbTracker:
           f.write(run_id + "\n")
       except OSError as e:
         raise workdir_lib.path_error("write", id_path, e) from None
-    self._run = wandb.init(
-        project=os.environ.get("WANDB_PROJECT", "decentral_jax"),
-        dir=os.environ.get("WANDB_DIR") or workdir, id=run_id,
-        resume="allow", config=run_config,
-        name=os.path.basename(os.path.abspath(workdir)))
+    try:
+      self._run = wandb.init(
+          project=os.environ.get("WANDB_PROJECT", "decentral_jax"),
+          dir=os.environ.get("WANDB_DIR") or workdir, id=run_id,
+          resume="allow", config=run_config,
+          name=os.path.basename(os.path.abspath(workdir)))
+    except Exception as e:  # pylint: disable=broad-except
+      said = " ".join(str(e).split())[:300] or type(e).__name__
+      raise ValueError(
+          f"config.tracker='wandb': W&B refused to start the run "
+          f"({type(e).__name__}: {said}); log in with `wandb login` (or set "
+          "a valid WANDB_API_KEY), set WANDB_MODE=offline, or set "
+          "--config.tracker='' (metrics.jsonl is always written).") from None
 
   def log(self, record: dict) -> None:
     """Logs ``record``'s values (not its step) at ``record["step"]``."""
@@ -224,7 +237,8 @@ row_error = metrics_rules.row_error
 order_error = metrics_rules.order_error
 
 
-def _file_checker(signed_losses: bool = False, config=None, schedule=None):
+def _file_checker(signed_losses: bool = False, config=None, schedule=None,
+                  upto: int | None = None):
   """``check(record) -> why | None`` for the lines of one file in order:
   :func:`metrics_rules.record_error`, :func:`row_error`,
   :func:`metrics_rules.null_error` (a loss too with ``config``: a train
@@ -233,21 +247,27 @@ def _file_checker(signed_losses: bool = False, config=None, schedule=None):
   ``config`` the throughput (:func:`metrics_rules.throughput_error`) and
   ``train_time_s`` never smaller (:func:`metrics_rules.train_time_error`;
   the learners' reader applies it by their record), and each step larger
-  than the previous line's."""
+  than the previous line's. With ``upto`` (the step a resume restores),
+  a record of a later step, dropped and redone, is checked only for its
+  own syntax, ranges and order: the ``config`` and ``schedule`` rules are
+  the checkpoint's, and a later invocation may have logged that record
+  under another config (a raised peak)."""
   last, timed = [], []
 
   def check(record: dict) -> str | None:
     why = (metrics_rules.record_error(record)
            or row_error(record, signed_losses)
-           or metrics_rules.null_error(record, runner=config is not None)
-           or metrics_resume.logged_lr_error(record, schedule)
-           or (config is not None
-               and metrics_rules.throughput_error(record, config)) or None)
+           or metrics_rules.null_error(record, runner=config is not None))
+    dropped = why is None and upto is not None and record["step"] > upto
+    if why is None and not dropped:
+      why = (metrics_resume.logged_lr_error(record, schedule)
+             or (config is not None
+                 and metrics_rules.throughput_error(record, config)) or None)
     if why is None and last and record["step"] <= last[-1]:
       why = (f"\"step\" must increase from line to line, got "
              f"{record['step']} after {last[-1]} (lines repeated or out of "
              "order)")
-    if config is not None:  # the learners' reader names their own record
+    if config is not None and not dropped:  # the learners' reader: own
       why = why or metrics_rules.train_time_error(timed[-1:] + [record])
     last.append(record.get("step"))
     if "train_time_s" in record:
@@ -292,7 +312,7 @@ def _read_regular(path: str) -> bytes:
                      "written), and run again.", path, why)
 
 
-def _parse(path: str, config=None, schedule=None
+def _parse(path: str, config=None, schedule=None, upto: int | None = None
            ) -> tuple[list[dict], int | None, bool, bytes]:
   """Records of a JSON-lines file, the line number of a torn last line,
   whether the file needs rewriting (torn or unterminated last line) and the
@@ -309,7 +329,7 @@ def _parse(path: str, config=None, schedule=None
   """
   data = _read_regular(path)
   got = records_lib.parse_jsonl(data, path, _file_checker(
-      workdir_losses_signed(os.path.dirname(path)), config, schedule))
+      workdir_losses_signed(os.path.dirname(path)), config, schedule, upto))
   if isinstance(got, records_lib.Damaged):
     fix = ("the file is corrupt: fix or delete that line (one JSON object "
            "per line)" if "not a JSON record" in got.reason else
@@ -397,7 +417,9 @@ def truncate_after(workdir: str, step: int, config=None,
   (the document's history) logs and the log lacks. An ``lr`` above the
   ``schedule.peak_lr`` of its record's ``schedule`` segment is damage; a
   record no segment with a peak covers (no history: an older document) is
-  not checked for it, since a resume may have changed the peak.
+  not checked for it, since a resume may have changed the peak. Records
+  after ``step`` (dropped) are checked only for their own syntax, ranges
+  and order: a later invocation may have logged them under another config.
 
   Returns:
     How many complete records were removed (0 if the file does not exist).
@@ -423,7 +445,7 @@ def truncate_after(workdir: str, step: int, config=None,
                   if line.strip(b" \t\r\n\0"))
     keep, torn, dirty = [], None, removed > 0
   else:
-    records, torn, dirty, tail = _parse(path, config, schedule)
+    records, torn, dirty, tail = _parse(path, config, schedule, upto=step)
     _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
     removed = len(records) - len(keep)

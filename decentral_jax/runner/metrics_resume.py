@@ -203,10 +203,13 @@ def lost_warning(path: str, kept: list[dict], step: int,
     missing += [want] if want is not None and want > max(
         [have, *missing]) else []
     if missing and missing[0] < have:
+      fields = "from_step, log_interval, eval_interval" + (
+          ", peak_lr" if any(len(seg) == 4 for seg in history) else "")
+      lost = (f"the record of step {missing[0]} is" if len(missing) == 1
+              else f"the records of steps {_steps_text(missing)} are")
       return (f"{path} lacks records the checkpoint's log schedule "
-              "writes (segments [from_step, log_interval, eval_interval]: "
-              f"{history}): the records of steps {_steps_text(missing)} "
-              f"are lost; the resumed run logs from step {step + 1} on.")
+              f"writes (segments [{fields}]: {history}): {lost} lost; "
+              f"the resumed run logs from step {step + 1} on.")
   if want is None or (have is not None and have >= want):
     return None
   lost = (f"up to step {want}" if have is None

@@ -125,7 +125,13 @@ def non_finite_error(step: int, metrics: dict,
   the initial parameters: a non-finite one there is blamed on the init or
   the data, not on the learning rate; so is the first loss of an
   invocation resumed from checkpoint ``resumed_at``, taken at the restored
-  state: blamed on that checkpoint (:func:`_restored_at_fault`)."""
+  state: blamed on that checkpoint (:func:`_restored_at_fault`), which
+  its first step's non-finite parameters (a finite loss: the restored
+  optimizer state may be damaged) name first too, the learning rate only
+  as the alternative. The gradient-norm stop is conservative: with
+  ``grad_clip=0`` it may fire while Adam's update is still finite (the
+  logged norm's sum of squares overflows float32 first, for gradient
+  elements between ~1.8e19/sqrt(N) and ~1.8e19, N parameters)."""
   loss = np.asarray(metrics["loss"], np.float64)
   bad = np.flatnonzero(~np.asarray(metrics["finite"]) | ~np.isfinite(loss))
   at_loaded = not np.all(np.isfinite(loss))
@@ -148,8 +154,8 @@ def non_finite_error(step: int, metrics: dict,
         "Scale the loss down (divide it by a constant) so that its "
         "gradients stay well below 1e19, or, if the loss grew during the "
         "run, lower config.schedule.peak_lr.")
-  fault = (_restored_at_fault(ckpt, resumed_at)
-           if resumed_at and int(step) == resumed_at + 1 and at_loaded else
+  fault = (_restored_at_fault(ckpt, resumed_at, at_loaded, c)
+           if resumed_at and int(step) == resumed_at + 1 else
            _fields_at_fault(c, int(step) <= 1 and at_loaded))
   return FloatingPointError(
       f"non-finite training loss or parameters at step {step} on worker(s) "
@@ -174,13 +180,26 @@ def non_finite_rows(exp, step: int) -> list | None:
     return None  # a stopped run's message does not need it
 
 
-def _restored_at_fault(ckpt: checkpoint_lib.Checkpointer, step: int) -> str:
-  """Why a non-finite first loss of an invocation resumed from checkpoint
-  ``step`` is that checkpoint's (restored unverified when it has no
-  checksums), not the learning rate's."""
+def _restored_at_fault(ckpt: checkpoint_lib.Checkpointer, step: int,
+                       at_loaded: bool = True, c=None) -> str:
+  """Why a non-finite first result of an invocation resumed from
+  checkpoint ``step`` is likely that checkpoint's (restored unverified
+  when it has no checksums): a non-finite loss (``at_loaded``) is taken
+  at the restored state, so the learning rate plays no part; non-finite
+  parameters after a finite loss come from the first update, applied
+  with the restored optimizer state: the checkpoint first, the fields of
+  the config ``c`` (:func:`_fields_at_fault`) if it is intact."""
   status, _ = ckpt.verify(step)
   how = (" unverified (it has no SHA256SUMS)" if status == "unverified"
          else "")
+  if not at_loaded:
+    fields = _fields_at_fault(c)
+    return (f"This is the first update of this invocation, applied with "
+            f"the state restored{how} from checkpoint {step} "
+            f"({ckpt.step_dir(step)}): its arrays (the optimizer state) are "
+            "likely damaged; move it away to resume from an older "
+            "checkpoint, or use a fresh --workdir. If that checkpoint is "
+            f"intact: {fields[0].lower()}{fields[1:]}")
   return (f"No update of this invocation had been applied yet (the loss is "
           f"taken at the state restored{how} from checkpoint {step}, "
           f"{ckpt.step_dir(step)}), so the learning rate and the gradient "

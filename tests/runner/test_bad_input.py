@@ -198,6 +198,45 @@ def test_a_non_finite_loss_before_any_update_blames_the_init_or_data():
   assert lr in str(record(3, {"train/loss": np.nan}, ck, c))
 
 
+def test_non_finite_parameters_at_a_resumes_first_step_name_the_checkpoint():
+  """A resumed invocation's first step, with a finite loss but non-finite
+  parameters (a damaged optimizer state restored from a checkpoint without
+  SHA256SUMS): the message names that checkpoint first, as unverified, and
+  the learning rate only as the alternative; a later step names the
+  learning rate alone."""
+  from decentral_jax.runner import recorder  # pylint: disable=g-import-not-at-top
+
+  class Unverified:
+    directory = "ckpt"
+
+    def last_good_step(self):
+      return 6, False
+
+    def verify(self, step):
+      return "unverified", "no checksums"
+
+    def step_dir(self, step):
+      return f"ckpt/{step}"
+
+  c = make_config(**{"schedule.peak_lr": 0.5, "grad_clip": 2.5})
+  bad_params = {"loss": np.array([2.0, 2.0]),
+                "finite": np.array([True, False])}
+  text = str(recorder.non_finite_error(7, bad_params, Unverified(), c,
+                                       resumed_at=6))
+  where = text.index("restored unverified (it has no SHA256SUMS) from "
+                     "checkpoint 6 (ckpt/6)")
+  assert "optimizer state) are likely damaged" in text, text
+  assert text.endswith("If that checkpoint is intact: lower "
+                       "config.schedule.peak_lr (now 0.5) or lower "
+                       "config.grad_clip (now 2.5)."), text
+  assert where < text.index("peak_lr"), text
+  later = str(recorder.non_finite_error(8, bad_params, Unverified(), c,
+                                        resumed_at=6))
+  assert "restored" not in later and later.endswith(
+      "Lower config.schedule.peak_lr (now 0.5) or lower config.grad_clip "
+      "(now 2.5)."), later
+
+
 @pytest.mark.parametrize("field, value, model", BAD_FIELDS)
 def test_bad_field_is_one_line_naming_it(field, value, model):
   message = one_line_error(validation.check_config,

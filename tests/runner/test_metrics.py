@@ -325,6 +325,27 @@ def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
       caplog.records[0].getMessage()
 
 
+def test_records_after_the_checkpoint_are_dropped_unchecked_against_its_peak(
+    tmp_path, caplog):
+  """Records after the resumed step were written by a later invocation
+  (here one that raised the peak to 0.05 and stopped before its next
+  checkpoint): they are dropped and redone, not held to the checkpoint's
+  peak; the records up to the step stay, byte for byte, with no warning.
+  A record up to the step above the peak is still damage."""
+  path = tmp_path / metrics.METRICS_FILE
+  kept = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(7))
+  path.write_text(kept + '{"step": 7, "lr": 0.0113}\n'
+                  '{"step": 8, "lr": 0.02}\n')
+  caplog.set_level("WARNING")
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED) == 2
+  assert path.read_text() == kept
+  assert not caplog.records
+  path.write_text(kept.replace('"step": 6, "lr": 0.003',
+                               '"step": 6, "lr": 0.0113'))
+  with pytest.raises(metrics.MetricsError, match="line 7: lr must be <="):
+    metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
+
+
 @pytest.mark.parametrize("step, log, ev, steps, want", [
     (6, 1, 3, 10, 6), (7, 4, 6, 10, 6), (9, 4, 6, 10, 8), (5, 10, 30, 10, 0),
     (5, 10, 0, 10, None), (10, 4, 0, 10, 10), (3, 10, 0, 3, 3)])
@@ -398,8 +419,8 @@ def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
   [record] = caplog.records
   assert record.getMessage() == (
       f"{path} lacks records the checkpoint's log schedule writes (segments "
-      "[from_step, log_interval, eval_interval]: [[0, 1, 3]]): the records "
-      "of steps 2 are lost; the resumed run logs from step 7 on.")
+      "[from_step, log_interval, eval_interval]: [[0, 1, 3]]): the record "
+      "of step 2 is lost; the resumed run logs from step 7 on.")
   assert [r["step"] for r in metrics.read_jsonl(str(path))] == [
       0, 1, 3, 4, 5, 6]
   # A hole and a log cut short: all the steps lost, in one warning.
@@ -408,6 +429,14 @@ def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
   assert len(caplog.records) == 2
   assert "the records of steps 2, 4, 5, 6 are lost" in \
       caplog.records[-1].getMessage()
+  # A history whose segments record the peak: the label names it too.
+  caplog.clear()
+  _steps_file(path, [0, 1, 3, 4, 5, 6])
+  metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
+  [record] = caplog.records
+  assert ("(segments [from_step, log_interval, eval_interval, peak_lr]: "
+          "[[0, 1, 3, 0.003]]): the record of step 2 is lost;"
+          ) in record.getMessage(), record.getMessage()
 
 
 def test_a_log_whose_intervals_changed_is_read_by_its_history(
@@ -424,7 +453,7 @@ def test_a_log_whose_intervals_changed_is_read_by_its_history(
   _steps_file(path, [0, 2, 4, 5, 6])
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, history)
   [record] = caplog.records
-  assert "the records of steps 3 are lost" in record.getMessage()
+  assert "the record of step 3 is lost" in record.getMessage()
 
 
 def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
@@ -444,7 +473,7 @@ def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
   assert caplog.records == []
   _steps_file(path, [4, 6])
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
-  assert "the records of steps 5 are lost" in caplog.records[-1].getMessage()
+  assert "the record of step 5 is lost" in caplog.records[-1].getMessage()
 
 
 @pytest.mark.parametrize("history, why", [

@@ -199,6 +199,8 @@ def make_len_data(length=64, stream_nan_at=-1):
   an iterator source whose batch of that step holds a NaN on worker 1."""
   class Sized:
     def __len__(self):
+      if length == "raise":
+        raise RuntimeError("the index\nis not built")
       return length
 
     def __getitem__(self, i):
@@ -251,9 +253,13 @@ def linear_config(**options):
 
 @pytest.mark.parametrize("length, got", [
     (-1, "fails (ValueError: __len__() should return >= 0)"),
-    (0, "is 0"), (2**62, f"is {2**62}")])
+    (0, "is 0"), (2**62, f"is {2**62}"),
+    (2.0, "returns a float (2.0), not an int"),
+    ("raise", "fails (RuntimeError: the index is not built)")])
 def test_a_source_length_out_of_range_is_one_line(length, got):
-  """-1 and 2**62 gave Python's and NumPy's messages, naming no source."""
+  """-1 and 2**62 gave Python's and NumPy's messages, naming no source; a
+  __len__ that raises gave its traceback, and one returning 2.0 was called
+  neither a random-access source nor a callable."""
   require_devices(N)
   with pytest.raises(ValueError) as e:
     experiment_lib.Experiment(linear_config(length=length))

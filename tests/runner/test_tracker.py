@@ -94,3 +94,29 @@ def test_tracker_names_its_choices():
   with pytest.raises(ValueError, match=r"unknown config.tracker='mlflow'; "
                      r"use '' \(none\) or 'wandb'"):
     validation.check_config(c)
+
+
+def test_a_tracker_wandb_refuses_to_start_is_one_line(tmp_path, monkeypatch):
+  """wandb.init refusing (a key with whitespace, a bogus key, no key for
+  mode=online) is one ValueError naming config.tracker, W&B's own message
+  and the fixes, not W&B's traceback; the metrics file is closed."""
+  import sys  # pylint: disable=import-outside-toplevel
+  import types  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import metrics  # pylint: disable=import-outside-toplevel
+
+  class AuthenticationError(Exception):
+    pass
+
+  def init(**kwargs):
+    raise AuthenticationError(
+        "WANDB_API_KEY invalid: API key must have 40+\ncharacters, has 5.")
+
+  monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+  with pytest.raises(ValueError) as e:
+    metrics.MetricsWriter(str(tmp_path), tracker="wandb")
+  text = str(e.value)
+  assert "\n" not in text and text.startswith("config.tracker='wandb'"), text
+  assert ("AuthenticationError: WANDB_API_KEY invalid: API key must have "
+          "40+ characters, has 5.") in text, text
+  for fix in ("wandb login", "WANDB_MODE=offline", "--config.tracker=''"):
+    assert fix in text, text

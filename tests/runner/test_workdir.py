@@ -300,6 +300,27 @@ def test_a_manifest_in_sha256sum_s_binary_form_or_with_a_line_repeated_is_read(
       "SHA256SUMS is malformed (line 2 'not a line' is not"), why
 
 
+def test_a_manifest_larger_than_64_mib_is_damage_unread(tmp_path):
+  """A SHA256SUMS grown past 64 MiB (sparse: no disk used) is corrupt,
+  naming the file and the cap, without reading it (a 1 GB one took 45 s
+  and 6 GB of memory); one at the cap is still read: its zeros after
+  line 1 are a malformed line 2."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  root = tmp_path / "ckpt"
+  root.mkdir()
+  (root / "a").write_bytes(b"a")
+  sums = root / workdir_lib.SUMS_FILE
+  sums.write_text(f"{hashlib.sha256(b'a').hexdigest()}  a\n")
+  with open(sums, "r+b") as f:
+    f.truncate(64 * 2**20 + 1)
+  assert workdir_lib.check_sums(str(root)) == (
+      "corrupt", "SHA256SUMS is larger than 67108864 bytes")
+  with open(sums, "r+b") as f:
+    f.truncate(64 * 2**20)
+  status, why = workdir_lib.check_sums(str(root))
+  assert status == "corrupt" and "malformed (line 2 " in why, why
+
+
 def _returns_within(fn, seconds: float = 10.0):
   """``fn()``'s value; fails (instead of hanging the suite) if it blocks."""
   import threading  # pylint: disable=import-outside-toplevel
