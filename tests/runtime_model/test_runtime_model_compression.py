@@ -129,6 +129,7 @@ def test_topk_sync_bytes_equal_the_librarys_count(n_workers, local_size,
         compress.Compressor("topk", block, fraction))
 
 
+@pytest.mark.slow  # ~30 encodes of distinct shapes: a compile each
 def test_topk_priced_sync_is_short_of_the_per_leaf_payload_by_at_most_a_chunk_per_leaf():
   # The library encodes top-k leaf by leaf; the model prices N as one
   # buffer. The tests' tiny GPT (1 layer, width 16, vocabulary 256, context
