@@ -26,8 +26,8 @@ from decentral_jax.runner import config_groups
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import meta_derived
 from decentral_jax.runner import methods
-from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import metrics_rules
 
 #: checkpoint_meta key -> the config field a resumed run must keep.
 RESUME_FIELDS = {"n_workers": "n_workers",
@@ -97,7 +97,7 @@ def config_leaves(group: dict, prefix: str = "") -> dict:
 CONFIG_GROUPS = ("optimizer", "schedule", "model", "data", "compression",
                  "faults", "distributed")
 #: The most training seconds a checkpoint may record (the metrics' bound).
-MAX_TRAIN_TIME_S = metrics_lib.MAX_TRAIN_TIME_S
+MAX_TRAIN_TIME_S = metrics_rules.MAX_TRAIN_TIME_S
 #: The largest float32: no loss, consensus distance or learning rate the run
 #: computes in float32 exceeds it.
 F32_MAX = float(np.finfo(np.float32).max)
@@ -482,7 +482,7 @@ def meta_error(meta, step: int | None = None,
             f"consumed), got {records.short(meta['data_position'])}")
   config = meta.get("config")
   model = config.get("model") if isinstance(config, dict) else None
-  signed = metrics_lib.losses_signed(
+  signed = metrics_rules.losses_signed(
       model.get("name") if isinstance(model, dict) else None)
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
       metrics_resume.log_schedule_error(

@@ -226,16 +226,6 @@ class WandbTracker:
     self._run.finish()
 
 
-# The rules of one record and of the rows of one file (re-exported).
-MAX_TRAIN_TIME_S = metrics_rules.MAX_TRAIN_TIME_S
-BUILT_IN_MODELS = metrics_rules.BUILT_IN_MODELS
-losses_signed = metrics_rules.losses_signed
-workdir_losses_signed = metrics_rules.workdir_losses_signed
-value_range = metrics_rules.value_range
-value_error = metrics_rules.value_error
-row_error = metrics_rules.row_error
-order_error = metrics_rules.order_error
-
 
 def _file_checker(signed_losses: bool = False, config=None, schedule=None,
                   upto: int | None = None):
@@ -256,7 +246,7 @@ def _file_checker(signed_losses: bool = False, config=None, schedule=None,
 
   def check(record: dict) -> str | None:
     why = (metrics_rules.record_error(record)
-           or row_error(record, signed_losses)
+           or metrics_rules.row_error(record, signed_losses)
            or metrics_rules.null_error(record, runner=config is not None))
     dropped = why is None and upto is not None and record["step"] > upto
     if why is None and not dropped:
@@ -329,7 +319,8 @@ def _parse(path: str, config=None, schedule=None, upto: int | None = None
   """
   data = _read_regular(path)
   got = records_lib.parse_jsonl(data, path, _file_checker(
-      workdir_losses_signed(os.path.dirname(path)), config, schedule, upto))
+      metrics_rules.workdir_losses_signed(os.path.dirname(path)), config,
+      schedule, upto))
   if isinstance(got, records_lib.Damaged):
     fix = ("the file is corrupt: fix or delete that line (one JSON object "
            "per line)" if "not a JSON record" in got.reason else

@@ -26,6 +26,7 @@ from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import extensions
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import recorder as recorder_lib
+from decentral_jax.runner import metrics_rules
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
 
@@ -482,11 +483,11 @@ def test_any_finite_accuracy_of_a_model_of_your_own_is_read_back():
   """The reader's range of an accuracy: [0, 1] for the built-in models,
   any finite number for a model of your own (as its losses)."""
   for key in ("eval/accuracy", "train/accuracy"):
-    assert metrics_lib.value_error(key, 2.0, True) is None
-    assert metrics_lib.value_error(key, -0.5, True) is None
-    assert metrics_lib.value_error(key, 2.0, False) == (
+    assert metrics_rules.value_error(key, 2.0, True) is None
+    assert metrics_rules.value_error(key, -0.5, True) is None
+    assert metrics_rules.value_error(key, 2.0, False) == (
         f"{key} must be in [0, 1], got 2.0")
-    assert metrics_lib.value_error(key, "x", True) == (
+    assert metrics_rules.value_error(key, "x", True) == (
         f"{key} must be a number, got 'x'")
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from decentral_jax.runner import metrics
 from decentral_jax.runner import meta_schema
+
+from decentral_jax.runner import metrics_rules
 from decentral_jax.runner import metrics_resume
 from decentral_jax.runner import workdir as workdir_lib
 
@@ -118,7 +120,7 @@ def test_a_resumed_run_moves_a_damaged_metrics_file_aside(tmp_path, caplog):
 def test_train_seconds_are_bounded_in_every_record(seconds, bad):
   """A final record of 1e300 training seconds was kept by compare (the
   checkpoint's bound, 1e9 s, now holds for every metrics record)."""
-  why = metrics.row_error({"step": 3, "train_time_s": seconds})
+  why = metrics_rules.row_error({"step": 3, "train_time_s": seconds})
   assert (why is not None) == bad, why
   if bad:
     assert why.startswith("train_time_s must be in [0, 1e+09]"), why
@@ -129,16 +131,16 @@ def test_a_model_of_your_own_may_log_negative_losses(tmp_path):
   was set aside on resume and its checkpoints refused. Built-in models'
   cross-entropies stay >= 0."""
   row = {"step": 0, "eval/loss": -8.57, "train/loss": -9.1}
-  assert metrics.row_error(row) == "eval/loss must be >= 0, got -8.57"
-  assert metrics.row_error(row, signed_losses=True) is None
-  assert metrics.row_error({"step": 0, "eval/loss": "x"},
+  assert metrics_rules.row_error(row) == "eval/loss must be >= 0, got -8.57"
+  assert metrics_rules.row_error(row, signed_losses=True) is None
+  assert metrics_rules.row_error({"step": 0, "eval/loss": "x"},
                            signed_losses=True) is not None
   path = tmp_path / metrics.METRICS_FILE
   path.write_text(json.dumps(row) + "\n")
   for name, signed in (("gpt", False), ("cnn", False),
                        ("my_pkg.model:Net", True)):
     (tmp_path / "config.json").write_text(json.dumps({"model": {"name": name}}))
-    assert metrics.workdir_losses_signed(str(tmp_path)) == signed
+    assert metrics_rules.workdir_losses_signed(str(tmp_path)) == signed
     if signed:
       assert metrics.read_jsonl(str(path)) == [row]
     else:
@@ -148,7 +150,7 @@ def test_a_model_of_your_own_may_log_negative_losses(tmp_path):
 
 def test_the_built_in_models_are_the_runner_s():
   from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
-  assert set(metrics.BUILT_IN_MODELS) == set(config_lib.DATA_SOURCES)
+  assert set(metrics_rules.BUILT_IN_MODELS) == set(config_lib.DATA_SOURCES)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "link_to_devnull",

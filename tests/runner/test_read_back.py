@@ -138,7 +138,8 @@ def test_a_value_beyond_float32_is_damage_for_every_reader(tmp_path, key):
   with pytest.raises(ValueError, match="beyond the largest float32"):
     learner_records.read_metrics(workdir)
   # A byte count is taken in float64: no float32 bound there.
-  assert metrics.row_error({"step": 1, "comm/bytes_per_step": 1e40}) is None
+  assert metrics_rules.row_error(
+      {"step": 1, "comm/bytes_per_step": 1e40}) is None
 
 
 @pytest.mark.parametrize("edit, needle", [
@@ -168,7 +169,7 @@ def test_a_decreasing_train_time_is_damage(tmp_path):
   assert ("line 3: train_time_s must not decrease (cumulative seconds), "
           "got 0.5 at step 2 after 1.0 at step 1") in _resume_error(workdir)
   rows = [GOOD[1], dict(GOOD[2], train_time_s=0.5)]
-  assert "train_time_s must not decrease" in metrics.order_error(rows)
+  assert "train_time_s must not decrease" in metrics_rules.order_error(rows)
 
 
 def test_an_excess_loss_that_is_not_its_row_s_is_damage(tmp_path):
@@ -176,7 +177,7 @@ def test_an_excess_loss_that_is_not_its_row_s_is_damage(tmp_path):
   row = {"step": 2, "eval/loss": 5.0, "eval/loss_subset": 5.0,
          "eval/worker_loss_mean": 5.125, "eval/worker_loss_max": 5.25,
          "eval/worker_excess_mean": 0.125, "eval/worker_excess_max": 0.25}
-  assert metrics.row_error(row) is None
+  assert metrics_rules.row_error(row) is None
   workdir = _log(tmp_path, dict(row, **{"eval/worker_excess_max": 0.5}), 2)
   assert ("line 3: eval/worker_excess_max is 0.5, but eval/worker_loss_max "
           "5.25 - eval/loss_subset 5.0 = 0.25") in _resume_error(workdir)

@@ -375,12 +375,13 @@ def test_a_manifest_that_is_a_fifo_is_corrupt_not_a_hang(tmp_path):
 
 
 def test_the_losses_rule_of_a_run_reads_no_fifo_config(tmp_path):
-  """``metrics.workdir_losses_signed`` (every metrics reader asks it)
+  """``metrics_rules.workdir_losses_signed`` (every metrics reader asks it)
   with a FIFO as config.json: built-in rules, at once."""
-  from decentral_jax.runner import metrics  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from decentral_jax.runner import metrics_rules
   os.mkfifo(tmp_path / "config.json")
   assert _returns_within(
-      lambda: metrics.workdir_losses_signed(str(tmp_path))) is False
+      lambda: metrics_rules.workdir_losses_signed(str(tmp_path))) is False
 
 
 def test_train_refuses_workdir_given_twice(tmp_path, monkeypatch, capsys):

@@ -29,6 +29,7 @@ from decentral_jax import records
 from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import tmpfile
+from decentral_jax.runner import metrics_rules
 from decentral_jax.runner import train
 from decentral_jax.runner import workdir as workdir_lib
 from decentral_jax.tools.compare import kept
@@ -78,7 +79,7 @@ def sent_per_step(exp: experiment.Experiment) -> dict[str, float]:
 RESULT_FILE = "compare_result.json"
 _NUMBER = ("number", None, None, False)
 _COUNT = ("number", 0.0, None, False)
-# A kept run's evaluation values, each in metrics_lib.value_range (a
+# A kept run's evaluation values, each in metrics_rules.value_range (a
 # cross-entropy loss >= 0 and an accuracy a fraction; any finite number for
 # a model of your own).
 EVAL_KEYS = ("eval/loss", "eval/accuracy", "eval/worker_excess_mean",
@@ -226,14 +227,14 @@ _OUT_OF_RANGE = " out of range"  # the key of a value out of its range
 def _eval_error(workdir: str, final: dict, loss_curve
                 ) -> records.Damaged | None:
   """Why a finished run's evaluations are not to be kept: a value of
-  ``metrics.jsonl`` outside :func:`metrics_lib.value_range` (signed for
+  ``metrics.jsonl`` outside :func:`metrics_rules.value_range` (signed for
   a model of your own), or a final ``eval/*``
   value of :data:`RESULT_FILE` other than the last evaluation's."""
   path = os.path.join(workdir, metrics_lib.METRICS_FILE)
   last = loss_curve[0][-1]
-  signed = metrics_lib.workdir_losses_signed(workdir)
+  signed = metrics_rules.workdir_losses_signed(workdir)
   for key in EVAL_KEYS:
-    lo, hi = metrics_lib.value_range(key, signed)
+    lo, hi = metrics_rules.value_range(key, signed)
     curve = (loss_curve if key == "eval/loss" else
              metrics_lib.read_curve(path, key))
     if isinstance(curve, records.Damaged):  # not evaluated

@@ -4,23 +4,24 @@ A kept run's record (``compare_result.json``'s ``final`` and every row of
 its ``metrics.jsonl``) is checked by one rule set, whatever field was
 damaged:
 
-* :func:`value_error`: every loss-like value (a key whose last part names
-  a loss, e.g. ``train/loss``, ``eval/worker_loss_mean``; the signed
-  ``eval/worker_excess_*`` apart) is >= 0, every accuracy in [0, 1],
+* :func:`metrics_rules.value_error`: every loss-like value (a key whose
+  last part names a loss, e.g. ``train/loss``, ``eval/worker_loss_mean``;
+  the signed ``eval/worker_excess_*`` apart) is >= 0, every accuracy in [0, 1],
   every count or time (consensus distance, communication, timings) >= 0,
   every learning rate ``lr`` >= 0, and each of these a number (or null,
   but not a loss or ``lr``, which the writer always writes finite), none
   beyond the largest float32 (:mod:`decentral_jax.runner.metrics_rules`);
-* :func:`row_error`: those values of one row, and
+* :func:`metrics_rules.row_error`: those values of one row, and
   ``eval/worker_loss_min <= eval/worker_loss_mean <= eval/worker_loss_max``;
-  with the run's config (:func:`schedule_error`), ``step`` in
+  with the run's config (:func:`metrics_resume.schedule_error`), ``step`` in
   ``[0, steps]`` and ``lr <= schedule.peak_lr`` (no schedule exceeds it);
 * :func:`final_error`: the final row, ``step`` there and equal to the
   config's ``steps``, ``param_count`` a whole number >= 1, and the
   communication figures consistent (:func:`comm_error`);
-* :func:`throughput_error`: with the run's config, ``tokens_per_sec`` (or
-  ``samples_per_sec``) equal to the tokens (samples) of one step over
-  ``step_time_ms``, in every row and in the final metrics;
+* :func:`metrics_rules.throughput_error`: with the run's config,
+  ``tokens_per_sec`` (or ``samples_per_sec``) equal to the tokens
+  (samples) of one step over ``step_time_ms``, in every row and in the
+  final metrics;
 * :func:`final_rows_error`: every final value that ``metrics.jsonl`` also
   records equal to that of its last row holding the key (the final metrics
   are the last record; the run's mean timings apart);
@@ -58,18 +59,11 @@ MAX_MESSAGES_PER_WORKER = 4
 # of a mean of per-worker losses, or of the same evaluation under another
 # sharding).
 REL_TOL = metrics_lib.REL_TOL
-# The rules of one row: the runner's, which a resumed run applies too.
-value_range = metrics_lib.value_range
-value_error = metrics_lib.value_error
-row_error = metrics_lib.row_error
-schedule_error = metrics_resume.schedule_error
-units_per_step = metrics_rules.units_per_step
-throughput_error = metrics_rules.throughput_error
 
 
 def _signed(config) -> bool:
   """Whether the run's losses may be negative (a model of your own)."""
-  return isinstance(config, dict) and metrics_lib.losses_signed(
+  return isinstance(config, dict) and metrics_rules.losses_signed(
       metrics_resume.field(config, "model.name"))
 
 
@@ -109,7 +103,7 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
   """``(key, why)`` if a finished run's final metrics are impossible for
   its ``config`` (a dict, as ``compare_result.json`` holds it), else
   None."""
-  why = row_error(final, _signed(config))
+  why = metrics_rules.row_error(final, _signed(config))
   if why:
     return why.split(" ", 1)[0], why
   steps = metrics_resume.field(config, "steps")
@@ -124,13 +118,13 @@ def final_error(final: dict, config: dict) -> tuple[str, str] | None:
                                 and float(count).is_integer()):
     return "param_count", ("param_count must be a whole number >= 1, got "
                            f"{records.short(count)}")
-  why = schedule_error(final, config)
+  why = metrics_resume.schedule_error(final, config)
   if why:
     return why.split(" ", 1)[0], why
   why = comm_error(final, config)
   if why:
     return "comm/ratio", why
-  why = throughput_error(final, config)
+  why = metrics_rules.throughput_error(final, config)
   return (why.split(" ", 1)[0], why) if why else None
 
 
@@ -203,20 +197,23 @@ def diverged_error(reason: str, rows: list[dict],
 def metrics_error(rows: list[dict], config: dict | None = None
                   ) -> str | None:
   """Why a row of ``metrics.jsonl`` is impossible (names its step):
-  :func:`row_error`, a null where the writer writes a number
+  :func:`metrics_rules.row_error`, a null where the writer writes a number
   (:func:`decentral_jax.runner.metrics_rules.null_error`), and
-  :func:`schedule_error` and
-  :func:`throughput_error` given the run's ``config``; or why the rows are
+  :func:`metrics_resume.schedule_error` and
+  :func:`metrics_rules.throughput_error` given the run's ``config``; or
+  why the rows are
   out of order or ``train_time_s`` decreases
-  (:func:`decentral_jax.runner.metrics.order_error`)."""
+  (:func:`decentral_jax.runner.metrics_rules.order_error`)."""
   for row in rows:
-    why = (row_error(row, _signed(config)) or metrics_rules.null_error(row)
-           or (config is not None and (schedule_error(row, config)
-                                       or throughput_error(row, config)))
+    why = (metrics_rules.row_error(row, _signed(config))
+           or metrics_rules.null_error(row)
+           or (config is not None
+               and (metrics_resume.schedule_error(row, config)
+                    or metrics_rules.throughput_error(row, config)))
            or None)
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
-  return metrics_lib.order_error(rows)
+  return metrics_rules.order_error(rows)
 
 
 # The values every run of a group must share:
