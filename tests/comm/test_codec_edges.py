@@ -36,7 +36,9 @@ def _per_worker(fn, x):
       lambda v: fn(v, ax), mesh))(parallel.shard(x, mesh)))
 
 
-@pytest.mark.parametrize("fmt", ["topk", *SCALED])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in ("topk", *SCALED)])
 def test_a_gathered_mean_whose_sum_overflows_is_the_mean(fmt):
   """Four workers at +-0.6..0.9 x float32's largest value, one sign per
   column: the float32 sum overflows, the mean (within the codec's error)
@@ -66,9 +68,12 @@ def test_an_unscaled_eight_bit_wire_is_refused_naming_the_fix(dtype):
                comm_dtype=dtype)
 
 
-@pytest.mark.parametrize("fmt", SCALED)
-@pytest.mark.parametrize("dtype, u", [(jnp.bfloat16, 2.0 ** -8),
-                                      (jnp.float16, 2.0 ** -11)])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in SCALED])
+@pytest.mark.parametrize("dtype, u", [
+    (jnp.bfloat16, 2.0 ** -8),
+    pytest.param(jnp.float16, 2.0 ** -11, marks=pytest.mark.slow)])
 def test_sixteen_bit_leaves_within_the_bound_plus_their_cast(fmt, dtype, u):
   """|deQ(Q(v)) - v| <= bound x max_b |v| + u |deQ(Q(v))| (+ the dtype's
   smallest subnormal and float32's floor), over random blocks of 4 at

@@ -175,7 +175,9 @@ def test_every_collective_every_dtype(dtype_name, x64_if):
 
 
 @pytest.mark.parametrize("dtype_name", ["float32"])
-@pytest.mark.parametrize("shape,k", [((), N), ((0,), 2), ((3, 5), 2)])
+@pytest.mark.parametrize("shape,k", [
+    pytest.param((), N, marks=pytest.mark.slow),
+    pytest.param((0,), 2, marks=pytest.mark.slow), ((3, 5), 2)])
 def test_every_collective_shapes_and_k(dtype_name, shape, k, x64_if):
   _check(dtype_name, shape, k, x64_if)
 

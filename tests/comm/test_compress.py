@@ -86,7 +86,9 @@ def test_fp8_is_float8_e4m3_of_the_scaled_value():
   np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("fmt", SCALED)
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in SCALED])
 def test_roundtrip_error_within_the_format_bound(fmt):
   c = compress.Compressor(fmt, block=16)
   v = np.random.default_rng(2).standard_t(3, size=(1000,)).astype(np.float32)
@@ -135,7 +137,9 @@ def test_bad_arguments_name_the_argument():
     compress.Compressor("topk", fraction=0.0)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "int4", "topk"])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in ("int8", "int4", "topk")])
 def test_error_feedback_tracks_the_cumulative_sum(fmt):
   c = _comp(fmt, 8, 0.25)
   rng = np.random.default_rng(3)
@@ -244,8 +248,9 @@ def _choco_f32_mean_drift(name, fmt, block, gamma, seed=1):
 
 # complete, int4, block 16, gamma 1 moves the mean by ~1.1e-5 (not "a few
 # 1e-6"); static_ring fp4 by less.
-@pytest.mark.parametrize("name, fmt", [("complete", "int4"),
-                                       ("static_ring", "fp4")])
+@pytest.mark.parametrize("name, fmt", [
+    ("complete", "int4"),
+    pytest.param("static_ring", "fp4", marks=pytest.mark.slow)])
 def test_choco_keeps_the_float32_mean_within_the_stated_bound(name, fmt):
   assert _choco_f32_mean_drift(name, fmt, 16, 1.0) <= CHOCO_F32_MEAN_BOUND
 
@@ -279,7 +284,9 @@ def test_choco_with_the_identity_and_gamma_one_is_plain_gossip(x64):
   np.testing.assert_allclose(np.asarray(xr), ref, atol=1e-13)
 
 
-@pytest.mark.parametrize("fmt", wire_format.FORMATS)
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in wire_format.FORMATS])
 def test_an_empty_leaf_sends_nothing_in_compressed_gossip(fmt):
   """A size-0 leaf encodes to arrays of 0 bytes (no padded block), so the
   bytes of the encoded arrays equal the hand count (int8, block 64: 5
@@ -310,7 +317,9 @@ def test_an_empty_leaf_sends_nothing_in_compressed_gossip(fmt):
         np.asarray(out["w"]), topo.mixing_matrix(0) @ x["w"], rtol=1e-6)
 
 
-@pytest.mark.parametrize("fmt", wire_format.FORMATS)
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in wire_format.FORMATS])
 def test_bytes_in_the_compiled_program_equal_the_hand_count(fmt):
   require_devices(8)
   topo = topology.make("ring", 8)  # one permute term per round
@@ -459,7 +468,9 @@ def test_compressed_mean_bytes_equal_the_hand_count(fmt):
     assert hand == pytest.approx(2 * 7 / 8 * 24 * 20)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "fp4", "topk"])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in ("int8", "fp8", "int4", "fp4", "topk")])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_values_are_never_received_as_finite(fmt, bad):
   # Two blocks of 8; block 0 holds one non-finite value among 1..7, block 1
@@ -551,7 +562,9 @@ def test_choco_refuses_integer_parameters():
     tx.init({"w": jnp.zeros(3), "step": jnp.zeros((), jnp.int32)})
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "fp4"])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in ("int8", "fp8", "int4", "fp4")])
 def test_every_finite_block_round_trips_finite_within_its_bound_or_floor(fmt):
   """Tiny, huge and mixed magnitudes (blocks of 4): a finite input never
   decodes to NaN or inf, and the error is within the format's bound
@@ -577,8 +590,10 @@ def test_every_finite_block_round_trips_finite_within_its_bound_or_floor(fmt):
   np.testing.assert_array_equal(got[-1 - 28], 0.0)  # the block of zeros
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "fp4"])
-@pytest.mark.parametrize("block", [2, 4, 8, 16, 256])
+@pytest.mark.parametrize("block,fmt", [
+    (b, f) if (b, f) == (4, "int8") else pytest.param(
+        b, f, marks=pytest.mark.slow)
+    for b in (2, 4, 8, 16, 256) for f in ("int8", "fp8", "int4", "fp4")])
 def test_float32_extremes_decode_finite(fmt, block):
   """Blocks holding float32's largest value (127 x amax / 127 rounds past
   it) decode to it, not inf; the rest within the bound."""
@@ -592,7 +607,9 @@ def test_float32_extremes_decode_finite(fmt, block):
   assert np.all(np.abs(got.astype(np.float64) - v) <= bound * big), got
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "fp4", "topk"])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in ("int8", "fp8", "int4", "fp4", "topk")])
 def test_float64_beyond_float32_saturates_not_nan(fmt, x64):
   """float64 leaves: finite values beyond float32's range arrive as
   +-3.4e38 (the codecs compute in float32), never NaN or inf; NaN and inf
@@ -616,7 +633,9 @@ _HALF_STEP = {"int8": 1 / 254, "int4": 1 / 14, "fp8": 2.0 ** -4,
               "fp4": 1 / 6}
 
 
-@pytest.mark.parametrize("fmt", SCALED)
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in SCALED])
 def test_bound_holds_for_a_sweep_of_blocks_and_magnitudes(fmt):
   """Random blocks (sizes 4 and 32, block maxima from 1e-30 to 3e38, some
   values near their block max): the float32 rounding of the scale, of

@@ -39,6 +39,7 @@ def test_long_run_statistics_of_the_rates():
   assert abs(np.mean(lengths) - downtime) < 1.0
 
 
+@pytest.mark.slow  # a second process
 def test_determinism_across_processes():
   kwargs = dict(failure_rate=0.05, mean_downtime=4.0, slow_fraction=0.25,
                 slow_speed=0.5, seed=3)

@@ -154,7 +154,8 @@ def _diloco(compressor, **kw):
                       **sync_args(compressor=compressor, **kw))
 
 
-@pytest.mark.parametrize("decay", [1.0, 0.9])
+@pytest.mark.parametrize("decay", [
+    1.0, pytest.param(0.9, marks=pytest.mark.slow)])
 def test_sparse_diloco_with_error_feedback_matches_numpy(decay):
   c = compress.Compressor("topk", block=8, fraction=0.25)  # 2 of 8 kept
   _, state = _run(_diloco(c, error_feedback=True, error_decay=decay))
@@ -170,6 +171,7 @@ def test_sparse_diloco_with_error_feedback_matches_numpy(decay):
     assert np.abs(err[k]).max() > 0.1
 
 
+@pytest.mark.slow  # two compiled runs
 def test_sparse_diloco_error_feedback_changes_the_run():
   c = compress.Compressor("topk", block=8, fraction=0.25)
   _, with_ef = _run(_diloco(c, error_feedback=True))
@@ -220,7 +222,8 @@ def test_one_bucket_per_leaf_is_the_per_leaf_oracle(monkeypatch):
                                rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("cap,values", [(None, [48]), (20, [16, 48])])
+@pytest.mark.parametrize("cap,values", [
+    (None, [48]), pytest.param(20, [16, 48], marks=pytest.mark.slow)])
 def test_compressed_mean_bytes_from_the_hlo_equal_the_hand_count(
     monkeypatch, cap, values):
   """int8, blocks of 4, 4 workers (padding unit 16): b (5) and w (37) in
@@ -243,14 +246,16 @@ def test_compressed_mean_bytes_from_the_hlo_equal_the_hand_count(
 
 
 @pytest.mark.parametrize("make", [
-    lambda **kw: optim.diloco(optax.sgd(INNER_LR), H,
-                              outer=optax.sgd(OUTER_LR), **sync_args(**kw)),
-    lambda **kw: optim.local_sgd(optax.sgd(INNER_LR), H,
-                                 **sync_args(timing=False, **kw)),
-    lambda **kw: optim.streaming_diloco(
+    pytest.param(lambda **kw: optim.diloco(
+        optax.sgd(INNER_LR), H, outer=optax.sgd(OUTER_LR),
+        **sync_args(**kw)), id="diloco"),
+    pytest.param(lambda **kw: optim.local_sgd(
+        optax.sgd(INNER_LR), H, **sync_args(timing=False, **kw)),
+                 id="local_sgd", marks=pytest.mark.slow),
+    pytest.param(lambda **kw: optim.streaming_diloco(
         optax.sgd(INNER_LR), 4, num_fragments=2, overlap_steps=1,
-        merge_alpha=0.5, outer=optax.sgd(OUTER_LR), **sync_args(**kw))],
-    ids=["diloco", "local_sgd", "streaming_diloco"])
+        merge_alpha=0.5, outer=optax.sgd(OUTER_LR), **sync_args(**kw)),
+                 id="streaming_diloco", marks=pytest.mark.slow)])
 def test_identity_compressor_is_the_uncompressed_method_bit_for_bit(make):
   ident = compress.Compressor("none")
   x_c, s_c = _run(make(compressor=ident, error_feedback=True))
@@ -359,7 +364,9 @@ def test_report_splits_codes_scales_and_indices_by_element_type():
       rep.mean_bytes_per_step, rel=1e-12)
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "int8", "int4", "fp4"])
+@pytest.mark.parametrize("fmt", [
+    f if f == "int8" else pytest.param(f, marks=pytest.mark.slow)
+    for f in ("fp8", "int8", "int4", "fp4")])
 def test_compressed_diloco_stays_finite_for_pseudo_gradients_near_zero(fmt):
   """Parameters 0 and targets 1e-35: every pseudo-gradient block's max is
   far below qmax x float32's smallest normal. Its scale takes that floor

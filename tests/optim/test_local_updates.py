@@ -346,8 +346,9 @@ def _low_precision_oracle(x0, b, h, steps, method, w=None):
   return out
 
 
-@pytest.mark.parametrize("method", ["local_sgd", "diloco", "ring",
-                                    "one_peer_exp"])
+@pytest.mark.parametrize("method", ["local_sgd", *(
+    pytest.param(m, marks=pytest.mark.slow)
+    for m in ("diloco", "ring", "one_peer_exp"))])
 def test_comm_dtype_rounds_what_is_sent_and_sums_wider(method, x64):
   """bfloat16 on the wire, float64 sums, against the NumPy recursion."""
   del x64
@@ -376,6 +377,7 @@ def test_comm_dtype_rounds_what_is_sent_and_sums_wider(method, x64):
     assert not np.allclose(got[-1][k], plain[-1][k], rtol=1e-9, atol=0)
 
 
+@pytest.mark.slow  # an equivalence of two compiled runs
 def test_diloco_comm_dtype_is_streaming_diloco_with_one_fragment():
   """Both send theta - x in bfloat16 and sum in float32: bit for bit."""
   require_devices(4)

@@ -275,6 +275,7 @@ def test_two_workers_diloco_muon_equal_the_numpy_oracle(x64):
   assert not np.allclose(got["['wide']"], p0["wide"], atol=1e-2)
 
 
+@pytest.mark.slow  # a compiled run of its own
 def test_two_workers_int4_error_feedback_equal_the_numpy_codec():
   """float32 throughout; the pseudo-gradients sent as int4 (blocks of 8)
   with error feedback, their mean re-quantized (the reduce-scatter /

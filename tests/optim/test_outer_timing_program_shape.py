@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import optax
+import pytest
 
 from decentral_jax import optim
 from decentral_jax import parallel
@@ -73,6 +74,7 @@ def _per_call(tx, mesh, x0, gs):
   return np.asarray(x)
 
 
+@pytest.mark.slow  # per-call, fori_loop and unrolled programs of its own
 def test_one_step_per_program_is_bit_for_bit_unrolled_within_an_ulp():
   mesh = parallel.make_mesh(1)
   x0, gs = _data()

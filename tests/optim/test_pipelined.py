@@ -103,7 +103,9 @@ def _worst(got, want):
              for g, w in zip(got, want) for k in ("w", "b"))
 
 
-@pytest.mark.parametrize("adam", [False, True], ids=["dsgd", "dadam"])
+@pytest.mark.parametrize("adam", [
+    pytest.param(False, id="dsgd"),
+    pytest.param(True, id="dadam", marks=pytest.mark.slow)])
 def test_matches_numpy_oracle_on_one_peer_exponential(adam, x64):
   del x64
   require_devices(N)

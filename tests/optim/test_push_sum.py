@@ -97,7 +97,9 @@ def test_worked_example():
                              atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["random", "directed_exp", "exponential"])
+@pytest.mark.parametrize("case", ["random", *(
+    pytest.param(c, marks=pytest.mark.slow)
+    for c in ("directed_exp", "exponential"))])
 def test_matches_float64_oracle(case, x64):
   del x64
   n = 6 if case == "random" else 8
@@ -192,6 +194,7 @@ def test_doubly_stochastic_equals_dpsgd_adapt_then_combine(x64):
     assert np.abs(runs["sgp"][0][key] - runs["cwa"][0][key]).max() > 1e-3
 
 
+@pytest.mark.slow  # programs of its own
 def test_jit_no_retrace_dtypes_and_static_rounds():
   n = 8
   require_devices(n)

@@ -104,6 +104,7 @@ def test_diloco_bytes_from_the_hlo_equal_the_hand_count(fmt):
   assert comm["bytes_per_step"] == pytest.approx(per_sync / 3, rel=1e-12)
 
 
+@pytest.mark.slow  # a compiled step of its own
 def test_compare_sent_per_step_column_reads_the_compressed_bytes():
   require_devices(N)
   exp = experiment_lib.Experiment(_config(*DILOCO, *_format_args("int4")))

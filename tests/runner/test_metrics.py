@@ -262,6 +262,7 @@ def test_a_link_at_the_rewrite_s_temporary_name_is_not_followed(tmp_path):
   assert open(path).read() == '{"step": 1, "train/loss": 2.0}\n'
 
 
+@pytest.mark.slow  # a second process
 def test_a_fifo_at_the_rewrite_s_temporary_name_does_not_block(tmp_path):
   path = _log_past_step_1(tmp_path)
   os.mkfifo(path + ".tmp")

@@ -248,6 +248,7 @@ def _flag_of(argv: list[str]) -> str:
   return [a for a in argv if a.startswith("--") and a != "--report"][-1]
 
 
+@pytest.mark.slow  # a second process that loads every report script
 def test_report_modes_refuse_the_flags_they_do_not_read():
   names = sorted(REPORT_UNREAD)
   plan = {n: REPORT_UNREAD[n] + REPORT_READ[n] for n in names}

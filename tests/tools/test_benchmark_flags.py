@@ -132,6 +132,7 @@ def _goodput(*argv):
       x for x in got.stderr.splitlines() if x.startswith(("error", "Trace"))]
 
 
+@pytest.mark.slow  # three processes
 def test_learners_goodput_reprice_keeps_the_measured_settings(tmp_path):
   import json  # pylint: disable=import-outside-toplevel
   recorded = os.path.join(ROOT, "benchmarks", "results",

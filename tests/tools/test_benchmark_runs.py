@@ -34,8 +34,10 @@ def test_more_workers_than_the_environment_simulates_is_one_line(capsys):
   _common.check_cpu_devices(have, f"--n_workers={have}")  # enough: passes
 
 
-@pytest.mark.parametrize("script", ["bench_convergence", "bench_step_time",
-                                    "bench_new_methods"])
+@pytest.mark.parametrize("script", [
+    pytest.param("bench_convergence", marks=pytest.mark.slow),
+    "bench_step_time", pytest.param("bench_new_methods",
+                                    marks=pytest.mark.slow)])
 def test_a_script_of_a_fixed_count_names_itself_under_too_few_devices(
     script):
   """Scripts that simulate a fixed count at import (8 or 16) kept an
@@ -140,6 +142,7 @@ def _parse(name: str, argvs: list, tmp_path) -> list:
   return [[code, [e.split(" (see ")[0] for e in err]] for code, err in rows]
 
 
+@pytest.mark.slow  # two processes
 def test_a_global_batch_the_workers_cannot_share_is_one_line(tmp_path):
   """bench_convergence --global_batch 7 and bench_evidence --part scale
   --workers 3 ended in validation.py's traceback naming

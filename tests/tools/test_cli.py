@@ -244,6 +244,7 @@ def test_pyproject_installs_the_command():
   assert getattr(importlib.import_module(module), attr) is cli.main
 
 
+@pytest.mark.slow  # a second process
 def test_predict_prints_the_runtime_models_table_without_jax():
   args = ["predict", "--preset", "A40", "--n-workers", "8,16", "--steps",
           "60"]
@@ -451,7 +452,8 @@ def test_the_xla_flags_device_count_is_read_as_xla_reads_it(monkeypatch):
   assert checks.xla_flags_device_count() is None
 
 
-@pytest.mark.parametrize("script", ["train.py", "compare.py"])
+@pytest.mark.parametrize("script", [
+    "train.py", pytest.param("compare.py", marks=pytest.mark.slow)])
 def test_the_experiment_scripts_check_the_environment_before_jax(script):
   """`python experiments/train.py` imported JAX first: JAX_NUM_CPU_DEVICES
   =abc ended in JAX's import-time traceback."""

@@ -949,8 +949,9 @@ def test_a_step_0_loss_edited_in_every_run_is_not_kept(
       "metrics.jsonl does not match its checksum" in w for w in warnings)
 
 
-@pytest.mark.parametrize("damage", ["remove", "truncate", "unlist_result",
-                                    "unlist_metrics"])
+@pytest.mark.parametrize("damage", ["remove", *(
+    pytest.param(d, marks=pytest.mark.slow)
+    for d in ("truncate", "unlist_result", "unlist_metrics"))])
 def test_a_record_without_its_checksums_is_trained_again(
     tmp_path, monkeypatch, capsys, damage):
   out, run, trained = _signed_job(monkeypatch, tmp_path)
@@ -992,12 +993,13 @@ def _add_row(row):
 # job's config: steps 3).
 @pytest.mark.parametrize("edit, says", [
     (_edit_final(lr=-1), "final.lr must be >= 0, got -1"),
-    (_edit_final(lr=1e30), "final.lr must be <= schedule.peak_lr "),
-    (_edit_final(step=None), "final.step is missing"),
-    (_add_row({"step": 3, "lr": "x"}), "at step 3: lr must be a number, got "
-                                       "'x'"),
-    (_add_row({"step": 99, "train/loss": 2.0}),
-     "at step 99: step must be in [0, steps] = [0, 3]"),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in (
+        (_edit_final(lr=1e30), "final.lr must be <= schedule.peak_lr "),
+        (_edit_final(step=None), "final.step is missing"),
+        (_add_row({"step": 3, "lr": "x"}),
+         "at step 3: lr must be a number, got 'x'"),
+        (_add_row({"step": 99, "train/loss": 2.0}),
+         "at step 99: step must be in [0, steps] = [0, 3]"))),
 ])
 def test_a_re_signed_record_with_an_impossible_value_is_not_kept(
     tmp_path, monkeypatch, capsys, edit, says):

@@ -182,6 +182,7 @@ def test_intra_link_refused_on_one_node_preset():
       "error: --intra-link has no effect on one node"), err
 
 
+@pytest.mark.slow  # 40 clusters, three predictions each
 def test_intra_link_accepted_exactly_where_it_moves_a_number(monkeypatch):
   # Over a sweep of clusters, --intra-link is accepted exactly where a
   # group mean runs the tree over nodes of several workers: with the

@@ -82,6 +82,7 @@ def test_install_line_names_requirements_and_the_cuda_extra():
   assert pins["jax"] == pins["jaxlib"]
 
 
+@pytest.mark.slow  # a second process
 def test_gpu_check_reaches_its_flags():
   assert "bash benchmarks/gpu_check.sh" in quickstart_commands()
   out = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--help"],
@@ -187,6 +188,7 @@ def test_two_host_command_trains_as_two_cpu_processes(tmp_path):
   assert records[-1]["step"] == 2 and np.isfinite(records[-1]["train/loss"])
 
 
+@pytest.mark.slow  # a second process
 def test_the_two_host_command_names_missing_data_before_it_waits_to_join(
     tmp_path):
   """Without its token bins a process refuses in one line at once, before
