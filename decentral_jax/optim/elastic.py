@@ -41,9 +41,14 @@ from a :class:`decentral_jax.comm.fault_schedule.FaultSchedule`), passed to
   parameters, Local SGD's last average), ``"copy_mean"`` the mean of the
   live workers that are not rejoining, ``"keep"`` keeps its stale
   parameters. Its inner optimizer state comes from the first live worker
-  (torchft heals a replica from a healthy one's state), or with ``"keep"``
-  only its integer leaves (step counters, hence the learning-rate
-  schedule): never from its own stale counters. Likewise its ``H_m``: a
+  that is not rejoining (torchft heals a replica from a healthy one's
+  state), or with ``"keep"`` only its integer leaves (step counters, hence
+  the learning-rate schedule): never from its own stale counters. When
+  every live worker is rejoining (the whole group was dead at the previous
+  step) there is no such donor: ``"copy_theta"`` still sets ``x_m <-
+  theta`` (group state, held by every worker), ``"copy_mean"`` falls back
+  to ``x_m <- theta`` (there is no live mean to copy), and each worker
+  keeps its own inner optimizer state. Likewise its ``H_m``: a
   copy holds none of its own inner steps, so ``"copy_theta"`` and
   ``"copy_mean"`` restart it at 0 (the stale steps, whose parameters were
   overwritten, neither weigh in the next outer average nor count as
@@ -133,26 +138,28 @@ def _rejoin(x, inner_state, done, theta, alive, rejoining, policy, axis_name):
   """Rejoining workers' parameters, inner state and ``H_m`` from the group."""
   me = collectives.index(axis_name)
   donors = alive & ~rejoining
-  take = rejoining[me] & jnp.any(donors)
+  has_donor = jnp.any(donors)
+  take = rejoining[me]  # theta is group state: no donor needed
+  take_state = take & has_donor
 
   def run(operand):
     x, inner_state, done = operand
     first = jnp.argmax(donors)
     state = faults.from_worker(inner_state, first, axis_name,
                                only_int=policy == "keep")
-    if policy == "copy_theta":
-      src = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)
-    elif policy == "copy_mean":
+    src = jax.tree.map(lambda t, a: t.astype(a.dtype), theta, x)
+    if policy == "copy_mean":  # no donor: theta (module docstring)
       count = jnp.maximum(jnp.sum(donors), 1)
       sums = collectives.psum(jax.tree.map(
           lambda a: jnp.where(donors[me], a, jnp.zeros_like(a)), x), axis_name)
-      src = jax.tree.map(lambda s, a: gossip.match_varying(
+      mean = jax.tree.map(lambda s, a: gossip.match_varying(
           (s / count).astype(a.dtype), a), sums, x)
-    else:
+      src = _select(has_donor, mean, src)
+    elif policy == "keep":
       src = x
     if policy != "keep":  # the copy holds none of this worker's steps
       done = jnp.where(take, jnp.zeros_like(done), done)
-    return _select(take, src, x), _select(take, state, inner_state), done
+    return _select(take, src, x), _select(take_state, state, inner_state), done
 
   return gossip.every(None, jnp.any(rejoining), run, lambda o: o,
                       (x, inner_state, done))

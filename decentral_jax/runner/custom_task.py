@@ -19,7 +19,11 @@ float32 or float64 array or has no elements, and a loss that is not a float
 scalar or an aux dict whose keys are not strings, whose values are not
 float scalars or that uses a name of the runner's own per-step metrics
 (traced with ``jax.eval_shape``, nothing compiled). Later batches are
-compared with step 0's shapes and dtypes as they are read; the initial
+compared with step 0's shapes and dtypes as they are read, and an
+exception the source raises while reading (``__getitem__``, the iterator
+or the call that starts it) becomes one line naming the source, the example
+and the step (the training loop then saves the steps trained so far,
+:func:`decentral_jax.runner.train.train_and_evaluate`); the initial
 parameters' values are checked finite (:func:`check_finite_params`) when
 the run first builds its state, before the first step.
 """
@@ -88,8 +92,19 @@ def _call(build: Callable, options: dict, what: str):
                      ) from None
 
 
-def _example(source, i: int, what: str) -> tuple[np.ndarray, ...]:
-  example = source[int(i)]
+def _said(error: Exception) -> str:
+  """``Type: message`` of ``error`` on one line (at most 200 characters)."""
+  return f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+
+
+def _example(source, i: int, what: str,
+             step: int | None = None) -> tuple[np.ndarray, ...]:
+  try:
+    example = source[int(i)]
+  except Exception as e:  # pylint: disable=broad-except
+    at = "" if step is None else f" (step {step})"
+    raise ValueError(f"{what}: reading example {i}{at} failed: {_said(e)}"
+                     ) from None
   if isinstance(example, np.ndarray) or not isinstance(example,
                                                        (tuple, list)):
     example = (example,)
@@ -100,9 +115,11 @@ def _example(source, i: int, what: str) -> tuple[np.ndarray, ...]:
                      f"({type(e).__name__}: {e}).") from None
 
 
-def _stack(source, ids: np.ndarray, what: str) -> tuple[np.ndarray, ...]:
-  """The examples ``ids [W, B]`` of ``source`` as arrays ``[W, B, ...]``."""
-  rows = [_example(source, i, what) for i in ids.reshape(-1)]
+def _stack(source, ids: np.ndarray, what: str,
+           step: int | None = None) -> tuple[np.ndarray, ...]:
+  """The examples ``ids [W, B]`` of ``source`` (read for ``step``, None for
+  the evaluation set) as arrays ``[W, B, ...]``."""
+  rows = [_example(source, i, what, step) for i in ids.reshape(-1)]
   spec = _spec(rows[0])
   for i, row in zip(ids.reshape(-1), rows):
     if _spec(row) != spec:
@@ -160,8 +177,7 @@ def _len_failure(source, error: Exception) -> str:
       raw = None  # __len__ itself raised: named below
     if raw is not None and not hasattr(type(raw), "__index__"):
       return f"returns a {type(raw).__name__} ({str(raw)[:40]}), not an int"
-  said = " ".join(str(error).split())[:200]
-  return f"fails ({type(error).__name__}: {said})"
+  return f"fails ({_said(error)})"
 
 
 def _random_access(train, what: str, n: int, b: int, seed: int):
@@ -181,7 +197,7 @@ def _random_access(train, what: str, n: int, b: int, seed: int):
                                   fix="lower --config.global_batch.")
 
   def host_batch(step, workers=None):
-    return _stack(train, sharder.ids(step, workers), what)
+    return _stack(train, sharder.ids(step, workers), what, int(step))
 
   return host_batch
 
@@ -192,14 +208,18 @@ def _streamed(make_iter: Callable, what: str, n: int):
   state = {"next": None, "it": None}
 
   def host_batch(step, workers=None):
-    if state["next"] != step:
-      state["it"], state["next"] = iter(make_iter(int(step))), int(step)
     try:
+      if state["next"] != step:
+        state["it"], state["next"] = iter(make_iter(int(step))), int(step)
       item = next(state["it"])
     except StopIteration:
       raise ValueError(
           f"{what} ran out of batches at step {step}: the iterator must "
           "yield one batch per step up to config.steps.") from None
+    except Exception as e:  # pylint: disable=broad-except
+      state["next"] = None  # restart the iterator on the next call
+      raise ValueError(f"{what}: reading the batch of step {step} failed: "
+                       f"{_said(e)}") from None
     state["next"] = int(step) + 1
     arrays = tuple(np.asarray(x) for x in (
         item if isinstance(item, (tuple, list)) else (item,)))

@@ -136,14 +136,19 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   Writes ``metrics.jsonl`` (one record per log or eval point), ``config.json``
   and ``checkpoints/<step>/`` (every worker's parameters and optimizer state,
   the step, the data position, RNG keys and the losses since the last log
-  record; every ``checkpoint_interval`` steps, at the end, and on SIGTERM).
+  record; every ``checkpoint_interval`` steps, at the end, on SIGTERM and
+  before a batch that cannot be read).
   A resumed run continues bit-exactly: same batches, same dropout keys, same
   gossip round, same logged losses.
 
   The work directory is locked for the duration (``run.lock``, see
   :mod:`decentral_jax.runner.workdir`); the newest checkpoint is verified before it
   is restored and a corrupt one falls back to the previous one (see
-  :mod:`decentral_jax.runner.checkpoint`). On SIGTERM or SIGINT the run finishes
+  :mod:`decentral_jax.runner.checkpoint`). A batch that cannot be read (a
+  data source that raises, or gives other shapes than step 0's) stops the
+  run before that step, after a checkpoint of the steps trained so far (one
+  process; a ValueError naming the source, the step and the checkpoint).
+  On SIGTERM or SIGINT the run finishes
   the current step, saves a checkpoint of it, waits until it is committed,
   releases the lock and raises :class:`Preempted`. In a multi-process job
   SIGTERM reaches JAX's preemption service, and every process stops after
@@ -173,7 +178,8 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     ``param_count``.
 
   Raises:
-    ValueError: bad config or data (see
+    ValueError: bad config or data, a batch that cannot be read (the
+      steps before it are checkpointed first; see
       :class:`~decentral_jax.runner.experiment.Experiment`), or a
       checkpoint in ``workdir`` from an incompatible config or past
       ``config.steps`` (a checkpoint of step ``config.steps`` is a finished
@@ -257,6 +263,28 @@ def _preempted(done: int, stop: preemption.StopRequest,
   return Preempted(done, stop.signum, ckpt.directory)
 
 
+def _next_batch(exp: Experiment, step: int):
+  """``(batch of step, None)``, or ``(None, message)`` where reading it
+  failed (a ValueError of the task: the loop saves the state of ``step``
+  first). In a multi-process job the error is raised here: a save on the
+  one failing process would wait for the others."""
+  try:
+    return exp.get_batch(step), None
+  except ValueError as e:
+    if jax.process_count() > 1:
+      raise
+    return None, str(e).rstrip(".")
+
+
+def _read_failure(failed: str, done: int,
+                  ckpt: checkpoint_lib.Checkpointer) -> ValueError:
+  """Waits for checkpoint ``done`` to be committed; the error to raise."""
+  ckpt.wait()
+  return ValueError(f"{failed}; checkpoint {done} is saved in "
+                    f"{ckpt.directory}: fix the data source and run the "
+                    "same command again to resume.")
+
+
 def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
           stop: preemption.StopRequest) -> dict:
   """The body of :func:`train_and_evaluate` (lock held, ``ckpt`` open).
@@ -293,11 +321,12 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
           recorder.record_log_step(pending[0])
       pending = (done, device_metrics)
       stopping = done < total and stop.requested(done)
-      if done < total and not stopping:
-        batch = exp.get_batch(done)  # host prepares the next batch
+      failed = None
+      if done < total and not stopping:  # host prepares the next batch
+        batch, failed = _next_batch(exp, done)
       do_eval = done == total or (eval_every and done % eval_every == 0)
-      do_ckpt = stopping or done == total or (ckpt_every and
-                                              done % ckpt_every == 0)
+      do_ckpt = stopping or failed or done == total or (
+          ckpt_every and done % ckpt_every == 0)
       if do_eval or do_ckpt:
         recorder.read(*pending)
         pending = None
@@ -310,6 +339,8 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
         recorder.restart_clock()
       if stopping:
         raise _preempted(done, stop, ckpt, main)
+      if failed:
+        raise _read_failure(failed, done, ckpt)
     if start >= total:  # nothing left to train: report the final evaluation
       recorder.last.update(exp.evaluate(state))
   return recorder.final()

@@ -82,11 +82,12 @@ def _oracle(x0, b, alive, working, *, quorum=1, on_failure="proceed",
         x[m] = x[m] - LR * (x[m] - b[m])
         done[m] += 1
     donors = a & ~rej
-    fresh = x[donors].mean(0) if donors.any() else None
+    # copy_mean without a donor (whole group back at once) takes theta.
+    fresh = x[donors].mean(0) if donors.any() else theta
     for m in np.flatnonzero(rej):
-      if donors.any() and rejoin == "copy_theta":
+      if rejoin == "copy_theta":  # theta is group state: no donor needed
         x[m], done[m] = theta, 0  # a copy holds none of its own steps
-      elif donors.any() and rejoin == "copy_mean":
+      elif rejoin == "copy_mean":
         x[m], done[m] = fresh, 0
     lost |= last & ~a
     if t % H == 0:
@@ -302,6 +303,48 @@ def test_quorum_above_the_worker_count_is_refused():
     with pytest.raises(ValueError, match=r"min_quorum=3 is more than the 2 "
                        r"workers of axis .*; use min_quorum <= 2\."):
       _run(make(optax.sgd(0.1), 2, min_quorum=3), x0, b, steps=1)
+
+
+
+@pytest.mark.parametrize("rejoin, x_end, useful", [
+    ("copy_theta", 0.0, 0), ("copy_mean", 0.0, 0), ("keep", 6.0, 2)])
+def test_whole_group_back_at_once_by_hand(rejoin, x_end, useful):
+  # Local SGD, 2 workers, H = 3, inner SGD at lr 0.5 (x <- (x + b) / 2),
+  # theta = 0, b = (16, 8). t = 1: x = (8, 4), H_m = 1. t = 2: both dead.
+  # t = 3: both rejoin (no donor, no step). copy_theta / copy_mean: x <-
+  # theta = 0, H_m <- 0, so the outer step has no contributor (skipped):
+  # x = 0, nothing useful. keep: x = (8, 4), H_m = 1: x_bar = 6, 2 steps.
+  require_devices(2)
+  x0 = np.zeros((2, 1), np.float32)
+  b = np.array([[16.0], [8.0]], np.float32)
+  alive = np.ones((3, 2), bool)
+  alive[1] = False
+  tx = elastic.elastic_local_sgd(optax.sgd(0.5), 3, rejoin=rejoin)
+  got, states = _run(tx, x0, b, alive, alive, steps=3)
+  np.testing.assert_allclose(got[-1], np.full((2, 1), x_end), rtol=1e-6)
+  assert int(states[-1].useful[0]) == useful
+  assert int(states[-1].skipped[0]) == 1 - (useful > 0)
+
+
+@pytest.mark.parametrize("method,rejoin", [
+    ("diloco", "copy_theta"), ("local_sgd", "copy_mean"),
+    pytest.param("diloco", "copy_mean", marks=pytest.mark.slow),
+    pytest.param("local_sgd", "copy_theta", marks=pytest.mark.slow),
+    pytest.param("diloco", "keep", marks=pytest.mark.slow)])
+def test_whole_group_outage_matches_oracle(method, rejoin, x64):
+  # Every worker dead at t = 5 and back at t = 6 (no donor), on top of the
+  # usual faults: theta is group state, so the copies need no donor.
+  del x64
+  require_devices(N)
+  x0, b = _problem(seed=3)
+  alive, working = _masks()
+  alive[4] = False
+  working &= alive
+  got, _ = _run(_make(method, rejoin=rejoin), x0, b, alive, working)
+  want, _ = _oracle(x0, b, alive, working, rejoin=rejoin,
+                    local_sgd=method == "local_sgd")
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
 

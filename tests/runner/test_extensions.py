@@ -172,18 +172,47 @@ def make_vector_loss():
   return extensions.Model(model.init, lambda p, b, k: (b[0] @ p["w"]) ** 2)
 
 
-def make_stream(change_at=-1, stop_at=99):
-  """Whole steps from an iterator; the shape changes at ``change_at``."""
+def make_stream(change_at=-1, stop_at=99, raise_at=-1):
+  """Whole steps from an iterator; the shape changes at ``change_at``, the
+  read of ``raise_at`` raises."""
   def batches(start):
     for step in range(start, stop_at):
+      if step == raise_at:
+        raise OSError("stream read failed")
       width = D + 1 if step == change_at else D
       yield (np.ones((N, B, width), np.float32),
              np.zeros((N, B), np.float32))
   return extensions.Data(train=batches, eval=EXAMPLES)
 
 
+class _Unreadable:
+  """EXAMPLES whose reads of ``bad`` ids raise ``error``."""
+
+  def __init__(self, bad, error):
+    self.bad, self.error = set(bad), error
+
+  def __len__(self):
+    return SIZE
+
+  def __getitem__(self, i):
+    if i in self.bad:
+      raise self.error
+    return EXAMPLES[i]
+
+
+def make_bad_reads(train_from=SIZE, train_ids=(), eval_id=-1):
+  """Training reads of ids >= ``train_from`` or in ``train_ids`` raise
+  (IndexError, OSError), the evaluation read of ``eval_id`` (KeyError)."""
+  bad = set(range(train_from, SIZE)) | set(train_ids)
+  error = IndexError("index out of range") if train_from < SIZE else \
+      OSError("disk read failed")
+  return extensions.Data(train=_Unreadable(bad, error),
+                         eval=_Unreadable({eval_id}, KeyError("gone")))
+
+
 extensions.register_model("test_vector_loss", make_vector_loss)
 extensions.register_data("test_stream", make_stream)
+extensions.register_data("test_bad_reads", make_bad_reads)
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -380,8 +409,7 @@ def test_registration_refuses_taken_built_in_and_malformed_names():
     extensions.register_optimizer("adamw", optax.sgd)
 
 
-def test_a_source_that_runs_out_keeps_the_checkpoints_already_written(
-    tmp_path):
+def test_a_source_that_runs_out_saves_the_steps_trained(tmp_path):
   require_devices(N)
   c = linear_config(**{"data.source": "test_stream",
                        "data.options.stop_at": 4, "checkpoint_interval": 3})
@@ -389,8 +417,10 @@ def test_a_source_that_runs_out_keeps_the_checkpoints_already_written(
   with pytest.raises(ValueError, match="data source 'test_stream' ran out "
                      "of batches at step 4"):
     train.train_and_evaluate(c, workdir)
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["3"]
-  # Enough batches now: the run resumes from step 3 and finishes.
+  # Steps 0-3 trained: checkpoint 4 saved beside the scheduled 3.
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == [
+      "3", "4"]
+  # Enough batches now: the run resumes from step 4 and finishes.
   c = linear_config(**{"data.source": "test_stream",
                        "data.options.stop_at": 4, "checkpoint_interval": 3})
   c.data.options.stop_at = 6
@@ -559,3 +589,52 @@ def test_a_non_finite_evaluation_loss_stops_the_run(tmp_path):
     train.train_and_evaluate(c, workdir)
   assert not os.path.exists(os.path.join(workdir, "metrics.jsonl")) or \
       not _rows(workdir)
+
+
+def test_a_source_that_raises_is_one_line_naming_example_and_step():
+  require_devices(N)
+  # len() says 40, ids >= 20 raise: the first such id of step 0's
+  # sharding (oracle_ids, in worker-major order) is named.
+  first = next(int(i) for i in oracle_ids(0).reshape(-1) if i >= 20)
+  c = linear_config(**{"data.source": "test_bad_reads",
+                       "data.options.train_from": 20})
+  with pytest.raises(ValueError) as e:
+    experiment_lib.Experiment(c)
+  assert str(e.value) == (
+      f"data source 'test_bad_reads': reading example {first} (step 0) "
+      "failed: IndexError: index out of range")
+  c = linear_config(**{"data.source": "test_bad_reads",
+                       "data.options.eval_id": 5})
+  with pytest.raises(ValueError) as e:
+    experiment_lib.Experiment(c)
+  assert str(e.value) == (
+      "data source 'test_bad_reads' (evaluation): reading example 5 "
+      "failed: KeyError: 'gone'")
+  exp = experiment_lib.Experiment(linear_config(**{
+      "data.source": "test_stream", "data.options.raise_at": 2}))
+  with pytest.raises(ValueError) as e:
+    exp.task.host_batch(2)
+  assert str(e.value) == ("data source 'test_stream': reading the batch of "
+                          "step 2 failed: OSError: stream read failed")
+  assert exp.task.host_batch(3)[0].shape == (N, B, D)  # restarted
+
+
+def test_a_read_failing_mid_run_saves_the_steps_trained(tmp_path):
+  # One id of step 4 (epoch 0 of 5 steps: read at no earlier step) fails.
+  require_devices(N)
+  bad = int(oracle_ids(4)[1, 0])
+  assert bad not in np.concatenate([oracle_ids(s) for s in range(4)])
+  c = linear_config(**{"data.source": "test_bad_reads",
+                       "data.options.train_ids": (bad,)})
+  workdir = str(tmp_path / "run")
+  with pytest.raises(ValueError) as e:
+    train.train_and_evaluate(c, workdir)
+  where = os.path.join(workdir, "checkpoints")
+  assert str(e.value) == (
+      f"data source 'test_bad_reads': reading example {bad} (step 4) "
+      f"failed: OSError: disk read failed; checkpoint 4 is saved in {where}"
+      ": fix the data source and run the same command again to resume.")
+  assert sorted(os.listdir(where)) == ["3", "4"]
+  assert [r["step"] for r in _rows(workdir) if "train/loss" in r][-1] == 4
+  c.data.options.train_ids = ()  # fixed: resumes from step 4
+  assert train.train_and_evaluate(c, workdir)["step"] == 6
