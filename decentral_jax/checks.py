@@ -58,15 +58,28 @@ def is_int(value: Any) -> bool:
 
 
 def is_number(value: Any) -> bool:
-  """Whether ``value`` is a finite real number: a Python or NumPy int (of any
-  size) or float, not ``bool``, NaN, inf or an array.
+  """Whether ``value`` is a finite real number: a Python or NumPy int or
+  float, not ``bool``, NaN, inf or an array. An int is finite when it is
+  within float64's range (``10**400`` is not: ``float()`` overflows).
 
   The predicate of :func:`check_float`.
   """
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (int, float, np.integer, np.floating)):
     return False
-  return is_int(value) or math.isfinite(value)
+  try:
+    return math.isfinite(float(value))
+  except OverflowError:  # an int beyond float64's range
+    return False
+
+
+def shown(value: Any) -> str:
+  """``repr(value)`` for a message; an int of more than 30 digits is
+  ``"an int of N digits"`` (``10**400`` would fill the line)."""
+  if is_int(value) and len(str(abs(int(value)))) > 30:
+    sign = "a negative" if value < 0 else "an"
+    return f"{sign} int of {len(str(abs(int(value))))} digits"
+  return repr(value)
 
 
 def _check_kind(name: str, value: Any, rule: str, accepted) -> None:
@@ -76,7 +89,7 @@ def _check_kind(name: str, value: Any, rule: str, accepted) -> None:
     raise ValueError(f"{name} must be {rule}, got an array; "
                      f"{INJECT_HINT.format(name)}.")
   if not accepted(value):
-    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+    raise ValueError(f"{name} must be {rule}, got {shown(value)}.")
 
 
 def _bounds(minimum, maximum, *, open_min=False, open_max=False) -> str:
@@ -103,7 +116,7 @@ def check_int(name: str, value: Any, *, minimum: int | None = None,
   _check_kind(name, value, rule, is_int)
   if ((minimum is not None and value < minimum)
       or (maximum is not None and value > maximum)):
-    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+    raise ValueError(f"{name} must be {rule}, got {shown(value)}.")
   return int(value)
 
 
@@ -115,7 +128,7 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
   Args:
     name: the argument or config field.
     value: a Python or NumPy int or float (not ``bool``, not NaN or inf, not
-      an array).
+      an int beyond float64's range, not an array).
     minimum, maximum: bounds; None for none. ``open_min`` / ``open_max``
       make them strict.
 
@@ -128,9 +141,9 @@ def check_float(name: str, value: Any, *, minimum: float | None = None,
   _check_kind(name, value, rule, is_number)
   v = float(value)
   if minimum is not None and (v < minimum or (open_min and v == minimum)):
-    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+    raise ValueError(f"{name} must be {rule}, got {shown(value)}.")
   if maximum is not None and (v > maximum or (open_max and v == maximum)):
-    raise ValueError(f"{name} must be {rule}, got {value!r}.")
+    raise ValueError(f"{name} must be {rule}, got {shown(value)}.")
   return v
 
 

@@ -63,6 +63,9 @@ STRAGGLER_MODES = ("deadline", "wait")
 TRACE_KEYS = ("n_workers", "events")
 EVENT_KEYS = ("worker", "start", "end", "state", "speed")
 _STEP_MAX = 2 ** 40  # steps are below this; worker w's keys are w * _STEP_MAX + t
+#: Most (step, worker) entries one :meth:`FaultSchedule.masks` call builds
+#: (its int64 temporaries take 8 bytes each: 512 MiB); ask in chunks.
+MAX_MASK_CELLS = 2 ** 26
 #: Largest fault trace file read (bytes).
 MAX_TRACE_BYTES = 64 * 2 ** 20
 
@@ -193,13 +196,24 @@ class FaultSchedule:
   def masks(self, start: int, stop: int, stragglers: str = "deadline"):
     """``(alive, working)``, bool [stop - start, n], for steps ``start..stop-1``.
 
+    At most ``max(1, MAX_MASK_CELLS // n)`` steps per call
+    (:data:`MAX_MASK_CELLS`); a longer span is asked for in chunks.
+
     Raises:
       ValueError: ``stragglers`` not one of :data:`STRAGGLER_MODES`, a
-        negative step, or ``stop < start``.
+        negative step, ``stop < start``, or a span of more steps than one
+        call builds (naming ``stop``).
     """
     checks.check_choice("stragglers", stragglers, STRAGGLER_MODES)
     start = _check_step(start)
     stop = checks.check_int("stop", stop, minimum=start, maximum=_STEP_MAX - 1)
+    span = max(1, MAX_MASK_CELLS // self.n_workers)
+    if stop - start > span:
+      raise ValueError(
+          f"stop={stop} asks for {stop - start} steps from start={start}; "
+          f"one masks() call builds at most {span} steps of {self.n_workers} "
+          f"workers (MAX_MASK_CELLS={MAX_MASK_CELLS}); use stop <= "
+          f"{start + span} and ask for the rest in chunks.")
     steps = np.arange(start, stop, dtype=np.int64)[:, None]
     alive = self._speed[self._segment(steps)] > 0
     if stragglers == "wait":

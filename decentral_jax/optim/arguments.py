@@ -32,9 +32,15 @@ NO_PARAMS = ("{} needs the current parameters: call tx.update(grads, state, "
 
 
 def concrete_float(x) -> float | None:
-  """``float(x)``, or None if ``x`` is traced (checked when it is known)."""
+  """``float(x)``, or None if ``x`` is traced (checked when it is known).
+
+  An int beyond float64's range (``10**400``) is ``inf`` with its sign, so
+  a range check refuses it as not finite.
+  """
   try:
     return float(x)
+  except OverflowError:
+    return math.inf if x > 0 else -math.inf
   except TypeError:  # includes jax.errors.ConcretizationTypeError
     return None
 
@@ -43,12 +49,14 @@ def check_hyperparameter(name: str, value, *, below_one: bool,
                          wide: bool = True, schedule: bool = False) -> None:
   """Raises ValueError unless ``value`` is finite, >= 0 (and < 1 if asked).
 
-  ``value`` is a Python or NumPy number or an array (possibly traced, e.g.
-  from ``optax.inject_hyperparams``); a bool, a string or anything else is
-  refused, and so is a concrete array that is not a scalar (its values
-  would skip the range check and broadcast against the parameters;
-  ``schedule`` says a schedule is the way to vary it). Traced values are
-  only checked for their dtype: with ``wide``
+  ``value`` is a Python int or float, or a NumPy or JAX scalar or array
+  (possibly traced, e.g. from ``optax.inject_hyperparams``) of a floating
+  or signed integer dtype; a bool, a string, a complex or unsigned dtype
+  (optax negates a learning rate) or anything else is refused, and so is
+  a concrete array that is not a scalar (its values would skip the range
+  check and broadcast against the parameters; ``schedule`` says a
+  schedule is the way to vary it). Traced values are only checked for
+  their dtype: with ``wide``
   a floating array with fewer than 32 bits is rejected, since ``b2 =
   0.999`` rounds to 1.0 in bfloat16 (a zero bias correction) and ``eps =
   1e-8`` to 0 in float16.
@@ -58,6 +66,11 @@ def check_hyperparameter(name: str, value, *, below_one: bool,
       value, (int, float, np.number, np.ndarray, jax.Array)):
     raise ValueError(f"{name} must be {interval}, got {value!r}.")
   dtype = getattr(value, "dtype", None)
+  if dtype is not None and not (jnp.issubdtype(dtype, jnp.floating) or
+                                jnp.issubdtype(dtype, jnp.signedinteger)):
+    raise ValueError(
+        f"{name} must be {interval} of a floating or signed integer dtype, "
+        f"got a {jnp.dtype(dtype).name} value; pass a Python float.")
   if (wide and dtype is not None and jnp.issubdtype(dtype, jnp.floating) and
       jnp.finfo(dtype).bits < 32):
     raise ValueError(
@@ -73,7 +86,7 @@ def check_hyperparameter(name: str, value, *, below_one: bool,
   if v is None:
     return
   if not math.isfinite(v) or v < 0 or (below_one and v >= 1):
-    raise ValueError(f"{name} must be {interval}, got {value!r}.")
+    raise ValueError(f"{name} must be {interval}, got {checks.shown(value)}.")
 
 
 def check_period(name: str, value):

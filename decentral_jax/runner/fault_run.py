@@ -51,8 +51,10 @@ class FaultRun:
     self.stragglers = stragglers
     self.n_workers = schedule.n_workers
     self.trace_sha256 = trace_sha256
-    counts = [schedule.masks(a, min(a + _CHUNK, steps), stragglers)[1].sum(1)
-              for a in range(0, steps, _CHUNK)]
+    chunk = max(1, min(_CHUNK,
+                       fault_schedule.MAX_MASK_CELLS // self.n_workers))
+    counts = [schedule.masks(a, min(a + chunk, steps), stragglers)[1].sum(1)
+              for a in range(0, steps, chunk)]
     # Worker-steps completed before step k, k = 0 .. steps.
     self._work = np.concatenate([[0], np.cumsum(np.concatenate(counts))])
 

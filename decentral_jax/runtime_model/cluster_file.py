@@ -112,7 +112,7 @@ def write(path: str, data: dict) -> None:
 _DAY_S = 86400.0
 _COUNT = 1 << 24  # workers, devices, flows
 CLUSTER_SCHEMA = {
-    "n_workers": ("int", 1, _COUNT, False),
+    "n_workers": ("int", 1, costs.MAX_WORKERS, False),
     "local_size": ("int", 1, _COUNT, False),
     "intra_latency_s": ("number", 0.0, _DAY_S, False),
     "intra_bandwidth_Bps": ("number", 1e3, MAX_BANDWIDTH_Bps, False),

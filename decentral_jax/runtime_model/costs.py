@@ -28,6 +28,10 @@ from decentral_jax import checks
 from decentral_jax.topology.rounds import Round
 
 MULTI_NODE_ALGORITHMS = ("ring", "tree")
+#: Most workers a :class:`Cluster` holds. Pricing keeps per-worker lists of
+#: the workers each one waits for: an All-Reduce's are [n, n] (4096: about
+#: 1 GB and 3 s; 65536 would need 32 GiB). The command line's bound too.
+MAX_WORKERS = 4096
 INTRA_LINKS = ("pcie", "nvlink")
 
 
@@ -36,7 +40,8 @@ class Cluster:
   """Hardware of a data-parallel job (one worker per accelerator).
 
   Attributes:
-    n_workers: number of workers ``n``.
+    n_workers: number of workers ``n``, an int in ``[1, MAX_WORKERS]``
+      (:data:`MAX_WORKERS` = 4096).
     local_size: workers per node ``L`` (divides ``n``); workers
       ``v*L .. v*L+L-1`` share node ``v``.
     intra_latency_s: per-message latency of an intra-node hop (seconds).
@@ -89,6 +94,10 @@ class Cluster:
       per second (compressed communication; see
       :mod:`decentral_jax.runtime_model.compression`). Default 100e9, an
       assumption (docs/runtime_model.md, "Compressed communication").
+
+  Raises:
+    ValueError: a field out of its range, one line naming it (e.g.
+      ``n_workers`` above :data:`MAX_WORKERS`).
   """
 
   n_workers: int
@@ -110,7 +119,7 @@ class Cluster:
 
   def __post_init__(self):
     n, big_l = self.n_workers, self.local_size
-    checks.check_int("n_workers", n, minimum=1)
+    checks.check_int("n_workers", n, minimum=1, maximum=MAX_WORKERS)
     if not checks.is_int(big_l) or big_l < 1 or n % big_l:
       raise ValueError(f"local_size={big_l!r} must be a positive integer "
                        f"dividing n_workers={n} (workers per node).")
@@ -207,23 +216,45 @@ def ring_all_reduce_time(p: int, nbytes: float, latency_s: float,
   """Ring all-reduce over ``p`` ranks: ``2(p-1) a + 2(p-1)/p * M / b``.
 
   Args:
-    p: ranks in the ring.
-    nbytes: message size M (bytes) held by every rank.
-    latency_s: per-step latency a (seconds) of the slowest hop.
-    bandwidth_Bps: per-direction bandwidth b (bytes/s) of the slowest hop.
+    p: ranks in the ring, an int >= 1.
+    nbytes: message size M (bytes, >= 0) held by every rank.
+    latency_s: per-step latency a (seconds, >= 0) of the slowest hop.
+    bandwidth_Bps: per-direction bandwidth b (bytes/s, > 0) of the slowest
+      hop.
 
   Returns:
-    Seconds; 0.0 for ``p <= 1``.
+    Seconds (float); 0.0 for ``p == 1``.
+
+  Raises:
+    ValueError: an argument that is not a finite number in its range (or
+      ``p`` not an int), named, as :class:`Cluster` refuses its fields.
   """
-  if p <= 1:
+  p = checks.check_int("p", p, minimum=1)
+  nbytes, latency_s, bandwidth_Bps = _alpha_beta_args(nbytes, latency_s,
+                                                      bandwidth_Bps)
+  if p == 1:
     return 0.0
   return 2 * (p - 1) * latency_s + 2 * (p - 1) / p * nbytes / bandwidth_Bps
 
 
 def pair_exchange_time(nbytes: float, latency_s: float,
                        bandwidth_Bps: float) -> float:
-  """Two ranks swap M bytes at once (full duplex): ``a + M / b`` seconds."""
+  """Two ranks swap M bytes at once (full duplex): ``a + M / b`` seconds.
+
+  Args, Raises: as :func:`ring_all_reduce_time` (``nbytes`` >= 0,
+  ``latency_s`` >= 0, ``bandwidth_Bps`` > 0).
+  """
+  nbytes, latency_s, bandwidth_Bps = _alpha_beta_args(nbytes, latency_s,
+                                                      bandwidth_Bps)
   return latency_s + nbytes / bandwidth_Bps
+
+
+def _alpha_beta_args(nbytes, latency_s, bandwidth_Bps):
+  """``(M, a, b)`` as floats, each checked (M, a >= 0; b > 0)."""
+  return (checks.check_float("nbytes", nbytes, minimum=0),
+          checks.check_float("latency_s", latency_s, minimum=0),
+          checks.check_float("bandwidth_Bps", bandwidth_Bps, minimum=0,
+                             open_min=True))
 
 
 @dataclasses.dataclass(frozen=True)

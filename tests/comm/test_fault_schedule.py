@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from decentral_jax.comm import fault_schedule
 from decentral_jax.comm.fault_schedule import FaultSchedule
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -216,3 +217,25 @@ def test_extreme_rates_do_not_overflow():
                 steps, 0.0) for w in range(4))
   assert sched.events == want
   assert not sched.alive(steps - 1).any()
+
+
+def test_masks_refuses_a_span_it_cannot_build():
+  # masks(0, 2**39) asked for 2**39 x 4 entries (4 TiB): a MemoryError.
+  # One call builds at most MAX_MASK_CELLS = 2**26 entries: 2**24 steps of
+  # 4 workers.
+  sched = FaultSchedule.from_events(4, [(0, 0, None, 0.5)])
+  with pytest.raises(ValueError) as info:
+    sched.masks(0, 2**39)
+  msg = str(info.value)
+  assert msg.startswith("stop=549755813888 asks for 549755813888 steps from "
+                        "start=0; one masks() call builds at most 16777216 "
+                        "steps of 4 workers") and "\n" not in msg
+  with pytest.raises(ValueError, match="stop=16777227 asks for 16777217"):
+    sched.masks(10, 10 + 2**24 + 1)
+  alive, working = sched.masks(2**30, 2**30 + 3)  # a short span far out
+  assert alive.shape == (3, 4) and alive.all()
+  # speed 0.5: work before step t is t / 2, a whole step every other step.
+  assert working[:, 0].tolist() == [False, True, False]
+  with open(os.path.join(ROOT, "docs", "faults.md")) as f:
+    assert "(`MAX_MASK_CELLS` = 2**26 entries)" in f.read()
+  assert fault_schedule.MAX_MASK_CELLS == 2**26

@@ -238,24 +238,27 @@ def test_cluster_file_must_be_a_small_regular_file(tmp_path, capsys):
   assert len(err) == 1 and "is not a regular file" in err[0], err
 
 
-def test_cluster_file_with_more_workers_than_predict_simulates(tmp_path,
-                                                               capsys):
-  # The schema admits 2^20 workers; predicting for them needed 2^40-entry
-  # matrices (a MemoryError). Refused, naming the file and the way out.
+def test_cluster_file_with_more_workers_than_a_cluster_holds(tmp_path,
+                                                             capsys):
+  # Predicting for 2^20 workers needed 2^40-entry matrices (a
+  # MemoryError). A file holds at most Cluster's 4096 workers, the bound
+  # of --n-workers: refused when it is read, naming the file and the key.
   path = _write(tmp_path, _synthetic())
   with open(path) as f:
     data = json.load(f)
   data["cluster"].update(n_workers=2**20, local_size=4)
   with open(path, "w") as f:
     json.dump(data, f)
-  assert cluster_file.read(path)["cluster"]["n_workers"] == 2**20
+  with pytest.raises(ValueError) as info:
+    cluster_file.read(path)
+  assert str(info.value) == (f"--cluster {path!r}: cluster.n_workers must "
+                             "be an integer in [1, 4096], got 1048576.")
   assert cli.main(["predict", "--cluster", path]) == 2
   out = capsys.readouterr()
   assert out.out == ""  # refused before anything is printed
   err = out.err.strip().splitlines()
-  assert len(err) == 1 and (
-      f"--cluster {path!r}: cluster.n_workers 1048576 is above the 4096 "
-      "workers predict simulates") in err[0] and "--n-workers N" in err[0], err
+  assert len(err) == 1 and "cluster.n_workers must be an integer in [1, " \
+      "4096], got 1048576" in err[0], err
 
 
 def test_flags_and_files_share_the_workload_bounds(tmp_path, capsys):

@@ -16,6 +16,7 @@ import numpy as np
 
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import in_flight
+from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.method import Method
 from decentral_jax.runtime_model import workload as workload_lib
@@ -24,9 +25,9 @@ from decentral_jax.runtime_model import local_sync
 from decentral_jax.tools import flag_types
 
 # Largest inputs `predict` accepts. Its cost grows with n^2 (mixing
-# matrices) and with n x simulated steps x buckets
-# (simulated_work.MAX_SIMULATED).
-MAX_WORKERS = 4096
+# matrices; the model's own bound, costs.MAX_WORKERS) and with n x
+# simulated steps x buckets (simulated_work.MAX_SIMULATED).
+MAX_WORKERS = costs.MAX_WORKERS
 
 # The runtime model's bounds on a workload (the same for flags and files).
 MAX_BUCKETS = workload_lib.MAX_BUCKETS
@@ -287,20 +288,6 @@ def check_utilisation_args(args) -> None:
   itemsize = max(float_dtype_flag("--grad-dtype", args.grad_dtype).itemsize,
                  np.dtype(Workload.param_dtype).itemsize)  # its parameters'
   _check_bucket_count(args, itemsize, "the model")
-
-
-def check_file_workers(path: str, n: int) -> None:
-  """Raises ValueError if a cluster file's ``n_workers`` is above ``MAX_WORKERS``.
-
-  ``predict --cluster`` predicts for the file's workers unless
-  ``--n-workers`` is given; the file's schema allows larger counts than
-  the simulator handles.
-  """
-  if n > MAX_WORKERS:
-    raise ValueError(f"--cluster {path!r}: cluster.n_workers {n} is above "
-                     f"the {MAX_WORKERS} workers predict simulates (time and "
-                     "memory grow with n^2); give --n-workers N to predict "
-                     "for fewer workers.")
 
 
 def comma_list(typ, unique: bool = False):

@@ -62,7 +62,6 @@ def run(args) -> int:
     measured = cluster_file.read(args.cluster)
     if "--n-workers" not in inputs.explicit_flags(args):
       args.n_workers = [measured["cluster"]["n_workers"]]
-      inputs.check_file_workers(args.cluster, args.n_workers[0])
   predict_needs.check_slow_workers(args)
   setups = [(n, *_cluster_and_workload(args, n, measured))
             for n in args.n_workers]
