@@ -55,6 +55,7 @@ import numpy as np
 
 from decentral_jax import checks
 from decentral_jax import records
+from decentral_jax.topology import schedules as topology_lib
 
 #: How stragglers are treated: ``"deadline"`` (a slow worker completes only
 #: the steps its speed allows) or ``"wait"`` (the others wait for it).
@@ -79,12 +80,14 @@ class FaultSchedule:
   the ``n_workers`` workers.
 
   Attributes:
-    n_workers: number of workers ``n``.
+    n_workers: number of workers ``n``, in ``[1, topology.MAX_WORKERS]``
+      (65,536, the largest schedule the topologies build).
     events: tuple of ``(worker, start, end, speed)``, ``end`` None for open.
   """
 
   def __init__(self, n_workers: int, events: Sequence[tuple] = ()):
-    self.n_workers = checks.check_int("n_workers", n_workers, minimum=1)
+    self.n_workers = checks.check_int("n_workers", n_workers, minimum=1,
+                                    maximum=topology_lib.MAX_WORKERS)
     self.events = tuple(_normalise_event(e, self.n_workers, f"events[{i}]")
                         for i, e in enumerate(events))
     self._build()
@@ -128,7 +131,8 @@ class FaultSchedule:
     Raises:
       ValueError: an argument outside the ranges above.
     """
-    n = checks.check_int("n_workers", n_workers, minimum=1)
+    n = checks.check_int("n_workers", n_workers, minimum=1,
+                         maximum=topology_lib.MAX_WORKERS)
     steps = checks.check_int("steps", steps, minimum=1, maximum=_STEP_MAX - 1)
     p = checks.check_probability("failure_rate", failure_rate)
     downtime = checks.check_float("mean_downtime", mean_downtime, minimum=1.0)
@@ -163,7 +167,8 @@ class FaultSchedule:
         large, not JSON, an unknown or missing key, a wrong type or range,
         or ``n_workers`` other than the run's.
     """
-    n = checks.check_int("n_workers", n_workers, minimum=1)
+    n = checks.check_int("n_workers", n_workers, minimum=1,
+                         maximum=topology_lib.MAX_WORKERS)
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
       raise ValueError(f"path must be the path of a JSON fault trace (a str "
                        f"or os.PathLike), got {path!r}.")

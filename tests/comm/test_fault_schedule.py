@@ -239,3 +239,17 @@ def test_masks_refuses_a_span_it_cannot_build():
   with open(os.path.join(ROOT, "docs", "faults.md")) as f:
     assert "(`MAX_MASK_CELLS` = 2**26 entries)" in f.read()
   assert fault_schedule.MAX_MASK_CELLS == 2**26
+
+
+@pytest.mark.parametrize("build", [
+    lambda n: FaultSchedule(n),
+    lambda n: FaultSchedule.from_rates(n, 10, failure_rate=0.1),
+])
+def test_n_workers_beyond_the_largest_topology_is_one_line(build):
+  # 2**23 workers overflowed int64 step keys after minutes of building;
+  # 65,536 (topology.MAX_WORKERS) is the largest run a schedule serves.
+  with pytest.raises(ValueError) as info:
+    build(2**16 + 1)
+  assert str(info.value).startswith("n_workers must be") and (
+      "65536" in str(info.value)) and "\n" not in str(info.value)
+  assert FaultSchedule(2**16).n_workers == 65536
