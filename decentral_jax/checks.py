@@ -57,6 +57,26 @@ def is_int(value: Any) -> bool:
           and not isinstance(value, (bool, np.bool_)))
 
 
+def whole_number(text: str) -> int | None:
+  """``text`` read as a count is typed: ``"16"`` is 16 and ``"1e3"`` (a
+  whole float in a count's usual spelling) 1000; None for anything else
+  (``"2.5"``, ``"nan"``, ``"inf"``, a magnitude above 2**63, non-ASCII
+  digits such as ``"٣"``, which another reader spells differently)."""
+  if not isinstance(text, str) or not text.isascii():
+    return None
+  try:
+    return int(text.strip())
+  except ValueError:
+    pass
+  try:
+    x = float(text)
+  except ValueError:
+    return None
+  if not math.isfinite(x) or x != math.floor(x) or abs(x) > 2.0**63:
+    return None
+  return int(x)
+
+
 def is_number(value: Any) -> bool:
   """Whether ``value`` is a finite real number: a Python or NumPy int or
   float, not ``bool``, NaN, inf or an array. An int is finite when it is

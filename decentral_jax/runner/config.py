@@ -181,6 +181,7 @@ def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
   base.lock()
   if not args:
     return base
+  args = [_whole_override(base, arg, source) for arg in args]
   try:
     # A fresh copy: parsing overrides changes it.
     argv = ["load_config", *args]
@@ -203,6 +204,45 @@ def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
         raise ValueError(f"{arg}: unknown config field {key!r} in {source}.")
       node = node[part]
   raise ValueError(f"{source}: {config_error_message(error)}")
+
+
+def _whole_override(base: config_dict.ConfigDict, arg: str,
+                    source: str) -> str:
+  """``arg`` (``--config.FIELD=VALUE``) with the value of an int field
+  read as a count flag reads it (:func:`decentral_jax.checks.whole_number`:
+  ``1e3`` is 1000); a value that is no whole number (``2.5``, ``nan``)
+  is refused with the field's rule (``the config: --config.steps=2.5:
+  config.steps must be an integer in [1, 2147483647], got '2.5'; set
+  --config.steps=<int>.``). Other fields and unknown ones are left to the
+  config parser.
+
+  Raises:
+    ValueError: one line naming ``source``, the override, the field rule
+      and the fix.
+  """
+  key, sep, text = arg[len("--config."):].partition("=")
+  node = base
+  for part in key.split("."):
+    if not sep or not isinstance(node, config_dict.ConfigDict) or \
+        part not in node:
+      return arg
+    node = node[part]
+  if isinstance(node, bool) or not isinstance(node, int):
+    return arg
+  value = checks.whole_number(text)
+  if value is not None:
+    return f"--config.{key}={value}"
+  from decentral_jax.runner import field_rules  # pylint: disable=import-outside-toplevel
+  rules = {**field_rules.RULES, **field_rules.FAULT_RULES,
+           **{k: r for m in field_rules.MODEL_RULES.values()
+              for k, r in m.items()}}
+  if key in rules:
+    try:
+      rules[key](key, text)
+    except ValueError as e:
+      raise ValueError(f"{source}: {arg}: {e}") from None
+  raise ValueError(f"{source}: {arg}: config.{key} must be an integer, got "
+                   f"{text!r}; set --config.{key}=<int>.")
 
 
 def _refuse_unread_overrides(config: config_dict.ConfigDict,
@@ -323,12 +363,44 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
     ValueError: a bad flag or value (one line, naming it).
   """
   rest, overrides = split_overrides([program, *argv])
+  _refuse_repeats(flag_values, rest[1:])
   flag_values.unparse_flags()
   try:
     positional = flag_values(rest)
   except flags.Error as e:
     raise ValueError(config_error_message(e)) from None
   return positional[1:], overrides
+
+
+def _refuse_repeats(flag_values: flags.FlagValues,
+                    args: Sequence[str]) -> None:
+  """Refuses a flag of ``flag_values`` given twice in ``args``
+  (``--config=gpt_tiny --config=gpt_quick``: absl keeps the last alone);
+  ``--x``, ``--x=v`` and ``--nox`` are one flag, a multi flag may repeat.
+  Nothing after ``--`` counts.
+
+  Raises:
+    ValueError: ``--config is given twice (--config=gpt_tiny, then
+      --config=gpt_quick); give it once.``
+  """
+  seen = {}
+  for token in args:
+    if token == "--":
+      break
+    name = token.lstrip("-").split("=", 1)[0]
+    if not token.startswith("-") or not name:
+      continue
+    if name not in flag_values and name.startswith("no") and \
+        isinstance(flag_values[name[2:]] if name[2:] in flag_values
+                   else None, flags.BooleanFlag):
+      name = name[2:]
+    if name not in flag_values or isinstance(flag_values[name],
+                                             flags.MultiFlag):
+      continue
+    if name in seen:
+      raise ValueError(f"--{name} is given twice ({seen[name]}, then "
+                       f"{token}); give it once.")
+    seen[name] = token
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -344,6 +416,10 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     ``(rest, overrides)``: ``argv`` without the overrides, in order, and the
     overrides as ``"--config.<field>=value"`` strings for
     :func:`load_config`.
+
+  Raises:
+    ValueError: one field overridden twice (``--config.steps=2
+      --config.steps=3``: only the last would count); give it once.
   """
   rest, overrides = [], []
   args = list(argv)
@@ -362,4 +438,9 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     else:
       rest.append(arg)
     i += 1
+  fields = [o.partition("=")[0] for o in overrides]
+  for k, name in enumerate(fields):
+    if name in fields[:k]:
+      raise ValueError(f"{name} is given twice ({overrides[fields.index(name)]}"
+                       f", then {overrides[k]}); give it once.")
   return rest, overrides

@@ -4,7 +4,8 @@ An output that names an input file (``measure --config my.py --out my.py``)
 would replace the input by the result after the work, and two outputs
 naming one file (``--json F --workload F``) would keep only the second
 write. :func:`check_distinct_paths` refuses both before any work, naming
-the two flags, links resolved. It refuses an output ending in ``.py`` (or a
+the two flags, links resolved (:func:`check_each_once`: one input file
+named twice in a list flag). It refuses an output ending in ``.py`` (or a
 link to such a file) too: a config file may import Python modules (a helper
 next to it, or one it puts on ``sys.path``), none of them named on the
 command line, and no command writes Python source. No JAX.
@@ -78,6 +79,24 @@ def check_distinct_paths(outputs, inputs=()) -> None:
           f"{what}: it may be a Python module the config file imports, "
           "which the output would replace (no output of this command is "
           f"Python source); give {flag} a path not ending in .py.")
+
+
+def check_each_once(flag: str, paths) -> None:
+  """Refuses a file named twice among the inputs ``paths`` of a list flag
+  ``flag`` (``--render F ./F``): read twice, its rows would print twice.
+  One file is as in :func:`check_distinct_paths` (links, ``..`` and hard
+  links resolved).
+
+  Raises:
+    ValueError: ``--render: entry 2 './F' is the file of entry 1 'F';
+      give each file once.``
+  """
+  paths = list(paths)
+  for k, path in enumerate(paths):
+    for j, other in enumerate(paths[:k]):
+      if _same_file(path, other):
+        raise ValueError(f"{flag}: entry {k + 1} {path!r} is the file of "
+                         f"entry {j + 1} {other!r}; give each file once.")
 
 
 def data_inputs(path, flag: str) -> list:

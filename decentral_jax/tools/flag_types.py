@@ -23,7 +23,8 @@ run; the final write itself goes through :func:`write_output` (a full
 device: one ``error:`` line naming the flag and path, not a traceback).
 
 :class:`Parser` is argparse with its errors as one ``error:`` line and exit
-code 2. No JAX.
+code 2, and a flag given twice refused (:func:`repeated_flag`: the last
+value would silently win) but for one that adds to a list. No JAX.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Iterable
 
+from decentral_jax import checks
+
 #: Largest int32: step counters, periods and counts are int32 on device.
 INT32_MAX = 2**31 - 1
 #: Most entries of a comma-separated numeric flag.
@@ -46,11 +49,84 @@ MAX_LIST = 64
 
 
 class Parser(argparse.ArgumentParser):
-  """argparse with its errors as one ``error:`` line (exit code 2)."""
+  """argparse with its errors as one ``error:`` line (exit code 2), and a
+  flag given twice refused (:func:`repeated_flag`) instead of the last
+  value silently winning."""
 
   def error(self, message):
     print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
     sys.exit(2)
+
+  def parse_known_args(self, args=None, namespace=None):
+    args = sys.argv[1:] if args is None else list(args)
+    owner, why = _repeat(self, args)
+    if why:  # the subcommand's parser names its own --help
+      (owner if isinstance(owner, Parser) else self).error(why)
+    return super().parse_known_args(args, namespace)
+
+
+# Actions a flag may repeat: each use adds to a list or a count.
+_REPEATABLE = (argparse._AppendAction, argparse._AppendConstAction,  # pylint: disable=protected-access
+               argparse._CountAction, argparse._HelpAction,  # pylint: disable=protected-access
+               argparse._VersionAction)  # pylint: disable=protected-access
+
+
+def _flag_action(parser: argparse.ArgumentParser, token: str):
+  """The action ``token`` (``--x``, ``--x=v``, ``-x``, a unique prefix of
+  a long flag) names in ``parser``, or None."""
+  name = token.split("=", 1)[0] if token.startswith("--") else token
+  table = parser._option_string_actions  # pylint: disable=protected-access
+  if name in table:
+    return table[name]
+  if not name.startswith("--"):
+    return None
+  matches = {a for o, a in table.items() if o.startswith(name)}
+  return matches.pop() if len(matches) == 1 else None
+
+
+def _shown(args: list[str], k: int, action) -> str:
+  """The flag at ``args[k]`` with its value, as typed (``--n 8``)."""
+  token = args[k]
+  if "=" in token or action.nargs == 0 or k + 1 >= len(args):
+    return token
+  return f"{token} {args[k + 1]}"
+
+
+def repeated_flag(parser: argparse.ArgumentParser,
+                  args: list[str]) -> str | None:
+  """Why ``args`` give one flag of ``parser`` (or of the subcommand they
+  name) twice, or None: ``--n-workers 8 --n-workers 32`` would price 32
+  alone, so a repeat is refused as a typo, like a repeated entry inside a
+  list flag (:func:`repeated_entry`). A flag that adds to a list or a
+  count (``action="append"``: ``--set``, ``--xla``) may repeat. Spellings
+  of one flag (an abbreviation, ``--x=v``, ``--no-x``) count as one.
+  Nothing after ``--`` counts."""
+  return _repeat(parser, args)[1]
+
+
+def _repeat(parser, args):
+  """``(the parser owning the repeated flag, why)``, or ``(parser, None)``
+  (:func:`repeated_flag`)."""
+  seen = {}
+  for k, token in enumerate(args):
+    if token == "--":
+      break
+    subs = [a for a in parser._actions  # pylint: disable=protected-access
+            if isinstance(getattr(a, "choices", None), dict)
+            and a.option_strings == [] and token in a.choices]
+    if subs:  # the subcommand's own flags from here on
+      parser, seen = subs[0].choices[token], {}
+      continue
+    action = _flag_action(parser, token) if token.startswith("-") else None
+    if action is None or isinstance(action, _REPEATABLE):
+      continue
+    if id(action) in seen:
+      first = seen[id(action)]
+      return parser, (f"{action.option_strings[-1]} is given twice "
+                      f"({_shown(args, first, action)}, then "
+                      f"{_shown(args, k, action)}); give it once.")
+    seen[id(action)] = k
+  return parser, None
 
 
 def _range_words(lo, hi, open_lo: bool) -> str:
@@ -93,18 +169,9 @@ def ascii_int(text: str) -> int | None:
 
 
 def _whole(text: str) -> int | None:
-  """``text`` as an int (``"16"``, ``"1e3"``), or None."""
-  try:
-    return int(text.strip())
-  except ValueError:
-    pass
-  try:
-    x = float(text)
-  except ValueError:
-    return None
-  if not math.isfinite(x) or x != math.floor(x) or abs(x) > 2.0**63:
-    return None
-  return int(x)
+  """``text`` as an int (``"16"``, ``"1e3"``), or None
+  (:func:`decentral_jax.checks.whole_number`)."""
+  return checks.whole_number(text)
 
 
 def real(lo: float, hi: float, unit: str = "", *, open_lo: bool = False):

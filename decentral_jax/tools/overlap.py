@@ -22,7 +22,8 @@ the consensus measurement and the first distinct round with it
 (``--all_programs``: every round with it too).
 
 Output: one JSON line per program in ``--out`` (default
-``benchmarks/results/gpu_overlap.jsonl`` of the checkout), and a Markdown
+``benchmarks/results/gpu_overlap/main.jsonl`` of the checkout, the shipped
+rows), and a Markdown
 table on stdout.
 ``--timeline`` also draws each case's step on each target as a timeline
 (:mod:`decentral_jax.analysis.timeline`: forward, backward, optimizer and
@@ -57,13 +58,14 @@ import time
 import types
 
 from decentral_jax import records
+from decentral_jax.tools import distinct_paths
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 # The flags (re-exported: the command's parser and checks).
 from decentral_jax.tools.overlap_flags import (  # noqa: F401
     MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
-    OVERLAP_LIMIT_OPTION, build_parser, check_needs, check_paths,
-    xla_options, xla_refusal)
+    OVERLAP_LIMIT_OPTION, SHIPPED_ROWS, build_parser, check_needs,
+    check_paths, xla_options, xla_refusal)
 # The rows read back (re-exported: --render's reader and its schema).
 from decentral_jax.tools.overlap_rows import (  # noqa: F401
     ROW_SCHEMA, row_error, transfer_topology)
@@ -381,7 +383,7 @@ def render(paths: list[str]) -> None:
   """Prints the tables of earlier runs (``--out`` files).
 
   Raises:
-    ValueError: no file given, a file missing, a directory, or damaged (a
+    ValueError: no file given, one file given twice, a file missing, a directory, or damaged (a
       line not a JSON object, or a row :func:`~decentral_jax.tools.
       overlap_rows.row_error` refuses: a key of :data:`ROW_SCHEMA` missing,
       any written key or collective of the wrong kind or range, more FLOPs
@@ -392,8 +394,8 @@ def render(paths: list[str]) -> None:
   """
   if not paths:
     raise ValueError("--render needs the JSON-lines files of earlier runs "
-                     "(their --out), e.g. --render "
-                     "benchmarks/results/gpu_overlap.jsonl.")
+                     f"(their --out), e.g. --render {SHIPPED_ROWS}.")
+  distinct_paths.check_each_once("--render", paths)
   rows = []
   for path in paths:
     if os.path.isdir(path):

@@ -316,6 +316,11 @@ def _list_flags(ap: argparse.ArgumentParser) -> None:
                   "(default %(default)s)")
 
 
+#: The shipped rows of the main cases (the default ``--out``, the example
+#: of ``--render``), relative to the checkout.
+SHIPPED_ROWS = "benchmarks/results/gpu_overlap/main.jsonl"
+
+
 def build_parser(prog: str) -> argparse.ArgumentParser:
   """The command's flags (``prog`` names it in usage lines); a list flag
   (``--cases``, ``--modes``, ``--targets``) with an unknown, empty or
@@ -329,10 +334,10 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
       0, MAX_OVERLAP_LIMIT), default=0,
                   help="xla_gpu_experimental_parallel_collective_overlap_"
                   f"limit (0: XLA's default, 1; at most {MAX_OVERLAP_LIMIT})")
-  ap.add_argument("--out", default=os.path.join(
-      _ROOT, "benchmarks", "results", "gpu_overlap.jsonl"),
+  ap.add_argument("--out", default=os.path.join(_ROOT, SHIPPED_ROWS),
                   help="JSON lines file, one line per program, appended "
-                  "(default: benchmarks/results/gpu_overlap.jsonl)")
+                  f"(default: {SHIPPED_ROWS} of the checkout, the shipped "
+                  "rows)")
   ap.add_argument("--fixtures", default=None,
                   help="directory for the stripped, gzipped scheduled HLO "
                   "of --fixture_cases (test fixtures; default: none)")

@@ -910,7 +910,7 @@ def test_runtime_model_cli_names_the_bad_flag(argv, names, capsys):
 
 def test_runtime_model_unwritable_png_is_one_line(capsys):
   # Refused up front, or (as root, who passes access checks) when written.
-  rc = _runtime_cli(["predict", "--n-workers", "8", "--steps", "10",
+  rc = _runtime_cli(["predict", "--n-workers", "8", "--steps", "20",
                      "--png", "/proc/x.png"])
   assert rc == 2
   errors = capsys.readouterr().err.strip().splitlines()

@@ -19,6 +19,7 @@ import sys
 import jax
 import pytest
 
+from decentral_jax.tools.runtime_model_cli import file_cluster
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as cli_parser
 from decentral_jax.tools.runtime_model_cli import main as cli
@@ -73,7 +74,7 @@ def test_predict_cluster_flags_override_the_file(tmp_path, capsys):
   args = cli_parser.build_parser().parse_args(["predict", "--cluster", path])
   args.explicit_flags = {"--forward-ms", "--nics-per-node"}
   args.forward_ms, args.nics_per_node = 50.0, 2
-  c, w = inputs.from_cluster_file(cluster_file.read(path), args, 32)
+  c, w = file_cluster.from_cluster_file(cluster_file.read(path), args, 32)
   assert (c.n_workers, c.local_size, c.nics_per_node) == (32, 4, 2)
   assert c.nic_bandwidth_Bps == pytest.approx(6e9)
   assert w.compute_samples_s is None  # an explicit mean drops the samples
@@ -271,7 +272,7 @@ def test_flags_and_files_share_the_workload_bounds(tmp_path, capsys):
                      "4096"):
     workload_lib.Workload(fit + 1, 0.1, 0.2)
   assert inputs.MAX_PARAMS == 1e15 and inputs.MAX_BUCKETS == 4096
-  base = ["predict", "--methods", "all_reduce", "--steps", "2"]
+  base = ["predict", "--methods", "all_reduce", "--steps", "20"]
   assert cli.main(base + ["--params", str(fit + 1)]) == 2
   assert "makes 4097 buckets" in capsys.readouterr().err
   meas = _synthetic()
@@ -284,7 +285,7 @@ def test_flags_and_files_share_the_workload_bounds(tmp_path, capsys):
                      "backward_s": 0.2},
         "measurements": meas, "meta": {}}))
     assert cli.main(["predict", "--cluster", str(path), "--methods",
-                     "all_reduce", "--steps", "2"]) == code
+                     "all_reduce", "--steps", "20"]) == code
     err = capsys.readouterr().err
     assert (code == 0) == ("workload.param_count" not in err), err
 
@@ -300,7 +301,7 @@ def test_a_file_key_without_effect_is_named_in_a_warning(tmp_path, capsys):
       "schema": cluster_file.SCHEMA, "cluster": links,
       "workload": {"param_count": 1e6, "forward_s": 0.01,
                    "backward_s": 0.02}, "measurements": meas, "meta": {}}))
-  argv = ["predict", "--cluster", str(path), "--steps", "2", "--methods"]
+  argv = ["predict", "--cluster", str(path), "--steps", "20", "--methods"]
   assert cli.main(argv + ["all_reduce"]) == 0
   err = capsys.readouterr().err.splitlines()
   assert [l.split(": ", 2)[2].split(" has no effect")[0] for l in err] == [

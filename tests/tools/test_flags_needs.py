@@ -55,7 +55,7 @@ PREDICT_CASES = [
     (["--flow-Gbps", "1"], _ONE_NODE, _TWO_NODES),
     (["--inter-latency-us", "1e5"], _ONE_NODE, _TWO_NODES),
     (["--multi-node", "ring"], _ONE_NODE,
-     _TWO_NODES + ["--n-workers", "32", "--local-size", "4"]),
+     ["--n-workers", "32", "--local-size", "4"]),
     (["--half-duplex"], _ONE_NODE, _TWO_NODES),
     # One worker per node, or one node per datacenter: a group mean over
     # nodes has no intra-node stage, tree and ring are one schedule.

@@ -36,6 +36,13 @@ TINY = ("algorithm=diloco", "optimizer.name=adamw", "optimizer.accum_steps=1",
 NO_WORKDIR = tuple(o for o in TINY if not o.startswith("eval_batches="))
 
 
+def _flags(*overrides):
+  """``--config.FIELD=VALUE`` flags of ``overrides``, a later one of a
+  field replacing the earlier (a field given twice is refused)."""
+  last = {o.partition("=")[0]: o for o in overrides}
+  return [f"--config.{o}" for o in last.values()]
+
+
 @pytest.mark.parametrize("override, field", [
     ((), "config.algorithm='decentralized'"),  # gpt_tiny's own: gossip
     (("outer_optimizer.name=adam",), "config.outer_optimizer.name='adam'"),
@@ -98,8 +105,7 @@ def test_dynamic_updates_with_a_config_sync_period_of_one_is_refused(
     raise AssertionError("Ray started: the flags were accepted")
   monkeypatch.setattr(cluster, "start", start)
   argv = ["learners", "--learners", "2", "--dynamic-updates", "--sleep",
-          "0,0.5", "--config", CONFIG, *(f"--config.{o}" for o in (
-              *NO_WORKDIR, "sync_every=1"))]
+          "0,0.5", "--config", CONFIG, *_flags(*NO_WORKDIR, "sync_every=1")]
   assert cli.main(argv) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: --dynamic-updates has no effect with "
@@ -123,10 +129,10 @@ def test_the_summary_and_json_of_a_config_name_what_the_learners_run(
   """The run line and --json's run describe the config's inner optimizer
   and schedule, outer step and compression, not the flags' defaults (sgd,
   lr 0.1, outer 0.7/0.9)."""
-  argv = ["--learners", "2", "--config", CONFIG, *(f"--config.{o}" for o in (
+  argv = ["--learners", "2", "--config", CONFIG, *_flags(
       *NO_WORKDIR, "schedule.peak_lr=0.002", "outer_optimizer.lr=0.5",
       "outer_optimizer.momentum=0.8", "compression.format=int8",
-      "compression.error_feedback=True", "compression.block=64", *extra))]
+      "compression.error_feedback=True", "compression.block=64", *extra)]
   rest, overrides = config_lib.split_overrides(["learners", *argv])
   run = flags_lib.run_spec(flags_lib.parser().parse_args(rest[1:]), overrides)
   assert main_lib.describe(run) == (
@@ -161,8 +167,8 @@ def test_steps_not_whole_sync_periods_are_refused_naming_both_fields(
       f"learners run whole sync periods; {fix}"), e.value
   assert cli.main(["learners", "--learners", "2", "--config", CONFIG,
                    "--address", "127.0.0.1:1",
-                   *(f"--config.{o}" for o in over if o in NO_WORKDIR
-                     or o not in TINY)]) == 2
+                   *_flags(*(o for o in over if o in NO_WORKDIR
+                             or o not in TINY))]) == 2
   assert capsys.readouterr().err.strip().splitlines() == [f"error: {e.value}"]
   ok = runner_problem.load(CONFIG, TINY + ("steps=12",), 2)  # 12 = 4 x 3
   assert runner_problem.spec_fields(ok)["periods"] == 4

@@ -45,7 +45,7 @@ def test_the_bound_names_the_reference_predict_adds(monkeypatch):
   # names both (2 methods, not "2" of one given) and does not ask for fewer
   # methods (one cannot give fewer than one).
   monkeypatch.setattr(simulated_work, "MAX_SIMULATED", 100)
-  code, out, err = _predict("--n-workers", "16", "--steps", "10",
+  code, out, err = _predict("--n-workers", "16", "--steps", "20",
                             "--methods", "diloco:H=10")
   assert code == 2 and out == "", err
   lines = err.strip().splitlines()
@@ -55,20 +55,20 @@ def test_the_bound_names_the_reference_predict_adds(monkeypatch):
   assert "number of methods" not in lines[0], err
 
 
-@pytest.mark.parametrize("limit, code", [(2080, 0), (2079, 2)])
+@pytest.mark.parametrize("limit, code", [(3680, 0), (3679, 2)])
 def test_the_bound_counts_every_method_s_steps_and_buckets(monkeypatch, limit,
                                                            code):
-  # all_reduce: 16 workers x 10 steps x 10 buckets = 1600; diloco:H=10
-  # (its sync whole) with warmup 10 // 5 = 2 starts at step 10 and needs two
-  # periods, 30 steps: 16 x 30 = 480. In all 2080.
+  # all_reduce: 16 workers x 20 steps x 10 buckets = 3200; diloco:H=10
+  # (its sync whole) with warmup 20 // 5 = 4 starts at step 10 and needs two
+  # periods, 30 steps: 16 x 30 = 480. In all 3680.
   monkeypatch.setattr(simulated_work, "MAX_SIMULATED", limit)
-  got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
+  got, _, err = _predict("--n-workers", "16", "--steps", "20", "--methods",
                          "all_reduce,diloco:H=10")
   assert got == code, err
   if code:
-    assert "simulate 2.08e+03 worker-step-buckets, more than 2.08e+03" in err
-  # a larger bucket: one bucket of the all-reduce, 160 + 480 = 640
-  got, _, err = _predict("--n-workers", "16", "--steps", "10", "--methods",
+    assert "simulate 3.68e+03 worker-step-buckets, more than 3.68e+03" in err
+  # a larger bucket: one bucket of the all-reduce, 320 + 480 = 800
+  got, _, err = _predict("--n-workers", "16", "--steps", "20", "--methods",
                          "all_reduce,diloco:H=10", "--bucket-MiB", "1000")
   assert got == 0, err
 
@@ -135,7 +135,7 @@ def test_a_spec_s_bucket_count_names_the_spec_key():
   # = 4239 > 4096 (by hand).
   ok = "one_peer_exp:bucket_MiB=0.001"
   code, _, err = _predict("--n-workers", "16", "--params", "1e6",
-                          "--steps", "2", "--methods", ok)
+                          "--steps", "20", "--methods", ok)
   assert code == 0, err
   bad = "one_peer_exp:bucket_MiB=0.0009"
   code, _, err = _predict("--n-workers", "16", "--params", "1e6",
@@ -178,3 +178,80 @@ def test_params_bound_fires_before_the_bucket_count(command, params):
   assert code == 2 and err.getvalue() == (
       f"error: --params must be a finite number in [1, 1e+15], got "
       f"{float(params)!r}.\n"), err.getvalue()
+
+
+@pytest.mark.parametrize("steps", ["2", "19"])
+def test_too_few_steps_for_the_warm_up_are_refused(steps):
+  # at 2 steps the warm-up (2 // 5 = 0) is empty and DAdam (Exp)'s mean
+  # was its first step's compute, 15 ms (5 + 10), 2.97x "faster" than
+  # All-Reduce where the steady state is 91.5 ms, 0.49x.
+  code, out, err = _predict("--forward-ms", "5", "--backward-ms", "10",
+                            "--n-workers", "64", "--steps", steps)
+  assert code == 2 and out == "", err
+  assert err.strip().splitlines() == [
+      f"error: --steps must be in [20, 100000], got {steps}: the first fifth "
+      "is warm-up and the mean needs steady steps after it; give --steps 20 "
+      "or more (default 300)."]
+  code, out, err = _predict("--forward-ms", "5", "--backward-ms", "10",
+                            "--n-workers", "64", "--steps", "20")
+  assert code == 0, err
+
+
+def _one_node_file(tmp_path, n_workers, local_size):
+  import json
+  from decentral_jax.runtime_model import cluster_file
+  sizes = [1e6, 4e6, 16e6]
+  meas = {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": 4,
+          "intra_pair_s": [5e-6 + m / 20e9 for m in sizes],
+          "inter_pair_s": None, "inter_concurrent_s": None,
+          "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
+  path = tmp_path / f"{n_workers}.json"
+  path.write_text(json.dumps({
+      "schema": cluster_file.SCHEMA,
+      "cluster": cluster_file.fit_links(meas, n_workers, local_size),
+      "workload": {"param_count": 1e6, "forward_s": 0.01,
+                   "backward_s": 0.02}, "measurements": meas, "meta": {}}))
+  return str(path)
+
+
+def test_a_one_node_file_prices_part_of_its_node(tmp_path):
+  # as the one-node preset (h100_node --n-workers 4: 1 node x 4)
+  path = _one_node_file(tmp_path, 4, 4)
+  code, out, err = _predict("--cluster", path, "--n-workers", "2",
+                            "--steps", "20", "--methods", "all_reduce")
+  assert code == 0, err
+  assert "n=2 workers (1 node x 2)" in out, out
+
+
+@pytest.mark.parametrize("argv, line", [
+    # 6 workers, 4 per node: next multiple 8; largest divisor of 6 <= 4: 3
+    (["--n-workers", "6", "--local-size", "4"],
+     "--n-workers 6 is not a multiple of --local-size 4 (workers per node); "
+     "give --n-workers a multiple of 4 (e.g. 8) or --local-size 3."),
+    # 12 workers, 8 per node: 16; divisors of 12 up to 8: 6
+    (["--n-workers", "12", "--local-size", "8"],
+     "--n-workers 12 is not a multiple of --local-size 8 (workers per node); "
+     "give --n-workers a multiple of 8 (e.g. 16) or --local-size 6."),
+    # 12 workers, 4 x 2 datacenters per 8: 16; 6 per datacenter: 3
+    (["--n-workers", "12", "--local-size", "4", "--datacenters", "2",
+      "--wan-Gbps", "10"],
+     "--n-workers 12 is not a multiple of --local-size 4 x --datacenters 2 "
+     "(workers per datacenter); give --n-workers a multiple of 8 (e.g. 16) "
+     "or --local-size 3."),
+])
+def test_workers_not_a_multiple_of_the_node_name_both_fixes(argv, line):
+  code, out, err = _predict(*argv, "--steps", "20")
+  assert code == 2 and out == "", err
+  assert err.strip().splitlines() == [f"error: {line}"]
+
+
+def test_a_file_of_several_nodes_names_both_fixes(tmp_path):
+  path = _one_node_file(tmp_path, 8, 4)  # two nodes of 4 (by its fields)
+  code, _, err = _predict("--cluster", path, "--n-workers", "6",
+                          "--steps", "20", "--nic-Gbps", "100",
+                          "--inter-latency-us", "5")
+  assert code == 2, err
+  assert err.strip().splitlines() == [
+      "error: --n-workers 6 is not a multiple of the cluster file's 4 "
+      "workers per node; give --n-workers a multiple of 4 (e.g. 8) or "
+      "--local-size 3."]

@@ -271,7 +271,11 @@ def _summary(status, seconds, learners, args, run, theta) -> None:
 def main(argv=None, prog: str | None = None) -> int:
   """Runs the command; returns its exit code."""
   argv = sys.argv[1:] if argv is None else list(argv)
-  rest, overrides = config_lib.split_overrides(["learners", *argv])
+  try:
+    rest, overrides = config_lib.split_overrides(["learners", *argv])
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   p = flags_lib.parser(prog)
   args = p.parse_args(rest[1:])
   try:

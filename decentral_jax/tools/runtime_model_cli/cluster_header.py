@@ -12,6 +12,7 @@ import dataclasses
 
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import all_reduce_cost
+from decentral_jax.tools.runtime_model_cli import file_cluster
 from decentral_jax.tools.runtime_model_cli import inputs
 
 # The links the header prints: (field, label, scale to the unit, unit).
@@ -55,7 +56,7 @@ def describe_cluster_file(path: str, data: dict,
     data: its contents (:func:`~decentral_jax.runtime_model.cluster_file.
       read`).
     priced: the cluster priced (the file's with the flags given beside it,
-      :func:`inputs.from_cluster_file`); None: the file's own. Each link
+      :func:`file_cluster.from_cluster_file`); None: the file's own. Each link
       it prints that differs from the file's names its flag and the file's
       value, and any other field a flag replaced is listed by its flag.
     given: the flags given (a node NIC the file did not measure is named
@@ -65,8 +66,10 @@ def describe_cluster_file(path: str, data: dict,
   fields = {**c, **(dataclasses.asdict(priced) if priced else {}),
             "n_workers": c["n_workers"]}
   shown = {f for f, _, _, _ in _SHOWN} | {"local_size"}
+  by = ("--local-size" if "--local-size" in given else
+        f"--n-workers {fields['local_size']}, part of the node")
   per_node = str(fields["local_size"]) + (
-      f" (by --local-size; the file's {c['local_size']})"
+      f" (by {by}; the file's {c['local_size']})"
       if fields["local_size"] != c["local_size"] else "")
   other = [flag for flag, f in inputs.CLUSTER_FIELDS.items()
            if f not in shown and f in c and fields[f] != c[f]]
@@ -75,7 +78,7 @@ def describe_cluster_file(path: str, data: dict,
       f"{meta.get('device_kind', '?')} devices, {per_node} per node, "
       f"{meta.get('process_count', '?')} process(es); "
       + _links(c, fields,
-               "--nic-Gbps" not in inputs.unmeasured_inter_node(data), given)
+               "--nic-Gbps" not in file_cluster.unmeasured_inter_node(data), given)
       + (f"; also replaced by flags: {', '.join(other)}" if other else "")]
   if meas.get("all_reduce_s"):
     cl = Cluster(**c)

@@ -1,9 +1,10 @@
-"""Flags of ``predict`` and their conversion: checks, units, cluster files.
+"""Flags of ``predict`` and their conversion: checks, units.
 
 Used by the command line's flag tables
 (:mod:`~decentral_jax.tools.runtime_model_cli.parser`) and its subcommands
 (:mod:`~decentral_jax.tools.runtime_model_cli.predict`, ...). Units are in the flag names: GB/s and Gbit/s
-(1e9), us, ms, MiB.
+(1e9), us, ms, MiB. A cluster file priced with flags beside it:
+:mod:`~decentral_jax.tools.runtime_model_cli.file_cluster`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 
 import numpy as np
 
-from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import in_flight
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model.costs import Cluster
@@ -34,6 +34,10 @@ MAX_BUCKETS = workload_lib.MAX_BUCKETS
 
 
 MAX_STEPS = 100_000
+# Fewest simulated steps of `predict --steps`: the first fifth (4) is
+# warm-up and the mean covers 16 more, past the pipeline's fill (at 2 the
+# mean is the first step's compute alone and can flip the recommendation).
+MIN_STEPS = 20
 
 
 # `measure`'s message sizes (--sizes-MB, each at least one float32) and
@@ -174,7 +178,7 @@ def check_predict_args(args) -> None:
   are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
   ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
   times > 0; the parameter message fits in ``MAX_BUCKETS``
-  buckets; ``--steps`` is at most ``MAX_STEPS``; ``--png`` is writable.
+  buckets; ``--steps`` is in ``[MIN_STEPS, MAX_STEPS]``; ``--png`` is writable.
 
   Raises:
     ValueError: the first bad flag, named, with its value and range.
@@ -191,16 +195,19 @@ def check_predict_args(args) -> None:
     if not 1 <= n <= MAX_WORKERS:
       raise ValueError(f"--n-workers {n} is outside [1, {MAX_WORKERS}] (the "
                        "model's time and memory grow with n^2).")
-    if not args.preset and not args.cluster and n % args.local_size:
-      raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
-                       f"{args.local_size} (workers per node).")
     if not args.preset and not args.cluster and n % (
         args.local_size * args.datacenters):
-      raise ValueError(f"--n-workers {n} is not a multiple of --local-size "
-                       f"{args.local_size} x --datacenters {args.datacenters}"
-                       " (workers per datacenter).")
-  if not 2 <= args.steps <= MAX_STEPS:
-    raise ValueError(f"--steps must be in [2, {MAX_STEPS}], got {args.steps}.")
+      raise ValueError(not_a_multiple(
+          n, args.local_size, args.datacenters,
+          f"--local-size {args.local_size}" + (
+              f" x --datacenters {args.datacenters} (workers per "
+              "datacenter)" if n % args.local_size == 0 else
+              " (workers per node)")))
+  if not MIN_STEPS <= args.steps <= MAX_STEPS:
+    raise ValueError(
+        f"--steps must be in [{MIN_STEPS}, {MAX_STEPS}], got {args.steps}: "
+        "the first fifth is warm-up and the mean needs steady steps after "
+        f"it; give --steps {MIN_STEPS} or more (default 300).")
   itemsize = 0
   check_param_count(args.params)
   for flag in ("--grad-dtype", "--param-dtype"):
@@ -445,7 +452,7 @@ def given_fields(args, c: Cluster, w: Workload):
   flags_c, flags_w = cluster_fields(args), workload_fields(args)
   over_c = {f: flags_c[f] for flag, f in CLUSTER_FIELDS.items()
             if flag in given}
-  over_w = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
+  over_w = {f: flags_w[f] for flag, f in WORKLOAD_FIELDS.items()
             if flag in given}
   if given & {"--forward-ms", "--backward-ms", "--compute-cv"} and \
       "--compute-samples-ms" not in given:
@@ -472,7 +479,7 @@ CLUSTER_FIELDS = {
     "--wan-latency-ms": "wan_latency_s", "--codec-GBps": "codec_Bps"}
 
 
-_WORKLOAD_FIELDS = {
+WORKLOAD_FIELDS = {
     "--params": "param_count", "--grad-dtype": "grad_dtype",
     "--param-dtype": "param_dtype", "--forward-ms": "forward_s",
     "--backward-ms": "backward_s", "--optimizer-ms": "optimizer_s",
@@ -491,86 +498,17 @@ def explicit_flags(args) -> set:
   return getattr(args, "explicit_flags", set())
 
 
-#: The flags that price the inter-node link a one-node cluster file lacks,
-#: with their ``Cluster`` fields.
-INTER_NODE_LINK_FLAGS = (("--nic-Gbps", "nic_bandwidth_Bps"),
-                         ("--inter-latency-us", "inter_latency_s"))
-
-
-def unmeasured_inter_node(data: dict) -> list[str]:
-  """The flags of :data:`INTER_NODE_LINK_FLAGS` where a cluster file holds
-  the inter-node link without measuring it, as ``measure`` writes one
-  node: ``measurements.inter_pair_s`` null (not left out) and every field
-  at the ``Cluster`` default, as ``cluster_file.fit_links`` leaves them (a
-  link written by hand, a field differing or no measurements, is the
-  file's own); else none."""
-  meas = data["measurements"]
-  if "inter_pair_s" not in meas or meas["inter_pair_s"] is not None or any(
-      data["cluster"][field] != getattr(Cluster, field)
-      for _, field in INTER_NODE_LINK_FLAGS):
-    return []
-  return [flag for flag, _ in INTER_NODE_LINK_FLAGS]
-
-
-def _check_inter_node_measured(data: dict, args, n: int, per_node: int,
-                               datacenters: int) -> None:
-  """Refuses ``n`` workers over several nodes of a cluster file whose
-  inter-node link is a default it never measured
-  (:func:`unmeasured_inter_node`), unless the flags give it
-  (``--inter-latency-us`` only where a datacenter holds several nodes:
-  between datacenters the wide-area latency replaces it).
-
-  Raises:
-    ValueError: naming ``--cluster``, the count and the missing flags.
-  """
-  if n <= per_node:
-    return
-  given = explicit_flags(args)
-  missing = [f for f in unmeasured_inter_node(data) if f not in given and (
-      f == "--nic-Gbps" or n // datacenters > per_node)]
-  if missing:
-    raise ValueError(
-        f"--cluster {args.cluster!r} measured no inter-node link "
-        "(measurements.inter_pair_s is null: one node; its NIC rate and "
-        f"latency are the defaults), but --n-workers {n} "
-        f"at {per_node} per node spans {-(-n // per_node)} nodes; give "
-        f"{' and '.join(missing)} for that link, or at most {per_node} "
-        "workers.")
-
-
-def from_cluster_file(data: dict, args, n: int):
-  """Cluster and workload of ``predict --cluster FILE`` for ``n`` workers.
-
-  The file's fields, with every cluster or workload flag given on the
-  command line taking precedence (converted as :func:`cluster_from_args`
-  and :func:`workload_from_args` do). Flags for the compute mean or CV drop
-  the file's compute samples.
-
-  Raises:
-    ValueError: ``n`` not a multiple of the workers per node, or a
-      workload the file lacks (see :func:`cluster_file.workload`).
-  """
-  given = explicit_flags(args)
-  flags_c = cluster_fields(args)
-  kw = dict(data["cluster"], n_workers=n)
-  kw.update({f: flags_c[f] for flag, f in CLUSTER_FIELDS.items()
-             if flag in given})
-  if "--datacenters" in given:  # the wide-area link of the flags
-    kw.setdefault("wan_bandwidth_Bps", flags_c["wan_bandwidth_Bps"])
-    kw.setdefault("wan_latency_s", flags_c["wan_latency_s"])
-  if n % kw["local_size"]:
-    raise ValueError(f"--n-workers {n} is not a multiple of the cluster "
-                     f"file's {kw['local_size']} workers per node.")
-  _check_inter_node_measured(data, args, n, kw["local_size"],
-                             kw.get("datacenters") or 1)
-  c = Cluster(**kw)
-  flags_w = dataclasses.asdict(workload_from_args(args))
-  over = {f: flags_w[f] for flag, f in _WORKLOAD_FIELDS.items()
-          if flag in given}
-  if given & {"--forward-ms", "--backward-ms", "--compute-cv"} and \
-      "--compute-samples-ms" not in given:
-    over["compute_samples_s"] = None
-  if data.get("workload") is None:  # nothing measured: the flags' workload
-    over = {**flags_w, **over}
-  over.setdefault("bucket_bytes", flags_w["bucket_bytes"])
-  return c, cluster_file.workload(data, **over)
+def not_a_multiple(n: int, local_size: int, datacenters: int,
+                   what: str) -> str:
+  """The refusal of ``--n-workers n`` that ``local_size`` x
+  ``datacenters`` workers (``what``, as the user gave them) do not divide,
+  naming both fixes: the next multiple of ``--n-workers``, or the largest
+  ``--local-size`` below ``local_size`` that fits ``n`` (when one
+  does)."""
+  per = local_size * datacenters
+  fix = f"give --n-workers a multiple of {per} (e.g. {-(-n // per) * per})"
+  if n % datacenters == 0:
+    fits = max(d for d in range(1, local_size + 1)
+               if (n // datacenters) % d == 0)
+    fix += f" or --local-size {fits}"
+  return f"--n-workers {n} is not a multiple of {what}; {fix}."

@@ -45,10 +45,6 @@ def main(argv=None, prog: str = parser_lib.PROG) -> int:
   parser = parser_lib.build_parser(prog)
   args = parser_lib.parse(parser, argv)
   args.explicit_flags = flag_types.given_flags(parser, argv, args.command)
-  if getattr(args, "steps", 2) < 2:
-    print(f"error: argument --steps: must be >= 2, got {args.steps} (see "
-          "--help)", file=sys.stderr)
-    return 2
   module, function = RUNS[args.command]
   try:
     return getattr(importlib.import_module(module), function)(args)

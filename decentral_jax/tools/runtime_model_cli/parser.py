@@ -239,7 +239,7 @@ _FAULT_FLAGS = (
 _PREDICT_RUN = (
     ("--steps", dict(type=int, default=300,
                      help="simulated iterations, the first fifth is "
-                     "warm-up")),
+                     f"warm-up (at least {inputs.MIN_STEPS})")),
     ("--seed", dict(type=int, default=0, help="seed of compute draws")),
     ("--png", dict(help="write a grouped bar chart to this PNG")),
 )

@@ -32,6 +32,7 @@ from decentral_jax.runtime_model import stragglers
 from decentral_jax.tools import distinct_paths
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.runtime_model_cli import cluster_header
+from decentral_jax.tools.runtime_model_cli import file_cluster
 from decentral_jax.tools.runtime_model_cli import inputs
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 from decentral_jax.tools.runtime_model_cli import predict_needs
@@ -329,7 +330,7 @@ def _cluster_and_workload(args, n: int, measured: dict | None):
       w = workload_file.read_workload(args.workload_file)
     return inputs.given_fields(args, c, w)
   if measured is not None:
-    c, w = inputs.from_cluster_file(measured, args, n)
+    c, w = file_cluster.from_cluster_file(measured, args, n)
   else:
     c, w = inputs.cluster_from_args(args, n), inputs.workload_from_args(args)
   if args.workload:

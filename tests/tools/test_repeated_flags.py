@@ -1,0 +1,117 @@
+"""A flag given twice is refused in one line (not the last value alone).
+
+argparse commands (:class:`flag_types.Parser`), the absl flags of
+``train`` / ``compare`` and the ``--config.FIELD`` overrides of ``train``,
+``compare`` and ``learners``; a flag that adds to a list may repeat.
+Also: an int field's override is read as a count flag reads it.
+"""
+
+import contextlib
+import io
+
+from absl import flags
+import pytest
+
+from decentral_jax.runner import config as config_lib
+from decentral_jax.tools import flag_types
+from decentral_jax.tools import cli
+from decentral_jax.tools.learners import main as learners_main
+
+
+def _parser():
+  p = flag_types.Parser(prog="tool")
+  p.add_argument("--n-workers", type=int)
+  p.add_argument("--fresh", action="store_true")
+  p.add_argument("--set", action="append", default=[])
+  p.add_argument("rest", nargs="*")
+  return p
+
+
+def _run(fn, *args):
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err), contextlib.redirect_stdout(
+      io.StringIO()):
+    try:
+      code = fn(*args)
+    except SystemExit as e:
+      code = e.code
+  return code, err.getvalue()
+
+
+@pytest.mark.parametrize("argv, flag, shown", [
+    (["--n-workers", "8", "--n-workers", "32"], "--n-workers",
+     "--n-workers 8, then --n-workers 32"),
+    (["--n-workers=8", "--n-w", "32"], "--n-workers",
+     "--n-workers=8, then --n-w 32"),
+    (["--fresh", "--fresh"], "--fresh", "--fresh, then --fresh"),
+])
+def test_a_repeated_flag_is_one_line(argv, flag, shown):
+  code, err = _run(_parser().parse_args, argv)
+  assert code == 2
+  assert err.strip().splitlines() == [
+      f"error: {flag} is given twice ({shown}); give it once. (see tool "
+      "--help)"]
+
+
+def test_a_list_flag_repeats_and_after_dashes_nothing_counts():
+  args = _parser().parse_args(["--set", "a=1", "--set", "b=2", "--n-workers",
+                               "8", "--", "--n-workers"])
+  assert args.set == ["a=1", "b=2"] and args.n_workers == 8
+  assert args.rest == ["--n-workers"]
+  assert flag_types.repeated_flag(_parser(), ["--set", "x", "--set", "y"]) \
+      is None
+
+
+def test_a_subcommand_s_flag_given_twice_names_its_help():
+  code, err = _run(cli.main, ["predict", "--n-workers", "8", "--n-workers",
+                              "32"])
+  assert code == 2
+  assert err.strip().splitlines() == [
+      "error: --n-workers is given twice (--n-workers 8, then --n-workers "
+      "32); give it once. (see decentral-jax predict --help)"]
+
+
+def test_an_absl_flag_given_twice_is_refused():
+  fv = flags.FlagValues()
+  flags.DEFINE_string("config", None, "", flag_values=fv)
+  flags.DEFINE_bool("fresh", False, "", flag_values=fv)
+  flags.DEFINE_multi_string("tag", [], "", flag_values=fv)
+  with pytest.raises(ValueError, match=r"^--config is given twice "
+                     r"\(--config=gpt_tiny, then --config=gpt_quick\); give "
+                     r"it once\.$"):
+    config_lib.parse_command_line(fv, "p", ["--config=gpt_tiny",
+                                            "--config=gpt_quick"])
+  with pytest.raises(ValueError, match="--fresh is given twice"):
+    config_lib.parse_command_line(fv, "p", ["--fresh", "--nofresh"])
+  config_lib.parse_command_line(fv, "p", ["--tag=a", "--tag=b"])
+  assert fv.tag == ["a", "b"]
+
+
+def test_an_override_given_twice_is_refused():
+  with pytest.raises(ValueError, match=r"^--config\.steps is given twice "
+                     r"\(--config\.steps=2, then --config\.steps=3\)"):
+    config_lib.split_overrides(["train", "--config.steps=2", "--config.steps",
+                                "3"])
+  code, err = _run(learners_main.main, ["--config", "gpt_quick",
+                                        "--config.steps=2",
+                                        "--config.steps=3"])
+  assert code == 2 and len(err.strip().splitlines()) == 1, err
+  assert "--config.steps is given twice" in err
+
+
+@pytest.mark.parametrize("text, value", [("1e3", 1000), ("2.0", 2),
+                                         ("16", 16)])
+def test_an_int_override_reads_as_a_count(text, value):
+  c = config_lib.with_overrides(config_lib.base_config,
+                                [f"--config.steps={text}"])
+  assert c.steps == value and type(c.steps) is int
+
+
+@pytest.mark.parametrize("text", ["2.5", "nan", "inf", "٣", "x"])
+def test_a_non_whole_int_override_names_the_field_rule(text):
+  with pytest.raises(ValueError) as e:
+    config_lib.with_overrides(config_lib.base_config,
+                              [f"--config.steps={text}"])
+  assert str(e.value) == (
+      f"the config: --config.steps={text}: config.steps must be an integer in [1, "
+      f"2147483647], got {text!r}; set --config.steps=<int>.")
