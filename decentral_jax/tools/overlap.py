@@ -22,9 +22,9 @@ the consensus measurement and the first distinct round with it
 (``--all_programs``: every round with it too).
 
 Output: one JSON line per program in ``--out`` (default
-``benchmarks/results/gpu_overlap/main.jsonl`` of the checkout, the shipped
-rows), and a Markdown
-table on stdout.
+``benchmarks/results/gpu_overlap.jsonl`` of the checkout, created by the
+first run; the shipped rows are under ``benchmarks/results/gpu_overlap/``),
+and a Markdown table on stdout.
 ``--timeline`` also draws each case's step on each target as a timeline
 (:mod:`decentral_jax.analysis.timeline`: forward, backward, optimizer and
 each collective from start to done, on the profile's clock where
@@ -383,7 +383,8 @@ def render(paths: list[str]) -> None:
   """Prints the tables of earlier runs (``--out`` files).
 
   Raises:
-    ValueError: no file given, one file given twice, a file missing, a directory, or damaged (a
+    ValueError: no file given, one file given twice, a file missing, a
+      directory, or damaged (a
       line not a JSON object, or a row :func:`~decentral_jax.tools.
       overlap_rows.row_error` refuses: a key of :data:`ROW_SCHEMA` missing,
       any written key or collective of the wrong kind or range, more FLOPs

@@ -316,9 +316,11 @@ def _list_flags(ap: argparse.ArgumentParser) -> None:
                   "(default %(default)s)")
 
 
-#: The shipped rows of the main cases (the default ``--out``, the example
-#: of ``--render``), relative to the checkout.
+#: The shipped rows of the main cases (the example of ``--render``) and the
+#: default ``--out`` (created by the first run, so a run leaves the shipped
+#: rows as they are), relative to the checkout.
 SHIPPED_ROWS = "benchmarks/results/gpu_overlap/main.jsonl"
+DEFAULT_OUT = "benchmarks/results/gpu_overlap.jsonl"
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -334,10 +336,11 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
       0, MAX_OVERLAP_LIMIT), default=0,
                   help="xla_gpu_experimental_parallel_collective_overlap_"
                   f"limit (0: XLA's default, 1; at most {MAX_OVERLAP_LIMIT})")
-  ap.add_argument("--out", default=os.path.join(_ROOT, SHIPPED_ROWS),
+  ap.add_argument("--out", default=os.path.join(_ROOT, DEFAULT_OUT),
                   help="JSON lines file, one line per program, appended "
-                  f"(default: {SHIPPED_ROWS} of the checkout, the shipped "
-                  "rows)")
+                  f"(default: {DEFAULT_OUT} of the checkout, created by "
+                  f"the first run; the shipped rows are {SHIPPED_ROWS} and "
+                  "its neighbours)")
   ap.add_argument("--fixtures", default=None,
                   help="directory for the stripped, gzipped scheduled HLO "
                   "of --fixture_cases (test fixtures; default: none)")

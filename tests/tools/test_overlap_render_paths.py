@@ -1,5 +1,6 @@
-"""``overlap --render``: its example file and the default ``--out`` are
-shipped files, and one file named twice is refused (not printed twice)."""
+"""``overlap --render``: its example file is shipped, the default ``--out``
+is not one of the shipped rows (a run leaves them as they are), and one
+file named twice is refused (not printed twice)."""
 
 import os
 import re
@@ -14,19 +15,22 @@ MAIN = os.path.join(ROOT, "benchmarks", "results", "gpu_overlap",
                     "main.jsonl")
 
 
-def test_the_render_example_and_the_default_out_are_shipped():
+def test_the_render_example_is_shipped_and_the_default_out_is_not():
   with pytest.raises(ValueError) as e:
     overlap.render([])
   example = re.search(r"e\.g\. --render (\S+)\.$", str(e.value)).group(1)
   assert os.path.isfile(os.path.join(ROOT, example)), example
   out = overlap.build_parser("overlap").parse_args([]).out
-  assert os.path.isfile(out), out
+  shipped = os.path.join(ROOT, "benchmarks", "results", "gpu_overlap")
+  assert os.path.dirname(out) != shipped and not os.path.isdir(out), out
   with open(os.path.join(ROOT, "docs", "gpu_overlap.md"),
             encoding="utf-8") as f:
     doc = f.read()
   named = re.search(r"Its rows are appended to `([^`]+)` \(the default "
-                    r"`--out`", doc).group(1)
-  assert os.path.isfile(os.path.join(ROOT, named)), named
+                    r"`--out`.*?e\.g\. `([^`]+)`, which `--render` prints",
+                    doc)
+  assert os.path.join(ROOT, named.group(1)) == out
+  assert os.path.isfile(os.path.join(shipped, named.group(2)))
 
 
 def test_one_file_named_twice_is_refused(tmp_path, capsys):
