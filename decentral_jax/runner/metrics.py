@@ -386,7 +386,7 @@ def read_curve(path: str, key: str = "eval/loss", x: str = "step"):
 
 
 def truncate_after(workdir: str, step: int, config=None,
-                   schedule=None) -> int:
+                   schedule=None, at_step: dict | None = None) -> int:
   """Drops records of ``<workdir>/metrics.jsonl`` that a resumed run redoes.
 
   A run resumed from a checkpoint after ``step`` steps logs every later step
@@ -411,6 +411,10 @@ def truncate_after(workdir: str, step: int, config=None,
   not checked for it, since a resume may have changed the peak. Records
   after ``step`` (dropped) are checked only for their own syntax, ranges
   and order: a later invocation may have logged them under another config.
+  With ``at_step`` (what the checkpoint fixes: the ``lr`` its config logs
+  at ``step`` and the document's ``train_time_s``), kept records that
+  disagree with it are damage (:func:`metrics_resume.checkpoint_error`:
+  the log of another run).
 
   Returns:
     How many complete records were removed (0 if the file does not exist).
@@ -418,7 +422,8 @@ def truncate_after(workdir: str, step: int, config=None,
   Raises:
     MetricsError: the file is a symbolic link or not a regular file (a
       FIFO, a directory: refused before opening), a record's step is
-      beyond any run's last, or a line before the
+      beyond any run's last, the kept records disagree with ``at_step``,
+      or a line before the
       last is corrupt, breaks its key's range, or repeats or goes back in
       step (names file, line, key and fix; nothing is rewritten).
     workdir.PathError: the file cannot be read or rewritten.
@@ -439,6 +444,10 @@ def truncate_after(workdir: str, step: int, config=None,
     records, torn, dirty, tail = _parse(path, config, schedule, upto=step)
     _check_reachable(path, records)
     keep = [r for r in records if r.get("step", 0) <= step]
+    why = metrics_resume.checkpoint_error(keep, step, at_step)
+    if why:
+      raise MetricsError(f"{path}, {why}; move the file away, and run "
+                         "again.", path, why)
     removed = len(records) - len(keep)
     lost = metrics_resume.lost_warning(path, keep, step, config, schedule)
     if lost and torn is None:  # a torn record says it is lost itself

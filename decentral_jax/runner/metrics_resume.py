@@ -14,7 +14,12 @@ change the intervals and the learning rate's peak; a resume then names
 every step that history logs up to the checkpoint and the kept log lacks
 (:func:`scheduled_steps`), and checks each record's ``lr`` against its
 segment's ``schedule.peak_lr`` (:func:`peak_at`; a segment of three,
-written before the peak was recorded, leaves ``lr`` unchecked).
+written before the peak was recorded, leaves ``lr`` unchecked). The kept
+records must also agree with the checkpoint itself
+(:func:`checkpoint_error`): the invocation that saved it wrote its step's
+record, whose ``lr`` and ``train_time_s`` the document fixes, and no kept
+record's cumulative ``train_time_s`` exceeds the document's (a log of
+another run put in the work directory).
 """
 
 from __future__ import annotations
@@ -219,3 +224,39 @@ def lost_warning(path: str, kept: list[dict], step: int,
           f"(log_interval={field(config, 'log_interval')}, eval_interval="
           f"{field(config, 'eval_interval')}): the records {lost} are lost; "
           f"the resumed run logs from step {step + 1} on.")
+
+
+def checkpoint_error(kept: list[dict], step: int, at_step: dict | None
+                     ) -> str | None:
+  """Why the kept records (steps <= ``step``) are not the log of the run
+  whose checkpoint at ``step`` resumes, or None.
+
+  ``at_step`` holds what the checkpoint fixes (None or a missing key:
+  not known, unchecked): ``"lr"``, the learning rate its own config's
+  schedule logs at ``step`` (that of the update of step ``step``), and
+  ``"train_time_s"``, the document's cumulative training seconds. The
+  invocation that saved the checkpoint wrote the record of ``step`` (if
+  its schedule logs that step), so that record's ``lr`` and
+  ``train_time_s`` equal these up to float32 rounding (:data:`REL_TOL`);
+  timed seconds only grow, so no kept record's ``train_time_s`` is
+  larger than the document's.
+  """
+  at_step = at_step or {}
+  want_t, want_lr = at_step.get("train_time_s"), at_step.get("lr")
+  for r in kept:
+    t = r.get("train_time_s")
+    if records.is_real(want_t) and records.is_real(t) and (
+        t > want_t * (1 + REL_TOL) if r.get("step") != step
+        else abs(t - want_t) > REL_TOL * max(abs(want_t), 1e-9)):
+      rule = "at most" if r.get("step") != step else "equal to"
+      return (f"train_time_s {records.short(t)} at step {r.get('step')} "
+              f"must be {rule} the checkpoint's {records.short(want_t)} at "
+              f"step {step} (a log of another run?)")
+    lr = r.get("lr")
+    if (r.get("step") == step and records.is_real(want_lr)
+        and records.is_real(lr)
+        and abs(lr - want_lr) > REL_TOL * max(abs(want_lr), 1e-12)):
+      return (f"lr {records.short(lr)} at step {step} must be the "
+              f"checkpoint's {records.short(want_lr)} (its config's "
+              "schedule at that step; a log of another run?)")
+  return None

@@ -22,6 +22,7 @@ import logging
 import math
 
 import jax
+from ml_collections import config_dict
 
 from decentral_jax import parallel
 from decentral_jax.runner import builders
@@ -117,6 +118,25 @@ def checkpoint_meta(exp, step: int) -> dict:
       # Every field: those not above, less RESUME_FREE, must keep their value.
       "config": json.loads(c.to_json()),
   }
+
+
+def logged_at_checkpoint(meta: dict | None) -> dict | None:
+  """What the checkpoint document ``meta`` fixes of its step's metrics
+  record (the invocation that saved it wrote that record):
+  ``{"lr": its stored config's schedule at the update of that step,
+  "train_time_s": the document's}``, a value None where the document does
+  not say (an older one, a stored config without a schedule); None for no
+  document. Learning rate as the recorder logs it (float32 schedule value
+  in a float), seconds cumulative."""
+  if not meta:
+    return None
+  step, lr = int(meta.get("step", 0)), None
+  try:
+    config = config_dict.ConfigDict(meta["config"])
+    lr = float(builders.make_schedule(config)(max(step, 1) - 1))
+  except (KeyError, TypeError, ValueError, AttributeError):
+    pass  # an older document: lr not known
+  return {"lr": lr, "train_time_s": meta.get("train_time_s")}
 
 
 def worker_layout_meta(exp) -> dict:

@@ -211,13 +211,16 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
 
 
 def _start_records(c, workdir: str, exp: Experiment, start: int,
-                   written=None, schedule=None) -> None:
+                   meta: dict | None) -> None:
   """Process 0, before the first step: config.json, metrics, a log line."""
   # Written only once the run is known to be valid (a rejected resume must
   # not overwrite the record of the original run).
   _write_config(workdir, c)
   # Records logged after the restored checkpoint are about to be redone.
-  resume_metrics(workdir, start, written, schedule)
+  meta = meta or {}
+  resume_metrics(workdir, start, meta.get("config"),
+                 meta.get(metrics_resume.SCHEDULE_KEY),
+                 run_meta.logged_at_checkpoint(meta))
   logging.info("%s: %d workers on %d process(es), %s params/worker, %d "
                "%s/step, mesh %s", _method_words(c), exp.n_workers,
                jax.process_count(), f"{exp.param_count:,}",
@@ -225,14 +228,16 @@ def _start_records(c, workdir: str, exp: Experiment, start: int,
 
 
 def resume_metrics(workdir: str, start: int, written=None,
-                   schedule=None) -> None:
+                   schedule=None, at_step: dict | None = None) -> None:
   """``metrics.truncate_after`` by the rules of ``written`` (the
-  checkpoint's stored config, or None) and its log ``schedule`` (the
-  document's history, or None); a damaged metrics.jsonl (a log,
-  not the state the run resumes from) is moved aside with one warning and
-  the run writes a fresh file from ``start`` on."""
+  checkpoint's stored config, or None), its log ``schedule`` (the
+  document's history, or None) and what it fixes of its step's record
+  (``at_step``: :func:`run_meta.logged_at_checkpoint`, or None); a damaged
+  metrics.jsonl (a log, not the state the run resumes from; also the log
+  of another run) is moved aside with one warning and the run writes a
+  fresh file from ``start`` on."""
   try:
-    metrics_lib.truncate_after(workdir, start, written, schedule)
+    metrics_lib.truncate_after(workdir, start, written, schedule, at_step)
   except metrics_lib.MetricsError as e:
     moved = metrics_lib.set_aside(workdir)
     logging.warning(
@@ -298,8 +303,7 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
   window_state = (meta or {}).get("metrics_window")
   restored = (meta or {}).get(metrics_resume.SCHEDULE_KEY)
   if main:
-    _start_records(c, workdir, exp, start, (meta or {}).get("config"),
-                   restored)
+    _start_records(c, workdir, exp, start, meta)
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
   log_every = int(c.log_interval)
   history = metrics_resume.schedule_history(

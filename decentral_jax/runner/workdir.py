@@ -400,22 +400,22 @@ def hold(workdir: str, flag: str = "--workdir"
       lock.release()
 
 
-def clear(workdir: str, entries: Iterable[str]) -> None:
-  """Empties a run's work directory, keeping its lock file.
+def holds_entries(workdir: str) -> bool:
+  """Whether the directory ``workdir`` holds anything but its lock file
+  (False if it does not exist)."""
+  return os.path.isdir(workdir) and any(
+      n != LOCK_FILE for n in os.listdir(workdir))
 
-  Removes each of ``entries`` (names of files and directories a run
-  writes, e.g. ``config.json``, ``checkpoints``, or shell patterns such as
-  ``metrics.jsonl.corrupt*``) found in ``workdir``; hold
-  the directory (:func:`hold`) while calling it. Nothing is removed if the
-  directory is a symbolic link (its target may be anyone's) or holds any
-  other entry: it is then not recognisably a run directory, and may be
-  someone's data.
+
+def check_run_directory(workdir: str, entries: Iterable[str]) -> list[str]:
+  """The sorted names in ``workdir`` if it is a run's work directory:
+  a directory, not a symbolic link, holding only ``entries`` (names or
+  shell patterns of what a run writes) and its lock file.
 
   Raises:
-    NotARunDirectory: ``workdir`` is a symbolic link, not a directory, or
-      holds an entry not in ``entries`` (one line naming both); a
-      ``ValueError``.
-    PathError: an entry cannot be removed.
+    NotARunDirectory: a symbolic link (its target may be anyone's), not a
+      directory, or an entry not in ``entries`` (someone's data; one line
+      naming both); a ``ValueError``.
   """
   if os.path.islink(workdir):
     raise NotARunDirectory(
@@ -436,6 +436,27 @@ def clear(workdir: str, entries: Iterable[str]) -> None:
                              > 1 else "")
         + "), so it is not replaced; move it away or choose another output "
         "directory.")
+  return names
+
+
+def clear(workdir: str, entries: Iterable[str]) -> None:
+  """Empties a run's work directory, keeping its lock file.
+
+  Removes each of ``entries`` (names of files and directories a run
+  writes, e.g. ``config.json``, ``checkpoints``, or shell patterns such as
+  ``metrics.jsonl.corrupt*``) found in ``workdir``; hold
+  the directory (:func:`hold`) while calling it. Nothing is removed if the
+  directory is a symbolic link (its target may be anyone's) or holds any
+  other entry: it is then not recognisably a run directory, and may be
+  someone's data.
+
+  Raises:
+    NotARunDirectory: ``workdir`` is a symbolic link, not a directory, or
+      holds an entry not in ``entries`` (one line naming both); a
+      ``ValueError`` (:func:`check_run_directory`).
+    PathError: an entry cannot be removed.
+  """
+  names = check_run_directory(workdir, entries)
   for name in names:
     if name == LOCK_FILE:
       continue  # never deleted while held (see the module docstring)

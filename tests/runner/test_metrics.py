@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from decentral_jax.runner import metrics
@@ -19,6 +20,7 @@ from decentral_jax.runner import meta_schema
 
 from decentral_jax.runner import metrics_rules
 from decentral_jax.runner import metrics_resume
+from decentral_jax.runner import run_meta
 from decentral_jax.runner import workdir as workdir_lib
 
 
@@ -494,3 +496,66 @@ def test_a_damaged_log_schedule_is_a_damaged_document(history, why):
   assert meta_schema.meta_error(
       dict(meta, **{metrics_resume.SCHEDULE_KEY: [[0, 2, 0], [3, 1, 3]]})
   ) is None
+
+
+def _timed_log(times, lrs) -> str:
+  return "".join(f'{{"step": {s}, "lr": {lr}, "train_time_s": {t}}}\n'
+                 for s, t, lr in zip(range(0, 10, 2), times, lrs))
+
+
+def test_a_log_of_another_run_is_moved_aside_on_resume(tmp_path, caplog):
+  """The checkpoint at step 8 fixes its record: lr 0.00165 and 0.032 s.
+  A log of another run (its step 8 at lr 0.00078 and 0.029 s; or a step-4
+  record timed after the checkpoint) is damage: moved aside, one warning.
+  The run's own log (the same values to float32 rounding) is kept, byte
+  for byte, with no warning."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  at_step = {"lr": 0.00165, "train_time_s": 0.032}
+  own = _timed_log([0.0, 0.003, 0.009, 0.024, 0.032],
+                   [0.0015, 0.00225, 0.0029339, 0.0024435, 0.0016499999])
+  path.write_text(own)
+  caplog.set_level("WARNING")
+  assert metrics.truncate_after(str(tmp_path), 8, None, None, at_step) == 0
+  assert path.read_text() == own and not caplog.records
+  other_lr = own.replace('"lr": 0.0016499999', '"lr": 0.00077667')
+  other_time = own.replace('"train_time_s": 0.009', '"train_time_s": 0.038')
+  other_end = own.replace('"train_time_s": 0.032', '"train_time_s": 0.029')
+  for bad, said in (
+      (other_lr, "lr 0.00077667 at step 8 must be the checkpoint's 0.00165"),
+      (other_time, "train_time_s 0.038 at step 4 must be at most the "
+                   "checkpoint's 0.032 at step 8"),
+      (other_end, "train_time_s 0.029 at step 8 must be equal to the "
+                  "checkpoint's 0.032")):
+    path.write_text(bad)
+    caplog.clear()
+    train.resume_metrics(str(tmp_path), 8, None, None, at_step)
+    assert not path.exists()
+    moved = tmp_path / metrics.CORRUPT_FILE
+    assert moved.read_text() == bad
+    moved.unlink()
+    assert len(caplog.records) == 1, caplog.records
+    assert said in caplog.records[0].getMessage(), caplog.records[0]
+  # A checkpoint that does not say (an older document) checks nothing.
+  path.write_text(other_lr)
+  assert metrics.truncate_after(str(tmp_path), 8, None, None,
+                                {"lr": None, "train_time_s": None}) == 0
+
+
+def test_the_checkpoint_fixes_its_step_s_record():
+  """warmup_cosine, peak 3e-3, warmup 2, 12 steps, final 3e-4: the record
+  of step 8 logs the update of step 8, schedule(7) = 3e-4 + 2.7e-3 x 0.5 x
+  (1 + cos(pi (7 - 2) / (12 - 2))) = 1.65e-3; step 0's is schedule(0) =
+  3e-3 / 2."""
+  config = {"steps": 12, "schedule": {"name": "warmup_cosine",
+                                      "peak_lr": 3e-3, "warmup_steps": 2,
+                                      "final_lr": 3e-4}}
+  got = run_meta.logged_at_checkpoint(
+      {"step": 8, "config": config, "train_time_s": 0.032})
+  want = 3e-4 + 2.7e-3 * 0.5 * (1 + np.cos(np.pi * 5 / 10))
+  assert np.isclose(got["lr"], want, rtol=1e-6) and got["train_time_s"] == 0.032
+  got = run_meta.logged_at_checkpoint({"step": 0, "config": config})
+  assert np.isclose(got["lr"], 1.5e-3, rtol=1e-6) and got["train_time_s"] is None
+  assert run_meta.logged_at_checkpoint({"step": 8}) == {
+      "lr": None, "train_time_s": None}
+  assert run_meta.logged_at_checkpoint(None) is None

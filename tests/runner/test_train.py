@@ -651,3 +651,44 @@ def test_resume_refuses_every_changed_field_but_the_free_ones():
   # Written before the whole config was stored: the named fields only.
   run_meta.check_resumable(
       exp, {k: v for k, v in meta.items() if k != "config"}, "ckpt")
+
+
+@pytest.mark.slow  # trains two short runs
+def test_a_log_of_another_run_is_not_spliced_into_a_resumed_run(
+    tmp_path, caplog):
+  """Run A (warmup 2) stopped after its step-8 checkpoint; run B's log
+  (warmup 30: another lr at step 8, other timings) put in A's directory.
+  Resuming A moves that log aside with one warning and writes a fresh one
+  from step 9 on; A's own log resumes without a word."""
+  require_devices(N)
+  common = (*TINY_GPT, "--config.n_workers=4", "--config.steps=12",
+            "--config.log_interval=2", "--config.eval_interval=4",
+            "--config.checkpoint_interval=4")
+  for name, warmup in (("A", 2), ("B", 30)):
+    train.train_and_evaluate(load_config(
+        "gpt_tiny.py", *common, f"--config.schedule.warmup_steps={warmup}"),
+        str(tmp_path / name))
+  a = tmp_path / "A"
+  own = (a / metrics.METRICS_FILE).read_text()
+  shutil.copytree(a, tmp_path / "A2")
+  config_a = load_config("gpt_tiny.py", *common,
+                         "--config.schedule.warmup_steps=2")
+  for run in (a, tmp_path / "A2"):
+    shutil.rmtree(run / "checkpoints" / "12")
+  shutil.copy(tmp_path / "B" / metrics.METRICS_FILE, a / metrics.METRICS_FILE)
+  caplog.set_level("WARNING")
+  train.train_and_evaluate(config_a, str(a))
+  warned = [r.getMessage() for r in caplog.records
+            if "metrics.jsonl" in r.getMessage()]
+  assert len(warned) == 1 and "a log of another run?" in warned[0], warned
+  assert (a / metrics.CORRUPT_FILE).read_text() == (
+      tmp_path / "B" / metrics.METRICS_FILE).read_text()
+  assert [r["step"] for r in metrics.read_jsonl(
+      str(a / metrics.METRICS_FILE))] == [10, 12]
+  caplog.clear()  # A's own log: kept up to step 8, no warning
+  train.train_and_evaluate(config_a, str(tmp_path / "A2"))
+  assert not [r for r in caplog.records if "metrics" in r.getMessage()]
+  got = metrics.read_jsonl(str(tmp_path / "A2" / metrics.METRICS_FILE))
+  assert [r["step"] for r in got] == [0, 2, 4, 6, 8, 10, 12]
+  assert own.splitlines()[:5] == (
+      tmp_path / "A2" / metrics.METRICS_FILE).read_text().splitlines()[:5]

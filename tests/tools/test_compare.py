@@ -384,10 +384,12 @@ def test_rerun_keeps_finished_runs_and_resumes_the_interrupted_one(
   records = [json.loads(x) for x in
              (tmp_path / "dadam" / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "eval/loss" in r] == [0, 2, 4]
-  # Another config in the same directory is not resumed: it starts over.
+  # Another config in the same directory is not resumed: it starts over,
+  # the finished run moved aside first (run_arm).
   with dadam_config.unlocked():
     dadam_config.steps = 6
-  assert job_lib.arm_status(dadam_dir, dadam_config) == ("fresh", None)
+  assert job_lib.arm_status(dadam_dir, dadam_config) == (
+      "fresh", "compare_result.json records a finished run of another config")
 
 
 

@@ -254,13 +254,60 @@ def test_a_kept_run_s_final_values_match_its_last_evaluation(
   assert "final.eval/accuracy is 0.5" in capsys.readouterr().err
 
 
-def test_a_record_of_another_config_is_replaced_without_a_word(
+def test_a_record_of_another_config_is_not_kept_and_not_lost(
     tmp_path, capsys):
   run_dir = _kept_run(tmp_path)
-  os.remove(os.path.join(run_dir, metrics.METRICS_FILE))
   other = type("Other", (), {"to_json": lambda self: '{"steps": 4}'})()
-  assert job_lib.arm_status(run_dir, other) == ("fresh", None)
-  assert capsys.readouterr().err == ""
+  assert job_lib.arm_status(run_dir, other) == (
+      "fresh", f"{job_lib.RESULT_FILE} records a finished run of another "
+      "config")
+  assert capsys.readouterr().err == ""  # said once, when moved aside
+
+
+def _outdir_files(run_dir) -> dict:
+  return {n: open(os.path.join(run_dir, n), "rb").read()
+          for n in sorted(os.listdir(run_dir)) if n != "run.lock"}
+
+
+@pytest.mark.parametrize("steps", ["4", "swapped"])
+def test_a_finished_run_of_another_config_is_moved_aside_not_replaced(
+    tmp_path, monkeypatch, capsys, steps):
+  """The job run again with another --config.steps, or the run's
+  directory swapped with another run's: the finished run there is moved
+  whole to <run>.not_resumed with one warning naming both directories,
+  and the run is trained in the emptied directory. An absent or empty
+  directory is fresh: no warning."""
+  trained = []
+  _fake_job(monkeypatch, trained)
+  out = tmp_path / "out"
+  assert _main(out) == 0
+  run_dir = str(out / "all_reduce")
+  before = _outdir_files(run_dir)
+  if steps == "swapped":  # another config's record in its place
+    _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+            _record_edit(config={"steps": 5}))
+    before = _outdir_files(run_dir)
+    argv = [f"--outdir={out}", "--config.steps=3",
+            "--config.eval_interval=3", "--methods=all_reduce",
+            "--clusters="]
+  else:
+    argv = [f"--outdir={out}", "--config.steps=4",
+            "--config.eval_interval=3", "--methods=all_reduce",
+            "--clusters="]
+  capsys.readouterr()
+  assert compare.main(argv) == 0
+  err = capsys.readouterr().err
+  aside = run_dir + ".not_resumed"
+  assert _job_warnings(err, tmp_path) == [
+      f"warning: {run_dir}: {job_lib.RESULT_FILE} records a finished run "
+      f"of another config; the run was moved to {aside} and is trained "
+      "again from step 0."], err
+  assert _outdir_files(aside) == before  # byte for byte
+  assert trained == [run_dir, run_dir]
+  assert not os.path.exists(out / "empty.not_resumed")
+  empty = out / "empty"
+  empty.mkdir()
+  assert job_lib.arm_status(str(empty), _Config()) == ("fresh", None)
 
 
 def _job_warnings(err: str, tmp_path) -> list[str]:
@@ -299,10 +346,15 @@ def test_a_damaged_config_of_a_checkpoint_is_named_and_not_resumed(
   (run_dir / "config.json").write_bytes(BINARY)
   assert _main(tmp_path / "out") == 0
   err = capsys.readouterr().err
-  assert _job_warnings(err, tmp_path) == [f"warning: {run_dir / 'config.json'}: is not UTF-8 "
-                      "text (byte 0x89 at offset 0); its checkpoint is not "
-                      "resumed."], err
+  assert _job_warnings(err, tmp_path) == [
+      f"warning: {run_dir}: its checkpoint is not resumed ("
+      f"{run_dir / 'config.json'}: is not UTF-8 text (byte 0x89 at offset "
+      f"0)); the run was moved to {run_dir}.not_resumed and is trained "
+      "again from step 0."], err
   assert trained == [str(run_dir)]
+  aside = tmp_path / "out" / "all_reduce.not_resumed"
+  assert (aside / "config.json").read_bytes() == BINARY
+  assert sorted(os.listdir(aside / "checkpoints")) == ["2"]
 
 
 def test_metrics_damaged_after_the_run_was_kept_is_left_out(

@@ -260,16 +260,10 @@ def _eval_error(workdir: str, final: dict, loss_curve
 
 
 def _read_config(workdir: str):
-  """A run's ``config.json`` (an object), or None if missing or damaged
-  (a damaged one named in a ``warning:`` line: its checkpoint is not
-  resumed)."""
-  got = records.read_json(os.path.join(workdir, "config.json"), {},
-                          extra=True)
-  if isinstance(got, records.Damaged):
-    if not got.missing:
-      _warn(got.warning("its checkpoint is not resumed."))
-    return None
-  return got
+  """A run's ``config.json`` (an object), or a
+  :class:`decentral_jax.records.Damaged` (missing or damaged)."""
+  return records.read_json(os.path.join(workdir, "config.json"), {},
+                           extra=True)
 
 
 def _has_checkpoint(workdir: str) -> bool:
@@ -277,7 +271,7 @@ def _has_checkpoint(workdir: str) -> bool:
   return os.path.isdir(ckpts) and any(x.isdigit() for x in os.listdir(ckpts))
 
 
-def arm_status(workdir: str, config) -> tuple[str, dict | None]:
+def arm_status(workdir: str, config) -> tuple[str, dict | str | None]:
   """What an invocation does with a run's subdirectory ``workdir``.
 
   Returns:
@@ -287,8 +281,9 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
     ``warning:`` line and the run is not kept), which is kept;
     ``("resume", None)`` if it holds a checkpoint of a run of this config
     (its ``config.json``), which
-    ``train_and_evaluate`` resumes; ``("fresh", None)`` otherwise: the
-    directory is replaced and the run starts at step 0.
+    ``train_and_evaluate`` resumes; ``("fresh", why)`` otherwise: a run
+    there is moved aside (:func:`run_arm`) with one ``warning:`` saying
+    ``why``, None where a line here named the damage; step 0 follows.
   """
   want = json.loads(config.to_json())
   record = read_record(workdir, want)
@@ -306,10 +301,15 @@ def arm_status(workdir: str, config) -> tuple[str, dict | None]:
   elif record["config"] == want:
     return (("finished", record) if _whole_curve(workdir, "kept")
             else ("fresh", None))
-  if (not redo and _has_checkpoint(workdir)
-      and _read_config(workdir) == want and _whole_curve(workdir, "resumed")):
-    return "resume", None
-  return "fresh", None
+  got = _read_config(workdir) if not redo and _has_checkpoint(workdir) else {}
+  if got == want:
+    return ("resume" if _whole_curve(workdir, "resumed") else "fresh"), None
+  if isinstance(record, dict):
+    return "fresh", f"{RESULT_FILE} records a finished run of another config"
+  if isinstance(got, records.Damaged) and not got.missing:
+    return "fresh", f"its checkpoint is not resumed ({got})"
+  held = record.missing and workdir_lib.holds_entries(workdir)
+  return "fresh", "it holds no checkpoint of this config" if held else None
 
 
 def _whole_curve(workdir: str, use: str) -> bool:
@@ -394,9 +394,8 @@ def run_arm(run: runs_lib.Run, config, workdir: str, fresh: bool = False,
       not a run directory), or an unreadable checkpoint.
     train.Preempted: stopped by SIGTERM / SIGINT after saving a checkpoint.
   """
-  # train_and_evaluate re-enters the lock; "--outdir" for the in-use error.
   with workdir_lib.hold(workdir, flag="--outdir"):
-    status, record = (("fresh", None) if fresh
+    status, record = (("fresh", "replace") if fresh
                       else arm_status(workdir, config))
     if statuses is not None:
       statuses[run.name] = status
@@ -414,11 +413,18 @@ def _run_arm_held(run: runs_lib.Run, config, workdir: str, status: str,
     print(f"== {run.label}: finished by an earlier invocation, kept "
           f"({workdir})", flush=True)
     return record["final"], record["diverged"]
+  aside = None
   if status == "fresh":  # refuses a directory this project did not write
+    workdir_lib.check_run_directory(workdir, RUN_ENTRIES)
+    if record != "replace" and workdir_lib.holds_entries(workdir):
+      aside = set_aside(workdir)  # nothing trained is lost
+      if record:  # else a line of arm_status named the damage
+        _warn(f"warning: {workdir}: {record}; the run was moved to {aside} "
+              "and is trained again from step 0.")
     workdir_lib.clear(workdir, RUN_ENTRIES)
-  print(f"== {run.label} -> {workdir}" + (
-      " (resuming from its checkpoint)" if status == "resume" else ""),
-        flush=True)
+  print(f"== {run.label} -> {workdir}" + (" (resuming from its checkpoint)"
+        if status == "resume" else f" (the earlier run moved to {aside})"
+        if aside else ""), flush=True)
   t0 = time.perf_counter()
   final = reason = None
   try:
@@ -437,11 +443,10 @@ def _run_arm_held(run: runs_lib.Run, config, workdir: str, status: str,
 
 def _train(config, workdir: str, exp, status: str) -> dict:
   """``train_and_evaluate`` in ``workdir``. A resume its checkpoint refuses
-  (a ``ValueError`` naming ``workdir/checkpoints``: written by another
-  config, past this run's end, none intact) is not the job's bad input:
-  ``arm_status`` judged the run by its ``config.json`` alone. The run is
-  then set aside (:func:`set_aside`: nothing trained is deleted), named in
-  one ``warning:`` line, and trained again from step 0."""
+  (a ``ValueError`` naming ``workdir/checkpoints``: another config's, past
+  this run's end, none intact; ``arm_status`` read only ``config.json``)
+  is not bad input: the run is set aside (:func:`set_aside`), named in one
+  ``warning:`` line, and trained again from step 0."""
   try:
     return train.train_and_evaluate(config, workdir, experiment=exp)
   except ValueError as e:
@@ -456,14 +461,10 @@ def _train(config, workdir: str, exp, status: str) -> dict:
 
 
 def set_aside(workdir: str) -> str:
-  """Moves every entry of the run directory ``workdir`` but its lock into
-  a new sibling directory ``<workdir>.not_resumed`` (``.not_resumed.2``,
-  ``.3``, ... if taken) and returns its path: the lock stays held, and
-  nothing a run trained is deleted.
-
-  Raises:
-    ValueError: the directory cannot be created or an entry moved.
-  """
+  """Moves every entry of the run directory ``workdir`` but its (held)
+  lock into a new sibling ``<workdir>.not_resumed`` (``.not_resumed.2``,
+  ... if taken) and returns its path: nothing a run trained is deleted.
+  Raises ValueError: the directory cannot be made or an entry moved."""
   aside, k = workdir + ".not_resumed", 1
   while os.path.lexists(aside):
     k += 1
