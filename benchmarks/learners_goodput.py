@@ -31,8 +31,9 @@ they are) and refuses every other flag. A run that keeps modes from
 ``--out`` must use the settings they were measured with. The file is
 checked before any of its numbers is used (types and bounds of ``"args"``
 as the flags', one resume or downtime entry per kill, kills within the
-schedule, at least 2 merge times, a period above 0 s): a damaged one is one ``error:`` line naming ``--out``, the file
-and the key.
+schedule, at least 2 merge times, a period above 0 s, a healthy step
+``period / sync_every - slow_sleep`` above 0 s): a damaged one is one
+``error:`` line naming ``--out``, the file and the key.
 """
 
 from __future__ import annotations
@@ -206,6 +207,17 @@ def run_learners(args, mode) -> dict:
   return out
 
 
+def _healthy_step(measured, mode, h, sleep):
+  """``(key, seconds)``: the healthy inner step of ``mode`` ("spmd": its
+  median period; "sync" and "decoupled": the sync run's median merge gap),
+  divided by the ``h`` inner steps of a period, less the slow learner's
+  ``sleep`` per step; ``key`` names the measured period it came from."""
+  if mode == "spmd":
+    return "measured.spmd.period_s", measured["spmd"]["period_s"] / h - sleep
+  return ("measured.sync.log.merge_time",
+          _period_s(measured["sync"]["log"]["merge_time"]) / h - sleep)
+
+
 def model_prices(args, measured) -> dict:
   """Runtime-model tokens/s of each mode (stragglers.straggler_cost: "wait"
   for spmd and sync, "quorum" with on_failure="proceed" for decoupled).
@@ -226,12 +238,13 @@ def model_prices(args, measured) -> dict:
     if mode not in measured or "sync" not in measured:
       continue
     r = measured[mode]
+    key, t = _healthy_step(measured, mode, h, sleep)
+    if t <= 0:  # stored files are checked (_results_agree); a run cannot
+      raise ValueError(f"{key}: a healthy step of {t:.3g} s (<= 0); "
+                       "nothing to price")
     if mode == "spmd":
-      t = max(r["period_s"] / h - sleep, 1e-3)
       down = np.mean(r["resume_s"]) - r["period_s"] if r["kills"] else 0.0
     else:
-      t = max(_period_s(measured["sync"]["log"]["merge_time"]) / h - sleep,
-              1e-3)
       back = [d for d in r["downtime_s"] if d is not None]
       down = np.mean(back) if back else 0.0
     faults = stragglers.Faults(
@@ -333,7 +346,8 @@ def _results_agree(saved: dict):
   ``kill_every`` merged periods before the last) and as many resume or
   downtime entries as kills (each null or seconds in [0, 1e9]); the SPMD
   run's period above 0 seconds; the sync run's merge times at least 2 (the
-  period is their median gap) and in order (not decreasing)."""
+  period is their median gap) and in order (not decreasing); the healthy
+  step of spmd and sync (:func:`_healthy_step`) above 0 seconds."""
   from decentral_jax import records  # pylint: disable=import-outside-toplevel
   a, measured = saved["args"], saved["measured"]
   if a["lr"] <= 0:
@@ -374,6 +388,16 @@ def _results_agree(saved: dict):
     return "measured.sync.log.merge_time", (
         "measured.sync.log.merge_time must not decrease (merge times in "
         "order)")
+  for mode in ("spmd", "sync"):
+    if mode not in measured:
+      continue
+    key, t = _healthy_step(measured, mode, a["sync_every"], a["slow_sleep"])
+    if t <= 0:
+      return key, (
+          f"{key} gives a healthy step of {t:.6g} s (median "
+          f"period / args.sync_every {a['sync_every']} - args.slow_sleep "
+          f"{records.short(a['slow_sleep'])}); it must be > 0 (each "
+          "period holds the slow learner's sleep)")
   return None
 
 

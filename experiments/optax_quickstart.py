@@ -6,8 +6,9 @@ AccumAdamW on a gossip topology (or the All-Reduce baseline)::
   python experiments/optax_quickstart.py --topology alternating_exp_ring --local_size 4
   python experiments/optax_quickstart.py --all_reduce
 
-``--topology`` is refused with ``--all_reduce``, which does not read it
-(``--local_size`` shapes the mesh in both modes).
+``--topology`` and ``--local_size`` are refused with ``--all_reduce``,
+which reads neither (it averages over all workers on any mesh); an empty
+``--topology ''`` is refused, not read as left out.
 """
 
 from __future__ import annotations
@@ -51,23 +52,30 @@ import decentral_jax as dj  # noqa: E402
 
 def _checked_setup(p: argparse.ArgumentParser, args, n: int):
   """The topology (None with ``--all_reduce``) and mesh of the flags; a bad
-  flag, or one the chosen mode does not read (``--topology`` with
-  ``--all_reduce``), is ``p.error`` (exit 2) and too few devices one
+  flag, or one the chosen mode does not read (``--topology`` or
+  ``--local_size`` with ``--all_reduce``), is ``p.error`` (exit 2) and too
+  few devices one
   ``error:`` line (exit 2), before any compile."""
   if args.steps < 1:
     p.error(f"--steps={args.steps} must be a whole number >= 1.")
   if args.steps > checks.INT32_MAX:  # the runner's bound of config.steps
     p.error(f"--steps={args.steps} must be at most {checks.INT32_MAX}.")
-  if args.all_reduce and args.topology is not None:
-    p.error(f"--topology={args.topology!r} is not read with --all_reduce "
-            "(the gradients are averaged over all workers); drop --topology "
-            "or --all_reduce.")
+  for flag in ("topology", "local_size") if args.all_reduce else ():
+    if getattr(args, flag) is not None:  # given, even as its default
+      p.error(f"--{flag}={getattr(args, flag)!r} is not read with "
+              "--all_reduce (the gradients are averaged over all workers); "
+              f"drop --{flag} or --all_reduce.")
+  if args.topology == "":
+    p.error("--topology='' is empty; give a topology name (e.g. "
+            f"{DEFAULT_TOPOLOGY}) or leave --topology out.")
+  args.local_size = 1 if args.local_size is None else args.local_size
   if args.local_size < 1 or n % args.local_size:
     p.error(f"--local_size={args.local_size} must divide the {n} workers "
             "(1, 2, 4 or 8).")
   topo = None
   if not args.all_reduce:
-    args.topology = args.topology or DEFAULT_TOPOLOGY
+    if args.topology is None:
+      args.topology = DEFAULT_TOPOLOGY
     try:
       topo = dj.topology.make(args.topology, n, args.local_size)
     except ValueError as e:
@@ -89,7 +97,8 @@ def main(argv=None) -> dict:
   p.add_argument("--topology", default=None,
                  help=f"gossip topology (default {DEFAULT_TOPOLOGY}; not "
                       "with --all_reduce)")
-  p.add_argument("--local_size", type=int, default=1)
+  p.add_argument("--local_size", type=int, default=None,
+                 help="workers per node (default 1; not with --all_reduce)")
   p.add_argument("--all_reduce", action="store_true")
   p.add_argument("--steps", type=int, default=100)
   args = p.parse_args(argv)

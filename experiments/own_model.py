@@ -10,7 +10,8 @@ resumed from its checkpoint) and checks that both end bit for bit equal,
 then prices the run on a cluster with the runtime model (``decentral-jax
 predict``) from the model's parameter count. Every flag, ``--preset`` and
 ``--n-workers-priced`` by predict's own rules too, is checked before any
-training (one ``error:`` line, exit 2)::
+training (one ``error:`` line, exit 2). The same command again, also after
+SIGTERM (one ``preempted:`` line, exit 143), resumes where it stopped::
 
   pip install -r requirements-extras.txt      # grain
   python experiments/own_model.py --workdir runs/own_model
@@ -149,19 +150,82 @@ def _price(config, param_count, step_ms, args) -> str:
   return text
 
 
-def main(argv=None) -> dict:
+def _latest_step(workdir: str) -> int | None:
+  """The newest checkpoint's step in ``workdir`` (None: none yet)."""
+  from decentral_jax.runner import checkpoint as checkpoint_lib  # pylint: disable=import-outside-toplevel
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return None
+  with checkpoint_lib.Checkpointer(directory) as ckpt:
+    return ckpt.latest_step()
+
+
+def _check_reused(args) -> None:
+  """A reused ``--workdir`` holds runs of at most ``--steps`` steps (the
+  same command again resumes or ends at once).
+
+  Raises:
+    ValueError: one line naming ``--workdir``, ``--steps`` and the fix.
+  """
+  for run in ("straight", "resumed"):
+    done = _latest_step(os.path.join(args.workdir, run))
+    if done is not None and done > args.steps:
+      raise ValueError(
+          f"--workdir {args.workdir!r} holds a {run} run trained to step "
+          f"{done}, past --steps {args.steps}; give --steps {done} or more "
+          "(the same command resumes) or a new --workdir.")
+
+
+def _train_both(config, args):
+  """The straight run, then the same run in two halves (the half skipped
+  when ``resumed`` already holds its checkpoint: a rerun after a SIGTERM or
+  a finished run goes on from there)."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  straight = train.train_and_evaluate(config,
+                                      os.path.join(args.workdir, "straight"))
+  half = get_config()
+  half.data.options.path, half.steps = config.data.options.path, \
+      args.steps // 2
+  half.checkpoint_interval = config.checkpoint_interval
+  split = os.path.join(args.workdir, "resumed")
+  if (_latest_step(split) or 0) < half.steps:
+    train.train_and_evaluate(half, split)
+  resumed = train.train_and_evaluate(config, split)  # resumes at steps // 2
+  return straight, resumed, split
+
+
+def _step_ms(straight: dict, workdir: str) -> float:
+  """The straight run's measured ms per step: this invocation's, else (a
+  rerun with nothing left to time) the last one its metrics.jsonl holds.
+
+  Raises:
+    ValueError: no step was ever timed (names ``--forward-ms``).
+  """
+  if "step_time_ms" in straight:
+    return straight["step_time_ms"]
+  import json  # pylint: disable=import-outside-toplevel
+  path = os.path.join(workdir, "straight", "metrics.jsonl")
+  with open(path, encoding="utf-8") as f:
+    times = [r["step_time_ms"] for r in map(json.loads, filter(str.strip, f))
+             if "step_time_ms" in r]
+  if not times:
+    raise ValueError(f"{path} holds no timed step to price the run from; "
+                     "give --forward-ms.")
+  return times[-1]
+
+
+def _run(args) -> dict:
   """Writes the data, trains, resumes, prices; returns what it printed."""
-  args = _parse(argv)
   # pylint: disable=import-outside-toplevel
   import jax
   import numpy as np
   import mixer
-  from decentral_jax.runner import train
   from decentral_jax.runner import validation
   try:  # simulated CPU devices, one per worker (before JAX starts)
     jax.config.update("jax_num_cpu_devices", 4)
   except RuntimeError:
     pass  # the backend already runs (e.g. under pytest, with more devices)
+  _check_reused(args)
   data = os.path.join(args.workdir, "data")
   if not all(os.path.exists(os.path.join(data, f)) for f in mixer.FILES):
     mixer.write_stripes(data)
@@ -169,14 +233,7 @@ def main(argv=None) -> dict:
   config.data.options.path, config.steps = data, args.steps
   config.checkpoint_interval = max(args.steps // 2, 1)
   validation.check_config(config)
-  straight = train.train_and_evaluate(config,
-                                      os.path.join(args.workdir, "straight"))
-  half = get_config()
-  half.data.options.path, half.steps = data, args.steps // 2
-  half.checkpoint_interval = config.checkpoint_interval
-  split = os.path.join(args.workdir, "resumed")
-  train.train_and_evaluate(half, split)
-  resumed = train.train_and_evaluate(config, split)  # resumes at steps // 2
+  straight, resumed, split = _train_both(config, args)
   a, param_count = _final_params(config, os.path.join(args.workdir,
                                                       "straight"))
   b, _ = _final_params(config, split)
@@ -189,10 +246,34 @@ def main(argv=None) -> dict:
   print(f"resumed at step {args.steps // 2}: eval/loss "
         f"{resumed['eval/loss']:.4f}; parameters "
         f"{'bit-exact' if equal else 'DIFFER'} from the straight run")
-  pricing = _price(config, param_count, straight["step_time_ms"], args)
+  step_ms = 0.0 if args.forward_ms else _step_ms(straight, args.workdir)
+  pricing = _price(config, param_count, step_ms, args)
   print(pricing)
   return {"straight": straight, "resumed": resumed, "bit_exact": equal,
           "param_count": param_count, "pricing": pricing}
+
+
+def main(argv=None) -> dict:
+  """Writes the data, trains, resumes, prices; returns what it printed.
+
+  The same command again resumes (or ends at once). Bad input (flags, a
+  reused ``--workdir`` past ``--steps``, bad data) is one ``error:`` line
+  and exit 2; a diverged run exit 3; SIGTERM / SIGINT one ``preempted:``
+  line and exit 143 / 130 (checkpoint saved), as ``decentral-jax train``.
+  """
+  args = _parse(argv)
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  try:
+    return _run(args)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+  except FloatingPointError as e:  # diverged; the last good checkpoint stays
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(3) from None
+  except train.Preempted as e:  # checkpoint saved: run the same again
+    print(f"preempted: {e}", file=sys.stderr)
+    raise SystemExit(e.exit_code) from None
 
 
 if __name__ == "__main__":

@@ -236,6 +236,15 @@ def _goodput_file(**changes):
      "measured.sync.log.merge_time has 1 entries"),
     ({"measured.spmd.period_s": 0}, "measured.spmd.period_s must be > 0 "
      "seconds (a median period), got 0"),
+    # healthy step = period / 8 - 0.03 s: 0.2 / 8 - 0.03 = -0.005 s
+    ({"measured.spmd.period_s": 0.2}, "measured.spmd.period_s gives a "
+     "healthy step of -0.005 s"),
+    # all merges at one time: median gap 0 s, 0 / 8 - 0.03 = -0.03 s
+    ({"measured.sync.log.merge_time": [5.0] * 4},
+     "measured.sync.log.merge_time gives a healthy step of -0.03 s"),
+    # a sleep of 60 s above either 1 s / 8 period: 0.125 - 60 = -59.875 s
+    ({"args.slow_sleep": 60}, "measured.spmd.period_s gives a healthy "
+     "step of -59.875 s"),
 ])
 def test_learners_goodput_reprice_refuses_a_damaged_file(
     capsys, monkeypatch, tmp_path, changes, says):

@@ -112,3 +112,43 @@ def test_an_empty_workdir_is_refused_before_any_work(capsys, tmp_path,
   err = capsys.readouterr().err.strip().splitlines()
   assert err[-1].partition(" error: ")[2].startswith("--workdir is empty")
   assert not os.listdir(tmp_path)
+
+
+def test_a_preempted_run_is_one_line_and_its_signal_exit_code(
+    capsys, tmp_path, monkeypatch):
+  """SIGTERM ended in a traceback of ``Preempted``."""
+  import signal  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+
+  def stopped(config, workdir):
+    raise train.Preempted(3, signal.SIGTERM, os.path.join(workdir, "ckpt"))
+  monkeypatch.setattr(train, "train_and_evaluate", stopped)
+  with pytest.raises(SystemExit) as e:
+    _load().main(["--workdir", str(tmp_path), "--steps", "8"])
+  assert e.value.code == 128 + 15  # as a shell reports SIGTERM
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("preempted: "), err
+
+
+@pytest.mark.slow  # trains twice
+def test_the_same_command_again_resumes_and_fewer_steps_are_one_line(
+    capsys, tmp_path):
+  """The half run found the full run's checkpoint: a ValueError
+  traceback naming --config.steps, not a flag of this script."""
+  require_devices(4)
+  argv = ["--workdir", str(tmp_path), "--steps", "4",
+          "--n-workers-priced", "8"]
+  first = _load().main(argv)
+  again = _load().main(argv)  # nothing left to train: the same answers
+  assert again["bit_exact"] and first["bit_exact"]
+  assert again["straight"]["eval/loss"] == first["straight"]["eval/loss"]
+  assert again["resumed"]["eval/loss"] == first["resumed"]["eval/loss"]
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as e:
+    _load().main(["--workdir", str(tmp_path), "--steps", "2"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1] == (
+      f"error: --workdir '{tmp_path}' holds a straight run trained to step "
+      "4, past --steps 2; give --steps 4 or more (the same command resumes) "
+      "or a new --workdir."), err

@@ -47,6 +47,13 @@ def test_quickstart_trains(args):
      "with --all_reduce"),
     (["--topology", "one_peer_exp", "--all_reduce"], "--topology="
      "'one_peer_exp' is not read with --all_reduce"),
+    # Accepted and not read: the same output for every --local_size.
+    (["--all_reduce", "--local_size", "2"], "--local_size=2 is not read "
+     "with --all_reduce"),
+    (["--all_reduce", "--local_size", "1"], "--local_size=1 is not read "
+     "with --all_reduce"),
+    # Read as the default one_peer_exp.
+    (["--topology", ""], "--topology='' is empty; give a topology name"),
     # Accepted, and the script ran for ever (the runner bounds config.steps).
     (["--steps", "99999999999"],
      "--steps=99999999999 must be at most 2147483647."),

@@ -215,6 +215,11 @@ class Cluster:
                            f"{status['active']}).")
       time.sleep(every_s)
 
+  def hold(self, version: int | None) -> None:
+    """The synchronizer merges no period past ``version`` (None: freely);
+    see :meth:`~decentral_jax.tools.learners.synchronizer.Synchronizer.hold`."""
+    self._ray.get(self.synchronizer.hold.remote(version))
+
   def set_periods(self, periods: int) -> None:
     """Ends the run after ``periods`` merged periods."""
     self._ray.get(self.synchronizer.set_periods.remote(periods))

@@ -231,6 +231,7 @@ class Synchronizer:
     self._kept: dict[int, dict] = {}  # learner -> {base: its state}
     self._refused: dict = {}  # (learner, fragment, base) -> why
     self.periods = run.periods
+    self._hold: int | None = None  # merge no fragment past this version
     self._ckpt = None
     self.resumed = False
     if checkpoint_dir is not None:
@@ -446,6 +447,14 @@ class Synchronizer:
     with self._lock:
       self.periods = int(periods)
 
+  def hold(self, version: int | None) -> None:
+    """Merges no fragment past ``version`` (each stops at it) until the
+    next call (None: merge freely), so a caller acts at an exact version
+    (``learners --kill-every``). Not checkpointed: a restarted
+    synchronizer merges freely."""
+    with self._lock:
+      self._hold = None if version is None else int(version)
+
   def params(self) -> dict:
     """``theta`` (float32 NumPy leaves) and the outer state's leaves."""
     with self._lock:
@@ -455,7 +464,9 @@ class Synchronizer:
 
   # --------------------------------------------------------------- merges
   def _ready(self, fragment: int, now: float) -> bool:
-    if self.versions[fragment] >= self.periods:
+    stop = self.periods if self._hold is None else min(self.periods,
+                                                       self._hold)
+    if self.versions[fragment] >= stop:
       return False
     keys = [(w, b) for (w, p, b) in self._pending if p == fragment]
     current = {w for (w, b) in keys if b == self.versions[fragment]}
