@@ -290,37 +290,46 @@ def _summary(status, seconds, learners, args, run, theta) -> None:
             if args.workdir else ""))
 
 
-def main(argv=None, prog: str | None = None) -> int:
-  """Runs the command; returns its exit code."""
-  argv = sys.argv[1:] if argv is None else list(argv)
-  try:
-    rest, overrides = config_lib.split_overrides(["learners", *argv])
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+def _checked_args(argv: list[str], prog: str | None):
+  """The parsed flags, the ``--config.*`` overrides, the run spec and the
+  checkpoint directory, every flag checked before Ray starts.
+
+  Raises:
+    ValueError: a bad flag, override, output or checkpoint (one line).
+    OSError: a checkpoint directory that cannot be read.
+  """
+  rest, overrides = config_lib.split_overrides(["learners", *argv])
   p = flags_lib.parser(prog)
   args = p.parse_args(rest[1:])
-  try:
-    flag_types.check_needs(flags_lib.NEEDS, flag_types.given_flags(p, rest[1:]), args)
-    flags_lib.check_outputs(args)
-    run = flags_lib.run_spec(args, overrides)
-    from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
-    records_lib.check_json_output(args.json, args.config, getattr(
-        args, "data_path", None), args.workdir)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
+  flag_types.check_needs(flags_lib.NEEDS, flag_types.given_flags(
+      p, rest[1:]), args)
+  flags_lib.check_outputs(args)
+  run = flags_lib.run_spec(args, overrides)
+  from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
+  records_lib.check_json_output(args.json, args.config, getattr(
+      args, "data_path", None), args.workdir)
   checkpoint_dir = args.checkpoint_dir
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
   try:
     preflight(run, checkpoint_dir, args.workdir,
               getattr(args, "config_steps", None))
-  except (ValueError, OSError) as e:
+  except ValueError as e:
     why = str(e)
-    if isinstance(e, ValueError) and why.startswith("RunSpec."):
-      why = spec_lib.flag_words(why, args.config is not None)
-    print(f"error: {why}", file=sys.stderr)
+    if why.startswith("RunSpec."):
+      raise ValueError(spec_lib.flag_words(why, args.config is not None)
+                       ) from None
+    raise
+  return args, overrides, run, checkpoint_dir
+
+
+def main(argv=None, prog: str | None = None) -> int:
+  """Runs the command; returns its exit code."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  try:
+    args, overrides, run, checkpoint_dir = _checked_args(argv, prog)
+  except (ValueError, OSError) as e:
+    print(f"error: {e}", file=sys.stderr)
     return 2
   from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
   try:
