@@ -14,6 +14,9 @@ counts only the bytes a worker sends to another node when workers ``2v,
 order). Nothing is executed.
 
   python benchmarks/bench_communication.py [--n_workers 8] [--json FILE]
+
+``--n_workers`` is a power of two in [2, 4096] (``one_peer_exp`` and the
+rows of 2 workers per node need one).
 """
 
 from __future__ import annotations
@@ -83,9 +86,10 @@ def build(n, method, topo_name, local_size, comm_dtype):
 def parse_args(argv=None):
   """The flags, each checked before any work (one ``error:`` line)."""
   from decentral_jax.tools import flag_types  # one error: line
-  count = flag_types.integer  # a bounded integer flag
   ap = flag_types.Parser(description=__doc__.split("\n")[0])
-  ap.add_argument("--n_workers", type=count(1, 4096), default=8)
+  # Rows of one_peer_exp, and of 2 workers per node: a power of two >= 2.
+  ap.add_argument("--n_workers", type=flag_types.power_of_two(2, 4096),
+                  default=8, help="workers, a power of two in [2, 4096]")
   ap.add_argument("--json", default="", help="write the rows here")
   args = ap.parse_args(argv)
   _common.check_flags(ap, args, outputs=("--json",))

@@ -85,10 +85,17 @@ def value_range(key: str, signed_losses: bool = False
   return None, None
 
 
+#: The keys the writers write a string under: ``faults/alive``, the last
+#: step's live mask (one ``"0"``/``"1"`` per worker). Every other value they
+#: write is a number (null for a non-finite one).
+STRING_KEYS = ("faults/alive",)
+
+
 def value_error(key: str, v, signed_losses: bool = False) -> str | None:
   """Why a value ``v`` of ``key`` is impossible (None for a null value,
-  which the metrics files write for a non-finite one): outside
-  :func:`value_range`, not a number where the range is known, or for a
+  which the metrics files write for a non-finite one): not a number (a
+  bool, a string, a list; a key of :data:`STRING_KEYS` not a string of 0s
+  and 1s), outside :func:`value_range`, or for a
   value the run computes in float32 (a loss, an accuracy, the consensus
   distance, ``lr``) beyond :data:`FLOAT32_MAX` in magnitude."""
   why = _range_error(key, v, signed_losses)
@@ -109,14 +116,20 @@ def _in_float32(key: str) -> bool:
 
 
 def _range_error(key: str, v, signed_losses: bool) -> str | None:
-  """:func:`value_error` but for the float32 bound."""
-  lo, hi = value_range(key, signed_losses)
+  """:func:`value_error` but for the float32 bound: a value of
+  :data:`STRING_KEYS` a live mask, any other a number in its range (a
+  non-finite float, ``compare_result.json``'s form of a null, counts as
+  null where a key has no range and names no loss or accuracy)."""
   if v is None:
     return None
-  if (lo, hi) == (None, None):
-    return (None if records_lib.is_real(v) or not any(
-        word in _last(key) for word in ("loss", "accuracy"))
-            else f"{key} must be a number, got {records_lib.short(v)}")
+  if key in STRING_KEYS:
+    return (None if isinstance(v, str) and v and set(v) <= {"0", "1"}
+            else f"{key} must be a string of 0s and 1s (one per worker), "
+            f"got {records_lib.short(v)}")
+  lo, hi = value_range(key, signed_losses)
+  if isinstance(v, float) and not math.isfinite(v) and (lo, hi) == (
+      None, None) and not any(w in _last(key) for w in ("loss", "accuracy")):
+    return None  # compare_result.json's form of the writer's null
   if not records_lib.is_real(v):
     return f"{key} must be a number, got {records_lib.short(v)}"
   if (lo is not None and v < lo) or (hi is not None and v > hi):
@@ -168,7 +181,8 @@ def record_error(record: dict) -> str | None:
   """Why ``record`` is not a metrics record, or None.
 
   A record has an integer ``"step" >= 0``; every value is a JSON scalar
-  (what :class:`MetricsWriter` writes: a number, null, a string or a bool).
+  (the shape of a record; which key holds a number and which the string
+  of :data:`STRING_KEYS` is :func:`value_error`'s rule).
   """
   step = record.get("step")
   if isinstance(step, bool) or not isinstance(step, int) or step < 0:

@@ -8,12 +8,15 @@ the ``.tmp`` name is never followed nor opened: a symbolic link there would
 send the records into the file it points to (outside the work directory),
 and a FIFO would block the open for ever. It is removed (``unlink``, which
 removes a link itself, not its target) and the temporary file is created
-anew with ``O_CREAT | O_EXCL | O_NOFOLLOW``; a directory at that name is
-refused, naming it, since removing a directory could lose files.
+anew with ``O_CREAT | O_EXCL | O_NOFOLLOW``; a directory at that name, or
+at the file's own name, is refused, naming it, since removing a directory
+could lose files. A write or rename that fails removes the temporary file
+and names the file it was to replace.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -22,45 +25,62 @@ _FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
 class TmpDirectoryError(ValueError):
-  """A directory sits at the temporary name of a file the run rewrites."""
+  """A directory sits at the name of a file the run rewrites, or at its
+  temporary name."""
 
 
-def _clear(tmp: str) -> None:
-  """Removes what is at ``tmp`` (a file, a link, a FIFO ...), never
-  following a link. Raises :class:`TmpDirectoryError` for a directory."""
+def _refuse_directory(path: str, what: str) -> bool:
+  """Whether something is at ``path`` (``lstat``, never following a link).
+
+  Raises:
+    TmpDirectoryError: a directory is there, named with ``what`` it is
+      not and the fix.
+  """
   try:
-    mode = os.lstat(tmp).st_mode
+    mode = os.lstat(path).st_mode
   except FileNotFoundError:
-    return
+    return False
   if stat.S_ISDIR(mode):
     raise TmpDirectoryError(
-        f"{tmp} is a directory, not a temporary file of the run; move it "
-        "away (the run writes and renames its own) and run again.")
-  os.unlink(tmp)
+        f"{path} is a directory, not {what}; move it away (the run writes "
+        "and renames its own file) and run again.")
+  return True
 
 
-def replace(path: str, text: str, fsync: bool = False) -> None:
-  """Writes ``text`` (UTF-8) to ``path + ".tmp"`` and renames it to ``path``.
+def replace(path: str, data: str | bytes, fsync: bool = False) -> None:
+  """Writes ``data`` (a ``str`` as UTF-8, or ``bytes``) to ``path +
+  ".tmp"`` and renames it to ``path``.
 
   Args:
-    path: the file to replace (created if missing).
-    text: its whole new content.
+    path: the file to replace (created if missing; a link or FIFO there
+      is replaced, not followed).
+    data: its whole new content.
     fsync: flush the temporary file to disk before the rename.
 
   Raises:
-    TmpDirectoryError: a directory is at ``path + ".tmp"`` (a
-      ``ValueError`` naming that path and the fix).
-    OSError: the file cannot be written or renamed (the caller names it).
+    TmpDirectoryError: a directory is at ``path`` or ``path + ".tmp"`` (a
+      ``ValueError`` naming that path and the fix); nothing is written.
+    OSError: the file cannot be written or renamed; the temporary file is
+      removed and the error's ``filename`` is ``path`` (the caller names
+      it).
   """
   tmp = path + ".tmp"
-  _clear(tmp)
-  fd = os.open(tmp, _FLAGS, 0o644)
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-    if fsync:
-      f.flush()
-      os.fsync(f.fileno())
-  os.replace(tmp, path)
+  _refuse_directory(path, "the file the run writes there")
+  if _refuse_directory(tmp, "a temporary file of the run"):
+    os.unlink(tmp)
+  try:
+    with os.fdopen(os.open(tmp, _FLAGS, 0o644), "wb") as f:
+      f.write(data.encode("utf-8") if isinstance(data, str) else data)
+      if fsync:
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException as e:
+    with contextlib.suppress(OSError):
+      os.unlink(tmp)
+    if isinstance(e, OSError):
+      raise OSError(e.errno, e.strerror, path) from None
+    raise
 
 
 def not_regular_error(path: str) -> str | None:

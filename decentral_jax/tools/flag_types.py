@@ -1,7 +1,8 @@
 """Flag types and flag rules shared by the command lines.
 
 Every numeric flag of a command is read by a type of this module: a
-bounded, finite integer (:func:`integer`), real number (:func:`real`) or
+bounded, finite integer (:func:`integer`, :func:`power_of_two`), real
+number (:func:`real`) or
 comma-separated list of them (:func:`number_list`). A value it cannot use
 (NaN, inf, a negative count, a count the program cannot hold) is refused
 while the flags are parsed, before any work starts, in one line that
@@ -153,6 +154,24 @@ def integer(lo: int, hi: int, unit: str = ""):
   return parse
 
 
+def power_of_two(lo: int, hi: int, unit: str = ""):
+  """An argparse ``type``: a power of two in ``[lo, hi]`` (a worker count
+  of ``one_peer_exp``, whose rounds pair ``j`` with ``j XOR 2^r``).
+
+  Raises:
+    argparse.ArgumentTypeError: ``must be a power of two in [lo, hi],
+      got 'x'``.
+  """
+  def parse(text: str) -> int:
+    value = _whole(text)
+    if value is None or not lo <= value <= hi or value & (value - 1):
+      raise argparse.ArgumentTypeError(
+          f"must be a power of two in [{lo}, {hi}]{unit}, got {text!r}")
+    return value
+  parse.bounds, parse.kind, parse.unit = (lo, hi, False), "integer", unit
+  return parse
+
+
 # An integer's canonical text: ASCII digits without a leading zero.
 _CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
 
@@ -229,14 +248,14 @@ def repeated_entry(text: str, values: list, example: str) -> str | None:
 
 def number_list(item, *, max_items: int = MAX_LIST, unique: bool = False):
   """An argparse ``type``: comma-separated values of ``item``
-  (:func:`integer` or :func:`real`), at most ``max_items`` of them.
+  (:func:`integer`, :func:`power_of_two` or :func:`real`), at most
+  ``max_items`` of them.
 
   Raises:
     argparse.ArgumentTypeError: an empty entry (a stray comma), too many
       entries, an entry ``item`` refuses (named by its position), or with
       ``unique`` a value given twice (:func:`repeated_entry`).
   """
-  lo, hi, open_lo = item.bounds
   unit = getattr(item, "unit", "")
 
   def parse(text: str) -> list:
@@ -248,11 +267,9 @@ def number_list(item, *, max_items: int = MAX_LIST, unique: bool = False):
     for k, part in enumerate(parts):
       try:
         out.append(item(part))
-      except argparse.ArgumentTypeError:
-        what = "an integer" if item.kind == "integer" else "a finite number"
+      except argparse.ArgumentTypeError as e:  # "must be ..., got 'x'"
         raise argparse.ArgumentTypeError(
-            f"entry {k + 1} of {text!r} must be {what} "
-            f"{_range_words(lo, hi, open_lo)}{unit}, got {part!r}") from None
+            f"entry {k + 1} of {text!r} {e}") from None
     why = repeated_entry(text, out, "1,16") if unique else None
     if why:
       raise argparse.ArgumentTypeError(why)

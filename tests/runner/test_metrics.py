@@ -93,6 +93,47 @@ def test_a_resume_reads_metrics_by_the_rules_compare_reads_them(
   assert kept.metrics_error(rows) is not None
 
 
+# One record with a key of each kind the writers write (runner, evaluation,
+# faults, learners, compare's final figures), each a valid value.
+EVERY_KEY = {
+    "step": 10, "lr": 1e-4, "train/loss": 5.5, "train/accuracy": 0.25,
+    "eval/loss": 5.5, "eval/accuracy": 0.25, "eval/worker_loss_mean": 5.5,
+    "eval/worker_loss_min": 5.5, "eval/worker_loss_max": 5.5,
+    "eval/worker_loss_std": 0.0, "eval/loss_subset": 5.5,
+    "eval/worker_excess_mean": 0.0, "eval/worker_excess_max": 0.0,
+    "consensus_distance": 0.0, "step_time_ms": 10.0, "tokens_per_sec": 1e5,
+    "samples_per_sec": 1e3, "train_time_s": 1.0, "faults/alive": "1101",
+    "faults/live_workers": 3, "faults/work_done": 0.75,
+    "faults/useful_steps": 30, "faults/skipped_syncs": 0,
+    "faults/goodput": 0.75, "learners/merged": 2, "learners/tokens/0": 64,
+    "tokens": 128, "comm/bytes_per_step": 4e6, "comm/ratio": 1.0,
+    "param_count": 1e6}
+
+
+@pytest.mark.parametrize("key", sorted(set(EVERY_KEY) - {"step"}))
+@pytest.mark.parametrize("bad", [True, False, "abc", "1.5"])
+def test_every_key_the_writers_write_holds_its_kind_of_value(tmp_path, key,
+                                                             bad):
+  """eval/worker_excess_* (and every key but the loss-like ones) kept a
+  bool or a string on resume: each value the writers write is a number
+  (null for a non-finite one) but faults/alive, a live mask of 0s and 1s."""
+  from decentral_jax.tools.compare import kept  # pylint: disable=import-outside-toplevel
+  assert metrics_rules.row_error(EVERY_KEY) is None
+  want = "must be a number" if key != "faults/alive" else (
+      "must be a string of 0s and 1s")
+  if key == "faults/alive" and bad == "abc":
+    bad = "10a1"
+  row = {**EVERY_KEY, key: bad}
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text(json.dumps(row) + "\n")
+  with pytest.raises(metrics.MetricsError, match=f"line 1: {key} {want}"):
+    metrics.truncate_after(str(tmp_path), 10)
+  assert f"{key} {want}" in kept.metrics_error([row])
+  path.write_text(json.dumps({**EVERY_KEY, key: None}) + "\n")
+  if "loss" not in key and key != "lr":  # null: a non-finite value
+    assert metrics.truncate_after(str(tmp_path), 10) == 0
+
+
 def test_a_resumed_run_moves_a_damaged_metrics_file_aside(tmp_path, caplog):
   """The run resumes (its checkpoint is intact): the damaged log is moved
   to metrics.jsonl.corrupt (then .corrupt-2: an older one is kept) with

@@ -78,6 +78,33 @@ def test_bench_communication_refuses_before_any_work():
   assert "but --n_workers=16 needs 16" in r.stderr
 
 
+@pytest.mark.parametrize("n", ["1", "3", "5", "6", "12", "8192"])
+def test_bench_communication_worker_count_is_a_power_of_two(n, capsys):
+  """--n_workers 1, 3, 6 passed the flag and ended in a traceback after JAX
+  started (a 2-per-node mesh, one_peer_exp): refused at parse, one line."""
+  import bench_communication  # pylint: disable=import-outside-toplevel
+  with pytest.raises(SystemExit) as e:
+    bench_communication.parse_args(["--n_workers", n])
+  assert e.value.code == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "error: argument --n_workers: must be a power of two in [2, 4096], "
+      f"got '{n}' (see {os.path.basename(sys.argv[0])} --help)"]
+
+
+def test_bench_communication_builds_every_row_at_each_accepted_count():
+  """Each power of two the flag accepts (2, 4, ..., 4096, by hand) builds
+  every row's topology and 2-per-node mesh (NumPy only)."""
+  import bench_communication  # pylint: disable=import-outside-toplevel
+  from decentral_jax import topology  # pylint: disable=import-outside-toplevel
+  for n in [2 ** k for k in range(1, 13)]:
+    assert bench_communication.parse_args(["--n_workers", str(n)]).n_workers \
+        == n
+    for _, _, name, local, _, _ in bench_communication.cases(n):
+      assert n % max(local, 2) == 0  # the node column: 2 workers per node
+      if name and n <= 64:  # building 4096-worker topologies takes seconds
+        topology.make(name, n, local)
+
+
 def test_an_output_given_as_a_bare_file_name_goes_in_the_current_dir(
     tmp_path, monkeypatch):
   """bench_vs_decentdp --out vs.jsonl and bench_step_time --json step.json

@@ -189,6 +189,9 @@ def test_gpu_check_numeric_flags_refuse_unusable_values():
     (flag_types.number_list(flag_types.real(0, 1)), "0.5,,0.5"),
     (flag_types.number_list(flag_types.integer(0, 9), max_items=2), "1,2,3"),
     (flag_types.number_list(flag_types.real(0, 9), unique=True), "1,2,1.0"),
+    (flag_types.power_of_two(2, 64), "1"), (flag_types.power_of_two(2, 64), "6"),
+    (flag_types.power_of_two(2, 64), "128"),
+    (flag_types.power_of_two(2, 64), "2.5"),
 ])
 def test_types_refuse(typ, text):
   with pytest.raises(argparse.ArgumentTypeError):
@@ -202,6 +205,8 @@ def test_types_accept_their_range():
   assert flag_types.number_list(flag_types.real(0, 4))("0.5, 4") == [0.5, 4.0]
   # Repeats stay allowed where they are samples, not settings.
   assert flag_types.number_list(flag_types.real(0, 4))("1,1") == [1.0, 1.0]
+  assert [flag_types.power_of_two(2, 64)(t) for t in ("2", "8", "64")] == [
+      2, 8, 64]
 
 
 # Library integer arguments: a period or count the compiled program cannot

@@ -102,10 +102,38 @@ def test_compute_samples_must_be_positive_naming_file_and_key(tmp_path,
   # compare reads the same file while it parses --clusters, before training
   with pytest.raises(ValueError, match="workload.compute_samples_s must be"):
     pricing.parse_clusters(path)
-  code, _, err = _predict("--n-workers", "16", "--compute-samples-ms",
-                          ",".join(str(1e3 * x) for x in samples))
-  assert code == 2 and "--compute-samples-ms needs at least 2 finite times "\
-      "in (0, " in err, err
+  text = ",".join(str(1e3 * x) for x in samples)
+  code, _, err = _predict("--n-workers", "16", "--compute-samples-ms", text)
+  assert code == 2 and (
+      f"argument --compute-samples-ms: entry 1 of {text!r} must be a finite "
+      "number in (0, 1e+06] (ms), got '0.0'") in err, err
+
+
+@pytest.mark.parametrize("text, says", [
+    ("0,5", "entry 1 of '0,5' must be a finite number in (0, 1e+06] (ms), "
+     "got '0'"),
+    ("90,0,5", "entry 2 of '90,0,5' must be a finite number in (0, 1e+06] "
+     "(ms), got '0'"),
+    ("5,1000001", "entry 2 of '5,1000001' must be a finite number in (0, "
+     "1e+06] (ms), got '1000001'"),
+    ("5", "--compute-samples-ms needs at least 2 samples (their spread is "
+     "the compute's), got 1 (5.0)"),
+])
+def test_compute_samples_name_the_bad_entry_as_the_help_states_the_rule(
+    text, says):
+  """The help said "each 0 to 1e+06" while a 0 entry was refused as too
+  few samples: the help, the rule and the message now agree."""
+  code, out, err = _predict("--compute-samples-ms", text)
+  assert code == 2 and out == "" and says in err, err
+  assert len(err.strip().splitlines()) == 1, err
+  help_text = io.StringIO()
+  with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
+    runtime_main.main(["predict", "--help"])
+  assert "at least 2, each above 0 to 1e+06" in " ".join(
+      help_text.getvalue().split())
+  code, out, err = _predict("--compute-samples-ms", "1e-9,1e6", "--n-workers",
+                            "8", "--methods", "all_reduce", "--steps", "20")
+  assert code == 0, err
 
 
 def test_positive_compute_samples_are_priced(tmp_path):

@@ -15,6 +15,7 @@ import types
 import pytest
 from ml_collections import config_dict
 
+from decentral_jax.runner import tmpfile
 from decentral_jax.tools.compare import job
 from decentral_jax.tools.compare import plots
 from decentral_jax.tools.learners import records
@@ -99,6 +100,48 @@ def test_a_plot_never_follows_a_link_at_its_name_or_temporary_name(
   with pytest.raises(ValueError, match=r"x\.png\.tmp is a directory"):
     plots.save_png(fig, str(tmp_path / "x.png"))
   plt.close(fig)
+
+
+@pytest.mark.parametrize("name", ["results.md", "loss_vs_step.png",
+                                  "compare_result.json"])
+def test_a_directory_at_an_output_s_own_name_is_named_with_the_fix(
+    tmp_path, name):
+  """compare named its own results.md.tmp (a file it had just written and
+  left behind) when results.md was a directory: the directory is named,
+  with the fix, before anything is written."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  out = tmp_path / name
+  (out / "kept").mkdir(parents=True)
+  fig = plt.figure(figsize=(1, 1))
+  write = {"results.md": lambda: tmpfile.replace(str(out), "# results\n"),
+           "loss_vs_step.png": lambda: plots.save_png(fig, str(out)),
+           "compare_result.json": lambda: job._record(*_result_args(
+               tmp_path))}[name]
+  with pytest.raises(ValueError) as info:
+    write()
+  plt.close(fig)
+  assert str(info.value) == (
+      f"{out} is a directory, not the file the run writes there; move it "
+      "away (the run writes and renames its own file) and run again.")
+  assert sorted(os.listdir(tmp_path)) == [name]  # no .tmp left
+  assert os.listdir(out) == ["kept"]
+
+
+def test_a_failed_rename_removes_the_temporary_file_and_names_the_file(
+    tmp_path, monkeypatch):
+  out = tmp_path / "results.md"
+  out.write_text("old\n")
+
+  def fail(src, dst):
+    raise OSError(28, "No space left on device", src, None, dst)
+  monkeypatch.setattr(os, "replace", fail)
+  with pytest.raises(OSError) as info:
+    tmpfile.replace(str(out), "new\n")
+  assert (info.value.errno, info.value.filename) == (28, str(out))
+  assert sorted(os.listdir(tmp_path)) == ["results.md"]
+  assert out.read_text() == "old\n"
 
 
 def _run_records(workdir):

@@ -8,9 +8,11 @@ damaged:
   last part names a loss, e.g. ``train/loss``, ``eval/worker_loss_mean``;
   the signed ``eval/worker_excess_*`` apart) is >= 0, every accuracy in [0, 1],
   every count or time (consensus distance, communication, timings) >= 0,
-  every learning rate ``lr`` >= 0, and each of these a number (or null,
-  but not a loss or ``lr``, which the writer always writes finite), none
-  beyond the largest float32 (:mod:`decentral_jax.runner.metrics_rules`);
+  every learning rate ``lr`` >= 0, every value a number (or null, but not
+  a loss or ``lr``, which the writer always writes finite) but
+  ``faults/alive``, a string of 0s and 1s
+  (:data:`~decentral_jax.runner.metrics_rules.STRING_KEYS`), none beyond
+  the largest float32 (:mod:`decentral_jax.runner.metrics_rules`);
 * :func:`metrics_rules.row_error`: those values of one row, and
   ``eval/worker_loss_min <= eval/worker_loss_mean <= eval/worker_loss_max``;
   with the run's config (:func:`metrics_resume.schedule_error`), ``step`` in

@@ -4,43 +4,33 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 import sys
 
 from decentral_jax import records
 from decentral_jax.runner import metrics as metrics_lib
+from decentral_jax.runner import tmpfile
 from decentral_jax.tools.compare import runs as runs_lib
 
 
 CPU_PLOT = "cpu_loss_vs_time_this_machine.png"
-_NEW = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        | getattr(os, "O_CLOEXEC", 0))
 
 
 def save_png(fig, path: str) -> None:
-  """Writes ``fig`` as a PNG to ``path`` through ``path + ".tmp"`` (as
-  :func:`decentral_jax.runner.tmpfile.replace` writes text): what is left at
-  the ``.tmp`` name (a symbolic link, a FIFO) is removed, never followed nor
+  """Writes ``fig`` as a PNG to ``path`` through ``path + ".tmp"``
+  (:func:`decentral_jax.runner.tmpfile.replace`): what is left at the
+  ``.tmp`` name (a symbolic link, a FIFO) is removed, never followed nor
   opened, and the file is created anew and renamed over ``path`` (a link at
   ``path`` is replaced, not followed).
 
   Raises:
-    ValueError: a directory sits at ``path + ".tmp"`` (naming it).
-    OSError: the file cannot be written.
+    ValueError: a directory sits at ``path`` or ``path + ".tmp"`` (naming
+      it and the fix).
+    OSError: the file cannot be written (naming ``path``; no ``.tmp`` file
+      is left).
   """
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=120)
-  tmp = path + ".tmp"
-  try:
-    if stat.S_ISDIR(os.lstat(tmp).st_mode):
-      raise ValueError(f"{tmp} is a directory, not a temporary file of the "
-                       "job; move it away and run again.")
-    os.unlink(tmp)
-  except FileNotFoundError:
-    pass
-  with os.fdopen(os.open(tmp, _NEW, 0o644), "wb") as f:
-    f.write(buf.getvalue())
-  os.replace(tmp, path)
+  tmpfile.replace(path, buf.getvalue())
 
 
 def plot(rows: list[tuple[runs_lib.Run, str]], outdir: str,

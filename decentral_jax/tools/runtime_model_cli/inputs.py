@@ -97,6 +97,14 @@ UTILISATION_FLAG_BOUNDS = {
 }
 
 
+#: One sample of ``--compute-samples-ms``: a forward + backward time in
+#: (0, 1e6] ms (the samples are divided by their mean: a zero one is no step
+#: time). At least :data:`MIN_COMPUTE_SAMPLES` of them give the spread.
+COMPUTE_SAMPLE_MS = flag_types.real(0, _MAX_MS, " (ms)", open_lo=True)
+COMPUTE_SAMPLES_MS = flag_types.number_list(COMPUTE_SAMPLE_MS)
+MIN_COMPUTE_SAMPLES = 2
+
+
 # Largest --params (1e15: 4 PB of float32 parameters); checked after the
 # buckets, whose bound is the stricter one for small --bucket-MiB.
 MAX_PARAMS = workload_lib.MAX_PARAMS
@@ -106,12 +114,16 @@ def flag_range(flag: str, command: str = "predict") -> str | None:
   """The range of a numeric flag as its help states it, e.g. ``"0.001 to
   1e+06"`` or ``">= 1"``; None for a flag without bounds here."""
   table = UTILISATION_FLAG_BOUNDS if command == "utilisation" else FLAG_BOUNDS
+  g = lambda x: str(x) if isinstance(x, int) else f"{x:g}"
+  if flag == "--compute-samples-ms" and command == "predict":
+    low, high, strict = COMPUTE_SAMPLE_MS.bounds
+    return (f"at least {MIN_COMPUTE_SAMPLES}, each "
+            f"{'above ' if strict else ''}{g(low)} to {g(high)}")
   if flag not in table:
     return None
   low, strict, high = table[flag]
   if flag == "--flow-Gbps":
     return f"0 or {_RATE[0]:g} to {high:g}"
-  g = lambda x: str(x) if isinstance(x, int) else f"{x:g}"
   if high is None:
     return f"{'>' if strict else '>='} {g(low)}"
   return f"{'above ' if strict else ''}{g(low)} to {g(high)}"
@@ -176,8 +188,9 @@ def check_predict_args(args) -> None:
   flag's units; ``--flow-Gbps`` is 0 or a rate); ``--gossip-in-flight``
   is one or two fractions in [0, 1] or a JSON file; worker counts
   are in ``[1, MAX_WORKERS]`` and (without ``--preset``) multiples of
-  ``--local-size``; dtypes are numpy names; compute samples are >= 2 finite
-  times > 0; the parameter message fits in ``MAX_BUCKETS``
+  ``--local-size``; dtypes are numpy names; compute samples
+  (:func:`check_compute_samples`) are >= 2 times in (0, 1e6] ms; the
+  parameter message fits in ``MAX_BUCKETS``
   buckets; ``--steps`` is in ``[MIN_STEPS, MAX_STEPS]``; ``--png`` is writable.
 
   Raises:
@@ -212,13 +225,32 @@ def check_predict_args(args) -> None:
   check_param_count(args.params)
   for flag in ("--grad-dtype", "--param-dtype"):
     itemsize = max(itemsize, float_dtype_flag(flag, _value(args, flag)).itemsize)
-  samples = args.compute_samples_ms
-  if samples is not None and (len(samples) < 2 or not all(
-      math.isfinite(x) and 0 < x <= _MAX_MS for x in samples)):
-    raise ValueError("--compute-samples-ms needs at least 2 finite times "
-                     f"in (0, {_MAX_MS:g}] (ms), got {samples!r}.")
+  check_compute_samples(args.compute_samples_ms)
   _check_bucket_count(args, itemsize, "the simulator")
   check_output_path(args.png, "--png")
+
+
+def check_compute_samples(samples) -> None:
+  """Refuses ``--compute-samples-ms`` (ms; None: not given) with fewer
+  than :data:`MIN_COMPUTE_SAMPLES` samples, or an entry outside
+  :data:`COMPUTE_SAMPLE_MS` (named by its position: the flag's own type,
+  for values not read by the parser).
+
+  Raises:
+    ValueError: one line naming the flag and the count or the entry.
+  """
+  if samples is None:
+    return
+  text = ",".join(repr(float(x)) for x in samples)
+  try:
+    COMPUTE_SAMPLES_MS(text)
+  except argparse.ArgumentTypeError as e:
+    raise ValueError(f"--compute-samples-ms: {e}.") from None
+  if len(samples) < MIN_COMPUTE_SAMPLES:
+    raise ValueError(
+        f"--compute-samples-ms needs at least {MIN_COMPUTE_SAMPLES} samples "
+        f"(their spread is the compute's), got {len(samples)} ({text}); give "
+        "another, e.g. --compute-samples-ms 90,110, or use --compute-cv.")
 
 
 def _check_bucket_count(args, itemsize: float, handler: str) -> None:

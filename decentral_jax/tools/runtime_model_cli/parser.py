@@ -105,8 +105,8 @@ WORKLOAD_FLAGS = (
     ("--backward-ms", float, 60.0, "mean backward time per iteration, ms"),
     ("--optimizer-ms", float, 0.0, "optimizer step time, ms"),
     ("--compute-cv", float, 0.0, "coefficient of variation of fwd+bwd"),
-    ("--compute-samples-ms", inputs.comma_list(float), None, "comma-separated "
-     "samples of fwd+bwd, ms, each 0 to 1e+06 (replace the mean and CV)"),
+    ("--compute-samples-ms", inputs.COMPUTE_SAMPLES_MS, None,
+     "comma-separated samples of fwd+bwd, ms (replace the mean and CV)"),
     ("--bucket-MiB", float, 25.0, "bucket size, MiB"),
     ("--devices-per-worker", int, 1, "devices of one worker "
      "(config.devices_per_worker; compute times are the worker's)"),
