@@ -342,9 +342,11 @@ def compress_with_feedback(compressor: Compressor, v: jax.Array,
       step (zeros at the start).
 
   Returns:
-    ``(payload, sent, new_error)``: the payload to send, ``deQ(payload)``
-    (what the receivers will decode, in ``v``'s dtype), and the new
-    residual.
+    ``(payload, sent, new_error)``: the payload of ``v + error`` (summed in
+    their promoted dtype), ``deQ(payload)`` in ``v``'s dtype (what the
+    receivers will decode), and the new residual ``v + error - sent`` in
+    ``error``'s dtype (so a loop carry keeps its type), each of ``v``'s
+    shape.
 
   Raises:
     ValueError: ``v`` or ``error`` not of a floating dtype, or ``error``
@@ -357,10 +359,11 @@ def compress_with_feedback(compressor: Compressor, v: jax.Array,
                      f"{tuple(jnp.shape(error))}, but it must have v's "
                      f"{tuple(jnp.shape(v))} (the residual of the same "
                      "message; zeros at the start).")
+  v, error = jnp.asarray(v), jnp.asarray(error)
   target = v + error
   payload = compressor.encode(target)
-  sent = compressor.decode(payload, target)
-  return payload, sent, target - sent
+  sent = compressor.decode(payload, target).astype(v.dtype)
+  return payload, sent, (target - sent).astype(error.dtype)
 
 
 # ---------------------------------------------------------------------------

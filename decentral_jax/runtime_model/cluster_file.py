@@ -109,7 +109,7 @@ def write(path: str, data: dict) -> None:
 # The file's schema: for each key its kind, bounds and whether null is
 # allowed. Bounds are wide (a kilobyte per second to MAX_BANDWIDTH_Bps, a
 # day of compute) and only keep numbers the model cannot mean out of it.
-_DAY_S = 86400.0
+_DAY_S = workload_lib.MAX_SECONDS  # a day
 _COUNT = 1 << 24  # workers, devices, flows
 CLUSTER_SCHEMA = {
     "n_workers": ("int", 1, costs.MAX_WORKERS, False),
@@ -137,7 +137,7 @@ WORKLOAD_SCHEMA = {
     "param_count": ("whole", 1.0, workload_lib.MAX_PARAMS, False),
     "forward_s": ("number", 0.0, _DAY_S, True),
     "backward_s": ("number", 0.0, _DAY_S, True),
-    "compute_cv": ("number", 0.0, 1e3, True),
+    "compute_cv": ("number", 0.0, workload_lib.MAX_COMPUTE_CV, True),
     "compute_samples_s": ("numbers", 0.0, _DAY_S, True),
     "grad_dtype": ("str", None, None, True),
     "param_dtype": ("str", None, None, True),

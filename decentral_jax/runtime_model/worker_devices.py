@@ -33,6 +33,7 @@ import dataclasses
 import math
 
 from decentral_jax.runtime_model.costs import Cluster
+from decentral_jax.runtime_model.workload import MAX_SECONDS
 from decentral_jax.runtime_model.workload import Workload
 
 
@@ -81,8 +82,18 @@ def one_device_per_worker(c: Cluster, w: Workload,
     ``devices_per_worker = 1``, ``fsdp``: intra-node and per-flow bandwidth
     ``D`` times higher; ``data``: NIC and WAN bandwidth ``D`` times lower
     (module docstring).
+
+  Raises:
+    ValueError: ``optimizer_s + exposed_s`` above the workload's bound
+      :data:`~decentral_jax.runtime_model.workload.MAX_SECONDS` (a day).
   """
   d = w.devices_per_worker
+  if w.optimizer_s + exposed_s > MAX_SECONDS:
+    raise ValueError(
+        f"optimizer_s ({w.optimizer_s:g} s) plus the collectives inside a "
+        f"worker of {d} device(s) and the codec time ({exposed_s:g} s per "
+        f"step) exceed the runtime model's {MAX_SECONDS:g} s (a day); lower "
+        "param_count or raise the cluster's bandwidths or codec_Bps.")
   if d <= 1:
     if exposed_s <= 0:
       return c, w

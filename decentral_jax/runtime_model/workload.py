@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import reprlib
 
 import ml_dtypes  # noqa: F401  (registers 'bfloat16' etc. with numpy)
 import numpy as np
@@ -15,6 +16,7 @@ from scipy import special
 
 from decentral_jax import checks
 from decentral_jax import layout_modes
+from decentral_jax.runtime_model.costs import MAX_WORKERS
 
 
 #: The largest parameter count the model prices (4 PB of float32).
@@ -27,6 +29,11 @@ MAX_BUCKETS = 4096
 MAX_BUCKET_MIB = 1e9
 #: The smallest bucket, one byte (a subnormal size overflowed the count).
 MIN_BUCKET_MIB = 2.0 ** -20
+#: Longest compute time (seconds) a workload field takes: a day, the
+#: cluster file's bound (``forward_s=1e300`` priced as inf or NaN).
+MAX_SECONDS = 86400.0
+#: Largest ``compute_cv`` (the cluster file's bound).
+MAX_COMPUTE_CV = 1e3
 
 
 def bucket_count(param_count: float, itemsize: float,
@@ -36,23 +43,52 @@ def bucket_count(param_count: float, itemsize: float,
   return max(1, math.ceil(param_count * itemsize / bucket_bytes))
 
 
+def number_tuple(name: str, value, rule: str, *, min_size: int = 1,
+                 max_size: int | None = None, minimum: float = 0.0,
+                 maximum: float = 1.0, open_min: bool = False
+                 ) -> tuple[float, ...]:
+  """``value`` as a tuple of Python floats, or one ValueError naming ``name``.
+
+  Args:
+    name: the field, as the user spells it.
+    value: a list, tuple or 1-D array of ``min_size`` to ``max_size`` (None:
+      no limit) finite real numbers (ints or floats, not bools or strings)
+      in ``[minimum, maximum]`` (``open_min``: ``> minimum``).
+    rule: what the field must be, for the message.
+
+  Raises:
+    ValueError: ``"{name} must be {rule}, got {value!r}."`` for a scalar, a
+      string, a nested or empty sequence, a wrong length, NaN, inf, or a
+      value out of range.
+  """
+  if isinstance(value, (list, tuple)):
+    items = list(value)
+  elif (hasattr(value, "shape") and hasattr(value, "dtype")
+        and np.ndim(value) == 1):
+    items = list(np.asarray(value))
+  else:
+    items = None
+  if (items is None or len(items) < min_size
+      or (max_size is not None and len(items) > max_size)
+      or not all(checks.is_number(x) and (minimum < float(x) if open_min
+                                          else minimum <= float(x))
+                 and float(x) <= maximum for x in items)):
+    raise ValueError(f"{name} must be {rule}, got {reprlib.repr(value)}.")
+  return tuple(float(x) for x in items)
+
+
 def check_in_flight(value) -> tuple[float, float] | None:
   """``Workload.gossip_in_flight`` checked: None or two fractions in [0, 1].
 
   Raises:
-    ValueError: not None and not a pair of finite numbers in [0, 1].
+    ValueError: not None and not a pair of finite numbers in [0, 1]
+      (:func:`number_tuple`).
   """
   if value is None:
     return None
-  try:
-    pair = tuple(float(v) for v in value)
-  except (TypeError, ValueError):
-    pair = ()
-  if len(pair) != 2 or not all(math.isfinite(v) and 0.0 <= v <= 1.0
-                               for v in pair):
-    raise ValueError(f"gossip_in_flight must be None or (forward, backward) "
-                     f"fractions in [0, 1], got {value!r}.")
-  return pair
+  return number_tuple("gossip_in_flight", value, "None or (forward, "
+                      "backward) fractions in [0, 1]", min_size=2,
+                      max_size=2)
 
 
 def wire_dtype(where: str, name) -> np.dtype:
@@ -61,13 +97,15 @@ def wire_dtype(where: str, name) -> np.dtype:
   The rule of :func:`decentral_jax.checks.check_comm_dtype` (width and byte
   order through :func:`decentral_jax.checks.check_wire_width_and_order`): a
   floating dtype (bfloat16 included) of 2 to 8 bytes in native byte order (8-bit
-  floats travel only block-scaled: ``compress=fp8``). ``where`` names the
+  floats travel only block-scaled: ``compress=fp8``). ``name`` is a dtype
+  name, a dtype or a scalar type (a number such as ``np.float32(2.5)``,
+  whose dtype NumPy would take, is refused). ``where`` names the
   field or flag in the one-line ValueError raised otherwise (an integer,
   complex, unknown, 8-bit or byte-swapped name; NumPy parses some strings
   such as ``",,"`` as code, which is caught too).
   """
-  try:
-    dt = np.dtype(name)
+  try:  # a name, dtype or scalar type; np.dtype(np.float32(2.5)) is float32
+    dt = np.dtype(name) if isinstance(name, (str, np.dtype, type)) else None
   except (TypeError, ValueError, SyntaxError):
     dt = None
   if (dt is None or (dt.kind != "f" and "float" not in dt.name)
@@ -84,29 +122,40 @@ class Workload:
   """Model size and per-worker compute time of one training iteration.
 
   Attributes:
-    param_count: number of parameters (the message is ``param_count`` times
-      the dtype size: gradients for All-Reduce, parameters for gossip).
-    forward_s: mean forward time per iteration and worker (seconds).
+    param_count: number of parameters, in ``[0, MAX_PARAMS]`` (the message
+      is ``param_count`` times the dtype size: gradients for All-Reduce,
+      parameters for gossip).
+    forward_s: mean forward time per iteration and worker (seconds; this
+      and every time field in ``[0, MAX_SECONDS]``, a day).
     backward_s: mean backward time (seconds).
     optimizer_s: optimizer step time (seconds), spread over buckets.
     compute_cv: coefficient of variation of forward + backward (Gaussian,
-      independent per worker and step; truncated at 5% of the mean).
-    compute_samples_s: optional samples of forward + backward time (seconds,
-      at least 2, each finite and > 0: they are divided by their mean); when
+      independent per worker and step; truncated at 5% of the mean), in
+      ``[0, MAX_COMPUTE_CV]``.
+    compute_samples_s: optional samples of forward + backward time (a list,
+      tuple or 1-D array of seconds, at least 2, each finite, > 0 and at
+      most a day: they are divided by their mean; stored as a tuple); when
       given they replace ``forward_s + backward_s`` and ``compute_cv``,
       and ``forward_s : backward_s`` only sets the split.
-    grad_dtype: dtype of communicated gradients (numpy name, e.g. "float32").
+    grad_dtype: dtype of communicated gradients (numpy name, e.g. "float32",
+      a dtype or a scalar type; :func:`wire_dtype`).
     param_dtype: dtype of communicated parameters.
-    bucket_bytes: bucket capacity (bytes) used when ``bucket_shares`` is None;
-      25 MiB is the PyTorch DDP and Decent-DP default.
+    bucket_bytes: bucket capacity (bytes, at least 1 and at most
+      ``MAX_BUCKET_MIB`` MiB) used when ``bucket_shares`` is None; 25 MiB is
+      the PyTorch DDP and Decent-DP default. The buckets it cuts are at
+      most ``MAX_BUCKETS``.
     bucket_shares: optional fraction of the message in each bucket, in the
-      order buckets become ready (sums to 1).
+      order buckets become ready (1 to ``MAX_BUCKETS`` finite fractions in
+      (0, 1], summing to 1 within 1e-6; stored as a tuple).
     bucket_ready: optional fraction of the backward after which each bucket
-      is ready (non-decreasing, last = 1; without ``bucket_shares`` the
-      buckets are equal); default: cumulative shares.
+      is ready (1 to ``MAX_BUCKETS`` finite fractions in [0, 1],
+      non-decreasing, last = 1 within 1e-9, as many as ``bucket_shares``;
+      without ``bucket_shares`` the buckets are equal); default: cumulative
+      shares.
     devices_per_worker: devices ``D`` of one worker (``config.
-      devices_per_worker``), all in one node; the compute times are the
-      worker's (its ``D`` devices together). Default 1.
+      devices_per_worker``, an int in ``[1, MAX_WORKERS]``), all in one
+      node; the compute times are the worker's (its ``D`` devices
+      together). Default 1.
     worker_layout: how a worker of ``D > 1`` devices holds its state
       (``config.worker_layout``): ``"fsdp"`` (parameters split over its
       devices; each forward/backward all-gathers the parameters and
@@ -121,6 +170,11 @@ class Workload:
       the step (:mod:`decentral_jax.runtime_model.in_flight`).
       Default None: behind the whole next forward and backward
       (Decent-DP's pipeline).
+
+  Raises:
+    ValueError: a field of another type or out of its domain (a scalar or
+      string for a sequence field, NaN, inf, a bool, a number for a dtype),
+      one line naming the field; checked at construction.
   """
 
   param_count: float
@@ -141,42 +195,66 @@ class Workload:
   def __post_init__(self):
     object.__setattr__(self, "gossip_in_flight",
                        check_in_flight(self.gossip_in_flight))
-    for name in ("param_count", "forward_s", "backward_s", "optimizer_s",
-                 "compute_cv"):
-      checks.check_float(name, getattr(self, name), minimum=0)
-    checks.check_float("bucket_bytes", self.bucket_bytes, minimum=0,
-                       open_min=True)
-    checks.check_int("devices_per_worker", self.devices_per_worker, minimum=1)
-    if self.worker_layout not in layout_modes.MODES:
+    checks.check_float("param_count", self.param_count, minimum=0)
+    if self.param_count > MAX_PARAMS:
+      raise ValueError(f"param_count must be at most {MAX_PARAMS:g}, got "
+                       f"{self.param_count:g}.")
+    for name in ("forward_s", "backward_s", "optimizer_s"):
+      checks.check_float(name, getattr(self, name), minimum=0,
+                         maximum=MAX_SECONDS)
+    checks.check_float("compute_cv", self.compute_cv, minimum=0,
+                       maximum=MAX_COMPUTE_CV)
+    checks.check_float("bucket_bytes", self.bucket_bytes, minimum=1)
+    if self.bucket_bytes > MAX_BUCKET_MIB * 2**20:
+      raise ValueError(f"bucket_bytes must be at most {MAX_BUCKET_MIB:g} MiB, "
+                       f"got {self.bucket_bytes:g} bytes.")
+    checks.check_int("devices_per_worker", self.devices_per_worker, minimum=1,
+                     maximum=MAX_WORKERS)
+    if (not isinstance(self.worker_layout, str)
+        or self.worker_layout not in layout_modes.MODES):
       raise ValueError(f"worker_layout must be one of {layout_modes.MODES}, "
                        f"got {self.worker_layout!r}.")
     for name in ("grad_dtype", "param_dtype"):
       wire_dtype(name, getattr(self, name))
+    self._check_sequences()
     self._check_size()
-    s = np.asarray([1.0, 1.0] if self.compute_samples_s is None
-                   else self.compute_samples_s, float)
-    if s.ndim != 1 or s.size < 2 or not np.all(np.isfinite(s) & (s > 0)):
+
+  def _check_sequences(self) -> None:
+    """``compute_samples_s``, ``bucket_shares`` and ``bucket_ready`` checked
+    (:func:`number_tuple`) and stored as tuples of floats."""
+    if self.compute_samples_s is not None:
       # the samples are divided by their mean: a step takes some time
-      raise ValueError("compute_samples_s must be >= 2 finite times > 0 in "
-                       f"seconds, got {list(self.compute_samples_s)!r}.")
-    sh = np.asarray([1.0] if self.bucket_shares is None
-                    else self.bucket_shares, float)
-    if sh.ndim != 1 or sh.size < 1 or np.any(sh <= 0) or abs(sh.sum() - 1) > 1e-6:
-      raise ValueError("bucket_shares must be positive fractions summing to 1.")
-    if self.bucket_ready is not None:
-      rd = np.asarray(self.bucket_ready, float)
-      if (rd.size != (rd.size if self.bucket_shares is None else sh.size)
-          or np.any(np.diff(rd) < 0) or rd[0] < 0 or abs(rd[-1] - 1) > 1e-9):
-        raise ValueError("bucket_ready must be non-decreasing fractions of the "
-                         "backward in [0, 1], one per bucket, ending at 1.")
+      object.__setattr__(self, "compute_samples_s", number_tuple(
+          "compute_samples_s", self.compute_samples_s, ">= 2 finite times > 0 "
+          f"in seconds (each at most {MAX_SECONDS:g})", min_size=2,
+          maximum=MAX_SECONDS, open_min=True))
+    rule = f"1 to {MAX_BUCKETS} fractions in (0, 1] summing to 1"
+    if self.bucket_shares is not None:
+      sh = number_tuple("bucket_shares", self.bucket_shares, rule,
+                        max_size=MAX_BUCKETS, open_min=True)
+      if abs(math.fsum(sh) - 1) > 1e-6:
+        raise ValueError(f"bucket_shares must be {rule}, got "
+                         f"{reprlib.repr(self.bucket_shares)} (sum "
+                         f"{math.fsum(sh):g}).")
+      object.__setattr__(self, "bucket_shares", sh)
+    if self.bucket_ready is None:
+      return
+    size = (len(self.bucket_shares) if self.bucket_shares is not None
+            else None)
+    rule = ("non-decreasing fractions of the backward in [0, 1] ending at 1, "
+            + (f"one per bucket ({size})" if size else
+               f"one per bucket (1 to {MAX_BUCKETS})"))
+    rd = number_tuple("bucket_ready", self.bucket_ready, rule,
+                      min_size=size or 1, max_size=size or MAX_BUCKETS)
+    if any(b < a for a, b in zip(rd, rd[1:])) or abs(rd[-1] - 1) > 1e-9:
+      raise ValueError(f"bucket_ready must be {rule}, got "
+                       f"{reprlib.repr(self.bucket_ready)}.")
+    object.__setattr__(self, "bucket_ready", rd)
 
   def _check_size(self) -> None:
-    """``param_count`` at most :data:`MAX_PARAMS`, and (buckets cut by
-    ``bucket_bytes``) its gradients or parameters in at most
-    :data:`MAX_BUCKETS` buckets."""
-    if self.param_count > MAX_PARAMS:
-      raise ValueError(f"param_count must be at most {MAX_PARAMS:g}, got "
-                       f"{self.param_count:g}.")
+    """``param_count`` (at most :data:`MAX_PARAMS`) of gradients or
+    parameters in at most :data:`MAX_BUCKETS` buckets of ``bucket_bytes``
+    (when neither ``bucket_shares`` nor ``bucket_ready`` sets them)."""
     if self.bucket_shares is not None or self.bucket_ready is not None:
       return
     itemsize = max(np.dtype(self.grad_dtype).itemsize,

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from decentral_jax import records
 from decentral_jax.runtime_model.workload import MAX_PARAMS
+from decentral_jax.runtime_model.workload import MAX_SECONDS
 from decentral_jax.runtime_model.workload import Workload
 
 FORMAT = "decentral_jax.compiled_workload.v1"
 MAX_FILE_BYTES = 16 * 2**20  # a workload file is a few hundred bytes
-_DAY_S = 86400.0
+_DAY_S = MAX_SECONDS  # a day
 _SECONDS = ("number", 0.0, _DAY_S, False)
 _FRACTION = ("number", 0.0, 1.0, False)
 #: The keys the runtime model reads (others, e.g. ``matmul_flops``, are

@@ -158,6 +158,32 @@ def test_error_feedback_tracks_the_cumulative_sum(fmt):
     assert np.abs(np.asarray(e)).max() <= bound * (np.abs(total_v).max() + 10)
 
 
+@pytest.mark.parametrize("v_dtype,e_dtype", [
+    ("float32", "float32"), ("bfloat16", "float32"), ("float16", "float32"),
+    ("float32", "bfloat16"), ("float16", "bfloat16")])
+def test_error_feedback_keeps_v_and_residual_dtypes(v_dtype, e_dtype):
+  # sent is in v's dtype, the residual in error's (a fori_loop carry), for
+  # residuals kept in another float dtype too; values against NumPy.
+  c = compress.Compressor("int8", block=4)
+  rng = np.random.default_rng(5)
+  v = rng.normal(size=7).astype(v_dtype)
+  e = (0.01 * rng.normal(size=7)).astype(e_dtype)
+  _, sent, new_e = compress.compress_with_feedback(c, jnp.asarray(v),
+                                                   jnp.asarray(e))
+  assert (sent.dtype, new_e.dtype) == (np.dtype(v_dtype), np.dtype(e_dtype))
+  target = v.astype(np.float32) + e.astype(np.float32)  # promoted: float32
+  codes, scale = _np_int_codes(target, 4, 127)
+  ref = (codes * scale[:, None]).reshape(-1)[:7].astype(np.float32)
+  ref_sent = ref.astype(v_dtype)
+  np.testing.assert_array_equal(np.asarray(sent), ref_sent)
+  np.testing.assert_array_equal(
+      np.asarray(new_e),
+      (target - ref_sent.astype(np.float32)).astype(e_dtype))
+  # the residual's dtype holds from step to step
+  _, _, again = compress.compress_with_feedback(c, jnp.asarray(v), new_e)
+  assert again.dtype == np.dtype(e_dtype)
+
+
 def _ring4_example():
   topo = topology.make("static_ring", 4)
   np.testing.assert_allclose(topo.mixing_matrix(0)[0], [1 / 3, 1 / 3, 0, 1 / 3])

@@ -1,17 +1,28 @@
 """The runtime model's public entry points refuse what they cannot price, in
 one line naming the argument: a :class:`Cluster` above the worker count its
-pricing holds in memory, and impossible inputs of the alpha-beta formulas.
+pricing holds in memory, impossible inputs of the alpha-beta formulas, and
+a :class:`Workload` field of another type or out of its domain.
 Expected values are computed by hand from docs/runtime_model_formulas.md.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
 from decentral_jax.runtime_model import Cluster
+from decentral_jax.runtime_model import Workload
+from decentral_jax.runtime_model import closed_form
+from decentral_jax.runtime_model import make_method
 from decentral_jax.runtime_model import costs
 from decentral_jax.runtime_model import pair_exchange_time
 from decentral_jax.runtime_model import ring_all_reduce_time
+from decentral_jax.runtime_model.workload import MAX_BUCKETS
+from decentral_jax.runtime_model.workload import MAX_COMPUTE_CV
+from decentral_jax.runtime_model.workload import MAX_PARAMS
+from decentral_jax.runtime_model.workload import MAX_SECONDS
 from decentral_jax.tools.runtime_model_cli import inputs
 
 
@@ -73,3 +84,91 @@ def test_docs_state_the_worker_bound():
   with open(os.path.join(root, "docs", "runtime_model.md")) as f:
     text = f.read()
   assert f"at most `MAX_WORKERS` = {costs.MAX_WORKERS}" in text
+  assert f"at most `MAX_SECONDS` = {MAX_SECONDS:g}" in text
+  assert f"at most `MAX_COMPUTE_CV` = {MAX_COMPUTE_CV:g}" in text
+  assert f"at most `MAX_BUCKETS` = {MAX_BUCKETS}" in text
+
+
+_BASE = dict(param_count=1.24e8, forward_s=0.05, backward_s=0.1)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("bucket_shares", (float("nan"),)),
+    ("bucket_shares", (0.5, 0.6)),
+    ("bucket_shares", 1.0),
+    ("bucket_shares", "1"),
+    ("bucket_shares", ()),
+    ("bucket_shares", ((0.5, 0.5),)),
+    ("bucket_ready", (float("nan"),)),
+    ("bucket_ready", 1.0),
+    ("bucket_ready", ()),
+    ("bucket_ready", (0.5, 0.4, 1.0)),
+    ("bucket_ready", (0.5, float("inf"))),
+    ("compute_samples_s", 0.5),
+    ("compute_samples_s", "fast"),
+    ("compute_samples_s", (0.1, float("nan"))),
+    ("compute_samples_s", (0.1, True)),
+    ("compute_samples_s", (0.1, 1e300)),
+    ("forward_s", 1e300),
+    ("backward_s", 86400.5),
+    ("optimizer_s", float("inf")),
+    ("compute_cv", 1e300),
+    ("bucket_bytes", 1e-300),
+    ("bucket_bytes", 0.5),
+    ("bucket_bytes", 1e300),
+    ("grad_dtype", np.float32(2.5)),
+    ("param_dtype", 2),
+    ("devices_per_worker", 10**400),
+    ("worker_layout", np.array([1, 2])),
+    ("gossip_in_flight", "01"),
+    ("gossip_in_flight", (True, 0.5)),
+], ids=repr)
+def test_workload_refuses_a_bad_field_in_one_line_naming_it(field, value):
+  # Before: NaN priced as iteration_s=nan, scalars and empty tuples escaped
+  # as TypeError/IndexError/OverflowError, a number taken as a dtype.
+  with pytest.raises(ValueError) as info:
+    Workload(**{**_BASE, field: value})
+  msg = str(info.value)
+  assert msg.startswith(f"{field} "), msg
+  assert "\n" not in msg and len(msg) < 300, msg
+
+
+def test_workload_nan_share_message():
+  with pytest.raises(ValueError) as info:
+    Workload(**_BASE, bucket_shares=(float("nan"),))
+  assert str(info.value) == ("bucket_shares must be 1 to 4096 fractions in "
+                             "(0, 1] summing to 1, got (nan,).")
+
+
+def test_workload_sequence_fields_are_stored_as_float_tuples():
+  w = Workload(**_BASE, bucket_shares=np.array([0.25, 0.75]),
+               bucket_ready=[0.5, 1], compute_samples_s=np.array([1, 3]),
+               gossip_in_flight=[0, 1])
+  assert w.bucket_shares == (0.25, 0.75) and w.bucket_ready == (0.5, 1.0)
+  assert w.compute_samples_s == (1.0, 3.0) and w.gossip_in_flight == (0, 1)
+  assert all(type(x) is float for x in w.bucket_shares + w.compute_samples_s)
+  hash(w)  # a frozen dataclass of tuples
+  assert w.compute_mean_s == 2.0 and w.compute_std_s == 1.0  # by hand
+
+
+@pytest.mark.parametrize("spec", ["all_reduce", "dadam:topology=one_peer_exp"])
+def test_workload_at_its_bounds_prices_finite_times(spec):
+  c = Cluster(16, local_size=4)
+  for w in (Workload(MAX_PARAMS, MAX_SECONDS, MAX_SECONDS, MAX_SECONDS,
+                     compute_cv=MAX_COMPUTE_CV, bucket_bytes=1e9 * 2**20),
+            Workload(0, 0, 0, bucket_bytes=1)):
+    t = closed_form(make_method(spec, c), c, w).iteration_s
+    assert math.isfinite(t) and t >= 0, (spec, w, t)
+
+
+def test_inner_collectives_beyond_a_day_are_refused_in_one_line():
+  # data layout, D = 2: the worker's gradients all-reduced over PCIe,
+  # 2 (D - 1) / D * 4e15 bytes / 15.75e9 B/s = 253968 s, over a day.
+  c = Cluster(16, local_size=4)
+  w = Workload(1e15, 0.05, 0.1, devices_per_worker=2, worker_layout="data",
+               bucket_bytes=1e15)
+  with pytest.raises(ValueError) as info:
+    closed_form(make_method("all_reduce", c), c, w)
+  msg = str(info.value)
+  assert msg.startswith("optimizer_s (0 s) plus ") and "\n" not in msg
+  assert f"({4e15 / 15.75e9:.0f} s per step)" in msg and "a day" in msg

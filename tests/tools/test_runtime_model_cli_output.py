@@ -317,19 +317,27 @@ def test_a_recommendation_other_than_all_reduce_carries_the_quality_caveat():
 
 def test_a_table_the_model_cannot_price_is_one_error_line(monkeypatch,
                                                           capsys):
-  # The flag's bound refuses 1e300 ms; with it lifted the forward time
+  # The flag's bound refuses 1e300 ms; with it lifted Workload's own bound
+  # (a day) refuses it. A NIC rate of 1e-310 Gbit/s (its bound lifted)
   # overflows the model's arithmetic (nan in the table, which predict
   # printed with a recommendation and exit status 0), and the backstop
-  # refuses the table, naming the flag as given.
+  # refuses the table, naming the flags as given.
   rc, out, err = _run(capsys, "--n-workers", "8", "--forward-ms", "1e300")
   assert (rc, out) == (2, "") and "--forward-ms must be" in err
   monkeypatch.setitem(inputs.FLAG_BOUNDS, "--forward-ms", (0, False, None))
   rc, out, err = _run(capsys, "--n-workers", "8", "--forward-ms", "1e300")
   assert (rc, out) == (2, "")
+  assert err.startswith("error: forward_s must be a finite number >= 0 and "
+                        "<= 86400") and len(err.strip().splitlines()) == 1
+  monkeypatch.setitem(inputs.FLAG_BOUNDS, "--nic-Gbps", (0, True, None))
+  rc, out, err = _run(capsys, "--n-workers", "8", "--local-size", "4",
+                      "--nic-Gbps", "1e-310")
+  assert (rc, out) == (2, "")
   lines = err.strip().splitlines()
   assert len(lines) == 1, err
   assert lines[0].startswith("error: the model's times at --n-workers 8 are "
-                             "not finite numbers with --forward-ms 1e+300")
+                             "not finite numbers with --local-size 4, "
+                             "--nic-Gbps 1e-310")
 
 
 def test_flag_bounds_admit_the_ends_of_their_ranges(capsys):
