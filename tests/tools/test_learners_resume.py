@@ -846,3 +846,73 @@ def test_a_learner_id_not_in_ascii_digits_is_named_with_file_and_line(
   assert str(e.value) == (
       f'{path}: the record of step 5 (line 3): "{key}" names no learner (0 '
       f"to 3, in ASCII digits without leading zeros); {OURS}")
+
+
+@pytest.mark.parametrize("steps, lost", [
+    ([0, 5, 10, 15], None),  # periods 0..3 of H=5: all there
+    ([0, 5, 10], "3 (step 15)"),  # the restored period's own record
+    ([0, 10, 15], "1 (step 5)"),  # a hole
+    ([5, 15, 20], "0 (step 0), 2 (step 10)"),  # later ones are dropped
+])
+def test_a_resume_warns_once_of_merged_periods_without_records(
+    tmp_path, caplog, steps, lost):
+  """The learners write one record per merged period k, of step k * H
+  (k = 0..version): resuming at period 3 with H = 5 from a file lacking
+  some of steps 0, 5, 10, 15 names exactly those, once."""
+  _times(tmp_path, [(s, float(i)) for i, s in enumerate(steps)])
+  run = spec_lib.RunSpec(shards=2, sync_every=5, periods=4, quorum=2)
+  rr = records.RunRecords(str(tmp_path), _Task(), run, "c", [], 1)
+  with caplog.at_level("WARNING"):
+    rr.begin(3, None)
+  rr.close()
+  said = [r.getMessage() for r in caplog.records
+          if r.levelname == "WARNING"]
+  if lost is None:
+    assert said == [], said
+    return
+  path = tmp_path / "metrics.jsonl"
+  assert said == [
+      f"{path} lacks the records of merged period(s) {lost} (one per "
+      "period k * sync_every, k = 0..3): they are lost; the resumed run "
+      "writes from period 4 (step 20) on."], said
+  assert [json.loads(l)["step"] for l in path.read_text().splitlines()] \
+      == [s for s in steps if s <= 15]
+
+
+class _Scored:
+  """A RunnerTask whose losses name the theta scored (theta = version)."""
+  config = _Task.config
+  task = argparse.Namespace(unit="tokens")
+
+  def train_loss(self, theta, learners, step):
+    del learners, step
+    return float(theta)
+
+  def evaluate(self, theta):
+    return {"eval/loss": 10.0 + theta}
+
+  def learning_rate(self, step):
+    del step
+    return 1e-3
+
+
+def test_a_period_merged_between_two_polls_has_no_train_loss(tmp_path):
+  """Periods 1 and 2 merge before the first poll (it reads theta_2): the
+  record of step 5 holds the merge's counts only, step 10's the loss of
+  theta_2 and, 2 >= eval_every periods after step 0, its evaluation;
+  period 3, the last, is evaluated though only one period later."""
+  run = spec_lib.RunSpec(shards=2, sync_every=5, periods=3, quorum=2)
+  rr = records.RunRecords(str(tmp_path), _Scored(), run, "c", [], 2)
+  rr.begin(0, 0)
+  log = {"tokens": [{"0": 8, "1": 8}] * 3}
+  status = {"version": 2, "periods": 3, "log": log}
+  rr.update(status, lambda: (2, 2), lambda: status)
+  status3 = {**status, "version": 3}
+  rr.update(status3, lambda: (3, 3), lambda: status3)
+  rr.close()
+  got = [json.loads(l) for l in
+         (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in got] == [0, 5, 10, 15]
+  assert [r["tokens"] for r in got] == [0, 16, 32, 48]
+  assert [r.get("train/loss") for r in got] == [None, None, 2.0, 3.0]
+  assert [r.get("eval/loss") for r in got] == [10.0, None, 12.0, 13.0]

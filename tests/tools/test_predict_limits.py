@@ -283,3 +283,60 @@ def test_a_file_of_several_nodes_names_both_fixes(tmp_path):
       "error: --n-workers 6 is not a multiple of the cluster file's 4 "
       "workers per node; give --n-workers a multiple of 4 (e.g. 8) or "
       "--local-size 3."]
+
+
+def _one_device_per_node_file(tmp_path):
+  """A file as ``measure --local-size 1`` writes it: two nodes of one
+  device, intra_pair_s null, the intra link at the Cluster defaults
+  (15.75 GB/s, 5 us)."""
+  import json
+  from decentral_jax.runtime_model import cluster_file
+  sizes = [1e6, 4e6, 16e6]
+  meas = {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": 1,
+          "intra_pair_s": None,
+          "inter_pair_s": [1e-5 + m / 3e9 for m in sizes],
+          "inter_concurrent_s": [1e-5 + m / 3e9 for m in sizes],
+          "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
+  path = tmp_path / "one_device.json"
+  path.write_text(json.dumps({
+      "schema": cluster_file.SCHEMA,
+      "cluster": cluster_file.fit_links(meas, 2, 1),
+      "workload": {"param_count": 1e6, "forward_s": 0.01,
+                   "backward_s": 0.02}, "measurements": meas, "meta": {}}))
+  return str(path)
+
+
+@pytest.mark.parametrize("argv, missing", [
+    # two workers on a node: an intra-node hop (rate and latency)
+    (["--local-size", "2", "--n-workers", "4"],
+     "--intra-GBps and --intra-latency-us"),
+    (["--local-size", "2", "--n-workers", "4", "--intra-GBps", "10"],
+     "--intra-latency-us"),
+    # one per node, 4 per datacenter: the ring reads the intra rate only
+    (["--n-workers", "4"], "--intra-GBps")])
+def test_an_intra_node_link_the_file_did_not_measure_needs_its_flags(
+    tmp_path, argv, missing):
+  path = _one_device_per_node_file(tmp_path)
+  code, out, err = _predict("--cluster", path, "--steps", "20", *argv)
+  assert code == 2 and out == "", err
+  lines = err.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      f"error: --cluster {path!r} measured no intra-node link "
+      "(measurements.intra_pair_s is null"), lines
+  assert f"; give {missing} for that link" in lines[0], lines
+
+
+def test_an_intra_node_link_the_file_did_not_measure_is_labelled(tmp_path):
+  path = _one_device_per_node_file(tmp_path)
+  code, out, err = _predict("--cluster", path, "--steps", "20",
+                            "--methods", "all_reduce")  # its own 2 x 1
+  assert code == 0, err
+  assert ("intra 15.8 GB/s (a default: the file measured no intra-node "
+          "link)") in out, out
+  code, out, err = _predict("--cluster", path, "--steps", "20",
+                            "--methods", "all_reduce", "--local-size", "2",
+                            "--n-workers", "4", "--intra-GBps", "10",
+                            "--intra-latency-us", "3")
+  assert code == 0, err
+  assert ("intra 10 GB/s (by --intra-GBps; the file measured no intra-node "
+          "link)") in out, out

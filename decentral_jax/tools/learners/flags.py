@@ -58,8 +58,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
                  help="with --config: metrics.jsonl, config.json, "
                  "learners.json and checkpoints (resumed)")
   p.add_argument("--eval-every", type=_PERIODS, default=None,
-                 help="with --workdir: evaluate theta every N merged "
-                 "periods (default: config.eval_interval // sync_every)")
+                 help="with --workdir: evaluate seen periods N after the "
+                 "last evaluated, and the last (default eval_interval // H)")
   p.add_argument("--problem", default=None,
                  choices=[n for n in problems.NAMES if n != "runner"],
                  help="without --config (default quadratic)")

@@ -14,12 +14,15 @@ compare`` and the plots read it as a run of the runner):
 * ``lr``: the inner learning rate of step ``k * H``;
 * ``train_time_s``: wall seconds of the run (an invocation's seconds from
   its start, added to the last record of the one it resumed);
-* on the records of the periods the command saw merged (it polls; in sync
-  mode every period): ``train/loss``, the mean over the learners of the
-  loss of ``theta_k`` on their batches of step ``k * H`` (the loss the
-  runner logs for step ``k * H + 1``, without dropout), and every
-  ``eval_every`` periods and at the end ``eval/loss`` (``eval/accuracy``)
-  of ``theta_k`` on the config's validation split.
+* on the records of the periods the command saw merged (it polls the
+  synchronizer, which keeps only its newest ``theta``: a period merged
+  between two polls, in sync mode too, has a record without these):
+  ``train/loss``, the mean over the learners of the loss of ``theta_k`` on
+  their batches of step ``k * H`` (the loss the runner logs for step
+  ``k * H + 1``, without dropout), and on the first such period at least
+  ``eval_every`` periods after the last evaluation and on the last period
+  ``eval/loss`` (``eval/accuracy``) of ``theta_k`` on the config's
+  validation split.
 
 ``learners.json`` records the config, its source and overrides, and one
 segment per invocation: the period it started from and its number of
@@ -31,6 +34,7 @@ period on and says so in the new segment's ``sharding``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 
@@ -397,6 +401,26 @@ def segment(meta: dict | None, learners: int, version: int,
   return seg
 
 
+def lost_warning(workdir: str, rows: list[dict], version: int, h: int
+                 ) -> str | None:
+  """The warning for the records of merged periods ``k <= version`` that
+  ``rows`` (``workdir``'s ``metrics.jsonl``) lacks, or None: the learners
+  write one record per period, of step ``k * h`` (``k = 0..version``);
+  a resume from period ``version`` writes only later ones, so those are
+  lost."""
+  got = {r["step"] for r in rows}
+  missing = [k for k in range(version + 1) if k * h not in got]
+  if not missing:
+    return None
+  shown = ", ".join(f"{k} (step {k * h})" for k in missing[:8]) + (
+      f", ... ({len(missing)} in all)" if len(missing) > 8 else "")
+  path = os.path.join(workdir, metrics_lib.METRICS_FILE)
+  return (f"{path} lacks the records of merged period(s) {shown} (one per "
+          f"period k * sync_every, k = 0..{version}): they are lost; the "
+          f"resumed run writes from period {version + 1} (step "
+          f"{(version + 1) * h}) on.")
+
+
 class RunRecords:
   """Writes the run directory as the run goes.
 
@@ -426,10 +450,16 @@ class RunRecords:
     later records of an earlier invocation (the runner's
     :func:`~decentral_jax.runner.metrics.truncate_after`), writes
     ``config.json`` and the new segment of ``learners.json``, and at 0 the
-    initial evaluation. Returns the new segment."""
+    initial evaluation; warns once of records of periods up to ``version``
+    the file lacks (:func:`lost_warning`). Returns the new segment."""
     h = self.run.sync_every
     rows = read_metrics(self.workdir)  # checked before anything is dropped
+    kept = os.path.exists(os.path.join(self.workdir,
+                                       metrics_lib.METRICS_FILE))
     metrics_lib.truncate_after(self.workdir, version * h)
+    lost = lost_warning(self.workdir, rows, version, h) if kept else None
+    if lost:  # a missing file: truncate_after says so
+      logging.warning("%s", lost)
     if version:  # the last seconds recorded (read_metrics: they only grow)
       self._offset = max([float(r["train_time_s"]) for r in rows
                           if r.get("train_time_s") is not None

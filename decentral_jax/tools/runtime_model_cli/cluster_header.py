@@ -21,12 +21,11 @@ _SHOWN = (("intra_bandwidth_Bps", "intra", 1e-9, "GB/s"),
           ("flow_bandwidth_Bps", "one flow", 8e-9, "Gbit/s"))
 
 
-def _links(c: dict, priced: dict, inter_measured: bool = True,
-           given=()) -> str:
+def _links(c: dict, priced: dict, unmeasured=(), given=()) -> str:
   """The links of ``priced`` (Cluster fields), each one a flag replaced
-  naming the flag and the file's value ``c[field]``; without inter-node
-  measurements the node NIC is named a default or the flag's (a flag in
-  ``given``, or a value other than the file's)."""
+  naming the flag and the file's value ``c[field]``; a link the file did
+  not measure (its rate field in ``unmeasured``) is named a default or
+  the flag's (a flag in ``given``, or a value other than the file's)."""
   flag_of = {f: flag for flag, f in inputs.CLUSTER_FIELDS.items()}
   out = []
   for field, label, scale, unit in _SHOWN:
@@ -34,16 +33,23 @@ def _links(c: dict, priced: dict, inter_measured: bool = True,
     if value is None:
       continue
     text = f"{label} {value * scale:.3g} {unit}"
-    if field == "nic_bandwidth_Bps" and not inter_measured:
-      text += (f" (by {flag_of[field]}; the file measured no inter-node "
+    if field in unmeasured:
+      node = "inter" if field == "nic_bandwidth_Bps" else "intra"
+      text += (f" (by {flag_of[field]}; the file measured no {node}-node "
                "link)" if value != was or flag_of[field] in given
-               else " (a default: the file "
-               "measured no inter-node link)")
+               else f" (a default: the file measured no {node}-node link)")
     elif value != was:
       text += (f" (by {flag_of[field]}; the file's "
                + (f"{was * scale:.3g})" if was else "none)"))
     out.append(text)
   return ", ".join(out)
+
+
+def _unmeasured_rates(data: dict) -> set[str]:
+  """The rate fields of the links ``data`` did not measure
+  (:func:`file_cluster.unmeasured`)."""
+  return {file_cluster.LINKS[link][1][0][1] for link in file_cluster.LINKS
+          if file_cluster.unmeasured(data, link)}
 
 
 def describe_cluster_file(path: str, data: dict,
@@ -59,8 +65,9 @@ def describe_cluster_file(path: str, data: dict,
       :func:`file_cluster.from_cluster_file`); None: the file's own. Each link
       it prints that differs from the file's names its flag and the file's
       value, and any other field a flag replaced is listed by its flag.
-    given: the flags given (a node NIC the file did not measure is named
-      the flag's where ``--nic-Gbps`` is among them, else a default).
+    given: the flags given (a node NIC or intra-node link the file did not
+      measure is named the flag's where ``--nic-Gbps`` / ``--intra-GBps``
+      is among them, else a default).
   """
   meta, c, meas = data.get("meta", {}), data["cluster"], data["measurements"]
   fields = {**c, **(dataclasses.asdict(priced) if priced else {}),
@@ -77,8 +84,7 @@ def describe_cluster_file(path: str, data: dict,
       f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
       f"{meta.get('device_kind', '?')} devices, {per_node} per node, "
       f"{meta.get('process_count', '?')} process(es); "
-      + _links(c, fields,
-               "--nic-Gbps" not in file_cluster.unmeasured_inter_node(data), given)
+      + _links(c, fields, _unmeasured_rates(data), given)
       + (f"; also replaced by flags: {', '.join(other)}" if other else "")]
   if meas.get("all_reduce_s"):
     cl = Cluster(**c)

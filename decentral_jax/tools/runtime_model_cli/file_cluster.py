@@ -1,6 +1,7 @@
 """A cluster file of ``predict --cluster FILE`` priced with the flags
-given beside it (:func:`from_cluster_file`), and the inter-node link a
-one-node file did not measure (:func:`unmeasured_inter_node`).
+given beside it (:func:`from_cluster_file`), and the links it did not
+measure (:func:`unmeasured`: the inter-node link of a one-node file, the
+intra-node link of a file of one device per node).
 """
 
 from __future__ import annotations
@@ -12,43 +13,56 @@ from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.tools.runtime_model_cli import inputs
 
 
-#: The flags that price the inter-node link a one-node cluster file lacks,
-#: with their ``Cluster`` fields.
-INTER_NODE_LINK_FLAGS = (("--nic-Gbps", "nic_bandwidth_Bps"),
-                         ("--inter-latency-us", "inter_latency_s"))
+#: Per link class: the measurement of a cluster file that fits it and the
+#: flags that price it where the file did not measure it, with their
+#: ``Cluster`` fields.
+LINKS = {
+    "inter": ("inter_pair_s", (("--nic-Gbps", "nic_bandwidth_Bps"),
+                               ("--inter-latency-us", "inter_latency_s"))),
+    "intra": ("intra_pair_s", (("--intra-GBps", "intra_bandwidth_Bps"),
+                               ("--intra-latency-us", "intra_latency_s")))}
 
 
-def unmeasured_inter_node(data: dict) -> list[str]:
-  """The flags of :data:`INTER_NODE_LINK_FLAGS` where a cluster file holds
-  the inter-node link without measuring it, as ``measure`` writes one
-  node: ``measurements.inter_pair_s`` null (not left out) and every field
-  at the ``Cluster`` default, as ``cluster_file.fit_links`` leaves them (a
-  link written by hand, a field differing or no measurements, is the
-  file's own); else none."""
+def unmeasured(data: dict, link: str) -> list[str]:
+  """The flags of ``LINKS[link]`` (``link``: ``"inter"`` or ``"intra"``)
+  where a cluster file holds that link without measuring it, as
+  ``measure`` writes one node (no inter-node link) or one device per node
+  (no intra-node link): its ``measurements`` key null (not left out) and
+  every field at the ``Cluster`` default, as ``cluster_file.fit_links``
+  leaves them (a link written by hand, a field differing or no
+  measurements, is the file's own); else none."""
+  key, flags = LINKS[link]
   meas = data["measurements"]
-  if "inter_pair_s" not in meas or meas["inter_pair_s"] is not None or any(
+  if key not in meas or meas[key] is not None or any(
       data["cluster"][field] != getattr(Cluster, field)
-      for _, field in INTER_NODE_LINK_FLAGS):
+      for _, field in flags):
     return []
-  return [flag for flag, _ in INTER_NODE_LINK_FLAGS]
+  return [flag for flag, _ in flags]
 
 
-def _check_inter_node_measured(data: dict, args, n: int, per_node: int,
-                               datacenters: int) -> None:
-  """Refuses ``n`` workers over several nodes of a cluster file whose
-  inter-node link is a default it never measured
-  (:func:`unmeasured_inter_node`), unless the flags give it
-  (``--inter-latency-us`` only where a datacenter holds several nodes:
-  between datacenters the wide-area latency replaces it).
+def _check_links_measured(data: dict, args, c: Cluster,
+                          devices_per_worker: int) -> None:
+  """Refuses to price ``c`` from a cluster file with a link it never
+  measured (:func:`unmeasured`) that ``c`` uses, unless the flags give it.
+  One rule per link class, the uses ``predict_needs.NEEDS`` reads: the
+  node NIC where workers span nodes, ``--inter-latency-us`` where a
+  datacenter holds several nodes (between datacenters the wide-area
+  latency replaces it); ``--intra-latency-us`` where a node holds two
+  workers or a worker several devices, ``--intra-GBps`` there and where a
+  datacenter holds more than two workers (a ring over nodes runs at the
+  slower of the intra-node link and the flow).
 
   Raises:
-    ValueError: naming ``--cluster``, the count and the missing flags.
+    ValueError: naming ``--cluster``, the layout and the missing flags.
   """
-  if n <= per_node:
-    return
-  given = inputs.explicit_flags(args)
-  missing = [f for f in unmeasured_inter_node(data) if f not in given and (
-      f == "--nic-Gbps" or n // datacenters > per_node)]
+  n, per_node, given = c.n_workers, c.local_size, inputs.explicit_flags(args)
+  hops = min(n, per_node) > 1 or devices_per_worker > 1
+  uses = {"--nic-Gbps": n > per_node,
+          "--inter-latency-us": c.dc_size > per_node,
+          "--intra-latency-us": hops,
+          "--intra-GBps": hops or c.dc_size > 2}
+  missing = [f for f in unmeasured(data, "inter") if f not in given
+             and uses[f]]
   if missing:
     raise ValueError(
         f"--cluster {args.cluster!r} measured no inter-node link "
@@ -57,6 +71,19 @@ def _check_inter_node_measured(data: dict, args, n: int, per_node: int,
         f"at {per_node} per node spans {-(-n // per_node)} nodes; give "
         f"{' and '.join(missing)} for that link, or at most {per_node} "
         "workers.")
+  missing = [f for f in unmeasured(data, "intra") if f not in given
+             and uses[f]]
+  if missing:
+    use, fix = ((f"{per_node} workers per node of {devices_per_worker} "
+                 "device(s) each hop inside a node", "--local-size 1 and "
+                 "--devices-per-worker 1") if hops else (
+                     f"{c.dc_size} workers per datacenter ring through each "
+                     "worker's intra-node link", "at most 2 workers"))
+    raise ValueError(
+        f"--cluster {args.cluster!r} measured no intra-node link "
+        "(measurements.intra_pair_s is null: one device per node; its rate "
+        f"and latency are the defaults), but with --n-workers {n}, {use}; give "
+        f"{' and '.join(missing)} for that link, or {fix}.")
 
 
 def from_cluster_file(data: dict, args, n: int):
@@ -72,8 +99,10 @@ def from_cluster_file(data: dict, args, n: int):
 
   Raises:
     ValueError: ``n`` not a multiple of the workers per node
-      (:func:`not_a_multiple`), or a
-      workload the file lacks (see :func:`cluster_file.workload`).
+      (:func:`not_a_multiple`), a
+      workload the file lacks (see :func:`cluster_file.workload`), or a
+      link the file did not measure that the layout uses without the flags
+      that price it (:func:`_check_links_measured`).
   """
   given = inputs.explicit_flags(args)
   flags_c = inputs.cluster_fields(args)
@@ -90,8 +119,6 @@ def from_cluster_file(data: dict, args, n: int):
     raise ValueError(inputs.not_a_multiple(
         n, kw["local_size"], 1,
         f"the cluster file's {kw['local_size']} workers per node"))
-  _check_inter_node_measured(data, args, n, kw["local_size"],
-                             kw.get("datacenters") or 1)
   c = Cluster(**kw)
   flags_w = dataclasses.asdict(inputs.workload_from_args(args))
   over = {f: flags_w[f] for flag, f in inputs.WORKLOAD_FIELDS.items()
@@ -102,4 +129,6 @@ def from_cluster_file(data: dict, args, n: int):
   if data.get("workload") is None:  # nothing measured: the flags' workload
     over = {**flags_w, **over}
   over.setdefault("bucket_bytes", flags_w["bucket_bytes"])
-  return c, cluster_file.workload(data, **over)
+  w = cluster_file.workload(data, **over)
+  _check_links_measured(data, args, c, w.devices_per_worker)
+  return c, w
