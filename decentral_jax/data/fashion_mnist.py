@@ -92,6 +92,32 @@ def _read_idx(path: str, magic: int) -> np.ndarray:
   return data.reshape(shape).copy()
 
 
+def files(data_dir: str | os.PathLike = DEFAULT_DIR) -> dict[str, str]:
+  """The IDX files :func:`load` reads: ``{"train_images": path, ...}``, each
+  ``<name>.gz`` if it exists in ``data_dir``, else ``<name>``.
+
+  Raises:
+    DataNotFoundError: the directory or a file is missing (as :func:`load`).
+  """
+  data_dir = os.fspath(data_dir)
+  if not os.path.isdir(data_dir):
+    raise sharding.DataNotFoundError(
+        f"Fashion-MNIST directory {data_dir!r} does not exist; "
+        f"{_INSTALL_HINT}.")
+  out = {}
+  for key, (name, _) in _FILES.items():
+    for candidate in (name + ".gz", name):
+      path = os.path.join(data_dir, candidate)
+      if os.path.isfile(path):
+        out[key] = path
+        break
+    else:
+      raise sharding.DataNotFoundError(
+          f"Fashion-MNIST file {name}.gz (or {name}) is missing in "
+          f"{data_dir!r}; {_INSTALL_HINT}.")
+  return out
+
+
 def load(data_dir: str | os.PathLike = DEFAULT_DIR) -> dict[str, np.ndarray]:
   """Loads the four Fashion-MNIST arrays.
 
@@ -111,21 +137,8 @@ def load(data_dir: str | os.PathLike = DEFAULT_DIR) -> dict[str, np.ndarray]:
       image/label counts that differ.
   """
   data_dir = os.fspath(data_dir)
-  if not os.path.isdir(data_dir):
-    raise sharding.DataNotFoundError(
-        f"Fashion-MNIST directory {data_dir!r} does not exist; "
-        f"{_INSTALL_HINT}.")
-  out = {}
-  for key, (name, magic) in _FILES.items():
-    for candidate in (name + ".gz", name):
-      path = os.path.join(data_dir, candidate)
-      if os.path.isfile(path):
-        out[key] = _read_idx(path, magic)
-        break
-    else:
-      raise sharding.DataNotFoundError(
-          f"Fashion-MNIST file {name}.gz (or {name}) is missing in "
-          f"{data_dir!r}; {_INSTALL_HINT}.")
+  out = {key: _read_idx(path, _FILES[key][1])
+         for key, path in files(data_dir).items()}
   for split in ("train", "test"):
     n_img, n_lab = len(out[f"{split}_images"]), len(out[f"{split}_labels"])
     if n_img != n_lab:

@@ -98,6 +98,10 @@ def load_text_file(path: str | os.PathLike) -> bytes:
   return data
 
 
+#: The files of a token-bin directory: (training tokens, validation tokens).
+TOKEN_BIN_FILES = ("train.bin", "val.bin")
+
+
 def load_token_bins(data_dir: str | os.PathLike
                     ) -> tuple[np.memmap, np.memmap]:
   """Memory-maps nanoGPT-style ``train.bin`` and ``val.bin``.
@@ -118,7 +122,7 @@ def load_token_bins(data_dir: str | os.PathLike
   """
   data_dir = os.fspath(data_dir)
   out = []
-  for name in ("train.bin", "val.bin"):
+  for name in TOKEN_BIN_FILES:
     path = os.path.join(data_dir, name)
     if not os.path.isfile(path):
       raise sharding.DataNotFoundError(

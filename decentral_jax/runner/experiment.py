@@ -61,6 +61,7 @@ from decentral_jax import analysis
 from decentral_jax.runner import agreement
 from decentral_jax.runner import builders
 from decentral_jax.runner import custom_task
+from decentral_jax.runner import data_files
 from decentral_jax.runner import methods
 from decentral_jax.runner import evaluation
 from decentral_jax.runner import fault_run
@@ -222,6 +223,9 @@ class Experiment:
       (:class:`~decentral_jax.runner.evaluation.Evaluator`).
     faults: the run's fault schedule and rules
       (:func:`decentral_jax.runner.fault_run.make`), or None.
+    data_files: the fingerprint of the data files the task read
+      (:func:`decentral_jax.runner.data_files.fingerprint`; ``{}`` for
+      ``pydoc`` and a data source of your own).
   """
 
   def __init__(self, config: config_dict.ConfigDict, *,
@@ -297,6 +301,7 @@ class Experiment:
         gathered=(1,) if multi_process else (),
         platform=parallel.device_mesh(self.mesh).devices.flat[0].platform)
     self.faults = fault_run.make(c)  # config.faults, or None
+    self.data_files = data_files.fingerprint(c)  # once, stored per checkpoint
     self.evaluator = evaluation.Evaluator(
         c, task=self.task, mesh=self.mesh, axis_name=self.axis_name,
         n_workers=n, local_batch=self.local_batch)

@@ -23,6 +23,7 @@ import numpy as np
 from decentral_jax import records
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config_groups
+from decentral_jax.runner import data_files
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import meta_derived
 from decentral_jax.runner import methods
@@ -74,8 +75,9 @@ RESUME_FREE = ("steps", "schedule", "eval_interval", "log_interval",
                "tensorboard", "tracker", "workdir", "micro_batches",
                "model.remat", "bucket_bytes", "gossip_rounds", "distributed",
                "devices_per_worker", "workers_per_device", "worker_layout",
-               # Where the data is (a moved file, a registered source's own
-               # options such as more batches) and what evaluation reads.
+               # Where the data is (a moved file: the files' content is
+               # compared, data_files; a registered source's own options
+               # such as more batches) and what evaluation reads.
                "data.path", "data.options", "eval_batches")
 
 
@@ -485,6 +487,8 @@ def meta_error(meta, step: int | None = None,
   signed = metrics_rules.losses_signed(
       model.get("name") if isinstance(model, dict) else None)
   return _window_error(meta.get("metrics_window"), meta["step"], signed) or (
+      data_files.stored_error(meta["data_files"]) if "data_files" in meta
+      else None) or (
       metrics_resume.log_schedule_error(
           meta.get(metrics_resume.SCHEDULE_KEY), meta["step"],
           meta.get("config"))) or (
@@ -511,7 +515,8 @@ def check_run_meta(meta, where: str, step: int | None = None,
   values in a list: the run computes them in float32; empty at a step
   the stored config logs, else not, and ``lr`` the stored schedule's at
   ``step``: :mod:`~decentral_jax.runner.meta_derived`); ``log_schedule``
-  (optional) as :func:`metrics_resume.log_schedule_error` states. With ``like``
+  (optional) as :func:`metrics_resume.log_schedule_error` states;
+  ``data_files`` (optional) as :func:`data_files.stored_error` states. With ``like``
   the document must hold every key its format's writers write
   (:data:`CONFIG_FORMAT_KEYS`, or :data:`OLD_FORMAT_KEYS` without
   ``config``: a missing key is damage, never a field left uncompared);

@@ -27,6 +27,7 @@ from ml_collections import config_dict
 from decentral_jax import parallel
 from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import data_files
 from decentral_jax.runner import fault_run
 from decentral_jax.runner import field_rules
 from decentral_jax.runner import methods
@@ -110,6 +111,8 @@ def checkpoint_meta(exp, step: int) -> dict:
                         if exp.layout.devices_per_worker > 1 else ""),
       # The fault schedule and rules ({} without config.faults.enabled).
       "faults": fault_run.resume_meta(c, exp.faults),
+      # Size and SHA-256 of the ends of each data file (data_files).
+      "data_files": exp.data_files,
       # Where the workers ran (informative: a resume may change it).
       "layout": worker_layout_meta(exp),
       # The registered methods' own fields (Method.config_fields).
@@ -162,7 +165,11 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
   first, saying why (:func:`check_elastic_resume`). The memory controls
   ``micro_batches`` and ``model.remat`` may change too (the same step up
   to float32 rounding), and so may the fields of :data:`RESUME_FREE`;
-  any other field of the stored ``config`` that differs is refused.
+  any other field of the stored ``config`` that differs is refused, and so
+  are data files other than the checkpoint's (``data_files``: size and
+  SHA-256 of the first and last MiB of each,
+  :mod:`~decentral_jax.runner.data_files`; a checkpoint without it is not
+  compared).
   Fields the run does not read are not compared. A top-level key an older
   format lacks counts as its value in ``RESUME_DEFAULTS`` (a method's own
   declared field: its ``ConfigField.default``); a key its format requires
@@ -178,7 +185,9 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
     directory: the checkpoint directory, for the messages.
 
   Raises:
-    ValueError: the first field that differs, named with both values.
+    ValueError: the first field that differs, named with both values;
+      other data, naming ``config.data.path`` and the first file that
+      differs.
   """
   mine = checkpoint_meta(exp, meta.get("step", 0))
   check_elastic_resume(meta, mine, directory)
@@ -206,6 +215,13 @@ def check_resumable(exp, meta: dict, directory: str) -> None:
           "resume with the same value or use a fresh --workdir.")
   _check_other_fields(exp.config, meta.get("config"), mine["config"],
                       directory)
+  why = data_files.resume_mismatch(meta.get("data_files"), mine["data_files"])
+  if why is not None:
+    raise ValueError(
+        f"the checkpoint in {directory} was trained on other data than this "
+        f"run's config.data.path={exp.config.data.get('path')!r} ({why}); "
+        "resume with the original data (a moved copy of it resumes) or use "
+        "a fresh --workdir.")
   _warn_changed_lr(meta, mine, directory)
 
 
