@@ -41,6 +41,7 @@ command-line programs call).
 
 from __future__ import annotations
 
+import copy
 import errno
 import logging
 import os
@@ -422,12 +423,15 @@ class Checkpointer:
     Args:
       step: checkpoint number (completed training steps), int >= 0.
       state: pytree of jax arrays (sharded arrays are saved shard by shard).
-      meta: JSON-serialisable dict.
+      meta: JSON-serialisable dict, copied when the save starts (the write
+        runs in the background while the caller goes on changing its own
+        lists, e.g. the losses of the next steps' log window).
 
     Raises:
       CheckpointWriteError: this save, or the previous one, failed.
     """
     self.wait()
+    meta = copy.deepcopy(meta)
     self._pending = self._saving = int(step)
     before = set(threading.enumerate())
     try:

@@ -350,3 +350,26 @@ def test_a_log_written_before_a_lowered_peak_stays_whole(tmp_path, caplog):
     meta = ckpt.restore_meta(10)
   assert meta[metrics_resume.SCHEDULE_KEY] == [[0, 1, 0, 3e-3],
                                                [6, 1, 0, 4e-4]]
+
+
+def test_a_save_writes_the_document_as_it_was_when_the_save_started(
+    tmp_path, monkeypatch):
+  """The log window's lists go on growing while Orbax writes in the
+  background: the document written is the one of the save's step (a later
+  step's losses in it made a genuine checkpoint look corrupt)."""
+  handed = []
+  real = checkpoint.ocp.args.JsonSave
+
+  def spy(item):
+    handed.append(item)
+    return real(item)
+
+  monkeypatch.setattr(checkpoint.ocp.args, "JsonSave", spy)
+  window = {"losses": [2.5], "accs": []}
+  meta = {"step": 3, "metrics_window": window}
+  with checkpoint.Checkpointer(str(tmp_path / "c")) as ckpt:
+    ckpt.save(3, {"x": np.zeros(2, np.float32)}, meta)
+    window["losses"].append(9.0)  # the next step, while the write runs
+    ckpt.wait()
+    assert handed[0]["metrics_window"]["losses"] == [2.5]
+    assert ckpt.restore_meta(3)["metrics_window"]["losses"] == [2.5]
