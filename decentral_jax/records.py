@@ -7,7 +7,8 @@ number of it is used. A reader returns either the checked content or a
 :class:`Damaged` that names the file, the key and what is wrong, in one
 line; the caller decides what a damaged file means: treated as missing (a
 kept run whose record is damaged is trained again, with a one-line warning)
-or refused (one ``error:`` line naming the file and the key).
+or refused (one ``error:`` line naming the file and the key). A key given
+twice in one JSON object is damage in every file (no writer writes one).
 
 A schema maps each key of a JSON object to a field ``(kind, lo, hi,
 nullable)``:
@@ -208,10 +209,27 @@ def read_bytes(path: str, max_bytes: int = MAX_FILE_BYTES) -> bytes | Damaged:
   return raw
 
 
+class _RepeatedKey(Exception):
+  """A key given twice in one JSON object (``args[0]`` the key)."""
+
+
+def _unique_keys(pairs: list) -> dict:
+  """``object_pairs_hook`` of :func:`parse_json`: the object, or
+  :class:`_RepeatedKey` for its first key given twice."""
+  obj = {}
+  for key, value in pairs:
+    if key in obj:
+      raise _RepeatedKey(key)
+    obj[key] = value
+  return obj
+
+
 def parse_json(raw: bytes, path: str):
   """The JSON value of ``raw`` (the bytes of ``path``), or :class:`Damaged`:
-  not UTF-8, empty, not JSON (truncated, binary), nested too deeply, or
-  holding an integer longer than Python converts (4,300 digits)."""
+  not UTF-8, empty, not JSON (truncated, binary), nested too deeply,
+  holding an integer longer than Python converts (4,300 digits), or an
+  object holding a key twice (``key`` that key; no writer writes one, and
+  which value was meant is unknown)."""
   try:
     text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -220,7 +238,10 @@ def parse_json(raw: bytes, path: str):
   if not text.strip():
     return Damaged(path, "is not JSON: the file is empty")
   try:
-    return json.loads(text)
+    return json.loads(text, object_pairs_hook=_unique_keys)
+  except _RepeatedKey as e:
+    return Damaged(path, f"holds the key {e.args[0]!r} twice in one object; "
+                   "keep one", key=e.args[0])
   except json.JSONDecodeError as e:
     return Damaged(path, f"is not JSON: {e}")
   except RecursionError:
@@ -284,7 +305,7 @@ def parse_jsonl(data: bytes, path: str,
   """The records of the JSON-lines bytes ``data`` (of the file ``path``).
 
   Blank lines are skipped. A last line without its newline that is not
-  JSON is a write cut short (the run died while writing it): it is left
+  JSON (one holding a key twice is JSON: damage) is a write cut short (the run died while writing it): it is left
   out (``Lines.torn``). Any other line that is not a JSON object, or that
   ``check`` refuses, makes the file :class:`Damaged` (its ``key`` the
   ``"line N"`` at fault, its reason starting with it).
@@ -299,7 +320,7 @@ def parse_jsonl(data: bytes, path: str,
     if not isinstance(record, (dict, Damaged)):
       record = Damaged(path, "is not a JSON object")
     if isinstance(record, Damaged):
-      if number == len(lines) + 1:  # no newline: the write was cut short
+      if number == len(lines) + 1 and record.key is None:  # write cut short
         torn = number
         break
       why = record.reason.removeprefix("is ")

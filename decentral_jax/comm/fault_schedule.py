@@ -335,6 +335,8 @@ def _read_trace(path: str, n: int) -> list[tuple]:
                      "file.")
   data = records.parse_json(raw, path)
   if isinstance(data, records.Damaged):
+    if data.key is not None:  # a key given twice
+      raise ValueError(f"{where}: {data.reason}.")
     why = data.reason.removeprefix("is not JSON: ").removeprefix("is ")
     raise ValueError(f"{where}: not a JSON file: {why[:120]}")
   if not isinstance(data, dict):

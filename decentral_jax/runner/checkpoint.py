@@ -309,12 +309,18 @@ class Checkpointer:
     return check_checkpoint(self.step_dir(step))
 
   def _quarantine(self, step: int) -> str:
+    """Renames checkpoint ``step`` to the first free ``<step>.corrupt``,
+    ``<step>.corrupt-2``, ... (a dangling link there is not free); a
+    failed rename is a one-line ``workdir.PathError``."""
     src = self.step_dir(step)
     dst, n = src + ".corrupt", 1
-    while os.path.exists(dst):
+    while os.path.lexists(dst):
       n += 1
       dst = f"{src}.corrupt-{n}"
-    os.rename(src, dst)
+    try:
+      os.rename(src, dst)
+    except OSError as e:
+      raise workdir_lib.path_error("move", f"{src} to {dst}", e) from None
     return dst
 
   def select_restore_step(self, check=None) -> int | None:
@@ -336,7 +342,8 @@ class Checkpointer:
 
     Raises:
       CheckpointError: checkpoints exist but none is intact (nothing is
-        moved; the message lists them and says what to do).
+        moved; the message lists them and says what to do), or a corrupt
+        one cannot be moved away (one line naming both names).
     """
     answer = ""
     if self._main:
@@ -352,7 +359,11 @@ class Checkpointer:
         if status == "unverified":
           logging.warning("checkpoint %d in %s has %s; restoring it "
                           "unverified.", step, self.step_dir(step), why)
-        moved = [(s, why, self._quarantine(s)) for s, why in bad]
+        try:
+          moved = [(s, why, self._quarantine(s)) for s, why in bad]
+        except workdir_lib.PathError as e:  # every process gets the error
+          answer = f"error:{e}; move the corrupt one away and run again."
+          break
         for s, why, dst in moved:
           logging.warning(
               "checkpoint %d (%s) is corrupt: %s; moved it to %s and "

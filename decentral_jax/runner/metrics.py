@@ -169,6 +169,55 @@ WANDB_ID_FILE = "wandb_run_id"
 TRACKER_FILES = ("wandb", WANDB_ID_FILE)
 
 
+# The characters of a W&B run id (W&B refuses an empty one and :;,#?/').
+_WANDB_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def wandb_run_id(workdir: str) -> str:
+  """The W&B run id kept in ``<workdir>/wandb_run_id``; a new 12-character
+  hex id, written there atomically, when the file does not exist.
+
+  Raises:
+    ValueError: the file is not a regular file, cannot be read, is not
+      UTF-8, or is not one id of 1 to 64 ASCII letters, digits, ``_`` or
+      ``-`` (e.g. empty); one line naming it: move it away (a new W&B run
+      is started) and run again.
+    workdir.PathError: the new id cannot be written.
+  """
+  id_path = os.path.join(workdir, WANDB_ID_FILE)
+  why = workdir_lib.not_regular_error(id_path)  # a FIFO blocks the open
+  raw = b"" if why else records_lib.read_bytes(id_path, max_bytes=4096)
+  if isinstance(raw, records_lib.Damaged) and raw.missing:
+    run_id = uuid.uuid4().hex[:12]
+    try:
+      tmpfile.replace(id_path, run_id + "\n")
+    except OSError as e:
+      raise workdir_lib.path_error("write", id_path, e) from None
+    return run_id
+  if not why:
+    why = _wandb_id_error(raw)
+  if why:
+    raise ValueError(f"{id_path} {why}; move it away (a new W&B run is "
+                     "started) and run again.")
+  return raw.decode("ascii").strip()
+
+
+def _wandb_id_error(raw) -> str | None:
+  """Why the bytes ``raw`` (or a Damaged read) are no W&B run id."""
+  if isinstance(raw, records_lib.Damaged):
+    return raw.reason
+  try:
+    text = raw.decode("utf-8").strip()
+  except UnicodeDecodeError as e:
+    return f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})"
+  if not text:
+    return "is empty"
+  if not _WANDB_ID.fullmatch(text):
+    return (f"holds {records_lib.short(text)}, not a W&B run id (1 to 64 "
+            "ASCII letters, digits, _ or -)")
+  return None
+
+
 class WandbTracker:
   """Logs metrics records to a Weights & Biases run.
 
@@ -188,21 +237,7 @@ class WandbTracker:
       raise ValueError(
           "config.tracker='wandb' needs the wandb package: `pip install -r "
           "requirements-extras.txt`, or set --config.tracker=''.") from None
-    id_path = os.path.join(workdir, WANDB_ID_FILE)
-    why = workdir_lib.not_regular_error(id_path)  # a FIFO blocks the open
-    if why:
-      raise ValueError(f"{id_path} {why}; move it away (a new W&B run is "
-                       "started) and run again.")
-    try:
-      with open(id_path, encoding="utf-8") as f:
-        run_id = f.read().strip()
-    except OSError:
-      run_id = uuid.uuid4().hex[:12]
-      try:
-        with open(id_path, "w", encoding="utf-8") as f:
-          f.write(run_id + "\n")
-      except OSError as e:
-        raise workdir_lib.path_error("write", id_path, e) from None
+    run_id = wandb_run_id(workdir)
     try:
       self._run = wandb.init(
           project=os.environ.get("WANDB_PROJECT", "decentral_jax"),

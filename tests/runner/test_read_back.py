@@ -373,3 +373,75 @@ def test_a_save_writes_the_document_as_it_was_when_the_save_started(
     ckpt.wait()
     assert handed[0]["metrics_window"]["losses"] == [2.5]
     assert ckpt.restore_meta(3)["metrics_window"]["losses"] == [2.5]
+
+
+@pytest.mark.parametrize("text, key", [
+    ('{"events": [1], "events": []}', "events"),
+    ('{"events": [{"state": "dead", "worker": 3, "state": "slow"}]}',
+     "state"),
+    ('[{"a": {"b": 1, "b": 1}}]', "b"),  # even the same value twice
+])
+def test_a_key_given_twice_is_damage_naming_the_key(text, key):
+  """json.loads keeps the last of a repeated key; which value was meant is
+  unknown, so every reader of parse_json refuses the file, naming the key."""
+  got = records.parse_json(text.encode(), "f.json")
+  assert isinstance(got, records.Damaged), got
+  assert got.key == key, got
+  assert str(got) == f"f.json: holds the key '{key}' twice in one object; " \
+      "keep one", got
+
+
+def test_a_metrics_line_with_a_key_twice_is_damage(tmp_path):
+  rows = "".join(json.dumps(r) + "\n" for r in GOOD).splitlines(True)
+  rows[2] = rows[2].replace('"train/loss": 5.4', '"train/loss": 5.4, '
+                            '"train/loss": 1.0')
+  assert rows[2].count("train/loss") == 2
+  (tmp_path / metrics.METRICS_FILE).write_text("".join(rows))
+  text = _resume_error(str(tmp_path))
+  assert "line 3: not a JSON record (holds the key 'train/loss' twice" \
+      in text, text
+  # A last line without its newline is a torn write only if it is not
+  # JSON; one holding a key twice is no torn write of any writer.
+  got = records.parse_jsonl(b'{"step": 1}\n{"step": 2, "step": 3}', "m")
+  assert isinstance(got, records.Damaged) and got.key == "line 2", got
+
+
+def _corrupt_newest(tmp_path) -> str:
+  """checkpoints/3 intact, checkpoints/5 failing its checksum."""
+  root = tmp_path / "checkpoints"
+  for step in (3, 5):
+    (root / str(step)).mkdir(parents=True)
+    (root / str(step) / "a").write_text("a")
+    workdir_lib.write_sums(str(root / str(step)))
+  (root / "5" / "a").write_text("b")
+  return str(root)
+
+
+def test_a_dangling_link_at_the_corrupt_name_is_not_free(tmp_path):
+  """os.path.exists is False for a dangling link; renaming a directory
+  onto it fails (ENOTDIR). The next free name is used."""
+  root = _corrupt_newest(tmp_path)
+  os.symlink(str(tmp_path / "nowhere"), os.path.join(root, "5.corrupt"))
+  with checkpoint.Checkpointer(root) as ckpt:
+    assert ckpt.select_restore_step() == 3
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt", "5.corrupt-2"]
+  assert os.path.islink(os.path.join(root, "5.corrupt"))
+
+
+def test_a_corrupt_checkpoint_that_cannot_be_moved_is_one_line(
+    tmp_path, monkeypatch):
+  import errno  # pylint: disable=import-outside-toplevel
+  root = _corrupt_newest(tmp_path)
+
+  def rename(src, dst):
+    raise OSError(errno.EXDEV, "Invalid cross-device link", src)
+
+  monkeypatch.setattr(checkpoint.os, "rename", rename)
+  with checkpoint.Checkpointer(root) as ckpt:
+    with pytest.raises(checkpoint.CheckpointError) as info:
+      ckpt.select_restore_step()
+  text = str(info.value)
+  src = os.path.join(root, "5")
+  assert text == (f"cannot move {src} to {src}.corrupt: Invalid "
+                  "cross-device link (EXDEV); move the corrupt one away "
+                  "and run again."), text

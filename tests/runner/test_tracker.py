@@ -120,3 +120,35 @@ def test_a_tracker_wandb_refuses_to_start_is_one_line(tmp_path, monkeypatch):
           "40+ characters, has 5.") in text, text
   for fix in ("wandb login", "WANDB_MODE=offline", "--config.tracker=''"):
     assert fix in text, text
+
+
+@pytest.mark.parametrize("content, why", [
+    (b"\xff\xfe\n", "is not UTF-8 text (byte 0xff at offset 0)"),
+    (b"", "is empty"),  # a run stopped between the open and the write
+    (b"ab/c d\n", "holds 'ab/c d', not a W&B run id"),
+    (b"x" * 65, "not a W&B run id (1 to 64"),
+])
+def test_a_damaged_wandb_run_id_is_one_line_naming_it(tmp_path, content,
+                                                      why):
+  from decentral_jax.runner import metrics  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.WANDB_ID_FILE
+  path.write_bytes(content)
+  with pytest.raises(ValueError) as e:
+    metrics.wandb_run_id(str(tmp_path))
+  text = str(e.value)
+  assert "\n" not in text and text.startswith(f"{path} ") and why in text, \
+      text
+  assert text.endswith("; move it away (a new W&B run is started) and run "
+                       "again."), text
+  assert path.read_bytes() == content  # nothing is rewritten
+
+
+def test_the_wandb_run_id_is_kept_and_reread(tmp_path):
+  from decentral_jax.runner import metrics  # pylint: disable=import-outside-toplevel
+  run_id = metrics.wandb_run_id(str(tmp_path))
+  assert len(run_id) == 12 and set(run_id) <= set("0123456789abcdef")
+  assert sorted(os.listdir(tmp_path)) == [metrics.WANDB_ID_FILE]  # no .tmp
+  assert (tmp_path / metrics.WANDB_ID_FILE).read_text() == run_id + "\n"
+  assert metrics.wandb_run_id(str(tmp_path)) == run_id
+  (tmp_path / metrics.WANDB_ID_FILE).write_text("Run_1-a\n")
+  assert metrics.wandb_run_id(str(tmp_path)) == "Run_1-a"
