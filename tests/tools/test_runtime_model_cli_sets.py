@@ -131,3 +131,18 @@ def test_measure_refuses_a_task_error_before_timing_in_set_spelling(
                          "global_batch or --set model.block_size."), err
   assert "--config." not in err[0], err
   assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("command", ["measure", "calibrate"])
+def test_one_field_set_twice_is_refused(no_work, capsys, command, tmp_path):
+  # --set may repeat (one field each); the same field twice ran with the
+  # last value and recorded both.
+  out = ["--out", str(tmp_path / "c.json")] if command == "measure" else []
+  assert cli.main([command, *out, "--config", "gpt_tiny", "--set",
+                   "n_workers=2", "--set", "n_workers=4"]) == 2
+  assert _errors(capsys) == [
+      "error: --set n_workers=4: config.n_workers is given twice "
+      "(--set n_workers=2, then --set n_workers=4); give it once."]
+  assert cli.main([command, *out, "--config", "gpt_tiny", "--set",
+                   "n_workers=2", "--set", "global_batch=4"]) == 2
+  assert _errors(capsys) == ["error: reached"]

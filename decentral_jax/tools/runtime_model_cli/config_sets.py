@@ -52,13 +52,15 @@ def _reads(command: str, field: str) -> bool:
 
 
 def check_sets(command: str, sets) -> None:
-  """Refuses a ``--set`` entry that is not ``FIELD=VALUE`` or names a
-  field ``command`` does not read (:data:`READS`).
+  """Refuses a ``--set`` entry that is not ``FIELD=VALUE``, names a
+  field ``command`` does not read (:data:`READS`), or sets a field an
+  earlier entry set (only the last would count).
 
   Raises:
-    ValueError: one line naming the entry, why, and the fields read.
+    ValueError: one line naming the entry, why, and the fix.
   """
   reads, why = READS[command]
+  given = {}
   for item in sets:
     field, eq, _ = str(item).partition("=")
     field = field.strip()
@@ -75,6 +77,11 @@ def check_sets(command: str, sets) -> None:
       raise ValueError(
           f"--set {item}: {command} does not read config.{field} ({why}); "
           f"drop it (it reads {names}).")
+    if field in given:
+      raise ValueError(f"--set {item}: config.{field} is given twice "
+                       f"(--set {given[field]}, then --set {item}); give it "
+                       "once.")
+    given[field] = item
 
 
 @contextlib.contextmanager
