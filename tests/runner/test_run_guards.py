@@ -306,6 +306,7 @@ def fixture_no_wandb_key(monkeypatch, tmp_path):
   return tmp_path
 
 
+@pytest.mark.slow  # needs wandb (requirements-extras.txt, as the slow tier)
 def test_wandb_without_a_key_is_refused_before_training(no_wandb_key,
                                                         monkeypatch):
   """It passed the check and ended in wandb's UsageError traceback."""

@@ -114,6 +114,7 @@ def test_an_empty_workdir_is_refused_before_any_work(capsys, tmp_path,
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow  # writes ArrayRecord files: grain (requirements-extras.txt)
 def test_a_preempted_run_is_one_line_and_its_signal_exit_code(
     capsys, tmp_path, monkeypatch):
   """SIGTERM ended in a traceback of ``Preempted``."""
