@@ -16,6 +16,7 @@ config are in :mod:`decentral_jax.runner.validation`.
 
 from __future__ import annotations
 
+import difflib
 import importlib.machinery
 import importlib.util
 import os
@@ -201,7 +202,12 @@ def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
     node = base
     for part in key.split("."):
       if not isinstance(node, config_dict.ConfigDict) or part not in node:
-        raise ValueError(f"{arg}: unknown config field {key!r} in {source}.")
+        near = (difflib.get_close_matches(part, list(node.keys()), n=1)
+                if isinstance(node, config_dict.ConfigDict) else [])
+        hint = (f" (did you mean {key[:len(key) - len(part)]}{near[0]}?)"
+                if near and key.endswith(part) else "")
+        raise ValueError(f"{arg}: unknown config field {key!r} in "
+                         f"{source}{hint}.")
       node = node[part]
   raise ValueError(f"{source}: {config_error_message(error)}")
 

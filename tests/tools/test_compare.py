@@ -829,6 +829,12 @@ def test_the_default_configs_are_package_presets_without_a_checkout(
     compare_flags.load_base(compare_flags.QUICK_CONFIG, ["--config.nope=1"])
   assert str(info.value) == ("--config.nope=1: unknown config field 'nope' "
                              "in the gpt_quick preset.")
+  with pytest.raises(ValueError) as info:  # a near miss names the field
+    compare_flags.load_base(compare_flags.QUICK_CONFIG,
+                            ["--config.model.n_embed=8"])
+  assert str(info.value) == (
+      "--config.model.n_embed=8: unknown config field 'model.n_embed' in "
+      "the gpt_quick preset (did you mean model.n_embd?).")
 
 
 @pytest.mark.parametrize("argv, words", [
