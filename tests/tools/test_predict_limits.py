@@ -340,3 +340,18 @@ def test_an_intra_node_link_the_file_did_not_measure_is_labelled(tmp_path):
   assert code == 0, err
   assert ("intra 10 GB/s (by --intra-GBps; the file measured no intra-node "
           "link)") in out, out
+
+
+def test_a_one_node_file_past_its_node_names_the_fixes_that_work(tmp_path):
+  # 6 workers of a 4-device one-node file: a multiple of 4 or --local-size
+  # 3 spans nodes, which the file's unmeasured inter-node link refuses too.
+  path = _one_node_file(tmp_path, 4, 4)
+  code, _, err = _predict("--cluster", path, "--n-workers", "6",
+                          "--steps", "20")
+  assert code == 2, err
+  assert err.strip().splitlines() == [
+      "error: --n-workers 6 is not a multiple of the cluster file's 4 "
+      "workers per node; give --n-workers a multiple of 4 (e.g. 8) or "
+      "--local-size 3, with --nic-Gbps and --inter-latency-us (the file "
+      "measured one node, no inter-node link); or at most 4 workers, on "
+      "its node."]

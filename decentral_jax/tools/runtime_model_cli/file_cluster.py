@@ -116,9 +116,15 @@ def from_cluster_file(data: dict, args, n: int):
       data["cluster"].get("n_workers", n) <= kw["local_size"]:
     kw["local_size"] = n  # measured on one node: part of it, as a preset
   if n % kw["local_size"]:
-    raise ValueError(inputs.not_a_multiple(
+    why = inputs.not_a_multiple(
         n, kw["local_size"], 1,
-        f"the cluster file's {kw['local_size']} workers per node"))
+        f"the cluster file's {kw['local_size']} workers per node")
+    if data["cluster"].get("n_workers", n) <= kw["local_size"] and not (
+        {"--nic-Gbps", "--inter-latency-us"} <= given):
+      why = (f"{why[:-1]}, with --nic-Gbps and --inter-latency-us (the "
+             "file measured one node, no inter-node link); or at most "
+             f"{data['cluster'].get('n_workers', n)} workers, on its node.")
+    raise ValueError(why)
   c = Cluster(**kw)
   flags_w = dataclasses.asdict(inputs.workload_from_args(args))
   over = {f: flags_w[f] for flag, f in inputs.WORKLOAD_FIELDS.items()
