@@ -9,8 +9,9 @@ and warns of records lost before the checkpoint (:func:`lost_warning`).
 
 A checkpoint's document records the history of the log schedule
 (:data:`SCHEDULE_KEY`: segments ``[from_step, log_interval,
-eval_interval, peak_lr]``, :func:`schedule_history`), since a resume may
-change the intervals and the learning rate's peak; a resume then names
+eval_interval, peak_lr]``, a closed one with the step its invocation
+ended at, :func:`schedule_history`), since a resume may change the
+intervals and the learning rate's peak; a resume then names
 every step that history logs up to the checkpoint and the kept log lacks
 (:func:`scheduled_steps`), and checks each record's ``lr`` against its
 segment's ``schedule.peak_lr`` (:func:`peak_at`; a segment of three,
@@ -88,8 +89,8 @@ SCHEDULE_KEY = "log_schedule"
 
 
 def schedule_history(history, start: int, log_interval: int,
-                     eval_interval: int, peak_lr: float | None = None
-                     ) -> list[list]:
+                     eval_interval: int, peak_lr: float | None = None,
+                     restored_steps: int | None = None) -> list[list]:
   """The log schedule's history that a run started at step ``start`` (0: a
   fresh run) records with its checkpoints.
 
@@ -100,12 +101,22 @@ def schedule_history(history, start: int, log_interval: int,
   the steps after its ``from_step`` (0: also step 0's evaluation, with
   ``eval_interval > 0``) up to the next segment's ``from_step``, each
   record's ``lr`` at most the segment's ``schedule.peak_lr`` (left out
-  with ``peak_lr`` None: not known). Its segments from ``start`` on are
-  dropped, and ``[start, log_interval, eval_interval, peak_lr]`` is
-  appended unless the last segment has those values."""
+  with ``peak_lr`` None: not known). A closed segment ``[from_step,
+  log_interval, eval_interval, peak_lr or None, last_step]`` also logs
+  ``last_step``, the step its invocation ended at (its ``config.steps``,
+  logged on no interval too), which is the next segment's ``from_step``.
+  Its segments from ``start`` on are dropped; with ``restored_steps``
+  (the restored document's ``config.steps``) equal to ``start``, the
+  invocation that saved it ran to its end, so the last kept segment is
+  closed at ``start``; then ``[start, log_interval, eval_interval,
+  peak_lr]`` is appended unless the last segment is open with those
+  values."""
   values = [int(log_interval), int(eval_interval)]
   values += [] if peak_lr is None else [float(peak_lr)]
   kept = [list(seg) for seg in history or () if seg[0] < start]
+  if kept and start > 0 and restored_steps == start:
+    seg = kept[-1]
+    kept[-1] = [*seg[:3], seg[3] if len(seg) > 3 else None, int(start)]
   if not kept or kept[-1][1:] != values:
     kept.append([int(start), *values])
   return kept
@@ -133,13 +144,28 @@ def logged_lr_error(row: dict, history) -> str | None:
 def _segment_ok(seg) -> bool:
   """Whether ``seg`` is ``[from_step >= 0, log_interval >= 1,
   eval_interval >= 0]`` integers, then an optional finite ``peak_lr >=
-  0``."""
-  if not isinstance(seg, list) or len(seg) not in (3, 4):
+  0`` (null too when closed), then an optional integer ``last_step >
+  from_step``."""
+  if not isinstance(seg, list) or len(seg) not in (3, 4, 5):
     return False
   ints = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
              for v in seg[:3])
-  peak = len(seg) == 3 or (records.is_real(seg[3]) and seg[3] >= 0)
-  return ints and peak and seg[1] >= 1
+  peak = len(seg) == 3 or (records.is_real(seg[3]) and seg[3] >= 0) or (
+      len(seg) == 5 and seg[3] is None)
+  end = len(seg) < 5 or (isinstance(seg[4], int) and not isinstance(
+      seg[4], bool) and ints and seg[4] > seg[0])
+  return ints and peak and end and seg[1] >= 1
+
+
+def _ends_error(history) -> str | None:
+  """Why a closed segment of ``history`` is not followed by one starting
+  at its ``last_step`` (:func:`schedule_history` writes so), or None."""
+  for seg, nxt in zip(history, history[1:] + [None]):
+    if len(seg) == 5 and (nxt is None or nxt[0] != seg[4]):
+      return (f"{SCHEDULE_KEY}'s closed segment {seg} must be followed by "
+              f"one from its last_step {seg[4]}, got "
+              f"{'none' if nxt is None else nxt}")
+  return None
 
 
 def log_schedule_error(history, step: int, config=None) -> str | None:
@@ -155,9 +181,12 @@ def log_schedule_error(history, step: int, config=None) -> str | None:
   starts = [seg[0] for seg in history] if good else []
   if not good or starts != sorted(set(starts)) or starts[-1] > step:
     return (f"{SCHEDULE_KEY} must be a list of [from_step, log_interval >= "
-            f"1, eval_interval >= 0] integer segments (then peak_lr >= 0), "
-            f"from_step increasing and at most the step {step}, got "
-            f"{records.short(history)}")
+            f"1, eval_interval >= 0] integer segments (then peak_lr >= 0, "
+            f"then last_step > from_step), from_step increasing and at most "
+            f"the step {step}, got {records.short(history)}")
+  why = _ends_error(history)
+  if why:
+    return why
   ints = [field(config, k) for k in ("log_interval", "eval_interval")]
   if all(isinstance(v, int) for v in ints) and history[-1][1:3] != ints:
     return (f"{SCHEDULE_KEY}'s last segment {history[-1]} disagrees with "
@@ -173,16 +202,19 @@ def log_schedule_error(history, step: int, config=None) -> str | None:
 
 def scheduled_steps(history: list, step: int) -> list[int]:
   """The steps up to ``step`` that the log schedule's ``history``
-  (:func:`schedule_history`) logs, by its intervals: a multiple of a
-  segment's ``log_interval`` or ``eval_interval`` after its ``from_step``
-  and up to the next segment's, and 0 if the first segment starts there
-  with ``eval_interval > 0`` (the run's last step, logged too, is
+  (:func:`schedule_history`) logs, ascending: a multiple of a segment's
+  ``log_interval`` or ``eval_interval`` after its ``from_step`` and up to
+  the next segment's, a closed segment's ``last_step`` (its invocation's
+  last), and 0 if the first segment starts there with ``eval_interval >
+  0`` (the checkpoint's own invocation's last step, logged too, is
   :func:`last_logged`'s)."""
   out = [0] if history[0][0] == 0 and history[0][2] > 0 else []
   ends = [seg[0] for seg in history[1:]] + [step]
-  for (lo, log, ev, *_), hi in zip(history, ends):
+  for (lo, log, ev, *rest), hi in zip(history, ends):
     out += [t for t in range(lo + 1, min(hi, step) + 1)
             if t % log == 0 or (ev > 0 and t % ev == 0)]
+    if len(rest) == 2 and rest[1] <= step and rest[1] not in out[-1:]:
+      out.append(rest[1])
   return out
 
 
@@ -208,8 +240,10 @@ def lost_warning(path: str, kept: list[dict], step: int,
     missing += [want] if want is not None and want > max(
         [have, *missing]) else []
     if missing and missing[0] < have:
+      sizes = {len(seg) for seg in history}
       fields = "from_step, log_interval, eval_interval" + (
-          ", peak_lr" if any(len(seg) == 4 for seg in history) else "")
+          ", peak_lr" if max(sizes) > 3 else "") + (
+          ", last_step when closed" if 5 in sizes else "")
       lost = (f"the record of step {missing[0]} is" if len(missing) == 1
               else f"the records of steps {_steps_text(missing)} are")
       return (f"{path} lacks records the checkpoint's log schedule "

@@ -307,7 +307,8 @@ def _loop(c, workdir: str, exp: Experiment, ckpt: checkpoint_lib.Checkpointer,
   eval_every, ckpt_every = int(c.eval_interval), int(c.checkpoint_interval)
   log_every = int(c.log_interval)
   history = metrics_resume.schedule_history(
-      restored, start, log_every, eval_every, float(c.schedule.peak_lr))
+      restored, start, log_every, eval_every, float(c.schedule.peak_lr),
+      metrics_resume.field((meta or {}).get("config"), "steps"))
   with recorder_lib.Recorder(exp, ckpt, c, workdir, start, time_offset,
                              window_state, main, history) as recorder:
     if start == 0 and eval_every:  # the common starting point of all runs

@@ -437,12 +437,34 @@ def test_the_log_schedule_history(history, start, log, ev, want):
   assert metrics_resume.schedule_history(history, start, log, ev) == want
 
 
+@pytest.mark.parametrize("history, start, restored_steps, want", [
+    # the invocation ran to its steps=10 and logged step 10: closed there,
+    # a new segment from 10 even with the same intervals
+    ([[0, 3, 0, 1e-3]], 10, 10, [[0, 3, 0, 1e-3, 10], [10, 3, 0, 1e-3]]),
+    # stopped at 10 of its 20 (preempted): step 10 unlogged, not closed
+    ([[0, 3, 0, 1e-3]], 10, 20, [[0, 3, 0, 1e-3]]),
+    # a segment written before peaks were recorded: closed with a null peak
+    ([[0, 3, 0]], 10, 10, [[0, 3, 0, None, 10], [10, 3, 0, 1e-3]]),
+    # resumed at 20 again: the segment from 20 goes, 10's end stays
+    ([[0, 3, 0, 1e-3, 10], [10, 3, 0, 1e-3, 20], [20, 5, 0, 1e-3]], 20,
+     20, [[0, 3, 0, 1e-3, 10], [10, 3, 0, 1e-3, 20], [20, 3, 0, 1e-3]])])
+def test_the_history_closes_a_segment_where_its_invocation_ended(
+    history, start, restored_steps, want):
+  assert metrics_resume.schedule_history(
+      history, start, 3, 0, 1e-3, restored_steps) == want
+
+
 @pytest.mark.parametrize("history, step, want", [
     ([[0, 1, 3]], 5, [0, 1, 2, 3, 4, 5]),
     # log 2 / eval 3 up to 6, then log 4 without evaluations up to 12
     ([[0, 2, 3], [6, 4, 0]], 12, [0, 2, 3, 4, 6, 8, 12]),
     ([[0, 2, 0]], 5, [2, 4]),  # no starting evaluation
-    ([[4, 2, 0]], 9, [6, 8])])  # nothing known up to step 4
+    ([[4, 2, 0]], 9, [6, 8]),  # nothing known up to step 4
+    # log 3 up to 10, the invocation's last step; then log 3 from 10
+    ([[0, 3, 0, 1e-3, 10], [10, 3, 0, 1e-3]], 15, [3, 6, 9, 10, 12, 15]),
+    # 10 is on the eval interval already: listed once
+    ([[0, 2, 10, None, 10], [10, 4, 0]], 12, [0, 2, 4, 6, 8, 10, 12]),
+    ([[0, 3, 0, 1e-3, 10], [10, 3, 0, 1e-3]], 9, [3, 6, 9])])  # 10 > 9
 def test_the_steps_a_log_schedule_logs(history, step, want):
   assert metrics_resume.scheduled_steps(history, step) == want
 
@@ -529,7 +551,13 @@ def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
     ([[0, 1, 3], [7, 1, 3]], "at most the step 6"),
     ([[0, 1, True]], "integer segments"),
     ([[0, 1, 3], [4, 2, 3]], "last segment [4, 2, 3] disagrees with "
-     "config.log_interval=1, eval_interval=3")])
+     "config.log_interval=1, eval_interval=3"),
+    ([[0, 1, 3, 1e-3, 4]], "closed segment [0, 1, 3, 0.001, 4] must be "
+     "followed by one from its last_step 4, got none"),
+    ([[0, 1, 3, 1e-3, 4], [5, 1, 3]], "followed by one from its last_step 4"),
+    ([[0, 1, 3, 1e-3, 0], [0, 1, 3]], "then last_step > from_step"),
+    ([[0, 1, 3, 1e-3, True], [1, 1, 3]], "then last_step > from_step"),
+    ([[0, 1, 3, None], [1, 1, 3]], "integer segments (then peak_lr")])
 def test_a_damaged_log_schedule_is_a_damaged_document(history, why):
   meta = {"step": 6, "data_position": 6, "config": WRITTEN,
           metrics_resume.SCHEDULE_KEY: history}
@@ -537,6 +565,28 @@ def test_a_damaged_log_schedule_is_a_damaged_document(history, why):
   assert meta_schema.meta_error(
       dict(meta, **{metrics_resume.SCHEDULE_KEY: [[0, 2, 0], [3, 1, 3]]})
   ) is None
+  assert meta_schema.meta_error(dict(meta, **{metrics_resume.SCHEDULE_KEY: [
+      [0, 2, 0, None, 3], [3, 1, 3, 3e-3]]})) is None  # a closed segment
+
+
+def test_a_lost_record_of_an_earlier_invocation_s_last_step_is_named(
+    tmp_path, caplog):
+  """Three invocations (steps 10, 20, 30; log 2/3/5, eval 10/7/0) log
+  0 2 4 6 8 10 12 14 15 18 20 25 30 (by hand: 20 only as invocation 2's
+  last step). Deleting 20 is named against checkpoint 30's history; with
+  the older 4-field history nothing is known of it (as before)."""
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  kept = [0, 2, 4, 6, 8, 10, 12, 14, 15, 18, 25, 30]
+  closed = [[0, 2, 10, 1e-3, 10], [10, 3, 7, 1e-3, 20], [20, 5, 0, 1e-3]]
+  config = dict(WRITTEN, steps=30, log_interval=5, eval_interval=0)
+  _steps_file(path, kept)
+  metrics.truncate_after(str(tmp_path), 30, config, [s[:4] for s in closed])
+  assert caplog.records == []
+  metrics.truncate_after(str(tmp_path), 30, config, closed)
+  [record] = caplog.records
+  assert "the record of step 20 is lost" in record.getMessage()
+  assert [r["step"] for r in metrics.read_jsonl(str(path))] == kept
 
 
 def _timed_log(times, lrs) -> str:

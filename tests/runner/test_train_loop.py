@@ -166,7 +166,8 @@ def test_resumes_that_change_the_log_interval_name_a_hole_in_the_log(
   _, _, meta = restore(experiment_lib.Experiment(six_step_config()),
                        workdir, 6)
   peak = float(six_step_config().schedule.peak_lr)  # unchanged: one peak
-  assert meta["log_schedule"] == [[0, 3, 3, peak], [3, 1, 3, peak]]
+  # invocation 1 ran to its end (step 3): its segment is closed there
+  assert meta["log_schedule"] == [[0, 3, 3, peak, 3], [3, 1, 3, peak]]
   assert not [r for r in caplog.records if re.search("(is|are) lost", r.getMessage())]
   lines = open(path).read().splitlines(keepends=True)
   with open(path, "w") as f:
