@@ -187,6 +187,22 @@ def ascii_int(text: str) -> int | None:
   return int(text)
 
 
+def host_port(address: str, flag: str) -> tuple[str, int]:
+  """``HOST:PORT`` as ``(host, port)``: a non-empty host (the text before
+  the last ``:``) and a port of :func:`ascii_int` digits in [1, 65535].
+
+  Raises:
+    ValueError: any other form or port, naming ``flag`` and the form.
+  """
+  host, _, port = str(address).rpartition(":")
+  got = ascii_int(port)
+  if not host.strip() or got is None or not 1 <= got <= 65535:
+    raise ValueError(f"{flag} must be HOST:PORT with a port in [1, 65535] "
+                     f"(the head node's `ray start --head` address, e.g. "
+                     f"{flag} 10.0.0.1:6379), got {address!r}.")
+  return host, got
+
+
 def _whole(text: str) -> int | None:
   """``text`` as an int (``"16"``, ``"1e3"``), or None
   (:func:`decentral_jax.checks.whole_number`)."""

@@ -131,8 +131,10 @@ def test_cross_region_prices_follow_the_wide_area_link():
 
 def test_workload_flag_and_figure6_workload():
   assert pricing.check_workload("1b") == "1b"
-  with pytest.raises(ValueError, match="--workload='2b' is not a workload; "
-                     "use one of gpt2_small, 1b, figure6"):
+  with pytest.raises(ValueError, match="--workload='2b' is neither a "
+                     "workload name nor an existing file; use one of "
+                     "gpt2_small, 1b, figure6, own or the path of a workload "
+                     "file"):
     pricing.check_workload("2b")
   with pytest.raises(ValueError, match="'h100_ib' has no Figure 6 workload"):
     pricing.parse_clusters("A40,h100_ib", "figure6")
@@ -145,6 +147,60 @@ def test_workload_flag_and_figure6_workload():
       pytest.approx(166.1, rel=0.2)
   # The 1B workload's 100 ms of compute is a floor of every step.
   assert pricing.predicted_ms(config, (a40,), "1b")["A40"] > 100.0
+
+
+def test_an_existing_workload_file_is_read_whatever_its_suffix(tmp_path):
+  # A valid compiled-step workload file named without ".json" is a file,
+  # as predict --workload-file reads it; a directory is named as such.
+  import json
+  path = str(tmp_path / "wl")
+  with open(path, "w") as f:
+    json.dump({"format": "decentral_jax.compiled_workload.v1",
+               "param_count": 1000000,
+               "compute_s": {"forward": 0.01, "backward": 0.02,
+                             "optimizer": 0.001},
+               "gossip_in_flight": {"forward": 1.0, "backward": 1.0},
+               "param_dtype": "float32"}, f)
+  assert pricing.check_workload(path) == path
+  (a40,) = pricing.parse_clusters("A40", path)
+  assert a40.workload_of(path) == path
+  assert pricing.workload_label(a40, path).startswith(f"{path}: read from")
+  with pytest.raises(ValueError, match=f"--workload: workload file "
+                     f"{str(tmp_path)!r}: not readable JSON \\(is a directory"):
+    pricing.check_workload(str(tmp_path))
+
+
+def test_a_one_node_cluster_file_is_not_priced_across_nodes(tmp_path):
+  # measure on one node of 4 devices: inter_pair_s null, NIC rate and
+  # latency at the Cluster defaults. gpt_quick's 8 workers are priced at 8
+  # GPUs = 8 / 4 = 2 nodes, over a link the file never measured: refused
+  # before training, as predict refuses it; 4 workers fit the one node.
+  from decentral_jax.runtime_model import cluster_file
+  from decentral_jax.tools.compare import flags
+  sizes = [1e6, 4e6, 16e6]
+  one = {"sizes_bytes": sizes, "repeats": 3, "concurrent_flows": 4,
+         "intra_pair_s": [5e-6 + m / 20e9 for m in sizes],
+         "inter_pair_s": None, "inter_concurrent_s": None,
+         "all_reduce_bytes": 4e6, "all_reduce_s": 0.01}
+  path = str(tmp_path / "one.json")
+  cluster_file.write(path, {
+      "cluster": cluster_file.fit_links(one, 4, 4),
+      "workload": {"param_count": 65e6, "forward_s": 0.03,
+                   "backward_s": 0.06, "compute_cv": 0.1},
+      "measurements": one, "meta": {"devices": 4}})
+  clusters = pricing.parse_clusters(path, "own")
+  config = _config("gpt_quick.py")
+  assert config.n_workers == 8
+  with pytest.raises(ValueError) as info:
+    flags.check_measured_links(clusters, config)
+  msg = str(info.value)
+  assert msg.startswith(f"--clusters entry {path!r} measured no inter-node "
+                        "link") and "\n" not in msg, msg
+  assert "at 8 GPUs (2 nodes)" in msg and "--nic-Gbps X" in msg, msg
+  assert "--config.n_workers=4 (one node)" in msg, msg
+  flags.check_measured_links(clusters, _config("gpt_quick.py",
+                                               "n_workers=4"))
+  flags.check_measured_links(pricing.parse_clusters("A40", "own"), config)
 
 
 def _cluster_json(tmp_path, name="mine.json", workload=True) -> str:

@@ -180,12 +180,29 @@ def test_an_unreachable_address_is_one_line_after_a_bounded_wait():
   with pytest.raises(ConnectionError, match=f"127.0.0.1:{port} within 0.5 s"):
     cluster.probe(f"127.0.0.1:{port}", 0.5)
   assert time.monotonic() - start < 3
-  with pytest.raises(ConnectionError, match="host:port"):
+  with pytest.raises(ValueError, match="HOST:PORT"):
     cluster.probe("nowhere", 0.5)
   # str.isdigit() takes "²", which int() refuses (a ValueError before).
   for bad in ("127.0.0.1:\u00b2", "127.0.0.1:\u0663", "127.0.0.1:080"):
-    with pytest.raises(ConnectionError, match="--address must be host:port"):
+    with pytest.raises(ValueError, match="--address must be HOST:PORT"):
       cluster.probe(bad, 0.5)
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:0", "nohost", ":80",
+    " :80", "127.0.0.1:"])
+def test_a_malformed_address_is_refused_at_flag_check_exit_2(address,
+                                                             capsys):
+  # TCP ports are 1..65535 (RFC 793's 16-bit field; 0 is no port): out of
+  # range or malformed is one line, exit 2, before Ray or a connect wait.
+  from decentral_jax.tools import cli  # pylint: disable=import-outside-toplevel
+  start = time.monotonic()
+  assert cli.main(["learners", "--address", address,
+                   "--connect-timeout", "30"]) == 2
+  assert time.monotonic() - start < 20
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      "error: --address must be HOST:PORT with a port in [1, 65535]"), err
 
 
 def test_the_learners_command_refuses_bad_flags_and_unreachable_clusters(
@@ -721,6 +738,26 @@ def test_the_summary_names_the_run():
                         ({"merge_alpha": 0.3}, "(tau=0, alpha=0.3)")):
     assert main_lib.describe(spec_lib.RunSpec(**fields)).endswith(
         ", Streaming: 1 fragment " + words), fields
+
+
+def test_the_summary_warns_of_a_learner_never_merged(capsys):
+  # --quorum 1: ten merges of learner 0 alone (learner 1 still starting);
+  # learner 1 is named, learners that merged once (or in a fragment) not.
+  log = {"merged_with": [[0]] * 10, "tokens": [{"0": 8}] * 10,
+         "rejected": [], "fragments": []}
+  assert main_lib.never_merged(log, 2) == [1]
+  assert main_lib.merge_warning(log, 2) == (
+      "warning: learner 1 of 2 never merged (none of its pseudo-gradients "
+      "entered the 10 merges): the result is of the other learners only; "
+      "leave --quorum unset (sync: every learner) or run more periods.")
+  assert main_lib.never_merged(log, 3) == [1, 2]
+  assert main_lib.merge_warning(log, 3).startswith("warning: learners 1, 2 "
+                                                   "of 3 never merged")
+  late = {**log, "merged_with": [[0]] * 9 + [[0, 1]]}
+  assert main_lib.never_merged(late, 2) == []
+  assert main_lib.merge_warning(late, 2) is None
+  assert main_lib.never_merged({**log, "fragments": [[1, 1, [1], {}]]},
+                               2) == []
 
 
 def test_the_quadratic_run_reports_its_distance_to_the_optimum():

@@ -68,13 +68,17 @@ workload). A cluster is priced at the smallest multiple of
 nodes, spans at least two nodes, so its inter-node links are priced (at 8
 workers: h100_ib and T4 16, A40 and A100 8, cross_region_2dc 16,
 cross_region_4dc 32, h100_node, one node, 8); each table header names the
-count. Empty entries of ``--clusters`` are refused. Workload
+count. A cluster file is priced only on links it measured (``predict``'s
+rule: a one-node file at more workers than its node holds is refused
+before training). Empty entries of ``--clusters`` are refused. Workload
 (``--workload``): ``own`` (the default: ``figure6`` on the Figure 6
 clusters, ``gpt2_small`` on the H100 ones), ``gpt2_small``, ``1b`` or
 ``figure6`` (the paper's Transformer-base fitted to each Figure 6 cluster;
-T4, A40, A100 only). Each cluster's table, panel title and recommendation
-line name the workload whose compute is priced there, and say "H100
-compute on A40 links" where a workload's compute comes from another GPU.
+T4, A40, A100 only) or a workload file (an existing path, or a name ending
+in ``.json``) read from a compiled train step. Each cluster's table, panel
+title and recommendation line name the workload whose compute is priced
+there, and say "H100 compute on A40 links" where a workload's compute
+comes from another GPU.
 The loss per step is measured here, the time per step predicted: a what-if,
 not a measurement. ``--clusters=`` (empty) turns the pricing off.
 

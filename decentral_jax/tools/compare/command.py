@@ -54,6 +54,7 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
     workload = pricing.check_workload(flags.WORKLOAD.value)
     clusters = pricing.parse_clusters(flags.CLUSTERS.value, workload)
     flags.check_needs(clusters)
+    flags.check_measured_links(clusters, base)
     # --cpu_devices wins over the environment's count (JAX_NUM_CPU_DEVICES,
     # XLA_FLAGS); without it a count the environment sets is kept.
     env = devices_lib.environment_cpu_devices()

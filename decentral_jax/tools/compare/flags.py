@@ -19,10 +19,14 @@ import re
 
 from absl import flags as absl_flags
 
+from decentral_jax.runner import builders
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import presets
+from decentral_jax.runtime_model import cluster_file
 from decentral_jax.tools import flag_types
+from decentral_jax.tools.compare import pricing
 from decentral_jax.tools.compare import runs
+from decentral_jax.tools.runtime_model_cli import file_cluster
 
 # The proxy of the quick default and of --full (keys of presets.PRESETS).
 QUICK_CONFIG = "gpt_quick"
@@ -61,10 +65,10 @@ WORKLOAD = absl_flags.DEFINE_string(
     "on T4, A40, A100, gpt2_small on the H100 clusters), gpt2_small (124M "
     "parameters, 30.9 ms of H100 compute, on every cluster), 1b (1e9 "
     "parameters, 100 ms), figure6 (the paper's Transformer-base fitted "
-    "to Figure 6; T4, A40, A100 only) or a FILE.json read from a compiled "
-    "train step (benchmarks/gpu_check.py --deviceless TARGET --workload "
+    "to Figure 6; T4, A40, A100 only) or a workload FILE (an existing path, "
+    "or a name ending in .json) read from a compiled train step (benchmarks/gpu_check.py --deviceless TARGET --workload "
     "FILE). Cluster files use their own measured workload unless a "
-    "FILE.json is given.",
+    "workload FILE is given.",
     flag_values=FLAGS)
 CPU_TIMING = absl_flags.DEFINE_bool(
     "cpu_timing", False, "Also write this machine's CPU timings (ms/step, "
@@ -144,6 +148,42 @@ def check_needs(clusters) -> None:
     ValueError: ``--workload has no effect without --clusters; ...``.
   """
   flag_types.check_needs(NEEDS, given(), clusters)
+
+
+def check_measured_links(clusters, config) -> None:
+  """Refuses a cluster file that the runs would be priced on with a link
+  it never measured: predict's rule (``file_cluster.missing_links``) at
+  :func:`pricing.priced_workers` GPUs. compare has no link flags, so no default
+  link is assumed.
+
+  Raises:
+    ValueError: naming the ``--clusters`` entry, the link and the fix.
+  """
+  try:
+    fields = builders.spec_for_config(config)[1]
+  except ValueError:  # no spec: the runs are not priced (said per run)
+    return
+  for cl in clusters:
+    n = pricing.priced_workers(cl, int(config.n_workers))
+    if cl.preset is not None or isinstance(n, str):
+      continue
+    c = cluster_file.cluster(cl.data, n)
+    got = file_cluster.missing_links(cl.data, c,
+                                     fields.get("devices_per_worker", 1))
+    if got is None:
+      continue
+    what = ("no inter-node link (measurements.inter_pair_s is null: one "
+            f"node of {c.local_size})" if got[0] == "inter" else
+            "no intra-node link (measurements.intra_pair_s is null: one "
+            "device per node)")
+    raise ValueError(
+        f"--clusters entry {cl.path!r} measured {what}, but compare prices "
+        f"the {config.n_workers}-worker runs at {n} GPUs ({n // c.local_size}"
+        " nodes), which use it; measure that link (measure on the GPUs "
+        "priced), " + (f"give --config.n_workers={c.local_size} (one node), "
+                       if got[0] == "inter" else "") +
+        "price a preset, or price an assumed link with `predict "
+        f"--cluster {cl.path} {' '.join(f + ' X' for f in got[1])}`.")
 
 
 def load_base(config: str, overrides=()):

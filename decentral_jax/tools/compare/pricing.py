@@ -13,7 +13,7 @@ workload the user names, and puts the two together:
   ``presets.WORKLOADS``, ``figure6``: the Figure 6 clusters' fitted
   Transformer-base, ``own``: each cluster with a workload measured or
   fitted on its own GPUs, :meth:`PricingCluster.workload_of`, or a
-  ``.json`` workload read from a compiled step,
+  workload file read from a compiled step (:func:`is_workload_file`),
   :mod:`decentral_jax.runtime_model.workload_file`);
 * :func:`workload_label`: the workload a cluster is priced with, in the
   few words its panel title and recommendation line carry;
@@ -82,21 +82,37 @@ _WORKLOAD_WORDS = {
           "Table 5, H100 GPUs)"}
 
 
+def is_workload_file(name: str) -> bool:
+  """Whether ``--workload`` names a workload file: any value that is not
+  one of :data:`WORKLOAD_NAMES` and ends in ``.json`` or is an existing
+  path (whatever its suffix)."""
+  return name not in WORKLOAD_NAMES and (name.endswith(".json")
+                                         or os.path.exists(name))
+
+
 def check_workload(name: str) -> str:
   """``--workload``: a key of ``presets.WORKLOADS``, ``figure6``, ``own``
-  or a ``.json`` file read from a compiled step
-  (:mod:`decentral_jax.runtime_model.workload_file`).
+  or a workload file read from a compiled step
+  (:func:`is_workload_file`, :mod:`decentral_jax.runtime_model.
+  workload_file`).
 
   Raises:
-    ValueError: any other name (names the flag and the choices), or a bad
-      file (names it).
+    ValueError: any other name (names the flag, the choices and the file
+      form), or a bad file (names it: a directory, a missing or malformed
+      file).
   """
-  if name.endswith(".json"):
-    workload_file.read_workload(name)
+  if is_workload_file(name):
+    try:
+      workload_file.read_workload(name)
+    except ValueError as e:
+      raise ValueError(f"--workload: {e}") from None
     return name
   if name not in WORKLOAD_NAMES:
-    raise ValueError(f"--workload={name!r} is not a workload; use one of "
-                     f"{', '.join(WORKLOAD_NAMES)}.")
+    raise ValueError(f"--workload={name!r} is neither a workload name nor an "
+                     f"existing file; use one of {', '.join(WORKLOAD_NAMES)}"
+                     " or the path of a workload file (written by "
+                     "benchmarks/gpu_check.py --deviceless TARGET "
+                     "--workload FILE).")
   return name
 
 
@@ -125,7 +141,7 @@ class PricingCluster:
     GPU its compute was estimated for). A cluster file: None (its own
     measured workload, whatever ``workload``).
     """
-    if workload.endswith(".json"):  # used on every cluster
+    if is_workload_file(workload):  # used on every cluster
       return workload
     if self.preset is None:
       return None
@@ -141,7 +157,7 @@ class PricingCluster:
     Preset: ``presets.setup`` with ``workload`` (``figure6``: the paper's
     Transformer-base fitted to Figure 6, only on ``T4``, ``A40``,
     ``A100``). File: its links for ``n`` workers and its own measured
-    workload (``workload`` does not apply, but for a ``.json`` workload
+    workload (``workload`` does not apply, but for a workload file
     read from a compiled step, used everywhere). ``workload_fields``
     (``devices_per_worker``, ``worker_layout``, from
     ``builders.spec_for_config``) replace the workload's.
@@ -151,7 +167,7 @@ class PricingCluster:
         a preset without a Figure 6 workload under ``figure6``.
     """
     fields = dict(workload_fields or {})
-    if workload.endswith(".json"):  # read from a compiled step
+    if is_workload_file(workload):  # read from a compiled step
       c = (presets.cluster(self.preset, int(n)) if self.preset is not None
            else cluster_file.cluster(self.data, int(n)))
       return c, dataclasses.replace(workload_file.read_workload(workload),
@@ -486,7 +502,7 @@ def workload_label(cluster: PricingCluster, workload: str) -> str:
   name = cluster.workload_of(workload)
   if name is None:
     return "its own measured workload"
-  if name.endswith(".json"):
+  if is_workload_file(name):
     return f"{name}: read from a compiled step (its GPU's compute)"
   if name == FIGURE6:
     return f"figure6: the {cluster.preset} GPUs' own fitted compute"
@@ -505,7 +521,7 @@ def workload_words(workload: str) -> str:
   if workload == FIGURE6:
     return ("figure6: the paper's Transformer-base (65M parameters) with "
             "compute fitted to each cluster's Figure 6 bars")
-  if workload.endswith(".json"):
+  if is_workload_file(workload):
     w = workload_file.read_workload(workload)
     return (f"{workload}: read from a compiled step, "
             f"{w.param_count / 1e6:.4g}M parameters, "
@@ -543,7 +559,7 @@ def pricing_text(clusters, n: int, workload: str, run_specs: dict[str, str],
     return ""
   at = {cl.label: priced_workers(cl, n) for cl in clusters}
   files = [cl.label for cl in clusters if cl.preset is None
-           and not workload.endswith(".json")]  # a file's workload is used
+           and not is_workload_file(workload)]  # a file's workload is used
   named = {cl.workload_of(workload) for cl in clusters} - {None}
   shown = named.pop() if workload == OWN and len(named) == 1 else workload
   return (

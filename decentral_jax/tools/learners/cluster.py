@@ -46,6 +46,8 @@ def start(address: str | None = None, *, num_cpus: int | None = None,
 
   Raises:
     ImportError: Ray is missing.
+    ValueError: ``address`` not HOST:PORT (:func:`flag_types.host_port`;
+      the flag check refuses it first).
     ConnectionError: ``address`` cannot be reached within ``timeout_s``
       (one line naming it and the fix).
   """
@@ -67,16 +69,14 @@ def probe(address: str, timeout_s: float) -> None:
   ``timeout_s`` seconds.
 
   Raises:
-    ConnectionError: a malformed address, or nothing answers in time.
+    ValueError: a malformed address (:func:`flag_types.host_port`).
+    ConnectionError: nothing answers in time.
   """
-  host, _, port = address.rpartition(":")
-  if not host or flag_types.ascii_int(port) is None:
-    raise ConnectionError(f"--address must be host:port (the head node's "
-                          f"`ray start --head` address), got {address!r}.")
+  host, port = flag_types.host_port(address, "--address")
   deadline = time.monotonic() + timeout_s
   while True:
     try:
-      with socket.create_connection((host, int(port)), timeout=timeout_s):
+      with socket.create_connection((host, port), timeout=timeout_s):
         return
     except OSError as e:
       if time.monotonic() >= deadline:

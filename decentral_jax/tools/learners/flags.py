@@ -164,7 +164,8 @@ def check_outputs(args) -> None:
 
 
 def _check_flags(args) -> None:
-  """Each numeric flag finite and in its range, and ``--outer
+  """Each numeric flag finite and in its range, ``--address`` HOST:PORT
+  (:func:`flag_types.host_port`), and ``--outer
   delayed_nesterov`` with a buffer above 1 (ValueError names the flag)."""
   ranges = (("--inner-lr", args.inner_lr, 0.0, True),
             ("--grace", args.grace, 0.0, False),
@@ -182,6 +183,8 @@ def _check_flags(args) -> None:
         "Nesterov SGD, the default --outer nesterov (the momentum steps at "
         "every merge); give --delay-buffer N > 1 (merges per momentum step, "
         "e.g. --delay-buffer 4) or drop --outer delayed_nesterov.")
+  if args.address is not None:
+    flag_types.host_port(args.address, "--address")
   if args.quorum is not None and args.quorum < 1:
     raise ValueError(f"--quorum={args.quorum} must be >= 1 (learners whose "
                      "pseudo-gradients a merge needs); leave it unset for "

@@ -272,6 +272,31 @@ def distance_to_optimum(run: spec_lib.RunSpec, theta: dict) -> float | None:
                                    - best[k]) ** 2) for k in best)))
 
 
+def never_merged(log: dict, shards: int) -> list[int]:
+  """The learners ``0 .. shards-1`` whose pseudo-gradient entered no merge
+  of the synchronizer's ``log`` (neither a period's ``merged_with`` nor a
+  fragment's merge). A ``--quorum`` below the learners lets merges go on
+  without a learner still starting (``sync`` waits only for the active
+  ones), so a short run can end before it joins."""
+  seen = {int(w) for ws in log.get("merged_with", ()) for w in ws}
+  seen |= {int(w) for entry in log.get("fragments", ()) for w in entry[2]}
+  return [w for w in range(int(shards)) if w not in seen]
+
+
+def merge_warning(log: dict, shards: int) -> str | None:
+  """One ``warning:`` line naming the learners :func:`never_merged` (the
+  merged ``theta`` is of the others only), or None."""
+  missing = never_merged(log, shards)
+  if not missing:
+    return None
+  names = ", ".join(map(str, missing))
+  merges = len(log.get("merged_with", ()))
+  return (f"warning: learner{'s' * (len(missing) > 1)} {names} of {shards} "
+          f"never merged (none of its pseudo-gradients entered the {merges} "
+          "merges): the result is of the other learners only; leave "
+          "--quorum unset (sync: every learner) or run more periods.")
+
+
 def _summary(status, seconds, learners, args, run, theta) -> None:
   tokens = sum(sum(t.values()) for t in status["log"]["tokens"])
   print(describe(run))
@@ -281,11 +306,15 @@ def _summary(status, seconds, learners, args, run, theta) -> None:
   print(f"{status['version']} periods merged in {seconds:.1f} s; "
         f"{tokens} tokens merged ({tokens / seconds:.1f} tokens/s); "
         f"{len(status['log']['rejected'])} pseudo-gradients rejected")
+  warning = merge_warning(status["log"], run.shards)
+  if warning:
+    print(warning)
   if args.json:
     flag_types.write_output(args.json, "--json", lambda f: json.dump(
         {"run": run.trajectory(), "status": status, "learners": learners,
-         "seconds": seconds, "distance_to_optimum": dist}, f, indent=1,
-        default=str), kept="the summary above was printed" + (
+         "seconds": seconds, "distance_to_optimum": dist,
+         "never_merged": never_merged(status["log"], run.shards)}, f,
+        indent=1, default=str), kept="the summary above was printed" + (
             f" and the run's records are in --workdir {args.workdir}"
             if args.workdir else ""))
 

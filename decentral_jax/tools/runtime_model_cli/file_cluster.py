@@ -1,7 +1,9 @@
 """A cluster file of ``predict --cluster FILE`` priced with the flags
 given beside it (:func:`from_cluster_file`), and the links it did not
 measure (:func:`unmeasured`: the inter-node link of a one-node file, the
-intra-node link of a file of one device per node).
+intra-node link of a file of one device per node) and which of them a
+layout uses (:func:`missing_links`, the rule ``compare --clusters`` applies
+too).
 """
 
 from __future__ import annotations
@@ -40,30 +42,50 @@ def unmeasured(data: dict, link: str) -> list[str]:
   return [flag for flag, _ in flags]
 
 
-def _check_links_measured(data: dict, args, c: Cluster,
-                          devices_per_worker: int) -> None:
-  """Refuses to price ``c`` from a cluster file with a link it never
-  measured (:func:`unmeasured`) that ``c`` uses, unless the flags give it.
+def missing_links(data: dict, c: Cluster, devices_per_worker: int,
+                  given=frozenset()) -> tuple[str, list[str]] | None:
+  """The first link class (``"inter"``, then ``"intra"``) that ``c``,
+  priced from the cluster file ``data``, uses without the file measuring
+  it (:func:`unmeasured`), with the flags of ``LINKS`` that would price it
+  and are not in ``given``; None when every link used is measured or given.
   One rule per link class, the uses ``predict_needs.NEEDS`` reads: the
   node NIC where workers span nodes, ``--inter-latency-us`` where a
   datacenter holds several nodes (between datacenters the wide-area
   latency replaces it); ``--intra-latency-us`` where a node holds two
   workers or a worker several devices, ``--intra-GBps`` there and where a
   datacenter holds more than two workers (a ring over nodes runs at the
-  slower of the intra-node link and the flow).
-
-  Raises:
-    ValueError: naming ``--cluster``, the layout and the missing flags.
-  """
-  n, per_node, given = c.n_workers, c.local_size, inputs.explicit_flags(args)
+  slower of the intra-node link and the flow)."""
+  n, per_node = c.n_workers, c.local_size
   hops = min(n, per_node) > 1 or devices_per_worker > 1
   uses = {"--nic-Gbps": n > per_node,
           "--inter-latency-us": c.dc_size > per_node,
           "--intra-latency-us": hops,
           "--intra-GBps": hops or c.dc_size > 2}
-  missing = [f for f in unmeasured(data, "inter") if f not in given
-             and uses[f]]
-  if missing:
+  for link in ("inter", "intra"):
+    missing = [f for f in unmeasured(data, link) if f not in given
+               and uses[f]]
+    if missing:
+      return link, missing
+  return None
+
+
+def _check_links_measured(data: dict, args, c: Cluster,
+                          devices_per_worker: int) -> None:
+  """Refuses to price ``c`` from a cluster file with a link it never
+  measured that ``c`` uses, unless the flags give it
+  (:func:`missing_links`).
+
+  Raises:
+    ValueError: naming ``--cluster``, the layout and the missing flags.
+  """
+  n, per_node = c.n_workers, c.local_size
+  hops = min(n, per_node) > 1 or devices_per_worker > 1
+  got = missing_links(data, c, devices_per_worker,
+                      inputs.explicit_flags(args))
+  if got is None:
+    return
+  link, missing = got
+  if link == "inter":
     raise ValueError(
         f"--cluster {args.cluster!r} measured no inter-node link "
         "(measurements.inter_pair_s is null: one node; its NIC rate and "
@@ -71,19 +93,16 @@ def _check_links_measured(data: dict, args, c: Cluster,
         f"at {per_node} per node spans {-(-n // per_node)} nodes; give "
         f"{' and '.join(missing)} for that link, or at most {per_node} "
         "workers.")
-  missing = [f for f in unmeasured(data, "intra") if f not in given
-             and uses[f]]
-  if missing:
-    use, fix = ((f"{per_node} workers per node of {devices_per_worker} "
-                 "device(s) each hop inside a node", "--local-size 1 and "
-                 "--devices-per-worker 1") if hops else (
-                     f"{c.dc_size} workers per datacenter ring through each "
-                     "worker's intra-node link", "at most 2 workers"))
-    raise ValueError(
-        f"--cluster {args.cluster!r} measured no intra-node link "
-        "(measurements.intra_pair_s is null: one device per node; its rate "
-        f"and latency are the defaults), but with --n-workers {n}, {use}; give "
-        f"{' and '.join(missing)} for that link, or {fix}.")
+  use, fix = ((f"{per_node} workers per node of {devices_per_worker} "
+               "device(s) each hop inside a node", "--local-size 1 and "
+               "--devices-per-worker 1") if hops else (
+                   f"{c.dc_size} workers per datacenter ring through each "
+                   "worker's intra-node link", "at most 2 workers"))
+  raise ValueError(
+      f"--cluster {args.cluster!r} measured no intra-node link "
+      "(measurements.intra_pair_s is null: one device per node; its rate "
+      f"and latency are the defaults), but with --n-workers {n}, {use}; give "
+      f"{' and '.join(missing)} for that link, or {fix}.")
 
 
 def from_cluster_file(data: dict, args, n: int):
