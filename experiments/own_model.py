@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from decentral_jax.checks import INT32_MAX  # NumPy only
+from decentral_jax.tools import flag_types  # no JAX
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -83,6 +85,10 @@ def _parse(argv):
   if not args.workdir:
     p.error("--workdir is empty; give the directory the data and both runs "
             "are written to, e.g. --workdir runs/own_model.")
+  try:  # a file, unwritable: refused before JAX starts
+    flag_types.check_output_dir(args.workdir, "--workdir")
+  except ValueError as e:
+    p.error(str(e))
   _check_pricing(p, args)
   return args
 
@@ -104,8 +110,22 @@ def _check_pricing(p, args) -> None:
       code = e.code
   if code:
     why = err.getvalue().strip().splitlines()[-1].partition("error: ")[2]
-    why = why.replace("--n-workers", "--n-workers-priced")
-    p.error(why.split(" (see ")[0])  # predict's --help is not this script's
+    p.error(_in_own_flags(why.split(" (see ")[0]))  # not predict's --help
+
+
+def _in_own_flags(why: str) -> str:
+  """predict's refusal in this script's flags: its ``--methods SPEC at
+  --n-workers N: reason`` is this config's method at ``--n-workers-priced
+  N``, without advice to change a topology this script has no flag for."""
+  found = re.match(r"--methods (\S+) at --n-workers (\d+): (.*)$", why)
+  if not found:
+    return why.replace("--n-workers", "--n-workers-priced")
+  spec, n, reason = found.groups()
+  reason = re.sub(r" \(or use [^)]*\)", "", reason).rstrip(".")
+  reason = reason.removeprefix(f"{spec!r}: ")
+  return (f"--n-workers-priced {n}: this script's method {spec} (its "
+          f"get_config()) cannot be priced at {n} workers: {reason}; give "
+          "other --n-workers-priced counts.")
 
 
 def _final_params(config, workdir):

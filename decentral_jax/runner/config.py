@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import importlib.machinery
 import importlib.util
+import inspect
 import os
 import re
 from typing import Callable, Sequence
@@ -291,9 +292,10 @@ def _read_config_file(path: str) -> config_dict.ConfigDict:
   the deprecated ``load_module`` and reuses one module name for every file).
 
   Raises:
-    ValueError: the file cannot be executed, has no ``get_config``, its
-      ``get_config`` raises, or returns something other than a
-      ``ConfigDict``.
+    ValueError: the file cannot be executed, has no ``get_config``, is
+      given an ``arg`` its ``get_config`` takes none of (an empty one
+      included) or none where it needs one, its ``get_config`` raises, or
+      returns something other than a ``ConfigDict``.
   """
   file_part, *arg = path.split(":", 1)
   try:
@@ -302,7 +304,8 @@ def _read_config_file(path: str) -> config_dict.ConfigDict:
                                                   loader=loader)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config(*arg)
+    wrong_arg = _wrong_arg(module.get_config, file_part, arg)
+    config = None if wrong_arg else module.get_config(*arg)
   except SystemExit as e:  # sys.exit() in the file: not a config
     raise ValueError(f"config file {path!r} could not be loaded: it called "
                      f"sys.exit({e.code!r}) while being imported or in "
@@ -311,12 +314,35 @@ def _read_config_file(path: str) -> config_dict.ConfigDict:
     # The file itself: a syntax error, no get_config(), get_config raising.
     raise ValueError(f"config file {path!r} could not be loaded: "
                      f"{_root_cause(e)}") from None
+  if wrong_arg:
+    raise ValueError(f"config file {path!r} {wrong_arg}")
   if not isinstance(config, config_dict.ConfigDict):
     raise ValueError(f"get_config() of {path!r} returned a "
                      f"{type(config).__name__}, not an ml_collections "
                      "ConfigDict.")
   config.lock()
   return config
+
+
+def _wrong_arg(get_config: Callable, file_part: str,
+               arg: list[str]) -> str | None:
+  """What is wrong with calling ``get_config(*arg)`` (``arg``: ``[]`` or
+  the one ``ARG`` of ``FILE.py:ARG``), as the rest of a sentence naming
+  the config file; None: nothing (or the signature cannot be read)."""
+  if not callable(get_config):
+    return None  # calling it says so
+  if arg == [""]:
+    return (f"ends in ':' with no ARG; give {file_part}:ARG or drop the "
+            "':'.")
+  try:
+    inspect.signature(get_config).bind(*arg)
+  except (TypeError, ValueError):
+    if arg:
+      return (f"takes no ARG (its get_config() has no parameter); drop "
+              f"':{arg[0]}' and give {file_part}.")
+    return (f"needs an ARG (its get_config() has a required parameter); "
+            f"give {file_part}:ARG.")
+  return None
 
 
 def _root_cause(error: BaseException) -> str:
@@ -353,9 +379,11 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
                        argv: Sequence[str]) -> tuple[list[str], list[str]]:
   """Reads ``argv`` (the arguments, no program name) into ``flag_values``.
 
-  The ``--config.<field>=value`` overrides are set apart first
-  (:func:`split_overrides`); the flags are reset before each parse, so a
-  second call starts from the defaults.
+  ``--flagfile=FILE`` is expanded first (:func:`expand_flagfiles`), once,
+  so its lines count as typed in its place: a flag given twice, on the
+  command line or in files, is refused. The ``--config.<field>=value``
+  overrides are then set apart (:func:`split_overrides`); the flags are
+  reset before each parse, so a second call starts from the defaults.
 
   Args:
     flag_values: the command's ``absl.flags.FlagValues``.
@@ -368,8 +396,9 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
   Raises:
     ValueError: a bad flag or value (one line, naming it).
   """
-  rest, overrides = split_overrides([program, *argv])
-  _refuse_repeats(flag_values, rest[1:])
+  sourced = expand_flagfiles(flag_values, argv)
+  _refuse_repeats(flag_values, sourced)
+  rest, overrides = split_overrides([program, *(t for t, _ in sourced)])
   flag_values.unparse_flags()
   try:
     positional = flag_values(rest)
@@ -378,19 +407,62 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
   return positional[1:], overrides
 
 
+_FLAGFILE = ("--flagfile", "-flagfile")
+
+
+def expand_flagfiles(flag_values: flags.FlagValues,
+                     args: Sequence[str]) -> list[tuple[str, str]]:
+  """``args`` with each ``--flagfile=FILE`` (or ``--flagfile FILE``)
+  replaced by the file's flags, as absl's parse reads them
+  (``FlagValues.read_flags_from_files``: nested files too, ``#`` comments
+  skipped); nothing after ``--`` is expanded.
+
+  Returns:
+    ``[(argument, where)]``: ``where`` is ``""`` for an argument typed on
+    the command line, ``" in --flagfile FILE"`` for one read from ``FILE``
+    (the file named on the command line).
+
+  Raises:
+    ValueError: a flag file that cannot be read, or ``--flagfile`` with no
+      file (one line).
+  """
+  out, i = [], 0
+  while i < len(args):
+    token = args[i]
+    if token == "--":
+      out += [(t, "") for t in args[i:]]
+      break
+    if token in _FLAGFILE or token.startswith(tuple(f + "=" for f in
+                                                    _FLAGFILE)):
+      chunk = list(args[i:i + 2] if token in _FLAGFILE else [token])
+      i += len(chunk)
+      name = chunk[1] if len(chunk) == 2 else token.partition("=")[2]
+      where = f" in --flagfile {name}"
+      try:
+        lines = flag_values.read_flags_from_files(chunk, force_gnu=False)
+      except flags.Error as e:
+        raise ValueError(config_error_message(e)) from None
+      out += [(line, where) for line in lines]
+    else:
+      out.append((token, ""))
+      i += 1
+  return out
+
+
 def _refuse_repeats(flag_values: flags.FlagValues,
-                    args: Sequence[str]) -> None:
-  """Refuses a flag of ``flag_values`` given twice in ``args``
+                    args: Sequence[tuple[str, str]]) -> None:
+  """Refuses a flag of ``flag_values`` given twice in ``args``, the
+  ``(argument, where)`` pairs of :func:`expand_flagfiles`
   (``--config=gpt_tiny --config=gpt_quick``: absl keeps the last alone);
   ``--x``, ``--x=v`` and ``--nox`` are one flag, a multi flag may repeat.
   Nothing after ``--`` counts.
 
   Raises:
     ValueError: ``--config is given twice (--config=gpt_tiny, then
-      --config=gpt_quick); give it once.``
+      --config=gpt_quick in --flagfile f.flags); give it once.``
   """
   seen = {}
-  for token in args:
+  for token, where in args:
     if token == "--":
       break
     name = token.lstrip("-").split("=", 1)[0]
@@ -405,8 +477,8 @@ def _refuse_repeats(flag_values: flags.FlagValues,
       continue
     if name in seen:
       raise ValueError(f"--{name} is given twice ({seen[name]}, then "
-                       f"{token}); give it once.")
-    seen[name] = token
+                       f"{token}{where}); give it once.")
+    seen[name] = token + where
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:

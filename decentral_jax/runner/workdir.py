@@ -178,6 +178,12 @@ class WorkdirLock:
     try:
       os.makedirs(self.workdir, exist_ok=True)
     except OSError as e:
+      if e.errno in (errno.EEXIST, errno.ENOTDIR):  # a file on the path
+        error = PathError(f"the work directory {self.workdir} is a file, or "
+                          "inside one, not a directory; give a directory (it "
+                          "is created if missing).")
+        error.errno = e.errno
+        raise error from None
       raise path_error("create the work directory", self.workdir, e) from None
     for _ in range(8):  # a holder may delete the file we opened (discard)
       fd = self._open()

@@ -58,6 +58,7 @@ from decentral_jax.runner import launch
 from decentral_jax.runner import presets
 from decentral_jax.runner import train
 from decentral_jax.runner import validation
+from decentral_jax.tools import flag_types
 
 #: The flags of :func:`main` (a registry of their own).
 FLAGS = flags.FlagValues()
@@ -174,6 +175,9 @@ def _prepare(overrides: list[str]):
     raise ValueError("--workdir is required (or set config.workdir).")
   _check_data_files(config)  # before a multi-process job waits to join
   procs = expected_processes(config)
+  if procs == 1:  # hosts sharing a file system would race on the probe
+    flag_types.check_output_dir(workdir, "--workdir" if WORKDIR.value
+                                else "--config.workdir")
   needed, source = devices.devices_needed(config)
   source = source.replace("config.", "--config.")  # the flags typed
   source += f" over {procs} processes" if procs > 1 else ""

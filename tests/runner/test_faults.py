@@ -509,7 +509,10 @@ def test_live_lock_in_this_process_is_refused(exp, tmp_path):
 def test_unwritable_workdir_is_one_line(exp, tmp_path, monkeypatch):
   blocker = tmp_path / "a_file"
   blocker.write_text("x")
-  cases = {str(blocker / "run"): "Not a directory (ENOTDIR)"}
+  # a file, or a path inside one: was "File exists (EEXIST)", no fix
+  fix = ("is a file, or inside one, not a directory; give a directory (it is "
+         "created if missing).")
+  cases = {str(blocker / "run"): fix, str(blocker): fix}
   read_only = tmp_path / "read_only"
   read_only.mkdir()
   real_open = os.open

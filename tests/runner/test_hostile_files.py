@@ -383,6 +383,36 @@ def test_hostile_config_files(tmp_path, case):
   _one_line(info.value, str(path), needle)
 
 
+ARGLESS = "from ml_collections import config_dict\n" \
+    "def get_config():\n  return config_dict.ConfigDict({'a': 1})\n"
+
+
+def test_a_config_arg_its_get_config_does_not_take_is_named(tmp_path):
+  """FILE.py:ARG for a get_config() of no parameter (or a bare trailing
+  ':') was Python's TypeError; one taking a required ARG given none too."""
+  path = tmp_path / "argless.py"
+  path.write_text(ARGLESS)
+  cases = {
+      ":zzz": f"config file '{path}:zzz' takes no ARG (its get_config() has "
+              f"no parameter); drop ':zzz' and give {path}.",
+      ":": f"config file '{path}:' ends in ':' with no ARG; give "
+           f"{path}:ARG or drop the ':'.",
+  }
+  for suffix, message in cases.items():
+    with pytest.raises(ValueError) as info:
+      config_lib.load_config(f"{path}{suffix}")
+    assert str(info.value) == message
+  needs = tmp_path / "needs.py"
+  needs.write_text(ARGLESS.replace("get_config()", "get_config(name)"))
+  with pytest.raises(ValueError) as info:
+    config_lib.load_config(str(needs))
+  assert str(info.value) == (
+      f"config file '{needs}' needs an ARG (its get_config() has a required "
+      f"parameter); give {needs}:ARG.")
+  assert config_lib.load_config(f"{needs}:x").a == 1
+  assert config_lib.load_config(str(path)).a == 1
+
+
 @pytest.mark.integration
 def test_config_file_that_exits_on_the_command_line(tmp_path):
   path = tmp_path / "exits.py"

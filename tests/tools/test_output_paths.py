@@ -202,3 +202,22 @@ def test_learners_json_on_a_full_device_after_the_run(monkeypatch, capsys):
   assert err.strip().splitlines() == [
       f"error: --json '/dev/full' {_FULL}; the summary above was printed; "
       "give another --json."]
+
+
+@pytest.mark.parametrize("name", ["afile", "/dev/null"])
+def test_train_workdir_naming_a_file_is_refused_before_training(
+    tmp_path, name, capsys, monkeypatch):
+  """Was "cannot create the work directory X: File exists (EEXIST)",
+  after JAX started, with no fix."""
+  from decentral_jax.runner import train as runner_train  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools import train as train_cli  # pylint: disable=import-outside-toplevel
+  def trained(*a, **k):
+    raise AssertionError("trained")
+  monkeypatch.setattr(runner_train, "train_and_evaluate", trained)
+  (tmp_path / "afile").write_text("x")
+  path = name if name.startswith("/") else str(tmp_path / name)
+  assert train_cli.main(["--config=gpt_quick", f"--workdir={path}"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      f"error: --workdir {path!r} is a file, not a directory; give a "
+      "directory (it is created if missing)."]
+  assert (tmp_path / "afile").read_text() == "x"

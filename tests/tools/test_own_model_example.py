@@ -114,6 +114,38 @@ def test_an_empty_workdir_is_refused_before_any_work(capsys, tmp_path,
   assert not os.listdir(tmp_path)
 
 
+def test_a_count_the_method_cannot_take_is_said_in_this_script_s_flags(
+    capsys, tmp_path):
+  """Named --methods and advised 'exponential': flags this script lacks.
+  12 is no power of two; the ones beside it are 8 and 16."""
+  with pytest.raises(SystemExit) as e:
+    _load().main(["--n-workers-priced", "12", "--workdir", str(tmp_path)])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].partition(" error: ")[2] == (
+      "--n-workers-priced 12: this script's method "
+      "dadam:topology=one_peer_exp (its get_config()) cannot be priced at "
+      "12 workers: topology 'one_peer_exp' needs n_workers to be a power of "
+      "two, got 12; the nearest valid values are 8 and 16; give other "
+      "--n-workers-priced counts."), err
+
+
+@pytest.mark.parametrize("name", ["afile", "/dev/null"])
+def test_a_workdir_naming_a_file_is_refused_before_any_work(
+    name, capsys, tmp_path):
+  """Was a NotADirectoryError traceback after JAX started."""
+  (tmp_path / "afile").write_text("x")
+  path = name if name.startswith("/") else str(tmp_path / name)
+  with pytest.raises(SystemExit) as e:
+    _load().main(["--workdir", path])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].partition(" error: ")[2] == (
+      f"--workdir {path!r} is a file, not a directory; give a directory (it "
+      "is created if missing).")
+  assert os.listdir(tmp_path) == ["afile"]
+
+
 @pytest.mark.slow  # writes ArrayRecord files: grain (requirements-extras.txt)
 def test_a_preempted_run_is_one_line_and_its_signal_exit_code(
     capsys, tmp_path, monkeypatch):

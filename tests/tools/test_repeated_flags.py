@@ -115,3 +115,28 @@ def test_a_non_whole_int_override_names_the_field_rule(text):
   assert str(e.value) == (
       f"the config: --config.steps={text}: config.steps must be an integer in [1, "
       f"2147483647], got {text!r}; set --config.steps=<int>.")
+
+
+def test_a_flag_repeated_through_a_flagfile_is_refused(tmp_path):
+  """absl inserts a --flagfile's lines into the command line; a flag given
+  there and on the command line ran with the later value, unsaid."""
+  fv = flags.FlagValues()
+  flags.DEFINE_string("methods", None, "", flag_values=fv)
+  flags.DEFINE_multi_string("tag", [], "", flag_values=fv)
+  one = tmp_path / "one.flags"
+  one.write_text("--methods=dadam\n")
+  with pytest.raises(ValueError, match=(
+      r"^--methods is given twice \(--methods=all_reduce, then "
+      rf"--methods=dadam in --flagfile {one}\); give it once\.$")):
+    config_lib.parse_command_line(fv, "p", ["--methods=all_reduce",
+                                            f"--flagfile={one}"])
+  two = tmp_path / "two.flags"
+  two.write_text("# both in the file\n--methods=a\n--methods=b\n")
+  with pytest.raises(ValueError, match="--methods is given twice"):
+    config_lib.parse_command_line(fv, "p", ["--flagfile", str(two)])
+  tags = tmp_path / "tags.flags"  # a list flag may repeat; overrides split
+  tags.write_text("--tag=a\n--config.steps=3\n")
+  assert config_lib.parse_command_line(
+      fv, "p", [f"--flagfile={tags}", "--tag=b", "--methods=x"]) == (
+          [], ["--config.steps=3"])
+  assert fv.tag == ["a", "b"] and fv.methods == "x"

@@ -146,3 +146,20 @@ def test_one_field_set_twice_is_refused(no_work, capsys, command, tmp_path):
   assert cli.main([command, *out, "--config", "gpt_tiny", "--set",
                    "n_workers=2", "--set", "global_batch=4"]) == 2
   assert _errors(capsys) == ["error: reached"]
+
+
+def test_measure_distributed_off_slurm_names_its_fix_in_set_spelling(
+    no_work, capsys, tmp_path, monkeypatch):
+  """The fix named --config.distributed.* flags, which measure does not
+  take ("unrecognized arguments")."""
+  monkeypatch.delenv("SLURM_NTASKS", raising=False)
+  assert cli.main(["measure", "--config", "gpt_quick", "--out",
+                   str(tmp_path / "m.json"), "--set",
+                   "distributed.enabled=True"]) == 2
+  assert _errors(capsys) == [
+      "error: config.distributed.enabled=True but no SLURM job with several "
+      "tasks was found to detect the set-up from; give --set "
+      "distributed.coordinator_address=HOST:PORT, --set "
+      "distributed.num_processes=N and --set distributed.process_id=I (0 on "
+      "the coordinator's host)."]
+  assert not (tmp_path / "m.json").exists()

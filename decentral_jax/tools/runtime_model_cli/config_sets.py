@@ -89,12 +89,13 @@ def set_spelling():
   """Re-raises a ``ValueError`` of the runner inside (a config check, a
   task's data or evaluation set) with its fixes spelled as this command
   line takes them: ``--config.FIELD=VALUE`` (``flag --config.FIELD``)
-  becomes ``--set FIELD=VALUE``."""
+  becomes ``--set FIELD=VALUE`` (``set --config.FIELD`` ``give --set
+  FIELD``)."""
   try:
     yield
   except ValueError as e:
     raise ValueError(str(e).replace("flag --config.", "--set ")
-                     .replace("set --config.", "--set ")
+                     .replace("set --config.", "give --set ")
                      .replace("--config.", "--set ")) from None
 
 

@@ -281,8 +281,8 @@ def run(args) -> int:
   distinct_paths.check_distinct_paths(  # the corpus or token files it reads
       [("--out", args.out)], distinct_paths.data_inputs(
           config.data.get("path"), "--set data.path"))
-  launch.initialize_from_config(config)  # SLURM-aware, as the runner
-  with config_sets.set_spelling():  # the task's errors name --set FIELD
+  with config_sets.set_spelling():  # the errors' fixes name --set FIELD
+    launch.initialize_from_config(config)  # SLURM-aware, as the runner
     data = measure(config, local_size=args.local_size,
                    sizes_bytes=[x * 1e6 for x in args.sizes_MB],
                    repeats=args.repeats, config_path=args.config,
