@@ -186,9 +186,16 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
   """
   choices = tuple(choices)
   if isinstance(value, bool) or value not in choices:
-    raise ValueError(f"{name} must be one of "
-                     f"{', '.join(map(str, choices))}, got {value!r}.")
+    raise ValueError(f"{name} must be one of {show_choices(choices)}, got "
+                     f"{value!r}.")
   return value
+
+
+def show_choices(choices: Iterable[Any]) -> str:
+  """``choices`` joined by ``", "`` for a message; the empty string (an
+  unset field) shows as ``'' (unset)`` instead of nothing."""
+  return ", ".join("'' (unset)" if isinstance(c, str) and not c else str(c)
+                   for c in choices)
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -8,7 +8,9 @@ construction (their compute dtypes are in
 checked with :mod:`decentral_jax.checks`, whose messages name
 ``static_args`` when ``optax.inject_hyperparams`` turned a static argument
 into an array; hyperparameters that may be traced (learning rates, betas,
-eps) are checked here, when their values are known.
+eps) are checked here, when their values are known, and so is a weight
+decay's ``mask`` (:func:`weight_decay_mask`: bools only, in the parameters'
+structure).
 
 :func:`per_worker_state` builds every transform of :mod:`decentral_jax.optim`
 that keeps per-worker state, and gives that state one type inside
@@ -181,3 +183,87 @@ def per_worker_state(init_fn, update_fn, *, extra_args: bool = False):
   if extra_args:
     return optax.GradientTransformationExtraArgs(init, update)
   return optax.GradientTransformation(init, update)
+
+
+MASK_RULE = ("pass None (decay all), 'ndim>=2', a pytree of bools with the "
+             "parameters' structure (or a prefix of it) or a callable params "
+             "-> such a pytree")
+
+
+def weight_decay_mask(mask):
+  """The weight-decay ``mask`` (not its string form), checked.
+
+  ``mask`` is None (every leaf decays), a callable ``params -> bools`` or a
+  pytree (dict, list, tuple, ...) whose leaves are Python or NumPy bools or
+  0-d bool arrays, with the structure of the parameters or a prefix of it
+  (as ``optax.masked``). Numbers, NaN and arrays are not read as
+  true/false.
+
+  Returns:
+    None, or a callable ``params -> pytree of Python bools`` that checks
+    the mask (a callable's result) against ``params`` when called (at
+    ``init`` and ``update``).
+
+  Raises:
+    ValueError: one line naming ``mask``: a bare leaf (a bool, number or
+      array: a JAX array is what ``optax.inject_hyperparams`` passes for a
+      callable mask without ``static_args``), a leaf that is not a bool;
+      from the returned callable, a structure that differs from the
+      parameters' (naming the first differing path).
+  """
+  if mask is None:
+    return None
+  if callable(mask):
+    return lambda params: _mask_of(mask(params), params, " (its result)")
+  if jax.tree_util.treedef_is_leaf(jax.tree.structure(mask)):
+    # A bool or JAX array is what optax.inject_hyperparams passes for a
+    # callable mask it took for a schedule.
+    hint = ("; " + checks.INJECT_HINT.format("mask") if isinstance(
+        mask, (bool, np.bool_, jax.Array)) else "")
+    raise ValueError(f"mask={_shown(mask)}: {MASK_RULE} (not a bare bool, "
+                     f"number or array){hint}.")
+  _mask_bools(mask, "")
+  return lambda params: _mask_of(mask, params, "")
+
+
+def _shown(value) -> str:
+  """``repr(value)`` on one line, at most 60 characters."""
+  return " ".join(repr(value).split())[:60]
+
+
+def _mask_bools(mask, said: str):
+  """``mask`` with each leaf a Python bool; refuses any other leaf."""
+  def leaf(path, x):
+    if (isinstance(x, (bool, np.bool_)) or isinstance(
+        x, (np.ndarray, jax.Array)) and x.dtype == bool and x.ndim == 0):
+      try:
+        return bool(x)
+      except TypeError:  # a traced bool
+        pass
+    raise ValueError(
+        f"mask{said} has {_shown(x)} ({type(x).__name__}) at "
+        f"{jax.tree_util.keystr(path) or 'its root'}, not True or False; "
+        f"{MASK_RULE}.")
+  return jax.tree_util.tree_map_with_path(leaf, mask)
+
+
+def _mask_of(mask, params, said: str):
+  """``mask`` as Python bools, checked against the structure of ``params``."""
+  mask = _mask_bools(mask, said)
+  try:
+    jax.tree.structure(mask).flatten_up_to(params)
+    return mask
+  except (ValueError, TypeError):
+    pass
+  mask_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(mask)[0]]
+  param_paths = [p for p, _ in
+                 jax.tree_util.tree_flatten_with_path(params)[0]]
+  keystr = jax.tree_util.keystr
+  why = next((f"has {keystr(m)}, which the parameters lack"
+              for m in mask_paths
+              if not any(p[:len(m)] == m for p in param_paths)), None)
+  why = why or next((f"has no entry for the parameter {keystr(p)}"
+                     for p in param_paths
+                     if not any(p[:len(m)] == m for m in mask_paths)), None)
+  why = why or "has other containers than the parameters (a list for a tuple?)"
+  raise ValueError(f"mask{said} {why}; {MASK_RULE}.")

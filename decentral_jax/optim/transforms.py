@@ -394,20 +394,14 @@ def default_weight_decay_mask(params: PyTree) -> PyTree:
 
 
 def _resolve_mask(mask):
+  """``mask`` of :func:`local_adamw`: ``'ndim>=2'`` or
+  :func:`decentral_jax.optim.arguments.weight_decay_mask`'s rule."""
   if isinstance(mask, str):
     if mask.replace(" ", "") != "ndim>=2":
       raise ValueError(f"mask={mask!r}: the only string mask is 'ndim>=2'; "
                        "pass None (decay all), a pytree of bools or a callable.")
     return default_weight_decay_mask
-  if isinstance(mask, (bool, np.bool_, jax.Array)):
-    # What optax.inject_hyperparams passes for a callable mask it took for a
-    # schedule (the mask of the step count: False), which would silently
-    # turn decay off. A bare bool is never needed: True is None, and False
-    # is weight_decay=0.
-    raise ValueError(f"mask={mask!r}: pass None (decay all), 'ndim>=2', a "
-                     "pytree of bools or a callable (not a bare bool or "
-                     "array); " + checks.INJECT_HINT.format("mask") + ".")
-  return mask
+  return arguments.weight_decay_mask(mask)
 
 
 def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
@@ -446,7 +440,9 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
     weight_decay: decoupled weight decay ``lambda`` on the mixed parameters.
     mask: which leaves are decayed: ``"ndim>=2"`` (default: matrices and
       kernels, never biases or norm scales), ``None`` (all leaves), a pytree
-      of bools, or a callable ``params -> bools``. The default is a string so
+      of bools with the structure of ``params`` (or a prefix of it), or a
+      callable ``params -> bools``; numbers and arrays are refused, not read
+      as true/false. The default is a string so
       that ``optax.inject_hyperparams`` keeps it static (it would treat a
       callable as a schedule: list a callable mask in ``static_args``).
     accum_steps: AccumAdam window ``T`` (1 = DAdam).
@@ -474,7 +470,9 @@ def decentralized_adamw(learning_rate: optax.ScalarOrSchedule,
       number >= 0), ``weight_decay`` (negative, NaN or infinite; checked when
       known), ``accum_steps``, ``b1``, ``b2``, ``eps``, ``mask``
       (including a bare bool or array: what ``optax.inject_hyperparams``
-      passes for a callable mask without ``static_args``), ``mu_dtype``,
+      passes for a callable mask without ``static_args``; a leaf that is not
+      a bool; at ``init``/``update``, a structure other than ``params``'),
+      ``mu_dtype``,
       ``nu_dtype``, ``comm_dtype``, ``bucket_bytes`` or ``beta_convention`` (see
       :func:`scale_by_accum_adam`, :func:`decentralized`).
 

@@ -11,7 +11,8 @@ iterator source is restarted at the step a run starts or resumes at.
 
 Everything is checked before any compile, each failure one line naming the
 model or the source and what was expected: a batch of step 0 that is not a
-tuple of numeric arrays ``[n_workers, local_batch, ...]``, evaluation
+tuple of numeric arrays ``[n_workers, local_batch, ...]`` (an example of no
+arrays included), evaluation
 examples of other shapes or dtypes than the training ones, fewer examples
 than one step (or the evaluation set) needs, an ``init``
 that fails, a parameter leaf of it that is not a float16, bfloat16,
@@ -19,7 +20,9 @@ float32 or float64 array or has no elements, and a loss that is not a float
 scalar or an aux dict whose keys are not strings, whose values are not
 float scalars or that uses a name of the runner's own per-step metrics
 (traced with ``jax.eval_shape``, nothing compiled). Later batches are
-compared with step 0's shapes and dtypes as they are read, and an
+compared with step 0's shapes and dtypes as they are read, every batch's
+``int64``/``uint64`` values with the 32-bit range the device narrows them
+to (:data:`INT_RANGES`: the example named), and an
 exception the source raises while reading (``__getitem__``, the iterator
 or the call that starts it) becomes one line naming the source, the example
 and the step (the training loop then saves the steps trained so far,
@@ -108,11 +111,33 @@ def _example(source, i: int, what: str,
   if isinstance(example, np.ndarray) or not isinstance(example,
                                                        (tuple, list)):
     example = (example,)
+  if not example:
+    raise ValueError(f"{what}: example {i} holds no arrays (an empty "
+                     f"{type(example).__name__}); return a tuple of arrays.")
   try:
     return tuple(np.asarray(x) for x in example)
   except Exception as e:  # pylint: disable=broad-except
     raise ValueError(f"{what}: example {i} is not a tuple of arrays "
                      f"({type(e).__name__}: {e}).") from None
+
+
+#: The values a 64-bit integer array may hold: JAX (without x64) narrows
+#: int64 to int32 and uint64 to uint32 by wrapping modulo 2**32.
+INT_RANGES = {"int64": (-2**31, 2**31 - 1), "uint64": (0, 2**32 - 1)}
+
+
+def _check_int_range(arrays, what: str, where: Callable[[tuple], str]):
+  """Refuses a value of a 64-bit integer array outside :data:`INT_RANGES`;
+  ``where(index)`` names the example of an index into the arrays."""
+  for k, x in enumerate(arrays):
+    lo, hi = INT_RANGES.get(np.dtype(x.dtype).name, (None, None))
+    if lo is None or x.size == 0 or lo <= x.min() and x.max() <= hi:
+      continue
+    at = np.unravel_index(np.argmax((x < lo) | (x > hi)), x.shape)
+    raise ValueError(
+        f"{what}: array {k} of {where(at)} holds the {x.dtype} value "
+        f"{x[at]}, outside [{lo}, {hi}] (the device narrows it to 32 bits "
+        "by wrapping); give values in that range.")
 
 
 def _stack(source, ids: np.ndarray, what: str,
@@ -125,8 +150,12 @@ def _stack(source, ids: np.ndarray, what: str,
     if _spec(row) != spec:
       raise ValueError(f"{what}: example {i} has arrays {_show(_spec(row))}"
                        f", expected {_show(spec)} as the others.")
-  return tuple(np.stack([r[k] for r in rows]).reshape(ids.shape + x.shape)
-               for k, x in enumerate(rows[0]))
+  arrays = tuple(np.stack([r[k] for r in rows]).reshape(ids.shape + x.shape)
+                 for k, x in enumerate(rows[0]))
+  at = "" if step is None else f" (step {step})"
+  _check_int_range(arrays, what,
+                   lambda j: f"example {ids[j[:ids.ndim]]}{at}")
+  return arrays
 
 
 def _spec(arrays) -> tuple:
@@ -223,10 +252,12 @@ def _streamed(make_iter: Callable, what: str, n: int):
     state["next"] = int(step) + 1
     arrays = tuple(np.asarray(x) for x in (
         item if isinstance(item, (tuple, list)) else (item,)))
-    if any(x.ndim < 2 or x.shape[0] != n for x in arrays):
+    if not arrays or any(x.ndim < 2 or x.shape[0] != n for x in arrays):
       raise ValueError(
-          f"{what} yielded arrays {_show(_spec(arrays))} at step {step}, "
-          f"expected [n_workers={n}, local_batch, ...] each.")
+          f"{what} yielded arrays {_show(_spec(arrays)) or 'none'} at step "
+          f"{step}, expected [n_workers={n}, local_batch, ...] each.")
+    _check_int_range(arrays, what, lambda j: f"the batch of step {step} "
+                     f"(worker {j[0]}, row {j[1]})")
     if workers is None:
       return arrays
     rows = np.asarray(list(workers), np.int64)

@@ -27,10 +27,11 @@ MAX_LR = 1e3
 
 
 def choice(value, name: str, allowed) -> str:
-  """``value`` if it is one of ``allowed``, else a ValueError naming both."""
+  """``value`` if it is one of ``allowed``, else a ValueError naming both
+  (an empty-string choice shown as ``'' (unset)``)."""
   if value not in allowed:
     raise ValueError(f"unknown config.{name}={value!r}; use one of "
-                     f"{', '.join(map(str, allowed))} (--config.{name}=...).")
+                     f"{checks.show_choices(allowed)} (--config.{name}=...).")
   return value
 
 

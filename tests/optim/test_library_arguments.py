@@ -445,6 +445,8 @@ def test_diloco_init_refuses_a_complex_leaf_by_name():
      "p must be a finite number >= 0.0 and <= 1.0, got 1.5."),
     (lambda: checks.check_choice("mode", "tensor", ("fsdp", "data")),
      "mode must be one of fsdp, data, got 'tensor'."),
+    (lambda: checks.check_choice("tracker", "x", ("", "wandb")),
+     "tracker must be one of '' (unset), wandb, got 'x'."),
     (lambda: checks.check_bool("flag", 1),
      "flag must be a bool (True or False), got 1."),
     (lambda: checks.check_float_dtype("d", "int8"),

@@ -413,6 +413,68 @@ def test_default_mask_decays_only_matrices():
   assert mask == {"w": True, "b": False, "s": False}
 
 
+_MASK_PARAMS = {"w": jnp.ones((2, 2)), "b": jnp.ones(2)}
+
+
+@pytest.mark.parametrize("mask, at_init, message", [
+    # Read by truthiness before: 0 turned decay off, nan and 2.0 decayed all.
+    (0, False, "mask=0: pass None (decay all), 'ndim>=2', a pytree of bools"),
+    (float("nan"), False, "mask=nan: pass None"),
+    (np.array(2.0), False, "mask=array(2.): pass None"),
+    (np.array([True, False]), False, "mask=array([ True, False]): pass"),
+    ({"w": 0.0, "b": 1.0}, False,
+     "mask has 1.0 (float) at ['b'], not True or False; pass None"),
+    ({"w": True, "b": np.array([True, True])}, False,
+     "mask has array([ True, True]) (ndarray) at ['b'], not True or False"),
+    # A multi-line JAX pytree error at the first update before.
+    ([True, False], True, "mask has [0], which the parameters lack"),
+    ({"w": True}, True, "mask has no entry for the parameter ['b']"),
+    (lambda p: {"w": 1, "b": 0}, True,
+     "mask (its result) has 0 (int) at ['b'], not True or False"),
+])
+def test_a_weight_decay_mask_other_than_bools_is_refused(mask, at_init,
+                                                         message):
+  def build_and_init():
+    tx = optim.local_adamw(0.1, weight_decay=0.5, mask=mask)
+    return tx.init(_MASK_PARAMS)
+  if at_init:
+    tx = optim.local_adamw(0.1, weight_decay=0.5, mask=mask)  # accepted
+    build_and_init = lambda: tx.init(_MASK_PARAMS)  # noqa: E731
+  with pytest.raises(ValueError) as info:
+    build_and_init()
+  assert str(info.value).startswith(message), str(info.value)
+  assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("mask, decays", [
+    ({"w": True, "b": np.bool_(False)}, {"w": True, "b": False}),
+    ({"w": np.array(False), "b": jnp.array(True)}, {"w": False, "b": True}),
+    (None, {"w": True, "b": True}),
+    ("ndim>=2", {"w": True, "b": False}),
+    (lambda p: {"w": False, "b": True}, {"w": False, "b": True}),
+])
+def test_a_weight_decay_mask_of_bools_decays_the_leaves_it_marks(mask,
+                                                                 decays):
+  """Zero gradients: the update is -lr * wd * p = -0.05 on decayed leaves."""
+  tx = optim.local_adamw(0.1, weight_decay=0.5, mask=mask)
+  zeros = jax.tree.map(jnp.zeros_like, _MASK_PARAMS)
+  updates, _ = tx.update(zeros, tx.init(_MASK_PARAMS), _MASK_PARAMS)
+  for k, decayed in decays.items():
+    np.testing.assert_allclose(updates[k], -0.05 if decayed else 0.0,
+                               rtol=1e-6)
+
+
+def test_a_weight_decay_mask_may_be_a_prefix_of_the_parameters():
+  params = {"enc": {"w": jnp.ones((2, 2)), "b": jnp.ones(2)},
+            "head": jnp.ones((2, 2))}
+  tx = optim.local_adamw(0.1, weight_decay=0.5,
+                         mask={"enc": True, "head": False})
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  np.testing.assert_allclose(updates["enc"]["b"], -0.05, rtol=1e-6)
+  np.testing.assert_allclose(updates["head"], 0.0)
+
+
 def test_static_round_index_matches_switch_and_has_no_conditional():
   n = 8
   require_devices(n)

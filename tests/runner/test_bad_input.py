@@ -246,6 +246,15 @@ def test_bad_field_is_one_line_naming_it(field, value, model):
   assert f"--config.{field}=" in message, message  # says what to set
 
 
+def test_an_empty_string_choice_is_shown_as_unset():
+  """The empty choice (unset) printed as nothing: 'use one of , bfloat16'."""
+  message = one_line_error(validation.check_config,
+                           make_config("gpt", comm_dtype="float64"))
+  assert message == ("unknown config.comm_dtype='float64'; use one of '' "
+                     "(unset), bfloat16, float16, float32 "
+                     "(--config.comm_dtype=...)."), message
+
+
 # Fields valid on their own but not together: (fields, phrases).
 BAD_RELATIONS = [
     ({"schedule.final_lr": 1.0}, ("config.schedule.final_lr=1.0 exceeds",

@@ -75,9 +75,16 @@ def make_data(bad=""):
     train_set = EXAMPLES[:N * B - 1]
   elif bad == "dtype":
     train_set = [(x.astype(np.float64), y) for x, y in EXAMPLES]
+  elif bad == "empty":
+    train_set = [() for _ in EXAMPLES]
+  elif bad in ("int64", "uint64", "int64_fits"):
+    label = {"int64": np.int64(2**32 + 5), "uint64": np.uint64(2**63),
+             "int64_fits": np.int64(-2**31)}[bad]
+    train_set = [(x, label) for x, _ in EXAMPLES]
   units = {"units_str": "x", "units_half": 1.5, "units_bool": True}.get(bad, 1)
-  return extensions.Data(train=train_set, eval=EXAMPLES,
-                         units_per_example=units)
+  return extensions.Data(
+      train=train_set, eval=train_set if bad == "int64_fits" else EXAMPLES,
+      units_per_example=units)
 
 
 extensions.register_model("test_linear", make_linear)
@@ -172,17 +179,29 @@ def make_vector_loss():
   return extensions.Model(model.init, lambda p, b, k: (b[0] @ p["w"]) ** 2)
 
 
-def make_stream(change_at=-1, stop_at=99, raise_at=-1):
+def make_stream(change_at=-1, stop_at=99, raise_at=-1, big_at=-1,
+                empty=False):
   """Whole steps from an iterator; the shape changes at ``change_at``, the
-  read of ``raise_at`` raises."""
+  read of ``raise_at`` raises, the labels of ``big_at`` hold an int64
+  beyond int32 (every label int64), ``empty``: steps of no arrays."""
   def batches(start):
     for step in range(start, stop_at):
       if step == raise_at:
         raise OSError("stream read failed")
+      if empty:
+        yield ()
+        continue
+      if big_at >= 0:
+        labels = np.zeros((N, B), np.int64)
+        labels[1, 0] = -(2**31) - 1 if step == big_at else 0
+        yield np.ones((N, B, D), np.float32), labels
+        continue
       width = D + 1 if step == change_at else D
       yield (np.ones((N, B, width), np.float32),
              np.zeros((N, B), np.float32))
-  return extensions.Data(train=batches, eval=EXAMPLES)
+  evaluation = EXAMPLES if big_at < 0 else [(x, np.int64(0))
+                                            for x, _ in EXAMPLES]
+  return extensions.Data(train=batches, eval=evaluation)
 
 
 class _Unreadable:
@@ -292,6 +311,22 @@ def test_names_that_do_not_resolve_are_refused_by_the_config_check(
     ({"data.options.bad": "dtype"},
      "data source 'test_examples': evaluation examples are float32[3], "
      "float32[], expected float64[3], float32[]"),
+    # An empty example passed the data checks and failed in init, blamed
+    # on the model; int64/uint64 values beyond 32 bits trained wrapped.
+    ({"data.options.bad": "empty"},
+     f"data source 'test_examples': example {oracle_ids(0)[0, 0]} holds no "
+     "arrays (an empty tuple); return a tuple of arrays."),
+    ({"data.options.bad": "int64"},
+     f"data source 'test_examples': array 1 of example {oracle_ids(0)[0, 0]}"
+     " (step 0) holds the int64 value 4294967301, outside [-2147483648, "
+     "2147483647] (the device narrows it to 32 bits by wrapping)"),
+    ({"data.options.bad": "uint64"},
+     f"data source 'test_examples': array 1 of example {oracle_ids(0)[0, 0]}"
+     " (step 0) holds the uint64 value 9223372036854775808, outside [0, "
+     "4294967295]"),
+    ({"data.source": "test_stream", "data.options.empty": True},
+     "data source 'test_stream' yielded arrays none at step 0, expected "
+     "[n_workers=4, local_batch, ...] each."),
     ({"eval_batches": 6},
      "data source 'test_examples' has 40 evaluation examples, fewer than "
      "config.eval_batches * config.global_batch = 48"),
@@ -341,6 +376,22 @@ def test_an_iterator_source_is_checked_step_by_step():
   with pytest.raises(ValueError, match="data source 'test_stream' ran out "
                      "of batches at step 4"):
     exp.task.host_batch(4)
+
+
+def test_64_bit_integers_are_checked_in_range_at_every_step():
+  """int64 values that fit int32 are accepted; one beyond it at step 2 of
+  an iterator is named with its worker and row."""
+  require_devices(N)
+  exp = experiment_lib.Experiment(linear_config(
+      **{"data.options.bad": "int64_fits"}))
+  assert int(exp.task.host_batch(0)[1].min()) == -2**31
+  exp = experiment_lib.Experiment(linear_config(**{
+      "data.source": "test_stream", "data.options.big_at": 2}))
+  exp.task.host_batch(1)
+  with pytest.raises(ValueError, match=r"^data source 'test_stream': array "
+                     r"1 of the batch of step 2 \(worker 1, row 0\) holds "
+                     r"the int64 value -2147483649, outside \[-2147483648, "):
+    exp.task.host_batch(2)
 
 
 def _numpy_mse(kernel, bias, batch):
