@@ -71,8 +71,10 @@ def test_the_docs_hold_the_predict_runs_checked_here():
       + ["runtime_model_wan_compression.md"] * 4)
 
 
-@pytest.mark.parametrize("where,argv,doc", BLOCKS,
-                         ids=[w for w, _, _ in BLOCKS])
+# The first block in the fast tier, the others (2 to 3 s each) in `slow`.
+@pytest.mark.parametrize("where,argv,doc", [
+    pytest.param(*b, marks=[pytest.mark.slow] if k else [])
+    for k, b in enumerate(BLOCKS)], ids=[w for w, _, _ in BLOCKS])
 def test_a_documented_predict_table_is_what_the_command_prints(
     where, argv, doc, capsys):
   assert cli.main(argv) == 0, where
