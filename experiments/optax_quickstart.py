@@ -18,6 +18,7 @@ import os
 import sys
 
 from decentral_jax import checks  # NumPy only: before JAX reads XLA_FLAGS
+from decentral_jax.tools import flag_types  # no JAX
 
 N_WORKERS = 8
 DEFAULT_TOPOLOGY = "one_peer_exp"
@@ -101,6 +102,9 @@ def main(argv=None) -> dict:
                  help="workers per node (default 1; not with --all_reduce)")
   p.add_argument("--all_reduce", action="store_true")
   p.add_argument("--steps", type=int, default=100)
+  why = flag_types.repeated_flag(p, sys.argv[1:] if argv is None else argv)
+  if why:  # argparse keeps the last value of a flag given twice
+    p.error(why)
   args = p.parse_args(argv)
   n = N_WORKERS
   topo, mesh = _checked_setup(p, args, n)

@@ -73,6 +73,9 @@ def _parse(argv):
   p.add_argument("--forward-ms", type=float, default=None,
                  help="forward time per step on the priced GPU (default: a "
                       "third of this machine's measured step)")
+  why = flag_types.repeated_flag(p, sys.argv[1:] if argv is None else argv)
+  if why:  # argparse keeps the last value of a flag given twice
+    p.error(why)
   args = p.parse_args(argv)
   # The runner's bound of config.steps; predict's of --forward-ms (the
   # backward pass priced is twice the forward).

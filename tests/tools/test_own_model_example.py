@@ -91,6 +91,9 @@ def test_own_model_config_runs_through_the_train_command(tmp_path):
     (["--n-workers-priced", "6"], "--n-workers-priced 6 with --preset A40: "
      "local_size=4 must be a positive integer dividing n_workers=6"),
     (["--preset", "nope"], "argument --preset: invalid choice: 'nope'"),
+    # argparse kept the last value.
+    (["--steps", "4", "--steps", "8"],
+     "--steps is given twice (--steps 4, then --steps 8); give it once."),
 ])
 def test_bad_numeric_flags_are_one_error_line_before_any_work(
     args, message, capsys, tmp_path):

@@ -57,6 +57,10 @@ def test_quickstart_trains(args):
     # Accepted, and the script ran for ever (the runner bounds config.steps).
     (["--steps", "99999999999"],
      "--steps=99999999999 must be at most 2147483647."),
+    # argparse kept the last: trained on complete.
+    (["--topology", "ring", "--topology", "complete"],
+     "--topology is given twice (--topology ring, then --topology "
+     "complete); give it once."),
 ])
 def test_bad_flags_are_one_error_line_before_any_work(args, message, capsys):
   """--steps 0 ended in an UnboundLocalError, --local_size 3 in a
