@@ -426,7 +426,10 @@ def truncate_after(workdir: str, step: int, config=None,
 
   A run resumed from a checkpoint after ``step`` steps logs every later step
   again, so records with a larger step (or, for ``step == 0``, all records)
-  are removed. An incomplete last line is dropped with a warning naming the
+  are removed; at ``step == 0`` the file is still read by the rules below,
+  so a file that is no run's log (notes of your own at that name) raises
+  :class:`MetricsError` and is moved aside by the caller, not emptied. An
+  incomplete last line is dropped with a warning naming the
   file and line, and whether its record is logged again (a step after
   ``step``) or lost (``step`` or before, as read from the line; the rest
   of a torn record is not kept). The file is rewritten atomically.
@@ -471,10 +474,9 @@ def truncate_after(workdir: str, step: int, config=None,
           "records of steps 0 to %d are lost; the resumed run writes a new "
           "file from step %d on.", path, step, step, step + 1)
     return 0
-  if step == 0:  # everything is redone: no need to parse
-    removed = sum(1 for line in _read_regular(path).split(b"\n")
-                  if line.strip(b" \t\r\n\0"))
-    keep, torn, dirty = [], None, removed > 0
+  if step == 0:  # everything is redone; a file that is no run's log is
+    records, torn, dirty, tail = _parse(path)  # moved aside, not emptied
+    keep, removed = [], len(records)
   else:
     records, torn, dirty, tail = _parse(path, config, schedule, upto=step)
     _check_reachable(path, records)

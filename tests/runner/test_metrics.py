@@ -650,3 +650,20 @@ def test_the_checkpoint_fixes_its_step_s_record():
   assert run_meta.logged_at_checkpoint({"step": 8}) == {
       "lr": None, "train_time_s": None}
   assert run_meta.logged_at_checkpoint(None) is None
+
+
+def test_a_fresh_run_moves_a_file_that_is_no_run_s_log_aside(tmp_path,
+                                                              caplog):
+  """A fresh start (no checkpoint) emptied whatever ``metrics.jsonl`` held,
+  notes of the user's own included; a run's records are still dropped."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  notes = b"my notes line 1\nmy notes line 2\n"
+  (tmp_path / "metrics.jsonl").write_bytes(notes)
+  train.resume_metrics(str(tmp_path), 0)
+  assert (tmp_path / "metrics.jsonl.corrupt").read_bytes() == notes
+  assert not (tmp_path / "metrics.jsonl").exists()
+  assert "moved it to" in caplog.text
+  (tmp_path / "metrics.jsonl").write_text(
+      '{"step": 0, "eval/loss": 2.5}\n{"step": 2, "train/loss": 2.4}\n')
+  assert metrics.truncate_after(str(tmp_path), 0) == 2
+  assert (tmp_path / "metrics.jsonl").read_text() == ""
