@@ -329,7 +329,7 @@ def test_a_log_written_before_a_lowered_peak_stays_whole(tmp_path, caplog):
   """peak_lr 3e-3 for 6 steps, resumed to 8 with peak 4e-4 (accepted), then
   to 10: the records of steps 1-6 (lr above 4e-4 at step 6 of the
   warmup, by hand) are intact, not set aside; the document records the
-  two peaks."""
+  two peaks and where each invocation ended."""
   from conftest import require_devices  # pylint: disable=g-import-not-at-top
   from decentral_jax.runner import train  # pylint: disable=g-import-not-at-top
   require_devices(8)
@@ -348,8 +348,10 @@ def test_a_log_written_before_a_lowered_peak_stays_whole(tmp_path, caplog):
   assert not os.path.lexists(os.path.join(workdir, metrics.CORRUPT_FILE))
   with checkpoint.Checkpointer(os.path.join(workdir, "checkpoints")) as ckpt:
     meta = ckpt.restore_meta(10)
-  assert meta[metrics_resume.SCHEDULE_KEY] == [[0, 1, 0, 3e-3],
-                                               [6, 1, 0, 4e-4]]
+  # Each invocation that ran to its end closes its segment at its last step.
+  assert meta[metrics_resume.SCHEDULE_KEY] == [[0, 1, 0, 3e-3, 6],
+                                               [6, 1, 0, 4e-4, 8],
+                                               [8, 1, 0, 4e-4]]
 
 
 def test_a_save_writes_the_document_as_it_was_when_the_save_started(
