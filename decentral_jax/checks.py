@@ -1,4 +1,5 @@
-"""Argument checks shared by every layer: integers, floats, probabilities, dtypes.
+"""Argument checks shared by every layer: integers, floats, probabilities,
+choices, containers, types, dtypes.
 
 Each check either returns the value converted to its Python type or raises
 ``ValueError`` with one line that names the argument and what it must be, in
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -182,12 +184,64 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
   """Returns ``value`` if it is one of ``choices``.
 
   Raises:
-    ValueError: ``"{name} must be one of a, b, c, got {value!r}."``.
+    ValueError: ``"{name} must be one of a, b, c, got {value!r}."``; an
+      array (what ``optax.inject_hyperparams`` passes for a choice not in
+      ``static_args``) is refused with :data:`INJECT_HINT` before the
+      membership test.
   """
   choices = tuple(choices)
+  _check_kind(name, value, f"one of {show_choices(choices)}",
+              lambda _: True)
   if isinstance(value, bool) or value not in choices:
     raise ValueError(f"{name} must be one of {show_choices(choices)}, got "
                      f"{value!r}.")
+  return value
+
+
+def check_sequence(name: str, value: Any, rule: str, *,
+                   allow_array: bool = True) -> list:
+  """Returns ``list(value)`` if ``value`` is a container of entries: a list,
+  tuple, other sequence, iterator or an array of one or more dimensions.
+
+  Refused before anything iterates it: a number, None, a string or bytes
+  (iterated as characters), a mapping (iterated as its keys) and a 0-d
+  array (NumPy and JAX refuse to iterate one).
+
+  Args:
+    name: the argument, as the user spells it (``"events"``).
+    rule: what it must be, for the message (``"a sequence of (worker,
+      start, end, speed) tuples"``).
+    allow_array: False refuses every array (for nested entries such as
+      ``(perm, weight)`` terms, which no regular array holds).
+
+  Raises:
+    ValueError: ``"{name} must be {rule}, got {value!r}."``.
+  """
+  if _is_array(value) and (not allow_array or np.ndim(value) == 0):
+    raise ValueError(f"{name} must be {rule}, got an array of shape "
+                     f"{tuple(np.shape(value))}.")
+  if isinstance(value, (str, bytes, Mapping)) or not hasattr(value,
+                                                              "__iter__"):
+    raise ValueError(f"{name} must be {rule}, got {shown(value)}.")
+  return list(value)
+
+
+def check_type(name: str, value: Any, cls: type, what: str) -> Any:
+  """Returns ``value`` if it is an instance of ``cls``.
+
+  Args:
+    name: the argument, as the user spells it (``"c"``).
+    what: ``cls`` as the user knows it, for the message
+      (``"a runtime_model.Cluster"``).
+
+  Raises:
+    ValueError: ``"{name} must be {what}, got None."`` or ``"... got an
+      object of type {type}."``.
+  """
+  if not isinstance(value, cls):
+    got = ("None" if value is None
+           else f"an object of type {type(value).__name__}")
+    raise ValueError(f"{name} must be {what}, got {got}.")
   return value
 
 

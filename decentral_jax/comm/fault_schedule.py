@@ -88,6 +88,8 @@ class FaultSchedule:
   def __init__(self, n_workers: int, events: Sequence[tuple] = ()):
     self.n_workers = checks.check_int("n_workers", n_workers, minimum=1,
                                     maximum=topology_lib.MAX_WORKERS)
+    events = checks.check_sequence(
+        "events", events, "a sequence of (worker, start, end, speed) tuples")
     self.events = tuple(_normalise_event(e, self.n_workers, f"events[{i}]")
                         for i, e in enumerate(events))
     self._build()
@@ -104,7 +106,8 @@ class FaultSchedule:
     """From ``(worker, start, end, speed)`` tuples (``end`` None: open).
 
     Raises:
-      ValueError: a worker outside ``0..n-1``, ``start < 0``, ``end <=
+      ValueError: ``events`` not a sequence (a number, None, a string, a
+        0-d array), a worker outside ``0..n-1``, ``start < 0``, ``end <=
         start``, or a speed outside ``[0, 1)``.
     """
     return cls(n_workers, events)

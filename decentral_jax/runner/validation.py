@@ -21,6 +21,7 @@ from __future__ import annotations
 from ml_collections import config_dict
 
 from decentral_jax.comm import fault_schedule
+from decentral_jax.runner import builders
 from decentral_jax.runner import devices
 from decentral_jax.runner import field_checks
 from decentral_jax.runner import field_rules
@@ -501,8 +502,10 @@ def config_warnings(config: config_dict.ConfigDict) -> list[str]:
   ``steps`` not a multiple of ``sync_every``, the evaluated theta misses
   the last steps), and
   ``schedule.warmup_steps > steps`` (warmup_cosine,
-  inverse_sqrt): the learning rate never reaches ``peak_lr``. Allowed
-  because short smoke tests of long configs do exactly this.
+  inverse_sqrt): the learning rate never reaches ``peak_lr``; the stated
+  peak is the schedule the run uses (:func:`builders.make_schedule`) at
+  its last step, ``steps - 1`` (the warmup rises, so its largest value).
+  Allowed because short smoke tests of long configs do exactly this.
 
   Returns:
     One line per finding (empty if none); the entry points print them.
@@ -512,9 +515,11 @@ def config_warnings(config: config_dict.ConfigDict) -> list[str]:
   out = method.warnings(c) if method.warnings is not None else []
   s = c.schedule
   if s.name != "constant" and s.warmup_steps > c.steps:
+    last_lr = float(builders.make_schedule(c)(c.steps - 1))
     out.append(
         f"config.schedule.warmup_steps={s.warmup_steps} > config.steps="
         f"{c.steps}: the learning rate stays in its linear warmup and peaks "
-        f"at {c.steps / s.warmup_steps:.3g} x peak_lr.")
+        f"at {last_lr / float(s.peak_lr):.3g} x peak_lr (step "
+        f"{c.steps - 1}).")
   return out
 

@@ -130,9 +130,7 @@ class Cluster:
     if self.flow_bandwidth_Bps is not None:
       checks.check_float("flow_bandwidth_Bps", self.flow_bandwidth_Bps,
                          minimum=0, open_min=True)
-    if self.multi_node not in MULTI_NODE_ALGORITHMS:
-      raise ValueError(f"multi_node must be one of {MULTI_NODE_ALGORITHMS}, "
-                       f"got {self.multi_node!r}.")
+    checks.check_choice("multi_node", self.multi_node, MULTI_NODE_ALGORITHMS)
     checks.check_int("nics_per_node", self.nics_per_node, minimum=1)
     checks.check_float("nic_efficiency", self.nic_efficiency,
                        minimum=0, open_min=True)
@@ -140,9 +138,7 @@ class Cluster:
       raise ValueError("nic_efficiency is a fraction of the line rate in "
                        f"(0, 1], got {self.nic_efficiency!r}.")
     checks.check_bool("full_duplex", self.full_duplex)
-    if self.intra_link not in INTRA_LINKS:
-      raise ValueError(f"intra_link must be one of {INTRA_LINKS}, got "
-                       f"{self.intra_link!r}.")
+    checks.check_choice("intra_link", self.intra_link, INTRA_LINKS)
     self._check_wan()
 
   def _check_wan(self) -> None:
@@ -452,7 +448,14 @@ def round_cost(c: Cluster, rnd: Round,
 
   ``permutes``: realise the round with its ``ppermute`` terms even if it is
   a partition (compressed gossip sends every payload point to point).
+
+  Raises:
+    ValueError: ``c`` not a :class:`Cluster`, ``rnd`` not a topology
+      ``Round`` (``Topology.rounds[r]``), or built for another ``n``.
   """
+  checks.check_type("c", c, Cluster, "a runtime_model.Cluster")
+  checks.check_type("rnd", rnd, Round,
+                    "a topology Round (an entry of Topology.rounds)")
   if rnd.n_workers != c.n_workers:
     raise ValueError(f"topology has {rnd.n_workers} workers but the cluster "
                      f"has n_workers={c.n_workers}; build both for the same n.")

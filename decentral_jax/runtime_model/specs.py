@@ -308,9 +308,11 @@ def make_method(spec, c: Cluster) -> Method:
     c: the cluster; topologies are built for ``c.n_workers``, ``c.local_size``.
 
   Raises:
-    ValueError: unknown name, a bad local-update spec or field (naming the
-      bad part), or a topology built for another ``n``.
+    ValueError: ``c`` not a ``Cluster``, an unknown name, a bad
+      local-update spec or field (naming the bad part), or a topology
+      built for another ``n``.
   """
+  workload_lib.check_model_arguments(c=c)
   if isinstance(spec, Method):
     return check_method(spec, c)
   if isinstance(spec, topology_lib.Topology):

@@ -47,6 +47,7 @@ from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.method import Estimate
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.runtime_model.workload import check_model_arguments
 
 # Method.kind -> the module with its ``closed_form(m, c, w)`` and
 # ``simulate(m, c, w, fac, warmup)``.
@@ -82,7 +83,12 @@ def closed_form(method, c: Cluster, w: Workload) -> Estimate:
 
   Returns:
     An :class:`Estimate`.
+
+  Raises:
+    ValueError: ``c`` not a ``Cluster``, ``w`` not a ``Workload``, or as
+      :func:`~decentral_jax.runtime_model.specs.make_method`.
   """
+  check_model_arguments(c=c, w=w)
   m = make_method(method, c)
   c_eff, w_eff = method_messages.effective(m, c, w)
   est = ESTIMATORS[m.kind].closed_form(m, c_eff, w_eff)
@@ -125,20 +131,20 @@ def simulate(method, c: Cluster, w: Workload, *, steps: int = 300,
       :func:`~decentral_jax.runtime_model.specs.make_method` accepts.
     c: cluster.
     w: workload.
-    steps: simulated iterations (> warmup).
-    warmup: iterations discarded before averaging.
-    seed: seed of the compute draws.
+    steps: simulated iterations, an int in ``(warmup,
+      MAX_SIMULATED_STEPS]`` (100,000).
+    warmup: iterations discarded before averaging, an int >= 0.
+    seed: seed of the compute draws, an int >= 0.
 
   Returns:
     Mean seconds per iteration over steps ``warmup .. steps``.
 
   Raises:
-    ValueError: ``steps <= warmup`` or ``warmup < 0``; for kind "local",
-      no whole schedule period between ``warmup`` and ``steps``.
+    ValueError: an argument outside the ranges above (naming it; ``c``
+      not a ``Cluster``, ``w`` not a ``Workload``); for kind "local", no
+      whole schedule period between ``warmup`` and ``steps``.
   """
-  if warmup < 0 or steps <= warmup:
-    raise ValueError(f"need 0 <= warmup < steps, got warmup={warmup}, "
-                     f"steps={steps}.")
+  check_model_arguments(c=c, w=w, steps=steps, warmup=warmup, seed=seed)
   m = make_method(method, c)
   c, w = method_messages.effective(m, c, w)
   fac = w.compute_factors(steps, c.n_workers, seed)

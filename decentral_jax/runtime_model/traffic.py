@@ -47,6 +47,7 @@ from decentral_jax.runtime_model import compression
 from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.specs import make_method
 from decentral_jax.runtime_model.workload import Workload
+from decentral_jax.runtime_model.workload import check_model_arguments
 from decentral_jax.runtime_model import local_sync
 from decentral_jax.runtime_model import method_messages
 from decentral_jax.runtime_model import worker_devices
@@ -154,8 +155,10 @@ def bytes_per_iteration(method, c: Cluster, w: Workload) -> Traffic:
   :func:`~decentral_jax.runtime_model.specs.make_method` takes).
 
   Raises:
-    ValueError: as :func:`decentral_jax.runtime_model.specs.make_method`.
+    ValueError: ``c`` not a ``Cluster``, ``w`` not a ``Workload``, or as
+      :func:`decentral_jax.runtime_model.specs.make_method`.
   """
+  check_model_arguments(c=c, w=w)
   m = make_method(method, c)
   d, layout = w.devices_per_worker, w.worker_layout
   inner = worker_devices.inner_bytes(w)

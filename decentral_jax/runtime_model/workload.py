@@ -16,6 +16,7 @@ from scipy import special
 
 from decentral_jax import checks
 from decentral_jax import layout_modes
+from decentral_jax.runtime_model.costs import Cluster
 from decentral_jax.runtime_model.costs import MAX_WORKERS
 
 
@@ -323,8 +324,55 @@ class Workload:
     return self.compute_cv * self.compute_mean_s * expected_max_normal(m)
 
 
+#: Most iterations one simulation runs (``simulate(steps=)``, ``predict
+#: --steps``): its compute draws take 8 bytes per worker and step.
+MAX_SIMULATED_STEPS = 100_000
+
+_ABSENT = object()
+
+
+def check_model_arguments(*, c=_ABSENT, w=_ABSENT, steps=_ABSENT,
+                          warmup=_ABSENT, seed=_ABSENT) -> None:
+  """The argument rule of the runtime model's public functions; only the
+  arguments given are checked.
+
+  Args:
+    c: a :class:`~decentral_jax.runtime_model.costs.Cluster`.
+    w: a :class:`Workload`.
+    steps: simulated iterations, an int in ``[1, MAX_SIMULATED_STEPS]``.
+    warmup: iterations discarded, an int in ``[0, steps)``.
+    seed: the seed of the compute draws, an int >= 0 (not None: the same
+      seed gives the same draws).
+
+  Raises:
+    ValueError: naming the first bad argument and what it must be.
+  """
+  if c is not _ABSENT:
+    checks.check_type("c", c, Cluster, "a runtime_model.Cluster")
+  if w is not _ABSENT:
+    checks.check_type("w", w, Workload, "a runtime_model.Workload")
+  if steps is not _ABSENT:
+    checks.check_int("steps", steps, minimum=1, maximum=MAX_SIMULATED_STEPS)
+  if warmup is not _ABSENT:
+    checks.check_int("warmup", warmup, minimum=0)
+    if steps is not _ABSENT and warmup >= steps:
+      raise ValueError(f"need 0 <= warmup < steps, got warmup={warmup}, "
+                       f"steps={steps}.")
+  if seed is not _ABSENT:
+    checks.check_int("seed", seed, minimum=0)
+
+
 def expected_max_normal(m: int) -> float:
-  """``E[max(Z_1..Z_m)]`` for i.i.d. standard normals (numerical integral)."""
+  """``E[max(Z_1..Z_m)]`` for i.i.d. standard normals (numerical integral).
+
+  Args:
+    m: an int in ``[1, MAX_WORKERS]`` (4096; the integration grid, x in
+      [-9, 9], holds for these counts).
+
+  Raises:
+    ValueError: ``m`` not an int in that range.
+  """
+  m = checks.check_int("m", m, minimum=1, maximum=MAX_WORKERS)
   if m <= 1:
     return 0.0
   x = np.linspace(-9.0, 9.0, 8001)
@@ -333,7 +381,6 @@ def expected_max_normal(m: int) -> float:
   return float(np.trapezoid(x * m * pdf * cdf**(m - 1), x))
 
 
-@functools.lru_cache(maxsize=4096)
 def coupling_excess(m: int, slack_sigmas: float) -> float:
   """``E[(max(Z_1..Z_{m-1}) - Z_0 - s)^+]`` for i.i.d. standard normals.
 
@@ -341,10 +388,25 @@ def coupling_excess(m: int, slack_sigmas: float) -> float:
   for the slowest of the ``m - 1`` other members of its group when its
   communication has ``s`` standard deviations of slack. ``m = n``, ``s = 0``
   is All-Reduce's barrier minus the worker's own time.
+
+  Args:
+    m: the group size, an int in ``[1, MAX_WORKERS]``.
+    slack_sigmas: ``s``, a finite number (below 0 counts as 0; rounded to
+      3 decimals).
+
+  Raises:
+    ValueError: ``m`` or ``slack_sigmas`` out of range, naming it.
   """
+  m = checks.check_int("m", m, minimum=1, maximum=MAX_WORKERS)
+  s = checks.check_float("slack_sigmas", slack_sigmas)
+  return _coupling_excess(m, max(0.0, round(s, 3)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _coupling_excess(m: int, s: float) -> float:
+  """:func:`coupling_excess` of checked arguments (cached)."""
   if m <= 1:
     return 0.0
-  s = max(0.0, round(float(slack_sigmas), 3))
   x = np.linspace(-8.0, 8.0, 321)
   pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
   y = np.linspace(s, s + 12.0, 241)

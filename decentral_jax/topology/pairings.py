@@ -103,17 +103,25 @@ def pair_schedule(pairings: Sequence[Sequence[Sequence[int]]],
     A :class:`Topology` with ``period == len(pairings)``.
 
   Raises:
-    ValueError: no rounds, a group of more than two workers, or a worker
+    ValueError: ``pairings``, a round or a group that is not a sequence
+      (a number, None, a 0-d array; named as ``pairings[r][k]``), no
+      rounds, a group of more than two workers, or a worker
       index that is not an int in ``[0, n)`` or appears twice in a round
       (the message names ``pairings[r]``).
   """
   n = check_n_workers(n_workers)
-  pairings = list(pairings)
+  pairings = checks.check_sequence(
+      "pairings", pairings, "a list of rounds, each a list of groups of one "
+      "or two workers")
   if not pairings:
     raise ValueError("pairings needs at least one round (a list of pairs).")
   out = []
   for r, groups in enumerate(pairings):
-    groups = [list(g) for g in groups]
+    groups = checks.check_sequence(f"pairings[{r}]", groups,
+                                   "a list of groups of one or two workers")
+    groups = [checks.check_sequence(f"pairings[{r}][{k}]", g,
+                                    "a group of one or two worker indices")
+              for k, g in enumerate(groups)]
     if any(not 1 <= len(g) <= 2 for g in groups):
       raise ValueError(f"pairings[{r}]={groups!r}: every group must have one "
                        "or two workers.")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
+from decentral_jax import checks
 from decentral_jax.topology.terms import Partition
 from decentral_jax.topology.terms import PermuteTerm
 from decentral_jax.topology.terms import accumulate
@@ -356,26 +357,27 @@ def check_rounds_argument(rounds) -> list:
   Raises:
     ValueError: naming ``from_permutations``, the argument and the fix.
   """
-  if isinstance(rounds, (str, bytes)) or not hasattr(rounds, "__iter__"):
-    raise ValueError("from_permutations: rounds must be a list of rounds, "
-                     "each a list of (perm, weight) terms, got "
-                     f"{type(rounds).__name__}.")
-  rounds = list(rounds)
+  rounds = checks.check_sequence(
+      "from_permutations: rounds", rounds,
+      "a list of rounds, each a list of (perm, weight) terms",
+      allow_array=False)
   if not rounds:
     raise ValueError("from_permutations: rounds is empty; give at least one "
                      "permutation (rounds=[[(perm, 1.0)]] for one round).")
   for r, terms in enumerate(rounds):
-    if isinstance(terms, (str, bytes)) or not hasattr(terms, "__len__") \
-        or not terms:
+    rounds[r] = checks.check_sequence(
+        f"from_permutations: rounds[{r}]", terms,
+        "a list of at least one (perm, weight) term", allow_array=False)
+    if not rounds[r]:
       raise ValueError(f"from_permutations: rounds[{r}] is {terms!r}; give "
                        "a list of at least one (perm, weight) term.")
   return rounds
 
 
-def check_matrices_argument(matrices, name) -> None:
+def check_matrices_argument(matrices, name) -> list:
   """``from_matrices``' arguments: a string ``name`` and an iterable of
   matrices, not one bare matrix (its rows would be read as 1-worker
-  rounds) or None.
+  rounds), None or a 0-d array. Returns the matrices as a list.
 
   Raises:
     ValueError: naming the argument and what was given.
@@ -385,12 +387,12 @@ def check_matrices_argument(matrices, name) -> None:
   bare = (isinstance(matrices, np.ndarray) and matrices.ndim == 2) or (
       isinstance(matrices, (list, tuple)) and len(matrices) > 0
       and _ndim(matrices[0]) == 1)  # a matrix's rows, not matrices
-  if (isinstance(matrices, (str, bytes)) or not hasattr(matrices, "__iter__")
-      or bare):
-    raise ValueError(
-        "matrices must be a list of [n, n] mixing matrices (one per round; "
-        f"[W] for one round), got {type(matrices).__name__}"
-        + (" of shape " + str(np.shape(matrices)) if bare else "") + ".")
+  rule = ("a list of [n, n] mixing matrices (one per round; [W] for one "
+          "round)")
+  if bare:
+    raise ValueError(f"matrices must be {rule}, got {type(matrices).__name__}"
+                     f" of shape {np.shape(matrices)}.")
+  return checks.check_sequence("matrices", matrices, rule)
 
 
 def _ndim(x) -> int | None:

@@ -177,9 +177,8 @@ class Topology:
         has none (custom schedules).
       RuntimeError: ARPACK did not converge.
     """
-    if method not in ("auto", "closed_form", "dense", "sparse"):
-      raise ValueError(f"method must be 'auto', 'closed_form', 'dense' or "
-                       f"'sparse', got {method!r}.")
+    checks.check_choice("method", method,
+                        ("auto", "closed_form", "dense", "sparse"))
     if self.n_workers == 1:
       return 1.0
     if method in ("auto", "closed_form") and self._gap_formula is not None:
@@ -250,8 +249,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
       row/column not summing to 1 (the message names it and its sum).
   """
   checks.check_bool("column_stochastic", column_stochastic)
-  check_matrices_argument(matrices, name)
-  matrices = list(matrices)
+  matrices = check_matrices_argument(matrices, name)
   if not matrices:
     raise ValueError("from_matrices needs at least one [n, n] matrix.")
   n = None

@@ -9,7 +9,8 @@ which ``Topology.spectral_gap`` turns into ``1 - ||P - J||_2``;
 
 :mod:`decentral_jax.topology.rounds` re-exports these names. Rounds are
 used only through ``n_workers`` and ``apply(x, transpose)``, so this module
-imports nothing from the package (:class:`RoundLike`).
+imports only :mod:`decentral_jax.checks` from the package
+(:class:`RoundLike`).
 
 References:
   Lehoucq, Sorensen, Yang, ARPACK Users' Guide, SIAM 1998 (Lanczos,
@@ -22,6 +23,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 from scipy.sparse import linalg as sparse_linalg
+
+from decentral_jax import checks
 
 DENSE_MAX = 512  # "auto" methods form [n, n] products up to this n
 
@@ -43,9 +46,7 @@ def apply_period(rounds: Sequence[RoundLike], x, transpose: bool = False):
 
 
 def _check_method(method: str, allowed: Sequence[str]) -> None:
-  if method not in allowed:
-    raise ValueError(f"method must be one of {', '.join(map(repr, allowed))}, "
-                     f"got {method!r}.")
+  checks.check_choice("method", method, allowed)
 
 
 def deviation_norm(rounds: Sequence[RoundLike], method: str = "auto") -> float:

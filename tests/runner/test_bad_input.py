@@ -568,6 +568,19 @@ def test_warmup_longer_than_the_run_is_a_warning():
       "schedule.name": "constant"})) == []
 
 
+@pytest.mark.parametrize("name, warmup, steps, peak", [
+    # warmup_cosine: lr(k) = peak (1/W + (1 - 1/W) k / W) at k = steps - 1.
+    ("warmup_cosine", 3, 2, "0.556"), ("warmup_cosine", 30, 6, "0.194"),
+    # inverse_sqrt: lr(k) = peak (0.99 (k + 1) / W + 0.01).
+    ("inverse_sqrt", 30, 6, "0.208")])
+def test_warmup_warning_states_the_largest_lr_of_the_run(name, warmup, steps,
+                                                         peak):
+  [line] = validation.config_warnings(make_config(**{
+      "schedule.name": name, "schedule.warmup_steps": warmup,
+      "steps": steps}))
+  assert f"peaks at {peak} x peak_lr (step {steps - 1})." in line, line
+
+
 def test_simulated_device_limit():
   limit = config_lib.MAX_SIMULATED_CPU_DEVICES
   assert devices.check_simulated_devices(limit, "x") == limit

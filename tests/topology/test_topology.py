@@ -312,7 +312,7 @@ def test_from_matrices_errors():
   with pytest.raises(ValueError, match=r"a list of \[n, n\] mixing matrices"
                      r".*got ndarray of shape \(2, 2\)"):
     topology.from_matrices(np.eye(2))
-  with pytest.raises(ValueError, match=r"got NoneType"):
+  with pytest.raises(ValueError, match=r"got None\."):
     topology.from_matrices(None)
   with pytest.raises(ValueError, match=r"mixing matrix 0 is complex"):
     topology.from_matrices([[[0.5 + 1j, 0.5], [0.5, 0.5]]])

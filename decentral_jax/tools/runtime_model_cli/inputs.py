@@ -33,7 +33,7 @@ MAX_WORKERS = costs.MAX_WORKERS
 MAX_BUCKETS = workload_lib.MAX_BUCKETS
 
 
-MAX_STEPS = 100_000
+MAX_STEPS = workload_lib.MAX_SIMULATED_STEPS
 # Fewest simulated steps of `predict --steps`: the first fifth (4) is
 # warm-up and the mean covers 16 more, past the pipeline's fill (at 2 the
 # mean is the first step's compute alone and can flip the recommendation).
