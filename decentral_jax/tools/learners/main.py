@@ -336,7 +336,7 @@ def _checked_args(argv: list[str], prog: str | None):
   run = flags_lib.run_spec(args, overrides)
   from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
   records_lib.check_json_output(args.json, args.config, getattr(
-      args, "data_path", None), args.workdir)
+      args, "data_path", None), args.workdir, args.checkpoint_dir)
   checkpoint_dir = args.checkpoint_dir
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
@@ -369,7 +369,11 @@ def main(argv=None, prog: str | None = None) -> int:
     return 1
   start, records = time.monotonic(), None
   try:
-    records = _open_records(c, run, args, overrides)
+    try:
+      records = _open_records(c, run, args, overrides)
+    except ValueError as e:  # the workdir's records refused: nothing trained
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     first = c.status()  # the first kill held before any merge
     next_kill(c, args, first["version"], first["periods"])
     for i in range(args.learners):
