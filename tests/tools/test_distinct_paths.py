@@ -1,6 +1,8 @@
 """An output path naming an input file, or another output, is refused
 before any work (measure's --out over its --config; gpu_check's --json
-and --workload over each other or over --config)."""
+and --workload over each other or over --config; an output file in an
+output directory such as learners' --checkpoint-dir or overlap's
+--fixtures, or such a directory at a file the command reads or writes)."""
 
 import os
 import shutil
@@ -266,3 +268,27 @@ def test_learners_directory_clashes_are_refused_before_ray(
   assert err[0].replace(str(tmp_path) + "/", "").startswith(
       "error: " + says), err
   assert sorted(os.listdir(tmp_path / "W")) == []
+
+
+def test_learners_records_refused_after_ray_starts_are_one_line(
+    monkeypatch, capsys):
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
+  closed = []
+
+  class Cluster:  # no Ray: the records refuse before any learner starts
+    def __init__(self, *a):
+      pass
+
+    def close(self):
+      closed.append(True)
+
+  def refuse(*a):
+    raise ValueError("--workdir 'W': metrics.jsonl is a directory; remove it.")
+  monkeypatch.setattr(cluster, "start", lambda *a, **k: None)
+  monkeypatch.setattr(cluster, "Cluster", Cluster)
+  monkeypatch.setattr(learners, "_open_records", refuse)
+  assert learners.main(["--periods", "2"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "error: --workdir 'W': metrics.jsonl is a directory; remove it."]
+  assert closed == [True]

@@ -28,7 +28,8 @@ resumed, also with another ``--learners``)
 (:mod:`decentral_jax.tools.learners.records`).
 
 Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``; ``--json``
-none of the files the run reads or keeps), and flags that would change
+none of the files the run reads or keeps nor in the checkpoint directory,
+which is none of those files), and flags that would change
 nothing (``--eval-every`` without ``--workdir``, ``--dynamic-updates`` with
 ``--learners 1`` or a sync period of 1, ``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
 ``--drop-state`` with ``--inner sgd`` and no ``--config``,
