@@ -233,10 +233,11 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
   input file (``inputs``) that cannot be read, and each of ``rules``
   (callables of ``args`` raising ValueError, e.g. a topology the worker
   count does not allow). Flags are named as given (``"--json"``), read
-  from ``args`` by their dest; None, or an empty value where the flag's
-  default is empty too, is "not given"; an empty path typed over a default
-  path is refused (``--out ''`` would fail at the first write, after the
-  work), as :func:`~decentral_jax.tools.flag_types.check_output_file` does.
+  from ``args`` by their dest; None is "not given" (such a flag's default
+  is None, never ``""``), and an empty value is refused: ``--json ''``
+  (an unset shell variable) would otherwise run the work and write
+  nothing, as :func:`~decentral_jax.tools.flag_types.check_output_file`
+  refuses it.
 
   Raises:
     SystemExit: code 2 after one ``error:`` line (``parser.error``).
@@ -244,12 +245,11 @@ def check_flags(parser, args, *, outputs=(), inputs=(), dirs=(),
   from decentral_jax.tools import flag_types  # pylint: disable=import-outside-toplevel
 
   def value(flag):
-    dest = flag.lstrip("-").replace("-", "_")
-    got = getattr(args, dest)
-    if got is not None and not str(got).strip() and parser.get_default(dest):
+    got = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if got is not None and not str(got).strip():
       raise ValueError(f"{flag} is empty; give a "
                        f"{'directory' if flag in dirs else 'file name'}.")
-    return got or None
+    return got
 
   try:
     for flag in outputs:

@@ -90,7 +90,7 @@ def parse_args(argv=None):
   # Rows of one_peer_exp, and of 2 workers per node: a power of two >= 2.
   ap.add_argument("--n_workers", type=flag_types.power_of_two(2, 4096),
                   default=8, help="workers, a power of two in [2, 4096]")
-  ap.add_argument("--json", default="", help="write the rows here")
+  ap.add_argument("--json", default=None, help="write the rows here")
   args = ap.parse_args(argv)
   _common.check_flags(ap, args, outputs=("--json",))
   return args

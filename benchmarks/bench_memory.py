@@ -112,10 +112,10 @@ def parse_args(argv=None) -> argparse.Namespace:
       flag_types.integer(0, len(COMBOS) - 1), unique=True),
                       help="comma-separated indices of COMBOS to compile "
                       f"(0 to {len(COMBOS) - 1}; default all)")
-  parser.add_argument("--json", default="", help="write the results here")
+  parser.add_argument("--json", default=None, help="write the results here")
   args = parser.parse_args(argv)
   try:
-    flag_types.check_output_file(args.json or None, "--json")
+    flag_types.check_output_file(args.json, "--json")
   except ValueError as e:
     parser.error(str(e))
   return args

@@ -124,7 +124,7 @@ def parse_args(argv=None):
                        "(benchmarks/bench_vs_decentdp.py:_bucketed_mix)")
   ap.add_argument("--json", default=os.path.join(
       _ROOT, "benchmarks", "results", "step_time.json"))
-  ap.add_argument("--report", default="",
+  ap.add_argument("--report", default=None,
                   help="only print the table of a JSON file written before")
   args = ap.parse_args(argv)
   if args.report:

@@ -130,7 +130,7 @@ def peak_flops(device_kind: str) -> float | None:
   return None
 
 
-SMOKE_BATCH = 4  # --smoke: sequences per step when --batch is 0
+SMOKE_BATCH = 4  # --smoke: sequences per step when --batch is not given
 
 
 def _gpt_cfg(args, n_layer=None):
@@ -592,6 +592,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   try:
     check_not_empty(ap, args)
     check_flags(args)
+    check_config(args)
   except ValueError as e:
     ap.error(str(e))
   return args
@@ -622,7 +623,7 @@ def check_not_empty(ap: argparse.ArgumentParser, args) -> None:
 
 # (flag, least, most) of the integer flags, in their units (steps,
 # repeats, sequences, seconds).
-INT_FLAGS = (("--batch", 0, 10**6), ("--warmup", 0, 10**6),
+INT_FLAGS = (("--batch", 1, 10**6), ("--warmup", 0, 10**6),
              ("--steps", 1, 10**6), ("--repeats", 1, 10**4),
              ("--warm_steps", 1, 10**6), ("--timed_steps", 1, 10**6),
              ("--child_timeout", 1, 7 * 86400))
@@ -643,7 +644,9 @@ def check_numbers(args: argparse.Namespace) -> None:
   checks.check_float("--min_fraction", args.min_fraction, minimum=0.0,
                      maximum=1.0)
   for flag, low, high in INT_FLAGS:
-    checks.check_int(flag, getattr(args, flag[2:]), minimum=low, maximum=high)
+    if getattr(args, flag[2:]) is not None:  # --batch None: not given
+      checks.check_int(flag, getattr(args, flag[2:]), minimum=low,
+                       maximum=high)
   flops = args.peak_flops
   if flops != 0 and not 0 < flops <= MAX_PEAK_FLOPS:  # False for NaN too
     raise ValueError(f"--peak_flops must be 0 (the GPU's own peak) or a "
@@ -829,6 +832,21 @@ def check_flags(args: argparse.Namespace) -> None:
                        "--cluster or --collective_us; give one of them too.")
 
 
+def check_config(args: argparse.Namespace) -> None:
+  """Loads ``--config`` with the ``--set`` overrides (no JAX) when
+  ``--deviceless`` or a part that reads them (:data:`FLAG_READERS`) will
+  run, so a bad one is refused before any part runs (the timing part, the
+  first, reads neither).
+
+  Raises:
+    ValueError: the config file missing or bad, an unknown ``--set``
+      field or value (the message of ``runner.config.load_config``).
+  """
+  readers = FLAG_READERS["--config"]
+  if args.deviceless or args.part == "all" or args.part in readers:
+    _config(args)
+
+
 def _parser() -> argparse.ArgumentParser:
   """The flags; a refusal is one ``error:`` line (``flag_types.Parser``)."""
   from decentral_jax.tools import flag_types
@@ -884,7 +902,7 @@ def _parser() -> argparse.ArgumentParser:
                   help="no per-program tables")
   ap.add_argument("--smoke", action="store_true",
                   help="tiny timing model (CPU check of the script itself)")
-  ap.add_argument("--batch", type=int, default=0,
+  ap.add_argument("--batch", type=int, default=None,
                   help="sequences per step (default: the config's 30, "
                   "4 under --smoke)")
   ap.add_argument("--warmup", type=int, default=3)

@@ -5,7 +5,9 @@ would replace the input by the result after the work, and two outputs
 naming one file (``--json F --workload F``) would keep only the second
 write. :func:`check_distinct_paths` refuses both before any work, naming
 the two flags, links resolved (:func:`check_each_once`: one input file
-named twice in a list flag). It refuses an output ending in ``.py`` (or a
+named twice in a list flag). Output directories (a checkpoint or fixture
+directory) take the paths under them: no output file may lie in one, and
+none may be a file the command reads or writes. It refuses an output ending in ``.py`` (or a
 link to such a file) too: a config file may import Python modules (a helper
 next to it, or one it puts on ``sys.path``), none of them named on the
 command line, and no command writes Python source. No JAX.
@@ -37,13 +39,24 @@ def config_file(config: str | None, presets=()) -> str | None:
   return path if os.path.isfile(path) else None
 
 
-def check_distinct_paths(outputs, inputs=()) -> None:
+def _under(path: str, directory: str) -> bool:
+  """True when ``path`` is ``directory`` or lies under it, both resolved
+  with :func:`os.path.realpath` (so for paths that do not exist yet too)."""
+  path, directory = os.path.realpath(path), os.path.realpath(directory)
+  return path == directory or path.startswith(directory.rstrip(os.sep)
+                                              + os.sep)
+
+
+def check_distinct_paths(outputs, inputs=(), dirs=()) -> None:
   """Refuses an output path equal to an input file or to another output.
 
   Args:
     outputs: ``(flag, path)`` pairs of the files the command writes; a
       None or empty path (the flag not given) is skipped.
     inputs: ``(flag, path)`` pairs of the files it reads, the same way.
+    dirs: ``(flag, path)`` pairs of the directories it creates and writes
+      (``--checkpoint-dir``), the same way: each output file equal to one
+      or under it, and each input file equal to one, is refused.
 
   An output ending in ``.py``, or a symbolic link whose target
   (:func:`os.path.realpath`) does, is refused as well (after the clashes):
@@ -54,10 +67,14 @@ def check_distinct_paths(outputs, inputs=()) -> None:
   Raises:
     ValueError: ``--out 'my.py' is the file --config reads; give --out
       another path`` (or ``... is also --json's file``), the first clash
-      in the order given; or ``--out 'helper.py' ends in .py ...``.
+      in the order given; ``--json 'D/x' lies in the directory 'D' of
+      --checkpoint-dir ...`` or ``--checkpoint-dir 'F' is the file --config
+      reads ...`` (a directory clash, checked first); or ``--out
+      'helper.py' ends in .py ...``.
   """
   outs = [(f, p) for f, p in outputs if p]
   ins = [(f, p) for f, p in inputs if p]
+  _check_dirs([(f, p) for f, p in dirs if p], outs, ins)
   for i, (flag, path) in enumerate(outs):
     for in_flag, in_path in ins:
       if _same_file(path, in_path):
@@ -79,6 +96,23 @@ def check_distinct_paths(outputs, inputs=()) -> None:
           f"{what}: it may be a Python module the config file imports, "
           "which the output would replace (no output of this command is "
           f"Python source); give {flag} a path not ending in .py.")
+
+
+def _check_dirs(dirs, outs, ins) -> None:
+  """The directory clashes of :func:`check_distinct_paths` (ValueError)."""
+  for dir_flag, directory in dirs:
+    for flag, path in outs:
+      if _under(path, directory):
+        raise ValueError(
+            f"{flag} {path!r} lies in the directory {directory!r} of "
+            f"{dir_flag}, which the command creates and fills; give {flag} "
+            "a path outside it.")
+    for in_flag, in_path in ins:
+      if _same_file(directory, in_path):
+        raise ValueError(
+            f"{dir_flag} {directory!r} is the file {in_flag} reads or "
+            f"writes ({in_path!r}): the directory would take its place; "
+            f"give {dir_flag} another path.")
 
 
 def check_each_once(flag: str, paths) -> None:

@@ -285,7 +285,8 @@ def _check_distinct(args, gpt2: bool) -> None:
   """``--out`` (rows appended) names none of the files the command reads
   (``--profile``, each ``--targets`` description, shipped or a .txtpb
   file, each case's config) nor the token files a gpt2_small case writes
-  in ``--data_dir`` (ValueError names both flags)."""
+  in ``--data_dir``, nor lies in the ``--fixtures`` directory, which is
+  none of those input files (ValueError names both flags)."""
   inputs = [("--profile", args.profile if args.timeline else None)]
   inputs += [("--targets", t if t.endswith(".txtpb") else os.path.join(
       _TARGETS_DIR, f"{t}.txtpb")) for t in args.targets.split(",")]
@@ -295,7 +296,8 @@ def _check_distinct(args, gpt2: bool) -> None:
   if gpt2:
     outputs += [(f"--data_dir ({name})", os.path.join(args.data_dir, name))
                 for name in ("train.bin", "val.bin")]
-  distinct_paths.check_distinct_paths(outputs, inputs)
+  distinct_paths.check_distinct_paths(outputs, inputs,
+                                      [("--fixtures", args.fixtures)])
 
 
 def _list_flags(ap: argparse.ArgumentParser) -> None:

@@ -290,3 +290,15 @@ def test_bench_topology_scale_ns_are_what_every_topology_builds(
   got = _one_error(capsys, lambda: script.parse_args(["--ns", "8", ns]))
   assert got.startswith(f"error: {says}"), got
   assert script.parse_args(["--ns", "8", "1024"]).ns == [8, 1024]
+
+
+@pytest.mark.parametrize("name, argv, says", [
+    ("bench_communication", ["--json", ""], "--json is empty"),
+    ("bench_memory", ["--json", " "], "--json is empty"),
+    ("learners_goodput", ["--out", ""], "--out is empty"),
+])
+def test_an_empty_output_or_report_path_is_refused_not_ignored(
+    capsys, name, argv, says):
+  script = _script(name)
+  assert _one_error(capsys, lambda: script.parse_args(argv)).startswith(
+      f"error: {says}; give a file name.")

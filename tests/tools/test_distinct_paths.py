@@ -1,6 +1,8 @@
 """An output path naming an input file, or another output, is refused
 before any work (measure's --out over its --config; gpu_check's --json
-and --workload over each other or over --config)."""
+and --workload over each other or over --config; an output file in an
+output directory such as learners' --checkpoint-dir or overlap's
+--fixtures, or such a directory at a file the command reads or writes)."""
 
 import os
 import shutil
@@ -222,3 +224,71 @@ def test_learners_json_over_a_module_the_config_imports_is_refused(
   assert len(err) == 1 and err[0].startswith(
       f"error: --json {str(helper)!r} ends in .py"), err
   assert helper.read_text() == "N_LAYER = 1\n"
+
+
+def test_a_file_in_an_output_directory_or_a_directory_over_a_file(tmp_path):
+  d = str(tmp_path / "ckpt")
+  for out in (d, os.path.join(d, "a", "log.json"), d + "/"):
+    with pytest.raises(ValueError) as e:
+      distinct_paths.check_distinct_paths(
+          [("--json", out)], dirs=[("--checkpoint-dir", d)])
+    assert str(e.value).startswith(
+        f"--json {out!r} lies in the directory {d!r} of --checkpoint-dir")
+  rec = str(tmp_path / "metrics.jsonl")
+  with pytest.raises(ValueError) as e:
+    distinct_paths.check_distinct_paths(
+        [], [("--workdir's metrics.jsonl", rec)], [("--checkpoint-dir", rec)])
+  assert str(e.value).startswith(f"--checkpoint-dir {rec!r} is the file "
+                                 "--workdir's metrics.jsonl reads or writes")
+  # a sibling whose name only starts like the directory's is outside it
+  distinct_paths.check_distinct_paths(
+      [("--json", d + "2.json")], [("--config", rec)],
+      [("--checkpoint-dir", d), ("--fixtures", None)])
+
+
+@pytest.mark.parametrize("json_at, ckpt_at, says", [
+    ("P", "P", "--json 'P' lies in the directory 'P' of --checkpoint-dir"),
+    (None, "W/metrics.jsonl", "--checkpoint-dir 'W/metrics.jsonl' is the "
+     "file --workdir's metrics.jsonl reads or writes"),
+    ("W/checkpoints", None, "--json 'W/checkpoints' lies in the directory "
+     "'W/checkpoints' of --workdir's checkpoints")])
+def test_learners_directory_clashes_are_refused_before_ray(
+    tmp_path, capsys, json_at, ckpt_at, says):
+  from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
+  (tmp_path / "W").mkdir()
+  argv = ["--config", "gpt_quick", "--config.algorithm=diloco",
+          "--workdir", str(tmp_path / "W")]
+  if json_at:
+    argv += ["--json", str(tmp_path / json_at)]
+  if ckpt_at:
+    argv += ["--checkpoint-dir", str(tmp_path / ckpt_at)]
+  assert learners.main(argv) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1, err
+  assert err[0].replace(str(tmp_path) + "/", "").startswith(
+      "error: " + says), err
+  assert sorted(os.listdir(tmp_path / "W")) == []
+
+
+def test_learners_records_refused_after_ray_starts_are_one_line(
+    monkeypatch, capsys):
+  from decentral_jax.tools.learners import cluster  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import main as learners  # pylint: disable=import-outside-toplevel
+  closed = []
+
+  class Cluster:  # no Ray: the records refuse before any learner starts
+    def __init__(self, *a):
+      pass
+
+    def close(self):
+      closed.append(True)
+
+  def refuse(*a):
+    raise ValueError("--workdir 'W': metrics.jsonl is a directory; remove it.")
+  monkeypatch.setattr(cluster, "start", lambda *a, **k: None)
+  monkeypatch.setattr(cluster, "Cluster", Cluster)
+  monkeypatch.setattr(learners, "_open_records", refuse)
+  assert learners.main(["--periods", "2"]) == 2
+  assert capsys.readouterr().err.strip().splitlines() == [
+      "error: --workdir 'W': metrics.jsonl is a directory; remove it."]
+  assert closed == [True]

@@ -82,13 +82,15 @@ def test_library_errors_exit_2(capsys):
     gpu_check.main(["--deviceless", "h999"])
   assert e.value.code == 2
   assert "--deviceless 'h999' is not a GPU target" in capsys.readouterr().err
-  for bad, says in ((["--set", "nosuch=1"], "unknown config field 'nosuch'"),
-                    (["--set", "n_workers=0"], "n_workers")):
+  for bad, says, by in (
+      # refused while parsing (check_config loads the config), or by the run
+      (["--set", "nosuch=1"], "unknown config field 'nosuch'", "error: "),
+      (["--set", "n_workers=0"], "n_workers", "gpu_check: error: ")):
     with pytest.raises(SystemExit) as e:
       gpu_check.main(["--deviceless", "h200", *bad])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("gpu_check: error: ") and says in err, err
+    assert err.startswith(by) and says in err, err
     # The config is checked before the default topology is sized by it.
     assert "1x1x0" not in err, err
   # The default topology (1x1xN, N the config's devices) is bounded too.
@@ -108,7 +110,7 @@ def test_library_errors_exit_2(capsys):
     (["--steps", "0"], "--steps must be an int >= 1"),
     (["--repeats", "0"], "--repeats must be an int >= 1"),
     (["--repeats", "100001"], "--repeats must be an int >= 1 and <= 10000"),
-    (["--batch", "-1"], "--batch must be an int >= 0"),
+    (["--batch", "-1"], "--batch must be an int >= 1"),
     (["--warmup", "-1"], "--warmup must be an int >= 0"),
     (["--warm_steps", "0"], "--warm_steps must be an int >= 1"),
     (["--timed_steps", "0"], "--timed_steps must be an int >= 1"),
@@ -162,9 +164,9 @@ def test_good_numbers_programs_and_topology_pass():
       "--programs", "0:none,:input,None:none"])
   assert (args.min_fraction, args.topology) == (0.0, "2x1x4")
   # the timing part's numbers (refused with --deviceless: no part runs)
-  timing = gpu_check.parse_args(["--part", "timing", "--batch", "0",
+  timing = gpu_check.parse_args(["--part", "timing", "--batch", "1",
                                  "--warmup", "0", "--peak_flops", "0"])
-  assert (timing.batch, timing.warmup, timing.peak_flops) == (0, 0, 0.0)
+  assert (timing.batch, timing.warmup, timing.peak_flops) == (1, 0, 0.0)
   for edge in ("1x1x4096", "2x2x1024", "0004x1x1024"):  # product 4096
     assert gpu_check.parse_args(["--deviceless", "h200", "--topology",
                                  edge]).topology == edge
@@ -286,12 +288,12 @@ def test_json_on_a_full_device_is_one_line_after_the_printed_result(
       "device); the results were printed above; give another --json."]
 
 
-@pytest.mark.parametrize("batch, expected", [(1, 1), (64, 64), (0, 4)])
+@pytest.mark.parametrize("batch, expected", [(1, 1), (64, 64), (None, 4)])
 def test_smoke_timing_uses_the_batch_flag(batch, expected):
   """--smoke --batch 1 and --batch 64 both timed 4 sequences per step."""
   gpu_check = _script()
-  args = gpu_check.parse_args(["--part", "timing", "--smoke", "--batch",
-                               str(batch)])
+  args = gpu_check.parse_args(["--part", "timing", "--smoke"] + (
+      [] if batch is None else ["--batch", str(batch)]))
   cfg, _, sequences = gpu_check._gpt_cfg(args)
   assert (sequences, cfg.n_layer) == (expected, 2)
 
@@ -317,3 +319,17 @@ def test_one_gpu_whose_mock_topology_gives_one_device_says_so(monkeypatch):
   got = script.part_schedule(script.parse_args(["--part", "schedule"]))
   assert got["result"].startswith(
       "XLA's mock GPU topology 1x8x1 gave 1 device"), got
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--smoke", "--batch", "0"], "--batch"),  # 0 sequences: no default
+    (["--config", "no_such_config.py"], "no_such_config.py"),
+    (["--set", "nosuchfield=1"], "nosuchfield"),
+    (["--deviceless", "h200", "--set", "nosuchfield=1"], "nosuchfield")])
+def test_a_bad_batch_config_or_set_is_refused_before_any_part(
+    capsys, argv, message):
+  with pytest.raises(SystemExit) as e:  # the parts run after parse_args
+    _script().parse_args(argv)
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].split(": error: ")[-1].count(message), err

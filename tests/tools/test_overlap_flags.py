@@ -168,3 +168,14 @@ def test_the_xla_spelling_of_the_overlap_limit_takes_its_bounds(
 def test_an_xla_overlap_limit_in_bounds_is_kept(value, n):
   given = overlap_flags.xla_options([f"{_LIMIT}={value}"])
   assert int(given[_LIMIT]) == n
+
+
+def test_out_in_the_fixtures_directory_is_refused_before_compiling(
+    capsys, tmp_path, no_compile):
+  out = "DIR/fx"
+  err = _refused(capsys, tmp_path, [
+      "--cases", "gpt_tiny", "--modes", "after", "--fixtures", "DIR/fx",
+      "--fixture_cases", "gpt_tiny", "--out", out])
+  assert err.startswith(f"error: --out '{out}' lies in the directory "
+                        "'DIR/fx' of --fixtures"), err
+  assert not (tmp_path / "fx").exists()

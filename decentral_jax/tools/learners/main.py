@@ -28,7 +28,8 @@ resumed, also with another ``--learners``)
 (:mod:`decentral_jax.tools.learners.records`).
 
 Output paths (``--json``, ``--workdir``, ``--checkpoint-dir``; ``--json``
-none of the files the run reads or keeps), and flags that would change
+none of the files the run reads or keeps nor in the checkpoint directory,
+which is none of those files), and flags that would change
 nothing (``--eval-every`` without ``--workdir``, ``--dynamic-updates`` with
 ``--learners 1`` or a sync period of 1, ``--grace`` in sync mode or with ``--quorum`` equal to ``--learners``,
 ``--drop-state`` with ``--inner sgd`` and no ``--config``,
@@ -336,7 +337,7 @@ def _checked_args(argv: list[str], prog: str | None):
   run = flags_lib.run_spec(args, overrides)
   from decentral_jax.tools.learners import records as records_lib  # pylint: disable=import-outside-toplevel
   records_lib.check_json_output(args.json, args.config, getattr(
-      args, "data_path", None), args.workdir)
+      args, "data_path", None), args.workdir, args.checkpoint_dir)
   checkpoint_dir = args.checkpoint_dir
   if checkpoint_dir is None and args.workdir is not None:
     checkpoint_dir = os.path.join(args.workdir, "checkpoints")
@@ -369,7 +370,11 @@ def main(argv=None, prog: str | None = None) -> int:
     return 1
   start, records = time.monotonic(), None
   try:
-    records = _open_records(c, run, args, overrides)
+    try:
+      records = _open_records(c, run, args, overrides)
+    except ValueError as e:  # the workdir's records refused: nothing trained
+      print(f"error: {e}", file=sys.stderr)
+      return 2
     first = c.status()  # the first kill held before any merge
     next_kill(c, args, first["version"], first["periods"])
     for i in range(args.learners):

@@ -51,22 +51,31 @@ META_FILE = "learners.json"
 
 
 
-def check_json_output(json_path, config, data_path, workdir) -> None:
+def check_json_output(json_path, config, data_path, workdir,
+                      checkpoint_dir=None) -> None:
   """``learners --json`` (written last, replacing the file) names none of
   the files the run reads or keeps: the ``--config`` file, the config's
   ``data.path`` (``data_path``), and ``workdir``'s ``metrics.jsonl``,
-  ``config.json`` and :data:`META_FILE` (None: not given).
+  ``config.json`` and :data:`META_FILE` (None: not given); and
+  ``--checkpoint-dir`` (``checkpoint_dir``, a directory the synchronizer
+  creates; None: ``workdir``'s ``checkpoints``) is none of those files
+  nor holds ``--json``.
 
   Raises:
-    ValueError: naming ``--json`` and the input's flag.
+    ValueError: naming ``--json`` or ``--checkpoint-dir`` and the other
+      path's flag.
   """
   from decentral_jax.runner import presets  # pylint: disable=import-outside-toplevel
   inputs = [("--config", distinct_paths.config_file(config, presets.PRESETS))]
   inputs += distinct_paths.data_inputs(data_path, "--config.data.path")
+  dirs = [("--checkpoint-dir", checkpoint_dir)]
   if workdir is not None:
     inputs += [(f"--workdir's {name}", os.path.join(workdir, name)) for name
                in (metrics_lib.METRICS_FILE, "config.json", META_FILE)]
-  distinct_paths.check_distinct_paths([("--json", json_path)], inputs)
+    if checkpoint_dir is None:
+      dirs = [("--workdir's checkpoints", os.path.join(workdir,
+                                                       "checkpoints"))]
+  distinct_paths.check_distinct_paths([("--json", json_path)], inputs, dirs)
 
 def _write_json(path: str, value) -> None:
   """Writes ``value`` to ``path`` whole through ``path + ".tmp"``
