@@ -22,7 +22,18 @@ def _script(name: str):
         key, os.path.join(ROOT, "benchmarks", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[key] = module
-    spec.loader.exec_module(module)
+    here = os.path.join(ROOT, "benchmarks")  # a script imports _common
+    added = here not in sys.path
+    if added:
+      sys.path.insert(0, here)
+    try:
+      spec.loader.exec_module(module)
+    except BaseException:
+      del sys.modules[key]
+      raise
+    finally:
+      if added:
+        sys.path.remove(here)
   return sys.modules[key]
 
 
