@@ -344,11 +344,12 @@ def test_cli_under_slurm_then_a_killed_worker_stops_the_job(job, tmp_path):
   _, _, reference = job
   port = free_slurm_port()
   workdir = tmp_path / "run"
-  base = [sys.executable, os.path.join(worker.ROOT, "experiments", "train.py"),
-          f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
-          f"--workdir={workdir}", *worker.TINY, *worker.CASES["aer"],
-          "--config.steps=100000", "--config.log_interval=1",
-          "--config.distributed.heartbeat_timeout_seconds=5"]
+  base = last_wins([
+      sys.executable, os.path.join(worker.ROOT, "experiments", "train.py"),
+      f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
+      f"--workdir={workdir}", *worker.TINY, *worker.CASES["aer"],
+      "--config.steps=100000", "--config.log_interval=1",
+      "--config.distributed.heartbeat_timeout_seconds=5"])
 
   def env(pid):
     e = clean_env()
@@ -404,6 +405,14 @@ STARTUP_TIMEOUT_S = 60  # a refused start-up takes ~10 s on a loaded machine
 JOIN_TIMEOUT_S = 5  # config.distributed.initialization_timeout_seconds
 
 
+def last_wins(argv: list[str]) -> list[str]:
+  """``argv`` with each ``--config.FIELD=`` override kept at its last
+  place only (the command line refuses a field given twice)."""
+  key = lambda a: a.partition("=")[0] if a.startswith("--config.") else None
+  last = {key(a): i for i, a in enumerate(argv) if key(a)}
+  return [a for i, a in enumerate(argv) if not key(a) or last[key(a)] == i]
+
+
 def cli_argv(out, port: int, *extra: str):
   """``argv(pid)`` of experiments/train.py in a 2-process job on ``port``."""
   base = [sys.executable, os.path.join(worker.ROOT, "experiments", "train.py"),
@@ -415,7 +424,8 @@ def cli_argv(out, port: int, *extra: str):
           f"--config.distributed.num_processes={worker.N_PROCESSES}",
           "--config.distributed.initialization_timeout_seconds="
           f"{JOIN_TIMEOUT_S}", *extra]
-  return lambda pid: base + [f"--config.distributed.process_id={pid}"]
+  return lambda pid: last_wins(
+      base + [f"--config.distributed.process_id={pid}"])
 
 
 def error_line(out, pid: int) -> str:
@@ -457,7 +467,8 @@ def test_cli_with_different_configs_stops_both_processes(tmp_path):
   require_devices(1)
   argv = cli_argv(tmp_path, free_port())
   differ = ["--config.seed=1", "--config.schedule.peak_lr=0.02"]
-  with launch_processes(tmp_path, lambda pid: argv(pid) + differ * pid,
+  with launch_processes(tmp_path,
+                        lambda pid: last_wins(argv(pid) + differ * pid),
                         lambda pid: clean_env()) as procs:
     codes = wait_all(procs, tmp_path, STARTUP_TIMEOUT_S)
   assert codes == [2, 2], logs(tmp_path)
@@ -609,13 +620,12 @@ def test_sigkill_then_restart_on_one_process_with_virtual_workers(
     kill_and_expect_failure(procs, 1, tmp_path)
   stop = committed_steps(workdir / "checkpoints")[-1]
   assert 2 <= stop < ELASTIC_STEPS, stop
-  restart = [sys.executable,
-             os.path.join(worker.ROOT, "experiments", "train.py"),
-             f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
-             f"--workdir={workdir}", *worker.TINY,
-             *worker.CASES["one_peer_exp"],
-             f"--config.steps={ELASTIC_STEPS}", *ELASTIC,
-             "--config.workers_per_device=4"]
+  restart = last_wins([
+      sys.executable, os.path.join(worker.ROOT, "experiments", "train.py"),
+      f"--config={os.path.join(worker.ROOT, 'configs', 'gpt_tiny.py')}",
+      f"--workdir={workdir}", *worker.TINY, *worker.CASES["one_peer_exp"],
+      f"--config.steps={ELASTIC_STEPS}", *ELASTIC,
+      "--config.workers_per_device=4"])
   log = tmp_path / "restart.log"
   with open(log, "wb") as f:
     done = subprocess.run(restart, env=cache_env(clean_env(), compile_cache),
