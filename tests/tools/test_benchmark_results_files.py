@@ -100,7 +100,7 @@ def _parser():
   ap = argparse.ArgumentParser(prog="bench")
   ap.add_argument("--out", default="/tmp/x.jsonl")
   ap.add_argument("--cache_dir", default="/tmp/cache")
-  ap.add_argument("--json", default="")  # "" is "not given" here
+  ap.add_argument("--json", default=None)  # None: not given
   return ap
 
 
@@ -118,12 +118,20 @@ def test_an_empty_output_path_over_a_default_is_refused(capsys, argv, says):
   assert says in capsys.readouterr().err
 
 
-def test_an_empty_output_path_whose_default_is_empty_is_not_given(tmp_path):
+def test_a_left_out_output_is_not_given_and_an_empty_one_is_refused(
+    tmp_path, capsys):
+  # "" ran the whole benchmark and wrote nothing, without a word.
   ap = _parser()
-  args = ap.parse_args(["--json", "", "--out", str(tmp_path / "o.jsonl"),
-                        "--cache_dir", str(tmp_path / "c")])
-  _common.check_flags(ap, args, outputs=("--out", "--json"),
+  good = ["--out", str(tmp_path / "o.jsonl"), "--cache_dir",
+          str(tmp_path / "c")]
+  _common.check_flags(ap, ap.parse_args(good), outputs=("--out", "--json"),
                       dirs=("--cache_dir",))
+  with pytest.raises(SystemExit) as e:
+    _common.check_flags(ap, ap.parse_args(["--json", "", *good]),
+                        outputs=("--out", "--json"), dirs=("--cache_dir",))
+  assert e.value.code == 2
+  assert "error: --json is empty; give a file name." in (
+      capsys.readouterr().err)
 
 
 @pytest.mark.slow
