@@ -79,6 +79,17 @@ def whole_number(text: str) -> int | None:
   return int(x)
 
 
+def host_port(address: Any) -> tuple[str, int] | None:
+  """``"host:port"`` as ``(host, port)``, or None: a host that is not blank
+  (the text before the last ``:``) and a port of ASCII digits without a
+  leading zero in [1, 65535] (``int`` would read ``²`` or ``080``)."""
+  host, _, port = str(address).rpartition(":")
+  if not host.strip() or not (port.isascii() and port.isdigit()) or (
+      port != str(int(port))):
+    return None
+  return (host, int(port)) if 1 <= int(port) <= 65535 else None
+
+
 def is_number(value: Any) -> bool:
   """Whether ``value`` is a finite real number: a Python or NumPy int or
   float, not ``bool``, NaN, inf or an array. An int is finite when it is

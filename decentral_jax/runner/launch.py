@@ -29,6 +29,7 @@ from absl import logging
 import jax
 from ml_collections import config_dict
 
+from decentral_jax import checks
 from decentral_jax.runner import devices
 
 PyTree = Any
@@ -116,12 +117,11 @@ def coordinator_port(address: str) -> int:
   Raises:
     ValueError: ``address`` is not ``host:port`` with a port in 1..65535.
   """
-  host, _, port = address.rpartition(":")
-  ascii_digits = port.isascii() and port.isdigit()  # int() refuses "²"
-  if not host or not ascii_digits or not 0 < int(port) < 65536:
+  got = checks.host_port(address)
+  if got is None:
     raise ValueError(f"coordinator_address={address!r} must be 'host:port' "
                      "with a port in 1..65535, e.g. '10.0.0.1:12355'.")
-  return int(port)
+  return got[1]
 
 
 def _check_port_free(address: str, port: int) -> None:

@@ -189,18 +189,18 @@ def ascii_int(text: str) -> int | None:
 
 def host_port(address: str, flag: str) -> tuple[str, int]:
   """``HOST:PORT`` as ``(host, port)``: a non-empty host (the text before
-  the last ``:``) and a port of :func:`ascii_int` digits in [1, 65535].
+  the last ``:``) and a port of ASCII digits in [1, 65535]
+  (:func:`decentral_jax.checks.host_port`).
 
   Raises:
     ValueError: any other form or port, naming ``flag`` and the form.
   """
-  host, _, port = str(address).rpartition(":")
-  got = ascii_int(port)
-  if not host.strip() or got is None or not 1 <= got <= 65535:
+  got = checks.host_port(address)
+  if got is None:
     raise ValueError(f"{flag} must be HOST:PORT with a port in [1, 65535] "
                      f"(the head node's `ray start --head` address, e.g. "
                      f"{flag} 10.0.0.1:6379), got {address!r}.")
-  return host, got
+  return got
 
 
 def _whole(text: str) -> int | None:
