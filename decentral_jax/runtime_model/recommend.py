@@ -109,12 +109,17 @@ def recommend(table: dict[str, Prediction], margin: float = MARGIN) -> str:
     clause when a method marked ``*`` (slow mixing) or ``^`` (not in the
     library yet) is faster but not recommended) or
     ``"<label>: <ms> ms/iteration, <x>x faster than All-Reduce"``.
+
+  Raises:
+    ValueError: ``table`` is not a dict of :class:`Prediction` with an
+      ``"all_reduce"`` entry, a ``simulated_s`` is not a finite time > 0,
+      or ``margin`` is not a finite number >= 0 (one line naming it).
   """
+  _check_table(table, margin)
   best = min((m for m in table if m == "all_reduce" or not (
       table[m].slow_mixing or table[m].library_gap)),
              key=lambda m: table[m].simulated_s)
-  ar = (table["all_reduce"].simulated_s if "all_reduce" in table
-        else float("nan"))
+  ar = table["all_reduce"].simulated_s
   fastest = table[best].simulated_s
   if best == "all_reduce" or ar / fastest < 1 + margin:
     starred = [m for m in table if m != best and ar / table[m].simulated_s
@@ -266,3 +271,24 @@ def break_even_line(key: str, b: BreakEven) -> str:
     verdict = (f"pays against {b.baseline} when the {link} is below "
                f"{8 * b.break_even_Bps / 1e9:.3g} Gbit/s ({now}: {here})")
   return f"  break-even: {label(key)} {verdict}"
+
+
+def _check_table(table, margin) -> None:
+  """:func:`recommend`'s argument checks (one ``ValueError`` line)."""
+  if not isinstance(table, dict) or "all_reduce" not in table:
+    raise ValueError("recommend: table must be a dict of Prediction with an "
+                     "'all_reduce' entry (the baseline every speed-up is "
+                     f"over), got {type(table).__name__}"
+                     + (f" with keys {sorted(table)[:4]}" if isinstance(
+                         table, dict) else ""))
+  for key, p in table.items():
+    t = getattr(p, "simulated_s", None)
+    if not isinstance(p, Prediction) or isinstance(t, bool) or not (
+        isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+      raise ValueError(f"recommend: table[{key!r}] must be a Prediction "
+                       "with a finite simulated_s > 0 (seconds), got "
+                       f"{t!r:.40}")
+  if isinstance(margin, bool) or not isinstance(margin, (int, float)) or \
+      not (math.isfinite(margin) and margin >= 0):
+    raise ValueError(f"recommend: margin must be a finite number >= 0 (a "
+                     f"relative speed-up, e.g. {MARGIN}), got {margin!r:.40}")

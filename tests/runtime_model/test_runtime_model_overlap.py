@@ -5,6 +5,8 @@ Expected values are worked out by hand from docs/runtime_model.md."""
 from __future__ import annotations
 
 
+import re
+
 import pytest
 
 from decentral_jax.tools.runtime_model_cli import main as cli
@@ -181,3 +183,25 @@ def test_utilisation_command_writes_table_and_png(capsys, tmp_path):
   assert "Kale et al. 2025 (Table 5): about 222 Gbit/s" in text
   assert cli.main(["utilisation", "--png", str(tmp_path / "no" / "u.png")]
                   ) == 2
+
+
+@pytest.mark.parametrize("table, margin, named", [
+    ({}, 0.05, "'all_reduce' entry"),
+    ({"diloco:H=10": None}, 0.05, "'all_reduce' entry"),
+    ({"all_reduce": None}, 0.05, "table['all_reduce'] must be a Prediction"),
+    ("all_reduce", 0.05, "must be a dict of Prediction"),
+    ("ZERO", 0.05, "table['diloco:H=10'] must be a Prediction with a finite"),
+    ("NAN", 0.05, "finite simulated_s > 0"),
+    ("OK", -0.1, "margin must be a finite number >= 0"),
+    ("OK", float("nan"), "margin must be a finite number >= 0"),
+    ("OK", True, "margin must be a finite number >= 0"),
+])
+def test_recommend_refuses_what_it_cannot_rank(table, margin, named):
+  """A zero or non-finite method time would divide the speed-up by zero."""
+  ok = {"all_reduce": _prediction("all_reduce", 1.0)}
+  table = {"ZERO": {**ok, "diloco:H=10": _prediction("diloco:H=10", 0.0)},
+           "NAN": {**ok, "diloco:H=10": _prediction("diloco:H=10",
+                                                    float("nan"))},
+           "OK": ok}.get(table, table) if isinstance(table, str) else table
+  with pytest.raises(ValueError, match=re.escape(named)):
+    recommend.recommend(table, margin)
