@@ -174,6 +174,18 @@ def load_gpu_check(name: str = "gpu_check_under_test"):
   return sys.modules[name]
 
 
+def benchmark_module(name: str):
+  """``benchmarks/NAME.py``, a module the scripts import (``_common``,
+  ``_gpu_check_flags``), imported as they import it: with ``benchmarks/``
+  on ``sys.path``."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  bench = os.path.join(ROOT, "benchmarks")
+  if bench not in sys.path:
+    sys.path.insert(0, bench)
+  return importlib.import_module(name)
+
+
 def run_steps(exp, state, start: int, stop: int, losses=None):
   """``exp``'s compiled train step for steps ``start .. stop - 1`` on its own
   batches; each step's mean loss appended to ``losses`` if given."""

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, load_gpu_check
+from helpers import ROOT, benchmark_module
 
 
 def _script(name: str):
@@ -126,8 +126,8 @@ def test_bench_overlap_at_scale_sizes_are_the_configs():
 
 
 def test_gpu_check_refusal_is_one_line(capsys):
-  got = _one_error(capsys, lambda: load_gpu_check().parse_args(
-      ["--steps", "0"]))
+  got = _one_error(capsys, lambda: benchmark_module(
+      "_gpu_check_flags").parse_args(["--steps", "0"]))
   assert got.startswith("error: --steps must be an int >= 1"), got
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from decentral_jax.tools import distinct_paths
 from decentral_jax.tools.runtime_model_cli import main as cli
-from helpers import ROOT, load_gpu_check
+from helpers import ROOT, benchmark_module
 
 
 def test_an_output_equal_to_an_input_is_refused_by_its_real_path(tmp_path):
@@ -74,7 +74,7 @@ def test_gpu_check_outputs_over_each_other_or_config_are_refused(
   argv = ["--deviceless", "h200", "--json", f] + [
       f if a == "F" else a for a in extra]
   with pytest.raises(SystemExit) as e:
-    load_gpu_check("gpu_check_distinct").parse_args(argv)
+    benchmark_module("_gpu_check_flags").parse_args(argv)
   assert e.value.code == 2
   assert "error: " + message.format(F=f) in capsys.readouterr().err
 

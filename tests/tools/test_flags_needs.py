@@ -21,7 +21,7 @@ from decentral_jax.tools.compare import pricing
 from decentral_jax.tools.runtime_model_cli import main as runtime_main
 from decentral_jax.tools.runtime_model_cli import predict
 
-from helpers import load_gpu_check
+from helpers import benchmark_module, load_gpu_check
 
 _AR_DILOCO = "all_reduce,diloco:H=10"
 _COMPRESSED = "all_reduce,dadam:topology=static_ring,compress=int8"
@@ -275,6 +275,10 @@ def _gpu_check():
   return load_gpu_check("gpu_check_flags_needs")
 
 
+def _gpu_flags():
+  return benchmark_module("_gpu_check_flags")
+
+
 _DEVICELESS = ["--deviceless", "h200"]
 GPU_CHECK_CASES = [
     (["--topology", "1x1x8"], [], _DEVICELESS, "without --deviceless"),
@@ -308,13 +312,13 @@ GPU_CHECK_CASES = [
                          GPU_CHECK_CASES)
 def test_gpu_check_flag_refused_where_nothing_reads_it(
     flag_args, refused, accepted, says, capsys):
-  gpu_check = _gpu_check()
+  gpu_flags = _gpu_flags()
   with pytest.raises(SystemExit) as e:
-    gpu_check.parse_args(refused + flag_args)
+    gpu_flags.parse_args(refused + flag_args)
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert f"error: {flag_args[0]} has no effect {says}" in err, err
-  gpu_check.parse_args(accepted + flag_args)
+  gpu_flags.parse_args(accepted + flag_args)
 
 
 def test_gpu_check_timing_on_a_cpu_without_smoke_is_refused_first(capsys):
@@ -331,10 +335,10 @@ def test_gpu_check_timing_on_a_cpu_without_smoke_is_refused_first(capsys):
 
 
 def test_gpu_check_reader_table_names_real_flags():
-  gpu_check = _gpu_check()
-  flags = flag_types.given_flags(gpu_check._parser(), [  # pylint: disable=protected-access
-      f for f in gpu_check.FLAG_READERS])
-  assert flags == set(gpu_check.FLAG_READERS)
+  gpu_flags = _gpu_flags()
+  flags = flag_types.given_flags(gpu_flags.build_parser(), [
+      f for f in gpu_flags.FLAG_READERS])
+  assert flags == set(gpu_flags.FLAG_READERS)
 
 
 def _overlap_needs(argv):

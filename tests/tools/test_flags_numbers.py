@@ -22,7 +22,7 @@ from decentral_jax.tools.compare import runs
 from decentral_jax.tools.runtime_model_cli import main as runtime_main
 from decentral_jax.tools.runtime_model_cli import parser as parser_lib
 
-from helpers import ROOT, load_gpu_check
+from helpers import ROOT, benchmark_module
 
 BAD = ("nan", "inf", "-1e30", "1e30", "99999999999999999999")
 MISSING_CONFIG = os.path.join(ROOT, "no_such_config_here.py")
@@ -164,17 +164,13 @@ def test_compare_seeds_refuse_unusable_values(value):
     runs.parse_seeds(f"0,{value}")
 
 
-def _gpu_check():
-  return load_gpu_check("gpu_check_flags_sweep")
-
-
 def test_gpu_check_numeric_flags_refuse_unusable_values():
-  gpu_check = _gpu_check()
-  flags = _numeric_flags(gpu_check._parser())  # pylint: disable=protected-access
+  gpu_flags = benchmark_module("_gpu_check_flags")
+  flags = _numeric_flags(gpu_flags.build_parser())
   assert {"--repeats", "--compute_ms", "--collective_us"} <= set(flags)
   for flag in flags:
     for value in BAD:
-      code, err = _run(gpu_check.parse_args,
+      code, err = _run(gpu_flags.parse_args,
                        ["--deviceless", "h200", f"{flag}={value}"])
       assert code == 2, (flag, value, err)
       _one_error_naming(err, flag)

@@ -7,11 +7,15 @@ import sys
 
 import pytest
 
-from helpers import ROOT, load_gpu_check
+from helpers import ROOT, benchmark_module, load_gpu_check
 
 
 def _script():
   return load_gpu_check("gpu_check_under_test")
+
+
+def _flags():
+  return benchmark_module("_gpu_check_flags")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -39,9 +43,9 @@ def _script():
      "--roofline puts every time on the GPU's clock; --compute_ms"),
 ])
 def test_bad_profile_flags_exit_2_naming_the_flag(argv, message, capsys):
-  gpu_check = _script()
+  flags = _flags()
   with pytest.raises(SystemExit) as e:
-    gpu_check.parse_args(["--deviceless", "h200", *argv])
+    flags.parse_args(["--deviceless", "h200", *argv])
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert message in err, err
@@ -52,7 +56,7 @@ def test_bad_profile_flags_exit_2_naming_the_flag(argv, message, capsys):
 
 def test_profile_flags_need_deviceless(capsys):
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(["--cluster", "A40", "--compute_ms", "100"])
+    _flags().parse_args(["--cluster", "A40", "--compute_ms", "100"])
   assert e.value.code == 2
   assert ("--cluster and --compute_ms apply to --deviceless compiles only"
           in capsys.readouterr().err)
@@ -60,17 +64,17 @@ def test_profile_flags_need_deviceless(capsys):
 
 def test_cluster_preset_spelled_in_any_case():
   # As experiments/compare.py --clusters: the preset's own spelling.
-  gpu_check = _script()
+  flags = _flags()
   for typed, preset in (("a40", "A40"), ("A40", "A40"), ("H100_IB", "h100_ib"),
                         (" t4 ", "T4")):
-    args = gpu_check.parse_args(["--deviceless", "h200", "--cluster", typed,
-                                 "--compute_ms", "122.3"])
+    args = flags.parse_args(["--deviceless", "h200", "--cluster", typed,
+                             "--compute_ms", "122.3"])
     assert (args.cluster, args.compute_ms) == (preset, 122.3)
-  args = gpu_check.parse_args(["--deviceless", "h200"])
+  args = flags.parse_args(["--deviceless", "h200"])
   assert (args.cluster, args.collective_us, args.compute_ms) == (
       None, None, None)
-  args = gpu_check.parse_args(["--deviceless", "h200", "--collective_us",
-                               "1e9"])
+  args = flags.parse_args(["--deviceless", "h200", "--collective_us",
+                           "1e9"])
   assert args.collective_us == 1e9
 
 
@@ -149,7 +153,7 @@ def test_library_errors_exit_2(capsys):
 ])
 def test_bad_numbers_programs_and_topology_exit_2(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(["--deviceless", "h200", *argv])
+    _flags().parse_args(["--deviceless", "h200", *argv])
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert message in err, err
@@ -158,36 +162,36 @@ def test_bad_numbers_programs_and_topology_exit_2(argv, message, capsys):
 
 
 def test_good_numbers_programs_and_topology_pass():
-  gpu_check = _script()
-  args = gpu_check.parse_args([
+  flags = _flags()
+  args = flags.parse_args([
       "--deviceless", "h200", "--min_fraction", "0", "--topology", "2x1x4",
       "--programs", "0:none,:input,None:none"])
   assert (args.min_fraction, args.topology) == (0.0, "2x1x4")
   # the timing part's numbers (refused with --deviceless: no part runs)
-  timing = gpu_check.parse_args(["--part", "timing", "--batch", "1",
-                                 "--warmup", "0", "--peak_flops", "0"])
+  timing = flags.parse_args(["--part", "timing", "--batch", "1",
+                             "--warmup", "0", "--peak_flops", "0"])
   assert (timing.batch, timing.warmup, timing.peak_flops) == (1, 0, 0.0)
   for edge in ("1x1x4096", "2x2x1024", "0004x1x1024"):  # product 4096
-    assert gpu_check.parse_args(["--deviceless", "h200", "--topology",
-                                 edge]).topology == edge
-  assert gpu_check.parse_programs(args.programs) == [
+    assert flags.parse_args(["--deviceless", "h200", "--topology",
+                             edge]).topology == edge
+  assert flags.parse_programs(args.programs) == [
       (0, "none"), (None, "input"), (None, "none")]
-  assert gpu_check.parse_args(["--min_fraction", "1", "--peak_flops",
-                               "9.89e14"]).peak_flops == 9.89e14
+  assert flags.parse_args(["--min_fraction", "1", "--peak_flops",
+                           "9.89e14"]).peak_flops == 9.89e14
 
 
 def test_json_into_a_missing_folder_is_refused_before_compiling(
     tmp_path, capsys):
   missing = tmp_path / "no_such_dir" / "out.json"
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(["--deviceless", "h200", "--json", str(missing)])
+    _flags().parse_args(["--deviceless", "h200", "--json", str(missing)])
   assert e.value.code == 2
   err = capsys.readouterr().err
   assert f"--json {str(missing)!r}" in err and "does not exist" in err, err
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(["--deviceless", "h200", "--json", str(tmp_path)])
+    _flags().parse_args(["--deviceless", "h200", "--json", str(tmp_path)])
   assert "is a directory" in capsys.readouterr().err
-  ok = _script().parse_args(["--deviceless", "h200", "--json",
+  ok = _flags().parse_args(["--deviceless", "h200", "--json",
                              str(tmp_path / "out.json")])
   assert ok.json == str(tmp_path / "out.json")
 
@@ -199,7 +203,7 @@ def test_json_into_a_missing_folder_is_refused_before_compiling(
 def test_an_empty_output_path_is_refused(argv, flag, capsys):
   """An empty path wrote nothing and exited 0."""
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(argv)
+    _flags().parse_args(argv)
   assert e.value.code == 2
   assert f"error: {flag} is empty; give a file name" in \
       capsys.readouterr().err
@@ -218,24 +222,29 @@ def test_an_empty_flag_that_would_read_as_left_out_is_refused(
   """``--deviceless ''`` ran on this machine's devices, ``--topology ''``
   compiled at the default topology."""
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(argv)
+    _flags().parse_args(argv)
   assert e.value.code == 2
   err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
   assert len(err) == 1 and err[0].startswith(f"error: {says}"), err
 
 
 def test_every_flag_whose_empty_value_is_absent_says_what_to_give():
-  gpu_check = _script()
-  ap = gpu_check._parser()  # pylint: disable=protected-access
+  flags = _flags()
+  ap = flags.build_parser()
   empty = {a.option_strings[-1] for a in ap._actions  # pylint: disable=protected-access
            if a.option_strings and a.default == ""}
-  assert empty == set(gpu_check.EMPTY_MEANS_ABSENT) == {"--deviceless",
-                                                        "--topology"}
+  assert empty == set(flags.EMPTY_MEANS_ABSENT) == {"--deviceless",
+                                                    "--topology"}
+
+
+def test_help_describes_the_script_by_its_docstring():
+  assert _flags().build_parser().description == (
+      _script().__doc__.split("\n")[0])
 
 
 def test_one_profile_flag_without_deviceless_says_applies(capsys):
   with pytest.raises(SystemExit) as e:
-    _script().parse_args(["--cluster", "A40"])
+    _flags().parse_args(["--cluster", "A40"])
   assert e.value.code == 2
   assert ("error: --cluster applies to --deviceless compiles only"
           in capsys.readouterr().err)
@@ -292,7 +301,7 @@ def test_json_on_a_full_device_is_one_line_after_the_printed_result(
 def test_smoke_timing_uses_the_batch_flag(batch, expected):
   """--smoke --batch 1 and --batch 64 both timed 4 sequences per step."""
   gpu_check = _script()
-  args = gpu_check.parse_args(["--part", "timing", "--smoke"] + (
+  args = _flags().parse_args(["--part", "timing", "--smoke"] + (
       [] if batch is None else ["--batch", str(batch)]))
   cfg, _, sequences = gpu_check._gpt_cfg(args)
   assert (sequences, cfg.n_layer) == (expected, 2)
@@ -304,7 +313,7 @@ def test_one_gpu_whose_mock_topology_gives_one_device_says_so(monkeypatch):
   device) made that child start another child until the timeout. The
   child now says the mock gave one device and starts nothing."""
   import jax  # pylint: disable=import-outside-toplevel
-  script = _script()
+  schedule = benchmark_module("_gpu_check_schedule")
 
   class OneGpu:
     device_kind = "NVIDIA H100 80GB HBM3"
@@ -315,8 +324,8 @@ def test_one_gpu_whose_mock_topology_gives_one_device_says_so(monkeypatch):
   monkeypatch.setenv("JAX_MOCK_GPU_TOPOLOGY", "1x8x1")
   monkeypatch.setattr(jax, "devices", lambda: [OneGpu()])
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(script, "_child", no_child)
-  got = script.part_schedule(script.parse_args(["--part", "schedule"]))
+  monkeypatch.setattr(schedule, "_child", no_child)
+  got = schedule.part_schedule(_flags().parse_args(["--part", "schedule"]))
   assert got["result"].startswith(
       "XLA's mock GPU topology 1x8x1 gave 1 device"), got
 
@@ -329,7 +338,7 @@ def test_one_gpu_whose_mock_topology_gives_one_device_says_so(monkeypatch):
 def test_a_bad_batch_config_or_set_is_refused_before_any_part(
     capsys, argv, message):
   with pytest.raises(SystemExit) as e:  # the parts run after parse_args
-    _script().parse_args(argv)
+    _flags().parse_args(argv)
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].split(": error: ")[-1].count(message), err
