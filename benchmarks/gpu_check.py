@@ -261,8 +261,14 @@ def part_gossip_timing(args) -> dict:
   return out
 
 
+def parse_args(argv=None):
+  """The script's flags, read and checked (every benchmark script has
+  one; the rules are :mod:`_gpu_check_flags`'s)."""
+  return gpu_flags.parse_args(argv)
+
+
 def main(argv=None):
-  args = gpu_flags.parse_args(argv)
+  args = parse_args(argv)
   try:
     result = _run(args)
   except ValueError as e:  # bad input (config, target, programs): one line
