@@ -33,6 +33,7 @@ from decentral_jax import checks
 from decentral_jax import layout_modes
 from decentral_jax.runner import config_groups
 from decentral_jax.runner import extensions
+from decentral_jax.runner import flagfiles
 from decentral_jax.runner import methods
 
 OPTIMIZERS = ("adamw", "accum_adamw")
@@ -379,7 +380,8 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
                        argv: Sequence[str]) -> tuple[list[str], list[str]]:
   """Reads ``argv`` (the arguments, no program name) into ``flag_values``.
 
-  ``--flagfile=FILE`` is expanded first (:func:`expand_flagfiles`), once,
+  ``--flagfile=FILE`` is expanded first
+  (:func:`decentral_jax.runner.flagfiles.expand_flagfiles`), once,
   so its lines count as typed in its place: a flag given twice, on the
   command line or in files, is refused. The ``--config.<field>=value``
   overrides are then set apart (:func:`split_overrides`); the flags are
@@ -396,7 +398,7 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
   Raises:
     ValueError: a bad flag or value (one line, naming it).
   """
-  sourced = expand_flagfiles(flag_values, argv)
+  sourced = flagfiles.expand_flagfiles(argv)
   _refuse_repeats(flag_values, sourced)
   rest, overrides = split_overrides([program, *(t for t, _ in sourced)])
   flag_values.unparse_flags()
@@ -407,52 +409,11 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
   return positional[1:], overrides
 
 
-_FLAGFILE = ("--flagfile", "-flagfile")
-
-
-def expand_flagfiles(flag_values: flags.FlagValues,
-                     args: Sequence[str]) -> list[tuple[str, str]]:
-  """``args`` with each ``--flagfile=FILE`` (or ``--flagfile FILE``)
-  replaced by the file's flags, as absl's parse reads them
-  (``FlagValues.read_flags_from_files``: nested files too, ``#`` comments
-  skipped); nothing after ``--`` is expanded.
-
-  Returns:
-    ``[(argument, where)]``: ``where`` is ``""`` for an argument typed on
-    the command line, ``" in --flagfile FILE"`` for one read from ``FILE``
-    (the file named on the command line).
-
-  Raises:
-    ValueError: a flag file that cannot be read, or ``--flagfile`` with no
-      file (one line).
-  """
-  out, i = [], 0
-  while i < len(args):
-    token = args[i]
-    if token == "--":
-      out += [(t, "") for t in args[i:]]
-      break
-    if token in _FLAGFILE or token.startswith(tuple(f + "=" for f in
-                                                    _FLAGFILE)):
-      chunk = list(args[i:i + 2] if token in _FLAGFILE else [token])
-      i += len(chunk)
-      name = chunk[1] if len(chunk) == 2 else token.partition("=")[2]
-      where = f" in --flagfile {name}"
-      try:
-        lines = flag_values.read_flags_from_files(chunk, force_gnu=False)
-      except flags.Error as e:
-        raise ValueError(config_error_message(e)) from None
-      out += [(line, where) for line in lines]
-    else:
-      out.append((token, ""))
-      i += 1
-  return out
-
-
 def _refuse_repeats(flag_values: flags.FlagValues,
                     args: Sequence[tuple[str, str]]) -> None:
   """Refuses a flag of ``flag_values`` given twice in ``args``, the
-  ``(argument, where)`` pairs of :func:`expand_flagfiles`
+  ``(argument, where)`` pairs of
+  :func:`decentral_jax.runner.flagfiles.expand_flagfiles`
   (``--config=gpt_tiny --config=gpt_quick``: absl keeps the last alone);
   ``--x``, ``--x=v`` and ``--nox`` are one flag, a multi flag may repeat.
   Nothing after ``--`` counts.

@@ -1,0 +1,172 @@
+"""``--flagfile`` of ``train`` and ``compare`` (runner/flagfiles.py).
+
+The lines of readable files are absl's (``read_flags_from_files`` is the
+reference); an empty name, a FIFO (also nested: no blocking open), a file
+that is not UTF-8 are one ValueError naming ``--flagfile FILE``; a leading
+UTF-8 byte order mark is skipped.
+"""
+
+import contextlib
+import io
+import os
+import signal
+
+from absl import flags
+import pytest
+
+from decentral_jax.runner import flagfiles
+from decentral_jax.tools import train
+from decentral_jax.tools.compare import flags as compare_flags
+
+PARSERS = [train.parse, compare_flags.parse]
+
+
+@pytest.fixture(autouse=True)
+def _defaults_after():
+  """The commands' flags back at their defaults after each test."""
+  yield
+  train.parse([])
+  compare_flags.parse([])
+
+
+@pytest.fixture
+def alarm():
+  """A read that blocks (a FIFO without a writer) fails after 5 s."""
+  def on_alarm(signum, frame):
+    raise TimeoutError("reading the flag file blocked")
+  old = signal.signal(signal.SIGALRM, on_alarm)
+  signal.setitimer(signal.ITIMER_REAL, 5)
+  yield
+  signal.setitimer(signal.ITIMER_REAL, 0)
+  signal.signal(signal.SIGALRM, old)
+
+
+def _write(path, data):
+  path.write_bytes(data if isinstance(data, bytes) else data.encode())
+  return str(path)
+
+
+def _ours(args):
+  return [arg for arg, _ in flagfiles.expand_flagfiles(args)]
+
+
+def _absl(args):
+  return flags.FlagValues().read_flags_from_files(args, force_gnu=False)
+
+
+def test_readable_files_give_absl_s_arguments(tmp_path, capsys):
+  one = _write(tmp_path / "one.ff", b"--a=1\r\n\r\n# c\n// d\n  --b=2  \r"
+               b"--c\n\t\n  #e\n--d=x y")
+  self_ = tmp_path / "self.ff"
+  _write(self_, f"--s=1\n--flagfile={self_}\n--t=2\n")
+  a, b = tmp_path / "a.ff", tmp_path / "b.ff"
+  _write(a, f"--x=1\n--flagfile={b}\n")
+  _write(b, f"--flagfile={a}\n--y=2\n")
+  twice = _write(tmp_path / "twice.ff", f"--flagfile={one}\n-flagfile= {one}"
+                 " \n--z\n")
+  for args in ([f"--flagfile={one}", "--m=1"], ["--flagfile", str(self_)],
+               [f"-flagfile={a}"], ["--q", f"--flagfile={twice}"]):
+    assert _ours(args) == _absl(args), args
+  assert _ours([f"--flagfile={self_}"]) == ["--s=1", "--t=2"]
+  assert "circle of flag files" in capsys.readouterr().err
+
+
+def test_where_names_the_file_on_the_command_line(tmp_path):
+  inner = _write(tmp_path / "inner.ff", "--b=2\n")
+  outer = _write(tmp_path / "outer.ff", f"--a=1\n--flagfile={inner}\n")
+  assert flagfiles.expand_flagfiles(["--c", "--flagfile", outer, "--",
+                                     f"--flagfile={outer}"]) == [
+      ("--c", ""), ("--a=1", f" in --flagfile {outer}"),
+      ("--b=2", f" in --flagfile {outer}"), ("--", ""),
+      (f"--flagfile={outer}", "")]
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+@pytest.mark.parametrize("args", [["--flagfile="], ["--flagfile", ""],
+                                  ["--flagfile=  "], ["-flagfile="]])
+def test_an_empty_name_is_refused(parse, args):
+  with pytest.raises(ValueError) as e:
+    parse(args)
+  assert str(e.value) == ("--flagfile is empty; give a flag file or drop "
+                          "--flagfile.")
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_an_empty_name_inside_a_file_is_refused(parse, tmp_path):
+  outer = _write(tmp_path / "outer.ff", "--config.steps=3\n--flagfile=\n")
+  with pytest.raises(ValueError) as e:
+    parse([f"--flagfile={outer}"])
+  assert str(e.value) == (f"--flagfile in --flagfile {outer} is empty; give "
+                          "a flag file or drop --flagfile.")
+  last = _write(tmp_path / "last.ff", "--config.steps=3\n--flagfile")
+  with pytest.raises(ValueError, match=(
+      rf"^--flagfile in --flagfile {last} has no file; give "
+      r"--flagfile=FILE\.$")):
+    parse([f"--flagfile={last}"])
+
+
+def test_train_prints_one_error_line_for_an_empty_name():
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):
+    code = train.main(["--config=configs/gpt_tiny.py", "--flagfile="],
+                      prog="train")
+  assert code == 2
+  assert err.getvalue().splitlines() == [
+      "error: --flagfile is empty; give a flag file or drop --flagfile. "
+      "(see train --help)"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("parse", PARSERS)
+def test_a_fifo_is_refused_not_waited_for(parse, tmp_path, alarm):
+  fifo = str(tmp_path / "flags.fifo")
+  os.mkfifo(fifo)
+  reason = ("is not a regular file (a FIFO or a device?); give a text file "
+            "of flags, one a line.")
+  with pytest.raises(ValueError) as e:
+    parse(["--config.steps=2", f"--flagfile={fifo}"])
+  assert str(e.value) == f"--flagfile {fifo} {reason}"
+  nested = _write(tmp_path / "nested.ff", f"# a FIFO\n--flagfile={fifo}\n")
+  with pytest.raises(ValueError) as e:
+    parse(["--flagfile", nested])
+  assert str(e.value) == f"--flagfile {fifo} in --flagfile {nested} {reason}"
+  spaced = _write(tmp_path / "spaced.ff", f"  --flagfile={fifo}\n")
+  with pytest.raises(ValueError, match="is not a regular file"):
+    parse([f"--flagfile={spaced}"])
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_a_file_that_is_not_utf8_is_named(parse, tmp_path):
+  binary = _write(tmp_path / "flags.bin", b"\x1f\x8b\x08\x00binary")
+  with pytest.raises(ValueError) as e:
+    parse([f"--flagfile={binary}"])
+  assert str(e.value) == (
+      f"--flagfile {binary} is not UTF-8 text (byte 0x8b at offset 1); give "
+      "a text file of flags, one a line, saved as UTF-8.")
+  nul = _write(tmp_path / "nul.ff", b"--a=1\n\x00")
+  with pytest.raises(ValueError, match=rf"^--flagfile {nul} holds a NUL "
+                     r"byte \(at offset 6\)"):
+    parse([f"--flagfile={nul}"])
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_a_byte_order_mark_is_skipped(parse, tmp_path):
+  bom = _write(tmp_path / "bom.ff", b"\xef\xbb\xbf--config.steps=4\n")
+  assert parse([f"--flagfile={bom}"]) == ([], ["--config.steps=4"])
+  bad = _write(tmp_path / "bad.ff", b"\xef\xbb\xbf--a=1\n\xff")  # 3 + 6
+  with pytest.raises(ValueError, match=rf"^--flagfile {bad} is not UTF-8 "
+                     r"text \(byte 0xff at offset 9\)"):
+    parse([f"--flagfile={bad}"])
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_missing_file_and_directory_are_named(parse, tmp_path):
+  missing = str(tmp_path / "missing.ff")
+  with pytest.raises(ValueError) as e:
+    parse([f"--flagfile={missing}"])
+  assert str(e.value) == (f"--flagfile {missing} does not exist; give an "
+                          "existing flag file.")
+  with pytest.raises(ValueError) as e:
+    parse(["--flagfile", str(tmp_path)])
+  assert str(e.value) == (f"--flagfile {tmp_path} is a directory; give a "
+                          "text file of flags, one a line.")
