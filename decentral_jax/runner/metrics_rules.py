@@ -235,12 +235,30 @@ def null_error(record: dict, runner: bool = True) -> str | None:
   number, or None: ``lr`` (every writer: the learning rate is always
   finite), and with ``runner`` (a train run's log, not the learners') any
   key naming a loss (a record whose loss is not finite stops the run
-  unwritten: :func:`decentral_jax.runner.recorder.non_finite_record_error`)."""
+  unwritten: :func:`decentral_jax.runner.recorder.non_finite_record_error`),
+  and a key it always writes missing (:func:`missing_error`)."""
   for key, value in record.items():
     if value is None and (key == "lr" or (runner and "loss" in _last(key))):
       return (f"{key} is null, but the writer always writes a finite number "
               "there (a non-finite loss stops the run unrecorded; lr is "
               "always finite)")
+  return missing_error(record) if runner else None
+
+
+#: Keys the runner writes in every record (``train/loss`` after step 0:
+#: the mean training loss since the record before).
+RUNNER_KEYS = ("lr", "train_time_s")
+
+
+def missing_error(record: dict) -> str | None:
+  """Why a train run's record lacks a key the runner always writes
+  (:data:`RUNNER_KEYS`, and ``train/loss`` at a step > 0), or None."""
+  need = RUNNER_KEYS + (("train/loss",) if record.get("step") else ())
+  gone = [k for k in need if k not in record]
+  if gone:
+    return (f"{', '.join(gone)} missing, but the runner writes "
+            f"{'them' if len(gone) > 1 else 'it'} in every record"
+            f"{' after step 0' if gone == ['train/loss'] else ''}")
   return None
 
 

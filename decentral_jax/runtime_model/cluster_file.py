@@ -254,6 +254,36 @@ def _check_document(data) -> None:
       workload_lib.Workload(**kw)
     except (TypeError, ValueError) as e:  # names a Workload field
       raise ValueError(f"workload.{e}") from None
+    _check_samples_agree(data["workload"])
+
+
+def _check_samples_agree(work: dict) -> None:
+  """``forward_s + backward_s`` and ``compute_cv`` are what ``measure``
+  writes beside ``compute_samples_s`` (their median, their std / mean):
+  the samples replace both in pricing, so a file edited to disagree would
+  have its edited times ignored."""
+  s = work.get("compute_samples_s")
+  if s is None:
+    return
+  x = np.asarray(s, float)
+  f, b = work.get("forward_s"), work.get("backward_s")
+  if f is not None and b is not None:
+    want = max(float(np.median(x)), f)
+    if not math.isclose(f + b, want, rel_tol=1e-6, abs_tol=1e-12):
+      raise ValueError(
+          f"workload.forward_s + backward_s ({(f + b) * 1e3:.6g} ms) is not "
+          f"the median of workload.compute_samples_s ({want * 1e3:.6g} ms) "
+          "as measure writes them, and the samples replace them in pricing: "
+          "remove compute_samples_s to price the edited times, or re-run "
+          "measure.")
+  cv = work.get("compute_cv")
+  if cv is not None and not math.isclose(
+      cv, float(x.std() / x.mean()), rel_tol=1e-6, abs_tol=1e-12):
+    raise ValueError(
+        f"workload.compute_cv ({cv:.6g}) is not the std / mean of "
+        f"workload.compute_samples_s ({x.std() / x.mean():.6g}) as measure "
+        "writes them, and the samples replace it in pricing: remove "
+        "compute_samples_s to price the edited CV, or re-run measure.")
 
 
 def cluster(data: dict, n_workers: int | None = None) -> costs.Cluster:

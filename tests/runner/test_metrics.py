@@ -24,6 +24,26 @@ from decentral_jax.runner import run_meta
 from decentral_jax.runner import workdir as workdir_lib
 
 
+def _record(step: int, **values) -> dict:
+  """A record as the runner writes it (recorder.record): ``lr`` and
+  ``train_time_s`` in every record, ``train/loss`` after step 0 (a record
+  without one is damage: metrics_rules.missing_error); lr 1e-3 (at most
+  every peak below), 0.1 s per step, a training loss of 2.0, then
+  ``values`` (which override them)."""
+  record = {"step": step, "lr": 1e-3}
+  if step:
+    record["train/loss"] = 2.0
+  record["train_time_s"] = 0.1 * step
+  record.update(values)
+  return record
+
+
+def _line(step: int, **values) -> str:
+  """:func:`_record` as the line the writer writes (json.dumps, as a
+  rewrite on resume writes it too)."""
+  return json.dumps(_record(step, **values)) + "\n"
+
+
 def test_corrupt_metrics_line_in_the_middle_is_an_error(tmp_path):
   path = tmp_path / metrics.METRICS_FILE
   path.write_text('{"step": 0}\n{"step": 5, "lr"\n{"step": 10}\n')
@@ -61,16 +81,17 @@ def test_torn_last_line_says_whether_its_record_is_lost(
 
 
 DAMAGED = {  # lines 1-3 of a file a resume after step 5 reads
-    "repeated": ('{"step": 0}\n{"step": 0}\n{"step": 5}\n',
+    "repeated": (_line(0) + _line(0) + _line(5),
                  'line 2: "step" must increase from line to line, got 0 '
                  "after 0"),
-    "reversed": ('{"step": 5}\n{"step": 3}\n{"step": 0}\n',
+    # train_time_s constant: only the steps go back
+    "reversed": (_line(5, train_time_s=0.5) + _line(3, train_time_s=0.5)
+                 + _line(0, train_time_s=0.5),
                  'line 2: "step" must increase from line to line, got 3 '
                  "after 5"),
-    "negative_loss": ('{"step": 0}\n{"step": 3, "eval/loss": -3.0}\n'
-                      '{"step": 5}\n', "line 2: eval/loss must be >= 0, got "
-                      "-3"),
-    "accuracy_above_one": ('{"step": 0, "eval/accuracy": 1.5}\n',
+    "negative_loss": (_line(0) + _line(3, **{"eval/loss": -3.0}) + _line(5),
+                      "line 2: eval/loss must be >= 0, got -3"),
+    "accuracy_above_one": (_line(0, **{"eval/accuracy": 1.5}),
                            "line 1: eval/accuracy must be in [0, 1], got "
                            "1.5"),
 }
@@ -90,7 +111,10 @@ def test_a_resume_reads_metrics_by_the_rules_compare_reads_them(
   assert str(info.value).startswith(f"{path}, {why}"), str(info.value)
   assert path.read_text() == text
   rows = [json.loads(line) for line in text.splitlines()]
-  assert kept.metrics_error(rows) is not None
+  # compare names the same rule (not a key the rows lack)
+  rule = why.split(": ", 1)[1].replace('"step"', "step").replace(
+      "from line to line", "from row to row")
+  assert rule in (kept.metrics_error(rows) or ""), kept.metrics_error(rows)
 
 
 # One record with a key of each kind the writers write (runner, evaluation,
@@ -355,10 +379,11 @@ def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
   rules it out) is damage of the log on resume, as in compare."""
   from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
   path = tmp_path / metrics.METRICS_FILE
-  ok = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(6))
+  ok = "".join(_line(s, lr=0.003) for s in range(6))
   path.write_text(ok)  # at the peak exactly: intact
   assert metrics.truncate_after(str(tmp_path), 5, WRITTEN, PEAKED) == 0
-  bad = ok.replace('{"step": 1, "lr": 0.003}', '{"step": 1, "lr": 1000000.0}')
+  bad = ok.replace(_line(1, lr=0.003), _line(1, lr=1000000.0))
+  assert bad != ok
   path.write_text(bad)
   with pytest.raises(metrics.MetricsError) as e:
     metrics.truncate_after(str(tmp_path), 5, WRITTEN, PEAKED)
@@ -379,15 +404,13 @@ def test_records_after_the_checkpoint_are_dropped_unchecked_against_its_peak(
   peak; the records up to the step stay, byte for byte, with no warning.
   A record up to the step above the peak is still damage."""
   path = tmp_path / metrics.METRICS_FILE
-  kept = "".join(f'{{"step": {s}, "lr": 0.003}}\n' for s in range(7))
-  path.write_text(kept + '{"step": 7, "lr": 0.0113}\n'
-                  '{"step": 8, "lr": 0.02}\n')
+  kept = "".join(_line(s, lr=0.003) for s in range(7))
+  path.write_text(kept + _line(7, lr=0.0113) + _line(8, lr=0.02))
   caplog.set_level("WARNING")
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED) == 2
   assert path.read_text() == kept
   assert not caplog.records
-  path.write_text(kept.replace('"step": 6, "lr": 0.003',
-                               '"step": 6, "lr": 0.0113'))
+  path.write_text(kept.replace(_line(6, lr=0.003), _line(6, lr=0.0113)))
   with pytest.raises(metrics.MetricsError, match="line 7: lr must be <="):
     metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
 
@@ -409,12 +432,12 @@ def test_a_log_cut_back_before_the_checkpoint_is_one_warning(
   warning naming the steps lost; the kept records stay."""
   path = tmp_path / metrics.METRICS_FILE
   caplog.set_level("WARNING")
-  path.write_text("".join(f'{{"step": {s}}}\n' for s in range(7)))
+  _steps_file(path, range(7))
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
   assert caplog.records == []  # whole up to the checkpoint
-  path.write_text('{"step": 0}\n{"step": 1}\n')
+  _steps_file(path, [0, 1])
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
-  assert path.read_text() == '{"step": 0}\n{"step": 1}\n'
+  assert path.read_text() == _line(0) + _line(1)
   [record] = caplog.records
   assert record.getMessage().startswith(
       f"{path} ends at step 1 although the checkpoint's config logs step 6 "
@@ -470,7 +493,8 @@ def test_the_steps_a_log_schedule_logs(history, step, want):
 
 
 def _steps_file(path, steps):
-  path.write_text("".join(f'{{"step": {s}}}\n' for s in steps))
+  """A runner's records (:func:`_record`) of ``steps``."""
+  path.write_text("".join(_line(s) for s in steps))
 
 
 def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(

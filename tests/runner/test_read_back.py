@@ -95,7 +95,9 @@ CONFIG = {"steps": 10, "log_interval": 1, "eval_interval": 2,
           "global_batch": 16, "schedule": {"peak_lr": 3e-3},
           "model": {"name": "gpt", "block_size": 8}}
 PEAKED = [[0, 1, 2, 3e-3]]  # its log schedule: one segment with its peak
-GOOD = [{"step": 0, "lr": 1e-4, "eval/loss": 5.5},
+# Its log as the runner writes it: lr and train_time_s in every record,
+# train/loss after step 0 (metrics_rules.missing_error).
+GOOD = [{"step": 0, "lr": 1e-4, "eval/loss": 5.5, "train_time_s": 0.0},
         {"step": 1, "lr": 1e-4, "train/loss": 5.5, "train_time_s": 1.0},
         {"step": 2, "lr": 2e-4, "train/loss": 5.4, "train_time_s": 2.0,
          "step_time_ms": 10.0, "tokens_per_sec": 12800.0},  # 128 / 0.01 s
@@ -153,7 +155,80 @@ def test_a_null_the_writer_never_writes_is_damage(tmp_path, edit, needle):
   assert "line 3: " + needle in _resume_error(workdir)
   assert needle in kept.metrics_error([dict(GOOD[2], **edit)], CONFIG)
   # A null accuracy (a model's own aux value may be NaN) is not damage.
-  assert metrics_rules.null_error({"step": 1, "train/accuracy": None}) is None
+  assert metrics_rules.null_error(
+      dict(GOOD[1], **{"train/accuracy": None})) is None
+
+
+@pytest.mark.parametrize("key, says", [
+    ("lr", "lr missing, but the runner writes it in every record"),
+    ("train_time_s",
+     "train_time_s missing, but the runner writes it in every record"),
+    ("train/loss", "train/loss missing, but the runner writes it in every "
+     "record after step 0")])
+def test_a_record_without_a_key_the_runner_always_writes_is_damage(
+    tmp_path, key, says):
+  """The recorder writes lr and train_time_s in every record and the mean
+  training loss in every record after step 0: step 3's record without
+  one was edited, in a resumed log (line 4) and in a kept compare run."""
+  rows = [dict(r) for r in GOOD]
+  del rows[3][key]
+  assert rows[3]["step"] == 3
+  assert metrics_rules.null_error(rows[3]) == says
+  (tmp_path / metrics.METRICS_FILE).write_text(
+      "".join(json.dumps(r) + "\n" for r in rows))
+  assert "line 4: " + says in _resume_error(str(tmp_path))
+  assert kept.metrics_error(rows, CONFIG) == "at step 3: " + says
+  assert kept.metrics_error(rows) == "at step 3: " + says
+  # Two gone: both named, in the order the runner writes them.
+  both = {k: v for k, v in GOOD[3].items() if k not in ("lr", "train_time_s")}
+  assert metrics_rules.null_error(both) == (
+      "lr, train_time_s missing, but the runner writes them in every record")
+
+
+def test_a_step_0_record_needs_no_training_loss(tmp_path):
+  """Step 0's record (the starting evaluation) comes before any training
+  step: it has no train/loss, but lr and train_time_s like every record."""
+  assert "train/loss" not in GOOD[0] and GOOD[0]["step"] == 0
+  assert metrics_rules.null_error(GOOD[0]) is None
+  assert metrics_rules.missing_error(GOOD[0]) is None
+  workdir = _log(tmp_path)
+  assert metrics.truncate_after(workdir, 3, CONFIG, PEAKED) == 0
+  assert kept.metrics_error(GOOD[:1], CONFIG) is None
+  for key in ("lr", "train_time_s"):
+    row = {k: v for k, v in GOOD[0].items() if k != key}
+    assert metrics_rules.null_error(row) == (
+        f"{key} missing, but the runner writes it in every record")
+
+
+def test_the_learners_reader_does_not_require_the_runner_s_keys(tmp_path):
+  """The learners write their step-0 record without lr, and train/loss
+  only on the periods the command saw merged (tools/learners/records.py):
+  the learners' reader (null_error with runner=False, as truncate_after
+  without a config) requires none of the runner's keys."""
+  rows = [{"step": 0, "tokens": 0, "eval/loss": 5.5, "train_time_s": 0.0},
+          {"step": 4, "tokens": 128, "learners/merged": 2,  # not seen
+           "learners/tokens/0": 64, "learners/tokens/1": 64, "lr": 1e-4,
+           "train_time_s": 1.0},
+          {"step": 8, "tokens": 256, "learners/merged": 2,
+           "learners/tokens/0": 64, "learners/tokens/1": 64, "lr": 2e-4,
+           "train_time_s": 2.0, "train/loss": 5.0, "eval/loss": 5.1}]
+  for row in rows:
+    assert metrics_rules.null_error(row, runner=False) is None
+  # As a train run's records, the first two would be damage.
+  assert [metrics_rules.null_error(r) for r in rows] == [
+      "lr missing, but the runner writes it in every record",
+      "train/loss missing, but the runner writes it in every record after "
+      "step 0", None]
+  assert metrics_rules.null_error({"step": 3}, runner=False) is None
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert learner_records.read_metrics(str(tmp_path)) == rows
+  assert metrics.read_jsonl(str(path)) == rows
+  assert metrics.truncate_after(str(tmp_path), 8) == 0  # the learners' call
+  # ... while a null lr is still damage there (lr is always finite).
+  assert metrics_rules.null_error(dict(rows[1], lr=None), runner=False) == (
+      "lr is null, but the writer always writes a finite number there (a "
+      "non-finite loss stops the run unrecorded; lr is always finite)")
 
 
 def test_a_throughput_that_is_not_its_step_time_is_damage(tmp_path):
@@ -203,7 +278,8 @@ def test_records_are_checked_against_their_own_segment_s_peak(tmp_path):
   lr rule is skipped (a resume may have changed the peak)."""
   path = tmp_path / metrics.METRICS_FILE
   lrs = [(5, 4.9e-4), (6, 5.8e-4), (7, 1.0e-4), (8, 1.04e-4)]
-  path.write_text("".join(json.dumps({"step": s, "lr": lr}) + "\n"
+  path.write_text("".join(json.dumps({"step": s, "lr": lr, "train/loss": 5.0,
+                                      "train_time_s": float(s)}) + "\n"
                           for s, lr in lrs))
   config = dict(CONFIG, schedule={"peak_lr": 4e-4})
   assert metrics.truncate_after(str(tmp_path), 8, config, CHANGED) == 0

@@ -12,6 +12,7 @@ decentral_jax.runtime_model`` is run here with ``runpy``. The 2-process
 from __future__ import annotations
 
 import json
+import re
 import os
 import runpy
 import sys
@@ -60,7 +61,8 @@ def test_fit_links_recovers_known_links():
 def _write(tmp_path, data, workload=True):
   path = str(tmp_path / "c.json")
   w = ({"param_count": 65e6, "forward_s": 0.03, "backward_s": 0.06,
-        "compute_cv": 0.1, "compute_samples_s": [0.08, 0.09, 0.1],
+        "compute_cv": 0.09072184232530289,
+        "compute_samples_s": [0.08, 0.09, 0.1],
         "grad_dtype": "float32", "param_dtype": "float32"}
        if workload else None)
   cluster_file.write(path, {"cluster": cluster_file.fit_links(data, 16, 4),
@@ -78,7 +80,7 @@ def test_predict_cluster_flags_override_the_file(tmp_path, capsys):
   assert (c.n_workers, c.local_size, c.nics_per_node) == (32, 4, 2)
   assert c.nic_bandwidth_Bps == pytest.approx(6e9)
   assert w.compute_samples_s is None  # an explicit mean drops the samples
-  assert (w.forward_s, w.backward_s, w.compute_cv) == (0.05, 0.06, 0.1)
+  assert (w.forward_s, w.backward_s, w.compute_cv) == (0.05, 0.06, 0.09072184232530289)
   assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
                    "--steps", "20"]) == 0
   assert "n=8 workers (2 nodes x 4)" in capsys.readouterr().out
@@ -355,3 +357,32 @@ def test_a_one_node_file_prices_more_nodes_only_with_the_link_flags(
   assert cli.main(["predict", "--cluster", path, "--n-workers", "8",
                    "--steps", "20"]) == 0
   assert capsys.readouterr().out.splitlines()[0].endswith("node NIC 50 Gbit/s")
+
+
+@pytest.mark.parametrize("edit, named", [
+    ({"forward_s": 0.05}, "forward_s + backward_s (110 ms)"),
+    ({"backward_s": 0.01}, "forward_s + backward_s (40 ms)"),
+    ({"compute_cv": 0.5}, "workload.compute_cv (0.5)"),
+])
+def test_times_disagreeing_with_the_samples_are_refused(tmp_path, edit,
+                                                        named):
+  """The samples replace forward_s + backward_s and compute_cv in pricing:
+  a file edited to disagree is refused rather than its edit ignored."""
+  path = _write(tmp_path, _synthetic())
+  data = json.loads(open(path).read())
+  data["workload"].update(edit)
+  open(path, "w").write(json.dumps(data))
+  with pytest.raises(ValueError, match=re.escape(named)):
+    cluster_file.read(path)
+  del data["workload"]["compute_samples_s"]  # the fix the line gives
+  open(path, "w").write(json.dumps(data))
+  assert cluster_file.read(path)["workload"] == data["workload"]
+
+
+def test_forward_above_the_median_with_no_backward_is_read(tmp_path):
+  """measure writes backward_s = max(median(fb) - median(f), 0)."""
+  path = _write(tmp_path, _synthetic())
+  data = json.loads(open(path).read())
+  data["workload"].update(forward_s=0.095, backward_s=0.0)
+  open(path, "w").write(json.dumps(data))
+  assert cluster_file.read(path)["workload"]["forward_s"] == 0.095

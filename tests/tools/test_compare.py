@@ -15,6 +15,7 @@ import pytest
 
 from ml_collections import config_dict
 
+from decentral_jax.runner import builders
 from decentral_jax.runner import methods
 from decentral_jax.tools import compare
 from decentral_jax.tools.compare import flags as compare_flags
@@ -571,12 +572,19 @@ def _main(tmp_path, *flags_):
                        "--config.eval_interval=3", *flags_])
 
 
-def _write_curve(workdir, losses=(4.0, 2.0)):
+def _write_curve(workdir, config, losses=(4.0, 2.0)):
+  """The records of steps 0 and 3 with the keys the runner writes in each
+  (metrics_rules.missing_error): ``lr`` (the config's schedule, as the
+  recorder takes it), ``train_time_s`` and ``train/loss`` after step 0."""
   os.makedirs(workdir, exist_ok=True)
+  schedule = builders.make_schedule(config)
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     for step, loss in zip((0, 3), losses):
-      f.write(json.dumps({"step": step, "train_time_s": 1.0,
-                          "eval/loss": loss}) + "\n")
+      row = {"step": step, "lr": float(schedule(max(step, 1) - 1))}
+      if step:
+        row["train/loss"] = 2.5
+      row.update({"train_time_s": 1.0, "eval/loss": loss})
+      f.write(json.dumps(row) + "\n")
 
 
 def test_all_runs_diverged_and_stale_plots_are_removed(
@@ -634,7 +642,7 @@ def test_some_runs_diverged_message():
 def test_a_malformed_reference_is_one_line_and_the_results_are_written(
     tmp_path, monkeypatch, capsys, contents, key):
   def trains(config, workdir, experiment=None):
-    _write_curve(workdir)
+    _write_curve(workdir, config)
     return dict(_FINAL)
 
   _fake_job(monkeypatch, trains)
@@ -659,7 +667,7 @@ def test_checkpoints_are_dropped_while_the_run_folder_is_locked(
     tmp_path, monkeypatch):
   from decentral_jax.runner import workdir as workdir_lib
   def trains(config, workdir, experiment=None):
-    _write_curve(workdir)
+    _write_curve(workdir, config)
     os.makedirs(os.path.join(workdir, "checkpoints", "3"))
     return dict(_FINAL)
 
@@ -784,7 +792,7 @@ def test_the_outdir_and_each_run_folder_are_locked_while_a_run_trains(
 
   def trains(config, workdir, experiment=None):
     seen.append((held(str(tmp_path)), held(workdir)))
-    _write_curve(workdir)
+    _write_curve(workdir, config)
     return dict(_FINAL)
 
   _fake_job(monkeypatch, trains)
@@ -893,7 +901,7 @@ def _signed_job(monkeypatch, tmp_path):
 
   def trains(config, workdir, experiment=None):
     trained.append(os.path.basename(workdir))
-    _write_curve(workdir)
+    _write_curve(workdir, config)
     with open(os.path.join(workdir, "config.json"), "w") as f:
       f.write("{}")  # not signed: only the two records are
     return dict(_FINAL)
@@ -1004,9 +1012,11 @@ def _add_row(row):
     *(pytest.param(*case, marks=pytest.mark.slow) for case in (
         (_edit_final(lr=1e30), "final.lr must be <= schedule.peak_lr "),
         (_edit_final(step=None), "final.step is missing"),
-        (_add_row({"step": 3, "lr": "x"}),
+        (_add_row({"step": 3, "lr": "x", "train/loss": 2.0,
+                   "train_time_s": 1.0}),
          "at step 3: lr must be a number, got 'x'"),
-        (_add_row({"step": 99, "train/loss": 2.0}),
+        (_add_row({"step": 99, "lr": 3e-4, "train/loss": 2.0,
+                   "train_time_s": 1.0}),
          "at step 99: step must be in [0, steps] = [0, 3]"))),
 ])
 def test_a_re_signed_record_with_an_impossible_value_is_not_kept(

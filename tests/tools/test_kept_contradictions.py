@@ -22,10 +22,27 @@ from decentral_jax.tools.compare import job as job_lib
 _CONFIG = {"steps": 3, "seed": 0, "n_workers": 8, "global_batch": 16,
            "model": {"name": "gpt", "param_dtype": "float32",
                      "block_size": 8}}
+
+
+def _row(step: int, **values) -> dict:
+  """A row of metrics.jsonl as the runner writes it: ``lr`` and
+  ``train_time_s`` in every record, ``train/loss`` after step 0 (a row
+  without one is damage: metrics_rules.missing_error); lr 1e-3 (the
+  config sets no schedule), 5 ms a step, a training loss of 2.5, then
+  ``values`` (which override them)."""
+  row = {"step": step, "lr": 1e-3}
+  if step:
+    row["train/loss"] = 2.5
+  row["train_time_s"] = 0.005 * step
+  row.update(values)
+  return row
+
+
 # 128 tokens / 0.004 s = 32000 tokens/s; 128 / 0.005 s = 25600 tokens/s.
-_ROWS = [{"step": 0, "eval/loss": 4.0, "consensus_distance": 1e-14},
-         {"step": 3, "train/loss": 2.5, "consensus_distance": 2.26e-13,
-          "step_time_ms": 5.0, "tokens_per_sec": 25600.0, "eval/loss": 2.0}]
+_ROWS = [_row(0, **{"eval/loss": 4.0, "consensus_distance": 1e-14}),
+         _row(3, **{"train/loss": 2.5, "consensus_distance": 2.26e-13,
+                    "step_time_ms": 5.0, "tokens_per_sec": 25600.0,
+                    "eval/loss": 2.0})]
 _FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 2.26e-13,
           "train/loss": 2.5, "step_time_ms": 4.0, "tokens_per_sec": 32000.0}
@@ -96,7 +113,7 @@ def test_a_divergence_the_rows_go_past_is_not_kept(tmp_path, capsys):
           "rows up to step 3") in err, err
   # stopping after the last row, within the run's 3 steps, agrees with
   # rows that end at step 2 without evaluating there
-  rows = [_ROWS[0], {"step": 2, "train/loss": 2.5}]
+  rows = [_ROWS[0], _row(2, **{"train/loss": 2.5})]
   run_dir = _run(tmp_path, diverged="non-finite training loss at step 3",
                  rows=rows)
   assert _status(run_dir, capsys) == ("finished", "")
@@ -109,7 +126,7 @@ def test_a_divergence_the_rows_go_past_is_not_kept(tmp_path, capsys):
     (0, None, "step 0, not a step of the run"),
     # the final evaluation at step 3 is finite: the run did not stop there
     (3, None, "step 3, but metrics.jsonl holds a finite eval/loss at step 3"),
-    (2, [_ROWS[0], {"step": 2, "eval/loss": 3.0}],
+    (2, [_ROWS[0], _row(2, **{"eval/loss": 3.0})],
      "step 2, but metrics.jsonl holds a finite eval/loss at step 2")])
 def test_a_divergence_the_run_contradicts_is_not_kept(tmp_path, capsys, step,
                                                       rows, says):
@@ -178,7 +195,7 @@ def test_a_model_of_your_own_may_log_any_finite_loss_and_accuracy(
   """The runner logs a model of your own's loss and "accuracy" aux value as
   they are (docs/extending.md); a kept run of it is not damaged by a
   negative loss or an accuracy of 2, a gpt run is."""
-  rows = [{"step": 0, "eval/loss": -1.0, "eval/accuracy": 2.0},
+  rows = [_row(0, **{"eval/loss": -1.0, "eval/accuracy": 2.0}),
           {**_ROWS[1], "eval/loss": -3.0, "eval/accuracy": 2.0}]
   final = {**_FINAL, "eval/loss": -3.0, "eval/accuracy": 2.0}
   config = {**_CONFIG, "model": {**_CONFIG["model"], "name": model}}

@@ -82,7 +82,7 @@ def _cluster_file(tmp_path, samples) -> str:
   path.write_text(json.dumps({
       "schema": cluster_file.SCHEMA, "cluster": dataclasses.asdict(c),
       "workload": {"param_count": 1e6, "forward_s": 0.01, "backward_s": 0.02,
-                   "compute_cv": 0.0, "compute_samples_s": samples},
+                   "compute_samples_s": samples},
       "measurements": {"sizes_bytes": [1e6, 2e6], "repeats": 3},
       "meta": {}}))
   return str(path)

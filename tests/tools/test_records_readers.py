@@ -18,6 +18,7 @@ import shutil
 
 import pytest
 
+from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint
 from decentral_jax.runner import metrics
 from decentral_jax.runtime_model import cluster_file
@@ -39,14 +40,33 @@ _FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "param_count": 250_000}
 
 
+def _row(step: int, lr: float = 1e-3, **values) -> str:
+  """A line of metrics.jsonl as the runner writes it: ``lr`` and
+  ``train_time_s`` in every record, ``train/loss`` after step 0 (a record
+  without one is damage: metrics_rules.missing_error); a training loss of
+  2.1 and 1/3 s a step (the last step's: _GPT_FINAL's), then ``values``
+  (which override them)."""
+  row = {"step": step, "lr": lr}
+  if step:
+    row["train/loss"] = 2.1
+  row.update(values)
+  row.setdefault("train_time_s", step / 3)
+  return json.dumps(row) + "\n"
+
+
+# A kept run's metrics.jsonl: the evaluations at steps 0 and 3.
+_METRICS = _row(0, **{"eval/loss": 4.0}) + _row(3, **{"eval/loss": 2.0})
+
+
 def _fake_job(monkeypatch, trained: list):
   def trains(config, workdir, experiment=None):
     trained.append(workdir)
     os.makedirs(workdir, exist_ok=True)
+    schedule = builders.make_schedule(config)  # lr as the recorder takes it
     with open(os.path.join(workdir, metrics.METRICS_FILE), "w") as f:
       for step, loss in ((0, 4.0), (3, 2.0)):
-        f.write(json.dumps({"step": step, "train_time_s": 1.0,
-                            "eval/loss": loss}) + "\n")
+        f.write(_row(step, float(schedule(max(step, 1) - 1)),
+                     **{"eval/loss": loss}))
     return dict(_FINAL)
 
   monkeypatch.setattr(job_lib.train, "train_and_evaluate", trains)
@@ -176,8 +196,7 @@ def _kept_run(tmp_path) -> str:
   (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
       {"config": json.loads(_Config().to_json()), "final": dict(_FINAL),
        "diverged": None}, indent=1))
-  (run_dir / metrics.METRICS_FILE).write_text(
-      '{"step": 0, "eval/loss": 4.0}\n{"step": 3, "eval/loss": 2.0}\n')
+  (run_dir / metrics.METRICS_FILE).write_text(_METRICS)
   job_lib.sign(str(run_dir))
   return str(run_dir)
 
@@ -243,8 +262,8 @@ def test_a_kept_run_s_final_values_match_its_last_evaluation(
     tmp_path, capsys):
   run_dir = _kept_run(tmp_path)
   _damage(os.path.join(run_dir, metrics.METRICS_FILE),
-          '{"step": 0, "eval/loss": 4.0, "eval/accuracy": 0.0}\n'
-          '{"step": 3, "eval/loss": 2.0, "eval/accuracy": 1.0}\n')
+          _row(0, **{"eval/loss": 4.0, "eval/accuracy": 0.0})
+          + _row(3, **{"eval/loss": 2.0, "eval/accuracy": 1.0}))
   _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
           _record_edit(final={"eval/accuracy": 1.0}))
   assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
@@ -317,7 +336,10 @@ def _job_warnings(err: str, tmp_path) -> list[str]:
 
 @pytest.mark.parametrize("name, content, word", [
     (job_lib.RESULT_FILE, _record_edit(final="garbage"), "final"),
-    (metrics.METRICS_FILE, lambda t: t[:len(t) // 3], "eval/loss")])
+    (metrics.METRICS_FILE, lambda t: t[:len(t) // 3], "eval/loss"),
+    # step 3's row without the training loss the runner writes there
+    (metrics.METRICS_FILE, lambda t: t.replace('"train/loss": 2.1, ', ""),
+     "at step 3: train/loss missing")])
 def test_the_job_trains_a_damaged_kept_run_again(
     tmp_path, monkeypatch, capsys, name, content, word):
   trained = []
@@ -732,13 +754,34 @@ def test_an_impossible_value_in_any_metrics_row_trains_the_run_again(
   os.makedirs(os.path.join(run_dir, "checkpoints", "3"))
   (tmp_path / "run" / "config.json").write_text(_GptConfig().to_json())
   path = os.path.join(run_dir, metrics.METRICS_FILE)
-  _damage(path, '{"step": 0, "eval/loss": 4.0}\n'
-                '{"step": 2, "train/loss": -1.0}\n'
-                '{"step": 3, "eval/loss": 2.0}\n')
+  _damage(path, _row(0, **{"eval/loss": 4.0})
+          + _row(2, **{"train/loss": -1.0})
+          + _row(3, **{"eval/loss": 2.0}))
   assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
   assert capsys.readouterr().err.splitlines() == [
       f"warning: {path}: at step 2: train/loss must be >= 0, got -1.0; the "
       "run is not kept: it is trained again."]
+
+
+def test_a_kept_run_whose_row_lost_its_training_loss_is_trained_again(
+    tmp_path, capsys):
+  """The runner writes train/loss in every record after step 0: step 3's
+  row without it (the records re-signed) is an edited log, so the run is
+  not kept, and not resumed either (a resume keeps that row)."""
+  run_dir = _gpt_kept_run(tmp_path)
+  os.makedirs(os.path.join(run_dir, "checkpoints", "3"))
+  (tmp_path / "run" / "config.json").write_text(_GptConfig().to_json())
+  assert job_lib.arm_status(run_dir, _GptConfig())[0] == "finished"
+  assert capsys.readouterr().err == ""
+  path = os.path.join(run_dir, metrics.METRICS_FILE)
+  _damage(path, lambda t: t.replace('"train/loss": 2.1, ', ""))
+  with open(path, encoding="utf-8") as f:
+    assert [("train/loss" in json.loads(l)) for l in f] == [False, False]
+  assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
+  assert capsys.readouterr().err.splitlines() == [
+      f"warning: {path}: at step 3: train/loss missing, but the runner "
+      "writes it in every record after step 0; the run is not kept: it is "
+      "trained again."]
 
 
 def test_shared_values_name_the_run_that_disagrees():

@@ -3,8 +3,9 @@
 the number of learners of each stretch of the run).
 
 ``<workdir>/metrics.jsonl`` holds one record per merged period ``k``
-(:class:`decentral_jax.runner.metrics.MetricsWriter`, so ``decentral-jax
-compare`` and the plots read it as a run of the runner):
+(:class:`decentral_jax.runner.metrics.MetricsWriter`: the runner's record
+format, read back with the learners' own rules, ``runner=False`` of
+:func:`decentral_jax.runner.metrics_rules.null_error`):
 
 * ``step``: inner steps ``k * H`` (``H = config.sync_every``; 0 = the
   initial evaluation);
