@@ -245,17 +245,47 @@ def _check_other_fields(config, theirs, mine: dict, directory: str) -> None:
     return
   checked = (*RESUME_FREE, *RESUME_FIELDS.values(),
              *methods.declared_fields())
+  changed = _changed_leaf(config, theirs, mine, checked)
+  if changed is not None:
+    raise ValueError(
+        f"the checkpoint in {directory} was written with config.{changed[0]}"
+        f"={changed[1]!r} but this run has {changed[2]!r}; resume with the "
+        "same value or use a fresh --workdir.")
+
+
+def _changed_leaf(config, theirs: dict, mine: dict, free) -> tuple | None:
+  """``(field, stored value, this run's)`` of the first leaf of ``mine``
+  that differs in ``theirs`` (a missing one counts as its ``base_config``
+  default), less the fields under ``free`` and those ``config`` does not
+  read; None if there is none."""
   base = config_lib.base_config(config.model.get("name", "gpt"))
   old = {**config_leaves(json.loads(base.to_json())),
          **config_leaves(theirs)}
   for field, ours in config_leaves(mine).items():
-    if field not in old or old[field] == ours or _covered(field, checked) \
+    if field not in old or old[field] == ours or _covered(field, free) \
         or validation.unread_reason(config, field) is not None:
       continue
-    raise ValueError(
-        f"the checkpoint in {directory} was written with config.{field}="
-        f"{old[field]!r} but this run has {ours!r}; resume with the same "
-        "value or use a fresh --workdir.")
+    return field, old[field], ours
+  return None
+
+
+def config_change(config, stored: dict) -> tuple | None:
+  """The first field by which the stored config ``stored`` (a run's
+  ``config.json``, a dict) is another config than ``config`` by the
+  resume rule (:func:`check_resumable`): every field but those of
+  :data:`RESUME_FREE` must keep its value (a field ``stored`` lacks
+  counts as its ``base_config`` default; one ``config`` does not read is
+  not compared).
+
+  Returns:
+    ``(dotted field, stored value, this config's value)``, or None when a
+    run of ``stored`` may resume as ``config``.
+  """
+  if not isinstance(stored, dict):
+    raise TypeError(f"config_change: stored must be a dict, got "
+                    f"{type(stored).__name__}")
+  return _changed_leaf(config, stored, json.loads(config.to_json()),
+                       RESUME_FREE)
 
 
 def _warn_changed_lr(meta: dict, mine: dict, directory: str) -> None:

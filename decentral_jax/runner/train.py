@@ -38,6 +38,7 @@ from decentral_jax import parallel
 from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import earlier_run
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import metrics_resume
 from decentral_jax.runner import preemption
@@ -51,6 +52,8 @@ from decentral_jax.runner.experiment import Experiment
 RUN_FILES = ("config.json", metrics_lib.METRICS_FILE,
              metrics_lib.METRICS_FILE + ".tmp",
              metrics_lib.CORRUPT_FILE + "*",
+             metrics_lib.METRICS_FILE + earlier_run.SUFFIX + "*",
+             earlier_run.CONFIG_FILE + earlier_run.SUFFIX + "*",
              "checkpoints", "tensorboard",
              *metrics_lib.TRACKER_FILES)
 
@@ -139,7 +142,11 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
   record; every ``checkpoint_interval`` steps, at the end, on SIGTERM and
   before a batch that cannot be read).
   A resumed run continues bit-exactly: same batches, same dropout keys, same
-  gossip round, same logged losses.
+  gossip round, same logged losses. A fresh start (no checkpoint) moves an
+  earlier run's ``metrics.jsonl`` and ``config.json`` aside as
+  ``<name>.earlier`` with one ``warning:`` line
+  (:mod:`decentral_jax.runner.earlier_run`; a log of exactly this config
+  is redone from step 0).
 
   The work directory is locked for the duration (``run.lock``, see
   :mod:`decentral_jax.runner.workdir`); the newest checkpoint is verified before it
@@ -213,6 +220,8 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
 def _start_records(c, workdir: str, exp: Experiment, start: int,
                    meta: dict | None) -> None:
   """Process 0, before the first step: config.json, metrics, a log line."""
+  if meta is None:  # a fresh start keeps an earlier run's records aside
+    earlier_run.keep_earlier_records(c, workdir)
   # Written only once the run is known to be valid (a rejected resume must
   # not overwrite the record of the original run).
   _write_config(workdir, c)
@@ -234,16 +243,26 @@ def resume_metrics(workdir: str, start: int, written=None,
   document's history, or None) and what it fixes of its step's record
   (``at_step``: :func:`run_meta.logged_at_checkpoint`, or None); a damaged
   metrics.jsonl (a log, not the state the run resumes from; also the log
-  of another run) is moved aside with one warning and the run writes a
-  fresh file from ``start`` on."""
+  of another run, or no regular file) is moved aside
+  (``metrics.jsonl.corrupt``), and the run writes a fresh file from
+  ``start`` on: at ``start`` == 0 (a fresh run) with one ``warning:`` line
+  on stderr saying so, after a resume with one logged warning naming the
+  records kept in the moved file."""
   try:
     metrics_lib.truncate_after(workdir, start, written, schedule, at_step)
   except metrics_lib.MetricsError as e:
     moved = metrics_lib.set_aside(workdir)
-    logging.warning(
-        "%s, %s; moved it to %s, and the resumed run writes a fresh %s from "
-        "step %d on (the records up to step %d stay in the moved file).",
-        e.path, e.reason, moved, metrics_lib.METRICS_FILE, start + 1, start)
+    # "PATH is a directory", "PATH, line 3: ..."
+    what = e.path + (" " if e.reason.startswith("is ") else ", ") + e.reason
+    if start == 0:
+      earlier_run.warn(
+          f"{what}; this fresh run (no checkpoint to resume) moved it to "
+          f"{moved} and writes its own {metrics_lib.METRICS_FILE}.")
+    else:  # logged, as the resume's other warnings about its log
+      logging.warning(
+          "%s; moved it to %s, and the resumed run writes a fresh %s from "
+          "step %d on (the records up to step %d stay in the moved file).",
+          what, moved, metrics_lib.METRICS_FILE, start + 1, start)
 
 
 def _method_words(c) -> str:

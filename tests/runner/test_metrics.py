@@ -224,7 +224,7 @@ def test_the_built_in_models_are_the_runner_s():
                                   "link_to_file"])
 @pytest.mark.parametrize("resumed_after", [0, 5])
 def test_a_metrics_file_that_is_not_a_regular_file_is_moved_aside(
-    tmp_path, caplog, kind, resumed_after):
+    tmp_path, caplog, capsys, kind, resumed_after):
   """A FIFO would block the resume's read for ever, a link would send the
   resumed run's records elsewhere (/dev/null: lost): refused before any
   open, moved aside with one warning; the readers of compare and the
@@ -242,9 +242,19 @@ def test_a_metrics_file_that_is_not_a_regular_file_is_moved_aside(
   assert str(info.value).startswith(f"{path} is "), str(info.value)
   caplog.set_level("WARNING")
   train.resume_metrics(str(tmp_path), resumed_after)
-  (line,) = [r.getMessage() for r in caplog.records]
-  assert line.startswith(f"{path}, is "), line
-  assert "moved it to" in line, line
+  moved = tmp_path / metrics.CORRUPT_FILE
+  if resumed_after:  # the resume's own warnings about its log are logged
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"{path} is "), line
+    assert f"moved it to {moved}, and the resumed run" in line, line
+  else:  # a fresh run: one warning: line, no resume, no records
+    assert not caplog.records
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"warning: {path} is "), line
+    assert line.endswith(f"; this fresh run (no checkpoint to resume) moved "
+                         f"it to {moved} and writes its own metrics.jsonl."), (
+                             line)
+    assert "resumed" not in line and "step 0" not in line, line
   assert not os.path.lexists(path)
   assert os.path.lexists(tmp_path / metrics.CORRUPT_FILE)
   assert target.read_text() == '{"step": 0}\n'
@@ -677,7 +687,7 @@ def test_the_checkpoint_fixes_its_step_s_record():
 
 
 def test_a_fresh_run_moves_a_file_that_is_no_run_s_log_aside(tmp_path,
-                                                              caplog):
+                                                              capsys):
   """A fresh start (no checkpoint) emptied whatever ``metrics.jsonl`` held,
   notes of the user's own included; a run's records are still dropped."""
   from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
@@ -686,7 +696,7 @@ def test_a_fresh_run_moves_a_file_that_is_no_run_s_log_aside(tmp_path,
   train.resume_metrics(str(tmp_path), 0)
   assert (tmp_path / "metrics.jsonl.corrupt").read_bytes() == notes
   assert not (tmp_path / "metrics.jsonl").exists()
-  assert "moved it to" in caplog.text
+  assert "moved it to" in capsys.readouterr().err
   (tmp_path / "metrics.jsonl").write_text(
       '{"step": 0, "eval/loss": 2.5}\n{"step": 2, "train/loss": 2.4}\n')
   assert metrics.truncate_after(str(tmp_path), 0) == 2
