@@ -17,6 +17,7 @@ This module imports nothing else from the library.
 
 from __future__ import annotations
 
+import decimal
 import math
 import os
 import re
@@ -62,21 +63,21 @@ def is_int(value: Any) -> bool:
 def whole_number(text: str) -> int | None:
   """``text`` read as a count is typed: ``"16"`` is 16 and ``"1e3"`` (a
   whole float in a count's usual spelling) 1000; None for anything else
-  (``"2.5"``, ``"nan"``, ``"inf"``, a magnitude above 2**63, non-ASCII
-  digits such as ``"٣"``, which another reader spells differently)."""
+  (``"2.5"``, ``"4.000000000000000001"``: the decimal is read exactly, not
+  rounded to a float; ``"nan"``, ``"inf"``, a magnitude above 2**63 in any
+  spelling, non-ASCII digits such as ``"٣"``, which another reader spells
+  differently)."""
   if not isinstance(text, str) or not text.isascii():
     return None
   try:
-    return int(text.strip())
-  except ValueError:
-    pass
-  try:
-    x = float(text)
-  except ValueError:
+    value = decimal.Decimal(text.strip())
+  except (decimal.InvalidOperation, ValueError):
     return None
-  if not math.isfinite(x) or x != math.floor(x) or abs(x) > 2.0**63:
+  # copy_abs and the comparison are exact (no context rounding or traps).
+  if not value.is_finite() or value.copy_abs() > 2**63 or (
+      value != value.to_integral_value()):
     return None
-  return int(x)
+  return int(value)
 
 
 def host_port(address: Any) -> tuple[str, int] | None:
