@@ -18,6 +18,7 @@ This module imports nothing else from the library.
 from __future__ import annotations
 
 import decimal
+import ipaddress
 import math
 import os
 import re
@@ -80,15 +81,37 @@ def whole_number(text: str) -> int | None:
   return int(value)
 
 
+#: A hostname label (RFC 1123, with ``_`` as container names use it).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
 def host_port(address: Any) -> tuple[str, int] | None:
-  """``"host:port"`` as ``(host, port)``, or None: a host that is not blank
-  (the text before the last ``:``) and a port of ASCII digits without a
-  leading zero in [1, 65535] (``int`` would read ``²`` or ``080``)."""
+  """``"host:port"`` as ``(host, port)``, or None. The host (the text
+  before the last ``:``) is a hostname (dot-separated labels of ASCII
+  letters, digits, ``-`` and ``_``, at most 253 characters), an IPv4
+  address, or an IPv6 address in brackets (returned without them, as a
+  socket takes it); blanks, a scheme (``http://``) or a path are refused.
+  The port is ASCII digits without a leading zero in [1, 65535] (``int``
+  would read ``²`` or ``080``)."""
   host, _, port = str(address).rpartition(":")
-  if not host.strip() or not (port.isascii() and port.isdigit()) or (
-      port != str(int(port))):
+  if not (port.isascii() and port.isdigit()) or port != str(int(port)) or (
+      not 1 <= int(port) <= 65535):
     return None
-  return (host, int(port)) if 1 <= int(port) <= 65535 else None
+  if host.startswith("[") and host.endswith("]"):
+    try:
+      return str(ipaddress.IPv6Address(host[1:-1])), int(port)
+    except ValueError:
+      return None
+  labels = host.removesuffix(".").split(".")
+  if not host.isascii() or len(host) > 253 or not all(
+      _HOST_LABEL.fullmatch(x) for x in labels):
+    return None
+  if all(x.isdigit() for x in labels):  # numeric: an IPv4 address or none
+    try:
+      ipaddress.IPv4Address(host)
+    except ValueError:
+      return None
+  return host, int(port)
 
 
 def is_number(value: Any) -> bool:
