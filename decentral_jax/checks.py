@@ -17,6 +17,8 @@ This module imports nothing else from the library.
 
 from __future__ import annotations
 
+import decimal
+import ipaddress
 import math
 import os
 import re
@@ -62,32 +64,54 @@ def is_int(value: Any) -> bool:
 def whole_number(text: str) -> int | None:
   """``text`` read as a count is typed: ``"16"`` is 16 and ``"1e3"`` (a
   whole float in a count's usual spelling) 1000; None for anything else
-  (``"2.5"``, ``"nan"``, ``"inf"``, a magnitude above 2**63, non-ASCII
-  digits such as ``"٣"``, which another reader spells differently)."""
+  (``"2.5"``, ``"4.000000000000000001"``: the decimal is read exactly, not
+  rounded to a float; ``"nan"``, ``"inf"``, a magnitude above 2**63 in any
+  spelling, non-ASCII digits such as ``"٣"``, which another reader spells
+  differently)."""
   if not isinstance(text, str) or not text.isascii():
     return None
   try:
-    return int(text.strip())
-  except ValueError:
-    pass
-  try:
-    x = float(text)
-  except ValueError:
+    value = decimal.Decimal(text.strip())
+  except (decimal.InvalidOperation, ValueError):
     return None
-  if not math.isfinite(x) or x != math.floor(x) or abs(x) > 2.0**63:
+  # copy_abs and the comparison are exact (no context rounding or traps).
+  if not value.is_finite() or value.copy_abs() > 2**63 or (
+      value != value.to_integral_value()):
     return None
-  return int(x)
+  return int(value)
+
+
+#: A hostname label (RFC 1123, with ``_`` as container names use it).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
 
 def host_port(address: Any) -> tuple[str, int] | None:
-  """``"host:port"`` as ``(host, port)``, or None: a host that is not blank
-  (the text before the last ``:``) and a port of ASCII digits without a
-  leading zero in [1, 65535] (``int`` would read ``²`` or ``080``)."""
+  """``"host:port"`` as ``(host, port)``, or None. The host (the text
+  before the last ``:``) is a hostname (dot-separated labels of ASCII
+  letters, digits, ``-`` and ``_``, at most 253 characters), an IPv4
+  address, or an IPv6 address in brackets (returned without them, as a
+  socket takes it); blanks, a scheme (``http://``) or a path are refused.
+  The port is ASCII digits without a leading zero in [1, 65535] (``int``
+  would read ``²`` or ``080``)."""
   host, _, port = str(address).rpartition(":")
-  if not host.strip() or not (port.isascii() and port.isdigit()) or (
-      port != str(int(port))):
+  if not (port.isascii() and port.isdigit()) or port != str(int(port)) or (
+      not 1 <= int(port) <= 65535):
     return None
-  return (host, int(port)) if 1 <= int(port) <= 65535 else None
+  if host.startswith("[") and host.endswith("]"):
+    try:
+      return str(ipaddress.IPv6Address(host[1:-1])), int(port)
+    except ValueError:
+      return None
+  labels = host.removesuffix(".").split(".")
+  if not host.isascii() or len(host) > 253 or not all(
+      _HOST_LABEL.fullmatch(x) for x in labels):
+    return None
+  if all(x.isdigit() for x in labels):  # numeric: an IPv4 address or none
+    try:
+      ipaddress.IPv4Address(host)
+    except ValueError:
+      return None
+  return host, int(port)
 
 
 def is_number(value: Any) -> bool:

@@ -210,10 +210,13 @@ def _pmean(x, axis, comm_dtype):
   """Group mean; with ``comm_dtype`` the own term is kept in ``x.dtype``.
 
   Without ``comm_dtype`` the reduction runs in the leaf dtype (sending
-  16-bit leaves as float32 would double the bytes).
+  16-bit leaves as float32 would double the bytes). The mean ends in an add
+  of :func:`_zero`: a bare ``psum * (1/n)`` could be contracted into a later
+  add when unconditioned but not from inside ``lax.cond``
+  (:func:`every`), so the two would round differently.
   """
   if comm_dtype is None:
-    return mean(x, axis)
+    return mean(x, axis) + _zero(collectives.index(axis), x.dtype)
   acc = _acc_dtype(x)
   sent = x.astype(comm_dtype)
   size = _axis_size(axis)

@@ -22,7 +22,8 @@ float scalars or that uses a name of the runner's own per-step metrics
 (traced with ``jax.eval_shape``, nothing compiled). Later batches are
 compared with step 0's shapes and dtypes as they are read, every batch's
 ``int64``/``uint64`` values with the 32-bit range the device narrows them
-to (:data:`INT_RANGES`: the example named), and an
+to (:data:`INT_RANGES`) and finite ``float64`` values with float32's range
+(the example named), and an
 exception the source raises while reading (``__getitem__``, the iterator
 or the call that starts it) becomes one line naming the source, the example
 and the step (the training loop then saves the steps trained so far,
@@ -33,6 +34,7 @@ the run first builds its state, before the first step.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable
 
@@ -126,18 +128,41 @@ def _example(source, i: int, what: str,
 INT_RANGES = {"int64": (-2**31, 2**31 - 1), "uint64": (0, 2**32 - 1)}
 
 
-def _check_int_range(arrays, what: str, where: Callable[[tuple], str]):
-  """Refuses a value of a 64-bit integer array outside :data:`INT_RANGES`;
-  ``where(index)`` names the example of an index into the arrays."""
+_FLUSHED: set[str] = set()  # sources warned about float64 values that flush
+
+
+def _check_narrowing(arrays, what: str, where: Callable[[tuple], str]):
+  """Refuses a value the device would narrow wrongly: a 64-bit integer
+  outside :data:`INT_RANGES` (wrapped) or a finite ``float64`` beyond
+  float32's range (becomes inf); ``where(index)`` names the example of an
+  index into the arrays. A non-zero ``float64`` that becomes 0 in float32
+  (below its smallest subnormal, about 1.4e-45) is only warned about, once.
+  """
   for k, x in enumerate(arrays):
-    lo, hi = INT_RANGES.get(np.dtype(x.dtype).name, (None, None))
-    if lo is None or x.size == 0 or lo <= x.min() and x.max() <= hi:
+    name = np.dtype(x.dtype).name
+    if x.size == 0 or name not in (*INT_RANGES, "float64"):
       continue
-    at = np.unravel_index(np.argmax((x < lo) | (x > hi)), x.shape)
-    raise ValueError(
-        f"{what}: array {k} of {where(at)} holds the {x.dtype} value "
-        f"{x[at]}, outside [{lo}, {hi}] (the device narrows it to 32 bits "
-        "by wrapping); give values in that range.")
+    if name == "float64":
+      with np.errstate(over="ignore", under="ignore"):
+        y = x.astype(np.float32)
+      bad = np.isinf(y) & np.isfinite(x)
+      rule = (f"beyond float32's range (the device narrows float64 to "
+              f"float32, where it becomes inf); give values of magnitude "
+              f"<= {np.finfo(np.float32).max}.")
+      if what not in _FLUSHED and np.any((y == 0) & (x != 0)):
+        _FLUSHED.add(what)
+        logging.warning("%s: array %d holds non-zero float64 values below "
+                        "float32's smallest subnormal (1.4e-45), which become "
+                        "0 on the device.", what, k)
+    else:
+      lo, hi = INT_RANGES[name]
+      bad = (x < lo) | (x > hi)
+      rule = (f"outside [{lo}, {hi}] (the device narrows it to 32 bits by "
+              "wrapping); give values in that range.")
+    if np.any(bad):
+      at = np.unravel_index(np.argmax(bad), x.shape)
+      raise ValueError(f"{what}: array {k} of {where(at)} holds the "
+                       f"{x.dtype} value {x[at]}, {rule}")
 
 
 def _stack(source, ids: np.ndarray, what: str,
@@ -153,7 +178,7 @@ def _stack(source, ids: np.ndarray, what: str,
   arrays = tuple(np.stack([r[k] for r in rows]).reshape(ids.shape + x.shape)
                  for k, x in enumerate(rows[0]))
   at = "" if step is None else f" (step {step})"
-  _check_int_range(arrays, what,
+  _check_narrowing(arrays, what,
                    lambda j: f"example {ids[j[:ids.ndim]]}{at}")
   return arrays
 
@@ -256,7 +281,7 @@ def _streamed(make_iter: Callable, what: str, n: int):
       raise ValueError(
           f"{what} yielded arrays {_show(_spec(arrays)) or 'none'} at step "
           f"{step}, expected [n_workers={n}, local_batch, ...] each.")
-    _check_int_range(arrays, what, lambda j: f"the batch of step {step} "
+    _check_narrowing(arrays, what, lambda j: f"the batch of step {step} "
                      f"(worker {j[0]}, row {j[1]})")
     if workers is None:
       return arrays

@@ -115,12 +115,14 @@ def coordinator_port(address: str) -> int:
   """The port of a ``"host:port"`` coordinator address.
 
   Raises:
-    ValueError: ``address`` is not ``host:port`` with a port in 1..65535.
+    ValueError: ``address`` is not ``host:port`` with a port in 1..65535
+      and a hostname, IPv4 address or bracketed IPv6 address as the host.
   """
   got = checks.host_port(address)
   if got is None:
     raise ValueError(f"coordinator_address={address!r} must be 'host:port' "
-                     "with a port in 1..65535, e.g. '10.0.0.1:12355'.")
+                     "with a port in 1..65535 and the host a hostname, an "
+                     "IPv4 address or [IPv6], e.g. '10.0.0.1:12355'.")
   return got[1]
 
 

@@ -188,9 +188,9 @@ def ascii_int(text: str) -> int | None:
 
 
 def host_port(address: str, flag: str) -> tuple[str, int]:
-  """``HOST:PORT`` as ``(host, port)``: a non-empty host (the text before
-  the last ``:``) and a port of ASCII digits in [1, 65535]
-  (:func:`decentral_jax.checks.host_port`).
+  """``HOST:PORT`` as ``(host, port)``: a hostname, an IPv4 address or a
+  bracketed IPv6 address (returned without the brackets) and a port of
+  ASCII digits in [1, 65535] (:func:`decentral_jax.checks.host_port`).
 
   Raises:
     ValueError: any other form or port, naming ``flag`` and the form.
@@ -198,7 +198,8 @@ def host_port(address: str, flag: str) -> tuple[str, int]:
   got = checks.host_port(address)
   if got is None:
     raise ValueError(f"{flag} must be HOST:PORT with a port in [1, 65535] "
-                     f"(the head node's `ray start --head` address, e.g. "
+                     f"and HOST a hostname, an IPv4 address or [IPv6] (the "
+                     f"head node's `ray start --head` address, e.g. "
                      f"{flag} 10.0.0.1:6379), got {address!r}.")
   return got
 

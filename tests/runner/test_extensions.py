@@ -11,6 +11,7 @@ before any compile with one line naming the model or the source.
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import jax
@@ -77,13 +78,16 @@ def make_data(bad=""):
     train_set = [(x.astype(np.float64), y) for x, y in EXAMPLES]
   elif bad == "empty":
     train_set = [() for _ in EXAMPLES]
-  elif bad in ("int64", "uint64", "int64_fits"):
+  elif bad in ("int64", "uint64", "int64_fits", "float64"):
     label = {"int64": np.int64(2**32 + 5), "uint64": np.uint64(2**63),
-             "int64_fits": np.int64(-2**31)}[bad]
+             "int64_fits": np.int64(-2**31), "float64": np.float64(-1e39)}[bad]
     train_set = [(x, label) for x, _ in EXAMPLES]
+  elif bad == "float64_fits":  # float32's largest finite value; one that flushes
+    train_set = [(x, np.float64(2.0**128 - 2.0**104 if i % 2 else 1e-50))
+                 for i, (x, _) in enumerate(EXAMPLES)]
   units = {"units_str": "x", "units_half": 1.5, "units_bool": True}.get(bad, 1)
   return extensions.Data(
-      train=train_set, eval=train_set if bad == "int64_fits" else EXAMPLES,
+      train=train_set, eval=train_set if bad.endswith("_fits") else EXAMPLES,
       units_per_example=units)
 
 
@@ -324,6 +328,13 @@ def test_names_that_do_not_resolve_are_refused_by_the_config_check(
      f"data source 'test_examples': array 1 of example {oracle_ids(0)[0, 0]}"
      " (step 0) holds the uint64 value 9223372036854775808, outside [0, "
      "4294967295]"),
+    # A finite float64 beyond float32's range became inf on the device:
+    # a generic non-finite loss at step 0.
+    ({"data.options.bad": "float64"},
+     f"data source 'test_examples': array 1 of example {oracle_ids(0)[0, 0]}"
+     " (step 0) holds the float64 value -1e+39, beyond float32's range (the "
+     "device narrows float64 to float32, where it becomes inf); give values "
+     "of magnitude <= 3.4028234663852886e+38."),
     ({"data.source": "test_stream", "data.options.empty": True},
      "data source 'test_stream' yielded arrays none at step 0, expected "
      "[n_workers=4, local_batch, ...] each."),
@@ -392,6 +403,23 @@ def test_64_bit_integers_are_checked_in_range_at_every_step():
                      r"1 of the batch of step 2 \(worker 1, row 0\) holds "
                      r"the int64 value -2147483649, outside \[-2147483648, "):
     exp.task.host_batch(2)
+
+
+def test_float64_within_float32s_range_is_accepted_and_a_flush_warned(
+    caplog):
+  require_devices(N)
+  with caplog.at_level(logging.WARNING):
+    exp = experiment_lib.Experiment(linear_config(
+        **{"data.options.bad": "float64_fits"}))
+    y = exp.task.host_batch(0)[1]
+  assert y.dtype == np.float64 and set(np.abs(y).ravel()) <= {
+      1e-50, 2.0**128 - 2.0**104}
+  warned = [r.getMessage() for r in caplog.records
+            if "smallest subnormal" in r.getMessage()]
+  assert warned == [
+      f"data source 'test_examples'{what}: array 1 holds non-zero float64 "
+      "values below float32's smallest subnormal (1.4e-45), which become 0 "
+      "on the device." for what in ("", " (evaluation)")]
 
 
 def _numpy_mse(kernel, bias, batch):

@@ -163,7 +163,10 @@ def test_port_check_runs_before_jax(monkeypatch):
       launch.initialize_from_config(_dist_config(
           enabled=True, coordinator_address=f"127.0.0.1:{port}",
           num_processes=2, process_id=0))
-  for bad in ("127.0.0.1", "127.0.0.1:0", "host:port"):
+  # A host with a blank, a newline or a scheme passed (only the port was
+  # checked) and reached jax.distributed.
+  for bad in ("127.0.0.1", "127.0.0.1:0", "host:port", "ho st:1234",
+              "h\n:1234", "http://x:1234", "[zz]:1234", "999.0.0.1:1234"):
     with pytest.raises(ValueError, match="must be 'host:port'"):
       launch.initialize_from_config(_dist_config(
           enabled=True, coordinator_address=bad, num_processes=2,

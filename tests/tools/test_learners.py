@@ -188,9 +188,19 @@ def test_an_unreachable_address_is_one_line_after_a_bounded_wait():
       cluster.probe(bad, 0.5)
 
 
+def test_an_address_host_is_a_hostname_ipv4_or_bracketed_ipv6():
+  from decentral_jax import checks  # pylint: disable=import-outside-toplevel
+  assert [checks.host_port(a) for a in (
+      "10.0.0.1:6379", "node-1.cluster.local:6379", "my_head:1", "[::1]:80",
+      "[2001:db8::7]:65535")] == [
+          ("10.0.0.1", 6379), ("node-1.cluster.local", 6379), ("my_head", 1),
+          ("::1", 80), ("2001:db8::7", 65535)]
+
+
 @pytest.mark.parametrize("address", [
     "127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:0", "nohost", ":80",
-    " :80", "127.0.0.1:"])
+    " :80", "127.0.0.1:", "ho st:80", "h\n:80", "http://x:80", "a/b:80",
+    "[::1:80", "1.2.3.999:80"])
 def test_a_malformed_address_is_refused_at_flag_check_exit_2(address,
                                                              capsys):
   # TCP ports are 1..65535 (RFC 793's 16-bit field; 0 is no port): out of

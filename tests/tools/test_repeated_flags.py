@@ -6,12 +6,14 @@ argparse commands (:class:`flag_types.Parser`), the absl flags of
 Also: an int field's override is read as a count flag reads it.
 """
 
+import argparse
 import contextlib
 import io
 
 from absl import flags
 import pytest
 
+from decentral_jax import checks
 from decentral_jax.runner import config as config_lib
 from decentral_jax.tools import flag_types
 from decentral_jax.tools import cli
@@ -107,7 +109,10 @@ def test_an_int_override_reads_as_a_count(text, value):
   assert c.steps == value and type(c.steps) is int
 
 
-@pytest.mark.parametrize("text", ["2.5", "nan", "inf", "٣", "x"])
+@pytest.mark.parametrize("text", [
+    "2.5", "nan", "inf", "٣", "x",
+    # 4 + 1e-18 rounds to the float 4.0; a whole number above 2**63.
+    "4.000000000000000001", "99999999999999999999"])
 def test_a_non_whole_int_override_names_the_field_rule(text):
   with pytest.raises(ValueError) as e:
     config_lib.with_overrides(config_lib.base_config,
@@ -115,6 +120,21 @@ def test_a_non_whole_int_override_names_the_field_rule(text):
   assert str(e.value) == (
       f"the config: --config.steps={text}: config.steps must be an integer in [1, "
       f"2147483647], got {text!r}; set --config.steps=<int>.")
+
+
+@pytest.mark.parametrize("text, value", [
+    ("4.000000000000000001", None), ("64.00000000000000001", None),
+    ("64.000000000000000000", 64), ("6.4e1", 64), ("1_024", 1024),
+    (str(2**63), 2**63), (str(2**63 + 1), None), ("-" + str(2**63), -2**63),
+    ("9.223372036854775809e18", None), ("1e19", None), ("1e-30", None)])
+def test_a_count_is_read_as_an_exact_decimal(text, value):
+  assert checks.whole_number(text) == value
+  for parse in (flag_types.integer(1, 2**40), flag_types.power_of_two(1, 2**40)):
+    if value is None:
+      with pytest.raises(argparse.ArgumentTypeError, match=r"must be .* in \[1, \d+\], got"):
+        parse(text)
+    elif value in (64, 1024):
+      assert parse(text) == value
 
 
 def test_a_flag_repeated_through_a_flagfile_is_refused(tmp_path):
