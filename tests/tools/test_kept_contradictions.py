@@ -32,6 +32,8 @@ _FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
 
 
 class _Config:
+  model, data = {}, {}  # no data files
+
   def __init__(self, config=None):
     self.config = config or _CONFIG
 
@@ -43,7 +45,8 @@ def _run(tmp_path, final=None, diverged=None, rows=None, config=None) -> str:
   run_dir = tmp_path / "run"
   run_dir.mkdir(exist_ok=True)
   (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
-      {"config": config or _CONFIG, "final": final, "diverged": diverged}))
+      {"config": config or _CONFIG, "final": final, "diverged": diverged,
+       "data_files": {}}))
   (run_dir / metrics.METRICS_FILE).write_text(
       "".join(json.dumps(r) + "\n" for r in rows or _ROWS))
   job_lib.sign(str(run_dir))

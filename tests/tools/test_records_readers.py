@@ -163,7 +163,10 @@ def _damage(path: str, content) -> None:
 
 
 class _Config:
-  """What arm_status reads of a run's config: its JSON."""
+  """What arm_status reads of a run's config: its JSON, and its model and
+  data (no data files)."""
+
+  model, data = {}, {}
 
   def to_json(self) -> str:
     return '{"steps": 3, "seed": 0}'
@@ -175,7 +178,7 @@ def _kept_run(tmp_path) -> str:
   run_dir.mkdir()
   (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
       {"config": json.loads(_Config().to_json()), "final": dict(_FINAL),
-       "diverged": None}, indent=1))
+       "diverged": None, "data_files": {}}, indent=1))
   (run_dir / metrics.METRICS_FILE).write_text(
       '{"step": 0, "eval/loss": 4.0}\n{"step": 3, "eval/loss": 2.0}\n')
   job_lib.sign(str(run_dir))
@@ -665,6 +668,8 @@ def test_a_curve_past_the_run_is_not_called_cut_short(tmp_path, capsys):
 class _GptConfig:
   """A gpt run's config as compare_result.json holds it (8 workers)."""
 
+  model, data = {}, {}
+
   def to_json(self) -> str:
     return json.dumps({"steps": 3, "seed": 0, "n_workers": 8, "model": {
         "name": "gpt", "param_dtype": "float32"}})
@@ -707,7 +712,7 @@ def _gpt_kept_run(tmp_path) -> str:
   run_dir = _kept_run(tmp_path)
   _damage(os.path.join(run_dir, job_lib.RESULT_FILE), json.dumps(
       {"config": json.loads(_GptConfig().to_json()), "final": _GPT_FINAL,
-       "diverged": None}))
+       "diverged": None, "data_files": {}}))
   return run_dir
 
 
