@@ -126,17 +126,17 @@ def _shown(facts) -> str:
           f"{facts['tail_sha256'][:12]}")
 
 
-def resume_mismatch(theirs, mine: dict) -> str | None:
+def resume_mismatch(theirs, mine: dict,
+                    where: str = "the checkpoint's run") -> str | None:
   """The first file whose fingerprint in a checkpoint's ``data_files``
   (``theirs``; None: a checkpoint written before it was stored, not
   compared) differs from this run's ``mine`` (:func:`fingerprint`), for a
-  message (``"<name>: <theirs> in the checkpoint's run, <mine> in this
-  one"``), or None."""
+  message (``"<name>: <theirs> in <where>, <mine> in this one"``; ``where``
+  names the stored fingerprint's run), or None."""
   if theirs is None:
     return None
   for name in sorted(set(theirs) | set(mine)):
     a, b = theirs.get(name), mine.get(name)
     if a != b:
-      return (f"{name}: {_shown(a)} in the checkpoint's run, {_shown(b)} in "
-              "this one")
+      return f"{name}: {_shown(a)} in {where}, {_shown(b)} in this one"
   return None

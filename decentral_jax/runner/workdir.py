@@ -419,14 +419,16 @@ def check_run_directory(workdir: str, entries: Iterable[str]) -> list[str]:
   shell patterns of what a run writes) and its lock file.
 
   Raises:
-    NotARunDirectory: a symbolic link (its target may be anyone's), not a
-      directory, or an entry not in ``entries`` (someone's data; one line
-      naming both); a ``ValueError``.
+    NotARunDirectory: a symbolic link (its target may be anyone's; a
+      dangling one too), not a directory (a file, a FIFO), or an entry not
+      in ``entries`` (someone's data; one line naming both); a
+      ``ValueError``.
   """
   if os.path.islink(workdir):
+    dangling = "" if os.path.exists(workdir) else ", which does not exist"
     raise NotARunDirectory(
-        f"{workdir} is a symbolic link (to {os.readlink(workdir)}), so it "
-        "is not replaced; remove the link or choose another output "
+        f"{workdir} is a symbolic link (to {os.readlink(workdir)}{dangling}),"
+        " so it is not replaced; remove the link or choose another output "
         "directory.")
   if not os.path.isdir(workdir):
     raise NotARunDirectory(f"{workdir} is not a directory; move it away or "

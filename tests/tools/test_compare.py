@@ -20,6 +20,7 @@ from decentral_jax.runner import methods
 from decentral_jax.tools import compare
 from decentral_jax.tools.compare import flags as compare_flags
 from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.compare import record as record_lib
 from decentral_jax.tools.compare import plots
 from decentral_jax.tools.compare import progress
 from decentral_jax.tools.compare import reference
@@ -1024,7 +1025,7 @@ def test_a_re_signed_record_with_an_impossible_value_is_not_kept(
   out, run, trained = _signed_job(monkeypatch, tmp_path)
   name, change = edit
   change(out / "diloco" / name)
-  job_lib.sign(str(out / "diloco"))
+  record_lib.sign(str(out / "diloco"))
   capsys.readouterr()
   assert run() == 0 and trained[2:] == ["diloco"]
   [line] = _warnings(capsys.readouterr().err, out)

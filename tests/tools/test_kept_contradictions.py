@@ -16,6 +16,7 @@ import pytest
 
 from decentral_jax.runner import metrics
 from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.compare import record as record_lib
 
 # A gpt run of 3 steps, global_batch 16 x block_size 8 = 128 tokens a step
 # (by hand).
@@ -49,6 +50,8 @@ _FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
 
 
 class _Config:
+  model, data = {}, {}  # no data files
+
   def __init__(self, config=None):
     self.config = config or _CONFIG
 
@@ -59,11 +62,12 @@ class _Config:
 def _run(tmp_path, final=None, diverged=None, rows=None, config=None) -> str:
   run_dir = tmp_path / "run"
   run_dir.mkdir(exist_ok=True)
-  (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
-      {"config": config or _CONFIG, "final": final, "diverged": diverged}))
+  (run_dir / record_lib.RESULT_FILE).write_text(json.dumps(
+      {"config": config or _CONFIG, "final": final, "diverged": diverged,
+       "data_files": {}}))
   (run_dir / metrics.METRICS_FILE).write_text(
       "".join(json.dumps(r) + "\n" for r in rows or _ROWS))
-  job_lib.sign(str(run_dir))
+  record_lib.sign(str(run_dir))
   return str(run_dir)
 
 
@@ -90,7 +94,7 @@ def test_a_final_value_the_rows_contradict_is_not_kept(tmp_path, capsys,
                                                        edit, says):
   run_dir = _run(tmp_path, final={**_FINAL, **edit})
   status, err = _status(run_dir, capsys)
-  path = os.path.join(run_dir, job_lib.RESULT_FILE)
+  path = os.path.join(run_dir, record_lib.RESULT_FILE)
   assert status == "fresh" and err.startswith(f"warning: {path}: ")
   assert says in err, err
 
@@ -133,7 +137,7 @@ def test_a_divergence_the_run_contradicts_is_not_kept(tmp_path, capsys, step,
   run_dir = _run(tmp_path, diverged=f"non-finite training loss at step {step}",
                  rows=rows)
   status, err = _status(run_dir, capsys)
-  path = os.path.join(run_dir, job_lib.RESULT_FILE)
+  path = os.path.join(run_dir, record_lib.RESULT_FILE)
   assert status == "fresh" and err.startswith(f"warning: {path}: "), err
   assert f"diverged says training stopped at {says}" in err, err
   assert len(err.strip().splitlines()) == 1, err
@@ -167,7 +171,7 @@ def test_a_run_whose_log_was_set_aside_is_not_kept(tmp_path, capsys):
                  "before its resume; the run is not kept: it is trained "
                  "again from step 0.\n"), err
   from decentral_jax.runner import workdir  # pylint: disable=import-outside-toplevel
-  workdir.clear(run_dir, job_lib.RUN_ENTRIES)
+  workdir.clear(run_dir, record_lib.RUN_ENTRIES)
   assert os.listdir(run_dir) == []
 
 

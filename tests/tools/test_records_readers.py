@@ -27,6 +27,7 @@ from decentral_jax.runtime_model import workload_file
 from decentral_jax.tools import compare
 from decentral_jax.tools import overlap
 from decentral_jax.tools.compare import job as job_lib
+from decentral_jax.tools.compare import record as record_lib
 from decentral_jax.tools.compare import kept
 
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
@@ -178,12 +179,15 @@ def _damage(path: str, content) -> None:
     with open(path, "wb") as f:
       f.write(content if isinstance(content, bytes) else content.encode())
   run_dir = os.path.dirname(path)
-  if os.path.isfile(os.path.join(run_dir, job_lib.RESULT_FILE)):
-    job_lib.sign(run_dir)
+  if os.path.isfile(os.path.join(run_dir, record_lib.RESULT_FILE)):
+    record_lib.sign(run_dir)
 
 
 class _Config:
-  """What arm_status reads of a run's config: its JSON."""
+  """What arm_status reads of a run's config: its JSON, and its model and
+  data (no data files)."""
+
+  model, data = {}, {}
 
   def to_json(self) -> str:
     return '{"steps": 3, "seed": 0}'
@@ -193,11 +197,11 @@ def _kept_run(tmp_path) -> str:
   """A finished run's directory as the main job leaves it."""
   run_dir = tmp_path / "run"
   run_dir.mkdir()
-  (run_dir / job_lib.RESULT_FILE).write_text(json.dumps(
+  (run_dir / record_lib.RESULT_FILE).write_text(json.dumps(
       {"config": json.loads(_Config().to_json()), "final": dict(_FINAL),
-       "diverged": None}, indent=1))
+       "diverged": None, "data_files": {}}, indent=1))
   (run_dir / metrics.METRICS_FILE).write_text(_METRICS)
-  job_lib.sign(str(run_dir))
+  record_lib.sign(str(run_dir))
   return str(run_dir)
 
 
@@ -219,7 +223,7 @@ def _status_of_damaged(tmp_path, capsys, name, content):
 @pytest.mark.parametrize("case", sorted(RECORD_CASES))
 def test_a_kept_run_with_a_damaged_record_is_not_kept(tmp_path, capsys, case):
   content, word = RECORD_CASES[case]
-  line = _status_of_damaged(tmp_path, capsys, job_lib.RESULT_FILE, content)
+  line = _status_of_damaged(tmp_path, capsys, record_lib.RESULT_FILE, content)
   assert word in line, line
 
 
@@ -264,10 +268,10 @@ def test_a_kept_run_s_final_values_match_its_last_evaluation(
   _damage(os.path.join(run_dir, metrics.METRICS_FILE),
           _row(0, **{"eval/loss": 4.0, "eval/accuracy": 0.0})
           + _row(3, **{"eval/loss": 2.0, "eval/accuracy": 1.0}))
-  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+  _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
           _record_edit(final={"eval/accuracy": 1.0}))
   assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
-  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+  _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
           _record_edit(final={"eval/accuracy": 0.5}))
   assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
   assert "final.eval/accuracy is 0.5" in capsys.readouterr().err
@@ -278,7 +282,7 @@ def test_a_record_of_another_config_is_not_kept_and_not_lost(
   run_dir = _kept_run(tmp_path)
   other = type("Other", (), {"to_json": lambda self: '{"steps": 4}'})()
   assert job_lib.arm_status(run_dir, other) == (
-      "fresh", f"{job_lib.RESULT_FILE} records a finished run of another "
+      "fresh", f"{record_lib.RESULT_FILE} records a finished run of another "
       "config")
   assert capsys.readouterr().err == ""  # said once, when moved aside
 
@@ -303,7 +307,7 @@ def test_a_finished_run_of_another_config_is_moved_aside_not_replaced(
   run_dir = str(out / "all_reduce")
   before = _outdir_files(run_dir)
   if steps == "swapped":  # another config's record in its place
-    _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+    _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
             _record_edit(config={"steps": 5}))
     before = _outdir_files(run_dir)
     argv = [f"--outdir={out}", "--config.steps=3",
@@ -318,7 +322,7 @@ def test_a_finished_run_of_another_config_is_moved_aside_not_replaced(
   err = capsys.readouterr().err
   aside = run_dir + ".not_resumed"
   assert _job_warnings(err, tmp_path) == [
-      f"warning: {run_dir}: {job_lib.RESULT_FILE} records a finished run "
+      f"warning: {run_dir}: {record_lib.RESULT_FILE} records a finished run "
       f"of another config; the run was moved to {aside} and is trained "
       "again from step 0."], err
   assert _outdir_files(aside) == before  # byte for byte
@@ -335,7 +339,7 @@ def _job_warnings(err: str, tmp_path) -> list[str]:
 
 
 @pytest.mark.parametrize("name, content, word", [
-    (job_lib.RESULT_FILE, _record_edit(final="garbage"), "final"),
+    (record_lib.RESULT_FILE, _record_edit(final="garbage"), "final"),
     (metrics.METRICS_FILE, lambda t: t[:len(t) // 3], "eval/loss"),
     # step 3's row without the training loss the runner writes there
     (metrics.METRICS_FILE, lambda t: t.replace('"train/loss": 2.1, ', ""),
@@ -656,7 +660,7 @@ def test_overlap_render_names_a_missing_file_list_or_a_directory(
 def test_a_final_accuracy_without_an_accuracy_evaluation_is_not_kept(
     tmp_path, capsys):
   run_dir = _kept_run(tmp_path)  # its metrics.jsonl evaluates no accuracy
-  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+  _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
           _record_edit(final={"eval/accuracy": 0.5}))
   assert job_lib.arm_status(run_dir, _Config()) == ("fresh", None)
   assert "final.eval/accuracy is 0.5, but" in capsys.readouterr().err
@@ -664,7 +668,7 @@ def test_a_final_accuracy_without_an_accuracy_evaluation_is_not_kept(
 
 def test_a_diverged_run_with_impossible_metrics_is_not_kept(tmp_path, capsys):
   run_dir = _kept_run(tmp_path)
-  _damage(os.path.join(run_dir, job_lib.RESULT_FILE),
+  _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
           _record_edit(final=None, diverged="nan loss"))
   assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
   _damage(os.path.join(run_dir, metrics.METRICS_FILE),
@@ -686,6 +690,8 @@ def test_a_curve_past_the_run_is_not_called_cut_short(tmp_path, capsys):
 
 class _GptConfig:
   """A gpt run's config as compare_result.json holds it (8 workers)."""
+
+  model, data = {}, {}
 
   def to_json(self) -> str:
     return json.dumps({"steps": 3, "seed": 0, "n_workers": 8, "model": {
@@ -727,9 +733,9 @@ FINAL_CASES = {
 
 def _gpt_kept_run(tmp_path) -> str:
   run_dir = _kept_run(tmp_path)
-  _damage(os.path.join(run_dir, job_lib.RESULT_FILE), json.dumps(
+  _damage(os.path.join(run_dir, record_lib.RESULT_FILE), json.dumps(
       {"config": json.loads(_GptConfig().to_json()), "final": _GPT_FINAL,
-       "diverged": None}))
+       "diverged": None, "data_files": {}}))
   return run_dir
 
 
@@ -740,7 +746,7 @@ def test_a_kept_run_s_impossible_final_values_are_not_kept(
   run_dir = _gpt_kept_run(tmp_path)
   assert job_lib.arm_status(run_dir, _GptConfig())[0] == "finished"
   assert capsys.readouterr().err == ""
-  path = os.path.join(run_dir, job_lib.RESULT_FILE)
+  path = os.path.join(run_dir, record_lib.RESULT_FILE)
   _damage(path, _record_edit(final=edit))
   assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
   [line] = capsys.readouterr().err.splitlines()

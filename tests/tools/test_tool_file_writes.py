@@ -17,6 +17,7 @@ from ml_collections import config_dict
 
 from decentral_jax.runner import tmpfile
 from decentral_jax.tools.compare import job
+from decentral_jax.tools.compare import record as record_lib
 from decentral_jax.tools.compare import plots
 from decentral_jax.tools.learners import records
 
@@ -47,7 +48,7 @@ def _victim(tmp_path):
 
 def _result_args(workdir):
   return (str(workdir), config_dict.ConfigDict({"steps": 6, "seed": 0}),
-          {"eval/loss": 4.5}, None)
+          {"eval/loss": 4.5}, None, {})
 
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "file"])
@@ -60,13 +61,13 @@ def test_compare_record_replaces_what_sits_at_its_temporary_name(
   {"symlink": lambda: os.symlink(victim, tmp),
    "fifo": lambda: os.mkfifo(tmp),
    "file": lambda: tmp.write_text("half a record")}[kind]()
-  assert _in_thread(job._record, *_result_args(run)) is None
+  assert _in_thread(record_lib.write, *_result_args(run)) is None
   assert victim.read_text() == "precious\n"
   out = run / "compare_result.json"
   assert not out.is_symlink() and out.is_file()
   assert json.loads(out.read_text()) == {
       "config": {"steps": 6, "seed": 0}, "final": {"eval/loss": 4.5},
-      "diverged": None}
+      "diverged": None, "data_files": {}}
   assert not os.path.lexists(tmp)
 
 
@@ -76,7 +77,7 @@ def test_compare_record_refuses_a_directory_at_its_temporary_name(
   (run / "compare_result.json.tmp").mkdir(parents=True)
   with pytest.raises(ValueError, match=r"compare_result\.json\.tmp is a "
                      "directory.*move it away"):
-    job._record(*_result_args(run))
+    record_lib.write(*_result_args(run))
 
 
 def test_a_plot_never_follows_a_link_at_its_name_or_temporary_name(
@@ -117,7 +118,7 @@ def test_a_directory_at_an_output_s_own_name_is_named_with_the_fix(
   fig = plt.figure(figsize=(1, 1))
   write = {"results.md": lambda: tmpfile.replace(str(out), "# results\n"),
            "loss_vs_step.png": lambda: plots.save_png(fig, str(out)),
-           "compare_result.json": lambda: job._record(*_result_args(
+           "compare_result.json": lambda: record_lib.write(*_result_args(
                tmp_path))}[name]
   with pytest.raises(ValueError) as info:
     write()
