@@ -61,6 +61,7 @@ from decentral_jax.analysis import overlap as overlap_lib  # noqa: E402
 from decentral_jax.runner import config as config_lib  # noqa: E402
 from decentral_jax.runner import programs as programs_lib  # noqa: E402
 from decentral_jax.runtime_model import presets  # noqa: E402
+from decentral_jax.tools import dummy_bins  # noqa: E402
 from decentral_jax.tools import flag_types  # noqa: E402
 from decentral_jax.tools import gpu_compile  # noqa: E402
 from decentral_jax.tools import latency_profile  # noqa: E402
@@ -68,6 +69,9 @@ from decentral_jax.tools import overlap as overlap_tool  # noqa: E402
 from decentral_jax.tools import overlap_flags  # noqa: E402
 
 TARGET = "h100_sxm"
+#: The dummy token files written in --bins (file name -> zero uint16
+#: tokens; compiles read no text).
+DUMMY_TOKENS = {"train.bin": 2_000_000, "val.bin": 20_000}
 HBM_BYTES = 80e9  # H100 SXM5 80 GB
 #: Dense bfloat16 peak of each cluster's GPU (FLOP/s; NVIDIA data sheets:
 #: A40 149.7 TFLOP/s, H100 SXM5 989.4 TFLOP/s).
@@ -458,7 +462,10 @@ def _parser() -> argparse.ArgumentParser:
                   "choco, bf16; the cluster whose link times the profile "
                   "gives, default h100_node / h100_ib)")
   ap.add_argument("--out", required=True, help="JSON lines, appended")
-  ap.add_argument("--bins", default="/tmp/gpt2_token_bins")
+  ap.add_argument("--bins", default="/tmp/gpt2_token_bins",
+                  help="where the dummy token files (zeros) are written; a "
+                  "train.bin or val.bin already there that is not exactly "
+                  "that dummy is refused, never replaced")
   ap.add_argument("--hlo", default="")
   ap.add_argument("--fixtures", default="")
   ap.add_argument("--programs", default=None, type=_programs_spec,
@@ -474,8 +481,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def check_paths(args) -> None:
   """Refuses before any compile what would fail after it: no --cases to
-  compile, an --out to read (--table) or write that cannot be, and
-  directories (--bins, --hlo, --fixtures) that cannot be written.
+  compile, an --out to read (--table) or write that cannot be,
+  directories (--bins, --hlo, --fixtures) that cannot be written, and a
+  train.bin or val.bin in --bins that is not exactly the dummy of
+  :data:`DUMMY_TOKENS` (:func:`decentral_jax.tools.dummy_bins.check_dummy_bins`).
 
   Raises:
     ValueError: one line naming the flag and the fix.
@@ -489,6 +498,7 @@ def check_paths(args) -> None:
                      "--out.")
   flag_types.check_output_file(args.out, "--out")
   flag_types.check_output_dir(args.bins, "--bins")
+  dummy_bins.check_dummy_bins(args.bins, DUMMY_TOKENS, "--bins")
   for flag in ("hlo", "fixtures"):
     if getattr(args, flag):
       flag_types.check_output_dir(getattr(args, flag), f"--{flag}")
@@ -518,13 +528,15 @@ def main(argv=None) -> int:
       return 2
     print(table(args.out, args.hlo))
     return 0
-  os.makedirs(args.bins, exist_ok=True)  # zeros: compiles read no text
-  for name, n in (("train.bin", 2_000_000), ("val.bin", 20_000)):
-    np.zeros(n, np.uint16).tofile(os.path.join(args.bins, name))
   done = {r["case"] for r in read_rows(args.out)}
-  for case in args.cases.split(","):
-    if case in done:
-      continue
+  todo = [case for case in args.cases.split(",") if case not in done]
+  if todo:
+    try:
+      dummy_bins.write_dummy_bins(args.bins, DUMMY_TOKENS, "--bins")
+    except ValueError as e:  # a token file put there after the check
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+  for case in todo:
     for row in run_case(case, args):
       flag_types.write_output(args.out, "--out", lambda f, row=row: f.write(
           json.dumps(row) + "\n"), mode="a",

@@ -24,10 +24,16 @@ other data, refused naming ``config.data.path``, while the same files
 moved elsewhere (``data.path`` may change) resume. Bytes changed only in
 the middle of a file longer than 2 MiB are not seen. A checkpoint written
 before the fingerprint was stored resumes without the comparison.
+
+A data file may not lie where the run writes (:func:`check_not_written`):
+at an entry of its work directory a run writes, moves aside or removes
+(``config.json``, ``metrics.jsonl``, ``checkpoints/...``), where it would
+be replaced; elsewhere in the work directory it is read as anywhere else.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -140,3 +146,69 @@ def resume_mismatch(theirs, mine: dict,
     if a != b:
       return f"{name}: {_shown(a)} in {where}, {_shown(b)} in this one"
   return None
+
+
+def _written_entry(path: str, directory: str, entries) -> str | None:
+  """The entry of ``directory`` matching ``entries`` (names or shell
+  patterns) that is the file ``path`` or holds it, links and ``..``
+  resolved (also an entry not created yet), or a hard link to it; None."""
+  real, top = os.path.realpath(path), os.path.realpath(directory)
+  first = os.path.relpath(real, top).split(os.sep)[0]
+  matches = lambda n: any(fnmatch.fnmatchcase(n, e) for e in entries)
+  if first not in (os.curdir, os.pardir) and matches(first):
+    return first
+  try:
+    names = sorted(n for n in os.listdir(directory) if matches(n))
+  except OSError:  # not there yet (or unreadable): nothing in it yet
+    return None
+  for name in names:
+    entry = os.path.realpath(os.path.join(directory, name))
+    if real == entry or real.startswith(entry + os.sep):
+      return name
+    try:
+      if os.path.samefile(path, entry):
+        return name
+    except OSError:
+      continue
+  return None
+
+
+def check_not_written(config: config_dict.ConfigDict, directory: str,
+                      entries, flag: str = "--workdir") -> None:
+  """Refuses a data file of ``config`` (:func:`source_files`) that lies
+  where a run writes in ``directory``: at an entry of it matching one of
+  ``entries`` (names or shell patterns of what the run writes, moves
+  aside or removes there, e.g. ``train.RUN_FILES`` and ``run.lock``) or
+  under such an entry (``checkpoints/...``), links and ``..`` resolved,
+  or a hard link to one. The run would replace, move or delete the data.
+  Data elsewhere in ``directory`` (``<workdir>/data/corpus.txt``) is
+  allowed: no run touches it. Sources whose files are not known here (a
+  data source of your own, a missing Fashion-MNIST file, which the task
+  names) are not checked.
+
+  Args:
+    config: a run config.
+    directory: the work directory (need not exist).
+    entries: names or shell patterns of its entries the run writes.
+    flag: the flag naming ``directory`` in the message.
+
+  Raises:
+    ValueError: ``--config.data.path 'W/config.json' is 'config.json' in
+      --workdir 'W', which the run writes ...``, one line, before anything
+      is written.
+  """
+  try:
+    files = source_files(config)
+  except ValueError:  # a missing Fashion-MNIST file: the task names it
+    return
+  for path in sorted(files.values()):
+    entry = _written_entry(path, directory, tuple(entries))
+    if entry is None:
+      continue
+    given = os.fspath(config.data.get("path") or path)
+    whose = "" if given == path else f" (its file {path!r})"
+    raise ValueError(
+        f"--config.data.path {given!r}{whose} is or lies in {entry!r} of "
+        f"{flag} {directory!r}, which the run writes, moves aside or "
+        "removes: the data would be lost; give --config.data.path a path "
+        f"outside the run's own files, or {flag} another directory.")

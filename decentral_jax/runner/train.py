@@ -38,6 +38,7 @@ from decentral_jax import parallel
 from decentral_jax.parallel import multiprocess
 from decentral_jax.runner import builders
 from decentral_jax.runner import checkpoint as checkpoint_lib
+from decentral_jax.runner import data_files
 from decentral_jax.runner import earlier_run
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import metrics_resume
@@ -185,7 +186,10 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
     ``param_count``.
 
   Raises:
-    ValueError: bad config or data, a batch that cannot be read (the
+    ValueError: bad config or data, a data file at a path the run writes
+      in ``workdir`` (:func:`~decentral_jax.runner.data_files.check_not_written`
+      with :data:`RUN_FILES` and ``run.lock``; refused before anything is
+      written), a batch that cannot be read (the
       steps before it are checkpointed first; see
       :class:`~decentral_jax.runner.experiment.Experiment`), or a
       checkpoint in ``workdir`` from an incompatible config or past
@@ -208,6 +212,9 @@ def train_and_evaluate(config: config_dict.ConfigDict, workdir: str, *,
       experiment.config.to_dict() != c.to_dict():
     raise ValueError("train_and_evaluate: `experiment` was built from a "
                      "different config; pass experiment=None.")
+  # Before the lock: run.lock too would replace a data file at its path.
+  data_files.check_not_written(c, workdir, (*RUN_FILES,
+                                            workdir_lib.LOCK_FILE))
   with workdir_lib.hold(workdir), preemption.StopRequest() as stop:
     exp = experiment if experiment is not None else Experiment(c)
     # Leaving the block waits for the last save (and raises if it failed).

@@ -14,5 +14,7 @@ imported by name only when it runs, so this face imports nothing (no JAX):
 * :mod:`decentral_jax.tools.gpu_compile` and
   :mod:`decentral_jax.tools.latency_profile`: compiling the runner's train
   steps for GPU targets without a GPU, with collectives priced by the
-  runtime model; :mod:`decentral_jax.tools.overlap` reports what overlaps.
+  runtime model; :mod:`decentral_jax.tools.overlap` reports what overlaps
+  (:mod:`decentral_jax.tools.dummy_bins`: the token files of zeros its
+  gpt2_small case compiles on, never replacing a user's).
 """

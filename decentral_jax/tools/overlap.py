@@ -59,12 +59,13 @@ import types
 
 from decentral_jax import records
 from decentral_jax.tools import distinct_paths
+from decentral_jax.tools import dummy_bins
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 # The flags (re-exported: the command's parser and checks).
 from decentral_jax.tools.overlap_flags import (  # noqa: F401
-    MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT, NEEDS,
-    OVERLAP_LIMIT_OPTION, SHIPPED_ROWS, build_parser, check_needs,
+    DUMMY_TOKENS, MAX_GPUS_PER_NODE, MAX_NETWORK_GBPS, MAX_OVERLAP_LIMIT,
+    NEEDS, OVERLAP_LIMIT_OPTION, SHIPPED_ROWS, build_parser, check_needs,
     check_paths, xla_options, xla_refusal)
 # The rows read back (re-exported: --render's reader and its schema).
 from decentral_jax.tools.overlap_rows import (  # noqa: F401
@@ -108,15 +109,6 @@ def _overrides(case: str, mode: str, data_dir: str) -> list[str]:
   if CASES[case][0] == GPT2_SMALL:
     out.append(f"data.path={data_dir}")
   return out
-
-
-def _token_bins(directory: str) -> str:
-  """Tiny nanoGPT-style train.bin/val.bin (zeros): compiles need no text."""
-  import numpy as np
-  os.makedirs(directory, exist_ok=True)
-  np.zeros(300_000, np.uint16).tofile(os.path.join(directory, "train.bin"))
-  np.zeros(20_000, np.uint16).tofile(os.path.join(directory, "val.bin"))
-  return directory
 
 
 def strip_hlo(text: str) -> str:
@@ -474,6 +466,8 @@ def main(argv: list[str] | None = None,
     return 0
   try:  # before any compile
     check_paths(args)
+    if "gpt2_small" in args.cases:  # compiles read no text: zeros
+      dummy_bins.write_dummy_bins(args.data_dir, DUMMY_TOKENS, "--data_dir")
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -482,8 +476,6 @@ def main(argv: list[str] | None = None,
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " +
                                network_flag(args.network_gbps,
                                             args.gpus_per_node)).strip()
-  if "gpt2_small" in args.cases:
-    _token_bins(args.data_dir)
   from decentral_jax.tools import gpu_compile  # JAX starts here
   try:  # XLA's own word on each --xla option, before the slow compiles
     gpu_compile.check_compiler_options(xla_options(args.xla))

@@ -10,6 +10,7 @@ import re
 from typing import Callable
 
 from decentral_jax.tools import distinct_paths
+from decentral_jax.tools import dummy_bins
 from decentral_jax.tools import flag_types
 from decentral_jax.tools.overlap_cases import CASES, GPT2_SMALL
 
@@ -259,11 +260,18 @@ def xla_conflict(args) -> str | None:
   return None
 
 
+#: The dummy token files a gpt2_small case writes in ``--data_dir``
+#: (file name -> zero uint16 tokens; :mod:`~decentral_jax.tools.dummy_bins`).
+DUMMY_TOKENS = {"train.bin": 300_000, "val.bin": 20_000}
+
+
 def check_paths(args) -> None:
   """Refuses, before any compile, an output that cannot be written
   (``--out``, ``--fixtures``, ``--data_dir`` where a gpt2_small case
-  writes its token files) and a ``--profile`` that cannot be read
-  (:mod:`~decentral_jax.tools.flag_types`).
+  writes its token files, or one already holding a ``train.bin`` or
+  ``val.bin`` that is not exactly that dummy:
+  :func:`~decentral_jax.tools.dummy_bins.check_dummy_bins`) and a
+  ``--profile`` that cannot be read (:mod:`~decentral_jax.tools.flag_types`).
 
   Raises:
     ValueError: one line naming the flag, the path and the fix.
@@ -278,6 +286,7 @@ def check_paths(args) -> None:
   gpt2 = any(CASES[c][0] == GPT2_SMALL for c in args.cases.split(","))
   if gpt2:
     flag_types.check_output_dir(args.data_dir, "--data_dir")
+    dummy_bins.check_dummy_bins(args.data_dir, DUMMY_TOKENS, "--data_dir")
   _check_distinct(args, gpt2)
 
 
@@ -353,7 +362,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
                   "%(default)s)")
   ap.add_argument("--data_dir", default="/tmp/bench_gpu_overlap_bins",
                   help="where the gpt2_small case writes its dummy token "
-                  "files")
+                  "files (zeros); a train.bin or val.bin already there "
+                  "that is not exactly that dummy is refused, never "
+                  "replaced")
   ap.add_argument("--network_gbps", type=flag_types.real(
       0, MAX_NETWORK_GBPS, " Gbit/s"), default=0.0,
                   help="model an inter-node link of this many Gbit/s in "

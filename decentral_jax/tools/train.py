@@ -22,9 +22,11 @@ process are simulated; more is refused before JAX starts (set
 ``--workdir`` resumes from the last checkpoint.
 
 Bad input (a missing or broken config file, an unknown field, a value of the
-wrong type or out of range, missing data, an unwritable work directory) is
-one ``error: ...`` line on stderr and exit code 2; a diverged run exits with
-3; SIGTERM or SIGINT saves a checkpoint and exits with 143 or 130.
+wrong type or out of range, missing data, an unwritable work directory, a
+data file at a path the run writes in it such as ``config.json`` or
+``checkpoints/``) is one ``error: ...`` line on stderr and exit code 2; a
+diverged run exits with 3; SIGTERM or SIGINT saves a checkpoint and exits
+with 143 or 130.
 
 Multi-host: run the same command once per host (``srun`` does it on SLURM)
 with ``--config.distributed.enabled=True``; on SLURM the coordinator and

@@ -143,3 +143,64 @@ def test_a_damaged_fingerprint_is_a_damaged_document(stored, why):
   assert got is not None and got.startswith(why)
   meta = {"step": 0, "data_position": 0, "data_files": stored}
   assert run_meta.meta_error(meta, 0).startswith(why)
+
+
+def _text_run(path):
+  return _config("--config.data.source=text_file",
+                 f"--config.data.path={path}")
+
+
+@pytest.mark.parametrize("entry", ["config.json", "metrics.jsonl",
+                                   "run.lock", "metrics.jsonl.corrupt-2",
+                                   "config.json.earlier"])
+def test_a_data_file_the_run_writes_is_refused_before_anything_is_written(
+    tmp_path, entry):
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  work = tmp_path / "w"
+  work.mkdir()
+  corpus = b"the user's corpus\n" * 100
+  (work / entry).write_bytes(corpus)
+  with pytest.raises(ValueError) as e:
+    train.train_and_evaluate(_text_run(work / entry), str(work))
+  assert str(e.value) == (
+      f"--config.data.path '{work / entry}' is or lies in '{entry}' of "
+      f"--workdir '{work}', which the run writes, moves aside or removes: "
+      "the data would be lost; give --config.data.path a path outside the "
+      "run's own files, or --workdir another directory.")
+  assert (work / entry).read_bytes() == corpus
+  assert sorted(os.listdir(work)) == [entry]  # no run.lock, no config.json
+
+
+def test_token_bins_under_the_checkpoints_or_linked_there_are_refused(
+    tmp_path):
+  work = tmp_path / "w"
+  (work / "checkpoints" / "bins").mkdir(parents=True)
+  entries = ("config.json", "checkpoints", "run.lock")
+  bins = _config("--config.data.source=token_bins",
+                 f"--config.data.path={work / 'checkpoints' / 'bins'}")
+  with pytest.raises(ValueError, match=(
+      r"^--config.data.path '.*/w/checkpoints/bins' \(its file "
+      r"'.*/w/checkpoints/bins/train.bin'\) is or lies in 'checkpoints' of "
+      r"--outdir '.*/w', ")):
+    data_files.check_not_written(bins, str(work), entries, "--outdir")
+  outside = tmp_path / "corpus.txt"
+  outside.write_bytes(b"abc\n")
+  os.symlink(work / "config.json", tmp_path / "link.txt")  # not there yet
+  with pytest.raises(ValueError, match="is or lies in 'config.json' of"):
+    data_files.check_not_written(_text_run(tmp_path / "link.txt"), str(work),
+                                 entries)
+  os.link(outside, work / "run.lock")  # a hard link: one file
+  with pytest.raises(ValueError, match="is or lies in 'run.lock' of"):
+    data_files.check_not_written(_text_run(outside), str(work), entries)
+
+
+def test_data_elsewhere_in_the_work_directory_is_read_as_anywhere(tmp_path):
+  work = tmp_path / "w"
+  (work / "data").mkdir(parents=True)
+  for path in (work / "data" / "config.json", work / "corpus.txt",
+               tmp_path / "config.json"):
+    path.write_bytes(b"abc\n")
+    data_files.check_not_written(_text_run(path), str(work),
+                                 ("config.json", "checkpoints", "run.lock"))
+  data_files.check_not_written(_text_run(tmp_path / "config.json"),
+                               str(tmp_path / "new"), ("config.json",))

@@ -117,6 +117,26 @@ def test_bench_overlap_at_scale_refuses_before_compiling(
   assert not (tmp_path / "o.jsonl").exists()
 
 
+def test_bench_overlap_at_scale_keeps_a_users_token_bins(
+    capsys, tmp_path, monkeypatch):
+  script = _script("bench_overlap_at_scale")
+  def compiles(*a, **k):
+    raise AssertionError("compiled")
+  monkeypatch.setattr(script, "run_case", compiles)
+  tokens = bytes(range(256)) * 16  # 4096 bytes of the user's tokens
+  (tmp_path / "val.bin").write_bytes(tokens)
+  got = _one_error(capsys, lambda: script.main([
+      "--cases", "124m:node:plain", "--bins", str(tmp_path), "--out",
+      str(tmp_path / "o.jsonl")]))
+  # the dummy val.bin: 20000 zero tokens of 2 bytes
+  assert got.startswith(
+      f"error: --bins '{tmp_path}' already holds val.bin (4096 "
+      "bytes, not the 40000 bytes of zeros this command writes), which it "
+      "would replace; give --bins an empty or new directory."), got
+  assert (tmp_path / "val.bin").read_bytes() == tokens
+  assert sorted(os.listdir(tmp_path)) == ["val.bin"]
+
+
 def test_bench_overlap_at_scale_sizes_are_the_configs():
   spec = importlib.util.spec_from_file_location(
       "gpt2_sizes_under_test", os.path.join(ROOT, "configs", "gpt2_sizes.py"))

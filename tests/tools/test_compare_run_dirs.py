@@ -177,3 +177,57 @@ def test_every_run_directory_is_checked_before_the_first_run_trains(
       f"error: run 'all_reduce' (All-Reduce): {out}/all_reduce ")
   assert words.format(parent=out) in errors[0]
   assert not os.path.lexists(out / "dadam")
+
+
+@pytest.mark.parametrize("entry", ["all_reduce/config.json",
+                                   "dadam.not_resumed/metrics.jsonl",
+                                   "results.md", "run.lock",
+                                   "loss_vs_step.png"])
+def test_a_data_file_the_job_writes_in_outdir_is_refused_before_any_run(
+    tmp_path, monkeypatch, capsys, entry):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  out = tmp_path / "out"
+  data = out / entry
+  data.parent.mkdir(parents=True)
+  corpus = b"the user's corpus\n" * 50
+  data.write_bytes(corpus)
+  before = sorted(str(p) for p in out.rglob("*"))
+  assert _main(out, "--methods=dadam,all_reduce",
+               "--config.data.source=text_file",
+               f"--config.data.path={data}") == 2
+  errors = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("error:")]
+  top = entry.split("/")[0]
+  assert errors == [
+      f"error: --config.data.path '{data}' is or lies in '{top}' of "
+      f"--outdir '{out}', which the run writes, moves aside or removes: the "
+      "data would be lost; give --config.data.path a path outside the run's "
+      "own files, or --outdir another directory."]
+  assert trained == [] and data.read_bytes() == corpus
+  assert sorted(str(p) for p in out.rglob("*")) == before  # no run.lock
+
+
+def test_a_data_file_elsewhere_in_outdir_is_read(tmp_path, monkeypatch):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  out = tmp_path / "out"
+  out.mkdir()
+  (out / "corpus.txt").write_bytes(b"the user's corpus\n" * 50)
+  assert _main(out, "--methods=all_reduce", "--config.data.source=text_file",
+               f"--config.data.path={out / 'corpus.txt'}") == 0
+  assert trained == ["all_reduce"]
+
+
+def test_an_outdir_that_is_a_dangling_link_is_named_as_one(
+    tmp_path, monkeypatch, capsys):
+  trained = []
+  _fake_job(monkeypatch, trained)
+  os.symlink(tmp_path / "gone" / "target", tmp_path / "out")
+  assert _main(tmp_path / "out", "--methods=all_reduce") == 2
+  errors = [l for l in capsys.readouterr().err.splitlines()
+            if l.startswith("error:")]
+  assert errors == [f"error: --outdir '{tmp_path / 'out'}' is a symbolic "
+                    f"link to '{tmp_path / 'gone' / 'target'}', which does "
+                    "not exist."]
+  assert trained == [] and not os.path.exists(tmp_path / "gone")

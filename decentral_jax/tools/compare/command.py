@@ -73,6 +73,7 @@ def load_job(config: str, methods: str, seeds: str, checkpoints: bool,
           else source.replace("config.", "--config."))  # the flags typed
       jax.config.update("jax_num_cpu_devices", devices)
     outdir = job_lib.make_outdir(flags.OUTDIR.value)
+    job_lib.check_data_files(arms, outdir)  # before run.lock is written
   except ValueError as e:
     job_lib.fail(e)
   return base, accum, arms, workload, clusters, outdir

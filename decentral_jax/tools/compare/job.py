@@ -30,9 +30,11 @@ from decentral_jax.runner import experiment
 from decentral_jax.runner import metrics as metrics_lib
 from decentral_jax.runner import train
 from decentral_jax.runner import workdir as workdir_lib
+from decentral_jax.tools import flag_types
 from decentral_jax.tools.compare import kept
 from decentral_jax.tools.compare import progress as progress_lib
 from decentral_jax.tools.compare import record as record_lib
+from decentral_jax.tools.compare import results as results_lib
 from decentral_jax.tools.compare import runs as runs_lib
 
 
@@ -53,10 +55,14 @@ def fail(message, code: int = 2) -> None:
 
 
 def make_outdir(path: str) -> str:
-  """Creates the output directory; ValueError naming it if that fails."""
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise ValueError(f"--outdir {path!r} is a file, not a directory; pass a "
-                     "directory (it is created if missing).")
+  """Creates the output directory once the rule of every output directory
+  (:func:`~decentral_jax.tools.flag_types.check_output_dir`: not empty,
+  not a file, not a dangling symbolic link, writable) accepts it.
+
+  Raises:
+    ValueError: one line naming ``--outdir``, the path and the fix.
+  """
+  flag_types.check_output_dir(path, "--outdir")
   try:
     os.makedirs(path, exist_ok=True)
   except OSError as e:
@@ -353,6 +359,25 @@ def train_all(arms: list[runs_lib.Arm], outdir: str, checkpoints: bool,
   diverged = [(a.run, reason) for a, (_, reason) in zip(arms, outcomes)
               if reason is not None]
   return finals, diverged
+
+
+def check_data_files(arms: list[runs_lib.Arm], outdir: str) -> None:
+  """Before ``outdir`` is held: no run's data file (``config.data.path``)
+  lies at a path the job writes, moves aside or removes in ``outdir``: a
+  run's subdirectory (or one set aside, ``<run>.not_resumed*``),
+  ``results.md``, a plot or ``run.lock`` (:func:`check_not_written
+  <decentral_jax.runner.data_files.check_not_written>`); other files in
+  ``outdir`` are left alone and may be data.
+
+  Raises:
+    ValueError: one line naming ``--config.data.path`` and ``--outdir``.
+  """
+  written = [workdir_lib.LOCK_FILE, "results.md", "results.md.tmp",
+             *results_lib.PLOT_NAMES]
+  for arm in arms:
+    written += [arm.run.name, arm.run.name + ".not_resumed*"]
+  for arm in arms:
+    data_files.check_not_written(arm.config, outdir, written, "--outdir")
 
 
 def check_run_dirs(arms: list[runs_lib.Arm], outdir: str) -> None:
