@@ -916,3 +916,42 @@ def test_a_period_merged_between_two_polls_has_no_train_loss(tmp_path):
   assert [r["tokens"] for r in got] == [0, 16, 32, 48]
   assert [r.get("train/loss") for r in got] == [None, None, 2.0, 3.0]
   assert [r.get("eval/loss") for r in got] == [10.0, None, 12.0, 13.0]
+
+
+@pytest.mark.parametrize("where, flag", [
+    ("work/metrics.jsonl", "--workdir"), ("work/learners.json", "--workdir"),
+    ("work/config.json", "--workdir"), ("ckpt/corpus.txt", "--checkpoint-dir")])
+def test_data_at_a_path_the_learners_write_is_refused_before_ray_starts(
+    tmp_path, no_ray, capsys, where, flag):
+  """The run would replace (or its synchronizer's Orbax directory hold) the
+  data: refused, the data untouched."""
+  corpus = tmp_path / where
+  corpus.parent.mkdir(parents=True)
+  corpus.write_text("some text to train on\n" * 200)
+  before = corpus.read_bytes()
+  assert cli.main(["learners", "--config", "configs/gpt_tiny.py",
+                   "--config.algorithm=diloco", "--config.optimizer.name="
+                   "adamw", "--config.optimizer.accum_steps=1",
+                   "--config.data.source=text_file",
+                   f"--config.data.path={corpus}",
+                   f"--workdir={tmp_path / 'work'}",
+                   f"--checkpoint-dir={tmp_path / 'ckpt'}"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and f"of {flag} " in err[0] and \
+      "--config.data.path" in err[0], err
+  assert corpus.read_bytes() == before
+
+
+def test_data_elsewhere_in_the_learners_workdir_is_not_refused(tmp_path,
+                                                             no_ray):
+  """No run file lies there: every check passes and Ray would start."""
+  corpus = tmp_path / "work" / "data" / "corpus.txt"
+  corpus.parent.mkdir(parents=True)
+  corpus.write_text("some text to train on\n" * 2000)
+  with pytest.raises(AssertionError, match="Ray started"):
+    cli.main(["learners", "--config", "configs/gpt_tiny.py",
+              "--config.algorithm=diloco", "--config.optimizer.name=adamw",
+              "--config.optimizer.accum_steps=1",
+              "--config.data.source=text_file",
+              f"--config.data.path={corpus}",
+              f"--workdir={tmp_path / 'work'}"])

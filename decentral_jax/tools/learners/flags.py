@@ -214,6 +214,23 @@ def _sleep(args) -> tuple[float, ...]:
   return tuple(sleep)
 
 
+def _check_data_not_written(c, args) -> None:
+  """``config.data.path`` is no file the run writes in ``--workdir``
+  (the runner's run files and ``learners.json``) or ``--checkpoint-dir``
+  (any entry: the synchronizer's Orbax directory); ValueError names the
+  flag (:func:`decentral_jax.runner.data_files.check_not_written`)."""
+  from decentral_jax.runner import data_files  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  from decentral_jax.tools.learners import records  # pylint: disable=import-outside-toplevel
+  if args.workdir is not None:
+    data_files.check_not_written(
+        c, args.workdir, (*train.RUN_FILES, records.META_FILE + "*"),
+        "--workdir")
+  if args.checkpoint_dir is not None:
+    data_files.check_not_written(c, args.checkpoint_dir, ("*",),
+                                 "--checkpoint-dir")
+
+
 # Flags a runner config sets instead (--config): flag -> config field.
 CONFIG_SETS = {"problem": "", "sync_every": "sync_every", "inner":
                "optimizer.name", "inner_lr": "schedule.peak_lr"}
@@ -246,6 +263,7 @@ def _config_fields(args, overrides) -> dict:
       overrides, args.workdir is not None, args.eval_every is not None)
   source = config_source(args.config)
   c = runner_problem.load(source, overrides, args.learners)
+  _check_data_not_written(c, args)
   fields = runner_problem.spec_fields(c)
   del fields["shards"]
   args.data_path = c.data.get("path")  # an input --json may not replace
