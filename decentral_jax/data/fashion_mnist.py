@@ -99,11 +99,8 @@ def files(data_dir: str | os.PathLike = DEFAULT_DIR) -> dict[str, str]:
   Raises:
     DataNotFoundError: the directory or a file is missing (as :func:`load`).
   """
-  data_dir = os.fspath(data_dir)
-  if not os.path.isdir(data_dir):
-    raise sharding.DataNotFoundError(
-        f"Fashion-MNIST directory {data_dir!r} does not exist; "
-        f"{_INSTALL_HINT}.")
+  data_dir = sharding.check_data_path(data_dir, "Fashion-MNIST directory",
+                                      _INSTALL_HINT, directory=True)
   out = {}
   for key, (name, _) in _FILES.items():
     for candidate in (name + ".gz", name):

@@ -1,4 +1,5 @@
-"""Helpers shared by the data modules: the per-epoch worker sharding rule.
+"""Helpers shared by the data modules: the per-epoch worker sharding rule,
+and what is wrong with a data path (:func:`check_data_path`).
 
 The rule (used by :class:`decentral_jax.data.text.LMSampler` over text
 windows and :class:`decentral_jax.data.fashion_mnist.ArraySampler` over
@@ -20,6 +21,8 @@ a process that serves only some workers sees exactly the same batches.
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from typing import Iterable
 
@@ -31,6 +34,53 @@ from decentral_jax import checks
 class DataNotFoundError(ValueError, FileNotFoundError):
   """A data file or directory is missing (both a ValueError and a
   FileNotFoundError, so either ``except`` catches it)."""
+
+
+def path_problem(path: str | os.PathLike, directory: bool = False
+                 ) -> str | None:
+  """Why ``path`` is not a regular file (``directory``: not a directory),
+  as the rest of a sentence naming it; None when it is one. Symbolic links
+  are followed; nothing is opened (a FIFO does not block).
+
+  Returns:
+    None, or one of ``"does not exist"``, ``"is a symbolic link to a path
+    that does not exist"``, ``"is a directory, not a file"``, ``"is a file,
+    not a directory"``, ``"is not a regular file (a FIFO, a socket or a
+    device)"`` (``"is not a directory (...)"``), ``"does not exist (a
+    folder on its path is a file)"`` or ``"cannot be examined: REASON"``.
+  """
+  try:
+    mode = os.stat(path).st_mode
+  except FileNotFoundError:
+    return ("is a symbolic link to a path that does not exist"
+            if os.path.islink(path) else "does not exist")
+  except NotADirectoryError:
+    return "does not exist (a folder on its path is a file)"
+  except OSError as e:
+    return f"cannot be examined: {e.strerror or e}"
+  if stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode):
+    return None
+  if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+    return ("is a file, not a directory" if directory else
+            "is a directory, not a file")
+  kind = "a directory" if directory else "a regular file"
+  return f"is not {kind} (a FIFO, a socket or a device)"
+
+
+def check_data_path(path: str | os.PathLike, what: str, fix: str,
+                    directory: bool = False) -> str:
+  """``os.fspath(path)`` if it is a regular file (``directory``: a
+  directory).
+
+  Raises:
+    DataNotFoundError: one line, ``"{what} {path!r} {problem}; {fix}."``
+      (the problem as :func:`path_problem` words it).
+  """
+  path = os.fspath(path)
+  problem = path_problem(path, directory)
+  if problem:
+    raise DataNotFoundError(f"{what} {path!r} {problem}; {fix}.")
+  return path
 
 
 class EpochSharder:

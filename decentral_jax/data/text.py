@@ -70,22 +70,28 @@ def byte_splits(data: bytes, val_fraction: float = 0.1
   return arr[:-n_val].copy(), arr[-n_val:].copy()
 
 
+def check_text_file(path: str | os.PathLike) -> str:
+  """``os.fspath(path)`` if it is a regular file.
+
+  Raises:
+    DataNotFoundError: (a ValueError) one line naming the text file and
+      why it is none (:func:`decentral_jax.data.sharding.path_problem`:
+      missing, a directory, a FIFO or a device).
+  """
+  return sharding.check_data_path(
+      path, "text file", "pass an existing file as --config.data.path or use "
+      "the bundled corpus (--config.data.source=pydoc)")
+
+
 def load_text_file(path: str | os.PathLike) -> bytes:
   """Reads a text file as raw bytes (byte-level tokens; any encoding).
 
   Raises:
-    DataNotFoundError: (a ValueError) ``path`` does not exist.
+    DataNotFoundError: (a ValueError) ``path`` is not a regular file
+      (:func:`check_text_file`).
     ValueError: ``path`` cannot be read or is empty (named).
   """
-  path = os.fspath(path)
-  if not os.path.isfile(path):
-    what = ("is a directory, not a file" if os.path.isdir(path) else
-            "is not a regular file" if os.path.exists(path) else
-            "does not exist")
-    raise sharding.DataNotFoundError(
-        f"text file {path!r} {what}; pass an existing file as "
-        "--config.data.path or use the bundled corpus "
-        "(--config.data.source=pydoc).")
+  path = check_text_file(path)
   try:
     with open(path, "rb") as f:
       data = f.read()
@@ -101,6 +107,25 @@ def load_text_file(path: str | os.PathLike) -> bytes:
 #: The files of a token-bin directory: (training tokens, validation tokens).
 TOKEN_BIN_FILES = ("train.bin", "val.bin")
 
+_BINS_FIX = ("set --config.data.path= a directory with nanoGPT's train.bin "
+             "and val.bin (made by nanoGPT's data/openwebtext/prepare.py)")
+
+
+def token_bin_paths(data_dir: str | os.PathLike) -> list[str]:
+  """The paths of :data:`TOKEN_BIN_FILES` in ``data_dir``, checked to be
+  regular files.
+
+  Raises:
+    DataNotFoundError: (a ValueError) one line naming the token directory
+      or file and why it is none
+      (:func:`decentral_jax.data.sharding.path_problem`).
+  """
+  data_dir = sharding.check_data_path(data_dir, "token directory",
+                                      _BINS_FIX, directory=True)
+  return [sharding.check_data_path(os.path.join(data_dir, name),
+                                   "token file", _BINS_FIX)
+          for name in TOKEN_BIN_FILES]
+
 
 def load_token_bins(data_dir: str | os.PathLike
                     ) -> tuple[np.memmap, np.memmap]:
@@ -115,18 +140,13 @@ def load_token_bins(data_dir: str | os.PathLike
     read whole.
 
   Raises:
-    DataNotFoundError: (a ValueError) a file is missing; the message names it
-      and how to produce it.
+    DataNotFoundError: (a ValueError) the directory or a file is missing or
+      not one (:func:`token_bin_paths`).
     ValueError: a file that is empty, has an odd number of bytes or cannot
       be mapped (named).
   """
-  data_dir = os.fspath(data_dir)
   out = []
-  for name in TOKEN_BIN_FILES:
-    path = os.path.join(data_dir, name)
-    if not os.path.isfile(path):
-      raise sharding.DataNotFoundError(
-          f"token file {path!r} does not exist; {_BINS_HINT}.")
+  for path in token_bin_paths(data_dir):
     size = os.path.getsize(path)
     if size == 0 or size % 2:
       raise ValueError(f"{path!r} has {'no' if not size else 'an odd number of'}"

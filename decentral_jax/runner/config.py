@@ -208,10 +208,12 @@ def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
                 if isinstance(node, config_dict.ConfigDict) else [])
         hint = (f" (did you mean {key[:len(key) - len(part)]}{near[0]}?)"
                 if near and key.endswith(part) else "")
-        raise ValueError(f"{arg}: unknown config field {key!r} in "
-                         f"{source}{hint}.")
+        raise ValueError(f"{arg}{_origin(arg)}: unknown config field "
+                         f"{key!r} in {source}{hint}.")
       node = node[part]
-  raise ValueError(f"{source}: {config_error_message(error)}")
+  said = config_error_message(error)
+  named = [a for a in args if a.partition("=")[0] + "=" in said]
+  raise ValueError(f"{source}: {said}{_origin(named[-1]) if named else ''}")
 
 
 def _whole_override(base: config_dict.ConfigDict, arg: str,
@@ -248,9 +250,9 @@ def _whole_override(base: config_dict.ConfigDict, arg: str,
     try:
       rules[key](key, text)
     except ValueError as e:
-      raise ValueError(f"{source}: {arg}: {e}") from None
-  raise ValueError(f"{source}: {arg}: config.{key} must be an integer, got "
-                   f"{text!r}; set --config.{key}=<int>.")
+      raise ValueError(f"{source}: {arg}{_origin(arg)}: {e}") from None
+  raise ValueError(f"{source}: {arg}{_origin(arg)}: config.{key} must be an "
+                   f"integer, got {text!r}; set --config.{key}=<int>.")
 
 
 def _refuse_unread_overrides(config: config_dict.ConfigDict,
@@ -280,7 +282,7 @@ def _refuse_unread_overrides(config: config_dict.ConfigDict,
   for arg in args:
     if arg.split("=", 1)[0] == "--config.optimizer.beta_convention":
       raise ValueError(
-          f"{arg} has no effect with {setting} (one step per window: both "
+          f"{arg}{_origin(arg)} has no effect with {setting} (one step per window: both "
           f"conventions are Adam); drop it, or set {fix}.")
 
 
@@ -386,6 +388,11 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
   command line or in files, is refused. The ``--config.<field>=value``
   overrides are then set apart (:func:`split_overrides`); the flags are
   reset before each parse, so a second call starts from the defaults.
+  Every refusal of an argument read from a flag file names the file
+  (``in --flagfile FILE``, with the fix of an indented comment or an
+  include written with a space: :func:`flagfiles.origin`), and so do the
+  later errors of its override (:class:`Override`); an argument that is
+  no flag is refused there (a flag file holds flags).
 
   Args:
     flag_values: the command's ``absl.flags.FlagValues``.
@@ -393,20 +400,71 @@ def parse_command_line(flag_values: flags.FlagValues, program: str,
     argv: the arguments, program name excluded.
 
   Returns:
-    ``(positional arguments, --config.<field>=value overrides)``.
+    ``(positional arguments typed on the command line, --config.<field>=
+    value overrides as`` :class:`Override` ``strings)``.
 
   Raises:
-    ValueError: a bad flag or value (one line, naming it).
+    ValueError: a bad flag or value (one line, naming it and its file).
   """
   sourced = flagfiles.expand_flagfiles(argv)
   _refuse_repeats(flag_values, sourced)
-  rest, overrides = split_overrides([program, *(t for t, _ in sourced)])
+  rest, overrides = _split_sourced([(program, ""), *sourced])
   flag_values.unparse_flags()
   try:
-    positional = flag_values(rest)
+    positional = flag_values([t for t, _ in rest])[1:]
   except flags.Error as e:
-    raise ValueError(config_error_message(e)) from None
-  return positional[1:], overrides
+    where = _refused_by_absl(flag_values, rest, str(e))
+    flag_values.unparse_flags()
+    raise ValueError(config_error_message(e) + where) from None
+  typed, k = [], 1
+  for token in positional:  # in order: find where each was given
+    while k < len(rest) and rest[k][0] != token:
+      k += 1
+    where = rest[k][1] if k < len(rest) else ""
+    k += 1
+    if where:
+      flag_values.unparse_flags()
+      raise ValueError(f"unexpected argument {token!r}"
+                       f"{flagfiles.origin(token, where)}; a flag file "
+                       "holds flags (--name=value), one a line.")
+    typed.append(token)
+  return typed, overrides
+
+
+def _refused_by_absl(flag_values: flags.FlagValues,
+                     args: Sequence[tuple[str, str]], said: str) -> str:
+  """:func:`flagfiles.origin` of the argument of ``args`` (``(argument,
+  where)`` pairs, program name first) whose parse fails with ``said``:
+  the shortest prefix failing so; ``""`` if none was read from a file."""
+  if not any(where for _, where in args):
+    return ""
+  for k in range(2, len(args) + 1):
+    flag_values.unparse_flags()
+    try:
+      flag_values([t for t, _ in args[:k]])
+    except flags.Error as e:
+      if str(e) == said:
+        return flagfiles.origin(*args[k - 1])
+  return ""
+
+
+class Override(str):
+  """A ``--config.<field>=value`` string that knows where it was given:
+  ``where`` is ``""`` (the command line) or ``" in --flagfile FILE"``;
+  :func:`with_overrides` names it in its errors."""
+  where = ""
+
+  @classmethod
+  def given(cls, text: str, where: str) -> "Override":
+    """``text`` given at ``where``."""
+    out = cls(text)
+    out.where = where
+    return out
+
+
+def _origin(override: str) -> str:
+  """Where ``override`` was given (:class:`Override`), for a message."""
+  return flagfiles.origin(override, getattr(override, "where", ""))
 
 
 def _refuse_repeats(flag_values: flags.FlagValues,
@@ -460,26 +518,36 @@ def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     ValueError: one field overridden twice (``--config.steps=2
       --config.steps=3``: only the last would count); give it once.
   """
+  rest, overrides = _split_sourced([(a, "") for a in argv])
+  return [t for t, _ in rest], [str(o) for o in overrides]
+
+
+def _split_sourced(args: Sequence[tuple[str, str]]
+                   ) -> tuple[list[tuple[str, str]], list[Override]]:
+  """:func:`split_overrides` of ``(argument, where)`` pairs: the other
+  arguments as pairs, the overrides as :class:`Override`; a field given
+  twice is named with where each was given."""
   rest, overrides = [], []
-  args = list(argv)
   i = 0
   while i < len(args):
-    arg = args[i]
+    arg, where = args[i]
     if arg == "--":
       rest += args[i:]
       break
     if arg.startswith("--config."):
       if ("=" not in arg and i + 1 < len(args)
-          and not args[i + 1].startswith("--")):
-        arg = f"{arg}={args[i + 1]}"
+          and not args[i + 1][0].startswith("--")):
+        arg = f"{arg}={args[i + 1][0]}"
         i += 1
-      overrides.append(arg)
+      overrides.append(Override.given(arg, where))
     else:
-      rest.append(arg)
+      rest.append((arg, where))
     i += 1
   fields = [o.partition("=")[0] for o in overrides]
   for k, name in enumerate(fields):
     if name in fields[:k]:
-      raise ValueError(f"{name} is given twice ({overrides[fields.index(name)]}"
-                       f", then {overrides[k]}); give it once.")
+      first = overrides[fields.index(name)]
+      raise ValueError(f"{name} is given twice ({first}{_origin(first)}, "
+                       f"then {overrides[k]}{_origin(overrides[k])}); give "
+                       "it once.")
   return rest, overrides

@@ -11,8 +11,8 @@ iterator source is restarted at the step a run starts or resumes at.
 
 Everything is checked before any compile, each failure one line naming the
 model or the source and what was expected: a batch of step 0 that is not a
-tuple of numeric arrays ``[n_workers, local_batch, ...]`` (an example of no
-arrays included), evaluation
+tuple of numeric arrays ``[n_workers, local_batch, ...]`` of a dtype JAX
+holds (:func:`device_dtype`; an example of no arrays included), evaluation
 examples of other shapes or dtypes than the training ones, fewer examples
 than one step (or the evaluation set) needs, an ``init``
 that fails, a parameter leaf of it that is not a float16, bfloat16,
@@ -22,8 +22,8 @@ float scalars or that uses a name of the runner's own per-step metrics
 (traced with ``jax.eval_shape``, nothing compiled). Later batches are
 compared with step 0's shapes and dtypes as they are read, every batch's
 ``int64``/``uint64`` values with the 32-bit range the device narrows them
-to (:data:`INT_RANGES`) and finite ``float64`` values with float32's range
-(the example named), and an
+to (:data:`INT_RANGES`) and finite ``float64`` values (and both parts of
+``complex128`` ones) with float32's range (the example named), and an
 exception the source raises while reading (``__getitem__``, the iterator
 or the call that starts it) becomes one line naming the source, the example
 and the step (the training loop then saves the steps trained so far,
@@ -133,27 +133,27 @@ _FLUSHED: set[str] = set()  # sources warned about float64 values that flush
 
 def _check_narrowing(arrays, what: str, where: Callable[[tuple], str]):
   """Refuses a value the device would narrow wrongly: a 64-bit integer
-  outside :data:`INT_RANGES` (wrapped) or a finite ``float64`` beyond
-  float32's range (becomes inf); ``where(index)`` names the example of an
-  index into the arrays. A non-zero ``float64`` that becomes 0 in float32
-  (below its smallest subnormal, about 1.4e-45) is only warned about, once.
+  outside :data:`INT_RANGES` (wrapped) or a finite ``float64`` value, or
+  real or imaginary part of a ``complex128`` one, beyond float32's range
+  (becomes inf); ``where(index)`` names the example of an index into the
+  arrays. A non-zero such value (or part) that becomes 0 in float32 (below
+  its smallest subnormal, about 1.4e-45) is only warned about, once.
   """
   for k, x in enumerate(arrays):
     name = np.dtype(x.dtype).name
-    if x.size == 0 or name not in (*INT_RANGES, "float64"):
+    if x.size == 0 or name not in (*INT_RANGES, *_NARROWED_FLOATS):
       continue
-    if name == "float64":
-      with np.errstate(over="ignore", under="ignore"):
-        y = x.astype(np.float32)
-      bad = np.isinf(y) & np.isfinite(x)
-      rule = (f"beyond float32's range (the device narrows float64 to "
-              f"float32, where it becomes inf); give values of magnitude "
-              f"<= {np.finfo(np.float32).max}.")
-      if what not in _FLUSHED and np.any((y == 0) & (x != 0)):
+    if name in _NARROWED_FLOATS:
+      bad, flushed = _float32_narrowing(x)
+      rule = (f"beyond float32's range (the device narrows {name} to "
+              f"{_NARROWED_FLOATS[name]}, where it becomes inf); give "
+              f"values of magnitude <= {np.finfo(np.float32).max}"
+              f"{' in each part' if name == 'complex128' else ''}.")
+      if what not in _FLUSHED and np.any(flushed):
         _FLUSHED.add(what)
-        logging.warning("%s: array %d holds non-zero float64 values below "
+        logging.warning("%s: array %d holds non-zero %s values below "
                         "float32's smallest subnormal (1.4e-45), which become "
-                        "0 on the device.", what, k)
+                        "0 on the device.", what, k, name)
     else:
       lo, hi = INT_RANGES[name]
       bad = (x < lo) | (x > hi)
@@ -163,6 +163,24 @@ def _check_narrowing(arrays, what: str, where: Callable[[tuple], str]):
       at = np.unravel_index(np.argmax(bad), x.shape)
       raise ValueError(f"{what}: array {k} of {where(at)} holds the "
                        f"{x.dtype} value {x[at]}, {rule}")
+
+
+#: The 64-bit float types the device (without x64) narrows, and to what.
+_NARROWED_FLOATS = {"float64": "float32", "complex128": "complex64"}
+
+
+def _float32_narrowing(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """``(beyond, flushed)`` masks of a float64 or complex128 array ``x``:
+  a finite value (real or imaginary part) that becomes inf in float32, a
+  non-zero one that becomes 0."""
+  parts = (x.real, x.imag) if np.iscomplexobj(x) else (x,)
+  beyond, flushed = np.zeros(x.shape, bool), np.zeros(x.shape, bool)
+  for part in parts:
+    with np.errstate(over="ignore", under="ignore"):
+      y = part.astype(np.float32)
+    beyond |= np.isinf(y) & np.isfinite(part)
+    flushed |= (y == 0) & (part != 0)
+  return beyond, flushed
 
 
 def _stack(source, ids: np.ndarray, what: str,
@@ -305,15 +323,29 @@ def _checked(host_batch, what: str, spec: tuple):
 
 
 def _first_batch(host_batch, what: str, n: int, b: int):
-  """Step 0's batch, checked: numeric arrays ``[n, b, ...]``."""
+  """Step 0's batch, checked: numeric arrays ``[n, b, ...]`` of a dtype
+  JAX holds (:func:`device_dtype`)."""
   arrays = host_batch(0, None)
   for x in arrays:
-    if x.ndim < 2 or x.shape[:2] != (n, b) or not (
-        np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+    if x.ndim < 2 or x.shape[:2] != (n, b) or not device_dtype(x.dtype):
       raise ValueError(
           f"{what} gave arrays {_show(_spec(arrays))} at step 0, expected "
-          f"numeric arrays [n_workers={n}, local_batch={b}, ...].")
+          f"numeric arrays [n_workers={n}, local_batch={b}, ...] (bool, "
+          "integer, float up to float64 or complex up to complex128).")
   return arrays
+
+
+def device_dtype(dtype) -> bool:
+  """Whether JAX holds arrays of ``dtype``: bool, integer, floating of at
+  most 64 bits (bfloat16 included) or complex of at most 128; not long
+  double (float128, complex256), timedelta64, datetime64, strings or
+  objects."""
+  d = np.dtype(dtype)
+  if d.kind == "V":  # ml_dtypes' bfloat16, float8, int4
+    return bool(jnp.issubdtype(d, jnp.floating) or
+                jnp.issubdtype(d, jnp.integer))
+  return d.kind in "biu" or (d.kind == "f" and d.itemsize <= 8) or (
+      d.kind == "c" and d.itemsize <= 16)
 
 
 def _eval_set(source, what: str, batches: int, global_batch: int,

@@ -15,6 +15,7 @@ order mark skipped; what cannot be read is one ValueError naming
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Sequence
 
@@ -26,6 +27,7 @@ MAX_FLAGFILE_BYTES = 2**20
 _FLAGFILE = ("--flagfile", "-flagfile")
 _BOM = b"\xef\xbb\xbf"
 _FIX = "give a text file of flags, one a line"
+_COMMENT_AFTER = re.compile(r"\s(#|//)")
 
 
 def expand_flagfiles(args: Sequence[str]) -> list[tuple[str, str]]:
@@ -36,7 +38,8 @@ def expand_flagfiles(args: Sequence[str]) -> list[tuple[str, str]]:
   Returns:
     ``[(argument, where)]``: ``where`` is ``""`` for an argument typed on
     the command line, ``" in --flagfile FILE"`` for one read from ``FILE``
-    (the file named on the command line).
+    named there, ``" in --flagfile INNER, included by FILE"`` for one read
+    from a file ``FILE`` includes (and so on, innermost first).
 
   Raises:
     ValueError: one line naming ``--flagfile``: no file or an empty name
@@ -57,9 +60,30 @@ def expand_flagfiles(args: Sequence[str]) -> list[tuple[str, str]]:
       continue
     name, used = named
     i += used
-    where = f" in --flagfile {name}"
-    out += [(line, where) for line in _file_arguments(name, "", [])]
+    out += _file_arguments(name, "", [])
   return out
+
+
+def origin(argument: str, where: str) -> str:
+  """Where ``argument`` was given, for a message naming it: ``where`` as
+  :func:`expand_flagfiles` returns it (``""``: the command line), with the
+  fix of a flag-file line that was meant otherwise: an indented comment
+  (``"  # note"``: a comment must start the line), a comment after a flag
+  (``"--config.steps=5  # five"``) or an include written with a space
+  (``"--flagfile other.flags"``: write ``--flagfile=other.flags``).
+  """
+  if not where:
+    return ""
+  arg = argument.strip()
+  head, rest = (arg.split(None, 1) + [""])[:2]
+  if arg.startswith(("#", "//")):
+    return f"{where} (a comment must start the line, no spaces before it)"
+  if _COMMENT_AFTER.search(arg):
+    return f"{where} (a comment must start a line of its own)"
+  if head in _FLAGFILE and rest.strip():
+    return (f"{where} (an include is one argument: write "
+            f"--flagfile={rest.strip()})")
+  return where
 
 
 def _named_file(token: str, rest: Sequence[str],
@@ -82,13 +106,16 @@ def _named_file(token: str, rest: Sequence[str],
   return name, used
 
 
-def _file_arguments(name: str, where: str, including: list[str]) -> list[str]:
-  """The arguments of flag file ``name`` and of the files it includes;
-  ``where`` names the file that included it (``""``: the command line),
-  ``including`` the real paths of the files being read around it."""
+def _file_arguments(name: str, where: str,
+                    including: list[str]) -> list[tuple[str, str]]:
+  """The ``(argument, where)`` pairs of flag file ``name`` and of the files
+  it includes; ``where`` names the file that included it (``""``: the
+  command line), ``including`` the real paths of the files being read
+  around it."""
   text = _read_text(name, where)
   including = [*including, _real(name)]
-  inner = f" in --flagfile {name}"
+  inner = f" in --flagfile {name}" + where.replace(" in --flagfile ",
+                                                   ", included by ", 1)
   out = []
   for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
     arg = line.strip()  # a comment starts the line, as in absl
@@ -96,7 +123,7 @@ def _file_arguments(name: str, where: str, including: list[str]) -> list[str]:
       continue
     named = _named_file(arg, [], inner)
     if named is None:
-      out.append(arg)
+      out.append((arg, inner))
     elif _real(named[0]) in including:
       sys.stderr.write(f"warning: --flagfile {named[0]}{inner} includes a "
                        "file being read (a circle of flag files); that line "

@@ -52,7 +52,7 @@ from absl import flags
 from absl import logging
 import jax
 
-from decentral_jax.data import sharding
+from decentral_jax.data import text
 from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import devices
@@ -134,22 +134,16 @@ def _start_logging() -> None:
 
 
 def _check_data_files(config) -> None:
-  """The token bins or text file of a GPT run exist (a DataNotFoundError,
-  one line naming the file): checked before JAX starts or a process waits
-  for the others (the data modules check the contents later)."""
+  """The token bins or text file of a GPT run are regular files (a
+  DataNotFoundError, one line naming the path and what it is instead:
+  :func:`decentral_jax.data.text.token_bin_paths`, ``check_text_file``):
+  checked before JAX starts or a process waits for the others (the data
+  modules check the contents later)."""
   data = config.data
   if data.get("source") == "token_bins" and data.get("path"):
-    for name in ("train.bin", "val.bin"):
-      path = os.path.join(data.path, name)
-      if not os.path.isfile(path):
-        raise sharding.DataNotFoundError(
-            f"token file {path!r} does not exist; set --config.data.path= "
-            "a directory with nanoGPT's train.bin and val.bin.")
-  elif data.get("source") == "text_file" and data.get("path") and \
-      not os.path.isfile(data.path):
-    raise sharding.DataNotFoundError(
-        f"text file {data.path!r} does not exist; set --config.data.path= "
-        "an existing file.")
+    text.token_bin_paths(data.path)
+  elif data.get("source") == "text_file" and data.get("path"):
+    text.check_text_file(data.path)
 
 
 def _check_one_workdir(overrides: list[str]) -> None:

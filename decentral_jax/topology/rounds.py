@@ -458,3 +458,46 @@ def validate_matrix(w, index: int, n: int | None,
           f"{sum_text(total)}, expected 1 (every row and column of W must sum to "
           "1).")
   return w
+
+
+# The most workers a topology is built for (check_n_workers).
+MAX_WORKERS = 2**16
+
+
+def check_n_workers(n_workers) -> int:
+  """Returns ``int(n_workers)`` if it is an integer in ``[1, MAX_WORKERS]``.
+
+  :data:`MAX_WORKERS` (65536) bounds what a schedule is built for: its
+  rounds hold per-worker arrays and building them grows with ``n`` (65536:
+  about a second for ``exponential``; 2**24 took minutes, 2**40 ran out of
+  memory).
+
+  Raises:
+    ValueError: a float (2.5, 4.0), a bool, an array, a value < 1 or above
+      :data:`MAX_WORKERS`.
+  """
+  n = checks.check_int("n_workers", n_workers, minimum=1)
+  if n > MAX_WORKERS:
+    raise ValueError(
+        f"n_workers={n} is above MAX_WORKERS={MAX_WORKERS}, the most "
+        "workers a topology is built for (building its rounds grows with "
+        f"n); use n_workers <= {MAX_WORKERS}.")
+  return n
+
+
+def check_local_size(n: int, local_size: int) -> None:
+  """Refuses a ``local_size`` (workers per node) that is not an int >= 1
+  dividing ``n`` (ValueError, one line with the divisors)."""
+  local_size = checks.check_int("local_size", local_size, minimum=1)
+  if n % local_size:
+    raise ValueError(
+        f"n_workers={n} is not divisible by local_size={local_size} (workers "
+        f"per node); use a local_size that divides {n}, e.g. "
+        f"{[d for d in range(1, n + 1) if n % d == 0]}.")
+
+
+def log2_exact(n: int) -> int | None:
+  """``log2(n)`` if ``n`` is a power of two (integer arithmetic), else None."""
+  if n >= 1 and n & (n - 1) == 0:
+    return n.bit_length() - 1
+  return None

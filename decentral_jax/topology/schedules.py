@@ -32,6 +32,9 @@ Built-in topologies (``make(name, n_workers, local_size)``):
   neighbours on a side of length <= 2 add up their weights).
 * ``static_ring``: self + both ring neighbours, 1/3 each.
 
+With ``n_workers = 1`` every built-in constructor, as :func:`make`, gives
+the identity (one round ``W = [[1]]``, no communication).
+
 Custom schedules: :func:`from_matrices` and :func:`from_permutations`.
 ``from_matrices(..., column_stochastic=True)`` accepts matrices whose columns
 alone sum to 1 (directed graphs, for push-sum in
@@ -48,13 +51,18 @@ References:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from decentral_jax import checks
+from decentral_jax.topology.rounds import MAX_WORKERS
 from decentral_jax.topology.rounds import TOL
+from decentral_jax.topology.rounds import check_local_size
+from decentral_jax.topology.rounds import check_n_workers
+from decentral_jax.topology.rounds import log2_exact
 from decentral_jax.topology.rounds import check_matrices_argument
 from decentral_jax.topology.rounds import check_rounds_argument
 from decentral_jax.topology.rounds import Round
@@ -258,7 +266,7 @@ def from_matrices(matrices: Sequence, *, name: str = "custom",
     w = validate_matrix(w, k, n, column_stochastic)
     n = w.shape[0]
     rounds.append(Round(matrix=w))
-  _check_local_size(n, local_size)
+  check_local_size(n, local_size)
   return Topology(name, rounds, local_size)
 
 
@@ -317,53 +325,34 @@ def _permutation_term(term, where: str) -> tuple[list, float]:
   return perm, checks.check_float(f"{where} weight", weight)
 
 
-# The most workers a topology is built for (check_n_workers).
-MAX_WORKERS = 2**16
-
-
-def check_n_workers(n_workers) -> int:
-  """Returns ``int(n_workers)`` if it is an integer in ``[1, MAX_WORKERS]``.
-
-  :data:`MAX_WORKERS` (65536) bounds what a schedule is built for: its
-  rounds hold per-worker arrays and building them grows with ``n`` (65536:
-  about a second for ``exponential``; 2**24 took minutes, 2**40 ran out of
-  memory).
-
-  Raises:
-    ValueError: a float (2.5, 4.0), a bool, an array, a value < 1 or above
-      :data:`MAX_WORKERS`.
-  """
-  n = checks.check_int("n_workers", n_workers, minimum=1)
-  if n > MAX_WORKERS:
-    raise ValueError(
-        f"n_workers={n} is above MAX_WORKERS={MAX_WORKERS}, the most "
-        "workers a topology is built for (building its rounds grows with "
-        f"n); use n_workers <= {MAX_WORKERS}.")
-  return n
-
-
-def _check_local_size(n: int, local_size: int) -> None:
-  local_size = checks.check_int("local_size", local_size, minimum=1)
-  if n % local_size:
-    raise ValueError(
-        f"n_workers={n} is not divisible by local_size={local_size} (workers "
-        f"per node); use a local_size that divides {n}, e.g. "
-        f"{[d for d in range(1, n + 1) if n % d == 0]}.")
-
-
-def log2_exact(n: int) -> int | None:
-  """``log2(n)`` if ``n`` is a power of two (integer arithmetic), else None."""
-  if n >= 1 and n & (n - 1) == 0:
-    return n.bit_length() - 1
-  return None
-
-
 def _built(name: str, rounds: Sequence[Round], local_size: int,
            gap: Callable[[], float]) -> Topology:
-  _check_local_size(rounds[0].n_workers, local_size)
+  check_local_size(rounds[0].n_workers, local_size)
   topo = Topology(name, rounds, local_size)
   topo._gap_formula = gap
   return topo
+
+
+def _one_worker_identity(build: Callable[..., Topology]
+                         ) -> Callable[..., Topology]:
+  """A built-in constructor's one rule for ``n_workers = 1``: the identity
+  (one round, ``W = [[1]]``, no communication), as :func:`make` gives,
+  after ``n_workers``, ``local_size`` and any other argument are checked.
+
+  Raises:
+    ValueError: as the constructor (``n_workers`` not an integer in ``[1,
+      MAX_WORKERS]``, ``local_size`` not dividing it, a bad ``shape``).
+  """
+  @functools.wraps(build)
+  def constructor(n_workers: int, local_size: int = 1, **kwargs) -> Topology:
+    n = check_n_workers(n_workers)
+    if n > 1:
+      return build(n, local_size, **kwargs)
+    check_local_size(1, local_size)
+    if kwargs:
+      build(1, local_size, **kwargs)  # its own checks of the other arguments
+    return from_matrices([np.eye(1)], name=build.__name__, local_size=1)
+  return constructor
 
 
 def _group_rounds(labels: Sequence[np.ndarray]) -> list[Round]:
@@ -375,6 +364,7 @@ def _exact_average() -> float:
   return 1.0
 
 
+@_one_worker_identity
 def complete(n_workers: int, local_size: int = 1) -> Topology:
   """Complete graph: one round, ``W = 11^T / n`` (realised by ``pmean``)."""
   n_workers = check_n_workers(n_workers)
@@ -382,6 +372,7 @@ def complete(n_workers: int, local_size: int = 1) -> Topology:
                 local_size, _exact_average)
 
 
+@_one_worker_identity
 def ring(n_workers: int, local_size: int = 1) -> Topology:
   """Alternating ring (period 2): pairs {2j, 2j+1}, then {2j, 2j-1 mod n}."""
   n = check_n_workers(n_workers)
@@ -394,6 +385,7 @@ def ring(n_workers: int, local_size: int = 1) -> Topology:
   return _built("ring", _group_rounds([i // 2, (i + 1) // 2 % m]), local_size, gap)
 
 
+@_one_worker_identity
 def one_peer_exp(n_workers: int, local_size: int = 1) -> Topology:
   """One-peer exponential graph: round r pairs {j, j XOR 2^r}, r < log2 n."""
   n = check_n_workers(n_workers)
@@ -409,6 +401,7 @@ def one_peer_exp(n_workers: int, local_size: int = 1) -> Topology:
                 local_size, _exact_average)
 
 
+@_one_worker_identity
 def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
   """Alternating exponential ring (AER), node-aware, as ``decent-dp`` builds it.
 
@@ -420,7 +413,7 @@ def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
   (one round, the intra-node mean, when ``N = 1``).
   """
   n, big_l = check_n_workers(n_workers), local_size
-  _check_local_size(n, big_l)
+  check_local_size(n, big_l)
   n_nodes = n // big_l
   big_r = log2_exact(n_nodes)
   if big_r is None:
@@ -444,6 +437,7 @@ def alternating_exp_ring(n_workers: int, local_size: int = 1) -> Topology:
                 _exact_average)
 
 
+@_one_worker_identity
 def exponential(n_workers: int, local_size: int = 1) -> Topology:
   """Static exponential graph: ``i`` sends to ``i + 2^k mod n``, weights 1/(tau+1)."""
   n = check_n_workers(n_workers)
@@ -466,6 +460,7 @@ def _infer_torus_shape(n: int) -> tuple[int, int]:
   return rows, n // rows
 
 
+@_one_worker_identity
 def torus(n_workers: int, local_size: int = 1,
           shape: tuple[int, int] | None = None) -> Topology:
   """2-D torus: self and the 4 grid neighbours (wrap-around), 1/5 each.
@@ -505,6 +500,7 @@ def torus(n_workers: int, local_size: int = 1,
   return _built("torus", [rnd], local_size, gap)
 
 
+@_one_worker_identity
 def static_ring(n_workers: int, local_size: int = 1) -> Topology:
   """Static ring: each worker averages itself and both neighbours, 1/3 each."""
   n = check_n_workers(n_workers)
@@ -588,11 +584,9 @@ def make(name: str, n_workers: int, local_size: int = 1, **kwargs) -> Topology:
   """
   key = canonical_name(name)
   n_workers = check_n_workers(n_workers)
-  _check_local_size(n_workers, local_size)
+  check_local_size(n_workers, local_size)
   extra = sorted(set(kwargs) - ({"shape"} if key == "torus" else set()))
   if extra:
     raise ValueError(f"topology {key!r} takes no argument {', '.join(extra)}"
                      " (only 'torus' takes shape=(rows, cols)).")
-  if n_workers == 1:
-    return from_matrices([np.eye(1)], name=key, local_size=1)
   return _REGISTRY[key](n_workers, local_size=int(local_size), **kwargs)

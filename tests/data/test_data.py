@@ -330,3 +330,32 @@ def test_a_text_path_that_is_a_directory_is_named_as_one(tmp_path):
   from decentral_jax.data import text as text_lib  # pylint: disable=import-outside-toplevel
   with pytest.raises(ValueError, match="is a directory, not a file"):
     text_lib.load_text_file(tmp_path)
+
+
+def test_path_problem_names_what_a_path_is(tmp_path):
+  """One wording for the pre-check and the loaders: a path that exists is
+  never said not to exist."""
+  from decentral_jax.data import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+  from decentral_jax.data import text as text_lib  # pylint: disable=import-outside-toplevel
+  os.mkfifo(tmp_path / "fifo")
+  (tmp_path / "f").write_bytes(b"ab")
+  os.symlink(tmp_path / "gone", tmp_path / "link")
+  problem = sharding_lib.path_problem
+  assert problem(tmp_path / "f") is None
+  assert problem(tmp_path, directory=True) is None
+  assert problem(tmp_path) == "is a directory, not a file"
+  assert problem(tmp_path / "f", directory=True) == ("is a file, not a "
+                                                     "directory")
+  device = "is not a regular file (a FIFO, a socket or a device)"
+  assert problem(tmp_path / "fifo") == problem("/dev/null") == device
+  assert problem(tmp_path / "none") == "does not exist"
+  assert problem(tmp_path / "link") == ("is a symbolic link to a path that "
+                                        "does not exist")
+  assert problem(tmp_path / "f" / "x") == ("does not exist (a folder on its "
+                                           "path is a file)")
+  with pytest.raises(ValueError, match=r"^text file '/dev/null' is not a "
+                     r"regular file \(a FIFO"):
+    text_lib.load_text_file("/dev/null")
+  with pytest.raises(ValueError, match=r"^token directory '.*/f' is a file, "
+                     "not a directory"):
+    text_lib.load_token_bins(tmp_path / "f")

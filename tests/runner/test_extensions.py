@@ -23,6 +23,7 @@ import pytest
 from conftest import require_devices
 from decentral_jax.runner import checkpoint as checkpoint_lib
 from decentral_jax.runner import config as config_lib
+from decentral_jax.runner import custom_task
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import extensions
 from decentral_jax.runner import metrics as metrics_lib
@@ -82,6 +83,11 @@ def make_data(bad=""):
     label = {"int64": np.int64(2**32 + 5), "uint64": np.uint64(2**63),
              "int64_fits": np.int64(-2**31), "float64": np.float64(-1e39)}[bad]
     train_set = [(x, label) for x, _ in EXAMPLES]
+  elif bad in ("float128", "timedelta64", "complex256"):  # JAX holds none
+    train_set = [(x, np.array(1, bad)) for x, _ in EXAMPLES]
+  elif bad in ("complex128", "complex128_imag"):
+    label = 1e300 + 1j if bad == "complex128" else 1 - 1e300j
+    train_set = [(x, np.complex128(label)) for x, _ in EXAMPLES]
   elif bad == "float64_fits":  # float32's largest finite value; one that flushes
     train_set = [(x, np.float64(2.0**128 - 2.0**104 if i % 2 else 1e-50))
                  for i, (x, _) in enumerate(EXAMPLES)]
@@ -335,6 +341,22 @@ def test_names_that_do_not_resolve_are_refused_by_the_config_check(
      " (step 0) holds the float64 value -1e+39, beyond float32's range (the "
      "device narrows float64 to float32, where it becomes inf); give values "
      "of magnitude <= 3.4028234663852886e+38."),
+    # float128 / timedelta64 / complex256 passed as numeric and failed in
+    # the model's init, blamed on the model.
+    *[({"data.options.bad": dtype},
+       f"data source 'test_examples' gave arrays float32[4, 2, 3], {dtype}"
+       "[4, 2] at step 0, expected numeric arrays [n_workers=4, local_batch="
+       "2, ...] (bool, integer, float up to float64 or complex up to "
+       "complex128).") for dtype in ("float128", "timedelta64",
+                                     "complex256")],
+    # complex128 beyond float32's range in either part became inf.
+    *[({"data.options.bad": bad},
+       f"data source 'test_examples': array 1 of example {oracle_ids(0)[0, 0]}"
+       f" (step 0) holds the complex128 value {shown}, beyond float32's range"
+       " (the device narrows complex128 to complex64, where it becomes inf);"
+       " give values of magnitude <= 3.4028234663852886e+38 in each part.")
+      for bad, shown in (("complex128", "(1e+300+1j)"),
+                         ("complex128_imag", "(1-1e+300j)"))],
     ({"data.source": "test_stream", "data.options.empty": True},
      "data source 'test_stream' yielded arrays none at step 0, expected "
      "[n_workers=4, local_batch, ...] each."),
@@ -717,3 +739,12 @@ def test_a_read_failing_mid_run_saves_the_steps_trained(tmp_path):
   assert [r["step"] for r in _rows(workdir) if "train/loss" in r][-1] == 4
   c.data.options.train_ids = ()  # fixed: resumes from step 4
   assert train.train_and_evaluate(c, workdir)["step"] == 6
+
+
+def test_device_dtype_accepts_what_jax_holds():
+  held = [np.bool_, np.int8, np.uint64, np.float16, np.float32, np.float64,
+          np.complex64, np.complex128, jnp.bfloat16]
+  refused = [np.dtype("f16"), np.dtype("c32"), "timedelta64[s]",
+             "datetime64[s]", "U3", object]
+  assert [custom_task.device_dtype(d) for d in held] == [True] * len(held)
+  assert [custom_task.device_dtype(d) for d in refused] == [False] * 6

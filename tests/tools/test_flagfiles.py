@@ -71,13 +71,13 @@ def test_readable_files_give_absl_s_arguments(tmp_path, capsys):
   assert "circle of flag files" in capsys.readouterr().err
 
 
-def test_where_names_the_file_on_the_command_line(tmp_path):
+def test_where_names_the_file_and_the_files_that_include_it(tmp_path):
   inner = _write(tmp_path / "inner.ff", "--b=2\n")
   outer = _write(tmp_path / "outer.ff", f"--a=1\n--flagfile={inner}\n")
   assert flagfiles.expand_flagfiles(["--c", "--flagfile", outer, "--",
                                      f"--flagfile={outer}"]) == [
       ("--c", ""), ("--a=1", f" in --flagfile {outer}"),
-      ("--b=2", f" in --flagfile {outer}"), ("--", ""),
+      ("--b=2", f" in --flagfile {inner}, included by {outer}"), ("--", ""),
       (f"--flagfile={outer}", "")]
 
 
@@ -170,3 +170,68 @@ def test_missing_file_and_directory_are_named(parse, tmp_path):
     parse(["--flagfile", str(tmp_path)])
   assert str(e.value) == (f"--flagfile {tmp_path} is a directory; give a "
                           "text file of flags, one a line.")
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_every_refusal_of_a_line_names_its_flag_file(parse, tmp_path):
+  """An argument read from a flag file was refused as if typed on the
+  command line: no file named, no fix."""
+  note = _write(tmp_path / "note.ff", "--config.steps=3\n  # a note\n")
+  inner = _write(tmp_path / "inner.ff", "--config.seed=1\n")
+  space = _write(tmp_path / "space.ff", f"--flagfile {inner}\n")
+  unknown = _write(tmp_path / "unknown.ff", "--no_such_flag=1\n")
+  stray = _write(tmp_path / "stray.ff", "stray\n")
+  cases = [
+      (note, "unexpected argument '# a note' in --flagfile "
+       f"{note} (a comment must start the line, no spaces before it); a "
+       "flag file holds flags (--name=value), one a line."),
+      (stray, f"unexpected argument 'stray' in --flagfile {stray}; a flag "
+       "file holds flags (--name=value), one a line."),
+      (space, f"Unknown command line flag 'flagfile {inner}' in --flagfile "
+       f"{space} (an include is one argument: write --flagfile={inner})"),
+      (unknown, "Unknown command line flag 'no_such_flag' in --flagfile "
+       f"{unknown}"),
+  ]
+  for path, message in cases:
+    with pytest.raises(ValueError) as e:
+      parse([f"--flagfile={path}"])
+    assert str(e.value) == message
+  assert parse(["stray"]) == (["stray"], [])  # the command judges it
+
+
+@pytest.mark.parametrize("parse", PARSERS)
+def test_an_override_given_twice_through_files_names_both(parse, tmp_path):
+  # A diamond: the user wrote --config.seed once, in d.ff.
+  d = _write(tmp_path / "d.ff", "--config.seed=1\n")
+  b = _write(tmp_path / "b.ff", f"--flagfile={d}\n")
+  c = _write(tmp_path / "c.ff", f"--flagfile={d}\n")
+  top = _write(tmp_path / "top.ff", f"--flagfile={b}\n--flagfile={c}\n")
+  with pytest.raises(ValueError) as e:
+    parse([f"--flagfile={top}"])
+  assert str(e.value) == (
+      f"--config.seed is given twice (--config.seed=1 in --flagfile {d}, "
+      f"included by {b}, included by {top}, then --config.seed=1 in "
+      f"--flagfile {d}, included by {c}, included by {top}); give it once.")
+
+
+def test_a_bad_override_value_from_a_file_names_the_file(tmp_path):
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  path = _write(tmp_path / "o.ff", "--config.steps=5  # five\n"
+                "--config.stepz=5\n--config.grad_clip=abc\n")
+  _, overrides = train.parse([f"--flagfile={path}"])
+  where = f" in --flagfile {path}"
+  with pytest.raises(ValueError) as e:
+    config_lib.load_config("configs/gpt_tiny.py", overrides[:1])
+  assert str(e.value) == (
+      f"configs/gpt_tiny.py: --config.steps=5  # five{where} (a comment "
+      "must start a line of its own): config.steps must be an integer in "
+      "[1, 2147483647], got '5  # five'; set --config.steps=<int>.")
+  with pytest.raises(ValueError) as e:
+    config_lib.load_config("configs/gpt_tiny.py", overrides[1:2])
+  assert str(e.value) == (f"--config.stepz=5{where}: unknown config field "
+                          "'stepz' in configs/gpt_tiny.py (did you mean "
+                          "steps?).")
+  with pytest.raises(ValueError) as e:
+    config_lib.load_config("configs/gpt_tiny.py", overrides[2:])
+  assert str(e.value).startswith("configs/gpt_tiny.py: ")
+  assert str(e.value).endswith(where) and "grad_clip" in str(e.value)

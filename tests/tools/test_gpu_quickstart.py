@@ -202,7 +202,7 @@ def test_the_two_host_command_names_missing_data_before_it_waits_to_join(
                        "JAX_PLATFORMS": "cpu"})
   errors = [l for l in out.stderr.splitlines() if l.startswith("error:")]
   assert out.returncode == 2 and errors == [
-      f"error: token file '{tmp_path / 'none' / 'train.bin'}' does not "
-      "exist; set --config.data.path= a directory with nanoGPT's train.bin "
-      "and val.bin."], out.stderr[-2000:]
+      f"error: token directory '{tmp_path / 'none'}' does not exist; set "
+      "--config.data.path= a directory with nanoGPT's train.bin and val.bin "
+      "(made by nanoGPT's data/openwebtext/prepare.py)."], out.stderr[-2000:]
   assert "joining a 2-process JAX job" not in out.stderr

@@ -248,6 +248,23 @@ def test_single_worker_is_identity_without_communication():
     assert all(r.is_identity for r in topo.rounds)
 
 
+
+@pytest.mark.parametrize("name", topology.NAMES)
+def test_each_constructor_gives_the_identity_for_one_worker(name):
+  # Every exported constructor agrees with make for n = 1: W = [[1]].
+  topo = getattr(topology, name)(1)
+  assert (topo.name, topo.period, topo.n_workers) == (name, 1, 1)
+  np.testing.assert_array_equal(topo.mixing_matrix(0), [[1.0]])
+  assert all(r.is_identity for r in topo.rounds)
+  with pytest.raises(ValueError, match="not divisible by local_size=2"):
+    getattr(topology, name)(1, local_size=2)
+
+
+def test_torus_of_one_worker_still_checks_its_shape():
+  with pytest.raises(ValueError, match=r"shape \(2, 1\) does not multiply"):
+    topology.torus(1, shape=(2, 1))
+
+
 @pytest.mark.parametrize("args,match", [
     (("nope", 8), r"unknown topology 'nope'.*one_peer_exp"),
     (("one_peer_exp", 6), r"power of two.*4 and 8"),
