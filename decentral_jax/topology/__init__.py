@@ -12,11 +12,12 @@
 Imports nothing else from the library.
 """
 
-from decentral_jax.topology.rounds import Round, check_column_sums
+from decentral_jax.topology.rounds import (
+    MAX_WORKERS, Round, check_column_sums, check_n_workers)
 from decentral_jax.topology.schedules import (
-    MAX_WORKERS, NAMES, Topology, alternating_exp_ring, canonical_name,
-    check_n_workers, complete, exponential, from_matrices, from_permutations,
-    make, one_peer_exp, ring, static_ring, torus)
+    NAMES, Topology, alternating_exp_ring, canonical_name, complete,
+    exponential, from_matrices, from_permutations, make, one_peer_exp, ring,
+    static_ring, torus)
 from decentral_jax.topology.terms import Partition, PermuteTerm
 
 __all__ = ["MAX_WORKERS", "NAMES", "Partition", "PermuteTerm", "Round",

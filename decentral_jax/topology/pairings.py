@@ -30,8 +30,8 @@ import numpy as np
 
 from decentral_jax import checks
 from decentral_jax.topology.rounds import Round
+from decentral_jax.topology.rounds import check_n_workers
 from decentral_jax.topology.schedules import Topology
-from decentral_jax.topology.schedules import check_n_workers
 from decentral_jax.topology.terms import Partition
 
 __all__ = ["DEFAULT_ROUNDS", "check_groups", "pair_schedule",

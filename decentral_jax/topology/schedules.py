@@ -72,10 +72,9 @@ from decentral_jax.topology.spectral import deviation_norm
 from decentral_jax.topology.spectral import maps_to_mean
 from decentral_jax.topology.terms import Partition
 
-__all__ = ["MAX_WORKERS", "NAMES", "Topology", "alternating_exp_ring",
-           "canonical_name", "check_n_workers", "complete", "exponential",
-           "from_matrices", "from_permutations", "make", "one_peer_exp",
-           "ring", "static_ring", "torus"]
+__all__ = ["NAMES", "Topology", "alternating_exp_ring", "canonical_name",
+           "complete", "exponential", "from_matrices", "from_permutations",
+           "make", "one_peer_exp", "ring", "static_ring", "torus"]
 
 
 
