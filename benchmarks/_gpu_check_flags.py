@@ -286,11 +286,18 @@ def check_config(args: argparse.Namespace) -> None:
 
   Raises:
     ValueError: the config file missing or bad, an unknown ``--set``
-      field or value (the message of ``runner.config.load_config``).
+      field or value (the message of ``runner.config.load_config``);
+      ``--json`` or ``--workload`` naming a file the config's
+      ``data.path`` reads (``distinct_paths.data_inputs``).
   """
+  from decentral_jax.tools import distinct_paths
   readers = FLAG_READERS["--config"]
   if args.deviceless or args.part == "all" or args.part in readers:
-    run_config(args)
+    config = run_config(args)
+    distinct_paths.check_distinct_paths(  # the corpus or token files it reads
+        [("--json", args.json), ("--workload", args.workload)],
+        distinct_paths.data_inputs(config.data.get("path"),
+                                   "--set data.path"))
 
 
 def run_config(args, extra=()):

@@ -27,7 +27,9 @@ same slow fraction and the measured failure rate and downtime.
 
 ``--reprice`` runs nothing: it prices the runs stored in ``--out`` again
 at the settings they were measured with (the file's ``"args"``, left as
-they are) and refuses every other flag. A run that keeps modes from
+they are): the modes of ``--modes`` (default all), each of which, and
+the sync run a decoupled price reads, must be stored there; it refuses
+every other flag. A run that keeps modes from
 ``--out`` must use the settings they were measured with. The file is
 checked before any of its numbers is used (types and bounds of ``"args"``
 as the flags', one resume or downtime entry per kill, kills within the
@@ -218,7 +220,7 @@ def _healthy_step(measured, mode, h, sleep):
           _period_s(measured["sync"]["log"]["merge_time"]) / h - sleep)
 
 
-def model_prices(args, measured) -> dict:
+def model_prices(args, measured, modes=None) -> dict:
   """Runtime-model tokens/s of each mode (stragglers.straggler_cost: "wait"
   for spmd and sync, "quorum" with on_failure="proceed" for decoupled).
 
@@ -227,15 +229,17 @@ def model_prices(args, measured) -> dict:
   program's: its median period / H minus the sleep), the slow learner's
   speed ``t / (t + sleep)``, the failure rate ``kills / (N * steps)`` and
   the mean downtime in steps (learners: SIGKILL to rejoin; SPMD: SIGKILL to
-  the next period's end less one period).
+  the next period's end less one period). ``modes``: those priced, each
+  skipped where it (or, for decoupled, the sync run it takes ``t`` from)
+  is not in ``measured`` (None: every mode).
   """
   from decentral_jax.runtime_model import stragglers  # pylint: disable=import-outside-toplevel
   steps, h, sleep = args.periods * args.sync_every, args.sync_every, \
       args.slow_sleep
-  out = {}
+  out, modes = {}, MODES if modes is None else modes
   for mode, how in (("spmd", "wait"), ("sync", "wait"),
                     ("decoupled", "quorum")):
-    if mode not in measured or "sync" not in measured:
+    if mode not in modes or any(m not in measured for m in _needs(mode)):
       continue
     r = measured[mode]
     key, t = _healthy_step(measured, mode, h, sleep)
@@ -268,6 +272,12 @@ def _shared_flags(args) -> list[str]:
 MODES = ("spmd", "sync", "decoupled")
 
 
+def _needs(mode: str) -> tuple:
+  """The stored runs pricing ``mode`` reads (:func:`_healthy_step`: a
+  learner's healthy step is the sync run's)."""
+  return (mode,) if mode == "spmd" else ("sync", mode)
+
+
 def parse_args(argv=None):
   """The flags, each checked before any work and before Ray starts (one
   ``error:`` line): counts and times bounded, ``--kill-every`` below
@@ -296,7 +306,8 @@ def parse_args(argv=None):
   import _common  # pylint: disable=import-outside-toplevel
   if args.reprice:  # before --spmd-worker: the reprice runs no program
     _common.check_report_flags(
-        p, argv, mode="with --reprice", reads=("--out", "--reprice"),
+        p, argv, mode="with --reprice",
+        reads=("--out", "--reprice", "--modes"),
         why="it prices the runs stored in --out again at the settings they "
         "were measured with (the file's \"args\")")
   if args.spmd_worker:
@@ -431,6 +442,7 @@ def _check_kept(args) -> None:
     return
   saved = stored(args.out)
   if args.reprice:
+    _check_stored_modes(args, saved["measured"])
     return
   kept = sorted(set(saved["measured"]) - {"model"}
                 - set(args.modes.split(",")))
@@ -443,6 +455,24 @@ def _check_kept(args) -> None:
           "which the file's \"args\" would no longer say; use "
           f"{flag} {saved['args'][key]}, rerun every mode (--modes "
           f"{','.join(MODES)}) or give a new --out.")
+
+
+def _check_stored_modes(args, measured: dict) -> None:
+  """``--reprice``: every mode of ``--modes`` is stored in ``--out``, with
+  the runs its price reads (:func:`_needs`)."""
+  asked = args.modes.split(",")
+  missing = [m for m in MODES if m not in measured and any(
+      m in _needs(a) for a in asked)]
+  if missing:
+    stored_modes = [m for m in MODES if m in measured]
+    fix = (f"give --modes {','.join(stored_modes)}" if stored_modes and
+           all(m in measured for s in stored_modes for m in _needs(s))
+           else "run them first")
+    why = ("; decoupled is priced with the sync run's step"
+           if "sync" in missing and "sync" not in asked else "")
+    raise ValueError(
+        f"--reprice: --out {args.out!r} holds no measured result for "
+        f"{','.join(missing)} (modes asked: {args.modes}{why}); {fix}.")
 
 
 def _check_modes(args) -> None:
@@ -478,11 +508,11 @@ def main(argv=None) -> None:
     spmd_worker(args)
     return
   import tempfile  # pylint: disable=import-outside-toplevel
-  measured, settings = {}, vars(args)
+  measured, settings, stored_prices = {}, vars(args), {}
   if args.out and os.path.exists(args.out):  # keep the modes not rerun
     saved = stored(args.out)
     measured = saved["measured"]
-    measured.pop("model", None)
+    stored_prices = measured.pop("model", None) or {}
     if args.reprice:  # priced at the settings the runs were measured with
       settings = saved["args"]
       args = argparse.Namespace(**{**vars(args), **{
@@ -497,9 +527,12 @@ def main(argv=None) -> None:
       measured[mode] = r
       print(f"{mode}: {r['tokens_per_s']:.0f} tokens/s, {r['seconds']:.1f} s,"
             f" loss {r['loss']:.3f}, kills {r['kills']}", flush=True)
-  measured["model"] = model_prices(args, measured)
+  asked = args.modes.split(",") if args.reprice else MODES
+  priced = model_prices(args, measured, asked)
+  measured["model"] = {  # --reprice: the stored prices of others are kept
+      **{k: v for k, v in stored_prices.items() if k not in asked}, **priced}
   print("runtime model tokens/s:", {k: round(v["tokens_per_s"]) for k, v in
-                                    measured["model"].items()})
+                                    priced.items()})
   if args.out:
     import _common  # pylint: disable=import-outside-toplevel
     _common.write_output(args.out, "--out", lambda f: json.dump(

@@ -26,6 +26,7 @@ inside such callees are not drawn.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Mapping
 
@@ -81,19 +82,51 @@ class Timeline:
     return out
 
 
+# A protobuf text-format double: a decimal number, or nan/inf (refused).
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+                     r"|[-+]?(?:nan|inf|infinity)", re.IGNORECASE)
+
+
 def read_profile(text: str) -> dict[str, float]:
   """``{instruction name: us}`` from ``ProfiledInstructionsProto`` text
   (``costs { name: "..." cost_us: ... }`` blocks; latencies are ignored).
 
+  Every ``costs`` block must name its instruction and give ``cost_us`` as
+  a finite number of microseconds ``>= 0`` (proto3: a block without
+  ``cost_us`` costs 0); nothing is dropped.
+
   Raises:
-    ValueError: text with no ``costs`` block.
+    ValueError: text with no ``costs`` block; a block (named by its line
+      and instruction) without a name, with a cost that is not a number
+      (``1e``), not finite (``nan``, ``inf``) or negative, or naming an
+      instruction another block named.
   """
-  found = re.findall(r'costs\s*\{\s*name:\s*"([^"]+)"\s*cost_us:\s*'
-                     r'([0-9.eE+-]+)', text)
-  if not found and "costs" not in text:
-    raise ValueError("read_profile: no 'costs { name: .. cost_us: .. }' "
-                     "block in the profile text.")
-  return {name: float(us) for name, us in found}
+  blocks = list(re.finditer(r"\bcosts\s*\{([^}]*)\}", text))
+  if not blocks:
+    raise ValueError("no 'costs { name: \"..\" cost_us: .. }' block in the "
+                     "profile text.")
+  costs = {}
+  for block in blocks:
+    line = text.count("\n", 0, block.start()) + 1
+    name = re.search(r'\bname\s*:\s*"([^"]*)"', block.group(1))
+    if name is None or not name.group(1):
+      raise ValueError(f"line {line}: a costs block without an instruction "
+                       "name; give name: \"INSTRUCTION\".")
+    where = f"line {line} (instruction {name.group(1)!r})"
+    raw = re.search(r"\bcost_us\s*:\s*([^\s}]*)", block.group(1))
+    token = raw.group(1) if raw else "0"
+    if not _NUMBER.fullmatch(token):
+      raise ValueError(f"{where}: cost_us {token!r} is not a number; give "
+                       "microseconds such as 12.5.")
+    us = float(token)
+    if not (math.isfinite(us) and us >= 0):
+      raise ValueError(f"{where}: cost_us {token} is not a finite number of "
+                       "microseconds >= 0; give the instruction's time.")
+    if name.group(1) in costs:
+      raise ValueError(f"{where}: the instruction has a cost already; give "
+                       "each instruction once.")
+    costs[name.group(1)] = us
+  return costs
 
 
 def _phase_of(counts: dict) -> str:

@@ -444,7 +444,7 @@ def _refused_by_absl(flag_values: flags.FlagValues,
       flag_values([t for t, _ in args[:k]])
     except flags.Error as e:
       if str(e) == said:
-        return flagfiles.origin(*args[k - 1])
+        return flagfiles.origin(*args[k - 1], known=set(flag_values))
   return ""
 
 

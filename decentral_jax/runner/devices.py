@@ -73,8 +73,9 @@ def check_simulated_devices(n: int, source: str) -> int:
     ``n``.
 
   Raises:
-    ValueError: ``n`` above the limit (says how to lower it or where to
-      simulate more devices by hand).
+    ValueError: ``n`` above the limit, which the environment variables
+      share (says how to lower it: ``config.workers_per_device`` > 1, or
+      real devices).
   """
   if n > MAX_SIMULATED_CPU_DEVICES:
     raise ValueError(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Sequence
+from typing import Collection, Sequence
 
 from decentral_jax import records
 
@@ -64,13 +64,16 @@ def expand_flagfiles(args: Sequence[str]) -> list[tuple[str, str]]:
   return out
 
 
-def origin(argument: str, where: str) -> str:
+def origin(argument: str, where: str, known: Collection[str] = ()) -> str:
   """Where ``argument`` was given, for a message naming it: ``where`` as
   :func:`expand_flagfiles` returns it (``""``: the command line), with the
   fix of a flag-file line that was meant otherwise: an indented comment
   (``"  # note"``: a comment must start the line), a comment after a flag
-  (``"--config.steps=5  # five"``) or an include written with a space
-  (``"--flagfile other.flags"``: write ``--flagfile=other.flags``).
+  (``"--config.steps=5  # five"``), or a flag and its value separated by
+  a blank as on a command line (``"--workdir runs/a"``: write
+  ``--workdir=runs/a``) where the first word is ``--flagfile``, a
+  ``--config.FIELD`` override or a flag named in ``known`` (flag names
+  without dashes).
   """
   if not where:
     return ""
@@ -80,9 +83,11 @@ def origin(argument: str, where: str) -> str:
     return f"{where} (a comment must start the line, no spaces before it)"
   if _COMMENT_AFTER.search(arg):
     return f"{where} (a comment must start a line of its own)"
-  if head in _FLAGFILE and rest.strip():
-    return (f"{where} (an include is one argument: write "
-            f"--flagfile={rest.strip()})")
+  name = head.lstrip("-")
+  if rest.strip() and head.startswith("-") and "=" not in head and (
+      head in _FLAGFILE or name.startswith("config.") or name in known):
+    return (f"{where} (a line is one argument: write "
+            f"{head}={rest.strip()})")
   return where
 
 

@@ -36,7 +36,9 @@ each mode, a before/after pair by default.
 what the overlap report reads and gzipped (the fixtures of
 ``tests/tools/test_overlap.py``). Every output path and ``--profile`` is
 tried before the first compile (an empty one is refused, not read as "not
-given"), and ``--out`` naming a file the command reads is refused.
+given"; the profile is read then, once, each cost a finite number of
+microseconds >= 0), and ``--out`` naming a file the command reads is
+refused.
 
   decentral-jax overlap --cases gpt_tiny,aer,virtual \\
       --targets h200,a100_sxm_80
@@ -221,7 +223,7 @@ def run_case(case: str, mode: str, target: str, args,
   if timelines is not None and steps:
     from decentral_jax.analysis import timeline
     timelines[mode] = timeline.step_timeline(
-        steps[0].compiled.as_text(), _profile_costs(args.profile))
+        steps[0].compiled.as_text(), args.profile_costs)
   for s in steps:
     rows.append({
         "case": case, "mode": mode, "target": target, "topology": topology,
@@ -246,15 +248,6 @@ def run_case(case: str, mode: str, target: str, args,
           os.path.join(args.fixtures, name), "--fixtures",
           lambda f, t=text: f.write(gzip.compress(t.encode(), 9)), mode="wb")
   return rows
-
-
-def _profile_costs(path: str) -> dict:
-  """``{instruction: us}`` of a ``--profile`` file ({} without one)."""
-  if not path:
-    return {}
-  from decentral_jax.analysis import timeline
-  with open(path, encoding="utf-8") as f:
-    return timeline.read_profile(f.read())
 
 
 def write_timeline(args, case: str, target: str, timelines: dict) -> str:

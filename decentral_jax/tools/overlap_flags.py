@@ -271,7 +271,8 @@ def check_paths(args) -> None:
   writes its token files, or one already holding a ``train.bin`` or
   ``val.bin`` that is not exactly that dummy:
   :func:`~decentral_jax.tools.dummy_bins.check_dummy_bins`) and a
-  ``--profile`` that cannot be read (:mod:`~decentral_jax.tools.flag_types`).
+  ``--profile`` that cannot be read or holds a bad cost
+  (:func:`profile_costs`, kept as ``args.profile_costs``).
 
   Raises:
     ValueError: one line naming the flag, the path and the fix.
@@ -288,6 +289,33 @@ def check_paths(args) -> None:
     flag_types.check_output_dir(args.data_dir, "--data_dir")
     dummy_bins.check_dummy_bins(args.data_dir, DUMMY_TOKENS, "--data_dir")
   _check_distinct(args, gpt2)
+  args.profile_costs = profile_costs(args.profile if args.timeline else None)
+
+
+def profile_costs(path) -> dict:
+  """``{instruction: us}`` of the ``--profile`` file ``path`` ({} for
+  None), read once (``records.read_bytes``) and checked
+  (``analysis.timeline.read_profile``) before any compile.
+
+  Raises:
+    ValueError: one line naming ``--profile``, the file and the entry: a
+      file that cannot be read or is not UTF-8 text, no ``costs`` block,
+      a cost that is not a finite number of microseconds >= 0.
+  """
+  if path is None:
+    return {}
+  from decentral_jax import records
+  from decentral_jax.analysis import timeline
+  raw = records.read_bytes(path)
+  if isinstance(raw, records.Damaged):
+    raise raw.error("--profile ")
+  try:
+    return timeline.read_profile(raw.decode("utf-8"))
+  except UnicodeDecodeError:
+    raise ValueError(f"--profile {path} is not UTF-8 text; give a "
+                     "ProfiledInstructionsProto text file.") from None
+  except ValueError as e:
+    raise ValueError(f"--profile {path}: {e}") from None
 
 
 def _check_distinct(args, gpt2: bool) -> None:

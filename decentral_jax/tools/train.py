@@ -17,8 +17,10 @@ sets the number explicitly, over ``JAX_NUM_CPU_DEVICES`` and ``XLA_FLAGS``'
 those sets is kept (the variable's over the option's). Fewer devices than
 the run needs is refused naming what set the count, before any compile. At most
 ``decentral_jax.runner.config.MAX_SIMULATED_CPU_DEVICES`` (1024) devices per
-process are simulated; more is refused before JAX starts (set
-``JAX_NUM_CPU_DEVICES`` yourself to go beyond). Re-running with the same
+process are simulated, the limit of ``JAX_NUM_CPU_DEVICES`` and
+``XLA_FLAGS``' count too; more is refused before JAX starts (put several
+workers on one device with ``config.workers_per_device`` > 1, or run on
+that many real devices). Re-running with the same
 ``--workdir`` resumes from the last checkpoint.
 
 Bad input (a missing or broken config file, an unknown field, a value of the

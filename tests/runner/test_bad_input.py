@@ -589,6 +589,22 @@ def test_simulated_device_limit():
   assert "config.n_workers=1048576" in message and str(limit) in message
 
 
+def test_train_help_states_the_environment_variables_share_the_limit(
+    monkeypatch):
+  # train --help once said JAX_NUM_CPU_DEVICES goes beyond the limit; it
+  # is refused above it, so the help must not offer it as the way out.
+  from decentral_jax.tools import train
+  limit = config_lib.MAX_SIMULATED_CPU_DEVICES
+  help_text = " ".join(train.__doc__.split())
+  assert "go beyond" not in help_text
+  assert "the limit of ``JAX_NUM_CPU_DEVICES``" in help_text
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "2048")
+  message = one_line_error(devices.environment_cpu_devices)
+  assert "JAX_NUM_CPU_DEVICES='2048'" in message and "1024" in message
+  monkeypatch.setenv("JAX_NUM_CPU_DEVICES", str(limit))
+  assert devices.environment_cpu_devices() == 1024
+
+
 def test_a_cpu_devices_flag_below_the_config_is_named():
   # --cpu_devices=4 with 8 workers: the flag set the limit, so it is named.
   message = one_line_error(devices.check_asked_devices, 4, 4, 8,

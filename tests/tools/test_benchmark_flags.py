@@ -151,6 +151,25 @@ def test_gpu_check_refusal_is_one_line(capsys):
   assert got.startswith("error: --steps must be an int >= 1"), got
 
 
+@pytest.mark.parametrize("flag", ["--json", "--workload"])
+@pytest.mark.parametrize("inside", [False, True])
+def test_gpu_check_output_naming_the_config_data_is_refused(
+    capsys, tmp_path, flag, inside):
+  # data.path a corpus file, or a directory whose files are the inputs.
+  data = tmp_path / "data"
+  data.mkdir()
+  (data / "corpus.txt").write_text("the user's corpus\n" * 100)
+  corpus = str(data / "corpus.txt")
+  path = str(data) if inside else corpus
+  got = _one_error(capsys, lambda: benchmark_module(
+      "_gpu_check_flags").parse_args([
+          "--deviceless", "h200", "--set", "data.source=text_file",
+          "--set", f"data.path={path}", flag, corpus]))
+  assert got.startswith(f"error: {flag} '{corpus}' is the file --set "
+                        "data.path reads"), got
+  assert (data / "corpus.txt").read_text() == "the user's corpus\n" * 100
+
+
 def _goodput(*argv):
   """``benchmarks/learners_goodput.py ARGV`` (``--reprice`` runs nothing
   but the NumPy runtime model): (exit code, stdout, error lines)."""
@@ -301,6 +320,51 @@ def test_learners_goodput_reprices_a_file_that_agrees(
   assert "runtime model tokens/s:" in capsys.readouterr().out
   assert set(json.loads(out.read_text())["measured"]["model"]) == {
       "spmd", "sync", "decoupled"}
+
+
+@pytest.mark.parametrize("removed, argv, says", [
+    (("spmd", "sync", "decoupled"), [], "holds no measured result for "
+     "spmd,sync,decoupled (modes asked: spmd,sync,decoupled); run them "
+     "first."),
+    (("spmd",), [], "holds no measured result for spmd (modes asked: "
+     "spmd,sync,decoupled); give --modes sync,decoupled."),
+    (("sync",), ["--modes", "decoupled"], "holds no measured result for "
+     "sync (modes asked: decoupled; decoupled is priced with the sync "
+     "run's step); run them first."),
+])
+def test_learners_goodput_reprice_refuses_a_mode_not_stored(
+    capsys, monkeypatch, tmp_path, removed, argv, says):
+  import json  # pylint: disable=import-outside-toplevel
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))  # _common
+  saved = _goodput_file()
+  for mode in removed:
+    del saved["measured"][mode]
+  out = tmp_path / "goodput.json"
+  out.write_text(json.dumps(saved))
+  text = out.read_text()
+  got = _one_error(capsys, lambda: _script("learners_goodput").main(
+      ["--reprice", "--out", str(out), *argv]))
+  assert got.startswith(f"error: --reprice: --out '{out}' {says}"), got
+  assert out.read_text() == text
+
+
+def test_learners_goodput_reprices_the_modes_asked(
+    capsys, monkeypatch, tmp_path):
+  import json  # pylint: disable=import-outside-toplevel
+  monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))  # _common
+  saved = _goodput_file()
+  del saved["measured"]["spmd"]
+  saved["measured"]["model"] = {"spmd": {"tokens_per_s": 1.0}}
+  out = tmp_path / "goodput.json"
+  out.write_text(json.dumps(saved))
+  _script("learners_goodput").main(
+      ["--reprice", "--out", str(out), "--modes", "sync,decoupled"])
+  printed = capsys.readouterr().out
+  assert "'sync'" in printed and "'decoupled'" in printed, printed
+  assert "'spmd'" not in printed, printed  # not repriced
+  model = json.loads(out.read_text())["measured"]["model"]
+  assert model["spmd"] == {"tokens_per_s": 1.0}  # the stored price kept
+  assert set(model) == {"spmd", "sync", "decoupled"}
 
 
 @pytest.mark.parametrize("ns, says", [

@@ -188,7 +188,7 @@ def test_every_refusal_of_a_line_names_its_flag_file(parse, tmp_path):
       (stray, f"unexpected argument 'stray' in --flagfile {stray}; a flag "
        "file holds flags (--name=value), one a line."),
       (space, f"Unknown command line flag 'flagfile {inner}' in --flagfile "
-       f"{space} (an include is one argument: write --flagfile={inner})"),
+       f"{space} (a line is one argument: write --flagfile={inner})"),
       (unknown, "Unknown command line flag 'no_such_flag' in --flagfile "
        f"{unknown}"),
   ]
@@ -197,6 +197,37 @@ def test_every_refusal_of_a_line_names_its_flag_file(parse, tmp_path):
       parse([f"--flagfile={path}"])
     assert str(e.value) == message
   assert parse(["stray"]) == (["stray"], [])  # the command judges it
+
+
+@pytest.mark.parametrize("parse, flag", [(train.parse, "--workdir"),
+                                         (compare_flags.parse, "--outdir")])
+def test_a_flag_and_value_on_one_line_name_the_file_and_the_fix(
+    parse, flag, tmp_path):
+  """``--workdir DIR`` (a blank, as typed on a command line) is one
+  argument in a flag file: absl calls it an unknown flag ``workdir DIR``;
+  the message names the file and says to write ``--workdir=DIR``."""
+  path = _write(tmp_path / "run.ff", f"--config.seed=1\n{flag} runs/a\n")
+  with pytest.raises(ValueError) as e:
+    parse([f"--flagfile={path}"])
+  assert str(e.value) == (
+      f"Unknown command line flag '{flag[2:]} runs/a' in --flagfile {path} "
+      f"(a line is one argument: write {flag}=runs/a)")
+  # A word that names no flag keeps absl's plain "unknown flag".
+  other = _write(tmp_path / "other.ff", "--no_such_flag runs/a\n")
+  with pytest.raises(ValueError) as e:
+    parse([f"--flagfile={other}"])
+  assert str(e.value) == ("Unknown command line flag 'no_such_flag runs/a' "
+                          f"in --flagfile {other}")
+
+
+def test_a_config_override_and_value_on_one_line_name_the_fix(tmp_path):
+  from decentral_jax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  path = _write(tmp_path / "run.ff", "--config.steps 9\n")
+  with pytest.raises(ValueError) as e:
+    config_lib.load_config("configs/gpt_tiny.py", train.parse(
+        [f"--flagfile={path}"])[1])
+  assert f"in --flagfile {path} (a line is one argument: write " \
+      "--config.steps=9)" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("parse", PARSERS)

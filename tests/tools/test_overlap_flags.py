@@ -115,6 +115,43 @@ def test_out_naming_an_input_is_refused_before_compiling(
   assert open(path, "rb").read() == before
 
 
+@pytest.mark.parametrize("text, says", [
+    # protobuf text format reads nan/inf as doubles: refused, not dropped
+    ('costs { name: "fusion.1" cost_us: nan }\n',
+     "line 1 (instruction 'fusion.1'): cost_us nan is not a finite number "
+     "of microseconds >= 0"),
+    ('costs { name: "a" cost_us: 1 }\ncosts { name: "b" cost_us: -inf }\n',
+     "line 2 (instruction 'b'): cost_us -inf is not a finite number"),
+    ('costs { name: "fusion.1" cost_us: -500 }\n',
+     "line 1 (instruction 'fusion.1'): cost_us -500 is not a finite number"),
+    ('costs { name: "fusion.1" cost_us: 1e }\n',
+     "line 1 (instruction 'fusion.1'): cost_us '1e' is not a number"),
+    ("latencies { source: \"a\" target: \"b\" latency_us: 1 }\n",
+     "no 'costs"),
+    (b"costs \xff", "is not UTF-8 text")])
+def test_profile_contents_refused_before_compiling(
+    capsys, tmp_path, no_compile, text, says):
+  path = tmp_path / "p.pbtxt"
+  if isinstance(text, bytes):
+    path.write_bytes(text)
+  else:
+    path.write_text(text)
+  err = _refused(capsys, tmp_path, ["--cases", "gpt_tiny", "--timeline",
+                                    "--profile", "DIR/p.pbtxt"])
+  assert err.startswith("error: --profile DIR/p.pbtxt"), err
+  assert says in err, err
+
+
+def test_profile_read_once_before_compiling(tmp_path):
+  path = tmp_path / "p.pbtxt"
+  path.write_text('costs { cost_us: 2.5e1 name: "f" }\n'
+                  'costs { name: "g" }\n')  # proto3: no cost_us is 0
+  args = _args(["--timeline", "--profile", str(path), "--out",
+                str(tmp_path / "o.jsonl"), "--cases", "gpt_tiny"])
+  overlap_flags.check_paths(args)
+  assert args.profile_costs == {"f": 25.0, "g": 0.0}
+
+
 def _args(argv):
   return overlap.build_parser("overlap").parse_args(argv)
 
