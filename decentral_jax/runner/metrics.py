@@ -268,7 +268,10 @@ def _file_checker(signed_losses: bool = False, config=None, schedule=None,
   :func:`metrics_rules.record_error`, :func:`row_error`,
   :func:`metrics_rules.null_error` (a loss too with ``config``: a train
   run's log), ``lr`` within the ``schedule.peak_lr`` its log ``schedule``
-  segment records (:func:`metrics_resume.logged_lr_error`), with
+  segment records (:func:`metrics_resume.logged_lr_error`), with ``upto``
+  the ``eval/`` keys at exactly the steps that ``schedule`` evaluates
+  (:func:`metrics_resume.eval_keys_error`; the checkpoint at ``upto``
+  ended its invocation if ``config.steps`` is ``upto``), with
   ``config`` the throughput (:func:`metrics_rules.throughput_error`) and
   ``train_time_s`` never smaller (:func:`metrics_rules.train_time_error`;
   the learners' reader applies it by their record), and each step larger
@@ -278,6 +281,9 @@ def _file_checker(signed_losses: bool = False, config=None, schedule=None,
   the checkpoint's, and a later invocation may have logged that record
   under another config (a raised peak)."""
   last, timed = [], []
+  total = metrics_resume.field(config, "steps")
+  total = (total if isinstance(total, int) and not isinstance(total, bool)
+           else None)
 
   def check(record: dict) -> str | None:
     why = (metrics_rules.record_error(record)
@@ -286,6 +292,8 @@ def _file_checker(signed_losses: bool = False, config=None, schedule=None,
     dropped = why is None and upto is not None and record["step"] > upto
     if why is None and not dropped:
       why = (metrics_resume.logged_lr_error(record, schedule)
+             or (upto is not None and metrics_resume.eval_keys_error(
+                 record, schedule, upto, total))
              or (config is not None
                  and metrics_rules.throughput_error(record, config)) or None)
     if why is None and last and record["step"] <= last[-1]:
@@ -443,7 +451,10 @@ def truncate_after(workdir: str, step: int, config=None,
   too, and a log that ends before the last step that config logs up to
   ``step`` is a warning (records lost:
   :func:`metrics_resume.lost_warning`), as is a step its log ``schedule``
-  (the document's history) logs and the log lacks. An ``lr`` above the
+  (the document's history) logs and the log lacks. A kept record that
+  lacks an evaluation key at a step that history evaluates, or holds one
+  at a step it does not, is damage (:func:`metrics_resume.eval_keys_error`).
+  An ``lr`` above the
   ``schedule.peak_lr`` of its record's ``schedule`` segment is damage; a
   record no segment with a peak covers (no history: an older document) is
   not checked for it, since a resume may have changed the peak. Records

@@ -20,7 +20,9 @@ records must also agree with the checkpoint itself
 (:func:`checkpoint_error`): the invocation that saved it wrote its step's
 record, whose ``lr`` and ``train_time_s`` the document fixes, and no kept
 record's cumulative ``train_time_s`` exceeds the document's (a log of
-another run put in the work directory).
+another run put in the work directory). A kept record holds the
+evaluation's keys exactly at the steps the history evaluates
+(:func:`eval_keys_error`).
 """
 
 from __future__ import annotations
@@ -216,6 +218,92 @@ def scheduled_steps(history: list, step: int) -> list[int]:
     if len(rest) == 2 and rest[1] <= step and rest[1] not in out[-1:]:
       out.append(rest[1])
   return out
+
+
+#: The keys every evaluation writes in its step's record
+#: (:meth:`decentral_jax.runner.evaluation.Evaluator.evaluate`), and
+#: ``eval/accuracy`` for a classifier; no other record holds an
+#: ``eval/`` key.
+EVAL_KEYS = ("eval/loss", "eval/worker_loss_mean", "eval/worker_loss_min",
+             "eval/worker_loss_max", "eval/worker_loss_std",
+             "eval/loss_subset", "eval/worker_excess_mean",
+             "eval/worker_excess_max")
+
+
+def one_history(config) -> list | None:
+  """The log schedule's history of a run whose every invocation had the
+  ``config`` (a dict) it finished with (``compare`` resumes only a run of
+  the very same config): one segment from 0, closed at ``steps``; None
+  without integer intervals and ``steps``."""
+  ints = [field(config, k) for k in ("log_interval", "eval_interval",
+                                     "steps")]
+  if any(isinstance(v, bool) or not isinstance(v, int) for v in ints) or \
+      ints[0] < 1 or ints[1] < 0 or ints[2] < 1:
+    return None
+  return [[0, ints[0], ints[1], None, ints[2]]]
+
+
+def evaluated(history: list, step: int, upto: int,
+              total: int | None = None) -> bool | None:
+  """Whether the log schedule's ``history`` (:func:`schedule_history`) up
+  to the checkpoint at ``upto`` evaluates at ``step`` (``<= upto``), or
+  None where not known.
+
+  A run evaluates at step 0 (a first segment from 0 with ``eval_interval
+  > 0``), at every multiple of a segment's ``eval_interval > 0`` after
+  its ``from_step``, and at the last step of each invocation that ran to
+  its end (``config.steps``): a closed segment's ``last_step``, and
+  ``upto`` itself when ``total`` (the checkpoint's ``config.steps``; None:
+  not known) equals it. Not known: a step before the history's first
+  segment, and an open segment's last step before the next segment (its
+  invocation stopped there early, or an older document left it open).
+  """
+  if step == 0:
+    return history[0][2] > 0 if history[0][0] == 0 else None
+  segs = [seg for seg in history if seg[0] < step]
+  if not segs:
+    return None
+  _, _, ev, *rest = segs[-1]
+  if (ev > 0 and step % ev == 0) or (len(rest) == 2 and step == rest[1]):
+    return True
+  if len(segs) < len(history):
+    return False if step < history[len(segs)][0] else None
+  if step < upto:
+    return False
+  return None if total is None else total == upto
+
+
+def eval_keys_error(record: dict, history, upto: int,
+                    total: int | None = None) -> str | None:
+  """Why a kept record (step ``<= upto``) breaks the evaluations of the
+  log schedule's ``history`` (:func:`evaluated`; ``total`` as there), or
+  None (None too without a history, or where not known): the record of
+  an evaluated step holds every key of :data:`EVAL_KEYS`, any other
+  record no ``eval/`` key.
+
+  ``step_time_ms`` and the throughput are not required: the first step
+  of an invocation is not timed
+  (:class:`decentral_jax.runner.recorder.Recorder`), so its record
+  (``log_interval=1``: the first after a start or a resume) lacks
+  them."""
+  step = record.get("step")
+  if not history or not isinstance(step, int) or step > upto:
+    return None
+  when = evaluated(history, step, upto, total)
+  if when is None:
+    return None
+  seg = ([s for s in history if s[0] < step] or history[:1])[-1]
+  sched = f"its log schedule segment {seg} (from_step, log_interval, " \
+          f"eval_interval, ...)"
+  if when:
+    gone = [k for k in EVAL_KEYS if k not in record]
+    return (f"{', '.join(gone)} missing, but the runner writes "
+            f"{'them' if len(gone) > 1 else 'it'} at step {step}, an "
+            f"evaluation of {sched}") if gone else None
+  extra = [k for k in record if k.startswith("eval/")]
+  return (f"{', '.join(extra)} at step {step}, but the runner writes eval/ "
+          f"keys only at an evaluation, and {sched} does not evaluate "
+          "there") if extra else None
 
 
 def _steps_text(steps: list[int]) -> str:

@@ -24,24 +24,35 @@ from decentral_jax.runner import run_meta
 from decentral_jax.runner import workdir as workdir_lib
 
 
-def _record(step: int, **values) -> dict:
+# An evaluation's keys (evaluation.Evaluator.evaluate), by hand: each
+# excess is the worker loss minus eval/loss_subset.
+EVAL = {"eval/loss": 2.1, "eval/worker_loss_mean": 2.2,
+        "eval/worker_loss_min": 2.15, "eval/worker_loss_max": 2.25,
+        "eval/worker_loss_std": 0.05, "eval/loss_subset": 2.1,
+        "eval/worker_excess_mean": 0.1, "eval/worker_excess_max": 0.15}
+
+
+def _record(step: int, evaluated: bool = False, **values) -> dict:
   """A record as the runner writes it (recorder.record): ``lr`` and
   ``train_time_s`` in every record, ``train/loss`` after step 0 (a record
-  without one is damage: metrics_rules.missing_error); lr 1e-3 (at most
-  every peak below), 0.1 s per step, a training loss of 2.0, then
-  ``values`` (which override them)."""
+  without one is damage: metrics_rules.missing_error), :data:`EVAL` at an
+  ``evaluated`` step (and only there); lr 1e-3 (at most every peak below),
+  0.1 s per step, a training loss of 2.0, then ``values`` (which override
+  them)."""
   record = {"step": step, "lr": 1e-3}
   if step:
     record["train/loss"] = 2.0
+  if evaluated:
+    record.update(EVAL)
   record["train_time_s"] = 0.1 * step
   record.update(values)
   return record
 
 
-def _line(step: int, **values) -> str:
+def _line(step: int, evaluated: bool = False, **values) -> str:
   """:func:`_record` as the line the writer writes (json.dumps, as a
   rewrite on resume writes it too)."""
-  return json.dumps(_record(step, **values)) + "\n"
+  return json.dumps(_record(step, evaluated, **values)) + "\n"
 
 
 def test_corrupt_metrics_line_in_the_middle_is_an_error(tmp_path):
@@ -381,6 +392,8 @@ WRITTEN = {"steps": 10, "log_interval": 1, "eval_interval": 3,
            "schedule": {"peak_lr": 3e-3}}
 # Its log schedule's history: one segment, which records that peak.
 PEAKED = [[0, 1, 3, 3e-3]]
+# By hand: the steps WRITTEN evaluates (0, every third, its last step 10).
+WRITTEN_EVALS = (0, 3, 6, 9, 10)
 
 
 def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
@@ -389,7 +402,7 @@ def test_a_resumed_run_moves_aside_a_log_with_lr_above_the_peak(
   rules it out) is damage of the log on resume, as in compare."""
   from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
   path = tmp_path / metrics.METRICS_FILE
-  ok = "".join(_line(s, lr=0.003) for s in range(6))
+  ok = "".join(_line(s, s in WRITTEN_EVALS, lr=0.003) for s in range(6))
   path.write_text(ok)  # at the peak exactly: intact
   assert metrics.truncate_after(str(tmp_path), 5, WRITTEN, PEAKED) == 0
   bad = ok.replace(_line(1, lr=0.003), _line(1, lr=1000000.0))
@@ -414,13 +427,14 @@ def test_records_after_the_checkpoint_are_dropped_unchecked_against_its_peak(
   peak; the records up to the step stay, byte for byte, with no warning.
   A record up to the step above the peak is still damage."""
   path = tmp_path / metrics.METRICS_FILE
-  kept = "".join(_line(s, lr=0.003) for s in range(7))
+  kept = "".join(_line(s, s in WRITTEN_EVALS, lr=0.003) for s in range(7))
   path.write_text(kept + _line(7, lr=0.0113) + _line(8, lr=0.02))
   caplog.set_level("WARNING")
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED) == 2
   assert path.read_text() == kept
   assert not caplog.records
-  path.write_text(kept.replace(_line(6, lr=0.003), _line(6, lr=0.0113)))
+  path.write_text(kept.replace(_line(6, True, lr=0.003),
+                              _line(6, True, lr=0.0113)))
   with pytest.raises(metrics.MetricsError, match="line 7: lr must be <="):
     metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
 
@@ -502,9 +516,10 @@ def test_the_steps_a_log_schedule_logs(history, step, want):
   assert metrics_resume.scheduled_steps(history, step) == want
 
 
-def _steps_file(path, steps):
-  """A runner's records (:func:`_record`) of ``steps``."""
-  path.write_text("".join(_line(s) for s in steps))
+def _steps_file(path, steps, evaluated=()):
+  """A runner's records (:func:`_record`) of ``steps``, with the
+  evaluation's keys at the ``evaluated`` ones."""
+  path.write_text("".join(_line(s, s in evaluated) for s in steps))
 
 
 def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
@@ -514,7 +529,7 @@ def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
   Without a schedule (an older document) only a log cut short is named."""
   path = tmp_path / metrics.METRICS_FILE
   caplog.set_level("WARNING")
-  _steps_file(path, [0, 1, 3, 4, 5, 6])
+  _steps_file(path, [0, 1, 3, 4, 5, 6], WRITTEN_EVALS)
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN) == 0
   assert caplog.records == []  # the older rule: it ends at step 6
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]]) == 0
@@ -526,14 +541,14 @@ def test_a_hole_in_the_log_before_the_checkpoint_is_one_warning(
   assert [r["step"] for r in metrics.read_jsonl(str(path))] == [
       0, 1, 3, 4, 5, 6]
   # A hole and a log cut short: all the steps lost, in one warning.
-  _steps_file(path, [0, 1, 3])
+  _steps_file(path, [0, 1, 3], WRITTEN_EVALS)
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
   assert len(caplog.records) == 2
   assert "the records of steps 2, 4, 5, 6 are lost" in \
       caplog.records[-1].getMessage()
   # A history whose segments record the peak: the label names it too.
   caplog.clear()
-  _steps_file(path, [0, 1, 3, 4, 5, 6])
+  _steps_file(path, [0, 1, 3, 4, 5, 6], WRITTEN_EVALS)
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, PEAKED)
   [record] = caplog.records
   assert ("(segments [from_step, log_interval, eval_interval, peak_lr]: "
@@ -549,10 +564,10 @@ def test_a_log_whose_intervals_changed_is_read_by_its_history(
   path = tmp_path / metrics.METRICS_FILE
   caplog.set_level("WARNING")
   history = [[0, 2, 3], [4, 1, 3]]
-  _steps_file(path, [0, 2, 3, 4, 5, 6])
+  _steps_file(path, [0, 2, 3, 4, 5, 6], WRITTEN_EVALS)
   assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, history) == 0
   assert caplog.records == []
-  _steps_file(path, [0, 2, 4, 5, 6])
+  _steps_file(path, [0, 2, 4, 5, 6], WRITTEN_EVALS)
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, history)
   [record] = caplog.records
   assert "the record of step 3 is lost" in record.getMessage()
@@ -565,7 +580,7 @@ def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
   still is."""
   path = tmp_path / metrics.METRICS_FILE
   caplog.set_level("WARNING")
-  _steps_file(path, [5, 6])
+  _steps_file(path, [5, 6], WRITTEN_EVALS)
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
   assert "the records of steps 0, 1, 2, 3, 4 are lost" in \
       caplog.records[-1].getMessage()
@@ -573,7 +588,7 @@ def test_a_log_moved_aside_is_not_named_again(tmp_path, caplog):
   caplog.clear()
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
   assert caplog.records == []
-  _steps_file(path, [4, 6])
+  _steps_file(path, [4, 6], WRITTEN_EVALS)
   metrics.truncate_after(str(tmp_path), 6, WRITTEN, [[0, 1, 3]])
   assert "the record of step 5 is lost" in caplog.records[-1].getMessage()
 
@@ -614,7 +629,8 @@ def test_a_lost_record_of_an_earlier_invocation_s_last_step_is_named(
   kept = [0, 2, 4, 6, 8, 10, 12, 14, 15, 18, 25, 30]
   closed = [[0, 2, 10, 1e-3, 10], [10, 3, 7, 1e-3, 20], [20, 5, 0, 1e-3]]
   config = dict(WRITTEN, steps=30, log_interval=5, eval_interval=0)
-  _steps_file(path, kept)
+  # evaluated by hand: 0, 10 (eval 10), 14 (eval 7), 20, 30 (last steps)
+  _steps_file(path, kept, (0, 10, 14, 20, 30))
   metrics.truncate_after(str(tmp_path), 30, config, [s[:4] for s in closed])
   assert caplog.records == []
   metrics.truncate_after(str(tmp_path), 30, config, closed)
@@ -701,3 +717,112 @@ def test_a_fresh_run_moves_a_file_that_is_no_run_s_log_aside(tmp_path,
       '{"step": 0, "eval/loss": 2.5}\n{"step": 2, "train/loss": 2.4}\n')
   assert metrics.truncate_after(str(tmp_path), 0) == 2
   assert (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+# -- the evaluations of the log schedule --------------------------------------
+
+# Two invocations: eval 2 up to step 4 (ran to its end there), then eval 3.
+RESUMED = [[0, 1, 2, 3e-3, 4], [4, 1, 3, 3e-3]]
+
+
+@pytest.mark.parametrize("history, upto, total, want", [
+    # by hand: 0, then every 3rd, then the last step 10 when it is reached
+    ([[0, 1, 3]], 10, 10, [0, 3, 6, 9, 10]),
+    ([[0, 1, 3]], 7, 10, [0, 3, 6]),  # checkpoint 7 of 10: 7 unevaluated
+    ([[0, 1, 0]], 6, 6, [6]),  # eval_interval 0: only at the end
+    (RESUMED, 7, 10, [0, 2, 4, 6]),  # 4: invocation 1's last step
+    ([[0, 2, 10, 1e-3, 10], [10, 3, 7, 1e-3, 20], [20, 5, 0, 1e-3]], 30, 30,
+     [0, 10, 14, 20, 30])])
+def test_the_steps_a_log_schedule_evaluates(history, upto, total, want):
+  got = [s for s in range(upto + 1)
+         if metrics_resume.evaluated(history, s, upto, total)]
+  assert got == want
+
+
+def test_what_a_log_schedule_does_not_know_of_its_evaluations():
+  """An open segment's end before the next (stopped early, or an older
+  document), steps before the first segment, and the checkpoint's own
+  step without its config: not known (None)."""
+  history = [[0, 1, 2], [5, 1, 3]]
+  assert metrics_resume.evaluated(history, 5, 9, 9) is None
+  assert metrics_resume.evaluated(history, 4, 9, 9) is True
+  assert metrics_resume.evaluated(history, 7, 9, 9) is False
+  assert metrics_resume.evaluated([[4, 1, 3]], 2, 9, 9) is None
+  assert metrics_resume.evaluated([[4, 1, 3]], 0, 9, 9) is None
+  assert metrics_resume.evaluated([[0, 1, 3]], 7, 7, None) is None
+  # what is not known is kept either way
+  for evaluated in (False, True):
+    assert metrics_resume.eval_keys_error(
+        _record(5, evaluated), history, 9, 9) is None
+
+
+def _without_eval(text: str, step: int) -> str:
+  """``text`` with the ``eval/`` keys of ``step``'s record deleted."""
+  rows = [json.loads(line) for line in text.splitlines()]
+  return "".join(json.dumps({k: v for k, v in r.items() if r["step"] != step
+                             or not k.startswith("eval/")}) + "\n"
+                 for r in rows)
+
+
+_GONE = ", ".join(EVAL) + " missing, but the runner writes them at step"
+
+
+@pytest.mark.parametrize("history, evals, step", [
+    (PEAKED, WRITTEN_EVALS, 3),  # one invocation, eval_interval 3
+    (RESUMED, (0, 2, 4, 6), 4),  # invocation 1's last step
+    (RESUMED, (0, 2, 4, 6), 2)])  # eval_interval 2 before the resume
+def test_an_evaluation_deleted_from_its_record_is_damage(
+    tmp_path, caplog, history, evals, step):
+  """The record of a step the schedule evaluates, its eval/ keys deleted:
+  damage, moved aside with one warning (the whole record deleted is one
+  lost-record warning); the intact log is kept with none."""
+  from decentral_jax.runner import train  # pylint: disable=import-outside-toplevel
+  path = tmp_path / metrics.METRICS_FILE
+  caplog.set_level("WARNING")
+  _steps_file(path, range(7), evals)
+  assert metrics.truncate_after(str(tmp_path), 6, WRITTEN, history) == 0
+  assert not caplog.records
+  bad = _without_eval(path.read_text(), step)
+  path.write_text(bad)
+  with pytest.raises(metrics.MetricsError) as e:
+    metrics.truncate_after(str(tmp_path), 6, WRITTEN, history)
+  assert f"line {step + 1}: {_GONE} {step}, an evaluation of" in str(e.value)
+  train.resume_metrics(str(tmp_path), 6, WRITTEN, history)
+  assert not path.exists()
+  assert (tmp_path / metrics.CORRUPT_FILE).read_text() == bad
+  [record] = caplog.records
+  assert f"{_GONE} {step}" in record.getMessage()
+  assert "moved it to" in record.getMessage()
+
+
+@pytest.mark.parametrize("history, evals, step", [
+    (PEAKED, WRITTEN_EVALS, 4), (RESUMED, (0, 2, 4, 6), 3),
+    (RESUMED, (0, 2, 4, 6), 5)])
+def test_evaluation_keys_at_a_step_not_evaluated_are_damage(
+    tmp_path, history, evals, step):
+  """Fabricated eval/ keys (two of them) on a record of a step the
+  schedule does not evaluate: damage, naming the keys and the segment."""
+  path = tmp_path / metrics.METRICS_FILE
+  path.write_text("".join(_line(s, s in evals, **(
+      {"eval/loss": 1.234, "eval/worker_loss_mean": 1.2} if s == step
+      else {})) for s in range(7)))
+  with pytest.raises(metrics.MetricsError) as e:
+    metrics.truncate_after(str(tmp_path), 6, WRITTEN, history)
+  assert (f"line {step + 1}: eval/loss, eval/worker_loss_mean at step "
+          f"{step}, but the runner writes eval/ keys only at an evaluation"
+          ) in str(e.value)
+
+
+def test_a_kept_compare_run_holds_its_evaluations_where_its_config_says():
+  """compare keeps only runs trained under one config: steps 10, eval 3
+  evaluate 0, 3, 6, 9 and 10 (by hand)."""
+  from decentral_jax.tools.compare import kept  # pylint: disable=import-outside-toplevel
+  rows = [_record(s, s in WRITTEN_EVALS) for s in range(11)]
+  assert kept.metrics_error(rows, WRITTEN) is None
+  rows[10] = _record(10)
+  assert kept.metrics_error(rows, WRITTEN).startswith(f"at step 10: {_GONE}")
+  rows[10] = _record(10, True)
+  rows[4] = _record(4, True)
+  assert kept.metrics_error(rows, WRITTEN).startswith(
+      "at step 4: " + ", ".join(EVAL) + " at step 4, but the runner writes")
+  assert kept.metrics_error(rows) is None  # no config: not known

@@ -95,12 +95,20 @@ CONFIG = {"steps": 10, "log_interval": 1, "eval_interval": 2,
           "global_batch": 16, "schedule": {"peak_lr": 3e-3},
           "model": {"name": "gpt", "block_size": 8}}
 PEAKED = [[0, 1, 2, 3e-3]]  # its log schedule: one segment with its peak
+# An evaluation's keys (evaluation.Evaluator.evaluate); excess by hand:
+# 5.25 - 5.2 = 0.05 and 5.5 - 5.2 = 0.3.
+EVAL = {"eval/loss": 5.3, "eval/worker_loss_mean": 5.25,
+        "eval/worker_loss_min": 5.0, "eval/worker_loss_max": 5.5,
+        "eval/worker_loss_std": 0.25, "eval/loss_subset": 5.2,
+        "eval/worker_excess_mean": 0.05, "eval/worker_excess_max": 0.3}
 # Its log as the runner writes it: lr and train_time_s in every record,
-# train/loss after step 0 (metrics_rules.missing_error).
-GOOD = [{"step": 0, "lr": 1e-4, "eval/loss": 5.5, "train_time_s": 0.0},
+# train/loss after step 0 (metrics_rules.missing_error), the evaluation's
+# keys at steps 0 and 2 (eval_interval=2) only.
+GOOD = [{"step": 0, "lr": 1e-4, **EVAL, "train_time_s": 0.0},
         {"step": 1, "lr": 1e-4, "train/loss": 5.5, "train_time_s": 1.0},
-        {"step": 2, "lr": 2e-4, "train/loss": 5.4, "train_time_s": 2.0,
-         "step_time_ms": 10.0, "tokens_per_sec": 12800.0},  # 128 / 0.01 s
+        {"step": 2, "lr": 2e-4, "train/loss": 5.4, **EVAL,
+         "train_time_s": 2.0, "step_time_ms": 10.0,
+         "tokens_per_sec": 12800.0},  # 128 / 0.01 s
         {"step": 3, "lr": 3e-4, "train/loss": 5.3, "train_time_s": 3.0}]
 
 
@@ -278,9 +286,9 @@ def test_records_are_checked_against_their_own_segment_s_peak(tmp_path):
   lr rule is skipped (a resume may have changed the peak)."""
   path = tmp_path / metrics.METRICS_FILE
   lrs = [(5, 4.9e-4), (6, 5.8e-4), (7, 1.0e-4), (8, 1.04e-4)]
-  path.write_text("".join(json.dumps({"step": s, "lr": lr, "train/loss": 5.0,
-                                      "train_time_s": float(s)}) + "\n"
-                          for s, lr in lrs))
+  path.write_text("".join(json.dumps({  # evaluated: 6, 8 (eval_interval 2)
+      "step": s, "lr": lr, "train/loss": 5.0, "train_time_s": float(s),
+      **(EVAL if s in (6, 8) else {})}) + "\n" for s, lr in lrs))
   config = dict(CONFIG, schedule={"peak_lr": 4e-4})
   assert metrics.truncate_after(str(tmp_path), 8, config, CHANGED) == 0
   path.write_text(path.read_text().replace("0.000104", "0.0005"))

@@ -183,3 +183,54 @@ _SMALL = ["model.n_layer=1", "model.n_embd=16", "model.n_head=2",
           f"n_workers={N}", "topology=one_peer_exp", "optimizer.accum_steps=4",
           "schedule.warmup_steps=2", "eval_batches=1", "eval_interval=3",
           "checkpoint_interval=3"]
+
+
+@pytest.mark.slow  # three training runs: the slow tier
+def test_a_log_resumed_with_changed_eval_intervals_holds_its_evaluations(
+    tmp_path, caplog):
+  """Steps 4 logged every 2, evaluated every 3 (0, 3 and its last step 4),
+  then resumed to 7 logged every step, evaluated every 2 (6 and its last
+  step 7): the runner writes the evaluation's keys (metrics_resume.EVAL_KEYS,
+  a gpt: no accuracy) at steps 0, 3, 4, 6, 7 and nowhere else (by hand),
+  and the resume to 8 keeps that log with no warning. With step 3's
+  evaluation deleted, the resume to 8 moves the log aside, naming it."""
+  from decentral_jax.runner import metrics_resume  # pylint: disable=g-import-not-at-top
+  require_devices(N)
+  workdir = str(tmp_path / "run")
+  small = [f for f in _SMALL if not f.startswith(("eval_interval=",
+                                                  "checkpoint_interval="))]
+
+  def run(steps, log, ev):
+    config = config_lib.load_config(
+        os.path.join(ROOT, "configs", "gpt_tiny.py"),
+        [*small, "checkpoint_interval=2", f"steps={steps}",
+         f"log_interval={log}", f"eval_interval={ev}"])
+    train.train_and_evaluate(config, workdir)
+
+  caplog.set_level("WARNING")
+  path = os.path.join(workdir, metrics.METRICS_FILE)
+  run(4, 2, 3)
+  run(7, 1, 2)
+  records = metrics.read_jsonl(path)
+  assert [r["step"] for r in records] == [0, 2, 3, 4, 5, 6, 7]
+  evals = {r["step"]: sorted(k for k in r if k.startswith("eval/"))
+           for r in records}
+  assert [s for s, keys in evals.items() if keys] == [0, 3, 4, 6, 7]
+  assert all(keys in ([], sorted(metrics_resume.EVAL_KEYS))
+             for keys in evals.values())
+  whole = open(path).read()
+  run(7, 1, 2)  # finished: nothing trained, the log kept as it is
+  assert open(path).read() == whole
+  assert not [r for r in caplog.records if path in r.getMessage()]
+  lines = whole.splitlines(keepends=True)
+  with open(path, "w") as f:
+    f.writelines(json.dumps({k: v for k, v in json.loads(line).items()
+                             if json.loads(line)["step"] != 3
+                             or not k.startswith("eval/")}) + "\n"
+                 for line in lines)
+  run(8, 1, 2)
+  [moved] = [r.getMessage() for r in caplog.records
+             if "moved it to" in r.getMessage()]
+  assert ("line 3: eval/loss, eval/worker_loss_mean, eval/worker_loss_min"
+          in moved and "at step 3, an evaluation of" in moved), moved
+  assert [r["step"] for r in metrics.read_jsonl(path)] == [8]

@@ -55,8 +55,17 @@ def _row(step: int, lr: float = 1e-3, **values) -> str:
   return json.dumps(row) + "\n"
 
 
+def _evaluation(loss: float) -> dict:
+  """The keys of an evaluation (evaluation.Evaluator.evaluate) whose
+  workers all agree: every loss ``loss``, no spread, no excess."""
+  return {"eval/loss": loss, "eval/worker_loss_mean": loss,
+          "eval/worker_loss_min": loss, "eval/worker_loss_max": loss,
+          "eval/worker_loss_std": 0.0, "eval/loss_subset": loss,
+          "eval/worker_excess_mean": 0.0, "eval/worker_excess_max": 0.0}
+
+
 # A kept run's metrics.jsonl: the evaluations at steps 0 and 3.
-_METRICS = _row(0, **{"eval/loss": 4.0}) + _row(3, **{"eval/loss": 2.0})
+_METRICS = _row(0, **_evaluation(4.0)) + _row(3, **_evaluation(2.0))
 
 
 def _fake_job(monkeypatch, trained: list):
@@ -67,7 +76,7 @@ def _fake_job(monkeypatch, trained: list):
     with open(os.path.join(workdir, metrics.METRICS_FILE), "w") as f:
       for step, loss in ((0, 4.0), (3, 2.0)):
         f.write(_row(step, float(schedule(max(step, 1) - 1)),
-                     **{"eval/loss": loss}))
+                     **_evaluation(loss)))
     return dict(_FINAL)
 
   monkeypatch.setattr(job_lib.train, "train_and_evaluate", trains)
@@ -266,8 +275,8 @@ def test_a_kept_run_s_final_values_match_its_last_evaluation(
     tmp_path, capsys):
   run_dir = _kept_run(tmp_path)
   _damage(os.path.join(run_dir, metrics.METRICS_FILE),
-          _row(0, **{"eval/loss": 4.0, "eval/accuracy": 0.0})
-          + _row(3, **{"eval/loss": 2.0, "eval/accuracy": 1.0}))
+          _row(0, **_evaluation(4.0), **{"eval/accuracy": 0.0})
+          + _row(3, **_evaluation(2.0), **{"eval/accuracy": 1.0}))
   _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
           _record_edit(final={"eval/accuracy": 1.0}))
   assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
@@ -701,8 +710,8 @@ class _GptConfig:
 # A run of 7344 float32 parameters (29376 bytes) sending 5140.8 bytes per
 # step: ratio 5140.8 / 29376 = 0.175 (by hand).
 _GPT_FINAL = {**_FINAL, "step": 3, "param_count": 7344, "train_time_s": 1.0,
-              "train/loss": 2.1, "eval/worker_loss_min": 1.9,
-              "eval/worker_loss_mean": 2.0, "eval/worker_loss_max": 2.1,
+              "train/loss": 2.1, "eval/worker_loss_min": 2.0,  # _METRICS'
+              "eval/worker_loss_mean": 2.0, "eval/worker_loss_max": 2.0,
               "comm/bytes_per_step": 5140.8, "comm/ratio": 0.175}
 
 FINAL_CASES = {
@@ -760,9 +769,9 @@ def test_an_impossible_value_in_any_metrics_row_trains_the_run_again(
   os.makedirs(os.path.join(run_dir, "checkpoints", "3"))
   (tmp_path / "run" / "config.json").write_text(_GptConfig().to_json())
   path = os.path.join(run_dir, metrics.METRICS_FILE)
-  _damage(path, _row(0, **{"eval/loss": 4.0})
+  _damage(path, _row(0, **_evaluation(4.0))
           + _row(2, **{"train/loss": -1.0})
-          + _row(3, **{"eval/loss": 2.0}))
+          + _row(3, **_evaluation(2.0)))
   assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
   assert capsys.readouterr().err.splitlines() == [
       f"warning: {path}: at step 2: train/loss must be >= 0, got -1.0; the "

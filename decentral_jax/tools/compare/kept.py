@@ -24,6 +24,10 @@ damaged:
   ``tokens_per_sec`` (or ``samples_per_sec``) equal to the tokens
   (samples) of one step over ``step_time_ms``, in every row and in the
   final metrics;
+* :func:`metrics_resume.eval_keys_error`: with the run's config (every
+  invocation of a kept run had it), the evaluation's keys in exactly the
+  rows of step 0 (``eval_interval > 0``), of each multiple of
+  ``eval_interval`` and of ``steps``;
 * :func:`final_rows_error`: every final value that ``metrics.jsonl`` also
   records equal to that of its last row holding the key (the final metrics
   are the last record; the run's mean timings apart);
@@ -201,8 +205,10 @@ def metrics_error(rows: list[dict], config: dict | None = None
   """Why a row of ``metrics.jsonl`` is impossible (names its step):
   :func:`metrics_rules.row_error`, a null where the writer writes a number
   (:func:`decentral_jax.runner.metrics_rules.null_error`), and
-  :func:`metrics_resume.schedule_error` and
-  :func:`metrics_rules.throughput_error` given the run's ``config``; or
+  :func:`metrics_resume.schedule_error`,
+  :func:`metrics_rules.throughput_error` and the ``eval/`` keys at exactly
+  the steps its schedule evaluates (:func:`metrics_resume.eval_keys_error`)
+  given the run's ``config``; or
   why the rows are
   out of order or ``train_time_s`` decreases
   (:func:`decentral_jax.runner.metrics_rules.order_error`)."""
@@ -211,11 +217,21 @@ def metrics_error(rows: list[dict], config: dict | None = None
            or metrics_rules.null_error(row)
            or (config is not None
                and (metrics_resume.schedule_error(row, config)
-                    or metrics_rules.throughput_error(row, config)))
+                    or metrics_rules.throughput_error(row, config)
+                    or _eval_keys_error(row, config)))
            or None)
     if why:
       return f"at step {records.short(row.get('step'))}: {why}"
   return metrics_rules.order_error(rows)
+
+
+def _eval_keys_error(row: dict, config: dict) -> str | None:
+  """:func:`metrics_resume.eval_keys_error` of a row of a run trained
+  under ``config`` alone (:func:`metrics_resume.one_history`)."""
+  history = metrics_resume.one_history(config)
+  steps = metrics_resume.field(config, "steps")
+  return None if history is None else metrics_resume.eval_keys_error(
+      row, history, steps, steps)
 
 
 # The values every run of a group must share:
