@@ -18,7 +18,9 @@ deleted only after a newer one is committed.
 
 Integrity: just before the rename, process 0 writes ``<step>/SHA256SUMS``
 (every file's SHA-256; ``cd <step> && sha256sum -c SHA256SUMS`` checks it by
-hand; a file present but not listed there counts as damage) in Orbax's background thread, so saves stay asynchronous. Only
+hand; :func:`checkpoint_files.check_checkpoint` says which unlisted files
+are damage and which are only not the run's) in Orbax's background
+thread, so saves stay asynchronous. Only
 Orbax's top-level ``_CHECKPOINT_METADATA`` and ``commit_success.txt`` come
 later (the first must parse, as a JSON object like every JSON file Orbax
 reads). :meth:`Checkpointer.select_restore_step`
@@ -54,6 +56,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from decentral_jax.runner import checkpoint_files
 from decentral_jax.runner import checkpoint_json
 from decentral_jax.runner import orbax_quiet
 from decentral_jax.runner import workdir as workdir_lib
@@ -61,10 +64,6 @@ from decentral_jax.runner import workdir as workdir_lib
 PyTree = Any
 SUMS_FILE = workdir_lib.SUMS_FILE
 TMP_SUFFIX = ".orbax-checkpoint-tmp"
-# Top-level files Orbax writes after SUMS_FILE (commit time, commit marker).
-_UNSUMMED = ("_CHECKPOINT_METADATA", "commit_success.txt")
-# Files a checkpoint's SHA256SUMS must list (the JSON document it resumes by).
-_SUMMED = (os.path.join("meta", "metadata"),)
 # How long close() waits for the writes of a failed save before removing
 # its temporary directory.
 _WRITERS_WAIT_S = 300.0
@@ -115,29 +114,6 @@ def _remove_tree(path: str, quiet_s: float = 0.0,
     if gone_since is not None and now - gone_since >= quiet_s:
       return
     time.sleep(0.1)
-
-
-def check_checkpoint(root: str) -> tuple[str, str]:
-  """Checks a committed checkpoint directory against its ``SHA256SUMS``.
-
-  Returns:
-    ``("ok", "")``; ``("unverified", why)`` without a ``SHA256SUMS``; or
-    ``("corrupt", why)`` naming the first bad file (missing, changed,
-    present but not listed in ``SHA256SUMS``, or one of the JSON files
-    Orbax reads damaged: :func:`checkpoint_json.json_files_error`, checked
-    with or without ``SHA256SUMS``, since Orbax's step metadata is not
-    summed).
-  """
-  if os.path.lexists(root) and not os.path.isdir(root):
-    return "corrupt", "it is not a directory"
-  status, why = workdir_lib.check_sums(root, required=_SUMMED,
-                                       complete_except=_UNSUMMED)
-  if status == "corrupt":
-    return status, why
-  json_why = checkpoint_json.json_files_error(root)
-  if json_why:
-    return "corrupt", json_why
-  return status, why
 
 
 class Checkpointer:
@@ -303,10 +279,11 @@ class Checkpointer:
     """Checks checkpoint ``step`` against its checksums (reads every file).
 
     Returns:
-      ``(status, why)``: ``"ok"``, ``"unverified"`` (no checksums) or
-      ``"corrupt"``; ``why`` says what is wrong.
+      ``(status, why)``: ``"ok"``, ``"unverified"`` (no checksums),
+      ``"extra"`` (intact, beside files not the run's) or ``"corrupt"``;
+      ``why`` says what is wrong (:func:`.checkpoint_files.check_checkpoint`).
     """
-    return check_checkpoint(self.step_dir(step))
+    return checkpoint_files.check_checkpoint(self.step_dir(step))
 
   def _quarantine(self, step: int) -> str:
     """Renames checkpoint ``step`` to the first free ``<step>.corrupt``,
@@ -328,8 +305,10 @@ class Checkpointer:
 
     Process 0 verifies from the newest down; corrupt ones are renamed
     ``<step>.corrupt`` if an older intact one exists, with one warning
-    naming both. All processes of a job call this together and get the
-    same answer.
+    naming both. A checkpoint that verifies beside files that are not the
+    run's (``"extra"``) is the one to restore: the call refuses, naming
+    them, and moves nothing. All processes of a job call this together
+    and get the same answer.
 
     Args:
       check: ``check(step) -> why | None``, called on process 0 for a
@@ -342,8 +321,10 @@ class Checkpointer:
 
     Raises:
       CheckpointError: checkpoints exist but none is intact (nothing is
-        moved; the message lists them and says what to do), or a corrupt
-        one cannot be moved away (one line naming both names).
+        moved; the message lists them and says what to do), the one to
+        restore holds files that are not the run's (one line naming them:
+        move them away), or a corrupt one cannot be moved away (one line
+        naming both names).
     """
     answer = ""
     if self._main:
@@ -356,6 +337,11 @@ class Checkpointer:
         if status == "corrupt":
           bad.append((step, why))
           continue
+        if status == "extra":  # intact: nothing is moved or retrained
+          answer = (f"error:checkpoint {step} ({self.step_dir(step)}): {why}; "
+                    "move the file(s) named out of that directory and run "
+                    "again.")
+          break
         if status == "unverified":
           logging.warning("checkpoint %d in %s has %s; restoring it "
                           "unverified.", step, self.step_dir(step), why)
@@ -400,7 +386,7 @@ class Checkpointer:
     unverified = None
     for step in reversed(self.all_steps()):
       status, _ = self.verify(step)
-      if status == "ok":
+      if status in ("ok", "extra"):  # "extra": its listed files verify
         return step, True
       if status == "unverified" and unverified is None:
         unverified = step
@@ -415,7 +401,7 @@ class Checkpointer:
       raise FileNotFoundError(errno.ENOENT, "temporary checkpoint missing",
                               tmp)
     t0 = time.perf_counter()
-    workdir_lib.write_sums(tmp, skip=_UNSUMMED)
+    workdir_lib.write_sums(tmp, skip=checkpoint_files.UNSUMMED)
     self.sums_seconds.append(time.perf_counter() - t0)
 
   def _save_error(self, step, e: BaseException) -> CheckpointWriteError:

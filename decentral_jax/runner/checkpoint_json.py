@@ -5,7 +5,7 @@ Orbax stops on a damaged one with its own message naming no file
 type <class 'dict'>, got <class 'list'>"), before the runner could fall
 back to an older checkpoint. :func:`json_files_error` names the file and
 the field instead, so the checkpoint is damage
-(:func:`decentral_jax.runner.checkpoint.check_checkpoint`) and moved aside.
+(:func:`decentral_jax.runner.checkpoint_files.check_checkpoint`) and moved aside.
 The run's own document (``meta/metadata``) is checked key by key
 elsewhere (:func:`decentral_jax.runner.run_meta.meta_file_error`).
 """

@@ -2,7 +2,9 @@
 
 :func:`write_sums` lists every file of a directory with its SHA-256 in
 ``sha256sum``'s format (``sha256sum -c`` reads it too);
-:func:`check_sums` checks a directory against its manifest.
+:func:`check_sums` checks a directory against its manifest (a file the
+writer never writes, present beside intact listed ones, is its own
+outcome, ``"extra"``, not damage).
 :mod:`decentral_jax.runner.checkpoint` writes one into every checkpoint.
 Listed files are hashed only when they are regular files, opened without
 following links and without blocking: anything else is damage.
@@ -15,7 +17,7 @@ import hashlib
 import os
 import re
 import stat
-from typing import Iterable
+from typing import Callable, Iterable
 
 from decentral_jax import records
 from decentral_jax.runner import tmpfile
@@ -78,17 +80,28 @@ def _outside(rel: str) -> bool:
           or ".." in rel.replace("\\", "/").split("/"))
 
 
-def _unlisted_file(root: str, listed: set, exempt: Iterable[str]) -> str | None:
-  """The first file under ``root`` (sorted walk) neither in ``listed`` nor
-  ``exempt`` nor the manifest itself, or None."""
+def _unlisted_files(root: str, listed: set, exempt: Iterable[str]
+                    ) -> list[str]:
+  """The files under ``root`` (sorted walk) neither in ``listed`` nor
+  ``exempt`` nor the manifest itself."""
   exempt = {os.path.normpath(r) for r in (SUMS_FILE, *exempt)}
+  out = []
   for here, dirs, names in os.walk(root):
     dirs.sort()
     for name in sorted(names):
       rel = os.path.normpath(os.path.relpath(os.path.join(here, name), root))
       if rel not in listed and rel not in exempt:
-        return rel
-  return None
+        out.append(rel)
+  return out
+
+
+def _named(rels: list[str]) -> str:
+  """``"a is"``, ``"a and b are"``, ``"a, b, c and 2 more are"``."""
+  if len(rels) == 1:
+    return f"{rels[0]} is"
+  if len(rels) <= 3:
+    return ", ".join(rels[:-1]) + f" and {rels[-1]} are"
+  return ", ".join(rels[:3]) + f" and {len(rels) - 3} more are"
 
 
 _SUMS_LINE = re.compile(r"([0-9a-fA-F]{64}) [ *](.+)")
@@ -116,7 +129,8 @@ def _parse_sums(text: str) -> list[tuple[str, str]] | str:
 
 
 def check_sums(root: str, required: tuple[str, ...] = (),
-               complete_except: Iterable[str] | None = None
+               complete_except: Iterable[str] | None = None,
+               foreign: Callable[[str], bool] | None = None
                ) -> tuple[str, str]:
   """Checks the files of ``root`` against ``<root>/SHA256SUMS``.
 
@@ -127,20 +141,27 @@ def check_sums(root: str, required: tuple[str, ...] = (),
       unchecked.
     complete_except: if given, EVERY file under ``root`` but these paths
       (and the manifest) must be listed: a file present but unlisted is
-      damage (a manifest written by :func:`write_sums` lists them all).
+      damage (a manifest written by :func:`write_sums` lists them all),
+      unless ``foreign`` says it is no file the writer writes.
+    foreign: with ``complete_except``, ``foreign(rel) -> bool`` for an
+      unlisted path: True where the writer never writes such a file (a
+      stray file added by hand, e.g. ``.DS_Store``), so it is reported as
+      ``"extra"``, not damage.
 
   Returns:
     ``("ok", "")``; ``("unverified", why)`` if ``root`` has no manifest;
-    or ``("corrupt", why)`` naming the first missing or changed file, a
+    ``("corrupt", why)`` naming the first missing or changed file, a
     listed file that is not a regular file (a link, a FIFO, a device:
     never followed nor read), a
     manifest that is not a regular file (a FIFO: refused unopened) or is
     larger than :data:`MAX_SUMS_BYTES` (not read), a
-    ``required`` file (or with ``complete_except``, any file) the manifest
-    leaves out, or a malformed manifest (a
+    ``required`` file (or with ``complete_except``, any file not
+    ``foreign``) the manifest leaves out, or a malformed manifest (a
     line that is not ``<sha256>  <path>`` or ``<sha256> *<path>``, a path
     outside ``root``, which is never read, or one path with two
-    checksums).
+    checksums); or ``("extra", why)`` where every listed file verifies but
+    ``foreign`` files are present: ``why`` is ``"every file SHA256SUMS
+    lists verifies, but FILE is not the run's"`` (up to 3 named).
   """
   sums = os.path.join(root, SUMS_FILE)
   why = tmpfile.not_regular_error(sums)
@@ -164,18 +185,33 @@ def check_sums(root: str, required: tuple[str, ...] = (),
   listed = {os.path.normpath(r) for _, r in entries}
   unlisted = [r for r in required if os.path.normpath(r) not in listed
               and os.path.lexists(os.path.join(root, r))]
+  extra = []
   if not unlisted and complete_except is not None:
-    unlisted = [r for r in [_unlisted_file(root, listed, complete_except)] if r]
+    for rel in _unlisted_files(root, listed, complete_except):
+      (extra if foreign is not None and foreign(rel) else unlisted).append(rel)
   if unlisted:
     return "corrupt", f"{SUMS_FILE} does not list {unlisted[0]}"
+  why = _listed_files_error(root, entries)
+  if why:
+    return "corrupt", why
+  if extra:
+    return "extra", (f"every file {SUMS_FILE} lists verifies, but "
+                     f"{_named(extra)} not the run's")
+  return "ok", ""
+
+
+def _listed_files_error(root: str, entries: list[tuple[str, str]]
+                        ) -> str | None:
+  """Why the files ``entries`` lists are not as listed (the first missing,
+  not a regular file, or changed), or None."""
   missing = [r for _, r in entries if not os.path.isfile(os.path.join(root, r))]
   if missing:
     more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-    return "corrupt", f"missing {missing[0]}{more}"
+    return f"missing {missing[0]}{more}"
   for (want, rel), got in zip(entries, _hash_all(root, [r for _, r in entries])):
     if got is None:
-      return "corrupt", (f"{rel} is not a regular file (a symbolic link, a "
-                         "FIFO or a device), not the run's own file")
+      return (f"{rel} is not a regular file (a symbolic link, a FIFO or a "
+              "device), not the run's own file")
     if got != want:
-      return "corrupt", f"{rel} does not match its checksum"
-  return "ok", ""
+      return f"{rel} does not match its checksum"
+  return None

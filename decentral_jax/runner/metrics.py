@@ -194,28 +194,32 @@ def wandb_run_id(workdir: str) -> str:
     except OSError as e:
       raise workdir_lib.path_error("write", id_path, e) from None
     return run_id
+  run_id = None
   if not why:
-    why = _wandb_id_error(raw)
+    run_id, why = _parse_wandb_id(raw)
   if why:
     raise ValueError(f"{id_path} {why}; move it away (a new W&B run is "
                      "started) and run again.")
-  return raw.decode("ascii").strip()
+  return run_id
 
 
-def _wandb_id_error(raw) -> str | None:
-  """Why the bytes ``raw`` (or a Damaged read) are no W&B run id."""
+def _parse_wandb_id(raw) -> tuple[str | None, str | None]:
+  """``(id, None)`` for the bytes ``raw`` of one W&B run id, else ``(None,
+  why)``; decoded once, only ASCII spaces, tabs and line ends stripped, so
+  the id checked is the id returned."""
   if isinstance(raw, records_lib.Damaged):
-    return raw.reason
+    return None, raw.reason
   try:
-    text = raw.decode("utf-8").strip()
+    text = raw.decode("utf-8").strip(" \t\r\n")
   except UnicodeDecodeError as e:
-    return f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start})"
+    return None, (f"is not UTF-8 text (byte {raw[e.start]:#04x} at offset "
+                  f"{e.start})")
   if not text:
-    return "is empty"
+    return None, "is empty"
   if not _WANDB_ID.fullmatch(text):
-    return (f"holds {records_lib.short(text)}, not a W&B run id (1 to 64 "
-            "ASCII letters, digits, _ or -)")
-  return None
+    return None, (f"holds {records_lib.short(text)}, not a W&B run id (1 to "
+                  "64 ASCII letters, digits, _ or -)")
+  return text, None
 
 
 class WandbTracker:

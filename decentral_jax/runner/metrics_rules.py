@@ -139,7 +139,11 @@ def _range_error(key: str, v, signed_losses: bool) -> str | None:
 
 
 def row_error(row: dict, signed_losses: bool = False) -> str | None:
-  """Why one row of metrics (or the final metrics) is impossible."""
+  """Why one row of metrics (or the final metrics) is impossible: a value
+  outside its range (:func:`value_error`), ``eval/worker_loss_min <= _mean
+  <= _max`` broken, a standard deviation beyond its bound
+  (:func:`std_error`) or an excess column not its difference
+  (:func:`excess_error`); None when it is possible."""
   for key, v in row.items():
     why = value_error(key, v, signed_losses)
     if why:
@@ -155,7 +159,33 @@ def row_error(row: dict, signed_losses: bool = False) -> str | None:
   if len(got) == 2 and lo is not None and hi is not None and lo > hi + slack:
     return (f"eval/worker_loss_min {records_lib.short(lo)} must be <= "
             f"eval/worker_loss_max {records_lib.short(hi)}")
-  return excess_error(row)
+  return std_error(row) or excess_error(row)
+
+
+def std_error(row: dict) -> str | None:
+  """Why a row's ``eval/worker_loss_std`` is impossible, or None (None too
+  where it is missing or null).
+
+  The evaluation writes the workers' population standard deviation (NumPy's
+  ``std``, ``ddof=0``), so ``0 <= std``, and where ``eval/worker_loss_min``
+  and ``_max`` are numbers, ``std <= (max - min) / 2`` (Popoviciu's
+  inequality), each to :data:`REL_TOL` relative slack.
+  """
+  std, lo, hi = (row.get(f"eval/worker_loss_{k}") for k in
+                 ("std", "min", "max"))
+  if not records_lib.is_real(std):
+    return None
+  if std < 0:
+    return f"eval/worker_loss_std must be >= 0, got {records_lib.short(std)}"
+  if not (records_lib.is_real(lo) and records_lib.is_real(hi)):
+    return None
+  bound = (float(hi) - float(lo)) / 2
+  slack = REL_TOL * max(abs(lo), abs(hi), abs(std), 1.0)
+  if std > bound + slack:
+    return (f"eval/worker_loss_std {records_lib.short(std)} must be <= "
+            f"(eval/worker_loss_max - eval/worker_loss_min) / 2 = "
+            f"{bound:.9g} (the workers' population standard deviation)")
+  return None
 
 
 def excess_error(row: dict) -> str | None:

@@ -192,6 +192,25 @@ def _check_measurements(meas: dict) -> None:
                      "measurements.all_reduce_bytes.")
 
 
+def _check_meta_counts(meta: dict, c: dict) -> None:
+  """``meta.devices`` and ``meta.process_count``, where not null, are what
+  ``measure`` writes beside ``cluster``: the devices it measured are the
+  workers (``devices == cluster.n_workers``), each process holding one or
+  more of them (``process_count <= devices``)."""
+  n, devices, procs = c["n_workers"], meta.get("devices"), meta.get(
+      "process_count")
+  if devices is not None and devices != n:
+    raise ValueError(
+        f"meta.devices is {devices}, but cluster.n_workers is {n} (measure "
+        "writes one worker per device measured): correct one of them, or "
+        "re-run measure (predict --n-workers prices another count).")
+  if procs is not None and procs > n:
+    raise ValueError(
+        f"meta.process_count is {procs}, more than the {n} devices "
+        "measured (cluster.n_workers; each process holds at least one): "
+        "correct it, or re-run measure.")
+
+
 def _load(path: str):
   """The file's JSON value; ValueError naming the problem otherwise."""
   value = records.read_json(path, max_bytes=MAX_FILE_BYTES)
@@ -244,6 +263,7 @@ def _check_document(data) -> None:
   if got:
     raise ValueError(got[1] + ".")
   _check_measurements(data["measurements"])
+  _check_meta_counts(data["meta"], data["cluster"])
   try:
     costs.Cluster(**data["cluster"])
   except (TypeError, ValueError) as e:

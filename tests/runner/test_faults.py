@@ -365,6 +365,34 @@ def test_no_intact_checkpoint_is_an_error(exp, reference, tmp_path):
   assert sorted(os.listdir(ckpt_dir(workdir))) == ["15", str(STEPS)]
 
 
+def test_a_stray_file_in_the_checkpoint_is_named_and_nothing_retrained(
+    exp, reference, tmp_path):
+  """A ``.DS_Store`` beside checkpoint 15's verified files: the resume is
+  refused in one line naming it, nothing is moved or rewritten; once it is
+  moved away the run resumes from 15, bit-exact."""
+  workdir = copy_run(reference, tmp_path)
+  shutil.rmtree(os.path.join(ckpt_dir(workdir), str(STEPS)))
+  step_dir = os.path.join(ckpt_dir(workdir), "15")
+  stray = os.path.join(step_dir, ".DS_Store")
+  with open(stray, "wb") as f:
+    f.write(b"\0\0\0\1Bud1")
+  log = os.path.join(str(workdir), metrics.METRICS_FILE)
+  with open(log, "rb") as f:
+    before = f.read()
+  with pytest.raises(checkpoint.CheckpointError) as info:
+    train.train_and_evaluate(load(), str(workdir), experiment=exp)
+  assert str(info.value) == (
+      f"checkpoint 15 ({step_dir}): every file SHA256SUMS lists verifies, "
+      "but .DS_Store is not the run's; move the file(s) named out of that "
+      "directory and run again.")
+  assert os.listdir(ckpt_dir(workdir)) == ["15"]
+  with open(log, "rb") as f:
+    assert f.read() == before
+  os.remove(stray)
+  train.train_and_evaluate(load(), str(workdir), experiment=exp)
+  assert_same_as_reference(exp, reference, workdir)  # redone from step 15
+
+
 def test_nan_message_names_only_a_verified_checkpoint(exp, tmp_path,
                                                       monkeypatch):
   """Checkpoint 10 is damaged after it was committed: 5 is the good one."""

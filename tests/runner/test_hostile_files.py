@@ -31,6 +31,7 @@ from conftest import FIXTURES, require_devices
 from decentral_jax.data import fashion_mnist
 from decentral_jax.data import text
 from decentral_jax.runner import checkpoint
+from decentral_jax.runner import checkpoint_files
 from decentral_jax.runner import config as config_lib
 from decentral_jax.runner import metrics
 from decentral_jax.runner import workdir as workdir_lib
@@ -853,8 +854,8 @@ def test_a_checkpoint_json_file_that_is_not_an_object_is_damage(
       ckpt.save(step, state, _written(exp, step))
   (root / "5" / name).write_text(text)
   if name != "_CHECKPOINT_METADATA":
-    workdir_lib.write_sums(str(root / "5"), skip=checkpoint._UNSUMMED)  # pylint: disable=protected-access
-  assert checkpoint.check_checkpoint(str(root / "5"))[0] == "corrupt"
+    workdir_lib.write_sums(str(root / "5"), skip=checkpoint_files.UNSUMMED)
+  assert checkpoint_files.check_checkpoint(str(root / "5"))[0] == "corrupt"
   if name == "_CHECKPOINT_METADATA":
     with checkpoint.Checkpointer(str(root)) as ckpt:
       with pytest.raises(checkpoint.CheckpointError) as info:
@@ -986,7 +987,7 @@ def test_deeply_nested_orbax_step_metadata_is_corrupt(tmp_path):
   (root / "a").write_bytes(b"a")
   workdir_lib.write_sums(str(root))
   (root / "_CHECKPOINT_METADATA").write_text("[" * DEEP + "]" * DEEP)
-  status, why = checkpoint.check_checkpoint(str(root))
+  status, why = checkpoint_files.check_checkpoint(str(root))
   assert status == "corrupt" and "_CHECKPOINT_METADATA" in why, why
 
 

@@ -50,6 +50,7 @@ import pytest
 import multihost_worker as worker
 from conftest import require_devices
 from decentral_jax.runner import checkpoint
+from decentral_jax.runner import checkpoint_files
 from decentral_jax.runner import experiment as experiment_lib
 from decentral_jax.runner import metrics
 
@@ -562,7 +563,7 @@ def test_sigterm_to_both_processes_saves_one_step_and_resumes(
   assert 2 <= step < worker.STEPS
   directory = workdir / "checkpoints"
   assert sorted(os.listdir(directory)) == [str(step)]
-  assert checkpoint.check_checkpoint(str(directory / str(step))) == ("ok", "")
+  assert checkpoint_files.check_checkpoint(str(directory / str(step))) == ("ok", "")
   assert (workdir / "run.lock").read_text() == ""  # released
   with launch_processes(tmp_path, argv(), lambda pid: env) as procs:
     codes = wait_all(procs, tmp_path, JOB_TIMEOUT_S)

@@ -13,6 +13,7 @@ import pytest
 
 from decentral_jax import records
 from decentral_jax.runner import checkpoint
+from decentral_jax.runner import checkpoint_files
 from decentral_jax.runner import meta_schema
 from decentral_jax.runner import metrics
 from decentral_jax.runner import metrics_resume
@@ -42,7 +43,7 @@ def test_a_checkpoint_with_an_over_long_integer_is_corrupt(tmp_path):
   workdir_lib.write_sums(str(root))
   (root / "_CHECKPOINT_METADATA").write_text('{"init_timestamp_nsecs": '
                                              + BIG + "}")
-  status, why = checkpoint.check_checkpoint(str(root))
+  status, why = checkpoint_files.check_checkpoint(str(root))
   assert status == "corrupt" and "_CHECKPOINT_METADATA" in why, why
 
 
@@ -152,6 +153,32 @@ def test_a_value_beyond_float32_is_damage_for_every_reader(tmp_path, key):
       {"step": 1, "comm/bytes_per_step": 1e40}) is None
 
 
+@pytest.mark.parametrize("lo, hi, std, ok", [
+    (5.5, 5.5, 1e19, False),    # every worker equal: the std is 0
+    (5.5, 5.5, 0.0, True),
+    (5.0, 6.0, 0.5, True),      # two workers at 5 and 6: std 0.5 exactly
+    (5.0, 6.0, 0.5001, False),
+    (5.0, 6.0, -0.1, False)])
+def test_the_workers_loss_std_is_bounded_by_their_min_and_max(
+    tmp_path, lo, hi, std, ok):
+  """A population std of values in [lo, hi] is at most (hi - lo) / 2
+  (Popoviciu); NumPy's std of [lo, hi] is exactly that bound."""
+  assert np.std([lo, hi]) == (hi - lo) / 2
+  subset = EVAL["eval/loss_subset"]  # the excess columns follow (by hand)
+  edit = {"eval/worker_loss_min": lo, "eval/worker_loss_max": hi,
+          "eval/worker_loss_mean": (lo + hi) / 2, "eval/worker_loss_std": std,
+          "eval/worker_excess_mean": (lo + hi) / 2 - subset,
+          "eval/worker_excess_max": hi - subset}
+  why = metrics_rules.row_error(dict(GOOD[0], **edit))
+  assert (why is None) == ok, why
+  if not ok:
+    assert "eval/worker_loss_std" in why and "\n" not in why, why
+    workdir = _log(tmp_path, edit, at=0)
+    assert "line 1: eval/worker_loss_std" in _resume_error(workdir)
+    with pytest.raises(ValueError, match="eval/worker_loss_std"):
+      metrics.read_jsonl(os.path.join(workdir, metrics.METRICS_FILE))
+
+
 @pytest.mark.parametrize("edit, needle", [
     ({"train/loss": None}, "train/loss is null"),
     ({"lr": None}, "lr is null"),
@@ -259,6 +286,7 @@ def test_an_excess_loss_that_is_not_its_row_s_is_damage(tmp_path):
   """excess_max = worker_loss_max - loss_subset = 5.25 - 5.0 = 0.25."""
   row = {"step": 2, "eval/loss": 5.0, "eval/loss_subset": 5.0,
          "eval/worker_loss_mean": 5.125, "eval/worker_loss_max": 5.25,
+         "eval/worker_loss_min": 5.0, "eval/worker_loss_std": 0.125,
          "eval/worker_excess_mean": 0.125, "eval/worker_excess_max": 0.25}
   assert metrics_rules.row_error(row) is None
   workdir = _log(tmp_path, dict(row, **{"eval/worker_excess_max": 0.5}), 2)
@@ -531,3 +559,49 @@ def test_a_corrupt_checkpoint_that_cannot_be_moved_is_one_line(
   assert text == (f"cannot move {src} to {src}.corrupt: Invalid "
                   "cross-device link (EXDEV); move the corrupt one away "
                   "and run again."), text
+
+
+def test_a_file_not_the_run_s_beside_an_intact_checkpoint_is_no_damage(
+    tmp_path):
+  """Every listed file verifies (hashes by hashlib), but a ``.DS_Store``
+  or a note sits beside them: one line naming the files and the fix; the
+  trained checkpoint is never moved aside nor an older one used. An
+  unlisted file inside an item's directory stays damage."""
+  root = tmp_path / "checkpoints"
+  for step in (3, 5):
+    (root / str(step) / "state").mkdir(parents=True)
+    (root / str(step) / "state" / "a").write_bytes(b"a")
+    (root / str(step) / workdir_lib.SUMS_FILE).write_text(
+        hashlib.sha256(b"a").hexdigest() + "  state/a\n")
+  (root / "5" / ".DS_Store").write_bytes(b"\0")
+  (root / "5" / "state" / ".a.swp").write_bytes(b"")
+  step_dir = os.path.join(str(root), "5")
+  assert checkpoint_files.check_checkpoint(step_dir) == (
+      "extra", "every file SHA256SUMS lists verifies, but .DS_Store and "
+      "state/.a.swp are not the run's")
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    with pytest.raises(checkpoint.CheckpointError) as info:
+      ckpt.select_restore_step()
+    assert str(info.value) == (
+        f"checkpoint 5 ({step_dir}): every file SHA256SUMS lists verifies, "
+        "but .DS_Store and state/.a.swp are not the run's; move the file(s) "
+        "named out of that directory and run again.")
+    assert sorted(os.listdir(root)) == ["3", "5"]
+    assert ckpt.last_good_step() == (5, True)  # its listed files verify
+  os.remove(os.path.join(step_dir, ".DS_Store"))
+  os.remove(os.path.join(step_dir, "state", ".a.swp"))
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 5
+  # A changed listed file is corrupt, a stray file beside it or not.
+  (root / "5" / "notes.txt").write_text("lr sweep")
+  (root / "5" / "state" / "a").write_bytes(b"b")
+  assert checkpoint_files.check_checkpoint(step_dir) == (
+      "corrupt", "state/a does not match its checksum")
+  # Unlisted inside an item's directory: a lost line or a swapped file.
+  (root / "3" / "state" / "b").write_bytes(b"b")
+  assert checkpoint_files.check_checkpoint(str(root / "3")) == (
+      "corrupt", "SHA256SUMS does not list state/b")
+  os.remove(root / "3" / "state" / "b")
+  with checkpoint.Checkpointer(str(root)) as ckpt:
+    assert ckpt.select_restore_step() == 3
+  assert sorted(os.listdir(root)) == ["3", "5.corrupt"]

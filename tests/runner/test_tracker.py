@@ -127,6 +127,11 @@ def test_a_tracker_wandb_refuses_to_start_is_one_line(tmp_path, monkeypatch):
     (b"", "is empty"),  # a run stopped between the open and the write
     (b"ab/c d\n", "holds 'ab/c d', not a W&B run id"),
     (b"x" * 65, "not a W&B run id (1 to 64"),
+    # Unicode and ASCII-control spaces are not stripped: not one id
+    ("abc123\u00a0\n".encode(), r"holds 'abc123\xa0', not a W&B run id"),
+    ("\u3000abc123".encode(), "not a W&B run id"),
+    (b"abc123\x1c\n", "not a W&B run id"),
+    (b"\x0babc123", "not a W&B run id"),
 ])
 def test_a_damaged_wandb_run_id_is_one_line_naming_it(tmp_path, content,
                                                       why):
@@ -152,3 +157,5 @@ def test_the_wandb_run_id_is_kept_and_reread(tmp_path):
   assert metrics.wandb_run_id(str(tmp_path)) == run_id
   (tmp_path / metrics.WANDB_ID_FILE).write_text("Run_1-a\n")
   assert metrics.wandb_run_id(str(tmp_path)) == "Run_1-a"
+  (tmp_path / metrics.WANDB_ID_FILE).write_bytes(b" \tRun_2\r\n")
+  assert metrics.wandb_run_id(str(tmp_path)) == "Run_2"

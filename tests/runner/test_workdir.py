@@ -252,7 +252,7 @@ def test_a_checkpoint_manifest_must_list_every_file(tmp_path):
   Orbax's two late top-level files are the only ones it need not list
   (hashes by hashlib, independent of the manifest writer)."""
   import hashlib  # pylint: disable=import-outside-toplevel
-  from decentral_jax.runner import checkpoint  # pylint: disable=import-outside-toplevel
+  from decentral_jax.runner import checkpoint_files  # pylint: disable=import-outside-toplevel
   (tmp_path / "meta").mkdir()
   (tmp_path / "state" / "d").mkdir(parents=True)
   files = {"meta/metadata": b'{"step": 6}', "state/d/arr": b"\x00\x01",
@@ -263,14 +263,14 @@ def test_a_checkpoint_manifest_must_list_every_file(tmp_path):
   line = lambda rel: f"{hashlib.sha256(files[rel]).hexdigest()}  {rel}\n"  # noqa: E731
   sums = tmp_path / workdir_lib.SUMS_FILE
   sums.write_text("".join(line(r) for r in sorted(files)))
-  assert checkpoint.check_checkpoint(str(tmp_path)) == ("ok", "")
+  assert checkpoint_files.check_checkpoint(str(tmp_path)) == ("ok", "")
   sums.write_text(line("meta/metadata"))  # only the meta/ line kept
   assert workdir_lib.check_sums(str(tmp_path), ("meta/metadata",)) == (
       "ok", "")  # a partial manifest is fine where completeness is not asked
-  assert checkpoint.check_checkpoint(str(tmp_path)) == (
+  assert checkpoint_files.check_checkpoint(str(tmp_path)) == (
       "corrupt", "SHA256SUMS does not list state/_METADATA")
   sums.write_text(line("meta/metadata") + line("state/_METADATA"))
-  assert checkpoint.check_checkpoint(str(tmp_path)) == (
+  assert checkpoint_files.check_checkpoint(str(tmp_path)) == (
       "corrupt", "SHA256SUMS does not list state/d/arr")
 
 

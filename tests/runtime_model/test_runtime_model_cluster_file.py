@@ -386,3 +386,37 @@ def test_forward_above_the_median_with_no_backward_is_read(tmp_path):
   data["workload"].update(forward_s=0.095, backward_s=0.0)
   open(path, "w").write(json.dumps(data))
   assert cluster_file.read(path)["workload"]["forward_s"] == 0.095
+
+
+@pytest.mark.parametrize("meta, needle", [
+    ({"devices": 3}, "meta.devices is 3, but cluster.n_workers is 16"),
+    ({"process_count": 4097}, "meta.process_count is 4097, more than the 16"),
+    ({"process_count": 17}, "meta.process_count is 17, more than the 16")])
+def test_meta_counts_contradicting_the_cluster_are_refused(tmp_path, meta,
+                                                           needle):
+  """measure writes ``devices`` = the workers it measured (16 here), and
+  each of its processes holds at least one of them."""
+  path = _write(tmp_path, _synthetic())
+  data = json.load(open(path, encoding="utf-8"))
+  data["meta"].update(meta)
+  json.dump(data, open(path, "w", encoding="utf-8"))
+  with pytest.raises(ValueError) as e:
+    cluster_file.read(path)
+  text = str(e.value)
+  assert text.startswith(f"--cluster {path!r}: {needle}") \
+      and "\n" not in text, text
+  data["meta"].update(devices=16, process_count=16)  # one device each
+  json.dump(data, open(path, "w", encoding="utf-8"))
+  assert cluster_file.read(path)["meta"]["devices"] == 16
+
+
+def test_a_null_meta_field_is_left_out_of_the_header(tmp_path, capsys):
+  path = _write(tmp_path, _synthetic())
+  data = json.load(open(path, encoding="utf-8"))
+  data["meta"] = {"devices": None, "device_kind": None, "process_count": None}
+  json.dump(data, open(path, "w", encoding="utf-8"))
+  assert cli.main(["predict", "--cluster", path, "--steps", "20"]) == 0
+  head = capsys.readouterr().out.splitlines()[0]
+  assert head.startswith(f"cluster from {path}: 16 devices, 4 per node; "), \
+      head
+  assert "None" not in head, head

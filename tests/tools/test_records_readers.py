@@ -19,7 +19,7 @@ import shutil
 import pytest
 
 from decentral_jax.runner import builders
-from decentral_jax.runner import checkpoint
+from decentral_jax.runner import checkpoint_files
 from decentral_jax.runner import metrics
 from decentral_jax.runtime_model import cluster_file
 from decentral_jax.runtime_model import in_flight
@@ -643,13 +643,13 @@ def test_damaged_step_metadata_marks_a_checkpoint_corrupt(
   meta = root / "_CHECKPOINT_METADATA"
   meta.write_text('{"item_handlers": {}}')
   workdir_lib.write_sums(str(root), skip=(meta.name,))
-  assert checkpoint.check_checkpoint(str(root)) == ("ok", "")
+  assert checkpoint_files.check_checkpoint(str(root)) == ("ok", "")
   meta.write_bytes(content)
-  status, why = checkpoint.check_checkpoint(str(root))
+  status, why = checkpoint_files.check_checkpoint(str(root))
   assert status == "corrupt", why
   assert why.startswith("_CHECKPOINT_METADATA unreadable (") and word in why
   meta.unlink()  # not every Orbax version writes it
-  assert checkpoint.check_checkpoint(str(root)) == ("ok", "")
+  assert checkpoint_files.check_checkpoint(str(root)) == ("ok", "")
 
 
 @pytest.mark.parametrize("argv, says", [

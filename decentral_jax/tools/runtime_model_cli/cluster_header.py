@@ -80,11 +80,12 @@ def describe_cluster_file(path: str, data: dict,
       if fields["local_size"] != c["local_size"] else "")
   other = [flag for flag, f in inputs.CLUSTER_FIELDS.items()
            if f not in shown and f in c and fields[f] != c[f]]
+  kind, procs = meta.get("device_kind"), meta.get("process_count")
   lines = [
-      f"cluster from {path}: {meta.get('devices', c['n_workers'])} "
-      f"{meta.get('device_kind', '?')} devices, {per_node} per node, "
-      f"{meta.get('process_count', '?')} process(es); "
-      + _links(c, fields, _unmeasured_rates(data), given)
+      f"cluster from {path}: {c['n_workers']} "  # meta.devices, if given
+      + (f"{kind} " if kind else "") + f"devices, {per_node} "
+      "per node" + (f", {procs} process(es)" if procs is not None else "")
+      + "; " + _links(c, fields, _unmeasured_rates(data), given)
       + (f"; also replaced by flags: {', '.join(other)}" if other else "")]
   if meas.get("all_reduce_s"):
     cl = Cluster(**c)
