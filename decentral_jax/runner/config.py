@@ -202,12 +202,13 @@ def with_overrides(make_config: Callable[[], config_dict.ConfigDict],
   for arg in args:  # name the override whose field does not exist
     key = arg[len("--config."):].split("=", 1)[0]
     node = base
-    for part in key.split("."):
+    parts = key.split(".")
+    for i, part in enumerate(parts):
       if not isinstance(node, config_dict.ConfigDict) or part not in node:
         near = (difflib.get_close_matches(part, list(node.keys()), n=1)
                 if isinstance(node, config_dict.ConfigDict) else [])
-        hint = (f" (did you mean {key[:len(key) - len(part)]}{near[0]}?)"
-                if near and key.endswith(part) else "")
+        guess = ".".join(parts[:i] + near[:1] + parts[i + 1:])
+        hint = f" (did you mean {guess}?)" if near else ""
         raise ValueError(f"{arg}{_origin(arg)}: unknown config field "
                          f"{key!r} in {source}{hint}.")
       node = node[part]

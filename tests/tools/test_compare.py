@@ -854,6 +854,12 @@ def test_the_default_configs_are_package_presets_without_a_checkout(
   assert str(info.value) == (
       "--config.model.n_embed=8: unknown config field 'model.n_embed' in "
       "the gpt_quick preset (did you mean model.n_embd?).")
+  with pytest.raises(ValueError) as info:  # a misspelt group: the whole key
+    compare_flags.load_base(compare_flags.QUICK_CONFIG,
+                            ["--config.optimiser.b1=0.8"])
+  assert str(info.value) == (
+      "--config.optimiser.b1=0.8: unknown config field 'optimiser.b1' in "
+      "the gpt_quick preset (did you mean optimizer.b1?).")
 
 
 @pytest.mark.parametrize("argv, words", [
