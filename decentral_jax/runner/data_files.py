@@ -181,8 +181,9 @@ def check_not_written(config: config_dict.ConfigDict, directory: str,
   aside or removes there, e.g. ``train.RUN_FILES`` and ``run.lock``) or
   under such an entry (``checkpoints/...``), links and ``..`` resolved,
   or a hard link to one. The run would replace, move or delete the data.
-  Data elsewhere in ``directory`` (``<workdir>/data/corpus.txt``) is
-  allowed: no run touches it. Sources whose files are not known here (a
+  Each entry's ``.tmp`` sibling (the whole-file writes go through it)
+  counts as written too. Data elsewhere in ``directory``
+  (``<workdir>/data/corpus.txt``) is allowed: no run touches it. Sources whose files are not known here (a
   data source of your own, a missing Fashion-MNIST file, which the task
   names) are not checked.
 
@@ -201,8 +202,11 @@ def check_not_written(config: config_dict.ConfigDict, directory: str,
     files = source_files(config)
   except ValueError:  # a missing Fashion-MNIST file: the task names it
     return
+  # Each file is written whole through its ".tmp" sibling (runner.tmpfile),
+  # which a write first removes.
+  entries = (*entries, *(e + ".tmp" for e in entries))
   for path in sorted(files.values()):
-    entry = _written_entry(path, directory, tuple(entries))
+    entry = _written_entry(path, directory, entries)
     if entry is None:
       continue
     given = os.fspath(config.data.get("path") or path)

@@ -81,9 +81,9 @@ def earlier_reason(config, workdir: str) -> str | None:
   if change is None and (not logged or stored == mine):
     return None
   if change is None and stored is None:
-    return (f"its {metrics_lib.METRICS_FILE} holds records but its "
-            f"{CONFIG_FILE} is missing or unreadable, so they are not known "
-            "to be this run's")
+    return (f"its {metrics_lib.METRICS_FILE} is not empty (records or "
+            f"other text) but its {CONFIG_FILE} is missing or unreadable, so "
+            "it is not known to be this run's")
   field, theirs, ours = change or _first_difference(stored, mine)
   return (f"its {CONFIG_FILE} records another run (config.{field}="
           f"{theirs!r}, this run has {ours!r})")

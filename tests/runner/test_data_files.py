@@ -204,3 +204,18 @@ def test_data_elsewhere_in_the_work_directory_is_read_as_anywhere(tmp_path):
                                  ("config.json", "checkpoints", "run.lock"))
   data_files.check_not_written(_text_run(tmp_path / "config.json"),
                                str(tmp_path / "new"), ("config.json",))
+
+
+@pytest.mark.parametrize("name", ["config.json.tmp", "wandb_run_id.tmp",
+                                  "loss_vs_step.png.tmp"])
+def test_data_at_a_written_file_s_tmp_sibling_is_refused(tmp_path, name):
+  """Whole-file writes go through ``<name>.tmp``, removed first."""
+  work = tmp_path / "w"
+  work.mkdir()
+  path = work / name
+  path.write_bytes(b"abc\n")
+  with pytest.raises(ValueError, match=f"is or lies in '{name}' of"):
+    data_files.check_not_written(
+        _text_run(path), str(work),
+        ("config.json", "wandb_run_id", "loss_vs_step.png"))
+  assert path.read_bytes() == b"abc\n"
