@@ -221,3 +221,12 @@ def assert_same_tree(a, b) -> None:
   for x, y in zip(jax.tree.leaves(to_host(a)), jax.tree.leaves(to_host(b)),
                   strict=True):
     np.testing.assert_array_equal(x, y)
+
+
+def agreeing_evaluation(loss: float) -> dict:
+  """The keys of an evaluation (evaluation.Evaluator.evaluate) whose
+  workers all agree: every loss ``loss``, no spread, no excess."""
+  return {"eval/loss": loss, "eval/worker_loss_mean": loss,
+          "eval/worker_loss_min": loss, "eval/worker_loss_max": loss,
+          "eval/worker_loss_std": 0.0, "eval/loss_subset": loss,
+          "eval/worker_excess_mean": 0.0, "eval/worker_excess_max": 0.0}

@@ -27,6 +27,8 @@ from decentral_jax.tools.compare import reference
 from decentral_jax.tools.compare import results
 from decentral_jax.tools.compare import runs as runs_lib
 
+from helpers import agreeing_evaluation
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -573,15 +575,6 @@ def _main(tmp_path, *flags_):
                        "--config.eval_interval=3", *flags_])
 
 
-def _evaluation(loss: float) -> dict:
-  """The keys of an evaluation (evaluation.Evaluator.evaluate) whose
-  workers all agree: every loss ``loss``, no spread, no excess."""
-  return {"eval/loss": loss, "eval/worker_loss_mean": loss,
-          "eval/worker_loss_min": loss, "eval/worker_loss_max": loss,
-          "eval/worker_loss_std": 0.0, "eval/loss_subset": loss,
-          "eval/worker_excess_mean": 0.0, "eval/worker_excess_max": 0.0}
-
-
 def _write_curve(workdir, config, losses=(4.0, 2.0)):
   """The records of steps 0 and 3 with the keys the runner writes in each
   (metrics_rules.missing_error): ``lr`` (the config's schedule, as the
@@ -594,7 +587,7 @@ def _write_curve(workdir, config, losses=(4.0, 2.0)):
       row = {"step": step, "lr": float(schedule(max(step, 1) - 1))}
       if step:
         row["train/loss"] = 2.5
-      row.update({"train_time_s": 1.0, **_evaluation(loss)})
+      row.update({"train_time_s": 1.0, **agreeing_evaluation(loss)})
       f.write(json.dumps(row) + "\n")
 
 

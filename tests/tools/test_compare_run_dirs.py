@@ -16,18 +16,11 @@ from decentral_jax.tools import compare
 from decentral_jax.tools.compare import job as job_lib
 from decentral_jax.tools.compare import record as record_lib
 
+from helpers import agreeing_evaluation
+
 _FINAL = {"step": 3, "eval/loss": 2.0, "eval/worker_excess_mean": 0.0,
           "eval/worker_excess_max": 0.0, "consensus_distance": 0.0,
           "param_count": 250_000}
-
-
-def _evaluation(loss: float) -> dict:
-  """The keys of an evaluation (evaluation.Evaluator.evaluate) whose
-  workers all agree: every loss ``loss``, no spread, no excess."""
-  return {"eval/loss": loss, "eval/worker_loss_mean": loss,
-          "eval/worker_loss_min": loss, "eval/worker_loss_max": loss,
-          "eval/worker_loss_std": 0.0, "eval/loss_subset": loss,
-          "eval/worker_excess_mean": 0.0, "eval/worker_excess_max": 0.0}
 
 
 def _fake_job(monkeypatch, trained: list):
@@ -38,7 +31,7 @@ def _fake_job(monkeypatch, trained: list):
     with open(os.path.join(workdir, metrics.METRICS_FILE), "w") as f:
       for step, loss in ((0, 4.0), (3, 2.0)):  # the runner's keys
         row = {"step": step, "lr": float(schedule(max(step, 1) - 1)),
-               "train_time_s": step / 3, **_evaluation(loss)}
+               "train_time_s": step / 3, **agreeing_evaluation(loss)}
         f.write(json.dumps({**row, **({"train/loss": 2.1} if step else {})})
                 + "\n")
     return dict(_FINAL)

@@ -30,6 +30,8 @@ from decentral_jax.tools.compare import job as job_lib
 from decentral_jax.tools.compare import record as record_lib
 from decentral_jax.tools.compare import kept
 
+from helpers import agreeing_evaluation
+
 BINARY = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe"
 
 # -- the main job's kept runs ---------------------------------------------------
@@ -55,17 +57,8 @@ def _row(step: int, lr: float = 1e-3, **values) -> str:
   return json.dumps(row) + "\n"
 
 
-def _evaluation(loss: float) -> dict:
-  """The keys of an evaluation (evaluation.Evaluator.evaluate) whose
-  workers all agree: every loss ``loss``, no spread, no excess."""
-  return {"eval/loss": loss, "eval/worker_loss_mean": loss,
-          "eval/worker_loss_min": loss, "eval/worker_loss_max": loss,
-          "eval/worker_loss_std": 0.0, "eval/loss_subset": loss,
-          "eval/worker_excess_mean": 0.0, "eval/worker_excess_max": 0.0}
-
-
 # A kept run's metrics.jsonl: the evaluations at steps 0 and 3.
-_METRICS = _row(0, **_evaluation(4.0)) + _row(3, **_evaluation(2.0))
+_METRICS = _row(0, **agreeing_evaluation(4.0)) + _row(3, **agreeing_evaluation(2.0))
 
 
 def _fake_job(monkeypatch, trained: list):
@@ -76,7 +69,7 @@ def _fake_job(monkeypatch, trained: list):
     with open(os.path.join(workdir, metrics.METRICS_FILE), "w") as f:
       for step, loss in ((0, 4.0), (3, 2.0)):
         f.write(_row(step, float(schedule(max(step, 1) - 1)),
-                     **_evaluation(loss)))
+                     **agreeing_evaluation(loss)))
     return dict(_FINAL)
 
   monkeypatch.setattr(job_lib.train, "train_and_evaluate", trains)
@@ -271,12 +264,12 @@ def test_impossible_metrics_train_the_run_again(tmp_path, capsys, case):
                  "trained again."], err
 
 
-def test_a_kept_run_s_final_values_match_its_last_evaluation(
+def test_a_kept_run_s_final_values_match_its_lastagreeing_evaluation(
     tmp_path, capsys):
   run_dir = _kept_run(tmp_path)
   _damage(os.path.join(run_dir, metrics.METRICS_FILE),
-          _row(0, **_evaluation(4.0), **{"eval/accuracy": 0.0})
-          + _row(3, **_evaluation(2.0), **{"eval/accuracy": 1.0}))
+          _row(0, **agreeing_evaluation(4.0), **{"eval/accuracy": 0.0})
+          + _row(3, **agreeing_evaluation(2.0), **{"eval/accuracy": 1.0}))
   _damage(os.path.join(run_dir, record_lib.RESULT_FILE),
           _record_edit(final={"eval/accuracy": 1.0}))
   assert job_lib.arm_status(run_dir, _Config())[0] == "finished"
@@ -769,9 +762,9 @@ def test_an_impossible_value_in_any_metrics_row_trains_the_run_again(
   os.makedirs(os.path.join(run_dir, "checkpoints", "3"))
   (tmp_path / "run" / "config.json").write_text(_GptConfig().to_json())
   path = os.path.join(run_dir, metrics.METRICS_FILE)
-  _damage(path, _row(0, **_evaluation(4.0))
+  _damage(path, _row(0, **agreeing_evaluation(4.0))
           + _row(2, **{"train/loss": -1.0})
-          + _row(3, **_evaluation(2.0)))
+          + _row(3, **agreeing_evaluation(2.0)))
   assert job_lib.arm_status(run_dir, _GptConfig()) == ("fresh", None)
   assert capsys.readouterr().err.splitlines() == [
       f"warning: {path}: at step 2: train/loss must be >= 0, got -1.0; the "
